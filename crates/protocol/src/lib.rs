@@ -1,0 +1,17 @@
+//! Wire types shared by every drover process. Serde only: no IO, no logic beyond
+//! small constructors, so the owner, the worker and clients cannot drift apart.
+//!
+//! - [`rpc`]: the client JSON-RPC 2.0 envelope, error reasons and codes (SPEC section 2).
+//! - [`event`]: session event types and payload shapes (SPEC section 2, "Events").
+//! - [`chat`]: chat messages, tool calls and usage as stored in the ledger and sent to workers.
+//! - [`worker`]: owner <-> worker stdio frames: bootstrap, persist, receipts (SPEC section 4).
+//!
+//! What this crate does not do: talk to sockets, open files or decide policy.
+
+pub mod chat;
+pub mod event;
+pub mod rpc;
+pub mod worker;
+
+pub use chat::{ChatMessage, FunctionCall, Role, ToolCall, Usage};
+pub use rpc::{ErrorReason, RpcError};

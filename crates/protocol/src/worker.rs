@@ -1,0 +1,190 @@
+//! Owner <-> worker frames (SPEC section 4).
+//!
+//! One JSON object per line on the worker's stdin/stdout, at most [`MAX_FRAME_BYTES`] per line.
+//! Every frame has a `type` tag. The owner speaks first with [`OwnerFrame::Bootstrap`].
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::chat::{ChatMessage, Usage};
+
+/// The largest frame either side accepts, newline excluded (SPEC section 4: 4 MiB).
+pub const MAX_FRAME_BYTES: usize = 4 * 1024 * 1024;
+
+/// Operation names of `persist` frames (SPEC section 4).
+pub mod op {
+    pub const TRANSCRIPT_APPEND: &str = "transcript.append";
+    pub const USAGE_ADD: &str = "usage.add";
+    pub const PROMPT_OPEN: &str = "prompt.open";
+    pub const PROCESS_REGISTER: &str = "process.register";
+    pub const PROCESS_UPDATE: &str = "process.update";
+    pub const CHILD_RESERVE: &str = "child.reserve";
+    pub const EXECUTION_FINISH: &str = "execution.finish";
+}
+
+/// Frames from the owner to the worker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum OwnerFrame {
+    /// First frame of every execution.
+    Bootstrap(Box<Bootstrap>),
+    /// The persist with this `sequence` was applied (or had been); `result` is its receipt.
+    Receipt { sequence: u64, result: Value },
+    /// The persist with this `sequence` was refused with a spec reason word; the worker must
+    /// not resend it.
+    Refused {
+        sequence: u64,
+        reason: String,
+        message: String,
+    },
+    /// Stop the turn now (interrupt or owner drain); settle with outcome `interrupted`.
+    Stop { reason: String },
+}
+
+/// Frames from the worker to the owner.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum WorkerFrame {
+    /// A sequence-numbered, idempotent write.
+    Persist(PersistFrame),
+    /// Live assistant text (becomes `message.delta`; never stored).
+    Delta { text: String },
+}
+
+/// The execution's identity and credentials.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Scope {
+    pub session_id: String,
+    pub admission_id: String,
+    pub execution_id: String,
+    pub generation: u64,
+    pub epoch: u64,
+    /// Per-execution secret; the owner keeps only its SHA-256 digest.
+    pub secret: String,
+}
+
+/// The session's frozen policy (SPEC section 4, "Frozen session"), plus runtime limits.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Policy {
+    pub model: String,
+    pub base_url: String,
+    #[serde(default)]
+    pub api_key: Option<String>,
+    pub stream: bool,
+    pub request_timeout_s: u64,
+    /// Retries after the first attempt, for timeouts, 429 and 5xx.
+    pub max_retries: u32,
+    pub system_prompt: String,
+    pub toolsets: Vec<String>,
+    /// Tool schemas as frozen at `session.create`, sent byte for byte.
+    pub tools: Vec<Value>,
+    pub cwd: String,
+    /// Upper bound on model requests in one turn.
+    pub max_steps: u32,
+    /// `approvals.mode`: `manual`, `auto` or `deny`.
+    #[serde(default = "default_approvals")]
+    pub approvals: String,
+    /// The drover home (for outbox and logs).
+    pub home: String,
+}
+
+fn default_approvals() -> String {
+    "manual".to_string()
+}
+
+/// The bootstrap frame: `{scope, policy, history, input}` (SPEC section 4).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Bootstrap {
+    pub scope: Scope,
+    pub policy: Policy,
+    /// Earlier messages of the session, oldest first, without the system prompt.
+    pub history: Vec<ChatMessage>,
+    /// This turn's user text. The owner has already stored it as a `user` message.
+    pub input: String,
+}
+
+/// A worker write: `{epoch, execution_id, generation, sequence, operation, payload, secret}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PersistFrame {
+    pub epoch: u64,
+    pub execution_id: String,
+    pub generation: u64,
+    /// Starts at 1 and goes up by one per execution.
+    pub sequence: u64,
+    pub operation: String,
+    pub payload: Value,
+    pub secret: String,
+}
+
+/// Payload of `transcript.append`.
+///
+/// `tool_contexts` maps a tool call id to its one-line preview (`tool.start` `context`), for
+/// the tool calls of assistant messages in `messages`. `tool_errors` lists the tool call ids
+/// whose result messages in `messages` are errors (`tool.complete` `is_error`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TranscriptAppend {
+    pub messages: Vec<ChatMessage>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tool_contexts: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_errors: Vec<String>,
+}
+
+/// Payload of `usage.add`: one model request's usage.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageAdd {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub total_tokens: u64,
+    pub api_calls: u64,
+}
+
+/// How a turn ended, as the worker reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TurnOutcome {
+    Completed,
+    Failed,
+    Interrupted,
+}
+
+impl TurnOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TurnOutcome::Completed => "completed",
+            TurnOutcome::Failed => "failed",
+            TurnOutcome::Interrupted => "interrupted",
+        }
+    }
+}
+
+/// Payload of `execution.finish`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExecutionFinish {
+    pub outcome: TurnOutcome,
+    pub result: TurnResult,
+    /// The model's or the tool's error message for `failed` turns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Usage summed over the turn (as also sent through `usage.add`).
+    #[serde(default)]
+    pub usage: Usage,
+}
+
+/// `result:{final_response, model, api_calls}` of `prompt.receipt` (SPEC section 2).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TurnResult {
+    pub final_response: String,
+    pub model: String,
+    pub api_calls: u64,
+}
+
+/// Payload of `prompt.open`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PromptOpen {
+    /// `approval` or `clarify`.
+    pub kind: String,
+    pub body: Value,
+}

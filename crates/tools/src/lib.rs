@@ -1,0 +1,152 @@
+//! The tool registry, the built-in tools and the approval policy (SPEC section 6).
+//!
+//! A [`Tool`] has a name, a frozen JSON schema, a one-line preview of a call (`tool.start`
+//! `context`) and an async `call`. A [`ToolRegistry`] is built from toolset names
+//! (`terminal`, `file`, `clarify`, `todo`, `delegation`, MCP servers later). Tools that need a
+//! human (approvals, clarify) ask through [`PromptBroker`], which the worker implements by
+//! persisting `prompt.open` to the owner. Platform code (process groups, signals) lives in
+//! [`platform`] only.
+//!
+//! What this crate does not do: talk to the model, or to the ledger.
+
+pub mod platform;
+pub mod terminal;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+/// Known toolset names (SPEC section 1, `[toolsets]`).
+pub const KNOWN_TOOLSETS: &[&str] = &["terminal", "file", "clarify", "todo", "delegation"];
+
+/// Errors building a registry.
+#[derive(Debug, thiserror::Error)]
+pub enum ToolError {
+    /// Maps to `invalid_params` with field `toolsets`.
+    #[error("unknown toolset {0:?} (known: terminal, file, clarify, todo, delegation)")]
+    UnknownToolset(String),
+}
+
+/// What a tool call returns: the text the model sees as the tool message, and whether it is an
+/// error (`tool.complete` `is_error`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolOutput {
+    pub content: String,
+    pub is_error: bool,
+}
+
+/// The answer of a prompt opened by a tool.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PromptAnswer {
+    /// The human's choice (`once|session|always|deny`) or clarify answer.
+    Answered(Value),
+    /// The prompt was closed without an answer (interrupt, owner gone).
+    Cancelled,
+}
+
+/// How tools reach a human. The worker implements this by persisting `prompt.open`.
+#[async_trait]
+pub trait PromptBroker: Send + Sync {
+    /// Opens a prompt of `kind` (`approval` | `clarify`) with `body` and waits for the answer.
+    async fn open(&self, kind: &str, body: Value) -> PromptAnswer;
+}
+
+/// A broker that cancels every prompt (for contexts with no human).
+pub struct NoPrompts;
+
+#[async_trait]
+impl PromptBroker for NoPrompts {
+    async fn open(&self, _kind: &str, _body: Value) -> PromptAnswer {
+        PromptAnswer::Cancelled
+    }
+}
+
+/// Everything a tool call may use. Cheap to clone.
+#[derive(Clone)]
+pub struct ToolContext {
+    /// Working directory of the session (absolute).
+    pub cwd: PathBuf,
+    pub session_id: String,
+    /// The drover home (logs of background processes go below it).
+    pub home: PathBuf,
+    /// `approvals.mode`: `manual`, `auto` or `deny`.
+    pub approvals: String,
+    /// Fires on interrupt or when the owner is gone; tools stop and kill their process groups.
+    pub cancel: CancellationToken,
+    pub prompts: Arc<dyn PromptBroker>,
+}
+
+/// One tool.
+#[async_trait]
+pub trait Tool: Send + Sync {
+    /// The function name the model calls.
+    fn name(&self) -> &str;
+    /// `{"type":"function","function":{"name","description","parameters"}}`.
+    fn schema(&self) -> Value;
+    /// One line, at most 80 characters, for `tool.start` `context` (for `terminal`, the command).
+    fn context(&self, args: &Value) -> String {
+        preview(self.name(), args)
+    }
+    /// Runs the call. Bad arguments are an error output naming the field, never a panic.
+    async fn call(&self, args: Value, ctx: &ToolContext) -> ToolOutput;
+}
+
+/// The tools of a session, in a stable order.
+#[derive(Clone, Default)]
+pub struct ToolRegistry {
+    tools: Vec<Arc<dyn Tool>>,
+}
+
+impl ToolRegistry {
+    /// Builds the registry for `toolsets`; unknown names are an error.
+    pub fn for_toolsets(toolsets: &[String]) -> Result<Self, ToolError> {
+        let mut tools: Vec<Arc<dyn Tool>> = Vec::new();
+        for set in toolsets {
+            match set.as_str() {
+                "terminal" => tools.push(Arc::new(terminal::TerminalTool::default())),
+                "file" | "clarify" | "todo" | "delegation" => {}
+                other => return Err(ToolError::UnknownToolset(other.to_string())),
+            }
+        }
+        Ok(ToolRegistry { tools })
+    }
+
+    /// The schemas, in registry order (frozen into the session at create).
+    pub fn schemas(&self) -> Vec<Value> {
+        self.tools.iter().map(|t| t.schema()).collect()
+    }
+
+    pub fn get(&self, name: &str) -> Option<Arc<dyn Tool>> {
+        self.tools.iter().find(|t| t.name() == name).cloned()
+    }
+
+    pub fn names(&self) -> Vec<String> {
+        self.tools.iter().map(|t| t.name().to_string()).collect()
+    }
+}
+
+/// A one-line preview of a call, at most 80 characters: the `command` argument when there is
+/// one, else the compact JSON of the arguments.
+pub fn preview(_name: &str, args: &Value) -> String {
+    let raw = match args.get("command").and_then(Value::as_str) {
+        Some(c) => c.to_string(),
+        None => args.to_string(),
+    };
+    let one_line: String = raw
+        .chars()
+        .map(|c| if c == '\n' || c == '\r' { ' ' } else { c })
+        .collect();
+    truncate_chars(&one_line, drover_protocol::event::TOOL_CONTEXT_MAX_CHARS)
+}
+
+fn truncate_chars(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        return s.to_string();
+    }
+    let mut out: String = s.chars().take(max.saturating_sub(1)).collect();
+    out.push('…');
+    out
+}

@@ -1,0 +1,1 @@
+//! Platform code: process groups and signals. The rest of drover never calls libc directly.

@@ -1,0 +1,1 @@
+//! The worker's journal and outbox.
