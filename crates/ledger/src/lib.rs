@@ -1,1 +1,248 @@
-//! ledger
+//! The SQLite ledger at `<home>/state.db` (SPEC section 3): the only code that writes it.
+//!
+//! [`Ledger`] owns one connection in WAL mode with `synchronous=FULL`, so an admission is on
+//! disk before `prompt.submit` answers (G1). Every multi-row change is one transaction:
+//! claiming a turn, applying a worker's `persist` frame with its receipt (G4), settling a turn,
+//! and recovery after a restart (G2). Each write returns the events it stored so the owner can
+//! publish them after the commit. The state machines are plain functions in [`state`].
+//!
+//! What this crate does not do: sockets, processes, or deciding *when* to claim a turn.
+//!
+//! ```no_run
+//! # fn demo() -> Result<(), drover_ledger::LedgerError> {
+//! let mut ledger = drover_ledger::Ledger::open(std::path::Path::new("/tmp/home/state.db"))?;
+//! let epoch = ledger.bump_epoch()?;
+//! println!("runtime epoch {}", epoch.epoch);
+//! # Ok(()) }
+//! ```
+
+mod admissions;
+mod events;
+mod persist;
+pub mod schema;
+mod sessions;
+pub mod state;
+
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use drover_protocol::ErrorReason;
+use rusqlite::{Connection, OpenFlags};
+use sha2::{Digest, Sha256};
+
+pub use admissions::{AdmissionRow, Claim, Receipt, Recovery, Settlement};
+pub use events::StoredEvent;
+pub use persist::{PersistOutcome, PromptResponse, PromptRow};
+pub use sessions::{NewSession, SessionRow, SessionSummary};
+
+/// Every ledger failure, each mapped to one spec reason by [`LedgerError::reason`].
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    /// SQLite failed (disk full, read-only home, IO). `storage_unavailable`.
+    #[error("storage unavailable: {0}")]
+    Storage(#[from] rusqlite::Error),
+    /// The file is not a drover ledger, or is corrupt. The owner refuses to start.
+    #[error("{path} is not a drover ledger ({detail}); refusing to touch it")]
+    ForeignFile { path: PathBuf, detail: String },
+    /// Internal form of `ForeignFile` before the path is known.
+    #[error("not a drover ledger: {0}")]
+    Foreign(String),
+    #[error("{0} not found")]
+    NotFound(String),
+    /// `admission_conflict`: same key, different payload.
+    #[error("{0}")]
+    Conflict(String),
+    #[error("epoch {got} is not the current runtime epoch {current}")]
+    StaleEpoch { got: u64, current: u64 },
+    #[error("{0}")]
+    StaleGeneration(String),
+    #[error("{0}")]
+    PermissionDenied(String),
+    #[error("{0}")]
+    UnknownExecution(String),
+    /// `invalid_params` naming `field`.
+    #[error("{field}: {detail}")]
+    InvalidParams { field: String, detail: String },
+    /// Stored JSON did not parse (a bug or a hand-edited file).
+    #[error("corrupt ledger row: {0}")]
+    Corrupt(String),
+}
+
+impl LedgerError {
+    /// The spec reason word of this error (SPEC section 2).
+    pub fn reason(&self) -> ErrorReason {
+        match self {
+            LedgerError::Storage(_) | LedgerError::Corrupt(_) => ErrorReason::StorageUnavailable,
+            LedgerError::ForeignFile { .. } | LedgerError::Foreign(_) => {
+                ErrorReason::StorageUnavailable
+            }
+            LedgerError::NotFound(_) => ErrorReason::NotFound,
+            LedgerError::Conflict(_) => ErrorReason::AdmissionConflict,
+            LedgerError::StaleEpoch { .. } => ErrorReason::StaleEpoch,
+            LedgerError::StaleGeneration(_) => ErrorReason::StaleGeneration,
+            LedgerError::PermissionDenied(_) => ErrorReason::PermissionDenied,
+            LedgerError::UnknownExecution(_) => ErrorReason::UnknownExecution,
+            LedgerError::InvalidParams { .. } => ErrorReason::InvalidParams,
+        }
+    }
+
+    /// The field to name in `data.field` for `invalid_params`.
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            LedgerError::InvalidParams { field, .. } => Some(field),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn invalid(field: &str, detail: impl Into<String>) -> Self {
+        LedgerError::InvalidParams {
+            field: field.to_string(),
+            detail: detail.into(),
+        }
+    }
+}
+
+/// The runtime epoch row (SPEC section 3, `runtime_epoch`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuntimeEpoch {
+    pub epoch: u64,
+    pub instance_id: String,
+}
+
+/// The ledger. Not `Sync`: the owner keeps it behind one lock or on one thread.
+pub struct Ledger {
+    conn: Connection,
+    epoch: u64,
+}
+
+impl Ledger {
+    /// Opens or creates `state.db` (mode 0600), sets WAL and `synchronous=FULL`, and migrates.
+    /// A foreign or corrupt file gives [`LedgerError::ForeignFile`] and is left untouched.
+    pub fn open(path: &Path) -> Result<Ledger, LedgerError> {
+        let foreign = |detail: String| LedgerError::ForeignFile {
+            path: path.to_path_buf(),
+            detail,
+        };
+        let existed = path.exists();
+        let mut conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE
+                | OpenFlags::SQLITE_OPEN_CREATE
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        if !existed {
+            set_private(path);
+        }
+        // Reading the header first: a non-SQLite file fails here, before any write.
+        if let Err(e) = conn.query_row("PRAGMA schema_version", [], |r| r.get::<_, i64>(0)) {
+            return Err(foreign(e.to_string()));
+        }
+        match schema::migrate(&mut conn) {
+            Ok(()) => {}
+            Err(LedgerError::Foreign(d)) => return Err(foreign(d)),
+            Err(LedgerError::Storage(e)) if is_corruption(&e) => {
+                return Err(foreign(e.to_string()))
+            }
+            Err(e) => return Err(e),
+        }
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        for suffix in ["-wal", "-shm"] {
+            let mut p = path.as_os_str().to_owned();
+            p.push(suffix);
+            set_private(Path::new(&p));
+        }
+        let epoch = conn
+            .query_row("SELECT epoch FROM runtime_epoch WHERE id = 1", [], |r| {
+                r.get::<_, i64>(0)
+            })
+            .unwrap_or(0) as u64;
+        Ok(Ledger { conn, epoch })
+    }
+
+    /// Raises the runtime epoch by one (SPEC section 1: at each owner start) and gives the new
+    /// epoch with a fresh instance id.
+    pub fn bump_epoch(&mut self) -> Result<RuntimeEpoch, LedgerError> {
+        let instance_id = new_id();
+        let tx = self.conn.transaction()?;
+        let current: i64 = tx
+            .query_row("SELECT epoch FROM runtime_epoch WHERE id = 1", [], |r| {
+                r.get(0)
+            })
+            .unwrap_or(0);
+        let epoch = current + 1;
+        tx.execute(
+            "INSERT INTO runtime_epoch (id, epoch, instance_id) VALUES (1, ?1, ?2)
+             ON CONFLICT(id) DO UPDATE SET epoch = excluded.epoch, instance_id = excluded.instance_id",
+            rusqlite::params![epoch, instance_id],
+        )?;
+        tx.commit()?;
+        self.epoch = epoch as u64;
+        Ok(RuntimeEpoch {
+            epoch: epoch as u64,
+            instance_id,
+        })
+    }
+
+    /// The current runtime epoch (0 before the first bump).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Reads a `state_meta` value.
+    pub fn meta(&self, key: &str) -> Result<Option<String>, LedgerError> {
+        use rusqlite::OptionalExtension;
+        Ok(self
+            .conn
+            .query_row("SELECT value FROM state_meta WHERE key = ?1", [key], |r| {
+                r.get(0)
+            })
+            .optional()?)
+    }
+}
+
+fn is_corruption(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseCorrupt) | Some(rusqlite::ErrorCode::NotADatabase)
+    )
+}
+
+fn set_private(path: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    if path.exists() {
+        // Best effort: a failure here leaves the umask's mode, never breaks the ledger.
+        let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
+    }
+}
+
+/// Seconds since the Unix epoch, as stored in `*_at` columns.
+pub(crate) fn now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// A new random id (UUID v4 text).
+pub fn new_id() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+/// Lowercase hex SHA-256 of `bytes`.
+pub fn digest(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// Constant-time equality of two digests (SPEC: secrets are checked in constant time).
+pub(crate) fn digests_equal(a: &str, b: &str) -> bool {
+    use subtle::ConstantTimeEq;
+    a.len() == b.len() && bool::from(a.as_bytes().ct_eq(b.as_bytes()))
+}
+
+/// Stable digest of a JSON value (serde_json keeps object keys sorted by default).
+pub(crate) fn json_digest(v: &serde_json::Value) -> String {
+    digest(v.to_string().as_bytes())
+}

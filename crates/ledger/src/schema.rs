@@ -1,0 +1,187 @@
+//! Versioned migrations of `state.db` (SPEC section 3).
+//!
+//! `PRAGMA application_id` marks the file as drover's; `PRAGMA user_version` is the schema
+//! version. A file with tables but another application id is foreign and is never touched.
+
+use rusqlite::Connection;
+
+use crate::LedgerError;
+
+/// `PRAGMA application_id` of a drover ledger ("DRVR").
+pub const APPLICATION_ID: i64 = 0x4452_5652;
+
+/// Migrations in order; index + 1 is the version each one produces.
+const MIGRATIONS: &[&str] = &[r#"
+CREATE TABLE sessions (
+    id TEXT PRIMARY KEY,
+    source TEXT NOT NULL,
+    parent_session_id TEXT,
+    title TEXT,
+    model TEXT NOT NULL,
+    model_config TEXT NOT NULL,
+    profile_name TEXT,
+    cwd TEXT NOT NULL,
+    system_prompt TEXT NOT NULL,
+    tool_names TEXT NOT NULL,
+    started_at REAL NOT NULL,
+    ended_at REAL,
+    end_reason TEXT,
+    input_tokens INTEGER NOT NULL DEFAULT 0,
+    output_tokens INTEGER NOT NULL DEFAULT 0,
+    api_call_count INTEGER NOT NULL DEFAULT 0,
+    runtime_generation INTEGER NOT NULL DEFAULT 0,
+    runtime_revision INTEGER NOT NULL DEFAULT 0,
+    -- drover extras
+    request_id TEXT UNIQUE,
+    request_digest TEXT,
+    toolsets TEXT NOT NULL,
+    tool_schemas TEXT NOT NULL,
+    replay_epoch TEXT NOT NULL
+);
+CREATE TABLE messages (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id TEXT NOT NULL REFERENCES sessions(id),
+    role TEXT NOT NULL CHECK (role IN ('system','user','assistant','tool')),
+    content TEXT,
+    tool_call_id TEXT,
+    tool_calls TEXT,
+    tool_name TEXT,
+    created_at REAL NOT NULL,
+    admission_id TEXT
+);
+CREATE INDEX messages_session ON messages(session_id, id);
+CREATE TABLE session_admissions (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    admission_id TEXT NOT NULL UNIQUE,
+    request_id TEXT NOT NULL,
+    principal_id TEXT NOT NULL,
+    target_session_id TEXT NOT NULL REFERENCES sessions(id),
+    payload_json TEXT NOT NULL,
+    payload_digest TEXT NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('queued','started','unknown','terminal')),
+    outcome TEXT CHECK (outcome IN ('completed','interrupted','failed','rejected','cancelled')),
+    owner_epoch INTEGER NOT NULL,
+    generation INTEGER,
+    created_at REAL NOT NULL,
+    unknown_at REAL,
+    UNIQUE (target_session_id, request_id)
+);
+CREATE INDEX admissions_pending ON session_admissions(target_session_id, status, seq);
+CREATE TABLE worker_executions (
+    execution_id TEXT PRIMARY KEY,
+    session_id TEXT NOT NULL REFERENCES sessions(id),
+    admission_id TEXT,
+    kind TEXT NOT NULL CHECK (kind IN ('compute','child')),
+    parent_execution_id TEXT,
+    depth INTEGER NOT NULL DEFAULT 0,
+    owner_epoch INTEGER NOT NULL,
+    generation INTEGER NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('registered','running','terminal','unknown')),
+    secret_digest TEXT NOT NULL,
+    last_sequence INTEGER NOT NULL DEFAULT 0,
+    input_tokens INTEGER NOT NULL DEFAULT 0,
+    output_tokens INTEGER NOT NULL DEFAULT 0,
+    total_tokens INTEGER NOT NULL DEFAULT 0,
+    api_calls INTEGER NOT NULL DEFAULT 0,
+    created_at REAL NOT NULL
+);
+CREATE INDEX executions_session ON worker_executions(session_id, status);
+CREATE TABLE worker_receipts (
+    execution_id TEXT NOT NULL,
+    sequence INTEGER NOT NULL,
+    operation TEXT NOT NULL,
+    payload_digest TEXT NOT NULL,
+    result_json TEXT NOT NULL,
+    PRIMARY KEY (execution_id, sequence)
+);
+CREATE TABLE session_turn_leases (
+    session_id TEXT PRIMARY KEY REFERENCES sessions(id),
+    admission_id TEXT NOT NULL,
+    execution_id TEXT NOT NULL,
+    generation INTEGER NOT NULL,
+    owner_epoch INTEGER NOT NULL,
+    acquired_at REAL NOT NULL
+);
+CREATE TABLE runtime_epoch (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    epoch INTEGER NOT NULL,
+    instance_id TEXT NOT NULL
+);
+CREATE TABLE state_meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE session_events (
+    session_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    type TEXT NOT NULL,
+    payload_json TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (session_id, seq)
+);
+CREATE TABLE prompts (
+    prompt_id TEXT PRIMARY KEY,
+    session_id TEXT NOT NULL,
+    execution_id TEXT NOT NULL,
+    generation INTEGER NOT NULL,
+    kind TEXT NOT NULL CHECK (kind IN ('approval','clarify')),
+    body_json TEXT NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('open','resolved','cancelled')),
+    answer TEXT,
+    sequence INTEGER,
+    created_at REAL NOT NULL
+);
+CREATE INDEX prompts_session ON prompts(session_id, status);
+CREATE TABLE background_processes (
+    id TEXT PRIMARY KEY,
+    session_id TEXT NOT NULL,
+    pid INTEGER NOT NULL,
+    start_time INTEGER,
+    command TEXT NOT NULL,
+    cwd TEXT NOT NULL,
+    log_path TEXT NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('running','exited','killed','lost')),
+    exit_code INTEGER,
+    started_at REAL NOT NULL
+);
+CREATE TABLE approval_rules (
+    pattern_key TEXT PRIMARY KEY,
+    description TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
+"#];
+
+/// The schema version this build writes.
+pub fn current_version() -> i64 {
+    MIGRATIONS.len() as i64
+}
+
+/// Checks the file is drover's (or empty) and applies pending migrations in one transaction.
+pub fn migrate(conn: &mut Connection) -> Result<(), LedgerError> {
+    let app_id: i64 = conn.query_row("PRAGMA application_id", [], |r| r.get(0))?;
+    let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    let tables: i64 = conn.query_row(
+        "SELECT count(*) FROM sqlite_master WHERE type = 'table'",
+        [],
+        |r| r.get(0),
+    )?;
+    if app_id != APPLICATION_ID && (app_id != 0 || tables > 0) {
+        return Err(LedgerError::Foreign(format!(
+            "application_id {app_id:#x}, {tables} tables"
+        )));
+    }
+    if version > current_version() {
+        return Err(LedgerError::Foreign(format!(
+            "schema version {version} is newer than this drover ({})",
+            current_version()
+        )));
+    }
+    let tx = conn.transaction()?;
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+        tx.execute_batch(sql)?;
+        tx.pragma_update(None, "user_version", (i + 1) as i64)?;
+    }
+    tx.pragma_update(None, "application_id", APPLICATION_ID)?;
+    tx.commit()?;
+    Ok(())
+}

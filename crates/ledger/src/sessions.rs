@@ -1,0 +1,308 @@
+//! Sessions: create (idempotent on `request_id`), read, list (SPEC section 2 and 3).
+
+use rusqlite::{params, OptionalExtension, Row};
+use serde_json::Value;
+
+use crate::{json_digest, new_id, now, Ledger, LedgerError};
+
+/// What `session.create` stores. `model_config` is `{base_url, api_key?, stream,
+/// request_timeout_s, max_retries}`; the rest is the frozen policy (SPEC section 4).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewSession {
+    pub request_id: Option<String>,
+    pub source: String,
+    pub parent_session_id: Option<String>,
+    pub title: Option<String>,
+    pub model: String,
+    pub model_config: Value,
+    pub cwd: String,
+    pub system_prompt: String,
+    pub toolsets: Vec<String>,
+    pub tool_schemas: Vec<Value>,
+}
+
+/// One `sessions` row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionRow {
+    pub id: String,
+    pub source: String,
+    pub parent_session_id: Option<String>,
+    pub title: Option<String>,
+    pub model: String,
+    pub model_config: Value,
+    pub cwd: String,
+    pub system_prompt: String,
+    pub toolsets: Vec<String>,
+    pub tool_schemas: Vec<Value>,
+    pub tool_names: Vec<String>,
+    pub started_at: f64,
+    pub ended_at: Option<f64>,
+    pub end_reason: Option<String>,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub api_call_count: u64,
+    pub runtime_generation: u64,
+    pub replay_epoch: String,
+}
+
+/// A row of `session.list`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionSummary {
+    pub session: SessionRow,
+    pub running: bool,
+    pub pending_count: u64,
+}
+
+const SESSION_COLUMNS: &str = "id, source, parent_session_id, title, model, model_config, cwd, \
+     system_prompt, toolsets, tool_schemas, tool_names, started_at, ended_at, end_reason, \
+     input_tokens, output_tokens, api_call_count, runtime_generation, replay_epoch";
+
+fn parse_json<T: serde::de::DeserializeOwned>(text: &str, what: &str) -> Result<T, LedgerError> {
+    serde_json::from_str(text).map_err(|e| LedgerError::Corrupt(format!("{what}: {e}")))
+}
+
+struct RawSession {
+    row: SessionRow,
+    model_config: String,
+    toolsets: String,
+    tool_schemas: String,
+    tool_names: String,
+}
+
+fn raw_session(r: &Row<'_>) -> rusqlite::Result<RawSession> {
+    Ok(RawSession {
+        row: SessionRow {
+            id: r.get(0)?,
+            source: r.get(1)?,
+            parent_session_id: r.get(2)?,
+            title: r.get(3)?,
+            model: r.get(4)?,
+            model_config: Value::Null,
+            cwd: r.get(6)?,
+            system_prompt: r.get(7)?,
+            toolsets: Vec::new(),
+            tool_schemas: Vec::new(),
+            tool_names: Vec::new(),
+            started_at: r.get(11)?,
+            ended_at: r.get(12)?,
+            end_reason: r.get(13)?,
+            input_tokens: r.get::<_, i64>(14)? as u64,
+            output_tokens: r.get::<_, i64>(15)? as u64,
+            api_call_count: r.get::<_, i64>(16)? as u64,
+            runtime_generation: r.get::<_, i64>(17)? as u64,
+            replay_epoch: r.get(18)?,
+        },
+        model_config: r.get(5)?,
+        toolsets: r.get(8)?,
+        tool_schemas: r.get(9)?,
+        tool_names: r.get(10)?,
+    })
+}
+
+impl RawSession {
+    fn finish(self) -> Result<SessionRow, LedgerError> {
+        let mut row = self.row;
+        row.model_config = parse_json(&self.model_config, "sessions.model_config")?;
+        row.toolsets = parse_json(&self.toolsets, "sessions.toolsets")?;
+        row.tool_schemas = parse_json(&self.tool_schemas, "sessions.tool_schemas")?;
+        row.tool_names = parse_json(&self.tool_names, "sessions.tool_names")?;
+        Ok(row)
+    }
+}
+
+fn tool_name(schema: &Value) -> Option<String> {
+    schema
+        .pointer("/function/name")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+}
+
+impl NewSession {
+    fn digest(&self) -> String {
+        json_digest(&serde_json::json!({
+            "source": self.source,
+            "parent_session_id": self.parent_session_id,
+            "title": self.title,
+            "model": self.model,
+            "model_config": self.model_config,
+            "cwd": self.cwd,
+            "system_prompt": self.system_prompt,
+            "toolsets": self.toolsets,
+        }))
+    }
+}
+
+impl Ledger {
+    /// Creates a session, or returns the one created earlier with the same `request_id` and the
+    /// same parameters. Other parameters under a known `request_id` give `invalid_params`
+    /// naming `request_id` (SPEC section 2, `session.create`).
+    pub fn create_session(&mut self, new: &NewSession) -> Result<SessionRow, LedgerError> {
+        let digest = new.digest();
+        let tx = self.conn.transaction()?;
+        if let Some(request_id) = &new.request_id {
+            let existing: Option<(String, Option<String>)> = tx
+                .query_row(
+                    "SELECT id, request_digest FROM sessions WHERE request_id = ?1",
+                    [request_id],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()?;
+            if let Some((id, old)) = existing {
+                drop(tx);
+                if old.as_deref() != Some(digest.as_str()) {
+                    return Err(LedgerError::invalid(
+                        "request_id",
+                        "request_id was already used with different parameters",
+                    ));
+                }
+                return self
+                    .session(&id)?
+                    .ok_or_else(|| LedgerError::NotFound(format!("session {id}")));
+            }
+        }
+        let id = new_id();
+        let names: Vec<String> = new.tool_schemas.iter().filter_map(tool_name).collect();
+        tx.execute(
+            "INSERT INTO sessions (id, source, parent_session_id, title, model, model_config, cwd,
+                system_prompt, tool_names, started_at, request_id, request_digest, toolsets,
+                tool_schemas, replay_epoch)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+            params![
+                id,
+                new.source,
+                new.parent_session_id,
+                new.title,
+                new.model,
+                new.model_config.to_string(),
+                new.cwd,
+                new.system_prompt,
+                serde_json::to_string(&names).unwrap_or_else(|_| "[]".into()),
+                now(),
+                new.request_id,
+                digest,
+                serde_json::to_string(&new.toolsets).unwrap_or_else(|_| "[]".into()),
+                Value::Array(new.tool_schemas.clone()).to_string(),
+                new_id(),
+            ],
+        )?;
+        tx.commit()?;
+        self.session(&id)?
+            .ok_or_else(|| LedgerError::NotFound(format!("session {id}")))
+    }
+
+    /// Reads one session.
+    pub fn session(&self, id: &str) -> Result<Option<SessionRow>, LedgerError> {
+        let raw = self
+            .conn
+            .query_row(
+                &format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ?1"),
+                [id],
+                raw_session,
+            )
+            .optional()?;
+        raw.map(RawSession::finish).transpose()
+    }
+
+    /// Lists sessions, newest first. `cursor` is the `next_cursor` of the previous page
+    /// (an opaque offset string).
+    pub fn list_sessions(
+        &self,
+        limit: u32,
+        cursor: Option<&str>,
+    ) -> Result<(Vec<SessionSummary>, Option<String>), LedgerError> {
+        let offset: i64 = match cursor {
+            None => 0,
+            Some(c) => c
+                .parse()
+                .map_err(|_| LedgerError::invalid("cursor", "not a cursor from session.list"))?,
+        };
+        let mut stmt = self.conn.prepare_cached(&format!(
+            "SELECT {SESSION_COLUMNS},
+                EXISTS (SELECT 1 FROM session_turn_leases l WHERE l.session_id = sessions.id),
+                (SELECT count(*) FROM session_admissions a
+                   WHERE a.target_session_id = sessions.id AND a.status != 'terminal')
+             FROM sessions ORDER BY started_at DESC, id LIMIT ?1 OFFSET ?2"
+        ))?;
+        let rows = stmt.query_map(params![limit as i64 + 1, offset], |r| {
+            Ok((raw_session(r)?, r.get::<_, bool>(19)?, r.get::<_, i64>(20)?))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (raw, running, pending) = row?;
+            out.push(SessionSummary {
+                session: raw.finish()?,
+                running,
+                pending_count: pending as u64,
+            });
+        }
+        let next = if out.len() > limit as usize {
+            out.truncate(limit as usize);
+            Some((offset + limit as i64).to_string())
+        } else {
+            None
+        };
+        Ok((out, next))
+    }
+
+    /// The transcript of a session, oldest first, as `(row id, message)`.
+    pub fn messages(
+        &self,
+        session_id: &str,
+    ) -> Result<Vec<(i64, drover_protocol::ChatMessage, f64)>, LedgerError> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT id, role, content, tool_call_id, tool_calls, tool_name, created_at
+             FROM messages WHERE session_id = ?1 ORDER BY id",
+        )?;
+        let rows = stmt.query_map([session_id], message_row)?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (id, msg, at) = row?;
+            out.push((id, msg?, at));
+        }
+        Ok(out)
+    }
+
+    /// The history a new turn sees: every message except those of turns that were lost
+    /// (`unknown`), so started work is never shown to the model again (SPEC section 4).
+    pub fn history(
+        &self,
+        session_id: &str,
+    ) -> Result<Vec<drover_protocol::ChatMessage>, LedgerError> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT m.id, m.role, m.content, m.tool_call_id, m.tool_calls, m.tool_name, m.created_at
+             FROM messages m
+             LEFT JOIN session_admissions a ON a.admission_id = m.admission_id
+             WHERE m.session_id = ?1 AND a.unknown_at IS NULL
+             ORDER BY m.id",
+        )?;
+        let rows = stmt.query_map([session_id], message_row)?;
+        let mut out = Vec::new();
+        for row in rows {
+            out.push(row?.1?);
+        }
+        Ok(out)
+    }
+}
+
+type MessageRow = (i64, Result<drover_protocol::ChatMessage, LedgerError>, f64);
+
+fn message_row(r: &Row<'_>) -> rusqlite::Result<MessageRow> {
+    let role: String = r.get(1)?;
+    let tool_calls: Option<String> = r.get(4)?;
+    let msg = (|| {
+        let role = drover_protocol::Role::parse(&role)
+            .ok_or_else(|| LedgerError::Corrupt(format!("messages.role {role:?}")))?;
+        let tool_calls = match tool_calls {
+            Some(t) => parse_json(&t, "messages.tool_calls")?,
+            None => Vec::new(),
+        };
+        Ok(drover_protocol::ChatMessage {
+            role,
+            content: r.get(2).ok().flatten(),
+            tool_calls,
+            tool_call_id: r.get(3).ok().flatten(),
+            tool_name: r.get(5).ok().flatten(),
+        })
+    })();
+    Ok((r.get(0)?, msg, r.get(6)?))
+}

@@ -1,0 +1,271 @@
+//! Pure state machines for admissions, executions and prompts (SPEC section 3 and 4).
+//!
+//! No IO here: the ledger asks these functions whether a move is allowed before it writes,
+//! so the rules are testable exhaustively without SQLite.
+
+/// `session_admissions.status` (SPEC section 3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AdmissionStatus {
+    Queued,
+    Started,
+    Unknown,
+    Terminal,
+}
+
+/// `session_admissions.outcome`, set only when terminal (SPEC section 3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    Completed,
+    Interrupted,
+    Failed,
+    Rejected,
+    Cancelled,
+}
+
+/// `worker_executions.status` (SPEC section 3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ExecutionStatus {
+    Registered,
+    Running,
+    Terminal,
+    Unknown,
+}
+
+/// `prompts.status` (SPEC section 3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PromptStatus {
+    Open,
+    Resolved,
+    Cancelled,
+}
+
+macro_rules! words {
+    ($ty:ident { $($variant:ident => $word:literal),* $(,)? }) => {
+        impl $ty {
+            /// The spec's word.
+            pub fn as_str(self) -> &'static str {
+                match self { $($ty::$variant => $word),* }
+            }
+            /// Parses the spec's word; `None` for anything else.
+            pub fn parse(s: &str) -> Option<Self> {
+                match s { $($word => Some($ty::$variant),)* _ => None }
+            }
+        }
+        impl std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+words!(AdmissionStatus { Queued => "queued", Started => "started", Unknown => "unknown", Terminal => "terminal" });
+words!(Outcome {
+    Completed => "completed",
+    Interrupted => "interrupted",
+    Failed => "failed",
+    Rejected => "rejected",
+    Cancelled => "cancelled",
+});
+words!(ExecutionStatus { Registered => "registered", Running => "running", Terminal => "terminal", Unknown => "unknown" });
+words!(PromptStatus { Open => "open", Resolved => "resolved", Cancelled => "cancelled" });
+
+impl AdmissionStatus {
+    /// Whether `self -> to` is a legal move: `queued -> started -> terminal`,
+    /// `started -> unknown -> terminal`, and `queued -> terminal` (cancel, reject).
+    /// A terminal admission never moves again.
+    pub fn can_move_to(self, to: AdmissionStatus) -> bool {
+        use AdmissionStatus::*;
+        matches!(
+            (self, to),
+            (Queued, Started)
+                | (Queued, Terminal)
+                | (Started, Terminal)
+                | (Started, Unknown)
+                | (Unknown, Terminal)
+        )
+    }
+
+    /// Still in the session's pending list (SPEC section 2, `pending`).
+    pub fn is_pending(self) -> bool {
+        !matches!(self, AdmissionStatus::Terminal)
+    }
+}
+
+impl ExecutionStatus {
+    /// `registered -> running -> terminal|unknown`, `registered -> terminal|unknown`,
+    /// `unknown -> terminal` (resolve). Terminal is final.
+    pub fn can_move_to(self, to: ExecutionStatus) -> bool {
+        use ExecutionStatus::*;
+        matches!(
+            (self, to),
+            (Registered, Running)
+                | (Registered, Terminal)
+                | (Registered, Unknown)
+                | (Running, Terminal)
+                | (Running, Unknown)
+                | (Unknown, Terminal)
+        )
+    }
+
+    /// Whether persists from this execution may still be applied (SPEC section 4).
+    pub fn is_live(self) -> bool {
+        matches!(self, ExecutionStatus::Registered | ExecutionStatus::Running)
+    }
+}
+
+impl PromptStatus {
+    /// Only an open prompt moves; the first answer wins.
+    pub fn can_move_to(self, to: PromptStatus) -> bool {
+        self == PromptStatus::Open && to != PromptStatus::Open
+    }
+}
+
+/// What `prompt.cancel` does to an admission in `status` (SPEC section 2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CancelDecision {
+    /// queued -> terminal/cancelled.
+    Cancel,
+    /// Already terminal: answer with the receipt unchanged.
+    AlreadyTerminal,
+    /// started: refused with `stale_generation` (interrupt the turn instead).
+    RefuseStarted,
+    /// unknown: refused with `unknown_execution` (resolve it instead).
+    RefuseUnknown,
+}
+
+/// Decides `prompt.cancel`.
+pub fn decide_cancel(status: AdmissionStatus) -> CancelDecision {
+    match status {
+        AdmissionStatus::Queued => CancelDecision::Cancel,
+        AdmissionStatus::Started => CancelDecision::RefuseStarted,
+        AdmissionStatus::Unknown => CancelDecision::RefuseUnknown,
+        AdmissionStatus::Terminal => CancelDecision::AlreadyTerminal,
+    }
+}
+
+/// Whether a session may claim its next queued input: no turn holds the lease and nothing is
+/// unknown (SPEC section 4).
+pub fn may_claim(lease_held: bool, has_unknown: bool) -> bool {
+    !lease_held && !has_unknown
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ADMISSION: [AdmissionStatus; 4] = [
+        AdmissionStatus::Queued,
+        AdmissionStatus::Started,
+        AdmissionStatus::Unknown,
+        AdmissionStatus::Terminal,
+    ];
+
+    #[test]
+    fn admission_moves_follow_the_spec_graph() {
+        use AdmissionStatus::*;
+        let allowed = [
+            (Queued, Started),
+            (Queued, Terminal),
+            (Started, Terminal),
+            (Started, Unknown),
+            (Unknown, Terminal),
+        ];
+        for from in ADMISSION {
+            for to in ADMISSION {
+                assert_eq!(
+                    from.can_move_to(to),
+                    allowed.contains(&(from, to)),
+                    "{from} -> {to}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn terminal_admission_never_moves_and_unknown_never_restarts() {
+        for to in ADMISSION {
+            assert!(!AdmissionStatus::Terminal.can_move_to(to));
+        }
+        assert!(!AdmissionStatus::Unknown.can_move_to(AdmissionStatus::Started));
+        assert!(!AdmissionStatus::Unknown.can_move_to(AdmissionStatus::Queued));
+    }
+
+    #[test]
+    fn execution_moves_follow_the_spec_graph() {
+        use ExecutionStatus::*;
+        let all = [Registered, Running, Terminal, Unknown];
+        for from in all {
+            for to in all {
+                let ok = from.can_move_to(to);
+                if from == Terminal {
+                    assert!(!ok, "terminal is final");
+                }
+                if to == Registered {
+                    assert!(!ok, "nothing returns to registered");
+                }
+            }
+        }
+        assert!(Unknown.can_move_to(Terminal));
+        assert!(!Unknown.can_move_to(Running));
+        assert!(Registered.is_live() && Running.is_live());
+        assert!(!Unknown.is_live() && !Terminal.is_live());
+    }
+
+    #[test]
+    fn first_prompt_answer_wins() {
+        use PromptStatus::*;
+        assert!(Open.can_move_to(Resolved));
+        assert!(Open.can_move_to(Cancelled));
+        for from in [Resolved, Cancelled] {
+            for to in [Open, Resolved, Cancelled] {
+                assert!(!from.can_move_to(to));
+            }
+        }
+    }
+
+    #[test]
+    fn cancel_table_matches_spec() {
+        assert_eq!(
+            decide_cancel(AdmissionStatus::Queued),
+            CancelDecision::Cancel
+        );
+        assert_eq!(
+            decide_cancel(AdmissionStatus::Started),
+            CancelDecision::RefuseStarted
+        );
+        assert_eq!(
+            decide_cancel(AdmissionStatus::Unknown),
+            CancelDecision::RefuseUnknown
+        );
+        assert_eq!(
+            decide_cancel(AdmissionStatus::Terminal),
+            CancelDecision::AlreadyTerminal
+        );
+    }
+
+    #[test]
+    fn claim_needs_free_lease_and_nothing_unknown() {
+        assert!(may_claim(false, false));
+        assert!(!may_claim(true, false));
+        assert!(!may_claim(false, true));
+        assert!(!may_claim(true, true));
+    }
+
+    #[test]
+    fn words_round_trip() {
+        for s in ADMISSION {
+            assert_eq!(AdmissionStatus::parse(s.as_str()), Some(s));
+        }
+        for o in [
+            Outcome::Completed,
+            Outcome::Interrupted,
+            Outcome::Failed,
+            Outcome::Rejected,
+            Outcome::Cancelled,
+        ] {
+            assert_eq!(Outcome::parse(o.as_str()), Some(o));
+        }
+        assert_eq!(AdmissionStatus::parse("running"), None);
+    }
+}
