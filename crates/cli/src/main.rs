@@ -1,1 +1,70 @@
-fn main() {}
+//! `drover`: the single binary (SPEC section 8). It only wires the crates together:
+//! `daemon` runs [`drover_owner`], `worker` runs [`drover_worker`], and `run`, `sessions` and
+//! `stop` are clients of the home's daemon.
+
+mod client;
+mod commands;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Every exit code of `drover` (SPEC section 8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// The turn completed, or the command did what it was asked.
+    Ok = 0,
+    /// The turn failed, or the command could not do its job (the reason is on stderr).
+    Failed = 1,
+    /// This home is owned by another running daemon.
+    HomeOwned = 3,
+    /// The turn's outcome is unknown (its worker or the owner died while it ran).
+    Unknown = 4,
+    /// A prompt waits for an answer and there is no terminal to ask on.
+    PromptWaiting = 5,
+    /// Interrupted with Ctrl-C.
+    Interrupted = 130,
+}
+
+#[derive(Parser)]
+#[command(name = "drover", version, about = "A durable runtime for AI agents")]
+struct Cli {
+    /// The drover home (default: $DROVER_HOME, else ~/.drover).
+    #[arg(long, global = true, value_name = "DIR")]
+    home: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the owner daemon in the foreground.
+    Daemon,
+    /// Submit a prompt to a session and stream the answer (starts the daemon if needed).
+    Run(commands::RunArgs),
+    /// Ask the home's daemon to stop (as SIGTERM does) and wait for it to exit.
+    Stop,
+    /// List sessions.
+    Sessions {
+        /// Print JSON (the `session.list` result) instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Internal: a managed worker, started by the owner only.
+    #[command(hide = true)]
+    Worker,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let home = drover_owner::home::resolve_home(cli.home.as_deref());
+    let code = match cli.command {
+        Command::Daemon => drover_owner::run_daemon(&home) as u8,
+        Command::Worker => drover_worker::main_entry().clamp(0, 255) as u8,
+        Command::Run(args) => commands::block_on(commands::run(home, args)) as u8,
+        Command::Stop => commands::block_on(commands::stop(home)) as u8,
+        Command::Sessions { json } => commands::block_on(commands::sessions(home, json)) as u8,
+    };
+    ExitCode::from(code)
+}

@@ -765,3 +765,19 @@ pub(crate) fn settle_turn(
         events,
     })
 }
+
+impl Ledger {
+    /// Settles a claimed turn whose worker could not be started as `failed`: nothing ran, so
+    /// failing it is truthful and the queue may move on.
+    pub fn settle_unstarted(
+        &mut self,
+        execution_id: &str,
+        error: &str,
+    ) -> Result<Settlement, LedgerError> {
+        let tx = self.conn.transaction()?;
+        let result = json!({"final_response": "", "model": "", "api_calls": 0, "error": error});
+        let s = settle_turn(&tx, execution_id, Outcome::Failed, "", result)?;
+        tx.commit()?;
+        Ok(s)
+    }
+}

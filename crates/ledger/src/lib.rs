@@ -94,7 +94,8 @@ impl LedgerError {
         }
     }
 
-    pub(crate) fn invalid(field: &str, detail: impl Into<String>) -> Self {
+    /// `invalid_params` naming `field`.
+    pub fn invalid(field: &str, detail: impl Into<String>) -> Self {
         LedgerError::InvalidParams {
             field: field.to_string(),
             detail: detail.into(),

@@ -2,9 +2,15 @@
 //!
 //! `POST {base_url}/chat/completions` with `stream: true` (server-sent events, `data:` lines,
 //! `[DONE]`, `stream_options: {include_usage: true}`) or `stream: false` (one JSON body).
-//! Tool calls are assembled from streamed deltas by `index`. Timeouts, 429 and 5xx are retried
-//! with bounded exponential backoff; other 4xx are not. What this crate does not do: run tools,
-//! keep history or persist anything.
+//! Tool calls are assembled from streamed deltas by `index`. Timeouts, connection errors, 429
+//! and 5xx are retried with bounded exponential backoff (a numeric `Retry-After` on 429/503 is
+//! honoured); other 4xx are not, and neither is a stream that already showed text. What this
+//! crate does not do: run tools, keep history or persist anything.
+//!
+//! Main types: [`ModelClient`] (the reqwest client) behind the [`ChatModel`] trait,
+//! [`ModelConfig`], [`Completion`] and [`ModelError`]. Inside: `wire` maps drover's chat types
+//! to the OpenAI JSON, `stream` assembles a completion from chunks, `retry` decides what is
+//! retried and when.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), drover_model::ModelError> {
@@ -17,20 +23,33 @@
 //! # Ok(()) }
 //! ```
 
+mod retry;
+mod stream;
+mod wire;
+
+use std::fmt;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use drover_protocol::{ChatMessage, Usage};
+use eventsource_stream::{EventStreamError, Eventsource};
+use futures::StreamExt;
+use reqwest::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE};
 use serde_json::Value;
 
+use crate::retry::Failure;
+use crate::stream::{Step, StreamAssembly};
+
 /// Connection settings for one endpoint.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ModelConfig {
     /// e.g. `http://127.0.0.1:4000/v1`; `/chat/completions` is appended.
     pub base_url: String,
+    /// The `model` field of every request.
     pub model: String,
     /// Sent as `Authorization: Bearer <key>` when set. Never logged.
     pub api_key: Option<String>,
+    /// Server-sent events (`true`) or one JSON body (`false`).
     pub stream: bool,
     /// Whole-request timeout (connect to last byte).
     pub request_timeout: Duration,
@@ -55,6 +74,21 @@ impl ModelConfig {
     }
 }
 
+/// Shows everything but the API key, so a logged config never leaks it.
+impl fmt::Debug for ModelConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ModelConfig")
+            .field("base_url", &self.base_url)
+            .field("model", &self.model)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("stream", &self.stream)
+            .field("request_timeout", &self.request_timeout)
+            .field("max_retries", &self.max_retries)
+            .field("retry_base_delay", &self.retry_base_delay)
+            .finish()
+    }
+}
+
 /// One finished model request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Completion {
@@ -62,6 +96,7 @@ pub struct Completion {
     pub message: ChatMessage,
     /// Usage as reported by the server (final chunk or body); `None` if it reported none.
     pub usage: Option<Usage>,
+    /// `stop`, `tool_calls`, `length`, ... as the server said it.
     pub finish_reason: Option<String>,
     /// The `model` field the server answered with, if any.
     pub model: Option<String>,
@@ -73,14 +108,17 @@ pub enum ModelError {
     /// The server answered non-2xx; `message` is the server's error message when it gave one.
     #[error("model endpoint returned HTTP {status}: {message}")]
     Http { status: u16, message: String },
+    /// The whole request (connect to last byte) took longer than `request_timeout`.
     #[error("model request timed out after {0:?}")]
     Timeout(Duration),
     /// Connection refused, reset, DNS, TLS.
     #[error("model endpoint unreachable: {0}")]
     Transport(String),
-    /// The body or stream was not what the OpenAI protocol says.
+    /// The body or stream was not what the OpenAI protocol says, or a stream carried an
+    /// `{"error": ...}` event (the message says which).
     #[error("model endpoint sent an invalid response: {0}")]
     Protocol(String),
+    /// The configuration cannot work (bad `base_url`, an API key that is not a valid header).
     #[error("invalid model configuration: {0}")]
     Config(String),
 }
@@ -98,11 +136,16 @@ pub trait ChatModel: Send + Sync {
     /// Sends `messages` (system prompt first) and `tools` (OpenAI function schemas, sent
     /// verbatim; omitted from the request when empty). `on_delta` gets assistant text as it
     /// streams (once with the whole text in non-stream mode). Cancel by dropping the future.
+    ///
+    /// `on_delta` is spelled `for<'d>` on purpose: `async_trait` names every elided lifetime
+    /// of an argument, so a plain `FnMut(&str)` would only accept text that outlives the call
+    /// and an implementation could not lend it a local buffer. Implementations must use the
+    /// same spelling.
     async fn chat(
         &self,
         messages: &[ChatMessage],
         tools: &[Value],
-        on_delta: &mut (dyn FnMut(&str) + Send),
+        on_delta: &mut (dyn for<'d> FnMut(&'d str) + Send),
     ) -> Result<Completion, ModelError>;
 }
 
@@ -111,17 +154,189 @@ pub trait ChatModel: Send + Sync {
 pub struct ModelClient {
     config: ModelConfig,
     http: reqwest::Client,
+    /// `base_url` without trailing `/`, plus `/chat/completions`.
+    endpoint: reqwest::Url,
+    /// `Bearer <key>`, marked sensitive so it never shows in `Debug`.
+    authorization: Option<HeaderValue>,
 }
 
 impl ModelClient {
     /// Builds a client; `Config` error for an unparsable base URL.
     pub fn new(config: ModelConfig) -> Result<Self, ModelError> {
-        let _ = &config;
-        todo!("helper: build reqwest client")
+        let endpoint = endpoint_url(&config.base_url)?;
+        let authorization = match &config.api_key {
+            Some(key) => {
+                let mut value = HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
+                    ModelError::Config(
+                        "api_key holds characters that cannot go in an HTTP header; \
+                         check it for newlines or non-ASCII characters"
+                            .to_string(),
+                    )
+                })?;
+                value.set_sensitive(true);
+                Some(value)
+            }
+            None => None,
+        };
+        let http = reqwest::Client::builder()
+            .timeout(config.request_timeout)
+            .build()
+            .map_err(|e| ModelError::Config(format!("cannot build the HTTP client: {e}")))?;
+        Ok(ModelClient {
+            config,
+            http,
+            endpoint,
+            authorization,
+        })
     }
 
+    /// The configuration this client was built from.
     pub fn config(&self) -> &ModelConfig {
         &self.config
+    }
+
+    /// The URL requests go to: `{base_url}/chat/completions`.
+    pub fn endpoint(&self) -> &str {
+        self.endpoint.as_str()
+    }
+
+    /// One request, no retry.
+    async fn attempt(
+        &self,
+        body: &[u8],
+        on_delta: &mut (dyn FnMut(&str) + Send),
+    ) -> Result<Completion, Failure> {
+        let accept = if self.config.stream {
+            "text/event-stream"
+        } else {
+            "application/json"
+        };
+        let mut request = self
+            .http
+            .post(self.endpoint.clone())
+            .header(CONTENT_TYPE, "application/json")
+            .header(ACCEPT, accept)
+            .body(body.to_vec());
+        if let Some(authorization) = &self.authorization {
+            request = request.header(AUTHORIZATION, authorization.clone());
+        }
+        let response = request.send().await.map_err(|e| self.request_error(e))?;
+
+        let status = response.status();
+        if !status.is_success() {
+            let retry_after = retry::retry_after(status, response.headers());
+            // The status alone still tells what happened if the body cannot be read.
+            let text = response.text().await.unwrap_or_default();
+            return Err(Failure {
+                error: ModelError::Http {
+                    status: status.as_u16(),
+                    message: wire::http_error_message(status, &text),
+                },
+                retry_after,
+                shown: false,
+            });
+        }
+
+        let content_type = response
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_ascii_lowercase();
+        // Servers that ignore `stream` answer JSON, and proxies may relabel an event stream:
+        // only an explicit content type overrides what was asked for.
+        let is_events = if self.config.stream {
+            !content_type.starts_with("application/json")
+        } else {
+            content_type.starts_with("text/event-stream")
+        };
+        if is_events {
+            return self.read_events(response, on_delta).await;
+        }
+        let bytes = response.bytes().await.map_err(|e| self.request_error(e))?;
+        let completion = wire::parse_completion(&bytes)?;
+        if let Some(text) = completion.message.content.as_deref() {
+            if !text.is_empty() {
+                on_delta(text);
+            }
+        }
+        Ok(completion)
+    }
+
+    /// Reads an event stream to `[DONE]` (or to its end, if a `finish_reason` came first).
+    async fn read_events(
+        &self,
+        response: reqwest::Response,
+        on_delta: &mut (dyn FnMut(&str) + Send),
+    ) -> Result<Completion, Failure> {
+        let mut events = response.bytes_stream().eventsource();
+        let mut assembly = StreamAssembly::default();
+        let mut shown = false;
+        let mut done = false;
+        while let Some(event) = events.next().await {
+            let step = match event {
+                Ok(event) => assembly.push(&event.data, &mut |piece: &str| {
+                    shown = true;
+                    on_delta(piece);
+                }),
+                Err(EventStreamError::Transport(e)) => Err(self.request_error(e)),
+                Err(EventStreamError::Utf8(e)) => Err(ModelError::Protocol(format!(
+                    "the event stream is not UTF-8: {e}"
+                ))),
+                Err(EventStreamError::Parser(e)) => Err(ModelError::Protocol(format!(
+                    "the event stream is not valid server-sent events: {e}"
+                ))),
+            };
+            match step {
+                Ok(Step::More) => {}
+                Ok(Step::Done) => {
+                    done = true;
+                    break;
+                }
+                Err(error) => {
+                    return Err(Failure {
+                        error,
+                        retry_after: None,
+                        shown,
+                    })
+                }
+            }
+        }
+        if !done && !assembly.finished() {
+            return Err(Failure {
+                error: ModelError::Protocol(
+                    "the event stream ended before `data: [DONE]` and without a finish_reason"
+                        .to_string(),
+                ),
+                retry_after: None,
+                shown,
+            });
+        }
+        Ok(assembly.finish()?)
+    }
+
+    /// Maps a reqwest failure; the message names the endpoint and the cause, never the key.
+    fn request_error(&self, error: reqwest::Error) -> ModelError {
+        if error.is_timeout() {
+            return ModelError::Timeout(self.config.request_timeout);
+        }
+        // A base URL may carry credentials; they stay out of messages and logs.
+        let mut endpoint = self.endpoint.clone();
+        let _ = endpoint.set_password(None);
+        let _ = endpoint.set_username("");
+        let error = error.without_url();
+        let mut message = format!("{endpoint}: {error}");
+        // reqwest's own message is generic ("error sending request"); the cause is below it.
+        let mut source = std::error::Error::source(&error);
+        while let Some(cause) = source {
+            let text = cause.to_string();
+            if !message.contains(&text) {
+                message.push_str(": ");
+                message.push_str(&text);
+            }
+            source = cause.source();
+        }
+        ModelError::Transport(message)
     }
 }
 
@@ -131,9 +346,61 @@ impl ChatModel for ModelClient {
         &self,
         messages: &[ChatMessage],
         tools: &[Value],
-        on_delta: &mut (dyn FnMut(&str) + Send),
+        on_delta: &mut (dyn for<'d> FnMut(&'d str) + Send),
     ) -> Result<Completion, ModelError> {
-        let _ = (messages, tools, on_delta, &self.http);
-        todo!("helper")
+        let body = wire::request_body(&self.config.model, messages, tools, self.config.stream)?;
+        let mut retries = 0;
+        loop {
+            let failure = match self.attempt(&body, on_delta).await {
+                Ok(completion) => return Ok(completion),
+                Err(failure) => failure,
+            };
+            // Shown text cannot be taken back, so a retry would show it twice.
+            if failure.shown
+                || retries >= self.config.max_retries
+                || !retry::is_retryable(&failure.error)
+            {
+                return Err(failure.error);
+            }
+            let delay = failure
+                .retry_after
+                .unwrap_or_else(|| retry::backoff(self.config.retry_base_delay, retries));
+            let status = match &failure.error {
+                ModelError::Http { status, .. } => Some(u64::from(*status)),
+                _ => None,
+            };
+            retries += 1;
+            tracing::warn!(
+                attempt = retries,
+                max_attempts = self.config.max_retries + 1,
+                status,
+                delay_ms = delay.as_millis() as u64,
+                error = %failure.error,
+                "model request failed; retrying"
+            );
+            tokio::time::sleep(delay).await;
+        }
     }
+}
+
+/// `{base_url}/chat/completions`, for an `http` or `https` base URL with a host.
+fn endpoint_url(base_url: &str) -> Result<reqwest::Url, ModelError> {
+    let trimmed = base_url.trim().trim_end_matches('/');
+    let invalid = |why: &str| {
+        ModelError::Config(format!(
+            "base_url {base_url:?} {why}; expected e.g. http://127.0.0.1:4000/v1"
+        ))
+    };
+    let url = reqwest::Url::parse(trimmed).map_err(|e| invalid(&format!("is not a URL ({e})")))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(invalid("is not an http or https URL"));
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(invalid("has no host"));
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err(invalid("has a query or fragment"));
+    }
+    reqwest::Url::parse(&format!("{trimmed}/chat/completions"))
+        .map_err(|e| invalid(&format!("does not give a valid endpoint ({e})")))
 }

@@ -1,1 +1,20 @@
-//! owner
+//! The owner daemon (SPEC sections 1, 2 and 4): one per home.
+//!
+//! It holds the home lock, owns the ledger ([`drover_ledger`]), serves clients over WebSocket
+//! JSON-RPC ([`server`], [`rpc`]), fans events out to attached connections ([`hub`]), claims
+//! turns and supervises one `drover worker` process per turn ([`turns`]), and recovers after a
+//! crash (older-epoch work becomes `unknown`, never replayed).
+//!
+//! What it does not do: call the model or run tools; workers do, and write back only through
+//! `persist` frames.
+
+pub mod config;
+pub mod daemon;
+pub mod home;
+pub mod hub;
+pub mod rpc;
+pub mod runtime;
+pub mod server;
+pub mod turns;
+
+pub use daemon::{run_daemon, DaemonExit};

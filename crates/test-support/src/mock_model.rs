@@ -1,116 +1,626 @@
 //! A loopback, scriptable OpenAI-compatible model server.
 //!
 //! Each test starts its own [`MockModel`] on `127.0.0.1:0` and pushes [`Reply`]s; each
-//! `POST /v1/chat/completions` pops the next one (FIFO), or the default reply (`text("ok")`
-//! unless changed) when the script is empty. It answers in SSE when the request says
-//! `stream: true` (text split over several chunks, tool-call arguments split over several
-//! chunks by `index`, usage in a final chunk when `stream_options.include_usage` is set, then
-//! `data: [DONE]`), else in one JSON body. Every request body is logged.
+//! `POST /v1/chat/completions` (or `/chat/completions`) pops the next one (FIFO), or the default
+//! reply (`text("ok")` unless changed) when the script is empty. It answers in SSE when the
+//! request says `stream: true` (text split over several chunks, tool-call arguments split over
+//! several chunks by `index`, usage in a final chunk when `stream_options.include_usage` is set,
+//! then `data: [DONE]`), else in one JSON body. Every request body is logged on arrival, before
+//! any delay or gate.
+//!
+//! ```no_run
+//! # async fn demo() {
+//! use drover_test_support::{Gate, MockModel, Reply};
+//! let mock = MockModel::start().await;
+//! let gate = Gate::new();
+//! mock.push(Reply::text("hello").gated(&gate));
+//! // ... point a client at mock.base_url() ...
+//! assert!(gate.wait_reached(std::time::Duration::from_secs(5)).await);
+//! gate.open();
+//! # }
+//! ```
 
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use serde_json::Value;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use futures::StreamExt;
+use serde_json::{json, Value};
+use tokio::sync::watch;
 
 /// Default usage of a reply: prompt 10, completion 5, total 15.
 pub const DEFAULT_USAGE: (u64, u64, u64) = (10, 5, 15);
 
+/// How long a cut stream waits after its last good chunk before the connection is aborted, so
+/// the chunks already written reach the client first.
+const CUT_FLUSH_DELAY: Duration = Duration::from_millis(50);
+
 /// A running mock server; stops when dropped.
-pub struct MockModel {}
+pub struct MockModel {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+}
+
+/// State shared between the test and the request handlers.
+struct Shared {
+    script: Mutex<VecDeque<Reply>>,
+    default: Mutex<Reply>,
+    requests: Mutex<Vec<Value>>,
+    /// The headers of each logged request, in the same order.
+    headers: Mutex<Vec<Vec<(String, String)>>>,
+    /// The number of logged requests, so waiters are woken instead of polling.
+    arrived: watch::Sender<usize>,
+    /// Set on drop: stops the server and releases every held reply.
+    shutdown: watch::Sender<bool>,
+}
+
+/// A poisoned lock only means another test thread panicked; the data is still usable.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 impl MockModel {
     /// Binds `127.0.0.1:0` and serves on the current tokio runtime.
+    ///
+    /// Panics if the loopback port cannot be bound (a test environment failure).
     pub async fn start() -> MockModel {
-        todo!("helper")
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("mock model: bind 127.0.0.1:0");
+        let addr = listener
+            .local_addr()
+            .expect("mock model: local address of the bound listener");
+        let shared = Arc::new(Shared {
+            script: Mutex::new(VecDeque::new()),
+            default: Mutex::new(Reply::text("ok")),
+            requests: Mutex::new(Vec::new()),
+            headers: Mutex::new(Vec::new()),
+            arrived: watch::Sender::new(0),
+            shutdown: watch::Sender::new(false),
+        });
+        let app = Router::new()
+            .route("/v1/chat/completions", post(chat_completions))
+            .route("/chat/completions", post(chat_completions))
+            .with_state(Arc::clone(&shared));
+        let mut stop = shared.shutdown.subscribe();
+        tokio::spawn(async move {
+            let signal = async move {
+                let _ = stop.wait_for(|stopped| *stopped).await;
+            };
+            // An accept error ends a test's server; the test then fails on its own requests.
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(signal)
+                .await;
+        });
+        MockModel { addr, shared }
     }
 
     /// `http://127.0.0.1:<port>/v1`
     pub fn base_url(&self) -> String {
-        todo!("helper")
+        format!("http://{}/v1", self.addr)
+    }
+
+    /// The address the server listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
     }
 
     /// Appends a reply to the script.
     pub fn push(&self, reply: Reply) {
-        let _ = reply;
-        todo!("helper")
+        lock(&self.shared.script).push_back(reply);
     }
 
     /// The reply used when the script is empty.
     pub fn set_default(&self, reply: Reply) {
-        let _ = reply;
-        todo!("helper")
+        *lock(&self.shared.default) = reply;
     }
 
-    /// Every request body received so far, in arrival order.
+    /// Every request body received so far, in arrival order. A body that is not JSON is logged
+    /// as a JSON string of its text.
     pub fn requests(&self) -> Vec<Value> {
-        todo!("helper")
+        lock(&self.shared.requests).clone()
+    }
+
+    /// The headers of every request so far (lowercase names), parallel to [`requests`].
+    ///
+    /// [`requests`]: MockModel::requests
+    pub fn request_headers(&self) -> Vec<Vec<(String, String)>> {
+        lock(&self.shared.headers).clone()
     }
 
     /// Waits until at least `n` requests have arrived; false on timeout.
     pub async fn wait_requests(&self, n: usize, timeout: Duration) -> bool {
-        let _ = (n, timeout);
-        todo!("helper")
+        let mut arrived = self.shared.arrived.subscribe();
+        let outcome = tokio::time::timeout(timeout, arrived.wait_for(|count| *count >= n)).await;
+        matches!(outcome, Ok(Ok(_)))
+    }
+}
+
+impl Drop for MockModel {
+    fn drop(&mut self) {
+        self.shared.shutdown.send_replace(true);
     }
 }
 
 /// A scripted answer.
 #[derive(Clone, Debug)]
-pub struct Reply {}
+pub struct Reply {
+    body: ReplyBody,
+    usage: (u64, u64, u64),
+    gate: Option<Gate>,
+    delay: Option<Duration>,
+    cut: bool,
+    headers: Vec<(String, String)>,
+}
+
+#[derive(Clone, Debug)]
+enum ReplyBody {
+    Answer {
+        text: String,
+        /// `(id, name, arguments text)`
+        calls: Vec<(String, String, String)>,
+    },
+    Error {
+        status: u16,
+        message: String,
+    },
+    DropConnection,
+}
 
 impl Reply {
+    fn new(body: ReplyBody) -> Reply {
+        Reply {
+            body,
+            usage: DEFAULT_USAGE,
+            gate: None,
+            delay: None,
+            cut: false,
+            headers: Vec::new(),
+        }
+    }
+
     /// An assistant text answer.
     pub fn text(text: impl Into<String>) -> Reply {
-        let _ = text.into();
-        todo!("helper")
+        Reply::new(ReplyBody::Answer {
+            text: text.into(),
+            calls: Vec::new(),
+        })
     }
 
     /// One tool call `{id, name, arguments}`; `args` is serialised as the arguments string.
     pub fn tool_call(id: impl Into<String>, name: impl Into<String>, args: Value) -> Reply {
-        let _ = (id.into(), name.into(), args);
-        todo!("helper")
+        Reply::tool_calls(vec![(id.into(), name.into(), args)])
     }
 
-    /// Several tool calls in one assistant message.
+    /// Several tool calls in one assistant message (indexes 0, 1, ... in this order).
     pub fn tool_calls(calls: Vec<(String, String, Value)>) -> Reply {
-        let _ = calls;
-        todo!("helper")
+        let calls = calls
+            .into_iter()
+            .map(|(id, name, args)| (id, name, args.to_string()))
+            .collect();
+        Reply::new(ReplyBody::Answer {
+            text: String::new(),
+            calls,
+        })
     }
 
-    /// An HTTP error with an OpenAI-style body `{"error":{"message":...}}`.
+    /// An HTTP error with an OpenAI-style body
+    /// `{"error":{"message": message, "type": "mock_error"}}`.
     pub fn error(status: u16, message: impl Into<String>) -> Reply {
-        let _ = (status, message.into());
-        todo!("helper")
+        Reply::new(ReplyBody::Error {
+            status,
+            message: message.into(),
+        })
+    }
+
+    /// Closes the connection without a complete response: the response body fails before
+    /// any byte of it is sent. Clients see a transport error.
+    pub fn drop_connection() -> Reply {
+        Reply::new(ReplyBody::DropConnection)
     }
 
     /// Overrides the usage (prompt, completion, total).
-    pub fn usage(self, prompt: u64, completion: u64, total: u64) -> Reply {
-        let _ = (prompt, completion, total);
+    pub fn usage(mut self, prompt: u64, completion: u64, total: u64) -> Reply {
+        self.usage = (prompt, completion, total);
         self
     }
 
     /// Holds the response until `gate` is opened (the request is logged at once).
-    pub fn gated(self, gate: &Gate) -> Reply {
-        let _ = gate;
+    pub fn gated(mut self, gate: &Gate) -> Reply {
+        self.gate = Some(gate.clone());
+        self
+    }
+
+    /// Sleeps this long before answering (after the gate, if any).
+    pub fn delay(mut self, delay: Duration) -> Reply {
+        self.delay = Some(delay);
+        self
+    }
+
+    /// Streams the role and text chunks, then aborts the connection: no tool calls, no
+    /// `finish_reason`, no usage, no `[DONE]`. A non-stream request gets no body at all.
+    pub fn truncated(mut self) -> Reply {
+        self.cut = true;
+        self
+    }
+
+    /// Adds a response header, e.g. `("retry-after", "1")`. Invalid names or values are
+    /// skipped.
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Reply {
+        self.headers.push((name.into(), value.into()));
         self
     }
 }
 
 /// Holds gated replies until opened. Clone to share.
-#[derive(Clone, Debug, Default)]
-pub struct Gate {}
+#[derive(Clone, Debug)]
+pub struct Gate {
+    state: Arc<GateState>,
+}
+
+#[derive(Debug)]
+struct GateState {
+    open: watch::Sender<bool>,
+    reached: watch::Sender<bool>,
+}
+
+impl Default for Gate {
+    fn default() -> Gate {
+        Gate {
+            state: Arc::new(GateState {
+                open: watch::Sender::new(false),
+                reached: watch::Sender::new(false),
+            }),
+        }
+    }
+}
 
 impl Gate {
+    /// A closed gate that no request has reached.
     pub fn new() -> Gate {
         Gate::default()
     }
 
     /// Releases every reply held at this gate, now and later.
     pub fn open(&self) {
-        todo!("helper")
+        self.state.open.send_replace(true);
     }
 
-    /// Waits until some request is being held at this gate; false on timeout.
+    /// Waits until some request is being held at this gate (or has passed it); false on
+    /// timeout.
     pub async fn wait_reached(&self, timeout: Duration) -> bool {
-        let _ = timeout;
-        todo!("helper")
+        let mut reached = self.state.reached.subscribe();
+        let outcome = tokio::time::timeout(timeout, reached.wait_for(|r| *r)).await;
+        matches!(outcome, Ok(Ok(_)))
+    }
+
+    /// Marks the gate reached and waits until it opens or `stop` fires; true if it opened.
+    async fn pass(&self, stop: &mut watch::Receiver<bool>) -> bool {
+        self.state.reached.send_replace(true);
+        let mut open = self.state.open.subscribe();
+        tokio::select! {
+            opened = open.wait_for(|o| *o) => opened.is_ok(),
+            _ = stop.wait_for(|s| *s) => false,
+        }
+    }
+}
+
+async fn chat_completions(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let request: Value = serde_json::from_slice(&body)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
+    let reply = {
+        let headers = headers
+            .iter()
+            .map(|(name, value)| {
+                let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
+                (name.as_str().to_string(), value)
+            })
+            .collect();
+        let mut requests = lock(&shared.requests);
+        lock(&shared.headers).push(headers);
+        requests.push(request.clone());
+        shared.arrived.send_replace(requests.len());
+        let next = lock(&shared.script).pop_front();
+        next.unwrap_or_else(|| lock(&shared.default).clone())
+    };
+
+    let mut stop = shared.shutdown.subscribe();
+    if let Some(gate) = &reply.gate {
+        if !gate.pass(&mut stop).await {
+            return error_response(503, "mock model shut down");
+        }
+    }
+    if let Some(delay) = reply.delay {
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = stop.wait_for(|s| *s) => return error_response(503, "mock model shut down"),
+        }
+    }
+
+    if !request.is_object() {
+        return error_response(400, "request body is not a JSON object");
+    }
+    let mut response = match &reply.body {
+        ReplyBody::Error { status, message } => error_response(*status, message),
+        ReplyBody::DropConnection => broken_body(Vec::new()),
+        ReplyBody::Answer { text, calls } => {
+            let model = request.get("model").cloned().unwrap_or(Value::Null);
+            let stream = request.get("stream").and_then(Value::as_bool) == Some(true);
+            if stream {
+                let include_usage = request
+                    .pointer("/stream_options/include_usage")
+                    .and_then(Value::as_bool)
+                    == Some(true);
+                stream_answer(&reply, text, calls, &model, include_usage)
+            } else if reply.cut {
+                broken_body(Vec::new())
+            } else {
+                json_answer(&reply, text, calls, &model)
+            }
+        }
+    };
+    for (name, value) in &reply.headers {
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::try_from(name.as_str()),
+            HeaderValue::try_from(value.as_str()),
+        ) {
+            response.headers_mut().insert(name, value);
+        }
+    }
+    response
+}
+
+fn error_response(status: u16, message: &str) -> Response {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let body = json!({"error": {"message": message, "type": "mock_error"}});
+    (status, axum::Json(body)).into_response()
+}
+
+fn usage_json(reply: &Reply) -> Value {
+    let (prompt, completion, total) = reply.usage;
+    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": total})
+}
+
+fn finish_reason(calls: &[(String, String, String)]) -> &'static str {
+    if calls.is_empty() {
+        "stop"
+    } else {
+        "tool_calls"
+    }
+}
+
+fn json_answer(
+    reply: &Reply,
+    text: &str,
+    calls: &[(String, String, String)],
+    model: &Value,
+) -> Response {
+    let mut message = json!({
+        "role": "assistant",
+        "content": if text.is_empty() && !calls.is_empty() { Value::Null } else { json!(text) },
+    });
+    if !calls.is_empty() {
+        message["tool_calls"] = calls
+            .iter()
+            .map(|(id, name, args)| {
+                json!({"id": id, "type": "function", "function": {"name": name, "arguments": args}})
+            })
+            .collect();
+    }
+    let body = json!({
+        "id": "chatcmpl-mock",
+        "object": "chat.completion",
+        "created": 0,
+        "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason(calls)}],
+        "usage": usage_json(reply),
+    });
+    axum::Json(body).into_response()
+}
+
+fn stream_answer(
+    reply: &Reply,
+    text: &str,
+    calls: &[(String, String, String)],
+    model: &Value,
+    include_usage: bool,
+) -> Response {
+    let chunk = |choices: Value| {
+        json!({
+            "id": "chatcmpl-mock",
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": model,
+            "choices": choices,
+        })
+    };
+    let delta = |delta: Value| chunk(json!([{"index": 0, "delta": delta, "finish_reason": null}]));
+
+    let mut chunks = vec![delta(json!({"role": "assistant", "content": ""}))];
+    for piece in pieces(text, 3).into_iter().filter(|p| !p.is_empty()) {
+        chunks.push(delta(json!({"content": piece})));
+    }
+    if reply.cut {
+        return broken_body(chunks);
+    }
+    // Headers first, then the argument pieces of all calls interleaved by index, so that only
+    // `index` tells them apart.
+    for (index, (id, name, _)) in calls.iter().enumerate() {
+        chunks.push(delta(json!({"tool_calls": [{
+            "index": index, "id": id, "type": "function",
+            "function": {"name": name, "arguments": ""},
+        }]})));
+    }
+    let split: Vec<Vec<String>> = calls.iter().map(|(_, _, args)| pieces(args, 3)).collect();
+    for round in 0..3 {
+        for (index, call_pieces) in split.iter().enumerate() {
+            chunks.push(delta(json!({"tool_calls": [{
+                "index": index, "function": {"arguments": call_pieces[round]},
+            }]})));
+        }
+    }
+    chunks.push(chunk(
+        json!([{"index": 0, "delta": {}, "finish_reason": finish_reason(calls)}]),
+    ));
+    if include_usage {
+        let mut last = chunk(json!([]));
+        last["usage"] = usage_json(reply);
+        chunks.push(last);
+    }
+
+    let mut body: Vec<Result<String, std::io::Error>> = chunks
+        .iter()
+        .map(|c| Ok(format!("data: {c}\n\n")))
+        .collect();
+    body.push(Ok("data: [DONE]\n\n".to_string()));
+    sse_response(Body::from_stream(futures::stream::iter(body)))
+}
+
+/// A `200 text/event-stream` response whose body yields `chunks` as SSE events and then fails,
+/// which makes hyper abort the connection.
+fn broken_body(chunks: Vec<Value>) -> Response {
+    let good = futures::stream::iter(
+        chunks
+            .into_iter()
+            .map(|c| Ok::<_, std::io::Error>(format!("data: {c}\n\n"))),
+    );
+    let failure = futures::stream::once(async {
+        tokio::time::sleep(CUT_FLUSH_DELAY).await;
+        Err(std::io::Error::new(
+            std::io::ErrorKind::ConnectionAborted,
+            "mock model: connection dropped on purpose",
+        ))
+    });
+    sse_response(Body::from_stream(good.chain(failure)))
+}
+
+fn sse_response(body: Body) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+/// Splits `s` into exactly `n` pieces of nearly equal length in chars; short strings give
+/// empty pieces at the end.
+fn pieces(s: &str, n: usize) -> Vec<String> {
+    let chars: Vec<char> = s.chars().collect();
+    let size = chars.len().div_ceil(n).max(1);
+    let mut out: Vec<String> = chars.chunks(size).map(|c| c.iter().collect()).collect();
+    out.resize(n, String::new());
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use serde_json::{json, Value};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    use super::{pieces, Gate, MockModel, Reply};
+
+    const WAIT: Duration = Duration::from_secs(10);
+
+    /// One raw HTTP/1.1 request with `Connection: close`; returns the whole response text.
+    async fn post(mock: &MockModel, body: &Value) -> String {
+        let body = body.to_string();
+        let mut conn = TcpStream::connect(mock.addr()).await.expect("connect");
+        let head = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+             content-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        );
+        conn.write_all(head.as_bytes()).await.expect("write head");
+        conn.write_all(body.as_bytes()).await.expect("write body");
+        let mut out = Vec::new();
+        tokio::time::timeout(WAIT, conn.read_to_end(&mut out))
+            .await
+            .expect("response in time")
+            .expect("read response");
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    #[test]
+    fn pieces_always_gives_n_parts_that_join_back() {
+        for s in ["", "a", "ok", "{\"cmd\":\"ls -la\"}", "héllo wörld"] {
+            let p = pieces(s, 3);
+            assert_eq!(p.len(), 3);
+            assert_eq!(p.concat(), s);
+        }
+        assert!(pieces("abcdef", 3).iter().all(|p| p.len() == 2));
+    }
+
+    #[tokio::test]
+    async fn stream_reply_splits_text_and_arguments_and_ends_with_usage_and_done() {
+        let mock = MockModel::start().await;
+        mock.push(Reply::text("hello world"));
+        mock.push(Reply::tool_call("c1", "terminal", json!({"command": "ls"})).usage(1, 2, 3));
+        let req = json!({"model": "m", "stream": true, "stream_options": {"include_usage": true}});
+        let text = post(&mock, &req).await;
+        assert!(text.contains("text/event-stream"), "{text}");
+        assert!(text.contains(r#""content":"hell""#), "{text}");
+        assert!(text.contains(r#""finish_reason":"stop""#), "{text}");
+        assert!(text.contains(r#""total_tokens":15"#), "{text}");
+        assert!(text.contains("data: [DONE]"), "{text}");
+
+        let text = post(&mock, &req).await;
+        assert!(text.contains(r#""id":"c1""#), "{text}");
+        assert!(text.contains(r#""arguments":"{\"comm""#), "{text}");
+        assert!(text.contains(r#""finish_reason":"tool_calls""#), "{text}");
+        assert!(text.contains(r#""total_tokens":3"#), "{text}");
+        assert_eq!(mock.requests(), vec![req.clone(), req]);
+    }
+
+    #[tokio::test]
+    async fn json_reply_echoes_model_and_errors_carry_status() {
+        let mock = MockModel::start().await;
+        mock.push(Reply::error(429, "slow down"));
+        let text = post(&mock, &json!({"model": "m1"})).await;
+        assert!(text.starts_with("HTTP/1.1 429"), "{text}");
+        assert!(text.contains(r#""message":"slow down""#), "{text}");
+        let text = post(&mock, &json!({"model": "m1"})).await;
+        assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+        assert!(text.contains(r#""model":"m1""#), "{text}");
+        assert!(text.contains(r#""content":"ok""#), "{text}");
+    }
+
+    #[tokio::test]
+    async fn gate_holds_until_opened_and_survives_a_client_that_left() {
+        let mock = MockModel::start().await;
+        let gate = Gate::new();
+        mock.set_default(Reply::text("late").gated(&gate));
+        let mut abandoned = TcpStream::connect(mock.addr()).await.expect("connect");
+        let body = json!({"model": "m"}).to_string();
+        let head = format!(
+            "POST /chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        abandoned.write_all(head.as_bytes()).await.expect("write");
+        assert!(gate.wait_reached(WAIT).await);
+        assert!(mock.wait_requests(1, WAIT).await);
+        drop(abandoned);
+        assert!(!mock.wait_requests(2, Duration::from_millis(20)).await);
+
+        gate.open();
+        let text = post(&mock, &json!({"model": "m"})).await;
+        assert!(text.contains(r#""content":"late""#), "{text}");
+        assert_eq!(mock.requests().len(), 2);
     }
 }

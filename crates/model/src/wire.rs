@@ -1,0 +1,397 @@
+//! The OpenAI chat-completions JSON, and its mapping to and from drover's chat types.
+//!
+//! Request: drover [`ChatMessage`]s become `{role, content, tool_calls?, tool_call_id?}`
+//! (never drover's `tool_name`), tools are passed through as given. Response: a
+//! `chat.completion` body or `chat.completion.chunk` events, parsed leniently (every field
+//! optional) so that OpenAI-compatible servers that omit fields still work.
+
+use drover_protocol::{ChatMessage, FunctionCall, Role, ToolCall, Usage};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::{Completion, ModelError};
+
+/// The request body of `POST /chat/completions`.
+#[derive(Serialize)]
+pub(crate) struct ChatRequest<'a> {
+    pub model: &'a str,
+    pub messages: Vec<WireMessage<'a>>,
+    /// Frozen schemas (SPEC section 4): sent as given, never rebuilt.
+    #[serde(skip_serializing_if = "<[Value]>::is_empty")]
+    pub tools: &'a [Value],
+    pub stream: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stream_options: Option<StreamOptions>,
+}
+
+#[derive(Serialize)]
+pub(crate) struct StreamOptions {
+    pub include_usage: bool,
+}
+
+/// One request message. `content` is always present: `null` only for an assistant message
+/// that carries nothing but tool calls.
+#[derive(Serialize)]
+pub(crate) struct WireMessage<'a> {
+    role: &'static str,
+    content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<WireToolCall<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_call_id: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct WireToolCall<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: WireFunction<'a>,
+}
+
+#[derive(Serialize)]
+struct WireFunction<'a> {
+    name: &'a str,
+    arguments: &'a str,
+}
+
+impl<'a> WireMessage<'a> {
+    pub fn from_chat(message: &'a ChatMessage) -> WireMessage<'a> {
+        let content = match (&message.content, message.tool_calls.is_empty()) {
+            (Some(text), _) => Some(text.as_str()),
+            // OpenAI accepts a null content only next to tool calls.
+            (None, false) if message.role == Role::Assistant => None,
+            (None, _) => Some(""),
+        };
+        WireMessage {
+            role: message.role.as_str(),
+            content,
+            tool_calls: message
+                .tool_calls
+                .iter()
+                .map(|call| WireToolCall {
+                    id: &call.id,
+                    kind: "function",
+                    function: WireFunction {
+                        name: &call.function.name,
+                        arguments: &call.function.arguments,
+                    },
+                })
+                .collect(),
+            tool_call_id: message.tool_call_id.as_deref(),
+        }
+    }
+}
+
+/// Serialises the request body once; it is resent unchanged on every retry.
+pub(crate) fn request_body(
+    model: &str,
+    messages: &[ChatMessage],
+    tools: &[Value],
+    stream: bool,
+) -> Result<Vec<u8>, ModelError> {
+    let request = ChatRequest {
+        model,
+        messages: messages.iter().map(WireMessage::from_chat).collect(),
+        tools,
+        stream,
+        stream_options: stream.then_some(StreamOptions {
+            include_usage: true,
+        }),
+    };
+    serde_json::to_vec(&request)
+        .map_err(|e| ModelError::Config(format!("cannot serialise the request body: {e}")))
+}
+
+/// `usage` of a body or chunk.
+#[derive(Deserialize, Debug, Clone, Copy)]
+pub(crate) struct WireUsage {
+    prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    total_tokens: Option<u64>,
+}
+
+impl WireUsage {
+    pub fn to_usage(self) -> Usage {
+        let input_tokens = self.prompt_tokens.unwrap_or(0);
+        let output_tokens = self.completion_tokens.unwrap_or(0);
+        Usage {
+            input_tokens,
+            output_tokens,
+            total_tokens: self
+                .total_tokens
+                .unwrap_or(input_tokens.saturating_add(output_tokens)),
+        }
+    }
+}
+
+/// `error` of an error body or of an in-stream error event. Some servers send a bare string.
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+pub(crate) enum WireError {
+    Object { message: Option<String> },
+    Text(String),
+    Other(serde::de::IgnoredAny),
+}
+
+impl WireError {
+    pub fn message(&self) -> String {
+        match self {
+            WireError::Object {
+                message: Some(message),
+            } => message.clone(),
+            WireError::Text(text) => text.clone(),
+            WireError::Object { message: None } | WireError::Other(_) => {
+                "the server reported an error without a message".to_string()
+            }
+        }
+    }
+}
+
+/// A non-stream `chat.completion` body.
+#[derive(Deserialize)]
+struct CompletionBody {
+    model: Option<String>,
+    choices: Option<Vec<BodyChoice>>,
+    usage: Option<WireUsage>,
+    error: Option<WireError>,
+}
+
+#[derive(Deserialize)]
+struct BodyChoice {
+    message: Option<BodyMessage>,
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct BodyMessage {
+    content: Option<Value>,
+    tool_calls: Option<Vec<BodyToolCall>>,
+}
+
+#[derive(Deserialize)]
+struct BodyToolCall {
+    id: Option<String>,
+    function: Option<BodyFunction>,
+}
+
+#[derive(Deserialize)]
+struct BodyFunction {
+    name: Option<String>,
+    arguments: Option<String>,
+}
+
+/// Parses a `chat.completion` body.
+pub(crate) fn parse_completion(body: &[u8]) -> Result<Completion, ModelError> {
+    let body: CompletionBody = serde_json::from_slice(body).map_err(|e| {
+        ModelError::Protocol(format!(
+            "the body is not a chat.completion JSON object ({e}): {}",
+            truncate(&String::from_utf8_lossy(body), 200)
+        ))
+    })?;
+    if let Some(error) = body.error {
+        return Err(ModelError::Protocol(format!(
+            "the server answered 200 with an error: {}",
+            error.message()
+        )));
+    }
+    let choice = body
+        .choices
+        .and_then(|choices| choices.into_iter().next())
+        .ok_or_else(|| ModelError::Protocol("the body has no choices[0]".to_string()))?;
+    let message = choice
+        .message
+        .ok_or_else(|| ModelError::Protocol("choices[0] has no message".to_string()))?;
+    let text = content_text(message.content)?;
+    let mut tool_calls = Vec::new();
+    for (index, call) in message
+        .tool_calls
+        .unwrap_or_default()
+        .into_iter()
+        .enumerate()
+    {
+        let function = call.function.unwrap_or(BodyFunction {
+            name: None,
+            arguments: None,
+        });
+        tool_calls.push(tool_call(
+            index as u64,
+            call.id,
+            function.name,
+            function.arguments.unwrap_or_default(),
+        )?);
+    }
+    Ok(Completion {
+        message: assistant_message(text, tool_calls),
+        usage: body.usage.map(WireUsage::to_usage),
+        finish_reason: choice.finish_reason,
+        model: body.model,
+    })
+}
+
+/// `message.content` is a string, null, or (some servers) an array of `{type: "text", text}`.
+fn content_text(content: Option<Value>) -> Result<String, ModelError> {
+    match content {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(Value::String(text)) => Ok(text),
+        Some(Value::Array(parts)) => Ok(parts
+            .iter()
+            .filter_map(|part| part.get("text").and_then(Value::as_str))
+            .collect()),
+        Some(other) => Err(ModelError::Protocol(format!(
+            "choices[0].message.content is neither a string nor null: {}",
+            truncate(&other.to_string(), 200)
+        ))),
+    }
+}
+
+/// Builds one finished tool call; a call without a name cannot be run.
+pub(crate) fn tool_call(
+    index: u64,
+    id: Option<String>,
+    name: Option<String>,
+    arguments: String,
+) -> Result<ToolCall, ModelError> {
+    let name = name.filter(|n| !n.is_empty()).ok_or_else(|| {
+        ModelError::Protocol(format!("tool call at index {index} has no function name"))
+    })?;
+    Ok(ToolCall {
+        // Tool results are matched by id; a server that omits it still gets a stable one.
+        id: id
+            .filter(|id| !id.is_empty())
+            .unwrap_or_else(|| format!("call_{index}")),
+        kind: "function".to_string(),
+        function: FunctionCall { name, arguments },
+    })
+}
+
+/// The assistant message of a completion: no content when the text is empty and tools were
+/// called (as OpenAI does), otherwise the text, even if empty.
+pub(crate) fn assistant_message(text: String, tool_calls: Vec<ToolCall>) -> ChatMessage {
+    ChatMessage {
+        role: Role::Assistant,
+        content: (!text.is_empty() || tool_calls.is_empty()).then_some(text),
+        tool_calls,
+        tool_call_id: None,
+        tool_name: None,
+    }
+}
+
+/// A `chat.completion.chunk` event.
+#[derive(Deserialize)]
+pub(crate) struct Chunk {
+    pub model: Option<String>,
+    pub choices: Option<Vec<ChunkChoice>>,
+    pub usage: Option<WireUsage>,
+    pub error: Option<WireError>,
+}
+
+#[derive(Deserialize)]
+pub(crate) struct ChunkChoice {
+    pub delta: Option<Delta>,
+    pub finish_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+pub(crate) struct Delta {
+    pub content: Option<String>,
+    pub tool_calls: Option<Vec<DeltaToolCall>>,
+}
+
+#[derive(Deserialize)]
+pub(crate) struct DeltaToolCall {
+    pub index: Option<u64>,
+    pub id: Option<String>,
+    pub function: Option<DeltaFunction>,
+}
+
+#[derive(Deserialize)]
+pub(crate) struct DeltaFunction {
+    pub name: Option<String>,
+    pub arguments: Option<String>,
+}
+
+/// The message of a non-2xx body: OpenAI's `error.message` when the body has it, else the
+/// body text cut to about 2000 characters, else the status reason.
+pub(crate) fn http_error_message(status: reqwest::StatusCode, body: &str) -> String {
+    #[derive(Deserialize)]
+    struct ErrorBody {
+        error: Option<WireError>,
+        message: Option<String>,
+    }
+    if let Ok(parsed) = serde_json::from_str::<ErrorBody>(body) {
+        if let Some(error) = parsed.error {
+            return error.message();
+        }
+        if let Some(message) = parsed.message {
+            return message;
+        }
+    }
+    let body = body.trim();
+    if body.is_empty() {
+        status
+            .canonical_reason()
+            .unwrap_or("no reason given")
+            .to_string()
+    } else {
+        truncate(body, 2000)
+    }
+}
+
+/// Cuts `text` to at most `max` characters, marking the cut.
+pub(crate) fn truncate(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((cut, _)) => format!("{}... (truncated)", &text[..cut]),
+        None => text.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn tool_result_sends_tool_call_id_but_not_tool_name() {
+        let msg = ChatMessage::tool_result("c1", "terminal", "out");
+        let wire = serde_json::to_value(WireMessage::from_chat(&msg)).unwrap();
+        assert_eq!(
+            wire,
+            json!({"role": "tool", "content": "out", "tool_call_id": "c1"})
+        );
+    }
+
+    #[test]
+    fn http_error_message_prefers_openai_message_then_text() {
+        let status = reqwest::StatusCode::BAD_REQUEST;
+        assert_eq!(
+            http_error_message(status, r#"{"error":{"message":"bad model"}}"#),
+            "bad model"
+        );
+        assert_eq!(http_error_message(status, r#"{"error":"nope"}"#), "nope");
+        assert_eq!(http_error_message(status, "plain text\n"), "plain text");
+        assert_eq!(http_error_message(status, ""), "Bad Request");
+        let long = "x".repeat(5000);
+        assert!(http_error_message(status, &long).len() < 2100);
+    }
+
+    #[test]
+    fn usage_total_is_summed_when_missing() {
+        let usage: WireUsage =
+            serde_json::from_value(json!({"prompt_tokens": 3, "completion_tokens": 4})).unwrap();
+        assert_eq!(
+            usage.to_usage(),
+            Usage {
+                input_tokens: 3,
+                output_tokens: 4,
+                total_tokens: 7
+            }
+        );
+    }
+
+    #[test]
+    fn truncate_respects_char_boundaries() {
+        assert_eq!(truncate("héllo", 2), "hé... (truncated)");
+        assert_eq!(truncate("hi", 2), "hi");
+    }
+}

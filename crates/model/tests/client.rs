@@ -1,0 +1,506 @@
+//! The client against a real loopback HTTP server ([`MockModel`]) that plays the model.
+
+use std::time::{Duration, Instant};
+
+use drover_model::{ChatModel, Completion, ModelClient, ModelConfig, ModelError};
+use drover_protocol::{ChatMessage, FunctionCall, Role, ToolCall, Usage};
+use drover_test_support::{Gate, MockModel, Reply};
+use serde_json::{json, Value};
+
+/// Every wait in these tests is bounded by this.
+const WAIT: Duration = Duration::from_secs(20);
+
+fn config(base_url: String, stream: bool) -> ModelConfig {
+    let mut config = ModelConfig::new(base_url, "test-model");
+    config.stream = stream;
+    config.max_retries = 2;
+    config.retry_base_delay = Duration::from_millis(10);
+    config.request_timeout = Duration::from_secs(10);
+    config
+}
+
+fn client(mock: &MockModel, stream: bool) -> ModelClient {
+    ModelClient::new(config(mock.base_url(), stream)).expect("valid config")
+}
+
+fn user(text: &str) -> Vec<ChatMessage> {
+    vec![
+        ChatMessage::text(Role::System, "you are a test"),
+        ChatMessage::text(Role::User, text),
+    ]
+}
+
+/// One `chat` call with a bounded wait; returns the outcome and every delta shown.
+async fn chat(
+    client: &ModelClient,
+    messages: &[ChatMessage],
+    tools: &[Value],
+) -> (Result<Completion, ModelError>, Vec<String>) {
+    let mut deltas = Vec::new();
+    let outcome = tokio::time::timeout(
+        WAIT,
+        client.chat(messages, tools, &mut |d: &str| deltas.push(d.to_string())),
+    )
+    .await
+    .expect("chat finished in time");
+    (outcome, deltas)
+}
+
+fn terminal_schema() -> Value {
+    json!({
+        "type": "function",
+        "function": {
+            "name": "terminal",
+            "description": "Run a shell command.",
+            "parameters": {
+                "type": "object",
+                "properties": {"command": {"type": "string"}, "timeout": {"type": "integer"}},
+                "required": ["command"]
+            }
+        }
+    })
+}
+
+#[tokio::test]
+async fn streamed_text_is_shown_in_pieces_and_assembled_with_usage() {
+    let mock = MockModel::start().await;
+    mock.push(Reply::text("The quick brown fox"));
+    let (done, deltas) = chat(&client(&mock, true), &user("hi"), &[]).await;
+    let done = done.expect("completion");
+    assert!(
+        deltas.len() >= 2,
+        "text should arrive in pieces: {deltas:?}"
+    );
+    assert_eq!(deltas.concat(), "The quick brown fox");
+    assert_eq!(done.message.role, Role::Assistant);
+    assert_eq!(done.message.content.as_deref(), Some("The quick brown fox"));
+    assert!(done.message.tool_calls.is_empty());
+    assert_eq!(done.finish_reason.as_deref(), Some("stop"));
+    assert_eq!(done.model.as_deref(), Some("test-model"));
+    assert_eq!(
+        done.usage,
+        Some(Usage {
+            input_tokens: 10,
+            output_tokens: 5,
+            total_tokens: 15
+        })
+    );
+}
+
+#[tokio::test]
+async fn non_stream_text_is_shown_once_and_usage_is_mapped() {
+    let mock = MockModel::start().await;
+    mock.push(Reply::text("whole answer").usage(120, 30, 150));
+    let (done, deltas) = chat(&client(&mock, false), &user("hi"), &[]).await;
+    let done = done.expect("completion");
+    assert_eq!(deltas, ["whole answer"]);
+    assert_eq!(done.message.content.as_deref(), Some("whole answer"));
+    assert_eq!(done.finish_reason.as_deref(), Some("stop"));
+    assert_eq!(done.model.as_deref(), Some("test-model"));
+    assert_eq!(
+        done.usage,
+        Some(Usage {
+            input_tokens: 120,
+            output_tokens: 30,
+            total_tokens: 150
+        })
+    );
+}
+
+#[tokio::test]
+async fn streamed_usage_override_is_read_from_the_final_chunk() {
+    let mock = MockModel::start().await;
+    mock.push(Reply::text("x").usage(1, 2, 4));
+    let (done, _) = chat(&client(&mock, true), &user("hi"), &[]).await;
+    let usage = done.expect("completion").usage.expect("usage");
+    assert_eq!(
+        (usage.input_tokens, usage.output_tokens, usage.total_tokens),
+        (1, 2, 4)
+    );
+}
+
+#[tokio::test]
+async fn streamed_tool_call_is_assembled_from_split_arguments() {
+    let mock = MockModel::start().await;
+    let args = json!({"command": "ls -la /tmp", "timeout": 30});
+    mock.push(Reply::tool_call("call_1", "terminal", args.clone()));
+    let (done, deltas) = chat(&client(&mock, true), &user("list"), &[terminal_schema()]).await;
+    let done = done.expect("completion");
+    assert!(deltas.is_empty(), "no text was streamed: {deltas:?}");
+    assert_eq!(done.message.content, None);
+    assert_eq!(done.finish_reason.as_deref(), Some("tool_calls"));
+    assert_eq!(
+        done.message.tool_calls,
+        vec![ToolCall {
+            id: "call_1".into(),
+            kind: "function".into(),
+            function: FunctionCall {
+                name: "terminal".into(),
+                arguments: args.to_string()
+            },
+        }]
+    );
+}
+
+#[tokio::test]
+async fn parallel_streamed_tool_calls_are_kept_apart_by_index() {
+    let mock = MockModel::start().await;
+    let first = json!({"command": "echo one"});
+    let second = json!({"command": "echo two", "background": true});
+    mock.push(Reply::tool_calls(vec![
+        ("call_a".into(), "terminal".into(), first.clone()),
+        ("call_b".into(), "process".into(), second.clone()),
+    ]));
+    let (done, _) = chat(&client(&mock, true), &user("both"), &[terminal_schema()]).await;
+    let calls = done.expect("completion").message.tool_calls;
+    let got: Vec<(&str, &str, Value)> = calls
+        .iter()
+        .map(|c| {
+            let args = serde_json::from_str(&c.function.arguments).expect("arguments are JSON");
+            (c.id.as_str(), c.function.name.as_str(), args)
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![("call_a", "terminal", first), ("call_b", "process", second)]
+    );
+}
+
+#[tokio::test]
+async fn non_stream_tool_calls_are_parsed() {
+    let mock = MockModel::start().await;
+    mock.push(Reply::tool_call(
+        "c9",
+        "terminal",
+        json!({"command": "pwd"}),
+    ));
+    let (done, deltas) = chat(&client(&mock, false), &user("where"), &[terminal_schema()]).await;
+    let done = done.expect("completion");
+    assert!(deltas.is_empty());
+    assert_eq!(done.message.content, None);
+    assert_eq!(done.message.tool_calls.len(), 1);
+    assert_eq!(done.message.tool_calls[0].id, "c9");
+    assert_eq!(
+        done.message.tool_calls[0].function.arguments,
+        r#"{"command":"pwd"}"#
+    );
+}
+
+#[tokio::test]
+async fn request_sends_tools_verbatim_and_stream_options_only_when_streaming() {
+    let mock = MockModel::start().await;
+    let tools = vec![
+        terminal_schema(),
+        json!({"type": "function", "function": {"name": "process"}}),
+    ];
+    let (done, _) = chat(&client(&mock, true), &user("a"), &tools).await;
+    done.expect("stream completion");
+    let (done, _) = chat(&client(&mock, false), &user("b"), &tools).await;
+    done.expect("json completion");
+    let (done, _) = chat(&client(&mock, false), &user("c"), &[]).await;
+    done.expect("completion without tools");
+
+    let requests = mock.requests();
+    assert_eq!(requests.len(), 3);
+    let streamed = &requests[0];
+    assert_eq!(streamed["model"], "test-model");
+    assert_eq!(streamed["stream"], true);
+    assert_eq!(streamed["stream_options"], json!({"include_usage": true}));
+    assert_eq!(streamed["tools"], Value::Array(tools.clone()));
+    assert_eq!(
+        streamed["messages"],
+        json!([
+            {"role": "system", "content": "you are a test"},
+            {"role": "user", "content": "a"}
+        ])
+    );
+
+    let plain = &requests[1];
+    assert_eq!(plain["stream"], false);
+    assert!(plain.get("stream_options").is_none(), "{plain}");
+    assert_eq!(plain["tools"], Value::Array(tools));
+
+    assert!(requests[2].get("tools").is_none(), "{}", requests[2]);
+}
+
+#[tokio::test]
+async fn assistant_tool_call_history_is_sent_with_null_content() {
+    let mock = MockModel::start().await;
+    let mut messages = user("run ls");
+    messages.push(ChatMessage {
+        role: Role::Assistant,
+        content: None,
+        tool_calls: vec![ToolCall {
+            id: "call_1".into(),
+            kind: "function".into(),
+            function: FunctionCall {
+                name: "terminal".into(),
+                arguments: r#"{"command":"ls"}"#.into(),
+            },
+        }],
+        tool_call_id: None,
+        tool_name: None,
+    });
+    messages.push(ChatMessage::tool_result(
+        "call_1",
+        "terminal",
+        r#"{"output":"a\n"}"#,
+    ));
+    let (done, _) = chat(&client(&mock, true), &messages, &[terminal_schema()]).await;
+    done.expect("completion");
+
+    let sent = &mock.requests()[0]["messages"];
+    assert_eq!(
+        sent[2],
+        json!({
+            "role": "assistant",
+            "content": null,
+            "tool_calls": [{
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "terminal", "arguments": "{\"command\":\"ls\"}"}
+            }]
+        })
+    );
+    assert_eq!(
+        sent[3],
+        json!({"role": "tool", "content": "{\"output\":\"a\\n\"}", "tool_call_id": "call_1"})
+    );
+}
+
+#[tokio::test]
+async fn server_error_is_retried_then_succeeds() {
+    let mock = MockModel::start().await;
+    mock.push(Reply::error(500, "boom"));
+    mock.push(Reply::text("recovered"));
+    let (done, deltas) = chat(&client(&mock, true), &user("hi"), &[]).await;
+    assert_eq!(
+        done.expect("completion").message.content.as_deref(),
+        Some("recovered")
+    );
+    assert_eq!(deltas.concat(), "recovered");
+    assert_eq!(mock.requests().len(), 2);
+}
+
+#[tokio::test]
+async fn rate_limit_is_retried_then_succeeds() {
+    let mock = MockModel::start().await;
+    mock.push(Reply::error(429, "slow down"));
+    mock.push(Reply::error(429, "slow down"));
+    mock.push(Reply::text("finally"));
+    let (done, _) = chat(&client(&mock, false), &user("hi"), &[]).await;
+    assert_eq!(
+        done.expect("completion").message.content.as_deref(),
+        Some("finally")
+    );
+    assert_eq!(mock.requests().len(), 3);
+}
+
+#[tokio::test]
+async fn numeric_retry_after_on_429_is_honoured() {
+    let mock = MockModel::start().await;
+    mock.push(Reply::error(429, "slow down").header("retry-after", "1"));
+    let started = Instant::now();
+    let (done, _) = chat(&client(&mock, true), &user("hi"), &[]).await;
+    done.expect("completion");
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "waited only {:?}",
+        started.elapsed()
+    );
+    assert_eq!(mock.requests().len(), 2);
+}
+
+#[tokio::test]
+async fn retries_stop_after_max_retries_with_the_last_error() {
+    let mock = MockModel::start().await;
+    mock.set_default(Reply::error(503, "overloaded"));
+    let (done, _) = chat(&client(&mock, true), &user("hi"), &[]).await;
+    match done {
+        Err(ModelError::Http {
+            status: 503,
+            message,
+        }) => assert_eq!(message, "overloaded"),
+        other => panic!("expected HTTP 503, got {other:?}"),
+    }
+    assert_eq!(mock.requests().len(), 3);
+}
+
+#[tokio::test]
+async fn client_error_is_not_retried_and_carries_the_server_message() {
+    let mock = MockModel::start().await;
+    mock.push(Reply::error(400, "model `nope` does not exist"));
+    let (done, _) = chat(&client(&mock, true), &user("hi"), &[]).await;
+    let err = done.expect_err("400 fails");
+    match &err {
+        ModelError::Http {
+            status: 400,
+            message,
+        } => {
+            assert_eq!(message, "model `nope` does not exist")
+        }
+        other => panic!("expected HTTP 400, got {other:?}"),
+    }
+    assert!(err.to_string().contains("model `nope` does not exist"));
+    assert_eq!(err.reason(), "model_unavailable");
+    assert_eq!(mock.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn connection_refused_is_a_transport_error_after_every_attempt() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    drop(listener);
+    let mut config = config(format!("http://127.0.0.1:{port}/v1"), true);
+    config.retry_base_delay = Duration::from_millis(40);
+    let client = ModelClient::new(config).expect("valid config");
+    let started = Instant::now();
+    let (done, _) = chat(&client, &user("hi"), &[]).await;
+    match done {
+        Err(ModelError::Transport(message)) => {
+            assert!(message.contains(&port.to_string()), "{message}")
+        }
+        other => panic!("expected a transport error, got {other:?}"),
+    }
+    // Two retries: 40 ms then 80 ms of backoff before giving up.
+    assert!(
+        started.elapsed() >= Duration::from_millis(120),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn dropped_connection_is_tried_max_retries_plus_one_times() {
+    let mock = MockModel::start().await;
+    mock.set_default(Reply::drop_connection());
+    let (done, _) = chat(&client(&mock, false), &user("hi"), &[]).await;
+    assert!(matches!(done, Err(ModelError::Transport(_))), "{done:?}");
+    assert_eq!(mock.requests().len(), 3);
+}
+
+#[tokio::test]
+async fn stream_dropped_before_any_text_is_retried() {
+    let mock = MockModel::start().await;
+    mock.push(Reply::drop_connection());
+    mock.push(Reply::text("second try"));
+    let (done, deltas) = chat(&client(&mock, true), &user("hi"), &[]).await;
+    assert_eq!(
+        done.expect("completion").message.content.as_deref(),
+        Some("second try")
+    );
+    assert_eq!(deltas.concat(), "second try");
+    assert_eq!(mock.requests().len(), 2);
+}
+
+#[tokio::test]
+async fn stream_cut_after_text_was_shown_is_not_retried() {
+    let mock = MockModel::start().await;
+    mock.push(Reply::text("half an answer").truncated());
+    mock.push(Reply::text("must not be asked for"));
+    let (done, deltas) = chat(&client(&mock, true), &user("hi"), &[]).await;
+    assert!(matches!(done, Err(ModelError::Transport(_))), "{done:?}");
+    assert_eq!(deltas.concat(), "half an answer");
+    assert_eq!(mock.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn reply_held_past_request_timeout_is_a_timeout() {
+    let mock = MockModel::start().await;
+    let gate = Gate::new();
+    mock.set_default(Reply::text("too late").gated(&gate));
+    let mut config = config(mock.base_url(), true);
+    config.request_timeout = Duration::from_millis(200);
+    config.max_retries = 0;
+    let client = ModelClient::new(config).expect("valid config");
+    let (done, _) = chat(&client, &user("hi"), &[]).await;
+    assert!(
+        matches!(done, Err(ModelError::Timeout(t)) if t == Duration::from_millis(200)),
+        "{done:?}"
+    );
+    assert!(gate.wait_reached(WAIT).await);
+    assert_eq!(mock.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn timeouts_are_retried() {
+    let mock = MockModel::start().await;
+    let gate = Gate::new();
+    mock.push(Reply::text("too late").gated(&gate));
+    mock.push(Reply::text("in time"));
+    let mut config = config(mock.base_url(), false);
+    config.request_timeout = Duration::from_millis(300);
+    let client = ModelClient::new(config).expect("valid config");
+    let (done, _) = chat(&client, &user("hi"), &[]).await;
+    assert_eq!(
+        done.expect("completion").message.content.as_deref(),
+        Some("in time")
+    );
+    assert_eq!(mock.requests().len(), 2);
+    gate.open();
+}
+
+#[tokio::test]
+async fn base_url_without_v1_and_with_trailing_slash_works() {
+    let mock = MockModel::start().await;
+    let base = format!("http://{}/", mock.addr());
+    let client = ModelClient::new(config(base, true)).expect("valid config");
+    assert_eq!(
+        client.endpoint(),
+        format!("http://{}/chat/completions", mock.addr())
+    );
+    let (done, _) = chat(&client, &user("hi"), &[]).await;
+    assert_eq!(
+        done.expect("completion").message.content.as_deref(),
+        Some("ok")
+    );
+}
+
+#[test]
+fn unusable_base_url_is_a_config_error() {
+    for bad in [
+        "not a url",
+        "ftp://example.com/v1",
+        "",
+        "http://host/v1?x=1",
+    ] {
+        let outcome = ModelClient::new(ModelConfig::new(bad, "m"));
+        assert!(
+            matches!(outcome, Err(ModelError::Config(_))),
+            "{bad:?} gave {outcome:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn api_key_is_sent_as_bearer_only_when_set() {
+    let mock = MockModel::start().await;
+    let mut with_key = config(mock.base_url(), true);
+    with_key.api_key = Some("sk-test-key".into());
+    let (done, _) = chat(&ModelClient::new(with_key).expect("valid"), &user("a"), &[]).await;
+    done.expect("completion");
+    let (done, _) = chat(&client(&mock, true), &user("b"), &[]).await;
+    done.expect("completion");
+
+    let authorization = |headers: &[(String, String)]| {
+        headers
+            .iter()
+            .find(|(name, _)| name == "authorization")
+            .map(|(_, value)| value.clone())
+    };
+    let headers = mock.request_headers();
+    assert_eq!(
+        authorization(&headers[0]).as_deref(),
+        Some("Bearer sk-test-key")
+    );
+    assert_eq!(authorization(&headers[1]), None);
+}
+
+#[test]
+fn api_key_never_shows_in_debug_output() {
+    let mut config = ModelConfig::new("https://api.example.com/v1", "m");
+    config.api_key = Some("sk-secret-123".into());
+    let client = ModelClient::new(config).expect("valid config");
+    let shown = format!("{client:?} {:?}", client.config());
+    assert!(!shown.contains("sk-secret-123"), "{shown}");
+}

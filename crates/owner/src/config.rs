@@ -1,0 +1,299 @@
+//! `<home>/config.toml` (SPEC section 1). A missing file means defaults; `$OPENAI_BASE_URL`
+//! and `$OPENAI_API_KEY` (or the variable named by `api_key_env`) fill what the file leaves out.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::Deserialize;
+
+/// The default system prompt of new sessions.
+pub const DEFAULT_SYSTEM_PROMPT: &str = "You are drover, a careful coding agent. Use the tools \
+to inspect and change the user's workspace, and answer concisely when the task is done.";
+
+/// The whole config file. Unknown keys are refused so typos are caught.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub model: ModelSection,
+    #[serde(default)]
+    pub approvals: ApprovalsSection,
+    #[serde(default)]
+    pub toolsets: ToolsetsSection,
+    #[serde(default)]
+    pub delegation: DelegationSection,
+    #[serde(default)]
+    pub mcp_servers: BTreeMap<String, McpServer>,
+    #[serde(default)]
+    pub daemon: DaemonSection,
+    #[serde(default)]
+    pub mqtt: MqttSection,
+}
+
+/// `[model]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSection {
+    pub base_url: Option<String>,
+    pub name: Option<String>,
+    #[serde(default = "default_api_key_env")]
+    pub api_key_env: String,
+    #[serde(default = "yes")]
+    pub stream: bool,
+    #[serde(default = "default_request_timeout")]
+    pub request_timeout_s: u64,
+    /// drover extra: retries after the first attempt (SPEC section 5: bounded).
+    #[serde(default = "default_max_retries")]
+    pub max_retries: u32,
+    /// drover extra: model requests per turn at most.
+    #[serde(default = "default_max_steps")]
+    pub max_steps: u32,
+}
+
+impl Default for ModelSection {
+    fn default() -> Self {
+        ModelSection {
+            base_url: None,
+            name: None,
+            api_key_env: default_api_key_env(),
+            stream: true,
+            request_timeout_s: default_request_timeout(),
+            max_retries: default_max_retries(),
+            max_steps: default_max_steps(),
+        }
+    }
+}
+
+/// `[approvals]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalsSection {
+    #[serde(default = "default_approval_mode")]
+    pub mode: String,
+}
+
+impl Default for ApprovalsSection {
+    fn default() -> Self {
+        ApprovalsSection {
+            mode: default_approval_mode(),
+        }
+    }
+}
+
+/// `[toolsets]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolsetsSection {
+    #[serde(default = "default_toolsets")]
+    pub default: Vec<String>,
+}
+
+impl Default for ToolsetsSection {
+    fn default() -> Self {
+        ToolsetsSection {
+            default: default_toolsets(),
+        }
+    }
+}
+
+/// `[delegation]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DelegationSection {
+    #[serde(default = "two")]
+    pub max_concurrent_children: u32,
+    #[serde(default = "one")]
+    pub max_spawn_depth: u32,
+}
+
+impl Default for DelegationSection {
+    fn default() -> Self {
+        DelegationSection {
+            max_concurrent_children: 2,
+            max_spawn_depth: 1,
+        }
+    }
+}
+
+/// `[mcp_servers.<name>]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpServer {
+    pub command: String,
+    #[serde(default)]
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default = "yes")]
+    pub enabled: bool,
+}
+
+/// `[daemon]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DaemonSection {
+    #[serde(default = "default_listen")]
+    pub listen: String,
+    /// drover extra: how long a graceful stop waits for running turns (SPEC section 4: 10 s).
+    #[serde(default = "default_drain_grace")]
+    pub drain_grace_s: f64,
+}
+
+impl Default for DaemonSection {
+    fn default() -> Self {
+        DaemonSection {
+            listen: default_listen(),
+            drain_grace_s: default_drain_grace(),
+        }
+    }
+}
+
+/// `[mqtt]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MqttSection {
+    pub url: Option<String>,
+    pub username_env: Option<String>,
+    pub password_env: Option<String>,
+    pub topic_base: Option<String>,
+}
+
+fn default_api_key_env() -> String {
+    "OPENAI_API_KEY".into()
+}
+fn yes() -> bool {
+    true
+}
+fn one() -> u32 {
+    1
+}
+fn two() -> u32 {
+    2
+}
+fn default_request_timeout() -> u64 {
+    600
+}
+fn default_max_retries() -> u32 {
+    3
+}
+fn default_max_steps() -> u32 {
+    50
+}
+fn default_approval_mode() -> String {
+    "manual".into()
+}
+fn default_toolsets() -> Vec<String> {
+    vec!["terminal".into()]
+}
+fn default_listen() -> String {
+    "127.0.0.1:0".into()
+}
+fn default_drain_grace() -> f64 {
+    10.0
+}
+
+/// A config file that could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Parse { path: String, message: String },
+}
+
+impl Config {
+    /// Loads `<home>/config.toml`; a missing file gives the defaults.
+    pub fn load(home: &Path) -> Result<Config, ConfigError> {
+        let path = home.join("config.toml");
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(source) => {
+                return Err(ConfigError::Read {
+                    path: path.display().to_string(),
+                    source,
+                })
+            }
+        };
+        let config: Config = toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        match config.approvals.mode.as_str() {
+            "manual" | "auto" | "deny" => {}
+            other => {
+                return Err(ConfigError::Parse {
+                    path: path.display().to_string(),
+                    message: format!(
+                        "approvals.mode = {other:?}; expected \"manual\", \"auto\" or \"deny\""
+                    ),
+                })
+            }
+        }
+        Ok(config)
+    }
+
+    /// `[model] base_url`, else `$OPENAI_BASE_URL`.
+    pub fn base_url(&self) -> Option<String> {
+        self.model
+            .base_url
+            .clone()
+            .or_else(|| std::env::var("OPENAI_BASE_URL").ok())
+            .filter(|s| !s.is_empty())
+    }
+
+    /// The API key from the variable named by `api_key_env`, else `$OPENAI_API_KEY`.
+    pub fn api_key(&self) -> Option<String> {
+        std::env::var(&self.model.api_key_env)
+            .ok()
+            .or_else(|| std::env::var("OPENAI_API_KEY").ok())
+            .filter(|s| !s.is_empty())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_file_gives_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = Config::load(dir.path()).unwrap();
+        assert_eq!(c.approvals.mode, "manual");
+        assert!(c.model.stream);
+        assert_eq!(c.delegation.max_concurrent_children, 2);
+        assert_eq!(c.daemon.listen, "127.0.0.1:0");
+    }
+
+    #[test]
+    fn bad_mode_and_unknown_keys_are_refused_naming_them() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("config.toml"),
+            "[approvals]\nmode = \"yolo\"\n",
+        )
+        .unwrap();
+        let e = Config::load(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("approvals.mode"), "{e}");
+        std::fs::write(dir.path().join("config.toml"), "[model]\nnmae = \"x\"\n").unwrap();
+        let e = Config::load(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("nmae"), "{e}");
+    }
+
+    #[test]
+    fn file_values_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("config.toml"),
+            "[model]\nbase_url = \"http://127.0.0.1:1/v1\"\nname = \"m\"\nstream = false\n",
+        )
+        .unwrap();
+        let c = Config::load(dir.path()).unwrap();
+        assert_eq!(c.base_url().as_deref(), Some("http://127.0.0.1:1/v1"));
+        assert_eq!(c.model.name.as_deref(), Some("m"));
+        assert!(!c.model.stream);
+    }
+}

@@ -1,0 +1,200 @@
+//! `drover daemon`: start, serve, and stop the owner (SPEC sections 1 and 4).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use drover_ledger::Ledger;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::EnvFilter;
+
+use crate::config::Config;
+use crate::home::{new_token, prepare_home, DaemonInfo, HomeLock, LockError};
+use crate::runtime::Owner;
+use crate::turns::{drain, kick_all};
+
+/// Exit codes of `drover daemon`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DaemonExit {
+    /// Stopped cleanly.
+    Ok = 0,
+    /// Could not start (bad config, foreign ledger, bind failure).
+    Failed = 1,
+    /// The home is owned by another running daemon (SPEC section 1).
+    HomeOwned = 3,
+}
+
+/// Runs the owner in the foreground until SIGTERM/SIGINT.
+pub fn run_daemon(home: &Path) -> DaemonExit {
+    if let Err(e) = prepare_home(home) {
+        eprintln!("drover daemon: cannot create home {}: {e}", home.display());
+        return DaemonExit::Failed;
+    }
+    let lock = match HomeLock::acquire(home) {
+        Ok(l) => l,
+        Err(e @ LockError::Held { .. }) => {
+            eprintln!("drover daemon: {e}");
+            return DaemonExit::HomeOwned;
+        }
+        Err(e) => {
+            eprintln!("drover daemon: {e}");
+            return DaemonExit::Failed;
+        }
+    };
+    init_logging(home);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("drover daemon: cannot start the async runtime: {e}");
+            return DaemonExit::Failed;
+        }
+    };
+    let code = runtime.block_on(serve(home.to_path_buf()));
+    drop(lock);
+    code
+}
+
+fn init_logging(home: &Path) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(home.join("logs").join("daemon.log"))
+        .ok();
+    let file_layer = file.map(|f| {
+        tracing_subscriber::fmt::layer()
+            .with_ansi(false)
+            .with_writer(std::sync::Mutex::new(f))
+    });
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .with(file_layer)
+        .try_init();
+}
+
+async fn serve(home: PathBuf) -> DaemonExit {
+    let config = match Config::load(&home) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("drover daemon: {e}");
+            return DaemonExit::Failed;
+        }
+    };
+    let db = home.join("state.db");
+    let mut ledger = match Ledger::open(&db) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("drover daemon: {e}");
+            return DaemonExit::Failed;
+        }
+    };
+    let epoch = match ledger.bump_epoch() {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("drover daemon: cannot raise the runtime epoch: {e}");
+            return DaemonExit::Failed;
+        }
+    };
+    match ledger.recover() {
+        Ok(r) => tracing::info!(
+            epoch = epoch.epoch,
+            unknown_admissions = r.unknown_admissions.len(),
+            retired_children = r.retired_children.len(),
+            cancelled_prompts = r.cancelled_prompts.len(),
+            "recovered"
+        ),
+        Err(e) => {
+            eprintln!("drover daemon: recovery failed: {e}");
+            return DaemonExit::Failed;
+        }
+    }
+    let listener = match tokio::net::TcpListener::bind(&config.daemon.listen).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!(
+                "drover daemon: cannot listen on {}: {e}",
+                config.daemon.listen
+            );
+            return DaemonExit::Failed;
+        }
+    };
+    let addr = match listener.local_addr() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("drover daemon: {e}");
+            return DaemonExit::Failed;
+        }
+    };
+    let worker_exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("drover"));
+    let grace = Duration::from_secs_f64(config.daemon.drain_grace_s.max(0.0));
+    let owner = Owner::new(
+        home.clone(),
+        config,
+        ledger,
+        epoch.instance_id.clone(),
+        worker_exe,
+    );
+    let token = new_token();
+    let info = DaemonInfo {
+        pid: std::process::id(),
+        epoch: epoch.epoch,
+        instance_id: epoch.instance_id.clone(),
+        url: format!("ws://{addr}/v1/ws"),
+        token: token.clone(),
+        started_at: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0),
+    };
+    let app = crate::server::router(owner.clone(), token);
+    let shutdown = owner.shutdown.clone();
+    let server_stop = shutdown.clone();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move { server_stop.cancelled().await })
+            .await
+    });
+    if let Err(e) = info.write(&home) {
+        eprintln!("drover daemon: cannot write daemon.json: {e}");
+        shutdown.cancel();
+        return DaemonExit::Failed;
+    }
+    tracing::info!(epoch = epoch.epoch, url = %info.url, pid = info.pid, "owner listening");
+    kick_all(&owner).await;
+
+    wait_for_signal(&shutdown).await;
+    tracing::info!("stopping: draining running turns");
+    drain(&owner, grace).await;
+    DaemonInfo::remove(&home, &epoch.instance_id);
+    shutdown.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+    tracing::info!("stopped");
+    DaemonExit::Ok
+}
+
+async fn wait_for_signal(shutdown: &tokio_util::sync::CancellationToken) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        shutdown.cancelled().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+        _ = shutdown.cancelled() => {}
+    }
+}
+
+/// Keeps `Arc<Owner>` referenced for tests that embed the owner.
+pub type SharedOwner = Arc<Owner>;

@@ -1,0 +1,334 @@
+//! Turn scheduling and worker supervision (SPEC section 4).
+//!
+//! [`kick`] claims the head of a session's queue when the session may claim, and starts
+//! `drover worker` for it. The supervisor writes the bootstrap, applies each `persist` frame
+//! through the ledger and answers with its receipt, forwards live deltas, and when the worker's
+//! stdout closes before `execution.finish` marks the turn `unknown` (never replayed).
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use drover_ledger::{Claim, PersistOutcome};
+use drover_protocol::worker::{Bootstrap, OwnerFrame, Policy, Scope, WorkerFrame, MAX_FRAME_BYTES};
+use futures::StreamExt;
+use serde_json::Value;
+use tokio::io::AsyncWriteExt;
+use tokio::process::{Child, ChildStdin, Command};
+use tokio::sync::mpsc;
+use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
+use tokio_util::sync::CancellationToken;
+
+use crate::home::new_token;
+use crate::runtime::{Owner, RunningTurn};
+
+/// Claims and starts the next turn of `session_id`, if it may run one now.
+pub fn kick(owner: &Arc<Owner>, session_id: String) {
+    if owner.is_draining() {
+        return;
+    }
+    let me = owner.clone();
+    owner.tracker.spawn(async move {
+        let execution_id = drover_ledger::new_id();
+        let secret = new_token();
+        let s2 = secret.clone();
+        let claim = me
+            .ledger(move |l, o| {
+                if o.is_draining() {
+                    return Ok(None);
+                }
+                let c = l.claim_next(&session_id, &execution_id, &s2)?;
+                if let Some(c) = &c {
+                    o.hub.reset_deltas(&c.session.id);
+                    o.hub.publish(&c.events);
+                }
+                Ok(c)
+            })
+            .await;
+        match claim {
+            Ok(Some(claim)) => supervise(me, claim, secret).await,
+            Ok(None) => {}
+            Err(e) => tracing::error!(error = %e, "claiming a turn failed"),
+        }
+    });
+}
+
+/// Claims every session that has queued input and may run (startup, after recovery).
+pub async fn kick_all(owner: &Arc<Owner>) {
+    match owner.ledger(|l, _| l.claimable_sessions()).await {
+        Ok(sessions) => {
+            for s in sessions {
+                kick(owner, s);
+            }
+        }
+        Err(e) => tracing::error!(error = %e, "listing claimable sessions failed"),
+    }
+}
+
+fn policy(owner: &Owner, claim: &Claim) -> Policy {
+    let s = &claim.session;
+    let mc = &s.model_config;
+    let api_key = mc
+        .get("api_key")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .or_else(|| owner.config.api_key());
+    Policy {
+        model: s.model.clone(),
+        base_url: mc
+            .get("base_url")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string(),
+        api_key,
+        stream: mc.get("stream").and_then(Value::as_bool).unwrap_or(true),
+        request_timeout_s: mc
+            .get("request_timeout_s")
+            .and_then(Value::as_u64)
+            .unwrap_or(600),
+        max_retries: mc.get("max_retries").and_then(Value::as_u64).unwrap_or(3) as u32,
+        system_prompt: s.system_prompt.clone(),
+        toolsets: s.toolsets.clone(),
+        tools: s.tool_schemas.clone(),
+        cwd: s.cwd.clone(),
+        max_steps: owner.config.model.max_steps,
+        approvals: owner.config.approvals.mode.clone(),
+        home: owner.home.display().to_string(),
+    }
+}
+
+fn spawn_worker(owner: &Owner, execution_id: &str) -> std::io::Result<Child> {
+    let log_path = owner
+        .home
+        .join("logs")
+        .join("workers")
+        .join(format!("{execution_id}.log"));
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)?;
+    let mut cmd = Command::new(&owner.worker_exe);
+    cmd.arg("worker")
+        .env("DROVER_OWNER_PID", std::process::id().to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(log))
+        .kill_on_drop(true);
+    cmd.spawn()
+}
+
+async fn write_frame(stdin: &mut ChildStdin, frame: &OwnerFrame) -> std::io::Result<()> {
+    let mut line = serde_json::to_vec(frame).map_err(std::io::Error::other)?;
+    line.push(b'\n');
+    stdin.write_all(&line).await?;
+    stdin.flush().await
+}
+
+/// Runs one turn's worker to the end and settles or loses the turn.
+async fn supervise(owner: Arc<Owner>, claim: Claim, secret: String) {
+    let session_id = claim.session.id.clone();
+    let execution_id = claim.execution_id.clone();
+    let admission_id = claim.admission.admission_id.clone();
+    let replay_epoch = claim.session.replay_epoch.clone();
+    let span = tracing::info_span!("turn", %session_id, %admission_id, %execution_id, generation = claim.generation);
+    let _enter = span.enter();
+    drop(_enter);
+
+    let bootstrap = OwnerFrame::Bootstrap(Box::new(Bootstrap {
+        scope: Scope {
+            session_id: session_id.clone(),
+            admission_id: admission_id.clone(),
+            execution_id: execution_id.clone(),
+            generation: claim.generation,
+            epoch: claim.epoch,
+            secret,
+        },
+        policy: policy(&owner, &claim),
+        history: claim.history.clone(),
+        input: claim.admission.text.clone(),
+    }));
+
+    let mut child = match spawn_worker(&owner, &execution_id) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, %execution_id, "cannot start worker");
+            let msg = format!("cannot start worker: {e}");
+            let eid = execution_id.clone();
+            let r = owner
+                .ledger(move |l, o| {
+                    let s = l.settle_unstarted(&eid, &msg)?;
+                    o.hub.publish(&s.events);
+                    Ok(())
+                })
+                .await;
+            if let Err(e) = r {
+                tracing::error!(error = %e, "settling an unstarted turn failed");
+            }
+            kick(&owner, session_id);
+            return;
+        }
+    };
+    let (Some(mut stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+        tracing::error!("worker pipes missing");
+        let _ = child.start_kill();
+        return;
+    };
+
+    let (control, mut control_rx) = mpsc::unbounded_channel::<OwnerFrame>();
+    let kill = CancellationToken::new();
+    owner.turns().insert(
+        execution_id.clone(),
+        RunningTurn {
+            session_id: session_id.clone(),
+            admission_id: admission_id.clone(),
+            execution_id: execution_id.clone(),
+            generation: claim.generation,
+            control: control.clone(),
+            kill: kill.clone(),
+        },
+    );
+
+    // One writer owns stdin so frames never interleave.
+    let writer = tokio::spawn(async move {
+        if write_frame(&mut stdin, &bootstrap).await.is_err() {
+            return;
+        }
+        while let Some(frame) = control_rx.recv().await {
+            if write_frame(&mut stdin, &frame).await.is_err() {
+                return;
+            }
+        }
+    });
+
+    let mut lines = FramedRead::new(stdout, LinesCodec::new_with_max_length(MAX_FRAME_BYTES));
+    let mut settled = false;
+    loop {
+        let next = tokio::select! {
+            next = lines.next() => next,
+            _ = kill.cancelled() => {
+                tracing::warn!(%execution_id, "killing worker");
+                let _ = child.start_kill();
+                break;
+            }
+        };
+        let line = match next {
+            Some(Ok(line)) => line,
+            Some(Err(LinesCodecError::MaxLineLengthExceeded)) => {
+                tracing::warn!(%execution_id, "refused a worker line over 4 MiB");
+                continue;
+            }
+            Some(Err(LinesCodecError::Io(e))) => {
+                tracing::warn!(%execution_id, error = %e, "worker pipe failed");
+                break;
+            }
+            None => break,
+        };
+        let frame: WorkerFrame = match serde_json::from_str(&line) {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!(%execution_id, error = %e, "refused a malformed worker line");
+                continue;
+            }
+        };
+        match frame {
+            WorkerFrame::Delta { text } => {
+                owner.hub.publish_delta(&session_id, &replay_epoch, &text)
+            }
+            WorkerFrame::Persist(frame) => {
+                let sequence = frame.sequence;
+                let operation = frame.operation.clone();
+                let applied = owner
+                    .ledger(move |l, o| {
+                        let out = l.apply_persist(&frame)?;
+                        match &out {
+                            PersistOutcome::Receipt { events, .. }
+                            | PersistOutcome::Deferred { events, .. } => o.hub.publish(events),
+                        }
+                        Ok(out)
+                    })
+                    .await;
+                let reply = match applied {
+                    Ok(PersistOutcome::Receipt {
+                        result, settlement, ..
+                    }) => {
+                        if settlement.is_some() {
+                            settled = true;
+                            owner.turns().remove(&execution_id);
+                            kick(&owner, session_id.clone());
+                        }
+                        Some(OwnerFrame::Receipt { sequence, result })
+                    }
+                    Ok(PersistOutcome::Deferred { .. }) => None,
+                    Err(e) => {
+                        tracing::warn!(%execution_id, sequence, %operation, error = %e, "refused a persist");
+                        Some(OwnerFrame::Refused {
+                            sequence,
+                            reason: e.reason().as_str().to_string(),
+                            message: e.to_string(),
+                        })
+                    }
+                };
+                if let Some(reply) = reply {
+                    let _ = control.send(reply);
+                }
+            }
+        }
+    }
+    drop(control);
+    owner.turns().remove(&execution_id);
+    // The worker closed its stdout: it is exiting. Reap it, bounded.
+    match tokio::time::timeout(Duration::from_secs(5), child.wait()).await {
+        Ok(Ok(status)) => tracing::debug!(%execution_id, %status, "worker exited"),
+        Ok(Err(e)) => tracing::warn!(%execution_id, error = %e, "waiting for worker failed"),
+        Err(_) => {
+            tracing::warn!(%execution_id, "worker did not exit; killing it");
+            let _ = child.kill().await;
+        }
+    }
+    writer.abort();
+    if !settled {
+        let eid = execution_id.clone();
+        let lost = owner
+            .ledger(move |l, o| {
+                let s = l.mark_execution_lost(&eid)?;
+                if let Some(s) = &s {
+                    o.hub.publish(&s.events);
+                }
+                Ok(s)
+            })
+            .await;
+        match lost {
+            Ok(Some(_)) => {
+                tracing::warn!(%execution_id, "worker ended before execution.finish; turn is unknown")
+            }
+            Ok(None) => {}
+            Err(e) => tracing::error!(error = %e, "marking a lost turn failed"),
+        }
+    }
+}
+
+/// Graceful stop (SPEC section 4): asks every running worker to stop, waits up to `grace` for
+/// their turns to settle, then kills the rest (their turns become `unknown`).
+pub async fn drain(owner: &Arc<Owner>, grace: Duration) {
+    owner.set_draining();
+    let running: Vec<RunningTurn> = owner.turns().values().cloned().collect();
+    for t in &running {
+        let _ = t.control.send(OwnerFrame::Stop {
+            reason: "runtime_draining".into(),
+        });
+    }
+    let deadline = tokio::time::Instant::now() + grace;
+    while !owner.turns().is_empty() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for t in owner.turns().values() {
+        t.kill.cancel();
+    }
+    owner.tracker.close();
+    if tokio::time::timeout(Duration::from_secs(15), owner.tracker.wait())
+        .await
+        .is_err()
+    {
+        tracing::error!("turn supervisors did not finish within 15 s of the drain");
+    }
+}
