@@ -1,1 +1,433 @@
-//! End-to-end harness: real `drover` binary, real home, real sockets.
+//! End-to-end harness: the real `drover` binary on a temporary home, real sockets, real
+//! processes. Every wait has a timeout and every child is reaped (on drop at the latest).
+//!
+//! ```no_run
+//! # async fn demo() -> anyhow::Result<()> {
+//! use drover_test_support::harness::{Daemon, TestHome};
+//! let home = TestHome::new()?;
+//! let bin = std::path::Path::new("target/debug/drover");
+//! let mut daemon = Daemon::start(bin, home.path()).await?;
+//! let mut client = daemon.client().await?;
+//! let pong = client.call_ok("ping", serde_json::json!({})).await?;
+//! assert_eq!(pong["pong"], true);
+//! daemon.stop().await?;
+//! # Ok(()) }
+//! ```
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use futures::{SinkExt, StreamExt};
+use serde_json::{json, Value};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+/// The default bound of every wait in this harness.
+pub const WAIT: Duration = Duration::from_secs(20);
+
+/// A temporary drover home, removed on drop.
+pub struct TestHome {
+    dir: tempfile::TempDir,
+}
+
+impl TestHome {
+    pub fn new() -> Result<TestHome> {
+        Ok(TestHome {
+            dir: tempfile::Builder::new().prefix("drover-test-").tempdir()?,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Writes `<home>/config.toml`.
+    pub fn write_config(&self, toml: &str) -> Result<()> {
+        std::fs::write(self.path().join("config.toml"), toml)?;
+        Ok(())
+    }
+
+    /// A config pointing at `base_url` with model `mock`, no retries and a 1 s drain grace,
+    /// plus `extra` TOML appended verbatim (may add keys to `[model]` by repeating nothing).
+    pub fn write_model_config(&self, base_url: &str, stream: bool, extra: &str) -> Result<()> {
+        self.write_config(&format!(
+            "[model]\nbase_url = \"{base_url}\"\nname = \"mock\"\nstream = {stream}\nmax_retries = 0\nrequest_timeout_s = 30\n\n[daemon]\ndrain_grace_s = 1.0\n\n{extra}"
+        ))
+    }
+
+    /// The ledger path.
+    pub fn db(&self) -> PathBuf {
+        self.path().join("state.db")
+    }
+}
+
+/// A running `drover daemon`. Killed and reaped on drop.
+pub struct Daemon {
+    child: Option<Child>,
+    pub home: PathBuf,
+    pub bin: PathBuf,
+    /// The parsed `daemon.json`.
+    pub info: Value,
+}
+
+impl Daemon {
+    /// Starts `bin daemon --home home` and waits until its `daemon.json` names its pid.
+    pub async fn start(bin: &Path, home: &Path) -> Result<Daemon> {
+        let child = Command::new(bin)
+            .arg("daemon")
+            .arg("--home")
+            .arg(home)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let mut d = Daemon {
+            child: Some(child),
+            home: home.to_path_buf(),
+            bin: bin.to_path_buf(),
+            info: Value::Null,
+        };
+        let pid = d.pid();
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Ok(text) = std::fs::read_to_string(home.join("daemon.json")) {
+                if let Ok(info) = serde_json::from_str::<Value>(&text) {
+                    if info["pid"].as_u64() == Some(pid as u64) {
+                        d.info = info;
+                        return Ok(d);
+                    }
+                }
+            }
+            if let Some(child) = d.child.as_mut() {
+                if let Some(status) = child.try_wait()? {
+                    d.child = None;
+                    bail!("daemon exited early with {status}");
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("daemon did not write daemon.json within {WAIT:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(Child::id).unwrap_or(0)
+    }
+
+    pub fn url(&self) -> String {
+        self.info["url"].as_str().unwrap_or_default().to_string()
+    }
+
+    pub fn token(&self) -> String {
+        self.info["token"].as_str().unwrap_or_default().to_string()
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.info["epoch"].as_u64().unwrap_or(0)
+    }
+
+    /// `http://127.0.0.1:<port>` of the daemon.
+    pub fn http_base(&self) -> String {
+        self.url()
+            .replacen("ws://", "http://", 1)
+            .trim_end_matches("/v1/ws")
+            .to_string()
+    }
+
+    /// A new authenticated client connection.
+    pub async fn client(&self) -> Result<Client> {
+        Client::connect(&self.url(), Some(&self.token())).await
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill(&mut self) -> Result<()> {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            child.wait()?;
+        }
+        Ok(())
+    }
+
+    /// SIGTERM, then wait (bounded) for the exit status.
+    pub async fn stop(&mut self) -> Result<ExitStatus> {
+        let Some(mut child) = self.child.take() else {
+            bail!("daemon is not running");
+        };
+        signal(child.id(), nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(status) = child.try_wait()? {
+                return Ok(status);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!("daemon did not exit within {WAIT:?} of SIGTERM");
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Waits (bounded) for the daemon to exit by itself.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Result<ExitStatus> {
+        let Some(mut child) = self.child.take() else {
+            bail!("daemon is not running");
+        };
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = child.try_wait()? {
+                return Ok(status);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!("daemon did not exit within {timeout:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Pids of the daemon's direct children (its workers).
+    pub fn worker_pids(&self) -> Vec<u32> {
+        children_of(self.pid())
+    }
+
+    /// Waits until the daemon has at least one worker and returns its pid.
+    pub async fn wait_worker(&self) -> Result<u32> {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(pid) = self.worker_pids().first() {
+                return Ok(*pid);
+            }
+            if Instant::now() > deadline {
+                bail!("no worker appeared within {WAIT:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Sends `sig` to `pid`, ignoring a process that is already gone.
+pub fn signal(pid: u32, sig: nix::sys::signal::Signal) {
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig);
+}
+
+/// Whether `pid` is alive and not a zombie.
+pub fn pid_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z"),
+        Err(_) => false,
+    }
+}
+
+/// Direct children of `parent`, from `/proc`.
+pub fn children_of(parent: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for entry in dir.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let mut fields = rest.split_whitespace();
+        let state = fields.next();
+        let ppid = fields.next().and_then(|p| p.parse::<u32>().ok());
+        if ppid == Some(parent) && state != Some("Z") {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Paths of every open file descriptor of `pid`.
+pub fn open_files(pid: u32) -> Vec<PathBuf> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.flatten().filter_map(|e| std::fs::read_link(e.path()).ok()).collect())
+        .unwrap_or_default()
+}
+
+/// A JSON-RPC client speaking to the daemon, keeping events that arrive between responses.
+pub struct Client {
+    ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
+    next_id: u64,
+    events: VecDeque<Value>,
+}
+
+impl Client {
+    /// Connects, with `Authorization: Bearer <token>` when given.
+    pub async fn connect(url: &str, token: Option<&str>) -> Result<Client> {
+        let mut req = url.into_client_request()?;
+        if let Some(t) = token {
+            req.headers_mut().insert("Authorization", format!("Bearer {t}").parse()?);
+        }
+        let (ws, _) = tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(req))
+            .await
+            .map_err(|_| anyhow!("connect timed out"))??;
+        Ok(Client {
+            ws,
+            next_id: 1,
+            events: VecDeque::new(),
+        })
+    }
+
+    /// Sends a raw text frame.
+    pub async fn send_raw(&mut self, text: &str) -> Result<()> {
+        self.ws.send(Message::Text(text.to_string().into())).await?;
+        Ok(())
+    }
+
+    /// The next non-event message (a response), bounded by [`WAIT`].
+    pub async fn recv_response(&mut self) -> Result<Value> {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let v = self.read_until(deadline).await?.ok_or_else(|| anyhow!("no response within {WAIT:?}"))?;
+            if v.get("method").and_then(Value::as_str) == Some("event") {
+                self.events.push_back(v["params"].clone());
+                continue;
+            }
+            return Ok(v);
+        }
+    }
+
+    /// Calls `method`: `Ok(Ok(result))` or `Ok(Err(error object))`.
+    pub async fn call(&mut self, method: &str, params: Value) -> Result<Result<Value, Value>> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let msg = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        self.send_raw(&msg.to_string()).await?;
+        loop {
+            let v = self.recv_response().await?;
+            if v["id"].as_u64() != Some(id) {
+                continue;
+            }
+            if let Some(e) = v.get("error") {
+                return Ok(Err(e.clone()));
+            }
+            return Ok(Ok(v["result"].clone()));
+        }
+    }
+
+    /// Calls `method` and fails the test on an error answer.
+    pub async fn call_ok(&mut self, method: &str, params: Value) -> Result<Value> {
+        match self.call(method, params).await? {
+            Ok(v) => Ok(v),
+            Err(e) => bail!("{method} failed: {e}"),
+        }
+    }
+
+    /// Calls `method` expecting an error; returns its `data.reason`.
+    pub async fn call_err(&mut self, method: &str, params: Value) -> Result<String> {
+        match self.call(method, params).await? {
+            Ok(v) => bail!("{method} succeeded unexpectedly: {v}"),
+            Err(e) => Ok(e["data"]["reason"].as_str().unwrap_or_default().to_string()),
+        }
+    }
+
+    /// The next event's params, or `None` after `timeout`.
+    pub async fn next_event(&mut self, timeout: Duration) -> Result<Option<Value>> {
+        if let Some(e) = self.events.pop_front() {
+            return Ok(Some(e));
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            let Some(v) = self.read_until(deadline).await? else {
+                return Ok(None);
+            };
+            if v.get("method").and_then(Value::as_str) == Some("event") {
+                return Ok(Some(v["params"].clone()));
+            }
+        }
+    }
+
+    /// Waits for the first event matching `pred`, bounded by [`WAIT`]; earlier ones are dropped.
+    pub async fn wait_event(&mut self, mut pred: impl FnMut(&Value) -> bool) -> Result<Value> {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.next_event(left).await? {
+                Some(e) if pred(&e) => return Ok(e),
+                Some(_) => continue,
+                None => bail!("no matching event within {WAIT:?}"),
+            }
+        }
+    }
+
+    /// Waits for `turn.settled` of `admission_id` and returns its outcome.
+    pub async fn wait_settled(&mut self, admission_id: &str) -> Result<String> {
+        let e = self
+            .wait_event(|e| e["type"] == "turn.settled" && e["payload"]["admission_id"] == admission_id)
+            .await?;
+        Ok(e["payload"]["outcome"].as_str().unwrap_or_default().to_string())
+    }
+
+    /// Creates a session with `cwd` and returns the `session.resume`-shaped result.
+    pub async fn create_session(&mut self, cwd: &Path) -> Result<Value> {
+        self.call_ok(
+            "session.create",
+            json!({"request_id": uuid_like(), "cwd": cwd}),
+        )
+        .await
+    }
+
+    /// Submits `text` with a fresh input id; returns the receipt.
+    pub async fn submit(&mut self, session_id: &str, text: &str) -> Result<Value> {
+        self.call_ok(
+            "prompt.submit",
+            json!({"session_id": session_id, "input_id": uuid_like(), "text": text}),
+        )
+        .await
+    }
+
+    async fn read_until(&mut self, deadline: Instant) -> Result<Option<Value>> {
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let msg = match tokio::time::timeout(left, self.ws.next()).await {
+                Err(_) => return Ok(None),
+                Ok(None) => bail!("connection closed"),
+                Ok(Some(m)) => m?,
+            };
+            match msg {
+                Message::Text(t) => return Ok(Some(serde_json::from_str(t.as_str())?)),
+                Message::Close(_) => bail!("connection closed"),
+                _ => continue,
+            }
+        }
+    }
+}
+
+/// A unique id for request and input ids.
+pub fn uuid_like() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("{t:x}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+}
