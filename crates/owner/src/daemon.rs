@@ -133,7 +133,11 @@ async fn serve(home: PathBuf) -> DaemonExit {
             return DaemonExit::Failed;
         }
     };
-    let worker_exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("drover"));
+    // `$DROVER_WORKER_EXE` lets tests and debuggers wrap the worker (e.g. under strace).
+    let worker_exe = std::env::var_os("DROVER_WORKER_EXE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::current_exe().ok())
+        .unwrap_or_else(|| PathBuf::from("drover"));
     let grace = Duration::from_secs_f64(config.daemon.drain_grace_s.max(0.0));
     let owner = Owner::new(
         home.clone(),

@@ -109,6 +109,9 @@ fn spawn_worker(owner: &Owner, execution_id: &str) -> std::io::Result<Child> {
         .open(&log_path)?;
     let mut cmd = Command::new(&owner.worker_exe);
     cmd.arg("worker")
+        // The worker gets the key in its bootstrap frame; tools it runs must not see it.
+        .env_remove(&owner.config.model.api_key_env)
+        .env_remove("OPENAI_API_KEY")
         .env("DROVER_OWNER_PID", std::process::id().to_string())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

@@ -4,11 +4,30 @@
 //! `context`) and an async `call`. A [`ToolRegistry`] is built from toolset names
 //! (`terminal`, `file`, `clarify`, `todo`, `delegation`, MCP servers later). Tools that need a
 //! human (approvals, clarify) ask through [`PromptBroker`], which the worker implements by
-//! persisting `prompt.open` to the owner. Platform code (process groups, signals) lives in
-//! [`platform`] only.
+//! persisting `prompt.open` to the owner.
 //!
-//! What this crate does not do: talk to the model, or to the ledger.
+//! - [`terminal`]: the `terminal` tool (foreground `sh -c` in its own process group, timeout,
+//!   bounded output, approvals).
+//! - [`approval`]: the dangerous-command classifier and the pure approval decision
+//!   (`docs/approvals.md`).
+//! - [`platform`]: the only module that touches process groups, signals, `PR_SET_PDEATHSIG` and
+//!   `/proc`; the worker uses [`platform::ForegroundGroups`] to kill foreground commands when its
+//!   owner is gone (SPEC section 4).
+//!
+//! What this crate does not do: talk to the model, or to the ledger; store approval grants.
+//!
+//! ```no_run
+//! # async fn example(ctx: drover_tools::ToolContext) {
+//! use drover_tools::ToolRegistry;
+//!
+//! let registry = ToolRegistry::for_toolsets(&["terminal".to_string()]).expect("known toolset");
+//! let terminal = registry.get("terminal").expect("registered");
+//! let output = terminal.call(serde_json::json!({"command": "ls"}), &ctx).await;
+//! println!("{} (error: {})", output.content, output.is_error);
+//! # }
+//! ```
 
+pub mod approval;
 pub mod platform;
 pub mod terminal;
 
@@ -34,7 +53,9 @@ pub enum ToolError {
 /// error (`tool.complete` `is_error`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolOutput {
+    /// The tool message content (for `terminal`, the JSON `{output, exit_code, error}`).
     pub content: String,
+    /// Whether the call failed (`tool.complete` `is_error`).
     pub is_error: bool,
 }
 
@@ -69,6 +90,7 @@ impl PromptBroker for NoPrompts {
 pub struct ToolContext {
     /// Working directory of the session (absolute).
     pub cwd: PathBuf,
+    /// The session the call belongs to (for logs).
     pub session_id: String,
     /// The drover home (logs of background processes go below it).
     pub home: PathBuf,
@@ -76,6 +98,7 @@ pub struct ToolContext {
     pub approvals: String,
     /// Fires on interrupt or when the owner is gone; tools stop and kill their process groups.
     pub cancel: CancellationToken,
+    /// Where approval and clarify prompts go.
     pub prompts: Arc<dyn PromptBroker>,
 }
 
@@ -106,7 +129,7 @@ impl ToolRegistry {
         let mut tools: Vec<Arc<dyn Tool>> = Vec::new();
         for set in toolsets {
             match set.as_str() {
-                "terminal" => tools.push(Arc::new(terminal::TerminalTool::default())),
+                "terminal" => tools.push(Arc::new(terminal::TerminalTool)),
                 "file" | "clarify" | "todo" | "delegation" => {}
                 other => return Err(ToolError::UnknownToolset(other.to_string())),
             }
@@ -119,10 +142,12 @@ impl ToolRegistry {
         self.tools.iter().map(|t| t.schema()).collect()
     }
 
+    /// The tool called `name`, if the registry has it.
     pub fn get(&self, name: &str) -> Option<Arc<dyn Tool>> {
         self.tools.iter().find(|t| t.name() == name).cloned()
     }
 
+    /// The tool names, in registry order.
     pub fn names(&self) -> Vec<String> {
         self.tools.iter().map(|t| t.name().to_string()).collect()
     }

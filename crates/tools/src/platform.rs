@@ -1,1 +1,294 @@
-//! Platform code: process groups and signals. The rest of drover never calls libc directly.
+//! Platform code: process groups, signals, `PR_SET_PDEATHSIG` and `/proc` reads.
+//!
+//! This is the only module of drover that signals processes or reads `/proc`; everything else
+//! goes through the small interface below (STYLE: platform code is isolated). It is Linux-only,
+//! like drover.
+//!
+//! - [`spawn_in_new_group`] starts a child as the leader of its own process group, with
+//!   `PR_SET_PDEATHSIG(SIGKILL)` so it dies with the process that spawned it.
+//! - [`combined_output_pipe`] makes one pipe for a child's stdout and stderr, so they interleave.
+//! - [`kill_group`] stops a group: SIGTERM, a grace period, then SIGKILL.
+//! - [`ForegroundGroups`] is the process-wide set of running foreground groups, which the worker
+//!   kills at once when its owner is gone (SPEC section 4).
+//! - [`set_parent_death_signal`], [`parent_pid`] and [`process_start_time`] serve the worker and
+//!   the job timers (SPEC section 7: a timer is identified by pid and start time).
+
+use std::collections::BTreeSet;
+use std::io;
+use std::os::unix::process::ExitStatusExt;
+use std::process::{ExitStatus, Stdio};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::fcntl::OFlag;
+use nix::unistd::Pid;
+use tokio::net::unix::pipe;
+use tokio::process::{Child, Command};
+
+pub use nix::sys::signal::Signal;
+
+/// How often [`kill_group`] checks whether the group leader has exited during the grace period.
+const EXIT_POLL: Duration = Duration::from_millis(20);
+
+/// Spawns `command` as the leader of a new process group and returns the child with its
+/// process group id (equal to its pid).
+///
+/// The child gets `PR_SET_PDEATHSIG(SIGKILL)`, so a `sh` dies with the worker even when the
+/// worker is killed outright (SPEC section 4: a worker whose owner is gone leaves no foreground
+/// tool running). Linux delivers that signal when the *thread* that forked the child exits, so
+/// spawn from a thread that lives as long as the process (a tokio runtime worker, not a
+/// `spawn_blocking` thread). Only the leader gets the signal; its own children are reached
+/// through the group ([`ForegroundGroups::kill_all`], [`kill_group`]).
+pub fn spawn_in_new_group(command: &mut Command) -> io::Result<(Child, i32)> {
+    command.process_group(0);
+    let parent = nix::unistd::getpid();
+    // SAFETY: the closure runs in the forked child before exec, where only async-signal-safe
+    // calls are allowed. It calls prctl(2) and getppid(2) (plain syscalls) and builds an
+    // io::Error from a raw errno, which does not allocate. It touches no lock and no heap.
+    unsafe {
+        command.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(io::Error::from)?;
+            // The parent may have died between fork and prctl; then no signal will ever come.
+            if nix::unistd::getppid() != parent {
+                return Err(io::Error::from(Errno::ESRCH));
+            }
+            Ok(())
+        });
+    }
+    let child = command.spawn()?;
+    let pid = child
+        .id()
+        .ok_or_else(|| io::Error::other("spawned child has no pid"))?;
+    let pgid = i32::try_from(pid).map_err(|_| io::Error::other("child pid out of range"))?;
+    Ok((child, pgid))
+}
+
+/// One pipe for a child's stdout and stderr: the async read end, and two [`Stdio`] handles on
+/// the write end (give one to `stdout`, the other to `stderr`).
+///
+/// Both ends are close-on-exec, so a child spawned concurrently by another thread cannot
+/// inherit the write end and hold the pipe open. Drop the `Command` after spawning so the
+/// parent's copies of the write end close and the reader sees end of file.
+pub fn combined_output_pipe() -> io::Result<(pipe::Receiver, Stdio, Stdio)> {
+    let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(io::Error::from)?;
+    let write_err = write.try_clone()?;
+    let receiver = pipe::Receiver::from_owned_fd(read)?;
+    Ok((receiver, Stdio::from(write), Stdio::from(write_err)))
+}
+
+/// Sends `signal` to every process of group `pgid`. A group that no longer exists is not an
+/// error.
+pub fn signal_group(pgid: i32, signal: Signal) -> io::Result<()> {
+    if pgid <= 1 {
+        // killpg(0) is our own group and killpg(1) would be init's: never meant here.
+        return Err(io::Error::other(format!(
+            "refusing to signal process group {pgid}"
+        )));
+    }
+    match nix::sys::signal::killpg(Pid::from_raw(pgid), signal) {
+        Ok(()) | Err(Errno::ESRCH) => Ok(()),
+        Err(e) => Err(io::Error::from(e)),
+    }
+}
+
+/// Stops process group `pgid`: SIGTERM to the group, up to `grace` for the leader (pid `pgid`)
+/// to exit, then SIGKILL to the group, so members that ignore SIGTERM or outlive the leader go
+/// too. A group that is already gone is not an error.
+pub async fn kill_group(pgid: i32, grace: Duration) -> io::Result<()> {
+    signal_group(pgid, Signal::SIGTERM)?;
+    let deadline = tokio::time::Instant::now() + grace;
+    while is_alive(pgid) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(EXIT_POLL).await;
+    }
+    signal_group(pgid, Signal::SIGKILL)
+}
+
+/// Whether process `pid` exists and has not exited. A zombie (exited, not yet reaped) counts as
+/// exited.
+pub fn is_alive(pid: i32) -> bool {
+    if pid <= 0 {
+        return false;
+    }
+    match nix::sys::signal::kill(Pid::from_raw(pid), None) {
+        Ok(()) | Err(Errno::EPERM) => {}
+        Err(_) => return false,
+    }
+    // A process that vanished between the two checks reads as gone.
+    matches!(process_state(pid), Some(state) if state != 'Z' && state != 'X')
+}
+
+/// The exit code of a finished child: its status, or 128 + the signal that killed it (as a
+/// shell reports it).
+pub fn exit_code(status: &ExitStatus) -> Option<i32> {
+    status
+        .code()
+        .or_else(|| status.signal().map(|signal| 128 + signal))
+}
+
+/// Sets the signal the calling process gets when its parent dies (`PR_SET_PDEATHSIG`). The
+/// worker asks for SIGTERM so it can kill its foreground groups and stop (SPEC section 4).
+///
+/// Linux ties this to the parent *thread* that forked us; check [`parent_pid`] afterwards,
+/// since a parent that died before the call sends no signal.
+pub fn set_parent_death_signal(signal: Signal) -> io::Result<()> {
+    nix::sys::prctl::set_pdeathsig(signal).map_err(io::Error::from)
+}
+
+/// The pid of the calling process's parent (1, or a subreaper, once the parent is gone).
+pub fn parent_pid() -> i32 {
+    nix::unistd::getppid().as_raw()
+}
+
+/// The start time of process `pid`, in clock ticks after boot (field 22 of `/proc/<pid>/stat`),
+/// or `None` when the process does not exist. A pid together with its start time names one
+/// process even after the pid is recycled.
+pub fn process_start_time(pid: i32) -> Option<u64> {
+    stat_fields(pid)?.get(STAT_START_TIME)?.parse().ok()
+}
+
+/// Index of field 3 (`state`) in the fields after `comm`.
+const STAT_STATE: usize = 0;
+/// Index of field 22 (`starttime`) in the fields after `comm` (fields 3.. are indices 0..).
+const STAT_START_TIME: usize = 22 - 3;
+
+fn process_state(pid: i32) -> Option<char> {
+    stat_fields(pid)?.get(STAT_STATE)?.chars().next()
+}
+
+/// The fields of `/proc/<pid>/stat` after `comm`. `comm` is in parentheses and may itself hold
+/// spaces and parentheses, so the fields start after the *last* `)`.
+fn stat_fields(pid: i32) -> Option<Vec<String>> {
+    if pid <= 0 {
+        return None;
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat_fields(&stat)
+}
+
+fn parse_stat_fields(stat: &str) -> Option<Vec<String>> {
+    let after_comm = &stat[stat.rfind(')')? + 1..];
+    Some(after_comm.split_whitespace().map(str::to_string).collect())
+}
+
+/// The process-wide set of running foreground process groups (SPEC section 4).
+///
+/// The `terminal` tool registers each group it starts for as long as it runs; the worker calls
+/// [`ForegroundGroups::kill_all`] when its owner is gone (end of file on stdin, or SIGTERM from
+/// `PR_SET_PDEATHSIG`).
+pub struct ForegroundGroups;
+
+static FOREGROUND: Mutex<BTreeSet<i32>> = Mutex::new(BTreeSet::new());
+
+fn foreground() -> MutexGuard<'static, BTreeSet<i32>> {
+    // The set stays valid whatever panicked while holding the lock, and kill_all must work
+    // even then.
+    FOREGROUND
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl ForegroundGroups {
+    /// Registers group `pgid` until the returned guard is dropped.
+    pub fn register(pgid: i32) -> ForegroundGroup {
+        foreground().insert(pgid);
+        ForegroundGroup {
+            pgid,
+            kill_on_drop: true,
+        }
+    }
+
+    /// Removes group `pgid` from the set (the guard does this on drop).
+    pub fn unregister(pgid: i32) {
+        foreground().remove(&pgid);
+    }
+
+    /// The registered groups, in ascending order.
+    pub fn registered() -> Vec<i32> {
+        foreground().iter().copied().collect()
+    }
+
+    /// Sends SIGKILL to every registered group, synchronously, and returns how many were
+    /// registered. The groups stay registered until their guards drop. Not async-signal-safe:
+    /// call it from a task or thread, not from a signal handler.
+    pub fn kill_all() -> usize {
+        let groups = foreground();
+        for &pgid in groups.iter() {
+            if let Err(e) = signal_group(pgid, Signal::SIGKILL) {
+                tracing::warn!(pgid, error = %e, "could not kill foreground process group");
+            }
+        }
+        groups.len()
+    }
+}
+
+/// A registration in [`ForegroundGroups`]. Dropping it unregisters the group and, unless
+/// [`ForegroundGroup::disarm`] was called, sends it SIGKILL: a tool call whose future is
+/// dropped mid-run leaves no process behind.
+#[must_use = "dropping the guard unregisters and kills the group at once"]
+#[derive(Debug)]
+pub struct ForegroundGroup {
+    pgid: i32,
+    kill_on_drop: bool,
+}
+
+impl ForegroundGroup {
+    /// The registered process group id.
+    pub fn pgid(&self) -> i32 {
+        self.pgid
+    }
+
+    /// Keeps the group alive when the guard drops: call it once the group has been stopped and
+    /// its leader reaped, so a recycled pid is never signalled.
+    pub fn disarm(&mut self) {
+        self.kill_on_drop = false;
+    }
+}
+
+impl Drop for ForegroundGroup {
+    fn drop(&mut self) {
+        ForegroundGroups::unregister(self.pgid);
+        if self.kill_on_drop {
+            if let Err(e) = signal_group(self.pgid, Signal::SIGKILL) {
+                tracing::warn!(pgid = self.pgid, error = %e, "could not kill foreground process group");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_fields_start_after_the_last_paren_of_comm() {
+        let stat = "4242 (we) ird (name) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 \
+                    987654 1000 100 rest";
+        let fields = parse_stat_fields(stat).expect("fields");
+        assert_eq!(fields[STAT_STATE], "S");
+        assert_eq!(fields[STAT_START_TIME], "987654");
+    }
+
+    #[test]
+    fn start_time_of_self_is_stable_and_missing_pid_is_none() {
+        let me = i32::try_from(std::process::id()).expect("pid");
+        let first = process_start_time(me).expect("own start time");
+        assert_eq!(process_start_time(me), Some(first));
+        assert!(is_alive(me));
+        assert_eq!(process_start_time(0), None);
+        assert_eq!(process_start_time(i32::MAX), None);
+        assert!(!is_alive(i32::MAX));
+    }
+
+    #[test]
+    fn signalling_group_zero_or_one_is_refused() {
+        assert!(signal_group(0, Signal::SIGKILL).is_err());
+        assert!(signal_group(1, Signal::SIGKILL).is_err());
+        assert!(signal_group(-5, Signal::SIGKILL).is_err());
+    }
+
+    #[test]
+    fn parent_pid_is_a_real_process() {
+        assert!(is_alive(parent_pid()) || parent_pid() == 1);
+    }
+}

@@ -1,11 +1,51 @@
 //! The `terminal` tool (SPEC section 6): `sh -c` in its own process group, a timeout that kills
 //! the whole group (TERM, then KILL), output capped with a marker, result JSON
 //! `{output, exit_code, error}`.
+//!
+//! Before anything runs, the command goes through the approval policy
+//! ([`crate::approval`]): a dangerous command runs, is refused, or waits for the user's answer
+//! to an `approval` prompt, depending on `approvals.mode`.
+//!
+//! A foreground command owns its process group: when `sh` exits, output is read for at most
+//! 200 ms more and then whatever it left running in the group (`server &`) is killed, so a
+//! call never hangs on, or leaks, a process that keeps the pipe open. Processes that leave the
+//! group (`setsid`) are not followed. Only foreground commands run for now; `background: true`
+//! is refused with an error output until background processes land (SPEC section 6).
+
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
 
 use async_trait::async_trait;
-use serde_json::Value;
+use serde_json::{json, Value};
+use tokio::io::AsyncReadExt;
+use tokio::time::Instant;
 
-use crate::{Tool, ToolContext, ToolOutput};
+use crate::approval::{self, ApprovalChoice, ApprovalMode, Danger, Decision};
+use crate::platform::{self, ForegroundGroups};
+use crate::{PromptAnswer, Tool, ToolContext, ToolOutput};
+
+/// Timeout when the call gives none, in seconds.
+pub const DEFAULT_TIMEOUT_SECS: u64 = 180;
+/// The largest timeout a call may ask for, in seconds (larger values are clamped).
+pub const MAX_TIMEOUT_SECS: u64 = 3600;
+/// At most this many bytes of output reach the result: the head and the tail, with a marker
+/// line between them naming how many bytes were cut.
+pub const OUTPUT_MAX_BYTES: usize = 50_000;
+
+/// Between SIGTERM and SIGKILL when a command times out or is interrupted.
+const KILL_GRACE: Duration = Duration::from_secs(2);
+/// How long output is still read after the shell exits, for processes it left behind that hold
+/// the pipe open (`sleep 100 &`). Then the group is killed and reading stops.
+const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(200);
+/// How long to wait for a killed shell to be reaped before giving up on its exit status.
+const REAP_TIMEOUT: Duration = Duration::from_secs(5);
+
+const DESCRIPTION: &str = "Run a shell command with `sh -c` and return its output. \
+Stdout and stderr are combined. The result is JSON {\"output\", \"exit_code\", \"error\"}. \
+Output over 50000 bytes keeps its beginning and end. The command is killed, with everything it \
+started, when the timeout expires. Dangerous commands (recursive deletes, force-pushes, disk \
+writes, ...) may need the user's approval first.";
 
 /// The foreground `terminal` tool.
 #[derive(Debug, Default)]
@@ -18,11 +58,468 @@ impl Tool for TerminalTool {
     }
 
     fn schema(&self) -> Value {
-        todo!("helper")
+        json!({
+            "type": "function",
+            "function": {
+                "name": "terminal",
+                "description": DESCRIPTION,
+                "parameters": {
+                    "type": "object",
+                    "properties": {
+                        "command": {
+                            "type": "string",
+                            "description": "The shell command to run (sh -c)."
+                        },
+                        "timeout": {
+                            "type": "integer",
+                            "description": "Seconds before the command is killed (default 180, at most 3600).",
+                            "minimum": 1,
+                            "maximum": MAX_TIMEOUT_SECS
+                        },
+                        "workdir": {
+                            "type": "string",
+                            "description": "Directory to run in; relative paths are relative to the session's working directory."
+                        },
+                        "background": {
+                            "type": "boolean",
+                            "description": "Run in the background (not supported yet)."
+                        }
+                    },
+                    "required": ["command"],
+                    "additionalProperties": false
+                }
+            }
+        })
     }
 
     async fn call(&self, args: Value, ctx: &ToolContext) -> ToolOutput {
-        let _ = (args, ctx);
-        todo!("helper")
+        let request = match Request::parse(&args, &ctx.cwd) {
+            Ok(request) => request,
+            Err(message) => return RunResult::failed(message).into_output(),
+        };
+        if request.background {
+            return RunResult::failed("background processes are not supported yet".to_string())
+                .into_output();
+        }
+        if let Some(danger) = approval::classify(&request.command) {
+            if let Err(refusal) = approve(&request.command, &danger, ctx).await {
+                return RunResult::failed(refusal).into_output();
+            }
+        }
+        run(&request, ctx).await.into_output()
+    }
+}
+
+/// A validated call.
+#[derive(Debug)]
+struct Request {
+    command: String,
+    timeout: Duration,
+    timeout_secs: u64,
+    workdir: PathBuf,
+    background: bool,
+}
+
+impl Request {
+    /// Validates `args`; the error names the field and what was wrong with it.
+    fn parse(args: &Value, cwd: &Path) -> Result<Request, String> {
+        let Some(args) = args.as_object() else {
+            return Err(format!(
+                "arguments must be a JSON object with a \"command\" string, got {args}"
+            ));
+        };
+        let command = match args.get("command") {
+            None | Some(Value::Null) => {
+                return Err("missing required field \"command\" (the shell command to run)".into())
+            }
+            Some(Value::String(c)) if c.trim().is_empty() => {
+                return Err("field \"command\" must not be empty".into())
+            }
+            Some(Value::String(c)) => c.clone(),
+            Some(other) => return Err(format!("field \"command\" must be a string, got {other}")),
+        };
+        let timeout_secs = match args.get("timeout") {
+            None | Some(Value::Null) => DEFAULT_TIMEOUT_SECS,
+            Some(Value::Number(n)) if n.is_u64() => {
+                n.as_u64().unwrap_or(1).clamp(1, MAX_TIMEOUT_SECS)
+            }
+            Some(Value::Number(n)) if n.is_i64() => 1,
+            Some(other) => {
+                return Err(format!(
+                    "field \"timeout\" must be an integer number of seconds, got {other}"
+                ))
+            }
+        };
+        let workdir = match args.get("workdir") {
+            None | Some(Value::Null) => cwd.to_path_buf(),
+            Some(Value::String(dir)) => {
+                let path = cwd.join(dir);
+                if !path.is_dir() {
+                    return Err(format!(
+                        "field \"workdir\": {} does not exist or is not a directory",
+                        path.display()
+                    ));
+                }
+                path
+            }
+            Some(other) => return Err(format!("field \"workdir\" must be a string, got {other}")),
+        };
+        let background = match args.get("background") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(other) => {
+                return Err(format!(
+                    "field \"background\" must be a boolean, got {other}"
+                ))
+            }
+        };
+        Ok(Request {
+            command,
+            timeout: Duration::from_secs(timeout_secs),
+            timeout_secs,
+            workdir,
+            background,
+        })
+    }
+}
+
+/// Applies the approval policy to a dangerous command. `Err` holds the error the result shows.
+async fn approve(command: &str, danger: &Danger, ctx: &ToolContext) -> Result<(), String> {
+    let mode = ctx.approvals.parse::<ApprovalMode>().unwrap_or_else(|e| {
+        // Config validation names the bad value; here the safe reading is to ask.
+        tracing::warn!(session_id = %ctx.session_id, error = %e, "unknown approvals mode, asking");
+        ApprovalMode::Manual
+    });
+    // A later issue checks the session's `session` grants and stored `always` rules for
+    // `danger.key` here (SPEC section 6).
+    let already_allowed = false;
+    match approval::decide(mode, Some(danger), already_allowed) {
+        Decision::Run => Ok(()),
+        Decision::Refuse => Err(format!(
+            "refused: {} (approvals.mode = deny)",
+            danger.description
+        )),
+        Decision::Ask => {
+            let body = json!({
+                "command": command,
+                "description": danger.description,
+                "pattern_key": danger.key,
+                "choices": ApprovalChoice::ALL.map(ApprovalChoice::as_str),
+            });
+            let answer = tokio::select! {
+                biased;
+                () = ctx.cancel.cancelled() => return Err("interrupted".to_string()),
+                answer = ctx.prompts.open("approval", body) => answer,
+            };
+            // The owner may close the prompt because of the interrupt itself.
+            if ctx.cancel.is_cancelled() {
+                return Err("interrupted".to_string());
+            }
+            let choice = match &answer {
+                PromptAnswer::Answered(Value::String(s)) => s.parse::<ApprovalChoice>().ok(),
+                PromptAnswer::Answered(_) => None,
+                PromptAnswer::Cancelled => Some(ApprovalChoice::Deny),
+            };
+            match choice {
+                Some(choice) if choice.allows() => {
+                    tracing::info!(session_id = %ctx.session_id, pattern_key = danger.key, choice = %choice, "dangerous command approved");
+                    Ok(())
+                }
+                Some(_) => Err("the user denied this command".to_string()),
+                None => {
+                    // Only once/session/always run a dangerous command; anything else is a no.
+                    tracing::warn!(session_id = %ctx.session_id, ?answer, "unreadable approval answer, treated as deny");
+                    Err("the user denied this command".to_string())
+                }
+            }
+        }
+    }
+}
+
+/// What ended a run, besides the shell exiting by itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    TimedOut,
+    Interrupted,
+}
+
+/// The result JSON `{output, exit_code, error}`.
+#[derive(Debug)]
+struct RunResult {
+    output: String,
+    exit_code: Option<i32>,
+    error: Option<String>,
+}
+
+impl RunResult {
+    fn failed(error: String) -> RunResult {
+        RunResult {
+            output: String::new(),
+            exit_code: None,
+            error: Some(error),
+        }
+    }
+
+    fn into_output(self) -> ToolOutput {
+        let is_error = self.error.is_some() || self.exit_code != Some(0);
+        let content = json!({
+            "output": self.output,
+            "exit_code": self.exit_code,
+            "error": self.error,
+        });
+        ToolOutput {
+            content: content.to_string(),
+            is_error,
+        }
+    }
+}
+
+async fn run(request: &Request, ctx: &ToolContext) -> RunResult {
+    if ctx.cancel.is_cancelled() {
+        return RunResult::failed("interrupted".to_string());
+    }
+    let (mut reader, stdout, stderr) = match platform::combined_output_pipe() {
+        Ok(pipe) => pipe,
+        Err(e) => return RunResult::failed(format!("could not create the output pipe: {e}")),
+    };
+    let mut command = tokio::process::Command::new("sh");
+    command
+        .arg("-c")
+        .arg(&request.command)
+        .current_dir(&request.workdir)
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(stderr);
+    let spawned = platform::spawn_in_new_group(&mut command);
+    // The parent's copies of the write end must close, or the reader never sees end of file.
+    drop(command);
+    let (mut child, pgid) = match spawned {
+        Ok(spawned) => spawned,
+        Err(e) => {
+            return RunResult::failed(format!(
+                "could not start sh in {}: {e}",
+                request.workdir.display()
+            ))
+        }
+    };
+    let mut group = ForegroundGroups::register(pgid);
+    tracing::debug!(session_id = %ctx.session_id, pgid, "terminal command started");
+
+    let mut output = OutputBuffer::new(OUTPUT_MAX_BYTES);
+    let mut chunk = vec![0u8; 16 * 1024];
+    let deadline = Instant::now() + request.timeout;
+    let mut status: Option<ExitStatus> = None;
+    let mut drain_until = deadline;
+    let mut eof = false;
+    let mut stop = None;
+    let mut wait_error = None;
+    loop {
+        if status.is_some() && eof {
+            break;
+        }
+        tokio::select! {
+            biased;
+            () = ctx.cancel.cancelled() => {
+                stop = Some(Stop::Interrupted);
+                break;
+            }
+            () = tokio::time::sleep_until(deadline), if status.is_none() => {
+                stop = Some(Stop::TimedOut);
+                break;
+            }
+            () = tokio::time::sleep_until(drain_until), if status.is_some() => break,
+            read = reader.read(&mut chunk), if !eof => match read {
+                Ok(0) => eof = true,
+                Ok(n) => output.push(&chunk[..n]),
+                Err(e) => {
+                    tracing::warn!(pgid, error = %e, "reading terminal output failed");
+                    eof = true;
+                }
+            },
+            exited = child.wait(), if status.is_none() => match exited {
+                Ok(exited) => {
+                    status = Some(exited);
+                    drain_until = Instant::now() + DRAIN_AFTER_EXIT;
+                }
+                Err(e) => {
+                    wait_error = Some(e);
+                    break;
+                }
+            },
+        }
+    }
+    drop(reader);
+
+    if let Some(e) = wait_error {
+        let _ = platform::kill_group(pgid, Duration::ZERO).await;
+        return RunResult {
+            output: output.finish(),
+            exit_code: None,
+            error: Some(format!("could not wait for the command: {e}")),
+        };
+    }
+    let status = match status {
+        Some(status) => {
+            // Whatever the shell left running in its group goes with it (a foreground command
+            // owns its group); the leader was reaped a moment ago, so the group id is not yet
+            // reusable by another process group.
+            if let Err(e) = platform::signal_group(pgid, platform::Signal::SIGKILL) {
+                tracing::warn!(pgid, error = %e, "could not kill leftover processes");
+            }
+            Some(status)
+        }
+        None => {
+            if let Err(e) = platform::kill_group(pgid, KILL_GRACE).await {
+                tracing::warn!(pgid, error = %e, "could not kill the command's process group");
+            }
+            match tokio::time::timeout(REAP_TIMEOUT, child.wait()).await {
+                Ok(Ok(status)) => Some(status),
+                Ok(Err(e)) => {
+                    tracing::warn!(pgid, error = %e, "waiting for the killed command failed");
+                    None
+                }
+                Err(_) => {
+                    tracing::warn!(pgid, "killed command was not reaped in time");
+                    None
+                }
+            }
+        }
+    };
+    if status.is_some() {
+        group.disarm();
+    }
+    drop(group);
+
+    let error = match stop {
+        Some(Stop::TimedOut) => Some(format!(
+            "command timed out after {} s",
+            request.timeout_secs
+        )),
+        Some(Stop::Interrupted) => Some("interrupted".to_string()),
+        None => None,
+    };
+    RunResult {
+        output: output.finish(),
+        exit_code: status.as_ref().and_then(platform::exit_code),
+        error,
+    }
+}
+
+/// Output bounded in memory: the first half of the budget and a rolling last half, plus the
+/// count of bytes dropped between them.
+#[derive(Debug)]
+struct OutputBuffer {
+    head: Vec<u8>,
+    tail: std::collections::VecDeque<u8>,
+    head_max: usize,
+    tail_max: usize,
+    dropped: usize,
+}
+
+impl OutputBuffer {
+    fn new(max: usize) -> Self {
+        let head_max = max / 2;
+        OutputBuffer {
+            head: Vec::new(),
+            tail: std::collections::VecDeque::new(),
+            head_max,
+            tail_max: max - head_max,
+            dropped: 0,
+        }
+    }
+
+    fn push(&mut self, mut bytes: &[u8]) {
+        let room = self.head_max - self.head.len();
+        let into_head = room.min(bytes.len());
+        self.head.extend_from_slice(&bytes[..into_head]);
+        bytes = &bytes[into_head..];
+        if bytes.len() >= self.tail_max {
+            self.dropped += self.tail.len() + bytes.len() - self.tail_max;
+            self.tail.clear();
+            self.tail.extend(&bytes[bytes.len() - self.tail_max..]);
+            return;
+        }
+        let overflow = (self.tail.len() + bytes.len()).saturating_sub(self.tail_max);
+        self.tail.drain(..overflow);
+        self.dropped += overflow;
+        self.tail.extend(bytes);
+    }
+
+    /// The text: lossy UTF-8, with `\n[... N bytes truncated ...]\n` where bytes were dropped.
+    fn finish(self) -> String {
+        let mut text = String::from_utf8_lossy(&self.head).into_owned();
+        if self.dropped > 0 {
+            text.push_str(&format!("\n[... {} bytes truncated ...]\n", self.dropped));
+        }
+        let tail: Vec<u8> = self.tail.into_iter().collect();
+        text.push_str(&String::from_utf8_lossy(&tail));
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_output_is_kept_whole() {
+        let mut buffer = OutputBuffer::new(10);
+        buffer.push(b"abc");
+        buffer.push(b"defg");
+        assert_eq!(buffer.finish(), "abcdefg");
+    }
+
+    #[test]
+    fn long_output_keeps_head_and_tail_with_a_marker() {
+        let mut buffer = OutputBuffer::new(10);
+        for chunk in [&b"01234"[..], b"56", b"789ab", b"cdefghij", b"KLMNO"] {
+            buffer.push(chunk);
+        }
+        // 25 bytes in, 10 kept: "01234" and the last five "KLMNO".
+        assert_eq!(
+            buffer.finish(),
+            "01234\n[... 15 bytes truncated ...]\nKLMNO"
+        );
+
+        let mut single = OutputBuffer::new(10);
+        single.push(&[b'x'; 1000]);
+        assert_eq!(
+            single.finish(),
+            format!("xxxxx\n[... 990 bytes truncated ...]\nxxxxx")
+        );
+    }
+
+    #[test]
+    fn timeout_defaults_and_clamps() {
+        let cwd = std::env::temp_dir();
+        let parse = |v: Value| Request::parse(&v, &cwd);
+        let secs = |v: Value| parse(v).map(|r| r.timeout_secs);
+        assert_eq!(secs(json!({"command": "true"})), Ok(DEFAULT_TIMEOUT_SECS));
+        assert_eq!(secs(json!({"command": "true", "timeout": 0})), Ok(1));
+        assert_eq!(secs(json!({"command": "true", "timeout": -5})), Ok(1));
+        assert_eq!(secs(json!({"command": "true", "timeout": 99999})), Ok(3600));
+        assert_eq!(secs(json!({"command": "true", "timeout": 7})), Ok(7));
+        assert!(secs(json!({"command": "true", "timeout": 1.5}))
+            .expect_err("float")
+            .contains("\"timeout\""));
+        assert!(secs(json!({"command": "true", "timeout": "10"}))
+            .expect_err("string")
+            .contains("\"timeout\""));
+    }
+
+    #[test]
+    fn schema_is_deterministic_and_names_its_fields() {
+        let a = TerminalTool.schema().to_string();
+        assert_eq!(a, TerminalTool.schema().to_string());
+        let schema = TerminalTool.schema();
+        assert_eq!(schema["function"]["name"], "terminal");
+        let props = &schema["function"]["parameters"]["properties"];
+        for field in ["command", "timeout", "workdir", "background"] {
+            assert!(props.get(field).is_some(), "{field}");
+        }
+        assert_eq!(
+            schema["function"]["parameters"]["required"],
+            json!(["command"])
+        );
     }
 }

@@ -1,0 +1,961 @@
+//! A small, lenient parser for the part of POSIX shell syntax the classifier needs.
+//!
+//! It turns a command string into [`Script`] -> [`Pipeline`] -> [`Command`] with quote removal,
+//! and records every script the string would run on the side: command substitutions `$(...)`
+//! and backticks, process substitutions `<(...)` / `>(...)`, and here-document bodies. The
+//! classifier parses those again, recursively.
+//!
+//! Why not a word-splitting crate alone: `shlex`-style splitters know quotes but not operators
+//! (`&&`, `|`, `;`, `>`), substitutions or here-documents. Splitting operators first and words
+//! second would run two quoting models side by side, and where they disagree a dangerous command
+//! slips through. One lexer that knows all of it is simpler to trust.
+//!
+//! Leniency is deliberate: the parser never fails. An unterminated quote ends at the end of the
+//! string, a stray `)` separates commands, reserved words (`if`, `then`, `do`, ...) are skipped
+//! in command position. Over-reading is fine for a classifier; an error path that hides a
+//! command is not.
+
+/// How deep `( ... )` and `{ ...; }` groups may nest before the parser flattens them (keeps
+/// hostile input from exhausting the stack; the commands are still all seen).
+const MAX_GROUP_DEPTH: usize = 64;
+
+/// Reserved words that may start a command and are skipped there (`if rm -rf x; then ...`).
+const RESERVED_PREFIXES: &[&str] = &[
+    "if", "then", "else", "elif", "fi", "do", "done", "while", "until", "esac", "!",
+];
+
+/// One shell word after quote removal.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Word {
+    /// The text after quote removal. Parameter expansions and substitutions stay as written
+    /// (`$HOME`, `$(pwd)`), since their values are unknown here.
+    pub text: String,
+    /// Whether any part of the word was quoted or escaped.
+    pub quoted: bool,
+    /// Scripts that expanding this word runs, in order.
+    pub subs: Vec<Substitution>,
+}
+
+/// A script run while a word expands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Substitution {
+    pub kind: SubstitutionKind,
+    /// The inner script, as written (backslash escapes of backticks already undone).
+    pub script: String,
+}
+
+/// Where a substitution's script comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SubstitutionKind {
+    /// `$(...)` or `` `...` ``: its output becomes text.
+    Command,
+    /// `<(...)`: its output is readable as a file.
+    ProcessInput,
+    /// `>(...)`: it reads what is written to a file.
+    ProcessOutput,
+}
+
+/// What a redirection does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RedirectOp {
+    /// `>`, `>|`, `&>`, `>&file`: truncates the target.
+    Write,
+    /// `>>`, `&>>`.
+    Append,
+    /// `<>`: opens the target read-write without truncating.
+    ReadWrite,
+    /// `<`.
+    Read,
+    /// `>&N`, `<&N`, `>&-`: duplicates or closes a descriptor; no file.
+    Duplicate,
+    /// `<<` and `<<-`: the body is in [`Redirect::body`].
+    HereDoc,
+    /// `<<<`: the target word is the input.
+    HereString,
+}
+
+/// One redirection of a command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Redirect {
+    pub op: RedirectOp,
+    /// The file, descriptor, here-string or here-document delimiter.
+    pub target: Word,
+    /// A here-document's body (substitutions recorded when the delimiter was unquoted).
+    pub body: Option<Word>,
+}
+
+/// A list of pipelines, whatever separates them (`;`, `&&`, `||`, `&`, newlines).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Script {
+    pub pipelines: Vec<Pipeline>,
+}
+
+/// Commands joined by `|` or `|&`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Pipeline {
+    pub commands: Vec<Command>,
+}
+
+/// One stage of a pipeline.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Command {
+    /// Words and redirections.
+    Simple(SimpleCommand),
+    /// `( ... )` or `{ ...; }`, with the redirections that follow it.
+    Group {
+        body: Script,
+        redirects: Vec<Redirect>,
+    },
+}
+
+/// Words (assignments and wrappers included) and redirections.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct SimpleCommand {
+    pub words: Vec<Word>,
+    pub redirects: Vec<Redirect>,
+}
+
+/// Parses `source` leniently (see the module docs); never fails.
+pub(crate) fn parse(source: &str) -> Script {
+    let tokens = Lexer::new(source).run();
+    Parser {
+        tokens,
+        pos: 0,
+        depth: 0,
+    }
+    .script(Closer::End)
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Op {
+    /// `;`, `&&`, `||`, `&`, `;;`, `;&`, `;;&`: all just separate pipelines here.
+    Separator,
+    Newline,
+    Pipe,
+    Open,
+    Close,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Token {
+    Word(Word),
+    Op(Op),
+    Redirect(Redirect),
+}
+
+struct PendingHereDoc {
+    token: usize,
+    delimiter: String,
+    strip_tabs: bool,
+    quoted: bool,
+}
+
+struct Lexer {
+    chars: Vec<char>,
+    pos: usize,
+    tokens: Vec<Token>,
+    heredocs: Vec<PendingHereDoc>,
+    /// How many `${...}` are open (they recurse through double quotes).
+    nesting: usize,
+}
+
+impl Lexer {
+    fn new(source: &str) -> Self {
+        Lexer {
+            chars: source.chars().collect(),
+            pos: 0,
+            tokens: Vec::new(),
+            heredocs: Vec::new(),
+            nesting: 0,
+        }
+    }
+
+    fn peek(&self) -> Option<char> {
+        self.chars.get(self.pos).copied()
+    }
+
+    fn peek_at(&self, offset: usize) -> Option<char> {
+        self.chars.get(self.pos + offset).copied()
+    }
+
+    fn starts_with(&self, s: &str) -> bool {
+        s.chars()
+            .enumerate()
+            .all(|(i, c)| self.peek_at(i) == Some(c))
+    }
+
+    fn run(mut self) -> Vec<Token> {
+        loop {
+            self.skip_blanks();
+            let Some(c) = self.peek() else { break };
+            match c {
+                '\n' => {
+                    self.pos += 1;
+                    self.tokens.push(Token::Op(Op::Newline));
+                    self.read_heredoc_bodies();
+                }
+                '#' => {
+                    while self.peek().is_some_and(|c| c != '\n') {
+                        self.pos += 1;
+                    }
+                }
+                '<' | '>' if self.peek_at(1) == Some('(') => self.push_word(),
+                '<' | '>' => self.read_redirect(),
+                '&' if self.peek_at(1) == Some('>') => self.read_redirect(),
+                '&' | '|' | ';' | '(' | ')' => self.read_operator(),
+                _ => self.push_word(),
+            }
+        }
+        // Here-documents still open at the end take the rest of the input (none is left).
+        self.tokens
+    }
+
+    fn skip_blanks(&mut self) {
+        loop {
+            match self.peek() {
+                Some(' ' | '\t' | '\r') => self.pos += 1,
+                Some('\\') if self.peek_at(1) == Some('\n') => self.pos += 2,
+                _ => break,
+            }
+        }
+    }
+
+    fn read_operator(&mut self) {
+        const OPERATORS: &[(&str, Op)] = &[
+            (";;&", Op::Separator),
+            (";;", Op::Separator),
+            (";&", Op::Separator),
+            ("&&", Op::Separator),
+            ("||", Op::Separator),
+            ("|&", Op::Pipe),
+            (";", Op::Separator),
+            ("&", Op::Separator),
+            ("|", Op::Pipe),
+            ("(", Op::Open),
+            (")", Op::Close),
+        ];
+        for (text, op) in OPERATORS {
+            if self.starts_with(text) {
+                self.pos += text.chars().count();
+                self.tokens.push(Token::Op(op.clone()));
+                return;
+            }
+        }
+        // Unreachable for the characters `run` dispatches here; never loop forever regardless.
+        self.pos += 1;
+    }
+
+    fn push_word(&mut self) {
+        let start = self.pos;
+        let word = self.read_word();
+        // `2>file`: a word of digits right before `<` or `>` is a descriptor number.
+        let is_fd = !word.quoted
+            && !word.text.is_empty()
+            && word.text.chars().all(|c| c.is_ascii_digit())
+            && matches!(self.peek(), Some('<' | '>'))
+            && self.peek_at(1) != Some('(');
+        if is_fd {
+            self.read_redirect();
+        } else if self.pos == start {
+            // Nothing readable here (cannot happen for the characters dispatched); move on.
+            self.pos += 1;
+        } else {
+            self.tokens.push(Token::Word(word));
+        }
+    }
+
+    fn read_redirect(&mut self) {
+        const REDIRECTS: &[(&str, RedirectOp)] = &[
+            ("&>>", RedirectOp::Append),
+            ("&>", RedirectOp::Write),
+            ("<<<", RedirectOp::HereString),
+            ("<<-", RedirectOp::HereDoc),
+            ("<<", RedirectOp::HereDoc),
+            ("<>", RedirectOp::ReadWrite),
+            ("<&", RedirectOp::Duplicate),
+            ("<", RedirectOp::Read),
+            (">>", RedirectOp::Append),
+            (">|", RedirectOp::Write),
+            (">&", RedirectOp::Duplicate),
+            (">", RedirectOp::Write),
+        ];
+        let Some((text, mut op)) = REDIRECTS.iter().find(|(t, _)| self.starts_with(t)).cloned()
+        else {
+            self.pos += 1;
+            return;
+        };
+        self.pos += text.chars().count();
+        self.skip_blanks();
+        let target = match self.peek() {
+            Some(c) if !matches!(c, '\n' | ';' | '&' | '|' | '(' | ')' | '<' | '>') => {
+                self.read_word()
+            }
+            _ => Word::default(),
+        };
+        let is_descriptor = target.text == "-" || target.text.chars().all(|c| c.is_ascii_digit());
+        if op == RedirectOp::Duplicate && text == ">&" && !is_descriptor {
+            // `>&file` is `&>file`: both streams to a file.
+            op = RedirectOp::Write;
+        }
+        if op == RedirectOp::HereDoc {
+            self.heredocs.push(PendingHereDoc {
+                token: self.tokens.len(),
+                delimiter: target.text.clone(),
+                strip_tabs: text == "<<-",
+                quoted: target.quoted,
+            });
+        }
+        self.tokens.push(Token::Redirect(Redirect {
+            op,
+            target,
+            body: None,
+        }));
+    }
+
+    fn read_heredoc_bodies(&mut self) {
+        for pending in std::mem::take(&mut self.heredocs) {
+            let mut body = String::new();
+            while self.pos < self.chars.len() {
+                let end = self.chars[self.pos..]
+                    .iter()
+                    .position(|&c| c == '\n')
+                    .map_or(self.chars.len(), |i| self.pos + i);
+                let line: String = self.chars[self.pos..end].iter().collect();
+                self.pos = (end + 1).min(self.chars.len());
+                let line = if pending.strip_tabs {
+                    line.trim_start_matches('\t').to_string()
+                } else {
+                    line
+                };
+                if line == pending.delimiter {
+                    break;
+                }
+                body.push_str(&line);
+                body.push('\n');
+            }
+            let body = if pending.quoted {
+                Word {
+                    text: body,
+                    quoted: true,
+                    subs: Vec::new(),
+                }
+            } else {
+                // An unquoted delimiter expands the body like a double-quoted string.
+                let mut inner = Lexer::new(&body);
+                let mut word = Word::default();
+                inner.read_double_quoted(&mut word, false);
+                word
+            };
+            if let Some(Token::Redirect(redirect)) = self.tokens.get_mut(pending.token) {
+                redirect.body = Some(body);
+            }
+        }
+    }
+
+    fn read_word(&mut self) -> Word {
+        let mut word = Word::default();
+        while let Some(c) = self.peek() {
+            match c {
+                ' ' | '\t' | '\r' | '\n' | ';' | '&' | '|' | '(' | ')' => break,
+                '<' | '>' => {
+                    let at_start = word.text.is_empty() && !word.quoted;
+                    if !(at_start && self.peek_at(1) == Some('(')) {
+                        break;
+                    }
+                    let kind = if c == '<' {
+                        SubstitutionKind::ProcessInput
+                    } else {
+                        SubstitutionKind::ProcessOutput
+                    };
+                    self.read_parenthesised(&mut word, 2, kind);
+                }
+                '\\' => {
+                    self.pos += 1;
+                    match self.peek() {
+                        Some('\n') => self.pos += 1,
+                        Some(escaped) => {
+                            word.text.push(escaped);
+                            word.quoted = true;
+                            self.pos += 1;
+                        }
+                        None => word.text.push('\\'),
+                    }
+                }
+                '\'' => {
+                    self.pos += 1;
+                    word.quoted = true;
+                    while let Some(c) = self.peek() {
+                        self.pos += 1;
+                        if c == '\'' {
+                            break;
+                        }
+                        word.text.push(c);
+                    }
+                }
+                '"' => {
+                    self.pos += 1;
+                    word.quoted = true;
+                    self.read_double_quoted(&mut word, true);
+                }
+                '$' if self.peek_at(1) == Some('\'') => {
+                    self.pos += 2;
+                    word.quoted = true;
+                    self.read_ansi_c_quoted(&mut word);
+                }
+                '$' if self.peek_at(1) == Some('"') => {
+                    self.pos += 2;
+                    word.quoted = true;
+                    self.read_double_quoted(&mut word, true);
+                }
+                '$' => self.read_dollar(&mut word),
+                '`' => self.read_backticks(&mut word),
+                _ => {
+                    word.text.push(c);
+                    self.pos += 1;
+                }
+            }
+        }
+        word
+    }
+
+    /// Reads the inside of `"..."` (after the opening quote) into `word`; with `terminated`
+    /// false (here-document bodies), reads to the end of the input.
+    fn read_double_quoted(&mut self, word: &mut Word, terminated: bool) {
+        while let Some(c) = self.peek() {
+            match c {
+                '"' if terminated => {
+                    self.pos += 1;
+                    return;
+                }
+                '\\' => {
+                    self.pos += 1;
+                    match self.peek() {
+                        Some('\n') => self.pos += 1,
+                        Some(e @ ('$' | '`' | '"' | '\\')) => {
+                            word.text.push(e);
+                            self.pos += 1;
+                        }
+                        _ => word.text.push('\\'),
+                    }
+                }
+                '$' => self.read_dollar(word),
+                '`' => self.read_backticks(word),
+                _ => {
+                    word.text.push(c);
+                    self.pos += 1;
+                }
+            }
+        }
+    }
+
+    /// `$'...'` (after the opening quote): backslash escapes are decoded for the common cases.
+    fn read_ansi_c_quoted(&mut self, word: &mut Word) {
+        while let Some(c) = self.peek() {
+            self.pos += 1;
+            match c {
+                '\'' => return,
+                '\\' => {
+                    let Some(e) = self.peek() else {
+                        word.text.push('\\');
+                        return;
+                    };
+                    self.pos += 1;
+                    word.text.push(match e {
+                        'n' => '\n',
+                        't' => '\t',
+                        'r' => '\r',
+                        'a' => '\u{7}',
+                        'e' | 'E' => '\u{1b}',
+                        other => other,
+                    });
+                }
+                _ => word.text.push(c),
+            }
+        }
+    }
+
+    /// At a `$`: `$(...)`, `$((...))`, `${...}` or a plain `$`.
+    fn read_dollar(&mut self, word: &mut Word) {
+        match self.peek_at(1) {
+            // `$((1+2))` parses as a substitution of the group `(1+2)`: harmless, and a
+            // substitution nested inside arithmetic is still found.
+            Some('(') => self.read_parenthesised(word, 2, SubstitutionKind::Command),
+            Some('{') => self.read_braced_parameter(word),
+            _ => {
+                word.text.push('$');
+                self.pos += 1;
+            }
+        }
+    }
+
+    /// Reads `$(`, `<(` or `>(` (the `prefix_len` opening characters) through the matching
+    /// `)`, keeps the raw text in the word and records the inner script.
+    fn read_parenthesised(&mut self, word: &mut Word, prefix_len: usize, kind: SubstitutionKind) {
+        let start = self.pos;
+        let inner_start = self.pos + prefix_len;
+        let close = scan_parens(&self.chars, inner_start);
+        let inner: String = self.chars[inner_start..close.min(self.chars.len())]
+            .iter()
+            .collect();
+        self.pos = (close + 1).min(self.chars.len());
+        word.text.extend(&self.chars[start..self.pos]);
+        word.subs.push(Substitution {
+            kind,
+            script: inner,
+        });
+    }
+
+    /// `${...}`: kept as text; substitutions inside (`${x:-$(cmd)}`) are recorded.
+    fn read_braced_parameter(&mut self, word: &mut Word) {
+        let start = self.pos;
+        if self.nesting >= MAX_GROUP_DEPTH {
+            // Hostile nesting: keep the rest as text.
+            self.pos = self.chars.len();
+            word.text.extend(&self.chars[start..]);
+            return;
+        }
+        self.nesting += 1;
+        self.pos += 2;
+        let mut depth = 1usize;
+        while let Some(c) = self.peek() {
+            match c {
+                '\\' => self.pos += 2,
+                '\'' => self.pos = skip_single_quoted(&self.chars, self.pos + 1),
+                '"' => {
+                    self.pos += 1;
+                    let mut inner = Word::default();
+                    self.read_double_quoted(&mut inner, true);
+                    word.subs.append(&mut inner.subs);
+                }
+                '`' => {
+                    let mut inner = Word::default();
+                    self.read_backticks(&mut inner);
+                    word.subs.append(&mut inner.subs);
+                }
+                '$' if self.peek_at(1) == Some('(') => {
+                    let mut inner = Word::default();
+                    self.read_parenthesised(&mut inner, 2, SubstitutionKind::Command);
+                    word.subs.append(&mut inner.subs);
+                }
+                '{' => {
+                    depth += 1;
+                    self.pos += 1;
+                }
+                '}' => {
+                    depth -= 1;
+                    self.pos += 1;
+                    if depth == 0 {
+                        break;
+                    }
+                }
+                _ => self.pos += 1,
+            }
+        }
+        self.pos = self.pos.min(self.chars.len());
+        word.text.extend(&self.chars[start..self.pos]);
+        self.nesting -= 1;
+    }
+
+    /// `` `...` ``: the inner script has `\\`, `` \` `` and `\$` unescaped.
+    fn read_backticks(&mut self, word: &mut Word) {
+        let start = self.pos;
+        self.pos += 1;
+        let mut script = String::new();
+        while let Some(c) = self.peek() {
+            self.pos += 1;
+            match c {
+                '`' => break,
+                '\\' => match self.peek() {
+                    Some(e @ ('\\' | '`' | '$')) => {
+                        script.push(e);
+                        self.pos += 1;
+                    }
+                    _ => script.push('\\'),
+                },
+                _ => script.push(c),
+            }
+        }
+        word.text.extend(&self.chars[start..self.pos]);
+        word.subs.push(Substitution {
+            kind: SubstitutionKind::Command,
+            script,
+        });
+    }
+}
+
+/// The index of the `)` that closes a `(` whose inside starts at `start`, or the input length
+/// when it is never closed. Quotes, nested parentheses, substitutions and comments are
+/// respected, so the inner script can be parsed on its own.
+fn scan_parens(chars: &[char], start: usize) -> usize {
+    scan_parens_nested(chars, start, 0)
+}
+
+fn scan_parens_nested(chars: &[char], start: usize, nesting: usize) -> usize {
+    if nesting > MAX_GROUP_DEPTH {
+        // Hostile nesting: the rest of the input is the inner script, which the classifier
+        // bounds by its own depth limit.
+        return chars.len();
+    }
+    let mut depth = 1usize;
+    let mut i = start;
+    while i < chars.len() {
+        match chars[i] {
+            '\\' => i += 2,
+            '\'' => i = skip_single_quoted(chars, i + 1),
+            '"' => i = skip_double_quoted(chars, i + 1, nesting),
+            '`' => i = skip_backticks(chars, i + 1),
+            '#' if i == start || chars[i - 1].is_whitespace() => {
+                while i < chars.len() && chars[i] != '\n' {
+                    i += 1;
+                }
+            }
+            '(' => {
+                depth += 1;
+                i += 1;
+            }
+            ')' => {
+                depth -= 1;
+                if depth == 0 {
+                    return i;
+                }
+                i += 1;
+            }
+            _ => i += 1,
+        }
+    }
+    chars.len()
+}
+
+/// The index just after the `'` closing a single-quoted string whose inside starts at `i`.
+fn skip_single_quoted(chars: &[char], mut i: usize) -> usize {
+    while i < chars.len() {
+        if chars[i] == '\'' {
+            return i + 1;
+        }
+        i += 1;
+    }
+    chars.len()
+}
+
+/// The index just after the `"` closing a double-quoted string whose inside starts at `i`.
+fn skip_double_quoted(chars: &[char], mut i: usize, nesting: usize) -> usize {
+    while i < chars.len() {
+        match chars[i] {
+            '\\' => i += 2,
+            '"' => return i + 1,
+            '`' => i = skip_backticks(chars, i + 1),
+            '$' if chars.get(i + 1) == Some(&'(') => {
+                i = scan_parens_nested(chars, i + 2, nesting + 1) + 1;
+            }
+            _ => i += 1,
+        }
+    }
+    chars.len()
+}
+
+/// The index just after the closing backtick of a substitution whose inside starts at `i`.
+fn skip_backticks(chars: &[char], mut i: usize) -> usize {
+    while i < chars.len() {
+        match chars[i] {
+            '\\' => i += 2,
+            '`' => return i + 1,
+            _ => i += 1,
+        }
+    }
+    chars.len()
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Closer {
+    End,
+    Paren,
+    Brace,
+}
+
+struct Parser {
+    tokens: Vec<Token>,
+    pos: usize,
+    depth: usize,
+}
+
+impl Parser {
+    fn peek(&self) -> Option<&Token> {
+        self.tokens.get(self.pos)
+    }
+
+    fn peek_is_word(&self, text: &str) -> bool {
+        matches!(self.peek(), Some(Token::Word(w)) if !w.quoted && w.text == text)
+    }
+
+    fn script(&mut self, closer: Closer) -> Script {
+        let mut script = Script::default();
+        loop {
+            match self.peek() {
+                None => return script,
+                Some(Token::Op(Op::Close)) => {
+                    self.pos += 1;
+                    if closer == Closer::Paren {
+                        return script;
+                    }
+                    // A stray `)` (a `case` pattern, say) just separates commands.
+                }
+                Some(Token::Op(Op::Separator | Op::Newline | Op::Pipe)) => self.pos += 1,
+                Some(Token::Word(w)) if closer == Closer::Brace && !w.quoted && w.text == "}" => {
+                    self.pos += 1;
+                    return script;
+                }
+                _ => {
+                    let before = self.pos;
+                    let pipeline = self.pipeline(closer);
+                    if !pipeline.commands.is_empty() {
+                        script.pipelines.push(pipeline);
+                    }
+                    if self.pos == before {
+                        // No progress (cannot happen with the rules above); never spin.
+                        self.pos += 1;
+                    }
+                }
+            }
+        }
+    }
+
+    fn pipeline(&mut self, closer: Closer) -> Pipeline {
+        let mut pipeline = Pipeline::default();
+        loop {
+            if let Some(command) = self.command(closer) {
+                pipeline.commands.push(command);
+            }
+            if !matches!(self.peek(), Some(Token::Op(Op::Pipe))) {
+                return pipeline;
+            }
+            self.pos += 1;
+            while matches!(self.peek(), Some(Token::Op(Op::Newline))) {
+                self.pos += 1;
+            }
+        }
+    }
+
+    fn command(&mut self, closer: Closer) -> Option<Command> {
+        loop {
+            if RESERVED_PREFIXES.iter().any(|r| self.peek_is_word(r)) {
+                self.pos += 1;
+            } else if self.peek_is_word("function") {
+                // `function name { ...; }`: the body follows as a group.
+                self.pos += 2;
+            } else {
+                break;
+            }
+        }
+        let opens_group =
+            matches!(self.peek(), Some(Token::Op(Op::Open))) || self.peek_is_word("{");
+        if opens_group {
+            let inner = if matches!(self.peek(), Some(Token::Op(Op::Open))) {
+                Closer::Paren
+            } else {
+                Closer::Brace
+            };
+            self.pos += 1;
+            if self.depth >= MAX_GROUP_DEPTH {
+                // Too deep: the opener is dropped and the contents read as if ungrouped.
+                return None;
+            }
+            self.depth += 1;
+            let body = self.script(inner);
+            self.depth -= 1;
+            let mut redirects = Vec::new();
+            while let Some(Token::Redirect(r)) = self.peek() {
+                redirects.push(r.clone());
+                self.pos += 1;
+            }
+            return Some(Command::Group { body, redirects });
+        }
+        let mut simple = SimpleCommand::default();
+        loop {
+            match self.peek() {
+                Some(Token::Word(w)) => {
+                    if simple.words.is_empty()
+                        && closer == Closer::Brace
+                        && !w.quoted
+                        && w.text == "}"
+                    {
+                        break;
+                    }
+                    simple.words.push(w.clone());
+                }
+                Some(Token::Redirect(r)) => simple.redirects.push(r.clone()),
+                Some(Token::Op(_)) | None => break,
+            }
+            self.pos += 1;
+        }
+        if simple.words.is_empty() && simple.redirects.is_empty() {
+            None
+        } else {
+            Some(Command::Simple(simple))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn simple_words(script: &Script) -> Vec<Vec<String>> {
+        let mut out = Vec::new();
+        collect(script, &mut out);
+        out
+    }
+
+    fn collect(script: &Script, out: &mut Vec<Vec<String>>) {
+        for pipeline in &script.pipelines {
+            for command in &pipeline.commands {
+                match command {
+                    Command::Simple(s) => {
+                        out.push(s.words.iter().map(|w| w.text.clone()).collect());
+                    }
+                    Command::Group { body, .. } => collect(body, out),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn operators_split_commands_outside_quotes_only() {
+        let script = parse(r#"ls -l && echo "a && b" ; printf 'x;y'|wc -c || true &"#);
+        assert_eq!(
+            simple_words(&script),
+            vec![
+                vec!["ls", "-l"],
+                vec!["echo", "a && b"],
+                vec!["printf", "x;y"],
+                vec!["wc", "-c"],
+                vec!["true"],
+            ]
+        );
+        assert_eq!(script.pipelines[2].commands.len(), 2);
+    }
+
+    #[test]
+    fn quotes_and_escapes_are_removed() {
+        let script = parse(r#"r\m -"rf" 'a b'"c"d \$HOME $'x\ty'"#);
+        assert_eq!(
+            simple_words(&script),
+            vec![vec!["rm", "-rf", "a bcd", "$HOME", "x\ty"]]
+        );
+    }
+
+    #[test]
+    fn substitutions_are_recorded_with_their_scripts() {
+        let script = parse(r#"echo "$(rm -rf "x)")" `ls \`pwd\`` <(curl u) ${a:-$(id)}"#);
+        let Command::Simple(cmd) = &script.pipelines[0].commands[0] else {
+            panic!("simple command expected");
+        };
+        let subs: Vec<(SubstitutionKind, &str)> = cmd
+            .words
+            .iter()
+            .flat_map(|w| w.subs.iter().map(|s| (s.kind, s.script.as_str())))
+            .collect();
+        assert_eq!(
+            subs,
+            vec![
+                (SubstitutionKind::Command, r#"rm -rf "x)""#),
+                (SubstitutionKind::Command, "ls `pwd`"),
+                (SubstitutionKind::ProcessInput, "curl u"),
+                (SubstitutionKind::Command, "id"),
+            ]
+        );
+    }
+
+    #[test]
+    fn redirections_are_read_with_descriptors_and_targets() {
+        let script = parse("cmd 2>/dev/null >out >>log <in &>all 2>&1 >&file <<<'here'");
+        let Command::Simple(cmd) = &script.pipelines[0].commands[0] else {
+            panic!("simple command expected");
+        };
+        assert_eq!(cmd.words.len(), 1);
+        let redirects: Vec<(RedirectOp, &str)> = cmd
+            .redirects
+            .iter()
+            .map(|r| (r.op, r.target.text.as_str()))
+            .collect();
+        assert_eq!(
+            redirects,
+            vec![
+                (RedirectOp::Write, "/dev/null"),
+                (RedirectOp::Write, "out"),
+                (RedirectOp::Append, "log"),
+                (RedirectOp::Read, "in"),
+                (RedirectOp::Write, "all"),
+                (RedirectOp::Duplicate, "1"),
+                (RedirectOp::Write, "file"),
+                (RedirectOp::HereString, "here"),
+            ]
+        );
+    }
+
+    #[test]
+    fn heredoc_bodies_attach_to_their_redirect() {
+        let script =
+            parse("psql <<EOF\nDROP TABLE $(id);\nEOF\ncat <<-'X'\n\tplain $(no)\n\tX\necho after");
+        let bodies: Vec<(String, usize)> = script
+            .pipelines
+            .iter()
+            .flat_map(|p| &p.commands)
+            .filter_map(|c| match c {
+                Command::Simple(s) => s.redirects.first().and_then(|r| r.body.clone()),
+                Command::Group { .. } => None,
+            })
+            .map(|b| (b.text, b.subs.len()))
+            .collect();
+        assert_eq!(
+            bodies,
+            vec![
+                ("DROP TABLE $(id);\n".to_string(), 1),
+                ("plain $(no)\n".to_string(), 0)
+            ]
+        );
+        assert_eq!(
+            simple_words(&script).last(),
+            Some(&vec!["echo".to_string(), "after".to_string()])
+        );
+    }
+
+    #[test]
+    fn groups_reserved_words_and_functions_expose_inner_commands() {
+        let script = parse("(cd x; rm y) | { sort; } ; if true; then echo a; fi; f() { id; }");
+        assert_eq!(
+            simple_words(&script),
+            vec![
+                vec!["cd", "x"],
+                vec!["rm", "y"],
+                vec!["sort"],
+                vec!["true"],
+                vec!["echo", "a"],
+                vec!["f"],
+                vec!["id"],
+            ]
+        );
+        assert!(matches!(
+            script.pipelines[0].commands[0],
+            Command::Group { .. }
+        ));
+    }
+
+    #[test]
+    fn unterminated_and_hostile_input_never_fails() {
+        for input in [
+            "echo 'open",
+            "echo \"$(",
+            "((((((",
+            "))))",
+            "`",
+            "${",
+            "<<",
+            "a |",
+            "\\",
+        ] {
+            let _ = parse(input);
+        }
+        let deep = "(".repeat(10_000) + "rm -rf x" + &")".repeat(10_000);
+        assert_eq!(simple_words(&parse(&deep)), vec![vec!["rm", "-rf", "x"]]);
+    }
+}

@@ -1,0 +1,489 @@
+//! The `terminal` tool against real `sh` processes: output, exit codes, timeouts, interrupts,
+//! process-group cleanup, argument errors and the approval policy. Every wait is bounded.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use drover_tools::platform::{is_alive, ForegroundGroups};
+use drover_tools::terminal::TerminalTool;
+use drover_tools::{NoPrompts, PromptAnswer, PromptBroker, Tool, ToolContext, ToolOutput};
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+/// Plays the human at an approval prompt: records what it was shown and gives a fixed answer,
+/// or never answers.
+struct ScriptedHuman {
+    answer: Option<PromptAnswer>,
+    seen: Mutex<Vec<(String, Value)>>,
+}
+
+impl ScriptedHuman {
+    fn answering(answer: PromptAnswer) -> Arc<Self> {
+        Arc::new(ScriptedHuman {
+            answer: Some(answer),
+            seen: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn silent() -> Arc<Self> {
+        Arc::new(ScriptedHuman {
+            answer: None,
+            seen: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn prompts(&self) -> Vec<(String, Value)> {
+        self.seen.lock().expect("lock").clone()
+    }
+}
+
+#[async_trait]
+impl PromptBroker for ScriptedHuman {
+    async fn open(&self, kind: &str, body: Value) -> PromptAnswer {
+        self.seen
+            .lock()
+            .expect("lock")
+            .push((kind.to_string(), body));
+        match &self.answer {
+            Some(answer) => answer.clone(),
+            None => std::future::pending().await,
+        }
+    }
+}
+
+fn context(cwd: &Path, approvals: &str, prompts: Arc<dyn PromptBroker>) -> ToolContext {
+    ToolContext {
+        cwd: cwd.to_path_buf(),
+        session_id: "test-session".to_string(),
+        home: cwd.to_path_buf(),
+        approvals: approvals.to_string(),
+        cancel: CancellationToken::new(),
+        prompts,
+    }
+}
+
+/// Calls the tool with a hard bound, so a hang fails the test instead of stalling the suite.
+async fn call(args: Value, ctx: &ToolContext) -> ToolOutput {
+    tokio::time::timeout(Duration::from_secs(30), TerminalTool.call(args, ctx))
+        .await
+        .expect("terminal call did not finish within 30 s")
+}
+
+fn result(output: &ToolOutput) -> Value {
+    serde_json::from_str(&output.content).expect("result is JSON")
+}
+
+fn output_text(output: &ToolOutput) -> String {
+    result(output)["output"]
+        .as_str()
+        .expect("output string")
+        .to_string()
+}
+
+fn error_text(output: &ToolOutput) -> String {
+    result(output)["error"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Waits (bounded) until process `pid` is gone or a zombie.
+async fn assert_gone(pid: i32) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while is_alive(pid) {
+        assert!(Instant::now() < deadline, "process {pid} still alive");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn first_pid(text: &str) -> i32 {
+    text.lines()
+        .next()
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no pid in output {text:?}"))
+}
+
+async fn wait_for_file(path: &Path) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path) {
+            if text.ends_with('\n') {
+                return text;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} never written",
+            path.display()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn printf_returns_its_output_and_exit_zero() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ctx = context(dir.path(), "manual", Arc::new(NoPrompts));
+    let out = call(json!({"command": "printf X"}), &ctx).await;
+    assert_eq!(
+        result(&out),
+        json!({"output": "X", "exit_code": 0, "error": null})
+    );
+    assert!(!out.is_error);
+}
+
+#[tokio::test]
+async fn stdout_and_stderr_interleave_in_one_output() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ctx = context(dir.path(), "manual", Arc::new(NoPrompts));
+    let out = call(
+        json!({"command": "echo one; echo two >&2; echo three"}),
+        &ctx,
+    )
+    .await;
+    assert_eq!(output_text(&out), "one\ntwo\nthree\n");
+}
+
+#[tokio::test]
+async fn nonzero_exit_and_signal_deaths_are_errors_with_their_codes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ctx = context(dir.path(), "manual", Arc::new(NoPrompts));
+    let out = call(json!({"command": "echo failing; exit 3"}), &ctx).await;
+    assert_eq!(
+        result(&out),
+        json!({"output": "failing\n", "exit_code": 3, "error": null})
+    );
+    assert!(out.is_error);
+
+    let out = call(json!({"command": "kill -9 $$"}), &ctx).await;
+    assert_eq!(result(&out)["exit_code"], 137);
+    assert!(out.is_error);
+}
+
+#[tokio::test]
+async fn timeout_kills_the_whole_group_including_grandchildren() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ctx = context(dir.path(), "manual", Arc::new(NoPrompts));
+    let started = Instant::now();
+    let out = call(
+        json!({"command": "sleep 30 & echo $!; wait", "timeout": 1}),
+        &ctx,
+    )
+    .await;
+    let elapsed = started.elapsed();
+    assert_eq!(error_text(&out), "command timed out after 1 s");
+    assert!(out.is_error);
+    assert!(elapsed < Duration::from_secs(5), "took {elapsed:?}");
+    assert_gone(first_pid(&output_text(&out))).await;
+}
+
+#[tokio::test]
+async fn timeout_escalates_to_sigkill_when_sigterm_is_ignored() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ctx = context(dir.path(), "manual", Arc::new(NoPrompts));
+    let started = Instant::now();
+    let command = "trap '' TERM; sleep 30 & echo $!; wait; wait";
+    let out = call(json!({"command": command, "timeout": 1}), &ctx).await;
+    let elapsed = started.elapsed();
+    assert_eq!(error_text(&out), "command timed out after 1 s");
+    assert_eq!(result(&out)["exit_code"], 137, "{}", out.content);
+    // 1 s timeout + 2 s grace before SIGKILL.
+    assert!(elapsed >= Duration::from_millis(2900), "took {elapsed:?}");
+    assert!(elapsed < Duration::from_secs(8), "took {elapsed:?}");
+    assert_gone(first_pid(&output_text(&out))).await;
+}
+
+#[tokio::test]
+async fn interrupt_kills_the_group_and_returns_promptly() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ctx = context(dir.path(), "manual", Arc::new(NoPrompts));
+    let pid_file = dir.path().join("pid");
+    let command = format!("sleep 30 & echo $! > {}; wait", pid_file.display());
+    let cancel = ctx.cancel.clone();
+    let task = tokio::spawn(async move { call(json!({"command": command}), &ctx).await });
+    let grandchild = first_pid(&wait_for_file(&pid_file).await);
+    assert!(is_alive(grandchild));
+    let cancelled_at = Instant::now();
+    cancel.cancel();
+    let out = tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("interrupted call returns")
+        .expect("task");
+    assert!(
+        cancelled_at.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        cancelled_at.elapsed()
+    );
+    assert_eq!(error_text(&out), "interrupted");
+    assert!(out.is_error);
+    assert_gone(grandchild).await;
+}
+
+#[tokio::test]
+async fn long_output_is_cut_with_a_marker_keeping_head_and_tail() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ctx = context(dir.path(), "manual", Arc::new(NoPrompts));
+    let command = "printf START; head -c 200000 /dev/zero | tr '\\0' a; printf END";
+    let out = call(json!({"command": command}), &ctx).await;
+    let text = output_text(&out);
+    assert!(text.starts_with("STARTaaa"));
+    assert!(text.ends_with("aaaEND"));
+    assert!(
+        text.contains("\n[... 150008 bytes truncated ...]\n"),
+        "{}",
+        &text[24_990..25_060]
+    );
+    assert!(text.len() <= 50_000 + 40);
+    assert_eq!(result(&out)["exit_code"], 0);
+}
+
+#[tokio::test]
+async fn bad_arguments_are_errors_naming_the_field() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ctx = context(dir.path(), "manual", Arc::new(NoPrompts));
+    let cases = [
+        (json!({}), "\"command\""),
+        (json!({"command": 42}), "\"command\""),
+        (json!({"command": ""}), "\"command\""),
+        (json!("ls"), "\"command\""),
+        (json!({"command": "true", "timeout": "soon"}), "\"timeout\""),
+        (json!({"command": "true", "timeout": 2.5}), "\"timeout\""),
+        (
+            json!({"command": "true", "workdir": "no/such/dir"}),
+            "\"workdir\"",
+        ),
+        (json!({"command": "true", "workdir": 7}), "\"workdir\""),
+        (
+            json!({"command": "true", "background": "yes"}),
+            "\"background\"",
+        ),
+    ];
+    for (args, field) in cases {
+        let out = call(args.clone(), &ctx).await;
+        assert!(out.is_error, "{args}");
+        let error = error_text(&out);
+        assert!(error.contains(field), "{args}: {error}");
+        assert_eq!(result(&out)["exit_code"], Value::Null);
+    }
+}
+
+#[tokio::test]
+async fn background_true_is_refused_for_now() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ctx = context(dir.path(), "manual", Arc::new(NoPrompts));
+    let marker = dir.path().join("ran");
+    let command = format!("touch {}", marker.display());
+    let out = call(json!({"command": command, "background": true}), &ctx).await;
+    assert_eq!(
+        error_text(&out),
+        "background processes are not supported yet"
+    );
+    assert!(out.is_error);
+    assert!(!marker.exists());
+}
+
+#[tokio::test]
+async fn workdir_is_respected_relative_to_the_session_cwd() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir(dir.path().join("sub")).expect("mkdir");
+    let ctx = context(dir.path(), "manual", Arc::new(NoPrompts));
+    let cwd = dir.path().canonicalize().expect("canonical");
+
+    let out = call(json!({"command": "pwd -P"}), &ctx).await;
+    assert_eq!(output_text(&out).trim(), cwd.to_str().expect("utf-8"));
+    let out = call(json!({"command": "pwd -P", "workdir": "sub"}), &ctx).await;
+    assert_eq!(
+        output_text(&out).trim(),
+        cwd.join("sub").to_str().expect("utf-8")
+    );
+    let absolute = cwd.join("sub");
+    let out = call(json!({"command": "pwd -P", "workdir": absolute}), &ctx).await;
+    assert_eq!(output_text(&out).trim(), absolute.to_str().expect("utf-8"));
+}
+
+#[tokio::test]
+async fn a_backgrounded_child_does_not_hang_the_call_and_is_cleaned_up() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ctx = context(dir.path(), "manual", Arc::new(NoPrompts));
+    let started = Instant::now();
+    let out = call(json!({"command": "sleep 100 & echo $!"}), &ctx).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(result(&out)["exit_code"], 0);
+    assert_eq!(result(&out)["error"], Value::Null);
+    assert_gone(first_pid(&output_text(&out))).await;
+}
+
+#[tokio::test]
+async fn the_group_is_registered_while_it_runs_and_not_after() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ctx = context(dir.path(), "manual", Arc::new(NoPrompts));
+    let pid_file = dir.path().join("pgid");
+    let command = format!("echo $$ > {}; sleep 1", pid_file.display());
+    let task = tokio::spawn(async move { call(json!({"command": command}), &ctx).await });
+    let pgid = first_pid(&wait_for_file(&pid_file).await);
+    assert!(ForegroundGroups::registered().contains(&pgid));
+    let out = tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("returns")
+        .expect("task");
+    assert_eq!(result(&out)["exit_code"], 0);
+    assert!(!ForegroundGroups::registered().contains(&pgid));
+}
+
+#[tokio::test]
+async fn context_is_the_command_on_one_short_line() {
+    let long = format!("echo start\n{}", "x".repeat(200));
+    let preview = TerminalTool.context(&json!({"command": long}));
+    assert!(preview.chars().count() <= 80);
+    assert!(preview.starts_with("echo start x"));
+    assert!(!preview.contains('\n'));
+}
+
+// Approvals.
+
+fn victim(dir: &Path) -> std::path::PathBuf {
+    let victim = dir.join("victim");
+    std::fs::create_dir_all(victim.join("inner")).expect("mkdir");
+    std::fs::write(victim.join("inner/file"), "data").expect("write");
+    victim
+}
+
+#[tokio::test]
+async fn deny_mode_refuses_a_dangerous_command_without_running_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let victim = victim(dir.path());
+    let human = ScriptedHuman::answering(PromptAnswer::Answered(json!("once")));
+    let ctx = context(dir.path(), "deny", human.clone());
+    let out = call(json!({"command": "rm -rf victim"}), &ctx).await;
+    assert_eq!(
+        error_text(&out),
+        "refused: deletes files recursively: rm -rf victim (approvals.mode = deny)"
+    );
+    assert!(out.is_error);
+    assert!(victim.exists());
+    assert!(human.prompts().is_empty());
+}
+
+#[tokio::test]
+async fn manual_mode_asks_and_a_deny_answer_keeps_the_files() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let victim = victim(dir.path());
+    let human = ScriptedHuman::answering(PromptAnswer::Answered(json!("deny")));
+    let ctx = context(dir.path(), "manual", human.clone());
+    let out = call(json!({"command": "rm -rf victim"}), &ctx).await;
+    assert_eq!(error_text(&out), "the user denied this command");
+    assert!(out.is_error);
+    assert!(victim.exists());
+    assert_eq!(
+        human.prompts(),
+        vec![(
+            "approval".to_string(),
+            json!({
+                "command": "rm -rf victim",
+                "description": "deletes files recursively: rm -rf victim",
+                "pattern_key": "recursive_delete",
+                "choices": ["once", "session", "always", "deny"],
+            })
+        )]
+    );
+}
+
+#[tokio::test]
+async fn manual_mode_runs_the_command_once_approved() {
+    for choice in ["once", "session", "always"] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let victim = victim(dir.path());
+        let human = ScriptedHuman::answering(PromptAnswer::Answered(json!(choice)));
+        let ctx = context(dir.path(), "manual", human.clone());
+        let out = call(json!({"command": "rm -rf victim"}), &ctx).await;
+        assert_eq!(result(&out)["exit_code"], 0, "{choice}: {}", out.content);
+        assert!(!victim.exists(), "{choice}");
+        assert_eq!(human.prompts().len(), 1);
+    }
+}
+
+#[tokio::test]
+async fn a_cancelled_or_unreadable_answer_counts_as_deny() {
+    for answer in [
+        PromptAnswer::Cancelled,
+        PromptAnswer::Answered(json!("yes please")),
+        PromptAnswer::Answered(json!({"choice": "once"})),
+    ] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let victim = victim(dir.path());
+        let ctx = context(
+            dir.path(),
+            "manual",
+            ScriptedHuman::answering(answer.clone()),
+        );
+        let out = call(json!({"command": "rm -rf victim"}), &ctx).await;
+        assert_eq!(
+            error_text(&out),
+            "the user denied this command",
+            "{answer:?}"
+        );
+        assert!(victim.exists(), "{answer:?}");
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let victim = victim(dir.path());
+    let ctx = context(dir.path(), "manual", Arc::new(NoPrompts));
+    let out = call(json!({"command": "rm -rf victim"}), &ctx).await;
+    assert_eq!(error_text(&out), "the user denied this command");
+    assert!(victim.exists());
+}
+
+#[tokio::test]
+async fn an_interrupt_while_the_prompt_is_open_runs_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let victim = victim(dir.path());
+    let human = ScriptedHuman::silent();
+    let ctx = context(dir.path(), "manual", human.clone());
+    let cancel = ctx.cancel.clone();
+    let task = tokio::spawn(async move { call(json!({"command": "rm -rf victim"}), &ctx).await });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while human.prompts().is_empty() {
+        assert!(Instant::now() < deadline, "prompt never opened");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    cancel.cancel();
+    let out = tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("returns")
+        .expect("task");
+    assert_eq!(error_text(&out), "interrupted");
+    assert!(victim.exists());
+}
+
+#[tokio::test]
+async fn auto_mode_runs_without_asking_and_safe_commands_never_ask() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let victim = victim(dir.path());
+    let human = ScriptedHuman::answering(PromptAnswer::Answered(json!("deny")));
+    let ctx = context(dir.path(), "auto", human.clone());
+    let out = call(json!({"command": "rm -rf victim"}), &ctx).await;
+    assert_eq!(result(&out)["exit_code"], 0, "{}", out.content);
+    assert!(!victim.exists());
+
+    let ctx = context(dir.path(), "manual", human.clone());
+    let out = call(json!({"command": "echo 'rm -rf /' && ls"}), &ctx).await;
+    assert_eq!(result(&out)["exit_code"], 0);
+    assert!(human.prompts().is_empty());
+}
+
+#[tokio::test]
+async fn an_unknown_mode_asks_like_manual() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let victim = victim(dir.path());
+    let human = ScriptedHuman::answering(PromptAnswer::Answered(json!("deny")));
+    let ctx = context(dir.path(), "yolo", human.clone());
+    let out = call(json!({"command": "rm -rf victim"}), &ctx).await;
+    assert_eq!(error_text(&out), "the user denied this command");
+    assert!(victim.exists());
+    assert_eq!(human.prompts().len(), 1);
+}
