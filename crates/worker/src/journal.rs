@@ -1,1 +1,409 @@
-//! The worker's journal and outbox.
+//! The worker's journal: the outbox of persist frames not yet answered by the owner
+//! (SPEC section 4: "The worker keeps unsent persists in an outbox file under
+//! `<home>/outbox/<execution_id>/` and sends them again, in order, after a broken pipe").
+//!
+//! Layout: one file per frame, `<sequence as 20 zero-padded digits>.json`, holding the whole
+//! [`PersistFrame`] (secret included, so files are 0600 and directories 0700). A frame is
+//! written and fsync'd (file, then directory) by [`Journal::record`] before it may be sent;
+//! [`Journal::acknowledge`] deletes it once the owner answered (receipt or refusal).
+//! [`Journal::open`] reloads what is left, so a restarted sender resends the same frames with
+//! the same sequences and payloads. This module is plain, synchronous file IO: the transport
+//! lives in [`crate::link`].
+
+use std::collections::BTreeMap;
+use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use drover_protocol::worker::{PersistFrame, Scope, WorkerFrame, MAX_FRAME_BYTES};
+use serde_json::Value;
+
+/// Digits of the zero-padded sequence in a frame's file name (`u64::MAX` has 20).
+const SEQUENCE_DIGITS: usize = 20;
+
+/// Why the journal could not record, load or delete a frame.
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    /// A file or directory operation failed; `path` says which.
+    #[error("outbox {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// A frame file could not be parsed (or belongs to another execution).
+    #[error(
+        "outbox frame {path} is unreadable: {detail}; remove the file if the execution is settled"
+    )]
+    Corrupt { path: PathBuf, detail: String },
+    /// The frame's wire line would exceed [`MAX_FRAME_BYTES`]; nothing was written and the
+    /// sequence was not used.
+    #[error("{operation} frame would be {bytes} bytes, over the {MAX_FRAME_BYTES}-byte frame limit; it was not recorded or sent")]
+    FrameTooLarge { operation: String, bytes: usize },
+    /// The execution id cannot name a directory.
+    #[error("execution_id {0:?} cannot name an outbox directory (empty, or has `/` or `..`)")]
+    BadExecutionId(String),
+}
+
+impl JournalError {
+    fn io(path: &Path, source: io::Error) -> JournalError {
+        JournalError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
+/// `<home>/outbox/<execution_id>`, checking that the id is a single path component.
+pub fn outbox_dir(home: &Path, execution_id: &str) -> Result<PathBuf, JournalError> {
+    if execution_id.is_empty()
+        || execution_id == "."
+        || execution_id == ".."
+        || execution_id.contains('/')
+        || execution_id.contains('\0')
+    {
+        return Err(JournalError::BadExecutionId(execution_id.to_string()));
+    }
+    Ok(home.join("outbox").join(execution_id))
+}
+
+/// The outbox of one execution. See the module doc for the layout and rules.
+pub struct Journal {
+    dir: PathBuf,
+    scope: Scope,
+    next_sequence: u64,
+    pending: BTreeMap<u64, PersistFrame>,
+}
+
+/// Shows no frame and no secret, so a logged journal never leaks the execution secret.
+impl std::fmt::Debug for Journal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Journal")
+            .field("dir", &self.dir)
+            .field("execution_id", &self.scope.execution_id)
+            .field("next_sequence", &self.next_sequence)
+            .field("unacknowledged", &self.pending.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl Journal {
+    /// Opens (creating, 0700) the outbox `dir` for `scope` and reloads the frames left in it.
+    /// The next sequence is one past the highest found (1 for an empty outbox). Leftover
+    /// temporary files of an interrupted write are removed.
+    pub fn open(dir: impl Into<PathBuf>, scope: Scope) -> Result<Journal, JournalError> {
+        let dir = dir.into();
+        DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| JournalError::io(&dir, e))?;
+        let mut pending = BTreeMap::new();
+        let entries = fs::read_dir(&dir).map_err(|e| JournalError::io(&dir, e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| JournalError::io(&dir, e))?;
+            let path = entry.path();
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if name.ends_with(".tmp") {
+                // Never renamed into place, so never sent: safe to drop.
+                fs::remove_file(&path).map_err(|e| JournalError::io(&path, e))?;
+                continue;
+            }
+            let Some(sequence) = parse_file_name(&name) else {
+                tracing::warn!(path = %path.display(), "ignoring a foreign file in the outbox");
+                continue;
+            };
+            let frame = load_frame(&path)?;
+            if frame.sequence != sequence || frame.execution_id != scope.execution_id {
+                return Err(JournalError::Corrupt {
+                    path,
+                    detail: format!(
+                        "holds sequence {} of execution {:?}",
+                        frame.sequence, frame.execution_id
+                    ),
+                });
+            }
+            pending.insert(sequence, frame);
+        }
+        let next_sequence = pending.keys().next_back().map_or(1, |last| last + 1);
+        Ok(Journal {
+            dir,
+            scope,
+            next_sequence,
+            pending,
+        })
+    }
+
+    /// The outbox directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The sequence the next [`Journal::record`] will use.
+    pub fn next_sequence(&self) -> u64 {
+        self.next_sequence
+    }
+
+    /// Builds the frame for `operation` with the next sequence and writes it durably (temp
+    /// file, fsync, rename, fsync of the directory). Only then may it be sent.
+    ///
+    /// Errors: [`JournalError::FrameTooLarge`] when the wire line would exceed
+    /// [`MAX_FRAME_BYTES`] (nothing written, sequence not used); [`JournalError::Io`].
+    pub fn record(
+        &mut self,
+        operation: &str,
+        payload: Value,
+    ) -> Result<PersistFrame, JournalError> {
+        let frame = PersistFrame {
+            epoch: self.scope.epoch,
+            execution_id: self.scope.execution_id.clone(),
+            generation: self.scope.generation,
+            sequence: self.next_sequence,
+            operation: operation.to_string(),
+            payload,
+            secret: self.scope.secret.clone(),
+        };
+        let bytes = wire_line(&frame).len();
+        if bytes > MAX_FRAME_BYTES {
+            return Err(JournalError::FrameTooLarge {
+                operation: operation.to_string(),
+                bytes,
+            });
+        }
+        let body = serde_json::to_vec(&frame).map_err(|e| JournalError::Corrupt {
+            path: self.frame_path(frame.sequence),
+            detail: format!("cannot serialise: {e}"),
+        })?;
+        let path = self.frame_path(frame.sequence);
+        let tmp = path.with_extension("json.tmp");
+        write_durably(&tmp, &body)?;
+        fs::rename(&tmp, &path).map_err(|e| JournalError::io(&path, e))?;
+        sync_dir(&self.dir)?;
+        self.next_sequence += 1;
+        self.pending.insert(frame.sequence, frame.clone());
+        Ok(frame)
+    }
+
+    /// The owner answered `sequence` (receipt or refusal): delete its file. Unknown or already
+    /// acknowledged sequences are not an error. Returns whether the frame was pending.
+    pub fn acknowledge(&mut self, sequence: u64) -> Result<bool, JournalError> {
+        let was_pending = self.pending.remove(&sequence).is_some();
+        let path = self.frame_path(sequence);
+        match fs::remove_file(&path) {
+            Ok(()) => Ok(was_pending),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(was_pending),
+            Err(e) => Err(JournalError::io(&path, e)),
+        }
+    }
+
+    /// The unacknowledged frame with this `sequence`, if any.
+    pub fn frame(&self, sequence: u64) -> Option<&PersistFrame> {
+        self.pending.get(&sequence)
+    }
+
+    /// The frames not yet acknowledged, in sequence order.
+    pub fn unacknowledged(&self) -> Vec<PersistFrame> {
+        self.pending.values().cloned().collect()
+    }
+
+    /// Removes the outbox directory and anything left in it. Call once the owner acknowledged
+    /// `execution.finish`: the execution is terminal then and the owner answers nothing more of
+    /// it, so a frame still listed (a `prompt.open` whose answer was abandoned by a stop) is
+    /// moot.
+    pub fn finish(self) -> Result<(), JournalError> {
+        if !self.pending.is_empty() {
+            tracing::debug!(
+                left = self.pending.len(),
+                "removing outbox with frames the owner settled by execution.finish"
+            );
+        }
+        match fs::remove_dir_all(&self.dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(JournalError::io(&self.dir, e)),
+        }
+    }
+
+    fn frame_path(&self, sequence: u64) -> PathBuf {
+        self.dir
+            .join(format!("{sequence:0width$}.json", width = SEQUENCE_DIGITS))
+    }
+}
+
+/// The JSON line (without newline) that carries `frame` to the owner.
+pub fn wire_line(frame: &PersistFrame) -> String {
+    // Serialising plain data with string keys cannot fail.
+    serde_json::to_string(&WorkerFrame::Persist(frame.clone())).unwrap_or_default()
+}
+
+fn parse_file_name(name: &str) -> Option<u64> {
+    let digits = name.strip_suffix(".json")?;
+    if digits.len() != SEQUENCE_DIGITS || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+fn load_frame(path: &Path) -> Result<PersistFrame, JournalError> {
+    let body = fs::read(path).map_err(|e| JournalError::io(path, e))?;
+    serde_json::from_slice(&body).map_err(|e| JournalError::Corrupt {
+        path: path.to_path_buf(),
+        detail: e.to_string(),
+    })
+}
+
+fn write_durably(path: &Path, body: &[u8]) -> Result<(), JournalError> {
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| JournalError::io(path, e))?;
+    file.write_all(body)
+        .and_then(|()| file.sync_all())
+        .map_err(|e| JournalError::io(path, e))
+}
+
+fn sync_dir(dir: &Path) -> Result<(), JournalError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| JournalError::io(dir, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use serde_json::json;
+
+    use super::*;
+
+    fn scope() -> Scope {
+        Scope {
+            session_id: "s1".into(),
+            admission_id: "a1".into(),
+            execution_id: "e1".into(),
+            generation: 3,
+            epoch: 7,
+            secret: "sekret".into(),
+        }
+    }
+
+    #[test]
+    fn record_numbers_frames_from_one_and_writes_private_files() {
+        let home = tempfile::tempdir().expect("tempdir");
+        let dir = outbox_dir(home.path(), "e1").expect("dir");
+        let mut journal = Journal::open(&dir, scope()).expect("open");
+        let first = journal
+            .record("usage.add", json!({"n": 1}))
+            .expect("record");
+        let second = journal
+            .record("transcript.append", json!({"n": 2}))
+            .expect("record");
+        assert_eq!((first.sequence, second.sequence), (1, 2));
+        assert_eq!(
+            (first.epoch, first.generation, first.secret.as_str()),
+            (7, 3, "sekret")
+        );
+        let file = dir.join("00000000000000000001.json");
+        let mode = fs::metadata(&file).expect("file").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let dir_mode = fs::metadata(&dir).expect("dir").permissions().mode();
+        assert_eq!(dir_mode & 0o777, 0o700);
+        let stored: PersistFrame =
+            serde_json::from_slice(&fs::read(&file).expect("read")).expect("frame");
+        assert_eq!(stored, first);
+    }
+
+    #[test]
+    fn acknowledge_deletes_and_unacknowledged_lists_the_rest_in_order() {
+        let home = tempfile::tempdir().expect("tempdir");
+        let dir = outbox_dir(home.path(), "e1").expect("dir");
+        let mut journal = Journal::open(&dir, scope()).expect("open");
+        for n in 1..=3 {
+            journal
+                .record("usage.add", json!({"n": n}))
+                .expect("record");
+        }
+        assert!(journal.acknowledge(2).expect("ack"));
+        assert!(!journal.acknowledge(2).expect("ack twice"));
+        let left: Vec<u64> = journal
+            .unacknowledged()
+            .iter()
+            .map(|f| f.sequence)
+            .collect();
+        assert_eq!(left, vec![1, 3]);
+        assert!(!dir.join("00000000000000000002.json").exists());
+    }
+
+    #[test]
+    fn reopened_journal_sees_unacknowledged_frames_and_continues_the_sequence() {
+        let home = tempfile::tempdir().expect("tempdir");
+        let dir = outbox_dir(home.path(), "e1").expect("dir");
+        let mut journal = Journal::open(&dir, scope()).expect("open");
+        let frames: Vec<PersistFrame> = (1..=3)
+            .map(|n| {
+                journal
+                    .record("usage.add", json!({"n": n}))
+                    .expect("record")
+            })
+            .collect();
+        journal.acknowledge(1).expect("ack");
+        drop(journal);
+        fs::write(dir.join("00000000000000000009.json.tmp"), b"{half").expect("tmp");
+
+        let mut reopened = Journal::open(&dir, scope()).expect("reopen");
+        assert_eq!(reopened.unacknowledged(), frames[1..].to_vec());
+        assert_eq!(reopened.next_sequence(), 4);
+        assert!(!dir.join("00000000000000000009.json.tmp").exists());
+        let next = reopened
+            .record("execution.finish", json!({}))
+            .expect("record");
+        assert_eq!(next.sequence, 4);
+    }
+
+    #[test]
+    fn oversize_frame_is_refused_without_using_a_sequence() {
+        let home = tempfile::tempdir().expect("tempdir");
+        let dir = outbox_dir(home.path(), "e1").expect("dir");
+        let mut journal = Journal::open(&dir, scope()).expect("open");
+        let big = "x".repeat(MAX_FRAME_BYTES);
+        let err = journal
+            .record("transcript.append", json!({ "text": big }))
+            .expect_err("too large");
+        assert!(matches!(err, JournalError::FrameTooLarge { .. }), "{err}");
+        assert!(err.to_string().contains("transcript.append"), "{err}");
+        assert_eq!(journal.next_sequence(), 1);
+        assert!(journal.unacknowledged().is_empty());
+        assert_eq!(fs::read_dir(&dir).expect("dir").count(), 0);
+    }
+
+    #[test]
+    fn finish_removes_the_outbox_directory() {
+        let home = tempfile::tempdir().expect("tempdir");
+        let dir = outbox_dir(home.path(), "e1").expect("dir");
+        let mut journal = Journal::open(&dir, scope()).expect("open");
+        journal
+            .record("execution.finish", json!({}))
+            .expect("record");
+        journal.acknowledge(1).expect("ack");
+        journal.finish().expect("finish");
+        assert!(!dir.exists());
+        assert!(home.path().join("outbox").exists());
+    }
+
+    #[test]
+    fn execution_ids_that_are_not_one_path_component_are_refused() {
+        let home = Path::new("/tmp/h");
+        for bad in ["", "..", "a/b", "."] {
+            assert!(outbox_dir(home, bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(
+            outbox_dir(home, "exec-1").expect("ok"),
+            PathBuf::from("/tmp/h/outbox/exec-1")
+        );
+    }
+}

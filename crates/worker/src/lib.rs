@@ -6,11 +6,510 @@
 //! `<home>/outbox/<execution_id>/`, written durably before each send). It never opens
 //! `state.db`. It stops at once when the owner is gone (`PR_SET_PDEATHSIG`, EOF on stdin),
 //! killing its tools' process groups.
+//!
+//! Modules:
+//! - [`journal`]: the outbox files (record, acknowledge, reload).
+//! - [`link`]: the owner pipes over any reader/writer pair: one writer task (persists and
+//!   deltas never interleave), one reader task (receipts by sequence, `stop`), resend after a
+//!   reconnect.
+//! - [`store`]: the agent's [`drover_agent::TurnStore`] and the tools'
+//!   [`drover_tools::PromptBroker`], both persisting through the link.
+//!
+//! The protocol, as the worker plays it:
+//! 1. The owner sends [`OwnerFrame::Bootstrap`]; the worker opens the outbox and the turn runs
+//!    (`usage.add`, `transcript.append`, `prompt.open` persists, live `delta` lines).
+//! 2. The worker persists `execution.finish` ([`ExecutionFinish`]) and, after its receipt,
+//!    removes the outbox and exits 0. A `stop` frame cancels the turn, which then finishes
+//!    `interrupted` the same way.
+//! 3. A `refused` answer stops the turn; the worker exits 2 without `execution.finish`.
+//! 4. End of stdin, a broken stdout, SIGTERM (also sent by `PR_SET_PDEATHSIG`) or a changed
+//!    parent: the owner is gone. The worker cancels the turn, kills its foreground tool process
+//!    groups and exits 1 without `execution.finish`; the owner marks the turn `unknown`.
+//!
+//! stdout carries frames only; logs go to stderr (`RUST_LOG`, default `info`) and never
+//! contain the execution secret or the API key. Exit codes: [`WorkerExit`].
 
 pub mod journal;
+pub mod link;
+pub mod store;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use drover_agent::{run_turn, TurnReport, TurnSpec};
+use drover_model::{ModelClient, ModelConfig};
+use drover_protocol::worker::{
+    op, Bootstrap, ExecutionFinish, OwnerFrame, Policy, Scope, TurnOutcome, TurnResult,
+    MAX_FRAME_BYTES,
+};
+use drover_protocol::{ChatMessage, Usage};
+use drover_tools::platform::{self, ForegroundGroups, Signal};
+use drover_tools::{ToolContext, ToolRegistry};
+use tokio::io::{AsyncBufRead, AsyncWrite};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::journal::{outbox_dir, Journal};
+use crate::link::{read_frame_line, FrameLine, OwnerLink, PersistError};
+use crate::store::{OwnerPrompts, OwnerStore};
+
+/// The environment variable naming the owner's pid. When set, the worker exits at start if its
+/// parent is another process (the owner died before `PR_SET_PDEATHSIG` took hold).
+pub const OWNER_PID_ENV: &str = "DROVER_OWNER_PID";
+
+/// How the worker process ends. Every exit code of `drover worker` is here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerExit {
+    /// 0: `execution.finish` was persisted and acknowledged, and the outbox removed.
+    Finished,
+    /// 1: the turn could not be settled: the owner is gone (end of stdin, broken stdout,
+    /// SIGTERM, a changed parent), or the bootstrap or outbox was unusable. No
+    /// `execution.finish` was sent; the owner marks the execution `unknown`.
+    Aborted,
+    /// 2: the owner refused a persist (`stale_epoch`, `stale_generation`, `permission_denied`,
+    /// `admission_conflict`, ...). The turn stopped; no `execution.finish` was sent.
+    Refused,
+}
+
+impl WorkerExit {
+    /// The process exit code.
+    pub fn code(self) -> i32 {
+        match self {
+            WorkerExit::Finished => 0,
+            WorkerExit::Aborted => 1,
+            WorkerExit::Refused => 2,
+        }
+    }
+}
 
 /// Runs the worker on this process's stdin/stdout until the turn finishes.
-/// Returns the process exit code (0 after `execution.finish` was acknowledged).
+/// Returns the process exit code (see [`WorkerExit`]; 0 after `execution.finish` was
+/// acknowledged).
 pub fn main_entry() -> i32 {
-    todo!("helper")
+    // SPEC section 4, owner loss: ask for SIGTERM when the owner dies before anything else,
+    // then make sure it has not already died.
+    let original_parent = platform::parent_pid();
+    let pdeathsig = platform::set_parent_death_signal(Signal::SIGTERM);
+    init_logging();
+    if let Err(e) = pdeathsig {
+        tracing::warn!(error = %e, "could not set PR_SET_PDEATHSIG; relying on end of stdin");
+    }
+    if let Some(reason) = owner_already_gone(original_parent) {
+        tracing::error!("{reason}; exiting");
+        return WorkerExit::Aborted.code();
+    }
+
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the async runtime");
+            return WorkerExit::Aborted.code();
+        }
+    };
+    let exit = runtime.block_on(async {
+        let shutdown = CancellationToken::new();
+        watch_signals(shutdown.clone());
+        let stdin = tokio::io::BufReader::with_capacity(64 * 1024, tokio::io::stdin());
+        run_worker(stdin, tokio::io::stdout(), shutdown).await
+    });
+    // The stdin reader sits in a blocking thread that may never return; do not wait for it.
+    runtime.shutdown_background();
+    tracing::info!(code = exit.code(), "worker exiting");
+    exit.code()
+}
+
+/// Logs to stderr only: stdout carries frames.
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .try_init();
+}
+
+/// Why the owner is already gone, if it is: the parent is not `$DROVER_OWNER_PID` (when set),
+/// or no longer the parent the process started with.
+fn owner_already_gone(original_parent: i32) -> Option<String> {
+    owner_check(
+        original_parent,
+        platform::parent_pid(),
+        std::env::var(OWNER_PID_ENV).ok(),
+    )
+}
+
+/// The rule of [`owner_already_gone`], on plain values.
+fn owner_check(original_parent: i32, parent: i32, owner_pid_env: Option<String>) -> Option<String> {
+    match owner_pid_env {
+        Some(value) => match value.trim().parse::<i32>() {
+            Ok(owner) if owner == parent => None,
+            Ok(owner) => Some(format!(
+                "parent pid {parent} is not the owner pid {owner} from ${OWNER_PID_ENV}"
+            )),
+            Err(_) => Some(format!(
+                "${OWNER_PID_ENV} is {value:?}, not a pid; the worker is started by the owner only"
+            )),
+        },
+        None if parent != original_parent => Some(format!(
+            "parent pid changed from {original_parent} to {parent}: the owner is gone"
+        )),
+        None => None,
+    }
+}
+
+/// SIGTERM (the owner's, or `PR_SET_PDEATHSIG`'s) fires `shutdown`. SIGINT is ignored: a
+/// Ctrl-C at a foreground daemon's terminal reaches its whole process group, and the owner
+/// decides what happens to running turns (SPEC section 4, graceful stop).
+fn watch_signals(shutdown: CancellationToken) {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::spawn(async move {
+                term.recv().await;
+                tracing::info!("SIGTERM received");
+                shutdown.cancel();
+            });
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot watch SIGTERM"),
+    }
+    match signal(SignalKind::interrupt()) {
+        Ok(mut int) => {
+            tokio::spawn(async move {
+                while int.recv().await.is_some() {
+                    tracing::info!("SIGINT ignored; the owner stops turns");
+                }
+            });
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot watch SIGINT"),
+    }
+}
+
+/// Why the first frame could not start a turn.
+#[derive(Debug, thiserror::Error)]
+pub enum BootstrapError {
+    #[error("stdin closed before a bootstrap frame arrived")]
+    Eof,
+    #[error("reading the bootstrap frame failed: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("the bootstrap frame is {0} bytes, over the {MAX_FRAME_BYTES}-byte frame limit")]
+    TooLong(usize),
+    #[error("the first frame is not a valid bootstrap frame: {0}")]
+    Invalid(String),
+}
+
+/// Reads and parses the first line, which must be a bootstrap frame.
+pub async fn read_bootstrap<R>(reader: &mut R) -> Result<Bootstrap, BootstrapError>
+where
+    R: AsyncBufRead + Unpin,
+{
+    let mut buf = Vec::new();
+    loop {
+        match read_frame_line(reader, &mut buf, MAX_FRAME_BYTES).await? {
+            FrameLine::Eof => return Err(BootstrapError::Eof),
+            FrameLine::TooLong(bytes) => return Err(BootstrapError::TooLong(bytes)),
+            FrameLine::Line if buf.iter().all(u8::is_ascii_whitespace) => continue,
+            FrameLine::Line => break,
+        }
+    }
+    match serde_json::from_slice::<OwnerFrame>(&buf) {
+        Ok(OwnerFrame::Bootstrap(bootstrap)) => Ok(*bootstrap),
+        Ok(other) => Err(BootstrapError::Invalid(format!(
+            "expected type \"bootstrap\", got {}",
+            frame_type(&other)
+        ))),
+        Err(e) => Err(BootstrapError::Invalid(e.to_string())),
+    }
+}
+
+fn frame_type(frame: &OwnerFrame) -> &'static str {
+    match frame {
+        OwnerFrame::Bootstrap(_) => "bootstrap",
+        OwnerFrame::Receipt { .. } => "receipt",
+        OwnerFrame::Refused { .. } => "refused",
+        OwnerFrame::Stop { .. } => "stop",
+    }
+}
+
+/// The worker over any pipe pair: `reader` carries owner frames, `writer` worker frames.
+/// `shutdown` means the owner is gone (SIGTERM in [`main_entry`]). Returns how the worker
+/// ends; [`main_entry`] turns that into the exit code.
+///
+/// One worker per process: when the owner is gone or the turn is stopped it kills every
+/// foreground process group registered in this process ([`ForegroundGroups::kill_all`]).
+pub async fn run_worker<R, W>(reader: R, writer: W, shutdown: CancellationToken) -> WorkerExit
+where
+    R: AsyncBufRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let mut reader = reader;
+    let bootstrap = tokio::select! {
+        _ = shutdown.cancelled() => return WorkerExit::Aborted,
+        bootstrap = read_bootstrap(&mut reader) => bootstrap,
+    };
+    let bootstrap = match bootstrap {
+        Ok(bootstrap) => bootstrap,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the turn");
+            return WorkerExit::Aborted;
+        }
+    };
+    let span = tracing::info_span!(
+        "worker",
+        session_id = %bootstrap.scope.session_id,
+        admission_id = %bootstrap.scope.admission_id,
+        execution_id = %bootstrap.scope.execution_id,
+        generation = bootstrap.scope.generation,
+        epoch = bootstrap.scope.epoch,
+    );
+    serve(bootstrap, reader, writer, shutdown)
+        .instrument(span)
+        .await
+}
+
+async fn serve<R, W>(
+    bootstrap: Bootstrap,
+    reader: R,
+    writer: W,
+    shutdown: CancellationToken,
+) -> WorkerExit
+where
+    R: AsyncBufRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let Bootstrap {
+        scope,
+        policy,
+        history,
+        input,
+    } = bootstrap;
+    let journal = match outbox_dir(Path::new(&policy.home), &scope.execution_id)
+        .and_then(|dir| Journal::open(dir, scope.clone()))
+    {
+        Ok(journal) => journal,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot open the outbox");
+            return WorkerExit::Aborted;
+        }
+    };
+    tracing::info!(model = %policy.model, toolsets = ?policy.toolsets, "turn starting");
+
+    let cancel = CancellationToken::new();
+    let link = OwnerLink::new(journal, cancel.clone());
+    link.connect(reader, writer);
+
+    let exit = tokio::select! {
+        // Settling first: a receipt and the owner's end of file may arrive together.
+        biased;
+        exit = settle(&link, &scope, policy, history, input, cancel.clone()) => exit,
+        _ = link.disconnected() => {
+            tracing::warn!("the owner is gone (end of stdin or broken stdout); stopping");
+            owner_lost(&cancel)
+        }
+        _ = shutdown.cancelled() => {
+            tracing::warn!("stopping on SIGTERM");
+            owner_lost(&cancel)
+        }
+    };
+    link.shutdown();
+    exit
+}
+
+/// SPEC section 4: a worker whose owner is gone stops at once and kills its foreground tool
+/// process groups, without `execution.finish`.
+fn owner_lost(cancel: &CancellationToken) -> WorkerExit {
+    cancel.cancel();
+    let killed = ForegroundGroups::kill_all();
+    if killed > 0 {
+        tracing::info!(groups = killed, "killed foreground tool process groups");
+    }
+    WorkerExit::Aborted
+}
+
+/// Runs the turn and persists `execution.finish`.
+async fn settle(
+    link: &OwnerLink,
+    scope: &Scope,
+    policy: Policy,
+    history: Vec<ChatMessage>,
+    input: String,
+    cancel: CancellationToken,
+) -> WorkerExit {
+    let report = run_agent(link, scope, policy, history, input, cancel.clone()).await;
+    if cancel.is_cancelled() {
+        // Tools drop their groups on cancel already; this catches any that did not.
+        ForegroundGroups::kill_all();
+    }
+    if let Some(refusal) = link.refusal() {
+        tracing::error!(
+            seq = refusal.sequence,
+            operation = %refusal.operation,
+            reason = %refusal.reason,
+            message = %refusal.message,
+            "the owner refused a persist; stopping without execution.finish"
+        );
+        return WorkerExit::Refused;
+    }
+    let (outcome, error) = match link.fault() {
+        Some(fault) => (TurnOutcome::Failed, Some(fault)),
+        None => (report.outcome, report.error),
+    };
+    if let Some(reason) = link.stop_reason() {
+        tracing::info!(reason = %reason, outcome = outcome.as_str(), "turn stopped by the owner");
+    }
+    let finish = ExecutionFinish {
+        outcome,
+        result: TurnResult {
+            final_response: report.final_response,
+            model: report.model,
+            api_calls: report.api_calls,
+        },
+        error,
+        usage: report.usage,
+    };
+    let payload = match serde_json::to_value(&finish) {
+        Ok(payload) => payload,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot serialise execution.finish");
+            return WorkerExit::Aborted;
+        }
+    };
+    match link.persist(op::EXECUTION_FINISH, payload).await {
+        Ok(_) => {
+            if let Err(e) = link.finish_outbox() {
+                tracing::warn!(error = %e, "could not remove the outbox");
+            }
+            tracing::info!(outcome = outcome.as_str(), "execution finished");
+            WorkerExit::Finished
+        }
+        Err(e @ PersistError::Refused { .. }) => {
+            tracing::error!(error = %e, "execution.finish refused");
+            WorkerExit::Refused
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "execution.finish could not be persisted");
+            WorkerExit::Aborted
+        }
+    }
+}
+
+/// Builds the model client, the tools and the context from the frozen policy and runs the
+/// agent loop. A setup error is a `failed` report with no request made.
+async fn run_agent(
+    link: &OwnerLink,
+    scope: &Scope,
+    policy: Policy,
+    history: Vec<ChatMessage>,
+    input: String,
+    cancel: CancellationToken,
+) -> TurnReport {
+    let setup_failed = |model: &str, error: String| {
+        tracing::error!(error = %error, "turn setup failed");
+        TurnReport {
+            outcome: TurnOutcome::Failed,
+            final_response: String::new(),
+            model: model.to_string(),
+            usage: Usage::default(),
+            api_calls: 0,
+            error: Some(error),
+        }
+    };
+    let registry = match ToolRegistry::for_toolsets(&policy.toolsets) {
+        Ok(registry) => registry,
+        Err(e) => return setup_failed(&policy.model, format!("toolsets: {e}")),
+    };
+    let client = match ModelClient::new(model_config(&policy)) {
+        Ok(client) => client,
+        Err(e) => return setup_failed(&policy.model, e.to_string()),
+    };
+    let ctx = ToolContext {
+        cwd: PathBuf::from(&policy.cwd),
+        session_id: scope.session_id.clone(),
+        home: PathBuf::from(&policy.home),
+        approvals: policy.approvals.clone(),
+        cancel: cancel.clone(),
+        prompts: Arc::new(OwnerPrompts::new(link.clone(), cancel)),
+    };
+    let store = OwnerStore::new(link.clone());
+    let spec = TurnSpec {
+        system_prompt: policy.system_prompt,
+        // SPEC section 4, frozen session: the schemas stored at create, not the registry's.
+        tools: policy.tools,
+        history,
+        input,
+        max_steps: policy.max_steps,
+        model: policy.model,
+    };
+    run_turn(&store, &client, &registry, &ctx, spec).await
+}
+
+/// The model client settings of a policy. A `request_timeout_s` of 0 means the client's
+/// default (600 s), not "time out at once".
+pub fn model_config(policy: &Policy) -> ModelConfig {
+    let mut config = ModelConfig::new(policy.base_url.clone(), policy.model.clone());
+    config.api_key = policy.api_key.clone();
+    config.stream = policy.stream;
+    if policy.request_timeout_s > 0 {
+        config.request_timeout = Duration::from_secs(policy.request_timeout_s);
+    }
+    config.max_retries = policy.max_retries;
+    config
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owner_check_uses_the_env_pid_else_the_original_parent() {
+        assert_eq!(owner_check(10, 10, None), None);
+        assert!(owner_check(10, 1, None)
+            .expect("gone")
+            .contains("changed from 10 to 1"));
+        assert_eq!(owner_check(1, 42, Some("42".into())), None);
+        assert!(owner_check(42, 42, Some("43".into()))
+            .expect("gone")
+            .contains("owner pid 43"));
+        assert!(owner_check(42, 42, Some("abc".into())).is_some());
+    }
+
+    #[test]
+    fn exit_codes_are_zero_one_two() {
+        assert_eq!(WorkerExit::Finished.code(), 0);
+        assert_eq!(WorkerExit::Aborted.code(), 1);
+        assert_eq!(WorkerExit::Refused.code(), 2);
+    }
+
+    #[test]
+    fn a_zero_request_timeout_keeps_the_client_default() {
+        let policy = Policy {
+            model: "m".into(),
+            base_url: "http://127.0.0.1:1/v1".into(),
+            api_key: Some("k".into()),
+            stream: false,
+            request_timeout_s: 0,
+            max_retries: 1,
+            system_prompt: String::new(),
+            toolsets: vec![],
+            tools: vec![],
+            cwd: "/".into(),
+            max_steps: 1,
+            approvals: "manual".into(),
+            home: "/tmp".into(),
+        };
+        let config = model_config(&policy);
+        assert_eq!(config.request_timeout, Duration::from_secs(600));
+        assert!(!config.stream);
+        assert_eq!(config.max_retries, 1);
+        assert_eq!(config.api_key.as_deref(), Some("k"));
+        let config = model_config(&Policy {
+            request_timeout_s: 5,
+            ..policy
+        });
+        assert_eq!(config.request_timeout, Duration::from_secs(5));
+    }
 }

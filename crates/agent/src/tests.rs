@@ -1,0 +1,738 @@
+//! Unit tests of the loop rules, with an in-memory store, a scripted model double and small
+//! test tools. One test goes through the real `ModelClient` and the loopback `MockModel`.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use drover_model::{Completion, ModelError};
+use drover_protocol::FunctionCall;
+use drover_tools::{NoPrompts, ToolOutput};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use super::*;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+/// One entry of the shared log: store writes and tool runs, in the order they happened.
+#[derive(Debug, Clone, PartialEq)]
+enum Entry {
+    Usage(UsageAdd),
+    Append {
+        messages: Vec<ChatMessage>,
+        contexts: BTreeMap<String, String>,
+        errors: Vec<String>,
+    },
+    ToolRan(String),
+}
+
+#[derive(Default)]
+struct Log(Mutex<Vec<Entry>>);
+
+impl Log {
+    fn push(&self, entry: Entry) {
+        self.0.lock().unwrap().push(entry);
+    }
+    fn entries(&self) -> Vec<Entry> {
+        self.0.lock().unwrap().clone()
+    }
+    fn appended(&self) -> Vec<ChatMessage> {
+        self.entries()
+            .into_iter()
+            .flat_map(|e| match e {
+                Entry::Append { messages, .. } => messages,
+                _ => Vec::new(),
+            })
+            .collect()
+    }
+    fn writes(&self) -> usize {
+        self.entries()
+            .iter()
+            .filter(|e| !matches!(e, Entry::ToolRan(_)))
+            .count()
+    }
+}
+
+/// An in-memory store; `fail_at` makes the write with that index (0-based) fail.
+struct MemoryStore {
+    log: Arc<Log>,
+    deltas: Mutex<Vec<String>>,
+    fail_at: Option<usize>,
+}
+
+impl MemoryStore {
+    fn new(log: Arc<Log>) -> MemoryStore {
+        MemoryStore {
+            log,
+            deltas: Mutex::new(Vec::new()),
+            fail_at: None,
+        }
+    }
+
+    fn check(&self) -> Result<(), StoreError> {
+        if Some(self.log.writes()) == self.fail_at {
+            return Err(StoreError {
+                reason: "stale_generation".into(),
+                message: "execution x is not live".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl TurnStore for MemoryStore {
+    async fn append(
+        &self,
+        messages: Vec<ChatMessage>,
+        contexts: BTreeMap<String, String>,
+        errors: Vec<String>,
+    ) -> Result<(), StoreError> {
+        self.check()?;
+        self.log.push(Entry::Append {
+            messages,
+            contexts,
+            errors,
+        });
+        Ok(())
+    }
+
+    async fn add_usage(&self, usage: UsageAdd) -> Result<(), StoreError> {
+        self.check()?;
+        self.log.push(Entry::Usage(usage));
+        Ok(())
+    }
+
+    fn delta(&self, text: &str) {
+        self.deltas.lock().unwrap().push(text.to_string());
+    }
+}
+
+/// What the scripted model does for one request.
+enum Step {
+    Answer(Completion),
+    Fail(ModelError),
+    /// Never answers (until the future is dropped).
+    Hang,
+}
+
+/// A test double for the model only: answers requests from a script and records them.
+#[derive(Default)]
+struct ScriptedModel {
+    script: Mutex<VecDeque<Step>>,
+    requests: Mutex<Vec<(Vec<ChatMessage>, Vec<Value>)>>,
+}
+
+impl ScriptedModel {
+    fn new(steps: Vec<Step>) -> ScriptedModel {
+        ScriptedModel {
+            script: Mutex::new(steps.into()),
+            requests: Mutex::default(),
+        }
+    }
+    fn requests(&self) -> Vec<(Vec<ChatMessage>, Vec<Value>)> {
+        self.requests.lock().unwrap().clone()
+    }
+}
+
+#[async_trait]
+impl ChatModel for ScriptedModel {
+    async fn chat(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[Value],
+        on_delta: &mut (dyn for<'d> FnMut(&'d str) + Send),
+    ) -> Result<Completion, ModelError> {
+        self.requests
+            .lock()
+            .unwrap()
+            .push((messages.to_vec(), tools.to_vec()));
+        let step = self.script.lock().unwrap().pop_front();
+        match step {
+            Some(Step::Answer(c)) => {
+                if let Some(text) = &c.message.content {
+                    on_delta(text);
+                }
+                Ok(c)
+            }
+            Some(Step::Fail(e)) => Err(e),
+            Some(Step::Hang) => std::future::pending().await,
+            None => Err(ModelError::Protocol("script exhausted".into())),
+        }
+    }
+}
+
+fn usage(i: u64, o: u64) -> Option<Usage> {
+    Some(Usage {
+        input_tokens: i,
+        output_tokens: o,
+        total_tokens: i + o,
+    })
+}
+
+fn text(content: &str) -> Step {
+    Step::Answer(Completion {
+        message: ChatMessage::text(Role::Assistant, content),
+        usage: usage(10, 5),
+        finish_reason: Some("stop".into()),
+        model: None,
+    })
+}
+
+fn calls(list: &[(&str, &str, &str)]) -> Step {
+    let tool_calls = list
+        .iter()
+        .map(|(id, name, args)| ToolCall {
+            id: id.to_string(),
+            kind: "function".into(),
+            function: FunctionCall {
+                name: name.to_string(),
+                arguments: args.to_string(),
+            },
+        })
+        .collect();
+    Step::Answer(Completion {
+        message: ChatMessage {
+            role: Role::Assistant,
+            content: None,
+            tool_calls,
+            tool_call_id: None,
+            tool_name: None,
+        },
+        usage: usage(20, 3),
+        finish_reason: Some("tool_calls".into()),
+        model: None,
+    })
+}
+
+/// `echo {"text"}`: returns the text; `fail`: an error output; `block`: waits for the cancel
+/// token like a tool that kills its process group; `hang`: ignores the token.
+struct TestTool {
+    name: &'static str,
+    log: Arc<Log>,
+}
+
+#[async_trait]
+impl Tool for TestTool {
+    fn name(&self) -> &str {
+        self.name
+    }
+    fn schema(&self) -> Value {
+        json!({"type": "function", "function": {"name": self.name, "parameters": {}}})
+    }
+    fn context(&self, args: &Value) -> String {
+        format!("{} {}", self.name, args["text"].as_str().unwrap_or(""))
+    }
+    async fn call(&self, args: Value, ctx: &ToolContext) -> ToolOutput {
+        self.log.push(Entry::ToolRan(self.name.to_string()));
+        match self.name {
+            "echo" => ToolOutput {
+                content: args["text"].as_str().unwrap_or("").to_string(),
+                is_error: false,
+            },
+            "fail" => ToolOutput {
+                content: "exit 1".into(),
+                is_error: true,
+            },
+            "block" => {
+                ctx.cancel.cancelled().await;
+                ToolOutput {
+                    content: "killed".into(),
+                    is_error: true,
+                }
+            }
+            _ => std::future::pending().await,
+        }
+    }
+}
+
+struct Fixture {
+    log: Arc<Log>,
+    store: MemoryStore,
+    tools: Vec<Arc<dyn Tool>>,
+    ctx: ToolContext,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let log = Arc::new(Log::default());
+        let tools = ["echo", "fail", "block", "hang"]
+            .into_iter()
+            .map(|name| {
+                Arc::new(TestTool {
+                    name,
+                    log: log.clone(),
+                }) as Arc<dyn Tool>
+            })
+            .collect();
+        Fixture {
+            store: MemoryStore::new(log.clone()),
+            log,
+            tools,
+            ctx: ToolContext {
+                cwd: PathBuf::from("/"),
+                session_id: "s1".into(),
+                home: std::env::temp_dir(),
+                approvals: "auto".into(),
+                cancel: CancellationToken::new(),
+                prompts: Arc::new(NoPrompts),
+            },
+        }
+    }
+
+    async fn run(&self, model: &dyn ChatModel, spec: TurnSpec) -> TurnReport {
+        let lookup = |name: &str| self.tools.iter().find(|t| t.name() == name).cloned();
+        tokio::time::timeout(WAIT, drive(&self.store, model, &lookup, &self.ctx, spec))
+            .await
+            .expect("turn did not end in time")
+    }
+}
+
+fn spec(input: &str) -> TurnSpec {
+    TurnSpec {
+        system_prompt: "be brief".into(),
+        tools: vec![
+            json!({"type": "function", "function": {"name": "echo", "description": "frozen"}}),
+        ],
+        history: vec![
+            ChatMessage::text(Role::User, "earlier"),
+            ChatMessage::text(Role::Assistant, "earlier answer"),
+        ],
+        input: input.into(),
+        max_steps: 8,
+        model: "configured-model".into(),
+    }
+}
+
+#[tokio::test]
+async fn request_is_system_then_history_then_input_and_input_is_not_stored() {
+    let f = Fixture::new();
+    let model = ScriptedModel::new(vec![text("hi")]);
+    let report = f.run(&model, spec("hello")).await;
+    assert_eq!(report.outcome, TurnOutcome::Completed);
+    let (messages, _) = &model.requests()[0];
+    assert_eq!(
+        messages,
+        &vec![
+            ChatMessage::text(Role::System, "be brief"),
+            ChatMessage::text(Role::User, "earlier"),
+            ChatMessage::text(Role::Assistant, "earlier answer"),
+            ChatMessage::text(Role::User, "hello"),
+        ]
+    );
+    assert_eq!(
+        f.log.appended(),
+        vec![ChatMessage::text(Role::Assistant, "hi")]
+    );
+}
+
+#[tokio::test]
+async fn empty_system_prompt_is_omitted() {
+    let f = Fixture::new();
+    let model = ScriptedModel::new(vec![text("hi")]);
+    let mut s = spec("hello");
+    s.system_prompt.clear();
+    s.history.clear();
+    f.run(&model, s).await;
+    let (messages, _) = &model.requests()[0];
+    assert_eq!(messages, &vec![ChatMessage::text(Role::User, "hello")]);
+}
+
+#[tokio::test]
+async fn frozen_tools_and_system_prompt_are_sent_on_every_request() {
+    let f = Fixture::new();
+    let model = ScriptedModel::new(vec![
+        calls(&[("c1", "echo", r#"{"text":"a"}"#)]),
+        calls(&[("c2", "echo", r#"{"text":"b"}"#)]),
+        text("done"),
+    ]);
+    let s = spec("go");
+    let frozen = s.tools.clone();
+    let report = f.run(&model, s).await;
+    assert_eq!(report.outcome, TurnOutcome::Completed);
+    let requests = model.requests();
+    assert_eq!(requests.len(), 3);
+    for (messages, tools) in &requests {
+        assert_eq!(tools, &frozen);
+        assert_eq!(messages[0], ChatMessage::text(Role::System, "be brief"));
+    }
+    // The third request carries both rounds of assistant calls and results.
+    assert_eq!(requests[2].0.len(), 4 + 4);
+}
+
+#[tokio::test]
+async fn text_answer_completes_with_usage_and_one_api_call() {
+    let f = Fixture::new();
+    let model = ScriptedModel::new(vec![text("the answer")]);
+    let report = f.run(&model, spec("q")).await;
+    assert_eq!(
+        report,
+        TurnReport {
+            outcome: TurnOutcome::Completed,
+            final_response: "the answer".into(),
+            model: "configured-model".into(),
+            usage: Usage {
+                input_tokens: 10,
+                output_tokens: 5,
+                total_tokens: 15
+            },
+            api_calls: 1,
+            error: None,
+        }
+    );
+    assert_eq!(
+        f.log.entries(),
+        vec![
+            Entry::Usage(UsageAdd {
+                input_tokens: 10,
+                output_tokens: 5,
+                total_tokens: 15,
+                api_calls: 1
+            }),
+            Entry::Append {
+                messages: vec![ChatMessage::text(Role::Assistant, "the answer")],
+                contexts: BTreeMap::new(),
+                errors: vec![],
+            },
+        ]
+    );
+}
+
+#[tokio::test]
+async fn missing_usage_is_recorded_as_zero_and_usage_is_summed() {
+    let f = Fixture::new();
+    let mut first = calls(&[("c1", "echo", r#"{"text":"a"}"#)]);
+    if let Step::Answer(c) = &mut first {
+        c.usage = None;
+    }
+    let model = ScriptedModel::new(vec![first, text("done")]);
+    let report = f.run(&model, spec("q")).await;
+    let usages: Vec<UsageAdd> = f
+        .log
+        .entries()
+        .into_iter()
+        .filter_map(|e| match e {
+            Entry::Usage(u) => Some(u),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        usages,
+        vec![
+            UsageAdd {
+                api_calls: 1,
+                ..UsageAdd::default()
+            },
+            UsageAdd {
+                input_tokens: 10,
+                output_tokens: 5,
+                total_tokens: 15,
+                api_calls: 1
+            },
+        ]
+    );
+    assert_eq!(report.api_calls, 2);
+    assert_eq!(report.usage.total_tokens, 15);
+}
+
+#[tokio::test]
+async fn assistant_message_is_stored_with_contexts_before_its_tools_run() {
+    let f = Fixture::new();
+    let model = ScriptedModel::new(vec![
+        calls(&[
+            ("c1", "echo", r#"{"text":"one"}"#),
+            ("c2", "nope", r#"{"command":"ls -la"}"#),
+            ("c3", "echo", "{bad json"),
+        ]),
+        text("done"),
+    ]);
+    f.run(&model, spec("q")).await;
+    let entries = f.log.entries();
+    let Entry::Append {
+        messages, contexts, ..
+    } = &entries[1]
+    else {
+        panic!("second entry should be the assistant append: {entries:?}");
+    };
+    assert_eq!(messages[0].tool_calls.len(), 3);
+    assert_eq!(contexts["c1"], "echo one");
+    // Unknown tool, and unparsable arguments: the generic preview.
+    assert_eq!(contexts["c2"], "ls -la");
+    assert_eq!(contexts["c3"], "\"{bad json\"");
+    assert_eq!(entries[2], Entry::ToolRan("echo".into()));
+}
+
+#[tokio::test]
+async fn tool_results_are_stored_in_order_as_they_finish_with_error_ids() {
+    let f = Fixture::new();
+    let model = ScriptedModel::new(vec![
+        calls(&[
+            ("c1", "echo", r#"{"text":"one"}"#),
+            ("c2", "fail", "{}"),
+            ("c3", "echo", ""),
+        ]),
+        text("done"),
+    ]);
+    let report = f.run(&model, spec("q")).await;
+    assert_eq!(report.outcome, TurnOutcome::Completed);
+    let entries = f.log.entries();
+    let expected_tail = vec![
+        Entry::ToolRan("echo".into()),
+        Entry::Append {
+            messages: vec![ChatMessage::tool_result("c1", "echo", "one")],
+            contexts: BTreeMap::new(),
+            errors: vec![],
+        },
+        Entry::ToolRan("fail".into()),
+        Entry::Append {
+            messages: vec![ChatMessage::tool_result("c2", "fail", "exit 1")],
+            contexts: BTreeMap::new(),
+            errors: vec!["c2".into()],
+        },
+        Entry::ToolRan("echo".into()),
+        Entry::Append {
+            messages: vec![ChatMessage::tool_result("c3", "echo", "")],
+            contexts: BTreeMap::new(),
+            errors: vec![],
+        },
+    ];
+    assert_eq!(entries[2..8].to_vec(), expected_tail);
+    // The next request sees the results in call order.
+    let (second, _) = &model.requests()[1];
+    let ids: Vec<_> = second
+        .iter()
+        .filter_map(|m| m.tool_call_id.clone())
+        .collect();
+    assert_eq!(ids, vec!["c1", "c2", "c3"]);
+}
+
+#[tokio::test]
+async fn bad_json_arguments_give_an_error_result_naming_the_problem() {
+    let f = Fixture::new();
+    let model = ScriptedModel::new(vec![calls(&[("c1", "echo", "{\"text\": ")]), text("ok")]);
+    f.run(&model, spec("q")).await;
+    let result = &f.log.appended()[1];
+    let content = result.content.as_deref().unwrap_or("");
+    assert!(content.contains("invalid JSON"), "{content}");
+    assert!(content.contains("echo"), "{content}");
+    assert!(!f.log.entries().contains(&Entry::ToolRan("echo".into())));
+    assert!(f
+        .log
+        .entries()
+        .iter()
+        .any(|e| matches!(e, Entry::Append { errors, .. } if errors == &vec!["c1".to_string()])));
+}
+
+#[tokio::test]
+async fn unknown_tool_gives_an_error_result() {
+    let f = Fixture::new();
+    let model = ScriptedModel::new(vec![calls(&[("c1", "missing", "{}")]), text("ok")]);
+    let report = f.run(&model, spec("q")).await;
+    assert_eq!(report.outcome, TurnOutcome::Completed);
+    assert_eq!(
+        f.log.appended()[1],
+        ChatMessage::tool_result("c1", "missing", "unknown tool missing")
+    );
+}
+
+#[tokio::test]
+async fn model_error_fails_the_turn_with_the_server_message() {
+    let f = Fixture::new();
+    let model = ScriptedModel::new(vec![Step::Fail(ModelError::Http {
+        status: 400,
+        message: "context length exceeded".into(),
+    })]);
+    let report = f.run(&model, spec("q")).await;
+    assert_eq!(report.outcome, TurnOutcome::Failed);
+    let error = report.error.unwrap_or_default();
+    assert!(error.contains("context length exceeded"), "{error}");
+    assert!(error.contains("400"), "{error}");
+    assert_eq!(report.api_calls, 0);
+    assert!(f.log.entries().is_empty());
+}
+
+#[tokio::test]
+async fn store_error_fails_the_turn_without_further_writes() {
+    let mut f = Fixture::new();
+    // Write 0 is usage.add, write 1 the assistant message: refuse that one.
+    f.store.fail_at = Some(1);
+    let model = ScriptedModel::new(vec![calls(&[("c1", "echo", "{}")]), text("never")]);
+    let report = f.run(&model, spec("q")).await;
+    assert_eq!(report.outcome, TurnOutcome::Failed);
+    assert_eq!(
+        report.error.as_deref(),
+        Some("stale_generation: execution x is not live")
+    );
+    assert_eq!(f.log.entries().len(), 1, "{:?}", f.log.entries());
+    assert_eq!(model.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn step_limit_fails_the_turn_after_running_the_last_calls() {
+    let f = Fixture::new();
+    let model = ScriptedModel::new(vec![
+        calls(&[("c1", "echo", "{}")]),
+        calls(&[("c2", "echo", "{}")]),
+        text("unreached"),
+    ]);
+    let mut s = spec("q");
+    s.max_steps = 2;
+    let report = f.run(&model, s).await;
+    assert_eq!(report.outcome, TurnOutcome::Failed);
+    assert_eq!(report.error.as_deref(), Some("step limit (2) reached"));
+    assert_eq!(report.api_calls, 2);
+    assert_eq!(model.requests().len(), 2);
+    // The transcript stays valid: the last call has its result.
+    assert_eq!(
+        f.log.appended().last().unwrap().tool_call_id.as_deref(),
+        Some("c2")
+    );
+}
+
+#[tokio::test]
+async fn server_model_is_reported_else_the_configured_one() {
+    let f = Fixture::new();
+    let mut first = calls(&[("c1", "echo", "{}")]);
+    if let Step::Answer(c) = &mut first {
+        c.model = Some("served-model-2024".into());
+    }
+    let model = ScriptedModel::new(vec![first, text("done")]);
+    let report = f.run(&model, spec("q")).await;
+    assert_eq!(report.model, "served-model-2024");
+
+    let f = Fixture::new();
+    let model = ScriptedModel::new(vec![text("done")]);
+    assert_eq!(f.run(&model, spec("q")).await.model, "configured-model");
+}
+
+#[tokio::test]
+async fn deltas_are_forwarded_to_the_store() {
+    let f = Fixture::new();
+    let model = ScriptedModel::new(vec![text("streamed text")]);
+    f.run(&model, spec("q")).await;
+    assert_eq!(*f.store.deltas.lock().unwrap(), vec!["streamed text"]);
+}
+
+#[tokio::test]
+async fn cancel_during_a_model_request_interrupts_without_writes() {
+    let f = Fixture::new();
+    let model = ScriptedModel::new(vec![Step::Hang]);
+    let cancel = f.ctx.cancel.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        cancel.cancel();
+    });
+    let report = f.run(&model, spec("q")).await;
+    assert_eq!(report.outcome, TurnOutcome::Interrupted);
+    assert_eq!(report.error, None);
+    assert!(f.log.entries().is_empty());
+}
+
+#[tokio::test]
+async fn cancel_before_the_turn_makes_no_request() {
+    let f = Fixture::new();
+    f.ctx.cancel.cancel();
+    let model = ScriptedModel::new(vec![text("x")]);
+    let report = f.run(&model, spec("q")).await;
+    assert_eq!(report.outcome, TurnOutcome::Interrupted);
+    assert!(model.requests().is_empty());
+}
+
+#[tokio::test]
+async fn cancel_during_a_tool_closes_every_call_as_interrupted() {
+    let f = Fixture::new();
+    let model = ScriptedModel::new(vec![calls(&[
+        ("c1", "echo", r#"{"text":"one"}"#),
+        ("c2", "block", "{}"),
+        ("c3", "echo", "{}"),
+    ])]);
+    let cancel = f.ctx.cancel.clone();
+    let log = f.log.clone();
+    tokio::spawn(async move {
+        while !log.entries().contains(&Entry::ToolRan("block".into())) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        cancel.cancel();
+    });
+    let report = f.run(&model, spec("q")).await;
+    assert_eq!(report.outcome, TurnOutcome::Interrupted);
+    let entries = f.log.entries();
+    assert_eq!(
+        entries.last().unwrap(),
+        &Entry::Append {
+            messages: vec![
+                ChatMessage::tool_result("c2", "block", INTERRUPTED_RESULT),
+                ChatMessage::tool_result("c3", "echo", INTERRUPTED_RESULT),
+            ],
+            contexts: BTreeMap::new(),
+            errors: vec!["c2".into(), "c3".into()],
+        }
+    );
+    // c3 never ran; c1's real result was kept.
+    let ran: Vec<_> = entries
+        .iter()
+        .filter(|e| matches!(e, Entry::ToolRan(_)))
+        .collect();
+    assert_eq!(ran.len(), 2);
+    assert!(f
+        .log
+        .appended()
+        .contains(&ChatMessage::tool_result("c1", "echo", "one")));
+}
+
+#[tokio::test]
+async fn a_tool_that_ignores_cancel_is_dropped_after_the_grace() {
+    let f = Fixture::new();
+    let model = ScriptedModel::new(vec![calls(&[("c1", "hang", "{}")])]);
+    let cancel = f.ctx.cancel.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        cancel.cancel();
+    });
+    let started = std::time::Instant::now();
+    let report = f.run(&model, spec("q")).await;
+    assert_eq!(report.outcome, TurnOutcome::Interrupted);
+    assert!(started.elapsed() < TOOL_STOP_GRACE + Duration::from_secs(2));
+    assert_eq!(
+        f.log.appended().last().unwrap(),
+        &ChatMessage::tool_result("c1", "hang", INTERRUPTED_RESULT)
+    );
+}
+
+#[tokio::test]
+async fn a_turn_through_the_real_client_and_mock_model() {
+    use drover_model::{ModelClient, ModelConfig};
+    use drover_test_support::{MockModel, Reply};
+
+    let mock = MockModel::start().await;
+    mock.push(Reply::tool_call("call-1", "echo", json!({"text": "pong"})));
+    mock.push(Reply::text("all done").usage(7, 3, 10));
+    let mut config = ModelConfig::new(mock.base_url(), "mock-model");
+    config.max_retries = 0;
+    let client = ModelClient::new(config).expect("client");
+
+    let f = Fixture::new();
+    let s = spec("ping");
+    let frozen = s.tools.clone();
+    let report = f.run(&client, s).await;
+    assert_eq!(report.outcome, TurnOutcome::Completed, "{report:?}");
+    assert_eq!(report.final_response, "all done");
+    assert_eq!(report.api_calls, 2);
+    assert_eq!(report.usage.total_tokens, 15 + 10);
+
+    let requests = mock.requests();
+    assert_eq!(requests.len(), 2);
+    for body in &requests {
+        assert_eq!(body["tools"], Value::Array(frozen.clone()));
+        assert_eq!(body["messages"][0]["role"], "system");
+        assert_eq!(body["messages"][0]["content"], "be brief");
+    }
+    let second = requests[1]["messages"].as_array().expect("messages");
+    let last = second.last().expect("tool result");
+    assert_eq!(last["role"], "tool");
+    assert_eq!(last["tool_call_id"], "call-1");
+    assert_eq!(last["content"], "pong");
+    assert_eq!(f.store.deltas.lock().unwrap().concat(), "all done");
+}

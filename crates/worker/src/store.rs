@@ -1,0 +1,174 @@
+//! The agent loop's store and the tools' prompt broker, both persisting through the owner
+//! (SPEC section 0, G4: the worker never opens the ledger).
+//!
+//! - [`OwnerStore`] ([`TurnStore`]): `transcript.append` with a [`TranscriptAppend`] payload,
+//!   `usage.add` with a [`UsageAdd`] payload, each waiting for its receipt; deltas go out as
+//!   live `delta` lines.
+//! - [`OwnerPrompts`] ([`PromptBroker`]): `prompt.open` with a [`PromptOpen`] payload. The
+//!   owner sends its receipt only once a human answered: `{"status":"resolved","answer":...}`
+//!   or `{"status":"cancelled"}`.
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use drover_agent::{StoreError, TurnStore};
+use drover_protocol::worker::{op, PromptOpen, TranscriptAppend, UsageAdd};
+use drover_protocol::ChatMessage;
+use drover_tools::{PromptAnswer, PromptBroker};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::link::{OwnerLink, PersistError};
+
+/// The [`TurnStore`] of a managed worker.
+pub struct OwnerStore {
+    link: OwnerLink,
+}
+
+impl OwnerStore {
+    pub fn new(link: OwnerLink) -> OwnerStore {
+        OwnerStore { link }
+    }
+
+    async fn persist(&self, operation: &str, payload: Value) -> Result<(), StoreError> {
+        self.link
+            .persist(operation, payload)
+            .await
+            .map(|_| ())
+            .map_err(store_error)
+    }
+}
+
+/// The agent's view of a persist error: the spec reason and a message without it.
+fn store_error(error: PersistError) -> StoreError {
+    let message = match &error {
+        PersistError::Refused {
+            operation,
+            sequence,
+            message,
+            ..
+        } => format!("the owner refused {operation} (sequence {sequence}): {message}"),
+        other => other.to_string(),
+    };
+    StoreError {
+        reason: error.reason().to_string(),
+        message,
+    }
+}
+
+fn to_payload<T: serde::Serialize>(operation: &str, value: &T) -> Result<Value, StoreError> {
+    serde_json::to_value(value).map_err(|e| StoreError {
+        reason: "invalid_params".to_string(),
+        message: format!("cannot serialise the {operation} payload: {e}"),
+    })
+}
+
+#[async_trait]
+impl TurnStore for OwnerStore {
+    async fn append(
+        &self,
+        messages: Vec<ChatMessage>,
+        tool_contexts: BTreeMap<String, String>,
+        tool_errors: Vec<String>,
+    ) -> Result<(), StoreError> {
+        let payload = to_payload(
+            op::TRANSCRIPT_APPEND,
+            &TranscriptAppend {
+                messages,
+                tool_contexts,
+                tool_errors,
+            },
+        )?;
+        self.persist(op::TRANSCRIPT_APPEND, payload).await
+    }
+
+    async fn add_usage(&self, usage: UsageAdd) -> Result<(), StoreError> {
+        let payload = to_payload(op::USAGE_ADD, &usage)?;
+        self.persist(op::USAGE_ADD, payload).await
+    }
+
+    fn delta(&self, text: &str) {
+        self.link.send_delta(text);
+    }
+}
+
+/// The [`PromptBroker`] of a managed worker. `cancel` is the turn's token: a `stop` frame or
+/// an interrupt ends the wait with [`PromptAnswer::Cancelled`].
+pub struct OwnerPrompts {
+    link: OwnerLink,
+    cancel: CancellationToken,
+}
+
+impl OwnerPrompts {
+    pub fn new(link: OwnerLink, cancel: CancellationToken) -> OwnerPrompts {
+        OwnerPrompts { link, cancel }
+    }
+}
+
+#[async_trait]
+impl PromptBroker for OwnerPrompts {
+    async fn open(&self, kind: &str, body: Value) -> PromptAnswer {
+        let payload = match serde_json::to_value(PromptOpen {
+            kind: kind.to_string(),
+            body,
+        }) {
+            Ok(payload) => payload,
+            Err(e) => {
+                tracing::warn!(kind, error = %e, "cannot serialise a prompt");
+                return PromptAnswer::Cancelled;
+            }
+        };
+        let answer = tokio::select! {
+            biased;
+            _ = self.cancel.cancelled() => return PromptAnswer::Cancelled,
+            answer = self.link.persist(op::PROMPT_OPEN, payload) => answer,
+        };
+        match answer {
+            Ok(result) => parse_answer(&result),
+            Err(e) => {
+                tracing::warn!(kind, error = %e, "prompt could not be opened");
+                if matches!(e, PersistError::Refused { .. }) {
+                    // The execution is no longer ours to run; the worker exits 2 once the
+                    // turn stops.
+                    self.cancel.cancel();
+                }
+                PromptAnswer::Cancelled
+            }
+        }
+    }
+}
+
+/// Reads a `prompt.open` receipt: `{"status":"resolved","answer":...}` or
+/// `{"status":"cancelled"}`; anything else counts as cancelled.
+pub fn parse_answer(result: &Value) -> PromptAnswer {
+    match result.get("status").and_then(Value::as_str) {
+        Some("resolved") => {
+            PromptAnswer::Answered(result.get("answer").cloned().unwrap_or(Value::Null))
+        }
+        Some("cancelled") => PromptAnswer::Cancelled,
+        _ => {
+            tracing::warn!(result = %result, "unexpected prompt.open receipt; treating it as cancelled");
+            PromptAnswer::Cancelled
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn prompt_receipts_map_to_answers() {
+        assert_eq!(
+            parse_answer(&json!({"status": "resolved", "answer": "once"})),
+            PromptAnswer::Answered(json!("once"))
+        );
+        assert_eq!(
+            parse_answer(&json!({"status": "cancelled"})),
+            PromptAnswer::Cancelled
+        );
+        assert_eq!(parse_answer(&json!({"weird": 1})), PromptAnswer::Cancelled);
+    }
+}

@@ -1,0 +1,305 @@
+//! The outbox and the owner link over in-memory pipes: resend after the owner's end closes and
+//! opens again, reload by a fresh journal, refusals, stops and prompts.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use drover_protocol::worker::{OwnerFrame, PersistFrame, Scope, WorkerFrame};
+use drover_tools::{PromptAnswer, PromptBroker};
+use drover_worker::journal::{outbox_dir, Journal};
+use drover_worker::link::{OwnerLink, PersistError};
+use drover_worker::store::OwnerPrompts;
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, DuplexStream, ReadHalf, WriteHalf};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+fn scope() -> Scope {
+    Scope {
+        session_id: "s1".into(),
+        admission_id: "a1".into(),
+        execution_id: "exec-1".into(),
+        generation: 2,
+        epoch: 5,
+        secret: "not-logged".into(),
+    }
+}
+
+/// The owner's end of one pipe pair.
+struct OwnerEnd {
+    reader: BufReader<ReadHalf<DuplexStream>>,
+    writer: WriteHalf<DuplexStream>,
+}
+
+impl OwnerEnd {
+    async fn frame(&mut self) -> WorkerFrame {
+        let mut line = String::new();
+        let n = tokio::time::timeout(WAIT, self.reader.read_line(&mut line))
+            .await
+            .expect("a frame in time")
+            .expect("read");
+        assert!(n > 0, "the worker closed its end");
+        serde_json::from_str(&line).expect("a worker frame")
+    }
+
+    async fn persist(&mut self) -> PersistFrame {
+        loop {
+            if let WorkerFrame::Persist(frame) = self.frame().await {
+                return frame;
+            }
+        }
+    }
+
+    async fn send(&mut self, frame: &OwnerFrame) {
+        let mut line = serde_json::to_string(frame).expect("json");
+        line.push('\n');
+        self.writer.write_all(line.as_bytes()).await.expect("write");
+        self.writer.flush().await.expect("flush");
+    }
+}
+
+fn connect(link: &OwnerLink) -> OwnerEnd {
+    let (worker, owner) = tokio::io::duplex(64 * 1024);
+    let (worker_read, worker_write) = tokio::io::split(worker);
+    link.connect(BufReader::new(worker_read), worker_write);
+    let (owner_read, owner_write) = tokio::io::split(owner);
+    OwnerEnd {
+        reader: BufReader::new(owner_read),
+        writer: owner_write,
+    }
+}
+
+fn open_link(home: &std::path::Path) -> (OwnerLink, PathBuf, CancellationToken) {
+    let dir = outbox_dir(home, "exec-1").expect("outbox dir");
+    let journal = Journal::open(&dir, scope()).expect("journal");
+    let cancel = CancellationToken::new();
+    (OwnerLink::new(journal, cancel.clone()), dir, cancel)
+}
+
+fn frame_files(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+fn spawn_persist(link: &OwnerLink, n: u64) -> JoinHandle<Result<Value, PersistError>> {
+    let link = link.clone();
+    tokio::spawn(async move { link.persist("usage.add", json!({ "n": n })).await })
+}
+
+#[tokio::test]
+async fn outbox_replay_after_the_owners_end_of_the_pipe_closes_and_opens_again() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let (link, dir, _cancel) = open_link(home.path());
+    let mut owner = connect(&link);
+
+    let mut waiting = Vec::new();
+    let mut first_sight = Vec::new();
+    for n in 1..=3 {
+        waiting.push(spawn_persist(&link, n));
+        first_sight.push(owner.persist().await);
+    }
+    let sequences: Vec<u64> = first_sight.iter().map(|f| f.sequence).collect();
+    assert_eq!(sequences, vec![1, 2, 3]);
+    assert_eq!(first_sight[0].secret, "not-logged");
+    assert_eq!((first_sight[0].epoch, first_sight[0].generation), (5, 2));
+
+    // The owner's end closes before any receipt.
+    drop(owner);
+    tokio::time::timeout(WAIT, link.disconnected())
+        .await
+        .expect("the link notices the closed pipe");
+    assert!(!link.is_connected());
+    assert_eq!(frame_files(&dir).len(), 3);
+
+    // A fresh journal on the same directory (a restarted sender) sees the same frames.
+    let reloaded = Journal::open(&dir, scope()).expect("reopen");
+    assert_eq!(reloaded.unacknowledged(), first_sight);
+    assert_eq!(reloaded.next_sequence(), 4);
+    drop(reloaded);
+
+    // A persist made while nobody listens waits in the outbox.
+    waiting.push(spawn_persist(&link, 4));
+    tokio::time::timeout(WAIT, async {
+        while frame_files(&dir).len() < 4 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the fourth frame is recorded");
+
+    // The owner's end opens again: every unacknowledged frame arrives again, in order, then
+    // the new one.
+    let mut owner = connect(&link);
+    let mut second_sight = Vec::new();
+    for _ in 0..4 {
+        second_sight.push(owner.persist().await);
+    }
+    assert_eq!(second_sight[..3], first_sight[..]);
+    assert_eq!(second_sight[3].sequence, 4);
+    assert_eq!(second_sight[3].payload, json!({"n": 4}));
+
+    for frame in &second_sight {
+        owner
+            .send(&OwnerFrame::Receipt {
+                sequence: frame.sequence,
+                result: json!({ "applied": frame.sequence }),
+            })
+            .await;
+    }
+    for (i, task) in waiting.into_iter().enumerate() {
+        let result = tokio::time::timeout(WAIT, task)
+            .await
+            .expect("receipt in time")
+            .expect("task");
+        assert_eq!(result.expect("receipt"), json!({ "applied": i as u64 + 1 }));
+    }
+    assert!(frame_files(&dir).is_empty(), "{:?}", frame_files(&dir));
+    assert!(link.unacknowledged().is_empty());
+    link.finish_outbox().expect("finish");
+    assert!(!dir.exists());
+}
+
+#[tokio::test]
+async fn a_refused_frame_is_recorded_and_never_resent() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let (link, dir, _cancel) = open_link(home.path());
+    let mut owner = connect(&link);
+    let task = spawn_persist(&link, 1);
+    let frame = owner.persist().await;
+    owner
+        .send(&OwnerFrame::Refused {
+            sequence: frame.sequence,
+            reason: "stale_generation".into(),
+            message: "execution exec-1 is not live".into(),
+        })
+        .await;
+    let error = tokio::time::timeout(WAIT, task)
+        .await
+        .expect("answer in time")
+        .expect("task")
+        .expect_err("refused");
+    assert_eq!(error.reason(), "stale_generation");
+    let refusal = link.refusal().expect("refusal kept");
+    assert_eq!(
+        (refusal.sequence, refusal.operation.as_str()),
+        (1, "usage.add")
+    );
+    assert!(frame_files(&dir).is_empty());
+    assert!(link.unacknowledged().is_empty());
+}
+
+#[tokio::test]
+async fn a_stop_frame_fires_the_cancel_token() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let (link, _dir, cancel) = open_link(home.path());
+    let mut owner = connect(&link);
+    owner
+        .send(&OwnerFrame::Stop {
+            reason: "interrupt".into(),
+        })
+        .await;
+    tokio::time::timeout(WAIT, cancel.cancelled())
+        .await
+        .expect("cancelled in time");
+    assert_eq!(link.stop_reason().as_deref(), Some("interrupt"));
+}
+
+#[tokio::test]
+async fn an_oversize_owner_line_fails_waiting_persists_and_cancels() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let (link, _dir, cancel) = open_link(home.path());
+    let mut owner = connect(&link);
+    let task = spawn_persist(&link, 1);
+    owner.persist().await;
+    let huge = "x".repeat(drover_protocol::worker::MAX_FRAME_BYTES + 10);
+    owner
+        .writer
+        .write_all(huge.as_bytes())
+        .await
+        .expect("write");
+    owner.writer.write_all(b"\n").await.expect("write");
+    let error = tokio::time::timeout(WAIT, task)
+        .await
+        .expect("answer in time")
+        .expect("task")
+        .expect_err("fault");
+    assert!(matches!(error, PersistError::Fault(_)), "{error}");
+    assert!(error.to_string().contains("frame limit"), "{error}");
+    assert!(cancel.is_cancelled());
+    assert!(link.fault().is_some());
+    // The link still works for the closing persists.
+    let task = spawn_persist(&link, 2);
+    let frame = owner.persist().await;
+    assert_eq!(frame.sequence, 2);
+    owner
+        .send(&OwnerFrame::Receipt {
+            sequence: 2,
+            result: json!({}),
+        })
+        .await;
+    assert!(tokio::time::timeout(WAIT, task)
+        .await
+        .expect("in time")
+        .expect("task")
+        .is_ok());
+}
+
+#[tokio::test]
+async fn a_prompt_waits_for_the_owners_receipt_and_a_stop_cancels_it() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let (link, _dir, cancel) = open_link(home.path());
+    let mut owner = connect(&link);
+    let prompts = std::sync::Arc::new(OwnerPrompts::new(link.clone(), cancel.clone()));
+
+    let asking = {
+        let prompts = prompts.clone();
+        tokio::spawn(async move {
+            prompts
+                .open("approval", json!({"command": "rm -rf /tmp/x"}))
+                .await
+        })
+    };
+    let frame = owner.persist().await;
+    assert_eq!(frame.operation, "prompt.open");
+    assert_eq!(
+        frame.payload,
+        json!({"kind": "approval", "body": {"command": "rm -rf /tmp/x"}})
+    );
+    owner
+        .send(&OwnerFrame::Receipt {
+            sequence: frame.sequence,
+            result: json!({"status": "resolved", "answer": "once"}),
+        })
+        .await;
+    let answer = tokio::time::timeout(WAIT, asking)
+        .await
+        .expect("in time")
+        .expect("task");
+    assert_eq!(answer, PromptAnswer::Answered(json!("once")));
+
+    let asking = {
+        let prompts = prompts.clone();
+        tokio::spawn(async move { prompts.open("clarify", json!({"question": "which?"})).await })
+    };
+    owner.persist().await;
+    owner
+        .send(&OwnerFrame::Stop {
+            reason: "interrupt".into(),
+        })
+        .await;
+    let answer = tokio::time::timeout(WAIT, asking)
+        .await
+        .expect("in time")
+        .expect("task");
+    assert_eq!(answer, PromptAnswer::Cancelled);
+}

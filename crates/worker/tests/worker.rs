@@ -1,0 +1,247 @@
+//! The worker in-process over in-memory pipes, with the owner played by hand and the model
+//! played by the loopback `MockModel` through the real `ModelClient`.
+
+mod common;
+
+use common::{bootstrap, terminal_schema, Owner, WAIT};
+use drover_protocol::worker::{OwnerFrame, TranscriptAppend, TurnOutcome, UsageAdd};
+use drover_protocol::ChatMessage;
+use drover_test_support::{Gate, MockModel, Reply};
+use drover_worker::WorkerExit;
+use serde_json::json;
+use tokio::io::AsyncWriteExt;
+
+#[tokio::test]
+async fn completed_turn_persists_in_sequence_and_exits_zero() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let mock = MockModel::start().await;
+    // `nope` is not in the (empty) registry: the worker stores an error result and goes on.
+    mock.push(Reply::tool_call("call-1", "nope", json!({"command": "ls"})));
+    mock.push(Reply::text("hello there").usage(7, 3, 10));
+    let mut owner = Owner::spawn();
+    owner.send(&bootstrap(&mock, home.path())).await;
+
+    let finish = owner.receipt_all_until_finish().await;
+    assert_eq!(owner.exited().await, WorkerExit::Finished);
+
+    let sequences: Vec<u64> = owner.persists.iter().map(|f| f.sequence).collect();
+    assert_eq!(sequences, (1..=6).collect::<Vec<u64>>());
+    assert_eq!(
+        owner.operations(),
+        vec![
+            "usage.add",
+            "transcript.append",
+            "transcript.append",
+            "usage.add",
+            "transcript.append",
+            "execution.finish"
+        ]
+    );
+    for frame in &owner.persists {
+        assert_eq!(
+            (frame.epoch, frame.generation, frame.execution_id.as_str()),
+            (9, 4, "exec-1")
+        );
+        assert_eq!(frame.secret, "the-secret");
+    }
+
+    let usage: UsageAdd = serde_json::from_value(owner.persists[0].payload.clone()).expect("usage");
+    assert_eq!(
+        usage,
+        UsageAdd {
+            input_tokens: 10,
+            output_tokens: 5,
+            total_tokens: 15,
+            api_calls: 1
+        }
+    );
+    let assistant: TranscriptAppend =
+        serde_json::from_value(owner.persists[1].payload.clone()).expect("append");
+    assert_eq!(assistant.messages[0].tool_calls[0].id, "call-1");
+    assert_eq!(assistant.tool_contexts["call-1"], "ls");
+    let result: TranscriptAppend =
+        serde_json::from_value(owner.persists[2].payload.clone()).expect("append");
+    assert_eq!(
+        result.messages,
+        vec![ChatMessage::tool_result(
+            "call-1",
+            "nope",
+            "unknown tool nope"
+        )]
+    );
+    assert_eq!(result.tool_errors, vec!["call-1"]);
+
+    assert_eq!(finish.outcome, TurnOutcome::Completed);
+    assert_eq!(finish.error, None);
+    assert_eq!(finish.result.final_response, "hello there");
+    assert_eq!(finish.result.api_calls, 2);
+    assert!(!finish.result.model.is_empty());
+    assert_eq!(finish.usage.total_tokens, 25);
+    assert_eq!(owner.deltas.concat(), "hello there");
+
+    // Frozen policy: system prompt first, tools as stored, on every request.
+    let requests = mock.requests();
+    assert_eq!(requests.len(), 2);
+    for body in &requests {
+        assert_eq!(body["tools"], json!([terminal_schema()]));
+        assert_eq!(
+            body["messages"][0],
+            json!({"role": "system", "content": "be brief"})
+        );
+        assert_eq!(body["messages"][2]["content"], "hello");
+    }
+    assert!(!home.path().join("outbox").join("exec-1").exists());
+}
+
+#[tokio::test]
+async fn stop_mid_turn_finishes_interrupted_and_exits_zero() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let mock = MockModel::start().await;
+    let gate = Gate::new();
+    mock.push(Reply::text("too late").gated(&gate));
+    let mut owner = Owner::spawn();
+    owner.send(&bootstrap(&mock, home.path())).await;
+    assert!(gate.wait_reached(WAIT).await, "the model request arrives");
+
+    owner
+        .send(&OwnerFrame::Stop {
+            reason: "interrupt".into(),
+        })
+        .await;
+    let finish = owner.receipt_all_until_finish().await;
+    gate.open();
+    assert_eq!(owner.operations(), vec!["execution.finish"]);
+    assert_eq!(owner.persists[0].sequence, 1);
+    assert_eq!(finish.outcome, TurnOutcome::Interrupted);
+    assert_eq!(finish.result.api_calls, 0);
+    assert_eq!(finish.result.model, "mock-model");
+    assert_eq!(owner.exited().await, WorkerExit::Finished);
+}
+
+#[tokio::test]
+async fn refused_persist_exits_two_without_execution_finish() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let mock = MockModel::start().await;
+    mock.push(Reply::text("hi"));
+    let mut owner = Owner::spawn();
+    owner.send(&bootstrap(&mock, home.path())).await;
+
+    let first = owner.next_persist().await.expect("usage.add");
+    assert_eq!(first.operation, "usage.add");
+    owner
+        .send(&OwnerFrame::Refused {
+            sequence: first.sequence,
+            reason: "stale_generation".into(),
+            message: "generation 4 is not current".into(),
+        })
+        .await;
+    // Nothing more is persisted: the worker closes its end.
+    assert_eq!(owner.next_persist().await, None);
+    assert_eq!(owner.operations(), vec!["usage.add"]);
+    assert_eq!(owner.exited().await, WorkerExit::Refused);
+    assert_eq!(WorkerExit::Refused.code(), 2);
+}
+
+#[tokio::test]
+async fn owner_end_of_file_exits_one_without_execution_finish() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let mock = MockModel::start().await;
+    let gate = Gate::new();
+    mock.push(Reply::text("never seen").gated(&gate));
+    let mut owner = Owner::spawn();
+    owner.send(&bootstrap(&mock, home.path())).await;
+    assert!(gate.wait_reached(WAIT).await, "the model request arrives");
+
+    let Owner { writer, worker, .. } = owner;
+    // Closing only the owner's writing side is enough: the worker sees end of stdin.
+    let mut writer = writer;
+    writer.shutdown().await.expect("shutdown");
+    let exit = tokio::time::timeout(WAIT, worker)
+        .await
+        .expect("exits in time")
+        .expect("task");
+    gate.open();
+    assert_eq!(exit, WorkerExit::Aborted);
+    assert_eq!(exit.code(), 1);
+}
+
+#[tokio::test]
+async fn sigterm_shutdown_exits_one_without_execution_finish() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let mock = MockModel::start().await;
+    let gate = Gate::new();
+    mock.push(Reply::text("never seen").gated(&gate));
+    let mut owner = Owner::spawn();
+    owner.send(&bootstrap(&mock, home.path())).await;
+    assert!(gate.wait_reached(WAIT).await, "the model request arrives");
+    owner.shutdown.cancel();
+    assert_eq!(owner.next_persist().await, None);
+    gate.open();
+    assert_eq!(owner.exited().await, WorkerExit::Aborted);
+}
+
+#[tokio::test]
+async fn oversize_owner_line_fails_the_turn() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let mock = MockModel::start().await;
+    let gate = Gate::new();
+    mock.push(Reply::text("never seen").gated(&gate));
+    let mut owner = Owner::spawn();
+    owner.send(&bootstrap(&mock, home.path())).await;
+    assert!(gate.wait_reached(WAIT).await, "the model request arrives");
+
+    let huge = format!(
+        "{}\n",
+        "x".repeat(drover_protocol::worker::MAX_FRAME_BYTES + 1)
+    );
+    owner
+        .writer
+        .write_all(huge.as_bytes())
+        .await
+        .expect("write");
+    let finish = owner.receipt_all_until_finish().await;
+    gate.open();
+    assert_eq!(finish.outcome, TurnOutcome::Failed);
+    let error = finish.error.unwrap_or_default();
+    assert!(error.contains("frame limit"), "{error}");
+    assert_eq!(owner.exited().await, WorkerExit::Finished);
+}
+
+#[tokio::test]
+async fn model_error_finishes_failed_with_the_server_message() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let mock = MockModel::start().await;
+    mock.push(Reply::error(400, "maximum context length exceeded"));
+    let mut owner = Owner::spawn();
+    owner.send(&bootstrap(&mock, home.path())).await;
+    let finish = owner.receipt_all_until_finish().await;
+    assert_eq!(owner.operations(), vec!["execution.finish"]);
+    assert_eq!(finish.outcome, TurnOutcome::Failed);
+    let error = finish.error.unwrap_or_default();
+    assert!(error.contains("maximum context length exceeded"), "{error}");
+    assert_eq!(owner.exited().await, WorkerExit::Finished);
+}
+
+#[tokio::test]
+async fn unknown_toolset_finishes_failed_without_a_request() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let mock = MockModel::start().await;
+    let mut frame = bootstrap(&mock, home.path());
+    if let OwnerFrame::Bootstrap(b) = &mut frame {
+        b.policy.toolsets = vec!["teleport".into()];
+    }
+    let mut owner = Owner::spawn();
+    owner.send(&frame).await;
+    let finish = owner.receipt_all_until_finish().await;
+    assert_eq!(finish.outcome, TurnOutcome::Failed);
+    assert!(finish.error.unwrap_or_default().contains("teleport"));
+    assert!(mock.requests().is_empty());
+    assert_eq!(owner.exited().await, WorkerExit::Finished);
+}
+
+#[tokio::test]
+async fn a_first_frame_that_is_not_a_bootstrap_exits_one() {
+    let mut owner = Owner::spawn();
+    owner.send(&OwnerFrame::Stop { reason: "x".into() }).await;
+    assert_eq!(owner.exited().await, WorkerExit::Aborted);
+}
