@@ -246,10 +246,8 @@ async fn follow(
                     p["context"].as_str().unwrap_or_default()
                 );
             }
-            ev::TOOL_COMPLETE if mine => {
-                if p["is_error"].as_bool() == Some(true) {
-                    eprintln!("[{}] error", p["name"].as_str().unwrap_or("tool"));
-                }
+            ev::TOOL_COMPLETE if mine && p["is_error"].as_bool() == Some(true) => {
+                eprintln!("[{}] error", p["name"].as_str().unwrap_or("tool"));
             }
             ev::APPROVAL_REQUEST | ev::CLARIFY_REQUEST if mine => {
                 if let Some(code) = answer_prompt(c, session_id, &event.kind, p, args).await? {

@@ -72,7 +72,10 @@ async fn epoch_goes_up_at_each_start() {
 async fn healthz_needs_no_token_but_the_websocket_does() {
     let home = TestHome::new().unwrap();
     let d = Daemon::start(bin(), home.path()).await.unwrap();
-    let health = http(&d.http_base(), "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let health = http(
+        &d.http_base(),
+        "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
     assert!(health.starts_with("HTTP/1.1 200"), "{health}");
     assert!(Client::connect(&d.url(), None).await.is_err());
     assert!(Client::connect(&d.url(), Some("wrong")).await.is_err());
@@ -86,11 +89,17 @@ async fn healthz_needs_no_token_but_the_websocket_does() {
     assert!(no_token.starts_with("HTTP/1.1 401"), "{no_token}");
     let with_origin = http(
         &d.http_base(),
-        &upgrade(&format!("Authorization: Bearer {}\r\nOrigin: http://evil.example\r\n", d.token())),
+        &upgrade(&format!(
+            "Authorization: Bearer {}\r\nOrigin: http://evil.example\r\n",
+            d.token()
+        )),
     );
     assert!(with_origin.starts_with("HTTP/1.1 403"), "{with_origin}");
     let mut ok = d.client().await.unwrap();
-    assert_eq!(ok.call_ok("ping", serde_json::json!({})).await.unwrap()["pong"], true);
+    assert_eq!(
+        ok.call_ok("ping", serde_json::json!({})).await.unwrap()["pong"],
+        true
+    );
 }
 
 #[tokio::test]
@@ -130,7 +139,8 @@ async fn foreign_state_db_is_refused_and_left_untouched() {
 #[tokio::test]
 async fn bad_config_names_the_key_and_exits_1() {
     let home = TestHome::new().unwrap();
-    home.write_config("[approvals]\nmode = \"sometimes\"\n").unwrap();
+    home.write_config("[approvals]\nmode = \"sometimes\"\n")
+        .unwrap();
     let out = std::process::Command::new(bin())
         .args(["daemon", "--home"])
         .arg(home.path())

@@ -27,7 +27,11 @@ async fn unknown_method_gets_32601() {
     let home = TestHome::new().unwrap();
     let d = Daemon::start(bin(), home.path()).await.unwrap();
     let mut c = d.client().await.unwrap();
-    let e = c.call("session.explode", json!({})).await.unwrap().unwrap_err();
+    let e = c
+        .call("session.explode", json!({}))
+        .await
+        .unwrap()
+        .unwrap_err();
     assert_eq!(e["code"], -32601);
     assert_eq!(e["data"]["reason"], "unknown_method");
 }
@@ -36,19 +40,36 @@ async fn unknown_method_gets_32601() {
 async fn invalid_params_name_the_field() {
     let model = MockModel::start().await;
     let home = TestHome::new().unwrap();
-    home.write_model_config(&model.base_url(), true, "").unwrap();
+    home.write_model_config(&model.base_url(), true, "")
+        .unwrap();
     let d = Daemon::start(bin(), home.path()).await.unwrap();
     let mut c = d.client().await.unwrap();
     let cases = [
         ("session.create", json!({"cwd": "relative/path"}), "cwd"),
-        ("session.create", json!({"cwd": "/definitely/not/here"}), "cwd"),
+        (
+            "session.create",
+            json!({"cwd": "/definitely/not/here"}),
+            "cwd",
+        ),
         ("session.create", json!({"cwd": 7}), "cwd"),
         ("session.create", json!({"toolsets": ["nope"]}), "toolsets"),
         ("session.create", json!({"base_url": "ftp://x"}), "base_url"),
         ("session.resume", json!({}), "session_id"),
-        ("prompt.submit", json!({"session_id": "s", "text": "hi"}), "input_id"),
-        ("prompt.submit", json!({"session_id": "s", "input_id": 5, "text": "hi"}), "input_id"),
-        ("session.events.since", json!({"session_id": "s", "replay_epoch": "e"}), "last_sequence"),
+        (
+            "prompt.submit",
+            json!({"session_id": "s", "text": "hi"}),
+            "input_id",
+        ),
+        (
+            "prompt.submit",
+            json!({"session_id": "s", "input_id": 5, "text": "hi"}),
+            "input_id",
+        ),
+        (
+            "session.events.since",
+            json!({"session_id": "s", "replay_epoch": "e"}),
+            "last_sequence",
+        ),
     ];
     for (method, params, field) in cases {
         let e = c.call(method, params.clone()).await.unwrap().unwrap_err();
@@ -62,7 +83,8 @@ async fn invalid_params_name_the_field() {
 async fn create_is_idempotent_on_request_id_and_submit_needs_attachment() {
     let model = MockModel::start().await;
     let home = TestHome::new().unwrap();
-    home.write_model_config(&model.base_url(), true, "").unwrap();
+    home.write_model_config(&model.base_url(), true, "")
+        .unwrap();
     let d = Daemon::start(bin(), home.path()).await.unwrap();
     let mut a = d.client().await.unwrap();
     let cwd = home.path().display().to_string();
@@ -71,7 +93,10 @@ async fn create_is_idempotent_on_request_id_and_submit_needs_attachment() {
     let s2 = a.call_ok("session.create", params).await.unwrap();
     assert_eq!(s1["session_id"], s2["session_id"]);
     let other = a
-        .call("session.create", json!({"request_id": "req-1", "cwd": cwd, "title": "other"}))
+        .call(
+            "session.create",
+            json!({"request_id": "req-1", "cwd": cwd, "title": "other"}),
+        )
         .await
         .unwrap()
         .unwrap_err();
@@ -81,12 +106,18 @@ async fn create_is_idempotent_on_request_id_and_submit_needs_attachment() {
     let sid = s1["session_id"].as_str().unwrap();
     let mut b = d.client().await.unwrap();
     let reason = b
-        .call_err("prompt.submit", json!({"session_id": sid, "input_id": "i", "text": "x"}))
+        .call_err(
+            "prompt.submit",
+            json!({"session_id": sid, "input_id": "i", "text": "x"}),
+        )
         .await
         .unwrap();
     assert_eq!(reason, "permission_denied");
     let reason = b
-        .call_err("prompt.submit", json!({"session_id": "no-such", "input_id": "i", "text": "x"}))
+        .call_err(
+            "prompt.submit",
+            json!({"session_id": "no-such", "input_id": "i", "text": "x"}),
+        )
         .await
         .unwrap();
     assert_eq!(reason, "not_found");

@@ -356,39 +356,51 @@ impl Ledger {
     }
 }
 
+/// A `prompts` row before its JSON and status words are parsed.
+struct RawPrompt {
+    session_id: String,
+    execution_id: String,
+    generation: i64,
+    kind: String,
+    body: String,
+    status: String,
+    answer: Option<String>,
+    sequence: Option<i64>,
+}
+
 pub(crate) fn load_prompt(
     conn: &rusqlite::Connection,
     prompt_id: &str,
 ) -> Result<Option<PromptRow>, LedgerError> {
-    let raw: Option<(
-        String,
-        String,
-        i64,
-        String,
-        String,
-        String,
-        Option<String>,
-        Option<i64>,
-    )> = conn
+    let row = conn
         .query_row(
             "SELECT session_id, execution_id, generation, kind, body_json, status, answer, sequence
              FROM prompts WHERE prompt_id = ?1",
             [prompt_id],
             |r| {
-                Ok((
-                    r.get(0)?,
-                    r.get(1)?,
-                    r.get(2)?,
-                    r.get(3)?,
-                    r.get(4)?,
-                    r.get(5)?,
-                    r.get(6)?,
-                    r.get(7)?,
-                ))
+                Ok(RawPrompt {
+                    session_id: r.get(0)?,
+                    execution_id: r.get(1)?,
+                    generation: r.get(2)?,
+                    kind: r.get(3)?,
+                    body: r.get(4)?,
+                    status: r.get(5)?,
+                    answer: r.get(6)?,
+                    sequence: r.get(7)?,
+                })
             },
         )
         .optional()?;
-    let Some((session_id, execution_id, generation, kind, body, status, answer, sequence)) = raw
+    let Some(RawPrompt {
+        session_id,
+        execution_id,
+        generation,
+        kind,
+        body,
+        status,
+        answer,
+        sequence,
+    }) = row
     else {
         return Ok(None);
     };

@@ -10,13 +10,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use drover_ledger::{Claim, PersistOutcome};
+use drover_protocol::worker::framing::{read_frame_line, FrameLine};
 use drover_protocol::worker::{Bootstrap, OwnerFrame, Policy, Scope, WorkerFrame, MAX_FRAME_BYTES};
-use futures::StreamExt;
 use serde_json::Value;
 use tokio::io::AsyncWriteExt;
+use tokio::io::BufReader;
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::mpsc;
-use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
 use tokio_util::sync::CancellationToken;
 
 use crate::home::new_token;
@@ -203,30 +203,31 @@ async fn supervise(owner: Arc<Owner>, claim: Claim, secret: String) {
         }
     });
 
-    let mut lines = FramedRead::new(stdout, LinesCodec::new_with_max_length(MAX_FRAME_BYTES));
+    let mut reader = BufReader::new(stdout);
+    let mut buf = Vec::new();
     let mut settled = false;
     loop {
         let next = tokio::select! {
-            next = lines.next() => next,
+            next = read_frame_line(&mut reader, &mut buf, MAX_FRAME_BYTES) => next,
             _ = kill.cancelled() => {
                 tracing::warn!(%execution_id, "killing worker");
                 let _ = child.start_kill();
                 break;
             }
         };
-        let line = match next {
-            Some(Ok(line)) => line,
-            Some(Err(LinesCodecError::MaxLineLengthExceeded)) => {
-                tracing::warn!(%execution_id, "refused a worker line over 4 MiB");
+        match next {
+            Ok(FrameLine::Line) => {}
+            Ok(FrameLine::TooLong(bytes)) => {
+                tracing::warn!(%execution_id, bytes, "refused a worker line over 4 MiB");
                 continue;
             }
-            Some(Err(LinesCodecError::Io(e))) => {
+            Ok(FrameLine::Eof) => break,
+            Err(e) => {
                 tracing::warn!(%execution_id, error = %e, "worker pipe failed");
                 break;
             }
-            None => break,
-        };
-        let frame: WorkerFrame = match serde_json::from_str(&line) {
+        }
+        let frame: WorkerFrame = match serde_json::from_slice(&buf) {
             Ok(f) => f,
             Err(e) => {
                 tracing::warn!(%execution_id, error = %e, "refused a malformed worker line");

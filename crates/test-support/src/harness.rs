@@ -78,7 +78,13 @@ pub struct Daemon {
 impl Daemon {
     /// Starts `bin daemon --home home` and waits until its `daemon.json` names its pid.
     pub async fn start(bin: &Path, home: &Path) -> Result<Daemon> {
+        Daemon::start_with_env(bin, home, &[]).await
+    }
+
+    /// Like [`Daemon::start`], with extra environment variables.
+    pub async fn start_with_env(bin: &Path, home: &Path, env: &[(&str, &str)]) -> Result<Daemon> {
         let child = Command::new(bin)
+            .envs(env.iter().copied())
             .arg("daemon")
             .arg("--home")
             .arg(home)
@@ -246,7 +252,11 @@ pub fn children_of(parent: u32) -> Vec<u32> {
         return out;
     };
     for entry in dir.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
             continue;
         };
         let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
@@ -268,7 +278,11 @@ pub fn children_of(parent: u32) -> Vec<u32> {
 /// Paths of every open file descriptor of `pid`.
 pub fn open_files(pid: u32) -> Vec<PathBuf> {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|d| d.flatten().filter_map(|e| std::fs::read_link(e.path()).ok()).collect())
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| std::fs::read_link(e.path()).ok())
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -284,7 +298,8 @@ impl Client {
     pub async fn connect(url: &str, token: Option<&str>) -> Result<Client> {
         let mut req = url.into_client_request()?;
         if let Some(t) = token {
-            req.headers_mut().insert("Authorization", format!("Bearer {t}").parse()?);
+            req.headers_mut()
+                .insert("Authorization", format!("Bearer {t}").parse()?);
         }
         let (ws, _) = tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(req))
             .await
@@ -306,7 +321,10 @@ impl Client {
     pub async fn recv_response(&mut self) -> Result<Value> {
         let deadline = Instant::now() + WAIT;
         loop {
-            let v = self.read_until(deadline).await?.ok_or_else(|| anyhow!("no response within {WAIT:?}"))?;
+            let v = self
+                .read_until(deadline)
+                .await?
+                .ok_or_else(|| anyhow!("no response within {WAIT:?}"))?;
             if v.get("method").and_then(Value::as_str) == Some("event") {
                 self.events.push_back(v["params"].clone());
                 continue;
@@ -381,9 +399,14 @@ impl Client {
     /// Waits for `turn.settled` of `admission_id` and returns its outcome.
     pub async fn wait_settled(&mut self, admission_id: &str) -> Result<String> {
         let e = self
-            .wait_event(|e| e["type"] == "turn.settled" && e["payload"]["admission_id"] == admission_id)
+            .wait_event(|e| {
+                e["type"] == "turn.settled" && e["payload"]["admission_id"] == admission_id
+            })
             .await?;
-        Ok(e["payload"]["outcome"].as_str().unwrap_or_default().to_string())
+        Ok(e["payload"]["outcome"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string())
     }
 
     /// Creates a session with `cwd` and returns the `session.resume`-shaped result.
@@ -429,5 +452,9 @@ pub fn uuid_like() -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos())
         .unwrap_or(0);
-    format!("{t:x}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "{t:x}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
 }

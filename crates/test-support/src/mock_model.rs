@@ -35,6 +35,9 @@ use futures::StreamExt;
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
+/// A function from a request body to its reply.
+pub type Responder = Arc<dyn Fn(&Value) -> Reply + Send + Sync>;
+
 /// Default usage of a reply: prompt 10, completion 5, total 15.
 pub const DEFAULT_USAGE: (u64, u64, u64) = (10, 5, 15);
 
@@ -52,6 +55,8 @@ pub struct MockModel {
 struct Shared {
     script: Mutex<VecDeque<Reply>>,
     default: Mutex<Reply>,
+    /// When set, computes the reply for requests the script does not cover.
+    responder: Mutex<Option<Responder>>,
     requests: Mutex<Vec<Value>>,
     /// The headers of each logged request, in the same order.
     headers: Mutex<Vec<Vec<(String, String)>>>,
@@ -80,6 +85,7 @@ impl MockModel {
         let shared = Arc::new(Shared {
             script: Mutex::new(VecDeque::new()),
             default: Mutex::new(Reply::text("ok")),
+            responder: Mutex::new(None),
             requests: Mutex::new(Vec::new()),
             headers: Mutex::new(Vec::new()),
             arrived: watch::Sender::new(0),
@@ -120,6 +126,12 @@ impl MockModel {
     /// The reply used when the script is empty.
     pub fn set_default(&self, reply: Reply) {
         *lock(&self.shared.default) = reply;
+    }
+
+    /// Computes replies from the request body when the script is empty (takes precedence over
+    /// the default reply). Used by the demo server and benchmarks.
+    pub fn set_responder(&self, f: impl Fn(&Value) -> Reply + Send + Sync + 'static) {
+        *lock(&self.shared.responder) = Some(Arc::new(f));
     }
 
     /// Every request body received so far, in arrival order. A body that is not JSON is logged
@@ -332,7 +344,13 @@ async fn chat_completions(
         requests.push(request.clone());
         shared.arrived.send_replace(requests.len());
         let next = lock(&shared.script).pop_front();
-        next.unwrap_or_else(|| lock(&shared.default).clone())
+        next.unwrap_or_else(|| {
+            let responder = lock(&shared.responder).clone();
+            match responder {
+                Some(f) => f(&request),
+                None => lock(&shared.default).clone(),
+            }
+        })
     };
 
     let mut stop = shared.shutdown.subscribe();

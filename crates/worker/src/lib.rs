@@ -51,8 +51,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::journal::{outbox_dir, Journal};
-use crate::link::{read_frame_line, FrameLine, OwnerLink, PersistError};
+use crate::link::{OwnerLink, PersistError};
 use crate::store::{OwnerPrompts, OwnerStore};
+use drover_protocol::worker::framing::{read_frame_line, FrameLine};
 
 /// The environment variable naming the owner's pid. When set, the worker exits at start if its
 /// parent is another process (the owner died before `PR_SET_PDEATHSIG` took hold).

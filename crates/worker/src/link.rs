@@ -19,12 +19,12 @@
 //! worker settles it `failed` with the fault as the error.
 
 use std::collections::HashMap;
-use std::io;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use drover_protocol::worker::framing::{read_frame_line, FrameLine};
 use drover_protocol::worker::{OwnerFrame, WorkerFrame, MAX_FRAME_BYTES};
 use serde_json::Value;
-use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncBufRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -463,59 +463,6 @@ where
                 inner.lost(connection);
                 return;
             }
-        }
-    }
-}
-
-/// What [`read_frame_line`] found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FrameLine {
-    /// A whole line (without its newline) is in the buffer.
-    Line,
-    /// A line of this many bytes (newline excluded) was over the limit and was skipped.
-    TooLong(usize),
-    /// End of input; a last line without a newline is dropped (its writer died mid-line).
-    Eof,
-}
-
-/// Reads one `\n`-terminated line into `buf` (cleared first) without ever holding more than
-/// `max` bytes of it: a longer line is consumed and skipped.
-pub async fn read_frame_line<R>(
-    reader: &mut R,
-    buf: &mut Vec<u8>,
-    max: usize,
-) -> io::Result<FrameLine>
-where
-    R: AsyncBufRead + Unpin,
-{
-    buf.clear();
-    let mut total = 0usize;
-    let mut too_long = false;
-    loop {
-        let available = reader.fill_buf().await?;
-        if available.is_empty() {
-            return Ok(FrameLine::Eof);
-        }
-        let (chunk, used, done) = match available.iter().position(|&b| b == b'\n') {
-            Some(i) => (&available[..i], i + 1, true),
-            None => (available, available.len(), false),
-        };
-        total += chunk.len();
-        if !too_long {
-            if total > max {
-                too_long = true;
-                buf.clear();
-            } else {
-                buf.extend_from_slice(chunk);
-            }
-        }
-        reader.consume(used);
-        if done {
-            return Ok(if too_long {
-                FrameLine::TooLong(total)
-            } else {
-                FrameLine::Line
-            });
         }
     }
 }

@@ -1,0 +1,450 @@
+//! One agent turn end to end (SPEC sections 2 to 6): real daemon, real worker processes, real
+//! SQLite, and a loopback model server playing the model.
+
+use std::path::Path;
+use std::time::Duration;
+
+use drover_test_support::harness::{open_files, Client, Daemon, TestHome};
+use drover_test_support::{Gate, MockModel, Reply};
+use serde_json::{json, Value};
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_drover"))
+}
+
+struct Setup {
+    model: MockModel,
+    home: TestHome,
+    daemon: Daemon,
+    client: Client,
+    session_id: String,
+}
+
+async fn setup(stream: bool) -> Setup {
+    setup_with(stream, &[]).await
+}
+
+async fn setup_with(stream: bool, env: &[(&str, &str)]) -> Setup {
+    let model = MockModel::start().await;
+    let home = TestHome::new().unwrap();
+    home.write_model_config(&model.base_url(), stream, "")
+        .unwrap();
+    let daemon = Daemon::start_with_env(bin(), home.path(), env)
+        .await
+        .unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let s = client.create_session(home.path()).await.unwrap();
+    let session_id = s["session_id"].as_str().unwrap().to_string();
+    Setup {
+        model,
+        home,
+        daemon,
+        client,
+        session_id,
+    }
+}
+
+fn db_rows(db: &Path, sql: &str) -> Vec<Vec<Value>> {
+    let conn =
+        rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .unwrap();
+    let mut stmt = conn.prepare(sql).unwrap();
+    let n = stmt.column_count();
+    let rows = stmt
+        .query_map([], |r| {
+            Ok((0..n)
+                .map(|i| match r.get_ref(i).unwrap() {
+                    rusqlite::types::ValueRef::Null => Value::Null,
+                    rusqlite::types::ValueRef::Integer(v) => json!(v),
+                    rusqlite::types::ValueRef::Real(v) => json!(v),
+                    rusqlite::types::ValueRef::Text(t) => json!(String::from_utf8_lossy(t)),
+                    rusqlite::types::ValueRef::Blob(_) => Value::Null,
+                })
+                .collect())
+        })
+        .unwrap();
+    rows.map(Result::unwrap).collect()
+}
+
+async fn terminal_turn_writes_the_transcript_usage_and_events(stream: bool) {
+    let mut s = setup(stream).await;
+    let gate = Gate::new();
+    s.model.push(
+        Reply::tool_call("call_1", "terminal", json!({"command": "printf X"})).usage(11, 3, 14),
+    );
+    s.model.push(
+        Reply::text("The output was X.")
+            .usage(20, 5, 25)
+            .gated(&gate),
+    );
+    let receipt = s
+        .client
+        .submit(&s.session_id, "run printf X")
+        .await
+        .unwrap();
+    let admission_id = receipt["admission_id"].as_str().unwrap().to_string();
+    assert_eq!(receipt["status"], "queued");
+
+    // While the second request is held, the worker is alive: it must not hold the ledger open.
+    assert!(
+        gate.wait_reached(Duration::from_secs(20)).await,
+        "second model request never came"
+    );
+    let worker = s.daemon.wait_worker().await.unwrap();
+    let files = open_files(worker);
+    assert!(!files.is_empty(), "could not read /proc/{worker}/fd");
+    for f in &files {
+        let name = f.display().to_string();
+        assert!(
+            !name.contains("state.db"),
+            "worker {worker} holds {name} open"
+        );
+    }
+    gate.open();
+
+    assert_eq!(
+        s.client.wait_settled(&admission_id).await.unwrap(),
+        "completed"
+    );
+
+    let rows = db_rows(
+        &s.home.db(),
+        &format!(
+            "SELECT role, content, tool_calls, tool_call_id FROM messages WHERE session_id = '{}' ORDER BY id",
+            s.session_id
+        ),
+    );
+    let roles: Vec<&str> = rows.iter().map(|r| r[0].as_str().unwrap()).collect();
+    assert_eq!(roles, ["user", "assistant", "tool", "assistant"]);
+    assert_eq!(rows[0][1], "run printf X");
+    assert!(
+        rows[1][2].as_str().unwrap().contains("call_1"),
+        "{:?}",
+        rows[1]
+    );
+    assert_eq!(rows[2][3], "call_1");
+    let tool_result: Value = serde_json::from_str(rows[2][1].as_str().unwrap()).unwrap();
+    assert_eq!(tool_result["output"], "X");
+    assert_eq!(tool_result["exit_code"], 0);
+    assert_eq!(rows[3][1], "The output was X.");
+
+    let r = s
+        .client
+        .call_ok(
+            "prompt.receipt",
+            json!({"session_id": s.session_id, "admission_id": admission_id, "include_result": true}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r["status"], "terminal");
+    assert_eq!(r["outcome"], "completed");
+    assert_eq!(r["usage"]["total_tokens"], 39);
+    assert_eq!(r["usage"]["input_tokens"], 31);
+    assert_eq!(r["usage"]["output_tokens"], 8);
+    assert_eq!(r["result"]["api_calls"], 2);
+    assert_eq!(r["result"]["final_response"], "The output was X.");
+    assert_eq!(s.model.requests().len(), 2);
+
+    let resume = s
+        .client
+        .call_ok("session.resume", json!({"session_id": s.session_id}))
+        .await
+        .unwrap();
+    let since = s
+        .client
+        .call_ok(
+            "session.events.since",
+            json!({"session_id": s.session_id, "replay_epoch": resume["replay_epoch"], "last_sequence": 0}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(since["snapshot_required"], false);
+    let events = since["events"].as_array().unwrap();
+    let seqs: Vec<u64> = events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    assert_eq!(
+        seqs,
+        (1..=seqs.len() as u64).collect::<Vec<_>>(),
+        "seq must have no gaps"
+    );
+    let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    let start = kinds
+        .iter()
+        .position(|k| *k == "tool.start")
+        .expect("tool.start stored");
+    let complete = kinds
+        .iter()
+        .position(|k| *k == "tool.complete")
+        .expect("tool.complete stored");
+    assert!(start < complete, "{kinds:?}");
+    assert!(!kinds.contains(&"message.delta"), "deltas are live only");
+    for k in [
+        "turn.started",
+        "message.complete",
+        "turn.settled",
+        "admission.updated",
+    ] {
+        assert!(kinds.contains(&k), "{k} missing from {kinds:?}");
+    }
+    assert_eq!(events[start]["payload"]["context"], "printf X");
+    assert_eq!(events[start]["payload"]["name"], "terminal");
+    assert_eq!(events[complete]["payload"]["is_error"], false);
+    assert_eq!(events[complete]["payload"]["args"]["command"], "printf X");
+    assert_eq!(resume["last_sequence"].as_u64().unwrap(), seqs.len() as u64);
+
+    // The model saw stream mode as configured.
+    let req = &s.model.requests()[0];
+    assert_eq!(req["stream"].as_bool().unwrap_or(false), stream);
+}
+
+#[tokio::test]
+async fn terminal_turn_streaming() {
+    terminal_turn_writes_the_transcript_usage_and_events(true).await;
+}
+
+#[tokio::test]
+async fn terminal_turn_non_streaming() {
+    terminal_turn_writes_the_transcript_usage_and_events(false).await;
+}
+
+#[tokio::test]
+async fn deltas_are_live_with_an_index_and_no_seq() {
+    let mut s = setup(true).await;
+    s.model.push(Reply::text("one two three four five six"));
+    let receipt = s.client.submit(&s.session_id, "count").await.unwrap();
+    let aid = receipt["admission_id"].as_str().unwrap().to_string();
+    let mut deltas = Vec::new();
+    loop {
+        let e = s
+            .client
+            .next_event(Duration::from_secs(20))
+            .await
+            .unwrap()
+            .expect("event");
+        if e["type"] == "message.delta" {
+            assert!(e["seq"].is_null(), "{e}");
+            deltas.push(e["payload"].clone());
+        }
+        if e["type"] == "turn.settled" && e["payload"]["admission_id"] == aid.as_str() {
+            break;
+        }
+    }
+    assert!(deltas.len() >= 2, "{deltas:?}");
+    let idx: Vec<u64> = deltas
+        .iter()
+        .map(|d| d["delta_index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(idx, (0..deltas.len() as u64).collect::<Vec<_>>());
+    let text: String = deltas.iter().map(|d| d["text"].as_str().unwrap()).collect();
+    assert_eq!(text, "one two three four five six");
+}
+
+#[tokio::test]
+async fn failing_model_endpoint_fails_the_turn_with_its_message_and_daemon_keeps_serving() {
+    let mut s = setup(true).await;
+    s.model
+        .push(Reply::error(400, "the mock refuses this prompt"));
+    let receipt = s.client.submit(&s.session_id, "hello").await.unwrap();
+    let aid = receipt["admission_id"].as_str().unwrap().to_string();
+    let settled = s
+        .client
+        .wait_event(|e| e["type"] == "turn.settled" && e["payload"]["admission_id"] == aid.as_str())
+        .await
+        .unwrap();
+    assert_eq!(settled["payload"]["outcome"], "failed");
+    assert!(
+        settled["payload"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("the mock refuses this prompt"),
+        "{settled}"
+    );
+    let r = s
+        .client
+        .call_ok(
+            "prompt.receipt",
+            json!({"session_id": s.session_id, "admission_id": aid, "include_result": true}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r["outcome"], "failed");
+    assert!(r["result"]["error"]
+        .as_str()
+        .unwrap()
+        .contains("the mock refuses this prompt"));
+    // The next input runs.
+    s.model.push(Reply::text("fine now"));
+    let r2 = s.client.submit(&s.session_id, "again").await.unwrap();
+    assert_eq!(
+        s.client
+            .wait_settled(r2["admission_id"].as_str().unwrap())
+            .await
+            .unwrap(),
+        "completed"
+    );
+}
+
+#[tokio::test]
+async fn unreachable_endpoint_fails_the_turn() {
+    let mut s = setup(true).await;
+    // A session pointed at a closed port.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let created = s
+        .client
+        .call_ok(
+            "session.create",
+            json!({"request_id": "dead", "cwd": s.home.path(), "base_url": format!("http://127.0.0.1:{port}/v1")}),
+        )
+        .await
+        .unwrap();
+    let sid = created["session_id"].as_str().unwrap().to_string();
+    let receipt = s.client.submit(&sid, "hello").await.unwrap();
+    let outcome = s
+        .client
+        .wait_settled(receipt["admission_id"].as_str().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(outcome, "failed");
+    assert_eq!(
+        s.client.call_ok("ping", json!({})).await.unwrap()["pong"],
+        true
+    );
+}
+
+#[tokio::test]
+async fn turns_run_fifo_one_at_a_time_per_session() {
+    let mut s = setup(true).await;
+    let gate = Gate::new();
+    s.model.push(Reply::text("first").gated(&gate));
+    s.model.push(Reply::text("second"));
+    let r1 = s.client.submit(&s.session_id, "one").await.unwrap();
+    let r2 = s.client.submit(&s.session_id, "two").await.unwrap();
+    assert!(gate.wait_reached(Duration::from_secs(20)).await);
+    let resume = s
+        .client
+        .call_ok("session.resume", json!({"session_id": s.session_id}))
+        .await
+        .unwrap();
+    let pending = resume["pending"].as_array().unwrap();
+    assert_eq!(pending.len(), 2);
+    assert_eq!(pending[0]["status"], "started");
+    assert_eq!(pending[1]["status"], "queued");
+    assert_eq!(resume["running"], true);
+    let lease = db_rows(&s.home.db(), "SELECT count(*) FROM session_turn_leases");
+    assert_eq!(lease[0][0], 1);
+    assert_eq!(
+        s.model.requests().len(),
+        1,
+        "second turn must wait for the first"
+    );
+    gate.open();
+    assert_eq!(
+        s.client
+            .wait_settled(r1["admission_id"].as_str().unwrap())
+            .await
+            .unwrap(),
+        "completed"
+    );
+    assert_eq!(
+        s.client
+            .wait_settled(r2["admission_id"].as_str().unwrap())
+            .await
+            .unwrap(),
+        "completed"
+    );
+    let lease = db_rows(&s.home.db(), "SELECT count(*) FROM session_turn_leases");
+    assert_eq!(lease[0][0], 0);
+    // The second request carries the first turn as history.
+    let reqs = s.model.requests();
+    let contents: Vec<String> = reqs[1]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["content"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert!(
+        contents.contains(&"one".to_string()) && contents.contains(&"first".to_string()),
+        "{contents:?}"
+    );
+    assert_eq!(contents.last().unwrap(), "two");
+}
+
+#[tokio::test]
+async fn frozen_session_sends_the_same_system_prompt_tools_and_model_after_config_changes() {
+    let mut s = setup(true).await;
+    s.model.push(Reply::text("a"));
+    let r = s.client.submit(&s.session_id, "first").await.unwrap();
+    s.client
+        .wait_settled(r["admission_id"].as_str().unwrap())
+        .await
+        .unwrap();
+    // Change the config under the session and restart the owner.
+    s.daemon.stop().await.unwrap();
+    s.home
+        .write_config(&format!(
+            "[model]\nbase_url = \"{}\"\nname = \"another-model\"\nmax_retries = 0\n[toolsets]\ndefault = []\n",
+            s.model.base_url()
+        ))
+        .unwrap();
+    let daemon = Daemon::start(bin(), s.home.path()).await.unwrap();
+    let mut c = daemon.client().await.unwrap();
+    c.call_ok("session.resume", json!({"session_id": s.session_id}))
+        .await
+        .unwrap();
+    s.model.push(Reply::text("b"));
+    let r = c.submit(&s.session_id, "second").await.unwrap();
+    assert_eq!(
+        c.wait_settled(r["admission_id"].as_str().unwrap())
+            .await
+            .unwrap(),
+        "completed"
+    );
+    let reqs = s.model.requests();
+    assert_eq!(reqs.len(), 2);
+    assert_eq!(reqs[0]["messages"][0], reqs[1]["messages"][0]);
+    assert_eq!(reqs[0]["messages"][0]["role"], "system");
+    assert_eq!(reqs[0]["tools"], reqs[1]["tools"]);
+    assert!(reqs[0]["tools"].as_array().is_some_and(|t| !t.is_empty()));
+    assert_eq!(reqs[0]["model"], reqs[1]["model"]);
+    assert_eq!(reqs[1]["model"], "mock");
+}
+
+#[tokio::test]
+async fn garbage_worker_lines_are_refused_without_corrupting_the_turn() {
+    // A wrapper prints an unknown frame type, a line over 4 MiB and non-JSON before becoming
+    // the real worker.
+    let dir = tempfile::tempdir().unwrap();
+    let wrapper = dir.path().join("worker.sh");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nprintf '{{\"type\":\"bogus\"}}\\n'\nhead -c 5000000 /dev/zero | tr '\\0' a\necho\necho 'not json'\nexec '{}' \"$@\"\n",
+            bin().display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let wrapper_s = wrapper.display().to_string();
+    let mut s = setup_with(true, &[("DROVER_WORKER_EXE", wrapper_s.as_str())]).await;
+    s.model.push(Reply::text("survived"));
+    let r = s.client.submit(&s.session_id, "hi").await.unwrap();
+    assert_eq!(
+        s.client
+            .wait_settled(r["admission_id"].as_str().unwrap())
+            .await
+            .unwrap(),
+        "completed"
+    );
+    let rows = db_rows(
+        &s.home.db(),
+        "SELECT role, content FROM messages ORDER BY id",
+    );
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[1][1], "survived");
+}

@@ -1,0 +1,38 @@
+//! `drover-mock-model`: the loopback model server as a program, for the README demo and for
+//! trying drover without a real endpoint.
+//!
+//! It prints its base URL on stdout, then answers forever: a request whose last message is from
+//! the user gets a `terminal` tool call running `uname -sr`; a request whose last message is a
+//! tool result gets a text answer quoting that result. Stop it with SIGTERM or Ctrl-C.
+
+use drover_test_support::{MockModel, Reply};
+use serde_json::{json, Value};
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let model = MockModel::start().await;
+    model.set_responder(|req: &Value| {
+        let last = req["messages"]
+            .as_array()
+            .and_then(|m| m.last())
+            .cloned()
+            .unwrap_or(Value::Null);
+        if last["role"] == "tool" {
+            let content = last["content"].as_str().unwrap_or_default();
+            let output = serde_json::from_str::<Value>(content)
+                .ok()
+                .and_then(|v| v["output"].as_str().map(str::to_string))
+                .unwrap_or_else(|| content.to_string());
+            Reply::text(format!("The command printed: {}", output.trim()))
+        } else {
+            let n = req["messages"].as_array().map(Vec::len).unwrap_or(0);
+            Reply::tool_call(
+                format!("call_{n}"),
+                "terminal",
+                json!({"command": "uname -sr"}),
+            )
+        }
+    });
+    println!("{}", model.base_url());
+    let _ = tokio::signal::ctrl_c().await;
+}
