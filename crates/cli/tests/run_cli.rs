@@ -1,0 +1,153 @@
+//! `drover run`, `drover sessions` and `drover stop` as a user runs them (SPEC section 8).
+
+use std::path::Path;
+use std::process::Output;
+use std::time::Duration;
+
+use drover_test_support::harness::{pid_alive, TestHome};
+use drover_test_support::{MockModel, Reply};
+use serde_json::{json, Value};
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_drover"))
+}
+
+/// Runs `drover <args>` with a bounded wait; the child is reaped either way.
+async fn drover(home: &Path, args: &[&str]) -> Output {
+    let mut cmd = tokio::process::Command::new(bin());
+    cmd.arg("--home").arg(home).args(args).kill_on_drop(true);
+    cmd.stdin(std::process::Stdio::null());
+    tokio::time::timeout(Duration::from_secs(60), cmd.output())
+        .await
+        .expect("drover did not finish within 60 s")
+        .expect("drover ran")
+}
+
+/// `drover run` detaches the daemon it starts; this stops it even when a test fails.
+struct StopDaemonOnDrop<'a>(&'a Path);
+
+impl Drop for StopDaemonOnDrop<'_> {
+    fn drop(&mut self) {
+        if let Some(pid) = daemon_pid(self.0) {
+            drover_test_support::harness::signal(pid, nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+}
+
+fn daemon_pid(home: &Path) -> Option<u32> {
+    let text = std::fs::read_to_string(home.join("daemon.json")).ok()?;
+    serde_json::from_str::<Value>(&text).ok()?["pid"]
+        .as_u64()
+        .map(|p| p as u32)
+}
+
+#[tokio::test]
+async fn run_starts_a_daemon_streams_the_answer_and_stop_stops_it() {
+    let model = MockModel::start().await;
+    let home = TestHome::new().unwrap();
+    let _guard = StopDaemonOnDrop(home.path());
+    home.write_model_config(&model.base_url(), true, "")
+        .unwrap();
+    model.push(Reply::tool_call(
+        "c1",
+        "terminal",
+        json!({"command": "echo hi"}),
+    ));
+    model.push(Reply::text("All done: hi"));
+
+    let out = drover(home.path(), &["run", "say hi"]).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout: {stdout}\nstderr: {stderr}"
+    );
+    assert_eq!(stdout.trim_end(), "All done: hi");
+    assert!(stderr.contains("[terminal] echo hi"), "{stderr}");
+
+    // The daemon it started keeps running for the next command.
+    let pid = daemon_pid(home.path()).expect("daemon.json written");
+    assert!(pid_alive(pid));
+    let sessions = drover(home.path(), &["sessions", "--json"]).await;
+    assert_eq!(sessions.status.code(), Some(0));
+    let list: Value = serde_json::from_slice(&sessions.stdout).unwrap();
+    assert_eq!(list["sessions"].as_array().unwrap().len(), 1);
+    let session_id = list["sessions"][0]["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    // A second run continues the same session.
+    model.push(Reply::text("second answer"));
+    let out = drover(home.path(), &["run", "--session", &session_id, "again"]).await;
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim_end(),
+        "second answer"
+    );
+    let last = model.requests().last().cloned().unwrap();
+    let history: Vec<&str> = last["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["content"].as_str())
+        .collect();
+    assert!(
+        history.contains(&"say hi") && history.contains(&"again"),
+        "{history:?}"
+    );
+
+    let stop = drover(home.path(), &["stop"]).await;
+    assert_eq!(stop.status.code(), Some(0));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while pid_alive(pid) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!pid_alive(pid), "daemon still running after drover stop");
+    assert!(!home.path().join("daemon.json").exists());
+}
+
+#[tokio::test]
+async fn run_exits_1_with_the_model_error_on_stderr() {
+    let model = MockModel::start().await;
+    let home = TestHome::new().unwrap();
+    let _guard = StopDaemonOnDrop(home.path());
+    home.write_model_config(&model.base_url(), false, "")
+        .unwrap();
+    model.push(Reply::error(401, "invalid api key for the mock"));
+    let out = drover(home.path(), &["run", "hello"]).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("invalid api key for the mock"), "{stderr}");
+    let _ = drover(home.path(), &["stop"]).await;
+}
+
+#[tokio::test]
+async fn run_without_an_endpoint_names_base_url() {
+    let home = TestHome::new().unwrap();
+    let _guard = StopDaemonOnDrop(home.path());
+    home.write_config("[model]\nname = \"m\"\n").unwrap();
+    let mut cmd = tokio::process::Command::new(bin());
+    cmd.arg("--home")
+        .arg(home.path())
+        .args(["run", "hello"])
+        .env_remove("OPENAI_BASE_URL")
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
+        .await
+        .unwrap()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("base_url"), "{stderr}");
+    let _ = drover(home.path(), &["stop"]).await;
+}
+
+#[tokio::test]
+async fn stop_without_a_daemon_says_so_and_exits_0() {
+    let home = TestHome::new().unwrap();
+    let out = drover(home.path(), &["stop"]).await;
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no daemon"));
+}
