@@ -34,7 +34,7 @@ impl Client {
         );
         let (ws, _) = tokio::time::timeout(
             Duration::from_secs(10),
-            tokio_tungstenite::connect_async(request),
+            tokio_tungstenite::connect_async_with_config(request, None, true),
         )
         .await
         .map_err(|_| anyhow!("timed out connecting to {url}"))?

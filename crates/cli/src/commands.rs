@@ -353,9 +353,9 @@ async fn answer_prompt(
         }
         None => {
             eprintln!(
-                "drover: a {} prompt is waiting (prompt_id {prompt_id}) and there is no terminal; \
+                "drover: {} prompt is waiting (prompt_id {prompt_id}) and there is no terminal; \
                  pass --{} or answer it from another client",
-                if approval { "approval" } else { "clarify" },
+                if approval { "an approval" } else { "a clarify" },
                 if approval { "approve" } else { "answer" }
             );
             return Ok(Some(Exit::PromptWaiting));

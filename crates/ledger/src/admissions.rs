@@ -2,7 +2,7 @@
 
 use drover_protocol::event as ev;
 use drover_protocol::ChatMessage;
-use rusqlite::{params, OptionalExtension, Row, Transaction};
+use rusqlite::{params, Connection, OptionalExtension, Row};
 use serde_json::{json, Value};
 
 use crate::events::push_event;
@@ -143,23 +143,17 @@ pub(crate) fn load_admission(
     session_id: &str,
     admission_id: &str,
 ) -> Result<Option<AdmissionRow>, LedgerError> {
-    conn.query_row(
-        &format!(
-            "SELECT {ADMISSION_COLUMNS} FROM session_admissions
-             WHERE admission_id = ?1 AND target_session_id = ?2"
-        ),
-        params![admission_id, session_id],
-        admission_row,
-    )
+    conn.prepare_cached(&format!(
+        "SELECT {ADMISSION_COLUMNS} FROM session_admissions
+         WHERE admission_id = ?1 AND target_session_id = ?2"
+    ))?
+    .query_row(params![admission_id, session_id], admission_row)
     .optional()?
     .map(finish_admission)
     .transpose()
 }
 
-fn admission_updated(
-    tx: &Transaction<'_>,
-    a: &AdmissionRow,
-) -> Result<crate::StoredEvent, LedgerError> {
+fn admission_updated(tx: &Connection, a: &AdmissionRow) -> Result<crate::StoredEvent, LedgerError> {
     push_event(
         tx,
         &a.session_id,
@@ -170,6 +164,79 @@ fn admission_updated(
             "outcome": a.outcome.map(Outcome::as_str),
         }),
     )
+}
+
+/// One input for [`Ledger::admit_batch`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdmitRequest {
+    pub session_id: String,
+    pub input_id: String,
+    pub text: String,
+    pub principal_id: String,
+}
+
+fn storage_copy(e: &rusqlite::Error) -> LedgerError {
+    LedgerError::Unavailable(e.to_string())
+}
+
+/// The body of an admission, inside a transaction or savepoint.
+fn admit_in(
+    tx: &Connection,
+    epoch: u64,
+    session_id: &str,
+    input_id: &str,
+    text: &str,
+    principal_id: &str,
+) -> Result<(AdmissionRow, Vec<crate::StoredEvent>), LedgerError> {
+    let payload = json!({ "text": text });
+    let payload_digest = json_digest(&payload);
+    let exists: bool = tx
+        .prepare_cached("SELECT 1 FROM sessions WHERE id = ?1")?
+        .query_row([session_id], |_| Ok(true))
+        .optional()?
+        .unwrap_or(false);
+    if !exists {
+        return Err(LedgerError::NotFound(format!("session {session_id}")));
+    }
+    let earlier: Option<(String, String)> = tx
+        .prepare_cached(
+            "SELECT admission_id, payload_digest FROM session_admissions
+             WHERE target_session_id = ?1 AND request_id = ?2",
+        )?
+        .query_row(params![session_id, input_id], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .optional()?;
+    if let Some((admission_id, old_digest)) = earlier {
+        if old_digest != payload_digest {
+            return Err(LedgerError::Conflict(format!(
+                "input_id {input_id} was already admitted with a different payload"
+            )));
+        }
+        let row = load_admission(tx, session_id, &admission_id)?
+            .ok_or_else(|| LedgerError::NotFound(format!("admission {admission_id}")))?;
+        return Ok((row, Vec::new()));
+    }
+    let admission_id = new_id();
+    tx.prepare_cached(
+        "INSERT INTO session_admissions (admission_id, request_id, principal_id,
+            target_session_id, payload_json, payload_digest, status, owner_epoch, created_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'queued', ?7, ?8)",
+    )?
+    .execute(params![
+        admission_id,
+        input_id,
+        principal_id,
+        session_id,
+        payload.to_string(),
+        payload_digest,
+        epoch as i64,
+        now()
+    ])?;
+    let row = load_admission(tx, session_id, &admission_id)?
+        .ok_or_else(|| LedgerError::NotFound(format!("admission {admission_id}")))?;
+    let event = admission_updated(tx, &row)?;
+    Ok((row, vec![event]))
 }
 
 impl Ledger {
@@ -184,58 +251,46 @@ impl Ledger {
         principal_id: &str,
     ) -> Result<(AdmissionRow, Vec<crate::StoredEvent>), LedgerError> {
         let epoch = self.epoch;
-        let payload = json!({ "text": text });
-        let payload_digest = json_digest(&payload);
         let tx = self.conn.transaction()?;
-        let exists: bool = tx
-            .query_row("SELECT 1 FROM sessions WHERE id = ?1", [session_id], |_| {
-                Ok(true)
-            })
-            .optional()?
-            .unwrap_or(false);
-        if !exists {
-            return Err(LedgerError::NotFound(format!("session {session_id}")));
-        }
-        let earlier: Option<(String, String)> = tx
-            .query_row(
-                "SELECT admission_id, payload_digest FROM session_admissions
-                 WHERE target_session_id = ?1 AND request_id = ?2",
-                params![session_id, input_id],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .optional()?;
-        if let Some((admission_id, old_digest)) = earlier {
-            drop(tx);
-            if old_digest != payload_digest {
-                return Err(LedgerError::Conflict(format!(
-                    "input_id {input_id} was already admitted with a different payload"
-                )));
-            }
-            let row = load_admission(&self.conn, session_id, &admission_id)?
-                .ok_or_else(|| LedgerError::NotFound(format!("admission {admission_id}")))?;
-            return Ok((row, Vec::new()));
-        }
-        let admission_id = new_id();
-        tx.execute(
-            "INSERT INTO session_admissions (admission_id, request_id, principal_id,
-                target_session_id, payload_json, payload_digest, status, owner_epoch, created_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'queued', ?7, ?8)",
-            params![
-                admission_id,
-                input_id,
-                principal_id,
-                session_id,
-                payload.to_string(),
-                payload_digest,
-                epoch as i64,
-                now()
-            ],
-        )?;
-        let row = load_admission(&tx, session_id, &admission_id)?
-            .ok_or_else(|| LedgerError::NotFound(format!("admission {admission_id}")))?;
-        let event = admission_updated(&tx, &row)?;
+        let out = admit_in(&tx, epoch, session_id, input_id, text, principal_id)?;
         tx.commit()?;
-        Ok((row, vec![event]))
+        Ok(out)
+    }
+
+    /// Admits several inputs in one transaction (group commit: one fsync for all of them).
+    /// Each input is applied under its own savepoint, so one refused input (conflict, unknown
+    /// session) does not undo the others. Results are in input order. If the commit itself
+    /// fails, every input gets the storage error and none is acknowledged.
+    pub fn admit_batch(
+        &mut self,
+        inputs: &[AdmitRequest],
+    ) -> Vec<Result<(AdmissionRow, Vec<crate::StoredEvent>), LedgerError>> {
+        let epoch = self.epoch;
+        let mut tx = match self.conn.transaction() {
+            Ok(tx) => tx,
+            Err(e) => return inputs.iter().map(|_| Err(storage_copy(&e))).collect(),
+        };
+        let mut results = Vec::with_capacity(inputs.len());
+        for r in inputs {
+            let one = (|| {
+                let sp = tx.savepoint()?;
+                let out = admit_in(
+                    &sp,
+                    epoch,
+                    &r.session_id,
+                    &r.input_id,
+                    &r.text,
+                    &r.principal_id,
+                )?;
+                sp.commit()?;
+                Ok(out)
+            })();
+            results.push(one);
+        }
+        if let Err(e) = tx.commit() {
+            return inputs.iter().map(|_| Err(storage_copy(&e))).collect();
+        }
+        results
     }
 
     /// One admission with its stored result (SPEC section 2, `prompt.receipt`).
@@ -613,7 +668,7 @@ pub(crate) fn history_in(
 
 /// Marks a live execution and its admission `unknown` inside `tx`.
 pub(crate) fn lose_execution(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     execution_id: &str,
 ) -> Result<Option<Settlement>, LedgerError> {
     let exec: Option<(String, Option<String>, String)> = tx
@@ -685,7 +740,7 @@ pub(crate) fn lose_execution(
 /// Settles a turn inside `tx` (SPEC section 4, "The turn settles"): admission terminal with
 /// `outcome`, result and usage in `state_meta`, execution terminal, lease released, events.
 pub(crate) fn settle_turn(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     execution_id: &str,
     outcome: Outcome,
     final_response: &str,

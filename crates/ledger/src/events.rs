@@ -1,6 +1,6 @@
 //! `session_events`: the stored event stream of each session (SPEC section 2, "Replay").
 
-use rusqlite::{params, OptionalExtension, Transaction};
+use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::Value;
 
 use crate::{now, Ledger, LedgerError};
@@ -31,23 +31,23 @@ impl StoredEvent {
 
 /// Appends one event inside `tx` with the session's next `seq`.
 pub(crate) fn push_event(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     session_id: &str,
     kind: &str,
     payload: Value,
 ) -> Result<StoredEvent, LedgerError> {
-    let (seq, replay_epoch): (i64, String) = tx.query_row(
-        "SELECT COALESCE((SELECT MAX(seq) FROM session_events WHERE session_id = ?1), 0) + 1,
-                replay_epoch
-         FROM sessions WHERE id = ?1",
-        [session_id],
-        |r| Ok((r.get(0)?, r.get(1)?)),
-    )?;
-    tx.execute(
+    let (seq, replay_epoch): (i64, String) = tx
+        .prepare_cached(
+            "SELECT COALESCE((SELECT MAX(seq) FROM session_events WHERE session_id = ?1), 0) + 1,
+                    replay_epoch
+             FROM sessions WHERE id = ?1",
+        )?
+        .query_row([session_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    tx.prepare_cached(
         "INSERT INTO session_events (session_id, seq, type, payload_json, created_at)
          VALUES (?1, ?2, ?3, ?4, ?5)",
-        params![session_id, seq, kind, payload.to_string(), now()],
-    )?;
+    )?
+    .execute(params![session_id, seq, kind, payload.to_string(), now()])?;
     Ok(StoredEvent {
         session_id: session_id.to_string(),
         seq: seq as u64,

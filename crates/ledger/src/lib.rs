@@ -30,7 +30,7 @@ use drover_protocol::ErrorReason;
 use rusqlite::{Connection, OpenFlags};
 use sha2::{Digest, Sha256};
 
-pub use admissions::{AdmissionRow, Claim, Receipt, Recovery, Settlement};
+pub use admissions::{AdmissionRow, AdmitRequest, Claim, Receipt, Recovery, Settlement};
 pub use events::StoredEvent;
 pub use persist::{PersistOutcome, PromptResponse, PromptRow};
 pub use sessions::{NewSession, SessionRow, SessionSummary};
@@ -41,6 +41,9 @@ pub enum LedgerError {
     /// SQLite failed (disk full, read-only home, IO). `storage_unavailable`.
     #[error("storage unavailable: {0}")]
     Storage(#[from] rusqlite::Error),
+    /// A commit failed after its statements ran (disk full, IO). `storage_unavailable`.
+    #[error("storage unavailable: {0}")]
+    Unavailable(String),
     /// The file is not a drover ledger, or is corrupt. The owner refuses to start.
     #[error("{path} is not a drover ledger ({detail}); refusing to touch it")]
     ForeignFile { path: PathBuf, detail: String },
@@ -72,7 +75,9 @@ impl LedgerError {
     /// The spec reason word of this error (SPEC section 2).
     pub fn reason(&self) -> ErrorReason {
         match self {
-            LedgerError::Storage(_) | LedgerError::Corrupt(_) => ErrorReason::StorageUnavailable,
+            LedgerError::Storage(_) | LedgerError::Corrupt(_) | LedgerError::Unavailable(_) => {
+                ErrorReason::StorageUnavailable
+            }
             LedgerError::ForeignFile { .. } | LedgerError::Foreign(_) => {
                 ErrorReason::StorageUnavailable
             }

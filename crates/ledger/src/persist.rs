@@ -7,7 +7,7 @@ use drover_protocol::worker::{
     op, ExecutionFinish, PersistFrame, PromptOpen, TranscriptAppend, TurnOutcome, UsageAdd,
 };
 use drover_protocol::Role;
-use rusqlite::{params, OptionalExtension, Transaction};
+use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::{json, Value};
 
 use crate::admissions::{settle_turn, Settlement};
@@ -430,7 +430,7 @@ fn prompt_open_digest(p: &PromptRow) -> String {
 
 /// Closes an open prompt as `cancelled` inside `tx`, with its `*.settled` event.
 pub(crate) fn cancel_prompt(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     prompt_id: &str,
 ) -> Result<Vec<StoredEvent>, LedgerError> {
     let Some(p) = load_prompt(tx, prompt_id)? else {
@@ -460,7 +460,7 @@ pub(crate) fn cancel_prompt(
 }
 
 fn append_messages(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     session_id: &str,
     execution_id: &str,
     p: &TranscriptAppend,

@@ -146,6 +146,7 @@ async fn serve(home: PathBuf) -> DaemonExit {
         epoch.instance_id.clone(),
         worker_exe,
     );
+    owner.start_admissions();
     let token = new_token();
     let info = DaemonInfo {
         pid: std::process::id(),
@@ -162,6 +163,13 @@ async fn serve(home: PathBuf) -> DaemonExit {
     let shutdown = owner.shutdown.clone();
     let server_stop = shutdown.clone();
     let server = tokio::spawn(async move {
+        use axum::serve::ListenerExt;
+        // Small request/response frames: Nagle plus delayed ACKs would add ~40 ms a round trip.
+        let listener = listener.tap_io(|tcp| {
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+            }
+        });
         axum::serve(listener, app)
             .with_graceful_shutdown(async move { server_stop.cancelled().await })
             .await

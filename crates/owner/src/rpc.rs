@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use drover_ledger::{LedgerError, NewSession, PromptResponse};
+use drover_ledger::{AdmitRequest, LedgerError, NewSession, PromptResponse};
 use drover_protocol::rpc::{ErrorReason, RpcError};
 use drover_protocol::worker::OwnerFrame;
 use serde_json::{json, Map, Value};
@@ -363,23 +363,19 @@ async fn prompt_submit(
             "the daemon is stopping",
         ));
     }
-    let sid = session_id.clone();
     let row = owner
-        .ledger(move |l, o| {
-            if o.is_draining() {
-                return Err(LedgerError::invalid("", "draining"));
-            }
-            let (row, events) = l.admit(&sid, &input_id, &text, PRINCIPAL)?;
-            o.hub.publish(&events);
-            Ok(row)
+        .admit(AdmitRequest {
+            session_id: session_id.clone(),
+            input_id,
+            text,
+            principal_id: PRINCIPAL.to_string(),
         })
         .await
-        .map_err(|e| match e {
-            LedgerError::InvalidParams { field, .. } if field.is_empty() => {
-                RpcError::new(ErrorReason::RuntimeDraining, "the daemon is stopping")
-            }
-            e => ledger_error(e),
-        })?;
+        .map_err(ledger_error)?;
+    // A running turn claims the next input when it settles; only an idle session needs a kick.
+    if owner.running_turn(&session_id).is_some() {
+        return Ok(row.receipt_json());
+    }
     kick(owner, session_id);
     Ok(row.receipt_json())
 }

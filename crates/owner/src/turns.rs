@@ -12,6 +12,7 @@ use std::time::Duration;
 use drover_ledger::{Claim, PersistOutcome};
 use drover_protocol::worker::framing::{read_frame_line, FrameLine};
 use drover_protocol::worker::{Bootstrap, OwnerFrame, Policy, Scope, WorkerFrame, MAX_FRAME_BYTES};
+use drover_tools::platform;
 use serde_json::Value;
 use tokio::io::AsyncWriteExt;
 use tokio::io::BufReader;
@@ -21,6 +22,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::home::new_token;
 use crate::runtime::{Owner, RunningTurn};
+
+/// How long a worker that closed its stdout has to exit before it is killed.
+const WORKER_EXIT_WAIT: Duration = Duration::from_secs(5);
+/// How long a worker stopped past the drain grace has, after SIGTERM, to kill its tools and
+/// exit before SIGKILL.
+const WORKER_TERM_GRACE: Duration = Duration::from_secs(1);
 
 /// Claims and starts the next turn of `session_id`, if it may run one now.
 pub fn kick(owner: &Arc<Owner>, session_id: String) {
@@ -190,6 +197,12 @@ async fn supervise(owner: Arc<Owner>, claim: Claim, secret: String) {
             kill: kill.clone(),
         },
     );
+    // A turn claimed as a graceful stop began may have missed the drain's stop frames.
+    if owner.is_draining() {
+        let _ = control.send(OwnerFrame::Stop {
+            reason: "runtime_draining".into(),
+        });
+    }
 
     // One writer owns stdin so frames never interleave.
     let writer = tokio::spawn(async move {
@@ -206,12 +219,24 @@ async fn supervise(owner: Arc<Owner>, claim: Claim, secret: String) {
     let mut reader = BufReader::new(stdout);
     let mut buf = Vec::new();
     let mut settled = false;
+    let mut reap_within = WORKER_EXIT_WAIT;
     loop {
         let next = tokio::select! {
             next = read_frame_line(&mut reader, &mut buf, MAX_FRAME_BYTES) => next,
             _ = kill.cancelled() => {
-                tracing::warn!(%execution_id, "killing worker");
-                let _ = child.start_kill();
+                // SIGTERM first: the worker then kills its tools' process groups and exits
+                // without `execution.finish` (as when its owner dies). A SIGKILL alone would
+                // leave a tool that ignores SIGTERM running with nobody to stop it.
+                tracing::warn!(%execution_id, "stopping worker past the drain grace");
+                let term = child
+                    .id()
+                    .and_then(|pid| i32::try_from(pid).ok())
+                    .map(|pid| platform::signal_process(pid, platform::Signal::SIGTERM));
+                if let Some(Err(e)) = term {
+                    tracing::warn!(%execution_id, error = %e, "cannot signal worker; killing it");
+                    let _ = child.start_kill();
+                }
+                reap_within = WORKER_TERM_GRACE;
                 break;
             }
         };
@@ -280,8 +305,8 @@ async fn supervise(owner: Arc<Owner>, claim: Claim, secret: String) {
     }
     drop(control);
     owner.turns().remove(&execution_id);
-    // The worker closed its stdout: it is exiting. Reap it, bounded.
-    match tokio::time::timeout(Duration::from_secs(5), child.wait()).await {
+    // The worker closed its stdout or was told to stop: it is exiting. Reap it, bounded.
+    match tokio::time::timeout(reap_within, child.wait()).await {
         Ok(Ok(status)) => tracing::debug!(%execution_id, %status, "worker exited"),
         Ok(Err(e)) => tracing::warn!(%execution_id, error = %e, "waiting for worker failed"),
         Err(_) => {
@@ -312,7 +337,8 @@ async fn supervise(owner: Arc<Owner>, claim: Claim, secret: String) {
 }
 
 /// Graceful stop (SPEC section 4): asks every running worker to stop, waits up to `grace` for
-/// their turns to settle, then kills the rest (their turns become `unknown`).
+/// their turns to settle, then kills the rest (SIGTERM, so each kills its tools' process
+/// groups, then SIGKILL after [`WORKER_TERM_GRACE`]); their turns become `unknown`.
 pub async fn drain(owner: &Arc<Owner>, grace: Duration) {
     owner.set_draining();
     let running: Vec<RunningTurn> = owner.turns().values().cloned().collect();
@@ -321,14 +347,18 @@ pub async fn drain(owner: &Arc<Owner>, grace: Duration) {
             reason: "runtime_draining".into(),
         });
     }
-    let deadline = tokio::time::Instant::now() + grace;
-    while !owner.turns().is_empty() && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    // Waiting on the supervisors, not on `turns`, also covers a turn whose worker was still
+    // starting when the drain began (it is stopped by `supervise` itself).
+    owner.tracker.close();
+    if tokio::time::timeout(grace, owner.tracker.wait())
+        .await
+        .is_ok()
+    {
+        return;
     }
     for t in owner.turns().values() {
         t.kill.cancel();
     }
-    owner.tracker.close();
     if tokio::time::timeout(Duration::from_secs(15), owner.tracker.wait())
         .await
         .is_err()

@@ -301,9 +301,12 @@ impl Client {
             req.headers_mut()
                 .insert("Authorization", format!("Bearer {t}").parse()?);
         }
-        let (ws, _) = tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(req))
-            .await
-            .map_err(|_| anyhow!("connect timed out"))??;
+        let (ws, _) = tokio::time::timeout(
+            WAIT,
+            tokio_tungstenite::connect_async_with_config(req, None, true),
+        )
+        .await
+        .map_err(|_| anyhow!("connect timed out"))??;
         Ok(Client {
             ws,
             next_id: 1,

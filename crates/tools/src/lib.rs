@@ -8,6 +8,8 @@
 //!
 //! - [`terminal`]: the `terminal` tool (foreground `sh -c` in its own process group, timeout,
 //!   bounded output, approvals).
+//! - [`clarify`]: the `clarify` tool (asks the user questions through [`PromptBroker`] and
+//!   waits, with no timeout, for the answers).
 //! - [`approval`]: the dangerous-command classifier and the pure approval decision
 //!   (`docs/approvals.md`).
 //! - [`platform`]: the only module that touches process groups, signals, `PR_SET_PDEATHSIG` and
@@ -28,6 +30,7 @@
 //! ```
 
 pub mod approval;
+pub mod clarify;
 pub mod platform;
 pub mod terminal;
 
@@ -130,7 +133,8 @@ impl ToolRegistry {
         for set in toolsets {
             match set.as_str() {
                 "terminal" => tools.push(Arc::new(terminal::TerminalTool)),
-                "file" | "clarify" | "todo" | "delegation" => {}
+                "clarify" => tools.push(Arc::new(clarify::ClarifyTool)),
+                "file" | "todo" | "delegation" => {}
                 other => return Err(ToolError::UnknownToolset(other.to_string())),
             }
         }
@@ -156,15 +160,20 @@ impl ToolRegistry {
 /// A one-line preview of a call, at most 80 characters: the `command` argument when there is
 /// one, else the compact JSON of the arguments.
 pub fn preview(_name: &str, args: &Value) -> String {
-    let raw = match args.get("command").and_then(Value::as_str) {
-        Some(c) => c.to_string(),
-        None => args.to_string(),
-    };
-    let one_line: String = raw
+    match args.get("command").and_then(Value::as_str) {
+        Some(c) => one_line(c),
+        None => one_line(&args.to_string()),
+    }
+}
+
+/// `text` on one line (line breaks become spaces), cut to the `tool.start` `context` bound of
+/// 80 characters with a trailing `…`.
+pub fn one_line(text: &str) -> String {
+    let flat: String = text
         .chars()
         .map(|c| if c == '\n' || c == '\r' { ' ' } else { c })
         .collect();
-    truncate_chars(&one_line, drover_protocol::event::TOOL_CONTEXT_MAX_CHARS)
+    truncate_chars(&flat, drover_protocol::event::TOOL_CONTEXT_MAX_CHARS)
 }
 
 fn truncate_chars(s: &str, max: usize) -> String {

@@ -8,6 +8,7 @@
 //!   `PR_SET_PDEATHSIG(SIGKILL)` so it dies with the process that spawned it.
 //! - [`combined_output_pipe`] makes one pipe for a child's stdout and stderr, so they interleave.
 //! - [`kill_group`] stops a group: SIGTERM, a grace period, then SIGKILL.
+//! - [`signal_process`] signals one process (the owner stopping a worker).
 //! - [`ForegroundGroups`] is the process-wide set of running foreground groups, which the worker
 //!   kills at once when its owner is gone (SPEC section 4).
 //! - [`set_parent_death_signal`], [`parent_pid`] and [`process_start_time`] serve the worker and
@@ -87,6 +88,21 @@ pub fn signal_group(pgid: i32, signal: Signal) -> io::Result<()> {
         )));
     }
     match nix::sys::signal::killpg(Pid::from_raw(pgid), signal) {
+        Ok(()) | Err(Errno::ESRCH) => Ok(()),
+        Err(e) => Err(io::Error::from(e)),
+    }
+}
+
+/// Sends `signal` to the single process `pid`. A process that no longer exists is not an
+/// error. The owner uses it to stop a worker past the drain grace (SPEC section 4).
+pub fn signal_process(pid: i32, signal: Signal) -> io::Result<()> {
+    if pid <= 1 {
+        // kill(0) and kill(-1) reach whole groups, and pid 1 is init: never meant here.
+        return Err(io::Error::other(format!(
+            "refusing to signal process {pid}"
+        )));
+    }
+    match nix::sys::signal::kill(Pid::from_raw(pid), signal) {
         Ok(()) | Err(Errno::ESRCH) => Ok(()),
         Err(e) => Err(io::Error::from(e)),
     }
@@ -278,6 +294,15 @@ mod tests {
         assert_eq!(process_start_time(0), None);
         assert_eq!(process_start_time(i32::MAX), None);
         assert!(!is_alive(i32::MAX));
+    }
+
+    #[test]
+    fn signalling_process_zero_or_one_is_refused_and_a_gone_pid_is_fine() {
+        assert!(signal_process(0, Signal::SIGTERM).is_err());
+        assert!(signal_process(1, Signal::SIGTERM).is_err());
+        assert!(signal_process(-1, Signal::SIGTERM).is_err());
+        // pid_max is at most 2^22 on Linux, so this pid never exists.
+        assert!(signal_process(i32::MAX, Signal::SIGTERM).is_ok());
     }
 
     #[test]

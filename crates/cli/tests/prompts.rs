@@ -1,0 +1,871 @@
+//! Human in the loop, end to end (SPEC sections 2, 4 and 6): approval and clarify prompts,
+//! interrupts, and the stored event stream, against the real daemon, real workers, real SQLite
+//! and a loopback model server. `approvals.mode` is left at its default (`manual`).
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::Duration;
+
+use drover_test_support::harness::{Client, Daemon, TestHome};
+use drover_test_support::{MockModel, Reply};
+use serde_json::{json, Value};
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_drover"))
+}
+
+struct Setup {
+    model: MockModel,
+    home: TestHome,
+    daemon: Daemon,
+    client: Client,
+    session_id: String,
+    /// A scratch directory holding `victim/`, the directory the model tries to delete.
+    scratch: tempfile::TempDir,
+}
+
+impl Setup {
+    fn victim(&self) -> PathBuf {
+        self.scratch.path().join("victim")
+    }
+
+    /// `session.resume` on the setup's client.
+    async fn resume(&mut self) -> Value {
+        self.client
+            .call_ok("session.resume", json!({"session_id": self.session_id}))
+            .await
+            .unwrap()
+    }
+}
+
+/// A daemon on a fresh home and a session with `toolsets`, its cwd a scratch directory that
+/// holds `victim/` (with a file in it).
+async fn setup(toolsets: &[&str]) -> Setup {
+    let model = MockModel::start().await;
+    let home = TestHome::new().unwrap();
+    home.write_model_config(&model.base_url(), true, "")
+        .unwrap();
+    let scratch = tempfile::Builder::new()
+        .prefix("drover-prompts-")
+        .tempdir()
+        .unwrap();
+    std::fs::create_dir(scratch.path().join("victim")).unwrap();
+    std::fs::write(scratch.path().join("victim").join("keep.txt"), "data").unwrap();
+    let daemon = Daemon::start(bin(), home.path()).await.unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let created = client
+        .call_ok(
+            "session.create",
+            json!({"request_id": drover_test_support::harness::uuid_like(), "cwd": scratch.path(), "toolsets": toolsets}),
+        )
+        .await
+        .unwrap();
+    let session_id = created["session_id"].as_str().unwrap().to_string();
+    Setup {
+        model,
+        home,
+        daemon,
+        client,
+        session_id,
+        scratch,
+    }
+}
+
+/// Scripts `rm -rf <victim>` then a final text, submits, and waits for the `approval.request`.
+/// Returns the admission id and the request's payload.
+async fn open_approval(s: &mut Setup) -> (String, Value) {
+    let command = format!("rm -rf {}", s.victim().display());
+    s.model.push(Reply::tool_call(
+        "call_rm",
+        "terminal",
+        json!({ "command": command }),
+    ));
+    s.model.push(Reply::text("Done deleting."));
+    let receipt = s
+        .client
+        .submit(&s.session_id, "delete the victim directory")
+        .await
+        .unwrap();
+    let admission_id = receipt["admission_id"].as_str().unwrap().to_string();
+    let request = s
+        .client
+        .wait_event(|e| e["type"] == "approval.request")
+        .await
+        .unwrap();
+    (admission_id, request["payload"].clone())
+}
+
+fn respond_params(s: &Setup, prompt: &Value, choice: &str) -> Value {
+    json!({
+        "session_id": s.session_id,
+        "execution_generation": prompt["execution_generation"],
+        "prompt_id": prompt["prompt_id"],
+        "choice": choice,
+    })
+}
+
+/// Rows of `sql` from `state.db`, opened read-only.
+fn db_rows(db: &Path, sql: &str) -> Vec<Vec<Value>> {
+    let conn =
+        rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .unwrap();
+    let mut stmt = conn.prepare(sql).unwrap();
+    let n = stmt.column_count();
+    let rows = stmt
+        .query_map([], |r| {
+            Ok((0..n)
+                .map(|i| match r.get_ref(i).unwrap() {
+                    rusqlite::types::ValueRef::Null => Value::Null,
+                    rusqlite::types::ValueRef::Integer(v) => json!(v),
+                    rusqlite::types::ValueRef::Real(v) => json!(v),
+                    rusqlite::types::ValueRef::Text(t) => json!(String::from_utf8_lossy(t)),
+                    rusqlite::types::ValueRef::Blob(_) => Value::Null,
+                })
+                .collect())
+        })
+        .unwrap();
+    rows.map(Result::unwrap).collect()
+}
+
+/// The content of the session's `tool` messages, in order.
+fn tool_rows(s: &Setup) -> Vec<String> {
+    db_rows(
+        &s.home.db(),
+        &format!(
+            "SELECT content FROM messages WHERE session_id = '{}' AND role = 'tool' ORDER BY id",
+            s.session_id
+        ),
+    )
+    .into_iter()
+    .map(|r| r[0].as_str().unwrap_or_default().to_string())
+    .collect()
+}
+
+/// `(status, answer)` of every `prompts` row of the session.
+fn prompt_rows(s: &Setup) -> Vec<(String, Value)> {
+    db_rows(
+        &s.home.db(),
+        &format!(
+            "SELECT status, answer FROM prompts WHERE session_id = '{}' ORDER BY rowid",
+            s.session_id
+        ),
+    )
+    .into_iter()
+    .map(|r| (r[0].as_str().unwrap().to_string(), r[1].clone()))
+    .collect()
+}
+
+#[tokio::test]
+async fn rm_rf_waits_for_approval_and_runs_after_once() {
+    let mut s = setup(&["terminal"]).await;
+    let (admission_id, prompt) = open_approval(&mut s).await;
+    let command = format!("rm -rf {}", s.victim().display());
+    assert_eq!(prompt["kind"], "approval");
+    assert_eq!(prompt["command"], command.as_str());
+    assert_eq!(
+        prompt["choices"],
+        json!(["once", "session", "always", "deny"])
+    );
+    assert!(
+        prompt["description"]
+            .as_str()
+            .unwrap()
+            .contains("recursively"),
+        "{prompt}"
+    );
+    let generation = prompt["execution_generation"].as_u64().unwrap();
+    assert!(generation >= 1);
+
+    // The open prompt is part of the snapshot, exactly as the event showed it.
+    let resume = s.resume().await;
+    let prompts = resume["prompts"].as_array().unwrap();
+    assert_eq!(prompts.len(), 1, "{resume}");
+    assert_eq!(prompts[0], prompt);
+    assert_eq!(resume["execution_generation"], generation);
+    assert_eq!(resume["running"], true);
+
+    // Nothing ran while the prompt waits.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        s.victim().is_dir(),
+        "the command ran before it was approved"
+    );
+    assert_eq!(s.model.requests().len(), 1);
+
+    let answer = s
+        .client
+        .call_ok("approval.respond", respond_params(&s, &prompt, "once"))
+        .await
+        .unwrap();
+    assert_eq!(
+        answer,
+        json!({"status": "resolved", "prompt_id": prompt["prompt_id"]})
+    );
+    let settled = s
+        .client
+        .wait_event(|e| e["type"] == "approval.settled")
+        .await
+        .unwrap();
+    assert_eq!(settled["payload"]["prompt_id"], prompt["prompt_id"]);
+    assert_eq!(settled["payload"]["choice"], "once");
+
+    assert_eq!(
+        s.client.wait_settled(&admission_id).await.unwrap(),
+        "completed"
+    );
+    assert!(!s.victim().exists(), "approved rm -rf did not run");
+    let tools = tool_rows(&s);
+    assert_eq!(tools.len(), 1);
+    let result: Value = serde_json::from_str(&tools[0]).unwrap();
+    assert_eq!(result["exit_code"], 0, "{result}");
+    assert_eq!(
+        prompt_rows(&s),
+        [("resolved".to_string(), json!("\"once\""))]
+    );
+    let resume = s.resume().await;
+    assert_eq!(resume["prompts"], json!([]));
+    assert_eq!(
+        resume["messages"].as_array().unwrap().last().unwrap()["content"],
+        "Done deleting."
+    );
+}
+
+#[tokio::test]
+async fn deny_keeps_the_directory_and_the_model_sees_a_refusal() {
+    let mut s = setup(&["terminal"]).await;
+    let (admission_id, prompt) = open_approval(&mut s).await;
+    let answer = s
+        .client
+        .call_ok("approval.respond", respond_params(&s, &prompt, "deny"))
+        .await
+        .unwrap();
+    assert_eq!(answer["status"], "resolved");
+    assert_eq!(
+        s.client.wait_settled(&admission_id).await.unwrap(),
+        "completed"
+    );
+    assert!(s.victim().join("keep.txt").is_file(), "denied rm -rf ran");
+
+    let tools = tool_rows(&s);
+    assert_eq!(tools.len(), 1);
+    assert!(
+        tools[0].contains("the user denied this command"),
+        "{}",
+        tools[0]
+    );
+    // The model's next request carries the refusal as the tool result.
+    let requests = s.model.requests();
+    assert_eq!(requests.len(), 2);
+    let last = requests[1]["messages"].as_array().unwrap().last().unwrap();
+    assert_eq!(last["role"], "tool");
+    assert!(
+        last["content"]
+            .as_str()
+            .unwrap()
+            .contains("the user denied this command"),
+        "{last}"
+    );
+}
+
+#[tokio::test]
+async fn answering_twice_gives_already_resolved() {
+    let mut s = setup(&["terminal"]).await;
+    let (admission_id, prompt) = open_approval(&mut s).await;
+    let first = s
+        .client
+        .call_ok("approval.respond", respond_params(&s, &prompt, "deny"))
+        .await
+        .unwrap();
+    assert_eq!(first["status"], "resolved");
+    // A second answer, even a different one, changes nothing.
+    let second = s
+        .client
+        .call_ok("approval.respond", respond_params(&s, &prompt, "once"))
+        .await
+        .unwrap();
+    assert_eq!(
+        second,
+        json!({"status": "already_resolved", "prompt_id": prompt["prompt_id"]})
+    );
+    assert_eq!(
+        s.client.wait_settled(&admission_id).await.unwrap(),
+        "completed"
+    );
+    assert!(s.victim().is_dir());
+    assert_eq!(
+        prompt_rows(&s),
+        [("resolved".to_string(), json!("\"deny\""))]
+    );
+    // After the turn, still already_resolved.
+    let third = s
+        .client
+        .call_ok("approval.respond", respond_params(&s, &prompt, "once"))
+        .await
+        .unwrap();
+    assert_eq!(third["status"], "already_resolved");
+}
+
+#[tokio::test]
+async fn bad_choice_is_invalid_params_naming_choice() {
+    let mut s = setup(&["terminal"]).await;
+    let (admission_id, prompt) = open_approval(&mut s).await;
+    for bad in [json!("maybe"), json!(""), json!(1), json!(["once"])] {
+        let mut params = respond_params(&s, &prompt, "once");
+        params["choice"] = bad.clone();
+        let error = s
+            .client
+            .call("approval.respond", params)
+            .await
+            .unwrap()
+            .expect_err("a bad choice is refused");
+        assert_eq!(error["data"]["reason"], "invalid_params", "{bad}: {error}");
+        assert_eq!(error["data"]["field"], "choice", "{bad}: {error}");
+        assert_eq!(error["code"], -32602);
+    }
+    // A missing choice names the field too.
+    let mut params = respond_params(&s, &prompt, "once");
+    params.as_object_mut().unwrap().remove("choice");
+    let error = s
+        .client
+        .call("approval.respond", params)
+        .await
+        .unwrap()
+        .expect_err("a missing choice is refused");
+    assert_eq!(error["data"]["field"], "choice");
+
+    // The prompt is still open and takes a good answer.
+    assert_eq!(prompt_rows(&s)[0].0, "open");
+    assert!(s.victim().is_dir());
+    let answer = s
+        .client
+        .call_ok("approval.respond", respond_params(&s, &prompt, "deny"))
+        .await
+        .unwrap();
+    assert_eq!(answer["status"], "resolved");
+    assert_eq!(
+        s.client.wait_settled(&admission_id).await.unwrap(),
+        "completed"
+    );
+}
+
+#[tokio::test]
+async fn stale_generation_is_refused() {
+    let mut s = setup(&["terminal"]).await;
+    let (admission_id, prompt) = open_approval(&mut s).await;
+    let generation = prompt["execution_generation"].as_u64().unwrap();
+    for stale in [generation + 1, generation - 1] {
+        let mut params = respond_params(&s, &prompt, "once");
+        params["execution_generation"] = json!(stale);
+        let reason = s.client.call_err("approval.respond", params).await.unwrap();
+        assert_eq!(reason, "stale_generation", "generation {stale}");
+    }
+    assert_eq!(prompt_rows(&s)[0].0, "open");
+    assert!(s.victim().is_dir());
+    s.client
+        .call_ok("approval.respond", respond_params(&s, &prompt, "deny"))
+        .await
+        .unwrap();
+    assert_eq!(
+        s.client.wait_settled(&admission_id).await.unwrap(),
+        "completed"
+    );
+}
+
+#[tokio::test]
+async fn unknown_prompt_id_is_not_found() {
+    let mut s = setup(&["terminal"]).await;
+    let (admission_id, prompt) = open_approval(&mut s).await;
+    let mut params = respond_params(&s, &prompt, "once");
+    params["prompt_id"] = json!("no-such-prompt");
+    let reason = s.client.call_err("approval.respond", params).await.unwrap();
+    assert_eq!(reason, "not_found");
+    // An approval prompt answered as a clarify prompt is not found either.
+    let reason = s
+        .client
+        .call_err(
+            "clarify.respond",
+            json!({"session_id": s.session_id, "execution_generation": prompt["execution_generation"],
+                   "prompt_id": prompt["prompt_id"], "answer": "once"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(reason, "not_found");
+    assert!(s.victim().is_dir());
+    s.client
+        .call_ok("approval.respond", respond_params(&s, &prompt, "deny"))
+        .await
+        .unwrap();
+    assert_eq!(
+        s.client.wait_settled(&admission_id).await.unwrap(),
+        "completed"
+    );
+}
+
+#[tokio::test]
+async fn clarify_answer_reaches_the_tool_row() {
+    let mut s = setup(&["terminal", "clarify"]).await;
+    s.model.push(Reply::tool_call(
+        "call_ask",
+        "clarify",
+        json!({"questions": [{"question": "Which one?", "choices": ["Alpha", "Beta"]}]}),
+    ));
+    s.model.push(Reply::text("Beta it is."));
+    let receipt = s.client.submit(&s.session_id, "pick for me").await.unwrap();
+    let admission_id = receipt["admission_id"].as_str().unwrap().to_string();
+    let request = s
+        .client
+        .wait_event(|e| e["type"] == "clarify.request")
+        .await
+        .unwrap();
+    let prompt = request["payload"].clone();
+    assert_eq!(prompt["kind"], "clarify");
+    assert_eq!(prompt["question"], "Which one?");
+    assert_eq!(prompt["choices"], json!(["Alpha", "Beta"]));
+    assert_eq!(prompt["multi_select"], false);
+    let resume = s.resume().await;
+    assert_eq!(resume["prompts"], json!([prompt.clone()]));
+
+    // An answer outside the choices is refused, naming `answer`.
+    let mut params = json!({"session_id": s.session_id, "execution_generation": prompt["execution_generation"],
+                            "prompt_id": prompt["prompt_id"], "answer": "Gamma"});
+    let error = s
+        .client
+        .call("clarify.respond", params.clone())
+        .await
+        .unwrap()
+        .expect_err("Gamma is not a choice");
+    assert_eq!(error["data"]["field"], "answer");
+
+    params["answer"] = json!("Beta");
+    let answer = s.client.call_ok("clarify.respond", params).await.unwrap();
+    assert_eq!(
+        answer,
+        json!({"status": "resolved", "prompt_id": prompt["prompt_id"]})
+    );
+    let settled = s
+        .client
+        .wait_event(|e| e["type"] == "clarify.settled")
+        .await
+        .unwrap();
+    assert_eq!(settled["payload"]["answer"], "Beta");
+    assert_eq!(
+        s.client.wait_settled(&admission_id).await.unwrap(),
+        "completed"
+    );
+    let tools = tool_rows(&s);
+    assert_eq!(tools.len(), 1);
+    let result: Value = serde_json::from_str(&tools[0]).unwrap();
+    assert_eq!(
+        result,
+        json!({"answers": [{"question": "Which one?", "answer": "Beta"}]})
+    );
+    // The session's tools reached the model, clarify among them.
+    let names: Vec<String> = s.model.requests()[0]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(names, ["terminal", "clarify"]);
+}
+
+#[tokio::test]
+async fn interrupt_during_open_clarify_settles_interrupted_and_model_gets_no_more_requests() {
+    let mut s = setup(&["terminal", "clarify"]).await;
+    s.model.push(Reply::tool_call(
+        "call_ask",
+        "clarify",
+        json!({"questions": [{"question": "Which one?", "choices": ["Alpha", "Beta"]}, {"question": "Why?"}]}),
+    ));
+    s.model.push(Reply::text("second turn answer"));
+    let first = s.client.submit(&s.session_id, "ask me").await.unwrap();
+    let first_id = first["admission_id"].as_str().unwrap().to_string();
+    let request = s
+        .client
+        .wait_event(|e| e["type"] == "clarify.request")
+        .await
+        .unwrap();
+    let generation = request["payload"]["execution_generation"].as_u64().unwrap();
+    let second = s
+        .client
+        .submit(&s.session_id, "the next input")
+        .await
+        .unwrap();
+    let second_id = second["admission_id"].as_str().unwrap().to_string();
+    assert_eq!(second["status"], "queued");
+
+    let reason = s
+        .client
+        .call_err(
+            "session.interrupt",
+            json!({"session_id": s.session_id, "execution_generation": generation + 1}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(reason, "stale_generation");
+    let interrupted = s
+        .client
+        .call_ok(
+            "session.interrupt",
+            json!({"session_id": s.session_id, "execution_generation": generation}),
+        )
+        .await
+        .unwrap();
+    assert!(interrupted["execution_state"].is_string(), "{interrupted}");
+
+    assert_eq!(
+        s.client.wait_settled(&first_id).await.unwrap(),
+        "interrupted"
+    );
+    assert_eq!(
+        prompt_rows(&s),
+        [("cancelled".to_string(), Value::Null)],
+        "one question asked, then cancelled"
+    );
+    // The queued input runs next.
+    assert_eq!(
+        s.client.wait_settled(&second_id).await.unwrap(),
+        "completed"
+    );
+    // The interrupted turn made exactly one request: the second one is the next turn's.
+    let requests = s.model.requests();
+    assert_eq!(requests.len(), 2, "{requests:?}");
+    let messages = requests[1]["messages"].as_array().unwrap();
+    assert_eq!(messages.last().unwrap()["content"], "the next input");
+    let interrupted_result = messages
+        .iter()
+        .find(|m| m["role"] == "tool")
+        .expect("the interrupted call has a result in the history");
+    assert_eq!(interrupted_result["tool_call_id"], "call_ask");
+    assert_eq!(interrupted_result["content"], "interrupted");
+    // The old generation can no longer be interrupted.
+    let reason = s
+        .client
+        .call_err(
+            "session.interrupt",
+            json!({"session_id": s.session_id, "execution_generation": generation}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(reason, "stale_generation");
+}
+
+#[tokio::test]
+async fn prompt_survives_a_client_reconnect() {
+    let mut s = setup(&["terminal"]).await;
+    let (admission_id, prompt) = open_approval(&mut s).await;
+    // Detach by dropping the connection: the turn keeps waiting (G3).
+    let old = std::mem::replace(&mut s.client, s.daemon.client().await.unwrap());
+    drop(old);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let resume = s.resume().await;
+    assert_eq!(resume["prompts"], json!([prompt.clone()]));
+    assert_eq!(resume["running"], true);
+    let answer = s
+        .client
+        .call_ok("approval.respond", respond_params(&s, &prompt, "once"))
+        .await
+        .unwrap();
+    assert_eq!(answer["status"], "resolved");
+    assert_eq!(
+        s.client.wait_settled(&admission_id).await.unwrap(),
+        "completed"
+    );
+    assert!(!s.victim().exists());
+}
+
+#[tokio::test]
+async fn after_an_owner_restart_the_lost_turns_prompts_are_cancelled() {
+    let mut s = setup(&["terminal"]).await;
+    let (admission_id, prompt) = open_approval(&mut s).await;
+    s.daemon.kill().unwrap();
+
+    let daemon = Daemon::start(bin(), s.home.path()).await.unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let resume = client
+        .call_ok("session.resume", json!({"session_id": s.session_id}))
+        .await
+        .unwrap();
+    assert_eq!(resume["prompts"], json!([]), "{resume}");
+    assert_eq!(resume["running"], false);
+    let pending = resume["pending"].as_array().unwrap();
+    assert_eq!(pending.len(), 1, "{resume}");
+    assert_eq!(pending[0]["admission_id"], admission_id.as_str());
+    assert_eq!(pending[0]["status"], "unknown");
+    assert_eq!(prompt_rows(&s), [("cancelled".to_string(), Value::Null)]);
+
+    // The cancelled prompt can no longer be answered, and the command never ran.
+    let answer = client
+        .call_ok("approval.respond", respond_params(&s, &prompt, "once"))
+        .await
+        .unwrap();
+    assert_eq!(answer["status"], "already_resolved");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(s.victim().is_dir());
+    assert_eq!(s.model.requests().len(), 1, "nothing is replayed");
+}
+
+#[tokio::test]
+async fn event_replay_after_restart_returns_tool_events() {
+    let mut s = setup(&["terminal"]).await;
+    s.model.push(Reply::tool_call(
+        "call_1",
+        "terminal",
+        json!({"command": "printf replayed"}),
+    ));
+    s.model.push(Reply::text("ok"));
+    let receipt = s.client.submit(&s.session_id, "run it").await.unwrap();
+    let admission_id = receipt["admission_id"].as_str().unwrap().to_string();
+    assert_eq!(
+        s.client.wait_settled(&admission_id).await.unwrap(),
+        "completed"
+    );
+    let before = s.resume().await;
+    let replay_epoch = before["replay_epoch"].as_str().unwrap().to_string();
+    let last = before["last_sequence"].as_u64().unwrap();
+    assert!(last > 0);
+
+    s.daemon.stop().await.unwrap();
+    let daemon = Daemon::start(bin(), s.home.path()).await.unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let since = client
+        .call_ok(
+            "session.events.since",
+            json!({"session_id": s.session_id, "replay_epoch": replay_epoch, "last_sequence": 0}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(since["snapshot_required"], false, "{since}");
+    assert_eq!(since["replay_epoch"], replay_epoch.as_str());
+    assert_eq!(since["last_sequence"], last);
+    let events = since["events"].as_array().unwrap();
+    let seqs: Vec<u64> = events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    assert_eq!(seqs, (1..=last).collect::<Vec<_>>());
+    let start = events
+        .iter()
+        .find(|e| e["type"] == "tool.start")
+        .expect("tool.start replayed");
+    assert_eq!(start["payload"]["tool_id"], "call_1");
+    assert_eq!(start["payload"]["context"], "printf replayed");
+    let complete = events
+        .iter()
+        .find(|e| e["type"] == "tool.complete")
+        .expect("tool.complete replayed");
+    assert_eq!(complete["payload"]["tool_id"], "call_1");
+    assert_eq!(complete["payload"]["is_error"], false);
+    let result: Value =
+        serde_json::from_str(complete["payload"]["result"].as_str().unwrap()).unwrap();
+    assert_eq!(result["output"], "replayed");
+
+    // From the middle: only what came after.
+    let tail = client
+        .call_ok(
+            "session.events.since",
+            json!({"session_id": s.session_id, "replay_epoch": replay_epoch, "last_sequence": last - 1}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(tail["events"].as_array().unwrap().len(), 1);
+    assert_eq!(tail["events"][0]["seq"], last);
+
+    // A stream the caller does not know, or a position ahead of it: take a snapshot.
+    for (epoch, position) in [("not-the-epoch", 0), (replay_epoch.as_str(), last + 5)] {
+        let r = client
+            .call_ok(
+                "session.events.since",
+                json!({"session_id": s.session_id, "replay_epoch": epoch, "last_sequence": position}),
+            )
+            .await
+            .unwrap();
+        assert_eq!(r["snapshot_required"], true, "{epoch} {position}: {r}");
+        assert_eq!(r["events"], json!([]));
+        assert_eq!(r["replay_epoch"], replay_epoch.as_str());
+    }
+}
+
+/// Runs `drover --home H <args>` in `cwd` with stdin null (no terminal), bounded.
+async fn drover(home: &Path, cwd: &Path, args: &[&str]) -> Output {
+    let mut cmd = tokio::process::Command::new(bin());
+    cmd.arg("--home")
+        .arg(home)
+        .args(args)
+        .current_dir(cwd)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    tokio::time::timeout(Duration::from_secs(60), cmd.output())
+        .await
+        .expect("drover did not finish within 60 s")
+        .expect("drover ran")
+}
+
+/// `drover run` detaches the daemon it starts; this kills it even when a test fails.
+struct StopDaemonOnDrop<'a>(&'a Path);
+
+impl Drop for StopDaemonOnDrop<'_> {
+    fn drop(&mut self) {
+        if let Some(info) = daemon_info(self.0) {
+            if let Some(pid) = info["pid"].as_u64() {
+                drover_test_support::harness::signal(pid as u32, nix::sys::signal::Signal::SIGKILL);
+            }
+        }
+    }
+}
+
+fn daemon_info(home: &Path) -> Option<Value> {
+    let text = std::fs::read_to_string(home.join("daemon.json")).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+/// A home whose model first asks for `rm -rf <scratch>/victim`, then answers `Deleted.`.
+async fn run_setup() -> (MockModel, TestHome, tempfile::TempDir) {
+    let model = MockModel::start().await;
+    let home = TestHome::new().unwrap();
+    home.write_model_config(&model.base_url(), true, "")
+        .unwrap();
+    let scratch = tempfile::Builder::new()
+        .prefix("drover-run-")
+        .tempdir()
+        .unwrap();
+    let victim = scratch.path().join("victim");
+    std::fs::create_dir(&victim).unwrap();
+    model.push(Reply::tool_call(
+        "call_rm",
+        "terminal",
+        json!({"command": format!("rm -rf {}", victim.display())}),
+    ));
+    model.push(Reply::text("Deleted."));
+    (model, home, scratch)
+}
+
+#[tokio::test]
+async fn drover_run_without_terminal_exits_5_when_a_prompt_waits() {
+    let (model, home, scratch) = run_setup().await;
+    let _guard = StopDaemonOnDrop(home.path());
+    let victim = scratch.path().join("victim");
+
+    let out = drover(home.path(), scratch.path(), &["run", "delete victim"]).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(5), "stderr: {stderr}");
+    assert!(stderr.contains("approval prompt is waiting"), "{stderr}");
+    assert!(victim.is_dir());
+
+    // The prompt stays open, and another client can answer it.
+    let info = daemon_info(home.path()).expect("the daemon keeps running");
+    let mut client = Client::connect(info["url"].as_str().unwrap(), info["token"].as_str())
+        .await
+        .unwrap();
+    let list = client.call_ok("session.list", json!({})).await.unwrap();
+    let session_id = list["sessions"][0]["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let resume = client
+        .call_ok("session.resume", json!({"session_id": session_id}))
+        .await
+        .unwrap();
+    let prompts = resume["prompts"].as_array().unwrap();
+    assert_eq!(prompts.len(), 1, "{resume}");
+    let prompt = &prompts[0];
+    assert!(
+        stderr.contains(prompt["prompt_id"].as_str().unwrap()),
+        "stderr names the prompt: {stderr}"
+    );
+    let admission_id = resume["pending"][0]["admission_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let answer = client
+        .call_ok(
+            "approval.respond",
+            json!({"session_id": session_id, "execution_generation": prompt["execution_generation"],
+                   "prompt_id": prompt["prompt_id"], "choice": "once"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(answer["status"], "resolved");
+    assert_eq!(
+        client.wait_settled(&admission_id).await.unwrap(),
+        "completed"
+    );
+    assert!(!victim.exists());
+    assert_eq!(model.requests().len(), 2);
+
+    let stop = drover(home.path(), scratch.path(), &["stop"]).await;
+    assert_eq!(stop.status.code(), Some(0));
+}
+
+#[tokio::test]
+async fn drover_run_with_approve_once_answers_it() {
+    let (model, home, scratch) = run_setup().await;
+    let _guard = StopDaemonOnDrop(home.path());
+    let victim = scratch.path().join("victim");
+
+    let out = drover(
+        home.path(),
+        scratch.path(),
+        &["run", "--approve", "once", "delete victim"],
+    )
+    .await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout: {stdout}\nstderr: {stderr}"
+    );
+    assert_eq!(stdout.trim_end(), "Deleted.");
+    assert!(stderr.contains("[terminal] rm -rf"), "{stderr}");
+    assert!(!victim.exists(), "the approved command did not run");
+    assert_eq!(model.requests().len(), 2);
+
+    let stop = drover(home.path(), scratch.path(), &["stop"]).await;
+    assert_eq!(stop.status.code(), Some(0));
+}
+
+#[tokio::test]
+async fn drover_run_with_answer_answers_a_clarify_question() {
+    let model = MockModel::start().await;
+    let home = TestHome::new().unwrap();
+    let _guard = StopDaemonOnDrop(home.path());
+    home.write_model_config(
+        &model.base_url(),
+        false,
+        "[toolsets]\ndefault = [\"terminal\", \"clarify\"]\n",
+    )
+    .unwrap();
+    model.push(Reply::tool_call(
+        "call_ask",
+        "clarify",
+        json!({"questions": [{"question": "Which colour?", "choices": ["red", "blue"]}]}),
+    ));
+    model.push(Reply::text("You chose blue."));
+
+    let out = drover(
+        home.path(),
+        home.path(),
+        &["run", "--answer", "blue", "pick a colour"],
+    )
+    .await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout: {stdout}\nstderr: {stderr}"
+    );
+    assert_eq!(stdout.trim_end(), "You chose blue.");
+    assert!(stderr.contains("[clarify] Which colour?"), "{stderr}");
+    let requests = model.requests();
+    assert_eq!(requests.len(), 2);
+    let last = requests[1]["messages"].as_array().unwrap().last().unwrap();
+    assert_eq!(last["role"], "tool");
+    let result: Value = serde_json::from_str(last["content"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        result,
+        json!({"answers": [{"question": "Which colour?", "answer": "blue"}]})
+    );
+
+    let stop = drover(home.path(), home.path(), &["stop"]).await;
+    assert_eq!(stop.status.code(), Some(0));
+}

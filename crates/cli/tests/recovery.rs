@@ -1,0 +1,927 @@
+//! Durable admissions and crash recovery (SPEC sections 0, 2 to 4): no lost input, no replay,
+//! detach is not cancel. Real `drover` daemon and worker processes, real SQLite, real SIGKILL
+//! and SIGTERM, and a loopback model server. Every wait is bounded; every child is reaped.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use drover_test_support::harness::{pid_alive, signal, uuid_like, Client, Daemon, TestHome};
+use drover_test_support::{Gate, MockModel, Reply};
+use nix::sys::signal::Signal;
+use serde_json::{json, Value};
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_drover"))
+}
+
+/// Bound of the waits in this file that are not the harness's own.
+const BOUND: Duration = Duration::from_secs(10);
+
+struct Setup {
+    model: MockModel,
+    home: TestHome,
+    daemon: Daemon,
+    client: Client,
+    session_id: String,
+}
+
+/// A config for the mock model with the given drain grace, plus `extra` TOML tables.
+fn write_config(home: &TestHome, base_url: &str, drain_grace_s: f64, extra: &str) {
+    home.write_config(&format!(
+        "[model]\nbase_url = \"{base_url}\"\nname = \"mock\"\nstream = true\nmax_retries = 0\n\
+         request_timeout_s = 30\n\n[daemon]\ndrain_grace_s = {drain_grace_s:?}\n\n{extra}"
+    ))
+    .unwrap();
+}
+
+async fn setup_with(drain_grace_s: f64, extra: &str) -> Setup {
+    let model = MockModel::start().await;
+    let home = TestHome::new().unwrap();
+    write_config(&home, &model.base_url(), drain_grace_s, extra);
+    let daemon = Daemon::start(bin(), home.path()).await.unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let s = client.create_session(home.path()).await.unwrap();
+    let session_id = s["session_id"].as_str().unwrap().to_string();
+    Setup {
+        model,
+        home,
+        daemon,
+        client,
+        session_id,
+    }
+}
+
+async fn setup() -> Setup {
+    setup_with(1.0, "").await
+}
+
+fn db_rows(db: &Path, sql: &str) -> Vec<Vec<Value>> {
+    let conn =
+        rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .unwrap();
+    let mut stmt = conn.prepare(sql).unwrap();
+    let n = stmt.column_count();
+    let rows = stmt
+        .query_map([], |r| {
+            Ok((0..n)
+                .map(|i| match r.get_ref(i).unwrap() {
+                    rusqlite::types::ValueRef::Null => Value::Null,
+                    rusqlite::types::ValueRef::Integer(v) => json!(v),
+                    rusqlite::types::ValueRef::Real(v) => json!(v),
+                    rusqlite::types::ValueRef::Text(t) => json!(String::from_utf8_lossy(t)),
+                    rusqlite::types::ValueRef::Blob(_) => Value::Null,
+                })
+                .collect())
+        })
+        .unwrap();
+    rows.map(Result::unwrap).collect()
+}
+
+/// One value of a one-row, one-column query, or `Null` when there is no row.
+fn db_value(db: &Path, sql: &str) -> Value {
+    db_rows(db, sql)
+        .into_iter()
+        .next()
+        .and_then(|r| r.into_iter().next())
+        .unwrap_or(Value::Null)
+}
+
+fn execution_status(db: &Path, admission_id: &str) -> Value {
+    db_value(
+        db,
+        &format!("SELECT status FROM worker_executions WHERE admission_id = '{admission_id}'"),
+    )
+}
+
+fn leases(db: &Path) -> Value {
+    db_value(db, "SELECT count(*) FROM session_turn_leases")
+}
+
+fn id(v: &Value, field: &str) -> String {
+    v[field]
+        .as_str()
+        .unwrap_or_else(|| panic!("no {field} in {v}"))
+        .to_string()
+}
+
+/// Events of the client until one matches `pred` (included), bounded.
+async fn events_until(client: &mut Client, mut pred: impl FnMut(&Value) -> bool) -> Vec<Value> {
+    let deadline = Instant::now() + BOUND;
+    let mut out = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let e = client
+            .next_event(left)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("no matching event within {BOUND:?}; saw {out:#?}"));
+        let done = pred(&e);
+        out.push(e);
+        if done {
+            return out;
+        }
+    }
+}
+
+async fn receipt(client: &mut Client, session_id: &str, admission_id: &str) -> Value {
+    client
+        .call_ok(
+            "prompt.receipt",
+            json!({"session_id": session_id, "admission_id": admission_id, "include_result": true}),
+        )
+        .await
+        .unwrap()
+}
+
+/// Polls `prompt.receipt` until the admission is `terminal`, bounded.
+async fn wait_terminal(client: &mut Client, session_id: &str, admission_id: &str) -> Value {
+    let deadline = Instant::now() + BOUND;
+    loop {
+        let r = receipt(client, session_id, admission_id).await;
+        if r["status"] == "terminal" {
+            return r;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{admission_id} not terminal within {BOUND:?}: {r}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn resume(client: &mut Client, session_id: &str) -> Value {
+    client
+        .call_ok("session.resume", json!({"session_id": session_id}))
+        .await
+        .unwrap()
+}
+
+/// `(admission_id, status)` of each `pending` entry.
+fn pending(resume: &Value) -> Vec<(String, String)> {
+    resume["pending"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (id(p, "admission_id"), id(p, "status")))
+        .collect()
+}
+
+/// Waits until `pid` is gone (or a zombie), bounded by `timeout`.
+async fn wait_gone(pid: u32, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while pid_alive(pid) {
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    true
+}
+
+/// Waits until `path` holds a pid, bounded.
+async fn read_pid_file(path: &Path) -> u32 {
+    let deadline = Instant::now() + BOUND;
+    loop {
+        if let Some(pid) = std::fs::read_to_string(path)
+            .ok()
+            .and_then(|t| t.trim().parse::<u32>().ok())
+        {
+            return pid;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} never got a pid",
+            path.display()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Kills `pid` if the test failed before it could check that drover did.
+struct KillOnDrop(u32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if pid_alive(self.0) {
+            signal(self.0, Signal::SIGKILL);
+        }
+    }
+}
+
+/// How many model requests contain `needle` in any message.
+fn requests_containing(model: &MockModel, needle: &str) -> usize {
+    model
+        .requests()
+        .iter()
+        .filter(|r| r["messages"].to_string().contains(needle))
+        .count()
+}
+
+#[tokio::test]
+async fn submit_is_idempotent_on_input_id_and_conflicts_on_other_text() {
+    let mut s = setup().await;
+    let gate = Gate::new();
+    s.model.set_default(Reply::text("held").gated(&gate));
+    let params = json!({"session_id": s.session_id, "input_id": "input-1", "text": "hello"});
+    let first = s
+        .client
+        .call_ok("prompt.submit", params.clone())
+        .await
+        .unwrap();
+    let again = s.client.call_ok("prompt.submit", params).await.unwrap();
+    assert_eq!(first["admission_id"], again["admission_id"]);
+    assert_eq!(first["sequence"], again["sequence"]);
+    assert_eq!(first["session_id"], again["session_id"]);
+
+    let err = s
+        .client
+        .call(
+            "prompt.submit",
+            json!({"session_id": s.session_id, "input_id": "input-1", "text": "other"}),
+        )
+        .await
+        .unwrap()
+        .expect_err("a different payload under the same input_id must fail");
+    assert_eq!(err["code"], 4001, "{err}");
+    assert_eq!(err["data"]["reason"], "admission_conflict", "{err}");
+    assert_eq!(err["message"], "admission_conflict", "{err}");
+
+    // One admission, one turn: the repeat did not queue a second input.
+    let rows = db_rows(
+        &s.home.db(),
+        "SELECT admission_id, payload_json FROM session_admissions",
+    );
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert!(rows[0][1].as_str().unwrap().contains("hello"));
+    assert!(gate.wait_reached(BOUND).await);
+    gate.open();
+    let aid = id(&first, "admission_id");
+    assert_eq!(s.client.wait_settled(&aid).await.unwrap(), "completed");
+    // After the turn, the same submit still answers the same (now terminal) admission.
+    let late = s
+        .client
+        .call_ok(
+            "prompt.submit",
+            json!({"session_id": s.session_id, "input_id": "input-1", "text": "hello"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(late["admission_id"], first["admission_id"]);
+    assert_eq!(late["status"], "terminal");
+    assert_eq!(late["outcome"], "completed");
+    assert_eq!(s.model.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn killing_the_worker_while_the_model_holds_leaves_turn_unknown_and_pauses_queue() {
+    let mut s = setup().await;
+    let gate = Gate::new();
+    s.model.push(Reply::text("never delivered").gated(&gate));
+    s.model.push(Reply::text("B done"));
+    let a = s.client.submit(&s.session_id, "A").await.unwrap();
+    let b = s.client.submit(&s.session_id, "B").await.unwrap();
+    let (a, b) = (id(&a, "admission_id"), id(&b, "admission_id"));
+    assert!(
+        gate.wait_reached(BOUND).await,
+        "A's model request never came"
+    );
+    let worker = s.daemon.wait_worker().await.unwrap();
+    signal(worker, Signal::SIGKILL);
+
+    let events = events_until(&mut s.client, |e| {
+        e["type"] == "turn.settled" && e["payload"]["admission_id"] == a.as_str()
+    })
+    .await;
+    let settled = events.last().unwrap();
+    assert_eq!(settled["payload"]["outcome"], "unknown", "{settled}");
+    let complete = events
+        .iter()
+        .find(|e| e["type"] == "message.complete" && e["payload"]["admission_id"] == a.as_str())
+        .unwrap_or_else(|| panic!("no message.complete for A in {events:#?}"));
+    assert_eq!(complete["payload"]["outcome"], "unknown");
+    let updated = events_until(&mut s.client, |e| {
+        e["type"] == "admission.updated" && e["payload"]["admission_id"] == a.as_str()
+    })
+    .await;
+    assert_eq!(updated.last().unwrap()["payload"]["status"], "unknown");
+
+    let r = receipt(&mut s.client, &s.session_id, &a).await;
+    assert_eq!(r["status"], "unknown", "{r}");
+    assert!(r["outcome"].is_null(), "{r}");
+    assert!(
+        r.get("result").is_none(),
+        "no result for an unknown turn: {r}"
+    );
+    assert_eq!(
+        db_rows(
+            &s.home.db(),
+            &format!("SELECT key FROM state_meta WHERE key = 'admission.result.{a}'")
+        )
+        .len(),
+        0
+    );
+    assert_eq!(execution_status(&s.home.db(), &a), "unknown");
+    assert_eq!(leases(&s.home.db()), 0);
+
+    let snap = resume(&mut s.client, &s.session_id).await;
+    assert_eq!(
+        pending(&snap),
+        [(a.clone(), "unknown".into()), (b.clone(), "queued".into())]
+    );
+    assert_eq!(snap["running"], false);
+    // The queue is paused: B is not claimed while A is unknown.
+    assert!(
+        !s.model.wait_requests(2, Duration::from_millis(500)).await,
+        "B ran while A was unknown"
+    );
+    assert_eq!(
+        receipt(&mut s.client, &s.session_id, &b).await["status"],
+        "queued"
+    );
+
+    let reason = s
+        .client
+        .call_err(
+            "prompt.cancel",
+            json!({"session_id": s.session_id, "admission_id": a}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(reason, "unknown_execution");
+    // Only an unknown admission can be resolved.
+    let reason = s
+        .client
+        .call_err(
+            "prompt.resolve_unknown",
+            json!({"session_id": s.session_id, "admission_id": b}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(reason, "invalid_params");
+
+    let resolved = s
+        .client
+        .call_ok(
+            "prompt.resolve_unknown",
+            json!({"session_id": s.session_id, "admission_id": a}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(resolved["status"], "terminal");
+    assert_eq!(resolved["outcome"], "interrupted");
+    assert_eq!(execution_status(&s.home.db(), &a), "terminal");
+    // Resolving twice answers the same receipt.
+    let again = s
+        .client
+        .call_ok(
+            "prompt.resolve_unknown",
+            json!({"session_id": s.session_id, "admission_id": a}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(again, resolved);
+
+    assert_eq!(s.client.wait_settled(&b).await.unwrap(), "completed");
+    let rb = receipt(&mut s.client, &s.session_id, &b).await;
+    assert_eq!(rb["result"]["final_response"], "B done");
+    assert_eq!(leases(&s.home.db()), 0);
+    assert_eq!(s.model.requests().len(), 2);
+    assert!(pending(&resume(&mut s.client, &s.session_id).await).is_empty());
+}
+
+#[tokio::test]
+async fn killing_the_owner_mid_turn_then_restarting_makes_it_unknown_and_never_replays() {
+    let mut s = setup().await;
+    let gate = Gate::new();
+    s.model.push(Reply::text("never delivered").gated(&gate));
+    s.model.set_default(Reply::text("done"));
+    let a = s
+        .client
+        .submit(&s.session_id, "unique-A-text")
+        .await
+        .unwrap();
+    let b = s.client.submit(&s.session_id, "B").await.unwrap();
+    let (a, b) = (id(&a, "admission_id"), id(&b, "admission_id"));
+    assert!(gate.wait_reached(BOUND).await);
+    let worker = s.daemon.wait_worker().await.unwrap();
+    let _reap = KillOnDrop(worker);
+    let epoch = s.daemon.epoch();
+
+    s.daemon.kill().unwrap();
+    assert!(
+        wait_gone(worker, Duration::from_secs(5)).await,
+        "worker {worker} outlived its owner"
+    );
+
+    let daemon = Daemon::start(bin(), s.home.path()).await.unwrap();
+    assert_eq!(daemon.epoch(), epoch + 1);
+    let mut c = daemon.client().await.unwrap();
+    let snap = resume(&mut c, &s.session_id).await;
+    assert_eq!(
+        pending(&snap),
+        [(a.clone(), "unknown".into()), (b.clone(), "queued".into())]
+    );
+    assert_eq!(snap["running"], false);
+    assert_eq!(execution_status(&s.home.db(), &a), "unknown");
+    assert_eq!(leases(&s.home.db()), 0);
+    // Recovery published the loss into the stored stream.
+    let since = c
+        .call_ok(
+            "session.events.since",
+            json!({"session_id": s.session_id, "replay_epoch": snap["replay_epoch"], "last_sequence": 0}),
+        )
+        .await
+        .unwrap();
+    let events = since["events"].as_array().unwrap();
+    assert!(
+        events.iter().any(|e| {
+            e["type"] == "turn.settled"
+                && e["payload"]["admission_id"] == a.as_str()
+                && e["payload"]["outcome"] == "unknown"
+        }),
+        "{since}"
+    );
+    let seqs: Vec<u64> = events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
+    assert!(
+        !s.model.wait_requests(2, Duration::from_millis(500)).await,
+        "B ran while A was unknown"
+    );
+    assert!(daemon.worker_pids().is_empty());
+
+    // The pause is per session: another session's input runs.
+    let other = c.create_session(s.home.path()).await.unwrap();
+    let other_id = id(&other, "session_id");
+    let o = c.submit(&other_id, "elsewhere").await.unwrap();
+    assert_eq!(
+        c.wait_settled(&id(&o, "admission_id")).await.unwrap(),
+        "completed"
+    );
+    assert_eq!(receipt(&mut c, &s.session_id, &b).await["status"], "queued");
+
+    c.call_ok(
+        "prompt.resolve_unknown",
+        json!({"session_id": s.session_id, "admission_id": a}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(c.wait_settled(&b).await.unwrap(), "completed");
+    assert_eq!(s.model.requests().len(), 3);
+    assert_eq!(
+        requests_containing(&s.model, "unique-A-text"),
+        1,
+        "A was replayed or leaked into B's history"
+    );
+    assert_eq!(leases(&s.home.db()), 0);
+}
+
+#[tokio::test]
+async fn a_tool_running_when_the_owner_dies_is_killed() {
+    let mut s = setup_with(1.0, "[approvals]\nmode = \"auto\"\n").await;
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("pid");
+    let command = format!("sleep 30 & echo $! > {}; wait", pid_file.display());
+    s.model.push(Reply::tool_call(
+        "call_1",
+        "terminal",
+        json!({"command": command}),
+    ));
+    let a = s.client.submit(&s.session_id, "sleep").await.unwrap();
+    let a = id(&a, "admission_id");
+    let sleep = read_pid_file(&pid_file).await;
+    let _reap = KillOnDrop(sleep);
+    assert!(pid_alive(sleep));
+    let worker = s.daemon.wait_worker().await.unwrap();
+    let _reap_worker = KillOnDrop(worker);
+
+    s.daemon.kill().unwrap();
+    assert!(
+        wait_gone(sleep, Duration::from_secs(5)).await,
+        "tool process {sleep} outlived the owner"
+    );
+    assert!(wait_gone(worker, Duration::from_secs(5)).await);
+
+    let daemon = Daemon::start(bin(), s.home.path()).await.unwrap();
+    let mut c = daemon.client().await.unwrap();
+    assert_eq!(
+        receipt(&mut c, &s.session_id, &a).await["status"],
+        "unknown"
+    );
+    assert_eq!(s.model.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn detaching_during_a_turn_does_not_cancel_it() {
+    let mut s = setup().await;
+    let gate = Gate::new();
+    s.model
+        .push(Reply::text("finished without you").gated(&gate));
+    let a = s.client.submit(&s.session_id, "work").await.unwrap();
+    let a = id(&a, "admission_id");
+    assert!(gate.wait_reached(BOUND).await);
+    // One connection detaches explicitly and stays open; the submitter just goes away.
+    let mut watcher = s.daemon.client().await.unwrap();
+    resume(&mut watcher, &s.session_id).await;
+    watcher
+        .call_ok("session.detach", json!({"session_id": s.session_id}))
+        .await
+        .unwrap();
+    drop(s.client);
+    // Let the owner see the closed connection before the turn may go on.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !s.daemon.worker_pids().is_empty(),
+        "the worker went with the client"
+    );
+    gate.open();
+
+    // A new connection, not attached to the session, polls the receipt.
+    let mut c = s.daemon.client().await.unwrap();
+    let r = wait_terminal(&mut c, &s.session_id, &a).await;
+    assert_eq!(r["outcome"], "completed", "{r}");
+    assert_eq!(r["result"]["final_response"], "finished without you");
+
+    let snap = resume(&mut c, &s.session_id).await;
+    assert!(pending(&snap).is_empty(), "{snap}");
+    assert_eq!(snap["running"], false);
+    let last = snap["messages"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last["role"], "assistant");
+    assert_eq!(last["content"], "finished without you");
+    // The detached connection got none of the turn's events, and may no longer submit.
+    assert!(
+        watcher
+            .next_event(Duration::from_millis(100))
+            .await
+            .unwrap()
+            .is_none(),
+        "a detached connection still gets events"
+    );
+    assert_eq!(
+        watcher
+            .call_err(
+                "prompt.submit",
+                json!({"session_id": s.session_id, "input_id": uuid_like(), "text": "x"}),
+            )
+            .await
+            .unwrap(),
+        "permission_denied"
+    );
+}
+
+#[tokio::test]
+async fn resume_during_a_turn_shows_running_and_pending() {
+    let mut s = setup().await;
+    let gate = Gate::new();
+    s.model.push(Reply::text("A done").gated(&gate));
+    s.model.push(Reply::text("B done"));
+    let a = s.client.submit(&s.session_id, "A").await.unwrap();
+    let b = s.client.submit(&s.session_id, "B").await.unwrap();
+    let (a, b) = (id(&a, "admission_id"), id(&b, "admission_id"));
+    assert!(gate.wait_reached(BOUND).await);
+
+    let mut c = s.daemon.client().await.unwrap();
+    let snap = resume(&mut c, &s.session_id).await;
+    assert_eq!(snap["running"], true, "{snap}");
+    let entries = snap["pending"].as_array().unwrap();
+    assert_eq!(
+        pending(&snap),
+        [(a.clone(), "started".into()), (b.clone(), "queued".into())]
+    );
+    let generation = snap["execution_generation"].as_u64().unwrap();
+    assert!(generation >= 1);
+    assert_eq!(entries[0]["execution_generation"], generation);
+    assert!(entries[1]["execution_generation"].is_null());
+    assert_eq!(entries[0]["text"], "A");
+    assert_eq!(entries[1]["text"], "B");
+    assert!(entries[0]["sequence"].as_u64() < entries[1]["sequence"].as_u64());
+    assert!(entries[0]["input_id"].is_string());
+    assert!(snap["prompts"].as_array().unwrap().is_empty());
+    assert!(snap["last_sequence"].as_u64().unwrap() > 0);
+    // The started input is in the transcript; the queued one is not yet.
+    let contents: Vec<&str> = snap["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["content"].as_str())
+        .collect();
+    assert_eq!(contents, ["A"]);
+
+    // The resumed connection follows the turn live.
+    gate.open();
+    assert_eq!(c.wait_settled(&a).await.unwrap(), "completed");
+    assert_eq!(c.wait_settled(&b).await.unwrap(), "completed");
+    let snap = resume(&mut c, &s.session_id).await;
+    assert_eq!(snap["running"], false);
+    assert!(pending(&snap).is_empty());
+}
+
+#[tokio::test]
+async fn queued_input_is_cancelled_but_started_is_stale_generation() {
+    let mut s = setup().await;
+    let gate = Gate::new();
+    s.model.push(Reply::text("A done").gated(&gate));
+    let a = s.client.submit(&s.session_id, "A").await.unwrap();
+    let b = s.client.submit(&s.session_id, "B").await.unwrap();
+    let (a, b) = (id(&a, "admission_id"), id(&b, "admission_id"));
+    assert!(gate.wait_reached(BOUND).await);
+
+    let cancelled = s
+        .client
+        .call_ok(
+            "prompt.cancel",
+            json!({"session_id": s.session_id, "admission_id": b}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(cancelled["status"], "terminal");
+    assert_eq!(cancelled["outcome"], "cancelled");
+    let updated = s
+        .client
+        .wait_event(|e| {
+            e["type"] == "admission.updated"
+                && e["payload"]["admission_id"] == b.as_str()
+                && e["payload"]["status"] == "terminal"
+        })
+        .await
+        .unwrap();
+    assert_eq!(updated["payload"]["outcome"], "cancelled");
+
+    let reason = s
+        .client
+        .call_err(
+            "prompt.cancel",
+            json!({"session_id": s.session_id, "admission_id": a}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(reason, "stale_generation");
+
+    let again = s
+        .client
+        .call_ok(
+            "prompt.cancel",
+            json!({"session_id": s.session_id, "admission_id": b}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(again, cancelled);
+
+    // Cancelling needs an attached connection.
+    let mut stranger = s.daemon.client().await.unwrap();
+    let reason = stranger
+        .call_err(
+            "prompt.cancel",
+            json!({"session_id": s.session_id, "admission_id": b}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(reason, "permission_denied");
+
+    gate.open();
+    assert_eq!(s.client.wait_settled(&a).await.unwrap(), "completed");
+    // The cancelled input never runs.
+    assert!(!s.model.wait_requests(2, Duration::from_millis(500)).await);
+    assert!(pending(&resume(&mut s.client, &s.session_id).await).is_empty());
+}
+
+#[tokio::test]
+async fn graceful_stop_interrupts_a_turn_within_the_grace() {
+    let mut s = setup_with(5.0, "").await;
+    let gate = Gate::new();
+    s.model.push(Reply::text("never delivered").gated(&gate));
+    let a = s.client.submit(&s.session_id, "A").await.unwrap();
+    let a = id(&a, "admission_id");
+    assert!(gate.wait_reached(BOUND).await);
+
+    let started = Instant::now();
+    let status = s.daemon.stop().await.unwrap();
+    assert_eq!(status.code(), Some(0));
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "a worker that stops at once should not use the grace: {:?}",
+        started.elapsed()
+    );
+    assert!(!s.home.path().join("daemon.json").exists());
+
+    let daemon = Daemon::start(bin(), s.home.path()).await.unwrap();
+    let mut c = daemon.client().await.unwrap();
+    let r = receipt(&mut c, &s.session_id, &a).await;
+    assert_eq!(r["status"], "terminal", "{r}");
+    assert_eq!(r["outcome"], "interrupted", "{r}");
+    assert_eq!(execution_status(&s.home.db(), &a), "terminal");
+    assert_eq!(leases(&s.home.db()), 0);
+    assert_eq!(s.model.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn graceful_stop_refuses_new_submits_while_a_slow_tool_stops() {
+    // The tool ignores SIGTERM, so stopping it takes the tool's own TERM-to-KILL grace (2 s):
+    // inside the 5 s drain grace, which leaves a window to submit during the drain.
+    let mut s = setup_with(5.0, "[approvals]\nmode = \"auto\"\n").await;
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("pid");
+    let command = format!(
+        "trap '' TERM; sleep 20 & echo $! > {}; wait",
+        pid_file.display()
+    );
+    s.model.push(Reply::tool_call(
+        "call_1",
+        "terminal",
+        json!({"command": command}),
+    ));
+    let a = s.client.submit(&s.session_id, "A").await.unwrap();
+    let a = id(&a, "admission_id");
+    let sleep = read_pid_file(&pid_file).await;
+    let _reap = KillOnDrop(sleep);
+
+    signal(s.daemon.pid(), Signal::SIGTERM);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut refused = false;
+    while Instant::now() < deadline {
+        match s
+            .client
+            .call(
+                "prompt.submit",
+                json!({"session_id": s.session_id, "input_id": uuid_like(), "text": "late"}),
+            )
+            .await
+            .unwrap()
+        {
+            Err(e) => {
+                assert_eq!(e["data"]["reason"], "runtime_draining", "{e}");
+                refused = true;
+                break;
+            }
+            // Admitted before the signal landed: it stays queued.
+            Ok(r) => assert_eq!(r["status"], "queued", "{r}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(refused, "no submit was refused runtime_draining");
+    let status = s.daemon.wait_exit(BOUND).await.unwrap();
+    assert_eq!(status.code(), Some(0));
+    assert!(wait_gone(sleep, Duration::from_secs(2)).await);
+
+    let daemon = Daemon::start(bin(), s.home.path()).await.unwrap();
+    let mut c = daemon.client().await.unwrap();
+    let r = receipt(&mut c, &s.session_id, &a).await;
+    assert_eq!(r["outcome"], "interrupted", "{r}");
+}
+
+#[tokio::test]
+async fn graceful_stop_past_the_grace_kills_the_worker_and_the_turn_is_unknown() {
+    // The tool ignores SIGTERM and the worker gives its tools 2 s to stop, but the owner only
+    // waits 0.5 s: it kills the worker, and the turn is unknown.
+    let mut s = setup_with(0.5, "[approvals]\nmode = \"auto\"\n").await;
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("pid");
+    let command = format!(
+        "trap '' TERM; sleep 20 & echo $! > {}; wait",
+        pid_file.display()
+    );
+    s.model.push(Reply::tool_call(
+        "call_1",
+        "terminal",
+        json!({"command": command}),
+    ));
+    let a = s.client.submit(&s.session_id, "A").await.unwrap();
+    let a = id(&a, "admission_id");
+    let sleep = read_pid_file(&pid_file).await;
+    let _reap = KillOnDrop(sleep);
+    let worker = s.daemon.wait_worker().await.unwrap();
+    let _reap_worker = KillOnDrop(worker);
+
+    let started = Instant::now();
+    let status = s.daemon.stop().await.unwrap();
+    assert_eq!(status.code(), Some(0));
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "the drain took {:?}",
+        started.elapsed()
+    );
+    assert!(!s.home.path().join("daemon.json").exists());
+    assert!(wait_gone(worker, Duration::from_secs(2)).await);
+    assert!(
+        wait_gone(sleep, Duration::from_secs(2)).await,
+        "the killed worker's tool process {sleep} is still running"
+    );
+
+    let daemon = Daemon::start(bin(), s.home.path()).await.unwrap();
+    let mut c = daemon.client().await.unwrap();
+    let r = receipt(&mut c, &s.session_id, &a).await;
+    assert_eq!(r["status"], "unknown", "{r}");
+    assert_eq!(execution_status(&s.home.db(), &a), "unknown");
+    assert_eq!(leases(&s.home.db()), 0);
+    assert_eq!(s.model.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn queued_inputs_run_after_restart_when_nothing_is_unknown() {
+    let mut s = setup_with(5.0, "").await;
+    let gate = Gate::new();
+    s.model.push(Reply::text("never delivered").gated(&gate));
+    s.model.push(Reply::text("B after restart"));
+    let a = s.client.submit(&s.session_id, "A").await.unwrap();
+    let b = s.client.submit(&s.session_id, "B").await.unwrap();
+    let (a, b) = (id(&a, "admission_id"), id(&b, "admission_id"));
+    assert!(gate.wait_reached(BOUND).await);
+    assert_eq!(s.daemon.stop().await.unwrap().code(), Some(0));
+    // The drain did not start B.
+    assert_eq!(s.model.requests().len(), 1);
+    assert_eq!(
+        db_value(
+            &s.home.db(),
+            &format!("SELECT status FROM session_admissions WHERE admission_id = '{b}'")
+        ),
+        "queued"
+    );
+
+    let daemon = Daemon::start(bin(), s.home.path()).await.unwrap();
+    let mut c = daemon.client().await.unwrap();
+    let ra = receipt(&mut c, &s.session_id, &a).await;
+    assert_eq!(ra["outcome"], "interrupted", "{ra}");
+    // Nothing is unknown, so B runs without anyone asking.
+    let rb = wait_terminal(&mut c, &s.session_id, &b).await;
+    assert_eq!(rb["outcome"], "completed", "{rb}");
+    assert_eq!(rb["result"]["final_response"], "B after restart");
+    assert_eq!(s.model.requests().len(), 2);
+    assert_eq!(leases(&s.home.db()), 0);
+}
+
+#[tokio::test]
+async fn an_open_prompt_of_a_lost_turn_is_cancelled_after_restart() {
+    // Manual approvals: a forced recursive delete waits for an answer when the owner dies.
+    let mut s = setup_with(1.0, "[approvals]\nmode = \"manual\"\n").await;
+    let dir = tempfile::tempdir().unwrap();
+    let victim = dir.path().join("victim");
+    std::fs::create_dir(&victim).unwrap();
+    s.model.push(Reply::tool_call(
+        "call_1",
+        "terminal",
+        json!({"command": format!("rm -rf {}", victim.display())}),
+    ));
+    let a = s.client.submit(&s.session_id, "clean up").await.unwrap();
+    let a = id(&a, "admission_id");
+    let request = s
+        .client
+        .wait_event(|e| e["type"] == "approval.request")
+        .await
+        .unwrap();
+    let prompt_id = id(&request["payload"], "prompt_id");
+    let generation = request["payload"]["execution_generation"].clone();
+    s.daemon.kill().unwrap();
+
+    let daemon = Daemon::start(bin(), s.home.path()).await.unwrap();
+    let mut c = daemon.client().await.unwrap();
+    let snap = resume(&mut c, &s.session_id).await;
+    assert!(snap["prompts"].as_array().unwrap().is_empty(), "{snap}");
+    assert_eq!(pending(&snap), [(a.clone(), "unknown".into())]);
+    assert_eq!(
+        db_value(
+            &s.home.db(),
+            &format!("SELECT status FROM prompts WHERE prompt_id = '{prompt_id}'")
+        ),
+        "cancelled"
+    );
+    // A late answer changes nothing and runs nothing.
+    let answer = c
+        .call_ok(
+            "approval.respond",
+            json!({"session_id": s.session_id, "execution_generation": generation,
+                   "prompt_id": prompt_id, "choice": "once"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(answer["status"], "already_resolved");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(victim.exists(), "the unapproved command ran");
+    assert!(daemon.worker_pids().is_empty());
+}
+
+#[tokio::test]
+async fn a_turn_claimed_as_the_graceful_stop_begins_is_still_stopped() {
+    let mut s = setup_with(5.0, "").await;
+    let gate = Gate::new();
+    s.model
+        .set_default(Reply::text("never delivered").gated(&gate));
+    let a = s.client.submit(&s.session_id, "A").await.unwrap();
+    let a = id(&a, "admission_id");
+    // No wait for the worker: the stop races the claim and the worker's start.
+    let started = Instant::now();
+    let status = s.daemon.stop().await.unwrap();
+    assert_eq!(status.code(), Some(0));
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the drain missed a starting turn and waited {:?}",
+        started.elapsed()
+    );
+    let daemon = Daemon::start(bin(), s.home.path()).await.unwrap();
+    let mut c = daemon.client().await.unwrap();
+    let r = receipt(&mut c, &s.session_id, &a).await;
+    // Either the claim lost the race (the input is still queued, or already started again by
+    // the new owner) or its turn was stopped within the grace: never lost to `unknown`.
+    assert!(
+        r["status"] == "queued" || r["status"] == "started" || r["outcome"] == "interrupted",
+        "{r}"
+    );
+}
