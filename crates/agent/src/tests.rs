@@ -272,6 +272,7 @@ impl Fixture {
             log,
             tools,
             ctx: ToolContext {
+                grants: Default::default(),
                 cwd: PathBuf::from("/"),
                 session_id: "s1".into(),
                 home: std::env::temp_dir(),

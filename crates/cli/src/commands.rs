@@ -6,7 +6,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
-use clap::Args;
+use clap::{Args, Subcommand};
 use drover_owner::home::DaemonInfo;
 use drover_protocol::event as ev;
 use serde_json::{json, Value};
@@ -427,4 +427,60 @@ pub async fn stop(home: PathBuf) -> Result<Exit> {
     }
     eprintln!("drover: daemon pid {} stopped", info.pid);
     Ok(Exit::Ok)
+}
+
+/// `drover approvals list|rm`.
+#[derive(Subcommand, Debug)]
+pub enum ApprovalsCommand {
+    /// List the stored rules (pattern keys approved with `always`).
+    List {
+        /// Print JSON (`{rules: [{pattern_key, description, created_at}]}`).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a stored rule; dangerous commands of that kind ask again.
+    Rm {
+        /// The rule's pattern key, as `list` shows it.
+        pattern_key: String,
+    },
+}
+
+/// `drover approvals`.
+pub async fn approvals(home: PathBuf, command: ApprovalsCommand) -> Result<Exit> {
+    let (_info, mut c) = ensure_daemon(&home).await?;
+    match command {
+        ApprovalsCommand::List { json } => {
+            let list = rpc(c.call("approvals.list", json!({})).await?, "approvals.list")?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&list)?);
+                return Ok(Exit::Ok);
+            }
+            let rules = list["rules"].as_array().cloned().unwrap_or_default();
+            if rules.is_empty() {
+                eprintln!("drover: no stored approval rules");
+            }
+            for r in rules {
+                println!(
+                    "{:<24}  {}",
+                    r["pattern_key"].as_str().unwrap_or_default(),
+                    r["description"].as_str().unwrap_or_default()
+                );
+            }
+            Ok(Exit::Ok)
+        }
+        ApprovalsCommand::Rm { pattern_key } => {
+            let r = rpc(
+                c.call("approvals.remove", json!({"pattern_key": pattern_key}))
+                    .await?,
+                "approvals.remove",
+            )?;
+            if r["removed"].as_bool() == Some(true) {
+                eprintln!("drover: removed rule {pattern_key}");
+                Ok(Exit::Ok)
+            } else {
+                eprintln!("drover: no stored rule named {pattern_key}");
+                Ok(Exit::Failed)
+            }
+        }
+    }
 }

@@ -51,6 +51,11 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The stored `always` approval rules.
+    Approvals {
+        #[command(subcommand)]
+        command: commands::ApprovalsCommand,
+    },
     /// Internal: a managed worker, started by the owner only.
     #[command(hide = true)]
     Worker,
@@ -65,6 +70,9 @@ fn main() -> ExitCode {
         Command::Run(args) => commands::block_on(commands::run(home, args)) as u8,
         Command::Stop => commands::block_on(commands::stop(home)) as u8,
         Command::Sessions { json } => commands::block_on(commands::sessions(home, json)) as u8,
+        Command::Approvals { command } => {
+            commands::block_on(commands::approvals(home, command)) as u8
+        }
     };
     ExitCode::from(code)
 }

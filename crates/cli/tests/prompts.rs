@@ -869,3 +869,198 @@ async fn drover_run_with_answer_answers_a_clarify_question() {
     let stop = drover(home.path(), home.path(), &["stop"]).await;
     assert_eq!(stop.status.code(), Some(0));
 }
+
+/// Scripts a turn that deletes `dir` with `rm -rf`, then a text answer; returns its admission.
+async fn submit_rm(s: &mut Setup, dir: &Path) -> String {
+    s.model.push(Reply::tool_call(
+        "call_rm",
+        "terminal",
+        json!({ "command": format!("rm -rf {}", dir.display()) }),
+    ));
+    s.model.push(Reply::text("Deleted."));
+    let receipt = s.client.submit(&s.session_id, "delete it").await.unwrap();
+    receipt["admission_id"].as_str().unwrap().to_string()
+}
+
+#[tokio::test]
+async fn session_choice_lets_later_turns_of_the_session_run_without_asking() {
+    let mut s = setup(&["terminal"]).await;
+    let (admission, prompt) = open_approval(&mut s).await;
+    let r = s
+        .client
+        .call_ok("approval.respond", respond_params(&s, &prompt, "session"))
+        .await
+        .unwrap();
+    assert_eq!(r["status"], "resolved");
+    assert_eq!(
+        s.client.wait_settled(&admission).await.unwrap(),
+        "completed"
+    );
+    assert!(!s.victim().exists());
+
+    // Next turn, same session, same kind of command: no prompt, it just runs.
+    let second = s.scratch.path().join("second");
+    std::fs::create_dir(&second).unwrap();
+    let a2 = submit_rm(&mut s, &second).await;
+    let mut asked = false;
+    loop {
+        let e = s
+            .client
+            .next_event(Duration::from_secs(20))
+            .await
+            .unwrap()
+            .expect("event");
+        if e["type"] == "approval.request" {
+            asked = true;
+        }
+        if e["type"] == "turn.settled" && e["payload"]["admission_id"] == a2.as_str() {
+            assert_eq!(e["payload"]["outcome"], "completed");
+            break;
+        }
+    }
+    assert!(!asked, "a session grant must cover the rest of the session");
+    assert!(!second.exists());
+
+    // A `session` grant is not a stored rule.
+    let rules = s.client.call_ok("approvals.list", json!({})).await.unwrap();
+    assert_eq!(rules["rules"], json!([]));
+
+    // Another session still asks.
+    let other = s
+        .client
+        .call_ok(
+            "session.create",
+            json!({"request_id": "other-session", "cwd": s.scratch.path(), "toolsets": ["terminal"]}),
+        )
+        .await
+        .unwrap();
+    s.session_id = other["session_id"].as_str().unwrap().to_string();
+    let third = s.scratch.path().join("third");
+    std::fs::create_dir(&third).unwrap();
+    submit_rm(&mut s, &third).await;
+    s.client
+        .wait_event(|e| e["type"] == "approval.request")
+        .await
+        .unwrap();
+    assert!(third.exists(), "must wait for the answer");
+}
+
+#[tokio::test]
+async fn always_choice_is_a_stored_rule_listed_and_removable_with_the_cli() {
+    let mut s = setup(&["terminal"]).await;
+    let (admission, prompt) = open_approval(&mut s).await;
+    let key = prompt["pattern_key"].as_str().unwrap().to_string();
+    s.client
+        .call_ok("approval.respond", respond_params(&s, &prompt, "always"))
+        .await
+        .unwrap();
+    assert_eq!(
+        s.client.wait_settled(&admission).await.unwrap(),
+        "completed"
+    );
+
+    let out = tokio::process::Command::new(bin())
+        .arg("--home")
+        .arg(s.home.path())
+        .args(["approvals", "list", "--json"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(listed["rules"][0]["pattern_key"], key.as_str());
+
+    // A brand-new session runs the same kind of command without asking.
+    let fresh = s
+        .client
+        .call_ok(
+            "session.create",
+            json!({"request_id": "fresh", "cwd": s.scratch.path(), "toolsets": ["terminal"]}),
+        )
+        .await
+        .unwrap();
+    s.session_id = fresh["session_id"].as_str().unwrap().to_string();
+    let dir = s.scratch.path().join("again");
+    std::fs::create_dir(&dir).unwrap();
+    let a2 = submit_rm(&mut s, &dir).await;
+    assert_eq!(s.client.wait_settled(&a2).await.unwrap(), "completed");
+    assert!(!dir.exists());
+
+    // `drover approvals rm` removes it; the next session asks again.
+    let out = tokio::process::Command::new(bin())
+        .arg("--home")
+        .arg(s.home.path())
+        .args(["approvals", "rm", &key])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rules = s.client.call_ok("approvals.list", json!({})).await.unwrap();
+    assert_eq!(rules["rules"], json!([]));
+    let out = tokio::process::Command::new(bin())
+        .arg("--home")
+        .arg(s.home.path())
+        .args(["approvals", "rm", &key])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "removing a missing rule is an error"
+    );
+    let later = s
+        .client
+        .call_ok(
+            "session.create",
+            json!({"request_id": "later", "cwd": s.scratch.path(), "toolsets": ["terminal"]}),
+        )
+        .await
+        .unwrap();
+    s.session_id = later["session_id"].as_str().unwrap().to_string();
+    let dir = s.scratch.path().join("guarded");
+    std::fs::create_dir(&dir).unwrap();
+    submit_rm(&mut s, &dir).await;
+    s.client
+        .wait_event(|e| e["type"] == "approval.request")
+        .await
+        .unwrap();
+    assert!(dir.exists());
+}
+
+#[tokio::test]
+async fn interrupt_closes_open_prompts_at_once_so_a_late_answer_is_not_accepted() {
+    let mut s = setup(&["terminal"]).await;
+    let (admission, prompt) = open_approval(&mut s).await;
+    s.client
+        .call_ok(
+            "session.interrupt",
+            json!({"session_id": s.session_id, "execution_generation": prompt["execution_generation"]}),
+        )
+        .await
+        .unwrap();
+    let late = s
+        .client
+        .call_ok("approval.respond", respond_params(&s, &prompt, "once"))
+        .await
+        .unwrap();
+    assert_eq!(late["status"], "already_resolved");
+    assert_eq!(
+        s.client.wait_settled(&admission).await.unwrap(),
+        "interrupted"
+    );
+    assert!(s.victim().exists());
+    let rows = db_rows(
+        &s.home.db(),
+        &format!(
+            "SELECT status FROM prompts WHERE prompt_id = '{}'",
+            prompt["prompt_id"].as_str().unwrap()
+        ),
+    );
+    assert_eq!(rows[0][0], "cancelled");
+}

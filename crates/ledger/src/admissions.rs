@@ -69,6 +69,8 @@ pub struct Claim {
     pub epoch: u64,
     /// Earlier messages without this turn's input and without lost turns.
     pub history: Vec<ChatMessage>,
+    /// Approval pattern keys granted to the session (SPEC section 6).
+    pub approval_grants: Vec<String>,
     pub events: Vec<crate::StoredEvent>,
 }
 
@@ -420,6 +422,7 @@ impl Ledger {
         )?;
         // History is read before this turn's input is stored, so it excludes it.
         let history = history_in(&tx, session_id)?;
+        let approval_grants = crate::persist::grants_in(&tx, session_id)?;
         tx.execute(
             "INSERT INTO messages (session_id, role, content, created_at, admission_id)
              VALUES (?1, 'user', ?2, ?3, ?4)",
@@ -446,6 +449,7 @@ impl Ledger {
             generation: generation as u64,
             epoch,
             history,
+            approval_grants,
             events,
         }))
     }

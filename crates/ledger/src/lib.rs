@@ -32,7 +32,7 @@ use sha2::{Digest, Sha256};
 
 pub use admissions::{AdmissionRow, AdmitRequest, Claim, Receipt, Recovery, Settlement};
 pub use events::StoredEvent;
-pub use persist::{PersistOutcome, PromptResponse, PromptRow};
+pub use persist::{ApprovalRule, PersistOutcome, PromptResponse, PromptRow};
 pub use sessions::{NewSession, SessionRow, SessionSummary};
 
 /// Every ledger failure, each mapped to one spec reason by [`LedgerError::reason`].

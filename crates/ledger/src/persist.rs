@@ -559,6 +559,117 @@ fn append_messages(
     Ok(ids)
 }
 
+/// A `session` or `always` approval answer grants the prompt's `pattern_key` for the rest of the
+/// session, or for every session of this home (SPEC section 6).
+fn record_grant(tx: &Connection, prompt: &PromptRow, answer: &Value) -> Result<(), LedgerError> {
+    if prompt.kind != "approval" {
+        return Ok(());
+    }
+    let Some(key) = prompt.body.get("pattern_key").and_then(Value::as_str) else {
+        return Ok(());
+    };
+    match answer.as_str() {
+        Some("session") => {
+            tx.execute(
+                "INSERT OR IGNORE INTO session_approval_grants (session_id, pattern_key, created_at)
+                 VALUES (?1, ?2, ?3)",
+                params![prompt.session_id, key, now()],
+            )?;
+        }
+        Some("always") => {
+            let description = prompt
+                .body
+                .get("description")
+                .and_then(Value::as_str)
+                .unwrap_or(key);
+            tx.execute(
+                "INSERT OR IGNORE INTO approval_rules (pattern_key, description, created_at)
+                 VALUES (?1, ?2, ?3)",
+                params![key, description, now()],
+            )?;
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// A stored `always` approval rule (`drover approvals list`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApprovalRule {
+    pub pattern_key: String,
+    pub description: String,
+    /// Unix seconds.
+    pub created_at: f64,
+}
+
+pub(crate) fn grants_in(conn: &Connection, session_id: &str) -> Result<Vec<String>, LedgerError> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT pattern_key FROM session_approval_grants WHERE session_id = ?1
+         UNION SELECT pattern_key FROM approval_rules ORDER BY 1",
+    )?;
+    let rows = stmt.query_map([session_id], |r| r.get(0))?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+impl Ledger {
+    /// The pattern keys a session may run without asking: its `session` grants and the home's
+    /// `always` rules.
+    pub fn approval_grants(&self, session_id: &str) -> Result<Vec<String>, LedgerError> {
+        grants_in(&self.conn, session_id)
+    }
+
+    /// The stored `always` rules, oldest first.
+    pub fn approval_rules(&self) -> Result<Vec<ApprovalRule>, LedgerError> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT pattern_key, description, created_at FROM approval_rules ORDER BY created_at, pattern_key",
+        )?;
+        let rows = stmt.query_map([], |r| {
+            Ok(ApprovalRule {
+                pattern_key: r.get(0)?,
+                description: r.get(1)?,
+                created_at: r.get(2)?,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Removes a stored `always` rule; false when there was none.
+    pub fn remove_approval_rule(&mut self, pattern_key: &str) -> Result<bool, LedgerError> {
+        let n = self.conn.execute(
+            "DELETE FROM approval_rules WHERE pattern_key = ?1",
+            [pattern_key],
+        )?;
+        Ok(n > 0)
+    }
+
+    /// Closes every open prompt of an execution as `cancelled` (an interrupt was asked for, so
+    /// a late answer must not look accepted). Returns the closed prompts, whose deferred
+    /// `prompt.open` receipts are now `{status: "cancelled"}`, and their events.
+    pub fn cancel_open_prompts(
+        &mut self,
+        execution_id: &str,
+    ) -> Result<(Vec<PromptRow>, Vec<StoredEvent>), LedgerError> {
+        let tx = self.conn.transaction()?;
+        let ids: Vec<String> = {
+            let mut stmt = tx.prepare(
+                "SELECT prompt_id FROM prompts WHERE execution_id = ?1 AND status = 'open'",
+            )?;
+            let rows = stmt.query_map([execution_id], |r| r.get(0))?;
+            rows.collect::<Result<_, _>>()?
+        };
+        let mut prompts = Vec::new();
+        let mut events = Vec::new();
+        for id in ids {
+            events.extend(cancel_prompt(&tx, &id)?);
+            if let Some(p) = load_prompt(&tx, &id)? {
+                prompts.push(p);
+            }
+        }
+        tx.commit()?;
+        Ok((prompts, events))
+    }
+}
+
 /// Answers an open prompt (SPEC section 2, `approval.respond` / `clarify.respond`).
 #[derive(Debug, Clone, PartialEq)]
 pub enum PromptResponse {
@@ -600,6 +711,7 @@ impl Ledger {
             "UPDATE prompts SET status = 'resolved', answer = ?1 WHERE prompt_id = ?2 AND status = 'open'",
             params![answer.to_string(), prompt_id],
         )?;
+        record_grant(&tx, &prompt, &answer)?;
         let receipt = json!({"status": "resolved", "answer": answer});
         let payload_digest = prompt_open_digest(&prompt);
         tx.execute(

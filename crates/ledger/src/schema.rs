@@ -11,7 +11,8 @@ use crate::LedgerError;
 pub const APPLICATION_ID: i64 = 0x4452_5652;
 
 /// Migrations in order; index + 1 is the version each one produces.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE sessions (
     id TEXT PRIMARY KEY,
     source TEXT NOT NULL,
@@ -149,7 +150,16 @@ CREATE TABLE approval_rules (
     description TEXT NOT NULL,
     created_at REAL NOT NULL
 );
-"#];
+"#,
+    r#"
+CREATE TABLE session_approval_grants (
+    session_id TEXT NOT NULL REFERENCES sessions(id),
+    pattern_key TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (session_id, pattern_key)
+);
+"#,
+];
 
 /// The schema version this build writes.
 pub fn current_version() -> i64 {

@@ -143,6 +143,8 @@ pub async fn dispatch(
         "approval.respond" => respond(owner, conn, &p, "approval").await,
         "clarify.respond" => respond(owner, conn, &p, "clarify").await,
         "session.events.since" => events_since(owner, &p).await,
+        "approvals.list" => approvals_list(owner).await,
+        "approvals.remove" => approvals_remove(owner, &p).await,
         other => Err(RpcError::new(
             ErrorReason::UnknownMethod,
             format!("unknown method {other:?}"),
@@ -451,6 +453,23 @@ async fn interrupt(
             let _ = t.control.send(OwnerFrame::Stop {
                 reason: "interrupted".into(),
             });
+            // Close the turn's prompts now, so an answer racing the stop is not recorded as
+            // accepted for a tool that will not run.
+            let eid = t.execution_id.clone();
+            let closed = owner
+                .ledger(move |l, o| {
+                    let (prompts, events) = l.cancel_open_prompts(&eid)?;
+                    o.hub.publish(&events);
+                    Ok(prompts)
+                })
+                .await
+                .map_err(ledger_error)?;
+            for p in closed {
+                let _ = t.control.send(OwnerFrame::Receipt {
+                    sequence: p.sequence,
+                    result: json!({"status": "cancelled"}),
+                });
+            }
             Ok(json!({"execution_state": "interrupting"}))
         }
         _ => Err(RpcError::new(
@@ -595,4 +614,27 @@ async fn events_since(owner: &Arc<Owner>, p: &Params<'_>) -> Result<Value, RpcEr
         })
         .await
         .map_err(ledger_error)
+}
+
+/// `approvals.list` (drover extension, SPEC section 6 `always`): the home's stored rules.
+async fn approvals_list(owner: &Arc<Owner>) -> Result<Value, RpcError> {
+    let rules = owner
+        .ledger(|l, _| l.approval_rules())
+        .await
+        .map_err(ledger_error)?;
+    let rules: Vec<Value> = rules
+        .iter()
+        .map(|r| json!({"pattern_key": r.pattern_key, "description": r.description, "created_at": r.created_at}))
+        .collect();
+    Ok(json!({"rules": rules}))
+}
+
+/// `approvals.remove` `{pattern_key}` (drover extension): `{removed: bool}`.
+async fn approvals_remove(owner: &Arc<Owner>, p: &Params<'_>) -> Result<Value, RpcError> {
+    let key = p.str("pattern_key")?.to_string();
+    let removed = owner
+        .ledger(move |l, _| l.remove_approval_rule(&key))
+        .await
+        .map_err(ledger_error)?;
+    Ok(json!({"removed": removed}))
 }

@@ -101,6 +101,7 @@ fn policy(owner: &Owner, claim: &Claim) -> Policy {
         max_steps: owner.config.model.max_steps,
         approvals: owner.config.approvals.mode.clone(),
         home: owner.home.display().to_string(),
+        approval_grants: claim.approval_grants.clone(),
     }
 }
 

@@ -89,6 +89,10 @@ pub struct Policy {
     pub approvals: String,
     /// The drover home (for outbox and logs).
     pub home: String,
+    /// Approval pattern keys already granted: the session's `session` choices and the home's
+    /// `always` rules (SPEC section 6).
+    #[serde(default)]
+    pub approval_grants: Vec<String>,
 }
 
 fn default_approvals() -> String {

@@ -317,6 +317,7 @@ mod tests {
 
     fn ctx(prompts: Arc<dyn PromptBroker>) -> ToolContext {
         ToolContext {
+            grants: Default::default(),
             cwd: std::env::temp_dir(),
             session_id: "test-session".into(),
             home: std::env::temp_dir(),

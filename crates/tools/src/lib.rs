@@ -88,6 +88,36 @@ impl PromptBroker for NoPrompts {
     }
 }
 
+/// The approval grants in force for a session: the pattern keys of its `session` choices and
+/// the home's stored `always` rules (SPEC section 6). Filled from the bootstrap; a `session` or
+/// `always` answer adds its key for the rest of the turn (the owner stores it for later turns).
+/// Cheap to clone; clones share the set.
+#[derive(Clone, Debug, Default)]
+pub struct ApprovalGrants(Arc<std::sync::Mutex<std::collections::HashSet<String>>>);
+
+impl ApprovalGrants {
+    /// Grants for `keys`.
+    pub fn new(keys: impl IntoIterator<Item = String>) -> ApprovalGrants {
+        ApprovalGrants(Arc::new(std::sync::Mutex::new(keys.into_iter().collect())))
+    }
+
+    /// Whether `key` is granted.
+    pub fn contains(&self, key: &str) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(key)
+    }
+
+    /// Grants `key` for the rest of this context's life.
+    pub fn insert(&self, key: &str) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key.to_string());
+    }
+}
+
 /// Everything a tool call may use. Cheap to clone.
 #[derive(Clone)]
 pub struct ToolContext {
@@ -103,6 +133,8 @@ pub struct ToolContext {
     pub cancel: CancellationToken,
     /// Where approval and clarify prompts go.
     pub prompts: Arc<dyn PromptBroker>,
+    /// `session` grants and `always` rules that let a dangerous command run without asking.
+    pub grants: ApprovalGrants,
 }
 
 /// One tool.

@@ -190,9 +190,7 @@ async fn approve(command: &str, danger: &Danger, ctx: &ToolContext) -> Result<()
         tracing::warn!(session_id = %ctx.session_id, error = %e, "unknown approvals mode, asking");
         ApprovalMode::Manual
     });
-    // A later issue checks the session's `session` grants and stored `always` rules for
-    // `danger.key` here (SPEC section 6).
-    let already_allowed = false;
+    let already_allowed = ctx.grants.contains(danger.key);
     match approval::decide(mode, Some(danger), already_allowed) {
         Decision::Run => Ok(()),
         Decision::Refuse => Err(format!(
@@ -223,6 +221,9 @@ async fn approve(command: &str, danger: &Danger, ctx: &ToolContext) -> Result<()
             match choice {
                 Some(choice) if choice.allows() => {
                     tracing::info!(session_id = %ctx.session_id, pattern_key = danger.key, choice = %choice, "dangerous command approved");
+                    if matches!(choice, ApprovalChoice::Session | ApprovalChoice::Always) {
+                        ctx.grants.insert(danger.key);
+                    }
                     Ok(())
                 }
                 Some(_) => Err("the user denied this command".to_string()),

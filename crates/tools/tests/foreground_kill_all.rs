@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 async fn kill_all_stops_every_running_foreground_group() {
     let dir = tempfile::tempdir().expect("tempdir");
     let ctx = ToolContext {
+        grants: Default::default(),
         cwd: dir.path().to_path_buf(),
         session_id: "test-session".to_string(),
         home: dir.path().to_path_buf(),

@@ -55,6 +55,7 @@ impl PromptBroker for ScriptedHuman {
 
 fn context(cwd: &Path, approvals: &str, prompts: Arc<dyn PromptBroker>) -> ToolContext {
     ToolContext {
+        grants: Default::default(),
         cwd: cwd.to_path_buf(),
         session_id: "test-session".to_string(),
         home: cwd.to_path_buf(),

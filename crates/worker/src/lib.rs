@@ -434,6 +434,7 @@ async fn run_agent(
         approvals: policy.approvals.clone(),
         cancel: cancel.clone(),
         prompts: Arc::new(OwnerPrompts::new(link.clone(), cancel)),
+        grants: drover_tools::ApprovalGrants::new(policy.approval_grants.clone()),
     };
     let store = OwnerStore::new(link.clone());
     let spec = TurnSpec {
@@ -501,6 +502,7 @@ mod tests {
             max_steps: 1,
             approvals: "manual".into(),
             home: "/tmp".into(),
+            approval_grants: Vec::new(),
         };
         let config = model_config(&policy);
         assert_eq!(config.request_timeout, Duration::from_secs(600));

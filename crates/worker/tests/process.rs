@@ -145,6 +145,7 @@ fn bootstrap(mock: &MockModel, home: &Path) -> OwnerFrame {
             max_steps: 4,
             approvals: "auto".into(),
             home: home.display().to_string(),
+            approval_grants: Vec::new(),
         },
         history: vec![],
         input: "hello".into(),

@@ -140,6 +140,7 @@ pub fn bootstrap(mock: &MockModel, home: &Path) -> OwnerFrame {
             max_steps: 8,
             approvals: "auto".into(),
             home: home.display().to_string(),
+            approval_grants: Vec::new(),
         },
         history: vec![ChatMessage::text(Role::User, "before")],
         input: "hello".into(),
