@@ -149,3 +149,82 @@ async fn bad_config_names_the_key_and_exits_1() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("approvals.mode"));
 }
+
+#[tokio::test]
+async fn a_failing_disk_gives_storage_unavailable_and_the_input_is_not_acknowledged() {
+    use drover_test_support::MockModel;
+    use serde_json::json;
+    // The daemon runs under `ulimit -f` (2 MiB files): once the WAL would grow past it, SQLite's
+    // write fails with EFBIG, as on a full disk.
+    let model = MockModel::start().await;
+    let home = TestHome::new().unwrap();
+    home.write_model_config(&model.base_url(), true, "")
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let wrapper = dir.path().join("limited-drover");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nulimit -f 2048\nexec '{}' \"$@\"\n",
+            bin().display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut d = Daemon::start(&wrapper, home.path()).await.unwrap();
+    let mut c = d.client().await.unwrap();
+    // A session whose first input's turn is held, so later inputs stay queued (no worker churn).
+    let gate = drover_test_support::Gate::new();
+    model.set_default(drover_test_support::Reply::text("held").gated(&gate));
+    let s = c.create_session(home.path()).await.unwrap();
+    let sid = s["session_id"].as_str().unwrap().to_string();
+    let big = "x".repeat(256 * 1024);
+    let mut acknowledged = Vec::new();
+    let mut refused = None;
+    for i in 0..40 {
+        let input_id = format!("big-{i}");
+        match c
+            .call(
+                "prompt.submit",
+                json!({"session_id": sid, "input_id": input_id, "text": big}),
+            )
+            .await
+            .unwrap()
+        {
+            Ok(_) => acknowledged.push(input_id),
+            Err(e) => {
+                refused = Some((input_id, e));
+                break;
+            }
+        }
+    }
+    let (refused_id, err) = refused.expect("the file size limit was never hit");
+    assert_eq!(err["code"], 5001, "{err}");
+    assert_eq!(err["data"]["reason"], "storage_unavailable", "{err}");
+    assert!(!acknowledged.is_empty());
+    // The daemon keeps serving.
+    assert_eq!(c.call_ok("ping", json!({})).await.unwrap()["pong"], true);
+    gate.open();
+    d.kill().unwrap();
+
+    // Without the limit, the ledger has every acknowledged input and not the refused one.
+    let conn = rusqlite::Connection::open_with_flags(
+        home.db(),
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+    )
+    .unwrap();
+    let ids: Vec<String> = conn
+        .prepare("SELECT request_id FROM session_admissions")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    for id in &acknowledged {
+        assert!(ids.contains(id), "acknowledged {id} lost");
+    }
+    assert!(
+        !ids.contains(&refused_id),
+        "refused input {refused_id} was stored"
+    );
+}

@@ -448,3 +448,108 @@ async fn garbage_worker_lines_are_refused_without_corrupting_the_turn() {
     assert_eq!(rows.len(), 2);
     assert_eq!(rows[1][1], "survived");
 }
+
+#[tokio::test]
+async fn a_client_that_stops_reading_is_dropped_without_slowing_the_others() {
+    let s = setup(true).await;
+    // Every answer is 1 MiB of text, so each turn sends about 2 MiB of events (deltas and
+    // `message.complete`) to every attached client. One turn per session keeps requests small.
+    s.model
+        .set_responder(|_| Reply::text("y".repeat(1024 * 1024)));
+    const TURNS: usize = 16;
+    let mut submitter = s.daemon.client().await.unwrap();
+    // A tiny receive buffer: the owner's 16 MiB outbox bound is what must give, not the kernel.
+    let mut slow = Client::connect_small_buffer(&s.daemon.url(), &s.daemon.token())
+        .await
+        .unwrap();
+    let mut sessions = Vec::new();
+    for i in 0..TURNS {
+        let created = submitter
+            .call_ok(
+                "session.create",
+                json!({"request_id": format!("slow-{i}"), "cwd": s.home.path()}),
+            )
+            .await
+            .unwrap();
+        let sid = created["session_id"].as_str().unwrap().to_string();
+        slow.call_ok("session.resume", json!({"session_id": sid}))
+            .await
+            .unwrap();
+        sessions.push(sid);
+    }
+    // `slow` never reads from here on. The submitter detaches after each submit and polls
+    // receipts, so only `slow` is sent the large events.
+    let started = std::time::Instant::now();
+    for (i, sid) in sessions.iter().enumerate() {
+        let r = submitter.submit(sid, &format!("turn {i}")).await.unwrap();
+        submitter
+            .call_ok("session.detach", json!({"session_id": sid}))
+            .await
+            .unwrap();
+        let aid = r["admission_id"].as_str().unwrap().to_string();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let receipt = submitter
+                .call_ok(
+                    "prompt.receipt",
+                    json!({"session_id": sid, "admission_id": aid}),
+                )
+                .await
+                .unwrap();
+            if receipt["status"] == "terminal" {
+                assert_eq!(receipt["outcome"], "completed", "turn {i}");
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "turn {i} did not settle: the owner is blocked"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    let elapsed = started.elapsed();
+    // The owner closed the slow connection: reading what was buffered ends in a close, long
+    // before all ~32 MiB of events could have been delivered.
+    let mut closed = false;
+    let mut drained = 0usize;
+    let mut bytes = 0usize;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while std::time::Instant::now() < deadline {
+        match slow.next_event(Duration::from_secs(2)).await {
+            Ok(Some(e)) => {
+                drained += 1;
+                bytes += e.to_string().len();
+            }
+            Ok(None) => break,
+            Err(_) => {
+                closed = true;
+                break;
+            }
+        }
+    }
+    assert!(closed, "the slow client was never dropped ({TURNS} turns took {elapsed:?}, it read {drained} events, {bytes} bytes)");
+    assert!(
+        drained < TURNS * 9,
+        "it received every event ({drained}), so it was not slow"
+    );
+    // A new connection resyncs from the stored stream.
+    let mut again = s.daemon.client().await.unwrap();
+    let last = sessions.last().unwrap();
+    let resume = again
+        .call_ok("session.resume", json!({"session_id": last}))
+        .await
+        .unwrap();
+    let since = again
+        .call_ok(
+            "session.events.since",
+            json!({"session_id": last, "replay_epoch": resume["replay_epoch"], "last_sequence": 0}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(since["snapshot_required"], false);
+    assert!(since["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e["type"] == "turn.settled"));
+}

@@ -43,6 +43,9 @@ pub fn run_daemon(home: &Path) -> DaemonExit {
         }
     };
     init_logging(home);
+    if let Err(e) = drover_tools::platform::ignore_file_size_signal() {
+        tracing::warn!(error = %e, "cannot ignore SIGXFSZ");
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

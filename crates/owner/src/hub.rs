@@ -4,7 +4,8 @@
 //! outbox is full is dropped, and resyncs with `session.events.since` when it comes back.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use drover_ledger::StoredEvent;
 use drover_protocol::event::{Event, MESSAGE_DELTA};
@@ -16,17 +17,76 @@ use tokio_util::sync::CancellationToken;
 /// What a connection's writer receives: a serialised JSON-RPC message.
 pub type Outgoing = String;
 
-/// A connection as the hub sees it: its bounded outbox, and a token cancelled when it falls
-/// behind (its writer then closes the socket).
+/// A connection as the hub sees it: its bounded outbox, the bytes queued in it, and a token
+/// cancelled when it falls behind (its writer then closes the socket).
 #[derive(Clone, Debug)]
 pub struct ConnHandle {
     pub id: ConnId,
     pub tx: mpsc::Sender<Outgoing>,
+    /// Bytes queued and not yet written to the socket (the writer subtracts what it sends).
+    pub queued: Arc<AtomicUsize>,
     pub overflow: CancellationToken,
+}
+
+impl ConnHandle {
+    /// A new handle with an outbox of [`CONNECTION_OUTBOX`] messages; returns the receiver for
+    /// the connection's writer.
+    pub fn new(id: ConnId) -> (ConnHandle, mpsc::Receiver<Outgoing>) {
+        let (tx, rx) = mpsc::channel(CONNECTION_OUTBOX);
+        let handle = ConnHandle {
+            id,
+            tx,
+            queued: Arc::new(AtomicUsize::new(0)),
+            overflow: CancellationToken::new(),
+        };
+        (handle, rx)
+    }
+
+    /// Queues a message without waiting. A connection over either bound (messages or
+    /// [`CONNECTION_OUTBOX_BYTES`]) is marked overflowed and `false` is returned: the owner never
+    /// waits for a slow client.
+    pub fn offer(&self, text: String) -> bool {
+        let len = text.len();
+        if self.queued.load(Ordering::Relaxed) + len > CONNECTION_OUTBOX_BYTES {
+            self.overflow.cancel();
+            return false;
+        }
+        self.queued.fetch_add(len, Ordering::Relaxed);
+        match self.tx.try_send(text) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                self.queued.fetch_sub(len, Ordering::Relaxed);
+                self.overflow.cancel();
+                false
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                self.queued.fetch_sub(len, Ordering::Relaxed);
+                false
+            }
+        }
+    }
+
+    /// Queues a response, waiting for room (backpressure on this connection only).
+    pub async fn send(&self, text: String) -> bool {
+        let len = text.len();
+        self.queued.fetch_add(len, Ordering::Relaxed);
+        if self.tx.send(text).await.is_err() {
+            self.queued.fetch_sub(len, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+
+    /// The writer calls this after writing a message of `len` bytes.
+    pub fn sent(&self, len: usize) {
+        self.queued.fetch_sub(len, Ordering::Relaxed);
+    }
 }
 
 /// Outbox bound per connection (messages).
 pub const CONNECTION_OUTBOX: usize = 4096;
+/// Outbox bound per connection (bytes queued and not yet written to its socket).
+pub const CONNECTION_OUTBOX_BYTES: usize = 16 * 1024 * 1024;
 
 /// Connection id.
 pub type ConnId = u64;
@@ -143,17 +203,15 @@ fn send_all(s: &mut HubState, session_id: &str, text: String) {
     let Some(list) = s.sessions.get_mut(session_id) else {
         return;
     };
-    list.retain(|conn| match conn.tx.try_send(text.clone()) {
-        Ok(()) => true,
-        Err(mpsc::error::TrySendError::Full(_)) => {
+    list.retain(|conn| {
+        let kept = conn.offer(text.clone());
+        if !kept && conn.overflow.is_cancelled() {
             tracing::warn!(
                 conn = conn.id,
                 session_id,
                 "client fell behind; dropping its connection"
             );
-            conn.overflow.cancel();
-            false
         }
-        Err(mpsc::error::TrySendError::Closed(_)) => false,
+        kept
     });
 }

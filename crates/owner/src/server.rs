@@ -15,10 +15,8 @@ use axum::{Json, Router};
 use drover_protocol::rpc::{ErrorReason, Request, Response, RpcError, INVALID_REQUEST};
 use futures::{SinkExt, StreamExt};
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
 
-use crate::hub::{ConnHandle, CONNECTION_OUTBOX};
+use crate::hub::ConnHandle;
 use crate::rpc::dispatch;
 use crate::runtime::Owner;
 
@@ -76,20 +74,24 @@ async fn ws_upgrade(
 async fn serve_connection(owner: Arc<Owner>, socket: WebSocket) {
     let id = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
     let (mut sink, mut stream) = socket.split();
-    let (tx, mut rx) = mpsc::channel::<String>(CONNECTION_OUTBOX);
-    let overflow = CancellationToken::new();
-    let conn = ConnHandle {
-        id,
-        tx: tx.clone(),
-        overflow: overflow.clone(),
-    };
+    let (conn, mut rx) = ConnHandle::new(id);
+    let overflow = conn.overflow.clone();
     let writer_overflow = overflow.clone();
+    let writer_conn = conn.clone();
     let writer = tokio::spawn(async move {
         loop {
             tokio::select! {
                 msg = rx.recv() => match msg {
                     Some(text) => {
-                        if sink.send(Message::Text(text.into())).await.is_err() {
+                        let len = text.len();
+                        // A socket the client stopped reading blocks here; overflow must still
+                        // be able to end the connection.
+                        let sent = tokio::select! {
+                            r = sink.send(Message::Text(text.into())) => r.is_ok(),
+                            _ = writer_overflow.cancelled() => false,
+                        };
+                        writer_conn.sent(len);
+                        if !sent {
                             break;
                         }
                     }
@@ -98,7 +100,8 @@ async fn serve_connection(owner: Arc<Owner>, socket: WebSocket) {
                 _ = writer_overflow.cancelled() => break,
             }
         }
-        let _ = sink.close().await;
+        // Bounded: closing a socket whose peer does not read could wait forever.
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(1), sink.close()).await;
     });
     tracing::debug!(conn = id, "client connected");
     loop {
@@ -121,14 +124,13 @@ async fn serve_connection(owner: Arc<Owner>, socket: WebSocket) {
             _ => None,
         };
         if let Some(reply) = reply {
-            if tx.send(reply).await.is_err() {
+            if !conn.send(reply).await {
                 break;
             }
         }
     }
     // Detach is not cancel (G3): only the connection's attachments go.
     owner.hub.detach_all(id);
-    drop(tx);
     drop(conn);
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), writer).await;
     tracing::debug!(conn = id, "client disconnected");

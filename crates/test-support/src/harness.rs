@@ -314,6 +314,41 @@ impl Client {
         })
     }
 
+    /// Connects like [`Client::connect`] over a socket with a 4 KiB receive buffer, so a client
+    /// that stops reading backs up the server after kilobytes, not the kernel's tens of MiB.
+    pub async fn connect_small_buffer(url: &str, token: &str) -> Result<Client> {
+        let mut req = url.into_client_request()?;
+        req.headers_mut()
+            .insert("Authorization", format!("Bearer {token}").parse()?);
+        let host = req.uri().host().unwrap_or("127.0.0.1").to_string();
+        let port = req.uri().port_u16().unwrap_or(80);
+        let addr = tokio::net::lookup_host((host.as_str(), port))
+            .await?
+            .next()
+            .ok_or_else(|| anyhow!("cannot resolve {host}"))?;
+        let socket = if addr.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()?
+        } else {
+            tokio::net::TcpSocket::new_v6()?
+        };
+        socket.set_recv_buffer_size(4096)?;
+        let stream = tokio::time::timeout(WAIT, socket.connect(addr))
+            .await
+            .map_err(|_| anyhow!("connect timed out"))??;
+        stream.set_nodelay(true)?;
+        let (ws, _) = tokio::time::timeout(
+            WAIT,
+            tokio_tungstenite::client_async(req, MaybeTlsStream::Plain(stream)),
+        )
+        .await
+        .map_err(|_| anyhow!("handshake timed out"))??;
+        Ok(Client {
+            ws,
+            next_id: 1,
+            events: VecDeque::new(),
+        })
+    }
+
     /// Sends a raw text frame.
     pub async fn send_raw(&mut self, text: &str) -> Result<()> {
         self.ws.send(Message::Text(text.to_string().into())).await?;

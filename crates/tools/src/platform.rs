@@ -13,6 +13,9 @@
 //!   kills at once when its owner is gone (SPEC section 4).
 //! - [`set_parent_death_signal`], [`parent_pid`] and [`process_start_time`] serve the worker and
 //!   the job timers (SPEC section 7: a timer is identified by pid and start time).
+//! - [`process_matches`] and [`signal_process_if_same`] check and signal a process by pid *and*
+//!   start time, so a recycled pid is never signalled; [`spawn_detached`] starts a process in
+//!   its own session that outlives its caller (the job heartbeat timer).
 
 use std::collections::BTreeSet;
 use std::io;
@@ -151,6 +154,15 @@ pub fn set_parent_death_signal(signal: Signal) -> io::Result<()> {
     nix::sys::prctl::set_pdeathsig(signal).map_err(io::Error::from)
 }
 
+/// Ignores `SIGXFSZ` in this process, so a write past `RLIMIT_FSIZE` fails with `EFBIG` (which
+/// the ledger reports as `storage_unavailable`) instead of killing the daemon.
+pub fn ignore_file_size_signal() -> io::Result<()> {
+    // SAFETY: installing SIG_IGN runs no handler code, so it cannot break async-signal safety.
+    unsafe { nix::sys::signal::signal(Signal::SIGXFSZ, nix::sys::signal::SigHandler::SigIgn) }
+        .map(|_| ())
+        .map_err(io::Error::from)
+}
+
 /// The pid of the calling process's parent (1, or a subreaper, once the parent is gone).
 pub fn parent_pid() -> i32 {
     nix::unistd::getppid().as_raw()
@@ -272,6 +284,88 @@ impl Drop for ForegroundGroup {
     }
 }
 
+/// Whether `pid` is alive and is the very process that started at `start_time` (see
+/// [`process_start_time`]). A job's heartbeat timer is identified this way (SPEC section 7).
+pub fn process_matches(pid: i32, start_time: u64) -> bool {
+    is_alive(pid) && process_start_time(pid) == Some(start_time)
+}
+
+/// Sends `signal` to `pid` only while it is the process that started at `start_time`, so a
+/// recycled pid is never signalled (SPEC section 7: stopping a timer checks pid and start
+/// time). Gives `Ok(false)` when that process is gone (or is a zombie).
+///
+/// The check and the signal go through a pidfd (`pidfd_open`, then `pidfd_send_signal`): the
+/// pidfd pins the process found at `pid`, so if its start time matches after the open, the
+/// signal can only reach that process, never a newcomer that took the pid in between. Kernels
+/// without pidfds (before 5.3) fall back to check-then-kill.
+pub fn signal_process_if_same(pid: i32, start_time: u64, signal: Signal) -> io::Result<bool> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+    if pid <= 1 {
+        return Err(io::Error::other(format!(
+            "refusing to signal process {pid}"
+        )));
+    }
+    // SAFETY: pidfd_open(2) takes a pid and flags and returns a new file descriptor or -1; no
+    // memory is passed.
+    let raw = unsafe { nix::libc::syscall(nix::libc::SYS_pidfd_open, pid, 0) };
+    if raw < 0 {
+        let err = io::Error::last_os_error();
+        return match err.raw_os_error() {
+            Some(nix::libc::ESRCH) => Ok(false),
+            Some(nix::libc::ENOSYS) => {
+                if !process_matches(pid, start_time) {
+                    return Ok(false);
+                }
+                signal_process(pid, signal).map(|()| true)
+            }
+            _ => Err(err),
+        };
+    }
+    let fd = i32::try_from(raw).map_err(|_| io::Error::other("pidfd out of range"))?;
+    // SAFETY: `fd` was just returned by pidfd_open and is owned by nobody else.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(fd) };
+    if !process_matches(pid, start_time) {
+        return Ok(false);
+    }
+    // SAFETY: pidfd_send_signal(2) with a valid pidfd, a signal number, a null siginfo (the
+    // kernel fills in a kill(2)-like one) and no flags.
+    let rc = unsafe {
+        nix::libc::syscall(
+            nix::libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            signal as i32,
+            std::ptr::null::<nix::libc::siginfo_t>(),
+            0,
+        )
+    };
+    if rc < 0 {
+        let err = io::Error::last_os_error();
+        return match err.raw_os_error() {
+            Some(nix::libc::ESRCH) => Ok(false),
+            _ => Err(err),
+        };
+    }
+    Ok(true)
+}
+
+/// Spawns `command` detached from the caller: in a new session (`setsid`), so it has no
+/// controlling terminal, leads its own process group, and outlives the caller (no
+/// `PR_SET_PDEATHSIG`). A job's heartbeat timer runs this way (SPEC section 7). Give the
+/// command null or file stdio, or it keeps the caller's pipes open.
+pub fn spawn_detached(command: &mut std::process::Command) -> io::Result<std::process::Child> {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child before exec; setsid(2) is a plain,
+    // async-signal-safe syscall, and the error is built from a raw errno without allocating.
+    unsafe {
+        command.pre_exec(|| {
+            nix::unistd::setsid().map_err(io::Error::from)?;
+            Ok(())
+        });
+    }
+    command.spawn()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -315,5 +409,38 @@ mod tests {
     #[test]
     fn parent_pid_is_a_real_process() {
         assert!(is_alive(parent_pid()) || parent_pid() == 1);
+    }
+    #[test]
+    fn a_process_is_signalled_only_while_its_start_time_matches() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("sleep");
+        let pid = i32::try_from(child.id()).expect("pid");
+        let start = process_start_time(pid).expect("start time");
+        assert!(process_matches(pid, start));
+        assert!(!process_matches(pid, start + 1));
+        // A wrong start time (a recycled pid) is never signalled.
+        assert!(!signal_process_if_same(pid, start + 1, Signal::SIGKILL).expect("checked"));
+        assert!(is_alive(pid));
+        assert!(signal_process_if_same(pid, start, Signal::SIGKILL).expect("signalled"));
+        child.wait().expect("reaped");
+        assert!(!signal_process_if_same(pid, start, Signal::SIGKILL).expect("gone"));
+        assert!(signal_process_if_same(1, 0, Signal::SIGTERM).is_err());
+    }
+
+    #[test]
+    fn a_detached_child_leads_its_own_session() {
+        let mut cmd = std::process::Command::new("sleep");
+        cmd.arg("30")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let mut child = spawn_detached(&mut cmd).expect("spawn");
+        let pid = i32::try_from(child.id()).expect("pid");
+        let sid = nix::unistd::getsid(Some(Pid::from_raw(pid))).expect("sid");
+        assert_eq!(sid.as_raw(), pid);
+        signal_process(pid, Signal::SIGKILL).expect("kill");
+        child.wait().expect("reaped");
     }
 }
