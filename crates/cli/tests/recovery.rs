@@ -387,6 +387,13 @@ async fn killing_the_worker_while_the_model_holds_leaves_turn_unknown_and_pauses
     assert_eq!(leases(&s.home.db()), 0);
     assert_eq!(s.model.requests().len(), 2);
     assert!(pending(&resume(&mut s.client, &s.session_id).await).is_empty());
+    // Neither the killed worker's outbox nor the finished one's is left behind.
+    let outboxes: Vec<_> = std::fs::read_dir(s.home.path().join("outbox"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(outboxes.is_empty(), "{outboxes:?}");
 }
 
 #[tokio::test]

@@ -107,13 +107,24 @@ async fn serve(home: PathBuf) -> DaemonExit {
         }
     };
     match ledger.recover() {
-        Ok(r) => tracing::info!(
-            epoch = epoch.epoch,
-            unknown_admissions = r.unknown_admissions.len(),
-            retired_children = r.retired_children.len(),
-            cancelled_prompts = r.cancelled_prompts.len(),
-            "recovered"
-        ),
+        Ok(r) => {
+            tracing::info!(
+                epoch = epoch.epoch,
+                unknown_admissions = r.unknown_admissions.len(),
+                retired_children = r.retired_children.len(),
+                cancelled_prompts = r.cancelled_prompts.len(),
+                "recovered"
+            );
+            // No worker of an older epoch can write any more (stale_epoch), so the outboxes
+            // they left are dead letters.
+            if let Ok(dir) = std::fs::read_dir(home.join("outbox")) {
+                for entry in dir.flatten() {
+                    if let Some(id) = entry.file_name().to_str() {
+                        crate::turns::remove_outbox(&home, id);
+                    }
+                }
+            }
+        }
         Err(e) => {
             eprintln!("drover daemon: recovery failed: {e}");
             return DaemonExit::Failed;

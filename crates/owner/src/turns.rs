@@ -335,6 +335,23 @@ async fn supervise(owner: Arc<Owner>, claim: Claim, secret: String) {
             Err(e) => tracing::error!(error = %e, "marking a lost turn failed"),
         }
     }
+    // The worker is reaped: nothing will resend its outbox (its execution is settled or
+    // unknown, and any resend would be refused), so it is only clutter now.
+    remove_outbox(&owner.home, &execution_id);
+}
+
+/// Removes `<home>/outbox/<execution_id>/` if present. Ids come from the ledger (UUIDs), so
+/// they name a direct child of the outbox folder.
+pub fn remove_outbox(home: &std::path::Path, execution_id: &str) {
+    if execution_id.is_empty() || execution_id.contains(['/', '.']) {
+        return;
+    }
+    let dir = home.join("outbox").join(execution_id);
+    if let Err(e) = std::fs::remove_dir_all(&dir) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot remove a finished worker's outbox");
+        }
+    }
 }
 
 /// Graceful stop (SPEC section 4): asks every running worker to stop, waits up to `grace` for
