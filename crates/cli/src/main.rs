@@ -1,9 +1,10 @@
 //! `drover`: the single binary (SPEC section 8). It only wires the crates together:
-//! `daemon` runs [`drover_owner`], `worker` runs [`drover_worker`], and `run`, `sessions` and
-//! `stop` are clients of the home's daemon.
+//! `daemon` runs [`drover_owner`], `worker` runs [`drover_worker`], `run`, `sessions` and
+//! `stop` are clients of the home's daemon, and `job` drives [`drover_jobs`].
 
 mod client;
 mod commands;
+mod job;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -15,8 +16,14 @@ use clap::{Parser, Subcommand};
 pub enum Exit {
     /// The turn completed, or the command did what it was asked.
     Ok = 0,
-    /// The turn failed, or the command could not do its job (the reason is on stderr).
+    /// The turn failed, or the command could not do its job (the reason is on stderr); also
+    /// a command line that does not parse. `job submit`: the job ended without `completed`
+    /// (`agent_blocked`: no `started` within T; or `error`, `cancelled`). `job publish`:
+    /// refused, nothing recorded and no seq used.
     Failed = 1,
+    /// `job submit`: the job went quiet for its idle window (`deadline_timeout`) or ran past
+    /// `--timeout`. `job publish`: the event was recorded but the broker was unreachable.
+    Incomplete = 2,
     /// This home is owned by another running daemon.
     HomeOwned = 3,
     /// The turn's outcome is unknown (its worker or the owner died while it ran).
@@ -56,13 +63,28 @@ enum Command {
         #[command(subcommand)]
         command: commands::ApprovalsCommand,
     },
+    /// Delegated jobs: register, submit, publish and inspect (SPEC section 7).
+    Job(job::JobArgs),
     /// Internal: a managed worker, started by the owner only.
     #[command(hide = true)]
     Worker,
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // A command line that does not parse exits 1, not clap's 2: 2 means "recorded but not
+    // sent" for `job publish` and "went quiet" for `job submit` (SPEC section 7).
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            let code = if e.use_stderr() {
+                Exit::Failed
+            } else {
+                Exit::Ok
+            };
+            return ExitCode::from(code as u8);
+        }
+    };
     let home = drover_owner::home::resolve_home(cli.home.as_deref());
     let code = match cli.command {
         Command::Daemon => drover_owner::run_daemon(&home) as u8,
@@ -73,6 +95,7 @@ fn main() -> ExitCode {
         Command::Approvals { command } => {
             commands::block_on(commands::approvals(home, command)) as u8
         }
+        Command::Job(args) => job::run(home, args) as u8,
     };
     ExitCode::from(code)
 }

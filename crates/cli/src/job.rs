@@ -1,0 +1,783 @@
+//! `drover job ...` (SPEC section 7): argument parsing, wire settings and printing around
+//! [`drover_jobs`]. Every `--json` shape printed here is documented in `docs/jobs.md`.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use drover_jobs::delivery::{AgentSession, TmuxServer, TMUX_SOCKET_ENV};
+use drover_jobs::publish::{self, PublishContext, PublishRequest, DRAIN_ENV};
+use drover_jobs::registry::{NewJob, Registry};
+use drover_jobs::state::{self, ContractInput};
+use drover_jobs::submit::{SubmitContext, SubmitRequest};
+use drover_jobs::timer::{self, TimerIdentity, TimerLaunch, TimerRun, TimerSpec};
+use drover_jobs::wire::WireSettings;
+use drover_jobs::{brief, Contract, EventKind, JobError, JobStatus, Verdict, WireOutcome};
+use serde_json::{json, Value};
+
+use crate::Exit;
+
+/// `drover job`.
+#[derive(Args, Debug)]
+pub struct JobArgs {
+    /// The job registry folder (default: <home>/jobs).
+    #[arg(long = "registry-dir", global = true, value_name = "DIR")]
+    registry_dir: Option<PathBuf>,
+    #[command(subcommand)]
+    command: JobCommand,
+}
+
+/// The `drover job` subcommands.
+#[derive(Subcommand, Debug)]
+pub enum JobCommand {
+    /// Register a job (no delivery) and print its id.
+    Register(RegisterArgs),
+    /// Register a job, brief it, deliver one start instruction, and wait under the contract.
+    Submit(SubmitArgs),
+    /// Record an event of a job, then send it on the wire.
+    Publish(PublishArgs),
+    /// Show one job.
+    Show(JobRef),
+    /// List a job's events and audit entries.
+    Events(JobRef),
+    /// List jobs.
+    List(ListArgs),
+    /// The operator's correction: set the status, or start a new attempt.
+    Update(UpdateArgs),
+    /// Cancel a job (status `cancelled`; its heartbeat timer stops).
+    Cancel(CancelArgs),
+    /// Follow a job on the wire (needs the MQTT wire, which comes later).
+    Watch(JobRef),
+    /// Internal: the heartbeat timer, started by `publish --heartbeat`.
+    #[command(hide = true, name = "heartbeat-timer")]
+    HeartbeatTimer(TimerArgs),
+}
+
+/// The contract flags. They are taken as text and checked here, so a bad value gives a
+/// one-line error and exit 1 (not clap's usage error).
+#[derive(Args, Debug, Default)]
+pub struct ContractArgs {
+    /// N: heartbeat every N seconds (default 30).
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    heartbeat: Option<String>,
+    /// K: the job is dead after K missed heartbeats (default 4).
+    #[arg(
+        long = "heartbeat-misses",
+        value_name = "K",
+        allow_hyphen_values = true
+    )]
+    heartbeat_misses: Option<String>,
+    /// T: the agent must publish `started` within T seconds (default 180).
+    #[arg(long = "ack-timeout", value_name = "T", allow_hyphen_values = true)]
+    ack_timeout: Option<String>,
+    /// The idle window in seconds (default K x N).
+    #[arg(long = "idle-timeout", value_name = "S", allow_hyphen_values = true)]
+    idle_timeout: Option<String>,
+}
+
+impl ContractArgs {
+    fn contract(&self) -> Result<Contract, JobError> {
+        let parse = |flag: &str, v: &Option<String>| -> Result<Option<u64>, JobError> {
+            v.as_deref()
+                .map(|t| state::parse_seconds(flag, t))
+                .transpose()
+                .map_err(JobError::from)
+        };
+        Ok(Contract::derive(ContractInput {
+            heartbeat_sec: parse("--heartbeat", &self.heartbeat)?,
+            heartbeat_misses: parse("--heartbeat-misses", &self.heartbeat_misses)?,
+            ack_timeout_sec: parse("--ack-timeout", &self.ack_timeout)?,
+            idle_timeout_sec: parse("--idle-timeout", &self.idle_timeout)?,
+        })?)
+    }
+}
+
+/// `drover job register`.
+#[derive(Args, Debug)]
+pub struct RegisterArgs {
+    /// Use this job id instead of a fresh one.
+    #[arg(long = "job-id", value_name = "ID")]
+    job_id: Option<String>,
+    /// Where the job will be delivered (recorded as its transport; default `manual`).
+    #[arg(long = "agent-session", value_name = "S")]
+    agent_session: Option<String>,
+    /// The task (written into the brief).
+    #[arg(long, value_name = "P", default_value = "")]
+    prompt: String,
+    #[command(flatten)]
+    contract: ContractArgs,
+    /// Print the job as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `drover job submit`.
+#[derive(Args, Debug)]
+pub struct SubmitArgs {
+    /// `tmux:<target>`, `herdr:<pane>` or `exec` (with --exec).
+    #[arg(long = "agent-session", value_name = "S")]
+    agent_session: String,
+    /// The task.
+    #[arg(long, value_name = "P")]
+    prompt: String,
+    #[command(flatten)]
+    contract: ContractArgs,
+    /// Bound the whole wait to W seconds (then `error` / `timeout_sec W`, exit 2).
+    #[arg(long, value_name = "W", allow_hyphen_values = true)]
+    timeout: Option<String>,
+    /// Register and write the brief, print the start instruction, deliver nothing.
+    #[arg(long = "dry-run")]
+    dry_run: bool,
+    /// The command `--agent-session exec` runs (through `sh -c`).
+    #[arg(long, value_name = "CMD")]
+    exec: Option<String>,
+    /// Use this job id instead of a fresh one.
+    #[arg(long = "job-id", value_name = "ID")]
+    job_id: Option<String>,
+    /// Print the outcome as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `drover job publish`.
+#[derive(Args, Debug)]
+pub struct PublishArgs {
+    /// The job id.
+    #[arg(long, value_name = "J")]
+    job: String,
+    /// started, progress, blocked, completed or error.
+    #[arg(long, value_name = "E")]
+    event: String,
+    /// A one-line detail (a summary, a reason).
+    #[arg(long, value_name = "D")]
+    detail: Option<String>,
+    /// With `started`: start a heartbeat timer that publishes `progress` every N seconds.
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    heartbeat: Option<String>,
+    /// The heartbeat timer stops when this process dies.
+    #[arg(long = "watch-pid", value_name = "P", allow_hyphen_values = true)]
+    watch_pid: Option<String>,
+    /// Refuse unless this is the current attempt's dispatch token.
+    #[arg(long = "expect-dispatch-token", value_name = "T")]
+    expect_dispatch_token: Option<String>,
+    /// Do not send the state snapshot after the event (wire only).
+    #[arg(long = "no-state")]
+    no_state: bool,
+    /// Print the recorded message as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// A command that names one job.
+#[derive(Args, Debug)]
+pub struct JobRef {
+    /// The job id.
+    #[arg(long, value_name = "J")]
+    job: String,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `drover job list`.
+#[derive(Args, Debug)]
+pub struct ListArgs {
+    /// Only jobs with this status.
+    #[arg(long, value_name = "S")]
+    status: Option<String>,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `drover job update`.
+#[derive(Args, Debug)]
+pub struct UpdateArgs {
+    /// The job id.
+    #[arg(long, value_name = "J")]
+    job: String,
+    /// Set the status (a terminal status is never changed).
+    #[arg(long, value_name = "S")]
+    status: Option<String>,
+    /// Start this attempt (greater than the current one; mints a new dispatch token).
+    #[arg(long = "attempt-id", value_name = "N", allow_hyphen_values = true)]
+    attempt_id: Option<String>,
+    /// A detail recorded with the status.
+    #[arg(long, value_name = "D")]
+    detail: Option<String>,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `drover job cancel`.
+#[derive(Args, Debug)]
+pub struct CancelArgs {
+    /// The job id.
+    #[arg(long, value_name = "J")]
+    job: String,
+    /// Why (recorded with the status).
+    #[arg(long, value_name = "D")]
+    detail: Option<String>,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The hidden `drover job heartbeat-timer` (see [`TimerSpec::to_args`]).
+#[derive(Args, Debug)]
+pub struct TimerArgs {
+    #[arg(long)]
+    job: String,
+    #[arg(long = "attempt-id")]
+    attempt_id: u64,
+    #[arg(long = "dispatch-token")]
+    dispatch_token: String,
+    #[arg(long)]
+    every: u64,
+    #[arg(long = "watch-pid")]
+    watch_pid: Option<i32>,
+    #[arg(long = "watch-start-time")]
+    watch_start_time: Option<u64>,
+}
+
+/// Runs `drover job ...`; errors print one line on stderr and give exit 1.
+pub fn run(home: PathBuf, args: JobArgs) -> Exit {
+    // Diagnostics only on request: by default stderr holds just the one-line error, if any.
+    if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_env("RUST_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
+    let registry_dir = match &args.registry_dir {
+        Some(dir) => std::path::absolute(dir).unwrap_or_else(|_| dir.clone()),
+        None => home.join("jobs"),
+    };
+    let env = Env { home, registry_dir };
+    let result = match args.command {
+        JobCommand::Register(a) => register(&env, a),
+        JobCommand::Submit(a) => submit(&env, a),
+        JobCommand::Publish(a) => publish_cmd(&env, a),
+        JobCommand::Show(a) => show(&env, a),
+        JobCommand::Events(a) => events(&env, a),
+        JobCommand::List(a) => list(&env, a),
+        JobCommand::Update(a) => update(&env, a),
+        JobCommand::Cancel(a) => cancel(&env, a),
+        JobCommand::Watch(a) => watch(&env, a),
+        JobCommand::HeartbeatTimer(a) => heartbeat_timer(&env, a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("drover: {e}");
+            Exit::Failed
+        }
+    }
+}
+
+struct Env {
+    home: PathBuf,
+    registry_dir: PathBuf,
+}
+
+impl Env {
+    /// The registry for a command that writes (created if missing).
+    fn open(&self) -> Result<Registry, JobError> {
+        Registry::open(&self.registry_dir)
+    }
+
+    /// The registry for a command about an existing job: never created.
+    fn open_for(&self, job_id: &str) -> Result<Registry, JobError> {
+        Registry::open_existing(&self.registry_dir)?.ok_or_else(|| JobError::UnknownJob {
+            job_id: job_id.to_string(),
+            registry: self.registry_dir.clone(),
+        })
+    }
+
+    /// `[mqtt]` from `<home>/config.toml`, overridden by `$DROVER_MQTT_URL`.
+    fn wire_settings(&self) -> Result<WireSettings, JobError> {
+        let config = drover_owner::config::Config::load(&self.home)
+            .map_err(|e| JobError::BadInput(e.to_string()))?;
+        WireSettings::resolve(
+            config.mqtt.url,
+            std::env::var("DROVER_MQTT_URL").ok(),
+            config.mqtt.topic_base,
+        )
+    }
+
+    fn drain(&self) -> Result<Duration, JobError> {
+        publish::parse_drain(std::env::var(DRAIN_ENV).ok().as_deref())
+    }
+
+    fn exe(&self) -> Result<PathBuf, JobError> {
+        std::env::current_exe().map_err(|source| JobError::Io {
+            what: "cannot find the drover executable".into(),
+            source,
+        })
+    }
+}
+
+fn print_json(value: &Value) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{value}");
+}
+
+fn register(env: &Env, a: RegisterArgs) -> Result<Exit, JobError> {
+    let contract = a.contract.contract()?;
+    let transport = match &a.agent_session {
+        Some(s) => AgentSession::parse(s)?.transport(),
+        None => "manual".to_string(),
+    };
+    if let Some(id) = &a.job_id {
+        drover_jobs::registry::validate_job_id(id)?;
+    }
+    let settings = env.wire_settings()?;
+    let exe = env.exe()?;
+    let mut registry = env.open()?;
+    let job = registry.register(NewJob {
+        job_id: a.job_id,
+        transport,
+        prompt: a.prompt,
+        contract,
+        topic_base: settings.topic_base,
+    })?;
+    let ctx = brief::BriefContext {
+        exe,
+        home: env.home.clone(),
+        registry_dir: env.registry_dir.clone(),
+        watch: brief::WatchPid::None,
+    };
+    brief::write(&registry, &job, &brief::render(&job, &ctx))?;
+    if a.json {
+        print_json(&job.to_json());
+    } else {
+        println!("{}", job.job_id);
+    }
+    Ok(Exit::Ok)
+}
+
+fn submit(env: &Env, a: SubmitArgs) -> Result<Exit, JobError> {
+    let contract = a.contract.contract()?;
+    let timeout = a
+        .timeout
+        .as_deref()
+        .map(|t| state::parse_seconds("--timeout", t))
+        .transpose()?;
+    let session = AgentSession::parse(&a.agent_session)?;
+    if let Some(id) = &a.job_id {
+        drover_jobs::registry::validate_job_id(id)?;
+    }
+    let settings = env.wire_settings()?;
+    let wire = settings.wire();
+    let ctx = SubmitContext {
+        registry_dir: env.registry_dir.clone(),
+        home: env.home.clone(),
+        exe: env.exe()?,
+        wire: wire.as_ref(),
+        drain: env.drain()?,
+        tmux: TmuxServer::from_env_value(std::env::var(TMUX_SOCKET_ENV).ok().as_deref()),
+        path_var: std::env::var_os("PATH"),
+    };
+    let req = SubmitRequest {
+        agent_session: session,
+        exec: a.exec,
+        prompt: a.prompt,
+        contract,
+        timeout,
+        dry_run: a.dry_run,
+        job_id: a.job_id,
+        topic_base: settings.topic_base.clone(),
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|source| JobError::Io {
+            what: "cannot start the async runtime".into(),
+            source,
+        })?;
+    let outcome = rt.block_on(drover_jobs::submit(ctx, req))?;
+    let job = &outcome.job;
+    let (word, code) = match outcome.verdict {
+        None => ("dry_run", Exit::Ok),
+        Some(Verdict::Finished(JobStatus::Completed)) => ("completed", Exit::Ok),
+        Some(Verdict::Finished(JobStatus::Cancelled)) => ("cancelled", Exit::Failed),
+        Some(Verdict::Finished(_)) => ("error", Exit::Failed),
+        Some(Verdict::AgentBlocked) => ("agent_blocked", Exit::Failed),
+        Some(Verdict::DeadlineTimeout) => ("deadline_timeout", Exit::Incomplete),
+        Some(Verdict::Timeout) => ("timeout", Exit::Incomplete),
+        Some(Verdict::Superseded) => ("superseded", Exit::Failed),
+        // judge_wait never ends the wait with Wait.
+        Some(Verdict::Wait) => ("error", Exit::Failed),
+    };
+    if a.json {
+        print_json(&json!({
+            "job": job.to_json(),
+            "outcome": word,
+            "start_instruction": outcome.start_instruction,
+            "start_command": outcome.start_command,
+            "diagnostics": outcome.diagnostics.as_ref().map(|p| p.display().to_string()),
+        }));
+        return Ok(code);
+    }
+    let detail = job.status_detail.as_deref().unwrap_or("");
+    match outcome.verdict {
+        None => {
+            eprintln!(
+                "drover: job {} registered, brief at {} (dry run: nothing delivered)",
+                job.job_id,
+                job.brief_path.display()
+            );
+            println!("{}", outcome.start_instruction);
+        }
+        Some(Verdict::Finished(JobStatus::Completed)) => println!("{detail}"),
+        Some(Verdict::Superseded) => eprintln!(
+            "drover: job {}: a newer attempt ({}) replaced the one this submit delivered",
+            job.job_id, job.attempt_id
+        ),
+        Some(_) => {
+            let why = match outcome.verdict {
+                Some(Verdict::AgentBlocked) => {
+                    format!(" (no started within {} s)", job.contract.ack_timeout_sec)
+                }
+                Some(Verdict::DeadlineTimeout) => format!(
+                    " (no event for the idle window of {} s)",
+                    job.contract.idle_timeout_sec
+                ),
+                _ => String::new(),
+            };
+            eprintln!("drover: job {}: {} {detail}{why}", job.job_id, job.status);
+            if let Some(p) = &outcome.diagnostics {
+                eprintln!("drover: what the pane showed is in {}", p.display());
+            }
+        }
+    }
+    Ok(code)
+}
+
+fn publish_cmd(env: &Env, a: PublishArgs) -> Result<Exit, JobError> {
+    let event =
+        EventKind::parse(&a.event).ok_or_else(|| JobError::BadEventName(a.event.clone()))?;
+    let heartbeat = a
+        .heartbeat
+        .as_deref()
+        .map(|t| state::parse_seconds("--heartbeat", t))
+        .transpose()?;
+    let watch_pid = a
+        .watch_pid
+        .as_deref()
+        .map(|t| match t.trim().parse::<i32>() {
+            Ok(pid) if pid > 1 => Ok(pid),
+            _ => Err(JobError::BadInput(format!(
+                "--watch-pid must be a process id (a whole number above 1), got {t:?}"
+            ))),
+        })
+        .transpose()?;
+    let req = PublishRequest {
+        job_id: a.job.clone(),
+        event,
+        detail: a.detail,
+        heartbeat,
+        watch_pid,
+        expect_dispatch_token: a.expect_dispatch_token,
+        no_state: a.no_state,
+    };
+    publish::validate(&req)?;
+    let settings = env.wire_settings()?;
+    let drain = env.drain()?;
+    let launch = TimerLaunch {
+        exe: env.exe()?,
+        home: env.home.clone(),
+        registry_dir: env.registry_dir.clone(),
+    };
+    let mut registry = env.open_for(&a.job)?;
+    let wire = settings.wire();
+    let published = drover_jobs::publish(
+        PublishContext {
+            registry: &mut registry,
+            wire: wire.as_ref(),
+            timer_launch: Some(&launch),
+            drain,
+        },
+        &req,
+    )?;
+    let code = match &published.wire {
+        WireOutcome::Unreachable(why) => {
+            eprintln!(
+                "drover: {} seq {} recorded, but not sent: {why}",
+                event, published.message["seq"]
+            );
+            Exit::Incomplete
+        }
+        _ => Exit::Ok,
+    };
+    if a.json {
+        print_json(&json!({
+            "message": published.message,
+            "wire": published.wire.as_str(),
+            "wire_error": match &published.wire {
+                WireOutcome::Unreachable(why) => Some(why.clone()),
+                _ => None,
+            },
+            "heartbeat_timer": published.timer.map(identity_json),
+            "stopped_timer": published.stopped_timer.map(|(t, how)| json!({
+                "pid": t.pid,
+                "start_time": t.start_time,
+                "how": match how {
+                    timer::Stopped::NotRunning => "not_running",
+                    timer::Stopped::Exited => "exited",
+                    timer::Stopped::Killed => "killed",
+                },
+            })),
+        }));
+    } else {
+        println!("{} {} seq {}", a.job, event, published.message["seq"]);
+    }
+    Ok(code)
+}
+
+fn identity_json(t: TimerIdentity) -> Value {
+    json!({"pid": t.pid, "start_time": t.start_time})
+}
+
+fn show(env: &Env, a: JobRef) -> Result<Exit, JobError> {
+    let job = env.open_for(&a.job)?.job(&a.job)?;
+    if a.json {
+        print_json(&job.to_json());
+        return Ok(Exit::Ok);
+    }
+    let c = &job.contract;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "job          {}", job.job_id);
+    let _ = writeln!(
+        out,
+        "status       {}{}",
+        job.status,
+        job.status_detail
+            .as_deref()
+            .map(|d| format!(" ({d})"))
+            .unwrap_or_default()
+    );
+    let _ = writeln!(out, "transport    {}", job.transport);
+    let _ = writeln!(
+        out,
+        "attempt      {} (delivered: {})",
+        job.attempt_id,
+        if job.delivered_attempt >= job.attempt_id {
+            "yes"
+        } else {
+            "no"
+        }
+    );
+    let _ = writeln!(
+        out,
+        "contract     heartbeat every {} s, dead after {} missed ({} s idle), started within {} s",
+        c.heartbeat_sec, c.heartbeat_misses, c.idle_timeout_sec, c.ack_timeout_sec
+    );
+    let _ = writeln!(
+        out,
+        "last event   {}",
+        job.last_event
+            .as_ref()
+            .map(|e| format!(
+                "{} seq {}{}",
+                e.event,
+                e.seq,
+                e.detail
+                    .as_deref()
+                    .map(|d| format!(" ({d})"))
+                    .unwrap_or_default()
+            ))
+            .unwrap_or_else(|| "none".into())
+    );
+    let _ = writeln!(
+        out,
+        "timer        {}",
+        job.heartbeat_timer
+            .map(|t| format!("pid {} (start time {})", t.pid, t.start_time))
+            .unwrap_or_else(|| "none".into())
+    );
+    let _ = writeln!(out, "brief        {}", job.brief_path.display());
+    Ok(Exit::Ok)
+}
+
+fn events(env: &Env, a: JobRef) -> Result<Exit, JobError> {
+    let registry = env.open_for(&a.job)?;
+    registry.job(&a.job)?;
+    let entries = registry.entries(&a.job, 0)?;
+    if a.json {
+        print_json(&json!({
+            "job_id": a.job,
+            "events": entries.iter().map(|e| e.to_json()).collect::<Vec<_>>(),
+        }));
+        return Ok(Exit::Ok);
+    }
+    let mut out = std::io::stdout().lock();
+    for e in entries {
+        let seq = e
+            .seq
+            .map(|s| format!("{s:>5}"))
+            .unwrap_or_else(|| "audit".into());
+        let _ = writeln!(
+            out,
+            "{seq}  {:.3}  attempt {}  {:<16} {}",
+            e.ts,
+            e.attempt_id,
+            e.event,
+            e.detail.unwrap_or_default()
+        );
+    }
+    Ok(Exit::Ok)
+}
+
+fn list(env: &Env, a: ListArgs) -> Result<Exit, JobError> {
+    let status = match a.status.as_deref() {
+        Some(s) => Some(JobStatus::parse(s).ok_or_else(|| {
+            JobError::BadInput(format!(
+                "--status {s:?}: expected pending, running, completed, error or cancelled"
+            ))
+        })?),
+        None => None,
+    };
+    let jobs = match Registry::open_existing(&env.registry_dir)? {
+        Some(r) => r.list(status)?,
+        None => Vec::new(),
+    };
+    if a.json {
+        print_json(&json!({"jobs": jobs.iter().map(|j| j.to_json()).collect::<Vec<_>>()}));
+        return Ok(Exit::Ok);
+    }
+    let mut out = std::io::stdout().lock();
+    for j in jobs {
+        let _ = writeln!(
+            out,
+            "{:<24} {:<10} attempt {:<3} seq {:<6} {}",
+            j.job_id, j.status, j.attempt_id, j.last_seq, j.transport
+        );
+    }
+    Ok(Exit::Ok)
+}
+
+fn update(env: &Env, a: UpdateArgs) -> Result<Exit, JobError> {
+    let status = match a.status.as_deref() {
+        Some(s) => Some(JobStatus::parse(s).ok_or_else(|| {
+            JobError::BadInput(format!(
+                "--status {s:?}: expected pending, running, completed, error or cancelled"
+            ))
+        })?),
+        None => None,
+    };
+    let attempt = a
+        .attempt_id
+        .as_deref()
+        .map(|t| match t.trim().parse::<u64>() {
+            Ok(n) if n >= 1 => Ok(n),
+            _ => Err(JobError::BadInput(format!(
+                "--attempt-id must be a whole number from 1, got {t:?}"
+            ))),
+        })
+        .transpose()?;
+    if status.is_none() && attempt.is_none() {
+        return Err(JobError::BadInput(
+            "nothing to update: give --status S or --attempt-id N".into(),
+        ));
+    }
+    let drain = env.drain()?;
+    let mut registry = env.open_for(&a.job)?;
+    let mut changed = false;
+    if let Some(n) = attempt {
+        let (_, old_timer) = registry.new_attempt(&a.job, n)?;
+        changed = true;
+        if let Some(t) = old_timer {
+            timer::stop(t, drain)?;
+        }
+    }
+    if let Some(s) = status {
+        let (_, did, old_timer) =
+            registry.set_status(&a.job, s, a.detail.as_deref(), "status_set")?;
+        changed |= did;
+        if let Some(t) = old_timer {
+            timer::stop(t, drain)?;
+        }
+    }
+    let job = registry.job(&a.job)?;
+    if a.json {
+        print_json(&json!({"job": job.to_json(), "changed": changed}));
+    } else {
+        println!(
+            "{} {} attempt {}{}",
+            job.job_id,
+            job.status,
+            job.attempt_id,
+            if changed { "" } else { " (unchanged)" }
+        );
+    }
+    Ok(Exit::Ok)
+}
+
+fn cancel(env: &Env, a: CancelArgs) -> Result<Exit, JobError> {
+    let drain = env.drain()?;
+    let mut registry = env.open_for(&a.job)?;
+    let (job, changed, old_timer) = registry.set_status(
+        &a.job,
+        JobStatus::Cancelled,
+        a.detail.as_deref(),
+        "cancelled",
+    )?;
+    if let Some(t) = old_timer {
+        timer::stop(t, drain)?;
+    }
+    if a.json {
+        print_json(&json!({"job": job.to_json(), "changed": changed}));
+    } else {
+        println!(
+            "{} cancelled{}",
+            job.job_id,
+            if changed { "" } else { " (already)" }
+        );
+    }
+    Ok(Exit::Ok)
+}
+
+fn watch(env: &Env, a: JobRef) -> Result<Exit, JobError> {
+    let settings = env.wire_settings()?;
+    env.open_for(&a.job)?.job(&a.job)?;
+    if !settings.configured() {
+        return Err(JobError::BadInput(
+            "watch follows the MQTT wire, and no wire is configured ([mqtt] url in config.toml, \
+             or $DROVER_MQTT_URL); use `drover job events` or `show` for the local registry"
+                .into(),
+        ));
+    }
+    Err(JobError::BadInput(
+        "watch follows the MQTT wire, which this drover does not have yet (it comes with \
+         remote runners); use `drover job events` or `show` for the local registry"
+            .into(),
+    ))
+}
+
+fn heartbeat_timer(env: &Env, a: TimerArgs) -> Result<Exit, JobError> {
+    // A bad config only means no wire: the timer must keep beating locally.
+    let wire = env
+        .wire_settings()
+        .map(|s| s.wire())
+        .unwrap_or_else(|_| Box::new(drover_jobs::wire::LocalOnly));
+    let watch = match (a.watch_pid, a.watch_start_time) {
+        (Some(pid), Some(start_time)) => Some(TimerIdentity { pid, start_time }),
+        _ => None,
+    };
+    let end = timer::run(TimerRun {
+        registry_dir: env.registry_dir.clone(),
+        spec: TimerSpec {
+            job_id: a.job,
+            attempt_id: a.attempt_id,
+            dispatch_token: a.dispatch_token,
+            every: a.every,
+            watch,
+        },
+        wire: wire.as_ref(),
+    });
+    tracing::debug!(?end, "heartbeat timer ended");
+    Ok(Exit::Ok)
+}

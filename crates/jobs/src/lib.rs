@@ -1,0 +1,128 @@
+//! Delegated jobs and the liveness contract (SPEC section 7).
+//!
+//! A **job** is a brief handed to an agent that drover does not run itself: a coding agent in a
+//! tmux or herdr pane, or a local command. drover decides whether the agent is alive by
+//! protocol, never by what its screen shows (G5): the job is delivered when the agent publishes
+//! `started`, it is alive while heartbeats arrive, it is dead after K missed heartbeats, and a
+//! terminal status is final.
+//!
+//! - [`state`]: the pure state machine — [`JobStatus`], [`EventKind`], the compare-and-set
+//!   terminal rule, the [`Contract`] with its defaults and derived idle window, the seq and
+//!   attempt rules, and the [`Verdict`] a waiting submitter reaches. No IO; tested
+//!   exhaustively.
+//! - [`sign`]: canonical JSON (as Python's `json.dumps(sort_keys=True, separators=(",", ":"),
+//!   ensure_ascii=False)`) and HMAC-SHA256 signatures with constant-time verification.
+//! - [`registry`]: the SQLite registry (`<registry>/jobs.db`), safe with many processes.
+//! - [`wire`]: the [`Wire`] trait an event goes through after it is recorded locally. This
+//!   crate ships [`wire::LocalOnly`]; the MQTT wire plugs in behind the same trait later.
+//! - [`publish`](mod@publish): `drover job publish` — record, then stop or start the heartbeat
+//!   timer, then send.
+//! - [`timer`]: the detached heartbeat timer, identified by pid and start time.
+//! - [`brief`]: the brief and the exact commands the agent runs.
+//! - [`delivery`]: the transports (`tmux:<target>`, `herdr:<name>`, `exec`).
+//! - [`submit`](mod@submit): `drover job submit` — register, brief, deliver once, and wait
+//!   under the contract.
+//!
+//! What this crate does not do: the MQTT wire, remote runners and `drover loop` (they come
+//! later, behind [`Wire`]); argument parsing and printing (that is `crates/cli`).
+//!
+//! ```no_run
+//! use drover_jobs::{registry::{NewJob, Registry, EventRequest}, Contract, EventKind};
+//!
+//! let mut registry = Registry::open(std::path::Path::new("/tmp/jobs"))?;
+//! let job = registry.register(NewJob {
+//!     job_id: None,
+//!     transport: "manual".into(),
+//!     prompt: "Fix the flaky test".into(),
+//!     contract: Contract::default(),
+//!     topic_base: "drover/v1".into(),
+//! })?;
+//! let recorded = registry.record_event(&EventRequest {
+//!     job_id: &job.job_id,
+//!     event: Some(EventKind::Started),
+//!     ..EventRequest::default()
+//! })?;
+//! assert_eq!(recorded.message["seq"], 1);
+//! # Ok::<(), drover_jobs::JobError>(())
+//! ```
+
+pub mod brief;
+pub mod delivery;
+pub mod publish;
+pub mod registry;
+pub mod sign;
+pub mod state;
+pub mod submit;
+pub mod timer;
+pub mod wire;
+
+use std::path::PathBuf;
+
+pub use publish::{publish, PublishRequest, Published};
+pub use registry::{Job, Registry};
+pub use state::{Contract, ContractInput, EventKind, JobStatus, Refusal, Verdict};
+pub use submit::{submit, SubmitOutcome, SubmitRequest};
+pub use timer::TimerIdentity;
+pub use wire::{Wire, WireOutcome};
+
+/// Everything that can go wrong with a job command. Each message is one line that names the
+/// job, file, flag or value at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum JobError {
+    /// No job with this id in the registry.
+    #[error("unknown job {job_id:?} in the registry {}", registry.display())]
+    UnknownJob { job_id: String, registry: PathBuf },
+    /// `register --job-id` of an id that exists.
+    #[error("job {0:?} already exists")]
+    DuplicateJob(String),
+    /// An event name that is not one of the spec's.
+    #[error("unknown event {0:?} (expected started, progress, blocked, completed or error)")]
+    BadEventName(String),
+    /// A contract value or timeout that is not a positive whole number.
+    #[error("{0}")]
+    BadValue(state::BadValue),
+    /// Any other unusable input; the message says which and why.
+    #[error("{0}")]
+    BadInput(String),
+    /// The state machine refused the write: nothing was recorded and no seq was used.
+    #[error("refused: {0}")]
+    Refused(Refusal),
+    /// The registry folder or database cannot be used.
+    #[error("cannot use the job registry {}: {detail}", path.display())]
+    Registry { path: PathBuf, detail: String },
+    /// The registry holds something this build cannot read.
+    #[error("the job registry {} is damaged: {detail}", path.display())]
+    Corrupt { path: PathBuf, detail: String },
+    /// A SQLite failure during a transaction (busy past the timeout, disk full, ...).
+    #[error("job registry storage: {0}")]
+    Storage(#[from] rusqlite::Error),
+    /// A file operation failed; `what` says which.
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+    /// The start instruction could not be delivered.
+    #[error("delivery failed: {0}")]
+    Delivery(String),
+    /// The heartbeat timer could not be started or stopped.
+    #[error("heartbeat timer: {0}")]
+    Timer(String),
+    /// The OS random generator failed.
+    #[error("no random bytes from the OS: {0}")]
+    Random(String),
+}
+
+// Written out rather than `#[from]`, which would also make them the error's `source` and print
+// the message twice in a `{:#}` chain.
+impl From<Refusal> for JobError {
+    fn from(r: Refusal) -> JobError {
+        JobError::Refused(r)
+    }
+}
+
+impl From<state::BadValue> for JobError {
+    fn from(v: state::BadValue) -> JobError {
+        JobError::BadValue(v)
+    }
+}

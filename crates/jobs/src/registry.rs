@@ -1,0 +1,1205 @@
+//! The job registry: `<registry>/jobs.db` (SQLite) and one folder per job for its brief and
+//! logs (SPEC section 7).
+//!
+//! Many processes use it at once (the submitter, the agent's publishers, heartbeat timers, the
+//! operator), so the database runs in WAL mode with a busy timeout, and every write is one
+//! short `BEGIN IMMEDIATE` transaction: the write lock is taken up front, so two writers queue
+//! instead of failing on a lock upgrade. Seq allocation, the status compare-and-set, the
+//! attempt's barrier and the timer identity all change in the same transaction as the event
+//! they belong to.
+
+use std::fs::{DirBuilder, OpenOptions};
+use std::io::ErrorKind;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Row, TransactionBehavior};
+use serde_json::{json, Value};
+
+use crate::sign;
+use crate::state::{self, Contract, EventKind, JobStatus, Refusal};
+use crate::timer::TimerIdentity;
+use crate::JobError;
+
+/// The database file inside the registry folder.
+pub const DB_FILE: &str = "jobs.db";
+/// `PRAGMA application_id` of a job registry ("DRVJ").
+pub const APPLICATION_ID: i64 = 0x4452_564A;
+/// How long a writer waits for another process's transaction before giving up.
+pub const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+const MIGRATIONS: &[&str] = &[r#"
+CREATE TABLE jobs (
+    job_id TEXT PRIMARY KEY,
+    status TEXT NOT NULL
+        CHECK (status IN ('pending','running','completed','error','cancelled')),
+    status_detail TEXT,
+    transport TEXT NOT NULL,
+    prompt TEXT NOT NULL,
+    heartbeat_sec INTEGER NOT NULL,
+    heartbeat_misses INTEGER NOT NULL,
+    ack_timeout_sec INTEGER NOT NULL,
+    idle_timeout_sec INTEGER NOT NULL,
+    attempt_id INTEGER NOT NULL,
+    dispatch_token TEXT NOT NULL,
+    auth_token TEXT NOT NULL,
+    topic_prefix TEXT NOT NULL,
+    last_seq INTEGER NOT NULL DEFAULT 0,
+    last_event TEXT,
+    last_detail TEXT,
+    last_event_at REAL,
+    delivered_attempt INTEGER NOT NULL DEFAULT 0,
+    timer_pid INTEGER,
+    timer_start_time INTEGER,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE TABLE job_events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id TEXT NOT NULL REFERENCES jobs(job_id),
+    seq INTEGER,
+    audit INTEGER NOT NULL DEFAULT 0,
+    event TEXT NOT NULL,
+    attempt_id INTEGER NOT NULL,
+    ts REAL NOT NULL,
+    detail TEXT,
+    body_json TEXT NOT NULL,
+    UNIQUE (job_id, seq)
+);
+CREATE INDEX job_events_by_job ON job_events (job_id, id);
+"#];
+
+/// A new job's fields before it is stored.
+#[derive(Debug, Clone)]
+pub struct NewJob {
+    /// An explicit id (`[A-Za-z0-9][A-Za-z0-9._-]{0,63}`), or `None` for a fresh one.
+    pub job_id: Option<String>,
+    /// `tmux:<target>`, `herdr:<name>`, `exec`, or `manual` (registered, delivered by hand).
+    pub transport: String,
+    /// The task, as the brief states it.
+    pub prompt: String,
+    /// The liveness contract.
+    pub contract: Contract,
+    /// `[mqtt] topic_base` (default `drover/v1`); the job's `topic_prefix` is
+    /// `<topic_base>/jobs/<job_id>`.
+    pub topic_base: String,
+}
+
+/// One job as stored (SPEC section 7).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Job {
+    pub job_id: String,
+    pub status: JobStatus,
+    /// The detail of the event or correction that set the current status
+    /// (`agent_blocked`, `deadline_timeout`, the agent's summary, ...).
+    pub status_detail: Option<String>,
+    pub transport: String,
+    pub prompt: String,
+    pub contract: Contract,
+    pub attempt_id: u64,
+    pub dispatch_token: String,
+    /// Signs the job's messages. Never printed.
+    pub auth_token: String,
+    pub topic_prefix: String,
+    pub last_seq: u64,
+    pub last_event: Option<LastEvent>,
+    /// The highest attempt delivered so far (0: none). An attempt is delivered once, ever.
+    pub delivered_attempt: u64,
+    pub heartbeat_timer: Option<TimerIdentity>,
+    pub brief_path: PathBuf,
+    pub created_at: f64,
+    pub updated_at: f64,
+}
+
+/// The job's last event, as `show` reports it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LastEvent {
+    pub event: String,
+    pub seq: u64,
+    pub ts: f64,
+    pub detail: Option<String>,
+}
+
+impl Job {
+    /// The `drover job show --json` shape (documented in `docs/jobs.md`). `auth_token` is
+    /// left out: it is a signing secret.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "job_id": self.job_id,
+            "status": self.status.as_str(),
+            "detail": self.status_detail,
+            "transport": self.transport,
+            "prompt": self.prompt,
+            "heartbeat_sec": self.contract.heartbeat_sec,
+            "heartbeat_misses": self.contract.heartbeat_misses,
+            "ack_timeout_sec": self.contract.ack_timeout_sec,
+            "idle_timeout_sec": self.contract.idle_timeout_sec,
+            "attempt_id": self.attempt_id,
+            "dispatch_token": self.dispatch_token,
+            "topic_prefix": self.topic_prefix,
+            "last_seq": self.last_seq,
+            "last_event": self.last_event.as_ref().map(|e| json!({
+                "event": e.event, "seq": e.seq, "ts": e.ts, "detail": e.detail,
+            })),
+            "delivered": self.delivered_attempt >= self.attempt_id,
+            "heartbeat_timer": self.heartbeat_timer.map(|t| json!({
+                "pid": t.pid, "start_time": t.start_time,
+            })),
+            "brief": self.brief_path.display().to_string(),
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+        })
+    }
+
+    /// The retained state snapshot the wire publishes after each event (SPEC section 7:
+    /// `{event: "state", status, last_event, seq, ...}`), signed with `auth_token`.
+    pub fn state_snapshot(&self) -> Value {
+        sign::signed(
+            json!({
+                "event": "state",
+                "job_id": self.job_id,
+                "status": self.status.as_str(),
+                "detail": self.status_detail,
+                "last_event": self.last_event.as_ref().map(|e| e.event.clone()),
+                "seq": self.last_seq,
+                "ts": now(),
+                "data": {
+                    "dispatch_token": self.dispatch_token,
+                    "attempt_id": self.attempt_id,
+                },
+            }),
+            &self.auth_token,
+        )
+    }
+}
+
+/// One stored entry: an event (with a seq) or a local audit entry (without).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entry {
+    /// Insertion order across events and audit entries.
+    pub id: i64,
+    pub seq: Option<u64>,
+    pub audit: bool,
+    pub event: String,
+    pub attempt_id: u64,
+    pub ts: f64,
+    pub detail: Option<String>,
+    /// For an event, the signed wire message; for an audit entry, its body.
+    pub body: Value,
+}
+
+impl Entry {
+    /// The `drover job events --json` shape: the stored body plus `"audit": true|false`.
+    pub fn to_json(&self) -> Value {
+        let mut body = self.body.clone();
+        if let Value::Object(map) = &mut body {
+            map.insert("audit".into(), Value::Bool(self.audit));
+        }
+        body
+    }
+}
+
+/// An event to record.
+#[derive(Debug, Clone, Default)]
+pub struct EventRequest<'a> {
+    pub job_id: &'a str,
+    pub event: Option<EventKind>,
+    pub detail: Option<&'a str>,
+    /// Refuse unless this is the current attempt's `dispatch_token`.
+    pub expect_dispatch_token: Option<&'a str>,
+    /// A heartbeat from this timer: refused unless it is still the job's registered timer.
+    pub beat_of: Option<TimerIdentity>,
+    /// With `started`: the heartbeat timer to register in the same transaction.
+    pub new_timer: Option<TimerIdentity>,
+}
+
+/// What recording an event did.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    /// The signed message, as stored and as the wire sends it.
+    pub message: Value,
+    /// The job after the event.
+    pub job: Job,
+    /// The timer this event unregistered (a terminal event, or a `started` that registered
+    /// a new timer): the caller stops it.
+    pub unregistered_timer: Option<TimerIdentity>,
+}
+
+/// The registry: one SQLite connection plus the folder.
+pub struct Registry {
+    dir: PathBuf,
+    conn: Connection,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry").field("dir", &self.dir).finish()
+    }
+}
+
+impl Registry {
+    /// Opens the registry in `dir`, creating the folder (0700) and `jobs.db` (0600) if needed.
+    pub fn open(dir: &Path) -> Result<Registry, JobError> {
+        match std::fs::metadata(dir) {
+            Ok(meta) if !meta.is_dir() => return Err(not_a_folder(dir)),
+            Ok(_) => {}
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(dir)
+                    .map_err(|source| JobError::Io {
+                        what: format!("cannot create the job registry {}", dir.display()),
+                        source,
+                    })?;
+            }
+            Err(source) => return Err(unreadable(dir, source.to_string())),
+        }
+        let path = dir.join(DB_FILE);
+        match OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+        {
+            Ok(_) => {}
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(unreadable(&path, e.to_string())),
+        }
+        Registry::connect(dir)
+    }
+
+    /// Opens an existing registry without creating anything; `Ok(None)` when `dir` holds no
+    /// `jobs.db` (no job was ever registered there).
+    pub fn open_existing(dir: &Path) -> Result<Option<Registry>, JobError> {
+        match std::fs::metadata(dir) {
+            Ok(meta) if !meta.is_dir() => return Err(not_a_folder(dir)),
+            Ok(_) => {}
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(unreadable(dir, e.to_string())),
+        }
+        let path = dir.join(DB_FILE);
+        match std::fs::metadata(&path) {
+            Ok(_) => Registry::connect(dir).map(Some),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(unreadable(&path, e.to_string())),
+        }
+    }
+
+    fn connect(dir: &Path) -> Result<Registry, JobError> {
+        let path = dir.join(DB_FILE);
+        let bad = |e: rusqlite::Error| unreadable(&path, e.to_string());
+        let conn = Connection::open_with_flags(
+            &path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(bad)?;
+        conn.busy_timeout(BUSY_TIMEOUT).map_err(bad)?;
+        // Reading the header first: a file that is not SQLite fails here, before any write.
+        conn.query_row("PRAGMA schema_version", [], |r| r.get::<_, i64>(0))
+            .map_err(bad)?;
+        let app_id: i64 = conn
+            .query_row("PRAGMA application_id", [], |r| r.get(0))
+            .map_err(bad)?;
+        let tables: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE type = 'table'",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(bad)?;
+        if app_id != APPLICATION_ID && (app_id != 0 || tables > 0) {
+            return Err(unreadable(
+                &path,
+                format!(
+                    "it is not a drover job registry (application_id {app_id:#x}, {tables} tables)"
+                ),
+            ));
+        }
+        let mode: String = conn
+            .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+            .map_err(bad)?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get::<_, String>(0))
+                .map_err(bad)?;
+        }
+        conn.pragma_update(None, "synchronous", "FULL")
+            .map_err(bad)?;
+        conn.pragma_update(None, "foreign_keys", "ON")
+            .map_err(bad)?;
+        let mut registry = Registry {
+            dir: dir.to_path_buf(),
+            conn,
+        };
+        registry.migrate().map_err(|e| match e {
+            JobError::Storage(e) => bad(e),
+            other => other,
+        })?;
+        Ok(registry)
+    }
+
+    fn migrate(&mut self) -> Result<(), JobError> {
+        let current = MIGRATIONS.len() as i64;
+        let version: i64 = self
+            .conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))?;
+        if version == current {
+            return Ok(());
+        }
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        // Another process may have migrated while we waited for the lock.
+        let version: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+        if version > current {
+            return Err(unreadable(
+                &self.dir.join(DB_FILE),
+                format!("its schema version {version} is newer than this drover ({current})"),
+            ));
+        }
+        for (i, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+            tx.execute_batch(sql)?;
+            tx.pragma_update(None, "user_version", (i + 1) as i64)?;
+        }
+        tx.pragma_update(None, "application_id", APPLICATION_ID)?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// The registry folder.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// `<registry>/<job_id>`: the job's brief and logs.
+    pub fn job_dir(&self, job_id: &str) -> PathBuf {
+        self.dir.join(job_id)
+    }
+
+    /// Creates the job's folder (0700) if needed and gives its path.
+    pub fn ensure_job_dir(&self, job_id: &str) -> Result<PathBuf, JobError> {
+        let dir = self.job_dir(job_id);
+        DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|source| JobError::Io {
+                what: format!("cannot create {}", dir.display()),
+                source,
+            })?;
+        Ok(dir)
+    }
+
+    /// Stores a new job: status `pending`, attempt 1, fresh `dispatch_token` and `auth_token`.
+    pub fn register(&mut self, new: NewJob) -> Result<Job, JobError> {
+        let job_id = match new.job_id {
+            Some(id) => {
+                validate_job_id(&id)?;
+                id
+            }
+            None => format!("job-{}", random_hex(6)?),
+        };
+        let dispatch_token = random_hex(16)?;
+        let auth_token = random_hex(32)?;
+        let topic_prefix = format!("{}/jobs/{job_id}", new.topic_base.trim_end_matches('/'));
+        let ts = now();
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let exists: Option<i64> = tx
+            .query_row("SELECT 1 FROM jobs WHERE job_id = ?1", [&job_id], |r| {
+                r.get(0)
+            })
+            .optional()?;
+        if exists.is_some() {
+            return Err(JobError::DuplicateJob(job_id));
+        }
+        tx.execute(
+            "INSERT INTO jobs (job_id, status, transport, prompt, heartbeat_sec, heartbeat_misses,
+                ack_timeout_sec, idle_timeout_sec, attempt_id, dispatch_token, auth_token,
+                topic_prefix, created_at, updated_at)
+             VALUES (?1, 'pending', ?2, ?3, ?4, ?5, ?6, ?7, 1, ?8, ?9, ?10, ?11, ?11)",
+            params![
+                job_id,
+                new.transport,
+                new.prompt,
+                new.contract.heartbeat_sec as i64,
+                new.contract.heartbeat_misses as i64,
+                new.contract.ack_timeout_sec as i64,
+                new.contract.idle_timeout_sec as i64,
+                dispatch_token,
+                auth_token,
+                topic_prefix,
+                ts,
+            ],
+        )?;
+        tx.commit()?;
+        self.job(&job_id)
+    }
+
+    /// The job `job_id`, or [`JobError::UnknownJob`].
+    pub fn job(&self, job_id: &str) -> Result<Job, JobError> {
+        load_job(&self.conn, &self.dir, job_id)
+    }
+
+    /// Every job (optionally only those in `status`), oldest first.
+    pub fn list(&self, status: Option<JobStatus>) -> Result<Vec<Job>, JobError> {
+        let mut stmt = self.conn.prepare(
+            "SELECT * FROM jobs WHERE ?1 IS NULL OR status = ?1 ORDER BY created_at, job_id",
+        )?;
+        let rows = stmt.query_map([status.map(JobStatus::as_str)], |row| {
+            job_from_row(row, &self.dir)
+        })?;
+        let mut jobs = Vec::new();
+        for job in rows {
+            jobs.push(job??);
+        }
+        Ok(jobs)
+    }
+
+    /// The job's events and audit entries with `id > after_id`, in order.
+    pub fn entries(&self, job_id: &str, after_id: i64) -> Result<Vec<Entry>, JobError> {
+        let mut stmt = self.conn.prepare(
+            "SELECT id, seq, audit, event, attempt_id, ts, detail, body_json FROM job_events
+             WHERE job_id = ?1 AND id > ?2 ORDER BY id",
+        )?;
+        let rows = stmt.query_map(params![job_id, after_id], |r| {
+            let body: String = r.get(7)?;
+            Ok((
+                Entry {
+                    id: r.get(0)?,
+                    seq: r.get::<_, Option<i64>>(1)?.map(|s| s as u64),
+                    audit: r.get::<_, i64>(2)? != 0,
+                    event: r.get(3)?,
+                    attempt_id: r.get::<_, i64>(4)? as u64,
+                    ts: r.get(5)?,
+                    detail: r.get(6)?,
+                    body: Value::Null,
+                },
+                body,
+            ))
+        })?;
+        let mut entries = Vec::new();
+        for row in rows {
+            let (mut entry, body) = row?;
+            entry.body = serde_json::from_str(&body).map_err(|e| JobError::Corrupt {
+                path: self.dir.join(DB_FILE),
+                detail: format!("entry {} of job {job_id}: {e}", entry.id),
+            })?;
+            entries.push(entry);
+        }
+        Ok(entries)
+    }
+
+    /// Records one event in one transaction: checks (the dispatch token, the terminal rule
+    /// and the barrier, the timer), allocates the seq, moves the status by compare-and-set,
+    /// signs and stores the message, and updates the timer identity. A refusal leaves
+    /// everything as it was and uses no seq.
+    pub fn record_event(&mut self, req: &EventRequest<'_>) -> Result<Recorded, JobError> {
+        let event = req
+            .event
+            .ok_or_else(|| JobError::BadInput("no event given".into()))?;
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let job = load_job(&tx, &self.dir, req.job_id)?;
+        state::check_dispatch_token(
+            &job.dispatch_token,
+            job.attempt_id,
+            req.expect_dispatch_token,
+        )?;
+        // The attempt's barrier: once the terminal event is stored, every later event of the
+        // attempt (an in-flight heartbeat included) is refused here.
+        let status = state::apply_event(job.status, event)?;
+        if let Some(beat) = req.beat_of {
+            if job.heartbeat_timer != Some(beat) {
+                return Err(Refusal::StaleTimer.into());
+            }
+        }
+        let seq = state::next_seq(job.last_seq).ok_or_else(|| JobError::Corrupt {
+            path: self.dir.join(DB_FILE),
+            detail: format!("job {} has no seq left", job.job_id),
+        })?;
+        let ts = now();
+        let message = sign::signed(
+            json!({
+                "job_id": job.job_id,
+                "event": event.as_str(),
+                "seq": seq,
+                "ts": ts,
+                "detail": req.detail,
+                "data": {
+                    "dispatch_token": job.dispatch_token,
+                    "attempt_id": job.attempt_id,
+                },
+            }),
+            &job.auth_token,
+        );
+        let (timer, unregistered_timer) = if event.is_terminal() {
+            (None, job.heartbeat_timer)
+        } else if let (EventKind::Started, Some(new)) = (event, req.new_timer) {
+            (Some(new), job.heartbeat_timer.filter(|old| *old != new))
+        } else {
+            (job.heartbeat_timer, None)
+        };
+        let status_detail = if status != job.status || event == EventKind::Started {
+            req.detail.map(str::to_string)
+        } else {
+            job.status_detail.clone()
+        };
+        tx.execute(
+            "UPDATE jobs SET status = ?2, status_detail = ?3, last_seq = ?4, last_event = ?5,
+                last_detail = ?6, last_event_at = ?7, timer_pid = ?8, timer_start_time = ?9,
+                updated_at = ?7
+             WHERE job_id = ?1",
+            params![
+                job.job_id,
+                status.as_str(),
+                status_detail,
+                seq as i64,
+                event.as_str(),
+                req.detail,
+                ts,
+                timer.map(|t| t.pid),
+                timer.map(|t| t.start_time as i64),
+            ],
+        )?;
+        tx.execute(
+            "INSERT INTO job_events (job_id, seq, audit, event, attempt_id, ts, detail, body_json)
+             VALUES (?1, ?2, 0, ?3, ?4, ?5, ?6, ?7)",
+            params![
+                job.job_id,
+                seq as i64,
+                event.as_str(),
+                job.attempt_id as i64,
+                ts,
+                req.detail,
+                message.to_string(),
+            ],
+        )?;
+        let job = load_job(&tx, &self.dir, req.job_id)?;
+        tx.commit()?;
+        Ok(Recorded {
+            message,
+            job,
+            unregistered_timer,
+        })
+    }
+
+    /// Stores a local audit entry (no seq, never sent on the wire).
+    pub fn record_audit(
+        &mut self,
+        job_id: &str,
+        kind: &str,
+        detail: Option<&str>,
+        data: Value,
+    ) -> Result<(), JobError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let job = load_job(&tx, &self.dir, job_id)?;
+        insert_audit(&tx, &job, kind, detail, data)?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Claims the one delivery of `attempt` (SPEC section 7: never delivered twice) and
+    /// stores a `delivered` audit entry, in one transaction. Refused when the attempt is not
+    /// current, already delivered, or the job is terminal.
+    pub fn claim_delivery(
+        &mut self,
+        job_id: &str,
+        attempt: u64,
+        data: Value,
+    ) -> Result<Job, JobError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let job = load_job(&tx, &self.dir, job_id)?;
+        if job.attempt_id != attempt {
+            return Err(Refusal::OtherAttempt {
+                current_attempt: job.attempt_id,
+            }
+            .into());
+        }
+        if job.delivered_attempt >= attempt {
+            return Err(Refusal::AlreadyDelivered { attempt }.into());
+        }
+        if job.status.is_terminal() {
+            return Err(Refusal::Terminal(job.status).into());
+        }
+        tx.execute(
+            "UPDATE jobs SET delivered_attempt = ?2, updated_at = ?3 WHERE job_id = ?1",
+            params![job_id, attempt as i64, now()],
+        )?;
+        insert_audit(&tx, &job, "delivered", None, data)?;
+        let job = load_job(&tx, &self.dir, job_id)?;
+        tx.commit()?;
+        Ok(job)
+    }
+
+    /// The operator's status correction (`update --status`, `cancel`): a compare-and-set that
+    /// never changes a terminal status. A terminal target raises the attempt's barrier and
+    /// unregisters the timer (returned, for the caller to stop). Stores an audit entry `kind`
+    /// when the status changed. Gives the job and whether it changed.
+    pub fn set_status(
+        &mut self,
+        job_id: &str,
+        target: JobStatus,
+        detail: Option<&str>,
+        kind: &str,
+    ) -> Result<(Job, bool, Option<TimerIdentity>), JobError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let job = load_job(&tx, &self.dir, job_id)?;
+        let Some(status) = state::set_status(job.status, target)? else {
+            return Ok((job, false, None));
+        };
+        let (timer, unregistered) = if status.is_terminal() {
+            (None, job.heartbeat_timer)
+        } else {
+            (job.heartbeat_timer, None)
+        };
+        tx.execute(
+            "UPDATE jobs SET status = ?2, status_detail = ?3, timer_pid = ?4,
+                timer_start_time = ?5, updated_at = ?6
+             WHERE job_id = ?1",
+            params![
+                job_id,
+                status.as_str(),
+                detail,
+                timer.map(|t| t.pid),
+                timer.map(|t| t.start_time as i64),
+                now(),
+            ],
+        )?;
+        insert_audit(
+            &tx,
+            &job,
+            kind,
+            detail,
+            json!({"previous_status": job.status.as_str(), "status": status.as_str()}),
+        )?;
+        let job = load_job(&tx, &self.dir, job_id)?;
+        tx.commit()?;
+        Ok((job, true, unregistered))
+    }
+
+    /// Starts attempt `attempt` (strictly newer than the current one): a new
+    /// `dispatch_token`, status `pending`, no barrier, no timer (the old one is returned for
+    /// the caller to stop). Stores an `attempt_changed` audit entry.
+    pub fn new_attempt(
+        &mut self,
+        job_id: &str,
+        attempt: u64,
+    ) -> Result<(Job, Option<TimerIdentity>), JobError> {
+        let token = random_hex(16)?;
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let job = load_job(&tx, &self.dir, job_id)?;
+        let attempt = state::next_attempt(job.attempt_id, attempt)?;
+        tx.execute(
+            "UPDATE jobs SET attempt_id = ?2, dispatch_token = ?3, status = 'pending',
+                status_detail = NULL, timer_pid = NULL, timer_start_time = NULL, updated_at = ?4
+             WHERE job_id = ?1",
+            params![job_id, attempt as i64, token, now()],
+        )?;
+        let updated = load_job(&tx, &self.dir, job_id)?;
+        insert_audit(
+            &tx,
+            &updated,
+            "attempt_changed",
+            None,
+            json!({
+                "previous_attempt_id": job.attempt_id,
+                "attempt_id": attempt,
+                "previous_status": job.status.as_str(),
+            }),
+        )?;
+        tx.commit()?;
+        Ok((updated, job.heartbeat_timer))
+    }
+
+    /// Unregisters `timer` if it is still the job's timer (a timer that stops by itself
+    /// clears its own entry; a stale entry is cleared by whoever finds it). Gives whether it
+    /// was.
+    pub fn clear_timer_if(&mut self, job_id: &str, timer: TimerIdentity) -> Result<bool, JobError> {
+        let n = self.conn.execute(
+            "UPDATE jobs SET timer_pid = NULL, timer_start_time = NULL
+             WHERE job_id = ?1 AND timer_pid = ?2 AND timer_start_time = ?3",
+            params![job_id, timer.pid, timer.start_time as i64],
+        )?;
+        Ok(n > 0)
+    }
+}
+
+fn insert_audit(
+    tx: &Connection,
+    job: &Job,
+    kind: &str,
+    detail: Option<&str>,
+    mut data: Value,
+) -> Result<(), JobError> {
+    let ts = now();
+    if let Value::Object(map) = &mut data {
+        map.insert("attempt_id".into(), json!(job.attempt_id));
+    }
+    let body = json!({
+        "job_id": job.job_id,
+        "event": kind,
+        "ts": ts,
+        "detail": detail,
+        "data": data,
+    });
+    tx.execute(
+        "INSERT INTO job_events (job_id, seq, audit, event, attempt_id, ts, detail, body_json)
+         VALUES (?1, NULL, 1, ?2, ?3, ?4, ?5, ?6)",
+        params![
+            job.job_id,
+            kind,
+            job.attempt_id as i64,
+            ts,
+            detail,
+            body.to_string()
+        ],
+    )?;
+    Ok(())
+}
+
+fn load_job(conn: &Connection, dir: &Path, job_id: &str) -> Result<Job, JobError> {
+    conn.query_row("SELECT * FROM jobs WHERE job_id = ?1", [job_id], |row| {
+        job_from_row(row, dir)
+    })
+    .optional()?
+    .ok_or_else(|| JobError::UnknownJob {
+        job_id: job_id.to_string(),
+        registry: dir.to_path_buf(),
+    })?
+}
+
+/// A row of `jobs`; the outer error is SQLite's, the inner one a value SQLite cannot check
+/// (an unknown status word).
+fn job_from_row(row: &Row<'_>, dir: &Path) -> rusqlite::Result<Result<Job, JobError>> {
+    let job_id: String = row.get("job_id")?;
+    let status_text: String = row.get("status")?;
+    let Some(status) = JobStatus::parse(&status_text) else {
+        return Ok(Err(JobError::Corrupt {
+            path: dir.join(DB_FILE),
+            detail: format!("job {job_id} has status {status_text:?}"),
+        }));
+    };
+    let u = |name: &str| -> rusqlite::Result<u64> { Ok(row.get::<_, i64>(name)?.max(0) as u64) };
+    let last_event: Option<String> = row.get("last_event")?;
+    let timer_pid: Option<i32> = row.get("timer_pid")?;
+    let timer_start: Option<i64> = row.get("timer_start_time")?;
+    Ok(Ok(Job {
+        brief_path: dir.join(&job_id).join("brief.md"),
+        status,
+        status_detail: row.get("status_detail")?,
+        transport: row.get("transport")?,
+        prompt: row.get("prompt")?,
+        contract: Contract {
+            heartbeat_sec: u("heartbeat_sec")?,
+            heartbeat_misses: u("heartbeat_misses")?,
+            ack_timeout_sec: u("ack_timeout_sec")?,
+            idle_timeout_sec: u("idle_timeout_sec")?,
+        },
+        attempt_id: u("attempt_id")?,
+        dispatch_token: row.get("dispatch_token")?,
+        auth_token: row.get("auth_token")?,
+        topic_prefix: row.get("topic_prefix")?,
+        last_seq: u("last_seq")?,
+        last_event: match last_event {
+            Some(event) => Some(LastEvent {
+                event,
+                seq: u("last_seq")?,
+                ts: row.get::<_, Option<f64>>("last_event_at")?.unwrap_or(0.0),
+                detail: row.get("last_detail")?,
+            }),
+            None => None,
+        },
+        delivered_attempt: u("delivered_attempt")?,
+        heartbeat_timer: match (timer_pid, timer_start) {
+            (Some(pid), Some(start)) => Some(TimerIdentity {
+                pid,
+                start_time: start.max(0) as u64,
+            }),
+            _ => None,
+        },
+        created_at: row.get("created_at")?,
+        updated_at: row.get("updated_at")?,
+        job_id,
+    }))
+}
+
+/// A job id names a folder and a topic: `[A-Za-z0-9][A-Za-z0-9._-]{0,63}`.
+pub fn validate_job_id(id: &str) -> Result<(), JobError> {
+    let mut chars = id.chars();
+    let first_ok = chars.next().is_some_and(|c| c.is_ascii_alphanumeric());
+    let rest_ok = chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if first_ok && rest_ok && id.len() <= 64 {
+        Ok(())
+    } else {
+        Err(JobError::BadInput(format!(
+            "job id {id:?} must be 1 to 64 letters, digits, '.', '_' or '-', starting with a \
+             letter or digit"
+        )))
+    }
+}
+
+/// Now, as Unix seconds rounded to the millisecond (timestamps in signed messages stay short
+/// and print the same in every JSON implementation).
+pub fn now() -> f64 {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as f64 / 1000.0)
+        .unwrap_or(0.0);
+    (secs * 1000.0).round() / 1000.0
+}
+
+/// `n` random bytes from the OS, hex encoded.
+pub fn random_hex(n: usize) -> Result<String, JobError> {
+    let mut buf = vec![0u8; n];
+    getrandom::fill(&mut buf).map_err(|e| JobError::Random(e.to_string()))?;
+    Ok(hex::encode(buf))
+}
+
+fn not_a_folder(dir: &Path) -> JobError {
+    JobError::Registry {
+        path: dir.to_path_buf(),
+        detail: "it is not a folder (give --registry-dir a folder)".into(),
+    }
+}
+
+fn unreadable(path: &Path, detail: String) -> JobError {
+    JobError::Registry {
+        path: path.to_path_buf(),
+        detail,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn new_job(id: Option<&str>) -> NewJob {
+        NewJob {
+            job_id: id.map(str::to_string),
+            transport: "manual".into(),
+            prompt: "do it".into(),
+            contract: Contract::default(),
+            topic_base: "drover/v1".into(),
+        }
+    }
+
+    fn publish<'a>(job_id: &'a str, event: EventKind) -> EventRequest<'a> {
+        EventRequest {
+            job_id,
+            event: Some(event),
+            ..EventRequest::default()
+        }
+    }
+
+    #[test]
+    fn register_stores_the_contract_tokens_and_topic_prefix() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut reg = Registry::open(dir.path()).unwrap();
+        let job = reg.register(new_job(None)).unwrap();
+        assert!(job.job_id.starts_with("job-"), "{}", job.job_id);
+        assert_eq!(job.status, JobStatus::Pending);
+        assert_eq!(job.attempt_id, 1);
+        assert_eq!(job.last_seq, 0);
+        assert_eq!(job.contract, Contract::default());
+        assert_eq!(job.dispatch_token.len(), 32);
+        assert_eq!(job.auth_token.len(), 64);
+        assert_eq!(job.topic_prefix, format!("drover/v1/jobs/{}", job.job_id));
+        assert_eq!(job.heartbeat_timer, None);
+        let shown = job.to_json();
+        assert!(shown.get("auth_token").is_none());
+        assert_eq!(shown["idle_timeout_sec"], 120);
+        assert_eq!(shown["heartbeat_timer"], Value::Null);
+        let mode = std::fs::metadata(dir.path().join(DB_FILE)).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(mode.permissions().mode() & 0o777, 0o600);
+    }
+
+    #[test]
+    fn an_explicit_job_id_is_validated_and_unique() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut reg = Registry::open(dir.path()).unwrap();
+        reg.register(new_job(Some("fix-1"))).unwrap();
+        assert!(matches!(
+            reg.register(new_job(Some("fix-1"))),
+            Err(JobError::DuplicateJob(_))
+        ));
+        for bad in ["", "../x", "a/b", "-x", &"x".repeat(65)] {
+            assert!(matches!(
+                reg.register(new_job(Some(bad))),
+                Err(JobError::BadInput(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn events_get_increasing_seqs_signed_with_the_auth_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut reg = Registry::open(dir.path()).unwrap();
+        let job = reg.register(new_job(None)).unwrap();
+        let a = reg
+            .record_event(&publish(&job.job_id, EventKind::Started))
+            .unwrap();
+        let b = reg
+            .record_event(&publish(&job.job_id, EventKind::Progress))
+            .unwrap();
+        assert_eq!(a.message["seq"], 1);
+        assert_eq!(b.message["seq"], 2);
+        assert_eq!(b.job.status, JobStatus::Running);
+        assert_eq!(
+            b.message["data"]["dispatch_token"],
+            json!(job.dispatch_token)
+        );
+        assert_eq!(b.message["data"]["attempt_id"], 1);
+        assert!(sign::verify(&b.message, &job.auth_token));
+        let entries = reg.entries(&job.job_id, 0).unwrap();
+        assert_eq!(entries.len(), 2);
+        assert_eq!(entries[1].body, b.message);
+        assert_eq!(entries[1].to_json()["audit"], false);
+    }
+
+    #[test]
+    fn a_refused_event_records_nothing_and_uses_no_seq() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut reg = Registry::open(dir.path()).unwrap();
+        let job = reg.register(new_job(None)).unwrap();
+        let mut req = publish(&job.job_id, EventKind::Started);
+        req.expect_dispatch_token = Some("not-the-token");
+        assert!(matches!(
+            reg.record_event(&req),
+            Err(JobError::Refused(Refusal::OtherAttempt {
+                current_attempt: 1
+            }))
+        ));
+        reg.record_event(&publish(&job.job_id, EventKind::Error))
+            .unwrap();
+        let late = reg.record_event(&publish(&job.job_id, EventKind::Completed));
+        assert!(matches!(
+            late,
+            Err(JobError::Refused(Refusal::Terminal(JobStatus::Error)))
+        ));
+        let job = reg.job(&job.job_id).unwrap();
+        assert_eq!(job.status, JobStatus::Error);
+        assert_eq!(job.last_seq, 1);
+        assert_eq!(reg.entries(&job.job_id, 0).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_beat_from_a_timer_that_is_not_registered_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut reg = Registry::open(dir.path()).unwrap();
+        let job = reg.register(new_job(None)).unwrap();
+        let timer = TimerIdentity {
+            pid: 4242,
+            start_time: 77,
+        };
+        let mut started = publish(&job.job_id, EventKind::Started);
+        started.new_timer = Some(timer);
+        let rec = reg.record_event(&started).unwrap();
+        assert_eq!(rec.job.heartbeat_timer, Some(timer));
+        let mut beat = publish(&job.job_id, EventKind::Progress);
+        beat.beat_of = Some(timer);
+        reg.record_event(&beat).unwrap();
+        beat.beat_of = Some(TimerIdentity {
+            pid: 4242,
+            start_time: 78,
+        });
+        assert!(matches!(
+            reg.record_event(&beat),
+            Err(JobError::Refused(Refusal::StaleTimer))
+        ));
+        let done = reg
+            .record_event(&publish(&job.job_id, EventKind::Completed))
+            .unwrap();
+        assert_eq!(done.unregistered_timer, Some(timer));
+        assert_eq!(done.job.heartbeat_timer, None);
+        beat.beat_of = Some(timer);
+        assert!(matches!(
+            reg.record_event(&beat),
+            Err(JobError::Refused(Refusal::Terminal(JobStatus::Completed)))
+        ));
+    }
+
+    #[test]
+    fn a_delivery_is_claimed_once_per_attempt() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut reg = Registry::open(dir.path()).unwrap();
+        let job = reg.register(new_job(None)).unwrap();
+        let after = reg.claim_delivery(&job.job_id, 1, json!({})).unwrap();
+        assert_eq!(after.to_json()["delivered"], true);
+        assert!(matches!(
+            reg.claim_delivery(&job.job_id, 1, json!({})),
+            Err(JobError::Refused(Refusal::AlreadyDelivered { attempt: 1 }))
+        ));
+        let (next, _) = reg.new_attempt(&job.job_id, 2).unwrap();
+        assert_ne!(next.dispatch_token, job.dispatch_token);
+        assert_eq!(next.to_json()["delivered"], false);
+        reg.claim_delivery(&job.job_id, 2, json!({})).unwrap();
+        let audit: Vec<_> = reg
+            .entries(&job.job_id, 0)
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.audit)
+            .map(|e| e.event)
+            .collect();
+        assert_eq!(audit, ["delivered", "attempt_changed", "delivered"]);
+    }
+
+    #[test]
+    fn a_new_attempt_resets_status_and_unregisters_the_timer() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut reg = Registry::open(dir.path()).unwrap();
+        let job = reg.register(new_job(None)).unwrap();
+        let timer = TimerIdentity {
+            pid: 99,
+            start_time: 1,
+        };
+        let mut started = publish(&job.job_id, EventKind::Started);
+        started.new_timer = Some(timer);
+        reg.record_event(&started).unwrap();
+        reg.record_event(&publish(&job.job_id, EventKind::Error))
+            .unwrap();
+        assert!(matches!(
+            reg.new_attempt(&job.job_id, 1),
+            Err(JobError::Refused(Refusal::AttemptNotNewer { .. }))
+        ));
+        let (next, old_timer) = reg.new_attempt(&job.job_id, 3).unwrap();
+        assert_eq!(
+            old_timer, None,
+            "the terminal event already unregistered it"
+        );
+        assert_eq!(next.attempt_id, 3);
+        assert_eq!(next.status, JobStatus::Pending);
+        // The old attempt's token is refused; the seq keeps counting.
+        let mut old = publish(&job.job_id, EventKind::Started);
+        old.expect_dispatch_token = Some(&job.dispatch_token);
+        assert!(reg.record_event(&old).is_err());
+        let rec = reg
+            .record_event(&publish(&job.job_id, EventKind::Started))
+            .unwrap();
+        assert_eq!(rec.message["seq"], 3);
+        assert_eq!(rec.message["data"]["attempt_id"], 3);
+    }
+
+    #[test]
+    fn the_operator_cannot_overwrite_a_terminal_status() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut reg = Registry::open(dir.path()).unwrap();
+        let job = reg.register(new_job(None)).unwrap();
+        let (j, changed, _) = reg
+            .set_status(
+                &job.job_id,
+                JobStatus::Cancelled,
+                Some("no longer needed"),
+                "cancelled",
+            )
+            .unwrap();
+        assert!(changed);
+        assert_eq!(j.status, JobStatus::Cancelled);
+        assert_eq!(j.status_detail.as_deref(), Some("no longer needed"));
+        let (_, again, _) = reg
+            .set_status(&job.job_id, JobStatus::Cancelled, None, "cancelled")
+            .unwrap();
+        assert!(!again);
+        assert!(matches!(
+            reg.set_status(&job.job_id, JobStatus::Running, None, "status_set"),
+            Err(JobError::Refused(Refusal::Terminal(JobStatus::Cancelled)))
+        ));
+    }
+
+    #[test]
+    fn unknown_jobs_and_missing_registries_are_reported_without_writing() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("nope");
+        assert!(Registry::open_existing(&missing).unwrap().is_none());
+        assert!(!missing.exists());
+        let reg = Registry::open(dir.path()).unwrap();
+        let e = reg.job("ghost").unwrap_err().to_string();
+        assert!(e.contains("ghost"), "{e}");
+    }
+
+    #[test]
+    fn a_foreign_file_is_refused_and_left_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(DB_FILE);
+        std::fs::write(&path, b"this is not a database, it is a note\n").unwrap();
+        let e = Registry::open(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("jobs.db"), "{e}");
+        assert!(!e.contains('\n'), "{e}");
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            b"this is not a database, it is a note\n"
+        );
+        let file_as_dir = dir.path().join("plain");
+        std::fs::write(&file_as_dir, b"x").unwrap();
+        let e = Registry::open(&file_as_dir).unwrap_err().to_string();
+        assert!(e.contains("not a folder"), "{e}");
+        // Another application's SQLite file is refused too.
+        let other = tempfile::tempdir().unwrap();
+        let conn = Connection::open(other.path().join(DB_FILE)).unwrap();
+        conn.execute_batch("CREATE TABLE notes (x TEXT)").unwrap();
+        drop(conn);
+        let e = Registry::open(other.path()).unwrap_err().to_string();
+        assert!(e.contains("not a drover job registry"), "{e}");
+    }
+
+    #[test]
+    fn concurrent_writers_get_distinct_contiguous_seqs() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = {
+            let mut reg = Registry::open(dir.path()).unwrap();
+            reg.register(new_job(None)).unwrap().job_id
+        };
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let dir = dir.path().to_path_buf();
+                let id = id.clone();
+                std::thread::spawn(move || {
+                    let mut reg = Registry::open(&dir).unwrap();
+                    (0..10)
+                        .map(|_| {
+                            reg.record_event(&publish(&id, EventKind::Progress))
+                                .unwrap()
+                                .message["seq"]
+                                .as_u64()
+                                .unwrap()
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let mut seqs: Vec<u64> = threads
+            .into_iter()
+            .flat_map(|t| t.join().unwrap())
+            .collect();
+        seqs.sort_unstable();
+        assert_eq!(seqs, (1..=40).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn the_state_snapshot_is_signed_and_carries_status_and_seq() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut reg = Registry::open(dir.path()).unwrap();
+        let job = reg.register(new_job(None)).unwrap();
+        let rec = reg
+            .record_event(&publish(&job.job_id, EventKind::Started))
+            .unwrap();
+        let snap = rec.job.state_snapshot();
+        assert_eq!(snap["event"], "state");
+        assert_eq!(snap["status"], "running");
+        assert_eq!(snap["last_event"], "started");
+        assert_eq!(snap["seq"], 1);
+        assert!(sign::verify(&snap, &job.auth_token));
+    }
+}

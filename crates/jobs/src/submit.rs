@@ -1,0 +1,281 @@
+//! `drover job submit` (SPEC section 7): register the job, write the brief, deliver one start
+//! instruction, and wait under the liveness contract.
+//!
+//! The wait polls the registry (every 100 ms) and lets [`state::judge_wait`] decide:
+//! - a terminal status ends the wait (`completed`: exit 0);
+//! - no `started` of *this* attempt within T: `error` / `agent_blocked` (exit 1);
+//! - after `started`, no event of this attempt for the idle window: `error` /
+//!   `deadline_timeout` (exit 2);
+//! - `--timeout W` bounds the whole wait: `error` / `timeout_sec W` (exit 2).
+//!
+//! Giving up is itself an `error` event, published through the same compare-and-set and
+//! barrier as the agent's events (with this attempt's dispatch token), so if the agent's
+//! `completed` lands first, that wins and submit reports it. The clocks are monotonic and
+//! local: "activity" is when submit *saw* a new event of its attempt. The instruction is
+//! delivered once per attempt, ever ([`Registry::claim_delivery`]); a delivery that fails
+//! ends the job as `error` / `delivery_failed: ...`.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use crate::brief::{self, BriefContext};
+use crate::delivery::{self, AgentSession, ExecAgent, Target, TmuxServer};
+use crate::publish::{self, PublishContext, PublishRequest};
+use crate::registry::{Job, NewJob, Registry};
+use crate::state::{self, Contract, EventKind, JobStatus, Verdict, WaitView};
+use crate::wire::Wire;
+use crate::JobError;
+
+/// How often the wait reads the registry.
+pub const POLL: Duration = Duration::from_millis(100);
+/// How long an `exec` agent gets to exit by itself after the job ends before its group is
+/// stopped.
+const EXEC_GRACE: Duration = Duration::from_secs(1);
+
+/// One `submit` call.
+#[derive(Debug, Clone)]
+pub struct SubmitRequest {
+    pub agent_session: AgentSession,
+    /// The command for `--agent-session exec`.
+    pub exec: Option<String>,
+    pub prompt: String,
+    pub contract: Contract,
+    /// `--timeout W` in seconds.
+    pub timeout: Option<u64>,
+    pub dry_run: bool,
+    pub job_id: Option<String>,
+    pub topic_base: String,
+}
+
+/// The environment `submit` runs in.
+pub struct SubmitContext<'a> {
+    pub registry_dir: PathBuf,
+    pub home: PathBuf,
+    /// The `drover` executable named in the brief's commands.
+    pub exe: PathBuf,
+    pub wire: &'a dyn Wire,
+    pub drain: Duration,
+    pub tmux: TmuxServer,
+    /// `$PATH`, to find `herdr`.
+    pub path_var: Option<std::ffi::OsString>,
+}
+
+/// How a submit ended.
+#[derive(Debug, Clone)]
+pub struct SubmitOutcome {
+    /// The job at the end.
+    pub job: Job,
+    /// `None` for `--dry-run`.
+    pub verdict: Option<Verdict>,
+    /// The line that was (or, with `--dry-run`, would be) delivered.
+    pub start_instruction: String,
+    /// The brief's start command (what `--dry-run` prints for a script to run).
+    pub start_command: String,
+    /// Where pane captures were logged, if any were.
+    pub diagnostics: Option<PathBuf>,
+}
+
+/// Runs `drover job submit`.
+pub async fn submit(ctx: SubmitContext<'_>, req: SubmitRequest) -> Result<SubmitOutcome, JobError> {
+    if req.prompt.trim().is_empty() {
+        return Err(JobError::BadInput(
+            "--prompt is empty: say what the job is".into(),
+        ));
+    }
+    // Everything that can fail without writing is checked first.
+    let target = Target::resolve(
+        &req.agent_session,
+        req.exec.as_deref(),
+        ctx.tmux.clone(),
+        ctx.path_var.as_deref(),
+    )
+    .await?;
+    let mut registry = Registry::open(&ctx.registry_dir)?;
+    let job = registry.register(NewJob {
+        job_id: req.job_id.clone(),
+        transport: req.agent_session.transport(),
+        prompt: req.prompt.clone(),
+        contract: req.contract,
+        topic_base: req.topic_base.clone(),
+    })?;
+    let brief_ctx = BriefContext {
+        exe: ctx.exe.clone(),
+        home: ctx.home.clone(),
+        registry_dir: ctx.registry_dir.clone(),
+        watch: target.watch(),
+    };
+    brief::write(&registry, &job, &brief::render(&job, &brief_ctx))?;
+    let start_instruction = brief::start_instruction(&job);
+    let start_command = brief::commands(&brief_ctx, &job).start;
+    tracing::info!(job_id = %job.job_id, transport = %job.transport, "job registered");
+    if req.dry_run {
+        return Ok(SubmitOutcome {
+            job,
+            verdict: None,
+            start_instruction,
+            start_command,
+            diagnostics: None,
+        });
+    }
+
+    // The one delivery of this attempt: claimed in the registry before anything is sent, so
+    // no retry, crash or second submitter can ever deliver it again.
+    let attempt = job.attempt_id;
+    registry.claim_delivery(&job.job_id, attempt, target.describe())?;
+    let mut exec_agent: Option<ExecAgent> = None;
+    let sent = match &target {
+        Target::Exec { command } => {
+            let log = registry.ensure_job_dir(&job.job_id)?.join("exec.log");
+            delivery::spawn_exec(command, &job.job_id, &job.brief_path, &log)
+                .map(|agent| exec_agent = Some(agent))
+        }
+        _ => target.send_line(&start_instruction).await,
+    };
+    if let Err(e) = sent {
+        let detail = format!("delivery_failed: {e}");
+        let _ = give_up(&ctx, &mut registry, &job, &detail);
+        return Err(e);
+    }
+    let delivered_at = Instant::now();
+    tracing::info!(job_id = %job.job_id, attempt, "start instruction delivered");
+
+    let mut waiter = Waiter {
+        job_id: job.job_id.clone(),
+        attempt,
+        last_entry: 0,
+        started: false,
+        last_activity: delivered_at,
+    };
+    let timeout = req.timeout.map(Duration::from_secs);
+    let mut diagnostics = None;
+    let verdict = loop {
+        let now_job = waiter.observe(&registry)?;
+        if now_job.attempt_id != attempt {
+            break Verdict::Superseded;
+        }
+        let view = WaitView {
+            status: now_job.status,
+            started: waiter.started,
+            since_delivery: delivered_at.elapsed(),
+            since_activity: waiter.last_activity.elapsed(),
+        };
+        let verdict = state::judge_wait(&job.contract, &view, timeout);
+        let detail = match verdict {
+            Verdict::Wait => {
+                tokio::time::sleep(POLL).await;
+                continue;
+            }
+            Verdict::Finished(_) | Verdict::Superseded => break verdict,
+            Verdict::AgentBlocked => "agent_blocked".to_string(),
+            Verdict::DeadlineTimeout => "deadline_timeout".to_string(),
+            Verdict::Timeout => format!("timeout_sec {}", req.timeout.unwrap_or_default()),
+        };
+        diagnostics = log_capture(&registry, &job, &target, &detail).await;
+        match give_up(&ctx, &mut registry, &job, &detail) {
+            Ok(()) => break verdict,
+            // The agent's terminal event (or an operator's) got there first: report that.
+            Err(JobError::Refused(_)) => {
+                let now_job = registry.job(&job.job_id)?;
+                if now_job.attempt_id != attempt {
+                    break Verdict::Superseded;
+                }
+                break Verdict::Finished(now_job.status);
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    if let Some(agent) = exec_agent.as_mut() {
+        let exited = tokio::time::timeout(EXEC_GRACE, agent.child.wait()).await;
+        if exited.is_err() {
+            delivery::stop_exec(agent, EXEC_GRACE).await;
+        }
+    }
+    let job = registry.job(&job.job_id)?;
+    Ok(SubmitOutcome {
+        job,
+        verdict: Some(verdict),
+        start_instruction,
+        start_command,
+        diagnostics,
+    })
+}
+
+/// What submit has seen of its attempt.
+struct Waiter {
+    job_id: String,
+    attempt: u64,
+    last_entry: i64,
+    started: bool,
+    last_activity: Instant,
+}
+
+impl Waiter {
+    /// Reads new entries and the job; any new event of this attempt is activity.
+    fn observe(&mut self, registry: &Registry) -> Result<Job, JobError> {
+        for entry in registry.entries(&self.job_id, self.last_entry)? {
+            self.last_entry = entry.id;
+            if entry.audit || entry.attempt_id != self.attempt {
+                continue;
+            }
+            self.last_activity = Instant::now();
+            if entry.event == EventKind::Started.as_str() {
+                self.started = true;
+            }
+        }
+        registry.job(&self.job_id)
+    }
+}
+
+/// Publishes this attempt's `error` with `detail` (stopping the timer, raising the barrier).
+fn give_up(
+    ctx: &SubmitContext<'_>,
+    registry: &mut Registry,
+    job: &Job,
+    detail: &str,
+) -> Result<(), JobError> {
+    let published = publish::publish(
+        PublishContext {
+            registry,
+            wire: ctx.wire,
+            timer_launch: None,
+            drain: ctx.drain,
+        },
+        &PublishRequest {
+            job_id: job.job_id.clone(),
+            event: EventKind::Error,
+            detail: Some(detail.to_string()),
+            heartbeat: None,
+            watch_pid: None,
+            expect_dispatch_token: Some(job.dispatch_token.clone()),
+            no_state: false,
+        },
+    )?;
+    tracing::info!(job_id = %job.job_id, detail, status = %JobStatus::Error, seq = %published.message["seq"], "gave up on the job");
+    Ok(())
+}
+
+/// Appends what the pane shows to `<registry>/<job_id>/pane.log` (a diagnostic only).
+async fn log_capture(
+    registry: &Registry,
+    job: &Job,
+    target: &Target,
+    reason: &str,
+) -> Option<PathBuf> {
+    use std::io::Write;
+    let screen = target.capture().await?;
+    let path = registry.job_dir(&job.job_id).join("pane.log");
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .ok()?;
+    writeln!(
+        f,
+        "--- {:.3} {reason} (diagnostic only; the pane decides nothing) ---\n{}",
+        crate::registry::now(),
+        screen.trim_end()
+    )
+    .ok()?;
+    tracing::debug!(job_id = %job.job_id, path = %path.display(), "pane captured");
+    Some(path)
+}
