@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::Duration;
 
-use drover_test_support::harness::{Client, Daemon, TestHome};
+use drover_test_support::harness::{db_rows, Client, Daemon, TestHome};
 use drover_test_support::{MockModel, Reply};
 use serde_json::{json, Value};
 
@@ -102,29 +102,6 @@ fn respond_params(s: &Setup, prompt: &Value, choice: &str) -> Value {
         "prompt_id": prompt["prompt_id"],
         "choice": choice,
     })
-}
-
-/// Rows of `sql` from `state.db`, opened read-only.
-fn db_rows(db: &Path, sql: &str) -> Vec<Vec<Value>> {
-    let conn =
-        rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-            .unwrap();
-    let mut stmt = conn.prepare(sql).unwrap();
-    let n = stmt.column_count();
-    let rows = stmt
-        .query_map([], |r| {
-            Ok((0..n)
-                .map(|i| match r.get_ref(i).unwrap() {
-                    rusqlite::types::ValueRef::Null => Value::Null,
-                    rusqlite::types::ValueRef::Integer(v) => json!(v),
-                    rusqlite::types::ValueRef::Real(v) => json!(v),
-                    rusqlite::types::ValueRef::Text(t) => json!(String::from_utf8_lossy(t)),
-                    rusqlite::types::ValueRef::Blob(_) => Value::Null,
-                })
-                .collect())
-        })
-        .unwrap();
-    rows.map(Result::unwrap).collect()
 }
 
 /// The content of the session's `tool` messages, in order.

@@ -5,7 +5,9 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use drover_test_support::harness::{pid_alive, signal, uuid_like, Client, Daemon, TestHome};
+use drover_test_support::harness::{
+    db_rows, db_value, pid_alive, signal, uuid_like, Client, Daemon, TestHome,
+};
 use drover_test_support::{Gate, MockModel, Reply};
 use nix::sys::signal::Signal;
 use serde_json::{json, Value};
@@ -53,37 +55,6 @@ async fn setup_with(drain_grace_s: f64, extra: &str) -> Setup {
 
 async fn setup() -> Setup {
     setup_with(1.0, "").await
-}
-
-fn db_rows(db: &Path, sql: &str) -> Vec<Vec<Value>> {
-    let conn =
-        rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-            .unwrap();
-    let mut stmt = conn.prepare(sql).unwrap();
-    let n = stmt.column_count();
-    let rows = stmt
-        .query_map([], |r| {
-            Ok((0..n)
-                .map(|i| match r.get_ref(i).unwrap() {
-                    rusqlite::types::ValueRef::Null => Value::Null,
-                    rusqlite::types::ValueRef::Integer(v) => json!(v),
-                    rusqlite::types::ValueRef::Real(v) => json!(v),
-                    rusqlite::types::ValueRef::Text(t) => json!(String::from_utf8_lossy(t)),
-                    rusqlite::types::ValueRef::Blob(_) => Value::Null,
-                })
-                .collect())
-        })
-        .unwrap();
-    rows.map(Result::unwrap).collect()
-}
-
-/// One value of a one-row, one-column query, or `Null` when there is no row.
-fn db_value(db: &Path, sql: &str) -> Value {
-    db_rows(db, sql)
-        .into_iter()
-        .next()
-        .and_then(|r| r.into_iter().next())
-        .unwrap_or(Value::Null)
 }
 
 fn execution_status(db: &Path, admission_id: &str) -> Value {

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use drover_test_support::harness::{open_files, Client, Daemon, TestHome};
+use drover_test_support::harness::{db_rows, open_files, Client, Daemon, TestHome};
 use drover_test_support::{Gate, MockModel, Reply};
 use serde_json::{json, Value};
 
@@ -42,28 +42,6 @@ async fn setup_with(stream: bool, env: &[(&str, &str)]) -> Setup {
         client,
         session_id,
     }
-}
-
-fn db_rows(db: &Path, sql: &str) -> Vec<Vec<Value>> {
-    let conn =
-        rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-            .unwrap();
-    let mut stmt = conn.prepare(sql).unwrap();
-    let n = stmt.column_count();
-    let rows = stmt
-        .query_map([], |r| {
-            Ok((0..n)
-                .map(|i| match r.get_ref(i).unwrap() {
-                    rusqlite::types::ValueRef::Null => Value::Null,
-                    rusqlite::types::ValueRef::Integer(v) => json!(v),
-                    rusqlite::types::ValueRef::Real(v) => json!(v),
-                    rusqlite::types::ValueRef::Text(t) => json!(String::from_utf8_lossy(t)),
-                    rusqlite::types::ValueRef::Blob(_) => Value::Null,
-                })
-                .collect())
-        })
-        .unwrap();
-    rows.map(Result::unwrap).collect()
 }
 
 async fn terminal_turn_writes_the_transcript_usage_and_events(stream: bool) {
