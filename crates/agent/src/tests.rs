@@ -279,6 +279,7 @@ impl Fixture {
                 approvals: "auto".into(),
                 cancel: CancellationToken::new(),
                 prompts: Arc::new(NoPrompts),
+                processes: Arc::new(drover_tools::InMemoryProcesses::default()),
             },
         }
     }

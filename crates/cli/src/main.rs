@@ -2,6 +2,7 @@
 //! `daemon` runs [`drover_owner`], `worker` runs [`drover_worker`], `run`, `sessions` and
 //! `stop` are clients of the home's daemon, and `job` drives [`drover_jobs`].
 
+mod broker;
 mod client;
 mod commands;
 mod job;
@@ -65,6 +66,8 @@ enum Command {
     },
     /// Delegated jobs: register, submit, publish and inspect (SPEC section 7).
     Job(job::JobArgs),
+    /// Run a local MQTT broker for development (mosquitto on loopback; docs/jobs.md).
+    Broker(broker::BrokerArgs),
     /// Internal: a managed worker, started by the owner only.
     #[command(hide = true)]
     Worker,
@@ -96,6 +99,7 @@ fn main() -> ExitCode {
             commands::block_on(commands::approvals(home, command)) as u8
         }
         Command::Job(args) => job::run(home, args) as u8,
+        Command::Broker(args) => broker::run(home, args) as u8,
     };
     ExitCode::from(code)
 }

@@ -443,7 +443,7 @@ async fn clarify_answer_reaches_the_tool_row() {
         .iter()
         .map(|t| t["function"]["name"].as_str().unwrap().to_string())
         .collect();
-    assert_eq!(names, ["terminal", "clarify"]);
+    assert_eq!(names, ["terminal", "process", "clarify"]);
 }
 
 #[tokio::test]

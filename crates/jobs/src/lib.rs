@@ -13,8 +13,13 @@
 //! - [`sign`]: canonical JSON (as Python's `json.dumps(sort_keys=True, separators=(",", ":"),
 //!   ensure_ascii=False)`) and HMAC-SHA256 signatures with constant-time verification.
 //! - [`registry`]: the SQLite registry (`<registry>/jobs.db`), safe with many processes.
-//! - [`wire`]: the [`Wire`] trait an event goes through after it is recorded locally. This
-//!   crate ships [`wire::LocalOnly`]; the MQTT wire plugs in behind the same trait later.
+//! - [`wire`]: the [`Wire`] trait an event goes through after it is recorded locally, and the
+//!   settings that choose it: [`wire::LocalOnly`] with no `[mqtt] url`, else the MQTT wire.
+//! - [`mqtt`]: the MQTT wire on `rumqttc` — [`mqtt::MqttWire`] (event, then the retained state
+//!   snapshot, acknowledged by the broker) and [`mqtt::follow`] (a self-reconnecting
+//!   subscription).
+//! - [`watch`](mod@watch): `drover job watch` — the watcher rules (signature, attempt, seq gaps,
+//!   final terminal snapshots, the idle clock) mirroring the wire into the registry.
 //! - [`publish`](mod@publish): `drover job publish` — record, then stop or start the heartbeat
 //!   timer, then send.
 //! - [`timer`]: the detached heartbeat timer, identified by pid and start time.
@@ -23,8 +28,8 @@
 //! - [`submit`](mod@submit): `drover job submit` — register, brief, deliver once, and wait
 //!   under the contract.
 //!
-//! What this crate does not do: the MQTT wire, remote runners and `drover loop` (they come
-//! later, behind [`Wire`]); argument parsing and printing (that is `crates/cli`).
+//! What this crate does not do yet: remote runners (`remote:<name>`, `drover runner`) and
+//! `drover loop`; argument parsing and printing (that is `crates/cli`).
 //!
 //! ```no_run
 //! use drover_jobs::{registry::{NewJob, Registry, EventRequest}, Contract, EventKind};
@@ -48,12 +53,14 @@
 
 pub mod brief;
 pub mod delivery;
+pub mod mqtt;
 pub mod publish;
 pub mod registry;
 pub mod sign;
 pub mod state;
 pub mod submit;
 pub mod timer;
+pub mod watch;
 pub mod wire;
 
 use std::path::PathBuf;

@@ -3,13 +3,13 @@
 //!
 //! The registry is always first; a [`Wire`] only ever sees events that are already stored,
 //! with their seq and signature. With no `[mqtt] url` (and no `$DROVER_MQTT_URL`) the wire is
-//! [`LocalOnly`] and `publish` exits 0 after recording. The MQTT wire is a later issue: it
-//! implements this trait (send the event to `<topic_prefix>/events`, then the retained
-//! snapshot to `<topic_prefix>/state`). Until then a configured URL gives [`NotBuilt`], which
-//! reports every send as unreachable (the event stays recorded; `publish` exits 2).
+//! [`LocalOnly`] and `publish` exits 0 after recording. With a URL it is the MQTT wire
+//! ([`crate::mqtt::MqttWire`]): the event to `<topic_prefix>/events`, then the retained
+//! snapshot to `<topic_prefix>/state`, on one connection.
 
 use serde_json::Value;
 
+use crate::mqtt::{Endpoint, MqttWire};
 use crate::registry::Job;
 use crate::JobError;
 
@@ -18,7 +18,7 @@ use crate::JobError;
 pub enum WireOutcome {
     /// No wire is configured: recorded locally, nothing to send (exit 0).
     LocalOnly,
-    /// Sent to the broker (exit 0).
+    /// Sent to the broker, which acknowledged it (exit 0).
     Sent,
     /// Recorded, but the broker could not be reached (exit 2); the reason.
     Unreachable(String),
@@ -52,36 +52,76 @@ impl Wire for LocalOnly {
     }
 }
 
-/// A wire is configured, but this build has no MQTT client yet: every send is unreachable.
-#[derive(Debug, Clone)]
-pub struct NotBuilt {
-    pub url: String,
-}
-
-impl Wire for NotBuilt {
-    fn send(&self, _job: &Job, _message: &Value, _state: Option<&Value>) -> WireOutcome {
-        WireOutcome::Unreachable(format!(
-            "[mqtt] url is {} but this drover has no MQTT wire yet (it comes with remote \
-             runners); the event is recorded locally only",
-            redact_url(&self.url)
-        ))
-    }
+/// `[mqtt]` as the home's `config.toml` gives it (all optional).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WireConfig {
+    pub url: Option<String>,
+    /// The variable that holds the broker user name.
+    pub username_env: Option<String>,
+    /// The variable that holds the broker password.
+    pub password_env: Option<String>,
+    pub topic_base: Option<String>,
 }
 
 /// The wire settings: `[mqtt] url` from the home's `config.toml`, overridden by
-/// `$DROVER_MQTT_URL`, and `topic_base` (default `drover/v1`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// `$DROVER_MQTT_URL`, the broker credentials from the variables `username_env` and
+/// `password_env` name, and `topic_base` (default `drover/v1`).
+#[derive(Clone, PartialEq, Eq)]
 pub struct WireSettings {
     pub url: Option<String>,
+    /// The parsed URL plus credentials; `Some` exactly when `url` is.
+    pub endpoint: Option<Endpoint>,
     pub topic_base: String,
+}
+
+impl std::fmt::Debug for WireSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WireSettings")
+            .field("url", &self.url.as_deref().map(redact_url))
+            .field("endpoint", &self.endpoint)
+            .field("topic_base", &self.topic_base)
+            .finish()
+    }
 }
 
 /// `[mqtt] topic_base` when none is configured.
 pub const DEFAULT_TOPIC_BASE: &str = "drover/v1";
+/// The variable that overrides `[mqtt] url`.
+pub const MQTT_URL_ENV: &str = "DROVER_MQTT_URL";
 
 impl WireSettings {
-    /// Combines the config values with `$DROVER_MQTT_URL` (`env_url`): a set variable wins,
-    /// and an empty one means no wire. The URL must be `mqtt://` or `mqtts://`.
+    /// Combines the config values with the environment (`env` looks a variable up):
+    /// `$DROVER_MQTT_URL` wins over `[mqtt] url`, and a set but empty one means no wire. The
+    /// URL must be `mqtt://` or `mqtts://`; a credential variable the config names must be set.
+    pub fn from_config(
+        config: WireConfig,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<WireSettings, JobError> {
+        let mut settings = WireSettings::resolve(config.url, env(MQTT_URL_ENV), config.topic_base)?;
+        if let Some(endpoint) = settings.endpoint.as_mut() {
+            let var = |name: &Option<String>, what: &str| -> Result<Option<String>, JobError> {
+                let Some(name) = name.as_deref().filter(|n| !n.trim().is_empty()) else {
+                    return Ok(None);
+                };
+                env(name).map(Some).ok_or_else(|| {
+                    JobError::BadInput(format!(
+                        "[mqtt] {what}_env names ${name}, which is not set (the broker {what} \
+                         goes there)"
+                    ))
+                })
+            };
+            if let Some(user) = var(&config.username_env, "username")? {
+                endpoint.username = Some(user);
+            }
+            if let Some(pass) = var(&config.password_env, "password")? {
+                endpoint.password = Some(pass);
+            }
+        }
+        Ok(settings)
+    }
+
+    /// Combines a config URL with `$DROVER_MQTT_URL` (`env_url`): a set variable wins, and an
+    /// empty one means no wire. The URL must be `mqtt://` or `mqtts://`.
     pub fn resolve(
         config_url: Option<String>,
         env_url: Option<String>,
@@ -92,32 +132,34 @@ impl WireSettings {
             None => config_url,
         }
         .filter(|u| !u.trim().is_empty());
-        if let Some(u) = &url {
-            if !(u.starts_with("mqtt://") || u.starts_with("mqtts://")) {
-                return Err(JobError::BadInput(format!(
-                    "the MQTT url {} must start with mqtt:// or mqtts:// ([mqtt] url in \
-                     config.toml, or $DROVER_MQTT_URL)",
-                    redact_url(u)
-                )));
-            }
-        }
+        let endpoint = url.as_deref().map(Endpoint::parse).transpose()?;
         let topic_base = topic_base
             .filter(|t| !t.trim().is_empty())
             .unwrap_or_else(|| DEFAULT_TOPIC_BASE.to_string());
-        Ok(WireSettings { url, topic_base })
+        if topic_base.contains(['+', '#', '\0']) || topic_base.starts_with('$') {
+            return Err(JobError::BadInput(format!(
+                "[mqtt] topic_base {topic_base:?} must be a plain MQTT topic (no '+', '#', NUL, \
+                 and not starting with '$')"
+            )));
+        }
+        Ok(WireSettings {
+            url,
+            endpoint,
+            topic_base,
+        })
     }
 
     /// The wire these settings name.
     pub fn wire(&self) -> Box<dyn Wire> {
-        match &self.url {
+        match &self.endpoint {
             None => Box::new(LocalOnly),
-            Some(url) => Box::new(NotBuilt { url: url.clone() }),
+            Some(endpoint) => Box::new(MqttWire::new(endpoint.clone())),
         }
     }
 
     /// Whether a wire is configured (`watch` needs one).
     pub fn configured(&self) -> bool {
-        self.url.is_some()
+        self.endpoint.is_some()
     }
 }
 
@@ -148,6 +190,9 @@ mod tests {
         )
         .unwrap();
         assert_eq!(s.url.as_deref(), Some("mqtts://env:8883"));
+        let e = s.endpoint.as_ref().unwrap();
+        assert!(e.tls);
+        assert_eq!((e.host.as_str(), e.port), ("env", 8883));
         assert_eq!(s.topic_base, "team/x");
         let s = WireSettings::resolve(Some("mqtt://config:1883".into()), Some(String::new()), None)
             .unwrap();
@@ -161,6 +206,49 @@ mod tests {
             .to_string();
         assert!(e.contains("mqtt://"), "{e}");
         assert!(!e.contains("secret"), "{e}");
+    }
+
+    #[test]
+    fn a_wildcard_topic_base_is_refused() {
+        for bad in ["a/+/b", "a/#", "$SYS/x"] {
+            assert!(
+                WireSettings::resolve(None, None, Some(bad.into())).is_err(),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn credentials_come_from_the_variables_the_config_names() {
+        let config = WireConfig {
+            url: Some("mqtt://broker".into()),
+            username_env: Some("MQ_USER".into()),
+            password_env: Some("MQ_PASS".into()),
+            topic_base: None,
+        };
+        let env = |name: &str| match name {
+            "MQ_USER" => Some("alice".to_string()),
+            "MQ_PASS" => Some("s3cret".to_string()),
+            _ => None,
+        };
+        let s = WireSettings::from_config(config.clone(), env).unwrap();
+        let e = s.endpoint.as_ref().unwrap();
+        assert_eq!(e.username.as_deref(), Some("alice"));
+        assert_eq!(e.password.as_deref(), Some("s3cret"));
+        assert_eq!(e.port, 1883);
+        assert!(!format!("{s:?}").contains("s3cret"), "{s:?}");
+        // A named variable that is not set is a one-line error naming it.
+        let e = WireSettings::from_config(config.clone(), |_| None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("$MQ_USER"), "{e}");
+        // $DROVER_MQTT_URL wins over [mqtt] url; an empty one turns the wire off.
+        let s = WireSettings::from_config(config, |name| match name {
+            MQTT_URL_ENV => Some(String::new()),
+            _ => None,
+        })
+        .unwrap();
+        assert!(!s.configured());
     }
 
     #[test]

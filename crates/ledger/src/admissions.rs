@@ -71,6 +71,8 @@ pub struct Claim {
     pub history: Vec<ChatMessage>,
     /// Approval pattern keys granted to the session (SPEC section 6).
     pub approval_grants: Vec<String>,
+    /// The session's background processes for the bootstrap (SPEC section 6).
+    pub background_processes: Vec<drover_protocol::worker::BackgroundProcess>,
     pub events: Vec<crate::StoredEvent>,
 }
 
@@ -423,6 +425,7 @@ impl Ledger {
         // History is read before this turn's input is stored, so it excludes it.
         let history = history_in(&tx, session_id)?;
         let approval_grants = crate::persist::grants_in(&tx, session_id)?;
+        let background_processes = crate::processes::for_bootstrap(&tx, session_id)?;
         tx.execute(
             "INSERT INTO messages (session_id, role, content, created_at, admission_id)
              VALUES (?1, 'user', ?2, ?3, ?4)",
@@ -450,6 +453,7 @@ impl Ledger {
             epoch,
             history,
             approval_grants,
+            background_processes,
             events,
         }))
     }

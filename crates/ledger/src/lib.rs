@@ -19,6 +19,7 @@
 mod admissions;
 mod events;
 mod persist;
+mod processes;
 pub mod schema;
 mod sessions;
 pub mod state;
@@ -33,6 +34,7 @@ use sha2::{Digest, Sha256};
 pub use admissions::{AdmissionRow, AdmitRequest, Claim, Receipt, Recovery, Settlement};
 pub use events::StoredEvent;
 pub use persist::{ApprovalRule, PersistOutcome, PromptResponse, PromptRow};
+pub use processes::BOOTSTRAP_FINISHED_PROCESSES;
 pub use sessions::{NewSession, SessionRow, SessionSummary};
 
 /// Every ledger failure, each mapped to one spec reason by [`LedgerError::reason`].

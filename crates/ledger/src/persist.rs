@@ -4,7 +4,8 @@ use std::collections::HashMap;
 
 use drover_protocol::event as ev;
 use drover_protocol::worker::{
-    op, ExecutionFinish, PersistFrame, PromptOpen, TranscriptAppend, TurnOutcome, UsageAdd,
+    op, BackgroundProcess, ExecutionFinish, PersistFrame, ProcessUpdate, PromptOpen,
+    TranscriptAppend, TurnOutcome, UsageAdd,
 };
 use drover_protocol::Role;
 use rusqlite::{params, Connection, OptionalExtension};
@@ -267,6 +268,14 @@ impl Ledger {
                 events.extend(s.events.iter().cloned());
                 settlement = Some(s);
                 json!({"settled": outcome.as_str()})
+            }
+            op::PROCESS_REGISTER => {
+                let p: BackgroundProcess = parse_payload(&frame.payload, op::PROCESS_REGISTER)?;
+                crate::processes::register(&tx, &session_id, &p)?
+            }
+            op::PROCESS_UPDATE => {
+                let u: ProcessUpdate = parse_payload(&frame.payload, op::PROCESS_UPDATE)?;
+                crate::processes::update(&tx, Some(&session_id), &u)?
             }
             op::PROMPT_OPEN => {
                 let p: PromptOpen = parse_payload(&frame.payload, op::PROMPT_OPEN)?;

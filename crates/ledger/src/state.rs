@@ -1,4 +1,5 @@
-//! Pure state machines for admissions, executions and prompts (SPEC section 3 and 4).
+//! Pure state machines for admissions, executions, prompts and background processes (SPEC
+//! sections 3, 4 and 6).
 //!
 //! No IO here: the ledger asks these functions whether a move is allowed before it writes,
 //! so the rules are testable exhaustively without SQLite.
@@ -121,6 +122,15 @@ impl PromptStatus {
     }
 }
 
+pub use drover_protocol::worker::ProcessStatus;
+
+/// Whether `background_processes.status` may move `from -> to`: only a `running` process
+/// changes, to `exited`, `killed` or `lost`; those are final (a later look at a process that
+/// is gone learns nothing new, and a terminal state is never overwritten, as in G5).
+pub fn process_can_move(from: ProcessStatus, to: ProcessStatus) -> bool {
+    from == ProcessStatus::Running && to != ProcessStatus::Running
+}
+
 /// What `prompt.cancel` does to an admission in `status` (SPEC section 2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CancelDecision {
@@ -222,6 +232,20 @@ mod tests {
                 assert!(!from.can_move_to(to));
             }
         }
+    }
+
+    #[test]
+    fn only_a_running_process_changes_and_never_back_to_running() {
+        use ProcessStatus::*;
+        let all = [Running, Exited, Killed, Lost];
+        for from in all {
+            for to in all {
+                let allowed = from == Running && to != Running;
+                assert_eq!(process_can_move(from, to), allowed, "{from} -> {to}");
+            }
+            assert_eq!(ProcessStatus::parse(from.as_str()), Some(from));
+        }
+        assert_eq!(ProcessStatus::parse("zombie"), None);
     }
 
     #[test]

@@ -183,7 +183,7 @@ fn default_approval_mode() -> String {
     "manual".into()
 }
 fn default_toolsets() -> Vec<String> {
-    vec!["terminal".into()]
+    vec!["terminal".into(), "file".into(), "todo".into()]
 }
 fn default_listen() -> String {
     "127.0.0.1:0".into()

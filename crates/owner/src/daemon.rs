@@ -124,6 +124,7 @@ async fn serve(home: PathBuf) -> DaemonExit {
                     }
                 }
             }
+            reconcile_background_processes(&mut ledger);
         }
         Err(e) => {
             eprintln!("drover daemon: recovery failed: {e}");
@@ -204,6 +205,44 @@ async fn serve(home: PathBuf) -> DaemonExit {
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
     tracing::info!("stopped");
     DaemonExit::Ok
+}
+
+/// Background processes outlive workers and owners (SPEC section 6), so a `running` row stays
+/// `running` while its launcher lives. One whose launcher is gone is recorded now, as the
+/// `process` tool would: `exited` with the code its launcher left, else `lost`. A failure here
+/// is logged, never fatal: the next `process` call checks again.
+fn reconcile_background_processes(ledger: &mut Ledger) {
+    use drover_protocol::worker::{ProcessStatus, ProcessUpdate};
+    let running = match ledger.running_processes() {
+        Ok(running) => running,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not list running background processes");
+            return;
+        }
+    };
+    for (session_id, process) in running {
+        let observed = drover_tools::background::observe(&process);
+        if observed.status == ProcessStatus::Running {
+            continue;
+        }
+        let update = ProcessUpdate {
+            id: process.id.clone(),
+            status: observed.status,
+            exit_code: observed.exit_code,
+        };
+        match ledger.update_process(&update) {
+            Ok(_) => tracing::info!(
+                %session_id,
+                process_id = %process.id,
+                status = %observed.status,
+                exit_code = ?observed.exit_code,
+                "background process ended while no turn watched it"
+            ),
+            Err(e) => {
+                tracing::warn!(%session_id, process_id = %process.id, error = %e, "could not record a background process status")
+            }
+        }
+    }
 }
 
 async fn wait_for_signal(shutdown: &tokio_util::sync::CancellationToken) {

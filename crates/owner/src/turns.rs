@@ -102,6 +102,7 @@ fn policy(owner: &Owner, claim: &Claim) -> Policy {
         approvals: owner.config.approvals.mode.clone(),
         home: owner.home.display().to_string(),
         approval_grants: claim.approval_grants.clone(),
+        background_processes: claim.background_processes.clone(),
     }
 }
 

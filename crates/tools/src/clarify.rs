@@ -324,6 +324,7 @@ mod tests {
             approvals: "manual".into(),
             cancel: CancellationToken::new(),
             prompts,
+            processes: Arc::new(crate::InMemoryProcesses::default()),
         }
     }
 
@@ -529,9 +530,9 @@ mod tests {
     fn the_clarify_toolset_registers_the_tool() {
         let registry = crate::ToolRegistry::for_toolsets(&["terminal".into(), "clarify".into()])
             .expect("known toolsets");
-        assert_eq!(registry.names(), ["terminal", "clarify"]);
+        assert_eq!(registry.names(), ["terminal", "process", "clarify"]);
         assert_eq!(
-            registry.schemas()[1],
+            registry.schemas()[2],
             ClarifyTool.schema(),
             "the frozen schema is the tool's"
         );

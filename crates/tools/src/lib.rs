@@ -8,8 +8,18 @@
 //!
 //! - [`terminal`]: the `terminal` tool (foreground `sh -c` in its own process group, timeout,
 //!   bounded output, approvals).
+//! - [`background`]: background processes (`terminal {background: true}`): launch in a session
+//!   of their own, log file, exit-status sidecar, liveness by pid and start time; recorded
+//!   through [`ProcessRegistry`], which the worker implements by persisting
+//!   `process.register` / `process.update`.
+//! - [`process`]: the `process` tool (`list|poll|log|kill|wait` over background processes).
 //! - [`clarify`]: the `clarify` tool (asks the user questions through [`PromptBroker`] and
 //!   waits, with no timeout, for the answers).
+//! - [`file`]: the `file` toolset: `read_file`, `write_file`, `patch` (exact-text replace) and
+//!   `search_files` (regex over the text files under a path). Writes outside the session's
+//!   working directory go through the approval policy.
+//! - [`todo`]: the `todo` tool, a per-session task list kept in
+//!   `<home>/sessions/<session_id>/todo.json`.
 //! - [`approval`]: the dangerous-command classifier and the pure approval decision
 //!   (`docs/approvals.md`).
 //! - [`platform`]: the only module that touches process groups, signals, `PR_SET_PDEATHSIG` and
@@ -30,9 +40,14 @@
 //! ```
 
 pub mod approval;
+mod args;
+pub mod background;
 pub mod clarify;
+pub mod file;
 pub mod platform;
+pub mod process;
 pub mod terminal;
+pub mod todo;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -41,7 +56,14 @@ use async_trait::async_trait;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-/// Known toolset names (SPEC section 1, `[toolsets]`).
+pub use background::{InMemoryProcesses, ProcessRegistry};
+
+/// Known toolset names (SPEC section 1, `[toolsets]`). Each adds its tools to a registry:
+/// - `terminal`: `terminal`, `process`;
+/// - `file`: `read_file`, `write_file`, `patch`, `search_files`;
+/// - `clarify`: `clarify`;
+/// - `todo`: `todo`;
+/// - `delegation`: nothing yet (`delegate_task` is not built).
 pub const KNOWN_TOOLSETS: &[&str] = &["terminal", "file", "clarify", "todo", "delegation"];
 
 /// Errors building a registry.
@@ -135,6 +157,9 @@ pub struct ToolContext {
     pub prompts: Arc<dyn PromptBroker>,
     /// `session` grants and `always` rules that let a dangerous command run without asking.
     pub grants: ApprovalGrants,
+    /// The session's background processes, where `terminal {background: true}` registers and
+    /// the `process` tool records status changes.
+    pub processes: Arc<dyn ProcessRegistry>,
 }
 
 /// One tool.
@@ -164,9 +189,14 @@ impl ToolRegistry {
         let mut tools: Vec<Arc<dyn Tool>> = Vec::new();
         for set in toolsets {
             match set.as_str() {
-                "terminal" => tools.push(Arc::new(terminal::TerminalTool)),
+                "terminal" => {
+                    tools.push(Arc::new(terminal::TerminalTool));
+                    tools.push(Arc::new(process::ProcessTool));
+                }
                 "clarify" => tools.push(Arc::new(clarify::ClarifyTool)),
-                "file" | "todo" | "delegation" => {}
+                "file" => tools.extend(file::tools()),
+                "todo" => tools.push(Arc::new(todo::TodoTool)),
+                "delegation" => {}
                 other => return Err(ToolError::UnknownToolset(other.to_string())),
             }
         }

@@ -15,7 +15,10 @@
 //!   the job timers (SPEC section 7: a timer is identified by pid and start time).
 //! - [`process_matches`] and [`signal_process_if_same`] check and signal a process by pid *and*
 //!   start time, so a recycled pid is never signalled; [`spawn_detached`] starts a process in
-//!   its own session that outlives its caller (the job heartbeat timer).
+//!   its own session that outlives its caller (the job heartbeat timer, the `terminal` tool's
+//!   background processes).
+//! - [`kill_group_if_same`] stops a background process's whole group only while its leader
+//!   still matches pid and start time.
 
 use std::collections::BTreeSet;
 use std::io;
@@ -349,6 +352,138 @@ pub fn signal_process_if_same(pid: i32, start_time: u64, signal: Signal) -> io::
     Ok(true)
 }
 
+/// `PIDFD_SIGNAL_PROCESS_GROUP` (Linux 6.9): `pidfd_send_signal` signals the process group
+/// whose id is the pidfd's process, by identity rather than by number.
+const PIDFD_SIGNAL_PROCESS_GROUP: u32 = 1 << 2;
+
+/// A pidfd (`pidfd_open`, Linux 5.3): a handle on the very process that had a pid when it was
+/// opened. A signal through it never reaches a later process that took the same pid.
+struct PidFd(std::os::fd::OwnedFd);
+
+impl PidFd {
+    /// The pidfd of `pid`; `Ok(None)` when no process has that pid. Kernels without pidfds give
+    /// an `ENOSYS` error.
+    fn open(pid: i32) -> io::Result<Option<PidFd>> {
+        use std::os::fd::FromRawFd;
+        // SAFETY: pidfd_open(2) takes a pid and flags and returns a new file descriptor or -1;
+        // no memory is passed.
+        let raw = unsafe { nix::libc::syscall(nix::libc::SYS_pidfd_open, pid, 0) };
+        if raw < 0 {
+            let err = io::Error::last_os_error();
+            return match err.raw_os_error() {
+                Some(nix::libc::ESRCH) => Ok(None),
+                _ => Err(err),
+            };
+        }
+        let fd = i32::try_from(raw).map_err(|_| io::Error::other("pidfd out of range"))?;
+        // SAFETY: `fd` was just returned by pidfd_open and is owned by nobody else.
+        Ok(Some(PidFd(unsafe {
+            std::os::fd::OwnedFd::from_raw_fd(fd)
+        })))
+    }
+
+    /// `pidfd_send_signal` with `flags`; `Ok(false)` when there is no one left to signal.
+    fn send(&self, signal: Signal, flags: u32) -> io::Result<bool> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: pidfd_send_signal(2) with a valid pidfd, a signal number, a null siginfo (the
+        // kernel fills in a kill(2)-like one) and flags.
+        let rc = unsafe {
+            nix::libc::syscall(
+                nix::libc::SYS_pidfd_send_signal,
+                self.0.as_raw_fd(),
+                signal as i32,
+                std::ptr::null::<nix::libc::siginfo_t>(),
+                flags,
+            )
+        };
+        if rc < 0 {
+            let err = io::Error::last_os_error();
+            return match err.raw_os_error() {
+                Some(nix::libc::ESRCH) => Ok(false),
+                _ => Err(err),
+            };
+        }
+        Ok(true)
+    }
+}
+
+/// The process group led by a process known by pid and start time, to be signalled as a
+/// whole. Built by [`kill_group_if_same`] only after the leader was found to match.
+struct KnownGroup {
+    pgid: i32,
+    start_time: u64,
+    /// The leader's pidfd, opened before the match was checked; `None` on kernels without
+    /// pidfds.
+    pidfd: Option<PidFd>,
+}
+
+impl KnownGroup {
+    /// Signals the group; `Ok(false)` when nothing was signalled (the group is empty, or its id
+    /// now belongs to another process).
+    ///
+    /// Through the leader's pidfd with `PIDFD_SIGNAL_PROCESS_GROUP`, the signal reaches the
+    /// group of that very leader, even once it has exited and its pid is reused. Before Linux
+    /// 6.9 it falls back to `killpg`, unless the pid is now held by a process with another
+    /// start time: a group id cannot be reused while any member of the group lives, so the
+    /// only gap left is a leader exiting, being reaped and its pid being taken by a new group
+    /// leader between that check and the `killpg` call.
+    fn signal(&mut self, signal: Signal) -> io::Result<bool> {
+        if let Some(pidfd) = &self.pidfd {
+            match pidfd.send(signal, PIDFD_SIGNAL_PROCESS_GROUP) {
+                Err(e) if e.raw_os_error() == Some(nix::libc::EINVAL) => self.pidfd = None,
+                done => return done,
+            }
+        }
+        if matches!(process_start_time(self.pgid), Some(t) if t != self.start_time) {
+            return Ok(false);
+        }
+        match nix::sys::signal::killpg(Pid::from_raw(self.pgid), signal) {
+            Ok(()) => Ok(true),
+            Err(Errno::ESRCH) => Ok(false),
+            Err(e) => Err(io::Error::from(e)),
+        }
+    }
+}
+
+/// Stops the process group `pgid` (SIGTERM, up to `grace` for the leader to exit, then
+/// SIGKILL), but only if its leader, pid `pgid`, is still the process that started at
+/// `start_time`: a recycled pid is never signalled. Gives `Ok(false)`, having signalled
+/// nothing, when that leader is gone (or is a zombie).
+///
+/// The SIGKILL goes to the group even when the leader died of the SIGTERM, so members that
+/// ignore SIGTERM go too; see `KnownGroup::signal` for how the group is found by identity.
+pub async fn kill_group_if_same(pgid: i32, start_time: u64, grace: Duration) -> io::Result<bool> {
+    if pgid <= 1 {
+        return Err(io::Error::other(format!(
+            "refusing to signal process group {pgid}"
+        )));
+    }
+    let pidfd = match PidFd::open(pgid) {
+        Ok(Some(pidfd)) => Some(pidfd),
+        Ok(None) => return Ok(false),
+        Err(e) if e.raw_os_error() == Some(nix::libc::ENOSYS) => None,
+        Err(e) => return Err(e),
+    };
+    // Checked after the open: if it matches now, the pidfd holds that very process.
+    if !process_matches(pgid, start_time) {
+        return Ok(false);
+    }
+    let mut group = KnownGroup {
+        pgid,
+        start_time,
+        pidfd,
+    };
+    if !group.signal(Signal::SIGTERM)? {
+        return Ok(false);
+    }
+    let deadline = tokio::time::Instant::now() + grace;
+    while process_matches(pgid, start_time) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(EXIT_POLL).await;
+    }
+    group.signal(Signal::SIGKILL)?;
+    Ok(true)
+}
+
 /// Spawns `command` detached from the caller: in a new session (`setsid`), so it has no
 /// controlling terminal, leads its own process group, and outlives the caller (no
 /// `PR_SET_PDEATHSIG`). A job's heartbeat timer runs this way (SPEC section 7). Give the
@@ -427,6 +562,61 @@ mod tests {
         child.wait().expect("reaped");
         assert!(!signal_process_if_same(pid, start, Signal::SIGKILL).expect("gone"));
         assert!(signal_process_if_same(1, 0, Signal::SIGTERM).is_err());
+    }
+
+    fn wait_gone(pid: i32) -> bool {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
+            if !is_alive(pid) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
+    #[tokio::test]
+    async fn a_group_is_killed_only_while_its_leader_matches_and_members_ignoring_term_go_too() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pid_file = dir.path().join("member");
+        // The member ignores SIGTERM; the leader does not, so it dies first.
+        let mut cmd = std::process::Command::new("sh");
+        cmd.arg("-c")
+            .arg(format!(
+                "(trap '' TERM; exec sleep 30) & echo $! > {}; wait",
+                pid_file.display()
+            ))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let mut leader = spawn_detached(&mut cmd).expect("spawn");
+        let pgid = i32::try_from(leader.id()).expect("pid");
+        let start = process_start_time(pgid).expect("start time");
+        let member: i32 = loop {
+            if let Some(pid) = std::fs::read_to_string(&pid_file)
+                .ok()
+                .filter(|t| t.ends_with('\n'))
+                .and_then(|t| t.trim().parse().ok())
+            {
+                break pid;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+
+        // A recycled pid: same number, another start time. Nothing is signalled.
+        let refused = kill_group_if_same(pgid, start + 1, Duration::from_millis(100)).await;
+        assert!(!refused.expect("checked"));
+        assert!(is_alive(pgid) && is_alive(member));
+
+        let killed = kill_group_if_same(pgid, start, Duration::from_millis(500)).await;
+        assert!(killed.expect("signalled"));
+        leader.wait().expect("leader reaped");
+        assert!(wait_gone(member), "the member ignoring SIGTERM got SIGKILL");
+        // Gone now: a second kill signals nothing.
+        assert!(!kill_group_if_same(pgid, start, Duration::ZERO)
+            .await
+            .expect("checked"));
+        assert!(kill_group_if_same(1, 0, Duration::ZERO).await.is_err());
     }
 
     #[test]

@@ -9,8 +9,13 @@
 //! A foreground command owns its process group: when `sh` exits, output is read for at most
 //! 200 ms more and then whatever it left running in the group (`server &`) is killed, so a
 //! call never hangs on, or leaks, a process that keeps the pipe open. Processes that leave the
-//! group (`setsid`) are not followed. Only foreground commands run for now; `background: true`
-//! is refused with an error output until background processes land (SPEC section 6).
+//! group (`setsid`) are not followed.
+//!
+//! `background: true` starts the command as a background process instead
+//! ([`crate::background`]): in a session of its own, outliving the turn and the worker, with
+//! its output in `<home>/logs/processes/<process_id>.log`. It is registered through
+//! [`crate::ProcessRegistry`] before the call returns `{output: "Background process started",
+//! pid, process_id}`; `timeout` does not apply to it. The `process` tool manages it.
 
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
@@ -22,6 +27,7 @@ use tokio::io::AsyncReadExt;
 use tokio::time::Instant;
 
 use crate::approval::{self, ApprovalChoice, ApprovalMode, Danger, Decision};
+use crate::background;
 use crate::platform::{self, ForegroundGroups};
 use crate::{PromptAnswer, Tool, ToolContext, ToolOutput};
 
@@ -45,9 +51,11 @@ const DESCRIPTION: &str = "Run a shell command with `sh -c` and return its outpu
 Stdout and stderr are combined. The result is JSON {\"output\", \"exit_code\", \"error\"}. \
 Output over 50000 bytes keeps its beginning and end. The command is killed, with everything it \
 started, when the timeout expires. Dangerous commands (recursive deletes, force-pushes, disk \
-writes, ...) may need the user's approval first.";
+writes, ...) may need the user's approval first. With background: true the command keeps \
+running after the call, which returns {\"output\", \"pid\", \"process_id\"} at once; its output \
+goes to a log file and the process tool lists, polls, reads, waits for and kills it.";
 
-/// The foreground `terminal` tool.
+/// The `terminal` tool.
 #[derive(Debug, Default)]
 pub struct TerminalTool;
 
@@ -82,7 +90,7 @@ impl Tool for TerminalTool {
                         },
                         "background": {
                             "type": "boolean",
-                            "description": "Run in the background (not supported yet)."
+                            "description": "Start the command in the background and return at once with its process_id (no timeout applies)."
                         }
                     },
                     "required": ["command"],
@@ -97,14 +105,13 @@ impl Tool for TerminalTool {
             Ok(request) => request,
             Err(message) => return RunResult::failed(message).into_output(),
         };
-        if request.background {
-            return RunResult::failed("background processes are not supported yet".to_string())
-                .into_output();
-        }
         if let Some(danger) = approval::classify(&request.command) {
             if let Err(refusal) = approve(&request.command, &danger, ctx).await {
                 return RunResult::failed(refusal).into_output();
             }
+        }
+        if request.background {
+            return start_background(&request, ctx).await;
         }
         run(&request, ctx).await.into_output()
     }
@@ -272,6 +279,36 @@ impl RunResult {
             content: content.to_string(),
             is_error,
         }
+    }
+}
+
+/// Starts a background process and registers it (SPEC section 6). If it cannot be
+/// registered, it is killed: a process no turn can see or stop must not be left running.
+async fn start_background(request: &Request, ctx: &ToolContext) -> ToolOutput {
+    if ctx.cancel.is_cancelled() {
+        return RunResult::failed("interrupted".to_string()).into_output();
+    }
+    let process = match background::start(&request.command, &request.workdir, &ctx.home) {
+        Ok(process) => process,
+        Err(e) => return RunResult::failed(e).into_output(),
+    };
+    if let Err(e) = ctx.processes.register(process.clone()).await {
+        tracing::warn!(session_id = %ctx.session_id, process_id = %process.id, error = %e, "background process not registered; killing it");
+        if let Err(kill_error) = background::kill(&process).await {
+            tracing::warn!(process_id = %process.id, error = %kill_error, "could not kill the unregistered background process");
+        }
+        return RunResult::failed(format!("could not register the background process: {e}"))
+            .into_output();
+    }
+    tracing::info!(session_id = %ctx.session_id, process_id = %process.id, pid = process.pid, "background process started");
+    ToolOutput {
+        content: json!({
+            "output": "Background process started",
+            "pid": process.pid,
+            "process_id": process.id,
+        })
+        .to_string(),
+        is_error: false,
     }
 }
 

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use drover_tools::platform::{is_alive, ForegroundGroups};
 use drover_tools::terminal::TerminalTool;
-use drover_tools::{NoPrompts, Tool, ToolContext};
+use drover_tools::{InMemoryProcesses, NoPrompts, Tool, ToolContext};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
@@ -22,6 +22,7 @@ async fn kill_all_stops_every_running_foreground_group() {
         approvals: "manual".to_string(),
         cancel: CancellationToken::new(),
         prompts: Arc::new(NoPrompts),
+        processes: Arc::new(InMemoryProcesses::default()),
     };
     let pid_file = dir.path().join("pid");
     let command = format!("sleep 30 & echo $! > {}; wait", pid_file.display());

@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use drover_tools::platform::{is_alive, ForegroundGroups};
 use drover_tools::terminal::TerminalTool;
-use drover_tools::{NoPrompts, PromptAnswer, PromptBroker, Tool, ToolContext, ToolOutput};
+use drover_tools::{
+    InMemoryProcesses, NoPrompts, PromptAnswer, PromptBroker, Tool, ToolContext, ToolOutput,
+};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
@@ -62,6 +64,7 @@ fn context(cwd: &Path, approvals: &str, prompts: Arc<dyn PromptBroker>) -> ToolC
         approvals: approvals.to_string(),
         cancel: CancellationToken::new(),
         prompts,
+        processes: Arc::new(InMemoryProcesses::default()),
     }
 }
 
@@ -268,21 +271,6 @@ async fn bad_arguments_are_errors_naming_the_field() {
         assert!(error.contains(field), "{args}: {error}");
         assert_eq!(result(&out)["exit_code"], Value::Null);
     }
-}
-
-#[tokio::test]
-async fn background_true_is_refused_for_now() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let ctx = context(dir.path(), "manual", Arc::new(NoPrompts));
-    let marker = dir.path().join("ran");
-    let command = format!("touch {}", marker.display());
-    let out = call(json!({"command": command, "background": true}), &ctx).await;
-    assert_eq!(
-        error_text(&out),
-        "background processes are not supported yet"
-    );
-    assert!(out.is_error);
-    assert!(!marker.exists());
 }
 
 #[tokio::test]

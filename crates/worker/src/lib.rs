@@ -12,8 +12,9 @@
 //! - [`link`]: the owner pipes over any reader/writer pair: one writer task (persists and
 //!   deltas never interleave), one reader task (receipts by sequence, `stop`), resend after a
 //!   reconnect.
-//! - [`store`]: the agent's [`drover_agent::TurnStore`] and the tools'
-//!   [`drover_tools::PromptBroker`], both persisting through the link.
+//! - [`store`]: the agent's [`drover_agent::TurnStore`], the tools'
+//!   [`drover_tools::PromptBroker`] and [`drover_tools::ProcessRegistry`], all persisting
+//!   through the link.
 //!
 //! The protocol, as the worker plays it:
 //! 1. The owner sends [`OwnerFrame::Bootstrap`]; the worker opens the outbox and the turn runs
@@ -52,7 +53,7 @@ use tracing::Instrument;
 
 use crate::journal::{outbox_dir, Journal};
 use crate::link::{OwnerLink, PersistError};
-use crate::store::{OwnerPrompts, OwnerStore};
+use crate::store::{OwnerProcesses, OwnerPrompts, OwnerStore};
 use drover_protocol::worker::framing::{read_frame_line, FrameLine};
 
 /// The environment variable naming the owner's pid. When set, the worker exits at start if its
@@ -433,8 +434,13 @@ async fn run_agent(
         home: PathBuf::from(&policy.home),
         approvals: policy.approvals.clone(),
         cancel: cancel.clone(),
-        prompts: Arc::new(OwnerPrompts::new(link.clone(), cancel)),
+        prompts: Arc::new(OwnerPrompts::new(link.clone(), cancel.clone())),
         grants: drover_tools::ApprovalGrants::new(policy.approval_grants.clone()),
+        processes: Arc::new(OwnerProcesses::new(
+            link.clone(),
+            policy.background_processes.clone(),
+            cancel,
+        )),
     };
     let store = OwnerStore::new(link.clone());
     let spec = TurnSpec {
@@ -503,6 +509,7 @@ mod tests {
             approvals: "manual".into(),
             home: "/tmp".into(),
             approval_grants: Vec::new(),
+            background_processes: Vec::new(),
         };
         let config = model_config(&policy);
         assert_eq!(config.request_timeout, Duration::from_secs(600));

@@ -7,14 +7,19 @@
 //! - [`OwnerPrompts`] ([`PromptBroker`]): `prompt.open` with a [`PromptOpen`] payload. The
 //!   owner sends its receipt only once a human answered: `{"status":"resolved","answer":...}`
 //!   or `{"status":"cancelled"}`.
+//! - [`OwnerProcesses`] ([`ProcessRegistry`]): `process.register` with a [`BackgroundProcess`]
+//!   payload and `process.update` with a [`ProcessUpdate`] payload, over the list the bootstrap
+//!   carried.
 
 use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 use drover_agent::{StoreError, TurnStore};
-use drover_protocol::worker::{op, PromptOpen, TranscriptAppend, UsageAdd};
+use drover_protocol::worker::{
+    op, BackgroundProcess, ProcessStatus, ProcessUpdate, PromptOpen, TranscriptAppend, UsageAdd,
+};
 use drover_protocol::ChatMessage;
-use drover_tools::{PromptAnswer, PromptBroker};
+use drover_tools::{InMemoryProcesses, ProcessRegistry, PromptAnswer, PromptBroker};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
@@ -135,6 +140,82 @@ impl PromptBroker for OwnerPrompts {
                 PromptAnswer::Cancelled
             }
         }
+    }
+}
+
+/// The [`ProcessRegistry`] of a managed worker: the session's background processes from the
+/// bootstrap, plus those this turn starts, each change persisted through the owner before the
+/// list shows it.
+pub struct OwnerProcesses {
+    link: OwnerLink,
+    known: InMemoryProcesses,
+    cancel: CancellationToken,
+}
+
+impl OwnerProcesses {
+    /// `known` is the bootstrap's list; `cancel` is the turn's token, fired when the owner
+    /// refuses a persist (the execution is no longer ours to run).
+    pub fn new(
+        link: OwnerLink,
+        known: Vec<BackgroundProcess>,
+        cancel: CancellationToken,
+    ) -> OwnerProcesses {
+        OwnerProcesses {
+            link,
+            known: InMemoryProcesses::new(known),
+            cancel,
+        }
+    }
+
+    async fn persist(&self, operation: &str, payload: Value) -> Result<Value, String> {
+        match self.link.persist(operation, payload).await {
+            Ok(result) => Ok(result),
+            Err(e) => {
+                if matches!(e, PersistError::Refused { .. }) {
+                    self.cancel.cancel();
+                }
+                Err(store_error(e).message)
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl ProcessRegistry for OwnerProcesses {
+    fn list(&self) -> Vec<BackgroundProcess> {
+        self.known.list()
+    }
+
+    async fn register(&self, process: BackgroundProcess) -> Result<(), String> {
+        let payload = serde_json::to_value(&process)
+            .map_err(|e| format!("cannot serialise the process.register payload: {e}"))?;
+        self.persist(op::PROCESS_REGISTER, payload).await?;
+        self.known.insert(process);
+        Ok(())
+    }
+
+    async fn update(&self, update: ProcessUpdate) -> Result<(), String> {
+        let payload = serde_json::to_value(&update)
+            .map_err(|e| format!("cannot serialise the process.update payload: {e}"))?;
+        let receipt = self.persist(op::PROCESS_UPDATE, payload).await?;
+        // The receipt holds the stored status, which wins over ours when it was final already.
+        match receipt
+            .get("status")
+            .and_then(Value::as_str)
+            .and_then(ProcessStatus::parse)
+        {
+            Some(status) => {
+                let exit_code = receipt
+                    .get("exit_code")
+                    .and_then(Value::as_i64)
+                    .and_then(|c| i32::try_from(c).ok());
+                self.known.record(&update.id, status, exit_code);
+            }
+            None => self
+                .known
+                .set_status(&update.id, update.status, update.exit_code),
+        }
+        Ok(())
     }
 }
 

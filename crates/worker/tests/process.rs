@@ -146,6 +146,7 @@ fn bootstrap(mock: &MockModel, home: &Path) -> OwnerFrame {
             approvals: "auto".into(),
             home: home.display().to_string(),
             approval_grants: Vec::new(),
+            background_processes: Vec::new(),
         },
         history: vec![],
         input: "hello".into(),

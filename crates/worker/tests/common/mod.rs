@@ -141,6 +141,7 @@ pub fn bootstrap(mock: &MockModel, home: &Path) -> OwnerFrame {
             approvals: "auto".into(),
             home: home.display().to_string(),
             approval_grants: Vec::new(),
+            background_processes: Vec::new(),
         },
         history: vec![ChatMessage::text(Role::User, "before")],
         input: "hello".into(),

@@ -1,0 +1,753 @@
+//! `drover job watch` (SPEC section 7): follow a job on the MQTT wire and mirror what is
+//! accepted into the local registry.
+//!
+//! The watcher subscribes to `<topic_prefix>/events` and `<topic_prefix>/state`. Each
+//! message goes through [`Watcher::handle`], which applies the watcher rules:
+//! - a message that is not a JSON object of this job, or whose `sig` does not verify with the
+//!   job's `auth_token`, is dropped (`bad_signature`);
+//! - a message of another attempt's `dispatch_token` is dropped (`other_attempt`);
+//! - an event the registry does not hold yet is stored as received; when seqs were skipped a
+//!   `seq_gap` audit entry `{expected_seq, seq, via}` is stored first
+//!   ([`Registry::mirror_event`]);
+//! - a terminal status in a snapshot is final ([`Registry::mirror_state`]);
+//! - a snapshot renews the idle clock only if its seq is newer than everything the watcher
+//!   has accepted; so does an event.
+//!
+//! [`watch`] runs the loop and judges the job by the contract as `submit` does (see
+//! [`state::judge_wait`]), with the watch's own start as "delivery": it ends when the job is
+//! terminal (whoever wrote it), when the operator starts another attempt, when no `started`
+//! arrives within T, when the idle window passes without activity, or at `--timeout`. The
+//! watcher writes only what it accepts (and its audit entries): it never gives up on the
+//! job's behalf.
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::mqtt::{self, Endpoint, Feed};
+use crate::registry::{Job, MirroredEvent, Registry, Via};
+use crate::state::{self, EventKind, JobStatus, Verdict, WaitView};
+use crate::timer::{self, TimerIdentity};
+use crate::{sign, JobError};
+
+/// How often the loop re-reads the job and the clocks.
+pub const TICK: Duration = Duration::from_millis(100);
+
+/// Why a message was dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dropped {
+    /// Not a JSON object, or missing `event`/`seq`, or not of this job.
+    Malformed,
+    /// The `sig` does not verify with the job's `auth_token`.
+    BadSignature,
+    /// Signed, but of another attempt's `dispatch_token`.
+    OtherAttempt,
+    /// An event after the job's terminal status (a terminal status is final).
+    AfterTerminal,
+    /// The registry holds another message under this seq.
+    SeqTaken,
+}
+
+impl Dropped {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dropped::Malformed => "malformed",
+            Dropped::BadSignature => "bad_signature",
+            Dropped::OtherAttempt => "other_attempt",
+            Dropped::AfterTerminal => "after_terminal",
+            Dropped::SeqTaken => "seq_taken",
+        }
+    }
+}
+
+/// What one message did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Handled {
+    /// An event of this attempt. `stored`: newly written to the registry (false: it already
+    /// held it). `gap`: the `expected_seq` of the `seq_gap` entry stored with it.
+    Event {
+        event: EventKind,
+        seq: u64,
+        stored: bool,
+        gap: Option<u64>,
+        renewed: bool,
+    },
+    /// A snapshot of this attempt. `changed`: the status it set (from the previous one).
+    State {
+        status: JobStatus,
+        seq: u64,
+        gap: Option<u64>,
+        changed: Option<(JobStatus, JobStatus)>,
+        renewed: bool,
+    },
+    Dropped {
+        via: Via,
+        why: Dropped,
+        seq: Option<u64>,
+    },
+}
+
+/// Counts for the end of a watch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WatchStats {
+    /// Events newly written to the registry.
+    pub stored: u64,
+    /// Events the registry already held.
+    pub known: u64,
+    /// Snapshots accepted.
+    pub states: u64,
+    /// `seq_gap` entries written.
+    pub gaps: u64,
+    pub bad_signature: u64,
+    pub other_attempt: u64,
+    /// Malformed, after the terminal status, or a taken seq.
+    pub other_dropped: u64,
+}
+
+/// The watcher's memory: the newest seq it accepted and when the job last showed activity.
+#[derive(Debug, Clone)]
+pub struct Watcher {
+    job_id: String,
+    /// The newest seq accepted (from the registry at the start, then from the wire).
+    pub accepted_seq: u64,
+    /// When the job last showed activity (an event or a newer snapshot of this attempt).
+    pub last_activity: Instant,
+    pub stats: WatchStats,
+}
+
+impl Watcher {
+    /// A watcher of `job`, starting from what the registry holds.
+    pub fn new(job: &Job) -> Watcher {
+        Watcher {
+            job_id: job.job_id.clone(),
+            accepted_seq: job.last_seq,
+            last_activity: Instant::now(),
+            stats: WatchStats::default(),
+        }
+    }
+
+    fn renew(&mut self, seq: u64) -> bool {
+        if seq > self.accepted_seq {
+            self.accepted_seq = seq;
+            self.last_activity = Instant::now();
+            true
+        } else {
+            false
+        }
+    }
+
+    fn dropped(&mut self, via: Via, why: Dropped, seq: Option<u64>) -> Handled {
+        match why {
+            Dropped::BadSignature => self.stats.bad_signature += 1,
+            Dropped::OtherAttempt => self.stats.other_attempt += 1,
+            _ => self.stats.other_dropped += 1,
+        }
+        Handled::Dropped { via, why, seq }
+    }
+
+    /// Applies the watcher rules to one message that came on `via`. Gives what it did, and a
+    /// local heartbeat timer a terminal status unregistered (for the caller to stop).
+    pub fn handle(
+        &mut self,
+        registry: &mut Registry,
+        via: Via,
+        payload: &[u8],
+    ) -> Result<(Handled, Option<TimerIdentity>), JobError> {
+        let job = registry.job(&self.job_id)?;
+        let Ok(message) = serde_json::from_slice::<Value>(payload) else {
+            return Ok((self.dropped(via, Dropped::Malformed, None), None));
+        };
+        if !message.is_object() || message["job_id"].as_str() != Some(job.job_id.as_str()) {
+            return Ok((self.dropped(via, Dropped::Malformed, None), None));
+        }
+        let seq = message["seq"].as_u64();
+        if !sign::verify(&message, &job.auth_token) {
+            return Ok((self.dropped(via, Dropped::BadSignature, seq), None));
+        }
+        if message["data"]["dispatch_token"].as_str() != Some(job.dispatch_token.as_str()) {
+            return Ok((self.dropped(via, Dropped::OtherAttempt, seq), None));
+        }
+        let Some(seq) = seq else {
+            return Ok((self.dropped(via, Dropped::Malformed, None), None));
+        };
+        let name = message["event"].as_str().unwrap_or_default();
+        match via {
+            Via::Events => {
+                let Some(event) = EventKind::parse(name) else {
+                    return Ok((self.dropped(via, Dropped::Malformed, Some(seq)), None));
+                };
+                match registry.mirror_event(&job.job_id, event, seq, &message) {
+                    Ok(MirroredEvent::Stored {
+                        gap,
+                        unregistered_timer,
+                        ..
+                    }) => {
+                        self.stats.stored += 1;
+                        self.stats.gaps += u64::from(gap.is_some());
+                        let renewed = self.renew(seq);
+                        Ok((
+                            Handled::Event {
+                                event,
+                                seq,
+                                stored: true,
+                                gap,
+                                renewed,
+                            },
+                            unregistered_timer,
+                        ))
+                    }
+                    Ok(MirroredEvent::Known) => {
+                        self.stats.known += 1;
+                        let renewed = self.renew(seq);
+                        Ok((
+                            Handled::Event {
+                                event,
+                                seq,
+                                stored: false,
+                                gap: None,
+                                renewed,
+                            },
+                            None,
+                        ))
+                    }
+                    Ok(MirroredEvent::SeqTaken) => {
+                        Ok((self.dropped(via, Dropped::SeqTaken, Some(seq)), None))
+                    }
+                    Err(JobError::Refused(state::Refusal::Terminal(_))) => {
+                        Ok((self.dropped(via, Dropped::AfterTerminal, Some(seq)), None))
+                    }
+                    Err(JobError::Refused(state::Refusal::OtherAttempt { .. })) => {
+                        Ok((self.dropped(via, Dropped::OtherAttempt, Some(seq)), None))
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            Via::State => {
+                let status = message["status"].as_str().and_then(JobStatus::parse);
+                let (Some(status), "state") = (status, name) else {
+                    return Ok((self.dropped(via, Dropped::Malformed, Some(seq)), None));
+                };
+                match registry.mirror_state(&job.job_id, status, seq, &message) {
+                    Ok(m) => {
+                        self.stats.states += 1;
+                        self.stats.gaps += u64::from(m.gap.is_some());
+                        let renewed = self.renew(seq);
+                        Ok((
+                            Handled::State {
+                                status,
+                                seq,
+                                gap: m.gap,
+                                changed: m.previous_status.map(|p| (p, m.job.status)),
+                                renewed,
+                            },
+                            m.unregistered_timer,
+                        ))
+                    }
+                    Err(JobError::Refused(state::Refusal::OtherAttempt { .. })) => {
+                        Ok((self.dropped(via, Dropped::OtherAttempt, Some(seq)), None))
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+        }
+    }
+}
+
+/// One `watch` call.
+#[derive(Debug, Clone)]
+pub struct WatchRequest {
+    pub job_id: String,
+    /// `--timeout S`: bound the whole watch.
+    pub timeout: Option<u64>,
+}
+
+/// What the watch loop reports as it goes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WatchNote {
+    /// Subscribed (again); the retained snapshot comes next.
+    Subscribed,
+    /// The connection failed or was lost; retrying.
+    Lost(String),
+    /// A message was handled.
+    Handled(Handled),
+}
+
+/// How a watch ended.
+#[derive(Debug, Clone)]
+pub struct WatchOutcome {
+    pub job: Job,
+    /// `Finished`, `AgentBlocked`, `DeadlineTimeout`, `Timeout` or `Superseded`.
+    pub verdict: Verdict,
+    pub stats: WatchStats,
+}
+
+/// Follows the job on `endpoint` until the contract decides (see the module doc).
+pub async fn watch(
+    registry: &mut Registry,
+    endpoint: &Endpoint,
+    req: &WatchRequest,
+    drain: Duration,
+    mut note: impl FnMut(&WatchNote),
+) -> Result<WatchOutcome, JobError> {
+    let job = registry.job(&req.job_id)?;
+    let attempt = job.attempt_id;
+    let events_topic = format!("{}/events", job.topic_prefix);
+    let state_topic = format!("{}/state", job.topic_prefix);
+    let mut watcher = Watcher::new(&job);
+    let started_at = Instant::now();
+    let timeout = req.timeout.map(Duration::from_secs);
+    let mut follower = mqtt::follow(endpoint, vec![events_topic.clone(), state_topic.clone()])?;
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let verdict = loop {
+        tokio::select! {
+            feed = follower.next() => {
+                let Some(feed) = feed else {
+                    return Err(JobError::BadInput("the MQTT connection task ended".into()));
+                };
+                match feed {
+                    Feed::Subscribed => note(&WatchNote::Subscribed),
+                    Feed::Lost(why) => note(&WatchNote::Lost(why)),
+                    Feed::Message { topic, payload, .. } => {
+                        let via = if topic == events_topic {
+                            Via::Events
+                        } else if topic == state_topic {
+                            Via::State
+                        } else {
+                            continue;
+                        };
+                        let (handled, timer) = watcher.handle(registry, via, &payload)?;
+                        if let Some(t) = timer {
+                            timer::stop(t, drain)?;
+                        }
+                        tracing::debug!(job_id = %req.job_id, ?handled, "wire message");
+                        note(&WatchNote::Handled(handled));
+                    }
+                }
+            }
+            _ = tick.tick() => {}
+        }
+        let now_job = registry.job(&req.job_id)?;
+        if now_job.attempt_id != attempt {
+            break Verdict::Superseded;
+        }
+        let view = WaitView {
+            status: now_job.status,
+            started: now_job.status != JobStatus::Pending,
+            since_delivery: started_at.elapsed(),
+            since_activity: watcher.last_activity.elapsed(),
+        };
+        match state::judge_wait(&now_job.contract, &view, timeout) {
+            Verdict::Wait => {}
+            verdict => break verdict,
+        }
+    };
+    drop(follower);
+    Ok(WatchOutcome {
+        job: registry.job(&req.job_id)?,
+        verdict,
+        stats: watcher.stats,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::{EventRequest, NewJob};
+    use crate::Contract;
+    use serde_json::json;
+
+    fn setup() -> (tempfile::TempDir, Registry, Job) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut reg = Registry::open(dir.path()).unwrap();
+        let job = reg
+            .register(NewJob {
+                job_id: Some("w1".into()),
+                transport: "manual".into(),
+                prompt: "p".into(),
+                contract: Contract::default(),
+                topic_base: "drover/v1".into(),
+            })
+            .unwrap();
+        (dir, reg, job)
+    }
+
+    /// A message as a remote publisher of `job` would send it.
+    fn event(job: &Job, event: &str, seq: u64) -> Vec<u8> {
+        sign::signed(
+            json!({
+                "job_id": job.job_id, "event": event, "seq": seq, "ts": 1.5, "detail": null,
+                "data": {"dispatch_token": job.dispatch_token, "attempt_id": job.attempt_id},
+            }),
+            &job.auth_token,
+        )
+        .to_string()
+        .into_bytes()
+    }
+
+    fn snapshot(job: &Job, status: &str, last_event: &str, seq: u64) -> Vec<u8> {
+        sign::signed(
+            json!({
+                "job_id": job.job_id, "event": "state", "status": status, "detail": "d",
+                "last_event": last_event, "seq": seq, "ts": 2.5,
+                "data": {"dispatch_token": job.dispatch_token, "attempt_id": job.attempt_id},
+            }),
+            &job.auth_token,
+        )
+        .to_string()
+        .into_bytes()
+    }
+
+    fn audits(reg: &Registry, job: &Job, kind: &str) -> Vec<Value> {
+        reg.entries(&job.job_id, 0)
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.audit && e.event == kind)
+            .map(|e| e.body["data"].clone())
+            .collect()
+    }
+
+    #[test]
+    fn events_are_mirrored_as_received_and_a_skipped_seq_is_a_gap() {
+        let (_d, mut reg, job) = setup();
+        let mut w = Watcher::new(&job);
+        let (h, _) = w
+            .handle(&mut reg, Via::Events, &event(&job, "started", 1))
+            .unwrap();
+        assert!(matches!(
+            h,
+            Handled::Event {
+                seq: 1,
+                stored: true,
+                gap: None,
+                renewed: true,
+                ..
+            }
+        ));
+        assert_eq!(reg.job("w1").unwrap().status, JobStatus::Running);
+        let (h, _) = w
+            .handle(&mut reg, Via::Events, &event(&job, "progress", 4))
+            .unwrap();
+        assert!(
+            matches!(
+                h,
+                Handled::Event {
+                    seq: 4,
+                    gap: Some(2),
+                    ..
+                }
+            ),
+            "{h:?}"
+        );
+        assert_eq!(
+            audits(&reg, &job, "seq_gap"),
+            [json!({"expected_seq": 2, "seq": 4, "via": "events", "attempt_id": 1})]
+        );
+        // A late one is stored without a gap and without renewing the clock.
+        let (h, _) = w
+            .handle(&mut reg, Via::Events, &event(&job, "progress", 2))
+            .unwrap();
+        assert!(
+            matches!(
+                h,
+                Handled::Event {
+                    seq: 2,
+                    stored: true,
+                    gap: None,
+                    renewed: false,
+                    ..
+                }
+            ),
+            "{h:?}"
+        );
+        // The same message again is known, not stored twice.
+        let (h, _) = w
+            .handle(&mut reg, Via::Events, &event(&job, "progress", 4))
+            .unwrap();
+        assert!(
+            matches!(
+                h,
+                Handled::Event {
+                    stored: false,
+                    renewed: false,
+                    ..
+                }
+            ),
+            "{h:?}"
+        );
+        let stored: Vec<Value> = reg
+            .entries("w1", 0)
+            .unwrap()
+            .into_iter()
+            .filter(|e| !e.audit)
+            .map(|e| e.body)
+            .collect();
+        assert_eq!(stored.len(), 3);
+        assert!(stored.iter().all(|m| sign::verify(m, &job.auth_token)));
+        assert_eq!(reg.job("w1").unwrap().last_seq, 4);
+        assert_eq!(w.stats.stored, 3);
+        assert_eq!(w.stats.known, 1);
+        assert_eq!(w.stats.gaps, 1);
+    }
+
+    #[test]
+    fn bad_signatures_and_other_attempts_are_dropped_without_a_write() {
+        let (_d, mut reg, job) = setup();
+        let mut w = Watcher::new(&job);
+        let mut forged: Value = serde_json::from_slice(&event(&job, "completed", 1)).unwrap();
+        forged["detail"] = json!("forged");
+        let (h, _) = w
+            .handle(&mut reg, Via::Events, forged.to_string().as_bytes())
+            .unwrap();
+        assert!(matches!(
+            h,
+            Handled::Dropped {
+                why: Dropped::BadSignature,
+                ..
+            }
+        ));
+        let wrong_key = sign::signed(
+            serde_json::from_slice::<Value>(&snapshot(&job, "completed", "completed", 1)).unwrap(),
+            "not-the-token",
+        );
+        let (h, _) = w
+            .handle(&mut reg, Via::State, wrong_key.to_string().as_bytes())
+            .unwrap();
+        assert!(matches!(
+            h,
+            Handled::Dropped {
+                why: Dropped::BadSignature,
+                ..
+            }
+        ));
+        // Correctly signed, but with another attempt's dispatch token.
+        let mut other = job.clone();
+        other.dispatch_token = "0123".into();
+        for (via, payload) in [
+            (Via::Events, event(&other, "completed", 1)),
+            (Via::State, snapshot(&other, "completed", "completed", 1)),
+        ] {
+            let (h, _) = w.handle(&mut reg, via, &payload).unwrap();
+            assert!(
+                matches!(
+                    h,
+                    Handled::Dropped {
+                        why: Dropped::OtherAttempt,
+                        ..
+                    }
+                ),
+                "{h:?}"
+            );
+        }
+        for junk in [&b"not json"[..], b"[1]", b"{}"] {
+            let (h, _) = w.handle(&mut reg, Via::Events, junk).unwrap();
+            assert!(matches!(
+                h,
+                Handled::Dropped {
+                    why: Dropped::Malformed,
+                    ..
+                }
+            ));
+        }
+        let after = reg.job("w1").unwrap();
+        assert_eq!(after.status, JobStatus::Pending);
+        assert_eq!(after.last_seq, 0);
+        assert!(reg.entries("w1", 0).unwrap().is_empty());
+        assert_eq!(w.stats.bad_signature, 2);
+        assert_eq!(w.stats.other_attempt, 2);
+        assert_eq!(w.accepted_seq, 0, "nothing dropped renews the idle clock");
+    }
+
+    #[test]
+    fn a_terminal_snapshot_is_final_and_nothing_after_it_changes_the_job() {
+        let (_d, mut reg, job) = setup();
+        let mut w = Watcher::new(&job);
+        let (h, _) = w
+            .handle(
+                &mut reg,
+                Via::State,
+                &snapshot(&job, "completed", "completed", 3),
+            )
+            .unwrap();
+        assert!(
+            matches!(
+                h,
+                Handled::State {
+                    seq: 3,
+                    gap: Some(1),
+                    changed: Some((JobStatus::Pending, JobStatus::Completed)),
+                    renewed: true,
+                    ..
+                }
+            ),
+            "{h:?}"
+        );
+        let after = reg.job("w1").unwrap();
+        assert_eq!(after.status, JobStatus::Completed);
+        assert_eq!(after.status_detail.as_deref(), Some("d"));
+        assert_eq!(after.last_seq, 3);
+        assert_eq!(
+            audits(&reg, &job, "seq_gap"),
+            [json!({"expected_seq": 1, "seq": 3, "via": "state", "attempt_id": 1})]
+        );
+        assert_eq!(audits(&reg, &job, "state_mirrored").len(), 1);
+        // A later snapshot saying running, and a later event, change nothing.
+        let (h, _) = w
+            .handle(
+                &mut reg,
+                Via::State,
+                &snapshot(&job, "running", "progress", 5),
+            )
+            .unwrap();
+        assert!(matches!(h, Handled::State { changed: None, .. }), "{h:?}");
+        let (h, _) = w
+            .handle(&mut reg, Via::Events, &event(&job, "error", 6))
+            .unwrap();
+        assert!(
+            matches!(
+                h,
+                Handled::Dropped {
+                    why: Dropped::AfterTerminal,
+                    ..
+                }
+            ),
+            "{h:?}"
+        );
+        assert_eq!(reg.job("w1").unwrap().status, JobStatus::Completed);
+        // Local publishes are refused too: the terminal status is the barrier.
+        assert!(reg
+            .record_event(&EventRequest {
+                job_id: "w1",
+                event: Some(EventKind::Progress),
+                ..EventRequest::default()
+            })
+            .is_err());
+    }
+
+    #[test]
+    fn a_snapshot_renews_the_idle_clock_only_when_newer_than_everything_accepted() {
+        let (_d, mut reg, job) = setup();
+        let mut w = Watcher::new(&job);
+        w.handle(&mut reg, Via::Events, &event(&job, "started", 1))
+            .unwrap();
+        w.handle(&mut reg, Via::Events, &event(&job, "progress", 2))
+            .unwrap();
+        let (h, _) = w
+            .handle(
+                &mut reg,
+                Via::State,
+                &snapshot(&job, "running", "progress", 2),
+            )
+            .unwrap();
+        assert!(
+            matches!(
+                h,
+                Handled::State {
+                    renewed: false,
+                    gap: None,
+                    ..
+                }
+            ),
+            "{h:?}"
+        );
+        let (h, _) = w
+            .handle(
+                &mut reg,
+                Via::State,
+                &snapshot(&job, "running", "progress", 1),
+            )
+            .unwrap();
+        assert!(matches!(h, Handled::State { renewed: false, .. }), "{h:?}");
+        let (h, _) = w
+            .handle(
+                &mut reg,
+                Via::State,
+                &snapshot(&job, "running", "progress", 3),
+            )
+            .unwrap();
+        assert!(
+            matches!(
+                h,
+                Handled::State {
+                    renewed: true,
+                    gap: Some(3),
+                    ..
+                }
+            ),
+            "{h:?}"
+        );
+        assert_eq!(w.accepted_seq, 3);
+        assert_eq!(reg.job("w1").unwrap().last_seq, 3);
+        // The next event continues from the snapshot without another gap.
+        let (h, _) = w
+            .handle(&mut reg, Via::Events, &event(&job, "progress", 4))
+            .unwrap();
+        assert!(
+            matches!(
+                h,
+                Handled::Event {
+                    gap: None,
+                    renewed: true,
+                    ..
+                }
+            ),
+            "{h:?}"
+        );
+    }
+
+    #[test]
+    fn a_running_snapshot_starts_a_pending_job_only_when_newer() {
+        let (_d, mut reg, job) = setup();
+        let mut w = Watcher::new(&job);
+        let (h, _) = w
+            .handle(
+                &mut reg,
+                Via::State,
+                &snapshot(&job, "running", "started", 1),
+            )
+            .unwrap();
+        assert!(
+            matches!(
+                h,
+                Handled::State {
+                    changed: Some((JobStatus::Pending, JobStatus::Running)),
+                    ..
+                }
+            ),
+            "{h:?}"
+        );
+        assert_eq!(reg.job("w1").unwrap().last_event.unwrap().event, "started");
+    }
+
+    #[test]
+    fn events_recorded_here_first_are_known_not_stored_twice() {
+        let (_d, mut reg, job) = setup();
+        let mut w = Watcher::new(&job);
+        let rec = reg
+            .record_event(&EventRequest {
+                job_id: "w1",
+                event: Some(EventKind::Started),
+                ..EventRequest::default()
+            })
+            .unwrap();
+        let (h, _) = w
+            .handle(&mut reg, Via::Events, rec.message.to_string().as_bytes())
+            .unwrap();
+        assert!(matches!(h, Handled::Event { stored: false, .. }), "{h:?}");
+        // The same seq with another body is not this registry's message.
+        let (h, _) = w
+            .handle(&mut reg, Via::Events, &event(&job, "progress", 1))
+            .unwrap();
+        assert!(
+            matches!(
+                h,
+                Handled::Dropped {
+                    why: Dropped::SeqTaken,
+                    ..
+                }
+            ),
+            "{h:?}"
+        );
+        assert_eq!(reg.entries("w1", 0).unwrap().len(), 1);
+    }
+}

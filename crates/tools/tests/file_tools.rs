@@ -1,0 +1,1017 @@
+//! The `file` toolset (`read_file`, `write_file`, `patch`, `search_files`) against real files
+//! in temporary directories: results, bounds and markers, argument errors naming the field,
+//! and the approval policy for writes outside the session's working directory.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use drover_tools::file::patch::PatchTool;
+use drover_tools::file::read::{ReadFileTool, CONTENT_MAX_BYTES};
+use drover_tools::file::search::SearchFilesTool;
+use drover_tools::file::write::WriteFileTool;
+use drover_tools::file::WRITE_OUTSIDE_CWD;
+use drover_tools::{
+    ApprovalGrants, InMemoryProcesses, NoPrompts, PromptAnswer, PromptBroker, Tool, ToolContext,
+    ToolRegistry,
+};
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+/// Plays the human at an approval prompt: records what it was shown and gives a fixed answer.
+struct ScriptedHuman {
+    answer: PromptAnswer,
+    seen: Mutex<Vec<(String, Value)>>,
+}
+
+impl ScriptedHuman {
+    fn answering(answer: &str) -> Arc<Self> {
+        Arc::new(ScriptedHuman {
+            answer: PromptAnswer::Answered(json!(answer)),
+            seen: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn prompts(&self) -> Vec<(String, Value)> {
+        self.seen.lock().expect("lock").clone()
+    }
+}
+
+#[async_trait]
+impl PromptBroker for ScriptedHuman {
+    async fn open(&self, kind: &str, body: Value) -> PromptAnswer {
+        self.seen
+            .lock()
+            .expect("lock")
+            .push((kind.to_string(), body));
+        self.answer.clone()
+    }
+}
+
+/// A session working in a fresh temporary directory, and a second directory outside it.
+struct Scene {
+    cwd: tempfile::TempDir,
+    outside: tempfile::TempDir,
+    home: tempfile::TempDir,
+}
+
+impl Scene {
+    fn new() -> Scene {
+        let make = |prefix: &str| {
+            tempfile::Builder::new()
+                .prefix(prefix)
+                .tempdir()
+                .expect("tempdir")
+        };
+        Scene {
+            cwd: make("drover-file-cwd-"),
+            outside: make("drover-file-outside-"),
+            home: make("drover-file-home-"),
+        }
+    }
+
+    fn ctx(&self, approvals: &str, prompts: Arc<dyn PromptBroker>) -> ToolContext {
+        ToolContext {
+            cwd: self.cwd.path().to_path_buf(),
+            session_id: "test-session".to_string(),
+            home: self.home.path().to_path_buf(),
+            approvals: approvals.to_string(),
+            cancel: CancellationToken::new(),
+            prompts,
+            grants: ApprovalGrants::default(),
+            processes: Arc::new(InMemoryProcesses::default()),
+        }
+    }
+
+    /// A context in `manual` mode whose prompts are all cancelled (no human).
+    fn plain(&self) -> ToolContext {
+        self.ctx("manual", Arc::new(NoPrompts))
+    }
+
+    fn path(&self, relative: &str) -> PathBuf {
+        self.cwd.path().join(relative)
+    }
+
+    fn write(&self, relative: &str, content: impl AsRef<[u8]>) -> PathBuf {
+        let path = self.path(relative);
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+        std::fs::write(&path, content).expect("write");
+        path
+    }
+}
+
+/// Calls `tool` (bounded in time) and parses its JSON result.
+async fn call(tool: &dyn Tool, args: Value, ctx: &ToolContext) -> (Value, bool) {
+    let out = tokio::time::timeout(Duration::from_secs(20), tool.call(args, ctx))
+        .await
+        .expect("the call finished within 20 s");
+    let content: Value = serde_json::from_str(&out.content)
+        .unwrap_or_else(|e| panic!("result is not JSON ({e}): {}", out.content));
+    (content, out.is_error)
+}
+
+/// Calls `tool` expecting an error result; returns the error text.
+async fn call_err(tool: &dyn Tool, args: Value, ctx: &ToolContext) -> String {
+    let (result, is_error) = call(tool, args.clone(), ctx).await;
+    assert!(is_error, "{args} should fail, got {result}");
+    result["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no error text in {result}"))
+        .to_string()
+}
+
+fn assert_names(error: &str, field: &str) {
+    assert!(
+        error.contains(&format!("\"{field}\"")),
+        "the error should name \"{field}\": {error}"
+    );
+}
+
+fn mode(path: &Path) -> u32 {
+    std::fs::metadata(path)
+        .expect("metadata")
+        .permissions()
+        .mode()
+        & 0o7777
+}
+
+/// Files in `dir` whose name marks a temporary file of an atomic write.
+fn leftover_temp_files(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .expect("read_dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .filter(|name| name.contains(".drover-") && name.ends_with(".tmp"))
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// read_file
+
+#[tokio::test]
+async fn read_file_numbers_lines_of_a_path_relative_to_cwd() {
+    let scene = Scene::new();
+    scene.write("src/notes.txt", "alpha\nbeta\r\n\ngamma");
+    let (result, is_error) = call(
+        &ReadFileTool,
+        json!({"path": "src/notes.txt"}),
+        &scene.plain(),
+    )
+    .await;
+    assert!(!is_error, "{result}");
+    assert_eq!(
+        result,
+        json!({
+            "path": "src/notes.txt",
+            "content": "     1\talpha\n     2\tbeta\n     3\t\n     4\tgamma\n",
+            "start_line": 1,
+            "end_line": 4,
+            "total_lines": 4,
+            "truncated": false,
+        })
+    );
+}
+
+#[tokio::test]
+async fn read_file_offset_and_limit_show_a_window_and_name_the_next_offset() {
+    let scene = Scene::new();
+    let text: String = (1..=10).map(|i| format!("line {i}\n")).collect();
+    scene.write("ten.txt", text);
+    let (result, is_error) = call(
+        &ReadFileTool,
+        json!({"path": "ten.txt", "offset": 4, "limit": 3}),
+        &scene.plain(),
+    )
+    .await;
+    assert!(!is_error, "{result}");
+    assert_eq!(result["start_line"], 4);
+    assert_eq!(result["end_line"], 6);
+    assert_eq!(result["total_lines"], 10);
+    assert_eq!(result["truncated"], true);
+    let content = result["content"].as_str().expect("content");
+    assert!(
+        content.starts_with("     4\tline 4\n     5\tline 5\n     6\tline 6\n"),
+        "{content}"
+    );
+    assert!(
+        content.ends_with(
+            "[... 4 more lines (the file has 10): call read_file with offset=7 to read on ...]\n"
+        ),
+        "{content}"
+    );
+
+    // The last window is not truncated; offset 0 means the start.
+    let (tail, _) = call(
+        &ReadFileTool,
+        json!({"path": "ten.txt", "offset": 9}),
+        &scene.plain(),
+    )
+    .await;
+    assert_eq!(tail["content"], "     9\tline 9\n    10\tline 10\n");
+    assert_eq!(tail["truncated"], false);
+    let (from_zero, _) = call(
+        &ReadFileTool,
+        json!({"path": "ten.txt", "offset": 0, "limit": 1}),
+        &scene.plain(),
+    )
+    .await;
+    assert_eq!(from_zero["start_line"], 1);
+    assert_eq!(from_zero["end_line"], 1);
+}
+
+#[tokio::test]
+async fn read_file_cuts_a_large_file_at_the_byte_bound_with_a_marker() {
+    let scene = Scene::new();
+    let line = "x".repeat(99);
+    let text: String = (0..1500).map(|_| format!("{line}\n")).collect();
+    scene.write("big.txt", &text);
+    let (result, is_error) = call(&ReadFileTool, json!({"path": "big.txt"}), &scene.plain()).await;
+    assert!(!is_error);
+    let content = result["content"].as_str().expect("content");
+    assert!(
+        content.len() <= CONTENT_MAX_BYTES + 200,
+        "{} bytes",
+        content.len()
+    );
+    let end = result["end_line"].as_u64().expect("end_line");
+    assert!(end > 100 && end < 1500, "end_line {end}");
+    assert_eq!(result["total_lines"], 1500);
+    assert_eq!(result["truncated"], true);
+    assert!(
+        content.contains(&format!("offset={}", end + 1)),
+        "the marker names where to go on: {}",
+        &content[content.len() - 200..]
+    );
+
+    // A very long line keeps its start and says how much was cut.
+    scene.write("wide.txt", format!("{}\nshort\n", "y".repeat(10_000)));
+    let (wide, _) = call(&ReadFileTool, json!({"path": "wide.txt"}), &scene.plain()).await;
+    let content = wide["content"].as_str().expect("content");
+    assert!(
+        content.contains("… [line cut: 8000 more bytes]\n     2\tshort\n"),
+        "{content}"
+    );
+    assert_eq!(wide["truncated"], false);
+}
+
+#[tokio::test]
+async fn read_file_reads_outside_cwd_and_empty_files() {
+    let scene = Scene::new();
+    let outside = scene.outside.path().join("elsewhere.txt");
+    std::fs::write(&outside, "far away\n").expect("write");
+    let (result, is_error) = call(
+        &ReadFileTool,
+        json!({"path": outside.display().to_string()}),
+        &scene.plain(),
+    )
+    .await;
+    assert!(!is_error, "{result}");
+    assert_eq!(result["path"], outside.display().to_string());
+    assert_eq!(result["content"], "     1\tfar away\n");
+
+    scene.write("empty.txt", "");
+    let (empty, is_error) = call(&ReadFileTool, json!({"path": "empty.txt"}), &scene.plain()).await;
+    assert!(!is_error, "{empty}");
+    assert_eq!(empty["content"], "");
+    assert_eq!(empty["total_lines"], 0);
+    assert_eq!(empty["truncated"], false);
+}
+
+#[tokio::test]
+async fn read_file_and_patch_refuse_binary_files_and_pipes_clearly() {
+    let scene = Scene::new();
+    scene.write("image.png", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR");
+    let error = call_err(&ReadFileTool, json!({"path": "image.png"}), &scene.plain()).await;
+    assert_names(&error, "path");
+    assert!(error.contains("binary"), "{error}");
+
+    // A pipe would block the read forever: refused before it is opened.
+    nix::unistd::mkfifo(&scene.path("pipe"), nix::sys::stat::Mode::S_IRWXU).expect("mkfifo");
+    for tool in [&ReadFileTool as &dyn Tool, &PatchTool] {
+        let error = call_err(
+            tool,
+            json!({"path": "pipe", "old_string": "a", "new_string": "b"}),
+            &scene.plain(),
+        )
+        .await;
+        assert_names(&error, "path");
+        assert!(error.contains("not a regular file"), "{error}");
+    }
+}
+
+#[tokio::test]
+async fn read_file_bad_arguments_name_the_field() {
+    let scene = Scene::new();
+    scene.write("three.txt", "a\nb\nc\n");
+    std::fs::create_dir(scene.path("adir")).expect("mkdir");
+    let cases = [
+        (json!("three.txt"), "path"),
+        (json!({}), "path"),
+        (json!({"path": 7}), "path"),
+        (json!({"path": "  "}), "path"),
+        (json!({"path": "missing.txt"}), "path"),
+        (json!({"path": "adir"}), "path"),
+        (json!({"path": "three.txt", "offset": "2"}), "offset"),
+        (json!({"path": "three.txt", "offset": -1}), "offset"),
+        (json!({"path": "three.txt", "offset": 5}), "offset"),
+        (json!({"path": "three.txt", "limit": 0}), "limit"),
+        (json!({"path": "three.txt", "limit": 2.5}), "limit"),
+    ];
+    for (args, field) in cases {
+        let error = call_err(&ReadFileTool, args.clone(), &scene.plain()).await;
+        assert_names(&error, field);
+    }
+    let error = call_err(
+        &ReadFileTool,
+        json!({"path": "missing.txt"}),
+        &scene.plain(),
+    )
+    .await;
+    assert!(error.contains("does not exist"), "{error}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// write_file
+
+#[tokio::test]
+async fn write_file_creates_parent_directories_and_reports_bytes() {
+    let scene = Scene::new();
+    let (result, is_error) = call(
+        &WriteFileTool,
+        json!({"path": "deep/er/new.txt", "content": "héllo\n"}),
+        &scene.plain(),
+    )
+    .await;
+    assert!(!is_error, "{result}");
+    assert_eq!(
+        result,
+        json!({"path": "deep/er/new.txt", "bytes_written": 7, "created": true})
+    );
+    assert_eq!(
+        std::fs::read_to_string(scene.path("deep/er/new.txt")).expect("read"),
+        "héllo\n"
+    );
+    assert!(leftover_temp_files(&scene.path("deep/er")).is_empty());
+}
+
+#[tokio::test]
+async fn write_file_replaces_atomically_and_keeps_the_mode() {
+    let scene = Scene::new();
+    let script = scene.write("run.sh", "#!/bin/sh\necho old\n");
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o754)).expect("chmod");
+    let (result, is_error) = call(
+        &WriteFileTool,
+        json!({"path": "run.sh", "content": "#!/bin/sh\necho new\n"}),
+        &scene.plain(),
+    )
+    .await;
+    assert!(!is_error, "{result}");
+    assert_eq!(result["created"], false);
+    assert_eq!(
+        std::fs::read_to_string(&script).expect("read"),
+        "#!/bin/sh\necho new\n"
+    );
+    assert_eq!(mode(&script), 0o754);
+    assert!(leftover_temp_files(scene.cwd.path()).is_empty());
+}
+
+#[tokio::test]
+async fn write_file_writes_through_a_symlink_inside_cwd() {
+    let scene = Scene::new();
+    let real = scene.write("real.txt", "before");
+    std::os::unix::fs::symlink("real.txt", scene.path("link.txt")).expect("symlink");
+    let (result, is_error) = call(
+        &WriteFileTool,
+        json!({"path": "link.txt", "content": "after"}),
+        &scene.plain(),
+    )
+    .await;
+    assert!(!is_error, "{result}");
+    assert_eq!(std::fs::read_to_string(&real).expect("read"), "after");
+    assert!(std::fs::symlink_metadata(scene.path("link.txt"))
+        .expect("link")
+        .file_type()
+        .is_symlink());
+}
+
+#[tokio::test]
+async fn write_file_outside_cwd_asks_in_manual_mode() {
+    let scene = Scene::new();
+    let target = scene.outside.path().join("out.txt");
+    let human = ScriptedHuman::answering("once");
+    let ctx = scene.ctx("manual", human.clone());
+    let (result, is_error) = call(
+        &WriteFileTool,
+        json!({"path": target.display().to_string(), "content": "approved"}),
+        &ctx,
+    )
+    .await;
+    assert!(!is_error, "{result}");
+    assert_eq!(std::fs::read_to_string(&target).expect("read"), "approved");
+    let prompts = human.prompts();
+    assert_eq!(prompts.len(), 1);
+    let (kind, body) = &prompts[0];
+    assert_eq!(kind, "approval");
+    assert_eq!(body["pattern_key"], WRITE_OUTSIDE_CWD);
+    assert_eq!(
+        body["choices"],
+        json!(["once", "session", "always", "deny"])
+    );
+    let real_target = target.canonicalize().expect("canonical");
+    assert_eq!(
+        body["command"],
+        format!("write_file {}", real_target.display())
+    );
+    assert!(
+        body["description"]
+            .as_str()
+            .expect("description")
+            .contains("outside the session's working directory"),
+        "{body}"
+    );
+    assert!(
+        !ctx.grants.contains(WRITE_OUTSIDE_CWD),
+        "once grants nothing"
+    );
+}
+
+#[tokio::test]
+async fn write_file_outside_cwd_denied_by_the_user_writes_nothing() {
+    let scene = Scene::new();
+    let target = scene.outside.path().join("no.txt");
+    let human = ScriptedHuman::answering("deny");
+    let error = call_err(
+        &WriteFileTool,
+        json!({"path": target.display().to_string(), "content": "x"}),
+        &scene.ctx("manual", human.clone()),
+    )
+    .await;
+    assert!(error.contains("denied"), "{error}");
+    assert!(!target.exists());
+
+    // A prompt closed without an answer is a no as well.
+    let error = call_err(
+        &WriteFileTool,
+        json!({"path": target.display().to_string(), "content": "x"}),
+        &scene.plain(),
+    )
+    .await;
+    assert!(error.contains("denied"), "{error}");
+    assert!(!target.exists());
+}
+
+#[tokio::test]
+async fn write_file_outside_cwd_follows_approvals_mode_auto_and_deny() {
+    let scene = Scene::new();
+    let target = scene.outside.path().join("sub").join("auto.txt");
+    let human = ScriptedHuman::answering("once");
+    let (result, is_error) = call(
+        &WriteFileTool,
+        json!({"path": target.display().to_string(), "content": "auto"}),
+        &scene.ctx("auto", human.clone()),
+    )
+    .await;
+    assert!(!is_error, "{result}");
+    assert_eq!(std::fs::read_to_string(&target).expect("read"), "auto");
+    assert!(human.prompts().is_empty(), "auto never asks");
+
+    let refused = scene.outside.path().join("deny.txt");
+    let ctx = scene.ctx("deny", human.clone());
+    // deny refuses even with a grant.
+    ctx.grants.insert(WRITE_OUTSIDE_CWD);
+    let error = call_err(
+        &WriteFileTool,
+        json!({"path": refused.display().to_string(), "content": "no"}),
+        &ctx,
+    )
+    .await;
+    assert!(
+        error.starts_with("refused:") && error.contains("approvals.mode = deny"),
+        "{error}"
+    );
+    assert!(!refused.exists());
+    assert!(human.prompts().is_empty(), "deny never asks");
+
+    // Inside the working directory, deny mode still writes.
+    let (inside, is_error) = call(
+        &WriteFileTool,
+        json!({"path": "fine.txt", "content": "ok"}),
+        &ctx,
+    )
+    .await;
+    assert!(!is_error, "{inside}");
+}
+
+#[tokio::test]
+async fn a_session_grant_lets_later_writes_outside_cwd_through() {
+    let scene = Scene::new();
+    let human = ScriptedHuman::answering("session");
+    let ctx = scene.ctx("manual", human.clone());
+    for name in ["one.txt", "two.txt"] {
+        let target = scene.outside.path().join(name);
+        let (result, is_error) = call(
+            &WriteFileTool,
+            json!({"path": target.display().to_string(), "content": name}),
+            &ctx,
+        )
+        .await;
+        assert!(!is_error, "{result}");
+    }
+    assert_eq!(human.prompts().len(), 1, "asked once for the session");
+    assert!(ctx.grants.contains(WRITE_OUTSIDE_CWD));
+}
+
+#[tokio::test]
+async fn a_symlink_or_dot_dot_out_of_cwd_counts_as_outside() {
+    let scene = Scene::new();
+    std::os::unix::fs::symlink(scene.outside.path(), scene.path("escape")).expect("symlink");
+    let human = ScriptedHuman::answering("deny");
+    let ctx = scene.ctx("manual", human.clone());
+    let error = call_err(
+        &WriteFileTool,
+        json!({"path": "escape/secret.txt", "content": "x"}),
+        &ctx,
+    )
+    .await;
+    assert!(error.contains("denied"), "{error}");
+    assert!(!scene.outside.path().join("secret.txt").exists());
+
+    let outside_name = scene
+        .outside
+        .path()
+        .file_name()
+        .expect("name")
+        .to_string_lossy()
+        .into_owned();
+    let error = call_err(
+        &WriteFileTool,
+        json!({"path": format!("../{outside_name}/dots.txt"), "content": "x"}),
+        &ctx,
+    )
+    .await;
+    assert!(error.contains("denied"), "{error}");
+    assert_eq!(human.prompts().len(), 2);
+}
+
+#[tokio::test]
+async fn write_file_bad_arguments_name_the_field() {
+    let scene = Scene::new();
+    std::fs::create_dir(scene.path("adir")).expect("mkdir");
+    scene.write("plain", "a file");
+    let cases = [
+        (json!(null), "path"),
+        (json!({"content": "x"}), "path"),
+        (json!({"path": "", "content": "x"}), "path"),
+        (json!({"path": ["a"], "content": "x"}), "path"),
+        (json!({"path": "a.txt"}), "content"),
+        (json!({"path": "a.txt", "content": 12}), "content"),
+        (json!({"path": "adir", "content": "x"}), "path"),
+        (json!({"path": "plain/below.txt", "content": "x"}), "path"),
+    ];
+    for (args, field) in cases {
+        let error = call_err(&WriteFileTool, args.clone(), &scene.plain()).await;
+        assert_names(&error, field);
+    }
+    assert!(!scene.path("a.txt").exists());
+}
+
+// ---------------------------------------------------------------------------------------------
+// patch
+
+#[tokio::test]
+async fn patch_replaces_the_one_occurrence_and_reports_its_line() {
+    let scene = Scene::new();
+    let file = scene.write("lib.rs", "fn a() {}\n\nfn b() {\n    old();\n}\n");
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o640)).expect("chmod");
+    let (result, is_error) = call(
+        &PatchTool,
+        json!({"path": "lib.rs", "old_string": "    old();\n", "new_string": "    new();\n    more();\n"}),
+        &scene.plain(),
+    )
+    .await;
+    assert!(!is_error, "{result}");
+    assert_eq!(
+        result,
+        json!({"path": "lib.rs", "replacements": 1, "line": 4})
+    );
+    assert_eq!(
+        std::fs::read_to_string(&file).expect("read"),
+        "fn a() {}\n\nfn b() {\n    new();\n    more();\n}\n"
+    );
+    assert_eq!(mode(&file), 0o640);
+    assert!(leftover_temp_files(scene.cwd.path()).is_empty());
+}
+
+#[tokio::test]
+async fn patch_with_absent_old_string_names_the_problem_and_changes_nothing() {
+    let scene = Scene::new();
+    let file = scene.write("a.txt", "one\ntwo\n");
+    let error = call_err(
+        &PatchTool,
+        json!({"path": "a.txt", "old_string": "three", "new_string": "3"}),
+        &scene.plain(),
+    )
+    .await;
+    assert_names(&error, "old_string");
+    assert!(error.contains("not found"), "{error}");
+    assert_eq!(std::fs::read_to_string(&file).expect("read"), "one\ntwo\n");
+}
+
+#[tokio::test]
+async fn patch_with_ambiguous_old_string_names_the_count_unless_replace_all() {
+    let scene = Scene::new();
+    let file = scene.write("a.txt", "x = 1\ny = 1\nz = 1\n");
+    let error = call_err(
+        &PatchTool,
+        json!({"path": "a.txt", "old_string": "= 1", "new_string": "= 2"}),
+        &scene.plain(),
+    )
+    .await;
+    assert_names(&error, "old_string");
+    assert!(error.contains("found 3 times"), "{error}");
+    assert!(error.contains("replace_all"), "{error}");
+    assert_eq!(
+        std::fs::read_to_string(&file).expect("read"),
+        "x = 1\ny = 1\nz = 1\n"
+    );
+
+    let (result, is_error) = call(
+        &PatchTool,
+        json!({"path": "a.txt", "old_string": "= 1", "new_string": "= 2", "replace_all": true}),
+        &scene.plain(),
+    )
+    .await;
+    assert!(!is_error, "{result}");
+    assert_eq!(result["replacements"], 3);
+    assert_eq!(result["line"], 1);
+    assert_eq!(
+        std::fs::read_to_string(&file).expect("read"),
+        "x = 2\ny = 2\nz = 2\n"
+    );
+}
+
+#[tokio::test]
+async fn patch_refuses_binary_and_non_utf8_files() {
+    let scene = Scene::new();
+    scene.write("blob.bin", b"ab\x00cd");
+    let error = call_err(
+        &PatchTool,
+        json!({"path": "blob.bin", "old_string": "ab", "new_string": "x"}),
+        &scene.plain(),
+    )
+    .await;
+    assert_names(&error, "path");
+    assert!(error.contains("binary"), "{error}");
+
+    scene.write("latin1.txt", b"caf\xe9\n");
+    let error = call_err(
+        &PatchTool,
+        json!({"path": "latin1.txt", "old_string": "caf", "new_string": "bar"}),
+        &scene.plain(),
+    )
+    .await;
+    assert_names(&error, "path");
+    assert!(error.contains("UTF-8"), "{error}");
+}
+
+#[tokio::test]
+async fn patch_outside_cwd_follows_the_approval_policy() {
+    let scene = Scene::new();
+    let target = scene.outside.path().join("conf.txt");
+    std::fs::write(&target, "key = old\n").expect("write");
+    let args =
+        json!({"path": target.display().to_string(), "old_string": "old", "new_string": "new"});
+    let human = ScriptedHuman::answering("once");
+
+    let error = call_err(&PatchTool, args.clone(), &scene.ctx("deny", human.clone())).await;
+    assert!(error.starts_with("refused:"), "{error}");
+    assert_eq!(
+        std::fs::read_to_string(&target).expect("read"),
+        "key = old\n"
+    );
+
+    let (result, is_error) = call(&PatchTool, args, &scene.ctx("manual", human.clone())).await;
+    assert!(!is_error, "{result}");
+    assert_eq!(
+        std::fs::read_to_string(&target).expect("read"),
+        "key = new\n"
+    );
+    let prompts = human.prompts();
+    assert_eq!(prompts.len(), 1);
+    assert!(
+        prompts[0].1["command"]
+            .as_str()
+            .expect("command")
+            .starts_with("patch "),
+        "{:?}",
+        prompts[0]
+    );
+}
+
+#[tokio::test]
+async fn patch_that_cannot_apply_asks_nobody() {
+    let scene = Scene::new();
+    let target = scene.outside.path().join("conf.txt");
+    std::fs::write(&target, "key = old\n").expect("write");
+    let human = ScriptedHuman::answering("once");
+    let error = call_err(
+        &PatchTool,
+        json!({"path": target.display().to_string(), "old_string": "absent", "new_string": "x"}),
+        &scene.ctx("manual", human.clone()),
+    )
+    .await;
+    assert_names(&error, "old_string");
+    assert!(human.prompts().is_empty());
+}
+
+#[tokio::test]
+async fn patch_bad_arguments_name_the_field() {
+    let scene = Scene::new();
+    scene.write("a.txt", "text\n");
+    let cases = [
+        (json!([]), "path"),
+        (json!({"old_string": "a", "new_string": "b"}), "path"),
+        (json!({"path": "a.txt", "new_string": "b"}), "old_string"),
+        (
+            json!({"path": "a.txt", "old_string": "", "new_string": "b"}),
+            "old_string",
+        ),
+        (
+            json!({"path": "a.txt", "old_string": 1, "new_string": "b"}),
+            "old_string",
+        ),
+        (json!({"path": "a.txt", "old_string": "text"}), "new_string"),
+        (
+            json!({"path": "a.txt", "old_string": "text", "new_string": "text"}),
+            "new_string",
+        ),
+        (
+            json!({"path": "a.txt", "old_string": "text", "new_string": "t", "replace_all": "yes"}),
+            "replace_all",
+        ),
+        (
+            json!({"path": "nope.txt", "old_string": "a", "new_string": "b"}),
+            "path",
+        ),
+    ];
+    for (args, field) in cases {
+        let error = call_err(&PatchTool, args.clone(), &scene.plain()).await;
+        assert_names(&error, field);
+    }
+    assert_eq!(
+        std::fs::read_to_string(scene.path("a.txt")).expect("read"),
+        "text\n"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// search_files
+
+/// A small tree: sources, an ignored file, skipped directories and a binary file.
+fn search_tree(scene: &Scene) {
+    scene.write("src/main.rs", "fn main() {\n    needle();\n}\n");
+    scene.write("src/lib/util.rs", "pub fn needle() {}\n// no match here\n");
+    scene.write("README.md", "Find the needle.\n");
+    scene.write(".github/ci.yml", "run: needle\n");
+    scene.write(".gitignore", "generated.txt\n");
+    scene.write("generated.txt", "needle in an ignored file\n");
+    scene.write(".git/config", "needle in git\n");
+    scene.write("target/debug/out.txt", "needle in target\n");
+    scene.write("node_modules/pkg/index.js", "needle in node_modules\n");
+    scene.write("data.bin", b"needle\x00\x01\x02");
+}
+
+fn match_paths(result: &Value) -> Vec<String> {
+    result["matches"]
+        .as_array()
+        .expect("matches")
+        .iter()
+        .map(|m| format!("{}:{}", m["path"].as_str().expect("path"), m["line"]))
+        .collect()
+}
+
+#[tokio::test]
+async fn search_files_finds_lines_and_skips_ignored_dirs_and_binary_files() {
+    let scene = Scene::new();
+    search_tree(&scene);
+    let (result, is_error) = call(
+        &SearchFilesTool,
+        json!({"pattern": "need+le"}),
+        &scene.plain(),
+    )
+    .await;
+    assert!(!is_error, "{result}");
+    assert_eq!(
+        match_paths(&result),
+        [
+            ".github/ci.yml:1",
+            "README.md:1",
+            "src/lib/util.rs:1",
+            "src/main.rs:2"
+        ],
+        "{result}"
+    );
+    let main = &result["matches"][3];
+    assert_eq!(main["text"], "    needle();");
+    assert_eq!(result["truncated"], false);
+    assert_eq!(result["skipped_binary"], 1);
+    assert_eq!(result["skipped_large"], 0);
+    assert!(result.get("note").is_none());
+    // .gitignore, ci.yml, README.md, util.rs, main.rs: ignored and skipped files are not read.
+    assert_eq!(result["files_searched"], 5);
+}
+
+#[tokio::test]
+async fn search_files_glob_filters_by_name_or_relative_path() {
+    let scene = Scene::new();
+    search_tree(&scene);
+    let (by_name, _) = call(
+        &SearchFilesTool,
+        json!({"pattern": "needle", "glob": "*.rs"}),
+        &scene.plain(),
+    )
+    .await;
+    assert_eq!(
+        match_paths(&by_name),
+        ["src/lib/util.rs:1", "src/main.rs:2"]
+    );
+    let (by_path, _) = call(
+        &SearchFilesTool,
+        json!({"pattern": "needle", "glob": "src/*.rs"}),
+        &scene.plain(),
+    )
+    .await;
+    assert_eq!(match_paths(&by_path), ["src/main.rs:2"]);
+    let (deep, _) = call(
+        &SearchFilesTool,
+        json!({"pattern": "needle", "glob": "src/**/*.rs"}),
+        &scene.plain(),
+    )
+    .await;
+    assert_eq!(match_paths(&deep), ["src/lib/util.rs:1", "src/main.rs:2"]);
+}
+
+#[tokio::test]
+async fn search_files_under_a_path_or_in_one_file() {
+    let scene = Scene::new();
+    search_tree(&scene);
+    let (under, _) = call(
+        &SearchFilesTool,
+        json!({"pattern": "needle", "path": "src/lib"}),
+        &scene.plain(),
+    )
+    .await;
+    assert_eq!(match_paths(&under), ["src/lib/util.rs:1"]);
+    let (one, _) = call(
+        &SearchFilesTool,
+        json!({"pattern": "^fn", "path": "src/main.rs"}),
+        &scene.plain(),
+    )
+    .await;
+    assert_eq!(match_paths(&one), ["src/main.rs:1"]);
+    // An explicit path into a skipped directory is searched.
+    let (explicit, _) = call(
+        &SearchFilesTool,
+        json!({"pattern": "needle", "path": "target"}),
+        &scene.plain(),
+    )
+    .await;
+    assert_eq!(match_paths(&explicit), ["target/debug/out.txt:1"]);
+}
+
+#[tokio::test]
+async fn search_files_bounds_the_results_and_says_so() {
+    let scene = Scene::new();
+    let text: String = (0..50).map(|i| format!("hit {i}\n")).collect();
+    scene.write("many.txt", text);
+    scene.write("wide.txt", format!("hit {}\n", "w".repeat(1000)));
+    let (result, is_error) = call(
+        &SearchFilesTool,
+        json!({"pattern": "hit", "max_results": 10}),
+        &scene.plain(),
+    )
+    .await;
+    assert!(!is_error, "{result}");
+    assert_eq!(result["matches"].as_array().expect("matches").len(), 10);
+    assert_eq!(result["truncated"], true);
+    assert!(
+        result["note"]
+            .as_str()
+            .expect("note")
+            .contains("stopped after 10 matches"),
+        "{result}"
+    );
+
+    let (wide, _) = call(
+        &SearchFilesTool,
+        json!({"pattern": "hit w", "path": "wide.txt"}),
+        &scene.plain(),
+    )
+    .await;
+    let text = wide["matches"][0]["text"].as_str().expect("text");
+    assert_eq!(text.chars().count(), 300);
+    assert!(text.ends_with('…'));
+
+    // max_results above the bound is clamped, not refused.
+    let (clamped, is_error) = call(
+        &SearchFilesTool,
+        json!({"pattern": "hit", "max_results": 1_000_000}),
+        &scene.plain(),
+    )
+    .await;
+    assert!(!is_error);
+    assert_eq!(clamped["matches"].as_array().expect("matches").len(), 51);
+}
+
+#[tokio::test]
+async fn search_files_bad_arguments_name_the_field() {
+    let scene = Scene::new();
+    let cases = [
+        (json!(1), "pattern"),
+        (json!({}), "pattern"),
+        (json!({"pattern": ""}), "pattern"),
+        (json!({"pattern": "(unclosed"}), "pattern"),
+        (json!({"pattern": "x", "path": "missing"}), "path"),
+        (json!({"pattern": "x", "path": 3}), "path"),
+        (json!({"pattern": "x", "glob": "a[b"}), "glob"),
+        (json!({"pattern": "x", "glob": false}), "glob"),
+        (json!({"pattern": "x", "max_results": "5"}), "max_results"),
+        (json!({"pattern": "x", "max_results": -5}), "max_results"),
+    ];
+    for (args, field) in cases {
+        let error = call_err(&SearchFilesTool, args.clone(), &scene.plain()).await;
+        assert_names(&error, field);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// registry and schemas
+
+#[test]
+fn the_file_toolset_registers_four_tools_with_deterministic_schemas() {
+    let toolsets = ["file".to_string()];
+    let first = ToolRegistry::for_toolsets(&toolsets).expect("known toolset");
+    let second = ToolRegistry::for_toolsets(&toolsets).expect("known toolset");
+    assert_eq!(
+        first.names(),
+        ["read_file", "write_file", "patch", "search_files"]
+    );
+    let bytes = |r: &ToolRegistry| serde_json::to_vec(&r.schemas()).expect("serialise");
+    assert_eq!(
+        bytes(&first),
+        bytes(&second),
+        "schemas must be byte-identical"
+    );
+    for schema in first.schemas() {
+        let name = schema["function"]["name"].as_str().expect("name");
+        assert_eq!(schema["type"], "function");
+        assert_eq!(schema["function"]["parameters"]["type"], "object", "{name}");
+        assert_eq!(
+            schema["function"]["parameters"]["additionalProperties"], false,
+            "{name}"
+        );
+        assert!(
+            first.get(name).is_some(),
+            "{name} is reachable by its schema name"
+        );
+    }
+    let required = |name: &str| {
+        first.get(name).expect("tool").schema()["function"]["parameters"]["required"].clone()
+    };
+    assert_eq!(required("read_file"), json!(["path"]));
+    assert_eq!(required("write_file"), json!(["path", "content"]));
+    assert_eq!(
+        required("patch"),
+        json!(["path", "old_string", "new_string"])
+    );
+    assert_eq!(required("search_files"), json!(["pattern"]));
+}
+
+#[test]
+fn previews_show_the_path_or_pattern() {
+    assert_eq!(
+        ReadFileTool.context(&json!({"path": "src/lib.rs", "offset": 40})),
+        "src/lib.rs:40"
+    );
+    assert_eq!(
+        WriteFileTool.context(&json!({"path": "a.txt", "content": "x\ny"})),
+        "a.txt"
+    );
+    assert_eq!(
+        PatchTool.context(&json!({"path": "b.txt", "old_string": "o", "new_string": "n"})),
+        "b.txt"
+    );
+    assert_eq!(
+        SearchFilesTool.context(&json!({"pattern": "fn main", "path": "src"})),
+        "fn main in src"
+    );
+    let long = "p".repeat(300);
+    assert!(
+        WriteFileTool
+            .context(&json!({"path": long}))
+            .chars()
+            .count()
+            <= 80
+    );
+}
