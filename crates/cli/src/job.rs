@@ -10,6 +10,7 @@ use drover_jobs::delivery::{AgentSession, TmuxServer, TMUX_SOCKET_ENV};
 use drover_jobs::publish::{self, PublishContext, PublishRequest, DRAIN_ENV};
 use drover_jobs::registry::Via;
 use drover_jobs::registry::{NewJob, Registry};
+use drover_jobs::remote::{self, RemoteContext, RemoteRequest};
 use drover_jobs::state::{self, ContractInput};
 use drover_jobs::submit::{SubmitContext, SubmitRequest};
 use drover_jobs::timer::{self, TimerIdentity, TimerLaunch, TimerRun, TimerSpec};
@@ -117,7 +118,8 @@ pub struct RegisterArgs {
 /// `drover job submit`.
 #[derive(Args, Debug)]
 pub struct SubmitArgs {
-    /// `tmux:<target>`, `herdr:<pane>` or `exec` (with --exec).
+    /// `tmux:<target>`, `herdr:<pane>`, `exec` (with --exec) or `remote:<name>` (a `drover
+    /// runner`; needs the MQTT wire and $DROVER_DISPATCH_SECRET).
     #[arg(long = "agent-session", value_name = "S")]
     agent_session: String,
     /// The task.
@@ -267,11 +269,7 @@ pub fn run(home: PathBuf, args: JobArgs) -> Exit {
             .with_writer(std::io::stderr)
             .try_init();
     }
-    let registry_dir = match &args.registry_dir {
-        Some(dir) => std::path::absolute(dir).unwrap_or_else(|_| dir.clone()),
-        None => home.join("jobs"),
-    };
-    let env = Env { home, registry_dir };
+    let env = Env::new(home, args.registry_dir.as_deref());
     let result = match args.command {
         JobCommand::Register(a) => register(&env, a),
         JobCommand::Submit(a) => submit(&env, a),
@@ -293,12 +291,21 @@ pub fn run(home: PathBuf, args: JobArgs) -> Exit {
     }
 }
 
-struct Env {
-    home: PathBuf,
-    registry_dir: PathBuf,
+pub(crate) struct Env {
+    pub(crate) home: PathBuf,
+    pub(crate) registry_dir: PathBuf,
 }
 
 impl Env {
+    /// `--registry-dir` made absolute, else `<home>/jobs`.
+    pub(crate) fn new(home: PathBuf, registry_dir: Option<&std::path::Path>) -> Env {
+        let registry_dir = match registry_dir {
+            Some(dir) => std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf()),
+            None => home.join("jobs"),
+        };
+        Env { home, registry_dir }
+    }
+
     /// The registry for a command that writes (created if missing).
     fn open(&self) -> Result<Registry, JobError> {
         Registry::open(&self.registry_dir)
@@ -313,7 +320,7 @@ impl Env {
     }
 
     /// `[mqtt]` from `<home>/config.toml`, overridden by `$DROVER_MQTT_URL`.
-    fn wire_settings(&self) -> Result<WireSettings, JobError> {
+    pub(crate) fn wire_settings(&self) -> Result<WireSettings, JobError> {
         let config = drover_owner::config::Config::load(&self.home)
             .map_err(|e| JobError::BadInput(e.to_string()))?;
         WireSettings::from_config(
@@ -327,7 +334,7 @@ impl Env {
         )
     }
 
-    fn drain(&self) -> Result<Duration, JobError> {
+    pub(crate) fn drain(&self) -> Result<Duration, JobError> {
         publish::parse_drain(std::env::var(DRAIN_ENV).ok().as_deref())
     }
 
@@ -339,7 +346,26 @@ impl Env {
     }
 }
 
-fn print_json(value: &Value) {
+/// A current-thread tokio runtime for one command.
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, JobError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|source| JobError::Io {
+            what: "cannot start the async runtime".into(),
+            source,
+        })
+}
+
+pub(crate) fn no_wire_for_remote() -> JobError {
+    JobError::BadInput(
+        "remote runners talk over the MQTT wire, and no wire is configured ([mqtt] url in \
+         config.toml, or $DROVER_MQTT_URL)"
+            .into(),
+    )
+}
+
+pub(crate) fn print_json(value: &Value) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{value}");
 }
@@ -389,48 +415,22 @@ fn submit(env: &Env, a: SubmitArgs) -> Result<Exit, JobError> {
     if let Some(id) = &a.job_id {
         drover_jobs::registry::validate_job_id(id)?;
     }
-    let settings = env.wire_settings()?;
-    let wire = settings.wire();
-    let ctx = SubmitContext {
-        registry_dir: env.registry_dir.clone(),
-        home: env.home.clone(),
-        exe: env.exe()?,
-        wire: wire.as_ref(),
-        drain: env.drain()?,
-        tmux: TmuxServer::from_env_value(std::env::var(TMUX_SOCKET_ENV).ok().as_deref()),
-        path_var: std::env::var_os("PATH"),
-    };
-    let req = SubmitRequest {
-        agent_session: session,
-        exec: a.exec,
-        prompt: a.prompt,
-        contract,
-        timeout,
-        dry_run: a.dry_run,
-        job_id: a.job_id,
-        topic_base: settings.topic_base.clone(),
-    };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|source| JobError::Io {
-            what: "cannot start the async runtime".into(),
-            source,
-        })?;
-    let outcome = rt.block_on(drover_jobs::submit(ctx, req))?;
+    let rt = runtime()?;
+    let outcome = submit_outcome(
+        env,
+        &rt,
+        SubmitSpec {
+            session,
+            exec: a.exec,
+            prompt: a.prompt,
+            contract,
+            timeout,
+            dry_run: a.dry_run,
+            job_id: a.job_id,
+        },
+    )?;
     let job = &outcome.job;
-    let (word, code) = match outcome.verdict {
-        None => ("dry_run", Exit::Ok),
-        Some(Verdict::Finished(JobStatus::Completed)) => ("completed", Exit::Ok),
-        Some(Verdict::Finished(JobStatus::Cancelled)) => ("cancelled", Exit::Failed),
-        Some(Verdict::Finished(_)) => ("error", Exit::Failed),
-        Some(Verdict::AgentBlocked) => ("agent_blocked", Exit::Failed),
-        Some(Verdict::DeadlineTimeout) => ("deadline_timeout", Exit::Incomplete),
-        Some(Verdict::Timeout) => ("timeout", Exit::Incomplete),
-        Some(Verdict::Superseded) => ("superseded", Exit::Failed),
-        // judge_wait never ends the wait with Wait.
-        Some(Verdict::Wait) => ("error", Exit::Failed),
-    };
+    let (word, code) = submit_verdict(outcome.verdict);
     if a.json {
         print_json(&json!({
             "job": job.to_json(),
@@ -474,6 +474,93 @@ fn submit(env: &Env, a: SubmitArgs) -> Result<Exit, JobError> {
         }
     }
     Ok(code)
+}
+
+/// One submit, whatever the transport (`submit` and `loop`).
+pub(crate) struct SubmitSpec {
+    pub(crate) session: AgentSession,
+    pub(crate) exec: Option<String>,
+    pub(crate) prompt: String,
+    pub(crate) contract: Contract,
+    pub(crate) timeout: Option<u64>,
+    pub(crate) dry_run: bool,
+    pub(crate) job_id: Option<String>,
+}
+
+/// Runs one submit to its end: [`remote::submit_remote`] for `remote:<name>`, else
+/// [`drover_jobs::submit`].
+pub(crate) fn submit_outcome(
+    env: &Env,
+    rt: &tokio::runtime::Runtime,
+    a: SubmitSpec,
+) -> Result<drover_jobs::SubmitOutcome, JobError> {
+    let session = a.session;
+    let settings = env.wire_settings()?;
+    let wire = settings.wire();
+    let outcome = if let AgentSession::Remote(runner) = &session {
+        if a.exec.is_some() {
+            return Err(JobError::BadInput(
+                "--exec goes only with --agent-session exec".into(),
+            ));
+        }
+        let secret = remote::dispatch_secret(std::env::var(remote::DISPATCH_SECRET_ENV).ok())?;
+        let endpoint = settings.endpoint.clone().ok_or_else(no_wire_for_remote)?;
+        let ctx = RemoteContext {
+            registry_dir: env.registry_dir.clone(),
+            endpoint,
+            secret,
+            wire: wire.as_ref(),
+            drain: env.drain()?,
+        };
+        let req = RemoteRequest {
+            runner: runner.clone(),
+            prompt: a.prompt,
+            contract: a.contract,
+            timeout: a.timeout,
+            dry_run: a.dry_run,
+            job_id: a.job_id,
+            topic_base: settings.topic_base.clone(),
+        };
+        rt.block_on(remote::submit_remote(ctx, req))?
+    } else {
+        let ctx = SubmitContext {
+            registry_dir: env.registry_dir.clone(),
+            home: env.home.clone(),
+            exe: env.exe()?,
+            wire: wire.as_ref(),
+            drain: env.drain()?,
+            tmux: TmuxServer::from_env_value(std::env::var(TMUX_SOCKET_ENV).ok().as_deref()),
+            path_var: std::env::var_os("PATH"),
+        };
+        let req = SubmitRequest {
+            agent_session: session,
+            exec: a.exec,
+            prompt: a.prompt,
+            contract: a.contract,
+            timeout: a.timeout,
+            dry_run: a.dry_run,
+            job_id: a.job_id,
+            topic_base: settings.topic_base.clone(),
+        };
+        rt.block_on(drover_jobs::submit(ctx, req))?
+    };
+    Ok(outcome)
+}
+
+/// The word and exit code of a submit's verdict (SPEC section 7).
+pub(crate) fn submit_verdict(verdict: Option<Verdict>) -> (&'static str, Exit) {
+    match verdict {
+        None => ("dry_run", Exit::Ok),
+        Some(Verdict::Finished(JobStatus::Completed)) => ("completed", Exit::Ok),
+        Some(Verdict::Finished(JobStatus::Cancelled)) => ("cancelled", Exit::Failed),
+        Some(Verdict::Finished(_)) => ("error", Exit::Failed),
+        Some(Verdict::AgentBlocked) => ("agent_blocked", Exit::Failed),
+        Some(Verdict::DeadlineTimeout) => ("deadline_timeout", Exit::Incomplete),
+        Some(Verdict::Timeout) => ("timeout", Exit::Incomplete),
+        Some(Verdict::Superseded) => ("superseded", Exit::Failed),
+        // judge_wait never ends the wait with Wait.
+        Some(Verdict::Wait) => ("error", Exit::Failed),
+    }
 }
 
 fn publish_cmd(env: &Env, a: PublishArgs) -> Result<Exit, JobError> {

@@ -1,11 +1,13 @@
 //! `drover`: the single binary (SPEC section 8). It only wires the crates together:
 //! `daemon` runs [`drover_owner`], `worker` runs [`drover_worker`], `run`, `sessions` and
-//! `stop` are clients of the home's daemon, and `job` drives [`drover_jobs`].
+//! `stop` are clients of the home's daemon, and `job`, `runner` and `loop` drive
+//! [`drover_jobs`].
 
 mod broker;
 mod client;
 mod commands;
 mod job;
+mod runner;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -66,6 +68,10 @@ enum Command {
     },
     /// Delegated jobs: register, submit, publish and inspect (SPEC section 7).
     Job(job::JobArgs),
+    /// Run dispatched remote jobs: follow this runner's dispatch topic and run CMD per job.
+    Runner(runner::RunnerArgs),
+    /// Alternate creator and reviewer jobs until the reviewer says PASS.
+    Loop(runner::LoopArgs),
     /// Run a local MQTT broker for development (mosquitto on loopback; docs/jobs.md).
     Broker(broker::BrokerArgs),
     /// Internal: a managed worker, started by the owner only.
@@ -100,6 +106,8 @@ fn main() -> ExitCode {
         }
         Command::Job(args) => job::run(home, args) as u8,
         Command::Broker(args) => broker::run(home, args) as u8,
+        Command::Runner(args) => runner::run_runner(home, args) as u8,
+        Command::Loop(args) => runner::run_loop(home, args) as u8,
     };
     ExitCode::from(code)
 }

@@ -35,7 +35,7 @@ pub enum AgentSession {
     Herdr(String),
     /// `exec`: a local command given with `--exec`.
     Exec,
-    /// `remote:<name>`: a runner on another host (not built yet).
+    /// `remote:<name>`: a `drover runner` on another host ([`crate::remote`]).
     Remote(String),
 }
 
@@ -142,8 +142,8 @@ impl Target {
                 "--exec goes only with --agent-session exec".into(),
             )),
             (AgentSession::Remote(name), None) => Err(JobError::BadInput(format!(
-                "--agent-session remote:{name}: remote runners need the MQTT wire, which this \
-                 drover does not have yet"
+                "--agent-session remote:{name} is dispatched to a runner over the MQTT wire \
+                 (crate::remote::submit_remote), not delivered here"
             ))),
             (AgentSession::Herdr(pane), None) => {
                 let exe = find_on_path("herdr", path_var).ok_or_else(|| {

@@ -28,8 +28,11 @@
 //! - [`submit`](mod@submit): `drover job submit` — register, brief, deliver once, and wait
 //!   under the contract.
 //!
-//! What this crate does not do yet: remote runners (`remote:<name>`, `drover runner`) and
-//! `drover loop`; argument parsing and printing (that is `crates/cli`).
+//! - [`remote`]: remote runners — the signed dispatch, the derived `auth_token`, and
+//!   `submit --agent-session remote:<name>` ([`remote::submit_remote`]).
+//! - [`runner`]: `drover runner` — admission of signed dispatches and running the command.
+//!
+//! Argument parsing, printing and `drover loop` are in `crates/cli`.
 //!
 //! ```no_run
 //! use drover_jobs::{registry::{NewJob, Registry, EventRequest}, Contract, EventKind};
@@ -56,6 +59,8 @@ pub mod delivery;
 pub mod mqtt;
 pub mod publish;
 pub mod registry;
+pub mod remote;
+pub mod runner;
 pub mod sign;
 pub mod state;
 pub mod submit;

@@ -723,6 +723,119 @@ impl Registry {
         Ok((updated, job.heartbeat_timer))
     }
 
+    /// Sets the job's `auth_token` (a remote job's is derived from the dispatch secret, so
+    /// both sides hold it without it ever travelling; see [`crate::remote`]).
+    pub fn set_auth_token(&mut self, job_id: &str, auth_token: &str) -> Result<Job, JobError> {
+        let n = self.conn.execute(
+            "UPDATE jobs SET auth_token = ?2, updated_at = ?3 WHERE job_id = ?1",
+            params![job_id, auth_token, now()],
+        )?;
+        if n == 0 {
+            return Err(JobError::UnknownJob {
+                job_id: job_id.to_string(),
+                registry: self.dir.clone(),
+            });
+        }
+        self.job(job_id)
+    }
+
+    /// A runner's admission of a verified dispatch, in one transaction (SPEC section 7):
+    /// [`state::admit_dispatch`] decides over what the registry holds; a refusal writes
+    /// nothing; `Insert` stores the job, `Replace` moves the record to the newer attempt
+    /// (its tokens, status `pending`, no timer) with an `attempt_changed` audit entry. Gives
+    /// the decision, the job as it now is, and a timer the replaced attempt had.
+    pub fn admit_dispatch(
+        &mut self,
+        d: &crate::remote::Dispatch,
+        auth_token: &str,
+    ) -> Result<(state::Admission, Job, Option<TimerIdentity>), JobError> {
+        validate_job_id(&d.job_id)?;
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let held = match load_job(&tx, &self.dir, &d.job_id) {
+            Ok(job) => Some(job),
+            Err(JobError::UnknownJob { .. }) => None,
+            Err(e) => return Err(e),
+        };
+        let view = held.as_ref().map(|j| state::HeldAttempt {
+            attempt_id: j.attempt_id,
+            dispatch_token: &j.dispatch_token,
+            status: j.status,
+            delivered_attempt: j.delivered_attempt,
+        });
+        let admission = state::admit_dispatch(view.as_ref(), d.attempt_id, &d.dispatch_token)?;
+        let ts = now();
+        let c = d.contract;
+        let mut old_timer = None;
+        match (admission, &held) {
+            (state::Admission::Insert, _) => {
+                tx.execute(
+                    "INSERT INTO jobs (job_id, status, transport, prompt, heartbeat_sec,
+                        heartbeat_misses, ack_timeout_sec, idle_timeout_sec, attempt_id,
+                        dispatch_token, auth_token, topic_prefix, created_at, updated_at)
+                     VALUES (?1, 'pending', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?12)",
+                    params![
+                        d.job_id,
+                        format!("runner:{}", d.runner),
+                        d.prompt,
+                        c.heartbeat_sec as i64,
+                        c.heartbeat_misses as i64,
+                        c.ack_timeout_sec as i64,
+                        c.idle_timeout_sec as i64,
+                        d.attempt_id as i64,
+                        d.dispatch_token,
+                        auth_token,
+                        d.topic_prefix,
+                        ts,
+                    ],
+                )?;
+                let job = load_job(&tx, &self.dir, &d.job_id)?;
+                insert_audit(&tx, &job, "dispatch_admitted", None, json!({}))?;
+            }
+            (state::Admission::Replace { previous_attempt }, Some(prev)) => {
+                old_timer = prev.heartbeat_timer;
+                tx.execute(
+                    "UPDATE jobs SET attempt_id = ?2, dispatch_token = ?3, auth_token = ?4,
+                        status = 'pending', status_detail = NULL, prompt = ?5,
+                        heartbeat_sec = ?6, heartbeat_misses = ?7, ack_timeout_sec = ?8,
+                        idle_timeout_sec = ?9, topic_prefix = ?10, timer_pid = NULL,
+                        timer_start_time = NULL, updated_at = ?11
+                     WHERE job_id = ?1",
+                    params![
+                        d.job_id,
+                        d.attempt_id as i64,
+                        d.dispatch_token,
+                        auth_token,
+                        d.prompt,
+                        c.heartbeat_sec as i64,
+                        c.heartbeat_misses as i64,
+                        c.ack_timeout_sec as i64,
+                        c.idle_timeout_sec as i64,
+                        d.topic_prefix,
+                        ts,
+                    ],
+                )?;
+                let job = load_job(&tx, &self.dir, &d.job_id)?;
+                insert_audit(
+                    &tx,
+                    &job,
+                    "attempt_changed",
+                    Some("dispatch"),
+                    json!({
+                        "previous_attempt_id": previous_attempt,
+                        "attempt_id": d.attempt_id,
+                        "previous_status": prev.status.as_str(),
+                    }),
+                )?;
+            }
+            _ => {}
+        }
+        let job = load_job(&tx, &self.dir, &d.job_id)?;
+        tx.commit()?;
+        Ok((admission, job, old_timer))
+    }
+
     /// Unregisters `timer` if it is still the job's timer (a timer that stops by itself
     /// clears its own entry; a stale entry is cleared by whoever finds it). Gives whether it
     /// was.

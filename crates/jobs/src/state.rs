@@ -141,6 +141,10 @@ pub enum Refusal {
     AttemptNotNewer { current: u64, requested: u64 },
     /// This attempt was already delivered once; it is never delivered again.
     AlreadyDelivered { attempt: u64 },
+    /// A dispatch of an attempt older than the one the runner holds.
+    StaleDispatch { current: u64, requested: u64 },
+    /// A dispatch of the runner's current attempt under another `dispatch_token`.
+    DispatchTokenMismatch { attempt: u64 },
 }
 
 impl fmt::Display for Refusal {
@@ -167,6 +171,16 @@ impl fmt::Display for Refusal {
             Refusal::AlreadyDelivered { attempt } => write!(
                 f,
                 "attempt {attempt} was already delivered; an attempt is delivered once, ever"
+            ),
+            Refusal::StaleDispatch { current, requested } => write!(
+                f,
+                "dispatch of attempt {requested} is older than the attempt {current} this \
+                 runner holds"
+            ),
+            Refusal::DispatchTokenMismatch { attempt } => write!(
+                f,
+                "dispatch of attempt {attempt} carries another dispatch token than the one \
+                 this runner holds for that attempt"
             ),
         }
     }
@@ -224,6 +238,74 @@ pub fn next_attempt(current: u64, requested: u64) -> Result<u64, Refusal> {
     } else {
         Err(Refusal::AttemptNotNewer { current, requested })
     }
+}
+
+/// What a runner's registry holds of a job, as far as admission is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeldAttempt<'a> {
+    pub attempt_id: u64,
+    pub dispatch_token: &'a str,
+    pub status: JobStatus,
+    /// The newest attempt already handed to the command (0: none).
+    pub delivered_attempt: u64,
+}
+
+/// What a runner does with a signed dispatch it may run (SPEC section 7, "Admission").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// No record of the job: store it and run it.
+    Insert,
+    /// A strictly newer attempt: replace the record (attempt, tokens, status `pending`) and
+    /// run it.
+    Replace { previous_attempt: u64 },
+    /// The same attempt under the same token, stored but never run (e.g. the runner died
+    /// between the write and the start): run it now, nothing to write.
+    Run,
+    /// The same attempt under the same token, already run (`finished`: it ended): nothing to
+    /// do. Repeating a dispatch is idempotent, and a finished attempt never runs again.
+    Duplicate { finished: bool },
+}
+
+impl Admission {
+    /// Whether the command is (to be) started for this dispatch.
+    pub fn runs(self) -> bool {
+        !matches!(self, Admission::Duplicate { .. })
+    }
+}
+
+/// Dispatch admission over the record the runner holds (if any) and an incoming dispatch of
+/// `attempt_id` under `dispatch_token`. A refusal is decided before any write.
+pub fn admit_dispatch(
+    held: Option<&HeldAttempt<'_>>,
+    attempt_id: u64,
+    dispatch_token: &str,
+) -> Result<Admission, Refusal> {
+    let Some(held) = held else {
+        return Ok(Admission::Insert);
+    };
+    if attempt_id < held.attempt_id {
+        return Err(Refusal::StaleDispatch {
+            current: held.attempt_id,
+            requested: attempt_id,
+        });
+    }
+    if attempt_id > held.attempt_id {
+        return Ok(Admission::Replace {
+            previous_attempt: held.attempt_id,
+        });
+    }
+    if dispatch_token != held.dispatch_token {
+        return Err(Refusal::DispatchTokenMismatch {
+            attempt: attempt_id,
+        });
+    }
+    if held.status.is_terminal() {
+        return Ok(Admission::Duplicate { finished: true });
+    }
+    if held.delivered_attempt >= attempt_id {
+        return Ok(Admission::Duplicate { finished: false });
+    }
+    Ok(Admission::Run)
 }
 
 /// The seq of the next event: one more than the job's `last_seq` (seqs start at 1 and never
@@ -526,6 +608,82 @@ mod tests {
                 requested: 1
             })
         );
+    }
+
+    #[test]
+    fn dispatch_admission_covers_every_held_state() {
+        // No record: insert, whatever the attempt.
+        for attempt in [1, 2, 9] {
+            assert_eq!(admit_dispatch(None, attempt, "t"), Ok(Admission::Insert));
+        }
+        for status in JobStatus::ALL {
+            for delivered in [0, 1, 2, 3] {
+                let held = HeldAttempt {
+                    attempt_id: 2,
+                    dispatch_token: "tok2",
+                    status,
+                    delivered_attempt: delivered,
+                };
+                let label = format!("{status} delivered {delivered}");
+                // A lower attempt is refused, whatever its token.
+                for token in ["tok2", "tok1", "other"] {
+                    assert_eq!(
+                        admit_dispatch(Some(&held), 1, token),
+                        Err(Refusal::StaleDispatch {
+                            current: 2,
+                            requested: 1
+                        }),
+                        "{label}"
+                    );
+                }
+                // The same attempt under another token is refused.
+                assert_eq!(
+                    admit_dispatch(Some(&held), 2, "tok1"),
+                    Err(Refusal::DispatchTokenMismatch { attempt: 2 }),
+                    "{label}"
+                );
+                // A strictly newer attempt replaces the record, whatever its state.
+                for newer in [3, 100] {
+                    for token in ["tok2", "tok3"] {
+                        assert_eq!(
+                            admit_dispatch(Some(&held), newer, token),
+                            Ok(Admission::Replace {
+                                previous_attempt: 2
+                            }),
+                            "{label}"
+                        );
+                    }
+                }
+                // The same token: idempotent; a finished attempt never runs again.
+                let want = if status.is_terminal() {
+                    Admission::Duplicate { finished: true }
+                } else if delivered >= 2 {
+                    Admission::Duplicate { finished: false }
+                } else {
+                    Admission::Run
+                };
+                assert_eq!(admit_dispatch(Some(&held), 2, "tok2"), Ok(want), "{label}");
+                assert_eq!(
+                    want.runs(),
+                    !status.is_terminal() && delivered < 2,
+                    "{label}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn admission_refusals_are_one_line() {
+        for r in [
+            Refusal::StaleDispatch {
+                current: 3,
+                requested: 1,
+            },
+            Refusal::DispatchTokenMismatch { attempt: 2 },
+        ] {
+            let msg = r.to_string();
+            assert!(!msg.contains('\n') && !msg.is_empty(), "{msg}");
+        }
     }
 
     #[test]

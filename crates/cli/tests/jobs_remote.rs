@@ -1,0 +1,794 @@
+//! Remote runners and `drover loop` (SPEC section 7, "Remote") against a real broker: each
+//! test starts its own mosquitto on a free loopback port, killed when the test ends.
+//!
+//! The orchestrator (`drover job submit --agent-session remote:<name>`, `drover loop`) and
+//! each `drover runner` have their own home and registry, as on two hosts; they share only
+//! the broker and `$DROVER_DISPATCH_SECRET`. Every wait is bounded.
+
+use std::io::{BufRead, BufReader};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use drover_jobs::mqtt::{self, Endpoint, Feed, Outbound};
+use drover_jobs::remote::{derive_auth_token, Dispatch};
+use drover_jobs::{sign, Contract};
+use serde_json::{json, Value};
+use tempfile::TempDir;
+
+const SECRET: &str = "test-dispatch-secret";
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_drover"))
+}
+
+/// The variables a test must not inherit from the shell that runs it.
+const SCRUBBED_ENV: &[&str] = &[
+    "DROVER_HOME",
+    "DROVER_MQTT_URL",
+    "DROVER_DISPATCH_SECRET",
+    "DROVER_TMUX_SOCKET",
+    "DROVER_HEARTBEAT_DRAIN_S",
+    "DROVER_HEARTBEAT_SEC",
+    "DROVER_HEARTBEAT_MISSES",
+    "DROVER_ACK_TIMEOUT_S",
+    "TMUX",
+    "RUST_LOG",
+];
+
+fn mosquitto_exe() -> PathBuf {
+    for p in ["/usr/sbin/mosquitto", "/usr/bin/mosquitto"] {
+        if Path::new(p).is_file() {
+            return PathBuf::from(p);
+        }
+    }
+    panic!("these tests need mosquitto (apt-get install mosquitto; .ci/run installs it)");
+}
+
+/// A mosquitto of this test, on loopback, without persistence. Killed (and reaped) on drop.
+struct Broker {
+    port: u16,
+    _dir: TempDir,
+    child: Child,
+}
+
+impl Broker {
+    fn start() -> Broker {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free loopback port")
+            .port();
+        let conf = format!("listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n");
+        std::fs::write(dir.path().join("mosquitto.conf"), conf).unwrap();
+        let log = std::fs::File::create(dir.path().join("mosquitto.log")).unwrap();
+        let child = std::process::Command::new(mosquitto_exe())
+            .arg("-c")
+            .arg(dir.path().join("mosquitto.conf"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("mosquitto starts");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "mosquitto did not listen within 10 s"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Broker {
+            port,
+            _dir: dir,
+            child,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("mqtt://127.0.0.1:{}", self.port)
+    }
+
+    fn endpoint(&self) -> Endpoint {
+        Endpoint::parse(&self.url()).unwrap()
+    }
+
+    /// Publishes one retained message on `topic`, acknowledged.
+    async fn publish_retained(&self, topic: &str, payload: Vec<u8>) {
+        let (n, why) = mqtt::publish_all(
+            &self.endpoint(),
+            &[Outbound {
+                topic: topic.to_string(),
+                payload,
+                retain: true,
+            }],
+        )
+        .await;
+        assert_eq!(n, 1, "publish to {topic}: {why:?}");
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One host: a home and a registry, with `$DROVER_MQTT_URL` and (optionally) the secret.
+struct Host {
+    root: PathBuf,
+    url: String,
+    secret: Option<&'static str>,
+}
+
+impl Host {
+    fn new(root: &Path, name: &str, url: String) -> Host {
+        let root = root.join(name);
+        std::fs::create_dir_all(&root).unwrap();
+        Host {
+            root,
+            url,
+            secret: Some(SECRET),
+        }
+    }
+
+    fn registry(&self) -> PathBuf {
+        self.root.join("registry")
+    }
+
+    fn command(&self, args: &[&str]) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new(bin());
+        cmd.arg("--home")
+            .arg(self.root.join("home"))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        for var in SCRUBBED_ENV {
+            cmd.env_remove(var);
+        }
+        cmd.env("DROVER_MQTT_URL", &self.url);
+        if let Some(secret) = self.secret {
+            cmd.env("DROVER_DISPATCH_SECRET", secret);
+        }
+        cmd
+    }
+
+    /// `drover job --registry-dir <registry> <args>`.
+    fn job_command(&self, args: &[&str]) -> tokio::process::Command {
+        let registry = self.registry();
+        let mut all = vec!["job", "--registry-dir", registry.to_str().unwrap()];
+        all.extend_from_slice(args);
+        self.command(&all)
+    }
+
+    async fn output(mut cmd: tokio::process::Command) -> Output {
+        tokio::time::timeout(Duration::from_secs(40), cmd.output())
+            .await
+            .expect("drover finished within 40 s")
+            .expect("drover ran")
+    }
+
+    async fn job(&self, args: &[&str]) -> Output {
+        Host::output(self.job_command(args)).await
+    }
+
+    async fn json(&self, args: &[&str]) -> Value {
+        let out = self.job(args).await;
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("JSON on stdout")
+    }
+
+    async fn events(&self, job: &str) -> Vec<Value> {
+        self.json(&["events", "--job", job, "--json"]).await["events"]
+            .as_array()
+            .unwrap()
+            .clone()
+    }
+
+    /// `drover runner --session NAME --exec CMD <extra>` in the background, stderr collected.
+    fn runner(&self, name: &str, exec: &str, extra: &[&str]) -> Runner {
+        let registry = self.registry();
+        let mut args = vec![
+            "runner",
+            "--session",
+            name,
+            "--exec",
+            exec,
+            "--registry-dir",
+            registry.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let mut child = self.command(&args).spawn().expect("runner starts");
+        let stderr = child.stderr.take().unwrap();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        std::thread::spawn(move || {
+            let fd = stderr.into_owned_fd().unwrap();
+            for line in BufReader::new(std::fs::File::from(fd)).lines() {
+                match line {
+                    Ok(l) => sink.lock().unwrap().push(l),
+                    Err(_) => break,
+                }
+            }
+        });
+        Runner { child, lines }
+    }
+}
+
+/// A running `drover runner`.
+struct Runner {
+    child: tokio::process::Child,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl Runner {
+    fn stderr(&self) -> String {
+        self.lines.lock().unwrap().join("\n")
+    }
+
+    fn count(&self, needle: &str) -> usize {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains(needle))
+            .count()
+    }
+
+    /// Waits (at most 15 s) until `n` stderr lines contain `needle`.
+    async fn wait_for(&self, needle: &str, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while self.count(needle) < n {
+            assert!(
+                Instant::now() < deadline,
+                "no {needle:?} (x{n}) from the runner:\n{}",
+                self.stderr()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn exit_code(&mut self, limit: Duration) -> Option<i32> {
+        tokio::time::timeout(limit, self.child.wait())
+            .await
+            .unwrap_or_else(|_| panic!("the runner did not exit:\n{}", self.stderr()))
+            .unwrap()
+            .code()
+    }
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn wire_events(events: &[Value]) -> Vec<(u64, String, Option<String>)> {
+    events
+        .iter()
+        .filter(|e| e["audit"] == false)
+        .map(|e| {
+            (
+                e["seq"].as_u64().unwrap(),
+                e["event"].as_str().unwrap().to_string(),
+                e["detail"].as_str().map(str::to_string),
+            )
+        })
+        .collect()
+}
+
+/// An entry of `events --json` as it was signed (without the local `audit` flag).
+fn unaudited(mut entry: Value) -> Value {
+    entry.as_object_mut().unwrap().remove("audit");
+    entry
+}
+
+fn dispatch(runner: &str, job_id: &str, attempt_id: u64, token: &str) -> Dispatch {
+    Dispatch {
+        runner: runner.into(),
+        job_id: job_id.into(),
+        attempt_id,
+        dispatch_token: token.into(),
+        topic_prefix: format!("drover/v1/jobs/{job_id}"),
+        prompt: "count the runs".into(),
+        contract: Contract::default(),
+    }
+}
+
+fn topic(runner: &str) -> String {
+    format!("drover/v1/runners/{runner}/dispatch")
+}
+
+/// Whether `pid` is gone (or a zombie no one reaped yet).
+fn is_dead(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('Z') || rest.starts_with('X')),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn a_runner_executes_a_signed_dispatch_and_submit_mirrors_its_events_and_exits_0() {
+    let broker = Broker::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let orchestrator = Host::new(tmp.path(), "orch", broker.url());
+    let remote = Host::new(tmp.path(), "remote", broker.url());
+    let mut runner = remote.runner(
+        "r1",
+        r#"echo "working on $JOB_ID"; grep -q 'write the report' "$DROVER_BRIEF" || exit 3; sleep 2.5; echo "done: $JOB_ID""#,
+        &["--once"],
+    );
+    runner.wait_for("following", 1).await;
+    let out = orchestrator
+        .job(&[
+            "submit",
+            "--agent-session",
+            "remote:r1",
+            "--prompt",
+            "write the report",
+            "--heartbeat",
+            "1",
+            "--ack-timeout",
+            "10",
+            "--timeout",
+            "30",
+            "--job-id",
+            "rj1",
+            "--json",
+        ])
+        .await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["outcome"], "completed", "{v}");
+    assert_eq!(v["job"]["status"], "completed");
+    assert_eq!(v["job"]["detail"], "done: rj1");
+    assert_eq!(v["job"]["transport"], "remote:r1");
+    assert_eq!(runner.exit_code(Duration::from_secs(10)).await, Some(0));
+    assert!(runner.stderr().contains("dispatch rj1 attempt 1: admitted"));
+
+    // The orchestrator mirrored what the runner recorded: the same seqs, events and details.
+    let mirrored = wire_events(&orchestrator.events("rj1").await);
+    let recorded = wire_events(&remote.events("rj1").await);
+    assert_eq!(mirrored, recorded);
+    assert_eq!(recorded.first().map(|e| e.1.as_str()), Some("started"));
+    assert!(
+        recorded.iter().filter(|e| e.1 == "progress").count() >= 1,
+        "{recorded:?}"
+    );
+    assert_eq!(
+        recorded.last().map(|e| (e.1.as_str(), e.2.as_deref())),
+        Some(("completed", Some("done: rj1")))
+    );
+    // Both sides hold the derived auth token; it was never on the wire in clear.
+    let auth = derive_auth_token(SECRET, "rj1", 1);
+    let shown = orchestrator.json(&["show", "--job", "rj1", "--json"]).await;
+    for e in orchestrator
+        .events("rj1")
+        .await
+        .into_iter()
+        .filter(|e| e["audit"] == false)
+    {
+        assert!(sign::verify(&unaudited(e.clone()), &auth), "{e}");
+    }
+    assert_eq!(shown["status"], "completed");
+    // The retained dispatch was cleared at the end: a late subscriber gets nothing.
+    let mut f = mqtt::follow(&broker.endpoint(), vec![topic("r1")]).unwrap();
+    let got = tokio::time::timeout(Duration::from_millis(800), async {
+        loop {
+            match f.next().await {
+                Some(Feed::Message { payload, .. }) if !payload.is_empty() => return payload,
+                Some(_) => {}
+                None => std::future::pending::<()>().await,
+            }
+        }
+    })
+    .await;
+    assert!(got.is_err(), "a retained dispatch is left: {got:?}");
+}
+
+#[tokio::test]
+async fn unsigned_or_wrongly_signed_dispatches_are_dropped_and_nothing_runs() {
+    let broker = Broker::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let remote = Host::new(tmp.path(), "remote", broker.url());
+    let marker = tmp.path().join("ran");
+    let exec = format!("echo \"$JOB_ID\" >> {}; echo ok", marker.display());
+    let runner = remote.runner("r2", &exec, &[]);
+    runner.wait_for("following", 1).await;
+
+    let d = dispatch("r2", "evil", 1, "tok");
+    let mut unsigned = d.to_message(SECRET);
+    unsigned.as_object_mut().unwrap().remove("sig");
+    broker
+        .publish_retained(&topic("r2"), unsigned.to_string().into_bytes())
+        .await;
+    runner.wait_for("dropped a dispatch", 1).await;
+    broker
+        .publish_retained(
+            &topic("r2"),
+            d.to_message("not-the-secret").to_string().into_bytes(),
+        )
+        .await;
+    runner.wait_for("dropped a dispatch", 2).await;
+    let mut tampered = d.to_message(SECRET);
+    tampered["prompt"] = json!("rm -rf something");
+    broker
+        .publish_retained(&topic("r2"), tampered.to_string().into_bytes())
+        .await;
+    runner.wait_for("dropped a dispatch", 3).await;
+    assert!(
+        !marker.exists(),
+        "a forged dispatch ran:\n{}",
+        runner.stderr()
+    );
+    let listed = remote.json(&["list", "--json"]).await;
+    assert_eq!(listed["jobs"], json!([]), "nothing was written");
+
+    // The same runner does run a properly signed dispatch.
+    let good = dispatch("r2", "good", 1, "tok");
+    broker
+        .publish_retained(
+            &topic("r2"),
+            good.to_message(SECRET).to_string().into_bytes(),
+        )
+        .await;
+    runner.wait_for("job good attempt 1: completed", 1).await;
+    assert_eq!(std::fs::read_to_string(&marker).unwrap(), "good\n");
+}
+
+#[tokio::test]
+async fn admission_is_idempotent_never_reruns_refuses_stale_or_forged_and_newer_replaces() {
+    let broker = Broker::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let remote = Host::new(tmp.path(), "remote", broker.url());
+    let runs = tmp.path().join("runs.txt");
+    let exec = format!(
+        "echo \"$JOB_ID $DROVER_ATTEMPT_ID\" >> {}; echo \"ran $DROVER_ATTEMPT_ID\"",
+        runs.display()
+    );
+    let runner = remote.runner("r3", &exec, &[]);
+    runner.wait_for("following", 1).await;
+    let send = |d: Dispatch| {
+        let bytes = d.to_message(SECRET).to_string().into_bytes();
+        let b = &broker;
+        async move { b.publish_retained(&topic("r3"), bytes).await }
+    };
+
+    send(dispatch("r3", "aj", 2, "tok2")).await;
+    runner
+        .wait_for("job aj attempt 2: completed ran 2", 1)
+        .await;
+    // The same token again: idempotent, and the finished attempt does not run again.
+    send(dispatch("r3", "aj", 2, "tok2")).await;
+    runner
+        .wait_for("dispatch aj attempt 2: duplicate (finished", 1)
+        .await;
+    // A lower attempt is refused before any write.
+    let before = remote.events("aj").await.len();
+    send(dispatch("r3", "aj", 1, "tok1")).await;
+    runner.wait_for("dispatch aj attempt 1: refused", 1).await;
+    // The same attempt under another token is refused.
+    send(dispatch("r3", "aj", 2, "forged")).await;
+    runner.wait_for("dispatch aj attempt 2: refused", 1).await;
+    assert_eq!(
+        remote.events("aj").await.len(),
+        before,
+        "refusals wrote nothing"
+    );
+    let shown = remote.json(&["show", "--job", "aj", "--json"]).await;
+    assert_eq!(
+        (
+            shown["attempt_id"].as_u64(),
+            shown["dispatch_token"].as_str()
+        ),
+        (Some(2), Some("tok2"))
+    );
+    // A strictly newer attempt replaces the record and runs.
+    send(dispatch("r3", "aj", 3, "tok3")).await;
+    runner
+        .wait_for("job aj attempt 3: completed ran 3", 1)
+        .await;
+    assert_eq!(std::fs::read_to_string(&runs).unwrap(), "aj 2\naj 3\n");
+    let shown = remote.json(&["show", "--job", "aj", "--json"]).await;
+    assert_eq!(shown["attempt_id"], 3);
+    assert_eq!(shown["dispatch_token"], "tok3");
+    assert_eq!(shown["status"], "completed");
+    // Its events are signed with the token derived for attempt 3.
+    let auth = derive_auth_token(SECRET, "aj", 3);
+    let last = remote
+        .events("aj")
+        .await
+        .into_iter()
+        .rfind(|e| e["audit"] == false)
+        .unwrap();
+    assert_eq!(last["event"], "completed");
+    assert!(sign::verify(&unaudited(last.clone()), &auth), "{last}");
+}
+
+#[tokio::test]
+async fn the_runner_timeout_kills_the_whole_group_and_publishes_error_timeout_sec() {
+    let broker = Broker::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let orchestrator = Host::new(tmp.path(), "orch", broker.url());
+    let remote = Host::new(tmp.path(), "remote", broker.url());
+    let pidfile = tmp.path().join("bg.pid");
+    let exec = format!(
+        "sleep 60 & echo $! > {}; echo started; sleep 60",
+        pidfile.display()
+    );
+    let mut runner = remote.runner("r4", &exec, &["--once", "--timeout", "2"]);
+    runner.wait_for("following", 1).await;
+    let started = Instant::now();
+    let out = orchestrator
+        .job(&[
+            "submit",
+            "--agent-session",
+            "remote:r4",
+            "--prompt",
+            "hang",
+            "--heartbeat",
+            "1",
+            "--ack-timeout",
+            "10",
+            "--timeout",
+            "30",
+            "--job-id",
+            "tj",
+            "--json",
+        ])
+        .await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(started.elapsed() < Duration::from_secs(15));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["outcome"], "error");
+    assert_eq!(v["job"]["detail"], "timeout_sec 2");
+    assert_eq!(runner.exit_code(Duration::from_secs(10)).await, Some(1));
+    let pid: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !is_dead(pid) {
+        assert!(
+            Instant::now() < deadline,
+            "the background sleep {pid} survived"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let recorded = wire_events(&remote.events("tj").await);
+    assert_eq!(
+        recorded.last().map(|e| (e.1.as_str(), e.2.as_deref())),
+        Some(("error", Some("timeout_sec 2")))
+    );
+    assert_eq!(wire_events(&orchestrator.events("tj").await), recorded);
+}
+
+#[tokio::test]
+async fn without_the_secret_the_runner_refuses_to_start_and_submit_refuses_to_dispatch() {
+    let broker = Broker::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut host = Host::new(tmp.path(), "h", broker.url());
+    host.secret = None;
+    let out = Host::output(host.command(&["runner", "--session", "r5", "--exec", "true"])).await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("DROVER_DISPATCH_SECRET"), "{err}");
+    let out = host
+        .job(&["submit", "--agent-session", "remote:r5", "--prompt", "p"])
+        .await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("DROVER_DISPATCH_SECRET"), "{err}");
+    assert!(
+        !host.registry().join("jobs.db").exists(),
+        "nothing registered"
+    );
+}
+
+#[tokio::test]
+async fn loop_alternates_creator_and_reviewer_until_the_reviewer_says_pass() {
+    let broker = Broker::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let orchestrator = Host::new(tmp.path(), "orch", broker.url());
+    let creator_host = Host::new(tmp.path(), "creator", broker.url());
+    let reviewer_host = Host::new(tmp.path(), "reviewer", broker.url());
+    let creator = creator_host.runner(
+        "c1",
+        r#"echo "draft of $(grep -o '^Round [0-9]*' "$DROVER_BRIEF" | head -n 1)""#,
+        &[],
+    );
+    let reviewer = reviewer_host.runner(
+        "v1",
+        r#"if grep -q '^Round 2' "$DROVER_BRIEF"; then echo "PASS good"; else echo "FAIL: add a title"; fi"#,
+        &[],
+    );
+    creator.wait_for("following", 1).await;
+    reviewer.wait_for("following", 1).await;
+    let mut cmd = orchestrator.command(&[
+        "loop",
+        "--creator",
+        "remote:c1",
+        "--reviewer",
+        "remote:v1",
+        "--task",
+        "write a haiku",
+        "--max-rounds",
+        "3",
+        "--registry-dir",
+        orchestrator.registry().to_str().unwrap(),
+        "--json",
+    ]);
+    cmd.env("DROVER_HEARTBEAT_SEC", "1")
+        .env("DROVER_ACK_TIMEOUT_S", "10");
+    let out = Host::output(cmd).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["outcome"], "pass", "{v}");
+    let rounds = v["rounds"].as_array().unwrap();
+    let roles: Vec<(u64, &str, &str)> = rounds
+        .iter()
+        .map(|r| {
+            (
+                r["round"].as_u64().unwrap(),
+                r["role"].as_str().unwrap(),
+                r["detail"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        roles,
+        [
+            (1, "creator", "draft of Round 1"),
+            (1, "reviewer", "FAIL: add a title"),
+            (2, "creator", "draft of Round 2"),
+            (2, "reviewer", "PASS good"),
+        ]
+    );
+    // The contract came from the environment.
+    let job = rounds[3]["job_id"].as_str().unwrap();
+    let shown = orchestrator.json(&["show", "--job", job, "--json"]).await;
+    assert_eq!(shown["heartbeat_sec"], 1, "{shown}");
+    assert_eq!(shown["ack_timeout_sec"], 10, "{shown}");
+    // The reviewer's brief carried the creator's completed detail; the creator's round-2
+    // brief carried the reviewer's feedback.
+    let brief =
+        std::fs::read_to_string(reviewer_host.registry().join(job).join("brief.md")).unwrap();
+    assert!(brief.contains("draft of Round 2"), "{brief}");
+    let job2 = rounds[2]["job_id"].as_str().unwrap();
+    let brief =
+        std::fs::read_to_string(creator_host.registry().join(job2).join("brief.md")).unwrap();
+    assert!(brief.contains("FAIL: add a title"), "{brief}");
+
+    // No PASS within --max-rounds: exit 1.
+    let mut cmd = orchestrator.command(&[
+        "loop",
+        "--creator",
+        "remote:c1",
+        "--reviewer",
+        "remote:v1",
+        "--task",
+        "write a haiku",
+        "--max-rounds",
+        "1",
+        "--heartbeat",
+        "1",
+        "--ack-timeout",
+        "10",
+        "--registry-dir",
+        orchestrator.registry().to_str().unwrap(),
+        "--json",
+    ]);
+    cmd.env("DROVER_HEARTBEAT_SEC", "oops");
+    let out = Host::output(cmd).await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["outcome"], "max_rounds", "{v}");
+    assert_eq!(v["rounds"].as_array().unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn with_no_runner_submit_gives_up_after_t_with_agent_blocked_and_clears_the_dispatch() {
+    let broker = Broker::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let orchestrator = Host::new(tmp.path(), "orch", broker.url());
+    let out = orchestrator
+        .job(&[
+            "submit",
+            "--agent-session",
+            "remote:nobody",
+            "--prompt",
+            "p",
+            "--ack-timeout",
+            "1",
+            "--job-id",
+            "bj",
+            "--json",
+        ])
+        .await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["outcome"], "agent_blocked", "{v}");
+    assert_eq!(v["job"]["detail"], "agent_blocked");
+    // A runner that starts later finds no dispatch to run.
+    let remote = Host::new(tmp.path(), "remote", broker.url());
+    let marker = tmp.path().join("ran");
+    let runner = remote.runner("nobody", &format!("touch {}", marker.display()), &[]);
+    runner.wait_for("following", 1).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!marker.exists(), "{}", runner.stderr());
+    assert_eq!(runner.count("dispatch bj"), 0, "{}", runner.stderr());
+}
+
+#[tokio::test]
+async fn when_the_runner_dies_mid_job_submit_exits_2_with_deadline_timeout() {
+    let broker = Broker::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let orchestrator = Host::new(tmp.path(), "orch", broker.url());
+    let remote = Host::new(tmp.path(), "remote", broker.url());
+    let pidfile = tmp.path().join("cmd.pid");
+    let exec = format!("echo $$ > {}; exec sleep 30", pidfile.display());
+    let mut runner = remote.runner("r6", &exec, &["--once"]);
+    runner.wait_for("following", 1).await;
+    let submit = orchestrator
+        .job_command(&[
+            "submit",
+            "--agent-session",
+            "remote:r6",
+            "--prompt",
+            "p",
+            "--heartbeat",
+            "1",
+            "--heartbeat-misses",
+            "2",
+            "--ack-timeout",
+            "10",
+            "--job-id",
+            "dj",
+            "--json",
+        ])
+        .output();
+    let killer = async {
+        runner.wait_for("dispatch dj attempt 1: admitted", 1).await;
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        runner.child.start_kill().unwrap();
+        let _ = runner.child.wait().await;
+    };
+    let (out, ()) = tokio::join!(
+        async {
+            tokio::time::timeout(Duration::from_secs(30), submit)
+                .await
+                .unwrap()
+                .unwrap()
+        },
+        killer
+    );
+    if let Ok(pid) = std::fs::read_to_string(&pidfile) {
+        if let Ok(pid) = pid.trim().parse::<i32>() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["outcome"], "deadline_timeout", "{v}");
+    assert_eq!(v["job"]["detail"], "deadline_timeout");
+    let mirrored = wire_events(&orchestrator.events("dj").await);
+    assert_eq!(mirrored.first().map(|e| e.1.as_str()), Some("started"));
+}

@@ -1,0 +1,331 @@
+//! `drover runner` (SPEC section 7, "Remote"): follow `<topic_base>/runners/<name>/dispatch`,
+//! admit signed dispatches into the runner's own registry, and run each admitted job's
+//! command.
+//!
+//! - A message that is not signed with the dispatch secret is dropped (a warning), as is a
+//!   signed one for another runner name. An empty payload (a cleared retained dispatch) is
+//!   ignored.
+//! - Admission is [`Registry::admit_dispatch`]: a repeated token is idempotent, a finished
+//!   attempt never runs again, a lower attempt or the same attempt under another token is
+//!   refused before any write, and only a strictly newer attempt replaces the record. The one
+//!   run of an attempt is claimed with [`Registry::claim_delivery`].
+//! - The command runs as `sh -c CMD` in its own process group, with `JOB_ID` and
+//!   `DROVER_BRIEF` (the brief's path) set, stdout in `<registry>/<job>/stdout.log` and stderr
+//!   in `stderr.log`. The runner publishes `started`, a `progress` (detail `heartbeat`) every
+//!   N s while it runs, then `completed` (detail: the last non-empty stdout line) on exit 0
+//!   or `error` (detail `exit_code C` or `signal S`). At `--timeout S` the whole group gets
+//!   TERM, then KILL after a grace, and `error` with detail `timeout_sec S` is published.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use drover_tools::platform;
+
+use crate::mqtt::{self, Endpoint, Feed, MqttWire};
+use crate::publish::{self, PublishContext, PublishRequest};
+use crate::registry::{Job, Registry};
+use crate::remote::{self, Dispatch};
+use crate::state::Admission;
+use crate::wire::{Wire, WireOutcome};
+use crate::{brief, EventKind, JobError};
+
+/// How long the group gets between TERM and KILL at the timeout.
+pub const KILL_GRACE: Duration = Duration::from_secs(2);
+/// The longest `completed` detail taken from stdout.
+const MAX_DETAIL: usize = 4096;
+
+/// One `drover runner`.
+#[derive(Debug, Clone)]
+pub struct RunnerConfig {
+    pub session: String,
+    pub command: String,
+    pub once: bool,
+    pub timeout: Option<u64>,
+    pub registry_dir: PathBuf,
+    pub endpoint: Endpoint,
+    pub topic_base: String,
+    pub secret: String,
+    pub drain: Duration,
+}
+
+/// How one admitted job ended on the runner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunEnd {
+    pub job_id: String,
+    pub event: EventKind,
+    pub detail: Option<String>,
+}
+
+/// Runs the runner: with `--once` until one job has run (giving how it ended), else until the
+/// connection task ends (an error) or the process is killed. `note` gets one line per
+/// decision (for stderr).
+pub async fn run(cfg: &RunnerConfig, mut note: impl FnMut(&str)) -> Result<RunEnd, JobError> {
+    remote::validate_runner_name(&cfg.session)?;
+    let topic = remote::dispatch_topic(&cfg.topic_base, &cfg.session);
+    let mut registry = Registry::open(&cfg.registry_dir)?;
+    let wire = MqttWire::new(cfg.endpoint.clone());
+    let mut follower = mqtt::follow(&cfg.endpoint, vec![topic.clone()])?;
+    let mut subscribed_once = false;
+    loop {
+        let Some(feed) = follower.next().await else {
+            return Err(JobError::BadInput("the MQTT connection task ended".into()));
+        };
+        let payload = match feed {
+            Feed::Subscribed => {
+                if !subscribed_once {
+                    note(&format!(
+                        "runner {} following {topic} on {}",
+                        cfg.session, cfg.endpoint
+                    ));
+                }
+                subscribed_once = true;
+                continue;
+            }
+            Feed::Lost(why) => {
+                note(&format!("MQTT broker {}: {why} (retrying)", cfg.endpoint));
+                continue;
+            }
+            Feed::Message { payload, .. } => payload,
+        };
+        if payload.is_empty() {
+            continue;
+        }
+        let dispatch = match Dispatch::parse_verified(&payload, &cfg.secret) {
+            Ok(d) => d,
+            Err(why) => {
+                tracing::warn!(%why, "dropped a dispatch");
+                note(&format!("warning: dropped a dispatch: {why}"));
+                continue;
+            }
+        };
+        if dispatch.runner != cfg.session {
+            note(&format!(
+                "warning: dropped a dispatch for runner {:?} (this is {:?})",
+                dispatch.runner, cfg.session
+            ));
+            continue;
+        }
+        let auth = remote::derive_auth_token(&cfg.secret, &dispatch.job_id, dispatch.attempt_id);
+        let (admission, job, old_timer) = match registry.admit_dispatch(&dispatch, &auth) {
+            Ok(x) => x,
+            Err(JobError::Refused(r)) => {
+                note(&format!(
+                    "dispatch {} attempt {}: refused: {r}",
+                    dispatch.job_id, dispatch.attempt_id
+                ));
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        if let Some(t) = old_timer {
+            let _ = crate::timer::stop(t, cfg.drain);
+        }
+        let word = match admission {
+            Admission::Insert => "admitted",
+            Admission::Replace { .. } => "admitted (replaces an older attempt)",
+            Admission::Run => "admitted (stored before, not yet run)",
+            Admission::Duplicate { finished: true } => "duplicate (finished; not run again)",
+            Admission::Duplicate { finished: false } => "duplicate (already running)",
+        };
+        note(&format!(
+            "dispatch {} attempt {}: {word}",
+            job.job_id, job.attempt_id
+        ));
+        if !admission.runs() {
+            continue;
+        }
+        match registry.claim_delivery(
+            &job.job_id,
+            job.attempt_id,
+            serde_json::json!({"transport": "runner", "command": cfg.command}),
+        ) {
+            Ok(_) => {}
+            Err(JobError::Refused(r)) => {
+                note(&format!("dispatch {}: not run: {r}", job.job_id));
+                continue;
+            }
+            Err(e) => return Err(e),
+        }
+        let end = run_job(cfg, &mut registry, &wire, &job, &mut note).await?;
+        note(&format!(
+            "job {} attempt {}: {} {}",
+            end.job_id,
+            job.attempt_id,
+            end.event,
+            end.detail.as_deref().unwrap_or("")
+        ));
+        if cfg.once {
+            return Ok(end);
+        }
+    }
+}
+
+/// Runs one admitted, claimed job (see the module doc).
+async fn run_job(
+    cfg: &RunnerConfig,
+    registry: &mut Registry,
+    wire: &dyn Wire,
+    job: &Job,
+    note: &mut impl FnMut(&str),
+) -> Result<RunEnd, JobError> {
+    let dir = registry.ensure_job_dir(&job.job_id)?;
+    let brief_path = brief::write(registry, job, &remote::render_brief(job))?;
+    let stdout_path = dir.join("stdout.log");
+    let open = |p: &Path| {
+        std::fs::File::create(p).map_err(|source| JobError::Io {
+            what: format!("cannot open {}", p.display()),
+            source,
+        })
+    };
+    let out = open(&stdout_path)?;
+    let err = open(&dir.join("stderr.log"))?;
+    let mut cmd = tokio::process::Command::new("sh");
+    cmd.arg("-c")
+        .arg(&cfg.command)
+        .env("JOB_ID", &job.job_id)
+        .env("DROVER_BRIEF", &brief_path)
+        .env("DROVER_ATTEMPT_ID", job.attempt_id.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(out))
+        .stderr(Stdio::from(err))
+        .kill_on_drop(false);
+    let spawned = platform::spawn_in_new_group(&mut cmd);
+    let (mut child, pgid) = match spawned {
+        Ok(x) => x,
+        Err(e) => {
+            let detail = format!("cannot run the command: {e}");
+            emit(
+                cfg,
+                registry,
+                wire,
+                job,
+                EventKind::Error,
+                Some(&detail),
+                note,
+            );
+            return Ok(RunEnd {
+                job_id: job.job_id.clone(),
+                event: EventKind::Error,
+                detail: Some(detail),
+            });
+        }
+    };
+    emit(cfg, registry, wire, job, EventKind::Started, None, note);
+    let every = Duration::from_secs(job.contract.heartbeat_sec);
+    let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let deadline = cfg
+        .timeout
+        .map(|s| tokio::time::Instant::now() + Duration::from_secs(s));
+    let timed_out = async {
+        match deadline {
+            Some(d) => tokio::time::sleep_until(d).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(timed_out);
+    let (event, detail) = loop {
+        tokio::select! {
+            status = child.wait() => {
+                // Whatever the leader left behind in its group goes with it.
+                let _ = platform::kill_group(pgid, Duration::ZERO).await;
+                break match status {
+                    Ok(s) if s.success() => (EventKind::Completed, last_line(&stdout_path)),
+                    Ok(s) => (EventKind::Error, Some(match (s.code(), std::os::unix::process::ExitStatusExt::signal(&s)) {
+                        (Some(c), _) => format!("exit_code {c}"),
+                        (None, Some(sig)) => format!("signal {sig}"),
+                        _ => "exited".to_string(),
+                    })),
+                    Err(e) => (EventKind::Error, Some(format!("cannot wait for the command: {e}"))),
+                };
+            }
+            _ = beat.tick() => {
+                emit(cfg, registry, wire, job, EventKind::Progress, Some("heartbeat"), note);
+            }
+            _ = &mut timed_out => {
+                if let Err(e) = platform::kill_group(pgid, KILL_GRACE).await {
+                    tracing::warn!(pgid, error = %e, "cannot stop the command's group");
+                }
+                let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+                break (EventKind::Error, Some(format!("timeout_sec {}", cfg.timeout.unwrap_or_default())));
+            }
+        }
+    };
+    emit(cfg, registry, wire, job, event, detail.as_deref(), note);
+    Ok(RunEnd {
+        job_id: job.job_id.clone(),
+        event,
+        detail,
+    })
+}
+
+/// Records and sends one event of the job; a failure is reported, never fatal (the next
+/// event's snapshot carries the state).
+fn emit(
+    cfg: &RunnerConfig,
+    registry: &mut Registry,
+    wire: &dyn Wire,
+    job: &Job,
+    event: EventKind,
+    detail: Option<&str>,
+    note: &mut impl FnMut(&str),
+) {
+    let result = publish::publish(
+        PublishContext {
+            registry,
+            wire,
+            timer_launch: None,
+            drain: cfg.drain,
+        },
+        &PublishRequest {
+            job_id: job.job_id.clone(),
+            event,
+            detail: detail.map(str::to_string),
+            heartbeat: None,
+            watch_pid: None,
+            expect_dispatch_token: Some(job.dispatch_token.clone()),
+            no_state: false,
+        },
+    );
+    match result {
+        Ok(p) => {
+            if let WireOutcome::Unreachable(why) = &p.wire {
+                note(&format!(
+                    "job {}: {event} seq {} recorded but not sent: {why}",
+                    job.job_id, p.message["seq"]
+                ));
+            }
+        }
+        Err(e) => note(&format!("job {}: cannot publish {event}: {e}", job.job_id)),
+    }
+}
+
+/// The last non-empty line of the file, bounded.
+fn last_line(path: &Path) -> Option<String> {
+    let text = std::fs::read(path).ok()?;
+    let text = String::from_utf8_lossy(&text);
+    let line = text.lines().rev().find(|l| !l.trim().is_empty())?.trim();
+    let mut end = line.len().min(MAX_DETAIL);
+    while !line.is_char_boundary(end) {
+        end -= 1;
+    }
+    Some(line[..end].to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_completed_detail_is_the_last_non_empty_stdout_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("out");
+        std::fs::write(&p, "one\nPASS: all good\n\n  \n").unwrap();
+        assert_eq!(last_line(&p).as_deref(), Some("PASS: all good"));
+        std::fs::write(&p, "").unwrap();
+        assert_eq!(last_line(&p), None);
+        std::fs::write(&p, "é".repeat(5000)).unwrap();
+        assert!(last_line(&p).unwrap().len() <= MAX_DETAIL);
+    }
+}
