@@ -280,6 +280,7 @@ impl Fixture {
                 cancel: CancellationToken::new(),
                 prompts: Arc::new(NoPrompts),
                 processes: Arc::new(drover_tools::InMemoryProcesses::default()),
+                delegator: std::sync::Arc::new(drover_tools::NoDelegation),
             },
         }
     }

@@ -85,6 +85,10 @@ pub struct Settlement {
     /// `completed|failed|interrupted`, or `unknown` when the turn was lost.
     pub outcome: String,
     pub events: Vec<crate::StoredEvent>,
+    /// For a `child` execution: the parent's deferred `child.reserve` receipt, to send now.
+    pub parent_answer: Option<crate::ParentAnswer>,
+    /// Child executions retired because this one ended; their workers are to be stopped.
+    pub retired_children: Vec<String>,
 }
 
 /// What recovery did at owner start (SPEC section 4, "Owner killed").
@@ -157,7 +161,10 @@ pub(crate) fn load_admission(
     .transpose()
 }
 
-fn admission_updated(tx: &Connection, a: &AdmissionRow) -> Result<crate::StoredEvent, LedgerError> {
+pub(crate) fn admission_updated(
+    tx: &Connection,
+    a: &AdmissionRow,
+) -> Result<crate::StoredEvent, LedgerError> {
     push_event(
         tx,
         &a.session_id,
@@ -184,7 +191,7 @@ fn storage_copy(e: &rusqlite::Error) -> LedgerError {
 }
 
 /// The body of an admission, inside a transaction or savepoint.
-fn admit_in(
+pub(crate) fn admit_in(
     tx: &Connection,
     epoch: u64,
     session_id: &str,
@@ -396,20 +403,44 @@ impl Ledger {
         admission.generation = Some(generation as u64);
         admission.owner_epoch = epoch;
         let t = now();
-        tx.execute(
-            "INSERT INTO worker_executions (execution_id, session_id, admission_id, kind, depth,
-                owner_epoch, generation, status, secret_digest, created_at)
-             VALUES (?1, ?2, ?3, 'compute', 0, ?4, ?5, 'registered', ?6, ?7)",
-            params![
-                execution_id,
-                session_id,
-                admission.admission_id,
-                epoch as i64,
-                generation,
-                digest(secret.as_bytes()),
-                t
-            ],
-        )?;
+        // A child's goal runs under the `child` execution `child.reserve` registered for it
+        // (SPEC section 6: its own claim); any other input gets a new `compute` execution.
+        let reserved: Option<String> = tx
+            .query_row(
+                "SELECT execution_id FROM worker_executions
+                 WHERE admission_id = ?1 AND kind = 'child' AND status = 'registered'",
+                [&admission.admission_id],
+                |r| r.get(0),
+            )
+            .optional()?;
+        let execution_id = match reserved {
+            Some(child) => {
+                tx.execute(
+                    "UPDATE worker_executions SET owner_epoch = ?1, generation = ?2,
+                        secret_digest = ?3 WHERE execution_id = ?4",
+                    params![epoch as i64, generation, digest(secret.as_bytes()), child],
+                )?;
+                child
+            }
+            None => {
+                tx.execute(
+                    "INSERT INTO worker_executions (execution_id, session_id, admission_id, kind,
+                        depth, owner_epoch, generation, status, secret_digest, created_at)
+                     VALUES (?1, ?2, ?3, 'compute', 0, ?4, ?5, 'registered', ?6, ?7)",
+                    params![
+                        execution_id,
+                        session_id,
+                        admission.admission_id,
+                        epoch as i64,
+                        generation,
+                        digest(secret.as_bytes()),
+                        t
+                    ],
+                )?;
+                execution_id.to_string()
+            }
+        };
+        let execution_id = execution_id.as_str();
         tx.execute(
             "INSERT INTO session_turn_leases (session_id, admission_id, execution_id, generation,
                 owner_epoch, acquired_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
@@ -552,6 +583,25 @@ impl Ledger {
         let epoch = self.epoch as i64;
         let tx = self.conn.transaction()?;
         let mut rec = Recovery::default();
+        // Children first: a live `child` execution of an older epoch becomes `terminal` (its
+        // admission too, so nothing of it is replayed) and its session ends `agent_close`.
+        let children: Vec<String> = {
+            let mut stmt = tx.prepare(
+                "SELECT execution_id FROM worker_executions
+                 WHERE kind = 'child' AND status IN ('registered','running') AND owner_epoch < ?1",
+            )?;
+            let rows = stmt.query_map([epoch], |r| r.get(0))?;
+            rows.collect::<Result<_, _>>()?
+        };
+        for execution_id in children {
+            let mut retired = Vec::new();
+            crate::delegation::retire_one(&tx, &execution_id, &mut rec.events, &mut retired)?;
+            for id in retired {
+                if !rec.retired_children.contains(&id) {
+                    rec.retired_children.push(id);
+                }
+            }
+        }
         let lost: Vec<String> = {
             let mut stmt = tx.prepare(
                 "SELECT execution_id FROM worker_executions
@@ -589,26 +639,6 @@ impl Ledger {
                 rec.events.push(admission_updated(&tx, &row)?);
             }
             rec.unknown_admissions.push(admission_id);
-        }
-        let children: Vec<(String, String)> = {
-            let mut stmt = tx.prepare(
-                "SELECT execution_id, session_id FROM worker_executions
-                 WHERE kind = 'child' AND status IN ('registered','running') AND owner_epoch < ?1",
-            )?;
-            let rows = stmt.query_map([epoch], |r| Ok((r.get(0)?, r.get(1)?)))?;
-            rows.collect::<Result<_, _>>()?
-        };
-        for (execution_id, session_id) in children {
-            tx.execute(
-                "UPDATE worker_executions SET status = 'terminal' WHERE execution_id = ?1",
-                [&execution_id],
-            )?;
-            tx.execute(
-                "UPDATE sessions SET ended_at = ?1, end_reason = 'agent_close'
-                 WHERE id = ?2 AND ended_at IS NULL",
-                params![now(), session_id],
-            )?;
-            rec.retired_children.push(execution_id);
         }
         let stale_prompts: Vec<String> = {
             let mut stmt = tx.prepare(
@@ -736,12 +766,22 @@ pub(crate) fn lose_execution(
             events.push(admission_updated(tx, &row)?);
         }
     }
+    let parent_answer = crate::delegation::answer_parent(
+        tx,
+        execution_id,
+        "unknown",
+        "",
+        Some("the child's worker ended before its turn finished"),
+    )?;
+    let retired_children = crate::delegation::retire_children(tx, execution_id, &mut events)?;
     Ok(Some(Settlement {
         session_id,
         admission_id,
         execution_id: execution_id.to_string(),
         outcome: "unknown".to_string(),
         events,
+        parent_answer,
+        retired_children,
     }))
 }
 
@@ -820,12 +860,22 @@ pub(crate) fn settle_turn(
     }
     events.push(push_event(tx, &session_id, ev::TURN_SETTLED, settled)?);
     events.push(admission_updated(tx, &row)?);
+    let parent_answer = crate::delegation::answer_parent(
+        tx,
+        execution_id,
+        outcome.as_str(),
+        final_response,
+        result.get("error").and_then(Value::as_str),
+    )?;
+    let retired_children = crate::delegation::retire_children(tx, execution_id, &mut events)?;
     Ok(Settlement {
         session_id,
         admission_id,
         execution_id: execution_id.to_string(),
         outcome: outcome.as_str().to_string(),
         events,
+        parent_answer,
+        retired_children,
     })
 }
 

@@ -17,6 +17,7 @@
 //! ```
 
 mod admissions;
+pub mod delegation;
 mod events;
 mod persist;
 mod processes;
@@ -32,6 +33,7 @@ use rusqlite::{Connection, OpenFlags};
 use sha2::{Digest, Sha256};
 
 pub use admissions::{AdmissionRow, AdmitRequest, Claim, Receipt, Recovery, Settlement};
+pub use delegation::{ChildReserved, DelegationLimits, ParentAnswer};
 pub use events::StoredEvent;
 pub use persist::{ApprovalRule, PersistOutcome, PromptResponse, PromptRow};
 pub use processes::BOOTSTRAP_FINISHED_PROCESSES;

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use drover_protocol::event as ev;
 use drover_protocol::worker::{
-    op, BackgroundProcess, ExecutionFinish, PersistFrame, ProcessUpdate, PromptOpen,
+    op, BackgroundProcess, ChildReserve, ExecutionFinish, PersistFrame, ProcessUpdate, PromptOpen,
     TranscriptAppend, TurnOutcome, UsageAdd,
 };
 use drover_protocol::Role;
@@ -28,6 +28,12 @@ pub enum PersistOutcome {
     /// A `prompt.open` whose answer is not in yet: the receipt is sent when a client answers.
     Deferred {
         prompt_id: String,
+        events: Vec<StoredEvent>,
+    },
+    /// A `child.reserve` that created (or, resent, still has) a child: the owner claims the
+    /// child's turn; the receipt is sent when that turn ends ([`Settlement::parent_answer`]).
+    Reserved {
+        child: crate::ChildReserved,
         events: Vec<StoredEvent>,
     },
 }
@@ -100,6 +106,16 @@ impl Ledger {
     /// stored receipt, with another payload `admission_conflict`; a gap in sequences is
     /// `invalid_params` (field `sequence`).
     pub fn apply_persist(&mut self, frame: &PersistFrame) -> Result<PersistOutcome, LedgerError> {
+        self.apply_persist_with(frame, &crate::DelegationLimits::default())
+    }
+
+    /// [`Ledger::apply_persist`] with the owner's `[delegation]` limits and drain state, which
+    /// `child.reserve` is checked against (SPEC section 6).
+    pub fn apply_persist_with(
+        &mut self,
+        frame: &PersistFrame,
+        limits: &crate::DelegationLimits,
+    ) -> Result<PersistOutcome, LedgerError> {
         let current = self.epoch;
         if frame.epoch != current {
             return Err(LedgerError::StaleEpoch {
@@ -169,6 +185,16 @@ impl Ledger {
                     |r| Ok((r.get(0)?, r.get(1)?)),
                 )
                 .optional()?;
+            if frame.operation == op::CHILD_RESERVE {
+                if let Some(child) =
+                    crate::delegation::reserved_child(&tx, &frame.execution_id, frame.sequence)?
+                {
+                    return Ok(PersistOutcome::Reserved {
+                        child,
+                        events: Vec::new(),
+                    });
+                }
+            }
             return match prompt {
                 Some((prompt_id, _)) if frame.operation == op::PROMPT_OPEN => {
                     Ok(PersistOutcome::Deferred {
@@ -276,6 +302,23 @@ impl Ledger {
             op::PROCESS_UPDATE => {
                 let u: ProcessUpdate = parse_payload(&frame.payload, op::PROCESS_UPDATE)?;
                 crate::processes::update(&tx, Some(&session_id), &u)?
+            }
+            op::CHILD_RESERVE => {
+                let p: ChildReserve = parse_payload(&frame.payload, op::CHILD_RESERVE)?;
+                let call = crate::delegation::ReserveFrame {
+                    epoch: current,
+                    parent_execution_id: &frame.execution_id,
+                    parent_session_id: &session_id,
+                    sequence: frame.sequence,
+                    payload_digest: &payload_digest,
+                };
+                match crate::delegation::reserve(&tx, &call, &p, limits)? {
+                    crate::delegation::Reserve::Refused(receipt) => receipt,
+                    crate::delegation::Reserve::Created(child, events) => {
+                        tx.commit()?;
+                        return Ok(PersistOutcome::Reserved { child, events });
+                    }
+                }
             }
             op::PROMPT_OPEN => {
                 let p: PromptOpen = parse_payload(&frame.payload, op::PROMPT_OPEN)?;

@@ -159,6 +159,13 @@ CREATE TABLE session_approval_grants (
     PRIMARY KEY (session_id, pattern_key)
 );
 "#,
+    // Delegation (SPEC section 6): a `child` execution remembers the parent's `child.reserve`
+    // it answers when its turn ends.
+    r#"
+ALTER TABLE worker_executions ADD COLUMN reserve_sequence INTEGER;
+ALTER TABLE worker_executions ADD COLUMN reserve_digest TEXT;
+CREATE INDEX executions_parent ON worker_executions(parent_execution_id, status);
+"#,
 ];
 
 /// The schema version this build writes.

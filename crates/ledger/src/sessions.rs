@@ -160,31 +160,7 @@ impl Ledger {
                     .ok_or_else(|| LedgerError::NotFound(format!("session {id}")));
             }
         }
-        let id = new_id();
-        let names: Vec<String> = new.tool_schemas.iter().filter_map(tool_name).collect();
-        tx.execute(
-            "INSERT INTO sessions (id, source, parent_session_id, title, model, model_config, cwd,
-                system_prompt, tool_names, started_at, request_id, request_digest, toolsets,
-                tool_schemas, replay_epoch)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
-            params![
-                id,
-                new.source,
-                new.parent_session_id,
-                new.title,
-                new.model,
-                new.model_config.to_string(),
-                new.cwd,
-                new.system_prompt,
-                serde_json::to_string(&names).unwrap_or_else(|_| "[]".into()),
-                now(),
-                new.request_id,
-                digest,
-                serde_json::to_string(&new.toolsets).unwrap_or_else(|_| "[]".into()),
-                Value::Array(new.tool_schemas.clone()).to_string(),
-                new_id(),
-            ],
-        )?;
+        let id = insert_session_in(&tx, new, &digest)?;
         tx.commit()?;
         self.session(&id)?
             .ok_or_else(|| LedgerError::NotFound(format!("session {id}")))
@@ -192,15 +168,7 @@ impl Ledger {
 
     /// Reads one session.
     pub fn session(&self, id: &str) -> Result<Option<SessionRow>, LedgerError> {
-        let raw = self
-            .conn
-            .query_row(
-                &format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ?1"),
-                [id],
-                raw_session,
-            )
-            .optional()?;
-        raw.map(RawSession::finish).transpose()
+        session_in(&self.conn, id)
     }
 
     /// Lists sessions, newest first. `cursor` is the `next_cursor` of the previous page
@@ -282,6 +250,55 @@ impl Ledger {
         }
         Ok(out)
     }
+}
+
+/// Inserts a new session row inside a transaction; returns its id.
+pub(crate) fn insert_session_in(
+    tx: &rusqlite::Connection,
+    new: &NewSession,
+    digest: &str,
+) -> Result<String, LedgerError> {
+    let id = new_id();
+    let names: Vec<String> = new.tool_schemas.iter().filter_map(tool_name).collect();
+    tx.execute(
+        "INSERT INTO sessions (id, source, parent_session_id, title, model, model_config, cwd,
+            system_prompt, tool_names, started_at, request_id, request_digest, toolsets,
+            tool_schemas, replay_epoch)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+        params![
+            id,
+            new.source,
+            new.parent_session_id,
+            new.title,
+            new.model,
+            new.model_config.to_string(),
+            new.cwd,
+            new.system_prompt,
+            serde_json::to_string(&names).unwrap_or_else(|_| "[]".into()),
+            now(),
+            new.request_id,
+            digest,
+            serde_json::to_string(&new.toolsets).unwrap_or_else(|_| "[]".into()),
+            Value::Array(new.tool_schemas.clone()).to_string(),
+            new_id(),
+        ],
+    )?;
+    Ok(id)
+}
+
+/// Reads one session on any connection or transaction.
+pub(crate) fn session_in(
+    conn: &rusqlite::Connection,
+    id: &str,
+) -> Result<Option<SessionRow>, LedgerError> {
+    let raw = conn
+        .query_row(
+            &format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ?1"),
+            [id],
+            raw_session,
+        )
+        .optional()?;
+    raw.map(RawSession::finish).transpose()
 }
 
 type MessageRow = (i64, Result<drover_protocol::ChatMessage, LedgerError>, f64);

@@ -336,6 +336,7 @@ async fn session_list(owner: &Arc<Owner>, p: &Params<'_>) -> Result<Value, RpcEr
                 "session_id": r.session.id,
                 "title": r.session.title,
                 "source": r.session.source,
+                "parent_session_id": r.session.parent_session_id,
                 "model": r.session.model,
                 "started_at": r.session.started_at,
                 "ended_at": r.session.ended_at,

@@ -9,7 +9,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use drover_ledger::{Claim, PersistOutcome};
+use drover_ledger::{Claim, DelegationLimits, PersistOutcome, Settlement};
 use drover_protocol::worker::framing::{read_frame_line, FrameLine};
 use drover_protocol::worker::{Bootstrap, OwnerFrame, Policy, Scope, WorkerFrame, MAX_FRAME_BYTES};
 use drover_tools::platform;
@@ -270,10 +270,11 @@ async fn supervise(owner: Arc<Owner>, claim: Claim, secret: String) {
                 let operation = frame.operation.clone();
                 let applied = owner
                     .ledger(move |l, o| {
-                        let out = l.apply_persist(&frame)?;
+                        let out = l.apply_persist_with(&frame, &delegation_limits(o))?;
                         match &out {
                             PersistOutcome::Receipt { events, .. }
-                            | PersistOutcome::Deferred { events, .. } => o.hub.publish(events),
+                            | PersistOutcome::Deferred { events, .. }
+                            | PersistOutcome::Reserved { events, .. } => o.hub.publish(events),
                         }
                         Ok(out)
                     })
@@ -282,14 +283,20 @@ async fn supervise(owner: Arc<Owner>, claim: Claim, secret: String) {
                     Ok(PersistOutcome::Receipt {
                         result, settlement, ..
                     }) => {
-                        if settlement.is_some() {
+                        if let Some(s) = &settlement {
                             settled = true;
                             owner.turns().remove(&execution_id);
+                            after_settlement(&owner, s);
                             kick(&owner, session_id.clone());
                         }
                         Some(OwnerFrame::Receipt { sequence, result })
                     }
                     Ok(PersistOutcome::Deferred { .. }) => None,
+                    // The child's turn runs under its own claim; the receipt comes when it ends.
+                    Ok(PersistOutcome::Reserved { child, .. }) => {
+                        kick(&owner, child.child_session_id);
+                        None
+                    }
                     Err(e) => {
                         tracing::warn!(%execution_id, sequence, %operation, error = %e, "refused a persist");
                         Some(OwnerFrame::Refused {
@@ -329,8 +336,9 @@ async fn supervise(owner: Arc<Owner>, claim: Claim, secret: String) {
             })
             .await;
         match lost {
-            Ok(Some(_)) => {
-                tracing::warn!(%execution_id, "worker ended before execution.finish; turn is unknown")
+            Ok(Some(s)) => {
+                tracing::warn!(%execution_id, "worker ended before execution.finish; turn is unknown");
+                after_settlement(&owner, &s);
             }
             Ok(None) => {}
             Err(e) => tracing::error!(error = %e, "marking a lost turn failed"),
@@ -339,6 +347,51 @@ async fn supervise(owner: Arc<Owner>, claim: Claim, secret: String) {
     // The worker is reaped: nothing will resend its outbox (its execution is settled or
     // unknown, and any resend would be refused), so it is only clutter now.
     remove_outbox(&owner.home, &execution_id);
+}
+
+/// The `[delegation]` limits and drain state `child.reserve` is checked against.
+fn delegation_limits(owner: &Owner) -> DelegationLimits {
+    DelegationLimits {
+        max_concurrent_children: owner.config.delegation.max_concurrent_children,
+        max_spawn_depth: owner.config.delegation.max_spawn_depth,
+        draining: owner.is_draining(),
+        toolset_tools: Some(toolset_tools),
+    }
+}
+
+/// The tool names of `toolsets`, so a child gets its parent's frozen schemas of those only.
+fn toolset_tools(toolsets: &[String]) -> Vec<String> {
+    drover_tools::ToolRegistry::for_toolsets(toolsets)
+        .map(|r| r.names())
+        .unwrap_or_default()
+}
+
+/// What an ended turn owes others (SPEC section 6): a child's answer goes to its parent's
+/// waiting `child.reserve`; retired children's workers are told to stop (their later writes
+/// are refused `stale_generation` anyway).
+fn after_settlement(owner: &Arc<Owner>, s: &Settlement) {
+    if let Some(answer) = &s.parent_answer {
+        match owner.turn_by_execution(&answer.execution_id) {
+            Some(parent) => {
+                let _ = parent.control.send(OwnerFrame::Receipt {
+                    sequence: answer.sequence,
+                    result: answer.result.clone(),
+                });
+            }
+            None => tracing::warn!(
+                parent = %answer.execution_id,
+                "a child ended but its parent's worker is gone; the receipt stays stored"
+            ),
+        }
+    }
+    for child in &s.retired_children {
+        if let Some(t) = owner.turn_by_execution(child) {
+            tracing::info!(execution_id = %child, "stopping a retired child's worker");
+            let _ = t.control.send(OwnerFrame::Stop {
+                reason: "parent_finished".into(),
+            });
+        }
+    }
 }
 
 /// Removes `<home>/outbox/<execution_id>/` if present. Ids come from the ledger (UUIDs), so

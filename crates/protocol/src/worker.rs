@@ -191,6 +191,17 @@ pub struct TurnResult {
     pub api_calls: u64,
 }
 
+/// Payload of `child.reserve` (SPEC section 6, `delegate_task`): the child's goal, optional
+/// context, and the toolsets it asks for (a subset of the caller's; `None` = the caller's).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChildReserve {
+    pub goal: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub toolsets: Option<Vec<String>>,
+}
+
 /// Payload of `prompt.open`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PromptOpen {

@@ -325,6 +325,7 @@ mod tests {
             cancel: CancellationToken::new(),
             prompts,
             processes: Arc::new(crate::InMemoryProcesses::default()),
+            delegator: std::sync::Arc::new(crate::NoDelegation),
         }
     }
 

@@ -18,6 +18,8 @@
 //! - [`file`]: the `file` toolset: `read_file`, `write_file`, `patch` (exact-text replace) and
 //!   `search_files` (regex over the text files under a path). Writes outside the session's
 //!   working directory go through the approval policy.
+//! - [`delegate`]: the `delegate_task` tool (the `delegation` toolset), which asks the owner
+//!   for a child agent through [`Delegator`] (the worker persists `child.reserve`).
 //! - [`todo`]: the `todo` tool, a per-session task list kept in
 //!   `<home>/sessions/<session_id>/todo.json`.
 //! - [`approval`]: the dangerous-command classifier and the pure approval decision
@@ -43,6 +45,7 @@ pub mod approval;
 mod args;
 pub mod background;
 pub mod clarify;
+pub mod delegate;
 pub mod file;
 pub mod platform;
 pub mod process;
@@ -57,13 +60,14 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 pub use background::{InMemoryProcesses, ProcessRegistry};
+pub use delegate::{DelegateAnswer, DelegateRequest, Delegator, NoDelegation};
 
 /// Known toolset names (SPEC section 1, `[toolsets]`). Each adds its tools to a registry:
 /// - `terminal`: `terminal`, `process`;
 /// - `file`: `read_file`, `write_file`, `patch`, `search_files`;
 /// - `clarify`: `clarify`;
 /// - `todo`: `todo`;
-/// - `delegation`: nothing yet (`delegate_task` is not built).
+/// - `delegation`: `delegate_task` (runs a child agent through [`Delegator`]).
 pub const KNOWN_TOOLSETS: &[&str] = &["terminal", "file", "clarify", "todo", "delegation"];
 
 /// Errors building a registry.
@@ -160,6 +164,8 @@ pub struct ToolContext {
     /// The session's background processes, where `terminal {background: true}` registers and
     /// the `process` tool records status changes.
     pub processes: Arc<dyn ProcessRegistry>,
+    /// Where `delegate_task` asks the owner for a child agent.
+    pub delegator: Arc<dyn Delegator>,
 }
 
 /// One tool.
@@ -196,7 +202,7 @@ impl ToolRegistry {
                 "clarify" => tools.push(Arc::new(clarify::ClarifyTool)),
                 "file" => tools.extend(file::tools()),
                 "todo" => tools.push(Arc::new(todo::TodoTool)),
-                "delegation" => {}
+                "delegation" => tools.push(Arc::new(delegate::DelegateTaskTool)),
                 other => return Err(ToolError::UnknownToolset(other.to_string())),
             }
         }

@@ -52,6 +52,7 @@ fn context(dir: &Path, approvals: &str, processes: Arc<dyn ProcessRegistry>) -> 
         cancel: CancellationToken::new(),
         prompts: Arc::new(NoPrompts),
         processes,
+        delegator: std::sync::Arc::new(drover_tools::NoDelegation),
     }
 }
 

@@ -82,6 +82,7 @@ impl Scene {
             prompts,
             grants: ApprovalGrants::default(),
             processes: Arc::new(InMemoryProcesses::default()),
+            delegator: std::sync::Arc::new(drover_tools::NoDelegation),
         }
     }
 

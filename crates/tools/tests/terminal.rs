@@ -65,6 +65,7 @@ fn context(cwd: &Path, approvals: &str, prompts: Arc<dyn PromptBroker>) -> ToolC
         cancel: CancellationToken::new(),
         prompts,
         processes: Arc::new(InMemoryProcesses::default()),
+        delegator: std::sync::Arc::new(drover_tools::NoDelegation),
     }
 }
 

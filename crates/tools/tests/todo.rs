@@ -22,6 +22,7 @@ fn turn(home: &Path, session_id: &str) -> ToolContext {
         prompts: Arc::new(NoPrompts),
         grants: ApprovalGrants::default(),
         processes: Arc::new(InMemoryProcesses::default()),
+        delegator: std::sync::Arc::new(drover_tools::NoDelegation),
     }
 }
 

@@ -53,7 +53,7 @@ use tracing::Instrument;
 
 use crate::journal::{outbox_dir, Journal};
 use crate::link::{OwnerLink, PersistError};
-use crate::store::{OwnerProcesses, OwnerPrompts, OwnerStore};
+use crate::store::{OwnerDelegator, OwnerProcesses, OwnerPrompts, OwnerStore};
 use drover_protocol::worker::framing::{read_frame_line, FrameLine};
 
 /// The environment variable naming the owner's pid. When set, the worker exits at start if its
@@ -439,8 +439,9 @@ async fn run_agent(
         processes: Arc::new(OwnerProcesses::new(
             link.clone(),
             policy.background_processes.clone(),
-            cancel,
+            cancel.clone(),
         )),
+        delegator: Arc::new(OwnerDelegator::new(link.clone(), cancel)),
     };
     let store = OwnerStore::new(link.clone());
     let spec = TurnSpec {

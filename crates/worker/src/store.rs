@@ -10,16 +10,22 @@
 //! - [`OwnerProcesses`] ([`ProcessRegistry`]): `process.register` with a [`BackgroundProcess`]
 //!   payload and `process.update` with a [`ProcessUpdate`] payload, over the list the bootstrap
 //!   carried.
+//! - [`OwnerDelegator`] ([`Delegator`]): `child.reserve` with a [`ChildReserve`] payload. The
+//!   owner answers at once with a refusal, or when the child's turn has ended.
 
 use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 use drover_agent::{StoreError, TurnStore};
 use drover_protocol::worker::{
-    op, BackgroundProcess, ProcessStatus, ProcessUpdate, PromptOpen, TranscriptAppend, UsageAdd,
+    op, BackgroundProcess, ChildReserve, ProcessStatus, ProcessUpdate, PromptOpen,
+    TranscriptAppend, UsageAdd,
 };
 use drover_protocol::ChatMessage;
-use drover_tools::{InMemoryProcesses, ProcessRegistry, PromptAnswer, PromptBroker};
+use drover_tools::{
+    DelegateAnswer, DelegateRequest, Delegator, InMemoryProcesses, ProcessRegistry, PromptAnswer,
+    PromptBroker,
+};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
@@ -216,6 +222,53 @@ impl ProcessRegistry for OwnerProcesses {
                 .set_status(&update.id, update.status, update.exit_code),
         }
         Ok(())
+    }
+}
+
+/// The [`Delegator`] of a managed worker. `cancel` is the turn's token: a `stop` frame or an
+/// interrupt ends the wait with [`DelegateAnswer::Interrupted`] (the owner retires the child
+/// when this turn ends).
+pub struct OwnerDelegator {
+    link: OwnerLink,
+    cancel: CancellationToken,
+}
+
+impl OwnerDelegator {
+    pub fn new(link: OwnerLink, cancel: CancellationToken) -> OwnerDelegator {
+        OwnerDelegator { link, cancel }
+    }
+}
+
+#[async_trait]
+impl Delegator for OwnerDelegator {
+    async fn delegate(&self, request: DelegateRequest) -> DelegateAnswer {
+        let payload = match serde_json::to_value(ChildReserve {
+            goal: request.goal,
+            context: request.context,
+            toolsets: request.toolsets,
+        }) {
+            Ok(payload) => payload,
+            Err(e) => {
+                return DelegateAnswer::Failed(format!("cannot serialise child.reserve: {e}"))
+            }
+        };
+        let answer = tokio::select! {
+            biased;
+            _ = self.cancel.cancelled() => return DelegateAnswer::Interrupted,
+            answer = self.link.persist(op::CHILD_RESERVE, payload) => answer,
+        };
+        match answer {
+            Ok(receipt) => DelegateAnswer::Receipt(receipt),
+            Err(e) => {
+                if matches!(e, PersistError::Refused { .. }) {
+                    self.cancel.cancel();
+                }
+                if self.cancel.is_cancelled() {
+                    return DelegateAnswer::Interrupted;
+                }
+                DelegateAnswer::Failed(store_error(e).message)
+            }
+        }
     }
 }
 

@@ -1,0 +1,439 @@
+//! `delegate_task` end to end (SPEC section 6): a real daemon, real worker processes (one for
+//! the parent's turn, one for the child's), real SQLite, and a loopback model server that
+//! answers the parent and the child by what their requests hold.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use drover_test_support::harness::{children_of, db_rows, Client, Daemon, TestHome};
+use drover_test_support::{Gate, MockModel, Reply};
+use serde_json::{json, Value};
+
+/// Every wait in this file is bounded by this.
+const WAIT: Duration = Duration::from_secs(20);
+/// The child's goal carries this marker; the model server routes by it.
+const CHILD: &str = "CHILD-GOAL";
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_drover"))
+}
+
+struct Setup {
+    model: MockModel,
+    home: TestHome,
+    daemon: Daemon,
+    client: Client,
+    session_id: String,
+}
+
+async fn setup(extra_config: &str) -> Setup {
+    let model = MockModel::start().await;
+    let home = TestHome::new().unwrap();
+    home.write_model_config(&model.base_url(), true, extra_config)
+        .unwrap();
+    let daemon = Daemon::start(bin(), home.path()).await.unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let created = client
+        .call_ok(
+            "session.create",
+            json!({
+                "request_id": drover_test_support::harness::uuid_like(),
+                "cwd": home.path(),
+                "toolsets": ["terminal", "delegation"],
+            }),
+        )
+        .await
+        .unwrap();
+    let session_id = created["session_id"].as_str().unwrap().to_string();
+    Setup {
+        model,
+        home,
+        daemon,
+        client,
+        session_id,
+    }
+}
+
+fn first_user_text(request: &Value) -> String {
+    request["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|m| m["role"] == "user")
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn is_child(request: &Value) -> bool {
+    first_user_text(request).starts_with(CHILD)
+}
+
+fn last_message(request: &Value) -> Value {
+    request["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+fn tool_names(request: &Value) -> Vec<String> {
+    request["tools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["function"]["name"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// The parent delegates once, then reports the tool result; the child answers `child_reply`.
+fn route(child_reply: Reply) -> impl Fn(&Value) -> Reply + Send + Sync + 'static {
+    move |request| {
+        if is_child(request) {
+            return child_reply.clone();
+        }
+        let last = last_message(request);
+        if last["role"] == "tool" {
+            let got = last["content"].as_str().unwrap_or_default();
+            return Reply::text(format!("parent got: {got}"));
+        }
+        Reply::tool_call(
+            "call_delegate",
+            "delegate_task",
+            json!({"goal": format!("{CHILD}: count to 42"), "context": "be brief"}),
+        )
+    }
+}
+
+async fn resume(client: &mut Client, session_id: &str) -> Value {
+    client
+        .call_ok("session.resume", json!({"session_id": session_id}))
+        .await
+        .unwrap()
+}
+
+fn tool_result(snapshot: &Value) -> Value {
+    snapshot["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|m| m["role"] == "tool" && m["tool_name"] == "delegate_task")
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+/// The subagent sessions of `parent` as `session.list` shows them.
+async fn children(client: &mut Client, parent: &str) -> Vec<Value> {
+    let list = client
+        .call_ok("session.list", json!({"limit": 100}))
+        .await
+        .unwrap();
+    list["sessions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|s| s["parent_session_id"] == parent)
+        .cloned()
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_session_runs_its_own_turn_and_its_answer_is_the_tool_result() {
+    let mut s = setup("").await;
+    s.model.set_responder(route(Reply::text("child says 42")));
+    let receipt = s
+        .client
+        .submit(&s.session_id, "please delegate the counting")
+        .await
+        .unwrap();
+    let admission_id = receipt["admission_id"].as_str().unwrap().to_string();
+    assert_eq!(
+        s.client.wait_settled(&admission_id).await.unwrap(),
+        "completed"
+    );
+
+    let done = s
+        .client
+        .call_ok(
+            "prompt.receipt",
+            json!({"session_id": s.session_id, "admission_id": admission_id, "include_result": true}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        done["result"]["final_response"],
+        "parent got: child says 42"
+    );
+    let parent = resume(&mut s.client, &s.session_id).await;
+    assert_eq!(tool_result(&parent)["content"], "child says 42");
+
+    // The child: its own session, listed with source subagent and its parent.
+    let kids = children(&mut s.client, &s.session_id).await;
+    assert_eq!(kids.len(), 1, "{kids:?}");
+    assert_eq!(kids[0]["source"], "subagent");
+    assert!(kids[0]["ended_at"].is_number(), "{:?}", kids[0]);
+    let child_id = kids[0]["session_id"].as_str().unwrap().to_string();
+    let child = resume(&mut s.client, &child_id).await;
+    assert_eq!(child["info"]["source"], "subagent");
+    // Depth 1 is the default max_spawn_depth: the child cannot delegate further.
+    assert_eq!(child["info"]["toolsets"], json!(["terminal"]));
+    let messages: Vec<(String, String)> = child["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["role"].as_str().unwrap_or_default().to_string(),
+                m["content"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        messages,
+        vec![
+            (
+                "user".to_string(),
+                format!("{CHILD}: count to 42\n\nContext:\nbe brief")
+            ),
+            ("assistant".to_string(), "child says 42".to_string()),
+        ]
+    );
+    // The parent's transcript holds none of the child's messages.
+    assert!(!parent.to_string().contains("Context:\\nbe brief\""));
+
+    // The child's requests had no delegate_task; the parent's did.
+    let requests = s.model.requests();
+    let child_requests: Vec<&Value> = requests.iter().filter(|r| is_child(r)).collect();
+    assert_eq!(child_requests.len(), 1);
+    assert_eq!(
+        tool_names(child_requests[0]),
+        vec!["terminal".to_string(), "process".to_string()]
+    );
+    assert!(requests
+        .iter()
+        .filter(|r| !is_child(r))
+        .all(|r| tool_names(r).contains(&"delegate_task".to_string())));
+
+    // The ledger: one `child` execution under the parent's, terminal, depth 1, and the child's
+    // session closed when the parent finished.
+    let rows = db_rows(
+        &s.home.db(),
+        &format!(
+            "SELECT c.kind, c.depth, c.status, p.kind, p.session_id, s.end_reason, s.parent_session_id
+             FROM worker_executions c
+             JOIN worker_executions p ON p.execution_id = c.parent_execution_id
+             JOIN sessions s ON s.id = c.session_id
+             WHERE c.session_id = '{child_id}'"
+        ),
+    );
+    assert_eq!(
+        rows,
+        vec![vec![
+            json!("child"),
+            json!(1),
+            json!("terminal"),
+            json!("compute"),
+            json!(s.session_id),
+            json!("agent_close"),
+            json!(s.session_id),
+        ]]
+    );
+    s.daemon.stop().await.unwrap();
+}
+
+/// With `config`, the parent's `delegate_task` gets the refusal `word` as an error result, no
+/// child session is made, and the parent's turn completes.
+async fn refused_with(config: &str, word: &str) {
+    let mut s = setup(config).await;
+    s.model.set_responder(route(Reply::text("never asked")));
+    let receipt = s
+        .client
+        .submit(&s.session_id, "please delegate the counting")
+        .await
+        .unwrap();
+    let admission_id = receipt["admission_id"].as_str().unwrap().to_string();
+    assert_eq!(
+        s.client.wait_settled(&admission_id).await.unwrap(),
+        "completed"
+    );
+    let parent = resume(&mut s.client, &s.session_id).await;
+    let result = tool_result(&parent);
+    let content: Value =
+        serde_json::from_str(result["content"].as_str().unwrap_or_default()).unwrap();
+    assert_eq!(content["refused"], word);
+    assert!(children(&mut s.client, &s.session_id).await.is_empty());
+    assert!(!s.model.requests().iter().any(is_child));
+    let tool_complete = db_rows(
+        &s.home.db(),
+        &format!(
+            "SELECT json_extract(payload_json, '$.is_error') FROM session_events
+             WHERE session_id = '{}' AND type = 'tool.complete'",
+            s.session_id
+        ),
+    );
+    assert_eq!(tool_complete, vec![vec![json!(1)]]);
+    s.daemon.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delegation_past_the_depth_limit_is_refused_and_the_turn_goes_on() {
+    refused_with(
+        "[delegation]\nmax_spawn_depth = 0\n",
+        "delegation_depth_exceeded",
+    )
+    .await;
+}
+
+/// One turn's tool calls run in order, so a parent never holds a live child while it asks
+/// for another; `max_concurrent_children = 0` shows the capacity refusal end to end (the
+/// ledger tests cover a second reserve while one child is live).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delegation_over_capacity_is_refused_and_the_turn_goes_on() {
+    refused_with(
+        "[delegation]\nmax_concurrent_children = 0\n",
+        "delegation_capacity",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interrupting_the_parent_retires_its_live_child() {
+    let mut s = setup("").await;
+    let gate = Gate::new();
+    s.model
+        .set_responder(route(Reply::text("too late").gated(&gate)));
+    let receipt = s
+        .client
+        .submit(&s.session_id, "please delegate the counting")
+        .await
+        .unwrap();
+    let admission_id = receipt["admission_id"].as_str().unwrap().to_string();
+    let generation = receipt["execution_generation"].as_u64();
+    assert!(
+        gate.wait_reached(WAIT).await,
+        "the child's model request never came"
+    );
+    let generation = match generation {
+        Some(g) => g,
+        None => resume(&mut s.client, &s.session_id).await["execution_generation"]
+            .as_u64()
+            .unwrap(),
+    };
+    let kids = children(&mut s.client, &s.session_id).await;
+    assert_eq!(kids.len(), 1);
+    assert_eq!(kids[0]["running"], true);
+    assert!(kids[0]["ended_at"].is_null());
+    let child_id = kids[0]["session_id"].as_str().unwrap().to_string();
+
+    s.client
+        .call_ok(
+            "session.interrupt",
+            json!({"session_id": s.session_id, "execution_generation": generation}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        s.client.wait_settled(&admission_id).await.unwrap(),
+        "interrupted"
+    );
+    let parent = resume(&mut s.client, &s.session_id).await;
+    assert!(
+        tool_result(&parent)["content"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("interrupted"),
+        "{parent}"
+    );
+    let rows = db_rows(
+        &s.home.db(),
+        &format!(
+            "SELECT e.kind, e.status, a.status, a.outcome, s.end_reason, s.ended_at IS NOT NULL
+             FROM worker_executions e
+             JOIN session_admissions a ON a.admission_id = e.admission_id
+             JOIN sessions s ON s.id = e.session_id
+             WHERE e.session_id = '{child_id}'"
+        ),
+    );
+    assert_eq!(
+        rows,
+        vec![vec![
+            json!("child"),
+            json!("terminal"),
+            json!("terminal"),
+            json!("interrupted"),
+            json!("agent_close"),
+            json!(1),
+        ]]
+    );
+    // The child's worker was told to stop; its late answer is refused, never stored.
+    gate.open();
+    let deadline = Instant::now() + WAIT;
+    while !children_of(s.daemon.pid()).is_empty() {
+        assert!(Instant::now() < deadline, "workers still running");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let child = resume(&mut s.client, &child_id).await;
+    assert!(!child.to_string().contains("too late"), "{child}");
+    assert_eq!(child["running"], false);
+    s.daemon.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_owner_closes_the_child_of_a_lost_turn() {
+    let mut s = setup("").await;
+    let gate = Gate::new();
+    s.model
+        .set_responder(route(Reply::text("too late").gated(&gate)));
+    let receipt = s
+        .client
+        .submit(&s.session_id, "please delegate the counting")
+        .await
+        .unwrap();
+    let admission_id = receipt["admission_id"].as_str().unwrap().to_string();
+    assert!(
+        gate.wait_reached(WAIT).await,
+        "the child's model request never came"
+    );
+    let kids = children(&mut s.client, &s.session_id).await;
+    assert_eq!(kids.len(), 1);
+    let child_id = kids[0]["session_id"].as_str().unwrap().to_string();
+
+    s.daemon.kill().unwrap();
+    let daemon = Daemon::start(bin(), s.home.path()).await.unwrap();
+    let mut client = daemon.client().await.unwrap();
+    // The parent's started turn is never replayed: it is unknown.
+    let parent = client
+        .call_ok(
+            "prompt.receipt",
+            json!({"session_id": s.session_id, "admission_id": admission_id}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(parent["status"], "unknown");
+    let rows = db_rows(
+        &s.home.db(),
+        &format!(
+            "SELECT e.status, a.status, a.outcome, s.end_reason
+             FROM worker_executions e
+             JOIN session_admissions a ON a.admission_id = e.admission_id
+             JOIN sessions s ON s.id = e.session_id
+             WHERE e.session_id = '{child_id}' AND e.kind = 'child'"
+        ),
+    );
+    assert_eq!(
+        rows,
+        vec![vec![
+            json!("terminal"),
+            json!("terminal"),
+            json!("interrupted"),
+            json!("agent_close"),
+        ]]
+    );
+    let kids = children(&mut client, &s.session_id).await;
+    assert!(kids[0]["ended_at"].is_number());
+    assert_eq!(kids[0]["running"], false);
+    gate.open();
+    drop(client);
+    let mut daemon = daemon;
+    daemon.stop().await.unwrap();
+}
