@@ -161,6 +161,16 @@ async fn a_background_process_outlives_its_turn_and_the_next_turn_lists_and_kill
         .collect();
     assert_eq!(tools, ["terminal", "process"]);
 
+    // Clients see it too: `session.resume` lists the session's background processes.
+    let resumed = s
+        .client
+        .call_ok("session.resume", json!({"session_id": s.session_id}))
+        .await
+        .unwrap();
+    assert_eq!(resumed["processes"][0]["pid"], json!(pid), "{resumed}");
+    assert_eq!(resumed["processes"][0]["status"], "running");
+    assert_eq!(resumed["processes"][0]["command"], command);
+
     // The worker that started it is gone; the process is not.
     eventually("turn 1's worker exits", || {
         s.daemon.worker_pids().is_empty()

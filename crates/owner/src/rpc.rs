@@ -299,6 +299,9 @@ async fn snapshot(
             let running = pending
                 .iter()
                 .any(|a| a.status == drover_ledger::state::AdmissionStatus::Started);
+            // Shared facts belong to the API (STYLE): clients see what runs in the background.
+            let processes = serde_json::to_value(l.background_processes(&session_id)?)
+                .unwrap_or_else(|_| Value::Array(Vec::new()));
             let prompts: Vec<Value> = l.open_prompts(&session_id)?.iter().map(|p| p.to_json()).collect();
             Ok(json!({
                 "session_id": session.id,
@@ -306,6 +309,7 @@ async fn snapshot(
                 "pending": pending.iter().map(|a| a.pending_json()).collect::<Vec<_>>(),
                 "prompts": prompts,
                 "running": running,
+                "processes": processes,
                 "execution_generation": session.runtime_generation,
                 "replay_epoch": session.replay_epoch,
                 "last_sequence": l.last_event_seq(&session_id)?,
