@@ -83,6 +83,37 @@ impl Daemon {
 
     /// Like [`Daemon::start`], with extra environment variables.
     pub async fn start_with_env(bin: &Path, home: &Path, env: &[(&str, &str)]) -> Result<Daemon> {
+        Daemon::spawn(bin, home, env, None).await
+    }
+
+    /// Like [`Daemon::start_with_env`], appending the daemon's stderr to `stderr_log`. Errors
+    /// the daemon meets before its log is open (a held home lock, say) only go to stderr; if
+    /// the daemon exits early, the error quotes the end of `stderr_log`.
+    pub async fn start_with_stderr(
+        bin: &Path,
+        home: &Path,
+        env: &[(&str, &str)],
+        stderr_log: &Path,
+    ) -> Result<Daemon> {
+        Daemon::spawn(bin, home, env, Some(stderr_log)).await
+    }
+
+    async fn spawn(
+        bin: &Path,
+        home: &Path,
+        env: &[(&str, &str)],
+        stderr_log: Option<&Path>,
+    ) -> Result<Daemon> {
+        let stderr = match stderr_log {
+            Some(path) => Stdio::from(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .with_context(|| format!("opening {}", path.display()))?,
+            ),
+            None => Stdio::null(),
+        };
         let child = Command::new(bin)
             .envs(env.iter().copied())
             .arg("daemon")
@@ -90,7 +121,7 @@ impl Daemon {
             .arg(home)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
         let mut d = Daemon {
@@ -113,7 +144,14 @@ impl Daemon {
             if let Some(child) = d.child.as_mut() {
                 if let Some(status) = child.try_wait()? {
                     d.child = None;
-                    bail!("daemon exited early with {status}");
+                    let said = stderr_log
+                        .and_then(|p| std::fs::read_to_string(p).ok())
+                        .map(|t| {
+                            let lines: Vec<&str> = t.lines().collect();
+                            lines[lines.len().saturating_sub(5)..].join("\n")
+                        })
+                        .unwrap_or_default();
+                    bail!("daemon exited early with {status}; its stderr ends with:\n{said}");
                 }
             }
             if Instant::now() > deadline {
