@@ -217,6 +217,78 @@ pub fn decide(mode: ApprovalMode, danger: Option<&Danger>, already_allowed: bool
     }
 }
 
+/// Why a dangerous action did not get to run (see [`authorize`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// `approvals.mode = "deny"` refuses it without asking.
+    ModeDeny,
+    /// The human chose `deny`, the prompt was closed unanswered, or the answer was unreadable.
+    Denied,
+    /// The turn was interrupted while the prompt was open.
+    Interrupted,
+}
+
+/// Applies the approval policy to one dangerous action (SPEC section 6): runs it when the mode
+/// is `auto` or a `session`/`always` grant covers `danger.key`, refuses it in `deny` mode, and
+/// otherwise opens an `approval` prompt showing `shown` (the command, or `write_file <path>`)
+/// and waits for the answer, racing the turn's cancel token. A `session` or `always` answer
+/// also grants the key for the rest of this context (the owner stores it for later turns).
+pub async fn authorize(
+    ctx: &crate::ToolContext,
+    danger: &Danger,
+    shown: &str,
+) -> Result<(), Refusal> {
+    use crate::PromptAnswer;
+    use serde_json::Value;
+
+    let mode = ctx.approvals.parse::<ApprovalMode>().unwrap_or_else(|e| {
+        // Config validation names the bad value; here the safe reading is to ask.
+        tracing::warn!(session_id = %ctx.session_id, error = %e, "unknown approvals mode, asking");
+        ApprovalMode::Manual
+    });
+    match decide(mode, Some(danger), ctx.grants.contains(danger.key)) {
+        Decision::Run => Ok(()),
+        Decision::Refuse => Err(Refusal::ModeDeny),
+        Decision::Ask => {
+            let body = serde_json::json!({
+                "command": shown,
+                "description": danger.description,
+                "pattern_key": danger.key,
+                "choices": ApprovalChoice::ALL.map(ApprovalChoice::as_str),
+            });
+            let answer = tokio::select! {
+                biased;
+                () = ctx.cancel.cancelled() => return Err(Refusal::Interrupted),
+                answer = ctx.prompts.open("approval", body) => answer,
+            };
+            // The owner may close the prompt because of the interrupt itself.
+            if ctx.cancel.is_cancelled() {
+                return Err(Refusal::Interrupted);
+            }
+            let choice = match &answer {
+                PromptAnswer::Answered(Value::String(s)) => s.parse::<ApprovalChoice>().ok(),
+                PromptAnswer::Answered(_) => None,
+                PromptAnswer::Cancelled => Some(ApprovalChoice::Deny),
+            };
+            match choice {
+                Some(choice) if choice.allows() => {
+                    tracing::info!(session_id = %ctx.session_id, pattern_key = danger.key, choice = %choice, "dangerous action approved");
+                    if matches!(choice, ApprovalChoice::Session | ApprovalChoice::Always) {
+                        ctx.grants.insert(danger.key);
+                    }
+                    Ok(())
+                }
+                Some(_) => Err(Refusal::Denied),
+                None => {
+                    // Only once/session/always allow it; anything else is a no.
+                    tracing::warn!(session_id = %ctx.session_id, ?answer, "unreadable approval answer, treated as deny");
+                    Err(Refusal::Denied)
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -31,10 +31,8 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use serde_json::{json, Value};
-
-use crate::approval::{self, ApprovalChoice, ApprovalMode, Danger, Decision};
-use crate::{PromptAnswer, Tool, ToolContext};
+use crate::approval::{self, Danger, Refusal};
+use crate::{Tool, ToolContext};
 
 /// The approval pattern key of a write outside the session's working directory.
 pub const WRITE_OUTSIDE_CWD: &str = "write_outside_cwd";
@@ -165,53 +163,18 @@ pub(crate) async fn allow_write(
             target.display()
         ),
     };
-    let mode = ctx.approvals.parse::<ApprovalMode>().unwrap_or_else(|e| {
-        // Config validation names the bad value; here the safe reading is to ask.
-        tracing::warn!(session_id = %ctx.session_id, error = %e, "unknown approvals mode, asking");
-        ApprovalMode::Manual
-    });
-    match approval::decide(mode, Some(&danger), ctx.grants.contains(danger.key)) {
-        Decision::Run => Ok(()),
-        Decision::Refuse => Err(format!(
-            "refused: {} (approvals.mode = deny); write inside {} instead",
-            danger.description,
-            cwd.display()
-        )),
-        Decision::Ask => {
-            let body = json!({
-                "command": format!("{tool} {}", target.display()),
-                "description": danger.description,
-                "pattern_key": danger.key,
-                "choices": ApprovalChoice::ALL.map(ApprovalChoice::as_str),
-            });
-            let answer = tokio::select! {
-                biased;
-                () = ctx.cancel.cancelled() => return Err("interrupted".to_string()),
-                answer = ctx.prompts.open("approval", body) => answer,
-            };
-            // The owner may close the prompt because of the interrupt itself.
-            if ctx.cancel.is_cancelled() {
-                return Err("interrupted".to_string());
-            }
-            let choice = match &answer {
-                PromptAnswer::Answered(Value::String(s)) => s.parse::<ApprovalChoice>().ok(),
-                PromptAnswer::Answered(_) => None,
-                PromptAnswer::Cancelled => Some(ApprovalChoice::Deny),
-            };
-            match choice {
-                Some(choice) if choice.allows() => {
-                    tracing::info!(session_id = %ctx.session_id, pattern_key = danger.key, choice = %choice, "write outside the working directory approved");
-                    if matches!(choice, ApprovalChoice::Session | ApprovalChoice::Always) {
-                        ctx.grants.insert(danger.key);
-                    }
-                    Ok(())
-                }
-                // Only once/session/always allow it; anything else, or an unreadable answer, is
-                // a no.
-                _ => Err("the user denied this write".to_string()),
-            }
-        }
-    }
+    let shown = format!("{tool} {}", target.display());
+    approval::authorize(ctx, &danger, &shown)
+        .await
+        .map_err(|refusal| match refusal {
+            Refusal::ModeDeny => format!(
+                "refused: {} (approvals.mode = deny); write inside {} instead",
+                danger.description,
+                cwd.display()
+            ),
+            Refusal::Denied => "the user denied this write".to_string(),
+            Refusal::Interrupted => "interrupted".to_string(),
+        })
 }
 
 /// Replaces `path` with `bytes` atomically: the bytes go to a new file beside it, are synced,

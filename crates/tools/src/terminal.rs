@@ -26,10 +26,10 @@ use serde_json::{json, Value};
 use tokio::io::AsyncReadExt;
 use tokio::time::Instant;
 
-use crate::approval::{self, ApprovalChoice, ApprovalMode, Danger, Decision};
+use crate::approval::{self, Danger, Refusal};
 use crate::background;
 use crate::platform::{self, ForegroundGroups};
-use crate::{PromptAnswer, Tool, ToolContext, ToolOutput};
+use crate::{Tool, ToolContext, ToolOutput};
 
 /// Timeout when the call gives none, in seconds.
 pub const DEFAULT_TIMEOUT_SECS: u64 = 180;
@@ -192,56 +192,13 @@ impl Request {
 
 /// Applies the approval policy to a dangerous command. `Err` holds the error the result shows.
 async fn approve(command: &str, danger: &Danger, ctx: &ToolContext) -> Result<(), String> {
-    let mode = ctx.approvals.parse::<ApprovalMode>().unwrap_or_else(|e| {
-        // Config validation names the bad value; here the safe reading is to ask.
-        tracing::warn!(session_id = %ctx.session_id, error = %e, "unknown approvals mode, asking");
-        ApprovalMode::Manual
-    });
-    let already_allowed = ctx.grants.contains(danger.key);
-    match approval::decide(mode, Some(danger), already_allowed) {
-        Decision::Run => Ok(()),
-        Decision::Refuse => Err(format!(
-            "refused: {} (approvals.mode = deny)",
-            danger.description
-        )),
-        Decision::Ask => {
-            let body = json!({
-                "command": command,
-                "description": danger.description,
-                "pattern_key": danger.key,
-                "choices": ApprovalChoice::ALL.map(ApprovalChoice::as_str),
-            });
-            let answer = tokio::select! {
-                biased;
-                () = ctx.cancel.cancelled() => return Err("interrupted".to_string()),
-                answer = ctx.prompts.open("approval", body) => answer,
-            };
-            // The owner may close the prompt because of the interrupt itself.
-            if ctx.cancel.is_cancelled() {
-                return Err("interrupted".to_string());
-            }
-            let choice = match &answer {
-                PromptAnswer::Answered(Value::String(s)) => s.parse::<ApprovalChoice>().ok(),
-                PromptAnswer::Answered(_) => None,
-                PromptAnswer::Cancelled => Some(ApprovalChoice::Deny),
-            };
-            match choice {
-                Some(choice) if choice.allows() => {
-                    tracing::info!(session_id = %ctx.session_id, pattern_key = danger.key, choice = %choice, "dangerous command approved");
-                    if matches!(choice, ApprovalChoice::Session | ApprovalChoice::Always) {
-                        ctx.grants.insert(danger.key);
-                    }
-                    Ok(())
-                }
-                Some(_) => Err("the user denied this command".to_string()),
-                None => {
-                    // Only once/session/always run a dangerous command; anything else is a no.
-                    tracing::warn!(session_id = %ctx.session_id, ?answer, "unreadable approval answer, treated as deny");
-                    Err("the user denied this command".to_string())
-                }
-            }
-        }
-    }
+    approval::authorize(ctx, danger, command)
+        .await
+        .map_err(|refusal| match refusal {
+            Refusal::ModeDeny => format!("refused: {} (approvals.mode = deny)", danger.description),
+            Refusal::Denied => "the user denied this command".to_string(),
+            Refusal::Interrupted => "interrupted".to_string(),
+        })
 }
 
 /// What ended a run, besides the shell exiting by itself.
