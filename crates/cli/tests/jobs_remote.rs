@@ -6,17 +6,16 @@
 //! the broker and `$DROVER_DISPATCH_SECRET`. Every wait is bounded.
 
 use std::io::{BufRead, BufReader};
-use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use drover_jobs::mqtt::{self, Endpoint, Feed, Outbound};
 use drover_jobs::remote::{derive_auth_token, Dispatch};
 use drover_jobs::{sign, Contract};
+use drover_test_support::harness::Mosquitto;
 use serde_json::{json, Value};
-use tempfile::TempDir;
 
 const SECRET: &str = "test-dispatch-secret";
 
@@ -38,57 +37,16 @@ const SCRUBBED_ENV: &[&str] = &[
     "RUST_LOG",
 ];
 
-fn mosquitto_exe() -> PathBuf {
-    for p in ["/usr/sbin/mosquitto", "/usr/bin/mosquitto"] {
-        if Path::new(p).is_file() {
-            return PathBuf::from(p);
-        }
-    }
-    panic!("these tests need mosquitto (apt-get install mosquitto; .ci/run installs it)");
-}
-
-/// A mosquitto of this test, on loopback, without persistence. Killed (and reaped) on drop.
-struct Broker {
-    port: u16,
-    _dir: TempDir,
-    child: Child,
-}
+/// The shared broker fixture, plus the endpoint the jobs crate speaks to.
+struct Broker(Mosquitto);
 
 impl Broker {
     fn start() -> Broker {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free loopback port")
-            .port();
-        let conf = format!("listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n");
-        std::fs::write(dir.path().join("mosquitto.conf"), conf).unwrap();
-        let log = std::fs::File::create(dir.path().join("mosquitto.log")).unwrap();
-        let child = std::process::Command::new(mosquitto_exe())
-            .arg("-c")
-            .arg(dir.path().join("mosquitto.conf"))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("mosquitto starts");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "mosquitto did not listen within 10 s"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Broker {
-            port,
-            _dir: dir,
-            child,
-        }
+        Broker(Mosquitto::start(false))
     }
 
     fn url(&self) -> String {
-        format!("mqtt://127.0.0.1:{}", self.port)
+        self.0.url()
     }
 
     fn endpoint(&self) -> Endpoint {
@@ -107,13 +65,6 @@ impl Broker {
         )
         .await;
         assert_eq!(n, 1, "publish to {topic}: {why:?}");
-    }
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -9,14 +9,14 @@
 use std::io::{BufRead, BufReader};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use drover_jobs::mqtt::{self, Endpoint, Feed, Outbound};
 use drover_jobs::sign;
+use drover_test_support::harness::Mosquitto;
 use serde_json::{json, Value};
-use tempfile::TempDir;
 
 fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_drover"))
@@ -33,131 +33,11 @@ const SCRUBBED_ENV: &[&str] = &[
     "RUST_LOG",
 ];
 
-fn mosquitto_exe() -> PathBuf {
-    for p in ["/usr/sbin/mosquitto", "/usr/bin/mosquitto"] {
-        if Path::new(p).is_file() {
-            return PathBuf::from(p);
-        }
-    }
-    panic!("these tests need mosquitto (apt-get install mosquitto; .ci/run installs it)");
-}
-
-fn running_as_root() -> bool {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
-}
-
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free loopback port")
         .port()
-}
-
-/// A mosquitto of this test, on loopback. Killed (and reaped) on drop.
-struct Broker {
-    port: u16,
-    dir: TempDir,
-    child: Option<Child>,
-}
-
-impl Broker {
-    /// `persist`: keep retained messages across [`Broker::restart`] (persistence on, in the
-    /// broker's temporary folder).
-    fn start(persist: bool) -> Broker {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let port = free_port();
-        let mut conf = format!("listener {port} 127.0.0.1\nallow_anonymous true\n");
-        if persist {
-            conf.push_str(&format!(
-                "persistence true\npersistence_location {}/\n",
-                dir.path().display()
-            ));
-            if running_as_root() {
-                // Root mosquitto drops to the `mosquitto` user, which cannot write here.
-                conf.push_str("user root\n");
-            }
-        } else {
-            conf.push_str("persistence false\n");
-        }
-        std::fs::write(dir.path().join("mosquitto.conf"), conf).unwrap();
-        let mut broker = Broker {
-            port,
-            dir,
-            child: None,
-        };
-        broker.spawn();
-        broker
-    }
-
-    fn url(&self) -> String {
-        format!("mqtt://127.0.0.1:{}", self.port)
-    }
-
-    fn endpoint(&self) -> Endpoint {
-        Endpoint::parse(&self.url()).unwrap()
-    }
-
-    fn spawn(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.path().join("mosquitto.log"))
-            .unwrap();
-        let child = std::process::Command::new(mosquitto_exe())
-            .arg("-c")
-            .arg(self.dir.path().join("mosquitto.conf"))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("mosquitto starts");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "mosquitto did not listen on {} within 10 s: {}",
-                self.port,
-                std::fs::read_to_string(self.dir.path().join("mosquitto.log")).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// SIGTERM (mosquitto saves its persistence file), then SIGKILL after 5 s.
-    fn stop(&mut self) {
-        let Some(mut child) = self.child.take() else {
-            return;
-        };
-        signal(child.id() as i32, nix::sys::signal::Signal::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            if let Ok(Some(_)) = child.try_wait() {
-                return;
-            }
-            if Instant::now() >= deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn restart(&mut self) {
-        self.stop();
-        self.spawn();
-    }
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
 }
 
 fn signal(pid: i32, sig: nix::sys::signal::Signal) {
@@ -849,4 +729,33 @@ async fn watch_without_a_wire_or_on_an_unknown_job_is_a_one_line_error() {
     let out = a.run(&["watch", "--job", &job, "--timeout", "0"]).await;
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("--timeout"));
+}
+
+/// The wire tests' broker: the shared fixture plus the endpoint the jobs crate speaks to.
+struct Broker(Mosquitto);
+
+impl Broker {
+    fn start(persist: bool) -> Broker {
+        Broker(Mosquitto::start(persist))
+    }
+
+    fn url(&self) -> String {
+        self.0.url()
+    }
+
+    fn endpoint(&self) -> Endpoint {
+        Endpoint::parse(&self.url()).unwrap()
+    }
+
+    fn stop(&mut self) {
+        self.0.stop();
+    }
+
+    fn restart(&mut self) {
+        self.0.restart();
+    }
+
+    fn spawn(&mut self) {
+        self.0.start_again();
+    }
 }
