@@ -53,6 +53,36 @@ pub struct PublishContext<'a> {
     pub drain: Duration,
 }
 
+/// The orchestrator gives up on `job`: publishes `error` with `detail` for the job's current
+/// attempt (the compare-and-set keeps an earlier terminal status; SPEC section 7).
+pub(crate) fn give_up(
+    registry: &mut Registry,
+    wire: &dyn Wire,
+    drain: Duration,
+    job: &crate::registry::Job,
+    detail: &str,
+) -> Result<Published, JobError> {
+    let published = publish(
+        PublishContext {
+            registry,
+            wire,
+            timer_launch: None,
+            drain,
+        },
+        &PublishRequest {
+            job_id: job.job_id.clone(),
+            event: EventKind::Error,
+            detail: Some(detail.to_string()),
+            heartbeat: None,
+            watch_pid: None,
+            expect_dispatch_token: Some(job.dispatch_token.clone()),
+            no_state: false,
+        },
+    )?;
+    tracing::info!(job_id = %job.job_id, detail, seq = %published.message["seq"], "gave up on the job");
+    Ok(published)
+}
+
 /// What a publish did.
 #[derive(Debug, Clone)]
 pub struct Published {

@@ -23,9 +23,9 @@ use serde_json::{json, Value};
 use sha2::Sha256;
 
 use crate::mqtt::{self, Endpoint, Feed, Outbound};
-use crate::publish::{self, PublishContext, PublishRequest};
+use crate::publish;
 use crate::registry::{Job, NewJob, Registry, Via};
-use crate::state::{self, Contract, ContractInput, EventKind, JobStatus, Verdict, WaitView};
+use crate::state::{self, Contract, ContractInput, JobStatus, Verdict, WaitView};
 use crate::submit::{SubmitOutcome, POLL};
 use crate::watch::Watcher;
 use crate::wire::Wire;
@@ -398,25 +398,7 @@ fn give_up(
     job: &Job,
     detail: &str,
 ) -> Result<(), JobError> {
-    publish::publish(
-        PublishContext {
-            registry,
-            wire: ctx.wire,
-            timer_launch: None,
-            drain: ctx.drain,
-        },
-        &PublishRequest {
-            job_id: job.job_id.clone(),
-            event: EventKind::Error,
-            detail: Some(detail.to_string()),
-            heartbeat: None,
-            watch_pid: None,
-            expect_dispatch_token: Some(job.dispatch_token.clone()),
-            no_state: false,
-        },
-    )?;
-    tracing::info!(job_id = %job.job_id, detail, "gave up on the remote job");
-    Ok(())
+    publish::give_up(registry, ctx.wire, ctx.drain, job, detail).map(|_| ())
 }
 
 #[cfg(test)]

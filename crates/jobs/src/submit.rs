@@ -20,9 +20,9 @@ use std::time::{Duration, Instant};
 
 use crate::brief::{self, BriefContext};
 use crate::delivery::{self, AgentSession, ExecAgent, Target, TmuxServer};
-use crate::publish::{self, PublishContext, PublishRequest};
+use crate::publish;
 use crate::registry::{Job, NewJob, Registry};
-use crate::state::{self, Contract, EventKind, JobStatus, Verdict, WaitView};
+use crate::state::{self, Contract, EventKind, Verdict, WaitView};
 use crate::wire::Wire;
 use crate::JobError;
 
@@ -226,32 +226,13 @@ impl Waiter {
     }
 }
 
-/// Publishes this attempt's `error` with `detail` (stopping the timer, raising the barrier).
 fn give_up(
     ctx: &SubmitContext<'_>,
     registry: &mut Registry,
     job: &Job,
     detail: &str,
 ) -> Result<(), JobError> {
-    let published = publish::publish(
-        PublishContext {
-            registry,
-            wire: ctx.wire,
-            timer_launch: None,
-            drain: ctx.drain,
-        },
-        &PublishRequest {
-            job_id: job.job_id.clone(),
-            event: EventKind::Error,
-            detail: Some(detail.to_string()),
-            heartbeat: None,
-            watch_pid: None,
-            expect_dispatch_token: Some(job.dispatch_token.clone()),
-            no_state: false,
-        },
-    )?;
-    tracing::info!(job_id = %job.job_id, detail, status = %JobStatus::Error, seq = %published.message["seq"], "gave up on the job");
-    Ok(())
+    publish::give_up(registry, ctx.wire, ctx.drain, job, detail).map(|_| ())
 }
 
 /// Appends what the pane shows to `<registry>/<job_id>/pane.log` (a diagnostic only).
