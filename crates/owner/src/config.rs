@@ -245,6 +245,29 @@ impl Config {
             .filter(|s| !s.is_empty())
     }
 
+    /// The enabled `[mcp_servers]` named in `toolsets` (SPEC section 1: one toolset per MCP
+    /// server, named after it), as the worker starts them. A disabled server is left out, so
+    /// its toolset name is unknown.
+    pub fn mcp_servers_of(
+        &self,
+        toolsets: &[String],
+    ) -> BTreeMap<String, drover_protocol::worker::McpServerSpec> {
+        toolsets
+            .iter()
+            .filter_map(|name| {
+                let server = self.mcp_servers.get(name).filter(|s| s.enabled)?;
+                Some((
+                    name.clone(),
+                    drover_protocol::worker::McpServerSpec {
+                        command: server.command.clone(),
+                        args: server.args.clone(),
+                        env: server.env.clone(),
+                    },
+                ))
+            })
+            .collect()
+    }
+
     /// The API key from the variable named by `api_key_env`, else `$OPENAI_API_KEY`.
     pub fn api_key(&self) -> Option<String> {
         std::env::var(&self.model.api_key_env)

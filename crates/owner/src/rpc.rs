@@ -233,8 +233,14 @@ async fn session_create(
     let toolsets = p
         .opt_str_list("toolsets")?
         .unwrap_or_else(|| cfg.toolsets.default.clone());
-    let registry = drover_tools::ToolRegistry::for_toolsets(&toolsets)
-        .map_err(|e| RpcError::invalid_field("toolsets", e.to_string()))?;
+    // SPEC section 4, frozen session: an MCP server's tool schemas are listed now (the server
+    // is started, listed and stopped, within drover_tools::mcp::CONNECT_TIMEOUT).
+    let registry = drover_tools::ToolRegistry::for_toolsets_with_mcp(
+        &toolsets,
+        &cfg.mcp_servers_of(&toolsets),
+    )
+    .await
+    .map_err(|e| RpcError::invalid_field("toolsets", e.to_string()))?;
     let mut model_config = json!({
         "base_url": base_url,
         "stream": cfg.model.stream,

@@ -103,6 +103,7 @@ fn policy(owner: &Owner, claim: &Claim) -> Policy {
         home: owner.home.display().to_string(),
         approval_grants: claim.approval_grants.clone(),
         background_processes: claim.background_processes.clone(),
+        mcp_servers: owner.config.mcp_servers_of(&s.toolsets),
     }
 }
 
@@ -361,7 +362,14 @@ fn delegation_limits(owner: &Owner) -> DelegationLimits {
 
 /// The tool names of `toolsets`, so a child gets its parent's frozen schemas of those only.
 fn toolset_tools(toolsets: &[String]) -> Vec<String> {
-    drover_tools::ToolRegistry::for_toolsets(toolsets)
+    // MCP toolsets are left out: their tool names are known only from the parent's frozen
+    // schemas, and a child does not start its parent's MCP servers.
+    let builtin: Vec<String> = toolsets
+        .iter()
+        .filter(|t| drover_tools::KNOWN_TOOLSETS.contains(&t.as_str()))
+        .cloned()
+        .collect();
+    drover_tools::ToolRegistry::for_toolsets(&builtin)
         .map(|r| r.names())
         .unwrap_or_default()
 }

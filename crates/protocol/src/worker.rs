@@ -98,6 +98,20 @@ pub struct Policy {
     /// liveness itself.
     #[serde(default)]
     pub background_processes: Vec<BackgroundProcess>,
+    /// The MCP servers of the session's toolsets, by server name, from the owner's config at
+    /// claim time (SPEC section 6, MCP). The worker starts the ones its turn calls.
+    #[serde(default)]
+    pub mcp_servers: BTreeMap<String, McpServerSpec>,
+}
+
+/// How to start one stdio MCP server (`[mcp_servers.<name>]` minus `enabled`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct McpServerSpec {
+    pub command: String,
+    #[serde(default)]
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
 }
 
 fn default_approvals() -> String {

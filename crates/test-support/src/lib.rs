@@ -4,10 +4,14 @@
 //!   non-stream, tool calls, usage, gates that hold a response, a request log).
 //! - [`harness`]: starts the real `drover` binary on a temporary home and speaks the real
 //!   WebSocket JSON-RPC to it, with a timeout on every wait.
+//! - [`mcp_echo`]: where the `drover-mcp-echo` fixture is, a real stdio MCP server (built with
+//!   the official SDK) with tools `echo`, `add`, `fail` and `crash`.
 //!
 //! Nothing here mocks a drover component: only the model is played.
 
 pub mod harness;
+pub mod mcp_echo;
 pub mod mock_model;
 
+pub use mcp_echo::mcp_echo_bin;
 pub use mock_model::{Gate, MockModel, Reply};

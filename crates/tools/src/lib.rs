@@ -2,7 +2,7 @@
 //!
 //! A [`Tool`] has a name, a frozen JSON schema, a one-line preview of a call (`tool.start`
 //! `context`) and an async `call`. A [`ToolRegistry`] is built from toolset names
-//! (`terminal`, `file`, `clarify`, `todo`, `delegation`, MCP servers later). Tools that need a
+//! (`terminal`, `file`, `clarify`, `todo`, `delegation`, and one per MCP server). Tools that need a
 //! human (approvals, clarify) ask through [`PromptBroker`], which the worker implements by
 //! persisting `prompt.open` to the owner.
 //!
@@ -20,6 +20,8 @@
 //!   working directory go through the approval policy.
 //! - [`delegate`]: the `delegate_task` tool (the `delegation` toolset), which asks the owner
 //!   for a child agent through [`Delegator`] (the worker persists `child.reserve`).
+//! - [`mcp`]: MCP servers as toolsets: a stdio client (the official SDK, `rmcp`) and
+//!   [`mcp::McpTool`], the tool `mcp__<server>__<tool>`.
 //! - [`todo`]: the `todo` tool, a per-session task list kept in
 //!   `<home>/sessions/<session_id>/todo.json`.
 //! - [`approval`]: the dangerous-command classifier and the pure approval decision
@@ -47,11 +49,13 @@ pub mod background;
 pub mod clarify;
 pub mod delegate;
 pub mod file;
+pub mod mcp;
 pub mod platform;
 pub mod process;
 pub mod terminal;
 pub mod todo;
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -68,14 +72,21 @@ pub use delegate::{DelegateAnswer, DelegateRequest, Delegator, NoDelegation};
 /// - `clarify`: `clarify`;
 /// - `todo`: `todo`;
 /// - `delegation`: `delegate_task` (runs a child agent through [`Delegator`]).
+///
+/// Any other toolset name must be an MCP server ([`ToolRegistry::for_toolsets_with_mcp`],
+/// [`ToolRegistry::for_session`]); a built-in name wins over a server of the same name.
 pub const KNOWN_TOOLSETS: &[&str] = &["terminal", "file", "clarify", "todo", "delegation"];
 
 /// Errors building a registry.
 #[derive(Debug, thiserror::Error)]
 pub enum ToolError {
     /// Maps to `invalid_params` with field `toolsets`.
-    #[error("unknown toolset {0:?} (known: terminal, file, clarify, todo, delegation)")]
+    #[error("unknown toolset {0:?} (known: terminal, file, clarify, todo, delegation, or an enabled [mcp_servers.<name>])")]
     UnknownToolset(String),
+    /// An MCP server could not be started or listed; maps to `invalid_params` with field
+    /// `toolsets` at `session.create`.
+    #[error("MCP server {server:?}: {message}")]
+    Mcp { server: String, message: String },
 }
 
 /// What a tool call returns: the text the model sees as the tool message, and whether it is an
@@ -209,6 +220,45 @@ impl ToolRegistry {
         Ok(ToolRegistry { tools })
     }
 
+    /// Builds the registry for `toolsets`, where a name that is not a built-in toolset may be
+    /// an MCP server of `mcp_servers`: each such server is started, its tools listed (within
+    /// [`mcp::CONNECT_TIMEOUT`]) and added as `mcp__<server>__<tool>`. The servers stop when
+    /// the registry is dropped. The owner calls this at `session.create` to freeze the schemas.
+    pub async fn for_toolsets_with_mcp(
+        toolsets: &[String],
+        mcp_servers: &BTreeMap<String, drover_protocol::worker::McpServerSpec>,
+    ) -> Result<Self, ToolError> {
+        let (builtin, servers) = split_toolsets(toolsets, mcp_servers)?;
+        let mut registry = ToolRegistry::for_toolsets(&builtin)?;
+        for server in servers {
+            for tool in server.tools().await? {
+                registry.tools.push(Arc::new(tool));
+            }
+        }
+        Ok(registry)
+    }
+
+    /// The registry of a session's turn: the built-in toolsets of `toolsets`, plus one
+    /// [`mcp::McpTool`] per frozen schema (`frozen`, from `session.create`) of each MCP server
+    /// of `toolsets`. No server starts here: each starts on its first call and stops when the
+    /// registry is dropped (the end of the turn).
+    pub fn for_session(
+        toolsets: &[String],
+        frozen: &[Value],
+        mcp_servers: &BTreeMap<String, drover_protocol::worker::McpServerSpec>,
+    ) -> Result<Self, ToolError> {
+        let (builtin, servers) = split_toolsets(toolsets, mcp_servers)?;
+        let mut registry = ToolRegistry::for_toolsets(&builtin)?;
+        for server in &servers {
+            for schema in frozen {
+                if let Some(tool) = mcp::McpTool::from_frozen(server, schema) {
+                    registry.tools.push(Arc::new(tool));
+                }
+            }
+        }
+        Ok(registry)
+    }
+
     /// The schemas, in registry order (frozen into the session at create).
     pub fn schemas(&self) -> Vec<Value> {
         self.tools.iter().map(|t| t.schema()).collect()
@@ -223,6 +273,23 @@ impl ToolRegistry {
     pub fn names(&self) -> Vec<String> {
         self.tools.iter().map(|t| t.name().to_string()).collect()
     }
+}
+
+/// The built-in toolsets of `toolsets`, and its MCP servers; a name that is neither is an
+/// error.
+fn split_toolsets(
+    toolsets: &[String],
+    mcp_servers: &BTreeMap<String, drover_protocol::worker::McpServerSpec>,
+) -> Result<(Vec<String>, Vec<Arc<mcp::McpServer>>), ToolError> {
+    let mut builtin = Vec::new();
+    for set in toolsets {
+        if KNOWN_TOOLSETS.contains(&set.as_str()) {
+            builtin.push(set.clone());
+        } else if !mcp_servers.contains_key(set) {
+            return Err(ToolError::UnknownToolset(set.clone()));
+        }
+    }
+    Ok((builtin, mcp::servers_of(toolsets, mcp_servers)))
 }
 
 /// A one-line preview of a call, at most 80 characters: the `command` argument when there is

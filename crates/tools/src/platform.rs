@@ -48,6 +48,19 @@ const EXIT_POLL: Duration = Duration::from_millis(20);
 /// `spawn_blocking` thread). Only the leader gets the signal; its own children are reached
 /// through the group ([`ForegroundGroups::kill_all`], [`kill_group`]).
 pub fn spawn_in_new_group(command: &mut Command) -> io::Result<(Child, i32)> {
+    prepare_new_group(command);
+    let child = command.spawn()?;
+    let pid = child
+        .id()
+        .ok_or_else(|| io::Error::other("spawned child has no pid"))?;
+    let pgid = i32::try_from(pid).map_err(|_| io::Error::other("child pid out of range"))?;
+    Ok((child, pgid))
+}
+
+/// Sets up `command` to start as the leader of a new process group with
+/// `PR_SET_PDEATHSIG(SIGKILL)`, for callers that spawn it themselves (the MCP client hands the
+/// command to its transport). The same thread rule as [`spawn_in_new_group`] applies.
+pub fn prepare_new_group(command: &mut Command) {
     command.process_group(0);
     let parent = nix::unistd::getpid();
     // SAFETY: the closure runs in the forked child before exec, where only async-signal-safe
@@ -63,12 +76,6 @@ pub fn spawn_in_new_group(command: &mut Command) -> io::Result<(Child, i32)> {
             Ok(())
         });
     }
-    let child = command.spawn()?;
-    let pid = child
-        .id()
-        .ok_or_else(|| io::Error::other("spawned child has no pid"))?;
-    let pgid = i32::try_from(pid).map_err(|_| io::Error::other("child pid out of range"))?;
-    Ok((child, pgid))
 }
 
 /// One pipe for a child's stdout and stderr: the async read end, and two [`Stdio`] handles on

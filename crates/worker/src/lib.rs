@@ -420,10 +420,13 @@ async fn run_agent(
             error: Some(error),
         }
     };
-    let registry = match ToolRegistry::for_toolsets(&policy.toolsets) {
-        Ok(registry) => registry,
-        Err(e) => return setup_failed(&policy.model, format!("toolsets: {e}")),
-    };
+    // MCP servers start on their first call and stop when the registry drops at the end of
+    // the turn.
+    let registry =
+        match ToolRegistry::for_session(&policy.toolsets, &policy.tools, &policy.mcp_servers) {
+            Ok(registry) => registry,
+            Err(e) => return setup_failed(&policy.model, format!("toolsets: {e}")),
+        };
     let client = match ModelClient::new(model_config(&policy)) {
         Ok(client) => client,
         Err(e) => return setup_failed(&policy.model, e.to_string()),
@@ -511,6 +514,7 @@ mod tests {
             home: "/tmp".into(),
             approval_grants: Vec::new(),
             background_processes: Vec::new(),
+            mcp_servers: Default::default(),
         };
         let config = model_config(&policy);
         assert_eq!(config.request_timeout, Duration::from_secs(600));

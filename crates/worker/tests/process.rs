@@ -147,6 +147,7 @@ fn bootstrap(mock: &MockModel, home: &Path) -> OwnerFrame {
             home: home.display().to_string(),
             approval_grants: Vec::new(),
             background_processes: Vec::new(),
+            mcp_servers: Default::default(),
         },
         history: vec![],
         input: "hello".into(),

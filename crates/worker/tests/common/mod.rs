@@ -142,6 +142,7 @@ pub fn bootstrap(mock: &MockModel, home: &Path) -> OwnerFrame {
             home: home.display().to_string(),
             approval_grants: Vec::new(),
             background_processes: Vec::new(),
+            mcp_servers: Default::default(),
         },
         history: vec![ChatMessage::text(Role::User, "before")],
         input: "hello".into(),

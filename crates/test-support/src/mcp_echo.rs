@@ -1,0 +1,49 @@
+//! Where the `drover-mcp-echo` fixture (a stdio MCP server, `src/bin/drover-mcp-echo.rs`) is.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+/// The path of the `drover-mcp-echo` binary, in the target directory of the running test.
+///
+/// Cargo builds a package's binaries only for that package's own integration tests, so a test
+/// of another package finds it next to its own target directory: `cargo test --workspace`
+/// builds it (this package has integration tests). When it is missing (`cargo test -p` of
+/// another package on a clean tree), it is built once with `$CARGO build`.
+///
+/// # Panics
+/// When the binary is missing and cannot be built.
+pub fn mcp_echo_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let exe = std::env::current_exe().expect("current test executable");
+        // target/<profile>/deps/<test> -> target/<profile>
+        let profile_dir = exe
+            .parent()
+            .and_then(|deps| deps.parent())
+            .expect("test executable under target/<profile>/deps")
+            .to_path_buf();
+        let bin = profile_dir.join("drover-mcp-echo");
+        if !bin.exists() {
+            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+            let mut build = std::process::Command::new(cargo);
+            build.args([
+                "build",
+                "-p",
+                "drover-test-support",
+                "--bin",
+                "drover-mcp-echo",
+            ]);
+            if profile_dir.file_name().is_some_and(|p| p == "release") {
+                build.arg("--release");
+            }
+            let status = build.status().expect("run cargo build for drover-mcp-echo");
+            assert!(
+                status.success() && bin.exists(),
+                "cannot build {}: run `cargo build -p drover-test-support --bins`",
+                bin.display()
+            );
+        }
+        bin
+    })
+    .clone()
+}

@@ -1,0 +1,254 @@
+//! MCP servers as toolsets, against the real `drover-mcp-echo` stdio server (SPEC section 6).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use drover_protocol::worker::McpServerSpec;
+use drover_test_support::mcp_echo_bin;
+use drover_tools::mcp::McpConnection;
+use drover_tools::{
+    ApprovalGrants, InMemoryProcesses, NoPrompts, ToolContext, ToolError, ToolRegistry,
+};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+fn echo_spec(pidfile: Option<&Path>) -> McpServerSpec {
+    let mut env = BTreeMap::new();
+    if let Some(p) = pidfile {
+        env.insert(
+            "DROVER_MCP_ECHO_PIDFILE".to_string(),
+            p.display().to_string(),
+        );
+    }
+    McpServerSpec {
+        command: mcp_echo_bin().display().to_string(),
+        args: Vec::new(),
+        env,
+    }
+}
+
+fn servers(spec: McpServerSpec) -> BTreeMap<String, McpServerSpec> {
+    BTreeMap::from([("echo".to_string(), spec)])
+}
+
+fn ctx() -> ToolContext {
+    ToolContext {
+        cwd: std::env::temp_dir(),
+        session_id: "s".to_string(),
+        home: std::env::temp_dir(),
+        approvals: "manual".to_string(),
+        cancel: CancellationToken::new(),
+        prompts: Arc::new(NoPrompts),
+        grants: ApprovalGrants::default(),
+        processes: Arc::new(InMemoryProcesses::default()),
+        delegator: Arc::new(drover_tools::NoDelegation),
+    }
+}
+
+fn read_pid(pidfile: &Path) -> i32 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(pid) = std::fs::read_to_string(pidfile)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+        {
+            return pid;
+        }
+        assert!(Instant::now() < deadline, "server never wrote its pid");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits until `pid` is gone from `/proc`: exited *and* reaped (a zombie still has an entry).
+async fn assert_reaped(pid: i32) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Path::new(&format!("/proc/{pid}")).exists() {
+        assert!(
+            Instant::now() < deadline,
+            "MCP server {pid} still exists (running or unreaped)"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn lists_the_servers_tools_with_their_input_schemas() {
+    let conn = McpConnection::connect("echo", &echo_spec(None))
+        .await
+        .expect("connect");
+    let tools = conn.list_tools().await.expect("list");
+    let names: Vec<_> = tools.iter().map(|t| t.name.as_str()).collect();
+    for expected in ["echo", "add", "fail", "crash"] {
+        assert!(names.contains(&expected), "{names:?}");
+    }
+    let echo = tools.iter().find(|t| t.name == "echo").unwrap();
+    assert_eq!(echo.input_schema["properties"]["text"]["type"], "string");
+    assert!(echo.description.contains("unchanged"));
+}
+
+#[tokio::test]
+async fn calls_return_the_text_content_and_error_results_are_errors() {
+    let conn = McpConnection::connect("echo", &echo_spec(None))
+        .await
+        .expect("connect");
+    let out = conn.call_tool("echo", json!({"text": "hi"})).await;
+    assert_eq!((out.content.as_str(), out.is_error), ("hi", false));
+    let out = conn.call_tool("add", json!({"a": 2, "b": 3})).await;
+    assert_eq!((out.content.as_str(), out.is_error), ("5", false));
+    let out = conn.call_tool("fail", json!({"message": "nope"})).await;
+    assert!(out.is_error, "{out:?}");
+    assert!(out.content.contains("nope"), "{out:?}");
+    let out = conn.call_tool("echo", json!({"wrong": 1})).await;
+    assert!(out.is_error, "bad arguments are an error: {out:?}");
+    let out = conn.call_tool("no_such_tool", json!({})).await;
+    assert!(out.is_error, "{out:?}");
+}
+
+#[tokio::test]
+async fn registry_freezes_prefixed_schemas_and_a_session_registry_calls_them() {
+    let registry = ToolRegistry::for_toolsets_with_mcp(
+        &["todo".to_string(), "echo".to_string()],
+        &servers(echo_spec(None)),
+    )
+    .await
+    .expect("registry");
+    let names = registry.names();
+    assert_eq!(names[0], "todo");
+    assert!(names.contains(&"mcp__echo__echo".to_string()), "{names:?}");
+    assert!(names.contains(&"mcp__echo__add".to_string()), "{names:?}");
+    let schemas = registry.schemas();
+    let echo = schemas
+        .iter()
+        .find(|s| s["function"]["name"] == "mcp__echo__echo")
+        .unwrap();
+    assert_eq!(echo["type"], "function");
+    assert_eq!(
+        echo["function"]["parameters"]["properties"]["text"]["type"],
+        "string"
+    );
+    drop(registry);
+
+    // A turn's registry: built from the frozen schemas, the server starts on the first call.
+    let pidfile = tempfile::NamedTempFile::new().unwrap();
+    std::fs::remove_file(pidfile.path()).unwrap();
+    let session = ToolRegistry::for_session(
+        &["todo".to_string(), "echo".to_string()],
+        &schemas,
+        &servers(echo_spec(Some(pidfile.path()))),
+    )
+    .expect("session registry");
+    assert_eq!(session.names(), names);
+    assert_eq!(session.schemas(), schemas);
+    assert!(!pidfile.path().exists(), "no server before the first call");
+    let tool = session.get("mcp__echo__echo").expect("echo tool");
+    let out = tool.call(json!({"text": "hi"}), &ctx()).await;
+    assert_eq!((out.content.as_str(), out.is_error), ("hi", false));
+    let out = session
+        .get("mcp__echo__add")
+        .unwrap()
+        .call(json!({"a": 40, "b": 2}), &ctx())
+        .await;
+    assert_eq!(out.content, "42");
+    let pid = read_pid(pidfile.path());
+    drop(tool);
+    drop(session);
+    assert_reaped(pid).await;
+}
+
+#[tokio::test]
+async fn a_server_that_cannot_start_names_itself() {
+    let spec = McpServerSpec {
+        command: "/nonexistent/drover-no-such-mcp-server".to_string(),
+        args: Vec::new(),
+        env: BTreeMap::new(),
+    };
+    let err = ToolRegistry::for_toolsets_with_mcp(&["echo".to_string()], &servers(spec))
+        .await
+        .err()
+        .expect("error");
+    assert!(
+        matches!(&err, ToolError::Mcp { server, .. } if server == "echo"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("no-such-mcp-server"), "{err}");
+
+    // A program that is not an MCP server fails the handshake.
+    let spec = McpServerSpec {
+        command: "true".to_string(),
+        args: Vec::new(),
+        env: BTreeMap::new(),
+    };
+    let err = ToolRegistry::for_toolsets_with_mcp(&["echo".to_string()], &servers(spec))
+        .await
+        .err()
+        .expect("error");
+    assert!(
+        matches!(&err, ToolError::Mcp { server, .. } if server == "echo"),
+        "{err}"
+    );
+
+    let err = ToolRegistry::for_toolsets_with_mcp(&["nope".to_string()], &BTreeMap::new())
+        .await
+        .err()
+        .expect("error");
+    assert!(
+        matches!(err, ToolError::UnknownToolset(ref t) if t == "nope"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn a_crashed_server_gives_error_results_and_is_reaped() {
+    let pidfile = tempfile::NamedTempFile::new().unwrap();
+    std::fs::remove_file(pidfile.path()).unwrap();
+    let conn = McpConnection::connect("echo", &echo_spec(Some(pidfile.path())))
+        .await
+        .expect("connect");
+    let pid = read_pid(pidfile.path());
+    let out = tokio::time::timeout(Duration::from_secs(10), conn.call_tool("crash", json!({})))
+        .await
+        .expect("a dead server answers at once");
+    assert!(out.is_error, "{out:?}");
+    let out = tokio::time::timeout(
+        Duration::from_secs(10),
+        conn.call_tool("echo", json!({"text": "again"})),
+    )
+    .await
+    .expect("a dead server answers at once");
+    assert!(out.is_error, "{out:?}");
+    drop(conn);
+    assert_reaped(pid).await;
+}
+
+#[tokio::test]
+async fn dropping_the_connection_kills_and_reaps_the_server() {
+    let pidfile = tempfile::NamedTempFile::new().unwrap();
+    std::fs::remove_file(pidfile.path()).unwrap();
+    let conn = McpConnection::connect("echo", &echo_spec(Some(pidfile.path())))
+        .await
+        .expect("connect");
+    let pid = read_pid(pidfile.path());
+    assert!(Path::new(&format!("/proc/{pid}")).exists());
+    drop(conn);
+    assert_reaped(pid).await;
+}
+
+#[tokio::test]
+async fn a_cancelled_call_returns_at_once() {
+    let session = ToolRegistry::for_session(
+        &["echo".to_string()],
+        &[json!({"type": "function", "function": {"name": "mcp__echo__echo"}})],
+        &servers(echo_spec(None)),
+    )
+    .unwrap();
+    let ctx = ctx();
+    ctx.cancel.cancel();
+    let out = session
+        .get("mcp__echo__echo")
+        .unwrap()
+        .call(json!({"text": "hi"}), &ctx)
+        .await;
+    assert!(out.is_error);
+}
