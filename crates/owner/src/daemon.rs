@@ -82,6 +82,7 @@ fn init_logging(home: &Path) {
 }
 
 async fn serve(home: PathBuf) -> DaemonExit {
+    let mut signals = StopSignals::install();
     let config = match Config::load(&home) {
         Ok(c) => c,
         Err(e) => {
@@ -197,7 +198,7 @@ async fn serve(home: PathBuf) -> DaemonExit {
     tracing::info!(epoch = epoch.epoch, url = %info.url, pid = info.pid, "owner listening");
     kick_all(&owner).await;
 
-    wait_for_signal(&shutdown).await;
+    signals.wait(&shutdown).await;
     tracing::info!("stopping: draining running turns");
     drain(&owner, grace).await;
     DaemonInfo::remove(&home, &epoch.instance_id);
@@ -245,19 +246,40 @@ fn reconcile_background_processes(ledger: &mut Ledger) {
     }
 }
 
-async fn wait_for_signal(shutdown: &tokio_util::sync::CancellationToken) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        shutdown.cancelled().await;
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-        _ = shutdown.cancelled() => {}
+/// SIGTERM and SIGINT handlers. Installed before `daemon.json` names this daemon, so a client
+/// that stops it right after it appears gets a graceful stop, not the default kill.
+struct StopSignals {
+    term: Option<tokio::signal::unix::Signal>,
+    int: Option<tokio::signal::unix::Signal>,
+}
+
+impl StopSignals {
+    fn install() -> StopSignals {
+        use tokio::signal::unix::{signal, SignalKind};
+        let term = signal(SignalKind::terminate())
+            .map_err(|e| tracing::error!(error = %e, "cannot handle SIGTERM"))
+            .ok();
+        let int = signal(SignalKind::interrupt())
+            .map_err(|e| tracing::error!(error = %e, "cannot handle SIGINT"))
+            .ok();
+        StopSignals { term, int }
+    }
+
+    /// Waits for SIGTERM, SIGINT or `shutdown`.
+    async fn wait(&mut self, shutdown: &tokio_util::sync::CancellationToken) {
+        async fn next(s: &mut Option<tokio::signal::unix::Signal>) {
+            match s {
+                Some(s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        }
+        tokio::select! {
+            _ = next(&mut self.term) => {}
+            _ = next(&mut self.int) => {}
+            _ = shutdown.cancelled() => {}
+        }
     }
 }
 
