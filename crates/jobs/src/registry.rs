@@ -657,24 +657,7 @@ impl Registry {
         let Some(status) = state::set_status(job.status, target)? else {
             return Ok((job, false, None));
         };
-        let (timer, unregistered) = if status.is_terminal() {
-            (None, job.heartbeat_timer)
-        } else {
-            (job.heartbeat_timer, None)
-        };
-        tx.execute(
-            "UPDATE jobs SET status = ?2, status_detail = ?3, timer_pid = ?4,
-                timer_start_time = ?5, updated_at = ?6
-             WHERE job_id = ?1",
-            params![
-                job_id,
-                status.as_str(),
-                detail,
-                timer.map(|t| t.pid),
-                timer.map(|t| t.start_time as i64),
-                now(),
-            ],
-        )?;
+        let unregistered = write_status(&tx, job_id, &job, status, detail, status.is_terminal())?;
         insert_audit(
             &tx,
             &job,
@@ -956,23 +939,13 @@ impl Registry {
         } else {
             job.status_detail.clone()
         };
-        let (timer, unregistered_timer) = if event.is_terminal() {
-            (None, job.heartbeat_timer)
-        } else {
-            (job.heartbeat_timer, None)
-        };
-        tx.execute(
-            "UPDATE jobs SET status = ?2, status_detail = ?3, timer_pid = ?4,
-                timer_start_time = ?5, updated_at = ?6
-             WHERE job_id = ?1",
-            params![
-                job_id,
-                status.as_str(),
-                status_detail,
-                timer.map(|t| t.pid),
-                timer.map(|t| t.start_time as i64),
-                now(),
-            ],
+        let unregistered_timer = write_status(
+            &tx,
+            job_id,
+            &job,
+            status,
+            status_detail.as_deref(),
+            event.is_terminal(),
         )?;
         if newest {
             tx.execute(
@@ -1098,6 +1071,37 @@ impl Registry {
             unregistered_timer,
         })
     }
+}
+
+/// Writes a job's status and detail. With `drop_timer` (a terminal move) the heartbeat timer is
+/// unregistered in the same statement and returned, so the caller can stop it.
+fn write_status(
+    tx: &Connection,
+    job_id: &str,
+    job: &Job,
+    status: JobStatus,
+    detail: Option<&str>,
+    drop_timer: bool,
+) -> Result<Option<TimerIdentity>, JobError> {
+    let (timer, unregistered) = if drop_timer {
+        (None, job.heartbeat_timer)
+    } else {
+        (job.heartbeat_timer, None)
+    };
+    tx.execute(
+        "UPDATE jobs SET status = ?2, status_detail = ?3, timer_pid = ?4,
+            timer_start_time = ?5, updated_at = ?6
+         WHERE job_id = ?1",
+        params![
+            job_id,
+            status.as_str(),
+            detail,
+            timer.map(|t| t.pid),
+            timer.map(|t| t.start_time as i64),
+            now(),
+        ],
+    )?;
+    Ok(unregistered)
 }
 
 fn insert_audit(
