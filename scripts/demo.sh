@@ -5,12 +5,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -p drover -p drover-test-support --bins
+bin="${CARGO_TARGET_DIR:-target}/release"
 home=$(mktemp -d)
 mock_out=$(mktemp)
-target/release/drover-mock-model >"$mock_out" &
+"$bin"/drover-mock-model >"$mock_out" &
 mock=$!
-trap 'target/release/drover stop --home "$home" >/dev/null 2>&1 || true; kill $mock 2>/dev/null || true; rm -rf "$home" "$mock_out"' EXIT
+trap '"$bin"/drover stop --home "$home" >/dev/null 2>&1 || true; kill $mock 2>/dev/null || true; rm -rf "$home" "$mock_out"' EXIT
 for _ in $(seq 100); do [ -s "$mock_out" ] && break; sleep 0.05; done
 url=$(head -n1 "$mock_out")
-target/release/drover run --home "$home" --base-url "$url" --model demo "What kernel is this machine running?"
-target/release/drover sessions --home "$home"
+"$bin"/drover run --home "$home" --base-url "$url" --model demo "What kernel is this machine running?"
+"$bin"/drover sessions --home "$home"

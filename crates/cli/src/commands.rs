@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand};
+use drover_owner::config::Config;
 use drover_owner::home::DaemonInfo;
 use drover_protocol::event as ev;
 use serde_json::{json, Value};
@@ -78,6 +79,10 @@ pub async fn ensure_daemon(home: &Path) -> Result<(DaemonInfo, Client)> {
             return Ok((info, c));
         }
     }
+    // A daemon that cannot start because of its config would only say so in its log.
+    if let Err(e) = Config::load(home) {
+        bail!("{e}");
+    }
     let exe = std::env::current_exe().context("cannot find the drover executable")?;
     std::fs::create_dir_all(home).with_context(|| format!("cannot create {}", home.display()))?;
     let mut cmd = std::process::Command::new(exe);
@@ -125,6 +130,22 @@ pub async fn ensure_daemon(home: &Path) -> Result<(DaemonInfo, Client)> {
     }
 }
 
+/// `session.create` errors in the words of `drover run`'s flags.
+fn explain_create_error(e: &drover_protocol::RpcError, home: &Path) -> String {
+    let config = home.join("config.toml");
+    match e.data.get("field").and_then(|f| f.as_str()) {
+        Some("base_url") => format!(
+            "no model endpoint: pass --base-url URL, set [model] base_url in {}, or set $OPENAI_BASE_URL",
+            config.display()
+        ),
+        Some("model") => format!(
+            "no model: pass --model NAME or set [model] name in {}",
+            config.display()
+        ),
+        _ => format!("session.create: {e}"),
+    }
+}
+
 fn rpc<T>(r: Result<T, drover_protocol::RpcError>, what: &str) -> Result<T> {
     r.map_err(|e| anyhow!("{what}: {e}"))
 }
@@ -133,10 +154,16 @@ fn rpc<T>(r: Result<T, drover_protocol::RpcError>, what: &str) -> Result<T> {
 pub async fn run(home: PathBuf, args: RunArgs) -> Result<Exit> {
     let (_info, mut c) = ensure_daemon(&home).await?;
     let snapshot = match &args.session {
-        Some(id) => rpc(
-            c.call("session.resume", json!({"session_id": id})).await?,
-            "session.resume",
-        )?,
+        Some(id) => match c.call("session.resume", json!({"session_id": id})).await? {
+            Ok(v) => v,
+            Err(e) if e.reason() == "not_found" => {
+                bail!(
+                    "no session {id} in {}; `drover sessions` lists them",
+                    home.display()
+                )
+            }
+            Err(e) => bail!("session.resume: {e}"),
+        },
         None => {
             let cwd = std::env::current_dir().context("cannot read the current directory")?;
             let mut params = json!({
@@ -147,10 +174,19 @@ pub async fn run(home: PathBuf, args: RunArgs) -> Result<Exit> {
             if let Some(m) = &args.model {
                 params["model"] = json!(m);
             }
-            if let Some(u) = &args.base_url {
+            // `$OPENAI_BASE_URL` of this command fills what config.toml leaves out (SPEC section
+            // 1); the daemon may have been started from another environment.
+            let base_url = args
+                .base_url
+                .clone()
+                .or_else(|| Config::load(&home).ok().and_then(|c| c.base_url()));
+            if let Some(u) = base_url {
                 params["base_url"] = json!(u);
             }
-            rpc(c.call("session.create", params).await?, "session.create")?
+            match c.call("session.create", params).await? {
+                Ok(v) => v,
+                Err(e) => bail!("{}", explain_create_error(&e, &home)),
+            }
         }
     };
     let session_id = snapshot["session_id"]

@@ -107,7 +107,7 @@ pub struct LoopArgs {
     /// The task.
     #[arg(long, value_name = "T")]
     task: String,
-    /// Give up after R creator/reviewer rounds without PASS (default 3).
+    /// Give up after R creator/reviewer rounds without PASS.
     #[arg(long = "max-rounds", value_name = "R", default_value = "3")]
     max_rounds: String,
     /// With `--creator exec`: the creator's command.

@@ -151,3 +151,77 @@ async fn stop_without_a_daemon_says_so_and_exits_0() {
     assert_eq!(out.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no daemon"));
 }
+
+#[tokio::test]
+async fn run_names_a_config_typo_and_an_unknown_session_in_plain_words() {
+    let home = TestHome::new().unwrap();
+    let _guard = StopDaemonOnDrop(home.path());
+    home.write_config("[model]\nbase_ur = \"http://127.0.0.1:1/v1\"\n")
+        .unwrap();
+    let out = drover(home.path(), &["run", "hello"]).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("base_ur") && stderr.contains("config.toml"),
+        "{stderr}"
+    );
+    assert!(
+        daemon_pid(home.path()).is_none(),
+        "no daemon starts on a bad config"
+    );
+
+    let model = MockModel::start().await;
+    home.write_model_config(&model.base_url(), true, "")
+        .unwrap();
+    let out = drover(
+        home.path(),
+        &["run", "--session", "no-such-session", "hello"],
+    )
+    .await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("no session no-such-session") && stderr.contains("drover sessions"),
+        "{stderr}"
+    );
+    let _ = drover(home.path(), &["stop"]).await;
+}
+
+#[tokio::test]
+async fn run_uses_its_own_openai_base_url_when_the_daemon_was_started_without_it() {
+    let model = MockModel::start().await;
+    model.push(Reply::text("from the env endpoint"));
+    let home = TestHome::new().unwrap();
+    let _guard = StopDaemonOnDrop(home.path());
+    home.write_config("[model]\nname = \"m\"\nmax_retries = 0\n")
+        .unwrap();
+    // Start the daemon from an environment without the endpoint.
+    let mut cmd = tokio::process::Command::new(bin());
+    cmd.arg("--home")
+        .arg(home.path())
+        .args(["sessions"])
+        .env_remove("OPENAI_BASE_URL")
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let mut cmd = tokio::process::Command::new(bin());
+    cmd.arg("--home")
+        .arg(home.path())
+        .args(["run", "hello"])
+        .env("OPENAI_BASE_URL", model.base_url())
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
+        .await
+        .unwrap()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim_end(),
+        "from the env endpoint"
+    );
+    let _ = drover(home.path(), &["stop"]).await;
+}
