@@ -472,10 +472,11 @@ impl Ledger {
                 "execution_generation": generation,
             }),
         )?);
-        tx.commit()?;
-        let session = self
-            .session(session_id)?
+        // Read inside the claim's transaction: an error here rolls the claim back, where a read
+        // after the commit could fail and leave the turn `started` with no worker.
+        let session = crate::sessions::session_in(&tx, session_id)?
             .ok_or_else(|| LedgerError::NotFound(format!("session {session_id}")))?;
+        tx.commit()?;
         Ok(Some(Claim {
             admission,
             session,
@@ -573,6 +574,31 @@ impl Ledger {
         let settlement = lose_execution(&tx, execution_id)?;
         tx.commit()?;
         Ok(settlement)
+    }
+
+    /// The live executions of the current epoch whose admission is `started` (SPEC section 4):
+    /// each should have a supervised worker. The owner's watchdog marks any that has none lost.
+    pub fn started_executions(&self) -> Result<Vec<String>, LedgerError> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT e.execution_id FROM worker_executions e
+             JOIN session_admissions a ON a.admission_id = e.admission_id
+             WHERE e.status IN ('registered','running') AND e.owner_epoch = ?1
+               AND a.status = 'started'",
+        )?;
+        let rows = stmt.query_map([self.epoch as i64], |r| r.get(0))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// A small write that proves the ledger takes commits again (after a full disk).
+    pub fn probe_write(&mut self) -> Result<(), LedgerError> {
+        let tx = self.conn.transaction()?;
+        tx.execute(
+            "INSERT INTO state_meta (key, value) VALUES ('owner.write_probe', ?1)
+             ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            [now().to_string()],
+        )?;
+        tx.commit()?;
+        Ok(())
     }
 
     /// Recovery at owner start (SPEC section 4, "Owner killed"): every `started` admission and

@@ -261,7 +261,15 @@ impl Ledger {
             }
             op::EXECUTION_FINISH => {
                 let f: ExecutionFinish = parse_payload(&frame.payload, op::EXECUTION_FINISH)?;
+                let interrupted: bool = tx.query_row(
+                    "SELECT interrupt_requested_at IS NOT NULL FROM worker_executions
+                     WHERE execution_id = ?1",
+                    [&frame.execution_id],
+                    |r| r.get(0),
+                )?;
                 let outcome = match f.outcome {
+                    // An accepted interrupt wins a race with the answer (SPEC section 2).
+                    TurnOutcome::Completed if interrupted => Outcome::Interrupted,
                     TurnOutcome::Completed => Outcome::Completed,
                     TurnOutcome::Failed => Outcome::Failed,
                     TurnOutcome::Interrupted => Outcome::Interrupted,
@@ -694,14 +702,20 @@ impl Ledger {
         Ok(n > 0)
     }
 
-    /// Closes every open prompt of an execution as `cancelled` (an interrupt was asked for, so
-    /// a late answer must not look accepted). Returns the closed prompts, whose deferred
-    /// `prompt.open` receipts are now `{status: "cancelled"}`, and their events.
-    pub fn cancel_open_prompts(
+    /// Records an accepted `session.interrupt` (the turn can then settle `interrupted` or
+    /// `unknown`, never `completed`) and closes every open prompt of the execution as
+    /// `cancelled`, so a late answer does not look accepted. Returns the closed prompts, whose
+    /// deferred `prompt.open` receipts are now `{status: "cancelled"}`, and their events.
+    pub fn accept_interrupt(
         &mut self,
         execution_id: &str,
     ) -> Result<(Vec<PromptRow>, Vec<StoredEvent>), LedgerError> {
         let tx = self.conn.transaction()?;
+        tx.execute(
+            "UPDATE worker_executions SET interrupt_requested_at = coalesce(interrupt_requested_at, ?1)
+             WHERE execution_id = ?2",
+            params![now(), execution_id],
+        )?;
         let ids: Vec<String> = {
             let mut stmt = tx.prepare(
                 "SELECT prompt_id FROM prompts WHERE execution_id = ?1 AND status = 'open'",

@@ -166,6 +166,11 @@ ALTER TABLE worker_executions ADD COLUMN reserve_sequence INTEGER;
 ALTER TABLE worker_executions ADD COLUMN reserve_digest TEXT;
 CREATE INDEX executions_parent ON worker_executions(parent_execution_id, status);
 "#,
+    // Interrupts (SPEC section 2, `session.interrupt`): once one is accepted the turn never
+    // settles `completed`.
+    r#"
+ALTER TABLE worker_executions ADD COLUMN interrupt_requested_at REAL;
+"#,
 ];
 
 /// The schema version this build writes.

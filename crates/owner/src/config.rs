@@ -137,6 +137,10 @@ pub struct DaemonSection {
     /// drover extra: how long a graceful stop waits for running turns (SPEC section 4: 10 s).
     #[serde(default = "default_drain_grace")]
     pub drain_grace_s: f64,
+    /// How long a worker has to stop after an accepted `session.interrupt` before it gets
+    /// SIGTERM, then SIGKILL (SPEC section 1: 5 s).
+    #[serde(default = "default_interrupt_grace")]
+    pub interrupt_grace_s: f64,
 }
 
 impl Default for DaemonSection {
@@ -144,6 +148,7 @@ impl Default for DaemonSection {
         DaemonSection {
             listen: default_listen(),
             drain_grace_s: default_drain_grace(),
+            interrupt_grace_s: default_interrupt_grace(),
         }
     }
 }
@@ -190,6 +195,9 @@ fn default_listen() -> String {
 }
 fn default_drain_grace() -> f64 {
     10.0
+}
+fn default_interrupt_grace() -> f64 {
+    5.0
 }
 
 /// A config file that could not be used.

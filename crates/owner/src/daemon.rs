@@ -12,7 +12,7 @@ use tracing_subscriber::EnvFilter;
 use crate::config::Config;
 use crate::home::{new_token, prepare_home, DaemonInfo, HomeLock, LockError};
 use crate::runtime::Owner;
-use crate::turns::{drain, kick_all};
+use crate::turns::{drain, kick_all, start_watchdog};
 
 /// Exit codes of `drover daemon`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,13 +155,19 @@ async fn serve(home: PathBuf) -> DaemonExit {
         .or_else(|| std::env::current_exe().ok())
         .unwrap_or_else(|| PathBuf::from("drover"));
     let grace = Duration::from_secs_f64(config.daemon.drain_grace_s.max(0.0));
-    let owner = Owner::new(
+    let owner = match Owner::new(
         home.clone(),
         config,
         ledger,
         epoch.instance_id.clone(),
         worker_exe,
-    );
+    ) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("drover daemon: cannot start the ledger thread: {e}");
+            return DaemonExit::Failed;
+        }
+    };
     owner.start_admissions();
     let token = new_token();
     let info = DaemonInfo {
@@ -197,6 +203,7 @@ async fn serve(home: PathBuf) -> DaemonExit {
     }
     tracing::info!(epoch = epoch.epoch, url = %info.url, pid = info.pid, "owner listening");
     kick_all(&owner).await;
+    start_watchdog(&owner);
 
     signals.wait(&shutdown).await;
     tracing::info!("stopping: draining running turns");
@@ -204,6 +211,9 @@ async fn serve(home: PathBuf) -> DaemonExit {
     DaemonInfo::remove(&home, &epoch.instance_id);
     shutdown.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+    // Each connection sends its 1001 close frame; bounded, as a peer may not read.
+    owner.connections.close();
+    let _ = tokio::time::timeout(Duration::from_secs(3), owner.connections.wait()).await;
     tracing::info!("stopped");
     DaemonExit::Ok
 }

@@ -76,11 +76,6 @@ impl ConnHandle {
         }
         true
     }
-
-    /// The writer calls this after writing a message of `len` bytes.
-    pub fn sent(&self, len: usize) {
-        self.queued.fetch_sub(len, Ordering::Relaxed);
-    }
 }
 
 /// Outbox bound per connection (messages).

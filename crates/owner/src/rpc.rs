@@ -461,22 +461,23 @@ async fn interrupt(
     require_attached(owner, conn, session_id).await?;
     match owner.running_turn(session_id) {
         Some(t) if t.generation == generation => {
-            let _ = t.control.send(OwnerFrame::Stop {
+            let _ = t.control.try_send(OwnerFrame::Stop {
                 reason: "interrupted".into(),
             });
+            t.interrupt.cancel();
             // Close the turn's prompts now, so an answer racing the stop is not recorded as
             // accepted for a tool that will not run.
             let eid = t.execution_id.clone();
             let closed = owner
                 .ledger(move |l, o| {
-                    let (prompts, events) = l.cancel_open_prompts(&eid)?;
+                    let (prompts, events) = l.accept_interrupt(&eid)?;
                     o.hub.publish(&events);
                     Ok(prompts)
                 })
                 .await
                 .map_err(ledger_error)?;
             for p in closed {
-                let _ = t.control.send(OwnerFrame::Receipt {
+                let _ = t.control.try_send(OwnerFrame::Receipt {
                     sequence: p.sequence,
                     result: json!({"status": "cancelled"}),
                 });
@@ -538,7 +539,7 @@ async fn respond(
             prompt, receipt, ..
         } => {
             if let Some(t) = owner.turn_by_execution(&prompt.execution_id) {
-                let _ = t.control.send(OwnerFrame::Receipt {
+                let _ = t.control.try_send(OwnerFrame::Receipt {
                     sequence: prompt.sequence,
                     result: receipt,
                 });

@@ -1,7 +1,7 @@
 //! The owner's runtime state: the ledger behind one lock, the event hub, running turns, and
 //! the drain flag. Turn scheduling and worker supervision live in [`crate::turns`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -22,10 +22,14 @@ pub struct RunningTurn {
     pub admission_id: String,
     pub execution_id: String,
     pub generation: u64,
-    /// Frames to write to the worker's stdin.
-    pub control: mpsc::UnboundedSender<OwnerFrame>,
-    /// Cancelled to SIGKILL the worker (drain past the grace).
+    /// Frames to write to the worker's stdin (bounded: a worker that stops reading is not
+    /// buffered for without end).
+    pub control: mpsc::Sender<OwnerFrame>,
+    /// Cancelled to stop the worker by signal (drain past the grace).
     pub kill: CancellationToken,
+    /// Cancelled when a `session.interrupt` is accepted: the worker then has
+    /// `[daemon] interrupt_grace_s` to stop before it is signalled.
+    pub interrupt: CancellationToken,
 }
 
 /// The owner daemon's shared state.
@@ -37,14 +41,45 @@ pub struct Owner {
     pub hub: Hub,
     /// The `drover` executable to start workers with (`drover worker`).
     pub worker_exe: PathBuf,
-    ledger: Mutex<Ledger>,
+    /// Jobs for the ledger thread, the only place the ledger is used (SPEC section 3: one
+    /// writer). One thread, not a blocking task per call: a burst of calls queues here instead of
+    /// growing the runtime's blocking pool (500 connections once made 499 threads).
+    ledger_jobs: std::sync::mpsc::Sender<LedgerJob>,
     draining: AtomicBool,
     turns: Mutex<HashMap<String, RunningTurn>>,
     pub(crate) tracker: TaskTracker,
+    /// Client connections, so a stop waits (bounded) for their close frames to go out.
+    pub(crate) connections: TaskTracker,
     /// Cancelled when the daemon should stop (signal or `drover stop`).
     pub shutdown: CancellationToken,
     admissions: mpsc::UnboundedSender<PendingAdmission>,
     admissions_rx: Mutex<Option<mpsc::UnboundedReceiver<PendingAdmission>>>,
+    /// Executions claimed by this owner whose supervisor has not finished. Changed only inside
+    /// ledger jobs, so the watchdog sees claims and supervisors consistently.
+    supervised: Mutex<HashSet<String>>,
+    /// The last storage failure, until a write commits again (`/healthz` reports it).
+    storage_error: Mutex<Option<String>>,
+}
+
+/// A closure run on the ledger thread.
+type LedgerJob = Box<dyn FnOnce(&mut Ledger) + Send>;
+
+/// Starts the thread that owns the ledger and runs jobs on it in arrival order. A job that
+/// panics is dropped (its caller gets an error); the thread goes on with the next one.
+fn start_ledger_thread(mut ledger: Ledger) -> std::io::Result<std::sync::mpsc::Sender<LedgerJob>> {
+    let (tx, rx) = std::sync::mpsc::channel::<LedgerJob>();
+    std::thread::Builder::new()
+        .name("ledger".into())
+        .spawn(move || {
+            while let Ok(job) = rx.recv() {
+                let ran =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&mut ledger)));
+                if ran.is_err() {
+                    tracing::error!("a ledger job panicked; its caller gets an error");
+                }
+            }
+        })?;
+    Ok(tx)
 }
 
 /// An input waiting for the next group commit, and where to send its result.
@@ -63,23 +98,28 @@ impl Owner {
         ledger: Ledger,
         instance_id: String,
         worker_exe: PathBuf,
-    ) -> Arc<Owner> {
+    ) -> std::io::Result<Arc<Owner>> {
         let (admissions, admissions_rx) = mpsc::unbounded_channel();
-        Arc::new(Owner {
+        let epoch = ledger.epoch();
+        let ledger_jobs = start_ledger_thread(ledger)?;
+        Ok(Arc::new(Owner {
             home,
             config,
-            epoch: ledger.epoch(),
+            epoch,
             instance_id,
             hub: Hub::default(),
             worker_exe,
-            ledger: Mutex::new(ledger),
+            ledger_jobs,
             draining: AtomicBool::new(false),
             turns: Mutex::new(HashMap::new()),
             tracker: TaskTracker::new(),
+            connections: TaskTracker::new(),
             shutdown: CancellationToken::new(),
             admissions,
             admissions_rx: Mutex::new(Some(admissions_rx)),
-        })
+            supervised: Mutex::new(HashSet::new()),
+            storage_error: Mutex::new(None),
+        }))
     }
 
     /// Starts the group-commit loop for admissions (call once, inside the runtime).
@@ -144,7 +184,7 @@ impl Owner {
             .map_err(|_| LedgerError::Unavailable("the admission loop has stopped".into()))?
     }
 
-    /// Runs `f` on the ledger on a blocking thread. Events published by `f` through the hub
+    /// Runs `f` on the ledger thread. Events published by `f` through the hub
     /// are published under the ledger lock, so they reach clients in `seq` order.
     pub async fn ledger<T, F>(self: &Arc<Self>, f: F) -> Result<T, LedgerError>
     where
@@ -152,12 +192,50 @@ impl Owner {
         F: FnOnce(&mut Ledger, &Owner) -> Result<T, LedgerError> + Send + 'static,
     {
         let me = self.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut guard = me.ledger.lock().unwrap_or_else(|p| p.into_inner());
-            f(&mut guard, &me)
-        })
-        .await
-        .unwrap_or_else(|e| Err(LedgerError::Corrupt(format!("ledger task failed: {e}"))))
+        let (tx, rx) = oneshot::channel();
+        let job: LedgerJob = Box::new(move |l| {
+            let result = f(l, &me);
+            if let Err(e @ (LedgerError::Storage(_) | LedgerError::Unavailable(_))) = &result {
+                me.note_storage_error(e);
+            }
+            let _ = tx.send(result);
+        });
+        self.ledger_jobs
+            .send(job)
+            .map_err(|_| LedgerError::Unavailable("the ledger thread has stopped".into()))?;
+        rx.await
+            .unwrap_or_else(|_| Err(LedgerError::Corrupt("a ledger job failed".into())))
+    }
+
+    /// Records a failed ledger write: `/healthz` reports `storage_unavailable` until the
+    /// watchdog's probe write commits.
+    pub(crate) fn note_storage_error(&self, e: &LedgerError) {
+        let mut slot = self.storage_error.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() {
+            tracing::error!(error = %e, "the ledger cannot be written; reporting storage_unavailable");
+        }
+        *slot = Some(e.to_string());
+    }
+
+    pub(crate) fn clear_storage_error(&self) {
+        let mut slot = self.storage_error.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.take().is_some() {
+            tracing::info!("the ledger takes writes again");
+        }
+    }
+
+    /// The storage failure in force, if any.
+    pub fn storage_error(&self) -> Option<String> {
+        self.storage_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Executions whose supervisor is running (see [`Owner::supervised`]); call only inside a
+    /// ledger job.
+    pub(crate) fn supervised(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.supervised.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Whether a graceful stop has begun (SPEC section 4: new submits get `runtime_draining`).

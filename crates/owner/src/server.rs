@@ -3,10 +3,10 @@
 //! The upgrade requires `Authorization: Bearer <token>` (401 otherwise, compared in constant
 //! time) and refuses any browser `Origin` header (403). Each text frame is one JSON-RPC message.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::extract::ws::{close_code, CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response as HttpResponse};
@@ -15,8 +15,10 @@ use axum::{Json, Router};
 use drover_protocol::rpc::{ErrorReason, Request, Response, RpcError, INVALID_REQUEST};
 use futures::{SinkExt, StreamExt};
 use serde_json::{json, Value};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
 
-use crate::hub::ConnHandle;
+use crate::hub::{ConnHandle, Outgoing};
 use crate::rpc::dispatch;
 use crate::runtime::Owner;
 
@@ -39,8 +41,18 @@ pub fn router(owner: Arc<Owner>, token: String) -> Router {
         })
 }
 
-async fn healthz(State(state): State<AppState>) -> Json<Value> {
-    Json(json!({"status": "ok", "draining": state.owner.is_draining()}))
+/// `{status: "ok", draining}`, or 503 with `status: "storage_unavailable"` and the error while
+/// the ledger cannot be written.
+async fn healthz(State(state): State<AppState>) -> HttpResponse {
+    let draining = state.owner.is_draining();
+    match state.owner.storage_error() {
+        None => Json(json!({"status": "ok", "draining": draining})).into_response(),
+        Some(error) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "storage_unavailable", "draining": draining, "error": error})),
+        )
+            .into_response(),
+    }
 }
 
 fn authorized(headers: &HeaderMap, token: &str) -> bool {
@@ -68,48 +80,103 @@ async fn ws_upgrade(
     if !authorized(&headers, &state.token) {
         return (StatusCode::UNAUTHORIZED, "missing or bad bearer token\n").into_response();
     }
-    ws.on_upgrade(move |socket| serve_connection(state.owner, socket))
+    ws.max_message_size(MAX_CLIENT_MESSAGE_BYTES)
+        .max_frame_size(MAX_CLIENT_MESSAGE_BYTES)
+        .on_upgrade(move |socket| {
+            let connections = state.owner.connections.clone();
+            connections.track_future(serve_connection(state.owner, socket))
+        })
+}
+
+/// Largest client message (and frame) the server reads; a larger one ends the connection with
+/// close code 1009.
+pub const MAX_CLIENT_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+
+/// Why a connection ends, and so the close frame it is sent (RFC 6455 section 7.4.1).
+#[derive(Debug)]
+enum Ending {
+    /// The peer sent a close frame, or its stream ended.
+    PeerClosed,
+    /// A message over [`MAX_CLIENT_MESSAGE_BYTES`].
+    TooBig(String),
+    /// The peer broke the WebSocket protocol (or sent text that is not UTF-8).
+    Protocol(String),
+    /// The socket failed under us (reset, broken pipe): nothing can be sent.
+    Broken,
+    /// The daemon is stopping.
+    Shutdown,
+    /// The client fell behind its outbox bound (SPEC section 2: it resyncs with
+    /// `session.events.since`).
+    FellBehind,
+}
+
+impl Ending {
+    fn from_read_error(e: axum::Error) -> Ending {
+        use tokio_tungstenite::tungstenite::Error as WsError;
+        let text = e.to_string();
+        match e.into_inner().downcast::<WsError>() {
+            Ok(ws) => match *ws {
+                WsError::Capacity(c) => Ending::TooBig(c.to_string()),
+                WsError::Protocol(p) => Ending::Protocol(p.to_string()),
+                WsError::Utf8(u) => Ending::Protocol(format!("text frame is not UTF-8: {u}")),
+                WsError::ConnectionClosed | WsError::AlreadyClosed => Ending::PeerClosed,
+                _ => Ending::Broken,
+            },
+            Err(_) => Ending::Protocol(text),
+        }
+    }
+
+    /// The close frame to send, if the socket can still take one.
+    fn close_frame(&self) -> Option<CloseFrame> {
+        let (code, reason) = match self {
+            Ending::PeerClosed | Ending::Broken => return None,
+            Ending::TooBig(why) => (close_code::SIZE, format!("message too big: {why}")),
+            Ending::Protocol(why) => (close_code::POLICY, format!("protocol error: {why}")),
+            Ending::Shutdown => (close_code::AWAY, "the daemon is stopping".to_string()),
+            Ending::FellBehind => (
+                close_code::POLICY,
+                "client fell behind; resync with session.events.since".to_string(),
+            ),
+        };
+        // A close frame's reason is at most 123 bytes.
+        let mut reason = reason;
+        while reason.len() > 123 {
+            reason.pop();
+        }
+        Some(CloseFrame {
+            code,
+            reason: reason.into(),
+        })
+    }
 }
 
 async fn serve_connection(owner: Arc<Owner>, socket: WebSocket) {
     let id = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
-    let (mut sink, mut stream) = socket.split();
-    let (conn, mut rx) = ConnHandle::new(id);
+    let (sink, mut stream) = socket.split();
+    let (conn, rx) = ConnHandle::new(id);
     let overflow = conn.overflow.clone();
-    let writer_overflow = overflow.clone();
-    let writer_conn = conn.clone();
-    let writer = tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                msg = rx.recv() => match msg {
-                    Some(text) => {
-                        let len = text.len();
-                        // A socket the client stopped reading blocks here; overflow must still
-                        // be able to end the connection.
-                        let sent = tokio::select! {
-                            r = sink.send(Message::Text(text.into())) => r.is_ok(),
-                            _ = writer_overflow.cancelled() => false,
-                        };
-                        writer_conn.sent(len);
-                        if !sent {
-                            break;
-                        }
-                    }
-                    None => break,
-                },
-                _ = writer_overflow.cancelled() => break,
-            }
-        }
-        // Bounded: closing a socket whose peer does not read could wait forever.
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(1), sink.close()).await;
-    });
+    let (end_tx, end_rx) = oneshot::channel::<Ending>();
+    // The writer owns no sender of its own outbox, so it ends when told to, not when every
+    // sender is gone (an attachment or an in-flight call may hold one a while longer).
+    let writer = tokio::spawn(write_connection(
+        sink,
+        rx,
+        conn.queued.clone(),
+        overflow.clone(),
+        end_rx,
+    ));
     tracing::debug!(conn = id, "client connected");
-    loop {
+    let ending = loop {
         let msg = tokio::select! {
             m = stream.next() => m,
-            _ = overflow.cancelled() => break,
+            _ = overflow.cancelled() => break Ending::FellBehind,
+            _ = owner.shutdown.cancelled() => break Ending::Shutdown,
         };
-        let Some(Ok(msg)) = msg else { break };
+        let msg = match msg {
+            None => break Ending::PeerClosed,
+            Some(Err(e)) => break Ending::from_read_error(e),
+            Some(Ok(msg)) => msg,
+        };
         let reply = match msg {
             Message::Text(text) => handle_text(&owner, &conn, text.as_str()).await,
             Message::Binary(_) => Some(error_response(
@@ -120,20 +187,102 @@ async fn serve_connection(owner: Arc<Owner>, socket: WebSocket) {
                     data: json!({"reason": "invalid_request", "detail": "send JSON-RPC as text frames"}),
                 },
             )),
-            Message::Close(_) => break,
+            Message::Close(_) => break Ending::PeerClosed,
             _ => None,
         };
         if let Some(reply) = reply {
             if !conn.send(reply).await {
-                break;
+                break Ending::Broken;
             }
         }
-    }
+    };
+    tracing::debug!(conn = id, ending = ?ending, "client connection ending");
     // Detach is not cancel (G3): only the connection's attachments go.
     owner.hub.detach_all(id);
+    let _ = end_tx.send(ending);
     drop(conn);
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), writer).await;
+    let mut writer = writer;
+    if tokio::time::timeout(CONNECTION_CLOSE_WAIT, &mut writer)
+        .await
+        .is_err()
+    {
+        writer.abort();
+    }
     tracing::debug!(conn = id, "client disconnected");
+}
+
+type WsSink = futures::stream::SplitSink<WebSocket, Message>;
+
+/// Writes one message; `false` when the socket failed or the client fell behind meanwhile.
+async fn send_text(
+    sink: &mut WsSink,
+    text: Outgoing,
+    queued: &AtomicUsize,
+    overflow: &CancellationToken,
+) -> bool {
+    let len = text.len();
+    // A socket the client stopped reading blocks here; overflow must still be able to end
+    // the connection.
+    let sent = tokio::select! {
+        r = sink.send(Message::Text(text.into())) => r.is_ok(),
+        _ = overflow.cancelled() => false,
+    };
+    queued.fetch_sub(len, Ordering::Relaxed);
+    sent
+}
+
+/// How long a closing connection may take to flush what it owes and send its close frame.
+const CONNECTION_CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Writes a connection's outbox to its socket until the reader ends it (or the client falls
+/// behind), then flushes what is already queued and sends the close frame, all bounded.
+async fn write_connection(
+    mut sink: WsSink,
+    mut rx: mpsc::Receiver<Outgoing>,
+    queued: Arc<AtomicUsize>,
+    overflow: CancellationToken,
+    mut end: oneshot::Receiver<Ending>,
+) {
+    let ending = loop {
+        tokio::select! {
+            msg = rx.recv() => match msg {
+                Some(text) => {
+                    if !send_text(&mut sink, text, &queued, &overflow).await {
+                        break if overflow.is_cancelled() { Ending::FellBehind } else { Ending::Broken };
+                    }
+                }
+                // Every sender is gone: the reader has ended, and says why.
+                None => break tokio::time::timeout(CONNECTION_CLOSE_WAIT, &mut end)
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+                    .unwrap_or(Ending::Broken),
+            },
+            _ = overflow.cancelled() => break Ending::FellBehind,
+            ending = &mut end => {
+                let ending = ending.unwrap_or(Ending::Broken);
+                // Replies already queued (the answer to the last call) still go out first.
+                if !matches!(ending, Ending::Broken) {
+                    while let Ok(text) = rx.try_recv() {
+                        if !send_text(&mut sink, text, &queued, &overflow).await {
+                            break;
+                        }
+                    }
+                }
+                break ending;
+            }
+        }
+    };
+    rx.close();
+    if let Some(frame) = ending.close_frame() {
+        // Bounded: a peer that does not read could block the close forever.
+        let _ = tokio::time::timeout(
+            CONNECTION_CLOSE_WAIT,
+            sink.send(Message::Close(Some(frame))),
+        )
+        .await;
+    }
+    let _ = tokio::time::timeout(CONNECTION_CLOSE_WAIT, sink.close()).await;
 }
 
 fn error_response(id: Value, e: RpcError) -> String {

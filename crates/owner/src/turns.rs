@@ -46,6 +46,7 @@ pub fn kick(owner: &Arc<Owner>, session_id: String) {
                 }
                 let c = l.claim_next(&session_id, &execution_id, &s2)?;
                 if let Some(c) = &c {
+                    o.supervised().insert(c.execution_id.clone());
                     o.hub.reset_deltas(&c.session.id);
                     o.hub.publish(&c.events);
                 }
@@ -137,12 +138,96 @@ async fn write_frame(stdin: &mut ChildStdin, frame: &OwnerFrame) -> std::io::Res
     stdin.flush().await
 }
 
+/// Frames queued for one worker's stdin. A worker that stops reading fills the queue; its
+/// supervisor then stops reading the worker's stdout (backpressure, not buffering).
+const WORKER_CONTROL_QUEUE: usize = 256;
+/// How long a supervisor waits for room in a full queue before it kills the worker.
+const WORKER_STALLED_READ: Duration = Duration::from_secs(10);
+/// Refused worker frames logged in full before the log is rate-limited.
+const REFUSALS_LOGGED: u64 = 10;
+/// At most one refusal line per this interval after the first [`REFUSALS_LOGGED`].
+const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Removes an execution from the owner's supervised set when its supervisor ends, however it
+/// ends, so the watchdog can see a turn nobody supervises.
+struct Supervised {
+    owner: Arc<Owner>,
+    execution_id: String,
+}
+
+impl Drop for Supervised {
+    fn drop(&mut self) {
+        self.owner.supervised().remove(&self.execution_id);
+    }
+}
+
+/// Counts a worker's refused frames and logs them rate-limited: a hostile worker can send
+/// millions, and one WARN line each filled the disk.
+struct Refusals {
+    execution_id: String,
+    count: u64,
+    unlogged: u64,
+    last_logged: Option<std::time::Instant>,
+}
+
+impl Refusals {
+    fn new(execution_id: &str) -> Refusals {
+        Refusals {
+            execution_id: execution_id.to_string(),
+            count: 0,
+            unlogged: 0,
+            last_logged: None,
+        }
+    }
+
+    fn refused(&mut self, what: &str, detail: &dyn std::fmt::Display) {
+        self.count += 1;
+        let due = self
+            .last_logged
+            .is_none_or(|t| t.elapsed() >= REFUSAL_LOG_INTERVAL);
+        if self.count <= REFUSALS_LOGGED || due {
+            tracing::warn!(
+                execution_id = %self.execution_id,
+                refused = self.count,
+                not_logged = self.unlogged,
+                "refused {what}: {detail}"
+            );
+            self.unlogged = 0;
+            self.last_logged = Some(std::time::Instant::now());
+        } else {
+            self.unlogged += 1;
+        }
+    }
+}
+
+impl Drop for Refusals {
+    fn drop(&mut self) {
+        if self.count > REFUSALS_LOGGED {
+            tracing::warn!(execution_id = %self.execution_id, refused = self.count, "worker frames refused in all");
+        }
+    }
+}
+
+/// How a supervisor's read loop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LoopEnd {
+    /// The worker closed its stdout (it is exiting).
+    Eof,
+    /// The worker was signalled (drain past the grace, an interrupt past its grace, or a
+    /// worker that stopped reading): it has a short grace to exit.
+    Signalled,
+}
+
 /// Runs one turn's worker to the end and settles or loses the turn.
 async fn supervise(owner: Arc<Owner>, claim: Claim, secret: String) {
     let session_id = claim.session.id.clone();
     let execution_id = claim.execution_id.clone();
     let admission_id = claim.admission.admission_id.clone();
     let replay_epoch = claim.session.replay_epoch.clone();
+    let _supervised = Supervised {
+        owner: owner.clone(),
+        execution_id: execution_id.clone(),
+    };
     let span = tracing::info_span!("turn", %session_id, %admission_id, %execution_id, generation = claim.generation);
     let _enter = span.enter();
     drop(_enter);
@@ -167,28 +252,29 @@ async fn supervise(owner: Arc<Owner>, claim: Claim, secret: String) {
             tracing::error!(error = %e, %execution_id, "cannot start worker");
             let msg = format!("cannot start worker: {e}");
             let eid = execution_id.clone();
-            let r = owner
-                .ledger(move |l, o| {
-                    let s = l.settle_unstarted(&eid, &msg)?;
-                    o.hub.publish(&s.events);
-                    Ok(())
-                })
-                .await;
-            if let Err(e) = r {
-                tracing::error!(error = %e, "settling an unstarted turn failed");
+            // Nothing ran, so the turn is `failed`; it must not stay `started`.
+            let settled = until_committed(&owner, "settling an unstarted turn", move |l, o| {
+                let s = l.settle_unstarted(&eid, &msg)?;
+                o.hub.publish(&s.events);
+                Ok(())
+            })
+            .await;
+            if settled.is_some() {
+                kick(&owner, session_id);
             }
-            kick(&owner, session_id);
             return;
         }
     };
     let (Some(mut stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
         tracing::error!("worker pipes missing");
         let _ = child.start_kill();
+        lose_turn(&owner, &execution_id).await;
         return;
     };
 
-    let (control, mut control_rx) = mpsc::unbounded_channel::<OwnerFrame>();
+    let (control, mut control_rx) = mpsc::channel::<OwnerFrame>(WORKER_CONTROL_QUEUE);
     let kill = CancellationToken::new();
+    let interrupt = CancellationToken::new();
     owner.turns().insert(
         execution_id.clone(),
         RunningTurn {
@@ -198,11 +284,12 @@ async fn supervise(owner: Arc<Owner>, claim: Claim, secret: String) {
             generation: claim.generation,
             control: control.clone(),
             kill: kill.clone(),
+            interrupt: interrupt.clone(),
         },
     );
     // A turn claimed as a graceful stop began may have missed the drain's stop frames.
     if owner.is_draining() {
-        let _ = control.send(OwnerFrame::Stop {
+        let _ = control.try_send(OwnerFrame::Stop {
             reason: "runtime_draining".into(),
         });
     }
@@ -219,52 +306,56 @@ async fn supervise(owner: Arc<Owner>, claim: Claim, secret: String) {
         }
     });
 
+    let interrupt_grace = Duration::from_secs_f64(owner.config.daemon.interrupt_grace_s.max(0.0));
+    // Pinned once: the grace runs from the accepted interrupt, not from the latest frame.
+    let escalate = async {
+        interrupt.cancelled().await;
+        tokio::time::sleep(interrupt_grace).await;
+    };
+    tokio::pin!(escalate);
+    let mut refusals = Refusals::new(&execution_id);
     let mut reader = BufReader::new(stdout);
     let mut buf = Vec::new();
     let mut settled = false;
-    let mut reap_within = WORKER_EXIT_WAIT;
-    loop {
+    let end = loop {
         let next = tokio::select! {
             next = read_frame_line(&mut reader, &mut buf, MAX_FRAME_BYTES) => next,
             _ = kill.cancelled() => {
-                // SIGTERM first: the worker then kills its tools' process groups and exits
-                // without `execution.finish` (as when its owner dies). A SIGKILL alone would
-                // leave a tool that ignores SIGTERM running with nobody to stop it.
                 tracing::warn!(%execution_id, "stopping worker past the drain grace");
-                let term = child
-                    .id()
-                    .and_then(|pid| i32::try_from(pid).ok())
-                    .map(|pid| platform::signal_process(pid, platform::Signal::SIGTERM));
-                if let Some(Err(e)) = term {
-                    tracing::warn!(%execution_id, error = %e, "cannot signal worker; killing it");
-                    let _ = child.start_kill();
-                }
-                reap_within = WORKER_TERM_GRACE;
-                break;
+                terminate(&mut child, &execution_id);
+                break LoopEnd::Signalled;
+            }
+            _ = &mut escalate, if !settled => {
+                // SPEC section 1, `interrupt_grace_s`: a worker that ignores its stop request
+                // loses its turn (`unknown`); it never settles `completed`.
+                tracing::warn!(%execution_id, grace_s = interrupt_grace.as_secs_f64(), "worker did not stop after an interrupt; terminating it");
+                terminate(&mut child, &execution_id);
+                break LoopEnd::Signalled;
             }
         };
         match next {
             Ok(FrameLine::Line) => {}
             Ok(FrameLine::TooLong(bytes)) => {
-                tracing::warn!(%execution_id, bytes, "refused a worker line over 4 MiB");
+                refusals.refused("a worker line over 4 MiB", &format_args!("{bytes} bytes"));
                 continue;
             }
-            Ok(FrameLine::Eof) => break,
+            Ok(FrameLine::Eof) => break LoopEnd::Eof,
             Err(e) => {
                 tracing::warn!(%execution_id, error = %e, "worker pipe failed");
-                break;
+                break LoopEnd::Eof;
             }
         }
         let frame: WorkerFrame = match serde_json::from_slice(&buf) {
             Ok(f) => f,
             Err(e) => {
-                tracing::warn!(%execution_id, error = %e, "refused a malformed worker line");
+                refusals.refused("a malformed worker line", &e);
                 continue;
             }
         };
-        match frame {
+        let reply = match frame {
             WorkerFrame::Delta { text } => {
-                owner.hub.publish_delta(&session_id, &replay_epoch, &text)
+                owner.hub.publish_delta(&session_id, &replay_epoch, &text);
+                None
             }
             WorkerFrame::Persist(frame) => {
                 let sequence = frame.sequence;
@@ -280,7 +371,7 @@ async fn supervise(owner: Arc<Owner>, claim: Claim, secret: String) {
                         Ok(out)
                     })
                     .await;
-                let reply = match applied {
+                match applied {
                     Ok(PersistOutcome::Receipt {
                         result, settlement, ..
                     }) => {
@@ -299,23 +390,39 @@ async fn supervise(owner: Arc<Owner>, claim: Claim, secret: String) {
                         None
                     }
                     Err(e) => {
-                        tracing::warn!(%execution_id, sequence, %operation, error = %e, "refused a persist");
+                        refusals.refused(
+                            "a persist",
+                            &format_args!("sequence {sequence} {operation}: {e}"),
+                        );
                         Some(OwnerFrame::Refused {
                             sequence,
                             reason: e.reason().as_str().to_string(),
                             message: e.to_string(),
                         })
                     }
-                };
-                if let Some(reply) = reply {
-                    let _ = control.send(reply);
                 }
             }
+        };
+        if let Some(reply) = reply {
+            match control.send_timeout(reply, WORKER_STALLED_READ).await {
+                Ok(()) => {}
+                Err(mpsc::error::SendTimeoutError::Timeout(_)) => {
+                    tracing::warn!(%execution_id, "worker stopped reading its stdin; killing it");
+                    let _ = child.start_kill();
+                    break LoopEnd::Signalled;
+                }
+                // The writer ended: the worker's stdin is closed, it is exiting.
+                Err(mpsc::error::SendTimeoutError::Closed(_)) => {}
+            }
         }
-    }
+    };
     drop(control);
     owner.turns().remove(&execution_id);
-    // The worker closed its stdout or was told to stop: it is exiting. Reap it, bounded.
+    // The worker closed its stdout or was signalled: it is exiting. Reap it, bounded.
+    let reap_within = match end {
+        LoopEnd::Eof => WORKER_EXIT_WAIT,
+        LoopEnd::Signalled => WORKER_TERM_GRACE,
+    };
     match tokio::time::timeout(reap_within, child.wait()).await {
         Ok(Ok(status)) => tracing::debug!(%execution_id, %status, "worker exited"),
         Ok(Err(e)) => tracing::warn!(%execution_id, error = %e, "waiting for worker failed"),
@@ -326,28 +433,145 @@ async fn supervise(owner: Arc<Owner>, claim: Claim, secret: String) {
     }
     writer.abort();
     if !settled {
-        let eid = execution_id.clone();
-        let lost = owner
-            .ledger(move |l, o| {
-                let s = l.mark_execution_lost(&eid)?;
-                if let Some(s) = &s {
-                    o.hub.publish(&s.events);
-                }
-                Ok(s)
-            })
-            .await;
-        match lost {
-            Ok(Some(s)) => {
-                tracing::warn!(%execution_id, "worker ended before execution.finish; turn is unknown");
-                after_settlement(&owner, &s);
-            }
-            Ok(None) => {}
-            Err(e) => tracing::error!(error = %e, "marking a lost turn failed"),
-        }
+        lose_turn(&owner, &execution_id).await;
     }
     // The worker is reaped: nothing will resend its outbox (its execution is settled or
     // unknown, and any resend would be refused), so it is only clutter now.
     remove_outbox(&owner.home, &execution_id);
+}
+
+/// SIGTERM first: the worker then kills its tools' process groups and exits without
+/// `execution.finish` (as when its owner dies). A SIGKILL alone would leave a tool that ignores
+/// SIGTERM running with nobody to stop it; the SIGKILL follows if it has not exited within
+/// [`WORKER_TERM_GRACE`].
+fn terminate(child: &mut Child, execution_id: &str) {
+    let term = child
+        .id()
+        .and_then(|pid| i32::try_from(pid).ok())
+        .map(|pid| platform::signal_process(pid, platform::Signal::SIGTERM));
+    if let Some(Err(e)) = term {
+        tracing::warn!(%execution_id, error = %e, "cannot signal worker; killing it");
+        let _ = child.start_kill();
+    }
+}
+
+/// Marks a turn whose worker ended before `execution.finish` lost (SPEC section 4: `unknown`,
+/// never replayed), retrying until the ledger takes it.
+async fn lose_turn(owner: &Arc<Owner>, execution_id: &str) {
+    let eid = execution_id.to_string();
+    let lost = until_committed(owner, "marking a lost turn", move |l, o| {
+        let s = l.mark_execution_lost(&eid)?;
+        if let Some(s) = &s {
+            o.hub.publish(&s.events);
+        }
+        Ok(s)
+    })
+    .await;
+    if let Some(Some(s)) = lost {
+        tracing::warn!(%execution_id, "worker ended before execution.finish; turn is unknown");
+        after_settlement(owner, &s);
+    }
+}
+
+/// First and largest pause between retries of a write the ledger refused for storage.
+const RETRY_FIRST: Duration = Duration::from_millis(50);
+const RETRY_MOST: Duration = Duration::from_secs(2);
+
+/// Runs a ledger write until it commits. A storage failure (full disk, IO error) is retried
+/// with backoff for as long as it lasts: a turn must not stay `started` because one write
+/// failed. Any other error is logged and gives `None` (retrying would not change it).
+async fn until_committed<T, F>(owner: &Arc<Owner>, what: &'static str, f: F) -> Option<T>
+where
+    T: Send + 'static,
+    F: Fn(&mut drover_ledger::Ledger, &Owner) -> Result<T, drover_ledger::LedgerError>
+        + Clone
+        + Send
+        + 'static,
+{
+    use drover_ledger::LedgerError;
+    let mut pause = RETRY_FIRST;
+    let mut failures = 0u64;
+    loop {
+        match owner.ledger(f.clone()).await {
+            Ok(v) => {
+                if failures > 0 {
+                    tracing::info!(failures, "{what}: committed after retries");
+                }
+                return Some(v);
+            }
+            Err(e @ (LedgerError::Storage(_) | LedgerError::Unavailable(_))) => {
+                failures += 1;
+                if failures == 1 || failures.is_power_of_two() {
+                    tracing::error!(error = %e, failures, "{what} failed; retrying");
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(RETRY_MOST);
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "{what} failed");
+                return None;
+            }
+        }
+    }
+}
+
+/// How often the watchdog looks for turns nobody supervises, and probes a ledger that failed.
+const WATCHDOG_INTERVAL: Duration = Duration::from_secs(2);
+
+/// Starts the watchdog (SPEC section 4): every `started` admission of this epoch must have a
+/// supervised worker; one that has none (its supervisor ended without settling or losing it)
+/// is marked `unknown`. While the ledger cannot be written it also probes with a small write,
+/// so `/healthz` reports `ok` again once the disk has room.
+pub fn start_watchdog(owner: &Arc<Owner>) {
+    let me = owner.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(WATCHDOG_INTERVAL) => {}
+                _ = me.shutdown.cancelled() => return,
+            }
+            watch_once(&me).await;
+        }
+    });
+}
+
+async fn watch_once(owner: &Arc<Owner>) {
+    if owner.storage_error().is_some() {
+        if owner.ledger(|l, _| l.probe_write()).await.is_ok() {
+            owner.clear_storage_error();
+        } else {
+            return;
+        }
+    }
+    let lost = owner
+        .ledger(|l, o| {
+            let started = l.started_executions()?;
+            let orphans: Vec<String> = {
+                let supervised = o.supervised();
+                started
+                    .into_iter()
+                    .filter(|e| !supervised.contains(e))
+                    .collect()
+            };
+            let mut lost = Vec::new();
+            for execution_id in orphans {
+                if let Some(s) = l.mark_execution_lost(&execution_id)? {
+                    o.hub.publish(&s.events);
+                    lost.push((execution_id, s));
+                }
+            }
+            Ok(lost)
+        })
+        .await;
+    match lost {
+        Ok(lost) => {
+            for (execution_id, s) in lost {
+                tracing::error!(%execution_id, "a started turn had no worker; it is unknown now");
+                after_settlement(owner, &s);
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "the watchdog could not check started turns"),
+    }
 }
 
 /// The `[delegation]` limits and drain state `child.reserve` is checked against.
@@ -381,7 +605,7 @@ fn after_settlement(owner: &Arc<Owner>, s: &Settlement) {
     if let Some(answer) = &s.parent_answer {
         match owner.turn_by_execution(&answer.execution_id) {
             Some(parent) => {
-                let _ = parent.control.send(OwnerFrame::Receipt {
+                let _ = parent.control.try_send(OwnerFrame::Receipt {
                     sequence: answer.sequence,
                     result: answer.result.clone(),
                 });
@@ -395,7 +619,7 @@ fn after_settlement(owner: &Arc<Owner>, s: &Settlement) {
     for child in &s.retired_children {
         if let Some(t) = owner.turn_by_execution(child) {
             tracing::info!(execution_id = %child, "stopping a retired child's worker");
-            let _ = t.control.send(OwnerFrame::Stop {
+            let _ = t.control.try_send(OwnerFrame::Stop {
                 reason: "parent_finished".into(),
             });
         }
@@ -423,7 +647,7 @@ pub async fn drain(owner: &Arc<Owner>, grace: Duration) {
     owner.set_draining();
     let running: Vec<RunningTurn> = owner.turns().values().cloned().collect();
     for t in &running {
-        let _ = t.control.send(OwnerFrame::Stop {
+        let _ = t.control.try_send(OwnerFrame::Stop {
             reason: "runtime_draining".into(),
         });
     }

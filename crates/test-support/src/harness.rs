@@ -324,6 +324,25 @@ pub fn open_files(pid: u32) -> Vec<PathBuf> {
         .unwrap_or_default()
 }
 
+/// Resident memory of `pid` in KiB (`VmRSS`), 0 if unreadable.
+pub fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Threads of `pid`, from `/proc/<pid>/task`.
+pub fn thread_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
 /// A JSON-RPC client speaking to the daemon, keeping events that arrive between responses.
 pub struct Client {
     ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
@@ -501,6 +520,22 @@ impl Client {
             json!({"session_id": session_id, "input_id": uuid_like(), "text": text}),
         )
         .await
+    }
+
+    /// Reads until the server's close frame and returns its code and reason; `None` when the
+    /// connection ended without one or nothing came within `timeout`.
+    pub async fn next_close(&mut self, timeout: Duration) -> Option<(u16, String)> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, self.ws.next()).await {
+                Ok(Some(Ok(Message::Close(frame)))) => {
+                    return frame.map(|f| (u16::from(f.code), f.reason.to_string()));
+                }
+                Ok(Some(Ok(_))) => continue,
+                Ok(Some(Err(_))) | Ok(None) | Err(_) => return None,
+            }
+        }
     }
 
     async fn read_until(&mut self, deadline: Instant) -> Result<Option<Value>> {

@@ -1,0 +1,584 @@
+//! Hardening (issue 8): the daemon survives connection churn, hostile and stuck workers and a
+//! full disk, and no turn is left `started` without a worker. Real daemon, real workers, real
+//! SQLite, a loopback model; hostile workers are scripts put in place with `$DROVER_WORKER_EXE`.
+//!
+//! `DROVER_SOAK_CYCLES` (default 300) sets the connect/submit/close cycles of the soak test;
+//! the issue's figure is 10,000.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use drover_test_support::harness::{
+    db_value, rss_kib, thread_count, uuid_like, Client, Daemon, TestHome,
+};
+use drover_test_support::{Gate, MockModel, Reply};
+use serde_json::{json, Value};
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_drover"))
+}
+
+fn fd_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// Polls `cond` every 20 ms until it holds or `limit` passes.
+async fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn admission_status(db: &Path, admission_id: &str) -> String {
+    db_value(
+        db,
+        &format!("SELECT status FROM session_admissions WHERE admission_id = '{admission_id}'"),
+    )
+    .as_str()
+    .unwrap_or_default()
+    .to_string()
+}
+
+/// An executable script in a temporary directory (kept alive by the returned guard).
+fn script(name: &str, body: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(name);
+    std::fs::write(&path, body).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    (dir, path)
+}
+
+/// A raw HTTP GET of `/healthz`: status code and JSON body.
+fn healthz(d: &Daemon) -> (u16, Value) {
+    use std::io::{Read, Write};
+    let addr = d.http_base().trim_start_matches("http://").to_string();
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let code = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out
+        .split_once("\r\n\r\n")
+        .and_then(|(_, b)| serde_json::from_str(b.trim()).ok())
+        .unwrap_or(Value::Null);
+    (code, body)
+}
+
+struct Setup {
+    model: MockModel,
+    home: TestHome,
+    daemon: Daemon,
+    client: Client,
+    session_id: String,
+}
+
+async fn setup(extra_config: &str, env: &[(&str, &str)]) -> Setup {
+    let model = MockModel::start().await;
+    let home = TestHome::new().unwrap();
+    home.write_model_config(&model.base_url(), true, extra_config)
+        .unwrap();
+    let daemon = Daemon::start_with_env(bin(), home.path(), env)
+        .await
+        .unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let s = client.create_session(home.path()).await.unwrap();
+    let session_id = s["session_id"].as_str().unwrap().to_string();
+    Setup {
+        model,
+        home,
+        daemon,
+        client,
+        session_id,
+    }
+}
+
+#[tokio::test]
+async fn closed_connections_leave_no_socket_thread_or_memory_behind() {
+    let cycles: usize = std::env::var("DROVER_SOAK_CYCLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300);
+    let mut s = setup("", &[]).await;
+    s.model.set_default(Reply::text("ok"));
+    let pid = s.daemon.pid();
+    let url = s.daemon.url();
+    let token = s.daemon.token();
+    let mut last_admission = String::new();
+    let cycle = |i: usize| {
+        let url = url.clone();
+        let token = token.clone();
+        let session_id = s.session_id.clone();
+        async move {
+            let mut c = Client::connect(&url, Some(&token)).await.unwrap();
+            c.call_ok("session.resume", json!({"session_id": session_id}))
+                .await
+                .unwrap();
+            let r = c
+                .call_ok(
+                    "prompt.submit",
+                    json!({"session_id": session_id, "input_id": format!("soak-{i}"), "text": "hi"}),
+                )
+                .await
+                .unwrap();
+            // Closed without a goodbye, as a killed `drover run` would.
+            drop(c);
+            r["admission_id"].as_str().unwrap().to_string()
+        }
+    };
+    let warm = 20.min(cycles);
+    for i in 0..warm {
+        last_admission = cycle(i).await;
+    }
+    let db = s.home.db();
+    let settled = |a: &str| admission_status(&db, a) == "terminal";
+    assert!(eventually(Duration::from_secs(30), || settled(&last_admission)).await);
+    let (fds_before, rss_before) = (fd_count(pid), rss_kib(pid));
+    let started = Instant::now();
+    for i in warm..cycles {
+        last_admission = cycle(i).await;
+    }
+    let a = last_admission.clone();
+    assert!(
+        eventually(Duration::from_secs(120), || settled(&a)).await,
+        "the last soak turn never settled"
+    );
+    // Connections end asynchronously; give the last ones a moment to be torn down.
+    let flat = eventually(Duration::from_secs(10), || fd_count(pid) <= fds_before + 4).await;
+    let (fds_after, rss_after) = (fd_count(pid), rss_kib(pid));
+    eprintln!(
+        "soak: {cycles} cycles in {:.1} s; fds {fds_before} -> {fds_after}; RSS {rss_before} -> {rss_after} KiB",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(
+        flat,
+        "fds grew from {fds_before} to {fds_after} over {cycles} connections"
+    );
+    assert!(
+        rss_after < rss_before + 16 * 1024,
+        "RSS grew from {rss_before} to {rss_after} KiB over {cycles} connections"
+    );
+
+    // 300 connections at once are tasks on the runtime, not 300 threads.
+    let mut clients = Vec::new();
+    for _ in 0..300 {
+        clients.push(Client::connect(&url, Some(&token)).await.unwrap());
+    }
+    let mut calls = Vec::new();
+    for mut c in clients {
+        calls.push(tokio::spawn(async move {
+            for _ in 0..3 {
+                c.call_ok("session.list", json!({})).await.unwrap();
+            }
+            c
+        }));
+    }
+    let mut most_threads = 0;
+    let mut clients = Vec::new();
+    for call in calls {
+        most_threads = most_threads.max(thread_count(pid));
+        clients.push(call.await.unwrap());
+    }
+    most_threads = most_threads.max(thread_count(pid));
+    eprintln!("300 concurrent connections: at most {most_threads} daemon threads");
+    assert!(
+        most_threads <= 32,
+        "{most_threads} daemon threads for 300 connections"
+    );
+    drop(clients);
+    assert_eq!(
+        s.client.call_ok("ping", json!({})).await.unwrap()["pong"],
+        true
+    );
+}
+
+/// Opens a raw WebSocket (handshake by hand) so the test can send frames a library refuses to.
+async fn raw_ws(d: &Daemon) -> tokio::net::TcpStream {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = d.http_base().trim_start_matches("http://").to_string();
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!(
+        "GET /v1/ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\
+         Authorization: Bearer {}\r\n\r\n",
+        d.token()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut b))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(n == 1, "upgrade response cut short");
+        head.push(b[0]);
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 101"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+    s
+}
+
+/// Reads server frames until a close frame; returns its code.
+async fn read_close_code(s: &mut tokio::net::TcpStream) -> Option<u16> {
+    use tokio::io::AsyncReadExt;
+    let read = async {
+        loop {
+            let mut h = [0u8; 2];
+            if let Err(e) = s.read_exact(&mut h).await {
+                eprintln!("reading a frame header: {e}");
+                return None;
+            }
+            let mut len = (h[1] & 0x7f) as u64;
+            if len == 126 {
+                let mut l = [0u8; 2];
+                s.read_exact(&mut l).await.ok()?;
+                len = u16::from_be_bytes(l) as u64;
+            } else if len == 127 {
+                let mut l = [0u8; 8];
+                s.read_exact(&mut l).await.ok()?;
+                len = u64::from_be_bytes(l);
+            }
+            let mut payload = vec![0u8; len as usize];
+            if let Err(e) = s.read_exact(&mut payload).await {
+                eprintln!("reading a {len}-byte payload after {h:?}: {e}");
+                return None;
+            }
+            if h[0] & 0x0f == 0x8 {
+                return (payload.len() >= 2).then(|| u16::from_be_bytes([payload[0], payload[1]]));
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), read)
+        .await
+        .ok()
+        .flatten()
+}
+
+#[tokio::test]
+async fn connections_end_with_a_close_frame_naming_the_reason() {
+    use tokio::io::AsyncWriteExt;
+    let s = setup("", &[]).await;
+    // A text frame announcing 17 MiB: over the 16 MiB bound, refused from its header.
+    let mut raw = raw_ws(&s.daemon).await;
+    let mut frame = vec![0x81, 0xff];
+    frame.extend_from_slice(&(17u64 * 1024 * 1024).to_be_bytes());
+    frame.extend_from_slice(&[1, 2, 3, 4]);
+    raw.write_all(&frame).await.unwrap();
+    assert_eq!(
+        read_close_code(&mut raw).await,
+        Some(1009),
+        "oversize frame"
+    );
+
+    // An unmasked client frame breaks RFC 6455.
+    let mut raw = raw_ws(&s.daemon).await;
+    raw.write_all(&[0x81, 0x02, b'{', b'}']).await.unwrap();
+    assert_eq!(
+        read_close_code(&mut raw).await,
+        Some(1008),
+        "protocol error"
+    );
+
+    // The daemon stopping says "going away".
+    let mut c = s.daemon.client().await.unwrap();
+    assert_eq!(c.call_ok("ping", json!({})).await.unwrap()["pong"], true);
+    let mut daemon = s.daemon;
+    let (close, status) = tokio::join!(c.next_close(Duration::from_secs(15)), daemon.stop());
+    assert_eq!(status.unwrap().code(), Some(0));
+    assert_eq!(close.map(|(code, _)| code), Some(1001));
+}
+
+#[tokio::test]
+async fn a_full_disk_during_a_turn_never_leaves_it_started() {
+    let mut s = setup("", &[]).await;
+    let gate = Gate::new();
+    s.model.push(Reply::text("done").gated(&gate));
+    s.model.set_default(Reply::text("again"));
+    let r = s.client.submit(&s.session_id, "hello").await.unwrap();
+    let admission_id = r["admission_id"].as_str().unwrap().to_string();
+    assert!(gate.wait_reached(Duration::from_secs(20)).await);
+    // From now on every write of the daemon past its first byte fails (EFBIG, as a full
+    // disk): the worker's persists are refused and marking the turn lost fails too.
+    let pid = s.daemon.pid().to_string();
+    let limit = |v: &str| {
+        let st = std::process::Command::new("prlimit")
+            .args(["--pid", &pid, &format!("--fsize={v}:")])
+            .status()
+            .expect("prlimit (util-linux) is needed");
+        assert!(st.success(), "prlimit failed");
+    };
+    limit("1");
+    gate.open();
+    let daemon = &s.daemon;
+    assert!(
+        eventually(Duration::from_secs(20), || healthz(daemon).0 == 503).await,
+        "healthz never reported the storage failure"
+    );
+    let (_, body) = healthz(daemon);
+    assert_eq!(body["status"], "storage_unavailable", "{body}");
+    let db = s.home.db();
+    assert_eq!(admission_status(&db, &admission_id), "started");
+    limit("unlimited");
+    assert!(
+        eventually(Duration::from_secs(20), || admission_status(
+            &db,
+            &admission_id
+        ) == "unknown")
+        .await,
+        "the turn stayed {} after the disk had room again",
+        admission_status(&db, &admission_id)
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || healthz(daemon).0 == 200).await,
+        "healthz did not recover"
+    );
+    // The user's way out works, and the session moves on.
+    s.client
+        .call_ok(
+            "prompt.resolve_unknown",
+            json!({"session_id": s.session_id, "admission_id": admission_id}),
+        )
+        .await
+        .unwrap();
+    let r = s.client.submit(&s.session_id, "again").await.unwrap();
+    let next = r["admission_id"].as_str().unwrap();
+    assert_eq!(s.client.wait_settled(next).await.unwrap(), "completed");
+}
+
+#[tokio::test]
+async fn a_started_turn_without_a_worker_is_found_and_made_unknown() {
+    let mut s = setup("", &[]).await;
+    let gate = Gate::new();
+    s.model.push(Reply::text("held").gated(&gate));
+    let first = s.client.submit(&s.session_id, "first").await.unwrap();
+    let second = s.client.submit(&s.session_id, "second").await.unwrap();
+    assert!(gate.wait_reached(Duration::from_secs(20)).await);
+    // Plant what a lost supervisor would leave: a `started` admission of this epoch with a
+    // live execution that no supervisor watches.
+    let orphan = second["admission_id"].as_str().unwrap().to_string();
+    let epoch = s.daemon.epoch();
+    let exec = uuid_like();
+    let sql = format!(
+        "BEGIN;
+         UPDATE session_admissions SET status = 'started', generation = 99, owner_epoch = {epoch}
+           WHERE admission_id = '{orphan}';
+         INSERT INTO worker_executions (execution_id, session_id, admission_id, kind, depth,
+           owner_epoch, generation, status, secret_digest, created_at)
+           VALUES ('{exec}', '{sid}', '{orphan}', 'compute', 0, {epoch}, 99, 'running', 'x', 0);
+         COMMIT;",
+        sid = s.session_id
+    );
+    let out = std::process::Command::new("sqlite3")
+        .arg(s.home.db())
+        .arg(sql)
+        .output()
+        .expect("sqlite3 is needed");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let db = s.home.db();
+    assert!(
+        eventually(Duration::from_secs(15), || admission_status(&db, &orphan)
+            == "unknown")
+        .await,
+        "the orphaned turn stayed {}",
+        admission_status(&db, &orphan)
+    );
+    // The supervised turn is untouched and still completes.
+    gate.open();
+    let first = first["admission_id"].as_str().unwrap();
+    assert_eq!(s.client.wait_settled(first).await.unwrap(), "completed");
+}
+
+/// A worker wrapper that never passes the owner's `stop` frames on: a worker ignoring its
+/// stop request.
+fn stop_ignoring_worker() -> (tempfile::TempDir, PathBuf) {
+    script(
+        "ignore-stop",
+        &format!(
+            r#"#!/usr/bin/env python3
+import os, subprocess, sys
+# The worker checks that its parent is the owner it was told of; this wrapper stands between.
+env = dict(os.environ, DROVER_OWNER_PID=str(os.getpid()))
+p = subprocess.Popen(["{real}"] + sys.argv[1:], stdin=subprocess.PIPE, env=env)
+for line in sys.stdin.buffer:
+    if b'"type":"stop"' in line:
+        continue
+    try:
+        p.stdin.write(line)
+        p.stdin.flush()
+    except BrokenPipeError:
+        break
+try:
+    p.stdin.close()
+except BrokenPipeError:
+    pass
+sys.exit(p.wait())
+"#,
+            real = bin().display()
+        ),
+    )
+}
+
+#[tokio::test]
+async fn a_worker_that_ignores_interrupt_is_signalled_and_its_turn_is_unknown() {
+    let (_dir, wrapper) = stop_ignoring_worker();
+    let wrapper = wrapper.display().to_string();
+    let mut s = setup(
+        "interrupt_grace_s = 1.0\n",
+        &[("DROVER_WORKER_EXE", wrapper.as_str())],
+    )
+    .await;
+    let gate = Gate::new();
+    s.model.push(Reply::text("late").gated(&gate));
+    let r = s.client.submit(&s.session_id, "hello").await.unwrap();
+    let admission_id = r["admission_id"].as_str().unwrap().to_string();
+    assert!(gate.wait_reached(Duration::from_secs(20)).await);
+    let generation = db_value(
+        &s.home.db(),
+        &format!("SELECT generation FROM session_admissions WHERE admission_id = '{admission_id}'"),
+    );
+    let asked = Instant::now();
+    let state = s
+        .client
+        .call_ok(
+            "session.interrupt",
+            json!({"session_id": s.session_id, "execution_generation": generation}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(state["execution_state"], "interrupting");
+    let outcome = s.client.wait_settled(&admission_id).await.unwrap();
+    assert_eq!(outcome, "unknown");
+    let took = asked.elapsed();
+    assert!(
+        took < Duration::from_secs(10),
+        "took {took:?} with a 1 s grace"
+    );
+    gate.open();
+}
+
+#[tokio::test]
+async fn an_answer_that_races_an_accepted_interrupt_settles_interrupted() {
+    let (_dir, wrapper) = stop_ignoring_worker();
+    let wrapper = wrapper.display().to_string();
+    let mut s = setup(
+        "interrupt_grace_s = 30.0\n",
+        &[("DROVER_WORKER_EXE", wrapper.as_str())],
+    )
+    .await;
+    let gate = Gate::new();
+    s.model.push(Reply::text("finished anyway").gated(&gate));
+    let r = s.client.submit(&s.session_id, "hello").await.unwrap();
+    let admission_id = r["admission_id"].as_str().unwrap().to_string();
+    assert!(gate.wait_reached(Duration::from_secs(20)).await);
+    let generation = db_value(
+        &s.home.db(),
+        &format!("SELECT generation FROM session_admissions WHERE admission_id = '{admission_id}'"),
+    );
+    s.client
+        .call_ok(
+            "session.interrupt",
+            json!({"session_id": s.session_id, "execution_generation": generation}),
+        )
+        .await
+        .unwrap();
+    // The worker never saw the stop and finishes its answer: the turn still was interrupted.
+    gate.open();
+    assert_eq!(
+        s.client.wait_settled(&admission_id).await.unwrap(),
+        "interrupted"
+    );
+    let receipt = s
+        .client
+        .call_ok(
+            "prompt.receipt",
+            json!({"session_id": s.session_id, "admission_id": admission_id}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(receipt["outcome"], "interrupted", "{receipt}");
+}
+
+#[tokio::test]
+async fn a_worker_that_floods_and_never_reads_is_bounded_and_killed() {
+    // Malformed lines at full speed, then refused persists forever, never reading stdin.
+    let (_dir, hostile) = script(
+        "flood",
+        r#"#!/usr/bin/env python3
+import json, sys
+out = sys.stdout.buffer
+try:
+    for _ in range(200000):
+        out.write(b"not a frame\n")
+    frame = json.dumps({"type": "persist", "epoch": 1, "execution_id": "nobody",
+                        "generation": 1, "sequence": 1, "operation": "usage.add",
+                        "payload": {}, "secret": "x" * 64}).encode() + b"\n"
+    while True:
+        out.write(frame)
+except BrokenPipeError:
+    pass
+"#,
+    );
+    let hostile = hostile.display().to_string();
+    let mut s = setup("", &[("DROVER_WORKER_EXE", hostile.as_str())]).await;
+    let pid = s.daemon.pid();
+    let rss_before = rss_kib(pid);
+    let r = s.client.submit(&s.session_id, "hello").await.unwrap();
+    let admission_id = r["admission_id"].as_str().unwrap().to_string();
+    let settled = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            match s.client.next_event(Duration::from_secs(60)).await.unwrap() {
+                Some(e)
+                    if e["type"] == "turn.settled"
+                        && e["payload"]["admission_id"] == admission_id.as_str() =>
+                {
+                    return e["payload"]["outcome"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string()
+                }
+                Some(_) => continue,
+                None => return String::new(),
+            }
+        }
+    })
+    .await
+    .expect("the flooding worker's turn never ended");
+    assert_eq!(settled, "unknown");
+    let rss_after = rss_kib(pid);
+    eprintln!("flood: daemon RSS {rss_before} -> {rss_after} KiB");
+    assert!(
+        rss_after < rss_before + 64 * 1024,
+        "RSS grew from {rss_before} to {rss_after} KiB"
+    );
+    let log = std::fs::read_to_string(s.home.path().join("logs").join("daemon.log")).unwrap();
+    let refused = log.lines().filter(|l| l.contains("refused")).count();
+    assert!(refused < 100, "{refused} log lines about refused frames");
+    // The daemon is still serving.
+    assert_eq!(
+        s.client.call_ok("ping", json!({})).await.unwrap()["pong"],
+        true
+    );
+}
