@@ -32,7 +32,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use drover_test_support::harness::{
-    children_of, db_rows, db_value, pid_alive, signal, Client, Daemon, TestHome,
+    children_of, db_rows, db_value, pid_alive, rss_kib, signal, Client, Daemon, TestHome,
 };
 use drover_test_support::{Gate, MockModel, Reply};
 use nix::sys::signal::Signal;
@@ -212,6 +212,8 @@ struct ClientStats {
     disconnects: u64,
     drops: u64,
     sessions: u64,
+    /// `storage_unavailable` answers during disk-full windows.
+    storage_refusals: u64,
 }
 
 #[derive(Default)]
@@ -361,11 +363,29 @@ struct Shared {
     stop: AtomicBool,
     /// `prompt.submit` calls waiting for their answer, so the chaos can kill the owner then.
     submitting: AtomicUsize,
+    /// Disk-full windows: while one is open (and for [`DISK_FULL_SETTLE`] after), a
+    /// `storage_unavailable` answer is the truth, not a violation, and is not an answer.
+    disk_full: Mutex<DiskFull>,
 }
+
+#[derive(Default)]
+struct DiskFull {
+    open: bool,
+    closed_at: Option<Instant>,
+}
+
+/// How long after a disk-full window `storage_unavailable` answers are still expected (calls
+/// that were in flight as it closed).
+const DISK_FULL_SETTLE: Duration = Duration::from_secs(3);
 
 impl Shared {
     fn book(&self) -> MutexGuard<'_, Book> {
         lock(&self.book)
+    }
+
+    fn disk_was_full(&self) -> bool {
+        let d = lock(&self.disk_full);
+        d.open || d.closed_at.is_some_and(|t| t.elapsed() < DISK_FULL_SETTLE)
     }
 }
 
@@ -465,6 +485,12 @@ impl Runner {
         };
         let out = match c.call(method, params).await {
             Ok(Ok(v)) => Rpc::Ok(v),
+            // A full disk refuses writes: nothing was acknowledged, so it is as if the answer
+            // never came (the client re-submits later, G1).
+            Ok(Err(e)) if reason(&e) == "storage_unavailable" && self.shared.disk_was_full() => {
+                self.shared.book().stats.storage_refusals += 1;
+                Rpc::Lost
+            }
             Ok(Err(e)) => Rpc::Err(e),
             Err(e) => {
                 let msg = format!("{e:#}");
@@ -896,6 +922,10 @@ struct ChaosStats {
     killed_while_stopping: u64,
     graceful_stops: u64,
     gated_holds: u64,
+    disk_full_windows: u64,
+    /// The most file descriptors and RSS (KiB) any owner had at a step.
+    most_fds: usize,
+    most_rss_kib: u64,
 }
 
 struct Chaos {
@@ -912,6 +942,8 @@ struct Chaos {
     orphans: Vec<Proc>,
     stats: ChaosStats,
     violations: Vec<String>,
+    /// The home is a small tmpfs of its own: disk-full windows are possible.
+    small_disk: bool,
 }
 
 /// Starts the owner with its stderr appended to `stderr_log` (errors met before its log is
@@ -1042,9 +1074,36 @@ impl Chaos {
         self.restart().await;
     }
 
+    /// Fills the home's tmpfs, keeps it full for up to 1.5 s, then frees it. Writes fail
+    /// meanwhile (`storage_unavailable`); nothing acknowledged may be lost, and no turn may be
+    /// left `started` once there is room again.
+    async fn disk_full_window(&mut self) {
+        use std::io::Write;
+        let filler = self.home.join("filler");
+        lock(&self.shared.disk_full).open = true;
+        if let Ok(mut f) = std::fs::File::create(&filler) {
+            let big = vec![0u8; 1 << 20];
+            while f.write_all(&big).is_ok() {}
+            let small = [0u8; 4096];
+            while f.write_all(&small).is_ok() {}
+        }
+        self.stats.disk_full_windows += 1;
+        let hold = self.rng.millis(1500);
+        tokio::time::sleep(hold).await;
+        if let Err(e) = std::fs::remove_file(&filler) {
+            fail!("removing the disk filler: {e}");
+        }
+        let mut d = lock(&self.shared.disk_full);
+        d.open = false;
+        d.closed_at = Some(Instant::now());
+    }
+
     async fn step(&mut self) {
         let pause = self.rng.millis(300);
         tokio::time::sleep(pause).await;
+        let pid = self.daemon.pid();
+        self.stats.most_fds = self.stats.most_fds.max(fd_count(pid));
+        self.stats.most_rss_kib = self.stats.most_rss_kib.max(rss_kib(pid));
         match self.rng.below(100) {
             // A worker at a random point of its turn.
             0..=29 => {
@@ -1117,6 +1176,8 @@ impl Chaos {
                 }
             }
             70..=76 => self.graceful_stop().await,
+            // The disk fills up for a while (then has room again).
+            80..=84 if self.small_disk => self.disk_full_window().await,
             // SIGKILL in the middle of a graceful stop.
             77..=79 => {
                 signal(self.daemon.pid(), Signal::SIGTERM);
@@ -1128,6 +1189,76 @@ impl Chaos {
             _ => {}
         }
     }
+}
+
+fn fd_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// A small tmpfs mounted on the test home, so the chaos can fill the disk. Unmounted on drop.
+struct SmallDisk {
+    at: PathBuf,
+}
+
+impl SmallDisk {
+    /// Mounts one (root only; `None` with the reason otherwise).
+    fn mount(at: &Path, mib: u64) -> Result<SmallDisk, String> {
+        let out = std::process::Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={mib}m,mode=0700"),
+                "tmpfs",
+            ])
+            .arg(at)
+            .output()
+            .map_err(|e| format!("cannot run mount: {e}"))?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
+        }
+        Ok(SmallDisk {
+            at: at.to_path_buf(),
+        })
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.at)
+            .status();
+    }
+}
+
+/// Connection churn: connect to whatever daemon `daemon.json` names, make a call or not, and
+/// close, as fast as the daemon lets it, until `stop`. Returns the cycles made.
+async fn churn(home: PathBuf, stop: Arc<AtomicBool>, mut rng: Rng) -> u64 {
+    let mut cycles = 0;
+    while !stop.load(Ordering::SeqCst) {
+        let info = std::fs::read_to_string(home.join("daemon.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok());
+        let target = info.as_ref().and_then(|i| {
+            Some((
+                i["url"].as_str()?.to_string(),
+                i["token"].as_str()?.to_string(),
+            ))
+        });
+        if let Some((url, token)) = target {
+            if let Ok(mut c) = Client::connect(&url, Some(&token)).await {
+                if rng.chance(70) {
+                    let _ = c.call("session.list", json!({"limit": 5})).await;
+                }
+                cycles += 1;
+            }
+        }
+        tokio::time::sleep(rng.millis(20)).await;
+    }
+    cycles
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1509,6 +1640,14 @@ async fn chaos_loses_no_input_replays_no_work_and_strands_no_session() {
     });
     install_panic_hook();
 
+    // A small disk of its own, so the chaos can fill it (needs root, as in CI).
+    let small_disk = match SmallDisk::mount(home.path(), 256) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            println!("chaos: no disk-full windows (cannot mount a tmpfs home: {e})");
+            None
+        }
+    };
     let mut rng = Rng::new(seed, 0);
     let stream = rng.chance(50);
     home.write_model_config(&model.base_url(), stream, "[approvals]\nmode = \"auto\"\n")
@@ -1526,7 +1665,16 @@ async fn chaos_loses_no_input_replays_no_work_and_strands_no_session() {
         book: Mutex::new(Book::default()),
         stop: AtomicBool::new(false),
         submitting: AtomicUsize::new(0),
+        disk_full: Mutex::new(DiskFull::default()),
     });
+    let start_fds = fd_count(daemon.pid());
+    let start_rss = rss_kib(daemon.pid());
+    let churn_stop = Arc::new(AtomicBool::new(false));
+    let churner = tokio::spawn(churn(
+        home.path().to_path_buf(),
+        churn_stop.clone(),
+        Rng::new(seed, 50),
+    ));
     let clients: Vec<_> = (0..CLIENTS)
         .map(|i| {
             let runner = Runner::new(i, shared.clone(), Rng::new(seed, 1 + i as u64));
@@ -1545,6 +1693,7 @@ async fn chaos_loses_no_input_replays_no_work_and_strands_no_session() {
         orphans: Vec::new(),
         stats: ChaosStats::default(),
         violations: Vec::new(),
+        small_disk: small_disk.is_some(),
     };
     let chaos_end = Instant::now() + Duration::from_secs_f64(secs);
     while Instant::now() < chaos_end {
@@ -1556,6 +1705,12 @@ async fn chaos_loses_no_input_replays_no_work_and_strands_no_session() {
     if let Some(gate) = lock(&armed).take() {
         gate.open();
     }
+
+    churn_stop.store(true, Ordering::SeqCst);
+    let churn_cycles = tokio::time::timeout(Duration::from_secs(30), churner)
+        .await
+        .unwrap_or_else(|_| fail!("the connection churn did not stop"))
+        .unwrap_or_else(|e| fail!("the connection churn panicked: {e}"));
 
     // Drain: no more kills; clients re-submit, resolve and wait for their queues.
     let drain_began = Instant::now();
@@ -1603,6 +1758,24 @@ async fn chaos_loses_no_input_replays_no_work_and_strands_no_session() {
         &mut outcomes,
     ));
 
+    // Nothing is `started` once every queue drained: a turn left so has no worker.
+    let left_started = db_count(
+        &home.db(),
+        "SELECT count(*) FROM session_admissions WHERE status = 'started'",
+    );
+    if left_started != 0 {
+        bad.push(format!(
+            "{left_started} admissions left `started` after the drain"
+        ));
+    }
+    let end_pid = chaos.daemon.pid();
+    let (end_fds, end_rss) = (fd_count(end_pid), rss_kib(end_pid));
+    // The clients' few connections are open now; closed ones must not linger.
+    if end_fds > start_fds + 64 {
+        bad.push(format!(
+            "the owner holds {end_fds} file descriptors at the end, {start_fds} at the start"
+        ));
+    }
     // A clean stop at the end, and still nothing left behind.
     match chaos.daemon.stop().await {
         Ok(status) if status.code() == Some(0) => {}
@@ -1627,7 +1800,10 @@ async fn chaos_loses_no_input_replays_no_work_and_strands_no_session() {
          model requests {}\n\
          chaos: worker kills {} (mid-tool {}, model held {}), owner kills {} ({} during a \
          submit, {} during a graceful stop), graceful stops {}, gated holds {}, workers and \
-         tools of killed owners checked gone {}",
+         tools of killed owners checked gone {}\n\
+         chaos: kills {} in all, disk-full windows {} ({} storage_unavailable answers), \
+         connection churn {} cycles, left started {}, owner fds {} at start, {} at the end \
+         (most {}), owner RSS {} KiB at start, {} KiB at the end (most {} KiB)",
         began.elapsed().as_secs_f64(),
         drain_took.as_secs_f64(),
         s.sessions,
@@ -1667,6 +1843,17 @@ async fn chaos_loses_no_input_replays_no_work_and_strands_no_session() {
         c.graceful_stops,
         c.gated_holds,
         chaos.orphans.len(),
+        c.worker_kills + c.owner_kills,
+        c.disk_full_windows,
+        s.storage_refusals,
+        churn_cycles,
+        left_started,
+        start_fds,
+        end_fds,
+        c.most_fds,
+        start_rss,
+        end_rss,
+        c.most_rss_kib,
     );
 
     if !bad.is_empty() {
