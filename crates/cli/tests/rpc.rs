@@ -45,15 +45,37 @@ async fn invalid_params_name_the_field() {
     let d = Daemon::start(bin(), home.path()).await.unwrap();
     let mut c = d.client().await.unwrap();
     let cases = [
-        ("session.create", json!({"cwd": "relative/path"}), "cwd"),
+        ("session.create", json!({"cwd": "/tmp"}), "request_id"),
         (
             "session.create",
-            json!({"cwd": "/definitely/not/here"}),
+            json!({"request_id": "", "cwd": "/tmp"}),
+            "request_id",
+        ),
+        (
+            "session.create",
+            json!({"request_id": "a", "cwd": "relative/path"}),
             "cwd",
         ),
-        ("session.create", json!({"cwd": 7}), "cwd"),
-        ("session.create", json!({"toolsets": ["nope"]}), "toolsets"),
-        ("session.create", json!({"base_url": "ftp://x"}), "base_url"),
+        (
+            "session.create",
+            json!({"request_id": "b", "cwd": "/definitely/not/here"}),
+            "cwd",
+        ),
+        (
+            "session.create",
+            json!({"request_id": "c", "cwd": 7}),
+            "cwd",
+        ),
+        (
+            "session.create",
+            json!({"request_id": "d", "toolsets": ["nope"]}),
+            "toolsets",
+        ),
+        (
+            "session.create",
+            json!({"request_id": "e", "base_url": "ftp://x"}),
+            "base_url",
+        ),
         ("session.resume", json!({}), "session_id"),
         (
             "prompt.submit",
@@ -102,6 +124,16 @@ async fn create_is_idempotent_on_request_id_and_submit_needs_attachment() {
         .unwrap_err();
     assert_eq!(other["data"]["reason"], "invalid_params");
     assert_eq!(other["data"]["field"], "request_id");
+    // A reused request id is recognised before anything else is checked.
+    let reused = a
+        .call(
+            "session.create",
+            json!({"request_id": "req-1", "cwd": "relative/path"}),
+        )
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(reused["data"]["field"], "request_id", "{reused}");
 
     let sid = s1["session_id"].as_str().unwrap();
     let mut b = d.client().await.unwrap();
@@ -124,4 +156,25 @@ async fn create_is_idempotent_on_request_id_and_submit_needs_attachment() {
     let list = b.call_ok("session.list", json!({})).await.unwrap();
     assert_eq!(list["sessions"].as_array().unwrap().len(), 1);
     assert_eq!(list["sessions"][0]["title"], "t");
+
+    // The same request after the config changed is still the same session (a retry).
+    drop((a, b));
+    let mut d = d;
+    d.stop().await.unwrap();
+    home.write_model_config(
+        &model.base_url(),
+        false,
+        "[toolsets]\ndefault = [\"todo\"]\n",
+    )
+    .unwrap();
+    let d = Daemon::start(bin(), home.path()).await.unwrap();
+    let mut a = d.client().await.unwrap();
+    let again = a
+        .call_ok(
+            "session.create",
+            json!({"request_id": "req-1", "cwd": cwd, "title": "t"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(again["session_id"], s1["session_id"]);
 }

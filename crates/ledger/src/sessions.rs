@@ -132,12 +132,68 @@ impl NewSession {
     }
 }
 
+/// The digest of a `session.create` request as the client sent it, without its `request_id`.
+fn request_digest(params: &Value) -> String {
+    let mut params = params.clone();
+    if let Some(m) = params.as_object_mut() {
+        m.remove("request_id");
+    }
+    json_digest(&params)
+}
+
 impl Ledger {
     /// Creates a session, or returns the one created earlier with the same `request_id` and the
     /// same parameters. Other parameters under a known `request_id` give `invalid_params`
     /// naming `request_id` (SPEC section 2, `session.create`).
     pub fn create_session(&mut self, new: &NewSession) -> Result<SessionRow, LedgerError> {
         let digest = new.digest();
+        self.create_session_digested(new, &digest)
+    }
+
+    /// The session an earlier `session.create` with this `request_id` made, when its request
+    /// (`params`, as the client sent them) was the same; `invalid_params` naming `request_id`
+    /// when it differed; `None` when the id is new. Checked before anything else in the request,
+    /// so a retry is answered the same whatever changed in the config since.
+    pub fn session_for_request(
+        &self,
+        request_id: &str,
+        params: &Value,
+    ) -> Result<Option<SessionRow>, LedgerError> {
+        let existing: Option<(String, Option<String>)> = self
+            .conn
+            .query_row(
+                "SELECT id, request_digest FROM sessions WHERE request_id = ?1",
+                [request_id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
+        let Some((id, old)) = existing else {
+            return Ok(None);
+        };
+        if old.as_deref() != Some(request_digest(params).as_str()) {
+            return Err(LedgerError::invalid(
+                "request_id",
+                "request_id was already used with different parameters",
+            ));
+        }
+        self.session(&id)
+    }
+
+    /// Creates a session for a client's `session.create` whose raw `params` were checked with
+    /// [`Ledger::session_for_request`]; idempotent on `request_id` as that is.
+    pub fn create_session_for_request(
+        &mut self,
+        new: &NewSession,
+        params: &Value,
+    ) -> Result<SessionRow, LedgerError> {
+        self.create_session_digested(new, &request_digest(params))
+    }
+
+    fn create_session_digested(
+        &mut self,
+        new: &NewSession,
+        digest: &str,
+    ) -> Result<SessionRow, LedgerError> {
         let tx = self.conn.transaction()?;
         if let Some(request_id) = &new.request_id {
             let existing: Option<(String, Option<String>)> = tx
@@ -149,7 +205,7 @@ impl Ledger {
                 .optional()?;
             if let Some((id, old)) = existing {
                 drop(tx);
-                if old.as_deref() != Some(digest.as_str()) {
+                if old.as_deref() != Some(digest) {
                     return Err(LedgerError::invalid(
                         "request_id",
                         "request_id was already used with different parameters",
@@ -160,7 +216,7 @@ impl Ledger {
                     .ok_or_else(|| LedgerError::NotFound(format!("session {id}")));
             }
         }
-        let id = insert_session_in(&tx, new, &digest)?;
+        let id = insert_session_in(&tx, new, digest)?;
         tx.commit()?;
         self.session(&id)?
             .ok_or_else(|| LedgerError::NotFound(format!("session {id}")))

@@ -185,6 +185,18 @@ async fn session_create(
     p: &Params<'_>,
 ) -> Result<Value, RpcError> {
     let cfg = &owner.config;
+    // SPEC section 2: `request_id` is required, and a retry is recognised before anything else
+    // is checked, so a client whose answer was lost never makes two sessions.
+    let request_id = p.str("request_id")?.to_string();
+    let raw = Value::Object(p.0.clone());
+    let (rid, params) = (request_id.clone(), raw.clone());
+    let earlier = owner
+        .ledger(move |l, _| l.session_for_request(&rid, &params))
+        .await
+        .map_err(ledger_error)?;
+    if let Some(session) = earlier {
+        return snapshot(owner, conn, session.id).await;
+    }
     let cwd = match p.opt_str("cwd")? {
         Some(c) => {
             let path = Path::new(c);
@@ -251,7 +263,7 @@ async fn session_create(
         model_config["api_key"] = Value::String(key.to_string());
     }
     let new = NewSession {
-        request_id: p.opt_str("request_id")?.map(str::to_string),
+        request_id: Some(request_id),
         source: p.opt_str("source")?.unwrap_or("cli").to_string(),
         parent_session_id: None,
         title: p.opt_str("title")?.map(str::to_string),
@@ -266,7 +278,7 @@ async fn session_create(
         tool_schemas: registry.schemas(),
     };
     let session = owner
-        .ledger(move |l, _| l.create_session(&new))
+        .ledger(move |l, _| l.create_session_for_request(&new, &raw))
         .await
         .map_err(ledger_error)?;
     snapshot(owner, conn, session.id).await
