@@ -60,16 +60,7 @@ pub fn block_on(f: impl std::future::Future<Output = Result<Exit>>) -> Exit {
 
 /// Whether `pid` runs (a zombie waiting to be reaped counts as gone).
 fn pid_alive(pid: u32) -> bool {
-    if nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None).is_err() {
-        return false;
-    }
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_none_or(|state| state != "Z"),
-        Err(_) => true,
-    }
+    i32::try_from(pid).is_ok_and(drover_platform::is_alive)
 }
 
 /// Finds the home's running daemon, or starts one in the background and waits for it.
@@ -92,18 +83,8 @@ pub async fn ensure_daemon(home: &Path) -> Result<(DaemonInfo, Client)> {
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-    {
-        use std::os::unix::process::CommandExt;
-        // A new session: the daemon must outlive this terminal and its Ctrl-C.
-        unsafe {
-            cmd.pre_exec(|| {
-                nix::unistd::setsid()
-                    .map(|_| ())
-                    .map_err(std::io::Error::from)
-            });
-        }
-    }
-    let mut child = cmd.spawn().context("cannot start the daemon")?;
+    // A new session: the daemon must outlive this terminal and its Ctrl-C.
+    let mut child = drover_platform::spawn_detached(&mut cmd).context("cannot start the daemon")?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
     loop {
         if let Some(info) = DaemonInfo::read(home).filter(|i| pid_alive(i.pid)) {

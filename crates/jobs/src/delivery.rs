@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use drover_tools::platform;
+use drover_platform as platform;
 
 use crate::brief::{WatchPid, AGENT_PID_ENV};
 use crate::JobError;

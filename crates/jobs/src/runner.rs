@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use drover_tools::platform;
+use drover_platform as platform;
 
 use crate::mqtt::{self, Endpoint, Feed, MqttWire};
 use crate::publish::{self, PublishContext, PublishRequest};

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use drover_tools::platform::{self, Signal};
+use drover_platform::{self as platform, Signal};
 
 use crate::registry::{EventRequest, Registry};
 use crate::state::{EventKind, Refusal};

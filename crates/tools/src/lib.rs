@@ -26,9 +26,9 @@
 //!   `<home>/sessions/<session_id>/todo.json`.
 //! - [`approval`]: the dangerous-command classifier and the pure approval decision
 //!   (`docs/approvals.md`).
-//! - [`platform`]: the only module that touches process groups, signals, `PR_SET_PDEATHSIG` and
-//!   `/proc`; the worker uses [`platform::ForegroundGroups`] to kill foreground commands when its
-//!   owner is gone (SPEC section 4).
+//! - [`platform`]: re-export of `drover-platform`, the only crate that touches process groups,
+//!   signals, `PR_SET_PDEATHSIG` and `/proc`; the worker uses [`platform::ForegroundGroups`] to
+//!   kill foreground commands when its owner is gone (SPEC section 4).
 //!
 //! What this crate does not do: talk to the model, or to the ledger; store approval grants.
 //!
@@ -50,7 +50,8 @@ pub mod clarify;
 pub mod delegate;
 pub mod file;
 pub mod mcp;
-pub mod platform;
+/// Platform code lives in its own crate (`drover-platform`); re-exported for the tools' callers.
+pub use drover_platform as platform;
 pub mod process;
 pub mod terminal;
 pub mod todo;

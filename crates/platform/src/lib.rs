@@ -1,6 +1,9 @@
-//! Platform code: process groups, signals, `PR_SET_PDEATHSIG` and `/proc` reads.
+//! Platform code: process groups, signals, `PR_SET_PDEATHSIG`, pidfd and `/proc` reads (SPEC
+//! sections 4, 6 and 7: workers die with their owner, tool groups are killed whole, timers and
+//! background processes are told apart from recycled pids).
 //!
-//! This is the only module of drover that signals processes or reads `/proc`; everything else
+//! This is the only crate of drover that signals processes, reads `/proc` or holds an `unsafe`
+//! block; everything else
 //! goes through the small interface below (STYLE: platform code is isolated). It is Linux-only,
 //! like drover.
 //!
