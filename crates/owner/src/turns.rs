@@ -222,6 +222,7 @@ async fn supervise(owner: Arc<Owner>, claim: Claim, secret: String) {
     let mut reader = BufReader::new(stdout);
     let mut buf = Vec::new();
     let mut settled = false;
+    let mut foreign_frames: u64 = 0;
     let mut reap_within = WORKER_EXIT_WAIT;
     loop {
         let next = tokio::select! {
@@ -265,6 +266,10 @@ async fn supervise(owner: Arc<Owner>, claim: Claim, secret: String) {
         match frame {
             WorkerFrame::Delta { text } => {
                 owner.hub.publish_delta(&session_id, &replay_epoch, &text)
+            }
+            WorkerFrame::Persist(frame) if frame.execution_id != execution_id => {
+                foreign_frames += 1;
+                let _ = control.send(refuse_foreign_frame(&execution_id, &frame, foreign_frames));
             }
             WorkerFrame::Persist(frame) => {
                 let sequence = frame.sequence;
@@ -348,6 +353,31 @@ async fn supervise(owner: Arc<Owner>, claim: Claim, secret: String) {
     // The worker is reaped: nothing will resend its outbox (its execution is settled or
     // unknown, and any resend would be refused), so it is only clutter now.
     remove_outbox(&owner.home, &execution_id);
+}
+
+/// SPEC section 4: a worker's pipe is bound to its execution. A frame naming another one is
+/// refused `permission_denied` before the ledger sees it, whatever secret it carries; `count`
+/// is how many this pipe has sent.
+fn refuse_foreign_frame(
+    execution_id: &str,
+    frame: &drover_protocol::worker::PersistFrame,
+    count: u64,
+) -> OwnerFrame {
+    tracing::warn!(
+        %execution_id,
+        named = %frame.execution_id,
+        sequence = frame.sequence,
+        operation = %frame.operation,
+        foreign_frames = count,
+        "refused a persist naming another execution on this worker's pipe"
+    );
+    OwnerFrame::Refused {
+        sequence: frame.sequence,
+        reason: drover_protocol::ErrorReason::PermissionDenied
+            .as_str()
+            .to_string(),
+        message: format!("this pipe belongs to execution {execution_id}"),
+    }
 }
 
 /// The `[delegation]` limits and drain state `child.reserve` is checked against.
