@@ -332,9 +332,8 @@ async fn drive(
             tally.server_model = Some(name);
         }
         let usage = completion.usage.unwrap_or_default();
-        tally.usage.input_tokens += usage.input_tokens;
-        tally.usage.output_tokens += usage.output_tokens;
-        tally.usage.total_tokens += usage.total_tokens;
+        // Counts come from outside (the model client bounds them); the sum saturates too.
+        tally.usage = tally.usage.saturating_add(usage);
         let usage_add = UsageAdd {
             input_tokens: usage.input_tokens,
             output_tokens: usage.output_tokens,

@@ -420,6 +420,9 @@ pub async fn sessions(home: PathBuf, as_json: bool) -> Result<Exit> {
             s["pending_count"].as_u64().unwrap_or(0),
             s["title"].as_str().unwrap_or_default(),
         );
+        if let Some(error) = s["error"].as_str() {
+            println!("{:<36}  error: {error}", "");
+        }
     }
     Ok(Exit::Ok)
 }

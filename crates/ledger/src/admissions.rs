@@ -820,22 +820,20 @@ pub(crate) fn settle_turn(
     final_response: &str,
     result: Value,
 ) -> Result<Settlement, LedgerError> {
-    let (session_id, admission_id, it, ot, tt, calls): (String, String, i64, i64, i64, i64) = tx
-        .query_row(
-            "SELECT session_id, admission_id, input_tokens, output_tokens, total_tokens, api_calls
-             FROM worker_executions WHERE execution_id = ?1",
-            [execution_id],
-            |r| {
-                Ok((
-                    r.get(0)?,
-                    r.get(1)?,
-                    r.get(2)?,
-                    r.get(3)?,
-                    r.get(4)?,
-                    r.get(5)?,
-                ))
-            },
-        )?;
+    let (session_id, admission_id): (String, String) = tx.query_row(
+        "SELECT session_id, admission_id FROM worker_executions WHERE execution_id = ?1",
+        [execution_id],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?;
+    // Read into range: a bad stored sum never keeps a turn from settling (drover issue 8).
+    let [it, ot, tt, calls] = crate::counts::read_counts(
+        tx,
+        "SELECT input_tokens, output_tokens, total_tokens, api_calls
+         FROM worker_executions WHERE execution_id = ?1",
+        execution_id,
+        ["input_tokens", "output_tokens", "total_tokens", "api_calls"],
+    )?
+    .map(|c| c.value);
     let mut row = load_admission(tx, &session_id, &admission_id)?
         .ok_or_else(|| LedgerError::NotFound(format!("admission {admission_id}")))?;
     if !row.status.can_move_to(AdmissionStatus::Terminal) {

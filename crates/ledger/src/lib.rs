@@ -17,6 +17,7 @@
 //! ```
 
 mod admissions;
+mod counts;
 pub mod delegation;
 mod events;
 mod persist;

@@ -234,29 +234,7 @@ impl Ledger {
             }
             op::USAGE_ADD => {
                 let u: UsageAdd = parse_payload(&frame.payload, op::USAGE_ADD)?;
-                tx.execute(
-                    "UPDATE worker_executions SET input_tokens = input_tokens + ?1,
-                        output_tokens = output_tokens + ?2, total_tokens = total_tokens + ?3,
-                        api_calls = api_calls + ?4 WHERE execution_id = ?5",
-                    params![
-                        u.input_tokens as i64,
-                        u.output_tokens as i64,
-                        u.total_tokens as i64,
-                        u.api_calls as i64,
-                        frame.execution_id
-                    ],
-                )?;
-                tx.execute(
-                    "UPDATE sessions SET input_tokens = input_tokens + ?1,
-                        output_tokens = output_tokens + ?2, api_call_count = api_call_count + ?3
-                     WHERE id = ?4",
-                    params![
-                        u.input_tokens as i64,
-                        u.output_tokens as i64,
-                        u.api_calls as i64,
-                        session_id
-                    ],
-                )?;
+                crate::counts::add_usage(&tx, &frame.execution_id, &session_id, &u)?;
                 json!({})
             }
             op::EXECUTION_FINISH => {

@@ -3,6 +3,7 @@
 use rusqlite::{params, OptionalExtension, Row};
 use serde_json::Value;
 
+use crate::counts::count_at;
 use crate::{json_digest, new_id, now, Ledger, LedgerError};
 
 /// What `session.create` stores. `model_config` is `{base_url, api_key?, stream,
@@ -43,6 +44,10 @@ pub struct SessionRow {
     pub api_call_count: u64,
     pub runtime_generation: u64,
     pub replay_epoch: String,
+    /// What was wrong with the stored row, one entry per bad column (`"<column> holds
+    /// <what>; read as <value>"`); empty for a sound row. A bad count is read clamped into
+    /// range ([`crate::counts`]); a listed row whose JSON columns do not parse has them empty.
+    pub problems: Vec<String>,
 }
 
 /// A row of `session.list`.
@@ -70,6 +75,11 @@ struct RawSession {
 }
 
 fn raw_session(r: &Row<'_>) -> rusqlite::Result<RawSession> {
+    let counts = [
+        count_at(r, 14, "input_tokens")?,
+        count_at(r, 15, "output_tokens")?,
+        count_at(r, 16, "api_call_count")?,
+    ];
     Ok(RawSession {
         row: SessionRow {
             id: r.get(0)?,
@@ -86,17 +96,49 @@ fn raw_session(r: &Row<'_>) -> rusqlite::Result<RawSession> {
             started_at: r.get(11)?,
             ended_at: r.get(12)?,
             end_reason: r.get(13)?,
-            input_tokens: r.get::<_, i64>(14)? as u64,
-            output_tokens: r.get::<_, i64>(15)? as u64,
-            api_call_count: r.get::<_, i64>(16)? as u64,
+            input_tokens: counts[0].value,
+            output_tokens: counts[1].value,
+            api_call_count: counts[2].value,
             runtime_generation: r.get::<_, i64>(17)? as u64,
             replay_epoch: r.get(18)?,
+            problems: counts.into_iter().filter_map(|c| c.problem).collect(),
         },
         model_config: r.get(5)?,
         toolsets: r.get(8)?,
         tool_schemas: r.get(9)?,
         tool_names: r.get(10)?,
     })
+}
+
+/// A listed row that could not be read at all (a column of the wrong type): its id, when that
+/// much reads, and why the rest did not (drover issue 8: one bad row never fails a listing).
+fn unreadable_session(r: &Row<'_>, error: &rusqlite::Error) -> SessionRow {
+    let text = |i: usize| match r.get_ref(i) {
+        Ok(rusqlite::types::ValueRef::Text(t)) => String::from_utf8_lossy(t).into_owned(),
+        _ => String::new(),
+    };
+    SessionRow {
+        id: text(0),
+        source: text(1),
+        parent_session_id: None,
+        title: None,
+        model: text(4),
+        model_config: Value::Null,
+        cwd: String::new(),
+        system_prompt: String::new(),
+        toolsets: Vec::new(),
+        tool_schemas: Vec::new(),
+        tool_names: Vec::new(),
+        started_at: r.get(11).unwrap_or(0.0),
+        ended_at: None,
+        end_reason: None,
+        input_tokens: 0,
+        output_tokens: 0,
+        api_call_count: 0,
+        runtime_generation: 0,
+        replay_epoch: String::new(),
+        problems: vec![format!("unreadable row: {error}")],
+    }
 }
 
 impl RawSession {
@@ -107,6 +149,44 @@ impl RawSession {
         row.tool_schemas = parse_json(&self.tool_schemas, "sessions.tool_schemas")?;
         row.tool_names = parse_json(&self.tool_names, "sessions.tool_names")?;
         Ok(row)
+    }
+
+    /// [`RawSession::finish`] for a listing: a JSON column that does not parse is left empty
+    /// and reported in the row's `problems` instead of failing the list.
+    fn finish_listed(self) -> SessionRow {
+        fn parse_into<T: serde::de::DeserializeOwned>(
+            text: &str,
+            column: &str,
+            into: &mut T,
+            problems: &mut Vec<String>,
+        ) {
+            match parse_json(text, column) {
+                Ok(v) => *into = v,
+                Err(e) => problems.push(e.to_string()),
+            }
+        }
+        let mut row = self.row;
+        let p = &mut row.problems;
+        parse_into(
+            &self.model_config,
+            "sessions.model_config",
+            &mut row.model_config,
+            p,
+        );
+        parse_into(&self.toolsets, "sessions.toolsets", &mut row.toolsets, p);
+        parse_into(
+            &self.tool_schemas,
+            "sessions.tool_schemas",
+            &mut row.tool_schemas,
+            p,
+        );
+        parse_into(
+            &self.tool_names,
+            "sessions.tool_names",
+            &mut row.tool_names,
+            p,
+        );
+        row
     }
 }
 
@@ -248,13 +328,17 @@ impl Ledger {
              FROM sessions ORDER BY started_at DESC, id LIMIT ?1 OFFSET ?2"
         ))?;
         let rows = stmt.query_map(params![limit as i64 + 1, offset], |r| {
-            Ok((raw_session(r)?, r.get::<_, bool>(19)?, r.get::<_, i64>(20)?))
+            let session = match raw_session(r) {
+                Ok(raw) => raw.finish_listed(),
+                Err(e) => unreadable_session(r, &e),
+            };
+            Ok((session, r.get::<_, bool>(19)?, r.get::<_, i64>(20)?))
         })?;
         let mut out = Vec::new();
         for row in rows {
-            let (raw, running, pending) = row?;
+            let (session, running, pending) = row?;
             out.push(SessionSummary {
-                session: raw.finish()?,
+                session,
                 running,
                 pending_count: pending as u64,
             });

@@ -95,6 +95,8 @@ pub struct Completion {
     /// The assistant message: `content` and/or `tool_calls` (role is always assistant).
     pub message: ChatMessage,
     /// Usage as reported by the server (final chunk or body); `None` if it reported none.
+    /// Each count is bounded to `0..=`[`drover_protocol::TOKEN_COUNT_MAX`] (clamped above,
+    /// ignored when negative or not a number), so no endpoint can overflow drover's sums.
     pub usage: Option<Usage>,
     /// `stop`, `tool_calls`, `length`, ... as the server said it.
     pub finish_reason: Option<String>,

@@ -5,7 +5,11 @@
 //! `chat.completion` body or `chat.completion.chunk` events, parsed leniently (every field
 //! optional) so that OpenAI-compatible servers that omit fields still work.
 
-use drover_protocol::{ChatMessage, FunctionCall, Role, ToolCall, Usage};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use drover_protocol::{
+    add_token_counts, ChatMessage, FunctionCall, Role, ToolCall, Usage, TOKEN_COUNT_MAX,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -103,25 +107,78 @@ pub(crate) fn request_body(
         .map_err(|e| ModelError::Config(format!("cannot serialise the request body: {e}")))
 }
 
-/// `usage` of a body or chunk.
-#[derive(Deserialize, Debug, Clone, Copy)]
+/// `usage` of a body or chunk. Counts are read as any JSON value and bounded by
+/// [`token_count`], so an endpoint's absurd numbers neither fail the response nor reach the
+/// ledger unbounded.
+#[derive(Deserialize, Debug, Clone)]
 pub(crate) struct WireUsage {
-    prompt_tokens: Option<u64>,
-    completion_tokens: Option<u64>,
-    total_tokens: Option<u64>,
+    prompt_tokens: Option<Value>,
+    completion_tokens: Option<Value>,
+    total_tokens: Option<Value>,
 }
 
 impl WireUsage {
-    pub fn to_usage(self) -> Usage {
-        let input_tokens = self.prompt_tokens.unwrap_or(0);
-        let output_tokens = self.completion_tokens.unwrap_or(0);
+    pub fn to_usage(&self) -> Usage {
+        let input_tokens = token_count("prompt_tokens", self.prompt_tokens.as_ref()).unwrap_or(0);
+        let output_tokens =
+            token_count("completion_tokens", self.completion_tokens.as_ref()).unwrap_or(0);
         Usage {
             input_tokens,
             output_tokens,
-            total_tokens: self
-                .total_tokens
-                .unwrap_or(input_tokens.saturating_add(output_tokens)),
+            total_tokens: token_count("total_tokens", self.total_tokens.as_ref())
+                .unwrap_or_else(|| add_token_counts(input_tokens, output_tokens)),
         }
+    }
+}
+
+/// Whether a kind of out-of-range count was logged yet: each is logged once per process (a
+/// worker runs one turn), not once per response.
+static LOGGED_TOO_LARGE: AtomicBool = AtomicBool::new(false);
+static LOGGED_NOT_A_COUNT: AtomicBool = AtomicBool::new(false);
+
+/// A usage count as drover keeps it: a non-negative integer of at most [`TOKEN_COUNT_MAX`].
+/// Larger numbers are clamped to it; a fraction is cut to its integer part; a negative number
+/// or a non-number counts as not reported (`None`). The first count clamped, and the first
+/// one dropped, is logged (drover issue 8).
+fn token_count(field: &str, value: Option<&Value>) -> Option<u64> {
+    let value = value.filter(|v| !v.is_null())?;
+    let number = value.as_number();
+    let whole = number.and_then(|n| {
+        n.as_u64()
+            .or_else(|| n.as_f64().filter(|f| *f >= 0.0).map(|f| f as u64))
+    });
+    match whole {
+        Some(n) if n <= TOKEN_COUNT_MAX => Some(n),
+        Some(_) => {
+            if !LOGGED_TOO_LARGE.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    field,
+                    value = %value,
+                    max = TOKEN_COUNT_MAX,
+                    "model usage count above 2^53; clamped (logged once)"
+                );
+            }
+            Some(TOKEN_COUNT_MAX)
+        }
+        None => {
+            if !LOGGED_NOT_A_COUNT.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    field,
+                    value = %cut_value(value),
+                    "model usage count is negative or not a number; ignored (logged once)"
+                );
+            }
+            None
+        }
+    }
+}
+
+/// A short rendering of a bad value for a log line.
+fn cut_value(value: &Value) -> String {
+    let text = value.to_string();
+    match text.char_indices().nth(64) {
+        Some((end, _)) => format!("{}...", &text[..end]),
+        None => text,
     }
 }
 
@@ -223,7 +280,7 @@ pub(crate) fn parse_completion(body: &[u8]) -> Result<Completion, ModelError> {
     }
     Ok(Completion {
         message: assistant_message(text, tool_calls),
-        usage: body.usage.map(WireUsage::to_usage),
+        usage: body.usage.as_ref().map(WireUsage::to_usage),
         finish_reason: choice.finish_reason,
         model: body.model,
     })
@@ -385,6 +442,44 @@ mod tests {
                 input_tokens: 3,
                 output_tokens: 4,
                 total_tokens: 7
+            }
+        );
+    }
+
+    #[test]
+    fn usage_counts_are_bounded_not_trusted() {
+        let usage = |v: Value| serde_json::from_value::<WireUsage>(v).unwrap().to_usage();
+        let max = TOKEN_COUNT_MAX;
+        assert_eq!(
+            usage(json!({"prompt_tokens": i64::MAX, "completion_tokens": u64::MAX})),
+            Usage {
+                input_tokens: max,
+                output_tokens: max,
+                total_tokens: max
+            }
+        );
+        assert_eq!(
+            usage(json!({"prompt_tokens": -5, "completion_tokens": 4, "total_tokens": -1})),
+            Usage {
+                input_tokens: 0,
+                output_tokens: 4,
+                total_tokens: 4
+            }
+        );
+        assert_eq!(
+            usage(json!({"prompt_tokens": 2.9, "completion_tokens": "7", "total_tokens": 1e300})),
+            Usage {
+                input_tokens: 2,
+                output_tokens: 0,
+                total_tokens: max
+            }
+        );
+        assert_eq!(
+            usage(json!({"prompt_tokens": max, "completion_tokens": {}, "total_tokens": null})),
+            Usage {
+                input_tokens: max,
+                output_tokens: 0,
+                total_tokens: max
             }
         );
     }

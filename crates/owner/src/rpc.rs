@@ -354,7 +354,7 @@ async fn session_list(owner: &Arc<Owner>, p: &Params<'_>) -> Result<Value, RpcEr
     let sessions: Vec<Value> = rows
         .iter()
         .map(|r| {
-            json!({
+            let mut row = json!({
                 "session_id": r.session.id,
                 "title": r.session.title,
                 "source": r.session.source,
@@ -364,7 +364,12 @@ async fn session_list(owner: &Arc<Owner>, p: &Params<'_>) -> Result<Value, RpcEr
                 "ended_at": r.session.ended_at,
                 "running": r.running,
                 "pending_count": r.pending_count,
-            })
+            });
+            // A bad stored row is reported in its own row, never by failing the list.
+            if !r.session.problems.is_empty() {
+                row["error"] = json!(r.session.problems.join("; "));
+            }
+            row
         })
         .collect();
     Ok(json!({"sessions": sessions, "next_cursor": next}))

@@ -317,6 +317,7 @@ async fn supervise(owner: Arc<Owner>, claim: Claim, secret: String) {
     let mut reader = BufReader::new(stdout);
     let mut buf = Vec::new();
     let mut settled = false;
+    let mut foreign_frames: u64 = 0;
     let end = loop {
         let next = tokio::select! {
             next = read_frame_line(&mut reader, &mut buf, MAX_FRAME_BYTES) => next,
@@ -356,6 +357,17 @@ async fn supervise(owner: Arc<Owner>, claim: Claim, secret: String) {
             WorkerFrame::Delta { text } => {
                 owner.hub.publish_delta(&session_id, &replay_epoch, &text);
                 None
+            }
+            WorkerFrame::Persist(frame) if frame.execution_id != execution_id => {
+                foreign_frames += 1;
+                refusals.refused(
+                    "a persist naming another execution on this worker's pipe",
+                    &format_args!(
+                        "named {} sequence {} {} (foreign_frames={foreign_frames})",
+                        frame.execution_id, frame.sequence, frame.operation
+                    ),
+                );
+                Some(refuse_foreign_frame(&execution_id, &frame))
             }
             WorkerFrame::Persist(frame) => {
                 let sequence = frame.sequence;
@@ -571,6 +583,22 @@ async fn watch_once(owner: &Arc<Owner>) {
             }
         }
         Err(e) => tracing::warn!(error = %e, "the watchdog could not check started turns"),
+    }
+}
+
+/// SPEC section 4: a worker's pipe is bound to its execution. A frame naming another one is
+/// refused `permission_denied` before the ledger sees it, whatever secret it carries (the
+/// caller counts and logs it, rate-limited).
+fn refuse_foreign_frame(
+    execution_id: &str,
+    frame: &drover_protocol::worker::PersistFrame,
+) -> OwnerFrame {
+    OwnerFrame::Refused {
+        sequence: frame.sequence,
+        reason: drover_protocol::ErrorReason::PermissionDenied
+            .as_str()
+            .to_string(),
+        message: format!("this pipe belongs to execution {execution_id}"),
     }
 }
 

@@ -109,3 +109,24 @@ pub struct Usage {
     pub output_tokens: u64,
     pub total_tokens: u64,
 }
+
+/// The largest token count drover stores, reports or sums to: 2^53, the largest integer every
+/// JSON reader (JavaScript's included) holds exactly. Larger counts from a model endpoint are
+/// clamped to it, and sums saturate at it, so no stored sum can overflow SQLite's integer.
+pub const TOKEN_COUNT_MAX: u64 = 1 << 53;
+
+/// `a + b`, saturating at [`TOKEN_COUNT_MAX`].
+pub fn add_token_counts(a: u64, b: u64) -> u64 {
+    a.saturating_add(b).min(TOKEN_COUNT_MAX)
+}
+
+impl Usage {
+    /// The sum of `self` and `other`, each count saturating at [`TOKEN_COUNT_MAX`].
+    pub fn saturating_add(self, other: Usage) -> Usage {
+        Usage {
+            input_tokens: add_token_counts(self.input_tokens, other.input_tokens),
+            output_tokens: add_token_counts(self.output_tokens, other.output_tokens),
+            total_tokens: add_token_counts(self.total_tokens, other.total_tokens),
+        }
+    }
+}

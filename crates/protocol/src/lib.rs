@@ -13,5 +13,7 @@ pub mod event;
 pub mod rpc;
 pub mod worker;
 
-pub use chat::{ChatMessage, FunctionCall, Role, ToolCall, Usage};
+pub use chat::{
+    add_token_counts, ChatMessage, FunctionCall, Role, ToolCall, Usage, TOKEN_COUNT_MAX,
+};
 pub use rpc::{ErrorReason, RpcError};

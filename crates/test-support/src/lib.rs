@@ -5,7 +5,9 @@
 //! - [`harness`]: starts the real `drover` binary on a temporary home and speaks the real
 //!   WebSocket JSON-RPC to it, with a timeout on every wait.
 //! - [`mcp_echo`]: where the `drover-mcp-echo` fixture is, a real stdio MCP server (built with
-//!   the official SDK) with tools `echo`, `add`, `fail` and `crash`.
+//!   the official SDK) with tools `echo`, `add`, `fail` and `crash`; and where the
+//!   `drover-worker-relay` fixture is, a `$DROVER_WORKER_EXE` wrapper that can send one
+//!   forged frame.
 //!
 //! Nothing here mocks a drover component: only the model is played.
 
@@ -13,5 +15,5 @@ pub mod harness;
 pub mod mcp_echo;
 pub mod mock_model;
 
-pub use mcp_echo::mcp_echo_bin;
+pub use mcp_echo::{mcp_echo_bin, worker_relay_bin};
 pub use mock_model::{Gate, MockModel, Reply};

@@ -166,6 +166,8 @@ impl Drop for MockModel {
 pub struct Reply {
     body: ReplyBody,
     usage: (u64, u64, u64),
+    /// Sent as `usage` verbatim instead of `usage`, when set.
+    raw_usage: Option<Value>,
     gate: Option<Gate>,
     delay: Option<Duration>,
     cut: bool,
@@ -191,6 +193,7 @@ impl Reply {
         Reply {
             body,
             usage: DEFAULT_USAGE,
+            raw_usage: None,
             gate: None,
             delay: None,
             cut: false,
@@ -241,6 +244,14 @@ impl Reply {
     /// Overrides the usage (prompt, completion, total).
     pub fn usage(mut self, prompt: u64, completion: u64, total: u64) -> Reply {
         self.usage = (prompt, completion, total);
+        self
+    }
+
+    /// Sends `usage` as the response's `usage` object verbatim, so a test can play a server
+    /// that reports numbers no honest one would: `i64::MAX`, `u64::MAX`, negative, fractional,
+    /// strings. Overrides [`Reply::usage`].
+    pub fn raw_usage(mut self, usage: Value) -> Reply {
+        self.raw_usage = Some(usage);
         self
     }
 
@@ -406,6 +417,9 @@ fn error_response(status: u16, message: &str) -> Response {
 }
 
 fn usage_json(reply: &Reply) -> Value {
+    if let Some(raw) = &reply.raw_usage {
+        return raw.clone();
+    }
     let (prompt, completion, total) = reply.usage;
     json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": total})
 }

@@ -2,8 +2,11 @@
 //! (SPEC section 4: "The worker keeps unsent persists in an outbox file under
 //! `<home>/outbox/<execution_id>/` and sends them again, in order, after a broken pipe").
 //!
-//! Layout: one file per frame, `<sequence as 20 zero-padded digits>.json`, holding the whole
-//! [`PersistFrame`] (secret included, so files are 0600 and directories 0700). A frame is
+//! Layout: one file per frame, `<sequence as 20 zero-padded digits>.json`, holding the
+//! [`PersistFrame`] without its `secret` (files 0600, directories 0700). The secret stays in
+//! memory: the journal puts the scope's secret back into every frame it loads, so no outbox
+//! file, pending, answered or left by a killed worker, ever holds it (drover issue 8: another
+//! worker of the same user could read it there). A frame is
 //! written and fsync'd (file, then directory) by [`Journal::record`] before it may be sent;
 //! [`Journal::acknowledge`] deletes it once the owner answered (receipt or refusal).
 //! [`Journal::open`] reloads what is left, so a restarted sender resends the same frames with
@@ -13,7 +16,7 @@
 use std::collections::BTreeMap;
 use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use drover_protocol::worker::{PersistFrame, Scope, WorkerFrame, MAX_FRAME_BYTES};
@@ -99,6 +102,9 @@ impl Journal {
             .mode(0o700)
             .create(&dir)
             .map_err(|e| JournalError::io(&dir, e))?;
+        // An existing folder keeps its mode through `create`: make it private either way.
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))
+            .map_err(|e| JournalError::io(&dir, e))?;
         let mut pending = BTreeMap::new();
         let entries = fs::read_dir(&dir).map_err(|e| JournalError::io(&dir, e))?;
         for entry in entries {
@@ -115,7 +121,7 @@ impl Journal {
                 tracing::warn!(path = %path.display(), "ignoring a foreign file in the outbox");
                 continue;
             };
-            let frame = load_frame(&path)?;
+            let frame = load_frame(&path, &scope.secret)?;
             if frame.sequence != sequence || frame.execution_id != scope.execution_id {
                 return Err(JournalError::Corrupt {
                     path,
@@ -172,7 +178,7 @@ impl Journal {
                 bytes,
             });
         }
-        let body = serde_json::to_vec(&frame).map_err(|e| JournalError::Corrupt {
+        let body = stored_body(&frame).map_err(|e| JournalError::Corrupt {
             path: self.frame_path(frame.sequence),
             detail: format!("cannot serialise: {e}"),
         })?;
@@ -246,12 +252,35 @@ fn parse_file_name(name: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
-fn load_frame(path: &Path) -> Result<PersistFrame, JournalError> {
-    let body = fs::read(path).map_err(|e| JournalError::io(path, e))?;
-    serde_json::from_slice(&body).map_err(|e| JournalError::Corrupt {
+/// The file body of `frame`: the frame without its `secret`.
+fn stored_body(frame: &PersistFrame) -> Result<Vec<u8>, serde_json::Error> {
+    let mut value = serde_json::to_value(frame)?;
+    if let Some(obj) = value.as_object_mut() {
+        obj.remove("secret");
+    }
+    serde_json::to_vec(&value)
+}
+
+/// Reads a frame file and gives the frame `secret` back. A file that holds a secret (written
+/// before frames were stored without one) must hold this one: anything else belongs to
+/// another execution.
+fn load_frame(path: &Path, secret: &str) -> Result<PersistFrame, JournalError> {
+    let corrupt = |detail: String| JournalError::Corrupt {
         path: path.to_path_buf(),
-        detail: e.to_string(),
-    })
+        detail,
+    };
+    let body = fs::read(path).map_err(|e| JournalError::io(path, e))?;
+    let mut value: Value = serde_json::from_slice(&body).map_err(|e| corrupt(e.to_string()))?;
+    let obj = value
+        .as_object_mut()
+        .ok_or_else(|| corrupt("not a JSON object".to_string()))?;
+    match obj.get("secret").and_then(Value::as_str) {
+        None => {}
+        Some(stored) if stored == secret => {}
+        Some(_) => return Err(corrupt("holds another execution's secret".to_string())),
+    }
+    obj.insert("secret".into(), Value::String(secret.to_string()));
+    serde_json::from_value(value).map_err(|e| corrupt(e.to_string()))
 }
 
 fn write_durably(path: &Path, body: &[u8]) -> Result<(), JournalError> {
@@ -261,6 +290,9 @@ fn write_durably(path: &Path, body: &[u8]) -> Result<(), JournalError> {
         .truncate(true)
         .mode(0o600)
         .open(path)
+        .map_err(|e| JournalError::io(path, e))?;
+    // `mode` applies only to a new file: a leftover one is made private too.
+    file.set_permissions(fs::Permissions::from_mode(0o600))
         .map_err(|e| JournalError::io(path, e))?;
     file.write_all(body)
         .and_then(|()| file.sync_all())
@@ -275,8 +307,6 @@ fn sync_dir(dir: &Path) -> Result<(), JournalError> {
 
 #[cfg(test)]
 mod tests {
-    use std::os::unix::fs::PermissionsExt;
-
     use serde_json::json;
 
     use super::*;
@@ -313,9 +343,37 @@ mod tests {
         assert_eq!(mode & 0o777, 0o600);
         let dir_mode = fs::metadata(&dir).expect("dir").permissions().mode();
         assert_eq!(dir_mode & 0o777, 0o700);
-        let stored: PersistFrame =
-            serde_json::from_slice(&fs::read(&file).expect("read")).expect("frame");
-        assert_eq!(stored, first);
+        let text = fs::read_to_string(&file).expect("read");
+        assert!(!text.contains("sekret"), "the secret is on disk: {text}");
+        let mut stored: Value = serde_json::from_str(&text).expect("frame");
+        stored["secret"] = json!("sekret");
+        assert_eq!(
+            serde_json::from_value::<PersistFrame>(stored).expect("frame"),
+            first
+        );
+    }
+
+    #[test]
+    fn reloaded_frames_get_the_scope_secret_and_a_foreign_secret_is_refused() {
+        let home = tempfile::tempdir().expect("tempdir");
+        let dir = outbox_dir(home.path(), "e1").expect("dir");
+        let mut journal = Journal::open(&dir, scope()).expect("open");
+        let frame = journal
+            .record("usage.add", json!({"n": 1}))
+            .expect("record");
+        drop(journal);
+        let reopened = Journal::open(&dir, scope()).expect("reopen");
+        assert_eq!(reopened.unacknowledged(), vec![frame.clone()]);
+        drop(reopened);
+
+        // A file of an older drover still holds a secret: only this execution's is accepted.
+        let file = dir.join("00000000000000000001.json");
+        let mut old = serde_json::to_value(&frame).expect("value");
+        old["secret"] = json!("s3cr3t-of-e2");
+        fs::write(&file, old.to_string()).expect("write");
+        let err = Journal::open(&dir, scope()).expect_err("foreign secret");
+        assert!(matches!(err, JournalError::Corrupt { .. }), "{err}");
+        assert!(!err.to_string().contains("s3cr3t"), "{err}");
     }
 
     #[test]
