@@ -191,15 +191,39 @@ impl Canon {
     }
 }
 
-/// A finite double as Python's `repr`: the shortest digits that read back to it (Rust's
-/// `{:e}` gives exactly those), in positional form for decimal exponents -4 to 15, else
+/// The shortest digits that read back to `x` (finite, positive), as Python's `repr` picks
+/// them, in `d.ddde<exp>` form. Rust's `{:e}` gives the shortest length, but when the double
+/// lies exactly halfway between the two closest decimals of that length it rounds the last
+/// digit up, where Python (David Gay's dtoa) rounds it to even: 783696998186675.25 is
+/// `...675.2` in Python, `...675.3` from `{:e}`. Rust's fixed-precision `{:.Ne}` rounds
+/// exactly, half to even, so the digits are taken from it at the shortest length (kept only
+/// if they still read back to `x`).
+fn shortest_digits(x: f64) -> String {
+    let shortest = format!("{x:e}");
+    let len = shortest
+        .split('e')
+        .next()
+        .unwrap_or_default()
+        .chars()
+        .filter(char::is_ascii_digit)
+        .count();
+    let even = format!("{:.*e}", len.saturating_sub(1), x);
+    if even.parse::<f64>() == Ok(x) {
+        even
+    } else {
+        shortest
+    }
+}
+
+/// A finite double as Python's `repr`: the shortest digits that read back to it
+/// ([`shortest_digits`]), in positional form for decimal exponents -4 to 15, else
 /// `d.ddde±XX` with at least two exponent digits; a whole float keeps `.0`.
 fn write_float(out: &mut String, x: f64) {
     if x == 0.0 {
         out.push_str(if x.is_sign_negative() { "-0.0" } else { "0.0" });
         return;
     }
-    let sci = format!("{:e}", x.abs());
+    let sci = shortest_digits(x.abs());
     let (mantissa, exponent) = sci.split_once('e').unwrap_or((sci.as_str(), "0"));
     let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
     let exponent: i32 = exponent.parse().unwrap_or(0);
@@ -404,6 +428,8 @@ mod tests {
         );
     }
 
+    // The tie cases are written with every digit of their exact value, on purpose.
+    #[allow(clippy::excessive_precision)]
     #[test]
     fn floats_are_written_as_python_repr() {
         let cases: &[(f64, &str)] = &[
@@ -427,6 +453,10 @@ mod tests {
             (0.0, "0.0"),
             (-2.5e-7, "-2.5e-07"),
             (-42.0, "-42.0"),
+            // Exactly halfway between two shortest candidates: Python rounds to even.
+            (783696998186675.25, "783696998186675.2"),
+            (-215312784088017.125, "-215312784088017.12"),
+            (1821553937821070.25, "1821553937821070.2"),
         ];
         for (x, want) in cases {
             assert_eq!(canonical_json(&json!(x)), *want, "{x:e}");
@@ -612,13 +642,20 @@ sys.stdout.buffer.write(json.dumps(m).encode("utf-8"))
                 4.35e-5,
             ];
             loop {
-                let x = match self.below(4) {
+                let x = match self.below(5) {
                     0 => f64::from_bits(self.next()),
                     1 => f64::from_bits(self.below(1 << 52)),
                     2 => {
                         let mantissa = self.below(10_000_000_000) as f64;
                         let exp = self.below(640) as i32 - 330;
                         mantissa * 10f64.powi(exp)
+                    }
+                    // Between 2^49 and 2^50 doubles are 1/8 apart, so n.25 and n.75 are
+                    // exact, and exactly halfway between their two shortest decimals (n.2
+                    // and n.3 both read back): a rounding tie, which Python breaks to even.
+                    3 => {
+                        let n = (1u64 << 49) + self.below(1 << 49);
+                        n as f64 + (1 + 2 * self.below(2)) as f64 / 4.0
                     }
                     _ => *self.pick(EDGES),
                 };
