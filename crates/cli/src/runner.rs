@@ -71,6 +71,18 @@ fn runner_inner(home: PathBuf, a: RunnerArgs) -> Result<Exit, JobError> {
         .map(|t| state::parse_seconds("--timeout", t))
         .transpose()?;
     let env = Env::new(home, a.registry_dir.as_deref());
+    let dispatch_max_age_s = drover_owner::config::Config::load(&env.home)
+        .map_err(|e| JobError::BadInput(e.to_string()))?
+        .jobs
+        .dispatch_max_age_s;
+    if dispatch_max_age_s == 0 {
+        return Err(JobError::BadInput(format!(
+            "[jobs] dispatch_max_age_s = 0 in {}: give the most seconds a dispatch may be old \
+             (default {})",
+            env.home.join("config.toml").display(),
+            remote::DEFAULT_DISPATCH_MAX_AGE_S
+        )));
+    }
     let settings = env.wire_settings()?;
     let endpoint = settings
         .endpoint
@@ -86,6 +98,7 @@ fn runner_inner(home: PathBuf, a: RunnerArgs) -> Result<Exit, JobError> {
         topic_base: settings.topic_base.clone(),
         secret,
         drain: env.drain()?,
+        dispatch_max_age_s,
     };
     let rt = job::runtime()?;
     let end = rt.block_on(runner::run(&cfg, |line| eprintln!("drover runner: {line}")))?;

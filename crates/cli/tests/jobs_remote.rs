@@ -251,6 +251,7 @@ fn dispatch(runner: &str, job_id: &str, attempt_id: u64, token: &str) -> Dispatc
         topic_prefix: format!("drover/v1/jobs/{job_id}"),
         prompt: "count the runs".into(),
         contract: Contract::default(),
+        ts: drover_jobs::registry::now(),
     }
 }
 
@@ -397,6 +398,83 @@ async fn unsigned_or_wrongly_signed_dispatches_are_dropped_and_nothing_runs() {
         .await;
     runner.wait_for("job good attempt 1: completed", 1).await;
     assert_eq!(std::fs::read_to_string(&marker).unwrap(), "good\n");
+}
+
+/// A correctly signed dispatch that is too old (stamped in 2001; or older than the runner's
+/// `[jobs] dispatch_max_age_s`, though within the default day) or dated too far ahead is
+/// refused on a runner with a fresh registry: nothing runs and nothing is written. A fresh
+/// dispatch then runs on the same runner.
+#[tokio::test]
+async fn an_expired_or_future_dispatch_is_refused_before_any_write() {
+    let broker = Broker::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let remote = Host::new(tmp.path(), "remote", broker.url());
+    let home = remote.root.join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::write(
+        home.join("config.toml"),
+        "[jobs]\ndispatch_max_age_s = 600\n",
+    )
+    .unwrap();
+    let marker = tmp.path().join("ran");
+    let exec = format!("echo \"$JOB_ID\" >> {}; echo ok", marker.display());
+    let runner = remote.runner("r6", &exec, &[]);
+    runner.wait_for("following", 1).await;
+
+    let now = drover_jobs::registry::now();
+    let cases = [
+        ("from2001", 1_000_000_000.0, "expired"),
+        ("stale", now - 1200.0, "dispatch_max_age_s = 600"),
+        ("ahead", now + 3600.0, "ahead of this host's clock"),
+    ];
+    for (i, (job, ts, why)) in cases.iter().enumerate() {
+        let mut d = dispatch("r6", job, 1, "tok");
+        d.ts = *ts;
+        broker
+            .publish_retained(&topic("r6"), d.to_message(SECRET).to_string().into_bytes())
+            .await;
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while runner.count(&format!("dispatch {job} attempt 1:")) == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "no word on {job}:\n{}",
+                runner.stderr()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let said = runner.stderr();
+        let line = said
+            .lines()
+            .find(|l| l.contains(&format!("dispatch {job} attempt 1:")))
+            .unwrap();
+        assert!(
+            line.contains(&format!("dispatch {job} attempt 1: refused: ")) && line.contains(why),
+            "case {i}: want {why:?}:\n{said}"
+        );
+    }
+    assert!(
+        !marker.exists(),
+        "an expired dispatch ran:\n{}",
+        runner.stderr()
+    );
+    let listed = remote.json(&["list", "--json"]).await;
+    assert_eq!(listed["jobs"], json!([]), "nothing was written");
+    for (job, _, _) in cases {
+        assert!(
+            !remote.registry().join(job).exists(),
+            "{job} has a directory"
+        );
+    }
+
+    let fresh = dispatch("r6", "fresh", 1, "tok");
+    broker
+        .publish_retained(
+            &topic("r6"),
+            fresh.to_message(SECRET).to_string().into_bytes(),
+        )
+        .await;
+    runner.wait_for("job fresh attempt 1: completed", 1).await;
+    assert_eq!(std::fs::read_to_string(&marker).unwrap(), "fresh\n");
 }
 
 #[tokio::test]

@@ -4,7 +4,11 @@
 //! - The dispatch is a JSON object `{event: "dispatch", runner, job_id, attempt_id,
 //!   dispatch_token, topic_prefix, prompt, contract: {...}, ts, sig}`, published **retained** on
 //!   `<topic_base>/runners/<name>/dispatch` and signed with the shared dispatch secret
-//!   (`$DROVER_DISPATCH_SECRET`) by the canonical-JSON HMAC rule of [`crate::sign`].
+//!   (`$DROVER_DISPATCH_SECRET`) by the canonical-JSON HMAC rule of [`crate::sign`]. Its `ts`
+//!   (Unix seconds) dates it: a runner refuses a dispatch older than `[jobs]
+//!   dispatch_max_age_s` (default 86400), or further ahead of its clock than the allowed skew
+//!   ([`Dispatch::check_age`]), before it writes anything — so a retained dispatch an
+//!   orchestrator never cleared cannot run again on a fresh runner a year later.
 //! - The job's `auth_token` never travels: both sides derive it as
 //!   `hex(HMAC-SHA256(dispatch_secret, "auth|" + job_id + "|" + attempt_id))`
 //!   ([`derive_auth_token`]). Whoever holds the secret can sign the job's events; nobody who
@@ -74,8 +78,15 @@ pub fn derive_auth_token(secret: &str, job_id: &str, attempt_id: u64) -> String 
     hex::encode(mac.finalize().into_bytes())
 }
 
+/// The default of `[jobs] dispatch_max_age_s`: a day.
+pub const DEFAULT_DISPATCH_MAX_AGE_S: u64 = 86_400;
+
+/// How far ahead of the runner's clock a dispatch's `ts` may be (clock skew between the two
+/// hosts), capped at the max age itself.
+pub const DISPATCH_CLOCK_SKEW_S: u64 = 300;
+
 /// One dispatch, as the runner admits it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Dispatch {
     pub runner: String,
     pub job_id: String,
@@ -84,6 +95,8 @@ pub struct Dispatch {
     pub topic_prefix: String,
     pub prompt: String,
     pub contract: Contract,
+    /// When the orchestrator signed it (Unix seconds).
+    pub ts: f64,
 }
 
 /// Why a runner dropped a message on its dispatch topic.
@@ -95,6 +108,16 @@ pub enum DispatchDrop {
     BadSignature,
     #[error("signed, but unusable: {0}")]
     Invalid(String),
+    #[error(
+        "expired: signed {age_s} s ago, more than [jobs] dispatch_max_age_s = {max_age_s} \
+         (config.toml of the runner's home)"
+    )]
+    TooOld { age_s: u64, max_age_s: u64 },
+    #[error(
+        "dated {ahead_s} s ahead of this host's clock, more than the {skew_s} s of clock skew \
+         allowed"
+    )]
+    FromTheFuture { ahead_s: u64, skew_s: u64 },
 }
 
 impl Dispatch {
@@ -108,6 +131,7 @@ impl Dispatch {
             topic_prefix: job.topic_prefix.clone(),
             prompt: job.prompt.clone(),
             contract: job.contract,
+            ts: crate::registry::now(),
         }
     }
 
@@ -129,7 +153,7 @@ impl Dispatch {
                     "ack_timeout_sec": c.ack_timeout_sec,
                     "idle_timeout_sec": c.idle_timeout_sec,
                 },
-                "ts": crate::registry::now(),
+                "ts": self.ts,
             }),
             secret,
         )
@@ -143,7 +167,8 @@ impl Dispatch {
         if !message.is_object() {
             return Err(DispatchDrop::Malformed);
         }
-        if !sign::verify(&message, secret) {
+        // Verified from the text: its numbers as the signer wrote them.
+        if !sign::verify_text(payload, secret) {
             return Err(DispatchDrop::BadSignature);
         }
         let text = |k: &str| {
@@ -170,6 +195,9 @@ impl Dispatch {
         let job_id = text("job_id")?;
         crate::registry::validate_job_id(&job_id)
             .map_err(|e| DispatchDrop::Invalid(e.to_string()))?;
+        let ts = message["ts"]
+            .as_f64()
+            .ok_or_else(|| DispatchDrop::Invalid("no ts".into()))?;
         Ok(Dispatch {
             runner: text("runner")?,
             job_id,
@@ -178,7 +206,28 @@ impl Dispatch {
             topic_prefix: text("topic_prefix")?,
             prompt: text("prompt")?,
             contract,
+            ts,
         })
+    }
+
+    /// Whether the dispatch is fresh at `now` (Unix seconds): signed at most `max_age_s`
+    /// ago, and at most [`DISPATCH_CLOCK_SKEW_S`] (or `max_age_s`, if smaller) ahead.
+    pub fn check_age(&self, now: f64, max_age_s: u64) -> Result<(), DispatchDrop> {
+        let age = now - self.ts;
+        let skew_s = DISPATCH_CLOCK_SKEW_S.min(max_age_s);
+        if age > max_age_s as f64 {
+            Err(DispatchDrop::TooOld {
+                age_s: age.ceil() as u64,
+                max_age_s,
+            })
+        } else if -age > skew_s as f64 {
+            Err(DispatchDrop::FromTheFuture {
+                ahead_s: (-age).ceil() as u64,
+                skew_s,
+            })
+        } else {
+            Ok(())
+        }
     }
 }
 
@@ -414,6 +463,7 @@ mod tests {
             topic_prefix: "drover/v1/jobs/j1".into(),
             prompt: "do it".into(),
             contract: Contract::default(),
+            ts: 1_700_000_000.5,
         }
     }
 
@@ -443,6 +493,87 @@ mod tests {
             Dispatch::parse_verified(b"nope", "s3cret"),
             Err(DispatchDrop::Malformed)
         );
+    }
+
+    /// A dispatch a Python orchestrator signed, with fields this runner does not read that
+    /// hold a float below 1e-4 (`1e-05` in Python) and an integer beyond 64 bits, is admitted.
+    #[test]
+    fn a_dispatch_signed_by_python_with_small_floats_and_big_integers_is_admitted() {
+        let script = r#"
+import hashlib, hmac, json, sys
+m = {"event": "dispatch", "runner": "r1", "job_id": "j1", "attempt_id": 2,
+     "dispatch_token": "tok", "topic_prefix": "drover/v1/jobs/j1", "prompt": "do it",
+     "contract": {"heartbeat_sec": 30, "heartbeat_misses": 4, "ack_timeout_sec": 180,
+                  "idle_timeout_sec": 120},
+     "ts": 1700000000.5, "budget": {"usd": 0.00005, "tokens": 10**30}}
+body = json.dumps(m, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+m["sig"] = hmac.new(b"py-secret", body.encode("utf-8"), hashlib.sha256).hexdigest()
+sys.stdout.write(json.dumps(m))
+"#;
+        let payload = sign::python(script, b"");
+        assert_eq!(
+            Dispatch::parse_verified(&payload, "py-secret"),
+            Ok(dispatch()),
+            "{}",
+            String::from_utf8_lossy(&payload)
+        );
+    }
+
+    #[test]
+    fn a_dispatch_is_fresh_only_within_the_max_age_and_the_clock_skew() {
+        let d = dispatch();
+        let ts = d.ts;
+        assert_eq!(d.check_age(ts, 86_400), Ok(()));
+        assert_eq!(d.check_age(ts + 86_400.0, 86_400), Ok(()));
+        assert_eq!(
+            d.check_age(ts + 86_400.5, 86_400),
+            Err(DispatchDrop::TooOld {
+                age_s: 86_401,
+                max_age_s: 86_400
+            })
+        );
+        // Stamped in 2001 (ts 1e9), seen in 2023.
+        let mut old = d.clone();
+        old.ts = 1_000_000_000.0;
+        assert!(matches!(
+            old.check_age(ts, 86_400),
+            Err(DispatchDrop::TooOld { .. })
+        ));
+        assert_eq!(d.check_age(ts - 300.0, 86_400), Ok(()));
+        assert_eq!(
+            d.check_age(ts - 301.0, 86_400),
+            Err(DispatchDrop::FromTheFuture {
+                ahead_s: 301,
+                skew_s: 300
+            })
+        );
+        // The skew never exceeds a smaller max age.
+        assert_eq!(
+            d.check_age(ts - 11.0, 10),
+            Err(DispatchDrop::FromTheFuture {
+                ahead_s: 11,
+                skew_s: 10
+            })
+        );
+        assert!(DispatchDrop::TooOld {
+            age_s: 5,
+            max_age_s: 1
+        }
+        .to_string()
+        .contains("[jobs] dispatch_max_age_s = 1"));
+    }
+
+    #[test]
+    fn a_dispatch_without_a_numeric_ts_is_refused() {
+        for ts in [json!(null), json!("2024-01-01")] {
+            let mut m = dispatch().to_message("s");
+            m["ts"] = ts;
+            let m = sign::signed(m, "s");
+            assert_eq!(
+                Dispatch::parse_verified(m.to_string().as_bytes(), "s"),
+                Err(DispatchDrop::Invalid("no ts".into()))
+            );
+        }
     }
 
     #[test]

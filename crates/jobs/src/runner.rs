@@ -5,6 +5,9 @@
 //! - A message that is not signed with the dispatch secret is dropped (a warning), as is a
 //!   signed one for another runner name. An empty payload (a cleared retained dispatch) is
 //!   ignored.
+//! - A dispatch whose `ts` is older than `[jobs] dispatch_max_age_s` (or further ahead of
+//!   this host's clock than the allowed skew) is refused before any write, with the reason
+//!   on stderr ([`Dispatch::check_age`]).
 //! - Admission is [`Registry::admit_dispatch`]: a repeated token is idempotent, a finished
 //!   attempt never runs again, a lower attempt or the same attempt under another token is
 //!   refused before any write, and only a strictly newer attempt replaces the record. The one
@@ -47,6 +50,8 @@ pub struct RunnerConfig {
     pub topic_base: String,
     pub secret: String,
     pub drain: Duration,
+    /// `[jobs] dispatch_max_age_s`.
+    pub dispatch_max_age_s: u64,
 }
 
 /// How one admitted job ended on the runner.
@@ -103,6 +108,14 @@ pub async fn run(cfg: &RunnerConfig, mut note: impl FnMut(&str)) -> Result<RunEn
             note(&format!(
                 "warning: dropped a dispatch for runner {:?} (this is {:?})",
                 dispatch.runner, cfg.session
+            ));
+            continue;
+        }
+        if let Err(why) = dispatch.check_age(crate::registry::now(), cfg.dispatch_max_age_s) {
+            tracing::warn!(job_id = %dispatch.job_id, attempt = dispatch.attempt_id, %why, "refused a dispatch");
+            note(&format!(
+                "dispatch {} attempt {}: refused: {why}",
+                dispatch.job_id, dispatch.attempt_id
             ));
             continue;
         }

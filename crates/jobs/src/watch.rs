@@ -161,7 +161,9 @@ impl Watcher {
             return Ok((self.dropped(via, Dropped::Malformed, None), None));
         }
         let seq = message["seq"].as_u64();
-        if !sign::verify(&message, &job.auth_token) {
+        // Verified from the text: its numbers as the publisher wrote them (a `Value` keeps
+        // only 64 bits of them).
+        if !sign::verify_text(payload, &job.auth_token) {
             return Ok((self.dropped(via, Dropped::BadSignature, seq), None));
         }
         if message["data"]["dispatch_token"].as_str() != Some(job.dispatch_token.as_str()) {
@@ -488,6 +490,41 @@ mod tests {
         assert_eq!(w.stats.stored, 3);
         assert_eq!(w.stats.known, 1);
         assert_eq!(w.stats.gaps, 1);
+    }
+
+    /// An event a Python publisher signed (`json.dumps` writes `1e-05`, integers beyond 64
+    /// bits exactly) is accepted and mirrored.
+    #[test]
+    fn an_event_signed_by_python_with_small_floats_and_big_integers_is_mirrored() {
+        let (_d, mut reg, job) = setup();
+        let script = r#"
+import hashlib, hmac, json, sys
+job = json.loads(sys.stdin.read())
+m = {"job_id": job["job_id"], "event": "started", "seq": 1, "ts": 1717171717.5, "detail": None,
+     "data": {"dispatch_token": job["dispatch_token"], "attempt_id": job["attempt_id"],
+              "cost_usd": 0.00001, "tokens": 2**80, "ratio": 1.5e16}}
+body = json.dumps(m, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+m["sig"] = hmac.new(job["auth_token"].encode(), body.encode("utf-8"), hashlib.sha256).hexdigest()
+sys.stdout.write(json.dumps(m))
+"#;
+        let input = json!({"job_id": job.job_id, "dispatch_token": job.dispatch_token,
+                           "attempt_id": job.attempt_id, "auth_token": job.auth_token});
+        let payload = sign::python(script, input.to_string().as_bytes());
+        let mut w = Watcher::new(&job);
+        let (h, _) = w.handle(&mut reg, Via::Events, &payload).unwrap();
+        assert!(
+            matches!(
+                h,
+                Handled::Event {
+                    seq: 1,
+                    stored: true,
+                    ..
+                }
+            ),
+            "{h:?} for {}",
+            String::from_utf8_lossy(&payload)
+        );
+        assert_eq!(reg.job("w1").unwrap().status, JobStatus::Running);
     }
 
     #[test]

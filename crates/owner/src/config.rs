@@ -28,6 +28,8 @@ pub struct Config {
     pub daemon: DaemonSection,
     #[serde(default)]
     pub mqtt: MqttSection,
+    #[serde(default)]
+    pub jobs: JobsSection,
 }
 
 /// `[model]`.
@@ -161,6 +163,27 @@ pub struct MqttSection {
     pub username_env: Option<String>,
     pub password_env: Option<String>,
     pub topic_base: Option<String>,
+}
+
+/// `[jobs]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobsSection {
+    /// A runner refuses a dispatch signed longer ago than this (SPEC section 7, "Remote").
+    #[serde(default = "default_dispatch_max_age")]
+    pub dispatch_max_age_s: u64,
+}
+
+impl Default for JobsSection {
+    fn default() -> Self {
+        JobsSection {
+            dispatch_max_age_s: default_dispatch_max_age(),
+        }
+    }
+}
+
+fn default_dispatch_max_age() -> u64 {
+    86_400
 }
 
 fn default_api_key_env() -> String {
@@ -297,6 +320,27 @@ mod tests {
         assert!(c.model.stream);
         assert_eq!(c.delegation.max_concurrent_children, 2);
         assert_eq!(c.daemon.listen, "127.0.0.1:0");
+    }
+
+    #[test]
+    fn jobs_dispatch_max_age_defaults_to_a_day_and_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(
+            Config::load(dir.path()).unwrap().jobs.dispatch_max_age_s,
+            86_400
+        );
+        let file = dir.path().join("config.toml");
+        std::fs::write(&file, "[jobs]\ndispatch_max_age_s = 600\n").unwrap();
+        assert_eq!(
+            Config::load(dir.path()).unwrap().jobs.dispatch_max_age_s,
+            600
+        );
+        std::fs::write(&file, "[jobs]\ndispatch_max_age = 600\n").unwrap();
+        let e = Config::load(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("dispatch_max_age"), "{e}");
+        std::fs::write(&file, "[jobs]\ndispatch_max_age_s = -1\n").unwrap();
+        let e = Config::load(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("dispatch_max_age_s"), "{e}");
     }
 
     #[test]
