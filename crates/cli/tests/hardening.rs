@@ -10,9 +10,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use drover_test_support::harness::{
-    db_value, rss_kib, thread_count, uuid_like, Client, Daemon, TestHome,
+    db_value, rss_kib, thread_count, uuid_like, Client, Daemon, OneSession,
 };
-use drover_test_support::{Gate, MockModel, Reply};
+use drover_test_support::{Gate, Reply};
 use serde_json::{json, Value};
 
 fn bin() -> &'static Path {
@@ -80,32 +80,10 @@ fn healthz(d: &Daemon) -> (u16, Value) {
     (code, body)
 }
 
-struct Setup {
-    model: MockModel,
-    home: TestHome,
-    daemon: Daemon,
-    client: Client,
-    session_id: String,
-}
-
-async fn setup(extra_config: &str, env: &[(&str, &str)]) -> Setup {
-    let model = MockModel::start().await;
-    let home = TestHome::new().unwrap();
-    home.write_model_config(&model.base_url(), true, extra_config)
-        .unwrap();
-    let daemon = Daemon::start_with_env(bin(), home.path(), env)
+async fn setup(extra_config: &str, env: &[(&str, &str)]) -> OneSession {
+    OneSession::start(bin(), true, extra_config, env)
         .await
-        .unwrap();
-    let mut client = daemon.client().await.unwrap();
-    let s = client.create_session(home.path()).await.unwrap();
-    let session_id = s["session_id"].as_str().unwrap().to_string();
-    Setup {
-        model,
-        home,
-        daemon,
-        client,
-        session_id,
-    }
+        .unwrap()
 }
 
 #[tokio::test]
@@ -441,17 +419,21 @@ sys.exit(p.wait())
     )
 }
 
-#[tokio::test]
-async fn a_worker_that_ignores_interrupt_is_signalled_and_its_turn_is_unknown() {
-    let (_dir, wrapper) = stop_ignoring_worker();
+/// A session whose worker ignores stop frames, with `interrupt_grace_s = grace`, and its turn
+/// held at the model (answering "finished anyway" once the gate opens); returns the script's
+/// directory guard, the session, the gate, the admission and its generation.
+async fn held_turn_of_a_stop_ignoring_worker(
+    grace: f64,
+) -> (tempfile::TempDir, OneSession, Gate, String, Value) {
+    let (dir, wrapper) = stop_ignoring_worker();
     let wrapper = wrapper.display().to_string();
     let mut s = setup(
-        "interrupt_grace_s = 1.0\n",
+        &format!("interrupt_grace_s = {grace:?}\n"),
         &[("DROVER_WORKER_EXE", wrapper.as_str())],
     )
     .await;
     let gate = Gate::new();
-    s.model.push(Reply::text("late").gated(&gate));
+    s.model.push(Reply::text("finished anyway").gated(&gate));
     let r = s.client.submit(&s.session_id, "hello").await.unwrap();
     let admission_id = r["admission_id"].as_str().unwrap().to_string();
     assert!(gate.wait_reached(Duration::from_secs(20)).await);
@@ -459,6 +441,13 @@ async fn a_worker_that_ignores_interrupt_is_signalled_and_its_turn_is_unknown() 
         &s.home.db(),
         &format!("SELECT generation FROM session_admissions WHERE admission_id = '{admission_id}'"),
     );
+    (dir, s, gate, admission_id, generation)
+}
+
+#[tokio::test]
+async fn a_worker_that_ignores_interrupt_is_signalled_and_its_turn_is_unknown() {
+    let (_dir, mut s, gate, admission_id, generation) =
+        held_turn_of_a_stop_ignoring_worker(1.0).await;
     let asked = Instant::now();
     let state = s
         .client
@@ -481,22 +470,8 @@ async fn a_worker_that_ignores_interrupt_is_signalled_and_its_turn_is_unknown() 
 
 #[tokio::test]
 async fn an_answer_that_races_an_accepted_interrupt_settles_interrupted() {
-    let (_dir, wrapper) = stop_ignoring_worker();
-    let wrapper = wrapper.display().to_string();
-    let mut s = setup(
-        "interrupt_grace_s = 30.0\n",
-        &[("DROVER_WORKER_EXE", wrapper.as_str())],
-    )
-    .await;
-    let gate = Gate::new();
-    s.model.push(Reply::text("finished anyway").gated(&gate));
-    let r = s.client.submit(&s.session_id, "hello").await.unwrap();
-    let admission_id = r["admission_id"].as_str().unwrap().to_string();
-    assert!(gate.wait_reached(Duration::from_secs(20)).await);
-    let generation = db_value(
-        &s.home.db(),
-        &format!("SELECT generation FROM session_admissions WHERE admission_id = '{admission_id}'"),
-    );
+    let (_dir, mut s, gate, admission_id, generation) =
+        held_turn_of_a_stop_ignoring_worker(30.0).await;
     s.client
         .call_ok(
             "session.interrupt",

@@ -4,44 +4,20 @@
 use std::path::Path;
 use std::time::Duration;
 
-use drover_test_support::harness::{db_rows, open_files, Client, Daemon, TestHome};
-use drover_test_support::{Gate, MockModel, Reply};
+use drover_test_support::harness::{db_rows, open_files, Client, Daemon, OneSession};
+use drover_test_support::{Gate, Reply};
 use serde_json::{json, Value};
 
 fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_drover"))
 }
 
-struct Setup {
-    model: MockModel,
-    home: TestHome,
-    daemon: Daemon,
-    client: Client,
-    session_id: String,
-}
-
-async fn setup(stream: bool) -> Setup {
+async fn setup(stream: bool) -> OneSession {
     setup_with(stream, &[]).await
 }
 
-async fn setup_with(stream: bool, env: &[(&str, &str)]) -> Setup {
-    let model = MockModel::start().await;
-    let home = TestHome::new().unwrap();
-    home.write_model_config(&model.base_url(), stream, "")
-        .unwrap();
-    let daemon = Daemon::start_with_env(bin(), home.path(), env)
-        .await
-        .unwrap();
-    let mut client = daemon.client().await.unwrap();
-    let s = client.create_session(home.path()).await.unwrap();
-    let session_id = s["session_id"].as_str().unwrap().to_string();
-    Setup {
-        model,
-        home,
-        daemon,
-        client,
-        session_id,
-    }
+async fn setup_with(stream: bool, env: &[(&str, &str)]) -> OneSession {
+    OneSession::start(bin(), stream, "", env).await.unwrap()
 }
 
 async fn terminal_turn_writes_the_transcript_usage_and_events(stream: bool) {

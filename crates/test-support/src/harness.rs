@@ -555,6 +555,45 @@ impl Client {
     }
 }
 
+/// A daemon on a fresh home with a mock model and one session, attached by `client`: the start
+/// of most end-to-end turn tests.
+pub struct OneSession {
+    pub model: crate::MockModel,
+    pub home: TestHome,
+    pub daemon: Daemon,
+    pub client: Client,
+    pub session_id: String,
+}
+
+impl OneSession {
+    /// Starts it: [`TestHome::write_model_config`] with `stream` and `extra` TOML, the daemon
+    /// with `env`, and a session whose cwd is the home.
+    pub async fn start(
+        bin: &Path,
+        stream: bool,
+        extra: &str,
+        env: &[(&str, &str)],
+    ) -> Result<OneSession> {
+        let model = crate::MockModel::start().await;
+        let home = TestHome::new()?;
+        home.write_model_config(&model.base_url(), stream, extra)?;
+        let daemon = Daemon::start_with_env(bin, home.path(), env).await?;
+        let mut client = daemon.client().await?;
+        let s = client.create_session(home.path()).await?;
+        let session_id = s["session_id"]
+            .as_str()
+            .ok_or_else(|| anyhow!("session.create without session_id: {s}"))?
+            .to_string();
+        Ok(OneSession {
+            model,
+            home,
+            daemon,
+            client,
+            session_id,
+        })
+    }
+}
+
 /// A unique id for request and input ids.
 pub fn uuid_like() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
