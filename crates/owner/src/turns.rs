@@ -19,6 +19,7 @@ use tokio::io::BufReader;
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::home::new_token;
 use crate::runtime::{Owner, RunningTurn};
@@ -54,7 +55,17 @@ pub fn kick(owner: &Arc<Owner>, session_id: String) {
             })
             .await;
         match claim {
-            Ok(Some(claim)) => supervise(me, claim, secret).await,
+            Ok(Some(claim)) => {
+                // Every log line of the turn, across its awaits, carries these fields.
+                let span = tracing::info_span!(
+                    "turn",
+                    session_id = %claim.session.id,
+                    admission_id = %claim.admission.admission_id,
+                    execution_id = %claim.execution_id,
+                    generation = claim.generation
+                );
+                supervise(me, claim, secret).instrument(span).await
+            }
             Ok(None) => {}
             Err(e) => tracing::error!(error = %e, "claiming a turn failed"),
         }
@@ -228,9 +239,6 @@ async fn supervise(owner: Arc<Owner>, claim: Claim, secret: String) {
         owner: owner.clone(),
         execution_id: execution_id.clone(),
     };
-    let span = tracing::info_span!("turn", %session_id, %admission_id, %execution_id, generation = claim.generation);
-    let _enter = span.enter();
-    drop(_enter);
 
     let bootstrap = OwnerFrame::Bootstrap(Box::new(Bootstrap {
         scope: Scope {
