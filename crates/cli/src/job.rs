@@ -9,7 +9,7 @@ use clap::{Args, Subcommand};
 use drover_jobs::delivery::{AgentSession, TmuxServer, TMUX_SOCKET_ENV};
 use drover_jobs::publish::{self, PublishContext, PublishRequest, DRAIN_ENV};
 use drover_jobs::registry::Via;
-use drover_jobs::registry::{NewJob, Registry};
+use drover_jobs::registry::{local_time, NewJob, Registry, REDACTED};
 use drover_jobs::remote::{self, RemoteContext, RemoteRequest};
 use drover_jobs::state::{self, ContractInput};
 use drover_jobs::submit::{SubmitContext, SubmitRequest};
@@ -106,7 +106,7 @@ pub struct RegisterArgs {
     #[arg(long = "agent-session", value_name = "S")]
     agent_session: Option<String>,
     /// The task (written into the brief).
-    #[arg(long, value_name = "P", default_value = "")]
+    #[arg(long, value_name = "P", default_value = "", allow_hyphen_values = true)]
     prompt: String,
     #[command(flatten)]
     contract: ContractArgs,
@@ -122,8 +122,8 @@ pub struct SubmitArgs {
     /// runner`; needs the MQTT wire and $DROVER_DISPATCH_SECRET).
     #[arg(long = "agent-session", value_name = "S")]
     agent_session: String,
-    /// The task.
-    #[arg(long, value_name = "P")]
+    /// The task (data: written into the brief, never typed into the pane).
+    #[arg(long, value_name = "P", allow_hyphen_values = true)]
     prompt: String,
     #[command(flatten)]
     contract: ContractArgs,
@@ -154,7 +154,7 @@ pub struct PublishArgs {
     #[arg(long, value_name = "E")]
     event: String,
     /// A one-line detail (a summary, a reason).
-    #[arg(long, value_name = "D")]
+    #[arg(long, value_name = "D", allow_hyphen_values = true)]
     detail: Option<String>,
     /// With `started`: start a heartbeat timer that publishes `progress` every N seconds.
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
@@ -222,7 +222,7 @@ pub struct UpdateArgs {
     #[arg(long = "attempt-id", value_name = "N", allow_hyphen_values = true)]
     attempt_id: Option<String>,
     /// A detail recorded with the status.
-    #[arg(long, value_name = "D")]
+    #[arg(long, value_name = "D", allow_hyphen_values = true)]
     detail: Option<String>,
     /// Print JSON.
     #[arg(long)]
@@ -236,7 +236,7 @@ pub struct CancelArgs {
     #[arg(long, value_name = "J")]
     job: String,
     /// Why (recorded with the status).
-    #[arg(long, value_name = "D")]
+    #[arg(long, value_name = "D", allow_hyphen_values = true)]
     detail: Option<String>,
     /// Print JSON.
     #[arg(long)]
@@ -372,10 +372,11 @@ pub(crate) fn print_json(value: &Value) {
 
 fn register(env: &Env, a: RegisterArgs) -> Result<Exit, JobError> {
     let contract = a.contract.contract()?;
-    let transport = match &a.agent_session {
-        Some(s) => AgentSession::parse(s)?.transport(),
-        None => "manual".to_string(),
-    };
+    let agent_session = a
+        .agent_session
+        .as_deref()
+        .map(AgentSession::parse)
+        .transpose()?;
     if let Some(id) = &a.job_id {
         drover_jobs::registry::validate_job_id(id)?;
     }
@@ -384,7 +385,7 @@ fn register(env: &Env, a: RegisterArgs) -> Result<Exit, JobError> {
     let mut registry = env.open()?;
     let job = registry.register(NewJob {
         job_id: a.job_id,
-        transport,
+        agent_session,
         prompt: a.prompt,
         contract,
         topic_base: settings.topic_base,
@@ -666,7 +667,7 @@ fn show(env: &Env, a: JobRef) -> Result<Exit, JobError> {
             .map(|d| format!(" ({d})"))
             .unwrap_or_default()
     );
-    let _ = writeln!(out, "transport    {}", job.transport);
+    let _ = writeln!(out, "transport    {}", describe_transport(&job));
     let _ = writeln!(
         out,
         "attempt      {} (delivered: {})",
@@ -695,7 +696,7 @@ fn show(env: &Env, a: JobRef) -> Result<Exit, JobError> {
                     .as_deref()
                     .map(|d| format!(" ({d})"))
                     .unwrap_or_default()
-            ))
+            ) + &format!(" at {}", local_time(e.ts)))
             .unwrap_or_else(|| "none".into())
     );
     let _ = writeln!(
@@ -705,8 +706,24 @@ fn show(env: &Env, a: JobRef) -> Result<Exit, JobError> {
             .map(|t| format!("pid {} (start time {})", t.pid, t.start_time))
             .unwrap_or_else(|| "none".into())
     );
+    let _ = writeln!(
+        out,
+        "tokens       dispatch {}, auth {REDACTED} (show --json prints it)",
+        job.dispatch_token
+    );
     let _ = writeln!(out, "brief        {}", job.brief_path.display());
+    let _ = writeln!(out, "created      {}", local_time(job.created_at));
+    let _ = writeln!(out, "updated      {}", local_time(job.updated_at));
     Ok(Exit::Ok)
+}
+
+/// `tmux (target agents)`, `remote (runner build-box)`, `exec`, `manual`: for human output.
+fn describe_transport(job: &drover_jobs::Job) -> String {
+    match (job.target(), job.runner()) {
+        (Some(t), _) => format!("{} (target {t})", job.transport),
+        (None, Some(r)) => format!("{} (runner {r})", job.transport),
+        (None, None) => job.transport.clone(),
+    }
 }
 
 fn events(env: &Env, a: JobRef) -> Result<Exit, JobError> {
@@ -728,8 +745,8 @@ fn events(env: &Env, a: JobRef) -> Result<Exit, JobError> {
             .unwrap_or_else(|| "audit".into());
         let _ = writeln!(
             out,
-            "{seq}  {:.3}  attempt {}  {:<16} {}",
-            e.ts,
+            "{seq}  {}  attempt {}  {:<16} {}",
+            local_time(e.ts),
             e.attempt_id,
             e.event,
             e.detail.unwrap_or_default()
@@ -759,8 +776,13 @@ fn list(env: &Env, a: ListArgs) -> Result<Exit, JobError> {
     for j in jobs {
         let _ = writeln!(
             out,
-            "{:<24} {:<10} attempt {:<3} seq {:<6} {}",
-            j.job_id, j.status, j.attempt_id, j.last_seq, j.transport
+            "{:<24} {:<10} attempt {:<3} seq {:<6} {}  {}",
+            j.job_id,
+            j.status,
+            j.attempt_id,
+            j.last_seq,
+            local_time(j.updated_at),
+            describe_transport(&j)
         );
     }
     Ok(Exit::Ok)

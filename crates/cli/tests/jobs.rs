@@ -179,9 +179,18 @@ impl Tmux {
         text(&out.stdout)
     }
 
-    /// Starts the agent script in a new session's pane and gives the pane's process id.
+    /// Starts the agent script (`sh`) in a new session's pane and gives the pane's process id.
     fn start_agent(&self, session: &str, script: &Path, args: &[&str]) -> i32 {
-        let mut command = format!("exec sh {}", script.display());
+        self.start_script("sh", session, script, args)
+    }
+
+    /// Starts a bash agent script in a new session's pane and gives the pane's process id.
+    fn start_bash_agent(&self, session: &str, script: &Path, args: &[&str]) -> i32 {
+        self.start_script("bash", session, script, args)
+    }
+
+    fn start_script(&self, shell: &str, session: &str, script: &Path, args: &[&str]) -> i32 {
+        let mut command = format!("exec {shell} {}", script.display());
         for a in args {
             command.push(' ');
             command.push_str(a);
@@ -238,6 +247,70 @@ while IFS= read -r line; do
   esac
 done
 "#;
+
+/// A stand-in that cannot read files: a plain bash loop over the lines typed into its pane.
+/// It logs each line and acts by mode:
+/// - `eval-start`: `eval`s a line only if it holds `job publish` and `--event started`;
+/// - `mute`: does nothing;
+/// - `dies`: `eval`s such a line, then exits (the pane's process, which the timer watches).
+const PLAIN_AGENT: &str = r#"#!/bin/bash
+log="$1"; mode="$2"
+while IFS= read -r line; do
+  printf '%s\n' "$line" >> "$log"
+  [ "$mode" = mute ] && continue
+  case "$line" in
+    *"job publish"*"--event started"*)
+      eval "$line" >> "$log.out" 2>&1
+      [ "$mode" = dies ] && exit 0 ;;
+  esac
+done
+"#;
+
+fn write_plain_agent(sb: &Sandbox) -> PathBuf {
+    let path = sb.path("plain-agent.sh");
+    std::fs::write(&path, PLAIN_AGENT).expect("agent script");
+    path
+}
+
+/// The one line `submit` types into a pane, as SPEC section 7 states it, for the contract of
+/// [`submit_in_tmux`] (N = 1, K = 2, T = 3).
+fn expected_line(sb: &Sandbox, job: &Value, pane_pid: i32) -> String {
+    let id = job["job_id"].as_str().unwrap();
+    format!(
+        "{exe} --home {home} job publish --registry-dir {registry} --job {id} --event started \
+         --heartbeat 1 --watch-pid {pane_pid} --expect-dispatch-token {token}; : 'drover job \
+         {id}: run this line in a shell, as it stands, once: it is the start command, and the \
+         job must have started within 3 s. It keeps a heartbeat every 1 s while process \
+         {pane_pid} (this pane, --watch-pid) lives; after 2 missed heartbeats (2 s with no \
+         report) the job fails as deadline_timeout. For the rest of the task read the brief at \
+         {brief} and follow it exactly.'",
+        exe = bin().display(),
+        home = sb.home().display(),
+        registry = sb.registry().display(),
+        token = job["dispatch_token"].as_str().unwrap(),
+        brief = job["brief"].as_str().unwrap(),
+    )
+}
+
+/// Polls `show --json` until the job exists with `status`; gives the job.
+async fn wait_for_status(sb: &Sandbox, job: &str, status: &str, limit: Duration) -> Value {
+    let deadline = Instant::now() + limit;
+    loop {
+        let out = sb.run(&["show", "--job", job, "--json"]).await;
+        if out.status.success() {
+            let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+            if v["status"] == status {
+                return v;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "job {job} not {status} within {limit:?}: {}",
+            text(&out.stdout)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
 
 async fn run_bounded(mut cmd: tokio::process::Command, limit: Duration) -> Output {
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
@@ -420,9 +493,9 @@ async fn heartbeats_alone_keep_the_job_running_over_several_idle_windows_then_co
 async fn a_mute_agent_exits_1_within_the_ack_timeout_as_agent_blocked_after_one_delivery() {
     let sb = Sandbox::new();
     let tmux = Tmux::start("mute");
-    let agent = write_agent(&sb);
+    let agent = write_plain_agent(&sb);
     let log = sb.path("received.log");
-    tmux.start_agent("agent", &agent, &[&log.display().to_string(), "mute"]);
+    let pane_pid = tmux.start_bash_agent("agent", &agent, &[&log.display().to_string(), "mute"]);
 
     let started = Instant::now();
     let out = run_bounded(
@@ -443,9 +516,11 @@ async fn a_mute_agent_exits_1_within_the_ack_timeout_as_agent_blocked_after_one_
     assert_eq!(job["status"], "error");
     assert_eq!(job["detail"], "agent_blocked");
 
-    // Never delivered twice: not by this submit, not later.
+    // Never delivered twice: not by this submit, not later. The one line is the start
+    // command and the contract in words.
     tokio::time::sleep(Duration::from_millis(700)).await;
-    assert_eq!(lines(&log).len(), 1, "{:?}", lines(&log));
+    assert_eq!(lines(&log), [expected_line(&sb, &job, pane_pid)]);
+    assert_eq!(result["start_instruction"], lines(&log)[0].as_str());
     let events = sb.events(&job_id).await;
     assert_eq!(deliveries(&events), 1);
     // The pane was captured as a diagnostic, and only that.
@@ -460,9 +535,9 @@ async fn an_agent_that_starts_then_dies_exits_2_long_before_the_timeout_and_a_la
 ) {
     let sb = Sandbox::new();
     let tmux = Tmux::start("dies");
-    let agent = write_agent(&sb);
+    let agent = write_plain_agent(&sb);
     let log = sb.path("received.log");
-    tmux.start_agent("agent", &agent, &[&log.display().to_string(), "dies"]);
+    let pane_pid = tmux.start_bash_agent("agent", &agent, &[&log.display().to_string(), "dies"]);
 
     let started = Instant::now();
     let out = run_bounded(
@@ -482,6 +557,14 @@ async fn an_agent_that_starts_then_dies_exits_2_long_before_the_timeout_and_a_la
     assert_eq!(result["job"]["status"], "error");
     assert_eq!(result["job"]["detail"], "deadline_timeout");
     assert_eq!(result["job"]["heartbeat_timer"], Value::Null);
+    // It started from the typed line alone, delivered once.
+    assert_eq!(lines(&log), [expected_line(&sb, &result["job"], pane_pid)]);
+    let events = sb.events(&job_id).await;
+    assert_eq!(deliveries(&events), 1);
+    assert!(
+        events.iter().any(|e| e["event"] == "started"),
+        "{events:#?}"
+    );
 
     // The agent's finish command, run late, is refused: the terminal status is final.
     let brief = std::fs::read_to_string(result["job"]["brief"].as_str().unwrap()).unwrap();
@@ -524,16 +607,260 @@ async fn a_tmux_target_on_another_socket_is_refused_before_anything_is_registere
     let mut cmd = submit_in_tmux(&sb, &tmux, "tmux:agent", &[]);
     cmd.env("DROVER_TMUX_SOCKET", "drover-test-no-such-socket");
     let out = run_bounded(cmd, Duration::from_secs(30)).await;
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        text(&out.stderr).contains("tmux target"),
-        "{}",
-        text(&out.stderr)
+    one_line_error(
+        &out,
+        "no tmux pane named \"agent\" on server \"drover-test-no-such-socket\": no tmux server \
+         is running there",
     );
     assert!(lines(&log).is_empty());
     // Nothing was registered for a target that could not be reached.
     let list = sb.json(&["list", "--json"]).await;
     assert_eq!(list["jobs"].as_array().unwrap().len(), 0);
+}
+
+#[tokio::test]
+async fn a_plain_bash_loop_that_evals_only_the_start_line_completes_the_job_with_exit_0() {
+    // An agent that cannot read files still starts: the typed line is the start command.
+    let sb = Sandbox::new();
+    let tmux = Tmux::start("plain");
+    let agent = write_plain_agent(&sb);
+    let log = sb.path("received.log");
+    let pane_pid =
+        tmux.start_bash_agent("agent", &agent, &[&log.display().to_string(), "eval-start"]);
+    let submit = tokio::spawn(run_bounded(
+        submit_in_tmux(
+            &sb,
+            &tmux,
+            "tmux:agent",
+            &["--timeout", "60", "--job-id", "plain-1"],
+        ),
+        Duration::from_secs(60),
+    ));
+    let job = wait_for_status(&sb, "plain-1", "running", Duration::from_secs(10)).await;
+    assert_eq!(lines(&log), [expected_line(&sb, &job, pane_pid)]);
+    assert!(
+        timer_of(&job).is_some(),
+        "the typed line armed the heartbeat timer"
+    );
+    // The rest of the task (the brief's finish command), done here for the agent.
+    let done = sb
+        .run(&[
+            "publish",
+            "--job",
+            "plain-1",
+            "--event",
+            "completed",
+            "--detail",
+            "-done, from the line alone",
+            "--expect-dispatch-token",
+            job["dispatch_token"].as_str().unwrap(),
+        ])
+        .await;
+    assert_eq!(done.status.code(), Some(0), "{}", text(&done.stderr));
+    let out = submit.await.expect("submit joined");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stderr: {}\nagent: {:?}",
+        text(&out.stderr),
+        std::fs::read_to_string(sb.path("received.log.out"))
+    );
+    let result: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(result["outcome"], "completed");
+    assert_eq!(result["job"]["detail"], "-done, from the line alone");
+    assert_eq!(result["start_instruction"], lines(&log)[0].as_str());
+    let events = sb.events("plain-1").await;
+    assert_eq!(deliveries(&events), 1);
+    assert_nothing_after_terminal(&events);
+    assert_eq!(
+        lines(&log).len(),
+        1,
+        "exactly one delivery reached the pane"
+    );
+}
+
+#[tokio::test]
+async fn a_prompt_with_quotes_substitutions_newlines_and_a_leading_dash_is_data_in_a_plain_shell() {
+    // The pane is an interactive shell that runs every line typed into it: only the start
+    // command runs; the prompt is never executed.
+    let sb = Sandbox::new();
+    let tmux = Tmux::start("shells");
+    let marks = sb.path("marks");
+    std::fs::create_dir_all(&marks).unwrap();
+    let m = marks.display().to_string();
+    let prompt = format!(
+        "-rf \"double $(touch {m}/dq)\" 'single' $(touch {m}/dollar) `touch {m}/backtick`\n\
+         second line; touch {m}/semicolon\n--prompt -x && touch {m}/and"
+    );
+    for (n, shell) in ["bash --norc --noprofile -i", "dash -i"].iter().enumerate() {
+        let session = format!("shell{n}");
+        let job_id = format!("data-{n}");
+        tmux.cmd(&[
+            "new-session",
+            "-d",
+            "-s",
+            &session,
+            "-x",
+            "250",
+            "-y",
+            "50",
+            shell,
+        ]);
+        let submit = tokio::spawn(run_bounded(
+            {
+                let mut cmd = sb.command(&[
+                    "submit",
+                    "--agent-session",
+                    &format!("tmux:{session}"),
+                    "--prompt",
+                    &prompt,
+                    "--heartbeat",
+                    "1",
+                    "--heartbeat-misses",
+                    "2",
+                    "--ack-timeout",
+                    "5",
+                    "--timeout",
+                    "60",
+                    "--job-id",
+                    &job_id,
+                    "--json",
+                ]);
+                cmd.env("DROVER_TMUX_SOCKET", &tmux.socket);
+                cmd
+            },
+            Duration::from_secs(60),
+        ));
+        let job = wait_for_status(&sb, &job_id, "running", Duration::from_secs(10)).await;
+        assert_eq!(job["prompt"], prompt.as_str(), "{shell}");
+        let brief = std::fs::read_to_string(job["brief"].as_str().unwrap()).unwrap();
+        assert!(
+            brief.contains(&prompt),
+            "{shell}: the brief holds the prompt as it is"
+        );
+        let done = sb
+            .run(&[
+                "publish",
+                "--job",
+                &job_id,
+                "--event",
+                "completed",
+                "--detail",
+                "ok",
+                "--expect-dispatch-token",
+                job["dispatch_token"].as_str().unwrap(),
+            ])
+            .await;
+        assert_eq!(done.status.code(), Some(0), "{}", text(&done.stderr));
+        let out = submit.await.expect("submit joined");
+        assert_eq!(out.status.code(), Some(0), "{shell}: {}", text(&out.stderr));
+        let screen = tmux.cmd(&["capture-pane", "-p", "-J", "-t", &session, "-S", "-100"]);
+        for complaint in ["not found", "No such file", "rror", "unexpected"] {
+            assert!(
+                !screen.contains(complaint),
+                "{shell} complained ({complaint:?}):\n{screen}"
+            );
+        }
+    }
+    let ran: Vec<_> = std::fs::read_dir(&marks).unwrap().flatten().collect();
+    assert!(ran.is_empty(), "the prompt was executed: {ran:?}");
+}
+
+#[tokio::test]
+async fn an_unknown_tmux_target_names_the_pane_and_the_server_and_registers_nothing() {
+    let sb = Sandbox::new();
+    let tmux = Tmux::start("unknown");
+    let agent = write_plain_agent(&sb);
+    let log = sb.path("received.log");
+    tmux.start_bash_agent("agent", &agent, &[&log.display().to_string(), "mute"]);
+    // `agent:5` is a window the session does not have: tmux's display-message alone would
+    // answer with another pane.
+    for target in ["nope", "agent:5", "agent:0.3", "%999"] {
+        let out = run_bounded(
+            submit_in_tmux(&sb, &tmux, &format!("tmux:{target}"), &[]),
+            Duration::from_secs(30),
+        )
+        .await;
+        one_line_error(
+            &out,
+            &format!(
+                "no tmux pane named {target:?} on server {sock:?} (`tmux -L {sock} ls` lists them)",
+                sock = tmux.socket
+            ),
+        );
+    }
+    assert!(lines(&log).is_empty(), "{:?}", lines(&log));
+    let list = sb.json(&["list", "--json"]).await;
+    assert_eq!(list["jobs"].as_array().unwrap().len(), 0);
+}
+
+#[tokio::test]
+async fn an_unknown_transport_is_a_one_line_error_naming_it() {
+    let sb = Sandbox::new();
+    for (session, needle) in [
+        ("ssh:box", "unknown transport \"ssh\""),
+        ("tmux", "\"tmux\" is not a transport"),
+        ("exec:x", "exec takes no target"),
+    ] {
+        let out = sb
+            .run(&["submit", "--agent-session", session, "--prompt", "p"])
+            .await;
+        one_line_error(&out, needle);
+        let out = sb
+            .run(&["register", "--agent-session", session, "--prompt", "p"])
+            .await;
+        one_line_error(&out, needle);
+    }
+    assert!(!sb.registry().exists());
+}
+
+#[tokio::test]
+async fn the_record_names_the_transport_kind_shows_the_auth_token_in_json_only_and_local_times() {
+    let sb = Sandbox::new();
+    let job_id = sb
+        .register(&["--agent-session", "tmux:agents", "--job-id", "rec-1"])
+        .await;
+    let published = sb
+        .json(&["publish", "--job", &job_id, "--event", "progress", "--json"])
+        .await;
+    let job = sb.show(&job_id).await;
+    assert_eq!(job["transport"], "tmux");
+    assert_eq!(job["target"], "agents");
+    assert_eq!(job["runner"], Value::Null);
+    assert_eq!(job["agent_session"], "tmux:agents");
+    // A third party checks the signature with the auth_token that show --json gives.
+    let auth = job["auth_token"]
+        .as_str()
+        .expect("auth_token in show --json");
+    assert_eq!(auth.len(), 64);
+    assert!(drover_jobs::sign::verify(&published["message"], auth));
+    let listed = sb.json(&["list", "--json"]).await;
+    assert_eq!(listed["jobs"][0]["auth_token"], auth);
+    assert_eq!(listed["jobs"][0]["transport"], "tmux");
+
+    // Human output: no token, local ISO-8601 times (here UTC+05:30).
+    let tz = [("TZ", "IST-5:30")];
+    let show = sb.run_env(&["show", "--job", &job_id], &tz).await;
+    let events = sb.run_env(&["events", "--job", &job_id], &tz).await;
+    let list = sb.run_env(&["list"], &tz).await;
+    for out in [&show, &events, &list] {
+        let stdout = text(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        assert!(!stdout.contains(auth), "the auth_token leaked:\n{stdout}");
+        assert!(stdout.contains("+05:30"), "no local time:\n{stdout}");
+        let unix = format!("{}", job["created_at"].as_f64().unwrap() as u64);
+        assert!(!stdout.contains(&unix), "Unix seconds in:\n{stdout}");
+    }
+    let show = text(&show.stdout);
+    assert!(show.contains("transport    tmux (target agents)"), "{show}");
+    assert!(show.contains("auth <redacted>"), "{show}");
+    let created = show
+        .lines()
+        .find_map(|l| l.strip_prefix("created      "))
+        .expect("a created line");
+    // 2026-01-05T19:33:22.123+05:30
+    assert_eq!(created.len(), 29, "{created}");
+    assert_eq!(&created[10..11], "T", "{created}");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1185,10 +1512,42 @@ async fn dry_run_registers_and_writes_the_brief_but_delivers_nothing() {
     let start = v["start_command"].as_str().unwrap();
     assert!(brief.contains(start));
     assert!(start.contains("--expect-dispatch-token"));
-    assert!(v["start_instruction"]
-        .as_str()
-        .unwrap()
-        .contains("brief.md"));
+    // The instruction is the start command, then the contract in words and the brief's path.
+    let line = v["start_instruction"].as_str().unwrap();
+    assert!(
+        line.starts_with(&format!("{start}; : 'drover job ")),
+        "{line}"
+    );
+    for phrase in [
+        "started within 60 s",
+        "heartbeat every 5 s",
+        "after 3 missed heartbeats",
+        v["job"]["brief"].as_str().unwrap(),
+    ] {
+        assert!(line.contains(phrase), "{phrase:?} missing: {line}");
+    }
+    assert!(
+        start.contains("--watch-pid \"$DROVER_AGENT_PID\""),
+        "{start}"
+    );
+    // Human output: that line alone on stdout.
+    let out = sb
+        .run(&[
+            "submit",
+            "--agent-session",
+            "exec",
+            "--exec",
+            &exec,
+            "--prompt",
+            "p",
+            "--dry-run",
+        ])
+        .await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert_eq!(stdout.lines().count(), 1, "{stdout}");
+    assert!(stdout.contains("job publish --registry-dir"), "{stdout}");
+    assert!(stdout.contains("; : 'drover job "), "{stdout}");
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!marker.exists(), "dry run ran the agent");
     let events = sb.events(v["job"]["job_id"].as_str().unwrap()).await;

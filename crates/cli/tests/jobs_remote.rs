@@ -306,7 +306,10 @@ async fn a_runner_executes_a_signed_dispatch_and_submit_mirrors_its_events_and_e
     assert_eq!(v["outcome"], "completed", "{v}");
     assert_eq!(v["job"]["status"], "completed");
     assert_eq!(v["job"]["detail"], "done: rj1");
-    assert_eq!(v["job"]["transport"], "remote:r1");
+    assert_eq!(v["job"]["transport"], "remote");
+    assert_eq!(v["job"]["runner"], "r1");
+    assert_eq!(v["job"]["target"], Value::Null);
+    assert_eq!(v["job"]["agent_session"], "remote:r1");
     assert_eq!(runner.exit_code(Duration::from_secs(10)).await, Some(0));
     assert!(runner.stderr().contains("dispatch rj1 attempt 1: admitted"));
 

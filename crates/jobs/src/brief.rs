@@ -173,14 +173,43 @@ pub fn render(job: &Job, ctx: &BriefContext) -> String {
     )
 }
 
-/// The one line delivered to the agent (also what `submit --dry-run` prints).
-pub fn start_instruction(job: &Job) -> String {
-    format!(
-        "drover job {}: read the brief at {} and follow it exactly, starting with its start \
-         command.",
-        job.job_id,
-        job.brief_path.display()
-    )
+/// The one line delivered to the agent (also what `submit --dry-run` prints), which an agent
+/// or a plain shell can act on:
+///
+/// `<start command>; : '<the contract in words, and where the brief is>'`
+///
+/// A shell runs the start command as it stands (every word quoted) and takes the words as the
+/// argument of `:`, the do-nothing command, so they are never executed (`#` would do the same
+/// in bash, but zsh's interactive shells do not take comments by default). An agent reads the
+/// words: run the line, the contract ("heartbeat every N s", "after K missed heartbeats",
+/// "started within T s"), and the brief's path for the rest of the task. The prompt is not
+/// in the line: it is data, in the brief only.
+pub fn start_instruction(job: &Job, ctx: &BriefContext) -> String {
+    let c = &job.contract;
+    let start = commands(ctx, job).start;
+    let watched = match &ctx.watch {
+        WatchPid::None => "until the job ends".to_string(),
+        WatchPid::Pid(pid) => {
+            format!("while process {pid} (this pane, --watch-pid) lives")
+        }
+        WatchPid::AgentPidEnv => {
+            format!("while your process (--watch-pid ${AGENT_PID_ENV}) lives")
+        }
+    };
+    let words = format!(
+        "drover job {id}: run this line in a shell, as it stands, once: it is the start \
+         command, and the job must have started within {t} s. It keeps a heartbeat every {n} s \
+         {watched}; after {k} missed heartbeats ({idle} s with no report) the job fails as \
+         deadline_timeout. For the rest of the task read the brief at {brief} and follow it \
+         exactly.",
+        id = job.job_id,
+        t = c.ack_timeout_sec,
+        n = c.heartbeat_sec,
+        k = c.heartbeat_misses,
+        idle = c.idle_timeout_sec,
+        brief = job.brief_path.display(),
+    );
+    format!("{start}; : {}", quote(&words))
 }
 
 /// Writes the brief to `<registry>/<job_id>/brief.md` (0600, replacing any old one) and gives
@@ -203,7 +232,8 @@ pub fn write(registry: &Registry, job: &Job, text: &str) -> Result<PathBuf, JobE
     Ok(path)
 }
 
-fn quote(word: &str) -> String {
+/// `word` quoted for a POSIX shell (as it stands when it needs no quotes).
+pub(crate) fn quote(word: &str) -> String {
     shlex::try_quote(word)
         .map(|q| q.into_owned())
         .unwrap_or_else(|_| format!("'{}'", word.replace('\0', "").replace('\'', "'\\''")))
@@ -221,7 +251,7 @@ mod tests {
         let job = reg
             .register(NewJob {
                 job_id: Some("fix-7".into()),
-                transport: "tmux:agents:0".into(),
+                agent_session: Some(crate::delivery::AgentSession::Tmux("agents:0".into())),
                 prompt: "Fix the flaky test in crates/x.".into(),
                 contract: Contract {
                     heartbeat_sec: 5,
@@ -311,8 +341,46 @@ mod tests {
         let path = write(&reg, &job, "hello").unwrap();
         assert_eq!(path, dir.path().join("fix-7").join("brief.md"));
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "hello");
-        let line = start_instruction(&job);
+        let line = start_instruction(&job, &ctx(dir.path(), WatchPid::Pid(321)));
         assert!(!line.contains('\n'));
         assert!(line.contains(&path.display().to_string()));
+    }
+
+    #[test]
+    fn the_start_instruction_is_the_start_command_and_the_contract_in_words() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_reg, job) = job(dir.path());
+        let context = ctx(dir.path(), WatchPid::Pid(321));
+        let line = start_instruction(&job, &context);
+        let start = commands(&context, &job).start;
+        let words = format!(
+            "drover job fix-7: run this line in a shell, as it stands, once: it is the start \
+             command, and the job must have started within 60 s. It keeps a heartbeat every 5 s \
+             while process 321 (this pane, --watch-pid) lives; after 3 missed heartbeats (15 s \
+             with no report) the job fails as deadline_timeout. For the rest of the task read \
+             the brief at {} and follow it exactly.",
+            job.brief_path.display()
+        );
+        assert_eq!(line, format!("{start}; : '{words}'"));
+        // As a shell splits it: the start command's words, `;`, then `:` and one argument.
+        let mut shell_words = shlex::split(&line).expect("valid shell words");
+        assert_eq!(shell_words.pop().as_deref(), Some(words.as_str()));
+        assert_eq!(shell_words.pop().as_deref(), Some(":"));
+        let last = shell_words.pop().unwrap();
+        assert_eq!(last, format!("{};", job.dispatch_token));
+        assert_eq!(shell_words[0], "/opt/my tools/drover");
+        assert!(shell_words.ends_with(&[
+            "--event".into(),
+            "started".into(),
+            "--heartbeat".into(),
+            "5".into(),
+            "--watch-pid".into(),
+            "321".into(),
+            "--expect-dispatch-token".into(),
+        ]));
+        let none = start_instruction(&job, &ctx(dir.path(), WatchPid::None));
+        assert!(none.contains("every 5 s until the job ends;"), "{none}");
+        let exec = start_instruction(&job, &ctx(dir.path(), WatchPid::AgentPidEnv));
+        assert!(exec.contains("--watch-pid \"$DROVER_AGENT_PID\""), "{exec}");
     }
 }

@@ -42,7 +42,7 @@ pub enum AgentSession {
 impl AgentSession {
     /// Parses `--agent-session`.
     pub fn parse(text: &str) -> Result<AgentSession, JobError> {
-        let bad = |why: &str| {
+        let bad = |why: String| {
             JobError::BadInput(format!(
                 "--agent-session {text:?}: {why} (expected tmux:<target>, herdr:<pane>, exec or \
                  remote:<name>)"
@@ -51,25 +51,47 @@ impl AgentSession {
         if text == "exec" {
             return Ok(AgentSession::Exec);
         }
-        let (kind, name) = text.split_once(':').ok_or_else(|| bad("no transport"))?;
-        if name.is_empty() {
-            return Err(bad("the target is empty"));
-        }
+        let Some((kind, name)) = text.split_once(':') else {
+            return Err(bad(if text.is_empty() {
+                "no transport given".into()
+            } else {
+                format!("{text:?} is not a transport")
+            }));
+        };
         match kind {
+            "tmux" | "herdr" | "remote" if name.is_empty() => {
+                Err(bad(format!("the {kind} target is empty")))
+            }
             "tmux" => Ok(AgentSession::Tmux(name.to_string())),
             "herdr" => Ok(AgentSession::Herdr(name.to_string())),
             "remote" => Ok(AgentSession::Remote(name.to_string())),
-            _ => Err(bad("unknown transport")),
+            "exec" => Err(bad(
+                "exec takes no target (give the command with --exec CMD)".into(),
+            )),
+            "" => Err(bad("no transport before the ':'".into())),
+            other => Err(bad(format!("unknown transport {other:?}"))),
         }
     }
 
-    /// The job's `transport` field.
-    pub fn transport(&self) -> String {
+    /// The job's `transport` field: the kind, `tmux`, `herdr`, `exec` or `remote`.
+    pub fn kind(&self) -> &'static str {
         match self {
-            AgentSession::Tmux(t) => format!("tmux:{t}"),
-            AgentSession::Herdr(p) => format!("herdr:{p}"),
-            AgentSession::Exec => "exec".into(),
-            AgentSession::Remote(n) => format!("remote:{n}"),
+            AgentSession::Tmux(_) => "tmux",
+            AgentSession::Herdr(_) => "herdr",
+            AgentSession::Exec => "exec",
+            AgentSession::Remote(_) => "remote",
+        }
+    }
+}
+
+/// `--agent-session` as it is written (the job's `agent_session` field).
+impl std::fmt::Display for AgentSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AgentSession::Tmux(t) => write!(f, "tmux:{t}"),
+            AgentSession::Herdr(p) => write!(f, "herdr:{p}"),
+            AgentSession::Exec => f.write_str("exec"),
+            AgentSession::Remote(n) => write!(f, "remote:{n}"),
         }
     }
 }
@@ -102,6 +124,41 @@ impl TmuxServer {
             TmuxServer::Path(p) => vec!["-S".into(), p.display().to_string()],
         }
     }
+
+    /// `the default server`, `server "name"`, `server "/path"`: for messages.
+    fn describe(&self) -> String {
+        match self {
+            TmuxServer::Default => "the default server".into(),
+            TmuxServer::Named(n) => format!("server {n:?}"),
+            TmuxServer::Path(p) => format!("server {:?}", p.display().to_string()),
+        }
+    }
+
+    /// The `tmux ... ls` that lists this server's sessions, quoted for a shell.
+    fn ls_command(&self) -> String {
+        let mut words = vec!["tmux".to_string()];
+        words.extend(self.args().iter().map(|w| crate::brief::quote(w)));
+        words.push("ls".into());
+        words.join(" ")
+    }
+
+    /// The one-line error for a target this server does not have (`answer` is tmux's own).
+    fn no_pane(&self, target: &str, answer: &str) -> JobError {
+        let no_server = answer.contains("no server running") || answer.contains("error connecting");
+        JobError::BadInput(if no_server {
+            format!(
+                "no tmux pane named {target:?} on {}: no tmux server is running there (start \
+                 one, or set ${TMUX_SOCKET_ENV} to the server's name)",
+                self.describe()
+            )
+        } else {
+            format!(
+                "no tmux pane named {target:?} on {} (`{}` lists them)",
+                self.describe(),
+                self.ls_command()
+            )
+        })
+    }
 }
 
 /// A checked, reachable delivery target.
@@ -109,7 +166,10 @@ impl TmuxServer {
 pub enum Target {
     Tmux {
         server: TmuxServer,
+        /// What the user named (`--agent-session tmux:<target>`).
         target: String,
+        /// The pane it resolved to (`#{pane_id}`, `%N`): what the line is typed into.
+        pane_id: String,
         /// The pane's process (`#{pane_pid}`), which the heartbeat timer watches.
         pane_pid: i32,
     },
@@ -159,21 +219,49 @@ impl Target {
                 })
             }
             (AgentSession::Tmux(target), None) => {
+                // `list-panes -t` fails for a target tmux does not have; `display-message -t`
+                // alone would fall back to some other pane. The pane it names must be one of
+                // those listed.
+                let listed = run_tmux(&tmux, &["list-panes", "-t", target, "-F", "#{pane_id}"])
+                    .await
+                    .map_err(|e| match e.as_str() {
+                        e if e.starts_with("can't find")
+                            || e.contains("no server running")
+                            || e.contains("error connecting") =>
+                        {
+                            tmux.no_pane(target, e)
+                        }
+                        e => JobError::Delivery(format!("tmux target {target:?}: {e}")),
+                    })?;
                 let out = run_tmux(
                     &tmux,
-                    &["display-message", "-p", "-t", target, "#{pane_pid}"],
+                    &[
+                        "display-message",
+                        "-p",
+                        "-t",
+                        target,
+                        "#{pane_id} #{pane_pid}",
+                    ],
                 )
                 .await
                 .map_err(|e| JobError::Delivery(format!("tmux target {target:?}: {e}")))?;
-                let pane_pid = out.trim().parse::<i32>().map_err(|_| {
-                    JobError::Delivery(format!(
-                        "tmux target {target:?}: no pane pid in tmux's answer {:?}",
-                        out.trim()
-                    ))
-                })?;
+                let mut words = out.split_whitespace();
+                let (pane_id, pane_pid) = match (words.next(), words.next().map(str::parse)) {
+                    (Some(id), Some(Ok(pid))) => (id.to_string(), pid),
+                    _ => {
+                        return Err(JobError::Delivery(format!(
+                            "tmux target {target:?}: no pane in tmux's answer {:?}",
+                            out.trim()
+                        )))
+                    }
+                };
+                if !listed.lines().any(|l| l.trim() == pane_id) {
+                    return Err(tmux.no_pane(target, ""));
+                }
                 Ok(Target::Tmux {
                     server: tmux,
                     target: target.clone(),
+                    pane_id,
                     pane_pid,
                 })
             }
@@ -195,9 +283,10 @@ impl Target {
             Target::Tmux {
                 server,
                 target,
+                pane_id,
                 pane_pid,
             } => serde_json::json!({
-                "transport": "tmux", "target": target, "pane_pid": pane_pid,
+                "transport": "tmux", "target": target, "pane_id": pane_id, "pane_pid": pane_pid,
                 "server": match server {
                     TmuxServer::Default => "default".to_string(),
                     TmuxServer::Named(n) => format!("-L {n}"),
@@ -214,21 +303,27 @@ impl Target {
     /// Sends the one start line to a pane (`tmux`, `herdr`).
     pub async fn send_line(&self, line: &str) -> Result<(), JobError> {
         match self {
-            Target::Tmux { server, target, .. } => {
+            Target::Tmux {
+                server,
+                target,
+                pane_id,
+                ..
+            } => {
                 // The text literally (-l: no key names), then Enter, as one tmux command
-                // sequence, so the line is never left half-typed by a second failing call.
+                // sequence, so the line is never left half-typed by a second failing call. It
+                // goes to the pane resolved before anything was registered.
                 run_tmux(
                     server,
                     &[
                         "send-keys",
                         "-t",
-                        target,
+                        pane_id,
                         "-l",
                         line,
                         ";",
                         "send-keys",
                         "-t",
-                        target,
+                        pane_id,
                         "Enter",
                     ],
                 )
@@ -250,11 +345,11 @@ impl Target {
     /// anything.
     pub async fn capture(&self) -> Option<String> {
         match self {
-            Target::Tmux { server, target, .. } => {
-                run_tmux(server, &["capture-pane", "-p", "-t", target, "-S", "-50"])
-                    .await
-                    .ok()
-            }
+            Target::Tmux {
+                server, pane_id, ..
+            } => run_tmux(server, &["capture-pane", "-p", "-t", pane_id, "-S", "-50"])
+                .await
+                .ok(),
             Target::Herdr { exe, pane } => run_checked(
                 exe,
                 &["pane", "read", pane, "--source", "recent", "--lines", "50"],
@@ -378,21 +473,35 @@ mod tests {
     use super::*;
 
     #[test]
-    fn agent_sessions_parse_and_print_their_transport() {
-        for (text, want) in [
-            ("tmux:agents:0.1", AgentSession::Tmux("agents:0.1".into())),
-            ("tmux:%3", AgentSession::Tmux("%3".into())),
-            ("herdr:1-2", AgentSession::Herdr("1-2".into())),
-            ("exec", AgentSession::Exec),
-            ("remote:box", AgentSession::Remote("box".into())),
+    fn agent_sessions_parse_and_print_their_kind_and_text() {
+        for (text, want, kind) in [
+            (
+                "tmux:agents:0.1",
+                AgentSession::Tmux("agents:0.1".into()),
+                "tmux",
+            ),
+            ("tmux:%3", AgentSession::Tmux("%3".into()), "tmux"),
+            ("herdr:1-2", AgentSession::Herdr("1-2".into()), "herdr"),
+            ("exec", AgentSession::Exec, "exec"),
+            ("remote:box", AgentSession::Remote("box".into()), "remote"),
         ] {
             let got = AgentSession::parse(text).unwrap();
             assert_eq!(got, want);
-            assert_eq!(got.transport(), text);
+            assert_eq!(got.kind(), kind);
+            assert_eq!(got.to_string(), text);
         }
-        for bad in ["", "tmux", "tmux:", "ssh:box", "execs"] {
+        for (bad, why) in [
+            ("", "no transport given"),
+            ("tmux", "\"tmux\" is not a transport"),
+            ("tmux:", "the tmux target is empty"),
+            ("ssh:box", "unknown transport \"ssh\""),
+            ("execs", "\"execs\" is not a transport"),
+            ("exec:x", "exec takes no target"),
+            (":x", "no transport before"),
+        ] {
             let e = AgentSession::parse(bad).unwrap_err().to_string();
             assert!(e.contains("--agent-session"), "{e}");
+            assert!(e.contains(why), "{bad:?}: {e}");
         }
     }
 

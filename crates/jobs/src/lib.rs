@@ -40,7 +40,7 @@
 //! let mut registry = Registry::open(std::path::Path::new("/tmp/jobs"))?;
 //! let job = registry.register(NewJob {
 //!     job_id: None,
-//!     transport: "manual".into(),
+//!     agent_session: None,
 //!     prompt: "Fix the flaky test".into(),
 //!     contract: Contract::default(),
 //!     topic_base: "drover/v1".into(),

@@ -17,11 +17,15 @@ use std::time::Duration;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Row, TransactionBehavior};
 use serde_json::{json, Value};
 
+use crate::delivery::AgentSession;
 use crate::sign;
 use crate::state::{self, Contract, EventKind, JobStatus, Refusal};
 use crate::timer::TimerIdentity;
 use crate::JobError;
 
+/// The `transport` of a job registered by hand (`register` without `--agent-session`):
+/// drover delivers nothing.
+pub const MANUAL: &str = "manual";
 /// The database file inside the registry folder.
 pub const DB_FILE: &str = "jobs.db";
 /// `PRAGMA application_id` of a job registry ("DRVJ").
@@ -29,7 +33,8 @@ pub const APPLICATION_ID: i64 = 0x4452_564A;
 /// How long a writer waits for another process's transaction before giving up.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE jobs (
     job_id TEXT PRIMARY KEY,
     status TEXT NOT NULL
@@ -68,15 +73,30 @@ CREATE TABLE job_events (
     UNIQUE (job_id, seq)
 );
 CREATE INDEX job_events_by_job ON job_events (job_id, id);
-"#];
+"#,
+    // 2: `transport` becomes the kind (`tmux`, `herdr`, `remote`, `exec`, `manual`); what the user
+    // passed as `--agent-session` moves to its own column (null for a job registered by hand). A
+    // runner's record (`runner:<name>`) is the remote job it mirrors.
+    r#"
+ALTER TABLE jobs ADD COLUMN agent_session TEXT;
+UPDATE jobs SET agent_session = CASE
+    WHEN transport = 'manual' THEN NULL
+    WHEN transport LIKE 'runner:%' THEN 'remote:' || substr(transport, 8)
+    ELSE transport END;
+UPDATE jobs SET transport = CASE
+    WHEN transport LIKE 'runner:%' THEN 'remote'
+    WHEN instr(transport, ':') > 0 THEN substr(transport, 1, instr(transport, ':') - 1)
+    ELSE transport END;
+"#,
+];
 
 /// A new job's fields before it is stored.
 #[derive(Debug, Clone)]
 pub struct NewJob {
     /// An explicit id (`[A-Za-z0-9][A-Za-z0-9._-]{0,63}`), or `None` for a fresh one.
     pub job_id: Option<String>,
-    /// `tmux:<target>`, `herdr:<name>`, `exec`, or `manual` (registered, delivered by hand).
-    pub transport: String,
+    /// `--agent-session`; `None` for a job registered by hand (transport `manual`).
+    pub agent_session: Option<AgentSession>,
     /// The task, as the brief states it.
     pub prompt: String,
     /// The liveness contract.
@@ -86,20 +106,25 @@ pub struct NewJob {
     pub topic_base: String,
 }
 
-/// One job as stored (SPEC section 7).
-#[derive(Debug, Clone, PartialEq)]
+/// One job as stored (SPEC section 7). Its `Debug` output redacts `auth_token`.
+#[derive(Clone, PartialEq)]
 pub struct Job {
     pub job_id: String,
     pub status: JobStatus,
     /// The detail of the event or correction that set the current status
     /// (`agent_blocked`, `deadline_timeout`, the agent's summary, ...).
     pub status_detail: Option<String>,
+    /// The kind: `tmux`, `herdr`, `remote`, `exec`, or `manual` (registered by hand).
     pub transport: String,
+    /// `--agent-session` as the user passed it (`tmux:agents`, `remote:build-box`, `exec`);
+    /// `None` for a job registered by hand.
+    pub agent_session: Option<String>,
     pub prompt: String,
     pub contract: Contract,
     pub attempt_id: u64,
     pub dispatch_token: String,
-    /// Signs the job's messages. Never printed.
+    /// Signs the job's messages. Shown by `show --json` only (the registry is the owner's);
+    /// redacted in human output, logs and `Debug`.
     pub auth_token: String,
     pub topic_prefix: String,
     pub last_seq: u64,
@@ -121,15 +146,71 @@ pub struct LastEvent {
     pub detail: Option<String>,
 }
 
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Job")
+            .field("job_id", &self.job_id)
+            .field("status", &self.status)
+            .field("status_detail", &self.status_detail)
+            .field("transport", &self.transport)
+            .field("agent_session", &self.agent_session)
+            .field("prompt", &self.prompt)
+            .field("contract", &self.contract)
+            .field("attempt_id", &self.attempt_id)
+            .field("dispatch_token", &self.dispatch_token)
+            .field("auth_token", &REDACTED)
+            .field("topic_prefix", &self.topic_prefix)
+            .field("last_seq", &self.last_seq)
+            .field("last_event", &self.last_event)
+            .field("delivered_attempt", &self.delivered_attempt)
+            .field("heartbeat_timer", &self.heartbeat_timer)
+            .field("brief_path", &self.brief_path)
+            .field("created_at", &self.created_at)
+            .field("updated_at", &self.updated_at)
+            .finish()
+    }
+}
+
+/// What stands for `auth_token` wherever it must not show.
+pub const REDACTED: &str = "<redacted>";
+
 impl Job {
-    /// The `drover job show --json` shape (documented in `docs/jobs.md`). `auth_token` is
-    /// left out: it is a signing secret.
+    /// The agent session parsed again (`None` for a job registered by hand, or a stored value
+    /// this build does not know).
+    fn session(&self) -> Option<AgentSession> {
+        self.agent_session
+            .as_deref()
+            .and_then(|s| AgentSession::parse(s).ok())
+    }
+
+    /// The pane a `tmux` or `herdr` job goes to.
+    pub fn target(&self) -> Option<String> {
+        match self.session()? {
+            AgentSession::Tmux(t) | AgentSession::Herdr(t) => Some(t),
+            AgentSession::Exec | AgentSession::Remote(_) => None,
+        }
+    }
+
+    /// The runner a `remote` job goes to.
+    pub fn runner(&self) -> Option<String> {
+        match self.session()? {
+            AgentSession::Remote(name) => Some(name),
+            _ => None,
+        }
+    }
+
+    /// The `drover job show --json` shape (documented in `docs/jobs.md`): every stored field,
+    /// `auth_token` included (a third-party verifier needs it to check signatures; the
+    /// registry is the owner's, 0700/0600).
     pub fn to_json(&self) -> Value {
         json!({
             "job_id": self.job_id,
             "status": self.status.as_str(),
             "detail": self.status_detail,
             "transport": self.transport,
+            "target": self.target(),
+            "runner": self.runner(),
+            "agent_session": self.agent_session,
             "prompt": self.prompt,
             "heartbeat_sec": self.contract.heartbeat_sec,
             "heartbeat_misses": self.contract.heartbeat_misses,
@@ -137,6 +218,7 @@ impl Job {
             "idle_timeout_sec": self.contract.idle_timeout_sec,
             "attempt_id": self.attempt_id,
             "dispatch_token": self.dispatch_token,
+            "auth_token": self.auth_token,
             "topic_prefix": self.topic_prefix,
             "last_seq": self.last_seq,
             "last_event": self.last_event.as_ref().map(|e| json!({
@@ -416,13 +498,15 @@ impl Registry {
             return Err(JobError::DuplicateJob(job_id));
         }
         tx.execute(
-            "INSERT INTO jobs (job_id, status, transport, prompt, heartbeat_sec, heartbeat_misses,
-                ack_timeout_sec, idle_timeout_sec, attempt_id, dispatch_token, auth_token,
-                topic_prefix, created_at, updated_at)
-             VALUES (?1, 'pending', ?2, ?3, ?4, ?5, ?6, ?7, 1, ?8, ?9, ?10, ?11, ?11)",
+            "INSERT INTO jobs (job_id, status, transport, agent_session, prompt, heartbeat_sec,
+                heartbeat_misses, ack_timeout_sec, idle_timeout_sec, attempt_id, dispatch_token,
+                auth_token, topic_prefix, created_at, updated_at)
+             VALUES (?1, 'pending', ?2, ?12, ?3, ?4, ?5, ?6, ?7, 1, ?8, ?9, ?10, ?11, ?11)",
             params![
                 job_id,
-                new.transport,
+                new.agent_session
+                    .as_ref()
+                    .map_or(MANUAL, AgentSession::kind),
                 new.prompt,
                 new.contract.heartbeat_sec as i64,
                 new.contract.heartbeat_misses as i64,
@@ -432,6 +516,7 @@ impl Registry {
                 auth_token,
                 topic_prefix,
                 ts,
+                new.agent_session.as_ref().map(|s| s.to_string()),
             ],
         )?;
         tx.commit()?;
@@ -754,13 +839,15 @@ impl Registry {
         match (admission, &held) {
             (state::Admission::Insert, _) => {
                 tx.execute(
-                    "INSERT INTO jobs (job_id, status, transport, prompt, heartbeat_sec,
-                        heartbeat_misses, ack_timeout_sec, idle_timeout_sec, attempt_id,
-                        dispatch_token, auth_token, topic_prefix, created_at, updated_at)
-                     VALUES (?1, 'pending', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?12)",
+                    "INSERT INTO jobs (job_id, status, transport, agent_session, prompt,
+                        heartbeat_sec, heartbeat_misses, ack_timeout_sec, idle_timeout_sec,
+                        attempt_id, dispatch_token, auth_token, topic_prefix, created_at,
+                        updated_at)
+                     VALUES (?1, 'pending', 'remote', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11,
+                        ?12, ?12)",
                     params![
                         d.job_id,
-                        format!("runner:{}", d.runner),
+                        AgentSession::Remote(d.runner.clone()).to_string(),
                         d.prompt,
                         c.heartbeat_sec as i64,
                         c.heartbeat_misses as i64,
@@ -1168,6 +1255,7 @@ fn job_from_row(row: &Row<'_>, dir: &Path) -> rusqlite::Result<Result<Job, JobEr
         status,
         status_detail: row.get("status_detail")?,
         transport: row.get("transport")?,
+        agent_session: row.get("agent_session")?,
         prompt: row.get("prompt")?,
         contract: Contract {
             heartbeat_sec: u("heartbeat_sec")?,
@@ -1228,6 +1316,19 @@ pub fn now() -> f64 {
     (secs * 1000.0).round() / 1000.0
 }
 
+/// Unix seconds as a local ISO-8601 time with its offset (`2026-01-05T14:03:22.123+01:00`),
+/// for human output; the JSON shapes keep Unix seconds.
+pub fn local_time(ts: f64) -> String {
+    use chrono::TimeZone;
+    let millis = (ts * 1000.0).round() as i64;
+    match chrono::Local.timestamp_millis_opt(millis) {
+        chrono::LocalResult::Single(t) | chrono::LocalResult::Ambiguous(t, _) => {
+            t.format("%Y-%m-%dT%H:%M:%S%.3f%:z").to_string()
+        }
+        chrono::LocalResult::None => format!("{ts:.3} (Unix seconds)"),
+    }
+}
+
 /// `n` random bytes from the OS, hex encoded.
 pub fn random_hex(n: usize) -> Result<String, JobError> {
     let mut buf = vec![0u8; n];
@@ -1256,7 +1357,7 @@ mod tests {
     fn new_job(id: Option<&str>) -> NewJob {
         NewJob {
             job_id: id.map(str::to_string),
-            transport: "manual".into(),
+            agent_session: None,
             prompt: "do it".into(),
             contract: Contract::default(),
             topic_base: "drover/v1".into(),
@@ -1286,12 +1387,118 @@ mod tests {
         assert_eq!(job.topic_prefix, format!("drover/v1/jobs/{}", job.job_id));
         assert_eq!(job.heartbeat_timer, None);
         let shown = job.to_json();
-        assert!(shown.get("auth_token").is_none());
+        assert_eq!(shown["auth_token"], job.auth_token);
+        assert_eq!(shown["transport"], "manual");
+        assert_eq!(shown["agent_session"], Value::Null);
+        assert_eq!(shown["target"], Value::Null);
         assert_eq!(shown["idle_timeout_sec"], 120);
         assert_eq!(shown["heartbeat_timer"], Value::Null);
         let mode = std::fs::metadata(dir.path().join(DB_FILE)).unwrap();
         use std::os::unix::fs::PermissionsExt;
         assert_eq!(mode.permissions().mode() & 0o777, 0o600);
+    }
+
+    #[test]
+    fn the_record_names_the_transport_kind_its_target_and_what_the_user_passed() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut reg = Registry::open(dir.path()).unwrap();
+        for (id, session, kind, target, runner) in [
+            ("t", "tmux:agents:0.1", "tmux", Some("agents:0.1"), None),
+            ("h", "herdr:1-2", "herdr", Some("1-2"), None),
+            ("r", "remote:build-box", "remote", None, Some("build-box")),
+            ("e", "exec", "exec", None, None),
+        ] {
+            let job = reg
+                .register(NewJob {
+                    agent_session: Some(AgentSession::parse(session).unwrap()),
+                    ..new_job(Some(id))
+                })
+                .unwrap();
+            assert_eq!(job.transport, kind);
+            let shown = reg.job(id).unwrap().to_json();
+            assert_eq!(shown["transport"], kind, "{shown}");
+            assert_eq!(shown["agent_session"], session);
+            assert_eq!(shown["target"].as_str(), target);
+            assert_eq!(shown["runner"].as_str(), runner);
+        }
+        let listed: Vec<String> = reg
+            .list(None)
+            .unwrap()
+            .iter()
+            .map(|j| j.transport.clone())
+            .collect();
+        assert_eq!(listed.len(), 4);
+    }
+
+    #[test]
+    fn debug_output_redacts_the_auth_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut reg = Registry::open(dir.path()).unwrap();
+        let job = reg.register(new_job(None)).unwrap();
+        let debug = format!("{job:?}");
+        assert!(!debug.contains(&job.auth_token), "{debug}");
+        assert!(debug.contains(REDACTED));
+        assert!(debug.contains(&job.dispatch_token));
+    }
+
+    #[test]
+    fn a_first_version_registry_is_migrated_to_the_transport_kind() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let conn = Connection::open(dir.path().join(DB_FILE)).unwrap();
+            conn.execute_batch(MIGRATIONS[0]).unwrap();
+            conn.pragma_update(None, "user_version", 1).unwrap();
+            conn.pragma_update(None, "application_id", APPLICATION_ID)
+                .unwrap();
+            for (id, transport) in [
+                ("a", "tmux:agents"),
+                ("b", "herdr:1-1"),
+                ("c", "remote:box"),
+                ("d", "runner:box"),
+                ("e", "exec"),
+                ("f", "manual"),
+            ] {
+                conn.execute(
+                    "INSERT INTO jobs (job_id, status, transport, prompt, heartbeat_sec,
+                        heartbeat_misses, ack_timeout_sec, idle_timeout_sec, attempt_id,
+                        dispatch_token, auth_token, topic_prefix, created_at, updated_at)
+                     VALUES (?1, 'pending', ?2, 'p', 30, 4, 180, 120, 1, 'd', 'a', 't', 1, 1)",
+                    params![id, transport],
+                )
+                .unwrap();
+            }
+        }
+        let reg = Registry::open(dir.path()).unwrap();
+        let got: Vec<(String, Option<String>)> = reg
+            .list(None)
+            .unwrap()
+            .into_iter()
+            .map(|j| (j.transport, j.agent_session))
+            .collect();
+        let want = [
+            ("tmux", Some("tmux:agents")),
+            ("herdr", Some("herdr:1-1")),
+            ("remote", Some("remote:box")),
+            ("remote", Some("remote:box")),
+            ("exec", Some("exec")),
+            ("manual", None),
+        ];
+        let want: Vec<(String, Option<String>)> = want
+            .iter()
+            .map(|(t, s)| (t.to_string(), s.map(str::to_string)))
+            .collect();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn local_time_is_iso_8601_with_an_offset() {
+        let t = local_time(1_764_427_200.123);
+        // 2025-11-29T14:40:00.123 in UTC; the local offset decides the rest.
+        assert!(t.starts_with("2025-11-"), "{t}");
+        assert!(t.contains('T') && t.contains(".123"), "{t}");
+        let offset = &t[t.len() - 6..];
+        assert!(offset.starts_with('+') || offset.starts_with('-'), "{t}");
+        assert_eq!(&offset[3..4], ":", "{t}");
     }
 
     #[test]

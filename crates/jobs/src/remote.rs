@@ -290,7 +290,7 @@ pub async fn submit_remote(
     let mut registry = Registry::open(&ctx.registry_dir)?;
     let job = registry.register(NewJob {
         job_id: req.job_id.clone(),
-        transport: format!("remote:{}", req.runner),
+        agent_session: Some(crate::delivery::AgentSession::Remote(req.runner.clone())),
         prompt: req.prompt.clone(),
         contract: req.contract,
         topic_base: req.topic_base.clone(),
@@ -604,7 +604,7 @@ sys.stdout.write(json.dumps(m))
         let (a, job, _) = reg.admit_dispatch(&d, "auth2").unwrap();
         assert_eq!(a, Admission::Insert);
         assert_eq!((job.attempt_id, job.auth_token.as_str()), (2, "auth2"));
-        assert_eq!(job.transport, "runner:r1");
+        assert_eq!(job.transport, "remote");
         // Stored but not delivered yet: run it; once delivered: duplicate.
         assert_eq!(reg.admit_dispatch(&d, "auth2").unwrap().0, Admission::Run);
         reg.claim_delivery("j1", 2, json!({})).unwrap();

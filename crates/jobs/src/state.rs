@@ -69,7 +69,8 @@ impl JobStatus {
 
 impl fmt::Display for JobStatus {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        // `pad`, so a width (`{:<10}` in `job list`) lines the columns up.
+        f.pad(self.as_str())
     }
 }
 
@@ -513,6 +514,8 @@ mod tests {
         assert_eq!(JobStatus::parse("done"), None);
         assert_eq!(EventKind::parse("finished"), None);
         assert_eq!(EventKind::parse("Started"), None);
+        // A width lines up `job list`'s columns.
+        assert_eq!(format!("{:<9}|", JobStatus::Running), "running  |");
     }
 
     #[test]

@@ -90,10 +90,25 @@ pub async fn submit(ctx: SubmitContext<'_>, req: SubmitRequest) -> Result<Submit
         ctx.path_var.as_deref(),
     )
     .await?;
+    // The paths go into the one typed line: a control character (a newline) would end or
+    // break it in the pane.
+    for (what, path) in [
+        ("--registry-dir", &ctx.registry_dir),
+        ("--home", &ctx.home),
+        ("the drover executable's path", &ctx.exe),
+    ] {
+        if path.to_string_lossy().contains(char::is_control) {
+            return Err(JobError::BadInput(format!(
+                "{what} {:?} has a control character (a newline?), which cannot go into the \
+                 one-line start instruction",
+                path.display().to_string()
+            )));
+        }
+    }
     let mut registry = Registry::open(&ctx.registry_dir)?;
     let job = registry.register(NewJob {
         job_id: req.job_id.clone(),
-        transport: req.agent_session.transport(),
+        agent_session: Some(req.agent_session.clone()),
         prompt: req.prompt.clone(),
         contract: req.contract,
         topic_base: req.topic_base.clone(),
@@ -105,7 +120,7 @@ pub async fn submit(ctx: SubmitContext<'_>, req: SubmitRequest) -> Result<Submit
         watch: target.watch(),
     };
     brief::write(&registry, &job, &brief::render(&job, &brief_ctx))?;
-    let start_instruction = brief::start_instruction(&job);
+    let start_instruction = brief::start_instruction(&job, &brief_ctx);
     let start_command = brief::commands(&brief_ctx, &job).start;
     tracing::info!(job_id = %job.job_id, transport = %job.transport, "job registered");
     if req.dry_run {
@@ -252,8 +267,8 @@ async fn log_capture(
         .ok()?;
     writeln!(
         f,
-        "--- {:.3} {reason} (diagnostic only; the pane decides nothing) ---\n{}",
-        crate::registry::now(),
+        "--- {} {reason} (diagnostic only; the pane decides nothing) ---\n{}",
+        crate::registry::local_time(crate::registry::now()),
         screen.trim_end()
     )
     .ok()?;

@@ -365,7 +365,7 @@ mod tests {
         let job = reg
             .register(NewJob {
                 job_id: Some("w1".into()),
-                transport: "manual".into(),
+                agent_session: None,
                 prompt: "p".into(),
                 contract: Contract::default(),
                 topic_base: "drover/v1".into(),
