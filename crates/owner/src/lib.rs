@@ -12,9 +12,11 @@ pub mod config;
 pub mod daemon;
 pub mod home;
 pub mod hub;
+pub mod logfile;
 pub mod rpc;
 pub mod runtime;
 pub mod server;
+pub mod tls;
 pub mod turns;
 
 pub use daemon::{run_daemon, DaemonExit};
