@@ -37,15 +37,22 @@ pub(crate) fn check(path: &Path) -> Result<(), LedgerError> {
         .get(68..72)
         .and_then(|b| <[u8; 4]>::try_from(b).ok())
         .is_some_and(|b| i64::from(u32::from_be_bytes(b)) == APPLICATION_ID);
-    let damaged = |detail: String| damaged(path, detail);
-    let conn = match Connection::open_with_flags(
+    // Only corruption is damage: a busy or unreadable file is a storage error, and is not
+    // copied aside.
+    let refuse = |e: rusqlite::Error, drover: bool| {
+        if !crate::is_corruption(&e) {
+            LedgerError::Storage(e)
+        } else if drover {
+            damaged(path, e.to_string())
+        } else {
+            foreign(e.to_string())
+        }
+    };
+    let conn = Connection::open_with_flags(
         path,
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    ) {
-        Ok(c) => c,
-        Err(e) if header_says_drover => return Err(damaged(e.to_string())),
-        Err(e) => return Err(foreign(e.to_string())),
-    };
+    )
+    .map_err(|e| refuse(e, header_says_drover))?;
     let app_id = conn.query_row("PRAGMA application_id", [], |r| r.get::<_, i64>(0));
     let has_drover_tables = conn
         .query_row(
@@ -62,7 +69,7 @@ pub(crate) fn check(path: &Path) -> Result<(), LedgerError> {
         // Foreign, or a fresh empty SQLite file: `schema::migrate` tells which.
         return match app_id.and(has_drover_tables) {
             Ok(_) => Ok(()),
-            Err(e) => Err(foreign(e.to_string())),
+            Err(e) => Err(refuse(e, false)),
         };
     }
     let report: Result<Vec<String>, rusqlite::Error> = conn
@@ -70,8 +77,9 @@ pub(crate) fn check(path: &Path) -> Result<(), LedgerError> {
         .and_then(|mut st| st.query_map([], |r| r.get::<_, String>(0))?.collect());
     match report {
         Ok(lines) if lines.len() == 1 && lines[0] == "ok" => Ok(()),
-        Ok(lines) => Err(damaged(format!("quick_check: {}", lines.join("; ")))),
-        Err(e) => Err(damaged(format!("quick_check: {e}"))),
+        Ok(lines) => Err(damaged(path, format!("quick_check: {}", lines.join("; ")))),
+        Err(e) if crate::is_corruption(&e) => Err(damaged(path, format!("quick_check: {e}"))),
+        Err(e) => Err(LedgerError::Storage(e)),
     }
 }
 
@@ -85,7 +93,8 @@ fn read_header(path: &Path) -> Vec<u8> {
     buf
 }
 
-fn damaged(path: &Path, mut detail: String) -> LedgerError {
+/// The error for a damaged drover ledger, after copying it aside.
+pub(crate) fn damaged(path: &Path, mut detail: String) -> LedgerError {
     if detail.len() > DETAIL_MAX {
         let mut cut = DETAIL_MAX;
         while !detail.is_char_boundary(cut) {

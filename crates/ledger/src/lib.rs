@@ -199,8 +199,9 @@ impl Ledger {
         match schema::migrate(&mut conn) {
             Ok(()) => {}
             Err(LedgerError::Foreign(d)) => return Err(foreign(d)),
+            // The check passed, so this is drover's file (or an empty one) found damaged late.
             Err(LedgerError::Storage(e)) if is_corruption(&e) => {
-                return Err(foreign(e.to_string()))
+                return Err(integrity::damaged(path, e.to_string()))
             }
             Err(e) => return Err(e),
         }
@@ -266,7 +267,7 @@ impl Ledger {
     }
 }
 
-fn is_corruption(e: &rusqlite::Error) -> bool {
+pub(crate) fn is_corruption(e: &rusqlite::Error) -> bool {
     matches!(
         e.sqlite_error_code(),
         Some(rusqlite::ErrorCode::DatabaseCorrupt) | Some(rusqlite::ErrorCode::NotADatabase)
