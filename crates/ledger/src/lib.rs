@@ -6,6 +6,10 @@
 //! and recovery after a restart (G2). Each write returns the events it stored so the owner can
 //! publish them after the commit. The state machines are plain functions in [`state`].
 //!
+//! Opening checks the file first (`PRAGMA quick_check` through a read-only connection): a
+//! damaged drover ledger is copied aside ([`set_aside`]) and refused, never written, and one
+//! process at a time may hold a [`Ledger`] on a file (an `flock(2)` on `state.db`).
+//!
 //! What this crate does not do: sockets, processes, or deciding *when* to claim a turn.
 //!
 //! ```no_run
