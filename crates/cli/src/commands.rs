@@ -65,15 +65,75 @@ fn pid_alive(pid: u32) -> bool {
 
 /// Finds the home's running daemon, or starts one in the background and waits for it.
 pub async fn ensure_daemon(home: &Path) -> Result<(DaemonInfo, Client)> {
+    let pinned = Config::load(home).ok().and_then(|c| c.daemon.tls_cert);
     if let Some(info) = DaemonInfo::read(home).filter(|i| pid_alive(i.pid)) {
-        if let Ok(c) = Client::connect(&info.url, &info.token).await {
-            return Ok((info, c));
+        match Client::connect(&info.url, &info.token, pinned.as_deref()).await {
+            Ok(c) => return Ok((info, c)),
+            // A certificate that is not the configured one will not become it by waiting.
+            Err(e) if is_tls_failure(&e) => return Err(e),
+            Err(_) => {}
         }
     }
     // A daemon that cannot start because of its config would only say so in its log.
     if let Err(e) = Config::load(home) {
         bail!("{e}");
     }
+    // An owner holds the home but has no daemon.json yet (starting, or it was deleted and is
+    // being rewritten): wait for it rather than start one that can only exit 3.
+    let owner = drover_owner::home::owner_pid(home);
+    let mut child = match owner {
+        Some(_) => None,
+        None => Some(spawn_daemon(home)?),
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        if let Some(info) = DaemonInfo::read(home).filter(|i| pid_alive(i.pid)) {
+            if let Ok(c) = Client::connect(&info.url, &info.token, pinned.as_deref()).await {
+                return Ok((info, c));
+            }
+        }
+        if let Some(Ok(Some(status))) = child.as_mut().map(|c| c.try_wait()) {
+            // Exit 3: another daemon won the race for this home; keep looking for its file.
+            if status.code() != Some(3) {
+                bail!(
+                    "the daemon exited with {status}; see {}",
+                    home.join("logs").join("daemon.log").display()
+                );
+            }
+        }
+        if tokio::time::Instant::now() > deadline {
+            let who = owner.map_or_else(
+                || "the daemon".to_string(),
+                |p| format!("the daemon (pid {p})"),
+            );
+            bail!(
+                "{who} did not answer within 15 s; see {}",
+                home.join("logs").join("daemon.log").display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Whether a connection failed in its TLS handshake (a wrong certificate, say).
+fn is_tls_failure(e: &anyhow::Error) -> bool {
+    use tokio_tungstenite::tungstenite::Error as WsError;
+    // tokio-rustls reports a refused certificate as an io::Error wrapping the rustls error.
+    let rustls_io = |io: &std::io::Error| io.get_ref().is_some_and(|i| i.is::<rustls::Error>());
+    e.chain().any(|cause| {
+        match cause.downcast_ref::<WsError>() {
+            Some(WsError::Tls(_)) => return true,
+            Some(WsError::Io(io)) => return rustls_io(io),
+            _ => {}
+        }
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(rustls_io)
+    })
+}
+
+/// Starts `drover daemon` for `home` in its own session, with null stdio.
+fn spawn_daemon(home: &Path) -> Result<std::process::Child> {
     let exe = std::env::current_exe().context("cannot find the drover executable")?;
     std::fs::create_dir_all(home).with_context(|| format!("cannot create {}", home.display()))?;
     let mut cmd = std::process::Command::new(exe);
@@ -84,31 +144,7 @@ pub async fn ensure_daemon(home: &Path) -> Result<(DaemonInfo, Client)> {
         .stdout(Stdio::null())
         .stderr(Stdio::null());
     // A new session: the daemon must outlive this terminal and its Ctrl-C.
-    let mut child = drover_platform::spawn_detached(&mut cmd).context("cannot start the daemon")?;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    loop {
-        if let Some(info) = DaemonInfo::read(home).filter(|i| pid_alive(i.pid)) {
-            if let Ok(c) = Client::connect(&info.url, &info.token).await {
-                return Ok((info, c));
-            }
-        }
-        if let Ok(Some(status)) = child.try_wait() {
-            // Exit 3: another daemon won the race for this home; keep looking for its file.
-            if status.code() != Some(3) {
-                bail!(
-                    "the daemon exited with {status}; see {}",
-                    home.join("logs").join("daemon.log").display()
-                );
-            }
-        }
-        if tokio::time::Instant::now() > deadline {
-            bail!(
-                "the daemon did not start within 15 s; see {}",
-                home.join("logs").join("daemon.log").display()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    drover_platform::spawn_detached(&mut cmd).context("cannot start the daemon")
 }
 
 /// `session.create` errors in the words of `drover run`'s flags.
@@ -429,23 +465,27 @@ pub async fn sessions(home: PathBuf, as_json: bool) -> Result<Exit> {
 
 /// `drover stop`: SIGTERM to the daemon, then wait for it to exit.
 pub async fn stop(home: PathBuf) -> Result<Exit> {
-    let Some(info) = DaemonInfo::read(&home).filter(|i| pid_alive(i.pid)) else {
+    // The lock names the owner even when daemon.json is gone.
+    let pid = drover_owner::home::owner_pid(&home)
+        .or_else(|| DaemonInfo::read(&home).map(|i| i.pid))
+        .filter(|pid| pid_alive(*pid));
+    let Some(pid) = pid else {
         eprintln!("drover: no daemon is running for {}", home.display());
         return Ok(Exit::Ok);
     };
     nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(info.pid as i32),
+        nix::unistd::Pid::from_raw(pid as i32),
         nix::sys::signal::Signal::SIGTERM,
     )
-    .with_context(|| format!("cannot signal daemon pid {}", info.pid))?;
+    .with_context(|| format!("cannot signal daemon pid {pid}"))?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while pid_alive(info.pid) {
+    while pid_alive(pid) {
         if tokio::time::Instant::now() > deadline {
-            bail!("daemon pid {} did not exit within 60 s", info.pid);
+            bail!("daemon pid {pid} did not exit within 60 s");
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    eprintln!("drover: daemon pid {} stopped", info.pid);
+    eprintln!("drover: daemon pid {pid} stopped");
     Ok(Exit::Ok)
 }
 

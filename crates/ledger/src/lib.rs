@@ -6,6 +6,10 @@
 //! and recovery after a restart (G2). Each write returns the events it stored so the owner can
 //! publish them after the commit. The state machines are plain functions in [`state`].
 //!
+//! Opening checks the file first (`PRAGMA quick_check` through a read-only connection): a
+//! damaged drover ledger is copied aside ([`set_aside`]) and refused, never written, and one
+//! process at a time may hold a [`Ledger`] on a file (an `flock(2)` on `state.db`).
+//!
 //! What this crate does not do: sockets, processes, or deciding *when* to claim a turn.
 //!
 //! ```no_run
@@ -20,6 +24,7 @@ mod admissions;
 mod counts;
 pub mod delegation;
 mod events;
+mod integrity;
 mod persist;
 mod processes;
 pub mod schema;
@@ -36,6 +41,7 @@ use sha2::{Digest, Sha256};
 pub use admissions::{AdmissionRow, AdmitRequest, Claim, Receipt, Recovery, Settlement};
 pub use delegation::{ChildReserved, DelegationLimits, ParentAnswer};
 pub use events::StoredEvent;
+pub use integrity::set_aside;
 pub use persist::{ApprovalRule, PersistOutcome, PromptResponse, PromptRow};
 pub use processes::BOOTSTRAP_FINISHED_PROCESSES;
 pub use sessions::{NewSession, SessionRow, SessionSummary};
@@ -55,6 +61,21 @@ pub enum LedgerError {
     /// Internal form of `ForeignFile` before the path is known.
     #[error("not a drover ledger: {0}")]
     Foreign(String),
+    /// A drover ledger that fails its start-up integrity check. The file was copied to
+    /// `backup` (with its `-wal`) before anything else touched it; the owner refuses to start.
+    #[error(
+        "{path} is a damaged drover ledger ({detail}); drover will not start on it. A copy of \
+         it (and of its -wal, if any) is at {backup}: try `sqlite3 {backup} .recover`, or move \
+         {path} away to start with an empty ledger"
+    )]
+    Damaged {
+        path: PathBuf,
+        detail: String,
+        backup: PathBuf,
+    },
+    /// Another process holds this ledger open for writing (SPEC section 1: one owner).
+    #[error("{path} is in use by another drover owner")]
+    InUse { path: PathBuf },
     #[error("{0} not found")]
     NotFound(String),
     /// `admission_conflict`: same key, different payload.
@@ -83,9 +104,10 @@ impl LedgerError {
             LedgerError::Storage(_) | LedgerError::Corrupt(_) | LedgerError::Unavailable(_) => {
                 ErrorReason::StorageUnavailable
             }
-            LedgerError::ForeignFile { .. } | LedgerError::Foreign(_) => {
-                ErrorReason::StorageUnavailable
-            }
+            LedgerError::ForeignFile { .. }
+            | LedgerError::Foreign(_)
+            | LedgerError::Damaged { .. }
+            | LedgerError::InUse { .. } => ErrorReason::StorageUnavailable,
             LedgerError::NotFound(_) => ErrorReason::NotFound,
             LedgerError::Conflict(_) => ErrorReason::AdmissionConflict,
             LedgerError::StaleEpoch { .. } => ErrorReason::StaleEpoch,
@@ -124,26 +146,57 @@ pub struct RuntimeEpoch {
 pub struct Ledger {
     conn: Connection,
     epoch: u64,
+    /// An exclusive `flock(2)` on `state.db`, so one process at a time writes the ledger.
+    /// Declared after `conn` so it is closed after it: closing any descriptor of the file
+    /// drops every POSIX lock this process holds on it, SQLite's included. flock(2) locks are
+    /// apart from SQLite's fcntl(2) locks on Linux, so the two never interfere.
+    _writer: std::fs::File,
 }
 
 impl Ledger {
-    /// Opens or creates `state.db` (mode 0600), sets WAL and `synchronous=FULL`, and migrates.
-    /// A foreign or corrupt file gives [`LedgerError::ForeignFile`] and is left untouched.
+    /// Opens or creates `state.db` (mode 0600), checks it, sets WAL and `synchronous=FULL`, and
+    /// migrates. A foreign file gives [`LedgerError::ForeignFile`] and is left untouched; a drover
+    /// ledger failing `PRAGMA quick_check` gives [`LedgerError::Damaged`], after a copy of it
+    /// is set aside, and is not written.
     pub fn open(path: &Path) -> Result<Ledger, LedgerError> {
         let foreign = |detail: String| LedgerError::ForeignFile {
             path: path.to_path_buf(),
             detail,
         };
         let existed = path.exists();
+        let writer = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(|e| {
+                LedgerError::Unavailable(format!("cannot open {}: {e}", path.display()))
+            })?;
+        match writer.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(LedgerError::InUse {
+                    path: path.to_path_buf(),
+                })
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(LedgerError::Unavailable(format!(
+                    "cannot lock {}: {e}",
+                    path.display()
+                )))
+            }
+        }
+        if !existed {
+            set_private(path);
+        }
+        integrity::check(path)?;
         let mut conn = Connection::open_with_flags(
             path,
             OpenFlags::SQLITE_OPEN_READ_WRITE
                 | OpenFlags::SQLITE_OPEN_CREATE
                 | OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )?;
-        if !existed {
-            set_private(path);
-        }
         // Reading the header first: a non-SQLite file fails here, before any write.
         if let Err(e) = conn.query_row("PRAGMA schema_version", [], |r| r.get::<_, i64>(0)) {
             return Err(foreign(e.to_string()));
@@ -151,8 +204,9 @@ impl Ledger {
         match schema::migrate(&mut conn) {
             Ok(()) => {}
             Err(LedgerError::Foreign(d)) => return Err(foreign(d)),
+            // The check passed, so this is drover's file (or an empty one) found damaged late.
             Err(LedgerError::Storage(e)) if is_corruption(&e) => {
-                return Err(foreign(e.to_string()))
+                return Err(integrity::damaged(path, e.to_string()))
             }
             Err(e) => return Err(e),
         }
@@ -170,7 +224,11 @@ impl Ledger {
                 r.get::<_, i64>(0)
             })
             .unwrap_or(0) as u64;
-        Ok(Ledger { conn, epoch })
+        Ok(Ledger {
+            conn,
+            epoch,
+            _writer: writer,
+        })
     }
 
     /// Raises the runtime epoch by one (SPEC section 1: at each owner start) and gives the new
@@ -214,7 +272,7 @@ impl Ledger {
     }
 }
 
-fn is_corruption(e: &rusqlite::Error) -> bool {
+pub(crate) fn is_corruption(e: &rusqlite::Error) -> bool {
     matches!(
         e.sqlite_error_code(),
         Some(rusqlite::ErrorCode::DatabaseCorrupt) | Some(rusqlite::ErrorCode::NotADatabase)

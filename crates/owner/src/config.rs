@@ -2,7 +2,7 @@
 //! and `$OPENAI_API_KEY` (or the variable named by `api_key_env`) fill what the file leaves out.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
@@ -143,6 +143,13 @@ pub struct DaemonSection {
     /// SIGTERM, then SIGKILL (SPEC section 1: 5 s).
     #[serde(default = "default_interrupt_grace")]
     pub interrupt_grace_s: f64,
+    /// SPEC section 1: a `listen` address beyond loopback needs this, and TLS.
+    #[serde(default)]
+    pub allow_remote: bool,
+    /// PEM certificate chain; with `tls_key`, the endpoint is served over TLS (`wss://`).
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of `tls_cert`.
+    pub tls_key: Option<PathBuf>,
 }
 
 impl Default for DaemonSection {
@@ -151,8 +158,62 @@ impl Default for DaemonSection {
             listen: default_listen(),
             drain_grace_s: default_drain_grace(),
             interrupt_grace_s: default_interrupt_grace(),
+            allow_remote: false,
+            tls_cert: None,
+            tls_key: None,
         }
     }
+}
+
+impl DaemonSection {
+    /// The TLS files, when both are set.
+    pub fn tls(&self) -> Option<(&Path, &Path)> {
+        Some((self.tls_cert.as_deref()?, self.tls_key.as_deref()?))
+    }
+
+    /// SPEC section 1: loopback only, unless `allow_remote`; beyond loopback, TLS. The message
+    /// names the keys to set.
+    fn check(&self) -> Result<(), String> {
+        if self.tls_cert.is_some() != self.tls_key.is_some() {
+            return Err(format!(
+                "[daemon] tls_cert and tls_key go together; only {} is set",
+                if self.tls_cert.is_some() {
+                    "tls_cert"
+                } else {
+                    "tls_key"
+                }
+            ));
+        }
+        if is_loopback(&self.listen) {
+            return Ok(());
+        }
+        if !self.allow_remote {
+            return Err(format!(
+                "[daemon] listen = {:?} is not a loopback address: other hosts could reach the \
+                 daemon. Listen on 127.0.0.1, or set [daemon] allow_remote = true (with \
+                 tls_cert and tls_key)",
+                self.listen
+            ));
+        }
+        if self.tls().is_none() {
+            return Err(format!(
+                "[daemon] listen = {:?} with allow_remote = true needs [daemon] tls_cert and \
+                 tls_key: the token would cross the network in the clear over plain ws",
+                self.listen
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Whether `listen` (`host:port`) names only loopback: a loopback IP, or `localhost`.
+fn is_loopback(listen: &str) -> bool {
+    if let Ok(addr) = listen.parse::<std::net::SocketAddr>() {
+        return addr.ip().is_loopback();
+    }
+    listen
+        .rsplit_once(':')
+        .is_some_and(|(host, _)| host.eq_ignore_ascii_case("localhost"))
 }
 
 /// `[mqtt]`.
@@ -264,6 +325,13 @@ impl Config {
                 })
             }
         }
+        config
+            .daemon
+            .check()
+            .map_err(|message| ConfigError::Parse {
+                path: path.display().to_string(),
+                message,
+            })?;
         Ok(config)
     }
 
@@ -356,6 +424,36 @@ mod tests {
         std::fs::write(dir.path().join("config.toml"), "[model]\nnmae = \"x\"\n").unwrap();
         let e = Config::load(dir.path()).unwrap_err().to_string();
         assert!(e.contains("nmae"), "{e}");
+    }
+
+    #[test]
+    fn listen_beyond_loopback_needs_allow_remote_and_tls() {
+        let dir = tempfile::tempdir().unwrap();
+        let load = |daemon: &str| {
+            std::fs::write(
+                dir.path().join("config.toml"),
+                format!("[daemon]\n{daemon}\n"),
+            )
+            .unwrap();
+            Config::load(dir.path()).map_err(|e| e.to_string())
+        };
+        for ok in ["127.0.0.1:0", "[::1]:7000", "localhost:7000", "127.0.0.2:0"] {
+            load(&format!("listen = {ok:?}")).unwrap();
+        }
+        let e = load("listen = \"0.0.0.0:0\"").unwrap_err();
+        assert!(
+            e.contains("[daemon] listen") && e.contains("allow_remote"),
+            "{e}"
+        );
+        let e = load("listen = \"0.0.0.0:0\"\nallow_remote = true").unwrap_err();
+        assert!(e.contains("tls_cert") && e.contains("tls_key"), "{e}");
+        let e = load("tls_cert = \"/c.pem\"").unwrap_err();
+        assert!(e.contains("tls_key"), "{e}");
+        let c = load("listen = \"0.0.0.0:0\"\nallow_remote = true\ntls_cert = \"/c.pem\"\ntls_key = \"/k.pem\"")
+            .unwrap();
+        assert_eq!(c.daemon.tls().unwrap().0, Path::new("/c.pem"));
+        // Loopback may have allow_remote without TLS: nothing leaves the host.
+        load("allow_remote = true").unwrap();
     }
 
     #[test]

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use drover_ledger::Ledger;
+use drover_ledger::{Ledger, LedgerError};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::EnvFilter;
@@ -64,11 +64,19 @@ pub fn run_daemon(home: &Path) -> DaemonExit {
 
 fn init_logging(home: &Path) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(home.join("logs").join("daemon.log"))
-        .ok();
+    // `$DROVER_LOG_MAX_BYTES` lets tests see a rotation without writing 10 MiB.
+    let max_bytes = std::env::var("DROVER_LOG_MAX_BYTES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(crate::logfile::MAX_BYTES);
+    let path = home.join("logs").join("daemon.log");
+    let file = match crate::logfile::RotatingLog::open(&path, max_bytes, crate::logfile::KEEP) {
+        Ok(f) => Some(f),
+        Err(e) => {
+            eprintln!("drover daemon: cannot open {}: {e}", path.display());
+            None
+        }
+    };
     let file_layer = file.map(|f| {
         tracing_subscriber::fmt::layer()
             .with_ansi(false)
@@ -91,9 +99,31 @@ async fn serve(home: PathBuf) -> DaemonExit {
             return DaemonExit::Failed;
         }
     };
+    let tls = match config.daemon.tls() {
+        Some((cert, key)) => match crate::tls::server_config(cert, key) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                tracing::error!("{e}");
+                eprintln!("drover daemon: {e}");
+                return DaemonExit::Failed;
+            }
+        },
+        None => None,
+    };
     let db = home.join("state.db");
+    if let Some(refusal) = refuse_empty_ledger(&home, &db) {
+        tracing::error!("{refusal}");
+        eprintln!("drover daemon: {refusal}");
+        return DaemonExit::Failed;
+    }
     let mut ledger = match Ledger::open(&db) {
         Ok(l) => l,
+        Err(e @ LedgerError::InUse { .. }) => {
+            let pid = drover_tools::platform::flock_holder(&db)
+                .map_or_else(|| "unknown".to_string(), |p| p.to_string());
+            eprintln!("drover daemon: {e} (pid {pid})");
+            return DaemonExit::HomeOwned;
+        }
         Err(e) => {
             tracing::error!("{e}");
             eprintln!("drover daemon: {e}");
@@ -174,7 +204,7 @@ async fn serve(home: PathBuf) -> DaemonExit {
         pid: std::process::id(),
         epoch: epoch.epoch,
         instance_id: epoch.instance_id.clone(),
-        url: format!("ws://{addr}/v1/ws"),
+        url: advertised_url(addr, tls.is_some()),
         token: token.clone(),
         started_at: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -185,27 +215,47 @@ async fn serve(home: PathBuf) -> DaemonExit {
     let shutdown = owner.shutdown.clone();
     let server_stop = shutdown.clone();
     let server = tokio::spawn(async move {
-        use axum::serve::ListenerExt;
-        // Small request/response frames: Nagle plus delayed ACKs would add ~40 ms a round trip.
-        let listener = listener.tap_io(|tcp| {
-            if let Err(e) = tcp.set_nodelay(true) {
-                tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+        let stop = async move { server_stop.cancelled().await };
+        match tls {
+            Some(config) => {
+                let listener = crate::tls::TlsListener::new(listener, config)?;
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(stop)
+                    .await
             }
-        });
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move { server_stop.cancelled().await })
-            .await
+            None => {
+                use axum::serve::ListenerExt;
+                // Small request/response frames: Nagle plus delayed ACKs would add ~40 ms a
+                // round trip.
+                let listener = listener.tap_io(|tcp| {
+                    if let Err(e) = tcp.set_nodelay(true) {
+                        tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+                    }
+                });
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(stop)
+                    .await
+            }
+        }
     });
     if let Err(e) = info.write(&home) {
         eprintln!("drover daemon: cannot write daemon.json: {e}");
         shutdown.cancel();
         return DaemonExit::Failed;
     }
+    let guard_stop = tokio_util::sync::CancellationToken::new();
+    let guard = tokio::spawn(keep_daemon_json(
+        home.clone(),
+        info.clone(),
+        guard_stop.clone(),
+    ));
     tracing::info!(epoch = epoch.epoch, url = %info.url, pid = info.pid, "owner listening");
     kick_all(&owner).await;
     start_watchdog(&owner);
 
     signals.wait(&shutdown).await;
+    guard_stop.cancel();
+    let _ = guard.await;
     tracing::info!("stopping: draining running turns");
     drain(&owner, grace).await;
     DaemonInfo::remove(&home, &epoch.instance_id);
@@ -216,6 +266,90 @@ async fn serve(home: PathBuf) -> DaemonExit {
     let _ = tokio::time::timeout(Duration::from_secs(3), owner.connections.wait()).await;
     tracing::info!("stopped");
     DaemonExit::Ok
+}
+
+/// How often the daemon checks that `daemon.json` still names it.
+const DAEMON_JSON_CHECK: Duration = Duration::from_secs(1);
+
+/// Rewrites `daemon.json` when it goes missing or stops naming this daemon, so clients can
+/// still find (and `drover stop` still stop) an owner whose file was deleted under it.
+async fn keep_daemon_json(
+    home: PathBuf,
+    info: DaemonInfo,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let mut tick = tokio::time::interval(DAEMON_JSON_CHECK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        if DaemonInfo::read(&home).as_ref() == Some(&info) {
+            continue;
+        }
+        match info.write(&home) {
+            Ok(()) => tracing::warn!(
+                pid = info.pid,
+                "daemon.json was missing or changed; rewrote it"
+            ),
+            Err(e) => tracing::warn!(error = %e, "cannot rewrite daemon.json"),
+        }
+    }
+}
+
+/// The URL clients on this host use: `wss://` with TLS. A wildcard address (`0.0.0.0`, `::`)
+/// is advertised as loopback, since `daemon.json` is read on this host only.
+fn advertised_url(addr: std::net::SocketAddr, tls: bool) -> String {
+    let mut addr = addr;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(match addr.ip() {
+            std::net::IpAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            std::net::IpAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    let scheme = if tls { "wss" } else { "ws" };
+    format!("{scheme}://{addr}/v1/ws")
+}
+
+/// SPEC section 3: a 0-byte `state.db` in a home that has been used is a lost ledger, not a
+/// new one. Gives the refusal (after copying the file aside), or `None` to go on.
+fn refuse_empty_ledger(home: &Path, db: &Path) -> Option<String> {
+    if std::fs::metadata(db).ok()?.len() != 0 {
+        return None;
+    }
+    let evidence = history_evidence(home, db)?;
+    let backup = match drover_ledger::set_aside(db) {
+        Ok(b) => format!(
+            "the file (and its -wal, if any) was copied to {}",
+            b.display()
+        ),
+        Err(e) => format!("it could not be copied aside ({e})"),
+    };
+    Some(format!(
+        "{} is empty (0 bytes), but this home has been used before ({evidence}): its sessions \
+         and history are gone. drover will not start a new ledger over it; {backup}. Restore \
+         state.db from a backup, or remove it to start with an empty ledger",
+        db.display()
+    ))
+}
+
+/// What shows that an owner ran in `home` before: a non-empty WAL, daemon log or worker logs.
+fn history_evidence(home: &Path, db: &Path) -> Option<String> {
+    let size = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+    let mut wal = db.as_os_str().to_owned();
+    wal.push("-wal");
+    if size(Path::new(&wal)) > 0 {
+        return Some("state.db-wal is not empty".into());
+    }
+    if size(&home.join("logs").join("daemon.log")) > 0 {
+        return Some("logs/daemon.log is not empty".into());
+    }
+    let workers = std::fs::read_dir(home.join("logs").join("workers")).ok()?;
+    workers
+        .flatten()
+        .next()
+        .map(|_| "logs/workers has worker logs".into())
 }
 
 /// Background processes outlive workers and owners (SPEC section 6), so a `running` row stays

@@ -1,7 +1,7 @@
 //! The home directory: resolution, the owner lock and `daemon.json` (SPEC section 1).
 
 use std::fs::{File, OpenOptions};
-use std::io::{Read, Seek, Write};
+use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -36,8 +36,16 @@ pub fn prepare_home(home: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// The exclusive owner lock on `<home>/daemon.lock`, held for the daemon's life.
+/// The owner lock, held for the daemon's life (SPEC section 1: one owner per home).
+///
+/// The exclusion is an exclusive `flock(2)` on the home directory's own inode: unlike
+/// `daemon.lock`, it cannot be deleted from under a running owner, so a second owner can never
+/// open the ledger, whatever happened to the files in the home. `daemon.lock` is still locked
+/// too (older drovers look only there) and holds the owner's pid, written whole and renamed
+/// into place, so no reader ever sees it empty. The holder of a refused lock is named from
+/// the kernel's lock table, which knows it from the instant the lock is taken.
 pub struct HomeLock {
+    _home: File,
     _file: File,
 }
 
@@ -55,39 +63,82 @@ pub enum LockError {
 }
 
 impl HomeLock {
-    /// Takes the lock without waiting and writes our pid into the file.
+    /// Takes the lock without waiting and writes our pid into `daemon.lock`.
     pub fn acquire(home: &Path) -> Result<HomeLock, LockError> {
-        let path = home.join("daemon.lock");
-        let io = |source| LockError::Io {
-            path: path.display().to_string(),
-            source,
+        let io = |path: &Path| {
+            let path = path.display().to_string();
+            move |source| LockError::Io { path, source }
         };
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(&path)
-            .map_err(io)?;
+        let held = |pid: Option<u32>| LockError::Held {
+            home: home.display().to_string(),
+            pid: pid.map_or_else(|| "unknown".to_string(), |p| p.to_string()),
+        };
+        let dir = File::open(home).map_err(io(home))?;
+        match dir.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => return Err(held(owner_pid(home))),
+            Err(std::fs::TryLockError::Error(e)) => return Err(io(home)(e)),
+        }
+        let path = home.join("daemon.lock");
+        // An older drover locks only daemon.lock.
+        if let Ok(old) = File::open(&path) {
+            if let Err(std::fs::TryLockError::WouldBlock) = old.try_lock() {
+                return Err(held(lock_file_holder(home)));
+            }
+        }
+        let tmp = home.join("daemon.lock.tmp");
+        {
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tmp)
+                .map_err(io(&tmp))?;
+            write!(f, "{}", std::process::id()).map_err(io(&tmp))?;
+            f.sync_all().map_err(io(&tmp))?;
+        }
+        std::fs::rename(&tmp, &path).map_err(io(&path))?;
+        let file = File::open(&path).map_err(io(&path))?;
         match file.try_lock() {
             Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => {
-                let mut pid = String::new();
-                let _ = file.read_to_string(&mut pid);
-                return Err(LockError::Held {
-                    home: home.display().to_string(),
-                    pid: pid.trim().to_string(),
-                });
-            }
-            Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
+            Err(std::fs::TryLockError::WouldBlock) => return Err(held(recorded_pid(home))),
+            Err(std::fs::TryLockError::Error(e)) => return Err(io(&path)(e)),
         }
-        file.set_len(0).map_err(io)?;
-        file.rewind().map_err(io)?;
-        write!(file, "{}", std::process::id()).map_err(io)?;
-        file.sync_all().map_err(io)?;
-        Ok(HomeLock { _file: file })
+        Ok(HomeLock {
+            _home: dir,
+            _file: file,
+        })
     }
+}
+
+/// The pid of the daemon that owns `home` now, if one does: the holder of the home lock (or,
+/// for an older drover, of `daemon.lock`). Works when `daemon.json` or `daemon.lock` is gone.
+pub fn owner_pid(home: &Path) -> Option<u32> {
+    drover_tools::platform::flock_holder(home)
+        .or_else(|| drover_tools::platform::flock_holder(&home.join("daemon.lock")))
+        .or_else(|| {
+            // /proc/locks unreadable: fall back to what the file says, while that pid lives.
+            let lock = File::open(home.join("daemon.lock")).ok()?;
+            match lock.try_lock() {
+                Err(std::fs::TryLockError::WouldBlock) => recorded_pid(home),
+                _ => None,
+            }
+        })
+}
+
+/// Who holds `<home>/daemon.lock`: the kernel's word, else what the file says.
+fn lock_file_holder(home: &Path) -> Option<u32> {
+    drover_tools::platform::flock_holder(&home.join("daemon.lock")).or_else(|| recorded_pid(home))
+}
+
+/// The pid written in `<home>/daemon.lock`.
+fn recorded_pid(home: &Path) -> Option<u32> {
+    let mut text = String::new();
+    File::open(home.join("daemon.lock"))
+        .and_then(|mut f| f.read_to_string(&mut text))
+        .ok()?;
+    text.trim().parse().ok()
 }
 
 /// `<home>/daemon.json` (SPEC section 1): how clients find and authenticate to the owner.
@@ -161,6 +212,25 @@ mod tests {
             Err(other) => panic!("{other}"),
             Ok(_) => panic!("second lock taken"),
         }
+        let recorded = std::fs::read_to_string(dir.path().join("daemon.lock")).unwrap();
+        assert_eq!(recorded, std::process::id().to_string());
+        assert_eq!(owner_pid(dir.path()), Some(std::process::id()));
+    }
+
+    #[test]
+    fn deleting_daemon_lock_does_not_free_the_home() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = HomeLock::acquire(dir.path()).unwrap();
+        std::fs::remove_file(dir.path().join("daemon.lock")).unwrap();
+        match HomeLock::acquire(dir.path()) {
+            Err(LockError::Held { pid, .. }) => assert_eq!(pid, std::process::id().to_string()),
+            Err(other) => panic!("{other}"),
+            Ok(_) => panic!("second lock taken"),
+        }
+        assert_eq!(owner_pid(dir.path()), Some(std::process::id()));
+        drop(first);
+        assert_eq!(owner_pid(dir.path()), None);
+        HomeLock::acquire(dir.path()).unwrap();
     }
 
     #[test]

@@ -4,6 +4,8 @@
 //! JSON-RPC ([`server`], [`rpc`]), fans events out to attached connections ([`hub`]), claims
 //! turns and supervises one `drover worker` process per turn ([`turns`]), and recovers after a
 //! crash (older-epoch work becomes `unknown`, never replayed).
+//! Its endpoint is loopback plain ws, or TLS ([`tls`]) when `[daemon]` says so; its log is
+//! private and bounded ([`logfile`]).
 //!
 //! What it does not do: call the model or run tools; workers do, and write back only through
 //! `persist` frames.
@@ -12,9 +14,11 @@ pub mod config;
 pub mod daemon;
 pub mod home;
 pub mod hub;
+pub mod logfile;
 pub mod rpc;
 pub mod runtime;
 pub mod server;
+pub mod tls;
 pub mod turns;
 
 pub use daemon::{run_daemon, DaemonExit};

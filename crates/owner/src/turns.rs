@@ -120,6 +120,7 @@ fn policy(owner: &Owner, claim: &Claim) -> Policy {
 }
 
 fn spawn_worker(owner: &Owner, execution_id: &str) -> std::io::Result<Child> {
+    use std::os::unix::fs::OpenOptionsExt;
     let log_path = owner
         .home
         .join("logs")
@@ -128,6 +129,7 @@ fn spawn_worker(owner: &Owner, execution_id: &str) -> std::io::Result<Child> {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
+        .mode(0o600)
         .open(&log_path)?;
     let mut cmd = Command::new(&owner.worker_exe);
     cmd.arg("worker")
