@@ -19,11 +19,14 @@
 mod admissions;
 pub mod delegation;
 mod events;
+mod jobs;
 mod persist;
 mod processes;
 pub mod schema;
 mod sessions;
 pub mod state;
+
+pub use jobs::SessionJob;
 
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};

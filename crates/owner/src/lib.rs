@@ -12,6 +12,7 @@ pub mod config;
 pub mod daemon;
 pub mod home;
 pub mod hub;
+pub mod jobs;
 pub mod rpc;
 pub mod runtime;
 pub mod server;
