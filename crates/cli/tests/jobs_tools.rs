@@ -425,3 +425,129 @@ async fn a_remote_job_submit_follows_the_approval_policy() {
     let snap = resume(&mut s.client, &s.session_id).await;
     assert_eq!(snap["jobs"], json!([]));
 }
+
+#[tokio::test]
+async fn job_cancel_stops_an_exec_job_and_a_terminal_status_is_kept() {
+    let mut s = setup("", &[("AGENT_SLEEP", "60")]).await;
+    let _guard = ExecGuard(s.home.path().join("jobs"));
+    let submit = s.exec_args();
+    s.model.set_responder(move |request| {
+        if let Some(result) = answer_to(request, "call_submit") {
+            let job_id = result["job_id"].as_str().unwrap_or("none").to_string();
+            return Reply::tool_calls(vec![
+                (
+                    "call_cancel".into(),
+                    "job_cancel".into(),
+                    json!({"job_id": job_id}),
+                ),
+                (
+                    "call_again".into(),
+                    "job_cancel".into(),
+                    json!({"job_id": job_id}),
+                ),
+            ]);
+        }
+        if answer_to(request, "call_again").is_some() {
+            return Reply::text("cancelled");
+        }
+        Reply::tool_call("call_submit", "job_submit", submit.clone())
+    });
+    assert_eq!(s.turn("start and cancel").await, "completed");
+    let job_id = s.tool_result("call_submit")["job_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let first = s.tool_result("call_cancel");
+    assert_eq!(first["status"], "cancelled", "{first}");
+    assert_eq!(first["changed"], true);
+    let again = s.tool_result("call_again");
+    assert_eq!(again["status"], "cancelled");
+    assert_eq!(again["changed"], false);
+    // The detached agent's group was stopped.
+    let pid_file = s.home.path().join("jobs").join(&job_id).join("exec.pid");
+    let pid: u32 = std::fs::read_to_string(pid_file)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pid_alive(pid) {
+        assert!(Instant::now() < deadline, "exec agent {pid} still runs");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// Kills a child process on drop (a runner).
+struct ChildGuard(std::process::Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test]
+async fn a_remote_job_is_dispatched_to_a_runner_and_job_wait_follows_the_wire() {
+    let broker = drover_test_support::harness::Mosquitto::start(false);
+    let secret = "test-dispatch-secret";
+    let config = format!(
+        "[approvals]\nmode = \"auto\"\n\n[mqtt]\nurl = \"{}\"\n",
+        broker.url()
+    );
+    let mut s = setup(&config, &[("DROVER_DISPATCH_SECRET", secret)]).await;
+    // The runner has a home and registry of its own, as on another host.
+    let runner_home = tempfile::tempdir().unwrap();
+    let runner = std::process::Command::new(bin())
+        .arg("--home")
+        .arg(runner_home.path())
+        .args([
+            "runner",
+            "--session",
+            "box",
+            "--exec",
+            "echo remote-done",
+            "--once",
+        ])
+        .env("DROVER_DISPATCH_SECRET", secret)
+        .env("DROVER_MQTT_URL", broker.url())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let _runner = ChildGuard(runner);
+    s.model.set_responder(move |request| {
+        if let Some(result) = answer_to(request, "call_submit") {
+            let job_id = result["job_id"].as_str().unwrap_or("none").to_string();
+            return Reply::tool_call(
+                "call_wait",
+                "job_wait",
+                json!({"job_id": job_id, "timeout_s": 30}),
+            );
+        }
+        if let Some(result) = answer_to(request, "call_wait") {
+            return Reply::text(format!(
+                "remote: {} {}",
+                result["status"].as_str().unwrap_or("?"),
+                result["detail"].as_str().unwrap_or("?")
+            ));
+        }
+        Reply::tool_call(
+            "call_submit",
+            "job_submit",
+            json!({"agent_session": "remote:box", "prompt": "say done", "heartbeat": 1, "ack_timeout": 20}),
+        )
+    });
+    assert_eq!(s.turn("dispatch and wait").await, "completed");
+    let submitted = s.tool_result("call_submit");
+    assert_eq!(submitted["transport"], "remote:box", "{submitted}");
+    let waited = s.tool_result("call_wait");
+    assert_eq!(waited["status"], "completed", "{waited}");
+    assert_eq!(waited["detail"], "remote-done");
+    assert_eq!(s.final_answer(), "remote: completed remote-done");
+    let snap = resume(&mut s.client, &s.session_id).await;
+    assert_eq!(snap["jobs"][0]["status"], "completed", "{snap}");
+}

@@ -452,6 +452,10 @@ impl Toolkit {
     /// Waits until the job is terminal (its own event, or a deadline of the contract) or
     /// `timeout` passes, whichever is first; gives the last [`Report`] and whether the
     /// timeout ended the wait. `cancel` ends it early like the timeout.
+    ///
+    /// For a `remote:` job the wait also follows the job's topics on the wire and mirrors
+    /// what the watcher rules accept into the registry (as `drover job watch` does), and
+    /// clears the retained dispatch once the job is terminal.
     pub async fn wait(
         &self,
         job_id: &str,
@@ -460,19 +464,80 @@ impl Toolkit {
     ) -> Result<(Report, bool), JobError> {
         let started = Instant::now();
         tokio::pin!(cancel);
+        let mut remote = self.follow_remote(job_id)?;
         loop {
             let report = self.check(job_id).await?;
             if report.job.status.is_terminal() {
+                if remote.is_some() {
+                    self.clear_dispatch(&report.job).await;
+                }
                 return Ok((report, false));
             }
             let left = timeout.saturating_sub(started.elapsed());
             if left.is_zero() {
                 return Ok((report, true));
             }
+            let feed = async {
+                match remote.as_mut() {
+                    Some(r) => r.follower.next().await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = tokio::time::sleep(WAIT_POLL.min(left)) => {}
                 _ = &mut cancel => return Ok((report, true)),
+                feed = feed => {
+                    if let (Some(r), Some(feed)) = (remote.as_mut(), feed) {
+                        r.handle(feed, self.drain)?;
+                    }
+                }
             }
+        }
+    }
+
+    /// The wire subscription of a `remote:` job, when a wire is configured.
+    fn follow_remote(&self, job_id: &str) -> Result<Option<RemoteFollow>, JobError> {
+        let Some(endpoint) = self.wire.endpoint.as_ref() else {
+            return Ok(None);
+        };
+        let registry = self.open_for(job_id)?;
+        let job = registry.job(job_id)?;
+        if !job.transport.starts_with("remote:") || job.status.is_terminal() {
+            return Ok(None);
+        }
+        let events_topic = format!("{}/events", job.topic_prefix);
+        let state_topic = format!("{}/state", job.topic_prefix);
+        let follower = mqtt::follow(endpoint, vec![events_topic.clone(), state_topic.clone()])?;
+        Ok(Some(RemoteFollow {
+            watcher: crate::watch::Watcher::new(&job),
+            registry,
+            follower,
+            events_topic,
+            state_topic,
+        }))
+    }
+
+    /// Clears a terminal `remote:` job's retained dispatch, so a runner that starts later
+    /// never picks it up (best effort, logged).
+    async fn clear_dispatch(&self, job: &Job) {
+        let (Some(endpoint), Some(runner)) = (
+            self.wire.endpoint.as_ref(),
+            job.transport.strip_prefix("remote:"),
+        ) else {
+            return;
+        };
+        let topic = remote::dispatch_topic(&self.wire.topic_base, runner);
+        let (cleared, why) = mqtt::publish_all(
+            endpoint,
+            &[Outbound {
+                topic: topic.clone(),
+                payload: Vec::new(),
+                retain: true,
+            }],
+        )
+        .await;
+        if cleared == 0 {
+            tracing::warn!(topic = %topic, why = why.as_deref().unwrap_or("unknown"), "cannot clear the retained dispatch");
         }
     }
 
@@ -498,6 +563,42 @@ impl Toolkit {
             Ok((report, changed))
         })
         .await
+    }
+}
+
+/// A `remote:` job's subscription during a wait.
+struct RemoteFollow {
+    watcher: crate::watch::Watcher,
+    registry: Registry,
+    follower: mqtt::Follower,
+    events_topic: String,
+    state_topic: String,
+}
+
+impl RemoteFollow {
+    /// Mirrors one wire message into the registry by the watcher rules.
+    fn handle(&mut self, feed: mqtt::Feed, drain: Duration) -> Result<(), JobError> {
+        match feed {
+            mqtt::Feed::Message { topic, payload, .. } => {
+                let via = if topic == self.events_topic {
+                    crate::registry::Via::Events
+                } else if topic == self.state_topic {
+                    crate::registry::Via::State
+                } else {
+                    return Ok(());
+                };
+                let (handled, timer) = self.watcher.handle(&mut self.registry, via, &payload)?;
+                if let Some(t) = timer {
+                    timer::stop(t, drain)?;
+                }
+                tracing::debug!(?handled, "wire message of a remote job");
+            }
+            mqtt::Feed::Lost(why) => {
+                tracing::warn!(%why, "MQTT connection lost while waiting for a remote job (retrying)")
+            }
+            mqtt::Feed::Subscribed => {}
+        }
+        Ok(())
     }
 }
 
