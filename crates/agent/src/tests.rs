@@ -281,6 +281,7 @@ impl Fixture {
                 prompts: Arc::new(NoPrompts),
                 processes: Arc::new(drover_tools::InMemoryProcesses::default()),
                 delegator: std::sync::Arc::new(drover_tools::NoDelegation),
+                jobs: Default::default(),
             },
         }
     }

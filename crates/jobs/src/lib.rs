@@ -31,6 +31,8 @@
 //! - [`remote`]: remote runners — the signed dispatch, the derived `auth_token`, and
 //!   `submit --agent-session remote:<name>` ([`remote::submit_remote`]).
 //! - [`runner`]: `drover runner` — admission of signed dispatches and running the command.
+//! - [`toolkit`]: the `jobs` toolset's operations — submit without waiting (exec agents
+//!   detached), judge from stored times, bounded wait, cancel.
 //!
 //! Argument parsing, printing and `drover loop` are in `crates/cli`.
 //!
@@ -65,6 +67,7 @@ pub mod sign;
 pub mod state;
 pub mod submit;
 pub mod timer;
+pub mod toolkit;
 pub mod watch;
 pub mod wire;
 

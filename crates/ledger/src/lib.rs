@@ -25,11 +25,14 @@ mod counts;
 pub mod delegation;
 mod events;
 mod integrity;
+mod jobs;
 mod persist;
 mod processes;
 pub mod schema;
 mod sessions;
 pub mod state;
+
+pub use jobs::SessionJob;
 
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};

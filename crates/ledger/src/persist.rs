@@ -4,8 +4,8 @@ use std::collections::HashMap;
 
 use drover_protocol::event as ev;
 use drover_protocol::worker::{
-    op, BackgroundProcess, ChildReserve, ExecutionFinish, PersistFrame, ProcessUpdate, PromptOpen,
-    TranscriptAppend, TurnOutcome, UsageAdd,
+    op, BackgroundProcess, ChildReserve, ExecutionFinish, JobRegister, PersistFrame, ProcessUpdate,
+    PromptOpen, TranscriptAppend, TurnOutcome, UsageAdd,
 };
 use drover_protocol::Role;
 use rusqlite::{params, Connection, OptionalExtension};
@@ -288,6 +288,10 @@ impl Ledger {
             op::PROCESS_UPDATE => {
                 let u: ProcessUpdate = parse_payload(&frame.payload, op::PROCESS_UPDATE)?;
                 crate::processes::update(&tx, Some(&session_id), &u)?
+            }
+            op::JOB_REGISTER => {
+                let p: JobRegister = parse_payload(&frame.payload, op::JOB_REGISTER)?;
+                crate::jobs::register(&tx, &session_id, &p)?
             }
             op::CHILD_RESERVE => {
                 let p: ChildReserve = parse_payload(&frame.payload, op::CHILD_RESERVE)?;

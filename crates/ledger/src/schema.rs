@@ -171,6 +171,18 @@ CREATE INDEX executions_parent ON worker_executions(parent_execution_id, status)
     r#"
 ALTER TABLE worker_executions ADD COLUMN interrupt_requested_at REAL;
 "#,
+    // The `jobs` toolset (SPEC sections 3 and 6): jobs a session's turns submitted, each once
+    // per registry (`job.register` is idempotent on the job id).
+    r#"
+CREATE TABLE session_jobs (
+    session_id TEXT NOT NULL REFERENCES sessions(id),
+    job_id TEXT NOT NULL,
+    registry_dir TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (registry_dir, job_id)
+);
+CREATE INDEX session_jobs_by_session ON session_jobs(session_id, created_at);
+"#,
 ];
 
 /// The schema version this build writes.

@@ -14,6 +14,7 @@ pub mod config;
 pub mod daemon;
 pub mod home;
 pub mod hub;
+pub mod jobs;
 pub mod logfile;
 pub mod rpc;
 pub mod runtime;

@@ -292,7 +292,7 @@ async fn snapshot(
     session_id: String,
 ) -> Result<Value, RpcError> {
     let conn = conn.clone();
-    owner
+    let snapshot = owner
         .ledger(move |l, o| {
             let session = l
                 .session(&session_id)?
@@ -321,7 +321,8 @@ async fn snapshot(
             let processes = serde_json::to_value(l.background_processes(&session_id)?)
                 .unwrap_or_else(|_| Value::Array(Vec::new()));
             let prompts: Vec<Value> = l.open_prompts(&session_id)?.iter().map(|p| p.to_json()).collect();
-            Ok(json!({
+            let jobs = l.session_jobs(&session_id)?;
+            Ok((jobs, json!({
                 "session_id": session.id,
                 "messages": messages,
                 "pending": pending.iter().map(|a| a.pending_json()).collect::<Vec<_>>(),
@@ -338,10 +339,18 @@ async fn snapshot(
                     "toolsets": session.toolsets,
                     "title": session.title,
                 },
-            }))
+            })))
         })
         .await
-        .map_err(ledger_error)
+        .map_err(ledger_error)?;
+    // The registries are read off the ledger thread; an unreadable one marks its row only.
+    let (jobs, mut resume) = snapshot;
+    resume["jobs"] = Value::Array(
+        tokio::task::spawn_blocking(move || crate::jobs::resume_entries(&jobs))
+            .await
+            .unwrap_or_default(),
+    );
+    Ok(resume)
 }
 
 async fn session_list(owner: &Arc<Owner>, p: &Params<'_>) -> Result<Value, RpcError> {

@@ -116,6 +116,12 @@ fn policy(owner: &Owner, claim: &Claim) -> Policy {
         approval_grants: claim.approval_grants.clone(),
         background_processes: claim.background_processes.clone(),
         mcp_servers: owner.config.mcp_servers_of(&s.toolsets),
+        jobs_wire: drover_protocol::worker::JobsWire {
+            url: owner.config.mqtt.url.clone(),
+            username_env: owner.config.mqtt.username_env.clone(),
+            password_env: owner.config.mqtt.password_env.clone(),
+            topic_base: owner.config.mqtt.topic_base.clone(),
+        },
     }
 }
 

@@ -22,6 +22,7 @@ pub mod op {
     pub const PROCESS_REGISTER: &str = "process.register";
     pub const PROCESS_UPDATE: &str = "process.update";
     pub const CHILD_RESERVE: &str = "child.reserve";
+    pub const JOB_REGISTER: &str = "job.register";
     pub const EXECUTION_FINISH: &str = "execution.finish";
 }
 
@@ -102,6 +103,33 @@ pub struct Policy {
     /// claim time (SPEC section 6, MCP). The worker starts the ones its turn calls.
     #[serde(default)]
     pub mcp_servers: BTreeMap<String, McpServerSpec>,
+    /// The home's `[mqtt]` settings, from the owner's config at claim time: the `jobs`
+    /// toolset's wire (SPEC section 7, "Wire settings"; `$DROVER_MQTT_URL` still wins).
+    #[serde(default)]
+    pub jobs_wire: JobsWire,
+}
+
+/// `[mqtt]` as the owner's config gives it, for the `jobs` toolset (all optional; no `url`
+/// means local-only).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobsWire {
+    #[serde(default)]
+    pub url: Option<String>,
+    #[serde(default)]
+    pub username_env: Option<String>,
+    #[serde(default)]
+    pub password_env: Option<String>,
+    #[serde(default)]
+    pub topic_base: Option<String>,
+}
+
+/// Payload of `job.register` (SPEC sections 3 and 4): a job the `jobs` toolset registered,
+/// recorded in `session_jobs` for the execution's session before it is delivered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobRegister {
+    pub job_id: String,
+    /// The registry folder that holds the job (absolute).
+    pub registry_dir: String,
 }
 
 /// How to start one stdio MCP server (`[mcp_servers.<name>]` minus `enabled`).

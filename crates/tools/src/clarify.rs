@@ -326,6 +326,7 @@ mod tests {
             prompts,
             processes: Arc::new(crate::InMemoryProcesses::default()),
             delegator: std::sync::Arc::new(crate::NoDelegation),
+            jobs: Default::default(),
         }
     }
 

@@ -22,6 +22,9 @@
 //!   for a child agent through [`Delegator`] (the worker persists `child.reserve`).
 //! - [`mcp`]: MCP servers as toolsets: a stdio client (the official SDK, `rmcp`) and
 //!   [`mcp::McpTool`], the tool `mcp__<server>__<tool>`.
+//! - [`jobs`]: the `jobs` toolset: `job_submit`, `job_status`, `job_wait`, `job_cancel` over
+//!   the home's job registry (`drover-jobs`); submitted jobs are recorded through
+//!   [`jobs::JobLedger`], which the worker implements by persisting `job.register`.
 //! - [`todo`]: the `todo` tool, a per-session task list kept in
 //!   `<home>/sessions/<session_id>/todo.json`.
 //! - [`approval`]: the dangerous-command classifier and the pure approval decision
@@ -49,6 +52,7 @@ pub mod background;
 pub mod clarify;
 pub mod delegate;
 pub mod file;
+pub mod jobs;
 pub mod mcp;
 /// Platform code lives in its own crate (`drover-platform`); re-exported for the tools' callers.
 pub use drover_platform as platform;
@@ -72,17 +76,18 @@ pub use delegate::{DelegateAnswer, DelegateRequest, Delegator, NoDelegation};
 /// - `file`: `read_file`, `write_file`, `patch`, `search_files`;
 /// - `clarify`: `clarify`;
 /// - `todo`: `todo`;
-/// - `delegation`: `delegate_task` (runs a child agent through [`Delegator`]).
+/// - `delegation`: `delegate_task` (runs a child agent through [`Delegator`]);
+/// - `jobs`: `job_submit`, `job_status`, `job_wait`, `job_cancel` (SPEC section 7).
 ///
 /// Any other toolset name must be an MCP server ([`ToolRegistry::for_toolsets_with_mcp`],
 /// [`ToolRegistry::for_session`]); a built-in name wins over a server of the same name.
-pub const KNOWN_TOOLSETS: &[&str] = &["terminal", "file", "clarify", "todo", "delegation"];
+pub const KNOWN_TOOLSETS: &[&str] = &["terminal", "file", "clarify", "todo", "delegation", "jobs"];
 
 /// Errors building a registry.
 #[derive(Debug, thiserror::Error)]
 pub enum ToolError {
     /// Maps to `invalid_params` with field `toolsets`.
-    #[error("unknown toolset {0:?} (known: terminal, file, clarify, todo, delegation, or an enabled [mcp_servers.<name>])")]
+    #[error("unknown toolset {0:?} (known: terminal, file, clarify, todo, delegation, jobs, or an enabled [mcp_servers.<name>])")]
     UnknownToolset(String),
     /// An MCP server could not be started or listed; maps to `invalid_params` with field
     /// `toolsets` at `session.create`.
@@ -178,6 +183,8 @@ pub struct ToolContext {
     pub processes: Arc<dyn ProcessRegistry>,
     /// Where `delegate_task` asks the owner for a child agent.
     pub delegator: Arc<dyn Delegator>,
+    /// Where the `jobs` toolset records its jobs, and the home's wire settings.
+    pub jobs: jobs::JobsAccess,
 }
 
 /// One tool.
@@ -215,6 +222,7 @@ impl ToolRegistry {
                 "file" => tools.extend(file::tools()),
                 "todo" => tools.push(Arc::new(todo::TodoTool)),
                 "delegation" => tools.push(Arc::new(delegate::DelegateTaskTool)),
+                "jobs" => tools.extend(jobs::tools()),
                 other => return Err(ToolError::UnknownToolset(other.to_string())),
             }
         }

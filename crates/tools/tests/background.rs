@@ -53,6 +53,7 @@ fn context(dir: &Path, approvals: &str, processes: Arc<dyn ProcessRegistry>) -> 
         prompts: Arc::new(NoPrompts),
         processes,
         delegator: std::sync::Arc::new(drover_tools::NoDelegation),
+        jobs: Default::default(),
     }
 }
 

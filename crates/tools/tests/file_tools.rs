@@ -83,6 +83,7 @@ impl Scene {
             grants: ApprovalGrants::default(),
             processes: Arc::new(InMemoryProcesses::default()),
             delegator: std::sync::Arc::new(drover_tools::NoDelegation),
+            jobs: Default::default(),
         }
     }
 

@@ -24,6 +24,7 @@ async fn kill_all_stops_every_running_foreground_group() {
         prompts: Arc::new(NoPrompts),
         processes: Arc::new(InMemoryProcesses::default()),
         delegator: std::sync::Arc::new(drover_tools::NoDelegation),
+        jobs: Default::default(),
     };
     let pid_file = dir.path().join("pid");
     let command = format!("sleep 30 & echo $! > {}; wait", pid_file.display());

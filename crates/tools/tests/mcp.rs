@@ -44,6 +44,7 @@ fn ctx() -> ToolContext {
         grants: ApprovalGrants::default(),
         processes: Arc::new(InMemoryProcesses::default()),
         delegator: Arc::new(drover_tools::NoDelegation),
+        jobs: Default::default(),
     }
 }
 

@@ -66,6 +66,7 @@ fn context(cwd: &Path, approvals: &str, prompts: Arc<dyn PromptBroker>) -> ToolC
         prompts,
         processes: Arc::new(InMemoryProcesses::default()),
         delegator: std::sync::Arc::new(drover_tools::NoDelegation),
+        jobs: Default::default(),
     }
 }
 

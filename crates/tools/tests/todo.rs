@@ -23,6 +23,7 @@ fn turn(home: &Path, session_id: &str) -> ToolContext {
         grants: ApprovalGrants::default(),
         processes: Arc::new(InMemoryProcesses::default()),
         delegator: std::sync::Arc::new(drover_tools::NoDelegation),
+        jobs: Default::default(),
     }
 }
 

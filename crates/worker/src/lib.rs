@@ -53,7 +53,7 @@ use tracing::Instrument;
 
 use crate::journal::{outbox_dir, Journal};
 use crate::link::{OwnerLink, PersistError};
-use crate::store::{OwnerDelegator, OwnerProcesses, OwnerPrompts, OwnerStore};
+use crate::store::{OwnerDelegator, OwnerJobs, OwnerProcesses, OwnerPrompts, OwnerStore};
 use drover_protocol::worker::framing::{read_frame_line, FrameLine};
 
 /// The environment variable naming the owner's pid. When set, the worker exits at start if its
@@ -444,7 +444,11 @@ async fn run_agent(
             policy.background_processes.clone(),
             cancel.clone(),
         )),
-        delegator: Arc::new(OwnerDelegator::new(link.clone(), cancel)),
+        delegator: Arc::new(OwnerDelegator::new(link.clone(), cancel.clone())),
+        jobs: drover_tools::jobs::JobsAccess {
+            ledger: Arc::new(OwnerJobs::new(link.clone(), cancel)),
+            wire: policy.jobs_wire.clone(),
+        },
     };
     let store = OwnerStore::new(link.clone());
     let spec = TurnSpec {
@@ -515,6 +519,7 @@ mod tests {
             approval_grants: Vec::new(),
             background_processes: Vec::new(),
             mcp_servers: Default::default(),
+            jobs_wire: Default::default(),
         };
         let config = model_config(&policy);
         assert_eq!(config.request_timeout, Duration::from_secs(600));

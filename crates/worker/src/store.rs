@@ -12,6 +12,8 @@
 //!   carried.
 //! - [`OwnerDelegator`] ([`Delegator`]): `child.reserve` with a [`ChildReserve`] payload. The
 //!   owner answers at once with a refusal, or when the child's turn has ended.
+//! - [`OwnerJobs`] ([`JobLedger`]): `job.register` with a [`JobRegister`] payload, before the
+//!   `jobs` toolset delivers a job.
 
 use std::collections::BTreeMap;
 
@@ -22,6 +24,7 @@ use drover_protocol::worker::{
     TranscriptAppend, UsageAdd,
 };
 use drover_protocol::ChatMessage;
+use drover_tools::jobs::{JobLedger, JobRegister};
 use drover_tools::{
     DelegateAnswer, DelegateRequest, Delegator, InMemoryProcesses, ProcessRegistry, PromptAnswer,
     PromptBroker,
@@ -267,6 +270,38 @@ impl Delegator for OwnerDelegator {
                     return DelegateAnswer::Interrupted;
                 }
                 DelegateAnswer::Failed(store_error(e).message)
+            }
+        }
+    }
+}
+
+/// The [`JobLedger`] of a managed worker: `job.register` with a [`JobRegister`] payload,
+/// waiting for its receipt (the owner records the job for the execution's session, once per
+/// job id).
+pub struct OwnerJobs {
+    link: OwnerLink,
+    cancel: CancellationToken,
+}
+
+impl OwnerJobs {
+    /// `cancel` is the turn's token, fired when the owner refuses the persist.
+    pub fn new(link: OwnerLink, cancel: CancellationToken) -> OwnerJobs {
+        OwnerJobs { link, cancel }
+    }
+}
+
+#[async_trait]
+impl JobLedger for OwnerJobs {
+    async fn register(&self, job: JobRegister) -> Result<(), String> {
+        let payload = serde_json::to_value(&job)
+            .map_err(|e| format!("cannot serialise the job.register payload: {e}"))?;
+        match self.link.persist(op::JOB_REGISTER, payload).await {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                if matches!(e, PersistError::Refused { .. }) {
+                    self.cancel.cancel();
+                }
+                Err(store_error(e).message)
             }
         }
     }

@@ -148,6 +148,7 @@ fn bootstrap(mock: &MockModel, home: &Path) -> OwnerFrame {
             approval_grants: Vec::new(),
             background_processes: Vec::new(),
             mcp_servers: Default::default(),
+            jobs_wire: Default::default(),
         },
         history: vec![],
         input: "hello".into(),

@@ -143,6 +143,7 @@ pub fn bootstrap(mock: &MockModel, home: &Path) -> OwnerFrame {
             approval_grants: Vec::new(),
             background_processes: Vec::new(),
             mcp_servers: Default::default(),
+            jobs_wire: Default::default(),
         },
         history: vec![ChatMessage::text(Role::User, "before")],
         input: "hello".into(),
