@@ -139,6 +139,21 @@ fn job_id_property() -> Value {
     json!({"type": "string", "description": "The job id job_submit returned."})
 }
 
+/// The parameters of a tool that takes only `job_id`.
+fn only_job_id() -> Value {
+    json!({
+        "type": "object",
+        "properties": {"job_id": job_id_property()},
+        "required": ["job_id"],
+        "additionalProperties": false
+    })
+}
+
+/// The `job_id` of a `{"job_id": ...}` call and the toolkit to look it up with.
+fn job_and_toolkit(args: &Value, ctx: &ToolContext) -> Result<(String, Toolkit), String> {
+    Ok((job_id(args, "{\"job_id\": ...}")?, toolkit(ctx)?))
+}
+
 fn job_id(args: &Value, shape: &str) -> Result<String, String> {
     let id =
         Args::object(args, shape)?.required_text("job_id", "the job id job_submit returned")?;
@@ -329,22 +344,13 @@ impl Tool for JobStatusTool {
             "The status of a job now (pending, running, completed, error, cancelled) with its \
              detail, judged under its liveness contract: an agent that missed its deadline is \
              reported error with detail agent_blocked or deadline_timeout.",
-            json!({
-                "type": "object",
-                "properties": {"job_id": job_id_property()},
-                "required": ["job_id"],
-                "additionalProperties": false
-            }),
+            only_job_id(),
         )
     }
 
     async fn call(&self, args: Value, ctx: &ToolContext) -> ToolOutput {
-        let id = match job_id(&args, "{\"job_id\": ...}") {
-            Ok(id) => id,
-            Err(message) => return error_output(message),
-        };
-        let kit = match toolkit(ctx) {
-            Ok(kit) => kit,
+        let (id, kit) = match job_and_toolkit(&args, ctx) {
+            Ok(found) => found,
             Err(message) => return error_output(message),
         };
         match kit.check(&id).await {
@@ -441,22 +447,13 @@ impl Tool for JobCancelTool {
             "Cancel a job: its status becomes cancelled (a job that already ended keeps its \
              status) and its agent's heartbeat timer, and an exec job's command, are stopped. \
              changed is false when it had already ended.",
-            json!({
-                "type": "object",
-                "properties": {"job_id": job_id_property()},
-                "required": ["job_id"],
-                "additionalProperties": false
-            }),
+            only_job_id(),
         )
     }
 
     async fn call(&self, args: Value, ctx: &ToolContext) -> ToolOutput {
-        let id = match job_id(&args, "{\"job_id\": ...}") {
-            Ok(id) => id,
-            Err(message) => return error_output(message),
-        };
-        let kit = match toolkit(ctx) {
-            Ok(kit) => kit,
+        let (id, kit) = match job_and_toolkit(&args, ctx) {
+            Ok(found) => found,
             Err(message) => return error_output(message),
         };
         match kit.cancel(&id).await {
