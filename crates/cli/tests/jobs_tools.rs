@@ -84,6 +84,33 @@ fn answer_to(request: &Value, call_id: &str) -> Option<Value> {
     serde_json::from_str(last["content"].as_str()?).ok()
 }
 
+/// A model that calls `job_submit` with `submit` (id `call_submit`), then `job_wait` on the
+/// job it returned (`call_wait`), then answers `answer` with `{status}` and `{detail}` of the
+/// wait filled in.
+fn submit_then_wait(
+    submit: Value,
+    answer: &'static str,
+) -> impl Fn(&Value) -> Reply + Send + Sync + 'static {
+    move |request| {
+        if let Some(result) = answer_to(request, "call_submit") {
+            let job_id = result["job_id"].as_str().unwrap_or("none").to_string();
+            return Reply::tool_call(
+                "call_wait",
+                "job_wait",
+                json!({"job_id": job_id, "timeout_s": 30}),
+            );
+        }
+        if let Some(result) = answer_to(request, "call_wait") {
+            return Reply::text(
+                answer
+                    .replace("{status}", result["status"].as_str().unwrap_or("?"))
+                    .replace("{detail}", result["detail"].as_str().unwrap_or("?")),
+            );
+        }
+        Reply::tool_call("call_submit", "job_submit", submit.clone())
+    }
+}
+
 impl Setup {
     /// Submits `text` and waits for the turn to settle; gives its outcome.
     async fn turn(&mut self, text: &str) -> String {
@@ -167,24 +194,10 @@ async fn a_turn_submits_an_exec_job_waits_for_it_and_quotes_its_detail() {
     let mut s = setup("", &[]).await;
     let _guard = ExecGuard(s.home.path().join("jobs"));
     let submit = s.exec_args();
-    s.model.set_responder(move |request| {
-        if let Some(result) = answer_to(request, "call_submit") {
-            let job_id = result["job_id"].as_str().unwrap_or("none").to_string();
-            return Reply::tool_call(
-                "call_wait",
-                "job_wait",
-                json!({"job_id": job_id, "timeout_s": 30}),
-            );
-        }
-        if let Some(result) = answer_to(request, "call_wait") {
-            return Reply::text(format!(
-                "The job ended {} and said: {}",
-                result["status"].as_str().unwrap_or("?"),
-                result["detail"].as_str().unwrap_or("?")
-            ));
-        }
-        Reply::tool_call("call_submit", "job_submit", submit.clone())
-    });
+    s.model.set_responder(submit_then_wait(
+        submit,
+        "The job ended {status} and said: {detail}",
+    ));
     assert_eq!(s.turn("run the job and tell me").await, "completed");
 
     let submitted = s.tool_result("call_submit");
@@ -519,28 +532,10 @@ async fn a_remote_job_is_dispatched_to_a_runner_and_job_wait_follows_the_wire() 
         .spawn()
         .unwrap();
     let _runner = ChildGuard(runner);
-    s.model.set_responder(move |request| {
-        if let Some(result) = answer_to(request, "call_submit") {
-            let job_id = result["job_id"].as_str().unwrap_or("none").to_string();
-            return Reply::tool_call(
-                "call_wait",
-                "job_wait",
-                json!({"job_id": job_id, "timeout_s": 30}),
-            );
-        }
-        if let Some(result) = answer_to(request, "call_wait") {
-            return Reply::text(format!(
-                "remote: {} {}",
-                result["status"].as_str().unwrap_or("?"),
-                result["detail"].as_str().unwrap_or("?")
-            ));
-        }
-        Reply::tool_call(
-            "call_submit",
-            "job_submit",
-            json!({"agent_session": "remote:box", "prompt": "say done", "heartbeat": 1, "ack_timeout": 20}),
-        )
-    });
+    s.model.set_responder(submit_then_wait(
+        json!({"agent_session": "remote:box", "prompt": "say done", "heartbeat": 1, "ack_timeout": 20}),
+        "remote: {status} {detail}",
+    ));
     assert_eq!(s.turn("dispatch and wait").await, "completed");
     let submitted = s.tool_result("call_submit");
     assert_eq!(submitted["transport"], "remote", "{submitted}");
