@@ -403,7 +403,7 @@ pub(crate) fn retire_one(
             rows.collect::<Result<_, _>>()?
         };
         for prompt_id in prompts {
-            events.extend(crate::persist::cancel_prompt(tx, &prompt_id)?);
+            events.extend(crate::prompts::cancel_prompt(tx, &prompt_id)?);
         }
         tx.execute(
             "DELETE FROM session_turn_leases WHERE execution_id = ?1",
