@@ -120,6 +120,33 @@ pub(crate) fn load_admission(
     .transpose()
 }
 
+/// [`load_admission`], `not_found` when the session has no such admission.
+pub(crate) fn admission_in(
+    conn: &Connection,
+    session_id: &str,
+    admission_id: &str,
+) -> Result<AdmissionRow, LedgerError> {
+    load_admission(conn, session_id, admission_id)?
+        .ok_or_else(|| LedgerError::NotFound(format!("admission {admission_id}")))
+}
+
+/// Moves `row`, as read in `tx`, to `terminal` with `outcome` (its `admission.updated` event is
+/// the caller's, after any turn events).
+pub(crate) fn set_terminal(
+    tx: &Connection,
+    row: &mut AdmissionRow,
+    outcome: Outcome,
+) -> Result<(), LedgerError> {
+    tx.execute(
+        "UPDATE session_admissions SET status = 'terminal', outcome = ?1
+         WHERE admission_id = ?2 AND status = ?3",
+        params![outcome.as_str(), row.admission_id, row.status.as_str()],
+    )?;
+    row.status = AdmissionStatus::Terminal;
+    row.outcome = Some(outcome);
+    Ok(())
+}
+
 /// The head of a session's queue: its oldest `queued` admission (FIFO by `seq`).
 pub(crate) fn queue_head(
     conn: &Connection,
@@ -197,8 +224,7 @@ pub(crate) fn admit_in(
                 "input_id {input_id} was already admitted with a different payload"
             )));
         }
-        let row = load_admission(tx, session_id, &admission_id)?
-            .ok_or_else(|| LedgerError::NotFound(format!("admission {admission_id}")))?;
+        let row = admission_in(tx, session_id, &admission_id)?;
         return Ok((row, Vec::new()));
     }
     let admission_id = new_id();
@@ -217,8 +243,7 @@ pub(crate) fn admit_in(
         epoch as i64,
         now()
     ])?;
-    let row = load_admission(tx, session_id, &admission_id)?
-        .ok_or_else(|| LedgerError::NotFound(format!("admission {admission_id}")))?;
+    let row = admission_in(tx, session_id, &admission_id)?;
     let event = admission_updated(tx, &row)?;
     Ok((row, vec![event]))
 }
@@ -226,8 +251,7 @@ pub(crate) fn admit_in(
 impl Ledger {
     /// One admission with its stored result (SPEC section 2, `prompt.receipt`).
     pub fn receipt(&self, session_id: &str, admission_id: &str) -> Result<Receipt, LedgerError> {
-        let admission = load_admission(&self.conn, session_id, admission_id)?
-            .ok_or_else(|| LedgerError::NotFound(format!("admission {admission_id}")))?;
+        let admission = admission_in(&self.conn, session_id, admission_id)?;
         let stored_result =
             match self.meta(&format!("admission.result.{admission_id}"))? {
                 Some(text) => Some(serde_json::from_str(&text).map_err(|e| {

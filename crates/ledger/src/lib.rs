@@ -40,6 +40,8 @@ mod prompts;
 pub mod schema;
 mod sessions;
 pub mod state;
+#[cfg(test)]
+mod testing;
 mod turns;
 
 pub use jobs::SessionJob;

@@ -201,20 +201,51 @@ pub(crate) fn cancel_prompt(
         "UPDATE prompts SET status = 'cancelled' WHERE prompt_id = ?1 AND status = 'open'",
         [prompt_id],
     )?;
-    let result = json!({"status": "cancelled"});
+    let receipt = json!({"status": "cancelled"});
+    Ok(vec![close_prompt(tx, &p, &receipt, Value::Null)?])
+}
+
+/// Stores the deferred receipt of the `prompt.open` that opened `p` (`{status[, answer]}`)
+/// and returns its `approval.settled` (`choice`) or `clarify.settled` (`answer`) event.
+fn close_prompt(
+    tx: &Connection,
+    p: &PromptRow,
+    receipt: &Value,
+    answer: Value,
+) -> Result<StoredEvent, LedgerError> {
     tx.execute(
         "INSERT OR IGNORE INTO worker_receipts (execution_id, sequence, operation, payload_digest, result_json)
          VALUES (?1, ?2, 'prompt.open', ?3, ?4)",
-        params![p.execution_id, p.sequence as i64, prompt_open_digest(&p), result.to_string()],
+        params![p.execution_id, p.sequence as i64, prompt_open_digest(p), receipt.to_string()],
     )?;
     let (kind, field) = if p.kind == "approval" {
         (ev::APPROVAL_SETTLED, "choice")
     } else {
         (ev::CLARIFY_SETTLED, "answer")
     };
-    let mut payload = json!({"prompt_id": prompt_id, "status": "cancelled"});
-    payload[field] = Value::Null;
-    Ok(vec![push_event(tx, &p.session_id, kind, payload)?])
+    let mut payload = json!({"prompt_id": p.prompt_id, "status": receipt["status"]});
+    payload[field] = answer;
+    push_event(tx, &p.session_id, kind, payload)
+}
+
+/// Cancels every open prompt of `execution_id` inside `tx` ([`cancel_prompt`]), its events to
+/// `events`; returns their ids.
+pub(crate) fn cancel_open_prompts(
+    tx: &Connection,
+    execution_id: &str,
+    events: &mut Vec<StoredEvent>,
+) -> Result<Vec<String>, LedgerError> {
+    let ids: Vec<String> = {
+        let mut stmt = tx.prepare_cached(
+            "SELECT prompt_id FROM prompts WHERE execution_id = ?1 AND status = 'open'",
+        )?;
+        let rows = stmt.query_map([execution_id], |r| r.get(0))?;
+        rows.collect::<Result<_, _>>()?
+    };
+    for id in &ids {
+        events.extend(cancel_prompt(tx, id)?);
+    }
+    Ok(ids)
 }
 
 /// Answers an open prompt (SPEC section 2, `approval.respond` / `clarify.respond`).
@@ -262,20 +293,7 @@ impl Ledger {
             crate::approvals::record_grant(&tx, &prompt.session_id, &prompt.body, &answer)?;
         }
         let receipt = json!({"status": "resolved", "answer": answer});
-        let payload_digest = prompt_open_digest(&prompt);
-        tx.execute(
-            "INSERT OR IGNORE INTO worker_receipts (execution_id, sequence, operation, payload_digest, result_json)
-             VALUES (?1, ?2, 'prompt.open', ?3, ?4)",
-            params![prompt.execution_id, prompt.sequence as i64, payload_digest, receipt.to_string()],
-        )?;
-        let (kind, field) = if prompt.kind == "approval" {
-            (ev::APPROVAL_SETTLED, "choice")
-        } else {
-            (ev::CLARIFY_SETTLED, "answer")
-        };
-        let mut payload = json!({"prompt_id": prompt_id, "status": "resolved"});
-        payload[field] = answer;
-        let event = push_event(&tx, session_id, kind, payload)?;
+        let event = close_prompt(&tx, &prompt, &receipt, answer)?;
         let prompt = load_prompt(&tx, prompt_id)?
             .ok_or_else(|| LedgerError::NotFound(format!("prompt {prompt_id}")))?;
         tx.commit()?;

@@ -9,11 +9,12 @@ use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::{json, Value};
 
 use crate::admissions::{
-    admission_updated, admit_in, load_admission, queue_head, AdmissionRow, AdmitRequest,
+    admission_in, admission_updated, admit_in, load_admission, queue_head, set_terminal,
+    AdmissionRow, AdmitRequest,
 };
 use crate::delegation::ParentAnswer;
 use crate::events::{push_event, StoredEvent};
-use crate::prompts::{cancel_prompt, load_prompt, PromptRow};
+use crate::prompts::{cancel_open_prompts, cancel_prompt, load_prompt, PromptRow};
 use crate::sessions::SessionRow;
 use crate::state::{decide_cancel, AdmissionStatus, CancelDecision, ExecutionStatus, Outcome};
 use crate::{digest, now, Ledger, LedgerError};
@@ -270,8 +271,7 @@ impl Ledger {
         admission_id: &str,
     ) -> Result<(AdmissionRow, Vec<StoredEvent>), LedgerError> {
         let tx = self.conn.transaction()?;
-        let mut row = load_admission(&tx, session_id, admission_id)?
-            .ok_or_else(|| LedgerError::NotFound(format!("admission {admission_id}")))?;
+        let mut row = admission_in(&tx, session_id, admission_id)?;
         match decide_cancel(row.status) {
             CancelDecision::AlreadyTerminal => Ok((row, Vec::new())),
             CancelDecision::RefuseStarted => Err(LedgerError::StaleGeneration(format!(
@@ -282,13 +282,7 @@ impl Ledger {
                 "admission {admission_id} is unknown; use prompt.resolve_unknown"
             ))),
             CancelDecision::Cancel => {
-                tx.execute(
-                    "UPDATE session_admissions SET status = 'terminal', outcome = 'cancelled'
-                     WHERE admission_id = ?1 AND status = 'queued'",
-                    [admission_id],
-                )?;
-                row.status = AdmissionStatus::Terminal;
-                row.outcome = Some(Outcome::Cancelled);
+                set_terminal(&tx, &mut row, Outcome::Cancelled)?;
                 let event = admission_updated(&tx, &row)?;
                 tx.commit()?;
                 Ok((row, vec![event]))
@@ -305,8 +299,7 @@ impl Ledger {
         admission_id: &str,
     ) -> Result<(AdmissionRow, Vec<StoredEvent>), LedgerError> {
         let tx = self.conn.transaction()?;
-        let mut row = load_admission(&tx, session_id, admission_id)?
-            .ok_or_else(|| LedgerError::NotFound(format!("admission {admission_id}")))?;
+        let mut row = admission_in(&tx, session_id, admission_id)?;
         match row.status {
             AdmissionStatus::Terminal => return Ok((row, Vec::new())),
             AdmissionStatus::Unknown => {}
@@ -317,18 +310,12 @@ impl Ledger {
                 ))
             }
         }
-        tx.execute(
-            "UPDATE session_admissions SET status = 'terminal', outcome = 'interrupted'
-             WHERE admission_id = ?1 AND status = 'unknown'",
-            [admission_id],
-        )?;
+        set_terminal(&tx, &mut row, Outcome::Interrupted)?;
         tx.execute(
             "UPDATE worker_executions SET status = 'terminal'
              WHERE admission_id = ?1 AND status = 'unknown'",
             [admission_id],
         )?;
-        row.status = AdmissionStatus::Terminal;
-        row.outcome = Some(Outcome::Interrupted);
         let event = admission_updated(&tx, &row)?;
         tx.commit()?;
         Ok((row, vec![event]))
@@ -348,17 +335,9 @@ impl Ledger {
              WHERE execution_id = ?2",
             params![now(), execution_id],
         )?;
-        let ids: Vec<String> = {
-            let mut stmt = tx.prepare(
-                "SELECT prompt_id FROM prompts WHERE execution_id = ?1 AND status = 'open'",
-            )?;
-            let rows = stmt.query_map([execution_id], |r| r.get(0))?;
-            rows.collect::<Result<_, _>>()?
-        };
-        let mut prompts = Vec::new();
         let mut events = Vec::new();
-        for id in ids {
-            events.extend(cancel_prompt(&tx, &id)?);
+        let mut prompts = Vec::new();
+        for id in cancel_open_prompts(&tx, execution_id, &mut events)? {
             if let Some(p) = load_prompt(&tx, &id)? {
                 prompts.push(p);
             }
@@ -520,15 +499,7 @@ pub(crate) fn lose_execution(
         [execution_id],
     )?;
     let mut events = Vec::new();
-    let prompts: Vec<String> = {
-        let mut stmt = tx
-            .prepare("SELECT prompt_id FROM prompts WHERE execution_id = ?1 AND status = 'open'")?;
-        let rows = stmt.query_map([execution_id], |r| r.get(0))?;
-        rows.collect::<Result<_, _>>()?
-    };
-    for prompt_id in prompts {
-        events.extend(cancel_prompt(tx, &prompt_id)?);
-    }
+    cancel_open_prompts(tx, execution_id, &mut events)?;
     let admission_id = admission_id.unwrap_or_default();
     tx.execute(
         "DELETE FROM session_turn_leases WHERE execution_id = ?1",
@@ -606,15 +577,7 @@ pub(crate) fn finish_turn(
     if let Some(err) = &f.error {
         result["error"] = Value::String(err.clone());
     }
-    let prompts: Vec<String> = {
-        let mut stmt = tx
-            .prepare("SELECT prompt_id FROM prompts WHERE execution_id = ?1 AND status = 'open'")?;
-        let rows = stmt.query_map([execution_id], |r| r.get(0))?;
-        rows.collect::<Result<_, _>>()?
-    };
-    for prompt_id in prompts {
-        events.extend(cancel_prompt(tx, &prompt_id)?);
-    }
+    cancel_open_prompts(tx, execution_id, events)?;
     let s = settle_turn(tx, execution_id, outcome, &f.result.final_response, result)?;
     events.extend(s.events.iter().cloned());
     Ok(s)
@@ -643,20 +606,14 @@ pub(crate) fn settle_turn(
         ["input_tokens", "output_tokens", "total_tokens", "api_calls"],
     )?
     .map(|c| c.value);
-    let mut row = load_admission(tx, &session_id, &admission_id)?
-        .ok_or_else(|| LedgerError::NotFound(format!("admission {admission_id}")))?;
+    let mut row = admission_in(tx, &session_id, &admission_id)?;
     if !row.status.can_move_to(AdmissionStatus::Terminal) {
         return Err(LedgerError::StaleGeneration(format!(
             "admission {admission_id} is {} and cannot settle",
             row.status
         )));
     }
-    tx.execute(
-        "UPDATE session_admissions SET status = 'terminal', outcome = ?1 WHERE admission_id = ?2",
-        params![outcome.as_str(), admission_id],
-    )?;
-    row.status = AdmissionStatus::Terminal;
-    row.outcome = Some(outcome);
+    set_terminal(tx, &mut row, outcome)?;
     tx.execute(
         "UPDATE worker_executions SET status = 'terminal' WHERE execution_id = ?1",
         [execution_id],
