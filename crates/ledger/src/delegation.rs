@@ -395,16 +395,7 @@ pub(crate) fn retire_one(
             "UPDATE worker_executions SET status = 'terminal' WHERE execution_id = ?1",
             [execution_id],
         )?;
-        let prompts: Vec<String> = {
-            let mut stmt = tx.prepare_cached(
-                "SELECT prompt_id FROM prompts WHERE execution_id = ?1 AND status = 'open'",
-            )?;
-            let rows = stmt.query_map([execution_id], |r| r.get(0))?;
-            rows.collect::<Result<_, _>>()?
-        };
-        for prompt_id in prompts {
-            events.extend(crate::persist::cancel_prompt(tx, &prompt_id)?);
-        }
+        crate::prompts::cancel_open_prompts(tx, execution_id, events)?;
         tx.execute(
             "DELETE FROM session_turn_leases WHERE execution_id = ?1",
             [execution_id],
@@ -420,13 +411,7 @@ pub(crate) fn retire_one(
                 };
                 if let Some(outcome) = outcome {
                     let was_started = row.status == AdmissionStatus::Started;
-                    tx.execute(
-                        "UPDATE session_admissions SET status = 'terminal', outcome = ?1
-                         WHERE admission_id = ?2",
-                        params![outcome.as_str(), admission_id],
-                    )?;
-                    row.status = AdmissionStatus::Terminal;
-                    row.outcome = Some(outcome);
+                    crate::admissions::set_terminal(tx, &mut row, outcome)?;
                     if was_started {
                         events.push(push_event(
                             tx,
@@ -457,58 +442,21 @@ mod tests {
     use drover_protocol::worker::{op, PersistFrame};
 
     use super::*;
+    use crate::testing::{self, finish, open};
     use crate::{Claim, Ledger, PersistOutcome};
 
     fn schema(name: &str) -> Value {
         json!({"type": "function", "function": {"name": name, "parameters": {}}})
     }
 
-    fn open() -> (tempfile::TempDir, Ledger) {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut ledger = Ledger::open(&dir.path().join("state.db")).expect("open");
-        ledger.bump_epoch().expect("epoch");
-        (dir, ledger)
-    }
-
     fn parent_claim(ledger: &mut Ledger) -> Claim {
-        let session = ledger
-            .create_session(&NewSession {
-                request_id: None,
-                source: "cli".into(),
-                parent_session_id: None,
-                title: None,
-                model: "m".into(),
-                model_config: json!({"base_url": "http://127.0.0.1:1/v1"}),
-                cwd: "/".into(),
-                system_prompt: "sys".into(),
-                toolsets: vec!["terminal".into(), "delegation".into()],
-                tool_schemas: vec![schema("terminal"), schema("delegate_task")],
-            })
-            .expect("session");
-        ledger
-            .admit(&session.id, &new_id(), "parent goal", "test")
-            .expect("admit");
-        ledger
-            .claim_next(&session.id, &new_id(), "secret")
-            .expect("claim")
-            .expect("claimable")
+        let tools = vec![schema("terminal"), schema("delegate_task")];
+        let session_id = testing::session(ledger, &["terminal", "delegation"], tools);
+        testing::claim(ledger, &session_id, "parent goal", "secret")
     }
 
     fn frame(claim: &Claim, sequence: u64, operation: &str, payload: Value) -> PersistFrame {
-        PersistFrame {
-            epoch: claim.epoch,
-            execution_id: claim.execution_id.clone(),
-            generation: claim.generation,
-            sequence,
-            operation: operation.to_string(),
-            payload,
-            secret: "secret".into(),
-        }
-    }
-
-    fn finish(final_response: &str) -> Value {
-        json!({"outcome": "completed",
-               "result": {"final_response": final_response, "model": "m", "api_calls": 1}})
+        testing::frame(claim, "secret", sequence, operation, payload)
     }
 
     fn reserve_frame(claim: &Claim, sequence: u64, goal: &str) -> PersistFrame {
@@ -517,6 +465,19 @@ mod tests {
             sequence,
             op::CHILD_RESERVE,
             json!({"goal": goal, "context": "ctx"}),
+        )
+    }
+
+    fn reserve_child(
+        ledger: &mut Ledger,
+        parent: &Claim,
+        sequence: u64,
+        goal: &str,
+    ) -> ChildReserved {
+        reserved(
+            ledger
+                .apply_persist(&reserve_frame(parent, sequence, goal))
+                .expect("reserve"),
         )
     }
 
@@ -545,11 +506,7 @@ mod tests {
     fn reserve_runs_the_child_under_its_own_claim_and_answers_the_parent() {
         let (_dir, mut ledger) = open();
         let parent = parent_claim(&mut ledger);
-        let child = reserved(
-            ledger
-                .apply_persist(&reserve_frame(&parent, 1, "count files"))
-                .expect("reserve"),
-        );
+        let child = reserve_child(&mut ledger, &parent, 1, "count files");
         let session = ledger
             .session(&child.child_session_id)
             .expect("read")
@@ -694,16 +651,8 @@ mod tests {
     fn a_parent_that_ends_retires_its_live_children() {
         let (_dir, mut ledger) = open();
         let parent = parent_claim(&mut ledger);
-        let running = reserved(
-            ledger
-                .apply_persist(&reserve_frame(&parent, 1, "a"))
-                .unwrap(),
-        );
-        let queued = reserved(
-            ledger
-                .apply_persist(&reserve_frame(&parent, 2, "b"))
-                .unwrap(),
-        );
+        let running = reserve_child(&mut ledger, &parent, 1, "a");
+        let queued = reserve_child(&mut ledger, &parent, 2, "b");
         let claim = ledger
             .claim_next(&running.child_session_id, &new_id(), "secret")
             .unwrap()
@@ -757,11 +706,7 @@ mod tests {
     fn recovery_retires_children_of_an_older_epoch() {
         let (_dir, mut ledger) = open();
         let parent = parent_claim(&mut ledger);
-        let child = reserved(
-            ledger
-                .apply_persist(&reserve_frame(&parent, 1, "a"))
-                .unwrap(),
-        );
+        let child = reserve_child(&mut ledger, &parent, 1, "a");
         ledger
             .claim_next(&child.child_session_id, &new_id(), "secret")
             .unwrap()

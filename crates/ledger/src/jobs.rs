@@ -101,48 +101,22 @@ mod tests {
     use drover_protocol::worker::{op, PersistFrame};
 
     use super::*;
-    use crate::sessions::NewSession;
+    use crate::testing;
     use crate::PersistOutcome;
-
-    fn session(ledger: &mut Ledger) -> String {
-        ledger
-            .create_session(&NewSession {
-                request_id: None,
-                source: "cli".into(),
-                parent_session_id: None,
-                title: None,
-                model: "m".into(),
-                model_config: json!({"base_url": "http://127.0.0.1:1/v1"}),
-                cwd: "/".into(),
-                system_prompt: String::new(),
-                toolsets: vec!["jobs".into()],
-                tool_schemas: vec![],
-            })
-            .expect("session")
-            .id
-    }
 
     fn register_in_new_turn(
         ledger: &mut Ledger,
         session_id: &str,
         job_id: &str,
     ) -> Result<Value, LedgerError> {
-        ledger
-            .admit(session_id, &crate::new_id(), "go", "test")
-            .expect("admit");
-        let claim = ledger
-            .claim_next(session_id, &crate::new_id(), "s")
-            .expect("claim")
-            .expect("claimable");
-        let frame = PersistFrame {
-            epoch: claim.epoch,
-            execution_id: claim.execution_id.clone(),
-            generation: claim.generation,
-            sequence: 1,
-            operation: op::JOB_REGISTER.into(),
-            payload: json!({"job_id": job_id, "registry_dir": "/home/jobs"}),
-            secret: "s".into(),
-        };
+        let claim = testing::claim(ledger, session_id, "go", "s");
+        let frame = testing::frame(
+            &claim,
+            "s",
+            1,
+            op::JOB_REGISTER,
+            json!({"job_id": job_id, "registry_dir": "/home/jobs"}),
+        );
         let result = match ledger.apply_persist(&frame) {
             Ok(PersistOutcome::Receipt { result, .. }) => Ok(result),
             Ok(other) => panic!("unexpected {other:?}"),
@@ -151,7 +125,7 @@ mod tests {
         let finish = PersistFrame {
             sequence: if result.is_ok() { 2 } else { 1 },
             operation: op::EXECUTION_FINISH.into(),
-            payload: json!({"outcome": "completed", "result": {"final_response": "", "model": "m", "api_calls": 0}}),
+            payload: testing::finish(""),
             ..frame
         };
         ledger.apply_persist(&finish).expect("finish");
@@ -160,11 +134,9 @@ mod tests {
 
     #[test]
     fn job_register_is_recorded_once_per_job_and_refused_for_another_session() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut ledger = Ledger::open(&dir.path().join("state.db")).expect("open");
-        ledger.bump_epoch().expect("epoch");
-        let a = session(&mut ledger);
-        let b = session(&mut ledger);
+        let (_dir, mut ledger) = testing::open();
+        let a = testing::session(&mut ledger, &["jobs"], vec![]);
+        let b = testing::session(&mut ledger, &["jobs"], vec![]);
         let first = register_in_new_turn(&mut ledger, &a, "j1").expect("first");
         assert_eq!(first["recorded"], true);
         let again = register_in_new_turn(&mut ledger, &a, "j1").expect("again");

@@ -12,6 +12,12 @@
 //!
 //! What this crate does not do: sockets, processes, or deciding *when* to claim a turn.
 //!
+//! Layers (each uses only those before it): `state`, `schema`, `integrity` (pure rules and the
+//! file) → `events`, `counts` → rows: `sessions`, `admissions`, `approvals`, `prompts`,
+//! `messages`, `processes`, `jobs`, then `delegation` (child executions, over admissions and
+//! prompts) → `turns` (the turn lifecycle: admit, claim, cancel, interrupt, settle, lose,
+//! recover) → `persist` (a worker's persist frames).
+//!
 //! ```no_run
 //! # fn demo() -> Result<(), drover_ledger::LedgerError> {
 //! let mut ledger = drover_ledger::Ledger::open(std::path::Path::new("/tmp/home/state.db"))?;
@@ -21,16 +27,22 @@
 //! ```
 
 mod admissions;
+mod approvals;
 mod counts;
 pub mod delegation;
 mod events;
 mod integrity;
 mod jobs;
+mod messages;
 mod persist;
 mod processes;
+mod prompts;
 pub mod schema;
 mod sessions;
 pub mod state;
+#[cfg(test)]
+mod testing;
+mod turns;
 
 pub use jobs::SessionJob;
 
@@ -41,13 +53,16 @@ use drover_protocol::ErrorReason;
 use rusqlite::{Connection, OpenFlags};
 use sha2::{Digest, Sha256};
 
-pub use admissions::{AdmissionRow, AdmitRequest, Claim, Receipt, Recovery, Settlement};
+pub use admissions::{AdmissionRow, AdmitRequest, Receipt};
+pub use approvals::ApprovalRule;
 pub use delegation::{ChildReserved, DelegationLimits, ParentAnswer};
 pub use events::StoredEvent;
 pub use integrity::set_aside;
-pub use persist::{ApprovalRule, PersistOutcome, PromptResponse, PromptRow};
+pub use persist::PersistOutcome;
 pub use processes::BOOTSTRAP_FINISHED_PROCESSES;
+pub use prompts::{PromptResponse, PromptRow};
 pub use sessions::{NewSession, SessionRow, SessionSummary};
+pub use turns::{Claim, Recovery, Settlement};
 
 /// Every ledger failure, each mapped to one spec reason by [`LedgerError::reason`].
 #[derive(Debug, thiserror::Error)]
@@ -272,6 +287,18 @@ impl Ledger {
                 r.get(0)
             })
             .optional()?)
+    }
+
+    /// A small write that proves the ledger takes commits again (after a full disk).
+    pub fn probe_write(&mut self) -> Result<(), LedgerError> {
+        let tx = self.conn.transaction()?;
+        tx.execute(
+            "INSERT INTO state_meta (key, value) VALUES ('owner.write_probe', ?1)
+             ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            [now().to_string()],
+        )?;
+        tx.commit()?;
+        Ok(())
     }
 }
 

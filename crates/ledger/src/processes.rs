@@ -211,10 +211,10 @@ impl Ledger {
 
 #[cfg(test)]
 mod tests {
-    use drover_protocol::worker::{op, PersistFrame};
+    use drover_protocol::worker::op;
 
     use super::*;
-    use crate::sessions::NewSession;
+    use crate::testing;
     use crate::{Claim, PersistOutcome};
 
     struct Fixture {
@@ -226,39 +226,13 @@ mod tests {
         sequence: u64,
     }
 
-    fn new_session(ledger: &mut Ledger) -> String {
-        ledger
-            .create_session(&NewSession {
-                request_id: None,
-                source: "cli".into(),
-                parent_session_id: None,
-                title: None,
-                model: "m".into(),
-                model_config: json!({"base_url": "http://127.0.0.1:1/v1"}),
-                cwd: "/".into(),
-                system_prompt: String::new(),
-                toolsets: vec!["terminal".into()],
-                tool_schemas: vec![],
-            })
-            .expect("session")
-            .id
-    }
-
     fn claim(ledger: &mut Ledger, session_id: &str, secret: &str) -> Claim {
-        ledger
-            .admit(session_id, &crate::new_id(), "go", "test")
-            .expect("admit");
-        ledger
-            .claim_next(session_id, &crate::new_id(), secret)
-            .expect("claim")
-            .expect("claimable")
+        testing::claim(ledger, session_id, "go", secret)
     }
 
     fn fixture() -> Fixture {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut ledger = Ledger::open(&dir.path().join("state.db")).expect("open");
-        ledger.bump_epoch().expect("epoch");
-        let session_id = new_session(&mut ledger);
+        let (dir, mut ledger) = testing::open();
+        let session_id = testing::session(&mut ledger, &["terminal"], vec![]);
         let secret = "s3cret".to_string();
         let claim = claim(&mut ledger, &session_id, &secret);
         Fixture {
@@ -274,15 +248,8 @@ mod tests {
     impl Fixture {
         fn persist(&mut self, operation: &str, payload: Value) -> Result<Value, LedgerError> {
             self.sequence += 1;
-            let frame = PersistFrame {
-                epoch: self.claim.epoch,
-                execution_id: self.claim.execution_id.clone(),
-                generation: self.claim.generation,
-                sequence: self.sequence,
-                operation: operation.to_string(),
-                payload,
-                secret: self.secret.clone(),
-            };
+            let frame =
+                testing::frame(&self.claim, &self.secret, self.sequence, operation, payload);
             match self.ledger.apply_persist(&frame) {
                 Ok(PersistOutcome::Receipt { result, .. }) => Ok(result),
                 Ok(other) => panic!("unexpected {other:?}"),
@@ -295,11 +262,8 @@ mod tests {
         }
 
         fn settle(&mut self) {
-            let finish = json!({
-                "outcome": "completed",
-                "result": {"final_response": "", "model": "m", "api_calls": 0},
-            });
-            self.persist(op::EXECUTION_FINISH, finish).expect("finish");
+            self.persist(op::EXECUTION_FINISH, testing::finish(""))
+                .expect("finish");
         }
     }
 
@@ -374,7 +338,7 @@ mod tests {
         f.persist(op::PROCESS_REGISTER, payload(&process("p1")))
             .expect("register");
         f.settle();
-        let other = new_session(&mut f.ledger);
+        let other = testing::session(&mut f.ledger, &["terminal"], vec![]);
         let mut g = Fixture {
             claim: claim(&mut f.ledger, &other, "other-secret"),
             secret: "other-secret".into(),

@@ -250,22 +250,14 @@ mod tests {
 
     #[test]
     fn cancel_table_matches_spec() {
-        assert_eq!(
-            decide_cancel(AdmissionStatus::Queued),
-            CancelDecision::Cancel
-        );
-        assert_eq!(
-            decide_cancel(AdmissionStatus::Started),
-            CancelDecision::RefuseStarted
-        );
-        assert_eq!(
-            decide_cancel(AdmissionStatus::Unknown),
-            CancelDecision::RefuseUnknown
-        );
-        assert_eq!(
-            decide_cancel(AdmissionStatus::Terminal),
-            CancelDecision::AlreadyTerminal
-        );
+        for (status, decision) in [
+            (AdmissionStatus::Queued, CancelDecision::Cancel),
+            (AdmissionStatus::Started, CancelDecision::RefuseStarted),
+            (AdmissionStatus::Unknown, CancelDecision::RefuseUnknown),
+            (AdmissionStatus::Terminal, CancelDecision::AlreadyTerminal),
+        ] {
+            assert_eq!(decide_cancel(status), decision, "{status}");
+        }
     }
 
     #[test]

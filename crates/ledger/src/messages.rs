@@ -1,0 +1,179 @@
+//! `messages` rows: the transcript a claim reads as history and a worker's
+//! `transcript.append` writes, with its `tool.start` and `tool.complete` events (SPEC section 4).
+
+use std::collections::HashMap;
+
+use drover_protocol::event as ev;
+use drover_protocol::worker::TranscriptAppend;
+use drover_protocol::{ChatMessage, Role};
+use rusqlite::{params, Connection, OptionalExtension};
+use serde_json::{json, Value};
+
+use crate::events::{push_event, StoredEvent};
+use crate::{now, LedgerError};
+
+/// Cuts a string to at most `max` bytes on a char boundary.
+fn cut(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…[truncated]", &s[..end])
+}
+
+fn cut_args(arguments: &str) -> Value {
+    if arguments.len() <= ev::TOOL_EVENT_FIELD_MAX {
+        if let Ok(v) = serde_json::from_str::<Value>(arguments) {
+            return v;
+        }
+    }
+    Value::String(cut(arguments, ev::TOOL_EVENT_FIELD_MAX))
+}
+
+/// The transcript of a session in order, without the messages of lost (`unknown`) turns.
+pub(crate) fn history_in(
+    tx: &rusqlite::Connection,
+    session_id: &str,
+) -> Result<Vec<ChatMessage>, LedgerError> {
+    let mut stmt = tx.prepare_cached(
+        "SELECT m.role, m.content, m.tool_call_id, m.tool_calls, m.tool_name
+         FROM messages m
+         LEFT JOIN session_admissions a ON a.admission_id = m.admission_id
+         WHERE m.session_id = ?1 AND a.unknown_at IS NULL
+         ORDER BY m.id",
+    )?;
+    let rows = stmt.query_map([session_id], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get::<_, Option<String>>(1)?,
+            r.get::<_, Option<String>>(2)?,
+            r.get::<_, Option<String>>(3)?,
+            r.get::<_, Option<String>>(4)?,
+        ))
+    })?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (role, content, tool_call_id, tool_calls, tool_name) = row?;
+        let role = drover_protocol::Role::parse(&role)
+            .ok_or_else(|| LedgerError::Corrupt(format!("messages.role {role:?}")))?;
+        let tool_calls = match tool_calls {
+            Some(t) => serde_json::from_str(&t)
+                .map_err(|e| LedgerError::Corrupt(format!("messages.tool_calls: {e}")))?,
+            None => Vec::new(),
+        };
+        out.push(ChatMessage {
+            role,
+            content,
+            tool_calls,
+            tool_call_id,
+            tool_name,
+        });
+    }
+    Ok(out)
+}
+
+/// Stores a `transcript.append` batch for the execution's turn inside `tx`, with a
+/// `tool.start` per tool call and a `tool.complete` per tool result (fields cut to
+/// `TOOL_EVENT_FIELD_MAX`). Returns the new message ids.
+pub(crate) fn append_messages(
+    tx: &Connection,
+    session_id: &str,
+    execution_id: &str,
+    p: &TranscriptAppend,
+    events: &mut Vec<StoredEvent>,
+) -> Result<Vec<i64>, LedgerError> {
+    let admission_id: Option<String> = tx.query_row(
+        "SELECT admission_id FROM worker_executions WHERE execution_id = ?1",
+        [execution_id],
+        |r| r.get(0),
+    )?;
+    let t = now();
+    let mut ids = Vec::with_capacity(p.messages.len());
+    // Arguments of this turn's tool calls, for `tool.complete` `args`.
+    let mut call_args: HashMap<String, String> = HashMap::new();
+    for m in &p.messages {
+        if m.role == Role::Tool {
+            if let Some(id) = &m.tool_call_id {
+                if !call_args.contains_key(id) {
+                    let found: Option<String> = tx
+                        .query_row(
+                            "SELECT tool_calls FROM messages WHERE session_id = ?1 AND admission_id IS ?2
+                               AND tool_calls IS NOT NULL AND instr(tool_calls, ?3) > 0
+                             ORDER BY id DESC LIMIT 1",
+                            params![session_id, admission_id, id],
+                            |r| r.get(0),
+                        )
+                        .optional()?;
+                    if let Some(text) = found {
+                        let calls: Vec<drover_protocol::ToolCall> =
+                            serde_json::from_str(&text).unwrap_or_default();
+                        for c in calls {
+                            call_args.insert(c.id, c.function.arguments);
+                        }
+                    }
+                }
+            }
+        }
+        let tool_calls = if m.tool_calls.is_empty() {
+            None
+        } else {
+            Some(
+                serde_json::to_string(&m.tool_calls)
+                    .map_err(|e| LedgerError::Corrupt(e.to_string()))?,
+            )
+        };
+        tx.execute(
+            "INSERT INTO messages (session_id, role, content, tool_call_id, tool_calls, tool_name,
+                created_at, admission_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            params![
+                session_id,
+                m.role.as_str(),
+                m.content,
+                m.tool_call_id,
+                tool_calls,
+                m.tool_name,
+                t,
+                admission_id
+            ],
+        )?;
+        ids.push(tx.last_insert_rowid());
+        for c in &m.tool_calls {
+            call_args.insert(c.id.clone(), c.function.arguments.clone());
+            let context = p.tool_contexts.get(&c.id).cloned().unwrap_or_default();
+            events.push(push_event(
+                tx,
+                session_id,
+                ev::TOOL_START,
+                json!({
+                    "tool_id": c.id,
+                    "name": c.function.name,
+                    "context": context,
+                    "args": cut_args(&c.function.arguments),
+                }),
+            )?);
+        }
+        if m.role == Role::Tool {
+            let id = m.tool_call_id.clone().unwrap_or_default();
+            let args = call_args
+                .get(&id)
+                .map(|a| cut_args(a))
+                .unwrap_or(Value::Null);
+            events.push(push_event(
+                tx,
+                session_id,
+                ev::TOOL_COMPLETE,
+                json!({
+                    "tool_id": id,
+                    "name": m.tool_name,
+                    "args": args,
+                    "result": cut(m.content.as_deref().unwrap_or_default(), ev::TOOL_EVENT_FIELD_MAX),
+                    "is_error": p.tool_errors.contains(&id),
+                }),
+            )?);
+        }
+    }
+    Ok(ids)
+}

@@ -1,0 +1,306 @@
+//! `prompts` rows (SPEC section 2, `approval.respond` / `clarify.respond`; section 4,
+//! `prompt.open`): opening, reading, answering and cancelling a prompt, each with the deferred
+//! `prompt.open` receipt it stores and its event.
+
+use drover_protocol::event as ev;
+use drover_protocol::worker::{op, PromptOpen};
+use rusqlite::{params, Connection, OptionalExtension};
+use serde_json::{json, Value};
+
+use crate::events::{push_event, StoredEvent};
+use crate::state::PromptStatus;
+use crate::{json_digest, new_id, now, Ledger, LedgerError};
+
+/// One `prompts` row, as listed in `session.resume` `prompts`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptRow {
+    pub prompt_id: String,
+    pub session_id: String,
+    pub execution_id: String,
+    pub generation: u64,
+    pub kind: String,
+    pub body: Value,
+    pub status: PromptStatus,
+    pub answer: Option<Value>,
+    /// The `prompt.open` persist sequence to answer.
+    pub sequence: u64,
+}
+
+impl PromptRow {
+    /// `{kind, prompt_id, execution_generation, ...body}` (SPEC section 2, `prompts`).
+    pub fn to_json(&self) -> Value {
+        let mut out = json!({
+            "kind": self.kind,
+            "prompt_id": self.prompt_id,
+            "execution_generation": self.generation,
+        });
+        if let (Some(obj), Some(body)) = (out.as_object_mut(), self.body.as_object()) {
+            for (k, v) in body {
+                obj.entry(k.clone()).or_insert_with(|| v.clone());
+            }
+        }
+        out
+    }
+}
+
+impl Ledger {
+    /// The open prompts of a session (SPEC section 2, `prompts`).
+    pub fn open_prompts(&self, session_id: &str) -> Result<Vec<PromptRow>, LedgerError> {
+        let ids: Vec<String> = {
+            let mut stmt = self.conn.prepare_cached(
+                "SELECT prompt_id FROM prompts WHERE session_id = ?1 AND status = 'open' ORDER BY created_at, rowid",
+            )?;
+            let rows = stmt.query_map([session_id], |r| r.get(0))?;
+            rows.collect::<Result<_, _>>()?
+        };
+        let mut out = Vec::new();
+        for id in ids {
+            if let Some(p) = load_prompt(&self.conn, &id)? {
+                out.push(p);
+            }
+        }
+        Ok(out)
+    }
+
+    /// One prompt by id.
+    pub fn prompt(&self, prompt_id: &str) -> Result<Option<PromptRow>, LedgerError> {
+        load_prompt(&self.conn, prompt_id)
+    }
+}
+
+/// A `prompts` row before its JSON and status words are parsed.
+struct RawPrompt {
+    session_id: String,
+    execution_id: String,
+    generation: i64,
+    kind: String,
+    body: String,
+    status: String,
+    answer: Option<String>,
+    sequence: Option<i64>,
+}
+
+pub(crate) fn load_prompt(
+    conn: &rusqlite::Connection,
+    prompt_id: &str,
+) -> Result<Option<PromptRow>, LedgerError> {
+    let row = conn
+        .query_row(
+            "SELECT session_id, execution_id, generation, kind, body_json, status, answer, sequence
+             FROM prompts WHERE prompt_id = ?1",
+            [prompt_id],
+            |r| {
+                Ok(RawPrompt {
+                    session_id: r.get(0)?,
+                    execution_id: r.get(1)?,
+                    generation: r.get(2)?,
+                    kind: r.get(3)?,
+                    body: r.get(4)?,
+                    status: r.get(5)?,
+                    answer: r.get(6)?,
+                    sequence: r.get(7)?,
+                })
+            },
+        )
+        .optional()?;
+    let Some(RawPrompt {
+        session_id,
+        execution_id,
+        generation,
+        kind,
+        body,
+        status,
+        answer,
+        sequence,
+    }) = row
+    else {
+        return Ok(None);
+    };
+    Ok(Some(PromptRow {
+        prompt_id: prompt_id.to_string(),
+        session_id,
+        execution_id,
+        generation: generation as u64,
+        kind,
+        body: serde_json::from_str(&body)
+            .map_err(|e| LedgerError::Corrupt(format!("prompts.body_json: {e}")))?,
+        status: PromptStatus::parse(&status)
+            .ok_or_else(|| LedgerError::Corrupt(format!("prompts.status {status:?}")))?,
+        answer: answer.and_then(|a| serde_json::from_str(&a).ok()),
+        sequence: sequence.unwrap_or(0) as u64,
+    }))
+}
+
+/// Opens a prompt for the `prompt.open` frame at `sequence` inside `tx`, with its
+/// `approval.request` or `clarify.request` event. Its receipt is deferred until an answer.
+pub(crate) fn open_prompt(
+    tx: &Connection,
+    session_id: &str,
+    execution_id: &str,
+    generation: i64,
+    sequence: u64,
+    p: &PromptOpen,
+) -> Result<(String, StoredEvent), LedgerError> {
+    let kind = match p.kind.as_str() {
+        "approval" | "clarify" => p.kind.clone(),
+        other => {
+            return Err(LedgerError::invalid(
+                "payload.kind",
+                format!("unknown prompt kind {other:?}"),
+            ))
+        }
+    };
+    let prompt_id = new_id();
+    tx.execute(
+        "INSERT INTO prompts (prompt_id, session_id, execution_id, generation, kind,
+            body_json, status, sequence, created_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'open', ?7, ?8)",
+        params![
+            prompt_id,
+            session_id,
+            execution_id,
+            generation,
+            kind,
+            p.body.to_string(),
+            sequence as i64,
+            now()
+        ],
+    )?;
+    let row = load_prompt(tx, &prompt_id)?
+        .ok_or_else(|| LedgerError::NotFound(format!("prompt {prompt_id}")))?;
+    let kind_event = if kind == "approval" {
+        ev::APPROVAL_REQUEST
+    } else {
+        ev::CLARIFY_REQUEST
+    };
+    let event = push_event(tx, session_id, kind_event, row.to_json())?;
+    Ok((prompt_id, event))
+}
+
+/// The receipt digest of the `prompt.open` frame that opened `p` (same rule as
+/// [`Ledger::apply_persist`]), so a resent frame matches its deferred receipt.
+fn prompt_open_digest(p: &PromptRow) -> String {
+    json_digest(&json!({
+        "operation": op::PROMPT_OPEN,
+        "payload": {"kind": p.kind, "body": p.body},
+    }))
+}
+
+/// Closes an open prompt as `cancelled` inside `tx`, with its `*.settled` event.
+pub(crate) fn cancel_prompt(
+    tx: &Connection,
+    prompt_id: &str,
+) -> Result<Vec<StoredEvent>, LedgerError> {
+    let Some(p) = load_prompt(tx, prompt_id)? else {
+        return Ok(Vec::new());
+    };
+    if !p.status.can_move_to(PromptStatus::Cancelled) {
+        return Ok(Vec::new());
+    }
+    tx.execute(
+        "UPDATE prompts SET status = 'cancelled' WHERE prompt_id = ?1 AND status = 'open'",
+        [prompt_id],
+    )?;
+    let receipt = json!({"status": "cancelled"});
+    Ok(vec![close_prompt(tx, &p, &receipt, Value::Null)?])
+}
+
+/// Stores the deferred receipt of the `prompt.open` that opened `p` (`{status[, answer]}`)
+/// and returns its `approval.settled` (`choice`) or `clarify.settled` (`answer`) event.
+fn close_prompt(
+    tx: &Connection,
+    p: &PromptRow,
+    receipt: &Value,
+    answer: Value,
+) -> Result<StoredEvent, LedgerError> {
+    tx.execute(
+        "INSERT OR IGNORE INTO worker_receipts (execution_id, sequence, operation, payload_digest, result_json)
+         VALUES (?1, ?2, 'prompt.open', ?3, ?4)",
+        params![p.execution_id, p.sequence as i64, prompt_open_digest(p), receipt.to_string()],
+    )?;
+    let (kind, field) = if p.kind == "approval" {
+        (ev::APPROVAL_SETTLED, "choice")
+    } else {
+        (ev::CLARIFY_SETTLED, "answer")
+    };
+    let mut payload = json!({"prompt_id": p.prompt_id, "status": receipt["status"]});
+    payload[field] = answer;
+    push_event(tx, &p.session_id, kind, payload)
+}
+
+/// Cancels every open prompt of `execution_id` inside `tx` ([`cancel_prompt`]), its events to
+/// `events`; returns their ids.
+pub(crate) fn cancel_open_prompts(
+    tx: &Connection,
+    execution_id: &str,
+    events: &mut Vec<StoredEvent>,
+) -> Result<Vec<String>, LedgerError> {
+    let ids: Vec<String> = {
+        let mut stmt = tx.prepare_cached(
+            "SELECT prompt_id FROM prompts WHERE execution_id = ?1 AND status = 'open'",
+        )?;
+        let rows = stmt.query_map([execution_id], |r| r.get(0))?;
+        rows.collect::<Result<_, _>>()?
+    };
+    for id in &ids {
+        events.extend(cancel_prompt(tx, id)?);
+    }
+    Ok(ids)
+}
+
+/// Answers an open prompt (SPEC section 2, `approval.respond` / `clarify.respond`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum PromptResponse {
+    /// First answer: the worker's deferred receipt is now stored; send it.
+    Resolved {
+        prompt: PromptRow,
+        receipt: Value,
+        events: Vec<StoredEvent>,
+    },
+    /// The prompt was already resolved or cancelled.
+    AlreadyResolved { prompt: PromptRow },
+}
+
+impl Ledger {
+    /// Records the first answer to a prompt and the worker receipt for its `prompt.open`.
+    /// `generation` must be the prompt's (`stale_generation`), the prompt must belong to the
+    /// session (`not_found`). Choice validation is the caller's (it knows the prompt kind).
+    pub fn respond_prompt(
+        &mut self,
+        session_id: &str,
+        generation: u64,
+        prompt_id: &str,
+        answer: Value,
+    ) -> Result<PromptResponse, LedgerError> {
+        let tx = self.conn.transaction()?;
+        let prompt = load_prompt(&tx, prompt_id)?
+            .filter(|p| p.session_id == session_id)
+            .ok_or_else(|| LedgerError::NotFound(format!("prompt {prompt_id}")))?;
+        if prompt.generation != generation {
+            return Err(LedgerError::StaleGeneration(format!(
+                "prompt {prompt_id} belongs to generation {}, not {generation}",
+                prompt.generation
+            )));
+        }
+        if !prompt.status.can_move_to(PromptStatus::Resolved) {
+            return Ok(PromptResponse::AlreadyResolved { prompt });
+        }
+        tx.execute(
+            "UPDATE prompts SET status = 'resolved', answer = ?1 WHERE prompt_id = ?2 AND status = 'open'",
+            params![answer.to_string(), prompt_id],
+        )?;
+        if prompt.kind == "approval" {
+            crate::approvals::record_grant(&tx, &prompt.session_id, &prompt.body, &answer)?;
+        }
+        let receipt = json!({"status": "resolved", "answer": answer});
+        let event = close_prompt(&tx, &prompt, &receipt, answer)?;
+        let prompt = load_prompt(&tx, prompt_id)?
+            .ok_or_else(|| LedgerError::NotFound(format!("prompt {prompt_id}")))?;
+        tx.commit()?;
+        Ok(PromptResponse::Resolved {
+            prompt,
+            receipt,
+            events: vec![event],
+        })
+    }
+}

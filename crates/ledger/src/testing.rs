@@ -1,0 +1,70 @@
+//! Fixtures shared by the unit tests: a fresh ledger at epoch 1, a session, a claimed turn,
+//! and the persist frames of that turn.
+
+use drover_protocol::worker::PersistFrame;
+use serde_json::{json, Value};
+
+use crate::{new_id, Claim, Ledger, NewSession};
+
+/// A new ledger in a temporary directory, its epoch bumped once.
+pub(crate) fn open() -> (tempfile::TempDir, Ledger) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut ledger = Ledger::open(&dir.path().join("state.db")).expect("open");
+    ledger.bump_epoch().expect("epoch");
+    (dir, ledger)
+}
+
+/// A `cli` session with these toolsets and frozen tool schemas; returns its id.
+pub(crate) fn session(ledger: &mut Ledger, toolsets: &[&str], tool_schemas: Vec<Value>) -> String {
+    ledger
+        .create_session(&NewSession {
+            request_id: None,
+            source: "cli".into(),
+            parent_session_id: None,
+            title: None,
+            model: "m".into(),
+            model_config: json!({"base_url": "http://127.0.0.1:1/v1"}),
+            cwd: "/".into(),
+            system_prompt: "sys".into(),
+            toolsets: toolsets.iter().map(|t| t.to_string()).collect(),
+            tool_schemas,
+        })
+        .expect("session")
+        .id
+}
+
+/// Admits `text` to the session and claims it with `secret`.
+pub(crate) fn claim(ledger: &mut Ledger, session_id: &str, text: &str, secret: &str) -> Claim {
+    ledger
+        .admit(session_id, &new_id(), text, "test")
+        .expect("admit");
+    ledger
+        .claim_next(session_id, &new_id(), secret)
+        .expect("claim")
+        .expect("claimable")
+}
+
+/// The claimed turn's persist frame at `sequence`.
+pub(crate) fn frame(
+    claim: &Claim,
+    secret: &str,
+    sequence: u64,
+    operation: &str,
+    payload: Value,
+) -> PersistFrame {
+    PersistFrame {
+        epoch: claim.epoch,
+        execution_id: claim.execution_id.clone(),
+        generation: claim.generation,
+        sequence,
+        operation: operation.to_string(),
+        payload,
+        secret: secret.to_string(),
+    }
+}
+
+/// An `execution.finish` payload: `completed` with `final_response`.
+pub(crate) fn finish(final_response: &str) -> Value {
+    json!({"outcome": "completed",
+           "result": {"final_response": final_response, "model": "m", "api_calls": 1}})
+}

@@ -1,0 +1,670 @@
+//! The turn lifecycle (SPEC sections 2 and 4): admit, claim the head of a session's queue,
+//! cancel, interrupt, settle, lose, resolve an `unknown` turn, and recovery at owner start.
+//! Each step is one transaction over the row modules below it.
+
+use drover_protocol::event as ev;
+use drover_protocol::worker::{ExecutionFinish, TurnOutcome};
+use drover_protocol::ChatMessage;
+use rusqlite::{params, Connection, OptionalExtension};
+use serde_json::{json, Value};
+
+use crate::admissions::{
+    admission_in, admission_updated, admit_in, load_admission, queue_head, set_terminal,
+    AdmissionRow, AdmitRequest,
+};
+use crate::delegation::ParentAnswer;
+use crate::events::{push_event, StoredEvent};
+use crate::prompts::{cancel_open_prompts, cancel_prompt, load_prompt, PromptRow};
+use crate::sessions::SessionRow;
+use crate::state::{decide_cancel, AdmissionStatus, CancelDecision, ExecutionStatus, Outcome};
+use crate::{digest, now, Ledger, LedgerError};
+
+/// A claimed turn: everything the owner needs to spawn its worker.
+#[derive(Debug, Clone)]
+pub struct Claim {
+    pub admission: AdmissionRow,
+    pub session: SessionRow,
+    pub execution_id: String,
+    pub generation: u64,
+    pub epoch: u64,
+    /// Earlier messages without this turn's input and without lost turns.
+    pub history: Vec<ChatMessage>,
+    /// Approval pattern keys granted to the session (SPEC section 6).
+    pub approval_grants: Vec<String>,
+    /// The session's background processes for the bootstrap (SPEC section 6).
+    pub background_processes: Vec<drover_protocol::worker::BackgroundProcess>,
+    pub events: Vec<StoredEvent>,
+}
+
+/// A turn that ended (settled or lost); the owner publishes `events` and may claim the next.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settlement {
+    pub session_id: String,
+    pub admission_id: String,
+    pub execution_id: String,
+    /// `completed|failed|interrupted`, or `unknown` when the turn was lost.
+    pub outcome: String,
+    pub events: Vec<StoredEvent>,
+    /// For a `child` execution: the parent's deferred `child.reserve` receipt, to send now.
+    pub parent_answer: Option<ParentAnswer>,
+    /// Child executions retired because this one ended; their workers are to be stopped.
+    pub retired_children: Vec<String>,
+}
+
+/// What recovery did at owner start (SPEC section 4, "Owner killed").
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Recovery {
+    pub unknown_admissions: Vec<String>,
+    pub unknown_executions: Vec<String>,
+    pub retired_children: Vec<String>,
+    pub cancelled_prompts: Vec<String>,
+    pub events: Vec<StoredEvent>,
+}
+
+fn storage_copy(e: &rusqlite::Error) -> LedgerError {
+    LedgerError::Unavailable(e.to_string())
+}
+
+impl Ledger {
+    /// Admits an input (SPEC G1). Committed with `synchronous=FULL` before it returns.
+    /// The same `input_id` with the same text returns the earlier admission; with other text it
+    /// fails `admission_conflict`. Also returns the `admission.updated` event when new.
+    pub fn admit(
+        &mut self,
+        session_id: &str,
+        input_id: &str,
+        text: &str,
+        principal_id: &str,
+    ) -> Result<(AdmissionRow, Vec<StoredEvent>), LedgerError> {
+        let epoch = self.epoch;
+        let tx = self.conn.transaction()?;
+        let out = admit_in(&tx, epoch, session_id, input_id, text, principal_id)?;
+        tx.commit()?;
+        Ok(out)
+    }
+
+    /// Admits several inputs in one transaction (group commit: one fsync for all of them).
+    /// Each input is applied under its own savepoint, so one refused input (conflict, unknown
+    /// session) does not undo the others. Results are in input order. If the commit itself
+    /// fails, every input gets the storage error and none is acknowledged.
+    pub fn admit_batch(
+        &mut self,
+        inputs: &[AdmitRequest],
+    ) -> Vec<Result<(AdmissionRow, Vec<StoredEvent>), LedgerError>> {
+        let epoch = self.epoch;
+        let mut tx = match self.conn.transaction() {
+            Ok(tx) => tx,
+            Err(e) => return inputs.iter().map(|_| Err(storage_copy(&e))).collect(),
+        };
+        let mut results = Vec::with_capacity(inputs.len());
+        for r in inputs {
+            let one = (|| {
+                let sp = tx.savepoint()?;
+                let out = admit_in(
+                    &sp,
+                    epoch,
+                    &r.session_id,
+                    &r.input_id,
+                    &r.text,
+                    &r.principal_id,
+                )?;
+                sp.commit()?;
+                Ok(out)
+            })();
+            results.push(one);
+        }
+        if let Err(e) = tx.commit() {
+            return inputs.iter().map(|_| Err(storage_copy(&e))).collect();
+        }
+        results
+    }
+
+    /// Sessions that have queued input and may claim it now (SPEC section 4).
+    pub fn claimable_sessions(&self) -> Result<Vec<String>, LedgerError> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT DISTINCT a.target_session_id FROM session_admissions a
+             WHERE a.status = 'queued'
+               AND NOT EXISTS (SELECT 1 FROM session_turn_leases l WHERE l.session_id = a.target_session_id)
+               AND NOT EXISTS (SELECT 1 FROM session_admissions u
+                               WHERE u.target_session_id = a.target_session_id AND u.status IN ('started','unknown'))
+               AND NOT EXISTS (SELECT 1 FROM worker_executions e
+                               WHERE e.session_id = a.target_session_id AND e.status = 'unknown')",
+        )?;
+        let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Claims the head of the session's queue, if the session may claim (no lease, nothing
+    /// unknown). In one transaction: admission `started` with `generation =
+    /// runtime_generation + 1`, a `compute` execution `registered`, the turn lease, the user
+    /// message, and the `admission.updated` and `turn.started` events.
+    pub fn claim_next(
+        &mut self,
+        session_id: &str,
+        execution_id: &str,
+        secret: &str,
+    ) -> Result<Option<Claim>, LedgerError> {
+        let epoch = self.epoch;
+        let tx = self.conn.transaction()?;
+        let blocked: bool = tx.query_row(
+            "SELECT EXISTS (SELECT 1 FROM session_turn_leases WHERE session_id = ?1)
+                 OR EXISTS (SELECT 1 FROM session_admissions WHERE target_session_id = ?1
+                            AND status IN ('started','unknown'))
+                 OR EXISTS (SELECT 1 FROM worker_executions WHERE session_id = ?1 AND status = 'unknown')",
+            [session_id],
+            |r| r.get(0),
+        )?;
+        if blocked {
+            return Ok(None);
+        }
+        let Some(mut admission) = queue_head(&tx, session_id)? else {
+            return Ok(None);
+        };
+        let generation: i64 = tx.query_row(
+            "UPDATE sessions SET runtime_generation = runtime_generation + 1,
+                runtime_revision = runtime_revision + 1
+             WHERE id = ?1 RETURNING runtime_generation",
+            [session_id],
+            |r| r.get(0),
+        )?;
+        tx.execute(
+            "UPDATE session_admissions SET status = 'started', generation = ?1, owner_epoch = ?2
+             WHERE admission_id = ?3",
+            params![generation, epoch as i64, admission.admission_id],
+        )?;
+        admission.status = AdmissionStatus::Started;
+        admission.generation = Some(generation as u64);
+        admission.owner_epoch = epoch;
+        let t = now();
+        // A child's goal runs under the `child` execution `child.reserve` registered for it
+        // (SPEC section 6: its own claim); any other input gets a new `compute` execution.
+        let reserved: Option<String> = tx
+            .query_row(
+                "SELECT execution_id FROM worker_executions
+                 WHERE admission_id = ?1 AND kind = 'child' AND status = 'registered'",
+                [&admission.admission_id],
+                |r| r.get(0),
+            )
+            .optional()?;
+        let execution_id = match reserved {
+            Some(child) => {
+                tx.execute(
+                    "UPDATE worker_executions SET owner_epoch = ?1, generation = ?2,
+                        secret_digest = ?3 WHERE execution_id = ?4",
+                    params![epoch as i64, generation, digest(secret.as_bytes()), child],
+                )?;
+                child
+            }
+            None => {
+                tx.execute(
+                    "INSERT INTO worker_executions (execution_id, session_id, admission_id, kind,
+                        depth, owner_epoch, generation, status, secret_digest, created_at)
+                     VALUES (?1, ?2, ?3, 'compute', 0, ?4, ?5, 'registered', ?6, ?7)",
+                    params![
+                        execution_id,
+                        session_id,
+                        admission.admission_id,
+                        epoch as i64,
+                        generation,
+                        digest(secret.as_bytes()),
+                        t
+                    ],
+                )?;
+                execution_id.to_string()
+            }
+        };
+        let execution_id = execution_id.as_str();
+        tx.execute(
+            "INSERT INTO session_turn_leases (session_id, admission_id, execution_id, generation,
+                owner_epoch, acquired_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![
+                session_id,
+                admission.admission_id,
+                execution_id,
+                generation,
+                epoch as i64,
+                t
+            ],
+        )?;
+        // History is read before this turn's input is stored, so it excludes it.
+        let history = crate::messages::history_in(&tx, session_id)?;
+        let approval_grants = crate::approvals::grants_in(&tx, session_id)?;
+        let background_processes = crate::processes::for_bootstrap(&tx, session_id)?;
+        tx.execute(
+            "INSERT INTO messages (session_id, role, content, created_at, admission_id)
+             VALUES (?1, 'user', ?2, ?3, ?4)",
+            params![session_id, admission.text, t, admission.admission_id],
+        )?;
+        let mut events = vec![admission_updated(&tx, &admission)?];
+        events.push(push_event(
+            &tx,
+            session_id,
+            ev::TURN_STARTED,
+            json!({
+                "admission_id": admission.admission_id,
+                "execution_generation": generation,
+            }),
+        )?);
+        // Read inside the claim's transaction: an error here rolls the claim back, where a read
+        // after the commit could fail and leave the turn `started` with no worker.
+        let session = crate::sessions::session_in(&tx, session_id)?
+            .ok_or_else(|| LedgerError::NotFound(format!("session {session_id}")))?;
+        tx.commit()?;
+        Ok(Some(Claim {
+            admission,
+            session,
+            execution_id: execution_id.to_string(),
+            generation: generation as u64,
+            epoch,
+            history,
+            approval_grants,
+            background_processes,
+            events,
+        }))
+    }
+
+    /// `prompt.cancel` (SPEC section 2): queued -> terminal/`cancelled`; started ->
+    /// `stale_generation`; unknown -> `unknown_execution`; terminal -> unchanged receipt.
+    pub fn cancel_admission(
+        &mut self,
+        session_id: &str,
+        admission_id: &str,
+    ) -> Result<(AdmissionRow, Vec<StoredEvent>), LedgerError> {
+        let tx = self.conn.transaction()?;
+        let mut row = admission_in(&tx, session_id, admission_id)?;
+        match decide_cancel(row.status) {
+            CancelDecision::AlreadyTerminal => Ok((row, Vec::new())),
+            CancelDecision::RefuseStarted => Err(LedgerError::StaleGeneration(format!(
+                "admission {admission_id} has started; interrupt generation {} instead",
+                row.generation.unwrap_or(0)
+            ))),
+            CancelDecision::RefuseUnknown => Err(LedgerError::UnknownExecution(format!(
+                "admission {admission_id} is unknown; use prompt.resolve_unknown"
+            ))),
+            CancelDecision::Cancel => {
+                set_terminal(&tx, &mut row, Outcome::Cancelled)?;
+                let event = admission_updated(&tx, &row)?;
+                tx.commit()?;
+                Ok((row, vec![event]))
+            }
+        }
+    }
+
+    /// `prompt.resolve_unknown` (SPEC section 2): unknown -> terminal/`interrupted`, and the
+    /// unknown execution -> terminal, so the queue may resume. A terminal admission returns its
+    /// receipt unchanged; queued or started ones are `invalid_params`.
+    pub fn resolve_unknown(
+        &mut self,
+        session_id: &str,
+        admission_id: &str,
+    ) -> Result<(AdmissionRow, Vec<StoredEvent>), LedgerError> {
+        let tx = self.conn.transaction()?;
+        let mut row = admission_in(&tx, session_id, admission_id)?;
+        match row.status {
+            AdmissionStatus::Terminal => return Ok((row, Vec::new())),
+            AdmissionStatus::Unknown => {}
+            other => {
+                return Err(LedgerError::invalid(
+                    "admission_id",
+                    format!("admission is {other}, not unknown"),
+                ))
+            }
+        }
+        set_terminal(&tx, &mut row, Outcome::Interrupted)?;
+        tx.execute(
+            "UPDATE worker_executions SET status = 'terminal'
+             WHERE admission_id = ?1 AND status = 'unknown'",
+            [admission_id],
+        )?;
+        let event = admission_updated(&tx, &row)?;
+        tx.commit()?;
+        Ok((row, vec![event]))
+    }
+
+    /// Records an accepted `session.interrupt` (the turn can then settle `interrupted` or
+    /// `unknown`, never `completed`) and closes every open prompt of the execution as
+    /// `cancelled`, so a late answer does not look accepted. Returns the closed prompts, whose
+    /// deferred `prompt.open` receipts are now `{status: "cancelled"}`, and their events.
+    pub fn accept_interrupt(
+        &mut self,
+        execution_id: &str,
+    ) -> Result<(Vec<PromptRow>, Vec<StoredEvent>), LedgerError> {
+        let tx = self.conn.transaction()?;
+        tx.execute(
+            "UPDATE worker_executions SET interrupt_requested_at = coalesce(interrupt_requested_at, ?1)
+             WHERE execution_id = ?2",
+            params![now(), execution_id],
+        )?;
+        let mut events = Vec::new();
+        let mut prompts = Vec::new();
+        for id in cancel_open_prompts(&tx, execution_id, &mut events)? {
+            if let Some(p) = load_prompt(&tx, &id)? {
+                prompts.push(p);
+            }
+        }
+        tx.commit()?;
+        Ok((prompts, events))
+    }
+
+    /// The worker of `execution_id` died or its pipe closed before `execution.finish`
+    /// (SPEC section 4): admission and execution `unknown`, lease released, open prompts
+    /// cancelled, no result stored. Events carry outcome `unknown`. `None` if the execution
+    /// was not live (already settled).
+    pub fn mark_execution_lost(
+        &mut self,
+        execution_id: &str,
+    ) -> Result<Option<Settlement>, LedgerError> {
+        let tx = self.conn.transaction()?;
+        let settlement = lose_execution(&tx, execution_id)?;
+        tx.commit()?;
+        Ok(settlement)
+    }
+
+    /// Settles a claimed turn whose worker could not be started as `failed`: nothing ran, so
+    /// failing it is truthful and the queue may move on.
+    pub fn settle_unstarted(
+        &mut self,
+        execution_id: &str,
+        error: &str,
+    ) -> Result<Settlement, LedgerError> {
+        let tx = self.conn.transaction()?;
+        let result = json!({"final_response": "", "model": "", "api_calls": 0, "error": error});
+        let s = settle_turn(&tx, execution_id, Outcome::Failed, "", result)?;
+        tx.commit()?;
+        Ok(s)
+    }
+
+    /// The live executions of the current epoch whose admission is `started` (SPEC section 4):
+    /// each should have a supervised worker. The owner's watchdog marks any that has none lost.
+    pub fn started_executions(&self) -> Result<Vec<String>, LedgerError> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT e.execution_id FROM worker_executions e
+             JOIN session_admissions a ON a.admission_id = e.admission_id
+             WHERE e.status IN ('registered','running') AND e.owner_epoch = ?1
+               AND a.status = 'started'",
+        )?;
+        let rows = stmt.query_map([self.epoch as i64], |r| r.get(0))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Recovery at owner start (SPEC section 4, "Owner killed"): every `started` admission and
+    /// live `compute` execution of an older epoch becomes `unknown`; live `child` executions
+    /// become `terminal` and their sessions end with `agent_close`. Call after
+    /// [`Ledger::bump_epoch`].
+    pub fn recover(&mut self) -> Result<Recovery, LedgerError> {
+        let epoch = self.epoch as i64;
+        let tx = self.conn.transaction()?;
+        let mut rec = Recovery::default();
+        // Children first: a live `child` execution of an older epoch becomes `terminal` (its
+        // admission too, so nothing of it is replayed) and its session ends `agent_close`.
+        let children: Vec<String> = {
+            let mut stmt = tx.prepare(
+                "SELECT execution_id FROM worker_executions
+                 WHERE kind = 'child' AND status IN ('registered','running') AND owner_epoch < ?1",
+            )?;
+            let rows = stmt.query_map([epoch], |r| r.get(0))?;
+            rows.collect::<Result<_, _>>()?
+        };
+        for execution_id in children {
+            let mut retired = Vec::new();
+            crate::delegation::retire_one(&tx, &execution_id, &mut rec.events, &mut retired)?;
+            for id in retired {
+                if !rec.retired_children.contains(&id) {
+                    rec.retired_children.push(id);
+                }
+            }
+        }
+        let lost: Vec<String> = {
+            let mut stmt = tx.prepare(
+                "SELECT execution_id FROM worker_executions
+                 WHERE kind = 'compute' AND status IN ('registered','running') AND owner_epoch < ?1",
+            )?;
+            let rows = stmt.query_map([epoch], |r| r.get(0))?;
+            rows.collect::<Result<_, _>>()?
+        };
+        for execution_id in lost {
+            if let Some(s) = lose_execution(&tx, &execution_id)? {
+                rec.unknown_admissions.push(s.admission_id.clone());
+                rec.unknown_executions.push(execution_id);
+                rec.events.extend(s.events);
+            }
+        }
+        // A started admission with no live execution (crash between claim and spawn bookkeeping).
+        let orphans: Vec<(String, String)> = {
+            let mut stmt = tx.prepare(
+                "SELECT admission_id, target_session_id FROM session_admissions
+                 WHERE status = 'started' AND owner_epoch < ?1",
+            )?;
+            let rows = stmt.query_map([epoch], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            rows.collect::<Result<_, _>>()?
+        };
+        for (admission_id, session_id) in orphans {
+            tx.execute(
+                "UPDATE session_admissions SET status = 'unknown', unknown_at = ?1 WHERE admission_id = ?2",
+                params![now(), admission_id],
+            )?;
+            tx.execute(
+                "DELETE FROM session_turn_leases WHERE admission_id = ?1",
+                [&admission_id],
+            )?;
+            if let Some(row) = load_admission(&tx, &session_id, &admission_id)? {
+                rec.events.push(admission_updated(&tx, &row)?);
+            }
+            rec.unknown_admissions.push(admission_id);
+        }
+        let stale_prompts: Vec<String> = {
+            let mut stmt = tx.prepare(
+                "SELECT p.prompt_id FROM prompts p JOIN worker_executions e
+                   ON e.execution_id = p.execution_id
+                 WHERE p.status = 'open' AND e.status NOT IN ('registered','running')",
+            )?;
+            let rows = stmt.query_map([], |r| r.get(0))?;
+            rows.collect::<Result<_, _>>()?
+        };
+        for prompt_id in stale_prompts {
+            rec.events.extend(cancel_prompt(&tx, &prompt_id)?);
+            rec.cancelled_prompts.push(prompt_id);
+        }
+        tx.execute(
+            "DELETE FROM session_turn_leases WHERE owner_epoch < ?1",
+            [epoch],
+        )?;
+        tx.commit()?;
+        Ok(rec)
+    }
+}
+
+/// Marks a live execution and its admission `unknown` inside `tx`.
+pub(crate) fn lose_execution(
+    tx: &Connection,
+    execution_id: &str,
+) -> Result<Option<Settlement>, LedgerError> {
+    let exec: Option<(String, Option<String>, String)> = tx
+        .query_row(
+            "SELECT session_id, admission_id, status FROM worker_executions WHERE execution_id = ?1",
+            [execution_id],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .optional()?;
+    let Some((session_id, admission_id, status)) = exec else {
+        return Ok(None);
+    };
+    let status = ExecutionStatus::parse(&status)
+        .ok_or_else(|| LedgerError::Corrupt(format!("worker_executions.status {status:?}")))?;
+    if !status.can_move_to(ExecutionStatus::Unknown) {
+        return Ok(None);
+    }
+    tx.execute(
+        "UPDATE worker_executions SET status = 'unknown' WHERE execution_id = ?1",
+        [execution_id],
+    )?;
+    let mut events = Vec::new();
+    cancel_open_prompts(tx, execution_id, &mut events)?;
+    let admission_id = admission_id.unwrap_or_default();
+    tx.execute(
+        "DELETE FROM session_turn_leases WHERE execution_id = ?1",
+        [execution_id],
+    )?;
+    if let Some(mut row) = load_admission(tx, &session_id, &admission_id)? {
+        if row.status.can_move_to(AdmissionStatus::Unknown) {
+            tx.execute(
+                "UPDATE session_admissions SET status = 'unknown', unknown_at = ?1
+                 WHERE admission_id = ?2",
+                params![now(), admission_id],
+            )?;
+            row.status = AdmissionStatus::Unknown;
+            events.push(push_event(
+                tx,
+                &session_id,
+                ev::MESSAGE_COMPLETE,
+                json!({"admission_id": admission_id, "text": "", "outcome": "unknown"}),
+            )?);
+            events.push(push_event(
+                tx,
+                &session_id,
+                ev::TURN_SETTLED,
+                json!({"admission_id": admission_id, "outcome": "unknown"}),
+            )?);
+            events.push(admission_updated(tx, &row)?);
+        }
+    }
+    let parent_answer = crate::delegation::answer_parent(
+        tx,
+        execution_id,
+        "unknown",
+        "",
+        Some("the child's worker ended before its turn finished"),
+    )?;
+    let retired_children = crate::delegation::retire_children(tx, execution_id, &mut events)?;
+    Ok(Some(Settlement {
+        session_id,
+        admission_id,
+        execution_id: execution_id.to_string(),
+        outcome: "unknown".to_string(),
+        events,
+        parent_answer,
+        retired_children,
+    }))
+}
+
+/// Settles the turn of `execution_id` on its worker's `execution.finish` inside `tx`: an
+/// accepted interrupt turns `completed` into `interrupted`, open prompts are cancelled, then
+/// [`settle_turn`]. Every event goes to `events`.
+pub(crate) fn finish_turn(
+    tx: &Connection,
+    execution_id: &str,
+    f: &ExecutionFinish,
+    events: &mut Vec<StoredEvent>,
+) -> Result<Settlement, LedgerError> {
+    let interrupted: bool = tx.query_row(
+        "SELECT interrupt_requested_at IS NOT NULL FROM worker_executions
+         WHERE execution_id = ?1",
+        [execution_id],
+        |r| r.get(0),
+    )?;
+    let outcome = match f.outcome {
+        // An accepted interrupt wins a race with the answer (SPEC section 2).
+        TurnOutcome::Completed if interrupted => Outcome::Interrupted,
+        TurnOutcome::Completed => Outcome::Completed,
+        TurnOutcome::Failed => Outcome::Failed,
+        TurnOutcome::Interrupted => Outcome::Interrupted,
+    };
+    let mut result = json!({
+        "final_response": f.result.final_response,
+        "model": f.result.model,
+        "api_calls": f.result.api_calls,
+    });
+    if let Some(err) = &f.error {
+        result["error"] = Value::String(err.clone());
+    }
+    cancel_open_prompts(tx, execution_id, events)?;
+    let s = settle_turn(tx, execution_id, outcome, &f.result.final_response, result)?;
+    events.extend(s.events.iter().cloned());
+    Ok(s)
+}
+
+/// Settles a turn inside `tx` (SPEC section 4, "The turn settles"): admission terminal with
+/// `outcome`, result and usage in `state_meta`, execution terminal, lease released, events.
+pub(crate) fn settle_turn(
+    tx: &Connection,
+    execution_id: &str,
+    outcome: Outcome,
+    final_response: &str,
+    result: Value,
+) -> Result<Settlement, LedgerError> {
+    let (session_id, admission_id): (String, String) = tx.query_row(
+        "SELECT session_id, admission_id FROM worker_executions WHERE execution_id = ?1",
+        [execution_id],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?;
+    // Read into range: a bad stored sum never keeps a turn from settling (drover issue 8).
+    let [it, ot, tt, calls] = crate::counts::read_counts(
+        tx,
+        "SELECT input_tokens, output_tokens, total_tokens, api_calls
+         FROM worker_executions WHERE execution_id = ?1",
+        execution_id,
+        ["input_tokens", "output_tokens", "total_tokens", "api_calls"],
+    )?
+    .map(|c| c.value);
+    let mut row = admission_in(tx, &session_id, &admission_id)?;
+    if !row.status.can_move_to(AdmissionStatus::Terminal) {
+        return Err(LedgerError::StaleGeneration(format!(
+            "admission {admission_id} is {} and cannot settle",
+            row.status
+        )));
+    }
+    set_terminal(tx, &mut row, outcome)?;
+    tx.execute(
+        "UPDATE worker_executions SET status = 'terminal' WHERE execution_id = ?1",
+        [execution_id],
+    )?;
+    tx.execute(
+        "DELETE FROM session_turn_leases WHERE execution_id = ?1",
+        [execution_id],
+    )?;
+    let mut result = result;
+    if let Some(obj) = result.as_object_mut() {
+        obj.insert("api_calls".into(), json!(calls));
+    }
+    let stored = json!({
+        "result": result,
+        "usage": {"input_tokens": it, "output_tokens": ot, "total_tokens": tt},
+    });
+    tx.execute(
+        "INSERT OR REPLACE INTO state_meta (key, value) VALUES (?1, ?2)",
+        params![
+            format!("admission.result.{admission_id}"),
+            stored.to_string()
+        ],
+    )?;
+    let mut events = Vec::new();
+    events.push(push_event(
+        tx,
+        &session_id,
+        ev::MESSAGE_COMPLETE,
+        json!({"admission_id": admission_id, "text": final_response, "outcome": outcome.as_str()}),
+    )?);
+    let mut settled = json!({"admission_id": admission_id, "outcome": outcome.as_str()});
+    if let Some(err) = result.get("error").filter(|e| !e.is_null()) {
+        settled["error"] = err.clone();
+    }
+    events.push(push_event(tx, &session_id, ev::TURN_SETTLED, settled)?);
+    events.push(admission_updated(tx, &row)?);
+    let parent_answer = crate::delegation::answer_parent(
+        tx,
+        execution_id,
+        outcome.as_str(),
+        final_response,
+        result.get("error").and_then(Value::as_str),
+    )?;
+    let retired_children = crate::delegation::retire_children(tx, execution_id, &mut events)?;
+    Ok(Settlement {
+        session_id,
+        admission_id,
+        execution_id: execution_id.to_string(),
+        outcome: outcome.as_str().to_string(),
+        events,
+        parent_answer,
+        retired_children,
+    })
+}
