@@ -5,10 +5,10 @@
 //! workers, real SQLite, a loopback model. Every process a test starts is killed by a guard.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use drover_test_support::harness::{db_rows, pid_alive, Client, Daemon, TestHome};
-use drover_test_support::{MockModel, Reply};
+use drover_test_support::harness::{db_rows, eventually, pid_alive, Daemon, OneSession};
+use drover_test_support::Reply;
 use serde_json::{json, Value};
 
 fn bin() -> &'static Path {
@@ -45,66 +45,21 @@ impl Drop for GroupGuard {
     }
 }
 
-struct Setup {
-    model: MockModel,
-    home: TestHome,
-    daemon: Daemon,
-    client: Client,
-    session_id: String,
-}
-
-async fn setup() -> Setup {
-    let model = MockModel::start().await;
-    let home = TestHome::new().unwrap();
-    home.write_model_config(&model.base_url(), true, "")
-        .unwrap();
-    let daemon = Daemon::start(bin(), home.path()).await.unwrap();
-    let mut client = daemon.client().await.unwrap();
-    let created = client
-        .call_ok(
-            "session.create",
-            json!({"request_id": drover_test_support::harness::uuid_like(), "cwd": home.path(), "toolsets": ["terminal"]}),
-        )
+async fn setup() -> OneSession {
+    OneSession::builder(bin())
+        .toolsets(&["terminal"])
+        .start()
         .await
-        .unwrap();
-    let session_id = created["session_id"].as_str().unwrap().to_string();
-    Setup {
-        model,
-        home,
-        daemon,
-        client,
-        session_id,
-    }
+        .unwrap()
 }
 
-impl Setup {
-    /// Submits `text` and waits for the turn to settle `completed`.
-    async fn turn(&mut self, text: &str) {
-        let receipt = self.client.submit(&self.session_id, text).await.unwrap();
-        let admission_id = receipt["admission_id"].as_str().unwrap().to_string();
-        assert_eq!(
-            self.client.wait_settled(&admission_id).await.unwrap(),
-            "completed"
-        );
-    }
-
-    /// `(id, pid, start_time, status, exit_code, session_id, command)` of every row.
-    fn rows(&self) -> Vec<Vec<Value>> {
-        db_rows(
-            &self.home.db(),
-            "SELECT id, pid, start_time, status, exit_code, session_id, command
-             FROM background_processes ORDER BY started_at, rowid",
-        )
-    }
-
-    /// The content of the tool message answering `tool_call_id`, as JSON.
-    fn tool_result(&self, tool_call_id: &str) -> Value {
-        let rows = db_rows(
-            &self.home.db(),
-            &format!("SELECT content FROM messages WHERE tool_call_id = '{tool_call_id}'"),
-        );
-        serde_json::from_str(rows[0][0].as_str().unwrap()).unwrap()
-    }
+/// `(id, pid, start_time, status, exit_code, session_id, command)` of every row.
+fn process_rows(s: &OneSession) -> Vec<Vec<Value>> {
+    db_rows(
+        &s.home.db(),
+        "SELECT id, pid, start_time, status, exit_code, session_id, command
+         FROM background_processes ORDER BY started_at, rowid",
+    )
 }
 
 fn guard(row: &[Value]) -> GroupGuard {
@@ -114,12 +69,12 @@ fn guard(row: &[Value]) -> GroupGuard {
     }
 }
 
-async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !check() {
-        assert!(Instant::now() < deadline, "{what} within 20 s");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+/// Waits (bounded, 20 s) until `check` holds; fails saying `what` did not happen.
+async fn wait_until(what: &str, check: impl FnMut() -> bool) {
+    assert!(
+        eventually(Duration::from_secs(20), check).await,
+        "{what} within 20 s"
+    );
 }
 
 #[tokio::test]
@@ -132,10 +87,12 @@ async fn a_background_process_outlives_its_turn_and_the_next_turn_lists_and_kill
         json!({"command": command, "background": true}),
     ));
     s.model.push(Reply::text("Started it."));
-    s.turn("start a ticker in the background").await;
+    s.complete_turn("start a ticker in the background")
+        .await
+        .unwrap();
 
     // Turn 1: registered as running, with the identity the tool returned.
-    let rows = s.rows();
+    let rows = process_rows(&s);
     assert_eq!(rows.len(), 1, "{rows:?}");
     let _guard = guard(&rows[0]);
     let (process_id, pid) = (
@@ -162,17 +119,13 @@ async fn a_background_process_outlives_its_turn_and_the_next_turn_lists_and_kill
     assert_eq!(tools, ["terminal", "process"]);
 
     // Clients see it too: `session.resume` lists the session's background processes.
-    let resumed = s
-        .client
-        .call_ok("session.resume", json!({"session_id": s.session_id}))
-        .await
-        .unwrap();
+    let resumed = s.resume().await.unwrap();
     assert_eq!(resumed["processes"][0]["pid"], json!(pid), "{resumed}");
     assert_eq!(resumed["processes"][0]["status"], "running");
     assert_eq!(resumed["processes"][0]["command"], command);
 
     // The worker that started it is gone; the process is not.
-    eventually("turn 1's worker exits", || {
+    wait_until("turn 1's worker exits", || {
         s.daemon.worker_pids().is_empty()
     })
     .await;
@@ -185,7 +138,7 @@ async fn a_background_process_outlives_its_turn_and_the_next_turn_lists_and_kill
         .path()
         .join("logs/processes")
         .join(format!("{process_id}.log"));
-    eventually("the process logs", || {
+    wait_until("the process logs", || {
         std::fs::read_to_string(&log).is_ok_and(|t| t.contains("tick"))
     })
     .await;
@@ -202,7 +155,7 @@ async fn a_background_process_outlives_its_turn_and_the_next_turn_lists_and_kill
         json!({"action": "kill", "process_id": process_id}),
     ));
     s.model.push(Reply::text("Killed it."));
-    s.turn("list and kill the ticker").await;
+    s.complete_turn("list and kill the ticker").await.unwrap();
 
     let listed = s.tool_result("call_list");
     let processes = listed["processes"].as_array().unwrap();
@@ -214,10 +167,10 @@ async fn a_background_process_outlives_its_turn_and_the_next_turn_lists_and_kill
     assert_eq!(killed["status"], "killed", "{killed}");
     assert_eq!(killed["killed"], true);
 
-    let rows = s.rows();
+    let rows = process_rows(&s);
     assert_eq!(rows[0][3], "killed");
     assert_eq!(rows[0][4], Value::Null);
-    eventually("the process is gone", || !pid_alive(pid as u32)).await;
+    wait_until("the process is gone", || !pid_alive(pid as u32)).await;
 }
 
 #[tokio::test]
@@ -241,8 +194,8 @@ async fn a_restarted_owner_records_processes_that_ended_unwatched() {
         ),
     ]));
     s.model.push(Reply::text("Three started."));
-    s.turn("start three").await;
-    let id_of = |s: &Setup, call: &str| {
+    s.complete_turn("start three").await.unwrap();
+    let id_of = |s: &OneSession, call: &str| {
         s.tool_result(call)["process_id"]
             .as_str()
             .unwrap()
@@ -253,7 +206,7 @@ async fn a_restarted_owner_records_processes_that_ended_unwatched() {
         id_of(&s, "call_killed"),
         id_of(&s, "call_lives"),
     );
-    let rows = s.rows();
+    let rows = process_rows(&s);
     assert_eq!(rows.len(), 3);
     let guards: Vec<GroupGuard> = rows.iter().map(|r| guard(r)).collect();
     assert!(rows.iter().all(|r| r[3] == "running"), "{rows:?}");
@@ -269,14 +222,14 @@ async fn a_restarted_owner_records_processes_that_ended_unwatched() {
         .find(|g| g.pid as u32 == pid_of(&killed))
         .unwrap()
         .kill();
-    eventually("both are gone", || {
+    wait_until("both are gone", || {
         !pid_alive(pid_of(&exits)) && !pid_alive(pid_of(&killed))
     })
     .await;
 
     let _daemon = Daemon::start(bin(), s.home.path()).await.unwrap();
-    let status = |s: &Setup, id: &str| {
-        let rows = s.rows();
+    let status = |s: &OneSession, id: &str| {
+        let rows = process_rows(s);
         let row = rows.iter().find(|r| r[0] == id).unwrap().clone();
         (row[3].as_str().unwrap().to_string(), row[4].as_i64())
     };

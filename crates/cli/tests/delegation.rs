@@ -5,8 +5,9 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use drover_test_support::harness::{children_of, db_rows, Client, Daemon, TestHome};
-use drover_test_support::{Gate, MockModel, Reply};
+use drover_test_support::harness::str_field;
+use drover_test_support::harness::{children_of, db_rows, Client, Daemon, OneSession};
+use drover_test_support::{Gate, Reply};
 use serde_json::{json, Value};
 
 /// Every wait in this file is bounded by this.
@@ -18,40 +19,13 @@ fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_drover"))
 }
 
-struct Setup {
-    model: MockModel,
-    home: TestHome,
-    daemon: Daemon,
-    client: Client,
-    session_id: String,
-}
-
-async fn setup(extra_config: &str) -> Setup {
-    let model = MockModel::start().await;
-    let home = TestHome::new().unwrap();
-    home.write_model_config(&model.base_url(), true, extra_config)
-        .unwrap();
-    let daemon = Daemon::start(bin(), home.path()).await.unwrap();
-    let mut client = daemon.client().await.unwrap();
-    let created = client
-        .call_ok(
-            "session.create",
-            json!({
-                "request_id": drover_test_support::harness::uuid_like(),
-                "cwd": home.path(),
-                "toolsets": ["terminal", "delegation"],
-            }),
-        )
+async fn setup(extra_config: &str) -> OneSession {
+    OneSession::builder(bin())
+        .config(extra_config)
+        .toolsets(&["terminal", "delegation"])
+        .start()
         .await
-        .unwrap();
-    let session_id = created["session_id"].as_str().unwrap().to_string();
-    Setup {
-        model,
-        home,
-        daemon,
-        client,
-        session_id,
-    }
+        .unwrap()
 }
 
 fn first_user_text(request: &Value) -> String {
@@ -141,25 +115,12 @@ async fn children(client: &mut Client, parent: &str) -> Vec<Value> {
 async fn a_child_session_runs_its_own_turn_and_its_answer_is_the_tool_result() {
     let mut s = setup("").await;
     s.model.set_responder(route(Reply::text("child says 42")));
-    let receipt = s
-        .client
-        .submit(&s.session_id, "please delegate the counting")
+    let admission_id = s
+        .complete_turn("please delegate the counting")
         .await
         .unwrap();
-    let admission_id = receipt["admission_id"].as_str().unwrap().to_string();
-    assert_eq!(
-        s.client.wait_settled(&admission_id).await.unwrap(),
-        "completed"
-    );
 
-    let done = s
-        .client
-        .call_ok(
-            "prompt.receipt",
-            json!({"session_id": s.session_id, "admission_id": admission_id, "include_result": true}),
-        )
-        .await
-        .unwrap();
+    let done = s.receipt(&admission_id, true).await.unwrap();
     assert_eq!(
         done["result"]["final_response"],
         "parent got: child says 42"
@@ -246,16 +207,9 @@ async fn a_child_session_runs_its_own_turn_and_its_answer_is_the_tool_result() {
 async fn refused_with(config: &str, word: &str) {
     let mut s = setup(config).await;
     s.model.set_responder(route(Reply::text("never asked")));
-    let receipt = s
-        .client
-        .submit(&s.session_id, "please delegate the counting")
+    s.complete_turn("please delegate the counting")
         .await
         .unwrap();
-    let admission_id = receipt["admission_id"].as_str().unwrap().to_string();
-    assert_eq!(
-        s.client.wait_settled(&admission_id).await.unwrap(),
-        "completed"
-    );
     let parent = resume(&mut s.client, &s.session_id).await;
     let result = tool_result(&parent);
     let content: Value =
@@ -302,12 +256,8 @@ async fn interrupting_the_parent_retires_its_live_child() {
     let gate = Gate::new();
     s.model
         .set_responder(route(Reply::text("too late").gated(&gate)));
-    let receipt = s
-        .client
-        .submit(&s.session_id, "please delegate the counting")
-        .await
-        .unwrap();
-    let admission_id = receipt["admission_id"].as_str().unwrap().to_string();
+    let receipt = s.submit("please delegate the counting").await.unwrap();
+    let admission_id = str_field(&receipt, "admission_id");
     let generation = receipt["execution_generation"].as_u64();
     assert!(
         gate.wait_reached(WAIT).await,
@@ -384,12 +334,8 @@ async fn a_restarted_owner_closes_the_child_of_a_lost_turn() {
     let gate = Gate::new();
     s.model
         .set_responder(route(Reply::text("too late").gated(&gate)));
-    let receipt = s
-        .client
-        .submit(&s.session_id, "please delegate the counting")
-        .await
-        .unwrap();
-    let admission_id = receipt["admission_id"].as_str().unwrap().to_string();
+    let receipt = s.submit("please delegate the counting").await.unwrap();
+    let admission_id = str_field(&receipt, "admission_id");
     assert!(
         gate.wait_reached(WAIT).await,
         "the child's model request never came"

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use drover_test_support::harness::{
     db_value, rss_kib, thread_count, uuid_like, Client, Daemon, OneSession,
 };
+use drover_test_support::harness::{eventually, str_field};
 use drover_test_support::{Gate, Reply};
 use serde_json::{json, Value};
 
@@ -23,20 +24,6 @@ fn fd_count(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
         .map(|d| d.count())
         .unwrap_or(0)
-}
-
-/// Polls `cond` every 20 ms until it holds or `limit` passes.
-async fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    loop {
-        if cond() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 fn admission_status(db: &Path, admission_id: &str) -> String {
@@ -116,7 +103,7 @@ async fn closed_connections_leave_no_socket_thread_or_memory_behind() {
                 .unwrap();
             // Closed without a goodbye, as a killed `drover run` would.
             drop(c);
-            r["admission_id"].as_str().unwrap().to_string()
+            str_field(&r, "admission_id")
         }
     };
     let warm = 20.min(cycles);
@@ -291,8 +278,8 @@ async fn a_full_disk_during_a_turn_never_leaves_it_started() {
     let gate = Gate::new();
     s.model.push(Reply::text("done").gated(&gate));
     s.model.set_default(Reply::text("again"));
-    let r = s.client.submit(&s.session_id, "hello").await.unwrap();
-    let admission_id = r["admission_id"].as_str().unwrap().to_string();
+    let r = s.submit("hello").await.unwrap();
+    let admission_id = str_field(&r, "admission_id");
     assert!(gate.wait_reached(Duration::from_secs(20)).await);
     // From now on every write of the daemon past its first byte fails (EFBIG, as a full
     // disk): the worker's persists are refused and marking the turn lost fails too.
@@ -337,7 +324,7 @@ async fn a_full_disk_during_a_turn_never_leaves_it_started() {
         )
         .await
         .unwrap();
-    let r = s.client.submit(&s.session_id, "again").await.unwrap();
+    let r = s.submit("again").await.unwrap();
     let next = r["admission_id"].as_str().unwrap();
     assert_eq!(s.client.wait_settled(next).await.unwrap(), "completed");
 }
@@ -347,12 +334,12 @@ async fn a_started_turn_without_a_worker_is_found_and_made_unknown() {
     let mut s = setup("", &[]).await;
     let gate = Gate::new();
     s.model.push(Reply::text("held").gated(&gate));
-    let first = s.client.submit(&s.session_id, "first").await.unwrap();
-    let second = s.client.submit(&s.session_id, "second").await.unwrap();
+    let first = s.submit("first").await.unwrap();
+    let second = s.submit("second").await.unwrap();
     assert!(gate.wait_reached(Duration::from_secs(20)).await);
     // Plant what a lost supervisor would leave: a `started` admission of this epoch with a
     // live execution that no supervisor watches.
-    let orphan = second["admission_id"].as_str().unwrap().to_string();
+    let orphan = str_field(&second, "admission_id");
     let epoch = s.daemon.epoch();
     let exec = uuid_like();
     let sql = format!(
@@ -434,8 +421,8 @@ async fn held_turn_of_a_stop_ignoring_worker(
     .await;
     let gate = Gate::new();
     s.model.push(Reply::text("finished anyway").gated(&gate));
-    let r = s.client.submit(&s.session_id, "hello").await.unwrap();
-    let admission_id = r["admission_id"].as_str().unwrap().to_string();
+    let r = s.submit("hello").await.unwrap();
+    let admission_id = str_field(&r, "admission_id");
     assert!(gate.wait_reached(Duration::from_secs(20)).await);
     let generation = db_value(
         &s.home.db(),
@@ -485,14 +472,7 @@ async fn an_answer_that_races_an_accepted_interrupt_settles_interrupted() {
         s.client.wait_settled(&admission_id).await.unwrap(),
         "interrupted"
     );
-    let receipt = s
-        .client
-        .call_ok(
-            "prompt.receipt",
-            json!({"session_id": s.session_id, "admission_id": admission_id}),
-        )
-        .await
-        .unwrap();
+    let receipt = s.receipt(&admission_id, false).await.unwrap();
     assert_eq!(receipt["outcome"], "interrupted", "{receipt}");
 }
 
@@ -520,8 +500,8 @@ except BrokenPipeError:
     let mut s = setup("", &[("DROVER_WORKER_EXE", hostile.as_str())]).await;
     let pid = s.daemon.pid();
     let rss_before = rss_kib(pid);
-    let r = s.client.submit(&s.session_id, "hello").await.unwrap();
-    let admission_id = r["admission_id"].as_str().unwrap().to_string();
+    let r = s.submit("hello").await.unwrap();
+    let admission_id = str_field(&r, "admission_id");
     let settled = tokio::time::timeout(Duration::from_secs(60), async {
         loop {
             match s.client.next_event(Duration::from_secs(60)).await.unwrap() {

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
+use drover_test_support::harness::eventually;
 use serde_json::Value;
 use tempfile::TempDir;
 
@@ -343,20 +344,6 @@ fn kill(pid: i32) {
         nix::unistd::Pid::from_raw(pid),
         nix::sys::signal::Signal::SIGKILL,
     );
-}
-
-/// Polls `cond` every 20 ms until it holds or `limit` passes; gives whether it held.
-async fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    loop {
-        if cond() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 fn timer_of(job: &Value) -> Option<(i32, u64)> {

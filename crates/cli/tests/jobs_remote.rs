@@ -5,16 +5,14 @@
 //! each `drover runner` have their own home and registry, as on two hosts; they share only
 //! the broker and `$DROVER_DISPATCH_SECRET`. Every wait is bounded.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use drover_jobs::mqtt::{self, Endpoint, Feed, Outbound};
 use drover_jobs::remote::{derive_auth_token, Dispatch};
 use drover_jobs::{sign, Contract};
-use drover_test_support::harness::Mosquitto;
+use drover_test_support::harness::{Lines, Mosquitto};
 use serde_json::{json, Value};
 
 const SECRET: &str = "test-dispatch-secret";
@@ -160,18 +158,7 @@ impl Host {
         ];
         args.extend_from_slice(extra);
         let mut child = self.command(&args).spawn().expect("runner starts");
-        let stderr = child.stderr.take().unwrap();
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let sink = lines.clone();
-        std::thread::spawn(move || {
-            let fd = stderr.into_owned_fd().unwrap();
-            for line in BufReader::new(std::fs::File::from(fd)).lines() {
-                match line {
-                    Ok(l) => sink.lock().unwrap().push(l),
-                    Err(_) => break,
-                }
-            }
-        });
+        let lines = Lines::collect(child.stderr.take().unwrap().into_owned_fd().unwrap());
         Runner { child, lines }
     }
 }
@@ -179,34 +166,29 @@ impl Host {
 /// A running `drover runner`.
 struct Runner {
     child: tokio::process::Child,
-    lines: Arc<Mutex<Vec<String>>>,
+    lines: Lines,
 }
 
 impl Runner {
     fn stderr(&self) -> String {
-        self.lines.lock().unwrap().join("\n")
+        self.lines.text()
     }
 
     fn count(&self, needle: &str) -> usize {
-        self.lines
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|l| l.contains(needle))
-            .count()
+        self.lines.count(needle)
     }
 
     /// Waits (at most 15 s) until `n` stderr lines contain `needle`.
     async fn wait_for(&self, needle: &str, n: usize) {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while self.count(needle) < n {
-            assert!(
-                Instant::now() < deadline,
-                "no {needle:?} (x{n}) from the runner:\n{}",
-                self.stderr()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let ok = self
+            .lines
+            .wait_for(needle, n, Duration::from_secs(15))
+            .await;
+        assert!(
+            ok,
+            "no {needle:?} (x{n}) from the runner:\n{}",
+            self.stderr()
+        );
     }
 
     async fn exit_code(&mut self, limit: Duration) -> Option<i32> {

@@ -8,8 +8,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use drover_test_support::harness::{db_rows, db_value, pid_alive, Client, Daemon, TestHome};
-use drover_test_support::{Gate, MockModel, Reply};
+use drover_test_support::harness::str_field;
+use drover_test_support::harness::{db_rows, db_value, pid_alive, Client, Daemon, OneSession};
+use drover_test_support::{Gate, Reply};
 use serde_json::{json, Value};
 
 const BOUND: Duration = Duration::from_secs(30);
@@ -28,42 +29,18 @@ sleep "${AGENT_SLEEP:-1}"
 eval "$finish"
 "#;
 
-struct Setup {
-    model: MockModel,
-    home: TestHome,
-    daemon: Daemon,
-    client: Client,
-    session_id: String,
-    agent: PathBuf,
-}
-
-async fn setup(config: &str, env: &[(&str, &str)]) -> Setup {
-    let model = MockModel::start().await;
-    let home = TestHome::new().unwrap();
-    home.write_model_config(&model.base_url(), true, config)
-        .unwrap();
-    let daemon = Daemon::start_with_env(bin(), home.path(), env)
+/// A session with the `jobs` toolset; `<home>/agent.sh` holds [`AGENT`].
+async fn setup(config: &str, env: &[(&str, &str)]) -> (OneSession, PathBuf) {
+    let s = OneSession::builder(bin())
+        .config(config)
+        .env(env)
+        .toolsets(&["jobs"])
+        .start()
         .await
         .unwrap();
-    let mut client = daemon.client().await.unwrap();
-    let created = client
-        .call_ok(
-            "session.create",
-            json!({"request_id": drover_test_support::harness::uuid_like(), "cwd": home.path(), "toolsets": ["jobs"]}),
-        )
-        .await
-        .unwrap();
-    let session_id = created["session_id"].as_str().unwrap().to_string();
-    let agent = home.path().join("agent.sh");
+    let agent = s.home.path().join("agent.sh");
     std::fs::write(&agent, AGENT).unwrap();
-    Setup {
-        model,
-        home,
-        daemon,
-        client,
-        session_id,
-        agent,
-    }
+    (s, agent)
 }
 
 /// The last message of a model request.
@@ -111,51 +88,33 @@ fn submit_then_wait(
     }
 }
 
-impl Setup {
-    /// Submits `text` and waits for the turn to settle; gives its outcome.
-    async fn turn(&mut self, text: &str) -> String {
-        let receipt = self.client.submit(&self.session_id, text).await.unwrap();
-        let admission_id = receipt["admission_id"].as_str().unwrap().to_string();
-        self.client.wait_settled(&admission_id).await.unwrap()
-    }
+/// The newest assistant message of the session.
+fn final_answer(s: &OneSession) -> String {
+    let rows = db_rows(
+        &s.home.db(),
+        &format!(
+            "SELECT content FROM messages WHERE session_id = '{}' AND role = 'assistant'
+             ORDER BY id DESC LIMIT 1",
+            s.session_id
+        ),
+    );
+    rows[0][0].as_str().unwrap_or_default().to_string()
+}
 
-    /// The newest assistant message of the session.
-    fn final_answer(&self) -> String {
-        let rows = db_rows(
-            &self.home.db(),
-            &format!(
-                "SELECT content FROM messages WHERE session_id = '{}' AND role = 'assistant'
-                 ORDER BY id DESC LIMIT 1",
-                self.session_id
-            ),
-        );
-        rows[0][0].as_str().unwrap_or_default().to_string()
-    }
+fn registry_db(s: &OneSession) -> PathBuf {
+    s.home.path().join("jobs").join("jobs.db")
+}
 
-    /// The tool message answering `call_id`, as JSON, and whether it is the only one.
-    fn tool_result(&self, call_id: &str) -> Value {
-        let rows = db_rows(
-            &self.home.db(),
-            &format!("SELECT content FROM messages WHERE tool_call_id = '{call_id}'"),
-        );
-        assert_eq!(rows.len(), 1, "{call_id}: {rows:?}");
-        serde_json::from_str(rows[0][0].as_str().unwrap()).unwrap()
-    }
-
-    fn registry_db(&self) -> PathBuf {
-        self.home.path().join("jobs").join("jobs.db")
-    }
-
-    fn exec_args(&self) -> Value {
-        json!({
-            "agent_session": "exec",
-            "exec": format!("sh {}", self.agent.display()),
-            "prompt": "say who did it",
-            "heartbeat": 1,
-            "heartbeat_misses": 3,
-            "ack_timeout": 10,
-        })
-    }
+/// `job_submit` arguments of an exec job running `agent`.
+fn exec_args(agent: &Path) -> Value {
+    json!({
+        "agent_session": "exec",
+        "exec": format!("sh {}", agent.display()),
+        "prompt": "say who did it",
+        "heartbeat": 1,
+        "heartbeat_misses": 3,
+        "ack_timeout": 10,
+    })
 }
 
 async fn resume(client: &mut Client, session_id: &str) -> Value {
@@ -191,14 +150,17 @@ impl Drop for ExecGuard {
 
 #[tokio::test]
 async fn a_turn_submits_an_exec_job_waits_for_it_and_quotes_its_detail() {
-    let mut s = setup("", &[]).await;
+    let (mut s, agent) = setup("", &[]).await;
     let _guard = ExecGuard(s.home.path().join("jobs"));
-    let submit = s.exec_args();
+    let submit = exec_args(&agent);
     s.model.set_responder(submit_then_wait(
         submit,
         "The job ended {status} and said: {detail}",
     ));
-    assert_eq!(s.turn("run the job and tell me").await, "completed");
+    assert_eq!(
+        s.turn("run the job and tell me").await.unwrap().1,
+        "completed"
+    );
 
     let submitted = s.tool_result("call_submit");
     let job_id = submitted["job_id"].as_str().unwrap().to_string();
@@ -214,7 +176,7 @@ async fn a_turn_submits_an_exec_job_waits_for_it_and_quotes_its_detail() {
     let detail = format!("done-by-{job_id}");
     assert_eq!(waited["detail"], detail.as_str());
     assert_eq!(
-        s.final_answer(),
+        final_answer(&s),
         format!("The job ended completed and said: {detail}")
     );
 
@@ -243,11 +205,11 @@ async fn a_turn_submits_an_exec_job_waits_for_it_and_quotes_its_detail() {
 
 #[tokio::test]
 async fn an_owner_killed_between_job_submit_and_job_wait_keeps_the_job_once_and_resume_lists_it() {
-    let mut s = setup("", &[("AGENT_SLEEP", "2")]).await;
+    let (mut s, agent) = setup("", &[("AGENT_SLEEP", "2")]).await;
     let _guard = ExecGuard(s.home.path().join("jobs"));
     let gate = Gate::new();
     let job_id: Arc<Mutex<Option<String>>> = Arc::default();
-    let submit = s.exec_args();
+    let submit = exec_args(&agent);
     {
         let (gate, job_id) = (gate.clone(), job_id.clone());
         s.model.set_responder(move |request| {
@@ -275,8 +237,8 @@ async fn an_owner_killed_between_job_submit_and_job_wait_keeps_the_job_once_and_
             Reply::tool_call("call_submit", "job_submit", submit.clone())
         });
     }
-    let receipt = s.client.submit(&s.session_id, "run the job").await.unwrap();
-    let first = receipt["admission_id"].as_str().unwrap().to_string();
+    let receipt = s.submit("run the job").await.unwrap();
+    let first = str_field(&receipt, "admission_id");
     assert!(
         gate.wait_reached(BOUND).await,
         "the turn reached its second request"
@@ -297,7 +259,7 @@ async fn an_owner_killed_between_job_submit_and_job_wait_keeps_the_job_once_and_
     let mut c = daemon.client().await.unwrap();
     // The job is in the registry once and in the ledger once, and resume lists it.
     assert_eq!(
-        db_value(&s.registry_db(), "SELECT count(*) FROM jobs"),
+        db_value(&registry_db(&s), "SELECT count(*) FROM jobs"),
         json!(1)
     );
     assert_eq!(
@@ -323,26 +285,26 @@ async fn an_owner_killed_between_job_submit_and_job_wait_keeps_the_job_once_and_
     .await
     .unwrap();
     s.client = c;
-    assert_eq!(s.turn("wait for the job").await, "completed");
+    assert_eq!(s.turn("wait for the job").await.unwrap().1, "completed");
     let waited = s.tool_result("call_wait");
     let detail = format!("done-by-{job_id}");
     assert_eq!(waited["status"], "completed", "{waited}");
     assert_eq!(waited["detail"], detail.as_str());
     assert_eq!(
-        s.final_answer(),
+        final_answer(&s),
         format!("After the restart the job is completed: {detail}")
     );
     // Delivered once: one `delivered` audit entry, one `started` event.
     assert_eq!(
         db_value(
-            &s.registry_db(),
+            &registry_db(&s),
             "SELECT count(*) FROM job_events WHERE audit = 1 AND event = 'delivered'"
         ),
         json!(1)
     );
     assert_eq!(
         db_value(
-            &s.registry_db(),
+            &registry_db(&s),
             "SELECT count(*) FROM job_events WHERE event = 'started'"
         ),
         json!(1)
@@ -355,7 +317,7 @@ async fn an_owner_killed_between_job_submit_and_job_wait_keeps_the_job_once_and_
 #[tokio::test]
 async fn bad_job_input_is_a_tool_result_and_the_turn_goes_on() {
     let config = "[approvals]\nmode = \"auto\"\n\n[mqtt]\nurl = \"mqtt://127.0.0.1:9\"\n";
-    let mut s = setup(config, &[("DROVER_DISPATCH_SECRET", "s3cret")]).await;
+    let (mut s, _agent) = setup(config, &[("DROVER_DISPATCH_SECRET", "s3cret")]).await;
     s.model.push(Reply::tool_calls(vec![
         (
             "call_transport".into(),
@@ -379,8 +341,8 @@ async fn bad_job_input_is_a_tool_result_and_the_turn_goes_on() {
         ),
     ]));
     s.model.push(Reply::text("handled"));
-    assert_eq!(s.turn("try some bad jobs").await, "completed");
-    assert_eq!(s.final_answer(), "handled");
+    assert_eq!(s.turn("try some bad jobs").await.unwrap().1, "completed");
+    assert_eq!(final_answer(&s), "handled");
 
     let transport = s.tool_result("call_transport");
     let e = transport["error"].as_str().unwrap();
@@ -415,14 +377,14 @@ async fn bad_job_input_is_a_tool_result_and_the_turn_goes_on() {
 #[tokio::test]
 async fn a_remote_job_submit_follows_the_approval_policy() {
     let config = "[approvals]\nmode = \"deny\"\n\n[mqtt]\nurl = \"mqtt://127.0.0.1:9\"\n";
-    let mut s = setup(config, &[("DROVER_DISPATCH_SECRET", "s3cret")]).await;
+    let (mut s, _agent) = setup(config, &[("DROVER_DISPATCH_SECRET", "s3cret")]).await;
     s.model.push(Reply::tool_call(
         "call_remote",
         "job_submit",
         json!({"agent_session": "remote:box", "prompt": "p"}),
     ));
     s.model.push(Reply::text("refused"));
-    assert_eq!(s.turn("dispatch it").await, "completed");
+    assert_eq!(s.turn("dispatch it").await.unwrap().1, "completed");
     let e = s.tool_result("call_remote")["error"]
         .as_str()
         .unwrap()
@@ -434,16 +396,16 @@ async fn a_remote_job_submit_follows_the_approval_policy() {
         "{e}"
     );
     // Refused before anything was written.
-    assert!(!s.registry_db().exists());
+    assert!(!registry_db(&s).exists());
     let snap = resume(&mut s.client, &s.session_id).await;
     assert_eq!(snap["jobs"], json!([]));
 }
 
 #[tokio::test]
 async fn job_cancel_stops_an_exec_job_and_a_terminal_status_is_kept() {
-    let mut s = setup("", &[("AGENT_SLEEP", "60")]).await;
+    let (mut s, agent) = setup("", &[("AGENT_SLEEP", "60")]).await;
     let _guard = ExecGuard(s.home.path().join("jobs"));
-    let submit = s.exec_args();
+    let submit = exec_args(&agent);
     s.model.set_responder(move |request| {
         if let Some(result) = answer_to(request, "call_submit") {
             let job_id = result["job_id"].as_str().unwrap_or("none").to_string();
@@ -465,7 +427,7 @@ async fn job_cancel_stops_an_exec_job_and_a_terminal_status_is_kept() {
         }
         Reply::tool_call("call_submit", "job_submit", submit.clone())
     });
-    assert_eq!(s.turn("start and cancel").await, "completed");
+    assert_eq!(s.turn("start and cancel").await.unwrap().1, "completed");
     let job_id = s.tool_result("call_submit")["job_id"]
         .as_str()
         .unwrap()
@@ -510,7 +472,7 @@ async fn a_remote_job_is_dispatched_to_a_runner_and_job_wait_follows_the_wire() 
         "[approvals]\nmode = \"auto\"\n\n[mqtt]\nurl = \"{}\"\n",
         broker.url()
     );
-    let mut s = setup(&config, &[("DROVER_DISPATCH_SECRET", secret)]).await;
+    let (mut s, _agent) = setup(&config, &[("DROVER_DISPATCH_SECRET", secret)]).await;
     // The runner has a home and registry of its own, as on another host.
     let runner_home = tempfile::tempdir().unwrap();
     let runner = std::process::Command::new(bin())
@@ -536,7 +498,7 @@ async fn a_remote_job_is_dispatched_to_a_runner_and_job_wait_follows_the_wire() 
         json!({"agent_session": "remote:box", "prompt": "say done", "heartbeat": 1, "ack_timeout": 20}),
         "remote: {status} {detail}",
     ));
-    assert_eq!(s.turn("dispatch and wait").await, "completed");
+    assert_eq!(s.turn("dispatch and wait").await.unwrap().1, "completed");
     let submitted = s.tool_result("call_submit");
     assert_eq!(submitted["transport"], "remote", "{submitted}");
     assert_eq!(submitted["runner"], "box", "{submitted}");
@@ -544,7 +506,7 @@ async fn a_remote_job_is_dispatched_to_a_runner_and_job_wait_follows_the_wire() 
     let waited = s.tool_result("call_wait");
     assert_eq!(waited["status"], "completed", "{waited}");
     assert_eq!(waited["detail"], "remote-done");
-    assert_eq!(s.final_answer(), "remote: completed remote-done");
+    assert_eq!(final_answer(&s), "remote: completed remote-done");
     let snap = resume(&mut s.client, &s.session_id).await;
     assert_eq!(snap["jobs"][0]["status"], "completed", "{snap}");
 }

@@ -6,16 +6,14 @@
 //! `auth_token` and `dispatch_token`, as a runner's registry will): registry A publishes, and
 //! `drover job watch` mirrors into registry B. Every wait is bounded.
 
-use std::io::{BufRead, BufReader};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use drover_jobs::mqtt::{self, Endpoint, Feed, Outbound};
 use drover_jobs::sign;
-use drover_test_support::harness::Mosquitto;
+use drover_test_support::harness::{eventually, Lines, Mosquitto};
 use serde_json::{json, Value};
 
 fn bin() -> &'static Path {
@@ -164,19 +162,7 @@ impl Side {
         let mut args = vec!["watch", "--job", job, "--json"];
         args.extend_from_slice(extra);
         let mut child = self.command(&args).spawn().expect("watch starts");
-        let stderr = child.stderr.take().unwrap();
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let sink = lines.clone();
-        std::thread::spawn(move || {
-            // The async pipe as a blocking fd: a plain thread reads it line by line.
-            let fd = stderr.into_owned_fd().unwrap();
-            for line in BufReader::new(std::fs::File::from(fd)).lines() {
-                match line {
-                    Ok(l) => sink.lock().unwrap().push(l),
-                    Err(_) => break,
-                }
-            }
-        });
+        let lines = Lines::collect(child.stderr.take().unwrap().into_owned_fd().unwrap());
         Watch { child, lines }
     }
 }
@@ -184,7 +170,7 @@ impl Side {
 /// A running `drover job watch`.
 struct Watch {
     child: tokio::process::Child,
-    lines: Arc<Mutex<Vec<String>>>,
+    lines: Lines,
 }
 
 impl Watch {
@@ -193,21 +179,15 @@ impl Watch {
     }
 
     fn stderr(&self) -> String {
-        self.lines.lock().unwrap().join("\n")
+        self.lines.text()
     }
 
     /// Waits (at most 10 s) until `n` stderr lines contain `needle`.
     async fn wait_for(&self, needle: &str, n: usize) {
-        let ok = eventually(Duration::from_secs(10), || {
-            self.lines
-                .lock()
-                .unwrap()
-                .iter()
-                .filter(|l| l.contains(needle))
-                .count()
-                >= n
-        })
-        .await;
+        let ok = self
+            .lines
+            .wait_for(needle, n, Duration::from_secs(10))
+            .await;
         assert!(ok, "no {needle:?} (x{n}) from watch: {}", self.stderr());
     }
 
@@ -232,19 +212,6 @@ impl Watch {
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
-}
-
-async fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    loop {
-        if cond() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// The next message from a follower (at most 10 s), skipping connection notices.

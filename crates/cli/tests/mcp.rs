@@ -4,9 +4,9 @@
 
 use std::path::Path;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use drover_test_support::harness::{db_rows, pid_alive, Daemon, TestHome};
+use drover_test_support::harness::{eventually, pid_alive, Daemon, OneSession, TestHome};
 use drover_test_support::{mcp_echo_bin, MockModel, Reply};
 use serde_json::json;
 
@@ -26,48 +26,31 @@ fn echo_config(pidfile: &Path) -> String {
 
 #[tokio::test]
 async fn model_calls_an_mcp_tool_and_the_tool_row_holds_its_answer() {
-    let model = MockModel::start().await;
     let home = TestHome::new().unwrap();
     let pidfile = home.path().join("mcp-echo.pid");
-    home.write_model_config(&model.base_url(), true, &echo_config(&pidfile))
-        .unwrap();
-    let daemon = Daemon::start(bin(), home.path()).await.unwrap();
-    let mut client = daemon.client().await.unwrap();
-    let created = client
-        .call_ok(
-            "session.create",
-            json!({"request_id": "mcp", "cwd": home.path(), "toolsets": ["echo"]}),
-        )
+    let mut s = OneSession::builder(bin())
+        .config(&echo_config(&pidfile))
+        .toolsets(&["echo"])
+        .home(home)
+        .start()
         .await
         .unwrap();
-    let session_id = created["session_id"].as_str().unwrap().to_string();
-    assert_eq!(created["info"]["toolsets"], json!(["echo"]));
+    assert_eq!(s.created["info"]["toolsets"], json!(["echo"]));
 
-    model.push(Reply::tool_call(
+    s.model.push(Reply::tool_call(
         "call_echo",
         "mcp__echo__echo",
         json!({"text": "hi"}),
     ));
-    model.push(Reply::text("The server said hi."));
-    let receipt = client.submit(&session_id, "say hi").await.unwrap();
-    let admission_id = receipt["admission_id"].as_str().unwrap().to_string();
-    assert_eq!(
-        client.wait_settled(&admission_id).await.unwrap(),
-        "completed"
-    );
+    s.model.push(Reply::text("The server said hi."));
+    s.complete_turn("say hi").await.unwrap();
 
-    let rows = db_rows(
-        &home.db(),
-        &format!(
-            "SELECT tool_call_id, tool_name, content FROM messages
-             WHERE session_id = '{session_id}' AND role = 'tool' ORDER BY id"
-        ),
-    );
+    let rows = s.tool_messages();
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(rows[0][0], "call_echo");
     assert_eq!(rows[0][2], "hi", "{rows:?}");
 
-    let requests = model.requests();
+    let requests = s.model.requests();
     assert_eq!(requests.len(), 2);
     let tools = requests[0]["tools"].as_array().unwrap();
     let echo = tools
@@ -89,14 +72,10 @@ async fn model_calls_an_mcp_tool_and_the_tool_row_holds_its_answer() {
         .trim()
         .parse()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while pid_alive(pid) {
-        assert!(
-            Instant::now() < deadline,
-            "MCP server {pid} outlived the turn"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    assert!(
+        eventually(Duration::from_secs(10), || !pid_alive(pid)).await,
+        "MCP server {pid} outlived the turn"
+    );
 }
 
 #[tokio::test]

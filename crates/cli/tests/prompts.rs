@@ -6,7 +6,10 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::Duration;
 
-use drover_test_support::harness::{db_rows, Client, Daemon, TestHome};
+use drover_test_support::harness::str_field;
+use drover_test_support::harness::{
+    daemon_info, db_rows, run_drover, Client, Daemon, KillDaemonOnDrop, OneSession, TestHome,
+};
 use drover_test_support::{MockModel, Reply};
 use serde_json::{json, Value};
 
@@ -14,79 +17,40 @@ fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_drover"))
 }
 
-struct Setup {
-    model: MockModel,
-    home: TestHome,
-    daemon: Daemon,
-    client: Client,
-    session_id: String,
-    /// A scratch directory holding `victim/`, the directory the model tries to delete.
-    scratch: tempfile::TempDir,
-}
-
-impl Setup {
-    fn victim(&self) -> PathBuf {
-        self.scratch.path().join("victim")
-    }
-
-    /// `session.resume` on the setup's client.
-    async fn resume(&mut self) -> Value {
-        self.client
-            .call_ok("session.resume", json!({"session_id": self.session_id}))
-            .await
-            .unwrap()
-    }
-}
-
 /// A daemon on a fresh home and a session with `toolsets`, its cwd a scratch directory that
-/// holds `victim/` (with a file in it).
-async fn setup(toolsets: &[&str]) -> Setup {
-    let model = MockModel::start().await;
-    let home = TestHome::new().unwrap();
-    home.write_model_config(&model.base_url(), true, "")
-        .unwrap();
+/// holds `victim/` (with a file in it), the directory the model tries to delete.
+async fn setup(toolsets: &[&str]) -> (OneSession, tempfile::TempDir) {
     let scratch = tempfile::Builder::new()
         .prefix("drover-prompts-")
         .tempdir()
         .unwrap();
-    std::fs::create_dir(scratch.path().join("victim")).unwrap();
-    std::fs::write(scratch.path().join("victim").join("keep.txt"), "data").unwrap();
-    let daemon = Daemon::start(bin(), home.path()).await.unwrap();
-    let mut client = daemon.client().await.unwrap();
-    let created = client
-        .call_ok(
-            "session.create",
-            json!({"request_id": drover_test_support::harness::uuid_like(), "cwd": scratch.path(), "toolsets": toolsets}),
-        )
+    std::fs::create_dir(victim(&scratch)).unwrap();
+    std::fs::write(victim(&scratch).join("keep.txt"), "data").unwrap();
+    let s = OneSession::builder(bin())
+        .toolsets(toolsets)
+        .cwd(scratch.path())
+        .start()
         .await
         .unwrap();
-    let session_id = created["session_id"].as_str().unwrap().to_string();
-    Setup {
-        model,
-        home,
-        daemon,
-        client,
-        session_id,
-        scratch,
-    }
+    (s, scratch)
+}
+
+fn victim(scratch: &tempfile::TempDir) -> PathBuf {
+    scratch.path().join("victim")
 }
 
 /// Scripts `rm -rf <victim>` then a final text, submits, and waits for the `approval.request`.
 /// Returns the admission id and the request's payload.
-async fn open_approval(s: &mut Setup) -> (String, Value) {
-    let command = format!("rm -rf {}", s.victim().display());
+async fn open_approval(s: &mut OneSession, victim: &Path) -> (String, Value) {
+    let command = format!("rm -rf {}", victim.display());
     s.model.push(Reply::tool_call(
         "call_rm",
         "terminal",
         json!({ "command": command }),
     ));
     s.model.push(Reply::text("Done deleting."));
-    let receipt = s
-        .client
-        .submit(&s.session_id, "delete the victim directory")
-        .await
-        .unwrap();
-    let admission_id = receipt["admission_id"].as_str().unwrap().to_string();
+    let receipt = s.submit("delete the victim directory").await.unwrap();
+    let admission_id = str_field(&receipt, "admission_id");
     let request = s
         .client
         .wait_event(|e| e["type"] == "approval.request")
@@ -95,7 +59,7 @@ async fn open_approval(s: &mut Setup) -> (String, Value) {
     (admission_id, request["payload"].clone())
 }
 
-fn respond_params(s: &Setup, prompt: &Value, choice: &str) -> Value {
+fn respond_params(s: &OneSession, prompt: &Value, choice: &str) -> Value {
     json!({
         "session_id": s.session_id,
         "execution_generation": prompt["execution_generation"],
@@ -105,7 +69,7 @@ fn respond_params(s: &Setup, prompt: &Value, choice: &str) -> Value {
 }
 
 /// The content of the session's `tool` messages, in order.
-fn tool_rows(s: &Setup) -> Vec<String> {
+fn tool_rows(s: &OneSession) -> Vec<String> {
     db_rows(
         &s.home.db(),
         &format!(
@@ -119,7 +83,7 @@ fn tool_rows(s: &Setup) -> Vec<String> {
 }
 
 /// `(status, answer)` of every `prompts` row of the session.
-fn prompt_rows(s: &Setup) -> Vec<(String, Value)> {
+fn prompt_rows(s: &OneSession) -> Vec<(String, Value)> {
     db_rows(
         &s.home.db(),
         &format!(
@@ -134,9 +98,9 @@ fn prompt_rows(s: &Setup) -> Vec<(String, Value)> {
 
 #[tokio::test]
 async fn rm_rf_waits_for_approval_and_runs_after_once() {
-    let mut s = setup(&["terminal"]).await;
-    let (admission_id, prompt) = open_approval(&mut s).await;
-    let command = format!("rm -rf {}", s.victim().display());
+    let (mut s, scratch) = setup(&["terminal"]).await;
+    let (admission_id, prompt) = open_approval(&mut s, &victim(&scratch)).await;
+    let command = format!("rm -rf {}", victim(&scratch).display());
     assert_eq!(prompt["kind"], "approval");
     assert_eq!(prompt["command"], command.as_str());
     assert_eq!(
@@ -154,7 +118,7 @@ async fn rm_rf_waits_for_approval_and_runs_after_once() {
     assert!(generation >= 1);
 
     // The open prompt is part of the snapshot, exactly as the event showed it.
-    let resume = s.resume().await;
+    let resume = s.resume().await.unwrap();
     let prompts = resume["prompts"].as_array().unwrap();
     assert_eq!(prompts.len(), 1, "{resume}");
     assert_eq!(prompts[0], prompt);
@@ -164,7 +128,7 @@ async fn rm_rf_waits_for_approval_and_runs_after_once() {
     // Nothing ran while the prompt waits.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
-        s.victim().is_dir(),
+        victim(&scratch).is_dir(),
         "the command ran before it was approved"
     );
     assert_eq!(s.model.requests().len(), 1);
@@ -190,7 +154,7 @@ async fn rm_rf_waits_for_approval_and_runs_after_once() {
         s.client.wait_settled(&admission_id).await.unwrap(),
         "completed"
     );
-    assert!(!s.victim().exists(), "approved rm -rf did not run");
+    assert!(!victim(&scratch).exists(), "approved rm -rf did not run");
     let tools = tool_rows(&s);
     assert_eq!(tools.len(), 1);
     let result: Value = serde_json::from_str(&tools[0]).unwrap();
@@ -199,7 +163,7 @@ async fn rm_rf_waits_for_approval_and_runs_after_once() {
         prompt_rows(&s),
         [("resolved".to_string(), json!("\"once\""))]
     );
-    let resume = s.resume().await;
+    let resume = s.resume().await.unwrap();
     assert_eq!(resume["prompts"], json!([]));
     assert_eq!(
         resume["messages"].as_array().unwrap().last().unwrap()["content"],
@@ -209,8 +173,8 @@ async fn rm_rf_waits_for_approval_and_runs_after_once() {
 
 #[tokio::test]
 async fn deny_keeps_the_directory_and_the_model_sees_a_refusal() {
-    let mut s = setup(&["terminal"]).await;
-    let (admission_id, prompt) = open_approval(&mut s).await;
+    let (mut s, scratch) = setup(&["terminal"]).await;
+    let (admission_id, prompt) = open_approval(&mut s, &victim(&scratch)).await;
     let answer = s
         .client
         .call_ok("approval.respond", respond_params(&s, &prompt, "deny"))
@@ -221,7 +185,10 @@ async fn deny_keeps_the_directory_and_the_model_sees_a_refusal() {
         s.client.wait_settled(&admission_id).await.unwrap(),
         "completed"
     );
-    assert!(s.victim().join("keep.txt").is_file(), "denied rm -rf ran");
+    assert!(
+        victim(&scratch).join("keep.txt").is_file(),
+        "denied rm -rf ran"
+    );
 
     let tools = tool_rows(&s);
     assert_eq!(tools.len(), 1);
@@ -246,8 +213,8 @@ async fn deny_keeps_the_directory_and_the_model_sees_a_refusal() {
 
 #[tokio::test]
 async fn answering_twice_gives_already_resolved() {
-    let mut s = setup(&["terminal"]).await;
-    let (admission_id, prompt) = open_approval(&mut s).await;
+    let (mut s, scratch) = setup(&["terminal"]).await;
+    let (admission_id, prompt) = open_approval(&mut s, &victim(&scratch)).await;
     let first = s
         .client
         .call_ok("approval.respond", respond_params(&s, &prompt, "deny"))
@@ -268,7 +235,7 @@ async fn answering_twice_gives_already_resolved() {
         s.client.wait_settled(&admission_id).await.unwrap(),
         "completed"
     );
-    assert!(s.victim().is_dir());
+    assert!(victim(&scratch).is_dir());
     assert_eq!(
         prompt_rows(&s),
         [("resolved".to_string(), json!("\"deny\""))]
@@ -284,8 +251,8 @@ async fn answering_twice_gives_already_resolved() {
 
 #[tokio::test]
 async fn bad_choice_is_invalid_params_naming_choice() {
-    let mut s = setup(&["terminal"]).await;
-    let (admission_id, prompt) = open_approval(&mut s).await;
+    let (mut s, scratch) = setup(&["terminal"]).await;
+    let (admission_id, prompt) = open_approval(&mut s, &victim(&scratch)).await;
     for bad in [json!("maybe"), json!(""), json!(1), json!(["once"])] {
         let mut params = respond_params(&s, &prompt, "once");
         params["choice"] = bad.clone();
@@ -312,7 +279,7 @@ async fn bad_choice_is_invalid_params_naming_choice() {
 
     // The prompt is still open and takes a good answer.
     assert_eq!(prompt_rows(&s)[0].0, "open");
-    assert!(s.victim().is_dir());
+    assert!(victim(&scratch).is_dir());
     let answer = s
         .client
         .call_ok("approval.respond", respond_params(&s, &prompt, "deny"))
@@ -327,8 +294,8 @@ async fn bad_choice_is_invalid_params_naming_choice() {
 
 #[tokio::test]
 async fn stale_generation_is_refused() {
-    let mut s = setup(&["terminal"]).await;
-    let (admission_id, prompt) = open_approval(&mut s).await;
+    let (mut s, scratch) = setup(&["terminal"]).await;
+    let (admission_id, prompt) = open_approval(&mut s, &victim(&scratch)).await;
     let generation = prompt["execution_generation"].as_u64().unwrap();
     for stale in [generation + 1, generation - 1] {
         let mut params = respond_params(&s, &prompt, "once");
@@ -337,7 +304,7 @@ async fn stale_generation_is_refused() {
         assert_eq!(reason, "stale_generation", "generation {stale}");
     }
     assert_eq!(prompt_rows(&s)[0].0, "open");
-    assert!(s.victim().is_dir());
+    assert!(victim(&scratch).is_dir());
     s.client
         .call_ok("approval.respond", respond_params(&s, &prompt, "deny"))
         .await
@@ -350,8 +317,8 @@ async fn stale_generation_is_refused() {
 
 #[tokio::test]
 async fn unknown_prompt_id_is_not_found() {
-    let mut s = setup(&["terminal"]).await;
-    let (admission_id, prompt) = open_approval(&mut s).await;
+    let (mut s, scratch) = setup(&["terminal"]).await;
+    let (admission_id, prompt) = open_approval(&mut s, &victim(&scratch)).await;
     let mut params = respond_params(&s, &prompt, "once");
     params["prompt_id"] = json!("no-such-prompt");
     let reason = s.client.call_err("approval.respond", params).await.unwrap();
@@ -367,7 +334,7 @@ async fn unknown_prompt_id_is_not_found() {
         .await
         .unwrap();
     assert_eq!(reason, "not_found");
-    assert!(s.victim().is_dir());
+    assert!(victim(&scratch).is_dir());
     s.client
         .call_ok("approval.respond", respond_params(&s, &prompt, "deny"))
         .await
@@ -380,15 +347,15 @@ async fn unknown_prompt_id_is_not_found() {
 
 #[tokio::test]
 async fn clarify_answer_reaches_the_tool_row() {
-    let mut s = setup(&["terminal", "clarify"]).await;
+    let (mut s, _scratch) = setup(&["terminal", "clarify"]).await;
     s.model.push(Reply::tool_call(
         "call_ask",
         "clarify",
         json!({"questions": [{"question": "Which one?", "choices": ["Alpha", "Beta"]}]}),
     ));
     s.model.push(Reply::text("Beta it is."));
-    let receipt = s.client.submit(&s.session_id, "pick for me").await.unwrap();
-    let admission_id = receipt["admission_id"].as_str().unwrap().to_string();
+    let receipt = s.submit("pick for me").await.unwrap();
+    let admission_id = str_field(&receipt, "admission_id");
     let request = s
         .client
         .wait_event(|e| e["type"] == "clarify.request")
@@ -399,7 +366,7 @@ async fn clarify_answer_reaches_the_tool_row() {
     assert_eq!(prompt["question"], "Which one?");
     assert_eq!(prompt["choices"], json!(["Alpha", "Beta"]));
     assert_eq!(prompt["multi_select"], false);
-    let resume = s.resume().await;
+    let resume = s.resume().await.unwrap();
     assert_eq!(resume["prompts"], json!([prompt.clone()]));
 
     // An answer outside the choices is refused, naming `answer`.
@@ -448,27 +415,23 @@ async fn clarify_answer_reaches_the_tool_row() {
 
 #[tokio::test]
 async fn interrupt_during_open_clarify_settles_interrupted_and_model_gets_no_more_requests() {
-    let mut s = setup(&["terminal", "clarify"]).await;
+    let (mut s, _scratch) = setup(&["terminal", "clarify"]).await;
     s.model.push(Reply::tool_call(
         "call_ask",
         "clarify",
         json!({"questions": [{"question": "Which one?", "choices": ["Alpha", "Beta"]}, {"question": "Why?"}]}),
     ));
     s.model.push(Reply::text("second turn answer"));
-    let first = s.client.submit(&s.session_id, "ask me").await.unwrap();
-    let first_id = first["admission_id"].as_str().unwrap().to_string();
+    let first = s.submit("ask me").await.unwrap();
+    let first_id = str_field(&first, "admission_id");
     let request = s
         .client
         .wait_event(|e| e["type"] == "clarify.request")
         .await
         .unwrap();
     let generation = request["payload"]["execution_generation"].as_u64().unwrap();
-    let second = s
-        .client
-        .submit(&s.session_id, "the next input")
-        .await
-        .unwrap();
-    let second_id = second["admission_id"].as_str().unwrap().to_string();
+    let second = s.submit("the next input").await.unwrap();
+    let second_id = str_field(&second, "admission_id");
     assert_eq!(second["status"], "queued");
 
     let reason = s
@@ -529,14 +492,14 @@ async fn interrupt_during_open_clarify_settles_interrupted_and_model_gets_no_mor
 
 #[tokio::test]
 async fn prompt_survives_a_client_reconnect() {
-    let mut s = setup(&["terminal"]).await;
-    let (admission_id, prompt) = open_approval(&mut s).await;
+    let (mut s, scratch) = setup(&["terminal"]).await;
+    let (admission_id, prompt) = open_approval(&mut s, &victim(&scratch)).await;
     // Detach by dropping the connection: the turn keeps waiting (G3).
     let old = std::mem::replace(&mut s.client, s.daemon.client().await.unwrap());
     drop(old);
     tokio::time::sleep(Duration::from_millis(200)).await;
 
-    let resume = s.resume().await;
+    let resume = s.resume().await.unwrap();
     assert_eq!(resume["prompts"], json!([prompt.clone()]));
     assert_eq!(resume["running"], true);
     let answer = s
@@ -549,13 +512,13 @@ async fn prompt_survives_a_client_reconnect() {
         s.client.wait_settled(&admission_id).await.unwrap(),
         "completed"
     );
-    assert!(!s.victim().exists());
+    assert!(!victim(&scratch).exists());
 }
 
 #[tokio::test]
 async fn after_an_owner_restart_the_lost_turns_prompts_are_cancelled() {
-    let mut s = setup(&["terminal"]).await;
-    let (admission_id, prompt) = open_approval(&mut s).await;
+    let (mut s, scratch) = setup(&["terminal"]).await;
+    let (admission_id, prompt) = open_approval(&mut s, &victim(&scratch)).await;
     s.daemon.kill().unwrap();
 
     let daemon = Daemon::start(bin(), s.home.path()).await.unwrap();
@@ -579,26 +542,21 @@ async fn after_an_owner_restart_the_lost_turns_prompts_are_cancelled() {
         .unwrap();
     assert_eq!(answer["status"], "already_resolved");
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(s.victim().is_dir());
+    assert!(victim(&scratch).is_dir());
     assert_eq!(s.model.requests().len(), 1, "nothing is replayed");
 }
 
 #[tokio::test]
 async fn event_replay_after_restart_returns_tool_events() {
-    let mut s = setup(&["terminal"]).await;
+    let (mut s, _scratch) = setup(&["terminal"]).await;
     s.model.push(Reply::tool_call(
         "call_1",
         "terminal",
         json!({"command": "printf replayed"}),
     ));
     s.model.push(Reply::text("ok"));
-    let receipt = s.client.submit(&s.session_id, "run it").await.unwrap();
-    let admission_id = receipt["admission_id"].as_str().unwrap().to_string();
-    assert_eq!(
-        s.client.wait_settled(&admission_id).await.unwrap(),
-        "completed"
-    );
-    let before = s.resume().await;
+    s.complete_turn("run it").await.unwrap();
+    let before = s.resume().await.unwrap();
     let replay_epoch = before["replay_epoch"].as_str().unwrap().to_string();
     let last = before["last_sequence"].as_u64().unwrap();
     assert!(last > 0);
@@ -663,35 +621,7 @@ async fn event_replay_after_restart_returns_tool_events() {
 
 /// Runs `drover --home H <args>` in `cwd` with stdin null (no terminal), bounded.
 async fn drover(home: &Path, cwd: &Path, args: &[&str]) -> Output {
-    let mut cmd = tokio::process::Command::new(bin());
-    cmd.arg("--home")
-        .arg(home)
-        .args(args)
-        .current_dir(cwd)
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true);
-    tokio::time::timeout(Duration::from_secs(60), cmd.output())
-        .await
-        .expect("drover did not finish within 60 s")
-        .expect("drover ran")
-}
-
-/// `drover run` detaches the daemon it starts; this kills it even when a test fails.
-struct StopDaemonOnDrop<'a>(&'a Path);
-
-impl Drop for StopDaemonOnDrop<'_> {
-    fn drop(&mut self) {
-        if let Some(info) = daemon_info(self.0) {
-            if let Some(pid) = info["pid"].as_u64() {
-                drover_test_support::harness::signal(pid as u32, nix::sys::signal::Signal::SIGKILL);
-            }
-        }
-    }
-}
-
-fn daemon_info(home: &Path) -> Option<Value> {
-    let text = std::fs::read_to_string(home.join("daemon.json")).ok()?;
-    serde_json::from_str(&text).ok()
+    run_drover(bin(), home, Some(cwd), args).await
 }
 
 /// A home whose model first asks for `rm -rf <scratch>/victim`, then answers `Deleted.`.
@@ -718,7 +648,7 @@ async fn run_setup() -> (MockModel, TestHome, tempfile::TempDir) {
 #[tokio::test]
 async fn drover_run_without_terminal_exits_5_when_a_prompt_waits() {
     let (model, home, scratch) = run_setup().await;
-    let _guard = StopDaemonOnDrop(home.path());
+    let _guard = KillDaemonOnDrop(home.path());
     let victim = scratch.path().join("victim");
 
     let out = drover(home.path(), scratch.path(), &["run", "delete victim"]).await;
@@ -775,7 +705,7 @@ async fn drover_run_without_terminal_exits_5_when_a_prompt_waits() {
 #[tokio::test]
 async fn drover_run_with_approve_once_answers_it() {
     let (model, home, scratch) = run_setup().await;
-    let _guard = StopDaemonOnDrop(home.path());
+    let _guard = KillDaemonOnDrop(home.path());
     let victim = scratch.path().join("victim");
 
     let out = drover(
@@ -804,7 +734,7 @@ async fn drover_run_with_approve_once_answers_it() {
 async fn drover_run_with_answer_answers_a_clarify_question() {
     let model = MockModel::start().await;
     let home = TestHome::new().unwrap();
-    let _guard = StopDaemonOnDrop(home.path());
+    let _guard = KillDaemonOnDrop(home.path());
     home.write_model_config(
         &model.base_url(),
         false,
@@ -848,21 +778,21 @@ async fn drover_run_with_answer_answers_a_clarify_question() {
 }
 
 /// Scripts a turn that deletes `dir` with `rm -rf`, then a text answer; returns its admission.
-async fn submit_rm(s: &mut Setup, dir: &Path) -> String {
+async fn submit_rm(s: &mut OneSession, dir: &Path) -> String {
     s.model.push(Reply::tool_call(
         "call_rm",
         "terminal",
         json!({ "command": format!("rm -rf {}", dir.display()) }),
     ));
     s.model.push(Reply::text("Deleted."));
-    let receipt = s.client.submit(&s.session_id, "delete it").await.unwrap();
-    receipt["admission_id"].as_str().unwrap().to_string()
+    let receipt = s.submit("delete it").await.unwrap();
+    str_field(&receipt, "admission_id")
 }
 
 #[tokio::test]
 async fn session_choice_lets_later_turns_of_the_session_run_without_asking() {
-    let mut s = setup(&["terminal"]).await;
-    let (admission, prompt) = open_approval(&mut s).await;
+    let (mut s, scratch) = setup(&["terminal"]).await;
+    let (admission, prompt) = open_approval(&mut s, &victim(&scratch)).await;
     let r = s
         .client
         .call_ok("approval.respond", respond_params(&s, &prompt, "session"))
@@ -873,10 +803,10 @@ async fn session_choice_lets_later_turns_of_the_session_run_without_asking() {
         s.client.wait_settled(&admission).await.unwrap(),
         "completed"
     );
-    assert!(!s.victim().exists());
+    assert!(!victim(&scratch).exists());
 
     // Next turn, same session, same kind of command: no prompt, it just runs.
-    let second = s.scratch.path().join("second");
+    let second = scratch.path().join("second");
     std::fs::create_dir(&second).unwrap();
     let a2 = submit_rm(&mut s, &second).await;
     let mut asked = false;
@@ -907,12 +837,12 @@ async fn session_choice_lets_later_turns_of_the_session_run_without_asking() {
         .client
         .call_ok(
             "session.create",
-            json!({"request_id": "other-session", "cwd": s.scratch.path(), "toolsets": ["terminal"]}),
+            json!({"request_id": "other-session", "cwd": scratch.path(), "toolsets": ["terminal"]}),
         )
         .await
         .unwrap();
     s.session_id = other["session_id"].as_str().unwrap().to_string();
-    let third = s.scratch.path().join("third");
+    let third = scratch.path().join("third");
     std::fs::create_dir(&third).unwrap();
     submit_rm(&mut s, &third).await;
     s.client
@@ -924,8 +854,8 @@ async fn session_choice_lets_later_turns_of_the_session_run_without_asking() {
 
 #[tokio::test]
 async fn always_choice_is_a_stored_rule_listed_and_removable_with_the_cli() {
-    let mut s = setup(&["terminal"]).await;
-    let (admission, prompt) = open_approval(&mut s).await;
+    let (mut s, scratch) = setup(&["terminal"]).await;
+    let (admission, prompt) = open_approval(&mut s, &victim(&scratch)).await;
     let key = prompt["pattern_key"].as_str().unwrap().to_string();
     s.client
         .call_ok("approval.respond", respond_params(&s, &prompt, "always"))
@@ -952,12 +882,12 @@ async fn always_choice_is_a_stored_rule_listed_and_removable_with_the_cli() {
         .client
         .call_ok(
             "session.create",
-            json!({"request_id": "fresh", "cwd": s.scratch.path(), "toolsets": ["terminal"]}),
+            json!({"request_id": "fresh", "cwd": scratch.path(), "toolsets": ["terminal"]}),
         )
         .await
         .unwrap();
     s.session_id = fresh["session_id"].as_str().unwrap().to_string();
-    let dir = s.scratch.path().join("again");
+    let dir = scratch.path().join("again");
     std::fs::create_dir(&dir).unwrap();
     let a2 = submit_rm(&mut s, &dir).await;
     assert_eq!(s.client.wait_settled(&a2).await.unwrap(), "completed");
@@ -995,12 +925,12 @@ async fn always_choice_is_a_stored_rule_listed_and_removable_with_the_cli() {
         .client
         .call_ok(
             "session.create",
-            json!({"request_id": "later", "cwd": s.scratch.path(), "toolsets": ["terminal"]}),
+            json!({"request_id": "later", "cwd": scratch.path(), "toolsets": ["terminal"]}),
         )
         .await
         .unwrap();
     s.session_id = later["session_id"].as_str().unwrap().to_string();
-    let dir = s.scratch.path().join("guarded");
+    let dir = scratch.path().join("guarded");
     std::fs::create_dir(&dir).unwrap();
     submit_rm(&mut s, &dir).await;
     s.client
@@ -1012,8 +942,8 @@ async fn always_choice_is_a_stored_rule_listed_and_removable_with_the_cli() {
 
 #[tokio::test]
 async fn interrupt_closes_open_prompts_at_once_so_a_late_answer_is_not_accepted() {
-    let mut s = setup(&["terminal"]).await;
-    let (admission, prompt) = open_approval(&mut s).await;
+    let (mut s, scratch) = setup(&["terminal"]).await;
+    let (admission, prompt) = open_approval(&mut s, &victim(&scratch)).await;
     s.client
         .call_ok(
             "session.interrupt",
@@ -1031,7 +961,7 @@ async fn interrupt_closes_open_prompts_at_once_so_a_late_answer_is_not_accepted(
         s.client.wait_settled(&admission).await.unwrap(),
         "interrupted"
     );
-    assert!(s.victim().exists());
+    assert!(victim(&scratch).exists());
     let rows = db_rows(
         &s.home.db(),
         &format!(

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use drover_test_support::harness::{
-    db_rows, db_value, pid_alive, signal, uuid_like, Client, Daemon, TestHome,
+    db_rows, db_value, pid_alive, signal, str_field, uuid_like, Client, Daemon, OneSession,
 };
 use drover_test_support::{Gate, MockModel, Reply};
 use nix::sys::signal::Signal;
@@ -19,41 +19,16 @@ fn bin() -> &'static Path {
 /// Bound of the waits in this file that are not the harness's own.
 const BOUND: Duration = Duration::from_secs(10);
 
-struct Setup {
-    model: MockModel,
-    home: TestHome,
-    daemon: Daemon,
-    client: Client,
-    session_id: String,
+async fn setup_with(drain_grace_s: f64, extra: &str) -> OneSession {
+    OneSession::builder(bin())
+        .drain_grace_s(drain_grace_s)
+        .config(extra)
+        .start()
+        .await
+        .unwrap()
 }
 
-/// A config for the mock model with the given drain grace, plus `extra` TOML tables.
-fn write_config(home: &TestHome, base_url: &str, drain_grace_s: f64, extra: &str) {
-    home.write_config(&format!(
-        "[model]\nbase_url = \"{base_url}\"\nname = \"mock\"\nstream = true\nmax_retries = 0\n\
-         request_timeout_s = 30\n\n[daemon]\ndrain_grace_s = {drain_grace_s:?}\n\n{extra}"
-    ))
-    .unwrap();
-}
-
-async fn setup_with(drain_grace_s: f64, extra: &str) -> Setup {
-    let model = MockModel::start().await;
-    let home = TestHome::new().unwrap();
-    write_config(&home, &model.base_url(), drain_grace_s, extra);
-    let daemon = Daemon::start(bin(), home.path()).await.unwrap();
-    let mut client = daemon.client().await.unwrap();
-    let s = client.create_session(home.path()).await.unwrap();
-    let session_id = s["session_id"].as_str().unwrap().to_string();
-    Setup {
-        model,
-        home,
-        daemon,
-        client,
-        session_id,
-    }
-}
-
-async fn setup() -> Setup {
+async fn setup() -> OneSession {
     setup_with(1.0, "").await
 }
 
@@ -66,13 +41,6 @@ fn execution_status(db: &Path, admission_id: &str) -> Value {
 
 fn leases(db: &Path) -> Value {
     db_value(db, "SELECT count(*) FROM session_turn_leases")
-}
-
-fn id(v: &Value, field: &str) -> String {
-    v[field]
-        .as_str()
-        .unwrap_or_else(|| panic!("no {field} in {v}"))
-        .to_string()
 }
 
 /// Events of the client until one matches `pred` (included), bounded.
@@ -96,10 +64,7 @@ async fn events_until(client: &mut Client, mut pred: impl FnMut(&Value) -> bool)
 
 async fn receipt(client: &mut Client, session_id: &str, admission_id: &str) -> Value {
     client
-        .call_ok(
-            "prompt.receipt",
-            json!({"session_id": session_id, "admission_id": admission_id, "include_result": true}),
-        )
+        .receipt(session_id, admission_id, true)
         .await
         .unwrap()
 }
@@ -133,7 +98,7 @@ fn pending(resume: &Value) -> Vec<(String, String)> {
         .as_array()
         .unwrap()
         .iter()
-        .map(|p| (id(p, "admission_id"), id(p, "status")))
+        .map(|p| (str_field(p, "admission_id"), str_field(p, "status")))
         .collect()
 }
 
@@ -226,7 +191,7 @@ async fn submit_is_idempotent_on_input_id_and_conflicts_on_other_text() {
     assert!(rows[0][1].as_str().unwrap().contains("hello"));
     assert!(gate.wait_reached(BOUND).await);
     gate.open();
-    let aid = id(&first, "admission_id");
+    let aid = str_field(&first, "admission_id");
     assert_eq!(s.client.wait_settled(&aid).await.unwrap(), "completed");
     // After the turn, the same submit still answers the same (now terminal) admission.
     let late = s
@@ -249,9 +214,9 @@ async fn killing_the_worker_while_the_model_holds_leaves_turn_unknown_and_pauses
     let gate = Gate::new();
     s.model.push(Reply::text("never delivered").gated(&gate));
     s.model.push(Reply::text("B done"));
-    let a = s.client.submit(&s.session_id, "A").await.unwrap();
-    let b = s.client.submit(&s.session_id, "B").await.unwrap();
-    let (a, b) = (id(&a, "admission_id"), id(&b, "admission_id"));
+    let a = s.submit("A").await.unwrap();
+    let b = s.submit("B").await.unwrap();
+    let (a, b) = (str_field(&a, "admission_id"), str_field(&b, "admission_id"));
     assert!(
         gate.wait_reached(BOUND).await,
         "A's model request never came"
@@ -373,13 +338,9 @@ async fn killing_the_owner_mid_turn_then_restarting_makes_it_unknown_and_never_r
     let gate = Gate::new();
     s.model.push(Reply::text("never delivered").gated(&gate));
     s.model.set_default(Reply::text("done"));
-    let a = s
-        .client
-        .submit(&s.session_id, "unique-A-text")
-        .await
-        .unwrap();
-    let b = s.client.submit(&s.session_id, "B").await.unwrap();
-    let (a, b) = (id(&a, "admission_id"), id(&b, "admission_id"));
+    let a = s.submit("unique-A-text").await.unwrap();
+    let b = s.submit("B").await.unwrap();
+    let (a, b) = (str_field(&a, "admission_id"), str_field(&b, "admission_id"));
     assert!(gate.wait_reached(BOUND).await);
     let worker = s.daemon.wait_worker().await.unwrap();
     let _reap = KillOnDrop(worker);
@@ -429,10 +390,12 @@ async fn killing_the_owner_mid_turn_then_restarting_makes_it_unknown_and_never_r
 
     // The pause is per session: another session's input runs.
     let other = c.create_session(s.home.path()).await.unwrap();
-    let other_id = id(&other, "session_id");
+    let other_id = str_field(&other, "session_id");
     let o = c.submit(&other_id, "elsewhere").await.unwrap();
     assert_eq!(
-        c.wait_settled(&id(&o, "admission_id")).await.unwrap(),
+        c.wait_settled(&str_field(&o, "admission_id"))
+            .await
+            .unwrap(),
         "completed"
     );
     assert_eq!(receipt(&mut c, &s.session_id, &b).await["status"], "queued");
@@ -464,8 +427,8 @@ async fn a_tool_running_when_the_owner_dies_is_killed() {
         "terminal",
         json!({"command": command}),
     ));
-    let a = s.client.submit(&s.session_id, "sleep").await.unwrap();
-    let a = id(&a, "admission_id");
+    let a = s.submit("sleep").await.unwrap();
+    let a = str_field(&a, "admission_id");
     let sleep = read_pid_file(&pid_file).await;
     let _reap = KillOnDrop(sleep);
     assert!(pid_alive(sleep));
@@ -494,8 +457,8 @@ async fn detaching_during_a_turn_does_not_cancel_it() {
     let gate = Gate::new();
     s.model
         .push(Reply::text("finished without you").gated(&gate));
-    let a = s.client.submit(&s.session_id, "work").await.unwrap();
-    let a = id(&a, "admission_id");
+    let a = s.submit("work").await.unwrap();
+    let a = str_field(&a, "admission_id");
     assert!(gate.wait_reached(BOUND).await);
     // One connection detaches explicitly and stays open; the submitter just goes away.
     let mut watcher = s.daemon.client().await.unwrap();
@@ -552,9 +515,9 @@ async fn resume_during_a_turn_shows_running_and_pending() {
     let gate = Gate::new();
     s.model.push(Reply::text("A done").gated(&gate));
     s.model.push(Reply::text("B done"));
-    let a = s.client.submit(&s.session_id, "A").await.unwrap();
-    let b = s.client.submit(&s.session_id, "B").await.unwrap();
-    let (a, b) = (id(&a, "admission_id"), id(&b, "admission_id"));
+    let a = s.submit("A").await.unwrap();
+    let b = s.submit("B").await.unwrap();
+    let (a, b) = (str_field(&a, "admission_id"), str_field(&b, "admission_id"));
     assert!(gate.wait_reached(BOUND).await);
 
     let mut c = s.daemon.client().await.unwrap();
@@ -598,9 +561,9 @@ async fn queued_input_is_cancelled_but_started_is_stale_generation() {
     let mut s = setup().await;
     let gate = Gate::new();
     s.model.push(Reply::text("A done").gated(&gate));
-    let a = s.client.submit(&s.session_id, "A").await.unwrap();
-    let b = s.client.submit(&s.session_id, "B").await.unwrap();
-    let (a, b) = (id(&a, "admission_id"), id(&b, "admission_id"));
+    let a = s.submit("A").await.unwrap();
+    let b = s.submit("B").await.unwrap();
+    let (a, b) = (str_field(&a, "admission_id"), str_field(&b, "admission_id"));
     assert!(gate.wait_reached(BOUND).await);
 
     let cancelled = s
@@ -667,8 +630,8 @@ async fn graceful_stop_interrupts_a_turn_within_the_grace() {
     let mut s = setup_with(5.0, "").await;
     let gate = Gate::new();
     s.model.push(Reply::text("never delivered").gated(&gate));
-    let a = s.client.submit(&s.session_id, "A").await.unwrap();
-    let a = id(&a, "admission_id");
+    let a = s.submit("A").await.unwrap();
+    let a = str_field(&a, "admission_id");
     assert!(gate.wait_reached(BOUND).await);
 
     let started = Instant::now();
@@ -707,8 +670,8 @@ async fn graceful_stop_refuses_new_submits_while_a_slow_tool_stops() {
         "terminal",
         json!({"command": command}),
     ));
-    let a = s.client.submit(&s.session_id, "A").await.unwrap();
-    let a = id(&a, "admission_id");
+    let a = s.submit("A").await.unwrap();
+    let a = str_field(&a, "admission_id");
     let sleep = read_pid_file(&pid_file).await;
     let _reap = KillOnDrop(sleep);
 
@@ -762,8 +725,8 @@ async fn graceful_stop_past_the_grace_kills_the_worker_and_the_turn_is_unknown()
         "terminal",
         json!({"command": command}),
     ));
-    let a = s.client.submit(&s.session_id, "A").await.unwrap();
-    let a = id(&a, "admission_id");
+    let a = s.submit("A").await.unwrap();
+    let a = str_field(&a, "admission_id");
     let sleep = read_pid_file(&pid_file).await;
     let _reap = KillOnDrop(sleep);
     let worker = s.daemon.wait_worker().await.unwrap();
@@ -799,9 +762,9 @@ async fn queued_inputs_run_after_restart_when_nothing_is_unknown() {
     let gate = Gate::new();
     s.model.push(Reply::text("never delivered").gated(&gate));
     s.model.push(Reply::text("B after restart"));
-    let a = s.client.submit(&s.session_id, "A").await.unwrap();
-    let b = s.client.submit(&s.session_id, "B").await.unwrap();
-    let (a, b) = (id(&a, "admission_id"), id(&b, "admission_id"));
+    let a = s.submit("A").await.unwrap();
+    let b = s.submit("B").await.unwrap();
+    let (a, b) = (str_field(&a, "admission_id"), str_field(&b, "admission_id"));
     assert!(gate.wait_reached(BOUND).await);
     assert_eq!(s.daemon.stop().await.unwrap().code(), Some(0));
     // The drain did not start B.
@@ -838,14 +801,14 @@ async fn an_open_prompt_of_a_lost_turn_is_cancelled_after_restart() {
         "terminal",
         json!({"command": format!("rm -rf {}", victim.display())}),
     ));
-    let a = s.client.submit(&s.session_id, "clean up").await.unwrap();
-    let a = id(&a, "admission_id");
+    let a = s.submit("clean up").await.unwrap();
+    let a = str_field(&a, "admission_id");
     let request = s
         .client
         .wait_event(|e| e["type"] == "approval.request")
         .await
         .unwrap();
-    let prompt_id = id(&request["payload"], "prompt_id");
+    let prompt_id = str_field(&request["payload"], "prompt_id");
     let generation = request["payload"]["execution_generation"].clone();
     s.daemon.kill().unwrap();
 
@@ -882,8 +845,8 @@ async fn a_turn_claimed_as_the_graceful_stop_begins_is_still_stopped() {
     let gate = Gate::new();
     s.model
         .set_default(Reply::text("never delivered").gated(&gate));
-    let a = s.client.submit(&s.session_id, "A").await.unwrap();
-    let a = id(&a, "admission_id");
+    let a = s.submit("A").await.unwrap();
+    let a = str_field(&a, "admission_id");
     // No wait for the worker: the stop races the claim and the worker's start.
     let started = Instant::now();
     let status = s.daemon.stop().await.unwrap();

@@ -4,7 +4,9 @@ use std::path::Path;
 use std::process::Output;
 use std::time::Duration;
 
-use drover_test_support::harness::{pid_alive, TestHome};
+use drover_test_support::harness::{
+    daemon_info, pid_alive, run_drover, KillDaemonOnDrop, TestHome,
+};
 use drover_test_support::{MockModel, Reply};
 use serde_json::{json, Value};
 
@@ -14,38 +16,18 @@ fn bin() -> &'static Path {
 
 /// Runs `drover <args>` with a bounded wait; the child is reaped either way.
 async fn drover(home: &Path, args: &[&str]) -> Output {
-    let mut cmd = tokio::process::Command::new(bin());
-    cmd.arg("--home").arg(home).args(args).kill_on_drop(true);
-    cmd.stdin(std::process::Stdio::null());
-    tokio::time::timeout(Duration::from_secs(60), cmd.output())
-        .await
-        .expect("drover did not finish within 60 s")
-        .expect("drover ran")
-}
-
-/// `drover run` detaches the daemon it starts; this stops it even when a test fails.
-struct StopDaemonOnDrop<'a>(&'a Path);
-
-impl Drop for StopDaemonOnDrop<'_> {
-    fn drop(&mut self) {
-        if let Some(pid) = daemon_pid(self.0) {
-            drover_test_support::harness::signal(pid, nix::sys::signal::Signal::SIGKILL);
-        }
-    }
+    run_drover(bin(), home, None, args).await
 }
 
 fn daemon_pid(home: &Path) -> Option<u32> {
-    let text = std::fs::read_to_string(home.join("daemon.json")).ok()?;
-    serde_json::from_str::<Value>(&text).ok()?["pid"]
-        .as_u64()
-        .map(|p| p as u32)
+    daemon_info(home)?["pid"].as_u64().map(|p| p as u32)
 }
 
 #[tokio::test]
 async fn run_starts_a_daemon_streams_the_answer_and_stop_stops_it() {
     let model = MockModel::start().await;
     let home = TestHome::new().unwrap();
-    let _guard = StopDaemonOnDrop(home.path());
+    let _guard = KillDaemonOnDrop(home.path());
     home.write_model_config(&model.base_url(), true, "")
         .unwrap();
     model.push(Reply::tool_call(
@@ -112,7 +94,7 @@ async fn run_starts_a_daemon_streams_the_answer_and_stop_stops_it() {
 async fn run_exits_1_with_the_model_error_on_stderr() {
     let model = MockModel::start().await;
     let home = TestHome::new().unwrap();
-    let _guard = StopDaemonOnDrop(home.path());
+    let _guard = KillDaemonOnDrop(home.path());
     home.write_model_config(&model.base_url(), false, "")
         .unwrap();
     model.push(Reply::error(401, "invalid api key for the mock"));
@@ -126,7 +108,7 @@ async fn run_exits_1_with_the_model_error_on_stderr() {
 #[tokio::test]
 async fn run_without_an_endpoint_names_base_url() {
     let home = TestHome::new().unwrap();
-    let _guard = StopDaemonOnDrop(home.path());
+    let _guard = KillDaemonOnDrop(home.path());
     home.write_config("[model]\nname = \"m\"\n").unwrap();
     let mut cmd = tokio::process::Command::new(bin());
     cmd.arg("--home")
@@ -155,7 +137,7 @@ async fn stop_without_a_daemon_says_so_and_exits_0() {
 #[tokio::test]
 async fn run_names_a_config_typo_and_an_unknown_session_in_plain_words() {
     let home = TestHome::new().unwrap();
-    let _guard = StopDaemonOnDrop(home.path());
+    let _guard = KillDaemonOnDrop(home.path());
     home.write_config("[model]\nbase_ur = \"http://127.0.0.1:1/v1\"\n")
         .unwrap();
     let out = drover(home.path(), &["run", "hello"]).await;
@@ -192,7 +174,7 @@ async fn run_uses_its_own_openai_base_url_when_the_daemon_was_started_without_it
     let model = MockModel::start().await;
     model.push(Reply::text("from the env endpoint"));
     let home = TestHome::new().unwrap();
-    let _guard = StopDaemonOnDrop(home.path());
+    let _guard = KillDaemonOnDrop(home.path());
     home.write_config("[model]\nname = \"m\"\nmax_retries = 0\n")
         .unwrap();
     // Start the daemon from an environment without the endpoint.

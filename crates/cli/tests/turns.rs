@@ -4,6 +4,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use drover_test_support::harness::str_field;
 use drover_test_support::harness::{db_rows, open_files, Client, Daemon, OneSession};
 use drover_test_support::{Gate, Reply};
 use serde_json::{json, Value};
@@ -31,12 +32,8 @@ async fn terminal_turn_writes_the_transcript_usage_and_events(stream: bool) {
             .usage(20, 5, 25)
             .gated(&gate),
     );
-    let receipt = s
-        .client
-        .submit(&s.session_id, "run printf X")
-        .await
-        .unwrap();
-    let admission_id = receipt["admission_id"].as_str().unwrap().to_string();
+    let receipt = s.submit("run printf X").await.unwrap();
+    let admission_id = str_field(&receipt, "admission_id");
     assert_eq!(receipt["status"], "queued");
 
     // While the second request is held, the worker is alive: it must not hold the ledger open.
@@ -82,14 +79,7 @@ async fn terminal_turn_writes_the_transcript_usage_and_events(stream: bool) {
     assert_eq!(tool_result["exit_code"], 0);
     assert_eq!(rows[3][1], "The output was X.");
 
-    let r = s
-        .client
-        .call_ok(
-            "prompt.receipt",
-            json!({"session_id": s.session_id, "admission_id": admission_id, "include_result": true}),
-        )
-        .await
-        .unwrap();
+    let r = s.receipt(&admission_id, true).await.unwrap();
     assert_eq!(r["status"], "terminal");
     assert_eq!(r["outcome"], "completed");
     assert_eq!(r["usage"]["total_tokens"], 39);
@@ -164,8 +154,8 @@ async fn terminal_turn_non_streaming() {
 async fn deltas_are_live_with_an_index_and_no_seq() {
     let mut s = setup(true).await;
     s.model.push(Reply::text("one two three four five six"));
-    let receipt = s.client.submit(&s.session_id, "count").await.unwrap();
-    let aid = receipt["admission_id"].as_str().unwrap().to_string();
+    let receipt = s.submit("count").await.unwrap();
+    let aid = str_field(&receipt, "admission_id");
     let mut deltas = Vec::new();
     loop {
         let e = s
@@ -197,8 +187,8 @@ async fn failing_model_endpoint_fails_the_turn_with_its_message_and_daemon_keeps
     let mut s = setup(true).await;
     s.model
         .push(Reply::error(400, "the mock refuses this prompt"));
-    let receipt = s.client.submit(&s.session_id, "hello").await.unwrap();
-    let aid = receipt["admission_id"].as_str().unwrap().to_string();
+    let receipt = s.submit("hello").await.unwrap();
+    let aid = str_field(&receipt, "admission_id");
     let settled = s
         .client
         .wait_event(|e| e["type"] == "turn.settled" && e["payload"]["admission_id"] == aid.as_str())
@@ -212,14 +202,7 @@ async fn failing_model_endpoint_fails_the_turn_with_its_message_and_daemon_keeps
             .contains("the mock refuses this prompt"),
         "{settled}"
     );
-    let r = s
-        .client
-        .call_ok(
-            "prompt.receipt",
-            json!({"session_id": s.session_id, "admission_id": aid, "include_result": true}),
-        )
-        .await
-        .unwrap();
+    let r = s.receipt(&aid, true).await.unwrap();
     assert_eq!(r["outcome"], "failed");
     assert!(r["result"]["error"]
         .as_str()
@@ -227,7 +210,7 @@ async fn failing_model_endpoint_fails_the_turn_with_its_message_and_daemon_keeps
         .contains("the mock refuses this prompt"));
     // The next input runs.
     s.model.push(Reply::text("fine now"));
-    let r2 = s.client.submit(&s.session_id, "again").await.unwrap();
+    let r2 = s.submit("again").await.unwrap();
     assert_eq!(
         s.client
             .wait_settled(r2["admission_id"].as_str().unwrap())
@@ -273,8 +256,8 @@ async fn turns_run_fifo_one_at_a_time_per_session() {
     let gate = Gate::new();
     s.model.push(Reply::text("first").gated(&gate));
     s.model.push(Reply::text("second"));
-    let r1 = s.client.submit(&s.session_id, "one").await.unwrap();
-    let r2 = s.client.submit(&s.session_id, "two").await.unwrap();
+    let r1 = s.submit("one").await.unwrap();
+    let r2 = s.submit("two").await.unwrap();
     assert!(gate.wait_reached(Duration::from_secs(20)).await);
     let resume = s
         .client
@@ -329,7 +312,7 @@ async fn turns_run_fifo_one_at_a_time_per_session() {
 async fn frozen_session_sends_the_same_system_prompt_tools_and_model_after_config_changes() {
     let mut s = setup(true).await;
     s.model.push(Reply::text("a"));
-    let r = s.client.submit(&s.session_id, "first").await.unwrap();
+    let r = s.submit("first").await.unwrap();
     s.client
         .wait_settled(r["admission_id"].as_str().unwrap())
         .await
@@ -387,7 +370,7 @@ async fn garbage_worker_lines_are_refused_without_corrupting_the_turn() {
     let wrapper_s = wrapper.display().to_string();
     let mut s = setup_with(true, &[("DROVER_WORKER_EXE", wrapper_s.as_str())]).await;
     s.model.push(Reply::text("survived"));
-    let r = s.client.submit(&s.session_id, "hi").await.unwrap();
+    let r = s.submit("hi").await.unwrap();
     assert_eq!(
         s.client
             .wait_settled(r["admission_id"].as_str().unwrap())
@@ -440,7 +423,7 @@ async fn a_client_that_stops_reading_is_dropped_without_slowing_the_others() {
             .call_ok("session.detach", json!({"session_id": sid}))
             .await
             .unwrap();
-        let aid = r["admission_id"].as_str().unwrap().to_string();
+        let aid = str_field(&r, "admission_id");
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         loop {
             let receipt = submitter

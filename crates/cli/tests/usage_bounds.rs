@@ -4,9 +4,8 @@
 
 use std::path::Path;
 use std::process::Output;
-use std::time::Duration;
 
-use drover_test_support::harness::{db_rows, Client, Daemon, TestHome};
+use drover_test_support::harness::{db_rows, run_drover, Client, Daemon, TestHome};
 use drover_test_support::{MockModel, Reply};
 use serde_json::{json, Value};
 
@@ -20,25 +19,13 @@ fn bin() -> &'static Path {
 
 /// Runs `drover --home <home> <args>` against the running daemon, bounded.
 async fn drover(home: &Path, args: &[&str]) -> Output {
-    let mut cmd = tokio::process::Command::new(bin());
-    cmd.arg("--home").arg(home).args(args).kill_on_drop(true);
-    cmd.stdin(std::process::Stdio::null());
-    tokio::time::timeout(Duration::from_secs(60), cmd.output())
-        .await
-        .expect("drover did not finish within 60 s")
-        .expect("drover ran")
+    run_drover(bin(), home, None, args).await
 }
 
 async fn run_turn(client: &mut Client, session_id: &str, text: &str) -> Value {
-    let r = client.submit(session_id, text).await.unwrap();
-    let admission_id = r["admission_id"].as_str().unwrap().to_string();
-    let outcome = client.wait_settled(&admission_id).await.unwrap();
-    assert_eq!(outcome, "completed", "turn {text:?}");
+    let admission_id = client.complete_turn(session_id, text).await.unwrap();
     client
-        .call_ok(
-            "prompt.receipt",
-            json!({"session_id": session_id, "admission_id": admission_id, "include_result": true}),
-        )
+        .receipt(session_id, &admission_id, true)
         .await
         .unwrap()
 }

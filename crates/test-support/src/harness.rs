@@ -55,8 +55,19 @@ impl TestHome {
     /// A config pointing at `base_url` with model `mock`, no retries and a 1 s drain grace,
     /// plus `extra` TOML appended verbatim (may add keys to `[model]` by repeating nothing).
     pub fn write_model_config(&self, base_url: &str, stream: bool, extra: &str) -> Result<()> {
+        self.write_model_config_with_grace(base_url, stream, 1.0, extra)
+    }
+
+    /// Like [`TestHome::write_model_config`], with `drain_grace_s` for the daemon.
+    pub fn write_model_config_with_grace(
+        &self,
+        base_url: &str,
+        stream: bool,
+        drain_grace_s: f64,
+        extra: &str,
+    ) -> Result<()> {
         self.write_config(&format!(
-            "[model]\nbase_url = \"{base_url}\"\nname = \"mock\"\nstream = {stream}\nmax_retries = 0\nrequest_timeout_s = 30\n\n[daemon]\ndrain_grace_s = 1.0\n\n{extra}"
+            "[model]\nbase_url = \"{base_url}\"\nname = \"mock\"\nstream = {stream}\nmax_retries = 0\nrequest_timeout_s = 30\n\n[daemon]\ndrain_grace_s = {drain_grace_s:?}\n\n{extra}"
         ))
     }
 
@@ -201,22 +212,11 @@ impl Daemon {
 
     /// SIGTERM, then wait (bounded) for the exit status.
     pub async fn stop(&mut self) -> Result<ExitStatus> {
-        let Some(mut child) = self.child.take() else {
+        let Some(child) = self.child.as_ref() else {
             bail!("daemon is not running");
         };
         signal(child.id(), nix::sys::signal::Signal::SIGTERM);
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if let Some(status) = child.try_wait()? {
-                return Ok(status);
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                bail!("daemon did not exit within {WAIT:?} of SIGTERM");
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        self.wait_exit(WAIT).await.context("after SIGTERM")
     }
 
     /// Waits (bounded) for the daemon to exit by itself.
@@ -522,6 +522,41 @@ impl Client {
         .await
     }
 
+    /// Submits `text` and waits for its turn to settle; returns the admission id and outcome.
+    pub async fn turn(&mut self, session_id: &str, text: &str) -> Result<(String, String)> {
+        let receipt = self.submit(session_id, text).await?;
+        let admission_id = receipt["admission_id"]
+            .as_str()
+            .ok_or_else(|| anyhow!("prompt.submit without admission_id: {receipt}"))?
+            .to_string();
+        let outcome = self.wait_settled(&admission_id).await?;
+        Ok((admission_id, outcome))
+    }
+
+    /// Like [`Client::turn`], failing unless the turn settles `completed`; returns the
+    /// admission id.
+    pub async fn complete_turn(&mut self, session_id: &str, text: &str) -> Result<String> {
+        let (admission_id, outcome) = self.turn(session_id, text).await?;
+        if outcome != "completed" {
+            bail!("turn {text:?} ({admission_id}) settled {outcome:?}, not \"completed\"");
+        }
+        Ok(admission_id)
+    }
+
+    /// `prompt.receipt` of `admission_id`, with its result when `include_result`.
+    pub async fn receipt(
+        &mut self,
+        session_id: &str,
+        admission_id: &str,
+        include_result: bool,
+    ) -> Result<Value> {
+        let mut params = json!({"session_id": session_id, "admission_id": admission_id});
+        if include_result {
+            params["include_result"] = json!(true);
+        }
+        self.call_ok("prompt.receipt", params).await
+    }
+
     /// Reads until the server's close frame and returns its code and reason; `None` when the
     /// connection ended without one or nothing came within `timeout`.
     pub async fn next_close(&mut self, timeout: Duration) -> Option<(u16, String)> {
@@ -556,13 +591,15 @@ impl Client {
 }
 
 /// A daemon on a fresh home with a mock model and one session, attached by `client`: the start
-/// of most end-to-end turn tests.
+/// of most end-to-end turn tests. [`OneSession::builder`] sets what differs from the defaults.
 pub struct OneSession {
     pub model: crate::MockModel,
     pub home: TestHome,
     pub daemon: Daemon,
     pub client: Client,
     pub session_id: String,
+    /// The `session.create` result.
+    pub created: Value,
 }
 
 impl OneSession {
@@ -574,15 +611,174 @@ impl OneSession {
         extra: &str,
         env: &[(&str, &str)],
     ) -> Result<OneSession> {
+        OneSession::builder(bin)
+            .stream(stream)
+            .config(extra)
+            .env(env)
+            .start()
+            .await
+    }
+
+    /// A streaming model, no extra config or environment, the session's cwd the home and its
+    /// toolsets the daemon's default, until the builder says otherwise.
+    pub fn builder(bin: &Path) -> OneSessionBuilder {
+        OneSessionBuilder {
+            bin: bin.to_path_buf(),
+            stream: true,
+            drain_grace_s: 1.0,
+            extra: String::new(),
+            env: Vec::new(),
+            toolsets: None,
+            cwd: None,
+            home: None,
+        }
+    }
+
+    /// Submits `text` to the session; returns the receipt.
+    pub async fn submit(&mut self, text: &str) -> Result<Value> {
+        self.client.submit(&self.session_id, text).await
+    }
+
+    /// Submits `text` and waits for its turn to settle; returns the admission id and outcome.
+    pub async fn turn(&mut self, text: &str) -> Result<(String, String)> {
+        self.client.turn(&self.session_id, text).await
+    }
+
+    /// Like [`OneSession::turn`], failing unless the turn settles `completed`; returns the
+    /// admission id.
+    pub async fn complete_turn(&mut self, text: &str) -> Result<String> {
+        self.client.complete_turn(&self.session_id, text).await
+    }
+
+    /// The JSON content of the session's one tool message answering `tool_call_id`; panics
+    /// when there is not exactly one.
+    pub fn tool_result(&self, tool_call_id: &str) -> Value {
+        let rows = db_rows(
+            &self.home.db(),
+            &format!(
+                "SELECT content FROM messages WHERE session_id = '{}' AND tool_call_id = '{tool_call_id}'",
+                self.session_id
+            ),
+        );
+        assert_eq!(rows.len(), 1, "{tool_call_id}: {rows:?}");
+        let content = rows[0][0].as_str().unwrap_or_default();
+        serde_json::from_str(content).unwrap_or_else(|e| panic!("{tool_call_id}: {e}: {content}"))
+    }
+
+    /// `(tool_call_id, tool_name, content)` of the session's tool messages, in order.
+    pub fn tool_messages(&self) -> Vec<Vec<Value>> {
+        db_rows(
+            &self.home.db(),
+            &format!(
+                "SELECT tool_call_id, tool_name, content FROM messages
+                 WHERE session_id = '{}' AND role = 'tool' ORDER BY id",
+                self.session_id
+            ),
+        )
+    }
+
+    /// `session.resume` of the session.
+    pub async fn resume(&mut self) -> Result<Value> {
+        self.client
+            .call_ok("session.resume", json!({"session_id": self.session_id}))
+            .await
+    }
+
+    /// `prompt.receipt` of `admission_id` in the session, with its result when `include_result`.
+    pub async fn receipt(&mut self, admission_id: &str, include_result: bool) -> Result<Value> {
+        self.client
+            .receipt(&self.session_id, admission_id, include_result)
+            .await
+    }
+}
+
+/// What a [`OneSession`] is started with.
+pub struct OneSessionBuilder {
+    bin: PathBuf,
+    stream: bool,
+    drain_grace_s: f64,
+    extra: String,
+    env: Vec<(String, String)>,
+    toolsets: Option<Vec<String>>,
+    cwd: Option<PathBuf>,
+    home: Option<TestHome>,
+}
+
+impl OneSessionBuilder {
+    /// Whether the model streams its answers.
+    pub fn stream(mut self, stream: bool) -> Self {
+        self.stream = stream;
+        self
+    }
+
+    /// The daemon's `drain_grace_s` (1 s unless set).
+    pub fn drain_grace_s(mut self, seconds: f64) -> Self {
+        self.drain_grace_s = seconds;
+        self
+    }
+
+    /// TOML appended to the config verbatim.
+    pub fn config(mut self, extra: &str) -> Self {
+        self.extra = extra.to_string();
+        self
+    }
+
+    /// Environment variables of the daemon.
+    pub fn env(mut self, env: &[(&str, &str)]) -> Self {
+        self.env = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        self
+    }
+
+    /// The session's toolsets (`session.create`'s `toolsets`).
+    pub fn toolsets(mut self, toolsets: &[&str]) -> Self {
+        self.toolsets = Some(toolsets.iter().map(|t| t.to_string()).collect());
+        self
+    }
+
+    /// The session's working directory (the home unless set).
+    pub fn cwd(mut self, cwd: &Path) -> Self {
+        self.cwd = Some(cwd.to_path_buf());
+        self
+    }
+
+    /// The home to use (a fresh one unless set), for a config that names paths in it.
+    pub fn home(mut self, home: TestHome) -> Self {
+        self.home = Some(home);
+        self
+    }
+
+    /// Starts the model, the home, the daemon and the session.
+    pub async fn start(self) -> Result<OneSession> {
         let model = crate::MockModel::start().await;
-        let home = TestHome::new()?;
-        home.write_model_config(&model.base_url(), stream, extra)?;
-        let daemon = Daemon::start_with_env(bin, home.path(), env).await?;
+        let home = match self.home {
+            Some(home) => home,
+            None => TestHome::new()?,
+        };
+        home.write_model_config_with_grace(
+            &model.base_url(),
+            self.stream,
+            self.drain_grace_s,
+            &self.extra,
+        )?;
+        let env: Vec<(&str, &str)> = self
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let daemon = Daemon::start_with_env(&self.bin, home.path(), &env).await?;
         let mut client = daemon.client().await?;
-        let s = client.create_session(home.path()).await?;
-        let session_id = s["session_id"]
+        let cwd = self.cwd.as_deref().unwrap_or(home.path());
+        let mut params = json!({"request_id": uuid_like(), "cwd": cwd});
+        if let Some(toolsets) = &self.toolsets {
+            params["toolsets"] = json!(toolsets);
+        }
+        let created = client.call_ok("session.create", params).await?;
+        let session_id = created["session_id"]
             .as_str()
-            .ok_or_else(|| anyhow!("session.create without session_id: {s}"))?
+            .ok_or_else(|| anyhow!("session.create without session_id: {created}"))?
             .to_string();
         Ok(OneSession {
             model,
@@ -590,8 +786,114 @@ impl OneSession {
             daemon,
             client,
             session_id,
+            created,
         })
     }
+}
+
+/// Polls `cond` every 20 ms until it holds (true) or `limit` passes (false).
+pub async fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Runs `bin --home <home> <args>` (in `cwd` when given, stdin null, so no terminal) to its
+/// end within 60 s; the child is killed and reaped either way. Panics when it does not finish.
+pub async fn run_drover(
+    bin: &Path,
+    home: &Path,
+    cwd: Option<&Path>,
+    args: &[&str],
+) -> std::process::Output {
+    let mut cmd = tokio::process::Command::new(bin);
+    cmd.arg("--home")
+        .arg(home)
+        .args(args)
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    if let Some(cwd) = cwd {
+        cmd.current_dir(cwd);
+    }
+    tokio::time::timeout(Duration::from_secs(60), cmd.output())
+        .await
+        .expect("drover did not finish within 60 s")
+        .expect("drover ran")
+}
+
+/// The parsed `<home>/daemon.json`, if there is one.
+pub fn daemon_info(home: &Path) -> Option<Value> {
+    let text = std::fs::read_to_string(home.join("daemon.json")).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+/// SIGKILLs the daemon `daemon.json` names on drop: for a daemon the test did not start
+/// itself (`drover run` detaches the one it starts), so it is stopped even when a test fails.
+pub struct KillDaemonOnDrop<'a>(pub &'a Path);
+
+impl Drop for KillDaemonOnDrop<'_> {
+    fn drop(&mut self) {
+        if let Some(pid) = daemon_info(self.0).and_then(|info| info["pid"].as_u64()) {
+            signal(pid as u32, nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+}
+
+/// The lines a child writes to a pipe, collected by a plain thread as they come.
+#[derive(Clone, Default)]
+pub struct Lines(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl Lines {
+    /// Starts collecting `pipe` (a child's stderr, say) until it closes.
+    pub fn collect(pipe: impl Into<std::os::fd::OwnedFd>) -> Lines {
+        use std::io::BufRead;
+        let lines = Lines::default();
+        let sink = lines.clone();
+        let fd: std::os::fd::OwnedFd = pipe.into();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(std::fs::File::from(fd)).lines() {
+                match line {
+                    Ok(l) => sink.lock().push(l),
+                    Err(_) => break,
+                }
+            }
+        });
+        lines
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<String>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Every line so far, joined by newlines.
+    pub fn text(&self) -> String {
+        self.lock().join("\n")
+    }
+
+    /// How many lines so far contain `needle`.
+    pub fn count(&self, needle: &str) -> usize {
+        self.lock().iter().filter(|l| l.contains(needle)).count()
+    }
+
+    /// Waits (at most `limit`) until `n` lines contain `needle`; gives whether they did.
+    pub async fn wait_for(&self, needle: &str, n: usize, limit: Duration) -> bool {
+        eventually(limit, || self.count(needle) >= n).await
+    }
+}
+
+/// The string `field` of `v`; panics naming the field when it is missing.
+pub fn str_field(v: &Value, field: &str) -> String {
+    v[field]
+        .as_str()
+        .unwrap_or_else(|| panic!("no {field} in {v}"))
+        .to_string()
 }
 
 /// A unique id for request and input ids.

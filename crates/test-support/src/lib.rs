@@ -3,7 +3,8 @@
 //! - [`mock_model`]: a loopback, scriptable OpenAI-compatible model server (stream and
 //!   non-stream, tool calls, usage, gates that hold a response, a request log).
 //! - [`harness`]: starts the real `drover` binary on a temporary home and speaks the real
-//!   WebSocket JSON-RPC to it, with a timeout on every wait.
+//!   WebSocket JSON-RPC to it, with a timeout on every wait; the shared set-ups and waits of
+//!   the end-to-end tests (`OneSession` and its builder, `eventually`, `run_drover`, `Lines`).
 //! - [`mcp_echo`]: where the `drover-mcp-echo` fixture is, a real stdio MCP server (built with
 //!   the official SDK) with tools `echo`, `add`, `fail` and `crash`; and where the
 //!   `drover-worker-relay` fixture is, a `$DROVER_WORKER_EXE` wrapper that can send one
