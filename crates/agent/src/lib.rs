@@ -64,6 +64,7 @@ pub struct StoreError {
     /// A spec reason word (`stale_generation`, `stale_epoch`, `permission_denied`, ...), or
     /// `storage_unavailable` when the owner cannot be reached.
     pub reason: String,
+    /// What happened, for the turn's error and the log.
     pub message: String,
 }
 
@@ -104,6 +105,7 @@ pub struct TurnSpec {
 /// How the turn ended.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TurnReport {
+    /// Completed, failed or interrupted.
     pub outcome: TurnOutcome,
     /// The last assistant text (empty if none).
     pub final_response: String,

@@ -7,6 +7,9 @@
 //! print. The timer's CPU is `utime + stime` from `/proc/<pid>/stat` over the window.
 //! Prints numbers; asserts nothing about speed.
 
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

@@ -8,6 +8,9 @@
 //! durable admission path (WebSocket, JSON-RPC, ledger commit with fsync), not model time.
 //! Prints numbers; asserts nothing about speed.
 
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::Path;
 use std::time::{Duration, Instant};
 

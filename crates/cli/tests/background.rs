@@ -4,6 +4,9 @@
 //! tool, and is reconciled by an owner that restarts after it ended. Real daemon, real
 //! workers, real SQLite, a loopback model. Every process a test starts is killed by a guard.
 
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::Path;
 use std::time::Duration;
 

@@ -25,6 +25,9 @@
 //! failure message; on failure the ledger, the logs, the owners' stderr and the side-effect
 //! file are copied to `$TMPDIR/drover-chaos-<seed>/`.
 
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

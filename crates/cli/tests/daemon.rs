@@ -1,5 +1,8 @@
 //! The daemon's lifecycle and endpoint rules (SPEC section 1), against the real binary.
 
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;

@@ -2,6 +2,9 @@
 //! the parent's turn, one for the child's), real SQLite, and a loopback model server that
 //! answers the parent and the child by what their requests hold.
 
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::Path;
 use std::time::{Duration, Instant};
 

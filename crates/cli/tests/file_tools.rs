@@ -2,6 +2,9 @@
 //! turn in which the model writes a file and reads it back; the transcript's tool rows and the
 //! disk both show the content.
 
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::Path;
 
 use drover_test_support::harness::OneSession;

@@ -5,6 +5,9 @@
 //! `DROVER_SOAK_CYCLES` (default 300) sets the connect/submit/close cycles of the soak test;
 //! the figure is 10,000.
 
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

@@ -3,6 +3,9 @@
 //! is loopback unless asked and TLS beyond it, `daemon.json` that comes back, private and
 //! bounded logs.
 
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Output};

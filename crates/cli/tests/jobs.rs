@@ -4,6 +4,9 @@
 //! runs in seconds. Every wait is bounded; every child is reaped; every tmux server and timer
 //! is killed by a guard, even when a test fails.
 
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};

@@ -5,6 +5,9 @@
 //! each `drover runner` have their own home and registry, as on two hosts; they share only
 //! the broker and `$DROVER_DISPATCH_SECRET`. Every wait is bounded.
 
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};

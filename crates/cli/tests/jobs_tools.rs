@@ -4,6 +4,9 @@
 //! that is a tool result while the turn goes on. Real daemon, real workers, real SQLite
 //! (`state.db` and the registry's `jobs.db`), a loopback model. Every wait is bounded.
 
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

@@ -6,6 +6,9 @@
 //! `auth_token` and `dispatch_token`, as a runner's registry will): registry A publishes, and
 //! `drover job watch` mirrors into registry B. Every wait is bounded.
 
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};

@@ -2,6 +2,9 @@
 //! interrupts, and the stored event stream, against the real daemon, real workers, real SQLite
 //! and a loopback model server. `approvals.mode` is left at its default (`manual`).
 
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::Duration;

@@ -2,6 +2,9 @@
 //! detach is not cancel. Real `drover` daemon and worker processes, real SQLite, real SIGKILL
 //! and SIGTERM, and a loopback model server. Every wait is bounded; every child is reaped.
 
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::Path;
 use std::time::{Duration, Instant};
 

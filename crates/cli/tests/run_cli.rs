@@ -1,5 +1,8 @@
 //! `drover run`, `drover sessions` and `drover stop` as a user runs them (SPEC section 8).
 
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::Path;
 use std::process::Output;
 use std::time::Duration;

@@ -2,6 +2,9 @@
 //! reads the answer typed at the terminal, and Ctrl-C interrupts the running turn (exit 130).
 //! The terminal is a pane of a private tmux server (its own `-L` socket, killed on drop).
 
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};

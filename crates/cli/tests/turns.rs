@@ -1,6 +1,9 @@
 //! One agent turn end to end (SPEC sections 2 to 6): real daemon, real worker processes, real
 //! SQLite, and a loopback model server playing the model.
 
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::Path;
 use std::time::Duration;
 

@@ -2,6 +2,9 @@
 //! absurd usage, or a ledger that already holds a REAL or negative token count, never breaks
 //! `session.list`, `drover sessions`, `session.resume` or the session's next turn.
 
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::Path;
 use std::process::Output;
 

@@ -3,6 +3,9 @@
 //! by `drover-worker-relay`, which learns each execution's secret from its bootstrap, as a
 //! hostile worker might), real SQLite.
 
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

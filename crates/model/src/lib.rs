@@ -109,7 +109,12 @@ pub struct Completion {
 pub enum ModelError {
     /// The server answered non-2xx; `message` is the server's error message when it gave one.
     #[error("model endpoint returned HTTP {status}: {message}")]
-    Http { status: u16, message: String },
+    Http {
+        /// The HTTP status code.
+        status: u16,
+        /// The server's error message, else its body (cut), else the status's reason phrase.
+        message: String,
+    },
     /// The whole request (connect to last byte) took longer than `request_timeout`.
     #[error("model request timed out after {0:?}")]
     Timeout(Duration),

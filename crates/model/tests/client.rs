@@ -1,5 +1,8 @@
 //! The client against a real loopback HTTP server ([`MockModel`]) that plays the model.
 
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::{Duration, Instant};
 
 use drover_model::{ChatModel, Completion, ModelClient, ModelConfig, ModelError};

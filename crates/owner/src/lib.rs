@@ -10,6 +10,9 @@
 //! What it does not do: call the model or run tools; workers do, and write back only through
 //! `persist` frames.
 
+// issue 10: lifted once the module moves land
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
 pub mod config;
 pub mod daemon;
 pub mod home;

@@ -8,9 +8,13 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
+    /// The session's system prompt (`messages[0]` of every request).
     System,
+    /// A user's input.
     User,
+    /// The model's answer, with text, tool calls or both.
     Assistant,
+    /// A tool's result, answering one tool call.
     Tool,
 }
 
@@ -43,13 +47,18 @@ impl Role {
 /// on tool results.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChatMessage {
+    /// Who wrote it.
     pub role: Role,
+    /// The text; `None` for an assistant message that only calls tools.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// The tool calls of an assistant message, in the model's order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ToolCall>,
+    /// On a tool result: the [`ToolCall::id`] it answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
+    /// On a tool result: the name of the tool that ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_name: Option<String>,
 }
@@ -85,9 +94,12 @@ impl ChatMessage {
 /// A tool call requested by the model (OpenAI `tool_calls[]` entry).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolCall {
+    /// The model's id for this call; the tool result names it in `tool_call_id`.
     pub id: String,
+    /// The wire's `type`: always `function` today.
     #[serde(rename = "type", default = "function_kind")]
     pub kind: String,
+    /// The tool's name and arguments.
     pub function: FunctionCall,
 }
 
@@ -98,15 +110,20 @@ fn function_kind() -> String {
 /// The function part of a tool call. `arguments` is the model's JSON text, kept verbatim.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FunctionCall {
+    /// The tool's name.
     pub name: String,
+    /// The arguments as the model wrote them (a JSON object, as text).
     pub arguments: String,
 }
 
 /// Token usage of one model request, or a sum over requests (SPEC section 4, "Usage").
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {
+    /// Prompt tokens, as the model endpoint reports them.
     pub input_tokens: u64,
+    /// Completion tokens, as the model endpoint reports them.
     pub output_tokens: u64,
+    /// The endpoint's `total_tokens` (SPEC section 4: the receipt sums this one).
     pub total_tokens: u64,
 }
 

@@ -20,16 +20,29 @@ pub const STORAGE_ERROR: i64 = 5001;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorReason {
+    /// A parameter is missing or wrong; `data.field` names it (-32602).
     InvalidParams,
+    /// No such session, admission or prompt.
     NotFound,
+    /// The connection is not attached to the session, or a worker's secret or execution is
+    /// wrong.
     PermissionDenied,
+    /// A worker frame names an owner epoch that is not the current one.
     StaleEpoch,
+    /// The execution generation named is not the session's current one.
     StaleGeneration,
+    /// The same id or sequence came again with a different payload.
     AdmissionConflict,
+    /// The admission is `unknown` (its worker died mid-turn); `prompt.resolve_unknown` settles
+    /// it.
     UnknownExecution,
+    /// The owner is stopping and takes no new input.
     RuntimeDraining,
+    /// The ledger could not be read or written (5001).
     StorageUnavailable,
+    /// No such method (-32601).
     UnknownMethod,
+    /// The model endpoint failed after its retries.
     ModelUnavailable,
     /// Malformed JSON (-32700). Not a spec reason word of its own; reported as `parse_error`.
     ParseError,
@@ -82,8 +95,11 @@ impl std::fmt::Display for ErrorReason {
 /// `message` is the reason word (SPEC section 2); `data.detail` carries a human sentence.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RpcError {
+    /// The JSON-RPC code ([`ErrorReason::code`]).
     pub code: i64,
+    /// The reason word.
     pub message: String,
+    /// `{reason, detail, field?}`.
     #[serde(default)]
     pub data: Value,
 }
@@ -128,11 +144,15 @@ impl std::error::Error for RpcError {}
 /// An incoming request or notification. `id` is absent for notifications.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Request {
+    /// `"2.0"` when the client sends it.
     #[serde(default)]
     pub jsonrpc: Option<String>,
+    /// The client's id, echoed in the response; absent on notifications.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<Value>,
+    /// The method name, such as `prompt.submit`.
     pub method: String,
+    /// The method's params (`null` when absent).
     #[serde(default)]
     pub params: Value,
 }
@@ -140,15 +160,20 @@ pub struct Request {
 /// An outgoing response: exactly one of `result` and `error` is set.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Response {
+    /// Always `"2.0"`.
     pub jsonrpc: String,
+    /// The request's id.
     pub id: Value,
+    /// The method's result, on success.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<Value>,
+    /// The error, on failure.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<RpcError>,
 }
 
 impl Response {
+    /// A success answering request `id`.
     pub fn ok(id: Value, result: Value) -> Self {
         Response {
             jsonrpc: "2.0".into(),
@@ -158,6 +183,7 @@ impl Response {
         }
     }
 
+    /// A failure answering request `id`.
     pub fn err(id: Value, error: RpcError) -> Self {
         Response {
             jsonrpc: "2.0".into(),
@@ -171,12 +197,16 @@ impl Response {
 /// A server notification, e.g. `{"jsonrpc":"2.0","method":"event","params":{...}}`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Notification {
+    /// Always `"2.0"`.
     pub jsonrpc: String,
+    /// The notification name (`event` for session events).
     pub method: String,
+    /// Its params, such as an [`crate::event::Event`].
     pub params: Value,
 }
 
 impl Notification {
+    /// A JSON-RPC 2.0 notification.
     pub fn new(method: impl Into<String>, params: Value) -> Self {
         Notification {
             jsonrpc: "2.0".into(),

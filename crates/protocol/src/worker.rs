@@ -16,13 +16,21 @@ pub const MAX_FRAME_BYTES: usize = 4 * 1024 * 1024;
 
 /// Operation names of `persist` frames (SPEC section 4).
 pub mod op {
+    /// Store messages of the turn ([`super::TranscriptAppend`]).
     pub const TRANSCRIPT_APPEND: &str = "transcript.append";
+    /// Add one model request's usage ([`super::UsageAdd`]).
     pub const USAGE_ADD: &str = "usage.add";
+    /// Open an approval or clarify prompt ([`super::PromptOpen`]); the receipt is the answer.
     pub const PROMPT_OPEN: &str = "prompt.open";
+    /// Record a background process ([`super::BackgroundProcess`]).
     pub const PROCESS_REGISTER: &str = "process.register";
+    /// Record that a background process stopped running ([`super::ProcessUpdate`]).
     pub const PROCESS_UPDATE: &str = "process.update";
+    /// Reserve a child session for `delegate_task` ([`super::ChildReserve`]).
     pub const CHILD_RESERVE: &str = "child.reserve";
+    /// Record a job the `jobs` toolset submitted ([`super::JobRegister`]).
     pub const JOB_REGISTER: &str = "job.register";
+    /// Settle the turn ([`super::ExecutionFinish`]); the last persist of an execution.
     pub const EXECUTION_FINISH: &str = "execution.finish";
 }
 
@@ -33,16 +41,27 @@ pub enum OwnerFrame {
     /// First frame of every execution.
     Bootstrap(Box<Bootstrap>),
     /// The persist with this `sequence` was applied (or had been); `result` is its receipt.
-    Receipt { sequence: u64, result: Value },
+    Receipt {
+        /// The persist's [`PersistFrame::sequence`].
+        sequence: u64,
+        /// The operation's stored receipt.
+        result: Value,
+    },
     /// The persist with this `sequence` was refused with a spec reason word; the worker must
     /// not resend it.
     Refused {
+        /// The persist's [`PersistFrame::sequence`].
         sequence: u64,
+        /// The spec reason word, such as `stale_generation`.
         reason: String,
+        /// A human sentence saying why.
         message: String,
     },
     /// Stop the turn now (interrupt or owner drain); settle with outcome `interrupted`.
-    Stop { reason: String },
+    Stop {
+        /// Why: `interrupted` (a client's `session.interrupt`) or `runtime_draining`.
+        reason: String,
+    },
 }
 
 /// Frames from the worker to the owner.
@@ -52,16 +71,24 @@ pub enum WorkerFrame {
     /// A sequence-numbered, idempotent write.
     Persist(PersistFrame),
     /// Live assistant text (becomes `message.delta`; never stored).
-    Delta { text: String },
+    Delta {
+        /// The new text, to append to what came before.
+        text: String,
+    },
 }
 
 /// The execution's identity and credentials.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Scope {
+    /// The session the turn belongs to.
     pub session_id: String,
+    /// The admission this turn runs.
     pub admission_id: String,
+    /// This worker's execution; every persist names it.
     pub execution_id: String,
+    /// The session's execution generation for this turn.
     pub generation: u64,
+    /// The owner's runtime epoch; a persist from an older epoch is refused.
     pub epoch: u64,
     /// Per-execution secret; the owner keeps only its SHA-256 digest.
     pub secret: String,
@@ -70,18 +97,26 @@ pub struct Scope {
 /// The session's frozen policy (SPEC section 4, "Frozen session"), plus runtime limits.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Policy {
+    /// The model name sent in each request.
     pub model: String,
+    /// The OpenAI-compatible endpoint, such as `https://api.openai.com/v1`.
     pub base_url: String,
+    /// The bearer token, if the endpoint needs one.
     #[serde(default)]
     pub api_key: Option<String>,
+    /// Ask the endpoint for a server-sent event stream.
     pub stream: bool,
+    /// Bound on one model request, in seconds.
     pub request_timeout_s: u64,
     /// Retries after the first attempt, for timeouts, 429 and 5xx.
     pub max_retries: u32,
+    /// The frozen system prompt (`messages[0]` of every request).
     pub system_prompt: String,
+    /// The session's toolsets, by name.
     pub toolsets: Vec<String>,
     /// Tool schemas as frozen at `session.create`, sent byte for byte.
     pub tools: Vec<Value>,
+    /// The session's working directory (absolute).
     pub cwd: String,
     /// Upper bound on model requests in one turn.
     pub max_steps: u32,
@@ -113,12 +148,16 @@ pub struct Policy {
 /// means local-only).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobsWire {
+    /// The broker, `mqtt://` or `mqtts://`.
     #[serde(default)]
     pub url: Option<String>,
+    /// The environment variable holding the broker user name (the name, never the value).
     #[serde(default)]
     pub username_env: Option<String>,
+    /// The environment variable holding the broker password (the name, never the value).
     #[serde(default)]
     pub password_env: Option<String>,
+    /// The topic prefix the job topics go under.
     #[serde(default)]
     pub topic_base: Option<String>,
 }
@@ -127,6 +166,7 @@ pub struct JobsWire {
 /// recorded in `session_jobs` for the execution's session before it is delivered.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobRegister {
+    /// The job's id in its registry.
     pub job_id: String,
     /// The registry folder that holds the job (absolute).
     pub registry_dir: String,
@@ -135,9 +175,12 @@ pub struct JobRegister {
 /// How to start one stdio MCP server (`[mcp_servers.<name>]` minus `enabled`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct McpServerSpec {
+    /// The program to run.
     pub command: String,
+    /// Its arguments.
     #[serde(default)]
     pub args: Vec<String>,
+    /// Environment variables set for it, by name.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
 }
@@ -149,7 +192,9 @@ fn default_approvals() -> String {
 /// The bootstrap frame: `{scope, policy, history, input}` (SPEC section 4).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Bootstrap {
+    /// Who the execution is, and its secret.
     pub scope: Scope,
+    /// What the turn may use.
     pub policy: Policy,
     /// Earlier messages of the session, oldest first, without the system prompt.
     pub history: Vec<ChatMessage>,
@@ -160,13 +205,19 @@ pub struct Bootstrap {
 /// A worker write: `{epoch, execution_id, generation, sequence, operation, payload, secret}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PersistFrame {
+    /// [`Scope::epoch`].
     pub epoch: u64,
+    /// [`Scope::execution_id`].
     pub execution_id: String,
+    /// [`Scope::generation`].
     pub generation: u64,
     /// Starts at 1 and goes up by one per execution.
     pub sequence: u64,
+    /// One of the [`op`] names.
     pub operation: String,
+    /// The operation's payload, such as a [`TranscriptAppend`].
     pub payload: Value,
+    /// [`Scope::secret`].
     pub secret: String,
 }
 
@@ -177,9 +228,12 @@ pub struct PersistFrame {
 /// whose result messages in `messages` are errors (`tool.complete` `is_error`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TranscriptAppend {
+    /// The messages to store, in order.
     pub messages: Vec<ChatMessage>,
+    /// Tool call id to its one-line preview.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub tool_contexts: BTreeMap<String, String>,
+    /// Tool call ids whose results are errors.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tool_errors: Vec<String>,
 }
@@ -187,9 +241,13 @@ pub struct TranscriptAppend {
 /// Payload of `usage.add`: one model request's usage.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UsageAdd {
+    /// [`Usage::input_tokens`] of the request.
     pub input_tokens: u64,
+    /// [`Usage::output_tokens`] of the request.
     pub output_tokens: u64,
+    /// [`Usage::total_tokens`] of the request.
     pub total_tokens: u64,
+    /// The number of model requests this counts (1 for one request).
     pub api_calls: u64,
 }
 
@@ -197,12 +255,16 @@ pub struct UsageAdd {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TurnOutcome {
+    /// The model gave its final answer.
     Completed,
+    /// The model or a tool failed; [`ExecutionFinish::error`] says how.
     Failed,
+    /// The turn was stopped ([`OwnerFrame::Stop`]).
     Interrupted,
 }
 
 impl TurnOutcome {
+    /// The spec's word (the admission's `outcome`).
     pub fn as_str(self) -> &'static str {
         match self {
             TurnOutcome::Completed => "completed",
@@ -215,7 +277,9 @@ impl TurnOutcome {
 /// Payload of `execution.finish`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExecutionFinish {
+    /// How the turn ended.
     pub outcome: TurnOutcome,
+    /// What the receipt's `result` shows.
     pub result: TurnResult,
     /// The model's or the tool's error message for `failed` turns.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -228,8 +292,11 @@ pub struct ExecutionFinish {
 /// `result:{final_response, model, api_calls}` of `prompt.receipt` (SPEC section 2).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TurnResult {
+    /// The last assistant text (empty when there was none).
     pub final_response: String,
+    /// The model that answered.
     pub model: String,
+    /// Model requests made in the turn.
     pub api_calls: u64,
 }
 
@@ -237,9 +304,12 @@ pub struct TurnResult {
 /// context, and the toolsets it asks for (a subset of the caller's; `None` = the caller's).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChildReserve {
+    /// What the child is to do.
     pub goal: String,
+    /// Background the caller passes along.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context: Option<String>,
+    /// The child's toolsets (`None`: the caller's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub toolsets: Option<Vec<String>>,
 }
@@ -249,6 +319,7 @@ pub struct ChildReserve {
 pub struct PromptOpen {
     /// `approval` or `clarify`.
     pub kind: String,
+    /// The prompt as clients see it (SPEC section 2, `prompts`), without `prompt_id`.
     pub body: Value,
 }
 
@@ -257,9 +328,13 @@ pub struct PromptOpen {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ProcessStatus {
+    /// Still running, as far as drover knows.
     Running,
+    /// Ended by itself; its exit code is known.
     Exited,
+    /// Stopped by the `process` tool.
     Killed,
+    /// Gone, with its exit status unknown (such as after an owner restart).
     Lost,
 }
 
@@ -305,10 +380,15 @@ pub struct BackgroundProcess {
     /// even after the pid is recycled.
     #[serde(default)]
     pub start_time: Option<u64>,
+    /// The shell command as the tool was given it.
     pub command: String,
+    /// The directory it runs in.
     pub cwd: String,
+    /// The file its stdout and stderr go to.
     pub log_path: String,
+    /// Its status when recorded.
     pub status: ProcessStatus,
+    /// Its exit code, once `exited`.
     #[serde(default)]
     pub exit_code: Option<i32>,
     /// Unix seconds.
@@ -322,6 +402,7 @@ pub struct ProcessUpdate {
     pub id: String,
     /// `exited`, `killed` or `lost`.
     pub status: ProcessStatus,
+    /// The exit code, when `exited`.
     #[serde(default)]
     pub exit_code: Option<i32>,
 }

@@ -36,12 +36,14 @@ pub struct TestHome {
 }
 
 impl TestHome {
+    /// A fresh, empty home under the system's temporary folder.
     pub fn new() -> Result<TestHome> {
         Ok(TestHome {
             dir: tempfile::Builder::new().prefix("drover-test-").tempdir()?,
         })
     }
 
+    /// The home folder.
     pub fn path(&self) -> &Path {
         self.dir.path()
     }
@@ -80,7 +82,9 @@ impl TestHome {
 /// A running `drover daemon`. Killed and reaped on drop.
 pub struct Daemon {
     child: Option<Child>,
+    /// The daemon's home.
     pub home: PathBuf,
+    /// The `drover` binary it runs.
     pub bin: PathBuf,
     /// The parsed `daemon.json`.
     pub info: Value,
@@ -172,18 +176,22 @@ impl Daemon {
         }
     }
 
+    /// The daemon's pid (0 once it was reaped).
     pub fn pid(&self) -> u32 {
         self.child.as_ref().map(Child::id).unwrap_or(0)
     }
 
+    /// The WebSocket URL from `daemon.json`.
     pub fn url(&self) -> String {
         self.info["url"].as_str().unwrap_or_default().to_string()
     }
 
+    /// The client token from `daemon.json`.
     pub fn token(&self) -> String {
         self.info["token"].as_str().unwrap_or_default().to_string()
     }
 
+    /// The runtime epoch from `daemon.json`.
     pub fn epoch(&self) -> u64 {
         self.info["epoch"].as_u64().unwrap_or(0)
     }
@@ -593,10 +601,15 @@ impl Client {
 /// A daemon on a fresh home with a mock model and one session, attached by `client`: the start
 /// of most end-to-end turn tests. [`OneSession::builder`] sets what differs from the defaults.
 pub struct OneSession {
+    /// The model the daemon is configured with.
     pub model: crate::MockModel,
+    /// The daemon's home.
     pub home: TestHome,
+    /// The running daemon.
     pub daemon: Daemon,
+    /// A client attached to the session.
     pub client: Client,
+    /// The session `client` created.
     pub session_id: String,
     /// The `session.create` result.
     pub created: Value,
@@ -951,6 +964,7 @@ pub fn db_value(db: &Path, sql: &str) -> Value {
 /// A private mosquitto broker on a free loopback port, for tests of the jobs wire. Killed (and
 /// reaped) on drop. Panics with a clear message when mosquitto is not installed.
 pub struct Mosquitto {
+    /// The loopback port it listens on.
     pub port: u16,
     dir: tempfile::TempDir,
     child: Option<Child>,

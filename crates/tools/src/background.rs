@@ -217,7 +217,9 @@ fn new_process_id() -> io::Result<String> {
 /// What a look at a process found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Observed {
+    /// The status found.
     pub status: ProcessStatus,
+    /// The exit code, when `exited`.
     pub exit_code: Option<i32>,
 }
 

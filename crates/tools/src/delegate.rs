@@ -19,8 +19,11 @@ use crate::{Tool, ToolContext, ToolOutput};
 /// What `delegate_task` asks for.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DelegateRequest {
+    /// What the child is to do.
     pub goal: String,
+    /// Background the caller passes along.
     pub context: Option<String>,
+    /// The child's toolsets (`None`: the caller's).
     pub toolsets: Option<Vec<String>>,
 }
 
@@ -40,6 +43,7 @@ pub enum DelegateAnswer {
 /// `child.reserve` and waiting for its receipt.
 #[async_trait]
 pub trait Delegator: Send + Sync {
+    /// Runs a child agent for `request` and waits for its answer.
     async fn delegate(&self, request: DelegateRequest) -> DelegateAnswer;
 }
 

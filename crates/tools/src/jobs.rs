@@ -72,6 +72,7 @@ impl JobLedger for InMemoryJobs {
 /// What the `jobs` toolset needs beyond the rest of [`ToolContext`]. Cheap to clone.
 #[derive(Clone)]
 pub struct JobsAccess {
+    /// Where submitted jobs are recorded for the session (`job.register`).
     pub ledger: Arc<dyn JobLedger>,
     /// The home's `[mqtt]` (from the bootstrap).
     pub wire: JobsWire,

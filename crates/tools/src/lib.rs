@@ -92,7 +92,12 @@ pub enum ToolError {
     /// An MCP server could not be started or listed; maps to `invalid_params` with field
     /// `toolsets` at `session.create`.
     #[error("MCP server {server:?}: {message}")]
-    Mcp { server: String, message: String },
+    Mcp {
+        /// The server's name in `[mcp_servers.<name>]`.
+        server: String,
+        /// What went wrong.
+        message: String,
+    },
 }
 
 /// What a tool call returns: the text the model sees as the tool message, and whether it is an

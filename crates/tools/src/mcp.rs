@@ -78,6 +78,7 @@ fn fnv1a(bytes: &[u8]) -> u32 {
 pub struct McpToolInfo {
     /// The server's own name for the tool (what `tools/call` takes).
     pub name: String,
+    /// The server's description of the tool.
     pub description: String,
     /// The tool's `inputSchema`.
     pub input_schema: Value,

@@ -49,9 +49,13 @@ whole list as JSON {\"todos\": [{\"id\", \"content\", \"status\"}], \"summary\"}
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TodoStatus {
+    /// Not started.
     Pending,
+    /// Being worked on.
     InProgress,
+    /// Done.
     Completed,
+    /// Dropped without being done.
     Cancelled,
 }
 
@@ -82,29 +86,38 @@ impl TodoStatus {
 /// One task.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TodoItem {
+    /// The model's id for the task, unique in the list.
     pub id: String,
+    /// What the task is.
     pub content: String,
+    /// Where it stands.
     pub status: TodoStatus,
 }
 
 /// One item of a call: the fields it gives.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ItemUpdate {
+    /// The task's id.
     pub id: String,
+    /// Its new content, if given.
     pub content: Option<String>,
+    /// Its new status, if given.
     pub status: Option<TodoStatus>,
 }
 
 /// A call that changes the list.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TodoUpdate {
+    /// The call's `todos`.
     pub items: Vec<ItemUpdate>,
+    /// `false`: the list becomes `items`; `true`: `items` update or add to it.
     pub merge: bool,
 }
 
 /// A session's task list, in order.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TodoList {
+    /// The tasks, in the model's order.
     pub todos: Vec<TodoItem>,
 }
 

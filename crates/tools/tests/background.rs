@@ -2,6 +2,9 @@
 //! `process` tool (`list|poll|log|kill|wait`), exit codes of processes that are not our
 //! children, and the recycled-pid rule. Every process a test starts is killed by a guard.
 
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::{Arc, Mutex};

@@ -2,6 +2,9 @@
 //! in temporary directories: results, bounds and markers, argument errors naming the field,
 //! and the approval policy for writes outside the session's working directory.
 
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};

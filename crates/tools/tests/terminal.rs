@@ -1,6 +1,9 @@
 //! The `terminal` tool against real `sh` processes: output, exit codes, timeouts, interrupts,
 //! process-group cleanup, argument errors and the approval policy. Every wait is bounded.
 
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

@@ -1,6 +1,9 @@
 //! The `todo` tool: a per-session task list that outlives the worker process, stored under
 //! `<home>/sessions/<session_id>/todo.json`, and argument errors naming the field.
 
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -30,6 +30,9 @@
 //! stdout carries frames only; logs go to stderr (`RUST_LOG`, default `info`) and never
 //! contain the execution secret or the API key. Exit codes: [`WorkerExit`].
 
+// issue 10: lifted once the module moves land
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
 pub mod journal;
 pub mod link;
 pub mod store;

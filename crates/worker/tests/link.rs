@@ -1,6 +1,9 @@
 //! The outbox and the owner link over in-memory pipes: resend after the owner's end closes and
 //! opens again, reload by a fresh journal, refusals, stops and prompts.
 
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::PathBuf;
 use std::time::Duration;
 

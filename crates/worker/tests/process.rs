@@ -5,6 +5,9 @@
 //! This test has its own `main` (`harness = false`): run with `DROVER_WORKER_TEST_CHILD` set,
 //! the same executable is the worker.
 
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::Path;
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;

@@ -11,6 +11,7 @@
 //! With `DROVER_MCP_ECHO_PIDFILE` set, it writes its pid there at start (tests check it is
 //! reaped). Find it with [`drover_test_support::mcp_echo_bin`].
 
+use anyhow::Context;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{CallToolResult, ContentBlock};
 use rmcp::{schemars, tool, tool_router, ServiceExt};
@@ -63,13 +64,15 @@ impl Echo {
 }
 
 #[tokio::main(flavor = "current_thread")]
-async fn main() {
+async fn main() -> anyhow::Result<()> {
     if let Ok(path) = std::env::var("DROVER_MCP_ECHO_PIDFILE") {
-        std::fs::write(path, std::process::id().to_string()).expect("write pid file");
+        std::fs::write(&path, std::process::id().to_string())
+            .with_context(|| format!("write pid file {path}"))?;
     }
     let server = Echo
         .serve(rmcp::transport::stdio())
         .await
-        .expect("MCP initialize");
+        .context("MCP initialize")?;
     let _ = server.waiting().await;
+    Ok(())
 }

@@ -1,5 +1,8 @@
 //! Shared by the in-process worker tests: the owner's end of the pipes, played by hand, and a
 //! bootstrap pointing at a `MockModel`.
+
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 #![allow(dead_code)]
 
 use std::path::Path;
