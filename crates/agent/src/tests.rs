@@ -276,7 +276,7 @@ impl Fixture {
                 cwd: PathBuf::from("/"),
                 session_id: "s1".into(),
                 home: std::env::temp_dir(),
-                approvals: "auto".into(),
+                approvals: drover_tools::ApprovalMode::Auto,
                 cancel: CancellationToken::new(),
                 prompts: Arc::new(NoPrompts),
                 processes: Arc::new(drover_tools::InMemoryProcesses::default()),

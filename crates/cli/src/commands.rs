@@ -94,7 +94,7 @@ pub async fn ensure_daemon(home: &Path) -> Result<(DaemonInfo, Client)> {
         }
         if let Some(Ok(Some(status))) = child.as_mut().map(|c| c.try_wait()) {
             // Exit 3: another daemon won the race for this home; keep looking for its file.
-            if status.code() != Some(3) {
+            if status.code() != Some(i32::from(Exit::HomeOwned.code())) {
                 bail!(
                     "the daemon exited with {status}; see {}",
                     home.join("logs").join("daemon.log").display()

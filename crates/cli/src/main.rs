@@ -14,28 +14,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-/// Every exit code of `drover` (SPEC section 8).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Exit {
-    /// The turn completed, or the command did what it was asked.
-    Ok = 0,
-    /// The turn failed, or the command could not do its job (the reason is on stderr); also
-    /// a command line that does not parse. `job submit`: the job ended without `completed`
-    /// (`agent_blocked`: no `started` within T; or `error`, `cancelled`). `job publish`:
-    /// refused, nothing recorded and no seq used.
-    Failed = 1,
-    /// `job submit`: the job went quiet for its idle window (`deadline_timeout`) or ran past
-    /// `--timeout`. `job publish`: the event was recorded but the broker was unreachable.
-    Incomplete = 2,
-    /// This home is owned by another running daemon.
-    HomeOwned = 3,
-    /// The turn's outcome is unknown (its worker or the owner died while it ran).
-    Unknown = 4,
-    /// A prompt waits for an answer and there is no terminal to ask on.
-    PromptWaiting = 5,
-    /// Interrupted with Ctrl-C.
-    Interrupted = 130,
-}
+/// Every exit code of `drover`, for every command, is one [`drover_protocol::Exit`].
+pub use drover_protocol::Exit;
 
 #[derive(Parser)]
 #[command(name = "drover", version, about = "A durable runtime for AI agents")]
@@ -86,28 +66,26 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
-            let code = if e.use_stderr() {
+            let exit = if e.use_stderr() {
                 Exit::Failed
             } else {
                 Exit::Ok
             };
-            return ExitCode::from(code as u8);
+            return exit.into();
         }
     };
     let home = drover_owner::home::resolve_home(cli.home.as_deref());
-    let code = match cli.command {
-        Command::Daemon => drover_owner::run_daemon(&home) as u8,
-        Command::Worker => drover_worker::main_entry().clamp(0, 255) as u8,
-        Command::Run(args) => commands::block_on(commands::run(home, args)) as u8,
-        Command::Stop => commands::block_on(commands::stop(home)) as u8,
-        Command::Sessions { json } => commands::block_on(commands::sessions(home, json)) as u8,
-        Command::Approvals { command } => {
-            commands::block_on(commands::approvals(home, command)) as u8
-        }
-        Command::Job(args) => job::run(home, args) as u8,
-        Command::Broker(args) => broker::run(home, args) as u8,
-        Command::Runner(args) => runner::run_runner(home, args) as u8,
-        Command::Loop(args) => runner::run_loop(home, args) as u8,
+    let exit = match cli.command {
+        Command::Daemon => drover_owner::run_daemon(&home),
+        Command::Worker => drover_worker::main_entry(),
+        Command::Run(args) => commands::block_on(commands::run(home, args)),
+        Command::Stop => commands::block_on(commands::stop(home)),
+        Command::Sessions { json } => commands::block_on(commands::sessions(home, json)),
+        Command::Approvals { command } => commands::block_on(commands::approvals(home, command)),
+        Command::Job(args) => job::run(home, args),
+        Command::Broker(args) => broker::run(home, args),
+        Command::Runner(args) => runner::run_runner(home, args),
+        Command::Loop(args) => runner::run_loop(home, args),
     };
-    ExitCode::from(code)
+    exit.into()
 }

@@ -31,7 +31,7 @@ use std::fmt;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use drover_protocol::{ChatMessage, Usage};
+use drover_protocol::{ChatMessage, ModelSettings, Usage};
 use eventsource_stream::{EventStreamError, Eventsource};
 use futures::StreamExt;
 use reqwest::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE};
@@ -60,15 +60,25 @@ pub struct ModelConfig {
 }
 
 impl ModelConfig {
-    /// Defaults: stream on, 600 s timeout, 3 retries from 500 ms.
+    /// The default settings ([`ModelSettings::default`]: stream on, 600 s timeout, 3
+    /// retries), retries from 500 ms.
     pub fn new(base_url: impl Into<String>, model: impl Into<String>) -> Self {
+        ModelConfig::with_settings(base_url, model, ModelSettings::default())
+    }
+
+    /// `settings` as `[model]` gives them and the session froze them; retries from 500 ms.
+    pub fn with_settings(
+        base_url: impl Into<String>,
+        model: impl Into<String>,
+        settings: ModelSettings,
+    ) -> Self {
         ModelConfig {
             base_url: base_url.into(),
             model: model.into(),
             api_key: None,
-            stream: true,
-            request_timeout: Duration::from_secs(600),
-            max_retries: 3,
+            stream: settings.stream,
+            request_timeout: settings.request_timeout(),
+            max_retries: settings.max_retries,
             retry_base_delay: Duration::from_millis(500),
         }
     }

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use drover_protocol::{ApprovalMode, ModelSettings};
 use serde::Deserialize;
 
 /// The default system prompt of new sessions.
@@ -32,54 +33,54 @@ pub struct Config {
     pub jobs: JobsSection,
 }
 
-/// `[model]`.
+/// `[model]`. A key left out takes its default: `stream`, `request_timeout_s` and
+/// `max_retries` those of [`ModelSettings::default`].
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct ModelSection {
     pub base_url: Option<String>,
     pub name: Option<String>,
-    #[serde(default = "default_api_key_env")]
     pub api_key_env: String,
-    #[serde(default = "yes")]
     pub stream: bool,
-    #[serde(default = "default_request_timeout")]
     pub request_timeout_s: u64,
     /// drover extra: retries after the first attempt (SPEC section 5: bounded).
-    #[serde(default = "default_max_retries")]
     pub max_retries: u32,
     /// drover extra: model requests per turn at most.
-    #[serde(default = "default_max_steps")]
     pub max_steps: u32,
 }
 
 impl Default for ModelSection {
     fn default() -> Self {
+        let settings = ModelSettings::default();
         ModelSection {
             base_url: None,
             name: None,
-            api_key_env: default_api_key_env(),
-            stream: true,
-            request_timeout_s: default_request_timeout(),
-            max_retries: default_max_retries(),
-            max_steps: default_max_steps(),
+            api_key_env: "OPENAI_API_KEY".into(),
+            stream: settings.stream,
+            request_timeout_s: settings.request_timeout_s,
+            max_retries: settings.max_retries,
+            max_steps: 50,
         }
     }
 }
 
-/// `[approvals]`.
-#[derive(Debug, Clone, Deserialize)]
+impl ModelSection {
+    /// The client settings a new session freezes (SPEC section 4, "Frozen session").
+    pub fn settings(&self) -> ModelSettings {
+        ModelSettings {
+            stream: self.stream,
+            request_timeout_s: self.request_timeout_s,
+            max_retries: self.max_retries,
+        }
+    }
+}
+
+/// `[approvals]`. An unknown `mode` is refused at load, naming `approvals.mode`.
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ApprovalsSection {
-    #[serde(default = "default_approval_mode")]
-    pub mode: String,
-}
-
-impl Default for ApprovalsSection {
-    fn default() -> Self {
-        ApprovalsSection {
-            mode: default_approval_mode(),
-        }
-    }
+    #[serde(default)]
+    pub mode: ApprovalMode,
 }
 
 /// `[toolsets]`.
@@ -247,9 +248,6 @@ fn default_dispatch_max_age() -> u64 {
     86_400
 }
 
-fn default_api_key_env() -> String {
-    "OPENAI_API_KEY".into()
-}
 fn yes() -> bool {
     true
 }
@@ -258,18 +256,6 @@ fn one() -> u32 {
 }
 fn two() -> u32 {
     2
-}
-fn default_request_timeout() -> u64 {
-    600
-}
-fn default_max_retries() -> u32 {
-    3
-}
-fn default_max_steps() -> u32 {
-    50
-}
-fn default_approval_mode() -> String {
-    "manual".into()
 }
 fn default_toolsets() -> Vec<String> {
     vec!["terminal".into(), "file".into(), "todo".into()]
@@ -314,17 +300,6 @@ impl Config {
             path: path.display().to_string(),
             message: e.to_string(),
         })?;
-        match config.approvals.mode.as_str() {
-            "manual" | "auto" | "deny" => {}
-            other => {
-                return Err(ConfigError::Parse {
-                    path: path.display().to_string(),
-                    message: format!(
-                        "approvals.mode = {other:?}; expected \"manual\", \"auto\" or \"deny\""
-                    ),
-                })
-            }
-        }
         config
             .daemon
             .check()
@@ -384,8 +359,10 @@ mod tests {
     fn missing_file_gives_defaults() {
         let dir = tempfile::tempdir().unwrap();
         let c = Config::load(dir.path()).unwrap();
-        assert_eq!(c.approvals.mode, "manual");
-        assert!(c.model.stream);
+        assert_eq!(c.approvals.mode, ApprovalMode::Manual);
+        assert_eq!(c.model.settings(), ModelSettings::default());
+        assert_eq!(c.model.max_steps, 50);
+        assert_eq!(c.model.api_key_env, "OPENAI_API_KEY");
         assert_eq!(c.delegation.max_concurrent_children, 2);
         assert_eq!(c.daemon.listen, "127.0.0.1:0");
     }
@@ -420,7 +397,14 @@ mod tests {
         )
         .unwrap();
         let e = Config::load(dir.path()).unwrap_err().to_string();
-        assert!(e.contains("approvals.mode"), "{e}");
+        assert!(e.contains("config.toml"), "{e}");
+        assert!(
+            e.contains(r#"invalid approvals.mode "yolo" (expected one of: manual, auto, deny)"#),
+            "{e}"
+        );
+        std::fs::write(dir.path().join("config.toml"), "[approvals]\nmode = 1\n").unwrap();
+        let e = Config::load(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("mode"), "{e}");
         std::fs::write(dir.path().join("config.toml"), "[model]\nnmae = \"x\"\n").unwrap();
         let e = Config::load(dir.path()).unwrap_err().to_string();
         assert!(e.contains("nmae"), "{e}");
@@ -454,6 +438,34 @@ mod tests {
         assert_eq!(c.daemon.tls().unwrap().0, Path::new("/c.pem"));
         // Loopback may have allow_remote without TLS: nothing leaves the host.
         load("allow_remote = true").unwrap();
+    }
+
+    #[test]
+    fn every_approval_mode_is_read_by_its_lowercase_word() {
+        let dir = tempfile::tempdir().unwrap();
+        for mode in ApprovalMode::ALL {
+            std::fs::write(
+                dir.path().join("config.toml"),
+                format!("[approvals]\nmode = \"{mode}\"\n"),
+            )
+            .unwrap();
+            assert_eq!(Config::load(dir.path()).unwrap().approvals.mode, mode);
+        }
+    }
+
+    #[test]
+    fn model_keys_left_out_keep_the_model_settings_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("config.toml"), "[model]\nmax_retries = 0\n").unwrap();
+        let c = Config::load(dir.path()).unwrap();
+        assert_eq!(
+            c.model.settings(),
+            ModelSettings {
+                max_retries: 0,
+                ..ModelSettings::default()
+            }
+        );
+        assert_eq!(c.model.max_steps, 50);
     }
 
     #[test]

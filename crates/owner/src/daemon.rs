@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use drover_ledger::{Ledger, LedgerError};
+use drover_protocol::Exit;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::EnvFilter;
@@ -14,32 +15,23 @@ use crate::home::{new_token, prepare_home, DaemonInfo, HomeLock, LockError};
 use crate::runtime::Owner;
 use crate::turns::{drain, kick_all, start_watchdog};
 
-/// Exit codes of `drover daemon`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DaemonExit {
-    /// Stopped cleanly.
-    Ok = 0,
-    /// Could not start (bad config, foreign ledger, bind failure).
-    Failed = 1,
-    /// The home is owned by another running daemon (SPEC section 1).
-    HomeOwned = 3,
-}
-
-/// Runs the owner in the foreground until SIGTERM/SIGINT.
-pub fn run_daemon(home: &Path) -> DaemonExit {
+/// Runs the owner in the foreground until SIGTERM/SIGINT. Exits [`Exit::Ok`] once stopped
+/// cleanly, [`Exit::Failed`] when it could not start (bad config, foreign ledger, bind
+/// failure), [`Exit::HomeOwned`] when another running daemon owns the home (SPEC section 1).
+pub fn run_daemon(home: &Path) -> Exit {
     if let Err(e) = prepare_home(home) {
         eprintln!("drover daemon: cannot create home {}: {e}", home.display());
-        return DaemonExit::Failed;
+        return Exit::Failed;
     }
     let lock = match HomeLock::acquire(home) {
         Ok(l) => l,
         Err(e @ LockError::Held { .. }) => {
             eprintln!("drover daemon: {e}");
-            return DaemonExit::HomeOwned;
+            return Exit::HomeOwned;
         }
         Err(e) => {
             eprintln!("drover daemon: {e}");
-            return DaemonExit::Failed;
+            return Exit::Failed;
         }
     };
     init_logging(home);
@@ -54,7 +46,7 @@ pub fn run_daemon(home: &Path) -> DaemonExit {
         Ok(r) => r,
         Err(e) => {
             eprintln!("drover daemon: cannot start the async runtime: {e}");
-            return DaemonExit::Failed;
+            return Exit::Failed;
         }
     };
     let code = runtime.block_on(serve(home.to_path_buf()));
@@ -89,14 +81,14 @@ fn init_logging(home: &Path) {
         .try_init();
 }
 
-async fn serve(home: PathBuf) -> DaemonExit {
+async fn serve(home: PathBuf) -> Exit {
     let mut signals = StopSignals::install();
     let config = match Config::load(&home) {
         Ok(c) => c,
         Err(e) => {
             tracing::error!("{e}");
             eprintln!("drover daemon: {e}");
-            return DaemonExit::Failed;
+            return Exit::Failed;
         }
     };
     let tls = match config.daemon.tls() {
@@ -105,7 +97,7 @@ async fn serve(home: PathBuf) -> DaemonExit {
             Err(e) => {
                 tracing::error!("{e}");
                 eprintln!("drover daemon: {e}");
-                return DaemonExit::Failed;
+                return Exit::Failed;
             }
         },
         None => None,
@@ -114,7 +106,7 @@ async fn serve(home: PathBuf) -> DaemonExit {
     if let Some(refusal) = refuse_empty_ledger(&home, &db) {
         tracing::error!("{refusal}");
         eprintln!("drover daemon: {refusal}");
-        return DaemonExit::Failed;
+        return Exit::Failed;
     }
     let mut ledger = match Ledger::open(&db) {
         Ok(l) => l,
@@ -122,19 +114,19 @@ async fn serve(home: PathBuf) -> DaemonExit {
             let pid = drover_tools::platform::flock_holder(&db)
                 .map_or_else(|| "unknown".to_string(), |p| p.to_string());
             eprintln!("drover daemon: {e} (pid {pid})");
-            return DaemonExit::HomeOwned;
+            return Exit::HomeOwned;
         }
         Err(e) => {
             tracing::error!("{e}");
             eprintln!("drover daemon: {e}");
-            return DaemonExit::Failed;
+            return Exit::Failed;
         }
     };
     let epoch = match ledger.bump_epoch() {
         Ok(e) => e,
         Err(e) => {
             eprintln!("drover daemon: cannot raise the runtime epoch: {e}");
-            return DaemonExit::Failed;
+            return Exit::Failed;
         }
     };
     match ledger.recover() {
@@ -159,7 +151,7 @@ async fn serve(home: PathBuf) -> DaemonExit {
         }
         Err(e) => {
             eprintln!("drover daemon: recovery failed: {e}");
-            return DaemonExit::Failed;
+            return Exit::Failed;
         }
     }
     let listener = match tokio::net::TcpListener::bind(&config.daemon.listen).await {
@@ -169,14 +161,14 @@ async fn serve(home: PathBuf) -> DaemonExit {
                 "drover daemon: cannot listen on {}: {e}",
                 config.daemon.listen
             );
-            return DaemonExit::Failed;
+            return Exit::Failed;
         }
     };
     let addr = match listener.local_addr() {
         Ok(a) => a,
         Err(e) => {
             eprintln!("drover daemon: {e}");
-            return DaemonExit::Failed;
+            return Exit::Failed;
         }
     };
     // `$DROVER_WORKER_EXE` lets tests and debuggers wrap the worker (e.g. under strace).
@@ -195,7 +187,7 @@ async fn serve(home: PathBuf) -> DaemonExit {
         Ok(o) => o,
         Err(e) => {
             eprintln!("drover daemon: cannot start the ledger thread: {e}");
-            return DaemonExit::Failed;
+            return Exit::Failed;
         }
     };
     owner.start_admissions();
@@ -241,7 +233,7 @@ async fn serve(home: PathBuf) -> DaemonExit {
     if let Err(e) = info.write(&home) {
         eprintln!("drover daemon: cannot write daemon.json: {e}");
         shutdown.cancel();
-        return DaemonExit::Failed;
+        return Exit::Failed;
     }
     let guard_stop = tokio_util::sync::CancellationToken::new();
     let guard = tokio::spawn(keep_daemon_json(
@@ -265,7 +257,7 @@ async fn serve(home: PathBuf) -> DaemonExit {
     owner.connections.close();
     let _ = tokio::time::timeout(Duration::from_secs(3), owner.connections.wait()).await;
     tracing::info!("stopped");
-    DaemonExit::Ok
+    Exit::Ok
 }
 
 /// How often the daemon checks that `daemon.json` still names it.

@@ -25,4 +25,4 @@ pub mod server;
 pub mod tls;
 pub mod turns;
 
-pub use daemon::{run_daemon, DaemonExit};
+pub use daemon::run_daemon;

@@ -253,11 +253,12 @@ async fn session_create(
     )
     .await
     .map_err(|e| RpcError::invalid_field("toolsets", e.to_string()))?;
+    let settings = cfg.model.settings();
     let mut model_config = json!({
         "base_url": base_url,
-        "stream": cfg.model.stream,
-        "request_timeout_s": cfg.model.request_timeout_s,
-        "max_retries": cfg.model.max_retries,
+        "stream": settings.stream,
+        "request_timeout_s": settings.request_timeout_s,
+        "max_retries": settings.max_retries,
     });
     if let Some(key) = p.opt_str("api_key")? {
         model_config["api_key"] = Value::String(key.to_string());

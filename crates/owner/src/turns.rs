@@ -12,7 +12,9 @@ use std::time::Duration;
 use drover_ledger::{Claim, DelegationLimits, PersistOutcome, Settlement};
 use drover_protocol::worker::framing::{read_frame_line, FrameLine};
 use drover_protocol::worker::{Bootstrap, OwnerFrame, Policy, Scope, WorkerFrame, MAX_FRAME_BYTES};
+use drover_protocol::ModelSettings;
 use drover_tools::platform;
+use serde::Deserialize;
 use serde_json::Value;
 use tokio::io::AsyncWriteExt;
 use tokio::io::BufReader;
@@ -100,18 +102,17 @@ fn policy(owner: &Owner, claim: &Claim) -> Policy {
             .unwrap_or_default()
             .to_string(),
         api_key,
-        stream: mc.get("stream").and_then(Value::as_bool).unwrap_or(true),
-        request_timeout_s: mc
-            .get("request_timeout_s")
-            .and_then(Value::as_u64)
-            .unwrap_or(600),
-        max_retries: mc.get("max_retries").and_then(Value::as_u64).unwrap_or(3) as u32,
+        // Fields a stored model_config lacks take ModelSettings' defaults.
+        model_settings: ModelSettings::deserialize(mc).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "unreadable model_config settings; using the defaults");
+            ModelSettings::default()
+        }),
         system_prompt: s.system_prompt.clone(),
         toolsets: s.toolsets.clone(),
         tools: s.tool_schemas.clone(),
         cwd: s.cwd.clone(),
         max_steps: owner.config.model.max_steps,
-        approvals: owner.config.approvals.mode.clone(),
+        approvals: owner.config.approvals.mode,
         home: owner.home.display().to_string(),
         approval_grants: claim.approval_grants.clone(),
         background_processes: claim.background_processes.clone(),

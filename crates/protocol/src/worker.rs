@@ -10,6 +10,7 @@ use serde_json::Value;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt};
 
 use crate::chat::{ChatMessage, Usage};
+use crate::policy::{ApprovalMode, ModelSettings};
 
 /// The largest frame either side accepts, newline excluded (SPEC section 4: 4 MiB).
 pub const MAX_FRAME_BYTES: usize = 4 * 1024 * 1024;
@@ -104,12 +105,9 @@ pub struct Policy {
     /// The bearer token, if the endpoint needs one.
     #[serde(default)]
     pub api_key: Option<String>,
-    /// Ask the endpoint for a server-sent event stream.
-    pub stream: bool,
-    /// Bound on one model request, in seconds.
-    pub request_timeout_s: u64,
-    /// Retries after the first attempt, for timeouts, 429 and 5xx.
-    pub max_retries: u32,
+    /// `stream`, `request_timeout_s` and `max_retries`, as top-level fields of the policy.
+    #[serde(flatten)]
+    pub model_settings: ModelSettings,
     /// The frozen system prompt (`messages[0]` of every request).
     pub system_prompt: String,
     /// The session's toolsets, by name.
@@ -120,9 +118,9 @@ pub struct Policy {
     pub cwd: String,
     /// Upper bound on model requests in one turn.
     pub max_steps: u32,
-    /// `approvals.mode`: `manual`, `auto` or `deny`.
-    #[serde(default = "default_approvals")]
-    pub approvals: String,
+    /// `approvals.mode`.
+    #[serde(default)]
+    pub approvals: ApprovalMode,
     /// The drover home (for outbox and logs).
     pub home: String,
     /// Approval pattern keys already granted: the session's `session` choices and the home's
@@ -183,10 +181,6 @@ pub struct McpServerSpec {
     /// Environment variables set for it, by name.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
-}
-
-fn default_approvals() -> String {
-    "manual".to_string()
 }
 
 /// The bootstrap frame: `{scope, policy, history, input}` (SPEC section 4).

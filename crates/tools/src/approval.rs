@@ -75,63 +75,9 @@ pub fn classify(command: &str) -> Option<Danger> {
     rules::classify(command)
 }
 
-/// `approvals.mode` (SPEC section 1 and 6).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ApprovalMode {
-    /// Ask the user before a dangerous command runs (the default).
-    #[default]
-    Manual,
-    /// Run dangerous commands without asking.
-    Auto,
-    /// Refuse dangerous commands without asking.
-    Deny,
-}
-
-impl ApprovalMode {
-    /// The config spelling: `manual`, `auto` or `deny`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ApprovalMode::Manual => "manual",
-            ApprovalMode::Auto => "auto",
-            ApprovalMode::Deny => "deny",
-        }
-    }
-}
-
-impl fmt::Display for ApprovalMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A value that is not one of the accepted spellings.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid {field} {value:?} (expected one of: {expected})")]
-pub struct ParseError {
-    /// The setting or answer field that was wrong (`approvals.mode`, `choice`).
-    pub field: &'static str,
-    /// The value given.
-    pub value: String,
-    /// The accepted values, comma-separated.
-    pub expected: &'static str,
-}
-
-impl FromStr for ApprovalMode {
-    type Err = ParseError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "manual" => Ok(ApprovalMode::Manual),
-            "auto" => Ok(ApprovalMode::Auto),
-            "deny" => Ok(ApprovalMode::Deny),
-            other => Err(ParseError {
-                field: "approvals.mode",
-                value: other.to_string(),
-                expected: "manual, auto, deny",
-            }),
-        }
-    }
-}
+/// `approvals.mode` and the parse error of its spellings live in the protocol crate, since the
+/// owner sends the mode to the worker in every bootstrap.
+pub use drover_protocol::policy::{ApprovalMode, ParseError};
 
 /// The user's answer to an `approval` prompt (SPEC section 6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -241,12 +187,7 @@ pub async fn authorize(
     use crate::PromptAnswer;
     use serde_json::Value;
 
-    let mode = ctx.approvals.parse::<ApprovalMode>().unwrap_or_else(|e| {
-        // Config validation names the bad value; here the safe reading is to ask.
-        tracing::warn!(session_id = %ctx.session_id, error = %e, "unknown approvals mode, asking");
-        ApprovalMode::Manual
-    });
-    match decide(mode, Some(danger), ctx.grants.contains(danger.key)) {
+    match decide(ctx.approvals, Some(danger), ctx.grants.contains(danger.key)) {
         Decision::Run => Ok(()),
         Decision::Refuse => Err(Refusal::ModeDeny),
         Decision::Ask => {
@@ -327,20 +268,15 @@ mod tests {
     }
 
     #[test]
-    fn modes_and_choices_round_trip_their_spellings() {
-        for mode in [ApprovalMode::Manual, ApprovalMode::Auto, ApprovalMode::Deny] {
-            assert_eq!(mode.as_str().parse::<ApprovalMode>(), Ok(mode));
-        }
+    fn choices_round_trip_their_spellings() {
         for choice in ApprovalChoice::ALL {
             assert_eq!(choice.as_str().parse::<ApprovalChoice>(), Ok(choice));
         }
-        assert_eq!(ApprovalMode::default(), ApprovalMode::Manual);
-        let err = "yolo".parse::<ApprovalMode>().expect_err("invalid");
+        let err = "Once".parse::<ApprovalChoice>().expect_err("invalid");
         assert_eq!(
             err.to_string(),
-            r#"invalid approvals.mode "yolo" (expected one of: manual, auto, deny)"#
+            r#"invalid choice "Once" (expected one of: once, session, always, deny)"#
         );
-        assert!("Once".parse::<ApprovalChoice>().is_err());
         assert!(!ApprovalChoice::Deny.allows());
         assert!(ApprovalChoice::Always.allows());
     }

@@ -321,7 +321,7 @@ mod tests {
             cwd: std::env::temp_dir(),
             session_id: "test-session".into(),
             home: std::env::temp_dir(),
-            approvals: "manual".into(),
+            approvals: crate::ApprovalMode::Manual,
             cancel: CancellationToken::new(),
             prompts,
             processes: Arc::new(crate::InMemoryProcesses::default()),

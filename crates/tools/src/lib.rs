@@ -68,6 +68,7 @@ use async_trait::async_trait;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+pub use approval::ApprovalMode;
 pub use background::{InMemoryProcesses, ProcessRegistry};
 pub use delegate::{DelegateAnswer, DelegateRequest, Delegator, NoDelegation};
 
@@ -175,8 +176,8 @@ pub struct ToolContext {
     pub session_id: String,
     /// The drover home (logs of background processes go below it).
     pub home: PathBuf,
-    /// `approvals.mode`: `manual`, `auto` or `deny`.
-    pub approvals: String,
+    /// `approvals.mode`.
+    pub approvals: ApprovalMode,
     /// Fires on interrupt or when the owner is gone; tools stop and kill their process groups.
     pub cancel: CancellationToken,
     /// Where approval and clarify prompts go.

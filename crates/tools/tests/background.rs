@@ -51,7 +51,7 @@ fn context(dir: &Path, approvals: &str, processes: Arc<dyn ProcessRegistry>) -> 
         cwd: dir.to_path_buf(),
         session_id: "test-session".to_string(),
         home: dir.to_path_buf(),
-        approvals: approvals.to_string(),
+        approvals: approvals.parse().expect("approvals mode"),
         cancel: CancellationToken::new(),
         prompts: Arc::new(NoPrompts),
         processes,

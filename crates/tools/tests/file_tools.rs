@@ -80,7 +80,7 @@ impl Scene {
             cwd: self.cwd.path().to_path_buf(),
             session_id: "test-session".to_string(),
             home: self.home.path().to_path_buf(),
-            approvals: approvals.to_string(),
+            approvals: approvals.parse().expect("approvals mode"),
             cancel: CancellationToken::new(),
             prompts,
             grants: ApprovalGrants::default(),

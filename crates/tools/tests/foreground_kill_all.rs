@@ -19,7 +19,7 @@ async fn kill_all_stops_every_running_foreground_group() {
         cwd: dir.path().to_path_buf(),
         session_id: "test-session".to_string(),
         home: dir.path().to_path_buf(),
-        approvals: "manual".to_string(),
+        approvals: drover_tools::ApprovalMode::Manual,
         cancel: CancellationToken::new(),
         prompts: Arc::new(NoPrompts),
         processes: Arc::new(InMemoryProcesses::default()),

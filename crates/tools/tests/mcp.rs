@@ -38,7 +38,7 @@ fn ctx() -> ToolContext {
         cwd: std::env::temp_dir(),
         session_id: "s".to_string(),
         home: std::env::temp_dir(),
-        approvals: "manual".to_string(),
+        approvals: drover_tools::ApprovalMode::Manual,
         cancel: CancellationToken::new(),
         prompts: Arc::new(NoPrompts),
         grants: ApprovalGrants::default(),

@@ -64,7 +64,7 @@ fn context(cwd: &Path, approvals: &str, prompts: Arc<dyn PromptBroker>) -> ToolC
         cwd: cwd.to_path_buf(),
         session_id: "test-session".to_string(),
         home: cwd.to_path_buf(),
-        approvals: approvals.to_string(),
+        approvals: approvals.parse().expect("approvals mode"),
         cancel: CancellationToken::new(),
         prompts,
         processes: Arc::new(InMemoryProcesses::default()),
@@ -468,16 +468,4 @@ async fn auto_mode_runs_without_asking_and_safe_commands_never_ask() {
     let out = call(json!({"command": "echo 'rm -rf /' && ls"}), &ctx).await;
     assert_eq!(result(&out)["exit_code"], 0);
     assert!(human.prompts().is_empty());
-}
-
-#[tokio::test]
-async fn an_unknown_mode_asks_like_manual() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let victim = victim(dir.path());
-    let human = ScriptedHuman::answering(PromptAnswer::Answered(json!("deny")));
-    let ctx = context(dir.path(), "yolo", human.clone());
-    let out = call(json!({"command": "rm -rf victim"}), &ctx).await;
-    assert_eq!(error_text(&out), "the user denied this command");
-    assert!(victim.exists());
-    assert_eq!(human.prompts().len(), 1);
 }

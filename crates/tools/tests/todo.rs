@@ -20,7 +20,7 @@ fn turn(home: &Path, session_id: &str) -> ToolContext {
         cwd: std::env::temp_dir(),
         session_id: session_id.to_string(),
         home: home.to_path_buf(),
-        approvals: "manual".to_string(),
+        approvals: drover_tools::ApprovalMode::Manual,
         cancel: CancellationToken::new(),
         prompts: Arc::new(NoPrompts),
         grants: ApprovalGrants::default(),

@@ -39,7 +39,6 @@ pub mod store;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use drover_agent::{run_turn, TurnReport, TurnSpec};
 use drover_model::{ModelClient, ModelConfig};
@@ -47,7 +46,7 @@ use drover_protocol::worker::{
     op, Bootstrap, ExecutionFinish, OwnerFrame, Policy, Scope, TurnOutcome, TurnResult,
     MAX_FRAME_BYTES,
 };
-use drover_protocol::{ChatMessage, Usage};
+use drover_protocol::{ChatMessage, Exit, Usage};
 use drover_tools::platform::{self, ForegroundGroups, Signal};
 use drover_tools::{ToolContext, ToolRegistry};
 use tokio::io::{AsyncBufRead, AsyncWrite};
@@ -63,7 +62,8 @@ use drover_protocol::worker::framing::{read_frame_line, FrameLine};
 /// parent is another process (the owner died before `PR_SET_PDEATHSIG` took hold).
 pub const OWNER_PID_ENV: &str = "DROVER_OWNER_PID";
 
-/// How the worker process ends. Every exit code of `drover worker` is here.
+/// How the worker process ends; [`WorkerExit::exit`] gives its code from the binary's one
+/// [`Exit`] enum.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WorkerExit {
     /// 0: `execution.finish` was persisted and acknowledged, and the outbox removed.
@@ -78,20 +78,25 @@ pub enum WorkerExit {
 }
 
 impl WorkerExit {
-    /// The process exit code.
-    pub fn code(self) -> i32 {
+    /// The process exit status, as the binary's [`Exit`] names it.
+    pub fn exit(self) -> Exit {
         match self {
-            WorkerExit::Finished => 0,
-            WorkerExit::Aborted => 1,
-            WorkerExit::Refused => 2,
+            WorkerExit::Finished => Exit::Ok,
+            WorkerExit::Aborted => Exit::Failed,
+            WorkerExit::Refused => Exit::Incomplete,
         }
+    }
+
+    /// The process exit code: 0, 1 or 2.
+    pub fn code(self) -> u8 {
+        self.exit().code()
     }
 }
 
 /// Runs the worker on this process's stdin/stdout until the turn finishes.
-/// Returns the process exit code (see [`WorkerExit`]; 0 after `execution.finish` was
-/// acknowledged).
-pub fn main_entry() -> i32 {
+/// Returns the process exit status (see [`WorkerExit`]; [`Exit::Ok`] after `execution.finish`
+/// was acknowledged).
+pub fn main_entry() -> Exit {
     // SPEC section 4, owner loss: ask for SIGTERM when the owner dies before anything else,
     // then make sure it has not already died.
     let original_parent = platform::parent_pid();
@@ -102,7 +107,7 @@ pub fn main_entry() -> i32 {
     }
     if let Some(reason) = owner_already_gone(original_parent) {
         tracing::error!("{reason}; exiting");
-        return WorkerExit::Aborted.code();
+        return WorkerExit::Aborted.exit();
     }
 
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -112,7 +117,7 @@ pub fn main_entry() -> i32 {
         Ok(runtime) => runtime,
         Err(e) => {
             tracing::error!(error = %e, "cannot start the async runtime");
-            return WorkerExit::Aborted.code();
+            return WorkerExit::Aborted.exit();
         }
     };
     let exit = runtime.block_on(async {
@@ -124,7 +129,7 @@ pub fn main_entry() -> i32 {
     // The stdin reader sits in a blocking thread that may never return; do not wait for it.
     runtime.shutdown_background();
     tracing::info!(code = exit.code(), "worker exiting");
-    exit.code()
+    exit.exit()
 }
 
 /// Logs to stderr only: stdout carries frames.
@@ -438,7 +443,7 @@ async fn run_agent(
         cwd: PathBuf::from(&policy.cwd),
         session_id: scope.session_id.clone(),
         home: PathBuf::from(&policy.home),
-        approvals: policy.approvals.clone(),
+        approvals: policy.approvals,
         cancel: cancel.clone(),
         prompts: Arc::new(OwnerPrompts::new(link.clone(), cancel.clone())),
         grants: drover_tools::ApprovalGrants::new(policy.approval_grants.clone()),
@@ -466,22 +471,23 @@ async fn run_agent(
     run_turn(&store, &client, &registry, &ctx, spec).await
 }
 
-/// The model client settings of a policy. A `request_timeout_s` of 0 means the client's
-/// default (600 s), not "time out at once".
+/// The model client settings of a policy. A `request_timeout_s` of 0 means the default
+/// (600 s), not "time out at once" ([`drover_protocol::ModelSettings::request_timeout`]).
 pub fn model_config(policy: &Policy) -> ModelConfig {
-    let mut config = ModelConfig::new(policy.base_url.clone(), policy.model.clone());
+    let mut config = ModelConfig::with_settings(
+        policy.base_url.clone(),
+        policy.model.clone(),
+        policy.model_settings,
+    );
     config.api_key = policy.api_key.clone();
-    config.stream = policy.stream;
-    if policy.request_timeout_s > 0 {
-        config.request_timeout = Duration::from_secs(policy.request_timeout_s);
-    }
-    config.max_retries = policy.max_retries;
     config
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use drover_protocol::{ApprovalMode, ModelSettings};
+    use std::time::Duration;
 
     #[test]
     fn owner_check_uses_the_env_pid_else_the_original_parent() {
@@ -509,15 +515,17 @@ mod tests {
             model: "m".into(),
             base_url: "http://127.0.0.1:1/v1".into(),
             api_key: Some("k".into()),
-            stream: false,
-            request_timeout_s: 0,
-            max_retries: 1,
+            model_settings: ModelSettings {
+                stream: false,
+                request_timeout_s: 0,
+                max_retries: 1,
+            },
             system_prompt: String::new(),
             toolsets: vec![],
             tools: vec![],
             cwd: "/".into(),
             max_steps: 1,
-            approvals: "manual".into(),
+            approvals: ApprovalMode::Manual,
             home: "/tmp".into(),
             approval_grants: Vec::new(),
             background_processes: Vec::new(),
@@ -530,7 +538,10 @@ mod tests {
         assert_eq!(config.max_retries, 1);
         assert_eq!(config.api_key.as_deref(), Some("k"));
         let config = model_config(&Policy {
-            request_timeout_s: 5,
+            model_settings: ModelSettings {
+                request_timeout_s: 5,
+                ..policy.model_settings
+            },
             ..policy
         });
         assert_eq!(config.request_timeout, Duration::from_secs(5));

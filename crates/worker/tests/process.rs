@@ -27,7 +27,7 @@ const API_KEY: &str = "sk-key-that-must-not-be-logged";
 
 fn main() {
     if std::env::var_os(CHILD_ENV).is_some() {
-        std::process::exit(drover_worker::main_entry());
+        std::process::exit(i32::from(drover_worker::main_entry().code()));
     }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -138,15 +138,17 @@ fn bootstrap(mock: &MockModel, home: &Path) -> OwnerFrame {
             model: "mock-model".into(),
             base_url: mock.base_url(),
             api_key: Some(API_KEY.into()),
-            stream: true,
-            request_timeout_s: 30,
-            max_retries: 0,
+            model_settings: drover_protocol::ModelSettings {
+                stream: true,
+                request_timeout_s: 30,
+                max_retries: 0,
+            },
             system_prompt: "be brief".into(),
             toolsets: vec![],
             tools: vec![],
             cwd: home.display().to_string(),
             max_steps: 4,
-            approvals: "auto".into(),
+            approvals: drover_protocol::ApprovalMode::Auto,
             home: home.display().to_string(),
             approval_grants: Vec::new(),
             background_processes: Vec::new(),
