@@ -167,7 +167,7 @@ impl Side {
         let stderr = child.stderr.take().unwrap();
         let lines = Arc::new(Mutex::new(Vec::new()));
         let sink = lines.clone();
-        std::thread::spawn(move || {
+        let reader = std::thread::spawn(move || {
             // The async pipe as a blocking fd: a plain thread reads it line by line.
             let fd = stderr.into_owned_fd().unwrap();
             for line in BufReader::new(std::fs::File::from(fd)).lines() {
@@ -177,7 +177,11 @@ impl Side {
                 }
             }
         });
-        Watch { child, lines }
+        Watch {
+            child,
+            lines,
+            reader: Some(reader),
+        }
     }
 }
 
@@ -185,6 +189,8 @@ impl Side {
 struct Watch {
     child: tokio::process::Child,
     lines: Arc<Mutex<Vec<String>>>,
+    /// The thread reading stderr; it ends at the pipe's end of file.
+    reader: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Watch {
@@ -222,8 +228,15 @@ impl Watch {
             use tokio::io::AsyncReadExt;
             stdout.read_to_end(&mut out).await.unwrap();
         }
-        // Let the reader thread catch the last lines.
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // The reader thread has the last lines once it reaches the end of the pipe.
+        if let Some(reader) = self.reader.take() {
+            let joined = tokio::time::timeout(
+                Duration::from_secs(5),
+                tokio::task::spawn_blocking(move || reader.join()),
+            )
+            .await;
+            assert!(joined.is_ok(), "watch's stderr stayed open after it exited");
+        }
         let v = serde_json::from_slice(&out)
             .unwrap_or_else(|_| panic!("JSON from watch: {:?} / {}", text(&out), self.stderr()));
         (status.code(), v, self.stderr())

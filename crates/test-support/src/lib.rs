@@ -8,12 +8,16 @@
 //!   the official SDK) with tools `echo`, `add`, `fail` and `crash`; and where the
 //!   `drover-worker-relay` fixture is, a `$DROVER_WORKER_EXE` wrapper that can send one
 //!   forged frame.
+//! - [`wait`]: bounded waits: [`wait::until`] a condition holds, [`wait::holds_for`] a window.
 //!
 //! Nothing here mocks a drover component: only the model is played.
+//!
+//! Layers: `mock_model`, `mcp_echo`, `wait` (leaves); `harness` on top.
 
 pub mod harness;
 pub mod mcp_echo;
 pub mod mock_model;
+pub mod wait;
 
 pub use mcp_echo::{mcp_echo_bin, worker_relay_bin};
 pub use mock_model::{Gate, MockModel, Reply};
