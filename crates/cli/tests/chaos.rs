@@ -19,9 +19,12 @@
 //! checked: no acknowledged input lost, no started work run twice, no terminal outcome changed,
 //! no session stuck, no lease left, stored events and results in agreement with the ledger.
 //!
-//! `DROVER_CHAOS_SECS` (default 100) bounds the chaos phase; `DROVER_CHAOS_SEED` replays a run's
-//! random choices (process timing is not replayed, so a replay takes the same decisions, not
-//! necessarily the same interleavings). The seed is printed at the start and is in every
+//! `cargo test` runs the fixed seeds [`SEEDS`] one after the other, [`SEED_SECS`] of chaos
+//! each, so every run (CI included) takes the same random decisions. `DROVER_CHAOS_SEED` runs
+//! one seed instead (a failure's seed reproduces it: process timing is not replayed, so a
+//! replay takes the same decisions, not necessarily the same interleavings);
+//! `DROVER_CHAOS_SECS` sets the length of the chaos phase, and alone it is the long mode: one
+//! run on a new seed taken from the clock. The seed is printed at the start and is in every
 //! failure message; on failure the ledger, the logs, the owners' stderr and the side-effect
 //! file are copied to `$TMPDIR/drover-chaos-<seed>/`.
 
@@ -31,7 +34,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, Once};
 use std::time::{Duration, Instant};
 
 use drover_test_support::harness::{
@@ -54,8 +57,10 @@ const MAX_OUTSTANDING: usize = 4;
 const ROTATE_AFTER: usize = 20;
 /// Bound of the final drain (resolve unknowns, wait for every queue to empty).
 const DRAIN_BOUND: Duration = Duration::from_secs(60);
-/// Default length of the chaos phase, in seconds.
-const DEFAULT_SECS: f64 = 100.0;
+/// The seeds `cargo test` runs (both a streaming and a non-streaming model among them).
+const SEEDS: [u64; 4] = [1, 2, 7, 42];
+/// Length of each run's chaos phase unless `DROVER_CHAOS_SECS` says otherwise, in seconds.
+const SEED_SECS: f64 = 25.0;
 
 // ---------------------------------------------------------------------------------------------
 // Seed, failure messages, artifacts
@@ -67,16 +72,18 @@ struct Run {
     stderr_log: PathBuf,
 }
 
-static RUN: OnceLock<Run> = OnceLock::new();
+/// The run under way (one seed at a time), for failure messages and the panic hook.
+static RUN: Mutex<Option<Run>> = Mutex::new(None);
 
 fn replay_note() -> String {
-    match RUN.get() {
-        Some(r) => format!(
-            "[chaos seed {0}; replay with DROVER_CHAOS_SEED={0}]",
-            r.seed
-        ),
+    match lock(&RUN).as_ref() {
+        Some(r) => seed_note(r.seed),
         None => "[chaos seed not chosen yet]".to_string(),
     }
+}
+
+fn seed_note(seed: u64) -> String {
+    format!("[chaos seed {seed}; replay with DROVER_CHAOS_SEED={seed}]")
 }
 
 macro_rules! fail {
@@ -88,21 +95,29 @@ macro_rules! fail {
 /// On any panic, copies the ledger, the logs and the side-effect file next to the seed and
 /// says where, before the default hook prints the message.
 fn install_panic_hook() {
-    let default = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        if let Some(run) = RUN.get() {
-            let keep = std::env::temp_dir().join(format!("drover-chaos-{}", run.seed));
-            match save_artifacts(run, &keep) {
-                Ok(()) => eprintln!(
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let saved = lock(&RUN).as_ref().map(|run| {
+                let keep = std::env::temp_dir().join(format!("drover-chaos-{}", run.seed));
+                let result = save_artifacts(run, &keep);
+                (run.seed, keep, result)
+            });
+            match saved {
+                Some((seed, keep, Ok(()))) => eprintln!(
                     "{} ledger, logs, owner stderr and side effects copied to {}",
-                    replay_note(),
+                    seed_note(seed),
                     keep.display()
                 ),
-                Err(e) => eprintln!("{} could not save artifacts: {e}", replay_note()),
+                Some((seed, _, Err(e))) => {
+                    eprintln!("{} could not save artifacts: {e}", seed_note(seed))
+                }
+                None => {}
             }
-        }
-        default(info);
-    }));
+            default(info);
+        }));
+    });
 }
 
 fn save_artifacts(run: &Run, to: &Path) -> std::io::Result<()> {
@@ -1607,24 +1622,42 @@ fn final_checks(
 
 // ---------------------------------------------------------------------------------------------
 
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    match std::env::var(name) {
-        Ok(v) => v
-            .trim()
+fn env_opt<T: std::str::FromStr>(name: &str) -> Option<T> {
+    let v = std::env::var(name).ok()?;
+    Some(
+        v.trim()
             .parse()
             .unwrap_or_else(|_| panic!("{name}={v:?} is not valid")),
-        Err(_) => default,
+    )
+}
+
+/// The seeds to run and the length of each run's chaos phase, from the environment.
+fn plan() -> (Vec<u64>, f64) {
+    let secs: Option<f64> = env_opt("DROVER_CHAOS_SECS");
+    match (env_opt::<u64>("DROVER_CHAOS_SEED"), secs) {
+        (Some(seed), secs) => (vec![seed], secs.unwrap_or(SEED_SECS)),
+        (None, Some(secs)) => {
+            let clock_seed = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64 ^ u64::from(std::process::id()))
+                .unwrap_or(1);
+            (vec![clock_seed], secs)
+        }
+        (None, None) => (SEEDS.to_vec(), SEED_SECS),
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_loses_no_input_replays_no_work_and_strands_no_session() {
-    let secs: f64 = env_or("DROVER_CHAOS_SECS", DEFAULT_SECS);
-    let time_seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64 ^ u64::from(std::process::id()))
-        .unwrap_or(1);
-    let seed: u64 = env_or("DROVER_CHAOS_SEED", time_seed);
+    let (seeds, secs) = plan();
+    println!("chaos: seeds {seeds:?}, {secs} s of chaos each");
+    for seed in seeds {
+        chaos_run(seed, secs).await;
+    }
+}
+
+/// One chaos run on `seed`: `secs` of chaos, the drain, the checks. Panics naming the seed.
+async fn chaos_run(seed: u64, secs: f64) {
     println!("chaos: seed {seed}, {secs} s of chaos; replay with DROVER_CHAOS_SEED={seed}");
     let began = Instant::now();
 
@@ -1635,7 +1668,7 @@ async fn chaos_loses_no_input_replays_no_work_and_strands_no_session() {
         .tempdir()
         .unwrap();
     let side_effects = work.path().join("side_effects");
-    let _ = RUN.set(Run {
+    *lock(&RUN) = Some(Run {
         seed,
         home: home.path().to_path_buf(),
         side_effects: side_effects.clone(),
@@ -1871,4 +1904,5 @@ async fn chaos_loses_no_input_replays_no_work_and_strands_no_session() {
         "{} no turn completed: the chaos test tested nothing",
         replay_note()
     );
+    *lock(&RUN) = None;
 }

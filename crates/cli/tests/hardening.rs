@@ -41,6 +41,18 @@ fn admission_status(db: &Path, admission_id: &str) -> String {
 
 /// An executable script in a temporary directory (kept alive by the returned guard).
 fn script(name: &str, body: &str) -> (tempfile::TempDir, PathBuf) {
+    // Without python3 a Python wrapper dies at exec, and a test of a hostile worker could pass
+    // for the wrong reason: fail instead.
+    if body.starts_with("#!/usr/bin/env python3") {
+        let found = std::process::Command::new("python3")
+            .arg("--version")
+            .stdout(std::process::Stdio::null())
+            .status();
+        assert!(
+            found.is_ok_and(|s| s.success()),
+            "python3 is needed for the {name} worker script (install python3)"
+        );
+    }
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join(name);
     std::fs::write(&path, body).unwrap();

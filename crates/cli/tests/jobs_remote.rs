@@ -16,6 +16,7 @@ use drover_jobs::mqtt::{self, Endpoint, Feed, Outbound};
 use drover_jobs::remote::{derive_auth_token, Dispatch};
 use drover_jobs::{sign, Contract};
 use drover_test_support::harness::{Lines, Mosquitto};
+use drover_test_support::wait;
 use serde_json::{json, Value};
 
 const SECRET: &str = "test-dispatch-secret";
@@ -746,9 +747,14 @@ async fn with_no_runner_submit_gives_up_after_t_with_agent_blocked_and_clears_th
     let marker = tmp.path().join("ran");
     let runner = remote.runner("nobody", &format!("touch {}", marker.display()), &[]);
     runner.wait_for("following", 1).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(!marker.exists(), "{}", runner.stderr());
-    assert_eq!(runner.count("dispatch bj"), 0, "{}", runner.stderr());
+    assert!(
+        wait::holds_for(Duration::from_millis(500), async || {
+            !marker.exists() && runner.count("dispatch bj") == 0
+        })
+        .await,
+        "a late runner ran the blocked dispatch: {}",
+        runner.stderr()
+    );
 }
 
 #[tokio::test]
@@ -781,7 +787,15 @@ async fn when_the_runner_dies_mid_job_submit_exits_2_with_deadline_timeout() {
         .output();
     let killer = async {
         runner.wait_for("dispatch dj attempt 1: admitted", 1).await;
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        // Mid job: the command runs and its start is mirrored. (If that never comes, the
+        // runner is killed anyway and the assertions below say what was missing.)
+        let _ = wait::until(Duration::from_secs(10), async || {
+            std::fs::read_to_string(&pidfile).is_ok_and(|p| p.trim().parse::<i32>().is_ok())
+                && wire_events(&orchestrator.events("dj").await)
+                    .iter()
+                    .any(|e| e.1 == "started")
+        })
+        .await;
         runner.child.start_kill().unwrap();
         let _ = runner.child.wait().await;
     };

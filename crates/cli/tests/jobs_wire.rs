@@ -205,8 +205,11 @@ impl Watch {
             use tokio::io::AsyncReadExt;
             stdout.read_to_end(&mut out).await.unwrap();
         }
-        // Let the reader thread catch the last lines.
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // The reader has the last lines once it reaches the end of the pipe.
+        assert!(
+            self.lines.closed(Duration::from_secs(5)).await,
+            "watch's stderr stayed open after it exited"
+        );
         let v = serde_json::from_slice(&out)
             .unwrap_or_else(|_| panic!("JSON from watch: {:?} / {}", text(&out), self.stderr()));
         (status.code(), v, self.stderr())

@@ -13,7 +13,7 @@ use drover_test_support::harness::str_field;
 use drover_test_support::harness::{
     daemon_info, db_rows, run_drover, Client, Daemon, KillDaemonOnDrop, OneSession, TestHome,
 };
-use drover_test_support::{MockModel, Reply};
+use drover_test_support::{wait, MockModel, Reply};
 use serde_json::{json, Value};
 
 fn bin() -> &'static Path {
@@ -129,12 +129,13 @@ async fn rm_rf_waits_for_approval_and_runs_after_once() {
     assert_eq!(resume["running"], true);
 
     // Nothing ran while the prompt waits.
-    tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
-        victim(&scratch).is_dir(),
-        "the command ran before it was approved"
+        wait::holds_for(Duration::from_millis(300), async || {
+            victim(&scratch).is_dir() && s.model.requests().len() == 1
+        })
+        .await,
+        "the command ran, or the turn went on, before it was approved"
     );
-    assert_eq!(s.model.requests().len(), 1);
 
     let answer = s
         .client
@@ -500,11 +501,13 @@ async fn prompt_survives_a_client_reconnect() {
     // Detach by dropping the connection: the turn keeps waiting (G3).
     let old = std::mem::replace(&mut s.client, s.daemon.client().await.unwrap());
     drop(old);
-    tokio::time::sleep(Duration::from_millis(200)).await;
-
-    let resume = s.resume().await.unwrap();
-    assert_eq!(resume["prompts"], json!([prompt.clone()]));
-    assert_eq!(resume["running"], true);
+    let mut resume = Value::Null;
+    let open = wait::holds_for(Duration::from_millis(200), async || {
+        resume = s.resume().await.unwrap();
+        resume["prompts"] == json!([prompt.clone()]) && resume["running"] == true
+    })
+    .await;
+    assert!(open, "the prompt went with the client: {resume}");
     let answer = s
         .client
         .call_ok("approval.respond", respond_params(&s, &prompt, "once"))
@@ -544,9 +547,13 @@ async fn after_an_owner_restart_the_lost_turns_prompts_are_cancelled() {
         .await
         .unwrap();
     assert_eq!(answer["status"], "already_resolved");
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(victim(&scratch).is_dir());
-    assert_eq!(s.model.requests().len(), 1, "nothing is replayed");
+    assert!(
+        wait::holds_for(Duration::from_millis(200), async || {
+            victim(&scratch).is_dir() && s.model.requests().len() == 1
+        })
+        .await,
+        "the cancelled command ran, or the turn was replayed"
+    );
 }
 
 #[tokio::test]

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use drover_test_support::harness::{
     db_rows, db_value, pid_alive, signal, str_field, uuid_like, Client, Daemon, OneSession,
 };
-use drover_test_support::{Gate, MockModel, Reply};
+use drover_test_support::{wait, Gate, MockModel, Reply};
 use nix::sys::signal::Signal;
 use serde_json::{json, Value};
 
@@ -471,10 +471,12 @@ async fn detaching_during_a_turn_does_not_cancel_it() {
         .await
         .unwrap();
     drop(s.client);
-    // Let the owner see the closed connection before the turn may go on.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Give the owner time to see the closed connection before the turn may go on.
     assert!(
-        !s.daemon.worker_pids().is_empty(),
+        wait::holds_for(Duration::from_millis(300), async || {
+            !s.daemon.worker_pids().is_empty()
+        })
+        .await,
         "the worker went with the client"
     );
     gate.open();
@@ -837,8 +839,10 @@ async fn an_open_prompt_of_a_lost_turn_is_cancelled_after_restart() {
         .await
         .unwrap();
     assert_eq!(answer["status"], "already_resolved");
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(victim.exists(), "the unapproved command ran");
+    assert!(
+        wait::holds_for(Duration::from_millis(300), async || victim.exists()).await,
+        "the unapproved command ran"
+    );
     assert!(daemon.worker_pids().is_empty());
 }
 

@@ -861,7 +861,11 @@ impl Drop for KillDaemonOnDrop<'_> {
 
 /// The lines a child writes to a pipe, collected by a plain thread as they come.
 #[derive(Clone, Default)]
-pub struct Lines(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+pub struct Lines {
+    lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    /// Set once the reader has reached the pipe's end of file.
+    closed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
 
 impl Lines {
     /// Starts collecting `pipe` (a child's stderr, say) until it closes.
@@ -877,12 +881,22 @@ impl Lines {
                     Err(_) => break,
                 }
             }
+            sink.closed.store(true, std::sync::atomic::Ordering::SeqCst);
         });
         lines
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<String>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.lines.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Waits (at most `limit`) until the pipe has closed and every line is read; gives whether
+    /// it did.
+    pub async fn closed(&self, limit: Duration) -> bool {
+        eventually(limit, || {
+            self.closed.load(std::sync::atomic::Ordering::SeqCst)
+        })
+        .await
     }
 
     /// Every line so far, joined by newlines.

@@ -9,8 +9,11 @@
 //!   the official SDK) with tools `echo`, `add`, `fail` and `crash`; and where the
 //!   `drover-worker-relay` fixture is, a `$DROVER_WORKER_EXE` wrapper that can send one
 //!   forged frame.
+//! - [`wait`]: bounded waits: [`wait::until`] a condition holds, [`wait::holds_for`] a window.
 //!
 //! Nothing here mocks a drover component: only the model is played.
+//!
+//! Layers: `mock_model`, `mcp_echo`, `wait` (leaves); `harness` on top.
 
 // Test code only: a helper that cannot set up its fixture (a port, a temporary folder, a
 // missing mosquitto) panics with a message, which fails the calling test (issue 10).
@@ -19,6 +22,7 @@
 pub mod harness;
 pub mod mcp_echo;
 pub mod mock_model;
+pub mod wait;
 
 pub use mcp_echo::{mcp_echo_bin, worker_relay_bin};
 pub use mock_model::{Gate, MockModel, Reply};

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use drover_test_support::wait;
 use drover_tools::background::{BackgroundProcess, ProcessStatus, ProcessUpdate};
 use drover_tools::platform::{self, ForegroundGroups, Signal};
 use drover_tools::process::ProcessTool;
@@ -268,8 +269,10 @@ async fn kill_never_signals_a_recycled_pid() {
     assert_eq!(killed["status"], "lost");
     let polled = process(json!({"action": "poll", "process_id": "recycled"}), &ctx).await;
     assert_eq!(polled["status"], "lost");
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(platform::is_alive(pid), "the stranger was signalled");
+    assert!(
+        wait::holds_for(Duration::from_millis(100), async || platform::is_alive(pid)).await,
+        "the stranger was signalled"
+    );
     assert_eq!(registry.list()[0].status, ProcessStatus::Lost);
 
     stranger.0.kill().expect("kill");

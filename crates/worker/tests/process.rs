@@ -41,7 +41,6 @@ fn main() {
         worker_process_stops_when_the_owner_thread_that_spawned_it_dies().await;
         worker_process_exits_at_once_when_its_parent_is_not_the_owner().await;
     });
-    println!("process tests: 6 passed");
 }
 
 struct Worker {

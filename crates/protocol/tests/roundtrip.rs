@@ -1,0 +1,511 @@
+//! Every wire type serialises and parses back to the same value, and one example of each is
+//! pinned to its exact JSON bytes: a change to a field name, its order, a default or a skipped
+//! `None` changes what the other process reads, so it must show up here first.
+//!
+//! Objects inside free-form `Value` fields are written with their keys sorted, which is how
+//! `serde_json` writes a map whether or not another crate turns on `preserve_order`.
+
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+
+use drover_protocol::event::{self, Event};
+use drover_protocol::rpc::{Notification, Request, Response};
+use drover_protocol::worker::{
+    op, BackgroundProcess, Bootstrap, ChildReserve, ExecutionFinish, JobRegister, JobsWire,
+    McpServerSpec, OwnerFrame, PersistFrame, Policy, ProcessStatus, ProcessUpdate, PromptOpen,
+    TranscriptAppend, TurnOutcome, UsageAdd, WorkerFrame,
+};
+use drover_protocol::{ChatMessage, ErrorReason, FunctionCall, Role, RpcError, ToolCall, Usage};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::{json, Value};
+
+/// `value` serialises to text that parses back to `value`; gives the text.
+fn round_trip<T>(value: &T) -> String
+where
+    T: Serialize + DeserializeOwned + PartialEq + Debug,
+{
+    let text = serde_json::to_string(value).expect("serialises");
+    let back: T = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+    assert_eq!(&back, value, "{text}");
+    text
+}
+
+/// `text` parses as a `T` that serialises to exactly `text` (and round-trips); gives the value.
+fn pinned<T>(text: &str) -> T
+where
+    T: Serialize + DeserializeOwned + PartialEq + Debug,
+{
+    let value: T = serde_json::from_str(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+    assert_eq!(round_trip(&value), text, "the bytes on the wire changed");
+    value
+}
+
+/// For the envelope types, which have no `PartialEq`: the text of `value` parses and
+/// serialises to the same text; gives it.
+fn round_trip_text<T: Serialize + DeserializeOwned>(value: &T) -> String {
+    let text = serde_json::to_string(value).expect("serialises");
+    let back: T = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+    assert_eq!(serde_json::to_string(&back).expect("serialises"), text);
+    text
+}
+
+/// [`pinned`] for the envelope types.
+fn pinned_text<T: Serialize + DeserializeOwned>(text: &str) -> T {
+    let value: T = serde_json::from_str(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+    assert_eq!(
+        round_trip_text(&value),
+        text,
+        "the bytes on the wire changed"
+    );
+    value
+}
+
+// ---------------------------------------------------------------------------------------------
+// The client envelope (SPEC section 2)
+
+#[test]
+fn a_request_round_trips_with_and_without_an_id() {
+    let request: Request = pinned_text(concat!(
+        r#"{"jsonrpc":"2.0","id":7,"method":"prompt.submit","#,
+        r#""params":{"input_id":"in-1","session_id":"s-1","text":"héllo ✓"}}"#
+    ));
+    assert_eq!(request.id, Some(json!(7)));
+    assert_eq!(request.method, "prompt.submit");
+    assert_eq!(request.params["text"], "héllo ✓");
+
+    // A notification has no id, and no `id` key is written for it.
+    let notification: Request =
+        pinned_text(r#"{"jsonrpc":"2.0","method":"session.detach","params":{"session_id":"s"}}"#);
+    assert_eq!(notification.id, None);
+    // A string id is kept as a string; absent params parse as null.
+    let bare: Request = serde_json::from_str(r#"{"id":"a","method":"ping"}"#).unwrap();
+    assert_eq!(
+        (bare.id, bare.jsonrpc, bare.params),
+        (Some(json!("a")), None, Value::Null)
+    );
+}
+
+#[test]
+fn responses_round_trip_with_exactly_one_of_result_and_error() {
+    let ok = Response::ok(json!(1), json!({"pong": true}));
+    assert_eq!(
+        round_trip_text(&ok),
+        r#"{"jsonrpc":"2.0","id":1,"result":{"pong":true}}"#
+    );
+    let err = Response::err(
+        json!("req-2"),
+        RpcError::invalid_field("text", "text must not be empty"),
+    );
+    let text = round_trip_text(&err);
+    assert_eq!(
+        text,
+        concat!(
+            r#"{"jsonrpc":"2.0","id":"req-2","error":{"code":-32602,"message":"invalid_params","#,
+            r#""data":{"detail":"text must not be empty","field":"text","reason":"invalid_params"}}}"#
+        )
+    );
+    let back: Response = serde_json::from_str(&text).unwrap();
+    assert!(back.result.is_none());
+    assert_eq!(
+        back.error.as_ref().map(RpcError::reason),
+        Some("invalid_params")
+    );
+}
+
+#[test]
+fn rpc_errors_round_trip_for_every_reason() {
+    for reason in [
+        ErrorReason::InvalidParams,
+        ErrorReason::NotFound,
+        ErrorReason::PermissionDenied,
+        ErrorReason::StaleEpoch,
+        ErrorReason::StaleGeneration,
+        ErrorReason::AdmissionConflict,
+        ErrorReason::UnknownExecution,
+        ErrorReason::RuntimeDraining,
+        ErrorReason::StorageUnavailable,
+        ErrorReason::UnknownMethod,
+        ErrorReason::ModelUnavailable,
+        ErrorReason::ParseError,
+    ] {
+        let word = round_trip(&reason);
+        assert_eq!(word, format!("\"{}\"", reason.as_str()));
+        assert_eq!(ErrorReason::parse(reason.as_str()), Some(reason));
+        let error = RpcError::new(reason, "why");
+        round_trip(&error);
+        assert_eq!(
+            (error.code, error.reason()),
+            (reason.code(), reason.as_str())
+        );
+    }
+    let error: RpcError = pinned(
+        r#"{"code":4001,"message":"stale_epoch","data":{"detail":"epoch 3 is current","reason":"stale_epoch"}}"#,
+    );
+    assert_eq!(
+        error,
+        RpcError::new(ErrorReason::StaleEpoch, "epoch 3 is current")
+    );
+    // `data` may be missing on the wire; it reads as null.
+    let bare: RpcError =
+        serde_json::from_str(r#"{"code":-32601,"message":"unknown_method"}"#).unwrap();
+    assert_eq!(
+        (&bare.data, bare.reason()),
+        (&Value::Null, "unknown_method")
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Events (SPEC section 2, "Events")
+
+#[test]
+fn events_round_trip_stored_and_live() {
+    let stored: Event = pinned(concat!(
+        r#"{"session_id":"s-1","seq":12,"replay_epoch":"e-9","type":"turn.settled","#,
+        r#""payload":{"admission_id":"a-1","outcome":"completed"}}"#
+    ));
+    assert_eq!(
+        (stored.kind.as_str(), stored.seq),
+        (event::TURN_SETTLED, Some(12))
+    );
+
+    // A delta is live only: `seq` is null, and a missing `seq` reads the same.
+    let delta: Event = pinned(
+        r#"{"session_id":"s-1","seq":null,"replay_epoch":"e-9","type":"message.delta","payload":{"delta_index":0,"text":"Hi"}}"#,
+    );
+    assert_eq!(delta.kind, event::MESSAGE_DELTA);
+    let no_seq: Event = serde_json::from_str(
+        r#"{"session_id":"s-1","replay_epoch":"e-9","type":"message.delta","payload":{"delta_index":0,"text":"Hi"}}"#,
+    )
+    .unwrap();
+    assert_eq!(no_seq, delta);
+
+    // As the params of the `event` notification.
+    let note = Notification::new("event", serde_json::to_value(&stored).unwrap());
+    let text = round_trip_text(&note);
+    assert!(
+        text.starts_with(r#"{"jsonrpc":"2.0","method":"event","params":{"#),
+        "{text}"
+    );
+    let back: Notification = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        serde_json::from_value::<Event>(back.params).unwrap(),
+        stored
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Chat messages
+
+#[test]
+fn chat_messages_round_trip_in_every_role() {
+    for role in [Role::System, Role::User, Role::Assistant, Role::Tool] {
+        assert_eq!(round_trip(&role), format!("\"{}\"", role.as_str()));
+        assert_eq!(Role::parse(role.as_str()), Some(role));
+        round_trip(&ChatMessage::text(
+            role,
+            "text with \"quotes\", a tab\t and ünïcode",
+        ));
+    }
+    let result = ChatMessage::tool_result("call_1", "terminal", "");
+    assert_eq!(
+        round_trip(&result),
+        r#"{"role":"tool","content":"","tool_call_id":"call_1","tool_name":"terminal"}"#
+    );
+
+    let call: ChatMessage = pinned(concat!(
+        r#"{"role":"assistant","tool_calls":[{"id":"call_1","type":"function","#,
+        r#""function":{"name":"terminal","arguments":"{\"command\": \"ls -la\"}"}}]}"#
+    ));
+    assert_eq!(call.content, None);
+    assert_eq!(
+        call.tool_calls,
+        [ToolCall {
+            id: "call_1".into(),
+            kind: "function".into(),
+            function: FunctionCall {
+                name: "terminal".into(),
+                // The model's arguments are kept verbatim, spacing included.
+                arguments: r#"{"command": "ls -la"}"#.into(),
+            },
+        }]
+    );
+    // `type` defaults to `function`.
+    let untyped: ToolCall =
+        serde_json::from_str(r#"{"id":"c","function":{"name":"n","arguments":"{}"}}"#).unwrap();
+    assert_eq!(untyped.kind, "function");
+}
+
+#[test]
+fn usage_round_trips_up_to_the_largest_count() {
+    let usage: Usage = pinned(r#"{"input_tokens":10,"output_tokens":5,"total_tokens":15}"#);
+    assert_eq!(usage.total_tokens, 15);
+    let max = drover_protocol::TOKEN_COUNT_MAX;
+    round_trip(&Usage {
+        input_tokens: max,
+        output_tokens: 0,
+        total_tokens: max,
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Owner -> worker frames (SPEC section 4)
+
+const POLICY: &str = concat!(
+    r#"{"model":"gpt-test","base_url":"http://127.0.0.1:9/v1","api_key":null,"stream":true,"#,
+    r#""request_timeout_s":600,"max_retries":3,"system_prompt":"You are drover.","#,
+    r#""toolsets":["terminal","jobs"],"#,
+    r#""tools":[{"function":{"name":"terminal","parameters":{"type":"object"}},"type":"function"}],"#,
+    r#""cwd":"/work","max_steps":50,"approvals":"manual","home":"/home/u/.drover","#,
+    r#""approval_grants":["rm -r"],"#,
+    r#""background_processes":[{"id":"proc_1","pid":4242,"start_time":123456,"command":"sleep 30","#,
+    r#""cwd":"/work","log_path":"/home/u/.drover/logs/proc_1.log","status":"running","#,
+    r#""exit_code":null,"started_at":1700000000.5}],"#,
+    r#""mcp_servers":{"echo":{"command":"drover-mcp-echo","args":["--quiet"],"env":{"A":"1"}}},"#,
+    r#""jobs_wire":{"url":"mqtt://127.0.0.1:1883","username_env":null,"password_env":null,"#,
+    r#""topic_base":"drover/v1"}}"#
+);
+
+#[test]
+fn a_bootstrap_frame_round_trips_with_its_whole_policy() {
+    let text = format!(
+        concat!(
+            r#"{{"type":"bootstrap","scope":{{"session_id":"s-1","admission_id":"a-1","#,
+            r#""execution_id":"x-1","generation":2,"epoch":5,"secret":"0123abcd"}},"#,
+            r#""policy":{},"history":[{{"role":"user","content":"earlier"}},"#,
+            r#"{{"role":"assistant","content":"answer"}}],"input":"now this"}}"#
+        ),
+        POLICY
+    );
+    let frame: OwnerFrame = pinned(&text);
+    let OwnerFrame::Bootstrap(bootstrap) = frame else {
+        panic!("not a bootstrap: {frame:?}")
+    };
+    assert_eq!(bootstrap.scope.generation, 2);
+    assert_eq!(
+        bootstrap.policy.background_processes[0].status,
+        ProcessStatus::Running
+    );
+    assert_eq!(bootstrap.policy.mcp_servers["echo"].args, ["--quiet"]);
+    assert_eq!(bootstrap.history.len(), 2);
+    // The bootstrap alone (not as a frame) round-trips too.
+    round_trip::<Bootstrap>(&bootstrap);
+}
+
+#[test]
+fn a_policy_without_its_optional_fields_reads_the_defaults() {
+    let policy: Policy = serde_json::from_str(concat!(
+        r#"{"model":"m","base_url":"http://127.0.0.1:9/v1","stream":false,"#,
+        r#""request_timeout_s":1,"max_retries":0,"system_prompt":"","toolsets":[],"tools":[],"#,
+        r#""cwd":"/","max_steps":1,"home":"/h"}"#
+    ))
+    .unwrap();
+    assert_eq!(policy.api_key, None);
+    assert_eq!(
+        serde_json::to_value(&policy).unwrap()["approvals"],
+        "manual"
+    );
+    assert!(policy.approval_grants.is_empty() && policy.background_processes.is_empty());
+    assert!(policy.mcp_servers.is_empty());
+    assert_eq!(policy.jobs_wire, JobsWire::default());
+    round_trip(&policy);
+}
+
+#[test]
+fn receipt_refused_and_stop_frames_round_trip() {
+    let receipt: OwnerFrame =
+        pinned(r#"{"type":"receipt","sequence":3,"result":{"message_ids":[7,8]}}"#);
+    assert_eq!(
+        receipt,
+        OwnerFrame::Receipt {
+            sequence: 3,
+            result: json!({"message_ids": [7, 8]}),
+        }
+    );
+    let refused: OwnerFrame = pinned(
+        r#"{"type":"refused","sequence":4,"reason":"stale_generation","message":"generation 3 is current"}"#,
+    );
+    assert!(matches!(refused, OwnerFrame::Refused { sequence: 4, .. }));
+    let stop: OwnerFrame = pinned(r#"{"type":"stop","reason":"interrupt"}"#);
+    assert_eq!(
+        stop,
+        OwnerFrame::Stop {
+            reason: "interrupt".into()
+        }
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Worker -> owner frames and persist payloads (SPEC section 4)
+
+#[test]
+fn persist_and_delta_frames_round_trip() {
+    let persist: WorkerFrame = pinned(concat!(
+        r#"{"type":"persist","epoch":5,"execution_id":"x-1","generation":2,"sequence":1,"#,
+        r#""operation":"usage.add","payload":{"api_calls":1,"input_tokens":10,"output_tokens":5,"total_tokens":15},"#,
+        r#""secret":"0123abcd"}"#
+    ));
+    let WorkerFrame::Persist(PersistFrame {
+        operation, payload, ..
+    }) = &persist
+    else {
+        panic!("not a persist: {persist:?}")
+    };
+    assert_eq!(operation, op::USAGE_ADD);
+    let usage: UsageAdd = serde_json::from_value(payload.clone()).unwrap();
+    assert_eq!((usage.api_calls, usage.total_tokens), (1, 15));
+
+    let delta: WorkerFrame = pinned(r#"{"type":"delta","text":"Hel"}"#);
+    assert_eq!(delta, WorkerFrame::Delta { text: "Hel".into() });
+    // A frame of another type is refused, not read as something else.
+    assert!(serde_json::from_str::<WorkerFrame>(r#"{"type":"bootstrap","text":"x"}"#).is_err());
+    assert!(serde_json::from_str::<OwnerFrame>(r#"{"type":"delta","text":"x"}"#).is_err());
+}
+
+#[test]
+fn transcript_append_round_trips_and_skips_empty_maps() {
+    let append: TranscriptAppend = pinned(concat!(
+        r#"{"messages":[{"role":"assistant","content":"running it","tool_calls":[{"id":"c1","#,
+        r#""type":"function","function":{"name":"terminal","arguments":"{}"}}]},"#,
+        r#"{"role":"tool","content":"exit 1","tool_call_id":"c1","tool_name":"terminal"}],"#,
+        r#""tool_contexts":{"c1":"ls"},"tool_errors":["c1"]}"#
+    ));
+    assert_eq!(append.tool_contexts["c1"], "ls");
+    let plain = TranscriptAppend {
+        messages: vec![ChatMessage::text(Role::Assistant, "done")],
+        tool_contexts: BTreeMap::new(),
+        tool_errors: Vec::new(),
+    };
+    assert_eq!(
+        round_trip(&plain),
+        r#"{"messages":[{"role":"assistant","content":"done"}]}"#
+    );
+}
+
+#[test]
+fn usage_add_round_trips() {
+    let usage: UsageAdd =
+        pinned(r#"{"input_tokens":1,"output_tokens":2,"total_tokens":3,"api_calls":1}"#);
+    assert_eq!(usage.output_tokens, 2);
+    round_trip(&UsageAdd::default());
+}
+
+#[test]
+fn execution_finish_round_trips_for_every_outcome() {
+    for outcome in [
+        TurnOutcome::Completed,
+        TurnOutcome::Failed,
+        TurnOutcome::Interrupted,
+    ] {
+        assert_eq!(round_trip(&outcome), format!("\"{}\"", outcome.as_str()));
+    }
+    let finish: ExecutionFinish = pinned(concat!(
+        r#"{"outcome":"failed","result":{"final_response":"","model":"gpt-test","api_calls":2},"#,
+        r#""error":"model_unavailable: 503","usage":{"input_tokens":4,"output_tokens":0,"total_tokens":4}}"#
+    ));
+    assert_eq!(finish.outcome, TurnOutcome::Failed);
+    // `error` is skipped when absent; `usage` defaults to zero.
+    let completed: ExecutionFinish = serde_json::from_str(
+        r#"{"outcome":"completed","result":{"final_response":"hi","model":"m","api_calls":1}}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        (completed.error.as_deref(), completed.usage),
+        (None, Usage::default())
+    );
+    assert!(!round_trip(&completed).contains("\"error\""));
+}
+
+#[test]
+fn child_reserve_and_prompt_open_round_trip() {
+    let child: ChildReserve =
+        pinned(r#"{"goal":"count the files","context":"in /work","toolsets":["terminal"]}"#);
+    assert_eq!(
+        child.toolsets.as_deref(),
+        Some(&["terminal".to_string()][..])
+    );
+    assert_eq!(
+        round_trip(&ChildReserve {
+            goal: "g".into(),
+            context: None,
+            toolsets: None,
+        }),
+        r#"{"goal":"g"}"#
+    );
+    let prompt: PromptOpen = pinned(
+        r#"{"kind":"approval","body":{"command":"rm -rf /tmp/x","description":"recursively delete"}}"#,
+    );
+    assert_eq!(prompt.kind, "approval");
+}
+
+#[test]
+fn background_process_records_and_updates_round_trip() {
+    for status in [
+        ProcessStatus::Running,
+        ProcessStatus::Exited,
+        ProcessStatus::Killed,
+        ProcessStatus::Lost,
+    ] {
+        assert_eq!(round_trip(&status), format!("\"{status}\""));
+        assert_eq!(ProcessStatus::parse(status.as_str()), Some(status));
+    }
+    let record: BackgroundProcess = pinned(concat!(
+        r#"{"id":"proc_2","pid":77,"start_time":null,"command":"make -j2","cwd":"/src","#,
+        r#""log_path":"/h/logs/proc_2.log","status":"exited","exit_code":2,"started_at":0.0}"#
+    ));
+    assert_eq!(
+        (record.status, record.exit_code),
+        (ProcessStatus::Exited, Some(2))
+    );
+    let update: ProcessUpdate = pinned(r#"{"id":"proc_2","status":"killed","exit_code":null}"#);
+    assert_eq!(update.status, ProcessStatus::Killed);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Job messages carried by worker frames and the policy (SPEC sections 3, 4 and 7)
+
+#[test]
+fn job_register_round_trips() {
+    let register: JobRegister =
+        pinned(r#"{"job_id":"job-20240101-abc","registry_dir":"/home/u/.drover/jobs"}"#);
+    assert_eq!(register.job_id, "job-20240101-abc");
+    // As the payload of its persist frame.
+    let frame = WorkerFrame::Persist(PersistFrame {
+        epoch: 1,
+        execution_id: "x".into(),
+        generation: 1,
+        sequence: 9,
+        operation: op::JOB_REGISTER.into(),
+        payload: serde_json::to_value(&register).unwrap(),
+        secret: "s".into(),
+    });
+    let text = round_trip(&frame);
+    let back: WorkerFrame = serde_json::from_str(&text).unwrap();
+    let WorkerFrame::Persist(p) = back else {
+        panic!("{text}")
+    };
+    assert_eq!(
+        serde_json::from_value::<JobRegister>(p.payload).unwrap(),
+        register
+    );
+}
+
+#[test]
+fn jobs_wire_and_mcp_server_settings_round_trip() {
+    let wire: JobsWire = pinned(
+        r#"{"url":"mqtts://broker:8883","username_env":"MQTT_USER","password_env":"MQTT_PASS","topic_base":"team/jobs"}"#,
+    );
+    assert_eq!(wire.url.as_deref(), Some("mqtts://broker:8883"));
+    assert_eq!(
+        round_trip(&JobsWire::default()),
+        r#"{"url":null,"username_env":null,"password_env":null,"topic_base":null}"#
+    );
+    let server: McpServerSpec =
+        pinned(r#"{"command":"npx","args":["-y","server"],"env":{"B":"2","a":"1"}}"#);
+    assert_eq!(server.env.len(), 2);
+    let bare: McpServerSpec = serde_json::from_str(r#"{"command":"x"}"#).unwrap();
+    assert_eq!(round_trip(&bare), r#"{"command":"x","args":[],"env":{}}"#);
+}

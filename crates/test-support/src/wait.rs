@@ -1,0 +1,93 @@
+//! Bounded waits on a condition, the only way an e2e test waits.
+//!
+//! - [`until`]: a claim that something happens: poll until it holds, at most `limit`.
+//! - [`holds_for`]: a claim that something does not happen: poll over the whole `window` and
+//!   stop at the first poll where it no longer holds. The window is the claim itself ("nothing
+//!   ran in 300 ms"), never a guess at how long a positive condition takes.
+//!
+//! Both take an async closure, so a condition may ask the daemon or run a CLI command.
+
+use std::ops::AsyncFnMut;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// How often a condition is polled.
+const POLL: Duration = Duration::from_millis(20);
+
+/// Polls `cond` until it is true (then `true`) or `limit` has passed (then `false`).
+#[must_use = "assert on it: false means the condition never held"]
+pub async fn until(limit: Duration, mut cond: impl AsyncFnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if cond().await {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Polls `cond` for `window`: `true` if it held at every poll, including one at the end of
+/// the window; `false` at the first poll where it did not.
+#[must_use = "assert on it: false means the condition broke within the window"]
+pub async fn holds_for(window: Duration, mut cond: impl AsyncFnMut() -> bool) -> bool {
+    let deadline = Instant::now() + window;
+    loop {
+        if !cond().await {
+            return false;
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return true;
+        }
+        tokio::time::sleep(POLL.min(deadline - now)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    #[tokio::test]
+    async fn until_stops_as_soon_as_the_condition_holds() {
+        let polls = AtomicU32::new(0);
+        let began = Instant::now();
+        assert!(
+            until(Duration::from_secs(10), async || polls
+                .fetch_add(1, Ordering::SeqCst)
+                >= 2)
+            .await
+        );
+        assert_eq!(polls.load(Ordering::SeqCst), 3);
+        assert!(began.elapsed() < Duration::from_secs(5));
+    }
+
+    #[tokio::test]
+    async fn until_gives_up_at_its_limit() {
+        let began = Instant::now();
+        assert!(!until(Duration::from_millis(100), async || false).await);
+        assert!(began.elapsed() >= Duration::from_millis(100));
+    }
+
+    #[tokio::test]
+    async fn holds_for_covers_the_whole_window_and_fails_at_the_first_break() {
+        let began = Instant::now();
+        assert!(holds_for(Duration::from_millis(100), async || true).await);
+        assert!(began.elapsed() >= Duration::from_millis(100));
+
+        let polls = AtomicU32::new(0);
+        let began = Instant::now();
+        assert!(
+            !holds_for(Duration::from_secs(10), async || polls
+                .fetch_add(1, Ordering::SeqCst)
+                < 2)
+            .await
+        );
+        assert_eq!(polls.load(Ordering::SeqCst), 3);
+        assert!(began.elapsed() < Duration::from_secs(5));
+    }
+}
