@@ -19,16 +19,20 @@
 //! arrives within T, when the idle window passes without activity, or at `--timeout`. The
 //! watcher writes only what it accepts (and its audit entries): it never gives up on the
 //! job's behalf.
+//!
+//! A [`Mirror`] is a job's two topics with its [`Watcher`]: what `watch`, a remote submit and
+//! the toolset's wait for a remote job all follow the wire with.
 
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use crate::identity::TimerIdentity;
 use crate::mqtt::{self, Endpoint, Feed};
-use crate::registry::{Job, MirroredEvent, Registry, Via};
+use crate::registry::{self, Job, MirroredEvent, Registry, Via};
 use crate::state::{self, EventKind, JobStatus, Verdict, WaitView};
-use crate::timer::{self, TimerIdentity};
-use crate::{sign, JobError};
+use crate::{sign, timer, JobError};
 
 /// How often the loop re-reads the job and the clocks.
 pub const TICK: Duration = Duration::from_millis(100);
@@ -255,6 +259,73 @@ impl Watcher {
     }
 }
 
+/// A job's `<topic_prefix>/events` and `<topic_prefix>/state`, and the [`Watcher`] that
+/// mirrors what they carry into the registry.
+#[derive(Debug, Clone)]
+pub struct Mirror {
+    pub watcher: Watcher,
+    registry_dir: PathBuf,
+    drain: Duration,
+    events_topic: String,
+    state_topic: String,
+}
+
+impl Mirror {
+    /// The mirror of `job` into the registry at `registry_dir`; `drain` is what a local
+    /// heartbeat timer a terminal status unregistered gets to stop.
+    pub fn new(job: &Job, registry_dir: &Path, drain: Duration) -> Mirror {
+        Mirror {
+            watcher: Watcher::new(job),
+            registry_dir: registry_dir.to_path_buf(),
+            drain,
+            events_topic: format!("{}/events", job.topic_prefix),
+            state_topic: format!("{}/state", job.topic_prefix),
+        }
+    }
+
+    /// The job's two topics, to follow.
+    pub fn topics(&self) -> Vec<String> {
+        vec![self.events_topic.clone(), self.state_topic.clone()]
+    }
+
+    /// Subscribes to the job's topics on `endpoint` ([`mqtt::follow`]).
+    pub fn follow(&self, endpoint: &Endpoint) -> Result<mqtt::Follower, JobError> {
+        mqtt::follow(endpoint, self.topics())
+    }
+
+    /// Applies the watcher rules to a message that came on `topic` (`None`: not one of the
+    /// job's topics), and stops a timer a terminal status unregistered. The registry writes
+    /// (fsync'd transactions) and the timer's drain run on a blocking thread, on a
+    /// connection of their own.
+    pub async fn handle(
+        &mut self,
+        topic: &str,
+        payload: Vec<u8>,
+    ) -> Result<Option<Handled>, JobError> {
+        let via = if topic == self.events_topic {
+            Via::Events
+        } else if topic == self.state_topic {
+            Via::State
+        } else {
+            return Ok(None);
+        };
+        let mut watcher = self.watcher.clone();
+        let (dir, drain) = (self.registry_dir.clone(), self.drain);
+        let (watcher, handled) = registry::blocking(&self.registry_dir, move || {
+            let mut registry = Registry::open(&dir)?;
+            let (handled, timer) = watcher.handle(&mut registry, via, &payload)?;
+            if let Some(t) = timer {
+                timer::stop(t, drain)?;
+            }
+            Ok((watcher, handled))
+        })
+        .await?;
+        self.watcher = watcher;
+        tracing::debug!(job_id = %self.watcher.job_id, ?handled, "wire message");
+        Ok(Some(handled))
+    }
+}
+
 /// One `watch` call.
 #[derive(Debug, Clone)]
 pub struct WatchRequest {
@@ -293,12 +364,10 @@ pub async fn watch(
 ) -> Result<WatchOutcome, JobError> {
     let job = registry.job(&req.job_id)?;
     let attempt = job.attempt_id;
-    let events_topic = format!("{}/events", job.topic_prefix);
-    let state_topic = format!("{}/state", job.topic_prefix);
-    let mut watcher = Watcher::new(&job);
+    let mut mirror = Mirror::new(&job, registry.dir(), drain);
     let started_at = Instant::now();
     let timeout = req.timeout.map(Duration::from_secs);
-    let mut follower = mqtt::follow(endpoint, vec![events_topic.clone(), state_topic.clone()])?;
+    let mut follower = mirror.follow(endpoint)?;
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let verdict = loop {
@@ -311,19 +380,9 @@ pub async fn watch(
                     Feed::Subscribed => note(&WatchNote::Subscribed),
                     Feed::Lost(why) => note(&WatchNote::Lost(why)),
                     Feed::Message { topic, payload, .. } => {
-                        let via = if topic == events_topic {
-                            Via::Events
-                        } else if topic == state_topic {
-                            Via::State
-                        } else {
-                            continue;
-                        };
-                        let (handled, timer) = watcher.handle(registry, via, &payload)?;
-                        if let Some(t) = timer {
-                            timer::stop(t, drain)?;
+                        if let Some(handled) = mirror.handle(&topic, payload).await? {
+                            note(&WatchNote::Handled(handled));
                         }
-                        tracing::debug!(job_id = %req.job_id, ?handled, "wire message");
-                        note(&WatchNote::Handled(handled));
                     }
                 }
             }
@@ -337,7 +396,7 @@ pub async fn watch(
             status: now_job.status,
             started: now_job.status != JobStatus::Pending,
             since_delivery: started_at.elapsed(),
-            since_activity: watcher.last_activity.elapsed(),
+            since_activity: mirror.watcher.last_activity.elapsed(),
         };
         match state::judge_wait(&now_job.contract, &view, timeout) {
             Verdict::Wait => {}
@@ -348,7 +407,7 @@ pub async fn watch(
     Ok(WatchOutcome {
         job: registry.job(&req.job_id)?,
         verdict,
-        stats: watcher.stats,
+        stats: mirror.watcher.stats,
     })
 }
 
