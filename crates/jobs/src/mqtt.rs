@@ -6,7 +6,8 @@
 //!   connection per event that publishes the event to `<topic_prefix>/events` (QoS 1) and then
 //!   the retained snapshot to `<topic_prefix>/state` (QoS 1, retained), and waits for the
 //!   broker's PUBACKs. The connection attempt is bounded by [`CONNECT_TIMEOUT`], the acks by
-//!   [`ACK_TIMEOUT`]: an unreachable broker costs at most a few seconds, never a hang.
+//!   [`ACK_TIMEOUT`]: an unreachable broker costs at most a few seconds, never a hang. The
+//!   `AsyncClient` is driven by the caller's runtime: no thread of its own, nothing blocked.
 //! - [`follow`] is what `watch` listens with: a connection (clean session) that subscribes to
 //!   the given topics each time it connects, so a watcher that reconnects gets the retained
 //!   snapshot at once, and that reconnects by itself (with a short backoff) whenever the

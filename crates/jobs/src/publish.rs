@@ -346,18 +346,16 @@ mod tests {
             r.heartbeat = Some(1);
             assert_eq!(validate(&r).is_ok(), event == EventKind::Started, "{event}");
         }
+        let refused = |r: PublishRequest, flag: &str| {
+            let e = validate(&r).unwrap_err().to_string();
+            assert!(e.contains(flag), "{e}");
+        };
         let mut r = req(EventKind::Started);
         r.heartbeat = Some(0);
-        assert!(validate(&r)
-            .unwrap_err()
-            .to_string()
-            .contains("--heartbeat"));
+        refused(r, "--heartbeat");
         let mut r = req(EventKind::Started);
         r.watch_pid = Some(1);
-        assert!(validate(&r)
-            .unwrap_err()
-            .to_string()
-            .contains("--watch-pid"));
+        refused(r, "--watch-pid");
     }
 
     #[test]

@@ -931,25 +931,8 @@ impl Registry {
         let target = (!job.status.is_terminal() && takes).then_some(status);
         let mut unregistered_timer = None;
         if let Some(target) = target {
-            let timer = if target.is_terminal() {
-                unregistered_timer = job.heartbeat_timer;
-                None
-            } else {
-                job.heartbeat_timer
-            };
-            tx.execute(
-                "UPDATE jobs SET status = ?2, status_detail = ?3, timer_pid = ?4,
-                    timer_start_time = ?5, updated_at = ?6
-                 WHERE job_id = ?1",
-                params![
-                    job_id,
-                    target.as_str(),
-                    detail,
-                    timer.map(|t| t.pid),
-                    timer.map(|t| t.start_time as i64),
-                    now(),
-                ],
-            )?;
+            unregistered_timer =
+                write_status(&tx, job_id, &job, target, detail, target.is_terminal())?;
             insert_audit(
                 &tx,
                 &job,
@@ -1137,6 +1120,14 @@ fn unreadable(path: &Path, detail: String) -> JobError {
 mod tests {
     use super::*;
 
+    /// A registry in a fresh folder holding one fresh job.
+    fn fresh() -> (tempfile::TempDir, Registry, Job) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut reg = Registry::open(dir.path()).unwrap();
+        let job = reg.register(new_job(None)).unwrap();
+        (dir, reg, job)
+    }
+
     fn new_job(id: Option<&str>) -> NewJob {
         NewJob {
             job_id: id.map(str::to_string),
@@ -1215,9 +1206,7 @@ mod tests {
 
     #[test]
     fn debug_output_redacts_the_auth_token() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut reg = Registry::open(dir.path()).unwrap();
-        let job = reg.register(new_job(None)).unwrap();
+        let (_dir, _reg, job) = fresh();
         let debug = format!("{job:?}");
         assert!(!debug.contains(&job.auth_token), "{debug}");
         assert!(debug.contains(REDACTED));
@@ -1303,9 +1292,7 @@ mod tests {
 
     #[test]
     fn events_get_increasing_seqs_signed_with_the_auth_token() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut reg = Registry::open(dir.path()).unwrap();
-        let job = reg.register(new_job(None)).unwrap();
+        let (_dir, mut reg, job) = fresh();
         let a = reg
             .record_event(&publish(&job.job_id, EventKind::Started))
             .unwrap();
@@ -1329,9 +1316,7 @@ mod tests {
 
     #[test]
     fn a_refused_event_records_nothing_and_uses_no_seq() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut reg = Registry::open(dir.path()).unwrap();
-        let job = reg.register(new_job(None)).unwrap();
+        let (_dir, mut reg, job) = fresh();
         let mut req = publish(&job.job_id, EventKind::Started);
         req.expect_dispatch_token = Some("not-the-token");
         assert!(matches!(
@@ -1355,9 +1340,7 @@ mod tests {
 
     #[test]
     fn a_beat_from_a_timer_that_is_not_registered_is_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut reg = Registry::open(dir.path()).unwrap();
-        let job = reg.register(new_job(None)).unwrap();
+        let (_dir, mut reg, job) = fresh();
         let timer = TimerIdentity {
             pid: 4242,
             start_time: 77,
@@ -1391,9 +1374,7 @@ mod tests {
 
     #[test]
     fn a_delivery_is_claimed_once_per_attempt() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut reg = Registry::open(dir.path()).unwrap();
-        let job = reg.register(new_job(None)).unwrap();
+        let (_dir, mut reg, job) = fresh();
         let after = reg.claim_delivery(&job.job_id, 1, json!({})).unwrap();
         assert_eq!(after.to_json()["delivered"], true);
         assert!(matches!(
@@ -1416,9 +1397,7 @@ mod tests {
 
     #[test]
     fn a_new_attempt_resets_status_and_unregisters_the_timer() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut reg = Registry::open(dir.path()).unwrap();
-        let job = reg.register(new_job(None)).unwrap();
+        let (_dir, mut reg, job) = fresh();
         let timer = TimerIdentity {
             pid: 99,
             start_time: 1,
@@ -1452,9 +1431,7 @@ mod tests {
 
     #[test]
     fn the_operator_cannot_overwrite_a_terminal_status() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut reg = Registry::open(dir.path()).unwrap();
-        let job = reg.register(new_job(None)).unwrap();
+        let (_dir, mut reg, job) = fresh();
         let (j, changed, _) = reg
             .set_status(
                 &job.job_id,
@@ -1547,9 +1524,7 @@ mod tests {
 
     #[test]
     fn the_state_snapshot_is_signed_and_carries_status_and_seq() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut reg = Registry::open(dir.path()).unwrap();
-        let job = reg.register(new_job(None)).unwrap();
+        let (_dir, mut reg, job) = fresh();
         let rec = reg
             .record_event(&publish(&job.job_id, EventKind::Started))
             .unwrap();

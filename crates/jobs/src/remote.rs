@@ -28,7 +28,7 @@ use serde_json::json;
 use crate::mqtt::{self, Endpoint, Feed, Outbound};
 use crate::registry::{self, Job, NewJob, Registry};
 use crate::session::AgentSession;
-use crate::state::{self, Contract, JobStatus, Verdict, WaitView};
+use crate::state::{Contract, Verdict};
 use crate::submit::{self, SubmitOutcome, POLL};
 use crate::watch::Mirror;
 use crate::wire::Wire;
@@ -194,21 +194,7 @@ pub async fn submit_remote(
             }
             Some(Feed::Subscribed) | None => {}
         }
-        let now_job = registry.job(&job.job_id)?;
-        if now_job.attempt_id != attempt {
-            break Verdict::Superseded;
-        }
-        let view = WaitView {
-            status: now_job.status,
-            started: now_job.status != JobStatus::Pending,
-            since_delivery: delivered_at.elapsed(),
-            since_activity: mirror
-                .watcher
-                .last_activity
-                .elapsed()
-                .min(delivered_at.elapsed()),
-        };
-        let verdict = state::judge_wait(&job.contract, &view, timeout);
+        let verdict = mirror.judge(&registry, attempt, delivered_at, timeout)?;
         if verdict == Verdict::Wait {
             continue;
         }

@@ -1,6 +1,5 @@
 //! Where a job goes: [`AgentSession`], the parsed `--agent-session` (SPEC section 7,
-//! "Pane targets" and "Remote"). Pure data; the `delivery` module does
-//! the delivering.
+//! "Pane targets" and "Remote"). Pure data; the `delivery` module does the delivering.
 
 use crate::JobError;
 

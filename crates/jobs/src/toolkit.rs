@@ -207,6 +207,16 @@ fn stored_clocks(registry: &Registry, job: &Job) -> Result<StoredClocks, JobErro
 }
 
 impl Toolkit {
+    /// Where the brief's commands for a job delivered to `target` point.
+    fn brief_context(&self, target: &Target) -> BriefContext {
+        BriefContext {
+            exe: self.exe.clone(),
+            home: self.home.clone(),
+            registry_dir: self.registry_dir.clone(),
+            watch: target.watch(),
+        }
+    }
+
     /// Opens the registry for a job that must exist.
     fn open_for(&self, job_id: &str) -> Result<Registry, JobError> {
         Registry::open_existing(&self.registry_dir)?.ok_or_else(|| JobError::UnknownJob {
@@ -280,12 +290,7 @@ impl Toolkit {
                     job
                 }
                 Route::Local(target) => {
-                    let ctx = BriefContext {
-                        exe: kit.exe.clone(),
-                        home: kit.home.clone(),
-                        registry_dir: kit.registry_dir.clone(),
-                        watch: target.watch(),
-                    };
+                    let ctx = kit.brief_context(target);
                     brief::write(&registry, &job, &brief::render(&job, &ctx))?;
                     job
                 }
@@ -337,12 +342,7 @@ impl Toolkit {
         let sent = match &route {
             Route::Local(Target::Exec { .. }) => Ok(()),
             Route::Local(target) => {
-                let ctx = BriefContext {
-                    exe: self.exe.clone(),
-                    home: self.home.clone(),
-                    registry_dir: self.registry_dir.clone(),
-                    watch: target.watch(),
-                };
+                let ctx = self.brief_context(target);
                 target
                     .send_line(&brief::start_instruction(&claimed, &ctx))
                     .await

@@ -83,12 +83,7 @@ pub fn send_blocking(
 pub struct LocalOnly;
 
 impl Wire for LocalOnly {
-    fn send<'a>(
-        &'a self,
-        _job: &'a Job,
-        _message: &'a Value,
-        _state: Option<&'a Value>,
-    ) -> Sending<'a> {
+    fn send<'a>(&'a self, _: &'a Job, _: &'a Value, _: Option<&'a Value>) -> Sending<'a> {
         Box::pin(std::future::ready(WireOutcome::LocalOnly))
     }
 }
