@@ -21,80 +21,12 @@ use drover_platform as platform;
 use crate::brief::{WatchPid, AGENT_PID_ENV};
 use crate::JobError;
 
+pub use crate::session::AgentSession;
+
 /// How long one `tmux` or `herdr` call may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// The variable naming the tmux server socket (`tmux -L`).
 pub const TMUX_SOCKET_ENV: &str = "DROVER_TMUX_SOCKET";
-
-/// Where a job is delivered: `--agent-session`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AgentSession {
-    /// `tmux:<target>` (any tmux target: `session`, `session:window.pane`, `%7`).
-    Tmux(String),
-    /// `herdr:<pane>` (a herdr pane id such as `1-2`).
-    Herdr(String),
-    /// `exec`: a local command given with `--exec`.
-    Exec,
-    /// `remote:<name>`: a `drover runner` on another host ([`crate::remote`]).
-    Remote(String),
-}
-
-impl AgentSession {
-    /// Parses `--agent-session`.
-    pub fn parse(text: &str) -> Result<AgentSession, JobError> {
-        let bad = |why: String| {
-            JobError::BadInput(format!(
-                "--agent-session {text:?}: {why} (expected tmux:<target>, herdr:<pane>, exec or \
-                 remote:<name>)"
-            ))
-        };
-        if text == "exec" {
-            return Ok(AgentSession::Exec);
-        }
-        let Some((kind, name)) = text.split_once(':') else {
-            return Err(bad(if text.is_empty() {
-                "no transport given".into()
-            } else {
-                format!("{text:?} is not a transport")
-            }));
-        };
-        match kind {
-            "tmux" | "herdr" | "remote" if name.is_empty() => {
-                Err(bad(format!("the {kind} target is empty")))
-            }
-            "tmux" => Ok(AgentSession::Tmux(name.to_string())),
-            "herdr" => Ok(AgentSession::Herdr(name.to_string())),
-            "remote" => Ok(AgentSession::Remote(name.to_string())),
-            "exec" => Err(bad(
-                "exec takes no target (give the command with --exec CMD)".into(),
-            )),
-            "" => Err(bad("no transport before the ':'".into())),
-            other => Err(bad(format!("unknown transport {other:?}"))),
-        }
-    }
-
-    /// The job's `transport` field: the kind, `tmux`, `herdr`, `exec` or `remote`.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            AgentSession::Tmux(_) => "tmux",
-            AgentSession::Herdr(_) => "herdr",
-            AgentSession::Exec => "exec",
-            AgentSession::Remote(_) => "remote",
-        }
-    }
-}
-
-/// `--agent-session` as it is written (the job's `agent_session` field).
-impl std::fmt::Display for AgentSession {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            AgentSession::Tmux(t) => write!(f, "tmux:{t}"),
-            AgentSession::Herdr(p) => write!(f, "herdr:{p}"),
-            AgentSession::Exec => f.write_str("exec"),
-            AgentSession::Remote(n) => write!(f, "remote:{n}"),
-        }
-    }
-}
 
 /// The tmux server to talk to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -203,7 +135,7 @@ impl Target {
             )),
             (AgentSession::Remote(name), None) => Err(JobError::BadInput(format!(
                 "--agent-session remote:{name} is dispatched to a runner over the MQTT wire \
-                 (crate::remote::submit_remote), not delivered here"
+                 (by the remote submit), not delivered here"
             ))),
             (AgentSession::Herdr(pane), None) => {
                 let exe = find_on_path("herdr", path_var).ok_or_else(|| {

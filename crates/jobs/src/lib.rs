@@ -6,33 +6,50 @@
 //! `started`, it is alive while heartbeats arrive, it is dead after K missed heartbeats, and a
 //! terminal status is final.
 //!
+//! Pure types, no IO:
 //! - [`state`]: the pure state machine — [`JobStatus`], [`EventKind`], the compare-and-set
 //!   terminal rule, the [`Contract`] with its defaults and derived idle window, the seq and
-//!   attempt rules, and the [`Verdict`] a waiting submitter reaches. No IO; tested
-//!   exhaustively.
+//!   attempt rules, and the [`Verdict`] a waiting submitter reaches. Tested exhaustively.
 //! - [`sign`]: canonical JSON (as Python's `json.dumps(sort_keys=True, separators=(",", ":"),
 //!   ensure_ascii=False)`) and HMAC-SHA256 signatures with constant-time verification.
+//! - [`ids`]: job ids, random tokens and the clocks; [`identity`]: [`TimerIdentity`], a pid
+//!   plus its start time; [`session`]: the parsed `--agent-session`.
+//! - [`job`]: a [`Job`] as stored, and the shapes built from it (`show --json`, the signed
+//!   state snapshot).
+//! - [`dispatch`]: a remote job's signed [`dispatch::Dispatch`] and the derived `auth_token`.
+//! - [`endpoint`]: a broker address; [`settings`]: the wire settings (`[mqtt]`,
+//!   `$DROVER_MQTT_URL`).
+//!
+//! Storage and the wire:
 //! - [`registry`]: the SQLite registry (`<registry>/jobs.db`), safe with many processes.
-//! - [`wire`]: the [`Wire`] trait an event goes through after it is recorded locally, and the
-//!   settings that choose it: [`wire::LocalOnly`] with no `[mqtt] url`, else the MQTT wire.
-//! - [`mqtt`]: the MQTT wire on `rumqttc` — [`mqtt::MqttWire`] (event, then the retained state
-//!   snapshot, acknowledged by the broker) and [`mqtt::follow`] (a self-reconnecting
-//!   subscription).
-//! - [`watch`](mod@watch): `drover job watch` — the watcher rules (signature, attempt, seq gaps,
-//!   final terminal snapshots, the idle clock) mirroring the wire into the registry.
-//! - [`publish`](mod@publish): `drover job publish` — record, then stop or start the heartbeat
-//!   timer, then send.
-//! - [`timer`]: the detached heartbeat timer, identified by pid and start time.
+//! - [`wire`]: the [`Wire`] trait an event goes through after it is recorded locally (an
+//!   async send; [`wire::send_blocking`] for plain code), and [`wire::LocalOnly`].
+//! - [`mqtt`]: the MQTT wire on `rumqttc`'s `AsyncClient` — [`mqtt::MqttWire`] (event, then
+//!   the retained state snapshot, acknowledged by the broker), [`mqtt::follow`] (a
+//!   self-reconnecting subscription), and [`settings::WireSettings::wire`].
 //! - [`brief`]: the brief and the exact commands the agent runs.
 //! - [`delivery`]: the transports (`tmux:<target>`, `herdr:<name>`, `exec`).
+//! - [`timer`]: the detached heartbeat timer, identified by pid and start time.
+//!
+//! The commands:
+//! - [`publish`](mod@publish): `drover job publish` — record, then stop or start the heartbeat
+//!   timer, then send.
+//! - [`watch`](mod@watch): `drover job watch` — the watcher rules (signature, attempt, seq gaps,
+//!   final terminal snapshots, the idle clock) mirroring the wire into the registry.
 //! - [`submit`](mod@submit): `drover job submit` — register, brief, deliver once, and wait
 //!   under the contract.
-//!
-//! - [`remote`]: remote runners — the signed dispatch, the derived `auth_token`, and
-//!   `submit --agent-session remote:<name>` ([`remote::submit_remote`]).
+//! - [`remote`]: `submit --agent-session remote:<name>` ([`remote::submit_remote`]).
 //! - [`runner`]: `drover runner` — admission of signed dispatches and running the command.
 //! - [`toolkit`]: the `jobs` toolset's operations — submit without waiting (exec agents
 //!   detached), judge from stored times, bounded wait, cancel.
+//!
+//! No blocking call runs on an async executor thread: the registry's transactions (each an
+//! fsync) and a timer's drain go through `spawn_blocking` on the async paths, and the MQTT
+//! client is driven by the caller's runtime.
+//!
+//! Layers (each imports only those before it): `state`, `sign`, `ids`, `identity`, `session`,
+//! `endpoint` < `settings`, `job` < `dispatch` < `registry`, `wire` < `mqtt`, `brief` <
+//! `delivery`, `timer` < `publish`, `watch` < `submit` < `remote` < `runner`, `toolkit`.
 //!
 //! Argument parsing, printing and `drover loop` are in `crates/cli`.
 //!
@@ -61,11 +78,18 @@
 
 pub mod brief;
 pub mod delivery;
+pub mod dispatch;
+pub mod endpoint;
+pub mod identity;
+pub mod ids;
+pub mod job;
 pub mod mqtt;
 pub mod publish;
 pub mod registry;
 pub mod remote;
 pub mod runner;
+pub mod session;
+pub mod settings;
 pub mod sign;
 pub mod state;
 pub mod submit;
@@ -76,11 +100,12 @@ pub mod wire;
 
 use std::path::PathBuf;
 
+pub use identity::TimerIdentity;
+pub use job::Job;
 pub use publish::{publish, PublishRequest, Published};
-pub use registry::{Job, Registry};
+pub use registry::Registry;
 pub use state::{Contract, ContractInput, EventKind, JobStatus, Refusal, Verdict};
 pub use submit::{submit, SubmitOutcome, SubmitRequest};
-pub use timer::TimerIdentity;
 pub use wire::{Wire, WireOutcome};
 
 /// Everything that can go wrong with a job command. Each message is one line that names the

@@ -6,7 +6,8 @@
 //!   connection per event that publishes the event to `<topic_prefix>/events` (QoS 1) and then
 //!   the retained snapshot to `<topic_prefix>/state` (QoS 1, retained), and waits for the
 //!   broker's PUBACKs. The connection attempt is bounded by [`CONNECT_TIMEOUT`], the acks by
-//!   [`ACK_TIMEOUT`]: an unreachable broker costs at most a few seconds, never a hang.
+//!   [`ACK_TIMEOUT`]: an unreachable broker costs at most a few seconds, never a hang. The
+//!   `AsyncClient` is driven by the caller's runtime: no thread of its own, nothing blocked.
 //! - [`follow`] is what `watch` listens with: a connection (clean session) that subscribes to
 //!   the given topics each time it connects, so a watcher that reconnects gets the retained
 //!   snapshot at once, and that reconnects by itself (with a short backoff) whenever the
@@ -22,9 +23,13 @@ use rumqttc::{
 use serde_json::Value;
 use tokio::sync::mpsc;
 
-use crate::registry::{random_hex, Job};
-use crate::wire::{redact_url, Wire, WireOutcome};
+use crate::ids::random_hex;
+use crate::job::Job;
+use crate::settings::WireSettings;
+use crate::wire::{LocalOnly, Sending, Wire, WireOutcome};
 use crate::JobError;
+
+pub use crate::endpoint::Endpoint;
 
 /// How long connecting (TCP, TLS and the MQTT CONNACK) may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -35,118 +40,8 @@ pub const MAX_PACKET: usize = 256 * 1024;
 /// The keep-alive of a watcher's connection: a silent broker is noticed within 1.5 x this.
 pub const KEEP_ALIVE: Duration = Duration::from_secs(10);
 
-/// A broker address from `[mqtt] url` / `$DROVER_MQTT_URL`, plus credentials.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Endpoint {
-    /// `mqtts://`.
-    pub tls: bool,
-    pub host: String,
-    pub port: u16,
-    pub username: Option<String>,
-    pub password: Option<String>,
-}
-
-impl std::fmt::Debug for Endpoint {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Endpoint")
-            .field("tls", &self.tls)
-            .field("host", &self.host)
-            .field("port", &self.port)
-            .field("username", &self.username)
-            .field("password", &self.password.as_ref().map(|_| "***"))
-            .finish()
-    }
-}
-
-impl std::fmt::Display for Endpoint {
-    /// The URL without credentials.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let scheme = if self.tls { "mqtts" } else { "mqtt" };
-        if self.host.contains(':') {
-            write!(f, "{scheme}://[{}]:{}", self.host, self.port)
-        } else {
-            write!(f, "{scheme}://{}:{}", self.host, self.port)
-        }
-    }
-}
-
+/// The client side of an [`Endpoint`].
 impl Endpoint {
-    /// Parses `mqtt://[user[:password]@]host[:port][/]` or `mqtts://...` (default ports 1883
-    /// and 8883; an IPv6 host in brackets). Credentials in the URL are taken as written;
-    /// `username_env` / `password_env` override them.
-    pub fn parse(url: &str) -> Result<Endpoint, JobError> {
-        let bad = |why: &str| {
-            JobError::BadInput(format!(
-                "the MQTT url {} {why} ([mqtt] url in config.toml, or $DROVER_MQTT_URL)",
-                redact_url(url)
-            ))
-        };
-        let url = url.trim();
-        let (tls, rest) = if let Some(rest) = url.strip_prefix("mqtt://") {
-            (false, rest)
-        } else if let Some(rest) = url.strip_prefix("mqtts://") {
-            (true, rest)
-        } else {
-            return Err(bad("must start with mqtt:// or mqtts://"));
-        };
-        let rest = rest.strip_suffix('/').unwrap_or(rest);
-        if rest.contains(['/', '?', '#']) {
-            return Err(bad("must be only scheme://host:port (no path or query)"));
-        }
-        let (userinfo, hostport) = match rest.rfind('@') {
-            Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
-            None => (None, rest),
-        };
-        let (username, password) = match userinfo {
-            Some(info) => match info.split_once(':') {
-                Some((u, p)) => (Some(u.to_string()), Some(p.to_string())),
-                None => (Some(info.to_string()), None),
-            },
-            None => (None, None),
-        };
-        let (host, port) = if let Some(v6) = hostport.strip_prefix('[') {
-            let (host, after) = v6
-                .split_once(']')
-                .ok_or_else(|| bad("has an IPv6 host without its closing ']'"))?;
-            let port = match after {
-                "" => None,
-                p => Some(
-                    p.strip_prefix(':')
-                        .ok_or_else(|| bad("has junk after the host"))?,
-                ),
-            };
-            (host, port)
-        } else {
-            match hostport.rsplit_once(':') {
-                Some((h, p)) => (h, Some(p)),
-                None => (hostport, None),
-            }
-        };
-        if host.is_empty() {
-            return Err(bad("has no host"));
-        }
-        let port = match port {
-            None => {
-                if tls {
-                    8883
-                } else {
-                    1883
-                }
-            }
-            Some(p) => match p.parse::<u16>() {
-                Ok(n) if n > 0 => n,
-                _ => return Err(bad("has a port that is not a number from 1 to 65535")),
-            },
-        };
-        Ok(Endpoint {
-            tls,
-            host: host.to_string(),
-            port,
-            username,
-            password,
-        })
-    }
-
     /// The client options for one connection (clean session, a fresh client id).
     fn options(&self, keep_alive: Duration) -> Result<MqttOptions, String> {
         let id = format!("drover-{}", random_hex(6).map_err(|e| e.to_string())?);
@@ -305,8 +200,9 @@ impl MqttWire {
     }
 }
 
-impl Wire for MqttWire {
-    fn send(&self, job: &Job, message: &Value, state: Option<&Value>) -> WireOutcome {
+impl MqttWire {
+    /// [`Wire::send`], awaited on the caller's runtime: the event, then the snapshot.
+    async fn send_event(&self, job: &Job, message: &Value, state: Option<&Value>) -> WireOutcome {
         let mut messages = vec![Outbound {
             topic: MqttWire::events_topic(job),
             payload: message.to_string().into_bytes(),
@@ -319,29 +215,10 @@ impl Wire for MqttWire {
                 retain: true,
             });
         }
-        let endpoint = self.endpoint.clone();
-        let wanted = messages.len();
-        // A thread of its own with its own runtime: `send` is called from plain code
-        // (`publish`, the timer) and from inside a runtime (`submit` giving up) alike.
-        let joined = std::thread::Builder::new()
-            .name("drover-mqtt".into())
-            .spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .map_err(|e| format!("cannot start the MQTT runtime: {e}"))?;
-                Ok::<_, String>(rt.block_on(publish_all(&endpoint, &messages)))
-            })
-            .map_err(|e| format!("cannot start the MQTT thread: {e}"))
-            .and_then(|handle| {
-                handle
-                    .join()
-                    .map_err(|_| "the MQTT thread panicked".to_string())?
-            });
         let where_ = &self.endpoint;
-        match joined {
-            Ok((n, _)) if n == wanted => WireOutcome::Sent,
-            Ok((n, failure)) if n >= 1 => {
+        match publish_all(where_, &messages).await {
+            (n, _) if n == messages.len() => WireOutcome::Sent,
+            (n, failure) if n >= 1 => {
                 // The event is acknowledged; only the snapshot is not. The event counts as
                 // sent (a watcher has it); the next event's snapshot replaces this one.
                 tracing::warn!(
@@ -351,11 +228,31 @@ impl Wire for MqttWire {
                 );
                 WireOutcome::Sent
             }
-            Ok((_, failure)) => WireOutcome::Unreachable(format!(
+            (_, failure) => WireOutcome::Unreachable(format!(
                 "the MQTT broker {where_} is unreachable: {}",
                 failure.unwrap_or_else(|| "no acknowledgement".into())
             )),
-            Err(e) => WireOutcome::Unreachable(format!("the MQTT broker {where_}: {e}")),
+        }
+    }
+}
+
+impl Wire for MqttWire {
+    fn send<'a>(
+        &'a self,
+        job: &'a Job,
+        message: &'a Value,
+        state: Option<&'a Value>,
+    ) -> Sending<'a> {
+        Box::pin(self.send_event(job, message, state))
+    }
+}
+
+impl WireSettings {
+    /// The wire these settings name: [`LocalOnly`] without an endpoint, else [`MqttWire`].
+    pub fn wire(&self) -> Box<dyn Wire> {
+        match &self.endpoint {
+            None => Box::new(LocalOnly),
+            Some(endpoint) => Box::new(MqttWire::new(endpoint.clone())),
         }
     }
 }
@@ -459,42 +356,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn urls_parse_with_default_ports_ipv6_and_credentials() {
-        let e = Endpoint::parse("mqtt://broker").unwrap();
-        assert_eq!((e.tls, e.host.as_str(), e.port), (false, "broker", 1883));
-        let e = Endpoint::parse("mqtts://broker.example/").unwrap();
-        assert_eq!((e.tls, e.port), (true, 8883));
-        let e = Endpoint::parse("mqtt://127.0.0.1:18830").unwrap();
-        assert_eq!((e.host.as_str(), e.port), ("127.0.0.1", 18830));
-        assert_eq!(e.to_string(), "mqtt://127.0.0.1:18830");
-        let e = Endpoint::parse("mqtt://[::1]:1884").unwrap();
-        assert_eq!((e.host.as_str(), e.port), ("::1", 1884));
-        assert_eq!(e.to_string(), "mqtt://[::1]:1884");
-        let e = Endpoint::parse("mqtt://bob:p@ss@h:1").unwrap();
-        assert_eq!(e.username.as_deref(), Some("bob"));
-        assert_eq!(e.password.as_deref(), Some("p@ss"));
-        assert!(!format!("{e:?}").contains("p@ss"));
-        assert!(!e.to_string().contains("bob"));
-    }
-
-    #[test]
-    fn bad_urls_are_one_line_errors_without_the_password() {
-        for bad in [
-            "http://h",
-            "mqtt://",
-            "mqtt://h:0",
-            "mqtt://h:99999",
-            "mqtt://h:x",
-            "mqtt://h/topic",
-            "mqtt://[::1",
-            "mqtt://u:secret@h:port",
-        ] {
-            let e = Endpoint::parse(bad).unwrap_err().to_string();
-            assert!(!e.contains('\n') && !e.contains("secret"), "{bad}: {e}");
-        }
-    }
-
-    #[test]
     fn an_unreachable_broker_is_reported_quickly() {
         // Port 1 on loopback: nothing listens, so the connection is refused at once.
         let endpoint = Endpoint::parse("mqtt://127.0.0.1:1").unwrap();
@@ -514,5 +375,22 @@ mod tests {
         assert_eq!(n, 0);
         assert!(failure.is_some());
         assert!(started.elapsed() < CONNECT_TIMEOUT + ACK_TIMEOUT);
+    }
+
+    /// Plain code on a blocking thread of a runtime (the toolset's give-up) sends through
+    /// [`crate::wire::send_blocking`] without nesting runtimes.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_blocking_send_works_on_a_blocking_thread() {
+        let wire = MqttWire::new(Endpoint::parse("mqtt://127.0.0.1:1").unwrap());
+        let job = crate::job::tests::job();
+        let outcome = tokio::task::spawn_blocking(move || {
+            crate::wire::send_blocking(&wire, &job, &serde_json::json!({}), None)
+        })
+        .await
+        .unwrap();
+        assert!(
+            matches!(&outcome, WireOutcome::Unreachable(why) if why.contains("127.0.0.1:1")),
+            "{outcome:?}"
+        );
     }
 }

@@ -17,11 +17,15 @@ use std::time::Duration;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Row, TransactionBehavior};
 use serde_json::{json, Value};
 
-use crate::delivery::AgentSession;
+use crate::dispatch::Dispatch;
+use crate::identity::TimerIdentity;
+use crate::session::AgentSession;
 use crate::sign;
 use crate::state::{self, Contract, EventKind, JobStatus, Refusal};
-use crate::timer::TimerIdentity;
 use crate::JobError;
+
+pub use crate::ids::{local_time, now, random_hex, validate_job_id};
+pub use crate::job::{Entry, Job, LastEvent, NewJob, REDACTED};
 
 /// The `transport` of a job registered by hand (`register` without `--agent-session`):
 /// drover delivers nothing.
@@ -89,198 +93,6 @@ UPDATE jobs SET transport = CASE
     ELSE transport END;
 "#,
 ];
-
-/// A new job's fields before it is stored.
-#[derive(Debug, Clone)]
-pub struct NewJob {
-    /// An explicit id (`[A-Za-z0-9][A-Za-z0-9._-]{0,63}`), or `None` for a fresh one.
-    pub job_id: Option<String>,
-    /// `--agent-session`; `None` for a job registered by hand (transport `manual`).
-    pub agent_session: Option<AgentSession>,
-    /// The task, as the brief states it.
-    pub prompt: String,
-    /// The liveness contract.
-    pub contract: Contract,
-    /// `[mqtt] topic_base` (default `drover/v1`); the job's `topic_prefix` is
-    /// `<topic_base>/jobs/<job_id>`.
-    pub topic_base: String,
-}
-
-/// One job as stored (SPEC section 7). Its `Debug` output redacts `auth_token`.
-#[derive(Clone, PartialEq)]
-pub struct Job {
-    pub job_id: String,
-    pub status: JobStatus,
-    /// The detail of the event or correction that set the current status
-    /// (`agent_blocked`, `deadline_timeout`, the agent's summary, ...).
-    pub status_detail: Option<String>,
-    /// The kind: `tmux`, `herdr`, `remote`, `exec`, or `manual` (registered by hand).
-    pub transport: String,
-    /// `--agent-session` as the user passed it (`tmux:agents`, `remote:build-box`, `exec`);
-    /// `None` for a job registered by hand.
-    pub agent_session: Option<String>,
-    pub prompt: String,
-    pub contract: Contract,
-    pub attempt_id: u64,
-    pub dispatch_token: String,
-    /// Signs the job's messages. Shown by `show --json` only (the registry is the owner's);
-    /// redacted in human output, logs and `Debug`.
-    pub auth_token: String,
-    pub topic_prefix: String,
-    pub last_seq: u64,
-    pub last_event: Option<LastEvent>,
-    /// The highest attempt delivered so far (0: none). An attempt is delivered once, ever.
-    pub delivered_attempt: u64,
-    pub heartbeat_timer: Option<TimerIdentity>,
-    pub brief_path: PathBuf,
-    pub created_at: f64,
-    pub updated_at: f64,
-}
-
-/// The job's last event, as `show` reports it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct LastEvent {
-    pub event: String,
-    pub seq: u64,
-    pub ts: f64,
-    pub detail: Option<String>,
-}
-
-impl std::fmt::Debug for Job {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Job")
-            .field("job_id", &self.job_id)
-            .field("status", &self.status)
-            .field("status_detail", &self.status_detail)
-            .field("transport", &self.transport)
-            .field("agent_session", &self.agent_session)
-            .field("prompt", &self.prompt)
-            .field("contract", &self.contract)
-            .field("attempt_id", &self.attempt_id)
-            .field("dispatch_token", &self.dispatch_token)
-            .field("auth_token", &REDACTED)
-            .field("topic_prefix", &self.topic_prefix)
-            .field("last_seq", &self.last_seq)
-            .field("last_event", &self.last_event)
-            .field("delivered_attempt", &self.delivered_attempt)
-            .field("heartbeat_timer", &self.heartbeat_timer)
-            .field("brief_path", &self.brief_path)
-            .field("created_at", &self.created_at)
-            .field("updated_at", &self.updated_at)
-            .finish()
-    }
-}
-
-/// What stands for `auth_token` wherever it must not show.
-pub const REDACTED: &str = "<redacted>";
-
-impl Job {
-    /// The agent session parsed again (`None` for a job registered by hand, or a stored value
-    /// this build does not know).
-    fn session(&self) -> Option<AgentSession> {
-        self.agent_session
-            .as_deref()
-            .and_then(|s| AgentSession::parse(s).ok())
-    }
-
-    /// The pane a `tmux` or `herdr` job goes to.
-    pub fn target(&self) -> Option<String> {
-        match self.session()? {
-            AgentSession::Tmux(t) | AgentSession::Herdr(t) => Some(t),
-            AgentSession::Exec | AgentSession::Remote(_) => None,
-        }
-    }
-
-    /// The runner a `remote` job goes to.
-    pub fn runner(&self) -> Option<String> {
-        match self.session()? {
-            AgentSession::Remote(name) => Some(name),
-            _ => None,
-        }
-    }
-
-    /// The `drover job show --json` shape (documented in `docs/jobs.md`): every stored field,
-    /// `auth_token` included (a third-party verifier needs it to check signatures; the
-    /// registry is the owner's, 0700/0600).
-    pub fn to_json(&self) -> Value {
-        json!({
-            "job_id": self.job_id,
-            "status": self.status.as_str(),
-            "detail": self.status_detail,
-            "transport": self.transport,
-            "target": self.target(),
-            "runner": self.runner(),
-            "agent_session": self.agent_session,
-            "prompt": self.prompt,
-            "heartbeat_sec": self.contract.heartbeat_sec,
-            "heartbeat_misses": self.contract.heartbeat_misses,
-            "ack_timeout_sec": self.contract.ack_timeout_sec,
-            "idle_timeout_sec": self.contract.idle_timeout_sec,
-            "attempt_id": self.attempt_id,
-            "dispatch_token": self.dispatch_token,
-            "auth_token": self.auth_token,
-            "topic_prefix": self.topic_prefix,
-            "last_seq": self.last_seq,
-            "last_event": self.last_event.as_ref().map(|e| json!({
-                "event": e.event, "seq": e.seq, "ts": e.ts, "detail": e.detail,
-            })),
-            "delivered": self.delivered_attempt >= self.attempt_id,
-            "heartbeat_timer": self.heartbeat_timer.map(|t| json!({
-                "pid": t.pid, "start_time": t.start_time,
-            })),
-            "brief": self.brief_path.display().to_string(),
-            "created_at": self.created_at,
-            "updated_at": self.updated_at,
-        })
-    }
-
-    /// The retained state snapshot the wire publishes after each event (SPEC section 7:
-    /// `{event: "state", status, last_event, seq, ...}`), signed with `auth_token`.
-    pub fn state_snapshot(&self) -> Value {
-        sign::signed(
-            json!({
-                "event": "state",
-                "job_id": self.job_id,
-                "status": self.status.as_str(),
-                "detail": self.status_detail,
-                "last_event": self.last_event.as_ref().map(|e| e.event.clone()),
-                "seq": self.last_seq,
-                "ts": now(),
-                "data": {
-                    "dispatch_token": self.dispatch_token,
-                    "attempt_id": self.attempt_id,
-                },
-            }),
-            &self.auth_token,
-        )
-    }
-}
-
-/// One stored entry: an event (with a seq) or a local audit entry (without).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Entry {
-    /// Insertion order across events and audit entries.
-    pub id: i64,
-    pub seq: Option<u64>,
-    pub audit: bool,
-    pub event: String,
-    pub attempt_id: u64,
-    pub ts: f64,
-    pub detail: Option<String>,
-    /// For an event, the signed wire message; for an audit entry, its body.
-    pub body: Value,
-}
-
-impl Entry {
-    /// The `drover job events --json` shape: the stored body plus `"audit": true|false`.
-    pub fn to_json(&self) -> Value {
-        let mut body = self.body.clone();
-        if let Value::Object(map) = &mut body {
-            map.insert("audit".into(), Value::Bool(self.audit));
-        }
-        body
-    }
-}
 
 /// An event to record.
 #[derive(Debug, Clone, Default)]
@@ -792,7 +604,8 @@ impl Registry {
     }
 
     /// Sets the job's `auth_token` (a remote job's is derived from the dispatch secret, so
-    /// both sides hold it without it ever travelling; see [`crate::remote`]).
+    /// both sides hold it without it ever travelling; see
+    /// [`crate::dispatch::derive_auth_token`]).
     pub fn set_auth_token(&mut self, job_id: &str, auth_token: &str) -> Result<Job, JobError> {
         let n = self.conn.execute(
             "UPDATE jobs SET auth_token = ?2, updated_at = ?3 WHERE job_id = ?1",
@@ -814,7 +627,7 @@ impl Registry {
     /// the decision, the job as it now is, and a timer the replaced attempt had.
     pub fn admit_dispatch(
         &mut self,
-        d: &crate::remote::Dispatch,
+        d: &Dispatch,
         auth_token: &str,
     ) -> Result<(state::Admission, Job, Option<TimerIdentity>), JobError> {
         validate_job_id(&d.job_id)?;
@@ -1118,25 +931,8 @@ impl Registry {
         let target = (!job.status.is_terminal() && takes).then_some(status);
         let mut unregistered_timer = None;
         if let Some(target) = target {
-            let timer = if target.is_terminal() {
-                unregistered_timer = job.heartbeat_timer;
-                None
-            } else {
-                job.heartbeat_timer
-            };
-            tx.execute(
-                "UPDATE jobs SET status = ?2, status_detail = ?3, timer_pid = ?4,
-                    timer_start_time = ?5, updated_at = ?6
-                 WHERE job_id = ?1",
-                params![
-                    job_id,
-                    target.as_str(),
-                    detail,
-                    timer.map(|t| t.pid),
-                    timer.map(|t| t.start_time as i64),
-                    now(),
-                ],
-            )?;
+            unregistered_timer =
+                write_status(&tx, job_id, &job, target, detail, target.is_terminal())?;
             insert_audit(
                 &tx,
                 &job,
@@ -1291,49 +1087,19 @@ fn job_from_row(row: &Row<'_>, dir: &Path) -> rusqlite::Result<Result<Job, JobEr
     }))
 }
 
-/// A job id names a folder and a topic: `[A-Za-z0-9][A-Za-z0-9._-]{0,63}`.
-pub fn validate_job_id(id: &str) -> Result<(), JobError> {
-    let mut chars = id.chars();
-    let first_ok = chars.next().is_some_and(|c| c.is_ascii_alphanumeric());
-    let rest_ok = chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
-    if first_ok && rest_ok && id.len() <= 64 {
-        Ok(())
-    } else {
-        Err(JobError::BadInput(format!(
-            "job id {id:?} must be 1 to 64 letters, digits, '.', '_' or '-', starting with a \
-             letter or digit"
-        )))
-    }
-}
-
-/// Now, as Unix seconds rounded to the millisecond (timestamps in signed messages stay short
-/// and print the same in every JSON implementation).
-pub fn now() -> f64 {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as f64 / 1000.0)
-        .unwrap_or(0.0);
-    (secs * 1000.0).round() / 1000.0
-}
-
-/// Unix seconds as a local ISO-8601 time with its offset (`2026-01-05T14:03:22.123+01:00`),
-/// for human output; the JSON shapes keep Unix seconds.
-pub fn local_time(ts: f64) -> String {
-    use chrono::TimeZone;
-    let millis = (ts * 1000.0).round() as i64;
-    match chrono::Local.timestamp_millis_opt(millis) {
-        chrono::LocalResult::Single(t) | chrono::LocalResult::Ambiguous(t, _) => {
-            t.format("%Y-%m-%dT%H:%M:%S%.3f%:z").to_string()
-        }
-        chrono::LocalResult::None => format!("{ts:.3} (Unix seconds)"),
-    }
-}
-
-/// `n` random bytes from the OS, hex encoded.
-pub fn random_hex(n: usize) -> Result<String, JobError> {
-    let mut buf = vec![0u8; n];
-    getrandom::fill(&mut buf).map_err(|e| JobError::Random(e.to_string()))?;
-    Ok(hex::encode(buf))
+/// Runs registry work (SQLite transactions that fsync, a timer's drain) on tokio's blocking
+/// pool, so async code never does it on an executor thread. `dir` names the registry in the
+/// error should the task fail.
+pub(crate) async fn blocking<T: Send + 'static>(
+    dir: &Path,
+    work: impl FnOnce() -> Result<T, JobError> + Send + 'static,
+) -> Result<T, JobError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| JobError::Registry {
+            path: dir.to_path_buf(),
+            detail: format!("the registry task failed: {e}"),
+        })?
 }
 
 fn not_a_folder(dir: &Path) -> JobError {
@@ -1353,6 +1119,14 @@ fn unreadable(path: &Path, detail: String) -> JobError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A registry in a fresh folder holding one fresh job.
+    fn fresh() -> (tempfile::TempDir, Registry, Job) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut reg = Registry::open(dir.path()).unwrap();
+        let job = reg.register(new_job(None)).unwrap();
+        (dir, reg, job)
+    }
 
     fn new_job(id: Option<&str>) -> NewJob {
         NewJob {
@@ -1432,9 +1206,7 @@ mod tests {
 
     #[test]
     fn debug_output_redacts_the_auth_token() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut reg = Registry::open(dir.path()).unwrap();
-        let job = reg.register(new_job(None)).unwrap();
+        let (_dir, _reg, job) = fresh();
         let debug = format!("{job:?}");
         assert!(!debug.contains(&job.auth_token), "{debug}");
         assert!(debug.contains(REDACTED));
@@ -1520,9 +1292,7 @@ mod tests {
 
     #[test]
     fn events_get_increasing_seqs_signed_with_the_auth_token() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut reg = Registry::open(dir.path()).unwrap();
-        let job = reg.register(new_job(None)).unwrap();
+        let (_dir, mut reg, job) = fresh();
         let a = reg
             .record_event(&publish(&job.job_id, EventKind::Started))
             .unwrap();
@@ -1546,9 +1316,7 @@ mod tests {
 
     #[test]
     fn a_refused_event_records_nothing_and_uses_no_seq() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut reg = Registry::open(dir.path()).unwrap();
-        let job = reg.register(new_job(None)).unwrap();
+        let (_dir, mut reg, job) = fresh();
         let mut req = publish(&job.job_id, EventKind::Started);
         req.expect_dispatch_token = Some("not-the-token");
         assert!(matches!(
@@ -1572,9 +1340,7 @@ mod tests {
 
     #[test]
     fn a_beat_from_a_timer_that_is_not_registered_is_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut reg = Registry::open(dir.path()).unwrap();
-        let job = reg.register(new_job(None)).unwrap();
+        let (_dir, mut reg, job) = fresh();
         let timer = TimerIdentity {
             pid: 4242,
             start_time: 77,
@@ -1608,9 +1374,7 @@ mod tests {
 
     #[test]
     fn a_delivery_is_claimed_once_per_attempt() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut reg = Registry::open(dir.path()).unwrap();
-        let job = reg.register(new_job(None)).unwrap();
+        let (_dir, mut reg, job) = fresh();
         let after = reg.claim_delivery(&job.job_id, 1, json!({})).unwrap();
         assert_eq!(after.to_json()["delivered"], true);
         assert!(matches!(
@@ -1633,9 +1397,7 @@ mod tests {
 
     #[test]
     fn a_new_attempt_resets_status_and_unregisters_the_timer() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut reg = Registry::open(dir.path()).unwrap();
-        let job = reg.register(new_job(None)).unwrap();
+        let (_dir, mut reg, job) = fresh();
         let timer = TimerIdentity {
             pid: 99,
             start_time: 1,
@@ -1669,9 +1431,7 @@ mod tests {
 
     #[test]
     fn the_operator_cannot_overwrite_a_terminal_status() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut reg = Registry::open(dir.path()).unwrap();
-        let job = reg.register(new_job(None)).unwrap();
+        let (_dir, mut reg, job) = fresh();
         let (j, changed, _) = reg
             .set_status(
                 &job.job_id,
@@ -1764,9 +1524,7 @@ mod tests {
 
     #[test]
     fn the_state_snapshot_is_signed_and_carries_status_and_seq() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut reg = Registry::open(dir.path()).unwrap();
-        let job = reg.register(new_job(None)).unwrap();
+        let (_dir, mut reg, job) = fresh();
         let rec = reg
             .record_event(&publish(&job.job_id, EventKind::Started))
             .unwrap();
@@ -1776,5 +1534,60 @@ mod tests {
         assert_eq!(snap["last_event"], "started");
         assert_eq!(snap["seq"], 1);
         assert!(sign::verify(&snap, &job.auth_token));
+    }
+
+    #[test]
+    fn registry_admission_writes_only_what_the_rule_allows() {
+        use crate::state::{Admission, Refusal};
+        let dir = tempfile::tempdir().unwrap();
+        let mut reg = Registry::open(dir.path()).unwrap();
+        let d = crate::dispatch::tests::dispatch();
+        let (a, job, _) = reg.admit_dispatch(&d, "auth2").unwrap();
+        assert_eq!(a, Admission::Insert);
+        assert_eq!((job.attempt_id, job.auth_token.as_str()), (2, "auth2"));
+        assert_eq!(job.transport, "remote");
+        // Stored but not delivered yet: run it; once delivered: duplicate.
+        assert_eq!(reg.admit_dispatch(&d, "auth2").unwrap().0, Admission::Run);
+        reg.claim_delivery("j1", 2, json!({})).unwrap();
+        assert_eq!(
+            reg.admit_dispatch(&d, "auth2").unwrap().0,
+            Admission::Duplicate { finished: false }
+        );
+        let before = reg.entries("j1", 0).unwrap().len();
+        let mut lower = d.clone();
+        lower.attempt_id = 1;
+        assert!(matches!(
+            reg.admit_dispatch(&lower, "x"),
+            Err(JobError::Refused(Refusal::StaleDispatch { .. }))
+        ));
+        let mut other = d.clone();
+        other.dispatch_token = "forged".into();
+        assert!(matches!(
+            reg.admit_dispatch(&other, "x"),
+            Err(JobError::Refused(Refusal::DispatchTokenMismatch {
+                attempt: 2
+            }))
+        ));
+        assert_eq!(reg.entries("j1", 0).unwrap().len(), before);
+        assert_eq!(reg.job("j1").unwrap().dispatch_token, "tok");
+        let mut newer = d.clone();
+        newer.attempt_id = 3;
+        newer.dispatch_token = "tok3".into();
+        let (a, job, _) = reg.admit_dispatch(&newer, "auth3").unwrap();
+        assert_eq!(
+            a,
+            Admission::Replace {
+                previous_attempt: 2
+            }
+        );
+        assert_eq!(
+            (
+                job.attempt_id,
+                job.dispatch_token.as_str(),
+                job.auth_token.as_str()
+            ),
+            (3, "tok3", "auth3")
+        );
+        assert_eq!(job.status, JobStatus::Pending);
     }
 }

@@ -25,13 +25,13 @@ use std::time::Duration;
 
 use drover_platform as platform;
 
+use crate::dispatch::{self, Dispatch};
 use crate::mqtt::{self, Endpoint, Feed, MqttWire};
-use crate::publish::{self, PublishContext, PublishRequest};
-use crate::registry::{Job, Registry};
-use crate::remote::{self, Dispatch};
+use crate::publish::{self, PublishRequest};
+use crate::registry::{self, Job, Registry};
 use crate::state::Admission;
 use crate::wire::{Wire, WireOutcome};
-use crate::{brief, EventKind, JobError};
+use crate::{brief, ids, remote, timer, EventKind, JobError};
 
 /// How long the group gets between TERM and KILL at the timeout.
 pub const KILL_GRACE: Duration = Duration::from_secs(2);
@@ -66,9 +66,10 @@ pub struct RunEnd {
 /// connection task ends (an error) or the process is killed. `note` gets one line per
 /// decision (for stderr).
 pub async fn run(cfg: &RunnerConfig, mut note: impl FnMut(&str)) -> Result<RunEnd, JobError> {
-    remote::validate_runner_name(&cfg.session)?;
-    let topic = remote::dispatch_topic(&cfg.topic_base, &cfg.session);
-    let mut registry = Registry::open(&cfg.registry_dir)?;
+    dispatch::validate_runner_name(&cfg.session)?;
+    let topic = dispatch::dispatch_topic(&cfg.topic_base, &cfg.session);
+    let dir = cfg.registry_dir.clone();
+    registry::blocking(&cfg.registry_dir, move || Registry::open(&dir).map(drop)).await?;
     let wire = MqttWire::new(cfg.endpoint.clone());
     let mut follower = mqtt::follow(&cfg.endpoint, vec![topic.clone()])?;
     let mut subscribed_once = false;
@@ -111,7 +112,7 @@ pub async fn run(cfg: &RunnerConfig, mut note: impl FnMut(&str)) -> Result<RunEn
             ));
             continue;
         }
-        if let Err(why) = dispatch.check_age(crate::registry::now(), cfg.dispatch_max_age_s) {
+        if let Err(why) = dispatch.check_age(ids::now(), cfg.dispatch_max_age_s) {
             tracing::warn!(job_id = %dispatch.job_id, attempt = dispatch.attempt_id, %why, "refused a dispatch");
             note(&format!(
                 "dispatch {} attempt {}: refused: {why}",
@@ -119,8 +120,18 @@ pub async fn run(cfg: &RunnerConfig, mut note: impl FnMut(&str)) -> Result<RunEn
             ));
             continue;
         }
-        let auth = remote::derive_auth_token(&cfg.secret, &dispatch.job_id, dispatch.attempt_id);
-        let (admission, job, old_timer) = match registry.admit_dispatch(&dispatch, &auth) {
+        let auth = dispatch::derive_auth_token(&cfg.secret, &dispatch.job_id, dispatch.attempt_id);
+        let (dir, admitted, drain) = (cfg.registry_dir.clone(), dispatch.clone(), cfg.drain);
+        let admitted = registry::blocking(&cfg.registry_dir, move || {
+            let (admission, job, old_timer) =
+                Registry::open(&dir)?.admit_dispatch(&admitted, &auth)?;
+            if let Some(t) = old_timer {
+                let _ = timer::stop(t, drain);
+            }
+            Ok((admission, job))
+        })
+        .await;
+        let (admission, job) = match admitted {
             Ok(x) => x,
             Err(JobError::Refused(r)) => {
                 note(&format!(
@@ -131,9 +142,6 @@ pub async fn run(cfg: &RunnerConfig, mut note: impl FnMut(&str)) -> Result<RunEn
             }
             Err(e) => return Err(e),
         };
-        if let Some(t) = old_timer {
-            let _ = crate::timer::stop(t, cfg.drain);
-        }
         let word = match admission {
             Admission::Insert => "admitted",
             Admission::Replace { .. } => "admitted (replaces an older attempt)",
@@ -148,11 +156,13 @@ pub async fn run(cfg: &RunnerConfig, mut note: impl FnMut(&str)) -> Result<RunEn
         if !admission.runs() {
             continue;
         }
-        match registry.claim_delivery(
-            &job.job_id,
-            job.attempt_id,
-            serde_json::json!({"transport": "runner", "command": cfg.command}),
-        ) {
+        let (dir, job_id, attempt) = (cfg.registry_dir.clone(), job.job_id.clone(), job.attempt_id);
+        let claim = serde_json::json!({"transport": "runner", "command": cfg.command});
+        let claimed = registry::blocking(&cfg.registry_dir, move || {
+            Registry::open(&dir)?.claim_delivery(&job_id, attempt, claim)
+        })
+        .await;
+        match claimed {
             Ok(_) => {}
             Err(JobError::Refused(r)) => {
                 note(&format!("dispatch {}: not run: {r}", job.job_id));
@@ -160,7 +170,7 @@ pub async fn run(cfg: &RunnerConfig, mut note: impl FnMut(&str)) -> Result<RunEn
             }
             Err(e) => return Err(e),
         }
-        let end = run_job(cfg, &mut registry, &wire, &job, &mut note).await?;
+        let end = run_job(cfg, &wire, &job, &mut note).await?;
         note(&format!(
             "job {} attempt {}: {} {}",
             end.job_id,
@@ -177,13 +187,18 @@ pub async fn run(cfg: &RunnerConfig, mut note: impl FnMut(&str)) -> Result<RunEn
 /// Runs one admitted, claimed job (see the module doc).
 async fn run_job(
     cfg: &RunnerConfig,
-    registry: &mut Registry,
     wire: &dyn Wire,
     job: &Job,
     note: &mut impl FnMut(&str),
 ) -> Result<RunEnd, JobError> {
-    let dir = registry.ensure_job_dir(&job.job_id)?;
-    let brief_path = brief::write(registry, job, &remote::render_brief(job))?;
+    let (registry_dir, for_brief) = (cfg.registry_dir.clone(), job.clone());
+    let (dir, brief_path) = registry::blocking(&cfg.registry_dir, move || {
+        let registry = Registry::open(&registry_dir)?;
+        let dir = registry.ensure_job_dir(&for_brief.job_id)?;
+        let brief = brief::write(&registry, &for_brief, &remote::render_brief(&for_brief))?;
+        Ok((dir, brief))
+    })
+    .await?;
     let stdout_path = dir.join("stdout.log");
     let open = |p: &Path| {
         std::fs::File::create(p).map_err(|source| JobError::Io {
@@ -208,15 +223,7 @@ async fn run_job(
         Ok(x) => x,
         Err(e) => {
             let detail = format!("cannot run the command: {e}");
-            emit(
-                cfg,
-                registry,
-                wire,
-                job,
-                EventKind::Error,
-                Some(&detail),
-                note,
-            );
+            emit(cfg, wire, job, EventKind::Error, Some(&detail), note).await;
             return Ok(RunEnd {
                 job_id: job.job_id.clone(),
                 event: EventKind::Error,
@@ -224,7 +231,7 @@ async fn run_job(
             });
         }
     };
-    emit(cfg, registry, wire, job, EventKind::Started, None, note);
+    emit(cfg, wire, job, EventKind::Started, None, note).await;
     let every = Duration::from_secs(job.contract.heartbeat_sec);
     let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -254,7 +261,7 @@ async fn run_job(
                 };
             }
             _ = beat.tick() => {
-                emit(cfg, registry, wire, job, EventKind::Progress, Some("heartbeat"), note);
+                emit(cfg, wire, job, EventKind::Progress, Some("heartbeat"), note).await;
             }
             _ = &mut timed_out => {
                 if let Err(e) = platform::kill_group(pgid, KILL_GRACE).await {
@@ -265,7 +272,7 @@ async fn run_job(
             }
         }
     };
-    emit(cfg, registry, wire, job, event, detail.as_deref(), note);
+    emit(cfg, wire, job, event, detail.as_deref(), note).await;
     Ok(RunEnd {
         job_id: job.job_id.clone(),
         event,
@@ -275,32 +282,24 @@ async fn run_job(
 
 /// Records and sends one event of the job; a failure is reported, never fatal (the next
 /// event's snapshot carries the state).
-fn emit(
+async fn emit(
     cfg: &RunnerConfig,
-    registry: &mut Registry,
     wire: &dyn Wire,
     job: &Job,
     event: EventKind,
     detail: Option<&str>,
     note: &mut impl FnMut(&str),
 ) {
-    let result = publish::publish(
-        PublishContext {
-            registry,
-            wire,
-            timer_launch: None,
-            drain: cfg.drain,
-        },
-        &PublishRequest {
-            job_id: job.job_id.clone(),
-            event,
-            detail: detail.map(str::to_string),
-            heartbeat: None,
-            watch_pid: None,
-            expect_dispatch_token: Some(job.dispatch_token.clone()),
-            no_state: false,
-        },
-    );
+    let req = PublishRequest {
+        job_id: job.job_id.clone(),
+        event,
+        detail: detail.map(str::to_string),
+        heartbeat: None,
+        watch_pid: None,
+        expect_dispatch_token: Some(job.dispatch_token.clone()),
+        no_state: false,
+    };
+    let result = publish::publish_async(&cfg.registry_dir, wire, cfg.drain, req).await;
     match result {
         Ok(p) => {
             if let WireOutcome::Unreachable(why) = &p.wire {

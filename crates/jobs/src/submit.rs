@@ -21,10 +21,10 @@ use std::time::{Duration, Instant};
 use crate::brief::{self, BriefContext};
 use crate::delivery::{self, AgentSession, ExecAgent, Target, TmuxServer};
 use crate::publish;
-use crate::registry::{Job, NewJob, Registry};
+use crate::registry::{self, Job, NewJob, Registry};
 use crate::state::{self, Contract, EventKind, Verdict, WaitView};
 use crate::wire::Wire;
-use crate::JobError;
+use crate::{ids, JobError};
 
 /// How often the wait reads the registry.
 pub const POLL: Duration = Duration::from_millis(100);
@@ -105,21 +105,27 @@ pub async fn submit(ctx: SubmitContext<'_>, req: SubmitRequest) -> Result<Submit
             )));
         }
     }
-    let mut registry = Registry::open(&ctx.registry_dir)?;
-    let job = registry.register(NewJob {
-        job_id: req.job_id.clone(),
-        agent_session: Some(req.agent_session.clone()),
-        prompt: req.prompt.clone(),
-        contract: req.contract,
-        topic_base: req.topic_base.clone(),
-    })?;
     let brief_ctx = BriefContext {
         exe: ctx.exe.clone(),
         home: ctx.home.clone(),
         registry_dir: ctx.registry_dir.clone(),
         watch: target.watch(),
     };
-    brief::write(&registry, &job, &brief::render(&job, &brief_ctx))?;
+    let new = NewJob {
+        job_id: req.job_id.clone(),
+        agent_session: Some(req.agent_session.clone()),
+        prompt: req.prompt.clone(),
+        contract: req.contract,
+        topic_base: req.topic_base.clone(),
+    };
+    let for_brief = brief_ctx.clone();
+    let job = registry::blocking(&ctx.registry_dir, move || {
+        let mut registry = Registry::open(&for_brief.registry_dir)?;
+        let job = registry.register(new)?;
+        brief::write(&registry, &job, &brief::render(&job, &for_brief))?;
+        Ok(job)
+    })
+    .await?;
     let start_instruction = brief::start_instruction(&job, &brief_ctx);
     let start_command = brief::commands(&brief_ctx, &job).start;
     tracing::info!(job_id = %job.job_id, transport = %job.transport, "job registered");
@@ -136,11 +142,22 @@ pub async fn submit(ctx: SubmitContext<'_>, req: SubmitRequest) -> Result<Submit
     // The one delivery of this attempt: claimed in the registry before anything is sent, so
     // no retry, crash or second submitter can ever deliver it again.
     let attempt = job.attempt_id;
-    registry.claim_delivery(&job.job_id, attempt, target.describe())?;
+    let (dir, job_id, claim) = (
+        ctx.registry_dir.clone(),
+        job.job_id.clone(),
+        target.describe(),
+    );
+    let job_dir = registry::blocking(&ctx.registry_dir, move || {
+        let mut registry = Registry::open(&dir)?;
+        registry.claim_delivery(&job_id, attempt, claim)?;
+        registry.ensure_job_dir(&job_id)
+    })
+    .await?;
+    let registry = Registry::open(&ctx.registry_dir)?;
     let mut exec_agent: Option<ExecAgent> = None;
     let sent = match &target {
         Target::Exec { command } => {
-            let log = registry.ensure_job_dir(&job.job_id)?.join("exec.log");
+            let log = job_dir.join("exec.log");
             delivery::spawn_exec(command, &job.job_id, &job.brief_path, &log)
                 .map(|agent| exec_agent = Some(agent))
         }
@@ -148,7 +165,7 @@ pub async fn submit(ctx: SubmitContext<'_>, req: SubmitRequest) -> Result<Submit
     };
     if let Err(e) = sent {
         let detail = format!("delivery_failed: {e}");
-        let _ = give_up(&ctx, &mut registry, &job, &detail);
+        let _ = publish::give_up_async(&ctx.registry_dir, ctx.wire, ctx.drain, &job, &detail).await;
         return Err(e);
     }
     let delivered_at = Instant::now();
@@ -175,29 +192,15 @@ pub async fn submit(ctx: SubmitContext<'_>, req: SubmitRequest) -> Result<Submit
             since_activity: waiter.last_activity.elapsed(),
         };
         let verdict = state::judge_wait(&job.contract, &view, timeout);
-        let detail = match verdict {
-            Verdict::Wait => {
-                tokio::time::sleep(POLL).await;
-                continue;
-            }
-            Verdict::Finished(_) | Verdict::Superseded => break verdict,
-            Verdict::AgentBlocked => "agent_blocked".to_string(),
-            Verdict::DeadlineTimeout => "deadline_timeout".to_string(),
-            Verdict::Timeout => format!("timeout_sec {}", req.timeout.unwrap_or_default()),
+        if verdict == Verdict::Wait {
+            tokio::time::sleep(POLL).await;
+            continue;
+        }
+        let Some(detail) = give_up_detail(verdict, req.timeout) else {
+            break verdict;
         };
         diagnostics = log_capture(&registry, &job, &target, &detail).await;
-        match give_up(&ctx, &mut registry, &job, &detail) {
-            Ok(()) => break verdict,
-            // The agent's terminal event (or an operator's) got there first: report that.
-            Err(JobError::Refused(_)) => {
-                let now_job = registry.job(&job.job_id)?;
-                if now_job.attempt_id != attempt {
-                    break Verdict::Superseded;
-                }
-                break Verdict::Finished(now_job.status);
-            }
-            Err(e) => return Err(e),
-        }
+        break give_up_at(&registry, ctx.wire, ctx.drain, &job, verdict, &detail).await?;
     };
     if let Some(agent) = exec_agent.as_mut() {
         let exited = tokio::time::timeout(EXEC_GRACE, agent.child.wait()).await;
@@ -241,13 +244,39 @@ impl Waiter {
     }
 }
 
-fn give_up(
-    ctx: &SubmitContext<'_>,
-    registry: &mut Registry,
+/// The `error` detail a submitter gives up with at `verdict` (`--timeout` was `timeout`);
+/// `None` when the verdict ends the wait as it is (or says wait on).
+pub(crate) fn give_up_detail(verdict: Verdict, timeout: Option<u64>) -> Option<String> {
+    match verdict {
+        Verdict::AgentBlocked => Some("agent_blocked".into()),
+        Verdict::DeadlineTimeout => Some("deadline_timeout".into()),
+        Verdict::Timeout => Some(format!("timeout_sec {}", timeout.unwrap_or_default())),
+        Verdict::Wait | Verdict::Finished(_) | Verdict::Superseded => None,
+    }
+}
+
+/// Gives up on `job` with `detail` at `verdict`, and gives the verdict that holds: `verdict`,
+/// or, when the agent's terminal event (or an operator's) got there first, that.
+pub(crate) async fn give_up_at(
+    registry: &Registry,
+    wire: &dyn Wire,
+    drain: Duration,
     job: &Job,
+    verdict: Verdict,
     detail: &str,
-) -> Result<(), JobError> {
-    publish::give_up(registry, ctx.wire, ctx.drain, job, detail).map(|_| ())
+) -> Result<Verdict, JobError> {
+    match publish::give_up_async(registry.dir(), wire, drain, job, detail).await {
+        Ok(_) => Ok(verdict),
+        Err(JobError::Refused(_)) => {
+            let now_job = registry.job(&job.job_id)?;
+            Ok(if now_job.attempt_id != job.attempt_id {
+                Verdict::Superseded
+            } else {
+                Verdict::Finished(now_job.status)
+            })
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Appends what the pane shows to `<registry>/<job_id>/pane.log` (a diagnostic only).
@@ -268,7 +297,7 @@ async fn log_capture(
     writeln!(
         f,
         "--- {} {reason} (diagnostic only; the pane decides nothing) ---\n{}",
-        crate::registry::local_time(crate::registry::now()),
+        ids::local_time(ids::now()),
         screen.trim_end()
     )
     .ok()?;

@@ -22,7 +22,8 @@ use std::time::{Duration, Instant};
 
 use drover_platform::{self as platform, Signal};
 
-use crate::registry::{EventRequest, Registry};
+pub use crate::identity::TimerIdentity;
+use crate::registry::{self, EventRequest, Registry};
 use crate::state::{EventKind, Refusal};
 use crate::wire::{Wire, WireOutcome};
 use crate::JobError;
@@ -38,29 +39,6 @@ const KILL_WAIT: Duration = Duration::from_secs(2);
 /// Test hook: before each beat, the timer creates `<path>.inflight` and waits (at most 60 s)
 /// for `<path>.release`, so a test can hold a beat in flight across a terminal publish.
 pub const HOLD_BEAT_ENV: &str = "DROVER_TEST_BEAT_HOLD";
-
-/// One process, named by its pid and its start time (clock ticks after boot, from
-/// `/proc/<pid>/stat`). Together they stay unique even when the pid is recycled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct TimerIdentity {
-    pub pid: i32,
-    pub start_time: u64,
-}
-
-impl TimerIdentity {
-    /// The identity of the running process `pid`, or `None` if there is none.
-    pub fn of(pid: i32) -> Option<TimerIdentity> {
-        if !platform::is_alive(pid) {
-            return None;
-        }
-        platform::process_start_time(pid).map(|start_time| TimerIdentity { pid, start_time })
-    }
-
-    /// Whether this very process still runs.
-    pub fn is_running(&self) -> bool {
-        platform::process_matches(self.pid, self.start_time)
-    }
-}
 
 /// Where the timer process comes from: the `drover` executable, the home (for the wire
 /// settings) and the registry folder.
@@ -312,26 +290,40 @@ async fn beat_loop(run: &TimerRun<'_>, me: TimerIdentity, log: &TimerLog) -> Tim
         }
         // A registry folder that was deleted leaves the open database working on an
         // unlinked file; nobody could ever read those beats, so stop.
-        if !run.registry_dir.join(crate::registry::DB_FILE).exists() {
+        if !run.registry_dir.join(registry::DB_FILE).exists() {
             return TimerEnd::JobGone("the registry was removed".into());
         }
-        hold_beat_for_tests();
-        let request = EventRequest {
-            job_id: &run.spec.job_id,
-            event: Some(EventKind::Progress),
-            detail: Some(HEARTBEAT_DETAIL),
-            expect_dispatch_token: Some(&run.spec.dispatch_token),
-            beat_of: Some(me),
-            new_timer: None,
+        // The beat's transaction (an fsync) on a blocking thread; the send awaited here.
+        let spec = run.spec.clone();
+        let beat = registry::blocking(&run.registry_dir, move || {
+            hold_beat_for_tests();
+            let recorded = registry.record_event(&EventRequest {
+                job_id: &spec.job_id,
+                event: Some(EventKind::Progress),
+                detail: Some(HEARTBEAT_DETAIL),
+                expect_dispatch_token: Some(&spec.dispatch_token),
+                beat_of: Some(me),
+                new_timer: None,
+            });
+            Ok((registry, recorded))
+        })
+        .await;
+        let recorded = match beat {
+            Ok((back, recorded)) => {
+                registry = back;
+                recorded
+            }
+            Err(e) => return TimerEnd::JobGone(e.to_string()),
         };
-        match registry.record_event(&request) {
+        match recorded {
             Ok(recorded) => {
                 failures = 0;
-                if let WireOutcome::Unreachable(why) = run.wire.send(
-                    &recorded.job,
-                    &recorded.message,
-                    Some(&recorded.job.state_snapshot()),
-                ) {
+                let snapshot = recorded.job.state_snapshot();
+                let sent = run
+                    .wire
+                    .send(&recorded.job, &recorded.message, Some(&snapshot))
+                    .await;
+                if let WireOutcome::Unreachable(why) = sent {
                     log.line(&format!(
                         "beat seq {} recorded, not sent: {why}",
                         recorded.message["seq"]
@@ -408,7 +400,7 @@ impl TimerLog {
             let _ = writeln!(
                 f,
                 "{:.3} pid {} {text}",
-                crate::registry::now(),
+                crate::ids::now(),
                 std::process::id()
             );
         }

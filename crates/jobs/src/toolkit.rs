@@ -36,13 +36,15 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::brief::{self, BriefContext, AGENT_PID_ENV};
-use crate::delivery::{AgentSession, Target, TmuxServer};
+use crate::delivery::{Target, TmuxServer};
+use crate::dispatch::{self, Dispatch};
 use crate::mqtt::{self, Outbound};
-use crate::registry::{Job, NewJob, Registry};
-use crate::remote::{self, Dispatch};
+use crate::registry::{blocking, Job, NewJob, Registry};
+use crate::session::AgentSession;
+use crate::settings::WireSettings;
 use crate::state::{self, Contract, EventKind, JobStatus, Verdict, WaitView};
-use crate::wire::WireSettings;
-use crate::{publish, timer, JobError};
+use crate::watch::Mirror;
+use crate::{ids, publish, remote, timer, JobError};
 
 /// How often [`Toolkit::wait`] reads the registry.
 pub const WAIT_POLL: Duration = Duration::from_millis(200);
@@ -204,19 +206,17 @@ fn stored_clocks(registry: &Registry, job: &Job) -> Result<StoredClocks, JobErro
     Ok(clocks)
 }
 
-async fn blocking<T: Send + 'static>(
-    dir: &Path,
-    work: impl FnOnce() -> Result<T, JobError> + Send + 'static,
-) -> Result<T, JobError> {
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|e| JobError::Registry {
-            path: dir.to_path_buf(),
-            detail: format!("the registry task failed: {e}"),
-        })?
-}
-
 impl Toolkit {
+    /// Where the brief's commands for a job delivered to `target` point.
+    fn brief_context(&self, target: &Target) -> BriefContext {
+        BriefContext {
+            exe: self.exe.clone(),
+            home: self.home.clone(),
+            registry_dir: self.registry_dir.clone(),
+            watch: target.watch(),
+        }
+    }
+
     /// Opens the registry for a job that must exist.
     fn open_for(&self, job_id: &str) -> Result<Registry, JobError> {
         Registry::open_existing(&self.registry_dir)?.ok_or_else(|| JobError::UnknownJob {
@@ -236,7 +236,7 @@ impl Toolkit {
         }
         let route = match &req.agent_session {
             AgentSession::Remote(runner) => {
-                remote::validate_runner_name(runner)?;
+                dispatch::validate_runner_name(runner)?;
                 if !self.wire.configured() {
                     return Err(JobError::BadInput(
                         "remote runners talk over the MQTT wire, and no wire is configured \
@@ -244,7 +244,7 @@ impl Toolkit {
                             .into(),
                     ));
                 }
-                let secret = remote::dispatch_secret(self.dispatch_secret.clone())?;
+                let secret = dispatch::dispatch_secret(self.dispatch_secret.clone())?;
                 Route::Remote {
                     runner: runner.clone(),
                     secret,
@@ -284,18 +284,13 @@ impl Toolkit {
             })?;
             let job = match &route_for_brief {
                 Route::Remote { secret, .. } => {
-                    let auth = remote::derive_auth_token(secret, &job.job_id, job.attempt_id);
+                    let auth = dispatch::derive_auth_token(secret, &job.job_id, job.attempt_id);
                     let job = registry.set_auth_token(&job.job_id, &auth)?;
                     brief::write(&registry, &job, &remote::render_brief(&job))?;
                     job
                 }
                 Route::Local(target) => {
-                    let ctx = BriefContext {
-                        exe: kit.exe.clone(),
-                        home: kit.home.clone(),
-                        registry_dir: kit.registry_dir.clone(),
-                        watch: target.watch(),
-                    };
+                    let ctx = kit.brief_context(target);
                     brief::write(&registry, &job, &brief::render(&job, &ctx))?;
                     job
                 }
@@ -320,7 +315,7 @@ impl Toolkit {
             Route::Local(target) => target.describe(),
             Route::Remote { runner, .. } => json!({
                 "transport": "remote", "runner": runner,
-                "topic": remote::dispatch_topic(&self.wire.topic_base, runner),
+                "topic": dispatch::dispatch_topic(&self.wire.topic_base, runner),
             }),
         };
         let kit = self.clone();
@@ -347,12 +342,7 @@ impl Toolkit {
         let sent = match &route {
             Route::Local(Target::Exec { .. }) => Ok(()),
             Route::Local(target) => {
-                let ctx = BriefContext {
-                    exe: self.exe.clone(),
-                    home: self.home.clone(),
-                    registry_dir: self.registry_dir.clone(),
-                    watch: target.watch(),
-                };
+                let ctx = self.brief_context(target);
                 target
                     .send_line(&brief::start_instruction(&claimed, &ctx))
                     .await
@@ -380,7 +370,7 @@ impl Toolkit {
             .endpoint
             .clone()
             .ok_or_else(|| JobError::BadInput("no MQTT wire is configured".into()))?;
-        let topic = remote::dispatch_topic(&self.wire.topic_base, runner);
+        let topic = dispatch::dispatch_topic(&self.wire.topic_base, runner);
         let message = Dispatch::of(job, runner).to_message(secret);
         let (n, failure) = mqtt::publish_all(
             &endpoint,
@@ -436,7 +426,7 @@ impl Toolkit {
         let mut registry = self.open_for(job_id)?;
         let job = registry.job(job_id)?;
         let clocks = stored_clocks(&registry, &job)?;
-        let detail = match judge_stored(&job, &clocks, crate::registry::now()) {
+        let detail = match judge_stored(&job, &clocks, ids::now()) {
             Verdict::AgentBlocked => Some("agent_blocked"),
             Verdict::DeadlineTimeout => Some("deadline_timeout"),
             _ => None,
@@ -449,9 +439,7 @@ impl Toolkit {
         }
         let job = registry.job(job_id)?;
         // As `submit`: an agent still running a grace after its job ended is stopped.
-        if job.status.is_terminal()
-            && crate::registry::now() - job.updated_at >= EXEC_GRACE.as_secs_f64()
-        {
+        if job.status.is_terminal() && ids::now() - job.updated_at >= EXEC_GRACE.as_secs_f64() {
             stop_exec_agent(&registry.job_dir(job_id));
         }
         Ok(Report {
@@ -501,7 +489,7 @@ impl Toolkit {
                 _ = &mut cancel => return Ok((report, true)),
                 feed = feed => {
                     if let (Some(r), Some(feed)) = (remote.as_mut(), feed) {
-                        r.handle(feed, self.drain)?;
+                        r.handle(feed).await?;
                     }
                 }
             }
@@ -518,16 +506,9 @@ impl Toolkit {
         if job.transport != "remote" || job.status.is_terminal() {
             return Ok(None);
         }
-        let events_topic = format!("{}/events", job.topic_prefix);
-        let state_topic = format!("{}/state", job.topic_prefix);
-        let follower = mqtt::follow(endpoint, vec![events_topic.clone(), state_topic.clone()])?;
-        Ok(Some(RemoteFollow {
-            watcher: crate::watch::Watcher::new(&job),
-            registry,
-            follower,
-            events_topic,
-            state_topic,
-        }))
+        let mirror = Mirror::new(&job, &self.registry_dir, self.drain);
+        let follower = mirror.follow(endpoint)?;
+        Ok(Some(RemoteFollow { mirror, follower }))
     }
 
     /// Clears a terminal `remote:` job's retained dispatch, so a runner that starts later
@@ -536,19 +517,8 @@ impl Toolkit {
         let (Some(endpoint), Some(runner)) = (self.wire.endpoint.as_ref(), job.runner()) else {
             return;
         };
-        let topic = remote::dispatch_topic(&self.wire.topic_base, &runner);
-        let (cleared, why) = mqtt::publish_all(
-            endpoint,
-            &[Outbound {
-                topic: topic.clone(),
-                payload: Vec::new(),
-                retain: true,
-            }],
-        )
-        .await;
-        if cleared == 0 {
-            tracing::warn!(topic = %topic, why = why.as_deref().unwrap_or("unknown"), "cannot clear the retained dispatch");
-        }
+        let topic = dispatch::dispatch_topic(&self.wire.topic_base, &runner);
+        remote::clear_dispatch(endpoint, &topic).await;
     }
 
     /// Cancels the job (status `cancelled`, a compare-and-set that keeps a terminal status),
@@ -578,30 +548,16 @@ impl Toolkit {
 
 /// A `remote:` job's subscription during a wait.
 struct RemoteFollow {
-    watcher: crate::watch::Watcher,
-    registry: Registry,
+    mirror: Mirror,
     follower: mqtt::Follower,
-    events_topic: String,
-    state_topic: String,
 }
 
 impl RemoteFollow {
     /// Mirrors one wire message into the registry by the watcher rules.
-    fn handle(&mut self, feed: mqtt::Feed, drain: Duration) -> Result<(), JobError> {
+    async fn handle(&mut self, feed: mqtt::Feed) -> Result<(), JobError> {
         match feed {
             mqtt::Feed::Message { topic, payload, .. } => {
-                let via = if topic == self.events_topic {
-                    crate::registry::Via::Events
-                } else if topic == self.state_topic {
-                    crate::registry::Via::State
-                } else {
-                    return Ok(());
-                };
-                let (handled, timer) = self.watcher.handle(&mut self.registry, via, &payload)?;
-                if let Some(t) = timer {
-                    timer::stop(t, drain)?;
-                }
-                tracing::debug!(?handled, "wire message of a remote job");
+                self.mirror.handle(&topic, payload).await?;
             }
             mqtt::Feed::Lost(why) => {
                 tracing::warn!(%why, "MQTT connection lost while waiting for a remote job (retrying)")

@@ -19,16 +19,20 @@
 //! arrives within T, when the idle window passes without activity, or at `--timeout`. The
 //! watcher writes only what it accepts (and its audit entries): it never gives up on the
 //! job's behalf.
+//!
+//! A [`Mirror`] is a job's two topics with its [`Watcher`]: what `watch`, a remote submit and
+//! the toolset's wait for a remote job all follow the wire with.
 
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use crate::identity::TimerIdentity;
 use crate::mqtt::{self, Endpoint, Feed};
-use crate::registry::{Job, MirroredEvent, Registry, Via};
+use crate::registry::{self, Job, MirroredEvent, Registry, Via};
 use crate::state::{self, EventKind, JobStatus, Verdict, WaitView};
-use crate::timer::{self, TimerIdentity};
-use crate::{sign, JobError};
+use crate::{sign, timer, JobError};
 
 /// How often the loop re-reads the job and the clocks.
 pub const TICK: Duration = Duration::from_millis(100);
@@ -255,6 +259,96 @@ impl Watcher {
     }
 }
 
+/// A job's `<topic_prefix>/events` and `<topic_prefix>/state`, and the [`Watcher`] that
+/// mirrors what they carry into the registry.
+#[derive(Debug, Clone)]
+pub struct Mirror {
+    pub watcher: Watcher,
+    registry_dir: PathBuf,
+    drain: Duration,
+    events_topic: String,
+    state_topic: String,
+}
+
+impl Mirror {
+    /// The mirror of `job` into the registry at `registry_dir`; `drain` is what a local
+    /// heartbeat timer a terminal status unregistered gets to stop.
+    pub fn new(job: &Job, registry_dir: &Path, drain: Duration) -> Mirror {
+        Mirror {
+            watcher: Watcher::new(job),
+            registry_dir: registry_dir.to_path_buf(),
+            drain,
+            events_topic: format!("{}/events", job.topic_prefix),
+            state_topic: format!("{}/state", job.topic_prefix),
+        }
+    }
+
+    /// The job's two topics, to follow.
+    pub fn topics(&self) -> Vec<String> {
+        vec![self.events_topic.clone(), self.state_topic.clone()]
+    }
+
+    /// Subscribes to the job's topics on `endpoint` ([`mqtt::follow`]).
+    pub fn follow(&self, endpoint: &Endpoint) -> Result<mqtt::Follower, JobError> {
+        mqtt::follow(endpoint, self.topics())
+    }
+
+    /// Applies the watcher rules to a message that came on `topic` (`None`: not one of the
+    /// job's topics), and stops a timer a terminal status unregistered. The registry writes
+    /// (fsync'd transactions) and the timer's drain run on a blocking thread, on a
+    /// connection of their own.
+    pub async fn handle(
+        &mut self,
+        topic: &str,
+        payload: Vec<u8>,
+    ) -> Result<Option<Handled>, JobError> {
+        let via = if topic == self.events_topic {
+            Via::Events
+        } else if topic == self.state_topic {
+            Via::State
+        } else {
+            return Ok(None);
+        };
+        let mut watcher = self.watcher.clone();
+        let (dir, drain) = (self.registry_dir.clone(), self.drain);
+        let (watcher, handled) = registry::blocking(&self.registry_dir, move || {
+            let mut registry = Registry::open(&dir)?;
+            let (handled, timer) = watcher.handle(&mut registry, via, &payload)?;
+            if let Some(t) = timer {
+                timer::stop(t, drain)?;
+            }
+            Ok((watcher, handled))
+        })
+        .await?;
+        self.watcher = watcher;
+        tracing::debug!(job_id = %self.watcher.job_id, ?handled, "wire message");
+        Ok(Some(handled))
+    }
+
+    /// The job judged now under its contract, as a waiter of `attempt` that started waiting
+    /// at `since` ("delivery"): `Superseded` once another attempt began; activity is what
+    /// the watcher accepted, and never counts from before `since`.
+    pub fn judge(
+        &self,
+        registry: &Registry,
+        attempt: u64,
+        since: Instant,
+        timeout: Option<Duration>,
+    ) -> Result<Verdict, JobError> {
+        let job = registry.job(&self.watcher.job_id)?;
+        if job.attempt_id != attempt {
+            return Ok(Verdict::Superseded);
+        }
+        let view = WaitView {
+            status: job.status,
+            started: job.status != JobStatus::Pending,
+            since_delivery: since.elapsed(),
+            since_activity: self.watcher.last_activity.elapsed().min(since.elapsed()),
+        };
+        Ok(state::judge_wait(&job.contract, &view, timeout))
+    }
+}
+
 /// One `watch` call.
 #[derive(Debug, Clone)]
 pub struct WatchRequest {
@@ -293,12 +387,10 @@ pub async fn watch(
 ) -> Result<WatchOutcome, JobError> {
     let job = registry.job(&req.job_id)?;
     let attempt = job.attempt_id;
-    let events_topic = format!("{}/events", job.topic_prefix);
-    let state_topic = format!("{}/state", job.topic_prefix);
-    let mut watcher = Watcher::new(&job);
+    let mut mirror = Mirror::new(&job, registry.dir(), drain);
     let started_at = Instant::now();
     let timeout = req.timeout.map(Duration::from_secs);
-    let mut follower = mqtt::follow(endpoint, vec![events_topic.clone(), state_topic.clone()])?;
+    let mut follower = mirror.follow(endpoint)?;
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let verdict = loop {
@@ -311,35 +403,15 @@ pub async fn watch(
                     Feed::Subscribed => note(&WatchNote::Subscribed),
                     Feed::Lost(why) => note(&WatchNote::Lost(why)),
                     Feed::Message { topic, payload, .. } => {
-                        let via = if topic == events_topic {
-                            Via::Events
-                        } else if topic == state_topic {
-                            Via::State
-                        } else {
-                            continue;
-                        };
-                        let (handled, timer) = watcher.handle(registry, via, &payload)?;
-                        if let Some(t) = timer {
-                            timer::stop(t, drain)?;
+                        if let Some(handled) = mirror.handle(&topic, payload).await? {
+                            note(&WatchNote::Handled(handled));
                         }
-                        tracing::debug!(job_id = %req.job_id, ?handled, "wire message");
-                        note(&WatchNote::Handled(handled));
                     }
                 }
             }
             _ = tick.tick() => {}
         }
-        let now_job = registry.job(&req.job_id)?;
-        if now_job.attempt_id != attempt {
-            break Verdict::Superseded;
-        }
-        let view = WaitView {
-            status: now_job.status,
-            started: now_job.status != JobStatus::Pending,
-            since_delivery: started_at.elapsed(),
-            since_activity: watcher.last_activity.elapsed(),
-        };
-        match state::judge_wait(&now_job.contract, &view, timeout) {
+        match mirror.judge(registry, attempt, started_at, timeout)? {
             Verdict::Wait => {}
             verdict => break verdict,
         }
@@ -348,7 +420,7 @@ pub async fn watch(
     Ok(WatchOutcome {
         job: registry.job(&req.job_id)?,
         verdict,
-        stats: watcher.stats,
+        stats: mirror.watcher.stats,
     })
 }
 
@@ -359,7 +431,23 @@ mod tests {
     use crate::Contract;
     use serde_json::json;
 
-    fn setup() -> (tempfile::TempDir, Registry, Job) {
+    /// Asserts that a [`Handled`] matches the pattern, and prints it when it does not.
+    macro_rules! expect {
+        ($handled:expr, $pattern:pat) => {{
+            let h = $handled;
+            assert!(matches!(h, $pattern), "{h:?}");
+        }};
+    }
+
+    /// A registry holding the job `w1`, and a watcher of it.
+    struct Fixture {
+        _dir: tempfile::TempDir,
+        reg: Registry,
+        job: Job,
+        w: Watcher,
+    }
+
+    fn setup() -> Fixture {
         let dir = tempfile::tempdir().unwrap();
         let mut reg = Registry::open(dir.path()).unwrap();
         let job = reg
@@ -371,7 +459,35 @@ mod tests {
                 topic_base: "drover/v1".into(),
             })
             .unwrap();
-        (dir, reg, job)
+        let w = Watcher::new(&job);
+        Fixture {
+            _dir: dir,
+            reg,
+            job,
+            w,
+        }
+    }
+
+    impl Fixture {
+        fn handle(&mut self, via: Via, payload: &[u8]) -> Handled {
+            self.w.handle(&mut self.reg, via, payload).unwrap().0
+        }
+
+        /// The job's own event `name` with `seq`, on the events topic.
+        fn event(&mut self, name: &str, seq: u64) -> Handled {
+            let payload = event(&self.job, name, seq);
+            self.handle(Via::Events, &payload)
+        }
+
+        /// The job's own snapshot, on the state topic.
+        fn snapshot(&mut self, status: &str, last_event: &str, seq: u64) -> Handled {
+            let payload = snapshot(&self.job, status, last_event, seq);
+            self.handle(Via::State, &payload)
+        }
+
+        fn status(&self) -> JobStatus {
+            self.reg.job("w1").unwrap().status
+        }
     }
 
     /// A message as a remote publisher of `job` would send it.
@@ -411,13 +527,9 @@ mod tests {
 
     #[test]
     fn events_are_mirrored_as_received_and_a_skipped_seq_is_a_gap() {
-        let (_d, mut reg, job) = setup();
-        let mut w = Watcher::new(&job);
-        let (h, _) = w
-            .handle(&mut reg, Via::Events, &event(&job, "started", 1))
-            .unwrap();
-        assert!(matches!(
-            h,
+        let mut f = setup();
+        expect!(
+            f.event("started", 1),
             Handled::Event {
                 seq: 1,
                 stored: true,
@@ -425,59 +537,42 @@ mod tests {
                 renewed: true,
                 ..
             }
-        ));
-        assert_eq!(reg.job("w1").unwrap().status, JobStatus::Running);
-        let (h, _) = w
-            .handle(&mut reg, Via::Events, &event(&job, "progress", 4))
-            .unwrap();
-        assert!(
-            matches!(
-                h,
-                Handled::Event {
-                    seq: 4,
-                    gap: Some(2),
-                    ..
-                }
-            ),
-            "{h:?}"
+        );
+        assert_eq!(f.status(), JobStatus::Running);
+        expect!(
+            f.event("progress", 4),
+            Handled::Event {
+                seq: 4,
+                gap: Some(2),
+                ..
+            }
         );
         assert_eq!(
-            audits(&reg, &job, "seq_gap"),
+            audits(&f.reg, &f.job, "seq_gap"),
             [json!({"expected_seq": 2, "seq": 4, "via": "events", "attempt_id": 1})]
         );
         // A late one is stored without a gap and without renewing the clock.
-        let (h, _) = w
-            .handle(&mut reg, Via::Events, &event(&job, "progress", 2))
-            .unwrap();
-        assert!(
-            matches!(
-                h,
-                Handled::Event {
-                    seq: 2,
-                    stored: true,
-                    gap: None,
-                    renewed: false,
-                    ..
-                }
-            ),
-            "{h:?}"
+        expect!(
+            f.event("progress", 2),
+            Handled::Event {
+                seq: 2,
+                stored: true,
+                gap: None,
+                renewed: false,
+                ..
+            }
         );
         // The same message again is known, not stored twice.
-        let (h, _) = w
-            .handle(&mut reg, Via::Events, &event(&job, "progress", 4))
-            .unwrap();
-        assert!(
-            matches!(
-                h,
-                Handled::Event {
-                    stored: false,
-                    renewed: false,
-                    ..
-                }
-            ),
-            "{h:?}"
+        expect!(
+            f.event("progress", 4),
+            Handled::Event {
+                stored: false,
+                renewed: false,
+                ..
+            }
         );
-        let stored: Vec<Value> = reg
+        let stored: Vec<Value> = f
+            .reg
             .entries("w1", 0)
             .unwrap()
             .into_iter()
@@ -485,18 +580,18 @@ mod tests {
             .map(|e| e.body)
             .collect();
         assert_eq!(stored.len(), 3);
-        assert!(stored.iter().all(|m| sign::verify(m, &job.auth_token)));
-        assert_eq!(reg.job("w1").unwrap().last_seq, 4);
-        assert_eq!(w.stats.stored, 3);
-        assert_eq!(w.stats.known, 1);
-        assert_eq!(w.stats.gaps, 1);
+        assert!(stored.iter().all(|m| sign::verify(m, &f.job.auth_token)));
+        assert_eq!(f.reg.job("w1").unwrap().last_seq, 4);
+        assert_eq!(f.w.stats.stored, 3);
+        assert_eq!(f.w.stats.known, 1);
+        assert_eq!(f.w.stats.gaps, 1);
     }
 
     /// An event a Python publisher signed (`json.dumps` writes `1e-05`, integers beyond 64
     /// bits exactly) is accepted and mirrored.
     #[test]
     fn an_event_signed_by_python_with_small_floats_and_big_integers_is_mirrored() {
-        let (_d, mut reg, job) = setup();
+        let mut f = setup();
         let script = r#"
 import hashlib, hmac, json, sys
 job = json.loads(sys.stdin.read())
@@ -507,11 +602,11 @@ body = json.dumps(m, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 m["sig"] = hmac.new(job["auth_token"].encode(), body.encode("utf-8"), hashlib.sha256).hexdigest()
 sys.stdout.write(json.dumps(m))
 "#;
+        let job = &f.job;
         let input = json!({"job_id": job.job_id, "dispatch_token": job.dispatch_token,
                            "attempt_id": job.attempt_id, "auth_token": job.auth_token});
         let payload = sign::python(script, input.to_string().as_bytes());
-        let mut w = Watcher::new(&job);
-        let (h, _) = w.handle(&mut reg, Via::Events, &payload).unwrap();
+        let h = f.handle(Via::Events, &payload);
         assert!(
             matches!(
                 h,
@@ -524,135 +619,104 @@ sys.stdout.write(json.dumps(m))
             "{h:?} for {}",
             String::from_utf8_lossy(&payload)
         );
-        assert_eq!(reg.job("w1").unwrap().status, JobStatus::Running);
+        assert_eq!(f.status(), JobStatus::Running);
     }
 
     #[test]
     fn bad_signatures_and_other_attempts_are_dropped_without_a_write() {
-        let (_d, mut reg, job) = setup();
-        let mut w = Watcher::new(&job);
-        let mut forged: Value = serde_json::from_slice(&event(&job, "completed", 1)).unwrap();
+        let mut f = setup();
+        let mut forged: Value = serde_json::from_slice(&event(&f.job, "completed", 1)).unwrap();
         forged["detail"] = json!("forged");
-        let (h, _) = w
-            .handle(&mut reg, Via::Events, forged.to_string().as_bytes())
-            .unwrap();
-        assert!(matches!(
-            h,
+        expect!(
+            f.handle(Via::Events, forged.to_string().as_bytes()),
             Handled::Dropped {
                 why: Dropped::BadSignature,
                 ..
             }
-        ));
+        );
         let wrong_key = sign::signed(
-            serde_json::from_slice::<Value>(&snapshot(&job, "completed", "completed", 1)).unwrap(),
+            serde_json::from_slice::<Value>(&snapshot(&f.job, "completed", "completed", 1))
+                .unwrap(),
             "not-the-token",
         );
-        let (h, _) = w
-            .handle(&mut reg, Via::State, wrong_key.to_string().as_bytes())
-            .unwrap();
-        assert!(matches!(
-            h,
+        expect!(
+            f.handle(Via::State, wrong_key.to_string().as_bytes()),
             Handled::Dropped {
                 why: Dropped::BadSignature,
                 ..
             }
-        ));
+        );
         // Correctly signed, but with another attempt's dispatch token.
-        let mut other = job.clone();
+        let mut other = f.job.clone();
         other.dispatch_token = "0123".into();
         for (via, payload) in [
             (Via::Events, event(&other, "completed", 1)),
             (Via::State, snapshot(&other, "completed", "completed", 1)),
         ] {
-            let (h, _) = w.handle(&mut reg, via, &payload).unwrap();
-            assert!(
-                matches!(
-                    h,
-                    Handled::Dropped {
-                        why: Dropped::OtherAttempt,
-                        ..
-                    }
-                ),
-                "{h:?}"
+            expect!(
+                f.handle(via, &payload),
+                Handled::Dropped {
+                    why: Dropped::OtherAttempt,
+                    ..
+                }
             );
         }
         for junk in [&b"not json"[..], b"[1]", b"{}"] {
-            let (h, _) = w.handle(&mut reg, Via::Events, junk).unwrap();
-            assert!(matches!(
-                h,
+            expect!(
+                f.handle(Via::Events, junk),
                 Handled::Dropped {
                     why: Dropped::Malformed,
                     ..
                 }
-            ));
+            );
         }
-        let after = reg.job("w1").unwrap();
+        let after = f.reg.job("w1").unwrap();
         assert_eq!(after.status, JobStatus::Pending);
         assert_eq!(after.last_seq, 0);
-        assert!(reg.entries("w1", 0).unwrap().is_empty());
-        assert_eq!(w.stats.bad_signature, 2);
-        assert_eq!(w.stats.other_attempt, 2);
-        assert_eq!(w.accepted_seq, 0, "nothing dropped renews the idle clock");
+        assert!(f.reg.entries("w1", 0).unwrap().is_empty());
+        assert_eq!(f.w.stats.bad_signature, 2);
+        assert_eq!(f.w.stats.other_attempt, 2);
+        assert_eq!(f.w.accepted_seq, 0, "nothing dropped renews the idle clock");
     }
 
     #[test]
     fn a_terminal_snapshot_is_final_and_nothing_after_it_changes_the_job() {
-        let (_d, mut reg, job) = setup();
-        let mut w = Watcher::new(&job);
-        let (h, _) = w
-            .handle(
-                &mut reg,
-                Via::State,
-                &snapshot(&job, "completed", "completed", 3),
-            )
-            .unwrap();
-        assert!(
-            matches!(
-                h,
-                Handled::State {
-                    seq: 3,
-                    gap: Some(1),
-                    changed: Some((JobStatus::Pending, JobStatus::Completed)),
-                    renewed: true,
-                    ..
-                }
-            ),
-            "{h:?}"
+        let mut f = setup();
+        expect!(
+            f.snapshot("completed", "completed", 3),
+            Handled::State {
+                seq: 3,
+                gap: Some(1),
+                changed: Some((JobStatus::Pending, JobStatus::Completed)),
+                renewed: true,
+                ..
+            }
         );
-        let after = reg.job("w1").unwrap();
+        let after = f.reg.job("w1").unwrap();
         assert_eq!(after.status, JobStatus::Completed);
         assert_eq!(after.status_detail.as_deref(), Some("d"));
         assert_eq!(after.last_seq, 3);
         assert_eq!(
-            audits(&reg, &job, "seq_gap"),
+            audits(&f.reg, &f.job, "seq_gap"),
             [json!({"expected_seq": 1, "seq": 3, "via": "state", "attempt_id": 1})]
         );
-        assert_eq!(audits(&reg, &job, "state_mirrored").len(), 1);
+        assert_eq!(audits(&f.reg, &f.job, "state_mirrored").len(), 1);
         // A later snapshot saying running, and a later event, change nothing.
-        let (h, _) = w
-            .handle(
-                &mut reg,
-                Via::State,
-                &snapshot(&job, "running", "progress", 5),
-            )
-            .unwrap();
-        assert!(matches!(h, Handled::State { changed: None, .. }), "{h:?}");
-        let (h, _) = w
-            .handle(&mut reg, Via::Events, &event(&job, "error", 6))
-            .unwrap();
-        assert!(
-            matches!(
-                h,
-                Handled::Dropped {
-                    why: Dropped::AfterTerminal,
-                    ..
-                }
-            ),
-            "{h:?}"
+        expect!(
+            f.snapshot("running", "progress", 5),
+            Handled::State { changed: None, .. }
         );
-        assert_eq!(reg.job("w1").unwrap().status, JobStatus::Completed);
+        expect!(
+            f.event("error", 6),
+            Handled::Dropped {
+                why: Dropped::AfterTerminal,
+                ..
+            }
+        );
+        assert_eq!(f.status(), JobStatus::Completed);
         // Local publishes are refused too: the terminal status is the barrier.
-        assert!(reg
+        assert!(f
+            .reg
             .record_event(&EventRequest {
                 job_id: "w1",
                 event: Some(EventKind::Progress),
@@ -663,128 +727,81 @@ sys.stdout.write(json.dumps(m))
 
     #[test]
     fn a_snapshot_renews_the_idle_clock_only_when_newer_than_everything_accepted() {
-        let (_d, mut reg, job) = setup();
-        let mut w = Watcher::new(&job);
-        w.handle(&mut reg, Via::Events, &event(&job, "started", 1))
-            .unwrap();
-        w.handle(&mut reg, Via::Events, &event(&job, "progress", 2))
-            .unwrap();
-        let (h, _) = w
-            .handle(
-                &mut reg,
-                Via::State,
-                &snapshot(&job, "running", "progress", 2),
-            )
-            .unwrap();
-        assert!(
-            matches!(
-                h,
-                Handled::State {
-                    renewed: false,
-                    gap: None,
-                    ..
-                }
-            ),
-            "{h:?}"
+        let mut f = setup();
+        f.event("started", 1);
+        f.event("progress", 2);
+        expect!(
+            f.snapshot("running", "progress", 2),
+            Handled::State {
+                renewed: false,
+                gap: None,
+                ..
+            }
         );
-        let (h, _) = w
-            .handle(
-                &mut reg,
-                Via::State,
-                &snapshot(&job, "running", "progress", 1),
-            )
-            .unwrap();
-        assert!(matches!(h, Handled::State { renewed: false, .. }), "{h:?}");
-        let (h, _) = w
-            .handle(
-                &mut reg,
-                Via::State,
-                &snapshot(&job, "running", "progress", 3),
-            )
-            .unwrap();
-        assert!(
-            matches!(
-                h,
-                Handled::State {
-                    renewed: true,
-                    gap: Some(3),
-                    ..
-                }
-            ),
-            "{h:?}"
+        expect!(
+            f.snapshot("running", "progress", 1),
+            Handled::State { renewed: false, .. }
         );
-        assert_eq!(w.accepted_seq, 3);
-        assert_eq!(reg.job("w1").unwrap().last_seq, 3);
+        expect!(
+            f.snapshot("running", "progress", 3),
+            Handled::State {
+                renewed: true,
+                gap: Some(3),
+                ..
+            }
+        );
+        assert_eq!(f.w.accepted_seq, 3);
+        assert_eq!(f.reg.job("w1").unwrap().last_seq, 3);
         // The next event continues from the snapshot without another gap.
-        let (h, _) = w
-            .handle(&mut reg, Via::Events, &event(&job, "progress", 4))
-            .unwrap();
-        assert!(
-            matches!(
-                h,
-                Handled::Event {
-                    gap: None,
-                    renewed: true,
-                    ..
-                }
-            ),
-            "{h:?}"
+        expect!(
+            f.event("progress", 4),
+            Handled::Event {
+                gap: None,
+                renewed: true,
+                ..
+            }
         );
     }
 
     #[test]
     fn a_running_snapshot_starts_a_pending_job_only_when_newer() {
-        let (_d, mut reg, job) = setup();
-        let mut w = Watcher::new(&job);
-        let (h, _) = w
-            .handle(
-                &mut reg,
-                Via::State,
-                &snapshot(&job, "running", "started", 1),
-            )
-            .unwrap();
-        assert!(
-            matches!(
-                h,
-                Handled::State {
-                    changed: Some((JobStatus::Pending, JobStatus::Running)),
-                    ..
-                }
-            ),
-            "{h:?}"
+        let mut f = setup();
+        expect!(
+            f.snapshot("running", "started", 1),
+            Handled::State {
+                changed: Some((JobStatus::Pending, JobStatus::Running)),
+                ..
+            }
         );
-        assert_eq!(reg.job("w1").unwrap().last_event.unwrap().event, "started");
+        assert_eq!(
+            f.reg.job("w1").unwrap().last_event.unwrap().event,
+            "started"
+        );
     }
 
     #[test]
     fn events_recorded_here_first_are_known_not_stored_twice() {
-        let (_d, mut reg, job) = setup();
-        let mut w = Watcher::new(&job);
-        let rec = reg
+        let mut f = setup();
+        let rec = f
+            .reg
             .record_event(&EventRequest {
                 job_id: "w1",
                 event: Some(EventKind::Started),
                 ..EventRequest::default()
             })
             .unwrap();
-        let (h, _) = w
-            .handle(&mut reg, Via::Events, rec.message.to_string().as_bytes())
-            .unwrap();
-        assert!(matches!(h, Handled::Event { stored: false, .. }), "{h:?}");
-        // The same seq with another body is not this registry's message.
-        let (h, _) = w
-            .handle(&mut reg, Via::Events, &event(&job, "progress", 1))
-            .unwrap();
-        assert!(
-            matches!(
-                h,
-                Handled::Dropped {
-                    why: Dropped::SeqTaken,
-                    ..
-                }
-            ),
-            "{h:?}"
+        expect!(
+            f.handle(Via::Events, rec.message.to_string().as_bytes()),
+            Handled::Event { stored: false, .. }
         );
-        assert_eq!(reg.entries("w1", 0).unwrap().len(), 1);
+        // The same seq with another body is not this registry's message.
+        expect!(
+            f.event("progress", 1),
+            Handled::Dropped {
+                why: Dropped::SeqTaken,
+                ..
+            }
+        );
+        assert_eq!(f.reg.entries("w1", 0).unwrap().len(), 1);
     }
 }

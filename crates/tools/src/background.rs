@@ -1,5 +1,5 @@
 //! Background processes (SPEC section 6): `terminal {background: true}` starts one, the
-//! `process` tool ([`crate::process`]) watches, reads and stops them.
+//! `process` tool (the `process` module, above this one) watches, reads and stops them.
 //!
 //! A background process must outlive the turn and the worker, so it is not a foreground group:
 //! it runs in a session of its own (`setsid`, no `PR_SET_PDEATHSIG`), is never registered in

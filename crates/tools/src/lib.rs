@@ -33,6 +33,10 @@
 //!   signals, `PR_SET_PDEATHSIG` and `/proc`; the worker uses [`platform::ForegroundGroups`] to
 //!   kill foreground commands when its owner is gone (SPEC section 4).
 //!
+//! Layers (each imports only those before it, and the tool traits of this file): `approval`,
+//! `args`, `background`, `clarify`, `delegate`, `mcp` < `file`, `jobs`, `process`, `terminal`
+//! < `todo`.
+//!
 //! What this crate does not do: talk to the model, or to the ledger; store approval grants.
 //!
 //! ```no_run

@@ -1,0 +1,74 @@
+//! Where a job goes: [`AgentSession`], the parsed `--agent-session` (SPEC section 7,
+//! "Pane targets" and "Remote"). Pure data; the `delivery` module does the delivering.
+
+use crate::JobError;
+
+/// Where a job is delivered: `--agent-session`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AgentSession {
+    /// `tmux:<target>` (any tmux target: `session`, `session:window.pane`, `%7`).
+    Tmux(String),
+    /// `herdr:<pane>` (a herdr pane id such as `1-2`).
+    Herdr(String),
+    /// `exec`: a local command given with `--exec`.
+    Exec,
+    /// `remote:<name>`: a `drover runner` on another host (the `remote` module).
+    Remote(String),
+}
+
+impl AgentSession {
+    /// Parses `--agent-session`.
+    pub fn parse(text: &str) -> Result<AgentSession, JobError> {
+        let bad = |why: String| {
+            JobError::BadInput(format!(
+                "--agent-session {text:?}: {why} (expected tmux:<target>, herdr:<pane>, exec or \
+                 remote:<name>)"
+            ))
+        };
+        if text == "exec" {
+            return Ok(AgentSession::Exec);
+        }
+        let Some((kind, name)) = text.split_once(':') else {
+            return Err(bad(if text.is_empty() {
+                "no transport given".into()
+            } else {
+                format!("{text:?} is not a transport")
+            }));
+        };
+        match kind {
+            "tmux" | "herdr" | "remote" if name.is_empty() => {
+                Err(bad(format!("the {kind} target is empty")))
+            }
+            "tmux" => Ok(AgentSession::Tmux(name.to_string())),
+            "herdr" => Ok(AgentSession::Herdr(name.to_string())),
+            "remote" => Ok(AgentSession::Remote(name.to_string())),
+            "exec" => Err(bad(
+                "exec takes no target (give the command with --exec CMD)".into(),
+            )),
+            "" => Err(bad("no transport before the ':'".into())),
+            other => Err(bad(format!("unknown transport {other:?}"))),
+        }
+    }
+
+    /// The job's `transport` field: the kind, `tmux`, `herdr`, `exec` or `remote`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            AgentSession::Tmux(_) => "tmux",
+            AgentSession::Herdr(_) => "herdr",
+            AgentSession::Exec => "exec",
+            AgentSession::Remote(_) => "remote",
+        }
+    }
+}
+
+/// `--agent-session` as it is written (the job's `agent_session` field).
+impl std::fmt::Display for AgentSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AgentSession::Tmux(t) => write!(f, "tmux:{t}"),
+            AgentSession::Herdr(p) => write!(f, "herdr:{p}"),
+            AgentSession::Exec => f.write_str("exec"),
+            AgentSession::Remote(n) => write!(f, "remote:{n}"),
+        }
+    }
+}
