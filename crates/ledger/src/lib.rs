@@ -26,9 +26,6 @@
 //! # Ok(()) }
 //! ```
 
-// issue 10: lifted once the module moves land
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
-
 mod admissions;
 mod approvals;
 mod counts;
@@ -78,7 +75,12 @@ pub enum LedgerError {
     Unavailable(String),
     /// The file is not a drover ledger, or is corrupt. The owner refuses to start.
     #[error("{path} is not a drover ledger ({detail}); refusing to touch it")]
-    ForeignFile { path: PathBuf, detail: String },
+    ForeignFile {
+        /// The file that was refused.
+        path: PathBuf,
+        /// What showed it is not a drover ledger.
+        detail: String,
+    },
     /// Internal form of `ForeignFile` before the path is known.
     #[error("not a drover ledger: {0}")]
     Foreign(String),
@@ -90,29 +92,54 @@ pub enum LedgerError {
          {path} away to start with an empty ledger"
     )]
     Damaged {
+        /// The damaged ledger, left as it was found.
         path: PathBuf,
+        /// What the integrity check reported.
         detail: String,
+        /// Where the copy set aside by [`set_aside`] is.
         backup: PathBuf,
     },
     /// Another process holds this ledger open for writing (SPEC section 1: one owner).
     #[error("{path} is in use by another drover owner")]
-    InUse { path: PathBuf },
+    InUse {
+        /// The ledger another process holds.
+        path: PathBuf,
+    },
+    /// `not_found`: no such session, admission or prompt; the text names what was looked up.
     #[error("{0} not found")]
     NotFound(String),
     /// `admission_conflict`: same key, different payload.
     #[error("{0}")]
     Conflict(String),
+    /// `stale_epoch`: a persist frame carries another runtime epoch than the owner's
+    /// (SPEC section 4).
     #[error("epoch {got} is not the current runtime epoch {current}")]
-    StaleEpoch { got: u64, current: u64 },
+    StaleEpoch {
+        /// The epoch the frame carried.
+        got: u64,
+        /// The owner's current runtime epoch.
+        current: u64,
+    },
+    /// `stale_generation`: a persist frame's execution is not live or not of its generation,
+    /// a prompt answer names another generation, `prompt.cancel` finds the turn started, or a
+    /// turn is settled whose admission is already terminal.
     #[error("{0}")]
     StaleGeneration(String),
+    /// `permission_denied`: a persist frame's secret does not match its execution.
     #[error("{0}")]
     PermissionDenied(String),
+    /// `unknown_execution`: `prompt.cancel` of an `unknown` admission, which only
+    /// `prompt.resolve_unknown` moves on.
     #[error("{0}")]
     UnknownExecution(String),
     /// `invalid_params` naming `field`.
     #[error("{field}: {detail}")]
-    InvalidParams { field: String, detail: String },
+    InvalidParams {
+        /// The offending field, as `data.field` names it.
+        field: String,
+        /// What is wrong with it.
+        detail: String,
+    },
     /// Stored JSON did not parse (a bug or a hand-edited file).
     #[error("corrupt ledger row: {0}")]
     Corrupt(String),
@@ -159,7 +186,9 @@ impl LedgerError {
 /// The runtime epoch row (SPEC section 3, `runtime_epoch`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RuntimeEpoch {
+    /// The runtime epoch, raised by one at each owner start; persist frames must carry it.
     pub epoch: u64,
+    /// A fresh random id of the owner instance that raised it (`daemon.json` `instance_id`).
     pub instance_id: String,
 }
 
