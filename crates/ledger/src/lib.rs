@@ -50,7 +50,7 @@ use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use drover_protocol::ErrorReason;
-use rusqlite::{Connection, OpenFlags};
+use rusqlite::{Connection, OpenFlags, OptionalExtension};
 use sha2::{Digest, Sha256};
 
 pub use admissions::{AdmissionRow, AdmitRequest, Receipt};
@@ -269,10 +269,12 @@ impl Ledger {
             p.push(suffix);
             set_private(Path::new(&p));
         }
+        // No row yet is epoch 0; a failed read is an error, never a silent 0.
         let epoch = conn
             .query_row("SELECT epoch FROM runtime_epoch WHERE id = 1", [], |r| {
                 r.get::<_, i64>(0)
             })
+            .optional()?
             .unwrap_or(0) as u64;
         Ok(Ledger {
             conn,
@@ -286,10 +288,12 @@ impl Ledger {
     pub fn bump_epoch(&mut self) -> Result<RuntimeEpoch, LedgerError> {
         let instance_id = new_id();
         let tx = self.conn.transaction()?;
+        // A failed read must not restart the count at 1: that would reuse an old epoch.
         let current: i64 = tx
             .query_row("SELECT epoch FROM runtime_epoch WHERE id = 1", [], |r| {
                 r.get(0)
             })
+            .optional()?
             .unwrap_or(0);
         let epoch = current + 1;
         tx.execute(
@@ -312,7 +316,6 @@ impl Ledger {
 
     /// Reads a `state_meta` value.
     pub fn meta(&self, key: &str) -> Result<Option<String>, LedgerError> {
-        use rusqlite::OptionalExtension;
         Ok(self
             .conn
             .query_row("SELECT value FROM state_meta WHERE key = ?1", [key], |r| {
@@ -376,4 +379,33 @@ pub(crate) fn digests_equal(a: &str, b: &str) -> bool {
 /// Stable digest of a JSON value (serde_json keeps object keys sorted by default).
 pub(crate) fn json_digest(v: &serde_json::Value) -> String {
     digest(v.to_string().as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `runtime_epoch` row that does not read is an error: never a silent epoch 0 that
+    /// the next bump would turn into an epoch already used.
+    #[test]
+    fn an_unreadable_epoch_row_is_an_error_not_epoch_zero() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state.db");
+        let mut ledger = Ledger::open(&path).expect("open");
+        assert_eq!(ledger.bump_epoch().expect("first bump").epoch, 1);
+        assert_eq!(ledger.bump_epoch().expect("second bump").epoch, 2);
+        ledger
+            .conn
+            .execute("UPDATE runtime_epoch SET epoch = 'two' WHERE id = 1", [])
+            .expect("damage the row");
+        let err = ledger
+            .bump_epoch()
+            .expect_err("an unreadable epoch must not bump");
+        assert_eq!(err.reason(), ErrorReason::StorageUnavailable, "{err:?}");
+        drop(ledger);
+        let err = Ledger::open(&path)
+            .err()
+            .expect("an unreadable epoch must not open as epoch 0");
+        assert_eq!(err.reason(), ErrorReason::StorageUnavailable, "{err:?}");
+    }
 }
