@@ -15,13 +15,21 @@ use crate::{json_digest, new_id, now, Ledger, LedgerError};
 pub struct AdmissionRow {
     /// FIFO order (SPEC section 3: `seq`).
     pub seq: u64,
+    /// The admission's id, given in its receipt.
     pub admission_id: String,
+    /// The session it was submitted to (`target_session_id`).
     pub session_id: String,
+    /// The client's `input_id` (`request_id`): the idempotency key within the session (G1).
     pub input_id: String,
+    /// The submitted text, from `payload_json`.
     pub text: String,
+    /// Where it is in its life: `queued`, `started`, `unknown` or `terminal`.
     pub status: AdmissionStatus,
+    /// How it ended; set only when `terminal`.
     pub outcome: Option<Outcome>,
+    /// The execution generation of its turn, set when claimed (`execution_generation`).
     pub generation: Option<u64>,
+    /// The runtime epoch that admitted it, or that claimed it once started.
     pub owner_epoch: u64,
 }
 
@@ -29,6 +37,7 @@ pub struct AdmissionRow {
 /// execution_generation}` (SPEC section 2).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Receipt {
+    /// The admission the receipt is for.
     pub admission: AdmissionRow,
     /// `{result, usage}` from `state_meta`, when terminal and stored.
     pub stored_result: Option<Value>,
@@ -184,9 +193,13 @@ pub(crate) fn admission_updated(
 /// One input for [`Ledger::admit_batch`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct AdmitRequest {
+    /// The session to submit to.
     pub session_id: String,
+    /// The client's `input_id`: the same id with the same text gives the same admission.
     pub input_id: String,
+    /// The input text.
     pub text: String,
+    /// Who submitted it (`principal_id`).
     pub principal_id: String,
 }
 

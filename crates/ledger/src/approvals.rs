@@ -44,7 +44,9 @@ pub(crate) fn record_grant(
 /// A stored `always` approval rule (`drover approvals list`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApprovalRule {
+    /// The dangerous-command pattern the rule approves in every session of this home.
     pub pattern_key: String,
+    /// The approval prompt's description of that pattern (the key itself when it had none).
     pub description: String,
     /// Unix seconds.
     pub created_at: f64,

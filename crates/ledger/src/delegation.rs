@@ -5,10 +5,10 @@
 //! its goal admitted as its first input, and a `child` execution row (`parent_execution_id`,
 //! `depth`, the reserve's sequence and digest). The child's turn is claimed like any other
 //! (the claim takes over the `child` row instead of inserting a `compute` one). The parent's
-//! receipt is deferred until the child's turn ends; then [`answer_parent`] stores it in
+//! receipt is deferred until the child's turn ends; then `answer_parent` stores it in
 //! `worker_receipts` (so a resend gets it) and hands it to the owner to send.
 //!
-//! When an execution ends (settled, lost, or itself retired) [`retire_children`] retires its
+//! When an execution ends (settled, lost, or itself retired) `retire_children` retires its
 //! live children: execution `terminal`, admission `terminal` (`interrupted` if started,
 //! `cancelled` if still queued), open prompts cancelled, lease released; every child session of
 //! that parent is ended with `end_reason = "agent_close"`.
@@ -61,15 +61,20 @@ impl Default for DelegationLimits {
 /// A reserved child: the owner kicks its session so its turn is claimed.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChildReserved {
+    /// The child's own session (`source = "subagent"`), whose queue holds its goal.
     pub child_session_id: String,
+    /// The `child` execution reserved under the parent's execution; its turn's claim takes it.
     pub child_execution_id: String,
 }
 
 /// The deferred `child.reserve` receipt of a parent, ready to send.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ParentAnswer {
+    /// The parent execution the receipt goes to.
     pub execution_id: String,
+    /// The sequence of the parent's `child.reserve` persist frame.
     pub sequence: u64,
+    /// The receipt's result: `{status, final_response, child_session_id[, error]}`.
     pub result: Value,
 }
 

@@ -8,11 +8,15 @@ use crate::{now, Ledger, LedgerError};
 /// One stored event, ready to publish as an `event` notification.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoredEvent {
+    /// The session whose stream holds it.
     pub session_id: String,
     /// 1, 2, 3, ... per session, no gaps.
     pub seq: u64,
+    /// The session's `replay_epoch`: names the stored stream the `seq` counts in.
     pub replay_epoch: String,
+    /// The event `type` (`turn.started`, `admission.updated`, ...).
     pub kind: String,
+    /// The event's `payload`.
     pub payload: Value,
 }
 

@@ -16,8 +16,11 @@ use crate::{now, Ledger, LedgerError};
 /// One `session_jobs` row.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SessionJob {
+    /// The session whose turn submitted the job (from the execution, never the payload).
     pub session_id: String,
+    /// The job's id in its registry.
     pub job_id: String,
+    /// The job registry's directory (absolute), where the job lives.
     pub registry_dir: String,
     /// Unix seconds.
     pub created_at: f64,

@@ -26,9 +26,6 @@
 //! # Ok(()) }
 //! ```
 
-// issue 10: lifted once the module moves land
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
-
 mod admissions;
 mod approvals;
 mod counts;
@@ -53,7 +50,7 @@ use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use drover_protocol::ErrorReason;
-use rusqlite::{Connection, OpenFlags};
+use rusqlite::{Connection, OpenFlags, OptionalExtension};
 use sha2::{Digest, Sha256};
 
 pub use admissions::{AdmissionRow, AdmitRequest, Receipt};
@@ -78,7 +75,12 @@ pub enum LedgerError {
     Unavailable(String),
     /// The file is not a drover ledger, or is corrupt. The owner refuses to start.
     #[error("{path} is not a drover ledger ({detail}); refusing to touch it")]
-    ForeignFile { path: PathBuf, detail: String },
+    ForeignFile {
+        /// The file that was refused.
+        path: PathBuf,
+        /// What showed it is not a drover ledger.
+        detail: String,
+    },
     /// Internal form of `ForeignFile` before the path is known.
     #[error("not a drover ledger: {0}")]
     Foreign(String),
@@ -90,29 +92,54 @@ pub enum LedgerError {
          {path} away to start with an empty ledger"
     )]
     Damaged {
+        /// The damaged ledger, left as it was found.
         path: PathBuf,
+        /// What the integrity check reported.
         detail: String,
+        /// Where the copy set aside by [`set_aside`] is.
         backup: PathBuf,
     },
     /// Another process holds this ledger open for writing (SPEC section 1: one owner).
     #[error("{path} is in use by another drover owner")]
-    InUse { path: PathBuf },
+    InUse {
+        /// The ledger another process holds.
+        path: PathBuf,
+    },
+    /// `not_found`: no such session, admission or prompt; the text names what was looked up.
     #[error("{0} not found")]
     NotFound(String),
     /// `admission_conflict`: same key, different payload.
     #[error("{0}")]
     Conflict(String),
+    /// `stale_epoch`: a persist frame carries another runtime epoch than the owner's
+    /// (SPEC section 4).
     #[error("epoch {got} is not the current runtime epoch {current}")]
-    StaleEpoch { got: u64, current: u64 },
+    StaleEpoch {
+        /// The epoch the frame carried.
+        got: u64,
+        /// The owner's current runtime epoch.
+        current: u64,
+    },
+    /// `stale_generation`: a persist frame's execution is not live or not of its generation,
+    /// a prompt answer names another generation, `prompt.cancel` finds the turn started, or a
+    /// turn is settled whose admission is already terminal.
     #[error("{0}")]
     StaleGeneration(String),
+    /// `permission_denied`: a persist frame's secret does not match its execution.
     #[error("{0}")]
     PermissionDenied(String),
+    /// `unknown_execution`: `prompt.cancel` of an `unknown` admission, which only
+    /// `prompt.resolve_unknown` moves on.
     #[error("{0}")]
     UnknownExecution(String),
     /// `invalid_params` naming `field`.
     #[error("{field}: {detail}")]
-    InvalidParams { field: String, detail: String },
+    InvalidParams {
+        /// The offending field, as `data.field` names it.
+        field: String,
+        /// What is wrong with it.
+        detail: String,
+    },
     /// Stored JSON did not parse (a bug or a hand-edited file).
     #[error("corrupt ledger row: {0}")]
     Corrupt(String),
@@ -159,7 +186,9 @@ impl LedgerError {
 /// The runtime epoch row (SPEC section 3, `runtime_epoch`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RuntimeEpoch {
+    /// The runtime epoch, raised by one at each owner start; persist frames must carry it.
     pub epoch: u64,
+    /// A fresh random id of the owner instance that raised it (`daemon.json` `instance_id`).
     pub instance_id: String,
 }
 
@@ -240,10 +269,12 @@ impl Ledger {
             p.push(suffix);
             set_private(Path::new(&p));
         }
+        // No row yet is epoch 0; a failed read is an error, never a silent 0.
         let epoch = conn
             .query_row("SELECT epoch FROM runtime_epoch WHERE id = 1", [], |r| {
                 r.get::<_, i64>(0)
             })
+            .optional()?
             .unwrap_or(0) as u64;
         Ok(Ledger {
             conn,
@@ -257,10 +288,12 @@ impl Ledger {
     pub fn bump_epoch(&mut self) -> Result<RuntimeEpoch, LedgerError> {
         let instance_id = new_id();
         let tx = self.conn.transaction()?;
+        // A failed read must not restart the count at 1: that would reuse an old epoch.
         let current: i64 = tx
             .query_row("SELECT epoch FROM runtime_epoch WHERE id = 1", [], |r| {
                 r.get(0)
             })
+            .optional()?
             .unwrap_or(0);
         let epoch = current + 1;
         tx.execute(
@@ -283,7 +316,6 @@ impl Ledger {
 
     /// Reads a `state_meta` value.
     pub fn meta(&self, key: &str) -> Result<Option<String>, LedgerError> {
-        use rusqlite::OptionalExtension;
         Ok(self
             .conn
             .query_row("SELECT value FROM state_meta WHERE key = ?1", [key], |r| {
@@ -347,4 +379,33 @@ pub(crate) fn digests_equal(a: &str, b: &str) -> bool {
 /// Stable digest of a JSON value (serde_json keeps object keys sorted by default).
 pub(crate) fn json_digest(v: &serde_json::Value) -> String {
     digest(v.to_string().as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `runtime_epoch` row that does not read is an error: never a silent epoch 0 that
+    /// the next bump would turn into an epoch already used.
+    #[test]
+    fn an_unreadable_epoch_row_is_an_error_not_epoch_zero() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state.db");
+        let mut ledger = Ledger::open(&path).expect("open");
+        assert_eq!(ledger.bump_epoch().expect("first bump").epoch, 1);
+        assert_eq!(ledger.bump_epoch().expect("second bump").epoch, 2);
+        ledger
+            .conn
+            .execute("UPDATE runtime_epoch SET epoch = 'two' WHERE id = 1", [])
+            .expect("damage the row");
+        let err = ledger
+            .bump_epoch()
+            .expect_err("an unreadable epoch must not bump");
+        assert_eq!(err.reason(), ErrorReason::StorageUnavailable, "{err:?}");
+        drop(ledger);
+        let err = Ledger::open(&path)
+            .err()
+            .expect("an unreadable epoch must not open as epoch 0");
+        assert_eq!(err.reason(), ErrorReason::StorageUnavailable, "{err:?}");
+    }
 }

@@ -20,19 +20,26 @@ use crate::{digest, digests_equal, json_digest, Ledger, LedgerError};
 pub enum PersistOutcome {
     /// Applied now (or replayed from the stored receipt): send `Receipt{sequence, result}`.
     Receipt {
+        /// The operation's result, as stored in `worker_receipts.result_json`.
         result: Value,
+        /// The events the operation stored, to publish; empty for a replayed receipt.
         events: Vec<StoredEvent>,
+        /// The ended turn, for an `execution.finish` applied now.
         settlement: Option<Settlement>,
     },
     /// A `prompt.open` whose answer is not in yet: the receipt is sent when a client answers.
     Deferred {
+        /// The prompt opened (or still open) for this frame.
         prompt_id: String,
+        /// Its `approval.request` or `clarify.request` event, to publish; empty when resent.
         events: Vec<StoredEvent>,
     },
     /// A `child.reserve` that created (or, resent, still has) a child: the owner claims the
     /// child's turn; the receipt is sent when that turn ends ([`Settlement::parent_answer`]).
     Reserved {
+        /// The child's session and execution.
         child: ChildReserved,
+        /// The child goal's `admission.updated` event, to publish; empty when resent.
         events: Vec<StoredEvent>,
     },
 }

@@ -14,13 +14,23 @@ use crate::{json_digest, new_id, now, Ledger, LedgerError};
 /// One `prompts` row, as listed in `session.resume` `prompts`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PromptRow {
+    /// The prompt's id, named by `approval.respond` / `clarify.respond`.
     pub prompt_id: String,
+    /// The session of the turn that opened it.
     pub session_id: String,
+    /// The execution that opened it with `prompt.open`.
     pub execution_id: String,
+    /// That execution's generation (`execution_generation`); an answer must name it.
     pub generation: u64,
+    /// `approval` or `clarify`.
     pub kind: String,
+    /// The prompt as the worker opened it (`body_json`): for `approval` `command`,
+    /// `description`, `choices` and the `pattern_key` a grant records; for `clarify`
+    /// `question`, `choices`, `multi_select`.
     pub body: Value,
+    /// `open`, `resolved` or `cancelled`.
     pub status: PromptStatus,
+    /// The first answer (the approval `choice` or the clarify `answer`), once resolved.
     pub answer: Option<Value>,
     /// The `prompt.open` persist sequence to answer.
     pub sequence: u64,
@@ -253,12 +263,18 @@ pub(crate) fn cancel_open_prompts(
 pub enum PromptResponse {
     /// First answer: the worker's deferred receipt is now stored; send it.
     Resolved {
+        /// The prompt, now `resolved` with its answer.
         prompt: PromptRow,
+        /// The `prompt.open` receipt result, `{status: "resolved", answer}`.
         receipt: Value,
+        /// Its `approval.settled` or `clarify.settled` event, to publish.
         events: Vec<StoredEvent>,
     },
     /// The prompt was already resolved or cancelled.
-    AlreadyResolved { prompt: PromptRow },
+    AlreadyResolved {
+        /// The prompt as it stands, unchanged.
+        prompt: PromptRow,
+    },
 }
 
 impl Ledger {

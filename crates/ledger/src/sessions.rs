@@ -10,51 +10,83 @@ use crate::{json_digest, new_id, now, Ledger, LedgerError};
 /// request_timeout_s, max_retries}`; the rest is the frozen policy (SPEC section 4).
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewSession {
+    /// The `session.create` idempotency key; `None` for a child session.
     pub request_id: Option<String>,
+    /// Who made it: `cli` by default, `subagent` for a child.
     pub source: String,
+    /// The parent's session, for a child session.
     pub parent_session_id: Option<String>,
+    /// A title shown by `session.list`.
     pub title: Option<String>,
+    /// The model name every request of the session sends.
     pub model: String,
+    /// The frozen model settings (see above).
     pub model_config: Value,
+    /// The working directory of its tools (absolute).
     pub cwd: String,
+    /// The system prompt, `messages[0]` of every request.
     pub system_prompt: String,
+    /// The toolset names enabled for the session.
     pub toolsets: Vec<String>,
+    /// The frozen tool schemas every request sends as `tools`.
     pub tool_schemas: Vec<Value>,
 }
 
 /// One `sessions` row.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SessionRow {
+    /// The session id.
     pub id: String,
+    /// Who made it: `cli` by default, `subagent` for a child.
     pub source: String,
+    /// The parent's session, for a child session.
     pub parent_session_id: Option<String>,
+    /// A title shown by `session.list`.
     pub title: Option<String>,
+    /// The frozen model name.
     pub model: String,
+    /// The frozen model settings, as [`NewSession::model_config`].
     pub model_config: Value,
+    /// The working directory of its tools (absolute).
     pub cwd: String,
+    /// The frozen system prompt.
     pub system_prompt: String,
+    /// The toolset names enabled for the session.
     pub toolsets: Vec<String>,
+    /// The frozen tool schemas.
     pub tool_schemas: Vec<Value>,
+    /// The names of those tools (`tool_names`).
     pub tool_names: Vec<String>,
+    /// Unix seconds.
     pub started_at: f64,
+    /// Unix seconds, once the session ended.
     pub ended_at: Option<f64>,
+    /// Why it ended (`agent_close` for a retired child).
     pub end_reason: Option<String>,
+    /// Input tokens the model reported, summed over every turn.
     pub input_tokens: u64,
+    /// Output tokens the model reported, summed over every turn.
     pub output_tokens: u64,
+    /// Model requests made, over every turn.
     pub api_call_count: u64,
+    /// The generation of the last claimed turn (0 before any); the next claim gets one more.
     pub runtime_generation: u64,
+    /// A random id naming the session's stored event stream (`session.events.since`).
     pub replay_epoch: String,
     /// What was wrong with the stored row, one entry per bad column (`"<column> holds
     /// <what>; read as <value>"`); empty for a sound row. A bad count is read clamped into
-    /// range ([`crate::counts`]); a listed row whose JSON columns do not parse has them empty.
+    /// range (`crate::counts`); a listed row whose JSON columns do not parse has them empty.
     pub problems: Vec<String>,
 }
 
 /// A row of `session.list`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SessionSummary {
+    /// The session row.
     pub session: SessionRow,
+    /// Whether a turn holds the session's lease now.
     pub running: bool,
+    /// How many of its admissions are not yet terminal.
     pub pending_count: u64,
 }
 
@@ -414,11 +446,11 @@ pub(crate) fn insert_session_in(
             new.model_config.to_string(),
             new.cwd,
             new.system_prompt,
-            serde_json::to_string(&names).unwrap_or_else(|_| "[]".into()),
+            Value::from(names).to_string(),
             now(),
             new.request_id,
             digest,
-            serde_json::to_string(&new.toolsets).unwrap_or_else(|_| "[]".into()),
+            Value::from(new.toolsets.clone()).to_string(),
             Value::Array(new.tool_schemas.clone()).to_string(),
             new_id(),
         ],

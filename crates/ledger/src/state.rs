@@ -7,36 +7,55 @@
 /// `session_admissions.status` (SPEC section 3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum AdmissionStatus {
+    /// `queued`: admitted and waiting its turn in the session's FIFO.
     Queued,
+    /// `started`: claimed as the session's turn, with a generation.
     Started,
+    /// `unknown`: its worker or the owner died mid-turn; never replayed (G2), and the queue
+    /// pauses until `prompt.resolve_unknown`.
     Unknown,
+    /// `terminal`: done, with an [`Outcome`]; never moves again.
     Terminal,
 }
 
 /// `session_admissions.outcome`, set only when terminal (SPEC section 3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Outcome {
+    /// `completed`: the turn finished normally.
     Completed,
+    /// `interrupted`: stopped by `session.interrupt`, a graceful stop, a retired child, or
+    /// `prompt.resolve_unknown`.
     Interrupted,
+    /// `failed`: the turn ended in an error, given in `turn.settled` `error`.
     Failed,
+    /// `rejected`: refused without running (a spec word; nothing in drover sets it yet).
     Rejected,
+    /// `cancelled`: taken off the queue before it started (`prompt.cancel`, or the queued goal
+    /// of a retired child).
     Cancelled,
 }
 
 /// `worker_executions.status` (SPEC section 3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ExecutionStatus {
+    /// `registered`: claimed (or reserved by `child.reserve`); no persist applied yet.
     Registered,
+    /// `running`: the worker's first persist frame was applied.
     Running,
+    /// `terminal`: finished or retired; its later writes fail `stale_generation`.
     Terminal,
+    /// `unknown`: the worker died before `execution.finish`; the session claims nothing.
     Unknown,
 }
 
 /// `prompts.status` (SPEC section 3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PromptStatus {
+    /// `open`: waiting for `approval.respond` or `clarify.respond`.
     Open,
+    /// `resolved`: answered; the first answer wins.
     Resolved,
+    /// `cancelled`: its turn ended before an answer.
     Cancelled,
 }
 

@@ -22,10 +22,15 @@ use crate::{digest, now, Ledger, LedgerError};
 /// A claimed turn: everything the owner needs to spawn its worker.
 #[derive(Debug, Clone)]
 pub struct Claim {
+    /// The claimed admission, now `started` with its generation.
     pub admission: AdmissionRow,
+    /// The session, with its frozen policy for the bootstrap.
     pub session: SessionRow,
+    /// The execution the turn runs as: a new `compute` one, or the reserved `child` one.
     pub execution_id: String,
+    /// The turn's generation: `sessions.runtime_generation + 1` at the claim.
     pub generation: u64,
+    /// The runtime epoch the turn was claimed in; its persist frames must carry it.
     pub epoch: u64,
     /// Earlier messages without this turn's input and without lost turns.
     pub history: Vec<ChatMessage>,
@@ -33,17 +38,22 @@ pub struct Claim {
     pub approval_grants: Vec<String>,
     /// The session's background processes for the bootstrap (SPEC section 6).
     pub background_processes: Vec<drover_protocol::worker::BackgroundProcess>,
+    /// The `admission.updated` and `turn.started` events, to publish.
     pub events: Vec<StoredEvent>,
 }
 
 /// A turn that ended (settled or lost); the owner publishes `events` and may claim the next.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Settlement {
+    /// The session whose turn ended.
     pub session_id: String,
+    /// The turn's admission.
     pub admission_id: String,
+    /// The turn's execution.
     pub execution_id: String,
     /// `completed|failed|interrupted`, or `unknown` when the turn was lost.
     pub outcome: String,
+    /// The events the ending stored (`turn.settled`, `admission.updated`, ...), to publish.
     pub events: Vec<StoredEvent>,
     /// For a `child` execution: the parent's deferred `child.reserve` receipt, to send now.
     pub parent_answer: Option<ParentAnswer>,
@@ -54,10 +64,15 @@ pub struct Settlement {
 /// What recovery did at owner start (SPEC section 4, "Owner killed").
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Recovery {
+    /// Admissions that were `started` under an older epoch, now `unknown`.
     pub unknown_admissions: Vec<String>,
+    /// Live `compute` executions of an older epoch, now `unknown`.
     pub unknown_executions: Vec<String>,
+    /// Live `child` executions of an older epoch (and their own children), now `terminal`.
     pub retired_children: Vec<String>,
+    /// Open prompts whose execution is no longer live, now `cancelled`.
     pub cancelled_prompts: Vec<String>,
+    /// The events recovery stored, to publish.
     pub events: Vec<StoredEvent>,
 }
 
