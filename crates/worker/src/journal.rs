@@ -10,8 +10,8 @@
 //! written and fsync'd (file, then directory) by [`Journal::record`] before it may be sent;
 //! [`Journal::acknowledge`] deletes it once the owner answered (receipt or refusal).
 //! [`Journal::open`] reloads what is left, so a restarted sender resends the same frames with
-//! the same sequences and payloads. This module is plain, synchronous file IO: the transport
-//! lives in [`crate::link`].
+//! the same sequences and payloads. This module is plain, synchronous file IO, the bottom layer
+//! of the crate: the link above it runs it on its own thread and carries the frames.
 
 use std::collections::BTreeMap;
 use std::fs::{self, DirBuilder, File, OpenOptions};
@@ -47,6 +47,9 @@ pub enum JournalError {
     /// The execution id cannot name a directory.
     #[error("execution_id {0:?} cannot name an outbox directory (empty, or has `/` or `..`)")]
     BadExecutionId(String),
+    /// The outbox thread of the link has stopped, so the outbox cannot be changed any more.
+    #[error("the outbox thread has stopped")]
+    Stopped,
 }
 
 impl JournalError {

@@ -9,12 +9,16 @@
 //!
 //! Modules:
 //! - [`journal`]: the outbox files (record, acknowledge, reload).
-//! - [`link`]: the owner pipes over any reader/writer pair: one writer task (persists and
-//!   deltas never interleave), one reader task (receipts by sequence, `stop`), resend after a
-//!   reconnect.
+//! - [`link`]: the owner pipes over any reader/writer pair: an outbox thread for the journal's
+//!   fsyncs, one writer task behind a bounded queue (persists and deltas never interleave;
+//!   deltas are dropped when the owner does not read, persists wait), one reader task
+//!   (receipts by sequence, `stop`), resend after a reconnect.
 //! - [`store`]: the agent's [`drover_agent::TurnStore`], the tools'
 //!   [`drover_tools::PromptBroker`] and [`drover_tools::ProcessRegistry`], all persisting
 //!   through the link.
+//!
+//! Layers (bottom to top; a module uses only those below it): [`journal`] < [`link`] <
+//! [`store`] < this file (bootstrap, the turn, exit codes).
 //!
 //! The protocol, as the worker plays it:
 //! 1. The owner sends [`OwnerFrame::Bootstrap`]; the worker opens the outbox and the turn runs
@@ -301,7 +305,13 @@ where
     tracing::info!(model = %policy.model, toolsets = ?policy.toolsets, "turn starting");
 
     let cancel = CancellationToken::new();
-    let link = OwnerLink::new(journal, cancel.clone());
+    let link = match OwnerLink::new(journal, cancel.clone()) {
+        Ok(link) => link,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the outbox thread");
+            return WorkerExit::Aborted;
+        }
+    };
     link.connect(reader, writer);
 
     let exit = tokio::select! {
@@ -382,7 +392,7 @@ async fn settle(
     };
     match link.persist(op::EXECUTION_FINISH, payload).await {
         Ok(_) => {
-            if let Err(e) = link.finish_outbox() {
+            if let Err(e) = link.finish_outbox().await {
                 tracing::warn!(error = %e, "could not remove the outbox");
             }
             tracing::info!(outcome = outcome.as_str(), "execution finished");

@@ -75,7 +75,8 @@ fn open_link(home: &std::path::Path) -> (OwnerLink, PathBuf, CancellationToken) 
     let dir = outbox_dir(home, "exec-1").expect("outbox dir");
     let journal = Journal::open(&dir, scope()).expect("journal");
     let cancel = CancellationToken::new();
-    (OwnerLink::new(journal, cancel.clone()), dir, cancel)
+    let link = OwnerLink::new(journal, cancel.clone()).expect("link");
+    (link, dir, cancel)
 }
 
 fn frame_files(dir: &std::path::Path) -> Vec<String> {
@@ -165,7 +166,7 @@ async fn outbox_replay_after_the_owners_end_of_the_pipe_closes_and_opens_again()
     }
     assert!(frame_files(&dir).is_empty(), "{:?}", frame_files(&dir));
     assert!(link.unacknowledged().is_empty());
-    link.finish_outbox().expect("finish");
+    link.finish_outbox().await.expect("finish");
     assert!(!dir.exists());
 }
 
