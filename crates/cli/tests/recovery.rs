@@ -404,10 +404,7 @@ async fn killing_the_owner_mid_turn_then_restarting_makes_it_unknown_and_never_r
     assert_eq!(leases(&s.home.db()), 0);
     // Recovery published the loss into the stored stream.
     let since = c
-        .call_ok(
-            "session.events.since",
-            json!({"session_id": s.session_id, "replay_epoch": snap["replay_epoch"], "last_sequence": 0}),
-        )
+        .events_since(&s.session_id, &snap["replay_epoch"], 0)
         .await
         .unwrap();
     let events = since["events"].as_array().unwrap();

@@ -43,7 +43,7 @@ use sha2::{Digest, Sha256};
 
 pub use admissions::{AdmissionRow, AdmitRequest, Claim, Receipt, Recovery, Settlement};
 pub use delegation::{ChildReserved, DelegationLimits, ParentAnswer};
-pub use events::StoredEvent;
+pub use events::{EventsPage, StoredEvent};
 pub use integrity::set_aside;
 pub use persist::{ApprovalRule, PersistOutcome, PromptResponse, PromptRow};
 pub use processes::BOOTSTRAP_FINISHED_PROCESSES;

@@ -619,10 +619,28 @@ fn check_answer(kind: &str, body: &Value, answer: &Value) -> Result<(), LedgerEr
     Ok(())
 }
 
+/// Events in one `session.events.since` answer when the caller names no `limit`, and the most
+/// it may name (SPEC section 2).
+const EVENTS_PAGE_LIMIT: u64 = 1000;
+/// About the most event text (payloads and types) one answer carries; at least one event
+/// always comes back, so a reader makes progress.
+const EVENTS_PAGE_BYTES: usize = 4 * 1024 * 1024;
+
+/// `session.events.since`: one page of the stored stream, with `has_more` while events are left.
 async fn events_since(owner: &Arc<Owner>, p: &Params<'_>) -> Result<Value, RpcError> {
     let session_id = p.str("session_id")?.to_string();
     let replay_epoch = p.opt_str("replay_epoch")?.unwrap_or_default().to_string();
     let last_sequence = p.u64("last_sequence")?;
+    let limit = match p.opt_u64("limit")? {
+        None => EVENTS_PAGE_LIMIT,
+        Some(limit @ 1..=EVENTS_PAGE_LIMIT) => limit,
+        Some(_) => {
+            return Err(RpcError::invalid_field(
+                "limit",
+                format!("limit must be between 1 and {EVENTS_PAGE_LIMIT}"),
+            ))
+        }
+    } as u32;
     owner
         .ledger(move |l, _| {
             let session = l
@@ -635,11 +653,13 @@ async fn events_since(owner: &Arc<Owner>, p: &Params<'_>) -> Result<Value, RpcEr
                     "last_sequence": last,
                     "replay_epoch": session.replay_epoch,
                     "snapshot_required": true,
+                    "has_more": false,
                 }));
             }
-            let events = l.events_since(&session_id, last_sequence, 10_000)?;
-            let upto = events.last().map(|e| e.seq).unwrap_or(last_sequence);
-            let wire: Vec<Value> = events
+            let page = l.events_page(&session_id, last_sequence, limit, EVENTS_PAGE_BYTES)?;
+            let upto = page.events.last().map(|e| e.seq).unwrap_or(last_sequence);
+            let wire: Vec<Value> = page
+                .events
                 .iter()
                 .map(|e| serde_json::to_value(e.to_wire()).unwrap_or_default())
                 .collect();
@@ -648,6 +668,7 @@ async fn events_since(owner: &Arc<Owner>, p: &Params<'_>) -> Result<Value, RpcEr
                 "last_sequence": upto,
                 "replay_epoch": session.replay_epoch,
                 "snapshot_required": false,
+                "has_more": page.has_more,
             }))
         })
         .await
