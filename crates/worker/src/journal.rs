@@ -325,11 +325,17 @@ mod tests {
         }
     }
 
-    #[test]
-    fn record_numbers_frames_from_one_and_writes_private_files() {
+    /// An empty outbox for execution `e1` in a new home.
+    fn fresh() -> (tempfile::TempDir, PathBuf, Journal) {
         let home = tempfile::tempdir().expect("tempdir");
         let dir = outbox_dir(home.path(), "e1").expect("dir");
-        let mut journal = Journal::open(&dir, scope()).expect("open");
+        let journal = Journal::open(&dir, scope()).expect("open");
+        (home, dir, journal)
+    }
+
+    #[test]
+    fn record_numbers_frames_from_one_and_writes_private_files() {
+        let (_home, dir, mut journal) = fresh();
         let first = journal
             .record("usage.add", json!({"n": 1}))
             .expect("record");
@@ -358,9 +364,7 @@ mod tests {
 
     #[test]
     fn reloaded_frames_get_the_scope_secret_and_a_foreign_secret_is_refused() {
-        let home = tempfile::tempdir().expect("tempdir");
-        let dir = outbox_dir(home.path(), "e1").expect("dir");
-        let mut journal = Journal::open(&dir, scope()).expect("open");
+        let (_home, dir, mut journal) = fresh();
         let frame = journal
             .record("usage.add", json!({"n": 1}))
             .expect("record");
@@ -381,9 +385,7 @@ mod tests {
 
     #[test]
     fn acknowledge_deletes_and_unacknowledged_lists_the_rest_in_order() {
-        let home = tempfile::tempdir().expect("tempdir");
-        let dir = outbox_dir(home.path(), "e1").expect("dir");
-        let mut journal = Journal::open(&dir, scope()).expect("open");
+        let (_home, dir, mut journal) = fresh();
         for n in 1..=3 {
             journal
                 .record("usage.add", json!({"n": n}))
@@ -402,9 +404,7 @@ mod tests {
 
     #[test]
     fn reopened_journal_sees_unacknowledged_frames_and_continues_the_sequence() {
-        let home = tempfile::tempdir().expect("tempdir");
-        let dir = outbox_dir(home.path(), "e1").expect("dir");
-        let mut journal = Journal::open(&dir, scope()).expect("open");
+        let (_home, dir, mut journal) = fresh();
         let frames: Vec<PersistFrame> = (1..=3)
             .map(|n| {
                 journal
@@ -428,9 +428,7 @@ mod tests {
 
     #[test]
     fn oversize_frame_is_refused_without_using_a_sequence() {
-        let home = tempfile::tempdir().expect("tempdir");
-        let dir = outbox_dir(home.path(), "e1").expect("dir");
-        let mut journal = Journal::open(&dir, scope()).expect("open");
+        let (_home, dir, mut journal) = fresh();
         let big = "x".repeat(MAX_FRAME_BYTES);
         let err = journal
             .record("transcript.append", json!({ "text": big }))
@@ -444,9 +442,7 @@ mod tests {
 
     #[test]
     fn finish_removes_the_outbox_directory() {
-        let home = tempfile::tempdir().expect("tempdir");
-        let dir = outbox_dir(home.path(), "e1").expect("dir");
-        let mut journal = Journal::open(&dir, scope()).expect("open");
+        let (home, dir, mut journal) = fresh();
         journal
             .record("execution.finish", json!({}))
             .expect("record");

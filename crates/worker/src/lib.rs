@@ -45,10 +45,9 @@ use std::time::Duration;
 use drover_agent::{run_turn, TurnReport, TurnSpec};
 use drover_model::{ModelClient, ModelConfig};
 use drover_protocol::worker::{
-    op, Bootstrap, ExecutionFinish, OwnerFrame, Policy, Scope, TurnOutcome, TurnResult,
-    MAX_FRAME_BYTES,
+    op, Bootstrap, ExecutionFinish, OwnerFrame, Policy, TurnOutcome, TurnResult, MAX_FRAME_BYTES,
 };
-use drover_protocol::{ChatMessage, Usage};
+use drover_protocol::Usage;
 use drover_tools::platform::{self, ForegroundGroups, Signal};
 use drover_tools::{ToolContext, ToolRegistry};
 use tokio::io::{AsyncBufRead, AsyncWrite};
@@ -287,14 +286,11 @@ where
     R: AsyncBufRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let Bootstrap {
-        scope,
-        policy,
-        history,
-        input,
-    } = bootstrap;
-    let journal = match outbox_dir(Path::new(&policy.home), &scope.execution_id)
-        .and_then(|dir| Journal::open(dir, scope.clone()))
+    let journal = match outbox_dir(
+        Path::new(&bootstrap.policy.home),
+        &bootstrap.scope.execution_id,
+    )
+    .and_then(|dir| Journal::open(dir, bootstrap.scope.clone()))
     {
         Ok(journal) => journal,
         Err(e) => {
@@ -302,7 +298,7 @@ where
             return WorkerExit::Aborted;
         }
     };
-    tracing::info!(model = %policy.model, toolsets = ?policy.toolsets, "turn starting");
+    tracing::info!(model = %bootstrap.policy.model, toolsets = ?bootstrap.policy.toolsets, "turn starting");
 
     let cancel = CancellationToken::new();
     let link = match OwnerLink::new(journal, cancel.clone()) {
@@ -317,7 +313,7 @@ where
     let exit = tokio::select! {
         // Settling first: a receipt and the owner's end of file may arrive together.
         biased;
-        exit = settle(&link, &scope, policy, history, input, cancel.clone()) => exit,
+        exit = settle(&link, bootstrap, cancel.clone()) => exit,
         _ = link.disconnected() => {
             tracing::warn!("the owner is gone (end of stdin or broken stdout); stopping");
             owner_lost(&cancel)
@@ -343,15 +339,8 @@ fn owner_lost(cancel: &CancellationToken) -> WorkerExit {
 }
 
 /// Runs the turn and persists `execution.finish`.
-async fn settle(
-    link: &OwnerLink,
-    scope: &Scope,
-    policy: Policy,
-    history: Vec<ChatMessage>,
-    input: String,
-    cancel: CancellationToken,
-) -> WorkerExit {
-    let report = run_agent(link, scope, policy, history, input, cancel.clone()).await;
+async fn settle(link: &OwnerLink, bootstrap: Bootstrap, cancel: CancellationToken) -> WorkerExit {
+    let report = run_agent(link, bootstrap, cancel.clone()).await;
     if cancel.is_cancelled() {
         // Tools drop their groups on cancel already; this catches any that did not.
         ForegroundGroups::kill_all();
@@ -413,12 +402,15 @@ async fn settle(
 /// agent loop. A setup error is a `failed` report with no request made.
 async fn run_agent(
     link: &OwnerLink,
-    scope: &Scope,
-    policy: Policy,
-    history: Vec<ChatMessage>,
-    input: String,
+    bootstrap: Bootstrap,
     cancel: CancellationToken,
 ) -> TurnReport {
+    let Bootstrap {
+        scope,
+        policy,
+        history,
+        input,
+    } = bootstrap;
     let setup_failed = |model: &str, error: String| {
         tracing::error!(error = %error, "turn setup failed");
         TurnReport {
