@@ -97,10 +97,7 @@ async fn model_writes_a_file_then_reads_it_back_in_one_turn() {
     let resume = s.resume().await.unwrap();
     let since = s
         .client
-        .call_ok(
-            "session.events.since",
-            json!({"session_id": s.session_id, "replay_epoch": resume["replay_epoch"], "last_sequence": 0}),
-        )
+        .events_since(&s.session_id, &resume["replay_epoch"], 0)
         .await
         .unwrap();
     let contexts: Vec<&str> = since["events"]

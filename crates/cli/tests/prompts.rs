@@ -575,10 +575,7 @@ async fn event_replay_after_restart_returns_tool_events() {
     let daemon = Daemon::start(bin(), s.home.path()).await.unwrap();
     let mut client = daemon.client().await.unwrap();
     let since = client
-        .call_ok(
-            "session.events.since",
-            json!({"session_id": s.session_id, "replay_epoch": replay_epoch, "last_sequence": 0}),
-        )
+        .events_since(&s.session_id, &json!(replay_epoch), 0)
         .await
         .unwrap();
     assert_eq!(since["snapshot_required"], false, "{since}");
@@ -605,10 +602,7 @@ async fn event_replay_after_restart_returns_tool_events() {
 
     // From the middle: only what came after.
     let tail = client
-        .call_ok(
-            "session.events.since",
-            json!({"session_id": s.session_id, "replay_epoch": replay_epoch, "last_sequence": last - 1}),
-        )
+        .events_since(&s.session_id, &json!(replay_epoch), last - 1)
         .await
         .unwrap();
     assert_eq!(tail["events"].as_array().unwrap().len(), 1);
@@ -617,10 +611,7 @@ async fn event_replay_after_restart_returns_tool_events() {
     // A stream the caller does not know, or a position ahead of it: take a snapshot.
     for (epoch, position) in [("not-the-epoch", 0), (replay_epoch.as_str(), last + 5)] {
         let r = client
-            .call_ok(
-                "session.events.since",
-                json!({"session_id": s.session_id, "replay_epoch": epoch, "last_sequence": position}),
-            )
+            .events_since(&s.session_id, &json!(epoch), position)
             .await
             .unwrap();
         assert_eq!(r["snapshot_required"], true, "{epoch} {position}: {r}");

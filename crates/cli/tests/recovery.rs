@@ -106,6 +106,34 @@ fn pending(resume: &Value) -> Vec<(String, String)> {
 }
 
 /// Waits until `pid` is gone (or a zombie), bounded by `timeout`.
+/// The first line of the daemon log containing `needle`, waiting for it up to [`BOUND`].
+async fn log_line(home: &Path, needle: &str) -> String {
+    let path = home.join("logs").join("daemon.log");
+    let deadline = Instant::now() + BOUND;
+    loop {
+        let log = std::fs::read_to_string(&path).unwrap_or_default();
+        if let Some(line) = log.lines().find(|l| l.contains(needle)) {
+            return line.to_string();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {needle:?} in {}:\n{log}",
+            path.display()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The generation of the execution that ran admission `admission_id`.
+fn execution_generation(db: &Path, admission_id: &str) -> u64 {
+    db_value(
+        db,
+        &format!("SELECT generation FROM worker_executions WHERE admission_id = '{admission_id}'"),
+    )
+    .as_u64()
+    .unwrap()
+}
+
 async fn wait_gone(pid: u32, timeout: Duration) -> bool {
     let deadline = Instant::now() + timeout;
     while pid_alive(pid) {
@@ -233,6 +261,17 @@ async fn killing_the_worker_while_the_model_holds_leaves_turn_unknown_and_pauses
     .await;
     let settled = events.last().unwrap();
     assert_eq!(settled["payload"]["outcome"], "unknown", "{settled}");
+    // The loss is logged after the supervisor's awaits, still inside the turn's span.
+    let generation = execution_generation(&s.home.db(), &a);
+    let span = format!(
+        "turn{{session_id={} admission_id={a} execution_id=",
+        s.session_id
+    );
+    let line = log_line(s.home.path(), "turn is unknown").await;
+    assert!(
+        line.contains(&span) && line.contains(&format!(" generation={generation}}}")),
+        "the turn's span is missing from {line:?} (wanted {span:?} and generation {generation})"
+    );
     let complete = events
         .iter()
         .find(|e| e["type"] == "message.complete" && e["payload"]["admission_id"] == a.as_str())
@@ -368,10 +407,7 @@ async fn killing_the_owner_mid_turn_then_restarting_makes_it_unknown_and_never_r
     assert_eq!(leases(&s.home.db()), 0);
     // Recovery published the loss into the stored stream.
     let since = c
-        .call_ok(
-            "session.events.since",
-            json!({"session_id": s.session_id, "replay_epoch": snap["replay_epoch"], "last_sequence": 0}),
-        )
+        .events_since(&s.session_id, &snap["replay_epoch"], 0)
         .await
         .unwrap();
     let events = since["events"].as_array().unwrap();

@@ -1,10 +1,13 @@
 //! The JSON-RPC envelope and bad input (SPEC section 2), against the real binary.
 
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::Path;
 
-use drover_test_support::harness::{Daemon, TestHome};
-use drover_test_support::MockModel;
-use serde_json::json;
+use drover_test_support::harness::{Daemon, OneSession, TestHome};
+use drover_test_support::{MockModel, Reply};
+use serde_json::{json, Value};
 
 fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_drover"))
@@ -177,4 +180,140 @@ async fn create_is_idempotent_on_request_id_and_submit_needs_attachment() {
         .await
         .unwrap();
     assert_eq!(again["session_id"], s1["session_id"]);
+}
+
+#[tokio::test]
+async fn events_since_limit_out_of_range_is_invalid_params_naming_limit() {
+    let home = TestHome::new().unwrap();
+    let d = Daemon::start(bin(), home.path()).await.unwrap();
+    let mut c = d.client().await.unwrap();
+    for bad in [json!(0), json!(1001), json!(-1), json!(2.5), json!("10")] {
+        let params =
+            json!({"session_id": "s", "replay_epoch": "e", "last_sequence": 0, "limit": bad});
+        let e = c
+            .call("session.events.since", params)
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(e["code"], -32602, "limit {bad}: {e}");
+        assert_eq!(e["data"]["reason"], "invalid_params", "limit {bad}: {e}");
+        assert_eq!(e["data"]["field"], "limit", "limit {bad}: {e}");
+    }
+    // In range, the limit passes and the unknown session is what is wrong.
+    for good in [json!(1), json!(1000), Value::Null] {
+        let params =
+            json!({"session_id": "s", "replay_epoch": "e", "last_sequence": 0, "limit": good});
+        let reason = c.call_err("session.events.since", params).await.unwrap();
+        assert_eq!(reason, "not_found", "limit {good}");
+    }
+}
+
+/// The `seq` of each event of a `session.events.since` answer.
+fn seqs(answer: &Value) -> Vec<u64> {
+    answer["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn events_since_pages_by_limit_and_by_bytes_and_has_more_reads_to_the_end() {
+    let mut s = OneSession::start(bin(), false, "", &[]).await.unwrap();
+    // 28 calls with 60 KB of arguments each (their tool.start and tool.complete events hold
+    // about 3.4 MB) and a final answer of 1 MB: over the 4 MiB one answer carries, while the
+    // model request (the mock takes up to 2 MB) holds each call's arguments once.
+    let pad = "x".repeat(60_000);
+    s.model.push(Reply::tool_calls(
+        (0..28)
+            .map(|i| {
+                (
+                    format!("call_{i}"),
+                    "pad".to_string(),
+                    json!({ "pad": pad }),
+                )
+            })
+            .collect(),
+    ));
+    s.model.push(Reply::text("y".repeat(1_000_000)));
+    let receipt = s
+        .client
+        .submit(&s.session_id, "pad the stream")
+        .await
+        .unwrap();
+    let admission_id = receipt["admission_id"].as_str().unwrap();
+    let settled = s
+        .client
+        .wait_event(|e| e["type"] == "turn.settled" && e["payload"]["admission_id"] == admission_id)
+        .await
+        .unwrap();
+    assert_eq!(settled["payload"]["outcome"], "completed", "{settled}");
+    let resume = s
+        .client
+        .call_ok("session.resume", json!({"session_id": s.session_id}))
+        .await
+        .unwrap();
+    let epoch = resume["replay_epoch"].clone();
+    let last = resume["last_sequence"].as_u64().unwrap();
+    assert!(last > 56, "only {last} events stored");
+    let all: Vec<u64> = (1..=last).collect();
+
+    // By limit: pages of 3, each one but the last saying has_more.
+    let (mut position, mut read, mut pages) = (0, Vec::new(), 0);
+    loop {
+        let page = s
+            .client
+            .call_ok(
+                "session.events.since",
+                json!({"session_id": s.session_id, "replay_epoch": epoch, "last_sequence": position, "limit": 3}),
+            )
+            .await
+            .unwrap();
+        pages += 1;
+        let got = seqs(&page);
+        assert!(!got.is_empty() && got.len() <= 3, "page {pages}: {got:?}");
+        position = page["last_sequence"].as_u64().unwrap();
+        assert_eq!(Some(&position), got.last());
+        read.extend(got);
+        if page["has_more"] == false {
+            break;
+        }
+        assert_eq!(page["has_more"], true, "{page}");
+        assert!(pages <= last, "has_more never ended");
+    }
+    assert_eq!(read, all);
+    assert_eq!(pages, last.div_ceil(3));
+
+    // By bytes: the default limit would take every event, the byte bound does not.
+    let first = s
+        .client
+        .call_ok(
+            "session.events.since",
+            json!({"session_id": s.session_id, "replay_epoch": epoch, "last_sequence": 0}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(first["has_more"], true);
+    assert!((seqs(&first).len() as u64) < last);
+    let bytes = first["events"].to_string().len();
+    assert!(
+        bytes < 4 * 1024 * 1024 + 256 * 1024,
+        "{bytes} bytes in one answer"
+    );
+
+    // A client following has_more reads the whole stream.
+    let followed = s
+        .client
+        .events_since(&s.session_id, &epoch, 0)
+        .await
+        .unwrap();
+    assert!(
+        followed["pages"].as_u64().unwrap() >= 2,
+        "{}",
+        followed["pages"]
+    );
+    assert_eq!(seqs(&followed), all);
+    assert_eq!(followed["last_sequence"], last);
+    assert_eq!(followed["has_more"], false);
 }

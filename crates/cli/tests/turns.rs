@@ -99,10 +99,7 @@ async fn terminal_turn_writes_the_transcript_usage_and_events(stream: bool) {
         .unwrap();
     let since = s
         .client
-        .call_ok(
-            "session.events.since",
-            json!({"session_id": s.session_id, "replay_epoch": resume["replay_epoch"], "last_sequence": 0}),
-        )
+        .events_since(&s.session_id, &resume["replay_epoch"], 0)
         .await
         .unwrap();
     assert_eq!(since["snapshot_required"], false);
@@ -480,10 +477,7 @@ async fn a_client_that_stops_reading_is_dropped_without_slowing_the_others() {
         .await
         .unwrap();
     let since = again
-        .call_ok(
-            "session.events.since",
-            json!({"session_id": last, "replay_epoch": resume["replay_epoch"], "last_sequence": 0}),
-        )
+        .events_since(last, &resume["replay_epoch"], 0)
         .await
         .unwrap();
     assert_eq!(since["snapshot_required"], false);

@@ -33,6 +33,15 @@ impl StoredEvent {
     }
 }
 
+/// A page of stored events ([`Ledger::events_page`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EventsPage {
+    /// The events of this page, in `seq` order.
+    pub events: Vec<StoredEvent>,
+    /// Events are left after this page.
+    pub has_more: bool,
+}
+
 /// Appends one event inside `tx` with the session's next `seq`.
 pub(crate) fn push_event(
     tx: &Connection,
@@ -62,13 +71,17 @@ pub(crate) fn push_event(
 }
 
 impl Ledger {
-    /// Events with `seq > after`, in order, at most `limit`.
-    pub fn events_since(
+    /// One page of the stored stream (SPEC section 2, `session.events.since`): the events with
+    /// `seq > after`, in order, at most `limit` of them and at most about `max_bytes` of
+    /// payload and type text, but always at least one when any is left, so a reader always
+    /// makes progress. `has_more` says whether events are left after the page.
+    pub fn events_page(
         &self,
         session_id: &str,
         after: u64,
         limit: u32,
-    ) -> Result<Vec<StoredEvent>, LedgerError> {
+        max_bytes: usize,
+    ) -> Result<EventsPage, LedgerError> {
         let replay_epoch: Option<String> = self
             .conn
             .query_row(
@@ -80,23 +93,26 @@ impl Ledger {
         let Some(replay_epoch) = replay_epoch else {
             return Err(LedgerError::NotFound(format!("session {session_id}")));
         };
+        // One row past the page tells whether more are left.
         let mut stmt = self.conn.prepare_cached(
             "SELECT seq, type, payload_json FROM session_events
              WHERE session_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
         )?;
-        let rows = stmt.query_map(params![session_id, after as i64, limit as i64], |r| {
-            Ok((
-                r.get::<_, i64>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, String>(2)?,
-            ))
-        })?;
-        let mut out = Vec::new();
-        for row in rows {
-            let (seq, kind, payload) = row?;
+        let mut rows = stmt.query(params![session_id, after as i64, i64::from(limit) + 1])?;
+        let mut page = EventsPage::default();
+        let mut bytes = 0usize;
+        while let Some(row) = rows.next()? {
+            let (seq, kind, payload): (i64, String, String) =
+                (row.get(0)?, row.get(1)?, row.get(2)?);
+            bytes += kind.len() + payload.len();
+            let full = page.events.len() >= limit as usize;
+            if full || (bytes > max_bytes && !page.events.is_empty()) {
+                page.has_more = true;
+                break;
+            }
             let payload = serde_json::from_str(&payload)
                 .map_err(|e| LedgerError::Corrupt(format!("session_events.payload_json: {e}")))?;
-            out.push(StoredEvent {
+            page.events.push(StoredEvent {
                 session_id: session_id.to_string(),
                 seq: seq as u64,
                 replay_epoch: replay_epoch.clone(),
@@ -104,7 +120,7 @@ impl Ledger {
                 payload,
             });
         }
-        Ok(out)
+        Ok(page)
     }
 
     /// The highest stored `seq` of a session (0 when none).
@@ -115,5 +131,82 @@ impl Ledger {
             |r| r.get(0),
         )?;
         Ok(seq as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::sessions::NewSession;
+
+    fn ledger_with_events(n: u64) -> (tempfile::TempDir, Ledger, String) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut ledger = Ledger::open(&dir.path().join("state.db")).expect("open");
+        let session_id = ledger
+            .create_session(&NewSession {
+                request_id: None,
+                source: "cli".into(),
+                parent_session_id: None,
+                title: None,
+                model: "m".into(),
+                model_config: json!({}),
+                cwd: "/".into(),
+                system_prompt: String::new(),
+                toolsets: vec![],
+                tool_schemas: vec![],
+            })
+            .expect("session")
+            .id;
+        let before = ledger.last_event_seq(&session_id).expect("last");
+        for n in 0..n {
+            push_event(
+                &ledger.conn,
+                &session_id,
+                "test",
+                json!({ "text": "x".repeat(100), "n": n }),
+            )
+            .expect("push");
+        }
+        assert_eq!(
+            ledger.last_event_seq(&session_id).expect("last"),
+            before + n
+        );
+        (dir, ledger, session_id)
+    }
+
+    fn seqs(page: &EventsPage) -> Vec<u64> {
+        page.events.iter().map(|e| e.seq).collect()
+    }
+
+    #[test]
+    fn pages_stop_at_the_limit_or_the_byte_bound_and_say_whether_more_are_left() {
+        let (_dir, ledger, sid) = ledger_with_events(5);
+        let last = ledger.last_event_seq(&sid).expect("last");
+        let first = last - 4;
+        let page = ledger
+            .events_page(&sid, first - 1, 2, 1 << 20)
+            .expect("page");
+        assert_eq!((seqs(&page), page.has_more), (vec![first, first + 1], true));
+        let page = ledger
+            .events_page(&sid, first + 2, 2, 1 << 20)
+            .expect("page");
+        assert_eq!(
+            (seqs(&page), page.has_more),
+            (vec![first + 3, first + 4], false)
+        );
+        let page = ledger.events_page(&sid, last, 2, 1 << 20).expect("page");
+        assert_eq!((seqs(&page), page.has_more), (vec![], false));
+        // Each event is over 100 bytes: a 250-byte bound takes two.
+        let page = ledger.events_page(&sid, first - 1, 100, 250).expect("page");
+        assert_eq!((seqs(&page), page.has_more), (vec![first, first + 1], true));
+        // A bound below one event still gives one, so a reader makes progress.
+        let page = ledger.events_page(&sid, first - 1, 100, 1).expect("page");
+        assert_eq!((seqs(&page), page.has_more), (vec![first], true));
+        assert!(matches!(
+            ledger.events_page("nope", 0, 1, 1),
+            Err(LedgerError::NotFound(_))
+        ));
     }
 }

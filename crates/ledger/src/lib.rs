@@ -56,7 +56,7 @@ use sha2::{Digest, Sha256};
 pub use admissions::{AdmissionRow, AdmitRequest, Receipt};
 pub use approvals::ApprovalRule;
 pub use delegation::{ChildReserved, DelegationLimits, ParentAnswer};
-pub use events::StoredEvent;
+pub use events::{EventsPage, StoredEvent};
 pub use integrity::set_aside;
 pub use persist::PersistOutcome;
 pub use processes::BOOTSTRAP_FINISHED_PROCESSES;

@@ -74,10 +74,12 @@ fn init_logging(home: &Path) {
             .with_ansi(false)
             .with_writer(std::sync::Mutex::new(f))
     });
+    // The file layer goes first: the first fmt layer caches each span's formatted fields for
+    // all (tokio-rs/tracing#1817), and the file must not get the terminal's ANSI codes.
     let _ = tracing_subscriber::registry()
         .with(filter)
-        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
         .with(file_layer)
+        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
         .try_init();
 }
 

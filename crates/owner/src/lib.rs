@@ -9,6 +9,9 @@
 //!
 //! What it does not do: call the model or run tools; workers do, and write back only through
 //! `persist` frames.
+//!
+//! Layers (bottom to top; a module uses only those below it): `config`, `home`, `hub`, `jobs`,
+//! `logfile`, `tls` < [`runtime`] < [`turns`] < [`rpc`] < [`server`] < [`daemon`].
 
 // issue 10: lifted once the module moves land
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]

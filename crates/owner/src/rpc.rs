@@ -7,7 +7,10 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use drover_ledger::{AdmitRequest, LedgerError, NewSession, PromptResponse};
+use drover_ledger::{
+    AdmissionRow, AdmitRequest, Ledger, LedgerError, NewSession, PromptResponse, SessionRow,
+    StoredEvent,
+};
 use drover_protocol::rpc::{ErrorReason, RpcError};
 use drover_protocol::worker::OwnerFrame;
 use serde_json::{json, Map, Value};
@@ -285,6 +288,12 @@ async fn session_create(
     snapshot(owner, conn, session.id).await
 }
 
+/// The session `session_id`, or `not_found`.
+fn session_row(l: &Ledger, session_id: &str) -> Result<SessionRow, LedgerError> {
+    l.session(session_id)?
+        .ok_or_else(|| LedgerError::NotFound(format!("session {session_id}")))
+}
+
 /// Attaches the connection and returns the `session.resume` shape, atomically with respect to
 /// events (attach and read happen under the ledger lock).
 async fn snapshot(
@@ -295,9 +304,7 @@ async fn snapshot(
     let conn = conn.clone();
     let snapshot = owner
         .ledger(move |l, o| {
-            let session = l
-                .session(&session_id)?
-                .ok_or_else(|| LedgerError::NotFound(format!("session {session_id}")))?;
+            let session = session_row(l, &session_id)?;
             o.hub.attach(&session_id, &conn);
             let messages: Vec<Value> = l
                 .messages(&session_id)?
@@ -443,17 +450,7 @@ async fn prompt_cancel(
     conn: &ConnHandle,
     p: &Params<'_>,
 ) -> Result<Value, RpcError> {
-    let session_id = p.str("session_id")?.to_string();
-    let admission_id = p.str("admission_id")?.to_string();
-    require_attached(owner, conn, &session_id).await?;
-    let row = owner
-        .ledger(move |l, o| {
-            let (row, events) = l.cancel_admission(&session_id, &admission_id)?;
-            o.hub.publish(&events);
-            Ok(row)
-        })
-        .await
-        .map_err(ledger_error)?;
+    let (_, row) = change_admission(owner, conn, p, Ledger::cancel_admission).await?;
     Ok(row.receipt_json())
 }
 
@@ -462,20 +459,36 @@ async fn resolve_unknown(
     conn: &ConnHandle,
     p: &Params<'_>,
 ) -> Result<Value, RpcError> {
+    let (session_id, row) = change_admission(owner, conn, p, Ledger::resolve_unknown).await?;
+    kick(owner, session_id);
+    Ok(row.receipt_json())
+}
+
+/// A ledger method that changes one admission: the changed row and the events to publish.
+type AdmissionChange =
+    fn(&mut Ledger, &str, &str) -> Result<(AdmissionRow, Vec<StoredEvent>), LedgerError>;
+
+/// A ledger change of one admission (`session_id`, `admission_id`) by an attached connection,
+/// its events published; returns the session id and the changed row.
+async fn change_admission(
+    owner: &Arc<Owner>,
+    conn: &ConnHandle,
+    p: &Params<'_>,
+    change: AdmissionChange,
+) -> Result<(String, AdmissionRow), RpcError> {
     let session_id = p.str("session_id")?.to_string();
     let admission_id = p.str("admission_id")?.to_string();
     require_attached(owner, conn, &session_id).await?;
     let sid = session_id.clone();
     let row = owner
         .ledger(move |l, o| {
-            let (row, events) = l.resolve_unknown(&sid, &admission_id)?;
+            let (row, events) = change(l, &sid, &admission_id)?;
             o.hub.publish(&events);
             Ok(row)
         })
         .await
         .map_err(ledger_error)?;
-    kick(owner, session_id);
-    Ok(row.receipt_json())
+    Ok((session_id, row))
 }
 
 async fn interrupt(
@@ -527,11 +540,7 @@ async fn respond(
     let session_id = p.str("session_id")?.to_string();
     let generation = p.u64("execution_generation")?;
     let prompt_id = p.str("prompt_id")?.to_string();
-    let field = if kind == "approval" {
-        "choice"
-    } else {
-        "answer"
-    };
+    let field = answer_field(kind);
     let answer =
         p.0.get(field)
             .filter(|v| !v.is_null())
@@ -579,14 +588,20 @@ async fn respond(
     }
 }
 
-/// The answer must be one of the prompt's `choices` (SPEC section 2); clarify prompts without
-/// choices take free text, and multi-select ones a list of choices.
-fn check_answer(kind: &str, body: &Value, answer: &Value) -> Result<(), LedgerError> {
-    let field = if kind == "approval" {
+/// The param that carries the answer to a prompt of `kind`: `choice` for approvals, `answer`
+/// for clarify.
+fn answer_field(kind: &str) -> &'static str {
+    if kind == "approval" {
         "choice"
     } else {
         "answer"
-    };
+    }
+}
+
+/// The answer must be one of the prompt's `choices` (SPEC section 2); clarify prompts without
+/// choices take free text, and multi-select ones a list of choices.
+fn check_answer(kind: &str, body: &Value, answer: &Value) -> Result<(), LedgerError> {
+    let field = answer_field(kind);
     let choices: Vec<&str> = body
         .get("choices")
         .and_then(Value::as_array)
@@ -620,15 +635,31 @@ fn check_answer(kind: &str, body: &Value, answer: &Value) -> Result<(), LedgerEr
     Ok(())
 }
 
+/// Events in one `session.events.since` answer when the caller names no `limit`, and the most
+/// it may name (SPEC section 2).
+const EVENTS_PAGE_LIMIT: u64 = 1000;
+/// About the most event text (payloads and types) one answer carries; at least one event
+/// always comes back, so a reader makes progress.
+const EVENTS_PAGE_BYTES: usize = 4 * 1024 * 1024;
+
+/// `session.events.since`: one page of the stored stream, with `has_more` while events are left.
 async fn events_since(owner: &Arc<Owner>, p: &Params<'_>) -> Result<Value, RpcError> {
     let session_id = p.str("session_id")?.to_string();
     let replay_epoch = p.opt_str("replay_epoch")?.unwrap_or_default().to_string();
     let last_sequence = p.u64("last_sequence")?;
+    let limit = match p.opt_u64("limit")? {
+        None => EVENTS_PAGE_LIMIT,
+        Some(limit @ 1..=EVENTS_PAGE_LIMIT) => limit,
+        Some(_) => {
+            return Err(RpcError::invalid_field(
+                "limit",
+                format!("limit must be between 1 and {EVENTS_PAGE_LIMIT}"),
+            ))
+        }
+    } as u32;
     owner
         .ledger(move |l, _| {
-            let session = l
-                .session(&session_id)?
-                .ok_or_else(|| LedgerError::NotFound(format!("session {session_id}")))?;
+            let session = session_row(l, &session_id)?;
             let last = l.last_event_seq(&session_id)?;
             if replay_epoch != session.replay_epoch || last_sequence > last {
                 return Ok(json!({
@@ -636,11 +667,13 @@ async fn events_since(owner: &Arc<Owner>, p: &Params<'_>) -> Result<Value, RpcEr
                     "last_sequence": last,
                     "replay_epoch": session.replay_epoch,
                     "snapshot_required": true,
+                    "has_more": false,
                 }));
             }
-            let events = l.events_since(&session_id, last_sequence, 10_000)?;
-            let upto = events.last().map(|e| e.seq).unwrap_or(last_sequence);
-            let wire: Vec<Value> = events
+            let page = l.events_page(&session_id, last_sequence, limit, EVENTS_PAGE_BYTES)?;
+            let upto = page.events.last().map(|e| e.seq).unwrap_or(last_sequence);
+            let wire: Vec<Value> = page
+                .events
                 .iter()
                 .map(|e| serde_json::to_value(e.to_wire()).unwrap_or_default())
                 .collect();
@@ -649,6 +682,7 @@ async fn events_since(owner: &Arc<Owner>, p: &Params<'_>) -> Result<Value, RpcEr
                 "last_sequence": upto,
                 "replay_epoch": session.replay_epoch,
                 "snapshot_required": false,
+                "has_more": page.has_more,
             }))
         })
         .await

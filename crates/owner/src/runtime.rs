@@ -1,5 +1,6 @@
 //! The owner's runtime state: the ledger behind one lock, the event hub, running turns, and
-//! the drain flag. Turn scheduling and worker supervision live in [`crate::turns`].
+//! the drain flag. Turn scheduling and worker supervision live in the `turns` module, a layer
+//! above this one.
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;

@@ -11,14 +11,16 @@ use std::time::Duration;
 
 use drover_ledger::{Claim, DelegationLimits, PersistOutcome, Settlement};
 use drover_protocol::worker::framing::{read_frame_line, FrameLine};
-use drover_protocol::worker::{Bootstrap, OwnerFrame, Policy, Scope, WorkerFrame, MAX_FRAME_BYTES};
+use drover_protocol::worker::{
+    Bootstrap, OwnerFrame, PersistFrame, Policy, Scope, WorkerFrame, MAX_FRAME_BYTES,
+};
 use drover_protocol::ModelSettings;
 use drover_tools::platform;
 use serde::Deserialize;
 use serde_json::Value;
 use tokio::io::AsyncWriteExt;
 use tokio::io::BufReader;
-use tokio::process::{Child, ChildStdin, Command};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -238,70 +240,114 @@ enum LoopEnd {
     Signalled,
 }
 
-/// Runs one turn's worker to the end and settles or loses the turn.
+/// Runs one turn's worker to the end and settles or loses the turn: start it, register the
+/// running turn, serve its pipe, reap it, then lose the turn if it did not settle.
 async fn supervise(owner: Arc<Owner>, claim: Claim, secret: String) {
-    let session_id = claim.session.id.clone();
     let execution_id = claim.execution_id.clone();
-    let admission_id = claim.admission.admission_id.clone();
-    let replay_epoch = claim.session.replay_epoch.clone();
     let _supervised = Supervised {
         owner: owner.clone(),
         execution_id: execution_id.clone(),
     };
+    let bootstrap = bootstrap_frame(&owner, &claim, secret);
+    let Some((mut child, stdin, stdout)) = start_worker(&owner, &claim).await else {
+        return;
+    };
+    let (control, control_rx) = mpsc::channel::<OwnerFrame>(WORKER_CONTROL_QUEUE);
+    let signals = register_turn(&owner, &claim, &control);
+    let writer = tokio::spawn(write_stdin(stdin, bootstrap, control_rx));
+    let mut pipe = WorkerPipe::new(owner.clone(), &claim, control);
+    let end = pipe.serve(&mut child, stdout, &signals).await;
+    let settled = pipe.settled;
+    // Dropping the pipe drops its control sender: the stdin writer ends once it is drained.
+    drop(pipe);
+    owner.turns().remove(&execution_id);
+    reap(&mut child, end, &execution_id).await;
+    writer.abort();
+    if !settled {
+        lose_turn(&owner, &execution_id).await;
+    }
+    // The worker is reaped: nothing will resend its outbox (its execution is settled or
+    // unknown, and any resend would be refused), so it is only clutter now.
+    remove_outbox(&owner.home, &execution_id);
+}
 
-    let bootstrap = OwnerFrame::Bootstrap(Box::new(Bootstrap {
+/// The first frame a worker reads: its scope, the frozen policy, the history and the input.
+fn bootstrap_frame(owner: &Owner, claim: &Claim, secret: String) -> OwnerFrame {
+    OwnerFrame::Bootstrap(Box::new(Bootstrap {
         scope: Scope {
-            session_id: session_id.clone(),
-            admission_id: admission_id.clone(),
-            execution_id: execution_id.clone(),
+            session_id: claim.session.id.clone(),
+            admission_id: claim.admission.admission_id.clone(),
+            execution_id: claim.execution_id.clone(),
             generation: claim.generation,
             epoch: claim.epoch,
             secret,
         },
-        policy: policy(&owner, &claim),
+        policy: policy(owner, claim),
         history: claim.history.clone(),
         input: claim.admission.text.clone(),
-    }));
+    }))
+}
 
-    let mut child = match spawn_worker(&owner, &execution_id) {
-        Ok(c) => c,
+/// Starts the claim's worker with its pipes. A worker that cannot start settles the turn
+/// `failed` (nothing ran) and the queue moves on; one without pipes loses the turn.
+async fn start_worker(
+    owner: &Arc<Owner>,
+    claim: &Claim,
+) -> Option<(Child, ChildStdin, ChildStdout)> {
+    let execution_id = &claim.execution_id;
+    let mut child = match spawn_worker(owner, execution_id) {
+        Ok(child) => child,
         Err(e) => {
             tracing::error!(error = %e, %execution_id, "cannot start worker");
             let msg = format!("cannot start worker: {e}");
             let eid = execution_id.clone();
             // Nothing ran, so the turn is `failed`; it must not stay `started`.
-            let settled = until_committed(&owner, "settling an unstarted turn", move |l, o| {
+            let settled = until_committed(owner, "settling an unstarted turn", move |l, o| {
                 let s = l.settle_unstarted(&eid, &msg)?;
                 o.hub.publish(&s.events);
                 Ok(())
             })
             .await;
             if settled.is_some() {
-                kick(&owner, session_id);
+                kick(owner, claim.session.id.clone());
             }
-            return;
+            return None;
         }
     };
-    let (Some(mut stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
-        tracing::error!("worker pipes missing");
-        let _ = child.start_kill();
-        lose_turn(&owner, &execution_id).await;
-        return;
-    };
+    match (child.stdin.take(), child.stdout.take()) {
+        (Some(stdin), Some(stdout)) => Some((child, stdin, stdout)),
+        _ => {
+            tracing::error!("worker pipes missing");
+            let _ = child.start_kill();
+            lose_turn(owner, execution_id).await;
+            None
+        }
+    }
+}
 
-    let (control, mut control_rx) = mpsc::channel::<OwnerFrame>(WORKER_CONTROL_QUEUE);
-    let kill = CancellationToken::new();
-    let interrupt = CancellationToken::new();
+/// How the owner stops a running turn: `kill` past the drain grace, `interrupt` on an
+/// accepted `session.interrupt`.
+struct TurnSignals {
+    kill: CancellationToken,
+    interrupt: CancellationToken,
+}
+
+/// Lists the turn as running, so interrupts, prompt answers and the drain reach its worker.
+fn register_turn(owner: &Owner, claim: &Claim, control: &mpsc::Sender<OwnerFrame>) -> TurnSignals {
+    let signals = TurnSignals {
+        kill: CancellationToken::new(),
+        interrupt: CancellationToken::new(),
+    };
     owner.turns().insert(
-        execution_id.clone(),
+        claim.execution_id.clone(),
         RunningTurn {
-            session_id: session_id.clone(),
-            admission_id: admission_id.clone(),
-            execution_id: execution_id.clone(),
+            session_id: claim.session.id.clone(),
+            admission_id: claim.admission.admission_id.clone(),
+            execution_id: claim.execution_id.clone(),
             generation: claim.generation,
             control: control.clone(),
-            kill: kill.clone(),
-            interrupt: interrupt.clone(),
+            kill: signals.kill.clone(),
+            interrupt: signals.interrupt.clone(),
         },
     );
     // A turn claimed as a graceful stop began may have missed the drain's stop frames.
@@ -310,149 +356,212 @@ async fn supervise(owner: Arc<Owner>, claim: Claim, secret: String) {
             reason: "runtime_draining".into(),
         });
     }
+    signals
+}
 
-    // One writer owns stdin so frames never interleave.
-    let writer = tokio::spawn(async move {
-        if write_frame(&mut stdin, &bootstrap).await.is_err() {
+/// The one writer of a worker's stdin, so frames never interleave: the bootstrap, then each
+/// control frame, until the queue closes or the pipe breaks.
+async fn write_stdin(
+    mut stdin: ChildStdin,
+    bootstrap: OwnerFrame,
+    mut control: mpsc::Receiver<OwnerFrame>,
+) {
+    if write_frame(&mut stdin, &bootstrap).await.is_err() {
+        return;
+    }
+    while let Some(frame) = control.recv().await {
+        if write_frame(&mut stdin, &frame).await.is_err() {
             return;
         }
-        while let Some(frame) = control_rx.recv().await {
-            if write_frame(&mut stdin, &frame).await.is_err() {
-                return;
-            }
-        }
-    });
+    }
+}
 
-    let interrupt_grace = Duration::from_secs_f64(owner.config.daemon.interrupt_grace_s.max(0.0));
-    // Pinned once: the grace runs from the accepted interrupt, not from the latest frame.
-    let escalate = async {
-        interrupt.cancelled().await;
-        tokio::time::sleep(interrupt_grace).await;
-    };
-    tokio::pin!(escalate);
-    let mut refusals = Refusals::new(&execution_id);
-    let mut reader = BufReader::new(stdout);
-    let mut buf = Vec::new();
-    let mut settled = false;
-    let mut foreign_frames: u64 = 0;
-    let end = loop {
-        let next = tokio::select! {
-            next = read_frame_line(&mut reader, &mut buf, MAX_FRAME_BYTES) => next,
-            _ = kill.cancelled() => {
-                tracing::warn!(%execution_id, "stopping worker past the drain grace");
-                terminate(&mut child, &execution_id);
-                break LoopEnd::Signalled;
-            }
-            _ = &mut escalate, if !settled => {
-                // SPEC section 1, `interrupt_grace_s`: a worker that ignores its stop request
-                // loses its turn (`unknown`); it never settles `completed`.
-                tracing::warn!(%execution_id, grace_s = interrupt_grace.as_secs_f64(), "worker did not stop after an interrupt; terminating it");
-                terminate(&mut child, &execution_id);
-                break LoopEnd::Signalled;
-            }
+/// The owner's end of one worker's stdout: applies its persists, forwards its deltas, and
+/// answers through the control queue.
+struct WorkerPipe {
+    owner: Arc<Owner>,
+    session_id: String,
+    execution_id: String,
+    replay_epoch: String,
+    control: mpsc::Sender<OwnerFrame>,
+    refusals: Refusals,
+    foreign_frames: u64,
+    /// `execution.finish` was applied: the turn is settled.
+    settled: bool,
+}
+
+impl WorkerPipe {
+    fn new(owner: Arc<Owner>, claim: &Claim, control: mpsc::Sender<OwnerFrame>) -> WorkerPipe {
+        WorkerPipe {
+            owner,
+            session_id: claim.session.id.clone(),
+            execution_id: claim.execution_id.clone(),
+            replay_epoch: claim.session.replay_epoch.clone(),
+            control,
+            refusals: Refusals::new(&claim.execution_id),
+            foreign_frames: 0,
+            settled: false,
+        }
+    }
+
+    /// Reads the worker's lines until it closes its stdout or is signalled.
+    async fn serve(
+        &mut self,
+        child: &mut Child,
+        stdout: ChildStdout,
+        signals: &TurnSignals,
+    ) -> LoopEnd {
+        let execution_id = self.execution_id.clone();
+        let interrupt_grace =
+            Duration::from_secs_f64(self.owner.config.daemon.interrupt_grace_s.max(0.0));
+        // Pinned once: the grace runs from the accepted interrupt, not from the latest frame.
+        let escalate = async {
+            signals.interrupt.cancelled().await;
+            tokio::time::sleep(interrupt_grace).await;
         };
-        match next {
-            Ok(FrameLine::Line) => {}
-            Ok(FrameLine::TooLong(bytes)) => {
-                refusals.refused("a worker line over 4 MiB", &format_args!("{bytes} bytes"));
-                continue;
+        tokio::pin!(escalate);
+        let mut reader = BufReader::new(stdout);
+        let mut buf = Vec::new();
+        loop {
+            let next = tokio::select! {
+                next = read_frame_line(&mut reader, &mut buf, MAX_FRAME_BYTES) => next,
+                _ = signals.kill.cancelled() => {
+                    tracing::warn!(%execution_id, "stopping worker past the drain grace");
+                    terminate(child, &execution_id);
+                    return LoopEnd::Signalled;
+                }
+                _ = &mut escalate, if !self.settled => {
+                    // SPEC section 1, `interrupt_grace_s`: a worker that ignores its stop
+                    // request loses its turn (`unknown`); it never settles `completed`.
+                    tracing::warn!(%execution_id, grace_s = interrupt_grace.as_secs_f64(), "worker did not stop after an interrupt; terminating it");
+                    terminate(child, &execution_id);
+                    return LoopEnd::Signalled;
+                }
+            };
+            match next {
+                Ok(FrameLine::Line) => {}
+                Ok(FrameLine::TooLong(bytes)) => {
+                    self.refusals
+                        .refused("a worker line over 4 MiB", &format_args!("{bytes} bytes"));
+                    continue;
+                }
+                Ok(FrameLine::Eof) => return LoopEnd::Eof,
+                Err(e) => {
+                    tracing::warn!(%execution_id, error = %e, "worker pipe failed");
+                    return LoopEnd::Eof;
+                }
             }
-            Ok(FrameLine::Eof) => break LoopEnd::Eof,
-            Err(e) => {
-                tracing::warn!(%execution_id, error = %e, "worker pipe failed");
-                break LoopEnd::Eof;
+            let Some(reply) = self.handle_line(&buf).await else {
+                continue;
+            };
+            if !self.reply(reply).await {
+                tracing::warn!(%execution_id, "worker stopped reading its stdin; killing it");
+                let _ = child.start_kill();
+                return LoopEnd::Signalled;
             }
         }
-        let frame: WorkerFrame = match serde_json::from_slice(&buf) {
-            Ok(f) => f,
+    }
+
+    /// One worker line: a delta is forwarded, a persist applied; returns the answer to send.
+    async fn handle_line(&mut self, line: &[u8]) -> Option<OwnerFrame> {
+        let frame: WorkerFrame = match serde_json::from_slice(line) {
+            Ok(frame) => frame,
             Err(e) => {
-                refusals.refused("a malformed worker line", &e);
-                continue;
+                self.refusals.refused("a malformed worker line", &e);
+                return None;
             }
         };
-        let reply = match frame {
+        match frame {
             WorkerFrame::Delta { text } => {
-                owner.hub.publish_delta(&session_id, &replay_epoch, &text);
+                self.owner
+                    .hub
+                    .publish_delta(&self.session_id, &self.replay_epoch, &text);
                 None
             }
-            WorkerFrame::Persist(frame) if frame.execution_id != execution_id => {
-                foreign_frames += 1;
-                refusals.refused(
+            WorkerFrame::Persist(frame) if frame.execution_id != self.execution_id => {
+                self.foreign_frames += 1;
+                self.refusals.refused(
                     "a persist naming another execution on this worker's pipe",
                     &format_args!(
-                        "named {} sequence {} {} (foreign_frames={foreign_frames})",
-                        frame.execution_id, frame.sequence, frame.operation
+                        "named {} sequence {} {} (foreign_frames={})",
+                        frame.execution_id, frame.sequence, frame.operation, self.foreign_frames
                     ),
                 );
-                Some(refuse_foreign_frame(&execution_id, &frame))
+                Some(refuse_foreign_frame(&self.execution_id, &frame))
             }
-            WorkerFrame::Persist(frame) => {
-                let sequence = frame.sequence;
-                let operation = frame.operation.clone();
-                let applied = owner
-                    .ledger(move |l, o| {
-                        let out = l.apply_persist_with(&frame, &delegation_limits(o))?;
-                        match &out {
-                            PersistOutcome::Receipt { events, .. }
-                            | PersistOutcome::Deferred { events, .. }
-                            | PersistOutcome::Reserved { events, .. } => o.hub.publish(events),
-                        }
-                        Ok(out)
-                    })
-                    .await;
-                match applied {
-                    Ok(PersistOutcome::Receipt {
-                        result, settlement, ..
-                    }) => {
-                        if let Some(s) = &settlement {
-                            settled = true;
-                            owner.turns().remove(&execution_id);
-                            after_settlement(&owner, s);
-                            kick(&owner, session_id.clone());
-                        }
-                        Some(OwnerFrame::Receipt { sequence, result })
-                    }
-                    Ok(PersistOutcome::Deferred { .. }) => None,
-                    // The child's turn runs under its own claim; the receipt comes when it ends.
-                    Ok(PersistOutcome::Reserved { child, .. }) => {
-                        kick(&owner, child.child_session_id);
-                        None
-                    }
-                    Err(e) => {
-                        refusals.refused(
-                            "a persist",
-                            &format_args!("sequence {sequence} {operation}: {e}"),
-                        );
-                        Some(OwnerFrame::Refused {
-                            sequence,
-                            reason: e.reason().as_str().to_string(),
-                            message: e.to_string(),
-                        })
-                    }
+            WorkerFrame::Persist(frame) => self.apply_persist(frame).await,
+        }
+    }
+
+    /// Applies a persist through the ledger: its receipt, nothing yet (an answer that comes
+    /// later), or its refusal. `execution.finish` settles the turn and claims the next.
+    async fn apply_persist(&mut self, frame: PersistFrame) -> Option<OwnerFrame> {
+        let sequence = frame.sequence;
+        let operation = frame.operation.clone();
+        let applied = self
+            .owner
+            .ledger(move |l, o| {
+                let out = l.apply_persist_with(&frame, &delegation_limits(o))?;
+                match &out {
+                    PersistOutcome::Receipt { events, .. }
+                    | PersistOutcome::Deferred { events, .. }
+                    | PersistOutcome::Reserved { events, .. } => o.hub.publish(events),
                 }
+                Ok(out)
+            })
+            .await;
+        match applied {
+            Ok(PersistOutcome::Receipt {
+                result, settlement, ..
+            }) => {
+                if let Some(s) = &settlement {
+                    self.settled = true;
+                    self.owner.turns().remove(&self.execution_id);
+                    after_settlement(&self.owner, s);
+                    kick(&self.owner, self.session_id.clone());
+                }
+                Some(OwnerFrame::Receipt { sequence, result })
             }
-        };
-        if let Some(reply) = reply {
-            match control.send_timeout(reply, WORKER_STALLED_READ).await {
-                Ok(()) => {}
-                Err(mpsc::error::SendTimeoutError::Timeout(_)) => {
-                    tracing::warn!(%execution_id, "worker stopped reading its stdin; killing it");
-                    let _ = child.start_kill();
-                    break LoopEnd::Signalled;
-                }
-                // The writer ended: the worker's stdin is closed, it is exiting.
-                Err(mpsc::error::SendTimeoutError::Closed(_)) => {}
+            Ok(PersistOutcome::Deferred { .. }) => None,
+            // The child's turn runs under its own claim; the receipt comes when it ends.
+            Ok(PersistOutcome::Reserved { child, .. }) => {
+                kick(&self.owner, child.child_session_id);
+                None
+            }
+            Err(e) => {
+                self.refusals.refused(
+                    "a persist",
+                    &format_args!("sequence {sequence} {operation}: {e}"),
+                );
+                Some(OwnerFrame::Refused {
+                    sequence,
+                    reason: e.reason().as_str().to_string(),
+                    message: e.to_string(),
+                })
             }
         }
-    };
-    drop(control);
-    owner.turns().remove(&execution_id);
-    // The worker closed its stdout or was signalled: it is exiting. Reap it, bounded.
-    let reap_within = match end {
+    }
+
+    /// Queues `reply` for the worker's stdin; `false` when the worker stopped reading (the
+    /// queue stayed full for [`WORKER_STALLED_READ`]).
+    async fn reply(&self, reply: OwnerFrame) -> bool {
+        match self.control.send_timeout(reply, WORKER_STALLED_READ).await {
+            Ok(()) => true,
+            Err(mpsc::error::SendTimeoutError::Timeout(_)) => false,
+            // The writer ended: the worker's stdin is closed, it is exiting.
+            Err(mpsc::error::SendTimeoutError::Closed(_)) => true,
+        }
+    }
+}
+
+/// Reaps a worker that closed its stdout or was signalled, bounded: SIGKILL if it outstays
+/// its wait.
+async fn reap(child: &mut Child, end: LoopEnd, execution_id: &str) {
+    let within = match end {
         LoopEnd::Eof => WORKER_EXIT_WAIT,
         LoopEnd::Signalled => WORKER_TERM_GRACE,
     };
-    match tokio::time::timeout(reap_within, child.wait()).await {
+    match tokio::time::timeout(within, child.wait()).await {
         Ok(Ok(status)) => tracing::debug!(%execution_id, %status, "worker exited"),
         Ok(Err(e)) => tracing::warn!(%execution_id, error = %e, "waiting for worker failed"),
         Err(_) => {
@@ -460,13 +569,6 @@ async fn supervise(owner: Arc<Owner>, claim: Claim, secret: String) {
             let _ = child.kill().await;
         }
     }
-    writer.abort();
-    if !settled {
-        lose_turn(&owner, &execution_id).await;
-    }
-    // The worker is reaped: nothing will resend its outbox (its execution is settled or
-    // unknown, and any resend would be refused), so it is only clutter now.
-    remove_outbox(&owner.home, &execution_id);
 }
 
 /// SIGTERM first: the worker then kills its tools' process groups and exits without
@@ -606,10 +708,7 @@ async fn watch_once(owner: &Arc<Owner>) {
 /// SPEC section 4: a worker's pipe is bound to its execution. A frame naming another one is
 /// refused `permission_denied` before the ledger sees it, whatever secret it carries (the
 /// caller counts and logs it, rate-limited).
-fn refuse_foreign_frame(
-    execution_id: &str,
-    frame: &drover_protocol::worker::PersistFrame,
-) -> OwnerFrame {
+fn refuse_foreign_frame(execution_id: &str, frame: &PersistFrame) -> OwnerFrame {
     OwnerFrame::Refused {
         sequence: frame.sequence,
         reason: drover_protocol::ErrorReason::PermissionDenied

@@ -470,6 +470,44 @@ impl Client {
         }
     }
 
+    /// Reads the stored stream after `last_sequence` with `session.events.since`, following
+    /// `has_more` page by page. Returns the last answer with `events` holding the events of
+    /// every page and `pages` counting the calls; a `snapshot_required` answer as it came.
+    pub async fn events_since(
+        &mut self,
+        session_id: &str,
+        replay_epoch: &Value,
+        last_sequence: u64,
+    ) -> Result<Value> {
+        let mut position = last_sequence;
+        let mut events = Vec::new();
+        for pages in 1..=10_000u64 {
+            let mut page = self
+                .call_ok(
+                    "session.events.since",
+                    json!({"session_id": session_id, "replay_epoch": replay_epoch, "last_sequence": position}),
+                )
+                .await?;
+            if page["snapshot_required"] == true {
+                return Ok(page);
+            }
+            if let Some(batch) = page["events"].as_array() {
+                events.extend(batch.iter().cloned());
+            }
+            let next = page["last_sequence"].as_u64().unwrap_or_default();
+            if page["has_more"] != true {
+                page["events"] = Value::Array(events);
+                page["pages"] = json!(pages);
+                return Ok(page);
+            }
+            if next <= position {
+                bail!("session.events.since said has_more but did not advance: {page}");
+            }
+            position = next;
+        }
+        bail!("session.events.since still had more after 10,000 pages")
+    }
+
     /// The next event's params, or `None` after `timeout`.
     pub async fn next_event(&mut self, timeout: Duration) -> Result<Option<Value>> {
         if let Some(e) = self.events.pop_front() {

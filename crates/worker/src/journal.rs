@@ -10,8 +10,8 @@
 //! written and fsync'd (file, then directory) by [`Journal::record`] before it may be sent;
 //! [`Journal::acknowledge`] deletes it once the owner answered (receipt or refusal).
 //! [`Journal::open`] reloads what is left, so a restarted sender resends the same frames with
-//! the same sequences and payloads. This module is plain, synchronous file IO: the transport
-//! lives in [`crate::link`].
+//! the same sequences and payloads. This module is plain, synchronous file IO, the bottom layer
+//! of the crate: the link above it runs it on its own thread and carries the frames.
 
 use std::collections::BTreeMap;
 use std::fs::{self, DirBuilder, File, OpenOptions};
@@ -47,6 +47,9 @@ pub enum JournalError {
     /// The execution id cannot name a directory.
     #[error("execution_id {0:?} cannot name an outbox directory (empty, or has `/` or `..`)")]
     BadExecutionId(String),
+    /// The outbox thread of the link has stopped, so the outbox cannot be changed any more.
+    #[error("the outbox thread has stopped")]
+    Stopped,
 }
 
 impl JournalError {
@@ -322,11 +325,17 @@ mod tests {
         }
     }
 
-    #[test]
-    fn record_numbers_frames_from_one_and_writes_private_files() {
+    /// An empty outbox for execution `e1` in a new home.
+    fn fresh() -> (tempfile::TempDir, PathBuf, Journal) {
         let home = tempfile::tempdir().expect("tempdir");
         let dir = outbox_dir(home.path(), "e1").expect("dir");
-        let mut journal = Journal::open(&dir, scope()).expect("open");
+        let journal = Journal::open(&dir, scope()).expect("open");
+        (home, dir, journal)
+    }
+
+    #[test]
+    fn record_numbers_frames_from_one_and_writes_private_files() {
+        let (_home, dir, mut journal) = fresh();
         let first = journal
             .record("usage.add", json!({"n": 1}))
             .expect("record");
@@ -355,9 +364,7 @@ mod tests {
 
     #[test]
     fn reloaded_frames_get_the_scope_secret_and_a_foreign_secret_is_refused() {
-        let home = tempfile::tempdir().expect("tempdir");
-        let dir = outbox_dir(home.path(), "e1").expect("dir");
-        let mut journal = Journal::open(&dir, scope()).expect("open");
+        let (_home, dir, mut journal) = fresh();
         let frame = journal
             .record("usage.add", json!({"n": 1}))
             .expect("record");
@@ -378,9 +385,7 @@ mod tests {
 
     #[test]
     fn acknowledge_deletes_and_unacknowledged_lists_the_rest_in_order() {
-        let home = tempfile::tempdir().expect("tempdir");
-        let dir = outbox_dir(home.path(), "e1").expect("dir");
-        let mut journal = Journal::open(&dir, scope()).expect("open");
+        let (_home, dir, mut journal) = fresh();
         for n in 1..=3 {
             journal
                 .record("usage.add", json!({"n": n}))
@@ -399,9 +404,7 @@ mod tests {
 
     #[test]
     fn reopened_journal_sees_unacknowledged_frames_and_continues_the_sequence() {
-        let home = tempfile::tempdir().expect("tempdir");
-        let dir = outbox_dir(home.path(), "e1").expect("dir");
-        let mut journal = Journal::open(&dir, scope()).expect("open");
+        let (_home, dir, mut journal) = fresh();
         let frames: Vec<PersistFrame> = (1..=3)
             .map(|n| {
                 journal
@@ -425,9 +428,7 @@ mod tests {
 
     #[test]
     fn oversize_frame_is_refused_without_using_a_sequence() {
-        let home = tempfile::tempdir().expect("tempdir");
-        let dir = outbox_dir(home.path(), "e1").expect("dir");
-        let mut journal = Journal::open(&dir, scope()).expect("open");
+        let (_home, dir, mut journal) = fresh();
         let big = "x".repeat(MAX_FRAME_BYTES);
         let err = journal
             .record("transcript.append", json!({ "text": big }))
@@ -441,9 +442,7 @@ mod tests {
 
     #[test]
     fn finish_removes_the_outbox_directory() {
-        let home = tempfile::tempdir().expect("tempdir");
-        let dir = outbox_dir(home.path(), "e1").expect("dir");
-        let mut journal = Journal::open(&dir, scope()).expect("open");
+        let (home, dir, mut journal) = fresh();
         journal
             .record("execution.finish", json!({}))
             .expect("record");

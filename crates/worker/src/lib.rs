@@ -9,12 +9,16 @@
 //!
 //! Modules:
 //! - [`journal`]: the outbox files (record, acknowledge, reload).
-//! - [`link`]: the owner pipes over any reader/writer pair: one writer task (persists and
-//!   deltas never interleave), one reader task (receipts by sequence, `stop`), resend after a
-//!   reconnect.
+//! - [`link`]: the owner pipes over any reader/writer pair: an outbox thread for the journal's
+//!   fsyncs, one writer task behind a bounded queue (persists and deltas never interleave;
+//!   deltas are dropped when the owner does not read, persists wait), one reader task
+//!   (receipts by sequence, `stop`), resend after a reconnect.
 //! - [`store`]: the agent's [`drover_agent::TurnStore`], the tools'
 //!   [`drover_tools::PromptBroker`] and [`drover_tools::ProcessRegistry`], all persisting
 //!   through the link.
+//!
+//! Layers (bottom to top; a module uses only those below it): [`journal`] < [`link`] <
+//! [`store`] < this file (bootstrap, the turn, exit codes).
 //!
 //! The protocol, as the worker plays it:
 //! 1. The owner sends [`OwnerFrame::Bootstrap`]; the worker opens the outbox and the turn runs
@@ -43,10 +47,9 @@ use std::sync::Arc;
 use drover_agent::{run_turn, TurnReport, TurnSpec};
 use drover_model::{ModelClient, ModelConfig};
 use drover_protocol::worker::{
-    op, Bootstrap, ExecutionFinish, OwnerFrame, Policy, Scope, TurnOutcome, TurnResult,
-    MAX_FRAME_BYTES,
+    op, Bootstrap, ExecutionFinish, OwnerFrame, Policy, TurnOutcome, TurnResult, MAX_FRAME_BYTES,
 };
-use drover_protocol::{ChatMessage, Exit, Usage};
+use drover_protocol::{Exit, Usage};
 use drover_tools::platform::{self, ForegroundGroups, Signal};
 use drover_tools::{ToolContext, ToolRegistry};
 use tokio::io::{AsyncBufRead, AsyncWrite};
@@ -291,14 +294,11 @@ where
     R: AsyncBufRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let Bootstrap {
-        scope,
-        policy,
-        history,
-        input,
-    } = bootstrap;
-    let journal = match outbox_dir(Path::new(&policy.home), &scope.execution_id)
-        .and_then(|dir| Journal::open(dir, scope.clone()))
+    let journal = match outbox_dir(
+        Path::new(&bootstrap.policy.home),
+        &bootstrap.scope.execution_id,
+    )
+    .and_then(|dir| Journal::open(dir, bootstrap.scope.clone()))
     {
         Ok(journal) => journal,
         Err(e) => {
@@ -306,16 +306,22 @@ where
             return WorkerExit::Aborted;
         }
     };
-    tracing::info!(model = %policy.model, toolsets = ?policy.toolsets, "turn starting");
+    tracing::info!(model = %bootstrap.policy.model, toolsets = ?bootstrap.policy.toolsets, "turn starting");
 
     let cancel = CancellationToken::new();
-    let link = OwnerLink::new(journal, cancel.clone());
+    let link = match OwnerLink::new(journal, cancel.clone()) {
+        Ok(link) => link,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the outbox thread");
+            return WorkerExit::Aborted;
+        }
+    };
     link.connect(reader, writer);
 
     let exit = tokio::select! {
         // Settling first: a receipt and the owner's end of file may arrive together.
         biased;
-        exit = settle(&link, &scope, policy, history, input, cancel.clone()) => exit,
+        exit = settle(&link, bootstrap, cancel.clone()) => exit,
         _ = link.disconnected() => {
             tracing::warn!("the owner is gone (end of stdin or broken stdout); stopping");
             owner_lost(&cancel)
@@ -341,15 +347,8 @@ fn owner_lost(cancel: &CancellationToken) -> WorkerExit {
 }
 
 /// Runs the turn and persists `execution.finish`.
-async fn settle(
-    link: &OwnerLink,
-    scope: &Scope,
-    policy: Policy,
-    history: Vec<ChatMessage>,
-    input: String,
-    cancel: CancellationToken,
-) -> WorkerExit {
-    let report = run_agent(link, scope, policy, history, input, cancel.clone()).await;
+async fn settle(link: &OwnerLink, bootstrap: Bootstrap, cancel: CancellationToken) -> WorkerExit {
+    let report = run_agent(link, bootstrap, cancel.clone()).await;
     if cancel.is_cancelled() {
         // Tools drop their groups on cancel already; this catches any that did not.
         ForegroundGroups::kill_all();
@@ -390,7 +389,7 @@ async fn settle(
     };
     match link.persist(op::EXECUTION_FINISH, payload).await {
         Ok(_) => {
-            if let Err(e) = link.finish_outbox() {
+            if let Err(e) = link.finish_outbox().await {
                 tracing::warn!(error = %e, "could not remove the outbox");
             }
             tracing::info!(outcome = outcome.as_str(), "execution finished");
@@ -411,12 +410,15 @@ async fn settle(
 /// agent loop. A setup error is a `failed` report with no request made.
 async fn run_agent(
     link: &OwnerLink,
-    scope: &Scope,
-    policy: Policy,
-    history: Vec<ChatMessage>,
-    input: String,
+    bootstrap: Bootstrap,
     cancel: CancellationToken,
 ) -> TurnReport {
+    let Bootstrap {
+        scope,
+        policy,
+        history,
+        input,
+    } = bootstrap;
     let setup_failed = |model: &str, error: String| {
         tracing::error!(error = %error, "turn setup failed");
         TurnReport {

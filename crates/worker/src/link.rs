@@ -1,12 +1,16 @@
 //! The worker's end of the owner pipes (SPEC section 4), over any reader/writer pair.
 //!
-//! An [`OwnerLink`] owns the [`Journal`] and, per connected pair, one writer task and one
-//! reader task:
-//! - every line to the owner (persist frames and live deltas) goes through one channel to the
-//!   writer task, so lines never interleave;
-//! - the reader task parses [`OwnerFrame`]s: a `receipt` or `refused` acknowledges the frame in
-//!   the journal and wakes the persist waiting for that sequence; `stop` fires the turn's
-//!   cancel token.
+//! An [`OwnerLink`] hands its [`Journal`] to a thread of its own, the outbox thread: every
+//! fsync, rename and delete of a frame file happens there, never on the async executor and
+//! never under a lock. Per connected pair it runs one writer task and one reader task:
+//! - every line to the owner (persist frames and live deltas) goes through one bounded channel
+//!   ([`OWNER_QUEUE`] lines) to the writer task, so lines never interleave. When the owner
+//!   stops reading and the channel is full, live deltas are dropped (they are never replayed
+//!   anyway, SPEC section 2) and persist frames wait for room: a persist is never dropped;
+//! - the outbox thread sends each frame after it is durable, in sequence order;
+//! - the reader task parses [`OwnerFrame`]s: a `receipt` or `refused` deletes the frame from
+//!   the journal (on the outbox thread) and then wakes the persist waiting for that sequence;
+//!   `stop` fires the turn's cancel token.
 //!
 //! End of file or a write error marks the pair lost ([`OwnerLink::disconnected`]). The frames
 //! stay in the journal; [`OwnerLink::connect`] with a new pair first resends every
@@ -18,13 +22,14 @@
 //! it is logged, the persists waiting at that moment fail, and the turn is cancelled, so the
 //! worker settles it `failed` with the fault as the error.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{mpsc as std_mpsc, Arc, Mutex, MutexGuard, Weak};
 
 use drover_protocol::worker::framing::{read_frame_line, FrameLine};
-use drover_protocol::worker::{OwnerFrame, WorkerFrame, MAX_FRAME_BYTES};
+use drover_protocol::worker::{OwnerFrame, PersistFrame, WorkerFrame, MAX_FRAME_BYTES};
 use serde_json::Value;
 use tokio::io::{AsyncBufRead, AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -35,6 +40,10 @@ use crate::journal::{wire_line, Journal, JournalError};
 /// Largest piece of delta text per `delta` line. JSON escaping can grow text up to six times
 /// (`\u00XX`), and 6 x 512 KiB stays under [`MAX_FRAME_BYTES`].
 const DELTA_PIECE_BYTES: usize = 512 * 1024;
+
+/// Lines queued for one pair's writer task. A full queue means the owner is not reading:
+/// deltas are dropped, persists wait.
+pub const OWNER_QUEUE: usize = 64;
 
 /// Why a persist did not get a receipt.
 #[derive(Debug, thiserror::Error)]
@@ -90,6 +99,23 @@ enum Answer {
     Fault(String),
 }
 
+/// Work for the outbox thread, done in arrival order.
+enum Command {
+    /// Record a frame durably, register its waiter, then send it.
+    Record {
+        operation: String,
+        payload: Value,
+        answer: oneshot::Sender<Answer>,
+        recorded: oneshot::Sender<Result<u64, JournalError>>,
+    },
+    /// The owner answered `sequence`: delete its file, then hand `answer` to its waiter.
+    Acknowledge { sequence: u64, answer: Answer },
+    /// Remove the outbox and stop the thread.
+    Finish {
+        done: oneshot::Sender<Result<(), JournalError>>,
+    },
+}
+
 /// The worker's end of the owner pipes; cheap to clone (all clones share one link).
 #[derive(Clone)]
 pub struct OwnerLink {
@@ -104,10 +130,15 @@ struct Inner {
 }
 
 struct State {
-    /// `None` once [`OwnerLink::finish_outbox`] removed the outbox.
-    journal: Option<Journal>,
+    /// The outbox thread's queue; `None` once [`OwnerLink::finish_outbox`] removed the outbox.
+    outbox: Option<std_mpsc::Sender<Command>>,
+    /// The recorded frames not yet answered, by sequence: the journal's own list, kept here
+    /// too so a resend never waits for the disk.
+    pending: BTreeMap<u64, PersistFrame>,
     /// The current writer task's queue; `None` while no pair is connected.
-    out: Option<mpsc::UnboundedSender<String>>,
+    out: Option<mpsc::Sender<String>>,
+    /// Cancelled when the current pair is replaced or lost: its writer drops its queue.
+    closed: CancellationToken,
     /// Counts [`OwnerLink::connect`] calls, so a stale task cannot mark a newer pair lost.
     connection: u64,
     reader_task: Option<JoinHandle<()>>,
@@ -115,97 +146,132 @@ struct State {
     refusal: Option<Refusal>,
     fault: Option<String>,
     stop_reason: Option<String>,
+    /// Delta lines dropped because the owner did not read (logged at powers of two).
+    deltas_dropped: u64,
 }
 
 impl OwnerLink {
-    /// A link over `journal`, not yet connected. `cancel` is fired by a `stop` frame or a fault.
-    pub fn new(journal: Journal, cancel: CancellationToken) -> OwnerLink {
+    /// A link over `journal`, not yet connected; starts the outbox thread. `cancel` is fired
+    /// by a `stop` frame or a fault. Errors: the thread could not be started.
+    pub fn new(journal: Journal, cancel: CancellationToken) -> std::io::Result<OwnerLink> {
         let (connected, _) = watch::channel(false);
-        OwnerLink {
-            inner: Arc::new(Inner {
-                state: Mutex::new(State {
-                    journal: Some(journal),
-                    out: None,
-                    connection: 0,
-                    reader_task: None,
-                    waiters: HashMap::new(),
-                    refusal: None,
-                    fault: None,
-                    stop_reason: None,
-                }),
-                connected,
-                cancel,
+        let (outbox, commands) = std_mpsc::channel();
+        let pending = journal
+            .unacknowledged()
+            .into_iter()
+            .map(|frame| (frame.sequence, frame))
+            .collect();
+        let inner = Arc::new(Inner {
+            state: Mutex::new(State {
+                outbox: Some(outbox),
+                pending,
+                out: None,
+                closed: CancellationToken::new(),
+                connection: 0,
+                reader_task: None,
+                waiters: HashMap::new(),
+                refusal: None,
+                fault: None,
+                stop_reason: None,
+                deltas_dropped: 0,
             }),
-        }
+            connected,
+            cancel,
+        });
+        let span = tracing::Span::current();
+        let weak = Arc::downgrade(&inner);
+        std::thread::Builder::new()
+            .name("outbox".into())
+            .spawn(move || span.in_scope(|| run_outbox(journal, weak, commands)))?;
+        Ok(OwnerLink { inner })
     }
 
     /// Starts talking over a new pair: `reader` carries owner frames, `writer` worker frames.
     /// Every unacknowledged frame is sent again first, in sequence order (SPEC section 4).
-    /// Replaces (and stops reading from) any previous pair. Must run inside a tokio runtime.
+    /// Replaces (and stops reading from and writing to) any previous pair. Must run inside a
+    /// tokio runtime.
     pub fn connect<R, W>(&self, reader: R, writer: W)
     where
         R: AsyncBufRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
     {
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = mpsc::channel(OWNER_QUEUE);
+        let closed = CancellationToken::new();
         let mut state = self.inner.lock();
         state.connection += 1;
         let connection = state.connection;
         if let Some(old) = state.reader_task.take() {
             old.abort();
         }
-        let resend = state
-            .journal
-            .as_ref()
-            .map(Journal::unacknowledged)
-            .unwrap_or_default();
-        if !resend.is_empty() {
+        state.closed.cancel();
+        state.closed = closed.clone();
+        // Taken under the lock the outbox thread registers frames under, so no frame is sent
+        // twice on one pair or out of order.
+        let resend: Vec<String> = state
+            .pending
+            .values()
+            .map(|frame| line(wire_line(frame)))
+            .collect();
+        if let Some(first) = state.pending.keys().next() {
             tracing::info!(
                 frames = resend.len(),
-                first_seq = resend[0].sequence,
+                first_seq = first,
                 "resending unacknowledged persists"
             );
-        }
-        for frame in &resend {
-            let _ = tx.send(line(wire_line(frame)));
         }
         state.out = Some(tx);
         state.reader_task = Some(tokio::spawn(
             read_loop(self.inner.clone(), connection, reader).in_current_span(),
         ));
-        tokio::spawn(write_loop(self.inner.clone(), connection, writer, rx).in_current_span());
+        let written = write_loop(self.inner.clone(), connection, writer, resend, rx);
+        tokio::spawn(
+            async move {
+                tokio::select! {
+                    // A replaced or lost pair drops its queue, so a persist waiting for room
+                    // there moves on (its frame is resent on the next pair).
+                    _ = closed.cancelled() => {}
+                    _ = written => {}
+                }
+            }
+            .in_current_span(),
+        );
         drop(state);
         self.inner.connected.send_replace(true);
     }
 
-    /// Records `operation` with `payload` in the journal (durably), sends it, and waits for the
-    /// owner's answer: the receipt's `result`, or why there is none. One sequence per call;
-    /// sequences follow call order. A frame recorded while no pair is connected is sent by the
-    /// next [`OwnerLink::connect`]. Dropping the future stops the wait, not the frame.
+    /// Records `operation` with `payload` in the journal (durably, on the outbox thread),
+    /// sends it, and waits for the owner's answer: the receipt's `result`, or why there is
+    /// none. One sequence per call; sequences follow call order. A full queue to the owner
+    /// makes the send wait, never drops the frame. A frame recorded while no pair is connected
+    /// is sent by the next [`OwnerLink::connect`]. Dropping the future stops the wait, not the
+    /// frame.
     pub async fn persist(&self, operation: &str, payload: Value) -> Result<Value, PersistError> {
-        let (tx, rx) = oneshot::channel();
-        let sequence = {
-            let mut state = self.inner.lock();
-            let state = &mut *state;
-            let journal = state
-                .journal
-                .as_mut()
+        let (answer, answered) = oneshot::channel();
+        let (recorded, sequence) = oneshot::channel();
+        {
+            let state = self.inner.lock();
+            let outbox = state
+                .outbox
+                .as_ref()
                 .ok_or(PersistError::Closed { sequence: 0 })?;
-            let frame = journal.record(operation, payload)?;
-            state.waiters.insert(frame.sequence, tx);
-            // Enqueued under the same lock as `connect`'s resend, so no frame is sent twice on
-            // one pair or out of order.
-            if let Some(out) = &state.out {
-                let _ = out.send(line(wire_line(&frame)));
-            }
-            frame.sequence
-        };
-        tracing::debug!(seq = sequence, operation, "persist sent");
+            outbox
+                .send(Command::Record {
+                    operation: operation.to_string(),
+                    payload,
+                    answer,
+                    recorded,
+                })
+                .map_err(|_| PersistError::Closed { sequence: 0 })?;
+        }
+        let sequence = sequence
+            .await
+            .map_err(|_| PersistError::Closed { sequence: 0 })??;
+        tracing::debug!(seq = sequence, operation, "persist recorded");
         let _waiting = Waiting {
             inner: &self.inner,
             sequence,
         };
-        match rx.await {
+        match answered.await {
             Ok(Answer::Receipt(result)) => Ok(result),
             Ok(Answer::Refused { reason, message }) => Err(PersistError::Refused {
                 operation: operation.to_string(),
@@ -218,16 +284,31 @@ impl OwnerLink {
         }
     }
 
-    /// Sends live assistant text as `delta` lines (best effort: dropped while disconnected).
+    /// Sends live assistant text as `delta` lines (best effort: dropped while disconnected or
+    /// while the owner does not read).
     pub fn send_delta(&self, text: &str) {
-        let state = self.inner.lock();
+        let mut state = self.inner.lock();
+        let state = &mut *state;
         let Some(out) = &state.out else { return };
         for piece in pieces(text, DELTA_PIECE_BYTES) {
             let frame = WorkerFrame::Delta {
                 text: piece.to_string(),
             };
-            if let Ok(json) = serde_json::to_string(&frame) {
-                let _ = out.send(line(json));
+            let Ok(json) = serde_json::to_string(&frame) else {
+                continue;
+            };
+            match out.try_send(line(json)) {
+                Ok(()) => {}
+                Err(TrySendError::Full(_)) => {
+                    state.deltas_dropped += 1;
+                    if state.deltas_dropped.is_power_of_two() {
+                        tracing::warn!(
+                            dropped = state.deltas_dropped,
+                            "the owner is not reading; dropping live deltas (persists wait)"
+                        );
+                    }
+                }
+                Err(TrySendError::Closed(_)) => return,
             }
         }
     }
@@ -260,22 +341,24 @@ impl OwnerLink {
     }
 
     /// The frames not yet acknowledged, in sequence order.
-    pub fn unacknowledged(&self) -> Vec<drover_protocol::worker::PersistFrame> {
-        self.inner
-            .lock()
-            .journal
-            .as_ref()
-            .map(Journal::unacknowledged)
-            .unwrap_or_default()
+    pub fn unacknowledged(&self) -> Vec<PersistFrame> {
+        self.inner.lock().pending.values().cloned().collect()
     }
 
-    /// Removes the outbox (see [`Journal::finish`]); later persists fail `Closed`.
-    pub fn finish_outbox(&self) -> Result<(), JournalError> {
-        let journal = self.inner.lock().journal.take();
-        match journal {
-            Some(journal) => journal.finish(),
-            None => Ok(()),
-        }
+    /// Removes the outbox (see [`Journal::finish`]) and stops the outbox thread; later
+    /// persists fail `Closed`.
+    pub async fn finish_outbox(&self) -> Result<(), JournalError> {
+        let outbox = {
+            let mut state = self.inner.lock();
+            state.pending.clear();
+            state.outbox.take()
+        };
+        let Some(outbox) = outbox else { return Ok(()) };
+        let (done, finished) = oneshot::channel();
+        outbox
+            .send(Command::Finish { done })
+            .map_err(|_| JournalError::Stopped)?;
+        finished.await.unwrap_or(Err(JournalError::Stopped))
     }
 
     /// Stops reading and lets the writer drain what is queued, then end.
@@ -285,6 +368,54 @@ impl OwnerLink {
             reader.abort();
         }
         state.out = None;
+    }
+}
+
+/// The outbox thread: owns the journal and does its file work in command order, so frames are
+/// recorded and sent in sequence order without a lock held across an fsync.
+fn run_outbox(mut journal: Journal, inner: Weak<Inner>, commands: std_mpsc::Receiver<Command>) {
+    while let Ok(command) = commands.recv() {
+        match command {
+            Command::Record {
+                operation,
+                payload,
+                answer,
+                recorded,
+            } => {
+                let frame = match journal.record(&operation, payload) {
+                    Ok(frame) => frame,
+                    Err(e) => {
+                        let _ = recorded.send(Err(e));
+                        continue;
+                    }
+                };
+                let Some(inner) = inner.upgrade() else { return };
+                let sequence = frame.sequence;
+                let out = {
+                    let mut state = inner.lock();
+                    state.pending.insert(sequence, frame.clone());
+                    state.waiters.insert(sequence, answer);
+                    state.out.clone()
+                };
+                let _ = recorded.send(Ok(sequence));
+                // Outside the lock: a full queue makes this frame wait, never drops it. A pair
+                // that closes meanwhile fails the send; the next `connect` resends the frame.
+                if let Some(out) = out {
+                    let _ = out.blocking_send(line(wire_line(&frame)));
+                }
+            }
+            Command::Acknowledge { sequence, answer } => {
+                if let Err(e) = journal.acknowledge(sequence) {
+                    tracing::warn!(seq = sequence, error = %e, "could not delete an acknowledged frame");
+                }
+                let Some(inner) = inner.upgrade() else { return };
+                inner.deliver(sequence, answer);
+            }
+            Command::Finish { done } => {
+                let _ = done.send(journal.finish());
+                return;
+            }
+        }
     }
 }
 
@@ -302,6 +433,7 @@ impl Inner {
             return;
         }
         state.out = None;
+        state.closed.cancel();
         drop(state);
         self.connected.send_replace(false);
     }
@@ -344,14 +476,10 @@ impl Inner {
     fn answer(&self, sequence: u64, answer: Answer) {
         let mut state = self.lock();
         let state = &mut *state;
-        let Some(journal) = state.journal.as_mut() else {
+        let Some(outbox) = &state.outbox else {
             return;
         };
-        let operation = journal.frame(sequence).map(|f| f.operation.clone());
-        // Refused frames are never sent again, so they leave the outbox like receipts do.
-        if let Err(e) = journal.acknowledge(sequence) {
-            tracing::warn!(seq = sequence, error = %e, "could not delete an acknowledged frame");
-        }
+        let operation = state.pending.remove(&sequence).map(|f| f.operation);
         if let Answer::Refused { reason, message } = &answer {
             tracing::warn!(seq = sequence, reason = %reason, message = %message, "persist refused");
             state.refusal.get_or_insert_with(|| Refusal {
@@ -363,7 +491,21 @@ impl Inner {
         } else {
             tracing::debug!(seq = sequence, "receipt");
         }
-        match state.waiters.remove(&sequence) {
+        // Refused frames are never sent again, so they leave the outbox like receipts do; the
+        // waiter hears only once the file is gone.
+        if let Err(std_mpsc::SendError(Command::Acknowledge { answer, .. })) =
+            outbox.send(Command::Acknowledge { sequence, answer })
+        {
+            if let Some(waiter) = state.waiters.remove(&sequence) {
+                let _ = waiter.send(answer);
+            }
+        }
+    }
+
+    /// Hands `answer` to the persist waiting for `sequence`, if one still waits.
+    fn deliver(&self, sequence: u64, answer: Answer) {
+        let waiter = self.lock().waiters.remove(&sequence);
+        match waiter {
             Some(waiter) => {
                 let _ = waiter.send(answer);
             }
@@ -420,26 +562,44 @@ fn pieces(text: &str, max: usize) -> Vec<&str> {
     out
 }
 
+/// Writes `resend` (the frames unanswered at connect), then the queue, until the queue closes
+/// or a write fails (the pair is lost then).
 async fn write_loop<W>(
     inner: Arc<Inner>,
     connection: u64,
     mut writer: W,
-    mut lines: mpsc::UnboundedReceiver<String>,
+    resend: Vec<String>,
+    mut lines: mpsc::Receiver<String>,
 ) where
     W: AsyncWrite + Unpin + Send + 'static,
 {
+    if let Err(e) = write_lines(&mut writer, resend, &mut lines).await {
+        tracing::warn!(error = %e, "writing to the owner failed");
+        inner.lost(connection);
+    }
+}
+
+async fn write_lines<W>(
+    writer: &mut W,
+    resend: Vec<String>,
+    lines: &mut mpsc::Receiver<String>,
+) -> std::io::Result<()>
+where
+    W: AsyncWrite + Unpin,
+{
+    for text in &resend {
+        writer.write_all(text.as_bytes()).await?;
+    }
+    writer.flush().await?;
     while let Some(text) = lines.recv().await {
-        let mut result = writer.write_all(text.as_bytes()).await;
-        if result.is_ok() && lines.is_empty() {
-            result = writer.flush().await;
-        }
-        if let Err(e) = result {
-            tracing::warn!(error = %e, "writing to the owner failed");
-            inner.lost(connection);
-            return;
+        writer.write_all(text.as_bytes()).await?;
+        if lines.is_empty() {
+            writer.flush().await?;
         }
     }
+    // The queue closed (shutdown): what is left to flush goes if the owner still reads.
     let _ = writer.flush().await;
+    Ok(())
 }
 
 async fn read_loop<R>(inner: Arc<Inner>, connection: u64, mut reader: R)

@@ -10,7 +10,7 @@ use std::time::Duration;
 use drover_protocol::worker::{OwnerFrame, PersistFrame, Scope, WorkerFrame};
 use drover_tools::{PromptAnswer, PromptBroker};
 use drover_worker::journal::{outbox_dir, Journal};
-use drover_worker::link::{OwnerLink, PersistError};
+use drover_worker::link::{OwnerLink, PersistError, OWNER_QUEUE};
 use drover_worker::store::OwnerPrompts;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, DuplexStream, ReadHalf, WriteHalf};
@@ -64,7 +64,12 @@ impl OwnerEnd {
 }
 
 fn connect(link: &OwnerLink) -> OwnerEnd {
-    let (worker, owner) = tokio::io::duplex(64 * 1024);
+    connect_with_buffer(link, 64 * 1024)
+}
+
+/// A pair whose pipe holds `bytes` that the owner has not read.
+fn connect_with_buffer(link: &OwnerLink, bytes: usize) -> OwnerEnd {
+    let (worker, owner) = tokio::io::duplex(bytes);
     let (worker_read, worker_write) = tokio::io::split(worker);
     link.connect(BufReader::new(worker_read), worker_write);
     let (owner_read, owner_write) = tokio::io::split(owner);
@@ -78,7 +83,8 @@ fn open_link(home: &std::path::Path) -> (OwnerLink, PathBuf, CancellationToken) 
     let dir = outbox_dir(home, "exec-1").expect("outbox dir");
     let journal = Journal::open(&dir, scope()).expect("journal");
     let cancel = CancellationToken::new();
-    (OwnerLink::new(journal, cancel.clone()), dir, cancel)
+    let link = OwnerLink::new(journal, cancel.clone()).expect("link");
+    (link, dir, cancel)
 }
 
 fn frame_files(dir: &std::path::Path) -> Vec<String> {
@@ -168,7 +174,7 @@ async fn outbox_replay_after_the_owners_end_of_the_pipe_closes_and_opens_again()
     }
     assert!(frame_files(&dir).is_empty(), "{:?}", frame_files(&dir));
     assert!(link.unacknowledged().is_empty());
-    link.finish_outbox().expect("finish");
+    link.finish_outbox().await.expect("finish");
     assert!(!dir.exists());
 }
 
@@ -305,4 +311,50 @@ async fn a_prompt_waits_for_the_owners_receipt_and_a_stop_cancels_it() {
         .expect("in time")
         .expect("task");
     assert_eq!(answer, PromptAnswer::Cancelled);
+}
+
+#[tokio::test]
+async fn a_full_queue_drops_deltas_and_a_persist_waits_for_room() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let (link, _dir, _cancel) = open_link(home.path());
+    // A 64-byte pipe the owner does not read yet: the writer task stalls on its first line and
+    // the queue behind it fills.
+    let mut owner = connect_with_buffer(&link, 64);
+    let sent = OWNER_QUEUE * 4;
+    for round in 0..2 {
+        for n in 0..sent / 2 {
+            link.send_delta(&format!("delta {round}-{n}"));
+        }
+        // Let the writer run and stall on the full pipe before the next round.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+    }
+    let persist = spawn_persist(&link, 1);
+
+    // The owner starts reading: the deltas that were queued, then the persist, which waited.
+    let mut deltas = 0;
+    let frame = loop {
+        match owner.frame().await {
+            WorkerFrame::Delta { .. } => deltas += 1,
+            WorkerFrame::Persist(frame) => break frame,
+        }
+    };
+    assert!(deltas > 0, "no delta got through");
+    assert!(
+        deltas < sent,
+        "all {sent} deltas were queued although the owner did not read"
+    );
+    assert_eq!((frame.sequence, frame.payload), (1, json!({"n": 1})));
+    owner
+        .send(&OwnerFrame::Receipt {
+            sequence: 1,
+            result: json!({"ok": true}),
+        })
+        .await;
+    let result = tokio::time::timeout(WAIT, persist)
+        .await
+        .expect("the persist is answered in time")
+        .expect("task");
+    assert_eq!(result.expect("receipt"), json!({"ok": true}));
 }
