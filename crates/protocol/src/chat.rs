@@ -2,15 +2,20 @@
 //!
 //! These are drover's own shapes; the model crate maps them to the OpenAI wire format.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// The author of a message (SPEC section 3, `messages.role`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
+    /// The system prompt.
     System,
+    /// The user's input.
     User,
+    /// The model.
     Assistant,
+    /// A tool's result.
     Tool,
 }
 
@@ -43,14 +48,19 @@ impl Role {
 /// on tool results.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChatMessage {
+    /// Who wrote it.
     pub role: Role,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Its text; `None` on an assistant message that only calls tools.
     pub content: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// The tool calls of an assistant message.
     pub tool_calls: Vec<ToolCall>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// On a tool result: the call it answers.
     pub tool_call_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// On a tool result: the tool's name.
     pub tool_name: Option<String>,
 }
 
@@ -83,11 +93,14 @@ impl ChatMessage {
 }
 
 /// A tool call requested by the model (OpenAI `tool_calls[]` entry).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ToolCall {
+    /// The model's id for the call.
     pub id: String,
     #[serde(rename = "type", default = "function_kind")]
+    /// Always `function`.
     pub kind: String,
+    /// The function and its arguments.
     pub function: FunctionCall,
 }
 
@@ -96,17 +109,22 @@ fn function_kind() -> String {
 }
 
 /// The function part of a tool call. `arguments` is the model's JSON text, kept verbatim.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct FunctionCall {
+    /// The tool's name.
     pub name: String,
+    /// The arguments as the model wrote them (JSON text, not checked).
     pub arguments: String,
 }
 
 /// Token usage of one model request, or a sum over requests (SPEC section 4, "Usage").
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Usage {
+    /// Prompt tokens.
     pub input_tokens: u64,
+    /// Completion tokens.
     pub output_tokens: u64,
+    /// As the model reported it (not recomputed).
     pub total_tokens: u64,
 }
 

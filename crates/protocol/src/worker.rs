@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt};
@@ -16,13 +17,21 @@ pub const MAX_FRAME_BYTES: usize = 4 * 1024 * 1024;
 
 /// Operation names of `persist` frames (SPEC section 4).
 pub mod op {
+    /// Append messages to the transcript ([`TranscriptAppend`](super::TranscriptAppend)).
     pub const TRANSCRIPT_APPEND: &str = "transcript.append";
+    /// Add one model request's usage ([`UsageAdd`](super::UsageAdd)).
     pub const USAGE_ADD: &str = "usage.add";
+    /// Open a prompt and wait for its answer ([`PromptOpen`](super::PromptOpen); the receipt is deferred).
     pub const PROMPT_OPEN: &str = "prompt.open";
+    /// Register a background process ([`BackgroundProcess`](super::BackgroundProcess)).
     pub const PROCESS_REGISTER: &str = "process.register";
+    /// A background process left `running` ([`ProcessUpdate`](super::ProcessUpdate)).
     pub const PROCESS_UPDATE: &str = "process.update";
+    /// Reserve a child agent's session ([`ChildReserve`](super::ChildReserve)).
     pub const CHILD_RESERVE: &str = "child.reserve";
+    /// Record a job the `jobs` toolset registered ([`JobRegister`](super::JobRegister)).
     pub const JOB_REGISTER: &str = "job.register";
+    /// Settle the turn ([`ExecutionFinish`](super::ExecutionFinish)); the last persist of an execution.
     pub const EXECUTION_FINISH: &str = "execution.finish";
 }
 
@@ -33,16 +42,27 @@ pub enum OwnerFrame {
     /// First frame of every execution.
     Bootstrap(Box<Bootstrap>),
     /// The persist with this `sequence` was applied (or had been); `result` is its receipt.
-    Receipt { sequence: u64, result: Value },
+    Receipt {
+        /// The persist answered.
+        sequence: u64,
+        /// Its receipt.
+        result: Value,
+    },
     /// The persist with this `sequence` was refused with a spec reason word; the worker must
     /// not resend it.
     Refused {
+        /// The refused persist.
         sequence: u64,
+        /// The spec reason word.
         reason: String,
+        /// A sentence for humans.
         message: String,
     },
     /// Stop the turn now (interrupt or owner drain); settle with outcome `interrupted`.
-    Stop { reason: String },
+    Stop {
+        /// Why (`interrupted`, `runtime_draining`, `parent_finished`).
+        reason: String,
+    },
 }
 
 /// Frames from the worker to the owner.
@@ -52,16 +72,24 @@ pub enum WorkerFrame {
     /// A sequence-numbered, idempotent write.
     Persist(PersistFrame),
     /// Live assistant text (becomes `message.delta`; never stored).
-    Delta { text: String },
+    Delta {
+        /// The piece of text.
+        text: String,
+    },
 }
 
 /// The execution's identity and credentials.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Scope {
+    /// The session.
     pub session_id: String,
+    /// The admission the turn runs.
     pub admission_id: String,
+    /// This execution.
     pub execution_id: String,
+    /// The turn's generation.
     pub generation: u64,
+    /// The owner's runtime epoch; a write from an older epoch is `stale_epoch`.
     pub epoch: u64,
     /// Per-execution secret; the owner keeps only its SHA-256 digest.
     pub secret: String,
@@ -70,18 +98,26 @@ pub struct Scope {
 /// The session's frozen policy (SPEC section 4, "Frozen session"), plus runtime limits.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Policy {
+    /// The model name.
     pub model: String,
+    /// The model endpoint.
     pub base_url: String,
     #[serde(default)]
+    /// The session's API key, if it has one (else the daemon's environment).
     pub api_key: Option<String>,
+    /// Stream the model's answers.
     pub stream: bool,
+    /// Bound on one model request.
     pub request_timeout_s: u64,
     /// Retries after the first attempt, for timeouts, 429 and 5xx.
     pub max_retries: u32,
+    /// The frozen system prompt.
     pub system_prompt: String,
+    /// The session's toolsets.
     pub toolsets: Vec<String>,
     /// Tool schemas as frozen at `session.create`, sent byte for byte.
     pub tools: Vec<Value>,
+    /// The tools' working directory.
     pub cwd: String,
     /// Upper bound on model requests in one turn.
     pub max_steps: u32,
@@ -114,12 +150,16 @@ pub struct Policy {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobsWire {
     #[serde(default)]
+    /// The broker URL.
     pub url: Option<String>,
     #[serde(default)]
+    /// The environment variable holding the user name.
     pub username_env: Option<String>,
     #[serde(default)]
+    /// The environment variable holding the password.
     pub password_env: Option<String>,
     #[serde(default)]
+    /// The topic prefix.
     pub topic_base: Option<String>,
 }
 
@@ -127,6 +167,7 @@ pub struct JobsWire {
 /// recorded in `session_jobs` for the execution's session before it is delivered.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobRegister {
+    /// The job.
     pub job_id: String,
     /// The registry folder that holds the job (absolute).
     pub registry_dir: String,
@@ -135,10 +176,13 @@ pub struct JobRegister {
 /// How to start one stdio MCP server (`[mcp_servers.<name>]` minus `enabled`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct McpServerSpec {
+    /// The program.
     pub command: String,
     #[serde(default)]
+    /// Its arguments.
     pub args: Vec<String>,
     #[serde(default)]
+    /// Extra environment variables.
     pub env: BTreeMap<String, String>,
 }
 
@@ -149,7 +193,9 @@ fn default_approvals() -> String {
 /// The bootstrap frame: `{scope, policy, history, input}` (SPEC section 4).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Bootstrap {
+    /// Who the execution is.
     pub scope: Scope,
+    /// What it may do.
     pub policy: Policy,
     /// Earlier messages of the session, oldest first, without the system prompt.
     pub history: Vec<ChatMessage>,
@@ -160,13 +206,19 @@ pub struct Bootstrap {
 /// A worker write: `{epoch, execution_id, generation, sequence, operation, payload, secret}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PersistFrame {
+    /// The owner epoch of [`Scope::epoch`].
     pub epoch: u64,
+    /// The execution.
     pub execution_id: String,
+    /// The turn's generation.
     pub generation: u64,
     /// Starts at 1 and goes up by one per execution.
     pub sequence: u64,
+    /// One of [`op`].
     pub operation: String,
+    /// The operation's payload.
     pub payload: Value,
+    /// The execution's [`Scope::secret`].
     pub secret: String,
 }
 
@@ -177,19 +229,26 @@ pub struct PersistFrame {
 /// whose result messages in `messages` are errors (`tool.complete` `is_error`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TranscriptAppend {
+    /// The messages, in order.
     pub messages: Vec<ChatMessage>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    /// Tool call id -> one-line preview.
     pub tool_contexts: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// Tool call ids whose results are errors.
     pub tool_errors: Vec<String>,
 }
 
 /// Payload of `usage.add`: one model request's usage.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UsageAdd {
+    /// Prompt tokens.
     pub input_tokens: u64,
+    /// Completion tokens.
     pub output_tokens: u64,
+    /// As the model reported it.
     pub total_tokens: u64,
+    /// Model responses (1 per request).
     pub api_calls: u64,
 }
 
@@ -197,12 +256,16 @@ pub struct UsageAdd {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TurnOutcome {
+    /// The turn finished.
     Completed,
+    /// The turn failed (see `error`).
     Failed,
+    /// The turn was stopped.
     Interrupted,
 }
 
 impl TurnOutcome {
+    /// The spec's word.
     pub fn as_str(self) -> &'static str {
         match self {
             TurnOutcome::Completed => "completed",
@@ -215,7 +278,9 @@ impl TurnOutcome {
 /// Payload of `execution.finish`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExecutionFinish {
+    /// How it ended.
     pub outcome: TurnOutcome,
+    /// What it gave.
     pub result: TurnResult,
     /// The model's or the tool's error message for `failed` turns.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -228,8 +293,11 @@ pub struct ExecutionFinish {
 /// `result:{final_response, model, api_calls}` of `prompt.receipt` (SPEC section 2).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TurnResult {
+    /// The final text.
     pub final_response: String,
+    /// The model that answered.
     pub model: String,
+    /// The number of model responses.
     pub api_calls: u64,
 }
 
@@ -237,10 +305,13 @@ pub struct TurnResult {
 /// context, and the toolsets it asks for (a subset of the caller's; `None` = the caller's).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChildReserve {
+    /// What the child must do.
     pub goal: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Facts the child needs.
     pub context: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The child's toolsets.
     pub toolsets: Option<Vec<String>>,
 }
 
@@ -249,17 +320,22 @@ pub struct ChildReserve {
 pub struct PromptOpen {
     /// `approval` or `clarify`.
     pub kind: String,
+    /// The prompt's fields (for `approval`: command, description, pattern_key, choices; for `clarify`: question, choices, multi_select).
     pub body: Value,
 }
 
 /// `background_processes.status` (SPEC section 3): `running`, then one of `exited` (its exit
 /// code is known), `killed` (by the `process` tool) or `lost` (gone, exit status unknown).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ProcessStatus {
+    /// Still running.
     Running,
+    /// Exited with a known code.
     Exited,
+    /// Killed by the `process` tool.
     Killed,
+    /// Gone, exit status unknown.
     Lost,
 }
 
@@ -295,7 +371,7 @@ impl std::fmt::Display for ProcessStatus {
 /// One `background_processes` row without its `session_id` (the execution's session is
 /// implied): the payload of `process.register` (with `status: running`) and an entry of
 /// [`Policy::background_processes`]. Field names are the spec's column names.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct BackgroundProcess {
     /// The `process_id` the `terminal` and `process` tools show.
     pub id: String,
@@ -305,11 +381,16 @@ pub struct BackgroundProcess {
     /// even after the pid is recycled.
     #[serde(default)]
     pub start_time: Option<u64>,
+    /// The command line.
     pub command: String,
+    /// Its working directory.
     pub cwd: String,
+    /// Where its output goes.
     pub log_path: String,
+    /// Where it stands.
     pub status: ProcessStatus,
     #[serde(default)]
+    /// Its exit code, once `exited`.
     pub exit_code: Option<i32>,
     /// Unix seconds.
     pub started_at: f64,
@@ -323,6 +404,7 @@ pub struct ProcessUpdate {
     /// `exited`, `killed` or `lost`.
     pub status: ProcessStatus,
     #[serde(default)]
+    /// Its exit code, for `exited`.
     pub exit_code: Option<i32>,
 }
 
