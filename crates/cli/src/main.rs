@@ -7,6 +7,7 @@ mod broker;
 mod client;
 mod commands;
 mod job;
+mod protocol_cmd;
 mod runner;
 
 use std::path::PathBuf;
@@ -74,6 +75,8 @@ enum Command {
     Loop(runner::LoopArgs),
     /// Run a local MQTT broker for development (mosquitto on loopback; docs/jobs.md).
     Broker(broker::BrokerArgs),
+    /// The client protocol: `drover protocol schema [--out DIR]` writes its JSON Schema.
+    Protocol(protocol_cmd::ProtocolArgs),
     /// Internal: a managed worker, started by the owner only.
     #[command(hide = true)]
     Worker,
@@ -108,6 +111,7 @@ fn main() -> ExitCode {
         Command::Broker(args) => broker::run(home, args) as u8,
         Command::Runner(args) => runner::run_runner(home, args) as u8,
         Command::Loop(args) => runner::run_loop(home, args) as u8,
+        Command::Protocol(args) => protocol_cmd::run(args) as u8,
     };
     ExitCode::from(code)
 }
