@@ -7,6 +7,7 @@ mod broker;
 mod client;
 mod commands;
 mod job;
+mod protocol_cmd;
 mod runner;
 
 use std::path::PathBuf;
@@ -54,6 +55,8 @@ enum Command {
     Loop(runner::LoopArgs),
     /// Run a local MQTT broker for development (mosquitto on loopback; docs/jobs.md).
     Broker(broker::BrokerArgs),
+    /// The client protocol: `drover protocol schema [--out DIR]` writes its JSON Schema.
+    Protocol(protocol_cmd::ProtocolArgs),
     /// Internal: a managed worker, started by the owner only.
     #[command(hide = true)]
     Worker,
@@ -86,6 +89,7 @@ fn main() -> ExitCode {
         Command::Broker(args) => broker::run(home, args),
         Command::Runner(args) => runner::run_runner(home, args),
         Command::Loop(args) => runner::run_loop(home, args),
+        Command::Protocol(args) => protocol_cmd::run(args),
     };
     exit.into()
 }

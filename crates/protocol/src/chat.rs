@@ -2,19 +2,20 @@
 //!
 //! These are drover's own shapes; the model crate maps them to the OpenAI wire format.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// The author of a message (SPEC section 3, `messages.role`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
-    /// The session's system prompt (`messages[0]` of every request).
+    /// The system prompt.
     System,
-    /// A user's input.
+    /// The user's input.
     User,
-    /// The model's answer, with text, tool calls or both.
+    /// The model.
     Assistant,
-    /// A tool's result, answering one tool call.
+    /// A tool's result.
     Tool,
 }
 
@@ -49,17 +50,17 @@ impl Role {
 pub struct ChatMessage {
     /// Who wrote it.
     pub role: Role,
-    /// The text; `None` for an assistant message that only calls tools.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Its text; `None` on an assistant message that only calls tools.
     pub content: Option<String>,
-    /// The tool calls of an assistant message, in the model's order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// The tool calls of an assistant message.
     pub tool_calls: Vec<ToolCall>,
-    /// On a tool result: the [`ToolCall::id`] it answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// On a tool result: the call it answers.
     pub tool_call_id: Option<String>,
-    /// On a tool result: the name of the tool that ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// On a tool result: the tool's name.
     pub tool_name: Option<String>,
 }
 
@@ -92,14 +93,14 @@ impl ChatMessage {
 }
 
 /// A tool call requested by the model (OpenAI `tool_calls[]` entry).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ToolCall {
-    /// The model's id for this call; the tool result names it in `tool_call_id`.
+    /// The model's id for the call.
     pub id: String,
-    /// The wire's `type`: always `function` today.
     #[serde(rename = "type", default = "function_kind")]
+    /// Always `function`.
     pub kind: String,
-    /// The tool's name and arguments.
+    /// The function and its arguments.
     pub function: FunctionCall,
 }
 
@@ -108,22 +109,22 @@ fn function_kind() -> String {
 }
 
 /// The function part of a tool call. `arguments` is the model's JSON text, kept verbatim.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct FunctionCall {
     /// The tool's name.
     pub name: String,
-    /// The arguments as the model wrote them (a JSON object, as text).
+    /// The arguments as the model wrote them (JSON text, not checked).
     pub arguments: String,
 }
 
 /// Token usage of one model request, or a sum over requests (SPEC section 4, "Usage").
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Usage {
-    /// Prompt tokens, as the model endpoint reports them.
+    /// Prompt tokens.
     pub input_tokens: u64,
-    /// Completion tokens, as the model endpoint reports them.
+    /// Completion tokens.
     pub output_tokens: u64,
-    /// The endpoint's `total_tokens` (SPEC section 4: the receipt sums this one).
+    /// As the model reported it (not recomputed).
     pub total_tokens: u64,
 }
 

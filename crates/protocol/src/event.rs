@@ -2,31 +2,37 @@
 //!
 //! Every event but `message.delta` is stored in `session_events` with a per-session `seq`
 //! (1, 2, 3, ... with no gaps). Deltas are live only and carry `delta_index` instead.
+//!
+//! [`Event`] is the untyped form the ledger and the owner build today; [`SessionEvent`] with
+//! one [`EventPayload`] variant per `type` is the typed form of the same bytes.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// A turn claimed its admission: `{admission_id, execution_generation}`.
+use crate::client::{AdmissionOutcome, AdmissionStatus, ApprovalChoice, ClarifyAnswer, OpenPrompt};
+
+/// Event type `turn.started`.
 pub const TURN_STARTED: &str = "turn.started";
-/// Live assistant text, `{text}`; never stored or replayed.
+/// Event type `message.delta`.
 pub const MESSAGE_DELTA: &str = "message.delta";
-/// The turn's final assistant text: `{admission_id, text, outcome}`.
+/// Event type `message.complete`.
 pub const MESSAGE_COMPLETE: &str = "message.complete";
-/// A tool call began: `{tool_id, name, context, args}`.
+/// Event type `tool.start`.
 pub const TOOL_START: &str = "tool.start";
-/// A tool call ended: `{tool_id, name, args, result, is_error}`.
+/// Event type `tool.complete`.
 pub const TOOL_COMPLETE: &str = "tool.complete";
-/// An approval prompt opened (payload = the prompt).
+/// Event type `approval.request`.
 pub const APPROVAL_REQUEST: &str = "approval.request";
-/// A clarify prompt opened (payload = the prompt).
+/// Event type `clarify.request`.
 pub const CLARIFY_REQUEST: &str = "clarify.request";
-/// An approval prompt was answered: `{prompt_id, choice}`.
+/// Event type `approval.settled`.
 pub const APPROVAL_SETTLED: &str = "approval.settled";
-/// A clarify prompt was answered: `{prompt_id, answer}`.
+/// Event type `clarify.settled`.
 pub const CLARIFY_SETTLED: &str = "clarify.settled";
-/// The turn ended: `{admission_id, outcome}`, with `error` when `failed`.
+/// Event type `turn.settled`.
 pub const TURN_SETTLED: &str = "turn.settled";
-/// An admission changed status: `{admission_id, status, outcome}`.
+/// Event type `admission.updated`.
 pub const ADMISSION_UPDATED: &str = "admission.updated";
 
 /// Bound on `tool.complete` `args` and `result` (SPEC section 2: 64 KiB each).
@@ -39,16 +45,219 @@ pub const TOOL_CONTEXT_MAX_CHARS: usize = 80;
 /// `seq` is `None` only for `message.delta`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Event {
-    /// The session the event belongs to.
+    /// The session.
     pub session_id: String,
-    /// The event's place in the session's stored stream (1, 2, 3, ...).
+    /// 1, 2, 3, ... per session; `None` for the live-only `message.delta`.
     #[serde(default)]
     pub seq: Option<u64>,
-    /// Names the stored stream `seq` counts in; a client whose epoch differs must resume.
+    /// The stored stream's name.
     pub replay_epoch: String,
-    /// The event type, one of the constants above (the wire's `type`).
+    /// The event type (one of the constants above).
     #[serde(rename = "type")]
     pub kind: String,
-    /// The type's payload (SPEC section 2 lists each shape).
+    /// The type's payload.
     pub payload: Value,
+}
+
+/// The params of an `event` notification, typed: `{session_id, seq, replay_epoch, type,
+/// payload}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct SessionEvent {
+    /// The session.
+    pub session_id: String,
+    /// 1, 2, 3, ... per session with no gaps; `null` for the live-only `message.delta`.
+    pub seq: Option<u64>,
+    /// The stored stream's name (pass to `session.events.since`).
+    pub replay_epoch: String,
+    /// `type` and `payload`.
+    #[serde(flatten)]
+    pub event: EventPayload,
+}
+
+/// Every event type with its payload: `{"type": ..., "payload": {...}}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "type", content = "payload")]
+pub enum EventPayload {
+    /// A queued input was claimed and its turn starts.
+    #[serde(rename = "turn.started")]
+    TurnStarted(TurnStarted),
+    /// A piece of streamed model text (live only: never stored, never replayed).
+    #[serde(rename = "message.delta")]
+    MessageDelta(MessageDelta),
+    /// The turn's final text, at settlement.
+    #[serde(rename = "message.complete")]
+    MessageComplete(MessageComplete),
+    /// The model asked for a tool call, before it runs.
+    #[serde(rename = "tool.start")]
+    ToolStart(ToolStart),
+    /// The tool's result was stored.
+    #[serde(rename = "tool.complete")]
+    ToolComplete(ToolComplete),
+    /// A dangerous command waits for `approval.respond` (payload: the prompt).
+    #[serde(rename = "approval.request")]
+    ApprovalRequest(OpenPrompt),
+    /// A question waits for `clarify.respond` (payload: the prompt).
+    #[serde(rename = "clarify.request")]
+    ClarifyRequest(OpenPrompt),
+    /// An approval prompt was answered, or closed unanswered.
+    #[serde(rename = "approval.settled")]
+    ApprovalSettled(ApprovalSettled),
+    /// A clarify prompt was answered, or closed unanswered.
+    #[serde(rename = "clarify.settled")]
+    ClarifySettled(ClarifySettled),
+    /// The turn ended.
+    #[serde(rename = "turn.settled")]
+    TurnSettled(TurnSettled),
+    /// An input was admitted, or its admission changed status.
+    #[serde(rename = "admission.updated")]
+    AdmissionUpdated(AdmissionUpdated),
+}
+
+impl EventPayload {
+    /// The event type on the wire.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            EventPayload::TurnStarted(_) => TURN_STARTED,
+            EventPayload::MessageDelta(_) => MESSAGE_DELTA,
+            EventPayload::MessageComplete(_) => MESSAGE_COMPLETE,
+            EventPayload::ToolStart(_) => TOOL_START,
+            EventPayload::ToolComplete(_) => TOOL_COMPLETE,
+            EventPayload::ApprovalRequest(_) => APPROVAL_REQUEST,
+            EventPayload::ClarifyRequest(_) => CLARIFY_REQUEST,
+            EventPayload::ApprovalSettled(_) => APPROVAL_SETTLED,
+            EventPayload::ClarifySettled(_) => CLARIFY_SETTLED,
+            EventPayload::TurnSettled(_) => TURN_SETTLED,
+            EventPayload::AdmissionUpdated(_) => ADMISSION_UPDATED,
+        }
+    }
+}
+
+/// Payload of `turn.started`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct TurnStarted {
+    /// The admission whose turn starts.
+    pub admission_id: String,
+    /// The turn's generation (pass to `session.interrupt` and the prompt answers).
+    pub execution_generation: u64,
+}
+
+/// Payload of `message.delta`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct MessageDelta {
+    /// The piece of text.
+    pub text: String,
+    /// Counts from 0 within one assistant message.
+    pub delta_index: u64,
+}
+
+/// How a turn ended: an admission outcome, or `unknown` when its worker or the owner died.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TurnEnd {
+    /// The turn finished.
+    Completed,
+    /// The turn was interrupted.
+    Interrupted,
+    /// The turn failed (see `error`).
+    Failed,
+    /// The input was refused.
+    Rejected,
+    /// The admission was cancelled.
+    Cancelled,
+    /// The turn was lost: what it did is in the transcript; see `prompt.resolve_unknown`.
+    Unknown,
+}
+
+/// Payload of `message.complete`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct MessageComplete {
+    /// The turn's admission.
+    pub admission_id: String,
+    /// The turn's final text (empty when lost).
+    pub text: String,
+    /// How the turn ended.
+    pub outcome: TurnEnd,
+}
+
+/// Payload of `tool.start`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ToolStart {
+    /// The model's id for the call.
+    pub tool_id: String,
+    /// The tool.
+    pub name: String,
+    /// A one-line preview of at most 80 characters (for `terminal`, the command).
+    pub context: String,
+    /// The call's arguments: the model's JSON, or its text when not JSON or over 64 KiB (cut).
+    pub args: Value,
+}
+
+/// Payload of `tool.complete`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ToolComplete {
+    /// The model's id for the call.
+    pub tool_id: String,
+    /// The tool.
+    pub name: Option<String>,
+    /// The call's arguments, as in `tool.start` (`null` when the call is not known).
+    pub args: Value,
+    /// The tool's result, cut to 64 KiB.
+    pub result: String,
+    /// Whether the tool reported an error.
+    pub is_error: bool,
+}
+
+/// How a prompt was closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PromptSettlement {
+    /// It was answered.
+    Resolved,
+    /// It was closed unanswered by an interrupt or the turn's end.
+    Cancelled,
+}
+
+/// Payload of `approval.settled`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ApprovalSettled {
+    /// The prompt.
+    pub prompt_id: String,
+    /// How it was closed.
+    pub status: PromptSettlement,
+    /// The answer; `null` when cancelled.
+    pub choice: Option<ApprovalChoice>,
+}
+
+/// Payload of `clarify.settled`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ClarifySettled {
+    /// The prompt.
+    pub prompt_id: String,
+    /// How it was closed.
+    pub status: PromptSettlement,
+    /// The answer; `null` when cancelled.
+    pub answer: Option<ClarifyAnswer>,
+}
+
+/// Payload of `turn.settled`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct TurnSettled {
+    /// The turn's admission.
+    pub admission_id: String,
+    /// How the turn ended.
+    pub outcome: TurnEnd,
+    /// Why a failed turn failed (the model server's message, `step limit (50) reached`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Payload of `admission.updated`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct AdmissionUpdated {
+    /// The admission.
+    pub admission_id: String,
+    /// Its new status.
+    pub status: AdmissionStatus,
+    /// Set once terminal.
+    pub outcome: Option<AdmissionOutcome>,
 }

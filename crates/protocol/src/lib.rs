@@ -2,27 +2,38 @@
 //! small constructors, so the owner, the worker and clients cannot drift apart.
 //!
 //! - [`rpc`]: the client JSON-RPC 2.0 envelope, error reasons and codes (SPEC section 2).
-//! - [`event`]: session event types and payload shapes (SPEC section 2, "Events").
 //! - [`chat`]: chat messages, tool calls and usage as stored in the ledger and sent to workers.
 //! - [`worker`]: owner <-> worker stdio frames: bootstrap, persist, receipts (SPEC section 4).
+//! - [`client`]: the typed client protocol: one [`ClientRequest`] variant per method, each
+//!   with its params and result struct (SPEC section 2). Params refuse unknown fields.
+//! - [`event`]: session events, untyped ([`event::Event`]) and typed
+//!   ([`event::SessionEvent`], one [`event::EventPayload`] variant per `type`).
 //! - [`policy`]: typed settings that cross config, owner and worker: [`ApprovalMode`] and
 //!   [`ModelSettings`], with their defaults (SPEC sections 1, 5 and 6).
 //! - [`exit`]: [`Exit`], every exit code of the `drover` binary (SPEC section 8).
+//! - [`schema`]: the JSON Schema bundle of the client protocol, derived from these types
+//!   (checked in as `schema/drover-protocol.schema.json`).
 //!
-//! Layers: `chat`, `event`, `rpc`, `policy`, `exit` (leaves); `worker` on `chat` and `policy`.
+//! Layers: `chat`, `rpc`, `policy`, `exit` (leaves); `worker` on `chat` and `policy`; then
+//! `client` and `event`; then `schema`.
 //!
 //! What this crate does not do: talk to sockets, open files or decide policy.
 
+#![warn(missing_docs)]
+
 pub mod chat;
+pub mod client;
 pub mod event;
 pub mod exit;
 pub mod policy;
 pub mod rpc;
+pub mod schema;
 pub mod worker;
 
 pub use chat::{
     add_token_counts, ChatMessage, FunctionCall, Role, ToolCall, Usage, TOKEN_COUNT_MAX,
 };
+pub use client::{ClientRequest, MethodResult};
 pub use exit::Exit;
 pub use policy::{ApprovalMode, ModelSettings};
 pub use rpc::{ErrorReason, RpcError};

@@ -1,5 +1,6 @@
 //! The client JSON-RPC 2.0 envelope and error reasons (SPEC section 2).
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -17,38 +18,56 @@ pub const DOMAIN_ERROR: i64 = 4001;
 pub const STORAGE_ERROR: i64 = 5001;
 
 /// Every error reason string of SPEC section 2. The wire carries the snake_case word.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorReason {
-    /// A parameter is missing or wrong; `data.field` names it (-32602).
+    /// A parameter is missing, has the wrong type, an invalid value, or is not a parameter of
+    /// the method; `data.field` names it (-32602).
     InvalidParams,
     /// No such session, admission or prompt.
     NotFound,
-    /// The connection is not attached to the session, or a worker's secret or execution is
-    /// wrong.
+    /// The connection is not attached to the session (call `session.resume` first).
     PermissionDenied,
-    /// A worker frame names an owner epoch that is not the current one.
+    /// A write from an older daemon's worker (seen by workers, not by clients).
     StaleEpoch,
-    /// The execution generation named is not the session's current one.
+    /// The `execution_generation` given is not the running turn's, or the turn has started.
     StaleGeneration,
-    /// The same id or sequence came again with a different payload.
+    /// An `input_id` reused with a different `text`.
     AdmissionConflict,
-    /// The admission is `unknown` (its worker died mid-turn); `prompt.resolve_unknown` settles
-    /// it.
+    /// The admission's outcome is unknown (use `prompt.resolve_unknown`).
     UnknownExecution,
-    /// The owner is stopping and takes no new input.
+    /// The daemon is stopping.
     RuntimeDraining,
-    /// The ledger could not be read or written (5001).
+    /// The ledger could not be read or written; nothing was acknowledged (5001).
     StorageUnavailable,
     /// No such method (-32601).
     UnknownMethod,
-    /// The model endpoint failed after its retries.
+    /// The model endpoint cannot be used.
     ModelUnavailable,
     /// Malformed JSON (-32700). Not a spec reason word of its own; reported as `parse_error`.
     ParseError,
+    /// JSON that is not a request object, or a binary frame (-32600).
+    InvalidRequest,
 }
 
 impl ErrorReason {
+    /// Every reason, in declaration order.
+    pub const ALL: [ErrorReason; 13] = [
+        ErrorReason::InvalidParams,
+        ErrorReason::NotFound,
+        ErrorReason::PermissionDenied,
+        ErrorReason::StaleEpoch,
+        ErrorReason::StaleGeneration,
+        ErrorReason::AdmissionConflict,
+        ErrorReason::UnknownExecution,
+        ErrorReason::RuntimeDraining,
+        ErrorReason::StorageUnavailable,
+        ErrorReason::UnknownMethod,
+        ErrorReason::ModelUnavailable,
+        ErrorReason::ParseError,
+        ErrorReason::InvalidRequest,
+    ];
+
     /// The reason word on the wire.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -64,6 +83,7 @@ impl ErrorReason {
             ErrorReason::UnknownMethod => "unknown_method",
             ErrorReason::ModelUnavailable => "model_unavailable",
             ErrorReason::ParseError => "parse_error",
+            ErrorReason::InvalidRequest => "invalid_request",
         }
     }
 
@@ -76,6 +96,7 @@ impl ErrorReason {
     pub fn code(self) -> i64 {
         match self {
             ErrorReason::ParseError => PARSE_ERROR,
+            ErrorReason::InvalidRequest => INVALID_REQUEST,
             ErrorReason::UnknownMethod => METHOD_NOT_FOUND,
             ErrorReason::InvalidParams => INVALID_PARAMS,
             ErrorReason::StorageUnavailable => STORAGE_ERROR,
@@ -93,15 +114,29 @@ impl std::fmt::Display for ErrorReason {
 /// A JSON-RPC error object: `{code, message, data: {reason, field?, ...}}`.
 ///
 /// `message` is the reason word (SPEC section 2); `data.detail` carries a human sentence.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct RpcError {
-    /// The JSON-RPC code ([`ErrorReason::code`]).
+    /// The JSON-RPC code of the reason ([`ErrorReason::code`]).
     pub code: i64,
     /// The reason word.
     pub message: String,
-    /// `{reason, detail, field?}`.
+    /// `{reason, detail, field?}` ([`ErrorData`]).
     #[serde(default)]
+    #[schemars(with = "ErrorData")]
     pub data: Value,
+}
+
+/// `data` of an [`RpcError`], typed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ErrorData {
+    /// The reason word (as `message`).
+    pub reason: ErrorReason,
+    /// A sentence for humans.
+    #[serde(default)]
+    pub detail: String,
+    /// For `invalid_params`: the offending parameter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
 }
 
 impl RpcError {
@@ -144,15 +179,15 @@ impl std::error::Error for RpcError {}
 /// An incoming request or notification. `id` is absent for notifications.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Request {
-    /// `"2.0"` when the client sends it.
+    /// `"2.0"` (not checked).
     #[serde(default)]
     pub jsonrpc: Option<String>,
-    /// The client's id, echoed in the response; absent on notifications.
+    /// The caller's id, echoed in the answer; absent for a notification.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<Value>,
-    /// The method name, such as `prompt.submit`.
+    /// The method ([`crate::client::METHODS`]).
     pub method: String,
-    /// The method's params (`null` when absent).
+    /// Its params ([`crate::client::ClientRequest::parse`]).
     #[serde(default)]
     pub params: Value,
 }
@@ -160,20 +195,20 @@ pub struct Request {
 /// An outgoing response: exactly one of `result` and `error` is set.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Response {
-    /// Always `"2.0"`.
+    /// `"2.0"`.
     pub jsonrpc: String,
-    /// The request's id.
+    /// The request's id (`null` when it could not be read).
     pub id: Value,
-    /// The method's result, on success.
+    /// The method's result ([`crate::client::MethodResult`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<Value>,
-    /// The error, on failure.
+    /// Why the request failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<RpcError>,
 }
 
 impl Response {
-    /// A success answering request `id`.
+    /// A success answer to `id`.
     pub fn ok(id: Value, result: Value) -> Self {
         Response {
             jsonrpc: "2.0".into(),
@@ -183,7 +218,7 @@ impl Response {
         }
     }
 
-    /// A failure answering request `id`.
+    /// An error answer to `id`.
     pub fn err(id: Value, error: RpcError) -> Self {
         Response {
             jsonrpc: "2.0".into(),
@@ -197,16 +232,16 @@ impl Response {
 /// A server notification, e.g. `{"jsonrpc":"2.0","method":"event","params":{...}}`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Notification {
-    /// Always `"2.0"`.
+    /// `"2.0"`.
     pub jsonrpc: String,
-    /// The notification name (`event` for session events).
+    /// `event` for session events.
     pub method: String,
-    /// Its params, such as an [`crate::event::Event`].
+    /// For `event`: [`crate::event::SessionEvent`].
     pub params: Value,
 }
 
 impl Notification {
-    /// A JSON-RPC 2.0 notification.
+    /// A notification of `method`.
     pub fn new(method: impl Into<String>, params: Value) -> Self {
         Notification {
             jsonrpc: "2.0".into(),

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt};
@@ -17,21 +18,21 @@ pub const MAX_FRAME_BYTES: usize = 4 * 1024 * 1024;
 
 /// Operation names of `persist` frames (SPEC section 4).
 pub mod op {
-    /// Store messages of the turn ([`super::TranscriptAppend`]).
+    /// Append messages to the transcript ([`TranscriptAppend`](super::TranscriptAppend)).
     pub const TRANSCRIPT_APPEND: &str = "transcript.append";
-    /// Add one model request's usage ([`super::UsageAdd`]).
+    /// Add one model request's usage ([`UsageAdd`](super::UsageAdd)).
     pub const USAGE_ADD: &str = "usage.add";
-    /// Open an approval or clarify prompt ([`super::PromptOpen`]); the receipt is the answer.
+    /// Open a prompt and wait for its answer ([`PromptOpen`](super::PromptOpen); the receipt is deferred).
     pub const PROMPT_OPEN: &str = "prompt.open";
-    /// Record a background process ([`super::BackgroundProcess`]).
+    /// Register a background process ([`BackgroundProcess`](super::BackgroundProcess)).
     pub const PROCESS_REGISTER: &str = "process.register";
-    /// Record that a background process stopped running ([`super::ProcessUpdate`]).
+    /// A background process left `running` ([`ProcessUpdate`](super::ProcessUpdate)).
     pub const PROCESS_UPDATE: &str = "process.update";
-    /// Reserve a child session for `delegate_task` ([`super::ChildReserve`]).
+    /// Reserve a child agent's session ([`ChildReserve`](super::ChildReserve)).
     pub const CHILD_RESERVE: &str = "child.reserve";
-    /// Record a job the `jobs` toolset submitted ([`super::JobRegister`]).
+    /// Record a job the `jobs` toolset registered ([`JobRegister`](super::JobRegister)).
     pub const JOB_REGISTER: &str = "job.register";
-    /// Settle the turn ([`super::ExecutionFinish`]); the last persist of an execution.
+    /// Settle the turn ([`ExecutionFinish`](super::ExecutionFinish)); the last persist of an execution.
     pub const EXECUTION_FINISH: &str = "execution.finish";
 }
 
@@ -43,24 +44,24 @@ pub enum OwnerFrame {
     Bootstrap(Box<Bootstrap>),
     /// The persist with this `sequence` was applied (or had been); `result` is its receipt.
     Receipt {
-        /// The persist's [`PersistFrame::sequence`].
+        /// The persist answered.
         sequence: u64,
-        /// The operation's stored receipt.
+        /// Its receipt.
         result: Value,
     },
     /// The persist with this `sequence` was refused with a spec reason word; the worker must
     /// not resend it.
     Refused {
-        /// The persist's [`PersistFrame::sequence`].
+        /// The refused persist.
         sequence: u64,
-        /// The spec reason word, such as `stale_generation`.
+        /// The spec reason word.
         reason: String,
-        /// A human sentence saying why.
+        /// A sentence for humans.
         message: String,
     },
     /// Stop the turn now (interrupt or owner drain); settle with outcome `interrupted`.
     Stop {
-        /// Why: `interrupted` (a client's `session.interrupt`) or `runtime_draining`.
+        /// Why (`interrupted`, `runtime_draining`, `parent_finished`).
         reason: String,
     },
 }
@@ -73,7 +74,7 @@ pub enum WorkerFrame {
     Persist(PersistFrame),
     /// Live assistant text (becomes `message.delta`; never stored).
     Delta {
-        /// The new text, to append to what came before.
+        /// The piece of text.
         text: String,
     },
 }
@@ -81,15 +82,15 @@ pub enum WorkerFrame {
 /// The execution's identity and credentials.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Scope {
-    /// The session the turn belongs to.
+    /// The session.
     pub session_id: String,
-    /// The admission this turn runs.
+    /// The admission the turn runs.
     pub admission_id: String,
-    /// This worker's execution; every persist names it.
+    /// This execution.
     pub execution_id: String,
-    /// The session's execution generation for this turn.
+    /// The turn's generation.
     pub generation: u64,
-    /// The owner's runtime epoch; a persist from an older epoch is refused.
+    /// The owner's runtime epoch; a write from an older epoch is `stale_epoch`.
     pub epoch: u64,
     /// Per-execution secret; the owner keeps only its SHA-256 digest.
     pub secret: String,
@@ -98,27 +99,27 @@ pub struct Scope {
 /// The session's frozen policy (SPEC section 4, "Frozen session"), plus runtime limits.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Policy {
-    /// The model name sent in each request.
+    /// The model name.
     pub model: String,
-    /// The OpenAI-compatible endpoint, such as `https://api.openai.com/v1`.
+    /// The model endpoint.
     pub base_url: String,
-    /// The bearer token, if the endpoint needs one.
     #[serde(default)]
+    /// The session's API key, if it has one (else the daemon's environment).
     pub api_key: Option<String>,
     /// `stream`, `request_timeout_s` and `max_retries`, as top-level fields of the policy.
     #[serde(flatten)]
     pub model_settings: ModelSettings,
-    /// The frozen system prompt (`messages[0]` of every request).
+    /// The frozen system prompt.
     pub system_prompt: String,
-    /// The session's toolsets, by name.
+    /// The session's toolsets.
     pub toolsets: Vec<String>,
     /// Tool schemas as frozen at `session.create`, sent byte for byte.
     pub tools: Vec<Value>,
-    /// The session's working directory (absolute).
+    /// The tools' working directory.
     pub cwd: String,
     /// Upper bound on model requests in one turn.
     pub max_steps: u32,
-    /// `approvals.mode`.
+    /// `approvals.mode`: `manual`, `auto` or `deny`.
     #[serde(default)]
     pub approvals: ApprovalMode,
     /// The drover home (for outbox and logs).
@@ -146,17 +147,17 @@ pub struct Policy {
 /// means local-only).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobsWire {
-    /// The broker, `mqtt://` or `mqtts://`.
     #[serde(default)]
+    /// The broker URL.
     pub url: Option<String>,
-    /// The environment variable holding the broker user name (the name, never the value).
     #[serde(default)]
+    /// The environment variable holding the user name.
     pub username_env: Option<String>,
-    /// The environment variable holding the broker password (the name, never the value).
     #[serde(default)]
+    /// The environment variable holding the password.
     pub password_env: Option<String>,
-    /// The topic prefix the job topics go under.
     #[serde(default)]
+    /// The topic prefix.
     pub topic_base: Option<String>,
 }
 
@@ -164,7 +165,7 @@ pub struct JobsWire {
 /// recorded in `session_jobs` for the execution's session before it is delivered.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobRegister {
-    /// The job's id in its registry.
+    /// The job.
     pub job_id: String,
     /// The registry folder that holds the job (absolute).
     pub registry_dir: String,
@@ -173,22 +174,22 @@ pub struct JobRegister {
 /// How to start one stdio MCP server (`[mcp_servers.<name>]` minus `enabled`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct McpServerSpec {
-    /// The program to run.
+    /// The program.
     pub command: String,
+    #[serde(default)]
     /// Its arguments.
-    #[serde(default)]
     pub args: Vec<String>,
-    /// Environment variables set for it, by name.
     #[serde(default)]
+    /// Extra environment variables.
     pub env: BTreeMap<String, String>,
 }
 
 /// The bootstrap frame: `{scope, policy, history, input}` (SPEC section 4).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Bootstrap {
-    /// Who the execution is, and its secret.
+    /// Who the execution is.
     pub scope: Scope,
-    /// What the turn may use.
+    /// What it may do.
     pub policy: Policy,
     /// Earlier messages of the session, oldest first, without the system prompt.
     pub history: Vec<ChatMessage>,
@@ -199,19 +200,19 @@ pub struct Bootstrap {
 /// A worker write: `{epoch, execution_id, generation, sequence, operation, payload, secret}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PersistFrame {
-    /// [`Scope::epoch`].
+    /// The owner epoch of [`Scope::epoch`].
     pub epoch: u64,
-    /// [`Scope::execution_id`].
+    /// The execution.
     pub execution_id: String,
-    /// [`Scope::generation`].
+    /// The turn's generation.
     pub generation: u64,
     /// Starts at 1 and goes up by one per execution.
     pub sequence: u64,
-    /// One of the [`op`] names.
+    /// One of [`op`].
     pub operation: String,
-    /// The operation's payload, such as a [`TranscriptAppend`].
+    /// The operation's payload.
     pub payload: Value,
-    /// [`Scope::secret`].
+    /// The execution's [`Scope::secret`].
     pub secret: String,
 }
 
@@ -222,26 +223,26 @@ pub struct PersistFrame {
 /// whose result messages in `messages` are errors (`tool.complete` `is_error`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TranscriptAppend {
-    /// The messages to store, in order.
+    /// The messages, in order.
     pub messages: Vec<ChatMessage>,
-    /// Tool call id to its one-line preview.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    /// Tool call id -> one-line preview.
     pub tool_contexts: BTreeMap<String, String>,
-    /// Tool call ids whose results are errors.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// Tool call ids whose results are errors.
     pub tool_errors: Vec<String>,
 }
 
 /// Payload of `usage.add`: one model request's usage.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UsageAdd {
-    /// [`Usage::input_tokens`] of the request.
+    /// Prompt tokens.
     pub input_tokens: u64,
-    /// [`Usage::output_tokens`] of the request.
+    /// Completion tokens.
     pub output_tokens: u64,
-    /// [`Usage::total_tokens`] of the request.
+    /// As the model reported it.
     pub total_tokens: u64,
-    /// The number of model requests this counts (1 for one request).
+    /// Model responses (1 per request).
     pub api_calls: u64,
 }
 
@@ -249,16 +250,16 @@ pub struct UsageAdd {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TurnOutcome {
-    /// The model gave its final answer.
+    /// The turn finished.
     Completed,
-    /// The model or a tool failed; [`ExecutionFinish::error`] says how.
+    /// The turn failed (see `error`).
     Failed,
-    /// The turn was stopped ([`OwnerFrame::Stop`]).
+    /// The turn was stopped.
     Interrupted,
 }
 
 impl TurnOutcome {
-    /// The spec's word (the admission's `outcome`).
+    /// The spec's word.
     pub fn as_str(self) -> &'static str {
         match self {
             TurnOutcome::Completed => "completed",
@@ -271,9 +272,9 @@ impl TurnOutcome {
 /// Payload of `execution.finish`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExecutionFinish {
-    /// How the turn ended.
+    /// How it ended.
     pub outcome: TurnOutcome,
-    /// What the receipt's `result` shows.
+    /// What it gave.
     pub result: TurnResult,
     /// The model's or the tool's error message for `failed` turns.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -286,11 +287,11 @@ pub struct ExecutionFinish {
 /// `result:{final_response, model, api_calls}` of `prompt.receipt` (SPEC section 2).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TurnResult {
-    /// The last assistant text (empty when there was none).
+    /// The final text.
     pub final_response: String,
     /// The model that answered.
     pub model: String,
-    /// Model requests made in the turn.
+    /// The number of model responses.
     pub api_calls: u64,
 }
 
@@ -298,13 +299,13 @@ pub struct TurnResult {
 /// context, and the toolsets it asks for (a subset of the caller's; `None` = the caller's).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChildReserve {
-    /// What the child is to do.
+    /// What the child must do.
     pub goal: String,
-    /// Background the caller passes along.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Facts the child needs.
     pub context: Option<String>,
-    /// The child's toolsets (`None`: the caller's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The child's toolsets.
     pub toolsets: Option<Vec<String>>,
 }
 
@@ -313,22 +314,22 @@ pub struct ChildReserve {
 pub struct PromptOpen {
     /// `approval` or `clarify`.
     pub kind: String,
-    /// The prompt as clients see it (SPEC section 2, `prompts`), without `prompt_id`.
+    /// The prompt's fields (for `approval`: command, description, pattern_key, choices; for `clarify`: question, choices, multi_select).
     pub body: Value,
 }
 
 /// `background_processes.status` (SPEC section 3): `running`, then one of `exited` (its exit
 /// code is known), `killed` (by the `process` tool) or `lost` (gone, exit status unknown).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ProcessStatus {
-    /// Still running, as far as drover knows.
+    /// Still running.
     Running,
-    /// Ended by itself; its exit code is known.
+    /// Exited with a known code.
     Exited,
-    /// Stopped by the `process` tool.
+    /// Killed by the `process` tool.
     Killed,
-    /// Gone, with its exit status unknown (such as after an owner restart).
+    /// Gone, exit status unknown.
     Lost,
 }
 
@@ -364,7 +365,7 @@ impl std::fmt::Display for ProcessStatus {
 /// One `background_processes` row without its `session_id` (the execution's session is
 /// implied): the payload of `process.register` (with `status: running`) and an entry of
 /// [`Policy::background_processes`]. Field names are the spec's column names.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct BackgroundProcess {
     /// The `process_id` the `terminal` and `process` tools show.
     pub id: String,
@@ -374,16 +375,16 @@ pub struct BackgroundProcess {
     /// even after the pid is recycled.
     #[serde(default)]
     pub start_time: Option<u64>,
-    /// The shell command as the tool was given it.
+    /// The command line.
     pub command: String,
-    /// The directory it runs in.
+    /// Its working directory.
     pub cwd: String,
-    /// The file its stdout and stderr go to.
+    /// Where its output goes.
     pub log_path: String,
-    /// Its status when recorded.
+    /// Where it stands.
     pub status: ProcessStatus,
-    /// Its exit code, once `exited`.
     #[serde(default)]
+    /// Its exit code, once `exited`.
     pub exit_code: Option<i32>,
     /// Unix seconds.
     pub started_at: f64,
@@ -396,8 +397,8 @@ pub struct ProcessUpdate {
     pub id: String,
     /// `exited`, `killed` or `lost`.
     pub status: ProcessStatus,
-    /// The exit code, when `exited`.
     #[serde(default)]
+    /// Its exit code, for `exited`.
     pub exit_code: Option<i32>,
 }
 

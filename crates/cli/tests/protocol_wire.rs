@@ -1,0 +1,411 @@
+//! The typed client protocol (`drover_protocol::client`, `event`) against the real daemon:
+//! every method's request and answer and every event type of a scripted session, parsed into
+//! the typed form and serialised back to the same JSON value (SPEC section 2).
+//!
+//! With `DROVER_WRITE_PROTOCOL_FIXTURES=1` the exchanges are also written as the examples in
+//! `crates/protocol/tests/fixtures/` (the protocol crate checks them without a daemon, and
+//! docs/protocol.md quotes them).
+
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use drover_protocol::client::{ClientRequest, MethodResult, METHODS};
+use drover_protocol::event::SessionEvent;
+use drover_protocol::rpc::{ErrorData, RpcError};
+use drover_test_support::harness::{pid_alive, uuid_like, Client, Daemon, TestHome};
+use drover_test_support::{Gate, MockModel, Reply};
+use serde_json::{json, Value};
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_drover"))
+}
+
+const BOUND: Duration = Duration::from_secs(20);
+
+/// Every request, answer and event seen, each checked as it arrives.
+#[derive(Default)]
+struct Wire {
+    methods: BTreeMap<String, Vec<Value>>,
+    errors: BTreeMap<String, Vec<Value>>,
+    events: BTreeMap<String, Vec<Value>>,
+}
+
+impl Wire {
+    /// Calls `method` and records the exchange; returns the result or the error object.
+    async fn call(&mut self, c: &mut Client, method: &str, params: Value) -> Result<Value, Value> {
+        let answer = c.call(method, params.clone()).await.unwrap();
+        let exchange = match &answer {
+            Ok(result) => {
+                check_result(method, &params, result);
+                json!({"method": method, "params": params, "result": result})
+            }
+            Err(error) => {
+                let reason = check_error(error);
+                let exchange = json!({"method": method, "params": params, "error": error});
+                self.errors
+                    .entry(reason)
+                    .or_default()
+                    .push(exchange.clone());
+                exchange
+            }
+        };
+        if answer.is_ok() {
+            self.methods
+                .entry(method.to_string())
+                .or_default()
+                .push(exchange);
+        }
+        answer
+    }
+
+    async fn ok(&mut self, c: &mut Client, method: &str, params: Value) -> Value {
+        match self.call(c, method, params).await {
+            Ok(v) => v,
+            Err(e) => panic!("{method} failed: {e}"),
+        }
+    }
+
+    /// Reads events until one matches `pred`, recording (and checking) each.
+    async fn event(&mut self, c: &mut Client, pred: impl Fn(&Value) -> bool) -> Value {
+        loop {
+            let e = c
+                .next_event(BOUND)
+                .await
+                .unwrap()
+                .expect("no event within the bound");
+            check_event(&e);
+            let kind = e["type"].as_str().unwrap().to_string();
+            self.events.entry(kind).or_default().push(e.clone());
+            if pred(&e) {
+                return e;
+            }
+        }
+    }
+
+    async fn settled(&mut self, c: &mut Client, admission_id: &Value) -> Value {
+        self.event(c, |e| {
+            e["type"] == "admission.updated"
+                && e["payload"]["admission_id"] == *admission_id
+                && e["payload"]["status"] == "terminal"
+        })
+        .await
+    }
+}
+
+fn check_result(method: &str, params: &Value, result: &Value) {
+    let request = ClientRequest::parse(method, params.clone())
+        .unwrap_or_else(|e| panic!("{method} {params}: refused by the typed params: {e}"));
+    assert_eq!(
+        &request.params(),
+        params,
+        "{method}: params changed in the round trip"
+    );
+    let typed = MethodResult::parse(method, result.clone())
+        .unwrap_or_else(|| panic!("{method}: no typed result"))
+        .unwrap_or_else(|e| panic!("{method}: result does not parse: {e}\n{result}"));
+    assert_eq!(
+        &serde_json::to_value(&typed).unwrap(),
+        result,
+        "{method}: result changed in the round trip"
+    );
+}
+
+fn check_error(error: &Value) -> String {
+    let typed: RpcError = serde_json::from_value(error.clone()).unwrap();
+    assert_eq!(&serde_json::to_value(&typed).unwrap(), error);
+    let data: ErrorData = serde_json::from_value(error["data"].clone())
+        .unwrap_or_else(|e| panic!("error data does not parse: {e}\n{error}"));
+    assert_eq!(serde_json::to_value(&data).unwrap(), error["data"]);
+    assert_eq!(typed.code, data.reason.code(), "{error}");
+    data.reason.as_str().to_string()
+}
+
+fn check_event(event: &Value) {
+    let typed: SessionEvent = serde_json::from_value(event.clone())
+        .unwrap_or_else(|e| panic!("event does not parse: {e}\n{event}"));
+    assert_eq!(
+        &serde_json::to_value(&typed).unwrap(),
+        event,
+        "event changed in the round trip"
+    );
+}
+
+fn fixtures_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../protocol/tests/fixtures")
+}
+
+fn write_fixtures(dir: &Path, group: &str, entries: &BTreeMap<String, Vec<Value>>) {
+    let dir = dir.join(group);
+    std::fs::create_dir_all(&dir).unwrap();
+    for (name, examples) in entries {
+        // The first two examples of each are enough to read, and keep the files small.
+        let examples: Vec<&Value> = examples.iter().take(2).collect();
+        let mut text = serde_json::to_string_pretty(&examples).unwrap();
+        text.push('\n');
+        std::fs::write(dir.join(format!("{name}.json")), text).unwrap();
+    }
+}
+
+async fn wait_gone(pid: u32) {
+    let deadline = std::time::Instant::now() + BOUND;
+    while pid_alive(pid) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "worker {pid} outlived its owner"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn every_method_and_event_of_the_daemon_round_trips_through_the_typed_protocol() {
+    let model = MockModel::start().await;
+    let home = TestHome::new().unwrap();
+    home.write_model_config(&model.base_url(), true, "")
+        .unwrap();
+    let scratch = tempfile::Builder::new()
+        .prefix("drover-wire-")
+        .tempdir()
+        .unwrap();
+    let victim = scratch.path().join("victim");
+    std::fs::create_dir(&victim).unwrap();
+    let mut daemon = Daemon::start(bin(), home.path()).await.unwrap();
+    let mut c = daemon.client().await.unwrap();
+    let mut w = Wire::default();
+
+    w.ok(&mut c, "ping", json!({})).await;
+    let created = w
+        .ok(
+            &mut c,
+            "session.create",
+            json!({"request_id": uuid_like(), "cwd": scratch.path(), "toolsets": ["terminal", "clarify"], "title": "wire"}),
+        )
+        .await;
+    let sid = created["session_id"].clone();
+
+    // A plain streamed turn, and its receipt with the result.
+    model.push(Reply::text("Hello there.").usage(12, 3, 15));
+    let submit = json!({"session_id": sid, "input_id": uuid_like(), "text": "hello"});
+    let receipt = w.ok(&mut c, "prompt.submit", submit.clone()).await;
+    let a1 = receipt["admission_id"].clone();
+    w.settled(&mut c, &a1).await;
+    w.ok(&mut c, "prompt.submit", submit).await;
+    w.ok(
+        &mut c,
+        "prompt.receipt",
+        json!({"session_id": sid, "admission_id": a1, "include_result": true}),
+    )
+    .await;
+
+    // An approval, answered `always` (a stored rule), then answered again.
+    model.push(Reply::tool_call(
+        "call_rm",
+        "terminal",
+        json!({"command": format!("rm -rf {}", victim.display())}),
+    ));
+    model.push(Reply::text("Deleted."));
+    let receipt = w
+        .ok(
+            &mut c,
+            "prompt.submit",
+            json!({"session_id": sid, "input_id": uuid_like(), "text": "delete the victim"}),
+        )
+        .await;
+    let a2 = receipt["admission_id"].clone();
+    let request = w.event(&mut c, |e| e["type"] == "approval.request").await;
+    let p = &request["payload"];
+    let answer = json!({"session_id": sid, "execution_generation": p["execution_generation"], "prompt_id": p["prompt_id"], "choice": "always"});
+    w.ok(&mut c, "approval.respond", answer.clone()).await;
+    w.ok(&mut c, "approval.respond", answer).await;
+    w.settled(&mut c, &a2).await;
+
+    // A clarify question, answered.
+    model.push(Reply::tool_call(
+        "call_ask",
+        "clarify",
+        json!({"questions": [{"question": "Which one?", "choices": ["Alpha", "Beta"]}]}),
+    ));
+    model.push(Reply::text("Beta it is."));
+    let receipt = w
+        .ok(
+            &mut c,
+            "prompt.submit",
+            json!({"session_id": sid, "input_id": uuid_like(), "text": "pick one"}),
+        )
+        .await;
+    let a3 = receipt["admission_id"].clone();
+    let request = w.event(&mut c, |e| e["type"] == "clarify.request").await;
+    let p = request["payload"].clone();
+    w.ok(
+        &mut c,
+        "clarify.respond",
+        json!({"session_id": sid, "execution_generation": p["execution_generation"], "prompt_id": p["prompt_id"], "answer": "Beta"}),
+    )
+    .await;
+    w.settled(&mut c, &a3).await;
+
+    // A turn waiting on a question, a queued input behind it cancelled, the turn interrupted
+    // (its prompt closes `cancelled`), and a stale generation refused.
+    model.push(Reply::tool_call(
+        "call_wait",
+        "clarify",
+        json!({"questions": [{"question": "Colours?", "choices": ["red", "blue"], "multi_select": true}]}),
+    ));
+    let receipt = w
+        .ok(
+            &mut c,
+            "prompt.submit",
+            json!({"session_id": sid, "input_id": uuid_like(), "text": "wait"}),
+        )
+        .await;
+    let a4 = receipt["admission_id"].clone();
+    let request = w.event(&mut c, |e| e["type"] == "clarify.request").await;
+    let generation = request["payload"]["execution_generation"].clone();
+    let queued = w
+        .ok(
+            &mut c,
+            "prompt.submit",
+            json!({"session_id": sid, "input_id": uuid_like(), "text": "queued"}),
+        )
+        .await;
+    w.ok(
+        &mut c,
+        "prompt.cancel",
+        json!({"session_id": sid, "admission_id": queued["admission_id"]}),
+    )
+    .await;
+    let stale =
+        json!({"session_id": sid, "execution_generation": generation.as_u64().unwrap() + 7});
+    assert!(w.call(&mut c, "session.interrupt", stale).await.is_err());
+    w.ok(
+        &mut c,
+        "session.interrupt",
+        json!({"session_id": sid, "execution_generation": generation}),
+    )
+    .await;
+    w.settled(&mut c, &a4).await;
+
+    // The stored rule, listed and removed.
+    let rules = w.ok(&mut c, "approvals.list", json!({})).await;
+    let key = rules["rules"][0]["pattern_key"].clone();
+    w.ok(&mut c, "approvals.remove", json!({"pattern_key": key}))
+        .await;
+    w.ok(&mut c, "approvals.remove", json!({"pattern_key": key}))
+        .await;
+
+    // Replay: the tail of the stream, and a stale epoch.
+    let snap = w
+        .ok(&mut c, "session.resume", json!({"session_id": sid}))
+        .await;
+    let last = snap["last_sequence"].as_u64().unwrap();
+    let since = w
+        .ok(
+            &mut c,
+            "session.events.since",
+            json!({"session_id": sid, "replay_epoch": snap["replay_epoch"], "last_sequence": last - 4}),
+        )
+        .await;
+    assert_eq!(since["events"].as_array().unwrap().len(), 4, "{since}");
+    w.ok(
+        &mut c,
+        "session.events.since",
+        json!({"session_id": sid, "replay_epoch": "not-this-one", "last_sequence": 0}),
+    )
+    .await;
+    w.ok(&mut c, "session.list", json!({"limit": 10})).await;
+
+    // Errors a client meets.
+    c.send_raw("{not json").await.unwrap();
+    let parse_error = c.recv_response().await.unwrap();
+    let reason = check_error(&parse_error["error"]);
+    w.errors
+        .entry(reason)
+        .or_default()
+        .push(json!({"raw": "{not json", "error": parse_error["error"]}));
+    assert!(w.call(&mut c, "session.explode", json!({})).await.is_err());
+    assert!(w
+        .call(&mut c, "session.resume", json!({"session_id": 7}))
+        .await
+        .is_err());
+    assert!(w
+        .call(
+            &mut c,
+            "session.resume",
+            json!({"session_id": "no-such-session"})
+        )
+        .await
+        .is_err());
+    let mut other = daemon.client().await.unwrap();
+    assert!(w
+        .call(
+            &mut other,
+            "prompt.submit",
+            json!({"session_id": sid, "input_id": uuid_like(), "text": "x"})
+        )
+        .await
+        .is_err());
+    model.push(Reply::text("One."));
+    let first = json!({"session_id": sid, "input_id": "same-input", "text": "one"});
+    w.ok(&mut c, "prompt.submit", first).await;
+    let conflict = json!({"session_id": sid, "input_id": "same-input", "text": "two"});
+    assert!(w.call(&mut c, "prompt.submit", conflict).await.is_err());
+    w.event(&mut c, |e| e["type"] == "turn.settled").await;
+
+    // A turn lost with its owner: `unknown`, then resolved by hand after the restart.
+    let gate = Gate::new();
+    model.push(Reply::text("never delivered").gated(&gate));
+    let receipt = w
+        .ok(
+            &mut c,
+            "prompt.submit",
+            json!({"session_id": sid, "input_id": uuid_like(), "text": "lost"}),
+        )
+        .await;
+    assert!(gate.wait_reached(BOUND).await);
+    let worker = daemon.wait_worker().await.unwrap();
+    daemon.kill().unwrap();
+    wait_gone(worker).await;
+    let daemon = Daemon::start(bin(), home.path()).await.unwrap();
+    let mut c = daemon.client().await.unwrap();
+    let snap = w
+        .ok(&mut c, "session.resume", json!({"session_id": sid}))
+        .await;
+    assert_eq!(snap["pending"][0]["status"], "unknown", "{snap}");
+    w.ok(
+        &mut c,
+        "prompt.resolve_unknown",
+        json!({"session_id": sid, "admission_id": receipt["admission_id"]}),
+    )
+    .await;
+    w.ok(&mut c, "session.detach", json!({"session_id": sid}))
+        .await;
+
+    for m in METHODS {
+        assert!(w.methods.contains_key(*m), "no example of {m}");
+    }
+    let kinds = drover_protocol::schema::generate()["x-drover-events"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .cloned()
+        .collect::<Vec<_>>();
+    for kind in &kinds {
+        assert!(w.events.contains_key(kind), "no example of event {kind}");
+    }
+    // Events replayed by `session.events.since` are events too.
+    for page in &w.methods["session.events.since"] {
+        for e in page["result"]["events"].as_array().unwrap() {
+            check_event(e);
+        }
+    }
+    if std::env::var_os("DROVER_WRITE_PROTOCOL_FIXTURES").is_some() {
+        let dir = fixtures_dir();
+        write_fixtures(&dir, "methods", &w.methods);
+        write_fixtures(&dir, "events", &w.events);
+        write_fixtures(&dir, "errors", &w.errors);
+    }
+}

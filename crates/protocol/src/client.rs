@@ -1,0 +1,901 @@
+//! The typed client protocol (SPEC section 2): one [`ClientRequest`] variant per method the
+//! owner answers, a params struct and a result struct for each, and the shapes they share
+//! (admission receipts, prompts, the session snapshot).
+//!
+//! Params refuse unknown fields (`deny_unknown_fields`): a durable API that silently ignored a
+//! misspelt `execution_generaton` would let a client believe it had said something it had not.
+//! [`ClientRequest::parse`] turns any refusal into `invalid_params` naming the field.
+//!
+//! Results are read leniently (unknown fields are ignored), so a client built against this
+//! schema keeps working when a later owner adds a field to an answer.
+//!
+//! ```
+//! use drover_protocol::client::{ClientRequest, SessionRef};
+//! use serde_json::json;
+//!
+//! let req = ClientRequest::parse("session.resume", json!({"session_id": "s1"})).unwrap();
+//! assert_eq!(req, ClientRequest::SessionResume(SessionRef { session_id: "s1".into() }));
+//! let err = ClientRequest::parse("session.resume", json!({"session": "s1"})).unwrap_err();
+//! assert_eq!(err.data["field"], "session");
+//! ```
+
+use schemars::JsonSchema;
+use serde::de::{DeserializeOwned, Error as _};
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::Value;
+
+use crate::chat::{Role, ToolCall, Usage};
+use crate::event::SessionEvent;
+use crate::rpc::{ErrorReason, RpcError};
+use crate::worker::BackgroundProcess;
+
+/// A required string parameter that must not be empty (ids, keys).
+fn non_empty<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let s = String::deserialize(d)?;
+    if s.is_empty() {
+        return Err(D::Error::custom("must not be empty"));
+    }
+    Ok(s)
+}
+
+/// Declares the methods once: the request enum, its method names, the typed parse of params
+/// and of results, and the schema list all come from this table, so they cannot disagree.
+macro_rules! methods {
+    ($( $(#[$doc:meta])* $variant:ident => $name:literal, $params:ty, $result:ty; )*) => {
+        /// One client request: `{"method": ..., "params": {...}}` (the JSON-RPC `id` and
+        /// `jsonrpc` stay in [`crate::rpc::Request`]).
+        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+        #[serde(tag = "method", content = "params")]
+        pub enum ClientRequest {
+            $( $(#[$doc])* #[serde(rename = $name)] $variant($params), )*
+        }
+
+        /// The result of one method, in the shape of [`ClientRequest`]'s variants.
+        /// Serialises as the bare result object.
+        #[derive(Debug, Clone, PartialEq, Serialize)]
+        #[serde(untagged)]
+        pub enum MethodResult {
+            $( #[doc = concat!("The result of `", $name, "`.")] $variant($result), )*
+        }
+
+        /// Every method name, in declaration order.
+        pub const METHODS: &[&str] = &[$($name),*];
+
+        impl ClientRequest {
+            /// The method name on the wire.
+            pub fn method(&self) -> &'static str {
+                match self { $( ClientRequest::$variant(_) => $name, )* }
+            }
+
+            /// Parses `params` of `method`. An unknown method is `unknown_method`; params
+            /// that are not an object, lack a required field, have a field of the wrong type or
+            /// a field this method does not know are `invalid_params` naming that field.
+            /// Absent params (`null`) read as `{}`.
+            pub fn parse(method: &str, params: Value) -> Result<ClientRequest, RpcError> {
+                let params = match params {
+                    Value::Null => Value::Object(Default::default()),
+                    Value::Object(m) => Value::Object(m),
+                    _ => return Err(RpcError::invalid_field("params", "params must be an object")),
+                };
+                match method {
+                    $( $name => typed_params(params).map(ClientRequest::$variant), )*
+                    other => Err(RpcError::new(
+                        ErrorReason::UnknownMethod,
+                        format!("unknown method {other:?}"),
+                    )),
+                }
+            }
+
+            /// The params, as the JSON object sent on the wire.
+            pub fn params(&self) -> Value {
+                let value = match self {
+                    $( ClientRequest::$variant(p) => serde_json::to_value(p), )*
+                };
+                value.unwrap_or_else(|_| Value::Object(Default::default()))
+            }
+        }
+
+        impl MethodResult {
+            /// Parses the `result` of a call to `method`; `None` for a method this crate does
+            /// not know.
+            pub fn parse(method: &str, result: Value) -> Option<Result<MethodResult, serde_json::Error>> {
+                match method {
+                    $( $name => Some(serde_json::from_value(result).map(MethodResult::$variant)), )*
+                    _ => None,
+                }
+            }
+        }
+
+        /// `(method, params schema, result schema)` of every method, for [`crate::schema`].
+        pub(crate) fn method_schemas(
+            generator: &mut schemars::SchemaGenerator,
+        ) -> Vec<(&'static str, schemars::Schema, schemars::Schema)> {
+            vec![$( (
+                $name,
+                generator.subschema_for::<$params>(),
+                generator.subschema_for::<$result>(),
+            ), )*]
+        }
+    };
+}
+
+methods! {
+    /// `ping`: is the daemon there?
+    Ping => "ping", NoParams, Pong;
+    /// `session.create`: a new session (idempotent on `request_id`); attaches.
+    SessionCreate => "session.create", SessionCreateParams, SessionSnapshot;
+    /// `session.resume`: the session's snapshot; attaches.
+    SessionResume => "session.resume", SessionRef, SessionSnapshot;
+    /// `session.list`: one page of sessions.
+    SessionList => "session.list", SessionListParams, SessionPage;
+    /// `session.detach`: stop receiving the session's events.
+    SessionDetach => "session.detach", SessionRef, Detached;
+    /// `prompt.submit`: admit an input (idempotent on `input_id`).
+    PromptSubmit => "prompt.submit", PromptSubmitParams, AdmissionReceipt;
+    /// `prompt.receipt`: an admission's receipt, optionally with its turn's result.
+    PromptReceipt => "prompt.receipt", PromptReceiptParams, AdmissionReceipt;
+    /// `prompt.cancel`: cancel a queued admission.
+    PromptCancel => "prompt.cancel", AdmissionRef, AdmissionReceipt;
+    /// `prompt.resolve_unknown`: close an `unknown` admission as `interrupted`.
+    PromptResolveUnknown => "prompt.resolve_unknown", AdmissionRef, AdmissionReceipt;
+    /// `session.interrupt`: stop the running turn of a generation.
+    SessionInterrupt => "session.interrupt", InterruptParams, InterruptAccepted;
+    /// `approval.respond`: answer an approval prompt.
+    ApprovalRespond => "approval.respond", ApprovalRespondParams, PromptResponse;
+    /// `clarify.respond`: answer a clarify prompt.
+    ClarifyRespond => "clarify.respond", ClarifyRespondParams, PromptResponse;
+    /// `session.events.since`: stored events after a sequence.
+    SessionEventsSince => "session.events.since", EventsSinceParams, EventsPage;
+    /// `approvals.list` (drover extension): the home's stored `always` rules.
+    ApprovalsList => "approvals.list", NoParams, ApprovalRules;
+    /// `approvals.remove` (drover extension): delete one stored rule.
+    ApprovalsRemove => "approvals.remove", ApprovalRuleRef, ApprovalRuleRemoved;
+}
+
+/// Deserialises params, naming the offending field of a refusal.
+fn typed_params<T: DeserializeOwned>(params: Value) -> Result<T, RpcError> {
+    serde_path_to_error::deserialize(params).map_err(|e| {
+        let detail = e.inner().to_string();
+        let field = e
+            .path()
+            .iter()
+            .find_map(|segment| match segment {
+                serde_path_to_error::Segment::Map { key } => Some(key.clone()),
+                _ => None,
+            })
+            // A missing or unknown field is reported on the object itself: serde names it
+            // between backticks ("missing field `session_id`").
+            .or_else(|| detail.split('`').nth(1).map(str::to_string))
+            .unwrap_or_else(|| "params".to_string());
+        let detail = if detail.contains(&format!("`{field}`")) {
+            detail
+        } else {
+            format!("{field}: {detail}")
+        };
+        RpcError::invalid_field(&field, detail)
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Params
+
+/// Params of a method that takes none (`ping`, `approvals.list`): `{}` or absent.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NoParams {}
+
+/// `{session_id}`: params of `session.resume` and `session.detach`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionRef {
+    /// The session.
+    #[serde(deserialize_with = "non_empty")]
+    #[schemars(length(min = 1))]
+    pub session_id: String,
+}
+
+/// Params of `session.create`. Everything but `request_id` defaults from `config.toml`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionCreateParams {
+    /// The caller's id for this request: a retry with the same id and params returns the same
+    /// session; the same id with other params is `invalid_params` naming `request_id`.
+    #[serde(deserialize_with = "non_empty")]
+    #[schemars(length(min = 1))]
+    pub request_id: String,
+    /// The tools' working directory: an absolute path to an existing directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    /// The model name (default `[model] name`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// The model endpoint, `http://` or `https://` (default `[model] base_url`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_url: Option<String>,
+    /// An API key stored with the session and used by its turns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key: Option<String>,
+    /// Toolset names (default `[toolsets] default`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub toolsets: Option<Vec<String>>,
+    /// The system prompt (default: drover's built-in prompt).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_prompt: Option<String>,
+    /// A title for listings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+    /// Where the session comes from (default `cli`; child agents' sessions: `subagent`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+}
+
+/// Params of `session.list`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionListParams {
+    /// Page size (default 50, clamped to 1..1000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u64>,
+    /// The previous page's `next_cursor`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cursor: Option<String>,
+}
+
+/// Params of `prompt.submit`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PromptSubmitParams {
+    /// The session (attached).
+    #[serde(deserialize_with = "non_empty")]
+    #[schemars(length(min = 1))]
+    pub session_id: String,
+    /// The caller's id for this input: the same id and text give the same admission; the same
+    /// id with another text is `admission_conflict`.
+    #[serde(deserialize_with = "non_empty")]
+    #[schemars(length(min = 1))]
+    pub input_id: String,
+    /// The input.
+    pub text: String,
+}
+
+/// Params of `prompt.receipt`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PromptReceiptParams {
+    /// The session.
+    #[serde(deserialize_with = "non_empty")]
+    #[schemars(length(min = 1))]
+    pub session_id: String,
+    /// The admission.
+    #[serde(deserialize_with = "non_empty")]
+    #[schemars(length(min = 1))]
+    pub admission_id: String,
+    /// Add `usage` and `result` when the admission is terminal (default false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub include_result: Option<bool>,
+}
+
+/// `{session_id, admission_id}`: params of `prompt.cancel` and `prompt.resolve_unknown`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AdmissionRef {
+    /// The session (attached).
+    #[serde(deserialize_with = "non_empty")]
+    #[schemars(length(min = 1))]
+    pub session_id: String,
+    /// The admission.
+    #[serde(deserialize_with = "non_empty")]
+    #[schemars(length(min = 1))]
+    pub admission_id: String,
+}
+
+/// Params of `session.interrupt`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InterruptParams {
+    /// The session (attached).
+    #[serde(deserialize_with = "non_empty")]
+    #[schemars(length(min = 1))]
+    pub session_id: String,
+    /// The running turn's generation; another is `stale_generation`.
+    pub execution_generation: u64,
+}
+
+/// Params of `approval.respond`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalRespondParams {
+    /// The session (attached).
+    #[serde(deserialize_with = "non_empty")]
+    #[schemars(length(min = 1))]
+    pub session_id: String,
+    /// The prompt's generation; another is `stale_generation`.
+    pub execution_generation: u64,
+    /// The prompt.
+    #[serde(deserialize_with = "non_empty")]
+    #[schemars(length(min = 1))]
+    pub prompt_id: String,
+    /// The answer.
+    pub choice: ApprovalChoice,
+}
+
+/// Params of `clarify.respond`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClarifyRespondParams {
+    /// The session (attached).
+    #[serde(deserialize_with = "non_empty")]
+    #[schemars(length(min = 1))]
+    pub session_id: String,
+    /// The prompt's generation; another is `stale_generation`.
+    pub execution_generation: u64,
+    /// The prompt.
+    #[serde(deserialize_with = "non_empty")]
+    #[schemars(length(min = 1))]
+    pub prompt_id: String,
+    /// The answer: one of the prompt's choices, free text when it has none, or a list of
+    /// choices when it is `multi_select`.
+    pub answer: ClarifyAnswer,
+}
+
+/// Params of `session.events.since`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EventsSinceParams {
+    /// The session.
+    #[serde(deserialize_with = "non_empty")]
+    #[schemars(length(min = 1))]
+    pub session_id: String,
+    /// The stream the caller read from; another (or none) gives `snapshot_required`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay_epoch: Option<String>,
+    /// The last `seq` the caller has; events after it are returned.
+    pub last_sequence: u64,
+    /// The most events to return: 1 to 1,000, default 1,000 (SPEC section 2). One answer
+    /// also stops at about 4 MiB of events, but always carries at least one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u64>,
+}
+
+/// `{pattern_key}`: params of `approvals.remove`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalRuleRef {
+    /// The rule's key, as `approvals.list` shows it.
+    #[serde(deserialize_with = "non_empty")]
+    #[schemars(length(min = 1))]
+    pub pattern_key: String,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared words
+
+/// `session_admissions.status` on the wire (SPEC section 3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AdmissionStatus {
+    /// Admitted, waiting for its turn.
+    Queued,
+    /// Its turn runs.
+    Started,
+    /// Its turn was lost (worker or owner died); the session's queue waits for
+    /// `prompt.resolve_unknown`.
+    Unknown,
+    /// Done; see the outcome.
+    Terminal,
+}
+
+/// The outcome of a terminal admission (SPEC section 3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AdmissionOutcome {
+    /// The turn finished.
+    Completed,
+    /// The turn was interrupted, or an unknown admission was resolved.
+    Interrupted,
+    /// The turn failed.
+    Failed,
+    /// The input was refused.
+    Rejected,
+    /// The admission was cancelled while queued.
+    Cancelled,
+}
+
+/// The answers an approval prompt offers (SPEC section 6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalChoice {
+    /// Run the command this time.
+    Once,
+    /// Allow commands of this kind for the rest of the session.
+    Session,
+    /// Store a rule for the home (`approvals.list`).
+    Always,
+    /// Refuse the command.
+    Deny,
+}
+
+/// A clarify answer: one string (a choice or free text), or several choices.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum ClarifyAnswer {
+    /// One choice, or free text.
+    Text(String),
+    /// Several choices of a `multi_select` question.
+    Choices(Vec<String>),
+}
+
+/// An open prompt of the running turn, as in `session.resume` `prompts` and the
+/// `approval.request` / `clarify.request` events.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum OpenPrompt {
+    /// A dangerous command waits for `approval.respond`.
+    Approval(ApprovalPrompt),
+    /// A question waits for `clarify.respond`.
+    Clarify(ClarifyPrompt),
+}
+
+/// The fields of an approval prompt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ApprovalPrompt {
+    /// Pass back in `approval.respond`.
+    pub prompt_id: String,
+    /// The turn's generation; pass back in `approval.respond`.
+    pub execution_generation: u64,
+    /// The command as it would run.
+    pub command: String,
+    /// Why it needs approval.
+    pub description: String,
+    /// The kind of command; a `session` or `always` answer allows this key.
+    pub pattern_key: String,
+    /// The answers offered.
+    pub choices: Vec<ApprovalChoice>,
+}
+
+/// The fields of a clarify prompt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ClarifyPrompt {
+    /// Pass back in `clarify.respond`.
+    pub prompt_id: String,
+    /// The turn's generation; pass back in `clarify.respond`.
+    pub execution_generation: u64,
+    /// The question.
+    pub question: String,
+    /// Answers to pick from; empty for a free-text question.
+    pub choices: Vec<String>,
+    /// Whether several choices may be picked.
+    pub multi_select: bool,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Results
+
+/// Result of `ping`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Pong {
+    /// Always true.
+    pub pong: bool,
+}
+
+/// Result of `session.detach`: `{}`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Detached {}
+
+/// Result of `session.create` and `session.resume`: the session as it stands, and where the
+/// snapshot stands in its event stream.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct SessionSnapshot {
+    /// The session.
+    pub session_id: String,
+    /// The whole transcript, in order.
+    pub messages: Vec<TranscriptMessage>,
+    /// Every non-terminal admission, in FIFO order.
+    pub pending: Vec<PendingAdmission>,
+    /// The open prompts of the running turn.
+    pub prompts: Vec<OpenPrompt>,
+    /// Whether a turn runs.
+    pub running: bool,
+    /// The session's background processes.
+    pub processes: Vec<BackgroundProcess>,
+    /// The jobs the session's `jobs` toolset submitted.
+    pub jobs: Vec<SessionJob>,
+    /// The session's newest turn generation (0 before its first turn).
+    pub execution_generation: u64,
+    /// The stored stream's name; pass to `session.events.since`.
+    pub replay_epoch: String,
+    /// The stream's last `seq` at this snapshot; pass to `session.events.since`.
+    pub last_sequence: u64,
+    /// The session's frozen settings.
+    pub info: SessionInfo,
+}
+
+/// One transcript message of `session.resume` `messages`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct TranscriptMessage {
+    /// The message's row id (grows through the transcript).
+    pub id: i64,
+    /// Its author.
+    pub role: Role,
+    /// Its text (`null` on an assistant message that only calls tools).
+    pub content: Option<String>,
+    /// The tool calls of an assistant message, else `null`.
+    pub tool_calls: Option<Vec<ToolCall>>,
+    /// On a tool result: the call it answers.
+    pub tool_call_id: Option<String>,
+    /// On a tool result: the tool's name.
+    pub tool_name: Option<String>,
+    /// Unix seconds.
+    pub created_at: f64,
+}
+
+/// One entry of `session.resume` `pending`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct PendingAdmission {
+    /// The admission.
+    pub admission_id: String,
+    /// The caller's id for the input.
+    pub input_id: String,
+    /// The input.
+    pub text: String,
+    /// Its place in the daemon's FIFO.
+    pub sequence: u64,
+    /// `queued`, `started` or `unknown`.
+    pub status: AdmissionStatus,
+    /// The turn's generation once it started.
+    pub execution_generation: Option<u64>,
+}
+
+/// One entry of `session.resume` `jobs`: the ledger's row, with the job's status as its
+/// registry holds it, or an `error` saying why the registry could not be read.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct SessionJob {
+    /// The job.
+    pub job_id: String,
+    /// The registry directory holding it.
+    pub registry_dir: String,
+    /// Unix seconds.
+    pub created_at: f64,
+    /// What the registry says.
+    #[serde(flatten)]
+    pub registry: JobRegistryView,
+}
+
+/// What a job's registry said at resume time.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum JobRegistryView {
+    /// The registry was read.
+    Read(JobState),
+    /// The registry is gone, unreadable or no longer holds the job.
+    Unreadable {
+        /// Why.
+        error: String,
+    },
+}
+
+/// A job's state in its registry (SPEC section 7).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct JobState {
+    /// `pending`, `running`, `completed`, `error` or `cancelled`.
+    pub status: JobStatus,
+    /// Why it is in that status (`agent_blocked`, ...), when known.
+    pub detail: Option<String>,
+    /// How it runs: `tmux`, `herdr`, `remote`, `exec` or `manual`.
+    pub transport: String,
+    /// Its current attempt.
+    pub attempt_id: u64,
+    /// Whether the current attempt was delivered.
+    pub delivered: bool,
+    /// Its last event, if any.
+    pub last_event: Option<JobLastEvent>,
+}
+
+/// A job's status (SPEC section 7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum JobStatus {
+    /// No `started` of the current attempt yet.
+    Pending,
+    /// The agent published `started`.
+    Running,
+    /// The agent published `completed`.
+    Completed,
+    /// The agent published `error`, or drover gave up.
+    Error,
+    /// The operator cancelled it.
+    Cancelled,
+}
+
+/// A job's last event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct JobLastEvent {
+    /// The event word (`started`, `heartbeat`, `completed`, ...).
+    pub event: String,
+    /// Its seq in the job's stream.
+    pub seq: u64,
+    /// Unix seconds.
+    pub ts: f64,
+    /// Its detail, if any.
+    pub detail: Option<String>,
+}
+
+/// `session.resume` `info`: the session's frozen settings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SessionInfo {
+    /// The model name.
+    pub model: String,
+    /// The tools' working directory.
+    pub cwd: String,
+    /// Where the session comes from.
+    pub source: String,
+    /// The session's toolsets.
+    pub toolsets: Vec<String>,
+    /// Its title.
+    pub title: Option<String>,
+}
+
+/// Result of `session.list`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct SessionPage {
+    /// The sessions of this page.
+    pub sessions: Vec<SessionSummary>,
+    /// Pass as `cursor` for the next page; `null` on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// One row of `session.list`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct SessionSummary {
+    /// The session.
+    pub session_id: String,
+    /// Its title.
+    pub title: Option<String>,
+    /// Where it comes from.
+    pub source: String,
+    /// The parent's session, for a child agent's session.
+    pub parent_session_id: Option<String>,
+    /// Its model.
+    pub model: String,
+    /// Unix seconds.
+    pub started_at: f64,
+    /// Unix seconds, once ended.
+    pub ended_at: Option<f64>,
+    /// Whether a turn runs.
+    pub running: bool,
+    /// Its non-terminal admissions.
+    pub pending_count: u64,
+    /// What is wrong with the stored row, when it is damaged (the row is still listed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The admission receipt: the result of `prompt.submit`, `prompt.receipt`, `prompt.cancel`
+/// and `prompt.resolve_unknown`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct AdmissionReceipt {
+    /// The admission.
+    pub admission_id: String,
+    /// Its session.
+    pub session_id: String,
+    /// Its place in the daemon's FIFO.
+    pub sequence: u64,
+    /// Where it stands.
+    pub status: AdmissionStatus,
+    /// Set once terminal.
+    pub outcome: Option<AdmissionOutcome>,
+    /// The turn's generation once it started.
+    pub execution_generation: Option<u64>,
+    /// `prompt.receipt` with `include_result` of a terminal admission: the turn's tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+    /// `prompt.receipt` with `include_result` of a terminal admission: what the turn gave.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<AdmissionResult>,
+}
+
+/// `result` of `prompt.receipt` with `include_result`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct AdmissionResult {
+    /// The turn's final text.
+    pub final_response: String,
+    /// The model that answered.
+    pub model: String,
+    /// The number of model responses.
+    pub api_calls: u64,
+    /// Why a failed turn failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Result of `session.interrupt`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct InterruptAccepted {
+    /// Always `interrupting`: the turn settles `interrupted` (or `unknown` when its worker
+    /// had to be killed).
+    pub execution_state: ExecutionState,
+}
+
+/// `execution_state` of [`InterruptAccepted`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ExecutionState {
+    /// The stop was sent.
+    Interrupting,
+}
+
+/// Result of `approval.respond` and `clarify.respond`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct PromptResponse {
+    /// Whether this answer was the one recorded.
+    pub status: PromptResponseStatus,
+    /// The prompt.
+    pub prompt_id: String,
+}
+
+/// `status` of [`PromptResponse`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PromptResponseStatus {
+    /// This answer was recorded.
+    Resolved,
+    /// Another answer (or an interrupt) got there first; exactly one is ever recorded.
+    AlreadyResolved,
+}
+
+/// Result of `session.events.since`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct EventsPage {
+    /// Stored events after the caller's `last_sequence`, in order.
+    pub events: Vec<SessionEvent>,
+    /// The seq of the last event returned (pass it back to continue).
+    pub last_sequence: u64,
+    /// The session's stream.
+    pub replay_epoch: String,
+    /// The caller's epoch is not the session's, or it is ahead: call `session.resume`.
+    pub snapshot_required: bool,
+    /// Stored events are left after this page: ask again from `last_sequence`.
+    pub has_more: bool,
+}
+
+/// Result of `approvals.list`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ApprovalRules {
+    /// The stored `always` rules.
+    pub rules: Vec<ApprovalRule>,
+}
+
+/// One stored `always` rule.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ApprovalRule {
+    /// The kind of command it allows.
+    pub pattern_key: String,
+    /// What that kind is.
+    pub description: String,
+    /// Unix seconds.
+    pub created_at: f64,
+}
+
+/// Result of `approvals.remove`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ApprovalRuleRemoved {
+    /// Whether a rule was removed.
+    pub removed: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn refused(method: &str, params: Value) -> (String, String) {
+        let e = ClientRequest::parse(method, params).unwrap_err();
+        assert_eq!(e.reason(), "invalid_params", "{e}");
+        assert_eq!(e.code, crate::rpc::INVALID_PARAMS);
+        (e.data["field"].as_str().unwrap().to_string(), e.to_string())
+    }
+
+    #[test]
+    fn every_refusal_names_the_field() {
+        let cases = [
+            ("session.resume", json!({}), "session_id"),
+            ("session.resume", json!({"session_id": ""}), "session_id"),
+            ("session.resume", json!({"session_id": 7}), "session_id"),
+            (
+                "session.resume",
+                json!({"session_id": "s", "extra": 1}),
+                "extra",
+            ),
+            ("session.create", json!({"cwd": "/tmp"}), "request_id"),
+            (
+                "session.create",
+                json!({"request_id": "r", "toolsets": [1]}),
+                "toolsets",
+            ),
+            (
+                "session.interrupt",
+                json!({"session_id": "s"}),
+                "execution_generation",
+            ),
+            (
+                "session.interrupt",
+                json!({"session_id": "s", "execution_generation": -1}),
+                "execution_generation",
+            ),
+            (
+                "approval.respond",
+                json!({"session_id": "s", "execution_generation": 1, "prompt_id": "p", "choice": "maybe"}),
+                "choice",
+            ),
+            (
+                "clarify.respond",
+                json!({"session_id": "s", "execution_generation": 1, "prompt_id": "p", "answer": 3}),
+                "answer",
+            ),
+            (
+                "session.events.since",
+                json!({"session_id": "s"}),
+                "last_sequence",
+            ),
+            ("ping", json!({"x": 1}), "x"),
+            ("session.list", json!([]), "params"),
+        ];
+        for (method, params, field) in cases {
+            let (got, message) = refused(method, params.clone());
+            assert_eq!(got, field, "{method} {params}: {message}");
+            assert!(message.contains(field), "{method} {params}: {message}");
+        }
+    }
+
+    #[test]
+    fn absent_params_read_as_an_empty_object() {
+        assert_eq!(
+            ClientRequest::parse("ping", Value::Null).unwrap(),
+            ClientRequest::Ping(NoParams {})
+        );
+        assert_eq!(
+            ClientRequest::parse("session.list", Value::Null).unwrap(),
+            ClientRequest::SessionList(SessionListParams::default())
+        );
+    }
+
+    #[test]
+    fn unknown_method_is_unknown_method() {
+        let e = ClientRequest::parse("session.explode", json!({})).unwrap_err();
+        assert_eq!(e.reason(), "unknown_method");
+        assert_eq!(e.code, crate::rpc::METHOD_NOT_FOUND);
+        assert!(MethodResult::parse("session.explode", json!({})).is_none());
+    }
+
+    #[test]
+    fn a_request_serialises_as_method_and_params() {
+        let req = ClientRequest::parse(
+            "prompt.submit",
+            json!({"session_id": "s", "input_id": "i", "text": ""}),
+        )
+        .unwrap();
+        assert_eq!(req.method(), "prompt.submit");
+        assert_eq!(
+            serde_json::to_value(&req).unwrap(),
+            json!({"method": "prompt.submit", "params": {"session_id": "s", "input_id": "i", "text": ""}})
+        );
+        assert_eq!(
+            req.params(),
+            json!({"session_id": "s", "input_id": "i", "text": ""})
+        );
+    }
+
+    #[test]
+    fn a_job_entry_is_either_read_or_unreadable() {
+        // The two shapes of crates/owner/src/jobs.rs (no daemon fixture has a job).
+        let read = json!({"job_id": "j1", "registry_dir": "/r", "created_at": 1.5,
+            "status": "running", "detail": null, "transport": "exec", "attempt_id": 1,
+            "delivered": true, "last_event": {"event": "started", "seq": 1, "ts": 2.0, "detail": null}});
+        let unreadable = json!({"job_id": "j2", "registry_dir": "/gone", "created_at": 1.0,
+            "error": "unknown job j2 in /gone"});
+        for v in [read, unreadable] {
+            let job: SessionJob = serde_json::from_value(v.clone()).unwrap();
+            assert_eq!(serde_json::to_value(&job).unwrap(), v);
+        }
+    }
+}
