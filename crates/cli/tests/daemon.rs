@@ -8,6 +8,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::Duration;
 
+use drover_test_support::harness::model_home;
 use drover_test_support::harness::{Client, Daemon, TestHome};
 
 fn bin() -> &'static Path {
@@ -155,14 +156,10 @@ async fn bad_config_names_the_key_and_exits_1() {
 
 #[tokio::test]
 async fn a_failing_disk_gives_storage_unavailable_and_the_input_is_not_acknowledged() {
-    use drover_test_support::MockModel;
     use serde_json::json;
     // The daemon runs under `ulimit -f` (2 MiB files): once the WAL would grow past it, SQLite's
     // write fails with EFBIG, as on a full disk.
-    let model = MockModel::start().await;
-    let home = TestHome::new().unwrap();
-    home.write_model_config(&model.base_url(), true, "")
-        .unwrap();
+    let (model, home) = model_home(true).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let wrapper = dir.path().join("limited-drover");
     std::fs::write(

@@ -12,7 +12,8 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use drover_test_support::harness::{db_value, Daemon, TestHome};
-use drover_test_support::{Gate, MockModel, Reply};
+use drover_test_support::harness::{model_daemon, model_home};
+use drover_test_support::{Gate, Reply};
 use serde_json::json;
 
 fn bin() -> &'static Path {
@@ -74,12 +75,7 @@ async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
 
 #[tokio::test]
 async fn deleting_daemon_lock_does_not_let_a_second_owner_touch_the_ledger() {
-    let model = MockModel::start().await;
-    let home = TestHome::new().unwrap();
-    home.write_model_config(&model.base_url(), true, "")
-        .unwrap();
-    let d = Daemon::start(bin(), home.path()).await.unwrap();
-    let mut c = d.client().await.unwrap();
+    let (model, home, d, mut c) = model_daemon(bin()).await.unwrap();
     let gate = Gate::new();
     model.push(Reply::text("still mine").gated(&gate));
     let s = c.create_session(home.path()).await.unwrap();
@@ -370,10 +366,7 @@ async fn a_damaged_ledger_is_named_copied_aside_and_never_written() {
 
 #[tokio::test]
 async fn logs_are_private_and_rotate_within_a_bound() {
-    let model = MockModel::start().await;
-    let home = TestHome::new().unwrap();
-    home.write_model_config(&model.base_url(), true, "")
-        .unwrap();
+    let (model, home) = model_home(true).await.unwrap();
     let max = 4096u64;
     let d = Daemon::start_with_env(
         bin(),

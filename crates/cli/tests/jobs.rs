@@ -12,6 +12,10 @@ use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
 use drover_test_support::harness::eventually;
+use drover_test_support::job_cli::{
+    brief_agent_script, drover_command, exec_submit, json_ok, output_within as run_bounded,
+    scrub_env, text, JobCli, SCRUBBED_ENV,
+};
 use drover_test_support::wait;
 use serde_json::Value;
 use tempfile::TempDir;
@@ -19,17 +23,6 @@ use tempfile::TempDir;
 fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_drover"))
 }
-
-/// The variables a test must not inherit from the shell that runs it.
-const SCRUBBED_ENV: &[&str] = &[
-    "DROVER_HOME",
-    "DROVER_MQTT_URL",
-    "DROVER_TMUX_SOCKET",
-    "DROVER_HEARTBEAT_DRAIN_S",
-    "DROVER_TEST_BEAT_HOLD",
-    "TMUX",
-    "RUST_LOG",
-];
 
 /// A home and a registry in a temporary folder. Dropping it kills any heartbeat timer still
 /// registered there (checking pid and start time).
@@ -56,44 +49,45 @@ impl Sandbox {
         self.dir.path().join(name)
     }
 
-    /// `drover --home H job --registry-dir R <args>`, with a clean environment.
-    fn command(&self, args: &[&str]) -> tokio::process::Command {
-        let mut cmd = tokio::process::Command::new(bin());
-        cmd.arg("--home")
-            .arg(self.home())
-            .arg("job")
-            .arg("--registry-dir")
-            .arg(self.registry())
-            .args(args)
-            .stdin(Stdio::null())
-            .kill_on_drop(true);
-        for var in SCRUBBED_ENV {
-            cmd.env_remove(var);
-        }
-        cmd
-    }
-
-    async fn run(&self, args: &[&str]) -> Output {
-        run_bounded(self.command(args), Duration::from_secs(60)).await
-    }
-
     async fn run_env(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
-        let mut cmd = self.command(args);
+        let mut cmd = self.job_command(args);
         for (k, v) in env {
             cmd.env(k, v);
         }
         run_bounded(cmd, Duration::from_secs(60)).await
     }
 
-    async fn json(&self, args: &[&str]) -> Value {
-        let out = self.run(args).await;
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "{args:?}: {}",
-            text(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).expect("JSON on stdout")
+    /// `publish --job <job> --event <event> <extra>`.
+    async fn publish(&self, job: &str, event: &str, extra: &[&str]) -> Output {
+        let mut args = vec!["publish", "--job", job, "--event", event];
+        args.extend_from_slice(extra);
+        self.run(&args).await
+    }
+
+    /// `publish --job <job> --event <event> <extra> --json`, which must exit 0.
+    async fn publish_json(&self, job: &str, event: &str, extra: &[&str]) -> Value {
+        let mut args = vec!["publish", "--job", job, "--event", event];
+        args.extend_from_slice(extra);
+        args.push("--json");
+        self.json(&args).await
+    }
+
+    /// `publish --event started --heartbeat 1 <extra> --json`, which must exit 0: the job runs
+    /// and a heartbeat timer starts.
+    async fn start_timer(&self, job: &str, extra: &[&str]) -> Value {
+        let mut args = vec!["--heartbeat", "1"];
+        args.extend_from_slice(extra);
+        self.publish_json(job, "started", &args).await
+    }
+
+    /// The agent's finish command: `publish --event completed --detail <detail>` with the
+    /// job's dispatch token, which must exit 0.
+    async fn complete_with_token(&self, job: &Value, detail: &str) {
+        let id = job["job_id"].as_str().expect("job_id");
+        let token = job["dispatch_token"].as_str().expect("dispatch_token");
+        let args = ["--detail", detail, "--expect-dispatch-token", token];
+        let out = self.publish(id, "completed", &args).await;
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     }
 
     async fn register(&self, extra: &[&str]) -> String {
@@ -102,17 +96,6 @@ impl Sandbox {
         let out = self.run(&args).await;
         assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
         text(&out.stdout).trim().to_string()
-    }
-
-    async fn show(&self, job: &str) -> Value {
-        self.json(&["show", "--job", job, "--json"]).await
-    }
-
-    async fn events(&self, job: &str) -> Vec<Value> {
-        self.json(&["events", "--job", job, "--json"]).await["events"]
-            .as_array()
-            .expect("events")
-            .clone()
     }
 
     fn timers_in_registry(&self) -> Vec<(i32, u64)> {
@@ -130,6 +113,17 @@ impl Sandbox {
         })
         .map(|rows| rows.flatten().collect())
         .unwrap_or_default()
+    }
+}
+
+impl JobCli for Sandbox {
+    fn job_command(&self, args: &[&str]) -> tokio::process::Command {
+        let mut cmd = drover_command(bin(), &self.home());
+        cmd.arg("job")
+            .arg("--registry-dir")
+            .arg(self.registry())
+            .args(args);
+        cmd
     }
 }
 
@@ -271,10 +265,14 @@ while IFS= read -r line; do
 done
 "#;
 
-fn write_plain_agent(sb: &Sandbox) -> PathBuf {
+/// Starts [`PLAIN_AGENT`] in `mode` in the pane of a new session `agent`, logging to
+/// `received.log`; gives the pane's process id and the log.
+fn plain_agent_pane(sb: &Sandbox, tmux: &Tmux, mode: &str) -> (i32, PathBuf) {
     let path = sb.path("plain-agent.sh");
     std::fs::write(&path, PLAIN_AGENT).expect("agent script");
-    path
+    let log = sb.path("received.log");
+    let pane_pid = tmux.start_bash_agent("agent", &path, &[&log.display().to_string(), mode]);
+    (pane_pid, log)
 }
 
 /// The one line `submit` types into a pane, as SPEC section 7 states it, for the contract of
@@ -315,18 +313,6 @@ async fn wait_for_status(sb: &Sandbox, job: &str, status: &str, limit: Duration)
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-async fn run_bounded(mut cmd: tokio::process::Command, limit: Duration) -> Output {
-    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-    tokio::time::timeout(limit, cmd.output())
-        .await
-        .expect("drover finished within its bound")
-        .expect("drover ran")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
 }
 
 /// Field 22 of `/proc/<pid>/stat` (a running process; a zombie counts as gone).
@@ -398,30 +384,45 @@ fn lines(path: &Path) -> Vec<String> {
         .collect()
 }
 
+/// `submit` into a pane on `tmux`, with the contract of [`expected_line`] (N = 1, K = 2, T = 3).
 fn submit_in_tmux(
     sb: &Sandbox,
     tmux: &Tmux,
     target: &str,
     extra: &[&str],
 ) -> tokio::process::Command {
-    let mut args = vec![
-        "submit",
-        "--agent-session",
-        target,
-        "--prompt",
-        "Add a test for the parser.",
-        "--heartbeat",
-        "1",
-        "--heartbeat-misses",
-        "2",
-        "--ack-timeout",
-        "3",
-        "--json",
-    ];
+    submit_prompt_in_tmux(sb, tmux, target, "Add a test for the parser.", "3", extra)
+}
+
+/// `submit --prompt <prompt> --heartbeat 1 --heartbeat-misses 2 --ack-timeout <ack> --json
+/// <extra>` into a pane on `tmux`.
+fn submit_prompt_in_tmux(
+    sb: &Sandbox,
+    tmux: &Tmux,
+    target: &str,
+    prompt: &str,
+    ack_timeout: &str,
+    extra: &[&str],
+) -> tokio::process::Command {
+    let mut args = vec!["submit", "--agent-session", target, "--prompt", prompt];
+    args.extend_from_slice(&["--heartbeat", "1", "--heartbeat-misses", "2"]);
+    args.extend_from_slice(&["--ack-timeout", ack_timeout, "--json"]);
     args.extend_from_slice(extra);
-    let mut cmd = sb.command(&args);
+    let mut cmd = sb.job_command(&args);
     cmd.env("DROVER_TMUX_SOCKET", &tmux.socket);
     cmd
+}
+
+/// `submit_in_tmux` to `tmux:agent` with a 60 s timeout, run to its end; gives the output and
+/// how long it took.
+async fn timed_submit(sb: &Sandbox, tmux: &Tmux) -> (Output, Duration) {
+    let started = Instant::now();
+    let out = run_bounded(
+        submit_in_tmux(sb, tmux, "tmux:agent", &["--timeout", "60"]),
+        Duration::from_secs(60),
+    )
+    .await;
+    (out, started.elapsed())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -440,13 +441,7 @@ async fn heartbeats_alone_keep_the_job_running_over_several_idle_windows_then_co
         &[&log.display().to_string(), "heartbeats", "6"],
     );
 
-    let started = Instant::now();
-    let out = run_bounded(
-        submit_in_tmux(&sb, &tmux, "tmux:agent", &["--timeout", "60"]),
-        Duration::from_secs(60),
-    )
-    .await;
-    let elapsed = started.elapsed();
+    let (out, elapsed) = timed_submit(&sb, &tmux).await;
     let stderr = text(&out.stderr);
     assert_eq!(
         out.status.code(),
@@ -484,17 +479,9 @@ async fn heartbeats_alone_keep_the_job_running_over_several_idle_windows_then_co
 async fn a_mute_agent_exits_1_within_the_ack_timeout_as_agent_blocked_after_one_delivery() {
     let sb = Sandbox::new();
     let tmux = Tmux::start("mute");
-    let agent = write_plain_agent(&sb);
-    let log = sb.path("received.log");
-    let pane_pid = tmux.start_bash_agent("agent", &agent, &[&log.display().to_string(), "mute"]);
+    let (pane_pid, log) = plain_agent_pane(&sb, &tmux, "mute");
 
-    let started = Instant::now();
-    let out = run_bounded(
-        submit_in_tmux(&sb, &tmux, "tmux:agent", &["--timeout", "60"]),
-        Duration::from_secs(60),
-    )
-    .await;
-    let elapsed = started.elapsed();
+    let (out, elapsed) = timed_submit(&sb, &tmux).await;
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
     assert!(
         elapsed >= Duration::from_secs(3) && elapsed < Duration::from_millis(5500),
@@ -530,17 +517,9 @@ async fn an_agent_that_starts_then_dies_exits_2_long_before_the_timeout_and_a_la
 ) {
     let sb = Sandbox::new();
     let tmux = Tmux::start("dies");
-    let agent = write_plain_agent(&sb);
-    let log = sb.path("received.log");
-    let pane_pid = tmux.start_bash_agent("agent", &agent, &[&log.display().to_string(), "dies"]);
+    let (pane_pid, log) = plain_agent_pane(&sb, &tmux, "dies");
 
-    let started = Instant::now();
-    let out = run_bounded(
-        submit_in_tmux(&sb, &tmux, "tmux:agent", &["--timeout", "60"]),
-        Duration::from_secs(60),
-    )
-    .await;
-    let elapsed = started.elapsed();
+    let (out, elapsed) = timed_submit(&sb, &tmux).await;
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert!(
         elapsed < Duration::from_secs(10),
@@ -573,10 +552,7 @@ async fn an_agent_that_starts_then_dies_exits_2_long_before_the_timeout_and_a_la
         .unwrap()
         .replace("SUMMARY", "late");
     let mut late = tokio::process::Command::new("sh");
-    late.arg("-c").arg(&finish).kill_on_drop(true);
-    for var in SCRUBBED_ENV {
-        late.env_remove(var);
-    }
+    scrub_env(late.arg("-c").arg(&finish).kill_on_drop(true));
     let late = run_bounded(late, Duration::from_secs(30)).await;
     assert_eq!(late.status.code(), Some(1), "{}", text(&late.stderr));
     assert!(
@@ -618,10 +594,7 @@ async fn a_plain_bash_loop_that_evals_only_the_start_line_completes_the_job_with
     // An agent that cannot read files still starts: the typed line is the start command.
     let sb = Sandbox::new();
     let tmux = Tmux::start("plain");
-    let agent = write_plain_agent(&sb);
-    let log = sb.path("received.log");
-    let pane_pid =
-        tmux.start_bash_agent("agent", &agent, &[&log.display().to_string(), "eval-start"]);
+    let (pane_pid, log) = plain_agent_pane(&sb, &tmux, "eval-start");
     let submit = tokio::spawn(run_bounded(
         submit_in_tmux(
             &sb,
@@ -638,20 +611,8 @@ async fn a_plain_bash_loop_that_evals_only_the_start_line_completes_the_job_with
         "the typed line armed the heartbeat timer"
     );
     // The rest of the task (the brief's finish command), done here for the agent.
-    let done = sb
-        .run(&[
-            "publish",
-            "--job",
-            "plain-1",
-            "--event",
-            "completed",
-            "--detail",
-            "-done, from the line alone",
-            "--expect-dispatch-token",
-            job["dispatch_token"].as_str().unwrap(),
-        ])
+    sb.complete_with_token(&job, "-done, from the line alone")
         .await;
-    assert_eq!(done.status.code(), Some(0), "{}", text(&done.stderr));
     let out = submit.await.expect("submit joined");
     assert_eq!(
         out.status.code(),
@@ -701,29 +662,10 @@ async fn a_prompt_with_quotes_substitutions_newlines_and_a_leading_dash_is_data_
             "50",
             shell,
         ]);
+        let target = format!("tmux:{session}");
+        let extra = ["--timeout", "60", "--job-id", &job_id];
         let submit = tokio::spawn(run_bounded(
-            {
-                let mut cmd = sb.command(&[
-                    "submit",
-                    "--agent-session",
-                    &format!("tmux:{session}"),
-                    "--prompt",
-                    &prompt,
-                    "--heartbeat",
-                    "1",
-                    "--heartbeat-misses",
-                    "2",
-                    "--ack-timeout",
-                    "5",
-                    "--timeout",
-                    "60",
-                    "--job-id",
-                    &job_id,
-                    "--json",
-                ]);
-                cmd.env("DROVER_TMUX_SOCKET", &tmux.socket);
-                cmd
-            },
+            submit_prompt_in_tmux(&sb, &tmux, &target, &prompt, "5", &extra),
             Duration::from_secs(60),
         ));
         let job = wait_for_status(&sb, &job_id, "running", Duration::from_secs(10)).await;
@@ -733,20 +675,7 @@ async fn a_prompt_with_quotes_substitutions_newlines_and_a_leading_dash_is_data_
             brief.contains(&prompt),
             "{shell}: the brief holds the prompt as it is"
         );
-        let done = sb
-            .run(&[
-                "publish",
-                "--job",
-                &job_id,
-                "--event",
-                "completed",
-                "--detail",
-                "ok",
-                "--expect-dispatch-token",
-                job["dispatch_token"].as_str().unwrap(),
-            ])
-            .await;
-        assert_eq!(done.status.code(), Some(0), "{}", text(&done.stderr));
+        sb.complete_with_token(&job, "ok").await;
         let out = submit.await.expect("submit joined");
         assert_eq!(out.status.code(), Some(0), "{shell}: {}", text(&out.stderr));
         let screen = tmux.cmd(&["capture-pane", "-p", "-J", "-t", &session, "-S", "-100"]);
@@ -765,9 +694,7 @@ async fn a_prompt_with_quotes_substitutions_newlines_and_a_leading_dash_is_data_
 async fn an_unknown_tmux_target_names_the_pane_and_the_server_and_registers_nothing() {
     let sb = Sandbox::new();
     let tmux = Tmux::start("unknown");
-    let agent = write_plain_agent(&sb);
-    let log = sb.path("received.log");
-    tmux.start_bash_agent("agent", &agent, &[&log.display().to_string(), "mute"]);
+    let (_, log) = plain_agent_pane(&sb, &tmux, "mute");
     // `agent:5` is a window the session does not have: tmux's display-message alone would
     // answer with another pane.
     for target in ["nope", "agent:5", "agent:0.3", "%999"] {
@@ -938,18 +865,7 @@ async fn a_timer_at_n1_beats_with_the_dispatch_token_and_stops_at_the_terminal_e
 async fn a_timer_stops_when_the_attempt_changes() {
     let sb = Sandbox::new();
     let job_id = sb.register(&[]).await;
-    let published = sb
-        .json(&[
-            "publish",
-            "--job",
-            &job_id,
-            "--event",
-            "started",
-            "--heartbeat",
-            "1",
-            "--json",
-        ])
-        .await;
+    let published = sb.start_timer(&job_id, &[]).await;
     let (pid, start) = timer_of(&published).unwrap();
     let old_token = published["message"]["data"]["dispatch_token"]
         .as_str()
@@ -979,15 +895,11 @@ async fn a_timer_stops_when_the_attempt_changes() {
         .all(|b| b["data"]["attempt_id"] == 1));
     // The old attempt's publisher is refused, and uses no seq.
     let out = sb
-        .run(&[
-            "publish",
-            "--job",
+        .publish(
             &job_id,
-            "--event",
             "completed",
-            "--expect-dispatch-token",
-            &old_token,
-        ])
+            &["--expect-dispatch-token", &old_token],
+        )
         .await;
     assert_eq!(out.status.code(), Some(1));
     assert!(
@@ -1007,20 +919,7 @@ async fn a_timer_stops_when_its_watched_pid_dies() {
         .spawn()
         .unwrap();
     let agent_pid = agent.id().to_string();
-    let published = sb
-        .json(&[
-            "publish",
-            "--job",
-            &job_id,
-            "--event",
-            "started",
-            "--heartbeat",
-            "1",
-            "--watch-pid",
-            &agent_pid,
-            "--json",
-        ])
-        .await;
+    let published = sb.start_timer(&job_id, &["--watch-pid", &agent_pid]).await;
     let (pid, start) = timer_of(&published).unwrap();
     // While the agent lives the timer beats: a beat comes, and the timer still runs after it.
     assert!(
@@ -1055,18 +954,7 @@ async fn a_timer_stops_when_its_watched_pid_dies() {
 async fn a_planted_bystander_pid_is_never_killed() {
     let sb = Sandbox::new();
     let job_id = sb.register(&[]).await;
-    let published = sb
-        .json(&[
-            "publish",
-            "--job",
-            &job_id,
-            "--event",
-            "started",
-            "--heartbeat",
-            "1",
-            "--json",
-        ])
-        .await;
+    let published = sb.start_timer(&job_id, &[]).await;
     let (timer_pid, timer_start) = timer_of(&published).unwrap();
     // The timer dies behind drover's back, and its pid is "recycled" by a bystander: the
     // registry still names the old timer's pid, but that pid now belongs to another process.
@@ -1088,16 +976,7 @@ async fn a_planted_bystander_pid_is_never_killed() {
     .unwrap();
     drop(conn);
 
-    let done = sb
-        .json(&[
-            "publish",
-            "--job",
-            &job_id,
-            "--event",
-            "completed",
-            "--json",
-        ])
-        .await;
+    let done = sb.publish_json(&job_id, "completed", &[]).await;
     assert_eq!(done["stopped_timer"]["how"], "not_running");
     assert!(running(by_pid, by_start), "the bystander was signalled");
     assert_eq!(
@@ -1115,37 +994,27 @@ async fn an_in_flight_beat_is_blocked_by_the_barrier_and_nothing_is_recorded_aft
     let job_id = sb.register(&[]).await;
     let hold = sb.path("hold");
     let hold_s = hold.display().to_string();
+    let args = ["publish", "--job", &job_id, "--event", "started"];
+    let args = [&args[..], &["--heartbeat", "1", "--json"]].concat();
     let out = sb
-        .run_env(
-            &[
-                "publish",
-                "--job",
-                &job_id,
-                "--event",
-                "started",
-                "--heartbeat",
-                "1",
-                "--json",
-            ],
-            &[("DROVER_TEST_BEAT_HOLD", &hold_s)],
-        )
+        .run_env(&args, &[("DROVER_TEST_BEAT_HOLD", &hold_s)])
         .await;
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let published: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let published = json_ok(&out, "publish started");
     let (pid, start) = timer_of(&published).unwrap();
     // The timer's first beat is now in flight, held just before it records.
     let inflight = sb.path("hold.inflight");
     assert!(eventually(Duration::from_secs(5), || inflight.exists()).await);
 
     // `completed` raises the barrier, then waits (a long drain) for the timer to finish.
-    let mut completed = sb.command(&[
+    let args = [
         "publish",
         "--job",
         &job_id,
         "--event",
         "completed",
         "--json",
-    ]);
+    ];
+    let mut completed = sb.job_command(&args);
     completed.env("DROVER_HEARTBEAT_DRAIN_S", "20");
     completed.stdout(Stdio::piped()).stderr(Stdio::piped());
     let started = Instant::now();
@@ -1240,57 +1109,27 @@ async fn a_bad_event_name_is_a_one_line_error_and_writes_nothing() {
 #[tokio::test]
 async fn non_numeric_or_non_positive_contract_values_are_refused_and_nothing_is_registered() {
     let sb = Sandbox::new();
-    let cases: &[(&[&str], &str)] = &[
-        (&["register", "--heartbeat", "abc"], "--heartbeat"),
-        (&["register", "--heartbeat", "0"], "--heartbeat"),
-        (&["register", "--heartbeat", "-2"], "--heartbeat"),
-        (&["register", "--heartbeat", "1.5"], "--heartbeat"),
+    let cases: &[(Vec<&str>, &str)] = &[
+        (vec!["register", "--heartbeat", "abc"], "--heartbeat"),
+        (vec!["register", "--heartbeat", "0"], "--heartbeat"),
+        (vec!["register", "--heartbeat", "-2"], "--heartbeat"),
+        (vec!["register", "--heartbeat", "1.5"], "--heartbeat"),
         (
-            &["register", "--heartbeat-misses", "x"],
+            vec!["register", "--heartbeat-misses", "x"],
             "--heartbeat-misses",
         ),
-        (&["register", "--ack-timeout", "0"], "--ack-timeout"),
-        (&["register", "--idle-timeout", "-1"], "--idle-timeout"),
+        (vec!["register", "--ack-timeout", "0"], "--ack-timeout"),
+        (vec!["register", "--idle-timeout", "-1"], "--idle-timeout"),
         (
-            &[
-                "submit",
-                "--agent-session",
-                "exec",
-                "--exec",
-                "true",
-                "--prompt",
-                "p",
-                "--heartbeat",
-                "zero",
-            ],
+            exec_submit("true", "p", &["--heartbeat", "zero"]),
             "--heartbeat",
         ),
         (
-            &[
-                "submit",
-                "--agent-session",
-                "exec",
-                "--exec",
-                "true",
-                "--prompt",
-                "p",
-                "--ack-timeout",
-                "-5",
-            ],
+            exec_submit("true", "p", &["--ack-timeout", "-5"]),
             "--ack-timeout",
         ),
         (
-            &[
-                "submit",
-                "--agent-session",
-                "exec",
-                "--exec",
-                "true",
-                "--prompt",
-                "p",
-                "--timeout",
-                "soon",
-            ],
+            exec_submit("true", "p", &["--timeout", "soon"]),
             "--timeout",
         ),
     ];
@@ -1310,43 +1149,21 @@ async fn non_numeric_or_non_positive_contract_values_are_refused_and_nothing_is_
         ("-1", "--heartbeat"),
     ] {
         let out = sb
-            .run(&[
-                "publish",
-                "--job",
-                &job_id,
-                "--event",
-                "started",
-                "--heartbeat",
-                value,
-            ])
+            .publish(&job_id, "started", &["--heartbeat", value])
             .await;
         one_line_error(&out, flag);
     }
     let out = sb
-        .run(&[
-            "publish",
-            "--job",
+        .publish(
             &job_id,
-            "--event",
             "started",
-            "--heartbeat",
-            "1",
-            "--watch-pid",
-            "abc",
-        ])
+            &["--heartbeat", "1", "--watch-pid", "abc"],
+        )
         .await;
     one_line_error(&out, "--watch-pid");
     // --heartbeat with a terminal event is refused: nothing recorded, no seq used.
     let out = sb
-        .run(&[
-            "publish",
-            "--job",
-            &job_id,
-            "--event",
-            "completed",
-            "--heartbeat",
-            "1",
-        ])
+        .publish(&job_id, "completed", &["--heartbeat", "1"])
         .await;
     one_line_error(&out, "--heartbeat goes with --event started");
     let job = sb.show(&job_id).await;
@@ -1367,15 +1184,7 @@ async fn an_unreadable_registry_is_a_one_line_error_naming_it_and_is_left_untouc
         &["publish", "--job", "j", "--event", "started"],
         &["show", "--job", "j"],
         &["list"],
-        &[
-            "submit",
-            "--agent-session",
-            "exec",
-            "--exec",
-            "true",
-            "--prompt",
-            "p",
-        ],
+        &exec_submit("true", "p", &[]),
     ] {
         one_line_error(&sb.run(args).await, "jobs.db");
     }
@@ -1393,16 +1202,10 @@ async fn an_unreadable_registry_is_a_one_line_error_naming_it_and_is_left_untouc
     // A registry path that is a file.
     let file = sb.path("plain-file");
     std::fs::write(&file, "x").unwrap();
-    let mut cmd = tokio::process::Command::new(bin());
-    cmd.arg("--home")
-        .arg(sb.home())
-        .args(["job", "--registry-dir"])
+    let mut cmd = drover_command(bin(), &sb.home());
+    cmd.args(["job", "--registry-dir"])
         .arg(&file)
         .arg("register");
-    for var in SCRUBBED_ENV {
-        cmd.env_remove(var);
-    }
-    cmd.kill_on_drop(true);
     one_line_error(
         &run_bounded(cmd, Duration::from_secs(30)).await,
         "not a folder",
@@ -1416,7 +1219,7 @@ async fn racing_publishers_are_all_recorded_with_distinct_seqs() {
     let racers: Vec<_> = (0..8)
         .map(|i| {
             let detail = format!("racer {i}");
-            let mut cmd = sb.command(&[
+            let mut cmd = sb.job_command(&[
                 "publish", "--job", &job_id, "--event", "progress", "--detail", &detail, "--json",
             ]);
             cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
@@ -1429,8 +1232,7 @@ async fn racing_publishers_are_all_recorded_with_distinct_seqs() {
             .await
             .unwrap()
             .unwrap();
-        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let v = json_ok(&out, "a racing publish");
         seqs.push(v["message"]["seq"].as_u64().unwrap());
     }
     seqs.sort_unstable();
@@ -1487,24 +1289,17 @@ async fn dry_run_registers_and_writes_the_brief_but_delivers_nothing() {
     let sb = Sandbox::new();
     let marker = sb.path("ran");
     let exec = format!("touch {}", marker.display());
+    let contract = [
+        "--heartbeat",
+        "5",
+        "--heartbeat-misses",
+        "3",
+        "--ack-timeout",
+        "60",
+    ];
+    let extra = [&contract[..], &["--dry-run", "--json"]].concat();
     let v = sb
-        .json(&[
-            "submit",
-            "--agent-session",
-            "exec",
-            "--exec",
-            &exec,
-            "--prompt",
-            "Tidy the README.",
-            "--heartbeat",
-            "5",
-            "--heartbeat-misses",
-            "3",
-            "--ack-timeout",
-            "60",
-            "--dry-run",
-            "--json",
-        ])
+        .json(&exec_submit(&exec, "Tidy the README.", &extra))
         .await;
     assert_eq!(v["outcome"], "dry_run");
     assert_eq!(v["job"]["status"], "pending");
@@ -1541,18 +1336,7 @@ async fn dry_run_registers_and_writes_the_brief_but_delivers_nothing() {
         "{start}"
     );
     // Human output: that line alone on stdout.
-    let out = sb
-        .run(&[
-            "submit",
-            "--agent-session",
-            "exec",
-            "--exec",
-            &exec,
-            "--prompt",
-            "p",
-            "--dry-run",
-        ])
-        .await;
+    let out = sb.run(&exec_submit(&exec, "p", &["--dry-run"])).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
     assert_eq!(stdout.lines().count(), 1, "{stdout}");
@@ -1570,40 +1354,20 @@ async fn dry_run_registers_and_writes_the_brief_but_delivers_nothing() {
 async fn exec_runs_the_command_with_job_id_and_brief_and_completes() {
     let sb = Sandbox::new();
     let script = sb.path("exec-agent.sh");
-    std::fs::write(
-        &script,
-        r#"#!/bin/sh
-echo "job $JOB_ID brief $DROVER_BRIEF agent $DROVER_AGENT_PID"
-start=$(sed -n '/^## Commands/,$p' "$DROVER_BRIEF" | sed -n 's/^    //p' | sed -n 1p)
-finish=$(sed -n '/^## Commands/,$p' "$DROVER_BRIEF" | sed -n 's/^    //p' | sed -n 2p | sed "s/SUMMARY/done-by-$JOB_ID/")
-eval "$start"
-sleep 1
-eval "$finish"
-"#,
-    )
-    .unwrap();
+    let first = "echo \"job $JOB_ID brief $DROVER_BRIEF agent $DROVER_AGENT_PID\"\n";
+    let agent = brief_agent_script(first, "1", "done-by-$JOB_ID");
+    std::fs::write(&script, agent).unwrap();
     let exec = format!("sh {}", script.display());
-    let out = sb
-        .run(&[
-            "submit",
-            "--agent-session",
-            "exec",
-            "--exec",
-            &exec,
-            "--prompt",
-            "p",
-            "--heartbeat",
-            "1",
-            "--heartbeat-misses",
-            "2",
-            "--ack-timeout",
-            "5",
-            "--timeout",
-            "30",
-            "--job-id",
-            "exec-1",
-        ])
-        .await;
+    let contract = [
+        "--heartbeat",
+        "1",
+        "--heartbeat-misses",
+        "2",
+        "--ack-timeout",
+        "5",
+    ];
+    let extra = [&contract[..], &["--timeout", "30", "--job-id", "exec-1"]].concat();
+    let out = sb.run(&exec_submit(&exec, "p", &extra)).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout).trim(), "done-by-exec-1");
     let log = std::fs::read_to_string(sb.registry().join("exec-1").join("exec.log")).unwrap();
@@ -1630,29 +1394,17 @@ async fn herdr_without_the_herdr_command_is_a_clear_error_and_registers_nothing(
 async fn cancel_and_update_correct_a_job_but_never_a_terminal_status() {
     let sb = Sandbox::new();
     let job_id = sb.register(&["--prompt", "x"]).await;
-    let published = sb
-        .json(&[
-            "publish",
-            "--job",
-            &job_id,
-            "--event",
-            "started",
-            "--heartbeat",
-            "1",
-            "--json",
-        ])
-        .await;
+    let published = sb.start_timer(&job_id, &[]).await;
     let (pid, start) = timer_of(&published).unwrap();
-    let v = sb
-        .json(&[
-            "cancel",
-            "--job",
-            &job_id,
-            "--detail",
-            "not needed",
-            "--json",
-        ])
-        .await;
+    let args = [
+        "cancel",
+        "--job",
+        &job_id,
+        "--detail",
+        "not needed",
+        "--json",
+    ];
+    let v = sb.json(&args).await;
     assert_eq!(v["changed"], true);
     assert_eq!(v["job"]["status"], "cancelled");
     assert_eq!(v["job"]["detail"], "not needed");

@@ -16,6 +16,7 @@ use drover_jobs::mqtt::{self, Endpoint, Feed, Outbound};
 use drover_jobs::remote::{derive_auth_token, Dispatch};
 use drover_jobs::{sign, Contract};
 use drover_test_support::harness::{Lines, Mosquitto};
+use drover_test_support::job_cli::{drover_command, output_within, text, wire_events, JobCli};
 use drover_test_support::wait;
 use serde_json::{json, Value};
 
@@ -24,20 +25,6 @@ const SECRET: &str = "test-dispatch-secret";
 fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_drover"))
 }
-
-/// The variables a test must not inherit from the shell that runs it.
-const SCRUBBED_ENV: &[&str] = &[
-    "DROVER_HOME",
-    "DROVER_MQTT_URL",
-    "DROVER_DISPATCH_SECRET",
-    "DROVER_TMUX_SOCKET",
-    "DROVER_HEARTBEAT_DRAIN_S",
-    "DROVER_HEARTBEAT_SEC",
-    "DROVER_HEARTBEAT_MISSES",
-    "DROVER_ACK_TIMEOUT_S",
-    "TMUX",
-    "RUST_LOG",
-];
 
 /// The shared broker fixture, plus the endpoint the jobs crate speaks to.
 struct Broker(Mosquitto);
@@ -93,59 +80,19 @@ impl Host {
     }
 
     fn command(&self, args: &[&str]) -> tokio::process::Command {
-        let mut cmd = tokio::process::Command::new(bin());
-        cmd.arg("--home")
-            .arg(self.root.join("home"))
-            .args(args)
-            .stdin(Stdio::null())
+        let mut cmd = drover_command(bin(), &self.root.join("home"));
+        cmd.args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        for var in SCRUBBED_ENV {
-            cmd.env_remove(var);
-        }
-        cmd.env("DROVER_MQTT_URL", &self.url);
+            .env("DROVER_MQTT_URL", &self.url);
         if let Some(secret) = self.secret {
             cmd.env("DROVER_DISPATCH_SECRET", secret);
         }
         cmd
     }
 
-    /// `drover job --registry-dir <registry> <args>`.
-    fn job_command(&self, args: &[&str]) -> tokio::process::Command {
-        let registry = self.registry();
-        let mut all = vec!["job", "--registry-dir", registry.to_str().unwrap()];
-        all.extend_from_slice(args);
-        self.command(&all)
-    }
-
-    async fn output(mut cmd: tokio::process::Command) -> Output {
-        tokio::time::timeout(Duration::from_secs(40), cmd.output())
-            .await
-            .expect("drover finished within 40 s")
-            .expect("drover ran")
-    }
-
-    async fn job(&self, args: &[&str]) -> Output {
-        Host::output(self.job_command(args)).await
-    }
-
-    async fn json(&self, args: &[&str]) -> Value {
-        let out = self.job(args).await;
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "{args:?}: {}",
-            text(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).expect("JSON on stdout")
-    }
-
-    async fn events(&self, job: &str) -> Vec<Value> {
-        self.json(&["events", "--job", job, "--json"]).await["events"]
-            .as_array()
-            .unwrap()
-            .clone()
+    async fn output(cmd: tokio::process::Command) -> Output {
+        output_within(cmd, Duration::from_secs(40)).await
     }
 
     /// `drover runner --session NAME --exec CMD <extra>` in the background, stderr collected.
@@ -165,6 +112,32 @@ impl Host {
         let lines = Lines::collect(child.stderr.take().unwrap().into_owned_fd().unwrap());
         Runner { child, lines }
     }
+}
+
+impl JobCli for Host {
+    /// `drover job --registry-dir <registry> <args>`.
+    fn job_command(&self, args: &[&str]) -> tokio::process::Command {
+        let registry = self.registry();
+        let mut all = vec!["job", "--registry-dir", registry.to_str().unwrap()];
+        all.extend_from_slice(args);
+        self.command(&all)
+    }
+}
+
+/// The contract most remote submits run under: a 1 s heartbeat, T = 10 s, a 30 s timeout.
+const REMOTE_CONTRACT: &[&str] = &["--heartbeat", "1", "--ack-timeout", "10", "--timeout", "30"];
+
+/// `submit --agent-session <session> --prompt <prompt> --job-id <job_id> --json <contract>`.
+fn submit_args<'a>(
+    session: &'a str,
+    prompt: &'a str,
+    job_id: &'a str,
+    contract: &[&'a str],
+) -> Vec<&'a str> {
+    let mut args = vec!["submit", "--agent-session", session, "--prompt", prompt];
+    args.extend_from_slice(&["--job-id", job_id, "--json"]);
+    args.extend_from_slice(contract);
+    args
 }
 
 /// A running `drover runner`.
@@ -202,24 +175,6 @@ impl Runner {
             .unwrap()
             .code()
     }
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-fn wire_events(events: &[Value]) -> Vec<(u64, String, Option<String>)> {
-    events
-        .iter()
-        .filter(|e| e["audit"] == false)
-        .map(|e| {
-            (
-                e["seq"].as_u64().unwrap(),
-                e["event"].as_str().unwrap().to_string(),
-                e["detail"].as_str().map(str::to_string),
-            )
-        })
-        .collect()
 }
 
 /// An entry of `events --json` as it was signed (without the local `audit` flag).
@@ -270,22 +225,12 @@ async fn a_runner_executes_a_signed_dispatch_and_submit_mirrors_its_events_and_e
     );
     runner.wait_for("following", 1).await;
     let out = orchestrator
-        .job(&[
-            "submit",
-            "--agent-session",
+        .run(&submit_args(
             "remote:r1",
-            "--prompt",
             "write the report",
-            "--heartbeat",
-            "1",
-            "--ack-timeout",
-            "10",
-            "--timeout",
-            "30",
-            "--job-id",
             "rj1",
-            "--json",
-        ])
+            REMOTE_CONTRACT,
+        ))
         .await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -550,22 +495,7 @@ async fn the_runner_timeout_kills_the_whole_group_and_publishes_error_timeout_se
     runner.wait_for("following", 1).await;
     let started = Instant::now();
     let out = orchestrator
-        .job(&[
-            "submit",
-            "--agent-session",
-            "remote:r4",
-            "--prompt",
-            "hang",
-            "--heartbeat",
-            "1",
-            "--ack-timeout",
-            "10",
-            "--timeout",
-            "30",
-            "--job-id",
-            "tj",
-            "--json",
-        ])
+        .run(&submit_args("remote:r4", "hang", "tj", REMOTE_CONTRACT))
         .await;
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
     assert!(started.elapsed() < Duration::from_secs(15));
@@ -606,7 +536,7 @@ async fn without_the_secret_the_runner_refuses_to_start_and_submit_refuses_to_di
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("DROVER_DISPATCH_SECRET"), "{err}");
     let out = host
-        .job(&["submit", "--agent-session", "remote:r5", "--prompt", "p"])
+        .run(&["submit", "--agent-session", "remote:r5", "--prompt", "p"])
         .await;
     assert_eq!(out.status.code(), Some(1));
     let err = text(&out.stderr);
@@ -725,18 +655,12 @@ async fn with_no_runner_submit_gives_up_after_t_with_agent_blocked_and_clears_th
     let tmp = tempfile::tempdir().unwrap();
     let orchestrator = Host::new(tmp.path(), "orch", broker.url());
     let out = orchestrator
-        .job(&[
-            "submit",
-            "--agent-session",
+        .run(&submit_args(
             "remote:nobody",
-            "--prompt",
             "p",
-            "--ack-timeout",
-            "1",
-            "--job-id",
             "bj",
-            "--json",
-        ])
+            &["--ack-timeout", "1"],
+        ))
         .await;
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -768,22 +692,19 @@ async fn when_the_runner_dies_mid_job_submit_exits_2_with_deadline_timeout() {
     let mut runner = remote.runner("r6", &exec, &["--once"]);
     runner.wait_for("following", 1).await;
     let submit = orchestrator
-        .job_command(&[
-            "submit",
-            "--agent-session",
+        .job_command(&submit_args(
             "remote:r6",
-            "--prompt",
             "p",
-            "--heartbeat",
-            "1",
-            "--heartbeat-misses",
-            "2",
-            "--ack-timeout",
-            "10",
-            "--job-id",
             "dj",
-            "--json",
-        ])
+            &[
+                "--heartbeat",
+                "1",
+                "--heartbeat-misses",
+                "2",
+                "--ack-timeout",
+                "10",
+            ],
+        ))
         .output();
     let killer = async {
         runner.wait_for("dispatch dj attempt 1: admitted", 1).await;

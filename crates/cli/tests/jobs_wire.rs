@@ -17,22 +17,14 @@ use std::time::{Duration, Instant};
 use drover_jobs::mqtt::{self, Endpoint, Feed, Outbound};
 use drover_jobs::sign;
 use drover_test_support::harness::{eventually, Lines, Mosquitto};
+use drover_test_support::job_cli::{
+    self, brief_agent_script, drover_command, exec_submit, output_within, text, JobCli,
+};
 use serde_json::{json, Value};
 
 fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_drover"))
 }
-
-/// The variables a test must not inherit from the shell that runs it.
-const SCRUBBED_ENV: &[&str] = &[
-    "DROVER_HOME",
-    "DROVER_MQTT_URL",
-    "DROVER_TMUX_SOCKET",
-    "DROVER_HEARTBEAT_DRAIN_S",
-    "DROVER_TEST_BEAT_HOLD",
-    "TMUX",
-    "RUST_LOG",
-];
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -63,54 +55,11 @@ impl Side {
         self.root.join("registry")
     }
 
-    fn command(&self, args: &[&str]) -> tokio::process::Command {
-        let mut cmd = tokio::process::Command::new(bin());
-        cmd.arg("--home")
-            .arg(self.root.join("home"))
-            .arg("job")
-            .arg("--registry-dir")
-            .arg(self.registry())
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        for var in SCRUBBED_ENV {
-            cmd.env_remove(var);
-        }
-        if let Some(url) = &self.url {
-            cmd.env("DROVER_MQTT_URL", url);
-        }
-        cmd
-    }
-
-    async fn run(&self, args: &[&str]) -> Output {
-        self.run_cmd(self.command(args)).await
-    }
-
     /// Runs with `$DROVER_MQTT_URL` set to `url` for this call only ("" turns the wire off).
     async fn run_url(&self, args: &[&str], url: &str) -> Output {
-        let mut cmd = self.command(args);
+        let mut cmd = self.job_command(args);
         cmd.env("DROVER_MQTT_URL", url);
-        self.run_cmd(cmd).await
-    }
-
-    async fn run_cmd(&self, mut cmd: tokio::process::Command) -> Output {
-        tokio::time::timeout(Duration::from_secs(60), cmd.output())
-            .await
-            .expect("drover finished within 60 s")
-            .expect("drover ran")
-    }
-
-    async fn json(&self, args: &[&str]) -> Value {
-        let out = self.run(args).await;
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "{args:?}: {}",
-            text(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).expect("JSON on stdout")
+        output_within(cmd, Duration::from_secs(60)).await
     }
 
     /// `publish --json`, which must exit 0 with the event sent.
@@ -120,17 +69,6 @@ impl Side {
         let v = self.json(&args).await;
         assert_eq!(v["wire"], "sent", "{v}");
         v
-    }
-
-    async fn show(&self, job: &str) -> Value {
-        self.json(&["show", "--job", job, "--json"]).await
-    }
-
-    async fn events(&self, job: &str) -> Vec<Value> {
-        self.json(&["events", "--job", job, "--json"]).await["events"]
-            .as_array()
-            .unwrap()
-            .clone()
     }
 
     async fn register(&self, extra: &[&str]) -> String {
@@ -164,9 +102,25 @@ impl Side {
     fn watch(&self, job: &str, extra: &[&str]) -> Watch {
         let mut args = vec!["watch", "--job", job, "--json"];
         args.extend_from_slice(extra);
-        let mut child = self.command(&args).spawn().expect("watch starts");
+        let mut cmd = self.job_command(&args);
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("watch starts");
         let lines = Lines::collect(child.stderr.take().unwrap().into_owned_fd().unwrap());
         Watch { child, lines }
+    }
+}
+
+impl JobCli for Side {
+    fn job_command(&self, args: &[&str]) -> tokio::process::Command {
+        let mut cmd = drover_command(bin(), &self.root.join("home"));
+        cmd.arg("job")
+            .arg("--registry-dir")
+            .arg(self.registry())
+            .args(args);
+        if let Some(url) = &self.url {
+            cmd.env("DROVER_MQTT_URL", url);
+        }
+        cmd
     }
 }
 
@@ -216,10 +170,6 @@ impl Watch {
     }
 }
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
 /// The next message from a follower (at most 10 s), skipping connection notices.
 async fn next_message(f: &mut mqtt::Follower) -> (String, Value, bool) {
     loop {
@@ -257,16 +207,11 @@ fn audits<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
         .collect()
 }
 
+/// `(seq, event)` of each entry with a seq.
 fn wire_events(events: &[Value]) -> Vec<(u64, String)> {
-    events
-        .iter()
-        .filter(|e| e["audit"] == false)
-        .map(|e| {
-            (
-                e["seq"].as_u64().unwrap(),
-                e["event"].as_str().unwrap().to_string(),
-            )
-        })
+    job_cli::wire_events(events)
+        .into_iter()
+        .map(|(seq, event, _)| (seq, event))
         .collect()
 }
 
@@ -581,37 +526,11 @@ async fn submit_with_an_exec_agent_sends_started_heartbeats_and_completed_on_the
     .unwrap();
     subscribed(&mut sub).await;
     let script = tmp.path().join("agent.sh");
-    std::fs::write(
-        &script,
-        r#"#!/bin/sh
-start=$(sed -n '/^## Commands/,$p' "$DROVER_BRIEF" | sed -n 's/^    //p' | sed -n 1p)
-finish=$(sed -n '/^## Commands/,$p' "$DROVER_BRIEF" | sed -n 's/^    //p' | sed -n 2p | sed "s/SUMMARY/finished/")
-eval "$start"
-sleep 2.5
-eval "$finish"
-"#,
-    )
-    .unwrap();
+    std::fs::write(&script, brief_agent_script("", "2.5", "finished")).unwrap();
     let exec = format!("sh {}", script.display());
-    let out = a
-        .run(&[
-            "submit",
-            "--agent-session",
-            "exec",
-            "--exec",
-            &exec,
-            "--prompt",
-            "p",
-            "--heartbeat",
-            "1",
-            "--ack-timeout",
-            "10",
-            "--timeout",
-            "30",
-            "--job-id",
-            "exec-w",
-        ])
-        .await;
+    let contract = ["--heartbeat", "1", "--ack-timeout", "10", "--timeout", "30"];
+    let extra = [&contract[..], &["--job-id", "exec-w"]].concat();
+    let out = a.run(&exec_submit(&exec, "p", &extra)).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let token = a.auth_token("exec-w");
     let mut seen = Vec::new();

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::Duration;
 
+use drover_test_support::harness::model_home;
 use drover_test_support::harness::str_field;
 use drover_test_support::harness::{
     daemon_info, db_rows, run_drover, Client, Daemon, KillDaemonOnDrop, OneSession, TestHome,
@@ -627,10 +628,7 @@ async fn drover(home: &Path, cwd: &Path, args: &[&str]) -> Output {
 
 /// A home whose model first asks for `rm -rf <scratch>/victim`, then answers `Deleted.`.
 async fn run_setup() -> (MockModel, TestHome, tempfile::TempDir) {
-    let model = MockModel::start().await;
-    let home = TestHome::new().unwrap();
-    home.write_model_config(&model.base_url(), true, "")
-        .unwrap();
+    let (model, home) = model_home(true).await.unwrap();
     let scratch = tempfile::Builder::new()
         .prefix("drover-run-")
         .tempdir()

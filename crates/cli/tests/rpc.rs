@@ -5,8 +5,9 @@
 
 use std::path::Path;
 
+use drover_test_support::harness::model_daemon;
 use drover_test_support::harness::{Daemon, OneSession, TestHome};
-use drover_test_support::{MockModel, Reply};
+use drover_test_support::Reply;
 use serde_json::{json, Value};
 
 fn bin() -> &'static Path {
@@ -41,12 +42,7 @@ async fn unknown_method_gets_32601() {
 
 #[tokio::test]
 async fn invalid_params_name_the_field() {
-    let model = MockModel::start().await;
-    let home = TestHome::new().unwrap();
-    home.write_model_config(&model.base_url(), true, "")
-        .unwrap();
-    let d = Daemon::start(bin(), home.path()).await.unwrap();
-    let mut c = d.client().await.unwrap();
+    let (_model, _home, _daemon, mut c) = model_daemon(bin()).await.unwrap();
     let cases = [
         ("session.create", json!({"cwd": "/tmp"}), "request_id"),
         (
@@ -106,12 +102,7 @@ async fn invalid_params_name_the_field() {
 
 #[tokio::test]
 async fn create_is_idempotent_on_request_id_and_submit_needs_attachment() {
-    let model = MockModel::start().await;
-    let home = TestHome::new().unwrap();
-    home.write_model_config(&model.base_url(), true, "")
-        .unwrap();
-    let d = Daemon::start(bin(), home.path()).await.unwrap();
-    let mut a = d.client().await.unwrap();
+    let (model, home, d, mut a) = model_daemon(bin()).await.unwrap();
     let cwd = home.path().display().to_string();
     let params = json!({"request_id": "req-1", "cwd": cwd, "title": "t"});
     let s1 = a.call_ok("session.create", params.clone()).await.unwrap();

@@ -9,8 +9,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use drover_test_support::harness::{pid_alive, signal, TestHome};
-use drover_test_support::{Gate, MockModel, Reply};
+use drover_test_support::harness::model_home;
+use drover_test_support::harness::{pid_alive, signal};
+use drover_test_support::{Gate, Reply};
 use serde_json::{json, Value};
 
 fn bin() -> &'static Path {
@@ -138,10 +139,7 @@ impl Drop for Pane {
 
 #[tokio::test]
 async fn approval_is_asked_on_the_terminal_and_the_typed_answer_is_used() {
-    let model = MockModel::start().await;
-    let home = TestHome::new().unwrap();
-    home.write_model_config(&model.base_url(), true, "")
-        .unwrap();
+    let (model, home) = model_home(true).await.unwrap();
     let victim = home.path().join("victim");
     std::fs::create_dir(&victim).unwrap();
     model.push(Reply::tool_call(
@@ -162,10 +160,7 @@ async fn approval_is_asked_on_the_terminal_and_the_typed_answer_is_used() {
 
 #[tokio::test]
 async fn ctrl_c_interrupts_the_running_turn_and_exits_130() {
-    let model = MockModel::start().await;
-    let home = TestHome::new().unwrap();
-    home.write_model_config(&model.base_url(), true, "")
-        .unwrap();
+    let (model, home) = model_home(true).await.unwrap();
     let gate = Gate::new();
     model.push(Reply::text("never shown").gated(&gate));
     let pane = Pane::run(home.path(), &["wait for me"]);

@@ -8,8 +8,9 @@
 use std::path::Path;
 use std::process::Output;
 
-use drover_test_support::harness::{db_rows, run_drover, Client, Daemon, TestHome};
-use drover_test_support::{MockModel, Reply};
+use drover_test_support::harness::model_home;
+use drover_test_support::harness::{db_rows, run_drover, Client, Daemon};
+use drover_test_support::Reply;
 use serde_json::{json, Value};
 
 /// The bound of every stored token count and sum: 2^53, the largest integer every JSON
@@ -94,10 +95,7 @@ fn assert_counts_in_range(db: &Path) {
 
 #[tokio::test]
 async fn model_usage_at_the_integer_limits_is_clamped_and_every_listing_still_reads() {
-    let model = MockModel::start().await;
-    let home = TestHome::new().unwrap();
-    home.write_model_config(&model.base_url(), true, "")
-        .unwrap();
+    let (model, home) = model_home(true).await.unwrap();
     let mut daemon = Daemon::start(bin(), home.path()).await.unwrap();
     let mut client = daemon.client().await.unwrap();
     let created = client.create_session(home.path()).await.unwrap();
@@ -181,10 +179,7 @@ async fn model_usage_at_the_integer_limits_is_clamped_and_every_listing_still_re
 
 #[tokio::test]
 async fn a_ledger_holding_real_or_negative_counts_lists_each_bad_row_with_its_error_and_runs_on() {
-    let model = MockModel::start().await;
-    let home = TestHome::new().unwrap();
-    home.write_model_config(&model.base_url(), false, "")
-        .unwrap();
+    let (model, home) = model_home(false).await.unwrap();
     let mut daemon = Daemon::start(bin(), home.path()).await.unwrap();
     let mut client = daemon.client().await.unwrap();
     let mut ids = Vec::new();

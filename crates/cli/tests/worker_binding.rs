@@ -10,6 +10,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use drover_test_support::harness::model_home;
 use drover_test_support::harness::{
     children_of, db_rows, db_value, pid_alive, signal, Client, Daemon, TestHome,
 };
@@ -30,10 +31,7 @@ struct Setup {
 
 /// A daemon (manual approvals, the default) whose workers run under the relay.
 async fn setup() -> Setup {
-    let model = MockModel::start().await;
-    let home = TestHome::new().unwrap();
-    home.write_model_config(&model.base_url(), true, "")
-        .unwrap();
+    let (model, home) = model_home(true).await.unwrap();
     let relay_dir = tempfile::tempdir().unwrap();
     let relay = worker_relay_bin().display().to_string();
     let dir = relay_dir.path().display().to_string();

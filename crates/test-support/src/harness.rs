@@ -842,6 +842,23 @@ impl OneSessionBuilder {
     }
 }
 
+/// A mock model and a fresh home whose model config points at it (`stream` or not).
+pub async fn model_home(stream: bool) -> Result<(crate::MockModel, TestHome)> {
+    let model = crate::MockModel::start().await;
+    let home = TestHome::new()?;
+    home.write_model_config(&model.base_url(), stream, "")?;
+    Ok((model, home))
+}
+
+/// [`model_home`] (streaming) with a daemon on it and a client attached, but no session: the
+/// start of the tests that make their own sessions, or none.
+pub async fn model_daemon(bin: &Path) -> Result<(crate::MockModel, TestHome, Daemon, Client)> {
+    let (model, home) = model_home(true).await?;
+    let daemon = Daemon::start(bin, home.path()).await?;
+    let client = daemon.client().await?;
+    Ok((model, home, daemon, client))
+}
+
 /// Polls `cond` every 20 ms until it holds (true) or `limit` passes (false).
 pub async fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + limit;

@@ -4,7 +4,10 @@
 //!   non-stream, tool calls, usage, gates that hold a response, a request log).
 //! - [`harness`]: starts the real `drover` binary on a temporary home and speaks the real
 //!   WebSocket JSON-RPC to it, with a timeout on every wait; the shared set-ups and waits of
-//!   the end-to-end tests (`OneSession` and its builder, `eventually`, `run_drover`, `Lines`).
+//!   the end-to-end tests (`OneSession` and its builder, `model_home`, `model_daemon`,
+//!   `eventually`, `run_drover`, `Lines`).
+//! - [`job_cli`]: the clean environment, bounded runs and registry reads (`JobCli`) of the
+//!   `drover job` tests.
 //! - [`mcp_echo`]: where the `drover-mcp-echo` fixture is, a real stdio MCP server (built with
 //!   the official SDK) with tools `echo`, `add`, `fail` and `crash`; and where the
 //!   `drover-worker-relay` fixture is, a `$DROVER_WORKER_EXE` wrapper that can send one
@@ -20,6 +23,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod harness;
+pub mod job_cli;
 pub mod mcp_echo;
 pub mod mock_model;
 pub mod wait;
