@@ -219,3 +219,19 @@ async def test_the_example_script_runs_a_turn(daemon: Daemon, model: FakeModel) 
     assert proc.returncode == 0, err.decode()
     assert "The command printed: from-the-tool" in out.decode()
     assert "[tool terminal: echo from-the-tool]" in err.decode()
+
+
+async def test_interrupt_the_running_turn(daemon: Daemon, model: FakeModel) -> None:
+    gate = threading.Event()
+    model.push(Reply.say("never sent").gated(gate))
+    async with await connect(daemon) as client:
+        session = await client.create_session()
+        log = EventLog(session)
+        receipt = await session.submit("long")
+        started = await log.wait_for(lambda e: e["type"] == "turn.started")
+        assert session.execution_generation == started["payload"]["execution_generation"]
+        assert await session.interrupt() == {"execution_state": "interrupting"}
+        settled = await log.settled(receipt["admission_id"])
+        gate.set()
+        await log.close()
+        assert settled["payload"]["outcome"] == "interrupted", settled
