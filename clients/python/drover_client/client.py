@@ -1,0 +1,536 @@
+"""The client: `Client` (one home's daemon) and `Session` (one attached session).
+
+Layers: `types` (wire shapes), `errors`, `_rpc` (one connection), this module (reconnecting
+client, sessions, the event stream).
+
+Every method of docs/protocol.md is safe to send again after a lost answer (`session.create`
+by its `request_id`, `prompt.submit` by its `input_id`, the rest because a second call only
+reports what the first did), so a call whose connection drops is sent again on the next
+connection, with the same ids, until the reconnect timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import os
+import ssl
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any, cast
+
+from websockets.exceptions import InvalidHandshake
+
+from ._rpc import DROPPED, Connection, Dropped, open_connection
+from .errors import (
+    AuthenticationFailed,
+    ConnectionLost,
+    DaemonNotRunning,
+    NotFound,
+    ProtocolViolation,
+)
+from .types import (
+    ApprovalChoice,
+    ApprovalPrompt,
+    ClarifyPrompt,
+    DaemonInfo,
+    Event,
+    EventsSince,
+    InterruptResult,
+    Pong,
+    Receipt,
+    RespondResult,
+    SessionList,
+    SessionSnapshot,
+)
+
+SnapshotCallback = Callable[[SessionSnapshot], Awaitable[None] | None]
+
+
+class _Closed(Exception):
+    """The client was closed (internal: ends event iteration quietly)."""
+
+
+def default_home() -> Path:
+    """`$DROVER_HOME`, else `~/.drover` (as the `drover` command picks it)."""
+    env = os.environ.get("DROVER_HOME")
+    return Path(env) if env else Path.home() / ".drover"
+
+
+def read_daemon_info(home: Path) -> DaemonInfo:
+    """Reads `<home>/daemon.json`; raises `DaemonNotRunning` when it is missing, malformed,
+    or names a process that is not running."""
+    path = home / "daemon.json"
+    try:
+        info = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise DaemonNotRunning(home, f"{path} does not exist") from None
+    except (OSError, ValueError) as e:
+        raise DaemonNotRunning(home, f"{path} cannot be read: {e}") from None
+    if not isinstance(info, dict):
+        raise DaemonNotRunning(home, f"{path} is not a JSON object")
+    for key, kind in (("url", str), ("token", str), ("pid", int)):
+        if not isinstance(info.get(key), kind):
+            raise DaemonNotRunning(home, f"{path} has no valid {key!r}")
+    try:
+        os.kill(info["pid"], 0)
+    except ProcessLookupError:
+        raise DaemonNotRunning(home, f"{path} names pid {info['pid']}, which is not running") from None
+    except PermissionError:
+        pass  # running, as another user
+    return cast(DaemonInfo, info)
+
+
+class Client:
+    """A connection to one home's daemon that re-establishes itself.
+
+    Create it with :meth:`Client.connect`. After a drop (or an owner restart), the next use
+    reconnects with exponential backoff (from `backoff_initial` to `backoff_max` seconds),
+    re-reading `daemon.json` each time (a new daemon has a new token and port), re-attaches
+    every session this client created or resumed, and sends an unanswered call again. It
+    gives up with `ConnectionLost` after `reconnect_timeout` seconds.
+    """
+
+    def __init__(
+        self,
+        home: Path,
+        *,
+        reconnect_timeout: float = 30.0,
+        backoff_initial: float = 0.05,
+        backoff_max: float = 2.0,
+        open_timeout: float = 5.0,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self.home = home
+        self.reconnect_timeout = reconnect_timeout
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self.open_timeout = open_timeout
+        self.ssl_context = ssl_context
+        #: The `daemon.json` of the current connection.
+        self.daemon: DaemonInfo | None = None
+        #: How many times a dropped connection was re-established.
+        self.reconnects = 0
+        self._conn: Connection | None = None
+        self._lock = asyncio.Lock()
+        self._closed = False
+        self._sessions: dict[str, Session] = {}
+
+    @classmethod
+    async def connect(
+        cls,
+        home: str | os.PathLike[str] | None = None,
+        *,
+        wait: float = 0.0,
+        reconnect_timeout: float = 30.0,
+        backoff_initial: float = 0.05,
+        backoff_max: float = 2.0,
+        open_timeout: float = 5.0,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> Client:
+        """Connects to the daemon of `home` (default `$DROVER_HOME`, else `~/.drover`).
+
+        With `wait` 0 a missing daemon raises `DaemonNotRunning` at once; otherwise the client
+        keeps trying for `wait` seconds (for a daemon that is starting).
+        """
+        client = cls(
+            Path(home).expanduser() if home is not None else default_home(),
+            reconnect_timeout=reconnect_timeout,
+            backoff_initial=backoff_initial,
+            backoff_max=backoff_max,
+            open_timeout=open_timeout,
+            ssl_context=ssl_context,
+        )
+        if wait > 0:
+            async with client._lock:
+                client._conn = await client._reconnect(wait)
+        else:
+            client._conn = await client._open()
+        return client
+
+    async def close(self) -> None:
+        """Closes the connection; event iterators of this client's sessions end."""
+        self._closed = True
+        if self._conn is not None:
+            await self._conn.close()
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ---- connection management -------------------------------------------------------------
+
+    async def _open(self) -> Connection:
+        info = read_daemon_info(self.home)
+        conn = await open_connection(
+            info["url"], info["token"], open_timeout=self.open_timeout, ssl_context=self.ssl_context
+        )
+        self.daemon = info
+        return conn
+
+    async def _reconnect(self, timeout: float) -> Connection:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        delay = self.backoff_initial
+        while True:
+            conn: Connection | None = None
+            try:
+                conn = await self._open()
+                for session in list(self._sessions.values()):
+                    await session._reattach(conn)
+                return conn
+            except AuthenticationFailed as e:
+                if e.status != 401:  # 403 is not a stale token: retrying cannot help
+                    raise
+                last: BaseException = e
+            except (DaemonNotRunning, OSError, TimeoutError, InvalidHandshake, Dropped) as e:
+                last = e
+            except BaseException:
+                if conn is not None:
+                    await conn.close()
+                raise
+            if conn is not None:
+                await conn.close()
+            if self._closed:
+                raise _Closed()
+            if loop.time() + delay > deadline:
+                raise ConnectionLost(
+                    f"could not reach the daemon of {self.home} within {timeout:g} s", last
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.backoff_max)
+
+    async def _connection(self) -> Connection:
+        """The open connection, re-established if it dropped."""
+        async with self._lock:
+            if self._closed:
+                raise _Closed()
+            if self._conn is not None and self._conn.is_open:
+                return self._conn
+            self._conn = await self._reconnect(self.reconnect_timeout)
+            self.reconnects += 1
+            return self._conn
+
+    def drop_connection(self) -> None:
+        """Aborts the current connection as a network failure would (for tests and demos);
+        the next use reconnects."""
+        if self._conn is not None:
+            self._conn.abort()
+
+    async def call(self, method: str, params: dict[str, Any] | None = None) -> Any:
+        """Sends one request (again after a drop, on the next connection) and returns its
+        `result`. Raises an `RpcError` subclass for an error answer."""
+        loop = asyncio.get_running_loop()
+        deadline: float | None = None
+        while True:
+            try:
+                conn = await self._connection()
+            except _Closed:
+                raise ConnectionLost("the client is closed") from None
+            try:
+                return await conn.call(method, params)
+            except Dropped as e:
+                now = loop.time()
+                deadline = deadline if deadline is not None else now + self.reconnect_timeout
+                if now > deadline:
+                    raise ConnectionLost(f"{method} got no answer within {self.reconnect_timeout:g} s", e) from e
+
+    # ---- methods (docs/protocol.md, "Methods") ----------------------------------------------
+
+    async def ping(self) -> Pong:
+        return cast(Pong, await self.call("ping"))
+
+    async def create_session(
+        self,
+        *,
+        request_id: str | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+        model: str | None = None,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        toolsets: list[str] | None = None,
+        system_prompt: str | None = None,
+        title: str | None = None,
+        source: str | None = None,
+    ) -> Session:
+        """`session.create`: creates a session and attaches this client to it. `request_id`
+        (default: a new UUID) makes a retry return the same session."""
+        params: dict[str, Any] = {"request_id": request_id or str(uuid.uuid4())}
+        optional = {
+            "cwd": os.fspath(cwd) if cwd is not None else None,
+            "model": model,
+            "base_url": base_url,
+            "api_key": api_key,
+            "toolsets": toolsets,
+            "system_prompt": system_prompt,
+            "title": title,
+            "source": source,
+        }
+        params.update({k: v for k, v in optional.items() if v is not None})
+        snapshot = cast(SessionSnapshot, await self.call("session.create", params))
+        return self._session(snapshot)
+
+    async def resume(self, session_id: str) -> Session:
+        """`session.resume`: attaches this client to the session and returns it with its
+        snapshot. Its event stream starts after the snapshot's `last_sequence`."""
+        snapshot = cast(SessionSnapshot, await self.call("session.resume", {"session_id": session_id}))
+        return self._session(snapshot)
+
+    async def list_sessions(self, *, limit: int | None = None, cursor: str | None = None) -> SessionList:
+        params: dict[str, Any] = {}
+        if limit is not None:
+            params["limit"] = limit
+        if cursor is not None:
+            params["cursor"] = cursor
+        return cast(SessionList, await self.call("session.list", params))
+
+    async def detach(self, session_id: str) -> None:
+        """`session.detach`: stops this client's events of the session (the turn runs on)."""
+        session = self._sessions.pop(session_id, None)
+        if session is not None:
+            session.attached = False
+        await self.call("session.detach", {"session_id": session_id})
+
+    async def submit(self, session_id: str, text: str, *, input_id: str | None = None) -> Receipt:
+        """`prompt.submit`: answers once the admission is on disk. `input_id` (default: a new
+        UUID) makes a retry return the same admission."""
+        params = {"session_id": session_id, "input_id": input_id or str(uuid.uuid4()), "text": text}
+        return cast(Receipt, await self.call("prompt.submit", params))
+
+    async def receipt(self, session_id: str, admission_id: str, *, include_result: bool = False) -> Receipt:
+        params = {"session_id": session_id, "admission_id": admission_id, "include_result": include_result}
+        return cast(Receipt, await self.call("prompt.receipt", params))
+
+    async def cancel(self, session_id: str, admission_id: str) -> Receipt:
+        """`prompt.cancel` of a queued admission."""
+        params = {"session_id": session_id, "admission_id": admission_id}
+        return cast(Receipt, await self.call("prompt.cancel", params))
+
+    async def resolve_unknown(self, session_id: str, admission_id: str) -> Receipt:
+        """`prompt.resolve_unknown`: settles an `unknown` admission `interrupted`."""
+        params = {"session_id": session_id, "admission_id": admission_id}
+        return cast(Receipt, await self.call("prompt.resolve_unknown", params))
+
+    async def interrupt(self, session_id: str, execution_generation: int) -> InterruptResult:
+        params = {"session_id": session_id, "execution_generation": execution_generation}
+        return cast(InterruptResult, await self.call("session.interrupt", params))
+
+    async def respond_approval(
+        self, session_id: str, execution_generation: int, prompt_id: str, choice: ApprovalChoice
+    ) -> RespondResult:
+        params = {
+            "session_id": session_id,
+            "execution_generation": execution_generation,
+            "prompt_id": prompt_id,
+            "choice": choice,
+        }
+        return cast(RespondResult, await self.call("approval.respond", params))
+
+    async def respond_clarify(
+        self, session_id: str, execution_generation: int, prompt_id: str, answer: str | list[str]
+    ) -> RespondResult:
+        params = {
+            "session_id": session_id,
+            "execution_generation": execution_generation,
+            "prompt_id": prompt_id,
+            "answer": answer,
+        }
+        return cast(RespondResult, await self.call("clarify.respond", params))
+
+    async def events_since(self, session_id: str, replay_epoch: str, last_sequence: int) -> EventsSince:
+        """`session.events.since`: one page of stored events (see `Session.events` for the
+        stream that pages, reconnects and deduplicates)."""
+        params = {"session_id": session_id, "replay_epoch": replay_epoch, "last_sequence": last_sequence}
+        return cast(EventsSince, await self.call("session.events.since", params))
+
+    def _session(self, snapshot: SessionSnapshot) -> Session:
+        session = self._sessions.get(snapshot["session_id"])
+        if session is None:
+            session = Session(self, snapshot)
+            self._sessions[session.id] = session
+        else:
+            session._update(snapshot)
+        session.attached = True
+        return session
+
+
+class Session:
+    """A session this client is attached to (from `Client.create_session` / `Client.resume`)."""
+
+    def __init__(self, client: Client, snapshot: SessionSnapshot) -> None:
+        self.client = client
+        self.id = snapshot["session_id"]
+        #: The latest snapshot (refreshed at every reconnect and snapshot fallback).
+        self.snapshot = snapshot
+        self.replay_epoch = snapshot["replay_epoch"]
+        #: The `seq` of the last stored event `events()` yielded (or the snapshot's position).
+        self.last_sequence = snapshot["last_sequence"]
+        #: The newest turn generation seen (snapshot, `turn.started`).
+        self.execution_generation = snapshot["execution_generation"]
+        self.attached = True
+
+    def _update(self, snapshot: SessionSnapshot) -> None:
+        self.snapshot = snapshot
+        self.execution_generation = max(self.execution_generation, snapshot["execution_generation"])
+
+    async def _reattach(self, conn: Connection) -> None:
+        try:
+            snapshot = cast(SessionSnapshot, await conn.call("session.resume", {"session_id": self.id}))
+        except NotFound:
+            self.client._sessions.pop(self.id, None)
+            self.attached = False
+            return
+        self._update(snapshot)
+
+    async def submit(self, text: str, *, input_id: str | None = None) -> Receipt:
+        return await self.client.submit(self.id, text, input_id=input_id)
+
+    async def receipt(self, admission_id: str, *, include_result: bool = False) -> Receipt:
+        return await self.client.receipt(self.id, admission_id, include_result=include_result)
+
+    async def cancel(self, admission_id: str) -> Receipt:
+        return await self.client.cancel(self.id, admission_id)
+
+    async def resolve_unknown(self, admission_id: str) -> Receipt:
+        return await self.client.resolve_unknown(self.id, admission_id)
+
+    async def interrupt(self, execution_generation: int | None = None) -> InterruptResult:
+        """Interrupts the turn of `execution_generation` (default: the newest one seen)."""
+        generation = self.execution_generation if execution_generation is None else execution_generation
+        return await self.client.interrupt(self.id, generation)
+
+    async def respond_approval(
+        self, prompt: ApprovalPrompt | Mapping[str, Any], choice: ApprovalChoice
+    ) -> RespondResult:
+        """Answers an approval prompt (an `approval.request` payload or a snapshot prompt)."""
+        return await self.client.respond_approval(
+            self.id, prompt["execution_generation"], prompt["prompt_id"], choice
+        )
+
+    async def respond_clarify(
+        self, prompt: ClarifyPrompt | Mapping[str, Any], answer: str | list[str]
+    ) -> RespondResult:
+        """Answers a clarify prompt (a `clarify.request` payload or a snapshot prompt)."""
+        return await self.client.respond_clarify(
+            self.id, prompt["execution_generation"], prompt["prompt_id"], answer
+        )
+
+    async def detach(self) -> None:
+        await self.client.detach(self.id)
+
+    async def events(
+        self,
+        *,
+        after: int | None = None,
+        on_snapshot: SnapshotCallback | None = None,
+        deltas: bool = True,
+    ) -> AsyncIterator[Event]:
+        """The session's events, in `seq` order, each stored event exactly once.
+
+        Starts after `after` (default: `last_sequence`, where the previous iteration stopped or
+        the snapshot stood; 0 replays the whole stream). Across a dropped connection or an
+        owner restart it reconnects (see `Client`), then fills the gap with
+        `session.events.since`; live events are deduplicated by `seq`. When the daemon answers
+        `snapshot_required` (another `replay_epoch`, or a position ahead of the stream), it
+        calls `session.resume`, passes the new snapshot to `on_snapshot`, and goes on from the
+        snapshot's position. Live-only `message.delta` events (`seq` null) are yielded as they
+        arrive unless `deltas` is false; they are never replayed. Never ends by itself: break
+        out of the loop; it ends quietly when the client is closed, and raises
+        `ConnectionLost` when reconnecting fails.
+        """
+        if after is not None:
+            self.last_sequence = after
+        while True:
+            try:
+                conn = await self.client._connection()
+            except _Closed:
+                return
+            if not self.attached:
+                await self._attach(conn)
+            queue = conn.subscribe(self.id)
+            try:
+                # Attached before this read, so whatever is stored after it arrives live.
+                async for event in self._catch_up(conn, on_snapshot):
+                    yield event
+                while True:
+                    item = await queue.get()
+                    if item is DROPPED:
+                        break
+                    event = cast(Event, item)
+                    seq = event.get("seq")
+                    if seq is None:
+                        if deltas:
+                            yield event
+                        continue
+                    if event.get("replay_epoch") != self.replay_epoch or seq > self.last_sequence + 1:
+                        async for caught in self._catch_up(conn, on_snapshot):
+                            yield caught
+                        continue
+                    if seq <= self.last_sequence:
+                        continue
+                    self._seen(event)
+                    yield event
+            except Dropped:
+                pass
+            finally:
+                conn.unsubscribe(self.id, queue)
+
+    async def _attach(self, conn: Connection) -> None:
+        snapshot = cast(SessionSnapshot, await conn.call("session.resume", {"session_id": self.id}))
+        self._update(snapshot)
+        self.client._sessions[self.id] = self
+        self.attached = True
+
+    def _seen(self, event: Event) -> None:
+        seq = event["seq"]
+        assert seq is not None
+        self.last_sequence = seq
+        if event["type"] == "turn.started":
+            generation = event["payload"].get("execution_generation")
+            if isinstance(generation, int):
+                self.execution_generation = max(self.execution_generation, generation)
+
+    async def _catch_up(self, conn: Connection, on_snapshot: SnapshotCallback | None) -> AsyncIterator[Event]:
+        """Yields the stored events after `last_sequence`, page by page, until the stream's end."""
+        resyncs = 0
+        while True:
+            page = cast(
+                EventsSince,
+                await conn.call(
+                    "session.events.since",
+                    {"session_id": self.id, "replay_epoch": self.replay_epoch, "last_sequence": self.last_sequence},
+                ),
+            )
+            if page.get("snapshot_required"):
+                resyncs += 1
+                if resyncs > 3:
+                    raise ProtocolViolation(
+                        f"session.events.since of session {self.id} keeps answering snapshot_required"
+                    )
+                snapshot = cast(SessionSnapshot, await conn.call("session.resume", {"session_id": self.id}))
+                self._update(snapshot)
+                self.replay_epoch = snapshot["replay_epoch"]
+                self.last_sequence = snapshot["last_sequence"]
+                if on_snapshot is not None:
+                    done = on_snapshot(snapshot)
+                    if inspect.isawaitable(done):
+                        await done
+                continue
+            events = page.get("events", [])
+            for event in events:
+                seq = event.get("seq")
+                if seq is None or seq <= self.last_sequence:
+                    continue
+                if seq != self.last_sequence + 1:
+                    raise ProtocolViolation(
+                        f"session.events.since of session {self.id} skipped from seq {self.last_sequence} to {seq}"
+                    )
+                self._seen(event)
+                yield event
+            more = page["has_more"] if "has_more" in page else bool(events)
+            if not more:
+                return

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Runs every test suite: the Rust workspace, then the Python client (clients/python: mypy
+# --strict and pytest against the `drover` binary just built), in a venv under target/.
+#   bash scripts/test.sh          # everything (what CI runs)
+#   bash scripts/test.sh python   # only the Python client (builds the binary first)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+target="${CARGO_TARGET_DIR:-target}"
+
+if [ "${1:-all}" != python ]; then
+  cargo test --workspace
+fi
+# The Rust tests build it too; this is a no-op then, and builds it for `python` alone.
+cargo build -p drover --bin drover
+bin="$(realpath "$target")/debug/drover"
+
+venv="$(realpath "$target")/py-venv"
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e 'clients/python[test]'
+cd clients/python
+"$venv/bin/python" -m mypy
+DROVER_BIN="$bin" "$venv/bin/python" -m pytest -q
