@@ -49,17 +49,28 @@ pub fn kick(owner: &Arc<Owner>, session_id: String) {
                 if o.is_draining() {
                     return Ok(None);
                 }
-                let c = l.claim_next(&session_id, &execution_id, &s2)?;
-                if let Some(c) = &c {
-                    o.supervised().insert(c.execution_id.clone());
-                    o.hub.reset_deltas(&c.session.id);
-                    o.hub.publish(&c.events);
-                }
-                Ok(c)
+                let Some(c) = l.claim_next(&session_id, &execution_id, &s2)? else {
+                    return Ok(None);
+                };
+                o.supervised().insert(c.execution_id.clone());
+                // The turn is interruptible from the moment a client can see `turn.started`:
+                // a stop sent before the worker runs waits in its control queue.
+                let (control, control_rx) = mpsc::channel::<OwnerFrame>(WORKER_CONTROL_QUEUE);
+                let signals = register_turn(o, &c, &control);
+                o.hub.reset_deltas(&c.session.id);
+                o.hub.publish(&c.events);
+                Ok(Some((
+                    c,
+                    Registered {
+                        control,
+                        control_rx,
+                        signals,
+                    },
+                )))
             })
             .await;
         match claim {
-            Ok(Some(claim)) => {
+            Ok(Some((claim, registered))) => {
                 // Every log line of the turn, across its awaits, carries these fields.
                 let span = tracing::info_span!(
                     "turn",
@@ -68,7 +79,9 @@ pub fn kick(owner: &Arc<Owner>, session_id: String) {
                     execution_id = %claim.execution_id,
                     generation = claim.generation
                 );
-                supervise(me, claim, secret).instrument(span).await
+                supervise(me, claim, secret, registered)
+                    .instrument(span)
+                    .await
             }
             Ok(None) => {}
             Err(e) => tracing::error!(error = %e, "claiming a turn failed"),
@@ -242,18 +255,22 @@ enum LoopEnd {
 
 /// Runs one turn's worker to the end and settles or loses the turn: start it, register the
 /// running turn, serve its pipe, reap it, then lose the turn if it did not settle.
-async fn supervise(owner: Arc<Owner>, claim: Claim, secret: String) {
+async fn supervise(owner: Arc<Owner>, claim: Claim, secret: String, registered: Registered) {
     let execution_id = claim.execution_id.clone();
     let _supervised = Supervised {
         owner: owner.clone(),
         execution_id: execution_id.clone(),
     };
+    let Registered {
+        control,
+        control_rx,
+        signals,
+    } = registered;
     let bootstrap = bootstrap_frame(&owner, &claim, secret);
     let Some((mut child, stdin, stdout)) = start_worker(&owner, &claim).await else {
+        owner.turns().remove(&execution_id);
         return;
     };
-    let (control, control_rx) = mpsc::channel::<OwnerFrame>(WORKER_CONTROL_QUEUE);
-    let signals = register_turn(&owner, &claim, &control);
     let writer = tokio::spawn(write_stdin(stdin, bootstrap, control_rx));
     let mut pipe = WorkerPipe::new(owner.clone(), &claim, control);
     let end = pipe.serve(&mut child, stdout, &signals).await;
@@ -323,6 +340,14 @@ async fn start_worker(
             None
         }
     }
+}
+
+/// A claimed turn as registered in the running-turn map at its claim: its control queue
+/// (the sender is the map's, the receiver feeds the worker's stdin) and its stop signals.
+struct Registered {
+    control: mpsc::Sender<OwnerFrame>,
+    control_rx: mpsc::Receiver<OwnerFrame>,
+    signals: TurnSignals,
 }
 
 /// How the owner stops a running turn: `kill` past the drain grace, `interrupt` on an
