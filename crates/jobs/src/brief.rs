@@ -55,9 +55,14 @@ pub struct BriefContext {
 /// The commands an agent runs for one attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Commands {
+    /// `--event started --heartbeat N [--watch-pid P]`: the start command, which the start
+    /// instruction carries.
     pub start: String,
+    /// `--event completed --detail SUMMARY`.
     pub finish: String,
+    /// `--event error --detail REASON`.
     pub give_up: String,
+    /// `--event blocked --detail 'WHAT YOU WAIT FOR'` (optional for the agent).
     pub blocked: String,
 }
 

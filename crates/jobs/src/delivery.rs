@@ -96,7 +96,9 @@ impl TmuxServer {
 /// A checked, reachable delivery target.
 #[derive(Debug, Clone)]
 pub enum Target {
+    /// `tmux:<target>`: a pane on a tmux server.
     Tmux {
+        /// The server the pane is on (`$DROVER_TMUX_SOCKET`).
         server: TmuxServer,
         /// What the user named (`--agent-session tmux:<target>`).
         target: String,
@@ -105,11 +107,16 @@ pub enum Target {
         /// The pane's process (`#{pane_pid}`), which the heartbeat timer watches.
         pane_pid: i32,
     },
+    /// `herdr:<pane>`: a herdr pane.
     Herdr {
+        /// The `herdr` command found on `PATH`.
         exe: PathBuf,
+        /// The pane's name (`--agent-session herdr:<pane>`).
         pane: String,
     },
+    /// `exec`: a local command.
     Exec {
+        /// The command (`--exec CMD`), run with `sh -c`.
         command: String,
     },
 }
@@ -296,7 +303,9 @@ impl Target {
 /// A running `exec` agent: the leader of its own process group.
 #[derive(Debug)]
 pub struct ExecAgent {
+    /// The `sh -c` process.
     pub child: tokio::process::Child,
+    /// Its process group (the child's pid: it leads the group).
     pub pgid: i32,
 }
 

@@ -3,9 +3,8 @@
 //! derive from the dispatch secret ([`derive_auth_token`]). Pure: no IO. The orchestrator's
 //! and the runner's sides are the `remote` and `runner` modules.
 
-use hmac::{Hmac, Mac};
+use hmac::Mac;
 use serde_json::{json, Value};
-use sha2::Sha256;
 
 use crate::ids::{now, validate_job_id};
 use crate::job::Job;
@@ -45,9 +44,7 @@ pub fn validate_runner_name(name: &str) -> Result<(), JobError> {
 
 /// The job's `auth_token`, derived from the dispatch secret (see the module doc).
 pub fn derive_auth_token(secret: &str, job_id: &str, attempt_id: u64) -> String {
-    #[allow(clippy::expect_used)]
-    let mut mac =
-        Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("HMAC takes a key of any length");
+    let mut mac = sign::hmac_sha256(secret);
     mac.update(format!("auth|{job_id}|{attempt_id}").as_bytes());
     hex::encode(mac.finalize().into_bytes())
 }
@@ -62,12 +59,19 @@ pub const DISPATCH_CLOCK_SKEW_S: u64 = 300;
 /// One dispatch, as the runner admits it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Dispatch {
+    /// The runner it is for (`remote:<name>`, `drover runner --session NAME`).
     pub runner: String,
+    /// The job.
     pub job_id: String,
+    /// The attempt this dispatch starts.
     pub attempt_id: u64,
+    /// The attempt's `dispatch_token`.
     pub dispatch_token: String,
+    /// The job's `<topic_base>/jobs/<job_id>`, where the runner publishes.
     pub topic_prefix: String,
+    /// The task, written into the runner's brief.
     pub prompt: String,
+    /// The liveness contract the runner's heartbeats keep.
     pub contract: Contract,
     /// When the orchestrator signed it (Unix seconds).
     pub ts: f64,
@@ -76,22 +80,37 @@ pub struct Dispatch {
 /// Why a runner dropped a message on its dispatch topic.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DispatchDrop {
+    /// The payload is not a JSON object.
     #[error("not a JSON object")]
     Malformed,
+    /// The `sig` does not verify with the dispatch secret (or there is none).
     #[error("unsigned or badly signed (not signed with this runner's dispatch secret)")]
     BadSignature,
+    /// Signed, but a field is missing or out of range (the text names it).
     #[error("signed, but unusable: {0}")]
     Invalid(String),
+    /// `ts` is older than `[jobs] dispatch_max_age_s`.
     #[error(
         "expired: signed {age_s} s ago, more than [jobs] dispatch_max_age_s = {max_age_s} \
          (config.toml of the runner's home)"
     )]
-    TooOld { age_s: u64, max_age_s: u64 },
+    TooOld {
+        /// How long ago it was signed, in whole seconds (rounded up).
+        age_s: u64,
+        /// `[jobs] dispatch_max_age_s`.
+        max_age_s: u64,
+    },
+    /// `ts` is further ahead of this host's clock than the allowed clock skew.
     #[error(
         "dated {ahead_s} s ahead of this host's clock, more than the {skew_s} s of clock skew \
          allowed"
     )]
-    FromTheFuture { ahead_s: u64, skew_s: u64 },
+    FromTheFuture {
+        /// How far ahead it is dated, in whole seconds (rounded up).
+        ahead_s: u64,
+        /// The skew allowed: [`DISPATCH_CLOCK_SKEW_S`], or the max age if smaller.
+        skew_s: u64,
+    },
 }
 
 impl Dispatch {

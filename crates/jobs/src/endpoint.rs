@@ -9,9 +9,14 @@ use crate::JobError;
 pub struct Endpoint {
     /// `mqtts://`.
     pub tls: bool,
+    /// The host name or address (an IPv6 address without its brackets).
     pub host: String,
+    /// The port (default 1883, or 8883 for `mqtts://`).
     pub port: u16,
+    /// The user name: from the URL, or from the variable `[mqtt] username_env` names.
     pub username: Option<String>,
+    /// The password: from the URL, or from the variable `[mqtt] password_env` names. Never
+    /// in `Debug` or `Display`.
     pub password: Option<String>,
 }
 

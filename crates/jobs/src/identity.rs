@@ -8,7 +8,9 @@ use drover_platform as platform;
 /// `/proc/<pid>/stat`). Together they stay unique even when the pid is recycled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct TimerIdentity {
+    /// The process id.
     pub pid: i32,
+    /// When it started: field 22 of `/proc/<pid>/stat`, clock ticks after boot.
     pub start_time: u64,
 }
 

@@ -31,7 +31,9 @@ pub struct NewJob {
 /// One job as stored (SPEC section 7). Its `Debug` output redacts `auth_token`.
 #[derive(Clone, PartialEq)]
 pub struct Job {
+    /// `job-` + 12 hex digits, or the id given with `--job-id`.
     pub job_id: String,
+    /// `pending` -> `running` -> `completed` | `error` | `cancelled`.
     pub status: JobStatus,
     /// The detail of the event or correction that set the current status
     /// (`agent_blocked`, `deadline_timeout`, the agent's summary, ...).
@@ -41,30 +43,45 @@ pub struct Job {
     /// `--agent-session` as the user passed it (`tmux:agents`, `remote:build-box`, `exec`);
     /// `None` for a job registered by hand.
     pub agent_session: Option<String>,
+    /// The task, as the brief states it.
     pub prompt: String,
+    /// The liveness contract (N, K, T and the idle window).
     pub contract: Contract,
+    /// The current attempt (starts at 1).
     pub attempt_id: u64,
+    /// The current attempt's token, new for every attempt; every event's `data` carries it.
     pub dispatch_token: String,
     /// Signs the job's messages. Shown by `show --json` only (the registry is the owner's);
     /// redacted in human output, logs and `Debug`.
     pub auth_token: String,
+    /// `<topic_base>/jobs/<job_id>`: the job's `events` and `state` topics are under it.
     pub topic_prefix: String,
+    /// The highest seq used (0: none); seqs count across attempts and never repeat.
     pub last_seq: u64,
+    /// The newest event, or `None` before the first.
     pub last_event: Option<LastEvent>,
     /// The highest attempt delivered so far (0: none). An attempt is delivered once, ever.
     pub delivered_attempt: u64,
+    /// The registered heartbeat timer (pid and start time), or `None`.
     pub heartbeat_timer: Option<TimerIdentity>,
+    /// `<registry>/<job_id>/brief.md`.
     pub brief_path: PathBuf,
+    /// When it was registered (Unix seconds).
     pub created_at: f64,
+    /// When it was last written (Unix seconds).
     pub updated_at: f64,
 }
 
 /// The job's last event, as `show` reports it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LastEvent {
+    /// `started`, `progress`, `blocked`, `completed` or `error`.
     pub event: String,
+    /// Its per-job seq.
     pub seq: u64,
+    /// When it was made (Unix seconds, to the millisecond).
     pub ts: f64,
+    /// Its `detail`, or `None`.
     pub detail: Option<String>,
 }
 
@@ -183,11 +200,17 @@ impl Job {
 pub struct Entry {
     /// Insertion order across events and audit entries.
     pub id: i64,
+    /// The event's per-job seq; `None` for an audit entry (it uses no seq).
     pub seq: Option<u64>,
+    /// Whether this is a local audit entry (never sent on the wire).
     pub audit: bool,
+    /// The event name, or the audit entry's kind (`delivered`, `seq_gap`, ...).
     pub event: String,
+    /// The attempt it belongs to.
     pub attempt_id: u64,
+    /// When it was made (Unix seconds).
     pub ts: f64,
+    /// Its `detail`, or `None`.
     pub detail: Option<String>,
     /// For an event, the signed wire message; for an audit entry, its body.
     pub body: Value,

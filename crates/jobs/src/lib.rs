@@ -73,9 +73,6 @@
 //! # Ok::<(), drover_jobs::JobError>(())
 //! ```
 
-// issue 10: lifted once the module moves land
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
-
 pub mod brief;
 pub mod delivery;
 pub mod dispatch;
@@ -114,7 +111,12 @@ pub use wire::{Wire, WireOutcome};
 pub enum JobError {
     /// No job with this id in the registry.
     #[error("unknown job {job_id:?} in the registry {}", registry.display())]
-    UnknownJob { job_id: String, registry: PathBuf },
+    UnknownJob {
+        /// The id asked for.
+        job_id: String,
+        /// The registry folder that does not hold it.
+        registry: PathBuf,
+    },
     /// `register --job-id` of an id that exists.
     #[error("job {0:?} already exists")]
     DuplicateJob(String),
@@ -132,17 +134,29 @@ pub enum JobError {
     Refused(Refusal),
     /// The registry folder or database cannot be used.
     #[error("cannot use the job registry {}: {detail}", path.display())]
-    Registry { path: PathBuf, detail: String },
+    Registry {
+        /// The registry folder or `jobs.db`.
+        path: PathBuf,
+        /// What went wrong.
+        detail: String,
+    },
     /// The registry holds something this build cannot read.
     #[error("the job registry {} is damaged: {detail}", path.display())]
-    Corrupt { path: PathBuf, detail: String },
+    Corrupt {
+        /// The registry's `jobs.db`.
+        path: PathBuf,
+        /// What could not be read.
+        detail: String,
+    },
     /// A SQLite failure during a transaction (busy past the timeout, disk full, ...).
     #[error("job registry storage: {0}")]
     Storage(#[from] rusqlite::Error),
     /// A file operation failed; `what` says which.
     #[error("{what}: {source}")]
     Io {
+        /// The operation and its file (`write the brief <path>`).
         what: String,
+        /// The OS error.
         source: std::io::Error,
     },
     /// The start instruction could not be delivered.

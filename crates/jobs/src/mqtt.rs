@@ -116,8 +116,11 @@ fn describe(e: &ConnectionError) -> String {
 /// One message to publish at QoS 1.
 #[derive(Debug, Clone)]
 pub struct Outbound {
+    /// Where it goes (`<topic_prefix>/events`, `.../state`, a runner's dispatch topic).
     pub topic: String,
+    /// The message's bytes (an empty retained payload clears a retained message).
     pub payload: Vec<u8>,
+    /// Whether the broker keeps it for later subscribers (snapshots and dispatches).
     pub retain: bool,
 }
 
@@ -185,6 +188,7 @@ pub struct MqttWire {
 }
 
 impl MqttWire {
+    /// The wire to the broker at `endpoint`; nothing connects until a publish.
     pub fn new(endpoint: Endpoint) -> MqttWire {
         MqttWire { endpoint }
     }
@@ -264,8 +268,11 @@ pub enum Feed {
     Subscribed,
     /// A message on one of the topics.
     Message {
+        /// The topic it came on.
         topic: String,
+        /// Its bytes, as received.
         payload: Vec<u8>,
+        /// Whether the broker handed it over as a retained message.
         retained: bool,
     },
     /// The connection failed or was lost (the reason); the follower retries by itself.

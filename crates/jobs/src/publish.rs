@@ -35,8 +35,11 @@ pub const DRAIN_ENV: &str = "DROVER_HEARTBEAT_DRAIN_S";
 /// One `publish` call.
 #[derive(Debug, Clone)]
 pub struct PublishRequest {
+    /// `--job J`.
     pub job_id: String,
+    /// `--event E`.
     pub event: EventKind,
+    /// `--detail D` (at most 64 KiB).
     pub detail: Option<String>,
     /// `--heartbeat N`: start a timer (only with `started`).
     pub heartbeat: Option<u64>,
@@ -50,7 +53,9 @@ pub struct PublishRequest {
 
 /// Where and how to publish.
 pub struct PublishContext<'a> {
+    /// The registry the event is recorded in first.
     pub registry: &'a mut Registry,
+    /// The wire it is then sent on.
     pub wire: &'a dyn Wire,
     /// How to start a timer (needed only with `--heartbeat`).
     pub timer_launch: Option<&'a TimerLaunch>,

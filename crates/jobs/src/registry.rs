@@ -97,8 +97,11 @@ UPDATE jobs SET transport = CASE
 /// An event to record.
 #[derive(Debug, Clone, Default)]
 pub struct EventRequest<'a> {
+    /// The job.
     pub job_id: &'a str,
+    /// The event; `None` is refused (it is an `Option` only so the request has a `Default`).
     pub event: Option<EventKind>,
+    /// Its `detail`, or `None`.
     pub detail: Option<&'a str>,
     /// Refuse unless this is the current attempt's `dispatch_token`.
     pub expect_dispatch_token: Option<&'a str>,
@@ -742,6 +745,7 @@ pub enum Via {
 }
 
 impl Via {
+    /// The `via` value: `events` or `state`.
     pub fn as_str(self) -> &'static str {
         match self {
             Via::Events => "events",
@@ -757,7 +761,9 @@ pub enum MirroredEvent {
     /// entry stored before it, if seqs were skipped; `unregistered_timer` a local timer a
     /// terminal event unregistered (the caller stops it).
     Stored {
+        /// The `expected_seq` of the `seq_gap` entry stored first, if seqs were skipped.
         gap: Option<u64>,
+        /// The local timer a terminal event unregistered, if any.
         unregistered_timer: Option<TimerIdentity>,
     },
     /// The registry already holds this very message (it was recorded here first, or
@@ -770,6 +776,7 @@ pub enum MirroredEvent {
 /// What mirroring a state snapshot did ([`Registry::mirror_state`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct MirroredState {
+    /// The job after the snapshot was applied.
     pub job: Job,
     /// The `expected_seq` of the `seq_gap` entry stored, if the snapshot is past the last seq
     /// the registry holds.

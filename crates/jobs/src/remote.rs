@@ -16,7 +16,7 @@
 //!   only reads the broker can.
 //! - [`submit_remote`]: register, derive the token, claim the one delivery, subscribe to the
 //!   job's topics, publish the dispatch, then mirror the runner's events into the local
-//!   registry with a [`Mirror`] and judge them with [`state::judge_wait`] as `submit` does.
+//!   registry with a [`Mirror`] and judge them with [`crate::state::judge_wait`] as `submit` does.
 //!   When the wait ends (whatever the verdict) the retained dispatch is cleared, so a runner
 //!   that starts later never picks up a job its orchestrator stopped waiting for.
 
@@ -68,22 +68,33 @@ pub fn render_brief(job: &Job) -> String {
 /// One `submit --agent-session remote:<name>`.
 #[derive(Debug, Clone)]
 pub struct RemoteRequest {
+    /// The runner's name (`remote:<name>`).
     pub runner: String,
+    /// `--prompt P`: the task, sent in the dispatch.
     pub prompt: String,
+    /// The contract flags, sent in the dispatch.
     pub contract: Contract,
+    /// `--timeout W` in seconds, counted from delivery.
     pub timeout: Option<u64>,
+    /// `--dry-run`: register and write the brief, dispatch nothing.
     pub dry_run: bool,
+    /// `--job-id ID`, or `None` for a fresh id.
     pub job_id: Option<String>,
+    /// `[mqtt] topic_base`.
     pub topic_base: String,
 }
 
 /// The environment of a remote submit.
 pub struct RemoteContext<'a> {
+    /// `--registry-dir`: the orchestrator's registry, which mirrors the runner's events.
     pub registry_dir: PathBuf,
+    /// The broker of the dispatch and the job's topics.
     pub endpoint: Endpoint,
+    /// `$DROVER_DISPATCH_SECRET`: signs the dispatch and derives the job's `auth_token`.
     pub secret: String,
     /// The MQTT wire (for giving up).
     pub wire: &'a dyn Wire,
+    /// How long a stopping heartbeat timer may finish its beat (`$DROVER_HEARTBEAT_DRAIN_S`).
     pub drain: Duration,
 }
 

@@ -41,14 +41,23 @@ const MAX_DETAIL: usize = 4096;
 /// One `drover runner`.
 #[derive(Debug, Clone)]
 pub struct RunnerConfig {
+    /// `--session NAME`: the runner's name, as `remote:<name>` gives it.
     pub session: String,
+    /// `--exec CMD`, run with `sh -c` in its own process group for each job.
     pub command: String,
+    /// `--once`: exit after one job has run.
     pub once: bool,
+    /// `--timeout S`: the longest a job's command may run.
     pub timeout: Option<u64>,
+    /// `--registry-dir`: the runner's own registry.
     pub registry_dir: PathBuf,
+    /// The broker of the dispatch topic and the jobs' topics.
     pub endpoint: Endpoint,
+    /// `[mqtt] topic_base`.
     pub topic_base: String,
+    /// `$DROVER_DISPATCH_SECRET`: verifies dispatches and derives each job's `auth_token`.
     pub secret: String,
+    /// How long a stopping heartbeat timer may finish its beat (`$DROVER_HEARTBEAT_DRAIN_S`).
     pub drain: Duration,
     /// `[jobs] dispatch_max_age_s`.
     pub dispatch_max_age_s: u64,
@@ -57,8 +66,11 @@ pub struct RunnerConfig {
 /// How one admitted job ended on the runner.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunEnd {
+    /// The job that ran.
     pub job_id: String,
+    /// Its terminal event: `completed` or `error`.
     pub event: EventKind,
+    /// That event's detail (the last stdout line, `exit_code C`, `timeout_sec S`, ...).
     pub detail: Option<String>,
 }
 

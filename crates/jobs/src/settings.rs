@@ -9,11 +9,13 @@ use crate::JobError;
 /// `[mqtt]` as the home's `config.toml` gives it (all optional).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WireConfig {
+    /// `[mqtt] url`: `mqtt://...` or `mqtts://...` (`$DROVER_MQTT_URL` overrides it).
     pub url: Option<String>,
     /// The variable that holds the broker user name.
     pub username_env: Option<String>,
     /// The variable that holds the broker password.
     pub password_env: Option<String>,
+    /// `[mqtt] topic_base` (default `drover/v1`).
     pub topic_base: Option<String>,
 }
 
@@ -22,9 +24,12 @@ pub struct WireConfig {
 /// `password_env` name, and `topic_base` (default `drover/v1`).
 #[derive(Clone, PartialEq, Eq)]
 pub struct WireSettings {
+    /// The broker URL in effect (`$DROVER_MQTT_URL`, else `[mqtt] url`); `None`: no wire,
+    /// local only.
     pub url: Option<String>,
     /// The parsed URL plus credentials; `Some` exactly when `url` is.
     pub endpoint: Option<Endpoint>,
+    /// `[mqtt] topic_base`, or `drover/v1`: a plain topic (no `+`, `#`, not starting `$`).
     pub topic_base: String,
 }
 

@@ -43,12 +43,15 @@ pub const MAX_DEPTH: usize = 128;
 /// Why a message text has no canonical form.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CanonicalError {
+    /// The text does not parse as JSON (or holds a lone surrogate); serde_json's reason.
     #[error("not JSON: {0}")]
     NotJson(String),
+    /// A number token too large for a double (`1e400`), as written.
     #[error(
         "the number {0} does not fit a double (Python would write Infinity, which is not JSON)"
     )]
     NotFinite(String),
+    /// Nested deeper than [`MAX_DEPTH`].
     #[error("nested deeper than {MAX_DEPTH} levels")]
     TooDeep,
 }
@@ -341,11 +344,18 @@ fn verify_canon(canon: Canon, key: &str) -> bool {
 }
 
 fn mac_of(body: &Canon, key: &str) -> HmacSha256 {
-    #[allow(clippy::expect_used)]
-    let mut mac =
-        HmacSha256::new_from_slice(key.as_bytes()).expect("HMAC takes a key of any length");
+    let mut mac = hmac_sha256(key);
     mac.update(body.to_text().as_bytes());
     mac
+}
+
+/// An HMAC-SHA256 keyed with `key`: the one constructor of the crate's MACs.
+pub(crate) fn hmac_sha256(key: &str) -> HmacSha256 {
+    // HMAC takes a key of any length (RFC 2104: a longer one is hashed first), so this never
+    // fails: the `Result` is the `KeyInit` trait's, shared with fixed-size-key MACs, and hmac
+    // has no infallible constructor for a variable-length key.
+    #[allow(clippy::expect_used)]
+    HmacSha256::new_from_slice(key.as_bytes()).expect("HMAC takes a key of any length")
 }
 
 /// Runs `python3 -c script` with `input` on stdin and gives its stdout. Panics (the test

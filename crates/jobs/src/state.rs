@@ -134,18 +134,37 @@ pub enum Refusal {
     /// barrier stops every later event.
     Terminal(JobStatus),
     /// The caller holds another attempt's `dispatch_token`.
-    OtherAttempt { current_attempt: u64 },
+    OtherAttempt {
+        /// The job's current attempt.
+        current_attempt: u64,
+    },
     /// A heartbeat from a timer that is no longer the job's registered timer (it was stopped,
     /// replaced, or its attempt ended).
     StaleTimer,
     /// A new attempt id must be greater than the current one.
-    AttemptNotNewer { current: u64, requested: u64 },
+    AttemptNotNewer {
+        /// The job's current attempt.
+        current: u64,
+        /// The attempt asked for (`--attempt-id N`).
+        requested: u64,
+    },
     /// This attempt was already delivered once; it is never delivered again.
-    AlreadyDelivered { attempt: u64 },
+    AlreadyDelivered {
+        /// The attempt.
+        attempt: u64,
+    },
     /// A dispatch of an attempt older than the one the runner holds.
-    StaleDispatch { current: u64, requested: u64 },
+    StaleDispatch {
+        /// The attempt the runner holds.
+        current: u64,
+        /// The dispatch's attempt.
+        requested: u64,
+    },
     /// A dispatch of the runner's current attempt under another `dispatch_token`.
-    DispatchTokenMismatch { attempt: u64 },
+    DispatchTokenMismatch {
+        /// The attempt (the same on both sides).
+        attempt: u64,
+    },
 }
 
 impl fmt::Display for Refusal {
@@ -244,8 +263,11 @@ pub fn next_attempt(current: u64, requested: u64) -> Result<u64, Refusal> {
 /// What a runner's registry holds of a job, as far as admission is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HeldAttempt<'a> {
+    /// The attempt the registry holds.
     pub attempt_id: u64,
+    /// That attempt's `dispatch_token`.
     pub dispatch_token: &'a str,
+    /// The job's status.
     pub status: JobStatus,
     /// The newest attempt already handed to the command (0: none).
     pub delivered_attempt: u64,
@@ -258,13 +280,20 @@ pub enum Admission {
     Insert,
     /// A strictly newer attempt: replace the record (attempt, tokens, status `pending`) and
     /// run it.
-    Replace { previous_attempt: u64 },
+    Replace {
+        /// The attempt the record held before.
+        previous_attempt: u64,
+    },
     /// The same attempt under the same token, stored but never run (e.g. the runner died
     /// between the write and the start): run it now, nothing to write.
     Run,
     /// The same attempt under the same token, already run (`finished`: it ended): nothing to
     /// do. Repeating a dispatch is idempotent, and a finished attempt never runs again.
-    Duplicate { finished: bool },
+    Duplicate {
+        /// `true`: the job is terminal; `false`: the attempt was already handed to the
+        /// command and has not ended.
+        finished: bool,
+    },
 }
 
 impl Admission {
@@ -321,7 +350,10 @@ pub enum SeqCheck {
     /// Exactly the next one.
     Next,
     /// Newer, but some were skipped: record a `seq_gap` audit entry with `expected`.
-    Gap { expected: u64 },
+    Gap {
+        /// The seq that should have come next (the `expected_seq` of the entry).
+        expected: u64,
+    },
     /// Already seen or older: nothing new.
     Old,
 }
@@ -354,9 +386,13 @@ pub struct Contract {
 /// The contract values a caller gave; missing ones take the defaults.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ContractInput {
+    /// `--heartbeat N` (default 30).
     pub heartbeat_sec: Option<u64>,
+    /// `--heartbeat-misses K` (default 4).
     pub heartbeat_misses: Option<u64>,
+    /// `--ack-timeout T` (default 180).
     pub ack_timeout_sec: Option<u64>,
+    /// `--idle-timeout S` (default K x N).
     pub idle_timeout_sec: Option<u64>,
 }
 

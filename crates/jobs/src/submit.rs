@@ -35,26 +35,37 @@ const EXEC_GRACE: Duration = Duration::from_secs(1);
 /// One `submit` call.
 #[derive(Debug, Clone)]
 pub struct SubmitRequest {
+    /// `--agent-session S`: where the start instruction goes.
     pub agent_session: AgentSession,
     /// The command for `--agent-session exec`.
     pub exec: Option<String>,
+    /// `--prompt P`: the task, written into the brief only.
     pub prompt: String,
+    /// The contract flags.
     pub contract: Contract,
-    /// `--timeout W` in seconds.
+    /// `--timeout W` in seconds, counted from delivery.
     pub timeout: Option<u64>,
+    /// `--dry-run`: register and write the brief, deliver nothing.
     pub dry_run: bool,
+    /// `--job-id ID`, or `None` for a fresh id.
     pub job_id: Option<String>,
+    /// `[mqtt] topic_base`.
     pub topic_base: String,
 }
 
 /// The environment `submit` runs in.
 pub struct SubmitContext<'a> {
+    /// `--registry-dir`.
     pub registry_dir: PathBuf,
+    /// `--home`, named in the brief's commands.
     pub home: PathBuf,
     /// The `drover` executable named in the brief's commands.
     pub exe: PathBuf,
+    /// The wire a give-up is sent on.
     pub wire: &'a dyn Wire,
+    /// How long a stopping heartbeat timer may finish its beat (`$DROVER_HEARTBEAT_DRAIN_S`).
     pub drain: Duration,
+    /// The tmux server of `tmux:` targets (`$DROVER_TMUX_SOCKET`).
     pub tmux: TmuxServer,
     /// `$PATH`, to find `herdr`.
     pub path_var: Option<std::ffi::OsString>,

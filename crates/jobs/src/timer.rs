@@ -44,15 +44,20 @@ pub const HOLD_BEAT_ENV: &str = "DROVER_TEST_BEAT_HOLD";
 /// settings) and the registry folder.
 #[derive(Debug, Clone)]
 pub struct TimerLaunch {
+    /// The `drover` executable (the timer is its hidden `job heartbeat-timer`).
     pub exe: PathBuf,
+    /// `--home`, for the wire settings.
     pub home: PathBuf,
+    /// `--registry-dir`.
     pub registry_dir: PathBuf,
 }
 
 /// What one timer beats for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TimerSpec {
+    /// The job.
     pub job_id: String,
+    /// The attempt it beats for.
     pub attempt_id: u64,
     /// The attempt's token: a beat after the attempt changed is refused.
     pub dispatch_token: String,
@@ -211,8 +216,11 @@ pub enum TimerEnd {
 
 /// Everything the timer process needs.
 pub struct TimerRun<'a> {
+    /// `--registry-dir`: where each beat is recorded.
     pub registry_dir: PathBuf,
+    /// What it beats for.
     pub spec: TimerSpec,
+    /// Where each beat is sent after it is recorded.
     pub wire: &'a dyn Wire,
 }
 

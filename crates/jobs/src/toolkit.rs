@@ -66,6 +66,7 @@ pub struct Toolkit {
     pub wire: WireSettings,
     /// How long a heartbeat timer gets to stop.
     pub drain: Duration,
+    /// The tmux server of `tmux:` targets (`$DROVER_TMUX_SOCKET` of the daemon).
     pub tmux: TmuxServer,
     /// `$PATH`, to find `herdr`.
     pub path_var: Option<OsString>,
@@ -89,10 +90,13 @@ impl std::fmt::Debug for Toolkit {
 /// One `job_submit`.
 #[derive(Debug, Clone)]
 pub struct StartRequest {
+    /// The `agent_session` argument: where the job goes.
     pub agent_session: AgentSession,
     /// The command of an `exec` job.
     pub exec: Option<String>,
+    /// The `prompt` argument: the task, written into the brief.
     pub prompt: String,
+    /// The contract from `heartbeat`, `heartbeat_misses` and `ack_timeout`.
     pub contract: Contract,
     /// Where an `exec` agent runs (the session's working directory).
     pub cwd: PathBuf,
@@ -101,6 +105,7 @@ pub struct StartRequest {
 /// A registered job whose one delivery is still to be made ([`Toolkit::deliver`]).
 #[derive(Debug, Clone)]
 pub struct Prepared {
+    /// The job as registered, its brief written.
     pub job: Job,
     route: Route,
     cwd: PathBuf,
@@ -115,6 +120,7 @@ enum Route {
 /// What the toolset reports about a job.
 #[derive(Debug, Clone)]
 pub struct Report {
+    /// The job as the registry holds it after this look.
     pub job: Job,
     /// The stored delivery time of the current attempt (Unix seconds), if delivered.
     pub delivered_at: Option<f64>,
@@ -160,8 +166,11 @@ impl Report {
 /// The stored clocks of a job's current attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct StoredClocks {
+    /// When the attempt's `delivered` audit entry was written (Unix seconds), if it was.
     pub delivered_at: Option<f64>,
+    /// Whether the attempt has a `started` event.
     pub started: bool,
+    /// When the attempt's newest event was made (Unix seconds), heartbeats included.
     pub last_activity_at: Option<f64>,
 }
 

@@ -53,6 +53,7 @@ pub enum Dropped {
 }
 
 impl Dropped {
+    /// The reason as one word (`bad_signature`, `other_attempt`, ...), for notes and logs.
     pub fn as_str(self) -> &'static str {
         match self {
             Dropped::Malformed => "malformed",
@@ -67,26 +68,40 @@ impl Dropped {
 /// What one message did.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Handled {
-    /// An event of this attempt. `stored`: newly written to the registry (false: it already
-    /// held it). `gap`: the `expected_seq` of the `seq_gap` entry stored with it.
+    /// An event of this attempt, accepted.
     Event {
+        /// The event.
         event: EventKind,
+        /// Its seq.
         seq: u64,
+        /// Newly written to the registry (`false`: the registry already held it).
         stored: bool,
+        /// The `expected_seq` of the `seq_gap` entry stored before it, if seqs were skipped.
         gap: Option<u64>,
+        /// Whether it renewed the idle clock (its seq is newer than everything accepted).
         renewed: bool,
     },
-    /// A snapshot of this attempt. `changed`: the status it set (from the previous one).
+    /// A snapshot of this attempt, accepted.
     State {
+        /// The snapshot's status.
         status: JobStatus,
+        /// The snapshot's seq.
         seq: u64,
+        /// The `expected_seq` of the `seq_gap` entry stored, if the snapshot is past the
+        /// registry's last seq.
         gap: Option<u64>,
+        /// The status change it made in the registry (from, to), if any.
         changed: Option<(JobStatus, JobStatus)>,
+        /// Whether it renewed the idle clock (its seq is newer than everything accepted).
         renewed: bool,
     },
+    /// A message dropped: nothing was written.
     Dropped {
+        /// The topic it came on.
         via: Via,
+        /// Why it was dropped.
         why: Dropped,
+        /// Its seq, when it had one.
         seq: Option<u64>,
     },
 }
@@ -102,7 +117,9 @@ pub struct WatchStats {
     pub states: u64,
     /// `seq_gap` entries written.
     pub gaps: u64,
+    /// Messages dropped for a `sig` that does not verify.
     pub bad_signature: u64,
+    /// Messages dropped for another attempt's `dispatch_token`.
     pub other_attempt: u64,
     /// Malformed, after the terminal status, or a taken seq.
     pub other_dropped: u64,
@@ -116,6 +133,7 @@ pub struct Watcher {
     pub accepted_seq: u64,
     /// When the job last showed activity (an event or a newer snapshot of this attempt).
     pub last_activity: Instant,
+    /// What it did so far.
     pub stats: WatchStats,
 }
 
@@ -263,6 +281,7 @@ impl Watcher {
 /// mirrors what they carry into the registry.
 #[derive(Debug, Clone)]
 pub struct Mirror {
+    /// The rules' memory (accepted seq, idle clock, counts).
     pub watcher: Watcher,
     registry_dir: PathBuf,
     drain: Duration,
@@ -352,6 +371,7 @@ impl Mirror {
 /// One `watch` call.
 #[derive(Debug, Clone)]
 pub struct WatchRequest {
+    /// `--job J`: a job of the registry (its `auth_token` verifies the messages).
     pub job_id: String,
     /// `--timeout S`: bound the whole watch.
     pub timeout: Option<u64>,
@@ -371,9 +391,11 @@ pub enum WatchNote {
 /// How a watch ended.
 #[derive(Debug, Clone)]
 pub struct WatchOutcome {
+    /// The job as the registry holds it at the end.
     pub job: Job,
     /// `Finished`, `AgentBlocked`, `DeadlineTimeout`, `Timeout` or `Superseded`.
     pub verdict: Verdict,
+    /// What the watch did.
     pub stats: WatchStats,
 }
 

@@ -15,20 +15,28 @@ to inspect and change the user's workspace, and answer concisely when the task i
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
+    /// `[model]`: the model endpoint.
     #[serde(default)]
     pub model: ModelSection,
+    /// `[approvals]`: what a dangerous command does.
     #[serde(default)]
     pub approvals: ApprovalsSection,
+    /// `[toolsets]`: the toolsets of a new session.
     #[serde(default)]
     pub toolsets: ToolsetsSection,
+    /// `[delegation]`: the limits on child agents.
     #[serde(default)]
     pub delegation: DelegationSection,
+    /// `[mcp_servers.<name>]`: the stdio MCP servers, by name (each is a toolset).
     #[serde(default)]
     pub mcp_servers: BTreeMap<String, McpServer>,
+    /// `[daemon]`: the endpoint and stopping.
     #[serde(default)]
     pub daemon: DaemonSection,
+    /// `[mqtt]`: the jobs wire.
     #[serde(default)]
     pub mqtt: MqttSection,
+    /// `[jobs]`: the runner's dispatch rules.
     #[serde(default)]
     pub jobs: JobsSection,
 }
@@ -38,10 +46,17 @@ pub struct Config {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ModelSection {
+    /// The OpenAI-compatible endpoint (`/chat/completions` is appended); `$OPENAI_BASE_URL`
+    /// when left out. Frozen per session.
     pub base_url: Option<String>,
+    /// The model name sent in every request. Frozen per session.
     pub name: Option<String>,
+    /// The variable of the daemon's environment that holds the API key (default
+    /// `OPENAI_API_KEY`).
     pub api_key_env: String,
+    /// Ask for server-sent events (default true). Frozen per session.
     pub stream: bool,
+    /// Seconds one model request may take. Frozen per session.
     pub request_timeout_s: u64,
     /// drover extra: retries after the first attempt (SPEC section 5: bounded).
     pub max_retries: u32,
@@ -79,6 +94,7 @@ impl ModelSection {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ApprovalsSection {
+    /// `manual` (the default), `auto` or `deny`.
     #[serde(default)]
     pub mode: ApprovalMode,
 }
@@ -87,6 +103,8 @@ pub struct ApprovalsSection {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ToolsetsSection {
+    /// The toolsets of a new session when `session.create` names none (default `terminal`,
+    /// `file`, `todo`). Frozen per session.
     #[serde(default = "default_toolsets")]
     pub default: Vec<String>,
 }
@@ -103,8 +121,10 @@ impl Default for ToolsetsSection {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DelegationSection {
+    /// Live children one parent turn may hold (default 2; 0 turns delegation off).
     #[serde(default = "two")]
     pub max_concurrent_children: u32,
+    /// How deep children may nest; a top-level turn is depth 0 (default 1).
     #[serde(default = "one")]
     pub max_spawn_depth: u32,
 }
@@ -122,11 +142,15 @@ impl Default for DelegationSection {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct McpServer {
+    /// The executable to start.
     pub command: String,
+    /// Its arguments.
     #[serde(default)]
     pub args: Vec<String>,
+    /// Variables added to its environment.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// `false`: the server is left out and its name is an unknown toolset (default true).
     #[serde(default = "yes")]
     pub enabled: bool,
 }
@@ -135,6 +159,8 @@ pub struct McpServer {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DaemonSection {
+    /// Where the WebSocket endpoint listens, `host:port` (default `127.0.0.1:0`: loopback,
+    /// a free port).
     #[serde(default = "default_listen")]
     pub listen: String,
     /// drover extra: how long a graceful stop waits for running turns (SPEC section 4: 10 s).
@@ -221,9 +247,13 @@ fn is_loopback(listen: &str) -> bool {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MqttSection {
+    /// `mqtt://...` or `mqtts://...`; none: local only (`$DROVER_MQTT_URL` overrides it).
     pub url: Option<String>,
+    /// The variable that holds the broker user name.
     pub username_env: Option<String>,
+    /// The variable that holds the broker password.
     pub password_env: Option<String>,
+    /// The prefix of every topic (default `drover/v1`).
     pub topic_base: Option<String>,
 }
 
@@ -273,13 +303,23 @@ fn default_interrupt_grace() -> f64 {
 /// A config file that could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    /// The file exists but cannot be read.
     #[error("cannot read {path}: {source}")]
     Read {
+        /// `<home>/config.toml`.
         path: String,
+        /// The OS error.
         source: std::io::Error,
     },
+    /// The file is not valid TOML, has an unknown key or a bad value, or breaks a `[daemon]`
+    /// rule (a `listen` beyond loopback without `allow_remote` and TLS).
     #[error("{path}: {message}")]
-    Parse { path: String, message: String },
+    Parse {
+        /// `<home>/config.toml`.
+        path: String,
+        /// What is wrong, naming the key.
+        message: String,
+    },
 }
 
 impl Config {

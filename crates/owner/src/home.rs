@@ -54,10 +54,18 @@ pub struct HomeLock {
 pub enum LockError {
     /// Another daemon owns the home (exit code 3).
     #[error("home {home} is owned by another running daemon (pid {pid})")]
-    Held { home: String, pid: String },
+    Held {
+        /// The home.
+        home: String,
+        /// The holder's pid, or `unknown`.
+        pid: String,
+    },
+    /// The home or `daemon.lock` cannot be opened or locked.
     #[error("cannot open {path}: {source}")]
     Io {
+        /// The file.
         path: String,
+        /// The OS error.
         source: std::io::Error,
     },
 }
@@ -144,11 +152,15 @@ fn recorded_pid(home: &Path) -> Option<u32> {
 /// `<home>/daemon.json` (SPEC section 1): how clients find and authenticate to the owner.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DaemonInfo {
+    /// The daemon's process id.
     pub pid: u32,
+    /// The runtime epoch this daemon raised when it started.
     pub epoch: u64,
+    /// The random id of this owner instance, raised with the epoch.
     pub instance_id: String,
     /// `ws://127.0.0.1:<port>/v1/ws`
     pub url: String,
+    /// The bearer token a client sends (`Authorization: Bearer <token>`).
     pub token: String,
     /// Unix seconds.
     pub started_at: f64,

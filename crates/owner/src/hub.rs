@@ -21,10 +21,13 @@ pub type Outgoing = String;
 /// cancelled when it falls behind (its writer then closes the socket).
 #[derive(Clone, Debug)]
 pub struct ConnHandle {
+    /// The connection's id in the hub.
     pub id: ConnId,
+    /// Its bounded outbox.
     pub tx: mpsc::Sender<Outgoing>,
     /// Bytes queued and not yet written to the socket (the writer subtracts what it sends).
     pub queued: Arc<AtomicUsize>,
+    /// Cancelled when the connection falls behind; its writer then closes the socket.
     pub overflow: CancellationToken,
 }
 

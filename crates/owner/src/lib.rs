@@ -13,9 +13,6 @@
 //! Layers (bottom to top; a module uses only those below it): `config`, `home`, `hub`, `jobs`,
 //! `logfile`, `tls` < [`runtime`] < [`turns`] < [`rpc`] < [`server`] < [`daemon`].
 
-// issue 10: lifted once the module moves land
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
-
 pub mod config;
 pub mod daemon;
 pub mod home;

@@ -19,9 +19,13 @@ use crate::hub::Hub;
 /// A turn whose worker is running.
 #[derive(Debug, Clone)]
 pub struct RunningTurn {
+    /// The session the turn belongs to.
     pub session_id: String,
+    /// The admission (the accepted input) the turn runs.
     pub admission_id: String,
+    /// The execution claimed for it.
     pub execution_id: String,
+    /// The execution's generation: a write under an older one is `stale_generation`.
     pub generation: u64,
     /// Frames to write to the worker's stdin (bounded: a worker that stops reading is not
     /// buffered for without end).
@@ -35,10 +39,15 @@ pub struct RunningTurn {
 
 /// The owner daemon's shared state.
 pub struct Owner {
+    /// The drover home.
     pub home: PathBuf,
+    /// `<home>/config.toml`, read once at start.
     pub config: Config,
+    /// The runtime epoch this owner raised at start.
     pub epoch: u64,
+    /// The random id of this owner instance (`daemon.json` `instance_id`).
     pub instance_id: String,
+    /// The live event fan-out to attached connections.
     pub hub: Hub,
     /// The `drover` executable to start workers with (`drover worker`).
     pub worker_exe: PathBuf,
@@ -93,6 +102,8 @@ type PendingAdmission = (
 const MAX_ADMISSION_BATCH: usize = 256;
 
 impl Owner {
+    /// The owner of `home` over an opened `ledger` (its epoch already raised): starts the
+    /// ledger thread; nothing is admitted until [`Owner::start_admissions`] runs.
     pub fn new(
         home: PathBuf,
         config: Config,

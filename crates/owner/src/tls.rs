@@ -25,10 +25,23 @@ const MAX_HANDSHAKES: usize = 64;
 /// Why the TLS files could not be used (the daemon refuses to start).
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
+    /// The certificate file cannot be read or holds no PEM certificate.
     #[error("[daemon] tls_cert = {path}: {detail}")]
-    Cert { path: String, detail: String },
+    Cert {
+        /// `[daemon] tls_cert`.
+        path: String,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// The key file cannot be read or holds no PEM private key.
     #[error("[daemon] tls_key = {path}: {detail}")]
-    Key { path: String, detail: String },
+    Key {
+        /// `[daemon] tls_key`.
+        path: String,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// rustls refused the pair (for example, the key does not match the certificate).
     #[error("[daemon] tls_cert / tls_key: {0}")]
     Config(String),
 }
@@ -69,6 +82,7 @@ pub struct TlsListener {
 }
 
 impl TlsListener {
+    /// Accepts on `listener` and runs each handshake with `config` in its own task.
     pub fn new(listener: TcpListener, config: Arc<rustls::ServerConfig>) -> std::io::Result<Self> {
         let local = listener.local_addr()?;
         let (tx, ready) = mpsc::channel(MAX_HANDSHAKES);

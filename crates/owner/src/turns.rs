@@ -811,7 +811,7 @@ pub fn remove_outbox(home: &std::path::Path, execution_id: &str) {
 
 /// Graceful stop (SPEC section 4): asks every running worker to stop, waits up to `grace` for
 /// their turns to settle, then kills the rest (SIGTERM, so each kills its tools' process
-/// groups, then SIGKILL after [`WORKER_TERM_GRACE`]); their turns become `unknown`.
+/// groups, then SIGKILL 1 s later); their turns become `unknown`.
 pub async fn drain(owner: &Arc<Owner>, grace: Duration) {
     owner.set_draining();
     let running: Vec<RunningTurn> = owner.turns().values().cloned().collect();

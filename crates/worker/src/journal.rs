@@ -31,7 +31,9 @@ pub enum JournalError {
     /// A file or directory operation failed; `path` says which.
     #[error("outbox {path}: {source}")]
     Io {
+        /// The file or directory.
         path: PathBuf,
+        /// The OS error.
         #[source]
         source: io::Error,
     },
@@ -39,11 +41,21 @@ pub enum JournalError {
     #[error(
         "outbox frame {path} is unreadable: {detail}; remove the file if the execution is settled"
     )]
-    Corrupt { path: PathBuf, detail: String },
+    Corrupt {
+        /// The frame file.
+        path: PathBuf,
+        /// What is wrong with it.
+        detail: String,
+    },
     /// The frame's wire line would exceed [`MAX_FRAME_BYTES`]; nothing was written and the
     /// sequence was not used.
     #[error("{operation} frame would be {bytes} bytes, over the {MAX_FRAME_BYTES}-byte frame limit; it was not recorded or sent")]
-    FrameTooLarge { operation: String, bytes: usize },
+    FrameTooLarge {
+        /// The persist operation (`transcript.append`, ...).
+        operation: String,
+        /// The wire line's length.
+        bytes: usize,
+    },
     /// The execution id cannot name a directory.
     #[error("execution_id {0:?} cannot name an outbox directory (empty, or has `/` or `..`)")]
     BadExecutionId(String),

@@ -34,9 +34,6 @@
 //! stdout carries frames only; logs go to stderr (`RUST_LOG`, default `info`) and never
 //! contain the execution secret or the API key. Exit codes: [`WorkerExit`].
 
-// issue 10: lifted once the module moves land
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
-
 pub mod journal;
 pub mod link;
 pub mod store;
@@ -205,12 +202,16 @@ fn watch_signals(shutdown: CancellationToken) {
 /// Why the first frame could not start a turn.
 #[derive(Debug, thiserror::Error)]
 pub enum BootstrapError {
+    /// stdin ended before the first line: the owner is gone.
     #[error("stdin closed before a bootstrap frame arrived")]
     Eof,
+    /// Reading stdin failed.
     #[error("reading the bootstrap frame failed: {0}")]
     Io(#[from] std::io::Error),
+    /// The first line is longer than [`MAX_FRAME_BYTES`] (its length, newline excluded).
     #[error("the bootstrap frame is {0} bytes, over the {MAX_FRAME_BYTES}-byte frame limit")]
     TooLong(usize),
+    /// The first line is not a bootstrap frame (the parser's reason).
     #[error("the first frame is not a valid bootstrap frame: {0}")]
     Invalid(String),
 }

@@ -51,11 +51,14 @@ pub enum PersistError {
     /// The owner answered `refused`; the frame is not sent again.
     #[error("the owner refused {operation} (sequence {sequence}): {reason}: {message}")]
     Refused {
+        /// The refused frame's operation.
         operation: String,
+        /// The refused frame's sequence.
         sequence: u64,
         /// A spec reason word: `stale_epoch`, `stale_generation`, `permission_denied`,
         /// `admission_conflict`, ...
         reason: String,
+        /// The owner's message.
         message: String,
     },
     /// The frame could not be recorded (too large, disk error); it was not sent.
@@ -66,7 +69,10 @@ pub enum PersistError {
     Fault(String),
     /// The link was shut down before an answer came.
     #[error("the link to the owner was closed before sequence {sequence} was answered")]
-    Closed { sequence: u64 },
+    Closed {
+        /// The sequence left without an answer.
+        sequence: u64,
+    },
 }
 
 impl PersistError {
@@ -85,10 +91,13 @@ impl PersistError {
 /// A refusal the owner sent, kept so the worker can exit 2 after the turn stops.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Refusal {
+    /// The refused frame's sequence.
     pub sequence: u64,
     /// The refused frame's operation, or `unknown` if it was no longer in the journal.
     pub operation: String,
+    /// The spec reason word (`stale_epoch`, `stale_generation`, ...).
     pub reason: String,
+    /// The owner's message.
     pub message: String,
 }
 

@@ -40,6 +40,7 @@ pub struct OwnerStore {
 }
 
 impl OwnerStore {
+    /// The store that persists through `link`.
     pub fn new(link: OwnerLink) -> OwnerStore {
         OwnerStore { link }
     }
@@ -114,6 +115,7 @@ pub struct OwnerPrompts {
 }
 
 impl OwnerPrompts {
+    /// The broker that opens prompts through `link`; `cancel` is the turn's token.
     pub fn new(link: OwnerLink, cancel: CancellationToken) -> OwnerPrompts {
         OwnerPrompts { link, cancel }
     }
@@ -237,6 +239,7 @@ pub struct OwnerDelegator {
 }
 
 impl OwnerDelegator {
+    /// The delegator that asks the owner through `link`; `cancel` is the turn's token.
     pub fn new(link: OwnerLink, cancel: CancellationToken) -> OwnerDelegator {
         OwnerDelegator { link, cancel }
     }
