@@ -125,9 +125,10 @@ fn at(e: &serde_path_to_error::Error<serde_json::Error>) -> String {
     }
 }
 
-/// Reads an `event` notification as a [`SessionEvent`]; `None` for other notifications. An
-/// event that does not parse names its type: the CLI and the daemon share these types, so
-/// a mismatch is a bug to report, not something to skip.
+/// Reads an `event` notification as a [`SessionEvent`]; `None` for other notifications and
+/// for event types this CLI does not know (a newer daemon may send them). A known event that
+/// does not parse names its type: the CLI and the daemon share these types, so a mismatch is
+/// a bug to report, not something to skip.
 fn parse_event(n: rpc::Notification) -> Result<Option<SessionEvent>> {
     if n.method != "event" {
         return Ok(None);
@@ -135,6 +136,9 @@ fn parse_event(n: rpc::Notification) -> Result<Option<SessionEvent>> {
     let kind = serde_json::from_value::<Event>(n.params.clone())
         .map(|e| e.kind)
         .unwrap_or_else(|_| "?".to_string());
+    if kind != "?" && !drover_protocol::event::EVENT_TYPES.contains(&kind.as_str()) {
+        return Ok(None);
+    }
     serde_path_to_error::deserialize(n.params)
         .map(Some)
         .map_err(|e| anyhow!("event {kind}: the daemon's event does not parse{}", at(&e)))

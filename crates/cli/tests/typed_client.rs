@@ -142,3 +142,33 @@ async fn a_receipt_without_its_fields_is_exit_1_naming_prompt_submit() {
     assert!(err.contains("prompt.submit"), "{err}");
     assert!(err.contains("admission_id"), "{err}");
 }
+
+#[tokio::test]
+async fn an_event_of_a_type_this_cli_does_not_know_is_skipped() {
+    let home = TestHome::new().unwrap();
+    fake_daemon(home.path(), |method, id| match method {
+        "session.resume" => vec![result(id, snapshot())],
+        // A newer daemon's event type, then a known one that does not parse: the first is
+        // skipped, so the error names the second.
+        "prompt.submit" => vec![
+            json!({"jsonrpc": "2.0", "method": "event", "params": {"session_id": "s1",
+                "seq": 1, "replay_epoch": "e1", "type": "turn.someday",
+                "payload": {"anything": [1, 2]}}}),
+            json!({"jsonrpc": "2.0", "method": "event", "params": {"session_id": "s1",
+                "seq": 2, "replay_epoch": "e1", "type": "turn.started",
+                "payload": {"admission_id": "a1", "execution_generation": "one"}}}),
+            result(
+                id,
+                json!({"admission_id": "a1", "session_id": "s1", "sequence": 1,
+                    "status": "queued", "outcome": null, "execution_generation": null}),
+            ),
+        ],
+        _ => vec![],
+    })
+    .await;
+    let out = run_drover(bin(), home.path(), None, &["run", "--session", "s1", "hi"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(!err.contains("turn.someday"), "{err}");
+    assert!(err.contains("event turn.started"), "{err}");
+}
