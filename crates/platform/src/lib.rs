@@ -101,28 +101,31 @@ pub fn combined_output_pipe() -> io::Result<(pipe::Receiver, Stdio, Stdio)> {
 /// Sends `signal` to every process of group `pgid`. A group that no longer exists is not an
 /// error.
 pub fn signal_group(pgid: i32, signal: Signal) -> io::Result<()> {
-    if pgid <= 1 {
-        // killpg(0) is our own group and killpg(1) would be init's: never meant here.
-        return Err(io::Error::other(format!(
-            "refusing to signal process group {pgid}"
-        )));
-    }
-    match nix::sys::signal::killpg(Pid::from_raw(pgid), signal) {
-        Ok(()) | Err(Errno::ESRCH) => Ok(()),
-        Err(e) => Err(io::Error::from(e)),
-    }
+    // killpg(0) is our own group and killpg(1) would be init's: never meant here.
+    deliver("process group", pgid, signal, nix::sys::signal::killpg)
 }
 
 /// Sends `signal` to the single process `pid`. A process that no longer exists is not an
 /// error. The owner uses it to stop a worker past the drain grace (SPEC section 4).
 pub fn signal_process(pid: i32, signal: Signal) -> io::Result<()> {
-    if pid <= 1 {
-        // kill(0) and kill(-1) reach whole groups, and pid 1 is init: never meant here.
+    // kill(0) and kill(-1) reach whole groups, and pid 1 is init: never meant here.
+    deliver("process", pid, signal, nix::sys::signal::kill)
+}
+
+/// Sends `signal` to `target` (a `what`, above 1) with `send`; a target that no longer exists
+/// is not an error.
+fn deliver(
+    what: &str,
+    target: i32,
+    signal: Signal,
+    send: fn(Pid, Signal) -> nix::Result<()>,
+) -> io::Result<()> {
+    if target <= 1 {
         return Err(io::Error::other(format!(
-            "refusing to signal process {pid}"
+            "refusing to signal {what} {target}"
         )));
     }
-    match nix::sys::signal::kill(Pid::from_raw(pid), signal) {
+    match send(Pid::from_raw(target), signal) {
         Ok(()) | Err(Errno::ESRCH) => Ok(()),
         Err(e) => Err(io::Error::from(e)),
     }
