@@ -14,12 +14,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+use drover_test_support::env_count;
 
 fn drover(home: &Path, registry: &Path, args: &[&str]) -> std::process::Output {
     let out = Command::new(env!("CARGO_BIN_EXE_drover"))
@@ -88,8 +83,8 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 }
 
 fn main() {
-    let publishes = env_usize("DROVER_BENCH_PUBLISHES", 50).max(1);
-    let timer_window = Duration::from_secs(env_usize("DROVER_BENCH_TIMER_S", 10) as u64);
+    let publishes = env_count("DROVER_BENCH_PUBLISHES", 50).max(1);
+    let timer_window = Duration::from_secs(env_count("DROVER_BENCH_TIMER_S", 10) as u64);
     let dir = tempfile::tempdir().expect("temp dir");
     let home = dir.path().join("home");
     let registry = dir.path().join("jobs");

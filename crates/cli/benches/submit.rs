@@ -15,15 +15,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use drover_test_support::harness::{Daemon, TestHome};
-use drover_test_support::{Gate, MockModel, Reply};
+use drover_test_support::{env_count, Gate, MockModel, Reply};
 use serde_json::json;
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 /// Raw baseline: `n` single-row transactions with `synchronous=FULL` in WAL mode.
 fn raw_inserts_per_sec(dir: &Path, n: usize) -> f64 {
@@ -52,8 +45,8 @@ fn raw_inserts_per_sec(dir: &Path, n: usize) -> f64 {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let per_client = env_usize("DROVER_BENCH_SUBMITS", 200);
-    let clients = env_usize("DROVER_BENCH_CLIENTS", 8);
+    let per_client = env_count("DROVER_BENCH_SUBMITS", 200);
+    let clients = env_count("DROVER_BENCH_CLIENTS", 8);
     let total = per_client * clients;
 
     let home = TestHome::new().expect("temp home");

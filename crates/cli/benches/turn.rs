@@ -52,7 +52,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, bail, Context, Result};
 use drover_test_support::harness::{Client, Daemon, TestHome, WAIT};
-use drover_test_support::{MockModel, Reply};
+use drover_test_support::{env_count, MockModel, Reply};
 use serde_json::{json, Value};
 
 /// The per-turn target, submit to settled, p50.
@@ -90,22 +90,12 @@ struct Settings {
     tool: bool,
 }
 
-fn env_usize(name: &str, default: usize) -> Result<usize> {
-    match std::env::var(name) {
-        Ok(v) => v
-            .trim()
-            .parse()
-            .with_context(|| format!("{name}={v:?} is not a count")),
-        Err(_) => Ok(default),
-    }
-}
-
 fn settings() -> Result<Settings> {
     // `cargo bench` passes `--bench`; `cargo test --benches` does not: run a smoke version.
     let bench = std::env::args().any(|a| a == "--bench");
     let (turns, warmup) = if bench { (200, 10) } else { (5, 1) };
-    let turns = env_usize("DROVER_BENCH_TURNS", turns)?.max(1);
-    let warmup = env_usize("DROVER_BENCH_WARMUP", warmup)?;
+    let turns = env_count("DROVER_BENCH_TURNS", turns).max(1);
+    let warmup = env_count("DROVER_BENCH_WARMUP", warmup);
     let tool = std::env::var("DROVER_BENCH_TOOL").map_or(true, |v| v.trim() != "0");
     Ok(Settings {
         turns,

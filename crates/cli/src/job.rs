@@ -61,19 +61,8 @@ pub enum JobCommand {
 /// one-line error and exit 1 (not clap's usage error).
 #[derive(Args, Debug, Default)]
 pub struct ContractArgs {
-    /// N: heartbeat every N seconds (default 30).
-    #[arg(long, value_name = "N", allow_hyphen_values = true)]
-    heartbeat: Option<String>,
-    /// K: the job is dead after K missed heartbeats (default 4).
-    #[arg(
-        long = "heartbeat-misses",
-        value_name = "K",
-        allow_hyphen_values = true
-    )]
-    heartbeat_misses: Option<String>,
-    /// T: the agent must publish `started` within T seconds (default 180).
-    #[arg(long = "ack-timeout", value_name = "T", allow_hyphen_values = true)]
-    ack_timeout: Option<String>,
+    #[command(flatten)]
+    heartbeat: HeartbeatArgs,
     /// The idle window in seconds (default K x N).
     #[arg(long = "idle-timeout", value_name = "S", allow_hyphen_values = true)]
     idle_timeout: Option<String>,
@@ -81,17 +70,62 @@ pub struct ContractArgs {
 
 impl ContractArgs {
     fn contract(&self) -> Result<Contract, JobError> {
-        let parse = |flag: &str, v: &Option<String>| -> Result<Option<u64>, JobError> {
-            v.as_deref()
-                .map(|t| state::parse_seconds(flag, t))
-                .transpose()
-                .map_err(JobError::from)
+        self.heartbeat.contract(&self.idle_timeout, false)
+    }
+}
+
+/// The heartbeat flags of the contract, shared by `drover job` and `drover loop` (which also
+/// reads a flag not given from its variable).
+#[derive(Args, Debug, Default)]
+pub struct HeartbeatArgs {
+    /// N: heartbeat every N seconds (default 30; `drover loop`: $DROVER_HEARTBEAT_SEC first).
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    heartbeat: Option<String>,
+    /// K: the job is dead after K missed heartbeats (default 4; `drover loop`:
+    /// $DROVER_HEARTBEAT_MISSES first).
+    #[arg(
+        long = "heartbeat-misses",
+        value_name = "K",
+        allow_hyphen_values = true
+    )]
+    heartbeat_misses: Option<String>,
+    /// T: the agent must publish `started` within T seconds (default 180; `drover loop`:
+    /// $DROVER_ACK_TIMEOUT_S first).
+    #[arg(long = "ack-timeout", value_name = "T", allow_hyphen_values = true)]
+    ack_timeout: Option<String>,
+}
+
+impl HeartbeatArgs {
+    /// The contract of these flags and `--idle-timeout`. With `from_env`, a flag not given is
+    /// read from its variable (named in the error); else, and without either, the default.
+    pub(crate) fn contract(
+        &self,
+        idle_timeout: &Option<String>,
+        from_env: bool,
+    ) -> Result<Contract, JobError> {
+        let value = |flag: &str, given: &Option<String>, var: &str| {
+            if let Some(t) = given {
+                return Ok(Some(state::parse_seconds(flag, t)?));
+            }
+            match std::env::var(var) {
+                Ok(v) if from_env && !v.trim().is_empty() => {
+                    Ok(Some(state::parse_seconds(&format!("${var}"), &v)?))
+                }
+                _ => Ok::<_, JobError>(None),
+            }
         };
         Ok(Contract::derive(ContractInput {
-            heartbeat_sec: parse("--heartbeat", &self.heartbeat)?,
-            heartbeat_misses: parse("--heartbeat-misses", &self.heartbeat_misses)?,
-            ack_timeout_sec: parse("--ack-timeout", &self.ack_timeout)?,
-            idle_timeout_sec: parse("--idle-timeout", &self.idle_timeout)?,
+            heartbeat_sec: value("--heartbeat", &self.heartbeat, "DROVER_HEARTBEAT_SEC")?,
+            heartbeat_misses: value(
+                "--heartbeat-misses",
+                &self.heartbeat_misses,
+                "DROVER_HEARTBEAT_MISSES",
+            )?,
+            ack_timeout_sec: value("--ack-timeout", &self.ack_timeout, "DROVER_ACK_TIMEOUT_S")?,
+            idle_timeout_sec: match idle_timeout {
+                Some(t) => Some(state::parse_seconds("--idle-timeout", t)?),
+                None => None,
+            },
         })?)
     }
 }
@@ -755,15 +789,19 @@ fn events(env: &Env, a: JobRef) -> Result<Exit, JobError> {
     Ok(Exit::Ok)
 }
 
+/// `--status`, when given.
+fn status_flag(given: Option<&str>) -> Result<Option<JobStatus>, JobError> {
+    let Some(s) = given else { return Ok(None) };
+    match JobStatus::parse(s) {
+        Some(status) => Ok(Some(status)),
+        None => Err(JobError::BadInput(format!(
+            "--status {s:?}: expected pending, running, completed, error or cancelled"
+        ))),
+    }
+}
+
 fn list(env: &Env, a: ListArgs) -> Result<Exit, JobError> {
-    let status = match a.status.as_deref() {
-        Some(s) => Some(JobStatus::parse(s).ok_or_else(|| {
-            JobError::BadInput(format!(
-                "--status {s:?}: expected pending, running, completed, error or cancelled"
-            ))
-        })?),
-        None => None,
-    };
+    let status = status_flag(a.status.as_deref())?;
     let jobs = match Registry::open_existing(&env.registry_dir)? {
         Some(r) => r.list(status)?,
         None => Vec::new(),
@@ -789,14 +827,7 @@ fn list(env: &Env, a: ListArgs) -> Result<Exit, JobError> {
 }
 
 fn update(env: &Env, a: UpdateArgs) -> Result<Exit, JobError> {
-    let status = match a.status.as_deref() {
-        Some(s) => Some(JobStatus::parse(s).ok_or_else(|| {
-            JobError::BadInput(format!(
-                "--status {s:?}: expected pending, running, completed, error or cancelled"
-            ))
-        })?),
-        None => None,
-    };
+    let status = status_flag(a.status.as_deref())?;
     let attempt = a
         .attempt_id
         .as_deref()

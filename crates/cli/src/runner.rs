@@ -8,11 +8,11 @@ use clap::Args;
 use drover_jobs::delivery::AgentSession;
 use drover_jobs::remote;
 use drover_jobs::runner::{self, RunnerConfig};
-use drover_jobs::state::{self, ContractInput};
+use drover_jobs::state;
 use drover_jobs::{Contract, JobError};
 use serde_json::json;
 
-use crate::job::{self, Env, SubmitSpec};
+use crate::job::{self, Env, HeartbeatArgs, SubmitSpec};
 use crate::Exit;
 
 /// `drover runner`.
@@ -129,19 +129,8 @@ pub struct LoopArgs {
     /// With `--reviewer exec`: the reviewer's command.
     #[arg(long = "reviewer-exec", value_name = "CMD")]
     reviewer_exec: Option<String>,
-    /// N (default $DROVER_HEARTBEAT_SEC, else 30).
-    #[arg(long, value_name = "N", allow_hyphen_values = true)]
-    heartbeat: Option<String>,
-    /// K (default $DROVER_HEARTBEAT_MISSES, else 4).
-    #[arg(
-        long = "heartbeat-misses",
-        value_name = "K",
-        allow_hyphen_values = true
-    )]
-    heartbeat_misses: Option<String>,
-    /// T (default $DROVER_ACK_TIMEOUT_S, else 180).
-    #[arg(long = "ack-timeout", value_name = "T", allow_hyphen_values = true)]
-    ack_timeout: Option<String>,
+    #[command(flatten)]
+    heartbeat: HeartbeatArgs,
     /// Bound each job's wait to W seconds.
     #[arg(long, value_name = "W", allow_hyphen_values = true)]
     timeout: Option<String>,
@@ -151,18 +140,6 @@ pub struct LoopArgs {
     /// Print one JSON object at the end.
     #[arg(long)]
     json: bool,
-}
-
-/// A contract value from its flag, else from its variable (named in the error), else the
-/// default.
-fn contract_value(flag: &str, given: Option<&str>, var: &str) -> Result<Option<u64>, JobError> {
-    if let Some(t) = given {
-        return Ok(Some(state::parse_seconds(flag, t)?));
-    }
-    match std::env::var(var) {
-        Ok(v) if !v.trim().is_empty() => Ok(Some(state::parse_seconds(&format!("${var}"), &v)?)),
-        _ => Ok(None),
-    }
 }
 
 /// Runs `drover loop`: exit 0 when a reviewer's `completed` detail starts with `PASS`; 1 when
@@ -180,24 +157,7 @@ pub fn run_loop(home: PathBuf, a: LoopArgs) -> Exit {
 }
 
 fn loop_inner(home: PathBuf, a: LoopArgs) -> Result<Exit, JobError> {
-    let contract = Contract::derive(ContractInput {
-        heartbeat_sec: contract_value(
-            "--heartbeat",
-            a.heartbeat.as_deref(),
-            "DROVER_HEARTBEAT_SEC",
-        )?,
-        heartbeat_misses: contract_value(
-            "--heartbeat-misses",
-            a.heartbeat_misses.as_deref(),
-            "DROVER_HEARTBEAT_MISSES",
-        )?,
-        ack_timeout_sec: contract_value(
-            "--ack-timeout",
-            a.ack_timeout.as_deref(),
-            "DROVER_ACK_TIMEOUT_S",
-        )?,
-        idle_timeout_sec: None,
-    })?;
+    let contract = a.heartbeat.contract(&None, true)?;
     let max_rounds = match a.max_rounds.trim().parse::<u64>() {
         Ok(n) if (1..=1000).contains(&n) => n,
         _ => {

@@ -8,11 +8,15 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::Duration;
 
-use drover_test_support::harness::model_home;
-use drover_test_support::harness::{Client, Daemon, TestHome};
+use drover_test_support::harness::{model_home, run_drover, Client, Daemon, TestHome};
 
 fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_drover"))
+}
+
+/// Runs `drover daemon` on `home` to its end (bounded; the child is reaped either way).
+async fn run_daemon(home: &Path) -> std::process::Output {
+    run_drover(bin(), home, None, &["daemon"]).await
 }
 
 /// A raw HTTP/1.1 request on loopback; returns the status line and body.
@@ -37,11 +41,7 @@ fn http(base: &str, request: &str) -> String {
 async fn second_daemon_on_same_home_exits_3_naming_the_holder() {
     let home = TestHome::new().unwrap();
     let d = Daemon::start(bin(), home.path()).await.unwrap();
-    let out = std::process::Command::new(bin())
-        .args(["daemon", "--home"])
-        .arg(home.path())
-        .output()
-        .unwrap();
+    let out = run_daemon(home.path()).await;
     assert_eq!(out.status.code(), Some(3));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains(&d.pid().to_string()), "{stderr}");
@@ -112,11 +112,7 @@ async fn foreign_state_db_is_refused_and_left_untouched() {
     std::fs::create_dir_all(home.path()).unwrap();
     let garbage = b"this is not a database, and drover must not overwrite it\n".repeat(100);
     std::fs::write(home.db(), &garbage).unwrap();
-    let out = std::process::Command::new(bin())
-        .args(["daemon", "--home"])
-        .arg(home.path())
-        .output()
-        .unwrap();
+    let out = run_daemon(home.path()).await;
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("not a drover ledger"), "{stderr}");
@@ -130,11 +126,7 @@ async fn foreign_state_db_is_refused_and_left_untouched() {
         .status();
     if status.is_ok_and(|s| s.success()) {
         let before = std::fs::read(home.db()).unwrap();
-        let out = std::process::Command::new(bin())
-            .args(["daemon", "--home"])
-            .arg(home.path())
-            .output()
-            .unwrap();
+        let out = run_daemon(home.path()).await;
         assert_eq!(out.status.code(), Some(1));
         assert_eq!(std::fs::read(home.db()).unwrap(), before);
     }
@@ -145,11 +137,7 @@ async fn bad_config_names_the_key_and_exits_1() {
     let home = TestHome::new().unwrap();
     home.write_config("[approvals]\nmode = \"sometimes\"\n")
         .unwrap();
-    let out = std::process::Command::new(bin())
-        .args(["daemon", "--home"])
-        .arg(home.path())
-        .output()
-        .unwrap();
+    let out = run_daemon(home.path()).await;
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("approvals.mode"));
 }

@@ -63,6 +63,47 @@ fn tool_names(request: &Value) -> Vec<String> {
         .collect()
 }
 
+/// A parent turn that delegated, its child's model request held at the returned gate; the
+/// turn's receipt.
+async fn held_child() -> (OneSession, Gate, Value) {
+    let mut s = setup("").await;
+    let gate = Gate::new();
+    s.model
+        .set_responder(route(Reply::text("too late").gated(&gate)));
+    let receipt = s.submit("please delegate the counting").await.unwrap();
+    assert!(
+        gate.wait_reached(WAIT).await,
+        "the child's model request never came"
+    );
+    (s, gate, receipt)
+}
+
+/// The child session has one execution, a `child` one, terminal, whose admission ended
+/// `interrupted`, and the session ended `agent_close`.
+fn assert_child_retired(db: &Path, child_id: &str) {
+    let rows = db_rows(
+        db,
+        &format!(
+            "SELECT e.kind, e.status, a.status, a.outcome, s.end_reason, s.ended_at IS NOT NULL
+             FROM worker_executions e
+             JOIN session_admissions a ON a.admission_id = e.admission_id
+             JOIN sessions s ON s.id = e.session_id
+             WHERE e.session_id = '{child_id}'"
+        ),
+    );
+    assert_eq!(
+        rows,
+        vec![vec![
+            json!("child"),
+            json!("terminal"),
+            json!("terminal"),
+            json!("interrupted"),
+            json!("agent_close"),
+            json!(1),
+        ]]
+    );
+}
+
 /// The parent delegates once, then reports the tool result; the child answers `child_reply`.
 fn route(child_reply: Reply) -> impl Fn(&Value) -> Reply + Send + Sync + 'static {
     move |request| {
@@ -255,17 +296,9 @@ async fn delegation_over_capacity_is_refused_and_the_turn_goes_on() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn interrupting_the_parent_retires_its_live_child() {
-    let mut s = setup("").await;
-    let gate = Gate::new();
-    s.model
-        .set_responder(route(Reply::text("too late").gated(&gate)));
-    let receipt = s.submit("please delegate the counting").await.unwrap();
+    let (mut s, gate, receipt) = held_child().await;
     let admission_id = str_field(&receipt, "admission_id");
     let generation = receipt["execution_generation"].as_u64();
-    assert!(
-        gate.wait_reached(WAIT).await,
-        "the child's model request never came"
-    );
     let generation = match generation {
         Some(g) => g,
         None => resume(&mut s.client, &s.session_id).await["execution_generation"]
@@ -297,27 +330,7 @@ async fn interrupting_the_parent_retires_its_live_child() {
             .contains("interrupted"),
         "{parent}"
     );
-    let rows = db_rows(
-        &s.home.db(),
-        &format!(
-            "SELECT e.kind, e.status, a.status, a.outcome, s.end_reason, s.ended_at IS NOT NULL
-             FROM worker_executions e
-             JOIN session_admissions a ON a.admission_id = e.admission_id
-             JOIN sessions s ON s.id = e.session_id
-             WHERE e.session_id = '{child_id}'"
-        ),
-    );
-    assert_eq!(
-        rows,
-        vec![vec![
-            json!("child"),
-            json!("terminal"),
-            json!("terminal"),
-            json!("interrupted"),
-            json!("agent_close"),
-            json!(1),
-        ]]
-    );
+    assert_child_retired(&s.home.db(), &child_id);
     // The child's worker was told to stop; its late answer is refused, never stored.
     gate.open();
     let deadline = Instant::now() + WAIT;
@@ -333,16 +346,8 @@ async fn interrupting_the_parent_retires_its_live_child() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_owner_closes_the_child_of_a_lost_turn() {
-    let mut s = setup("").await;
-    let gate = Gate::new();
-    s.model
-        .set_responder(route(Reply::text("too late").gated(&gate)));
-    let receipt = s.submit("please delegate the counting").await.unwrap();
+    let (mut s, gate, receipt) = held_child().await;
     let admission_id = str_field(&receipt, "admission_id");
-    assert!(
-        gate.wait_reached(WAIT).await,
-        "the child's model request never came"
-    );
     let kids = children(&mut s.client, &s.session_id).await;
     assert_eq!(kids.len(), 1);
     let child_id = kids[0]["session_id"].as_str().unwrap().to_string();
@@ -359,25 +364,7 @@ async fn a_restarted_owner_closes_the_child_of_a_lost_turn() {
         .await
         .unwrap();
     assert_eq!(parent["status"], "unknown");
-    let rows = db_rows(
-        &s.home.db(),
-        &format!(
-            "SELECT e.status, a.status, a.outcome, s.end_reason
-             FROM worker_executions e
-             JOIN session_admissions a ON a.admission_id = e.admission_id
-             JOIN sessions s ON s.id = e.session_id
-             WHERE e.session_id = '{child_id}' AND e.kind = 'child'"
-        ),
-    );
-    assert_eq!(
-        rows,
-        vec![vec![
-            json!("terminal"),
-            json!("terminal"),
-            json!("interrupted"),
-            json!("agent_close"),
-        ]]
-    );
+    assert_child_retired(&s.home.db(), &child_id);
     let kids = children(&mut client, &s.session_id).await;
     assert!(kids[0]["ended_at"].is_number());
     assert_eq!(kids[0]["running"], false);

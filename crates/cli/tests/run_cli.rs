@@ -22,6 +22,27 @@ async fn drover(home: &Path, args: &[&str]) -> Output {
     run_drover(bin(), home, None, args).await
 }
 
+/// Runs `drover <args>` with `OPENAI_BASE_URL` set to `endpoint`, or unset.
+async fn drover_with_endpoint(home: &Path, args: &[&str], endpoint: Option<&str>) -> Output {
+    let mut cmd = tokio::process::Command::new(bin());
+    cmd.arg("--home").arg(home).args(args).kill_on_drop(true);
+    match endpoint {
+        Some(url) => cmd.env("OPENAI_BASE_URL", url),
+        None => cmd.env_remove("OPENAI_BASE_URL"),
+    };
+    tokio::time::timeout(Duration::from_secs(60), cmd.output())
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+/// The run exited 1; returns its stderr.
+fn failed(out: &Output) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    stderr
+}
+
 fn daemon_pid(home: &Path) -> Option<u32> {
     daemon_info(home)?["pid"].as_u64().map(|p| p as u32)
 }
@@ -101,9 +122,7 @@ async fn run_exits_1_with_the_model_error_on_stderr() {
     home.write_model_config(&model.base_url(), false, "")
         .unwrap();
     model.push(Reply::error(401, "invalid api key for the mock"));
-    let out = drover(home.path(), &["run", "hello"]).await;
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let stderr = failed(&drover(home.path(), &["run", "hello"]).await);
     assert!(stderr.contains("invalid api key for the mock"), "{stderr}");
     let _ = drover(home.path(), &["stop"]).await;
 }
@@ -113,18 +132,7 @@ async fn run_without_an_endpoint_names_base_url() {
     let home = TestHome::new().unwrap();
     let _guard = KillDaemonOnDrop(home.path());
     home.write_config("[model]\nname = \"m\"\n").unwrap();
-    let mut cmd = tokio::process::Command::new(bin());
-    cmd.arg("--home")
-        .arg(home.path())
-        .args(["run", "hello"])
-        .env_remove("OPENAI_BASE_URL")
-        .kill_on_drop(true);
-    let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
-        .await
-        .unwrap()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let stderr = failed(&drover_with_endpoint(home.path(), &["run", "hello"], None).await);
     assert!(stderr.contains("base_url"), "{stderr}");
     let _ = drover(home.path(), &["stop"]).await;
 }
@@ -143,9 +151,7 @@ async fn run_names_a_config_typo_and_an_unknown_session_in_plain_words() {
     let _guard = KillDaemonOnDrop(home.path());
     home.write_config("[model]\nbase_ur = \"http://127.0.0.1:1/v1\"\n")
         .unwrap();
-    let out = drover(home.path(), &["run", "hello"]).await;
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let stderr = failed(&drover(home.path(), &["run", "hello"]).await);
     assert!(
         stderr.contains("base_ur") && stderr.contains("config.toml"),
         "{stderr}"
@@ -158,13 +164,8 @@ async fn run_names_a_config_typo_and_an_unknown_session_in_plain_words() {
     let model = MockModel::start().await;
     home.write_model_config(&model.base_url(), true, "")
         .unwrap();
-    let out = drover(
-        home.path(),
-        &["run", "--session", "no-such-session", "hello"],
-    )
-    .await;
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let args = ["run", "--session", "no-such-session", "hello"];
+    let stderr = failed(&drover(home.path(), &args).await);
     assert!(
         stderr.contains("no session no-such-session") && stderr.contains("drover sessions"),
         "{stderr}"
@@ -181,27 +182,10 @@ async fn run_uses_its_own_openai_base_url_when_the_daemon_was_started_without_it
     home.write_config("[model]\nname = \"m\"\nmax_retries = 0\n")
         .unwrap();
     // Start the daemon from an environment without the endpoint.
-    let mut cmd = tokio::process::Command::new(bin());
-    cmd.arg("--home")
-        .arg(home.path())
-        .args(["sessions"])
-        .env_remove("OPENAI_BASE_URL")
-        .kill_on_drop(true);
-    let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
-        .await
-        .unwrap()
-        .unwrap();
+    let out = drover_with_endpoint(home.path(), &["sessions"], None).await;
     assert_eq!(out.status.code(), Some(0));
-    let mut cmd = tokio::process::Command::new(bin());
-    cmd.arg("--home")
-        .arg(home.path())
-        .args(["run", "hello"])
-        .env("OPENAI_BASE_URL", model.base_url())
-        .kill_on_drop(true);
-    let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
-        .await
-        .unwrap()
-        .unwrap();
+    let endpoint = model.base_url();
+    let out = drover_with_endpoint(home.path(), &["run", "hello"], Some(&endpoint)).await;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert_eq!(

@@ -16,6 +16,12 @@ fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_drover"))
 }
 
+/// The outcome `turn.settled` gives the admission of `receipt`.
+async fn outcome(client: &mut Client, receipt: &Value) -> String {
+    let admission_id = receipt["admission_id"].as_str().unwrap();
+    client.wait_settled(admission_id).await.unwrap()
+}
+
 async fn setup(stream: bool) -> OneSession {
     setup_with(stream, &[]).await
 }
@@ -211,13 +217,7 @@ async fn failing_model_endpoint_fails_the_turn_with_its_message_and_daemon_keeps
     // The next input runs.
     s.model.push(Reply::text("fine now"));
     let r2 = s.submit("again").await.unwrap();
-    assert_eq!(
-        s.client
-            .wait_settled(r2["admission_id"].as_str().unwrap())
-            .await
-            .unwrap(),
-        "completed"
-    );
+    assert_eq!(outcome(&mut s.client, &r2).await, "completed");
 }
 
 #[tokio::test]
@@ -277,20 +277,8 @@ async fn turns_run_fifo_one_at_a_time_per_session() {
         "second turn must wait for the first"
     );
     gate.open();
-    assert_eq!(
-        s.client
-            .wait_settled(r1["admission_id"].as_str().unwrap())
-            .await
-            .unwrap(),
-        "completed"
-    );
-    assert_eq!(
-        s.client
-            .wait_settled(r2["admission_id"].as_str().unwrap())
-            .await
-            .unwrap(),
-        "completed"
-    );
+    assert_eq!(outcome(&mut s.client, &r1).await, "completed");
+    assert_eq!(outcome(&mut s.client, &r2).await, "completed");
     let lease = db_rows(&s.home.db(), "SELECT count(*) FROM session_turn_leases");
     assert_eq!(lease[0][0], 0);
     // The second request carries the first turn as history.
@@ -313,10 +301,7 @@ async fn frozen_session_sends_the_same_system_prompt_tools_and_model_after_confi
     let mut s = setup(true).await;
     s.model.push(Reply::text("a"));
     let r = s.submit("first").await.unwrap();
-    s.client
-        .wait_settled(r["admission_id"].as_str().unwrap())
-        .await
-        .unwrap();
+    outcome(&mut s.client, &r).await;
     // Change the config under the session and restart the owner.
     s.daemon.stop().await.unwrap();
     s.home
@@ -332,12 +317,7 @@ async fn frozen_session_sends_the_same_system_prompt_tools_and_model_after_confi
         .unwrap();
     s.model.push(Reply::text("b"));
     let r = c.submit(&s.session_id, "second").await.unwrap();
-    assert_eq!(
-        c.wait_settled(r["admission_id"].as_str().unwrap())
-            .await
-            .unwrap(),
-        "completed"
-    );
+    assert_eq!(outcome(&mut c, &r).await, "completed");
     let reqs = s.model.requests();
     assert_eq!(reqs.len(), 2);
     assert_eq!(reqs[0]["messages"][0], reqs[1]["messages"][0]);
@@ -371,13 +351,7 @@ async fn garbage_worker_lines_are_refused_without_corrupting_the_turn() {
     let mut s = setup_with(true, &[("DROVER_WORKER_EXE", wrapper_s.as_str())]).await;
     s.model.push(Reply::text("survived"));
     let r = s.submit("hi").await.unwrap();
-    assert_eq!(
-        s.client
-            .wait_settled(r["admission_id"].as_str().unwrap())
-            .await
-            .unwrap(),
-        "completed"
-    );
+    assert_eq!(outcome(&mut s.client, &r).await, "completed");
     let rows = db_rows(
         &s.home.db(),
         "SELECT role, content FROM messages ORDER BY id",

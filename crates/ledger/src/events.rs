@@ -139,26 +139,11 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::sessions::NewSession;
+    use crate::testing;
 
     fn ledger_with_events(n: u64) -> (tempfile::TempDir, Ledger, String) {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut ledger = Ledger::open(&dir.path().join("state.db")).expect("open");
-        let session_id = ledger
-            .create_session(&NewSession {
-                request_id: None,
-                source: "cli".into(),
-                parent_session_id: None,
-                title: None,
-                model: "m".into(),
-                model_config: json!({}),
-                cwd: "/".into(),
-                system_prompt: String::new(),
-                toolsets: vec![],
-                tool_schemas: vec![],
-            })
-            .expect("session")
-            .id;
+        let (dir, mut ledger) = testing::open();
+        let session_id = testing::session(&mut ledger, &[], vec![]);
         let before = ledger.last_event_seq(&session_id).expect("last");
         for n in 0..n {
             push_event(

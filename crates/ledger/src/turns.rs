@@ -285,24 +285,19 @@ impl Ledger {
         session_id: &str,
         admission_id: &str,
     ) -> Result<(AdmissionRow, Vec<StoredEvent>), LedgerError> {
-        let tx = self.conn.transaction()?;
-        let mut row = admission_in(&tx, session_id, admission_id)?;
-        match decide_cancel(row.status) {
-            CancelDecision::AlreadyTerminal => Ok((row, Vec::new())),
-            CancelDecision::RefuseStarted => Err(LedgerError::StaleGeneration(format!(
-                "admission {admission_id} has started; interrupt generation {} instead",
-                row.generation.unwrap_or(0)
-            ))),
-            CancelDecision::RefuseUnknown => Err(LedgerError::UnknownExecution(format!(
-                "admission {admission_id} is unknown; use prompt.resolve_unknown"
-            ))),
-            CancelDecision::Cancel => {
-                set_terminal(&tx, &mut row, Outcome::Cancelled)?;
-                let event = admission_updated(&tx, &row)?;
-                tx.commit()?;
-                Ok((row, vec![event]))
+        self.end_admission(session_id, admission_id, |_, row| {
+            match decide_cancel(row.status) {
+                CancelDecision::AlreadyTerminal => Ok(None),
+                CancelDecision::RefuseStarted => Err(LedgerError::StaleGeneration(format!(
+                    "admission {admission_id} has started; interrupt generation {} instead",
+                    row.generation.unwrap_or(0)
+                ))),
+                CancelDecision::RefuseUnknown => Err(LedgerError::UnknownExecution(format!(
+                    "admission {admission_id} is unknown; use prompt.resolve_unknown"
+                ))),
+                CancelDecision::Cancel => Ok(Some(Outcome::Cancelled)),
             }
-        }
+        })
     }
 
     /// `prompt.resolve_unknown` (SPEC section 2): unknown -> terminal/`interrupted`, and the
@@ -313,24 +308,38 @@ impl Ledger {
         session_id: &str,
         admission_id: &str,
     ) -> Result<(AdmissionRow, Vec<StoredEvent>), LedgerError> {
+        self.end_admission(session_id, admission_id, |tx, row| match row.status {
+            AdmissionStatus::Terminal => Ok(None),
+            AdmissionStatus::Unknown => {
+                tx.execute(
+                    "UPDATE worker_executions SET status = 'terminal'
+                     WHERE admission_id = ?1 AND status = 'unknown'",
+                    [admission_id],
+                )?;
+                Ok(Some(Outcome::Interrupted))
+            }
+            other => Err(LedgerError::invalid(
+                "admission_id",
+                format!("admission is {other}, not unknown"),
+            )),
+        })
+    }
+
+    /// Reads the admission in a transaction and lets `decide` choose: `None` returns its
+    /// receipt unchanged; `Some(outcome)` moves it to `terminal` with that outcome (after what
+    /// `decide` wrote in the transaction), records its `admission.updated` and commits.
+    fn end_admission(
+        &mut self,
+        session_id: &str,
+        admission_id: &str,
+        decide: impl FnOnce(&Connection, &AdmissionRow) -> Result<Option<Outcome>, LedgerError>,
+    ) -> Result<(AdmissionRow, Vec<StoredEvent>), LedgerError> {
         let tx = self.conn.transaction()?;
         let mut row = admission_in(&tx, session_id, admission_id)?;
-        match row.status {
-            AdmissionStatus::Terminal => return Ok((row, Vec::new())),
-            AdmissionStatus::Unknown => {}
-            other => {
-                return Err(LedgerError::invalid(
-                    "admission_id",
-                    format!("admission is {other}, not unknown"),
-                ))
-            }
-        }
-        set_terminal(&tx, &mut row, Outcome::Interrupted)?;
-        tx.execute(
-            "UPDATE worker_executions SET status = 'terminal'
-             WHERE admission_id = ?1 AND status = 'unknown'",
-            [admission_id],
-        )?;
+        let Some(outcome) = decide(&tx, &row)? else {
+            return Ok((row, Vec::new()));
+        };
+        set_terminal(&tx, &mut row, outcome)?;
         let event = admission_updated(&tx, &row)?;
         tx.commit()?;
         Ok((row, vec![event]))
@@ -412,15 +421,7 @@ impl Ledger {
         let mut rec = Recovery::default();
         // Children first: a live `child` execution of an older epoch becomes `terminal` (its
         // admission too, so nothing of it is replayed) and its session ends `agent_close`.
-        let children: Vec<String> = {
-            let mut stmt = tx.prepare(
-                "SELECT execution_id FROM worker_executions
-                 WHERE kind = 'child' AND status IN ('registered','running') AND owner_epoch < ?1",
-            )?;
-            let rows = stmt.query_map([epoch], |r| r.get(0))?;
-            rows.collect::<Result<_, _>>()?
-        };
-        for execution_id in children {
+        for execution_id in live_executions_before(&tx, "child", epoch)? {
             let mut retired = Vec::new();
             crate::delegation::retire_one(&tx, &execution_id, &mut rec.events, &mut retired)?;
             for id in retired {
@@ -429,15 +430,7 @@ impl Ledger {
                 }
             }
         }
-        let lost: Vec<String> = {
-            let mut stmt = tx.prepare(
-                "SELECT execution_id FROM worker_executions
-                 WHERE kind = 'compute' AND status IN ('registered','running') AND owner_epoch < ?1",
-            )?;
-            let rows = stmt.query_map([epoch], |r| r.get(0))?;
-            rows.collect::<Result<_, _>>()?
-        };
-        for execution_id in lost {
+        for execution_id in live_executions_before(&tx, "compute", epoch)? {
             if let Some(s) = lose_execution(&tx, &execution_id)? {
                 rec.unknown_admissions.push(s.admission_id.clone());
                 rec.unknown_executions.push(execution_id);
@@ -487,6 +480,21 @@ impl Ledger {
         tx.commit()?;
         Ok(rec)
     }
+}
+
+/// The live (`registered` or `running`) executions of `kind` that an owner epoch before
+/// `epoch` started.
+fn live_executions_before(
+    tx: &Connection,
+    kind: &str,
+    epoch: i64,
+) -> Result<Vec<String>, LedgerError> {
+    let mut stmt = tx.prepare(
+        "SELECT execution_id FROM worker_executions
+         WHERE kind = ?1 AND status IN ('registered','running') AND owner_epoch < ?2",
+    )?;
+    let rows = stmt.query_map(params![kind, epoch], |r| r.get(0))?;
+    Ok(rows.collect::<Result<_, _>>()?)
 }
 
 /// Marks a live execution and its admission `unknown` inside `tx`.

@@ -101,28 +101,31 @@ pub fn combined_output_pipe() -> io::Result<(pipe::Receiver, Stdio, Stdio)> {
 /// Sends `signal` to every process of group `pgid`. A group that no longer exists is not an
 /// error.
 pub fn signal_group(pgid: i32, signal: Signal) -> io::Result<()> {
-    if pgid <= 1 {
-        // killpg(0) is our own group and killpg(1) would be init's: never meant here.
-        return Err(io::Error::other(format!(
-            "refusing to signal process group {pgid}"
-        )));
-    }
-    match nix::sys::signal::killpg(Pid::from_raw(pgid), signal) {
-        Ok(()) | Err(Errno::ESRCH) => Ok(()),
-        Err(e) => Err(io::Error::from(e)),
-    }
+    // killpg(0) is our own group and killpg(1) would be init's: never meant here.
+    deliver("process group", pgid, signal, nix::sys::signal::killpg)
 }
 
 /// Sends `signal` to the single process `pid`. A process that no longer exists is not an
 /// error. The owner uses it to stop a worker past the drain grace (SPEC section 4).
 pub fn signal_process(pid: i32, signal: Signal) -> io::Result<()> {
-    if pid <= 1 {
-        // kill(0) and kill(-1) reach whole groups, and pid 1 is init: never meant here.
+    // kill(0) and kill(-1) reach whole groups, and pid 1 is init: never meant here.
+    deliver("process", pid, signal, nix::sys::signal::kill)
+}
+
+/// Sends `signal` to `target` (a `what`, above 1) with `send`; a target that no longer exists
+/// is not an error.
+fn deliver(
+    what: &str,
+    target: i32,
+    signal: Signal,
+    send: fn(Pid, Signal) -> nix::Result<()>,
+) -> io::Result<()> {
+    if target <= 1 {
         return Err(io::Error::other(format!(
-            "refusing to signal process {pid}"
+            "refusing to signal {what} {target}"
         )));
     }
-    match nix::sys::signal::kill(Pid::from_raw(pid), signal) {
+    match send(Pid::from_raw(target), signal) {
         Ok(()) | Err(Errno::ESRCH) => Ok(()),
         Err(e) => Err(io::Error::from(e)),
     }
@@ -316,54 +319,26 @@ pub fn process_matches(pid: i32, start_time: u64) -> bool {
 /// signal can only reach that process, never a newcomer that took the pid in between. Kernels
 /// without pidfds (before 5.3) fall back to check-then-kill.
 pub fn signal_process_if_same(pid: i32, start_time: u64, signal: Signal) -> io::Result<bool> {
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-
     if pid <= 1 {
         return Err(io::Error::other(format!(
             "refusing to signal process {pid}"
         )));
     }
-    // SAFETY: pidfd_open(2) takes a pid and flags and returns a new file descriptor or -1; no
-    // memory is passed.
-    let raw = unsafe { nix::libc::syscall(nix::libc::SYS_pidfd_open, pid, 0) };
-    if raw < 0 {
-        let err = io::Error::last_os_error();
-        return match err.raw_os_error() {
-            Some(nix::libc::ESRCH) => Ok(false),
-            Some(nix::libc::ENOSYS) => {
-                if !process_matches(pid, start_time) {
-                    return Ok(false);
-                }
-                signal_process(pid, signal).map(|()| true)
+    let pidfd = match PidFd::open(pid) {
+        Ok(Some(pidfd)) => pidfd,
+        Ok(None) => return Ok(false),
+        Err(err) if err.raw_os_error() == Some(nix::libc::ENOSYS) => {
+            if !process_matches(pid, start_time) {
+                return Ok(false);
             }
-            _ => Err(err),
-        };
-    }
-    let fd = i32::try_from(raw).map_err(|_| io::Error::other("pidfd out of range"))?;
-    // SAFETY: `fd` was just returned by pidfd_open and is owned by nobody else.
-    let pidfd = unsafe { OwnedFd::from_raw_fd(fd) };
+            return signal_process(pid, signal).map(|()| true);
+        }
+        Err(err) => return Err(err),
+    };
     if !process_matches(pid, start_time) {
         return Ok(false);
     }
-    // SAFETY: pidfd_send_signal(2) with a valid pidfd, a signal number, a null siginfo (the
-    // kernel fills in a kill(2)-like one) and no flags.
-    let rc = unsafe {
-        nix::libc::syscall(
-            nix::libc::SYS_pidfd_send_signal,
-            pidfd.as_raw_fd(),
-            signal as i32,
-            std::ptr::null::<nix::libc::siginfo_t>(),
-            0,
-        )
-    };
-    if rc < 0 {
-        let err = io::Error::last_os_error();
-        return match err.raw_os_error() {
-            Some(nix::libc::ESRCH) => Ok(false),
-            _ => Err(err),
-        };
-    }
-    Ok(true)
+    pidfd.send(signal, 0)
 }
 
 /// `PIDFD_SIGNAL_PROCESS_GROUP` (Linux 6.9): `pidfd_send_signal` signals the process group

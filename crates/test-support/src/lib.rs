@@ -13,6 +13,7 @@
 //!   `drover-worker-relay` fixture is, a `$DROVER_WORKER_EXE` wrapper that can send one
 //!   forged frame.
 //! - [`wait`]: bounded waits: [`wait::until`] a condition holds, [`wait::holds_for`] a window.
+//! - [`env_count`]: a benchmark's size from its variable.
 //!
 //! Nothing here mocks a drover component: only the model is played.
 //!
@@ -30,3 +31,15 @@ pub mod wait;
 
 pub use mcp_echo::{mcp_echo_bin, worker_relay_bin};
 pub use mock_model::{Gate, MockModel, Reply};
+
+/// The count in variable `name` (a benchmark's size), `default` when it is not set. Panics,
+/// naming the variable, when it is set to something else than a count.
+pub fn env_count(name: &str, default: usize) -> usize {
+    match std::env::var(name) {
+        Ok(v) => v
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={v:?} is not a count")),
+        Err(_) => default,
+    }
+}

@@ -88,3 +88,11 @@ pub(crate) fn json_output(value: &Value) -> crate::ToolOutput {
         is_error: false,
     }
 }
+
+/// A call's result: the JSON text of the value, or the error.
+pub(crate) fn result_output(result: Result<Value, String>) -> crate::ToolOutput {
+    match result {
+        Ok(value) => json_output(&value),
+        Err(message) => error_output(message),
+    }
+}

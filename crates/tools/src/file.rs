@@ -31,6 +31,8 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use serde_json::{json, Value};
+
 use crate::approval::{self, Danger, Refusal};
 use crate::{Tool, ToolContext};
 
@@ -131,6 +133,35 @@ pub(crate) fn read_head(file: &mut impl Read) -> io::Result<Vec<u8>> {
     file.take(BINARY_CHECK_BYTES as u64)
         .read_to_end(&mut head)?;
     Ok(head)
+}
+
+/// The schema of a `path` argument naming a file; `what` says which ("The file to read").
+pub(crate) fn path_schema(what: &str) -> Value {
+    json!({
+        "type": "string",
+        "description": format!(
+            "{what}; relative paths are relative to the session's working directory."
+        )
+    })
+}
+
+/// A call's context line when it names one file: its `path`.
+pub(crate) fn path_context(tool: &str, args: &Value) -> String {
+    match args.get("path").and_then(Value::as_str) {
+        Some(path) => crate::one_line(path),
+        None => crate::preview(tool, args),
+    }
+}
+
+/// Runs `work` (file I/O) on the blocking pool. `Err` holds the error the result shows; a task
+/// that could not finish is named by `tool`.
+pub(crate) async fn blocking<T: Send + 'static>(
+    tool: &str,
+    work: impl FnOnce() -> Result<T, String> + Send + 'static,
+) -> Result<T, String> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .unwrap_or_else(|e| Err(format!("{tool} failed: {e}")))
 }
 
 /// A human sentence for an I/O error on `path`, naming the field the path came from.

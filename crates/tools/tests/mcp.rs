@@ -1,5 +1,8 @@
 //! MCP servers as toolsets, against the real `drover-mcp-echo` stdio server (SPEC section 6).
 
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -60,6 +63,41 @@ fn read_pid(pidfile: &Path) -> i32 {
         assert!(Instant::now() < deadline, "server never wrote its pid");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// A path where no file is yet, for the server's pid.
+fn pid_path() -> tempfile::TempPath {
+    let pidfile = tempfile::NamedTempFile::new().unwrap().into_temp_path();
+    std::fs::remove_file(&pidfile).unwrap();
+    pidfile
+}
+
+/// A connection to a server that wrote its pid, and that pid.
+async fn connect_with_pid() -> (McpConnection, i32) {
+    let pidfile = pid_path();
+    let conn = McpConnection::connect("echo", &echo_spec(Some(&pidfile)))
+        .await
+        .expect("connect");
+    let pid = read_pid(&pidfile);
+    (conn, pid)
+}
+
+/// The error of a toolset `echo` whose server runs `command`: it must name the server.
+async fn start_error(command: &str) -> ToolError {
+    let spec = McpServerSpec {
+        command: command.to_string(),
+        args: Vec::new(),
+        env: BTreeMap::new(),
+    };
+    let err = ToolRegistry::for_toolsets_with_mcp(&["echo".to_string()], &servers(spec))
+        .await
+        .err()
+        .expect("error");
+    assert!(
+        matches!(&err, ToolError::Mcp { server, .. } if server == "echo"),
+        "{err}"
+    );
+    err
 }
 
 /// Waits until `pid` is gone from `/proc`: exited *and* reaped (a zombie still has an entry).
@@ -132,17 +170,16 @@ async fn registry_freezes_prefixed_schemas_and_a_session_registry_calls_them() {
     drop(registry);
 
     // A turn's registry: built from the frozen schemas, the server starts on the first call.
-    let pidfile = tempfile::NamedTempFile::new().unwrap();
-    std::fs::remove_file(pidfile.path()).unwrap();
+    let pidfile = pid_path();
     let session = ToolRegistry::for_session(
         &["todo".to_string(), "echo".to_string()],
         &schemas,
-        &servers(echo_spec(Some(pidfile.path()))),
+        &servers(echo_spec(Some(&pidfile))),
     )
     .expect("session registry");
     assert_eq!(session.names(), names);
     assert_eq!(session.schemas(), schemas);
-    assert!(!pidfile.path().exists(), "no server before the first call");
+    assert!(!pidfile.exists(), "no server before the first call");
     let tool = session.get("mcp__echo__echo").expect("echo tool");
     let out = tool.call(json!({"text": "hi"}), &ctx()).await;
     assert_eq!((out.content.as_str(), out.is_error), ("hi", false));
@@ -152,7 +189,7 @@ async fn registry_freezes_prefixed_schemas_and_a_session_registry_calls_them() {
         .call(json!({"a": 40, "b": 2}), &ctx())
         .await;
     assert_eq!(out.content, "42");
-    let pid = read_pid(pidfile.path());
+    let pid = read_pid(&pidfile);
     drop(tool);
     drop(session);
     assert_reaped(pid).await;
@@ -160,35 +197,11 @@ async fn registry_freezes_prefixed_schemas_and_a_session_registry_calls_them() {
 
 #[tokio::test]
 async fn a_server_that_cannot_start_names_itself() {
-    let spec = McpServerSpec {
-        command: "/nonexistent/drover-no-such-mcp-server".to_string(),
-        args: Vec::new(),
-        env: BTreeMap::new(),
-    };
-    let err = ToolRegistry::for_toolsets_with_mcp(&["echo".to_string()], &servers(spec))
-        .await
-        .err()
-        .expect("error");
-    assert!(
-        matches!(&err, ToolError::Mcp { server, .. } if server == "echo"),
-        "{err}"
-    );
+    let err = start_error("/nonexistent/drover-no-such-mcp-server").await;
     assert!(err.to_string().contains("no-such-mcp-server"), "{err}");
 
     // A program that is not an MCP server fails the handshake.
-    let spec = McpServerSpec {
-        command: "true".to_string(),
-        args: Vec::new(),
-        env: BTreeMap::new(),
-    };
-    let err = ToolRegistry::for_toolsets_with_mcp(&["echo".to_string()], &servers(spec))
-        .await
-        .err()
-        .expect("error");
-    assert!(
-        matches!(&err, ToolError::Mcp { server, .. } if server == "echo"),
-        "{err}"
-    );
+    start_error("true").await;
 
     let err = ToolRegistry::for_toolsets_with_mcp(&["nope".to_string()], &BTreeMap::new())
         .await
@@ -202,12 +215,7 @@ async fn a_server_that_cannot_start_names_itself() {
 
 #[tokio::test]
 async fn a_crashed_server_gives_error_results_and_is_reaped() {
-    let pidfile = tempfile::NamedTempFile::new().unwrap();
-    std::fs::remove_file(pidfile.path()).unwrap();
-    let conn = McpConnection::connect("echo", &echo_spec(Some(pidfile.path())))
-        .await
-        .expect("connect");
-    let pid = read_pid(pidfile.path());
+    let (conn, pid) = connect_with_pid().await;
     let out = tokio::time::timeout(Duration::from_secs(10), conn.call_tool("crash", json!({})))
         .await
         .expect("a dead server answers at once");
@@ -225,12 +233,7 @@ async fn a_crashed_server_gives_error_results_and_is_reaped() {
 
 #[tokio::test]
 async fn dropping_the_connection_kills_and_reaps_the_server() {
-    let pidfile = tempfile::NamedTempFile::new().unwrap();
-    std::fs::remove_file(pidfile.path()).unwrap();
-    let conn = McpConnection::connect("echo", &echo_spec(Some(pidfile.path())))
-        .await
-        .expect("connect");
-    let pid = read_pid(pidfile.path());
+    let (conn, pid) = connect_with_pid().await;
     assert!(Path::new(&format!("/proc/{pid}")).exists());
     drop(conn);
     assert_reaped(pid).await;

@@ -8,16 +8,19 @@
 // Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::path::Path;
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
+use common::{pid_from_file, read_frame, write_frame};
 use drover_protocol::worker::{
-    Bootstrap, ExecutionFinish, OwnerFrame, PersistFrame, Policy, Scope, TurnOutcome, WorkerFrame,
+    ExecutionFinish, OwnerFrame, PersistFrame, TurnOutcome, WorkerFrame,
 };
 use drover_test_support::{Gate, MockModel, Reply};
 use serde_json::json;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
 const CHILD_ENV: &str = "DROVER_WORKER_TEST_CHILD";
@@ -82,30 +85,35 @@ impl Worker {
     }
 
     async fn send(&mut self, frame: &OwnerFrame) {
-        let mut line = serde_json::to_string(frame).expect("json");
-        line.push('\n');
-        let stdin = self.stdin.as_mut().expect("stdin open");
-        stdin.write_all(line.as_bytes()).await.expect("write");
-        stdin.flush().await.expect("flush");
+        write_frame(self.stdin.as_mut().expect("stdin open"), frame).await;
     }
 
     /// The next persist frame; every stdout line must be a worker frame.
     async fn next_persist(&mut self) -> Option<PersistFrame> {
         loop {
-            let mut line = String::new();
-            let n = tokio::time::timeout(WAIT, self.stdout.read_line(&mut line))
-                .await
-                .expect("a frame in time")
-                .expect("read stdout");
-            if n == 0 {
-                return None;
-            }
-            let frame: WorkerFrame = serde_json::from_str(&line)
-                .unwrap_or_else(|e| panic!("stdout line is not a worker frame ({e}): {line:?}"));
-            if let WorkerFrame::Persist(frame) = frame {
+            if let WorkerFrame::Persist(frame) = read_frame(&mut self.stdout, WAIT).await? {
                 return Some(frame);
             }
         }
+    }
+
+    /// A worker with its bootstrap, whose one model request is held at the returned gate.
+    async fn held(mock: &MockModel) -> (Worker, Gate) {
+        let gate = Gate::new();
+        mock.push(Reply::text("never").gated(&gate));
+        let mut worker = Worker::spawn(std::process::id());
+        let frame = bootstrap(mock, worker.home());
+        worker.send(&frame).await;
+        assert!(gate.wait_reached(WAIT).await, "the model request arrives");
+        (worker, gate)
+    }
+
+    /// The worker exits 1 and persists no `execution.finish`; its log stays clean.
+    async fn assert_aborted(mut self, gate: Gate) {
+        assert_eq!(self.status().await.code(), Some(1));
+        assert_eq!(self.next_persist().await, None, "no execution.finish");
+        gate.open();
+        self.assert_log_is_clean();
     }
 
     async fn status(&mut self) -> ExitStatus {
@@ -123,40 +131,16 @@ impl Worker {
     }
 }
 
+/// The common turn, with this test's secret and API key (which the log must not hold), no tool
+/// schema and no history.
 fn bootstrap(mock: &MockModel, home: &Path) -> OwnerFrame {
-    OwnerFrame::Bootstrap(Box::new(Bootstrap {
-        scope: Scope {
-            session_id: "s1".into(),
-            admission_id: "a1".into(),
-            execution_id: "exec-p".into(),
-            generation: 1,
-            epoch: 1,
-            secret: SECRET.into(),
-        },
-        policy: Policy {
-            model: "mock-model".into(),
-            base_url: mock.base_url(),
-            api_key: Some(API_KEY.into()),
-            model_settings: drover_protocol::ModelSettings {
-                stream: true,
-                request_timeout_s: 30,
-                max_retries: 0,
-            },
-            system_prompt: "be brief".into(),
-            toolsets: vec![],
-            tools: vec![],
-            cwd: home.display().to_string(),
-            max_steps: 4,
-            approvals: drover_protocol::ApprovalMode::Auto,
-            home: home.display().to_string(),
-            approval_grants: Vec::new(),
-            background_processes: Vec::new(),
-            mcp_servers: Default::default(),
-            jobs_wire: Default::default(),
-        },
-        history: vec![],
-        input: "hello".into(),
-    }))
+    let mut bootstrap = common::turn_bootstrap(mock, home);
+    bootstrap.scope.execution_id = "exec-p".into();
+    bootstrap.scope.secret = SECRET.into();
+    bootstrap.policy.api_key = Some(API_KEY.into());
+    bootstrap.policy.tools = vec![];
+    bootstrap.history = vec![];
+    OwnerFrame::Bootstrap(Box::new(bootstrap))
 }
 
 async fn worker_process_finishes_a_turn_over_real_pipes() {
@@ -192,37 +176,21 @@ async fn worker_process_finishes_a_turn_over_real_pipes() {
 
 async fn worker_process_exits_one_at_end_of_stdin() {
     let mock = MockModel::start().await;
-    let gate = Gate::new();
-    mock.push(Reply::text("never").gated(&gate));
-    let mut worker = Worker::spawn(std::process::id());
-    let frame = bootstrap(&mock, worker.home());
-    worker.send(&frame).await;
-    assert!(gate.wait_reached(WAIT).await, "the model request arrives");
+    let (mut worker, gate) = Worker::held(&mock).await;
     drop(worker.stdin.take());
-    assert_eq!(worker.status().await.code(), Some(1));
-    assert_eq!(worker.next_persist().await, None, "no execution.finish");
-    gate.open();
-    worker.assert_log_is_clean();
+    worker.assert_aborted(gate).await;
 }
 
 async fn worker_process_exits_one_on_sigterm() {
     let mock = MockModel::start().await;
-    let gate = Gate::new();
-    mock.push(Reply::text("never").gated(&gate));
-    let mut worker = Worker::spawn(std::process::id());
-    let frame = bootstrap(&mock, worker.home());
-    worker.send(&frame).await;
-    assert!(gate.wait_reached(WAIT).await, "the model request arrives");
+    let (worker, gate) = Worker::held(&mock).await;
     let pid = worker.child.id().expect("pid") as i32;
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid),
         nix::sys::signal::Signal::SIGTERM,
     )
     .expect("SIGTERM");
-    assert_eq!(worker.status().await.code(), Some(1));
-    assert_eq!(worker.next_persist().await, None, "no execution.finish");
-    gate.open();
-    worker.assert_log_is_clean();
+    worker.assert_aborted(gate).await;
 }
 
 async fn worker_process_exits_at_once_when_its_parent_is_not_the_owner() {
@@ -268,10 +236,7 @@ async fn worker_process_stops_when_the_owner_thread_that_spawned_it_dies() {
         tokio::process::ChildStdin::from_std(child.stdin.take().expect("stdin")).expect("stdin");
     let stdout =
         tokio::process::ChildStdout::from_std(child.stdout.take().expect("stdout")).expect("out");
-    let mut line = serde_json::to_string(&bootstrap(&mock, home.path())).expect("json");
-    line.push('\n');
-    stdin.write_all(line.as_bytes()).await.expect("write");
-    stdin.flush().await.expect("flush");
+    write_frame(&mut stdin, &bootstrap(&mock, home.path())).await;
     assert!(gate.wait_reached(WAIT).await, "the model request arrives");
 
     release_tx.send(()).expect("release");
@@ -318,18 +283,7 @@ async fn worker_process_kills_foreground_groups_when_stdin_closes() {
             })
             .await;
     }
-    let pid: i32 = tokio::time::timeout(WAIT, async {
-        loop {
-            if let Ok(text) = std::fs::read_to_string(&pid_file) {
-                if let Ok(pid) = text.trim().parse() {
-                    return pid;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .expect("the command starts");
+    let pid = pid_from_file(&pid_file).await;
     assert!(drover_tools::platform::is_alive(pid));
 
     drop(worker.stdin.take());

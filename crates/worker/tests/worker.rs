@@ -3,10 +3,10 @@
 
 mod common;
 
-use common::{bootstrap, terminal_schema, Owner, WAIT};
+use common::{bootstrap, terminal_schema, HeldTurn, Owner, WAIT};
 use drover_protocol::worker::{OwnerFrame, TranscriptAppend, TurnOutcome, UsageAdd};
 use drover_protocol::ChatMessage;
-use drover_test_support::{Gate, MockModel, Reply};
+use drover_test_support::{MockModel, Reply};
 use drover_worker::WorkerExit;
 use serde_json::json;
 use tokio::io::AsyncWriteExt;
@@ -95,27 +95,20 @@ async fn completed_turn_persists_in_sequence_and_exits_zero() {
 
 #[tokio::test]
 async fn stop_mid_turn_finishes_interrupted_and_exits_zero() {
-    let home = tempfile::tempdir().expect("tempdir");
-    let mock = MockModel::start().await;
-    let gate = Gate::new();
-    mock.push(Reply::text("too late").gated(&gate));
-    let mut owner = Owner::spawn();
-    owner.send(&bootstrap(&mock, home.path())).await;
-    assert!(gate.wait_reached(WAIT).await, "the model request arrives");
-
-    owner
+    let mut held = HeldTurn::start("too late").await;
+    held.owner
         .send(&OwnerFrame::Stop {
             reason: "interrupt".into(),
         })
         .await;
-    let finish = owner.receipt_all_until_finish().await;
-    gate.open();
-    assert_eq!(owner.operations(), vec!["execution.finish"]);
-    assert_eq!(owner.persists[0].sequence, 1);
+    let finish = held.owner.receipt_all_until_finish().await;
+    held.gate.open();
+    assert_eq!(held.owner.operations(), vec!["execution.finish"]);
+    assert_eq!(held.owner.persists[0].sequence, 1);
     assert_eq!(finish.outcome, TurnOutcome::Interrupted);
     assert_eq!(finish.result.api_calls, 0);
     assert_eq!(finish.result.model, "mock-model");
-    assert_eq!(owner.exited().await, WorkerExit::Finished);
+    assert_eq!(held.owner.exited().await, WorkerExit::Finished);
 }
 
 #[tokio::test]
@@ -144,15 +137,8 @@ async fn refused_persist_exits_two_without_execution_finish() {
 
 #[tokio::test]
 async fn owner_end_of_file_exits_one_without_execution_finish() {
-    let home = tempfile::tempdir().expect("tempdir");
-    let mock = MockModel::start().await;
-    let gate = Gate::new();
-    mock.push(Reply::text("never seen").gated(&gate));
-    let mut owner = Owner::spawn();
-    owner.send(&bootstrap(&mock, home.path())).await;
-    assert!(gate.wait_reached(WAIT).await, "the model request arrives");
-
-    let Owner { writer, worker, .. } = owner;
+    let held = HeldTurn::start("never seen").await;
+    let Owner { writer, worker, .. } = held.owner;
     // Closing only the owner's writing side is enough: the worker sees end of stdin.
     let mut writer = writer;
     writer.shutdown().await.expect("shutdown");
@@ -160,51 +146,38 @@ async fn owner_end_of_file_exits_one_without_execution_finish() {
         .await
         .expect("exits in time")
         .expect("task");
-    gate.open();
+    held.gate.open();
     assert_eq!(exit, WorkerExit::Aborted);
     assert_eq!(exit.code(), 1);
 }
 
 #[tokio::test]
 async fn sigterm_shutdown_exits_one_without_execution_finish() {
-    let home = tempfile::tempdir().expect("tempdir");
-    let mock = MockModel::start().await;
-    let gate = Gate::new();
-    mock.push(Reply::text("never seen").gated(&gate));
-    let mut owner = Owner::spawn();
-    owner.send(&bootstrap(&mock, home.path())).await;
-    assert!(gate.wait_reached(WAIT).await, "the model request arrives");
-    owner.shutdown.cancel();
-    assert_eq!(owner.next_persist().await, None);
-    gate.open();
-    assert_eq!(owner.exited().await, WorkerExit::Aborted);
+    let mut held = HeldTurn::start("never seen").await;
+    held.owner.shutdown.cancel();
+    assert_eq!(held.owner.next_persist().await, None);
+    held.gate.open();
+    assert_eq!(held.owner.exited().await, WorkerExit::Aborted);
 }
 
 #[tokio::test]
 async fn oversize_owner_line_fails_the_turn() {
-    let home = tempfile::tempdir().expect("tempdir");
-    let mock = MockModel::start().await;
-    let gate = Gate::new();
-    mock.push(Reply::text("never seen").gated(&gate));
-    let mut owner = Owner::spawn();
-    owner.send(&bootstrap(&mock, home.path())).await;
-    assert!(gate.wait_reached(WAIT).await, "the model request arrives");
-
+    let mut held = HeldTurn::start("never seen").await;
     let huge = format!(
         "{}\n",
         "x".repeat(drover_protocol::worker::MAX_FRAME_BYTES + 1)
     );
-    owner
+    held.owner
         .writer
         .write_all(huge.as_bytes())
         .await
         .expect("write");
-    let finish = owner.receipt_all_until_finish().await;
-    gate.open();
+    let finish = held.owner.receipt_all_until_finish().await;
+    held.gate.open();
     assert_eq!(finish.outcome, TurnOutcome::Failed);
     let error = finish.error.unwrap_or_default();
     assert!(error.contains("frame limit"), "{error}");
-    assert_eq!(owner.exited().await, WorkerExit::Finished);
+    assert_eq!(held.owner.exited().await, WorkerExit::Finished);
 }
 
 #[tokio::test]

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{bootstrap, Owner, WAIT};
+use common::{bootstrap, Owner};
 use drover_protocol::worker::{OwnerFrame, TranscriptAppend, TurnOutcome};
 use drover_protocol::ChatMessage;
 use drover_test_support::{MockModel, Reply};
@@ -71,18 +71,7 @@ async fn stop_during_a_terminal_command_kills_it_and_finishes_interrupted() {
         let frame = owner.next_persist().await.expect("persist");
         owner.receipt(frame.sequence, json!({})).await;
     }
-    let pid: i32 = tokio::time::timeout(WAIT, async {
-        loop {
-            if let Ok(text) = std::fs::read_to_string(&pid_file) {
-                if let Ok(pid) = text.trim().parse() {
-                    return pid;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .expect("the command starts");
+    let pid = common::pid_from_file(&pid_file).await;
 
     let stopped_at = std::time::Instant::now();
     owner

@@ -15,8 +15,11 @@ use async_trait::async_trait;
 use serde_json::{json, Value};
 
 use super::write::prepare_write;
-use super::{display_path, io_problem, looks_binary, resolve, write_atomic};
-use crate::args::{error_output, json_output, Args};
+use super::{
+    blocking, display_path, io_problem, looks_binary, path_context, path_schema, resolve,
+    write_atomic,
+};
+use crate::args::{result_output, Args};
 use crate::{Tool, ToolContext, ToolOutput};
 
 const DESCRIPTION: &str = "Edit a text file by replacing an exact piece of text. \
@@ -45,10 +48,7 @@ impl Tool for PatchTool {
                 "parameters": {
                     "type": "object",
                     "properties": {
-                        "path": {
-                            "type": "string",
-                            "description": "The file to edit; relative paths are relative to the session's working directory."
-                        },
+                        "path": path_schema("The file to edit"),
                         "old_string": {
                             "type": "string",
                             "description": "The exact text to replace."
@@ -71,50 +71,33 @@ impl Tool for PatchTool {
 
     /// The path.
     fn context(&self, args: &Value) -> String {
-        match args.get("path").and_then(Value::as_str) {
-            Some(path) => crate::one_line(path),
-            None => crate::preview(self.name(), args),
-        }
+        path_context(self.name(), args)
     }
 
     async fn call(&self, args: Value, ctx: &ToolContext) -> ToolOutput {
-        let edit = match Edit::parse(&args) {
-            Ok(edit) => edit,
-            Err(message) => return error_output(message),
-        };
-        let path = resolve(&ctx.cwd, &edit.path);
-        // Check the edit applies before asking anyone to approve it.
-        let source = path.clone();
-        let text = match tokio::task::spawn_blocking(move || read_text(&source)).await {
-            Ok(Ok(text)) => text,
-            Ok(Err(message)) => return error_output(message),
-            Err(e) => return error_output(format!("patch failed: {e}")),
-        };
-        let planned = match edit.apply(&text, &path) {
-            Ok(planned) => planned,
-            Err(message) => return error_output(message),
-        };
-        let target = match prepare_write(&path, "patch", ctx).await {
-            Ok(target) => target,
-            Err(message) => return error_output(message),
-        };
-        let cwd = ctx.cwd.clone();
-        let written = tokio::task::spawn_blocking(move || {
-            write_atomic(&target, planned.text.as_bytes(), None)
-                .map_err(|e| io_problem("path", &target, &e))?;
-            Ok::<_, String>(json!({
-                "path": display_path(&cwd, &target),
-                "replacements": planned.replacements,
-                "line": planned.line,
-            }))
-        })
-        .await;
-        match written {
-            Ok(Ok(result)) => json_output(&result),
-            Ok(Err(message)) => error_output(message),
-            Err(e) => error_output(format!("patch failed: {e}")),
-        }
+        result_output(patch(&args, ctx).await)
     }
+}
+
+async fn patch(args: &Value, ctx: &ToolContext) -> Result<Value, String> {
+    let edit = Edit::parse(args)?;
+    let path = resolve(&ctx.cwd, &edit.path);
+    // Check the edit applies before asking anyone to approve it.
+    let source = path.clone();
+    let text = blocking("patch", move || read_text(&source)).await?;
+    let planned = edit.apply(&text, &path)?;
+    let target = prepare_write(&path, "patch", ctx).await?;
+    let cwd = ctx.cwd.clone();
+    blocking("patch", move || {
+        write_atomic(&target, planned.text.as_bytes(), None)
+            .map_err(|e| io_problem("path", &target, &e))?;
+        Ok(json!({
+            "path": display_path(&cwd, &target),
+            "replacements": planned.replacements,
+            "line": planned.line,
+        }))
+    })
+    .await
 }
 
 /// A validated call.

@@ -14,8 +14,8 @@ use std::path::Path;
 use async_trait::async_trait;
 use serde_json::{json, Value};
 
-use super::{display_path, io_problem, looks_binary, read_head, resolve};
-use crate::args::{error_output, json_output, Args};
+use super::{blocking, display_path, io_problem, looks_binary, path_schema, read_head, resolve};
+use crate::args::{result_output, Args};
 use crate::{Tool, ToolContext, ToolOutput};
 
 /// Lines shown when the call gives no `limit`.
@@ -52,10 +52,7 @@ impl Tool for ReadFileTool {
                 "parameters": {
                     "type": "object",
                     "properties": {
-                        "path": {
-                            "type": "string",
-                            "description": "The file to read; relative paths are relative to the session's working directory."
-                        },
+                        "path": path_schema("The file to read"),
                         "offset": {
                             "type": "integer",
                             "description": "The first line to show, counting from 1 (default 1).",
@@ -87,17 +84,11 @@ impl Tool for ReadFileTool {
     }
 
     async fn call(&self, args: Value, ctx: &ToolContext) -> ToolOutput {
-        let request = match Request::parse(&args, &ctx.cwd) {
-            Ok(request) => request,
-            Err(message) => return error_output(message),
-        };
         let cwd = ctx.cwd.clone();
-        let read = tokio::task::spawn_blocking(move || request.read(&cwd)).await;
-        match read {
-            Ok(Ok(result)) => json_output(&result),
-            Ok(Err(message)) => error_output(message),
-            Err(e) => error_output(format!("read_file failed: {e}")),
-        }
+        result_output(match Request::parse(&args, &cwd) {
+            Ok(request) => blocking("read_file", move || request.read(&cwd)).await,
+            Err(message) => Err(message),
+        })
     }
 }
 

@@ -26,8 +26,8 @@ use regex::Regex;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
-use super::{display_path, io_problem, looks_binary, resolve};
-use crate::args::{error_output, json_output, Args};
+use super::{blocking, display_path, io_problem, looks_binary, resolve};
+use crate::args::{result_output, Args};
 use crate::{Tool, ToolContext, ToolOutput};
 
 /// Matches returned when the call gives no `max_results`.
@@ -109,18 +109,11 @@ impl Tool for SearchFilesTool {
     }
 
     async fn call(&self, args: Value, ctx: &ToolContext) -> ToolOutput {
-        let request = match Request::parse(&args, &ctx.cwd) {
-            Ok(request) => request,
-            Err(message) => return error_output(message),
-        };
-        let cwd = ctx.cwd.clone();
-        let cancel = ctx.cancel.clone();
-        let searched = tokio::task::spawn_blocking(move || request.search(&cwd, &cancel)).await;
-        match searched {
-            Ok(Ok(result)) => json_output(&result),
-            Ok(Err(message)) => error_output(message),
-            Err(e) => error_output(format!("search_files failed: {e}")),
-        }
+        let (cwd, cancel) = (ctx.cwd.clone(), ctx.cancel.clone());
+        result_output(match Request::parse(&args, &cwd) {
+            Ok(request) => blocking("search_files", move || request.search(&cwd, &cancel)).await,
+            Err(message) => Err(message),
+        })
     }
 }
 

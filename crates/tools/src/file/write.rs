@@ -13,8 +13,11 @@ use std::path::Path;
 use async_trait::async_trait;
 use serde_json::{json, Value};
 
-use super::{allow_write, display_path, io_problem, real_path, resolve, write_atomic};
-use crate::args::{error_output, json_output, Args};
+use super::{
+    allow_write, blocking, display_path, io_problem, path_context, path_schema, real_path, resolve,
+    write_atomic,
+};
+use crate::args::{result_output, Args};
 use crate::{Tool, ToolContext, ToolOutput};
 
 const DESCRIPTION: &str = "Create a file, or replace its whole content, with `content`. \
@@ -41,10 +44,7 @@ impl Tool for WriteFileTool {
                 "parameters": {
                     "type": "object",
                     "properties": {
-                        "path": {
-                            "type": "string",
-                            "description": "The file to write; relative paths are relative to the session's working directory."
-                        },
+                        "path": path_schema("The file to write"),
                         "content": {
                             "type": "string",
                             "description": "The complete new content of the file."
@@ -59,36 +59,23 @@ impl Tool for WriteFileTool {
 
     /// The path.
     fn context(&self, args: &Value) -> String {
-        match args.get("path").and_then(Value::as_str) {
-            Some(path) => crate::one_line(path),
-            None => crate::preview(self.name(), args),
-        }
+        path_context(self.name(), args)
     }
 
     async fn call(&self, args: Value, ctx: &ToolContext) -> ToolOutput {
-        let (path, content) = match parse(&args) {
-            Ok(parsed) => parsed,
-            Err(message) => return error_output(message),
-        };
-        let target = match prepare_write(&resolve(&ctx.cwd, path), "write_file", ctx).await {
-            Ok(target) => target,
-            Err(message) => return error_output(message),
-        };
-        let cwd = ctx.cwd.clone();
-        let written = tokio::task::spawn_blocking(move || write(&target, &content, &cwd)).await;
-        match written {
-            Ok(Ok(result)) => json_output(&result),
-            Ok(Err(message)) => error_output(message),
-            Err(e) => error_output(format!("write_file failed: {e}")),
-        }
+        result_output(write_file(&args, ctx).await)
     }
 }
 
-fn parse(args: &Value) -> Result<(&str, String), String> {
+async fn write_file(args: &Value, ctx: &ToolContext) -> Result<Value, String> {
     let args = Args::object(args, "with \"path\" and \"content\" strings")?;
     let path = args.required_text("path", "the file to write")?;
-    let content = args.required_str("content", "the new content of the file")?;
-    Ok((path, content.to_string()))
+    let content = args
+        .required_str("content", "the new content of the file")?
+        .to_string();
+    let target = prepare_write(&resolve(&ctx.cwd, path), "write_file", ctx).await?;
+    let cwd = ctx.cwd.clone();
+    blocking("write_file", move || write(&target, &content, &cwd)).await
 }
 
 /// The file a write of `path` really changes (symlinks resolved), once the approval policy

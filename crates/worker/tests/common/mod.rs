@@ -12,10 +12,13 @@ use drover_protocol::worker::{
     Bootstrap, ExecutionFinish, OwnerFrame, PersistFrame, Policy, Scope, WorkerFrame,
 };
 use drover_protocol::{ChatMessage, Role};
-use drover_test_support::MockModel;
+use drover_test_support::{Gate, MockModel, Reply};
 use drover_worker::{run_worker, WorkerExit};
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, DuplexStream, ReadHalf, WriteHalf};
+use tokio::io::{
+    AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt, BufReader, DuplexStream, ReadHalf,
+    WriteHalf,
+};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -54,25 +57,13 @@ impl Owner {
     }
 
     pub async fn send(&mut self, frame: &OwnerFrame) {
-        let mut line = serde_json::to_string(frame).expect("json");
-        line.push('\n');
-        self.writer.write_all(line.as_bytes()).await.expect("write");
-        self.writer.flush().await.expect("flush");
+        write_frame(&mut self.writer, frame).await;
     }
 
     /// The next persist frame (deltas are collected on the way); `None` at end of file.
     pub async fn next_persist(&mut self) -> Option<PersistFrame> {
         loop {
-            let mut line = String::new();
-            let n = tokio::time::timeout(WAIT, self.reader.read_line(&mut line))
-                .await
-                .expect("a frame from the worker in time")
-                .expect("read");
-            if n == 0 {
-                return None;
-            }
-            assert!(line.ends_with('\n'), "every frame is one whole line");
-            match serde_json::from_str::<WorkerFrame>(&line).expect("a worker frame") {
+            match read_frame(&mut self.reader, WAIT).await? {
                 WorkerFrame::Delta { text } => self.deltas.push(text),
                 WorkerFrame::Persist(frame) => {
                     self.persists.push(frame.clone());
@@ -113,6 +104,78 @@ impl Owner {
     }
 }
 
+/// A worker whose one model request (answered `reply` once the gate opens) is held at the
+/// gate: it has its bootstrap and the request has reached the model.
+pub struct HeldTurn {
+    pub owner: Owner,
+    pub gate: Gate,
+    pub mock: MockModel,
+    pub home: tempfile::TempDir,
+}
+
+impl HeldTurn {
+    pub async fn start(reply: &str) -> HeldTurn {
+        let home = tempfile::tempdir().expect("tempdir");
+        let mock = MockModel::start().await;
+        let gate = Gate::new();
+        mock.push(Reply::text(reply).gated(&gate));
+        let mut owner = Owner::spawn();
+        owner.send(&bootstrap(&mock, home.path())).await;
+        assert!(gate.wait_reached(WAIT).await, "the model request arrives");
+        HeldTurn {
+            owner,
+            gate,
+            mock,
+            home,
+        }
+    }
+}
+
+/// Writes `frame` to the worker as one line.
+pub async fn write_frame(writer: &mut (impl AsyncWrite + Unpin), frame: &OwnerFrame) {
+    let mut line = serde_json::to_string(frame).expect("json");
+    line.push('\n');
+    writer.write_all(line.as_bytes()).await.expect("write");
+    writer.flush().await.expect("flush");
+}
+
+/// The worker's next frame within `wait`; `None` at end of file. Every line must be one whole
+/// worker frame.
+pub async fn read_frame(
+    reader: &mut (impl AsyncBufRead + Unpin),
+    wait: Duration,
+) -> Option<WorkerFrame> {
+    let mut line = String::new();
+    let n = tokio::time::timeout(wait, reader.read_line(&mut line))
+        .await
+        .expect("a frame from the worker in time")
+        .expect("read");
+    if n == 0 {
+        return None;
+    }
+    assert!(line.ends_with('\n'), "every frame is one whole line");
+    Some(
+        serde_json::from_str(&line)
+            .unwrap_or_else(|e| panic!("not a worker frame ({e}): {line:?}")),
+    )
+}
+
+/// The pid a tool's command wrote to `pid_file`, once it has.
+pub async fn pid_from_file(pid_file: &Path) -> i32 {
+    tokio::time::timeout(WAIT, async {
+        loop {
+            if let Ok(text) = std::fs::read_to_string(pid_file) {
+                if let Ok(pid) = text.trim().parse() {
+                    return pid;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the command starts")
+}
+
 pub fn terminal_schema() -> Value {
     json!({"type": "function", "function": {
         "name": "terminal", "description": "frozen at create",
@@ -120,7 +183,13 @@ pub fn terminal_schema() -> Value {
 }
 
 pub fn bootstrap(mock: &MockModel, home: &Path) -> OwnerFrame {
-    OwnerFrame::Bootstrap(Box::new(Bootstrap {
+    OwnerFrame::Bootstrap(Box::new(turn_bootstrap(mock, home)))
+}
+
+/// The bootstrap of one turn of session `s1` (execution `exec-1`) on `mock`: input `hello`
+/// after a `before` user message, the `terminal` schema frozen, no toolset enabled.
+pub fn turn_bootstrap(mock: &MockModel, home: &Path) -> Bootstrap {
+    Bootstrap {
         scope: Scope {
             session_id: "s1".into(),
             admission_id: "a1".into(),
@@ -152,5 +221,5 @@ pub fn bootstrap(mock: &MockModel, home: &Path) -> OwnerFrame {
         },
         history: vec![ChatMessage::text(Role::User, "before")],
         input: "hello".into(),
-    }))
+    }
 }
