@@ -4,8 +4,9 @@ Owns the client side of the WebSocket JSON-RPC protocol: reading `<home>/daemon.
 authenticating, the methods, typed errors, and an event stream that survives dropped
 connections and owner restarts without yielding an event twice or skipping one.
 
-Layers: `types` (wire shapes, to be generated from `schema/`), `errors` (typed exceptions),
-`_rpc` (one connection: requests and routed events), `client` (`Client`, `Session`).
+Layers: `types` (wire shapes, generated from `schema/` by `scripts/gen_types.py`), `errors`
+(typed exceptions), `_rpc` (one connection: requests and routed events), `client` (`Client`,
+`Session`).
 
     import asyncio
     from drover_client import Client

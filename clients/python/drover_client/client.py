@@ -19,7 +19,7 @@ import ssl
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypedDict, cast
 
 from websockets.exceptions import InvalidHandshake
 
@@ -35,7 +35,6 @@ from .types import (
     ApprovalChoice,
     ApprovalPrompt,
     ClarifyPrompt,
-    DaemonInfo,
     Event,
     EventsSince,
     InterruptResult,
@@ -45,6 +44,19 @@ from .types import (
     SessionList,
     SessionSnapshot,
 )
+
+
+class DaemonInfo(TypedDict):
+    """`<home>/daemon.json`, written by the daemon once it is ready (a file, not a wire type,
+    so not in the protocol's schema)."""
+
+    pid: int
+    epoch: int
+    instance_id: str
+    url: str
+    token: str
+    started_at: float
+
 
 SnapshotCallback = Callable[[SessionSnapshot], Awaitable[None] | None]
 

@@ -15,7 +15,17 @@ import asyncio
 import sys
 from typing import Literal
 
-from drover_client import Client, DroverError
+from drover_client import Client, DroverError, Session
+from drover_client.types import OpenPrompt
+
+
+async def answer(session: Session, prompt: OpenPrompt, approve: Literal["once", "deny"]) -> None:
+    """Answers an approval with `approve`, a clarify question from stdin."""
+    if prompt["kind"] == "approval":
+        print(f"\n[approval: {prompt['command']} -> {approve}]", file=sys.stderr)
+        await session.respond_approval(prompt, approve)
+    else:
+        await session.respond_clarify(prompt, input(f"\n{prompt['question']} "))
 
 
 async def run(home: str | None, session_id: str | None, approve: Literal["once", "deny"], prompt: str) -> int:
@@ -23,21 +33,18 @@ async def run(home: str | None, session_id: str | None, approve: Literal["once",
         session = await client.resume(session_id) if session_id else await client.create_session(title=prompt[:40])
         print(f"session {session.id}", file=sys.stderr)
         receipt = await session.submit(prompt)
+        # `event["type"]` says which payload the event carries (types.SessionEvent).
         async for event in session.events():
-            kind, payload = event["type"], event["payload"]
-            if kind == "message.delta":
-                print(payload["text"], end="", flush=True)
-            elif kind == "tool.start":
-                print(f"\n[tool {payload['name']}: {payload['context']}]", file=sys.stderr)
-            elif kind == "approval.request":
-                print(f"\n[approval: {payload['command']} -> {approve}]", file=sys.stderr)
-                await session.respond_approval(payload, approve)
-            elif kind == "clarify.request":
-                answer = input(f"\n{payload['question']} ")
-                await session.respond_clarify(payload, answer)
-            elif kind == "turn.settled" and payload["admission_id"] == receipt["admission_id"]:
-                outcome = payload["outcome"]
-                print(f"\n[turn {outcome}{': ' + payload['error'] if payload.get('error') else ''}]", file=sys.stderr)
+            if event["type"] == "message.delta":
+                print(event["payload"]["text"], end="", flush=True)
+            elif event["type"] == "tool.start":
+                tool = event["payload"]
+                print(f"\n[tool {tool['name']}: {tool['context']}]", file=sys.stderr)
+            elif event["type"] == "approval.request" or event["type"] == "clarify.request":
+                await answer(session, event["payload"], approve)
+            elif event["type"] == "turn.settled" and event["payload"]["admission_id"] == receipt["admission_id"]:
+                outcome, error = event["payload"]["outcome"], event["payload"].get("error")
+                print(f"\n[turn {outcome}{': ' + error if error else ''}]", file=sys.stderr)
                 if outcome == "unknown":
                     await session.resolve_unknown(receipt["admission_id"])
                     print("[resolved the unknown turn as interrupted]", file=sys.stderr)

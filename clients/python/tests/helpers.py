@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from drover_client import Event, Session
+from drover_client.types import SessionEventTurnSettled
 
 from conftest import WAIT_S
 
@@ -54,11 +55,13 @@ class EventLog:
                     await self._changed.wait()
                 return event
 
-    async def settled(self, admission_id: str, timeout: float = WAIT_S) -> Event:
-        return await self.wait_for(
-            lambda e: e["type"] == "turn.settled" and e["payload"].get("admission_id") == admission_id,
+    async def settled(self, admission_id: str, timeout: float = WAIT_S) -> SessionEventTurnSettled:
+        event = await self.wait_for(
+            lambda e: e["type"] == "turn.settled" and e["payload"]["admission_id"] == admission_id,
             timeout,
         )
+        assert event["type"] == "turn.settled"
+        return event
 
     async def close(self) -> None:
         self._task.cancel()

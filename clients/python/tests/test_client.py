@@ -55,8 +55,8 @@ async def test_a_turn_streams_and_settles(daemon: Daemon, model: FakeModel, tmp_
 
         final = await session.receipt(receipt["admission_id"], include_result=True)
         assert final["status"] == "terminal" and final["outcome"] == "completed"
-        result = final.get("result") or {}
-        assert result.get("final_response") == "hello there, world"
+        result = final.get("result")
+        assert result is not None and result["final_response"] == "hello there, world"
         # The same input_id is the same admission, never a second one.
         again = await session.submit("hi", input_id="fixed")
         assert (await session.submit("hi", input_id="fixed"))["admission_id"] == again["admission_id"]
@@ -124,10 +124,12 @@ async def test_approval_and_clarify_prompts(daemon: Daemon, model: FakeModel, tm
         receipt = await session.submit("clean up")
 
         approval = await log.wait_for(lambda e: e["type"] == "approval.request")
-        assert approval["payload"]["command"] == "rm -rf scratch"
-        answer = await session.respond_approval(approval["payload"], "deny")
+        assert approval["type"] == "approval.request"
+        prompt = approval["payload"]
+        assert prompt["kind"] == "approval" and prompt["command"] == "rm -rf scratch"
+        answer = await session.respond_approval(prompt, "deny")
         assert answer["status"] == "resolved"
-        again = await session.respond_approval(approval["payload"], "once")
+        again = await session.respond_approval(prompt, "once")
         assert again["status"] == "already_resolved"
 
         question = await log.wait_for(lambda e: e["type"] == "clarify.request")
@@ -229,6 +231,7 @@ async def test_interrupt_the_running_turn(daemon: Daemon, model: FakeModel) -> N
         log = EventLog(session)
         receipt = await session.submit("long")
         started = await log.wait_for(lambda e: e["type"] == "turn.started")
+        assert started["type"] == "turn.started"
         assert session.execution_generation == started["payload"]["execution_generation"]
         assert await session.interrupt() == {"execution_state": "interrupting"}
         settled = await log.settled(receipt["admission_id"])

@@ -1,4 +1,7 @@
-//! A small WebSocket JSON-RPC client for the owner (used by `drover run` and `drover sessions`).
+//! A small WebSocket JSON-RPC client for the owner (used by `drover run`, `drover sessions`
+//! and `drover approvals`). Requests are [`ClientRequest`]s; results and events are read into
+//! the typed protocol ([`drover_protocol::client`], [`SessionEvent`]), and one that does not
+//! parse is an error naming the method or the event type, never a default.
 
 use std::collections::VecDeque;
 use std::path::Path;
@@ -6,12 +9,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
-use drover_protocol::event::Event;
-use drover_protocol::rpc::RpcError;
+use drover_protocol::event::{Event, SessionEvent};
+use drover_protocol::rpc::{self, RpcError};
+use drover_protocol::ClientRequest;
 use futures::{SinkExt, StreamExt};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified};
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
-use serde_json::{json, Value};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::Value;
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
@@ -96,12 +102,54 @@ impl rustls::client::danger::ServerCertVerifier for PinnedCert {
     }
 }
 
+/// A message from the daemon: an answer to a request, or a notification (`event`).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Incoming {
+    Notification(rpc::Notification),
+    Response(rpc::Response),
+}
+
+/// Reads the `result` of `method` as `R`; a result that does not parse names the method and
+/// the place in it.
+pub fn parse_result<R: DeserializeOwned>(method: &str, result: Value) -> Result<R> {
+    serde_path_to_error::deserialize(result)
+        .map_err(|e| anyhow!("{method}: the daemon's result does not parse{}", at(&e)))
+}
+
+/// ` (at `sessions[0].running`): <why>`, or `: <why>` when the place is the whole value.
+fn at(e: &serde_path_to_error::Error<serde_json::Error>) -> String {
+    match e.path().to_string().as_str() {
+        "." => format!(": {}", e.inner()),
+        path => format!(" (at `{path}`): {}", e.inner()),
+    }
+}
+
+/// Reads an `event` notification as a [`SessionEvent`]; `None` for other notifications and
+/// for event types this CLI does not know (a newer daemon may send them). A known event that
+/// does not parse names its type: the CLI and the daemon share these types, so a mismatch is
+/// a bug to report, not something to skip.
+fn parse_event(n: rpc::Notification) -> Result<Option<SessionEvent>> {
+    if n.method != "event" {
+        return Ok(None);
+    }
+    let kind = serde_json::from_value::<Event>(n.params.clone())
+        .map(|e| e.kind)
+        .unwrap_or_else(|_| "?".to_string());
+    if kind != "?" && !drover_protocol::event::EVENT_TYPES.contains(&kind.as_str()) {
+        return Ok(None);
+    }
+    serde_path_to_error::deserialize(n.params)
+        .map(Some)
+        .map_err(|e| anyhow!("event {kind}: the daemon's event does not parse{}", at(&e)))
+}
+
 /// One connection to the owner.
 pub struct Client {
     ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
     next_id: u64,
     /// Events that arrived while waiting for a response.
-    events: VecDeque<Event>,
+    events: VecDeque<SessionEvent>,
 }
 
 /// How long a single RPC may take before the client gives up.
@@ -138,61 +186,87 @@ impl Client {
         })
     }
 
-    /// Calls `method` and waits for its response (events that arrive meanwhile are queued).
-    /// The outer error is a transport failure; the inner one the owner's error answer.
-    pub async fn call(&mut self, method: &str, params: Value) -> Result<Result<Value, RpcError>> {
+    /// Calls `request` and reads its result as `R`, the method's result type (see
+    /// [`drover_protocol::MethodResult`]). The outer error is a transport failure or a result
+    /// that does not parse (naming the method); the inner one the owner's error answer.
+    pub async fn request<R: DeserializeOwned>(
+        &mut self,
+        request: &ClientRequest,
+    ) -> Result<Result<R, RpcError>> {
+        match self.request_value(request).await? {
+            Ok(value) => parse_result(request.method(), value).map(Ok),
+            Err(e) => Ok(Err(e)),
+        }
+    }
+
+    /// Calls `request` and waits for its response (events that arrive meanwhile are queued):
+    /// the result as the daemon sent it, for a caller that prints it whole.
+    pub async fn request_value(
+        &mut self,
+        request: &ClientRequest,
+    ) -> Result<Result<Value, RpcError>> {
+        let method = request.method();
         let id = self.next_id;
         self.next_id += 1;
-        let msg = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        let msg = rpc::Request {
+            jsonrpc: Some("2.0".into()),
+            id: Some(id.into()),
+            method: method.into(),
+            params: request.params(),
+        };
+        let text = serde_json::to_string(&msg).context("encoding the request")?;
         self.ws
-            .send(Message::Text(msg.to_string().into()))
+            .send(Message::Text(text.into()))
             .await
             .context("sending to the daemon")?;
         let deadline = tokio::time::Instant::now() + CALL_TIMEOUT;
         loop {
             let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let value = self
+            let incoming = self
                 .read(remaining)
                 .await?
                 .ok_or_else(|| anyhow!("{method}: no answer within {CALL_TIMEOUT:?}"))?;
-            if value.get("method").and_then(Value::as_str) == Some("event") {
-                if let Ok(e) = serde_json::from_value(value["params"].clone()) {
-                    self.events.push_back(e);
+            let response = match incoming {
+                Incoming::Notification(n) => {
+                    if let Some(e) = parse_event(n)? {
+                        self.events.push_back(e);
+                    }
+                    continue;
                 }
-                continue;
-            }
-            if value.get("id").and_then(Value::as_u64) != Some(id) {
-                continue;
-            }
-            if let Some(err) = value.get("error") {
-                let err: RpcError = serde_json::from_value(err.clone())
-                    .context("malformed error from the daemon")?;
-                return Ok(Err(err));
-            }
-            return Ok(Ok(value.get("result").cloned().unwrap_or(Value::Null)));
+                Incoming::Response(r) if r.id.as_u64() == Some(id) => r,
+                Incoming::Response(_) => continue,
+            };
+            return match (response.error, response.result) {
+                (Some(err), _) => Ok(Err(err)),
+                (None, Some(result)) => Ok(Ok(result)),
+                (None, None) => Err(anyhow!(
+                    "{method}: the daemon answered with neither a result nor an error"
+                )),
+            };
         }
     }
 
     /// The next event, waiting at most `timeout`; `Ok(None)` on timeout.
-    pub async fn next_event(&mut self, timeout: Duration) -> Result<Option<Event>> {
+    pub async fn next_event(&mut self, timeout: Duration) -> Result<Option<SessionEvent>> {
         if let Some(e) = self.events.pop_front() {
             return Ok(Some(e));
         }
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let Some(value) = self.read(remaining).await? else {
+            let Some(incoming) = self.read(remaining).await? else {
                 return Ok(None);
             };
-            if value.get("method").and_then(Value::as_str) == Some("event") {
-                if let Ok(e) = serde_json::from_value(value["params"].clone()) {
+            if let Incoming::Notification(n) = incoming {
+                if let Some(e) = parse_event(n)? {
                     return Ok(Some(e));
                 }
             }
         }
     }
 
-    async fn read(&mut self, timeout: Duration) -> Result<Option<Value>> {
+    /// The next message from the daemon, waiting at most `timeout`; `Ok(None)` on timeout.
+    async fn read(&mut self, timeout: Duration) -> Result<Option<Incoming>> {
         loop {
             let msg = match tokio::time::timeout(timeout, self.ws.next()).await {
                 Err(_) => return Ok(None),

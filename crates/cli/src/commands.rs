@@ -1,4 +1,5 @@
-//! The client subcommands: `run`, `sessions`, `stop`, and finding or starting the daemon.
+//! The client subcommands: `run`, `sessions`, `stop`, `approvals`, and finding or starting the
+//! daemon. Requests and results are the typed protocol ([`drover_protocol::client`]).
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -9,10 +10,20 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand};
 use drover_owner::config::Config;
 use drover_owner::home::DaemonInfo;
-use drover_protocol::event as ev;
-use serde_json::{json, Value};
+use drover_protocol::client::{
+    AdmissionOutcome, AdmissionReceipt, AdmissionRef, AdmissionStatus, ApprovalChoice,
+    ApprovalRespondParams, ApprovalRuleRef, ApprovalRuleRemoved, ApprovalRules, ClarifyAnswer,
+    ClarifyRespondParams, InterruptParams, NoParams, OpenPrompt, PromptReceiptParams,
+    PromptResponse, PromptSubmitParams, SessionCreateParams, SessionListParams, SessionPage,
+    SessionRef, SessionSnapshot,
+};
+use drover_protocol::event::{EventPayload, TurnEnd};
+use drover_protocol::rpc::ErrorData;
+use drover_protocol::{ClientRequest, RpcError};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
 
-use crate::client::Client;
+use crate::client::{parse_result, Client};
 use crate::Exit;
 
 /// `drover run` arguments (SPEC section 8).
@@ -148,9 +159,12 @@ fn spawn_daemon(home: &Path) -> Result<std::process::Child> {
 }
 
 /// `session.create` errors in the words of `drover run`'s flags.
-fn explain_create_error(e: &drover_protocol::RpcError, home: &Path) -> String {
+fn explain_create_error(e: &RpcError, home: &Path) -> String {
     let config = home.join("config.toml");
-    match e.data.get("field").and_then(|f| f.as_str()) {
+    let field = serde_json::from_value::<ErrorData>(e.data.clone())
+        .ok()
+        .and_then(|d| d.field);
+    match field.as_deref() {
         Some("base_url") => format!(
             "no model endpoint: pass --base-url URL, set [model] base_url in {}, or set $OPENAI_BASE_URL",
             config.display()
@@ -163,67 +177,105 @@ fn explain_create_error(e: &drover_protocol::RpcError, home: &Path) -> String {
     }
 }
 
-fn rpc<T>(r: Result<T, drover_protocol::RpcError>, what: &str) -> Result<T> {
-    r.map_err(|e| anyhow!("{what}: {e}"))
+/// Calls `request` and reads its result; an error answer fails with the method's name.
+async fn call<R: DeserializeOwned>(c: &mut Client, request: ClientRequest) -> Result<R> {
+    let method = request.method();
+    c.request(&request)
+        .await?
+        .map_err(|e| anyhow!("{method}: {e}"))
 }
 
 /// `drover run`.
 pub async fn run(home: PathBuf, args: RunArgs) -> Result<Exit> {
     let (_info, mut c) = ensure_daemon(&home).await?;
-    let snapshot = match &args.session {
-        Some(id) => match c.call("session.resume", json!({"session_id": id})).await? {
-            Ok(v) => v,
-            Err(e) if e.reason() == "not_found" => {
-                bail!(
-                    "no session {id} in {}; `drover sessions` lists them",
-                    home.display()
-                )
+    let snapshot: SessionSnapshot = match &args.session {
+        Some(id) => {
+            let resume = ClientRequest::SessionResume(SessionRef {
+                session_id: id.clone(),
+            });
+            match c.request(&resume).await? {
+                Ok(v) => v,
+                Err(e) if e.reason() == "not_found" => {
+                    bail!(
+                        "no session {id} in {}; `drover sessions` lists them",
+                        home.display()
+                    )
+                }
+                Err(e) => bail!("session.resume: {e}"),
             }
-            Err(e) => bail!("session.resume: {e}"),
-        },
+        }
         None => {
             let cwd = std::env::current_dir().context("cannot read the current directory")?;
-            let mut params = json!({
-                "request_id": uuid::Uuid::new_v4().to_string(),
-                "cwd": cwd,
-                "source": "cli",
-            });
-            if let Some(m) = &args.model {
-                params["model"] = json!(m);
-            }
+            let cwd = cwd
+                .to_str()
+                .ok_or_else(|| anyhow!("the current directory {} is not UTF-8", cwd.display()))?;
             // `$OPENAI_BASE_URL` of this command fills what config.toml leaves out (SPEC section
             // 1); the daemon may have been started from another environment.
             let base_url = args
                 .base_url
                 .clone()
                 .or_else(|| Config::load(&home).ok().and_then(|c| c.base_url()));
-            if let Some(u) = base_url {
-                params["base_url"] = json!(u);
-            }
-            match c.call("session.create", params).await? {
+            let create = ClientRequest::SessionCreate(SessionCreateParams {
+                request_id: uuid::Uuid::new_v4().to_string(),
+                cwd: Some(cwd.to_string()),
+                model: args.model.clone(),
+                base_url,
+                api_key: None,
+                toolsets: None,
+                system_prompt: None,
+                title: None,
+                source: Some("cli".into()),
+            });
+            match c.request(&create).await? {
                 Ok(v) => v,
                 Err(e) => bail!("{}", explain_create_error(&e, &home)),
             }
         }
     };
-    let session_id = snapshot["session_id"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
+    let session_id = snapshot.session_id;
     eprintln!("drover: session {session_id}");
-    let receipt = rpc(
-        c.call(
-            "prompt.submit",
-            json!({"session_id": session_id, "input_id": uuid::Uuid::new_v4().to_string(), "text": args.prompt}),
-        )
-        .await?,
-        "prompt.submit",
-    )?;
-    let admission_id = receipt["admission_id"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    follow(&mut c, &session_id, &admission_id, &args).await
+    let receipt: AdmissionReceipt = call(
+        &mut c,
+        ClientRequest::PromptSubmit(PromptSubmitParams {
+            session_id: session_id.clone(),
+            input_id: uuid::Uuid::new_v4().to_string(),
+            text: args.prompt.clone(),
+        }),
+    )
+    .await?;
+    follow(&mut c, &session_id, &receipt.admission_id, &args).await
+}
+
+/// The admission an event is about, for the events that name one.
+fn admission_of(event: &EventPayload) -> Option<&str> {
+    match event {
+        EventPayload::TurnStarted(p) => Some(&p.admission_id),
+        EventPayload::MessageComplete(p) => Some(&p.admission_id),
+        EventPayload::TurnSettled(p) => Some(&p.admission_id),
+        EventPayload::AdmissionUpdated(p) => Some(&p.admission_id),
+        _ => None,
+    }
+}
+
+/// How a settled receipt's turn ended: `unknown` while its status is, else its outcome.
+fn receipt_end(r: &AdmissionReceipt) -> Result<Option<TurnEnd>> {
+    let outcome = match r.status {
+        AdmissionStatus::Queued | AdmissionStatus::Started => return Ok(None),
+        AdmissionStatus::Unknown => return Ok(Some(TurnEnd::Unknown)),
+        AdmissionStatus::Terminal => r.outcome.ok_or_else(|| {
+            anyhow!(
+                "prompt.receipt: admission {} is terminal without an outcome",
+                r.admission_id
+            )
+        })?,
+    };
+    Ok(Some(match outcome {
+        AdmissionOutcome::Completed => TurnEnd::Completed,
+        AdmissionOutcome::Interrupted => TurnEnd::Interrupted,
+        AdmissionOutcome::Failed => TurnEnd::Failed,
+        AdmissionOutcome::Rejected => TurnEnd::Rejected,
+        AdmissionOutcome::Cancelled => TurnEnd::Cancelled,
+    }))
 }
 
 /// Streams one admission's events until it settles.
@@ -248,70 +300,72 @@ async fn follow(
                     return Ok(Exit::Interrupted);
                 }
                 eprintln!("\ndrover: interrupting (Ctrl-C again to leave at once)");
-                match generation {
-                    Some(g) => { let _ = c.call("session.interrupt", json!({"session_id": session_id, "execution_generation": g})).await?; }
-                    None => { let _ = c.call("prompt.cancel", json!({"session_id": session_id, "admission_id": admission_id})).await?; }
-                }
+                // Either answer will do: the turn's events say what happened.
+                let stop = match generation {
+                    Some(g) => ClientRequest::SessionInterrupt(InterruptParams {
+                        session_id: session_id.to_string(),
+                        execution_generation: g,
+                    }),
+                    None => ClientRequest::PromptCancel(AdmissionRef {
+                        session_id: session_id.to_string(),
+                        admission_id: admission_id.to_string(),
+                    }),
+                };
+                let _ = c.request_value(&stop).await?;
                 continue;
             }
         };
         let Some(event) = event else {
             // Quiet for a while: make sure the turn did not settle while we were not looking.
-            let r = rpc(
-                c.call("prompt.receipt", json!({"session_id": session_id, "admission_id": admission_id, "include_result": true}))
-                    .await?,
-                "prompt.receipt",
-            )?;
-            if r["status"] == "terminal" || r["status"] == "unknown" {
-                let outcome = r["outcome"].as_str().unwrap_or("unknown").to_string();
-                return Ok(finish(
-                    &outcome,
-                    r["result"].get("error").and_then(Value::as_str),
-                    interrupts,
-                ));
+            let r: AdmissionReceipt = call(
+                c,
+                ClientRequest::PromptReceipt(PromptReceiptParams {
+                    session_id: session_id.to_string(),
+                    admission_id: admission_id.to_string(),
+                    include_result: Some(true),
+                }),
+            )
+            .await?;
+            if let Some(end) = receipt_end(&r)? {
+                let error = r.result.as_ref().and_then(|res| res.error.as_deref());
+                return Ok(finish(end, error, interrupts));
             }
             continue;
         };
-        let p = &event.payload;
-        let ours = p.get("admission_id").and_then(Value::as_str) == Some(admission_id);
-        match event.kind.as_str() {
-            ev::TURN_STARTED if ours => {
+        let ours = admission_of(&event.event) == Some(admission_id);
+        match &event.event {
+            EventPayload::TurnStarted(p) if ours => {
                 mine = true;
-                generation = p["execution_generation"].as_u64();
+                generation = Some(p.execution_generation);
             }
-            ev::MESSAGE_DELTA if mine => {
-                let text = p["text"].as_str().unwrap_or_default();
-                if !text.is_empty() {
-                    let _ = write!(stdout, "{text}");
-                    let _ = stdout.flush();
-                    printed = true;
-                    ends_with_newline = text.ends_with('\n');
-                }
+            EventPayload::MessageDelta(p) if mine && !p.text.is_empty() => {
+                let _ = write!(stdout, "{}", p.text);
+                let _ = stdout.flush();
+                printed = true;
+                ends_with_newline = p.text.ends_with('\n');
             }
-            ev::TOOL_START if mine => {
+            EventPayload::ToolStart(p) if mine => {
                 if printed && !ends_with_newline {
                     println!();
                     ends_with_newline = true;
                 }
-                eprintln!(
-                    "[{}] {}",
-                    p["name"].as_str().unwrap_or("tool"),
-                    p["context"].as_str().unwrap_or_default()
-                );
+                eprintln!("[{}] {}", p.name, p.context);
             }
-            ev::TOOL_COMPLETE if mine && p["is_error"].as_bool() == Some(true) => {
-                eprintln!("[{}] error", p["name"].as_str().unwrap_or("tool"));
+            EventPayload::ToolComplete(p) if mine && p.is_error => {
+                // `name` is null only for a call the owner does not know.
+                eprintln!("[{}] error", p.name.as_deref().unwrap_or("tool"));
             }
-            ev::APPROVAL_REQUEST | ev::CLARIFY_REQUEST if mine => {
-                if let Some(code) = answer_prompt(c, session_id, &event.kind, p, args).await? {
+            EventPayload::ApprovalRequest(prompt) | EventPayload::ClarifyRequest(prompt)
+                if mine =>
+            {
+                if let Some(code) = answer_prompt(c, session_id, prompt, args).await? {
                     return Ok(code);
                 }
             }
-            ev::MESSAGE_COMPLETE if ours => {
-                let text = p["text"].as_str().unwrap_or_default();
-                if !printed && !text.is_empty() {
-                    let _ = write!(stdout, "{text}");
-                    ends_with_newline = text.ends_with('\n');
+            EventPayload::MessageComplete(p) if ours => {
+                if !printed && !p.text.is_empty() {
+                    let _ = write!(stdout, "{}", p.text);
+                    ends_with_newline = p.text.ends_with('\n');
                     printed = true;
                 }
                 if printed && !ends_with_newline {
@@ -319,15 +373,12 @@ async fn follow(
                     ends_with_newline = true;
                 }
             }
-            ev::TURN_SETTLED if ours => {
-                let outcome = p["outcome"].as_str().unwrap_or("unknown");
-                return Ok(finish(
-                    outcome,
-                    p.get("error").and_then(Value::as_str),
-                    interrupts,
-                ));
+            EventPayload::TurnSettled(p) if ours => {
+                return Ok(finish(p.outcome, p.error.as_deref(), interrupts));
             }
-            ev::ADMISSION_UPDATED if ours && p["outcome"] == "cancelled" => {
+            EventPayload::AdmissionUpdated(p)
+                if ours && p.outcome == Some(AdmissionOutcome::Cancelled) =>
+            {
                 eprintln!("drover: cancelled before it started");
                 return Ok(if interrupts > 0 {
                     Exit::Interrupted
@@ -340,15 +391,28 @@ async fn follow(
     }
 }
 
-fn finish(outcome: &str, error: Option<&str>, interrupts: u32) -> Exit {
-    match outcome {
-        "completed" => Exit::Ok,
-        "unknown" => {
+/// The turn's word in `drover: turn <word>` (the wire's snake_case word).
+fn end_word(end: TurnEnd) -> &'static str {
+    match end {
+        TurnEnd::Completed => "completed",
+        TurnEnd::Interrupted => "interrupted",
+        TurnEnd::Failed => "failed",
+        TurnEnd::Rejected => "rejected",
+        TurnEnd::Cancelled => "cancelled",
+        TurnEnd::Unknown => "unknown",
+    }
+}
+
+fn finish(end: TurnEnd, error: Option<&str>, interrupts: u32) -> Exit {
+    match end {
+        TurnEnd::Completed => Exit::Ok,
+        TurnEnd::Unknown => {
             eprintln!("drover: the turn's outcome is unknown (its worker or the daemon died while it ran); it will not be replayed");
             Exit::Unknown
         }
-        "interrupted" if interrupts > 0 => Exit::Interrupted,
+        TurnEnd::Interrupted if interrupts > 0 => Exit::Interrupted,
         other => {
+            let other = end_word(other);
             match error {
                 Some(e) => eprintln!("drover: turn {other}: {e}"),
                 None => eprintln!("drover: turn {other}"),
@@ -363,13 +427,13 @@ fn finish(outcome: &str, error: Option<&str>, interrupts: u32) -> Exit {
 async fn answer_prompt(
     c: &mut Client,
     session_id: &str,
-    kind: &str,
-    p: &Value,
+    prompt: &OpenPrompt,
     args: &RunArgs,
 ) -> Result<Option<Exit>> {
-    let prompt_id = p["prompt_id"].as_str().unwrap_or_default().to_string();
-    let generation = p["execution_generation"].as_u64().unwrap_or(0);
-    let approval = kind == ev::APPROVAL_REQUEST;
+    let (prompt_id, approval) = match prompt {
+        OpenPrompt::Approval(p) => (&p.prompt_id, true),
+        OpenPrompt::Clarify(p) => (&p.prompt_id, false),
+    };
     let flag = if approval {
         args.approve.clone()
     } else {
@@ -378,23 +442,13 @@ async fn answer_prompt(
     let answer = match flag {
         Some(a) => a,
         None if std::io::stdin().is_terminal() => {
-            let question = if approval {
-                format!(
+            let question = match prompt {
+                OpenPrompt::Approval(p) => format!(
                     "approve `{}` ({})? [once/session/always/deny] ",
-                    p["command"].as_str().unwrap_or_default(),
-                    p["description"].as_str().unwrap_or_default()
-                )
-            } else {
-                let choices = p["choices"].as_array().map(|a| {
-                    a.iter()
-                        .filter_map(Value::as_str)
-                        .collect::<Vec<_>>()
-                        .join("/")
-                });
-                match choices.filter(|c| !c.is_empty()) {
-                    Some(ch) => format!("{} [{ch}] ", p["question"].as_str().unwrap_or_default()),
-                    None => format!("{} ", p["question"].as_str().unwrap_or_default()),
-                }
+                    p.command, p.description
+                ),
+                OpenPrompt::Clarify(p) if p.choices.is_empty() => format!("{} ", p.question),
+                OpenPrompt::Clarify(p) => format!("{} [{}] ", p.question, p.choices.join("/")),
             };
             eprint!("{question}");
             let line = tokio::task::spawn_blocking(|| {
@@ -414,15 +468,33 @@ async fn answer_prompt(
             return Ok(Some(Exit::PromptWaiting));
         }
     };
-    let (method, field) = if approval {
-        ("approval.respond", "choice")
-    } else {
-        ("clarify.respond", "answer")
+    let respond = match prompt {
+        OpenPrompt::Approval(p) => {
+            let choice = match serde_json::from_value::<ApprovalChoice>(Value::String(answer)) {
+                Ok(choice) => choice,
+                Err(e) => {
+                    eprintln!("drover: approval.respond: choice: {e}");
+                    return Ok(None);
+                }
+            };
+            ClientRequest::ApprovalRespond(ApprovalRespondParams {
+                session_id: session_id.to_string(),
+                execution_generation: p.execution_generation,
+                prompt_id: p.prompt_id.clone(),
+                choice,
+            })
+        }
+        OpenPrompt::Clarify(p) => ClientRequest::ClarifyRespond(ClarifyRespondParams {
+            session_id: session_id.to_string(),
+            execution_generation: p.execution_generation,
+            prompt_id: p.prompt_id.clone(),
+            answer: ClarifyAnswer::Text(answer),
+        }),
     };
-    let mut params = json!({"session_id": session_id, "execution_generation": generation, "prompt_id": prompt_id});
-    params[field] = json!(answer);
-    if let Err(e) = c.call(method, params).await? {
-        eprintln!("drover: {method}: {e}");
+    let method = respond.method();
+    match c.request::<PromptResponse>(&respond).await? {
+        Ok(_) => {}
+        Err(e) => eprintln!("drover: {method}: {e}"),
     }
     Ok(None)
 }
@@ -430,33 +502,37 @@ async fn answer_prompt(
 /// `drover sessions`.
 pub async fn sessions(home: PathBuf, as_json: bool) -> Result<Exit> {
     let (_info, mut c) = ensure_daemon(&home).await?;
-    let list = rpc(
-        c.call("session.list", json!({"limit": 1000})).await?,
-        "session.list",
-    )?;
+    let request = ClientRequest::SessionList(SessionListParams {
+        limit: Some(1000),
+        cursor: None,
+    });
     if as_json {
-        println!("{}", serde_json::to_string_pretty(&list)?);
+        // Printed as the daemon sent it (fields this build does not know included), once it
+        // reads as a page.
+        let raw = c
+            .request_value(&request)
+            .await?
+            .map_err(|e| anyhow!("session.list: {e}"))?;
+        parse_result::<SessionPage>("session.list", raw.clone())?;
+        println!("{}", serde_json::to_string_pretty(&raw)?);
         return Ok(Exit::Ok);
     }
+    let list: SessionPage = call(&mut c, request).await?;
     println!(
         "{:<36}  {:<8}  {:<20}  {:>7}  {:>7}  TITLE",
         "SESSION", "SOURCE", "MODEL", "RUNNING", "PENDING"
     );
-    for s in list["sessions"].as_array().into_iter().flatten() {
+    for s in list.sessions {
         println!(
             "{:<36}  {:<8}  {:<20}  {:>7}  {:>7}  {}",
-            s["session_id"].as_str().unwrap_or_default(),
-            s["source"].as_str().unwrap_or_default(),
-            s["model"].as_str().unwrap_or_default(),
-            if s["running"].as_bool() == Some(true) {
-                "yes"
-            } else {
-                "no"
-            },
-            s["pending_count"].as_u64().unwrap_or(0),
-            s["title"].as_str().unwrap_or_default(),
+            s.session_id,
+            s.source,
+            s.model,
+            if s.running { "yes" } else { "no" },
+            s.pending_count,
+            s.title.as_deref().unwrap_or_default(),
         );
-        if let Some(error) = s["error"].as_str() {
+        if let Some(error) = s.error {
             println!("{:<36}  error: {error}", "");
         }
     }
@@ -510,31 +586,33 @@ pub async fn approvals(home: PathBuf, command: ApprovalsCommand) -> Result<Exit>
     let (_info, mut c) = ensure_daemon(&home).await?;
     match command {
         ApprovalsCommand::List { json } => {
-            let list = rpc(c.call("approvals.list", json!({})).await?, "approvals.list")?;
+            let request = ClientRequest::ApprovalsList(NoParams {});
+            let raw = c
+                .request_value(&request)
+                .await?
+                .map_err(|e| anyhow!("approvals.list: {e}"))?;
+            let list: ApprovalRules = parse_result("approvals.list", raw.clone())?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&list)?);
+                println!("{}", serde_json::to_string_pretty(&raw)?);
                 return Ok(Exit::Ok);
             }
-            let rules = list["rules"].as_array().cloned().unwrap_or_default();
-            if rules.is_empty() {
+            if list.rules.is_empty() {
                 eprintln!("drover: no stored approval rules");
             }
-            for r in rules {
-                println!(
-                    "{:<24}  {}",
-                    r["pattern_key"].as_str().unwrap_or_default(),
-                    r["description"].as_str().unwrap_or_default()
-                );
+            for r in list.rules {
+                println!("{:<24}  {}", r.pattern_key, r.description);
             }
             Ok(Exit::Ok)
         }
         ApprovalsCommand::Rm { pattern_key } => {
-            let r = rpc(
-                c.call("approvals.remove", json!({"pattern_key": pattern_key}))
-                    .await?,
-                "approvals.remove",
-            )?;
-            if r["removed"].as_bool() == Some(true) {
+            let r: ApprovalRuleRemoved = call(
+                &mut c,
+                ClientRequest::ApprovalsRemove(ApprovalRuleRef {
+                    pattern_key: pattern_key.clone(),
+                }),
+            )
+            .await?;
+            if r.removed {
                 eprintln!("drover: removed rule {pattern_key}");
                 Ok(Exit::Ok)
             } else {

@@ -676,7 +676,8 @@ const WATCHDOG_INTERVAL: Duration = Duration::from_secs(2);
 
 /// Starts the watchdog (SPEC section 4): every `started` admission of this epoch must have a
 /// supervised worker; one that has none (its supervisor ended without settling or losing it)
-/// is marked `unknown`. While the ledger cannot be written it also probes with a small write,
+/// is marked `unknown`; and every session with queued input that may run is claimed (its
+/// first claim may have failed for storage). While the ledger cannot be written it also probes with a small write,
 /// so `/healthz` reports `ok` again once the disk has room.
 pub fn start_watchdog(owner: &Arc<Owner>) {
     let me = owner.clone();
@@ -728,6 +729,9 @@ async fn watch_once(owner: &Arc<Owner>) {
         }
         Err(e) => tracing::warn!(error = %e, "the watchdog could not check started turns"),
     }
+    // A queue nobody will kick: its claim failed (a full disk refused the write) after the
+    // input was admitted, and no later event names the session. Claim it now.
+    kick_all(owner).await;
 }
 
 /// SPEC section 4: a worker's pipe is bound to its execution. A frame naming another one is

@@ -10,7 +10,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::client::{AdmissionOutcome, AdmissionStatus, ApprovalChoice, ClarifyAnswer, OpenPrompt};
+use crate::words::{AdmissionOutcome, AdmissionStatus, ApprovalChoice, ClarifyAnswer, OpenPrompt};
 
 /// Event type `turn.started`.
 pub const TURN_STARTED: &str = "turn.started";
@@ -34,6 +34,23 @@ pub const CLARIFY_SETTLED: &str = "clarify.settled";
 pub const TURN_SETTLED: &str = "turn.settled";
 /// Event type `admission.updated`.
 pub const ADMISSION_UPDATED: &str = "admission.updated";
+
+/// Every event type this protocol version knows (each has an [`EventPayload`] variant). A
+/// client skips an event whose type is not here: a newer daemon may send types it does not
+/// know yet.
+pub const EVENT_TYPES: &[&str] = &[
+    TURN_STARTED,
+    MESSAGE_DELTA,
+    MESSAGE_COMPLETE,
+    TOOL_START,
+    TOOL_COMPLETE,
+    APPROVAL_REQUEST,
+    CLARIFY_REQUEST,
+    APPROVAL_SETTLED,
+    CLARIFY_SETTLED,
+    TURN_SETTLED,
+    ADMISSION_UPDATED,
+];
 
 /// Bound on `tool.complete` `args` and `result` (SPEC section 2: 64 KiB each).
 pub const TOOL_EVENT_FIELD_MAX: usize = 64 * 1024;

@@ -14,8 +14,11 @@
 //! - [`schema`]: the JSON Schema bundle of the client protocol, derived from these types
 //!   (checked in as `schema/drover-protocol.schema.json`).
 //!
-//! Layers: `chat`, `rpc`, `policy`, `exit` (leaves); `worker` on `chat` and `policy`; then
-//! `client` and `event`; then `schema`.
+//! - [`words`]: the words results and events share (admission status and outcome, approval
+//!   choices, clarify answers, open prompts).
+//!
+//! Layers: `chat`, `rpc`, `policy`, `exit`, `words` (leaves); `worker` on `chat` and `policy`;
+//! `event` on `words`; `client` on `event`; then `schema`.
 //!
 //! What this crate does not do: talk to sockets, open files or decide policy.
 
@@ -28,6 +31,7 @@ pub mod exit;
 pub mod policy;
 pub mod rpc;
 pub mod schema;
+pub mod words;
 pub mod worker;
 
 pub use chat::{

@@ -185,9 +185,9 @@ pub struct Request {
     /// The caller's id, echoed in the answer; absent for a notification.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<Value>,
-    /// The method ([`crate::client::METHODS`]).
+    /// The method (`client::METHODS`).
     pub method: String,
-    /// Its params ([`crate::client::ClientRequest::parse`]).
+    /// Its params (`client::ClientRequest::parse`).
     #[serde(default)]
     pub params: Value,
 }
@@ -199,7 +199,7 @@ pub struct Response {
     pub jsonrpc: String,
     /// The request's id (`null` when it could not be read).
     pub id: Value,
-    /// The method's result ([`crate::client::MethodResult`]).
+    /// The method's result (`client::MethodResult`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<Value>,
     /// Why the request failed.
@@ -236,7 +236,7 @@ pub struct Notification {
     pub jsonrpc: String,
     /// `event` for session events.
     pub method: String,
-    /// For `event`: [`crate::event::SessionEvent`].
+    /// For `event`: `event::SessionEvent`.
     pub params: Value,
 }
 

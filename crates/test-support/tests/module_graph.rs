@@ -462,7 +462,6 @@ fn roots() -> Vec<(String, PathBuf)> {
 }
 
 #[test]
-#[ignore = "enabled once the cycles are gone (issue 10)"]
 fn no_crate_has_an_import_cycle_between_its_top_level_modules() {
     let roots = roots();
     assert!(roots.len() >= 5, "found only {roots:?}");

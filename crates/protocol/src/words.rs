@@ -1,0 +1,104 @@
+//! The words the client protocol's results and events share: admission status and outcome,
+//! approval choices, clarify answers and open prompts (SPEC sections 2, 3 and 6). A leaf:
+//! `client` and `event` both build on it.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// `session_admissions.status` on the wire (SPEC section 3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AdmissionStatus {
+    /// Admitted, waiting for its turn.
+    Queued,
+    /// Its turn runs.
+    Started,
+    /// Its turn was lost (worker or owner died); the session's queue waits for
+    /// `prompt.resolve_unknown`.
+    Unknown,
+    /// Done; see the outcome.
+    Terminal,
+}
+
+/// The outcome of a terminal admission (SPEC section 3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AdmissionOutcome {
+    /// The turn finished.
+    Completed,
+    /// The turn was interrupted, or an unknown admission was resolved.
+    Interrupted,
+    /// The turn failed.
+    Failed,
+    /// The input was refused.
+    Rejected,
+    /// The admission was cancelled while queued.
+    Cancelled,
+}
+
+/// The answers an approval prompt offers (SPEC section 6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalChoice {
+    /// Run the command this time.
+    Once,
+    /// Allow commands of this kind for the rest of the session.
+    Session,
+    /// Store a rule for the home (`approvals.list`).
+    Always,
+    /// Refuse the command.
+    Deny,
+}
+
+/// A clarify answer: one string (a choice or free text), or several choices.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum ClarifyAnswer {
+    /// One choice, or free text.
+    Text(String),
+    /// Several choices of a `multi_select` question.
+    Choices(Vec<String>),
+}
+
+/// An open prompt of the running turn, as in `session.resume` `prompts` and the
+/// `approval.request` / `clarify.request` events.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum OpenPrompt {
+    /// A dangerous command waits for `approval.respond`.
+    Approval(ApprovalPrompt),
+    /// A question waits for `clarify.respond`.
+    Clarify(ClarifyPrompt),
+}
+
+/// The fields of an approval prompt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ApprovalPrompt {
+    /// Pass back in `approval.respond`.
+    pub prompt_id: String,
+    /// The turn's generation; pass back in `approval.respond`.
+    pub execution_generation: u64,
+    /// The command as it would run.
+    pub command: String,
+    /// Why it needs approval.
+    pub description: String,
+    /// The kind of command; a `session` or `always` answer allows this key.
+    pub pattern_key: String,
+    /// The answers offered.
+    pub choices: Vec<ApprovalChoice>,
+}
+
+/// The fields of a clarify prompt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ClarifyPrompt {
+    /// Pass back in `clarify.respond`.
+    pub prompt_id: String,
+    /// The turn's generation; pass back in `clarify.respond`.
+    pub execution_generation: u64,
+    /// The question.
+    pub question: String,
+    /// Answers to pick from; empty for a free-text question.
+    pub choices: Vec<String>,
+    /// Whether several choices may be picked.
+    pub multi_select: bool,
+}
