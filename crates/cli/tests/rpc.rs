@@ -308,3 +308,116 @@ async fn events_since_pages_by_limit_and_by_bytes_and_has_more_reads_to_the_end(
     assert_eq!(followed["last_sequence"], last);
     assert_eq!(followed["has_more"], false);
 }
+
+/// A valid params object of `method` with every field set, optional ones too; the bad-input
+/// walk below spoils one field at a time. Parse happens before any lookup, so the ids need not
+/// exist.
+fn every_field(method: &str) -> Value {
+    let respond = |field: &str, answer: Value| {
+        let mut p = json!({"session_id": "s", "execution_generation": 1, "prompt_id": "p"});
+        p[field] = answer;
+        p
+    };
+    match method {
+        "ping" | "approvals.list" => json!({}),
+        "session.create" => json!({
+            "request_id": "r", "cwd": "/", "model": "m", "base_url": "http://127.0.0.1:9",
+            "api_key": "k", "toolsets": [], "system_prompt": "p", "title": "t", "source": "cli",
+        }),
+        "session.resume" | "session.detach" => json!({"session_id": "s"}),
+        "session.list" => json!({"limit": 10, "cursor": "c"}),
+        "prompt.submit" => json!({"session_id": "s", "input_id": "i", "text": "hi"}),
+        "prompt.receipt" => json!({"session_id": "s", "admission_id": "a", "include_result": true}),
+        "prompt.cancel" | "prompt.resolve_unknown" => {
+            json!({"session_id": "s", "admission_id": "a"})
+        }
+        "session.interrupt" => json!({"session_id": "s", "execution_generation": 1}),
+        "approval.respond" => respond("choice", json!("once")),
+        "clarify.respond" => respond("answer", json!("a")),
+        "session.events.since" => {
+            json!({"session_id": "s", "replay_epoch": "e", "last_sequence": 0, "limit": 10})
+        }
+        "approvals.remove" => json!({"pattern_key": "k"}),
+        other => panic!("no example params for {other}: add it here"),
+    }
+}
+
+/// `(every property, the required ones)` of `method`'s params in the checked-in schema.
+fn schema_fields(schema: &Value, method: &str) -> (Vec<String>, Vec<String>) {
+    let reference = schema["x-drover-methods"][method]["params"]["$ref"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{method}: no params $ref"));
+    let name = reference.trim_start_matches("#/$defs/");
+    let params = &schema["$defs"][name];
+    let names = |v: &Value| -> Vec<String> {
+        let mut out: Vec<String> = match v {
+            Value::Object(m) => m.keys().cloned().collect(),
+            Value::Array(a) => a.iter().map(|s| s.as_str().unwrap().to_string()).collect(),
+            _ => Vec::new(),
+        };
+        out.sort();
+        out
+    };
+    (names(&params["properties"]), names(&params["required"]))
+}
+
+/// SPEC section 2, bad input: every method's every param with a wrong type, each required
+/// param missing, and a param the method does not know, each refused by the real daemon with
+/// `invalid_params` naming the field (unknown fields are refused: docs/decisions.md).
+#[tokio::test]
+async fn every_param_of_every_method_is_checked_and_named() {
+    use drover_protocol::client::{ClientRequest, METHODS};
+    let schema = drover_protocol::schema::generate();
+    let home = TestHome::new().unwrap();
+    let d = Daemon::start(bin(), home.path()).await.unwrap();
+    let mut c = d.client().await.unwrap();
+    for method in METHODS {
+        let valid = every_field(method);
+        ClientRequest::parse(method, valid.clone())
+            .unwrap_or_else(|e| panic!("{method}: the example is refused: {e}"));
+        let (fields, required) = schema_fields(&schema, method);
+        let mut given: Vec<String> = valid.as_object().unwrap().keys().cloned().collect();
+        given.sort();
+        assert_eq!(given, fields, "{method}: the example must set every field");
+
+        let mut cases: Vec<(String, Value)> = Vec::new();
+        for field in &fields {
+            // No param is an object, and each gets a scalar of another JSON type too.
+            let scalar = if valid[field].is_string() {
+                json!(7)
+            } else {
+                json!("7")
+            };
+            for wrong in [json!({"not": "this"}), scalar] {
+                let mut p = valid.clone();
+                p[field] = wrong;
+                cases.push((field.clone(), p));
+            }
+        }
+        for field in &required {
+            let mut p = valid.clone();
+            p.as_object_mut().unwrap().remove(field);
+            cases.push((field.clone(), p));
+        }
+        let mut unknown = valid.clone();
+        unknown["not_a_param"] = json!(1);
+        cases.push(("not_a_param".into(), unknown));
+        cases.push(("params".into(), json!([valid])));
+
+        for (field, params) in cases {
+            let e = c
+                .call(method, params.clone())
+                .await
+                .unwrap()
+                .err()
+                .unwrap_or_else(|| panic!("{method} {params}: accepted"));
+            assert_eq!(e["code"], -32602, "{method} {params}: {e}");
+            assert_eq!(e["message"], "invalid_params", "{method} {params}: {e}");
+            assert_eq!(e["data"]["reason"], "invalid_params", "{method} {params}");
+            assert_eq!(e["data"]["field"], field.as_str(), "{method} {params}: {e}");
+            let detail = e["data"]["detail"].as_str().unwrap();
+            assert!(detail.contains(field.as_str()), "{method} {params}: {e}");
+        }
+    }
+    assert_eq!(c.call_ok("ping", json!({})).await.unwrap()["pong"], true);
+}

@@ -8,9 +8,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use drover_ledger::StoredEvent;
-use drover_protocol::event::{Event, MESSAGE_DELTA};
+use drover_protocol::event::{EventPayload, MessageDelta, SessionEvent};
 use drover_protocol::rpc::Notification;
-use serde_json::json;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -169,12 +168,14 @@ impl Hub {
         let idx = s.deltas.entry(session_id.to_string()).or_insert(0);
         let delta_index = *idx;
         *idx += 1;
-        let event = Event {
+        let event = SessionEvent {
             session_id: session_id.to_string(),
             seq: None,
             replay_epoch: replay_epoch.to_string(),
-            kind: MESSAGE_DELTA.to_string(),
-            payload: json!({ "text": text, "delta_index": delta_index }),
+            event: EventPayload::MessageDelta(MessageDelta {
+                text: text.to_string(),
+                delta_index,
+            }),
         };
         let text = notification(&event);
         send_all(&mut s, session_id, text);
@@ -192,7 +193,9 @@ impl Hub {
     }
 }
 
-fn notification(event: &Event) -> String {
+/// The `event` notification of `event` (an [`Event`](drover_protocol::event::Event) as stored,
+/// or a typed [`SessionEvent`]).
+fn notification(event: &impl serde::Serialize) -> String {
     let params = serde_json::to_value(event).unwrap_or_default();
     serde_json::to_string(&Notification::new("event", params)).unwrap_or_default()
 }

@@ -8,20 +8,27 @@
 
 use drover_jobs::Registry;
 use drover_ledger::SessionJob;
-use serde_json::{json, Value};
+use drover_protocol::client::{self as wire, JobRegistryView};
 
 /// One resume entry per row: `{job_id, registry_dir, created_at}` plus `{status, detail,
 /// transport, attempt_id, delivered, last_event}`, or plus `{error}`.
-pub fn resume_entries(rows: &[SessionJob]) -> Vec<Value> {
+pub fn resume_entries(rows: &[SessionJob]) -> Vec<wire::SessionJob> {
     rows.iter().map(entry).collect()
 }
 
-fn entry(row: &SessionJob) -> Value {
-    let mut out = json!({
-        "job_id": row.job_id,
-        "registry_dir": row.registry_dir,
-        "created_at": row.created_at,
-    });
+/// A job's status on the wire.
+fn job_status(status: drover_jobs::JobStatus) -> wire::JobStatus {
+    use drover_jobs::JobStatus as S;
+    match status {
+        S::Pending => wire::JobStatus::Pending,
+        S::Running => wire::JobStatus::Running,
+        S::Completed => wire::JobStatus::Completed,
+        S::Error => wire::JobStatus::Error,
+        S::Cancelled => wire::JobStatus::Cancelled,
+    }
+}
+
+fn entry(row: &SessionJob) -> wire::SessionJob {
     let dir = std::path::Path::new(&row.registry_dir);
     let job = Registry::open_existing(dir).and_then(|registry| match registry {
         Some(registry) => registry.job(&row.job_id),
@@ -30,20 +37,30 @@ fn entry(row: &SessionJob) -> Value {
             registry: dir.to_path_buf(),
         }),
     });
-    match job {
-        Ok(job) => {
-            out["status"] = json!(job.status.as_str());
-            out["detail"] = json!(job.status_detail);
-            out["transport"] = json!(job.transport);
-            out["attempt_id"] = json!(job.attempt_id);
-            out["delivered"] = json!(job.delivered_attempt >= job.attempt_id);
-            out["last_event"] = json!(job.last_event.as_ref().map(|e| json!({
-                "event": e.event, "seq": e.seq, "ts": e.ts, "detail": e.detail,
-            })));
-        }
-        Err(e) => out["error"] = json!(e.to_string()),
+    let registry = match job {
+        Ok(job) => JobRegistryView::Read(wire::JobState {
+            status: job_status(job.status),
+            detail: job.status_detail,
+            transport: job.transport,
+            attempt_id: job.attempt_id,
+            delivered: job.delivered_attempt >= job.attempt_id,
+            last_event: job.last_event.map(|e| wire::JobLastEvent {
+                event: e.event,
+                seq: e.seq,
+                ts: e.ts,
+                detail: e.detail,
+            }),
+        }),
+        Err(e) => JobRegistryView::Unreadable {
+            error: e.to_string(),
+        },
+    };
+    wire::SessionJob {
+        job_id: row.job_id.clone(),
+        registry_dir: row.registry_dir.clone(),
+        created_at: row.created_at,
+        registry,
     }
-    out
 }
 
 #[cfg(test)]
@@ -72,18 +89,18 @@ mod tests {
         ];
         let entries = resume_entries(&rows);
         assert_eq!(entries.len(), 2);
-        for (e, id) in entries.iter().zip(["j1", "j2"]) {
-            assert_eq!(e["job_id"], id);
-            assert!(e["error"].as_str().is_some_and(|m| !m.is_empty()), "{e}");
-            assert!(e.get("status").is_none(), "{e}");
-        }
-        assert!(
-            entries[0]["error"]
-                .as_str()
-                .unwrap()
-                .contains("unknown job"),
-            "{}",
-            entries[0]
-        );
+        let errors: Vec<&str> = entries
+            .iter()
+            .zip(["j1", "j2"])
+            .map(|(e, id)| {
+                assert_eq!(e.job_id, id);
+                match &e.registry {
+                    JobRegistryView::Unreadable { error } => error.as_str(),
+                    read => panic!("{id}: {read:?}"),
+                }
+            })
+            .collect();
+        assert!(errors.iter().all(|m| !m.is_empty()), "{errors:?}");
+        assert!(errors[0].contains("unknown job"), "{}", errors[0]);
     }
 }

@@ -1,7 +1,8 @@
 //! The owner daemon (SPEC sections 1, 2 and 4): one per home.
 //!
 //! It holds the home lock, owns the ledger ([`drover_ledger`]), serves clients over WebSocket
-//! JSON-RPC ([`server`], [`rpc`]), fans events out to attached connections ([`hub`]), claims
+//! JSON-RPC ([`server`], [`rpc`], typed by `drover_protocol::client`, refusing in one error
+//! type, [`error`]), fans events out to attached connections ([`hub`]), claims
 //! turns and supervises one `drover worker` process per turn ([`turns`]), and recovers after a
 //! crash (older-epoch work becomes `unknown`, never replayed).
 //! Its endpoint is loopback plain ws, or TLS ([`tls`]) when `[daemon]` says so; its log is
@@ -10,11 +11,12 @@
 //! What it does not do: call the model or run tools; workers do, and write back only through
 //! `persist` frames.
 //!
-//! Layers (bottom to top; a module uses only those below it): `config`, `home`, `hub`, `jobs`,
-//! `logfile`, `tls` < [`runtime`] < [`turns`] < [`rpc`] < [`server`] < [`daemon`].
+//! Layers (bottom to top; a module uses only those below it): `config`, `error`, `home`, `hub`,
+//! `jobs`, `logfile`, `tls` < [`runtime`] < [`turns`] < [`rpc`] < [`server`] < [`daemon`].
 
 pub mod config;
 pub mod daemon;
+pub mod error;
 pub mod home;
 pub mod hub;
 pub mod jobs;

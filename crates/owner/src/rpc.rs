@@ -1,21 +1,27 @@
 //! Client JSON-RPC methods (SPEC section 2).
 //!
-//! Each handler checks its params (naming the offending field), the connection's attachment
-//! where the spec requires it, and maps ledger errors to spec reasons in one place
-//! ([`ledger_error`]).
+//! [`dispatch`] parses each request into the typed protocol ([`ClientRequest::parse`]: a
+//! wrong-typed, missing or unknown field is `invalid_params` naming it), and each handler
+//! takes its method's params struct and returns its result struct. Handlers check the
+//! connection's attachment where the spec requires it; every failure is an [`OwnerError`],
+//! mapped to the wire in one place.
 
 use std::path::Path;
 use std::sync::Arc;
 
+use drover_ledger::state::{AdmissionStatus, Outcome};
 use drover_ledger::{
-    AdmissionRow, AdmitRequest, Ledger, LedgerError, NewSession, PromptResponse, SessionRow,
-    StoredEvent,
+    AdmissionRow, AdmitRequest, Ledger, LedgerError, NewSession, PromptResponse, PromptRow,
+    SessionRow, StoredEvent,
 };
-use drover_protocol::rpc::{ErrorReason, RpcError};
+use drover_protocol::client::{self as wire, ClientRequest, MethodResult};
+use drover_protocol::event::SessionEvent;
 use drover_protocol::worker::OwnerFrame;
-use serde_json::{json, Map, Value};
+use serde::de::DeserializeOwned;
+use serde_json::{json, Value};
 
 use crate::config::DEFAULT_SYSTEM_PROMPT;
+use crate::error::OwnerError;
 use crate::hub::ConnHandle;
 use crate::runtime::Owner;
 use crate::turns::kick;
@@ -23,231 +29,153 @@ use crate::turns::kick;
 /// The principal of every connection: one bearer token per home means one local user.
 const PRINCIPAL: &str = "local";
 
-/// Maps a ledger error to the wire (SPEC section 2).
-pub fn ledger_error(e: LedgerError) -> RpcError {
-    match e.field() {
-        Some(field) => RpcError::invalid_field(field, e.to_string()),
-        None => RpcError::new(e.reason(), e.to_string()),
-    }
-}
-
-/// Typed access to `params`, each failure naming the field.
-struct Params<'a>(&'a Map<String, Value>);
-
-impl<'a> Params<'a> {
-    fn of(v: &'a Value) -> Result<Params<'a>, RpcError> {
-        static EMPTY: std::sync::OnceLock<Map<String, Value>> = std::sync::OnceLock::new();
-        match v {
-            Value::Object(m) => Ok(Params(m)),
-            Value::Null => Ok(Params(EMPTY.get_or_init(Map::new))),
-            _ => Err(RpcError::invalid_field(
-                "params",
-                "params must be an object",
-            )),
-        }
-    }
-
-    fn opt_str(&self, field: &str) -> Result<Option<&'a str>, RpcError> {
-        match self.0.get(field) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s)),
-            Some(_) => Err(RpcError::invalid_field(
-                field,
-                format!("{field} must be a string"),
-            )),
-        }
-    }
-
-    fn str(&self, field: &str) -> Result<&'a str, RpcError> {
-        match self.opt_str(field)? {
-            Some(s) if !s.is_empty() => Ok(s),
-            Some(_) => Err(RpcError::invalid_field(
-                field,
-                format!("{field} must not be empty"),
-            )),
-            None => Err(RpcError::invalid_field(
-                field,
-                format!("{field} is required"),
-            )),
-        }
-    }
-
-    fn opt_u64(&self, field: &str) -> Result<Option<u64>, RpcError> {
-        match self.0.get(field) {
-            None | Some(Value::Null) => Ok(None),
-            Some(v) => v.as_u64().map(Some).ok_or_else(|| {
-                RpcError::invalid_field(field, format!("{field} must be a non-negative integer"))
-            }),
-        }
-    }
-
-    fn u64(&self, field: &str) -> Result<u64, RpcError> {
-        self.opt_u64(field)?
-            .ok_or_else(|| RpcError::invalid_field(field, format!("{field} is required")))
-    }
-
-    fn opt_bool(&self, field: &str) -> Result<Option<bool>, RpcError> {
-        match self.0.get(field) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::Bool(b)) => Ok(Some(*b)),
-            Some(_) => Err(RpcError::invalid_field(
-                field,
-                format!("{field} must be a boolean"),
-            )),
-        }
-    }
-
-    fn opt_str_list(&self, field: &str) -> Result<Option<Vec<String>>, RpcError> {
-        match self.0.get(field) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::Array(items)) => items
-                .iter()
-                .map(|i| {
-                    i.as_str().map(str::to_string).ok_or_else(|| {
-                        RpcError::invalid_field(field, format!("{field} must be a list of strings"))
-                    })
-                })
-                .collect::<Result<Vec<_>, _>>()
-                .map(Some),
-            Some(_) => Err(RpcError::invalid_field(
-                field,
-                format!("{field} must be a list of strings"),
-            )),
-        }
-    }
-}
-
-/// Dispatches one request. `Err` of the outer result means "unknown method".
+/// Dispatches one request: `params` as the client sent them, parsed into the method's params.
 pub async fn dispatch(
     owner: &Arc<Owner>,
     conn: &ConnHandle,
     method: &str,
-    params: &Value,
-) -> Result<Value, RpcError> {
-    let p = Params::of(params)?;
-    match method {
-        "ping" => Ok(json!({"pong": true})),
-        "session.create" => session_create(owner, conn, &p).await,
-        "session.resume" => {
-            let id = p.str("session_id")?.to_string();
-            snapshot(owner, conn, id).await
+    params: Value,
+) -> Result<MethodResult, OwnerError> {
+    // `session.create`'s idempotency digest is of the request as the client sent it.
+    let raw = (method == "session.create").then(|| params.clone());
+    let request = ClientRequest::parse(method, params).map_err(OwnerError::Refused)?;
+    Ok(match request {
+        ClientRequest::Ping(wire::NoParams {}) => MethodResult::Ping(wire::Pong { pong: true }),
+        ClientRequest::SessionCreate(p) => MethodResult::SessionCreate(
+            session_create(owner, conn, p, raw.unwrap_or_default()).await?,
+        ),
+        ClientRequest::SessionResume(p) => {
+            MethodResult::SessionResume(snapshot(owner, conn, p.session_id).await?)
         }
-        "session.list" => session_list(owner, &p).await,
-        "session.detach" => {
-            let id = p.str("session_id")?;
-            owner.hub.detach(id, conn.id);
-            Ok(json!({}))
+        ClientRequest::SessionList(p) => MethodResult::SessionList(session_list(owner, p).await?),
+        ClientRequest::SessionDetach(p) => {
+            owner.hub.detach(&p.session_id, conn.id);
+            MethodResult::SessionDetach(wire::Detached {})
         }
-        "prompt.submit" => prompt_submit(owner, conn, &p).await,
-        "prompt.receipt" => prompt_receipt(owner, &p).await,
-        "prompt.cancel" => prompt_cancel(owner, conn, &p).await,
-        "prompt.resolve_unknown" => resolve_unknown(owner, conn, &p).await,
-        "session.interrupt" => interrupt(owner, conn, &p).await,
-        "approval.respond" => respond(owner, conn, &p, "approval").await,
-        "clarify.respond" => respond(owner, conn, &p, "clarify").await,
-        "session.events.since" => events_since(owner, &p).await,
-        "approvals.list" => approvals_list(owner).await,
-        "approvals.remove" => approvals_remove(owner, &p).await,
-        other => Err(RpcError::new(
-            ErrorReason::UnknownMethod,
-            format!("unknown method {other:?}"),
-        )),
-    }
+        ClientRequest::PromptSubmit(p) => {
+            MethodResult::PromptSubmit(prompt_submit(owner, conn, p).await?)
+        }
+        ClientRequest::PromptReceipt(p) => {
+            MethodResult::PromptReceipt(prompt_receipt(owner, p).await?)
+        }
+        ClientRequest::PromptCancel(p) => {
+            MethodResult::PromptCancel(prompt_cancel(owner, conn, p).await?)
+        }
+        ClientRequest::PromptResolveUnknown(p) => {
+            MethodResult::PromptResolveUnknown(resolve_unknown(owner, conn, p).await?)
+        }
+        ClientRequest::SessionInterrupt(p) => {
+            MethodResult::SessionInterrupt(interrupt(owner, conn, p).await?)
+        }
+        ClientRequest::ApprovalRespond(p) => {
+            let target = PromptTarget {
+                session_id: p.session_id,
+                generation: p.execution_generation,
+                prompt_id: p.prompt_id,
+            };
+            let answer = Answer::Approval(p.choice);
+            MethodResult::ApprovalRespond(respond(owner, conn, target, answer).await?)
+        }
+        ClientRequest::ClarifyRespond(p) => {
+            let target = PromptTarget {
+                session_id: p.session_id,
+                generation: p.execution_generation,
+                prompt_id: p.prompt_id,
+            };
+            let answer = Answer::Clarify(p.answer);
+            MethodResult::ClarifyRespond(respond(owner, conn, target, answer).await?)
+        }
+        ClientRequest::SessionEventsSince(p) => {
+            MethodResult::SessionEventsSince(events_since(owner, p).await?)
+        }
+        ClientRequest::ApprovalsList(wire::NoParams {}) => {
+            MethodResult::ApprovalsList(approvals_list(owner).await?)
+        }
+        ClientRequest::ApprovalsRemove(p) => {
+            MethodResult::ApprovalsRemove(approvals_remove(owner, p).await?)
+        }
+    })
 }
 
 async fn require_attached(
     owner: &Arc<Owner>,
     conn: &ConnHandle,
     session_id: &str,
-) -> Result<(), RpcError> {
+) -> Result<(), OwnerError> {
     if owner.hub.is_attached(session_id, conn.id) {
         return Ok(());
     }
     let sid = session_id.to_string();
     let exists = owner
         .ledger(move |l, _| Ok(l.session(&sid)?.is_some()))
-        .await
-        .map_err(ledger_error)?;
+        .await?;
     if !exists {
-        return Err(RpcError::new(
-            ErrorReason::NotFound,
-            format!("session {session_id} not found"),
-        ));
+        return Err(OwnerError::NotFound(format!("session {session_id}")));
     }
-    Err(RpcError::new(
-        ErrorReason::PermissionDenied,
-        format!(
-            "this connection is not attached to session {session_id}; call session.resume first"
-        ),
-    ))
+    Err(OwnerError::NotAttached {
+        session_id: session_id.to_string(),
+    })
 }
 
 async fn session_create(
     owner: &Arc<Owner>,
     conn: &ConnHandle,
-    p: &Params<'_>,
-) -> Result<Value, RpcError> {
+    p: wire::SessionCreateParams,
+    raw: Value,
+) -> Result<wire::SessionSnapshot, OwnerError> {
     let cfg = &owner.config;
     // SPEC section 2: `request_id` is required, and a retry is recognised before anything else
     // is checked, so a client whose answer was lost never makes two sessions.
-    let request_id = p.str("request_id")?.to_string();
-    let raw = Value::Object(p.0.clone());
-    let (rid, params) = (request_id.clone(), raw.clone());
+    let (rid, params) = (p.request_id.clone(), raw.clone());
     let earlier = owner
         .ledger(move |l, _| l.session_for_request(&rid, &params))
-        .await
-        .map_err(ledger_error)?;
+        .await?;
     if let Some(session) = earlier {
         return snapshot(owner, conn, session.id).await;
     }
-    let cwd = match p.opt_str("cwd")? {
+    let cwd = match p.cwd {
         Some(c) => {
-            let path = Path::new(c);
+            let path = Path::new(&c);
             if !path.is_absolute() {
-                return Err(RpcError::invalid_field(
-                    "cwd",
-                    "cwd must be an absolute path",
-                ));
+                return Err(OwnerError::invalid("cwd", "cwd must be an absolute path"));
             }
             if !path.is_dir() {
-                return Err(RpcError::invalid_field(
+                return Err(OwnerError::invalid(
                     "cwd",
                     format!("cwd {c} is not an existing directory"),
                 ));
             }
-            c.to_string()
+            c
         }
         None => std::env::current_dir()
             .map(|d| d.display().to_string())
             .unwrap_or_else(|_| "/".into()),
     };
-    let model = match p.opt_str("model")? {
-        Some(m) if !m.is_empty() => m.to_string(),
+    let model = match p.model {
+        Some(m) if !m.is_empty() => m,
         _ => cfg.model.name.clone().ok_or_else(|| {
-            RpcError::invalid_field(
+            OwnerError::invalid(
                 "model",
                 "no model: pass model or set [model] name in config.toml",
             )
         })?,
     };
-    let base_url = match p.opt_str("base_url")? {
-        Some(u) if !u.is_empty() => u.to_string(),
+    let base_url = match p.base_url {
+        Some(u) if !u.is_empty() => u,
         _ => cfg.base_url().ok_or_else(|| {
-            RpcError::invalid_field(
+            OwnerError::invalid(
                 "base_url",
                 "no model endpoint: pass base_url, set [model] base_url, or set $OPENAI_BASE_URL",
             )
         })?,
     };
     if !(base_url.starts_with("http://") || base_url.starts_with("https://")) {
-        return Err(RpcError::invalid_field(
+        return Err(OwnerError::invalid(
             "base_url",
             "base_url must start with http:// or https://",
         ));
     }
-    let toolsets = p
-        .opt_str_list("toolsets")?
-        .unwrap_or_else(|| cfg.toolsets.default.clone());
+    let toolsets = p.toolsets.unwrap_or_else(|| cfg.toolsets.default.clone());
     // SPEC section 4, frozen session: an MCP server's tool schemas are listed now (the server
     // is started, listed and stopped, within drover_tools::mcp::CONNECT_TIMEOUT).
     let registry = drover_tools::ToolRegistry::for_toolsets_with_mcp(
@@ -255,36 +183,35 @@ async fn session_create(
         &cfg.mcp_servers_of(&toolsets),
     )
     .await
-    .map_err(|e| RpcError::invalid_field("toolsets", e.to_string()))?;
+    .map_err(|e| OwnerError::invalid("toolsets", e.to_string()))?;
     let settings = cfg.model.settings();
+    // The session's frozen model settings, as the ledger stores them (not protocol data).
     let mut model_config = json!({
         "base_url": base_url,
         "stream": settings.stream,
         "request_timeout_s": settings.request_timeout_s,
         "max_retries": settings.max_retries,
     });
-    if let Some(key) = p.opt_str("api_key")? {
-        model_config["api_key"] = Value::String(key.to_string());
+    if let (Some(key), Some(config)) = (p.api_key, model_config.as_object_mut()) {
+        config.insert("api_key".into(), Value::String(key));
     }
     let new = NewSession {
-        request_id: Some(request_id),
-        source: p.opt_str("source")?.unwrap_or("cli").to_string(),
+        request_id: Some(p.request_id),
+        source: p.source.unwrap_or_else(|| "cli".to_string()),
         parent_session_id: None,
-        title: p.opt_str("title")?.map(str::to_string),
+        title: p.title,
         model,
         model_config,
         cwd,
         system_prompt: p
-            .opt_str("system_prompt")?
-            .unwrap_or(DEFAULT_SYSTEM_PROMPT)
-            .to_string(),
+            .system_prompt
+            .unwrap_or_else(|| DEFAULT_SYSTEM_PROMPT.to_string()),
         toolsets,
         tool_schemas: registry.schemas(),
     };
     let session = owner
         .ledger(move |l, _| l.create_session_for_request(&new, &raw))
-        .await
-        .map_err(ledger_error)?;
+        .await?;
     snapshot(owner, conn, session.id).await
 }
 
@@ -294,153 +221,221 @@ fn session_row(l: &Ledger, session_id: &str) -> Result<SessionRow, LedgerError> 
         .ok_or_else(|| LedgerError::NotFound(format!("session {session_id}")))
 }
 
+/// A stored JSON shape read as its protocol type; one that does not fit is a corrupt row.
+fn stored<T: DeserializeOwned>(what: &str, value: Value) -> Result<T, LedgerError> {
+    serde_json::from_value(value).map_err(|e| LedgerError::Corrupt(format!("{what}: {e}")))
+}
+
+/// `status` of an admission on the wire.
+fn admission_status(status: AdmissionStatus) -> wire::AdmissionStatus {
+    match status {
+        AdmissionStatus::Queued => wire::AdmissionStatus::Queued,
+        AdmissionStatus::Started => wire::AdmissionStatus::Started,
+        AdmissionStatus::Unknown => wire::AdmissionStatus::Unknown,
+        AdmissionStatus::Terminal => wire::AdmissionStatus::Terminal,
+    }
+}
+
+/// `outcome` of a terminal admission on the wire.
+fn admission_outcome(outcome: Outcome) -> wire::AdmissionOutcome {
+    match outcome {
+        Outcome::Completed => wire::AdmissionOutcome::Completed,
+        Outcome::Interrupted => wire::AdmissionOutcome::Interrupted,
+        Outcome::Failed => wire::AdmissionOutcome::Failed,
+        Outcome::Rejected => wire::AdmissionOutcome::Rejected,
+        Outcome::Cancelled => wire::AdmissionOutcome::Cancelled,
+    }
+}
+
+/// The admission receipt of `row` (SPEC section 2), without `usage` and `result`.
+fn receipt(row: &AdmissionRow) -> wire::AdmissionReceipt {
+    wire::AdmissionReceipt {
+        admission_id: row.admission_id.clone(),
+        session_id: row.session_id.clone(),
+        sequence: row.seq,
+        status: admission_status(row.status),
+        outcome: row.outcome.map(admission_outcome),
+        execution_generation: row.generation,
+        usage: None,
+        result: None,
+    }
+}
+
+/// The `pending` entry of `session.resume` for `row`.
+fn pending(row: &AdmissionRow) -> wire::PendingAdmission {
+    wire::PendingAdmission {
+        admission_id: row.admission_id.clone(),
+        input_id: row.input_id.clone(),
+        text: row.text.clone(),
+        sequence: row.seq,
+        status: admission_status(row.status),
+        execution_generation: row.generation,
+    }
+}
+
+/// A prompt row as the protocol shows it (`session.resume` `prompts`).
+fn open_prompt(row: &PromptRow) -> Result<wire::OpenPrompt, LedgerError> {
+    stored(&format!("prompt {}", row.prompt_id), row.to_json())
+}
+
+/// A stored event as the protocol shows it (`session.events.since` `events`).
+fn session_event(event: &StoredEvent) -> Result<SessionEvent, LedgerError> {
+    let wire = serde_json::to_value(event.to_wire())
+        .map_err(|e| LedgerError::Corrupt(format!("event {}: {e}", event.seq)))?;
+    stored(
+        &format!("event {} of session {}", event.seq, event.session_id),
+        wire,
+    )
+}
+
 /// Attaches the connection and returns the `session.resume` shape, atomically with respect to
 /// events (attach and read happen under the ledger lock).
 async fn snapshot(
     owner: &Arc<Owner>,
     conn: &ConnHandle,
     session_id: String,
-) -> Result<Value, RpcError> {
+) -> Result<wire::SessionSnapshot, OwnerError> {
     let conn = conn.clone();
-    let snapshot = owner
+    let (jobs, mut resume) = owner
         .ledger(move |l, o| {
             let session = session_row(l, &session_id)?;
             o.hub.attach(&session_id, &conn);
-            let messages: Vec<Value> = l
+            let messages = l
                 .messages(&session_id)?
                 .into_iter()
-                .map(|(id, m, at)| {
-                    json!({
-                        "id": id,
-                        "role": m.role.as_str(),
-                        "content": m.content,
-                        "tool_calls": if m.tool_calls.is_empty() { Value::Null } else { json!(m.tool_calls) },
-                        "tool_call_id": m.tool_call_id,
-                        "tool_name": m.tool_name,
-                        "created_at": at,
-                    })
+                .map(|(id, m, at)| wire::TranscriptMessage {
+                    id,
+                    role: m.role,
+                    content: m.content,
+                    tool_calls: (!m.tool_calls.is_empty()).then_some(m.tool_calls),
+                    tool_call_id: m.tool_call_id,
+                    tool_name: m.tool_name,
+                    created_at: at,
                 })
                 .collect();
-            let pending = l.pending(&session_id)?;
-            let running = pending
+            let pending_rows = l.pending(&session_id)?;
+            let running = pending_rows
                 .iter()
-                .any(|a| a.status == drover_ledger::state::AdmissionStatus::Started);
-            // Shared facts belong to the API (STYLE): clients see what runs in the background.
-            let processes = serde_json::to_value(l.background_processes(&session_id)?)
-                .unwrap_or_else(|_| Value::Array(Vec::new()));
-            let prompts: Vec<Value> = l.open_prompts(&session_id)?.iter().map(|p| p.to_json()).collect();
+                .any(|a| a.status == AdmissionStatus::Started);
+            let prompts = l
+                .open_prompts(&session_id)?
+                .iter()
+                .map(open_prompt)
+                .collect::<Result<_, _>>()?;
             let jobs = l.session_jobs(&session_id)?;
-            Ok((jobs, json!({
-                "session_id": session.id,
-                "messages": messages,
-                "pending": pending.iter().map(|a| a.pending_json()).collect::<Vec<_>>(),
-                "prompts": prompts,
-                "running": running,
-                "processes": processes,
-                "execution_generation": session.runtime_generation,
-                "replay_epoch": session.replay_epoch,
-                "last_sequence": l.last_event_seq(&session_id)?,
-                "info": {
-                    "model": session.model,
-                    "cwd": session.cwd,
-                    "source": session.source,
-                    "toolsets": session.toolsets,
-                    "title": session.title,
+            Ok((
+                jobs,
+                wire::SessionSnapshot {
+                    messages,
+                    pending: pending_rows.iter().map(pending).collect(),
+                    prompts,
+                    running,
+                    // Shared facts belong to the API (STYLE): clients see what runs in the
+                    // background.
+                    processes: l.background_processes(&session_id)?,
+                    jobs: Vec::new(),
+                    execution_generation: session.runtime_generation,
+                    replay_epoch: session.replay_epoch,
+                    last_sequence: l.last_event_seq(&session_id)?,
+                    info: wire::SessionInfo {
+                        model: session.model,
+                        cwd: session.cwd,
+                        source: session.source,
+                        toolsets: session.toolsets,
+                        title: session.title,
+                    },
+                    session_id: session.id,
                 },
-            })))
+            ))
         })
-        .await
-        .map_err(ledger_error)?;
+        .await?;
     // The registries are read off the ledger thread; an unreadable one marks its row only.
-    let (jobs, mut resume) = snapshot;
-    resume["jobs"] = Value::Array(
-        tokio::task::spawn_blocking(move || crate::jobs::resume_entries(&jobs))
-            .await
-            .unwrap_or_default(),
-    );
+    resume.jobs = tokio::task::spawn_blocking(move || crate::jobs::resume_entries(&jobs))
+        .await
+        .unwrap_or_default();
     Ok(resume)
 }
 
-async fn session_list(owner: &Arc<Owner>, p: &Params<'_>) -> Result<Value, RpcError> {
-    let limit = p.opt_u64("limit")?.unwrap_or(50).clamp(1, 1000) as u32;
-    let cursor = p.opt_str("cursor")?.map(str::to_string);
-    let (rows, next) = owner
+async fn session_list(
+    owner: &Arc<Owner>,
+    p: wire::SessionListParams,
+) -> Result<wire::SessionPage, OwnerError> {
+    let limit = p.limit.unwrap_or(50).clamp(1, 1000) as u32;
+    let cursor = p.cursor;
+    let (rows, next_cursor) = owner
         .ledger(move |l, _| l.list_sessions(limit, cursor.as_deref()))
-        .await
-        .map_err(ledger_error)?;
-    let sessions: Vec<Value> = rows
-        .iter()
-        .map(|r| {
-            let mut row = json!({
-                "session_id": r.session.id,
-                "title": r.session.title,
-                "source": r.session.source,
-                "parent_session_id": r.session.parent_session_id,
-                "model": r.session.model,
-                "started_at": r.session.started_at,
-                "ended_at": r.session.ended_at,
-                "running": r.running,
-                "pending_count": r.pending_count,
-            });
+        .await?;
+    let sessions = rows
+        .into_iter()
+        .map(|r| wire::SessionSummary {
             // A bad stored row is reported in its own row, never by failing the list.
-            if !r.session.problems.is_empty() {
-                row["error"] = json!(r.session.problems.join("; "));
-            }
-            row
+            error: (!r.session.problems.is_empty()).then(|| r.session.problems.join("; ")),
+            session_id: r.session.id,
+            title: r.session.title,
+            source: r.session.source,
+            parent_session_id: r.session.parent_session_id,
+            model: r.session.model,
+            started_at: r.session.started_at,
+            ended_at: r.session.ended_at,
+            running: r.running,
+            pending_count: r.pending_count,
         })
         .collect();
-    Ok(json!({"sessions": sessions, "next_cursor": next}))
+    Ok(wire::SessionPage {
+        sessions,
+        next_cursor,
+    })
 }
 
 async fn prompt_submit(
     owner: &Arc<Owner>,
     conn: &ConnHandle,
-    p: &Params<'_>,
-) -> Result<Value, RpcError> {
-    let session_id = p.str("session_id")?.to_string();
-    let input_id = p.str("input_id")?.to_string();
-    let text = p
-        .opt_str("text")?
-        .ok_or_else(|| RpcError::invalid_field("text", "text is required"))?
-        .to_string();
+    p: wire::PromptSubmitParams,
+) -> Result<wire::AdmissionReceipt, OwnerError> {
+    let session_id = p.session_id;
     require_attached(owner, conn, &session_id).await?;
     if owner.is_draining() {
-        return Err(RpcError::new(
-            ErrorReason::RuntimeDraining,
-            "the daemon is stopping",
-        ));
+        return Err(OwnerError::Draining);
     }
     let row = owner
         .admit(AdmitRequest {
             session_id: session_id.clone(),
-            input_id,
-            text,
+            input_id: p.input_id,
+            text: p.text,
             principal_id: PRINCIPAL.to_string(),
         })
-        .await
-        .map_err(ledger_error)?;
+        .await?;
     // A running turn claims the next input when it settles; only an idle session needs a kick.
-    if owner.running_turn(&session_id).is_some() {
-        return Ok(row.receipt_json());
+    if owner.running_turn(&session_id).is_none() {
+        kick(owner, session_id);
     }
-    kick(owner, session_id);
-    Ok(row.receipt_json())
+    Ok(receipt(&row))
 }
 
-async fn prompt_receipt(owner: &Arc<Owner>, p: &Params<'_>) -> Result<Value, RpcError> {
-    let session_id = p.str("session_id")?.to_string();
-    let admission_id = p.str("admission_id")?.to_string();
-    let include = p.opt_bool("include_result")?.unwrap_or(false);
-    let receipt = owner
+/// `{result, usage}` as stored at settlement.
+#[derive(serde::Deserialize)]
+struct StoredResult {
+    #[serde(default)]
+    result: Option<wire::AdmissionResult>,
+    #[serde(default)]
+    usage: Option<drover_protocol::chat::Usage>,
+}
+
+async fn prompt_receipt(
+    owner: &Arc<Owner>,
+    p: wire::PromptReceiptParams,
+) -> Result<wire::AdmissionReceipt, OwnerError> {
+    let include = p.include_result.unwrap_or(false);
+    let (session_id, admission_id) = (p.session_id, p.admission_id);
+    let found = owner
         .ledger(move |l, _| l.receipt(&session_id, &admission_id))
-        .await
-        .map_err(ledger_error)?;
-    let mut out = receipt.admission.receipt_json();
-    if include {
-        if let Some(stored) = receipt.stored_result {
-            out["usage"] = stored.get("usage").cloned().unwrap_or(Value::Null);
-            out["result"] = stored.get("result").cloned().unwrap_or(Value::Null);
-        }
+        .await?;
+    let mut out = receipt(&found.admission);
+    if let (true, Some(value)) = (include, found.stored_result) {
+        let what = format!("admission.result.{}", out.admission_id);
+        let StoredResult { result, usage } = stored(&what, value)?;
+        out.result = result;
+        out.usage = usage;
     }
     Ok(out)
 }
@@ -448,20 +443,20 @@ async fn prompt_receipt(owner: &Arc<Owner>, p: &Params<'_>) -> Result<Value, Rpc
 async fn prompt_cancel(
     owner: &Arc<Owner>,
     conn: &ConnHandle,
-    p: &Params<'_>,
-) -> Result<Value, RpcError> {
+    p: wire::AdmissionRef,
+) -> Result<wire::AdmissionReceipt, OwnerError> {
     let (_, row) = change_admission(owner, conn, p, Ledger::cancel_admission).await?;
-    Ok(row.receipt_json())
+    Ok(receipt(&row))
 }
 
 async fn resolve_unknown(
     owner: &Arc<Owner>,
     conn: &ConnHandle,
-    p: &Params<'_>,
-) -> Result<Value, RpcError> {
+    p: wire::AdmissionRef,
+) -> Result<wire::AdmissionReceipt, OwnerError> {
     let (session_id, row) = change_admission(owner, conn, p, Ledger::resolve_unknown).await?;
     kick(owner, session_id);
-    Ok(row.receipt_json())
+    Ok(receipt(&row))
 }
 
 /// A ledger method that changes one admission: the changed row and the events to publish.
@@ -473,11 +468,13 @@ type AdmissionChange =
 async fn change_admission(
     owner: &Arc<Owner>,
     conn: &ConnHandle,
-    p: &Params<'_>,
+    p: wire::AdmissionRef,
     change: AdmissionChange,
-) -> Result<(String, AdmissionRow), RpcError> {
-    let session_id = p.str("session_id")?.to_string();
-    let admission_id = p.str("admission_id")?.to_string();
+) -> Result<(String, AdmissionRow), OwnerError> {
+    let wire::AdmissionRef {
+        session_id,
+        admission_id,
+    } = p;
     require_attached(owner, conn, &session_id).await?;
     let sid = session_id.clone();
     let row = owner
@@ -486,20 +483,18 @@ async fn change_admission(
             o.hub.publish(&events);
             Ok(row)
         })
-        .await
-        .map_err(ledger_error)?;
+        .await?;
     Ok((session_id, row))
 }
 
 async fn interrupt(
     owner: &Arc<Owner>,
     conn: &ConnHandle,
-    p: &Params<'_>,
-) -> Result<Value, RpcError> {
-    let session_id = p.str("session_id")?;
-    let generation = p.u64("execution_generation")?;
-    require_attached(owner, conn, session_id).await?;
-    match owner.running_turn(session_id) {
+    p: wire::InterruptParams,
+) -> Result<wire::InterruptAccepted, OwnerError> {
+    let (session_id, generation) = (p.session_id, p.execution_generation);
+    require_attached(owner, conn, &session_id).await?;
+    match owner.running_turn(&session_id) {
         Some(t) if t.generation == generation => {
             let _ = t.control.try_send(OwnerFrame::Stop {
                 reason: "interrupted".into(),
@@ -514,63 +509,87 @@ async fn interrupt(
                     o.hub.publish(&events);
                     Ok(prompts)
                 })
-                .await
-                .map_err(ledger_error)?;
+                .await?;
             for p in closed {
                 let _ = t.control.try_send(OwnerFrame::Receipt {
                     sequence: p.sequence,
                     result: json!({"status": "cancelled"}),
                 });
             }
-            Ok(json!({"execution_state": "interrupting"}))
+            Ok(wire::InterruptAccepted {
+                execution_state: wire::ExecutionState::Interrupting,
+            })
         }
-        _ => Err(RpcError::new(
-            ErrorReason::StaleGeneration,
-            format!("generation {generation} is not running in session {session_id}"),
-        )),
+        _ => Err(OwnerError::NotRunning {
+            session_id,
+            generation,
+        }),
+    }
+}
+
+/// The prompt an `approval.respond` or `clarify.respond` answers.
+struct PromptTarget {
+    session_id: String,
+    generation: u64,
+    prompt_id: String,
+}
+
+/// The answer of `approval.respond` (`choice`) or `clarify.respond` (`answer`).
+enum Answer {
+    Approval(wire::ApprovalChoice),
+    Clarify(wire::ClarifyAnswer),
+}
+
+impl Answer {
+    /// The prompt kind it answers.
+    fn kind(&self) -> &'static str {
+        match self {
+            Answer::Approval(_) => "approval",
+            Answer::Clarify(_) => "clarify",
+        }
     }
 }
 
 async fn respond(
     owner: &Arc<Owner>,
     conn: &ConnHandle,
-    p: &Params<'_>,
-    kind: &str,
-) -> Result<Value, RpcError> {
-    let session_id = p.str("session_id")?.to_string();
-    let generation = p.u64("execution_generation")?;
-    let prompt_id = p.str("prompt_id")?.to_string();
-    let field = answer_field(kind);
-    let answer =
-        p.0.get(field)
-            .filter(|v| !v.is_null())
-            .cloned()
-            .ok_or_else(|| RpcError::invalid_field(field, format!("{field} is required")))?;
+    target: PromptTarget,
+    answer: Answer,
+) -> Result<wire::PromptResponse, OwnerError> {
+    let PromptTarget {
+        session_id,
+        generation,
+        prompt_id,
+    } = target;
     require_attached(owner, conn, &session_id).await?;
-    let kind = kind.to_string();
     let pid = prompt_id.clone();
     let response = owner
         .ledger(move |l, o| {
-            let prompt = l
+            let kind = answer.kind();
+            let row = l
                 .prompt(&pid)?
                 .filter(|p| p.session_id == session_id && p.kind == kind)
                 .ok_or_else(|| LedgerError::NotFound(format!("{kind} prompt {pid}")))?;
-            if prompt.generation != generation {
+            if row.generation != generation {
                 return Err(LedgerError::StaleGeneration(format!(
                     "prompt {pid} belongs to generation {}, not {generation}",
-                    prompt.generation
+                    row.generation
                 )));
             }
-            check_answer(&kind, &prompt.body, &answer)?;
-            let r = l.respond_prompt(&session_id, generation, &pid, answer)?;
+            check_answer(&open_prompt(&row)?, &answer)?;
+            let value = match &answer {
+                Answer::Approval(choice) => serde_json::to_value(choice),
+                Answer::Clarify(answer) => serde_json::to_value(answer),
+            }
+            .map_err(|e| LedgerError::Corrupt(format!("prompt {pid} answer: {e}")))?;
+            let r = l.respond_prompt(&session_id, generation, &pid, value)?;
             if let PromptResponse::Resolved { events, .. } = &r {
                 o.hub.publish(events);
             }
             Ok(r)
         })
-        .await
-        .map_err(ledger_error)?;
-    match response {
+        .await?;
+    let status = match response {
         PromptResponse::Resolved {
             prompt, receipt, ..
         } => {
@@ -580,59 +599,60 @@ async fn respond(
                     result: receipt,
                 });
             }
-            Ok(json!({"status": "resolved", "prompt_id": prompt_id}))
+            wire::PromptResponseStatus::Resolved
         }
-        PromptResponse::AlreadyResolved { .. } => {
-            Ok(json!({"status": "already_resolved", "prompt_id": prompt_id}))
-        }
-    }
-}
-
-/// The param that carries the answer to a prompt of `kind`: `choice` for approvals, `answer`
-/// for clarify.
-fn answer_field(kind: &str) -> &'static str {
-    if kind == "approval" {
-        "choice"
-    } else {
-        "answer"
-    }
+        PromptResponse::AlreadyResolved { .. } => wire::PromptResponseStatus::AlreadyResolved,
+    };
+    Ok(wire::PromptResponse { status, prompt_id })
 }
 
 /// The answer must be one of the prompt's `choices` (SPEC section 2); clarify prompts without
 /// choices take free text, and multi-select ones a list of choices.
-fn check_answer(kind: &str, body: &Value, answer: &Value) -> Result<(), LedgerError> {
-    let field = answer_field(kind);
-    let choices: Vec<&str> = body
-        .get("choices")
-        .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default();
-    let multi = body
-        .get("multi_select")
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
-    let picked: Vec<&str> = match answer {
-        Value::String(s) => vec![s.as_str()],
-        Value::Array(items) if multi => items.iter().filter_map(Value::as_str).collect(),
-        _ => {
-            return Err(LedgerError::invalid(
-                field,
-                format!("{field} must be a string"),
+fn check_answer(prompt: &wire::OpenPrompt, answer: &Answer) -> Result<(), LedgerError> {
+    /// A JSON rendering of a choice or a list of them, for the error text.
+    fn shown(v: &impl serde::Serialize) -> String {
+        serde_json::to_string(v).unwrap_or_default()
+    }
+    match (prompt, answer) {
+        (wire::OpenPrompt::Approval(p), Answer::Approval(choice)) => {
+            if p.choices.contains(choice) {
+                return Ok(());
+            }
+            Err(LedgerError::invalid(
+                "choice",
+                format!(
+                    "{} is not one of the prompt's choices {}",
+                    shown(choice),
+                    shown(&p.choices)
+                ),
             ))
         }
-    };
-    if kind == "clarify" && choices.is_empty() {
-        return Ok(());
-    }
-    for p in picked {
-        if !choices.contains(&p) {
-            return Err(LedgerError::invalid(
-                field,
-                format!("{p:?} is not one of the prompt's choices {choices:?}"),
-            ));
+        (wire::OpenPrompt::Clarify(p), Answer::Clarify(answer)) => {
+            let picked: Vec<&String> = match answer {
+                wire::ClarifyAnswer::Text(s) => vec![s],
+                wire::ClarifyAnswer::Choices(items) if p.multi_select => items.iter().collect(),
+                wire::ClarifyAnswer::Choices(_) => {
+                    return Err(LedgerError::invalid("answer", "answer must be a string"))
+                }
+            };
+            if p.choices.is_empty() {
+                return Ok(());
+            }
+            match picked.into_iter().find(|a| !p.choices.contains(a)) {
+                None => Ok(()),
+                Some(a) => Err(LedgerError::invalid(
+                    "answer",
+                    format!(
+                        "{} is not one of the prompt's choices {}",
+                        shown(a),
+                        shown(&p.choices)
+                    ),
+                )),
+            }
         }
+        // `respond` looked the prompt up by the answer's kind.
+        (_, answer) => Err(LedgerError::NotFound(format!("{} prompt", answer.kind()))),
     }
-    Ok(())
 }
 
 /// Events in one `session.events.since` answer when the caller names no `limit`, and the most
@@ -643,71 +663,75 @@ const EVENTS_PAGE_LIMIT: u64 = 1000;
 const EVENTS_PAGE_BYTES: usize = 4 * 1024 * 1024;
 
 /// `session.events.since`: one page of the stored stream, with `has_more` while events are left.
-async fn events_since(owner: &Arc<Owner>, p: &Params<'_>) -> Result<Value, RpcError> {
-    let session_id = p.str("session_id")?.to_string();
-    let replay_epoch = p.opt_str("replay_epoch")?.unwrap_or_default().to_string();
-    let last_sequence = p.u64("last_sequence")?;
-    let limit = match p.opt_u64("limit")? {
+async fn events_since(
+    owner: &Arc<Owner>,
+    p: wire::EventsSinceParams,
+) -> Result<wire::EventsPage, OwnerError> {
+    let limit = match p.limit {
         None => EVENTS_PAGE_LIMIT,
         Some(limit @ 1..=EVENTS_PAGE_LIMIT) => limit,
         Some(_) => {
-            return Err(RpcError::invalid_field(
+            return Err(OwnerError::invalid(
                 "limit",
                 format!("limit must be between 1 and {EVENTS_PAGE_LIMIT}"),
             ))
         }
     } as u32;
-    owner
+    let (session_id, last_sequence) = (p.session_id, p.last_sequence);
+    let replay_epoch = p.replay_epoch.unwrap_or_default();
+    let page = owner
         .ledger(move |l, _| {
             let session = session_row(l, &session_id)?;
             let last = l.last_event_seq(&session_id)?;
             if replay_epoch != session.replay_epoch || last_sequence > last {
-                return Ok(json!({
-                    "events": [],
-                    "last_sequence": last,
-                    "replay_epoch": session.replay_epoch,
-                    "snapshot_required": true,
-                    "has_more": false,
-                }));
+                return Ok(wire::EventsPage {
+                    events: Vec::new(),
+                    last_sequence: last,
+                    replay_epoch: session.replay_epoch,
+                    snapshot_required: true,
+                    has_more: false,
+                });
             }
             let page = l.events_page(&session_id, last_sequence, limit, EVENTS_PAGE_BYTES)?;
-            let upto = page.events.last().map(|e| e.seq).unwrap_or(last_sequence);
-            let wire: Vec<Value> = page
-                .events
-                .iter()
-                .map(|e| serde_json::to_value(e.to_wire()).unwrap_or_default())
-                .collect();
-            Ok(json!({
-                "events": wire,
-                "last_sequence": upto,
-                "replay_epoch": session.replay_epoch,
-                "snapshot_required": false,
-                "has_more": page.has_more,
-            }))
+            Ok(wire::EventsPage {
+                last_sequence: page.events.last().map_or(last_sequence, |e| e.seq),
+                events: page
+                    .events
+                    .iter()
+                    .map(session_event)
+                    .collect::<Result<_, _>>()?,
+                replay_epoch: session.replay_epoch,
+                snapshot_required: false,
+                has_more: page.has_more,
+            })
         })
-        .await
-        .map_err(ledger_error)
+        .await?;
+    Ok(page)
 }
 
 /// `approvals.list` (drover extension, SPEC section 6 `always`): the home's stored rules.
-async fn approvals_list(owner: &Arc<Owner>) -> Result<Value, RpcError> {
-    let rules = owner
-        .ledger(|l, _| l.approval_rules())
-        .await
-        .map_err(ledger_error)?;
-    let rules: Vec<Value> = rules
-        .iter()
-        .map(|r| json!({"pattern_key": r.pattern_key, "description": r.description, "created_at": r.created_at}))
-        .collect();
-    Ok(json!({"rules": rules}))
+async fn approvals_list(owner: &Arc<Owner>) -> Result<wire::ApprovalRules, OwnerError> {
+    let rules = owner.ledger(|l, _| l.approval_rules()).await?;
+    Ok(wire::ApprovalRules {
+        rules: rules
+            .into_iter()
+            .map(|r| wire::ApprovalRule {
+                pattern_key: r.pattern_key,
+                description: r.description,
+                created_at: r.created_at,
+            })
+            .collect(),
+    })
 }
 
 /// `approvals.remove` `{pattern_key}` (drover extension): `{removed: bool}`.
-async fn approvals_remove(owner: &Arc<Owner>, p: &Params<'_>) -> Result<Value, RpcError> {
-    let key = p.str("pattern_key")?.to_string();
+async fn approvals_remove(
+    owner: &Arc<Owner>,
+    p: wire::ApprovalRuleRef,
+) -> Result<wire::ApprovalRuleRemoved, OwnerError> {
+    let key = p.pattern_key;
     let removed = owner
         .ledger(move |l, _| l.remove_approval_rule(&key))
-        .await
-        .map_err(ledger_error)?;
-    Ok(json!({"removed": removed}))
+        .await?;
+    Ok(wire::ApprovalRuleRemoved { removed })
 }

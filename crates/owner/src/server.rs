@@ -12,12 +12,13 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response as HttpResponse};
 use axum::routing::get;
 use axum::{Json, Router};
-use drover_protocol::rpc::{ErrorReason, Request, Response, RpcError, INVALID_REQUEST};
+use drover_protocol::rpc::{Request, Response, RpcError};
 use futures::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+use crate::error::OwnerError;
 use crate::hub::{ConnHandle, Outgoing};
 use crate::rpc::dispatch;
 use crate::runtime::Owner;
@@ -181,11 +182,7 @@ async fn serve_connection(owner: Arc<Owner>, socket: WebSocket) {
             Message::Text(text) => handle_text(&owner, &conn, text.as_str()).await,
             Message::Binary(_) => Some(error_response(
                 Value::Null,
-                RpcError {
-                    code: INVALID_REQUEST,
-                    message: "invalid_request".into(),
-                    data: json!({"reason": "invalid_request", "detail": "send JSON-RPC as text frames"}),
-                },
+                OwnerError::InvalidRequest("send JSON-RPC as text frames".into()),
             )),
             Message::Close(_) => break Ending::PeerClosed,
             _ => None,
@@ -285,8 +282,8 @@ async fn write_connection(
     let _ = tokio::time::timeout(CONNECTION_CLOSE_WAIT, sink.close()).await;
 }
 
-fn error_response(id: Value, e: RpcError) -> String {
-    serde_json::to_string(&Response::err(id, e)).unwrap_or_default()
+fn error_response(id: Value, e: OwnerError) -> String {
+    serde_json::to_string(&Response::err(id, RpcError::from(e))).unwrap_or_default()
 }
 
 /// Parses and answers one text frame; `None` for notifications.
@@ -296,7 +293,7 @@ async fn handle_text(owner: &Arc<Owner>, conn: &ConnHandle, text: &str) -> Optio
         Err(e) => {
             return Some(error_response(
                 Value::Null,
-                RpcError::new(ErrorReason::ParseError, format!("malformed JSON: {e}")),
+                OwnerError::MalformedJson(e.to_string()),
             ))
         }
     };
@@ -306,19 +303,17 @@ async fn handle_text(owner: &Arc<Owner>, conn: &ConnHandle, text: &str) -> Optio
         Err(e) => {
             return Some(error_response(
                 id.unwrap_or(Value::Null),
-                RpcError {
-                    code: INVALID_REQUEST,
-                    message: "invalid_request".into(),
-                    data: json!({"reason": "invalid_request", "detail": format!("not a JSON-RPC request: {e}")}),
-                },
+                OwnerError::InvalidRequest(format!("not a JSON-RPC request: {e}")),
             ))
         }
     };
-    let result = dispatch(owner, conn, &request.method, &request.params).await;
+    let result = dispatch(owner, conn, &request.method, request.params).await;
     let id = request.id?;
-    let response = match result {
+    // The typed result is serialised once, here (through `Value`, whose keys are sorted, as
+    // the wire always was).
+    let response = match result.and_then(|r| Ok(serde_json::to_value(r)?)) {
         Ok(v) => Response::ok(id, v),
-        Err(e) => Response::err(id, e),
+        Err(e) => Response::err(id, RpcError::from(e)),
     };
     Some(serde_json::to_string(&response).unwrap_or_default())
 }
