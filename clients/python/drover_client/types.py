@@ -45,6 +45,7 @@ EventType = Literal[
     "message.complete",
     "turn.settled",
     "admission.updated",
+    "turn.progress",
 ]
 
 

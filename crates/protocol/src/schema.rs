@@ -91,6 +91,7 @@ fn event_schemas(generator: &mut SchemaGenerator) -> Vec<(&'static str, Schema)>
         (ev::CLARIFY_SETTLED, of::<ev::ClarifySettled>(generator)),
         (ev::TURN_SETTLED, of::<ev::TurnSettled>(generator)),
         (ev::ADMISSION_UPDATED, of::<ev::AdmissionUpdated>(generator)),
+        (ev::TURN_PROGRESS, of::<ev::TurnProgress>(generator)),
     ]
 }
 
@@ -122,7 +123,7 @@ mod tests {
             let name = params.trim_start_matches("#/$defs/");
             assert!(bundle["$defs"].get(name).is_some(), "{m}: {params}");
         }
-        assert_eq!(bundle["x-drover-events"].as_object().unwrap().len(), 11);
+        assert_eq!(bundle["x-drover-events"].as_object().unwrap().len(), 12);
         assert_eq!(bundle["x-drover-errors"]["invalid_params"]["code"], -32602);
         for name in [
             "ClientRequest",

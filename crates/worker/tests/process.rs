@@ -141,6 +141,7 @@ fn bootstrap(mock: &MockModel, home: &Path) -> OwnerFrame {
                 stream: true,
                 request_timeout_s: 30,
                 max_retries: 0,
+                ..drover_protocol::ModelSettings::default()
             },
             system_prompt: "be brief".into(),
             toolsets: vec![],

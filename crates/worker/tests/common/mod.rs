@@ -137,6 +137,7 @@ pub fn bootstrap(mock: &MockModel, home: &Path) -> OwnerFrame {
                 stream: true,
                 request_timeout_s: 30,
                 max_retries: 0,
+                ..drover_protocol::ModelSettings::default()
             },
             system_prompt: "be brief".into(),
             toolsets: vec![],
