@@ -668,7 +668,8 @@ class SessionEventMessageDelta(TypedDict):
     """
     seq: NotRequired[int | None]
     """
-    1, 2, 3, ... per session with no gaps; `null` for the live-only `message.delta`.
+    1, 2, 3, ... per session with no gaps; `null` for the live-only `message.delta` and
+    `turn.progress`.
     """
     session_id: str
     """
@@ -689,7 +690,8 @@ class SessionEventApprovalRequest(TypedDict):
     """
     seq: NotRequired[int | None]
     """
-    1, 2, 3, ... per session with no gaps; `null` for the live-only `message.delta`.
+    1, 2, 3, ... per session with no gaps; `null` for the live-only `message.delta` and
+    `turn.progress`.
     """
     session_id: str
     """
@@ -710,7 +712,8 @@ class SessionEventClarifyRequest(TypedDict):
     """
     seq: NotRequired[int | None]
     """
-    1, 2, 3, ... per session with no gaps; `null` for the live-only `message.delta`.
+    1, 2, 3, ... per session with no gaps; `null` for the live-only `message.delta` and
+    `turn.progress`.
     """
     session_id: str
     """
@@ -731,7 +734,8 @@ class SessionEventAdmissionUpdated(TypedDict):
     """
     seq: NotRequired[int | None]
     """
-    1, 2, 3, ... per session with no gaps; `null` for the live-only `message.delta`.
+    1, 2, 3, ... per session with no gaps; `null` for the live-only `message.delta` and
+    `turn.progress`.
     """
     session_id: str
     """
@@ -972,6 +976,38 @@ TurnEnd: TypeAlias = Literal['completed', 'interrupted', 'failed', 'rejected', '
 """
 How a turn ended: an admission outcome, or `unknown` when its worker or the owner died.
 """
+
+
+TurnPhase: TypeAlias = Literal['model_request', 'tool', 'prompt_wait']
+"""
+What a running turn is waiting on, as the owner has seen it (`turn.progress` `phase`).
+"""
+
+
+class TurnProgress(TypedDict):
+    """
+    Payload of `turn.progress`: sent every `[daemon] progress_interval_s` while a turn runs and
+    emits nothing else.
+    """
+
+    admission_id: str
+    """
+    The running turn's admission.
+    """
+    elapsed_ms: int
+    """
+    Milliseconds the turn has been in this phase (for `tool`, since this call started
+    running; for `model_request`, since the request began).
+    """
+    phase: TurnPhase
+    """
+    What the turn is waiting on.
+    """
+    tool_id: NotRequired[str | None]
+    """
+    The running tool call (phase `tool`, or `prompt_wait` when a tool asked); omitted
+    when no tool call is open.
+    """
 
 
 class TurnSettled(TypedDict):
@@ -1348,6 +1384,16 @@ class EventPayloadTurnSettled(TypedDict):
     type: Literal['turn.settled']
 
 
+class EventPayloadTurnProgress(TypedDict):
+    """
+    The running turn is alive but has emitted nothing else for a while (live only: never
+    stored, never replayed).
+    """
+
+    payload: TurnProgress
+    type: Literal['turn.progress']
+
+
 class JobState(TypedDict):
     """
     A job's state in its registry (SPEC section 7).
@@ -1445,7 +1491,8 @@ class SessionEventTurnStarted(TypedDict):
     """
     seq: NotRequired[int | None]
     """
-    1, 2, 3, ... per session with no gaps; `null` for the live-only `message.delta`.
+    1, 2, 3, ... per session with no gaps; `null` for the live-only `message.delta` and
+    `turn.progress`.
     """
     session_id: str
     """
@@ -1466,7 +1513,8 @@ class SessionEventMessageComplete(TypedDict):
     """
     seq: NotRequired[int | None]
     """
-    1, 2, 3, ... per session with no gaps; `null` for the live-only `message.delta`.
+    1, 2, 3, ... per session with no gaps; `null` for the live-only `message.delta` and
+    `turn.progress`.
     """
     session_id: str
     """
@@ -1487,7 +1535,8 @@ class SessionEventToolStart(TypedDict):
     """
     seq: NotRequired[int | None]
     """
-    1, 2, 3, ... per session with no gaps; `null` for the live-only `message.delta`.
+    1, 2, 3, ... per session with no gaps; `null` for the live-only `message.delta` and
+    `turn.progress`.
     """
     session_id: str
     """
@@ -1508,7 +1557,8 @@ class SessionEventToolComplete(TypedDict):
     """
     seq: NotRequired[int | None]
     """
-    1, 2, 3, ... per session with no gaps; `null` for the live-only `message.delta`.
+    1, 2, 3, ... per session with no gaps; `null` for the live-only `message.delta` and
+    `turn.progress`.
     """
     session_id: str
     """
@@ -1529,7 +1579,8 @@ class SessionEventApprovalSettled(TypedDict):
     """
     seq: NotRequired[int | None]
     """
-    1, 2, 3, ... per session with no gaps; `null` for the live-only `message.delta`.
+    1, 2, 3, ... per session with no gaps; `null` for the live-only `message.delta` and
+    `turn.progress`.
     """
     session_id: str
     """
@@ -1550,7 +1601,8 @@ class SessionEventClarifySettled(TypedDict):
     """
     seq: NotRequired[int | None]
     """
-    1, 2, 3, ... per session with no gaps; `null` for the live-only `message.delta`.
+    1, 2, 3, ... per session with no gaps; `null` for the live-only `message.delta` and
+    `turn.progress`.
     """
     session_id: str
     """
@@ -1571,7 +1623,8 @@ class SessionEventTurnSettled(TypedDict):
     """
     seq: NotRequired[int | None]
     """
-    1, 2, 3, ... per session with no gaps; `null` for the live-only `message.delta`.
+    1, 2, 3, ... per session with no gaps; `null` for the live-only `message.delta` and
+    `turn.progress`.
     """
     session_id: str
     """
@@ -1581,7 +1634,30 @@ class SessionEventTurnSettled(TypedDict):
     type: Literal['turn.settled']
 
 
-SessionEvent: TypeAlias = SessionEventTurnStarted | SessionEventMessageDelta | SessionEventMessageComplete | SessionEventToolStart | SessionEventToolComplete | SessionEventApprovalRequest | SessionEventClarifyRequest | SessionEventApprovalSettled | SessionEventClarifySettled | SessionEventTurnSettled | SessionEventAdmissionUpdated
+class SessionEventTurnProgress(TypedDict):
+    """
+    The running turn is alive but has emitted nothing else for a while (live only: never
+    stored, never replayed).
+    """
+
+    replay_epoch: str
+    """
+    The stored stream's name (pass to `session.events.since`).
+    """
+    seq: NotRequired[int | None]
+    """
+    1, 2, 3, ... per session with no gaps; `null` for the live-only `message.delta` and
+    `turn.progress`.
+    """
+    session_id: str
+    """
+    The session.
+    """
+    payload: TurnProgress
+    type: Literal['turn.progress']
+
+
+SessionEvent: TypeAlias = SessionEventTurnStarted | SessionEventMessageDelta | SessionEventMessageComplete | SessionEventToolStart | SessionEventToolComplete | SessionEventApprovalRequest | SessionEventClarifyRequest | SessionEventApprovalSettled | SessionEventClarifySettled | SessionEventTurnSettled | SessionEventAdmissionUpdated | SessionEventTurnProgress
 """
 The params of an `event` notification, typed: `{session_id, seq, replay_epoch, type,
 payload}`.
@@ -1697,7 +1773,7 @@ class EventPayloadMessageComplete(TypedDict):
     type: Literal['message.complete']
 
 
-EventPayload: TypeAlias = EventPayloadTurnStarted | EventPayloadMessageDelta | EventPayloadMessageComplete | EventPayloadToolStart | EventPayloadToolComplete | EventPayloadApprovalRequest | EventPayloadClarifyRequest | EventPayloadApprovalSettled | EventPayloadClarifySettled | EventPayloadTurnSettled | EventPayloadAdmissionUpdated
+EventPayload: TypeAlias = EventPayloadTurnStarted | EventPayloadMessageDelta | EventPayloadMessageComplete | EventPayloadToolStart | EventPayloadToolComplete | EventPayloadApprovalRequest | EventPayloadClarifyRequest | EventPayloadApprovalSettled | EventPayloadClarifySettled | EventPayloadTurnSettled | EventPayloadAdmissionUpdated | EventPayloadTurnProgress
 """
 Every event type with its payload: `{"type": ..., "payload": {...}}`.
 """
@@ -1732,7 +1808,7 @@ class EventsPage(TypedDict):
 
 # ---- the client's names for schema types ------------------------------------------------
 
-EventType: TypeAlias = Literal['admission.updated', 'approval.request', 'approval.settled', 'clarify.request', 'clarify.settled', 'message.complete', 'message.delta', 'tool.complete', 'tool.start', 'turn.settled', 'turn.started']
+EventType: TypeAlias = Literal['admission.updated', 'approval.request', 'approval.settled', 'clarify.request', 'clarify.settled', 'message.complete', 'message.delta', 'tool.complete', 'tool.start', 'turn.progress', 'turn.settled', 'turn.started']
 """Every event `type` (the keys of the schema's `x-drover-events`)."""
 
 Event = SessionEvent

@@ -165,7 +165,8 @@ async fn wait_gone(pid: u32) {
 async fn every_method_and_event_of_the_daemon_round_trips_through_the_typed_protocol() {
     let model = MockModel::start().await;
     let home = TestHome::new().unwrap();
-    home.write_model_config(&model.base_url(), true, "")
+    // Quiet turns get `turn.progress` quickly, so the question below shows one.
+    home.write_model_config(&model.base_url(), true, "progress_interval_s = 0.2\n")
         .unwrap();
     let scratch = tempfile::Builder::new()
         .prefix("drover-wire-")
@@ -265,6 +266,12 @@ async fn every_method_and_event_of_the_daemon_round_trips_through_the_typed_prot
     let a4 = receipt["admission_id"].clone();
     let request = w.event(&mut c, |e| e["type"] == "clarify.request").await;
     let generation = request["payload"]["execution_generation"].clone();
+    let progress = w
+        .event(&mut c, |e| {
+            e["type"] == "turn.progress" && e["payload"]["phase"] == "prompt_wait"
+        })
+        .await;
+    assert!(progress["seq"].is_null(), "{progress}");
     let queued = w
         .ok(
             &mut c,

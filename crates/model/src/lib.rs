@@ -2,15 +2,17 @@
 //!
 //! `POST {base_url}/chat/completions` with `stream: true` (server-sent events, `data:` lines,
 //! `[DONE]`, `stream_options: {include_usage: true}`) or `stream: false` (one JSON body).
-//! Tool calls are assembled from streamed deltas by `index`. Timeouts, connection errors, 429
-//! and 5xx are retried with bounded exponential backoff (a numeric `Retry-After` on 429/503 is
-//! honoured); other 4xx are not, and neither is a stream that already showed text. What this
-//! crate does not do: run tools, keep history or persist anything.
+//! Tool calls are assembled from streamed deltas by `index`. A response that sends no byte
+//! for `stall_timeout` (a stream: from the request on; one JSON body: once its headers came)
+//! is cancelled as stalled. Timeouts, stalls, connection errors, 429 and 5xx are retried with
+//! bounded exponential backoff (a numeric `Retry-After` on 429/503 is honoured); other 4xx are
+//! not, and neither is a stream that already showed text. What this crate does not do: run
+//! tools, keep history or persist anything.
 //!
 //! Main types: [`ModelClient`] (the reqwest client) behind the [`ChatModel`] trait,
 //! [`ModelConfig`], [`Completion`] and [`ModelError`]. Inside: `wire` maps drover's chat types
-//! to the OpenAI JSON, `stream` assembles a completion from chunks, `retry` decides what is
-//! retried and when.
+//! to the OpenAI JSON, `stream` assembles a completion from chunks, `body` reads a response
+//! under the stall bound, `retry` decides what is retried and when.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), drover_model::ModelError> {
@@ -23,6 +25,7 @@
 //! # Ok(()) }
 //! ```
 
+mod body;
 mod retry;
 mod stream;
 mod wire;
@@ -37,6 +40,7 @@ use futures::StreamExt;
 use reqwest::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE};
 use serde_json::Value;
 
+use crate::body::BodyError;
 use crate::retry::Failure;
 use crate::stream::{Step, StreamAssembly};
 
@@ -53,15 +57,17 @@ pub struct ModelConfig {
     pub stream: bool,
     /// Whole-request timeout (connect to last byte).
     pub request_timeout: Duration,
-    /// Retries after the first attempt (timeouts, 429, 5xx, connection errors).
+    /// Retries after the first attempt (timeouts, stalls, 429, 5xx, connection errors).
     pub max_retries: u32,
+    /// How long a response may send no byte before it is cancelled as stalled.
+    pub stall_timeout: Duration,
     /// First backoff delay; doubles per retry, capped at 8 s.
     pub retry_base_delay: Duration,
 }
 
 impl ModelConfig {
     /// The default settings ([`ModelSettings::default`]: stream on, 600 s timeout, 3
-    /// retries), retries from 500 ms.
+    /// retries, 120 s stall bound), retries from 500 ms.
     pub fn new(base_url: impl Into<String>, model: impl Into<String>) -> Self {
         ModelConfig::with_settings(base_url, model, ModelSettings::default())
     }
@@ -79,6 +85,7 @@ impl ModelConfig {
             stream: settings.stream,
             request_timeout: settings.request_timeout(),
             max_retries: settings.max_retries,
+            stall_timeout: settings.stall_timeout(),
             retry_base_delay: Duration::from_millis(500),
         }
     }
@@ -94,6 +101,7 @@ impl fmt::Debug for ModelConfig {
             .field("stream", &self.stream)
             .field("request_timeout", &self.request_timeout)
             .field("max_retries", &self.max_retries)
+            .field("stall_timeout", &self.stall_timeout)
             .field("retry_base_delay", &self.retry_base_delay)
             .finish()
     }
@@ -114,7 +122,8 @@ pub struct Completion {
     pub model: Option<String>,
 }
 
-/// Why a request failed. Every variant maps to the spec reason `model_unavailable`.
+/// Why a request failed. Every variant but [`ModelError::Stalled`] maps to the spec reason
+/// `model_unavailable`.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
     /// The server answered non-2xx; `message` is the server's error message when it gave one.
@@ -128,6 +137,10 @@ pub enum ModelError {
     /// The whole request (connect to last byte) took longer than `request_timeout`.
     #[error("model request timed out after {0:?}")]
     Timeout(Duration),
+    /// The response sent no byte for `stall_timeout` (SPEC section 2: reason
+    /// `model_stalled`, which the message starts with, so a failed turn's `error` names it).
+    #[error("model_stalled: the model endpoint sent nothing for {0:?}")]
+    Stalled(Duration),
     /// Connection refused, reset, DNS, TLS.
     #[error("model endpoint unreachable: {0}")]
     Transport(String),
@@ -141,9 +154,13 @@ pub enum ModelError {
 }
 
 impl ModelError {
-    /// The spec reason word (SPEC section 2).
+    /// The spec reason word (SPEC section 2): `model_stalled` for a stall, else
+    /// `model_unavailable`.
     pub fn reason(&self) -> &'static str {
-        "model_unavailable"
+        match self {
+            ModelError::Stalled(_) => "model_stalled",
+            _ => "model_unavailable",
+        }
     }
 }
 
@@ -237,13 +254,26 @@ impl ModelClient {
         if let Some(authorization) = &self.authorization {
             request = request.header(AUTHORIZATION, authorization.clone());
         }
-        let response = request.send().await.map_err(|e| self.request_error(e))?;
+        let stall = self.config.stall_timeout;
+        // A stream's headers come at once from a live server; a JSON body's may take as long
+        // as the whole completion, so only the whole-request timeout bounds them.
+        let response = if self.config.stream {
+            tokio::time::timeout(stall, request.send())
+                .await
+                .map_err(|_| ModelError::Stalled(stall))?
+        } else {
+            request.send().await
+        }
+        .map_err(|e| self.request_error(e))?;
 
         let status = response.status();
         if !status.is_success() {
             let retry_after = retry::retry_after(status, response.headers());
             // The status alone still tells what happened if the body cannot be read.
-            let text = response.text().await.unwrap_or_default();
+            let text = body::read_all(response, stall)
+                .await
+                .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+                .unwrap_or_default();
             return Err(Failure {
                 error: ModelError::Http {
                     status: status.as_u16(),
@@ -270,7 +300,9 @@ impl ModelClient {
         if is_events {
             return self.read_events(response, on_delta).await;
         }
-        let bytes = response.bytes().await.map_err(|e| self.request_error(e))?;
+        let bytes = body::read_all(response, stall)
+            .await
+            .map_err(|e| self.body_error(e))?;
         let completion = wire::parse_completion(&bytes)?;
         if let Some(text) = completion.message.content.as_deref() {
             if !text.is_empty() {
@@ -286,7 +318,8 @@ impl ModelClient {
         response: reqwest::Response,
         on_delta: &mut (dyn FnMut(&str) + Send),
     ) -> Result<Completion, Failure> {
-        let mut events = response.bytes_stream().eventsource();
+        let mut events =
+            std::pin::pin!(body::guarded(response, self.config.stall_timeout).eventsource());
         let mut assembly = StreamAssembly::default();
         let mut shown = false;
         let mut done = false;
@@ -296,7 +329,7 @@ impl ModelClient {
                     shown = true;
                     on_delta(piece);
                 }),
-                Err(EventStreamError::Transport(e)) => Err(self.request_error(e)),
+                Err(EventStreamError::Transport(e)) => Err(self.body_error(e)),
                 Err(EventStreamError::Utf8(e)) => Err(ModelError::Protocol(format!(
                     "the event stream is not UTF-8: {e}"
                 ))),
@@ -330,6 +363,14 @@ impl ModelClient {
             });
         }
         Ok(assembly.finish()?)
+    }
+
+    /// Maps a failure to read the body: a stall, or a reqwest failure.
+    fn body_error(&self, error: BodyError) -> ModelError {
+        match error {
+            BodyError::Transport(e) => self.request_error(e),
+            BodyError::Stalled => ModelError::Stalled(self.config.stall_timeout),
+        }
     }
 
     /// Maps a reqwest failure; the message names the endpoint and the cause, never the key.

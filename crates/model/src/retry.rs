@@ -31,11 +31,12 @@ impl From<ModelError> for Failure {
     }
 }
 
-/// Connection errors, timeouts, 429 and 5xx may succeed on another try; nothing else will.
+/// Connection errors, timeouts, stalls, 429 and 5xx may succeed on another try; nothing else
+/// will.
 pub(crate) fn is_retryable(error: &ModelError) -> bool {
     match error {
         ModelError::Http { status, .. } => *status == 429 || (500..600).contains(status),
-        ModelError::Timeout(_) | ModelError::Transport(_) => true,
+        ModelError::Timeout(_) | ModelError::Stalled(_) | ModelError::Transport(_) => true,
         ModelError::Protocol(_) | ModelError::Config(_) => false,
     }
 }
@@ -118,6 +119,7 @@ mod tests {
         assert!(!is_retryable(&http(401)));
         assert!(!is_retryable(&http(404)));
         assert!(is_retryable(&ModelError::Timeout(Duration::from_secs(1))));
+        assert!(is_retryable(&ModelError::Stalled(Duration::from_secs(1))));
         assert!(is_retryable(&ModelError::Transport("reset".into())));
         assert!(!is_retryable(&ModelError::Protocol("bad json".into())));
     }

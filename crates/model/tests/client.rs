@@ -407,6 +407,101 @@ async fn stream_cut_after_text_was_shown_is_not_retried() {
     assert_eq!(mock.requests().len(), 1);
 }
 
+/// A client whose stall bound is `stall`.
+fn stalling_client(mock: &MockModel, stream: bool, stall: Duration) -> ModelClient {
+    let mut config = config(mock.base_url(), stream);
+    config.stall_timeout = stall;
+    ModelClient::new(config).expect("valid config")
+}
+
+#[tokio::test]
+async fn a_stream_that_sends_headers_then_nothing_stalls_on_every_attempt() {
+    let mock = MockModel::start().await;
+    mock.set_default(Reply::stall());
+    let stall = Duration::from_millis(300);
+    let started = Instant::now();
+    let (done, deltas) = chat(&stalling_client(&mock, true, stall), &user("hi"), &[]).await;
+    let err = done.expect_err("stalled");
+    assert!(
+        matches!(err, ModelError::Stalled(t) if t == stall),
+        "{err:?}"
+    );
+    assert_eq!(err.reason(), "model_stalled");
+    assert!(err.to_string().starts_with("model_stalled: "), "{err}");
+    assert!(deltas.is_empty(), "{deltas:?}");
+    // The first attempt and max_retries (2) more, each cancelled after the bound.
+    assert_eq!(mock.requests().len(), 3);
+    assert!(started.elapsed() >= stall * 3, "{:?}", started.elapsed());
+}
+
+#[tokio::test]
+async fn a_json_body_that_stalls_after_its_headers_is_stalled() {
+    let mock = MockModel::start().await;
+    mock.set_default(Reply::stall());
+    let (done, _) = chat(
+        &stalling_client(&mock, false, Duration::from_millis(300)),
+        &user("hi"),
+        &[],
+    )
+    .await;
+    assert!(matches!(done, Err(ModelError::Stalled(_))), "{done:?}");
+    assert_eq!(mock.requests().len(), 3);
+}
+
+#[tokio::test]
+async fn a_json_answer_slower_than_the_stall_bound_to_its_headers_is_not_a_stall() {
+    // A non-stream server sends nothing until the whole completion is ready: only the
+    // whole-request timeout bounds the wait for its headers.
+    let mock = MockModel::start().await;
+    mock.push(Reply::text("slow but whole").delay(Duration::from_millis(700)));
+    let (done, _) = chat(
+        &stalling_client(&mock, false, Duration::from_millis(200)),
+        &user("hi"),
+        &[],
+    )
+    .await;
+    assert_eq!(
+        done.expect("completion").message.content.as_deref(),
+        Some("slow but whole")
+    );
+    assert_eq!(mock.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn a_stalled_stream_is_cancelled_and_retried() {
+    let mock = MockModel::start().await;
+    mock.push(Reply::stall());
+    mock.push(Reply::text("second try"));
+    let (done, deltas) = chat(
+        &stalling_client(&mock, true, Duration::from_millis(300)),
+        &user("hi"),
+        &[],
+    )
+    .await;
+    assert_eq!(
+        done.expect("completion").message.content.as_deref(),
+        Some("second try")
+    );
+    assert_eq!(deltas.concat(), "second try");
+    assert_eq!(mock.requests().len(), 2);
+}
+
+#[tokio::test]
+async fn a_stream_that_stalls_after_showing_text_is_not_retried() {
+    let mock = MockModel::start().await;
+    mock.push(Reply::text("half an answer").stall_after_text());
+    mock.push(Reply::text("must not be asked for"));
+    let (done, deltas) = chat(
+        &stalling_client(&mock, true, Duration::from_millis(300)),
+        &user("hi"),
+        &[],
+    )
+    .await;
+    assert!(matches!(done, Err(ModelError::Stalled(_))), "{done:?}");
+    assert_eq!(deltas.concat(), "half an answer");
+    assert_eq!(mock.requests().len(), 1);
+}
+
 #[tokio::test]
 async fn reply_held_past_request_timeout_is_a_timeout() {
     let mock = MockModel::start().await;

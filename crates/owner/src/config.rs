@@ -41,8 +41,8 @@ pub struct Config {
     pub jobs: JobsSection,
 }
 
-/// `[model]`. A key left out takes its default: `stream`, `request_timeout_s` and
-/// `max_retries` those of [`ModelSettings::default`].
+/// `[model]`. A key left out takes its default: `stream`, `request_timeout_s`, `max_retries`
+/// and `stall_timeout_s` those of [`ModelSettings::default`].
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ModelSection {
@@ -60,6 +60,9 @@ pub struct ModelSection {
     pub request_timeout_s: u64,
     /// drover extra: retries after the first attempt (SPEC section 5: bounded).
     pub max_retries: u32,
+    /// Seconds a model response may send no byte before it is cancelled and retried; a turn
+    /// whose retries all stall fails `model_stalled` (default 120).
+    pub stall_timeout_s: u64,
     /// drover extra: model requests per turn at most.
     pub max_steps: u32,
 }
@@ -74,6 +77,7 @@ impl Default for ModelSection {
             stream: settings.stream,
             request_timeout_s: settings.request_timeout_s,
             max_retries: settings.max_retries,
+            stall_timeout_s: settings.stall_timeout_s,
             max_steps: 50,
         }
     }
@@ -86,6 +90,7 @@ impl ModelSection {
             stream: self.stream,
             request_timeout_s: self.request_timeout_s,
             max_retries: self.max_retries,
+            stall_timeout_s: self.stall_timeout_s,
         }
     }
 }
@@ -153,6 +158,10 @@ pub struct McpServer {
     /// `false`: the server is left out and its name is an unknown toolset (default true).
     #[serde(default = "yes")]
     pub enabled: bool,
+    /// Seconds one tool call of this server may take before the model gets a tool error
+    /// (default 600).
+    #[serde(default = "drover_protocol::worker::McpServerSpec::default_tool_timeout_s")]
+    pub tool_timeout_s: u64,
 }
 
 /// `[daemon]`.
@@ -170,6 +179,10 @@ pub struct DaemonSection {
     /// SIGTERM, then SIGKILL (SPEC section 1: 5 s).
     #[serde(default = "default_interrupt_grace")]
     pub interrupt_grace_s: f64,
+    /// How often a running turn that emits nothing else gets a live `turn.progress` event
+    /// (SPEC section 2; default 5 s). Above 0, at most a day.
+    #[serde(default = "default_progress_interval")]
+    pub progress_interval_s: f64,
     /// SPEC section 1: a `listen` address beyond loopback needs this, and TLS.
     #[serde(default)]
     pub allow_remote: bool,
@@ -185,6 +198,7 @@ impl Default for DaemonSection {
             listen: default_listen(),
             drain_grace_s: default_drain_grace(),
             interrupt_grace_s: default_interrupt_grace(),
+            progress_interval_s: default_progress_interval(),
             allow_remote: false,
             tls_cert: None,
             tls_key: None,
@@ -198,9 +212,24 @@ impl DaemonSection {
         Some((self.tls_cert.as_deref()?, self.tls_key.as_deref()?))
     }
 
+    /// The `turn.progress` interval.
+    pub fn progress_interval(&self) -> std::time::Duration {
+        // `check` refused anything outside (0, PROGRESS_INTERVAL_MAX_S] at load.
+        std::time::Duration::try_from_secs_f64(self.progress_interval_s)
+            .unwrap_or_else(|_| std::time::Duration::from_secs_f64(default_progress_interval()))
+    }
+
     /// SPEC section 1: loopback only, unless `allow_remote`; beyond loopback, TLS. The message
-    /// names the keys to set.
+    /// names the keys to set. `progress_interval_s` must be above 0 and at most a day.
     fn check(&self) -> Result<(), String> {
+        if !(self.progress_interval_s > 0.0 && self.progress_interval_s <= PROGRESS_INTERVAL_MAX_S)
+        {
+            return Err(format!(
+                "[daemon] progress_interval_s = {} must be a number of seconds above 0 and at \
+                 most {PROGRESS_INTERVAL_MAX_S}",
+                self.progress_interval_s
+            ));
+        }
         if self.tls_cert.is_some() != self.tls_key.is_some() {
             return Err(format!(
                 "[daemon] tls_cert and tls_key go together; only {} is set",
@@ -299,6 +328,12 @@ fn default_drain_grace() -> f64 {
 fn default_interrupt_grace() -> f64 {
     5.0
 }
+/// The largest `[daemon] progress_interval_s`: a day.
+const PROGRESS_INTERVAL_MAX_S: f64 = 86_400.0;
+
+fn default_progress_interval() -> f64 {
+    5.0
+}
 
 /// A config file that could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -312,7 +347,8 @@ pub enum ConfigError {
         source: std::io::Error,
     },
     /// The file is not valid TOML, has an unknown key or a bad value, or breaks a `[daemon]`
-    /// rule (a `listen` beyond loopback without `allow_remote` and TLS).
+    /// rule (a `listen` beyond loopback without `allow_remote` and TLS, a `progress_interval_s`
+    /// outside (0, 86400]).
     #[error("{path}: {message}")]
     Parse {
         /// `<home>/config.toml`.
@@ -376,6 +412,7 @@ impl Config {
                         command: server.command.clone(),
                         args: server.args.clone(),
                         env: server.env.clone(),
+                        tool_timeout_s: server.tool_timeout_s,
                     },
                 ))
             })
@@ -506,6 +543,51 @@ mod tests {
             }
         );
         assert_eq!(c.model.max_steps, 50);
+    }
+
+    #[test]
+    fn liveness_keys_default_and_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("config.toml");
+        let c = Config::load(dir.path()).unwrap();
+        assert_eq!(c.model.stall_timeout_s, 120);
+        assert_eq!(c.model.settings().stall_timeout_s, 120);
+        assert_eq!(c.daemon.progress_interval_s, 5.0);
+        assert_eq!(
+            c.daemon.progress_interval(),
+            std::time::Duration::from_secs(5)
+        );
+        std::fs::write(
+            &file,
+            "[model]\nstall_timeout_s = 2\n\n[daemon]\nprogress_interval_s = 0.25\n\n\
+             [mcp_servers.slow]\ncommand = \"srv\"\ntool_timeout_s = 3\n\n\
+             [mcp_servers.plain]\ncommand = \"srv\"\n",
+        )
+        .unwrap();
+        let c = Config::load(dir.path()).unwrap();
+        assert_eq!(c.model.settings().stall_timeout_s, 2);
+        assert_eq!(
+            c.daemon.progress_interval(),
+            std::time::Duration::from_millis(250)
+        );
+        let specs = c.mcp_servers_of(&["slow".into(), "plain".into()]);
+        assert_eq!(specs.get("slow").map(|s| s.tool_timeout_s), Some(3));
+        assert_eq!(specs.get("plain").map(|s| s.tool_timeout_s), Some(600));
+        for bad in ["0", "-1", "nan", "inf", "86401"] {
+            std::fs::write(&file, format!("[daemon]\nprogress_interval_s = {bad}\n")).unwrap();
+            let e = Config::load(dir.path()).unwrap_err().to_string();
+            assert!(e.contains("progress_interval_s"), "{bad}: {e}");
+        }
+        std::fs::write(&file, "[model]\nstall_timeout_s = -1\n").unwrap();
+        let e = Config::load(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("stall_timeout_s"), "{e}");
+        std::fs::write(
+            &file,
+            "[mcp_servers.x]\ncommand = \"s\"\ntool_timeout = 3\n",
+        )
+        .unwrap();
+        let e = Config::load(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("tool_timeout"), "{e}");
     }
 
     #[test]

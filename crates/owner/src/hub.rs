@@ -2,15 +2,25 @@
 //!
 //! Each connection has a bounded outbox. Publishing never blocks the owner: a connection whose
 //! outbox is full is dropped, and resyncs with `session.events.since` when it comes back.
+//!
+//! The hub also follows each running turn through the events it publishes (tool calls open,
+//! prompts open, the last event sent), so [`Hub::progress`] can say what a quiet turn waits on
+//! in a live `turn.progress`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use drover_ledger::StoredEvent;
-use drover_protocol::event::{EventPayload, MessageDelta, SessionEvent};
+use drover_protocol::event::{
+    self as ev, Event, EventPayload, MessageDelta, SessionEvent, TurnPhase, TurnProgress,
+    TurnStarted,
+};
 use drover_protocol::rpc::Notification;
+use serde::Deserialize;
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 /// What a connection's writer receives: a serialised JSON-RPC message.
@@ -94,6 +104,120 @@ struct HubState {
     sessions: HashMap<String, Vec<ConnHandle>>,
     /// session -> (current live message counter, next delta index).
     deltas: HashMap<String, u64>,
+    /// session -> what has been seen of its running turn.
+    turns: HashMap<String, TurnActivity>,
+}
+
+/// What the hub has seen of a session's running turn, from the events it published.
+struct TurnActivity {
+    admission_id: String,
+    replay_epoch: String,
+    /// When the session last got an event: stored, delta or progress.
+    last_emit: Instant,
+    /// When the current model request began: the turn's start, or its last tool call's end.
+    model_since: Instant,
+    /// Tool calls started and not completed, in the order they run (the first runs).
+    tools: VecDeque<String>,
+    /// When the first of `tools` began running.
+    tool_since: Instant,
+    /// Open prompts.
+    prompts: Vec<String>,
+    /// When the first of `prompts` opened.
+    prompt_since: Instant,
+}
+
+/// The id a `tool.start` or `tool.complete` payload names.
+#[derive(Deserialize)]
+struct ToolId {
+    tool_id: String,
+}
+
+/// The admission a `turn.settled` payload names.
+#[derive(Deserialize)]
+struct AdmissionId {
+    admission_id: String,
+}
+
+/// The id a prompt event's payload names.
+#[derive(Deserialize)]
+struct PromptId {
+    prompt_id: String,
+}
+
+impl TurnActivity {
+    fn new(started: TurnStarted, replay_epoch: &str, now: Instant) -> TurnActivity {
+        TurnActivity {
+            admission_id: started.admission_id,
+            replay_epoch: replay_epoch.to_string(),
+            last_emit: now,
+            model_since: now,
+            tools: VecDeque::new(),
+            tool_since: now,
+            prompts: Vec::new(),
+            prompt_since: now,
+        }
+    }
+
+    /// Follows one stored event of the turn's session.
+    fn observe(&mut self, e: &StoredEvent, now: Instant) {
+        self.last_emit = now;
+        match e.kind.as_str() {
+            ev::TOOL_START => {
+                if let Ok(t) = ToolId::deserialize(&e.payload) {
+                    if self.tools.is_empty() {
+                        self.tool_since = now;
+                    }
+                    self.tools.push_back(t.tool_id);
+                }
+            }
+            ev::TOOL_COMPLETE => {
+                if let Ok(t) = ToolId::deserialize(&e.payload) {
+                    if self.tools.front() == Some(&t.tool_id) {
+                        // The next call, if any, starts running now.
+                        self.tool_since = now;
+                    }
+                    self.tools.retain(|id| *id != t.tool_id);
+                    if self.tools.is_empty() {
+                        self.model_since = now;
+                    }
+                }
+            }
+            ev::APPROVAL_REQUEST | ev::CLARIFY_REQUEST => {
+                if let Ok(p) = PromptId::deserialize(&e.payload) {
+                    if self.prompts.is_empty() {
+                        self.prompt_since = now;
+                    }
+                    self.prompts.push(p.prompt_id);
+                }
+            }
+            ev::APPROVAL_SETTLED | ev::CLARIFY_SETTLED => {
+                if let Ok(p) = PromptId::deserialize(&e.payload) {
+                    self.prompts.retain(|id| *id != p.prompt_id);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The `turn.progress` payload at `now`: an open prompt first, then a running tool call,
+    /// else the model request.
+    fn progress(&self, now: Instant) -> TurnProgress {
+        let tool_id = self.tools.front().cloned();
+        let (phase, since) = if !self.prompts.is_empty() {
+            (TurnPhase::PromptWait, self.prompt_since)
+        } else if tool_id.is_some() {
+            (TurnPhase::Tool, self.tool_since)
+        } else {
+            (TurnPhase::ModelRequest, self.model_since)
+        };
+        TurnProgress {
+            admission_id: self.admission_id.clone(),
+            phase,
+            tool_id,
+            elapsed_ms: u64::try_from(now.saturating_duration_since(since).as_millis())
+                .unwrap_or(u64::MAX),
+        }
+    }
 }
 
 /// The fan-out table. Callers publish stored events while holding the ledger lock, so every
@@ -143,11 +267,16 @@ impl Hub {
 
     /// Publishes stored events to every attached connection.
     pub fn publish(&self, events: &[StoredEvent]) {
+        self.publish_at(events, Instant::now());
+    }
+
+    fn publish_at(&self, events: &[StoredEvent], now: Instant) {
         if events.is_empty() {
             return;
         }
         let mut s = self.lock();
         for e in events {
+            follow_turn(&mut s, e, now);
             if e.kind == drover_protocol::event::MESSAGE_COMPLETE
                 || e.kind == drover_protocol::event::TOOL_START
             {
@@ -161,7 +290,14 @@ impl Hub {
 
     /// Publishes a live `message.delta` (never stored).
     pub fn publish_delta(&self, session_id: &str, replay_epoch: &str, text: &str) {
+        self.publish_delta_at(session_id, replay_epoch, text, Instant::now());
+    }
+
+    fn publish_delta_at(&self, session_id: &str, replay_epoch: &str, text: &str, now: Instant) {
         let mut s = self.lock();
+        if let Some(turn) = s.turns.get_mut(session_id) {
+            turn.last_emit = now;
+        }
         if !s.sessions.contains_key(session_id) {
             return;
         }
@@ -181,6 +317,57 @@ impl Hub {
         send_all(&mut s, session_id, text);
     }
 
+    /// Publishes a live `turn.progress` for the running turn `admission_id` of `session_id`
+    /// when the session has had no event for `interval` (SPEC section 2: sent while a turn
+    /// emits nothing else; never stored, `seq` null). Returns when to ask again.
+    pub fn progress(&self, session_id: &str, admission_id: &str, interval: Duration) -> Instant {
+        self.progress_at(session_id, admission_id, interval, Instant::now())
+    }
+
+    fn progress_at(
+        &self,
+        session_id: &str,
+        admission_id: &str,
+        interval: Duration,
+        now: Instant,
+    ) -> Instant {
+        let mut s = self.lock();
+        let Some(turn) = s
+            .turns
+            .get_mut(session_id)
+            .filter(|t| t.admission_id == admission_id)
+        else {
+            return now + interval;
+        };
+        let due = turn.last_emit + interval;
+        if now < due {
+            return due;
+        }
+        turn.last_emit = now;
+        let payload = turn.progress(now);
+        let event = Event {
+            session_id: session_id.to_string(),
+            seq: None,
+            replay_epoch: turn.replay_epoch.clone(),
+            kind: ev::TURN_PROGRESS.to_string(),
+            payload: serde_json::to_value(payload).unwrap_or_default(),
+        };
+        send_all(&mut s, session_id, notification(&event));
+        now + interval
+    }
+
+    /// Forgets the turn `admission_id` of `session_id` (its supervisor ended), if the hub still
+    /// follows it: a turn normally ends with its `turn.settled`.
+    pub fn end_turn(&self, session_id: &str, admission_id: &str) {
+        let mut s = self.lock();
+        if s.turns
+            .get(session_id)
+            .is_some_and(|t| t.admission_id == admission_id)
+        {
+            s.turns.remove(session_id);
+        }
+    }
+
     /// Resets the delta counter of a session (a new model request begins).
     pub fn reset_deltas(&self, session_id: &str) {
         self.lock().deltas.remove(session_id);
@@ -193,8 +380,36 @@ impl Hub {
     }
 }
 
-/// The `event` notification of `event` (an [`Event`](drover_protocol::event::Event) as stored,
-/// or a typed [`SessionEvent`]).
+/// Follows `e` in its session's running turn: `turn.started` begins one, `turn.settled` ends
+/// it, anything else updates it.
+fn follow_turn(s: &mut HubState, e: &StoredEvent, now: Instant) {
+    match e.kind.as_str() {
+        ev::TURN_STARTED => {
+            if let Ok(started) = TurnStarted::deserialize(&e.payload) {
+                let turn = TurnActivity::new(started, &e.replay_epoch, now);
+                s.turns.insert(e.session_id.clone(), turn);
+            }
+        }
+        ev::TURN_SETTLED => {
+            let ended = AdmissionId::deserialize(&e.payload).is_ok_and(|a| {
+                s.turns
+                    .get(&e.session_id)
+                    .is_some_and(|t| t.admission_id == a.admission_id)
+            });
+            if ended {
+                s.turns.remove(&e.session_id);
+            }
+        }
+        _ => {
+            if let Some(turn) = s.turns.get_mut(&e.session_id) {
+                turn.observe(e, now);
+            }
+        }
+    }
+}
+
+/// The `event` notification of `event` (an [`Event`] as stored, or a typed
+/// [`SessionEvent`]).
 fn notification(event: &impl serde::Serialize) -> String {
     let params = serde_json::to_value(event).unwrap_or_default();
     serde_json::to_string(&Notification::new("event", params)).unwrap_or_default()
@@ -215,4 +430,207 @@ fn send_all(s: &mut HubState, session_id: &str, text: String) {
         }
         kept
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use serde_json::Value;
+
+    const INTERVAL: Duration = Duration::from_secs(5);
+
+    fn stored(seq: u64, kind: &str, payload: Value) -> StoredEvent {
+        StoredEvent {
+            session_id: "s".into(),
+            seq,
+            replay_epoch: "e".into(),
+            kind: kind.into(),
+            payload,
+        }
+    }
+
+    /// The `turn.progress` events queued for the connection so far, parsed.
+    fn drain(rx: &mut mpsc::Receiver<Outgoing>) -> Vec<SessionEvent> {
+        let mut out = Vec::new();
+        #[derive(Deserialize)]
+        struct Note {
+            params: Event,
+        }
+        while let Ok(text) = rx.try_recv() {
+            let note: Note = serde_json::from_str(&text).unwrap();
+            if note.params.kind == ev::TURN_PROGRESS {
+                let params = serde_json::to_value(&note.params).unwrap();
+                out.push(serde_json::from_value(params).unwrap());
+            }
+        }
+        out
+    }
+
+    fn progress_of(events: &[SessionEvent]) -> Vec<TurnProgress> {
+        events
+            .iter()
+            .filter_map(|e| match &e.event {
+                EventPayload::TurnProgress(p) => {
+                    assert_eq!(e.seq, None, "turn.progress is live only");
+                    Some(p.clone())
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_quiet_turn_gets_progress_naming_what_it_waits_on() {
+        let hub = Hub::default();
+        let (conn, mut rx) = ConnHandle::new(1);
+        hub.attach("s", &conn);
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        hub.publish_at(
+            &[stored(
+                1,
+                ev::TURN_STARTED,
+                json!({"admission_id": "a", "execution_generation": 1}),
+            )],
+            at(0),
+        );
+        drain(&mut rx);
+
+        // Not quiet long enough yet: nothing, and the answer says when to ask again.
+        assert_eq!(hub.progress_at("s", "a", INTERVAL, at(3)), at(5));
+        assert!(drain(&mut rx).is_empty());
+        // Another admission's ticker gets nothing.
+        assert_eq!(hub.progress_at("s", "b", INTERVAL, at(6)), at(11));
+        assert!(drain(&mut rx).is_empty());
+
+        assert_eq!(hub.progress_at("s", "a", INTERVAL, at(6)), at(11));
+        let p = progress_of(&drain(&mut rx));
+        assert_eq!(p.len(), 1);
+        assert_eq!(
+            (p[0].phase, p[0].tool_id.as_deref(), p[0].elapsed_ms),
+            (TurnPhase::ModelRequest, None, 6000)
+        );
+
+        // Two calls start; the first runs.
+        hub.publish_at(
+            &[
+                stored(
+                    2,
+                    ev::TOOL_START,
+                    json!({"tool_id": "c1", "name": "terminal"}),
+                ),
+                stored(
+                    3,
+                    ev::TOOL_START,
+                    json!({"tool_id": "c2", "name": "terminal"}),
+                ),
+            ],
+            at(10),
+        );
+        drain(&mut rx);
+        // A delta counts as an event too.
+        hub.publish_delta_at("s", "e", "x", at(10));
+        assert_eq!(hub.progress_at("s", "a", INTERVAL, at(14)), at(15));
+        drain(&mut rx);
+        hub.progress_at("s", "a", INTERVAL, at(17));
+        let p = progress_of(&drain(&mut rx));
+        assert_eq!(
+            (p[0].phase, p[0].tool_id.as_deref(), p[0].elapsed_ms),
+            (TurnPhase::Tool, Some("c1"), 7000)
+        );
+
+        // The first call asks; the prompt wins over the tool.
+        hub.publish_at(
+            &[stored(
+                4,
+                ev::APPROVAL_REQUEST,
+                json!({"kind": "approval", "prompt_id": "p1"}),
+            )],
+            at(20),
+        );
+        hub.progress_at("s", "a", INTERVAL, at(27));
+        let p = progress_of(&drain(&mut rx));
+        assert_eq!(
+            (p[0].phase, p[0].tool_id.as_deref(), p[0].elapsed_ms),
+            (TurnPhase::PromptWait, Some("c1"), 7000)
+        );
+
+        // Answered, the first call ends; the second runs from then.
+        hub.publish_at(
+            &[
+                stored(
+                    5,
+                    ev::APPROVAL_SETTLED,
+                    json!({"prompt_id": "p1", "status": "resolved", "choice": "once"}),
+                ),
+                stored(
+                    6,
+                    ev::TOOL_COMPLETE,
+                    json!({"tool_id": "c1", "result": "ok"}),
+                ),
+            ],
+            at(30),
+        );
+        hub.progress_at("s", "a", INTERVAL, at(36));
+        let p = progress_of(&drain(&mut rx));
+        assert_eq!(
+            (p[0].phase, p[0].tool_id.as_deref(), p[0].elapsed_ms),
+            (TurnPhase::Tool, Some("c2"), 6000)
+        );
+
+        // Both done: the next model request began when the last call ended.
+        hub.publish_at(
+            &[stored(
+                7,
+                ev::TOOL_COMPLETE,
+                json!({"tool_id": "c2", "result": "ok"}),
+            )],
+            at(40),
+        );
+        hub.progress_at("s", "a", INTERVAL, at(45));
+        let p = progress_of(&drain(&mut rx));
+        assert_eq!(
+            (p[0].phase, p[0].tool_id.as_deref(), p[0].elapsed_ms),
+            (TurnPhase::ModelRequest, None, 5000)
+        );
+        // Progress itself restarts the quiet time.
+        assert_eq!(hub.progress_at("s", "a", INTERVAL, at(46)), at(50));
+
+        // Settled: no more progress.
+        hub.publish_at(
+            &[stored(
+                8,
+                ev::TURN_SETTLED,
+                json!({"admission_id": "a", "outcome": "completed"}),
+            )],
+            at(50),
+        );
+        drain(&mut rx);
+        hub.progress_at("s", "a", INTERVAL, at(60));
+        assert!(drain(&mut rx).is_empty());
+    }
+
+    #[test]
+    fn end_turn_forgets_only_the_named_turn() {
+        let hub = Hub::default();
+        let (conn, mut rx) = ConnHandle::new(1);
+        hub.attach("s", &conn);
+        let t0 = Instant::now();
+        let started = |a: &str| {
+            stored(
+                1,
+                ev::TURN_STARTED,
+                json!({"admission_id": a, "execution_generation": 1}),
+            )
+        };
+        hub.publish_at(&[started("b")], t0);
+        // The previous turn's supervisor ends after the next turn started.
+        hub.end_turn("s", "a");
+        hub.progress_at("s", "b", INTERVAL, t0 + INTERVAL);
+        assert_eq!(progress_of(&drain(&mut rx)).len(), 1);
+        hub.end_turn("s", "b");
+        hub.progress_at("s", "b", INTERVAL, t0 + INTERVAL * 3);
+        assert!(drain(&mut rx).is_empty());
+    }
 }

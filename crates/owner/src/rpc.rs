@@ -191,6 +191,7 @@ async fn session_create(
         "stream": settings.stream,
         "request_timeout_s": settings.request_timeout_s,
         "max_retries": settings.max_retries,
+        "stall_timeout_s": settings.stall_timeout_s,
     });
     if let (Some(key), Some(config)) = (p.api_key, model_config.as_object_mut()) {
         config.insert("api_key".into(), Value::String(key));

@@ -3,7 +3,9 @@
 //! [`kick`] claims the head of a session's queue when the session may claim, and starts
 //! `drover worker` for it. The supervisor writes the bootstrap, applies each `persist` frame
 //! through the ledger and answers with its receipt, forwards live deltas, and when the worker's
-//! stdout closes before `execution.finish` marks the turn `unknown` (never replayed).
+//! stdout closes before `execution.finish` marks the turn `unknown` (never replayed). While the
+//! turn runs, a ticker asks the hub for a live `turn.progress` every `[daemon]
+//! progress_interval_s` the turn stays quiet (SPEC section 2).
 
 use std::process::Stdio;
 use std::sync::Arc;
@@ -22,7 +24,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::io::BufReader;
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::Instrument;
 
 use crate::home::new_token;
@@ -117,11 +119,7 @@ fn policy(owner: &Owner, claim: &Claim) -> Policy {
             .unwrap_or_default()
             .to_string(),
         api_key,
-        // Fields a stored model_config lacks take ModelSettings' defaults.
-        model_settings: ModelSettings::deserialize(mc).unwrap_or_else(|e| {
-            tracing::warn!(error = %e, "unreadable model_config settings; using the defaults");
-            ModelSettings::default()
-        }),
+        model_settings: model_settings(owner, mc),
         system_prompt: s.system_prompt.clone(),
         toolsets: s.toolsets.clone(),
         tools: s.tool_schemas.clone(),
@@ -139,6 +137,28 @@ fn policy(owner: &Owner, claim: &Claim) -> Policy {
             topic_base: owner.config.mqtt.topic_base.clone(),
         },
     }
+}
+
+/// The session's frozen model settings. Fields its stored `model_config` lacks take
+/// ModelSettings' defaults, except `stall_timeout_s`: a session that did not freeze one gets
+/// the daemon's `[model] stall_timeout_s` of now.
+fn model_settings(owner: &Owner, model_config: &Value) -> ModelSettings {
+    /// The one field whose absence is told apart from its default.
+    #[derive(Deserialize)]
+    struct Frozen {
+        stall_timeout_s: Option<u64>,
+    }
+    let mut settings = ModelSettings::deserialize(model_config).unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "unreadable model_config settings; using the defaults");
+        ModelSettings::default()
+    });
+    let frozen = Frozen::deserialize(model_config)
+        .ok()
+        .and_then(|f| f.stall_timeout_s);
+    if frozen.is_none() {
+        settings.stall_timeout_s = owner.config.model.stall_timeout_s;
+    }
+    settings
 }
 
 fn spawn_worker(owner: &Owner, execution_id: &str) -> std::io::Result<Child> {
@@ -266,6 +286,7 @@ async fn supervise(owner: Arc<Owner>, claim: Claim, secret: String, registered: 
         control_rx,
         signals,
     } = registered;
+    let _progress = start_progress(&owner, &claim);
     let bootstrap = bootstrap_frame(&owner, &claim, secret);
     let Some((mut child, stdin, stdout)) = start_worker(&owner, &claim).await else {
         owner.turns().remove(&execution_id);
@@ -286,6 +307,29 @@ async fn supervise(owner: Arc<Owner>, claim: Claim, secret: String, registered: 
     // The worker is reaped: nothing will resend its outbox (its execution is settled or
     // unknown, and any resend would be refused), so it is only clutter now.
     remove_outbox(&owner.home, &execution_id);
+}
+
+/// Publishes `turn.progress` for the claim's turn whenever it has been quiet for `[daemon]
+/// progress_interval_s`, until the returned guard is dropped (the supervisor ended).
+fn start_progress(owner: &Arc<Owner>, claim: &Claim) -> DropGuard {
+    let stop = CancellationToken::new();
+    let guard = stop.clone().drop_guard();
+    let owner = owner.clone();
+    let session_id = claim.session.id.clone();
+    let admission_id = claim.admission.admission_id.clone();
+    let interval = owner.config.daemon.progress_interval();
+    tokio::spawn(async move {
+        let mut next = tokio::time::Instant::now() + interval;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(next) => {}
+                _ = stop.cancelled() => break,
+            }
+            next = owner.hub.progress(&session_id, &admission_id, interval);
+        }
+        owner.hub.end_turn(&session_id, &admission_id);
+    });
+    guard
 }
 
 /// The first frame a worker reads: its scope, the frozen policy, the history and the input.

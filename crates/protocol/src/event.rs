@@ -1,7 +1,8 @@
 //! Session events (SPEC section 2, "Events").
 //!
-//! Every event but `message.delta` is stored in `session_events` with a per-session `seq`
-//! (1, 2, 3, ... with no gaps). Deltas are live only and carry `delta_index` instead.
+//! Every event but `message.delta` and `turn.progress` is stored in `session_events` with a
+//! per-session `seq` (1, 2, 3, ... with no gaps). Those two are live only: `seq` is `null`,
+//! and deltas carry `delta_index` instead.
 //!
 //! [`Event`] is the untyped form the ledger and the owner build today; [`SessionEvent`] with
 //! one [`EventPayload`] variant per `type` is the typed form of the same bytes.
@@ -34,6 +35,8 @@ pub const CLARIFY_SETTLED: &str = "clarify.settled";
 pub const TURN_SETTLED: &str = "turn.settled";
 /// Event type `admission.updated`.
 pub const ADMISSION_UPDATED: &str = "admission.updated";
+/// Event type `turn.progress` (live only).
+pub const TURN_PROGRESS: &str = "turn.progress";
 
 /// Every event type this protocol version knows (each has an [`EventPayload`] variant). A
 /// client skips an event whose type is not here: a newer daemon may send types it does not
@@ -50,6 +53,7 @@ pub const EVENT_TYPES: &[&str] = &[
     CLARIFY_SETTLED,
     TURN_SETTLED,
     ADMISSION_UPDATED,
+    TURN_PROGRESS,
 ];
 
 /// Bound on `tool.complete` `args` and `result` (SPEC section 2: 64 KiB each).
@@ -59,12 +63,12 @@ pub const TOOL_CONTEXT_MAX_CHARS: usize = 80;
 
 /// The params of an `event` notification.
 ///
-/// `seq` is `None` only for `message.delta`.
+/// `seq` is `None` only for the live-only `message.delta` and `turn.progress`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Event {
     /// The session.
     pub session_id: String,
-    /// 1, 2, 3, ... per session; `None` for the live-only `message.delta`.
+    /// 1, 2, 3, ... per session; `None` for the live-only `message.delta` and `turn.progress`.
     #[serde(default)]
     pub seq: Option<u64>,
     /// The stored stream's name.
@@ -82,7 +86,8 @@ pub struct Event {
 pub struct SessionEvent {
     /// The session.
     pub session_id: String,
-    /// 1, 2, 3, ... per session with no gaps; `null` for the live-only `message.delta`.
+    /// 1, 2, 3, ... per session with no gaps; `null` for the live-only `message.delta` and
+    /// `turn.progress`.
     pub seq: Option<u64>,
     /// The stored stream's name (pass to `session.events.since`).
     pub replay_epoch: String,
@@ -128,6 +133,10 @@ pub enum EventPayload {
     /// An input was admitted, or its admission changed status.
     #[serde(rename = "admission.updated")]
     AdmissionUpdated(AdmissionUpdated),
+    /// The running turn is alive but has emitted nothing else for a while (live only: never
+    /// stored, never replayed).
+    #[serde(rename = "turn.progress")]
+    TurnProgress(TurnProgress),
 }
 
 impl EventPayload {
@@ -145,7 +154,17 @@ impl EventPayload {
             EventPayload::ClarifySettled(_) => CLARIFY_SETTLED,
             EventPayload::TurnSettled(_) => TURN_SETTLED,
             EventPayload::AdmissionUpdated(_) => ADMISSION_UPDATED,
+            EventPayload::TurnProgress(_) => TURN_PROGRESS,
         }
+    }
+
+    /// Whether the event is live only (`message.delta`, `turn.progress`): never stored, never
+    /// replayed, `seq` null.
+    pub fn is_live_only(&self) -> bool {
+        matches!(
+            self,
+            EventPayload::MessageDelta(_) | EventPayload::TurnProgress(_)
+        )
     }
 }
 
@@ -277,4 +296,33 @@ pub struct AdmissionUpdated {
     pub status: AdmissionStatus,
     /// Set once terminal.
     pub outcome: Option<AdmissionOutcome>,
+}
+
+/// What a running turn is waiting on, as the owner has seen it (`turn.progress` `phase`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TurnPhase {
+    /// A model request is in flight (no tool call open).
+    ModelRequest,
+    /// A tool call runs: its `tool.start` came and its `tool.complete` has not.
+    Tool,
+    /// An approval or clarify prompt waits for its answer.
+    PromptWait,
+}
+
+/// Payload of `turn.progress`: sent every `[daemon] progress_interval_s` while a turn runs and
+/// emits nothing else.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct TurnProgress {
+    /// The running turn's admission.
+    pub admission_id: String,
+    /// What the turn is waiting on.
+    pub phase: TurnPhase,
+    /// The running tool call (phase `tool`, or `prompt_wait` when a tool asked); omitted
+    /// when no tool call is open.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_id: Option<String>,
+    /// Milliseconds the turn has been in this phase (for `tool`, since this call started
+    /// running; for `model_request`, since the request began).
+    pub elapsed_ms: u64,
 }

@@ -90,14 +90,19 @@ pub struct ModelSettings {
     pub stream: bool,
     /// Whole-request timeout in seconds (connect to last byte); 0 means the default.
     pub request_timeout_s: u64,
-    /// Retries after the first attempt, for timeouts, 429, 5xx and connection errors (SPEC
-    /// section 5: bounded).
+    /// Retries after the first attempt, for timeouts, 429, 5xx, connection errors and stalls
+    /// (SPEC section 5: bounded).
     pub max_retries: u32,
+    /// Seconds a response may go without sending a byte before the request is cancelled as
+    /// stalled (SPEC section 1: `[model] stall_timeout_s`); 0 means the default.
+    pub stall_timeout_s: u64,
 }
 
 impl ModelSettings {
     /// The default whole-request timeout.
     pub const DEFAULT_REQUEST_TIMEOUT_S: u64 = 600;
+    /// The default stall bound (SPEC section 1: 120 s).
+    pub const DEFAULT_STALL_TIMEOUT_S: u64 = 120;
 
     /// The whole-request timeout. A `request_timeout_s` of 0 means the default (600 s), not
     /// "time out at once".
@@ -107,15 +112,25 @@ impl ModelSettings {
             s => Duration::from_secs(s),
         }
     }
+
+    /// How long a response may send no byte (SPEC section 5: a stalled stream is cancelled
+    /// and retried). A `stall_timeout_s` of 0 means the default (120 s).
+    pub fn stall_timeout(&self) -> Duration {
+        match self.stall_timeout_s {
+            0 => Duration::from_secs(Self::DEFAULT_STALL_TIMEOUT_S),
+            s => Duration::from_secs(s),
+        }
+    }
 }
 
-/// Stream on, 600 s timeout, 3 retries.
+/// Stream on, 600 s timeout, 3 retries, 120 s stall bound.
 impl Default for ModelSettings {
     fn default() -> Self {
         ModelSettings {
             stream: true,
             request_timeout_s: Self::DEFAULT_REQUEST_TIMEOUT_S,
             max_retries: 3,
+            stall_timeout_s: Self::DEFAULT_STALL_TIMEOUT_S,
         }
     }
 }
@@ -157,8 +172,13 @@ mod tests {
     fn model_settings_defaults_fill_missing_fields() {
         let d = ModelSettings::default();
         assert_eq!(
-            (d.stream, d.request_timeout_s, d.max_retries),
-            (true, 600, 3)
+            (
+                d.stream,
+                d.request_timeout_s,
+                d.max_retries,
+                d.stall_timeout_s
+            ),
+            (true, 600, 3, 120)
         );
         let partial: ModelSettings =
             serde_json::from_value(json!({"stream": false, "base_url": "http://x"}))
@@ -172,7 +192,7 @@ mod tests {
         );
         assert_eq!(
             serde_json::to_value(d).expect("serialize"),
-            json!({"stream": true, "request_timeout_s": 600, "max_retries": 3})
+            json!({"stream": true, "request_timeout_s": 600, "max_retries": 3, "stall_timeout_s": 120})
         );
     }
 
@@ -180,7 +200,7 @@ mod tests {
     fn a_policy_frame_keeps_its_flat_wire_fields() {
         let frame = json!({
             "model": "m", "base_url": "http://127.0.0.1:1/v1", "api_key": null,
-            "stream": false, "request_timeout_s": 30, "max_retries": 0,
+            "stream": false, "request_timeout_s": 30, "max_retries": 0, "stall_timeout_s": 7,
             "system_prompt": "", "toolsets": [], "tools": [], "cwd": "/", "max_steps": 1,
             "approvals": "deny", "home": "/h", "approval_grants": [],
             "background_processes": [], "mcp_servers": {},
@@ -194,7 +214,8 @@ mod tests {
             ModelSettings {
                 stream: false,
                 request_timeout_s: 30,
-                max_retries: 0
+                max_retries: 0,
+                stall_timeout_s: 7,
             }
         );
         assert_eq!(serde_json::to_value(&policy).expect("serialize"), frame);
@@ -216,5 +237,19 @@ mod tests {
             ..ModelSettings::default()
         };
         assert_eq!(five.request_timeout(), Duration::from_secs(5));
+    }
+
+    #[test]
+    fn a_zero_stall_timeout_means_the_default() {
+        let zero = ModelSettings {
+            stall_timeout_s: 0,
+            ..ModelSettings::default()
+        };
+        assert_eq!(zero.stall_timeout(), Duration::from_secs(120));
+        let two = ModelSettings {
+            stall_timeout_s: 2,
+            ..ModelSettings::default()
+        };
+        assert_eq!(two.stall_timeout(), Duration::from_secs(2));
     }
 }

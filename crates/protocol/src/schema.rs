@@ -91,6 +91,7 @@ fn event_schemas(generator: &mut SchemaGenerator) -> Vec<(&'static str, Schema)>
         (ev::CLARIFY_SETTLED, of::<ev::ClarifySettled>(generator)),
         (ev::TURN_SETTLED, of::<ev::TurnSettled>(generator)),
         (ev::ADMISSION_UPDATED, of::<ev::AdmissionUpdated>(generator)),
+        (ev::TURN_PROGRESS, of::<ev::TurnProgress>(generator)),
     ]
 }
 
@@ -122,7 +123,20 @@ mod tests {
             let name = params.trim_start_matches("#/$defs/");
             assert!(bundle["$defs"].get(name).is_some(), "{m}: {params}");
         }
-        assert_eq!(bundle["x-drover-events"].as_object().unwrap().len(), 11);
+        // The event table and the clients' list of known types are the same set.
+        let mut tabled: Vec<&str> = bundle["x-drover-events"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        let mut known = crate::event::EVENT_TYPES.to_vec();
+        tabled.sort_unstable();
+        known.sort_unstable();
+        assert_eq!(
+            tabled, known,
+            "event::EVENT_TYPES and the schema's event table differ"
+        );
         assert_eq!(bundle["x-drover-errors"]["invalid_params"]["code"], -32602);
         for name in [
             "ClientRequest",

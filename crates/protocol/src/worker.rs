@@ -106,7 +106,8 @@ pub struct Policy {
     #[serde(default)]
     /// The session's API key, if it has one (else the daemon's environment).
     pub api_key: Option<String>,
-    /// `stream`, `request_timeout_s` and `max_retries`, as top-level fields of the policy.
+    /// `stream`, `request_timeout_s`, `max_retries` and `stall_timeout_s`, as top-level fields of
+    /// the policy.
     #[serde(flatten)]
     pub model_settings: ModelSettings,
     /// The frozen system prompt.
@@ -182,6 +183,28 @@ pub struct McpServerSpec {
     #[serde(default)]
     /// Extra environment variables.
     pub env: BTreeMap<String, String>,
+    /// Seconds one `tools/call` may take before the model gets a tool error (SPEC section 1:
+    /// `[mcp_servers.<name>] tool_timeout_s`).
+    #[serde(default = "McpServerSpec::default_tool_timeout_s")]
+    pub tool_timeout_s: u64,
+}
+
+impl McpServerSpec {
+    /// The default `tool_timeout_s` (SPEC section 1: 600 s).
+    pub const DEFAULT_TOOL_TIMEOUT_S: u64 = 600;
+
+    /// [`McpServerSpec::DEFAULT_TOOL_TIMEOUT_S`], for serde.
+    pub fn default_tool_timeout_s() -> u64 {
+        Self::DEFAULT_TOOL_TIMEOUT_S
+    }
+
+    /// The bound on one `tools/call`; 0 means the default.
+    pub fn tool_timeout(&self) -> std::time::Duration {
+        match self.tool_timeout_s {
+            0 => std::time::Duration::from_secs(Self::DEFAULT_TOOL_TIMEOUT_S),
+            s => std::time::Duration::from_secs(s),
+        }
+    }
 }
 
 /// The bootstrap frame: `{scope, policy, history, input}` (SPEC section 4).

@@ -197,6 +197,39 @@ fn events_round_trip_stored_and_live() {
     );
 }
 
+#[test]
+fn turn_progress_is_live_and_names_its_tool_only_when_one_is_open() {
+    use drover_protocol::event::{EventPayload, SessionEvent, TurnPhase, TurnProgress};
+    let tool: SessionEvent = pinned(concat!(
+        r#"{"session_id":"s-1","seq":null,"replay_epoch":"e-9","type":"turn.progress","#,
+        r#""payload":{"admission_id":"a-1","phase":"tool","tool_id":"call_1","elapsed_ms":5004}}"#
+    ));
+    assert_eq!(
+        tool.event,
+        EventPayload::TurnProgress(TurnProgress {
+            admission_id: "a-1".into(),
+            phase: TurnPhase::Tool,
+            tool_id: Some("call_1".into()),
+            elapsed_ms: 5004,
+        })
+    );
+    assert_eq!(tool.event.kind(), event::TURN_PROGRESS);
+    assert!(tool.event.is_live_only());
+    let model: SessionEvent = pinned(concat!(
+        r#"{"session_id":"s-1","seq":null,"replay_epoch":"e-9","type":"turn.progress","#,
+        r#""payload":{"admission_id":"a-1","phase":"model_request","elapsed_ms":0}}"#
+    ));
+    assert!(matches!(
+        model.event,
+        EventPayload::TurnProgress(TurnProgress { tool_id: None, .. })
+    ));
+    for phase in ["model_request", "tool", "prompt_wait"] {
+        let p: TurnPhase = serde_json::from_value(json!(phase)).unwrap();
+        assert_eq!(serde_json::to_value(p).unwrap(), json!(phase));
+    }
+    assert!(serde_json::from_value::<TurnPhase>(json!("thinking")).is_err());
+}
+
 // ---------------------------------------------------------------------------------------------
 // Chat messages
 
@@ -256,7 +289,8 @@ fn usage_round_trips_up_to_the_largest_count() {
 
 const POLICY: &str = concat!(
     r#"{"model":"gpt-test","base_url":"http://127.0.0.1:9/v1","api_key":null,"stream":true,"#,
-    r#""request_timeout_s":600,"max_retries":3,"system_prompt":"You are drover.","#,
+    r#""request_timeout_s":600,"max_retries":3,"stall_timeout_s":120,"#,
+    r#""system_prompt":"You are drover.","#,
     r#""toolsets":["terminal","jobs"],"#,
     r#""tools":[{"function":{"name":"terminal","parameters":{"type":"object"}},"type":"function"}],"#,
     r#""cwd":"/work","max_steps":50,"approvals":"manual","home":"/home/u/.drover","#,
@@ -264,7 +298,8 @@ const POLICY: &str = concat!(
     r#""background_processes":[{"id":"proc_1","pid":4242,"start_time":123456,"command":"sleep 30","#,
     r#""cwd":"/work","log_path":"/home/u/.drover/logs/proc_1.log","status":"running","#,
     r#""exit_code":null,"started_at":1700000000.5}],"#,
-    r#""mcp_servers":{"echo":{"command":"drover-mcp-echo","args":["--quiet"],"env":{"A":"1"}}},"#,
+    r#""mcp_servers":{"echo":{"command":"drover-mcp-echo","args":["--quiet"],"env":{"A":"1"},"#,
+    r#""tool_timeout_s":30}},"#,
     r#""jobs_wire":{"url":"mqtt://127.0.0.1:1883","username_env":null,"password_env":null,"#,
     r#""topic_base":"drover/v1"}}"#
 );
@@ -290,6 +325,8 @@ fn a_bootstrap_frame_round_trips_with_its_whole_policy() {
         ProcessStatus::Running
     );
     assert_eq!(bootstrap.policy.mcp_servers["echo"].args, ["--quiet"]);
+    assert_eq!(bootstrap.policy.mcp_servers["echo"].tool_timeout_s, 30);
+    assert_eq!(bootstrap.policy.model_settings.stall_timeout_s, 120);
     assert_eq!(bootstrap.history.len(), 2);
     // The bootstrap alone (not as a frame) round-trips too.
     round_trip::<Bootstrap>(&bootstrap);
@@ -503,9 +540,13 @@ fn jobs_wire_and_mcp_server_settings_round_trip() {
         round_trip(&JobsWire::default()),
         r#"{"url":null,"username_env":null,"password_env":null,"topic_base":null}"#
     );
-    let server: McpServerSpec =
-        pinned(r#"{"command":"npx","args":["-y","server"],"env":{"B":"2","a":"1"}}"#);
+    let server: McpServerSpec = pinned(
+        r#"{"command":"npx","args":["-y","server"],"env":{"B":"2","a":"1"},"tool_timeout_s":5}"#,
+    );
     assert_eq!(server.env.len(), 2);
     let bare: McpServerSpec = serde_json::from_str(r#"{"command":"x"}"#).unwrap();
-    assert_eq!(round_trip(&bare), r#"{"command":"x","args":[],"env":{}}"#);
+    assert_eq!(
+        round_trip(&bare),
+        r#"{"command":"x","args":[],"env":{},"tool_timeout_s":600}"#
+    );
 }

@@ -6,7 +6,8 @@
 //! request says `stream: true` (text split over several chunks, tool-call arguments split over
 //! several chunks by `index`, usage in a final chunk when `stream_options.include_usage` is set,
 //! then `data: [DONE]`), else in one JSON body. Every request body is logged on arrival, before
-//! any delay or gate.
+//! any delay or gate. Failures to play: HTTP errors, dropped connections, cut streams, and
+//! stalls ([`Reply::stall`]: headers, then silence until the server stops).
 //!
 //! ```no_run
 //! # async fn demo() {
@@ -171,6 +172,8 @@ pub struct Reply {
     gate: Option<Gate>,
     delay: Option<Duration>,
     cut: bool,
+    /// Send what [`Reply::stall_after_text`] says, then nothing more.
+    stall: bool,
     headers: Vec<(String, String)>,
 }
 
@@ -186,6 +189,8 @@ enum ReplyBody {
         message: String,
     },
     DropConnection,
+    /// `200` headers, then not one byte until the server stops.
+    Stall,
 }
 
 impl Reply {
@@ -197,6 +202,7 @@ impl Reply {
             gate: None,
             delay: None,
             cut: false,
+            stall: false,
             headers: Vec::new(),
         }
     }
@@ -239,6 +245,20 @@ impl Reply {
     /// any byte of it is sent. Clients see a transport error.
     pub fn drop_connection() -> Reply {
         Reply::new(ReplyBody::DropConnection)
+    }
+
+    /// Sends `200` and its headers (`text/event-stream` to a stream request, else
+    /// `application/json`), then not one byte of body until the server stops: a stalled model.
+    pub fn stall() -> Reply {
+        Reply::new(ReplyBody::Stall)
+    }
+
+    /// Streams the role and text chunks, then sends nothing more (no finish, no `[DONE]`)
+    /// and keeps the connection open until the server stops. A non-stream request gets its
+    /// headers and no body.
+    pub fn stall_after_text(mut self) -> Reply {
+        self.stall = true;
+        self
     }
 
     /// Overrides the usage (prompt, completion, total).
@@ -383,10 +403,15 @@ async fn chat_completions(
     let mut response = match &reply.body {
         ReplyBody::Error { status, message } => error_response(*status, message),
         ReplyBody::DropConnection => broken_body(Vec::new()),
+        ReplyBody::Stall => stalled_body(Vec::new(), is_stream(&request), stop),
         ReplyBody::Answer { text, calls } => {
             let model = request.get("model").cloned().unwrap_or(Value::Null);
-            let stream = request.get("stream").and_then(Value::as_bool) == Some(true);
-            if stream {
+            let stream = is_stream(&request);
+            if stream && reply.stall {
+                stalled_body(text_chunks(text, &model), true, stop)
+            } else if reply.stall {
+                stalled_body(Vec::new(), false, stop)
+            } else if stream {
                 let include_usage = request
                     .pointer("/stream_options/include_usage")
                     .and_then(Value::as_bool)
@@ -408,6 +433,10 @@ async fn chat_completions(
         }
     }
     response
+}
+
+fn is_stream(request: &Value) -> bool {
+    request.get("stream").and_then(Value::as_bool) == Some(true)
 }
 
 fn error_response(status: u16, message: &str) -> Response {
@@ -468,45 +497,38 @@ fn stream_answer(
     model: &Value,
     include_usage: bool,
 ) -> Response {
-    let chunk = |choices: Value| {
-        json!({
-            "id": "chatcmpl-mock",
-            "object": "chat.completion.chunk",
-            "created": 0,
-            "model": model,
-            "choices": choices,
-        })
-    };
-    let delta = |delta: Value| chunk(json!([{"index": 0, "delta": delta, "finish_reason": null}]));
-
-    let mut chunks = vec![delta(json!({"role": "assistant", "content": ""}))];
-    for piece in pieces(text, 3).into_iter().filter(|p| !p.is_empty()) {
-        chunks.push(delta(json!({"content": piece})));
-    }
+    let mut chunks = text_chunks(text, model);
     if reply.cut {
         return broken_body(chunks);
     }
     // Headers first, then the argument pieces of all calls interleaved by index, so that only
     // `index` tells them apart.
     for (index, (id, name, _)) in calls.iter().enumerate() {
-        chunks.push(delta(json!({"tool_calls": [{
-            "index": index, "id": id, "type": "function",
-            "function": {"name": name, "arguments": ""},
-        }]})));
+        chunks.push(delta(
+            model,
+            json!({"tool_calls": [{
+                "index": index, "id": id, "type": "function",
+                "function": {"name": name, "arguments": ""},
+            }]}),
+        ));
     }
     let split: Vec<Vec<String>> = calls.iter().map(|(_, _, args)| pieces(args, 3)).collect();
     for round in 0..3 {
         for (index, call_pieces) in split.iter().enumerate() {
-            chunks.push(delta(json!({"tool_calls": [{
-                "index": index, "function": {"arguments": call_pieces[round]},
-            }]})));
+            chunks.push(delta(
+                model,
+                json!({"tool_calls": [{
+                    "index": index, "function": {"arguments": call_pieces[round]},
+                }]}),
+            ));
         }
     }
     chunks.push(chunk(
+        model,
         json!([{"index": 0, "delta": {}, "finish_reason": finish_reason(calls)}]),
     ));
     if include_usage {
-        let mut last = chunk(json!([]));
+        let mut last = chunk(model, json!([]));
         last["usage"] = usage_json(reply);
         chunks.push(last);
     }
@@ -517,6 +539,55 @@ fn stream_answer(
         .collect();
     body.push(Ok("data: [DONE]\n\n".to_string()));
     sse_response(Body::from_stream(futures::stream::iter(body)))
+}
+
+fn chunk(model: &Value, choices: Value) -> Value {
+    json!({
+        "id": "chatcmpl-mock",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": model,
+        "choices": choices,
+    })
+}
+
+fn delta(model: &Value, delta: Value) -> Value {
+    chunk(
+        model,
+        json!([{"index": 0, "delta": delta, "finish_reason": null}]),
+    )
+}
+
+/// The role chunk, then `text` in up to three content chunks.
+fn text_chunks(text: &str, model: &Value) -> Vec<Value> {
+    let mut chunks = vec![delta(model, json!({"role": "assistant", "content": ""}))];
+    for piece in pieces(text, 3).into_iter().filter(|p| !p.is_empty()) {
+        chunks.push(delta(model, json!({"content": piece})));
+    }
+    chunks
+}
+
+/// A `200` response (SSE when `stream`, else JSON) whose body yields `chunks` as SSE events and
+/// then nothing, until the server stops (then the connection is aborted).
+fn stalled_body(chunks: Vec<Value>, stream: bool, mut stop: watch::Receiver<bool>) -> Response {
+    let good = futures::stream::iter(
+        chunks
+            .into_iter()
+            .map(|c| Ok::<_, std::io::Error>(format!("data: {c}\n\n"))),
+    );
+    let silence = futures::stream::once(async move {
+        let _ = stop.wait_for(|s| *s).await;
+        Err(std::io::Error::new(
+            std::io::ErrorKind::ConnectionAborted,
+            "mock model: stopped while stalling",
+        ))
+    });
+    let body = Body::from_stream(good.chain(silence));
+    if stream {
+        sse_response(body)
+    } else {
+        ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+    }
 }
 
 /// A `200 text/event-stream` response whose body yields `chunks` as SSE events and then fails,

@@ -327,10 +327,21 @@ impl Tool for McpTool {
             content,
             is_error: true,
         };
+        let bound = self.server.spec.tool_timeout();
         let call = async {
             let connection = self.server.connection().await.map_err(failed)?;
             let tool = self.resolve(connection).await.map_err(failed)?;
-            Ok::<_, ToolOutput>(connection.call_tool(&tool, args).await)
+            // SPEC section 1: `[mcp_servers.<name>] tool_timeout_s` bounds the call.
+            tokio::time::timeout(bound, connection.call_tool(&tool, args))
+                .await
+                .map_err(|_| {
+                    failed(format!(
+                        "MCP server {:?}: tool {tool:?} did not answer within {} s \
+                         (tool_timeout_s)",
+                        self.server.name,
+                        bound.as_secs()
+                    ))
+                })
         };
         tokio::select! {
             biased;

@@ -29,6 +29,7 @@ fn echo_spec(pidfile: Option<&Path>) -> McpServerSpec {
         command: mcp_echo_bin().display().to_string(),
         args: Vec::new(),
         env,
+        tool_timeout_s: McpServerSpec::DEFAULT_TOOL_TIMEOUT_S,
     }
 }
 
@@ -88,6 +89,7 @@ async fn start_error(command: &str) -> ToolError {
         command: command.to_string(),
         args: Vec::new(),
         env: BTreeMap::new(),
+        tool_timeout_s: McpServerSpec::DEFAULT_TOOL_TIMEOUT_S,
     };
     let err = ToolRegistry::for_toolsets_with_mcp(&["echo".to_string()], &servers(spec))
         .await
@@ -119,7 +121,7 @@ async fn lists_the_servers_tools_with_their_input_schemas() {
         .expect("connect");
     let tools = conn.list_tools().await.expect("list");
     let names: Vec<_> = tools.iter().map(|t| t.name.as_str()).collect();
-    for expected in ["echo", "add", "fail", "crash"] {
+    for expected in ["echo", "add", "fail", "crash", "sleep"] {
         assert!(names.contains(&expected), "{names:?}");
     }
     let echo = tools.iter().find(|t| t.name == "echo").unwrap();
@@ -255,4 +257,38 @@ async fn a_cancelled_call_returns_at_once() {
         .call(json!({"text": "hi"}), &ctx)
         .await;
     assert!(out.is_error);
+}
+
+#[tokio::test]
+async fn a_call_past_tool_timeout_s_is_a_tool_error_naming_the_bound() {
+    let spec = McpServerSpec {
+        tool_timeout_s: 1,
+        ..echo_spec(None)
+    };
+    let session = ToolRegistry::for_session(
+        &["echo".to_string()],
+        &[json!({"type": "function", "function": {"name": "mcp__echo__sleep"}})],
+        &servers(spec),
+    )
+    .unwrap();
+    let tool = session.get("mcp__echo__sleep").unwrap();
+    let ctx = ctx();
+    // Within the bound the call answers.
+    let out = tool.call(json!({"ms": 10}), &ctx).await;
+    assert!(!out.is_error, "{out:?}");
+    assert_eq!(out.content, "slept");
+    let started = Instant::now();
+    let out = tokio::time::timeout(
+        Duration::from_secs(10),
+        tool.call(json!({"ms": 60_000}), &ctx),
+    )
+    .await
+    .expect("the call is bounded by tool_timeout_s");
+    assert!(out.is_error, "{out:?}");
+    assert!(
+        out.content.contains("tool_timeout_s") && out.content.contains("within 1 s"),
+        "{}",
+        out.content
+    );
+    assert!(started.elapsed() >= Duration::from_secs(1));
 }

@@ -475,7 +475,8 @@ async fn run_agent(
 }
 
 /// The model client settings of a policy. A `request_timeout_s` of 0 means the default
-/// (600 s), not "time out at once" ([`drover_protocol::ModelSettings::request_timeout`]).
+/// (600 s), not "time out at once" ([`drover_protocol::ModelSettings::request_timeout`]); a
+/// `stall_timeout_s` of 0 likewise means 120 s.
 pub fn model_config(policy: &Policy) -> ModelConfig {
     let mut config = ModelConfig::with_settings(
         policy.base_url.clone(),
@@ -522,6 +523,7 @@ mod tests {
                 stream: false,
                 request_timeout_s: 0,
                 max_retries: 1,
+                stall_timeout_s: 0,
             },
             system_prompt: String::new(),
             toolsets: vec![],
@@ -537,16 +539,19 @@ mod tests {
         };
         let config = model_config(&policy);
         assert_eq!(config.request_timeout, Duration::from_secs(600));
+        assert_eq!(config.stall_timeout, Duration::from_secs(120));
         assert!(!config.stream);
         assert_eq!(config.max_retries, 1);
         assert_eq!(config.api_key.as_deref(), Some("k"));
         let config = model_config(&Policy {
             model_settings: ModelSettings {
                 request_timeout_s: 5,
+                stall_timeout_s: 2,
                 ..policy.model_settings
             },
             ..policy
         });
         assert_eq!(config.request_timeout, Duration::from_secs(5));
+        assert_eq!(config.stall_timeout, Duration::from_secs(2));
     }
 }

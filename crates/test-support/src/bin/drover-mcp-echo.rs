@@ -6,7 +6,8 @@
 //! - `echo {text}`: returns `text`;
 //! - `add {a, b}`: returns `a + b`;
 //! - `fail {message}`: returns an error result carrying `message`;
-//! - `crash {}`: exits the process at once without answering.
+//! - `crash {}`: exits the process at once without answering;
+//! - `sleep {ms}`: answers `slept` after `ms` milliseconds (a slow tool).
 //!
 //! With `DROVER_MCP_ECHO_PIDFILE` set, it writes its pid there at start (tests check it is
 //! reaped). Find it with [`drover_test_support::mcp_echo_bin`].
@@ -37,6 +38,12 @@ struct FailArgs {
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 struct CrashArgs {}
 
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+struct SleepArgs {
+    /// How long to wait before answering, in milliseconds.
+    ms: u64,
+}
+
 #[derive(Debug, Clone, Default)]
 struct Echo;
 
@@ -60,6 +67,12 @@ impl Echo {
     #[tool(description = "Exits the server without answering.")]
     fn crash(&self, Parameters(CrashArgs {}): Parameters<CrashArgs>) -> String {
         std::process::exit(3)
+    }
+
+    #[tool(description = "Answers after the given number of milliseconds.")]
+    async fn sleep(&self, Parameters(SleepArgs { ms }): Parameters<SleepArgs>) -> String {
+        tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+        "slept".to_string()
     }
 }
 

@@ -206,6 +206,7 @@ pub fn turn_bootstrap(mock: &MockModel, home: &Path) -> Bootstrap {
                 stream: true,
                 request_timeout_s: 30,
                 max_retries: 0,
+                ..drover_protocol::ModelSettings::default()
             },
             system_prompt: "be brief".into(),
             toolsets: vec![],

@@ -1,0 +1,48 @@
+//! Reading a response body under the stall bound (SPEC section 5, `[model] stall_timeout_s`):
+//! a body that sends no byte for the bound fails as stalled, whatever time the whole-request
+//! timeout still leaves.
+
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+
+/// Why a body could not be read to its end.
+#[derive(Debug)]
+pub(crate) enum BodyError {
+    /// The connection failed (or the whole-request timeout fired).
+    Transport(reqwest::Error),
+    /// No byte arrived within the stall bound.
+    Stalled,
+}
+
+/// The body's chunks as they arrive. When none comes within `stall` the stream yields
+/// [`BodyError::Stalled`] and ends (dropping the response, which cancels the request); after a
+/// transport error it ends too.
+pub(crate) fn guarded(
+    response: reqwest::Response,
+    stall: Duration,
+) -> impl Stream<Item = Result<impl AsRef<[u8]>, BodyError>> {
+    let body = Box::pin(response.bytes_stream());
+    futures::stream::unfold(Some(body), move |body| async move {
+        let mut body = body?;
+        match tokio::time::timeout(stall, body.next()).await {
+            Ok(Some(Ok(bytes))) => Some((Ok(bytes), Some(body))),
+            Ok(Some(Err(e))) => Some((Err(BodyError::Transport(e)), None)),
+            Ok(None) => None,
+            Err(_) => Some((Err(BodyError::Stalled), None)),
+        }
+    })
+}
+
+/// The whole body, each wait for its next chunk bounded by `stall`.
+pub(crate) async fn read_all(
+    response: reqwest::Response,
+    stall: Duration,
+) -> Result<Vec<u8>, BodyError> {
+    let mut body = std::pin::pin!(guarded(response, stall));
+    let mut out = Vec::new();
+    while let Some(chunk) = body.next().await {
+        out.extend_from_slice(chunk?.as_ref());
+    }
+    Ok(out)
+}
