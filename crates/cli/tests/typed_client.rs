@@ -100,28 +100,48 @@ async fn a_session_list_that_does_not_parse_is_exit_1_naming_the_method_and_fiel
     }
 }
 
+/// An `event` notification of session `s1`.
+fn event(seq: u64, kind: &str, payload: Value) -> Value {
+    json!({"jsonrpc": "2.0", "method": "event", "params": {"session_id": "s1",
+        "seq": seq, "replay_epoch": "e1", "type": kind, "payload": payload}})
+}
+
+/// A queued receipt of admission `a1`.
+fn queued(id: &Value) -> Value {
+    result(
+        id,
+        json!({"admission_id": "a1", "session_id": "s1", "sequence": 1,
+            "status": "queued", "outcome": null, "execution_generation": null}),
+    )
+}
+
+/// A `turn.started` whose generation is not a number.
+fn bad_turn_started(seq: u64) -> Value {
+    event(
+        seq,
+        "turn.started",
+        json!({"admission_id": "a1", "execution_generation": "one"}),
+    )
+}
+
+/// Runs `drover run` against the fake daemon; it must exit 1, and its stderr is returned.
+async fn run_fails(home: &TestHome) -> String {
+    let out = run_drover(bin(), home.path(), None, &["run", "--session", "s1", "hi"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    stderr(&out)
+}
+
 #[tokio::test]
 async fn an_event_that_does_not_parse_is_exit_1_naming_its_type() {
     let home = TestHome::new().unwrap();
     fake_daemon(home.path(), |method, id| match method {
         "session.resume" => vec![result(id, snapshot())],
         // The event arrives while the CLI waits for the receipt.
-        "prompt.submit" => vec![
-            json!({"jsonrpc": "2.0", "method": "event", "params": {"session_id": "s1",
-                "seq": 1, "replay_epoch": "e1", "type": "turn.started",
-                "payload": {"admission_id": "a1", "execution_generation": "one"}}}),
-            result(
-                id,
-                json!({"admission_id": "a1", "session_id": "s1", "sequence": 1,
-                    "status": "queued", "outcome": null, "execution_generation": null}),
-            ),
-        ],
+        "prompt.submit" => vec![bad_turn_started(1), queued(id)],
         _ => vec![],
     })
     .await;
-    let out = run_drover(bin(), home.path(), None, &["run", "--session", "s1", "hi"]).await;
-    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
-    let err = stderr(&out);
+    let err = run_fails(&home).await;
     assert!(err.contains("event turn.started"), "{err}");
     assert!(err.contains("expected u64"), "{err}");
 }
@@ -151,24 +171,14 @@ async fn an_event_of_a_type_this_cli_does_not_know_is_skipped() {
         // A newer daemon's event type, then a known one that does not parse: the first is
         // skipped, so the error names the second.
         "prompt.submit" => vec![
-            json!({"jsonrpc": "2.0", "method": "event", "params": {"session_id": "s1",
-                "seq": 1, "replay_epoch": "e1", "type": "turn.someday",
-                "payload": {"anything": [1, 2]}}}),
-            json!({"jsonrpc": "2.0", "method": "event", "params": {"session_id": "s1",
-                "seq": 2, "replay_epoch": "e1", "type": "turn.started",
-                "payload": {"admission_id": "a1", "execution_generation": "one"}}}),
-            result(
-                id,
-                json!({"admission_id": "a1", "session_id": "s1", "sequence": 1,
-                    "status": "queued", "outcome": null, "execution_generation": null}),
-            ),
+            event(1, "turn.someday", json!({"anything": [1, 2]})),
+            bad_turn_started(2),
+            queued(id),
         ],
         _ => vec![],
     })
     .await;
-    let out = run_drover(bin(), home.path(), None, &["run", "--session", "s1", "hi"]).await;
-    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
-    let err = stderr(&out);
+    let err = run_fails(&home).await;
     assert!(!err.contains("turn.someday"), "{err}");
     assert!(err.contains("event turn.started"), "{err}");
 }
