@@ -137,3 +137,70 @@ fn every_error_example_round_trips_and_names_its_field() {
         }
     }
 }
+
+/// `docs/protocol-examples.md`: every method's first recorded exchange, every event type's
+/// first example and every error reason's first refusal, as the frames on the wire. The page is
+/// made from the fixtures; this test fails while it is stale, and
+/// `DROVER_WRITE_PROTOCOL_DOCS=1 cargo test -p drover-protocol --test wire_fixtures` rewrites it.
+#[test]
+fn the_examples_page_is_made_from_the_fixtures() {
+    let page = examples_page();
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../docs/protocol-examples.md");
+    if std::env::var_os("DROVER_WRITE_PROTOCOL_DOCS").is_some() {
+        std::fs::write(&path, &page).unwrap();
+    }
+    let checked_in = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        checked_in == page,
+        "{} is stale: run DROVER_WRITE_PROTOCOL_DOCS=1 cargo test -p drover-protocol --test wire_fixtures",
+        path.display()
+    );
+}
+
+fn examples_page() -> String {
+    let mut page = String::from(
+        "# Client protocol examples\n\n\
+         Recorded from a real `drover daemon` by `crates/cli/tests/protocol_wire.rs` (the fixtures\n\
+         in `crates/protocol/tests/fixtures/`), and written here by a test that fails when this\n\
+         page is stale. Ids and times are those of the recording. [protocol.md](protocol.md)\n\
+         explains each method and event.\n\n## Methods\n",
+    );
+    for (method, exchanges) in fixtures("methods") {
+        let x = &exchanges[0];
+        let request = serde_json::json!(
+            {"jsonrpc": "2.0", "id": 1, "method": method, "params": x["params"]}
+        );
+        let response = serde_json::json!({"jsonrpc": "2.0", "id": 1, "result": x["result"]});
+        page += &format!(
+            "\n### `{method}`\n\nRequest:\n\n{}\nAnswer:\n\n{}",
+            json_block(&request),
+            json_block(&response)
+        );
+    }
+    page += "\n## Events\n\nEach is the `params` of a notification `{\"jsonrpc\": \"2.0\", \"method\": \"event\", \"params\": ...}`.\n";
+    for (kind, events) in fixtures("events") {
+        page += &format!("\n### `{kind}`\n\n{}", json_block(&events[0]));
+    }
+    page += "\n## Errors\n";
+    for (reason, exchanges) in fixtures("errors") {
+        let x = &exchanges[0];
+        let asked = match x.get("raw") {
+            Some(raw) => format!("The frame `{}`:", raw.as_str().unwrap_or_default()),
+            None => format!(
+                "`{}` with params `{}`:",
+                x["method"].as_str().unwrap_or_default(),
+                x["params"]
+            ),
+        };
+        let response = serde_json::json!({"jsonrpc": "2.0", "id": 1, "error": x["error"]});
+        page += &format!("\n### `{reason}`\n\n{asked}\n\n{}", json_block(&response));
+    }
+    page
+}
+
+fn json_block(value: &Value) -> String {
+    format!(
+        "```json\n{}\n```\n",
+        serde_json::to_string_pretty(value).unwrap()
+    )
+}
