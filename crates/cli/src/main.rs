@@ -1,11 +1,12 @@
 //! `drover`: the single binary (SPEC section 8). It only wires the crates together:
 //! `daemon` runs [`drover_owner`], `worker` runs [`drover_worker`], `run`, `sessions` and
 //! `stop` are clients of the home's daemon, and `job`, `runner` and `loop` drive
-//! [`drover_jobs`].
+//! [`drover_jobs`]. `completions` and `man` are generated from [`Cli`] itself.
 
 mod broker;
 mod client;
 mod commands;
+mod completions;
 mod job;
 mod protocol_cmd;
 mod runner;
@@ -13,7 +14,7 @@ mod runner;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// Every exit code of `drover`, for every command, is one [`drover_protocol::Exit`].
 pub use drover_protocol::Exit;
@@ -31,7 +32,12 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the owner daemon in the foreground.
-    Daemon,
+    Daemon {
+        /// Internal: a client started this daemon in the background, so it exits after
+        /// `[daemon] idle_exit_s` with nothing to do.
+        #[arg(long, hide = true)]
+        started_by_client: bool,
+    },
     /// Submit a prompt to a session and stream the answer (starts the daemon if needed).
     Run(commands::RunArgs),
     /// Ask the home's daemon to stop (as SIGTERM does) and wait for it to exit.
@@ -57,6 +63,19 @@ enum Command {
     Broker(broker::BrokerArgs),
     /// The client protocol: `drover protocol schema [--out DIR]` writes its JSON Schema.
     Protocol(protocol_cmd::ProtocolArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions {
+        /// The shell to complete for.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page drover.1, or write it and one page per subcommand to DIR.
+    Man {
+        /// The directory to write the pages to (created if missing); without it, print
+        /// drover.1 to stdout.
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+    },
     /// Internal: a managed worker, started by the owner only.
     #[command(hide = true)]
     Worker,
@@ -79,7 +98,14 @@ fn main() -> ExitCode {
     };
     let home = drover_owner::home::resolve_home(cli.home.as_deref());
     let exit = match cli.command {
-        Command::Daemon => drover_owner::run_daemon(&home),
+        Command::Daemon { started_by_client } => {
+            let lifetime = if started_by_client {
+                drover_owner::daemon::Lifetime::StartedByClient
+            } else {
+                drover_owner::daemon::Lifetime::Foreground
+            };
+            drover_owner::run_daemon(&home, lifetime)
+        }
         Command::Worker => drover_worker::main_entry(),
         Command::Run(args) => commands::block_on(commands::run(home, args)),
         Command::Stop => commands::block_on(commands::stop(home)),
@@ -90,6 +116,8 @@ fn main() -> ExitCode {
         Command::Runner(args) => runner::run_runner(home, args),
         Command::Loop(args) => runner::run_loop(home, args),
         Command::Protocol(args) => protocol_cmd::run(args),
+        Command::Completions { shell } => completions::completions(Cli::command(), shell),
+        Command::Man { out } => completions::man(Cli::command(), out.as_deref()),
     };
     exit.into()
 }

@@ -183,6 +183,11 @@ pub struct DaemonSection {
     /// (SPEC section 2; default 5 s). Above 0, at most a day.
     #[serde(default = "default_progress_interval")]
     pub progress_interval_s: f64,
+    /// A daemon started by a client (`drover daemon --started-by-client`) exits after this many
+    /// seconds with nothing to do (SPEC section 1; default 900). Above 0. `drover daemon` in
+    /// the foreground never idle-exits.
+    #[serde(default = "default_idle_exit")]
+    pub idle_exit_s: f64,
     /// SPEC section 1: a `listen` address beyond loopback needs this, and TLS.
     #[serde(default)]
     pub allow_remote: bool,
@@ -199,6 +204,7 @@ impl Default for DaemonSection {
             drain_grace_s: default_drain_grace(),
             interrupt_grace_s: default_interrupt_grace(),
             progress_interval_s: default_progress_interval(),
+            idle_exit_s: default_idle_exit(),
             allow_remote: false,
             tls_cert: None,
             tls_key: None,
@@ -219,9 +225,23 @@ impl DaemonSection {
             .unwrap_or_else(|_| std::time::Duration::from_secs_f64(default_progress_interval()))
     }
 
+    /// How long a daemon started by a client waits, idle, before it exits.
+    pub fn idle_exit(&self) -> std::time::Duration {
+        // `check` refused anything not above 0 (or not finite) at load.
+        std::time::Duration::try_from_secs_f64(self.idle_exit_s)
+            .unwrap_or_else(|_| std::time::Duration::from_secs_f64(default_idle_exit()))
+    }
+
     /// SPEC section 1: loopback only, unless `allow_remote`; beyond loopback, TLS. The message
-    /// names the keys to set. `progress_interval_s` must be above 0 and at most a day.
+    /// names the keys to set. `progress_interval_s` must be above 0 and at most a day;
+    /// `idle_exit_s` above 0.
     fn check(&self) -> Result<(), String> {
+        if !(self.idle_exit_s > 0.0 && self.idle_exit_s.is_finite()) {
+            return Err(format!(
+                "[daemon] idle_exit_s = {} must be a number of seconds above 0",
+                self.idle_exit_s
+            ));
+        }
         if !(self.progress_interval_s > 0.0 && self.progress_interval_s <= PROGRESS_INTERVAL_MAX_S)
         {
             return Err(format!(
@@ -333,6 +353,10 @@ const PROGRESS_INTERVAL_MAX_S: f64 = 86_400.0;
 
 fn default_progress_interval() -> f64 {
     5.0
+}
+
+fn default_idle_exit() -> f64 {
+    900.0
 }
 
 /// A config file that could not be used.
@@ -588,6 +612,22 @@ mod tests {
         .unwrap();
         let e = Config::load(dir.path()).unwrap_err().to_string();
         assert!(e.contains("tool_timeout"), "{e}");
+    }
+
+    #[test]
+    fn idle_exit_defaults_to_900_s_and_must_be_above_0() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("config.toml");
+        let c = Config::load(dir.path()).unwrap();
+        assert_eq!(c.daemon.idle_exit(), std::time::Duration::from_secs(900));
+        std::fs::write(&file, "[daemon]\nidle_exit_s = 1.5\n").unwrap();
+        let c = Config::load(dir.path()).unwrap();
+        assert_eq!(c.daemon.idle_exit(), std::time::Duration::from_millis(1500));
+        for bad in ["0", "-1", "nan", "inf"] {
+            std::fs::write(&file, format!("[daemon]\nidle_exit_s = {bad}\n")).unwrap();
+            let e = Config::load(dir.path()).unwrap_err().to_string();
+            assert!(e.contains("idle_exit_s"), "{bad}: {e}");
+        }
     }
 
     #[test]

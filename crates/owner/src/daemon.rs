@@ -6,19 +6,23 @@ use std::time::Duration;
 
 use drover_ledger::{Ledger, LedgerError};
 use drover_protocol::Exit;
-use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::layer::{Layer, SubscriberExt};
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::EnvFilter;
 
 use crate::config::Config;
 use crate::home::{new_token, prepare_home, DaemonInfo, HomeLock, LockError};
+pub use crate::idle::Lifetime;
 use crate::runtime::Owner;
 use crate::turns::{drain, kick_all, start_watchdog};
 
-/// Runs the owner in the foreground until SIGTERM/SIGINT. Exits [`Exit::Ok`] once stopped
-/// cleanly, [`Exit::Failed`] when it could not start (bad config, foreign ledger, bind
-/// failure), [`Exit::HomeOwned`] when another running daemon owns the home (SPEC section 1).
-pub fn run_daemon(home: &Path) -> Exit {
+/// Runs the owner in the foreground until SIGTERM/SIGINT (or, for
+/// [`Lifetime::StartedByClient`], until it has been idle for `[daemon] idle_exit_s`). Exits
+/// [`Exit::Ok`] once stopped cleanly, [`Exit::Failed`] when it could not start (bad config,
+/// foreign ledger, bind failure), [`Exit::HomeOwned`] when another running daemon owns the
+/// home (SPEC section 1). Why it could not start is in `daemon.log` too, where a client that
+/// started it in the background finds it.
+pub fn run_daemon(home: &Path, lifetime: Lifetime) -> Exit {
     if let Err(e) = prepare_home(home) {
         eprintln!("drover daemon: cannot create home {}: {e}", home.display());
         return Exit::Failed;
@@ -26,11 +30,11 @@ pub fn run_daemon(home: &Path) -> Exit {
     let lock = match HomeLock::acquire(home) {
         Ok(l) => l,
         Err(e @ LockError::Held { .. }) => {
-            eprintln!("drover daemon: {e}");
+            refuse_unlocked(home, &e);
             return Exit::HomeOwned;
         }
         Err(e) => {
-            eprintln!("drover daemon: {e}");
+            refuse_unlocked(home, &e);
             return Exit::Failed;
         }
     };
@@ -45,11 +49,11 @@ pub fn run_daemon(home: &Path) -> Exit {
     {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("drover daemon: cannot start the async runtime: {e}");
+            refuse(format_args!("cannot start the async runtime: {e}"));
             return Exit::Failed;
         }
     };
-    let code = runtime.block_on(serve(home.to_path_buf()));
+    let code = runtime.block_on(serve(home.to_path_buf(), lifetime));
     drop(lock);
     code
 }
@@ -79,17 +83,49 @@ fn init_logging(home: &Path) {
     let _ = tracing_subscriber::registry()
         .with(filter)
         .with(file_layer)
-        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_filter(tracing_subscriber::filter::filter_fn(|meta| {
+                    meta.target() != REFUSAL
+                })),
+        )
         .try_init();
 }
 
-async fn serve(home: PathBuf) -> Exit {
+/// The log target of [`refuse`]: its events go to the file only, as it prints its own line.
+const REFUSAL: &str = "drover_owner::refusal";
+
+/// Says why the daemon cannot start (or go on): in `daemon.log` and, as one plain line, on
+/// stderr.
+fn refuse(why: impl std::fmt::Display) {
+    tracing::error!(target: REFUSAL, "{why}");
+    eprintln!("drover daemon: {why}");
+}
+
+/// [`refuse`] before the home lock is ours (another daemon may hold it and write
+/// `daemon.log`): one line appended to the log, which is not rotated from here.
+fn refuse_unlocked(home: &Path, why: &dyn std::fmt::Display) {
+    let path = home.join("logs").join("daemon.log");
+    match crate::logfile::open_private(&path) {
+        Ok(file) => {
+            let file_only = tracing_subscriber::fmt()
+                .with_ansi(false)
+                .with_writer(std::sync::Mutex::new(file))
+                .finish();
+            tracing::subscriber::with_default(file_only, || tracing::error!("{why}"));
+        }
+        Err(e) => eprintln!("drover daemon: cannot open {}: {e}", path.display()),
+    }
+    eprintln!("drover daemon: {why}");
+}
+
+async fn serve(home: PathBuf, lifetime: Lifetime) -> Exit {
     let mut signals = StopSignals::install();
     let config = match Config::load(&home) {
         Ok(c) => c,
         Err(e) => {
-            tracing::error!("{e}");
-            eprintln!("drover daemon: {e}");
+            refuse(e);
             return Exit::Failed;
         }
     };
@@ -97,8 +133,7 @@ async fn serve(home: PathBuf) -> Exit {
         Some((cert, key)) => match crate::tls::server_config(cert, key) {
             Ok(c) => Some(c),
             Err(e) => {
-                tracing::error!("{e}");
-                eprintln!("drover daemon: {e}");
+                refuse(e);
                 return Exit::Failed;
             }
         },
@@ -106,8 +141,7 @@ async fn serve(home: PathBuf) -> Exit {
     };
     let db = home.join("state.db");
     if let Some(refusal) = refuse_empty_ledger(&home, &db) {
-        tracing::error!("{refusal}");
-        eprintln!("drover daemon: {refusal}");
+        refuse(refusal);
         return Exit::Failed;
     }
     let mut ledger = match Ledger::open(&db) {
@@ -115,19 +149,18 @@ async fn serve(home: PathBuf) -> Exit {
         Err(e @ LedgerError::InUse { .. }) => {
             let pid = drover_tools::platform::flock_holder(&db)
                 .map_or_else(|| "unknown".to_string(), |p| p.to_string());
-            eprintln!("drover daemon: {e} (pid {pid})");
+            refuse(format_args!("{e} (pid {pid})"));
             return Exit::HomeOwned;
         }
         Err(e) => {
-            tracing::error!("{e}");
-            eprintln!("drover daemon: {e}");
+            refuse(e);
             return Exit::Failed;
         }
     };
     let epoch = match ledger.bump_epoch() {
         Ok(e) => e,
         Err(e) => {
-            eprintln!("drover daemon: cannot raise the runtime epoch: {e}");
+            refuse(format_args!("cannot raise the runtime epoch: {e}"));
             return Exit::Failed;
         }
     };
@@ -152,24 +185,24 @@ async fn serve(home: PathBuf) -> Exit {
             reconcile_background_processes(&mut ledger);
         }
         Err(e) => {
-            eprintln!("drover daemon: recovery failed: {e}");
+            refuse(format_args!("recovery failed: {e}"));
             return Exit::Failed;
         }
     }
     let listener = match tokio::net::TcpListener::bind(&config.daemon.listen).await {
         Ok(l) => l,
         Err(e) => {
-            eprintln!(
-                "drover daemon: cannot listen on {}: {e}",
+            refuse(format_args!(
+                "cannot listen on {}: {e}",
                 config.daemon.listen
-            );
+            ));
             return Exit::Failed;
         }
     };
     let addr = match listener.local_addr() {
         Ok(a) => a,
         Err(e) => {
-            eprintln!("drover daemon: {e}");
+            refuse(format_args!("cannot read the listening address: {e}"));
             return Exit::Failed;
         }
     };
@@ -179,6 +212,7 @@ async fn serve(home: PathBuf) -> Exit {
         .or_else(|| std::env::current_exe().ok())
         .unwrap_or_else(|| PathBuf::from("drover"));
     let grace = Duration::from_secs_f64(config.daemon.drain_grace_s.max(0.0));
+    let idle_exit = config.daemon.idle_exit();
     let owner = match Owner::new(
         home.clone(),
         config,
@@ -188,7 +222,7 @@ async fn serve(home: PathBuf) -> Exit {
     ) {
         Ok(o) => o,
         Err(e) => {
-            eprintln!("drover daemon: cannot start the ledger thread: {e}");
+            refuse(format_args!("cannot start the ledger thread: {e}"));
             return Exit::Failed;
         }
     };
@@ -233,7 +267,7 @@ async fn serve(home: PathBuf) -> Exit {
         }
     });
     if let Err(e) = info.write(&home) {
-        eprintln!("drover daemon: cannot write daemon.json: {e}");
+        refuse(format_args!("cannot write daemon.json: {e}"));
         shutdown.cancel();
         return Exit::Failed;
     }
@@ -247,7 +281,10 @@ async fn serve(home: PathBuf) -> Exit {
     kick_all(&owner).await;
     start_watchdog(&owner);
 
-    signals.wait(&shutdown).await;
+    tokio::select! {
+        _ = signals.wait(&shutdown) => {}
+        _ = crate::idle::idle_for(owner.clone(), lifetime, idle_exit) => {}
+    }
     guard_stop.cancel();
     let _ = guard.await;
     tracing::info!("stopping: draining running turns");

@@ -6,7 +6,7 @@
 //! turns and supervises one `drover worker` process per turn ([`turns`]), and recovers after a
 //! crash (older-epoch work becomes `unknown`, never replayed).
 //! Its endpoint is loopback plain ws, or TLS ([`tls`]) when `[daemon]` says so; its log is
-//! private and bounded ([`logfile`]).
+//! private and bounded ([`logfile`]). A daemon a client started exits when idle ([`idle`]).
 //!
 //! What it does not do: call the model or run tools; workers do, and write back only through
 //! `persist` frames.
@@ -19,6 +19,7 @@ pub mod daemon;
 pub mod error;
 pub mod home;
 pub mod hub;
+pub mod idle;
 pub mod jobs;
 pub mod logfile;
 pub mod rpc;

@@ -99,7 +99,8 @@ impl Write for RotatingLog {
     }
 }
 
-fn open_private(path: &Path) -> io::Result<File> {
+/// Opens (or creates) `path` for appending, 0600.
+pub(crate) fn open_private(path: &Path) -> io::Result<File> {
     let file = OpenOptions::new()
         .create(true)
         .append(true)

@@ -123,7 +123,6 @@ async fn session_create(
     p: wire::SessionCreateParams,
     raw: Value,
 ) -> Result<wire::SessionSnapshot, OwnerError> {
-    let cfg = &owner.config;
     // SPEC section 2: `request_id` is required, and a retry is recognised before anything else
     // is checked, so a client whose answer was lost never makes two sessions.
     let (rid, params) = (p.request_id.clone(), raw.clone());
@@ -133,6 +132,11 @@ async fn session_create(
     if let Some(session) = earlier {
         return snapshot(owner, conn, session.id).await;
     }
+    // The new session freezes config.toml as it is now, not as it was when the daemon
+    // started; a file that no longer loads refuses the session and changes nothing else.
+    let cfg = owner
+        .reload_config()
+        .map_err(|e| OwnerError::invalid("config.toml", e.to_string()))?;
     let cwd = match p.cwd {
         Some(c) => {
             let path = Path::new(&c);

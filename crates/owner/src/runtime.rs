@@ -2,7 +2,7 @@
 //! the drain flag. Turn scheduling and worker supervision live in the `turns` module, a layer
 //! above this one.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -13,7 +13,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::Config;
+use crate::config::{Config, ConfigError, DaemonSection};
 use crate::hub::Hub;
 
 /// A turn whose worker is running.
@@ -41,8 +41,14 @@ pub struct RunningTurn {
 pub struct Owner {
     /// The drover home.
     pub home: PathBuf,
-    /// `<home>/config.toml`, read once at start.
-    pub config: Config,
+    /// `[daemon]` as it was at start: every key of it keeps its start value (the endpoint,
+    /// TLS, the graces, the intervals), whatever a later read of the file says.
+    pub daemon: DaemonSection,
+    /// `<home>/config.toml` as last read: at start, then again at each `session.create`
+    /// ([`Owner::reload_config`]).
+    config: Mutex<Arc<Config>>,
+    /// Every `[model] api_key_env` this owner has read, so no worker inherits any of them.
+    api_key_envs: Mutex<BTreeSet<String>>,
     /// The runtime epoch this owner raised at start.
     pub epoch: u64,
     /// The random id of this owner instance (`daemon.json` `instance_id`).
@@ -114,9 +120,12 @@ impl Owner {
         let (admissions, admissions_rx) = mpsc::unbounded_channel();
         let epoch = ledger.epoch();
         let ledger_jobs = start_ledger_thread(ledger)?;
+        let api_key_envs = Mutex::new(BTreeSet::from([config.model.api_key_env.clone()]));
         Ok(Arc::new(Owner {
             home,
-            config,
+            daemon: config.daemon.clone(),
+            config: Mutex::new(Arc::new(config)),
+            api_key_envs,
             epoch,
             instance_id,
             hub: Hub::default(),
@@ -132,6 +141,37 @@ impl Owner {
             supervised: Mutex::new(HashSet::new()),
             storage_error: Mutex::new(None),
         }))
+    }
+
+    /// The config as last read (see [`Owner::reload_config`]); use `daemon` for `[daemon]`.
+    pub fn config(&self) -> Arc<Config> {
+        self.config
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Reads `<home>/config.toml` again (at `session.create`: a new session freezes what it
+    /// says now) and makes it the config in force. A file that no longer loads is refused and
+    /// the config in force stays as it was.
+    pub fn reload_config(&self) -> Result<Arc<Config>, ConfigError> {
+        let fresh = Arc::new(Config::load(&self.home)?);
+        self.api_key_envs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(fresh.model.api_key_env.clone());
+        *self.config.lock().unwrap_or_else(|p| p.into_inner()) = fresh.clone();
+        Ok(fresh)
+    }
+
+    /// Every `[model] api_key_env` read so far (workers must not inherit them).
+    pub fn api_key_envs(&self) -> Vec<String> {
+        self.api_key_envs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect()
     }
 
     /// Starts the group-commit loop for admissions (call once, inside the runtime).

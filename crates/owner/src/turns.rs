@@ -104,13 +104,14 @@ pub async fn kick_all(owner: &Arc<Owner>) {
 }
 
 fn policy(owner: &Owner, claim: &Claim) -> Policy {
+    let config = owner.config();
     let s = &claim.session;
     let mc = &s.model_config;
     let api_key = mc
         .get("api_key")
         .and_then(Value::as_str)
         .map(str::to_string)
-        .or_else(|| owner.config.api_key());
+        .or_else(|| config.api_key());
     Policy {
         model: s.model.clone(),
         base_url: mc
@@ -124,17 +125,17 @@ fn policy(owner: &Owner, claim: &Claim) -> Policy {
         toolsets: s.toolsets.clone(),
         tools: s.tool_schemas.clone(),
         cwd: s.cwd.clone(),
-        max_steps: owner.config.model.max_steps,
-        approvals: owner.config.approvals.mode,
+        max_steps: config.model.max_steps,
+        approvals: config.approvals.mode,
         home: owner.home.display().to_string(),
         approval_grants: claim.approval_grants.clone(),
         background_processes: claim.background_processes.clone(),
-        mcp_servers: owner.config.mcp_servers_of(&s.toolsets),
+        mcp_servers: config.mcp_servers_of(&s.toolsets),
         jobs_wire: drover_protocol::worker::JobsWire {
-            url: owner.config.mqtt.url.clone(),
-            username_env: owner.config.mqtt.username_env.clone(),
-            password_env: owner.config.mqtt.password_env.clone(),
-            topic_base: owner.config.mqtt.topic_base.clone(),
+            url: config.mqtt.url.clone(),
+            username_env: config.mqtt.username_env.clone(),
+            password_env: config.mqtt.password_env.clone(),
+            topic_base: config.mqtt.topic_base.clone(),
         },
     }
 }
@@ -156,7 +157,7 @@ fn model_settings(owner: &Owner, model_config: &Value) -> ModelSettings {
         .ok()
         .and_then(|f| f.stall_timeout_s);
     if frozen.is_none() {
-        settings.stall_timeout_s = owner.config.model.stall_timeout_s;
+        settings.stall_timeout_s = owner.config().model.stall_timeout_s;
     }
     settings
 }
@@ -174,10 +175,12 @@ fn spawn_worker(owner: &Owner, execution_id: &str) -> std::io::Result<Child> {
         .mode(0o600)
         .open(&log_path)?;
     let mut cmd = Command::new(&owner.worker_exe);
-    cmd.arg("worker")
-        // The worker gets the key in its bootstrap frame; tools it runs must not see it.
-        .env_remove(&owner.config.model.api_key_env)
-        .env_remove("OPENAI_API_KEY")
+    cmd.arg("worker");
+    // The worker gets the key in its bootstrap frame; tools it runs must not see it.
+    for name in owner.api_key_envs() {
+        cmd.env_remove(name);
+    }
+    cmd.env_remove("OPENAI_API_KEY")
         .env("DROVER_OWNER_PID", std::process::id().to_string())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -317,7 +320,7 @@ fn start_progress(owner: &Arc<Owner>, claim: &Claim) -> DropGuard {
     let owner = owner.clone();
     let session_id = claim.session.id.clone();
     let admission_id = claim.admission.admission_id.clone();
-    let interval = owner.config.daemon.progress_interval();
+    let interval = owner.daemon.progress_interval();
     tokio::spawn(async move {
         let mut next = tokio::time::Instant::now() + interval;
         loop {
@@ -481,8 +484,7 @@ impl WorkerPipe {
         signals: &TurnSignals,
     ) -> LoopEnd {
         let execution_id = self.execution_id.clone();
-        let interrupt_grace =
-            Duration::from_secs_f64(self.owner.config.daemon.interrupt_grace_s.max(0.0));
+        let interrupt_grace = Duration::from_secs_f64(self.owner.daemon.interrupt_grace_s.max(0.0));
         // Pinned once: the grace runs from the accepted interrupt, not from the latest frame.
         let escalate = async {
             signals.interrupt.cancelled().await;
@@ -793,9 +795,10 @@ fn refuse_foreign_frame(execution_id: &str, frame: &PersistFrame) -> OwnerFrame 
 
 /// The `[delegation]` limits and drain state `child.reserve` is checked against.
 fn delegation_limits(owner: &Owner) -> DelegationLimits {
+    let delegation = owner.config().delegation.clone();
     DelegationLimits {
-        max_concurrent_children: owner.config.delegation.max_concurrent_children,
-        max_spawn_depth: owner.config.delegation.max_spawn_depth,
+        max_concurrent_children: delegation.max_concurrent_children,
+        max_spawn_depth: delegation.max_spawn_depth,
         draining: owner.is_draining(),
         toolset_tools: Some(toolset_tools),
     }

@@ -98,7 +98,13 @@ impl Daemon {
 
     /// Like [`Daemon::start`], with extra environment variables.
     pub async fn start_with_env(bin: &Path, home: &Path, env: &[(&str, &str)]) -> Result<Daemon> {
-        Daemon::spawn(bin, home, env, None).await
+        Daemon::spawn(bin, home, env, None, &[]).await
+    }
+
+    /// Like [`Daemon::start`], as a client starts one in the background
+    /// (`drover daemon --started-by-client`: it exits after `[daemon] idle_exit_s` idle).
+    pub async fn start_by_client(bin: &Path, home: &Path) -> Result<Daemon> {
+        Daemon::spawn(bin, home, &[], None, &["--started-by-client"]).await
     }
 
     /// Like [`Daemon::start_with_env`], appending the daemon's stderr to `stderr_log`. Errors
@@ -110,7 +116,7 @@ impl Daemon {
         env: &[(&str, &str)],
         stderr_log: &Path,
     ) -> Result<Daemon> {
-        Daemon::spawn(bin, home, env, Some(stderr_log)).await
+        Daemon::spawn(bin, home, env, Some(stderr_log), &[]).await
     }
 
     async fn spawn(
@@ -118,6 +124,7 @@ impl Daemon {
         home: &Path,
         env: &[(&str, &str)],
         stderr_log: Option<&Path>,
+        args: &[&str],
     ) -> Result<Daemon> {
         let stderr = match stderr_log {
             Some(path) => Stdio::from(
@@ -132,6 +139,7 @@ impl Daemon {
         let child = Command::new(bin)
             .envs(env.iter().copied())
             .arg("daemon")
+            .args(args)
             .arg("--home")
             .arg(home)
             .stdin(Stdio::null())

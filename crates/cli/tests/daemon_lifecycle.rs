@@ -1,0 +1,247 @@
+//! The daemon's lifecycle (issue 12, part 3; SPEC sections 1 and 8), against the real binary:
+//! idle exit of a daemon a client started, why a daemon could not start in `daemon.log`, the
+//! config read again at each `session.create`, and the generated completions and man pages.
+
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::time::Duration;
+
+use drover_test_support::harness::{model_home, pid_alive, run_drover, Daemon, TestHome};
+use drover_test_support::wait::holds_for;
+use drover_test_support::{Gate, Reply};
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_drover"))
+}
+
+fn daemon_log(home: &Path) -> String {
+    std::fs::read_to_string(home.join("logs").join("daemon.log")).unwrap_or_default()
+}
+
+/// `[daemon] idle_exit_s = 1` for the idle tests: long enough for a client to connect, short
+/// enough for a test.
+const IDLE_EXIT: &str = "idle_exit_s = 1.0\n";
+
+/// Longer than the idle exit with its check interval, so a daemon that should have exited has.
+const PAST_IDLE: Duration = Duration::from_secs(3);
+
+/// How long a daemon that should exit may take (idle time plus the drain).
+const EXIT_LIMIT: Duration = Duration::from_secs(20);
+
+#[tokio::test]
+async fn daemon_started_by_client_exits_when_idle_removing_daemon_json() {
+    let (model, home) = model_home(true).await.unwrap();
+    home.write_model_config(&model.base_url(), true, IDLE_EXIT)
+        .unwrap();
+    let mut d = Daemon::start_by_client(bin(), home.path()).await.unwrap();
+    let status = d.wait_exit(EXIT_LIMIT).await.unwrap();
+    assert_eq!(status.code(), Some(0));
+    assert!(!home.path().join("daemon.json").exists());
+    let log = daemon_log(home.path());
+    assert!(log.contains("idle exit"), "{log}");
+    assert!(log.contains("stopped"), "{log}");
+}
+
+#[tokio::test]
+async fn no_idle_exit_while_a_client_is_connected() {
+    let (model, home) = model_home(true).await.unwrap();
+    home.write_model_config(&model.base_url(), true, IDLE_EXIT)
+        .unwrap();
+    let mut d = Daemon::start_by_client(bin(), home.path()).await.unwrap();
+    let client = d.client().await.unwrap();
+    let pid = d.pid();
+    assert!(holds_for(PAST_IDLE, async || pid_alive(pid)).await);
+    drop(client);
+    let status = d.wait_exit(EXIT_LIMIT).await.unwrap();
+    assert_eq!(status.code(), Some(0));
+}
+
+#[tokio::test]
+async fn no_idle_exit_while_a_turn_runs_without_a_client() {
+    let (model, home) = model_home(true).await.unwrap();
+    home.write_model_config(&model.base_url(), true, IDLE_EXIT)
+        .unwrap();
+    let gate = Gate::new();
+    model.push(Reply::text("slow answer").gated(&gate));
+    let mut d = Daemon::start_by_client(bin(), home.path()).await.unwrap();
+    let mut client = d.client().await.unwrap();
+    let session = client.create_session(home.path()).await.unwrap();
+    let session_id = session["session_id"].as_str().unwrap().to_string();
+    let receipt = client.submit(&session_id, "take your time").await.unwrap();
+    let admission_id = receipt["admission_id"].as_str().unwrap().to_string();
+    assert!(gate.wait_reached(Duration::from_secs(20)).await);
+    // Detach is not cancel (G3): the turn goes on with no client, and keeps the daemon up.
+    drop(client);
+    let pid = d.pid();
+    assert!(holds_for(PAST_IDLE, async || pid_alive(pid)).await);
+    gate.open();
+    let status = d.wait_exit(EXIT_LIMIT).await.unwrap();
+    assert_eq!(status.code(), Some(0));
+    // The turn settled before the daemon went: the next daemon has its receipt.
+    let d = Daemon::start(bin(), home.path()).await.unwrap();
+    let mut client = d.client().await.unwrap();
+    let receipt = client
+        .receipt(&session_id, &admission_id, false)
+        .await
+        .unwrap();
+    assert_eq!(receipt["outcome"], "completed", "{receipt}");
+}
+
+#[tokio::test]
+async fn foreground_daemon_never_idle_exits() {
+    let (model, home) = model_home(true).await.unwrap();
+    home.write_model_config(&model.base_url(), true, "idle_exit_s = 0.2\n")
+        .unwrap();
+    let mut d = Daemon::start(bin(), home.path()).await.unwrap();
+    let pid = d.pid();
+    assert!(holds_for(PAST_IDLE, async || pid_alive(pid)).await);
+    assert_eq!(d.stop().await.unwrap().code(), Some(0));
+    assert!(!daemon_log(home.path()).contains("idle exit"));
+}
+
+#[tokio::test]
+async fn bind_failure_is_in_daemon_log() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let home = TestHome::new().unwrap();
+    home.write_config(&format!("[daemon]\nlisten = \"{addr}\"\n"))
+        .unwrap();
+    let out = run_drover(bin(), home.path(), None, &["daemon", "--started-by-client"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let log = daemon_log(home.path());
+    assert!(log.contains(&format!("cannot listen on {addr}")), "{log}");
+    assert!(log.contains("Address already in use"), "{log}");
+    // One plain line on stderr, not the log line as well.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.matches("cannot listen on").count(), 1, "{stderr}");
+}
+
+#[tokio::test]
+async fn config_error_is_in_daemon_log() {
+    let home = TestHome::new().unwrap();
+    home.write_config("[daemon]\nlisen = \"127.0.0.1:0\"\n")
+        .unwrap();
+    let out = run_drover(bin(), home.path(), None, &["daemon"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let log = daemon_log(home.path());
+    assert!(log.contains("config.toml"), "{log}");
+    assert!(log.contains("lisen"), "{log}");
+}
+
+#[tokio::test]
+async fn lock_conflict_is_in_daemon_log() {
+    let home = TestHome::new().unwrap();
+    let d = Daemon::start(bin(), home.path()).await.unwrap();
+    let out = run_drover(bin(), home.path(), None, &["daemon", "--started-by-client"]).await;
+    assert_eq!(out.status.code(), Some(3));
+    let log = daemon_log(home.path());
+    let line = log
+        .lines()
+        .find(|l| l.contains("owned by another running daemon"))
+        .unwrap_or_else(|| panic!("no lock conflict in daemon.log:\n{log}"));
+    assert!(line.contains(&d.pid().to_string()), "{line}");
+    assert!(line.contains("ERROR"), "{line}");
+}
+
+/// The model name each request to `model` asked for, in order.
+fn requested_models(model: &drover_test_support::MockModel) -> Vec<String> {
+    model
+        .requests()
+        .iter()
+        .map(|r| r["model"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn config_is_read_again_at_each_session_create() {
+    let (model, home) = model_home(true).await.unwrap();
+    let d = Daemon::start(bin(), home.path()).await.unwrap();
+    let mut client = d.client().await.unwrap();
+    let first = client.create_session(home.path()).await.unwrap();
+    let first_id = first["session_id"].as_str().unwrap().to_string();
+    assert_eq!(first["info"]["model"], "mock", "{first}");
+
+    let config = std::fs::read_to_string(home.path().join("config.toml")).unwrap();
+    home.write_config(&config.replace("name = \"mock\"", "name = \"mock-2\""))
+        .unwrap();
+    let second = client.create_session(home.path()).await.unwrap();
+    let second_id = second["session_id"].as_str().unwrap().to_string();
+    assert_eq!(second["info"]["model"], "mock-2", "{second}");
+
+    // Each session keeps the model it froze.
+    client.complete_turn(&first_id, "one").await.unwrap();
+    client.complete_turn(&second_id, "two").await.unwrap();
+    assert_eq!(requested_models(&model), ["mock", "mock-2"]);
+
+    // A config that no longer parses fails the next create, naming the key; the sessions
+    // already made go on.
+    home.write_config(&format!("{config}\n[approvals]\nmod = \"auto\"\n"))
+        .unwrap();
+    let err = client
+        .call(
+            "session.create",
+            serde_json::json!({"request_id": "r-bad-config", "cwd": home.path()}),
+        )
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(err["data"]["reason"], "invalid_params", "{err}");
+    let detail = err["data"]["detail"].as_str().unwrap();
+    assert!(detail.contains("unknown field `mod`"), "{err}");
+    assert!(detail.contains("line"), "{err}");
+    assert_eq!(err["data"]["field"], "config.toml", "{err}");
+    client.complete_turn(&first_id, "three").await.unwrap();
+    assert_eq!(requested_models(&model).last().unwrap(), "mock");
+}
+
+#[tokio::test]
+async fn completions_name_the_subcommands() {
+    let home = TestHome::new().unwrap();
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let out = run_drover(bin(), home.path(), None, &["completions", shell]).await;
+        assert_eq!(out.status.code(), Some(0), "{shell}");
+        let script = String::from_utf8_lossy(&out.stdout);
+        for sub in ["daemon", "run", "sessions", "approvals", "completions"] {
+            assert!(script.contains(sub), "{shell} completions lack {sub}");
+        }
+    }
+    let out = run_drover(bin(), home.path(), None, &["completions", "tcsh"]).await;
+    assert_eq!(out.status.code(), Some(1));
+}
+
+#[tokio::test]
+async fn man_prints_roff_or_writes_one_page_per_subcommand() {
+    let home = TestHome::new().unwrap();
+    let out = run_drover(bin(), home.path(), None, &["man"]).await;
+    assert_eq!(out.status.code(), Some(0));
+    let page = String::from_utf8_lossy(&out.stdout);
+    assert!(page.contains(".TH drover 1"), "{page}");
+    assert!(page.contains(".SH NAME"), "{page}");
+    assert!(page.contains("drover\\-run"), "{page}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let pages = dir.path().join("man1");
+    let out = run_drover(
+        bin(),
+        home.path(),
+        None,
+        &["man", "--out", pages.to_str().unwrap()],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(0));
+    for name in [
+        "drover.1",
+        "drover-run.1",
+        "drover-daemon.1",
+        "drover-job-submit.1",
+    ] {
+        let text = std::fs::read_to_string(pages.join(name)).unwrap();
+        assert!(text.contains(".TH"), "{name}");
+    }
+    assert!(!pages.join("drover-worker.1").exists());
+    // A hidden flag stays out of the pages.
+    let daemon = std::fs::read_to_string(pages.join("drover-daemon.1")).unwrap();
+    assert!(!daemon.contains("started"), "{daemon}");
+}
