@@ -1,6 +1,6 @@
 //! The client subcommands `sessions`, `stop` and `approvals`, and [`connect`], which every
 //! client command uses to find or start the daemon ([`drover_client`]). `run` is in
-//! `crate::run`.
+//! `run.rs`.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

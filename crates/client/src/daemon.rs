@@ -39,7 +39,7 @@ pub enum StartDaemon {
     },
 }
 
-/// How [`crate::Client::connect`] finds the daemon and how long it keeps trying.
+/// How `Client::connect` finds the daemon and how long it keeps trying.
 #[derive(Debug, Clone)]
 pub struct ConnectOptions {
     /// The drover home.

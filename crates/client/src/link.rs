@@ -23,7 +23,7 @@ use tokio_tungstenite::tungstenite::Message;
 use crate::daemon::{find_or_start, ClientSettings, ConnectOptions, Ws};
 use crate::error::{at, ClientError};
 
-/// What happened to the connection, as a [`crate::SessionStream`] reports it.
+/// What happened to the connection, as a `SessionStream` reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ConnectionChange {
     /// The connection dropped; the client is reconnecting.
