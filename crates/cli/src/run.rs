@@ -55,6 +55,9 @@ pub struct RunArgs {
 /// How often a quiet turn's receipt is read, in case its settlement was missed.
 const QUIET: Duration = Duration::from_secs(30);
 
+/// How long a `tool.start` line is held back in case an approval prompt follows it.
+const HOLD_TOOL_LINE: Duration = Duration::from_millis(500);
+
 /// How many answers that are not a choice `run` takes before it leaves the prompt open.
 const ASKS: u32 = 3;
 
@@ -80,6 +83,7 @@ pub async fn run(home: PathBuf, args: RunArgs) -> Result<Exit> {
         generation: None,
         mine: false,
         interrupts: 0,
+        awaiting_approval: false,
         flags: Flags::from(&args),
         out,
     };
@@ -217,9 +221,9 @@ struct Output {
     spinner: Spinner,
     printed: bool,
     ends_with_newline: bool,
-    /// A `tool.start` line not printed yet: if an approval prompt follows, the command is
-    /// shown as the question, not as if it ran.
-    held_tool: Option<String>,
+    /// A `tool.start` line not printed yet, and since when: if an approval prompt follows,
+    /// the command is shown as the question, not as if it ran.
+    held_tool: Option<(String, tokio::time::Instant)>,
 }
 
 impl Output {
@@ -244,11 +248,31 @@ impl Output {
     }
 
     fn flush_tool(&mut self) {
-        if let Some(line) = self.held_tool.take() {
+        if let Some((line, _)) = self.held_tool.take() {
             if !self.json {
                 self.note(&line);
             }
         }
+    }
+
+    /// Prints a held `tool.start` line once no approval prompt followed it for a while.
+    fn flush_tool_after(&mut self, quiet: Duration) {
+        if self
+            .held_tool
+            .as_ref()
+            .is_some_and(|(_, since)| since.elapsed() >= quiet)
+        {
+            self.flush_tool();
+        }
+    }
+
+    fn hold_tool(&mut self, line: String) {
+        self.held_tool = Some((line, tokio::time::Instant::now()));
+    }
+
+    /// The held line's text, taken.
+    fn take_tool(&mut self) -> Option<String> {
+        self.held_tool.take().map(|(line, _)| line)
     }
 
     fn text(&mut self, text: &str) {
@@ -290,6 +314,8 @@ struct Turn<'a> {
     /// Our turn has started: the deltas and tools that follow are ours.
     mine: bool,
     interrupts: u32,
+    /// An approval prompt of ours is open: its held `tool.start` line waits for the answer.
+    awaiting_approval: bool,
     flags: Flags,
     out: Output,
 }
@@ -305,6 +331,9 @@ impl Turn<'_> {
                 u = stream.next() => u,
                 _ = tick.tick() => {
                     self.out.spinner.tick();
+                    if !self.awaiting_approval {
+                        self.out.flush_tool_after(HOLD_TOOL_LINE);
+                    }
                     if quiet_since.elapsed() >= QUIET {
                         quiet_since = tokio::time::Instant::now();
                         if let Some(code) = self.check_receipt(false).await? {
@@ -432,7 +461,7 @@ impl Turn<'_> {
             EventPayload::ToolStart(p) if self.mine => {
                 self.out.flush_tool();
                 self.out.end_text();
-                self.out.held_tool = Some(format!("[{}] {}", p.name, p.context));
+                self.out.hold_tool(format!("[{}] {}", p.name, p.context));
                 self.out.spinner.wait(&format!("{} to finish", p.name));
             }
             EventPayload::ToolComplete(p) if self.mine => {
@@ -469,7 +498,8 @@ impl Turn<'_> {
             EventPayload::ApprovalSettled(p) if self.mine => {
                 let ran = p.status == PromptSettlement::Resolved
                     && p.choice.is_some_and(|c| c != ApprovalChoice::Deny);
-                match self.out.held_tool.take() {
+                self.awaiting_approval = false;
+                match self.out.take_tool() {
                     Some(line) if ran => self.out.note(&line),
                     Some(line) => self.out.note(&format!("{line} (not run)")),
                     None => {}

@@ -252,8 +252,15 @@ pub(crate) async fn open(
         ))),
         Ok(Ok((ws, _))) => Ok(ws),
         Ok(Err(e)) if is_tls_failure(&e) => {
+            use tokio_tungstenite::tungstenite::Error as WsError;
+            let why = match &e {
+                WsError::Io(io) => io.to_string(),
+                WsError::Tls(tls) => tls.to_string(),
+                _ => String::new(),
+            };
             Err(ConnectFailure::Permanent(ClientError::Config(format!(
-                "the daemon at {url} does not present the certificate of [daemon] tls_cert: {e}"
+                "cannot connect to {url}: the daemon does not present the certificate of \
+                 [daemon] tls_cert ({why})"
             ))))
         }
         Ok(Err(e)) => Err(ConnectFailure::Transient(describe_ws_error(url, &e))),
