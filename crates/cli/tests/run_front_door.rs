@@ -328,3 +328,73 @@ async fn a_daemon_sigkilled_mid_turn_is_exit_4_in_words_and_run_restarts_it() {
     assert!(pid_alive(second["pid"].as_u64().unwrap() as u32));
     assert!(!pid_alive(pid));
 }
+
+#[tokio::test]
+async fn a_command_waiting_for_approval_is_shown_as_the_question_not_as_run() {
+    let (model, home) = model_home(true).await.unwrap();
+    let _guard = KillDaemonOnDrop(home.path());
+    let victim = home.path().join("victim");
+    std::fs::create_dir(&victim).unwrap();
+    model.push(Reply::tool_call(
+        "call_rm",
+        "terminal",
+        json!({"command": format!("rm -rf {}", victim.display())}),
+    ));
+    model.push(Reply::text("Deleted."));
+    let out = drover(home.path(), &["run", "delete it"]).await;
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(5), "{stderr}");
+    assert!(
+        !stderr.contains("[terminal] rm -rf"),
+        "printed as if it ran: {stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("`rm -rf {}`", victim.display())),
+        "{stderr}"
+    );
+    assert!(victim.is_dir());
+}
+
+/// `drover <args>` with `OPENAI_API_KEY` set to `key`.
+async fn drover_with_key(home: &Path, args: &[&str], key: &str) -> Output {
+    let run = tokio::process::Command::new(bin())
+        .arg("--home")
+        .arg(home)
+        .args(args)
+        .env("OPENAI_API_KEY", key)
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    tokio::time::timeout(BOUND, run).await.unwrap().unwrap()
+}
+
+#[tokio::test]
+async fn run_says_when_the_daemon_holds_another_api_key_and_how_to_fix_it() {
+    let (model, home) = model_home(true).await.unwrap();
+    let _guard = KillDaemonOnDrop(home.path());
+    model.set_default(Reply::text("ok"));
+    let out = drover_with_key(home.path(), &["run", "one"], "key-one").await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        !text(&out.stderr).contains("API key"),
+        "{}",
+        text(&out.stderr)
+    );
+    let file = std::fs::read_to_string(home.path().join("daemon.json")).unwrap();
+    assert!(!file.contains("key-one"), "daemon.json holds only a digest");
+
+    let out = drover_with_key(home.path(), &["run", "two"], "key-two").await;
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let warning: Vec<&str> = stderr.lines().filter(|l| l.contains("API key")).collect();
+    assert_eq!(warning.len(), 1, "{stderr}");
+    assert!(
+        warning[0].contains("another API key than $OPENAI_API_KEY"),
+        "{stderr}"
+    );
+    assert!(warning[0].contains("stop`, then run again"), "{stderr}");
+    assert!(
+        !stderr.contains("key-one") && !stderr.contains("key-two"),
+        "{stderr}"
+    );
+}
