@@ -398,3 +398,74 @@ async fn run_says_when_the_daemon_holds_another_api_key_and_how_to_fix_it() {
         "{stderr}"
     );
 }
+
+/// `drover <args>` on a terminal (`script` gives it a pty), typing `input`; the pty's output
+/// (stdout and stderr of drover) is the returned stdout.
+async fn drover_on_a_terminal(home: &Path, args: &[&str], input: &str) -> Output {
+    let quote = |s: &str| format!("'{}'", s.replace('\'', r"'\''"));
+    let mut line = vec![
+        quote(bin().to_str().unwrap()),
+        "--home".into(),
+        quote(home.to_str().unwrap()),
+    ];
+    line.extend(args.iter().map(|a| quote(a)));
+    let mut child = tokio::process::Command::new("script")
+        .args(["-q", "-e", "-c", &line.join(" "), "/dev/null"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut pipe = child.stdin.take().unwrap();
+    pipe.write_all(input.as_bytes()).await.unwrap();
+    // Kept open until drover exits: an end of input would read as a closed terminal.
+    let out = tokio::time::timeout(BOUND, child.wait_with_output())
+        .await
+        .expect("drover run did not finish")
+        .unwrap();
+    drop(pipe);
+    out
+}
+
+#[tokio::test]
+async fn an_approval_answer_that_is_not_a_choice_asks_again_then_exit_5_after_three() {
+    let (model, home) = model_home(true).await.unwrap();
+    let _guard = KillDaemonOnDrop(home.path());
+    let victim = home.path().join("victim");
+    std::fs::create_dir(&victim).unwrap();
+    let rm = || {
+        Reply::tool_call(
+            "call_rm",
+            "terminal",
+            json!({"command": format!("rm -rf {}", victim.display())}),
+        )
+    };
+    model.push(rm());
+    model.push(Reply::text("Not deleted."));
+    // A typo, then a denial: asked twice, the command never runs.
+    let out = drover_on_a_terminal(home.path(), &["run", "delete it"], "yse\nn\n").await;
+    let screen = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{screen}");
+    assert!(screen.contains("\"yse\" is not a choice"), "{screen}");
+    assert_eq!(screen.matches("needs approval").count(), 2, "{screen}");
+    assert!(screen.contains("(not run)"), "{screen}");
+    assert!(victim.is_dir());
+
+    // Three answers that are not choices: exit 5, the prompt left open.
+    model.push(rm());
+    let out = drover_on_a_terminal(home.path(), &["run", "-c", "again"], "x\ny e s\nmaybe\n").await;
+    let screen = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(5), "{screen}");
+    assert_eq!(screen.matches("needs approval").count(), 3, "{screen}");
+    assert!(
+        screen.contains("after 3 answers that are not a choice"),
+        "{screen}"
+    );
+    assert!(victim.is_dir());
+    let sessions = sessions_json(&drover(home.path(), &["sessions", "--json"]).await);
+    assert_eq!(
+        sessions[0]["pending_count"], 1,
+        "the turn waits on its open prompt"
+    );
+}
