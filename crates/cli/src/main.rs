@@ -1,15 +1,17 @@
 //! `drover`: the single binary (SPEC section 8). It only wires the crates together:
-//! `daemon` runs [`drover_owner`], `worker` runs [`drover_worker`], `run`, `sessions` and
-//! `stop` are clients of the home's daemon, and `job`, `runner` and `loop` drive
-//! [`drover_jobs`]. `completions` and `man` are generated from [`Cli`] itself.
+//! `daemon` runs [`drover_owner`], `worker` runs [`drover_worker`], `run`, `sessions`,
+//! `approvals` and `stop` are clients of the home's daemon through [`drover_client`], and
+//! `job`, `runner` and `loop` drive [`drover_jobs`]. `completions` and `man` are generated
+//! from [`Cli`] itself.
 
 mod broker;
-mod client;
 mod commands;
 mod completions;
 mod job;
 mod protocol_cmd;
+mod run;
 mod runner;
+mod spinner;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -39,7 +41,7 @@ enum Command {
         started_by_client: bool,
     },
     /// Submit a prompt to a session and stream the answer (starts the daemon if needed).
-    Run(commands::RunArgs),
+    Run(run::RunArgs),
     /// Ask the home's daemon to stop (as SIGTERM does) and wait for it to exit.
     Stop,
     /// List sessions.
@@ -107,7 +109,7 @@ fn main() -> ExitCode {
             drover_owner::run_daemon(&home, lifetime)
         }
         Command::Worker => drover_worker::main_entry(),
-        Command::Run(args) => commands::block_on(commands::run(home, args)),
+        Command::Run(args) => commands::block_on(run::run(home, args)),
         Command::Stop => commands::block_on(commands::stop(home)),
         Command::Sessions { json } => commands::block_on(commands::sessions(home, json)),
         Command::Approvals { command } => commands::block_on(commands::approvals(home, command)),
