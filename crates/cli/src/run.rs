@@ -64,6 +64,10 @@ const ASKS: u32 = 3;
 /// `drover run`.
 pub async fn run(home: PathBuf, args: RunArgs) -> Result<Exit> {
     let text = prompt_text(&args.prompt)?;
+    // Ctrl-C is ours from here on: one pressed before the turn is followed still interrupts
+    // it (the stream keeps it), and none kills the client with the turn left running.
+    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .context("cannot take Ctrl-C")?;
     let client = connect(&home).await?;
     if let Some(mismatch) = client.api_key_mismatch() {
         eprintln!("drover: {mismatch}");
@@ -87,7 +91,7 @@ pub async fn run(home: PathBuf, args: RunArgs) -> Result<Exit> {
         flags: Flags::from(&args),
         out,
     };
-    turn.follow(&mut stream).await
+    turn.follow(&mut stream, &mut sigint).await
 }
 
 /// The prompt argument, or stdin for `-`.
@@ -322,7 +326,11 @@ struct Turn<'a> {
 
 impl Turn<'_> {
     /// Streams the admission's events until it settles.
-    async fn follow(&mut self, stream: &mut SessionStream) -> Result<Exit> {
+    async fn follow(
+        &mut self,
+        stream: &mut SessionStream,
+        sigint: &mut tokio::signal::unix::Signal,
+    ) -> Result<Exit> {
         self.out.spinner.wait("the turn to start");
         let mut tick = tokio::time::interval(Duration::from_millis(200));
         let mut quiet_since = tokio::time::Instant::now();
@@ -342,7 +350,7 @@ impl Turn<'_> {
                     }
                     continue;
                 }
-                _ = tokio::signal::ctrl_c() => {
+                _ = sigint.recv() => {
                     if let Some(code) = self.ctrl_c().await? {
                         return Ok(code);
                     }
@@ -422,16 +430,40 @@ impl Turn<'_> {
         }
         self.out
             .note("\ndrover: interrupting (Ctrl-C again to leave at once)");
-        // Either answer will do: the turn's events say what happened.
-        let _ = match self.generation {
-            Some(g) => self.client.interrupt(&self.session_id, g).await.map(drop),
-            None => self
-                .client
-                .cancel(&self.session_id, &self.admission_id)
-                .await
-                .map(drop),
-        };
+        // The turn's events say what happened; a refusal here only means it already ended.
+        let _ = self.stop_turn().await;
         Ok(None)
+    }
+
+    /// Interrupts the turn if it started, else cancels it. Its `turn.started` may not have
+    /// reached this client yet, so the receipt says which (and a queued turn that starts
+    /// before the cancel lands is interrupted instead).
+    async fn stop_turn(&mut self) -> Result<(), ClientError> {
+        if self.generation.is_none() {
+            let mut r = self
+                .client
+                .receipt(&self.session_id, &self.admission_id, false)
+                .await?;
+            if r.status == AdmissionStatus::Queued {
+                match self
+                    .client
+                    .cancel(&self.session_id, &self.admission_id)
+                    .await
+                {
+                    Err(e) if e.reason() == Some("stale_generation") => {}
+                    other => return other.map(drop),
+                }
+                r = self
+                    .client
+                    .receipt(&self.session_id, &self.admission_id, false)
+                    .await?;
+            }
+            self.generation = r.execution_generation;
+        }
+        match self.generation {
+            Some(g) => self.client.interrupt(&self.session_id, g).await.map(drop),
+            None => Ok(()),
+        }
     }
 
     async fn event(&mut self, event: SessionEvent) -> Result<Option<Exit>> {
