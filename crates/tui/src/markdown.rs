@@ -155,12 +155,14 @@ impl Writer {
             }
             Tag::CodeBlock(kind) => {
                 self.blank();
-                if let CodeBlockKind::Fenced(lang) = kind {
-                    if !lang.is_empty() {
-                        self.lines
-                            .push(Line::styled(format!("```{lang}"), self.theme.dim()));
-                    }
-                }
+                // The fences stay (dim), so where the code starts and ends is plain to see and
+                // a copied block is still Markdown.
+                let lang = match kind {
+                    CodeBlockKind::Fenced(lang) => lang.to_string(),
+                    CodeBlockKind::Indented => String::new(),
+                };
+                self.lines
+                    .push(Line::styled(format!("```{lang}"), self.theme.dim()));
                 self.in_code = true;
             }
             Tag::List(start) => {
@@ -219,6 +221,7 @@ impl Writer {
             }
             TagEnd::CodeBlock => {
                 self.flush_line();
+                self.lines.push(Line::styled("```", self.theme.dim()));
                 self.in_code = false;
                 self.blank();
             }
@@ -267,6 +270,7 @@ mod tests {
                 "  if true; then",
                 "\techo  *hi*  ",
                 "fi",
+                "```",
                 "",
                 "Done."
             ]

@@ -201,6 +201,14 @@ fn turn_lines(app: &App, theme: Theme, now: Instant) -> Vec<Line<'static>> {
         "waiting for you"
     } else {
         match (turn.phase, turn.items.last()) {
+            (_, Some(TurnItem::Tool(t)))
+                if !matches!(
+                    t.status,
+                    ToolStatus::Done(_) | ToolStatus::Error(_) | ToolStatus::Stopped
+                ) =>
+            {
+                "running a tool"
+            }
             (Some(TurnPhase::Tool), _) => "running a tool",
             (_, Some(TurnItem::Text(_))) => "writing",
             _ => "thinking",

@@ -122,7 +122,12 @@ pub async fn run(link: Arc<dyn Link>, target: Target, theme: Theme) -> Result<St
     app.queued.clear();
     app.unknown = None;
     let _ = print_scrollback(&mut terminal, &mut app, theme);
-    let _ = terminal.clear();
+    // Blank the viewport and leave the cursor at its top, for the shell's prompt. (Not
+    // `Terminal::clear`: it reads the cursor position, a query the event reader may eat.)
+    let _ = terminal.draw(|_| {});
+    let top = terminal.get_frame().area();
+    let _ = terminal.set_cursor_position((0, top.y));
+    let _ = terminal.show_cursor();
     drop(guard);
     let _ = io::stdout().flush();
     result.map(|()| session_id)
@@ -132,11 +137,32 @@ fn short(id: &str) -> String {
     id.chars().take(8).collect()
 }
 
-async fn next_update(events: &mut Option<Box<dyn Events>>) -> Option<LinkUpdate> {
-    match events {
-        Some(e) => e.next().await,
-        None => std::future::pending().await,
+/// Stops a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
+}
+
+/// Reads an [`Events`] in its own task, so the event loop's `select!` only ever cancels a
+/// channel receive (an `Events::next` need not be cancel-safe). Updates carry the number of
+/// the session they belong to: those of a session switched away from are dropped.
+fn pump(
+    mut events: Box<dyn Events>,
+    number: u64,
+    tx: mpsc::UnboundedSender<(u64, Option<LinkUpdate>)>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            let update = events.next().await;
+            let end = update.is_none();
+            if tx.send((number, update)).is_err() || end {
+                return;
+            }
+        }
+    })
 }
 
 async fn event_loop(
@@ -147,13 +173,29 @@ async fn event_loop(
     theme: Theme,
 ) -> Result<(), RunError> {
     let mut keys = EventStream::new();
-    let mut events = Some(events);
+    let (updates_tx, mut updates) = mpsc::unbounded_channel();
+    let mut number = 0;
+    let mut _pumping = AbortOnDrop(pump(events, number, updates_tx.clone()));
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
     let mut tick = tokio::time::interval(Duration::from_millis(200));
+    let mut failed_draws = 0;
     loop {
-        print_scrollback(terminal, app, theme)?;
         let now = Instant::now();
-        terminal.draw(|frame| render::draw(frame, app, theme, now))?;
+        let drawn = print_scrollback(terminal, app, theme).and_then(|()| {
+            terminal
+                .draw(|frame| render::draw(frame, app, theme, now))
+                .map(drop)
+        });
+        match drawn {
+            Ok(()) => failed_draws = 0,
+            // A resized inline viewport reads the cursor position, and the answer can be lost
+            // to the key reader: try again on the next tick, give up only when it persists.
+            Err(e) if failed_draws < 25 => {
+                failed_draws += 1;
+                app.notice = Some(format!("redrawing failed ({e}); retrying"));
+            }
+            Err(e) => return Err(RunError::Terminal(e)),
+        }
         tokio::select! {
             key = keys.next() => match key {
                 Some(Ok(Event::Key(key))) => {
@@ -165,11 +207,21 @@ async fn event_loop(
                     }
                 }
                 Some(Ok(Event::Paste(text))) => app.on_paste(&text),
+                Some(Ok(Event::Resize(..))) => {
+                    // Let the resize's cursor query reach the terminal, not the key reader.
+                    drop(keys);
+                    let resized = terminal.autoresize();
+                    keys = EventStream::new();
+                    if let Err(e) = resized {
+                        app.notice = Some(format!("resizing failed ({e})"));
+                    }
+                }
                 Some(Ok(_)) => {}
                 Some(Err(e)) => return Err(RunError::Terminal(e)),
                 None => return Ok(()),
             },
-            update = next_update(&mut events) => match update {
+            Some((from, update)) = updates.recv() => match update {
+                _ if from != number => {}
                 Some(LinkUpdate::Event(event)) => {
                     if let EventPayload::TurnSettled(s) = &event.event {
                         let link = link.clone();
@@ -194,12 +246,8 @@ async fn event_loop(
                 }
                 Some(LinkUpdate::Closed(why)) => {
                     app.error(format!("lost the session: {why}"));
-                    events = None;
                 }
-                None => {
-                    app.error("the session's event stream ended");
-                    events = None;
-                }
+                None => app.error("the session's event stream ended"),
             },
             done = done_rx.recv() => match done {
                 Some(Done::Admitted(admission)) => app.admitted(&admission),
@@ -216,7 +264,8 @@ async fn event_loop(
                     app.input = input;
                     app.load_snapshot(&opened.snapshot, &opened.running_events, true, Instant::now());
                     app.say(format!("now in session {}", short(&app.session.session_id)));
-                    events = Some(new_events);
+                    number += 1;
+                    _pumping = AbortOnDrop(pump(new_events, number, updates_tx.clone()));
                 }
                 None => {}
             },
