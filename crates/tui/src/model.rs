@@ -367,9 +367,21 @@ impl App {
             let blocks = transcript_blocks(messages);
             self.scrollback.extend(blocks);
         }
-        self.turn = None;
+        let same_turn = match (&self.turn, started) {
+            (Some(turn), Some(started)) => turn.admission_id == started.admission_id,
+            _ => false,
+        };
+        if !print_transcript && !same_turn {
+            // The turn shown ended while the stream could not follow: keep what it showed.
+            self.flush_turn(Some(true));
+        }
+        if !same_turn {
+            self.turn = None;
+        }
         self.prompt = None;
-        if let Some(started) = started {
+        if same_turn && !print_transcript {
+            // The same turn runs on: what it showed stays.
+        } else if let Some(started) = started {
             if print_transcript {
                 self.scrollback.push(Block::User(started.text.clone()));
             }
