@@ -4,6 +4,7 @@
 //! [`drover_jobs`].
 
 mod broker;
+mod chat;
 mod client;
 mod commands;
 mod job;
@@ -24,8 +25,9 @@ struct Cli {
     /// The drover home (default: $DROVER_HOME, else ~/.drover).
     #[arg(long, global = true, value_name = "DIR")]
     home: Option<PathBuf>,
+    /// Without a command, on a terminal: `drover chat`.
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
 }
 
 #[derive(Subcommand)]
@@ -38,6 +40,11 @@ enum Command {
     },
     /// Submit a prompt to a session and stream the answer (starts the daemon if needed).
     Run(commands::RunArgs),
+    /// The interactive client: chat with a session (a new one, `-c` the most recent, or
+    /// `--session ID`).
+    Chat(chat::ChatArgs),
+    /// Reopen a session in the interactive client, with its running turn.
+    Attach(chat::AttachArgs),
     /// Ask the home's daemon to stop (as SIGTERM does) and wait for it to exit.
     Stop,
     /// List sessions.
@@ -82,7 +89,16 @@ fn main() -> ExitCode {
         }
     };
     let home = drover_owner::home::resolve_home(cli.home.as_deref());
-    let exit = match cli.command {
+    let Some(command) = cli.command else {
+        if chat::on_a_terminal() {
+            return commands::block_on(chat::chat(home, chat::ChatArgs::default())).into();
+        }
+        let _ = <Cli as clap::CommandFactory>::command().print_help();
+        return Exit::Failed.into();
+    };
+    let exit = match command {
+        Command::Chat(args) => commands::block_on(chat::chat(home, args)),
+        Command::Attach(args) => commands::block_on(chat::attach(home, args)),
         Command::Daemon { .. } => drover_owner::run_daemon(&home),
         Command::Worker => drover_worker::main_entry(),
         Command::Run(args) => commands::block_on(commands::run(home, args)),

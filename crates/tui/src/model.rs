@@ -98,7 +98,8 @@ impl ToolBlock {
     }
 
     fn set_output(&mut self, result: &str) {
-        let lines: Vec<&str> = result.trim_end().lines().collect();
+        let shown = shown_output(result);
+        let lines: Vec<&str> = shown.trim_end().lines().collect();
         self.output = lines
             .iter()
             .take(OUTPUT_LINES)
@@ -969,6 +970,33 @@ impl App {
     }
 }
 
+/// What of a tool's result a person reads: tools answer JSON such as `{"output", "exit_code",
+/// "error"}` (`terminal`); the output text is shown, with a nonzero exit code or an error after
+/// it. Any other result is shown as it is.
+fn shown_output(result: &str) -> String {
+    let Ok(Value::Object(map)) = serde_json::from_str::<Value>(result) else {
+        return result.to_string();
+    };
+    let text = ["output", "content", "result", "answer"]
+        .iter()
+        .find_map(|k| map.get(*k).and_then(Value::as_str));
+    let mut shown = match text {
+        Some(t) => t.trim_end().to_string(),
+        None => return result.to_string(),
+    };
+    if let Some(code) = map
+        .get("exit_code")
+        .and_then(Value::as_i64)
+        .filter(|c| *c != 0)
+    {
+        shown.push_str(&format!("\n(exit code {code})"));
+    }
+    if let Some(error) = map.get("error").and_then(Value::as_str) {
+        shown.push_str(&format!("\nerror: {error}"));
+    }
+    shown
+}
+
 fn item_block(item: TurnItem) -> Block {
     match item {
         TurnItem::Text(t) => Block::Assistant(t),
@@ -1330,7 +1358,11 @@ pub(crate) mod tests {
         // The text before the first tool is finished once the tool follows it.
         assert_eq!(app.drain_scrollback(), []);
         app.on_event(
-            &tool_done("c1", "a\nb\nc\nd\ne", false),
+            &tool_done(
+                "c1",
+                r#"{"output": "a\nb\nc\nd\ne\n", "exit_code": 2, "error": null}"#,
+                false,
+            ),
             t0 + Duration::from_secs(2),
         );
         let out = app.drain_scrollback();
@@ -1341,7 +1373,7 @@ pub(crate) mod tests {
         };
         assert_eq!(tool.status, ToolStatus::Done(Some(Duration::from_secs(2))));
         assert_eq!(tool.output, ["a", "b", "c"]);
-        assert_eq!(tool.more_lines, 2);
+        assert_eq!(tool.more_lines, 3, "d, e and the exit code");
         let turn = app.turn.as_ref().unwrap();
         assert!(
             matches!(&turn.items[0], TurnItem::Tool(b) if matches!(b.status, ToolStatus::Running(_)))
