@@ -448,24 +448,19 @@ pub fn draw(frame: &mut Frame<'_>, app: &App, theme: Theme, now: Instant) {
     let room = status_row.saturating_sub(bottom.len());
     let turn = wrap(turn_lines(app, theme, now), width);
     let shown: Vec<Line<'static>> = turn[turn.len().saturating_sub(room)..].to_vec();
-    let top = room - shown.len();
-    let mut all = vec![Line::default(); top];
-    all.extend(shown);
+    // Top-aligned: the live part follows the scrollback directly, the status line last.
+    let mut all = shown;
     let bottom_start = all.len();
     all.extend(bottom);
     all.truncate(status_row);
+    let status_y = u16::try_from(all.len()).unwrap_or(0);
     frame.render_widget(
         Paragraph::new(all),
         Rect::new(area.x, area.y, area.width, area.height.saturating_sub(1)),
     );
     frame.render_widget(
         Paragraph::new(Line::styled(status_line(app, now), theme.status())),
-        Rect::new(
-            area.x,
-            area.y + area.height.saturating_sub(1),
-            area.width,
-            1,
-        ),
+        Rect::new(area.x, area.y + status_y, area.width, 1),
     );
     if app.prompt.is_none() {
         if let Some((row, col)) = cursor {
