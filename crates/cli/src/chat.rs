@@ -408,6 +408,26 @@ async fn watch_children(
             let Ok(mut stream) = client.attach(&child).await else {
                 continue;
             };
+            // What the child did before the attach, then the stream from there on.
+            let snapshot = stream.snapshot().clone();
+            let mut after = 0;
+            while after < snapshot.last_sequence {
+                let Ok(page) = client
+                    .events_since(&child, Some(&snapshot.replay_epoch), after, None)
+                    .await
+                else {
+                    break;
+                };
+                for event in page.events {
+                    if event.seq.is_some_and(|s| s <= snapshot.last_sequence) {
+                        let _ = tx.send(LinkUpdate::ChildEvent(child.clone(), event));
+                    }
+                }
+                if !page.has_more || page.last_sequence <= after {
+                    break;
+                }
+                after = page.last_sequence;
+            }
             let tx = tx.clone();
             let on = on.clone();
             tokio::spawn(async move {

@@ -1,6 +1,7 @@
 //! `drover`: the single binary (SPEC section 8). It only wires the crates together:
 //! `daemon` runs [`drover_owner`], `worker` runs [`drover_worker`], `run`, `sessions` and
-//! `stop` are clients of the home's daemon, and `job`, `runner` and `loop` drive
+//! `stop` are clients of the home's daemon, `chat` and `attach` (and `drover` alone on a
+//! terminal) run [`drover_tui`], and `job`, `runner` and `loop` drive
 //! [`drover_jobs`].
 
 mod broker;

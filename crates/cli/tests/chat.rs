@@ -452,6 +452,53 @@ async fn a_killed_owner_leaves_the_turn_unknown_and_the_client_resolves_and_goes
 }
 
 #[tokio::test]
+async fn a_delegated_child_shows_its_tool_calls_nested_under_delegate_task() {
+    let (model, home, scratch) = setup().await;
+    home.write_model_config(
+        &model.base_url(),
+        true,
+        "[toolsets]\ndefault = [\"terminal\", \"delegation\"]\n",
+    )
+    .unwrap();
+    let _daemon = KillDaemonOnDrop(home.path());
+    let gate = Gate::new();
+    let held = Reply::text("child counted 42").gated(&gate);
+    model.set_responder(move |request| {
+        let messages = request["messages"].as_array().cloned().unwrap_or_default();
+        let first_user = messages
+            .iter()
+            .find(|m| m["role"] == "user")
+            .and_then(|m| m["content"].as_str())
+            .unwrap_or_default()
+            .to_string();
+        let after_tool = messages.last().is_some_and(|m| m["role"] == "tool");
+        match (first_user.starts_with("CHILD-GOAL"), after_tool) {
+            (true, false) => Reply::tool_call(
+                "k1",
+                "terminal",
+                json!({"command": "echo child-tool-output"}),
+            ),
+            (true, true) => held.clone(),
+            (false, false) => Reply::tool_call(
+                "d1",
+                "delegate_task",
+                json!({"goal": "CHILD-GOAL: count to 42"}),
+            ),
+            (false, true) => Reply::text("The child says 42."),
+        }
+    });
+    let pane = Pane::start(home.path(), scratch.path(), &["chat"]);
+    pane.wait_for("· idle ·").await;
+    pane.send("delegate the counting");
+    let screen = pane.wait_for("│ child-tool-output").await;
+    assert!(screen.contains("● delegate_task"), "{screen}");
+    assert!(screen.contains("↳ child agent"), "{screen}");
+    gate.open();
+    let screen = pane.wait_for("The child says 42.").await;
+    assert!(screen.contains("✓ delegate_task"), "{screen}");
+}
+
+#[tokio::test]
 async fn chat_without_a_terminal_refuses_and_points_at_run() {
     let (_model, home, scratch) = setup().await;
     let out = drover_test_support::harness::run_drover(

@@ -1605,6 +1605,30 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_delegated_child_shows_its_tool_calls_nested_under_delegate_task() {
+        let t0 = Instant::now();
+        let mut app = app();
+        app.on_event(&started("a1"), t0);
+        app.on_event(&tool_start("d1", "delegate_task", "count the files"), t0);
+        app.on_child_event("child-1", &tool_start("k1", "terminal", "ls | wc -l"), t0);
+        app.on_child_event("child-1", &tool_done("k1", "42", false), t0);
+        app.on_child_event("child-1", &settled("c", TurnEnd::Completed), t0);
+        let turn = app.turn.as_ref().unwrap();
+        let TurnItem::Tool(parent) = &turn.items[0] else {
+            panic!()
+        };
+        assert_eq!(parent.children.len(), 1);
+        let child = &parent.children[0];
+        assert!(child.done);
+        assert_eq!(child.tools[0].output, ["42"]);
+        let lines = crate::render::tool_lines(parent, crate::Theme { color: false }, t0, 0);
+        let text = crate::markdown::plain(&lines).join("\n");
+        assert!(text.contains("  ↳ child agent child-1 (done)"), "{text}");
+        assert!(text.contains("    ✓ terminal  ls | wc -l"), "{text}");
+        assert!(text.contains("      │ 42"), "{text}");
+    }
+
+    #[test]
     fn a_snapshot_rebuilds_the_running_turn_its_prompt_and_queue() {
         let snapshot: SessionSnapshot = serde_json::from_value(serde_json::json!({
             "session_id": "s1",
