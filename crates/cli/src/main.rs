@@ -1,16 +1,17 @@
 //! `drover`: the single binary (SPEC section 8). It only wires the crates together:
-//! `daemon` runs [`drover_owner`], `worker` runs [`drover_worker`], `run`, `sessions` and
-//! `stop` are clients of the home's daemon, `chat` and `attach` (and `drover` alone on a
-//! terminal) run [`drover_tui`], and `job`, `runner` and `loop` drive
-//! [`drover_jobs`].
+//! `daemon` runs [`drover_owner`], `worker` runs [`drover_worker`], `run`, `sessions`,
+//! `approvals` and `stop` are clients of the home's daemon through [`drover_client`], `chat`
+//! and `attach` (and `drover` alone on a terminal) run [`drover_tui`] on it, and `job`,
+//! `runner` and `loop` drive [`drover_jobs`].
 
 mod broker;
 mod chat;
-mod client;
 mod commands;
 mod job;
 mod protocol_cmd;
+mod run;
 mod runner;
+mod spinner;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -40,7 +41,7 @@ enum Command {
         started_by_client: bool,
     },
     /// Submit a prompt to a session and stream the answer (starts the daemon if needed).
-    Run(commands::RunArgs),
+    Run(run::RunArgs),
     /// The interactive client: chat with a session (a new one, `-c` the most recent, or
     /// `--session ID`).
     Chat(chat::ChatArgs),
@@ -102,7 +103,7 @@ fn main() -> ExitCode {
         Command::Attach(args) => commands::block_on(chat::attach(home, args)),
         Command::Daemon { .. } => drover_owner::run_daemon(&home),
         Command::Worker => drover_worker::main_entry(),
-        Command::Run(args) => commands::block_on(commands::run(home, args)),
+        Command::Run(args) => commands::block_on(run::run(home, args)),
         Command::Stop => commands::block_on(commands::stop(home)),
         Command::Sessions { json } => commands::block_on(commands::sessions(home, json)),
         Command::Approvals { command } => commands::block_on(commands::approvals(home, command)),

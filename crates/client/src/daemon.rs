@@ -39,7 +39,7 @@ pub enum StartDaemon {
     },
 }
 
-/// How [`crate::Client::connect`] finds the daemon and how long it keeps trying.
+/// How `Client::connect` finds the daemon and how long it keeps trying.
 #[derive(Debug, Clone)]
 pub struct ConnectOptions {
     /// The drover home.
@@ -345,7 +345,16 @@ fn spawn(program: &Path, home: &Path) -> Result<Spawned, ClientError> {
             why: format!("cannot create {}: {e}", logs.display()),
         })?;
     let log = logs.join(START_LOG);
-    let stderr = std::fs::File::create(&log).map_err(|e| ClientError::DaemonStart {
+    let stderr = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&log)
+    }
+    .map_err(|e| ClientError::DaemonStart {
         home: home.display().to_string(),
         why: format!("cannot create {}: {e}", log.display()),
     })?;

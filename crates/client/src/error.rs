@@ -7,7 +7,7 @@ use drover_protocol::RpcError;
 /// raw WebSocket message.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ClientError {
-    /// [`crate::StartDaemon::Never`] and no daemon runs for the home.
+    /// `StartDaemon::Never` and no daemon runs for the home.
     #[error("the daemon for {home} is not running (start it with `drover --home {home} daemon`, or run a command that starts it)")]
     NotRunning {
         /// The home.

@@ -23,7 +23,7 @@ use tokio_tungstenite::tungstenite::Message;
 use crate::daemon::{find_or_start, ClientSettings, ConnectOptions, Ws};
 use crate::error::{at, ClientError};
 
-/// What happened to the connection, as a [`crate::SessionStream`] reports it.
+/// What happened to the connection, as a `SessionStream` reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ConnectionChange {
     /// The connection dropped; the client is reconnecting.
@@ -205,10 +205,7 @@ impl Link {
 
 /// Reads the `result` of `method` as `R`; one that does not parse names the method and the
 /// place in it.
-pub(crate) fn parse_result<R: DeserializeOwned>(
-    method: &str,
-    result: Value,
-) -> Result<R, ClientError> {
+pub fn parse_result<R: DeserializeOwned>(method: &str, result: Value) -> Result<R, ClientError> {
     serde_path_to_error::deserialize(result).map_err(|e| ClientError::BadAnswer {
         what: method.to_string(),
         kind: "result",
@@ -270,7 +267,7 @@ struct Pending {
 }
 
 /// The connection's state inside the task.
-struct Session {
+struct Connection {
     ws: Ws,
     info: DaemonInfo,
     next_id: u64,
@@ -278,7 +275,7 @@ struct Session {
     attached: BTreeSet<String>,
 }
 
-impl Session {
+impl Connection {
     fn encode(&mut self, request: &ClientRequest) -> (u64, String) {
         let id = self.next_id;
         self.next_id += 1;
@@ -450,7 +447,7 @@ async fn run(
     mut calls: mpsc::UnboundedReceiver<Call>,
     shared: Arc<Shared>,
 ) {
-    let mut session = Session {
+    let mut conn = Connection {
         ws,
         info,
         next_id: 1,
@@ -458,20 +455,20 @@ async fn run(
         attached: BTreeSet::new(),
     };
     loop {
-        let Some(why) = session.serve(&mut calls, &shared).await else {
+        let Some(why) = conn.serve(&mut calls, &shared).await else {
             return;
         };
         tracing::debug!(why, "lost the daemon");
-        for (_, p) in session.pending.drain() {
+        for (_, p) in conn.pending.drain() {
             let _ = p
                 .reply
                 .send(Err(ClientError::ConnectionLost { method: p.method }));
         }
         shared.send_all(|| Feed::Connection(ConnectionChange::Lost { why: why.clone() }));
-        match reconnect(&mut session, &shared).await {
+        match reconnect(&mut conn, &shared).await {
             Ok(restarted) => {
-                let epoch = session.info.epoch;
-                *lock(&shared.info) = session.info.clone();
+                let epoch = conn.info.epoch;
+                *lock(&shared.info) = conn.info.clone();
                 shared.send_all(|| {
                     Feed::Connection(ConnectionChange::Reconnected { restarted, epoch })
                 });
@@ -491,11 +488,11 @@ async fn run(
 
 /// Backs off, finds (or starts) the daemon again and re-attaches every attached session.
 /// `Ok(restarted)`: whether another daemon instance answers now.
-async fn reconnect(session: &mut Session, shared: &Shared) -> Result<bool, ClientError> {
+async fn reconnect(conn: &mut Connection, shared: &Shared) -> Result<bool, ClientError> {
     let options = &shared.options;
     let deadline = Instant::now() + options.reconnect_for;
     let mut delay = Duration::from_millis(50);
-    let old_instance = session.info.instance_id.clone();
+    let old_instance = conn.info.instance_id.clone();
     loop {
         let why;
         let attempt = (Instant::now() + Duration::from_secs(15)).min(deadline);
@@ -508,10 +505,10 @@ async fn reconnect(session: &mut Session, shared: &Shared) -> Result<bool, Clien
         .await
         {
             Ok((info, ws)) => {
-                session.ws = ws;
-                session.info = info;
-                match reattach(session, shared).await {
-                    Ok(()) => return Ok(session.info.instance_id != old_instance),
+                conn.ws = ws;
+                conn.info = info;
+                match reattach(conn, shared).await {
+                    Ok(()) => return Ok(conn.info.instance_id != old_instance),
                     Err(e) => why = e,
                 }
             }
@@ -533,18 +530,18 @@ async fn reconnect(session: &mut Session, shared: &Shared) -> Result<bool, Clien
 
 /// `session.resume` of every attached session on the new connection, so its events come
 /// here again and it may be submitted to. A session the daemon no longer knows is dropped.
-async fn reattach(session: &mut Session, shared: &Shared) -> Result<(), String> {
-    let ids: Vec<String> = session.attached.iter().cloned().collect();
+async fn reattach(conn: &mut Connection, shared: &Shared) -> Result<(), String> {
+    let ids: Vec<String> = conn.attached.iter().cloned().collect();
     for id in ids {
         let resume = ClientRequest::SessionResume(drover_protocol::client::SessionRef {
             session_id: id.clone(),
         });
-        if let Err(e) = session
+        if let Err(e) = conn
             .direct(&resume, shared, shared.options.call_timeout)
             .await?
         {
             tracing::warn!(session_id = %id, error = %e, "cannot re-attach the session");
-            session.attached.remove(&id);
+            conn.attached.remove(&id);
         }
     }
     Ok(())

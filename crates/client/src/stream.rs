@@ -26,7 +26,7 @@ pub enum Update {
     Snapshot(SessionSnapshot),
 }
 
-/// An attached session's updates; made by [`crate::Client::attach`].
+/// An attached session's updates; made by `Client::attach`.
 pub struct SessionStream {
     link: Link,
     session_id: String,
