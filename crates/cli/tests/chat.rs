@@ -512,4 +512,15 @@ async fn chat_without_a_terminal_refuses_and_points_at_run() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("drover run"), "{stderr}");
     assert!(daemon_info(home.path()).is_none(), "no daemon was started");
+    // `drover` alone opens the chat only on a terminal; elsewhere it prints the help.
+    let out =
+        drover_test_support::harness::run_drover(bin(), home.path(), Some(scratch.path()), &[])
+            .await;
+    assert_eq!(out.status.code(), Some(1));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("Usage:") && stdout.contains("chat"),
+        "{stdout}"
+    );
+    assert!(daemon_info(home.path()).is_none(), "no daemon was started");
 }
