@@ -24,7 +24,21 @@
 //! `link`.
 //!
 //! What this crate does not do: speak WebSocket or find the daemon (the `drover` binary
-//! implements [`Link`] over `drover_client`).
+//! implements [`Link`] over `drover_client`). `examples/scripted.rs` runs the client against a
+//! scripted [`Link`] with no daemon: `cargo run -p drover-tui --example scripted`.
+//!
+//! ```
+//! use std::time::Instant;
+//! use drover_tui::model::{App, SessionHeader};
+//! use drover_tui::render::block_lines;
+//! use drover_tui::Theme;
+//!
+//! let mut app = App::new(SessionHeader::default());
+//! app.say("hello");
+//! let block = &app.drain_scrollback()[0];
+//! let lines = block_lines(block, Theme { color: false }, Instant::now());
+//! assert_eq!(lines[0].to_string(), "· hello");
+//! ```
 
 pub mod commands;
 pub mod input;

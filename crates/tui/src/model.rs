@@ -1185,7 +1185,7 @@ pub fn transcript_blocks(messages: &[TranscriptMessage]) -> Vec<Block> {
                     blocks.push(Block::Assistant(text.to_string()));
                 }
                 for call in m.tool_calls.iter().flatten() {
-                    let context = call_context(&call.function.name, &call.function.arguments);
+                    let context = call_context(&call.function.arguments);
                     blocks.push(Block::Tool(ToolBlock::new(
                         &call.id,
                         &call.function.name,
@@ -1210,7 +1210,7 @@ pub fn transcript_blocks(messages: &[TranscriptMessage]) -> Vec<Block> {
 }
 
 /// A one-line preview of a call's arguments, as `tool.start` `context` gives it.
-fn call_context(name: &str, arguments: &str) -> String {
+fn call_context(arguments: &str) -> String {
     let value: Value = serde_json::from_str(arguments).unwrap_or(Value::String(arguments.into()));
     let text = ["command", "path", "goal", "question", "query"]
         .iter()
@@ -1219,7 +1219,6 @@ fn call_context(name: &str, arguments: &str) -> String {
             Value::String(s) => s.clone(),
             other => other.to_string(),
         });
-    let _ = name;
     let line = text.lines().next().unwrap_or_default();
     if line.chars().count() > 80 {
         let cut: String = line.chars().take(79).collect();
