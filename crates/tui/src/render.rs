@@ -422,7 +422,11 @@ pub fn draw(frame: &mut Frame<'_>, app: &App, theme: Theme, now: Instant) {
         bottom.push(Line::raw(format!("{mark}{l}")));
     }
     if app.input.is_empty() {
-        let hint = if app.turn.is_some() {
+        let hint = if app.prompt.as_ref().is_some_and(|p| !p.sent) {
+            "answer the question above · Ctrl-C interrupts the turn"
+        } else if app.unknown.is_some() && app.turn.is_none() {
+            "press r to resolve the lost turn and go on, v to view it"
+        } else if app.turn.is_some() {
             "type to queue the next input · Ctrl-C interrupts"
         } else {
             "Enter sends · Alt+Enter new line · /help"
