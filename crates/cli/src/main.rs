@@ -1,10 +1,12 @@
 //! `drover`: the single binary (SPEC section 8). It only wires the crates together:
 //! `daemon` runs [`drover_owner`], `worker` runs [`drover_worker`], `run`, `sessions`,
-//! `approvals` and `stop` are clients of the home's daemon through [`drover_client`], and
-//! `job`, `runner` and `loop` drive [`drover_jobs`]. `completions` and `man` are generated
-//! from [`Cli`] itself.
+//! `approvals` and `stop` are clients of the home's daemon through [`drover_client`], `chat`
+//! and `attach` (and `drover` alone on a terminal) run [`drover_tui`] on it, and `job`,
+//! `runner` and `loop` drive [`drover_jobs`]. `completions` and `man` are generated from
+//! [`Cli`] itself.
 
 mod broker;
+mod chat;
 mod commands;
 mod completions;
 mod job;
@@ -27,8 +29,9 @@ struct Cli {
     /// The drover home (default: $DROVER_HOME, else ~/.drover).
     #[arg(long, global = true, value_name = "DIR")]
     home: Option<PathBuf>,
+    /// Without a command, on a terminal: `drover chat`.
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
 }
 
 #[derive(Subcommand)]
@@ -42,6 +45,11 @@ enum Command {
     },
     /// Submit a prompt to a session and stream the answer (starts the daemon if needed).
     Run(run::RunArgs),
+    /// The interactive client: chat with a session (a new one, `-c` the most recent, or
+    /// `--session ID`).
+    Chat(chat::ChatArgs),
+    /// Reopen a session in the interactive client, with its running turn.
+    Attach(chat::AttachArgs),
     /// Ask the home's daemon to stop (as SIGTERM does) and wait for it to exit.
     Stop,
     /// List sessions.
@@ -99,7 +107,16 @@ fn main() -> ExitCode {
         }
     };
     let home = drover_owner::home::resolve_home(cli.home.as_deref());
-    let exit = match cli.command {
+    let Some(command) = cli.command else {
+        if chat::on_a_terminal() {
+            return commands::block_on(chat::chat(home, chat::ChatArgs::default())).into();
+        }
+        let _ = <Cli as clap::CommandFactory>::command().print_help();
+        return Exit::Failed.into();
+    };
+    let exit = match command {
+        Command::Chat(args) => commands::block_on(chat::chat(home, args)),
+        Command::Attach(args) => commands::block_on(chat::attach(home, args)),
         Command::Daemon { started_by_client } => {
             let lifetime = if started_by_client {
                 drover_owner::daemon::Lifetime::StartedByClient

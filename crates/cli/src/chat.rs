@@ -1,0 +1,452 @@
+//! `drover chat` and `drover attach` (SPEC section 8): the interactive client of
+//! [`drover_tui`], linked to the daemon through [`drover_client`]. This module implements the
+//! TUI's [`Link`] and [`Events`] over a [`Client`], and follows the child agents of a running
+//! `delegate_task` so their tool calls show nested under it.
+
+use std::collections::HashSet;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Result;
+use async_trait::async_trait;
+use clap::Args;
+use drover_client::{Client, ClientError, ConnectOptions, ConnectionChange, StartDaemon, Update};
+use drover_protocol::client::{
+    AdmissionStatus, ApprovalChoice, ApprovalRule, ApprovalRules, ClarifyAnswer, NoParams,
+    SessionCreateParams, SessionSnapshot, SessionSummary,
+};
+use drover_protocol::event::{EventPayload, SessionEvent};
+use drover_protocol::ClientRequest;
+use drover_tui::{Events, Link, LinkError, LinkUpdate, Opened, Target, Theme};
+use tokio::sync::mpsc;
+
+use crate::Exit;
+
+/// `drover chat` arguments.
+#[derive(Args, Debug, Default)]
+pub struct ChatArgs {
+    /// Continue the home's most recent session.
+    #[arg(short = 'c', long = "continue", conflicts_with = "session")]
+    continue_: bool,
+    /// Open this session (an id or a unique prefix).
+    #[arg(long, value_name = "ID")]
+    session: Option<String>,
+}
+
+/// `drover attach` arguments.
+#[derive(Args, Debug)]
+pub struct AttachArgs {
+    /// The session: an id or a unique prefix.
+    session: String,
+}
+
+impl ChatArgs {
+    fn target(&self) -> Target {
+        match (&self.session, self.continue_) {
+            (Some(id), _) => Target::Session(id.clone()),
+            (None, true) => Target::Continue,
+            (None, false) => Target::New,
+        }
+    }
+}
+
+/// Whether stdin and stdout are both terminals (`drover` alone then opens the chat).
+pub fn on_a_terminal() -> bool {
+    std::io::stdin().is_terminal() && std::io::stdout().is_terminal()
+}
+
+/// `drover chat`.
+pub async fn chat(home: PathBuf, args: ChatArgs) -> Result<Exit> {
+    open(home, args.target()).await
+}
+
+/// `drover attach ID`.
+pub async fn attach(home: PathBuf, args: AttachArgs) -> Result<Exit> {
+    if !home.is_dir() {
+        eprintln!(
+            "drover: there is no drover home at {} (nothing to attach to)",
+            home.display()
+        );
+        return Ok(Exit::Failed);
+    }
+    open(home, Target::Session(args.session)).await
+}
+
+async fn open(home: PathBuf, target: Target) -> Result<Exit> {
+    if !on_a_terminal() {
+        eprintln!(
+            "drover: chat needs a terminal (stdin and stdout); from a script use `drover run PROMPT` (or `drover run -` to read it from stdin)"
+        );
+        return Ok(Exit::Failed);
+    }
+    let program = std::env::current_exe()?;
+    let client =
+        match Client::connect(ConnectOptions::new(&home, StartDaemon::Spawn { program })).await {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("drover: {e}");
+                return Ok(Exit::Failed);
+            }
+        };
+    if let Some(mismatch) = client.api_key_mismatch() {
+        eprintln!("drover: {mismatch}");
+    }
+    let cwd = std::env::current_dir()?.display().to_string();
+    let link = Arc::new(ClientLink { client, cwd });
+    match drover_tui::run(link, target, Theme::from_env()).await {
+        Ok(_) => Ok(Exit::Ok),
+        Err(e) => {
+            eprintln!("drover: {e}");
+            Ok(Exit::Failed)
+        }
+    }
+}
+
+/// The TUI's [`Link`] over a [`Client`].
+struct ClientLink {
+    client: Client,
+    /// The working directory new sessions get.
+    cwd: String,
+}
+
+fn words(e: ClientError) -> LinkError {
+    LinkError(e.to_string())
+}
+
+#[async_trait]
+impl Link for ClientLink {
+    async fn open(&self, target: Target) -> Result<(Opened, Box<dyn Events>), LinkError> {
+        let session_id = match target {
+            Target::New => self.create().await?,
+            Target::Continue => match self.client.most_recent_session().await {
+                Ok(s) => s.session_id,
+                Err(ClientError::NoSessions { .. }) => self.create().await?,
+                Err(e) => return Err(words(e)),
+            },
+            Target::Session(prefix) => {
+                self.client
+                    .resolve_session(&prefix)
+                    .await
+                    .map_err(words)?
+                    .session_id
+            }
+        };
+        let stream = self.client.attach(&session_id).await.map_err(words)?;
+        let snapshot = stream.snapshot().clone();
+        let running_events = self.running_events(&snapshot).await?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let pump = tokio::spawn(pump(self.client.clone(), session_id, stream, tx));
+        let events = ClientEvents { rx, pump };
+        Ok((
+            Opened {
+                snapshot,
+                running_events,
+            },
+            Box::new(events),
+        ))
+    }
+
+    async fn submit(&self, session_id: &str, text: &str) -> Result<String, LinkError> {
+        let receipt = self.client.submit(session_id, text).await.map_err(words)?;
+        Ok(receipt.admission_id)
+    }
+
+    async fn interrupt(&self, session_id: &str, generation: u64) -> Result<(), LinkError> {
+        self.client
+            .interrupt(session_id, generation)
+            .await
+            .map(drop)
+            .map_err(words)
+    }
+
+    async fn approve(
+        &self,
+        session_id: &str,
+        prompt_id: &str,
+        generation: u64,
+        choice: ApprovalChoice,
+    ) -> Result<(), LinkError> {
+        self.client
+            .respond_approval(session_id, generation, prompt_id, choice)
+            .await
+            .map(drop)
+            .map_err(words)
+    }
+
+    async fn clarify(
+        &self,
+        session_id: &str,
+        prompt_id: &str,
+        generation: u64,
+        answer: ClarifyAnswer,
+    ) -> Result<(), LinkError> {
+        self.client
+            .respond_clarify(session_id, generation, prompt_id, answer)
+            .await
+            .map(drop)
+            .map_err(words)
+    }
+
+    async fn resolve_unknown(&self, session_id: &str, admission_id: &str) -> Result<(), LinkError> {
+        self.client
+            .resolve_unknown(session_id, admission_id)
+            .await
+            .map(drop)
+            .map_err(words)
+    }
+
+    async fn turn_tokens(&self, session_id: &str, admission_id: &str) -> Result<u64, LinkError> {
+        let receipt = self
+            .client
+            .receipt(session_id, admission_id, true)
+            .await
+            .map_err(words)?;
+        Ok(receipt.usage.map_or(0, |u| u.total_tokens))
+    }
+
+    async fn sessions(&self) -> Result<Vec<SessionSummary>, LinkError> {
+        let mut all = self.client.all_sessions().await.map_err(words)?;
+        all.retain(|s| s.parent_session_id.is_none());
+        all.sort_by(|a, b| b.started_at.total_cmp(&a.started_at));
+        Ok(all)
+    }
+
+    async fn approvals(&self) -> Result<Vec<ApprovalRule>, LinkError> {
+        let rules: ApprovalRules = self
+            .client
+            .request(ClientRequest::ApprovalsList(NoParams {}))
+            .await
+            .map_err(words)?;
+        Ok(rules.rules)
+    }
+
+    async fn rename(&self, session_id: &str, title: &str) -> Result<(), LinkError> {
+        let _ = (session_id, title);
+        Err(LinkError(
+            "this daemon cannot rename sessions yet (`drover rename` comes with session.rename)"
+                .into(),
+        ))
+    }
+}
+
+impl ClientLink {
+    async fn create(&self) -> Result<String, LinkError> {
+        let snapshot = self
+            .client
+            .create_session(SessionCreateParams {
+                request_id: uuid::Uuid::new_v4().to_string(),
+                cwd: Some(self.cwd.clone()),
+                model: None,
+                base_url: None,
+                api_key: None,
+                toolsets: None,
+                system_prompt: None,
+                title: None,
+                source: None,
+            })
+            .await
+            .map_err(words)?;
+        Ok(snapshot.session_id)
+    }
+
+    /// The stored events of the snapshot's running turn, from its `turn.started` up to the
+    /// snapshot (the stream hands out what comes after).
+    async fn running_events(
+        &self,
+        snapshot: &SessionSnapshot,
+    ) -> Result<Vec<SessionEvent>, LinkError> {
+        let Some(started) = snapshot
+            .pending
+            .iter()
+            .find(|p| p.status == AdmissionStatus::Started)
+        else {
+            return Ok(Vec::new());
+        };
+        let mut turn = Vec::new();
+        let mut after = 0;
+        loop {
+            let page = self
+                .client
+                .events_since(
+                    &snapshot.session_id,
+                    Some(&snapshot.replay_epoch),
+                    after,
+                    None,
+                )
+                .await
+                .map_err(words)?;
+            if page.snapshot_required {
+                return Ok(Vec::new());
+            }
+            for event in page.events {
+                if event.seq.is_some_and(|s| s > snapshot.last_sequence) {
+                    return Ok(turn);
+                }
+                if matches!(&event.event, EventPayload::TurnStarted(t) if t.admission_id == started.admission_id)
+                {
+                    turn.clear();
+                }
+                turn.push(event);
+            }
+            if !page.has_more || page.last_sequence <= after {
+                return Ok(turn);
+            }
+            after = page.last_sequence;
+        }
+    }
+}
+
+/// The opened session's stream, with the events of its running turn's child agents merged in.
+/// A task pumps the [`drover_client::SessionStream`] into a channel, so `next` is cancel-safe.
+struct ClientEvents {
+    rx: mpsc::UnboundedReceiver<LinkUpdate>,
+    pump: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for ClientEvents {
+    fn drop(&mut self) {
+        self.pump.abort();
+    }
+}
+
+#[async_trait]
+impl Events for ClientEvents {
+    async fn next(&mut self) -> Option<LinkUpdate> {
+        self.rx.recv().await
+    }
+}
+
+/// Forwards the session's updates, and follows child sessions while a `delegate_task` of the
+/// running turn runs.
+async fn pump(
+    client: Client,
+    session_id: String,
+    mut stream: drover_client::SessionStream,
+    tx: mpsc::UnboundedSender<LinkUpdate>,
+) {
+    let mut watching: Option<Arc<AtomicBool>> = None;
+    while let Some(item) = stream.next().await {
+        let update = match item {
+            Ok(update) => update,
+            Err(e @ ClientError::GaveUp { .. }) => {
+                let _ = tx.send(LinkUpdate::Closed(e.to_string()));
+                break;
+            }
+            // An event this client cannot read is skipped (a newer daemon's type).
+            Err(_) => continue,
+        };
+        let update = match update {
+            Update::Event(event) => {
+                match &event.event {
+                    EventPayload::ToolStart(t)
+                        if t.name == "delegate_task" && watching.is_none() =>
+                    {
+                        let on = Arc::new(AtomicBool::new(true));
+                        watching = Some(on.clone());
+                        tokio::spawn(watch_children(
+                            client.clone(),
+                            session_id.clone(),
+                            on,
+                            tx.clone(),
+                        ));
+                    }
+                    EventPayload::TurnSettled(_) => {
+                        if let Some(on) = watching.take() {
+                            on.store(false, Ordering::Relaxed);
+                        }
+                    }
+                    _ => {}
+                }
+                LinkUpdate::Event(event)
+            }
+            Update::Connection(ConnectionChange::Lost { why }) => LinkUpdate::Lost(why),
+            Update::Connection(ConnectionChange::Reconnected { restarted, .. }) => {
+                LinkUpdate::Reconnected { restarted }
+            }
+            Update::Snapshot(snapshot) => LinkUpdate::Snapshot(snapshot),
+        };
+        if tx.send(update).is_err() {
+            break;
+        }
+    }
+    if let Some(on) = watching {
+        on.store(false, Ordering::Relaxed);
+    }
+}
+
+/// Polls for new child sessions of `parent` while `on`, and forwards each one's events.
+async fn watch_children(
+    client: Client,
+    parent: String,
+    on: Arc<AtomicBool>,
+    tx: mpsc::UnboundedSender<LinkUpdate>,
+) {
+    let children = |all: Vec<SessionSummary>| -> Vec<String> {
+        all.into_iter()
+            .filter(|s| s.parent_session_id.as_deref() == Some(parent.as_str()))
+            .map(|s| s.session_id)
+            .collect()
+    };
+    // The children of earlier turns are done: only new ones are followed.
+    let mut seen: HashSet<String> = match client.all_sessions().await {
+        Ok(all) => children(all).into_iter().collect(),
+        Err(_) => return,
+    };
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    while on.load(Ordering::Relaxed) && !tx.is_closed() {
+        tick.tick().await;
+        let Ok(all) = client.all_sessions().await else {
+            continue;
+        };
+        for child in children(all) {
+            if !seen.insert(child.clone()) {
+                continue;
+            }
+            let Ok(mut stream) = client.attach(&child).await else {
+                continue;
+            };
+            // What the child did before the attach, then the stream from there on.
+            let snapshot = stream.snapshot().clone();
+            let mut after = 0;
+            while after < snapshot.last_sequence {
+                let Ok(page) = client
+                    .events_since(&child, Some(&snapshot.replay_epoch), after, None)
+                    .await
+                else {
+                    break;
+                };
+                for event in page.events {
+                    if event.seq.is_some_and(|s| s <= snapshot.last_sequence) {
+                        let _ = tx.send(LinkUpdate::ChildEvent(child.clone(), event));
+                    }
+                }
+                if !page.has_more || page.last_sequence <= after {
+                    break;
+                }
+                after = page.last_sequence;
+            }
+            let tx = tx.clone();
+            let on = on.clone();
+            tokio::spawn(async move {
+                while let Some(Ok(update)) = stream.next().await {
+                    if let Update::Event(event) = update {
+                        let done = matches!(event.event, EventPayload::TurnSettled(_));
+                        if tx
+                            .send(LinkUpdate::ChildEvent(child.clone(), event))
+                            .is_err()
+                            || done
+                        {
+                            break;
+                        }
+                    }
+                    if !on.load(Ordering::Relaxed) {
+                        break;
+                    }
+                }
+            });
+        }
+    }
+}

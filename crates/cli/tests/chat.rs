@@ -1,0 +1,526 @@
+//! `drover chat` and `drover attach` on a real terminal (issue 12, part 1): each test drives the
+//! interactive client in a pane of a private tmux server (its own `-L` socket, killed on
+//! drop) against the scriptable loopback model, and reads the screen with `capture-pane`.
+//! Every wait polls the screen (or the ledger) with a deadline.
+
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use drover_test_support::harness::{
+    children_of, daemon_info, db_rows, model_home, pid_alive, signal, uuid_like, KillDaemonOnDrop,
+    TestHome,
+};
+use drover_test_support::{Gate, MockModel, Reply};
+use nix::sys::signal::Signal;
+use serde_json::json;
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_drover"))
+}
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// A private tmux server running `drover --home HOME ARGS...` in one pane (in `cwd`, with
+/// `NO_COLOR`); killed on drop.
+struct Pane {
+    socket: String,
+    /// Where the pane's shell writes its pid and drover's exit code.
+    dir: tempfile::TempDir,
+}
+
+impl Pane {
+    fn start(home: &Path, cwd: &Path, args: &[&str]) -> Pane {
+        let socket = format!("drover-chat-{}-{}", std::process::id(), uuid_like());
+        let dir = tempfile::tempdir().unwrap();
+        let quoted: Vec<String> = args
+            .iter()
+            .map(|a| format!("'{}'", a.replace('\'', "'\\''")))
+            .collect();
+        let script = format!(
+            // `trap : INT`: Ctrl-C must reach drover, not end the pane's shell.
+            "trap : INT; echo $$ > '{dir}/shell.pid'; cd '{cwd}'; NO_COLOR=1 '{bin}' --home '{home}' {args}; echo $? > '{dir}/exit-code'; sleep 600",
+            dir = dir.path().display(),
+            cwd = cwd.display(),
+            bin = bin().display(),
+            home = home.display(),
+            args = quoted.join(" "),
+        );
+        let status = Command::new("tmux")
+            .args([
+                "-L",
+                &socket,
+                "-f",
+                "/dev/null",
+                "new-session",
+                "-d",
+                "-x",
+                "110",
+                "-y",
+                "40",
+                "sh",
+                "-c",
+                &script,
+            ])
+            .status()
+            .expect("tmux runs");
+        assert!(status.success(), "tmux new-session failed");
+        Pane { socket, dir }
+    }
+
+    /// The pane's text, its scrollback included.
+    fn screen(&self) -> String {
+        let out = Command::new("tmux")
+            .args(["-L", &self.socket, "capture-pane", "-p", "-J", "-S", "-500"])
+            .output()
+            .expect("capture-pane");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn keys(&self, keys: &[&str]) {
+        let mut args = vec!["-L", self.socket.as_str(), "send-keys"];
+        args.extend_from_slice(keys);
+        assert!(Command::new("tmux").args(&args).status().unwrap().success());
+    }
+
+    /// Types `text` literally, then Enter.
+    fn send(&self, text: &str) {
+        self.keys(&["-l", text]);
+        self.keys(&["Enter"]);
+    }
+
+    /// Waits until the screen holds `text`; returns the screen.
+    async fn wait_for(&self, text: &str) -> String {
+        self.wait_until(text, |s| s.contains(text)).await
+    }
+
+    async fn wait_until(&self, what: &str, cond: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let screen = self.screen();
+            if cond(&screen) {
+                return screen;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what:?} never appeared; screen:\n{screen}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The pid of drover in the pane.
+    fn drover_pid(&self) -> u32 {
+        let shell: u32 = std::fs::read_to_string(self.dir.path().join("shell.pid"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        children_of(shell)
+            .into_iter()
+            .next()
+            .expect("drover runs in the pane")
+    }
+
+    async fn exit_code(&self) -> i32 {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Ok(text) = std::fs::read_to_string(self.dir.path().join("exit-code")) {
+                if let Ok(code) = text.trim().parse() {
+                    return code;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "drover never exited; screen:\n{}",
+                self.screen()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for Pane {
+    fn drop(&mut self) {
+        let _ = Command::new("tmux")
+            .args(["-L", &self.socket, "kill-server"])
+            .status();
+    }
+}
+
+/// A home on the loopback model with the terminal and clarify tools, and a scratch cwd.
+async fn setup() -> (MockModel, TestHome, tempfile::TempDir) {
+    let (model, home) = model_home(true).await.unwrap();
+    home.write_model_config(
+        &model.base_url(),
+        true,
+        "[toolsets]\ndefault = [\"terminal\", \"clarify\"]\n",
+    )
+    .unwrap();
+    let scratch = tempfile::Builder::new()
+        .prefix("drover-chat-")
+        .tempdir()
+        .unwrap();
+    (model, home, scratch)
+}
+
+/// The one session of the home.
+fn only_session(home: &TestHome) -> String {
+    let rows = db_rows(&home.db(), "SELECT id FROM sessions");
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    rows[0][0].as_str().unwrap().to_string()
+}
+
+async fn wait_admission(home: &TestHome, status: &str) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let rows = db_rows(&home.db(), "SELECT status FROM session_admissions");
+        if rows.iter().any(|r| r[0] == status) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "no {status} admission: {rows:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_streamed_answer_is_shown_as_markdown_and_the_status_line_counts_tokens() {
+    let (model, home, scratch) = setup().await;
+    let _daemon = KillDaemonOnDrop(home.path());
+    model.push(Reply::text("Hello, **bold** world.\n\n```\nkeep   this\n```").usage(5, 7, 12));
+    let pane = Pane::start(home.path(), scratch.path(), &["chat"]);
+    pane.wait_for("· idle ·").await;
+    pane.send("say hello");
+    let screen = pane.wait_for("Hello, bold world.").await;
+    assert!(screen.contains("› say hello"), "{screen}");
+    pane.wait_for("keep   this").await;
+    pane.wait_for("12 tokens").await;
+    pane.keys(&["C-d"]);
+    assert_eq!(pane.exit_code().await, 0, "{}", pane.screen());
+}
+
+#[tokio::test]
+async fn a_tool_call_shows_its_status_and_first_output_lines() {
+    let (model, home, scratch) = setup().await;
+    let _daemon = KillDaemonOnDrop(home.path());
+    model.push(Reply::tool_call(
+        "c1",
+        "terminal",
+        json!({"command": "printf 'line-one\\nline-two\\n'"}),
+    ));
+    model.push(Reply::text("Printed two lines."));
+    let pane = Pane::start(home.path(), scratch.path(), &["chat"]);
+    pane.wait_for("· idle ·").await;
+    pane.send("print two lines");
+    let screen = pane.wait_for("Printed two lines.").await;
+    assert!(screen.contains("✓ terminal  printf"), "{screen}");
+    assert!(screen.contains("│ line-one"), "{screen}");
+    assert!(screen.contains("│ line-two"), "{screen}");
+}
+
+#[tokio::test]
+async fn an_approval_answered_y_runs_the_command() {
+    let (model, home, scratch) = setup().await;
+    let _daemon = KillDaemonOnDrop(home.path());
+    let victim = scratch.path().join("victim");
+    std::fs::create_dir(&victim).unwrap();
+    model.push(Reply::tool_call(
+        "c1",
+        "terminal",
+        json!({"command": format!("rm -rf {}", victim.display())}),
+    ));
+    model.push(Reply::text("Removed it."));
+    let pane = Pane::start(home.path(), scratch.path(), &["chat"]);
+    pane.wait_for("· idle ·").await;
+    pane.send("delete the victim");
+    let screen = pane.wait_for("[y] once").await;
+    assert!(
+        screen.contains("approval needed: deletes files recursively"),
+        "{screen}"
+    );
+    assert!(screen.contains("awaiting approval"), "{screen}");
+    assert!(victim.exists(), "ran before the answer");
+    pane.keys(&["y"]);
+    pane.wait_for("Removed it.").await;
+    assert!(!victim.exists());
+    pane.wait_for("approved (once)").await;
+}
+
+#[tokio::test]
+async fn a_typo_asks_again_and_n_denies() {
+    let (model, home, scratch) = setup().await;
+    let _daemon = KillDaemonOnDrop(home.path());
+    let victim = scratch.path().join("victim");
+    std::fs::create_dir(&victim).unwrap();
+    model.push(Reply::tool_call(
+        "c1",
+        "terminal",
+        json!({"command": format!("rm -rf {}", victim.display())}),
+    ));
+    model.push(Reply::text("Left it alone."));
+    let pane = Pane::start(home.path(), scratch.path(), &["chat"]);
+    pane.wait_for("· idle ·").await;
+    pane.send("delete the victim");
+    pane.wait_for("[y] once").await;
+    pane.keys(&["x"]);
+    let screen = pane.wait_for("\"x\" is not an answer").await;
+    assert!(
+        screen.contains("[y] once"),
+        "the question is asked again: {screen}"
+    );
+    // `a` explains what `always` covers and asks to confirm; `n` goes back.
+    pane.keys(&["a"]);
+    pane.wait_for("every command that deletes files recursively")
+        .await;
+    pane.keys(&["n"]);
+    pane.keys(&["n"]);
+    pane.wait_for("Left it alone.").await;
+    pane.wait_for("denied").await;
+    assert!(victim.exists());
+    let rules = db_rows(&home.db(), "SELECT COUNT(*) FROM approval_rules");
+    assert_eq!(rules[0][0], 0, "no `always` rule was stored");
+}
+
+#[tokio::test]
+async fn a_clarify_question_with_choices_is_answered_from_the_list() {
+    let (model, home, scratch) = setup().await;
+    let _daemon = KillDaemonOnDrop(home.path());
+    model.push(Reply::tool_call(
+        "c1",
+        "clarify",
+        json!({"questions": [{"question": "Which one?", "choices": ["Alpha", "Beta"]}]}),
+    ));
+    model.push(Reply::text("Beta it is."));
+    let pane = Pane::start(home.path(), scratch.path(), &["chat"]);
+    pane.wait_for("· idle ·").await;
+    pane.send("pick for me");
+    pane.wait_for("? Which one?").await;
+    pane.wait_for("2. Beta").await;
+    pane.keys(&["Down"]);
+    pane.keys(&["Enter"]);
+    pane.wait_for("Beta it is.").await;
+    pane.wait_for("answered: Beta").await;
+    let asked = model.requests();
+    let last = asked.last().unwrap().to_string();
+    assert!(last.contains("Beta"), "the model got the answer: {last}");
+}
+
+#[tokio::test]
+async fn ctrl_c_interrupts_a_long_tool_and_the_client_stays() {
+    let (model, home, scratch) = setup().await;
+    let _daemon = KillDaemonOnDrop(home.path());
+    model.push(Reply::tool_call(
+        "c1",
+        "terminal",
+        json!({"command": "sleep 60"}),
+    ));
+    let pane = Pane::start(home.path(), scratch.path(), &["chat"]);
+    pane.wait_for("· idle ·").await;
+    pane.send("wait a minute");
+    pane.wait_for("running").await;
+    pane.wait_until("a running tool block", |s| {
+        s.contains("● terminal  sleep 60")
+    })
+    .await;
+    pane.keys(&["C-c"]);
+    pane.wait_for("turn interrupted").await;
+    pane.wait_for("· idle ·").await;
+    let rows = db_rows(&home.db(), "SELECT status, outcome FROM session_admissions");
+    assert_eq!(rows, vec![vec![json!("terminal"), json!("interrupted")]]);
+    // Still open: another input is taken.
+    model.push(Reply::text("Still here."));
+    pane.send("are you there?");
+    pane.wait_for("Still here.").await;
+}
+
+#[tokio::test]
+async fn a_killed_client_leaves_the_turn_running_and_attach_shows_it_finished() {
+    let (model, home, scratch) = setup().await;
+    let _daemon = KillDaemonOnDrop(home.path());
+    let gate = Gate::new();
+    model.push(Reply::tool_call(
+        "c1",
+        "terminal",
+        json!({"command": "echo from-the-tool"}),
+    ));
+    model.push(Reply::text("Finished while you were away.").gated(&gate));
+    let pane = Pane::start(home.path(), scratch.path(), &["chat"]);
+    pane.wait_for("· idle ·").await;
+    pane.send("work while I am gone");
+    assert!(
+        gate.wait_reached(WAIT).await,
+        "the turn never reached the model"
+    );
+    let pid = pane.drover_pid();
+    signal(pid, Signal::SIGKILL);
+    let deadline = Instant::now() + WAIT;
+    while pid_alive(pid) {
+        assert!(
+            Instant::now() < deadline,
+            "chat client {pid} survived SIGKILL"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(pane);
+    gate.open();
+    wait_admission(&home, "terminal").await;
+    let session = only_session(&home);
+    let prefix = &session[..8];
+    let pane = Pane::start(home.path(), scratch.path(), &["attach", prefix]);
+    let screen = pane.wait_for("Finished while you were away.").await;
+    assert!(screen.contains("› work while I am gone"), "{screen}");
+    assert!(screen.contains("│ from-the-tool"), "{screen}");
+    let rows = db_rows(&home.db(), "SELECT outcome FROM session_admissions");
+    assert_eq!(rows, vec![vec![json!("completed")]]);
+}
+
+#[tokio::test]
+async fn attach_reopens_a_running_turn_with_its_tool_blocks_and_open_prompt() {
+    let (model, home, scratch) = setup().await;
+    let _daemon = KillDaemonOnDrop(home.path());
+    let victim = scratch.path().join("victim");
+    std::fs::create_dir(&victim).unwrap();
+    model.push(Reply::tool_call(
+        "c1",
+        "terminal",
+        json!({"command": "echo first-step"}),
+    ));
+    model.push(Reply::tool_call(
+        "c2",
+        "terminal",
+        json!({"command": format!("rm -rf {}", victim.display())}),
+    ));
+    model.push(Reply::text("All done."));
+    let pane = Pane::start(home.path(), scratch.path(), &["chat"]);
+    pane.wait_for("· idle ·").await;
+    pane.send("two steps");
+    pane.wait_for("[y] once").await;
+    // Ctrl-D at an empty input leaves; the turn and its prompt stay (G3).
+    pane.keys(&["C-d"]);
+    pane.wait_for("drover attach").await;
+    assert_eq!(pane.exit_code().await, 0);
+    drop(pane);
+    let session = only_session(&home);
+    let pane = Pane::start(
+        home.path(),
+        scratch.path(),
+        &["chat", "--session", &session[..6]],
+    );
+    let screen = pane.wait_for("[y] once").await;
+    assert!(screen.contains("│ first-step"), "{screen}");
+    assert!(screen.contains("awaiting approval"), "{screen}");
+    assert!(victim.exists());
+    pane.keys(&["y"]);
+    pane.wait_for("All done.").await;
+    assert!(!victim.exists());
+}
+
+#[tokio::test]
+async fn a_killed_owner_leaves_the_turn_unknown_and_the_client_resolves_and_goes_on() {
+    let (model, home, scratch) = setup().await;
+    let _daemon = KillDaemonOnDrop(home.path());
+    let gate = Gate::new();
+    model.push(Reply::text("lost with the owner").gated(&gate));
+    let pane = Pane::start(home.path(), scratch.path(), &["chat"]);
+    pane.wait_for("· idle ·").await;
+    pane.send("this turn will be lost");
+    assert!(
+        gate.wait_reached(WAIT).await,
+        "the turn never reached the model"
+    );
+    let first = daemon_info(home.path()).unwrap()["pid"].as_u64().unwrap() as u32;
+    signal(first, Signal::SIGKILL);
+    // The client started the daemon, so it starts it again and learns the turn was lost.
+    let screen = pane
+        .wait_for("outcome is unknown: [r] resolve and go on, [v] view")
+        .await;
+    assert!(!screen.contains("WebSocket"), "{screen}");
+    assert!(!screen.contains("lost with the owner"), "{screen}");
+    let second = daemon_info(home.path()).unwrap()["pid"].as_u64().unwrap() as u32;
+    assert_ne!(first, second);
+    pane.keys(&["r"]);
+    pane.wait_for("the unknown turn was resolved").await;
+    let rows = db_rows(&home.db(), "SELECT outcome FROM session_admissions");
+    assert_eq!(rows, vec![vec![json!("interrupted")]]);
+    model.push(Reply::text("Back on track."));
+    pane.send("go on");
+    pane.wait_for("Back on track.").await;
+    gate.open();
+}
+
+#[tokio::test]
+async fn a_delegated_child_shows_its_tool_calls_nested_under_delegate_task() {
+    let (model, home, scratch) = setup().await;
+    home.write_model_config(
+        &model.base_url(),
+        true,
+        "[toolsets]\ndefault = [\"terminal\", \"delegation\"]\n",
+    )
+    .unwrap();
+    let _daemon = KillDaemonOnDrop(home.path());
+    let gate = Gate::new();
+    let held = Reply::text("child counted 42").gated(&gate);
+    model.set_responder(move |request| {
+        let messages = request["messages"].as_array().cloned().unwrap_or_default();
+        let first_user = messages
+            .iter()
+            .find(|m| m["role"] == "user")
+            .and_then(|m| m["content"].as_str())
+            .unwrap_or_default()
+            .to_string();
+        let after_tool = messages.last().is_some_and(|m| m["role"] == "tool");
+        match (first_user.starts_with("CHILD-GOAL"), after_tool) {
+            (true, false) => Reply::tool_call(
+                "k1",
+                "terminal",
+                json!({"command": "echo child-tool-output"}),
+            ),
+            (true, true) => held.clone(),
+            (false, false) => Reply::tool_call(
+                "d1",
+                "delegate_task",
+                json!({"goal": "CHILD-GOAL: count to 42"}),
+            ),
+            (false, true) => Reply::text("The child says 42."),
+        }
+    });
+    let pane = Pane::start(home.path(), scratch.path(), &["chat"]);
+    pane.wait_for("· idle ·").await;
+    pane.send("delegate the counting");
+    let screen = pane.wait_for("│ child-tool-output").await;
+    assert!(screen.contains("● delegate_task"), "{screen}");
+    assert!(screen.contains("↳ child agent"), "{screen}");
+    gate.open();
+    let screen = pane.wait_for("The child says 42.").await;
+    assert!(screen.contains("✓ delegate_task"), "{screen}");
+}
+
+#[tokio::test]
+async fn chat_without_a_terminal_refuses_and_points_at_run() {
+    let (_model, home, scratch) = setup().await;
+    let out = drover_test_support::harness::run_drover(
+        bin(),
+        home.path(),
+        Some(scratch.path()),
+        &["chat"],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("drover run"), "{stderr}");
+    assert!(daemon_info(home.path()).is_none(), "no daemon was started");
+    // `drover` alone opens the chat only on a terminal; elsewhere it prints the help.
+    let out =
+        drover_test_support::harness::run_drover(bin(), home.path(), Some(scratch.path()), &[])
+            .await;
+    assert_eq!(out.status.code(), Some(1));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("Usage:") && stdout.contains("chat"),
+        "{stdout}"
+    );
+    assert!(daemon_info(home.path()).is_none(), "no daemon was started");
+}

@@ -1,0 +1,55 @@
+//! `drover chat`: the interactive terminal client (SPEC section 8; the protocol it speaks is
+//! section 2). It draws an inline viewport (ratatui + crossterm) under the terminal's normal
+//! scrollback: finished blocks (the user's input, the assistant's Markdown answer, tool calls)
+//! are printed once into the scrollback, and the live part (the running turn with its tool
+//! calls, the open prompt, the queued inputs, the input box and the status line) is redrawn in
+//! the viewport.
+//!
+//! The client keeps no state the daemon does not have: closing it never stops a turn (G3), and
+//! reopening a session rebuilds the same screen from `session.resume` and
+//! `session.events.since`.
+//!
+//! - [`theme`]: styles, and `NO_COLOR`.
+//! - [`markdown`]: the assistant's Markdown as styled lines (code blocks verbatim).
+//! - [`input`]: the multi-line input box with history.
+//! - [`commands`]: the `/` commands and their completion.
+//! - [`model`]: [`App`], the whole state, changed by session events and keys (pure: no IO, no
+//!   clock), answering keys with [`model::Action`]s.
+//! - [`render`]: the state as lines and as the viewport (tested with ratatui's `TestBackend`).
+//! - [`link`]: the [`Link`] and [`Events`] traits the runtime talks to the daemon through.
+//! - [`runtime`]: the terminal, the event loop, and carrying out actions over a [`Link`].
+//!
+//! Layers: `theme`, `input`, `commands`, `link` (leaves); `markdown` on `theme`; `model` on
+//! `input` and `commands`; `render` on `model` and `markdown`; `runtime` on `render` and
+//! `link`.
+//!
+//! What this crate does not do: speak WebSocket or find the daemon (the `drover` binary
+//! implements [`Link`] over `drover_client`). `examples/scripted.rs` runs the client against a
+//! scripted [`Link`] with no daemon: `cargo run -p drover-tui --example scripted`.
+//!
+//! ```
+//! use std::time::Instant;
+//! use drover_tui::model::{App, SessionHeader};
+//! use drover_tui::render::block_lines;
+//! use drover_tui::Theme;
+//!
+//! let mut app = App::new(SessionHeader::default());
+//! app.say("hello");
+//! let block = &app.drain_scrollback()[0];
+//! let lines = block_lines(block, Theme { color: false }, Instant::now());
+//! assert_eq!(lines[0].to_string(), "· hello");
+//! ```
+
+pub mod commands;
+pub mod input;
+pub mod link;
+pub mod markdown;
+pub mod model;
+pub mod render;
+pub mod runtime;
+pub mod theme;
+
+pub use link::{Events, Link, LinkError, LinkUpdate, Opened, Target};
+pub use model::App;
+pub use runtime::{run, RunError};
+pub use theme::Theme;

@@ -1,0 +1,99 @@
+//! What the chat client needs from the daemon, as a trait: the runtime is written against
+//! [`Link`] and [`Events`], and `drover chat` implements them over `drover_client` (so the
+//! runtime can also be driven by a scripted link).
+
+use async_trait::async_trait;
+use drover_protocol::client::{
+    ApprovalChoice, ApprovalRule, ClarifyAnswer, SessionSnapshot, SessionSummary,
+};
+use drover_protocol::event::SessionEvent;
+
+/// A failed request, in words for the user (never a raw transport error).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct LinkError(pub String);
+
+/// Which session to open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// A new session.
+    New,
+    /// The home's most recent session (`-c`), or a new one when there is none.
+    Continue,
+    /// A session by id or unique prefix.
+    Session(String),
+}
+
+/// An opened session: its snapshot, and the stored events of its running turn (from its
+/// `turn.started` on; empty when no turn runs).
+#[derive(Debug, Clone)]
+pub struct Opened {
+    /// `session.resume`'s answer.
+    pub snapshot: SessionSnapshot,
+    /// The running turn's stored events.
+    pub running_events: Vec<SessionEvent>,
+}
+
+/// One update of an opened session's stream.
+#[derive(Debug, Clone)]
+pub enum LinkUpdate {
+    /// A session event, stored ones in `seq` order.
+    Event(SessionEvent),
+    /// An event of a child agent's session (a `delegate_task` of the running turn).
+    ChildEvent(String, SessionEvent),
+    /// The connection was lost (why); the link reconnects on its own.
+    Lost(String),
+    /// The connection is back; `restarted` when the daemon is a new one.
+    Reconnected {
+        /// Whether the daemon restarted.
+        restarted: bool,
+    },
+    /// The stream could not be resumed from its last `seq`: the session as it stands now.
+    Snapshot(SessionSnapshot),
+    /// The link gave up (why).
+    Closed(String),
+}
+
+/// The events of the opened session.
+#[async_trait]
+pub trait Events: Send {
+    /// The next update; `None` when the stream ended.
+    async fn next(&mut self) -> Option<LinkUpdate>;
+}
+
+/// The requests the chat client makes.
+#[async_trait]
+pub trait Link: Send + Sync + 'static {
+    /// Opens (attaches to) a session.
+    async fn open(&self, target: Target) -> Result<(Opened, Box<dyn Events>), LinkError>;
+    /// Submits an input; returns its admission.
+    async fn submit(&self, session_id: &str, text: &str) -> Result<String, LinkError>;
+    /// Interrupts the running turn of `generation`.
+    async fn interrupt(&self, session_id: &str, generation: u64) -> Result<(), LinkError>;
+    /// Answers an approval prompt.
+    async fn approve(
+        &self,
+        session_id: &str,
+        prompt_id: &str,
+        generation: u64,
+        choice: ApprovalChoice,
+    ) -> Result<(), LinkError>;
+    /// Answers a clarify prompt.
+    async fn clarify(
+        &self,
+        session_id: &str,
+        prompt_id: &str,
+        generation: u64,
+        answer: ClarifyAnswer,
+    ) -> Result<(), LinkError>;
+    /// Resolves the session's `unknown` admission.
+    async fn resolve_unknown(&self, session_id: &str, admission_id: &str) -> Result<(), LinkError>;
+    /// The total tokens of a settled turn.
+    async fn turn_tokens(&self, session_id: &str, admission_id: &str) -> Result<u64, LinkError>;
+    /// The home's sessions, newest first.
+    async fn sessions(&self) -> Result<Vec<SessionSummary>, LinkError>;
+    /// The stored `always` rules.
+    async fn approvals(&self) -> Result<Vec<ApprovalRule>, LinkError>;
+    /// Renames the session.
+    async fn rename(&self, session_id: &str, title: &str) -> Result<(), LinkError>;
+}

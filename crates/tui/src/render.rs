@@ -1,0 +1,632 @@
+//! Drawing the state: finished blocks as lines for the scrollback ([`block_lines`], wrapped to
+//! the terminal's width by [`wrap`]), and the live viewport ([`draw`]): the running turn, the
+//! queued inputs, the open prompt or the unknown-turn offer, the input box and the status line.
+
+use std::time::{Duration, Instant};
+
+use drover_protocol::client::{ApprovalChoice, OpenPrompt};
+use drover_protocol::event::TurnPhase;
+use ratatui::layout::{Position, Rect};
+use ratatui::style::Style;
+use ratatui::text::{Line, Span};
+use ratatui::widgets::Paragraph;
+use ratatui::Frame;
+use unicode_width::UnicodeWidthChar;
+
+use crate::markdown;
+use crate::model::{
+    always_covers, choice_key, App, ApprovalStage, Block, Connection, PromptView, ToolBlock,
+    ToolStatus, TurnItem,
+};
+use crate::theme::Theme;
+
+/// The viewport's height: the live part of the screen, below the scrollback.
+pub const VIEWPORT_HEIGHT: u16 = 16;
+
+const SPINNER: [char; 10] = ['⠋', '⠙', '⠹', '⠸', '⠼', '⠴', '⠦', '⠧', '⠇', '⠏'];
+
+/// A finished block as lines (not wrapped), followed by a blank line.
+pub fn block_lines(block: &Block, theme: Theme, now: Instant) -> Vec<Line<'static>> {
+    let mut lines = match block {
+        Block::User(text) => text
+            .split('\n')
+            .enumerate()
+            .map(|(i, l)| {
+                let mark = if i == 0 { "› " } else { "  " };
+                Line::styled(format!("{mark}{l}"), theme.user())
+            })
+            .collect(),
+        Block::Assistant(text) => markdown::render(text, theme),
+        Block::Tool(tool) => tool_lines(tool, theme, now, 0),
+        Block::Notice(text) => vec![Line::styled(format!("· {text}"), theme.dim())],
+        Block::Error(text) => vec![Line::styled(format!("✗ {text}"), theme.error())],
+    };
+    lines.push(Line::default());
+    lines
+}
+
+fn seconds(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s < 10.0 {
+        format!("{s:.1}s")
+    } else {
+        format!("{}s", d.as_secs())
+    }
+}
+
+/// A tool call: its mark, name, context and status, then its first output lines (dim), then
+/// its child agents, indented.
+pub fn tool_lines(
+    tool: &ToolBlock,
+    theme: Theme,
+    now: Instant,
+    depth: usize,
+) -> Vec<Line<'static>> {
+    let pad = "  ".repeat(depth);
+    let (mark, mark_style, status) = match tool.status {
+        ToolStatus::Queued => ("○", theme.dim(), "queued".to_string()),
+        ToolStatus::AwaitingApproval => ("?", theme.attention(), "awaiting approval".to_string()),
+        ToolStatus::Running(since) => {
+            let spin = spinner(now.saturating_duration_since(since));
+            (
+                "●",
+                theme.attention(),
+                format!(
+                    "{spin} running {}",
+                    seconds(now.saturating_duration_since(since))
+                ),
+            )
+        }
+        ToolStatus::Done(took) => (
+            "✓",
+            theme.ok(),
+            took.map_or("done".to_string(), |t| format!("done in {}", seconds(t))),
+        ),
+        ToolStatus::Error(took) => (
+            "✗",
+            theme.error(),
+            took.map_or("error".to_string(), |t| {
+                format!("error after {}", seconds(t))
+            }),
+        ),
+        ToolStatus::Stopped => ("■", theme.dim(), "stopped with its turn".to_string()),
+    };
+    let mut head = vec![
+        Span::raw(pad.clone()),
+        Span::styled(format!("{mark} "), mark_style),
+        Span::styled(tool.name.clone(), theme.tool()),
+    ];
+    if !tool.context.is_empty() {
+        head.push(Span::raw(format!("  {}", tool.context)));
+    }
+    head.push(Span::styled(format!("  {status}"), theme.dim()));
+    let mut lines = vec![Line::from(head)];
+    if let Some(answer) = &tool.answer {
+        lines.push(Line::styled(format!("{pad}  ↳ {answer}"), theme.dim()));
+    }
+    for out in &tool.output {
+        lines.push(Line::styled(format!("{pad}  │ {out}"), theme.dim()));
+    }
+    if tool.more_lines > 0 {
+        lines.push(Line::styled(
+            format!(
+                "{pad}  │ … {} more line{}",
+                tool.more_lines,
+                if tool.more_lines == 1 { "" } else { "s" }
+            ),
+            theme.dim(),
+        ));
+    }
+    for child in &tool.children {
+        let state = if child.done { "done" } else { "running" };
+        let short: String = child.session_id.chars().take(8).collect();
+        lines.push(Line::styled(
+            format!("{pad}  ↳ child agent {short} ({state})"),
+            theme.dim(),
+        ));
+        for t in &child.tools {
+            lines.extend(tool_lines(t, theme, now, depth + 2));
+        }
+    }
+    lines
+}
+
+fn spinner(elapsed: Duration) -> char {
+    SPINNER[(elapsed.as_millis() / 100) as usize % SPINNER.len()]
+}
+
+/// Wraps lines to `width` columns, keeping styles: at a space when it can, inside a word
+/// longer than the width when it must.
+pub fn wrap(lines: Vec<Line<'static>>, width: u16) -> Vec<Line<'static>> {
+    let width = usize::from(width.max(1));
+    let mut out = Vec::new();
+    for line in lines {
+        let style = line.style;
+        let mut row: Vec<Span<'static>> = Vec::new();
+        let mut used = 0;
+        for span in line.spans {
+            for word in span.content.split_inclusive(' ') {
+                let w: usize = word.chars().map(|c| c.width().unwrap_or(0)).sum();
+                let visible: usize = word
+                    .trim_end()
+                    .chars()
+                    .map(|c| c.width().unwrap_or(0))
+                    .sum();
+                if used > 0 && used + visible > width {
+                    out.push(Line::from(std::mem::take(&mut row)).style(style));
+                    used = 0;
+                }
+                if used + w <= width || w <= width {
+                    row.push(Span::styled(word.to_string(), span.style));
+                    used += w;
+                    continue;
+                }
+                let mut piece = String::new();
+                for c in word.chars() {
+                    let cw = c.width().unwrap_or(0);
+                    if used + cw > width {
+                        row.push(Span::styled(std::mem::take(&mut piece), span.style));
+                        out.push(Line::from(std::mem::take(&mut row)).style(style));
+                        used = 0;
+                    }
+                    piece.push(c);
+                    used += cw;
+                }
+                if !piece.is_empty() {
+                    row.push(Span::styled(piece, span.style));
+                }
+            }
+        }
+        out.push(Line::from(row).style(style));
+    }
+    out
+}
+
+/// The running turn's lines: its text and unfinished tool calls, and what it waits on.
+fn turn_lines(app: &App, theme: Theme, now: Instant) -> Vec<Line<'static>> {
+    let Some(turn) = &app.turn else {
+        return Vec::new();
+    };
+    let mut lines = Vec::new();
+    for item in &turn.items {
+        match item {
+            TurnItem::Text(text) => lines.extend(markdown::render(text, theme)),
+            TurnItem::Tool(tool) => lines.extend(tool_lines(tool, theme, now, 0)),
+        }
+    }
+    let elapsed = now.saturating_duration_since(turn.started);
+    let doing = if turn.interrupting {
+        "interrupting"
+    } else if app.prompt.is_some() {
+        "waiting for you"
+    } else {
+        match (turn.phase, turn.items.last()) {
+            (_, Some(TurnItem::Tool(t)))
+                if !matches!(
+                    t.status,
+                    ToolStatus::Done(_) | ToolStatus::Error(_) | ToolStatus::Stopped
+                ) =>
+            {
+                "running a tool"
+            }
+            (Some(TurnPhase::Tool), _) => "running a tool",
+            (_, Some(TurnItem::Text(_))) => "writing",
+            _ => "thinking",
+        }
+    };
+    lines.push(Line::styled(
+        format!("{} {doing}… {}", spinner(elapsed), seconds(elapsed)),
+        theme.dim(),
+    ));
+    lines
+}
+
+fn prompt_lines(view: &PromptView, theme: Theme) -> Vec<Line<'static>> {
+    let mut lines = Vec::new();
+    match &view.prompt {
+        OpenPrompt::Approval(a) => {
+            lines.push(Line::styled(
+                format!("⚠ approval needed: {}", a.description),
+                theme.attention(),
+            ));
+            lines.push(Line::raw(format!("  $ {}", a.command)));
+            if view.sent {
+                lines.push(Line::styled("  answer sent…", theme.dim()));
+                return lines;
+            }
+            match view.stage {
+                ApprovalStage::Ask => {
+                    let offered: Vec<String> = a
+                        .choices
+                        .iter()
+                        .map(|c| {
+                            let word = match c {
+                                ApprovalChoice::Once => "once",
+                                ApprovalChoice::Session => "this session",
+                                ApprovalChoice::Always => "always…",
+                                ApprovalChoice::Deny => "deny",
+                            };
+                            format!("[{}] {word}", choice_key(*c))
+                        })
+                        .collect();
+                    lines.push(Line::styled(
+                        format!("  {}", offered.join("  ")),
+                        theme.user(),
+                    ));
+                    if let Some(bad) = &view.reask {
+                        let keys: Vec<String> = a
+                            .choices
+                            .iter()
+                            .map(|c| choice_key(*c).to_string())
+                            .collect();
+                        lines.push(Line::styled(
+                            format!("  {bad:?} is not an answer: press {}", keys.join(", ")),
+                            theme.error(),
+                        ));
+                    }
+                }
+                ApprovalStage::ConfirmAlways => {
+                    lines.push(Line::raw(format!(
+                        "  always allows {}, until `drover approvals rm {}`",
+                        always_covers(a),
+                        a.pattern_key
+                    )));
+                    lines.push(Line::styled(
+                        "  allow always? [y] yes, always  [n] back",
+                        theme.attention(),
+                    ));
+                    if let Some(bad) = &view.reask {
+                        lines.push(Line::styled(
+                            format!("  {bad:?} is not an answer: press y or n"),
+                            theme.error(),
+                        ));
+                    }
+                }
+            }
+        }
+        OpenPrompt::Clarify(c) => {
+            lines.push(Line::styled(format!("? {}", c.question), theme.attention()));
+            if view.sent {
+                lines.push(Line::styled("  answer sent…", theme.dim()));
+                return lines;
+            }
+            if c.choices.is_empty() {
+                lines.push(Line::styled(
+                    format!("  answer› {}", view.text.text()),
+                    theme.user(),
+                ));
+                lines.push(Line::styled("  Enter sends the answer", theme.dim()));
+            } else {
+                for (i, choice) in c.choices.iter().enumerate() {
+                    let cursor = if i == view.selected { "›" } else { " " };
+                    let check = if c.multi_select {
+                        if view.picked.get(i).copied().unwrap_or(false) {
+                            "[x] "
+                        } else {
+                            "[ ] "
+                        }
+                    } else {
+                        ""
+                    };
+                    let style = if i == view.selected {
+                        theme.user()
+                    } else {
+                        Style::default()
+                    };
+                    lines.push(Line::styled(
+                        format!("  {cursor} {}. {check}{choice}", i + 1),
+                        style,
+                    ));
+                }
+                let help = if c.multi_select {
+                    "  ↑/↓ move, Space or 1-9 picks, Enter sends"
+                } else {
+                    "  ↑/↓ move, Enter or 1-9 picks"
+                };
+                lines.push(Line::styled(help, theme.dim()));
+                if let Some(bad) = &view.reask {
+                    lines.push(Line::styled(
+                        format!("  {bad:?} is not an answer"),
+                        theme.error(),
+                    ));
+                }
+            }
+        }
+    }
+    lines
+}
+
+/// The status line: session, model, turn state, tokens, daemon.
+pub fn status_line(app: &App, now: Instant) -> String {
+    let session = app
+        .session
+        .title
+        .clone()
+        .filter(|t| !t.is_empty())
+        .unwrap_or_else(|| app.session.session_id.chars().take(8).collect());
+    let turn = match (&app.turn, &app.prompt, &app.unknown) {
+        (Some(_), Some(p), _) if matches!(p.prompt, OpenPrompt::Approval(_)) => {
+            "waiting for approval".to_string()
+        }
+        (Some(_), Some(_), _) => "waiting for an answer".to_string(),
+        (Some(t), None, _) if t.interrupting => "interrupting".to_string(),
+        (Some(t), None, _) => format!(
+            "running {}",
+            seconds(now.saturating_duration_since(t.started))
+        ),
+        (None, _, Some(_)) => "paused on an unknown turn".to_string(),
+        (None, _, None) => "idle".to_string(),
+    };
+    let queued = if app.queued.is_empty() {
+        String::new()
+    } else {
+        format!(" · {} queued", app.queued.len())
+    };
+    let daemon = match &app.connection {
+        Connection::Connected => "daemon up".to_string(),
+        Connection::Reconnecting(_) => "daemon lost, reconnecting…".to_string(),
+    };
+    format!(
+        " {session} · {} · {turn}{queued} · {} tokens · {daemon} ",
+        app.session.model, app.tokens
+    )
+}
+
+/// Draws the viewport.
+pub fn draw(frame: &mut Frame<'_>, app: &App, theme: Theme, now: Instant) {
+    let area = frame.area();
+    let width = area.width;
+    let mut bottom: Vec<Line<'static>> = Vec::new();
+
+    if let Some(view) = &app.prompt {
+        bottom.extend(prompt_lines(view, theme));
+    } else if let (Some(admission), None) = (&app.unknown, &app.turn) {
+        let short: String = admission.chars().take(8).collect();
+        bottom.push(Line::styled(
+            format!(
+                "⚠ turn {short} was lost: its outcome is unknown: [r] resolve and go on, [v] view"
+            ),
+            theme.attention(),
+        ));
+    }
+    for q in app.queued.iter().take(3) {
+        let text = if q.text.is_empty() {
+            "(input from another client)".to_string()
+        } else {
+            q.text.lines().next().unwrap_or_default().to_string()
+        };
+        let state = if q.admission_id.is_some() {
+            "queued"
+        } else {
+            "sending"
+        };
+        bottom.push(Line::styled(format!("  {state}: {text}"), theme.dim()));
+    }
+    if app.queued.len() > 3 {
+        bottom.push(Line::styled(
+            format!("  … {} more queued", app.queued.len() - 3),
+            theme.dim(),
+        ));
+    }
+    bottom.push(Line::styled("─".repeat(usize::from(width)), theme.dim()));
+    let input_top = bottom.len();
+    let mut cursor = None;
+    let (cur_line, cur_col) = app.input.cursor();
+    for (i, l) in app.input.text().split('\n').enumerate() {
+        let mark = if i == 0 { "› " } else { "  " };
+        if i == cur_line {
+            let before: String = l.chars().take(cur_col).collect();
+            let col: usize = before.chars().map(|c| c.width().unwrap_or(0)).sum();
+            cursor = Some((input_top + i, 2 + col));
+        }
+        bottom.push(Line::raw(format!("{mark}{l}")));
+    }
+    if app.input.is_empty() {
+        let hint = if app.prompt.as_ref().is_some_and(|p| !p.sent) {
+            "answer the question above · Ctrl-C interrupts the turn"
+        } else if app.unknown.is_some() && app.turn.is_none() {
+            "press r to resolve the lost turn and go on, v to view it"
+        } else if app.turn.is_some() {
+            "type to queue the next input · Ctrl-C interrupts"
+        } else {
+            "Enter sends · Alt+Enter new line · /help"
+        };
+        bottom.pop();
+        bottom.push(Line::from(vec![
+            Span::raw("› "),
+            Span::styled(hint, theme.dim()),
+        ]));
+    }
+    let completions = crate::commands::completions(app.input.text());
+    if !completions.is_empty() && app.prompt.is_none() {
+        for (name, help) in completions {
+            bottom.push(Line::styled(format!("  {name}  {help}"), theme.dim()));
+        }
+    }
+    if let Some(notice) = &app.notice {
+        bottom.push(Line::styled(notice.clone(), theme.attention()));
+    }
+    let bottom = wrap(bottom, width);
+    let height = usize::from(area.height);
+    let status_row = height.saturating_sub(1);
+    let room = status_row.saturating_sub(bottom.len());
+    let turn = wrap(turn_lines(app, theme, now), width);
+    let shown: Vec<Line<'static>> = turn[turn.len().saturating_sub(room)..].to_vec();
+    // Top-aligned: the live part follows the scrollback directly, the status line last.
+    let mut all = shown;
+    let bottom_start = all.len();
+    all.extend(bottom);
+    all.truncate(status_row);
+    let status_y = u16::try_from(all.len()).unwrap_or(0);
+    frame.render_widget(
+        Paragraph::new(all),
+        Rect::new(area.x, area.y, area.width, area.height.saturating_sub(1)),
+    );
+    frame.render_widget(
+        Paragraph::new(Line::styled(status_line(app, now), theme.status())),
+        Rect::new(area.x, area.y + status_y, area.width, 1),
+    );
+    if app.prompt.is_none() {
+        if let Some((row, col)) = cursor {
+            let row = bottom_start + row;
+            if row < status_row {
+                let x = area.x + u16::try_from(col).unwrap_or(0).min(width.saturating_sub(1));
+                let y = area.y + u16::try_from(row).unwrap_or(0);
+                frame.set_cursor_position(Position::new(x, y));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::tests::{app, approval, ev, key, settled, started, tool_done, tool_start};
+    use drover_protocol::client::ClarifyPrompt;
+    use drover_protocol::event::{EventPayload, MessageDelta, TurnEnd};
+    use ratatui::backend::TestBackend;
+    use ratatui::Terminal;
+
+    const PLAIN: Theme = Theme { color: false };
+
+    fn screen(app: &App, now: Instant) -> String {
+        let mut terminal = Terminal::new(TestBackend::new(72, VIEWPORT_HEIGHT)).unwrap();
+        terminal.draw(|f| draw(f, app, PLAIN, now)).unwrap();
+        let buffer = terminal.backend().buffer();
+        (0..buffer.area.height)
+            .map(|y| {
+                let row: String = (0..buffer.area.width)
+                    .map(|x| buffer[(x, y)].symbol().to_string())
+                    .collect();
+                row.trim_end().to_string()
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    fn scrollback(app: &mut App, now: Instant) -> String {
+        let mut lines = Vec::new();
+        for block in app.drain_scrollback() {
+            lines.extend(block_lines(&block, PLAIN, now));
+        }
+        crate::markdown::plain(&wrap(lines, 72)).join("\n")
+    }
+
+    #[test]
+    fn idle_viewport_shows_the_input_hint_and_status_line() {
+        insta::assert_snapshot!(screen(&app(), Instant::now()));
+    }
+
+    #[test]
+    fn running_turn_shows_tools_with_status_and_elapsed_time() {
+        let t0 = Instant::now();
+        let mut app = app();
+        app.on_event(&started("a1"), t0);
+        app.on_event(&tool_start("c1", "terminal", "cargo test"), t0);
+        app.on_event(&tool_start("c2", "read_file", "src/main.rs"), t0);
+        app.on_event(
+            &ev(EventPayload::TurnProgress(
+                drover_protocol::event::TurnProgress {
+                    admission_id: "a1".into(),
+                    phase: TurnPhase::Tool,
+                    tool_id: Some("c1".into()),
+                    elapsed_ms: 0,
+                },
+            )),
+            t0,
+        );
+        app.submitted("next question");
+        app.admitted("a2");
+        insta::assert_snapshot!(screen(&app, t0 + Duration::from_millis(3200)));
+    }
+
+    #[test]
+    fn approval_prompt_shows_the_command_the_keys_and_a_reask() {
+        let t0 = Instant::now();
+        let mut app = app();
+        app.on_event(&started("a1"), t0);
+        app.on_event(&tool_start("c1", "terminal", "rm -rf /tmp/victim"), t0);
+        app.on_event(
+            &ev(EventPayload::ApprovalRequest(approval(&[
+                ApprovalChoice::Once,
+                ApprovalChoice::Session,
+                ApprovalChoice::Always,
+                ApprovalChoice::Deny,
+            ]))),
+            t0,
+        );
+        app.on_key(key('x'));
+        insta::assert_snapshot!("approval_reask", screen(&app, t0));
+        app.on_key(key('a'));
+        insta::assert_snapshot!("approval_always_confirm", screen(&app, t0));
+    }
+
+    #[test]
+    fn clarify_choices_are_a_list() {
+        let mut app = app();
+        app.on_event(
+            &ev(EventPayload::ClarifyRequest(OpenPrompt::Clarify(
+                ClarifyPrompt {
+                    prompt_id: "q".into(),
+                    execution_generation: 1,
+                    question: "Which colour?".into(),
+                    choices: vec!["red".into(), "blue".into()],
+                    multi_select: false,
+                },
+            ))),
+            Instant::now(),
+        );
+        insta::assert_snapshot!(screen(&app, Instant::now()));
+    }
+
+    #[test]
+    fn lost_turn_offers_resolve_and_view() {
+        let t0 = Instant::now();
+        let mut app = app();
+        app.on_event(&started("a1"), t0);
+        app.on_event(&settled("a1", TurnEnd::Unknown), t0);
+        insta::assert_snapshot!(screen(&app, t0));
+    }
+
+    #[test]
+    fn finished_blocks_print_as_text_with_markdown_and_dim_output() {
+        let t0 = Instant::now();
+        let mut app = app();
+        app.submitted("what is here?");
+        app.admitted("a1");
+        app.on_event(&started("a1"), t0);
+        app.on_event(&tool_start("c1", "terminal", "ls"), t0);
+        app.on_event(
+            &tool_done("c1", "Cargo.toml\nsrc\ntarget\nREADME.md", false),
+            t0 + Duration::from_millis(40),
+        );
+        app.on_event(
+            &ev(EventPayload::MessageDelta(MessageDelta {
+                text: "A **Rust** crate:\n\n```\ncargo build\n```".into(),
+                delta_index: 0,
+            })),
+            t0,
+        );
+        app.on_event(&settled("a1", TurnEnd::Completed), t0);
+        insta::assert_snapshot!(scrollback(&mut app, t0));
+    }
+
+    #[test]
+    fn wrap_breaks_long_lines_at_the_width() {
+        let lines = wrap(vec![Line::raw("abcdefghij")], 4);
+        assert_eq!(crate::markdown::plain(&lines), ["abcd", "efgh", "ij"]);
+        let lines = wrap(
+            vec![Line::from(vec![Span::raw("one two "), Span::raw("three")])],
+            9,
+        );
+        assert_eq!(crate::markdown::plain(&lines), ["one two ", "three"]);
+    }
+
+    #[test]
+    fn no_color_uses_no_colours() {
+        let mut app = app();
+        app.error("boom");
+        let lines = block_lines(&app.drain_scrollback()[0], PLAIN, Instant::now());
+        assert!(lines[0].style.fg.is_none() && lines[0].spans.iter().all(|s| s.style.fg.is_none()));
+    }
+}

@@ -1,0 +1,482 @@
+//! The thin runtime: puts the terminal in raw mode with an inline viewport, then feeds keys,
+//! pastes and session updates to the [`App`], prints its finished blocks into the scrollback,
+//! redraws the viewport, and carries out the [`Action`]s over a [`Link`]. Requests run as
+//! tasks, so a slow daemon never freezes the keyboard.
+
+use std::io::{self, Stdout, Write};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossterm::event::{
+    DisableBracketedPaste, EnableBracketedPaste, Event, EventStream, KeyboardEnhancementFlags,
+    PopKeyboardEnhancementFlags, PushKeyboardEnhancementFlags,
+};
+use crossterm::terminal::{disable_raw_mode, enable_raw_mode};
+use drover_protocol::event::EventPayload;
+use futures::StreamExt;
+use ratatui::backend::CrosstermBackend;
+use ratatui::widgets::{Paragraph, Widget};
+use ratatui::{Terminal, TerminalOptions, Viewport};
+use tokio::sync::mpsc;
+
+use crate::commands::{Command, COMMANDS};
+use crate::link::{Events, Link, LinkError, LinkUpdate, Opened, Target};
+use crate::model::{Action, App, SessionHeader};
+use crate::render::{self, VIEWPORT_HEIGHT};
+use crate::theme::Theme;
+
+/// Why the chat client stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The session could not be opened.
+    #[error("{0}")]
+    Open(#[from] LinkError),
+    /// The terminal failed.
+    #[error("terminal: {0}")]
+    Terminal(#[from] io::Error),
+}
+
+/// The result of a request task.
+enum Done {
+    Admitted(String),
+    Failed { what: &'static str, why: String },
+    Tokens(u64),
+    Say(Vec<String>),
+    Opened(Box<Opened>, Box<dyn Events>),
+}
+
+type Term = Terminal<CrosstermBackend<Stdout>>;
+
+/// Restores the terminal however the client ends.
+struct RawMode {
+    enhanced: bool,
+}
+
+impl Drop for RawMode {
+    fn drop(&mut self) {
+        let mut out = io::stdout();
+        if self.enhanced {
+            let _ = crossterm::execute!(out, PopKeyboardEnhancementFlags);
+        }
+        let _ = crossterm::execute!(out, DisableBracketedPaste);
+        let _ = disable_raw_mode();
+    }
+}
+
+/// Runs the chat client on this terminal until the user leaves. Returns the id of the
+/// session shown last.
+pub async fn run(link: Arc<dyn Link>, target: Target, theme: Theme) -> Result<String, RunError> {
+    // Open before touching the terminal, so a refusal prints as a plain message.
+    let (opened, events) = link.open(target).await?;
+    enable_raw_mode()?;
+    let enhanced = matches!(
+        crossterm::terminal::supports_keyboard_enhancement(),
+        Ok(true)
+    );
+    let guard = RawMode { enhanced };
+    let mut out = io::stdout();
+    crossterm::execute!(out, EnableBracketedPaste)?;
+    if enhanced {
+        // Shift+Enter is told from Enter only with the keyboard protocol's escape codes.
+        crossterm::execute!(
+            out,
+            PushKeyboardEnhancementFlags(KeyboardEnhancementFlags::DISAMBIGUATE_ESCAPE_CODES)
+        )?;
+    }
+    let height = crossterm::terminal::size()
+        .map(|(_, h)| VIEWPORT_HEIGHT.min(h.saturating_sub(2).max(6)))
+        .unwrap_or(VIEWPORT_HEIGHT);
+    let mut terminal = Terminal::with_options(
+        CrosstermBackend::new(io::stdout()),
+        TerminalOptions {
+            viewport: Viewport::Inline(height),
+        },
+    )?;
+    let mut app = App::new(SessionHeader::default());
+    app.load_snapshot(
+        &opened.snapshot,
+        &opened.running_events,
+        true,
+        Instant::now(),
+    );
+    app.say(format!(
+        "session {} · Ctrl-C interrupts a turn, twice leaves · /help",
+        short(&app.session.session_id)
+    ));
+    let result = event_loop(&mut terminal, &mut app, link, events, theme).await;
+    let session_id = app.session.session_id.clone();
+    let farewell = if app.turn.is_some() {
+        format!(
+            "left; the turn goes on. Reopen it with: drover attach {}",
+            short(&session_id)
+        )
+    } else {
+        format!(
+            "left session {} (drover chat -c reopens it)",
+            short(&session_id)
+        )
+    };
+    app.say(farewell);
+    app.turn = None;
+    app.prompt = None;
+    app.queued.clear();
+    app.unknown = None;
+    let _ = print_scrollback(&mut terminal, &mut app, theme);
+    // Blank the viewport and leave the cursor at its top, for the shell's prompt. (Not
+    // `Terminal::clear`: it reads the cursor position, a query the event reader may eat.)
+    let _ = terminal.draw(|_| {});
+    let top = terminal.get_frame().area();
+    let _ = terminal.set_cursor_position((0, top.y));
+    let _ = terminal.show_cursor();
+    drop(guard);
+    let _ = io::stdout().flush();
+    result.map(|()| session_id)
+}
+
+fn short(id: &str) -> String {
+    id.chars().take(8).collect()
+}
+
+/// Stops a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Reads an [`Events`] in its own task, so the event loop's `select!` only ever cancels a
+/// channel receive (an `Events::next` need not be cancel-safe). Updates carry the number of
+/// the session they belong to: those of a session switched away from are dropped.
+fn pump(
+    mut events: Box<dyn Events>,
+    number: u64,
+    tx: mpsc::UnboundedSender<(u64, Option<LinkUpdate>)>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            let update = events.next().await;
+            let end = update.is_none();
+            if tx.send((number, update)).is_err() || end {
+                return;
+            }
+        }
+    })
+}
+
+async fn event_loop(
+    terminal: &mut Term,
+    app: &mut App,
+    link: Arc<dyn Link>,
+    events: Box<dyn Events>,
+    theme: Theme,
+) -> Result<(), RunError> {
+    let mut keys = EventStream::new();
+    let (updates_tx, mut updates) = mpsc::unbounded_channel();
+    let mut number = 0;
+    let mut _pumping = AbortOnDrop(pump(events, number, updates_tx.clone()));
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
+    let mut tick = tokio::time::interval(Duration::from_millis(200));
+    let mut failed_draws = 0;
+    loop {
+        let now = Instant::now();
+        let drawn = print_scrollback(terminal, app, theme).and_then(|()| {
+            terminal
+                .draw(|frame| render::draw(frame, app, theme, now))
+                .map(drop)
+        });
+        match drawn {
+            Ok(()) => failed_draws = 0,
+            // A resized inline viewport reads the cursor position, and the answer can be lost
+            // to the key reader: try again on the next tick, give up only when it persists.
+            Err(e) if failed_draws < 25 => {
+                failed_draws += 1;
+                app.notice = Some(format!("redrawing failed ({e}); retrying"));
+            }
+            Err(e) => return Err(RunError::Terminal(e)),
+        }
+        tokio::select! {
+            key = keys.next() => match key {
+                Some(Ok(Event::Key(key))) => {
+                    if let Some(action) = app.on_key(key) {
+                        if action == Action::Quit {
+                            return Ok(());
+                        }
+                        carry_out(action, app, &link, &done_tx);
+                    }
+                }
+                Some(Ok(Event::Paste(text))) => app.on_paste(&text),
+                Some(Ok(Event::Resize(..))) => {
+                    // Let the resize's cursor query reach the terminal, not the key reader.
+                    drop(keys);
+                    let resized = terminal.autoresize();
+                    keys = EventStream::new();
+                    if let Err(e) = resized {
+                        app.notice = Some(format!("resizing failed ({e})"));
+                    }
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return Err(RunError::Terminal(e)),
+                None => return Ok(()),
+            },
+            Some((from, update)) = updates.recv() => match update {
+                _ if from != number => {}
+                Some(LinkUpdate::Event(event)) => {
+                    if let EventPayload::TurnSettled(s) = &event.event {
+                        let link = link.clone();
+                        let tx = done_tx.clone();
+                        let session = app.session.session_id.clone();
+                        let admission = s.admission_id.clone();
+                        tokio::spawn(async move {
+                            if let Ok(tokens) = link.turn_tokens(&session, &admission).await {
+                                let _ = tx.send(Done::Tokens(tokens));
+                            }
+                        });
+                    }
+                    app.on_event(&event, Instant::now());
+                }
+                Some(LinkUpdate::ChildEvent(child, event)) => {
+                    app.on_child_event(&child, &event, Instant::now())
+                }
+                Some(LinkUpdate::Lost(why)) => app.connection_lost(&why),
+                Some(LinkUpdate::Reconnected { restarted }) => app.reconnected(restarted),
+                Some(LinkUpdate::Snapshot(snapshot)) => {
+                    app.load_snapshot(&snapshot, &[], false, Instant::now())
+                }
+                Some(LinkUpdate::Closed(why)) => {
+                    app.error(format!("lost the session: {why}"));
+                }
+                None => app.error("the session's event stream ended"),
+            },
+            done = done_rx.recv() => match done {
+                Some(Done::Admitted(admission)) => app.admitted(&admission),
+                Some(Done::Failed { what, why }) => app.failed(what, &why),
+                Some(Done::Tokens(n)) => app.add_tokens(n),
+                Some(Done::Say(lines)) => {
+                    for line in lines {
+                        app.say(line);
+                    }
+                }
+                Some(Done::Opened(opened, new_events)) => {
+                    let input = std::mem::take(&mut app.input);
+                    *app = App::new(SessionHeader::default());
+                    app.input = input;
+                    app.load_snapshot(&opened.snapshot, &opened.running_events, true, Instant::now());
+                    app.say(format!("now in session {}", short(&app.session.session_id)));
+                    number += 1;
+                    _pumping = AbortOnDrop(pump(new_events, number, updates_tx.clone()));
+                }
+                None => {}
+            },
+            _ = tick.tick() => {}
+        }
+    }
+}
+
+/// Prints the finished blocks above the viewport.
+fn print_scrollback(terminal: &mut Term, app: &mut App, theme: Theme) -> io::Result<()> {
+    let blocks = app.drain_scrollback();
+    if blocks.is_empty() {
+        return Ok(());
+    }
+    let width = terminal.size()?.width;
+    let now = Instant::now();
+    let mut lines = Vec::new();
+    for block in &blocks {
+        lines.extend(render::block_lines(block, theme, now));
+    }
+    let lines = render::wrap(lines, width);
+    for chunk in lines.chunks(usize::from(u16::MAX / 2)) {
+        let height = u16::try_from(chunk.len()).unwrap_or(u16::MAX);
+        let chunk = chunk.to_vec();
+        terminal.insert_before(height, |buf| {
+            Paragraph::new(chunk).render(buf.area, buf);
+        })?;
+    }
+    Ok(())
+}
+
+/// Starts the request an action needs; its result comes back as a [`Done`].
+fn carry_out(
+    action: Action,
+    app: &mut App,
+    link: &Arc<dyn Link>,
+    done: &mpsc::UnboundedSender<Done>,
+) {
+    let link = link.clone();
+    let tx = done.clone();
+    let session = app.session.session_id.clone();
+    match action {
+        Action::Quit => {}
+        Action::Submit(text) => {
+            tokio::spawn(async move {
+                let _ = tx.send(match link.submit(&session, &text).await {
+                    Ok(admission) => Done::Admitted(admission),
+                    Err(e) => Done::Failed {
+                        what: "sending the input",
+                        why: e.0,
+                    },
+                });
+            });
+        }
+        Action::Interrupt(generation) => {
+            tokio::spawn(async move {
+                if let Err(e) = link.interrupt(&session, generation).await {
+                    let _ = tx.send(Done::Failed {
+                        what: "the interrupt",
+                        why: e.0,
+                    });
+                }
+            });
+        }
+        Action::Approve {
+            prompt_id,
+            generation,
+            choice,
+        } => {
+            tokio::spawn(async move {
+                if let Err(e) = link.approve(&session, &prompt_id, generation, choice).await {
+                    let _ = tx.send(Done::Failed {
+                        what: "the answer",
+                        why: e.0,
+                    });
+                }
+            });
+        }
+        Action::Clarify {
+            prompt_id,
+            generation,
+            answer,
+        } => {
+            tokio::spawn(async move {
+                if let Err(e) = link.clarify(&session, &prompt_id, generation, answer).await {
+                    let _ = tx.send(Done::Failed {
+                        what: "the answer",
+                        why: e.0,
+                    });
+                }
+            });
+        }
+        Action::ResolveUnknown(admission) => {
+            tokio::spawn(async move {
+                if let Err(e) = link.resolve_unknown(&session, &admission).await {
+                    let _ = tx.send(Done::Failed {
+                        what: "resolving the turn",
+                        why: e.0,
+                    });
+                }
+            });
+        }
+        Action::Command(command) => command_task(command, app, link, session, tx),
+    }
+}
+
+fn command_task(
+    command: Command,
+    app: &mut App,
+    link: Arc<dyn Link>,
+    session: String,
+    tx: mpsc::UnboundedSender<Done>,
+) {
+    let open = |target: Target, link: Arc<dyn Link>, tx: mpsc::UnboundedSender<Done>| {
+        tokio::spawn(async move {
+            let _ = tx.send(match link.open(target).await {
+                Ok((opened, events)) => Done::Opened(Box::new(opened), events),
+                Err(e) => Done::Failed {
+                    what: "opening the session",
+                    why: e.0,
+                },
+            });
+        });
+    };
+    match command {
+        Command::New => open(Target::New, link, tx),
+        Command::Resume(prefix) => open(Target::Session(prefix), link, tx),
+        Command::Help => {
+            let mut lines: Vec<String> = COMMANDS
+                .iter()
+                .map(|(name, help)| format!("{name} {help}"))
+                .collect();
+            lines.push(
+                "keys: Enter sends · Alt+Enter or Ctrl-J new line · ↑/↓ history · Tab completes · Esc clears · Ctrl-C interrupts, twice leaves · Ctrl-D leaves"
+                    .to_string(),
+            );
+            for line in lines {
+                app.say(line);
+            }
+        }
+        Command::Usage => app.say(format!(
+            "{} tokens used by the turns this client saw settle in session {}",
+            app.tokens,
+            short(&app.session.session_id)
+        )),
+        Command::Quit => {}
+        Command::Sessions => {
+            tokio::spawn(async move {
+                let _ = tx.send(match link.sessions().await {
+                    Ok(list) if list.is_empty() => Done::Say(vec!["no sessions yet".into()]),
+                    Ok(list) => Done::Say(
+                        list.iter()
+                            .map(|s| {
+                                let state = if s.running {
+                                    "running"
+                                } else if s.pending_count > 0 {
+                                    "queued"
+                                } else {
+                                    "idle"
+                                };
+                                format!(
+                                    "{}  {:8}  {}  {}",
+                                    short(&s.session_id),
+                                    state,
+                                    s.model,
+                                    s.title.as_deref().unwrap_or("(untitled)")
+                                )
+                            })
+                            .chain(std::iter::once("/resume <id|prefix> opens one".to_string()))
+                            .collect(),
+                    ),
+                    Err(e) => Done::Failed {
+                        what: "listing sessions",
+                        why: e.0,
+                    },
+                });
+            });
+        }
+        Command::Approvals => {
+            tokio::spawn(async move {
+                let _ = tx.send(match link.approvals().await {
+                    Ok(rules) if rules.is_empty() => {
+                        Done::Say(vec!["no stored `always` rules".into()])
+                    }
+                    Ok(rules) => Done::Say(
+                        rules
+                            .iter()
+                            .map(|r| format!("{}  {}", r.pattern_key, r.description))
+                            .chain(std::iter::once(
+                                "drover approvals rm <key> removes one".to_string(),
+                            ))
+                            .collect(),
+                    ),
+                    Err(e) => Done::Failed {
+                        what: "listing approval rules",
+                        why: e.0,
+                    },
+                });
+            });
+        }
+        Command::Title(title) => {
+            app.session.title = Some(title.clone());
+            tokio::spawn(async move {
+                let _ = tx.send(match link.rename(&session, &title).await {
+                    Ok(()) => Done::Say(vec![format!("session renamed to {title:?}")]),
+                    Err(e) => Done::Failed {
+                        what: "renaming the session",
+                        why: e.0,
+                    },
+                });
+            });
+        }
+    }
+}
