@@ -311,17 +311,8 @@ async fn interrupting_the_parent_retires_its_live_child() {
     assert!(kids[0]["ended_at"].is_null());
     let child_id = kids[0]["session_id"].as_str().unwrap().to_string();
 
-    s.client
-        .call_ok(
-            "session.interrupt",
-            json!({"session_id": s.session_id, "execution_generation": generation}),
-        )
-        .await
-        .unwrap();
-    assert_eq!(
-        s.client.wait_settled(&admission_id).await.unwrap(),
-        "interrupted"
-    );
+    s.interrupt(generation).await.unwrap();
+    assert_eq!(s.wait_settled(&admission_id).await.unwrap(), "interrupted");
     let parent = resume(&mut s.client, &s.session_id).await;
     assert!(
         tool_result(&parent)["content"]

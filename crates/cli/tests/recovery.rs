@@ -47,25 +47,6 @@ fn leases(db: &Path) -> Value {
     db_value(db, "SELECT count(*) FROM session_turn_leases")
 }
 
-/// Events of the client until one matches `pred` (included), bounded.
-async fn events_until(client: &mut Client, mut pred: impl FnMut(&Value) -> bool) -> Vec<Value> {
-    let deadline = Instant::now() + BOUND;
-    let mut out = Vec::new();
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let e = client
-            .next_event(left)
-            .await
-            .unwrap()
-            .unwrap_or_else(|| panic!("no matching event within {BOUND:?}; saw {out:#?}"));
-        let done = pred(&e);
-        out.push(e);
-        if done {
-            return out;
-        }
-    }
-}
-
 async fn receipt(client: &mut Client, session_id: &str, admission_id: &str) -> Value {
     client
         .receipt(session_id, admission_id, true)
@@ -256,10 +237,7 @@ async fn killing_the_worker_while_the_model_holds_leaves_turn_unknown_and_pauses
     let worker = s.daemon.wait_worker().await.unwrap();
     signal(worker, Signal::SIGKILL);
 
-    let events = events_until(&mut s.client, |e| {
-        e["type"] == "turn.settled" && e["payload"]["admission_id"] == a.as_str()
-    })
-    .await;
+    let events = s.client.events_until_settled(&a).await.unwrap();
     let settled = events.last().unwrap();
     assert_eq!(settled["payload"]["outcome"], "unknown", "{settled}");
     // The loss is logged after the supervisor's awaits, still inside the turn's span.
@@ -278,10 +256,13 @@ async fn killing_the_worker_while_the_model_holds_leaves_turn_unknown_and_pauses
         .find(|e| e["type"] == "message.complete" && e["payload"]["admission_id"] == a.as_str())
         .unwrap_or_else(|| panic!("no message.complete for A in {events:#?}"));
     assert_eq!(complete["payload"]["outcome"], "unknown");
-    let updated = events_until(&mut s.client, |e| {
-        e["type"] == "admission.updated" && e["payload"]["admission_id"] == a.as_str()
-    })
-    .await;
+    let updated = s
+        .client
+        .events_until(|e| {
+            e["type"] == "admission.updated" && e["payload"]["admission_id"] == a.as_str()
+        })
+        .await
+        .unwrap();
     assert_eq!(updated.last().unwrap()["payload"]["status"], "unknown");
 
     let r = receipt(&mut s.client, &s.session_id, &a).await;

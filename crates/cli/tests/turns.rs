@@ -163,19 +163,10 @@ async fn deltas_are_live_with_an_index_and_no_seq() {
     let receipt = s.submit("count").await.unwrap();
     let aid = str_field(&receipt, "admission_id");
     let mut deltas = Vec::new();
-    loop {
-        let e = s
-            .client
-            .next_event(Duration::from_secs(20))
-            .await
-            .unwrap()
-            .expect("event");
+    for e in s.client.events_until_settled(&aid).await.unwrap() {
         if e["type"] == "message.delta" {
             assert!(e["seq"].is_null(), "{e}");
             deltas.push(e["payload"].clone());
-        }
-        if e["type"] == "turn.settled" && e["payload"]["admission_id"] == aid.as_str() {
-            break;
         }
     }
     assert!(deltas.len() >= 2, "{deltas:?}");
