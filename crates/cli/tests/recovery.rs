@@ -146,6 +146,46 @@ async fn read_pid_file(path: &Path) -> u32 {
     }
 }
 
+/// `method` (`prompt.cancel`, `prompt.resolve_unknown`) on admission `admission_id`: the
+/// result, or the error's `data.reason`.
+async fn on_admission(
+    client: &mut Client,
+    method: &str,
+    session_id: &str,
+    admission_id: &str,
+) -> Result<Value, String> {
+    let params = json!({"session_id": session_id, "admission_id": admission_id});
+    client
+        .call(method, params)
+        .await
+        .unwrap()
+        .map_err(|e| e["data"]["reason"].as_str().unwrap_or_default().to_string())
+}
+
+/// A new daemon on `s`'s home (after the old one stopped or was killed) and a client of it.
+async fn restart(s: &OneSession) -> (Daemon, Client) {
+    let daemon = Daemon::start(bin(), s.home.path()).await.unwrap();
+    let client = daemon.client().await.unwrap();
+    (daemon, client)
+}
+
+/// Submits a turn whose one tool call runs `sleeper` in the background (writing its pid to a
+/// file) and waits on it; returns the pid file's directory, the admission and the sleeper's pid.
+async fn sleeping_tool(s: &mut OneSession, sleeper: &str) -> (tempfile::TempDir, String, u32) {
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("pid");
+    let command = format!("{sleeper} & echo $! > {}; wait", pid_file.display());
+    s.model.push(Reply::tool_call(
+        "call_1",
+        "terminal",
+        json!({"command": command}),
+    ));
+    let a = s.submit("A").await.unwrap();
+    let a = str_field(&a, "admission_id");
+    let sleep = read_pid_file(&pid_file).await;
+    (dir, a, sleep)
+}
+
 /// Kills `pid` if the test failed before it could check that drover did.
 struct KillOnDrop(u32);
 
@@ -299,44 +339,24 @@ async fn killing_the_worker_while_the_model_holds_leaves_turn_unknown_and_pauses
         "queued"
     );
 
-    let reason = s
-        .client
-        .call_err(
-            "prompt.cancel",
-            json!({"session_id": s.session_id, "admission_id": a}),
-        )
+    let reason = on_admission(&mut s.client, "prompt.cancel", &s.session_id, &a)
         .await
-        .unwrap();
+        .unwrap_err();
     assert_eq!(reason, "unknown_execution");
     // Only an unknown admission can be resolved.
-    let reason = s
-        .client
-        .call_err(
-            "prompt.resolve_unknown",
-            json!({"session_id": s.session_id, "admission_id": b}),
-        )
+    let reason = on_admission(&mut s.client, "prompt.resolve_unknown", &s.session_id, &b)
         .await
-        .unwrap();
+        .unwrap_err();
     assert_eq!(reason, "invalid_params");
 
-    let resolved = s
-        .client
-        .call_ok(
-            "prompt.resolve_unknown",
-            json!({"session_id": s.session_id, "admission_id": a}),
-        )
+    let resolved = on_admission(&mut s.client, "prompt.resolve_unknown", &s.session_id, &a)
         .await
         .unwrap();
     assert_eq!(resolved["status"], "terminal");
     assert_eq!(resolved["outcome"], "interrupted");
     assert_eq!(execution_status(&s.home.db(), &a), "terminal");
     // Resolving twice answers the same receipt.
-    let again = s
-        .client
-        .call_ok(
-            "prompt.resolve_unknown",
-            json!({"session_id": s.session_id, "admission_id": a}),
-        )
+    let again = on_admission(&mut s.client, "prompt.resolve_unknown", &s.session_id, &a)
         .await
         .unwrap();
     assert_eq!(again, resolved);
@@ -426,12 +446,9 @@ async fn killing_the_owner_mid_turn_then_restarting_makes_it_unknown_and_never_r
     );
     assert_eq!(receipt(&mut c, &s.session_id, &b).await["status"], "queued");
 
-    c.call_ok(
-        "prompt.resolve_unknown",
-        json!({"session_id": s.session_id, "admission_id": a}),
-    )
-    .await
-    .unwrap();
+    on_admission(&mut c, "prompt.resolve_unknown", &s.session_id, &a)
+        .await
+        .unwrap();
     assert_eq!(c.wait_settled(&b).await.unwrap(), "completed");
     assert_eq!(s.model.requests().len(), 3);
     assert_eq!(
@@ -445,17 +462,7 @@ async fn killing_the_owner_mid_turn_then_restarting_makes_it_unknown_and_never_r
 #[tokio::test]
 async fn a_tool_running_when_the_owner_dies_is_killed() {
     let mut s = setup_with(1.0, "[approvals]\nmode = \"auto\"\n").await;
-    let dir = tempfile::tempdir().unwrap();
-    let pid_file = dir.path().join("pid");
-    let command = format!("sleep 30 & echo $! > {}; wait", pid_file.display());
-    s.model.push(Reply::tool_call(
-        "call_1",
-        "terminal",
-        json!({"command": command}),
-    ));
-    let a = s.submit("sleep").await.unwrap();
-    let a = str_field(&a, "admission_id");
-    let sleep = read_pid_file(&pid_file).await;
+    let (_dir, a, sleep) = sleeping_tool(&mut s, "sleep 30").await;
     let _reap = KillOnDrop(sleep);
     assert!(pid_alive(sleep));
     let worker = s.daemon.wait_worker().await.unwrap();
@@ -468,8 +475,7 @@ async fn a_tool_running_when_the_owner_dies_is_killed() {
     );
     assert!(wait_gone(worker, Duration::from_secs(5)).await);
 
-    let daemon = Daemon::start(bin(), s.home.path()).await.unwrap();
-    let mut c = daemon.client().await.unwrap();
+    let (_daemon, mut c) = restart(&s).await;
     assert_eq!(
         receipt(&mut c, &s.session_id, &a).await["status"],
         "unknown"
@@ -594,12 +600,7 @@ async fn queued_input_is_cancelled_but_started_is_stale_generation() {
     let (a, b) = (str_field(&a, "admission_id"), str_field(&b, "admission_id"));
     assert!(gate.wait_reached(BOUND).await);
 
-    let cancelled = s
-        .client
-        .call_ok(
-            "prompt.cancel",
-            json!({"session_id": s.session_id, "admission_id": b}),
-        )
+    let cancelled = on_admission(&mut s.client, "prompt.cancel", &s.session_id, &b)
         .await
         .unwrap();
     assert_eq!(cancelled["status"], "terminal");
@@ -615,35 +616,21 @@ async fn queued_input_is_cancelled_but_started_is_stale_generation() {
         .unwrap();
     assert_eq!(updated["payload"]["outcome"], "cancelled");
 
-    let reason = s
-        .client
-        .call_err(
-            "prompt.cancel",
-            json!({"session_id": s.session_id, "admission_id": a}),
-        )
+    let reason = on_admission(&mut s.client, "prompt.cancel", &s.session_id, &a)
         .await
-        .unwrap();
+        .unwrap_err();
     assert_eq!(reason, "stale_generation");
 
-    let again = s
-        .client
-        .call_ok(
-            "prompt.cancel",
-            json!({"session_id": s.session_id, "admission_id": b}),
-        )
+    let again = on_admission(&mut s.client, "prompt.cancel", &s.session_id, &b)
         .await
         .unwrap();
     assert_eq!(again, cancelled);
 
     // Cancelling needs an attached connection.
     let mut stranger = s.daemon.client().await.unwrap();
-    let reason = stranger
-        .call_err(
-            "prompt.cancel",
-            json!({"session_id": s.session_id, "admission_id": b}),
-        )
+    let reason = on_admission(&mut stranger, "prompt.cancel", &s.session_id, &b)
         .await
-        .unwrap();
+        .unwrap_err();
     assert_eq!(reason, "permission_denied");
 
     gate.open();
@@ -672,8 +659,7 @@ async fn graceful_stop_interrupts_a_turn_within_the_grace() {
     );
     assert!(!s.home.path().join("daemon.json").exists());
 
-    let daemon = Daemon::start(bin(), s.home.path()).await.unwrap();
-    let mut c = daemon.client().await.unwrap();
+    let (_daemon, mut c) = restart(&s).await;
     let r = receipt(&mut c, &s.session_id, &a).await;
     assert_eq!(r["status"], "terminal", "{r}");
     assert_eq!(r["outcome"], "interrupted", "{r}");
@@ -687,20 +673,7 @@ async fn graceful_stop_refuses_new_submits_while_a_slow_tool_stops() {
     // The tool ignores SIGTERM, so stopping it takes the tool's own TERM-to-KILL grace (2 s):
     // inside the 5 s drain grace, which leaves a window to submit during the drain.
     let mut s = setup_with(5.0, "[approvals]\nmode = \"auto\"\n").await;
-    let dir = tempfile::tempdir().unwrap();
-    let pid_file = dir.path().join("pid");
-    let command = format!(
-        "trap '' TERM; sleep 20 & echo $! > {}; wait",
-        pid_file.display()
-    );
-    s.model.push(Reply::tool_call(
-        "call_1",
-        "terminal",
-        json!({"command": command}),
-    ));
-    let a = s.submit("A").await.unwrap();
-    let a = str_field(&a, "admission_id");
-    let sleep = read_pid_file(&pid_file).await;
+    let (_dir, a, sleep) = sleeping_tool(&mut s, "trap '' TERM; sleep 20").await;
     let _reap = KillOnDrop(sleep);
 
     signal(s.daemon.pid(), Signal::SIGTERM);
@@ -731,8 +704,7 @@ async fn graceful_stop_refuses_new_submits_while_a_slow_tool_stops() {
     assert_eq!(status.code(), Some(0));
     assert!(wait_gone(sleep, Duration::from_secs(2)).await);
 
-    let daemon = Daemon::start(bin(), s.home.path()).await.unwrap();
-    let mut c = daemon.client().await.unwrap();
+    let (_daemon, mut c) = restart(&s).await;
     let r = receipt(&mut c, &s.session_id, &a).await;
     assert_eq!(r["outcome"], "interrupted", "{r}");
 }
@@ -742,20 +714,7 @@ async fn graceful_stop_past_the_grace_kills_the_worker_and_the_turn_is_unknown()
     // The tool ignores SIGTERM and the worker gives its tools 2 s to stop, but the owner only
     // waits 0.5 s: it kills the worker, and the turn is unknown.
     let mut s = setup_with(0.5, "[approvals]\nmode = \"auto\"\n").await;
-    let dir = tempfile::tempdir().unwrap();
-    let pid_file = dir.path().join("pid");
-    let command = format!(
-        "trap '' TERM; sleep 20 & echo $! > {}; wait",
-        pid_file.display()
-    );
-    s.model.push(Reply::tool_call(
-        "call_1",
-        "terminal",
-        json!({"command": command}),
-    ));
-    let a = s.submit("A").await.unwrap();
-    let a = str_field(&a, "admission_id");
-    let sleep = read_pid_file(&pid_file).await;
+    let (_dir, a, sleep) = sleeping_tool(&mut s, "trap '' TERM; sleep 20").await;
     let _reap = KillOnDrop(sleep);
     let worker = s.daemon.wait_worker().await.unwrap();
     let _reap_worker = KillOnDrop(worker);
@@ -775,8 +734,7 @@ async fn graceful_stop_past_the_grace_kills_the_worker_and_the_turn_is_unknown()
         "the killed worker's tool process {sleep} is still running"
     );
 
-    let daemon = Daemon::start(bin(), s.home.path()).await.unwrap();
-    let mut c = daemon.client().await.unwrap();
+    let (_daemon, mut c) = restart(&s).await;
     let r = receipt(&mut c, &s.session_id, &a).await;
     assert_eq!(r["status"], "unknown", "{r}");
     assert_eq!(execution_status(&s.home.db(), &a), "unknown");
@@ -805,8 +763,7 @@ async fn queued_inputs_run_after_restart_when_nothing_is_unknown() {
         "queued"
     );
 
-    let daemon = Daemon::start(bin(), s.home.path()).await.unwrap();
-    let mut c = daemon.client().await.unwrap();
+    let (_daemon, mut c) = restart(&s).await;
     let ra = receipt(&mut c, &s.session_id, &a).await;
     assert_eq!(ra["outcome"], "interrupted", "{ra}");
     // Nothing is unknown, so B runs without anyone asking.
@@ -840,8 +797,7 @@ async fn an_open_prompt_of_a_lost_turn_is_cancelled_after_restart() {
     let generation = request["payload"]["execution_generation"].clone();
     s.daemon.kill().unwrap();
 
-    let daemon = Daemon::start(bin(), s.home.path()).await.unwrap();
-    let mut c = daemon.client().await.unwrap();
+    let (daemon, mut c) = restart(&s).await;
     let snap = resume(&mut c, &s.session_id).await;
     assert!(snap["prompts"].as_array().unwrap().is_empty(), "{snap}");
     assert_eq!(pending(&snap), [(a.clone(), "unknown".into())]);
@@ -886,8 +842,7 @@ async fn a_turn_claimed_as_the_graceful_stop_begins_is_still_stopped() {
         "the drain missed a starting turn and waited {:?}",
         started.elapsed()
     );
-    let daemon = Daemon::start(bin(), s.home.path()).await.unwrap();
-    let mut c = daemon.client().await.unwrap();
+    let (_daemon, mut c) = restart(&s).await;
     let r = receipt(&mut c, &s.session_id, &a).await;
     // Either the claim lost the race (the input is still queued, or already started again by
     // the new owner) or its turn was stopped within the grace: never lost to `unknown`.
