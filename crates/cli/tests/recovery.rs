@@ -129,21 +129,9 @@ async fn wait_gone(pid: u32, timeout: Duration) -> bool {
 
 /// Waits until `path` holds a pid, bounded.
 async fn read_pid_file(path: &Path) -> u32 {
-    let deadline = Instant::now() + BOUND;
-    loop {
-        if let Some(pid) = std::fs::read_to_string(path)
-            .ok()
-            .and_then(|t| t.trim().parse::<u32>().ok())
-        {
-            return pid;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} never got a pid",
-            path.display()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait::file(path, BOUND, |t| t.trim().parse().ok())
+        .await
+        .unwrap_or_else(|| panic!("{} never got a pid", path.display()))
 }
 
 /// `method` (`prompt.cancel`, `prompt.resolve_unknown`) on admission `admission_id`: the

@@ -14,7 +14,7 @@ use drover_test_support::harness::model_home;
 use drover_test_support::harness::{
     children_of, db_rows, db_value, pid_alive, signal, Client, Daemon, TestHome,
 };
-use drover_test_support::{worker_relay_bin, MockModel, Reply};
+use drover_test_support::{wait, worker_relay_bin, MockModel, Reply};
 use serde_json::{json, Value};
 
 fn bin() -> &'static Path {
@@ -120,20 +120,9 @@ fn last_sequence(db: &Path, execution_id: &str) -> Value {
 
 /// Waits, bounded, until `path` exists.
 async fn wait_file(path: &Path) -> String {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Ok(text) = std::fs::read_to_string(path) {
-            if text.ends_with('\n') {
-                return text;
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} never appeared",
-            path.display()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait::line_file(path, Duration::from_secs(20))
+        .await
+        .unwrap_or_else(|| panic!("{} never appeared", path.display()))
 }
 
 #[tokio::test]

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use drover_test_support::wait;
 use drover_tools::platform::{is_alive, ForegroundGroups};
 use drover_tools::terminal::TerminalTool;
 use drover_tools::{
@@ -115,20 +116,9 @@ fn first_pid(text: &str) -> i32 {
 }
 
 async fn wait_for_file(path: &Path) -> String {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Ok(text) = std::fs::read_to_string(path) {
-            if text.ends_with('\n') {
-                return text;
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} never written",
-            path.display()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait::line_file(path, Duration::from_secs(10))
+        .await
+        .unwrap_or_else(|| panic!("{} never written", path.display()))
 }
 
 #[tokio::test]
