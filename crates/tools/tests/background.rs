@@ -16,9 +16,8 @@ use drover_tools::background::{BackgroundProcess, ProcessStatus, ProcessUpdate};
 use drover_tools::platform::{self, ForegroundGroups, Signal};
 use drover_tools::process::ProcessTool;
 use drover_tools::terminal::TerminalTool;
-use drover_tools::{InMemoryProcesses, NoPrompts, ProcessRegistry, Tool, ToolContext, ToolOutput};
+use drover_tools::{InMemoryProcesses, ProcessRegistry, Tool, ToolContext, ToolOutput};
 use serde_json::{json, Value};
-use tokio_util::sync::CancellationToken;
 
 /// Kills a process group on drop while its leader is still the process it names.
 struct GroupGuard {
@@ -48,16 +47,9 @@ impl Drop for GroupGuard {
 
 fn context(dir: &Path, approvals: &str, processes: Arc<dyn ProcessRegistry>) -> ToolContext {
     ToolContext {
-        grants: Default::default(),
-        cwd: dir.to_path_buf(),
-        session_id: "test-session".to_string(),
-        home: dir.to_path_buf(),
         approvals: approvals.parse().expect("approvals mode"),
-        cancel: CancellationToken::new(),
-        prompts: Arc::new(NoPrompts),
         processes,
-        delegator: std::sync::Arc::new(drover_tools::NoDelegation),
-        jobs: Default::default(),
+        ..ToolContext::detached(dir.to_path_buf(), dir.to_path_buf(), "test-session")
     }
 }
 

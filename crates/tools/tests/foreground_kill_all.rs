@@ -2,30 +2,21 @@
 //! `terminal` call's whole group. Its own test binary: `kill_all` is process-wide and would hit
 //! the groups of tests running beside it.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use drover_tools::platform::{is_alive, ForegroundGroups};
 use drover_tools::terminal::TerminalTool;
-use drover_tools::{InMemoryProcesses, NoPrompts, Tool, ToolContext};
+use drover_tools::{Tool, ToolContext};
 use serde_json::{json, Value};
-use tokio_util::sync::CancellationToken;
 
 #[tokio::test]
 async fn kill_all_stops_every_running_foreground_group() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let ctx = ToolContext {
-        grants: Default::default(),
-        cwd: dir.path().to_path_buf(),
-        session_id: "test-session".to_string(),
-        home: dir.path().to_path_buf(),
-        approvals: drover_tools::ApprovalMode::Manual,
-        cancel: CancellationToken::new(),
-        prompts: Arc::new(NoPrompts),
-        processes: Arc::new(InMemoryProcesses::default()),
-        delegator: std::sync::Arc::new(drover_tools::NoDelegation),
-        jobs: Default::default(),
-    };
+    let ctx = ToolContext::detached(
+        dir.path().to_path_buf(),
+        dir.path().to_path_buf(),
+        "test-session",
+    );
     let pid_file = dir.path().join("pid");
     let command = format!("sleep 30 & echo $! > {}; wait", pid_file.display());
     let task =
