@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use drover_test_support::harness::str_field;
 use drover_test_support::harness::{children_of, db_rows, Client, Daemon, OneSession};
+use drover_test_support::mock_model::last_message;
 use drover_test_support::{Gate, Reply};
 use serde_json::{json, Value};
 
@@ -44,14 +45,6 @@ fn first_user_text(request: &Value) -> String {
 
 fn is_child(request: &Value) -> bool {
     first_user_text(request).starts_with(CHILD)
-}
-
-fn last_message(request: &Value) -> Value {
-    request["messages"]
-        .as_array()
-        .and_then(|m| m.last())
-        .cloned()
-        .unwrap_or(Value::Null)
 }
 
 fn tool_names(request: &Value) -> Vec<String> {

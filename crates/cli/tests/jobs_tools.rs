@@ -12,7 +12,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use drover_test_support::harness::str_field;
-use drover_test_support::harness::{db_rows, db_value, pid_alive, Client, Daemon, OneSession};
+use drover_test_support::harness::{
+    db_rows, db_value, pid_alive, ChildGuard, Client, Daemon, OneSession,
+};
+use drover_test_support::mock_model::last_message;
 use drover_test_support::{Gate, Reply};
 use serde_json::{json, Value};
 
@@ -44,15 +47,6 @@ async fn setup(config: &str, env: &[(&str, &str)]) -> (OneSession, PathBuf) {
     let agent = s.home.path().join("agent.sh");
     std::fs::write(&agent, AGENT).unwrap();
     (s, agent)
-}
-
-/// The last message of a model request.
-fn last_message(request: &Value) -> Value {
-    request["messages"]
-        .as_array()
-        .and_then(|m| m.last())
-        .cloned()
-        .unwrap_or(Value::Null)
 }
 
 /// The JSON content of a request's last message when it answers `call_id`.
@@ -454,16 +448,6 @@ async fn job_cancel_stops_an_exec_job_and_a_terminal_status_is_kept() {
     while pid_alive(pid) {
         assert!(Instant::now() < deadline, "exec agent {pid} still runs");
         tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-}
-
-/// Kills a child process on drop (a runner).
-struct ChildGuard(std::process::Child);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
     }
 }
 

@@ -98,16 +98,7 @@ async fn terminal_turn_writes_the_transcript_usage_and_events(stream: bool) {
     assert_eq!(r["result"]["final_response"], "The output was X.");
     assert_eq!(s.model.requests().len(), 2);
 
-    let resume = s
-        .client
-        .call_ok("session.resume", json!({"session_id": s.session_id}))
-        .await
-        .unwrap();
-    let since = s
-        .client
-        .events_since(&s.session_id, &resume["replay_epoch"], 0)
-        .await
-        .unwrap();
+    let since = s.client.stored_events(&s.session_id).await.unwrap();
     assert_eq!(since["snapshot_required"], false);
     let events = since["events"].as_array().unwrap();
     let seqs: Vec<u64> = events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
@@ -139,6 +130,7 @@ async fn terminal_turn_writes_the_transcript_usage_and_events(stream: bool) {
     assert_eq!(events[start]["payload"]["name"], "terminal");
     assert_eq!(events[complete]["payload"]["is_error"], false);
     assert_eq!(events[complete]["payload"]["args"]["command"], "printf X");
+    let resume = s.resume().await.unwrap();
     assert_eq!(resume["last_sequence"].as_u64().unwrap(), seqs.len() as u64);
 
     // The model saw stream mode as configured.

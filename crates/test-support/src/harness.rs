@@ -508,6 +508,16 @@ impl Client {
         bail!("session.events.since still had more after 10,000 pages")
     }
 
+    /// The whole stored stream of `session_id`: [`Client::events_since`] its start, in the
+    /// replay epoch `session.resume` names.
+    pub async fn stored_events(&mut self, session_id: &str) -> Result<Value> {
+        let resume = self
+            .call_ok("session.resume", json!({"session_id": session_id}))
+            .await?;
+        self.events_since(session_id, &resume["replay_epoch"], 0)
+            .await
+    }
+
     /// The next event's params, or `None` after `timeout`.
     pub async fn next_event(&mut self, timeout: Duration) -> Result<Option<Value>> {
         if let Some(e) = self.events.pop_front() {
@@ -968,6 +978,17 @@ impl Drop for KillDaemonOnDrop<'_> {
         if let Some(pid) = daemon_info(self.0).and_then(|info| info["pid"].as_u64()) {
             signal(pid as u32, nix::sys::signal::Signal::SIGKILL);
         }
+    }
+}
+
+/// Kills and reaps a child of the test on drop (a runner, a stranger process), so it is
+/// stopped even when the test fails first.
+pub struct ChildGuard(pub std::process::Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use drover_test_support::harness::ChildGuard;
 use drover_test_support::wait;
 use drover_tools::background::{BackgroundProcess, ProcessStatus, ProcessUpdate};
 use drover_tools::platform::{self, ForegroundGroups, Signal};
@@ -269,16 +270,6 @@ async fn kill_never_signals_a_recycled_pid() {
 
     stranger.0.kill().expect("kill");
     stranger.0.wait().expect("reap");
-}
-
-/// Kills and reaps a child of the test on drop.
-struct ChildGuard(std::process::Child);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 #[tokio::test]
