@@ -118,13 +118,6 @@ fn last_sequence(db: &Path, execution_id: &str) -> Value {
     )
 }
 
-/// Waits, bounded, until `path` exists.
-async fn wait_file(path: &Path) -> String {
-    wait::line_file(path, Duration::from_secs(20))
-        .await
-        .unwrap_or_else(|| panic!("{} never appeared", path.display()))
-}
-
 #[tokio::test]
 async fn a_frame_naming_another_execution_is_refused_and_the_victim_is_untouched() {
     let mut s = setup().await;
@@ -168,12 +161,11 @@ async fn a_frame_naming_another_execution_is_refused_and_the_victim_is_untouched
         .as_str()
         .unwrap()
         .to_string();
-    let answer = wait_file(
-        &s.relay_dir
-            .path()
-            .join(format!("answer-{attacker_execution}.json")),
-    )
-    .await;
+    let answer_file = s
+        .relay_dir
+        .path()
+        .join(format!("answer-{attacker_execution}.json"));
+    let answer = wait::line_file(&answer_file, Duration::from_secs(20)).await;
     let answer: Value = serde_json::from_str(&answer).unwrap();
     assert_eq!(answer["type"], "refused", "{answer}");
     assert_eq!(answer["reason"], "permission_denied", "{answer}");

@@ -74,12 +74,14 @@ pub async fn file<T>(
     }
 }
 
-/// [`file`] for text a writer ends with a newline once it is whole: the text, or `None`.
-pub async fn line_file(path: &Path, limit: Duration) -> Option<String> {
+/// [`file`] for text a writer ends with a newline once it is whole: the text. Panics, naming
+/// the file, when it is not whole within `limit` (test code: that fails the test).
+pub async fn line_file(path: &Path, limit: Duration) -> String {
     file(path, limit, |text| {
         text.ends_with('\n').then(|| text.to_string())
     })
     .await
+    .unwrap_or_else(|| panic!("{} got no whole line within {limit:?}", path.display()))
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use drover_test_support::harness::ChildGuard;
+use drover_test_support::harness::{self, ChildGuard};
 use drover_test_support::wait;
 use drover_tools::background::{BackgroundProcess, ProcessStatus, ProcessUpdate};
 use drover_tools::platform::{self, ForegroundGroups, Signal};
@@ -86,12 +86,9 @@ async fn process(args: Value, ctx: &ToolContext) -> Value {
     result
 }
 
-async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !check() {
-        assert!(Instant::now() < deadline, "{what} within 10 s");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+async fn eventually(what: &str, check: impl FnMut() -> bool) {
+    let held = harness::eventually(Duration::from_secs(10), check).await;
+    assert!(held, "{what} within 10 s");
 }
 
 #[tokio::test]

@@ -2,7 +2,9 @@
 //! `terminal` call's whole group. Its own test binary: `kill_all` is process-wide and would hit
 //! the groups of tests running beside it.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use drover_test_support::wait;
 
 use drover_tools::platform::{is_alive, ForegroundGroups};
 use drover_tools::terminal::TerminalTool;
@@ -22,18 +24,8 @@ async fn kill_all_stops_every_running_foreground_group() {
     let task =
         tokio::spawn(async move { TerminalTool.call(json!({"command": command}), &ctx).await });
 
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let grandchild: i32 = loop {
-        if let Some(pid) = std::fs::read_to_string(&pid_file)
-            .ok()
-            .filter(|t| t.ends_with('\n'))
-            .and_then(|t| t.trim().parse().ok())
-        {
-            break pid;
-        }
-        assert!(Instant::now() < deadline, "pid file never written");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let pid_text = wait::line_file(&pid_file, Duration::from_secs(10)).await;
+    let grandchild: i32 = pid_text.trim().parse().expect("a pid");
     assert_eq!(ForegroundGroups::registered().len(), 1);
 
     assert_eq!(ForegroundGroups::kill_all(), 1);
@@ -46,12 +38,8 @@ async fn kill_all_stops_every_running_foreground_group() {
     assert!(out.is_error);
     assert!(ForegroundGroups::registered().is_empty());
 
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while is_alive(grandchild) {
-        assert!(
-            Instant::now() < deadline,
-            "grandchild {grandchild} survived kill_all"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    assert!(
+        wait::until(Duration::from_secs(5), async || !is_alive(grandchild)).await,
+        "grandchild {grandchild} survived kill_all"
+    );
 }

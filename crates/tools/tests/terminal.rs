@@ -65,12 +65,6 @@ fn first_pid(text: &str) -> i32 {
         .unwrap_or_else(|| panic!("no pid in output {text:?}"))
 }
 
-async fn wait_for_file(path: &Path) -> String {
-    wait::line_file(path, Duration::from_secs(10))
-        .await
-        .unwrap_or_else(|| panic!("{} never written", path.display()))
-}
-
 #[tokio::test]
 async fn printf_returns_its_output_and_exit_zero() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -152,7 +146,7 @@ async fn interrupt_kills_the_group_and_returns_promptly() {
     let command = format!("sleep 30 & echo $! > {}; wait", pid_file.display());
     let cancel = ctx.cancel.clone();
     let task = tokio::spawn(async move { call(json!({"command": command}), &ctx).await });
-    let grandchild = first_pid(&wait_for_file(&pid_file).await);
+    let grandchild = first_pid(&wait::line_file(&pid_file, Duration::from_secs(10)).await);
     assert!(is_alive(grandchild));
     let cancelled_at = Instant::now();
     cancel.cancel();
@@ -260,7 +254,7 @@ async fn the_group_is_registered_while_it_runs_and_not_after() {
     let pid_file = dir.path().join("pgid");
     let command = format!("echo $$ > {}; sleep 1", pid_file.display());
     let task = tokio::spawn(async move { call(json!({"command": command}), &ctx).await });
-    let pgid = first_pid(&wait_for_file(&pid_file).await);
+    let pgid = first_pid(&wait::line_file(&pid_file, Duration::from_secs(10)).await);
     assert!(ForegroundGroups::registered().contains(&pgid));
     let out = tokio::time::timeout(Duration::from_secs(10), task)
         .await
