@@ -70,6 +70,14 @@ async fn respond(s: &mut OneSession, prompt: &Value, choice: &str) -> Value {
     s.client.call_ok("approval.respond", params).await.unwrap()
 }
 
+/// [`setup`] with the terminal toolset and [`open_approval`] on its victim: the session, its
+/// scratch directory, the waiting turn's admission and the open prompt.
+async fn approval_waiting() -> (OneSession, tempfile::TempDir, String, Value) {
+    let (mut s, scratch) = setup(&["terminal"]).await;
+    let (admission_id, prompt) = open_approval(&mut s, &victim(&scratch)).await;
+    (s, scratch, admission_id, prompt)
+}
+
 fn respond_params(s: &OneSession, prompt: &Value, choice: &str) -> Value {
     json!({
         "session_id": s.session_id,
@@ -109,8 +117,7 @@ fn prompt_rows(s: &OneSession) -> Vec<(String, Value)> {
 
 #[tokio::test]
 async fn rm_rf_waits_for_approval_and_runs_after_once() {
-    let (mut s, scratch) = setup(&["terminal"]).await;
-    let (admission_id, prompt) = open_approval(&mut s, &victim(&scratch)).await;
+    let (mut s, scratch, admission_id, prompt) = approval_waiting().await;
     let command = format!("rm -rf {}", victim(&scratch).display());
     assert_eq!(prompt["kind"], "approval");
     assert_eq!(prompt["command"], command.as_str());
@@ -174,8 +181,7 @@ async fn rm_rf_waits_for_approval_and_runs_after_once() {
 
 #[tokio::test]
 async fn deny_keeps_the_directory_and_the_model_sees_a_refusal() {
-    let (mut s, scratch) = setup(&["terminal"]).await;
-    let (admission_id, prompt) = open_approval(&mut s, &victim(&scratch)).await;
+    let (mut s, scratch, admission_id, prompt) = approval_waiting().await;
     let answer = respond(&mut s, &prompt, "deny").await;
     assert_eq!(answer["status"], "resolved");
     assert_eq!(s.wait_settled(&admission_id).await.unwrap(), "completed");
@@ -207,8 +213,7 @@ async fn deny_keeps_the_directory_and_the_model_sees_a_refusal() {
 
 #[tokio::test]
 async fn answering_twice_gives_already_resolved() {
-    let (mut s, scratch) = setup(&["terminal"]).await;
-    let (admission_id, prompt) = open_approval(&mut s, &victim(&scratch)).await;
+    let (mut s, scratch, admission_id, prompt) = approval_waiting().await;
     let first = respond(&mut s, &prompt, "deny").await;
     assert_eq!(first["status"], "resolved");
     // A second answer, even a different one, changes nothing.
@@ -230,8 +235,7 @@ async fn answering_twice_gives_already_resolved() {
 
 #[tokio::test]
 async fn bad_choice_is_invalid_params_naming_choice() {
-    let (mut s, scratch) = setup(&["terminal"]).await;
-    let (admission_id, prompt) = open_approval(&mut s, &victim(&scratch)).await;
+    let (mut s, scratch, admission_id, prompt) = approval_waiting().await;
     for bad in [json!("maybe"), json!(""), json!(1), json!(["once"])] {
         let mut params = respond_params(&s, &prompt, "once");
         params["choice"] = bad.clone();
@@ -266,8 +270,7 @@ async fn bad_choice_is_invalid_params_naming_choice() {
 
 #[tokio::test]
 async fn stale_generation_is_refused() {
-    let (mut s, scratch) = setup(&["terminal"]).await;
-    let (admission_id, prompt) = open_approval(&mut s, &victim(&scratch)).await;
+    let (mut s, scratch, admission_id, prompt) = approval_waiting().await;
     let generation = prompt["execution_generation"].as_u64().unwrap();
     for stale in [generation + 1, generation - 1] {
         let mut params = respond_params(&s, &prompt, "once");
@@ -283,8 +286,7 @@ async fn stale_generation_is_refused() {
 
 #[tokio::test]
 async fn unknown_prompt_id_is_not_found() {
-    let (mut s, scratch) = setup(&["terminal"]).await;
-    let (admission_id, prompt) = open_approval(&mut s, &victim(&scratch)).await;
+    let (mut s, scratch, admission_id, prompt) = approval_waiting().await;
     let mut params = respond_params(&s, &prompt, "once");
     params["prompt_id"] = json!("no-such-prompt");
     let reason = s.client.call_err("approval.respond", params).await.unwrap();
@@ -410,8 +412,7 @@ async fn interrupt_during_open_clarify_settles_interrupted_and_model_gets_no_mor
 
 #[tokio::test]
 async fn prompt_survives_a_client_reconnect() {
-    let (mut s, scratch) = setup(&["terminal"]).await;
-    let (admission_id, prompt) = open_approval(&mut s, &victim(&scratch)).await;
+    let (mut s, scratch, admission_id, prompt) = approval_waiting().await;
     // Detach by dropping the connection: the turn keeps waiting (G3).
     let old = std::mem::replace(&mut s.client, s.daemon.client().await.unwrap());
     drop(old);
@@ -430,8 +431,7 @@ async fn prompt_survives_a_client_reconnect() {
 
 #[tokio::test]
 async fn after_an_owner_restart_the_lost_turns_prompts_are_cancelled() {
-    let (mut s, scratch) = setup(&["terminal"]).await;
-    let (admission_id, prompt) = open_approval(&mut s, &victim(&scratch)).await;
+    let (mut s, scratch, admission_id, prompt) = approval_waiting().await;
     s.daemon.kill().unwrap();
 
     let daemon = Daemon::start(bin(), s.home.path()).await.unwrap();
@@ -733,8 +733,7 @@ async fn submit_rm(s: &mut OneSession, dir: &Path) -> String {
 
 #[tokio::test]
 async fn session_choice_lets_later_turns_of_the_session_run_without_asking() {
-    let (mut s, scratch) = setup(&["terminal"]).await;
-    let (admission, prompt) = open_approval(&mut s, &victim(&scratch)).await;
+    let (mut s, scratch, admission, prompt) = approval_waiting().await;
     let r = respond(&mut s, &prompt, "session").await;
     assert_eq!(r["status"], "resolved");
     assert_eq!(s.wait_settled(&admission).await.unwrap(), "completed");
@@ -763,8 +762,7 @@ async fn session_choice_lets_later_turns_of_the_session_run_without_asking() {
 
 #[tokio::test]
 async fn always_choice_is_a_stored_rule_listed_and_removable_with_the_cli() {
-    let (mut s, scratch) = setup(&["terminal"]).await;
-    let (admission, prompt) = open_approval(&mut s, &victim(&scratch)).await;
+    let (mut s, scratch, admission, prompt) = approval_waiting().await;
     let key = prompt["pattern_key"].as_str().unwrap().to_string();
     respond(&mut s, &prompt, "always").await;
     assert_eq!(s.wait_settled(&admission).await.unwrap(), "completed");
@@ -802,8 +800,7 @@ async fn always_choice_is_a_stored_rule_listed_and_removable_with_the_cli() {
 
 #[tokio::test]
 async fn interrupt_closes_open_prompts_at_once_so_a_late_answer_is_not_accepted() {
-    let (mut s, scratch) = setup(&["terminal"]).await;
-    let (admission, prompt) = open_approval(&mut s, &victim(&scratch)).await;
+    let (mut s, scratch, admission, prompt) = approval_waiting().await;
     s.interrupt(prompt["execution_generation"].clone())
         .await
         .unwrap();
