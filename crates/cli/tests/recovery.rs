@@ -43,6 +43,12 @@ fn execution_status(db: &Path, admission_id: &str) -> Value {
     )
 }
 
+/// Checks that the execution of `admission_id` ended `status` and that no turn lease is left.
+fn assert_released(s: &OneSession, admission_id: &str, status: &str) {
+    assert_eq!(execution_status(&s.home.db(), admission_id), status);
+    assert_eq!(leases(&s.home.db()), 0);
+}
+
 fn leases(db: &Path) -> Value {
     db_value(db, "SELECT count(*) FROM session_turn_leases")
 }
@@ -308,8 +314,7 @@ async fn killing_the_worker_while_the_model_holds_leaves_turn_unknown_and_pauses
         .len(),
         0
     );
-    assert_eq!(execution_status(&s.home.db(), &a), "unknown");
-    assert_eq!(leases(&s.home.db()), 0);
+    assert_released(&s, &a, "unknown");
 
     let snap = resume(&mut s.client, &s.session_id).await;
     assert_eq!(
@@ -398,8 +403,7 @@ async fn killing_the_owner_mid_turn_then_restarting_makes_it_unknown_and_never_r
         [(a.clone(), "unknown".into()), (b.clone(), "queued".into())]
     );
     assert_eq!(snap["running"], false);
-    assert_eq!(execution_status(&s.home.db(), &a), "unknown");
-    assert_eq!(leases(&s.home.db()), 0);
+    assert_released(&s, &a, "unknown");
     // Recovery published the loss into the stored stream.
     let since = c
         .events_since(&s.session_id, &snap["replay_epoch"], 0)
@@ -651,8 +655,7 @@ async fn graceful_stop_interrupts_a_turn_within_the_grace() {
     let r = receipt(&mut c, &s.session_id, &a).await;
     assert_eq!(r["status"], "terminal", "{r}");
     assert_eq!(r["outcome"], "interrupted", "{r}");
-    assert_eq!(execution_status(&s.home.db(), &a), "terminal");
-    assert_eq!(leases(&s.home.db()), 0);
+    assert_released(&s, &a, "terminal");
     assert_eq!(s.model.requests().len(), 1);
 }
 
@@ -725,8 +728,7 @@ async fn graceful_stop_past_the_grace_kills_the_worker_and_the_turn_is_unknown()
     let (_daemon, mut c) = restart(&s).await;
     let r = receipt(&mut c, &s.session_id, &a).await;
     assert_eq!(r["status"], "unknown", "{r}");
-    assert_eq!(execution_status(&s.home.db(), &a), "unknown");
-    assert_eq!(leases(&s.home.db()), 0);
+    assert_released(&s, &a, "unknown");
     assert_eq!(s.model.requests().len(), 1);
 }
 
