@@ -8,9 +8,8 @@ use std::time::Duration;
 
 use drover_model::{Completion, ModelError};
 use drover_protocol::FunctionCall;
-use drover_tools::{NoPrompts, ToolOutput};
+use drover_tools::ToolOutput;
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
 
 use super::*;
 
@@ -272,16 +271,8 @@ impl Fixture {
             log,
             tools,
             ctx: ToolContext {
-                grants: Default::default(),
-                cwd: PathBuf::from("/"),
-                session_id: "s1".into(),
-                home: std::env::temp_dir(),
                 approvals: drover_tools::ApprovalMode::Auto,
-                cancel: CancellationToken::new(),
-                prompts: Arc::new(NoPrompts),
-                processes: Arc::new(drover_tools::InMemoryProcesses::default()),
-                delegator: std::sync::Arc::new(drover_tools::NoDelegation),
-                jobs: Default::default(),
+                ..ToolContext::detached(PathBuf::from("/"), std::env::temp_dir(), "s1")
             },
         }
     }

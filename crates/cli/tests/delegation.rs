@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use drover_test_support::harness::str_field;
 use drover_test_support::harness::{children_of, db_rows, Client, Daemon, OneSession};
+use drover_test_support::mock_model::last_message;
 use drover_test_support::{Gate, Reply};
 use serde_json::{json, Value};
 
@@ -44,14 +45,6 @@ fn first_user_text(request: &Value) -> String {
 
 fn is_child(request: &Value) -> bool {
     first_user_text(request).starts_with(CHILD)
-}
-
-fn last_message(request: &Value) -> Value {
-    request["messages"]
-        .as_array()
-        .and_then(|m| m.last())
-        .cloned()
-        .unwrap_or(Value::Null)
 }
 
 fn tool_names(request: &Value) -> Vec<String> {
@@ -311,17 +304,8 @@ async fn interrupting_the_parent_retires_its_live_child() {
     assert!(kids[0]["ended_at"].is_null());
     let child_id = kids[0]["session_id"].as_str().unwrap().to_string();
 
-    s.client
-        .call_ok(
-            "session.interrupt",
-            json!({"session_id": s.session_id, "execution_generation": generation}),
-        )
-        .await
-        .unwrap();
-    assert_eq!(
-        s.client.wait_settled(&admission_id).await.unwrap(),
-        "interrupted"
-    );
+    s.interrupt(generation).await.unwrap();
+    assert_eq!(s.wait_settled(&admission_id).await.unwrap(), "interrupted");
     let parent = resume(&mut s.client, &s.session_id).await;
     assert!(
         tool_result(&parent)["content"]

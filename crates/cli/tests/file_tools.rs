@@ -94,12 +94,7 @@ async fn model_writes_a_file_then_reads_it_back_in_one_turn() {
     );
 
     // tool.start previews the path.
-    let resume = s.resume().await.unwrap();
-    let since = s
-        .client
-        .events_since(&s.session_id, &resume["replay_epoch"], 0)
-        .await
-        .unwrap();
+    let since = s.client.stored_events(&s.session_id).await.unwrap();
     let contexts: Vec<&str> = since["events"]
         .as_array()
         .unwrap()

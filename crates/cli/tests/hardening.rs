@@ -341,7 +341,7 @@ async fn a_full_disk_during_a_turn_never_leaves_it_started() {
         .unwrap();
     let r = s.submit("again").await.unwrap();
     let next = r["admission_id"].as_str().unwrap();
-    assert_eq!(s.client.wait_settled(next).await.unwrap(), "completed");
+    assert_eq!(s.wait_settled(next).await.unwrap(), "completed");
 }
 
 #[tokio::test]
@@ -388,7 +388,7 @@ async fn a_started_turn_without_a_worker_is_found_and_made_unknown() {
     // The supervised turn is untouched and still completes.
     gate.open();
     let first = first["admission_id"].as_str().unwrap();
-    assert_eq!(s.client.wait_settled(first).await.unwrap(), "completed");
+    assert_eq!(s.wait_settled(first).await.unwrap(), "completed");
 }
 
 /// A worker wrapper that never passes the owner's `stop` frames on: a worker ignoring its
@@ -451,16 +451,9 @@ async fn a_worker_that_ignores_interrupt_is_signalled_and_its_turn_is_unknown() 
     let (_dir, mut s, gate, admission_id, generation) =
         held_turn_of_a_stop_ignoring_worker(1.0).await;
     let asked = Instant::now();
-    let state = s
-        .client
-        .call_ok(
-            "session.interrupt",
-            json!({"session_id": s.session_id, "execution_generation": generation}),
-        )
-        .await
-        .unwrap();
+    let state = s.interrupt(generation).await.unwrap();
     assert_eq!(state["execution_state"], "interrupting");
-    let outcome = s.client.wait_settled(&admission_id).await.unwrap();
+    let outcome = s.wait_settled(&admission_id).await.unwrap();
     assert_eq!(outcome, "unknown");
     let took = asked.elapsed();
     assert!(
@@ -474,19 +467,10 @@ async fn a_worker_that_ignores_interrupt_is_signalled_and_its_turn_is_unknown() 
 async fn an_answer_that_races_an_accepted_interrupt_settles_interrupted() {
     let (_dir, mut s, gate, admission_id, generation) =
         held_turn_of_a_stop_ignoring_worker(30.0).await;
-    s.client
-        .call_ok(
-            "session.interrupt",
-            json!({"session_id": s.session_id, "execution_generation": generation}),
-        )
-        .await
-        .unwrap();
+    s.interrupt(generation).await.unwrap();
     // The worker never saw the stop and finishes its answer: the turn still was interrupted.
     gate.open();
-    assert_eq!(
-        s.client.wait_settled(&admission_id).await.unwrap(),
-        "interrupted"
-    );
+    assert_eq!(s.wait_settled(&admission_id).await.unwrap(), "interrupted");
     let receipt = s.receipt(&admission_id, false).await.unwrap();
     assert_eq!(receipt["outcome"], "interrupted", "{receipt}");
 }

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use drover_test_support::harness::{db_value, Daemon, TestHome};
+use drover_test_support::harness::{db_value, eventually, Daemon, TestHome};
 use drover_test_support::harness::{model_daemon, model_home};
 use drover_test_support::{Gate, Reply};
 use serde_json::json;
@@ -60,17 +60,23 @@ fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// Checks that `out` exited `code` with every one of `needles` in its stderr.
+fn exits_saying(out: &Output, code: i32, needles: &[&str]) {
+    let said = stderr(out);
+    assert_eq!(out.status.code(), Some(code), "{said}");
+    for needle in needles {
+        assert!(said.contains(needle), "no {needle:?} in: {said}");
+    }
+}
+
 fn mode(path: &Path) -> u32 {
     std::fs::metadata(path).unwrap().permissions().mode() & 0o777
 }
 
 /// Waits (bounded) for `cond`.
-async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+async fn wait_for(what: &str, cond: impl FnMut() -> bool) {
+    let held = eventually(Duration::from_secs(20), cond).await;
+    assert!(held, "timed out waiting for {what}");
 }
 
 #[tokio::test]
@@ -86,12 +92,7 @@ async fn deleting_daemon_lock_does_not_let_a_second_owner_touch_the_ledger() {
 
     std::fs::remove_file(home.path().join("daemon.lock")).unwrap();
     let out = drover(home.path(), &["daemon"]);
-    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains(&format!("pid {}", d.pid())),
-        "{}",
-        stderr(&out)
-    );
+    exits_saying(&out, 3, &[&format!("pid {}", d.pid())]);
     // The second owner neither raised the epoch nor marked the live turn unknown.
     assert_eq!(
         db_value(&home.db(), "SELECT epoch FROM runtime_epoch"),
@@ -160,12 +161,7 @@ async fn a_lock_holder_that_has_not_written_its_pid_yet_is_still_named() {
     held.try_lock().unwrap();
     let out = drover(home.path(), &["daemon"]);
     drop(held);
-    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains(&format!("(pid {})", std::process::id())),
-        "{}",
-        stderr(&out)
-    );
+    exits_saying(&out, 3, &[&format!("(pid {})", std::process::id())]);
 }
 
 #[tokio::test]
@@ -174,12 +170,7 @@ async fn drover_stop_stops_an_owner_whose_daemon_json_was_deleted() {
     let mut d = Daemon::start(bin(), home.path()).await.unwrap();
     std::fs::remove_file(home.path().join("daemon.json")).unwrap();
     let out = drover(home.path(), &["stop"]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains(&format!("daemon pid {} stopped", d.pid())),
-        "{}",
-        stderr(&out)
-    );
+    exits_saying(&out, 0, &[&format!("daemon pid {} stopped", d.pid())]);
     assert_eq!(
         d.wait_exit(Duration::from_secs(20)).await.unwrap().code(),
         Some(0)
@@ -211,20 +202,13 @@ async fn a_listen_address_beyond_loopback_needs_allow_remote_and_tls() {
     home.write_config("[daemon]\nlisten = \"0.0.0.0:0\"\n")
         .unwrap();
     let out = drover(home.path(), &["daemon"]);
-    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
-    assert!(stderr(&out).contains("[daemon] listen"), "{}", stderr(&out));
-    assert!(stderr(&out).contains("allow_remote"), "{}", stderr(&out));
+    exits_saying(&out, 1, &["[daemon] listen", "allow_remote"]);
     assert!(!home.path().join("daemon.json").exists());
 
     home.write_config("[daemon]\nlisten = \"0.0.0.0:0\"\nallow_remote = true\n")
         .unwrap();
     let out = drover(home.path(), &["daemon"]);
-    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("tls_cert") && stderr(&out).contains("tls_key"),
-        "{}",
-        stderr(&out)
-    );
+    exits_saying(&out, 1, &["tls_cert", "tls_key"]);
     assert!(!home.path().join("daemon.json").exists());
 }
 

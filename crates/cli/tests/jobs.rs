@@ -428,6 +428,18 @@ async fn timed_submit(sb: &Sandbox, tmux: &Tmux) -> (Output, Duration) {
 // ---------------------------------------------------------------------------------------------
 // Pane delivery and the liveness contract (issue 5, "Done when").
 
+/// Checks that `job_id` gets no new event for 1.5 s (`why` says what one would mean); returns
+/// its events.
+async fn no_more_events(sb: &Sandbox, job_id: &str, why: &str) -> Vec<Value> {
+    let before = sb.events(job_id).await.len();
+    let quiet = wait::holds_for(Duration::from_millis(1500), async || {
+        sb.events(job_id).await.len() == before
+    })
+    .await;
+    assert!(quiet, "{why}");
+    sb.events(job_id).await
+}
+
 #[tokio::test]
 async fn heartbeats_alone_keep_the_job_running_over_several_idle_windows_then_completed_exits_0() {
     let sb = Sandbox::new();
@@ -848,15 +860,7 @@ async fn a_timer_at_n1_beats_with_the_dispatch_token_and_stops_at_the_terminal_e
         !running(pid, start),
         "the timer stops at the terminal event"
     );
-    let before = sb.events(&job_id).await.len();
-    assert!(
-        wait::holds_for(Duration::from_millis(1500), async || {
-            sb.events(&job_id).await.len() == before
-        })
-        .await,
-        "an event after the terminal one"
-    );
-    let events = sb.events(&job_id).await;
+    let events = no_more_events(&sb, &job_id, "an event after the terminal one").await;
     assert_nothing_after_terminal(&events);
     assert_eq!(sb.show(&job_id).await["heartbeat_timer"], Value::Null);
 }
@@ -881,15 +885,7 @@ async fn a_timer_stops_when_the_attempt_changes() {
         eventually(Duration::from_secs(3), || !running(pid, start)).await,
         "the timer outlived its attempt"
     );
-    let before = sb.events(&job_id).await.len();
-    assert!(
-        wait::holds_for(Duration::from_millis(1500), async || {
-            sb.events(&job_id).await.len() == before
-        })
-        .await,
-        "something beat after the attempt changed"
-    );
-    let events = sb.events(&job_id).await;
+    let events = no_more_events(&sb, &job_id, "something beat after the attempt changed").await;
     assert!(heartbeats(&events)
         .iter()
         .all(|b| b["data"]["attempt_id"] == 1));
@@ -907,7 +903,7 @@ async fn a_timer_stops_when_the_attempt_changes() {
         "{}",
         text(&out.stderr)
     );
-    assert_eq!(sb.events(&job_id).await.len(), before);
+    assert_eq!(sb.events(&job_id).await.len(), events.len());
 }
 
 #[tokio::test]

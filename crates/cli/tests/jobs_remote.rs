@@ -55,6 +55,17 @@ impl Broker {
         .await;
         assert_eq!(n, 1, "publish to {topic}: {why:?}");
     }
+
+    /// Publishes `message` as the retained dispatch of `runner`.
+    async fn send_to(&self, runner: &str, message: &Value) {
+        self.publish_retained(&topic(runner), message.to_string().into_bytes())
+            .await;
+    }
+
+    /// Publishes `d`, signed with [`SECRET`], as the retained dispatch of its runner.
+    async fn dispatch(&self, d: &Dispatch) {
+        self.send_to(&d.runner, &d.to_message(SECRET)).await;
+    }
 }
 
 /// One host: a home and a registry, with `$DROVER_MQTT_URL` and (optionally) the secret.
@@ -297,22 +308,13 @@ async fn unsigned_or_wrongly_signed_dispatches_are_dropped_and_nothing_runs() {
     let d = dispatch("r2", "evil", 1, "tok");
     let mut unsigned = d.to_message(SECRET);
     unsigned.as_object_mut().unwrap().remove("sig");
-    broker
-        .publish_retained(&topic("r2"), unsigned.to_string().into_bytes())
-        .await;
+    broker.send_to("r2", &unsigned).await;
     runner.wait_for("dropped a dispatch", 1).await;
-    broker
-        .publish_retained(
-            &topic("r2"),
-            d.to_message("not-the-secret").to_string().into_bytes(),
-        )
-        .await;
+    broker.send_to("r2", &d.to_message("not-the-secret")).await;
     runner.wait_for("dropped a dispatch", 2).await;
     let mut tampered = d.to_message(SECRET);
     tampered["prompt"] = json!("rm -rf something");
-    broker
-        .publish_retained(&topic("r2"), tampered.to_string().into_bytes())
-        .await;
+    broker.send_to("r2", &tampered).await;
     runner.wait_for("dropped a dispatch", 3).await;
     assert!(
         !marker.exists(),
@@ -324,12 +326,7 @@ async fn unsigned_or_wrongly_signed_dispatches_are_dropped_and_nothing_runs() {
 
     // The same runner does run a properly signed dispatch.
     let good = dispatch("r2", "good", 1, "tok");
-    broker
-        .publish_retained(
-            &topic("r2"),
-            good.to_message(SECRET).to_string().into_bytes(),
-        )
-        .await;
+    broker.dispatch(&good).await;
     runner.wait_for("job good attempt 1: completed", 1).await;
     assert_eq!(std::fs::read_to_string(&marker).unwrap(), "good\n");
 }
@@ -364,18 +361,10 @@ async fn an_expired_or_future_dispatch_is_refused_before_any_write() {
     for (i, (job, ts, why)) in cases.iter().enumerate() {
         let mut d = dispatch("r6", job, 1, "tok");
         d.ts = *ts;
-        broker
-            .publish_retained(&topic("r6"), d.to_message(SECRET).to_string().into_bytes())
+        broker.dispatch(&d).await;
+        runner
+            .wait_for(&format!("dispatch {job} attempt 1:"), 1)
             .await;
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while runner.count(&format!("dispatch {job} attempt 1:")) == 0 {
-            assert!(
-                Instant::now() < deadline,
-                "no word on {job}:\n{}",
-                runner.stderr()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
         let said = runner.stderr();
         let line = said
             .lines()
@@ -401,12 +390,7 @@ async fn an_expired_or_future_dispatch_is_refused_before_any_write() {
     }
 
     let fresh = dispatch("r6", "fresh", 1, "tok");
-    broker
-        .publish_retained(
-            &topic("r6"),
-            fresh.to_message(SECRET).to_string().into_bytes(),
-        )
-        .await;
+    broker.dispatch(&fresh).await;
     runner.wait_for("job fresh attempt 1: completed", 1).await;
     assert_eq!(std::fs::read_to_string(&marker).unwrap(), "fresh\n");
 }
@@ -423,27 +407,22 @@ async fn admission_is_idempotent_never_reruns_refuses_stale_or_forged_and_newer_
     );
     let runner = remote.runner("r3", &exec, &[]);
     runner.wait_for("following", 1).await;
-    let send = |d: Dispatch| {
-        let bytes = d.to_message(SECRET).to_string().into_bytes();
-        let b = &broker;
-        async move { b.publish_retained(&topic("r3"), bytes).await }
-    };
 
-    send(dispatch("r3", "aj", 2, "tok2")).await;
+    broker.dispatch(&dispatch("r3", "aj", 2, "tok2")).await;
     runner
         .wait_for("job aj attempt 2: completed ran 2", 1)
         .await;
     // The same token again: idempotent, and the finished attempt does not run again.
-    send(dispatch("r3", "aj", 2, "tok2")).await;
+    broker.dispatch(&dispatch("r3", "aj", 2, "tok2")).await;
     runner
         .wait_for("dispatch aj attempt 2: duplicate (finished", 1)
         .await;
     // A lower attempt is refused before any write.
     let before = remote.events("aj").await.len();
-    send(dispatch("r3", "aj", 1, "tok1")).await;
+    broker.dispatch(&dispatch("r3", "aj", 1, "tok1")).await;
     runner.wait_for("dispatch aj attempt 1: refused", 1).await;
     // The same attempt under another token is refused.
-    send(dispatch("r3", "aj", 2, "forged")).await;
+    broker.dispatch(&dispatch("r3", "aj", 2, "forged")).await;
     runner.wait_for("dispatch aj attempt 2: refused", 1).await;
     assert_eq!(
         remote.events("aj").await.len(),
@@ -459,7 +438,7 @@ async fn admission_is_idempotent_never_reruns_refuses_stale_or_forged_and_newer_
         (Some(2), Some("tok2"))
     );
     // A strictly newer attempt replaces the record and runs.
-    send(dispatch("r3", "aj", 3, "tok3")).await;
+    broker.dispatch(&dispatch("r3", "aj", 3, "tok3")).await;
     runner
         .wait_for("job aj attempt 3: completed ran 3", 1)
         .await;

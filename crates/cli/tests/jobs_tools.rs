@@ -9,11 +9,14 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use drover_test_support::harness::str_field;
-use drover_test_support::harness::{db_rows, db_value, pid_alive, Client, Daemon, OneSession};
-use drover_test_support::{Gate, Reply};
+use drover_test_support::harness::{
+    db_rows, db_value, pid_alive, ChildGuard, Client, Daemon, OneSession,
+};
+use drover_test_support::mock_model::last_message;
+use drover_test_support::{wait, Gate, Reply};
 use serde_json::{json, Value};
 
 const BOUND: Duration = Duration::from_secs(30);
@@ -44,15 +47,6 @@ async fn setup(config: &str, env: &[(&str, &str)]) -> (OneSession, PathBuf) {
     let agent = s.home.path().join("agent.sh");
     std::fs::write(&agent, AGENT).unwrap();
     (s, agent)
-}
-
-/// The last message of a model request.
-fn last_message(request: &Value) -> Value {
-    request["messages"]
-        .as_array()
-        .and_then(|m| m.last())
-        .cloned()
-        .unwrap_or(Value::Null)
 }
 
 /// The JSON content of a request's last message when it answers `call_id`.
@@ -248,14 +242,10 @@ async fn an_owner_killed_between_job_submit_and_job_wait_keeps_the_job_once_and_
     );
     let worker = s.daemon.wait_worker().await.unwrap();
     s.daemon.kill().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while pid_alive(worker) {
-        assert!(
-            Instant::now() < deadline,
-            "worker {worker} outlived its owner"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    assert!(
+        wait::until(Duration::from_secs(10), async || !pid_alive(worker)).await,
+        "worker {worker} outlived its owner"
+    );
     let job_id = job_id.lock().unwrap().clone().expect("job_submit answered");
 
     let daemon = Daemon::start(bin(), s.home.path()).await.unwrap();
@@ -450,21 +440,10 @@ async fn job_cancel_stops_an_exec_job_and_a_terminal_status_is_kept() {
         .unwrap()
         .parse()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while pid_alive(pid) {
-        assert!(Instant::now() < deadline, "exec agent {pid} still runs");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-}
-
-/// Kills a child process on drop (a runner).
-struct ChildGuard(std::process::Child);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+    assert!(
+        wait::until(Duration::from_secs(10), async || !pid_alive(pid)).await,
+        "exec agent {pid} still runs"
+    );
 }
 
 #[tokio::test]

@@ -56,27 +56,6 @@ async fn start(stall_timeout_s: u64) -> Live {
     }
 }
 
-/// Every event up to and including the `turn.settled` of `admission_id`.
-async fn events_until_settled(client: &mut Client, admission_id: &str) -> Vec<Value> {
-    let deadline = Instant::now() + WAIT;
-    let mut seen: Vec<Value> = Vec::new();
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let e = client.next_event(left).await.unwrap().unwrap_or_else(|| {
-            let kinds: Vec<&Value> = seen.iter().map(|e| &e["type"]).collect();
-            panic!(
-                "no turn.settled within {WAIT:?}; saw {} events: {kinds:?}",
-                seen.len()
-            )
-        });
-        let settled = e["type"] == "turn.settled" && e["payload"]["admission_id"] == admission_id;
-        seen.push(e);
-        if settled {
-            return seen;
-        }
-    }
-}
-
 fn progress(events: &[Value]) -> Vec<&Value> {
     events
         .iter()
@@ -91,7 +70,7 @@ async fn a_model_that_sends_headers_then_nothing_fails_the_turn_model_stalled() 
     let began = Instant::now();
     let receipt = s.client.submit(&s.session_id, "hello").await.unwrap();
     let aid = str_field(&receipt, "admission_id");
-    let events = events_until_settled(&mut s.client, &aid).await;
+    let events = s.client.events_until_settled(&aid).await.unwrap();
     let took = began.elapsed();
 
     let settled = events.last().unwrap();
@@ -168,7 +147,7 @@ async fn a_quiet_turn_gets_live_progress_naming_its_phase_and_tool() {
     assert!(first["payload"]["elapsed_ms"].as_u64().is_some(), "{first}");
     gate.open();
 
-    let events = events_until_settled(&mut s.client, &aid).await;
+    let events = s.client.events_until_settled(&aid).await.unwrap();
     assert_eq!(events.last().unwrap()["payload"]["outcome"], "completed");
     let at = |kind: &str| {
         events
@@ -195,16 +174,7 @@ async fn a_quiet_turn_gets_live_progress_naming_its_phase_and_tool() {
     }
 
     // Live only: nothing of it is stored.
-    let resume = s
-        .client
-        .call_ok("session.resume", json!({"session_id": s.session_id}))
-        .await
-        .unwrap();
-    let since = s
-        .client
-        .events_since(&s.session_id, &resume["replay_epoch"], 0)
-        .await
-        .unwrap();
+    let since = s.client.stored_events(&s.session_id).await.unwrap();
     let stored = since["events"].as_array().unwrap();
     assert!(!stored.is_empty());
     assert!(

@@ -55,12 +55,27 @@ async fn open_approval(s: &mut OneSession, victim: &Path) -> (String, Value) {
     s.model.push(Reply::text("Done deleting."));
     let receipt = s.submit("delete the victim directory").await.unwrap();
     let admission_id = str_field(&receipt, "admission_id");
-    let request = s
-        .client
-        .wait_event(|e| e["type"] == "approval.request")
-        .await
-        .unwrap();
+    let request = event(s, "approval.request").await;
     (admission_id, request["payload"].clone())
+}
+
+/// Waits for the next event of type `kind` on `s`'s client.
+async fn event(s: &mut OneSession, kind: &str) -> Value {
+    s.client.wait_event(|e| e["type"] == kind).await.unwrap()
+}
+
+/// Answers the approval `prompt` with `choice` on `s`'s client; returns the answer.
+async fn respond(s: &mut OneSession, prompt: &Value, choice: &str) -> Value {
+    let params = respond_params(s, prompt, choice);
+    s.client.call_ok("approval.respond", params).await.unwrap()
+}
+
+/// [`setup`] with the terminal toolset and [`open_approval`] on its victim: the session, its
+/// scratch directory, the waiting turn's admission and the open prompt.
+async fn approval_waiting() -> (OneSession, tempfile::TempDir, String, Value) {
+    let (mut s, scratch) = setup(&["terminal"]).await;
+    let (admission_id, prompt) = open_approval(&mut s, &victim(&scratch)).await;
+    (s, scratch, admission_id, prompt)
 }
 
 fn respond_params(s: &OneSession, prompt: &Value, choice: &str) -> Value {
@@ -102,8 +117,7 @@ fn prompt_rows(s: &OneSession) -> Vec<(String, Value)> {
 
 #[tokio::test]
 async fn rm_rf_waits_for_approval_and_runs_after_once() {
-    let (mut s, scratch) = setup(&["terminal"]).await;
-    let (admission_id, prompt) = open_approval(&mut s, &victim(&scratch)).await;
+    let (mut s, scratch, admission_id, prompt) = approval_waiting().await;
     let command = format!("rm -rf {}", victim(&scratch).display());
     assert_eq!(prompt["kind"], "approval");
     assert_eq!(prompt["command"], command.as_str());
@@ -138,27 +152,16 @@ async fn rm_rf_waits_for_approval_and_runs_after_once() {
         "the command ran, or the turn went on, before it was approved"
     );
 
-    let answer = s
-        .client
-        .call_ok("approval.respond", respond_params(&s, &prompt, "once"))
-        .await
-        .unwrap();
+    let answer = respond(&mut s, &prompt, "once").await;
     assert_eq!(
         answer,
         json!({"status": "resolved", "prompt_id": prompt["prompt_id"]})
     );
-    let settled = s
-        .client
-        .wait_event(|e| e["type"] == "approval.settled")
-        .await
-        .unwrap();
+    let settled = event(&mut s, "approval.settled").await;
     assert_eq!(settled["payload"]["prompt_id"], prompt["prompt_id"]);
     assert_eq!(settled["payload"]["choice"], "once");
 
-    assert_eq!(
-        s.client.wait_settled(&admission_id).await.unwrap(),
-        "completed"
-    );
+    assert_eq!(s.wait_settled(&admission_id).await.unwrap(), "completed");
     assert!(!victim(&scratch).exists(), "approved rm -rf did not run");
     let tools = tool_rows(&s);
     assert_eq!(tools.len(), 1);
@@ -178,18 +181,10 @@ async fn rm_rf_waits_for_approval_and_runs_after_once() {
 
 #[tokio::test]
 async fn deny_keeps_the_directory_and_the_model_sees_a_refusal() {
-    let (mut s, scratch) = setup(&["terminal"]).await;
-    let (admission_id, prompt) = open_approval(&mut s, &victim(&scratch)).await;
-    let answer = s
-        .client
-        .call_ok("approval.respond", respond_params(&s, &prompt, "deny"))
-        .await
-        .unwrap();
+    let (mut s, scratch, admission_id, prompt) = approval_waiting().await;
+    let answer = respond(&mut s, &prompt, "deny").await;
     assert_eq!(answer["status"], "resolved");
-    assert_eq!(
-        s.client.wait_settled(&admission_id).await.unwrap(),
-        "completed"
-    );
+    assert_eq!(s.wait_settled(&admission_id).await.unwrap(), "completed");
     assert!(
         victim(&scratch).join("keep.txt").is_file(),
         "denied rm -rf ran"
@@ -218,46 +213,29 @@ async fn deny_keeps_the_directory_and_the_model_sees_a_refusal() {
 
 #[tokio::test]
 async fn answering_twice_gives_already_resolved() {
-    let (mut s, scratch) = setup(&["terminal"]).await;
-    let (admission_id, prompt) = open_approval(&mut s, &victim(&scratch)).await;
-    let first = s
-        .client
-        .call_ok("approval.respond", respond_params(&s, &prompt, "deny"))
-        .await
-        .unwrap();
+    let (mut s, scratch, admission_id, prompt) = approval_waiting().await;
+    let first = respond(&mut s, &prompt, "deny").await;
     assert_eq!(first["status"], "resolved");
     // A second answer, even a different one, changes nothing.
-    let second = s
-        .client
-        .call_ok("approval.respond", respond_params(&s, &prompt, "once"))
-        .await
-        .unwrap();
+    let second = respond(&mut s, &prompt, "once").await;
     assert_eq!(
         second,
         json!({"status": "already_resolved", "prompt_id": prompt["prompt_id"]})
     );
-    assert_eq!(
-        s.client.wait_settled(&admission_id).await.unwrap(),
-        "completed"
-    );
+    assert_eq!(s.wait_settled(&admission_id).await.unwrap(), "completed");
     assert!(victim(&scratch).is_dir());
     assert_eq!(
         prompt_rows(&s),
         [("resolved".to_string(), json!("\"deny\""))]
     );
     // After the turn, still already_resolved.
-    let third = s
-        .client
-        .call_ok("approval.respond", respond_params(&s, &prompt, "once"))
-        .await
-        .unwrap();
+    let third = respond(&mut s, &prompt, "once").await;
     assert_eq!(third["status"], "already_resolved");
 }
 
 #[tokio::test]
 async fn bad_choice_is_invalid_params_naming_choice() {
-    let (mut s, scratch) = setup(&["terminal"]).await;
-    let (admission_id, prompt) = open_approval(&mut s, &victim(&scratch)).await;
+    let (mut s, scratch, admission_id, prompt) = approval_waiting().await;
     for bad in [json!("maybe"), json!(""), json!(1), json!(["once"])] {
         let mut params = respond_params(&s, &prompt, "once");
         params["choice"] = bad.clone();
@@ -285,22 +263,14 @@ async fn bad_choice_is_invalid_params_naming_choice() {
     // The prompt is still open and takes a good answer.
     assert_eq!(prompt_rows(&s)[0].0, "open");
     assert!(victim(&scratch).is_dir());
-    let answer = s
-        .client
-        .call_ok("approval.respond", respond_params(&s, &prompt, "deny"))
-        .await
-        .unwrap();
+    let answer = respond(&mut s, &prompt, "deny").await;
     assert_eq!(answer["status"], "resolved");
-    assert_eq!(
-        s.client.wait_settled(&admission_id).await.unwrap(),
-        "completed"
-    );
+    assert_eq!(s.wait_settled(&admission_id).await.unwrap(), "completed");
 }
 
 #[tokio::test]
 async fn stale_generation_is_refused() {
-    let (mut s, scratch) = setup(&["terminal"]).await;
-    let (admission_id, prompt) = open_approval(&mut s, &victim(&scratch)).await;
+    let (mut s, scratch, admission_id, prompt) = approval_waiting().await;
     let generation = prompt["execution_generation"].as_u64().unwrap();
     for stale in [generation + 1, generation - 1] {
         let mut params = respond_params(&s, &prompt, "once");
@@ -310,20 +280,13 @@ async fn stale_generation_is_refused() {
     }
     assert_eq!(prompt_rows(&s)[0].0, "open");
     assert!(victim(&scratch).is_dir());
-    s.client
-        .call_ok("approval.respond", respond_params(&s, &prompt, "deny"))
-        .await
-        .unwrap();
-    assert_eq!(
-        s.client.wait_settled(&admission_id).await.unwrap(),
-        "completed"
-    );
+    respond(&mut s, &prompt, "deny").await;
+    assert_eq!(s.wait_settled(&admission_id).await.unwrap(), "completed");
 }
 
 #[tokio::test]
 async fn unknown_prompt_id_is_not_found() {
-    let (mut s, scratch) = setup(&["terminal"]).await;
-    let (admission_id, prompt) = open_approval(&mut s, &victim(&scratch)).await;
+    let (mut s, scratch, admission_id, prompt) = approval_waiting().await;
     let mut params = respond_params(&s, &prompt, "once");
     params["prompt_id"] = json!("no-such-prompt");
     let reason = s.client.call_err("approval.respond", params).await.unwrap();
@@ -340,14 +303,8 @@ async fn unknown_prompt_id_is_not_found() {
         .unwrap();
     assert_eq!(reason, "not_found");
     assert!(victim(&scratch).is_dir());
-    s.client
-        .call_ok("approval.respond", respond_params(&s, &prompt, "deny"))
-        .await
-        .unwrap();
-    assert_eq!(
-        s.client.wait_settled(&admission_id).await.unwrap(),
-        "completed"
-    );
+    respond(&mut s, &prompt, "deny").await;
+    assert_eq!(s.wait_settled(&admission_id).await.unwrap(), "completed");
 }
 
 #[tokio::test]
@@ -361,11 +318,7 @@ async fn clarify_answer_reaches_the_tool_row() {
     s.model.push(Reply::text("Beta it is."));
     let receipt = s.submit("pick for me").await.unwrap();
     let admission_id = str_field(&receipt, "admission_id");
-    let request = s
-        .client
-        .wait_event(|e| e["type"] == "clarify.request")
-        .await
-        .unwrap();
+    let request = event(&mut s, "clarify.request").await;
     let prompt = request["payload"].clone();
     assert_eq!(prompt["kind"], "clarify");
     assert_eq!(prompt["question"], "Which one?");
@@ -391,16 +344,9 @@ async fn clarify_answer_reaches_the_tool_row() {
         answer,
         json!({"status": "resolved", "prompt_id": prompt["prompt_id"]})
     );
-    let settled = s
-        .client
-        .wait_event(|e| e["type"] == "clarify.settled")
-        .await
-        .unwrap();
+    let settled = event(&mut s, "clarify.settled").await;
     assert_eq!(settled["payload"]["answer"], "Beta");
-    assert_eq!(
-        s.client.wait_settled(&admission_id).await.unwrap(),
-        "completed"
-    );
+    assert_eq!(s.wait_settled(&admission_id).await.unwrap(), "completed");
     let tools = tool_rows(&s);
     assert_eq!(tools.len(), 1);
     let result: Value = serde_json::from_str(&tools[0]).unwrap();
@@ -429,49 +375,25 @@ async fn interrupt_during_open_clarify_settles_interrupted_and_model_gets_no_mor
     s.model.push(Reply::text("second turn answer"));
     let first = s.submit("ask me").await.unwrap();
     let first_id = str_field(&first, "admission_id");
-    let request = s
-        .client
-        .wait_event(|e| e["type"] == "clarify.request")
-        .await
-        .unwrap();
+    let request = event(&mut s, "clarify.request").await;
     let generation = request["payload"]["execution_generation"].as_u64().unwrap();
     let second = s.submit("the next input").await.unwrap();
     let second_id = str_field(&second, "admission_id");
     assert_eq!(second["status"], "queued");
 
-    let reason = s
-        .client
-        .call_err(
-            "session.interrupt",
-            json!({"session_id": s.session_id, "execution_generation": generation + 1}),
-        )
-        .await
-        .unwrap();
+    let reason = s.interrupt_refused(generation + 1).await.unwrap();
     assert_eq!(reason, "stale_generation");
-    let interrupted = s
-        .client
-        .call_ok(
-            "session.interrupt",
-            json!({"session_id": s.session_id, "execution_generation": generation}),
-        )
-        .await
-        .unwrap();
+    let interrupted = s.interrupt(generation).await.unwrap();
     assert!(interrupted["execution_state"].is_string(), "{interrupted}");
 
-    assert_eq!(
-        s.client.wait_settled(&first_id).await.unwrap(),
-        "interrupted"
-    );
+    assert_eq!(s.wait_settled(&first_id).await.unwrap(), "interrupted");
     assert_eq!(
         prompt_rows(&s),
         [("cancelled".to_string(), Value::Null)],
         "one question asked, then cancelled"
     );
     // The queued input runs next.
-    assert_eq!(
-        s.client.wait_settled(&second_id).await.unwrap(),
-        "completed"
-    );
+    assert_eq!(s.wait_settled(&second_id).await.unwrap(), "completed");
     // The interrupted turn made exactly one request: the second one is the next turn's.
     let requests = s.model.requests();
     assert_eq!(requests.len(), 2, "{requests:?}");
@@ -484,21 +406,13 @@ async fn interrupt_during_open_clarify_settles_interrupted_and_model_gets_no_mor
     assert_eq!(interrupted_result["tool_call_id"], "call_ask");
     assert_eq!(interrupted_result["content"], "interrupted");
     // The old generation can no longer be interrupted.
-    let reason = s
-        .client
-        .call_err(
-            "session.interrupt",
-            json!({"session_id": s.session_id, "execution_generation": generation}),
-        )
-        .await
-        .unwrap();
+    let reason = s.interrupt_refused(generation).await.unwrap();
     assert_eq!(reason, "stale_generation");
 }
 
 #[tokio::test]
 async fn prompt_survives_a_client_reconnect() {
-    let (mut s, scratch) = setup(&["terminal"]).await;
-    let (admission_id, prompt) = open_approval(&mut s, &victim(&scratch)).await;
+    let (mut s, scratch, admission_id, prompt) = approval_waiting().await;
     // Detach by dropping the connection: the turn keeps waiting (G3).
     let old = std::mem::replace(&mut s.client, s.daemon.client().await.unwrap());
     drop(old);
@@ -509,23 +423,15 @@ async fn prompt_survives_a_client_reconnect() {
     })
     .await;
     assert!(open, "the prompt went with the client: {resume}");
-    let answer = s
-        .client
-        .call_ok("approval.respond", respond_params(&s, &prompt, "once"))
-        .await
-        .unwrap();
+    let answer = respond(&mut s, &prompt, "once").await;
     assert_eq!(answer["status"], "resolved");
-    assert_eq!(
-        s.client.wait_settled(&admission_id).await.unwrap(),
-        "completed"
-    );
+    assert_eq!(s.wait_settled(&admission_id).await.unwrap(), "completed");
     assert!(!victim(&scratch).exists());
 }
 
 #[tokio::test]
 async fn after_an_owner_restart_the_lost_turns_prompts_are_cancelled() {
-    let (mut s, scratch) = setup(&["terminal"]).await;
-    let (admission_id, prompt) = open_approval(&mut s, &victim(&scratch)).await;
+    let (mut s, scratch, admission_id, prompt) = approval_waiting().await;
     s.daemon.kill().unwrap();
 
     let daemon = Daemon::start(bin(), s.home.path()).await.unwrap();
@@ -626,6 +532,18 @@ async fn drover(home: &Path, cwd: &Path, args: &[&str]) -> Output {
     run_drover(bin(), home, Some(cwd), args).await
 }
 
+/// The stdout and stderr of `out`, which must have exited 0 (both shown when it did not).
+fn succeeded(out: &Output) -> (String, String) {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout: {stdout}\nstderr: {stderr}"
+    );
+    (stdout, stderr)
+}
+
 /// A home whose model first asks for `rm -rf <scratch>/victim`, then answers `Deleted.`.
 async fn run_setup() -> (MockModel, TestHome, tempfile::TempDir) {
     let (model, home) = model_home(true).await.unwrap();
@@ -713,13 +631,7 @@ async fn drover_run_with_approve_once_answers_it() {
         &["run", "--approve", "once", "delete victim"],
     )
     .await;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "stdout: {stdout}\nstderr: {stderr}"
-    );
+    let (stdout, stderr) = succeeded(&out);
     assert_eq!(stdout.trim_end(), "Deleted.");
     assert!(stderr.contains("[terminal] rm -rf"), "{stderr}");
     assert!(!victim.exists(), "the approved command did not run");
@@ -753,13 +665,7 @@ async fn drover_run_with_answer_answers_a_clarify_question() {
         &["run", "--answer", "blue", "pick a colour"],
     )
     .await;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "stdout: {stdout}\nstderr: {stderr}"
-    );
+    let (stdout, stderr) = succeeded(&out);
     assert_eq!(stdout.trim_end(), "You chose blue.");
     assert!(stderr.contains("[clarify] Which colour?"), "{stderr}");
     let requests = model.requests();
@@ -776,6 +682,43 @@ async fn drover_run_with_answer_answers_a_clarify_question() {
     assert_eq!(stop.status.code(), Some(0));
 }
 
+/// A new empty directory `scratch/<name>`.
+fn fresh_dir(scratch: &tempfile::TempDir, name: &str) -> PathBuf {
+    let dir = scratch.path().join(name);
+    std::fs::create_dir(&dir).unwrap();
+    dir
+}
+
+/// Moves `s` to a new session (made with `request_id`, in `scratch`, terminal only) and scripts
+/// a turn there that deletes a fresh `scratch/<dir>`; returns the directory and the admission.
+async fn rm_in_new_session(
+    s: &mut OneSession,
+    scratch: &tempfile::TempDir,
+    request_id: &str,
+    dir: &str,
+) -> (PathBuf, String) {
+    let created = s
+        .client
+        .call_ok(
+            "session.create",
+            json!({"request_id": request_id, "cwd": scratch.path(), "toolsets": ["terminal"]}),
+        )
+        .await
+        .unwrap();
+    s.session_id = str_field(&created, "session_id");
+    let dir = fresh_dir(scratch, dir);
+    let admission = submit_rm(s, &dir).await;
+    (dir, admission)
+}
+
+/// `drover --home <s's home> approvals <args>`, bounded.
+async fn approvals_cli(s: &OneSession, args: &[&str]) -> Output {
+    let args: Vec<&str> = std::iter::once("approvals")
+        .chain(args.iter().copied())
+        .collect();
+    run_drover(bin(), s.home.path(), None, &args).await
+}
+
 /// Scripts a turn that deletes `dir` with `rm -rf`, then a text answer; returns its admission.
 async fn submit_rm(s: &mut OneSession, dir: &Path) -> String {
     s.model.push(Reply::tool_call(
@@ -790,41 +733,21 @@ async fn submit_rm(s: &mut OneSession, dir: &Path) -> String {
 
 #[tokio::test]
 async fn session_choice_lets_later_turns_of_the_session_run_without_asking() {
-    let (mut s, scratch) = setup(&["terminal"]).await;
-    let (admission, prompt) = open_approval(&mut s, &victim(&scratch)).await;
-    let r = s
-        .client
-        .call_ok("approval.respond", respond_params(&s, &prompt, "session"))
-        .await
-        .unwrap();
+    let (mut s, scratch, admission, prompt) = approval_waiting().await;
+    let r = respond(&mut s, &prompt, "session").await;
     assert_eq!(r["status"], "resolved");
-    assert_eq!(
-        s.client.wait_settled(&admission).await.unwrap(),
-        "completed"
-    );
+    assert_eq!(s.wait_settled(&admission).await.unwrap(), "completed");
     assert!(!victim(&scratch).exists());
 
     // Next turn, same session, same kind of command: no prompt, it just runs.
-    let second = scratch.path().join("second");
-    std::fs::create_dir(&second).unwrap();
+    let second = fresh_dir(&scratch, "second");
     let a2 = submit_rm(&mut s, &second).await;
-    let mut asked = false;
-    loop {
-        let e = s
-            .client
-            .next_event(Duration::from_secs(20))
-            .await
-            .unwrap()
-            .expect("event");
-        if e["type"] == "approval.request" {
-            asked = true;
-        }
-        if e["type"] == "turn.settled" && e["payload"]["admission_id"] == a2.as_str() {
-            assert_eq!(e["payload"]["outcome"], "completed");
-            break;
-        }
-    }
-    assert!(!asked, "a session grant must cover the rest of the session");
+    let events = s.client.events_until_settled(&a2).await.unwrap();
+    assert_eq!(events.last().unwrap()["payload"]["outcome"], "completed");
+    assert!(
+        !events.iter().any(|e| e["type"] == "approval.request"),
+        "a session grant must cover the rest of the session"
+    );
     assert!(!second.exists());
 
     // A `session` grant is not a stored rule.
@@ -832,74 +755,30 @@ async fn session_choice_lets_later_turns_of_the_session_run_without_asking() {
     assert_eq!(rules["rules"], json!([]));
 
     // Another session still asks.
-    let other = s
-        .client
-        .call_ok(
-            "session.create",
-            json!({"request_id": "other-session", "cwd": scratch.path(), "toolsets": ["terminal"]}),
-        )
-        .await
-        .unwrap();
-    s.session_id = other["session_id"].as_str().unwrap().to_string();
-    let third = scratch.path().join("third");
-    std::fs::create_dir(&third).unwrap();
-    submit_rm(&mut s, &third).await;
-    s.client
-        .wait_event(|e| e["type"] == "approval.request")
-        .await
-        .unwrap();
+    let (third, _) = rm_in_new_session(&mut s, &scratch, "other-session", "third").await;
+    event(&mut s, "approval.request").await;
     assert!(third.exists(), "must wait for the answer");
 }
 
 #[tokio::test]
 async fn always_choice_is_a_stored_rule_listed_and_removable_with_the_cli() {
-    let (mut s, scratch) = setup(&["terminal"]).await;
-    let (admission, prompt) = open_approval(&mut s, &victim(&scratch)).await;
+    let (mut s, scratch, admission, prompt) = approval_waiting().await;
     let key = prompt["pattern_key"].as_str().unwrap().to_string();
-    s.client
-        .call_ok("approval.respond", respond_params(&s, &prompt, "always"))
-        .await
-        .unwrap();
-    assert_eq!(
-        s.client.wait_settled(&admission).await.unwrap(),
-        "completed"
-    );
+    respond(&mut s, &prompt, "always").await;
+    assert_eq!(s.wait_settled(&admission).await.unwrap(), "completed");
 
-    let out = tokio::process::Command::new(bin())
-        .arg("--home")
-        .arg(s.home.path())
-        .args(["approvals", "list", "--json"])
-        .output()
-        .await
-        .unwrap();
+    let out = approvals_cli(&s, &["list", "--json"]).await;
     assert_eq!(out.status.code(), Some(0));
     let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(listed["rules"][0]["pattern_key"], key.as_str());
 
     // A brand-new session runs the same kind of command without asking.
-    let fresh = s
-        .client
-        .call_ok(
-            "session.create",
-            json!({"request_id": "fresh", "cwd": scratch.path(), "toolsets": ["terminal"]}),
-        )
-        .await
-        .unwrap();
-    s.session_id = fresh["session_id"].as_str().unwrap().to_string();
-    let dir = scratch.path().join("again");
-    std::fs::create_dir(&dir).unwrap();
-    let a2 = submit_rm(&mut s, &dir).await;
-    assert_eq!(s.client.wait_settled(&a2).await.unwrap(), "completed");
+    let (dir, a2) = rm_in_new_session(&mut s, &scratch, "fresh", "again").await;
+    assert_eq!(s.wait_settled(&a2).await.unwrap(), "completed");
     assert!(!dir.exists());
 
     // `drover approvals rm` removes it; the next session asks again.
-    let out = tokio::process::Command::new(bin())
-        .arg("--home")
-        .arg(s.home.path())
-        .args(["approvals", "rm", &key])
-        .output()
-        .await
-        .unwrap();
+    let out = approvals_cli(&s, &["rm", &key]).await;
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -908,58 +787,26 @@ async fn always_choice_is_a_stored_rule_listed_and_removable_with_the_cli() {
     );
     let rules = s.client.call_ok("approvals.list", json!({})).await.unwrap();
     assert_eq!(rules["rules"], json!([]));
-    let out = tokio::process::Command::new(bin())
-        .arg("--home")
-        .arg(s.home.path())
-        .args(["approvals", "rm", &key])
-        .output()
-        .await
-        .unwrap();
+    let out = approvals_cli(&s, &["rm", &key]).await;
     assert_eq!(
         out.status.code(),
         Some(1),
         "removing a missing rule is an error"
     );
-    let later = s
-        .client
-        .call_ok(
-            "session.create",
-            json!({"request_id": "later", "cwd": scratch.path(), "toolsets": ["terminal"]}),
-        )
-        .await
-        .unwrap();
-    s.session_id = later["session_id"].as_str().unwrap().to_string();
-    let dir = scratch.path().join("guarded");
-    std::fs::create_dir(&dir).unwrap();
-    submit_rm(&mut s, &dir).await;
-    s.client
-        .wait_event(|e| e["type"] == "approval.request")
-        .await
-        .unwrap();
+    let (dir, _) = rm_in_new_session(&mut s, &scratch, "later", "guarded").await;
+    event(&mut s, "approval.request").await;
     assert!(dir.exists());
 }
 
 #[tokio::test]
 async fn interrupt_closes_open_prompts_at_once_so_a_late_answer_is_not_accepted() {
-    let (mut s, scratch) = setup(&["terminal"]).await;
-    let (admission, prompt) = open_approval(&mut s, &victim(&scratch)).await;
-    s.client
-        .call_ok(
-            "session.interrupt",
-            json!({"session_id": s.session_id, "execution_generation": prompt["execution_generation"]}),
-        )
+    let (mut s, scratch, admission, prompt) = approval_waiting().await;
+    s.interrupt(prompt["execution_generation"].clone())
         .await
         .unwrap();
-    let late = s
-        .client
-        .call_ok("approval.respond", respond_params(&s, &prompt, "once"))
-        .await
-        .unwrap();
+    let late = respond(&mut s, &prompt, "once").await;
     assert_eq!(late["status"], "already_resolved");
-    assert_eq!(
-        s.client.wait_settled(&admission).await.unwrap(),
-        "interrupted"
-    );
+    assert_eq!(s.wait_settled(&admission).await.unwrap(), "interrupted");
     assert!(victim(&scratch).exists());
     let rows = db_rows(
         &s.home.db(),

@@ -86,6 +86,12 @@ impl Wire {
         }
     }
 
+    /// `prompt.submit` of `text` to `session_id` under a fresh input id; returns the receipt.
+    async fn submit(&mut self, c: &mut Client, session_id: &Value, text: &str) -> Value {
+        let params = json!({"session_id": session_id, "input_id": uuid_like(), "text": text});
+        self.ok(c, "prompt.submit", params).await
+    }
+
     async fn settled(&mut self, c: &mut Client, admission_id: &Value) -> Value {
         self.event(c, |e| {
             e["type"] == "admission.updated"
@@ -209,13 +215,7 @@ async fn every_method_and_event_of_the_daemon_round_trips_through_the_typed_prot
         json!({"command": format!("rm -rf {}", victim.display())}),
     ));
     model.push(Reply::text("Deleted."));
-    let receipt = w
-        .ok(
-            &mut c,
-            "prompt.submit",
-            json!({"session_id": sid, "input_id": uuid_like(), "text": "delete the victim"}),
-        )
-        .await;
+    let receipt = w.submit(&mut c, &sid, "delete the victim").await;
     let a2 = receipt["admission_id"].clone();
     let request = w.event(&mut c, |e| e["type"] == "approval.request").await;
     let p = &request["payload"];
@@ -231,13 +231,7 @@ async fn every_method_and_event_of_the_daemon_round_trips_through_the_typed_prot
         json!({"questions": [{"question": "Which one?", "choices": ["Alpha", "Beta"]}]}),
     ));
     model.push(Reply::text("Beta it is."));
-    let receipt = w
-        .ok(
-            &mut c,
-            "prompt.submit",
-            json!({"session_id": sid, "input_id": uuid_like(), "text": "pick one"}),
-        )
-        .await;
+    let receipt = w.submit(&mut c, &sid, "pick one").await;
     let a3 = receipt["admission_id"].clone();
     let request = w.event(&mut c, |e| e["type"] == "clarify.request").await;
     let p = request["payload"].clone();
@@ -256,13 +250,7 @@ async fn every_method_and_event_of_the_daemon_round_trips_through_the_typed_prot
         "clarify",
         json!({"questions": [{"question": "Colours?", "choices": ["red", "blue"], "multi_select": true}]}),
     ));
-    let receipt = w
-        .ok(
-            &mut c,
-            "prompt.submit",
-            json!({"session_id": sid, "input_id": uuid_like(), "text": "wait"}),
-        )
-        .await;
+    let receipt = w.submit(&mut c, &sid, "wait").await;
     let a4 = receipt["admission_id"].clone();
     let request = w.event(&mut c, |e| e["type"] == "clarify.request").await;
     let generation = request["payload"]["execution_generation"].clone();
@@ -272,13 +260,7 @@ async fn every_method_and_event_of_the_daemon_round_trips_through_the_typed_prot
         })
         .await;
     assert!(progress["seq"].is_null(), "{progress}");
-    let queued = w
-        .ok(
-            &mut c,
-            "prompt.submit",
-            json!({"session_id": sid, "input_id": uuid_like(), "text": "queued"}),
-        )
-        .await;
+    let queued = w.submit(&mut c, &sid, "queued").await;
     w.ok(
         &mut c,
         "prompt.cancel",
@@ -365,13 +347,7 @@ async fn every_method_and_event_of_the_daemon_round_trips_through_the_typed_prot
     // A turn lost with its owner: `unknown`, then resolved by hand after the restart.
     let gate = Gate::new();
     model.push(Reply::text("never delivered").gated(&gate));
-    let receipt = w
-        .ok(
-            &mut c,
-            "prompt.submit",
-            json!({"session_id": sid, "input_id": uuid_like(), "text": "lost"}),
-        )
-        .await;
+    let receipt = w.submit(&mut c, &sid, "lost").await;
     assert!(gate.wait_reached(BOUND).await);
     let worker = daemon.wait_worker().await.unwrap();
     daemon.kill().unwrap();

@@ -43,27 +43,14 @@ fn execution_status(db: &Path, admission_id: &str) -> Value {
     )
 }
 
-fn leases(db: &Path) -> Value {
-    db_value(db, "SELECT count(*) FROM session_turn_leases")
+/// Checks that the execution of `admission_id` ended `status` and that no turn lease is left.
+fn assert_released(s: &OneSession, admission_id: &str, status: &str) {
+    assert_eq!(execution_status(&s.home.db(), admission_id), status);
+    assert_eq!(leases(&s.home.db()), 0);
 }
 
-/// Events of the client until one matches `pred` (included), bounded.
-async fn events_until(client: &mut Client, mut pred: impl FnMut(&Value) -> bool) -> Vec<Value> {
-    let deadline = Instant::now() + BOUND;
-    let mut out = Vec::new();
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let e = client
-            .next_event(left)
-            .await
-            .unwrap()
-            .unwrap_or_else(|| panic!("no matching event within {BOUND:?}; saw {out:#?}"));
-        let done = pred(&e);
-        out.push(e);
-        if done {
-            return out;
-        }
-    }
+fn leases(db: &Path) -> Value {
+    db_value(db, "SELECT count(*) FROM session_turn_leases")
 }
 
 async fn receipt(client: &mut Client, session_id: &str, admission_id: &str) -> Value {
@@ -148,21 +135,49 @@ async fn wait_gone(pid: u32, timeout: Duration) -> bool {
 
 /// Waits until `path` holds a pid, bounded.
 async fn read_pid_file(path: &Path) -> u32 {
-    let deadline = Instant::now() + BOUND;
-    loop {
-        if let Some(pid) = std::fs::read_to_string(path)
-            .ok()
-            .and_then(|t| t.trim().parse::<u32>().ok())
-        {
-            return pid;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} never got a pid",
-            path.display()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait::file(path, BOUND, |t| t.trim().parse().ok())
+        .await
+        .unwrap_or_else(|| panic!("{} never got a pid", path.display()))
+}
+
+/// `method` (`prompt.cancel`, `prompt.resolve_unknown`) on admission `admission_id`: the
+/// result, or the error's `data.reason`.
+async fn on_admission(
+    client: &mut Client,
+    method: &str,
+    session_id: &str,
+    admission_id: &str,
+) -> Result<Value, String> {
+    let params = json!({"session_id": session_id, "admission_id": admission_id});
+    client
+        .call(method, params)
+        .await
+        .unwrap()
+        .map_err(|e| e["data"]["reason"].as_str().unwrap_or_default().to_string())
+}
+
+/// A new daemon on `s`'s home (after the old one stopped or was killed) and a client of it.
+async fn restart(s: &OneSession) -> (Daemon, Client) {
+    let daemon = Daemon::start(bin(), s.home.path()).await.unwrap();
+    let client = daemon.client().await.unwrap();
+    (daemon, client)
+}
+
+/// Submits a turn whose one tool call runs `sleeper` in the background (writing its pid to a
+/// file) and waits on it; returns the pid file's directory, the admission and the sleeper's pid.
+async fn sleeping_tool(s: &mut OneSession, sleeper: &str) -> (tempfile::TempDir, String, u32) {
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("pid");
+    let command = format!("{sleeper} & echo $! > {}; wait", pid_file.display());
+    s.model.push(Reply::tool_call(
+        "call_1",
+        "terminal",
+        json!({"command": command}),
+    ));
+    let a = s.submit("A").await.unwrap();
+    let a = str_field(&a, "admission_id");
+    let sleep = read_pid_file(&pid_file).await;
+    (dir, a, sleep)
 }
 
 /// Kills `pid` if the test failed before it could check that drover did.
@@ -256,10 +271,7 @@ async fn killing_the_worker_while_the_model_holds_leaves_turn_unknown_and_pauses
     let worker = s.daemon.wait_worker().await.unwrap();
     signal(worker, Signal::SIGKILL);
 
-    let events = events_until(&mut s.client, |e| {
-        e["type"] == "turn.settled" && e["payload"]["admission_id"] == a.as_str()
-    })
-    .await;
+    let events = s.client.events_until_settled(&a).await.unwrap();
     let settled = events.last().unwrap();
     assert_eq!(settled["payload"]["outcome"], "unknown", "{settled}");
     // The loss is logged after the supervisor's awaits, still inside the turn's span.
@@ -278,10 +290,13 @@ async fn killing_the_worker_while_the_model_holds_leaves_turn_unknown_and_pauses
         .find(|e| e["type"] == "message.complete" && e["payload"]["admission_id"] == a.as_str())
         .unwrap_or_else(|| panic!("no message.complete for A in {events:#?}"));
     assert_eq!(complete["payload"]["outcome"], "unknown");
-    let updated = events_until(&mut s.client, |e| {
-        e["type"] == "admission.updated" && e["payload"]["admission_id"] == a.as_str()
-    })
-    .await;
+    let updated = s
+        .client
+        .events_until(|e| {
+            e["type"] == "admission.updated" && e["payload"]["admission_id"] == a.as_str()
+        })
+        .await
+        .unwrap();
     assert_eq!(updated.last().unwrap()["payload"]["status"], "unknown");
 
     let r = receipt(&mut s.client, &s.session_id, &a).await;
@@ -299,8 +314,7 @@ async fn killing_the_worker_while_the_model_holds_leaves_turn_unknown_and_pauses
         .len(),
         0
     );
-    assert_eq!(execution_status(&s.home.db(), &a), "unknown");
-    assert_eq!(leases(&s.home.db()), 0);
+    assert_released(&s, &a, "unknown");
 
     let snap = resume(&mut s.client, &s.session_id).await;
     assert_eq!(
@@ -318,44 +332,24 @@ async fn killing_the_worker_while_the_model_holds_leaves_turn_unknown_and_pauses
         "queued"
     );
 
-    let reason = s
-        .client
-        .call_err(
-            "prompt.cancel",
-            json!({"session_id": s.session_id, "admission_id": a}),
-        )
+    let reason = on_admission(&mut s.client, "prompt.cancel", &s.session_id, &a)
         .await
-        .unwrap();
+        .unwrap_err();
     assert_eq!(reason, "unknown_execution");
     // Only an unknown admission can be resolved.
-    let reason = s
-        .client
-        .call_err(
-            "prompt.resolve_unknown",
-            json!({"session_id": s.session_id, "admission_id": b}),
-        )
+    let reason = on_admission(&mut s.client, "prompt.resolve_unknown", &s.session_id, &b)
         .await
-        .unwrap();
+        .unwrap_err();
     assert_eq!(reason, "invalid_params");
 
-    let resolved = s
-        .client
-        .call_ok(
-            "prompt.resolve_unknown",
-            json!({"session_id": s.session_id, "admission_id": a}),
-        )
+    let resolved = on_admission(&mut s.client, "prompt.resolve_unknown", &s.session_id, &a)
         .await
         .unwrap();
     assert_eq!(resolved["status"], "terminal");
     assert_eq!(resolved["outcome"], "interrupted");
     assert_eq!(execution_status(&s.home.db(), &a), "terminal");
     // Resolving twice answers the same receipt.
-    let again = s
-        .client
-        .call_ok(
-            "prompt.resolve_unknown",
-            json!({"session_id": s.session_id, "admission_id": a}),
-        )
+    let again = on_admission(&mut s.client, "prompt.resolve_unknown", &s.session_id, &a)
         .await
         .unwrap();
     assert_eq!(again, resolved);
@@ -409,8 +403,7 @@ async fn killing_the_owner_mid_turn_then_restarting_makes_it_unknown_and_never_r
         [(a.clone(), "unknown".into()), (b.clone(), "queued".into())]
     );
     assert_eq!(snap["running"], false);
-    assert_eq!(execution_status(&s.home.db(), &a), "unknown");
-    assert_eq!(leases(&s.home.db()), 0);
+    assert_released(&s, &a, "unknown");
     // Recovery published the loss into the stored stream.
     let since = c
         .events_since(&s.session_id, &snap["replay_epoch"], 0)
@@ -445,12 +438,9 @@ async fn killing_the_owner_mid_turn_then_restarting_makes_it_unknown_and_never_r
     );
     assert_eq!(receipt(&mut c, &s.session_id, &b).await["status"], "queued");
 
-    c.call_ok(
-        "prompt.resolve_unknown",
-        json!({"session_id": s.session_id, "admission_id": a}),
-    )
-    .await
-    .unwrap();
+    on_admission(&mut c, "prompt.resolve_unknown", &s.session_id, &a)
+        .await
+        .unwrap();
     assert_eq!(c.wait_settled(&b).await.unwrap(), "completed");
     assert_eq!(s.model.requests().len(), 3);
     assert_eq!(
@@ -464,17 +454,7 @@ async fn killing_the_owner_mid_turn_then_restarting_makes_it_unknown_and_never_r
 #[tokio::test]
 async fn a_tool_running_when_the_owner_dies_is_killed() {
     let mut s = setup_with(1.0, "[approvals]\nmode = \"auto\"\n").await;
-    let dir = tempfile::tempdir().unwrap();
-    let pid_file = dir.path().join("pid");
-    let command = format!("sleep 30 & echo $! > {}; wait", pid_file.display());
-    s.model.push(Reply::tool_call(
-        "call_1",
-        "terminal",
-        json!({"command": command}),
-    ));
-    let a = s.submit("sleep").await.unwrap();
-    let a = str_field(&a, "admission_id");
-    let sleep = read_pid_file(&pid_file).await;
+    let (_dir, a, sleep) = sleeping_tool(&mut s, "sleep 30").await;
     let _reap = KillOnDrop(sleep);
     assert!(pid_alive(sleep));
     let worker = s.daemon.wait_worker().await.unwrap();
@@ -487,8 +467,7 @@ async fn a_tool_running_when_the_owner_dies_is_killed() {
     );
     assert!(wait_gone(worker, Duration::from_secs(5)).await);
 
-    let daemon = Daemon::start(bin(), s.home.path()).await.unwrap();
-    let mut c = daemon.client().await.unwrap();
+    let (_daemon, mut c) = restart(&s).await;
     assert_eq!(
         receipt(&mut c, &s.session_id, &a).await["status"],
         "unknown"
@@ -613,12 +592,7 @@ async fn queued_input_is_cancelled_but_started_is_stale_generation() {
     let (a, b) = (str_field(&a, "admission_id"), str_field(&b, "admission_id"));
     assert!(gate.wait_reached(BOUND).await);
 
-    let cancelled = s
-        .client
-        .call_ok(
-            "prompt.cancel",
-            json!({"session_id": s.session_id, "admission_id": b}),
-        )
+    let cancelled = on_admission(&mut s.client, "prompt.cancel", &s.session_id, &b)
         .await
         .unwrap();
     assert_eq!(cancelled["status"], "terminal");
@@ -634,35 +608,21 @@ async fn queued_input_is_cancelled_but_started_is_stale_generation() {
         .unwrap();
     assert_eq!(updated["payload"]["outcome"], "cancelled");
 
-    let reason = s
-        .client
-        .call_err(
-            "prompt.cancel",
-            json!({"session_id": s.session_id, "admission_id": a}),
-        )
+    let reason = on_admission(&mut s.client, "prompt.cancel", &s.session_id, &a)
         .await
-        .unwrap();
+        .unwrap_err();
     assert_eq!(reason, "stale_generation");
 
-    let again = s
-        .client
-        .call_ok(
-            "prompt.cancel",
-            json!({"session_id": s.session_id, "admission_id": b}),
-        )
+    let again = on_admission(&mut s.client, "prompt.cancel", &s.session_id, &b)
         .await
         .unwrap();
     assert_eq!(again, cancelled);
 
     // Cancelling needs an attached connection.
     let mut stranger = s.daemon.client().await.unwrap();
-    let reason = stranger
-        .call_err(
-            "prompt.cancel",
-            json!({"session_id": s.session_id, "admission_id": b}),
-        )
+    let reason = on_admission(&mut stranger, "prompt.cancel", &s.session_id, &b)
         .await
-        .unwrap();
+        .unwrap_err();
     assert_eq!(reason, "permission_denied");
 
     gate.open();
@@ -691,13 +651,11 @@ async fn graceful_stop_interrupts_a_turn_within_the_grace() {
     );
     assert!(!s.home.path().join("daemon.json").exists());
 
-    let daemon = Daemon::start(bin(), s.home.path()).await.unwrap();
-    let mut c = daemon.client().await.unwrap();
+    let (_daemon, mut c) = restart(&s).await;
     let r = receipt(&mut c, &s.session_id, &a).await;
     assert_eq!(r["status"], "terminal", "{r}");
     assert_eq!(r["outcome"], "interrupted", "{r}");
-    assert_eq!(execution_status(&s.home.db(), &a), "terminal");
-    assert_eq!(leases(&s.home.db()), 0);
+    assert_released(&s, &a, "terminal");
     assert_eq!(s.model.requests().len(), 1);
 }
 
@@ -706,20 +664,7 @@ async fn graceful_stop_refuses_new_submits_while_a_slow_tool_stops() {
     // The tool ignores SIGTERM, so stopping it takes the tool's own TERM-to-KILL grace (2 s):
     // inside the 5 s drain grace, which leaves a window to submit during the drain.
     let mut s = setup_with(5.0, "[approvals]\nmode = \"auto\"\n").await;
-    let dir = tempfile::tempdir().unwrap();
-    let pid_file = dir.path().join("pid");
-    let command = format!(
-        "trap '' TERM; sleep 20 & echo $! > {}; wait",
-        pid_file.display()
-    );
-    s.model.push(Reply::tool_call(
-        "call_1",
-        "terminal",
-        json!({"command": command}),
-    ));
-    let a = s.submit("A").await.unwrap();
-    let a = str_field(&a, "admission_id");
-    let sleep = read_pid_file(&pid_file).await;
+    let (_dir, a, sleep) = sleeping_tool(&mut s, "trap '' TERM; sleep 20").await;
     let _reap = KillOnDrop(sleep);
 
     signal(s.daemon.pid(), Signal::SIGTERM);
@@ -750,8 +695,7 @@ async fn graceful_stop_refuses_new_submits_while_a_slow_tool_stops() {
     assert_eq!(status.code(), Some(0));
     assert!(wait_gone(sleep, Duration::from_secs(2)).await);
 
-    let daemon = Daemon::start(bin(), s.home.path()).await.unwrap();
-    let mut c = daemon.client().await.unwrap();
+    let (_daemon, mut c) = restart(&s).await;
     let r = receipt(&mut c, &s.session_id, &a).await;
     assert_eq!(r["outcome"], "interrupted", "{r}");
 }
@@ -761,20 +705,7 @@ async fn graceful_stop_past_the_grace_kills_the_worker_and_the_turn_is_unknown()
     // The tool ignores SIGTERM and the worker gives its tools 2 s to stop, but the owner only
     // waits 0.5 s: it kills the worker, and the turn is unknown.
     let mut s = setup_with(0.5, "[approvals]\nmode = \"auto\"\n").await;
-    let dir = tempfile::tempdir().unwrap();
-    let pid_file = dir.path().join("pid");
-    let command = format!(
-        "trap '' TERM; sleep 20 & echo $! > {}; wait",
-        pid_file.display()
-    );
-    s.model.push(Reply::tool_call(
-        "call_1",
-        "terminal",
-        json!({"command": command}),
-    ));
-    let a = s.submit("A").await.unwrap();
-    let a = str_field(&a, "admission_id");
-    let sleep = read_pid_file(&pid_file).await;
+    let (_dir, a, sleep) = sleeping_tool(&mut s, "trap '' TERM; sleep 20").await;
     let _reap = KillOnDrop(sleep);
     let worker = s.daemon.wait_worker().await.unwrap();
     let _reap_worker = KillOnDrop(worker);
@@ -794,12 +725,10 @@ async fn graceful_stop_past_the_grace_kills_the_worker_and_the_turn_is_unknown()
         "the killed worker's tool process {sleep} is still running"
     );
 
-    let daemon = Daemon::start(bin(), s.home.path()).await.unwrap();
-    let mut c = daemon.client().await.unwrap();
+    let (_daemon, mut c) = restart(&s).await;
     let r = receipt(&mut c, &s.session_id, &a).await;
     assert_eq!(r["status"], "unknown", "{r}");
-    assert_eq!(execution_status(&s.home.db(), &a), "unknown");
-    assert_eq!(leases(&s.home.db()), 0);
+    assert_released(&s, &a, "unknown");
     assert_eq!(s.model.requests().len(), 1);
 }
 
@@ -824,8 +753,7 @@ async fn queued_inputs_run_after_restart_when_nothing_is_unknown() {
         "queued"
     );
 
-    let daemon = Daemon::start(bin(), s.home.path()).await.unwrap();
-    let mut c = daemon.client().await.unwrap();
+    let (_daemon, mut c) = restart(&s).await;
     let ra = receipt(&mut c, &s.session_id, &a).await;
     assert_eq!(ra["outcome"], "interrupted", "{ra}");
     // Nothing is unknown, so B runs without anyone asking.
@@ -859,8 +787,7 @@ async fn an_open_prompt_of_a_lost_turn_is_cancelled_after_restart() {
     let generation = request["payload"]["execution_generation"].clone();
     s.daemon.kill().unwrap();
 
-    let daemon = Daemon::start(bin(), s.home.path()).await.unwrap();
-    let mut c = daemon.client().await.unwrap();
+    let (daemon, mut c) = restart(&s).await;
     let snap = resume(&mut c, &s.session_id).await;
     assert!(snap["prompts"].as_array().unwrap().is_empty(), "{snap}");
     assert_eq!(pending(&snap), [(a.clone(), "unknown".into())]);
@@ -905,8 +832,7 @@ async fn a_turn_claimed_as_the_graceful_stop_begins_is_still_stopped() {
         "the drain missed a starting turn and waited {:?}",
         started.elapsed()
     );
-    let daemon = Daemon::start(bin(), s.home.path()).await.unwrap();
-    let mut c = daemon.client().await.unwrap();
+    let (_daemon, mut c) = restart(&s).await;
     let r = receipt(&mut c, &s.session_id, &a).await;
     // Either the claim lost the race (the input is still queued, or already started again by
     // the new owner) or its turn was stopped within the grace: never lost to `unknown`.

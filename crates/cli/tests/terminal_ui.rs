@@ -10,8 +10,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use drover_test_support::harness::model_home;
-use drover_test_support::harness::{pid_alive, signal};
-use drover_test_support::{Gate, Reply};
+use drover_test_support::harness::{pid_alive, KillDaemonOnDrop};
+use drover_test_support::{wait, Gate, Reply};
 use serde_json::{json, Value};
 
 fn bin() -> &'static Path {
@@ -105,20 +105,10 @@ impl Pane {
     }
 
     async fn exit_code(&self) -> i32 {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Ok(text) = std::fs::read_to_string(self.home.join("exit-code")) {
-                if let Ok(code) = text.trim().parse() {
-                    return code;
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "drover run never exited; screen:\n{}",
-                self.screen()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let path = self.home.join("exit-code");
+        wait::file(&path, Duration::from_secs(20), |t| t.trim().parse().ok())
+            .await
+            .unwrap_or_else(|| panic!("drover run never exited; screen:\n{}", self.screen()))
     }
 }
 
@@ -127,13 +117,8 @@ impl Drop for Pane {
         let _ = Command::new("tmux")
             .args(["-L", &self.socket, "kill-server"])
             .status();
-        if let Some(pid) = std::fs::read_to_string(self.home.join("daemon.json"))
-            .ok()
-            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
-            .and_then(|v| v["pid"].as_u64())
-        {
-            signal(pid as u32, nix::sys::signal::Signal::SIGKILL);
-        }
+        // The daemon `drover run` started in the pane.
+        drop(KillDaemonOnDrop(&self.home));
     }
 }
 

@@ -98,16 +98,7 @@ async fn terminal_turn_writes_the_transcript_usage_and_events(stream: bool) {
     assert_eq!(r["result"]["final_response"], "The output was X.");
     assert_eq!(s.model.requests().len(), 2);
 
-    let resume = s
-        .client
-        .call_ok("session.resume", json!({"session_id": s.session_id}))
-        .await
-        .unwrap();
-    let since = s
-        .client
-        .events_since(&s.session_id, &resume["replay_epoch"], 0)
-        .await
-        .unwrap();
+    let since = s.client.stored_events(&s.session_id).await.unwrap();
     assert_eq!(since["snapshot_required"], false);
     let events = since["events"].as_array().unwrap();
     let seqs: Vec<u64> = events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
@@ -139,6 +130,7 @@ async fn terminal_turn_writes_the_transcript_usage_and_events(stream: bool) {
     assert_eq!(events[start]["payload"]["name"], "terminal");
     assert_eq!(events[complete]["payload"]["is_error"], false);
     assert_eq!(events[complete]["payload"]["args"]["command"], "printf X");
+    let resume = s.resume().await.unwrap();
     assert_eq!(resume["last_sequence"].as_u64().unwrap(), seqs.len() as u64);
 
     // The model saw stream mode as configured.
@@ -163,19 +155,10 @@ async fn deltas_are_live_with_an_index_and_no_seq() {
     let receipt = s.submit("count").await.unwrap();
     let aid = str_field(&receipt, "admission_id");
     let mut deltas = Vec::new();
-    loop {
-        let e = s
-            .client
-            .next_event(Duration::from_secs(20))
-            .await
-            .unwrap()
-            .expect("event");
+    for e in s.client.events_until_settled(&aid).await.unwrap() {
         if e["type"] == "message.delta" {
             assert!(e["seq"].is_null(), "{e}");
             deltas.push(e["payload"].clone());
-        }
-        if e["type"] == "turn.settled" && e["payload"]["admission_id"] == aid.as_str() {
-            break;
         }
     }
     assert!(deltas.len() >= 2, "{deltas:?}");

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::Output;
 
 use drover_test_support::harness::model_home;
-use drover_test_support::harness::{db_rows, run_drover, Client, Daemon};
+use drover_test_support::harness::{db_rows, run_drover, Client, Daemon, TestHome};
 use drover_test_support::Reply;
 use serde_json::{json, Value};
 
@@ -93,6 +93,17 @@ fn assert_counts_in_range(db: &Path) {
     }
 }
 
+/// `(input_tokens, output_tokens, api_call_count)` of session `session_id`'s row, as stored.
+fn session_counts(home: &TestHome, session_id: &str) -> Vec<Value> {
+    db_rows(
+        &home.db(),
+        &format!(
+            "SELECT input_tokens, output_tokens, api_call_count FROM sessions WHERE id = '{session_id}'"
+        ),
+    )
+    .remove(0)
+}
+
 #[tokio::test]
 async fn model_usage_at_the_integer_limits_is_clamped_and_every_listing_still_reads() {
     let (model, home) = model_home(true).await.unwrap();
@@ -143,13 +154,10 @@ async fn model_usage_at_the_integer_limits_is_clamped_and_every_listing_still_re
     let list = every_listing_reads(&mut client, home.path(), &session_id).await;
     assert!(list["sessions"][0].get("error").is_none(), "{list}");
     assert_counts_in_range(&home.db());
-    let session = &db_rows(
-        &home.db(),
-        &format!(
-            "SELECT input_tokens, output_tokens, api_call_count FROM sessions WHERE id = '{session_id}'"
-        ),
-    )[0];
-    assert_eq!(session, &[json!(TOKEN_MAX), json!(2), json!(4)]);
+    assert_eq!(
+        session_counts(&home, &session_id),
+        [json!(TOKEN_MAX), json!(2), json!(4)]
+    );
 
     // Each worker logged each kind of bad count once, however often it came.
     let executions = db_rows(
@@ -239,13 +247,10 @@ async fn a_ledger_holding_real_or_negative_counts_lists_each_bad_row_with_its_er
         r["usage"],
         json!({"input_tokens": 10, "output_tokens": 5, "total_tokens": 15})
     );
-    let session = &db_rows(
-        &home.db(),
-        &format!(
-            "SELECT input_tokens, output_tokens, api_call_count FROM sessions WHERE id = '{bad_counts}'"
-        ),
-    )[0];
-    assert_eq!(session, &[json!(TOKEN_MAX), json!(5), json!(1)]);
+    assert_eq!(
+        session_counts(&home, bad_counts),
+        [json!(TOKEN_MAX), json!(5), json!(1)]
+    );
     let list = client.call_ok("session.list", json!({})).await.unwrap();
     let rows = list["sessions"].as_array().unwrap();
     let again = rows

@@ -14,7 +14,7 @@ use drover_test_support::harness::model_home;
 use drover_test_support::harness::{
     children_of, db_rows, db_value, pid_alive, signal, Client, Daemon, TestHome,
 };
-use drover_test_support::{worker_relay_bin, MockModel, Reply};
+use drover_test_support::{wait, worker_relay_bin, MockModel, Reply};
 use serde_json::{json, Value};
 
 fn bin() -> &'static Path {
@@ -118,24 +118,6 @@ fn last_sequence(db: &Path, execution_id: &str) -> Value {
     )
 }
 
-/// Waits, bounded, until `path` exists.
-async fn wait_file(path: &Path) -> String {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Ok(text) = std::fs::read_to_string(path) {
-            if text.ends_with('\n') {
-                return text;
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} never appeared",
-            path.display()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 #[tokio::test]
 async fn a_frame_naming_another_execution_is_refused_and_the_victim_is_untouched() {
     let mut s = setup().await;
@@ -179,12 +161,11 @@ async fn a_frame_naming_another_execution_is_refused_and_the_victim_is_untouched
         .as_str()
         .unwrap()
         .to_string();
-    let answer = wait_file(
-        &s.relay_dir
-            .path()
-            .join(format!("answer-{attacker_execution}.json")),
-    )
-    .await;
+    let answer_file = s
+        .relay_dir
+        .path()
+        .join(format!("answer-{attacker_execution}.json"));
+    let answer = wait::line_file(&answer_file, Duration::from_secs(20)).await;
     let answer: Value = serde_json::from_str(&answer).unwrap();
     assert_eq!(answer["type"], "refused", "{answer}");
     assert_eq!(answer["reason"], "permission_denied", "{answer}");

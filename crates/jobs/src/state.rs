@@ -839,48 +839,40 @@ mod tests {
         }
     }
 
+    /// The verdict on a job of `status` (`started` or not), `delivery_s` after delivery and
+    /// `activity_s` after its last activity, under [`contract`] and the wall-clock `timeout_s`.
+    fn judged(
+        status: JobStatus,
+        started: bool,
+        (delivery_s, activity_s): (u64, u64),
+        timeout_s: Option<u64>,
+    ) -> Verdict {
+        let view = view(status, started, delivery_s, activity_s);
+        judge_wait(&contract(), &view, timeout_s.map(Duration::from_secs))
+    }
+
     #[test]
     fn before_started_only_the_ack_timeout_counts() {
-        let c = contract();
-        assert_eq!(
-            judge_wait(&c, &view(JobStatus::Pending, false, 2, 2), None),
-            Verdict::Wait
-        );
-        assert_eq!(
-            judge_wait(&c, &view(JobStatus::Pending, false, 3, 3), None),
-            Verdict::AgentBlocked
-        );
+        let pending = |clocks| judged(JobStatus::Pending, false, clocks, None);
+        assert_eq!(pending((2, 2)), Verdict::Wait);
+        assert_eq!(pending((3, 3)), Verdict::AgentBlocked);
         // A `progress` before `started` is activity, but it is not the start.
-        assert_eq!(
-            judge_wait(&c, &view(JobStatus::Pending, false, 3, 0), None),
-            Verdict::AgentBlocked
-        );
+        assert_eq!(pending((3, 0)), Verdict::AgentBlocked);
     }
 
     #[test]
     fn after_started_only_the_idle_window_counts() {
-        let c = contract();
+        let running = |clocks| judged(JobStatus::Running, true, clocks, None);
         // Long past T, but heartbeats keep arriving.
-        assert_eq!(
-            judge_wait(&c, &view(JobStatus::Running, true, 100, 1), None),
-            Verdict::Wait
-        );
-        assert_eq!(
-            judge_wait(&c, &view(JobStatus::Running, true, 100, 2), None),
-            Verdict::DeadlineTimeout
-        );
+        assert_eq!(running((100, 1)), Verdict::Wait);
+        assert_eq!(running((100, 2)), Verdict::DeadlineTimeout);
     }
 
     #[test]
     fn a_terminal_status_wins_over_every_clock() {
-        let c = contract();
         for status in [JobStatus::Completed, JobStatus::Error, JobStatus::Cancelled] {
             assert_eq!(
-                judge_wait(
-                    &c,
-                    &view(status, false, 1000, 1000),
-                    Some(Duration::from_secs(1))
-                ),
+                judged(status, false, (1000, 1000), Some(1)),
                 Verdict::Finished(status)
             );
         }
@@ -888,18 +880,17 @@ mod tests {
 
     #[test]
     fn the_wall_clock_timeout_bounds_the_whole_wait() {
-        let c = contract();
-        let limit = Some(Duration::from_secs(10));
+        let limit = Some(10);
         assert_eq!(
-            judge_wait(&c, &view(JobStatus::Running, true, 9, 0), limit),
+            judged(JobStatus::Running, true, (9, 0), limit),
             Verdict::Wait
         );
         assert_eq!(
-            judge_wait(&c, &view(JobStatus::Running, true, 10, 0), limit),
+            judged(JobStatus::Running, true, (10, 0), limit),
             Verdict::Timeout
         );
         assert_eq!(
-            judge_wait(&c, &view(JobStatus::Pending, false, 10, 10), limit),
+            judged(JobStatus::Pending, false, (10, 10), limit),
             Verdict::Timeout
         );
     }

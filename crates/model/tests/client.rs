@@ -49,6 +49,57 @@ async fn chat(
     (outcome, deltas)
 }
 
+fn usage(input_tokens: u64, output_tokens: u64, total_tokens: u64) -> Usage {
+    Usage {
+        input_tokens,
+        output_tokens,
+        total_tokens,
+    }
+}
+
+/// Scripts `replies`, chats once with `client`, and checks that the completion says `answer`
+/// after one request a reply; returns the deltas shown.
+async fn answered_after(
+    mock: &MockModel,
+    client: &ModelClient,
+    replies: Vec<Reply>,
+    answer: &str,
+) -> Vec<String> {
+    let requests = replies.len();
+    for reply in replies {
+        mock.push(reply);
+    }
+    let (done, deltas) = chat(client, &user("hi"), &[]).await;
+    assert_eq!(
+        done.expect("completion").message.content.as_deref(),
+        Some(answer)
+    );
+    assert_eq!(mock.requests().len(), requests);
+    deltas
+}
+
+/// `first` shows "half an answer" and then breaks: the chat fails without asking again.
+async fn not_retried_after_text(
+    mock: &MockModel,
+    client: &ModelClient,
+    first: Reply,
+) -> ModelError {
+    mock.push(first);
+    mock.push(Reply::text("must not be asked for"));
+    let (done, deltas) = chat(client, &user("hi"), &[]).await;
+    assert_eq!(deltas.concat(), "half an answer");
+    assert_eq!(mock.requests().len(), 1);
+    done.expect_err("a broken answer after shown text fails")
+}
+
+/// Every request gets `reply`: the chat fails after the first attempt and max_retries (2) more.
+async fn fails_every_attempt(mock: &MockModel, client: &ModelClient, reply: Reply) -> ModelError {
+    mock.set_default(reply);
+    let (done, _) = chat(client, &user("hi"), &[]).await;
+    assert_eq!(mock.requests().len(), 3);
+    done.expect_err("every attempt fails")
+}
+
 fn terminal_schema() -> Value {
     json!({
         "type": "function",
@@ -80,14 +131,7 @@ async fn streamed_text_is_shown_in_pieces_and_assembled_with_usage() {
     assert!(done.message.tool_calls.is_empty());
     assert_eq!(done.finish_reason.as_deref(), Some("stop"));
     assert_eq!(done.model.as_deref(), Some("test-model"));
-    assert_eq!(
-        done.usage,
-        Some(Usage {
-            input_tokens: 10,
-            output_tokens: 5,
-            total_tokens: 15
-        })
-    );
+    assert_eq!(done.usage, Some(usage(10, 5, 15)));
 }
 
 #[tokio::test]
@@ -100,14 +144,7 @@ async fn non_stream_text_is_shown_once_and_usage_is_mapped() {
     assert_eq!(done.message.content.as_deref(), Some("whole answer"));
     assert_eq!(done.finish_reason.as_deref(), Some("stop"));
     assert_eq!(done.model.as_deref(), Some("test-model"));
-    assert_eq!(
-        done.usage,
-        Some(Usage {
-            input_tokens: 120,
-            output_tokens: 30,
-            total_tokens: 150
-        })
-    );
+    assert_eq!(done.usage, Some(usage(120, 30, 150)));
 }
 
 #[tokio::test]
@@ -115,11 +152,7 @@ async fn streamed_usage_override_is_read_from_the_final_chunk() {
     let mock = MockModel::start().await;
     mock.push(Reply::text("x").usage(1, 2, 4));
     let (done, _) = chat(&client(&mock, true), &user("hi"), &[]).await;
-    let usage = done.expect("completion").usage.expect("usage");
-    assert_eq!(
-        (usage.input_tokens, usage.output_tokens, usage.total_tokens),
-        (1, 2, 4)
-    );
+    assert_eq!(done.expect("completion").usage, Some(usage(1, 2, 4)));
 }
 
 #[tokio::test]
@@ -274,29 +307,17 @@ async fn assistant_tool_call_history_is_sent_with_null_content() {
 #[tokio::test]
 async fn server_error_is_retried_then_succeeds() {
     let mock = MockModel::start().await;
-    mock.push(Reply::error(500, "boom"));
-    mock.push(Reply::text("recovered"));
-    let (done, deltas) = chat(&client(&mock, true), &user("hi"), &[]).await;
-    assert_eq!(
-        done.expect("completion").message.content.as_deref(),
-        Some("recovered")
-    );
+    let replies = vec![Reply::error(500, "boom"), Reply::text("recovered")];
+    let deltas = answered_after(&mock, &client(&mock, true), replies, "recovered").await;
     assert_eq!(deltas.concat(), "recovered");
-    assert_eq!(mock.requests().len(), 2);
 }
 
 #[tokio::test]
 async fn rate_limit_is_retried_then_succeeds() {
     let mock = MockModel::start().await;
-    mock.push(Reply::error(429, "slow down"));
-    mock.push(Reply::error(429, "slow down"));
-    mock.push(Reply::text("finally"));
-    let (done, _) = chat(&client(&mock, false), &user("hi"), &[]).await;
-    assert_eq!(
-        done.expect("completion").message.content.as_deref(),
-        Some("finally")
-    );
-    assert_eq!(mock.requests().len(), 3);
+    let slow_down = || Reply::error(429, "slow down");
+    let replies = vec![slow_down(), slow_down(), Reply::text("finally")];
+    answered_after(&mock, &client(&mock, false), replies, "finally").await;
 }
 
 #[tokio::test]
@@ -317,16 +338,14 @@ async fn numeric_retry_after_on_429_is_honoured() {
 #[tokio::test]
 async fn retries_stop_after_max_retries_with_the_last_error() {
     let mock = MockModel::start().await;
-    mock.set_default(Reply::error(503, "overloaded"));
-    let (done, _) = chat(&client(&mock, true), &user("hi"), &[]).await;
-    match done {
-        Err(ModelError::Http {
+    let overloaded = Reply::error(503, "overloaded");
+    match fails_every_attempt(&mock, &client(&mock, true), overloaded).await {
+        ModelError::Http {
             status: 503,
             message,
-        }) => assert_eq!(message, "overloaded"),
+        } => assert_eq!(message, "overloaded"),
         other => panic!("expected HTTP 503, got {other:?}"),
     }
-    assert_eq!(mock.requests().len(), 3);
 }
 
 #[tokio::test]
@@ -376,35 +395,25 @@ async fn connection_refused_is_a_transport_error_after_every_attempt() {
 #[tokio::test]
 async fn dropped_connection_is_tried_max_retries_plus_one_times() {
     let mock = MockModel::start().await;
-    mock.set_default(Reply::drop_connection());
-    let (done, _) = chat(&client(&mock, false), &user("hi"), &[]).await;
-    assert!(matches!(done, Err(ModelError::Transport(_))), "{done:?}");
-    assert_eq!(mock.requests().len(), 3);
+    let dropped = Reply::drop_connection();
+    let err = fails_every_attempt(&mock, &client(&mock, false), dropped).await;
+    assert!(matches!(err, ModelError::Transport(_)), "{err:?}");
 }
 
 #[tokio::test]
 async fn stream_dropped_before_any_text_is_retried() {
     let mock = MockModel::start().await;
-    mock.push(Reply::drop_connection());
-    mock.push(Reply::text("second try"));
-    let (done, deltas) = chat(&client(&mock, true), &user("hi"), &[]).await;
-    assert_eq!(
-        done.expect("completion").message.content.as_deref(),
-        Some("second try")
-    );
+    let replies = vec![Reply::drop_connection(), Reply::text("second try")];
+    let deltas = answered_after(&mock, &client(&mock, true), replies, "second try").await;
     assert_eq!(deltas.concat(), "second try");
-    assert_eq!(mock.requests().len(), 2);
 }
 
 #[tokio::test]
 async fn stream_cut_after_text_was_shown_is_not_retried() {
     let mock = MockModel::start().await;
-    mock.push(Reply::text("half an answer").truncated());
-    mock.push(Reply::text("must not be asked for"));
-    let (done, deltas) = chat(&client(&mock, true), &user("hi"), &[]).await;
-    assert!(matches!(done, Err(ModelError::Transport(_))), "{done:?}");
-    assert_eq!(deltas.concat(), "half an answer");
-    assert_eq!(mock.requests().len(), 1);
+    let cut = Reply::text("half an answer").truncated();
+    let err = not_retried_after_text(&mock, &client(&mock, true), cut).await;
+    assert!(matches!(err, ModelError::Transport(_)), "{err:?}");
 }
 
 /// A client whose stall bound is `stall`.
@@ -437,15 +446,9 @@ async fn a_stream_that_sends_headers_then_nothing_stalls_on_every_attempt() {
 #[tokio::test]
 async fn a_json_body_that_stalls_after_its_headers_is_stalled() {
     let mock = MockModel::start().await;
-    mock.set_default(Reply::stall());
-    let (done, _) = chat(
-        &stalling_client(&mock, false, Duration::from_millis(300)),
-        &user("hi"),
-        &[],
-    )
-    .await;
-    assert!(matches!(done, Err(ModelError::Stalled(_))), "{done:?}");
-    assert_eq!(mock.requests().len(), 3);
+    let client = stalling_client(&mock, false, Duration::from_millis(300));
+    let err = fails_every_attempt(&mock, &client, Reply::stall()).await;
+    assert!(matches!(err, ModelError::Stalled(_)), "{err:?}");
 }
 
 #[tokio::test]
@@ -453,53 +456,27 @@ async fn a_json_answer_slower_than_the_stall_bound_to_its_headers_is_not_a_stall
     // A non-stream server sends nothing until the whole completion is ready: only the
     // whole-request timeout bounds the wait for its headers.
     let mock = MockModel::start().await;
-    mock.push(Reply::text("slow but whole").delay(Duration::from_millis(700)));
-    let (done, _) = chat(
-        &stalling_client(&mock, false, Duration::from_millis(200)),
-        &user("hi"),
-        &[],
-    )
-    .await;
-    assert_eq!(
-        done.expect("completion").message.content.as_deref(),
-        Some("slow but whole")
-    );
-    assert_eq!(mock.requests().len(), 1);
+    let client = stalling_client(&mock, false, Duration::from_millis(200));
+    let slow = Reply::text("slow but whole").delay(Duration::from_millis(700));
+    answered_after(&mock, &client, vec![slow], "slow but whole").await;
 }
 
 #[tokio::test]
 async fn a_stalled_stream_is_cancelled_and_retried() {
     let mock = MockModel::start().await;
-    mock.push(Reply::stall());
-    mock.push(Reply::text("second try"));
-    let (done, deltas) = chat(
-        &stalling_client(&mock, true, Duration::from_millis(300)),
-        &user("hi"),
-        &[],
-    )
-    .await;
-    assert_eq!(
-        done.expect("completion").message.content.as_deref(),
-        Some("second try")
-    );
+    let client = stalling_client(&mock, true, Duration::from_millis(300));
+    let replies = vec![Reply::stall(), Reply::text("second try")];
+    let deltas = answered_after(&mock, &client, replies, "second try").await;
     assert_eq!(deltas.concat(), "second try");
-    assert_eq!(mock.requests().len(), 2);
 }
 
 #[tokio::test]
 async fn a_stream_that_stalls_after_showing_text_is_not_retried() {
     let mock = MockModel::start().await;
-    mock.push(Reply::text("half an answer").stall_after_text());
-    mock.push(Reply::text("must not be asked for"));
-    let (done, deltas) = chat(
-        &stalling_client(&mock, true, Duration::from_millis(300)),
-        &user("hi"),
-        &[],
-    )
-    .await;
-    assert!(matches!(done, Err(ModelError::Stalled(_))), "{done:?}");
-    assert_eq!(deltas.concat(), "half an answer");
-    assert_eq!(mock.requests().len(), 1);
+    let client = stalling_client(&mock, true, Duration::from_millis(300));
+    let stalled = Reply::text("half an answer").stall_after_text();
+    let err = not_retried_after_text(&mock, &client, stalled).await;
+    assert!(matches!(err, ModelError::Stalled(_)), "{err:?}");
 }
 
 #[tokio::test]
@@ -524,17 +501,11 @@ async fn reply_held_past_request_timeout_is_a_timeout() {
 async fn timeouts_are_retried() {
     let mock = MockModel::start().await;
     let gate = Gate::new();
-    mock.push(Reply::text("too late").gated(&gate));
-    mock.push(Reply::text("in time"));
     let mut config = config(mock.base_url(), false);
     config.request_timeout = Duration::from_millis(300);
     let client = ModelClient::new(config).expect("valid config");
-    let (done, _) = chat(&client, &user("hi"), &[]).await;
-    assert_eq!(
-        done.expect("completion").message.content.as_deref(),
-        Some("in time")
-    );
-    assert_eq!(mock.requests().len(), 2);
+    let replies = vec![Reply::text("too late").gated(&gate), Reply::text("in time")];
+    answered_after(&mock, &client, replies, "in time").await;
     gate.open();
 }
 

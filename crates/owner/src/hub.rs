@@ -467,6 +467,19 @@ mod tests {
         out
     }
 
+    /// Asks for progress of turn `a` of session `s` at `now` and gives `(phase, tool_id,
+    /// elapsed_ms)` of the one `turn.progress` that sent.
+    fn progress_now(
+        hub: &Hub,
+        rx: &mut mpsc::Receiver<Outgoing>,
+        now: Instant,
+    ) -> (TurnPhase, Option<String>, u64) {
+        hub.progress_at("s", "a", INTERVAL, now);
+        let p = progress_of(&drain(rx));
+        assert_eq!(p.len(), 1, "{p:?}");
+        (p[0].phase, p[0].tool_id.clone(), p[0].elapsed_ms)
+    }
+
     fn progress_of(events: &[SessionEvent]) -> Vec<TurnProgress> {
         events
             .iter()
@@ -533,11 +546,9 @@ mod tests {
         hub.publish_delta_at("s", "e", "x", at(10));
         assert_eq!(hub.progress_at("s", "a", INTERVAL, at(14)), at(15));
         drain(&mut rx);
-        hub.progress_at("s", "a", INTERVAL, at(17));
-        let p = progress_of(&drain(&mut rx));
         assert_eq!(
-            (p[0].phase, p[0].tool_id.as_deref(), p[0].elapsed_ms),
-            (TurnPhase::Tool, Some("c1"), 7000)
+            progress_now(&hub, &mut rx, at(17)),
+            (TurnPhase::Tool, Some("c1".into()), 7000)
         );
 
         // The first call asks; the prompt wins over the tool.
@@ -549,11 +560,9 @@ mod tests {
             )],
             at(20),
         );
-        hub.progress_at("s", "a", INTERVAL, at(27));
-        let p = progress_of(&drain(&mut rx));
         assert_eq!(
-            (p[0].phase, p[0].tool_id.as_deref(), p[0].elapsed_ms),
-            (TurnPhase::PromptWait, Some("c1"), 7000)
+            progress_now(&hub, &mut rx, at(27)),
+            (TurnPhase::PromptWait, Some("c1".into()), 7000)
         );
 
         // Answered, the first call ends; the second runs from then.
@@ -572,11 +581,9 @@ mod tests {
             ],
             at(30),
         );
-        hub.progress_at("s", "a", INTERVAL, at(36));
-        let p = progress_of(&drain(&mut rx));
         assert_eq!(
-            (p[0].phase, p[0].tool_id.as_deref(), p[0].elapsed_ms),
-            (TurnPhase::Tool, Some("c2"), 6000)
+            progress_now(&hub, &mut rx, at(36)),
+            (TurnPhase::Tool, Some("c2".into()), 6000)
         );
 
         // Both done: the next model request began when the last call ended.
@@ -588,10 +595,8 @@ mod tests {
             )],
             at(40),
         );
-        hub.progress_at("s", "a", INTERVAL, at(45));
-        let p = progress_of(&drain(&mut rx));
         assert_eq!(
-            (p[0].phase, p[0].tool_id.as_deref(), p[0].elapsed_ms),
+            progress_now(&hub, &mut rx, at(45)),
             (TurnPhase::ModelRequest, None, 5000)
         );
         // Progress itself restarts the quiet time.

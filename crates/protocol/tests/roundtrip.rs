@@ -118,20 +118,7 @@ fn responses_round_trip_with_exactly_one_of_result_and_error() {
 
 #[test]
 fn rpc_errors_round_trip_for_every_reason() {
-    for reason in [
-        ErrorReason::InvalidParams,
-        ErrorReason::NotFound,
-        ErrorReason::PermissionDenied,
-        ErrorReason::StaleEpoch,
-        ErrorReason::StaleGeneration,
-        ErrorReason::AdmissionConflict,
-        ErrorReason::UnknownExecution,
-        ErrorReason::RuntimeDraining,
-        ErrorReason::StorageUnavailable,
-        ErrorReason::UnknownMethod,
-        ErrorReason::ModelUnavailable,
-        ErrorReason::ParseError,
-    ] {
+    for reason in ErrorReason::ALL {
         let word = round_trip(&reason);
         assert_eq!(word, format!("\"{}\"", reason.as_str()));
         assert_eq!(ErrorReason::parse(reason.as_str()), Some(reason));

@@ -516,6 +516,16 @@ impl Client {
         bail!("session.events.since still had more after 10,000 pages")
     }
 
+    /// The whole stored stream of `session_id`: [`Client::events_since`] its start, in the
+    /// replay epoch `session.resume` names.
+    pub async fn stored_events(&mut self, session_id: &str) -> Result<Value> {
+        let resume = self
+            .call_ok("session.resume", json!({"session_id": session_id}))
+            .await?;
+        self.events_since(session_id, &resume["replay_epoch"], 0)
+            .await
+    }
+
     /// The next event's params, or `None` after `timeout`.
     pub async fn next_event(&mut self, timeout: Duration) -> Result<Option<Value>> {
         if let Some(e) = self.events.pop_front() {
@@ -543,6 +553,39 @@ impl Client {
                 None => bail!("no matching event within {WAIT:?}"),
             }
         }
+    }
+
+    /// Every event up to and including the first that matches `pred`, bounded by [`WAIT`]; the
+    /// error names the kinds of the events seen when none matched.
+    pub async fn events_until(
+        &mut self,
+        mut pred: impl FnMut(&Value) -> bool,
+    ) -> Result<Vec<Value>> {
+        let deadline = Instant::now() + WAIT;
+        let mut seen: Vec<Value> = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let Some(e) = self.next_event(left).await? else {
+                let kinds: Vec<&Value> = seen.iter().map(|e| &e["type"]).collect();
+                bail!(
+                    "no matching event within {WAIT:?}; saw {} events: {kinds:?}",
+                    seen.len()
+                );
+            };
+            let done = pred(&e);
+            seen.push(e);
+            if done {
+                return Ok(seen);
+            }
+        }
+    }
+
+    /// Every event up to and including the `turn.settled` of `admission_id`, bounded by [`WAIT`].
+    pub async fn events_until_settled(&mut self, admission_id: &str) -> Result<Vec<Value>> {
+        self.events_until(|e| {
+            e["type"] == "turn.settled" && e["payload"]["admission_id"] == admission_id
+        })
+        .await
     }
 
     /// Waits for `turn.settled` of `admission_id` and returns its outcome.
@@ -743,6 +786,30 @@ impl OneSession {
             .await
     }
 
+    /// Waits for `turn.settled` of `admission_id` in the session and returns its outcome.
+    pub async fn wait_settled(&mut self, admission_id: &str) -> Result<String> {
+        self.client.wait_settled(admission_id).await
+    }
+
+    /// `session.interrupt` of the session at `execution_generation`, failing on an error answer.
+    pub async fn interrupt(&mut self, execution_generation: impl Into<Value>) -> Result<Value> {
+        let params = self.interrupt_params(execution_generation.into());
+        self.client.call_ok("session.interrupt", params).await
+    }
+
+    /// `session.interrupt` at `execution_generation`, expecting a refusal; returns its reason.
+    pub async fn interrupt_refused(
+        &mut self,
+        execution_generation: impl Into<Value>,
+    ) -> Result<String> {
+        let params = self.interrupt_params(execution_generation.into());
+        self.client.call_err("session.interrupt", params).await
+    }
+
+    fn interrupt_params(&self, execution_generation: Value) -> Value {
+        json!({"session_id": self.session_id, "execution_generation": execution_generation})
+    }
+
     /// `prompt.receipt` of `admission_id` in the session, with its result when `include_result`.
     pub async fn receipt(&mut self, admission_id: &str, include_result: bool) -> Result<Value> {
         self.client
@@ -919,6 +986,17 @@ impl Drop for KillDaemonOnDrop<'_> {
         if let Some(pid) = daemon_info(self.0).and_then(|info| info["pid"].as_u64()) {
             signal(pid as u32, nix::sys::signal::Signal::SIGKILL);
         }
+    }
+}
+
+/// Kills and reaps a child of the test on drop (a runner, a stranger process), so it is
+/// stopped even when the test fails first.
+pub struct ChildGuard(pub std::process::Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 

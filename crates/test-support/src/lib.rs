@@ -12,7 +12,8 @@
 //!   the official SDK) with tools `echo`, `add`, `fail` and `crash`; and where the
 //!   `drover-worker-relay` fixture is, a `$DROVER_WORKER_EXE` wrapper that can send one
 //!   forged frame.
-//! - [`wait`]: bounded waits: [`wait::until`] a condition holds, [`wait::holds_for`] a window.
+//! - [`wait`]: bounded waits: [`wait::until`] a condition holds, [`wait::holds_for`] a window,
+//!   [`wait::file`] a file a child writes holds what the test reads from it.
 //! - [`env_count`]: a benchmark's size from its variable.
 //!
 //! Nothing here mocks a drover component: only the model is played.

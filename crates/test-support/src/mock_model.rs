@@ -67,6 +67,15 @@ struct Shared {
     shutdown: watch::Sender<bool>,
 }
 
+/// The last message of a logged model request (`Null` when it has none).
+pub fn last_message(request: &Value) -> Value {
+    request["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
 /// A poisoned lock only means another test thread panicked; the data is still usable.
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())

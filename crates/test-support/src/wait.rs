@@ -5,9 +5,13 @@
 //!   stop at the first poll where it no longer holds. The window is the claim itself ("nothing
 //!   ran in 300 ms"), never a guess at how long a positive condition takes.
 //!
-//! Both take an async closure, so a condition may ask the daemon or run a CLI command.
+//! - [`file`]: until a file a child writes holds what the test reads from it (a pid, a code).
+//!
+//! `until` and `holds_for` take an async closure, so a condition may ask the daemon or run a
+//! CLI command.
 
 use std::ops::AsyncFnMut;
+use std::path::Path;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -45,6 +49,39 @@ pub async fn holds_for(window: Duration, mut cond: impl AsyncFnMut() -> bool) ->
         }
         tokio::time::sleep(POLL.min(deadline - now)).await;
     }
+}
+
+/// Polls the file at `path` until `read` takes its text (then what it gives) or `limit` has
+/// passed (then `None`); a file not there yet is text not yet taken.
+pub async fn file<T>(
+    path: &Path,
+    limit: Duration,
+    mut read: impl FnMut(&str) -> Option<T>,
+) -> Option<T> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(value) = std::fs::read_to_string(path)
+            .ok()
+            .as_deref()
+            .and_then(&mut read)
+        {
+            return Some(value);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// [`file`] for text a writer ends with a newline once it is whole: the text. Panics, naming
+/// the file, when it is not whole within `limit` (test code: that fails the test).
+pub async fn line_file(path: &Path, limit: Duration) -> String {
+    file(path, limit, |text| {
+        text.ends_with('\n').then(|| text.to_string())
+    })
+    .await
+    .unwrap_or_else(|| panic!("{} got no whole line within {limit:?}", path.display()))
 }
 
 #[cfg(test)]

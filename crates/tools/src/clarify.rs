@@ -270,63 +270,19 @@ fn parse_question(i: usize, fields: &Map<String, Value>) -> Result<Question, Str
 
 #[cfg(test)]
 mod tests {
-    use std::collections::VecDeque;
-    use std::sync::{Arc, Mutex};
+
+    use std::sync::Arc;
     use std::time::Duration;
 
     use tokio_util::sync::CancellationToken;
 
     use super::*;
-    use crate::PromptBroker;
-
-    /// Plays the user: records every prompt and gives the scripted answers in order; once the
-    /// script is empty it never answers.
-    #[derive(Default)]
-    struct ScriptedUser {
-        answers: Mutex<VecDeque<PromptAnswer>>,
-        seen: Mutex<Vec<(String, Value)>>,
-    }
-
-    impl ScriptedUser {
-        fn answering(answers: Vec<PromptAnswer>) -> Arc<ScriptedUser> {
-            Arc::new(ScriptedUser {
-                answers: Mutex::new(answers.into()),
-                seen: Mutex::new(Vec::new()),
-            })
-        }
-
-        fn seen(&self) -> Vec<(String, Value)> {
-            self.seen.lock().expect("lock").clone()
-        }
-    }
-
-    #[async_trait]
-    impl PromptBroker for ScriptedUser {
-        async fn open(&self, kind: &str, body: Value) -> PromptAnswer {
-            self.seen
-                .lock()
-                .expect("lock")
-                .push((kind.to_string(), body));
-            let next = self.answers.lock().expect("lock").pop_front();
-            match next {
-                Some(answer) => answer,
-                None => std::future::pending().await,
-            }
-        }
-    }
+    use crate::{PromptBroker, ScriptedPrompts};
 
     fn ctx(prompts: Arc<dyn PromptBroker>) -> ToolContext {
         ToolContext {
-            grants: Default::default(),
-            cwd: std::env::temp_dir(),
-            session_id: "test-session".into(),
-            home: std::env::temp_dir(),
-            approvals: crate::ApprovalMode::Manual,
-            cancel: CancellationToken::new(),
             prompts,
-            processes: Arc::new(crate::InMemoryProcesses::default()),
-            delegator: std::sync::Arc::new(crate::NoDelegation),
-            jobs: Default::default(),
+            ..ToolContext::detached(std::env::temp_dir(), std::env::temp_dir(), "test-session")
         }
     }
 
@@ -340,7 +296,7 @@ mod tests {
 
     #[tokio::test]
     async fn asks_each_question_in_order_and_returns_the_answers() {
-        let user = ScriptedUser::answering(vec![
+        let user = ScriptedPrompts::in_order(vec![
             PromptAnswer::Answered(json!("Beta")),
             PromptAnswer::Answered(json!("blue and green")),
             PromptAnswer::Answered(json!(["x", "z"])),
@@ -380,7 +336,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_cancelled_prompt_ends_the_call_with_the_answers_so_far() {
-        let user = ScriptedUser::answering(vec![
+        let user = ScriptedPrompts::in_order(vec![
             PromptAnswer::Answered(json!("yes")),
             PromptAnswer::Cancelled,
         ]);
@@ -404,7 +360,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_interrupt_while_waiting_stops_the_call() {
-        let user = ScriptedUser::answering(Vec::new());
+        let user = ScriptedPrompts::in_order(Vec::new());
         let ctx = ctx(user.clone());
         let cancel = ctx.cancel.clone();
         tokio::spawn(async move {
@@ -444,7 +400,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_cancelled_context_asks_nothing() {
-        let user = ScriptedUser::answering(vec![PromptAnswer::Answered(json!("x"))]);
+        let user = ScriptedPrompts::in_order(vec![PromptAnswer::Answered(json!("x"))]);
         let ctx = ctx(user.clone());
         ctx.cancel.cancel();
         let (result, is_error) = call(json!({"questions": [{"question": "q"}]}), &ctx).await;
@@ -497,7 +453,7 @@ mod tests {
             ),
         ];
         for (args, field) in cases {
-            let user = ScriptedUser::answering(vec![PromptAnswer::Answered(json!("x"))]);
+            let user = ScriptedPrompts::in_order(vec![PromptAnswer::Answered(json!("x"))]);
             let ctx = ctx(user.clone());
             let (result, is_error) = call(args.clone(), &ctx).await;
             assert!(is_error, "{args}");

@@ -141,6 +141,59 @@ impl PromptBroker for NoPrompts {
     }
 }
 
+/// A broker that plays the human from a script (for tests, and for running tools with canned
+/// answers): the scripted answers in order, then the standing one for every later prompt, or
+/// no answer at all (the prompt stays open until the call is cancelled). It records every
+/// prompt it was shown.
+#[derive(Default)]
+pub struct ScriptedPrompts {
+    answers: std::sync::Mutex<std::collections::VecDeque<PromptAnswer>>,
+    standing: Option<PromptAnswer>,
+    seen: std::sync::Mutex<Vec<(String, Value)>>,
+}
+
+impl ScriptedPrompts {
+    /// Answers every prompt with `answer`.
+    pub fn always(answer: PromptAnswer) -> Arc<ScriptedPrompts> {
+        Arc::new(ScriptedPrompts {
+            standing: Some(answer),
+            ..ScriptedPrompts::default()
+        })
+    }
+
+    /// Answers the first prompts with `answers`, in order, and never answers the rest.
+    pub fn in_order(answers: Vec<PromptAnswer>) -> Arc<ScriptedPrompts> {
+        Arc::new(ScriptedPrompts {
+            answers: std::sync::Mutex::new(answers.into()),
+            ..ScriptedPrompts::default()
+        })
+    }
+
+    /// `(kind, body)` of every prompt opened so far.
+    pub fn seen(&self) -> Vec<(String, Value)> {
+        self.seen.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+#[async_trait]
+impl PromptBroker for ScriptedPrompts {
+    async fn open(&self, kind: &str, body: Value) -> PromptAnswer {
+        self.seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((kind.to_string(), body));
+        let next = self
+            .answers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop_front();
+        match next.or_else(|| self.standing.clone()) {
+            Some(answer) => answer,
+            None => std::future::pending().await,
+        }
+    }
+}
+
 /// The approval grants in force for a session: the pattern keys of its `session` choices and
 /// the home's stored `always` rules (SPEC section 6). Filled from the bootstrap; a `session` or
 /// `always` answer adds its key for the rest of the turn (the owner stores it for later turns).
@@ -195,6 +248,27 @@ pub struct ToolContext {
     pub delegator: Arc<dyn Delegator>,
     /// Where the `jobs` toolset records its jobs, and the home's wire settings.
     pub jobs: jobs::JobsAccess,
+}
+
+impl ToolContext {
+    /// A context with no owner and no human, for running tools on their own (tests, tools
+    /// used outside a worker): `manual` approvals with every prompt cancelled ([`NoPrompts`]),
+    /// no grants, background processes kept in memory, no delegation, jobs unset. Set what
+    /// differs with struct update syntax.
+    pub fn detached(cwd: PathBuf, home: PathBuf, session_id: &str) -> ToolContext {
+        ToolContext {
+            cwd,
+            session_id: session_id.to_string(),
+            home,
+            approvals: ApprovalMode::Manual,
+            cancel: CancellationToken::new(),
+            prompts: Arc::new(NoPrompts),
+            grants: ApprovalGrants::default(),
+            processes: Arc::new(InMemoryProcesses::default()),
+            delegator: Arc::new(NoDelegation),
+            jobs: jobs::JobsAccess::default(),
+        }
+    }
 }
 
 /// One tool.

@@ -11,14 +11,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use drover_test_support::harness::{self, ChildGuard};
 use drover_test_support::wait;
 use drover_tools::background::{BackgroundProcess, ProcessStatus, ProcessUpdate};
 use drover_tools::platform::{self, ForegroundGroups, Signal};
 use drover_tools::process::ProcessTool;
 use drover_tools::terminal::TerminalTool;
-use drover_tools::{InMemoryProcesses, NoPrompts, ProcessRegistry, Tool, ToolContext, ToolOutput};
+use drover_tools::{InMemoryProcesses, ProcessRegistry, Tool, ToolContext, ToolOutput};
 use serde_json::{json, Value};
-use tokio_util::sync::CancellationToken;
 
 /// Kills a process group on drop while its leader is still the process it names.
 struct GroupGuard {
@@ -48,16 +48,9 @@ impl Drop for GroupGuard {
 
 fn context(dir: &Path, approvals: &str, processes: Arc<dyn ProcessRegistry>) -> ToolContext {
     ToolContext {
-        grants: Default::default(),
-        cwd: dir.to_path_buf(),
-        session_id: "test-session".to_string(),
-        home: dir.to_path_buf(),
         approvals: approvals.parse().expect("approvals mode"),
-        cancel: CancellationToken::new(),
-        prompts: Arc::new(NoPrompts),
         processes,
-        delegator: std::sync::Arc::new(drover_tools::NoDelegation),
-        jobs: Default::default(),
+        ..ToolContext::detached(dir.to_path_buf(), dir.to_path_buf(), "test-session")
     }
 }
 
@@ -93,12 +86,9 @@ async fn process(args: Value, ctx: &ToolContext) -> Value {
     result
 }
 
-async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !check() {
-        assert!(Instant::now() < deadline, "{what} within 10 s");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+async fn eventually(what: &str, check: impl FnMut() -> bool) {
+    let held = harness::eventually(Duration::from_secs(10), check).await;
+    assert!(held, "{what} within 10 s");
 }
 
 #[tokio::test]
@@ -277,16 +267,6 @@ async fn kill_never_signals_a_recycled_pid() {
 
     stranger.0.kill().expect("kill");
     stranger.0.wait().expect("reap");
-}
-
-/// Kills and reaps a child of the test on drop.
-struct ChildGuard(std::process::Child);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 #[tokio::test]

@@ -7,51 +7,18 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use drover_tools::file::patch::PatchTool;
 use drover_tools::file::read::{ReadFileTool, CONTENT_MAX_BYTES};
 use drover_tools::file::search::SearchFilesTool;
 use drover_tools::file::write::WriteFileTool;
 use drover_tools::file::WRITE_OUTSIDE_CWD;
 use drover_tools::{
-    ApprovalGrants, InMemoryProcesses, NoPrompts, PromptAnswer, PromptBroker, Tool, ToolContext,
-    ToolRegistry,
+    NoPrompts, PromptAnswer, PromptBroker, ScriptedPrompts, Tool, ToolContext, ToolRegistry,
 };
 use serde_json::{json, Value};
-use tokio_util::sync::CancellationToken;
-
-/// Plays the human at an approval prompt: records what it was shown and gives a fixed answer.
-struct ScriptedHuman {
-    answer: PromptAnswer,
-    seen: Mutex<Vec<(String, Value)>>,
-}
-
-impl ScriptedHuman {
-    fn answering(answer: &str) -> Arc<Self> {
-        Arc::new(ScriptedHuman {
-            answer: PromptAnswer::Answered(json!(answer)),
-            seen: Mutex::new(Vec::new()),
-        })
-    }
-
-    fn prompts(&self) -> Vec<(String, Value)> {
-        self.seen.lock().expect("lock").clone()
-    }
-}
-
-#[async_trait]
-impl PromptBroker for ScriptedHuman {
-    async fn open(&self, kind: &str, body: Value) -> PromptAnswer {
-        self.seen
-            .lock()
-            .expect("lock")
-            .push((kind.to_string(), body));
-        self.answer.clone()
-    }
-}
 
 /// A session working in a fresh temporary directory, and a second directory outside it.
 struct Scene {
@@ -76,17 +43,11 @@ impl Scene {
     }
 
     fn ctx(&self, approvals: &str, prompts: Arc<dyn PromptBroker>) -> ToolContext {
+        let (cwd, home) = (self.cwd.path(), self.home.path());
         ToolContext {
-            cwd: self.cwd.path().to_path_buf(),
-            session_id: "test-session".to_string(),
-            home: self.home.path().to_path_buf(),
             approvals: approvals.parse().expect("approvals mode"),
-            cancel: CancellationToken::new(),
             prompts,
-            grants: ApprovalGrants::default(),
-            processes: Arc::new(InMemoryProcesses::default()),
-            delegator: std::sync::Arc::new(drover_tools::NoDelegation),
-            jobs: Default::default(),
+            ..ToolContext::detached(cwd.to_path_buf(), home.to_path_buf(), "test-session")
         }
     }
 
@@ -404,7 +365,7 @@ async fn write_file_writes_through_a_symlink_inside_cwd() {
 async fn write_file_outside_cwd_asks_in_manual_mode() {
     let scene = Scene::new();
     let target = scene.outside.path().join("out.txt");
-    let human = ScriptedHuman::answering("once");
+    let human = ScriptedPrompts::always(PromptAnswer::Answered(json!("once")));
     let ctx = scene.ctx("manual", human.clone());
     let (result, is_error) = call(
         &WriteFileTool,
@@ -414,7 +375,7 @@ async fn write_file_outside_cwd_asks_in_manual_mode() {
     .await;
     assert!(!is_error, "{result}");
     assert_eq!(std::fs::read_to_string(&target).expect("read"), "approved");
-    let prompts = human.prompts();
+    let prompts = human.seen();
     assert_eq!(prompts.len(), 1);
     let (kind, body) = &prompts[0];
     assert_eq!(kind, "approval");
@@ -445,7 +406,7 @@ async fn write_file_outside_cwd_asks_in_manual_mode() {
 async fn write_file_outside_cwd_denied_by_the_user_writes_nothing() {
     let scene = Scene::new();
     let target = scene.outside.path().join("no.txt");
-    let human = ScriptedHuman::answering("deny");
+    let human = ScriptedPrompts::always(PromptAnswer::Answered(json!("deny")));
     let error = call_err(
         &WriteFileTool,
         json!({"path": target.display().to_string(), "content": "x"}),
@@ -470,7 +431,7 @@ async fn write_file_outside_cwd_denied_by_the_user_writes_nothing() {
 async fn write_file_outside_cwd_follows_approvals_mode_auto_and_deny() {
     let scene = Scene::new();
     let target = scene.outside.path().join("sub").join("auto.txt");
-    let human = ScriptedHuman::answering("once");
+    let human = ScriptedPrompts::always(PromptAnswer::Answered(json!("once")));
     let (result, is_error) = call(
         &WriteFileTool,
         json!({"path": target.display().to_string(), "content": "auto"}),
@@ -479,7 +440,7 @@ async fn write_file_outside_cwd_follows_approvals_mode_auto_and_deny() {
     .await;
     assert!(!is_error, "{result}");
     assert_eq!(std::fs::read_to_string(&target).expect("read"), "auto");
-    assert!(human.prompts().is_empty(), "auto never asks");
+    assert!(human.seen().is_empty(), "auto never asks");
 
     let refused = scene.outside.path().join("deny.txt");
     let ctx = scene.ctx("deny", human.clone());
@@ -496,7 +457,7 @@ async fn write_file_outside_cwd_follows_approvals_mode_auto_and_deny() {
         "{error}"
     );
     assert!(!refused.exists());
-    assert!(human.prompts().is_empty(), "deny never asks");
+    assert!(human.seen().is_empty(), "deny never asks");
 
     // Inside the working directory, deny mode still writes.
     let (inside, is_error) = call(
@@ -511,7 +472,7 @@ async fn write_file_outside_cwd_follows_approvals_mode_auto_and_deny() {
 #[tokio::test]
 async fn a_session_grant_lets_later_writes_outside_cwd_through() {
     let scene = Scene::new();
-    let human = ScriptedHuman::answering("session");
+    let human = ScriptedPrompts::always(PromptAnswer::Answered(json!("session")));
     let ctx = scene.ctx("manual", human.clone());
     for name in ["one.txt", "two.txt"] {
         let target = scene.outside.path().join(name);
@@ -523,7 +484,7 @@ async fn a_session_grant_lets_later_writes_outside_cwd_through() {
         .await;
         assert!(!is_error, "{result}");
     }
-    assert_eq!(human.prompts().len(), 1, "asked once for the session");
+    assert_eq!(human.seen().len(), 1, "asked once for the session");
     assert!(ctx.grants.contains(WRITE_OUTSIDE_CWD));
 }
 
@@ -531,7 +492,7 @@ async fn a_session_grant_lets_later_writes_outside_cwd_through() {
 async fn a_symlink_or_dot_dot_out_of_cwd_counts_as_outside() {
     let scene = Scene::new();
     std::os::unix::fs::symlink(scene.outside.path(), scene.path("escape")).expect("symlink");
-    let human = ScriptedHuman::answering("deny");
+    let human = ScriptedPrompts::always(PromptAnswer::Answered(json!("deny")));
     let ctx = scene.ctx("manual", human.clone());
     let error = call_err(
         &WriteFileTool,
@@ -556,7 +517,7 @@ async fn a_symlink_or_dot_dot_out_of_cwd_counts_as_outside() {
     )
     .await;
     assert!(error.contains("denied"), "{error}");
-    assert_eq!(human.prompts().len(), 2);
+    assert_eq!(human.seen().len(), 2);
 }
 
 #[tokio::test]
@@ -687,7 +648,7 @@ async fn patch_outside_cwd_follows_the_approval_policy() {
     std::fs::write(&target, "key = old\n").expect("write");
     let args =
         json!({"path": target.display().to_string(), "old_string": "old", "new_string": "new"});
-    let human = ScriptedHuman::answering("once");
+    let human = ScriptedPrompts::always(PromptAnswer::Answered(json!("once")));
 
     let error = call_err(&PatchTool, args.clone(), &scene.ctx("deny", human.clone())).await;
     assert!(error.starts_with("refused:"), "{error}");
@@ -702,7 +663,7 @@ async fn patch_outside_cwd_follows_the_approval_policy() {
         std::fs::read_to_string(&target).expect("read"),
         "key = new\n"
     );
-    let prompts = human.prompts();
+    let prompts = human.seen();
     assert_eq!(prompts.len(), 1);
     assert!(
         prompts[0].1["command"]
@@ -719,7 +680,7 @@ async fn patch_that_cannot_apply_asks_nobody() {
     let scene = Scene::new();
     let target = scene.outside.path().join("conf.txt");
     std::fs::write(&target, "key = old\n").expect("write");
-    let human = ScriptedHuman::answering("once");
+    let human = ScriptedPrompts::always(PromptAnswer::Answered(json!("once")));
     let error = call_err(
         &PatchTool,
         json!({"path": target.display().to_string(), "old_string": "absent", "new_string": "x"}),
@@ -727,7 +688,7 @@ async fn patch_that_cannot_apply_asks_nobody() {
     )
     .await;
     assert_names(&error, "old_string");
-    assert!(human.prompts().is_empty());
+    assert!(human.seen().is_empty());
 }
 
 #[tokio::test]

@@ -2,47 +2,30 @@
 //! `terminal` call's whole group. Its own test binary: `kill_all` is process-wide and would hit
 //! the groups of tests running beside it.
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use drover_test_support::wait;
 
 use drover_tools::platform::{is_alive, ForegroundGroups};
 use drover_tools::terminal::TerminalTool;
-use drover_tools::{InMemoryProcesses, NoPrompts, Tool, ToolContext};
+use drover_tools::{Tool, ToolContext};
 use serde_json::{json, Value};
-use tokio_util::sync::CancellationToken;
 
 #[tokio::test]
 async fn kill_all_stops_every_running_foreground_group() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let ctx = ToolContext {
-        grants: Default::default(),
-        cwd: dir.path().to_path_buf(),
-        session_id: "test-session".to_string(),
-        home: dir.path().to_path_buf(),
-        approvals: drover_tools::ApprovalMode::Manual,
-        cancel: CancellationToken::new(),
-        prompts: Arc::new(NoPrompts),
-        processes: Arc::new(InMemoryProcesses::default()),
-        delegator: std::sync::Arc::new(drover_tools::NoDelegation),
-        jobs: Default::default(),
-    };
+    let ctx = ToolContext::detached(
+        dir.path().to_path_buf(),
+        dir.path().to_path_buf(),
+        "test-session",
+    );
     let pid_file = dir.path().join("pid");
     let command = format!("sleep 30 & echo $! > {}; wait", pid_file.display());
     let task =
         tokio::spawn(async move { TerminalTool.call(json!({"command": command}), &ctx).await });
 
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let grandchild: i32 = loop {
-        if let Some(pid) = std::fs::read_to_string(&pid_file)
-            .ok()
-            .filter(|t| t.ends_with('\n'))
-            .and_then(|t| t.trim().parse().ok())
-        {
-            break pid;
-        }
-        assert!(Instant::now() < deadline, "pid file never written");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let pid_text = wait::line_file(&pid_file, Duration::from_secs(10)).await;
+    let grandchild: i32 = pid_text.trim().parse().expect("a pid");
     assert_eq!(ForegroundGroups::registered().len(), 1);
 
     assert_eq!(ForegroundGroups::kill_all(), 1);
@@ -55,12 +38,8 @@ async fn kill_all_stops_every_running_foreground_group() {
     assert!(out.is_error);
     assert!(ForegroundGroups::registered().is_empty());
 
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while is_alive(grandchild) {
-        assert!(
-            Instant::now() < deadline,
-            "grandchild {grandchild} survived kill_all"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    assert!(
+        wait::until(Duration::from_secs(5), async || !is_alive(grandchild)).await,
+        "grandchild {grandchild} survived kill_all"
+    );
 }

@@ -5,71 +5,22 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
+use drover_test_support::wait;
 use drover_tools::platform::{is_alive, ForegroundGroups};
 use drover_tools::terminal::TerminalTool;
 use drover_tools::{
-    InMemoryProcesses, NoPrompts, PromptAnswer, PromptBroker, Tool, ToolContext, ToolOutput,
+    NoPrompts, PromptAnswer, PromptBroker, ScriptedPrompts, Tool, ToolContext, ToolOutput,
 };
 use serde_json::{json, Value};
-use tokio_util::sync::CancellationToken;
-
-/// Plays the human at an approval prompt: records what it was shown and gives a fixed answer,
-/// or never answers.
-struct ScriptedHuman {
-    answer: Option<PromptAnswer>,
-    seen: Mutex<Vec<(String, Value)>>,
-}
-
-impl ScriptedHuman {
-    fn answering(answer: PromptAnswer) -> Arc<Self> {
-        Arc::new(ScriptedHuman {
-            answer: Some(answer),
-            seen: Mutex::new(Vec::new()),
-        })
-    }
-
-    fn silent() -> Arc<Self> {
-        Arc::new(ScriptedHuman {
-            answer: None,
-            seen: Mutex::new(Vec::new()),
-        })
-    }
-
-    fn prompts(&self) -> Vec<(String, Value)> {
-        self.seen.lock().expect("lock").clone()
-    }
-}
-
-#[async_trait]
-impl PromptBroker for ScriptedHuman {
-    async fn open(&self, kind: &str, body: Value) -> PromptAnswer {
-        self.seen
-            .lock()
-            .expect("lock")
-            .push((kind.to_string(), body));
-        match &self.answer {
-            Some(answer) => answer.clone(),
-            None => std::future::pending().await,
-        }
-    }
-}
 
 fn context(cwd: &Path, approvals: &str, prompts: Arc<dyn PromptBroker>) -> ToolContext {
     ToolContext {
-        grants: Default::default(),
-        cwd: cwd.to_path_buf(),
-        session_id: "test-session".to_string(),
-        home: cwd.to_path_buf(),
         approvals: approvals.parse().expect("approvals mode"),
-        cancel: CancellationToken::new(),
         prompts,
-        processes: Arc::new(InMemoryProcesses::default()),
-        delegator: std::sync::Arc::new(drover_tools::NoDelegation),
-        jobs: Default::default(),
+        ..ToolContext::detached(cwd.to_path_buf(), cwd.to_path_buf(), "test-session")
     }
 }
 
@@ -112,23 +63,6 @@ fn first_pid(text: &str) -> i32 {
         .next()
         .and_then(|l| l.trim().parse().ok())
         .unwrap_or_else(|| panic!("no pid in output {text:?}"))
-}
-
-async fn wait_for_file(path: &Path) -> String {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Ok(text) = std::fs::read_to_string(path) {
-            if text.ends_with('\n') {
-                return text;
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} never written",
-            path.display()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 #[tokio::test]
@@ -212,7 +146,7 @@ async fn interrupt_kills_the_group_and_returns_promptly() {
     let command = format!("sleep 30 & echo $! > {}; wait", pid_file.display());
     let cancel = ctx.cancel.clone();
     let task = tokio::spawn(async move { call(json!({"command": command}), &ctx).await });
-    let grandchild = first_pid(&wait_for_file(&pid_file).await);
+    let grandchild = first_pid(&wait::line_file(&pid_file, Duration::from_secs(10)).await);
     assert!(is_alive(grandchild));
     let cancelled_at = Instant::now();
     cancel.cancel();
@@ -320,7 +254,7 @@ async fn the_group_is_registered_while_it_runs_and_not_after() {
     let pid_file = dir.path().join("pgid");
     let command = format!("echo $$ > {}; sleep 1", pid_file.display());
     let task = tokio::spawn(async move { call(json!({"command": command}), &ctx).await });
-    let pgid = first_pid(&wait_for_file(&pid_file).await);
+    let pgid = first_pid(&wait::line_file(&pid_file, Duration::from_secs(10)).await);
     assert!(ForegroundGroups::registered().contains(&pgid));
     let out = tokio::time::timeout(Duration::from_secs(10), task)
         .await
@@ -352,7 +286,7 @@ fn victim(dir: &Path) -> std::path::PathBuf {
 async fn deny_mode_refuses_a_dangerous_command_without_running_it() {
     let dir = tempfile::tempdir().expect("tempdir");
     let victim = victim(dir.path());
-    let human = ScriptedHuman::answering(PromptAnswer::Answered(json!("once")));
+    let human = ScriptedPrompts::always(PromptAnswer::Answered(json!("once")));
     let ctx = context(dir.path(), "deny", human.clone());
     let out = call(json!({"command": "rm -rf victim"}), &ctx).await;
     assert_eq!(
@@ -361,21 +295,21 @@ async fn deny_mode_refuses_a_dangerous_command_without_running_it() {
     );
     assert!(out.is_error);
     assert!(victim.exists());
-    assert!(human.prompts().is_empty());
+    assert!(human.seen().is_empty());
 }
 
 #[tokio::test]
 async fn manual_mode_asks_and_a_deny_answer_keeps_the_files() {
     let dir = tempfile::tempdir().expect("tempdir");
     let victim = victim(dir.path());
-    let human = ScriptedHuman::answering(PromptAnswer::Answered(json!("deny")));
+    let human = ScriptedPrompts::always(PromptAnswer::Answered(json!("deny")));
     let ctx = context(dir.path(), "manual", human.clone());
     let out = call(json!({"command": "rm -rf victim"}), &ctx).await;
     assert_eq!(error_text(&out), "the user denied this command");
     assert!(out.is_error);
     assert!(victim.exists());
     assert_eq!(
-        human.prompts(),
+        human.seen(),
         vec![(
             "approval".to_string(),
             json!({
@@ -393,12 +327,12 @@ async fn manual_mode_runs_the_command_once_approved() {
     for choice in ["once", "session", "always"] {
         let dir = tempfile::tempdir().expect("tempdir");
         let victim = victim(dir.path());
-        let human = ScriptedHuman::answering(PromptAnswer::Answered(json!(choice)));
+        let human = ScriptedPrompts::always(PromptAnswer::Answered(json!(choice)));
         let ctx = context(dir.path(), "manual", human.clone());
         let out = call(json!({"command": "rm -rf victim"}), &ctx).await;
         assert_eq!(result(&out)["exit_code"], 0, "{choice}: {}", out.content);
         assert!(!victim.exists(), "{choice}");
-        assert_eq!(human.prompts().len(), 1);
+        assert_eq!(human.seen().len(), 1);
     }
 }
 
@@ -414,7 +348,7 @@ async fn a_cancelled_or_unreadable_answer_counts_as_deny() {
         let ctx = context(
             dir.path(),
             "manual",
-            ScriptedHuman::answering(answer.clone()),
+            ScriptedPrompts::always(answer.clone()),
         );
         let out = call(json!({"command": "rm -rf victim"}), &ctx).await;
         assert_eq!(
@@ -436,12 +370,12 @@ async fn a_cancelled_or_unreadable_answer_counts_as_deny() {
 async fn an_interrupt_while_the_prompt_is_open_runs_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
     let victim = victim(dir.path());
-    let human = ScriptedHuman::silent();
+    let human = ScriptedPrompts::in_order(Vec::new());
     let ctx = context(dir.path(), "manual", human.clone());
     let cancel = ctx.cancel.clone();
     let task = tokio::spawn(async move { call(json!({"command": "rm -rf victim"}), &ctx).await });
     let deadline = Instant::now() + Duration::from_secs(10);
-    while human.prompts().is_empty() {
+    while human.seen().is_empty() {
         assert!(Instant::now() < deadline, "prompt never opened");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -458,7 +392,7 @@ async fn an_interrupt_while_the_prompt_is_open_runs_nothing() {
 async fn auto_mode_runs_without_asking_and_safe_commands_never_ask() {
     let dir = tempfile::tempdir().expect("tempdir");
     let victim = victim(dir.path());
-    let human = ScriptedHuman::answering(PromptAnswer::Answered(json!("deny")));
+    let human = ScriptedPrompts::always(PromptAnswer::Answered(json!("deny")));
     let ctx = context(dir.path(), "auto", human.clone());
     let out = call(json!({"command": "rm -rf victim"}), &ctx).await;
     assert_eq!(result(&out)["exit_code"], 0, "{}", out.content);
@@ -467,5 +401,5 @@ async fn auto_mode_runs_without_asking_and_safe_commands_never_ask() {
     let ctx = context(dir.path(), "manual", human.clone());
     let out = call(json!({"command": "echo 'rm -rf /' && ls"}), &ctx).await;
     assert_eq!(result(&out)["exit_code"], 0);
-    assert!(human.prompts().is_empty());
+    assert!(human.seen().is_empty());
 }

@@ -6,28 +6,15 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use drover_tools::todo::{todo_path, TodoTool};
-use drover_tools::{ApprovalGrants, InMemoryProcesses, NoPrompts, Tool, ToolContext, ToolRegistry};
+use drover_tools::{Tool, ToolContext, ToolRegistry};
 use serde_json::{json, Value};
-use tokio_util::sync::CancellationToken;
 
 /// The context a turn of `session_id` gets: only `home` and `session_id` matter here.
 fn turn(home: &Path, session_id: &str) -> ToolContext {
-    ToolContext {
-        cwd: std::env::temp_dir(),
-        session_id: session_id.to_string(),
-        home: home.to_path_buf(),
-        approvals: drover_tools::ApprovalMode::Manual,
-        cancel: CancellationToken::new(),
-        prompts: Arc::new(NoPrompts),
-        grants: ApprovalGrants::default(),
-        processes: Arc::new(InMemoryProcesses::default()),
-        delegator: std::sync::Arc::new(drover_tools::NoDelegation),
-        jobs: Default::default(),
-    }
+    ToolContext::detached(std::env::temp_dir(), home.to_path_buf(), session_id)
 }
 
 async fn call(args: Value, ctx: &ToolContext) -> (Value, bool) {
