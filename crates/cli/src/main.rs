@@ -31,7 +31,11 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the owner daemon in the foreground.
-    Daemon,
+    Daemon {
+        /// Internal: a client started this daemon in the background.
+        #[arg(long, hide = true)]
+        started_by_client: bool,
+    },
     /// Submit a prompt to a session and stream the answer (starts the daemon if needed).
     Run(commands::RunArgs),
     /// Ask the home's daemon to stop (as SIGTERM does) and wait for it to exit.
@@ -79,7 +83,7 @@ fn main() -> ExitCode {
     };
     let home = drover_owner::home::resolve_home(cli.home.as_deref());
     let exit = match cli.command {
-        Command::Daemon => drover_owner::run_daemon(&home),
+        Command::Daemon { .. } => drover_owner::run_daemon(&home),
         Command::Worker => drover_worker::main_entry(),
         Command::Run(args) => commands::block_on(commands::run(home, args)),
         Command::Stop => commands::block_on(commands::stop(home)),

@@ -11,7 +11,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::EnvFilter;
 
 use crate::config::Config;
-use crate::home::{new_token, prepare_home, DaemonInfo, HomeLock, LockError};
+use crate::home::{new_token, prepare_home, DaemonFile, DaemonInfo, HomeLock, LockError};
 use crate::runtime::Owner;
 use crate::turns::{drain, kick_all, start_watchdog};
 
@@ -179,6 +179,10 @@ async fn serve(home: PathBuf) -> Exit {
         .or_else(|| std::env::current_exe().ok())
         .unwrap_or_else(|| PathBuf::from("drover"));
     let grace = Duration::from_secs_f64(config.daemon.drain_grace_s.max(0.0));
+    // Clients compare this digest with their own key's (never the key: daemon.json is a file).
+    let api_key_sha256 = config
+        .api_key()
+        .map(|k| drover_protocol::daemon_file::api_key_sha256(&k));
     let owner = match Owner::new(
         home.clone(),
         config,
@@ -204,6 +208,7 @@ async fn serve(home: PathBuf) -> Exit {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs_f64())
             .unwrap_or(0.0),
+        api_key_sha256,
     };
     let app = crate::server::router(owner.clone(), token);
     let shutdown = owner.shutdown.clone();

@@ -5,8 +5,6 @@ use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
-
 /// `--home DIR`, else `$DROVER_HOME`, else `~/.drover`.
 pub fn resolve_home(flag: Option<&Path>) -> PathBuf {
     if let Some(p) = flag {
@@ -149,26 +147,22 @@ fn recorded_pid(home: &Path) -> Option<u32> {
     text.trim().parse().ok()
 }
 
-/// `<home>/daemon.json` (SPEC section 1): how clients find and authenticate to the owner.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct DaemonInfo {
-    /// The daemon's process id.
-    pub pid: u32,
-    /// The runtime epoch this daemon raised when it started.
-    pub epoch: u64,
-    /// The random id of this owner instance, raised with the epoch.
-    pub instance_id: String,
-    /// `ws://127.0.0.1:<port>/v1/ws`
-    pub url: String,
-    /// The bearer token a client sends (`Authorization: Bearer <token>`).
-    pub token: String,
-    /// Unix seconds.
-    pub started_at: f64,
+/// `<home>/daemon.json` (SPEC section 1); its type lives in the protocol crate, which clients
+/// read it with.
+pub use drover_protocol::daemon_file::DaemonInfo;
+
+/// Writing, reading and removing `<home>/daemon.json`: the owner's side of [`DaemonInfo`].
+pub trait DaemonFile: Sized {
+    /// Writes the file atomically with mode 0600.
+    fn write(&self, home: &Path) -> std::io::Result<()>;
+    /// Reads `<home>/daemon.json`, if present and well-formed.
+    fn read(home: &Path) -> Option<Self>;
+    /// Removes `<home>/daemon.json` if it is still ours.
+    fn remove(home: &Path, instance_id: &str);
 }
 
-impl DaemonInfo {
-    /// Writes the file atomically with mode 0600.
-    pub fn write(&self, home: &Path) -> std::io::Result<()> {
+impl DaemonFile for DaemonInfo {
+    fn write(&self, home: &Path) -> std::io::Result<()> {
         let tmp = home.join("daemon.json.tmp");
         {
             let mut f = OpenOptions::new()
@@ -183,14 +177,12 @@ impl DaemonInfo {
         std::fs::rename(&tmp, home.join("daemon.json"))
     }
 
-    /// Reads `<home>/daemon.json`, if present and well-formed.
-    pub fn read(home: &Path) -> Option<DaemonInfo> {
+    fn read(home: &Path) -> Option<DaemonInfo> {
         let text = std::fs::read_to_string(home.join("daemon.json")).ok()?;
         serde_json::from_str(&text).ok()
     }
 
-    /// Removes `<home>/daemon.json` if it is still ours.
-    pub fn remove(home: &Path, instance_id: &str) {
+    fn remove(home: &Path, instance_id: &str) {
         if DaemonInfo::read(home).is_some_and(|d| d.instance_id == instance_id) {
             let _ = std::fs::remove_file(home.join("daemon.json"));
         }
@@ -255,6 +247,7 @@ mod tests {
             url: "ws://127.0.0.1:1/v1/ws".into(),
             token: new_token(),
             started_at: 0.0,
+            api_key_sha256: None,
         };
         info.write(dir.path()).unwrap();
         let mode = std::fs::metadata(dir.path().join("daemon.json"))

@@ -11,13 +11,15 @@
 //! - [`policy`]: typed settings that cross config, owner and worker: [`ApprovalMode`] and
 //!   [`ModelSettings`], with their defaults (SPEC sections 1, 5 and 6).
 //! - [`exit`]: [`Exit`], every exit code of the `drover` binary (SPEC section 8).
+//! - [`daemon_file`]: [`daemon_file::DaemonInfo`], the shape of `<home>/daemon.json` that the
+//!   owner writes and clients read (SPEC section 1), and the API key digest it carries.
 //! - [`schema`]: the JSON Schema bundle of the client protocol, derived from these types
 //!   (checked in as `schema/drover-protocol.schema.json`).
 //!
 //! - [`words`]: the words results and events share (admission status and outcome, approval
 //!   choices, clarify answers, open prompts).
 //!
-//! Layers: `chat`, `rpc`, `policy`, `exit`, `words` (leaves); `worker` on `chat` and `policy`;
+//! Layers: `chat`, `rpc`, `policy`, `exit`, `words`, `daemon_file` (leaves); `worker` on `chat` and `policy`;
 //! `event` on `words`; `client` on `event`; then `schema`.
 //!
 //! What this crate does not do: talk to sockets, open files or decide policy.
@@ -26,6 +28,7 @@
 
 pub mod chat;
 pub mod client;
+pub mod daemon_file;
 pub mod event;
 pub mod exit;
 pub mod policy;

@@ -1,0 +1,551 @@
+//! The background task that owns the WebSocket: it sends requests and routes their answers by
+//! id, hands each session's events to its subscribers, and when the connection drops it backs
+//! off, finds (or starts) the daemon again, re-attaches every attached session and says so.
+//! [`Link`] is the cheap handle to it.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use drover_protocol::daemon_file::DaemonInfo;
+use drover_protocol::event::{Event, SessionEvent, EVENT_TYPES};
+use drover_protocol::rpc::{self, RpcError};
+use drover_protocol::ClientRequest;
+use futures::{SinkExt, StreamExt};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_tungstenite::tungstenite::Message;
+
+use crate::daemon::{find_or_start, ClientSettings, ConnectOptions, Ws};
+use crate::error::{at, ClientError};
+
+/// What happened to the connection, as a [`crate::SessionStream`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConnectionChange {
+    /// The connection dropped; the client is reconnecting.
+    Lost {
+        /// Why, in words.
+        why: String,
+    },
+    /// The client is connected again and has re-attached its sessions.
+    Reconnected {
+        /// Whether another daemon answers now (a new instance: the old one died or
+        /// stopped, and a turn that was running then is `unknown`).
+        restarted: bool,
+        /// The answering daemon's runtime epoch.
+        epoch: u64,
+    },
+}
+
+impl std::fmt::Display for ConnectionChange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConnectionChange::Lost { why } => {
+                write!(f, "lost the connection to the daemon ({why}); reconnecting")
+            }
+            ConnectionChange::Reconnected {
+                restarted: true,
+                epoch,
+            } => write!(
+                f,
+                "the daemon restarted (epoch {epoch}); a turn that was running is unknown"
+            ),
+            ConnectionChange::Reconnected {
+                restarted: false, ..
+            } => f.write_str("reconnected to the daemon"),
+        }
+    }
+}
+
+/// What the task hands a session's subscriber.
+pub(crate) enum Feed {
+    /// An `event` notification of the session (or why it does not parse).
+    Event(Result<SessionEvent, ClientError>),
+    /// The connection changed.
+    Connection(ConnectionChange),
+    /// The task gave up: nothing more will come.
+    Closed(ClientError),
+}
+
+/// One request for the task.
+struct Call {
+    request: ClientRequest,
+    reply: oneshot::Sender<Result<Result<Value, RpcError>, ClientError>>,
+}
+
+/// State the handles and the task share.
+pub(crate) struct Shared {
+    pub(crate) options: ConnectOptions,
+    pub(crate) settings: ClientSettings,
+    info: Mutex<DaemonInfo>,
+    subscribers: Mutex<HashMap<String, Vec<mpsc::UnboundedSender<Feed>>>>,
+    dead: Mutex<Option<ClientError>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // The guarded values stay consistent whatever a panicking holder did (plain maps).
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Shared {
+    fn send_to(&self, session_id: &str, feed: impl Fn() -> Feed) {
+        let mut subs = lock(&self.subscribers);
+        if let Some(list) = subs.get_mut(session_id) {
+            list.retain(|tx| tx.send(feed()).is_ok());
+            if list.is_empty() {
+                subs.remove(session_id);
+            }
+        }
+    }
+
+    fn send_all(&self, feed: impl Fn() -> Feed) {
+        let mut subs = lock(&self.subscribers);
+        for list in subs.values_mut() {
+            list.retain(|tx| tx.send(feed()).is_ok());
+        }
+        subs.retain(|_, list| !list.is_empty());
+    }
+
+    fn home(&self) -> &Path {
+        &self.options.home
+    }
+
+    fn gave_up(&self) -> ClientError {
+        lock(&self.dead)
+            .clone()
+            .unwrap_or_else(|| ClientError::GaveUp {
+                home: self.home().display().to_string(),
+                secs: self.options.reconnect_for.as_secs(),
+                why: "the client stopped".into(),
+            })
+    }
+}
+
+/// A cheap handle to the connection task.
+#[derive(Clone)]
+pub(crate) struct Link {
+    calls: mpsc::UnboundedSender<Call>,
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl Link {
+    /// Connects (starting the daemon when allowed) and starts the task on the current
+    /// runtime.
+    pub(crate) async fn open(options: ConnectOptions) -> Result<Link, ClientError> {
+        let settings = ClientSettings::load(&options.home)?;
+        let deadline = Instant::now() + options.connect_timeout;
+        let (info, ws) =
+            find_or_start(&options.home, &options.start, settings.tls_cert(), deadline).await?;
+        let shared = Arc::new(Shared {
+            options,
+            settings,
+            info: Mutex::new(info.clone()),
+            subscribers: Mutex::new(HashMap::new()),
+            dead: Mutex::new(None),
+        });
+        let (calls, rx) = mpsc::unbounded_channel();
+        tokio::spawn(run(ws, info, rx, shared.clone()));
+        Ok(Link { calls, shared })
+    }
+
+    /// The `daemon.json` of the daemon connected now (or last).
+    pub(crate) fn info(&self) -> DaemonInfo {
+        lock(&self.shared.info).clone()
+    }
+
+    /// Sends `request` (after a reconnect when one is under way) and waits for its answer:
+    /// the result as the daemon sent it, or its error answer.
+    pub(crate) async fn call(
+        &self,
+        request: ClientRequest,
+    ) -> Result<Result<Value, RpcError>, ClientError> {
+        let method = request.method();
+        let (reply, answer) = oneshot::channel();
+        if self.calls.send(Call { request, reply }).is_err() {
+            return Err(self.shared.gave_up());
+        }
+        let timeout = self.shared.options.call_timeout;
+        match tokio::time::timeout(timeout, answer).await {
+            Err(_) => Err(ClientError::Timeout {
+                method,
+                secs: timeout.as_secs(),
+            }),
+            Ok(Err(_)) => Err(self.shared.gave_up()),
+            Ok(Ok(answer)) => answer,
+        }
+    }
+
+    /// [`Link::call`], with the result read as `R` and an error answer as
+    /// [`ClientError::Rpc`].
+    pub(crate) async fn typed<R: DeserializeOwned>(
+        &self,
+        request: ClientRequest,
+    ) -> Result<R, ClientError> {
+        let method = request.method();
+        match self.call(request).await? {
+            Ok(value) => parse_result(method, value),
+            Err(error) => Err(ClientError::Rpc { method, error }),
+        }
+    }
+
+    /// A new subscriber to `session_id`'s events and to connection changes.
+    pub(crate) fn subscribe(&self, session_id: &str) -> mpsc::UnboundedReceiver<Feed> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        lock(&self.shared.subscribers)
+            .entry(session_id.to_string())
+            .or_default()
+            .push(tx);
+        rx
+    }
+}
+
+/// Reads the `result` of `method` as `R`; one that does not parse names the method and the
+/// place in it.
+pub(crate) fn parse_result<R: DeserializeOwned>(
+    method: &str,
+    result: Value,
+) -> Result<R, ClientError> {
+    serde_path_to_error::deserialize(result).map_err(|e| ClientError::BadAnswer {
+        what: method.to_string(),
+        kind: "result",
+        detail: at(&e),
+    })
+}
+
+/// A message from the daemon: an answer to a request, or a notification (`event`).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Incoming {
+    Notification(rpc::Notification),
+    Response(rpc::Response),
+}
+
+/// What a successful call changes in the set of attached sessions.
+enum Attach {
+    None,
+    /// `session.resume` of this session.
+    Resume(String),
+    /// `session.create`: the session is in the result.
+    Create,
+    /// `session.detach` of this session.
+    Detach(String),
+}
+
+impl Attach {
+    fn of(request: &ClientRequest) -> Attach {
+        match request {
+            ClientRequest::SessionResume(r) => Attach::Resume(r.session_id.clone()),
+            ClientRequest::SessionCreate(_) => Attach::Create,
+            ClientRequest::SessionDetach(r) => Attach::Detach(r.session_id.clone()),
+            _ => Attach::None,
+        }
+    }
+
+    fn apply(self, result: &Value, attached: &mut BTreeSet<String>) {
+        match self {
+            Attach::None => {}
+            Attach::Resume(id) => {
+                attached.insert(id);
+            }
+            Attach::Create => {
+                if let Some(id) = result.get("session_id").and_then(Value::as_str) {
+                    attached.insert(id.to_string());
+                }
+            }
+            Attach::Detach(id) => {
+                attached.remove(&id);
+            }
+        }
+    }
+}
+
+struct Pending {
+    method: &'static str,
+    attach: Attach,
+    reply: oneshot::Sender<Result<Result<Value, RpcError>, ClientError>>,
+}
+
+/// The connection's state inside the task.
+struct Session {
+    ws: Ws,
+    info: DaemonInfo,
+    next_id: u64,
+    pending: HashMap<u64, Pending>,
+    attached: BTreeSet<String>,
+}
+
+impl Session {
+    fn encode(&mut self, request: &ClientRequest) -> (u64, String) {
+        let id = self.next_id;
+        self.next_id += 1;
+        let msg = rpc::Request {
+            jsonrpc: Some("2.0".into()),
+            id: Some(id.into()),
+            method: request.method().into(),
+            params: request.params(),
+        };
+        // A request of the protocol's own types always encodes.
+        let text = serde_json::to_string(&msg).unwrap_or_default();
+        (id, text)
+    }
+
+    /// Routes one text frame: an answer to its caller, an event to its subscribers.
+    fn incoming(&mut self, text: &str, shared: &Shared) {
+        let incoming = match serde_json::from_str::<Incoming>(text) {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(error = %e, "a message from the daemon does not parse; skipped");
+                return;
+            }
+        };
+        match incoming {
+            Incoming::Notification(n) => route_event(n, shared),
+            Incoming::Response(r) => {
+                let Some(p) = r.id.as_u64().and_then(|id| self.pending.remove(&id)) else {
+                    return;
+                };
+                let answer = match (r.error, r.result) {
+                    (Some(err), _) => Ok(Err(err)),
+                    (None, Some(result)) => {
+                        p.attach.apply(&result, &mut self.attached);
+                        Ok(Ok(result))
+                    }
+                    (None, None) => Err(ClientError::BadAnswer {
+                        what: p.method.to_string(),
+                        kind: "answer",
+                        detail: ": neither a result nor an error".into(),
+                    }),
+                };
+                let _ = p.reply.send(answer);
+            }
+        }
+    }
+
+    /// Serves calls and frames until the connection drops; returns why.
+    async fn serve(
+        &mut self,
+        calls: &mut mpsc::UnboundedReceiver<Call>,
+        shared: &Shared,
+    ) -> Option<String> {
+        loop {
+            tokio::select! {
+                call = calls.recv() => {
+                    // Every handle is gone: close politely and end.
+                    let Some(call) = call else {
+                        let _ = self.ws.close(None).await;
+                        return None;
+                    };
+                    let method = call.request.method();
+                    let (id, text) = self.encode(&call.request);
+                    if let Err(e) = self.ws.send(Message::Text(text.into())).await {
+                        let _ = call.reply.send(Err(ClientError::ConnectionLost { method }));
+                        return Some(ws_reason(&e));
+                    }
+                    self.pending.insert(id, Pending { method, attach: Attach::of(&call.request), reply: call.reply });
+                }
+                msg = self.ws.next() => match msg {
+                    None => return Some("the daemon closed the connection".into()),
+                    Some(Err(e)) => return Some(ws_reason(&e)),
+                    Some(Ok(Message::Text(t))) => self.incoming(t.as_str(), shared),
+                    Some(Ok(Message::Close(frame))) => {
+                        let why = frame
+                            .map(|f| f.reason.to_string())
+                            .filter(|r| !r.is_empty())
+                            .unwrap_or_else(|| "no reason given".into());
+                        return Some(format!("the daemon closed the connection: {why}"));
+                    }
+                    Some(Ok(_)) => {}
+                },
+            }
+        }
+    }
+
+    /// Sends `request` on this connection and waits for its answer, routing the events that
+    /// come meanwhile. `Err` when the connection fails.
+    async fn direct(
+        &mut self,
+        request: &ClientRequest,
+        shared: &Shared,
+        timeout: Duration,
+    ) -> Result<Result<Value, RpcError>, String> {
+        let (id, text) = self.encode(request);
+        self.ws
+            .send(Message::Text(text.into()))
+            .await
+            .map_err(|e| ws_reason(&e))?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            let msg = tokio::time::timeout_at(deadline, self.ws.next())
+                .await
+                .map_err(|_| format!("{} got no answer", request.method()))?;
+            let text = match msg {
+                None | Some(Ok(Message::Close(_))) => {
+                    return Err("the daemon closed the connection".into())
+                }
+                Some(Err(e)) => return Err(ws_reason(&e)),
+                Some(Ok(Message::Text(t))) => t,
+                Some(Ok(_)) => continue,
+            };
+            match serde_json::from_str::<Incoming>(text.as_str()) {
+                Ok(Incoming::Response(r)) if r.id.as_u64() == Some(id) => {
+                    return Ok(match r.error {
+                        Some(e) => Err(e),
+                        None => Ok(r.result.unwrap_or(Value::Null)),
+                    })
+                }
+                _ => self.incoming(text.as_str(), shared),
+            }
+        }
+    }
+}
+
+/// A dropped connection in words: never the WebSocket library's message alone.
+fn ws_reason(e: &tokio_tungstenite::tungstenite::Error) -> String {
+    use tokio_tungstenite::tungstenite::Error as WsError;
+    match e {
+        WsError::Io(io) => format!("the connection failed: {io}"),
+        WsError::Protocol(_) | WsError::ConnectionClosed | WsError::AlreadyClosed => {
+            "the daemon went away without closing the connection".into()
+        }
+        _ => "the connection failed".into(),
+    }
+}
+
+/// Hands an `event` notification to its session's subscribers. An event of a type this
+/// client does not know is skipped (a newer daemon may send it); a known one that does not
+/// parse is an error naming its type.
+fn route_event(n: rpc::Notification, shared: &Shared) {
+    if n.method != "event" {
+        return;
+    }
+    let Some(session_id) = n.params.get("session_id").and_then(Value::as_str) else {
+        return;
+    };
+    let session_id = session_id.to_string();
+    let kind = serde_json::from_value::<Event>(n.params.clone())
+        .map(|e| e.kind)
+        .unwrap_or_else(|_| "?".to_string());
+    if kind != "?" && !EVENT_TYPES.contains(&kind.as_str()) {
+        return;
+    }
+    let event = serde_path_to_error::deserialize::<_, SessionEvent>(n.params).map_err(|e| {
+        ClientError::BadAnswer {
+            what: format!("event {kind}"),
+            kind: "event",
+            detail: at(&e),
+        }
+    });
+    shared.send_to(&session_id, || Feed::Event(event.clone()));
+}
+
+/// The task: serve, and after each drop reconnect, until every handle is gone or the
+/// daemon cannot be reached again.
+async fn run(
+    ws: Ws,
+    info: DaemonInfo,
+    mut calls: mpsc::UnboundedReceiver<Call>,
+    shared: Arc<Shared>,
+) {
+    let mut session = Session {
+        ws,
+        info,
+        next_id: 1,
+        pending: HashMap::new(),
+        attached: BTreeSet::new(),
+    };
+    loop {
+        let Some(why) = session.serve(&mut calls, &shared).await else {
+            return;
+        };
+        tracing::debug!(why, "lost the daemon");
+        for (_, p) in session.pending.drain() {
+            let _ = p
+                .reply
+                .send(Err(ClientError::ConnectionLost { method: p.method }));
+        }
+        shared.send_all(|| Feed::Connection(ConnectionChange::Lost { why: why.clone() }));
+        match reconnect(&mut session, &shared).await {
+            Ok(restarted) => {
+                let epoch = session.info.epoch;
+                *lock(&shared.info) = session.info.clone();
+                shared.send_all(|| {
+                    Feed::Connection(ConnectionChange::Reconnected { restarted, epoch })
+                });
+            }
+            Err(e) => {
+                *lock(&shared.dead) = Some(e.clone());
+                shared.send_all(|| Feed::Closed(e.clone()));
+                calls.close();
+                while let Ok(call) = calls.try_recv() {
+                    let _ = call.reply.send(Err(e.clone()));
+                }
+                return;
+            }
+        }
+    }
+}
+
+/// Backs off, finds (or starts) the daemon again and re-attaches every attached session.
+/// `Ok(restarted)`: whether another daemon instance answers now.
+async fn reconnect(session: &mut Session, shared: &Shared) -> Result<bool, ClientError> {
+    let options = &shared.options;
+    let deadline = Instant::now() + options.reconnect_for;
+    let mut delay = Duration::from_millis(50);
+    let old_instance = session.info.instance_id.clone();
+    loop {
+        let why;
+        let attempt = (Instant::now() + Duration::from_secs(15)).min(deadline);
+        match find_or_start(
+            &options.home,
+            &options.start,
+            shared.settings.tls_cert(),
+            attempt,
+        )
+        .await
+        {
+            Ok((info, ws)) => {
+                session.ws = ws;
+                session.info = info;
+                match reattach(session, shared).await {
+                    Ok(()) => return Ok(session.info.instance_id != old_instance),
+                    Err(e) => why = e,
+                }
+            }
+            // The config or the daemon's own start failure will not change by waiting.
+            Err(e @ (ClientError::Config(_) | ClientError::DaemonStart { .. })) => return Err(e),
+            Err(e) => why = e.to_string(),
+        }
+        if Instant::now() >= deadline {
+            return Err(ClientError::GaveUp {
+                home: options.home.display().to_string(),
+                secs: options.reconnect_for.as_secs(),
+                why,
+            });
+        }
+        tokio::time::sleep(delay.min(deadline.saturating_duration_since(Instant::now()))).await;
+        delay = (delay * 2).min(Duration::from_secs(1));
+    }
+}
+
+/// `session.resume` of every attached session on the new connection, so its events come
+/// here again and it may be submitted to. A session the daemon no longer knows is dropped.
+async fn reattach(session: &mut Session, shared: &Shared) -> Result<(), String> {
+    let ids: Vec<String> = session.attached.iter().cloned().collect();
+    for id in ids {
+        let resume = ClientRequest::SessionResume(drover_protocol::client::SessionRef {
+            session_id: id.clone(),
+        });
+        if let Err(e) = session
+            .direct(&resume, shared, shared.options.call_timeout)
+            .await?
+        {
+            tracing::warn!(session_id = %id, error = %e, "cannot re-attach the session");
+            session.attached.remove(&id);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,173 @@
+//! [`SessionStream`]: one attached session's events, in `seq` order, never twice and never
+//! skipped, across dropped connections and owner restarts (SPEC section 2, "Replay").
+
+use std::collections::VecDeque;
+
+use drover_protocol::client::{EventsPage, EventsSinceParams, SessionRef, SessionSnapshot};
+use drover_protocol::event::SessionEvent;
+use drover_protocol::ClientRequest;
+use tokio::sync::mpsc;
+
+use crate::error::ClientError;
+use crate::link::{ConnectionChange, Feed, Link};
+
+/// One item of a [`SessionStream`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Update {
+    /// An event: a stored one (with `seq`, each exactly once and in order) or a live
+    /// `message.delta` / `turn.progress` (no `seq`; lost across a reconnect).
+    Event(SessionEvent),
+    /// The connection dropped or came back. After `Reconnected` the stream catches up from
+    /// its last `seq` before anything newer.
+    Connection(ConnectionChange),
+    /// The stored stream could not be resumed from the last `seq` (`snapshot_required`): the
+    /// caller replaces its state with this snapshot; events continue after its
+    /// `last_sequence`.
+    Snapshot(SessionSnapshot),
+}
+
+/// An attached session's updates; made by [`crate::Client::attach`].
+pub struct SessionStream {
+    link: Link,
+    session_id: String,
+    snapshot: SessionSnapshot,
+    last_seq: u64,
+    replay_epoch: String,
+    feed: mpsc::UnboundedReceiver<Feed>,
+    ready: VecDeque<Result<Update, ClientError>>,
+    done: bool,
+}
+
+/// The most stored events asked for at once.
+const PAGE: u64 = 1000;
+
+impl SessionStream {
+    /// Subscribes, then resumes: events that arrive between the two are told apart by `seq`.
+    pub(crate) async fn attach(link: Link, session_id: &str) -> Result<SessionStream, ClientError> {
+        let feed = link.subscribe(session_id);
+        let snapshot = resume(&link, session_id).await?;
+        Ok(SessionStream {
+            session_id: snapshot.session_id.clone(),
+            last_seq: snapshot.last_sequence,
+            replay_epoch: snapshot.replay_epoch.clone(),
+            snapshot,
+            link,
+            feed,
+            ready: VecDeque::new(),
+            done: false,
+        })
+    }
+
+    /// The session.
+    pub fn session_id(&self) -> &str {
+        &self.session_id
+    }
+
+    /// The snapshot of the attach, or of the last [`Update::Snapshot`].
+    pub fn snapshot(&self) -> &SessionSnapshot {
+        &self.snapshot
+    }
+
+    /// The `seq` of the last stored event handed out (or of the snapshot).
+    pub fn last_seq(&self) -> u64 {
+        self.last_seq
+    }
+
+    /// The next update; `None` once the client is gone. An `Err` is either an event that does
+    /// not parse (the stream goes on) or [`ClientError::GaveUp`] (the last item).
+    pub async fn next(&mut self) -> Option<Result<Update, ClientError>> {
+        loop {
+            if let Some(u) = self.ready.pop_front() {
+                return Some(u);
+            }
+            if self.done {
+                return None;
+            }
+            let Some(feed) = self.feed.recv().await else {
+                self.done = true;
+                return None;
+            };
+            match feed {
+                Feed::Event(Err(e)) => return Some(Err(e)),
+                Feed::Event(Ok(event)) => match event.seq {
+                    None => return Some(Ok(Update::Event(event))),
+                    Some(seq)
+                        if event.replay_epoch == self.replay_epoch && seq <= self.last_seq => {}
+                    Some(seq)
+                        if event.replay_epoch == self.replay_epoch && seq == self.last_seq + 1 =>
+                    {
+                        self.last_seq = seq;
+                        return Some(Ok(Update::Event(event)));
+                    }
+                    // A gap, or another stored stream: read what is stored.
+                    Some(_) => {
+                        if let Err(e) = self.catch_up().await {
+                            if !matches!(e, ClientError::ConnectionLost { .. }) {
+                                return Some(Err(e));
+                            }
+                        }
+                    }
+                },
+                Feed::Connection(change) => {
+                    let reconnected = matches!(change, ConnectionChange::Reconnected { .. });
+                    self.ready.push_back(Ok(Update::Connection(change)));
+                    if reconnected {
+                        // Lost again meanwhile: the next Reconnected catches up.
+                        if let Err(e) = self.catch_up().await {
+                            if !matches!(e, ClientError::ConnectionLost { .. }) {
+                                self.ready.push_back(Err(e));
+                            }
+                        }
+                    }
+                }
+                Feed::Closed(e) => {
+                    self.done = true;
+                    return Some(Err(e));
+                }
+            }
+        }
+    }
+
+    /// Reads the stored events after `last_seq` (following `has_more`) into `ready`; on
+    /// `snapshot_required`, resumes and queues the snapshot instead.
+    async fn catch_up(&mut self) -> Result<(), ClientError> {
+        loop {
+            let page: EventsPage = self
+                .link
+                .typed(ClientRequest::SessionEventsSince(EventsSinceParams {
+                    session_id: self.session_id.clone(),
+                    replay_epoch: Some(self.replay_epoch.clone()),
+                    last_sequence: self.last_seq,
+                    limit: Some(PAGE),
+                }))
+                .await?;
+            if page.snapshot_required {
+                let snapshot = resume(&self.link, &self.session_id).await?;
+                self.last_seq = snapshot.last_sequence;
+                self.replay_epoch = snapshot.replay_epoch.clone();
+                self.snapshot = snapshot.clone();
+                self.ready.push_back(Ok(Update::Snapshot(snapshot)));
+                return Ok(());
+            }
+            for event in page.events {
+                match event.seq {
+                    Some(seq) if seq > self.last_seq => {
+                        self.last_seq = seq;
+                        self.ready.push_back(Ok(Update::Event(event)));
+                    }
+                    _ => {}
+                }
+            }
+            if !page.has_more {
+                return Ok(());
+            }
+        }
+    }
+}
+
+async fn resume(link: &Link, session_id: &str) -> Result<SessionSnapshot, ClientError> {
+    link.typed(ClientRequest::SessionResume(SessionRef {
+        session_id: session_id.to_string(),
+    }))
+    .await
+}

@@ -1,0 +1,81 @@
+//! `<home>/daemon.json` (SPEC section 1): how a client on this host finds and authenticates
+//! to the home's owner. The owner writes it (`drover_owner::home`), clients read it
+//! (`drover_client`); both use this one type, so the file cannot drift.
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// The file's name inside the home.
+pub const DAEMON_FILE: &str = "daemon.json";
+
+/// `<home>/daemon.json`: `{pid, epoch, instance_id, url, token, started_at, api_key_sha256}`.
+///
+/// Holds the bearer token, so it is written 0600 and never printed (`Debug` leaves the token
+/// out).
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+pub struct DaemonInfo {
+    /// The daemon's process id.
+    pub pid: u32,
+    /// The runtime epoch this daemon raised when it started.
+    pub epoch: u64,
+    /// The random id of this owner instance, raised with the epoch.
+    pub instance_id: String,
+    /// `ws://127.0.0.1:<port>/v1/ws` (`wss://` with TLS).
+    pub url: String,
+    /// The bearer token a client sends (`Authorization: Bearer <token>`).
+    pub token: String,
+    /// Unix seconds.
+    pub started_at: f64,
+    /// Hex SHA-256 ([`api_key_sha256`]) of the API key the daemon holds for new sessions;
+    /// absent when it holds none. Never the key itself: a client compares digests to say
+    /// "the daemon holds another key than yours".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_sha256: Option<String>,
+}
+
+impl std::fmt::Debug for DaemonInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DaemonInfo")
+            .field("pid", &self.pid)
+            .field("epoch", &self.epoch)
+            .field("instance_id", &self.instance_id)
+            .field("url", &self.url)
+            .field("token", &"<secret>")
+            .field("started_at", &self.started_at)
+            .field("api_key_sha256", &self.api_key_sha256)
+            .finish()
+    }
+}
+
+/// The hex SHA-256 of an API key, as `daemon.json` `api_key_sha256` carries it.
+pub fn api_key_sha256(key: &str) -> String {
+    hex::encode(Sha256::digest(key.as_bytes()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_never_shows_the_token_and_the_digest_is_hex_sha256() {
+        let info = DaemonInfo {
+            pid: 1,
+            epoch: 2,
+            instance_id: "i".into(),
+            url: "ws://127.0.0.1:1/v1/ws".into(),
+            token: "s3cret-token".into(),
+            started_at: 0.0,
+            api_key_sha256: Some(api_key_sha256("abc")),
+        };
+        assert!(!format!("{info:?}").contains("s3cret"));
+        assert_eq!(
+            api_key_sha256("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        // An older daemon's file (no digest) still reads.
+        let old = serde_json::json!({"pid": 1, "epoch": 2, "instance_id": "i",
+            "url": "ws://x", "token": "t", "started_at": 0.0});
+        let read: DaemonInfo = serde_json::from_value(old).unwrap();
+        assert_eq!(read.api_key_sha256, None);
+    }
+}
