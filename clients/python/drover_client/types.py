@@ -516,6 +516,10 @@ class PendingAdmission(TypedDict):
     """
     The admission.
     """
+    admitted_at: NotRequired[float | None]
+    """
+    Unix seconds when it was admitted.
+    """
     execution_generation: NotRequired[int | None]
     """
     The turn's generation once it started.
@@ -527,6 +531,10 @@ class PendingAdmission(TypedDict):
     sequence: int
     """
     Its place in the daemon's FIFO.
+    """
+    started_at: NotRequired[float | None]
+    """
+    Unix seconds when its turn started, once it has.
     """
     status: AdmissionStatus
     """

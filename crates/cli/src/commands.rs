@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand};
 use drover_owner::config::Config;
-use drover_owner::home::DaemonInfo;
+use drover_owner::home::{DaemonFile, DaemonInfo};
 use drover_protocol::client::{
     AdmissionOutcome, AdmissionReceipt, AdmissionRef, AdmissionStatus, ApprovalChoice,
     ApprovalRespondParams, ApprovalRuleRef, ApprovalRuleRemoved, ApprovalRules, ClarifyAnswer,

@@ -285,6 +285,8 @@ fn pending(row: &AdmissionRow) -> wire::PendingAdmission {
         sequence: row.seq,
         status: admission_status(row.status),
         execution_generation: row.generation,
+        admitted_at: Some(row.admitted_at),
+        started_at: row.started_at,
     }
 }
 

@@ -480,7 +480,7 @@ pub struct TranscriptMessage {
 }
 
 /// One entry of `session.resume` `pending`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct PendingAdmission {
     /// The admission.
     pub admission_id: String,
@@ -494,6 +494,12 @@ pub struct PendingAdmission {
     pub status: AdmissionStatus,
     /// The turn's generation once it started.
     pub execution_generation: Option<u64>,
+    /// Unix seconds when it was admitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admitted_at: Option<f64>,
+    /// Unix seconds when its turn started, once it has.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<f64>,
 }
 
 /// One entry of `session.resume` `jobs`: the ledger's row, with the job's status as its
