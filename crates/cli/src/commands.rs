@@ -1,5 +1,6 @@
-//! The client subcommands: `run`, `sessions`, `stop`, `approvals`, and finding or starting the
-//! daemon. Requests and results are the typed protocol ([`drover_protocol::client`]).
+//! The client subcommands: `run`, `stop`, `approvals`, and finding or starting the daemon
+//! (`sessions` and the other session commands are in `crate::session_cmd`). Requests and
+//! results are the typed protocol ([`drover_protocol::client`]).
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -14,8 +15,7 @@ use drover_protocol::client::{
     AdmissionOutcome, AdmissionReceipt, AdmissionRef, AdmissionStatus, ApprovalChoice,
     ApprovalRespondParams, ApprovalRuleRef, ApprovalRuleRemoved, ApprovalRules, ClarifyAnswer,
     ClarifyRespondParams, InterruptParams, NoParams, OpenPrompt, PromptReceiptParams,
-    PromptResponse, PromptSubmitParams, SessionCreateParams, SessionListParams, SessionPage,
-    SessionRef, SessionSnapshot,
+    PromptResponse, PromptSubmitParams, SessionCreateParams, SessionRef, SessionSnapshot,
 };
 use drover_protocol::event::{EventPayload, TurnEnd};
 use drover_protocol::rpc::ErrorData;
@@ -497,46 +497,6 @@ async fn answer_prompt(
         Err(e) => eprintln!("drover: {method}: {e}"),
     }
     Ok(None)
-}
-
-/// `drover sessions`.
-pub async fn sessions(home: PathBuf, as_json: bool) -> Result<Exit> {
-    let (_info, mut c) = ensure_daemon(&home).await?;
-    let request = ClientRequest::SessionList(SessionListParams {
-        limit: Some(1000),
-        cursor: None,
-    });
-    if as_json {
-        // Printed as the daemon sent it (fields this build does not know included), once it
-        // reads as a page.
-        let raw = c
-            .request_value(&request)
-            .await?
-            .map_err(|e| anyhow!("session.list: {e}"))?;
-        parse_result::<SessionPage>("session.list", raw.clone())?;
-        println!("{}", serde_json::to_string_pretty(&raw)?);
-        return Ok(Exit::Ok);
-    }
-    let list: SessionPage = call(&mut c, request).await?;
-    println!(
-        "{:<36}  {:<8}  {:<20}  {:>7}  {:>7}  TITLE",
-        "SESSION", "SOURCE", "MODEL", "RUNNING", "PENDING"
-    );
-    for s in list.sessions {
-        println!(
-            "{:<36}  {:<8}  {:<20}  {:>7}  {:>7}  {}",
-            s.session_id,
-            s.source,
-            s.model,
-            if s.running { "yes" } else { "no" },
-            s.pending_count,
-            s.title.as_deref().unwrap_or_default(),
-        );
-        if let Some(error) = s.error {
-            println!("{:<36}  error: {error}", "");
-        }
-    }
-    Ok(Exit::Ok)
 }
 
 /// `drover stop`: SIGTERM to the daemon, then wait for it to exit.
