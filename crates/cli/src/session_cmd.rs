@@ -276,7 +276,14 @@ fn turns(events: &[SessionEvent]) -> Vec<TurnLine> {
 
 /// The transcript as a person reads it: user and assistant text, each tool call with the first
 /// lines of its result.
-fn print_transcript(messages: &[TranscriptMessage]) {
+fn print_transcript(messages: &[TranscriptMessage], events: &[SessionEvent]) {
+    // `tool.start` carries each call's one-line preview (for `terminal`, the command).
+    let context = |call_id: &str| {
+        events.iter().find_map(|e| match &e.event {
+            EventPayload::ToolStart(t) if t.tool_id == call_id => Some(t.context.clone()),
+            _ => None,
+        })
+    };
     for m in messages {
         let text = m.content.as_deref().unwrap_or_default().trim_end();
         match m.role {
@@ -287,15 +294,14 @@ fn print_transcript(messages: &[TranscriptMessage]) {
                     println!("\nassistant: {text}");
                 }
                 for call in m.tool_calls.iter().flatten() {
-                    println!(
-                        "  [{}] {}",
-                        call.function.name,
-                        one_line(&call.function.arguments, 100)
-                    );
+                    let preview = context(&call.id)
+                        .unwrap_or_else(|| one_line(&call.function.arguments, 100));
+                    println!("  [{}] {preview}", call.function.name);
                 }
             }
             Role::Tool => {
-                let lines: Vec<&str> = text.lines().collect();
+                let shown = tool_result_text(text);
+                let lines: Vec<&str> = shown.lines().collect();
                 for line in lines.iter().take(RESULT_LINES) {
                     println!("    {}", one_line(line, 120));
                 }
@@ -305,6 +311,34 @@ fn print_transcript(messages: &[TranscriptMessage]) {
             }
         }
     }
+}
+
+/// What a person reads of a tool's result: a JSON result's `output` (or `content`), with its
+/// `error` and a non-zero `exit_code` first; any other result as it is.
+fn tool_result_text(text: &str) -> String {
+    let Ok(Value::Object(result)) = serde_json::from_str::<Value>(text) else {
+        return text.to_string();
+    };
+    let mut out = String::new();
+    if let Some(error) = result.get("error").and_then(Value::as_str) {
+        out.push_str(&format!("error: {error}\n"));
+    }
+    if let Some(code) = result
+        .get("exit_code")
+        .and_then(Value::as_i64)
+        .filter(|c| *c != 0)
+    {
+        out.push_str(&format!("exit code {code}\n"));
+    }
+    match ["output", "content"]
+        .iter()
+        .find_map(|k| result.get(*k).and_then(Value::as_str))
+    {
+        Some(body) => out.push_str(body),
+        None if out.is_empty() => out.push_str(text),
+        None => {}
+    }
+    out
 }
 
 /// The word of an admission's outcome, or its status while not terminal.
@@ -358,7 +392,7 @@ pub async fn show(home: &Path, args: ShowArgs) -> Result<Exit> {
         local_time(summary.started_at),
         state_words(summary.state)
     );
-    print_transcript(&snapshot.messages);
+    print_transcript(&snapshot.messages, &typed);
     let turns = turns(&typed);
     if !turns.is_empty() {
         println!("\nturns:");
@@ -788,6 +822,20 @@ mod tests {
         assert_eq!(short_len(&["aaaaaaaa11", "bbbbbbbb22"]), 8);
         assert_eq!(short_len(&["abcdefgh1x", "abcdefgh2y"]), 9);
         assert_eq!(short_len(&[]), 8);
+    }
+
+    #[test]
+    fn a_json_tool_result_shows_its_output_and_what_went_wrong() {
+        assert_eq!(
+            tool_result_text(r#"{"error":null,"exit_code":0,"output":"a\nb"}"#),
+            "a\nb"
+        );
+        assert_eq!(
+            tool_result_text(r#"{"error":"boom","exit_code":2,"output":""}"#),
+            "error: boom\nexit code 2\n"
+        );
+        assert_eq!(tool_result_text("plain text"), "plain text");
+        assert_eq!(tool_result_text(r#"{"ok":true}"#), r#"{"ok":true}"#);
     }
 
     #[test]
