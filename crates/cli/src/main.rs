@@ -5,12 +5,13 @@
 //! `runner` and `loop` drive [`drover_jobs`].
 
 mod broker;
-mod client;
 mod commands;
 mod job;
 mod protocol_cmd;
+mod run;
 mod runner;
 mod session_cmd;
+mod spinner;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -39,7 +40,7 @@ enum Command {
         started_by_client: bool,
     },
     /// Submit a prompt to a session and stream the answer (starts the daemon if needed).
-    Run(commands::RunArgs),
+    Run(run::RunArgs),
     /// Ask the home's daemon to stop (as SIGTERM does) and wait for it to exit.
     Stop,
     /// List sessions: started, last active, state, queue length and title.
@@ -97,7 +98,7 @@ fn main() -> ExitCode {
     let exit = match cli.command {
         Command::Daemon { .. } => drover_owner::run_daemon(&home),
         Command::Worker => drover_worker::main_entry(),
-        Command::Run(args) => commands::block_on(commands::run(home, args)),
+        Command::Run(args) => commands::block_on(run::run(home, args)),
         Command::Stop => commands::block_on(commands::stop(home)),
         Command::Sessions { json } => commands::block_on(session_cmd::sessions(&home, json)),
         Command::Show(args) => commands::block_on(session_cmd::show(&home, args)),

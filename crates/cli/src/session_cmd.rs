@@ -12,7 +12,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use drover_client::{Client, ClientError, ConnectOptions, StartDaemon};
+use drover_client::{Client, ClientError};
 use drover_protocol::client::{
     AdmissionOutcome, AdmissionStatus, ApprovalChoice, ClarifyAnswer, OpenPrompt, PendingAdmission,
     PromptResponseStatus, SessionListParams, SessionPage, SessionRenameParams, SessionRenamed,
@@ -37,11 +37,11 @@ pub fn require_home(home: &Path) -> Result<()> {
     )
 }
 
-/// Connects to the home's daemon, starting one when none runs (the home exists).
+/// Connects to the home's daemon ([`crate::commands::connect`]: starting one when none runs),
+/// once the home exists.
 async fn connect(home: &Path) -> Result<Client> {
     require_home(home)?;
-    let program = std::env::current_exe().context("cannot find the drover executable")?;
-    Ok(Client::connect(ConnectOptions::new(home, StartDaemon::Spawn { program })).await?)
+    crate::commands::connect(home).await
 }
 
 /// The session `prefix` names, or an error listing the candidates of an ambiguous prefix.
@@ -668,7 +668,7 @@ pub struct AnswerArgs {
     /// a multi-select question separated by commas).
     #[arg(long, value_name = "TEXT")]
     text: Option<String>,
-    /// Print `{session_id, prompt, response}`.
+    /// Print `{session_id, prompt, response}` (and `always_covers` for `--choice always`).
     #[arg(long)]
     json: bool,
 }
@@ -681,6 +681,8 @@ pub async fn answer(home: &Path, args: AnswerArgs) -> Result<Exit> {
     let Some(prompt) = snapshot.prompts.first() else {
         bail!("no prompt waits for an answer in session {sid}");
     };
+    // What an `always` answer allows from now on, said before it is stored (drover issue 12).
+    let mut covers: Option<String> = None;
     let response = match (prompt, &args.choice, &args.text) {
         (OpenPrompt::Approval(p), Some(choice), _) => {
             let choice: ApprovalChoice = serde_json::from_value(Value::String(choice.clone()))
@@ -697,13 +699,23 @@ pub async fn answer(home: &Path, args: AnswerArgs) -> Result<Exit> {
                         .join(", ")
                 );
             }
+            if choice == ApprovalChoice::Always {
+                covers = Some(format!(
+                    "{} (`{}`), in every session of this home",
+                    p.description, p.pattern_key
+                ));
+            }
             if !args.json {
-                println!("approving `{}` ({}): {}", p.command, p.description, args.choice.as_deref().unwrap_or_default());
-                if choice == ApprovalChoice::Always {
+                println!(
+                    "approving `{}` ({}): {}",
+                    p.command,
+                    p.description,
+                    args.choice.as_deref().unwrap_or_default()
+                );
+                if let Some(covers) = &covers {
                     println!(
-                        "always: stores a rule allowing {} (`{}`) in every session of this home; \
-                         `drover approvals rm {}` removes it",
-                        p.description, p.pattern_key, p.pattern_key
+                        "always: stores a rule allowing {covers}; `drover approvals rm {}` removes it",
+                        p.pattern_key
                     );
                 }
             }
@@ -752,7 +764,11 @@ pub async fn answer(home: &Path, args: AnswerArgs) -> Result<Exit> {
         Err(e) => return Err(e.into()),
     };
     if args.json {
-        print_json(&json!({"session_id": sid, "prompt": prompt, "response": response}))?;
+        let mut out = json!({"session_id": sid, "prompt": prompt, "response": response});
+        if let Some(covers) = covers {
+            out["always_covers"] = Value::String(covers);
+        }
+        print_json(&out)?;
     }
     Ok(match response.status {
         PromptResponseStatus::Resolved => Exit::Ok,

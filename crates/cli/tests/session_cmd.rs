@@ -199,6 +199,11 @@ async fn a_turn_lost_with_its_worker_is_resolved_by_drover_resolve_and_the_next_
     let (_, out, _) = drover(s.home.path(), &["show", prefix]).await;
     assert!(out.contains("drover resolve"), "{out}");
 
+    // `drover run` will not queue behind the unknown turn; it names the way out.
+    let (code, _, err) = drover(s.home.path(), &["run", "--session", prefix, "hello?"]).await;
+    assert_eq!(code, Some(4), "{err}");
+    assert!(err.contains("drover resolve"), "{err}");
+
     let (code, out, err) = drover(s.home.path(), &["resolve", prefix]).await;
     assert_eq!(code, Some(0), "{err}");
     assert!(
@@ -223,11 +228,7 @@ async fn a_turn_lost_with_its_worker_is_resolved_by_drover_resolve_and_the_next_
     );
 
     s.model.push(Reply::text("Going on."));
-    let (code, out, err) = drover(
-        s.home.path(),
-        &["run", "--session", &s.session_id, "and now?"],
-    )
-    .await;
+    let (code, out, err) = drover(s.home.path(), &["run", "--session", prefix, "and now?"]).await;
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(out.trim_end(), "Going on.");
 }
@@ -248,8 +249,13 @@ async fn drover_answer_answers_the_prompt_a_run_without_terminal_left_open() {
     ));
     model.push(Reply::text("Deleted."));
 
-    let (code, _, err) = drover(home.path(), &["run", "delete the victim"]).await;
+    let (code, out, err) = drover(home.path(), &["run", "--json", "delete the victim"]).await;
     assert_eq!(code, Some(5), "{err}");
+    let asked = out
+        .lines()
+        .map(|l| parsed("run --json", l))
+        .find(|e| e["type"] == "approval.request")
+        .unwrap_or_else(|| panic!("no approval.request in {out}"));
     let (_, out, _) = drover(home.path(), &["sessions", "--json"]).await;
     let list = parsed("sessions --json", &out);
     let sid = list["sessions"][0]["session_id"]
@@ -265,10 +271,29 @@ async fn drover_answer_answers_the_prompt_a_run_without_terminal_left_open() {
     assert!(err.contains("--choice"), "{err}");
     assert!(victim.is_dir());
 
-    let (code, out, err) = drover(home.path(), &["answer", prefix, "--choice", "always"]).await;
+    let (code, out, err) = drover(
+        home.path(),
+        &["answer", prefix, "--choice", "always", "--json"],
+    )
+    .await;
     assert_eq!(code, Some(0), "{err}");
-    assert!(out.contains("in every session of this home"), "{out}");
-    assert!(out.contains("drover approvals rm"), "{out}");
+    let answered = parsed("answer --json", &out);
+    assert_eq!(
+        answered["prompt"]["prompt_id"],
+        asked["payload"]["prompt_id"]
+    );
+    assert_eq!(answered["response"]["status"], "resolved", "{answered}");
+    let (_, out, _) = drover(home.path(), &["approvals", "list"]).await;
+    assert!(
+        out.contains(asked["payload"]["pattern_key"].as_str().unwrap()),
+        "{out}"
+    );
+    let covers = answered["always_covers"].as_str().unwrap_or_default();
+    assert!(
+        covers.ends_with("in every session of this home")
+            && covers.contains(asked["payload"]["description"].as_str().unwrap()),
+        "{answered}"
+    );
     assert!(
         drover_test_support::wait::until(BOUND, async || !victim.exists()).await,
         "the approved command did not run"

@@ -66,5 +66,5 @@ pub use daemon::{
     owner_pid, read_daemon_info, ApiKeyMismatch, ConnectOptions, StartDaemon, START_LOG,
 };
 pub use error::ClientError;
-pub use link::ConnectionChange;
+pub use link::{parse_result, ConnectionChange};
 pub use stream::{SessionStream, Update};

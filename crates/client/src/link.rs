@@ -205,10 +205,7 @@ impl Link {
 
 /// Reads the `result` of `method` as `R`; one that does not parse names the method and the
 /// place in it.
-pub(crate) fn parse_result<R: DeserializeOwned>(
-    method: &str,
-    result: Value,
-) -> Result<R, ClientError> {
+pub fn parse_result<R: DeserializeOwned>(method: &str, result: Value) -> Result<R, ClientError> {
     serde_path_to_error::deserialize(result).map_err(|e| ClientError::BadAnswer {
         what: method.to_string(),
         kind: "result",
