@@ -175,15 +175,15 @@ pub async fn sessions(home: &Path, as_json: bool) -> Result<Exit> {
         if s.source != "cli" {
             title = format!("[{}] {title}", s.source);
         }
-        println!(
-            "{:<width$}  {:<16}  {:<9}  {:<21}  {:>5}  {}",
+        let row = format!(
+            "{:<width$}  {:<16}  {:<9}  {:<21}  {:>5}  {title}",
             head(&s.session_id, width),
             local_time(s.started_at),
             ago(s.last_activity_at, now),
             state_words(s.state),
             s.pending_count,
-            title.trim_end(),
         );
+        println!("{}", row.trim_end());
         if let Some(error) = &s.error {
             println!("{:<width$}  error: {error}", "");
         }
