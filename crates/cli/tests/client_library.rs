@@ -1,0 +1,190 @@
+//! `drover_client` against the real daemon (issue 12, part 0): a `SessionStream` survives an
+//! owner SIGKILL and the restart the client does itself, yielding every stored event once and
+//! in `seq` order; a daemon that cannot start says why in the client's error.
+
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::time::Duration;
+
+use drover_client::{Client, ClientError, ConnectOptions, ConnectionChange, StartDaemon, Update};
+use drover_protocol::client::SessionCreateParams;
+use drover_protocol::event::{EventPayload, SessionEvent, TurnEnd};
+use drover_test_support::harness::{
+    daemon_info, model_home, run_drover, signal, KillDaemonOnDrop, TestHome,
+};
+use drover_test_support::{Gate, Reply};
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_drover"))
+}
+
+const BOUND: Duration = Duration::from_secs(30);
+
+fn options(home: &Path) -> ConnectOptions {
+    ConnectOptions::new(
+        home,
+        StartDaemon::Spawn {
+            program: bin().to_path_buf(),
+        },
+    )
+}
+
+fn create(cwd: &Path) -> SessionCreateParams {
+    SessionCreateParams {
+        request_id: uuid::Uuid::new_v4().to_string(),
+        cwd: Some(cwd.display().to_string()),
+        model: None,
+        base_url: None,
+        api_key: None,
+        toolsets: None,
+        system_prompt: None,
+        title: None,
+        source: None,
+    }
+}
+
+/// Reads the stream until the turn of `admission_id` settles; returns the stored events seen
+/// and whether a reconnect to a restarted daemon was reported.
+async fn until_settled(
+    stream: &mut drover_client::SessionStream,
+    admission_id: &str,
+    stored: &mut Vec<SessionEvent>,
+) -> (TurnEnd, bool) {
+    let mut restarted = false;
+    loop {
+        let update = tokio::time::timeout(BOUND, stream.next())
+            .await
+            .expect("no update within the bound")
+            .expect("the stream ended")
+            .expect("an update");
+        match update {
+            Update::Event(e) => {
+                let settled = match &e.event {
+                    EventPayload::TurnSettled(p) if p.admission_id == admission_id => {
+                        Some(p.outcome)
+                    }
+                    _ => None,
+                };
+                if e.seq.is_some() {
+                    stored.push(e);
+                }
+                if let Some(outcome) = settled {
+                    return (outcome, restarted);
+                }
+            }
+            Update::Connection(ConnectionChange::Reconnected { restarted: r, .. }) => {
+                restarted |= r
+            }
+            Update::Connection(_) => {}
+            Update::Snapshot(s) => panic!("the stream could resume, yet a snapshot came: {s:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_session_stream_yields_every_stored_event_once_in_order_across_an_owner_restart() {
+    let (model, home) = model_home(true).await.unwrap();
+    let _guard = KillDaemonOnDrop(home.path());
+    let client = Client::connect(options(home.path())).await.unwrap();
+    let first = client.daemon();
+    let session = client.create_session(create(home.path())).await.unwrap();
+    let id = session.session_id.clone();
+    let mut stream = client.attach(&id).await.unwrap();
+    let mut stored = Vec::new();
+
+    model.push(Reply::text("one"));
+    let a = client.submit(&id, "first").await.unwrap();
+    let (end, _) = until_settled(&mut stream, &a.admission_id, &mut stored).await;
+    assert_eq!(end, TurnEnd::Completed);
+
+    // The second turn holds at the model; the owner dies under it.
+    let gate = Gate::new();
+    model.push(Reply::text("never delivered").gated(&gate));
+    let b = client.submit(&id, "second").await.unwrap();
+    assert!(
+        gate.wait_reached(BOUND).await,
+        "the model request never came"
+    );
+    signal(first.pid, nix::sys::signal::Signal::SIGKILL);
+    let (end, restarted) = until_settled(&mut stream, &b.admission_id, &mut stored).await;
+    assert_eq!(end, TurnEnd::Unknown);
+    assert!(restarted, "the stream said the daemon restarted");
+    let second = client.daemon();
+    assert_ne!(second.instance_id, first.instance_id);
+    assert!(second.epoch > first.epoch);
+
+    // The same handle goes on against the new daemon: resolve, then one more turn.
+    client.resolve_unknown(&id, &b.admission_id).await.unwrap();
+    model.push(Reply::text("three"));
+    let c = client.submit(&id, "third").await.unwrap();
+    let (end, _) = until_settled(&mut stream, &c.admission_id, &mut stored).await;
+    assert_eq!(end, TurnEnd::Completed);
+
+    let seqs: Vec<u64> = stored.iter().map(|e| e.seq.unwrap()).collect();
+    let expected: Vec<u64> = (seqs[0]..seqs[0] + seqs.len() as u64).collect();
+    assert_eq!(seqs, expected, "every stored event once, in order");
+    // ... and they are the stored stream itself.
+    let epoch = stream.snapshot().replay_epoch.clone();
+    let page = client
+        .events_since(&id, Some(&epoch), 0, None)
+        .await
+        .unwrap();
+    assert!(!page.snapshot_required && !page.has_more);
+    let all: Vec<&SessionEvent> = page
+        .events
+        .iter()
+        .filter(|e| e.seq.unwrap() >= seqs[0] && e.seq.unwrap() <= *seqs.last().unwrap())
+        .collect();
+    assert_eq!(all.len(), stored.len());
+    for (got, want) in stored.iter().zip(all) {
+        assert_eq!(got.seq, want.seq);
+        assert_eq!(got.event, want.event);
+    }
+}
+
+#[tokio::test]
+async fn a_daemon_that_cannot_start_names_the_cause() {
+    let home = TestHome::new().unwrap();
+    let _guard = KillDaemonOnDrop(home.path());
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    home.write_config(&format!(
+        "[model]\nname = \"m\"\nbase_url = \"http://127.0.0.1:1/v1\"\n[daemon]\nlisten = \"127.0.0.1:{port}\"\n"
+    ))
+    .unwrap();
+    let e = match Client::connect(options(home.path())).await {
+        Err(e) => e,
+        Ok(_) => panic!("connected to a daemon that cannot listen"),
+    };
+    let message = e.to_string();
+    assert!(matches!(e, ClientError::DaemonStart { .. }), "{message}");
+    assert!(message.contains("could not start"), "{message}");
+    assert!(
+        message.to_lowercase().contains("address already in use"),
+        "{message}"
+    );
+
+    // The CLI says the same.
+    let out = run_drover(bin(), home.path(), None, &["sessions"]).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.to_lowercase().contains("address already in use"),
+        "{stderr}"
+    );
+    assert!(daemon_info(home.path()).is_none());
+    drop(taken);
+}
+
+#[tokio::test]
+async fn never_start_on_a_home_without_a_daemon_is_not_running() {
+    let home = TestHome::new().unwrap();
+    let e = match Client::connect(ConnectOptions::new(home.path(), StartDaemon::Never)).await {
+        Err(e) => e,
+        Ok(_) => panic!("connected without a daemon"),
+    };
+    assert!(matches!(e, ClientError::NotRunning { .. }), "{e}");
+    assert!(e.to_string().contains("is not running"), "{e}");
+}

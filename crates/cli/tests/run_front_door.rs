@@ -1,0 +1,330 @@
+//! `drover run` as issue 12 wants it (SPEC section 8): `-`, `--title`, `--json`, `-c`, session
+//! prefixes; sessions that cannot move are refused within seconds (exit 4 naming `drover
+//! resolve`, exit 5 naming `drover answer`); and a daemon SIGKILLed mid-turn is exit 4 with
+//! words, never a WebSocket error. Real daemon, real worker, the scriptable model.
+
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::process::{Output, Stdio};
+use std::time::{Duration, Instant};
+
+use drover_test_support::harness::{
+    daemon_info, model_home, pid_alive, run_drover, signal, KillDaemonOnDrop, OneSession,
+};
+use drover_test_support::{Gate, Reply};
+use serde_json::{json, Value};
+use tokio::io::AsyncWriteExt;
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_drover"))
+}
+
+/// Every wait of these tests.
+const BOUND: Duration = Duration::from_secs(30);
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+async fn drover(home: &Path, args: &[&str]) -> Output {
+    run_drover(bin(), home, None, args).await
+}
+
+/// `drover run` with `stdin` piped in.
+async fn drover_with_stdin(home: &Path, args: &[&str], stdin: &str) -> Output {
+    let mut child = tokio::process::Command::new(bin())
+        .arg("--home")
+        .arg(home)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut pipe = child.stdin.take().unwrap();
+    pipe.write_all(stdin.as_bytes()).await.unwrap();
+    drop(pipe);
+    tokio::time::timeout(BOUND, child.wait_with_output())
+        .await
+        .expect("drover run did not finish")
+        .unwrap()
+}
+
+fn sessions_json(out: &Output) -> Vec<Value> {
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let list: Value = serde_json::from_slice(&out.stdout).unwrap();
+    list["sessions"].as_array().unwrap().clone()
+}
+
+/// The user messages the model saw in its last request.
+fn last_history(model: &drover_test_support::MockModel) -> Vec<String> {
+    let last = model.requests().last().cloned().unwrap();
+    last["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .filter_map(|m| m["content"].as_str().map(str::to_string))
+        .collect()
+}
+
+#[tokio::test]
+async fn run_reads_the_prompt_from_stdin_and_titles_the_new_session() {
+    let (model, home) = model_home(true).await.unwrap();
+    let _guard = KillDaemonOnDrop(home.path());
+    model.push(Reply::text("read it"));
+    let out = drover_with_stdin(
+        home.path(),
+        &["run", "--title", "morning work", "-"],
+        "a prompt\nfrom stdin\n",
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim_end(), "read it");
+    assert_eq!(last_history(&model), ["a prompt\nfrom stdin"]);
+    let sessions = sessions_json(&drover(home.path(), &["sessions", "--json"]).await);
+    assert_eq!(sessions[0]["title"], "morning work");
+
+    // An empty stdin is refused before anything is submitted.
+    let out = drover_with_stdin(home.path(), &["run", "-"], "\n").await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("empty"), "{}", text(&out.stderr));
+    assert_eq!(model.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn run_json_prints_each_event_as_the_wire_has_it_then_the_receipt() {
+    let (model, home) = model_home(true).await.unwrap();
+    let _guard = KillDaemonOnDrop(home.path());
+    model.push(Reply::tool_call(
+        "c1",
+        "terminal",
+        json!({"command": "echo hi"}),
+    ));
+    model.push(Reply::text("done"));
+    let out = drover(home.path(), &["run", "--json", "go"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let lines: Vec<Value> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+        .collect();
+    let (receipt, events) = lines.split_last().unwrap();
+    assert_eq!(receipt["status"], "terminal", "{receipt}");
+    assert_eq!(receipt["outcome"], "completed", "{receipt}");
+    assert_eq!(receipt["result"]["final_response"], "done", "{receipt}");
+    let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    for kind in [
+        "turn.started",
+        "tool.start",
+        "tool.complete",
+        "message.complete",
+        "turn.settled",
+    ] {
+        assert!(kinds.contains(&kind), "{kind} missing from {kinds:?}");
+    }
+    let seqs: Vec<u64> = events.iter().filter_map(|e| e["seq"].as_u64()).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+    for e in events {
+        assert_eq!(e["session_id"], receipt["session_id"], "{e}");
+        assert!(
+            e["replay_epoch"].is_string() && e["payload"].is_object(),
+            "{e}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn run_continues_the_newest_session_with_c_and_takes_a_unique_prefix() {
+    let (model, home) = model_home(true).await.unwrap();
+    let _guard = KillDaemonOnDrop(home.path());
+    model.set_default(Reply::text("ok"));
+    for prompt in ["first", "second"] {
+        let out = drover(home.path(), &["run", prompt]).await;
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    }
+    let sessions = sessions_json(&drover(home.path(), &["sessions", "--json"]).await);
+    let newest = sessions
+        .iter()
+        .max_by(|a, b| {
+            a["started_at"]
+                .as_f64()
+                .partial_cmp(&b["started_at"].as_f64())
+                .unwrap()
+        })
+        .unwrap();
+    let newest_id = newest["session_id"].as_str().unwrap().to_string();
+
+    let out = drover(home.path(), &["run", "-c", "third"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains(&newest_id),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(last_history(&model), ["second", "third"]);
+
+    let other = sessions
+        .iter()
+        .find(|s| s["session_id"] != newest_id.as_str())
+        .unwrap();
+    let other_id = other["session_id"].as_str().unwrap();
+    let out = drover(home.path(), &["run", "--session", &other_id[..8], "fourth"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(last_history(&model), ["first", "fourth"]);
+}
+
+#[tokio::test]
+async fn an_ambiguous_prefix_lists_the_sessions_it_names() {
+    let s = OneSession::builder(bin()).start().await.unwrap();
+    let mut client = s.client;
+    // Session ids are random: make sessions until two share a first character (at most 17).
+    let mut ids = vec![s.session_id.clone()];
+    let shared = loop {
+        let created = client.create_session(s.home.path()).await.unwrap();
+        let id = created["session_id"].as_str().unwrap().to_string();
+        if let Some(twin) = ids.iter().find(|i| i[..1] == id[..1]) {
+            break (twin.clone(), id);
+        }
+        ids.push(id);
+    };
+    let prefix = &shared.0[..1];
+    let out = drover(s.home.path(), &["run", "--session", prefix, "hi"]).await;
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains(&format!("{prefix} names")), "{stderr}");
+    assert!(
+        stderr.contains(&shared.0) && stderr.contains(&shared.1),
+        "{stderr}"
+    );
+    assert!(s.model.requests().is_empty(), "nothing was submitted");
+    let out = drover(s.home.path(), &["run", "--session", "zz-none", "hi"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("no session zz-none"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[tokio::test]
+async fn a_session_paused_on_an_unknown_turn_is_exit_4_naming_resolve_within_seconds() {
+    let mut s = OneSession::builder(bin()).start().await.unwrap();
+    let gate = Gate::new();
+    s.model.push(Reply::text("never delivered").gated(&gate));
+    let a = s.submit("lost turn").await.unwrap();
+    let a = a["admission_id"].as_str().unwrap().to_string();
+    assert!(
+        gate.wait_reached(BOUND).await,
+        "the model request never came"
+    );
+    let worker = s.daemon.wait_worker().await.unwrap();
+    signal(worker, nix::sys::signal::Signal::SIGKILL);
+    assert_eq!(s.client.wait_settled(&a).await.unwrap(), "unknown");
+
+    let started = Instant::now();
+    let out = drover(s.home.path(), &["run", "--session", &s.session_id, "next"]).await;
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert!(
+        stderr.contains(&format!("`drover resolve {}`", s.session_id)),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("lost turn") && stderr.contains(&a),
+        "{stderr}"
+    );
+    assert_eq!(s.model.requests().len(), 1, "nothing new was submitted");
+    let resume = s.resume().await.unwrap();
+    assert_eq!(resume["pending"].as_array().unwrap().len(), 1, "{resume}");
+}
+
+#[tokio::test]
+async fn an_open_prompt_without_a_terminal_is_exit_5_naming_answer_within_seconds() {
+    let mut s = OneSession::builder(bin()).start().await.unwrap();
+    let victim = s.home.path().join("victim");
+    std::fs::create_dir(&victim).unwrap();
+    s.model.push(Reply::tool_call(
+        "call_rm",
+        "terminal",
+        json!({"command": format!("rm -rf {}", victim.display())}),
+    ));
+    s.model.push(Reply::text("Deleted."));
+    s.submit("delete it").await.unwrap();
+    s.client
+        .wait_event(|e| e["type"] == "approval.request")
+        .await
+        .unwrap();
+
+    let started = Instant::now();
+    let out = drover(
+        s.home.path(),
+        &["run", "--session", &s.session_id[..8], "more"],
+    )
+    .await;
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(5), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert!(
+        stderr.contains(&format!("`drover answer {} --choice", s.session_id)),
+        "{stderr}"
+    );
+    assert!(victim.is_dir(), "the command did not run");
+    let resume = s.resume().await.unwrap();
+    assert_eq!(
+        resume["prompts"].as_array().unwrap().len(),
+        1,
+        "the prompt stays open"
+    );
+    assert_eq!(
+        resume["pending"].as_array().unwrap().len(),
+        1,
+        "nothing was queued"
+    );
+}
+
+#[tokio::test]
+async fn a_daemon_sigkilled_mid_turn_is_exit_4_in_words_and_run_restarts_it() {
+    let (model, home) = model_home(true).await.unwrap();
+    let _guard = KillDaemonOnDrop(home.path());
+    let gate = Gate::new();
+    model.push(Reply::text("never delivered").gated(&gate));
+    let run = tokio::process::Command::new(bin())
+        .arg("--home")
+        .arg(home.path())
+        .args(["run", "hold on"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    assert!(
+        gate.wait_reached(BOUND).await,
+        "the model request never came"
+    );
+    let first = daemon_info(home.path()).unwrap();
+    let pid = first["pid"].as_u64().unwrap() as u32;
+    signal(pid, nix::sys::signal::Signal::SIGKILL);
+
+    let out = tokio::time::timeout(BOUND, run.wait_with_output())
+        .await
+        .expect("drover run did not finish after the daemon died")
+        .unwrap();
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{stderr}");
+    assert!(
+        stderr.contains("the daemon stopped while the turn ran; its outcome is unknown"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("drover resolve"), "{stderr}");
+    assert!(!stderr.contains("WebSocket"), "{stderr}");
+    // The daemon it restarted runs, in a new epoch.
+    let second = daemon_info(home.path()).unwrap();
+    assert_ne!(second["instance_id"], first["instance_id"]);
+    assert!(pid_alive(second["pid"].as_u64().unwrap() as u32));
+    assert!(!pid_alive(pid));
+}
