@@ -1,6 +1,6 @@
 //! The client subcommands `stop` and `approvals`, and [`connect`], which every client command
-//! uses to find or start the daemon ([`drover_client`]). `run` is in `crate::run`; `sessions`
-//! and the other session commands are in `session_cmd`.
+//! uses to find or start the daemon ([`drover_client`]). `drover run` is in the `run` module;
+//! `sessions` and the other session commands are in `session_cmd`.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
