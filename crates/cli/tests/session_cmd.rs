@@ -381,3 +381,50 @@ async fn commands_on_a_home_that_does_not_exist_say_so_and_create_nothing() {
         );
     }
 }
+
+#[tokio::test]
+async fn drover_answer_text_answers_a_clarify_question_and_refuses_a_choice_it_does_not_offer() {
+    let mut s = OneSession::builder(bin())
+        .toolsets(&["clarify"])
+        .start()
+        .await
+        .unwrap();
+    s.model.push(Reply::tool_call(
+        "call_ask",
+        "clarify",
+        json!({"questions": [{"question": "Which colour?", "choices": ["red", "blue"]}]}),
+    ));
+    s.model.push(Reply::text("Blue it is."));
+    let admission = str_field(&s.submit("pick a colour").await.unwrap(), "admission_id");
+    s.client
+        .wait_event(|e| e["type"] == "clarify.request")
+        .await
+        .unwrap();
+    let prefix = s.session_id[..8].to_string();
+    let (_, out, _) = drover(s.home.path(), &["sessions"]).await;
+    assert!(out.contains("waiting for an answer"), "{out}");
+
+    let (code, _, err) = drover(s.home.path(), &["answer", &prefix, "--choice", "once"]).await;
+    assert_eq!(code, Some(1));
+    assert!(err.contains("--text"), "{err}");
+    let (code, _, err) = drover(s.home.path(), &["answer", &prefix, "--text", "green"]).await;
+    assert_eq!(code, Some(1));
+    assert!(err.contains("red, blue"), "{err}");
+
+    let (code, out, err) = drover(s.home.path(), &["answer", &prefix, "--text", "blue"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("Which colour?") && out.contains("blue"),
+        "{out}"
+    );
+    let answer = s
+        .client
+        .wait_event(|e| e["type"] == "clarify.settled")
+        .await
+        .unwrap();
+    assert_eq!(answer["payload"]["answer"], "blue", "{answer}");
+    assert_eq!(
+        s.client.wait_settled(&admission).await.unwrap(),
+        "completed"
+    );
+}
