@@ -144,8 +144,7 @@ pub async fn sessions(home: &Path, as_json: bool) -> Result<Exit> {
         // As the daemon sent it (fields this build does not know included), once it reads as
         // a page.
         let raw = c.request_value(request.clone()).await?;
-        serde_json::from_value::<SessionPage>(raw.clone())
-            .context("session.list: the daemon's result does not parse")?;
+        drover_client::parse_result::<SessionPage>("session.list", raw.clone())?;
         print_json(&raw)?;
         return Ok(Exit::Ok);
     }
