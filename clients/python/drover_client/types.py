@@ -516,6 +516,10 @@ class PendingAdmission(TypedDict):
     """
     The admission.
     """
+    admitted_at: NotRequired[float | None]
+    """
+    Unix seconds when it was admitted.
+    """
     execution_generation: NotRequired[int | None]
     """
     The turn's generation once it started.
@@ -527,6 +531,10 @@ class PendingAdmission(TypedDict):
     sequence: int
     """
     Its place in the daemon's FIFO.
+    """
+    started_at: NotRequired[float | None]
+    """
+    Unix seconds when its turn started, once it has.
     """
     status: AdmissionStatus
     """
@@ -821,6 +829,42 @@ class SessionRef(TypedDict):
     """
 
 
+class SessionRenameParams(TypedDict):
+    """
+    Params of `session.rename` (drover extension; needs no attachment).
+    """
+
+    session_id: str
+    """
+    The session.
+    """
+    title: str
+    """
+    The new title: 1 to 200 characters, not only spaces.
+    """
+
+
+class SessionRenamed(TypedDict):
+    """
+    Result of `session.rename`: the session and its title as now stored.
+    """
+
+    session_id: str
+    """
+    The session.
+    """
+    title: str
+    """
+    Its title.
+    """
+
+
+SessionState: TypeAlias = Literal['idle', 'running', 'waiting_approval', 'waiting_clarify', 'paused_unknown']
+"""
+`state` of a [`SessionSummary`]: what the session waits for, from the ledger.
+"""
+
+
 class SessionSummary(TypedDict):
     """
     One row of `session.list`.
@@ -833,6 +877,10 @@ class SessionSummary(TypedDict):
     error: NotRequired[str | None]
     """
     What is wrong with the stored row, when it is damaged (the row is still listed).
+    """
+    last_activity_at: float
+    """
+    Unix seconds of its last stored event or admission change (`started_at` before any).
     """
     model: str
     """
@@ -861,6 +909,10 @@ class SessionSummary(TypedDict):
     started_at: float
     """
     Unix seconds.
+    """
+    state: SessionState
+    """
+    What the session waits for, if anything.
     """
     title: NotRequired[str | None]
     """
@@ -1232,6 +1284,15 @@ class ClientRequestSessionDetach(TypedDict):
     params: SessionRef
 
 
+class ClientRequestSessionRename(TypedDict):
+    """
+    `session.rename` (drover extension): set a session's title.
+    """
+
+    method: Literal['session.rename']
+    params: SessionRenameParams
+
+
 class ClientRequestPromptSubmit(TypedDict):
     """
     `prompt.submit`: admit an input (idempotent on `input_id`).
@@ -1277,7 +1338,7 @@ class ClientRequestApprovalsList(TypedDict):
     params: NoParams
 
 
-ClientRequest: TypeAlias = ClientRequestPing | ClientRequestSessionCreate | ClientRequestSessionResume | ClientRequestSessionList | ClientRequestSessionDetach | ClientRequestPromptSubmit | ClientRequestPromptReceipt | ClientRequestPromptCancel | ClientRequestPromptResolveUnknown | ClientRequestSessionInterrupt | ClientRequestApprovalRespond | ClientRequestClarifyRespond | ClientRequestSessionEventsSince | ClientRequestApprovalsList | ClientRequestApprovalsRemove
+ClientRequest: TypeAlias = ClientRequestPing | ClientRequestSessionCreate | ClientRequestSessionResume | ClientRequestSessionList | ClientRequestSessionDetach | ClientRequestSessionRename | ClientRequestPromptSubmit | ClientRequestPromptReceipt | ClientRequestPromptCancel | ClientRequestPromptResolveUnknown | ClientRequestSessionInterrupt | ClientRequestApprovalRespond | ClientRequestClarifyRespond | ClientRequestSessionEventsSince | ClientRequestApprovalsList | ClientRequestApprovalsRemove
 """
 One client request: `{"method": ..., "params": {...}}` (the JSON-RPC `id` and
 `jsonrpc` stay in [`crate::rpc::Request`]).

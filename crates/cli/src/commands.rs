@@ -1,6 +1,6 @@
-//! The client subcommands `sessions`, `stop` and `approvals`, and [`connect`], which every
-//! client command uses to find or start the daemon ([`drover_client`]). `run` is in
-//! `run.rs`.
+//! The client subcommands `stop` and `approvals`, and [`connect`], which every client command
+//! uses to find or start the daemon ([`drover_client`]). `drover run` is in the `run` module;
+//! `sessions` and the other session commands are in `session_cmd`.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -9,9 +9,7 @@ use anyhow::{bail, Context, Result};
 use clap::Subcommand;
 use drover_client::{Client, ConnectOptions, StartDaemon};
 use drover_owner::config::Config;
-use drover_protocol::client::{
-    ApprovalRuleRef, ApprovalRuleRemoved, ApprovalRules, NoParams, SessionListParams, SessionPage,
-};
+use drover_protocol::client::{ApprovalRuleRef, ApprovalRuleRemoved, ApprovalRules, NoParams};
 use drover_protocol::ClientRequest;
 
 use crate::spinner::Spinner;
@@ -56,43 +54,6 @@ pub async fn connect(home: &Path) -> Result<Client> {
     let program = std::env::current_exe().context("cannot find the drover executable")?;
     let options = ConnectOptions::new(home, StartDaemon::Spawn { program });
     Ok(Spinner::during("the daemon", Client::connect(options)).await?)
-}
-
-/// `drover sessions`.
-pub async fn sessions(home: PathBuf, as_json: bool) -> Result<Exit> {
-    let c = connect(&home).await?;
-    let request = ClientRequest::SessionList(SessionListParams {
-        limit: Some(1000),
-        cursor: None,
-    });
-    if as_json {
-        // Printed as the daemon sent it (fields this build does not know included), once it
-        // reads as a page.
-        let raw = c.request_value(request).await?;
-        drover_client::parse_result::<SessionPage>("session.list", raw.clone())?;
-        println!("{}", serde_json::to_string_pretty(&raw)?);
-        return Ok(Exit::Ok);
-    }
-    let list: SessionPage = c.request(request).await?;
-    println!(
-        "{:<36}  {:<8}  {:<20}  {:>7}  {:>7}  TITLE",
-        "SESSION", "SOURCE", "MODEL", "RUNNING", "PENDING"
-    );
-    for s in list.sessions {
-        println!(
-            "{:<36}  {:<8}  {:<20}  {:>7}  {:>7}  {}",
-            s.session_id,
-            s.source,
-            s.model,
-            if s.running { "yes" } else { "no" },
-            s.pending_count,
-            s.title.as_deref().unwrap_or_default(),
-        );
-        if let Some(error) = s.error {
-            println!("{:<36}  error: {error}", "");
-        }
-    }
-    Ok(Exit::Ok)
 }
 
 /// `drover stop`: SIGTERM to the daemon, then wait for it to exit.

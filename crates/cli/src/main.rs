@@ -1,9 +1,9 @@
 //! `drover`: the single binary (SPEC section 8). It only wires the crates together:
-//! `daemon` runs [`drover_owner`], `worker` runs [`drover_worker`], `run`, `sessions`,
-//! `approvals` and `stop` are clients of the home's daemon through [`drover_client`], `chat`
-//! and `attach` (and `drover` alone on a terminal) run [`drover_tui`] on it, and `job`,
-//! `runner` and `loop` drive [`drover_jobs`]. `completions` and `man` are generated from
-//! [`Cli`] itself.
+//! `daemon` runs [`drover_owner`], `worker` runs [`drover_worker`], `run`, `approvals` and
+//! `stop` are clients of the home's daemon, the session commands (`sessions`, `show`,
+//! `resolve`, `cancel`, `answer`, `rename`) are too, through [`drover_client`]; `chat` and
+//! `attach` (and `drover` alone on a terminal) run [`drover_tui`] on it; `job`, `runner` and
+//! `loop` drive [`drover_jobs`]. `completions` and `man` are generated from [`Cli`] itself.
 
 mod broker;
 mod chat;
@@ -13,6 +13,7 @@ mod job;
 mod protocol_cmd;
 mod run;
 mod runner;
+mod session_cmd;
 mod spinner;
 
 use std::path::PathBuf;
@@ -52,12 +53,22 @@ enum Command {
     Attach(chat::AttachArgs),
     /// Ask the home's daemon to stop (as SIGTERM does) and wait for it to exit.
     Stop,
-    /// List sessions.
+    /// List sessions: started, last active, state, queue length and title.
     Sessions {
         /// Print JSON (the `session.list` result) instead of a table.
         #[arg(long)]
         json: bool,
     },
+    /// Show a session: its transcript, tool calls and results, usage and each turn's outcome.
+    Show(session_cmd::ShowArgs),
+    /// Resolve a session's turn whose outcome is unknown, so its queue goes on.
+    Resolve(session_cmd::ResolveArgs),
+    /// Cancel a session's queued input (all of it, or the admission named).
+    Cancel(session_cmd::CancelArgs),
+    /// Answer the open approval prompt or clarify question of a session.
+    Answer(session_cmd::AnswerArgs),
+    /// Set a session's title.
+    Rename(session_cmd::RenameArgs),
     /// The stored `always` approval rules.
     Approvals {
         #[command(subcommand)]
@@ -128,8 +139,19 @@ fn main() -> ExitCode {
         Command::Worker => drover_worker::main_entry(),
         Command::Run(args) => commands::block_on(run::run(home, args)),
         Command::Stop => commands::block_on(commands::stop(home)),
-        Command::Sessions { json } => commands::block_on(commands::sessions(home, json)),
-        Command::Approvals { command } => commands::block_on(commands::approvals(home, command)),
+        Command::Sessions { json } => commands::block_on(session_cmd::sessions(&home, json)),
+        Command::Show(args) => commands::block_on(session_cmd::show(&home, args)),
+        Command::Resolve(args) => commands::block_on(session_cmd::resolve(&home, args)),
+        Command::Cancel(args) => commands::block_on(session_cmd::cancel(&home, args)),
+        Command::Answer(args) => commands::block_on(session_cmd::answer(&home, args)),
+        Command::Rename(args) => commands::block_on(session_cmd::rename(&home, args)),
+        Command::Approvals { command } => commands::block_on(async {
+            // Listing reads: a home that does not exist is said so, never created.
+            if matches!(command, commands::ApprovalsCommand::List { .. }) {
+                session_cmd::require_home(&home)?;
+            }
+            commands::approvals(home, command).await
+        }),
         Command::Job(args) => job::run(home, args),
         Command::Broker(args) => broker::run(home, args),
         Command::Runner(args) => runner::run_runner(home, args),

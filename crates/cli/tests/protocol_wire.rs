@@ -305,6 +305,12 @@ async fn every_method_and_event_of_the_daemon_round_trips_through_the_typed_prot
         json!({"session_id": sid, "replay_epoch": "not-this-one", "last_sequence": 0}),
     )
     .await;
+    w.ok(
+        &mut c,
+        "session.rename",
+        json!({"session_id": sid, "title": "wire, renamed"}),
+    )
+    .await;
     w.ok(&mut c, "session.list", json!({"limit": 10})).await;
 
     // Errors a client meets.
@@ -358,6 +364,8 @@ async fn every_method_and_event_of_the_daemon_round_trips_through_the_typed_prot
         .ok(&mut c, "session.resume", json!({"session_id": sid}))
         .await;
     assert_eq!(snap["pending"][0]["status"], "unknown", "{snap}");
+    let list = w.ok(&mut c, "session.list", json!({"limit": 10})).await;
+    assert_eq!(list["sessions"][0]["state"], "paused_unknown", "{list}");
     w.ok(
         &mut c,
         "prompt.resolve_unknown",

@@ -309,6 +309,50 @@ async fn events_since_pages_by_limit_and_by_bytes_and_has_more_reads_to_the_end(
     assert_eq!(followed["has_more"], false);
 }
 
+/// `session.rename` (drover extension, docs/decisions.md): any connection may rename, the new
+/// title is what `session.list` shows, and a bad title or an unknown session is refused.
+#[tokio::test]
+async fn rename_needs_no_attachment_and_refuses_a_bad_title() {
+    let (_model, home, d, mut a) = model_daemon(bin()).await.unwrap();
+    let created = a.create_session(home.path()).await.unwrap();
+    let sid = created["session_id"].as_str().unwrap();
+    let mut b = d.client().await.unwrap();
+    let renamed = b
+        .call_ok(
+            "session.rename",
+            json!({"session_id": sid, "title": "release notes"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        renamed,
+        json!({"session_id": sid, "title": "release notes"})
+    );
+    let list = b.call_ok("session.list", json!({})).await.unwrap();
+    assert_eq!(list["sessions"][0]["title"], "release notes", "{list}");
+    assert_eq!(list["sessions"][0]["state"], "idle", "{list}");
+
+    for title in [json!(""), json!("   "), json!("x".repeat(201))] {
+        let e = b
+            .call("session.rename", json!({"session_id": sid, "title": title}))
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(e["data"]["reason"], "invalid_params", "{e}");
+        assert_eq!(e["data"]["field"], "title", "{e}");
+    }
+    let reason = b
+        .call_err(
+            "session.rename",
+            json!({"session_id": "no-such", "title": "t"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(reason, "not_found");
+    let list = b.call_ok("session.list", json!({})).await.unwrap();
+    assert_eq!(list["sessions"][0]["title"], "release notes", "{list}");
+}
+
 /// A valid params object of `method` with every field set, optional ones too; the bad-input
 /// walk below spoils one field at a time. Parse happens before any lookup, so the ids need not
 /// exist.
@@ -325,6 +369,7 @@ fn every_field(method: &str) -> Value {
             "api_key": "k", "toolsets": [], "system_prompt": "p", "title": "t", "source": "cli",
         }),
         "session.resume" | "session.detach" => json!({"session_id": "s"}),
+        "session.rename" => json!({"session_id": "s", "title": "t"}),
         "session.list" => json!({"limit": 10, "cursor": "c"}),
         "prompt.submit" => json!({"session_id": "s", "input_id": "i", "text": "hi"}),
         "prompt.receipt" => json!({"session_id": "s", "admission_id": "a", "include_result": true}),

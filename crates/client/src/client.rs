@@ -354,6 +354,8 @@ mod tests {
             ended_at: None,
             running: false,
             pending_count: 0,
+            state: drover_protocol::client::SessionState::Idle,
+            last_activity_at: started_at,
             error: None,
         }
     }

@@ -31,6 +31,11 @@ pub struct AdmissionRow {
     pub generation: Option<u64>,
     /// The runtime epoch that admitted it, or that claimed it once started.
     pub owner_epoch: u64,
+    /// Unix seconds when it was admitted (`created_at`).
+    pub admitted_at: f64,
+    /// Unix seconds when its turn was claimed (its newest execution's `created_at`), once
+    /// started.
+    pub started_at: Option<f64>,
 }
 
 /// The admission receipt `{admission_id, session_id, sequence, status, outcome,
@@ -70,7 +75,9 @@ impl AdmissionRow {
 }
 
 const ADMISSION_COLUMNS: &str = "seq, admission_id, target_session_id, request_id, payload_json, \
-     status, outcome, generation, owner_epoch";
+     status, outcome, generation, owner_epoch, created_at, \
+     (SELECT max(e.created_at) FROM worker_executions e \
+        WHERE e.admission_id = session_admissions.admission_id)";
 
 fn admission_row(r: &Row<'_>) -> rusqlite::Result<(AdmissionRow, String, String, Option<String>)> {
     Ok((
@@ -84,6 +91,8 @@ fn admission_row(r: &Row<'_>) -> rusqlite::Result<(AdmissionRow, String, String,
             outcome: None,
             generation: r.get::<_, Option<i64>>(7)?.map(|g| g as u64),
             owner_epoch: r.get::<_, i64>(8)? as u64,
+            admitted_at: r.get(9)?,
+            started_at: r.get(10)?,
         },
         r.get(4)?,
         r.get(5)?,

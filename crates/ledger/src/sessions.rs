@@ -4,6 +4,7 @@ use rusqlite::{params, OptionalExtension, Row};
 use serde_json::Value;
 
 use crate::counts::count_at;
+use crate::state::{session_state, SessionState};
 use crate::{json_digest, new_id, now, Ledger, LedgerError};
 
 /// What `session.create` stores. `model_config` is `{base_url, api_key?, stream,
@@ -88,6 +89,10 @@ pub struct SessionSummary {
     pub running: bool,
     /// How many of its admissions are not yet terminal.
     pub pending_count: u64,
+    /// What the session waits for, if anything.
+    pub state: SessionState,
+    /// Unix seconds of its last stored event or admission change (its start, before any).
+    pub last_activity_at: f64,
 }
 
 const SESSION_COLUMNS: &str = "id, source, parent_session_id, title, model, model_config, cwd, \
@@ -356,7 +361,17 @@ impl Ledger {
             "SELECT {SESSION_COLUMNS},
                 EXISTS (SELECT 1 FROM session_turn_leases l WHERE l.session_id = sessions.id),
                 (SELECT count(*) FROM session_admissions a
-                   WHERE a.target_session_id = sessions.id AND a.status != 'terminal')
+                   WHERE a.target_session_id = sessions.id AND a.status != 'terminal'),
+                EXISTS (SELECT 1 FROM session_admissions a
+                   WHERE a.target_session_id = sessions.id AND a.status = 'unknown'),
+                (SELECT p.kind FROM prompts p WHERE p.session_id = sessions.id AND p.status = 'open'
+                   ORDER BY p.created_at LIMIT 1),
+                max(
+                    coalesce((SELECT e.created_at FROM session_events e
+                        WHERE e.session_id = sessions.id ORDER BY e.seq DESC LIMIT 1), 0),
+                    coalesce((SELECT max(max(a.created_at, coalesce(a.unknown_at, 0)))
+                        FROM session_admissions a WHERE a.target_session_id = sessions.id), 0)
+                )
              FROM sessions ORDER BY started_at DESC, id LIMIT ?1 OFFSET ?2"
         ))?;
         let rows = stmt.query_map(params![limit as i64 + 1, offset], |r| {
@@ -364,16 +379,24 @@ impl Ledger {
                 Ok(raw) => raw.finish_listed(),
                 Err(e) => unreadable_session(r, &e),
             };
-            Ok((session, r.get::<_, bool>(19)?, r.get::<_, i64>(20)?))
+            let running = r.get::<_, bool>(19)?;
+            let state = session_state(
+                r.get(21)?,
+                r.get::<_, Option<String>>(22)?.as_deref(),
+                running,
+            );
+            let activity: f64 = r.get(23)?;
+            Ok(SessionSummary {
+                last_activity_at: activity.max(session.started_at),
+                session,
+                running,
+                pending_count: r.get::<_, i64>(20)? as u64,
+                state,
+            })
         })?;
         let mut out = Vec::new();
         for row in rows {
-            let (session, running, pending) = row?;
-            out.push(SessionSummary {
-                session,
-                running,
-                pending_count: pending as u64,
-            });
+            out.push(row?);
         }
         let next = if out.len() > limit as usize {
             out.truncate(limit as usize);
@@ -382,6 +405,25 @@ impl Ledger {
             None
         };
         Ok((out, next))
+    }
+
+    /// Sets the title of `session_id` (`session.rename`); `not_found` for an unknown session.
+    /// The caller checks the title (the protocol refuses an empty one or one over 200
+    /// characters).
+    pub fn rename_session(
+        &mut self,
+        session_id: &str,
+        title: &str,
+    ) -> Result<SessionRow, LedgerError> {
+        let changed = self
+            .conn
+            .prepare_cached("UPDATE sessions SET title = ?2 WHERE id = ?1")?
+            .execute(params![session_id, title])?;
+        if changed == 0 {
+            return Err(LedgerError::NotFound(format!("session {session_id}")));
+        }
+        self.session(session_id)?
+            .ok_or_else(|| LedgerError::NotFound(format!("session {session_id}")))
     }
 
     /// The transcript of a session, oldest first, as `(row id, message)`.
@@ -494,4 +536,80 @@ fn message_row(r: &Row<'_>) -> rusqlite::Result<MessageRow> {
         })
     })();
     Ok((r.get(0)?, msg, r.get(6)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use drover_protocol::worker::op;
+    use serde_json::json;
+
+    use super::*;
+    use crate::state::SessionState;
+    use crate::testing;
+
+    /// The listed state of the only session in `ledger`.
+    fn listed(ledger: &Ledger) -> SessionSummary {
+        let (mut rows, _) = ledger.list_sessions(10, None).expect("list");
+        assert_eq!(rows.len(), 1);
+        rows.remove(0)
+    }
+
+    #[test]
+    fn listed_state_follows_the_turn_its_prompts_and_a_loss() {
+        let (_dir, mut ledger) = testing::open();
+        let sid = testing::session(&mut ledger, &[], Vec::new());
+        let idle = listed(&ledger);
+        assert_eq!(idle.state, SessionState::Idle);
+        assert_eq!(idle.last_activity_at, idle.session.started_at);
+
+        let claim = testing::claim(&mut ledger, &sid, "go", "s");
+        let running = listed(&ledger);
+        assert_eq!(running.state, SessionState::Running);
+        assert!(running.last_activity_at >= idle.last_activity_at);
+
+        for (sequence, kind, state) in [
+            (1, "clarify", SessionState::WaitingClarify),
+            (2, "approval", SessionState::WaitingClarify),
+        ] {
+            let body = json!({"question": "q", "command": "c", "description": "d",
+                "pattern_key": "k", "choices": [], "multi_select": false});
+            let frame = testing::frame(
+                &claim,
+                "s",
+                sequence,
+                op::PROMPT_OPEN,
+                json!({"kind": kind, "body": body}),
+            );
+            ledger.apply_persist(&frame).expect("prompt.open");
+            // The oldest open prompt names the wait.
+            assert_eq!(listed(&ledger).state, state, "after opening {kind}");
+        }
+
+        ledger
+            .mark_execution_lost(&claim.execution_id)
+            .expect("lose")
+            .expect("was live");
+        let lost = listed(&ledger);
+        assert_eq!(lost.state, SessionState::PausedUnknown);
+        assert!(lost.last_activity_at >= running.last_activity_at);
+        assert_eq!(lost.pending_count, 1);
+    }
+
+    #[test]
+    fn rename_changes_the_title_and_an_unknown_session_is_not_found() {
+        let (_dir, mut ledger) = testing::open();
+        let sid = testing::session(&mut ledger, &[], Vec::new());
+        let row = ledger
+            .rename_session(&sid, "release notes")
+            .expect("rename");
+        assert_eq!(row.title.as_deref(), Some("release notes"));
+        assert_eq!(
+            listed(&ledger).session.title.as_deref(),
+            Some("release notes")
+        );
+        let err = ledger
+            .rename_session("nope", "x")
+            .expect_err("unknown session");
+        assert_eq!(err.reason(), drover_protocol::ErrorReason::NotFound);
+    }
 }

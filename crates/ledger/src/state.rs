@@ -179,6 +179,49 @@ pub fn may_claim(lease_held: bool, has_unknown: bool) -> bool {
     !lease_held && !has_unknown
 }
 
+/// Where a session stands, as `session.list` reports it (drover issue 12): what, if anything,
+/// the session waits for before its queue can move.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SessionState {
+    /// `idle`: no turn runs and nothing holds the queue.
+    Idle,
+    /// `running`: a turn holds the session's lease.
+    Running,
+    /// `waiting_approval`: the running turn waits for an answer to an approval prompt.
+    WaitingApproval,
+    /// `waiting_clarify`: the running turn waits for an answer to a clarify question.
+    WaitingClarify,
+    /// `paused_unknown`: a turn's outcome is unknown; the queue waits for
+    /// `prompt.resolve_unknown` (G2).
+    PausedUnknown,
+}
+
+words!(SessionState {
+    Idle => "idle",
+    Running => "running",
+    WaitingApproval => "waiting_approval",
+    WaitingClarify => "waiting_clarify",
+    PausedUnknown => "paused_unknown",
+});
+
+/// The state of a session from its ledger facts: an `unknown` admission pauses it whatever
+/// else holds; an open prompt (`approval` or `clarify`, its `prompts.kind`) is a wait of the
+/// running turn; a held lease alone is a running turn.
+pub fn session_state(
+    has_unknown: bool,
+    open_prompt: Option<&str>,
+    lease_held: bool,
+) -> SessionState {
+    match (has_unknown, open_prompt, lease_held) {
+        (true, _, _) => SessionState::PausedUnknown,
+        (false, Some("clarify"), _) => SessionState::WaitingClarify,
+        // `prompts.kind` holds only `approval` and `clarify` (its CHECK).
+        (false, Some(_), _) => SessionState::WaitingApproval,
+        (false, None, true) => SessionState::Running,
+        (false, None, false) => SessionState::Idle,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -285,6 +328,27 @@ mod tests {
         assert!(!may_claim(true, false));
         assert!(!may_claim(false, true));
         assert!(!may_claim(true, true));
+    }
+
+    #[test]
+    fn unknown_outranks_prompts_and_prompts_outrank_running() {
+        use SessionState::*;
+        for (unknown, prompt, lease, want) in [
+            (false, None, false, Idle),
+            (false, None, true, Running),
+            (false, Some("approval"), true, WaitingApproval),
+            (false, Some("clarify"), true, WaitingClarify),
+            (true, None, false, PausedUnknown),
+            (true, Some("approval"), true, PausedUnknown),
+            (true, None, true, PausedUnknown),
+        ] {
+            assert_eq!(
+                session_state(unknown, prompt, lease),
+                want,
+                "{unknown} {prompt:?} {lease}"
+            );
+            assert_eq!(SessionState::parse(want.as_str()), Some(want));
+        }
     }
 
     #[test]

@@ -9,7 +9,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use drover_ledger::state::{AdmissionStatus, Outcome};
+use drover_ledger::state::{AdmissionStatus, Outcome, SessionState};
 use drover_ledger::{
     AdmissionRow, AdmitRequest, Ledger, LedgerError, NewSession, PromptResponse, PromptRow,
     SessionRow, StoredEvent,
@@ -51,6 +51,9 @@ pub async fn dispatch(
         ClientRequest::SessionDetach(p) => {
             owner.hub.detach(&p.session_id, conn.id);
             MethodResult::SessionDetach(wire::Detached {})
+        }
+        ClientRequest::SessionRename(p) => {
+            MethodResult::SessionRename(session_rename(owner, p).await?)
         }
         ClientRequest::PromptSubmit(p) => {
             MethodResult::PromptSubmit(prompt_submit(owner, conn, p).await?)
@@ -241,6 +244,17 @@ fn admission_status(status: AdmissionStatus) -> wire::AdmissionStatus {
     }
 }
 
+/// `state` of a listed session on the wire.
+fn session_state(state: SessionState) -> wire::SessionState {
+    match state {
+        SessionState::Idle => wire::SessionState::Idle,
+        SessionState::Running => wire::SessionState::Running,
+        SessionState::WaitingApproval => wire::SessionState::WaitingApproval,
+        SessionState::WaitingClarify => wire::SessionState::WaitingClarify,
+        SessionState::PausedUnknown => wire::SessionState::PausedUnknown,
+    }
+}
+
 /// `outcome` of a terminal admission on the wire.
 fn admission_outcome(outcome: Outcome) -> wire::AdmissionOutcome {
     match outcome {
@@ -275,6 +289,8 @@ fn pending(row: &AdmissionRow) -> wire::PendingAdmission {
         sequence: row.seq,
         status: admission_status(row.status),
         execution_generation: row.generation,
+        admitted_at: Some(row.admitted_at),
+        started_at: row.started_at,
     }
 }
 
@@ -384,11 +400,29 @@ async fn session_list(
             ended_at: r.session.ended_at,
             running: r.running,
             pending_count: r.pending_count,
+            state: session_state(r.state),
+            last_activity_at: r.last_activity_at,
         })
         .collect();
     Ok(wire::SessionPage {
         sessions,
         next_cursor,
+    })
+}
+
+/// `session.rename` (drover extension): needs no attachment, as `session.list` does not; the
+/// title was checked when the params were parsed.
+async fn session_rename(
+    owner: &Arc<Owner>,
+    p: wire::SessionRenameParams,
+) -> Result<wire::SessionRenamed, OwnerError> {
+    let wire::SessionRenameParams { session_id, title } = p;
+    let row = owner
+        .ledger(move |l, _| l.rename_session(&session_id, &title))
+        .await?;
+    Ok(wire::SessionRenamed {
+        session_id: row.id,
+        title: row.title.unwrap_or_default(),
     })
 }
 

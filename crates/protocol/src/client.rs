@@ -130,6 +130,8 @@ methods! {
     SessionList => "session.list", SessionListParams, SessionPage;
     /// `session.detach`: stop receiving the session's events.
     SessionDetach => "session.detach", SessionRef, Detached;
+    /// `session.rename` (drover extension): set a session's title.
+    SessionRename => "session.rename", SessionRenameParams, SessionRenamed;
     /// `prompt.submit`: admit an input (idempotent on `input_id`).
     PromptSubmit => "prompt.submit", PromptSubmitParams, AdmissionReceipt;
     /// `prompt.receipt`: an admission's receipt, optionally with its turn's result.
@@ -239,6 +241,38 @@ pub struct SessionListParams {
     /// The previous page's `next_cursor`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cursor: Option<String>,
+}
+
+/// The most characters a title set by `session.rename` may have.
+pub const MAX_TITLE_CHARS: usize = 200;
+
+/// A title: not empty (nor only spaces) and at most [`MAX_TITLE_CHARS`] characters.
+fn title<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let s = String::deserialize(d)?;
+    if s.trim().is_empty() {
+        return Err(D::Error::custom("must not be empty"));
+    }
+    let chars = s.chars().count();
+    if chars > MAX_TITLE_CHARS {
+        return Err(D::Error::custom(format!(
+            "is {chars} characters; at most {MAX_TITLE_CHARS} are allowed"
+        )));
+    }
+    Ok(s)
+}
+
+/// Params of `session.rename` (drover extension; needs no attachment).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionRenameParams {
+    /// The session.
+    #[serde(deserialize_with = "non_empty")]
+    #[schemars(length(min = 1))]
+    pub session_id: String,
+    /// The new title: 1 to 200 characters, not only spaces.
+    #[serde(deserialize_with = "title")]
+    #[schemars(length(min = 1, max = 200))]
+    pub title: String,
 }
 
 /// Params of `prompt.submit`.
@@ -385,6 +419,15 @@ pub struct Pong {
     pub pong: bool,
 }
 
+/// Result of `session.rename`: the session and its title as now stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SessionRenamed {
+    /// The session.
+    pub session_id: String,
+    /// Its title.
+    pub title: String,
+}
+
 /// Result of `session.detach`: `{}`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Detached {}
@@ -437,7 +480,7 @@ pub struct TranscriptMessage {
 }
 
 /// One entry of `session.resume` `pending`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct PendingAdmission {
     /// The admission.
     pub admission_id: String,
@@ -451,6 +494,12 @@ pub struct PendingAdmission {
     pub status: AdmissionStatus,
     /// The turn's generation once it started.
     pub execution_generation: Option<u64>,
+    /// Unix seconds when it was admitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admitted_at: Option<f64>,
+    /// Unix seconds when its turn started, once it has.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<f64>,
 }
 
 /// One entry of `session.resume` `jobs`: the ledger's row, with the job's status as its
@@ -572,9 +621,29 @@ pub struct SessionSummary {
     pub running: bool,
     /// Its non-terminal admissions.
     pub pending_count: u64,
+    /// What the session waits for, if anything.
+    pub state: SessionState,
+    /// Unix seconds of its last stored event or admission change (`started_at` before any).
+    pub last_activity_at: f64,
     /// What is wrong with the stored row, when it is damaged (the row is still listed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+}
+
+/// `state` of a [`SessionSummary`]: what the session waits for, from the ledger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionState {
+    /// No turn runs and nothing holds the queue.
+    Idle,
+    /// A turn runs.
+    Running,
+    /// The running turn waits for an answer to an approval prompt (`approval.respond`).
+    WaitingApproval,
+    /// The running turn waits for an answer to a clarify question (`clarify.respond`).
+    WaitingClarify,
+    /// A turn's outcome is unknown; the queue waits for `prompt.resolve_unknown`.
+    PausedUnknown,
 }
 
 /// The admission receipt: the result of `prompt.submit`, `prompt.receipt`, `prompt.cancel`
@@ -745,6 +814,17 @@ mod tests {
                 "last_sequence",
             ),
             ("ping", json!({"x": 1}), "x"),
+            ("session.rename", json!({"session_id": "s"}), "title"),
+            (
+                "session.rename",
+                json!({"session_id": "s", "title": " "}),
+                "title",
+            ),
+            (
+                "session.rename",
+                json!({"session_id": "s", "title": "x".repeat(201)}),
+                "title",
+            ),
             ("session.list", json!([]), "params"),
         ];
         for (method, params, field) in cases {
@@ -752,6 +832,22 @@ mod tests {
             assert_eq!(got, field, "{method} {params}: {message}");
             assert!(message.contains(field), "{method} {params}: {message}");
         }
+    }
+
+    #[test]
+    fn a_title_of_200_characters_is_accepted() {
+        // Characters, not bytes: 200 of "é" are 400 bytes.
+        let title = "é".repeat(MAX_TITLE_CHARS);
+        let req =
+            ClientRequest::parse("session.rename", json!({"session_id": "s", "title": title}))
+                .unwrap();
+        assert_eq!(
+            req,
+            ClientRequest::SessionRename(SessionRenameParams {
+                session_id: "s".into(),
+                title,
+            })
+        );
     }
 
     #[test]

@@ -1,0 +1,430 @@
+//! Session control from the command line (SPEC section 8, drover issue 12): `drover sessions`,
+//! `show`, `resolve`, `cancel`, `answer` and `rename` against the real daemon and the
+//! scriptable model, with session ids given by prefix, `--json`, a turn made `unknown` by a
+//! SIGKILLed worker, and a home that does not exist.
+
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::process::Output;
+use std::time::Duration;
+
+use drover_test_support::harness::{model_daemon, run_drover, signal, str_field, OneSession};
+use drover_test_support::{Gate, Reply};
+use nix::sys::signal::Signal;
+use serde_json::{json, Value};
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_drover"))
+}
+
+const BOUND: Duration = Duration::from_secs(20);
+
+/// `drover --home H <args>` with no terminal, bounded; its exit code, stdout and stderr.
+async fn drover(home: &Path, args: &[&str]) -> (Option<i32>, String, String) {
+    let Output {
+        status,
+        stdout,
+        stderr,
+    } = run_drover(bin(), home, None, args).await;
+    (
+        status.code(),
+        String::from_utf8_lossy(&stdout).into_owned(),
+        String::from_utf8_lossy(&stderr).into_owned(),
+    )
+}
+
+/// `drover ... --json`'s stdout, parsed.
+fn parsed(what: &str, stdout: &str) -> Value {
+    serde_json::from_str(stdout).unwrap_or_else(|e| panic!("{what}: {e}: {stdout}"))
+}
+
+/// The shortest prefix of `id` that no other of `all` starts with.
+fn unique_prefix(id: &str, all: &[String]) -> String {
+    (1..=id.len())
+        .map(|n| &id[..n])
+        .find(|p| all.iter().filter(|s| s.starts_with(p)).count() == 1)
+        .unwrap()
+        .to_string()
+}
+
+#[tokio::test]
+async fn show_prints_the_transcript_tool_results_usage_and_outcomes() {
+    let mut s = OneSession::start(bin(), true, "", &[]).await.unwrap();
+    s.model.push(Reply::tool_call(
+        "call_echo",
+        "terminal",
+        json!({"command": "printf 'line-1\\nline-2\\nline-3\\nline-4\\nline-5\\nline-6\\n'"}),
+    ));
+    s.model.push(Reply::text("All done.").usage(40, 7, 47));
+    let admission = s.complete_turn("print six lines").await.unwrap();
+    let usage = s.receipt(&admission, true).await.unwrap()["usage"].clone();
+    let prefix = &s.session_id[..8];
+
+    let (code, out, err) = drover(s.home.path(), &["show", prefix]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains(&format!("session {}", s.session_id)), "{out}");
+    assert!(out.contains("you: print six lines"), "{out}");
+    assert!(out.contains("[terminal] printf 'line-1"), "{out}");
+    // The result is cut to its first lines.
+    assert!(out.contains("\n    line-1\n"), "{out}");
+    assert!(out.contains("\n    line-4\n"), "{out}");
+    assert!(!out.contains("\n    line-5\n"), "{out}");
+    assert!(out.contains("… 2 more lines"), "{out}");
+    assert!(out.contains("assistant: All done."), "{out}");
+    assert!(out.contains("completed"), "{out}");
+    let total = format!("= {} tokens", usage["total_tokens"]);
+    assert!(
+        out.contains("usage: ") && out.contains(&total),
+        "{total}: {out}"
+    );
+
+    let (code, out, err) = drover(s.home.path(), &["show", prefix, "--json"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    let v = parsed("show --json", &out);
+    assert_eq!(v["snapshot"]["session_id"], s.session_id.as_str(), "{v}");
+    let kinds: Vec<&str> = v["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["type"].as_str().unwrap())
+        .collect();
+    for kind in [
+        "turn.started",
+        "tool.start",
+        "tool.complete",
+        "turn.settled",
+    ] {
+        assert!(kinds.contains(&kind), "{kind} missing from {kinds:?}");
+    }
+    // `show` only reads: it left the session as it was.
+    let (code, out, _) = drover(s.home.path(), &["sessions", "--json"]).await;
+    assert_eq!(code, Some(0));
+    let list = parsed("sessions --json", &out);
+    assert_eq!(list["sessions"][0]["state"], "idle", "{list}");
+}
+
+#[tokio::test]
+async fn ids_are_taken_by_unique_prefix_and_an_ambiguous_one_lists_the_candidates() {
+    let (_model, home, _daemon, mut c) = model_daemon(bin()).await.unwrap();
+    // Seventeen ids: two of them share a first hex digit.
+    let mut ids = Vec::new();
+    for _ in 0..17 {
+        let created = c.create_session(home.path()).await.unwrap();
+        ids.push(str_field(&created, "session_id"));
+    }
+    let shared = ids
+        .iter()
+        .map(|id| &id[..1])
+        .find(|p| ids.iter().filter(|i| i.starts_with(p)).count() > 1)
+        .unwrap()
+        .to_string();
+    let (code, out, err) = drover(home.path(), &["rename", &shared, "x"]).await;
+    assert_eq!(code, Some(1), "{out}{err}");
+    for id in ids.iter().filter(|i| i.starts_with(&shared)) {
+        assert!(
+            err.contains(id.as_str()),
+            "{id} not among the candidates: {err}"
+        );
+    }
+
+    let target = &ids[3];
+    let prefix = unique_prefix(target, &ids);
+    let (code, out, err) = drover(home.path(), &["rename", &prefix, "release notes"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains(target.as_str()) && out.contains("release notes"),
+        "{out}"
+    );
+    let (code, out, err) = drover(
+        home.path(),
+        &["rename", target, "release notes, v2", "--json"],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(
+        parsed("rename --json", &out),
+        json!({"session_id": target, "title": "release notes, v2"})
+    );
+    let (code, _, err) = drover(home.path(), &["rename", target, ""]).await;
+    assert_eq!(code, Some(1));
+    assert!(err.contains("title"), "{err}");
+
+    let (code, _, err) = drover(home.path(), &["show", "zzzz"]).await;
+    assert_eq!(code, Some(1));
+    assert!(err.contains("no session zzzz"), "{err}");
+
+    // The table: a header, one row per session, the renamed one with its title and state.
+    let (code, out, err) = drover(home.path(), &["sessions"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 18, "{out}");
+    for column in ["SESSION", "STARTED", "ACTIVE", "STATE", "QUEUE", "TITLE"] {
+        assert!(lines[0].contains(column), "{out}");
+    }
+    let row = lines
+        .iter()
+        .find(|l| l.contains("release notes, v2"))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(row.starts_with(&target[..8]), "{row}");
+    assert!(row.contains("idle") && row.contains("just now"), "{row}");
+    // Renaming is not activity, and every session was made within this test.
+    let (_, out, _) = drover(home.path(), &["sessions", "--json"]).await;
+    let list = parsed("sessions --json", &out);
+    for s in list["sessions"].as_array().unwrap() {
+        assert_eq!(s["state"], "idle", "{s}");
+        assert!(s["last_activity_at"].as_f64().unwrap() >= s["started_at"].as_f64().unwrap());
+    }
+}
+
+#[tokio::test]
+async fn a_turn_lost_with_its_worker_is_resolved_by_drover_resolve_and_the_next_run_goes_on() {
+    let mut s = OneSession::start(bin(), true, "", &[]).await.unwrap();
+    let gate = Gate::new();
+    s.model.push(Reply::text("never delivered").gated(&gate));
+    let lost = s.submit("the lost one").await.unwrap();
+    let lost = str_field(&lost, "admission_id");
+    assert!(
+        gate.wait_reached(BOUND).await,
+        "the model request never came"
+    );
+    let worker = s.daemon.wait_worker().await.unwrap();
+    signal(worker, Signal::SIGKILL);
+    assert_eq!(s.client.wait_settled(&lost).await.unwrap(), "unknown");
+    let prefix = &s.session_id[..8].to_string();
+
+    let (_, out, _) = drover(s.home.path(), &["sessions"]).await;
+    assert!(out.contains("paused (unknown turn)"), "{out}");
+    let (_, out, _) = drover(s.home.path(), &["show", prefix]).await;
+    assert!(out.contains("drover resolve"), "{out}");
+
+    // `drover run` will not queue behind the unknown turn; it names the way out.
+    let (code, _, err) = drover(s.home.path(), &["run", "--session", prefix, "hello?"]).await;
+    assert_eq!(code, Some(4), "{err}");
+    assert!(err.contains("drover resolve"), "{err}");
+
+    let (code, out, err) = drover(s.home.path(), &["resolve", prefix]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains(&lost) && out.contains("\"the lost one\""),
+        "{out}"
+    );
+    assert!(out.contains("started "), "{out}");
+    let r = s.receipt(&lost, false).await.unwrap();
+    assert_eq!(
+        (r["status"].as_str(), r["outcome"].as_str()),
+        (Some("terminal"), Some("interrupted")),
+        "{r}"
+    );
+    let (code, out, _) = drover(s.home.path(), &["resolve", prefix]).await;
+    assert_eq!(code, Some(0));
+    assert!(out.contains("nothing to resolve"), "{out}");
+    let (code, out, _) = drover(s.home.path(), &["resolve", prefix, "--json"]).await;
+    assert_eq!(code, Some(0));
+    assert_eq!(
+        parsed("resolve --json", &out),
+        json!({"session_id": s.session_id, "resolved": []})
+    );
+
+    s.model.push(Reply::text("Going on."));
+    let (code, out, err) = drover(s.home.path(), &["run", "--session", prefix, "and now?"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(out.trim_end(), "Going on.");
+}
+
+#[tokio::test]
+async fn drover_answer_answers_the_prompt_a_run_without_terminal_left_open() {
+    let (model, home, _daemon, _c) = model_daemon(bin()).await.unwrap();
+    let scratch = tempfile::Builder::new()
+        .prefix("drover-answer-")
+        .tempdir()
+        .unwrap();
+    let victim = scratch.path().join("victim");
+    std::fs::create_dir(&victim).unwrap();
+    model.push(Reply::tool_call(
+        "call_rm",
+        "terminal",
+        json!({"command": format!("rm -rf {}", victim.display())}),
+    ));
+    model.push(Reply::text("Deleted."));
+
+    let (code, out, err) = drover(home.path(), &["run", "--json", "delete the victim"]).await;
+    assert_eq!(code, Some(5), "{err}");
+    let asked = out
+        .lines()
+        .map(|l| parsed("run --json", l))
+        .find(|e| e["type"] == "approval.request")
+        .unwrap_or_else(|| panic!("no approval.request in {out}"));
+    let (_, out, _) = drover(home.path(), &["sessions", "--json"]).await;
+    let list = parsed("sessions --json", &out);
+    let sid = list["sessions"][0]["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(list["sessions"][0]["state"], "waiting_approval", "{list}");
+    let prefix = &sid[..8];
+
+    // The wrong kind of answer is refused, naming the right flag.
+    let (code, _, err) = drover(home.path(), &["answer", prefix, "--text", "yes"]).await;
+    assert_eq!(code, Some(1));
+    assert!(err.contains("--choice"), "{err}");
+    assert!(victim.is_dir());
+
+    let (code, out, err) = drover(
+        home.path(),
+        &["answer", prefix, "--choice", "always", "--json"],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    let answered = parsed("answer --json", &out);
+    assert_eq!(
+        answered["prompt"]["prompt_id"],
+        asked["payload"]["prompt_id"]
+    );
+    assert_eq!(answered["response"]["status"], "resolved", "{answered}");
+    let (_, out, _) = drover(home.path(), &["approvals", "list"]).await;
+    assert!(
+        out.contains(asked["payload"]["pattern_key"].as_str().unwrap()),
+        "{out}"
+    );
+    let covers = answered["always_covers"].as_str().unwrap_or_default();
+    assert!(
+        covers.ends_with("in every session of this home")
+            && covers.contains(asked["payload"]["description"].as_str().unwrap()),
+        "{answered}"
+    );
+    assert!(
+        drover_test_support::wait::until(BOUND, async || !victim.exists()).await,
+        "the approved command did not run"
+    );
+    let settled = drover_test_support::wait::until(BOUND, async || {
+        let (_, out, _) = drover(home.path(), &["sessions", "--json"]).await;
+        parsed("sessions --json", &out)["sessions"][0]["state"] == "idle"
+    })
+    .await;
+    assert!(settled, "the turn did not settle");
+    let (_, out, _) = drover(home.path(), &["show", prefix]).await;
+    assert!(out.contains("assistant: Deleted."), "{out}");
+
+    let (code, _, err) = drover(home.path(), &["answer", prefix, "--choice", "once"]).await;
+    assert_eq!(code, Some(1));
+    assert!(err.contains("no prompt waits"), "{err}");
+}
+
+#[tokio::test]
+async fn cancel_takes_queued_input_off_and_refuses_a_started_turn() {
+    let mut s = OneSession::start(bin(), true, "", &[]).await.unwrap();
+    let gate = Gate::new();
+    s.model.push(Reply::text("A done").gated(&gate));
+    let ids: Vec<String> = {
+        let mut ids = Vec::new();
+        for text in ["A", "B", "C"] {
+            ids.push(str_field(&s.submit(text).await.unwrap(), "admission_id"));
+        }
+        ids
+    };
+    assert!(gate.wait_reached(BOUND).await, "A never started");
+    let sid = s.session_id.clone();
+
+    let (code, _, err) = drover(s.home.path(), &["cancel", &sid, &ids[0][..8]]).await;
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains("has started") && err.contains("interrupt"),
+        "{err}"
+    );
+
+    let (code, out, err) = drover(s.home.path(), &["cancel", &sid, &ids[1][..8]]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains(&format!("cancelled admission {}", ids[1])),
+        "{out}"
+    );
+
+    // All queued: C; A is started and named as refused.
+    let (code, out, err) = drover(s.home.path(), &["cancel", &sid[..8], "--json"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    let v = parsed("cancel --json", &out);
+    assert_eq!(v["cancelled"][0]["admission_id"], ids[2].as_str(), "{v}");
+    assert_eq!(v["cancelled"].as_array().unwrap().len(), 1, "{v}");
+    assert_eq!(v["refused"][0]["admission_id"], ids[0].as_str(), "{v}");
+
+    gate.open();
+    assert_eq!(s.client.wait_settled(&ids[0]).await.unwrap(), "completed");
+    for id in &ids[1..] {
+        let r = s.receipt(id, false).await.unwrap();
+        assert_eq!(r["outcome"], "cancelled", "{r}");
+    }
+    let (code, out, _) = drover(s.home.path(), &["cancel", &sid]).await;
+    assert_eq!(code, Some(0));
+    assert!(out.contains("nothing is queued"), "{out}");
+}
+
+#[tokio::test]
+async fn commands_on_a_home_that_does_not_exist_say_so_and_create_nothing() {
+    let scratch = tempfile::tempdir().unwrap();
+    let home = scratch.path().join("nonexist").join("deep").join("x");
+    for args in [
+        &["sessions"][..],
+        &["sessions", "--json"],
+        &["show", "abc"],
+        &["approvals", "list"],
+        &["resolve", "abc"],
+        &["answer", "abc", "--choice", "once"],
+    ] {
+        let (code, _, err) = drover(&home, args).await;
+        assert_eq!(code, Some(1), "{args:?}: {err}");
+        assert!(err.contains("no drover home at"), "{args:?}: {err}");
+        assert!(
+            !scratch.path().join("nonexist").exists(),
+            "{args:?} created the home"
+        );
+    }
+}
+
+#[tokio::test]
+async fn drover_answer_text_answers_a_clarify_question_and_refuses_a_choice_it_does_not_offer() {
+    let mut s = OneSession::builder(bin())
+        .toolsets(&["clarify"])
+        .start()
+        .await
+        .unwrap();
+    s.model.push(Reply::tool_call(
+        "call_ask",
+        "clarify",
+        json!({"questions": [{"question": "Which colour?", "choices": ["red", "blue"]}]}),
+    ));
+    s.model.push(Reply::text("Blue it is."));
+    let admission = str_field(&s.submit("pick a colour").await.unwrap(), "admission_id");
+    s.client
+        .wait_event(|e| e["type"] == "clarify.request")
+        .await
+        .unwrap();
+    let prefix = s.session_id[..8].to_string();
+    let (_, out, _) = drover(s.home.path(), &["sessions"]).await;
+    assert!(out.contains("waiting for an answer"), "{out}");
+
+    let (code, _, err) = drover(s.home.path(), &["answer", &prefix, "--choice", "once"]).await;
+    assert_eq!(code, Some(1));
+    assert!(err.contains("--text"), "{err}");
+    let (code, _, err) = drover(s.home.path(), &["answer", &prefix, "--text", "green"]).await;
+    assert_eq!(code, Some(1));
+    assert!(err.contains("red, blue"), "{err}");
+
+    let (code, out, err) = drover(s.home.path(), &["answer", &prefix, "--text", "blue"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("Which colour?") && out.contains("blue"),
+        "{out}"
+    );
+    let answer = s
+        .client
+        .wait_event(|e| e["type"] == "clarify.settled")
+        .await
+        .unwrap();
+    assert_eq!(answer["payload"]["answer"], "blue", "{answer}");
+    assert_eq!(
+        s.client.wait_settled(&admission).await.unwrap(),
+        "completed"
+    );
+}
