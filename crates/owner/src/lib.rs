@@ -6,13 +6,14 @@
 //! turns and supervises one `drover worker` process per turn ([`turns`]), and recovers after a
 //! crash (older-epoch work becomes `unknown`, never replayed).
 //! Its endpoint is loopback plain ws, or TLS ([`tls`]) when `[daemon]` says so; its log is
-//! private and bounded ([`logfile`]).
+//! private and bounded ([`logfile`]). The last status of each MCP server its turns' workers
+//! reported is kept per session for `mcp.status` ([`mcp`]).
 //!
 //! What it does not do: call the model or run tools; workers do, and write back only through
 //! `persist` frames.
 //!
 //! Layers (bottom to top; a module uses only those below it): `config`, `error`, `home`, `hub`,
-//! `jobs`, `logfile`, `tls` < [`runtime`] < [`turns`] < [`rpc`] < [`server`] < [`daemon`].
+//! `jobs`, `logfile`, `mcp`, `tls` < [`runtime`] < [`turns`] < [`rpc`] < [`server`] < [`daemon`].
 
 pub mod config;
 pub mod daemon;
@@ -21,6 +22,7 @@ pub mod home;
 pub mod hub;
 pub mod jobs;
 pub mod logfile;
+pub mod mcp;
 pub mod rpc;
 pub mod runtime;
 pub mod server;
