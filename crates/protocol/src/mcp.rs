@@ -48,7 +48,6 @@ pub struct McpServerStatus {
     pub state: McpServerState,
     /// The function names of its tools as the model sees them (`mcp__<server>__<tool>`), as
     /// it listed them when it last became `ready`; empty before that.
-    #[serde(default)]
     pub tools: Vec<String>,
     /// The last error it had (a failed start, an exit, a call past `tool_timeout_s`); `null`
     /// when it never had one. Kept after a restart, so a `ready` server may show the error
