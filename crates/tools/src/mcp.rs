@@ -143,7 +143,7 @@ impl McpConnection {
         platform::prepare_new_group(&mut command);
         let mut child = command
             .spawn()
-            .map_err(|e| error(format!("cannot start {:?}: {e}", spec.command)))?;
+            .map_err(|e| error(format!("{:?}: {e}", spec.command)))?;
         let pid = child
             .id()
             .and_then(|pid| i32::try_from(pid).ok().map(|p| (pid, p)));
@@ -422,9 +422,7 @@ impl McpServer {
             }
             // It died between calls.
             let why = connection.gone_reason("the connection is closed").await;
-            if let Err(given_up) = self.fail(&mut slot, why).await {
-                return Err(given_up);
-            }
+            self.fail(&mut slot, why).await?;
         }
         if slot.starts > 0 {
             let shift = (slot.starts - 1).min(8);
@@ -456,14 +454,11 @@ impl McpServer {
                     other => other.to_string(),
                 };
                 let why = format!("could not start: {why}");
-                Err(self
-                    .fail(&mut slot, why.clone())
-                    .await
-                    .err()
-                    .unwrap_or(Unavailable {
-                        why,
-                        given_up: false,
-                    }))
+                self.fail(&mut slot, why.clone()).await?;
+                Err(Unavailable {
+                    why,
+                    given_up: false,
+                })
             }
         }
     }
