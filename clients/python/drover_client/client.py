@@ -38,6 +38,7 @@ from .types import (
     Event,
     EventsSince,
     InterruptResult,
+    McpStatusResult,
     Pong,
     Receipt,
     RespondResult,
@@ -358,6 +359,12 @@ class Client:
         stream that pages, reconnects and deduplicates)."""
         params = {"session_id": session_id, "replay_epoch": replay_epoch, "last_sequence": last_sequence}
         return cast(EventsSince, await self.call("session.events.since", params))
+
+    async def mcp_status(self, session_id: str | None = None) -> McpStatusResult:
+        """`mcp.status`: the home's MCP servers (or, with `session_id`, that session's) and
+        where each stands; needs no attachment."""
+        params = {} if session_id is None else {"session_id": session_id}
+        return cast(McpStatusResult, await self.call("mcp.status", params))
 
     def _session(self, snapshot: SessionSnapshot) -> Session:
         session = self._sessions.get(snapshot["session_id"])

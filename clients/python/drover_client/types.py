@@ -419,6 +419,86 @@ A job's status (SPEC section 7).
 """
 
 
+McpServerState: TypeAlias = Literal['starting', 'ready', 'failed', 'stopped']
+"""
+Where an MCP server stands.
+"""
+
+
+class McpServerStatus(TypedDict):
+    """
+    One MCP server's status: an entry of the `mcp.status` result, and the payload of the
+    worker's `mcp.status` persist.
+    """
+
+    last_error: NotRequired[str | None]
+    """
+    The last error it had (a failed start, an exit, a call past `tool_timeout_s`); `null`
+    when it never had one. Kept after a restart, so a `ready` server may show the error
+    it was restarted for.
+    """
+    name: str
+    """
+    The server's name (`[mcp_servers.<name>]`, also its toolset name).
+    """
+    pid: NotRequired[int | None]
+    """
+    Its process id while `ready`; `null` otherwise.
+    """
+    state: McpServerState
+    """
+    Where it stands.
+    """
+    tools: list[str]
+    """
+    The function names of its tools as the model sees them (`mcp__<server>__<tool>`), as
+    it listed them when it last became `ready`; empty before that.
+    """
+
+
+class McpStatus(TypedDict):
+    """
+    Payload of `mcp.status`: an MCP server of the session's running turn changed state
+    (`mcp.status` the method gives its pid and tools too).
+    """
+
+    last_error: NotRequired[str | None]
+    """
+    The last error it had; `null` when none.
+    """
+    name: str
+    """
+    The server (`[mcp_servers.<name>]`).
+    """
+    state: McpServerState
+    """
+    Its new state.
+    """
+
+
+class McpStatusParams(TypedDict):
+    """
+    Params of `mcp.status`: `{session_id?}`.
+    """
+
+    session_id: NotRequired[str | None]
+    """
+    Only this session's servers (its MCP toolsets). Without it: every enabled server of
+    the home's config, each with its liveliest state across sessions.
+    """
+
+
+class McpStatusResult(TypedDict):
+    """
+    Result of `mcp.status`: `{servers}`, in name order.
+    """
+
+    servers: list[McpServerStatus]
+    """
+    One entry per server.
+    """
+
+
 class MessageDelta(TypedDict):
     """
     Payload of `message.delta`.
@@ -751,6 +831,28 @@ class SessionEventAdmissionUpdated(TypedDict):
     """
     payload: AdmissionUpdated
     type: Literal['admission.updated']
+
+
+class SessionEventMcpStatus(TypedDict):
+    """
+    An MCP server of the session's running turn changed state.
+    """
+
+    replay_epoch: str
+    """
+    The stored stream's name (pass to `session.events.since`).
+    """
+    seq: NotRequired[int | None]
+    """
+    1, 2, 3, ... per session with no gaps; `null` for the live-only `message.delta` and
+    `turn.progress`.
+    """
+    session_id: str
+    """
+    The session.
+    """
+    payload: McpStatus
+    type: Literal['mcp.status']
 
 
 class SessionInfo(TypedDict):
@@ -1338,7 +1440,16 @@ class ClientRequestApprovalsList(TypedDict):
     params: NoParams
 
 
-ClientRequest: TypeAlias = ClientRequestPing | ClientRequestSessionCreate | ClientRequestSessionResume | ClientRequestSessionList | ClientRequestSessionDetach | ClientRequestSessionRename | ClientRequestPromptSubmit | ClientRequestPromptReceipt | ClientRequestPromptCancel | ClientRequestPromptResolveUnknown | ClientRequestSessionInterrupt | ClientRequestApprovalRespond | ClientRequestClarifyRespond | ClientRequestSessionEventsSince | ClientRequestApprovalsList | ClientRequestApprovalsRemove
+class ClientRequestMcpStatus(TypedDict):
+    """
+    `mcp.status`: the MCP servers of the home, or of one session, and where each stands.
+    """
+
+    method: Literal['mcp.status']
+    params: McpStatusParams
+
+
+ClientRequest: TypeAlias = ClientRequestPing | ClientRequestSessionCreate | ClientRequestSessionResume | ClientRequestSessionList | ClientRequestSessionDetach | ClientRequestSessionRename | ClientRequestPromptSubmit | ClientRequestPromptReceipt | ClientRequestPromptCancel | ClientRequestPromptResolveUnknown | ClientRequestSessionInterrupt | ClientRequestApprovalRespond | ClientRequestClarifyRespond | ClientRequestSessionEventsSince | ClientRequestApprovalsList | ClientRequestApprovalsRemove | ClientRequestMcpStatus
 """
 One client request: `{"method": ..., "params": {...}}` (the JSON-RPC `id` and
 `jsonrpc` stay in [`crate::rpc::Request`]).
@@ -1453,6 +1564,15 @@ class EventPayloadTurnProgress(TypedDict):
 
     payload: TurnProgress
     type: Literal['turn.progress']
+
+
+class EventPayloadMcpStatus(TypedDict):
+    """
+    An MCP server of the session's running turn changed state.
+    """
+
+    payload: McpStatus
+    type: Literal['mcp.status']
 
 
 class JobState(TypedDict):
@@ -1718,7 +1838,7 @@ class SessionEventTurnProgress(TypedDict):
     type: Literal['turn.progress']
 
 
-SessionEvent: TypeAlias = SessionEventTurnStarted | SessionEventMessageDelta | SessionEventMessageComplete | SessionEventToolStart | SessionEventToolComplete | SessionEventApprovalRequest | SessionEventClarifyRequest | SessionEventApprovalSettled | SessionEventClarifySettled | SessionEventTurnSettled | SessionEventAdmissionUpdated | SessionEventTurnProgress
+SessionEvent: TypeAlias = SessionEventTurnStarted | SessionEventMessageDelta | SessionEventMessageComplete | SessionEventToolStart | SessionEventToolComplete | SessionEventApprovalRequest | SessionEventClarifyRequest | SessionEventApprovalSettled | SessionEventClarifySettled | SessionEventTurnSettled | SessionEventAdmissionUpdated | SessionEventTurnProgress | SessionEventMcpStatus
 """
 The params of an `event` notification, typed: `{session_id, seq, replay_epoch, type,
 payload}`.
@@ -1834,7 +1954,7 @@ class EventPayloadMessageComplete(TypedDict):
     type: Literal['message.complete']
 
 
-EventPayload: TypeAlias = EventPayloadTurnStarted | EventPayloadMessageDelta | EventPayloadMessageComplete | EventPayloadToolStart | EventPayloadToolComplete | EventPayloadApprovalRequest | EventPayloadClarifyRequest | EventPayloadApprovalSettled | EventPayloadClarifySettled | EventPayloadTurnSettled | EventPayloadAdmissionUpdated | EventPayloadTurnProgress
+EventPayload: TypeAlias = EventPayloadTurnStarted | EventPayloadMessageDelta | EventPayloadMessageComplete | EventPayloadToolStart | EventPayloadToolComplete | EventPayloadApprovalRequest | EventPayloadClarifyRequest | EventPayloadApprovalSettled | EventPayloadClarifySettled | EventPayloadTurnSettled | EventPayloadAdmissionUpdated | EventPayloadTurnProgress | EventPayloadMcpStatus
 """
 Every event type with its payload: `{"type": ..., "payload": {...}}`.
 """
@@ -1869,7 +1989,7 @@ class EventsPage(TypedDict):
 
 # ---- the client's names for schema types ------------------------------------------------
 
-EventType: TypeAlias = Literal['admission.updated', 'approval.request', 'approval.settled', 'clarify.request', 'clarify.settled', 'message.complete', 'message.delta', 'tool.complete', 'tool.start', 'turn.progress', 'turn.settled', 'turn.started']
+EventType: TypeAlias = Literal['admission.updated', 'approval.request', 'approval.settled', 'clarify.request', 'clarify.settled', 'mcp.status', 'message.complete', 'message.delta', 'tool.complete', 'tool.start', 'turn.progress', 'turn.settled', 'turn.started']
 """Every event `type` (the keys of the schema's `x-drover-events`)."""
 
 Event = SessionEvent

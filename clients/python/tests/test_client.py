@@ -96,6 +96,11 @@ async def test_errors_are_typed(daemon: Daemon, model: FakeModel) -> None:
                 await other.call("prompt.submit", {"session_id": session.id, "input_id": "x", "text": "x"})
             page = await other.events_since(session.id, session.replay_epoch, 0)
             assert page["snapshot_required"] is False and page["events"]
+            # MCP server status is a read too: no server is configured here.
+            assert await other.mcp_status() == {"servers": []}
+            assert await other.mcp_status(session.id) == {"servers": []}
+            with pytest.raises(NotFound):
+                await other.mcp_status("no-such-session")
         gate.set()
 
 

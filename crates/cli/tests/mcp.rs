@@ -1,13 +1,18 @@
 //! MCP servers end to end (SPEC sections 1 and 6): `[mcp_servers.echo]` is the real
 //! `drover-mcp-echo` stdio server; a session with toolset `echo` offers its tools to the model
 //! as `mcp__echo__<tool>` (frozen at create) and the worker forwards the model's call to it.
+//! A server that crashes mid-turn is restarted by the next call, and its states are stored
+//! `mcp.status` events and the `mcp.status` method's answer.
+
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
 
 use std::time::Duration;
 
 use drover_test_support::harness::{eventually, pid_alive, Daemon, OneSession, TestHome};
-use drover_test_support::{mcp_echo_bin, MockModel, Reply};
+use drover_test_support::{mcp_echo_bin, Gate, MockModel, Reply};
 use serde_json::json;
 
 fn bin() -> &'static Path {
@@ -106,4 +111,150 @@ async fn create_with_a_broken_or_disabled_mcp_server_is_invalid_params_naming_to
         assert_eq!(e["data"]["field"], "toolsets", "{e}");
         assert!(e.to_string().contains(needle), "{e}");
     }
+}
+
+/// The `mcp.status` entry of server `name` in a `mcp.status` result.
+fn server<'a>(status: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    status["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == name)
+        .unwrap_or_else(|| panic!("no server {name} in {status}"))
+}
+
+#[tokio::test]
+async fn a_server_that_crashes_mid_turn_is_restarted_and_its_states_are_events_and_status() {
+    let home = TestHome::new().unwrap();
+    let pidfile = home.path().join("mcp-echo.pid");
+    let mut s = OneSession::builder(bin())
+        .config(&echo_config(&pidfile))
+        .toolsets(&["echo"])
+        .home(home)
+        .start()
+        .await
+        .unwrap();
+    // Reading status needs no attachment: this client is attached to nothing.
+    let mut other = s.daemon.client().await.unwrap();
+    let home_status = other.call_ok("mcp.status", json!({})).await.unwrap();
+    assert_eq!(
+        home_status,
+        json!({"servers": [{"name": "echo", "state": "stopped", "tools": [], "last_error": null, "pid": null}]}),
+        "the configured servers, the disabled one left out"
+    );
+    let session = json!({"session_id": s.session_id});
+    let before = other.call_ok("mcp.status", session.clone()).await.unwrap();
+    assert_eq!(server(&before, "echo")["state"], "stopped");
+    let e = other
+        .call("mcp.status", json!({"session_id": "no-such-session"}))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(e["data"]["reason"], "not_found", "{e}");
+
+    let gate = Gate::new();
+    s.model.push(Reply::tool_call(
+        "call_crash",
+        "mcp__echo__crash",
+        json!({}),
+    ));
+    s.model.push(Reply::tool_call(
+        "call_echo",
+        "mcp__echo__echo",
+        json!({"text": "back"}),
+    ));
+    s.model
+        .push(Reply::text("The server came back.").gated(&gate));
+    let admission = s.submit("crash it, then echo").await.unwrap();
+    let admission_id = admission["admission_id"].as_str().unwrap().to_string();
+    assert!(gate.wait_reached(Duration::from_secs(30)).await);
+
+    // While the turn runs: the restarted server, with its pid, its tools and why it restarted.
+    let pid: u32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    for params in [session.clone(), json!({})] {
+        let status = other.call_ok("mcp.status", params).await.unwrap();
+        let echo = server(&status, "echo");
+        assert_eq!(echo["state"], "ready", "{status}");
+        assert_eq!(echo["pid"], pid, "{status}");
+        let tools = echo["tools"].as_array().unwrap();
+        assert!(tools.contains(&json!("mcp__echo__echo")), "{status}");
+        assert!(
+            echo["last_error"]
+                .as_str()
+                .unwrap()
+                .contains("exit status: 3"),
+            "{status}"
+        );
+    }
+    gate.open();
+    assert_eq!(
+        s.client.wait_settled(&admission_id).await.unwrap(),
+        "completed"
+    );
+
+    // The model was told which server crashed; its next call ran on the restarted one.
+    let rows = s.tool_messages();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    let crashed = rows[0][2].as_str().unwrap();
+    assert!(
+        crashed.contains("MCP server `echo` exited (exit status: 3)")
+            && crashed.contains("restarted on the next call"),
+        "{crashed}"
+    );
+    assert_eq!(rows[1][2], "back", "{rows:?}");
+
+    // The stored stream holds each change, in order, inside the crashing call.
+    let replay_epoch = s.created["replay_epoch"].clone();
+    let page = s
+        .client
+        .events_since(&s.session_id, &replay_epoch, 0)
+        .await
+        .unwrap();
+    let events = page["events"].as_array().unwrap();
+    let mcp: Vec<&serde_json::Value> = events
+        .iter()
+        .filter(|e| e["type"] == "mcp.status")
+        .collect();
+    let states: Vec<&str> = mcp
+        .iter()
+        .map(|e| e["payload"]["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        states,
+        ["starting", "ready", "failed", "starting", "ready", "stopped"],
+        "{mcp:?}"
+    );
+    assert!(mcp.iter().all(|e| e["payload"]["name"] == "echo"));
+    assert_eq!(mcp[1]["payload"]["last_error"], serde_json::Value::Null);
+    assert!(mcp[2]["payload"]["last_error"]
+        .as_str()
+        .unwrap()
+        .contains("exit status: 3"));
+    let seq_of = |kind: &str, tool_id: &str| {
+        events
+            .iter()
+            .find(|e| e["type"] == kind && e["payload"]["tool_id"] == tool_id)
+            .unwrap_or_else(|| panic!("no {kind} of {tool_id}"))["seq"]
+            .as_u64()
+            .unwrap()
+    };
+    let failed_seq = mcp[2]["seq"].as_u64().unwrap();
+    assert!(seq_of("tool.start", "call_crash") < failed_seq);
+    assert!(failed_seq < seq_of("tool.complete", "call_crash"));
+
+    // After the turn: stopped, no pid, and the server is gone.
+    let after = other.call_ok("mcp.status", session).await.unwrap();
+    let echo = server(&after, "echo");
+    assert_eq!(
+        (&echo["state"], &echo["pid"]),
+        (&json!("stopped"), &serde_json::Value::Null)
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || !pid_alive(pid)).await,
+        "MCP server {pid} outlived the turn"
+    );
 }

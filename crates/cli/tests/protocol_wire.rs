@@ -172,7 +172,9 @@ async fn every_method_and_event_of_the_daemon_round_trips_through_the_typed_prot
     let model = MockModel::start().await;
     let home = TestHome::new().unwrap();
     // Quiet turns get `turn.progress` quickly, so the question below shows one.
-    home.write_model_config(&model.base_url(), true, "progress_interval_s = 0.2\n")
+    let echo = drover_test_support::mcp_echo_bin().display().to_string();
+    let extra = format!("progress_interval_s = 0.2\n\n[mcp_servers.echo]\ncommand = {echo:?}\n");
+    home.write_model_config(&model.base_url(), true, &extra)
         .unwrap();
     let scratch = tempfile::Builder::new()
         .prefix("drover-wire-")
@@ -312,6 +314,43 @@ async fn every_method_and_event_of_the_daemon_round_trips_through_the_typed_prot
     )
     .await;
     w.ok(&mut c, "session.list", json!({"limit": 10})).await;
+
+    // An MCP server that crashes mid-turn and is restarted, in a session of its own.
+    let mcp = w
+        .ok(
+            &mut c,
+            "session.create",
+            json!({"request_id": uuid_like(), "cwd": scratch.path(), "toolsets": ["echo"]}),
+        )
+        .await;
+    let mcp_sid = mcp["session_id"].clone();
+    w.ok(&mut c, "mcp.status", json!({})).await;
+    let gate = Gate::new();
+    model.push(Reply::tool_call(
+        "call_crash",
+        "mcp__echo__crash",
+        json!({}),
+    ));
+    model.push(Reply::tool_call(
+        "call_echo",
+        "mcp__echo__echo",
+        json!({"text": "back"}),
+    ));
+    model.push(Reply::text("Back.").gated(&gate));
+    let receipt = w
+        .ok(
+            &mut c,
+            "prompt.submit",
+            json!({"session_id": mcp_sid, "input_id": uuid_like(), "text": "crash it"}),
+        )
+        .await;
+    assert!(gate.wait_reached(BOUND).await);
+    w.ok(&mut c, "mcp.status", json!({"session_id": mcp_sid}))
+        .await;
+    gate.open();
+    w.settled(&mut c, &receipt["admission_id"]).await;
+    w.ok(&mut c, "session.detach", json!({"session_id": mcp_sid}))
+        .await;
 
     // Errors a client meets.
     c.send_raw("{not json").await.unwrap();

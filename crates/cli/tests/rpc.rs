@@ -383,6 +383,7 @@ fn every_field(method: &str) -> Value {
             json!({"session_id": "s", "replay_epoch": "e", "last_sequence": 0, "limit": 10})
         }
         "approvals.remove" => json!({"pattern_key": "k"}),
+        "mcp.status" => json!({"session_id": "s"}),
         other => panic!("no example params for {other}: add it here"),
     }
 }

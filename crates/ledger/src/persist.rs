@@ -2,6 +2,8 @@
 //! generation, secret and sequence checks, the stored receipt of a resent frame, and the
 //! dispatch of each operation to the row module or turn step that applies it.
 
+use drover_protocol::event::McpStatus;
+use drover_protocol::mcp::McpServerStatus;
 use drover_protocol::worker::{
     op, BackgroundProcess, ChildReserve, ExecutionFinish, JobRegister, PersistFrame, ProcessUpdate,
     PromptOpen, TranscriptAppend, UsageAdd,
@@ -232,6 +234,23 @@ impl Ledger {
                     }
                 }
             }
+            op::MCP_STATUS => {
+                let p: McpServerStatus = parse_payload(&frame.payload, op::MCP_STATUS)?;
+                let event = McpStatus {
+                    name: p.name,
+                    state: p.state,
+                    last_error: p.last_error,
+                };
+                let payload = serde_json::to_value(&event)
+                    .map_err(|e| LedgerError::invalid("payload", format!("mcp.status: {e}")))?;
+                events.push(crate::events::push_event(
+                    &tx,
+                    &session_id,
+                    drover_protocol::event::MCP_STATUS,
+                    payload,
+                )?);
+                json!({})
+            }
             op::PROMPT_OPEN => {
                 let p: PromptOpen = parse_payload(&frame.payload, op::PROMPT_OPEN)?;
                 let (prompt_id, event) = crate::prompts::open_prompt(
@@ -270,5 +289,47 @@ impl Ledger {
             events,
             settlement,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing;
+
+    #[test]
+    fn mcp_status_stores_an_event_of_name_state_and_last_error_and_a_resend_does_not() {
+        let (_dir, mut ledger) = testing::open();
+        let session_id = testing::session(&mut ledger, &["echo"], vec![]);
+        let claim = testing::claim(&mut ledger, &session_id, "go", "s");
+        let status = json!({"name": "echo", "state": "failed", "tools": ["mcp__echo__echo"],
+                            "last_error": "exited (exit status: 3)", "pid": null});
+        let frame = testing::frame(&claim, "s", 1, op::MCP_STATUS, status);
+        let Ok(PersistOutcome::Receipt { events, .. }) = ledger.apply_persist(&frame) else {
+            panic!("no receipt");
+        };
+        assert_eq!(events.len(), 1, "{events:?}");
+        assert_eq!(events[0].kind, "mcp.status");
+        assert_eq!(
+            events[0].payload,
+            json!({"name": "echo", "state": "failed", "last_error": "exited (exit status: 3)"})
+        );
+        let Ok(PersistOutcome::Receipt { events, .. }) = ledger.apply_persist(&frame) else {
+            panic!("no receipt for the resend");
+        };
+        assert!(
+            events.is_empty(),
+            "a resent frame stores nothing: {events:?}"
+        );
+
+        let bad = testing::frame(
+            &claim,
+            "s",
+            2,
+            op::MCP_STATUS,
+            json!({"name": "echo", "state": "gone"}),
+        );
+        let err = ledger.apply_persist(&bad).unwrap_err();
+        assert!(err.to_string().contains("mcp.status"), "{err}");
     }
 }

@@ -7,12 +7,14 @@
 //! crash (older-epoch work becomes `unknown`, never replayed).
 //! Its endpoint is loopback plain ws, or TLS ([`tls`]) when `[daemon]` says so; its log is
 //! private and bounded ([`logfile`]). A daemon a client started exits when idle ([`idle`]).
+//! The last status of each MCP server its turns' workers reported is kept per session for
+//! `mcp.status` ([`mcp`]).
 //!
 //! What it does not do: call the model or run tools; workers do, and write back only through
 //! `persist` frames.
 //!
 //! Layers (bottom to top; a module uses only those below it): `config`, `error`, `home`, `hub`,
-//! `jobs`, `logfile`, `tls` < [`runtime`] < [`turns`] < [`rpc`] < [`server`] < [`daemon`].
+//! `jobs`, `logfile`, `mcp`, `tls` < [`runtime`] < [`turns`] < [`rpc`] < [`server`] < [`daemon`].
 
 pub mod config;
 pub mod daemon;
@@ -22,6 +24,7 @@ pub mod hub;
 pub mod idle;
 pub mod jobs;
 pub mod logfile;
+pub mod mcp;
 pub mod rpc;
 pub mod runtime;
 pub mod server;

@@ -97,6 +97,7 @@ pub async fn dispatch(
         ClientRequest::ApprovalsRemove(p) => {
             MethodResult::ApprovalsRemove(approvals_remove(owner, p).await?)
         }
+        ClientRequest::McpStatus(p) => MethodResult::McpStatus(mcp_status(owner, p).await?),
     })
 }
 
@@ -773,4 +774,38 @@ async fn approvals_remove(
         .ledger(move |l, _| l.remove_approval_rule(&key))
         .await?;
     Ok(wire::ApprovalRuleRemoved { removed })
+}
+
+/// `mcp.status` (SPEC section 2): reading status needs no attachment. With `session_id`, the
+/// session's MCP toolsets that the config still enables; without, every enabled
+/// `[mcp_servers.<name>]` of the home. In name order.
+async fn mcp_status(
+    owner: &Arc<Owner>,
+    p: wire::McpStatusParams,
+) -> Result<wire::McpStatusResult, OwnerError> {
+    let servers = match p.session_id {
+        Some(session_id) => {
+            let session = owner
+                .ledger(move |l, _| session_row(l, &session_id))
+                .await?;
+            let names = mcp_toolsets(owner, &session.toolsets);
+            owner.mcp.of_session(&session.id, &names)
+        }
+        None => {
+            let configured: Vec<String> = owner.config().mcp_servers.keys().cloned().collect();
+            owner.mcp.of_home(&mcp_toolsets(owner, &configured))
+        }
+    };
+    Ok(wire::McpStatusResult { servers })
+}
+
+/// The names of `toolsets` that are enabled MCP servers (a built-in toolset name wins), in
+/// name order.
+fn mcp_toolsets(owner: &Owner, toolsets: &[String]) -> Vec<String> {
+    owner
+        .config()
+        .mcp_servers_of(toolsets)
+        .into_keys()
+        .filter(|name| !drover_tools::KNOWN_TOOLSETS.contains(&name.as_str()))
+        .collect()
 }

@@ -15,6 +15,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::{Config, ConfigError, DaemonSection};
 use crate::hub::Hub;
+use crate::mcp::McpStatusTable;
 
 /// A turn whose worker is running.
 #[derive(Debug, Clone)]
@@ -55,6 +56,8 @@ pub struct Owner {
     pub instance_id: String,
     /// The live event fan-out to attached connections.
     pub hub: Hub,
+    /// The last status of each MCP server per session, as the turns' workers reported it.
+    pub mcp: McpStatusTable,
     /// The `drover` executable to start workers with (`drover worker`).
     pub worker_exe: PathBuf,
     /// Jobs for the ledger thread, the only place the ledger is used (SPEC section 3: one
@@ -129,6 +132,7 @@ impl Owner {
             epoch,
             instance_id,
             hub: Hub::default(),
+            mcp: McpStatusTable::default(),
             worker_exe,
             ledger_jobs,
             draining: AtomicBool::new(false),

@@ -12,9 +12,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use drover_ledger::{Claim, DelegationLimits, PersistOutcome, Settlement};
+use drover_protocol::mcp::McpServerStatus;
 use drover_protocol::worker::framing::{read_frame_line, FrameLine};
 use drover_protocol::worker::{
-    Bootstrap, OwnerFrame, PersistFrame, Policy, Scope, WorkerFrame, MAX_FRAME_BYTES,
+    op, Bootstrap, OwnerFrame, PersistFrame, Policy, Scope, WorkerFrame, MAX_FRAME_BYTES,
 };
 use drover_protocol::ModelSettings;
 use drover_tools::platform;
@@ -303,6 +304,8 @@ async fn supervise(owner: Arc<Owner>, claim: Claim, secret: String, registered: 
     drop(pipe);
     owner.turns().remove(&execution_id);
     reap(&mut child, end, &execution_id).await;
+    // Its MCP servers died with it, whatever it last reported.
+    owner.mcp.execution_ended(&execution_id);
     writer.abort();
     if !settled {
         lose_turn(&owner, &execution_id).await;
@@ -569,6 +572,10 @@ impl WorkerPipe {
     async fn apply_persist(&mut self, frame: PersistFrame) -> Option<OwnerFrame> {
         let sequence = frame.sequence;
         let operation = frame.operation.clone();
+        // Parsed here too, for `mcp.status` the method; the ledger refuses a bad payload.
+        let mcp_status = (operation == op::MCP_STATUS)
+            .then(|| serde_json::from_value::<McpServerStatus>(frame.payload.clone()).ok())
+            .flatten();
         let applied = self
             .owner
             .ledger(move |l, o| {
@@ -585,6 +592,11 @@ impl WorkerPipe {
             Ok(PersistOutcome::Receipt {
                 result, settlement, ..
             }) => {
+                if let Some(status) = mcp_status {
+                    self.owner
+                        .mcp
+                        .record(&self.session_id, &self.execution_id, status);
+                }
                 if let Some(s) = &settlement {
                     self.settled = true;
                     self.owner.turns().remove(&self.execution_id);

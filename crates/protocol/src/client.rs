@@ -29,6 +29,8 @@ use crate::event::SessionEvent;
 use crate::rpc::{ErrorReason, RpcError};
 use crate::worker::BackgroundProcess;
 
+pub use crate::mcp::{McpServerState, McpServerStatus, McpStatusParams, McpStatusResult};
+
 /// A required string parameter that must not be empty (ids, keys).
 fn non_empty<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
     let s = String::deserialize(d)?;
@@ -152,6 +154,8 @@ methods! {
     ApprovalsList => "approvals.list", NoParams, ApprovalRules;
     /// `approvals.remove` (drover extension): delete one stored rule.
     ApprovalsRemove => "approvals.remove", ApprovalRuleRef, ApprovalRuleRemoved;
+    /// `mcp.status`: the MCP servers of the home, or of one session, and where each stands.
+    McpStatus => "mcp.status", McpStatusParams, McpStatusResult;
 }
 
 /// Deserialises params, naming the offending field of a refusal.

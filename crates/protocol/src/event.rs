@@ -11,6 +11,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::mcp::McpServerState;
 use crate::words::{AdmissionOutcome, AdmissionStatus, ApprovalChoice, ClarifyAnswer, OpenPrompt};
 
 /// Event type `turn.started`.
@@ -37,6 +38,8 @@ pub const TURN_SETTLED: &str = "turn.settled";
 pub const ADMISSION_UPDATED: &str = "admission.updated";
 /// Event type `turn.progress` (live only).
 pub const TURN_PROGRESS: &str = "turn.progress";
+/// Event type `mcp.status`.
+pub const MCP_STATUS: &str = "mcp.status";
 
 /// Every event type this protocol version knows (each has an [`EventPayload`] variant). A
 /// client skips an event whose type is not here: a newer daemon may send types it does not
@@ -54,6 +57,7 @@ pub const EVENT_TYPES: &[&str] = &[
     TURN_SETTLED,
     ADMISSION_UPDATED,
     TURN_PROGRESS,
+    MCP_STATUS,
 ];
 
 /// Bound on `tool.complete` `args` and `result` (SPEC section 2: 64 KiB each).
@@ -137,6 +141,9 @@ pub enum EventPayload {
     /// stored, never replayed).
     #[serde(rename = "turn.progress")]
     TurnProgress(TurnProgress),
+    /// An MCP server of the session's running turn changed state.
+    #[serde(rename = "mcp.status")]
+    McpStatus(McpStatus),
 }
 
 impl EventPayload {
@@ -155,6 +162,7 @@ impl EventPayload {
             EventPayload::TurnSettled(_) => TURN_SETTLED,
             EventPayload::AdmissionUpdated(_) => ADMISSION_UPDATED,
             EventPayload::TurnProgress(_) => TURN_PROGRESS,
+            EventPayload::McpStatus(_) => MCP_STATUS,
         }
     }
 
@@ -325,4 +333,16 @@ pub struct TurnProgress {
     /// Milliseconds the turn has been in this phase (for `tool`, since this call started
     /// running; for `model_request`, since the request began).
     pub elapsed_ms: u64,
+}
+
+/// Payload of `mcp.status`: an MCP server of the session's running turn changed state
+/// (`mcp.status` the method gives its pid and tools too).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct McpStatus {
+    /// The server (`[mcp_servers.<name>]`).
+    pub name: String,
+    /// Its new state.
+    pub state: McpServerState,
+    /// The last error it had; `null` when none.
+    pub last_error: Option<String>,
 }

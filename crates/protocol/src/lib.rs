@@ -18,9 +18,11 @@
 //!
 //! - [`words`]: the words results and events share (admission status and outcome, approval
 //!   choices, clarify answers, open prompts).
+//! - [`mcp`]: MCP server status: the state words, one server's status, and the `mcp.status`
+//!   method's params and result (SPEC sections 2 and 6).
 //!
-//! Layers: `chat`, `rpc`, `policy`, `exit`, `words`, `daemon_file` (leaves); `worker` on `chat` and `policy`;
-//! `event` on `words`; `client` on `event`; then `schema`.
+//! Layers: `chat`, `rpc`, `policy`, `exit`, `words`, `mcp`, `daemon_file` (leaves); `worker` on
+//! `chat`, `policy` and `mcp`; `event` on `words` and `mcp`; `client` on `event`; then `schema`.
 //!
 //! What this crate does not do: talk to sockets, open files or decide policy.
 
@@ -31,6 +33,7 @@ pub mod client;
 pub mod daemon_file;
 pub mod event;
 pub mod exit;
+pub mod mcp;
 pub mod policy;
 pub mod rpc;
 pub mod schema;

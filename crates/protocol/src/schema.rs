@@ -92,6 +92,7 @@ fn event_schemas(generator: &mut SchemaGenerator) -> Vec<(&'static str, Schema)>
         (ev::TURN_SETTLED, of::<ev::TurnSettled>(generator)),
         (ev::ADMISSION_UPDATED, of::<ev::AdmissionUpdated>(generator)),
         (ev::TURN_PROGRESS, of::<ev::TurnProgress>(generator)),
+        (ev::MCP_STATUS, of::<ev::McpStatus>(generator)),
     ]
 }
 

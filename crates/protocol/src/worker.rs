@@ -32,6 +32,9 @@ pub mod op {
     pub const CHILD_RESERVE: &str = "child.reserve";
     /// Record a job the `jobs` toolset registered ([`JobRegister`](super::JobRegister)).
     pub const JOB_REGISTER: &str = "job.register";
+    /// An MCP server of the turn changed state
+    /// ([`McpServerStatus`](crate::mcp::McpServerStatus)); stored as an `mcp.status` event.
+    pub const MCP_STATUS: &str = "mcp.status";
     /// Settle the turn ([`ExecutionFinish`](super::ExecutionFinish)); the last persist of an execution.
     pub const EXECUTION_FINISH: &str = "execution.finish";
 }

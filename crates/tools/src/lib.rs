@@ -21,7 +21,9 @@
 //! - [`delegate`]: the `delegate_task` tool (the `delegation` toolset), which asks the owner
 //!   for a child agent through [`Delegator`] (the worker persists `child.reserve`).
 //! - [`mcp`]: MCP servers as toolsets: a stdio client (the official SDK, `rmcp`) and
-//!   [`mcp::McpTool`], the tool `mcp__<server>__<tool>`.
+//!   [`mcp::McpTool`], the tool `mcp__<server>__<tool>`; a server that crashes mid-turn is
+//!   restarted by its next call (bounded), and each change of state goes to
+//!   [`McpStatusSink`], which the worker implements by persisting `mcp.status`.
 //! - [`jobs`]: the `jobs` toolset: `job_submit`, `job_status`, `job_wait`, `job_cancel` over
 //!   the home's job registry (`drover-jobs`); submitted jobs are recorded through
 //!   [`jobs::JobLedger`], which the worker implements by persisting `job.register`.
@@ -75,6 +77,7 @@ use tokio_util::sync::CancellationToken;
 pub use approval::ApprovalMode;
 pub use background::{InMemoryProcesses, ProcessRegistry};
 pub use delegate::{DelegateAnswer, DelegateRequest, Delegator, NoDelegation};
+pub use mcp::{McpStatusSink, NoMcpStatus};
 
 /// Known toolset names (SPEC section 1, `[toolsets]`). Each adds its tools to a registry:
 /// - `terminal`: `terminal`, `process`;
@@ -290,6 +293,8 @@ pub trait Tool: Send + Sync {
 #[derive(Clone, Default)]
 pub struct ToolRegistry {
     tools: Vec<Arc<dyn Tool>>,
+    /// The MCP servers behind the `mcp__` tools, for [`ToolRegistry::stop_mcp_servers`].
+    mcp: Vec<Arc<mcp::McpServer>>,
 }
 
 impl ToolRegistry {
@@ -310,7 +315,10 @@ impl ToolRegistry {
                 other => return Err(ToolError::UnknownToolset(other.to_string())),
             }
         }
-        Ok(ToolRegistry { tools })
+        Ok(ToolRegistry {
+            tools,
+            mcp: Vec::new(),
+        })
     }
 
     /// Builds the registry for `toolsets`, where a name that is not a built-in toolset may be
@@ -321,26 +329,31 @@ impl ToolRegistry {
         toolsets: &[String],
         mcp_servers: &BTreeMap<String, drover_protocol::worker::McpServerSpec>,
     ) -> Result<Self, ToolError> {
-        let (builtin, servers) = split_toolsets(toolsets, mcp_servers)?;
+        let status: Arc<dyn McpStatusSink> = Arc::new(NoMcpStatus);
+        let (builtin, servers) = split_toolsets(toolsets, mcp_servers, &status)?;
         let mut registry = ToolRegistry::for_toolsets(&builtin)?;
-        for server in servers {
+        for server in &servers {
             for tool in server.tools().await? {
                 registry.tools.push(Arc::new(tool));
             }
         }
+        registry.mcp = servers;
         Ok(registry)
     }
 
     /// The registry of a session's turn: the built-in toolsets of `toolsets`, plus one
     /// [`mcp::McpTool`] per frozen schema (`frozen`, from `session.create`) of each MCP server
-    /// of `toolsets`. No server starts here: each starts on its first call and stops when the
-    /// registry is dropped (the end of the turn).
+    /// of `toolsets`. No server starts here: each starts on its first call (and again after
+    /// a crash, within [`mcp::MAX_RESTARTS`]) and stops at
+    /// [`ToolRegistry::stop_mcp_servers`] or when the registry is dropped (the end of the
+    /// turn). Each server's changes of state go to `status`.
     pub fn for_session(
         toolsets: &[String],
         frozen: &[Value],
         mcp_servers: &BTreeMap<String, drover_protocol::worker::McpServerSpec>,
+        status: Arc<dyn McpStatusSink>,
     ) -> Result<Self, ToolError> {
-        let (builtin, servers) = split_toolsets(toolsets, mcp_servers)?;
+        let (builtin, servers) = split_toolsets(toolsets, mcp_servers, &status)?;
         let mut registry = ToolRegistry::for_toolsets(&builtin)?;
         for server in &servers {
             for schema in frozen {
@@ -349,7 +362,17 @@ impl ToolRegistry {
                 }
             }
         }
+        registry.mcp = servers;
         Ok(registry)
+    }
+
+    /// Stops every MCP server of the registry that runs (killing and reaping it, bounded) and
+    /// reports it `stopped`; a server no call started reports nothing. The worker calls this
+    /// at the end of a turn, before `execution.finish`.
+    pub async fn stop_mcp_servers(&self) {
+        for server in &self.mcp {
+            server.stop().await;
+        }
     }
 
     /// The schemas, in registry order (frozen into the session at create).
@@ -373,6 +396,7 @@ impl ToolRegistry {
 fn split_toolsets(
     toolsets: &[String],
     mcp_servers: &BTreeMap<String, drover_protocol::worker::McpServerSpec>,
+    status: &Arc<dyn McpStatusSink>,
 ) -> Result<(Vec<String>, Vec<Arc<mcp::McpServer>>), ToolError> {
     let mut builtin = Vec::new();
     for set in toolsets {
@@ -382,7 +406,7 @@ fn split_toolsets(
             return Err(ToolError::UnknownToolset(set.clone()));
         }
     }
-    Ok((builtin, mcp::servers_of(toolsets, mcp_servers)))
+    Ok((builtin, mcp::servers_of(toolsets, mcp_servers, status)))
 }
 
 /// A one-line preview of a call, at most 80 characters: the `command` argument when there is

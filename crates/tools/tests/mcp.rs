@@ -8,11 +8,14 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use async_trait::async_trait;
+use drover_protocol::mcp::{McpServerState, McpServerStatus};
 use drover_protocol::worker::McpServerSpec;
 use drover_test_support::mcp_echo_bin;
-use drover_tools::mcp::McpConnection;
+use drover_tools::mcp::{McpConnection, MAX_RESTARTS};
 use drover_tools::{
-    ApprovalGrants, InMemoryProcesses, NoPrompts, ToolContext, ToolError, ToolRegistry,
+    ApprovalGrants, InMemoryProcesses, McpStatusSink, NoMcpStatus, NoPrompts, ToolContext,
+    ToolError, ToolRegistry,
 };
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -35,6 +38,48 @@ fn echo_spec(pidfile: Option<&Path>) -> McpServerSpec {
 
 fn servers(spec: McpServerSpec) -> BTreeMap<String, McpServerSpec> {
     BTreeMap::from([("echo".to_string(), spec)])
+}
+
+/// Every status a registry's servers report, in order.
+#[derive(Default)]
+struct Recorded(std::sync::Mutex<Vec<McpServerStatus>>);
+
+#[async_trait]
+impl McpStatusSink for Recorded {
+    async fn report(&self, status: McpServerStatus) {
+        self.0.lock().unwrap().push(status);
+    }
+}
+
+impl Recorded {
+    fn states(&self) -> Vec<McpServerState> {
+        self.0.lock().unwrap().iter().map(|s| s.state).collect()
+    }
+
+    fn last(&self) -> McpServerStatus {
+        self.0.lock().unwrap().last().cloned().expect("a report")
+    }
+}
+
+/// A turn's registry over toolset `echo` (every tool of the echo server frozen), reporting
+/// to `status`.
+fn echo_session(spec: McpServerSpec, status: Arc<Recorded>) -> ToolRegistry {
+    let schemas: Vec<_> = ["echo", "crash", "sleep"]
+        .iter()
+        .map(|t| json!({"type": "function", "function": {"name": format!("mcp__echo__{t}")}}))
+        .collect();
+    ToolRegistry::for_session(&["echo".to_string()], &schemas, &servers(spec), status).unwrap()
+}
+
+async fn call(
+    registry: &ToolRegistry,
+    tool: &str,
+    args: serde_json::Value,
+) -> drover_tools::ToolOutput {
+    let tool = registry.get(&format!("mcp__echo__{tool}")).unwrap();
+    tokio::time::timeout(Duration::from_secs(30), tool.call(args, &ctx()))
+        .await
+        .expect("an MCP call is bounded")
 }
 
 fn ctx() -> ToolContext {
@@ -177,6 +222,7 @@ async fn registry_freezes_prefixed_schemas_and_a_session_registry_calls_them() {
         &["todo".to_string(), "echo".to_string()],
         &schemas,
         &servers(echo_spec(Some(&pidfile))),
+        Arc::new(NoMcpStatus),
     )
     .expect("session registry");
     assert_eq!(session.names(), names);
@@ -247,6 +293,7 @@ async fn a_cancelled_call_returns_at_once() {
         &["echo".to_string()],
         &[json!({"type": "function", "function": {"name": "mcp__echo__echo"}})],
         &servers(echo_spec(None)),
+        Arc::new(NoMcpStatus),
     )
     .unwrap();
     let ctx = ctx();
@@ -265,10 +312,12 @@ async fn a_call_past_tool_timeout_s_is_a_tool_error_naming_the_bound() {
         tool_timeout_s: 1,
         ..echo_spec(None)
     };
+    let status = Arc::new(Recorded::default());
     let session = ToolRegistry::for_session(
         &["echo".to_string()],
         &[json!({"type": "function", "function": {"name": "mcp__echo__sleep"}})],
         &servers(spec),
+        status.clone(),
     )
     .unwrap();
     let tool = session.get("mcp__echo__sleep").unwrap();
@@ -291,4 +340,118 @@ async fn a_call_past_tool_timeout_s_is_a_tool_error_naming_the_bound() {
         out.content
     );
     assert!(started.elapsed() >= Duration::from_secs(1));
+    // A server that did not answer is taken as stuck: it was stopped, and the next call runs
+    // on a new one.
+    let out = tool.call(json!({"ms": 10}), &ctx).await;
+    assert_eq!((out.content.as_str(), out.is_error), ("slept", false));
+    use McpServerState::*;
+    assert_eq!(status.states(), [Starting, Ready, Failed, Starting, Ready]);
+    let failed = &status.0.lock().unwrap()[2];
+    assert!(
+        failed
+            .last_error
+            .as_deref()
+            .unwrap()
+            .contains("tool_timeout_s"),
+        "{failed:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_server_that_crashes_mid_turn_is_named_and_restarted_by_the_next_call() {
+    let pidfile = pid_path();
+    let status = Arc::new(Recorded::default());
+    let session = echo_session(echo_spec(Some(&pidfile)), status.clone());
+    assert!(status.states().is_empty(), "nothing starts before a call");
+
+    let out = call(&session, "echo", json!({"text": "one"})).await;
+    assert_eq!((out.content.as_str(), out.is_error), ("one", false));
+    let first = read_pid(&pidfile);
+    let ready = status.last();
+    assert_eq!(ready.state, McpServerState::Ready);
+    assert_eq!(ready.pid, Some(first as u32));
+    assert!(
+        ready.tools.contains(&"mcp__echo__echo".to_string()),
+        "{ready:?}"
+    );
+    assert_eq!(ready.last_error, None);
+
+    let out = call(&session, "crash", json!({})).await;
+    assert!(out.is_error, "{out:?}");
+    assert!(
+        out.content
+            .contains("MCP server `echo` exited (exit status: 3)")
+            && out.content.contains("restarted on the next call"),
+        "{}",
+        out.content
+    );
+    let failed = status.last();
+    assert_eq!((failed.state, failed.pid), (McpServerState::Failed, None));
+    assert!(
+        failed
+            .last_error
+            .as_deref()
+            .unwrap()
+            .contains("exit status: 3"),
+        "{failed:?}"
+    );
+    assert_reaped(first).await;
+
+    let out = call(&session, "echo", json!({"text": "two"})).await;
+    assert_eq!(
+        (out.content.as_str(), out.is_error),
+        ("two", false),
+        "restarted"
+    );
+    let second = read_pid(&pidfile);
+    assert_ne!(second, first);
+    assert_eq!(status.last().pid, Some(second as u32));
+    use McpServerState::*;
+    assert_eq!(status.states(), [Starting, Ready, Failed, Starting, Ready]);
+
+    session.stop_mcp_servers().await;
+    assert_eq!(status.last().state, Stopped);
+    assert_eq!(status.last().pid, None);
+    assert_reaped(second).await;
+    // Stopping twice reports nothing more.
+    session.stop_mcp_servers().await;
+    assert_eq!(status.states().len(), 6);
+}
+
+#[tokio::test]
+async fn past_the_restart_bound_every_call_fails_at_once_naming_the_server() {
+    let status = Arc::new(Recorded::default());
+    let session = echo_session(echo_spec(None), status.clone());
+    // The first start and MAX_RESTARTS restarts, each crashed.
+    for n in 0..=MAX_RESTARTS {
+        let out = call(&session, "crash", json!({})).await;
+        assert!(
+            out.is_error && out.content.contains("`echo` exited"),
+            "{n}: {out:?}"
+        );
+    }
+    let out = call(&session, "echo", json!({"text": "late"})).await;
+    assert!(out.is_error, "{out:?}");
+    assert!(
+        out.content.contains("MCP server `echo`")
+            && out
+                .content
+                .contains(&format!("restarted {MAX_RESTARTS} times")),
+        "{}",
+        out.content
+    );
+    let started = Instant::now();
+    let out = call(&session, "echo", json!({"text": "later"})).await;
+    assert!(out.is_error && out.content.contains("`echo`"), "{out:?}");
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "no start, no backoff"
+    );
+    let states = status.states();
+    let starts = states
+        .iter()
+        .filter(|s| **s == McpServerState::Starting)
+        .count();
+    assert_eq!(starts as u32, MAX_RESTARTS + 1, "{states:?}");
+    assert_eq!(states.last(), Some(&McpServerState::Failed));
 }

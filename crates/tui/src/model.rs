@@ -15,6 +15,7 @@ use drover_protocol::client::{
     SessionSnapshot, TranscriptMessage,
 };
 use drover_protocol::event::{EventPayload, PromptSettlement, SessionEvent, TurnEnd, TurnPhase};
+use drover_protocol::mcp::McpServerState;
 use serde_json::Value;
 
 use crate::commands::{self, Command};
@@ -611,6 +612,15 @@ impl App {
                     }
                 }
             }
+            // A crashed MCP server is worth a line; its restart shows in the next tool block.
+            EventPayload::McpStatus(m) if m.state == McpServerState::Failed => {
+                self.scrollback.push(Block::Notice(format!(
+                    "MCP server `{}` failed: {}",
+                    m.name,
+                    m.last_error.as_deref().unwrap_or("no reason given")
+                )));
+            }
+            EventPayload::McpStatus(_) => {}
         }
     }
 

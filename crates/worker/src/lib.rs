@@ -14,7 +14,8 @@
 //!   deltas are dropped when the owner does not read, persists wait), one reader task
 //!   (receipts by sequence, `stop`), resend after a reconnect.
 //! - [`store`]: the agent's [`drover_agent::TurnStore`], the tools'
-//!   [`drover_tools::PromptBroker`] and [`drover_tools::ProcessRegistry`], all persisting
+//!   [`drover_tools::PromptBroker`], [`drover_tools::ProcessRegistry`] and
+//!   [`drover_tools::McpStatusSink`], all persisting
 //!   through the link.
 //!
 //! Layers (bottom to top; a module uses only those below it): [`journal`] < [`link`] <
@@ -22,7 +23,8 @@
 //!
 //! The protocol, as the worker plays it:
 //! 1. The owner sends [`OwnerFrame::Bootstrap`]; the worker opens the outbox and the turn runs
-//!    (`usage.add`, `transcript.append`, `prompt.open` persists, live `delta` lines).
+//!    (`usage.add`, `transcript.append`, `prompt.open`, `mcp.status` persists, live `delta`
+//!    lines). At its end the turn's MCP servers are stopped (`mcp.status` `stopped`).
 //! 2. The worker persists `execution.finish` ([`ExecutionFinish`]) and, after its receipt,
 //!    removes the outbox and exits 0. A `stop` frame cancels the turn, which then finishes
 //!    `interrupted` the same way.
@@ -55,7 +57,9 @@ use tracing::Instrument;
 
 use crate::journal::{outbox_dir, Journal};
 use crate::link::{OwnerLink, PersistError};
-use crate::store::{OwnerDelegator, OwnerJobs, OwnerProcesses, OwnerPrompts, OwnerStore};
+use crate::store::{
+    OwnerDelegator, OwnerJobs, OwnerMcpStatus, OwnerProcesses, OwnerPrompts, OwnerStore,
+};
 use drover_protocol::worker::framing::{read_frame_line, FrameLine};
 
 /// The environment variable naming the owner's pid. When set, the worker exits at start if its
@@ -431,13 +435,18 @@ async fn run_agent(
             error: Some(error),
         }
     };
-    // MCP servers start on their first call and stop when the registry drops at the end of
-    // the turn.
-    let registry =
-        match ToolRegistry::for_session(&policy.toolsets, &policy.tools, &policy.mcp_servers) {
-            Ok(registry) => registry,
-            Err(e) => return setup_failed(&policy.model, format!("toolsets: {e}")),
-        };
+    // MCP servers start on their first call (again after a crash, bounded) and are stopped
+    // when the turn ends; each change of state is persisted as `mcp.status`.
+    let mcp_status = Arc::new(OwnerMcpStatus::new(link.clone(), cancel.clone()));
+    let registry = match ToolRegistry::for_session(
+        &policy.toolsets,
+        &policy.tools,
+        &policy.mcp_servers,
+        mcp_status,
+    ) {
+        Ok(registry) => registry,
+        Err(e) => return setup_failed(&policy.model, format!("toolsets: {e}")),
+    };
     let client = match ModelClient::new(model_config(&policy)) {
         Ok(client) => client,
         Err(e) => return setup_failed(&policy.model, e.to_string()),
@@ -471,7 +480,10 @@ async fn run_agent(
         max_steps: policy.max_steps,
         model: policy.model,
     };
-    run_turn(&store, &client, &registry, &ctx, spec).await
+    let report = run_turn(&store, &client, &registry, &ctx, spec).await;
+    // Before `execution.finish`, so the turn's last `mcp.status` events are `stopped`.
+    registry.stop_mcp_servers().await;
+    report
 }
 
 /// The model client settings of a policy. A `request_timeout_s` of 0 means the default

@@ -14,11 +14,14 @@
 //!   owner answers at once with a refusal, or when the child's turn has ended.
 //! - [`OwnerJobs`] ([`JobLedger`]): `job.register` with a [`JobRegister`] payload, before the
 //!   `jobs` toolset delivers a job.
+//! - [`OwnerMcpStatus`] ([`McpStatusSink`]): `mcp.status` with a [`McpServerStatus`] payload
+//!   each time an MCP server of the turn changes state.
 
 use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 use drover_agent::{StoreError, TurnStore};
+use drover_protocol::mcp::McpServerStatus;
 use drover_protocol::worker::{
     op, BackgroundProcess, ChildReserve, ProcessStatus, ProcessUpdate, PromptOpen,
     TranscriptAppend, UsageAdd,
@@ -26,8 +29,8 @@ use drover_protocol::worker::{
 use drover_protocol::ChatMessage;
 use drover_tools::jobs::{JobLedger, JobRegister};
 use drover_tools::{
-    DelegateAnswer, DelegateRequest, Delegator, InMemoryProcesses, ProcessRegistry, PromptAnswer,
-    PromptBroker,
+    DelegateAnswer, DelegateRequest, Delegator, InMemoryProcesses, McpStatusSink, ProcessRegistry,
+    PromptAnswer, PromptBroker,
 };
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -305,6 +308,41 @@ impl JobLedger for OwnerJobs {
                     self.cancel.cancel();
                 }
                 Err(store_error(e).message)
+            }
+        }
+    }
+}
+
+/// The [`McpStatusSink`] of a managed worker: `mcp.status` with a [`McpServerStatus`]
+/// payload, waiting for its receipt (the owner stores the `mcp.status` event and keeps the
+/// status for the `mcp.status` method). A report that cannot be persisted is logged; a
+/// refusal also stops the turn, as for every persist.
+pub struct OwnerMcpStatus {
+    link: OwnerLink,
+    cancel: CancellationToken,
+}
+
+impl OwnerMcpStatus {
+    /// `cancel` is the turn's token, fired when the owner refuses the persist.
+    pub fn new(link: OwnerLink, cancel: CancellationToken) -> OwnerMcpStatus {
+        OwnerMcpStatus { link, cancel }
+    }
+}
+
+#[async_trait]
+impl McpStatusSink for OwnerMcpStatus {
+    async fn report(&self, status: McpServerStatus) {
+        let payload = match serde_json::to_value(&status) {
+            Ok(payload) => payload,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot serialise the mcp.status payload");
+                return;
+            }
+        };
+        if let Err(e) = self.link.persist(op::MCP_STATUS, payload).await {
+            tracing::warn!(server = %status.name, state = status.state.as_str(), error = %e, "mcp.status was not persisted");
+            if matches!(e, PersistError::Refused { .. }) {
+                self.cancel.cancel();
             }
         }
     }
