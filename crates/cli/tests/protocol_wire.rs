@@ -404,7 +404,13 @@ async fn every_method_and_event_of_the_daemon_round_trips_through_the_typed_prot
         .await;
     assert_eq!(snap["pending"][0]["status"], "unknown", "{snap}");
     let list = w.ok(&mut c, "session.list", json!({"limit": 10})).await;
-    assert_eq!(list["sessions"][0]["state"], "paused_unknown", "{list}");
+    let row = list["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["session_id"] == sid)
+        .unwrap_or_else(|| panic!("{sid} is not listed: {list}"));
+    assert_eq!(row["state"], "paused_unknown", "{list}");
     w.ok(
         &mut c,
         "prompt.resolve_unknown",
