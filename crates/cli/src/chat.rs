@@ -224,11 +224,11 @@ impl Link for ClientLink {
     }
 
     async fn rename(&self, session_id: &str, title: &str) -> Result<(), LinkError> {
-        let _ = (session_id, title);
-        Err(LinkError(
-            "this daemon cannot rename sessions yet (`drover rename` comes with session.rename)"
-                .into(),
-        ))
+        self.client
+            .rename(session_id, title)
+            .await
+            .map(drop)
+            .map_err(words)
     }
 }
 

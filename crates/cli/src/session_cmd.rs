@@ -15,8 +15,8 @@ use clap::Args;
 use drover_client::{Client, ClientError};
 use drover_protocol::client::{
     AdmissionOutcome, AdmissionStatus, ApprovalChoice, ClarifyAnswer, OpenPrompt, PendingAdmission,
-    PromptResponseStatus, SessionListParams, SessionPage, SessionRenameParams, SessionRenamed,
-    SessionSnapshot, SessionState, SessionSummary, TranscriptMessage,
+    PromptResponseStatus, SessionListParams, SessionPage, SessionSnapshot, SessionState,
+    SessionSummary, TranscriptMessage,
 };
 use drover_protocol::event::{EventPayload, SessionEvent};
 use drover_protocol::{ClientRequest, Role};
@@ -799,12 +799,7 @@ pub struct RenameArgs {
 pub async fn rename(home: &Path, args: RenameArgs) -> Result<Exit> {
     let c = connect(home).await?;
     let sid = session(&c, &args.session).await?.session_id;
-    let renamed: SessionRenamed = c
-        .request(ClientRequest::SessionRename(SessionRenameParams {
-            session_id: sid,
-            title: args.title,
-        }))
-        .await?;
+    let renamed = c.rename(&sid, &args.title).await?;
     if args.json {
         print_json(&renamed)?;
     } else {

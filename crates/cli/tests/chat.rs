@@ -198,6 +198,11 @@ async fn a_streamed_answer_is_shown_as_markdown_and_the_status_line_counts_token
     assert!(screen.contains("› say hello"), "{screen}");
     pane.wait_for("keep   this").await;
     pane.wait_for("12 tokens").await;
+    // `/title` stores the title (session.rename), where `drover sessions` finds it.
+    pane.send("/title greeting");
+    pane.wait_for("session renamed").await;
+    let rows = db_rows(&home.db(), "SELECT title FROM sessions");
+    assert_eq!(rows[0][0], "greeting", "{rows:?}");
     pane.keys(&["C-d"]);
     assert_eq!(pane.exit_code().await, 0, "{}", pane.screen());
 }

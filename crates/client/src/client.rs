@@ -7,7 +7,8 @@ use drover_protocol::client::{
     AdmissionReceipt, AdmissionRef, ApprovalChoice, ApprovalRespondParams, ClarifyAnswer,
     ClarifyRespondParams, EventsPage, EventsSinceParams, InterruptAccepted, InterruptParams,
     PromptReceiptParams, PromptResponse, PromptSubmitParams, SessionCreateParams,
-    SessionListParams, SessionPage, SessionRef, SessionSnapshot, SessionSummary,
+    SessionListParams, SessionPage, SessionRef, SessionRenameParams, SessionRenamed,
+    SessionSnapshot, SessionSummary,
 };
 use drover_protocol::daemon_file::DaemonInfo;
 use drover_protocol::ClientRequest;
@@ -273,6 +274,19 @@ impl Client {
         self.request(ClientRequest::PromptCancel(AdmissionRef {
             session_id: session_id.to_string(),
             admission_id: admission_id.to_string(),
+        }))
+        .await
+    }
+
+    /// `session.rename`: sets the session's title (no attachment needed). Safe to repeat.
+    pub async fn rename(
+        &self,
+        session_id: &str,
+        title: &str,
+    ) -> Result<SessionRenamed, ClientError> {
+        self.idempotent(ClientRequest::SessionRename(SessionRenameParams {
+            session_id: session_id.to_string(),
+            title: title.to_string(),
         }))
         .await
     }
