@@ -10,7 +10,7 @@
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use drover_client::{Client, ClientError};
 use drover_protocol::client::{
@@ -221,15 +221,27 @@ async fn stored_events(c: &Client, snapshot: &SessionSnapshot) -> Result<Vec<Val
                 },
             ))
             .await?;
-        let more = page["has_more"].as_bool().unwrap_or(false);
-        last = page["last_sequence"].as_u64().unwrap_or(last);
-        if let Some(list) = page["events"].as_array() {
-            events.extend(list.iter().cloned());
-        }
-        if !more {
+        let page: RawEventsPage = serde_path_to_error::deserialize(page).map_err(|e| {
+            anyhow!(
+                "session.events.since: the page does not parse at {}: {e}",
+                e.path()
+            )
+        })?;
+        last = page.last_sequence;
+        events.extend(page.events);
+        if !page.has_more {
             return Ok(events);
         }
     }
+}
+
+/// A `session.events.since` page whose events stay as the daemon sent them: `show --json`
+/// prints them whole, and an event type this build does not know is skipped, not an error.
+#[derive(serde::Deserialize)]
+struct RawEventsPage {
+    events: Vec<Value>,
+    last_sequence: u64,
+    has_more: bool,
 }
 
 /// What `show` knows of one admission from the stored events.
