@@ -7,13 +7,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use drover_test_support::harness::{
-    children_of, daemon_info, db_rows, model_home, pid_alive, signal, uuid_like, KillDaemonOnDrop,
+    daemon_info, db_rows, model_home, pid_alive, script_rm_victim, signal, KillDaemonOnDrop,
     TestHome,
 };
+use drover_test_support::tmux::{Pane, WAIT};
 use drover_test_support::{Gate, MockModel, Reply};
 use nix::sys::signal::Signal;
 use serde_json::json;
@@ -22,133 +22,17 @@ fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_drover"))
 }
 
-const WAIT: Duration = Duration::from_secs(30);
-
-/// A private tmux server running `drover --home HOME ARGS...` in one pane (in `cwd`, with
-/// `NO_COLOR`); killed on drop.
-struct Pane {
-    socket: String,
-    /// Where the pane's shell writes its pid and drover's exit code.
-    dir: tempfile::TempDir,
+/// `drover --home HOME ARGS...` in a pane, in `cwd`, with `NO_COLOR`.
+fn in_pane(home: &Path, cwd: &Path, args: &[&str]) -> Pane {
+    Pane::builder(bin(), home).cwd(cwd).no_color().start(args)
 }
 
-impl Pane {
-    fn start(home: &Path, cwd: &Path, args: &[&str]) -> Pane {
-        let socket = format!("drover-chat-{}-{}", std::process::id(), uuid_like());
-        let dir = tempfile::tempdir().unwrap();
-        let quoted: Vec<String> = args
-            .iter()
-            .map(|a| format!("'{}'", a.replace('\'', "'\\''")))
-            .collect();
-        let script = format!(
-            // `trap : INT`: Ctrl-C must reach drover, not end the pane's shell.
-            "trap : INT; echo $$ > '{dir}/shell.pid'; cd '{cwd}'; NO_COLOR=1 '{bin}' --home '{home}' {args}; echo $? > '{dir}/exit-code'; sleep 600",
-            dir = dir.path().display(),
-            cwd = cwd.display(),
-            bin = bin().display(),
-            home = home.display(),
-            args = quoted.join(" "),
-        );
-        let status = Command::new("tmux")
-            .args([
-                "-L",
-                &socket,
-                "-f",
-                "/dev/null",
-                "new-session",
-                "-d",
-                "-x",
-                "110",
-                "-y",
-                "40",
-                "sh",
-                "-c",
-                &script,
-            ])
-            .status()
-            .expect("tmux runs");
-        assert!(status.success(), "tmux new-session failed");
-        Pane { socket, dir }
-    }
-
-    /// The pane's text, its scrollback included.
-    fn screen(&self) -> String {
-        let out = Command::new("tmux")
-            .args(["-L", &self.socket, "capture-pane", "-p", "-J", "-S", "-500"])
-            .output()
-            .expect("capture-pane");
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    fn keys(&self, keys: &[&str]) {
-        let mut args = vec!["-L", self.socket.as_str(), "send-keys"];
-        args.extend_from_slice(keys);
-        assert!(Command::new("tmux").args(&args).status().unwrap().success());
-    }
-
-    /// Types `text` literally, then Enter.
-    fn send(&self, text: &str) {
-        self.keys(&["-l", text]);
-        self.keys(&["Enter"]);
-    }
-
-    /// Waits until the screen holds `text`; returns the screen.
-    async fn wait_for(&self, text: &str) -> String {
-        self.wait_until(text, |s| s.contains(text)).await
-    }
-
-    async fn wait_until(&self, what: &str, cond: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let screen = self.screen();
-            if cond(&screen) {
-                return screen;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{what:?} never appeared; screen:\n{screen}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    /// The pid of drover in the pane.
-    fn drover_pid(&self) -> u32 {
-        let shell: u32 = std::fs::read_to_string(self.dir.path().join("shell.pid"))
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
-        children_of(shell)
-            .into_iter()
-            .next()
-            .expect("drover runs in the pane")
-    }
-
-    async fn exit_code(&self) -> i32 {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if let Ok(text) = std::fs::read_to_string(self.dir.path().join("exit-code")) {
-                if let Ok(code) = text.trim().parse() {
-                    return code;
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "drover never exited; screen:\n{}",
-                self.screen()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-}
-
-impl Drop for Pane {
-    fn drop(&mut self) {
-        let _ = Command::new("tmux")
-            .args(["-L", &self.socket, "kill-server"])
-            .status();
-    }
+/// `drover chat` in a pane: waits for its idle status line, then types `first`.
+async fn chat(home: &TestHome, cwd: &Path, first: &str) -> Pane {
+    let pane = in_pane(home.path(), cwd, &["chat"]);
+    pane.wait_for("· idle ·").await;
+    pane.send(first);
+    pane
 }
 
 /// A home on the loopback model with the terminal and clarify tools, and a scratch cwd.
@@ -191,9 +75,7 @@ async fn a_streamed_answer_is_shown_as_markdown_and_the_status_line_counts_token
     let (model, home, scratch) = setup().await;
     let _daemon = KillDaemonOnDrop(home.path());
     model.push(Reply::text("Hello, **bold** world.\n\n```\nkeep   this\n```").usage(5, 7, 12));
-    let pane = Pane::start(home.path(), scratch.path(), &["chat"]);
-    pane.wait_for("· idle ·").await;
-    pane.send("say hello");
+    let pane = chat(&home, scratch.path(), "say hello").await;
     let screen = pane.wait_for("Hello, bold world.").await;
     assert!(screen.contains("› say hello"), "{screen}");
     pane.wait_for("keep   this").await;
@@ -217,9 +99,7 @@ async fn a_tool_call_shows_its_status_and_first_output_lines() {
         json!({"command": "printf 'line-one\\nline-two\\n'"}),
     ));
     model.push(Reply::text("Printed two lines."));
-    let pane = Pane::start(home.path(), scratch.path(), &["chat"]);
-    pane.wait_for("· idle ·").await;
-    pane.send("print two lines");
+    let pane = chat(&home, scratch.path(), "print two lines").await;
     let screen = pane.wait_for("Printed two lines.").await;
     assert!(screen.contains("✓ terminal  printf"), "{screen}");
     assert!(screen.contains("│ line-one"), "{screen}");
@@ -230,17 +110,8 @@ async fn a_tool_call_shows_its_status_and_first_output_lines() {
 async fn an_approval_answered_y_runs_the_command() {
     let (model, home, scratch) = setup().await;
     let _daemon = KillDaemonOnDrop(home.path());
-    let victim = scratch.path().join("victim");
-    std::fs::create_dir(&victim).unwrap();
-    model.push(Reply::tool_call(
-        "c1",
-        "terminal",
-        json!({"command": format!("rm -rf {}", victim.display())}),
-    ));
-    model.push(Reply::text("Removed it."));
-    let pane = Pane::start(home.path(), scratch.path(), &["chat"]);
-    pane.wait_for("· idle ·").await;
-    pane.send("delete the victim");
+    let victim = script_rm_victim(&model, scratch.path(), "Removed it.");
+    let pane = chat(&home, scratch.path(), "delete the victim").await;
     let screen = pane.wait_for("[y] once").await;
     assert!(
         screen.contains("approval needed: deletes files recursively"),
@@ -258,17 +129,8 @@ async fn an_approval_answered_y_runs_the_command() {
 async fn a_typo_asks_again_and_n_denies() {
     let (model, home, scratch) = setup().await;
     let _daemon = KillDaemonOnDrop(home.path());
-    let victim = scratch.path().join("victim");
-    std::fs::create_dir(&victim).unwrap();
-    model.push(Reply::tool_call(
-        "c1",
-        "terminal",
-        json!({"command": format!("rm -rf {}", victim.display())}),
-    ));
-    model.push(Reply::text("Left it alone."));
-    let pane = Pane::start(home.path(), scratch.path(), &["chat"]);
-    pane.wait_for("· idle ·").await;
-    pane.send("delete the victim");
+    let victim = script_rm_victim(&model, scratch.path(), "Left it alone.");
+    let pane = chat(&home, scratch.path(), "delete the victim").await;
     pane.wait_for("[y] once").await;
     pane.keys(&["x"]);
     let screen = pane.wait_for("\"x\" is not an answer").await;
@@ -299,9 +161,7 @@ async fn a_clarify_question_with_choices_is_answered_from_the_list() {
         json!({"questions": [{"question": "Which one?", "choices": ["Alpha", "Beta"]}]}),
     ));
     model.push(Reply::text("Beta it is."));
-    let pane = Pane::start(home.path(), scratch.path(), &["chat"]);
-    pane.wait_for("· idle ·").await;
-    pane.send("pick for me");
+    let pane = chat(&home, scratch.path(), "pick for me").await;
     pane.wait_for("? Which one?").await;
     pane.wait_for("2. Beta").await;
     pane.keys(&["Down"]);
@@ -322,9 +182,7 @@ async fn ctrl_c_interrupts_a_long_tool_and_the_client_stays() {
         "terminal",
         json!({"command": "sleep 60"}),
     ));
-    let pane = Pane::start(home.path(), scratch.path(), &["chat"]);
-    pane.wait_for("· idle ·").await;
-    pane.send("wait a minute");
+    let pane = chat(&home, scratch.path(), "wait a minute").await;
     pane.wait_for("running").await;
     pane.wait_until("a running tool block", |s| {
         s.contains("● terminal  sleep 60")
@@ -352,9 +210,7 @@ async fn a_killed_client_leaves_the_turn_running_and_attach_shows_it_finished() 
         json!({"command": "echo from-the-tool"}),
     ));
     model.push(Reply::text("Finished while you were away.").gated(&gate));
-    let pane = Pane::start(home.path(), scratch.path(), &["chat"]);
-    pane.wait_for("· idle ·").await;
-    pane.send("work while I am gone");
+    let pane = chat(&home, scratch.path(), "work while I am gone").await;
     assert!(
         gate.wait_reached(WAIT).await,
         "the turn never reached the model"
@@ -374,7 +230,7 @@ async fn a_killed_client_leaves_the_turn_running_and_attach_shows_it_finished() 
     wait_admission(&home, "terminal").await;
     let session = only_session(&home);
     let prefix = &session[..8];
-    let pane = Pane::start(home.path(), scratch.path(), &["attach", prefix]);
+    let pane = in_pane(home.path(), scratch.path(), &["attach", prefix]);
     let screen = pane.wait_for("Finished while you were away.").await;
     assert!(screen.contains("› work while I am gone"), "{screen}");
     assert!(screen.contains("│ from-the-tool"), "{screen}");
@@ -386,22 +242,13 @@ async fn a_killed_client_leaves_the_turn_running_and_attach_shows_it_finished() 
 async fn attach_reopens_a_running_turn_with_its_tool_blocks_and_open_prompt() {
     let (model, home, scratch) = setup().await;
     let _daemon = KillDaemonOnDrop(home.path());
-    let victim = scratch.path().join("victim");
-    std::fs::create_dir(&victim).unwrap();
     model.push(Reply::tool_call(
         "c1",
         "terminal",
         json!({"command": "echo first-step"}),
     ));
-    model.push(Reply::tool_call(
-        "c2",
-        "terminal",
-        json!({"command": format!("rm -rf {}", victim.display())}),
-    ));
-    model.push(Reply::text("All done."));
-    let pane = Pane::start(home.path(), scratch.path(), &["chat"]);
-    pane.wait_for("· idle ·").await;
-    pane.send("two steps");
+    let victim = script_rm_victim(&model, scratch.path(), "All done.");
+    let pane = chat(&home, scratch.path(), "two steps").await;
     pane.wait_for("[y] once").await;
     // Ctrl-D at an empty input leaves; the turn and its prompt stay (G3).
     pane.keys(&["C-d"]);
@@ -409,7 +256,7 @@ async fn attach_reopens_a_running_turn_with_its_tool_blocks_and_open_prompt() {
     assert_eq!(pane.exit_code().await, 0);
     drop(pane);
     let session = only_session(&home);
-    let pane = Pane::start(
+    let pane = in_pane(
         home.path(),
         scratch.path(),
         &["chat", "--session", &session[..6]],
@@ -429,9 +276,7 @@ async fn a_killed_owner_leaves_the_turn_unknown_and_the_client_resolves_and_goes
     let _daemon = KillDaemonOnDrop(home.path());
     let gate = Gate::new();
     model.push(Reply::text("lost with the owner").gated(&gate));
-    let pane = Pane::start(home.path(), scratch.path(), &["chat"]);
-    pane.wait_for("· idle ·").await;
-    pane.send("this turn will be lost");
+    let pane = chat(&home, scratch.path(), "this turn will be lost").await;
     assert!(
         gate.wait_reached(WAIT).await,
         "the turn never reached the model"
@@ -492,9 +337,7 @@ async fn a_delegated_child_shows_its_tool_calls_nested_under_delegate_task() {
             (false, true) => Reply::text("The child says 42."),
         }
     });
-    let pane = Pane::start(home.path(), scratch.path(), &["chat"]);
-    pane.wait_for("· idle ·").await;
-    pane.send("delegate the counting");
+    let pane = chat(&home, scratch.path(), "delegate the counting").await;
     let screen = pane.wait_for("│ child-tool-output").await;
     assert!(screen.contains("● delegate_task"), "{screen}");
     assert!(screen.contains("↳ child agent"), "{screen}");

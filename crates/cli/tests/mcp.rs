@@ -7,8 +7,7 @@
 // Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::Path;
-
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use drover_test_support::harness::{eventually, pid_alive, Daemon, OneSession, TestHome};
@@ -29,17 +28,23 @@ fn echo_config(pidfile: &Path) -> String {
     )
 }
 
-#[tokio::test]
-async fn model_calls_an_mcp_tool_and_the_tool_row_holds_its_answer() {
+/// A session with toolset `echo` on a home with [`echo_config`]; and the echo server's pidfile.
+async fn echo_session() -> (OneSession, PathBuf) {
     let home = TestHome::new().unwrap();
     let pidfile = home.path().join("mcp-echo.pid");
-    let mut s = OneSession::builder(bin())
+    let s = OneSession::builder(bin())
         .config(&echo_config(&pidfile))
         .toolsets(&["echo"])
         .home(home)
         .start()
         .await
         .unwrap();
+    (s, pidfile)
+}
+
+#[tokio::test]
+async fn model_calls_an_mcp_tool_and_the_tool_row_holds_its_answer() {
+    let (mut s, pidfile) = echo_session().await;
     assert_eq!(s.created["info"]["toolsets"], json!(["echo"]));
 
     s.model.push(Reply::tool_call(
@@ -125,15 +130,7 @@ fn server<'a>(status: &'a serde_json::Value, name: &str) -> &'a serde_json::Valu
 
 #[tokio::test]
 async fn a_server_that_crashes_mid_turn_is_restarted_and_its_states_are_events_and_status() {
-    let home = TestHome::new().unwrap();
-    let pidfile = home.path().join("mcp-echo.pid");
-    let mut s = OneSession::builder(bin())
-        .config(&echo_config(&pidfile))
-        .toolsets(&["echo"])
-        .home(home)
-        .start()
-        .await
-        .unwrap();
+    let (mut s, pidfile) = echo_session().await;
     // Reading status needs no attachment: this client is attached to nothing.
     let mut other = s.daemon.client().await.unwrap();
     let home_status = other.call_ok("mcp.status", json!({})).await.unwrap();

@@ -9,11 +9,11 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::Duration;
 
-use drover_test_support::harness::model_home;
 use drover_test_support::harness::str_field;
 use drover_test_support::harness::{
     daemon_info, db_rows, run_drover, Client, Daemon, KillDaemonOnDrop, OneSession, TestHome,
 };
+use drover_test_support::harness::{model_home, rm_rf_call, script_rm_victim};
 use drover_test_support::{wait, MockModel, Reply};
 use serde_json::{json, Value};
 
@@ -46,12 +46,7 @@ fn victim(scratch: &tempfile::TempDir) -> PathBuf {
 /// Scripts `rm -rf <victim>` then a final text, submits, and waits for the `approval.request`.
 /// Returns the admission id and the request's payload.
 async fn open_approval(s: &mut OneSession, victim: &Path) -> (String, Value) {
-    let command = format!("rm -rf {}", victim.display());
-    s.model.push(Reply::tool_call(
-        "call_rm",
-        "terminal",
-        json!({ "command": command }),
-    ));
+    s.model.push(rm_rf_call(victim));
     s.model.push(Reply::text("Done deleting."));
     let receipt = s.submit("delete the victim directory").await.unwrap();
     let admission_id = str_field(&receipt, "admission_id");
@@ -551,14 +546,7 @@ async fn run_setup() -> (MockModel, TestHome, tempfile::TempDir) {
         .prefix("drover-run-")
         .tempdir()
         .unwrap();
-    let victim = scratch.path().join("victim");
-    std::fs::create_dir(&victim).unwrap();
-    model.push(Reply::tool_call(
-        "call_rm",
-        "terminal",
-        json!({"command": format!("rm -rf {}", victim.display())}),
-    ));
-    model.push(Reply::text("Deleted."));
+    script_rm_victim(&model, scratch.path(), "Deleted.");
     (model, home, scratch)
 }
 
@@ -721,11 +709,7 @@ async fn approvals_cli(s: &OneSession, args: &[&str]) -> Output {
 
 /// Scripts a turn that deletes `dir` with `rm -rf`, then a text answer; returns its admission.
 async fn submit_rm(s: &mut OneSession, dir: &Path) -> String {
-    s.model.push(Reply::tool_call(
-        "call_rm",
-        "terminal",
-        json!({ "command": format!("rm -rf {}", dir.display()) }),
-    ));
+    s.model.push(rm_rf_call(dir));
     s.model.push(Reply::text("Deleted."));
     let receipt = s.submit("delete it").await.unwrap();
     str_field(&receipt, "admission_id")

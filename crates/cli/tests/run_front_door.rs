@@ -11,7 +11,8 @@ use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
 use drover_test_support::harness::{
-    daemon_info, model_home, pid_alive, run_drover, signal, KillDaemonOnDrop, OneSession,
+    daemon_info, model_home, pid_alive, rm_rf_call, run_drover, script_rm_victim, signal,
+    KillDaemonOnDrop, OneSession,
 };
 use drover_test_support::{Gate, Reply};
 use serde_json::{json, Value};
@@ -34,10 +35,15 @@ async fn drover(home: &Path, args: &[&str]) -> Output {
 
 /// `drover run` with `stdin` piped in.
 async fn drover_with_stdin(home: &Path, args: &[&str], stdin: &str) -> Output {
-    let mut child = tokio::process::Command::new(bin())
-        .arg("--home")
-        .arg(home)
-        .args(args)
+    let mut command = tokio::process::Command::new(bin());
+    command.arg("--home").arg(home).args(args);
+    with_input(command, stdin, false).await
+}
+
+/// Runs `command` with `input` piped in, at most [`BOUND`]; its stdin is closed after the
+/// input, or with `keep_open` only once it has exited.
+async fn with_input(mut command: tokio::process::Command, input: &str, keep_open: bool) -> Output {
+    let mut child = command
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -45,12 +51,14 @@ async fn drover_with_stdin(home: &Path, args: &[&str], stdin: &str) -> Output {
         .spawn()
         .unwrap();
     let mut pipe = child.stdin.take().unwrap();
-    pipe.write_all(stdin.as_bytes()).await.unwrap();
-    drop(pipe);
-    tokio::time::timeout(BOUND, child.wait_with_output())
+    pipe.write_all(input.as_bytes()).await.unwrap();
+    let kept = keep_open.then_some(pipe);
+    let out = tokio::time::timeout(BOUND, child.wait_with_output())
         .await
         .expect("drover run did not finish")
-        .unwrap()
+        .unwrap();
+    drop(kept);
+    out
 }
 
 fn sessions_json(out: &Output) -> Vec<Value> {
@@ -245,14 +253,7 @@ async fn a_session_paused_on_an_unknown_turn_is_exit_4_naming_resolve_within_sec
 #[tokio::test]
 async fn an_open_prompt_without_a_terminal_is_exit_5_naming_answer_within_seconds() {
     let mut s = OneSession::builder(bin()).start().await.unwrap();
-    let victim = s.home.path().join("victim");
-    std::fs::create_dir(&victim).unwrap();
-    s.model.push(Reply::tool_call(
-        "call_rm",
-        "terminal",
-        json!({"command": format!("rm -rf {}", victim.display())}),
-    ));
-    s.model.push(Reply::text("Deleted."));
+    let victim = script_rm_victim(&s.model, s.home.path(), "Deleted.");
     s.submit("delete it").await.unwrap();
     s.client
         .wait_event(|e| e["type"] == "approval.request")
@@ -333,14 +334,7 @@ async fn a_daemon_sigkilled_mid_turn_is_exit_4_in_words_and_run_restarts_it() {
 async fn a_command_waiting_for_approval_is_shown_as_the_question_not_as_run() {
     let (model, home) = model_home(true).await.unwrap();
     let _guard = KillDaemonOnDrop(home.path());
-    let victim = home.path().join("victim");
-    std::fs::create_dir(&victim).unwrap();
-    model.push(Reply::tool_call(
-        "call_rm",
-        "terminal",
-        json!({"command": format!("rm -rf {}", victim.display())}),
-    ));
-    model.push(Reply::text("Deleted."));
+    let victim = script_rm_victim(&model, home.path(), "Deleted.");
     let out = drover(home.path(), &["run", "delete it"]).await;
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(5), "{stderr}");
@@ -409,23 +403,10 @@ async fn drover_on_a_terminal(home: &Path, args: &[&str], input: &str) -> Output
         quote(home.to_str().unwrap()),
     ];
     line.extend(args.iter().map(|a| quote(a)));
-    let mut child = tokio::process::Command::new("script")
-        .args(["-q", "-e", "-c", &line.join(" "), "/dev/null"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut pipe = child.stdin.take().unwrap();
-    pipe.write_all(input.as_bytes()).await.unwrap();
+    let mut command = tokio::process::Command::new("script");
+    command.args(["-q", "-e", "-c", &line.join(" "), "/dev/null"]);
     // Kept open until drover exits: an end of input would read as a closed terminal.
-    let out = tokio::time::timeout(BOUND, child.wait_with_output())
-        .await
-        .expect("drover run did not finish")
-        .unwrap();
-    drop(pipe);
-    out
+    with_input(command, input, true).await
 }
 
 #[tokio::test]
@@ -434,13 +415,7 @@ async fn an_approval_answer_that_is_not_a_choice_asks_again_then_exit_5_after_th
     let _guard = KillDaemonOnDrop(home.path());
     let victim = home.path().join("victim");
     std::fs::create_dir(&victim).unwrap();
-    let rm = || {
-        Reply::tool_call(
-            "call_rm",
-            "terminal",
-            json!({"command": format!("rm -rf {}", victim.display())}),
-        )
-    };
+    let rm = || rm_rf_call(&victim);
     model.push(rm());
     model.push(Reply::text("Not deleted."));
     // A typo, then a denial: asked twice, the command never runs.

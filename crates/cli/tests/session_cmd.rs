@@ -10,7 +10,9 @@ use std::path::Path;
 use std::process::Output;
 use std::time::Duration;
 
-use drover_test_support::harness::{model_daemon, run_drover, signal, str_field, OneSession};
+use drover_test_support::harness::{
+    model_daemon, run_drover, script_rm_victim, signal, str_field, OneSession,
+};
 use drover_test_support::{Gate, Reply};
 use nix::sys::signal::Signal;
 use serde_json::{json, Value};
@@ -240,14 +242,7 @@ async fn drover_answer_answers_the_prompt_a_run_without_terminal_left_open() {
         .prefix("drover-answer-")
         .tempdir()
         .unwrap();
-    let victim = scratch.path().join("victim");
-    std::fs::create_dir(&victim).unwrap();
-    model.push(Reply::tool_call(
-        "call_rm",
-        "terminal",
-        json!({"command": format!("rm -rf {}", victim.display())}),
-    ));
-    model.push(Reply::text("Deleted."));
+    let victim = script_rm_victim(&model, scratch.path(), "Deleted.");
 
     let (code, out, err) = drover(home.path(), &["run", "--json", "delete the victim"]).await;
     assert_eq!(code, Some(5), "{err}");

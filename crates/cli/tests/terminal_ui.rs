@@ -1,143 +1,39 @@
 //! `drover run` on a real terminal (SPEC section 8, issue 4 item 6): it shows approval prompts and
 //! reads the answer typed at the terminal, and Ctrl-C interrupts the running turn (exit 130).
-//! The terminal is a pane of a private tmux server (its own `-L` socket, killed on drop).
+//! The terminal is a pane of a private tmux server (`drover_test_support::tmux::Pane`).
 
 // Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::time::Duration;
 
-use drover_test_support::harness::model_home;
-use drover_test_support::harness::{pid_alive, KillDaemonOnDrop};
-use drover_test_support::{wait, Gate, Reply};
-use serde_json::{json, Value};
+use drover_test_support::harness::{model_home, pid_alive, script_rm_victim, KillDaemonOnDrop};
+use drover_test_support::tmux::Pane;
+use drover_test_support::{Gate, Reply};
+use serde_json::Value;
 
 fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_drover"))
 }
 
-/// A private tmux server running one command in a pane; killed (with its daemon) on drop.
-struct Pane {
-    socket: String,
-    home: PathBuf,
-}
-
-impl Pane {
-    /// Runs `drover --home HOME run ARGS...` in a new pane, then writes its exit code to
-    /// `<home>/exit-code` and keeps the pane open.
-    fn run(home: &Path, args: &[&str]) -> Pane {
-        let socket = format!(
-            "drover-test-{}-{}",
-            std::process::id(),
-            drover_test_support::harness::uuid_like()
-        );
-        let quoted: Vec<String> = args
-            .iter()
-            .map(|a| format!("'{}'", a.replace('\'', "'\\''")))
-            .collect();
-        let script = format!(
-            // `trap : INT`: Ctrl-C must reach drover, not end the pane's shell.
-            "trap : INT; '{}' --home '{}' run {}; echo $? > '{}/exit-code'; sleep 600",
-            bin().display(),
-            home.display(),
-            quoted.join(" "),
-            home.display()
-        );
-        let status = Command::new("tmux")
-            .args([
-                "-L",
-                &socket,
-                "-f",
-                "/dev/null",
-                "new-session",
-                "-d",
-                "-x",
-                "200",
-                "-y",
-                "50",
-                "sh",
-                "-c",
-                &script,
-            ])
-            .status()
-            .expect("tmux runs");
-        assert!(status.success(), "tmux new-session failed");
-        Pane {
-            socket,
-            home: home.to_path_buf(),
-        }
-    }
-
-    fn screen(&self) -> String {
-        let out = Command::new("tmux")
-            .args(["-L", &self.socket, "capture-pane", "-p", "-J"])
-            .output()
-            .expect("capture-pane");
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    fn send_keys(&self, keys: &[&str]) {
-        let mut args = vec!["-L", self.socket.as_str(), "send-keys"];
-        args.extend_from_slice(keys);
-        assert!(Command::new("tmux")
-            .args(&args)
-            .status()
-            .expect("send-keys")
-            .success());
-    }
-
-    /// Waits until the screen contains `text`.
-    async fn wait_for(&self, text: &str) -> String {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let screen = self.screen();
-            if screen.contains(text) {
-                return screen;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{text:?} never appeared; screen:\n{screen}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    async fn exit_code(&self) -> i32 {
-        let path = self.home.join("exit-code");
-        wait::file(&path, Duration::from_secs(20), |t| t.trim().parse().ok())
-            .await
-            .unwrap_or_else(|| panic!("drover run never exited; screen:\n{}", self.screen()))
-    }
-}
-
-impl Drop for Pane {
-    fn drop(&mut self) {
-        let _ = Command::new("tmux")
-            .args(["-L", &self.socket, "kill-server"])
-            .status();
-        // The daemon `drover run` started in the pane.
-        drop(KillDaemonOnDrop(&self.home));
-    }
+/// `drover --home HOME run ARGS...` in a 200 by 50 pane.
+fn run_in_pane(home: &Path, args: &[&str]) -> Pane {
+    let args: Vec<&str> = std::iter::once("run").chain(args.iter().copied()).collect();
+    Pane::builder(bin(), home).size(200, 50).start(&args)
 }
 
 #[tokio::test]
 async fn approval_is_asked_on_the_terminal_and_the_typed_answer_is_used() {
     let (model, home) = model_home(true).await.unwrap();
-    let victim = home.path().join("victim");
-    std::fs::create_dir(&victim).unwrap();
-    model.push(Reply::tool_call(
-        "c1",
-        "terminal",
-        json!({"command": format!("rm -rf {}", victim.display())}),
-    ));
-    model.push(Reply::text("removed it"));
-    let pane = Pane::run(home.path(), &["delete the victim"]);
+    let victim = script_rm_victim(&model, home.path(), "removed it");
+    // The daemon `drover run` starts in the pane; dropped after the pane.
+    let _daemon = KillDaemonOnDrop(home.path());
+    let pane = run_in_pane(home.path(), &["delete the victim"]);
     let screen = pane.wait_for("[once/session/always/deny]").await;
     assert!(screen.contains("rm -rf"), "{screen}");
     assert!(victim.exists(), "ran before the answer");
-    pane.send_keys(&["once", "Enter"]);
+    pane.keys(&["once", "Enter"]);
     assert_eq!(pane.exit_code().await, 0, "screen:\n{}", pane.screen());
     assert!(!victim.exists());
     pane.wait_for("removed it").await;
@@ -148,12 +44,13 @@ async fn ctrl_c_interrupts_the_running_turn_and_exits_130() {
     let (model, home) = model_home(true).await.unwrap();
     let gate = Gate::new();
     model.push(Reply::text("never shown").gated(&gate));
-    let pane = Pane::run(home.path(), &["wait for me"]);
+    let _daemon = KillDaemonOnDrop(home.path());
+    let pane = run_in_pane(home.path(), &["wait for me"]);
     assert!(
         gate.wait_reached(Duration::from_secs(20)).await,
         "the turn never reached the model"
     );
-    pane.send_keys(&["C-c"]);
+    pane.keys(&["C-c"]);
     assert_eq!(pane.exit_code().await, 130, "screen:\n{}", pane.screen());
     // The daemon lives on (detach is not cancel; only the turn was interrupted).
     let info: Value =

@@ -917,6 +917,26 @@ impl OneSessionBuilder {
     }
 }
 
+/// The model's tool call `call_rm`: `rm -rf <dir>` on the terminal, a command that needs
+/// approval.
+pub fn rm_rf_call(dir: &Path) -> crate::Reply {
+    crate::Reply::tool_call(
+        "call_rm",
+        "terminal",
+        json!({"command": format!("rm -rf {}", dir.display())}),
+    )
+}
+
+/// Makes the directory `<parent>/victim` and scripts `model` to delete it ([`rm_rf_call`]),
+/// then to answer `answer`. Returns the victim.
+pub fn script_rm_victim(model: &crate::MockModel, parent: &Path, answer: &str) -> PathBuf {
+    let victim = parent.join("victim");
+    std::fs::create_dir(&victim).unwrap();
+    model.push(rm_rf_call(&victim));
+    model.push(crate::Reply::text(answer));
+    victim
+}
+
 /// A mock model and a fresh home whose model config points at it (`stream` or not).
 pub async fn model_home(stream: bool) -> Result<(crate::MockModel, TestHome)> {
     let model = crate::MockModel::start().await;

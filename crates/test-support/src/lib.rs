@@ -14,11 +14,13 @@
 //!   forged frame.
 //! - [`wait`]: bounded waits: [`wait::until`] a condition holds, [`wait::holds_for`] a window,
 //!   [`wait::file`] a file a child writes holds what the test reads from it.
+//! - [`tmux`]: a real terminal, `drover` in a pane of a private tmux server ([`tmux::Pane`]:
+//!   its screen, keys, bounded waits on the screen, drover's pid and exit code).
 //! - [`env_count`]: a benchmark's size from its variable.
 //!
 //! Nothing here mocks a drover component: only the model is played.
 //!
-//! Layers: `mock_model`, `mcp_echo`, `wait` (leaves); `harness` on top.
+//! Layers: `mock_model`, `mcp_echo`, `wait` (leaves); `harness`; `tmux` on top.
 
 // Test code only: a helper that cannot set up its fixture (a port, a temporary folder, a
 // missing mosquitto) panics with a message, which fails the calling test (issue 10).
@@ -28,6 +30,7 @@ pub mod harness;
 pub mod job_cli;
 pub mod mcp_echo;
 pub mod mock_model;
+pub mod tmux;
 pub mod wait;
 
 pub use mcp_echo::{mcp_echo_bin, worker_relay_bin};
