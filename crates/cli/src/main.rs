@@ -125,6 +125,24 @@ fn main() -> ExitCode {
         let _ = <Cli as clap::CommandFactory>::command().print_help();
         return Exit::Failed.into();
     };
+    // A reader that goes away (`| head`) ends a printing command quietly, as Unix commands do.
+    // The daemon, its workers and the chat client keep writes failing instead.
+    if matches!(
+        command,
+        Command::Run(_)
+            | Command::Sessions { .. }
+            | Command::Show(_)
+            | Command::Resolve(_)
+            | Command::Cancel(_)
+            | Command::Answer(_)
+            | Command::Rename(_)
+            | Command::Approvals { .. }
+            | Command::Protocol(_)
+            | Command::Completions { .. }
+            | Command::Man { .. }
+    ) {
+        let _ = drover_platform::default_pipe_signal();
+    }
     let exit = match command {
         Command::Chat(args) => commands::block_on(chat::chat(home, args)),
         Command::Attach(args) => commands::block_on(chat::attach(home, args)),
@@ -146,10 +164,8 @@ fn main() -> ExitCode {
         Command::Answer(args) => commands::block_on(session_cmd::answer(&home, args)),
         Command::Rename(args) => commands::block_on(session_cmd::rename(&home, args)),
         Command::Approvals { command } => commands::block_on(async {
-            // Listing reads: a home that does not exist is said so, never created.
-            if matches!(command, commands::ApprovalsCommand::List { .. }) {
-                session_cmd::require_home(&home)?;
-            }
+            // A home that does not exist has no rules to list or remove: said so, never created.
+            session_cmd::require_home(&home)?;
             commands::approvals(home, command).await
         }),
         Command::Job(args) => job::run(home, args),

@@ -423,3 +423,41 @@ async fn drover_answer_text_answers_a_clarify_question_and_refuses_a_choice_it_d
         "completed"
     );
 }
+
+/// `drover sessions | head -1`: a reader that goes away ends the command quietly, by SIGPIPE
+/// as Unix commands do, never with a panic and a backtrace.
+#[tokio::test]
+async fn a_closed_pipe_ends_sessions_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let s = OneSession::start(bin(), true, "", &[]).await.unwrap();
+    let mut child = std::process::Command::new(bin())
+        .args([
+            "--home",
+            s.home.path().to_str().unwrap(),
+            "sessions",
+            "--json",
+        ])
+        .env("RUST_BACKTRACE", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The reader is gone before anything is written.
+    drop(child.stdout.take());
+    let out = tokio::time::timeout(
+        BOUND,
+        tokio::task::spawn_blocking(move || child.wait_with_output()),
+    )
+    .await
+    .expect("sessions ends")
+    .unwrap()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(
+        out.status.signal(),
+        Some(Signal::SIGPIPE as i32),
+        "{:?} {stderr}",
+        out.status
+    );
+}

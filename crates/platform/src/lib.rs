@@ -183,6 +183,17 @@ pub fn ignore_file_size_signal() -> io::Result<()> {
         .map_err(io::Error::from)
 }
 
+/// Restores the default `SIGPIPE` action (end the process) that the Rust runtime turns off,
+/// for a command whose output is read by a pipe: `drover sessions | head -1` then ends quietly,
+/// as Unix commands do, instead of failing a write. Sockets are unaffected (Rust writes to
+/// them with `MSG_NOSIGNAL`). Never for the daemon or a worker.
+pub fn default_pipe_signal() -> io::Result<()> {
+    // SAFETY: installing SIG_DFL runs no handler code, so it cannot break async-signal safety.
+    unsafe { nix::sys::signal::signal(Signal::SIGPIPE, nix::sys::signal::SigHandler::SigDfl) }
+        .map(|_| ())
+        .map_err(io::Error::from)
+}
+
 /// The pid of the calling process's parent (1, or a subreaper, once the parent is gone).
 pub fn parent_pid() -> i32 {
     nix::unistd::getppid().as_raw()
