@@ -636,13 +636,13 @@ enum Answered {
     Left(Exit),
 }
 
-/// `once`, `session`, `always`, `deny`, or their first letters (`y`/`yes` for once, `n`/`no`
-/// for deny).
+/// `once`, `session`, `always`, `deny`, or the first letters of all but `always` (`y`/`yes` for
+/// once, `n`/`no` for deny). `always` stores a home-wide rule, so it is never one stray key.
 fn parse_choice(answer: &str) -> Option<ApprovalChoice> {
     match answer.trim().to_ascii_lowercase().as_str() {
         "once" | "o" | "y" | "yes" => Some(ApprovalChoice::Once),
         "session" | "s" => Some(ApprovalChoice::Session),
-        "always" | "a" => Some(ApprovalChoice::Always),
+        "always" => Some(ApprovalChoice::Always),
         "deny" | "d" | "n" | "no" => Some(ApprovalChoice::Deny),
         _ => None,
     }
@@ -751,12 +751,19 @@ async fn answer_prompt(
             let Some(choice) = choice else {
                 return Ok(left(out, "and --approve is not a choice"));
             };
-            respond(
+            let answered = respond(
                 out,
                 client
                     .respond_approval(session_id, p.execution_generation, &p.prompt_id, choice)
                     .await,
-            )
+            );
+            if choice == ApprovalChoice::Always && matches!(answered, Ok(Answered::Sent)) {
+                out.note(&format!(
+                    "drover: stored rule `{}`: {} now runs without asking, in every session of                      this home, until `drover approvals rm {}`",
+                    p.pattern_key, p.description, p.pattern_key
+                ));
+            }
+            answered
         }
         OpenPrompt::Clarify(p) => {
             let text = match flags.answer.clone() {
@@ -874,6 +881,7 @@ mod tests {
         assert_eq!(parse_choice("y"), Some(ApprovalChoice::Once));
         assert_eq!(parse_choice("s"), Some(ApprovalChoice::Session));
         assert_eq!(parse_choice("always"), Some(ApprovalChoice::Always));
+        assert_eq!(parse_choice("a"), None, "a home-wide rule is never one key");
         assert_eq!(parse_choice("n"), Some(ApprovalChoice::Deny));
         assert_eq!(parse_choice("yse"), None);
         assert_eq!(parse_choice(""), None);
