@@ -35,6 +35,14 @@ async fn chat(home: &TestHome, cwd: &Path, first: &str) -> Pane {
     pane
 }
 
+/// Presses `key` at an open approval prompt as a person does: after the prompt has been on the
+/// screen, untouched, for the quiet window (a key sooner is typing ahead, never an answer).
+async fn answer(pane: &Pane, key: &str) {
+    // The window is the behaviour under test, not a stand-in for a condition.
+    tokio::time::sleep(drover_tui::model::PROMPT_QUIET + Duration::from_millis(150)).await;
+    pane.keys(&[key]);
+}
+
 /// A home on the loopback model with the terminal and clarify tools, and a scratch cwd.
 async fn setup() -> (MockModel, TestHome, tempfile::TempDir) {
     let (model, home) = model_home(true).await.unwrap();
@@ -119,7 +127,7 @@ async fn an_approval_answered_y_runs_the_command() {
     );
     assert!(screen.contains("awaiting approval"), "{screen}");
     assert!(victim.exists(), "ran before the answer");
-    pane.keys(&["y"]);
+    answer(&pane, "y").await;
     pane.wait_for("Removed it.").await;
     assert!(!victim.exists());
     pane.wait_for("approved (once)").await;
@@ -132,18 +140,22 @@ async fn a_typo_asks_again_and_n_denies() {
     let victim = script_rm_victim(&model, scratch.path(), "Left it alone.");
     let pane = chat(&home, scratch.path(), "delete the victim").await;
     pane.wait_for("[y] once").await;
-    pane.keys(&["x"]);
+    // Typing that lands as the prompt appears ("okay": its `a` and `y`) answers nothing.
+    pane.keys(&["o", "k", "a", "y"]);
+    pane.wait_for("typed ahead: not taken as an answer").await;
+    assert!(victim.exists());
+    answer(&pane, "x").await;
     let screen = pane.wait_for("\"x\" is not an answer").await;
     assert!(
         screen.contains("[y] once"),
         "the question is asked again: {screen}"
     );
     // `a` explains what `always` covers and asks to confirm; `n` goes back.
-    pane.keys(&["a"]);
+    answer(&pane, "a").await;
     pane.wait_for("every command that deletes files recursively")
         .await;
-    pane.keys(&["n"]);
-    pane.keys(&["n"]);
+    answer(&pane, "n").await;
+    answer(&pane, "n").await;
     pane.wait_for("Left it alone.").await;
     pane.wait_for("denied").await;
     assert!(victim.exists());
@@ -265,7 +277,7 @@ async fn attach_reopens_a_running_turn_with_its_tool_blocks_and_open_prompt() {
     assert!(screen.contains("│ first-step"), "{screen}");
     assert!(screen.contains("awaiting approval"), "{screen}");
     assert!(victim.exists());
-    pane.keys(&["y"]);
+    answer(&pane, "y").await;
     pane.wait_for("All done.").await;
     assert!(!victim.exists());
 }

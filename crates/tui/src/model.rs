@@ -173,10 +173,19 @@ pub struct PromptView {
     pub text: Input,
     /// The answer was sent; waiting for the owner to settle the prompt.
     pub sent: bool,
+    /// Since when no key has reached this prompt: an approval key counts only after
+    /// [`PROMPT_QUIET`] of quiet since the question (or its `always` confirmation) appeared or
+    /// the last key that was not an answer, so keys typed ahead never answer it.
+    pub quiet_from: Instant,
 }
 
+/// How long an approval prompt must have been shown, with no key pressed, before a key answers
+/// it. Typing that was meant for the input box (the prompt appeared under the user's fingers)
+/// keeps restarting this window, so it can never approve, let alone store an `always` rule.
+pub const PROMPT_QUIET: Duration = Duration::from_millis(600);
+
 impl PromptView {
-    fn new(prompt: OpenPrompt) -> PromptView {
+    fn new(prompt: OpenPrompt, now: Instant) -> PromptView {
         let n = match &prompt {
             OpenPrompt::Clarify(c) => c.choices.len(),
             OpenPrompt::Approval(_) => 0,
@@ -189,6 +198,7 @@ impl PromptView {
             picked: vec![false; n],
             text: Input::default(),
             sent: false,
+            quiet_from: now,
         }
     }
 
@@ -418,7 +428,7 @@ impl App {
             .find(|p| p.status == AdmissionStatus::Unknown)
             .map(|p| p.admission_id.clone());
         if let Some(prompt) = snapshot.prompts.first() {
-            self.open_prompt(prompt.clone());
+            self.open_prompt(prompt.clone(), now);
         }
     }
 
@@ -506,7 +516,7 @@ impl App {
                         b.status = ToolStatus::AwaitingApproval;
                     }
                 }
-                self.open_prompt(p.clone());
+                self.open_prompt(p.clone(), now);
             }
             EventPayload::ApprovalSettled(s) => {
                 let answer = match (s.status, s.choice) {
@@ -751,8 +761,13 @@ impl App {
         }
     }
 
-    /// Applies one key; returns what the runtime must do.
+    /// Applies one key pressed now; returns what the runtime must do.
     pub fn on_key(&mut self, key: KeyEvent) -> Option<Action> {
+        self.on_key_at(key, Instant::now())
+    }
+
+    /// Applies one key pressed at `now`; returns what the runtime must do.
+    pub fn on_key_at(&mut self, key: KeyEvent, now: Instant) -> Option<Action> {
         if key.kind == KeyEventKind::Release {
             return None;
         }
@@ -765,7 +780,7 @@ impl App {
         }
         self.quit_armed = false;
         if self.prompt.as_ref().is_some_and(|p| !p.sent) {
-            return self.prompt_key(key);
+            return self.prompt_key(key, now);
         }
         if self.unknown.is_some() && self.turn.is_none() && self.input.is_empty() {
             if let Some(action) = self.unknown_key(key) {
@@ -881,18 +896,27 @@ impl App {
         }
     }
 
-    fn prompt_key(&mut self, key: KeyEvent) -> Option<Action> {
+    fn prompt_key(&mut self, key: KeyEvent, now: Instant) -> Option<Action> {
         let view = self.prompt.as_mut()?;
         match view.prompt.clone() {
-            OpenPrompt::Approval(a) => approval_key(view, &a, key),
+            OpenPrompt::Approval(a) => {
+                // A key within the quiet window is typing that was not meant as an answer.
+                let settled = now.saturating_duration_since(view.quiet_from) >= PROMPT_QUIET;
+                view.quiet_from = now;
+                if !settled {
+                    view.reask = Some(TYPED_AHEAD.to_string());
+                    return None;
+                }
+                approval_key(view, &a, key)
+            }
             OpenPrompt::Clarify(c) => clarify_key(view, &c, key),
         }
     }
 
-    fn open_prompt(&mut self, prompt: OpenPrompt) {
+    fn open_prompt(&mut self, prompt: OpenPrompt, now: Instant) {
         let same = self.prompt.as_ref().is_some_and(|p| p.prompt == prompt);
         if !same {
-            self.prompt = Some(PromptView::new(prompt));
+            self.prompt = Some(PromptView::new(prompt, now));
         }
     }
 
@@ -1051,6 +1075,10 @@ pub fn choice_key(choice: ApprovalChoice) -> char {
         ApprovalChoice::Deny => 'n',
     }
 }
+
+/// What the prompt says of a key that came too soon to be an answer ([`PROMPT_QUIET`]).
+pub const TYPED_AHEAD: &str =
+    "(typed ahead: not taken as an answer; wait a moment, then press a key)";
 
 fn approval_key(view: &mut PromptView, prompt: &ApprovalPrompt, key: KeyEvent) -> Option<Action> {
     let KeyCode::Char(c) = key.code else {
@@ -1255,6 +1283,24 @@ pub(crate) mod tests {
         }
     }
 
+    /// Key times for prompt tests: each step comes a quiet window after the last, as a
+    /// person's deliberate key does.
+    pub(crate) struct Quiet(Instant);
+
+    impl Default for Quiet {
+        fn default() -> Quiet {
+            // Later than any `Instant::now()` the test takes for its events.
+            Quiet(Instant::now() + Duration::from_secs(1))
+        }
+    }
+
+    impl Quiet {
+        pub(crate) fn step(&mut self) -> Instant {
+            self.0 += PROMPT_QUIET;
+            self.0
+        }
+    }
+
     pub(crate) fn key(c: char) -> KeyEvent {
         KeyEvent::new(KeyCode::Char(c), KeyModifiers::NONE)
     }
@@ -1415,6 +1461,7 @@ pub(crate) mod tests {
 
     #[test]
     fn approval_keys_answer_and_a_typo_asks_again() {
+        let mut quiet = Quiet::default();
         let t0 = Instant::now();
         let mut app = app();
         app.on_event(&started("a1"), t0);
@@ -1424,11 +1471,11 @@ pub(crate) mod tests {
         assert!(
             matches!(&turn.items[0], TurnItem::Tool(b) if b.status == ToolStatus::AwaitingApproval)
         );
-        assert_eq!(app.on_key(key('x')), None);
+        assert_eq!(app.on_key_at(key('x'), quiet.step()), None);
         assert_eq!(app.prompt.as_ref().unwrap().reask.as_deref(), Some("x"));
         assert!(app.input.is_empty(), "a typo is not typed into the input");
         assert_eq!(
-            app.on_key(key('n')),
+            app.on_key_at(key('n'), quiet.step()),
             Some(Action::Approve {
                 prompt_id: "p1".into(),
                 generation: 3,
@@ -1436,7 +1483,7 @@ pub(crate) mod tests {
             })
         );
         assert_eq!(
-            app.on_key(key('y')),
+            app.on_key_at(key('y'), quiet.step()),
             None,
             "no second answer while the first is sent"
         );
@@ -1456,22 +1503,58 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn keys_typed_ahead_never_answer_an_approval() {
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let mut app = app();
+        app.on_event(&ev(EventPayload::ApprovalRequest(approval(&ALL))), t0);
+        // "okay", typed as the prompt appeared (drover issue 12 trial: it stored `always`).
+        for (i, c) in "okay".chars().enumerate() {
+            assert_eq!(app.on_key_at(key(c), ms(100 + 50 * i as u64)), None, "{c}");
+        }
+        let view = app.prompt.as_ref().unwrap();
+        assert_eq!(
+            view.stage,
+            ApprovalStage::Ask,
+            "the `a` of okay is not `always`"
+        );
+        assert_eq!(view.reask.as_deref(), Some(TYPED_AHEAD));
+        // A deliberate `a` opens the confirmation; a `y` hard on its heels does not confirm.
+        assert_eq!(app.on_key_at(key('a'), ms(1000)), None);
+        assert_eq!(
+            app.prompt.as_ref().unwrap().stage,
+            ApprovalStage::ConfirmAlways
+        );
+        assert_eq!(app.on_key_at(key('y'), ms(1100)), None);
+        assert!(!app.prompt.as_ref().unwrap().sent);
+        assert_eq!(
+            app.on_key_at(key('y'), ms(1800)),
+            Some(Action::Approve {
+                prompt_id: "p1".into(),
+                generation: 3,
+                choice: ApprovalChoice::Always
+            })
+        );
+    }
+
+    #[test]
     fn always_asks_to_confirm_what_it_covers() {
+        let mut quiet = Quiet::default();
         let mut app = app();
         app.on_event(
             &ev(EventPayload::ApprovalRequest(approval(&ALL))),
             Instant::now(),
         );
-        assert_eq!(app.on_key(key('a')), None);
+        assert_eq!(app.on_key_at(key('a'), quiet.step()), None);
         assert_eq!(
             app.prompt.as_ref().unwrap().stage,
             ApprovalStage::ConfirmAlways
         );
-        assert_eq!(app.on_key(key('n')), None);
+        assert_eq!(app.on_key_at(key('n'), quiet.step()), None);
         assert_eq!(app.prompt.as_ref().unwrap().stage, ApprovalStage::Ask);
-        app.on_key(key('a'));
+        app.on_key_at(key('a'), quiet.step());
         assert_eq!(
-            app.on_key(key('y')),
+            app.on_key_at(key('y'), quiet.step()),
             Some(Action::Approve {
                 prompt_id: "p1".into(),
                 generation: 3,
@@ -1489,6 +1572,7 @@ pub(crate) mod tests {
 
     #[test]
     fn a_choice_the_prompt_does_not_offer_is_asked_again() {
+        let mut quiet = Quiet::default();
         let mut app = app();
         app.on_event(
             &ev(EventPayload::ApprovalRequest(approval(&[
@@ -1497,10 +1581,10 @@ pub(crate) mod tests {
             ]))),
             Instant::now(),
         );
-        assert_eq!(app.on_key(key('a')), None);
+        assert_eq!(app.on_key_at(key('a'), quiet.step()), None);
         assert_eq!(app.prompt.as_ref().unwrap().reask.as_deref(), Some("a"));
         assert!(matches!(
-            app.on_key(key('Y')),
+            app.on_key_at(key('Y'), quiet.step()),
             Some(Action::Approve {
                 choice: ApprovalChoice::Once,
                 ..

@@ -16,7 +16,7 @@ use unicode_width::UnicodeWidthChar;
 use crate::markdown;
 use crate::model::{
     always_covers, choice_key, App, ApprovalStage, Block, Connection, PromptView, ToolBlock,
-    ToolStatus, TurnItem,
+    ToolStatus, TurnItem, TYPED_AHEAD,
 };
 use crate::theme::Theme;
 
@@ -259,10 +259,12 @@ fn prompt_lines(view: &PromptView, theme: Theme) -> Vec<Line<'static>> {
                             .iter()
                             .map(|c| choice_key(*c).to_string())
                             .collect();
-                        lines.push(Line::styled(
-                            format!("  {bad:?} is not an answer: press {}", keys.join(", ")),
-                            theme.error(),
-                        ));
+                        let why = if bad == TYPED_AHEAD {
+                            format!("  {bad}: press {}", keys.join(", "))
+                        } else {
+                            format!("  {bad:?} is not an answer: press {}", keys.join(", "))
+                        };
+                        lines.push(Line::styled(why, theme.error()));
                     }
                 }
                 ApprovalStage::ConfirmAlways => {
@@ -276,10 +278,12 @@ fn prompt_lines(view: &PromptView, theme: Theme) -> Vec<Line<'static>> {
                         theme.attention(),
                     ));
                     if let Some(bad) = &view.reask {
-                        lines.push(Line::styled(
-                            format!("  {bad:?} is not an answer: press y or n"),
-                            theme.error(),
-                        ));
+                        let why = if bad == TYPED_AHEAD {
+                            format!("  {bad}: press y or n")
+                        } else {
+                            format!("  {bad:?} is not an answer: press y or n")
+                        };
+                        lines.push(Line::styled(why, theme.error()));
                     }
                 }
             }
@@ -481,7 +485,9 @@ pub fn draw(frame: &mut Frame<'_>, app: &App, theme: Theme, now: Instant) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::tests::{app, approval, ev, key, settled, started, tool_done, tool_start};
+    use crate::model::tests::{
+        app, approval, ev, key, settled, started, tool_done, tool_start, Quiet,
+    };
     use drover_protocol::client::ClarifyPrompt;
     use drover_protocol::event::{EventPayload, MessageDelta, TurnEnd};
     use ratatui::backend::TestBackend;
@@ -542,6 +548,7 @@ mod tests {
 
     #[test]
     fn approval_prompt_shows_the_command_the_keys_and_a_reask() {
+        let mut quiet = Quiet::default();
         let t0 = Instant::now();
         let mut app = app();
         app.on_event(&started("a1"), t0);
@@ -555,9 +562,9 @@ mod tests {
             ]))),
             t0,
         );
-        app.on_key(key('x'));
+        app.on_key_at(key('x'), quiet.step());
         insta::assert_snapshot!("approval_reask", screen(&app, t0));
-        app.on_key(key('a'));
+        app.on_key_at(key('a'), quiet.step());
         insta::assert_snapshot!("approval_always_confirm", screen(&app, t0));
     }
 
