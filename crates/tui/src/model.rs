@@ -1239,12 +1239,34 @@ pub fn transcript_blocks(messages: &[TranscriptMessage]) -> Vec<Block> {
                     _ => None,
                 });
                 if let Some(block) = block {
-                    block.set_output(m.content.as_deref().unwrap_or_default());
+                    let content = m.content.as_deref().unwrap_or_default();
+                    if stored_result_is_error(content) {
+                        block.status = ToolStatus::Error(None);
+                    }
+                    block.set_output(content);
                 }
             }
         }
     }
     blocks
+}
+
+/// Whether a stored tool result (the transcript keeps no `is_error`) says the call failed: an
+/// interrupted call, a result object with an `error` (a denied command, a refusal, a failure
+/// of the tool itself), or a terminal command that did not exit 0 (as `is_error` says live).
+fn stored_result_is_error(content: &str) -> bool {
+    if content.trim() == "interrupted" {
+        return true;
+    }
+    serde_json::from_str::<Value>(content).is_ok_and(|v| {
+        let error = v
+            .get("error")
+            .is_some_and(|e| !e.is_null() && e.as_str() != Some(""));
+        // A terminal command that exited non-zero (or was killed: `exit_code` null).
+        let failed_exit =
+            v.get("output").is_some() && v.get("exit_code").is_some_and(|c| c.as_i64() != Some(0));
+        error || failed_exit
+    })
 }
 
 /// A one-line preview of a call's arguments, as `tool.start` `context` gives it.
@@ -1500,6 +1522,21 @@ pub(crate) mod tests {
         assert!(
             matches!(&turn.items[0], TurnItem::Tool(b) if b.answer.as_deref() == Some("denied"))
         );
+    }
+
+    #[test]
+    fn a_transcript_shows_denied_and_interrupted_calls_as_errors() {
+        assert!(stored_result_is_error(
+            r#"{"output": "", "exit_code": null, "error": "the user denied this command"}"#
+        ));
+        assert!(stored_result_is_error("interrupted"));
+        assert!(!stored_result_is_error(
+            r#"{"output": "Linux", "exit_code": 0, "error": null}"#
+        ));
+        assert!(stored_result_is_error(
+            r#"{"output": "no such file", "exit_code": 2, "error": null}"#
+        ));
+        assert!(!stored_result_is_error("plain text"));
     }
 
     #[test]
