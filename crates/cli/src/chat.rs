@@ -83,14 +83,16 @@ async fn open(home: PathBuf, target: Target) -> Result<Exit> {
         return Ok(Exit::Failed);
     }
     let program = std::env::current_exe()?;
-    let client =
-        match Client::connect(ConnectOptions::new(&home, StartDaemon::Spawn { program })).await {
-            Ok(c) => c,
-            Err(e) => {
-                eprintln!("drover: {e}");
-                return Ok(Exit::Failed);
-            }
-        };
+    // A person may take a while to fix what keeps the daemon from starting again.
+    let mut options = ConnectOptions::new(&home, StartDaemon::Spawn { program });
+    options.reconnect_for = CHAT_RECONNECT_FOR;
+    let client = match Client::connect(options).await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("drover: {e}");
+            return Ok(Exit::Failed);
+        }
+    };
     if let Some(mismatch) = client.api_key_mismatch() {
         eprintln!("drover: {mismatch}");
     }
@@ -319,6 +321,10 @@ impl Events for ClientEvents {
     }
 }
 
+/// How long the chat client keeps trying to reach (or restart) a lost daemon before it says it
+/// gave up: long enough to fix `config.toml` or free a port while it waits.
+const CHAT_RECONNECT_FOR: std::time::Duration = std::time::Duration::from_secs(600);
+
 /// Forwards the session's updates, and follows child sessions while a `delegate_task` of the
 /// running turn runs.
 async fn pump(
@@ -331,7 +337,11 @@ async fn pump(
     while let Some(item) = stream.next().await {
         let update = match item {
             Ok(update) => update,
-            Err(e @ ClientError::GaveUp { .. }) => {
+            Err(
+                e @ (ClientError::GaveUp { .. }
+                | ClientError::DaemonStart { .. }
+                | ClientError::Config(_)),
+            ) => {
                 let _ = tx.send(LinkUpdate::Closed(e.to_string()));
                 break;
             }

@@ -188,3 +188,51 @@ async fn never_start_on_a_home_without_a_daemon_is_not_running() {
     assert!(matches!(e, ClientError::NotRunning { .. }), "{e}");
     assert!(e.to_string().contains("is not running"), "{e}");
 }
+
+/// The owner dies while `config.toml` is broken, so the daemon the client starts again fails:
+/// the stream says why, keeps trying, and reconnects once the file is fixed (a person fixing
+/// it need not restart the client; drover issue 12 trial).
+#[tokio::test]
+async fn a_restart_that_fails_says_why_and_recovers_once_the_config_is_fixed() {
+    let (_model, home) = model_home(true).await.unwrap();
+    let _guard = KillDaemonOnDrop(home.path());
+    let client = Client::connect(options(home.path())).await.unwrap();
+    let first = client.daemon();
+    let session = client.create_session(create(home.path())).await.unwrap();
+    let mut stream = client.attach(&session.session_id).await.unwrap();
+    let config = home.path().join("config.toml");
+    let good = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, format!("{good}\nbogus = 1\n")).unwrap();
+    signal(first.pid, nix::sys::signal::Signal::SIGKILL);
+    let why = loop {
+        let update = tokio::time::timeout(BOUND, stream.next())
+            .await
+            .expect("no update within the bound")
+            .expect("the stream ended")
+            .expect("an update");
+        match update {
+            Update::Connection(ConnectionChange::Lost { why }) if why.contains("bogus") => {
+                break why
+            }
+            Update::Connection(ConnectionChange::Reconnected { .. }) => {
+                panic!("reconnected to a daemon that cannot start")
+            }
+            _ => {}
+        }
+    };
+    assert!(!why.contains("WebSocket"), "{why}");
+    std::fs::write(&config, good).unwrap();
+    loop {
+        let update = tokio::time::timeout(BOUND, stream.next())
+            .await
+            .expect("no reconnect within the bound after the fix")
+            .expect("the stream ended")
+            .expect("an update");
+        if let Update::Connection(ConnectionChange::Reconnected { restarted, .. }) = update {
+            assert!(restarted);
+            break;
+        }
+    }
+    assert_ne!(client.daemon().instance_id, first.instance_id);
+    client.list_sessions(None, None).await.unwrap();
+}

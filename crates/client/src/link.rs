@@ -493,8 +493,9 @@ async fn reconnect(conn: &mut Connection, shared: &Shared) -> Result<bool, Clien
     let deadline = Instant::now() + options.reconnect_for;
     let mut delay = Duration::from_millis(50);
     let old_instance = conn.info.instance_id.clone();
+    let mut told = String::new();
     loop {
-        let why;
+        let why: String;
         let attempt = (Instant::now() + Duration::from_secs(15)).min(deadline);
         match find_or_start(
             &options.home,
@@ -512,8 +513,17 @@ async fn reconnect(conn: &mut Connection, shared: &Shared) -> Result<bool, Clien
                     Err(e) => why = e,
                 }
             }
-            // The config or the daemon's own start failure will not change by waiting.
-            Err(e @ (ClientError::Config(_) | ClientError::DaemonStart { .. })) => return Err(e),
+            // A config or daemon start failure is the user's to fix (config.toml, a busy
+            // port): say why, and keep trying until the deadline, so a fix is picked up
+            // without restarting the client.
+            Err(e @ (ClientError::Config(_) | ClientError::DaemonStart { .. })) => {
+                why = e.to_string();
+                if why != told {
+                    told.clone_from(&why);
+                    shared
+                        .send_all(|| Feed::Connection(ConnectionChange::Lost { why: why.clone() }));
+                }
+            }
             Err(e) => why = e.to_string(),
         }
         if Instant::now() >= deadline {
