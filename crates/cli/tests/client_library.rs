@@ -45,6 +45,15 @@ fn create(cwd: &Path) -> SessionCreateParams {
     }
 }
 
+/// The stream's next update, within the bound.
+async fn next_update(stream: &mut drover_client::SessionStream) -> Update {
+    tokio::time::timeout(BOUND, stream.next())
+        .await
+        .expect("no update within the bound")
+        .expect("the stream ended")
+        .expect("an update")
+}
+
 /// Reads the stream until the turn of `admission_id` settles; returns the stored events seen
 /// and whether a reconnect to a restarted daemon was reported.
 async fn until_settled(
@@ -54,11 +63,7 @@ async fn until_settled(
 ) -> (TurnEnd, bool) {
     let mut restarted = false;
     loop {
-        let update = tokio::time::timeout(BOUND, stream.next())
-            .await
-            .expect("no update within the bound")
-            .expect("the stream ended")
-            .expect("an update");
+        let update = next_update(stream).await;
         match update {
             Update::Event(e) => {
                 let settled = match &e.event {
@@ -205,11 +210,7 @@ async fn a_restart_that_fails_says_why_and_recovers_once_the_config_is_fixed() {
     std::fs::write(&config, format!("{good}\nbogus = 1\n")).unwrap();
     signal(first.pid, nix::sys::signal::Signal::SIGKILL);
     let why = loop {
-        let update = tokio::time::timeout(BOUND, stream.next())
-            .await
-            .expect("no update within the bound")
-            .expect("the stream ended")
-            .expect("an update");
+        let update = next_update(&mut stream).await;
         match update {
             Update::Connection(ConnectionChange::Lost { why }) if why.contains("bogus") => {
                 break why
@@ -223,11 +224,7 @@ async fn a_restart_that_fails_says_why_and_recovers_once_the_config_is_fixed() {
     assert!(!why.contains("WebSocket"), "{why}");
     std::fs::write(&config, good).unwrap();
     loop {
-        let update = tokio::time::timeout(BOUND, stream.next())
-            .await
-            .expect("no reconnect within the bound after the fix")
-            .expect("the stream ended")
-            .expect("an update");
+        let update = next_update(&mut stream).await;
         if let Update::Connection(ConnectionChange::Reconnected { restarted, .. }) = update {
             assert!(restarted);
             break;
