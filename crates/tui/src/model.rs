@@ -552,6 +552,8 @@ impl App {
                 }
             }
             EventPayload::TurnSettled(s) => {
+                // "interrupting…", "resolving…": said of a turn that is over now.
+                self.notice = None;
                 let lost = s.outcome == TurnEnd::Unknown;
                 self.flush_turn(Some(lost));
                 self.prompt = None;
@@ -602,6 +604,7 @@ impl App {
                         .retain(|q| q.admission_id.as_deref() != Some(&a.admission_id));
                     if self.unknown.as_deref() == Some(&a.admission_id) {
                         self.unknown = None;
+                        self.notice = None;
                         self.scrollback.push(Block::Notice(
                             "the unknown turn was resolved; the session goes on".into(),
                         ));

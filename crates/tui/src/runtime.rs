@@ -112,7 +112,8 @@ pub async fn run(link: Arc<dyn Link>, target: Target, theme: Theme) -> Result<St
         )
     } else {
         format!(
-            "left session {} (drover chat -c reopens it)",
+            "left session {} (drover attach {} reopens it)",
+            short(&session_id),
             short(&session_id)
         )
     };
