@@ -312,6 +312,9 @@ pub struct App {
     pub tokens: u64,
     /// The link to the daemon.
     pub connection: Connection,
+    /// Since when an input sent has waited for its receipt (the status line says so after a
+    /// moment: a daemon that does not answer is never a silent wait).
+    pub sending_since: Option<Instant>,
     /// The session's `unknown` turn (admission), with the offer to resolve it.
     pub unknown: Option<String>,
     /// One line under the input (hints, errors of the last action).
@@ -333,6 +336,7 @@ impl App {
             queued: Vec::new(),
             input: Input::default(),
             tokens: 0,
+            sending_since: None,
             connection: Connection::Connected,
             unknown: None,
             notice: None,
@@ -690,6 +694,7 @@ impl App {
 
     /// The input was sent; its receipt has not come yet.
     pub fn submitted(&mut self, text: &str) {
+        self.sending_since.get_or_insert_with(Instant::now);
         self.queued.push(QueuedInput {
             admission_id: None,
             text: text.to_string(),
@@ -709,6 +714,14 @@ impl App {
                 self.queued[i].admission_id = Some(admission_id.to_string());
             }
         }
+        self.sending_done();
+    }
+
+    /// No input waits for its receipt any more: the wait the status line shows is over.
+    fn sending_done(&mut self) {
+        if !self.queued.iter().any(|q| q.admission_id.is_none()) {
+            self.sending_since = None;
+        }
     }
 
     /// Sending the input (or an answer) failed: say so.
@@ -719,6 +732,7 @@ impl App {
                 self.input.set(&q.text);
             }
         }
+        self.sending_done();
         if let Some(p) = self.prompt.as_mut() {
             p.sent = false;
         }

@@ -340,6 +340,9 @@ fn prompt_lines(view: &PromptView, theme: Theme) -> Vec<Line<'static>> {
     lines
 }
 
+/// How long an input may wait for its receipt before the status line says the daemon is slow.
+pub const SLOW_ANSWER: Duration = Duration::from_secs(2);
+
 /// The status line: session, model, turn state, tokens, daemon.
 pub fn status_line(app: &App, now: Instant) -> String {
     let session = app
@@ -366,9 +369,16 @@ pub fn status_line(app: &App, now: Instant) -> String {
     } else {
         format!(" · {} queued", app.queued.len())
     };
-    let daemon = match &app.connection {
-        Connection::Connected => "daemon up".to_string(),
-        Connection::Reconnecting(_) => "daemon lost, reconnecting…".to_string(),
+    let waited = app
+        .sending_since
+        .map(|since| now.saturating_duration_since(since))
+        .filter(|waited| *waited >= SLOW_ANSWER);
+    let daemon = match (&app.connection, waited) {
+        (Connection::Connected, Some(waited)) => {
+            format!("waiting for the daemon to answer ({})", seconds(waited))
+        }
+        (Connection::Connected, None) => "daemon up".to_string(),
+        (Connection::Reconnecting(_), _) => "daemon lost, reconnecting…".to_string(),
     };
     format!(
         " {session} · {} · {turn}{queued} · {} tokens · {daemon} ",
@@ -544,6 +554,21 @@ mod tests {
         app.submitted("next question");
         app.admitted("a2");
         insta::assert_snapshot!(screen(&app, t0 + Duration::from_millis(3200)));
+    }
+
+    #[test]
+    fn a_daemon_slow_to_admit_an_input_is_said_in_the_status_line() {
+        let mut app = app();
+        app.submitted("hello");
+        let since = app.sending_since.unwrap();
+        assert!(status_line(&app, since).contains("daemon up"));
+        let later = status_line(&app, since + Duration::from_secs(5));
+        assert!(
+            later.contains("waiting for the daemon to answer"),
+            "{later}"
+        );
+        app.admitted("a1");
+        assert!(status_line(&app, since + Duration::from_secs(6)).contains("daemon up"));
     }
 
     #[test]
