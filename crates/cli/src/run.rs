@@ -423,6 +423,18 @@ impl Turn<'_> {
         Ok(Some(self.finish(end, error.as_deref())))
     }
 
+    /// With `--json`, the turn's last line: its receipt with the result.
+    async fn json_receipt(&mut self) -> Result<()> {
+        if self.out.json {
+            let r = self
+                .client
+                .receipt(&self.session_id, &self.admission_id, true)
+                .await?;
+            self.out.json_line(&r);
+        }
+        Ok(())
+    }
+
     async fn ctrl_c(&mut self) -> Result<Option<Exit>> {
         self.interrupts += 1;
         if self.interrupts > 1 {
@@ -547,13 +559,7 @@ impl Turn<'_> {
             EventPayload::TurnSettled(p) if ours => {
                 self.out.flush_tool();
                 self.out.end_text();
-                if self.out.json {
-                    let r = self
-                        .client
-                        .receipt(&self.session_id, &self.admission_id, true)
-                        .await?;
-                    self.out.json_line(&r);
-                }
+                self.json_receipt().await?;
                 if p.outcome == TurnEnd::Unknown {
                     let id = &self.session_id;
                     self.out.note(&format!(
@@ -569,13 +575,7 @@ impl Turn<'_> {
                 if ours && p.outcome == Some(AdmissionOutcome::Cancelled) =>
             {
                 self.out.note("drover: cancelled before it started");
-                if self.out.json {
-                    let r = self
-                        .client
-                        .receipt(&self.session_id, &self.admission_id, true)
-                        .await?;
-                    self.out.json_line(&r);
-                }
+                self.json_receipt().await?;
                 return Ok(Some(if self.interrupts > 0 {
                     Exit::Interrupted
                 } else {
