@@ -233,3 +233,35 @@ async fn a_restart_that_fails_says_why_and_recovers_once_the_config_is_fixed() {
     assert_ne!(client.daemon().instance_id, first.instance_id);
     client.list_sessions(None, None).await.unwrap();
 }
+
+/// A home removed while the client follows it is not created again by a reconnect: the stream
+/// ends saying so, and no daemon runs for that path (the leak CI saw from a test whose
+/// temporary home was gone when its client reconnected).
+#[tokio::test]
+async fn a_removed_home_is_not_started_again() {
+    let (_model, home) = model_home(true).await.unwrap();
+    let client = Client::connect(options(home.path())).await.unwrap();
+    let first = client.daemon();
+    let session = client.create_session(create(home.path())).await.unwrap();
+    let mut stream = client.attach(&session.session_id).await.unwrap();
+    let path = home.path().to_path_buf();
+    // The home goes first, so the reconnect that follows the SIGKILL always finds it gone.
+    std::fs::remove_dir_all(&path).unwrap();
+    signal(first.pid, nix::sys::signal::Signal::SIGKILL);
+    let end = loop {
+        match tokio::time::timeout(BOUND, stream.next())
+            .await
+            .expect("no end")
+        {
+            Some(Err(e)) => break e,
+            None => panic!("the stream ended without saying why"),
+            Some(Ok(Update::Connection(ConnectionChange::Reconnected { .. }))) => {
+                panic!("reconnected to a daemon in a removed home")
+            }
+            Some(Ok(_)) => {}
+        }
+    };
+    assert!(matches!(end, ClientError::GaveUp { .. }), "{end}");
+    assert!(end.to_string().contains("removed"), "{end}");
+    assert!(!path.exists(), "the home was created again");
+}

@@ -495,6 +495,15 @@ async fn reconnect(conn: &mut Connection, shared: &Shared) -> Result<bool, Clien
     let old_instance = conn.info.instance_id.clone();
     let mut told = String::new();
     loop {
+        // A home removed under the client (a test's temporary home, a user's `rm -rf`) is not
+        // started again: that would create a new, empty home where the old one was.
+        if !options.home.exists() {
+            return Err(ClientError::GaveUp {
+                home: options.home.display().to_string(),
+                secs: options.reconnect_for.as_secs(),
+                why: "the home was removed, so no daemon is started there again".into(),
+            });
+        }
         let why: String;
         let attempt = (Instant::now() + Duration::from_secs(15)).min(deadline);
         match find_or_start(
