@@ -297,6 +297,46 @@ class ClientRequestApprovalsRemove(TypedDict):
     params: ApprovalRuleRef
 
 
+class Confinement(TypedDict):
+    """
+    `session.resume`'s `info.confinement`: what is in force for the session's tools, never
+    more than is.
+    """
+
+    home_hidden: bool
+    """
+    Whether drover's home is hidden from tools (a user and mount namespace per tool
+    process).
+    """
+    landlock_abi: NotRequired[int | None]
+    """
+    The Landlock ABI in use, if any.
+    """
+    network: str
+    """
+    `open`, `blocked` (TCP refused), or `not_enforced` (`network = false` asked, the kernel
+    cannot refuse TCP).
+    """
+    problems: NotRequired[list[str]]
+    """
+    Why something asked for is not in force.
+    """
+    required: bool
+    """
+    `[sandbox] required` as frozen: tools are refused rather than run with less.
+    """
+    sandbox: str
+    """
+    `workspace-write`, `read-only` or `off` as frozen; `unavailable` when the mode asks for
+    Landlock and the kernel has none (tools then run without the write rules, or not at all
+    when `required`).
+    """
+    writable_roots: list[str]
+    """
+    Where tools may write (empty in `read-only` and when nothing is enforced).
+    """
+
+
 class Detached(TypedDict):
     """
     Result of `session.detach`: `{}`.
@@ -860,6 +900,10 @@ class SessionInfo(TypedDict):
     `session.resume` `info`: the session's frozen settings.
     """
 
+    confinement: NotRequired[Confinement | None]
+    """
+    What confines its tools (issue 13); absent from a daemon older than the sandbox.
+    """
     cwd: str
     """
     The tools' working directory.

@@ -23,7 +23,7 @@ pub enum Update {
     /// The stored stream could not be resumed from the last `seq` (`snapshot_required`): the
     /// caller replaces its state with this snapshot; events continue after its
     /// `last_sequence`.
-    Snapshot(SessionSnapshot),
+    Snapshot(Box<SessionSnapshot>),
 }
 
 /// An attached session's updates; made by `Client::attach`.
@@ -146,7 +146,8 @@ impl SessionStream {
                 self.last_seq = snapshot.last_sequence;
                 self.replay_epoch = snapshot.replay_epoch.clone();
                 self.snapshot = snapshot.clone();
-                self.ready.push_back(Ok(Update::Snapshot(snapshot)));
+                self.ready
+                    .push_back(Ok(Update::Snapshot(Box::new(snapshot))));
                 return Ok(());
             }
             for event in page.events {

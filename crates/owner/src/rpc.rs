@@ -365,6 +365,8 @@ async fn snapshot(
                         source: session.source,
                         toolsets: session.toolsets,
                         title: session.title,
+                        // Filled by the sandbox work of issue 13.
+                        confinement: None,
                     },
                     session_id: session.id,
                 },

@@ -138,6 +138,8 @@ fn policy(owner: &Owner, claim: &Claim) -> Policy {
             password_env: config.mqtt.password_env.clone(),
             topic_base: config.mqtt.topic_base.clone(),
         },
+        // Filled by the sandbox work of issue 13.
+        sandbox: Default::default(),
     }
 }
 

@@ -593,6 +593,9 @@ pub struct SessionInfo {
     pub toolsets: Vec<String>,
     /// Its title.
     pub title: Option<String>,
+    /// What confines its tools (issue 13); absent from a daemon older than the sandbox.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confinement: Option<crate::sandbox::Confinement>,
 }
 
 /// Result of `session.list`.

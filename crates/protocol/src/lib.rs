@@ -18,11 +18,13 @@
 //!
 //! - [`words`]: the words results and events share (admission status and outcome, approval
 //!   choices, clarify answers, open prompts).
+//! - [`sandbox`]: confinement of tool processes: the `[sandbox]` mode, the per-session policy
+//!   the worker applies, and `info.confinement` (issue 13, `docs/sandbox.md`).
 //! - [`mcp`]: MCP server status: the state words, one server's status, and the `mcp.status`
 //!   method's params and result (SPEC sections 2 and 6).
 //!
-//! Layers: `chat`, `rpc`, `policy`, `exit`, `words`, `mcp`, `daemon_file` (leaves); `worker` on
-//! `chat`, `policy` and `mcp`; `event` on `words` and `mcp`; `client` on `event`; then `schema`.
+//! Layers: `chat`, `rpc`, `policy`, `exit`, `words`, `mcp`, `daemon_file` (leaves); `sandbox` on
+//! `policy`; `worker` on `chat`, `policy`, `mcp` and `sandbox`; `event` on `words` and `mcp`; `client` on `event`; then `schema`.
 //!
 //! What this crate does not do: talk to sockets, open files or decide policy.
 
@@ -36,6 +38,7 @@ pub mod exit;
 pub mod mcp;
 pub mod policy;
 pub mod rpc;
+pub mod sandbox;
 pub mod schema;
 pub mod words;
 pub mod worker;

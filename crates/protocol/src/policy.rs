@@ -206,6 +206,9 @@ mod tests {
             "background_processes": [], "mcp_servers": {},
             "jobs_wire": {"url": null, "username_env": null, "password_env": null,
                           "topic_base": null},
+            "sandbox": {"mode": "off", "writable_roots": [], "network": true, "hidden": [],
+                        "required": false,
+                        "support": {"namespaces": false, "landlock_abi": null, "problems": []}},
         });
         let policy: crate::worker::Policy = serde_json::from_value(frame.clone()).expect("policy");
         assert_eq!(policy.approvals, ApprovalMode::Deny);

@@ -145,6 +145,10 @@ pub struct Policy {
     /// toolset's wire (SPEC section 7, "Wire settings"; `$DROVER_MQTT_URL` still wins).
     #[serde(default)]
     pub jobs_wire: JobsWire,
+    /// How every tool process of the turn is confined (issue 13, `docs/sandbox.md`); an owner
+    /// that sends none means `off`.
+    #[serde(default)]
+    pub sandbox: crate::sandbox::SandboxPolicy,
 }
 
 /// `[mqtt]` as the owner's config gives it, for the `jobs` toolset (all optional; no `url`

@@ -288,7 +288,10 @@ const POLICY: &str = concat!(
     r#""mcp_servers":{"echo":{"command":"drover-mcp-echo","args":["--quiet"],"env":{"A":"1"},"#,
     r#""tool_timeout_s":30}},"#,
     r#""jobs_wire":{"url":"mqtt://127.0.0.1:1883","username_env":null,"password_env":null,"#,
-    r#""topic_base":"drover/v1"}}"#
+    r#""topic_base":"drover/v1"},"#,
+    r#""sandbox":{"mode":"workspace-write","writable_roots":["/work"],"network":false,"#,
+    r#""hidden":["/home/u/.drover"],"required":true,"#,
+    r#""support":{"namespaces":true,"landlock_abi":7,"problems":[]}}}"#
 );
 
 #[test]
@@ -315,6 +318,11 @@ fn a_bootstrap_frame_round_trips_with_its_whole_policy() {
     assert_eq!(bootstrap.policy.mcp_servers["echo"].tool_timeout_s, 30);
     assert_eq!(bootstrap.policy.model_settings.stall_timeout_s, 120);
     assert_eq!(bootstrap.history.len(), 2);
+    assert_eq!(
+        bootstrap.policy.sandbox.mode,
+        drover_protocol::sandbox::SandboxMode::WorkspaceWrite
+    );
+    assert_eq!(bootstrap.policy.sandbox.support.landlock_abi, Some(7));
     // The bootstrap alone (not as a frame) round-trips too.
     round_trip::<Bootstrap>(&bootstrap);
 }
@@ -335,6 +343,7 @@ fn a_policy_without_its_optional_fields_reads_the_defaults() {
     assert!(policy.approval_grants.is_empty() && policy.background_processes.is_empty());
     assert!(policy.mcp_servers.is_empty());
     assert_eq!(policy.jobs_wire, JobsWire::default());
+    assert_eq!(policy.sandbox, Default::default());
     round_trip(&policy);
 }
 

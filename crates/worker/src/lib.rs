@@ -548,6 +548,7 @@ mod tests {
             background_processes: Vec::new(),
             mcp_servers: Default::default(),
             jobs_wire: Default::default(),
+            sandbox: Default::default(),
         };
         let config = model_config(&policy);
         assert_eq!(config.request_timeout, Duration::from_secs(600));

@@ -219,6 +219,7 @@ pub fn turn_bootstrap(mock: &MockModel, home: &Path) -> Bootstrap {
             background_processes: Vec::new(),
             mcp_servers: Default::default(),
             jobs_wire: Default::default(),
+            sandbox: Default::default(),
         },
         history: vec![ChatMessage::text(Role::User, "before")],
         input: "hello".into(),
