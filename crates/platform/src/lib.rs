@@ -22,10 +22,14 @@
 //!   background processes).
 //! - [`kill_group_if_same`] stops a background process's whole group only while its leader
 //!   still matches pid and start time.
+//! - [`confine`]: what the kernel offers for confining tool processes, and the steps a tool
+//!   process takes before exec (issue 13); [`set_non_dumpable`] for the owner and the worker.
 //! - [`flock_holder`] names the process holding a `flock(2)` lock (the owner's home lock).
 
 // The one crate allowed `unsafe` (issue 10): each block below states its invariant.
 #![allow(unsafe_code)]
+
+pub mod confine;
 
 use std::collections::BTreeSet;
 use std::io;
@@ -192,6 +196,14 @@ pub fn default_pipe_signal() -> io::Result<()> {
     unsafe { nix::sys::signal::signal(Signal::SIGPIPE, nix::sys::signal::SigHandler::SigDfl) }
         .map(|_| ())
         .map_err(io::Error::from)
+}
+
+/// Makes the calling process non-dumpable (`PR_SET_DUMPABLE` 0): its `/proc/<pid>/environ`,
+/// `mem` and `fd` then need `CAP_SYS_PTRACE` over it, which no tool process has (issue 13: a
+/// tool cannot read the owner's or the worker's secrets). Reset by `execve`, so the tools a
+/// worker starts are not affected.
+pub fn set_non_dumpable() -> io::Result<()> {
+    nix::sys::prctl::set_dumpable(false).map_err(io::Error::from)
 }
 
 /// The pid of the calling process's parent (1, or a subreaper, once the parent is gone).

@@ -208,7 +208,8 @@ mod tests {
                           "topic_base": null},
             "sandbox": {"mode": "off", "writable_roots": [], "network": true, "hidden": [],
                         "required": false,
-                        "support": {"namespaces": false, "landlock_abi": null, "problems": []}},
+                        "support": {"namespaces": false, "landlock_abi": null, "problems": []},
+                        "env": {"keep": [], "set": {}}},
         });
         let policy: crate::worker::Policy = serde_json::from_value(frame.clone()).expect("policy");
         assert_eq!(policy.approvals, ApprovalMode::Deny);

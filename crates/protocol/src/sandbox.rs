@@ -111,6 +111,35 @@ pub struct SandboxPolicy {
     pub required: bool,
     /// What the kernel can do (the owner's probe).
     pub support: SandboxSupport,
+    /// `[sandbox.env]`: how the environment of every tool process is cut down (applied in
+    /// every mode, `off` included).
+    #[serde(default)]
+    pub env: ToolEnv,
+}
+
+/// `[sandbox.env]`, read at each turn from the daemon's config (it may hold values the user
+/// wants tools to have, so it is not stored in the ledger). The worker starts each tool with
+/// its own environment minus every `DROVER_*` variable and every variable whose name contains
+/// `KEY`, `SECRET`, `TOKEN`, `PASSWORD` or `CREDENTIAL` (any case), except the names in `keep`;
+/// then it adds `set`.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolEnv {
+    /// Names kept although they match the removal rule.
+    #[serde(default)]
+    pub keep: Vec<String>,
+    /// Variables set for every tool process, after the removal.
+    #[serde(default)]
+    pub set: std::collections::BTreeMap<String, String>,
+}
+
+impl fmt::Debug for ToolEnv {
+    /// The names only: a `set` value may be a secret the user hands to tools.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ToolEnv")
+            .field("keep", &self.keep)
+            .field("set", &self.set.keys().collect::<Vec<_>>())
+            .finish()
+    }
 }
 
 impl Default for SandboxPolicy {
@@ -123,6 +152,7 @@ impl Default for SandboxPolicy {
             hidden: Vec::new(),
             required: false,
             support: SandboxSupport::default(),
+            env: ToolEnv::default(),
         }
     }
 }

@@ -291,7 +291,8 @@ const POLICY: &str = concat!(
     r#""topic_base":"drover/v1"},"#,
     r#""sandbox":{"mode":"workspace-write","writable_roots":["/work"],"network":false,"#,
     r#""hidden":["/home/u/.drover"],"required":true,"#,
-    r#""support":{"namespaces":true,"landlock_abi":7,"problems":[]}}}"#
+    r#""support":{"namespaces":true,"landlock_abi":7,"problems":[]},"#,
+    r#""env":{"keep":["GH_TOKEN"],"set":{"LANG":"C.UTF-8"}}}}"#
 );
 
 #[test]
