@@ -64,7 +64,7 @@ async fn main() {
     let mut conns = Vec::new();
     for c in 0..clients {
         let mut client = daemon.client().await.expect("client");
-        let s = client.create_session(home.path()).await.expect("session");
+        let s = client.create_session(home.work()).await.expect("session");
         let sid = s["session_id"].as_str().unwrap_or_default().to_string();
         client
             .call_ok(

@@ -486,7 +486,7 @@ async fn scenario(
     settings: &Settings,
     before_turn: impl Fn(usize),
 ) -> Result<ScenarioResult> {
-    let session = client.create_session(home.path()).await?;
+    let session = client.create_session(home.work()).await?;
     let session_id = session["session_id"]
         .as_str()
         .ok_or_else(|| anyhow!("session.create without session_id: {session}"))?

@@ -94,7 +94,7 @@ async fn a_session_stream_yields_every_stored_event_once_in_order_across_an_owne
     let _guard = KillDaemonOnDrop(home.path());
     let client = Client::connect(options(home.path())).await.unwrap();
     let first = client.daemon();
-    let session = client.create_session(create(home.path())).await.unwrap();
+    let session = client.create_session(create(home.work())).await.unwrap();
     let id = session.session_id.clone();
     let mut stream = client.attach(&id).await.unwrap();
     let mut stored = Vec::new();
@@ -203,7 +203,7 @@ async fn a_restart_that_fails_says_why_and_recovers_once_the_config_is_fixed() {
     let _guard = KillDaemonOnDrop(home.path());
     let client = Client::connect(options(home.path())).await.unwrap();
     let first = client.daemon();
-    let session = client.create_session(create(home.path())).await.unwrap();
+    let session = client.create_session(create(home.work())).await.unwrap();
     let mut stream = client.attach(&session.session_id).await.unwrap();
     let config = home.path().join("config.toml");
     let good = std::fs::read_to_string(&config).unwrap();
@@ -242,7 +242,7 @@ async fn a_removed_home_is_not_started_again() {
     let (_model, home) = model_home(true).await.unwrap();
     let client = Client::connect(options(home.path())).await.unwrap();
     let first = client.daemon();
-    let session = client.create_session(create(home.path())).await.unwrap();
+    let session = client.create_session(create(home.work())).await.unwrap();
     let mut stream = client.attach(&session.session_id).await.unwrap();
     let path = home.path().to_path_buf();
     // The home goes first, so the reconnect that follows the SIGKILL always finds it gone.

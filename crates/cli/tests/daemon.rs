@@ -164,7 +164,7 @@ async fn a_failing_disk_gives_storage_unavailable_and_the_input_is_not_acknowled
     // A session whose first input's turn is held, so later inputs stay queued (no worker churn).
     let gate = drover_test_support::Gate::new();
     model.set_default(drover_test_support::Reply::text("held").gated(&gate));
-    let s = c.create_session(home.path()).await.unwrap();
+    let s = c.create_session(home.work()).await.unwrap();
     let sid = s["session_id"].as_str().unwrap().to_string();
     let big = "x".repeat(256 * 1024);
     let mut acknowledged = Vec::new();

@@ -67,7 +67,7 @@ async fn no_idle_exit_while_a_turn_runs_without_a_client() {
     model.push(Reply::text("slow answer").gated(&gate));
     let mut d = Daemon::start_by_client(bin(), home.path()).await.unwrap();
     let mut client = d.client().await.unwrap();
-    let session = client.create_session(home.path()).await.unwrap();
+    let session = client.create_session(home.work()).await.unwrap();
     let session_id = session["session_id"].as_str().unwrap().to_string();
     let receipt = client.submit(&session_id, "take your time").await.unwrap();
     let admission_id = receipt["admission_id"].as_str().unwrap().to_string();
@@ -159,14 +159,14 @@ async fn config_is_read_again_at_each_session_create() {
     let (model, home) = model_home(true).await.unwrap();
     let d = Daemon::start(bin(), home.path()).await.unwrap();
     let mut client = d.client().await.unwrap();
-    let first = client.create_session(home.path()).await.unwrap();
+    let first = client.create_session(home.work()).await.unwrap();
     let first_id = first["session_id"].as_str().unwrap().to_string();
     assert_eq!(first["info"]["model"], "mock", "{first}");
 
     let config = std::fs::read_to_string(home.path().join("config.toml")).unwrap();
     home.write_config(&config.replace("name = \"mock\"", "name = \"mock-2\""))
         .unwrap();
-    let second = client.create_session(home.path()).await.unwrap();
+    let second = client.create_session(home.work()).await.unwrap();
     let second_id = second["session_id"].as_str().unwrap().to_string();
     assert_eq!(second["info"]["model"], "mock-2", "{second}");
 
@@ -182,7 +182,7 @@ async fn config_is_read_again_at_each_session_create() {
     let err = client
         .call(
             "session.create",
-            serde_json::json!({"request_id": "r-bad-config", "cwd": home.path()}),
+            serde_json::json!({"request_id": "r-bad-config", "cwd": home.work()}),
         )
         .await
         .unwrap()

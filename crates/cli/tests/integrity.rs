@@ -84,7 +84,7 @@ async fn deleting_daemon_lock_does_not_let_a_second_owner_touch_the_ledger() {
     let (model, home, d, mut c) = model_daemon(bin()).await.unwrap();
     let gate = Gate::new();
     model.push(Reply::text("still mine").gated(&gate));
-    let s = c.create_session(home.path()).await.unwrap();
+    let s = c.create_session(home.work()).await.unwrap();
     let sid = s["session_id"].as_str().unwrap().to_string();
     let receipt = c.submit(&sid, "hold").await.unwrap();
     let admission_id = receipt["admission_id"].as_str().unwrap().to_string();
@@ -259,7 +259,7 @@ async fn used_home(home: &TestHome) {
         .unwrap();
     let mut d = Daemon::start(bin(), home.path()).await.unwrap();
     let mut c = d.client().await.unwrap();
-    c.create_session(home.path()).await.unwrap();
+    c.create_session(home.work()).await.unwrap();
     drop(c);
     assert_eq!(d.stop().await.unwrap().code(), Some(0));
 }
@@ -363,7 +363,7 @@ async fn logs_are_private_and_rotate_within_a_bound() {
     .await
     .unwrap();
     let mut c = d.client().await.unwrap();
-    let s = c.create_session(home.path()).await.unwrap();
+    let s = c.create_session(home.work()).await.unwrap();
     let sid = s["session_id"].as_str().unwrap().to_string();
     model.push(Reply::text("done"));
     let receipt = c.submit(&sid, "hello").await.unwrap();

@@ -43,7 +43,7 @@ async fn start(stall_timeout_s: u64) -> Live {
     let created = client
         .call_ok(
             "session.create",
-            json!({"request_id": uuid_like(), "cwd": home.path(), "toolsets": ["terminal"]}),
+            json!({"request_id": uuid_like(), "cwd": home.work(), "toolsets": ["terminal"]}),
         )
         .await
         .unwrap();

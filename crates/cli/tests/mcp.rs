@@ -107,7 +107,7 @@ async fn create_with_a_broken_or_disabled_mcp_server_is_invalid_params_naming_to
         let e = client
             .call(
                 "session.create",
-                json!({"request_id": drover_test_support::harness::uuid_like(), "cwd": home.path(), "toolsets": toolsets}),
+                json!({"request_id": drover_test_support::harness::uuid_like(), "cwd": home.work(), "toolsets": toolsets}),
             )
             .await
             .unwrap()

@@ -427,7 +427,7 @@ async fn killing_the_owner_mid_turn_then_restarting_makes_it_unknown_and_never_r
     assert!(daemon.worker_pids().is_empty());
 
     // The pause is per session: another session's input runs.
-    let other = c.create_session(s.home.path()).await.unwrap();
+    let other = c.create_session(s.home.work()).await.unwrap();
     let other_id = str_field(&other, "session_id");
     let o = c.submit(&other_id, "elsewhere").await.unwrap();
     assert_eq!(

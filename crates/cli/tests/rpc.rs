@@ -314,7 +314,7 @@ async fn events_since_pages_by_limit_and_by_bytes_and_has_more_reads_to_the_end(
 #[tokio::test]
 async fn rename_needs_no_attachment_and_refuses_a_bad_title() {
     let (_model, home, d, mut a) = model_daemon(bin()).await.unwrap();
-    let created = a.create_session(home.path()).await.unwrap();
+    let created = a.create_session(home.work()).await.unwrap();
     let sid = created["session_id"].as_str().unwrap();
     let mut b = d.client().await.unwrap();
     let renamed = b

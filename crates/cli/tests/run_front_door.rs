@@ -191,7 +191,7 @@ async fn an_ambiguous_prefix_lists_the_sessions_it_names() {
     // Session ids are random: make sessions until two share a first character (at most 17).
     let mut ids = vec![s.session_id.clone()];
     let shared = loop {
-        let created = client.create_session(s.home.path()).await.unwrap();
+        let created = client.create_session(s.home.work()).await.unwrap();
         let id = created["session_id"].as_str().unwrap().to_string();
         if let Some(twin) = ids.iter().find(|i| i[..1] == id[..1]) {
             break (twin.clone(), id);

@@ -113,7 +113,7 @@ async fn ids_are_taken_by_unique_prefix_and_an_ambiguous_one_lists_the_candidate
     // Seventeen ids: two of them share a first hex digit.
     let mut ids = Vec::new();
     for _ in 0..17 {
-        let created = c.create_session(home.path()).await.unwrap();
+        let created = c.create_session(home.work()).await.unwrap();
         ids.push(str_field(&created, "session_id"));
     }
     let shared = ids

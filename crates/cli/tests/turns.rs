@@ -215,7 +215,7 @@ async fn unreachable_endpoint_fails_the_turn() {
         .client
         .call_ok(
             "session.create",
-            json!({"request_id": "dead", "cwd": s.home.path(), "base_url": format!("http://127.0.0.1:{port}/v1")}),
+            json!({"request_id": "dead", "cwd": s.home.work(), "base_url": format!("http://127.0.0.1:{port}/v1")}),
         )
         .await
         .unwrap();
@@ -361,7 +361,7 @@ async fn a_client_that_stops_reading_is_dropped_without_slowing_the_others() {
         let created = submitter
             .call_ok(
                 "session.create",
-                json!({"request_id": format!("slow-{i}"), "cwd": s.home.path()}),
+                json!({"request_id": format!("slow-{i}"), "cwd": s.home.work()}),
             )
             .await
             .unwrap();

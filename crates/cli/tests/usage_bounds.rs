@@ -110,7 +110,7 @@ async fn model_usage_at_the_integer_limits_is_clamped_and_every_listing_still_re
     let (model, home) = model_home(true).await.unwrap();
     let mut daemon = Daemon::start(bin(), home.path()).await.unwrap();
     let mut client = daemon.client().await.unwrap();
-    let created = client.create_session(home.path()).await.unwrap();
+    let created = client.create_session(home.work()).await.unwrap();
     let session_id = created["session_id"].as_str().unwrap().to_string();
 
     // Two requests of one turn each report i64::MAX prompt tokens: their sum overflowed
@@ -193,7 +193,7 @@ async fn a_ledger_holding_real_or_negative_counts_lists_each_bad_row_with_its_er
     let mut client = daemon.client().await.unwrap();
     let mut ids = Vec::new();
     for _ in 0..3 {
-        let created = client.create_session(home.path()).await.unwrap();
+        let created = client.create_session(home.work()).await.unwrap();
         ids.push(created["session_id"].as_str().unwrap().to_string());
     }
     let (bad_counts, good, bad_json) = (&ids[0], &ids[1], &ids[2]);

@@ -64,7 +64,7 @@ fn id(v: &Value, field: &str) -> String {
 /// Starts a turn in a new session that stops at an approval prompt (a forced recursive
 /// delete); returns `(session_id, admission_id, the approval.request payload)`.
 async fn turn_waiting_on_a_prompt(s: &mut Setup, target: &Path) -> (String, String, Value) {
-    let session = s.client.create_session(s.home.path()).await.unwrap();
+    let session = s.client.create_session(s.home.work()).await.unwrap();
     let session_id = id(&session, "session_id");
     s.model.push(Reply::tool_call(
         "call_rm",
@@ -145,7 +145,7 @@ async fn a_frame_naming_another_execution_is_refused_and_the_victim_is_untouched
     std::fs::write(&staged, format!("{forged}\n")).unwrap();
     std::fs::rename(&staged, s.relay_dir.path().join("attack.json")).unwrap();
 
-    let attacker = s.client.create_session(s.home.path()).await.unwrap();
+    let attacker = s.client.create_session(s.home.work()).await.unwrap();
     let attacker = id(&attacker, "session_id");
     s.model.push(Reply::text("attacker's own turn"));
     let r = s.client.submit(&attacker, "hi").await.unwrap();

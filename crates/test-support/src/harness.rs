@@ -30,22 +30,39 @@ use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 /// The default bound of every wait in this harness.
 pub const WAIT: Duration = Duration::from_secs(20);
 
-/// A temporary drover home, removed on drop.
+/// A temporary drover home, with a working directory for its sessions beside it, both
+/// removed on drop.
 pub struct TestHome {
-    dir: tempfile::TempDir,
+    _dir: tempfile::TempDir,
+    home: PathBuf,
+    work: PathBuf,
 }
 
 impl TestHome {
-    /// A fresh, empty home under the system's temporary folder.
+    /// A fresh, empty home (`<tmp>/drover-test-*/home`) and an empty working directory beside
+    /// it (`…/work`).
     pub fn new() -> Result<TestHome> {
+        let dir = tempfile::Builder::new().prefix("drover-test-").tempdir()?;
+        let home = dir.path().join("home");
+        let work = dir.path().join("work");
+        std::fs::create_dir(&home)?;
+        std::fs::create_dir(&work)?;
         Ok(TestHome {
-            dir: tempfile::Builder::new().prefix("drover-test-").tempdir()?,
+            _dir: dir,
+            home,
+            work,
         })
     }
 
     /// The home folder.
     pub fn path(&self) -> &Path {
-        self.dir.path()
+        &self.home
+    }
+
+    /// A working directory for sessions, outside the home: tools cannot see the home (issue
+    /// 13), so a session whose cwd is inside it could run no tool.
+    pub fn work(&self) -> &Path {
+        &self.work
     }
 
     /// Writes `<home>/config.toml`.
@@ -706,7 +723,7 @@ pub struct OneSession {
 
 impl OneSession {
     /// Starts it: [`TestHome::write_model_config`] with `stream` and `extra` TOML, the daemon
-    /// with `env`, and a session whose cwd is the home.
+    /// with `env`, and a session whose cwd is [`TestHome::work`].
     pub async fn start(
         bin: &Path,
         stream: bool,
@@ -864,7 +881,7 @@ impl OneSessionBuilder {
         self
     }
 
-    /// The session's working directory (the home unless set).
+    /// The session's working directory ([`TestHome::work`] unless set).
     pub fn cwd(mut self, cwd: &Path) -> Self {
         self.cwd = Some(cwd.to_path_buf());
         self
@@ -896,7 +913,7 @@ impl OneSessionBuilder {
             .collect();
         let daemon = Daemon::start_with_env(&self.bin, home.path(), &env).await?;
         let mut client = daemon.client().await?;
-        let cwd = self.cwd.as_deref().unwrap_or(home.path());
+        let cwd = self.cwd.as_deref().unwrap_or(home.work());
         let mut params = json!({"request_id": uuid_like(), "cwd": cwd});
         if let Some(toolsets) = &self.toolsets {
             params["toolsets"] = json!(toolsets);
