@@ -1,8 +1,45 @@
 //! Confinement of tool processes (issue 13, `docs/sandbox.md`): what the kernel offers
-//! ([`probe`]), and the steps a tool process takes before it runs its command.
+//! ([`probe`]), and the steps a tool process takes between fork and exec ([`Plan`]).
 //!
-//! STUB: [`probe`] reports nothing available yet; the namespaces and Landlock steps land with
-//! the sandbox work.
+//! A [`Plan`] is built in the parent from a [`Spec`]: every allocation happens there (the
+//! paths to hide as C strings, the `uid_map`/`gid_map` lines, a Landlock ruleset fd holding
+//! its rules). [`Plan::install`] adds a `pre_exec` step to a command that only makes plain
+//! syscalls, in this order:
+//!
+//! 1. **namespaces** (when [`Spec::namespaces`]): `unshare(CLONE_NEWUSER | CLONE_NEWNS)`,
+//!    `setgroups` `deny`, and a one-line `uid_map`/`gid_map` mapping the process's own ids to
+//!    themselves (all a process may write from inside its new namespace);
+//! 2. **the hidden paths**: the mount tree made private (`MS_REC | MS_PRIVATE`, so nothing
+//!    reaches the parent's namespace), then an empty read-only tmpfs over each of
+//!    [`Spec::hidden`] (the drover home);
+//! 3. `PR_SET_NO_NEW_PRIVS`, then **Landlock** (when [`Spec::landlock`]):
+//!    `landlock_restrict_self` with the prepared ruleset. Landlock also refuses `mount` and
+//!    `umount` to the confined process;
+//! 4. **no capabilities** (with the namespaces): the bounding and ambient sets emptied, the
+//!    securebits `NOROOT` family set and locked, then every set cleared by `capset`, so even
+//!    without Landlock the tool cannot `umount` the tmpfs and uncover the home, and an exec
+//!    of a root-owned or setuid binary gives nothing back.
+//!
+//! Landlock rules ([`LandlockSpec`]): read and execute everywhere (`/`) with device ioctls;
+//! every right under each writable root; file rights on `/dev/null`, `/dev/zero`,
+//! `/dev/full`, `/dev/tty`, `/dev/ptmx`, `/dev/pts` and every right on `/dev/shm` (those that
+//! exist); `network = false` handles TCP connect and bind (ABI 4 and later) with no rule, so
+//! both are refused. The ruleset is built for exactly the ABI given, with the crate's hard
+//! requirement: a right the kernel cannot enforce is an error, never silently dropped.
+//! [`Plan::enforced`] says what the plan really applies.
+
+use std::ffi::{CStr, CString};
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+
+use landlock::{
+    Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
+    RulesetAttr, RulesetCreatedAttr, ABI,
+};
+use nix::libc;
 
 /// What the kernel lets drover do, found once at daemon start.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -15,11 +52,532 @@ pub struct KernelSupport {
     pub problems: Vec<String>,
 }
 
-/// Finds what the kernel offers. Cheap enough to call once at start; never panics.
+/// Finds what the kernel offers: the Landlock ABI (`landlock_create_ruleset` with the version
+/// flag), and whether a child can make a new user and mount namespace and mount a tmpfs in it
+/// (`/bin/true` is spawned through the very namespace step tools get). Cheap enough to call
+/// once at start; never panics.
 pub fn probe() -> KernelSupport {
+    let mut problems = Vec::new();
+    let landlock_abi = match landlock_abi() {
+        Ok(abi) => Some(abi),
+        Err(reason) => {
+            problems.push(reason);
+            None
+        }
+    };
+    let namespaces = match probe_namespaces() {
+        Ok(()) => true,
+        Err(reason) => {
+            problems.push(reason);
+            false
+        }
+    };
     KernelSupport {
-        namespaces: false,
-        landlock_abi: None,
-        problems: vec!["the sandbox is not built yet".to_string()],
+        namespaces,
+        landlock_abi,
+        problems,
+    }
+}
+
+/// `LANDLOCK_CREATE_RULESET_VERSION`: `landlock_create_ruleset(NULL, 0, this)` answers the ABI.
+const LANDLOCK_CREATE_RULESET_VERSION: u32 = 1;
+
+/// The Landlock ABI version of the running kernel, or why there is none.
+fn landlock_abi() -> Result<u32, String> {
+    // SAFETY: with a null attribute pointer, size 0 and the version flag, the kernel reads no
+    // memory and returns the ABI version or -1; no fd is created.
+    let version = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    if version > 0 {
+        return u32::try_from(version).map_err(|_| format!("Landlock answered ABI {version}"));
+    }
+    let err = io::Error::last_os_error();
+    Err(match err.raw_os_error() {
+        Some(libc::ENOSYS) => "the kernel has no Landlock (built without it)".to_string(),
+        Some(libc::EOPNOTSUPP) => {
+            "Landlock is not enabled in this kernel (add it to the lsm= boot parameter)".to_string()
+        }
+        _ => format!("Landlock could not be queried: {err}"),
+    })
+}
+
+/// Spawns `/bin/true` through the namespace step (hiding the temp dir, so the mount step is
+/// tried too) and checks it ran.
+fn probe_namespaces() -> Result<(), String> {
+    let program = ["/bin/true", "/usr/bin/true"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .ok_or("no /bin/true to probe user namespaces with")?;
+    let temp = std::env::temp_dir();
+    let spec = Spec {
+        namespaces: true,
+        hidden: vec![temp],
+        landlock: None,
+    };
+    let plan = Plan::new(&spec).map_err(|e| format!("user namespaces not probed: {e}"))?;
+    let mut command = std::process::Command::new(program);
+    command
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    plan.install(&mut command);
+    let status = command.status().map_err(|e| {
+        format!(
+            "a new user and mount namespace could not be made ({e}); unprivileged user \
+             namespaces may be refused (user.max_user_namespaces, \
+             kernel.apparmor_restrict_unprivileged_userns, a container's seccomp profile)"
+        )
+    })?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{program} in a new user and mount namespace ended with {status}"
+        ))
+    }
+}
+
+/// What to apply to one tool process.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Spec {
+    /// Make a new user and mount namespace, hide [`Spec::hidden`] in it and drop every
+    /// capability.
+    pub namespaces: bool,
+    /// Absolute directories covered by an empty read-only tmpfs (only with
+    /// [`Spec::namespaces`]). Paths that do not exist are skipped: there is nothing to hide.
+    pub hidden: Vec<PathBuf>,
+    /// The Landlock rules, or `None` for no Landlock layer.
+    pub landlock: Option<LandlockSpec>,
+}
+
+/// The Landlock layer of a [`Spec`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LandlockSpec {
+    /// The ABI to build the rules for: the kernel's ([`KernelSupport::landlock_abi`]).
+    pub abi: u32,
+    /// Directories under which every access is allowed (empty in `read-only`).
+    pub writable_roots: Vec<PathBuf>,
+    /// Single files that may be written besides (a background process's own log, which it may
+    /// reopen through `/dev/stdout`).
+    pub writable_files: Vec<PathBuf>,
+    /// Whether TCP connect and bind are allowed.
+    pub network: bool,
+}
+
+/// What a [`Plan`] applies, to be reported as it is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Enforced {
+    /// The namespace layer: the hidden paths are covered and no capability is left.
+    pub namespaces: bool,
+    /// The Landlock ABI the rules were built for, when the Landlock layer is applied.
+    pub landlock_abi: Option<u32>,
+    /// TCP connect and bind are refused.
+    pub network_blocked: bool,
+}
+
+/// Errors building a [`Plan`].
+#[derive(Debug, thiserror::Error)]
+pub enum ConfineError {
+    /// A path holds a NUL byte, so no syscall can take it.
+    #[error("path {0} holds a NUL byte")]
+    NulInPath(PathBuf),
+    /// A hidden path exists but is not a directory (only directories can be covered).
+    #[error("cannot hide {0}: not a directory")]
+    NotADirectory(PathBuf),
+    /// `network = false` asked for, and the kernel's Landlock cannot refuse TCP (ABI < 4).
+    #[error("Landlock ABI {0} cannot refuse TCP connect and bind (ABI 4 and later can)")]
+    NetworkUnsupported(u32),
+    /// A path of a rule could not be opened.
+    #[error("Landlock rule for {path}: {source}")]
+    RulePath {
+        /// The path of the rule.
+        path: PathBuf,
+        /// Why it could not be opened.
+        source: io::Error,
+    },
+    /// The ruleset could not be made or a rule added (the kernel refused, or the ABI lacks a
+    /// right).
+    #[error("Landlock ruleset: {0}")]
+    Ruleset(#[from] landlock::RulesetError),
+    /// The kernel gave no ruleset (it has no Landlock).
+    #[error("the kernel made no Landlock ruleset")]
+    NoRuleset,
+}
+
+/// Everything the child needs, prepared in the parent (see the module docs).
+pub struct Plan {
+    namespaces: Option<NamespaceStep>,
+    /// The Landlock ruleset, its rules added.
+    ruleset: Option<OwnedFd>,
+    enforced: Enforced,
+}
+
+impl std::fmt::Debug for Plan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plan")
+            .field("enforced", &self.enforced)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The namespace and mount steps, as bytes ready for syscalls.
+struct NamespaceStep {
+    setgroups: CString,
+    uid_map_path: CString,
+    gid_map_path: CString,
+    uid_map: Vec<u8>,
+    gid_map: Vec<u8>,
+    root: CString,
+    tmpfs: CString,
+    tmpfs_options: CString,
+    hidden: Vec<CString>,
+}
+
+fn c_path(path: &Path) -> Result<CString, ConfineError> {
+    CString::new(path.as_os_str().as_bytes()).map_err(|_| ConfineError::NulInPath(path.into()))
+}
+
+fn c_text(text: &'static str) -> CString {
+    // The literals below hold no NUL byte, so this never falls back.
+    CString::new(text).unwrap_or_default()
+}
+
+/// The devices every sandboxed process may open for writing, when they exist.
+const DEVICE_FILES: &[&str] = &[
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/tty",
+    "/dev/ptmx",
+];
+/// Device directories: terminals (file rights on what is below) and POSIX shared memory (every
+/// right).
+const PTS_DIR: &str = "/dev/pts";
+const SHM_DIR: &str = "/dev/shm";
+
+impl Plan {
+    /// Prepares `spec`: opens the rule paths and builds the Landlock ruleset, formats the id
+    /// maps. Nothing is applied to this process.
+    pub fn new(spec: &Spec) -> Result<Plan, ConfineError> {
+        let namespaces = if spec.namespaces {
+            Some(NamespaceStep::new(&spec.hidden)?)
+        } else {
+            None
+        };
+        let (ruleset, network_blocked) = match &spec.landlock {
+            Some(rules) => {
+                let (fd, blocked) = build_ruleset(rules)?;
+                (Some(fd), blocked)
+            }
+            None => (None, false),
+        };
+        let enforced = Enforced {
+            namespaces: namespaces.is_some(),
+            landlock_abi: ruleset
+                .as_ref()
+                .and(spec.landlock.as_ref().map(|rules| rules.abi)),
+            network_blocked,
+        };
+        Ok(Plan {
+            namespaces,
+            ruleset,
+            enforced,
+        })
+    }
+
+    /// What this plan applies.
+    pub fn enforced(&self) -> Enforced {
+        self.enforced
+    }
+
+    /// Adds the steps to `command`, run in the child between fork and exec, after the
+    /// `pre_exec` steps already added (`tokio::process::Command::as_std_mut` gives the std
+    /// command of a tokio one). A step that fails makes the spawn fail with its errno: the
+    /// command never runs with less than the plan.
+    pub fn install(self, command: &mut std::process::Command) {
+        // SAFETY: the closure runs in the forked child before exec. `Plan::enter` makes only
+        // plain syscalls (unshare, open, write, close, mount, prctl, capset,
+        // landlock_restrict_self) on memory prepared in the parent, and builds errors from raw
+        // errnos, which does not allocate. It takes no lock.
+        unsafe {
+            command.pre_exec(move || self.enter());
+        }
+    }
+
+    /// The child's side (async-signal-safe: no allocation, no lock).
+    fn enter(&self) -> io::Result<()> {
+        if let Some(step) = &self.namespaces {
+            step.enter()?;
+        }
+        // SAFETY: prctl(2) with integer arguments only.
+        check(unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, ONE, ZERO, ZERO, ZERO) })?;
+        if let Some(ruleset) = &self.ruleset {
+            // SAFETY: landlock_restrict_self(2) with a ruleset fd this plan owns (inherited
+            // through fork, still open: it is only closed at exec) and no flags.
+            let rc = unsafe {
+                libc::syscall(libc::SYS_landlock_restrict_self, ruleset.as_raw_fd(), 0u32)
+            };
+            if rc != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        if self.namespaces.is_some() {
+            drop_capabilities()?;
+        }
+        Ok(())
+    }
+}
+
+impl NamespaceStep {
+    fn new(hidden: &[PathBuf]) -> Result<NamespaceStep, ConfineError> {
+        let mut paths = Vec::new();
+        for path in hidden {
+            match std::fs::metadata(path) {
+                Ok(meta) if meta.is_dir() => paths.push(c_path(path)?),
+                Ok(_) => return Err(ConfineError::NotADirectory(path.clone())),
+                // Nothing there, nothing to hide.
+                Err(_) => {}
+            }
+        }
+        // SAFETY: geteuid(2) and getegid(2) cannot fail and touch no memory.
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        Ok(NamespaceStep {
+            setgroups: c_text("/proc/self/setgroups"),
+            uid_map_path: c_text("/proc/self/uid_map"),
+            gid_map_path: c_text("/proc/self/gid_map"),
+            uid_map: format!("{uid} {uid} 1\n").into_bytes(),
+            gid_map: format!("{gid} {gid} 1\n").into_bytes(),
+            root: c_text("/"),
+            tmpfs: c_text("tmpfs"),
+            tmpfs_options: c_text("mode=0555,size=4k"),
+            hidden: paths,
+        })
+    }
+
+    /// Steps 1 and 2 of the module docs, in the child.
+    fn enter(&self) -> io::Result<()> {
+        // SAFETY: unshare(2) with flags only; the child is single-threaded after fork, as
+        // CLONE_NEWUSER requires.
+        check(unsafe { libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) })?;
+        // From inside the namespace, a gid_map can only be written once setgroups is denied
+        // (even by root: the writer has no capability over the parent namespace any more).
+        write_all(&self.setgroups, b"deny")?;
+        write_all(&self.uid_map_path, &self.uid_map)?;
+        write_all(&self.gid_map_path, &self.gid_map)?;
+        // SAFETY: mount(2) with a NUL-terminated target prepared in the parent and null
+        // source, type and data, as a propagation change takes.
+        check(unsafe {
+            libc::mount(
+                std::ptr::null(),
+                self.root.as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            )
+        })?;
+        for path in &self.hidden {
+            // SAFETY: mount(2) with NUL-terminated strings prepared in the parent.
+            check(unsafe {
+                libc::mount(
+                    self.tmpfs.as_ptr(),
+                    path.as_ptr(),
+                    self.tmpfs.as_ptr(),
+                    libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                    self.tmpfs_options.as_ptr().cast(),
+                )
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// prctl(2) is variadic: every argument after the option goes as a full `unsigned long`, never
+/// as an `int` whose upper bits are undefined.
+const ZERO: libc::c_ulong = 0;
+const ONE: libc::c_ulong = 1;
+
+/// `-1` as the last errno, anything else as success.
+fn check(rc: libc::c_int) -> io::Result<()> {
+    if rc == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Writes `bytes` to the file at `path` in one `write(2)` (the `/proc` id-map files take one
+/// write). Async-signal-safe.
+fn write_all(path: &CStr, bytes: &[u8]) -> io::Result<()> {
+    // SAFETY: open(2) with a NUL-terminated path prepared in the parent.
+    let fd = unsafe { libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: write(2) of a buffer this function borrows, with its length.
+    let written = unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) };
+    let result = if written < 0 {
+        Err(io::Error::last_os_error())
+    } else if written.unsigned_abs() != bytes.len() {
+        Err(io::Error::from_raw_os_error(libc::EIO))
+    } else {
+        Ok(())
+    };
+    // SAFETY: closes the fd opened above, which nothing else holds.
+    unsafe { libc::close(fd) };
+    result
+}
+
+/// `_LINUX_CAPABILITY_VERSION_3`: capset takes two 32-bit words per set.
+const CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+/// `SECBIT_NOROOT`, `SECBIT_NO_SETUID_FIXUP`, `SECBIT_KEEP_CAPS` (off) and
+/// `SECBIT_NO_CAP_AMBIENT_RAISE`, each with its lock bit.
+const SECUREBITS: libc::c_ulong = 0b1110_1111;
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+/// Step 4 of the module docs, in the child (inside its new user namespace, where it holds
+/// every capability until now).
+fn drop_capabilities() -> io::Result<()> {
+    let past_any_capability: libc::c_ulong = 64;
+    for cap in 0..past_any_capability {
+        // SAFETY: prctl(2) with integer arguments only.
+        let rc = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, ZERO, ZERO, ZERO) };
+        if rc == -1 {
+            let err = io::Error::last_os_error();
+            // Past the kernel's last capability.
+            if err.raw_os_error() == Some(libc::EINVAL) && cap > 0 {
+                break;
+            }
+            return Err(err);
+        }
+    }
+    // SAFETY: prctl(2) with integer arguments only.
+    let rc = unsafe {
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::c_ulong::try_from(libc::PR_CAP_AMBIENT_CLEAR_ALL).unwrap_or(ZERO),
+            ZERO,
+            ZERO,
+            ZERO,
+        )
+    };
+    // Kernels before 4.3 have no ambient set, so nothing to clear.
+    if rc == -1 && io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL) {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: prctl(2) with integer arguments only.
+    check(unsafe { libc::prctl(libc::PR_SET_SECUREBITS, SECUREBITS, ZERO, ZERO, ZERO) })?;
+    let mut header = CapHeader {
+        version: CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let data = [CapData {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
+    // SAFETY: capset(2) with a version 3 header and the two data words it reads, both on
+    // this stack frame.
+    let rc = unsafe { libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Builds the ruleset of `rules` (module docs) and gives its fd, and whether TCP is refused.
+fn build_ruleset(rules: &LandlockSpec) -> Result<(OwnedFd, bool), ConfineError> {
+    let abi = ABI::from(i32::try_from(rules.abi).unwrap_or(i32::MAX));
+    let all = AccessFs::from_all(abi);
+    let file = AccessFs::from_file(abi);
+    let read_everywhere = AccessFs::from_read(abi) | (all & AccessFs::IoctlDev);
+    let mut ruleset = Ruleset::default()
+        .set_compatibility(CompatLevel::HardRequirement)
+        .handle_access(all)?;
+    let network_blocked = !rules.network;
+    if network_blocked {
+        if abi < ABI::V4 {
+            return Err(ConfineError::NetworkUnsupported(rules.abi));
+        }
+        ruleset = ruleset.handle_access(AccessNet::from_all(abi))?;
+    }
+    let mut created = ruleset.create()?;
+    let mut add = |path: &Path, access: BitFlags<AccessFs>| -> Result<(), ConfineError> {
+        let fd = PathFd::new(path).map_err(|e| ConfineError::RulePath {
+            path: path.to_path_buf(),
+            source: io::Error::other(e.to_string()),
+        })?;
+        (&mut created).add_rule(PathBeneath::new(fd, access))?;
+        Ok(())
+    };
+    add(Path::new("/"), read_everywhere)?;
+    for root in &rules.writable_roots {
+        add(root, all)?;
+    }
+    for path in &rules.writable_files {
+        add(path, file)?;
+    }
+    for device in DEVICE_FILES {
+        if Path::new(device).exists() {
+            add(Path::new(device), file)?;
+        }
+    }
+    if Path::new(PTS_DIR).is_dir() {
+        add(Path::new(PTS_DIR), file)?;
+    }
+    if Path::new(SHM_DIR).is_dir() {
+        add(Path::new(SHM_DIR), all)?;
+    }
+    let fd: Option<OwnedFd> = created.into();
+    // Under the hard requirement a kernel without Landlock fails `create`, so an fd is there.
+    let fd = fd.ok_or(ConfineError::NoRuleset)?;
+    Ok((fd, network_blocked))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hidden_path_that_is_a_file_is_refused_and_a_missing_one_skipped() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("f");
+        std::fs::write(&file, "x").expect("file");
+        let spec = |hidden: Vec<PathBuf>| Spec {
+            namespaces: true,
+            hidden,
+            landlock: None,
+        };
+        let err = Plan::new(&spec(vec![file.clone()])).expect_err("a file");
+        assert!(err.to_string().contains("not a directory"), "{err}");
+        let plan = Plan::new(&spec(vec![dir.path().join("missing")])).expect("skipped");
+        assert!(plan.enforced().namespaces);
+        assert_eq!(plan.enforced().landlock_abi, None);
+    }
+
+    #[test]
+    fn the_id_maps_map_the_process_to_itself() {
+        let step = NamespaceStep::new(&[]).expect("step");
+        // SAFETY: geteuid(2) cannot fail and touches no memory.
+        let uid = unsafe { libc::geteuid() };
+        assert_eq!(step.uid_map, format!("{uid} {uid} 1\n").into_bytes());
     }
 }

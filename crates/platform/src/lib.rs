@@ -19,12 +19,16 @@
 //! - [`process_matches`] and [`signal_process_if_same`] check and signal a process by pid *and*
 //!   start time, so a recycled pid is never signalled; [`spawn_detached`] starts a process in
 //!   its own session that outlives its caller (the job heartbeat timer, the `terminal` tool's
-//!   background processes).
+//!   background processes); [`pass_fd`] hands such a child a descriptor at a fixed number.
 //! - [`kill_group_if_same`] stops a background process's whole group only while its leader
 //!   still matches pid and start time.
-//! - [`confine`]: what the kernel offers for confining tool processes, and the steps a tool
-//!   process takes before exec (issue 13); [`set_non_dumpable`] for the owner and the worker.
+//! - [`confine`]: what the kernel offers for confining tool processes ([`confine::probe`]),
+//!   and the plan a tool process applies before exec: a user and mount namespace hiding the
+//!   drover home, Landlock, no capabilities (issue 13); [`set_non_dumpable`] for the owner and
+//!   the worker.
 //! - [`flock_holder`] names the process holding a `flock(2)` lock (the owner's home lock).
+//!
+//! Layers: `confine` (a leaf: it uses nothing of this file) < the process functions of this file.
 
 // The one crate allowed `unsafe` (issue 10): each block below states its invariant.
 #![allow(unsafe_code)]
@@ -511,6 +515,32 @@ pub fn spawn_detached(command: &mut std::process::Command) -> io::Result<std::pr
         });
     }
     command.spawn()
+}
+
+/// Hands `fd` to the child of `command` as file descriptor `target` (not close-on-exec
+/// there), for a launcher that writes a result through it (a background process's exit
+/// sidecar, opened by the worker while the drover home is still visible). Add it after the
+/// other `pre_exec` steps that use inherited descriptors, since `target` is overwritten.
+pub fn pass_fd(command: &mut std::process::Command, fd: std::os::fd::OwnedFd, target: i32) {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child before exec. dup2(2) and fcntl(2) are plain
+    // syscalls on an fd the closure owns (inherited through fork), and errors are built from
+    // raw errnos without allocating.
+    unsafe {
+        command.pre_exec(move || {
+            let raw = fd.as_raw_fd();
+            if raw == target {
+                // dup2 onto itself keeps close-on-exec; clear it instead.
+                if nix::libc::fcntl(raw, nix::libc::F_SETFD, 0) == -1 {
+                    return Err(io::Error::last_os_error());
+                }
+            } else if nix::libc::dup2(raw, target) == -1 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
 }
 
 /// The pid holding an exclusive `flock(2)` on `path`'s inode, from `/proc/locks`. The kernel

@@ -155,11 +155,19 @@ pub enum Decision {
 /// `deny` mode refuses even then: it is the operator's statement that no dangerous command
 /// runs, whatever was granted under another mode.
 pub fn decide(mode: ApprovalMode, danger: Option<&Danger>, already_allowed: bool) -> Decision {
-    match (danger, mode) {
-        (None, _) | (Some(_), ApprovalMode::Auto) => Decision::Run,
-        (Some(_), ApprovalMode::Deny) => Decision::Refuse,
-        (Some(_), ApprovalMode::Manual) if already_allowed => Decision::Run,
-        (Some(_), ApprovalMode::Manual) => Decision::Ask,
+    match danger {
+        None => Decision::Run,
+        Some(_) => decide_dangerous(mode, already_allowed),
+    }
+}
+
+/// [`decide`] for an action known to need approval.
+fn decide_dangerous(mode: ApprovalMode, already_allowed: bool) -> Decision {
+    match mode {
+        ApprovalMode::Auto => Decision::Run,
+        ApprovalMode::Deny => Decision::Refuse,
+        ApprovalMode::Manual if already_allowed => Decision::Run,
+        ApprovalMode::Manual => Decision::Ask,
     }
 }
 
@@ -184,17 +192,28 @@ pub async fn authorize(
     danger: &Danger,
     shown: &str,
 ) -> Result<(), Refusal> {
+    authorize_key(ctx, danger.key, &danger.description, shown).await
+}
+
+/// [`authorize`] for an action whose grant key is not one of [`PATTERNS`] (a `terminal`
+/// call's `sandbox: false` escalation, keyed by its exact command).
+pub async fn authorize_key(
+    ctx: &crate::ToolContext,
+    key: &str,
+    description: &str,
+    shown: &str,
+) -> Result<(), Refusal> {
     use crate::PromptAnswer;
     use serde_json::Value;
 
-    match decide(ctx.approvals, Some(danger), ctx.grants.contains(danger.key)) {
+    match decide_dangerous(ctx.approvals, ctx.grants.contains(key)) {
         Decision::Run => Ok(()),
         Decision::Refuse => Err(Refusal::ModeDeny),
         Decision::Ask => {
             let body = serde_json::json!({
                 "command": shown,
-                "description": danger.description,
-                "pattern_key": danger.key,
+                "description": description,
+                "pattern_key": key,
                 "choices": ApprovalChoice::ALL.map(ApprovalChoice::as_str),
             });
             let answer = tokio::select! {
@@ -213,9 +232,9 @@ pub async fn authorize(
             };
             match choice {
                 Some(choice) if choice.allows() => {
-                    tracing::info!(session_id = %ctx.session_id, pattern_key = danger.key, choice = %choice, "dangerous action approved");
+                    tracing::info!(session_id = %ctx.session_id, pattern_key = key, choice = %choice, "dangerous action approved");
                     if matches!(choice, ApprovalChoice::Session | ApprovalChoice::Always) {
-                        ctx.grants.insert(danger.key);
+                        ctx.grants.insert(key);
                     }
                     Ok(())
                 }

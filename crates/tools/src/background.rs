@@ -10,15 +10,19 @@
 //! it. The command therefore runs under a small `sh` launcher that records its exit status:
 //!
 //! ```sh
-//! sh -c "$1"; echo $? > "$2.tmp" && mv -f "$2.tmp" "$2"
+//! sh -c "$1" 3>&-; echo $? >&3
 //! ```
 //!
 //! with the command as `$1` (never spliced into the script, so no quoting issues) and the
-//! sidecar file `<home>/logs/processes/<process_id>.exit` as `$2`. The launcher is the group
+//! sidecar file `<home>/logs/processes/<process_id>.exit` as fd 3. The worker creates the
+//! sidecar empty and opens it before the spawn, because the launcher runs confined like the
+//! command ([`crate::sandbox`]): the drover home is hidden from it and Landlock would refuse
+//! the path, but an inherited fd is written all the same; the command itself gets no fd 3.
+//! One `write` of `N\n` fills the sidecar before the launcher exits. The launcher is the group
 //! and session leader, and its pid and start time (`/proc/<pid>/stat` field 22) are what is
 //! registered: the process's identity. [`observe`] reads the status from both: launcher alive
 //! and matching means `running`; otherwise the sidecar's code means `exited`, and no sidecar
-//! means `lost` (killed from outside, or the machine restarted). A process the `process` tool
+//! (or an empty one) means `lost` (killed from outside, or the machine restarted). A process the `process` tool
 //! stopped is `killed` (the launcher dies of the signal too, so it writes no sidecar).
 //!
 //! Where the registry lives is the caller's choice: [`ProcessRegistry`] is implemented by the
@@ -27,6 +31,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom};
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -37,9 +42,12 @@ use async_trait::async_trait;
 pub use drover_protocol::worker::{BackgroundProcess, ProcessStatus, ProcessUpdate};
 
 use crate::platform;
+use crate::sandbox::Sandbox;
 
 /// The launcher script; see the module docs.
-const LAUNCHER: &str = "sh -c \"$1\"; echo $? > \"$2.tmp\" && mv -f \"$2.tmp\" \"$2\"";
+const LAUNCHER: &str = "sh -c \"$1\" 3>&-; echo $? >&3";
+/// The fd number the launcher writes the exit status to.
+const SIDECAR_FD: i32 = 3;
 /// `$0` of the launcher, so `ps` shows what it is.
 const LAUNCHER_NAME: &str = "drover-background";
 /// Between SIGTERM and SIGKILL when a background process is killed.
@@ -129,12 +137,20 @@ pub fn exit_path(log_path: &Path) -> PathBuf {
     log_path.with_extension("exit")
 }
 
-/// Starts `command` (`sh -c`) in `workdir` as a background process of `session_id` and gives
-/// its record, `running`. Not yet registered: the caller does that.
+/// Starts `command` (`sh -c`) in `workdir` as a background process and gives its record,
+/// `running`. Not yet registered: the caller does that. The launcher and the command run
+/// under `sandbox` (`escalated`: an approved `sandbox: false` call, without the Landlock
+/// layer); the process may write its own log besides the sandbox's roots.
 ///
 /// Spawn from a thread that outlives the call (a tokio worker): the launcher is reaped by a
 /// thread of this process while the process lives, and by init (or a subreaper) after.
-pub fn start(command: &str, workdir: &Path, home: &Path) -> Result<BackgroundProcess, String> {
+pub fn start(
+    command: &str,
+    workdir: &Path,
+    home: &Path,
+    sandbox: &Sandbox,
+    escalated: bool,
+) -> Result<BackgroundProcess, String> {
     let dir = log_dir(home);
     std::fs::DirBuilder::new()
         .recursive(true)
@@ -152,23 +168,35 @@ pub fn start(command: &str, workdir: &Path, home: &Path) -> Result<BackgroundPro
     let log_err = log
         .try_clone()
         .map_err(|e| format!("could not open {} twice: {e}", log_path.display()))?;
+    let sidecar_path = exit_path(&log_path);
+    let sidecar = OpenOptions::new()
+        .create_new(true)
+        .write(true)
+        .mode(0o600)
+        .open(&sidecar_path)
+        .map_err(|e| format!("could not create {}: {e}", sidecar_path.display()))?;
     let mut launcher = std::process::Command::new("sh");
     launcher
         .arg("-c")
         .arg(LAUNCHER)
         .arg(LAUNCHER_NAME)
         .arg(command)
-        .arg(exit_path(&log_path))
         .current_dir(workdir)
         .stdin(Stdio::null())
         .stdout(Stdio::from(log))
         .stderr(Stdio::from(log_err));
+    sandbox.confine(&mut launcher, escalated, std::slice::from_ref(&log_path))?;
+    // After the sandbox's steps, which use the Landlock ruleset's inherited fd.
+    platform::pass_fd(&mut launcher, OwnedFd::from(sidecar), SIDECAR_FD);
     let started_at = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
         .unwrap_or(0.0);
-    let mut child = platform::spawn_detached(&mut launcher)
-        .map_err(|e| format!("could not start sh in {}: {e}", workdir.display()))?;
+    let spawned = platform::spawn_detached(&mut launcher);
+    // The parent's copies of the log and sidecar fds close with the command.
+    drop(launcher);
+    let mut child =
+        spawned.map_err(|e| format!("could not start sh in {}: {e}", workdir.display()))?;
     let pid = i32::try_from(child.id()).map_err(|_| "child pid out of range".to_string())?;
     // Read before anyone can reap the launcher, so even a command that ends at once has one.
     let Some(start_time) = platform::process_start_time(pid) else {

@@ -14,8 +14,10 @@
 //! resolved against the session's working directory (`ToolContext::cwd`), `~` against `$HOME`.
 //!
 //! **Where the tools may go** (`docs/decisions.md`, "Tools"): reads and searches go anywhere
-//! the worker can read, like the `terminal` tool. Writes (`write_file`, `patch`) inside the
-//! working directory need no approval; a write outside it (after symlinks are resolved) is
+//! the worker can read, like the `terminal` tool. Writes (`write_file`, `patch`) follow the
+//! sandbox first ([`crate::sandbox`]): outside its writable roots, inside the drover home, or
+//! anywhere under `read-only`, they are refused. Inside the working directory they need no
+//! approval; a write outside it (after symlinks are resolved) is
 //! treated like a dangerous command with the pattern key [`WRITE_OUTSIDE_CWD`]: `manual` asks
 //! the user with an `approval` prompt, `auto` writes, `deny` refuses, and `session`/`always`
 //! grants apply as for commands (`docs/approvals.md`).
@@ -174,14 +176,17 @@ pub(crate) fn io_problem(field: &str, path: &Path, e: &io::Error) -> String {
     format!("field \"{field}\": {} {what}", path.display())
 }
 
-/// Applies the approval policy to a write of `target` (symlinks resolved) by `tool`: inside
-/// the working directory it is allowed; outside it is a dangerous action with the pattern key
-/// [`WRITE_OUTSIDE_CWD`]. `Err` holds the error the result shows.
+/// Applies the sandbox and then the approval policy to a write of `target` (symlinks
+/// resolved) by `tool`: outside the sandbox's writable roots (or inside the drover home) it
+/// is refused ([`crate::sandbox::Sandbox::check_write`]); inside the working directory it is
+/// allowed; elsewhere it is a dangerous action with the pattern key [`WRITE_OUTSIDE_CWD`].
+/// `Err` holds the error the result shows.
 pub(crate) async fn allow_write(
     tool: &str,
     target: &Path,
     ctx: &ToolContext,
 ) -> Result<(), String> {
+    ctx.sandbox.check_write(target)?;
     let cwd = ctx.cwd.canonicalize().unwrap_or_else(|_| ctx.cwd.clone());
     if target.starts_with(&cwd) {
         return Ok(());

@@ -16,8 +16,9 @@
 //! - [`clarify`]: the `clarify` tool (asks the user questions through [`PromptBroker`] and
 //!   waits, with no timeout, for the answers).
 //! - [`file`]: the `file` toolset: `read_file`, `write_file`, `patch` (exact-text replace) and
-//!   `search_files` (regex over the text files under a path). Writes outside the session's
-//!   working directory go through the approval policy.
+//!   `search_files` (regex over the text files under a path). Writes outside the sandbox's
+//!   writable roots are refused; inside them but outside the session's working directory
+//!   they go through the approval policy.
 //! - [`delegate`]: the `delegate_task` tool (the `delegation` toolset), which asks the owner
 //!   for a child agent through [`Delegator`] (the worker persists `child.reserve`).
 //! - [`mcp`]: MCP servers as toolsets: a stdio client (the official SDK, `rmcp`) and
@@ -29,6 +30,9 @@
 //!   [`jobs::JobLedger`], which the worker implements by persisting `job.register`.
 //! - [`todo`]: the `todo` tool, a per-session task list kept in
 //!   `<home>/sessions/<session_id>/todo.json`.
+//! - [`sandbox`]: the confinement of every process a tool starts (a user and mount namespace
+//!   hiding the drover home, Landlock write rules, the cut environment) and the same write
+//!   rule for the file tools (issue 13); MCP servers are not confined.
 //! - [`approval`]: the dangerous-command classifier and the pure approval decision
 //!   (`docs/approvals.md`).
 //! - [`platform`]: re-export of `drover-platform`, the only crate that touches process groups,
@@ -36,8 +40,8 @@
 //!   kill foreground commands when its owner is gone (SPEC section 4).
 //!
 //! Layers (each imports only those before it, and the tool traits of this file): `approval`,
-//! `args`, `background`, `clarify`, `delegate`, `mcp` < `file`, `jobs`, `process`, `terminal`
-//! < `todo`.
+//! `args`, `clarify`, `delegate`, `mcp`, `sandbox` < `background` < `file`, `jobs`, `process`,
+//! `terminal` < `todo`.
 //!
 //! What this crate does not do: talk to the model, or to the ledger; store approval grants.
 //!
@@ -63,6 +67,7 @@ pub mod mcp;
 /// Platform code lives in its own crate (`drover-platform`); re-exported for the tools' callers.
 pub use drover_platform as platform;
 pub mod process;
+pub mod sandbox;
 pub mod terminal;
 pub mod todo;
 
@@ -251,13 +256,17 @@ pub struct ToolContext {
     pub delegator: Arc<dyn Delegator>,
     /// Where the `jobs` toolset records its jobs, and the home's wire settings.
     pub jobs: jobs::JobsAccess,
+    /// How every process a tool starts is confined, and where the file tools may write
+    /// (issue 13, [`sandbox`]).
+    pub sandbox: sandbox::Sandbox,
 }
 
 impl ToolContext {
     /// A context with no owner and no human, for running tools on their own (tests, tools
     /// used outside a worker): `manual` approvals with every prompt cancelled ([`NoPrompts`]),
-    /// no grants, background processes kept in memory, no delegation, jobs unset. Set what
-    /// differs with struct update syntax.
+    /// no grants, background processes kept in memory, no delegation, jobs unset, the sandbox
+    /// `off` ([`sandbox::Sandbox::off`]: only the environment is cut). Set what differs with
+    /// struct update syntax.
     pub fn detached(cwd: PathBuf, home: PathBuf, session_id: &str) -> ToolContext {
         ToolContext {
             cwd,
@@ -270,6 +279,7 @@ impl ToolContext {
             processes: Arc::new(InMemoryProcesses::default()),
             delegator: Arc::new(NoDelegation),
             jobs: jobs::JobsAccess::default(),
+            sandbox: sandbox::Sandbox::off(),
         }
     }
 }

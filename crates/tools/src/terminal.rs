@@ -11,6 +11,19 @@
 //! call never hangs on, or leaks, a process that keeps the pipe open. Processes that leave the
 //! group (`setsid`) are not followed.
 //!
+//! **The sandbox** ([`crate::sandbox`]): every command, foreground or background, and all it
+//! starts run confined as the session's `[sandbox]` says: the drover home hidden, writes only
+//! under the writable roots, the environment cut. `sandbox: false` asks to run one command
+//! without the write rules (the home stays hidden, the environment stays cut): an `approval`
+//! prompt "run outside the sandbox: <command>" opens whatever the command (one prompt, also
+//! naming its danger if it is dangerous), unless `approvals.mode = "auto"`; `deny` mode
+//! refuses. The grant key of an escalation is [`SANDBOX_ESCAPE`]`:<command>`: a `session` or
+//! `always` answer allows that exact command text outside the sandbox again, never any other
+//! (a key for every escalation would switch the sandbox off for good with one answer). Under
+//! `[sandbox] mode = "off"` the argument changes nothing. A sandboxed command that fails with
+//! `Permission denied`, `Operation not permitted` or `Read-only file system` in its output
+//! gets a `note` in its result naming the writable roots and how to ask for `sandbox: false`.
+//!
 //! `background: true` starts the command as a background process instead
 //! ([`crate::background`]): in a session of its own, outliving the turn and the worker, with
 //! its output in `<home>/logs/processes/<process_id>.log`. It is registered through
@@ -29,6 +42,7 @@ use tokio::time::Instant;
 use crate::approval::{self, Danger, Refusal};
 use crate::background;
 use crate::platform::{self, ForegroundGroups};
+use crate::sandbox::{self, SandboxMode};
 use crate::{Tool, ToolContext, ToolOutput};
 
 /// Timeout when the call gives none, in seconds.
@@ -53,7 +67,10 @@ Output over 50000 bytes keeps its beginning and end. The command is killed, with
 started, when the timeout expires. Dangerous commands (recursive deletes, force-pushes, disk \
 writes, ...) may need the user's approval first. With background: true the command keeps \
 running after the call, which returns {\"output\", \"pid\", \"process_id\"} at once; its output \
-goes to a log file and the process tool lists, polls, reads, waits for and kills it.";
+goes to a log file and the process tool lists, polls, reads, waits for and kills it. Commands run in a sandbox: they may read anywhere but write only under the session's working directory, the temp dir and the configured writable roots. If a command must write elsewhere, call again with sandbox: false, which asks the user first.";
+
+/// The grant key prefix of a `sandbox: false` call; the whole key is `sandbox_escape:<command>`.
+pub const SANDBOX_ESCAPE: &str = "sandbox_escape";
 
 /// The `terminal` tool.
 #[derive(Debug, Default)]
@@ -91,6 +108,11 @@ impl Tool for TerminalTool {
                         "background": {
                             "type": "boolean",
                             "description": "Start the command in the background and return at once with its process_id (no timeout applies)."
+                        },
+                        "sandbox": {
+                            "type": "boolean",
+                            "default": true,
+                            "description": "false runs this command outside the sandbox's write rules, after the user approves."
                         }
                     },
                     "required": ["command"],
@@ -105,11 +127,22 @@ impl Tool for TerminalTool {
             Ok(request) => request,
             Err(message) => return RunResult::failed(message).into_output(),
         };
-        if let Some(danger) = approval::classify(&request.command) {
-            if let Err(refusal) = approve(&request.command, &danger, ctx).await {
-                return RunResult::failed(refusal).into_output();
-            }
+        let danger = approval::classify(&request.command);
+        let escalated = !request.sandbox && ctx.sandbox.mode() != SandboxMode::Off;
+        let approved = if escalated {
+            approve_escape(&request.command, danger.as_ref(), ctx).await
+        } else if let Some(danger) = &danger {
+            approve(&request.command, danger, ctx).await
+        } else {
+            Ok(())
+        };
+        if let Err(refusal) = approved {
+            return RunResult::failed(refusal).into_output();
         }
+        let request = Request {
+            escalated,
+            ..request
+        };
         if request.background {
             return start_background(&request, ctx).await;
         }
@@ -125,6 +158,10 @@ struct Request {
     timeout_secs: u64,
     workdir: PathBuf,
     background: bool,
+    /// `sandbox` as given (default true).
+    sandbox: bool,
+    /// Approved to run without the Landlock layer (`sandbox: false`, mode not `off`).
+    escalated: bool,
 }
 
 impl Request {
@@ -180,12 +217,23 @@ impl Request {
                 ))
             }
         };
+        let sandbox = match args.get("sandbox") {
+            None | Some(Value::Null) => true,
+            Some(Value::Bool(b)) => *b,
+            Some(other) => {
+                return Err(format!(
+                    "field \"sandbox\" must be a boolean (false to ask to run outside the sandbox), got {other}"
+                ))
+            }
+        };
         Ok(Request {
             command,
             timeout: Duration::from_secs(timeout_secs),
             timeout_secs,
             workdir,
             background,
+            sandbox,
+            escalated: false,
         })
     }
 }
@@ -197,6 +245,38 @@ async fn approve(command: &str, danger: &Danger, ctx: &ToolContext) -> Result<()
         .map_err(|refusal| match refusal {
             Refusal::ModeDeny => format!("refused: {} (approvals.mode = deny)", danger.description),
             Refusal::Denied => "the user denied this command".to_string(),
+            Refusal::Interrupted => "interrupted".to_string(),
+        })
+}
+
+/// Asks to run `command` outside the sandbox's write rules: one prompt, which also names the
+/// command's danger if it has one. A grant of the escalation key (this exact command) covers
+/// both. `Err` holds the error the result shows.
+async fn approve_escape(
+    command: &str,
+    danger: Option<&Danger>,
+    ctx: &ToolContext,
+) -> Result<(), String> {
+    let key = format!("{SANDBOX_ESCAPE}:{command}");
+    let description = match danger {
+        Some(danger) => format!(
+            "runs outside the sandbox (writes anywhere the user can), and {}",
+            danger.description
+        ),
+        None => "runs outside the sandbox (writes anywhere the user can)".to_string(),
+    };
+    let shown = format!("run outside the sandbox: {command}");
+    approval::authorize_key(ctx, &key, &description, &shown)
+        .await
+        .map_err(|refusal| match refusal {
+            Refusal::ModeDeny => {
+                "refused: running outside the sandbox (approvals.mode = deny); run it inside \
+                 the sandbox instead"
+                    .to_string()
+            }
+            Refusal::Denied => {
+                "the user denied running this command outside the sandbox".to_string()
+            }
             Refusal::Interrupted => "interrupted".to_string(),
         })
 }
@@ -214,6 +294,8 @@ struct RunResult {
     output: String,
     exit_code: Option<i32>,
     error: Option<String>,
+    /// Why a failure may be the sandbox's doing, and what to do about it.
+    note: Option<String>,
 }
 
 impl RunResult {
@@ -222,16 +304,20 @@ impl RunResult {
             output: String::new(),
             exit_code: None,
             error: Some(error),
+            note: None,
         }
     }
 
     fn into_output(self) -> ToolOutput {
         let is_error = self.error.is_some() || self.exit_code != Some(0);
-        let content = json!({
+        let mut content = json!({
             "output": self.output,
             "exit_code": self.exit_code,
             "error": self.error,
         });
+        if let Some(note) = self.note {
+            content["note"] = json!(note);
+        }
         ToolOutput {
             content: content.to_string(),
             is_error,
@@ -245,7 +331,13 @@ async fn start_background(request: &Request, ctx: &ToolContext) -> ToolOutput {
     if ctx.cancel.is_cancelled() {
         return RunResult::failed("interrupted".to_string()).into_output();
     }
-    let process = match background::start(&request.command, &request.workdir, &ctx.home) {
+    let process = match background::start(
+        &request.command,
+        &request.workdir,
+        &ctx.home,
+        &ctx.sandbox,
+        request.escalated,
+    ) {
         Ok(process) => process,
         Err(e) => return RunResult::failed(e).into_output(),
     };
@@ -285,6 +377,13 @@ async fn run(request: &Request, ctx: &ToolContext) -> RunResult {
         .stdin(Stdio::null())
         .stdout(stdout)
         .stderr(stderr);
+    let enforced = match ctx
+        .sandbox
+        .confine(command.as_std_mut(), request.escalated, &[])
+    {
+        Ok(enforced) => enforced,
+        Err(e) => return RunResult::failed(e),
+    };
     let spawned = platform::spawn_in_new_group(&mut command);
     // The parent's copies of the write end must close, or the reader never sees end of file.
     drop(command);
@@ -351,6 +450,7 @@ async fn run(request: &Request, ctx: &ToolContext) -> RunResult {
             output: output.finish(),
             exit_code: None,
             error: Some(format!("could not wait for the command: {e}")),
+            note: None,
         };
     }
     let status = match status {
@@ -393,10 +493,18 @@ async fn run(request: &Request, ctx: &ToolContext) -> RunResult {
         Some(Stop::Interrupted) => Some("interrupted".to_string()),
         None => None,
     };
+    let output = output.finish();
+    let exit_code = status.as_ref().and_then(platform::exit_code);
+    let note = (enforced.landlock_abi.is_some()
+        && stop.is_none()
+        && exit_code != Some(0)
+        && sandbox::looks_refused(&output))
+    .then(|| ctx.sandbox.refusal_note());
     RunResult {
-        output: output.finish(),
-        exit_code: status.as_ref().and_then(platform::exit_code),
+        output,
+        exit_code,
         error,
+        note,
     }
 }
 
@@ -509,7 +617,7 @@ mod tests {
         let schema = TerminalTool.schema();
         assert_eq!(schema["function"]["name"], "terminal");
         let props = &schema["function"]["parameters"]["properties"];
-        for field in ["command", "timeout", "workdir", "background"] {
+        for field in ["command", "timeout", "workdir", "background", "sandbox"] {
             assert!(props.get(field).is_some(), "{field}");
         }
         assert_eq!(

@@ -94,6 +94,7 @@ fn ctx() -> ToolContext {
         processes: Arc::new(InMemoryProcesses::default()),
         delegator: Arc::new(drover_tools::NoDelegation),
         jobs: Default::default(),
+        sandbox: Default::default(),
     }
 }
 

@@ -7,6 +7,11 @@
 //! `state.db`. It stops at once when the owner is gone (`PR_SET_PDEATHSIG`, EOF on stdin),
 //! killing its tools' process groups.
 //!
+//! Confinement (issue 13): the worker makes itself non-dumpable at start, so no tool can read
+//! its `/proc/<pid>/environ`, `mem` or `fd`, and hands the tools the session's sandbox
+//! (`policy.sandbox` plus its temp dir, [`drover_tools::sandbox::Sandbox`]), which confines
+//! every process they start.
+//!
 //! Modules:
 //! - [`journal`]: the outbox files (record, acknowledge, reload).
 //! - [`link`]: the owner pipes over any reader/writer pair: an outbox thread for the journal's
@@ -112,6 +117,11 @@ pub fn main_entry() -> Exit {
     if let Some(reason) = owner_already_gone(original_parent) {
         tracing::error!("{reason}; exiting");
         return WorkerExit::Aborted.exit();
+    }
+    // Issue 13: the execution secret and the model's key are in this process; no tool may
+    // read its /proc/<pid>/environ, mem or fd (tools run without CAP_SYS_PTRACE over it).
+    if let Err(e) = platform::set_non_dumpable() {
+        tracing::warn!(error = %e, "could not make the worker non-dumpable");
     }
 
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -469,6 +479,8 @@ async fn run_agent(
             ledger: Arc::new(OwnerJobs::new(link.clone(), cancel)),
             wire: policy.jobs_wire.clone(),
         },
+        // Issue 13: the session's frozen sandbox, plus this worker's temp dir.
+        sandbox: drover_tools::sandbox::Sandbox::new(policy.sandbox.clone(), std::env::temp_dir()),
     };
     let store = OwnerStore::new(link.clone());
     let spec = TurnSpec {

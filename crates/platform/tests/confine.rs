@@ -1,0 +1,269 @@
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! The confinement steps on real processes (issue 13): each test runs a command under a plan
+//! and checks the kernel refuses what it must, and that the same command without that layer
+//! succeeds (so the test fails when the layer is switched off).
+//!
+//! This machine offers user namespaces and Landlock (ABI 7); the tests assume both.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use drover_platform::confine::{probe, LandlockSpec, Plan, Spec};
+
+fn abi() -> u32 {
+    probe().landlock_abi.expect("this machine has Landlock")
+}
+
+/// `sh -c script` in `cwd` under `spec`.
+fn run(spec: &Spec, cwd: &Path, script: &str) -> Output {
+    let plan = Plan::new(spec).expect("plan");
+    let mut command = Command::new("sh");
+    command
+        .arg("-c")
+        .arg(script)
+        .current_dir(cwd)
+        .stdin(Stdio::null());
+    plan.install(&mut command);
+    command.output().expect("spawned")
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+fn workspace(roots: &[&Path], network: bool) -> Spec {
+    Spec {
+        namespaces: true,
+        hidden: Vec::new(),
+        landlock: Some(LandlockSpec {
+            abi: abi(),
+            writable_roots: roots.iter().map(|r| r.to_path_buf()).collect(),
+            writable_files: Vec::new(),
+            network,
+        }),
+    }
+}
+
+fn no_landlock(spec: &Spec) -> Spec {
+    Spec {
+        landlock: None,
+        ..spec.clone()
+    }
+}
+
+/// A fresh path under `/var/tmp` (outside every root, and not the temp dir).
+fn outside(name: &str) -> PathBuf {
+    let mut bytes = [0u8; 8];
+    std::io::Read::read_exact(
+        &mut std::fs::File::open("/dev/urandom").expect("urandom"),
+        &mut bytes,
+    )
+    .expect("random");
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    PathBuf::from(format!("/var/tmp/drover-sandbox-{name}-{hex}"))
+}
+
+#[test]
+fn the_probe_finds_namespaces_and_landlock_here() {
+    let support = probe();
+    assert!(support.namespaces, "{support:?}");
+    assert!(
+        support.landlock_abi.is_some_and(|abi| abi >= 4),
+        "{support:?}"
+    );
+    assert!(support.problems.is_empty(), "{support:?}");
+}
+
+#[test]
+fn workspace_write_allows_the_roots_and_refuses_elsewhere_for_grandchildren_too() {
+    let cwd = tempfile::tempdir().expect("cwd");
+    let probe = outside("probe");
+    let spec = workspace(&[cwd.path()], true);
+
+    let out = run(&spec, cwd.path(), "touch ok && echo wrote");
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(cwd.path().join("ok").exists());
+
+    let touch = format!("touch {}", probe.display());
+    let out = run(&spec, cwd.path(), &touch);
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("Permission denied"), "{}", text(&out));
+    let grandchild = format!("sh -c 'sh -c \"{touch}\"'");
+    let out = run(&spec, cwd.path(), &grandchild);
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(!probe.exists());
+
+    // The same command without the Landlock layer writes: the refusal above is Landlock's.
+    let out = run(&no_landlock(&spec), cwd.path(), &grandchild);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(probe.exists());
+    std::fs::remove_file(&probe).expect("cleanup");
+}
+
+#[test]
+fn a_python_rmtree_outside_the_roots_leaves_the_directory_intact() {
+    let cwd = tempfile::tempdir().expect("cwd");
+    let victim = outside("victim");
+    std::fs::create_dir_all(victim.join("sub")).expect("victim");
+    std::fs::write(victim.join("sub").join("file"), "keep me").expect("file");
+    let spec = workspace(&[cwd.path()], true);
+    let script = format!(
+        "/usr/bin/python3 -c 'import shutil; shutil.rmtree(\"{}\")'",
+        victim.display()
+    );
+    let out = run(&spec, cwd.path(), &script);
+    assert!(!out.status.success(), "{}", text(&out));
+    assert_eq!(
+        std::fs::read_to_string(victim.join("sub").join("file")).expect("still there"),
+        "keep me"
+    );
+    let out = run(&no_landlock(&spec), cwd.path(), &script);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(!victim.exists(), "without Landlock the rmtree goes through");
+}
+
+#[test]
+fn read_only_refuses_writes_even_in_the_cwd_but_not_to_dev_null() {
+    let cwd = tempfile::tempdir().expect("cwd");
+    let spec = workspace(&[], true);
+    let out = run(&spec, cwd.path(), "echo x > /dev/null && ls / > /dev/null");
+    assert!(out.status.success(), "{}", text(&out));
+    let out = run(&spec, cwd.path(), "touch ok");
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(!cwd.path().join("ok").exists());
+}
+
+#[test]
+fn network_false_refuses_a_loopback_connect_and_true_allows_it() {
+    let cwd = tempfile::tempdir().expect("cwd");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listener");
+    let port = listener.local_addr().expect("addr").port();
+    let script = format!(
+        "/usr/bin/python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}), 5); print(\"connected\")'"
+    );
+    let blocked = run(&workspace(&[cwd.path()], false), cwd.path(), &script);
+    assert!(!blocked.status.success(), "{}", text(&blocked));
+    assert!(
+        text(&blocked).contains("Permission denied"),
+        "{}",
+        text(&blocked)
+    );
+    let open = run(&workspace(&[cwd.path()], true), cwd.path(), &script);
+    assert!(open.status.success(), "{}", text(&open));
+    assert!(text(&open).contains("connected"));
+}
+
+#[test]
+fn the_hidden_home_reads_as_empty_and_cannot_be_unmounted_even_without_landlock() {
+    let cwd = tempfile::tempdir().expect("cwd");
+    let home = tempfile::tempdir().expect("home");
+    std::fs::write(home.path().join("daemon.json"), "{\"token\":\"secret\"}").expect("file");
+    let script = format!(
+        "ls -A {home}; cat {home}/daemon.json && echo READ; umount {home} || umount -l {home} \
+         || echo UMOUNT_REFUSED; cat {home}/daemon.json && echo READ_AFTER",
+        home = home.path().display()
+    );
+    for landlock in [true, false] {
+        let mut spec = workspace(&[cwd.path()], true);
+        spec.hidden = vec![home.path().to_path_buf()];
+        if !landlock {
+            spec = no_landlock(&spec);
+        }
+        let out = run(&spec, cwd.path(), &script);
+        let shown = text(&out);
+        assert!(!shown.contains("daemon.json\n"), "{landlock}: {shown}");
+        assert!(!shown.contains("READ"), "{landlock}: {shown}");
+        assert!(!shown.contains("secret"), "{landlock}: {shown}");
+        assert!(shown.contains("UMOUNT_REFUSED"), "{landlock}: {shown}");
+    }
+    // Without the namespace layer the home is right there.
+    let out = run(
+        &Spec {
+            namespaces: false,
+            ..workspace(&[cwd.path()], true)
+        },
+        cwd.path(),
+        &format!("cat {}/daemon.json", home.path().display()),
+    );
+    assert!(text(&out).contains("secret"));
+}
+
+#[test]
+fn a_confined_child_has_no_capability_left() {
+    let cwd = tempfile::tempdir().expect("cwd");
+    let spec = no_landlock(&workspace(&[cwd.path()], true));
+    let out = run(
+        &spec,
+        cwd.path(),
+        "grep -E '^Cap(Inh|Prm|Eff|Bnd|Amb)' /proc/self/status",
+    );
+    let shown = text(&out);
+    assert_eq!(
+        shown
+            .lines()
+            .filter(|l| l.ends_with("0000000000000000"))
+            .count(),
+        5,
+        "{shown}"
+    );
+}
+
+#[test]
+fn a_non_dumpable_process_environ_cannot_be_read_by_a_confined_child() {
+    let cwd = tempfile::tempdir().expect("cwd");
+    // PR_SET_DUMPABLE is 4.
+    let mut helper = Command::new("/usr/bin/python3")
+        .arg("-c")
+        .arg(
+            "import ctypes, sys, time\n\
+             assert ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) == 0\n\
+             print('ready', flush=True)\n\
+             time.sleep(60)",
+        )
+        .env("DROVER_PLANTED_SECRET", "planted-value-4711")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("helper");
+    let mut line = String::new();
+    BufReader::new(helper.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("ready line");
+    assert_eq!(line.trim(), "ready");
+    let script = format!("cat /proc/{}/environ | tr '\\0' '\\n'", helper.id());
+
+    let confined = run(&workspace(&[cwd.path()], true), cwd.path(), &script);
+    let namespaces_only = run(
+        &no_landlock(&workspace(&[cwd.path()], true)),
+        cwd.path(),
+        &script,
+    );
+    let plain = run(&Spec::default(), cwd.path(), &script);
+    helper.kill().expect("kill helper");
+    helper.wait().expect("reap helper");
+
+    assert!(
+        !text(&confined).contains("planted-value-4711"),
+        "{}",
+        text(&confined)
+    );
+    assert!(
+        !text(&namespaces_only).contains("planted-value-4711"),
+        "{}",
+        text(&namespaces_only)
+    );
+    // Root outside a namespace keeps CAP_SYS_PTRACE and reads it: the namespace is what stops
+    // the confined child. (Not root: a non-dumpable process is unreadable anyway.)
+    if std::os::unix::fs::MetadataExt::uid(&std::fs::metadata("/proc/self").expect("proc")) == 0 {
+        assert!(
+            text(&plain).contains("planted-value-4711"),
+            "{}",
+            text(&plain)
+        );
+    }
+}
