@@ -251,4 +251,22 @@ async fn a_traced_turn_with_a_tool_leaves_no_secret_in_any_log() {
         }
     }
     assert!(traced, "RUST_LOG=trace reached the logs");
+    // The probe's one line at start: INFO with both layers, else a WARN naming what is missing.
+    let daemon_log = std::fs::read_to_string(s.home.path().join("logs/daemon.log")).unwrap();
+    let kernel = drover_platform::confine::probe();
+    let (level, says) = if kernel.namespaces && kernel.landlock_abi.is_some() {
+        ("INFO", "sandbox available")
+    } else {
+        ("WARN", "sandbox incomplete")
+    };
+    let lines: Vec<&str> = daemon_log
+        .lines()
+        .filter(|l| l.contains("sandbox available") || l.contains("sandbox incomplete"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].contains(level) && lines[0].contains(says),
+        "{}",
+        lines[0]
+    );
 }
