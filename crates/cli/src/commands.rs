@@ -56,23 +56,76 @@ pub async fn connect(home: &Path) -> Result<Client> {
     Ok(Spinner::during("the daemon", Client::connect(options)).await?)
 }
 
-/// `drover stop`: SIGTERM to the daemon, then wait for it to exit.
+/// The process `drover stop` signals: a pid and the start time it must still have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct StopTarget {
+    pid: i32,
+    start_time: u64,
+}
+
+/// Which process is the home's daemon. The home lock's holder is (the kernel names it, even
+/// when daemon.json is gone); else the pid in daemon.json, but only while it has the start
+/// time recorded there: a stale file's pid may belong to another process now. `Ok(None)`: no
+/// daemon runs.
+fn stop_target(home: &Path) -> Result<Option<StopTarget>> {
+    let start_time_of = |pid: u32| {
+        let pid = i32::try_from(pid).ok()?;
+        Some(StopTarget {
+            pid,
+            start_time: drover_platform::process_start_time(pid)?,
+        })
+    };
+    if let Some(target) = drover_client::owner_pid(home)
+        .filter(|pid| pid_alive(*pid))
+        .and_then(start_time_of)
+    {
+        return Ok(Some(target));
+    }
+    let Some(info) = drover_client::read_daemon_info(home) else {
+        return Ok(None);
+    };
+    let Some(now) = Some(info.pid)
+        .filter(|pid| pid_alive(*pid))
+        .and_then(start_time_of)
+    else {
+        return Ok(None);
+    };
+    let file = home.join(drover_protocol::daemon_file::DAEMON_FILE);
+    match info.start_time {
+        Some(recorded) if recorded == now.start_time => Ok(Some(now)),
+        Some(_) => bail!(
+            "{} is stale: pid {} is another process now (its start time differs), so it is not              signalled; no daemon holds the home's lock. Remove the file if no daemon runs",
+            file.display(),
+            info.pid
+        ),
+        None => bail!(
+            "{} names pid {} without a start time and no daemon holds the home's lock: the file              is stale, so the pid is not signalled. Remove the file if no daemon runs",
+            file.display(),
+            info.pid
+        ),
+    }
+}
+
+/// `drover stop`: SIGTERM to the daemon (checked by pid and start time, so a recycled pid is
+/// never signalled), then wait for it to exit.
 pub async fn stop(home: PathBuf) -> Result<Exit> {
-    // The lock names the owner even when daemon.json is gone.
-    let pid = drover_client::owner_pid(&home)
-        .or_else(|| drover_client::read_daemon_info(&home).map(|i| i.pid))
-        .filter(|pid| pid_alive(*pid));
-    let Some(pid) = pid else {
+    let Some(target) = stop_target(&home)? else {
         eprintln!("drover: no daemon is running for {}", home.display());
         return Ok(Exit::Ok);
     };
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid as i32),
-        nix::sys::signal::Signal::SIGTERM,
+    let pid = target.pid;
+    let signalled = drover_platform::signal_process_if_same(
+        pid,
+        target.start_time,
+        drover_platform::Signal::SIGTERM,
     )
     .with_context(|| format!("cannot signal daemon pid {pid}"))?;
+    if !signalled {
+        eprintln!("drover: no daemon is running for {}", home.display());
+        return Ok(Exit::Ok);
+    }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while pid_alive(pid) {
+    while drover_platform::process_matches(pid, target.start_time) {
         if tokio::time::Instant::now() > deadline {
             bail!("daemon pid {pid} did not exit within 60 s");
         }

@@ -96,7 +96,7 @@ fn runner_inner(home: PathBuf, a: RunnerArgs) -> Result<Exit, JobError> {
         registry_dir: env.registry_dir.clone(),
         endpoint,
         topic_base: settings.topic_base.clone(),
-        secret,
+        secret: secret.into(),
         drain: env.drain()?,
         dispatch_max_age_s,
     };

@@ -364,6 +364,26 @@ fn admission_word(status: AdmissionStatus, outcome: Option<AdmissionOutcome>) ->
 }
 
 /// `drover show`.
+/// `drover show`'s one line on what confines the session's tools (issue 13).
+fn confinement_line(c: &drover_protocol::sandbox::Confinement) -> String {
+    let mut line = format!(
+        "sandbox {}  home {}  network {}",
+        c.sandbox,
+        if c.home_hidden { "hidden" } else { "visible" },
+        c.network
+    );
+    if let Some(abi) = c.landlock_abi {
+        line.push_str(&format!("  landlock ABI {abi}"));
+    }
+    if c.required {
+        line.push_str("  required");
+    }
+    if !c.problems.is_empty() {
+        line.push_str(&format!("  ({})", c.problems.join("; ")));
+    }
+    line
+}
+
 pub async fn show(home: &Path, args: ShowArgs) -> Result<Exit> {
     let c = connect(home).await?;
     let summary = session(&c, &args.session).await?;
@@ -403,6 +423,9 @@ pub async fn show(home: &Path, args: ShowArgs) -> Result<Exit> {
         local_time(summary.started_at),
         state_words(summary.state)
     );
+    if let Some(confinement) = &info.confinement {
+        println!("{}", confinement_line(confinement));
+    }
     print_transcript(&snapshot.messages, &typed);
     let turns = turns(&typed);
     if !turns.is_empty() {

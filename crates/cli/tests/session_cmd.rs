@@ -68,6 +68,13 @@ async fn show_prints_the_transcript_tool_results_usage_and_outcomes() {
     assert_eq!(code, Some(0), "{err}");
     assert!(out.contains(&format!("session {}", s.session_id)), "{out}");
     assert!(out.contains("you: print six lines"), "{out}");
+    // What confines its tools, never more than is in force.
+    let sandbox = if drover_platform::confine::probe().landlock_abi.is_some() {
+        "sandbox workspace-write"
+    } else {
+        "sandbox unavailable"
+    };
+    assert!(out.contains(sandbox), "{out}");
     assert!(out.contains("[terminal] printf 'line-1"), "{out}");
     // The result is cut to its first lines.
     assert!(out.contains("\n    line-1\n"), "{out}");

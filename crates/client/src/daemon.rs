@@ -226,11 +226,13 @@ pub(crate) async fn open(
             "daemon.json names a bad url {url}: {e}"
         )))
     })?;
-    let bearer = format!("Bearer {}", info.token).parse().map_err(|_| {
-        ConnectFailure::Permanent(ClientError::Config(
-            "daemon.json holds a token that is not a header value".into(),
-        ))
-    })?;
+    let bearer = format!("Bearer {}", info.token.expose())
+        .parse()
+        .map_err(|_| {
+            ConnectFailure::Permanent(ClientError::Config(
+                "daemon.json holds a token that is not a header value".into(),
+            ))
+        })?;
     request.headers_mut().insert("Authorization", bearer);
     let connector = if url.starts_with("wss://") {
         let cert = tls_cert.ok_or_else(|| {
@@ -480,6 +482,7 @@ mod tests {
             token: "t".into(),
             started_at: 0.0,
             api_key_sha256: digest.map(str::to_string),
+            start_time: None,
         };
         let s = ClientSettings {
             model: ModelKeys {

@@ -55,8 +55,9 @@ pub struct RunnerConfig {
     pub endpoint: Endpoint,
     /// `[mqtt] topic_base`.
     pub topic_base: String,
-    /// `$DROVER_DISPATCH_SECRET`: verifies dispatches and derives each job's `auth_token`.
-    pub secret: String,
+    /// `$DROVER_DISPATCH_SECRET`: verifies dispatches and derives each job's `auth_token`
+    /// (prints redacted).
+    pub secret: drover_protocol::Secret,
     /// How long a stopping heartbeat timer may finish its beat (`$DROVER_HEARTBEAT_DRAIN_S`).
     pub drain: Duration,
     /// `[jobs] dispatch_max_age_s`.
@@ -109,7 +110,7 @@ pub async fn run(cfg: &RunnerConfig, mut note: impl FnMut(&str)) -> Result<RunEn
         if payload.is_empty() {
             continue;
         }
-        let dispatch = match Dispatch::parse_verified(&payload, &cfg.secret) {
+        let dispatch = match Dispatch::parse_verified(&payload, cfg.secret.expose()) {
             Ok(d) => d,
             Err(why) => {
                 tracing::warn!(%why, "dropped a dispatch");
@@ -132,7 +133,8 @@ pub async fn run(cfg: &RunnerConfig, mut note: impl FnMut(&str)) -> Result<RunEn
             ));
             continue;
         }
-        let auth = dispatch::derive_auth_token(&cfg.secret, &dispatch.job_id, dispatch.attempt_id);
+        let auth =
+            dispatch::derive_auth_token(cfg.secret.expose(), &dispatch.job_id, dispatch.attempt_id);
         let (dir, admitted, drain) = (cfg.registry_dir.clone(), dispatch.clone(), cfg.drain);
         let admitted = registry::blocking(&cfg.registry_dir, move || {
             let (admission, job, old_timer) =

@@ -114,7 +114,11 @@ pub struct Prepared {
 #[derive(Debug, Clone)]
 enum Route {
     Local(Target),
-    Remote { runner: String, secret: String },
+    Remote {
+        runner: String,
+        /// `$DROVER_DISPATCH_SECRET` (prints redacted).
+        secret: drover_protocol::Secret,
+    },
 }
 
 /// What the toolset reports about a job.
@@ -256,7 +260,7 @@ impl Toolkit {
                 let secret = dispatch::dispatch_secret(self.dispatch_secret.clone())?;
                 Route::Remote {
                     runner: runner.clone(),
-                    secret,
+                    secret: secret.into(),
                 }
             }
             session => Route::Local(
@@ -293,7 +297,8 @@ impl Toolkit {
             })?;
             let job = match &route_for_brief {
                 Route::Remote { secret, .. } => {
-                    let auth = dispatch::derive_auth_token(secret, &job.job_id, job.attempt_id);
+                    let auth =
+                        dispatch::derive_auth_token(secret.expose(), &job.job_id, job.attempt_id);
                     let job = registry.set_auth_token(&job.job_id, &auth)?;
                     brief::write(&registry, &job, &remote::render_brief(&job))?;
                     job
@@ -356,7 +361,9 @@ impl Toolkit {
                     .send_line(&brief::start_instruction(&claimed, &ctx))
                     .await
             }
-            Route::Remote { runner, secret } => self.dispatch(&claimed, runner, secret).await,
+            Route::Remote { runner, secret } => {
+                self.dispatch(&claimed, runner, secret.expose()).await
+            }
         };
         if let Err(e) = sent {
             let kit = self.clone();

@@ -245,6 +245,8 @@ pub(crate) fn reserve(
         system_prompt: parent.system_prompt.clone(),
         toolsets,
         tool_schemas,
+        // A child is confined as its parent was frozen, whatever the config says now.
+        sandbox: parent.sandbox.clone(),
     };
     let child_session_id = insert_session_in(tx, &new, "")?;
     let text = child_input(&payload.goal, payload.context.as_deref());
@@ -505,6 +507,34 @@ mod tests {
             .conn
             .query_row(sql, [id], |r| Ok((r.get(0)?, r.get(1)?)))
             .expect(sql)
+    }
+
+    #[test]
+    fn a_child_inherits_its_parents_frozen_sandbox() {
+        let (_dir, mut ledger) = open();
+        let parent = parent_claim(&mut ledger);
+        let frozen = crate::SessionSandbox {
+            mode: drover_protocol::sandbox::SandboxMode::Off,
+            writable_roots: vec!["/srv".into()],
+            network: false,
+            required: true,
+        };
+        ledger
+            .conn
+            .execute(
+                "UPDATE sessions SET sandbox = ?1 WHERE id = ?2",
+                params![
+                    serde_json::to_string(&frozen).expect("json"),
+                    parent.session.id
+                ],
+            )
+            .expect("freeze the parent");
+        let child = reserve_child(&mut ledger, &parent, 1, "count files");
+        let session = ledger
+            .session(&child.child_session_id)
+            .expect("read")
+            .expect("child session");
+        assert_eq!(session.sandbox, frozen);
     }
 
     #[test]

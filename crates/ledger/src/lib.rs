@@ -61,7 +61,7 @@ pub use integrity::set_aside;
 pub use persist::PersistOutcome;
 pub use processes::BOOTSTRAP_FINISHED_PROCESSES;
 pub use prompts::{PromptResponse, PromptRow};
-pub use sessions::{NewSession, SessionRow, SessionSummary};
+pub use sessions::{NewSession, SessionRow, SessionSandbox, SessionSummary};
 pub use turns::{Claim, Recovery, Settlement};
 
 /// Every ledger failure, each mapped to one spec reason by [`LedgerError::reason`].

@@ -101,7 +101,7 @@ impl Ledger {
                 frame.execution_id, frame.generation
             )));
         }
-        if !digests_equal(&digest(frame.secret.as_bytes()), &secret_digest) {
+        if !digests_equal(&digest(frame.secret.expose().as_bytes()), &secret_digest) {
             return Err(LedgerError::PermissionDenied(
                 "worker secret does not match".to_string(),
             ));

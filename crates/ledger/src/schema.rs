@@ -183,6 +183,12 @@ CREATE TABLE session_jobs (
 );
 CREATE INDEX session_jobs_by_session ON session_jobs(session_id, created_at);
 "#,
+    // The sandbox (issue 13): the `[sandbox]` settings a session froze at `session.create`,
+    // as JSON (`SessionSandbox`). NULL in a row made before this migration: it reads as the
+    // defaults of now (`workspace-write`, no extra roots, network open, not required).
+    r#"
+ALTER TABLE sessions ADD COLUMN sandbox TEXT;
+"#,
 ];
 
 /// The schema version this build writes.

@@ -1,6 +1,8 @@
 //! Sessions: create (idempotent on `request_id`), read, list (SPEC section 2 and 3).
 
+use drover_protocol::sandbox::SandboxMode;
 use rusqlite::{params, OptionalExtension, Row};
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::counts::count_at;
@@ -31,6 +33,44 @@ pub struct NewSession {
     pub toolsets: Vec<String>,
     /// The frozen tool schemas every request sends as `tools`.
     pub tool_schemas: Vec<Value>,
+    /// The frozen `[sandbox]` settings (a child gets its parent's).
+    pub sandbox: SessionSandbox,
+}
+
+/// The `[sandbox]` settings a session freezes at `session.create` (issue 13), stored as JSON
+/// in `sessions.sandbox`. `[sandbox.env]` is not among them: its values may be secrets the
+/// user hands to tools, so each turn reads it from the config.
+///
+/// A row stored before the column existed reads as [`SessionSandbox::default`], the defaults
+/// of now: such a session is confined like a new one (`workspace-write`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionSandbox {
+    /// `[sandbox] mode`.
+    pub mode: SandboxMode,
+    /// `[sandbox] writable_roots`: absolute directories beyond the session cwd.
+    #[serde(default)]
+    pub writable_roots: Vec<String>,
+    /// `[sandbox] network`.
+    #[serde(default = "open_network")]
+    pub network: bool,
+    /// `[sandbox] required`.
+    #[serde(default)]
+    pub required: bool,
+}
+
+fn open_network() -> bool {
+    true
+}
+
+impl Default for SessionSandbox {
+    fn default() -> Self {
+        SessionSandbox {
+            mode: SandboxMode::WorkspaceWrite,
+            writable_roots: Vec::new(),
+            network: true,
+            required: false,
+        }
+    }
 }
 
 /// One `sessions` row.
@@ -58,6 +98,8 @@ pub struct SessionRow {
     pub tool_schemas: Vec<Value>,
     /// The names of those tools (`tool_names`).
     pub tool_names: Vec<String>,
+    /// The frozen `[sandbox]` settings; the defaults of now for a row older than the column.
+    pub sandbox: SessionSandbox,
     /// Unix seconds.
     pub started_at: f64,
     /// Unix seconds, once the session ended.
@@ -97,7 +139,7 @@ pub struct SessionSummary {
 
 const SESSION_COLUMNS: &str = "id, source, parent_session_id, title, model, model_config, cwd, \
      system_prompt, toolsets, tool_schemas, tool_names, started_at, ended_at, end_reason, \
-     input_tokens, output_tokens, api_call_count, runtime_generation, replay_epoch";
+     input_tokens, output_tokens, api_call_count, runtime_generation, replay_epoch, sandbox";
 
 fn parse_json<T: serde::de::DeserializeOwned>(text: &str, what: &str) -> Result<T, LedgerError> {
     serde_json::from_str(text).map_err(|e| LedgerError::Corrupt(format!("{what}: {e}")))
@@ -109,6 +151,8 @@ struct RawSession {
     toolsets: String,
     tool_schemas: String,
     tool_names: String,
+    /// NULL in a row older than the column.
+    sandbox: Option<String>,
 }
 
 fn raw_session(r: &Row<'_>) -> rusqlite::Result<RawSession> {
@@ -130,6 +174,7 @@ fn raw_session(r: &Row<'_>) -> rusqlite::Result<RawSession> {
             toolsets: Vec::new(),
             tool_schemas: Vec::new(),
             tool_names: Vec::new(),
+            sandbox: SessionSandbox::default(),
             started_at: r.get(11)?,
             ended_at: r.get(12)?,
             end_reason: r.get(13)?,
@@ -144,6 +189,7 @@ fn raw_session(r: &Row<'_>) -> rusqlite::Result<RawSession> {
         toolsets: r.get(8)?,
         tool_schemas: r.get(9)?,
         tool_names: r.get(10)?,
+        sandbox: r.get(19)?,
     })
 }
 
@@ -166,6 +212,7 @@ fn unreadable_session(r: &Row<'_>, error: &rusqlite::Error) -> SessionRow {
         toolsets: Vec::new(),
         tool_schemas: Vec::new(),
         tool_names: Vec::new(),
+        sandbox: SessionSandbox::default(),
         started_at: r.get(11).unwrap_or(0.0),
         ended_at: None,
         end_reason: None,
@@ -185,6 +232,9 @@ impl RawSession {
         row.toolsets = parse_json(&self.toolsets, "sessions.toolsets")?;
         row.tool_schemas = parse_json(&self.tool_schemas, "sessions.tool_schemas")?;
         row.tool_names = parse_json(&self.tool_names, "sessions.tool_names")?;
+        if let Some(sandbox) = &self.sandbox {
+            row.sandbox = parse_json(sandbox, "sessions.sandbox")?;
+        }
         Ok(row)
     }
 
@@ -223,6 +273,9 @@ impl RawSession {
             &mut row.tool_names,
             p,
         );
+        if let Some(sandbox) = &self.sandbox {
+            parse_into(sandbox, "sessions.sandbox", &mut row.sandbox, p);
+        }
         row
     }
 }
@@ -379,18 +432,18 @@ impl Ledger {
                 Ok(raw) => raw.finish_listed(),
                 Err(e) => unreadable_session(r, &e),
             };
-            let running = r.get::<_, bool>(19)?;
+            let running = r.get::<_, bool>(20)?;
             let state = session_state(
-                r.get(21)?,
-                r.get::<_, Option<String>>(22)?.as_deref(),
+                r.get(22)?,
+                r.get::<_, Option<String>>(23)?.as_deref(),
                 running,
             );
-            let activity: f64 = r.get(23)?;
+            let activity: f64 = r.get(24)?;
             Ok(SessionSummary {
                 last_activity_at: activity.max(session.started_at),
                 session,
                 running,
-                pending_count: r.get::<_, i64>(20)? as u64,
+                pending_count: r.get::<_, i64>(21)? as u64,
                 state,
             })
         })?;
@@ -477,8 +530,8 @@ pub(crate) fn insert_session_in(
     tx.execute(
         "INSERT INTO sessions (id, source, parent_session_id, title, model, model_config, cwd,
             system_prompt, tool_names, started_at, request_id, request_digest, toolsets,
-            tool_schemas, replay_epoch)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+            tool_schemas, replay_epoch, sandbox)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
         params![
             id,
             new.source,
@@ -495,6 +548,8 @@ pub(crate) fn insert_session_in(
             Value::from(new.toolsets.clone()).to_string(),
             Value::Array(new.tool_schemas.clone()).to_string(),
             new_id(),
+            serde_json::to_string(&new.sandbox)
+                .map_err(|e| LedgerError::Corrupt(format!("sessions.sandbox: {e}")))?,
         ],
     )?;
     Ok(id)
@@ -611,5 +666,87 @@ mod tests {
             .rename_session("nope", "x")
             .expect_err("unknown session");
         assert_eq!(err.reason(), drover_protocol::ErrorReason::NotFound);
+    }
+
+    #[test]
+    fn the_frozen_sandbox_survives_a_reopen_and_an_old_row_reads_the_defaults() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state.db");
+        let frozen = SessionSandbox {
+            mode: SandboxMode::ReadOnly,
+            writable_roots: vec!["/srv/data".into()],
+            network: false,
+            required: true,
+        };
+        let (sid, old) = {
+            let mut ledger = Ledger::open(&path).expect("open");
+            ledger.bump_epoch().expect("epoch");
+            let new = NewSession {
+                request_id: None,
+                source: "cli".into(),
+                parent_session_id: None,
+                title: None,
+                model: "m".into(),
+                model_config: json!({}),
+                cwd: "/".into(),
+                system_prompt: "sys".into(),
+                toolsets: Vec::new(),
+                tool_schemas: Vec::new(),
+                sandbox: frozen.clone(),
+            };
+            let sid = ledger.create_session(&new).expect("create").id;
+            let old = ledger.create_session(&new).expect("create").id;
+            // A row stored before the column existed.
+            ledger
+                .conn
+                .execute("UPDATE sessions SET sandbox = NULL WHERE id = ?1", [&old])
+                .expect("age the row");
+            (sid, old)
+        };
+        let ledger = Ledger::open(&path).expect("reopen");
+        let read = ledger.session(&sid).expect("read").expect("session");
+        assert_eq!(read.sandbox, frozen);
+        let aged = ledger.session(&old).expect("read").expect("old session");
+        assert_eq!(aged.sandbox, SessionSandbox::default());
+        assert_eq!(aged.sandbox.mode, SandboxMode::WorkspaceWrite);
+        assert!(aged.sandbox.network && !aged.sandbox.required);
+        let (rows, _) = ledger.list_sessions(10, None).expect("list");
+        for row in rows {
+            assert!(
+                row.session.problems.is_empty(),
+                "{:?}",
+                row.session.problems
+            );
+            let want = if row.session.id == sid {
+                &frozen
+            } else {
+                &aged.sandbox
+            };
+            assert_eq!(&row.session.sandbox, want);
+        }
+    }
+
+    #[test]
+    fn a_listed_row_with_a_bad_sandbox_says_so() {
+        let (_dir, mut ledger) = testing::open();
+        let sid = testing::session(&mut ledger, &[], Vec::new());
+        ledger
+            .conn
+            .execute(
+                "UPDATE sessions SET sandbox = '{\"mode\": \"yes\"}' WHERE id = ?1",
+                [&sid],
+            )
+            .expect("spoil");
+        let row = listed(&ledger);
+        assert_eq!(row.session.sandbox, SessionSandbox::default());
+        assert!(
+            row.session
+                .problems
+                .iter()
+                .any(|p| p.contains("sessions.sandbox")),
+            "{:?}",
+            row.session.problems
+        );
+        assert!(ledger.session(&sid).is_err(), "a single read refuses it");
     }
 }

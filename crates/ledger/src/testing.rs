@@ -28,6 +28,7 @@ pub(crate) fn session(ledger: &mut Ledger, toolsets: &[&str], tool_schemas: Vec<
             system_prompt: "sys".into(),
             toolsets: toolsets.iter().map(|t| t.to_string()).collect(),
             tool_schemas,
+            sandbox: Default::default(),
         })
         .expect("session")
         .id
@@ -59,7 +60,7 @@ pub(crate) fn frame(
         sequence,
         operation: operation.to_string(),
         payload,
-        secret: secret.to_string(),
+        secret: secret.into(),
     }
 }
 

@@ -4,7 +4,9 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use drover_protocol::{ApprovalMode, ModelSettings};
+use drover_ledger::SessionSandbox;
+use drover_protocol::sandbox::{SandboxMode, ToolEnv};
+use drover_protocol::{ApprovalMode, ModelSettings, Secret};
 use serde::Deserialize;
 
 /// The default system prompt of new sessions.
@@ -39,6 +41,9 @@ pub struct Config {
     /// `[jobs]`: the runner's dispatch rules.
     #[serde(default)]
     pub jobs: JobsSection,
+    /// `[sandbox]`: how tool processes are confined (issue 13, `docs/sandbox.md`).
+    #[serde(default)]
+    pub sandbox: SandboxSection,
 }
 
 /// `[model]`. A key left out takes its default: `stream`, `request_timeout_s`, `max_retries`
@@ -152,9 +157,9 @@ pub struct McpServer {
     /// Its arguments.
     #[serde(default)]
     pub args: Vec<String>,
-    /// Variables added to its environment.
+    /// Variables added to its environment (credentials, often: they print redacted).
     #[serde(default)]
-    pub env: BTreeMap<String, String>,
+    pub env: BTreeMap<String, Secret>,
     /// `false`: the server is left out and its name is an unknown toolset (default true).
     #[serde(default = "yes")]
     pub enabled: bool,
@@ -323,6 +328,120 @@ impl Default for JobsSection {
     }
 }
 
+/// `[sandbox]` (issue 13, `docs/sandbox.md`). `mode`, `writable_roots`, `network` and
+/// `required` are frozen per session at `session.create`; `[sandbox.env]` is read at each turn.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxSection {
+    /// `workspace-write` (the default), `read-only` or `off`; another word is refused naming
+    /// `sandbox.mode`.
+    #[serde(default)]
+    pub mode: SandboxMode,
+    /// Absolute, existing directories tools may write under beyond the session cwd and the
+    /// temp dir.
+    #[serde(default)]
+    pub writable_roots: Vec<String>,
+    /// `false` refuses TCP connect and bind to tools (Landlock ABI 4 and later; default true).
+    #[serde(default = "yes")]
+    pub network: bool,
+    /// Refuse to run a tool when a layer of the sandbox cannot be applied, rather than run it
+    /// with less (default false).
+    #[serde(default)]
+    pub required: bool,
+    /// `[sandbox.env]`: the environment of every tool process.
+    #[serde(default)]
+    pub env: SandboxEnvSection,
+}
+
+impl Default for SandboxSection {
+    fn default() -> Self {
+        SandboxSection {
+            mode: SandboxMode::default(),
+            writable_roots: Vec::new(),
+            network: true,
+            required: false,
+            env: SandboxEnvSection::default(),
+        }
+    }
+}
+
+/// `[sandbox.env]`: tools start with the worker's environment minus `DROVER_*` and every
+/// name holding `KEY`, `SECRET`, `TOKEN`, `PASSWORD` or `CREDENTIAL` (any case), except
+/// `keep`; then `set` is added.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxEnvSection {
+    /// Names kept although the removal rule matches them.
+    #[serde(default)]
+    pub keep: Vec<String>,
+    /// Variables set for every tool process (values print redacted: they may be secrets the
+    /// user hands to tools).
+    #[serde(default)]
+    pub set: BTreeMap<String, Secret>,
+}
+
+impl SandboxSection {
+    /// What a new session freezes.
+    pub fn frozen(&self) -> SessionSandbox {
+        SessionSandbox {
+            mode: self.mode,
+            writable_roots: self.writable_roots.clone(),
+            network: self.network,
+            required: self.required,
+        }
+    }
+
+    /// `[sandbox.env]` as the worker's policy carries it.
+    pub fn tool_env(&self) -> ToolEnv {
+        ToolEnv {
+            keep: self.env.keep.clone(),
+            set: self
+                .env
+                .set
+                .iter()
+                .map(|(name, value)| (name.clone(), value.expose().to_string()))
+                .collect(),
+        }
+    }
+
+    /// `writable_roots` are absolute, existing directories; `[sandbox.env]` names are
+    /// variable names. The message names the key.
+    fn check(&self) -> Result<(), String> {
+        for root in &self.writable_roots {
+            let path = Path::new(root);
+            if !path.is_absolute() {
+                return Err(format!(
+                    "sandbox.writable_roots: {root:?} is not an absolute path"
+                ));
+            }
+            if !path.is_dir() {
+                return Err(format!(
+                    "sandbox.writable_roots: {root:?} is not an existing directory"
+                ));
+            }
+        }
+        let bad_name = |name: &str| name.is_empty() || name.contains(['=', '\0']);
+        if let Some(name) = self.env.keep.iter().find(|n| bad_name(n)) {
+            return Err(format!(
+                "sandbox.env.keep: {name:?} is not an environment variable name"
+            ));
+        }
+        for (name, value) in &self.env.set {
+            if bad_name(name) {
+                return Err(format!(
+                    "sandbox.env.set: {name:?} is not an environment variable name"
+                ));
+            }
+            if value.expose().contains('\0') {
+                return Err(format!(
+                    "sandbox.env.set.{name}: the value holds a NUL byte"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 fn default_dispatch_max_age() -> u64 {
     86_400
 }
@@ -372,7 +491,8 @@ pub enum ConfigError {
     },
     /// The file is not valid TOML, has an unknown key or a bad value, or breaks a `[daemon]`
     /// rule (a `listen` beyond loopback without `allow_remote` and TLS, a `progress_interval_s`
-    /// outside (0, 86400]).
+    /// outside (0, 86400]) or a `[sandbox]` one (a `writable_roots` entry that is relative or
+    /// not an existing directory).
     #[error("{path}: {message}")]
     Parse {
         /// `<home>/config.toml`.
@@ -403,6 +523,7 @@ impl Config {
         config
             .daemon
             .check()
+            .and_then(|()| config.sandbox.check())
             .map_err(|message| ConfigError::Parse {
                 path: path.display().to_string(),
                 message,
@@ -444,11 +565,12 @@ impl Config {
     }
 
     /// The API key from the variable named by `api_key_env`, else `$OPENAI_API_KEY`.
-    pub fn api_key(&self) -> Option<String> {
+    pub fn api_key(&self) -> Option<Secret> {
         std::env::var(&self.model.api_key_env)
             .ok()
             .or_else(|| std::env::var("OPENAI_API_KEY").ok())
             .filter(|s| !s.is_empty())
+            .map(Secret::from)
     }
 }
 
@@ -642,5 +764,92 @@ mod tests {
         assert_eq!(c.base_url().as_deref(), Some("http://127.0.0.1:1/v1"));
         assert_eq!(c.model.name.as_deref(), Some("m"));
         assert!(!c.model.stream);
+    }
+
+    #[test]
+    fn sandbox_defaults_and_values_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = Config::load(dir.path()).unwrap();
+        assert_eq!(c.sandbox.mode, SandboxMode::WorkspaceWrite);
+        assert!(c.sandbox.network && !c.sandbox.required);
+        assert_eq!(c.sandbox.frozen(), SessionSandbox::default());
+        let root = dir.path().display().to_string();
+        std::fs::write(
+            dir.path().join("config.toml"),
+            format!(
+                "[sandbox]\nmode = \"read-only\"\nwritable_roots = [{root:?}]\nnetwork = false\n\
+                 required = true\n\n[sandbox.env]\nkeep = [\"GH_TOKEN\"]\n\
+                 set = {{ DEPLOY_KEY = \"hunter2\" }}\n"
+            ),
+        )
+        .unwrap();
+        let c = Config::load(dir.path()).unwrap();
+        assert_eq!(
+            c.sandbox.frozen(),
+            SessionSandbox {
+                mode: SandboxMode::ReadOnly,
+                writable_roots: vec![root],
+                network: false,
+                required: true,
+            }
+        );
+        let env = c.sandbox.tool_env();
+        assert_eq!(env.keep, vec!["GH_TOKEN".to_string()]);
+        assert_eq!(
+            env.set.get("DEPLOY_KEY").map(String::as_str),
+            Some("hunter2")
+        );
+        // The config prints no value of [sandbox.env] set, nor the policy's.
+        assert!(!format!("{c:?}").contains("hunter2"), "{c:?}");
+        assert!(!format!("{env:?}").contains("hunter2"), "{env:?}");
+    }
+
+    #[test]
+    fn bad_sandbox_values_are_refused_naming_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("config.toml");
+        let load = |text: String| {
+            std::fs::write(&file, text).unwrap();
+            Config::load(dir.path()).unwrap_err().to_string()
+        };
+        let e = load("[sandbox]\nmode = \"yes\"\n".into());
+        assert!(e.contains("sandbox.mode") && e.contains("yes"), "{e}");
+        let e = load("[sandbox]\nwritable_roots = [\"relative/dir\"]\n".into());
+        assert!(
+            e.contains("sandbox.writable_roots") && e.contains("absolute"),
+            "{e}"
+        );
+        let missing = dir.path().join("no-such-dir").display().to_string();
+        let e = load(format!("[sandbox]\nwritable_roots = [{missing:?}]\n"));
+        assert!(
+            e.contains("sandbox.writable_roots") && e.contains("no-such-dir"),
+            "{e}"
+        );
+        let e = load("[sandbox]\nnetwork = \"no\"\n".into());
+        assert!(e.contains("network"), "{e}");
+        let e = load("[sandbox]\nmodes = \"off\"\n".into());
+        assert!(e.contains("modes"), "{e}");
+        let e = load("[sandbox.env]\nset = { \"A=B\" = \"x\" }\n".into());
+        assert!(e.contains("sandbox.env.set"), "{e}");
+        let e = load("[sandbox.env]\nkeeps = []\n".into());
+        assert!(e.contains("keeps"), "{e}");
+    }
+
+    #[test]
+    fn mcp_env_values_and_the_api_key_print_redacted() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("config.toml"),
+            "[mcp_servers.gh]\ncommand = \"srv\"\nenv = { GITHUB_TOKEN = \"ghp-secret\" }\n",
+        )
+        .unwrap();
+        let c = Config::load(dir.path()).unwrap();
+        assert!(!format!("{c:?}").contains("ghp-secret"));
+        let specs = c.mcp_servers_of(&["gh".into()]);
+        assert!(!format!("{specs:?}").contains("ghp-secret"));
+        assert_eq!(
+            specs["gh"].env.get("GITHUB_TOKEN").map(Secret::expose),
+            Some("ghp-secret")
+        );
     }
 }

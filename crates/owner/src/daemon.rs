@@ -39,6 +39,11 @@ pub fn run_daemon(home: &Path, lifetime: Lifetime) -> Exit {
         }
     };
     init_logging(home);
+    // Issue 13: no tool may read the owner's `/proc/<pid>/environ` (the API key), `mem` or
+    // `fd` (the ledger, the token).
+    if let Err(e) = drover_tools::platform::set_non_dumpable() {
+        tracing::warn!(error = %e, "cannot make the owner non-dumpable");
+    }
     if let Err(e) = drover_tools::platform::ignore_file_size_signal() {
         tracing::warn!(error = %e, "cannot ignore SIGXFSZ");
     }
@@ -216,13 +221,16 @@ async fn serve(home: PathBuf, lifetime: Lifetime) -> Exit {
     // Clients compare this digest with their own key's (never the key: daemon.json is a file).
     let api_key_sha256 = config
         .api_key()
-        .map(|k| drover_protocol::daemon_file::api_key_sha256(&k));
+        .map(|k| drover_protocol::daemon_file::api_key_sha256(k.expose()));
+    let sandbox_support = crate::sandbox::probe();
+    crate::sandbox::log_support(&sandbox_support);
     let owner = match Owner::new(
         home.clone(),
         config,
         ledger,
         epoch.instance_id.clone(),
         worker_exe,
+        sandbox_support,
     ) {
         Ok(o) => o,
         Err(e) => {
@@ -243,6 +251,10 @@ async fn serve(home: PathBuf, lifetime: Lifetime) -> Exit {
             .map(|d| d.as_secs_f64())
             .unwrap_or(0.0),
         api_key_sha256,
+        // `drover stop` signals this pid only while it has this start time.
+        start_time: i32::try_from(std::process::id())
+            .ok()
+            .and_then(drover_tools::platform::process_start_time),
     };
     let app = crate::server::router(owner.clone(), token);
     let shutdown = owner.shutdown.clone();

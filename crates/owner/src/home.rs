@@ -5,6 +5,8 @@ use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use drover_protocol::Secret;
+
 /// `--home DIR`, else `$DROVER_HOME`, else `~/.drover`.
 pub fn resolve_home(flag: Option<&Path>) -> PathBuf {
     if let Some(p) = flag {
@@ -189,18 +191,18 @@ impl DaemonFile for DaemonInfo {
     }
 }
 
-/// A random token of 32 bytes, hex encoded.
-pub fn new_token() -> String {
+/// A random token of 32 bytes, hex encoded (the bearer token, an execution secret).
+pub fn new_token() -> Secret {
     let mut buf = [0u8; 32];
     if getrandom::fill(&mut buf).is_err() {
         // getrandom only fails without an OS RNG; fall back to v4 UUIDs (also OS-random).
-        return format!(
+        return Secret::new(format!(
             "{}{}",
             uuid::Uuid::new_v4().simple(),
             uuid::Uuid::new_v4().simple()
-        );
+        ));
     }
-    hex::encode(buf)
+    Secret::new(hex::encode(buf))
 }
 
 #[cfg(test)]
@@ -248,6 +250,7 @@ mod tests {
             token: new_token(),
             started_at: 0.0,
             api_key_sha256: None,
+            start_time: Some(1),
         };
         info.write(dir.path()).unwrap();
         let mode = std::fs::metadata(dir.path().join("daemon.json"))

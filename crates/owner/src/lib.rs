@@ -8,13 +8,15 @@
 //! Its endpoint is loopback plain ws, or TLS ([`tls`]) when `[daemon]` says so; its log is
 //! private and bounded ([`logfile`]). A daemon a client started exits when idle ([`idle`]).
 //! The last status of each MCP server its turns' workers reported is kept per session for
-//! `mcp.status` ([`mcp`]).
+//! `mcp.status` ([`mcp`]). What the kernel offers for confining tools is probed once at start,
+//! and each turn's `policy.sandbox` and `info.confinement` are computed from it and the
+//! session's frozen `[sandbox]` ([`sandbox`]).
 //!
 //! What it does not do: call the model or run tools; workers do, and write back only through
 //! `persist` frames.
 //!
 //! Layers (bottom to top; a module uses only those below it): `config`, `error`, `home`, `hub`,
-//! `jobs`, `logfile`, `mcp`, `tls` < [`runtime`] < [`turns`] < [`rpc`] < [`server`] < [`daemon`].
+//! `jobs`, `logfile`, `mcp`, `sandbox`, `tls` < [`runtime`] < [`turns`] < [`rpc`] < [`server`] < [`daemon`].
 
 pub mod config;
 pub mod daemon;
@@ -27,6 +29,7 @@ pub mod logfile;
 pub mod mcp;
 pub mod rpc;
 pub mod runtime;
+pub mod sandbox;
 pub mod server;
 pub mod tls;
 pub mod turns;

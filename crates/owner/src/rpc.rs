@@ -202,7 +202,7 @@ async fn session_create(
         "stall_timeout_s": settings.stall_timeout_s,
     });
     if let (Some(key), Some(config)) = (p.api_key, model_config.as_object_mut()) {
-        config.insert("api_key".into(), Value::String(key));
+        config.insert("api_key".into(), Value::String(key.expose().to_string()));
     }
     let new = NewSession {
         request_id: Some(p.request_id),
@@ -217,6 +217,7 @@ async fn session_create(
             .unwrap_or_else(|| DEFAULT_SYSTEM_PROMPT.to_string()),
         toolsets,
         tool_schemas: registry.schemas(),
+        sandbox: cfg.sandbox.frozen(),
     };
     let session = owner
         .ledger(move |l, _| l.create_session_for_request(&new, &raw))
@@ -360,13 +361,16 @@ async fn snapshot(
                     replay_epoch: session.replay_epoch,
                     last_sequence: l.last_event_seq(&session_id)?,
                     info: wire::SessionInfo {
+                        confinement: Some(crate::sandbox::confinement(
+                            &session.sandbox,
+                            &session.cwd,
+                            &o.sandbox_support,
+                        )),
                         model: session.model,
                         cwd: session.cwd,
                         source: session.source,
                         toolsets: session.toolsets,
                         title: session.title,
-                        // Filled by the sandbox work of issue 13.
-                        confinement: None,
                     },
                     session_id: session.id,
                 },

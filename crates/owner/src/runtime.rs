@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use drover_ledger::{AdmissionRow, AdmitRequest, Ledger, LedgerError};
+use drover_protocol::sandbox::SandboxSupport;
 use drover_protocol::worker::OwnerFrame;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -60,6 +61,9 @@ pub struct Owner {
     pub mcp: McpStatusTable,
     /// The `drover` executable to start workers with (`drover worker`).
     pub worker_exe: PathBuf,
+    /// What the kernel offers for confining tools, probed once at start
+    /// ([`crate::sandbox::probe`]).
+    pub sandbox_support: SandboxSupport,
     /// Jobs for the ledger thread, the only place the ledger is used (SPEC section 3: one
     /// writer). One thread, not a blocking task per call: a burst of calls queues here instead of
     /// growing the runtime's blocking pool (500 connections once made 499 threads).
@@ -119,6 +123,7 @@ impl Owner {
         ledger: Ledger,
         instance_id: String,
         worker_exe: PathBuf,
+        sandbox_support: SandboxSupport,
     ) -> std::io::Result<Arc<Owner>> {
         let (admissions, admissions_rx) = mpsc::unbounded_channel();
         let epoch = ledger.epoch();
@@ -134,6 +139,7 @@ impl Owner {
             hub: Hub::default(),
             mcp: McpStatusTable::default(),
             worker_exe,
+            sandbox_support,
             ledger_jobs,
             draining: AtomicBool::new(false),
             turns: Mutex::new(HashMap::new()),

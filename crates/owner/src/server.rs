@@ -26,13 +26,13 @@ use crate::runtime::Owner;
 #[derive(Clone)]
 struct AppState {
     owner: Arc<Owner>,
-    token: Arc<String>,
+    token: Arc<drover_protocol::Secret>,
 }
 
 static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
 
 /// The router for one owner.
-pub fn router(owner: Arc<Owner>, token: String) -> Router {
+pub fn router(owner: Arc<Owner>, token: drover_protocol::Secret) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/v1/ws", get(ws_upgrade))
@@ -78,7 +78,7 @@ async fn ws_upgrade(
     if headers.contains_key(axum::http::header::ORIGIN) {
         return (StatusCode::FORBIDDEN, "browser origins are refused\n").into_response();
     }
-    if !authorized(&headers, &state.token) {
+    if !authorized(&headers, state.token.expose()) {
         return (StatusCode::UNAUTHORIZED, "missing or bad bearer token\n").into_response();
     }
     ws.max_message_size(MAX_CLIENT_MESSAGE_BYTES)

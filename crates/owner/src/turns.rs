@@ -17,7 +17,7 @@ use drover_protocol::worker::framing::{read_frame_line, FrameLine};
 use drover_protocol::worker::{
     op, Bootstrap, OwnerFrame, PersistFrame, Policy, Scope, WorkerFrame, MAX_FRAME_BYTES,
 };
-use drover_protocol::ModelSettings;
+use drover_protocol::{ModelSettings, Secret};
 use drover_tools::platform;
 use serde::Deserialize;
 use serde_json::Value;
@@ -52,7 +52,7 @@ pub fn kick(owner: &Arc<Owner>, session_id: String) {
                 if o.is_draining() {
                     return Ok(None);
                 }
-                let Some(c) = l.claim_next(&session_id, &execution_id, &s2)? else {
+                let Some(c) = l.claim_next(&session_id, &execution_id, s2.expose())? else {
                     return Ok(None);
                 };
                 o.supervised().insert(c.execution_id.clone());
@@ -111,7 +111,7 @@ fn policy(owner: &Owner, claim: &Claim) -> Policy {
     let api_key = mc
         .get("api_key")
         .and_then(Value::as_str)
-        .map(str::to_string)
+        .map(Secret::from)
         .or_else(|| config.api_key());
     Policy {
         model: s.model.clone(),
@@ -138,8 +138,13 @@ fn policy(owner: &Owner, claim: &Claim) -> Policy {
             password_env: config.mqtt.password_env.clone(),
             topic_base: config.mqtt.topic_base.clone(),
         },
-        // Filled by the sandbox work of issue 13.
-        sandbox: Default::default(),
+        sandbox: crate::sandbox::policy(
+            &s.sandbox,
+            &s.cwd,
+            &owner.home.display().to_string(),
+            &owner.sandbox_support,
+            config.sandbox.tool_env(),
+        ),
     }
 }
 
@@ -281,7 +286,7 @@ enum LoopEnd {
 
 /// Runs one turn's worker to the end and settles or loses the turn: start it, register the
 /// running turn, serve its pipe, reap it, then lose the turn if it did not settle.
-async fn supervise(owner: Arc<Owner>, claim: Claim, secret: String, registered: Registered) {
+async fn supervise(owner: Arc<Owner>, claim: Claim, secret: Secret, registered: Registered) {
     let execution_id = claim.execution_id.clone();
     let _supervised = Supervised {
         owner: owner.clone(),
@@ -341,7 +346,7 @@ fn start_progress(owner: &Arc<Owner>, claim: &Claim) -> DropGuard {
 }
 
 /// The first frame a worker reads: its scope, the frozen policy, the history and the input.
-fn bootstrap_frame(owner: &Owner, claim: &Claim, secret: String) -> OwnerFrame {
+fn bootstrap_frame(owner: &Owner, claim: &Claim, secret: Secret) -> OwnerFrame {
     OwnerFrame::Bootstrap(Box::new(Bootstrap {
         scope: Scope {
             session_id: claim.session.id.clone(),

@@ -220,7 +220,7 @@ pub struct SessionCreateParams {
     pub base_url: Option<String>,
     /// An API key stored with the session and used by its turns.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub api_key: Option<String>,
+    pub api_key: Option<crate::secret::Secret>,
     /// Toolset names (default `[toolsets] default`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub toolsets: Option<Vec<String>>,

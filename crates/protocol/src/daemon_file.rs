@@ -5,14 +5,17 @@
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::secret::Secret;
+
 /// The file's name inside the home.
 pub const DAEMON_FILE: &str = "daemon.json";
 
-/// `<home>/daemon.json`: `{pid, epoch, instance_id, url, token, started_at, api_key_sha256}`.
+/// `<home>/daemon.json`: `{pid, epoch, instance_id, url, token, started_at, api_key_sha256,
+/// start_time}`.
 ///
-/// Holds the bearer token, so it is written 0600 and never printed (`Debug` leaves the token
-/// out).
-#[derive(Clone, PartialEq, Serialize, Deserialize)]
+/// Holds the bearer token, so it is written 0600 and never printed (the token is a
+/// [`Secret`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DaemonInfo {
     /// The daemon's process id.
     pub pid: u32,
@@ -23,7 +26,7 @@ pub struct DaemonInfo {
     /// `ws://127.0.0.1:<port>/v1/ws` (`wss://` with TLS).
     pub url: String,
     /// The bearer token a client sends (`Authorization: Bearer <token>`).
-    pub token: String,
+    pub token: Secret,
     /// Unix seconds.
     pub started_at: f64,
     /// Hex SHA-256 ([`api_key_sha256`]) of the API key the daemon holds for new sessions;
@@ -31,20 +34,10 @@ pub struct DaemonInfo {
     /// "the daemon holds another key than yours".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_key_sha256: Option<String>,
-}
-
-impl std::fmt::Debug for DaemonInfo {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DaemonInfo")
-            .field("pid", &self.pid)
-            .field("epoch", &self.epoch)
-            .field("instance_id", &self.instance_id)
-            .field("url", &self.url)
-            .field("token", &"<secret>")
-            .field("started_at", &self.started_at)
-            .field("api_key_sha256", &self.api_key_sha256)
-            .finish()
-    }
+    /// The daemon's start time in clock ticks after boot (field 22 of `/proc/<pid>/stat`), so
+    /// `drover stop` never signals a recycled `pid`; absent from an older daemon's file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<u64>,
 }
 
 /// The hex SHA-256 of an API key, as `daemon.json` `api_key_sha256` carries it.
@@ -66,6 +59,7 @@ mod tests {
             token: "s3cret-token".into(),
             started_at: 0.0,
             api_key_sha256: Some(api_key_sha256("abc")),
+            start_time: Some(7),
         };
         assert!(!format!("{info:?}").contains("s3cret"));
         assert_eq!(
@@ -77,5 +71,6 @@ mod tests {
             "url": "ws://x", "token": "t", "started_at": 0.0});
         let read: DaemonInfo = serde_json::from_value(old).unwrap();
         assert_eq!(read.api_key_sha256, None);
+        assert_eq!(read.start_time, None);
     }
 }

@@ -20,10 +20,13 @@
 //!   choices, clarify answers, open prompts).
 //! - [`sandbox`]: confinement of tool processes: the `[sandbox]` mode, the per-session policy
 //!   the worker applies, and `info.confinement` (issue 13, `docs/sandbox.md`).
+//! - [`secret`]: [`Secret`], a string whose `Debug` and `Display` print `[redacted]` (every
+//!   token, key and secret in these types).
 //! - [`mcp`]: MCP server status: the state words, one server's status, and the `mcp.status`
 //!   method's params and result (SPEC sections 2 and 6).
 //!
-//! Layers: `chat`, `rpc`, `policy`, `exit`, `words`, `mcp`, `daemon_file` (leaves); `sandbox` on
+//! Layers: `secret`, `chat`, `rpc`, `policy`, `exit`, `words`, `mcp`, `daemon_file` (leaves,
+//! `daemon_file` on `secret`); `sandbox` on
 //! `policy`; `worker` on `chat`, `policy`, `mcp` and `sandbox`; `event` on `words` and `mcp`; `client` on `event`; then `schema`.
 //!
 //! What this crate does not do: talk to sockets, open files or decide policy.
@@ -40,6 +43,7 @@ pub mod policy;
 pub mod rpc;
 pub mod sandbox;
 pub mod schema;
+pub mod secret;
 pub mod words;
 pub mod worker;
 
@@ -50,3 +54,4 @@ pub use client::{ClientRequest, MethodResult};
 pub use exit::Exit;
 pub use policy::{ApprovalMode, ModelSettings};
 pub use rpc::{ErrorReason, RpcError};
+pub use secret::Secret;

@@ -12,6 +12,7 @@ use tokio::io::{AsyncBufRead, AsyncBufReadExt};
 
 use crate::chat::{ChatMessage, Usage};
 use crate::policy::{ApprovalMode, ModelSettings};
+use crate::secret::Secret;
 
 /// The largest frame either side accepts, newline excluded (SPEC section 4: 4 MiB).
 pub const MAX_FRAME_BYTES: usize = 4 * 1024 * 1024;
@@ -96,7 +97,7 @@ pub struct Scope {
     /// The owner's runtime epoch; a write from an older epoch is `stale_epoch`.
     pub epoch: u64,
     /// Per-execution secret; the owner keeps only its SHA-256 digest.
-    pub secret: String,
+    pub secret: Secret,
 }
 
 /// The session's frozen policy (SPEC section 4, "Frozen session"), plus runtime limits.
@@ -108,7 +109,7 @@ pub struct Policy {
     pub base_url: String,
     #[serde(default)]
     /// The session's API key, if it has one (else the daemon's environment).
-    pub api_key: Option<String>,
+    pub api_key: Option<Secret>,
     /// `stream`, `request_timeout_s`, `max_retries` and `stall_timeout_s`, as top-level fields of
     /// the policy.
     #[serde(flatten)]
@@ -188,8 +189,8 @@ pub struct McpServerSpec {
     /// Its arguments.
     pub args: Vec<String>,
     #[serde(default)]
-    /// Extra environment variables.
-    pub env: BTreeMap<String, String>,
+    /// Extra environment variables (values may be credentials, so they print redacted).
+    pub env: BTreeMap<String, Secret>,
     /// Seconds one `tools/call` may take before the model gets a tool error (SPEC section 1:
     /// `[mcp_servers.<name>] tool_timeout_s`).
     #[serde(default = "McpServerSpec::default_tool_timeout_s")]
@@ -243,7 +244,7 @@ pub struct PersistFrame {
     /// The operation's payload.
     pub payload: Value,
     /// The execution's [`Scope::secret`].
-    pub secret: String,
+    pub secret: Secret,
 }
 
 /// Payload of `transcript.append`.

@@ -136,7 +136,7 @@ impl McpConnection {
         // own diagnostics help most.
         command
             .args(&spec.args)
-            .envs(&spec.env)
+            .envs(spec.env.iter().map(|(name, value)| (name, value.expose())))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());

@@ -31,7 +31,7 @@ fn echo_spec(pidfile: Option<&Path>) -> McpServerSpec {
     McpServerSpec {
         command: mcp_echo_bin().display().to_string(),
         args: Vec::new(),
-        env,
+        env: env.into_iter().map(|(k, v)| (k, v.into())).collect(),
         tool_timeout_s: McpServerSpec::DEFAULT_TOOL_TIMEOUT_S,
     }
 }

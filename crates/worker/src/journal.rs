@@ -136,7 +136,7 @@ impl Journal {
                 tracing::warn!(path = %path.display(), "ignoring a foreign file in the outbox");
                 continue;
             };
-            let frame = load_frame(&path, &scope.secret)?;
+            let frame = load_frame(&path, scope.secret.expose())?;
             if frame.sequence != sequence || frame.execution_id != scope.execution_id {
                 return Err(JournalError::Corrupt {
                     path,
@@ -356,7 +356,7 @@ mod tests {
             .expect("record");
         assert_eq!((first.sequence, second.sequence), (1, 2));
         assert_eq!(
-            (first.epoch, first.generation, first.secret.as_str()),
+            (first.epoch, first.generation, first.secret.expose()),
             (7, 3, "sekret")
         );
         let file = dir.join("00000000000000000001.json");

@@ -507,7 +507,7 @@ pub fn model_config(policy: &Policy) -> ModelConfig {
         policy.model.clone(),
         policy.model_settings,
     );
-    config.api_key = policy.api_key.clone();
+    config.api_key = policy.api_key.as_ref().map(|key| key.expose().to_string());
     config
 }
 

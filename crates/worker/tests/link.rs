@@ -119,7 +119,7 @@ async fn outbox_replay_after_the_owners_end_of_the_pipe_closes_and_opens_again()
     }
     let sequences: Vec<u64> = first_sight.iter().map(|f| f.sequence).collect();
     assert_eq!(sequences, vec![1, 2, 3]);
-    assert_eq!(first_sight[0].secret, "not-logged");
+    assert_eq!(first_sight[0].secret.expose(), "not-logged");
     assert_eq!((first_sight[0].epoch, first_sight[0].generation), (5, 2));
 
     // The owner's end closes before any receipt.

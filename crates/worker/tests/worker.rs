@@ -42,7 +42,7 @@ async fn completed_turn_persists_in_sequence_and_exits_zero() {
             (frame.epoch, frame.generation, frame.execution_id.as_str()),
             (9, 4, "exec-1")
         );
-        assert_eq!(frame.secret, "the-secret");
+        assert_eq!(frame.secret.expose(), "the-secret");
     }
 
     let usage: UsageAdd = serde_json::from_value(owner.persists[0].payload.clone()).expect("usage");

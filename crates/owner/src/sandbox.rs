@@ -1,0 +1,287 @@
+//! The owner's side of the sandbox (issue 13, `docs/sandbox.md`): what the kernel offers
+//! (probed once at daemon start), the `policy.sandbox` each worker gets, and
+//! `session.resume`'s `info.confinement`. Pure functions over the session's frozen
+//! [`SessionSandbox`] and the probe, so what is claimed is computed in one place.
+//!
+//! Never claim more than is in force: `unavailable` when the mode asks for Landlock and the
+//! kernel has none; the home counts as hidden only with user namespaces; `network = false`
+//! counts as blocked only with Landlock ABI 4 or later (TCP rules).
+
+use drover_ledger::SessionSandbox;
+use drover_protocol::sandbox::{Confinement, SandboxMode, SandboxPolicy, SandboxSupport, ToolEnv};
+
+/// The first Landlock ABI with TCP connect and bind rules.
+pub const LANDLOCK_NETWORK_ABI: u32 = 4;
+
+/// What [`drover_tools::platform::confine::probe`] found, in the protocol's shape.
+pub fn probe() -> SandboxSupport {
+    let found = drover_tools::platform::confine::probe();
+    SandboxSupport {
+        namespaces: found.namespaces,
+        landlock_abi: found.landlock_abi,
+        problems: found.problems,
+    }
+}
+
+/// One line at daemon start: INFO when both layers are available, else one WARN naming what
+/// is missing.
+pub fn log_support(support: &SandboxSupport) {
+    let missing = missing_layers(support);
+    if missing.is_empty() {
+        tracing::info!(
+            landlock_abi = support.landlock_abi,
+            "sandbox available: user namespaces and Landlock"
+        );
+    } else {
+        tracing::warn!(
+            missing = %missing.join(", "),
+            problems = %support.problems.join("; "),
+            "sandbox incomplete: tools run with less confinement; with [sandbox] required = \
+             true they are refused instead"
+        );
+    }
+}
+
+/// The layers the kernel does not offer, as words for a log line.
+fn missing_layers(support: &SandboxSupport) -> Vec<&'static str> {
+    let mut missing = Vec::new();
+    if !support.namespaces {
+        missing.push("user namespaces (the drover home stays visible to tools)");
+    }
+    if support.landlock_abi.is_none() {
+        missing.push("Landlock (writes are not confined)");
+    }
+    missing
+}
+
+/// `policy.sandbox` of a turn: the session's frozen settings, its cwd as the first writable
+/// root, the home hidden (except in `off`), the probe, and `[sandbox.env]` as read now.
+pub fn policy(
+    frozen: &SessionSandbox,
+    cwd: &str,
+    home: &str,
+    support: &SandboxSupport,
+    env: ToolEnv,
+) -> SandboxPolicy {
+    let mut writable_roots = vec![cwd.to_string()];
+    for root in &frozen.writable_roots {
+        if !writable_roots.contains(root) {
+            writable_roots.push(root.clone());
+        }
+    }
+    SandboxPolicy {
+        mode: frozen.mode,
+        writable_roots,
+        network: frozen.network,
+        hidden: if frozen.mode == SandboxMode::Off {
+            Vec::new()
+        } else {
+            vec![home.to_string()]
+        },
+        required: frozen.required,
+        support: support.clone(),
+        env,
+    }
+}
+
+/// `info.confinement`: what is in force for the session's tools, never more.
+pub fn confinement(frozen: &SessionSandbox, cwd: &str, support: &SandboxSupport) -> Confinement {
+    let confined = frozen.mode != SandboxMode::Off;
+    let landlock_abi = support.landlock_abi.filter(|_| confined);
+    let mut problems = Vec::new();
+    if confined {
+        problems.extend(support.problems.iter().cloned());
+        if !support.namespaces {
+            problems.push(
+                "user namespaces are not available: the drover home is not hidden from tools"
+                    .to_string(),
+            );
+        }
+        if support.landlock_abi.is_none() {
+            problems.push(format!(
+                "Landlock is not available: [sandbox] mode = \"{}\" is not enforced",
+                frozen.mode
+            ));
+        }
+    }
+    let sandbox = if confined && landlock_abi.is_none() {
+        "unavailable".to_string()
+    } else {
+        frozen.mode.to_string()
+    };
+    let network = if frozen.network {
+        "open"
+    } else if landlock_abi.is_some_and(|abi| abi >= LANDLOCK_NETWORK_ABI) {
+        "blocked"
+    } else {
+        problems.push(match landlock_abi {
+            _ if !confined => "[sandbox] network = false has no effect with mode = \"off\"".into(),
+            Some(abi) => format!(
+                "[sandbox] network = false needs Landlock ABI {LANDLOCK_NETWORK_ABI}; the kernel \
+                 offers {abi}"
+            ),
+            None => "[sandbox] network = false needs Landlock, which is not available".into(),
+        });
+        "not_enforced"
+    };
+    let writable_roots = match (frozen.mode, landlock_abi) {
+        (SandboxMode::WorkspaceWrite, Some(_)) => {
+            policy(frozen, cwd, "", support, ToolEnv::default()).writable_roots
+        }
+        _ => Vec::new(),
+    };
+    if frozen.required && confined && !(support.namespaces && landlock_abi.is_some()) {
+        problems.push(
+            "[sandbox] required = true: tools are refused rather than run with less".to_string(),
+        );
+    }
+    Confinement {
+        sandbox,
+        home_hidden: confined && support.namespaces,
+        landlock_abi,
+        network: network.to_string(),
+        writable_roots,
+        required: frozen.required,
+        problems,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn full(abi: u32) -> SandboxSupport {
+        SandboxSupport {
+            namespaces: true,
+            landlock_abi: Some(abi),
+            problems: Vec::new(),
+        }
+    }
+
+    fn none() -> SandboxSupport {
+        SandboxSupport {
+            namespaces: false,
+            landlock_abi: None,
+            problems: vec!["no kernel support".into()],
+        }
+    }
+
+    fn frozen(mode: SandboxMode, network: bool) -> SessionSandbox {
+        SessionSandbox {
+            mode,
+            writable_roots: vec!["/srv/out".into()],
+            network,
+            required: false,
+        }
+    }
+
+    #[test]
+    fn everything_available_is_claimed_as_asked() {
+        let c = confinement(&frozen(SandboxMode::WorkspaceWrite, false), "/w", &full(7));
+        assert_eq!(c.sandbox, "workspace-write");
+        assert!(c.home_hidden);
+        assert_eq!(c.landlock_abi, Some(7));
+        assert_eq!(c.network, "blocked");
+        assert_eq!(c.writable_roots, vec!["/w".to_string(), "/srv/out".into()]);
+        assert!(c.problems.is_empty(), "{:?}", c.problems);
+
+        let ro = confinement(&frozen(SandboxMode::ReadOnly, true), "/w", &full(7));
+        assert_eq!(ro.sandbox, "read-only");
+        assert_eq!(ro.network, "open");
+        assert!(ro.writable_roots.is_empty());
+    }
+
+    #[test]
+    fn without_landlock_the_mode_is_unavailable_and_nothing_is_claimed() {
+        let c = confinement(&frozen(SandboxMode::WorkspaceWrite, false), "/w", &none());
+        assert_eq!(c.sandbox, "unavailable");
+        assert!(!c.home_hidden);
+        assert_eq!(c.landlock_abi, None);
+        assert_eq!(c.network, "not_enforced");
+        assert!(c.writable_roots.is_empty());
+        assert!(c.problems.iter().any(|p| p == "no kernel support"));
+        assert!(c.problems.iter().any(|p| p.contains("Landlock")));
+        assert!(c.problems.iter().any(|p| p.contains("not hidden")));
+    }
+
+    #[test]
+    fn namespaces_without_landlock_hide_the_home_only() {
+        let support = SandboxSupport {
+            namespaces: true,
+            landlock_abi: None,
+            problems: Vec::new(),
+        };
+        let c = confinement(&frozen(SandboxMode::ReadOnly, true), "/w", &support);
+        assert_eq!(c.sandbox, "unavailable");
+        assert!(c.home_hidden);
+        assert_eq!(c.network, "open");
+    }
+
+    #[test]
+    fn an_old_landlock_cannot_block_the_network() {
+        let c = confinement(&frozen(SandboxMode::WorkspaceWrite, false), "/w", &full(3));
+        assert_eq!(c.sandbox, "workspace-write");
+        assert_eq!(c.network, "not_enforced");
+        assert!(
+            c.problems.iter().any(|p| p.contains("ABI 4")),
+            "{:?}",
+            c.problems
+        );
+    }
+
+    #[test]
+    fn off_claims_nothing_whatever_the_kernel_offers() {
+        let c = confinement(&frozen(SandboxMode::Off, true), "/w", &full(7));
+        assert_eq!(c.sandbox, "off");
+        assert!(!c.home_hidden);
+        assert_eq!(c.landlock_abi, None);
+        assert_eq!(c.network, "open");
+        assert!(c.writable_roots.is_empty());
+        assert!(c.problems.is_empty());
+        let blocked = confinement(&frozen(SandboxMode::Off, false), "/w", &full(7));
+        assert_eq!(blocked.network, "not_enforced");
+        // An off session is not troubled by a kernel without support.
+        let bare = confinement(&frozen(SandboxMode::Off, true), "/w", &none());
+        assert_eq!(bare.sandbox, "off");
+        assert!(bare.problems.is_empty());
+    }
+
+    #[test]
+    fn required_says_tools_are_refused_when_a_layer_is_missing() {
+        let mut f = frozen(SandboxMode::WorkspaceWrite, true);
+        f.required = true;
+        let c = confinement(&f, "/w", &none());
+        assert!(c.required);
+        assert!(c.problems.iter().any(|p| p.contains("refused")));
+        assert!(confinement(&f, "/w", &full(7)).problems.is_empty());
+    }
+
+    #[test]
+    fn the_policy_hides_the_home_except_when_off_and_puts_the_cwd_first() {
+        let env = ToolEnv {
+            keep: vec!["GH_TOKEN".into()],
+            set: Default::default(),
+        };
+        let p = policy(
+            &frozen(SandboxMode::WorkspaceWrite, false),
+            "/w",
+            "/home/u/.drover",
+            &full(7),
+            env.clone(),
+        );
+        assert_eq!(p.mode, SandboxMode::WorkspaceWrite);
+        assert_eq!(p.writable_roots, vec!["/w".to_string(), "/srv/out".into()]);
+        assert_eq!(p.hidden, vec!["/home/u/.drover".to_string()]);
+        assert!(!p.network);
+        assert_eq!(p.support, full(7));
+        assert_eq!(p.env, env);
+        let off = policy(
+            &frozen(SandboxMode::Off, true),
+            "/w",
+            "/h",
+            &full(7),
+            ToolEnv::default(),
+        );
+        assert!(off.hidden.is_empty());
+    }
+}
