@@ -649,7 +649,7 @@ async fn drover_run_with_answer_answers_a_clarify_question() {
 
     let out = drover(
         home.path(),
-        home.path(),
+        home.work(),
         &["run", "--answer", "blue", "pick a colour"],
     )
     .await;
@@ -666,7 +666,7 @@ async fn drover_run_with_answer_answers_a_clarify_question() {
         json!({"answers": [{"question": "Which colour?", "answer": "blue"}]})
     );
 
-    let stop = drover(home.path(), home.path(), &["stop"]).await;
+    let stop = drover(home.path(), home.work(), &["stop"]).await;
     assert_eq!(stop.status.code(), Some(0));
 }
 

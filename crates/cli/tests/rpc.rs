@@ -103,7 +103,7 @@ async fn invalid_params_name_the_field() {
 #[tokio::test]
 async fn create_is_idempotent_on_request_id_and_submit_needs_attachment() {
     let (model, home, d, mut a) = model_daemon(bin()).await.unwrap();
-    let cwd = home.path().display().to_string();
+    let cwd = home.work().display().to_string();
     let params = json!({"request_id": "req-1", "cwd": cwd, "title": "t"});
     let s1 = a.call_ok("session.create", params.clone()).await.unwrap();
     let s2 = a.call_ok("session.create", params).await.unwrap();

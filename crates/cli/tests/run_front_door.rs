@@ -253,7 +253,7 @@ async fn a_session_paused_on_an_unknown_turn_is_exit_4_naming_resolve_within_sec
 #[tokio::test]
 async fn an_open_prompt_without_a_terminal_is_exit_5_naming_answer_within_seconds() {
     let mut s = OneSession::builder(bin()).start().await.unwrap();
-    let victim = script_rm_victim(&s.model, s.home.path(), "Deleted.");
+    let victim = script_rm_victim(&s.model, s.home.work(), "Deleted.");
     s.submit("delete it").await.unwrap();
     s.client
         .wait_event(|e| e["type"] == "approval.request")
@@ -334,7 +334,7 @@ async fn a_daemon_sigkilled_mid_turn_is_exit_4_in_words_and_run_restarts_it() {
 async fn a_command_waiting_for_approval_is_shown_as_the_question_not_as_run() {
     let (model, home) = model_home(true).await.unwrap();
     let _guard = KillDaemonOnDrop(home.path());
-    let victim = script_rm_victim(&model, home.path(), "Deleted.");
+    let victim = script_rm_victim(&model, home.work(), "Deleted.");
     let out = drover(home.path(), &["run", "delete it"]).await;
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(5), "{stderr}");

@@ -46,7 +46,7 @@ fn expected_confinement(mode: &str, cwd: &Path) -> Value {
 #[tokio::test]
 async fn resume_says_what_confines_a_workspace_write_and_an_off_session() {
     let mut s = OneSession::builder(bin()).start().await.unwrap();
-    let cwd = s.home.path().to_path_buf();
+    let cwd = s.home.work().to_path_buf();
     let resumed = s.resume().await.unwrap();
     let mut info = resumed["info"]["confinement"].clone();
     let problems = info

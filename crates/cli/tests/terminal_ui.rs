@@ -26,7 +26,7 @@ fn run_in_pane(home: &Path, args: &[&str]) -> Pane {
 #[tokio::test]
 async fn approval_is_asked_on_the_terminal_and_the_typed_answer_is_used() {
     let (model, home) = model_home(true).await.unwrap();
-    let victim = script_rm_victim(&model, home.path(), "removed it");
+    let victim = script_rm_victim(&model, home.work(), "removed it");
     // The daemon `drover run` starts in the pane; dropped after the pane.
     let _daemon = KillDaemonOnDrop(home.path());
     let pane = run_in_pane(home.path(), &["delete the victim"]);

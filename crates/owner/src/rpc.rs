@@ -16,6 +16,7 @@ use drover_ledger::{
 };
 use drover_protocol::client::{self as wire, ClientRequest, MethodResult};
 use drover_protocol::event::SessionEvent;
+use drover_protocol::sandbox::SandboxMode;
 use drover_protocol::worker::OwnerFrame;
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
@@ -121,6 +122,12 @@ async fn require_attached(
     })
 }
 
+/// Whether `path` is `dir` or below it, symlinks resolved.
+fn inside(path: &Path, dir: &Path) -> bool {
+    let real = |p: &Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
+    real(path).starts_with(real(dir))
+}
+
 async fn session_create(
     owner: &Arc<Owner>,
     conn: &ConnHandle,
@@ -159,6 +166,17 @@ async fn session_create(
             .map(|d| d.display().to_string())
             .unwrap_or_else(|_| "/".into()),
     };
+    // Tools cannot see the home (issue 13), so a session working inside it could run no tool.
+    if cfg.sandbox.mode != SandboxMode::Off && inside(Path::new(&cwd), &owner.home) {
+        return Err(OwnerError::invalid(
+            "cwd",
+            format!(
+                "cwd {cwd} is inside the drover home {}, which tools cannot see; start the \
+                 session in another directory",
+                owner.home.display()
+            ),
+        ));
+    }
     let model = match p.model {
         Some(m) if !m.is_empty() => m,
         _ => cfg.model.name.clone().ok_or_else(|| {

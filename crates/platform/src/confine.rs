@@ -237,6 +237,8 @@ struct NamespaceStep {
     tmpfs: CString,
     tmpfs_options: CString,
     hidden: Vec<CString>,
+    /// The working directory, entered again after the mounts (set by [`Plan::install`]).
+    cwd: Option<CString>,
 }
 
 fn c_path(path: &Path) -> Result<CString, ConfineError> {
@@ -300,7 +302,23 @@ impl Plan {
     /// `pre_exec` steps already added (`tokio::process::Command::as_std_mut` gives the std
     /// command of a tokio one). A step that fails makes the spawn fail with its errno: the
     /// command never runs with less than the plan.
-    pub fn install(self, command: &mut std::process::Command) {
+    pub fn install(mut self, command: &mut std::process::Command) {
+        // The child's working directory is entered before this step runs (std does chdir
+        // first), so it still points below the hidden mounts: enter it again afterwards, by
+        // path, so it resolves through them (a directory inside the home becomes the empty
+        // tmpfs, or is not found).
+        if let Some(step) = self.namespaces.as_mut() {
+            let dir = command
+                .get_current_dir()
+                .map(Path::to_path_buf)
+                .or_else(|| std::env::current_dir().ok());
+            step.cwd = dir
+                .map(|dir| match dir.is_absolute() {
+                    true => dir,
+                    false => std::env::current_dir().unwrap_or_default().join(dir),
+                })
+                .and_then(|dir| CString::new(dir.as_os_str().as_bytes()).ok());
+        }
         // SAFETY: the closure runs in the forked child before exec. `Plan::enter` makes only
         // plain syscalls (unshare, open, write, close, mount, prctl, capset,
         // landlock_restrict_self) on memory prepared in the parent, and builds errors from raw
@@ -357,6 +375,7 @@ impl NamespaceStep {
             tmpfs: c_text("tmpfs"),
             tmpfs_options: c_text("mode=0555,size=4k"),
             hidden: paths,
+            cwd: None,
         })
     }
 
@@ -392,6 +411,10 @@ impl NamespaceStep {
                     self.tmpfs_options.as_ptr().cast(),
                 )
             })?;
+        }
+        if let Some(cwd) = &self.cwd {
+            // SAFETY: chdir(2) with a NUL-terminated path prepared in the parent.
+            check(unsafe { libc::chdir(cwd.as_ptr()) })?;
         }
         Ok(())
     }

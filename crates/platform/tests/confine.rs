@@ -195,6 +195,19 @@ fn the_hidden_home_reads_as_empty_and_cannot_be_unmounted_even_without_landlock(
 }
 
 #[test]
+fn a_child_started_inside_the_hidden_home_does_not_see_it_by_relative_paths() {
+    let home = tempfile::tempdir().expect("home");
+    std::fs::write(home.path().join("daemon.json"), "{\"token\":\"secret\"}").expect("file");
+    let mut spec = workspace(&[], true);
+    spec.hidden = vec![home.path().to_path_buf()];
+    // std enters the working directory before the confinement step, below the mount to be.
+    let out = run(&spec, home.path(), "cat daemon.json; ls -A");
+    let shown = text(&out);
+    assert!(!shown.contains("secret"), "{shown}");
+    assert!(!shown.contains("daemon.json\n"), "{shown}");
+}
+
+#[test]
 fn a_confined_child_has_no_capability_left() {
     let cwd = tempfile::tempdir().expect("cwd");
     let spec = no_landlock(&workspace(&[cwd.path()], true));

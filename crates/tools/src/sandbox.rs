@@ -146,10 +146,36 @@ impl Sandbox {
         if spec == Spec::default() {
             return Ok(Enforced::default());
         }
+        if let Some(dir) = command.get_current_dir() {
+            self.check_workdir(dir)?;
+        }
         let plan = Plan::new(&spec).map_err(|e| format!("could not prepare the sandbox: {e}"))?;
         let enforced = plan.enforced();
         plan.install(command);
         Ok(enforced)
+    }
+
+    /// Whether a process may start in `dir`: never inside a hidden path (the drover home). A
+    /// process whose working directory were there would reach the home's files by relative
+    /// paths, under the mount that hides it; the platform also enters the directory again
+    /// after the mount, so this refusal is the clear error and not the only guard.
+    pub fn check_workdir(&self, dir: &Path) -> Result<(), String> {
+        if self.policy.mode == SandboxMode::Off {
+            return Ok(());
+        }
+        let dir = real(dir);
+        for hidden in &self.policy.hidden {
+            let hidden = real(Path::new(hidden));
+            if dir.starts_with(&hidden) {
+                return Err(format!(
+                    "field \"workdir\": {} is inside the drover home ({}), which tools cannot \
+                     see; run the command in another directory",
+                    dir.display(),
+                    hidden.display()
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Whether a write to `target` (absolute, symlinks resolved) is allowed: never inside a

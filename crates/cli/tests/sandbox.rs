@@ -1,0 +1,495 @@
+//! Confinement end to end (issue 13, `docs/sandbox.md`), through the real daemon, real workers
+//! and real tool processes, with the scriptable model: a tool cannot act as its user (the home
+//! is hidden, the owner's memory is closed, it cannot answer its own prompt), writes stay under
+//! the writable roots (Landlock), `network = false` refuses TCP, `sandbox: false` asks the
+//! human first, and no planted secret reaches a tool's environment.
+//!
+//! These run as whatever user runs the tests; CI runs them as root, where the guarantees must
+//! hold too (a tool in its own user namespace has no capability over the owner).
+
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use drover_test_support::harness::{db_rows, str_field, OneSession, TestHome};
+use drover_test_support::{wait, Reply};
+use serde_json::{json, Value};
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_drover"))
+}
+
+const LIMIT: Duration = Duration::from_secs(30);
+
+/// A path under `/var/tmp` no test has used: outside every writable root (the session cwd and
+/// the temp dir, which is `/tmp` here), removed on drop.
+struct Outside(PathBuf);
+
+impl Outside {
+    fn new(name: &str) -> Outside {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        Outside(PathBuf::from(format!(
+            "/var/tmp/drover-sandbox-{name}-{}-{nanos}",
+            std::process::id()
+        )))
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Outside {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// A session on a fresh daemon with the terminal toolset and `config` appended.
+async fn session(config: &str, env: &[(&str, &str)]) -> OneSession {
+    OneSession::builder(bin())
+        .toolsets(&["terminal"])
+        .config(config)
+        .env(env)
+        .start()
+        .await
+        .unwrap()
+}
+
+/// Runs one turn in which the model calls the terminal with `args` (as `call_id`) and then
+/// says "done"; gives the stored tool result.
+async fn terminal_turn(s: &mut OneSession, call_id: &str, args: Value) -> Value {
+    s.model.push(Reply::tool_call(call_id, "terminal", args));
+    s.model.push(Reply::text("done"));
+    s.complete_turn("run it").await.unwrap();
+    s.tool_result(call_id)
+}
+
+fn output(result: &Value) -> String {
+    result["output"].as_str().unwrap_or_default().to_string()
+}
+
+/// The attacker a model might start in the background: it tries every way to the token, the
+/// ledger and the owner's environment, and to answer its own session's approval prompt, and
+/// writes what it got to `attack.log` in its cwd.
+const ATTACKER: &str = r#"
+import os, socket, subprocess, sys, time
+home, owner_pid, drover, session, port = sys.argv[1:6]
+log = open("attack.log", "w")
+def note(line):
+    log.write(line + "\n")
+    log.flush()
+def attempt(name, how):
+    try:
+        got = how()
+        note(f"{name}: READ {got!r}")
+    except Exception as e:
+        note(f"{name}: refused {type(e).__name__}: {e}")
+def read(path):
+    with open(path, "rb") as f:
+        return f.read(300)
+for name in ("daemon.json", "state.db", "config.toml"):
+    attempt(name, lambda: read(os.path.join(home, name)))
+attempt("home listing", lambda: os.listdir(home) or (_ for _ in ()).throw(OSError("empty")))
+attempt("owner environ", lambda: read(f"/proc/{owner_pid}/environ"))
+attempt("owner mem", lambda: read(f"/proc/{owner_pid}/mem"))
+# The fd numbers may be listed (the same uid owns the directory); what they lead to may not.
+try:
+    fds = os.listdir(f"/proc/{owner_pid}/fd")
+except Exception:
+    fds = [str(n) for n in range(64)]
+for fd in fds:
+    attempt(f"owner fd {fd} link", lambda: os.readlink(f"/proc/{owner_pid}/fd/{fd}"))
+    attempt(f"owner fd {fd}", lambda: read(f"/proc/{owner_pid}/fd/{fd}"))
+for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
+    try:
+        cmdline = read(f"/proc/{pid}/cmdline")
+    except Exception:
+        continue
+    if b"drover" in cmdline and b"python" not in cmdline:
+        attempt(f"environ of {pid} {cmdline[:60]!r}", lambda: read(f"/proc/{pid}/environ"))
+umount = subprocess.run(["umount", home], capture_output=True)
+note(f"umount: exit {umount.returncode}")
+attempt("daemon.json after umount", lambda: read(os.path.join(home, "daemon.json")))
+deadline = time.time() + 30
+while not os.path.exists("go") and time.time() < deadline:
+    time.sleep(0.05)
+answer = subprocess.run([drover, "--home", home, "answer", session, "--choice", "always"],
+                        capture_output=True, timeout=25)
+note(f"answer: exit {answer.returncode} {answer.stderr[-200:]!r}")
+try:
+    conn = socket.create_connection(("127.0.0.1", int(port)), timeout=5)
+    conn.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+                 b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                 b"Sec-WebSocket-Version: 13\r\n\r\n")
+    note(f"websocket: {conn.recv(100).splitlines()[0]!r}")
+except Exception as e:
+    note(f"websocket: refused {e}")
+note("done")
+"#;
+
+#[tokio::test]
+async fn a_tool_cannot_read_the_token_or_answer_its_own_approval() {
+    let mut s = session("", &[("OPENAI_API_KEY", "sk-planted-owner-key")]).await;
+    let work = s.home.work().to_path_buf();
+    std::fs::write(work.join("attack.py"), ATTACKER).unwrap();
+    let victim = work.join("victim");
+    std::fs::create_dir(&victim).unwrap();
+    std::fs::write(victim.join("keep.txt"), "data").unwrap();
+    let port = s
+        .daemon
+        .url()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .trim_end_matches('/')
+        .to_string();
+    let attack = format!(
+        "python3 attack.py {} {} {} {} {port}",
+        s.home.path().display(),
+        s.daemon.pid(),
+        bin().display(),
+        s.session_id
+    );
+    s.model.push(Reply::tool_call(
+        "call_attack",
+        "terminal",
+        json!({"command": attack, "background": true}),
+    ));
+    // A tool started with its working directory in the home must not see it either.
+    s.model.push(Reply::tool_call(
+        "call_peek",
+        "terminal",
+        json!({"command": "cat daemon.json; ls -a", "workdir": s.home.path()}),
+    ));
+    s.model.push(Reply::tool_call(
+        "call_rm",
+        "terminal",
+        json!({"command": format!("rm -rf {}", victim.display())}),
+    ));
+    s.model.push(Reply::text("done"));
+    let receipt = s.submit("clean up").await.unwrap();
+    let admission_id = str_field(&receipt, "admission_id");
+    let request = s
+        .client
+        .wait_event(|e| e["type"] == "approval.request")
+        .await
+        .unwrap();
+    std::fs::write(work.join("go"), "").unwrap();
+    let log = wait::file(&work.join("attack.log"), LIMIT, |text| {
+        text.contains("done\n").then(|| text.to_string())
+    })
+    .await
+    .unwrap_or_else(|| {
+        panic!(
+            "the attacker did not finish: {:?}",
+            std::fs::read_to_string(work.join("attack.log"))
+        )
+    });
+
+    let peek = s.tool_result("call_peek").to_string();
+    assert!(
+        !peek.contains("instance_id"),
+        "a tool in the home read daemon.json: {peek}"
+    );
+    assert!(
+        !peek.contains("state.db"),
+        "a tool in the home listed it: {peek}"
+    );
+
+    // Every read failed, nothing of the token or the key came out, and the answer was refused.
+    assert!(
+        !log.contains(": READ"),
+        "a tool read drover's secrets:\n{log}"
+    );
+    assert!(log.contains("owner environ: refused"), "{log}");
+    assert!(!log.contains(&s.daemon.token()), "{log}");
+    assert!(!log.contains("sk-planted-owner-key"), "{log}");
+    assert!(!log.contains("answer: exit 0"), "{log}");
+    assert!(!log.contains("101 Switching"), "{log}");
+
+    // The prompt is still open, the command has not run, and no rule was stored.
+    let resume = s.resume().await.unwrap();
+    assert_eq!(resume["prompts"].as_array().unwrap().len(), 1, "{resume}");
+    assert!(
+        victim.join("keep.txt").exists(),
+        "rm -rf ran without the human"
+    );
+    let rules = db_rows(&s.home.db(), "SELECT pattern_key FROM approval_rules");
+    assert!(
+        rules.is_empty(),
+        "the tool stored an always rule: {rules:?}"
+    );
+
+    // The human answers; only then does the command run.
+    let params = json!({
+        "session_id": s.session_id,
+        "execution_generation": request["payload"]["execution_generation"],
+        "prompt_id": request["payload"]["prompt_id"],
+        "choice": "once",
+    });
+    s.client.call_ok("approval.respond", params).await.unwrap();
+    assert_eq!(s.wait_settled(&admission_id).await.unwrap(), "completed");
+    assert!(!victim.exists(), "the approved command did not run");
+}
+
+#[tokio::test]
+async fn writes_outside_the_roots_fail_in_the_foreground_the_background_and_a_grandchild() {
+    let mut s = session("", &[]).await;
+    let work = s.home.work().to_path_buf();
+    let fg = Outside::new("fg");
+    let bg = Outside::new("bg");
+    let gc = Outside::new("gc");
+
+    let result = terminal_turn(
+        &mut s,
+        "call_fg",
+        json!({"command": format!("touch ok_fg && touch {}", fg.path().display())}),
+    )
+    .await;
+    assert!(
+        work.join("ok_fg").exists(),
+        "a write in the cwd failed: {result}"
+    );
+    assert!(
+        !fg.path().exists(),
+        "a write outside the roots went through"
+    );
+    assert_ne!(result["exit_code"], 0, "{result}");
+    assert!(
+        output(&result).contains("sandbox"),
+        "no word of the sandbox: {result}"
+    );
+
+    terminal_turn(
+        &mut s,
+        "call_bg",
+        json!({
+            "command": format!("touch ok_bg; touch {}; echo $? > bg_rc", bg.path().display()),
+            "background": true,
+        }),
+    )
+    .await;
+    let rc = wait::file(&work.join("bg_rc"), LIMIT, |t| {
+        t.ends_with('\n').then(|| t.trim().to_string())
+    })
+    .await
+    .expect("the background command never finished");
+    assert_ne!(
+        rc, "0",
+        "touch outside the roots succeeded in the background"
+    );
+    assert!(work.join("ok_bg").exists());
+    assert!(!bg.path().exists());
+
+    let result = terminal_turn(
+        &mut s,
+        "call_gc",
+        json!({"command": format!("sh -c 'sh -c \"touch {}\"'; touch ok_gc", gc.path().display())}),
+    )
+    .await;
+    assert!(work.join("ok_gc").exists(), "{result}");
+    assert!(!gc.path().exists(), "a grandchild wrote outside the roots");
+}
+
+#[tokio::test]
+async fn rmtree_outside_the_roots_leaves_the_directory_intact() {
+    let mut s = session("", &[]).await;
+    let victim = Outside::new("rmtree");
+    std::fs::create_dir(victim.path()).unwrap();
+    std::fs::write(victim.path().join("keep.txt"), "data").unwrap();
+    let command = format!(
+        "python3 -c 'import shutil; shutil.rmtree(\"{}\")'",
+        victim.path().display()
+    );
+    let result = terminal_turn(&mut s, "call_py", json!({"command": command})).await;
+    assert!(
+        victim.path().join("keep.txt").exists(),
+        "rmtree deleted it: {result}"
+    );
+    assert_ne!(result["exit_code"], 0, "{result}");
+}
+
+#[tokio::test]
+async fn network_false_refuses_tcp_and_is_frozen_per_session() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let mut s = session("[sandbox]\nnetwork = false\n", &[]).await;
+    let connect = json!({"command": format!(
+        "python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=5); print('connected')\""
+    )});
+
+    let refused = terminal_turn(&mut s, "call_net", connect.clone()).await;
+    assert!(!output(&refused).contains("connected"), "{refused}");
+    assert_ne!(refused["exit_code"], 0, "{refused}");
+    assert!(
+        listener.accept().is_err(),
+        "the listener accepted a connection from a network = false tool"
+    );
+    let info = s.resume().await.unwrap()["info"]["confinement"].clone();
+    assert_eq!(info["network"], "blocked", "{info}");
+
+    // A session made after the config allows the network again connects; the first one
+    // keeps what it froze.
+    let config = std::fs::read_to_string(s.home.path().join("config.toml")).unwrap();
+    std::fs::write(
+        s.home.path().join("config.toml"),
+        config.replace("network = false", "network = true"),
+    )
+    .unwrap();
+    let created = s
+        .client
+        .call_ok(
+            "session.create",
+            json!({"request_id": "open-net", "cwd": s.home.work(), "toolsets": ["terminal"]}),
+        )
+        .await
+        .unwrap();
+    let open_session = str_field(&created, "session_id");
+    s.model
+        .push(Reply::tool_call("call_open", "terminal", connect.clone()));
+    s.model.push(Reply::text("done"));
+    s.client
+        .complete_turn(&open_session, "connect")
+        .await
+        .unwrap();
+    let rows = db_rows(
+        &s.home.db(),
+        "SELECT content FROM messages WHERE tool_call_id = 'call_open'",
+    );
+    assert!(
+        rows[0][0].as_str().unwrap().contains("connected"),
+        "{rows:?}"
+    );
+    let refused_again = terminal_turn(&mut s, "call_net2", connect).await;
+    assert!(
+        !output(&refused_again).contains("connected"),
+        "{refused_again}"
+    );
+}
+
+#[tokio::test]
+async fn sandbox_false_asks_first_and_once_runs_the_command_unconfined() {
+    let mut s = session("", &[]).await;
+    let probe = Outside::new("escalated");
+    s.model.push(Reply::tool_call(
+        "call_esc",
+        "terminal",
+        json!({"command": format!("touch {}", probe.path().display()), "sandbox": false}),
+    ));
+    s.model.push(Reply::text("done"));
+    let receipt = s.submit("escalate").await.unwrap();
+    let admission_id = str_field(&receipt, "admission_id");
+    let request = s
+        .client
+        .wait_event(|e| e["type"] == "approval.request")
+        .await
+        .unwrap();
+    let prompt = &request["payload"];
+    let shown = format!("{} {}", prompt["command"], prompt["description"]);
+    assert!(
+        shown.contains("sandbox"),
+        "the prompt does not say why: {prompt}"
+    );
+    assert!(!probe.path().exists(), "it ran before the answer");
+    let params = json!({
+        "session_id": s.session_id,
+        "execution_generation": prompt["execution_generation"],
+        "prompt_id": prompt["prompt_id"],
+        "choice": "once",
+    });
+    s.client.call_ok("approval.respond", params).await.unwrap();
+    assert_eq!(s.wait_settled(&admission_id).await.unwrap(), "completed");
+    assert!(
+        probe.path().exists(),
+        "once did not run it outside the sandbox"
+    );
+
+    // A bad value is a tool error naming the field, and nothing runs.
+    let result = terminal_turn(
+        &mut s,
+        "call_bad",
+        json!({"command": "true", "sandbox": "yes"}),
+    )
+    .await;
+    assert!(result.to_string().contains("sandbox"), "{result}");
+}
+
+#[tokio::test]
+async fn a_tool_sees_none_of_the_planted_secrets() {
+    let planted = [
+        ("MY_SERVICE_API_KEY", "planted-1"),
+        ("GITHUB_TOKEN", "planted-2"),
+        ("DROVER_DISPATCH_SECRET", "planted-3"),
+        ("AWS_SECRET_ACCESS_KEY", "planted-4"),
+        ("DB_PASSWORD", "planted-5"),
+        ("GCP_credentials_file", "planted-6"),
+        ("OPENAI_API_KEY", "planted-7"),
+        ("KEPT_TOKEN", "kept-ok"),
+    ];
+    let config = "[sandbox.env]\nkeep = [\"KEPT_TOKEN\"]\nset = { GREETING = \"set-ok\" }\n";
+    let mut s = session(config, &planted).await;
+    let result = terminal_turn(&mut s, "call_env", json!({"command": "env"})).await;
+    let env = output(&result);
+    assert!(
+        !env.contains("planted-"),
+        "a secret reached the tool:\n{env}"
+    );
+    assert!(
+        !env.contains("DROVER_"),
+        "a drover variable reached the tool:\n{env}"
+    );
+    assert!(
+        env.contains("KEPT_TOKEN=kept-ok"),
+        "keep was ignored:\n{env}"
+    );
+    assert!(env.contains("GREETING=set-ok"), "set was ignored:\n{env}");
+    assert!(env.contains("PATH="), "the environment was emptied:\n{env}");
+}
+
+#[tokio::test]
+async fn off_confines_nothing_and_says_so() {
+    let mut s = session("[sandbox]\nmode = \"off\"\n", &[]).await;
+    let probe = Outside::new("off");
+    let result = terminal_turn(
+        &mut s,
+        "call_off",
+        json!({"command": format!("touch {}", probe.path().display())}),
+    )
+    .await;
+    assert!(probe.path().exists(), "mode off still confined: {result}");
+    let info = s.resume().await.unwrap()["info"]["confinement"].clone();
+    assert_eq!(info["sandbox"], "off", "{info}");
+    assert_eq!(info["home_hidden"], false, "{info}");
+}
+
+#[tokio::test]
+async fn a_session_cannot_start_inside_the_home() {
+    let home = TestHome::new().unwrap();
+    let mut s = OneSession::builder(bin())
+        .toolsets(&["terminal"])
+        .home(home)
+        .start()
+        .await
+        .unwrap();
+    let inside = s.home.path().join("inside");
+    std::fs::create_dir(&inside).unwrap();
+    let error = s
+        .client
+        .call(
+            "session.create",
+            json!({"request_id": "in-home", "cwd": inside, "toolsets": ["terminal"]}),
+        )
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(error["data"]["reason"], "invalid_params", "{error}");
+    assert_eq!(error["data"]["field"], "cwd", "{error}");
+}
