@@ -567,6 +567,48 @@ pub enum JobStatus {
     Cancelled,
 }
 
+impl JobStatus {
+    /// Every status, in lifecycle order.
+    pub const ALL: [JobStatus; 5] = [
+        JobStatus::Pending,
+        JobStatus::Running,
+        JobStatus::Completed,
+        JobStatus::Error,
+        JobStatus::Cancelled,
+    ];
+
+    /// The spec's word for the status (its serde name).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobStatus::Pending => "pending",
+            JobStatus::Running => "running",
+            JobStatus::Completed => "completed",
+            JobStatus::Error => "error",
+            JobStatus::Cancelled => "cancelled",
+        }
+    }
+
+    /// Parses the spec's word; `None` for anything else.
+    pub fn parse(text: &str) -> Option<JobStatus> {
+        JobStatus::ALL.into_iter().find(|s| s.as_str() == text)
+    }
+
+    /// `completed`, `error` and `cancelled` are final: they are never overwritten.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            JobStatus::Completed | JobStatus::Error | JobStatus::Cancelled
+        )
+    }
+}
+
+impl std::fmt::Display for JobStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // `pad`, so a width (`{:<10}` in `job list`) lines the columns up.
+        f.pad(self.as_str())
+    }
+}
+
 /// A job's last event.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct JobLastEvent {
