@@ -230,17 +230,10 @@ impl ClientLink {
     async fn create(&self) -> Result<String, LinkError> {
         let snapshot = self
             .client
-            .create_session(SessionCreateParams {
-                request_id: uuid::Uuid::new_v4().to_string(),
-                cwd: Some(self.cwd.clone()),
-                model: None,
-                base_url: None,
-                api_key: None,
-                toolsets: None,
-                system_prompt: None,
-                title: None,
-                source: None,
-            })
+            .create_session(SessionCreateParams::in_cwd(
+                uuid::Uuid::new_v4().to_string(),
+                self.cwd.clone(),
+            ))
             .await
             .map_err(words)?;
         Ok(snapshot.session_id)

@@ -235,6 +235,24 @@ pub struct SessionCreateParams {
     pub source: Option<String>,
 }
 
+impl SessionCreateParams {
+    /// A `session.create` of `request_id` in `cwd`; every other param is left to the
+    /// daemon's `config.toml`.
+    pub fn in_cwd(request_id: String, cwd: String) -> Self {
+        SessionCreateParams {
+            request_id,
+            cwd: Some(cwd),
+            model: None,
+            base_url: None,
+            api_key: None,
+            toolsets: None,
+            system_prompt: None,
+            title: None,
+            source: None,
+        }
+    }
+}
+
 /// Params of `session.list`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
