@@ -32,7 +32,7 @@ pub const POLL: Duration = Duration::from_millis(100);
 /// stopped.
 const EXEC_GRACE: Duration = Duration::from_secs(1);
 
-/// One `submit` call, local ([`submit`]) or remote ([`crate::remote::submit_remote`]).
+/// One `submit` call, local ([`submit`]) or remote (`remote::submit_remote`).
 #[derive(Debug, Clone)]
 pub struct SubmitRequest {
     /// `--agent-session S`: where the start instruction goes (`remote:<name>`: the runner
