@@ -84,17 +84,15 @@ fn assert_child_retired(db: &Path, child_id: &str) {
              WHERE e.session_id = '{child_id}'"
         ),
     );
-    assert_eq!(
-        rows,
-        vec![vec![
-            json!("child"),
-            json!("terminal"),
-            json!("terminal"),
-            json!("interrupted"),
-            json!("agent_close"),
-            json!(1),
-        ]]
-    );
+    let want = json!([[
+        "child",
+        "terminal",
+        "terminal",
+        "interrupted",
+        "agent_close",
+        1
+    ]]);
+    assert_eq!(json!(rows), want);
 }
 
 /// The parent delegates once, then reports the tool result; the child answers `child_reply`.
@@ -224,18 +222,17 @@ async fn a_child_session_runs_its_own_turn_and_its_answer_is_the_tool_result() {
              WHERE c.session_id = '{child_id}'"
         ),
     );
-    assert_eq!(
-        rows,
-        vec![vec![
-            json!("child"),
-            json!(1),
-            json!("terminal"),
-            json!("compute"),
-            json!(s.session_id),
-            json!("agent_close"),
-            json!(s.session_id),
-        ]]
-    );
+    let parent = &s.session_id;
+    let want = json!([[
+        "child",
+        1,
+        "terminal",
+        "compute",
+        parent,
+        "agent_close",
+        parent
+    ]]);
+    assert_eq!(json!(rows), want);
     s.daemon.stop().await.unwrap();
 }
 
