@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::Duration;
 
-use drover_test_support::harness::str_field;
+use drover_test_support::harness::{approval_answer, str_field};
 use drover_test_support::harness::{
     daemon_info, db_rows, run_drover, Client, Daemon, KillDaemonOnDrop, OneSession, TestHome,
 };
@@ -56,13 +56,16 @@ async fn open_approval(s: &mut OneSession, victim: &Path) -> (String, Value) {
 
 /// Waits for the next event of type `kind` on `s`'s client.
 async fn event(s: &mut OneSession, kind: &str) -> Value {
-    s.client.wait_event(|e| e["type"] == kind).await.unwrap()
+    s.client.wait_event_type(kind).await.unwrap()
 }
 
 /// Answers the approval `prompt` with `choice` on `s`'s client; returns the answer.
 async fn respond(s: &mut OneSession, prompt: &Value, choice: &str) -> Value {
-    let params = respond_params(s, prompt, choice);
-    s.client.call_ok("approval.respond", params).await.unwrap()
+    let session_id = s.session_id.clone();
+    s.client
+        .respond_approval(&session_id, prompt, choice)
+        .await
+        .unwrap()
 }
 
 /// [`setup`] with the terminal toolset and [`open_approval`] on its victim: the session, its
@@ -74,12 +77,7 @@ async fn approval_waiting() -> (OneSession, tempfile::TempDir, String, Value) {
 }
 
 fn respond_params(s: &OneSession, prompt: &Value, choice: &str) -> Value {
-    json!({
-        "session_id": s.session_id,
-        "execution_generation": prompt["execution_generation"],
-        "prompt_id": prompt["prompt_id"],
-        "choice": choice,
-    })
+    approval_answer(&s.session_id, prompt, choice)
 }
 
 /// The content of the session's `tool` messages, in order.
@@ -588,11 +586,7 @@ async fn drover_run_without_terminal_exits_5_when_a_prompt_waits() {
         .unwrap()
         .to_string();
     let answer = client
-        .call_ok(
-            "approval.respond",
-            json!({"session_id": session_id, "execution_generation": prompt["execution_generation"],
-                   "prompt_id": prompt["prompt_id"], "choice": "once"}),
-        )
+        .respond_approval(&session_id, prompt, "once")
         .await
         .unwrap();
     assert_eq!(answer["status"], "resolved");

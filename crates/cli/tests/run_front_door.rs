@@ -255,10 +255,7 @@ async fn an_open_prompt_without_a_terminal_is_exit_5_naming_answer_within_second
     let mut s = OneSession::builder(bin()).start().await.unwrap();
     let victim = script_rm_victim(&s.model, s.home.path(), "Deleted.");
     s.submit("delete it").await.unwrap();
-    s.client
-        .wait_event(|e| e["type"] == "approval.request")
-        .await
-        .unwrap();
+    s.client.wait_event_type("approval.request").await.unwrap();
 
     let started = Instant::now();
     let out = drover(

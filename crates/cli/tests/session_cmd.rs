@@ -391,10 +391,7 @@ async fn drover_answer_text_answers_a_clarify_question_and_refuses_a_choice_it_d
     ));
     s.model.push(Reply::text("Blue it is."));
     let admission = str_field(&s.submit("pick a colour").await.unwrap(), "admission_id");
-    s.client
-        .wait_event(|e| e["type"] == "clarify.request")
-        .await
-        .unwrap();
+    s.client.wait_event_type("clarify.request").await.unwrap();
     let prefix = s.session_id[..8].to_string();
     let (_, out, _) = drover(s.home.path(), &["sessions"]).await;
     assert!(out.contains("waiting for an answer"), "{out}");
@@ -412,11 +409,7 @@ async fn drover_answer_text_answers_a_clarify_question_and_refuses_a_choice_it_d
         out.contains("Which colour?") && out.contains("blue"),
         "{out}"
     );
-    let answer = s
-        .client
-        .wait_event(|e| e["type"] == "clarify.settled")
-        .await
-        .unwrap();
+    let answer = s.client.wait_event_type("clarify.settled").await.unwrap();
     assert_eq!(answer["payload"]["answer"], "blue", "{answer}");
     assert_eq!(
         s.client.wait_settled(&admission).await.unwrap(),

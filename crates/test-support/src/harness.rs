@@ -309,6 +309,28 @@ pub fn pids() -> Vec<u32> {
         .collect()
 }
 
+/// `approval.respond` params answering `prompt` (an `approval.request` payload, or an open
+/// prompt of `session.resume`) of `session_id` with `choice`.
+pub fn approval_answer(session_id: &str, prompt: &Value, choice: &str) -> Value {
+    json!({
+        "session_id": session_id,
+        "execution_generation": prompt["execution_generation"],
+        "prompt_id": prompt["prompt_id"],
+        "choice": choice,
+    })
+}
+
+/// The `content` of each of `messages` that has a text one (a snapshot's or a model
+/// request's `messages`).
+pub fn message_contents(messages: &Value) -> Vec<&str> {
+    messages
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m["content"].as_str())
+        .collect()
+}
+
 /// Direct children of `parent`, from `/proc`.
 pub fn children_of(parent: u32) -> Vec<u32> {
     let mut out = Vec::new();
@@ -553,6 +575,23 @@ impl Client {
                 None => bail!("no matching event within {WAIT:?}"),
             }
         }
+    }
+
+    /// Waits for the first event of type `kind` (`approval.request`, ...), bounded by [`WAIT`].
+    pub async fn wait_event_type(&mut self, kind: &str) -> Result<Value> {
+        self.wait_event(|e| e["type"] == kind).await
+    }
+
+    /// `approval.respond` answering `prompt` of `session_id` with `choice` (see
+    /// [`approval_answer`]); the result.
+    pub async fn respond_approval(
+        &mut self,
+        session_id: &str,
+        prompt: &Value,
+        choice: &str,
+    ) -> Result<Value> {
+        let params = approval_answer(session_id, prompt, choice);
+        self.call_ok("approval.respond", params).await
     }
 
     /// Every event up to and including the first that matches `pred`, bounded by [`WAIT`]; the
