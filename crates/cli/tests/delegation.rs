@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use drover_test_support::harness::str_field;
 use drover_test_support::harness::{children_of, db_rows, Client, Daemon, OneSession};
-use drover_test_support::mock_model::last_message;
+use drover_test_support::mock_model::{last_message, tool_names};
 use drover_test_support::{Gate, Reply};
 use serde_json::{json, Value};
 
@@ -45,15 +45,6 @@ fn first_user_text(request: &Value) -> String {
 
 fn is_child(request: &Value) -> bool {
     first_user_text(request).starts_with(CHILD)
-}
-
-fn tool_names(request: &Value) -> Vec<String> {
-    request["tools"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|t| t["function"]["name"].as_str().map(str::to_string))
-        .collect()
 }
 
 /// A parent turn that delegated, its child's model request held at the returned gate; the

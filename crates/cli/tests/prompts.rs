@@ -14,6 +14,7 @@ use drover_test_support::harness::{
     daemon_info, db_rows, run_drover, Client, Daemon, KillDaemonOnDrop, OneSession, TestHome,
 };
 use drover_test_support::harness::{model_home, rm_rf_call, script_rm_victim};
+use drover_test_support::mock_model::tool_names;
 use drover_test_support::{wait, MockModel, Reply};
 use serde_json::{json, Value};
 
@@ -348,12 +349,7 @@ async fn clarify_answer_reaches_the_tool_row() {
         json!({"answers": [{"question": "Which one?", "answer": "Beta"}]})
     );
     // The session's tools reached the model, clarify among them.
-    let names: Vec<String> = s.model.requests()[0]["tools"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["function"]["name"].as_str().unwrap().to_string())
-        .collect();
+    let names = tool_names(&s.model.requests()[0]);
     assert_eq!(names, ["terminal", "process", "clarify"]);
 }
 
