@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use drover_test_support::harness::str_field;
+use drover_test_support::harness::{assert_kinds_include, event_kinds, str_field};
 use drover_test_support::harness::{db_rows, open_files, Client, Daemon, OneSession};
 use drover_test_support::{Gate, Reply};
 use serde_json::{json, Value};
@@ -107,7 +107,7 @@ async fn terminal_turn_writes_the_transcript_usage_and_events(stream: bool) {
         (1..=seqs.len() as u64).collect::<Vec<_>>(),
         "seq must have no gaps"
     );
-    let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    let kinds = event_kinds(events);
     let start = kinds
         .iter()
         .position(|k| *k == "tool.start")
@@ -118,14 +118,13 @@ async fn terminal_turn_writes_the_transcript_usage_and_events(stream: bool) {
         .expect("tool.complete stored");
     assert!(start < complete, "{kinds:?}");
     assert!(!kinds.contains(&"message.delta"), "deltas are live only");
-    for k in [
+    let want = [
         "turn.started",
         "message.complete",
         "turn.settled",
         "admission.updated",
-    ] {
-        assert!(kinds.contains(&k), "{k} missing from {kinds:?}");
-    }
+    ];
+    assert_kinds_include(&kinds, &want);
     assert_eq!(events[start]["payload"]["context"], "printf X");
     assert_eq!(events[start]["payload"]["name"], "terminal");
     assert_eq!(events[complete]["payload"]["is_error"], false);

@@ -331,6 +331,18 @@ pub fn message_contents(messages: &Value) -> Vec<&str> {
         .collect()
 }
 
+/// The `type` of each of `events`, in order.
+pub fn event_kinds(events: &[Value]) -> Vec<&str> {
+    events.iter().filter_map(|e| e["type"].as_str()).collect()
+}
+
+/// Asserts that every kind of `want` is among `kinds`, naming the missing ones.
+#[track_caller]
+pub fn assert_kinds_include(kinds: &[&str], want: &[&str]) {
+    let missing: Vec<&&str> = want.iter().filter(|k| !kinds.contains(k)).collect();
+    assert!(missing.is_empty(), "{missing:?} missing from {kinds:?}");
+}
+
 /// Direct children of `parent`, from `/proc`.
 pub fn children_of(parent: u32) -> Vec<u32> {
     let mut out = Vec::new();
