@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use drover_test_support::harness::{assert_kinds_include, event_kinds, str_field};
+use drover_test_support::harness::{assert_kinds_include, event_kinds, script, str_field};
 use drover_test_support::harness::{db_rows, open_files, Client, Daemon, OneSession};
 use drover_test_support::{Gate, Reply};
 use serde_json::{json, Value};
@@ -314,21 +314,11 @@ async fn frozen_session_sends_the_same_system_prompt_tools_and_model_after_confi
 async fn garbage_worker_lines_are_refused_without_corrupting_the_turn() {
     // A wrapper prints an unknown frame type, a line over 4 MiB and non-JSON before becoming
     // the real worker.
-    let dir = tempfile::tempdir().unwrap();
-    let wrapper = dir.path().join("worker.sh");
-    std::fs::write(
-        &wrapper,
-        format!(
-            "#!/bin/sh\nprintf '{{\"type\":\"bogus\"}}\\n'\nhead -c 5000000 /dev/zero | tr '\\0' a\necho\necho 'not json'\nexec '{}' \"$@\"\n",
-            bin().display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(
-        &wrapper,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
+    let body = format!(
+        "#!/bin/sh\nprintf '{{\"type\":\"bogus\"}}\\n'\nhead -c 5000000 /dev/zero | tr '\\0' a\necho\necho 'not json'\nexec '{}' \"$@\"\n",
+        bin().display()
+    );
+    let (_dir, wrapper) = script("worker.sh", &body);
     let wrapper_s = wrapper.display().to_string();
     let mut s = setup_with(true, &[("DROVER_WORKER_EXE", wrapper_s.as_str())]).await;
     s.model.push(Reply::text("survived"));

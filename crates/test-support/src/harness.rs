@@ -309,6 +309,18 @@ pub fn pids() -> Vec<u32> {
         .collect()
 }
 
+/// An executable (0755) script `name` holding `body`, in a fresh temporary directory (kept
+/// alive by the returned guard).
+pub fn script(name: &str, body: &str) -> (tempfile::TempDir, PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join(name);
+    std::fs::write(&path, body).expect("the script is written");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
+        .expect("the script is made executable");
+    (dir, path)
+}
+
 /// `approval.respond` params answering `prompt` (an `approval.request` payload, or an open
 /// prompt of `session.resume`) of `session_id` with `choice`.
 pub fn approval_answer(session_id: &str, prompt: &Value, choice: &str) -> Value {
