@@ -113,13 +113,9 @@ pub async fn submit_remote(
             start_command,
         ));
     }
-    let attempt = job.attempt_id;
-    let (dir, job_id) = (ctx.registry_dir.clone(), job.job_id.clone());
     let claim = json!({"transport": "remote", "runner": runner, "topic": topic});
-    registry::blocking(&ctx.registry_dir, move || {
-        Registry::open(&dir)?.claim_delivery(&job_id, attempt, claim)
-    })
-    .await?;
+    submit::claim_delivery(&ctx.registry_dir, &job, claim).await?;
+    let attempt = job.attempt_id;
     let registry = Registry::open(&ctx.registry_dir)?;
     let mut mirror = Mirror::new(&job, &ctx.registry_dir, ctx.drain);
     let mut follower = mirror.follow(&ctx.endpoint)?;

@@ -15,7 +15,7 @@
 //! delivered once per attempt, ever ([`Registry::claim_delivery`]); a delivery that fails
 //! ends the job as `error` / `delivery_failed: ...`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::brief::{self, BriefContext};
@@ -169,20 +169,8 @@ pub async fn submit(ctx: SubmitContext<'_>, req: SubmitRequest) -> Result<Submit
         ));
     }
 
-    // The one delivery of this attempt: claimed in the registry before anything is sent, so
-    // no retry, crash or second submitter can ever deliver it again.
+    let job_dir = claim_delivery(&ctx.registry_dir, &job, target.describe()).await?;
     let attempt = job.attempt_id;
-    let (dir, job_id, claim) = (
-        ctx.registry_dir.clone(),
-        job.job_id.clone(),
-        target.describe(),
-    );
-    let job_dir = registry::blocking(&ctx.registry_dir, move || {
-        let mut registry = Registry::open(&dir)?;
-        registry.claim_delivery(&job_id, attempt, claim)?;
-        registry.ensure_job_dir(&job_id)
-    })
-    .await?;
     let registry = Registry::open(&ctx.registry_dir)?;
     let mut exec_agent: Option<ExecAgent> = None;
     let sent = match &target {
@@ -246,6 +234,27 @@ pub async fn submit(ctx: SubmitContext<'_>, req: SubmitRequest) -> Result<Submit
         start_command,
         diagnostics,
     })
+}
+
+/// Claims the one delivery of `job`'s attempt (described by `claim`) in the registry at
+/// `registry_dir`, before anything is sent, so no retry, crash or second submitter can ever
+/// deliver it again; gives the job's folder.
+pub(crate) async fn claim_delivery(
+    registry_dir: &Path,
+    job: &Job,
+    claim: serde_json::Value,
+) -> Result<PathBuf, JobError> {
+    let (dir, job_id, attempt) = (
+        registry_dir.to_path_buf(),
+        job.job_id.clone(),
+        job.attempt_id,
+    );
+    registry::blocking(registry_dir, move || {
+        let mut registry = Registry::open(&dir)?;
+        registry.claim_delivery(&job_id, attempt, claim)?;
+        registry.ensure_job_dir(&job_id)
+    })
+    .await
 }
 
 /// What submit has seen of its attempt.
