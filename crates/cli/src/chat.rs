@@ -15,12 +15,12 @@ use async_trait::async_trait;
 use clap::Args;
 use drover_client::{Client, ClientError, ConnectOptions, ConnectionChange, StartDaemon, Update};
 use drover_protocol::client::{
-    AdmissionStatus, ApprovalChoice, ApprovalRule, ApprovalRules, ClarifyAnswer, NoParams,
-    SessionCreateParams, SessionSnapshot, SessionSummary,
+    AdmissionStatus, ApprovalRule, ApprovalRules, NoParams, SessionCreateParams, SessionSnapshot,
+    SessionSummary,
 };
 use drover_protocol::event::{EventPayload, SessionEvent};
 use drover_protocol::ClientRequest;
-use drover_tui::{Events, Link, LinkError, LinkUpdate, Opened, Target, Theme};
+use drover_tui::{Events, Link, LinkError, LinkUpdate, Opened, PromptAnswer, Reply, Target, Theme};
 use tokio::sync::mpsc;
 
 use crate::Exit;
@@ -164,32 +164,24 @@ impl Link for ClientLink {
             .map_err(words)
     }
 
-    async fn approve(
-        &self,
-        session_id: &str,
-        prompt_id: &str,
-        generation: u64,
-        choice: ApprovalChoice,
-    ) -> Result<(), LinkError> {
-        self.client
-            .respond_approval(session_id, generation, prompt_id, choice)
-            .await
-            .map(drop)
-            .map_err(words)
-    }
-
-    async fn clarify(
-        &self,
-        session_id: &str,
-        prompt_id: &str,
-        generation: u64,
-        answer: ClarifyAnswer,
-    ) -> Result<(), LinkError> {
-        self.client
-            .respond_clarify(session_id, generation, prompt_id, answer)
-            .await
-            .map(drop)
-            .map_err(words)
+    async fn answer(&self, session_id: &str, answer: PromptAnswer) -> Result<(), LinkError> {
+        let PromptAnswer {
+            prompt_id,
+            generation,
+            reply,
+        } = answer;
+        let (client, prompt_id) = (&self.client, prompt_id.as_str());
+        match reply {
+            Reply::Approval(choice) => client
+                .respond_approval(session_id, generation, prompt_id, choice)
+                .await
+                .map(drop),
+            Reply::Clarify(answer) => client
+                .respond_clarify(session_id, generation, prompt_id, answer)
+                .await
+                .map(drop),
+        }
+        .map_err(words)
     }
 
     async fn resolve_unknown(&self, session_id: &str, admission_id: &str) -> Result<(), LinkError> {
@@ -238,17 +230,10 @@ impl ClientLink {
     async fn create(&self) -> Result<String, LinkError> {
         let snapshot = self
             .client
-            .create_session(SessionCreateParams {
-                request_id: uuid::Uuid::new_v4().to_string(),
-                cwd: Some(self.cwd.clone()),
-                model: None,
-                base_url: None,
-                api_key: None,
-                toolsets: None,
-                system_prompt: None,
-                title: None,
-                source: None,
-            })
+            .create_session(SessionCreateParams::in_cwd(
+                uuid::Uuid::new_v4().to_string(),
+                self.cwd.clone(),
+            ))
             .await
             .map_err(words)?;
         Ok(snapshot.session_id)

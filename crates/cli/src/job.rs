@@ -10,7 +10,7 @@ use drover_jobs::delivery::{AgentSession, TmuxServer, TMUX_SOCKET_ENV};
 use drover_jobs::publish::{self, PublishContext, PublishRequest, DRAIN_ENV};
 use drover_jobs::registry::Via;
 use drover_jobs::registry::{local_time, NewJob, Registry, REDACTED};
-use drover_jobs::remote::{self, RemoteContext, RemoteRequest};
+use drover_jobs::remote::{self, RemoteContext};
 use drover_jobs::state::{self, ContractInput};
 use drover_jobs::submit::{SubmitContext, SubmitRequest};
 use drover_jobs::timer::{self, TimerIdentity, TimerLaunch, TimerRun, TimerSpec};
@@ -529,15 +529,25 @@ pub(crate) fn submit_outcome(
     rt: &tokio::runtime::Runtime,
     a: SubmitSpec,
 ) -> Result<drover_jobs::SubmitOutcome, JobError> {
-    let session = a.session;
     let settings = env.wire_settings()?;
     let wire = settings.wire();
-    let outcome = if let AgentSession::Remote(runner) = &session {
-        if a.exec.is_some() {
-            return Err(JobError::BadInput(
-                "--exec goes only with --agent-session exec".into(),
-            ));
-        }
+    let remote = matches!(a.session, AgentSession::Remote(_));
+    if remote && a.exec.is_some() {
+        return Err(JobError::BadInput(
+            "--exec goes only with --agent-session exec".into(),
+        ));
+    }
+    let req = SubmitRequest {
+        agent_session: a.session,
+        exec: a.exec,
+        prompt: a.prompt,
+        contract: a.contract,
+        timeout: a.timeout,
+        dry_run: a.dry_run,
+        job_id: a.job_id,
+        topic_base: settings.topic_base.clone(),
+    };
+    let outcome = if remote {
         let secret = remote::dispatch_secret(std::env::var(remote::DISPATCH_SECRET_ENV).ok())?;
         let endpoint = settings.endpoint.clone().ok_or_else(no_wire_for_remote)?;
         let ctx = RemoteContext {
@@ -546,15 +556,6 @@ pub(crate) fn submit_outcome(
             secret,
             wire: wire.as_ref(),
             drain: env.drain()?,
-        };
-        let req = RemoteRequest {
-            runner: runner.clone(),
-            prompt: a.prompt,
-            contract: a.contract,
-            timeout: a.timeout,
-            dry_run: a.dry_run,
-            job_id: a.job_id,
-            topic_base: settings.topic_base.clone(),
         };
         rt.block_on(remote::submit_remote(ctx, req))?
     } else {
@@ -566,16 +567,6 @@ pub(crate) fn submit_outcome(
             drain: env.drain()?,
             tmux: TmuxServer::from_env_value(std::env::var(TMUX_SOCKET_ENV).ok().as_deref()),
             path_var: std::env::var_os("PATH"),
-        };
-        let req = SubmitRequest {
-            agent_session: session,
-            exec: a.exec,
-            prompt: a.prompt,
-            contract: a.contract,
-            timeout: a.timeout,
-            dry_run: a.dry_run,
-            job_id: a.job_id,
-            topic_base: settings.topic_base.clone(),
         };
         rt.block_on(drover_jobs::submit(ctx, req))?
     };

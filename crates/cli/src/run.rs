@@ -143,15 +143,11 @@ async fn open_session(
     });
     let created = client
         .create_session(SessionCreateParams {
-            request_id: uuid::Uuid::new_v4().to_string(),
-            cwd: Some(cwd.to_string()),
             model: args.model.clone(),
             base_url,
-            api_key: None,
-            toolsets: None,
-            system_prompt: None,
             title: args.title.clone(),
             source: Some("cli".into()),
+            ..SessionCreateParams::in_cwd(uuid::Uuid::new_v4().to_string(), cwd.to_string())
         })
         .await
         .map_err(|e| explain_create_error(e, home))?;

@@ -11,6 +11,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use drover_test_support::harness::{db_rows, eventually, pid_alive, Daemon, OneSession};
+use drover_test_support::mock_model::tool_names;
 use drover_test_support::Reply;
 use serde_json::{json, Value};
 
@@ -113,13 +114,7 @@ async fn a_background_process_outlives_its_turn_and_the_next_turn_lists_and_kill
         json!({"output": "Background process started", "pid": pid, "process_id": process_id})
     );
     // The schemas frozen into the session hold the `process` tool beside `terminal`.
-    let tools: Vec<String> = s.model.requests()[0]["tools"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["function"]["name"].as_str().unwrap().to_string())
-        .collect();
-    assert_eq!(tools, ["terminal", "process"]);
+    assert_eq!(tool_names(&s.model.requests()[0]), ["terminal", "process"]);
 
     // Clients see it too: `session.resume` lists the session's background processes.
     let resumed = s.resume().await.unwrap();

@@ -38,7 +38,8 @@ use std::sync::{Arc, Mutex, MutexGuard, Once};
 use std::time::{Duration, Instant};
 
 use drover_test_support::harness::{
-    children_of, db_rows, db_value, pid_alive, rss_kib, signal, Client, Daemon, TestHome,
+    children_of, db_rows, db_value, open_files, pid_alive, pids, rss_kib, signal, Client, Daemon,
+    TestHome,
 };
 use drover_test_support::{Gate, MockModel, Reply};
 use nix::sys::signal::Signal;
@@ -972,28 +973,14 @@ async fn start_owner(home: &Path, stderr_log: &Path) -> anyhow::Result<Daemon> {
 
 /// `pid (command)` of every process with `path` open.
 fn holders(path: &Path) -> Vec<String> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let fds = std::fs::read_dir(entry.path().join("fd"))
-            .into_iter()
-            .flatten()
-            .flatten();
-        if fds
-            .filter_map(|fd| std::fs::read_link(fd.path()).ok())
-            .any(|l| l == path)
-        {
+    pids()
+        .into_iter()
+        .filter(|&pid| open_files(pid).iter().any(|l| l == path))
+        .map(|pid| {
             let cmd = String::from_utf8_lossy(&cmdline(pid)).replace('\0', " ");
-            out.push(format!("{pid} ({})", cmd.trim()));
-        }
-    }
-    out
+            format!("{pid} ({})", cmd.trim())
+        })
+        .collect()
 }
 
 /// A process, told apart from a later one with the same pid by its start time.

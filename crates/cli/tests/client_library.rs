@@ -32,17 +32,7 @@ fn options(home: &Path) -> ConnectOptions {
 }
 
 fn create(cwd: &Path) -> SessionCreateParams {
-    SessionCreateParams {
-        request_id: uuid::Uuid::new_v4().to_string(),
-        cwd: Some(cwd.display().to_string()),
-        model: None,
-        base_url: None,
-        api_key: None,
-        toolsets: None,
-        system_prompt: None,
-        title: None,
-        source: None,
-    }
+    SessionCreateParams::in_cwd(uuid::Uuid::new_v4().to_string(), cwd.display().to_string())
 }
 
 /// The stream's next update, within the bound.

@@ -8,7 +8,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::Duration;
 
-use drover_test_support::harness::{model_home, run_drover, Client, Daemon, TestHome};
+use drover_test_support::harness::{model_home, run_drover, script, Client, Daemon, TestHome};
 
 fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_drover"))
@@ -148,17 +148,11 @@ async fn a_failing_disk_gives_storage_unavailable_and_the_input_is_not_acknowled
     // The daemon runs under `ulimit -f` (2 MiB files): once the WAL would grow past it, SQLite's
     // write fails with EFBIG, as on a full disk.
     let (model, home) = model_home(true).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let wrapper = dir.path().join("limited-drover");
-    std::fs::write(
-        &wrapper,
-        format!(
-            "#!/bin/sh\nulimit -f 2048\nexec '{}' \"$@\"\n",
-            bin().display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let body = format!(
+        "#!/bin/sh\nulimit -f 2048\nexec '{}' \"$@\"\n",
+        bin().display()
+    );
+    let (_dir, wrapper) = script("limited-drover", &body);
     let mut d = Daemon::start(&wrapper, home.path()).await.unwrap();
     let mut c = d.client().await.unwrap();
     // A session whose first input's turn is held, so later inputs stay queued (no worker churn).

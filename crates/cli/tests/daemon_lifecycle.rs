@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use drover_test_support::harness::{model_home, pid_alive, run_drover, Daemon, TestHome};
 use drover_test_support::wait::holds_for;
-use drover_test_support::{Gate, Reply};
+use drover_test_support::{Gate, MockModel, Reply};
 
 fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_drover"))
@@ -30,11 +30,17 @@ const PAST_IDLE: Duration = Duration::from_secs(3);
 /// How long a daemon that should exit may take (idle time plus the drain).
 const EXIT_LIMIT: Duration = Duration::from_secs(20);
 
-#[tokio::test]
-async fn daemon_started_by_client_exits_when_idle_removing_daemon_json() {
+/// A model and a home whose daemon exits when idle ([`IDLE_EXIT`]).
+async fn idle_home() -> (MockModel, TestHome) {
     let (model, home) = model_home(true).await.unwrap();
     home.write_model_config(&model.base_url(), true, IDLE_EXIT)
         .unwrap();
+    (model, home)
+}
+
+#[tokio::test]
+async fn daemon_started_by_client_exits_when_idle_removing_daemon_json() {
+    let (_model, home) = idle_home().await;
     let mut d = Daemon::start_by_client(bin(), home.path()).await.unwrap();
     let status = d.wait_exit(EXIT_LIMIT).await.unwrap();
     assert_eq!(status.code(), Some(0));
@@ -46,9 +52,7 @@ async fn daemon_started_by_client_exits_when_idle_removing_daemon_json() {
 
 #[tokio::test]
 async fn no_idle_exit_while_a_client_is_connected() {
-    let (model, home) = model_home(true).await.unwrap();
-    home.write_model_config(&model.base_url(), true, IDLE_EXIT)
-        .unwrap();
+    let (_model, home) = idle_home().await;
     let mut d = Daemon::start_by_client(bin(), home.path()).await.unwrap();
     let client = d.client().await.unwrap();
     let pid = d.pid();
@@ -60,9 +64,7 @@ async fn no_idle_exit_while_a_client_is_connected() {
 
 #[tokio::test]
 async fn no_idle_exit_while_a_turn_runs_without_a_client() {
-    let (model, home) = model_home(true).await.unwrap();
-    home.write_model_config(&model.base_url(), true, IDLE_EXIT)
-        .unwrap();
+    let (model, home) = idle_home().await;
     let gate = Gate::new();
     model.push(Reply::text("slow answer").gated(&gate));
     let mut d = Daemon::start_by_client(bin(), home.path()).await.unwrap();

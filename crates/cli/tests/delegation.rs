@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use drover_test_support::harness::str_field;
 use drover_test_support::harness::{children_of, db_rows, Client, Daemon, OneSession};
-use drover_test_support::mock_model::last_message;
+use drover_test_support::mock_model::{last_message, tool_names};
 use drover_test_support::{Gate, Reply};
 use serde_json::{json, Value};
 
@@ -47,15 +47,6 @@ fn is_child(request: &Value) -> bool {
     first_user_text(request).starts_with(CHILD)
 }
 
-fn tool_names(request: &Value) -> Vec<String> {
-    request["tools"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|t| t["function"]["name"].as_str().map(str::to_string))
-        .collect()
-}
-
 /// A parent turn that delegated, its child's model request held at the returned gate; the
 /// turn's receipt.
 async fn held_child() -> (OneSession, Gate, Value) {
@@ -84,17 +75,15 @@ fn assert_child_retired(db: &Path, child_id: &str) {
              WHERE e.session_id = '{child_id}'"
         ),
     );
-    assert_eq!(
-        rows,
-        vec![vec![
-            json!("child"),
-            json!("terminal"),
-            json!("terminal"),
-            json!("interrupted"),
-            json!("agent_close"),
-            json!(1),
-        ]]
-    );
+    let want = json!([[
+        "child",
+        "terminal",
+        "terminal",
+        "interrupted",
+        "agent_close",
+        1
+    ]]);
+    assert_eq!(json!(rows), want);
 }
 
 /// The parent delegates once, then reports the tool result; the child answers `child_reply`.
@@ -224,18 +213,17 @@ async fn a_child_session_runs_its_own_turn_and_its_answer_is_the_tool_result() {
              WHERE c.session_id = '{child_id}'"
         ),
     );
-    assert_eq!(
-        rows,
-        vec![vec![
-            json!("child"),
-            json!(1),
-            json!("terminal"),
-            json!("compute"),
-            json!(s.session_id),
-            json!("agent_close"),
-            json!(s.session_id),
-        ]]
-    );
+    let parent = &s.session_id;
+    let want = json!([[
+        "child",
+        1,
+        "terminal",
+        "compute",
+        parent,
+        "agent_close",
+        parent
+    ]]);
+    assert_eq!(json!(rows), want);
     s.daemon.stop().await.unwrap();
 }
 

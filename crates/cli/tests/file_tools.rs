@@ -8,6 +8,7 @@
 use std::path::Path;
 
 use drover_test_support::harness::OneSession;
+use drover_test_support::mock_model::tool_names;
 use drover_test_support::Reply;
 use serde_json::{json, Value};
 
@@ -72,12 +73,7 @@ async fn model_writes_a_file_then_reads_it_back_in_one_turn() {
     // The model was offered exactly the file toolset, and saw the read result.
     let requests = s.model.requests();
     assert_eq!(requests.len(), 3);
-    let names: Vec<&str> = requests[0]["tools"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["function"]["name"].as_str().unwrap())
-        .collect();
+    let names = tool_names(&requests[0]);
     assert_eq!(names, ["read_file", "write_file", "patch", "search_files"]);
     let last_messages = requests[2]["messages"].as_array().unwrap();
     let last_tool = last_messages

@@ -8,7 +8,6 @@
 // Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -53,11 +52,7 @@ fn script(name: &str, body: &str) -> (tempfile::TempDir, PathBuf) {
             "python3 is needed for the {name} worker script (install python3)"
         );
     }
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join(name);
-    std::fs::write(&path, body).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-    (dir, path)
+    drover_test_support::harness::script(name, body)
 }
 
 /// A raw HTTP GET of `/healthz`: status code and JSON body.

@@ -68,6 +68,30 @@ impl Broker {
     }
 }
 
+/// A broker and the scratch directory the hosts of one test live in.
+struct Net {
+    broker: Broker,
+    tmp: tempfile::TempDir,
+}
+
+impl Net {
+    fn start() -> Net {
+        Net {
+            broker: Broker::start(),
+            tmp: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn path(&self) -> &Path {
+        self.tmp.path()
+    }
+
+    /// The host `name`, speaking to this broker.
+    fn host(&self, name: &str) -> Host {
+        Host::new(self.path(), name, self.broker.url())
+    }
+}
+
 /// One host: a home and a registry, with `$DROVER_MQTT_URL` and (optionally) the secret.
 struct Host {
     root: PathBuf,
@@ -106,8 +130,9 @@ impl Host {
         output_within(cmd, Duration::from_secs(40)).await
     }
 
-    /// `drover runner --session NAME --exec CMD <extra>` in the background, stderr collected.
-    fn runner(&self, name: &str, exec: &str, extra: &[&str]) -> Runner {
+    /// `drover runner --session NAME --exec CMD <extra>` in the background, stderr collected,
+    /// once it follows its dispatch topic.
+    async fn runner(&self, name: &str, exec: &str, extra: &[&str]) -> Runner {
         let registry = self.registry();
         let mut args = vec![
             "runner",
@@ -121,7 +146,48 @@ impl Host {
         args.extend_from_slice(extra);
         let mut child = self.command(&args).spawn().expect("runner starts");
         let lines = Lines::collect(child.stderr.take().unwrap().into_owned_fd().unwrap());
-        Runner { child, lines }
+        let runner = Runner { child, lines };
+        runner.wait_for("following", 1).await;
+        runner
+    }
+
+    /// A runner `name` whose command appends `$JOB_ID` to `marker` and says ok.
+    async fn marker_runner(&self, name: &str, marker: &Path) -> Runner {
+        let exec = format!("echo \"$JOB_ID\" >> {}; echo ok", marker.display());
+        self.runner(name, &exec, &[]).await
+    }
+
+    /// `drover loop` between `remote:c1` and `remote:v1` on "write a haiku", with `extra`.
+    fn loop_command(&self, max_rounds: &str, extra: &[&str]) -> tokio::process::Command {
+        let registry = self.registry();
+        let mut args = vec!["loop", "--creator", "remote:c1", "--reviewer", "remote:v1"];
+        args.extend_from_slice(&["--task", "write a haiku", "--max-rounds", max_rounds]);
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--registry-dir", registry.to_str().unwrap(), "--json"]);
+        self.command(&args)
+    }
+
+    /// Nothing `runner` was sent ran, and nothing is in the registry; then the fresh, signed
+    /// dispatch `job` does run (on `runner`, named `name`).
+    async fn assert_refused_then_fresh_runs(
+        &self,
+        broker: &Broker,
+        (name, runner): (&str, &Runner),
+        marker: &Path,
+        job: &str,
+    ) {
+        assert!(
+            !marker.exists(),
+            "a refused dispatch ran:\n{}",
+            runner.stderr()
+        );
+        let listed = self.json(&["list", "--json"]).await;
+        assert_eq!(listed["jobs"], json!([]), "nothing was written");
+        broker.dispatch(&dispatch(name, job, 1, "tok")).await;
+        runner
+            .wait_for(&format!("job {job} attempt 1: completed"), 1)
+            .await;
+        assert_eq!(std::fs::read_to_string(marker).unwrap(), format!("{job}\n"));
     }
 }
 
@@ -188,6 +254,12 @@ impl Runner {
     }
 }
 
+/// Stdout of a finished `submit` or `loop` as JSON, after checking its exit `code`.
+fn outcome(out: &Output, code: i32) -> Value {
+    assert_eq!(out.status.code(), Some(code), "{}", text(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 /// An entry of `events --json` as it was signed (without the local `audit` flag).
 fn unaudited(mut entry: Value) -> Value {
     entry.as_object_mut().unwrap().remove("audit");
@@ -225,16 +297,16 @@ fn is_dead(pid: i32) -> bool {
 
 #[tokio::test]
 async fn a_runner_executes_a_signed_dispatch_and_submit_mirrors_its_events_and_exits_0() {
-    let broker = Broker::start();
-    let tmp = tempfile::tempdir().unwrap();
-    let orchestrator = Host::new(tmp.path(), "orch", broker.url());
-    let remote = Host::new(tmp.path(), "remote", broker.url());
+    let net = Net::start();
+    let broker = &net.broker;
+    let orchestrator = net.host("orch");
+    let remote = net.host("remote");
     let mut runner = remote.runner(
         "r1",
         r#"echo "working on $JOB_ID"; grep -q 'write the report' "$DROVER_BRIEF" || exit 3; sleep 2.5; echo "done: $JOB_ID""#,
         &["--once"],
-    );
-    runner.wait_for("following", 1).await;
+    )
+    .await;
     let out = orchestrator
         .run(&submit_args(
             "remote:r1",
@@ -243,8 +315,7 @@ async fn a_runner_executes_a_signed_dispatch_and_submit_mirrors_its_events_and_e
             REMOTE_CONTRACT,
         ))
         .await;
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = outcome(&out, 0);
     assert_eq!(v["outcome"], "completed", "{v}");
     assert_eq!(v["job"]["status"], "completed");
     assert_eq!(v["job"]["detail"], "done: rj1");
@@ -297,13 +368,11 @@ async fn a_runner_executes_a_signed_dispatch_and_submit_mirrors_its_events_and_e
 
 #[tokio::test]
 async fn unsigned_or_wrongly_signed_dispatches_are_dropped_and_nothing_runs() {
-    let broker = Broker::start();
-    let tmp = tempfile::tempdir().unwrap();
-    let remote = Host::new(tmp.path(), "remote", broker.url());
-    let marker = tmp.path().join("ran");
-    let exec = format!("echo \"$JOB_ID\" >> {}; echo ok", marker.display());
-    let runner = remote.runner("r2", &exec, &[]);
-    runner.wait_for("following", 1).await;
+    let net = Net::start();
+    let broker = &net.broker;
+    let remote = net.host("remote");
+    let marker = net.path().join("ran");
+    let runner = remote.marker_runner("r2", &marker).await;
 
     let d = dispatch("r2", "evil", 1, "tok");
     let mut unsigned = d.to_message(SECRET);
@@ -316,19 +385,10 @@ async fn unsigned_or_wrongly_signed_dispatches_are_dropped_and_nothing_runs() {
     tampered["prompt"] = json!("rm -rf something");
     broker.send_to("r2", &tampered).await;
     runner.wait_for("dropped a dispatch", 3).await;
-    assert!(
-        !marker.exists(),
-        "a forged dispatch ran:\n{}",
-        runner.stderr()
-    );
-    let listed = remote.json(&["list", "--json"]).await;
-    assert_eq!(listed["jobs"], json!([]), "nothing was written");
-
     // The same runner does run a properly signed dispatch.
-    let good = dispatch("r2", "good", 1, "tok");
-    broker.dispatch(&good).await;
-    runner.wait_for("job good attempt 1: completed", 1).await;
-    assert_eq!(std::fs::read_to_string(&marker).unwrap(), "good\n");
+    remote
+        .assert_refused_then_fresh_runs(broker, ("r2", &runner), &marker, "good")
+        .await;
 }
 
 /// A correctly signed dispatch that is too old (stamped in 2001; or older than the runner's
@@ -337,9 +397,9 @@ async fn unsigned_or_wrongly_signed_dispatches_are_dropped_and_nothing_runs() {
 /// dispatch then runs on the same runner.
 #[tokio::test]
 async fn an_expired_or_future_dispatch_is_refused_before_any_write() {
-    let broker = Broker::start();
-    let tmp = tempfile::tempdir().unwrap();
-    let remote = Host::new(tmp.path(), "remote", broker.url());
+    let net = Net::start();
+    let broker = &net.broker;
+    let remote = net.host("remote");
     let home = remote.root.join("home");
     std::fs::create_dir_all(&home).unwrap();
     std::fs::write(
@@ -347,10 +407,8 @@ async fn an_expired_or_future_dispatch_is_refused_before_any_write() {
         "[jobs]\ndispatch_max_age_s = 600\n",
     )
     .unwrap();
-    let marker = tmp.path().join("ran");
-    let exec = format!("echo \"$JOB_ID\" >> {}; echo ok", marker.display());
-    let runner = remote.runner("r6", &exec, &[]);
-    runner.wait_for("following", 1).await;
+    let marker = net.path().join("ran");
+    let runner = remote.marker_runner("r6", &marker).await;
 
     let now = drover_jobs::registry::now();
     let cases = [
@@ -375,38 +433,28 @@ async fn an_expired_or_future_dispatch_is_refused_before_any_write() {
             "case {i}: want {why:?}:\n{said}"
         );
     }
-    assert!(
-        !marker.exists(),
-        "an expired dispatch ran:\n{}",
-        runner.stderr()
-    );
-    let listed = remote.json(&["list", "--json"]).await;
-    assert_eq!(listed["jobs"], json!([]), "nothing was written");
     for (job, _, _) in cases {
         assert!(
             !remote.registry().join(job).exists(),
             "{job} has a directory"
         );
     }
-
-    let fresh = dispatch("r6", "fresh", 1, "tok");
-    broker.dispatch(&fresh).await;
-    runner.wait_for("job fresh attempt 1: completed", 1).await;
-    assert_eq!(std::fs::read_to_string(&marker).unwrap(), "fresh\n");
+    remote
+        .assert_refused_then_fresh_runs(broker, ("r6", &runner), &marker, "fresh")
+        .await;
 }
 
 #[tokio::test]
 async fn admission_is_idempotent_never_reruns_refuses_stale_or_forged_and_newer_replaces() {
-    let broker = Broker::start();
-    let tmp = tempfile::tempdir().unwrap();
-    let remote = Host::new(tmp.path(), "remote", broker.url());
-    let runs = tmp.path().join("runs.txt");
+    let net = Net::start();
+    let broker = &net.broker;
+    let remote = net.host("remote");
+    let runs = net.path().join("runs.txt");
     let exec = format!(
         "echo \"$JOB_ID $DROVER_ATTEMPT_ID\" >> {}; echo \"ran $DROVER_ATTEMPT_ID\"",
         runs.display()
     );
-    let runner = remote.runner("r3", &exec, &[]);
-    runner.wait_for("following", 1).await;
+    let runner = remote.runner("r3", &exec, &[]).await;
 
     broker.dispatch(&dispatch("r3", "aj", 2, "tok2")).await;
     runner
@@ -461,24 +509,23 @@ async fn admission_is_idempotent_never_reruns_refuses_stale_or_forged_and_newer_
 
 #[tokio::test]
 async fn the_runner_timeout_kills_the_whole_group_and_publishes_error_timeout_sec() {
-    let broker = Broker::start();
-    let tmp = tempfile::tempdir().unwrap();
-    let orchestrator = Host::new(tmp.path(), "orch", broker.url());
-    let remote = Host::new(tmp.path(), "remote", broker.url());
-    let pidfile = tmp.path().join("bg.pid");
+    let net = Net::start();
+    let orchestrator = net.host("orch");
+    let remote = net.host("remote");
+    let pidfile = net.path().join("bg.pid");
     let exec = format!(
         "sleep 60 & echo $! > {}; echo started; sleep 60",
         pidfile.display()
     );
-    let mut runner = remote.runner("r4", &exec, &["--once", "--timeout", "2"]);
-    runner.wait_for("following", 1).await;
+    let mut runner = remote
+        .runner("r4", &exec, &["--once", "--timeout", "2"])
+        .await;
     let started = Instant::now();
     let out = orchestrator
         .run(&submit_args("remote:r4", "hang", "tj", REMOTE_CONTRACT))
         .await;
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let v = outcome(&out, 1);
     assert!(started.elapsed() < Duration::from_secs(15));
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["outcome"], "error");
     assert_eq!(v["job"]["detail"], "timeout_sec 2");
     assert_eq!(runner.exit_code(Duration::from_secs(10)).await, Some(1));
@@ -505,22 +552,19 @@ async fn the_runner_timeout_kills_the_whole_group_and_publishes_error_timeout_se
 
 #[tokio::test]
 async fn without_the_secret_the_runner_refuses_to_start_and_submit_refuses_to_dispatch() {
-    let broker = Broker::start();
-    let tmp = tempfile::tempdir().unwrap();
-    let mut host = Host::new(tmp.path(), "h", broker.url());
+    let net = Net::start();
+    let mut host = net.host("h");
     host.secret = None;
-    let out = Host::output(host.command(&["runner", "--session", "r5", "--exec", "true"])).await;
-    assert_eq!(out.status.code(), Some(1));
-    let err = text(&out.stderr);
-    assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.contains("DROVER_DISPATCH_SECRET"), "{err}");
-    let out = host
+    let runner = Host::output(host.command(&["runner", "--session", "r5", "--exec", "true"])).await;
+    let submit = host
         .run(&["submit", "--agent-session", "remote:r5", "--prompt", "p"])
         .await;
-    assert_eq!(out.status.code(), Some(1));
-    let err = text(&out.stderr);
-    assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.contains("DROVER_DISPATCH_SECRET"), "{err}");
+    for out in [runner, submit] {
+        assert_eq!(out.status.code(), Some(1));
+        let err = text(&out.stderr);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains("DROVER_DISPATCH_SECRET"), "{err}");
+    }
     assert!(
         !host.registry().join("jobs.db").exists(),
         "nothing registered"
@@ -529,42 +573,28 @@ async fn without_the_secret_the_runner_refuses_to_start_and_submit_refuses_to_di
 
 #[tokio::test]
 async fn loop_alternates_creator_and_reviewer_until_the_reviewer_says_pass() {
-    let broker = Broker::start();
-    let tmp = tempfile::tempdir().unwrap();
-    let orchestrator = Host::new(tmp.path(), "orch", broker.url());
-    let creator_host = Host::new(tmp.path(), "creator", broker.url());
-    let reviewer_host = Host::new(tmp.path(), "reviewer", broker.url());
-    let creator = creator_host.runner(
-        "c1",
-        r#"echo "draft of $(grep -o '^Round [0-9]*' "$DROVER_BRIEF" | head -n 1)""#,
-        &[],
-    );
-    let reviewer = reviewer_host.runner(
+    let net = Net::start();
+    let orchestrator = net.host("orch");
+    let creator_host = net.host("creator");
+    let reviewer_host = net.host("reviewer");
+    let _creator = creator_host
+        .runner(
+            "c1",
+            r#"echo "draft of $(grep -o '^Round [0-9]*' "$DROVER_BRIEF" | head -n 1)""#,
+            &[],
+        )
+        .await;
+    let _reviewer = reviewer_host.runner(
         "v1",
         r#"if grep -q '^Round 2' "$DROVER_BRIEF"; then echo "PASS good"; else echo "FAIL: add a title"; fi"#,
         &[],
-    );
-    creator.wait_for("following", 1).await;
-    reviewer.wait_for("following", 1).await;
-    let mut cmd = orchestrator.command(&[
-        "loop",
-        "--creator",
-        "remote:c1",
-        "--reviewer",
-        "remote:v1",
-        "--task",
-        "write a haiku",
-        "--max-rounds",
-        "3",
-        "--registry-dir",
-        orchestrator.registry().to_str().unwrap(),
-        "--json",
-    ]);
+    )
+    .await;
+    let mut cmd = orchestrator.loop_command("3", &[]);
     cmd.env("DROVER_HEARTBEAT_SEC", "1")
         .env("DROVER_ACK_TIMEOUT_S", "10");
     let out = Host::output(cmd).await;
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = outcome(&out, 0);
     assert_eq!(v["outcome"], "pass", "{v}");
     let rounds = v["rounds"].as_array().unwrap();
     let roles: Vec<(u64, &str, &str)> = rounds
@@ -602,37 +632,18 @@ async fn loop_alternates_creator_and_reviewer_until_the_reviewer_says_pass() {
     assert!(brief.contains("FAIL: add a title"), "{brief}");
 
     // No PASS within --max-rounds: exit 1.
-    let mut cmd = orchestrator.command(&[
-        "loop",
-        "--creator",
-        "remote:c1",
-        "--reviewer",
-        "remote:v1",
-        "--task",
-        "write a haiku",
-        "--max-rounds",
-        "1",
-        "--heartbeat",
-        "1",
-        "--ack-timeout",
-        "10",
-        "--registry-dir",
-        orchestrator.registry().to_str().unwrap(),
-        "--json",
-    ]);
+    let mut cmd = orchestrator.loop_command("1", &["--heartbeat", "1", "--ack-timeout", "10"]);
     cmd.env("DROVER_HEARTBEAT_SEC", "oops");
     let out = Host::output(cmd).await;
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = outcome(&out, 1);
     assert_eq!(v["outcome"], "max_rounds", "{v}");
     assert_eq!(v["rounds"].as_array().unwrap().len(), 2);
 }
 
 #[tokio::test]
 async fn with_no_runner_submit_gives_up_after_t_with_agent_blocked_and_clears_the_dispatch() {
-    let broker = Broker::start();
-    let tmp = tempfile::tempdir().unwrap();
-    let orchestrator = Host::new(tmp.path(), "orch", broker.url());
+    let net = Net::start();
+    let orchestrator = net.host("orch");
     let out = orchestrator
         .run(&submit_args(
             "remote:nobody",
@@ -641,15 +652,15 @@ async fn with_no_runner_submit_gives_up_after_t_with_agent_blocked_and_clears_th
             &["--ack-timeout", "1"],
         ))
         .await;
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = outcome(&out, 1);
     assert_eq!(v["outcome"], "agent_blocked", "{v}");
     assert_eq!(v["job"]["detail"], "agent_blocked");
     // A runner that starts later finds no dispatch to run.
-    let remote = Host::new(tmp.path(), "remote", broker.url());
-    let marker = tmp.path().join("ran");
-    let runner = remote.runner("nobody", &format!("touch {}", marker.display()), &[]);
-    runner.wait_for("following", 1).await;
+    let remote = net.host("remote");
+    let marker = net.path().join("ran");
+    let runner = remote
+        .runner("nobody", &format!("touch {}", marker.display()), &[])
+        .await;
     assert!(
         wait::holds_for(Duration::from_millis(500), async || {
             !marker.exists() && runner.count("dispatch bj") == 0
@@ -662,14 +673,12 @@ async fn with_no_runner_submit_gives_up_after_t_with_agent_blocked_and_clears_th
 
 #[tokio::test]
 async fn when_the_runner_dies_mid_job_submit_exits_2_with_deadline_timeout() {
-    let broker = Broker::start();
-    let tmp = tempfile::tempdir().unwrap();
-    let orchestrator = Host::new(tmp.path(), "orch", broker.url());
-    let remote = Host::new(tmp.path(), "remote", broker.url());
-    let pidfile = tmp.path().join("cmd.pid");
+    let net = Net::start();
+    let orchestrator = net.host("orch");
+    let remote = net.host("remote");
+    let pidfile = net.path().join("cmd.pid");
     let exec = format!("echo $$ > {}; exec sleep 30", pidfile.display());
-    let mut runner = remote.runner("r6", &exec, &["--once"]);
-    runner.wait_for("following", 1).await;
+    let mut runner = remote.runner("r6", &exec, &["--once"]).await;
     let submit = orchestrator
         .job_command(&submit_args(
             "remote:r6",
@@ -716,8 +725,7 @@ async fn when_the_runner_dies_mid_job_submit_exits_2_with_deadline_timeout() {
             );
         }
     }
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = outcome(&out, 2);
     assert_eq!(v["outcome"], "deadline_timeout", "{v}");
     assert_eq!(v["job"]["detail"], "deadline_timeout");
     let mirrored = wire_events(&orchestrator.events("dj").await);

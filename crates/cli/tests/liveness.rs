@@ -136,11 +136,7 @@ async fn a_quiet_turn_gets_live_progress_naming_its_phase_and_tool() {
     let aid = str_field(&receipt, "admission_id");
 
     // The model request is held: the turn waits on it.
-    let first = s
-        .client
-        .wait_event(|e| e["type"] == "turn.progress")
-        .await
-        .unwrap();
+    let first = s.client.wait_event_type("turn.progress").await.unwrap();
     assert!(first["seq"].is_null(), "{first}");
     assert_eq!(first["payload"]["admission_id"], aid.as_str(), "{first}");
     assert_eq!(first["payload"]["phase"], "model_request", "{first}");

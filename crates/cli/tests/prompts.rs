@@ -9,11 +9,12 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::Duration;
 
-use drover_test_support::harness::str_field;
+use drover_test_support::harness::{approval_answer, str_field};
 use drover_test_support::harness::{
     daemon_info, db_rows, run_drover, Client, Daemon, KillDaemonOnDrop, OneSession, TestHome,
 };
 use drover_test_support::harness::{model_home, rm_rf_call, script_rm_victim};
+use drover_test_support::mock_model::tool_names;
 use drover_test_support::{wait, MockModel, Reply};
 use serde_json::{json, Value};
 
@@ -56,13 +57,16 @@ async fn open_approval(s: &mut OneSession, victim: &Path) -> (String, Value) {
 
 /// Waits for the next event of type `kind` on `s`'s client.
 async fn event(s: &mut OneSession, kind: &str) -> Value {
-    s.client.wait_event(|e| e["type"] == kind).await.unwrap()
+    s.client.wait_event_type(kind).await.unwrap()
 }
 
 /// Answers the approval `prompt` with `choice` on `s`'s client; returns the answer.
 async fn respond(s: &mut OneSession, prompt: &Value, choice: &str) -> Value {
-    let params = respond_params(s, prompt, choice);
-    s.client.call_ok("approval.respond", params).await.unwrap()
+    let session_id = s.session_id.clone();
+    s.client
+        .respond_approval(&session_id, prompt, choice)
+        .await
+        .unwrap()
 }
 
 /// [`setup`] with the terminal toolset and [`open_approval`] on its victim: the session, its
@@ -74,12 +78,7 @@ async fn approval_waiting() -> (OneSession, tempfile::TempDir, String, Value) {
 }
 
 fn respond_params(s: &OneSession, prompt: &Value, choice: &str) -> Value {
-    json!({
-        "session_id": s.session_id,
-        "execution_generation": prompt["execution_generation"],
-        "prompt_id": prompt["prompt_id"],
-        "choice": choice,
-    })
+    approval_answer(&s.session_id, prompt, choice)
 }
 
 /// The content of the session's `tool` messages, in order.
@@ -350,12 +349,7 @@ async fn clarify_answer_reaches_the_tool_row() {
         json!({"answers": [{"question": "Which one?", "answer": "Beta"}]})
     );
     // The session's tools reached the model, clarify among them.
-    let names: Vec<String> = s.model.requests()[0]["tools"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["function"]["name"].as_str().unwrap().to_string())
-        .collect();
+    let names = tool_names(&s.model.requests()[0]);
     assert_eq!(names, ["terminal", "process", "clarify"]);
 }
 
@@ -588,11 +582,7 @@ async fn drover_run_without_terminal_exits_5_when_a_prompt_waits() {
         .unwrap()
         .to_string();
     let answer = client
-        .call_ok(
-            "approval.respond",
-            json!({"session_id": session_id, "execution_generation": prompt["execution_generation"],
-                   "prompt_id": prompt["prompt_id"], "choice": "once"}),
-        )
+        .respond_approval(&session_id, prompt, "once")
         .await
         .unwrap();
     assert_eq!(answer["status"], "resolved");

@@ -9,8 +9,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use drover_test_support::harness::{
-    db_rows, db_value, eventually, pid_alive, signal, str_field, uuid_like, Client, Daemon,
-    OneSession,
+    db_rows, db_value, eventually, message_contents, pid_alive, signal, str_field, uuid_like,
+    Client, Daemon, OneSession,
 };
 use drover_test_support::{wait, Gate, MockModel, Reply};
 use nix::sys::signal::Signal;
@@ -565,13 +565,7 @@ async fn resume_during_a_turn_shows_running_and_pending() {
     assert!(snap["prompts"].as_array().unwrap().is_empty());
     assert!(snap["last_sequence"].as_u64().unwrap() > 0);
     // The started input is in the transcript; the queued one is not yet.
-    let contents: Vec<&str> = snap["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|m| m["content"].as_str())
-        .collect();
-    assert_eq!(contents, ["A"]);
+    assert_eq!(message_contents(&snap["messages"]), ["A"]);
 
     // The resumed connection follows the turn live.
     gate.open();
@@ -778,11 +772,7 @@ async fn an_open_prompt_of_a_lost_turn_is_cancelled_after_restart() {
     ));
     let a = s.submit("clean up").await.unwrap();
     let a = str_field(&a, "admission_id");
-    let request = s
-        .client
-        .wait_event(|e| e["type"] == "approval.request")
-        .await
-        .unwrap();
+    let request = s.client.wait_event_type("approval.request").await.unwrap();
     let prompt_id = str_field(&request["payload"], "prompt_id");
     let generation = request["payload"]["execution_generation"].clone();
     s.daemon.kill().unwrap();

@@ -8,7 +8,7 @@ use std::process::Output;
 use std::time::Duration;
 
 use drover_test_support::harness::{
-    daemon_info, pid_alive, run_drover, KillDaemonOnDrop, TestHome,
+    daemon_info, message_contents, pid_alive, run_drover, KillDaemonOnDrop, TestHome,
 };
 use drover_test_support::{MockModel, Reply};
 use serde_json::{json, Value};
@@ -93,12 +93,7 @@ async fn run_starts_a_daemon_streams_the_answer_and_stop_stops_it() {
         "second answer"
     );
     let last = model.requests().last().cloned().unwrap();
-    let history: Vec<&str> = last["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|m| m["content"].as_str())
-        .collect();
+    let history = message_contents(&last["messages"]);
     assert!(
         history.contains(&"say hi") && history.contains(&"again"),
         "{history:?}"

@@ -11,8 +11,8 @@ use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
 use drover_test_support::harness::{
-    daemon_info, model_home, pid_alive, rm_rf_call, run_drover, script_rm_victim, signal,
-    KillDaemonOnDrop, OneSession,
+    assert_kinds_include, daemon_info, event_kinds, model_home, pid_alive, rm_rf_call, run_drover,
+    script_rm_victim, signal, KillDaemonOnDrop, OneSession,
 };
 use drover_test_support::{Gate, Reply};
 use serde_json::{json, Value};
@@ -123,16 +123,17 @@ async fn run_json_prints_each_event_as_the_wire_has_it_then_the_receipt() {
     assert_eq!(receipt["status"], "terminal", "{receipt}");
     assert_eq!(receipt["outcome"], "completed", "{receipt}");
     assert_eq!(receipt["result"]["final_response"], "done", "{receipt}");
-    let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
-    for kind in [
-        "turn.started",
-        "tool.start",
-        "tool.complete",
-        "message.complete",
-        "turn.settled",
-    ] {
-        assert!(kinds.contains(&kind), "{kind} missing from {kinds:?}");
-    }
+    let kinds = event_kinds(events);
+    assert_kinds_include(
+        &kinds,
+        &[
+            "turn.started",
+            "tool.start",
+            "tool.complete",
+            "message.complete",
+            "turn.settled",
+        ],
+    );
     let seqs: Vec<u64> = events.iter().filter_map(|e| e["seq"].as_u64()).collect();
     assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
     for e in events {
@@ -255,10 +256,7 @@ async fn an_open_prompt_without_a_terminal_is_exit_5_naming_answer_within_second
     let mut s = OneSession::builder(bin()).start().await.unwrap();
     let victim = script_rm_victim(&s.model, s.home.work(), "Deleted.");
     s.submit("delete it").await.unwrap();
-    s.client
-        .wait_event(|e| e["type"] == "approval.request")
-        .await
-        .unwrap();
+    s.client.wait_event_type("approval.request").await.unwrap();
 
     let started = Instant::now();
     let out = drover(

@@ -11,7 +11,8 @@ use std::process::Output;
 use std::time::Duration;
 
 use drover_test_support::harness::{
-    model_daemon, run_drover, script_rm_victim, signal, str_field, OneSession,
+    assert_kinds_include, event_kinds, model_daemon, run_drover, script_rm_victim, signal,
+    str_field, OneSession,
 };
 use drover_test_support::{Gate, Reply};
 use nix::sys::signal::Signal;
@@ -93,20 +94,14 @@ async fn show_prints_the_transcript_tool_results_usage_and_outcomes() {
     assert_eq!(code, Some(0), "{err}");
     let v = parsed("show --json", &out);
     assert_eq!(v["snapshot"]["session_id"], s.session_id.as_str(), "{v}");
-    let kinds: Vec<&str> = v["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["type"].as_str().unwrap())
-        .collect();
-    for kind in [
+    let kinds = event_kinds(v["events"].as_array().unwrap());
+    let want = [
         "turn.started",
         "tool.start",
         "tool.complete",
         "turn.settled",
-    ] {
-        assert!(kinds.contains(&kind), "{kind} missing from {kinds:?}");
-    }
+    ];
+    assert_kinds_include(&kinds, &want);
     // `show` only reads: it left the session as it was.
     let (code, out, _) = drover(s.home.path(), &["sessions", "--json"]).await;
     assert_eq!(code, Some(0));
@@ -398,10 +393,7 @@ async fn drover_answer_text_answers_a_clarify_question_and_refuses_a_choice_it_d
     ));
     s.model.push(Reply::text("Blue it is."));
     let admission = str_field(&s.submit("pick a colour").await.unwrap(), "admission_id");
-    s.client
-        .wait_event(|e| e["type"] == "clarify.request")
-        .await
-        .unwrap();
+    s.client.wait_event_type("clarify.request").await.unwrap();
     let prefix = s.session_id[..8].to_string();
     let (_, out, _) = drover(s.home.path(), &["sessions"]).await;
     assert!(out.contains("waiting for an answer"), "{out}");
@@ -419,11 +411,7 @@ async fn drover_answer_text_answers_a_clarify_question_and_refuses_a_choice_it_d
         out.contains("Which colour?") && out.contains("blue"),
         "{out}"
     );
-    let answer = s
-        .client
-        .wait_event(|e| e["type"] == "clarify.settled")
-        .await
-        .unwrap();
+    let answer = s.client.wait_event_type("clarify.settled").await.unwrap();
     assert_eq!(answer["payload"]["answer"], "blue", "{answer}");
     assert_eq!(
         s.client.wait_settled(&admission).await.unwrap(),

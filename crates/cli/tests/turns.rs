@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use drover_test_support::harness::str_field;
+use drover_test_support::harness::{assert_kinds_include, event_kinds, script, str_field};
 use drover_test_support::harness::{db_rows, open_files, Client, Daemon, OneSession};
 use drover_test_support::{Gate, Reply};
 use serde_json::{json, Value};
@@ -107,7 +107,7 @@ async fn terminal_turn_writes_the_transcript_usage_and_events(stream: bool) {
         (1..=seqs.len() as u64).collect::<Vec<_>>(),
         "seq must have no gaps"
     );
-    let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    let kinds = event_kinds(events);
     let start = kinds
         .iter()
         .position(|k| *k == "tool.start")
@@ -118,14 +118,13 @@ async fn terminal_turn_writes_the_transcript_usage_and_events(stream: bool) {
         .expect("tool.complete stored");
     assert!(start < complete, "{kinds:?}");
     assert!(!kinds.contains(&"message.delta"), "deltas are live only");
-    for k in [
+    let want = [
         "turn.started",
         "message.complete",
         "turn.settled",
         "admission.updated",
-    ] {
-        assert!(kinds.contains(&k), "{k} missing from {kinds:?}");
-    }
+    ];
+    assert_kinds_include(&kinds, &want);
     assert_eq!(events[start]["payload"]["context"], "printf X");
     assert_eq!(events[start]["payload"]["name"], "terminal");
     assert_eq!(events[complete]["payload"]["is_error"], false);
@@ -315,21 +314,11 @@ async fn frozen_session_sends_the_same_system_prompt_tools_and_model_after_confi
 async fn garbage_worker_lines_are_refused_without_corrupting_the_turn() {
     // A wrapper prints an unknown frame type, a line over 4 MiB and non-JSON before becoming
     // the real worker.
-    let dir = tempfile::tempdir().unwrap();
-    let wrapper = dir.path().join("worker.sh");
-    std::fs::write(
-        &wrapper,
-        format!(
-            "#!/bin/sh\nprintf '{{\"type\":\"bogus\"}}\\n'\nhead -c 5000000 /dev/zero | tr '\\0' a\necho\necho 'not json'\nexec '{}' \"$@\"\n",
-            bin().display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(
-        &wrapper,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
+    let body = format!(
+        "#!/bin/sh\nprintf '{{\"type\":\"bogus\"}}\\n'\nhead -c 5000000 /dev/zero | tr '\\0' a\necho\necho 'not json'\nexec '{}' \"$@\"\n",
+        bin().display()
+    );
+    let (_dir, wrapper) = script("worker.sh", &body);
     let wrapper_s = wrapper.display().to_string();
     let mut s = setup_with(true, &[("DROVER_WORKER_EXE", wrapper_s.as_str())]).await;
     s.model.push(Reply::text("survived"));

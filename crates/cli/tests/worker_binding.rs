@@ -181,11 +181,7 @@ async fn a_frame_naming_another_execution_is_refused_and_the_victim_is_untouched
     // ... and its turn goes on and settles with its own writes only.
     s.model.push(Reply::text("victim's own answer"));
     s.client
-        .call_ok(
-            "approval.respond",
-            json!({"session_id": victim, "execution_generation": prompt["execution_generation"],
-                   "prompt_id": prompt["prompt_id"], "choice": "deny"}),
-        )
+        .respond_approval(&victim, &prompt, "deny")
         .await
         .unwrap();
     assert_eq!(

@@ -7,7 +7,8 @@
 //! terminal status is final.
 //!
 //! Pure types, no IO:
-//! - [`state`]: the pure state machine — [`JobStatus`], [`EventKind`], the compare-and-set
+//! - [`state`]: the pure state machine — [`JobStatus`] (the wire's type, from
+//!   `drover-protocol`), [`EventKind`], the compare-and-set
 //!   terminal rule, the [`Contract`] with its defaults and derived idle window, the seq and
 //!   attempt rules, and the [`Verdict`] a waiting submitter reaches. Tested exhaustively.
 //! - [`sign`]: canonical JSON (as Python's `json.dumps(sort_keys=True, separators=(",", ":"),

@@ -26,10 +26,10 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::mqtt::{self, Endpoint, Feed, Outbound};
-use crate::registry::{self, Job, NewJob, Registry};
+use crate::registry::{self, Job, Registry};
 use crate::session::AgentSession;
-use crate::state::{Contract, Verdict};
-use crate::submit::{self, SubmitOutcome, POLL};
+use crate::state::Verdict;
+use crate::submit::{self, SubmitOutcome, SubmitRequest, POLL};
 use crate::watch::Mirror;
 use crate::wire::Wire;
 use crate::{brief, publish, JobError};
@@ -65,25 +65,6 @@ pub fn render_brief(job: &Job) -> String {
     )
 }
 
-/// One `submit --agent-session remote:<name>`.
-#[derive(Debug, Clone)]
-pub struct RemoteRequest {
-    /// The runner's name (`remote:<name>`).
-    pub runner: String,
-    /// `--prompt P`: the task, sent in the dispatch.
-    pub prompt: String,
-    /// The contract flags, sent in the dispatch.
-    pub contract: Contract,
-    /// `--timeout W` in seconds, counted from delivery.
-    pub timeout: Option<u64>,
-    /// `--dry-run`: register and write the brief, dispatch nothing.
-    pub dry_run: bool,
-    /// `--job-id ID`, or `None` for a fresh id.
-    pub job_id: Option<String>,
-    /// `[mqtt] topic_base`.
-    pub topic_base: String,
-}
-
 /// The environment of a remote submit.
 pub struct RemoteContext<'a> {
     /// `--registry-dir`: the orchestrator's registry, which mirrors the runner's events.
@@ -101,23 +82,18 @@ pub struct RemoteContext<'a> {
 /// Runs `drover job submit --agent-session remote:<name>` (see the module doc).
 pub async fn submit_remote(
     ctx: RemoteContext<'_>,
-    req: RemoteRequest,
+    req: SubmitRequest,
 ) -> Result<SubmitOutcome, JobError> {
-    if req.prompt.trim().is_empty() {
-        return Err(JobError::BadInput(
-            "--prompt is empty: say what the job is".into(),
-        ));
-    }
-    validate_runner_name(&req.runner)?;
-    let topic = dispatch_topic(&req.topic_base, &req.runner);
-    let (dir, secret) = (ctx.registry_dir.clone(), ctx.secret.clone());
-    let new = NewJob {
-        job_id: req.job_id.clone(),
-        agent_session: Some(AgentSession::Remote(req.runner.clone())),
-        prompt: req.prompt.clone(),
-        contract: req.contract,
-        topic_base: req.topic_base.clone(),
+    let AgentSession::Remote(runner) = &req.agent_session else {
+        return Err(JobError::BadInput(format!(
+            "--agent-session {}: a remote submit goes to remote:<name>",
+            req.agent_session
+        )));
     };
+    let new = req.new_job()?;
+    validate_runner_name(runner)?;
+    let topic = dispatch_topic(&req.topic_base, runner);
+    let (dir, secret) = (ctx.registry_dir.clone(), ctx.secret.clone());
     let job = registry::blocking(&ctx.registry_dir, move || {
         let mut registry = Registry::open(&dir)?;
         let job = registry.register(new)?;
@@ -127,25 +103,19 @@ pub async fn submit_remote(
         Ok(job)
     })
     .await?;
-    let start_instruction = format!("dispatch to runner {} on {topic}", req.runner);
-    let start_command = format!("drover runner --session {} --exec CMD", req.runner);
-    tracing::info!(job_id = %job.job_id, runner = %req.runner, "remote job registered");
+    let start_instruction = format!("dispatch to runner {} on {topic}", runner);
+    let start_command = format!("drover runner --session {} --exec CMD", runner);
+    tracing::info!(job_id = %job.job_id, runner = %runner, "remote job registered");
     if req.dry_run {
-        return Ok(SubmitOutcome {
+        return Ok(SubmitOutcome::dry_run(
             job,
-            verdict: None,
             start_instruction,
             start_command,
-            diagnostics: None,
-        });
+        ));
     }
+    let claim = json!({"transport": "remote", "runner": runner, "topic": topic});
+    submit::claim_delivery(&ctx.registry_dir, &job, claim).await?;
     let attempt = job.attempt_id;
-    let (dir, job_id) = (ctx.registry_dir.clone(), job.job_id.clone());
-    let claim = json!({"transport": "remote", "runner": req.runner, "topic": topic});
-    registry::blocking(&ctx.registry_dir, move || {
-        Registry::open(&dir)?.claim_delivery(&job_id, attempt, claim)
-    })
-    .await?;
     let registry = Registry::open(&ctx.registry_dir)?;
     let mut mirror = Mirror::new(&job, &ctx.registry_dir, ctx.drain);
     let mut follower = mirror.follow(&ctx.endpoint)?;
@@ -159,7 +129,7 @@ pub async fn submit_remote(
         }
     })
     .await;
-    let dispatch = Dispatch::of(&job, &req.runner).to_message(&ctx.secret);
+    let dispatch = Dispatch::of(&job, runner).to_message(&ctx.secret);
     let (n, failure) = mqtt::publish_all(
         &ctx.endpoint,
         &[Outbound {
@@ -173,7 +143,7 @@ pub async fn submit_remote(
         let why = failure.unwrap_or_else(|| "no acknowledgement".into());
         let e = JobError::Delivery(format!(
             "the dispatch to runner {} was not acknowledged by {}: {why}",
-            req.runner, ctx.endpoint
+            runner, ctx.endpoint
         ));
         let detail = format!("delivery_failed: {e}");
         let _ = publish::give_up_async(&ctx.registry_dir, ctx.wire, ctx.drain, &job, &detail).await;

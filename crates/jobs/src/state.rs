@@ -16,63 +16,9 @@ pub const DEFAULT_ACK_TIMEOUT_SEC: u64 = 180;
 /// keeps every deadline representable (an `Instant` plus a huge `Duration` would overflow).
 pub const MAX_SECONDS: u64 = 365 * 24 * 3600;
 
-/// A job's status: `pending` -> `running` -> `completed` | `error` | `cancelled`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum JobStatus {
-    /// Registered; no `started` of the current attempt yet.
-    Pending,
-    /// The agent published `started`.
-    Running,
-    /// Terminal: the agent published `completed`.
-    Completed,
-    /// Terminal: the agent published `error`, or drover gave up (`agent_blocked`,
-    /// `deadline_timeout`, ...).
-    Error,
-    /// Terminal: the operator cancelled the job.
-    Cancelled,
-}
-
-impl JobStatus {
-    /// Every status, in lifecycle order.
-    pub const ALL: [JobStatus; 5] = [
-        JobStatus::Pending,
-        JobStatus::Running,
-        JobStatus::Completed,
-        JobStatus::Error,
-        JobStatus::Cancelled,
-    ];
-
-    /// The spec's word for the status.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            JobStatus::Pending => "pending",
-            JobStatus::Running => "running",
-            JobStatus::Completed => "completed",
-            JobStatus::Error => "error",
-            JobStatus::Cancelled => "cancelled",
-        }
-    }
-
-    /// Parses the spec's word; `None` for anything else.
-    pub fn parse(text: &str) -> Option<JobStatus> {
-        JobStatus::ALL.into_iter().find(|s| s.as_str() == text)
-    }
-
-    /// `completed`, `error` and `cancelled` are final: they are never overwritten.
-    pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            JobStatus::Completed | JobStatus::Error | JobStatus::Cancelled
-        )
-    }
-}
-
-impl fmt::Display for JobStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // `pad`, so a width (`{:<10}` in `job list`) lines the columns up.
-        f.pad(self.as_str())
-    }
-}
+/// A job's status: `pending` -> `running` -> `completed` | `error` | `cancelled`. One type
+/// with the wire's (`show --json`, `session.resume`), its words the same.
+pub use drover_protocol::client::JobStatus;
 
 /// A job event (SPEC section 7). Each one gets a per-job `seq`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -543,6 +489,7 @@ mod tests {
         for s in JobStatus::ALL {
             assert_eq!(JobStatus::parse(s.as_str()), Some(s));
             assert_eq!(s.to_string(), s.as_str());
+            assert_eq!(serde_json::to_value(s).unwrap(), s.as_str());
         }
         for e in EventKind::ALL {
             assert_eq!(EventKind::parse(e.as_str()), Some(e));

@@ -15,7 +15,7 @@
 //! delivered once per attempt, ever ([`Registry::claim_delivery`]); a delivery that fails
 //! ends the job as `error` / `delivery_failed: ...`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::brief::{self, BriefContext};
@@ -32,14 +32,15 @@ pub const POLL: Duration = Duration::from_millis(100);
 /// stopped.
 const EXEC_GRACE: Duration = Duration::from_secs(1);
 
-/// One `submit` call.
+/// One `submit` call, local ([`submit`]) or remote (`remote::submit_remote`).
 #[derive(Debug, Clone)]
 pub struct SubmitRequest {
-    /// `--agent-session S`: where the start instruction goes.
+    /// `--agent-session S`: where the start instruction goes (`remote:<name>`: the runner
+    /// the dispatch goes to).
     pub agent_session: AgentSession,
     /// The command for `--agent-session exec`.
     pub exec: Option<String>,
-    /// `--prompt P`: the task, written into the brief only.
+    /// `--prompt P`: the task, written into the brief (and sent in a remote dispatch).
     pub prompt: String,
     /// The contract flags.
     pub contract: Contract,
@@ -51,6 +52,24 @@ pub struct SubmitRequest {
     pub job_id: Option<String>,
     /// `[mqtt] topic_base`.
     pub topic_base: String,
+}
+
+impl SubmitRequest {
+    /// The registry row this request registers, after checking the prompt says something.
+    pub(crate) fn new_job(&self) -> Result<NewJob, JobError> {
+        if self.prompt.trim().is_empty() {
+            return Err(JobError::BadInput(
+                "--prompt is empty: say what the job is".into(),
+            ));
+        }
+        Ok(NewJob {
+            job_id: self.job_id.clone(),
+            agent_session: Some(self.agent_session.clone()),
+            prompt: self.prompt.clone(),
+            contract: self.contract,
+            topic_base: self.topic_base.clone(),
+        })
+    }
 }
 
 /// The environment `submit` runs in.
@@ -86,13 +105,22 @@ pub struct SubmitOutcome {
     pub diagnostics: Option<PathBuf>,
 }
 
+impl SubmitOutcome {
+    /// The outcome of `--dry-run`: registered and briefed, nothing delivered.
+    pub(crate) fn dry_run(job: Job, start_instruction: String, start_command: String) -> Self {
+        SubmitOutcome {
+            job,
+            verdict: None,
+            start_instruction,
+            start_command,
+            diagnostics: None,
+        }
+    }
+}
+
 /// Runs `drover job submit`.
 pub async fn submit(ctx: SubmitContext<'_>, req: SubmitRequest) -> Result<SubmitOutcome, JobError> {
-    if req.prompt.trim().is_empty() {
-        return Err(JobError::BadInput(
-            "--prompt is empty: say what the job is".into(),
-        ));
-    }
+    let new = req.new_job()?;
     // Everything that can fail without writing is checked first.
     let target = Target::resolve(
         &req.agent_session,
@@ -122,13 +150,6 @@ pub async fn submit(ctx: SubmitContext<'_>, req: SubmitRequest) -> Result<Submit
         registry_dir: ctx.registry_dir.clone(),
         watch: target.watch(),
     };
-    let new = NewJob {
-        job_id: req.job_id.clone(),
-        agent_session: Some(req.agent_session.clone()),
-        prompt: req.prompt.clone(),
-        contract: req.contract,
-        topic_base: req.topic_base.clone(),
-    };
     let for_brief = brief_ctx.clone();
     let job = registry::blocking(&ctx.registry_dir, move || {
         let mut registry = Registry::open(&for_brief.registry_dir)?;
@@ -141,29 +162,15 @@ pub async fn submit(ctx: SubmitContext<'_>, req: SubmitRequest) -> Result<Submit
     let start_command = brief::commands(&brief_ctx, &job).start;
     tracing::info!(job_id = %job.job_id, transport = %job.transport, "job registered");
     if req.dry_run {
-        return Ok(SubmitOutcome {
+        return Ok(SubmitOutcome::dry_run(
             job,
-            verdict: None,
             start_instruction,
             start_command,
-            diagnostics: None,
-        });
+        ));
     }
 
-    // The one delivery of this attempt: claimed in the registry before anything is sent, so
-    // no retry, crash or second submitter can ever deliver it again.
+    let job_dir = claim_delivery(&ctx.registry_dir, &job, target.describe()).await?;
     let attempt = job.attempt_id;
-    let (dir, job_id, claim) = (
-        ctx.registry_dir.clone(),
-        job.job_id.clone(),
-        target.describe(),
-    );
-    let job_dir = registry::blocking(&ctx.registry_dir, move || {
-        let mut registry = Registry::open(&dir)?;
-        registry.claim_delivery(&job_id, attempt, claim)?;
-        registry.ensure_job_dir(&job_id)
-    })
-    .await?;
     let registry = Registry::open(&ctx.registry_dir)?;
     let mut exec_agent: Option<ExecAgent> = None;
     let sent = match &target {
@@ -227,6 +234,27 @@ pub async fn submit(ctx: SubmitContext<'_>, req: SubmitRequest) -> Result<Submit
         start_command,
         diagnostics,
     })
+}
+
+/// Claims the one delivery of `job`'s attempt (described by `claim`) in the registry at
+/// `registry_dir`, before anything is sent, so no retry, crash or second submitter can ever
+/// deliver it again; gives the job's folder.
+pub(crate) async fn claim_delivery(
+    registry_dir: &Path,
+    job: &Job,
+    claim: serde_json::Value,
+) -> Result<PathBuf, JobError> {
+    let (dir, job_id, attempt) = (
+        registry_dir.to_path_buf(),
+        job.job_id.clone(),
+        job.attempt_id,
+    );
+    registry::blocking(registry_dir, move || {
+        let mut registry = Registry::open(&dir)?;
+        registry.claim_delivery(&job_id, attempt, claim)?;
+        registry.ensure_job_dir(&job_id)
+    })
+    .await
 }
 
 /// What submit has seen of its attempt.

@@ -16,18 +16,6 @@ pub fn resume_entries(rows: &[SessionJob]) -> Vec<wire::SessionJob> {
     rows.iter().map(entry).collect()
 }
 
-/// A job's status on the wire.
-fn job_status(status: drover_jobs::JobStatus) -> wire::JobStatus {
-    use drover_jobs::JobStatus as S;
-    match status {
-        S::Pending => wire::JobStatus::Pending,
-        S::Running => wire::JobStatus::Running,
-        S::Completed => wire::JobStatus::Completed,
-        S::Error => wire::JobStatus::Error,
-        S::Cancelled => wire::JobStatus::Cancelled,
-    }
-}
-
 fn entry(row: &SessionJob) -> wire::SessionJob {
     let dir = std::path::Path::new(&row.registry_dir);
     let job = Registry::open_existing(dir).and_then(|registry| match registry {
@@ -39,7 +27,7 @@ fn entry(row: &SessionJob) -> wire::SessionJob {
     });
     let registry = match job {
         Ok(job) => JobRegistryView::Read(wire::JobState {
-            status: job_status(job.status),
+            status: job.status,
             detail: job.status_detail,
             transport: job.transport,
             attempt_id: job.attempt_id,

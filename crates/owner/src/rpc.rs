@@ -72,20 +72,12 @@ pub async fn dispatch(
             MethodResult::SessionInterrupt(interrupt(owner, conn, p).await?)
         }
         ClientRequest::ApprovalRespond(p) => {
-            let target = PromptTarget {
-                session_id: p.session_id,
-                generation: p.execution_generation,
-                prompt_id: p.prompt_id,
-            };
+            let target = PromptTarget::new(p.session_id, p.execution_generation, p.prompt_id);
             let answer = Answer::Approval(p.choice);
             MethodResult::ApprovalRespond(respond(owner, conn, target, answer).await?)
         }
         ClientRequest::ClarifyRespond(p) => {
-            let target = PromptTarget {
-                session_id: p.session_id,
-                generation: p.execution_generation,
-                prompt_id: p.prompt_id,
-            };
+            let target = PromptTarget::new(p.session_id, p.execution_generation, p.prompt_id);
             let answer = Answer::Clarify(p.answer);
             MethodResult::ClarifyRespond(respond(owner, conn, target, answer).await?)
         }
@@ -596,6 +588,16 @@ struct PromptTarget {
     session_id: String,
     generation: u64,
     prompt_id: String,
+}
+
+impl PromptTarget {
+    fn new(session_id: String, generation: u64, prompt_id: String) -> Self {
+        PromptTarget {
+            session_id,
+            generation,
+            prompt_id,
+        }
+    }
 }
 
 /// The answer of `approval.respond` (`choice`) or `clarify.respond` (`answer`).

@@ -235,6 +235,24 @@ pub struct SessionCreateParams {
     pub source: Option<String>,
 }
 
+impl SessionCreateParams {
+    /// A `session.create` of `request_id` in `cwd`; every other param is left to the
+    /// daemon's `config.toml`.
+    pub fn in_cwd(request_id: String, cwd: String) -> Self {
+        SessionCreateParams {
+            request_id,
+            cwd: Some(cwd),
+            model: None,
+            base_url: None,
+            api_key: None,
+            toolsets: None,
+            system_prompt: None,
+            title: None,
+            source: None,
+        }
+    }
+}
+
 /// Params of `session.list`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -565,6 +583,48 @@ pub enum JobStatus {
     Error,
     /// The operator cancelled it.
     Cancelled,
+}
+
+impl JobStatus {
+    /// Every status, in lifecycle order.
+    pub const ALL: [JobStatus; 5] = [
+        JobStatus::Pending,
+        JobStatus::Running,
+        JobStatus::Completed,
+        JobStatus::Error,
+        JobStatus::Cancelled,
+    ];
+
+    /// The spec's word for the status (its serde name).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobStatus::Pending => "pending",
+            JobStatus::Running => "running",
+            JobStatus::Completed => "completed",
+            JobStatus::Error => "error",
+            JobStatus::Cancelled => "cancelled",
+        }
+    }
+
+    /// Parses the spec's word; `None` for anything else.
+    pub fn parse(text: &str) -> Option<JobStatus> {
+        JobStatus::ALL.into_iter().find(|s| s.as_str() == text)
+    }
+
+    /// `completed`, `error` and `cancelled` are final: they are never overwritten.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            JobStatus::Completed | JobStatus::Error | JobStatus::Cancelled
+        )
+    }
+}
+
+impl std::fmt::Display for JobStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // `pad`, so a width (`{:<10}` in `job list`) lines the columns up.
+        f.pad(self.as_str())
+    }
 }
 
 /// A job's last event.

@@ -316,20 +316,66 @@ pub fn pid_alive(pid: u32) -> bool {
     }
 }
 
+/// The pid of every process in `/proc` (none if it cannot be read).
+pub fn pids() -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .collect()
+}
+
+/// An executable (0755) script `name` holding `body`, in a fresh temporary directory (kept
+/// alive by the returned guard).
+pub fn script(name: &str, body: &str) -> (tempfile::TempDir, PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join(name);
+    std::fs::write(&path, body).expect("the script is written");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
+        .expect("the script is made executable");
+    (dir, path)
+}
+
+/// `approval.respond` params answering `prompt` (an `approval.request` payload, or an open
+/// prompt of `session.resume`) of `session_id` with `choice`.
+pub fn approval_answer(session_id: &str, prompt: &Value, choice: &str) -> Value {
+    json!({
+        "session_id": session_id,
+        "execution_generation": prompt["execution_generation"],
+        "prompt_id": prompt["prompt_id"],
+        "choice": choice,
+    })
+}
+
+/// The `content` of each of `messages` that has a text one (a snapshot's or a model
+/// request's `messages`).
+pub fn message_contents(messages: &Value) -> Vec<&str> {
+    messages
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m["content"].as_str())
+        .collect()
+}
+
+/// The `type` of each of `events`, in order.
+pub fn event_kinds(events: &[Value]) -> Vec<&str> {
+    events.iter().filter_map(|e| e["type"].as_str()).collect()
+}
+
+/// Asserts that every kind of `want` is among `kinds`, naming the missing ones.
+#[track_caller]
+pub fn assert_kinds_include(kinds: &[&str], want: &[&str]) {
+    let missing: Vec<&&str> = want.iter().filter(|k| !kinds.contains(k)).collect();
+    assert!(missing.is_empty(), "{missing:?} missing from {kinds:?}");
+}
+
 /// Direct children of `parent`, from `/proc`.
 pub fn children_of(parent: u32) -> Vec<u32> {
     let mut out = Vec::new();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return out;
-    };
-    for entry in dir.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
-            continue;
-        };
+    for pid in pids() {
         let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
             continue;
         };
@@ -570,6 +616,23 @@ impl Client {
                 None => bail!("no matching event within {WAIT:?}"),
             }
         }
+    }
+
+    /// Waits for the first event of type `kind` (`approval.request`, ...), bounded by [`WAIT`].
+    pub async fn wait_event_type(&mut self, kind: &str) -> Result<Value> {
+        self.wait_event(|e| e["type"] == kind).await
+    }
+
+    /// `approval.respond` answering `prompt` of `session_id` with `choice` (see
+    /// [`approval_answer`]); the result.
+    pub async fn respond_approval(
+        &mut self,
+        session_id: &str,
+        prompt: &Value,
+        choice: &str,
+    ) -> Result<Value> {
+        let params = approval_answer(session_id, prompt, choice);
+        self.call_ok("approval.respond", params).await
     }
 
     /// Every event up to and including the first that matches `pred`, bounded by [`WAIT`]; the

@@ -76,6 +76,16 @@ pub fn last_message(request: &Value) -> Value {
         .unwrap_or(Value::Null)
 }
 
+/// The names of the tools a logged model request offered, in order.
+pub fn tool_names(request: &Value) -> Vec<String> {
+    request["tools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["function"]["name"].as_str().map(str::to_string))
+        .collect()
+}
+
 /// A poisoned lock only means another test thread panicked; the data is still usable.
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())

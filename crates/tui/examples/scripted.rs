@@ -10,14 +10,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use drover_protocol::client::{
-    ApprovalChoice, ApprovalPrompt, ApprovalRule, ClarifyAnswer, OpenPrompt, SessionSnapshot,
-    SessionSummary,
+    ApprovalChoice, ApprovalPrompt, ApprovalRule, OpenPrompt, SessionSnapshot, SessionSummary,
 };
 use drover_protocol::event::{
     ApprovalSettled, EventPayload, MessageComplete, MessageDelta, PromptSettlement, SessionEvent,
     ToolComplete, ToolStart, TurnEnd, TurnSettled, TurnStarted,
 };
-use drover_tui::{Events, Link, LinkError, LinkUpdate, Opened, Target, Theme};
+use drover_tui::{Events, Link, LinkError, LinkUpdate, Opened, PromptAnswer, Reply, Target, Theme};
 use tokio::sync::mpsc;
 
 struct Scripted {
@@ -168,25 +167,12 @@ impl Link for Scripted {
     async fn interrupt(&self, _s: &str, _g: u64) -> Result<(), LinkError> {
         Ok(())
     }
-    async fn approve(
-        &self,
-        _s: &str,
-        _p: &str,
-        _g: u64,
-        choice: ApprovalChoice,
-    ) -> Result<(), LinkError> {
-        if let Some(tx) = self.answers.lock().unwrap().take() {
-            let _ = tx.send(choice);
+    async fn answer(&self, _s: &str, answer: PromptAnswer) -> Result<(), LinkError> {
+        if let Reply::Approval(choice) = answer.reply {
+            if let Some(tx) = self.answers.lock().unwrap().take() {
+                let _ = tx.send(choice);
+            }
         }
-        Ok(())
-    }
-    async fn clarify(
-        &self,
-        _s: &str,
-        _p: &str,
-        _g: u64,
-        _a: ClarifyAnswer,
-    ) -> Result<(), LinkError> {
         Ok(())
     }
     async fn resolve_unknown(&self, _s: &str, _a: &str) -> Result<(), LinkError> {

@@ -20,7 +20,7 @@
 //! - [`runtime`]: the terminal, the event loop, and carrying out actions over a [`Link`].
 //!
 //! Layers: `theme`, `input`, `commands`, `link` (leaves); `markdown` on `theme`; `model` on
-//! `input` and `commands`; `render` on `model` and `markdown`; `runtime` on `render` and
+//! `input`, `commands` and `link`; `render` on `model` and `markdown`; `runtime` on `render` and
 //! `link`.
 //!
 //! What this crate does not do: speak WebSocket or find the daemon (the `drover` binary
@@ -49,7 +49,7 @@ pub mod render;
 pub mod runtime;
 pub mod theme;
 
-pub use link::{Events, Link, LinkError, LinkUpdate, Opened, Target};
+pub use link::{Events, Link, LinkError, LinkUpdate, Opened, PromptAnswer, Reply, Target};
 pub use model::App;
 pub use runtime::{run, RunError};
 pub use theme::Theme;

@@ -54,6 +54,26 @@ pub enum LinkUpdate {
     Closed(String),
 }
 
+/// An answer to an open prompt: which prompt, of which turn, and what it says.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptAnswer {
+    /// The prompt.
+    pub prompt_id: String,
+    /// The generation of the turn that asked.
+    pub generation: u64,
+    /// What it is answered with.
+    pub reply: Reply,
+}
+
+/// What a prompt is answered with.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reply {
+    /// An approval prompt's choice (`approval.respond`).
+    Approval(ApprovalChoice),
+    /// A clarify prompt's answer (`clarify.respond`).
+    Clarify(ClarifyAnswer),
+}
+
 /// The events of the opened session.
 #[async_trait]
 pub trait Events: Send {
@@ -70,22 +90,8 @@ pub trait Link: Send + Sync + 'static {
     async fn submit(&self, session_id: &str, text: &str) -> Result<String, LinkError>;
     /// Interrupts the running turn of `generation`.
     async fn interrupt(&self, session_id: &str, generation: u64) -> Result<(), LinkError>;
-    /// Answers an approval prompt.
-    async fn approve(
-        &self,
-        session_id: &str,
-        prompt_id: &str,
-        generation: u64,
-        choice: ApprovalChoice,
-    ) -> Result<(), LinkError>;
-    /// Answers a clarify prompt.
-    async fn clarify(
-        &self,
-        session_id: &str,
-        prompt_id: &str,
-        generation: u64,
-        answer: ClarifyAnswer,
-    ) -> Result<(), LinkError>;
+    /// Answers an open approval or clarify prompt.
+    async fn answer(&self, session_id: &str, answer: PromptAnswer) -> Result<(), LinkError>;
     /// Resolves the session's `unknown` admission.
     async fn resolve_unknown(&self, session_id: &str, admission_id: &str) -> Result<(), LinkError>;
     /// The total tokens of a settled turn.

@@ -20,6 +20,7 @@ use serde_json::Value;
 
 use crate::commands::{self, Command};
 use crate::input::Input;
+use crate::link::{PromptAnswer, Reply};
 
 /// How many lines of a tool's output a block shows.
 pub const OUTPUT_LINES: usize = 3;
@@ -267,24 +268,8 @@ pub enum Action {
     Submit(String),
     /// Interrupt the running turn of this generation.
     Interrupt(u64),
-    /// Answer an approval prompt.
-    Approve {
-        /// The prompt.
-        prompt_id: String,
-        /// Its generation.
-        generation: u64,
-        /// The answer.
-        choice: ApprovalChoice,
-    },
-    /// Answer a clarify prompt.
-    Clarify {
-        /// The prompt.
-        prompt_id: String,
-        /// Its generation.
-        generation: u64,
-        /// The answer.
-        answer: ClarifyAnswer,
-    },
+    /// Answer an approval or clarify prompt.
+    Answer(PromptAnswer),
     /// Resolve the session's `unknown` turn, so its queue goes on.
     ResolveUnknown(String),
     /// A `/` command.
@@ -1106,13 +1091,8 @@ fn approval_key(view: &mut PromptView, prompt: &ApprovalPrompt, key: KeyEvent) -
         return None;
     };
     let answer = |view: &mut PromptView, choice| {
-        view.sent = true;
-        view.reask = None;
-        Some(Action::Approve {
-            prompt_id: prompt.prompt_id.clone(),
-            generation: prompt.execution_generation,
-            choice,
-        })
+        let reply = Reply::Approval(choice);
+        send_answer(view, &prompt.prompt_id, prompt.execution_generation, reply)
     };
     match view.stage {
         ApprovalStage::ConfirmAlways => match c.to_ascii_lowercase() {
@@ -1149,15 +1129,26 @@ fn approval_key(view: &mut PromptView, prompt: &ApprovalPrompt, key: KeyEvent) -
     }
 }
 
+/// Marks the prompt answered and sends `reply` to the prompt `prompt_id` of `generation`.
+fn send_answer(
+    view: &mut PromptView,
+    prompt_id: &str,
+    generation: u64,
+    reply: Reply,
+) -> Option<Action> {
+    view.sent = true;
+    view.reask = None;
+    Some(Action::Answer(PromptAnswer {
+        prompt_id: prompt_id.to_string(),
+        generation,
+        reply,
+    }))
+}
+
 fn clarify_key(view: &mut PromptView, prompt: &ClarifyPrompt, key: KeyEvent) -> Option<Action> {
     let send = |view: &mut PromptView, answer| {
-        view.sent = true;
-        view.reask = None;
-        Some(Action::Clarify {
-            prompt_id: prompt.prompt_id.clone(),
-            generation: prompt.execution_generation,
-            answer,
-        })
+        let reply = Reply::Clarify(answer);
+        send_answer(view, &prompt.prompt_id, prompt.execution_generation, reply)
     };
     if prompt.choices.is_empty() {
         let newline = key.code == KeyCode::Enter
@@ -1312,6 +1303,15 @@ pub(crate) mod tests {
         ApprovalSettled, MessageComplete, MessageDelta, ToolComplete, ToolStart, TurnSettled,
         TurnStarted,
     };
+
+    /// The action that answers the prompt `prompt_id` of `generation` with `reply`.
+    fn answered(prompt_id: &str, generation: u64, reply: Reply) -> Option<Action> {
+        Some(Action::Answer(PromptAnswer {
+            prompt_id: prompt_id.into(),
+            generation,
+            reply,
+        }))
+    }
 
     pub(crate) fn ev(event: EventPayload) -> SessionEvent {
         SessionEvent {
@@ -1515,11 +1515,7 @@ pub(crate) mod tests {
         assert!(app.input.is_empty(), "a typo is not typed into the input");
         assert_eq!(
             app.on_key_at(key('n'), quiet.step()),
-            Some(Action::Approve {
-                prompt_id: "p1".into(),
-                generation: 3,
-                choice: ApprovalChoice::Deny
-            })
+            answered("p1", 3, Reply::Approval(ApprovalChoice::Deny))
         );
         assert_eq!(
             app.on_key_at(key('y'), quiet.step()),
@@ -1583,11 +1579,7 @@ pub(crate) mod tests {
         assert!(!app.prompt.as_ref().unwrap().sent);
         assert_eq!(
             app.on_key_at(key('y'), ms(1800)),
-            Some(Action::Approve {
-                prompt_id: "p1".into(),
-                generation: 3,
-                choice: ApprovalChoice::Always
-            })
+            answered("p1", 3, Reply::Approval(ApprovalChoice::Always))
         );
     }
 
@@ -1609,11 +1601,7 @@ pub(crate) mod tests {
         app.on_key_at(key('a'), quiet.step());
         assert_eq!(
             app.on_key_at(key('y'), quiet.step()),
-            Some(Action::Approve {
-                prompt_id: "p1".into(),
-                generation: 3,
-                choice: ApprovalChoice::Always
-            })
+            answered("p1", 3, Reply::Approval(ApprovalChoice::Always))
         );
         let OpenPrompt::Approval(a) = approval(&ALL) else {
             unreachable!()
@@ -1639,10 +1627,10 @@ pub(crate) mod tests {
         assert_eq!(app.prompt.as_ref().unwrap().reask.as_deref(), Some("a"));
         assert!(matches!(
             app.on_key_at(key('Y'), quiet.step()),
-            Some(Action::Approve {
-                choice: ApprovalChoice::Once,
+            Some(Action::Answer(PromptAnswer {
+                reply: Reply::Approval(ApprovalChoice::Once),
                 ..
-            })
+            }))
         ));
     }
 
@@ -1660,11 +1648,7 @@ pub(crate) mod tests {
         app.on_key(code(KeyCode::Down));
         assert_eq!(
             app.on_key(code(KeyCode::Enter)),
-            Some(Action::Clarify {
-                prompt_id: "q1".into(),
-                generation: 3,
-                answer: ClarifyAnswer::Text("blue".into())
-            })
+            answered("q1", 3, Reply::Clarify(ClarifyAnswer::Text("blue".into())))
         );
         let mut app = self::app();
         let free = OpenPrompt::Clarify(ClarifyPrompt {
@@ -1678,11 +1662,7 @@ pub(crate) mod tests {
         app.on_paste("Ada");
         assert_eq!(
             app.on_key(code(KeyCode::Enter)),
-            Some(Action::Clarify {
-                prompt_id: "q2".into(),
-                generation: 3,
-                answer: ClarifyAnswer::Text("Ada".into())
-            })
+            answered("q2", 3, Reply::Clarify(ClarifyAnswer::Text("Ada".into())))
         );
         assert!(app.input.is_empty());
     }

@@ -3,6 +3,7 @@
 //! redraws the viewport, and carries out the [`Action`]s over a [`Link`]. Requests run as
 //! tasks, so a slow daemon never freezes the keyboard.
 
+use std::future::Future;
 use std::io::{self, Stdout, Write};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -321,56 +322,30 @@ fn carry_out(
                 });
             });
         }
-        Action::Interrupt(generation) => {
-            tokio::spawn(async move {
-                if let Err(e) = link.interrupt(&session, generation).await {
-                    let _ = tx.send(Done::Failed {
-                        what: "the interrupt",
-                        why: e.0,
-                    });
-                }
-            });
-        }
-        Action::Approve {
-            prompt_id,
-            generation,
-            choice,
-        } => {
-            tokio::spawn(async move {
-                if let Err(e) = link.approve(&session, &prompt_id, generation, choice).await {
-                    let _ = tx.send(Done::Failed {
-                        what: "the answer",
-                        why: e.0,
-                    });
-                }
-            });
-        }
-        Action::Clarify {
-            prompt_id,
-            generation,
-            answer,
-        } => {
-            tokio::spawn(async move {
-                if let Err(e) = link.clarify(&session, &prompt_id, generation, answer).await {
-                    let _ = tx.send(Done::Failed {
-                        what: "the answer",
-                        why: e.0,
-                    });
-                }
-            });
-        }
-        Action::ResolveUnknown(admission) => {
-            tokio::spawn(async move {
-                if let Err(e) = link.resolve_unknown(&session, &admission).await {
-                    let _ = tx.send(Done::Failed {
-                        what: "resolving the turn",
-                        why: e.0,
-                    });
-                }
-            });
-        }
+        Action::Interrupt(generation) => report_failure(tx, "the interrupt", async move {
+            link.interrupt(&session, generation).await
+        }),
+        Action::Answer(answer) => report_failure(tx, "the answer", async move {
+            link.answer(&session, answer).await
+        }),
+        Action::ResolveUnknown(admission) => report_failure(tx, "resolving the turn", async move {
+            link.resolve_unknown(&session, &admission).await
+        }),
         Action::Command(command) => command_task(command, app, link, session, tx),
     }
+}
+
+/// Runs `request` on its own task; a failure comes back as [`Done::Failed`] naming `what`.
+fn report_failure(
+    tx: mpsc::UnboundedSender<Done>,
+    what: &'static str,
+    request: impl Future<Output = Result<(), LinkError>> + Send + 'static,
+) {
+    tokio::spawn(async move {
+        if let Err(e) = request.await {
+            let _ = tx.send(Done::Failed { what, why: e.0 });
+        }
+    });
 }
 
 fn command_task(
