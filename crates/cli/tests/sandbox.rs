@@ -71,6 +71,11 @@ async fn terminal_turn(s: &mut OneSession, call_id: &str, args: Value) -> Value 
     s.tool_result(call_id)
 }
 
+/// Fails, showing `text`, when `text` holds `needle`.
+fn lacks(text: &str, needle: &str, why: &str) {
+    assert!(!text.contains(needle), "{why} ({needle:?} found):\n{text}");
+}
+
 fn output(result: &Value) -> String {
     result["output"].as_str().unwrap_or_default().to_string()
 }
@@ -194,25 +199,16 @@ async fn a_tool_cannot_read_the_token_or_answer_its_own_approval() {
     });
 
     let peek = s.tool_result("call_peek").to_string();
-    assert!(
-        !peek.contains("instance_id"),
-        "a tool in the home read daemon.json: {peek}"
-    );
-    assert!(
-        !peek.contains("state.db"),
-        "a tool in the home listed it: {peek}"
-    );
+    lacks(&peek, "instance_id", "a tool in the home read daemon.json");
+    lacks(&peek, "state.db", "a tool in the home listed it");
 
     // Every read failed, nothing of the token or the key came out, and the answer was refused.
-    assert!(
-        !log.contains(": READ"),
-        "a tool read drover's secrets:\n{log}"
-    );
+    lacks(&log, ": READ", "a tool read drover's secrets");
     assert!(log.contains("owner environ: refused"), "{log}");
-    assert!(!log.contains(&s.daemon.token()), "{log}");
-    assert!(!log.contains("sk-planted-owner-key"), "{log}");
-    assert!(!log.contains("answer: exit 0"), "{log}");
-    assert!(!log.contains("101 Switching"), "{log}");
+    lacks(&log, &s.daemon.token(), "the token came out");
+    lacks(&log, "sk-planted-owner-key", "the API key came out");
+    lacks(&log, "answer: exit 0", "the tool answered its own prompt");
+    lacks(&log, "101 Switching", "the tool reached the WebSocket");
 
     // The prompt is still open, the command has not run, and no rule was stored.
     let resume = s.resume().await.unwrap();
@@ -438,14 +434,8 @@ async fn a_tool_sees_none_of_the_planted_secrets() {
     let mut s = session(config, &planted).await;
     let result = terminal_turn(&mut s, "call_env", json!({"command": "env"})).await;
     let env = output(&result);
-    assert!(
-        !env.contains("planted-"),
-        "a secret reached the tool:\n{env}"
-    );
-    assert!(
-        !env.contains("DROVER_"),
-        "a drover variable reached the tool:\n{env}"
-    );
+    lacks(&env, "planted-", "a secret reached the tool");
+    lacks(&env, "DROVER_", "a drover variable reached the tool");
     assert!(
         env.contains("KEPT_TOKEN=kept-ok"),
         "keep was ignored:\n{env}"

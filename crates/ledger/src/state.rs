@@ -179,30 +179,9 @@ pub fn may_claim(lease_held: bool, has_unknown: bool) -> bool {
     !lease_held && !has_unknown
 }
 
-/// Where a session stands, as `session.list` reports it (drover issue 12): what, if anything,
-/// the session waits for before its queue can move.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum SessionState {
-    /// `idle`: no turn runs and nothing holds the queue.
-    Idle,
-    /// `running`: a turn holds the session's lease.
-    Running,
-    /// `waiting_approval`: the running turn waits for an answer to an approval prompt.
-    WaitingApproval,
-    /// `waiting_clarify`: the running turn waits for an answer to a clarify question.
-    WaitingClarify,
-    /// `paused_unknown`: a turn's outcome is unknown; the queue waits for
-    /// `prompt.resolve_unknown` (G2).
-    PausedUnknown,
-}
-
-words!(SessionState {
-    Idle => "idle",
-    Running => "running",
-    WaitingApproval => "waiting_approval",
-    WaitingClarify => "waiting_clarify",
-    PausedUnknown => "paused_unknown",
-});
+/// Where a session stands, as `session.list` reports it (drover issue 12): the protocol's
+/// type, which this module computes from ledger facts ([`session_state`]).
+pub use drover_protocol::client::SessionState;
 
 /// The state of a session from its ledger facts: an `unknown` admission pauses it whatever
 /// else holds; an open prompt (`approval` or `clarify`, its `prompts.kind`) is a wait of the
@@ -347,7 +326,6 @@ mod tests {
                 want,
                 "{unknown} {prompt:?} {lease}"
             );
-            assert_eq!(SessionState::parse(want.as_str()), Some(want));
         }
     }
 

@@ -9,7 +9,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use drover_ledger::state::{AdmissionStatus, Outcome, SessionState};
+use drover_ledger::state::{AdmissionStatus, Outcome};
 use drover_ledger::{
     AdmissionRow, AdmitRequest, Ledger, LedgerError, NewSession, PromptResponse, PromptRow,
     SessionRow, StoredEvent,
@@ -256,17 +256,6 @@ fn admission_status(status: AdmissionStatus) -> wire::AdmissionStatus {
     }
 }
 
-/// `state` of a listed session on the wire.
-fn session_state(state: SessionState) -> wire::SessionState {
-    match state {
-        SessionState::Idle => wire::SessionState::Idle,
-        SessionState::Running => wire::SessionState::Running,
-        SessionState::WaitingApproval => wire::SessionState::WaitingApproval,
-        SessionState::WaitingClarify => wire::SessionState::WaitingClarify,
-        SessionState::PausedUnknown => wire::SessionState::PausedUnknown,
-    }
-}
-
 /// `outcome` of a terminal admission on the wire.
 fn admission_outcome(outcome: Outcome) -> wire::AdmissionOutcome {
     match outcome {
@@ -417,7 +406,7 @@ async fn session_list(
             ended_at: r.session.ended_at,
             running: r.running,
             pending_count: r.pending_count,
-            state: session_state(r.state),
+            state: r.state,
             last_activity_at: r.last_activity_at,
         })
         .collect();
