@@ -239,6 +239,9 @@ struct NamespaceStep {
     hidden: Vec<CString>,
     /// The working directory, entered again after the mounts (set by [`Plan::install`]).
     cwd: Option<CString>,
+    /// Whether the process runs as root (euid 0), whose `/proc/self` files it may write even
+    /// when it is not dumpable.
+    as_root: bool,
 }
 
 fn c_path(path: &Path) -> Result<CString, ConfineError> {
@@ -376,6 +379,7 @@ impl NamespaceStep {
             tmpfs_options: c_text("mode=0555,size=4k"),
             hidden: paths,
             cwd: None,
+            as_root: uid == 0,
         })
     }
 
@@ -384,11 +388,24 @@ impl NamespaceStep {
         // SAFETY: unshare(2) with flags only; the child is single-threaded after fork, as
         // CLONE_NEWUSER requires.
         check(unsafe { libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) })?;
+        // A child of a non-dumpable worker is non-dumpable too, and then its /proc/self files
+        // belong to root: a process that is not root could not write its own maps. So it is
+        // dumpable just for these three writes, and non-dumpable again before anything else
+        // (exec makes it dumpable anyway, with the worker's memory gone).
+        if !self.as_root {
+            // SAFETY: prctl(2) with integer arguments only.
+            check(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, ONE, ZERO, ZERO, ZERO) })?;
+        }
         // From inside the namespace, a gid_map can only be written once setgroups is denied
         // (even by root: the writer has no capability over the parent namespace any more).
-        write_all(&self.setgroups, b"deny")?;
-        write_all(&self.uid_map_path, &self.uid_map)?;
-        write_all(&self.gid_map_path, &self.gid_map)?;
+        let maps = write_all(&self.setgroups, b"deny")
+            .and_then(|()| write_all(&self.uid_map_path, &self.uid_map))
+            .and_then(|()| write_all(&self.gid_map_path, &self.gid_map));
+        if !self.as_root {
+            // SAFETY: prctl(2) with integer arguments only.
+            check(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, ZERO, ZERO, ZERO, ZERO) })?;
+        }
+        maps?;
         // SAFETY: mount(2) with a NUL-terminated target prepared in the parent and null
         // source, type and data, as a propagation change takes.
         check(unsafe {

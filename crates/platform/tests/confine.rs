@@ -207,6 +207,26 @@ fn a_child_started_inside_the_hidden_home_does_not_see_it_by_relative_paths() {
     assert!(!shown.contains("daemon.json\n"), "{shown}");
 }
 
+/// The worker is non-dumpable, and so is every child it forks until exec: the namespace step
+/// must still write its id maps when drover does not run as root (run this binary as another
+/// user to see it; as root it passes either way).
+#[test]
+fn a_non_dumpable_parent_still_hides_the_home() {
+    drover_platform::set_non_dumpable().expect("non-dumpable");
+    let cwd = tempfile::tempdir().expect("cwd");
+    let home = tempfile::tempdir().expect("home");
+    std::fs::write(home.path().join("daemon.json"), "{\"token\":\"secret\"}").expect("file");
+    let mut spec = workspace(&[cwd.path()], true);
+    spec.hidden = vec![home.path().to_path_buf()];
+    let out = run(
+        &spec,
+        cwd.path(),
+        &format!("cat {}/daemon.json", home.path().display()),
+    );
+    assert!(!text(&out).contains("secret"), "{}", text(&out));
+    assert!(!out.status.success(), "{}", text(&out));
+}
+
 #[test]
 fn a_confined_child_has_no_capability_left() {
     let cwd = tempfile::tempdir().expect("cwd");

@@ -28,6 +28,7 @@ pub mod search;
 pub mod write;
 
 use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -216,14 +217,34 @@ pub(crate) async fn allow_write(
 /// Replaces `path` with `bytes` atomically: the bytes go to a new file beside it, are synced,
 /// and the file is renamed over `path`, so a reader sees the old or the new content, never a
 /// part. The mode is `mode` when given, else the replaced file's, else `0666` less the umask.
-pub(crate) fn write_atomic(path: &Path, bytes: &[u8], mode: Option<u32>) -> io::Result<()> {
+///
+/// With `sandbox`, the directory is opened first and what it really is (its `/proc/self/fd`
+/// link) is checked with [`crate::sandbox::Sandbox::check_write`]; every later step goes
+/// through that open directory, so a symlink swapped in after the check (or after an approval)
+/// cannot move the write into the home or outside the roots.
+pub(crate) fn write_atomic(
+    path: &Path,
+    bytes: &[u8],
+    mode: Option<u32>,
+    sandbox: Option<&crate::sandbox::Sandbox>,
+) -> io::Result<()> {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             "not a file path",
         ));
     };
+    let pinned = std::fs::File::open(parent)?;
+    if let Some(sandbox) = sandbox {
+        let real = crate::sandbox::opened_path(&pinned)?;
+        sandbox
+            .check_write(&real.join(name))
+            .map_err(io::Error::other)?;
+    }
+    let dir_path = PathBuf::from(format!("/proc/self/fd/{}", pinned.as_raw_fd()));
+    let dir = dir_path.as_path();
+    let path = &dir.join(name);
     let exact_mode = mode.or_else(|| {
         std::fs::metadata(path)
             .ok()
@@ -264,9 +285,7 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8], mode: Option<u32>) -> io::
     }
     // The rename is durable once the directory is synced; a failure here loses nothing that
     // was acknowledged before, so it is not an error.
-    if let Ok(dir) = std::fs::File::open(dir) {
-        let _ = dir.sync_all();
-    }
+    let _ = pinned.sync_all();
     Ok(())
 }
 

@@ -178,6 +178,37 @@ impl Sandbox {
         Ok(())
     }
 
+    /// Whether a file tool may read `target` (absolute, symlinks resolved): never inside a
+    /// hidden path (the drover home), whose token and ledger the worker can reach but tools must
+    /// not. Anything goes in `off`. `Err` is the tool error, naming the field `path`.
+    pub fn check_read(&self, target: &Path) -> Result<(), String> {
+        if self.policy.mode == SandboxMode::Off {
+            return Ok(());
+        }
+        for hidden in &self.policy.hidden {
+            let hidden = real(Path::new(hidden));
+            if target.starts_with(&hidden) {
+                return Err(format!(
+                    "field \"path\": {} is inside the drover home ({}), which tools cannot read",
+                    target.display(),
+                    hidden.display()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Sandbox::check_read`] of what `file` really is once open (its `/proc/self/fd` link),
+    /// so a path swapped between the check and the open cannot lead into the home.
+    pub fn check_opened(&self, file: &std::fs::File) -> Result<(), String> {
+        if self.policy.mode == SandboxMode::Off {
+            return Ok(());
+        }
+        let real = opened_path(file)
+            .map_err(|e| format!("field \"path\": could not tell what was opened: {e}"))?;
+        self.check_read(&real)
+    }
+
     /// Whether a write to `target` (absolute, symlinks resolved) is allowed: never inside a
     /// hidden path (the drover home), and only under the writable roots (none in
     /// `read-only`). Anything goes in `off`. `Err` is the tool error, naming the field `path`.
@@ -232,6 +263,13 @@ impl Sandbox {
              it outside the sandbox."
         )
     }
+}
+
+/// The path an open file or directory really is: its `/proc/self/fd` link, which no later
+/// rename or symlink swap changes.
+pub fn opened_path(file: &std::fs::File) -> std::io::Result<PathBuf> {
+    use std::os::fd::AsRawFd;
+    std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd()))
 }
 
 /// `path` with its symlinks resolved, or as it is when it does not exist.

@@ -316,7 +316,7 @@ fn store(path: &Path, list: &TodoList) -> Result<(), String> {
             .map_err(problem)?;
     }
     let bytes = serde_json::to_vec_pretty(list).map_err(|e| problem(e.into()))?;
-    write_atomic(path, &bytes, Some(0o600)).map_err(problem)
+    write_atomic(path, &bytes, Some(0o600), None).map_err(problem)
 }
 
 /// Validates `args`; `None` means "show the list".

@@ -530,3 +530,93 @@ async fn required_with_a_missing_layer_refuses_to_run() {
     assert!(!is_error, "{result}");
     assert!(Path::new(&dirs.cwd.path().join("ran")).exists());
 }
+
+#[tokio::test]
+async fn the_file_tools_cannot_read_the_home_directly_or_through_a_symlink() {
+    use drover_tools::file::read::ReadFileTool;
+    use drover_tools::file::search::SearchFilesTool;
+    let dirs = Dirs::new();
+    let ctx = dirs.ctx(SandboxMode::WorkspaceWrite);
+    let daemon_json = dirs.home.path().join("daemon.json");
+    std::os::unix::fs::symlink(&daemon_json, dirs.cwd.path().join("tok")).expect("symlink");
+    std::os::unix::fs::symlink(dirs.home.path(), dirs.cwd.path().join("hl")).expect("symlink");
+    for path in [
+        daemon_json.display().to_string(),
+        "tok".to_string(),
+        "hl/daemon.json".to_string(),
+    ] {
+        let (result, is_error) = call(&ReadFileTool, json!({"path": path}), &ctx).await;
+        assert!(is_error, "{path}: {result}");
+        assert!(
+            !result.to_string().contains("tok-31337"),
+            "{path}: {result}"
+        );
+    }
+    let (result, _) = call(
+        &SearchFilesTool,
+        json!({"pattern": "token", "path": dirs.home.path().display().to_string()}),
+        &ctx,
+    )
+    .await;
+    assert!(!result.to_string().contains("tok-31337"), "{result}");
+    // The cwd searched with the symlinks in it: the home's file is passed over.
+    let (result, _) = call(&SearchFilesTool, json!({"pattern": "tok-"}), &ctx).await;
+    assert!(!result.to_string().contains("tok-31337"), "{result}");
+    // With the sandbox off, the same read works: the refusal is the sandbox's.
+    let (result, is_error) = call(
+        &ReadFileTool,
+        json!({"path": "tok"}),
+        &dirs.ctx(SandboxMode::Off),
+    )
+    .await;
+    assert!(
+        !is_error && result.to_string().contains("tok-31337"),
+        "{result}"
+    );
+}
+
+/// Answers every approval `once`, after swapping the directory `dir` for a symlink to
+/// `target`: what a background process could do while the human reads the prompt.
+struct SwapThenOnce {
+    dir: PathBuf,
+    target: PathBuf,
+}
+
+#[async_trait::async_trait]
+impl PromptBroker for SwapThenOnce {
+    async fn open(&self, _kind: &str, _body: Value) -> PromptAnswer {
+        std::fs::rename(&self.dir, self.dir.with_extension("moved")).expect("move");
+        std::os::unix::fs::symlink(&self.target, &self.dir).expect("swap");
+        PromptAnswer::Answered(json!("once"))
+    }
+}
+
+#[tokio::test]
+async fn a_write_approved_before_a_symlink_swap_does_not_land_in_the_home() {
+    let dirs = Dirs::new();
+    // Outside the cwd (so the write asks), inside the temp dir (so the sandbox allows it).
+    let scratch = tempfile::tempdir().expect("scratch");
+    let dir = scratch.path().join("d");
+    std::fs::create_dir(&dir).expect("dir");
+    let broker = Arc::new(SwapThenOnce {
+        dir: dir.clone(),
+        target: dirs.home.path().to_path_buf(),
+    });
+    let ctx = dirs.ctx_with(
+        dirs.policy(SandboxMode::WorkspaceWrite, true),
+        "manual",
+        broker,
+    );
+    let (result, is_error) = call(
+        &WriteFileTool,
+        json!({"path": dir.join("daemon.json").display().to_string(), "content": "pwned"}),
+        &ctx,
+    )
+    .await;
+    assert!(is_error, "the swapped write went through: {result}");
+    let kept = std::fs::read_to_string(dirs.home.path().join("daemon.json")).expect("read");
+    assert!(
+        kept.contains("tok-31337"),
+        "the home's file was replaced: {kept}"
+    );
+}

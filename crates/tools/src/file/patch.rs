@@ -83,13 +83,13 @@ async fn patch(args: &Value, ctx: &ToolContext) -> Result<Value, String> {
     let edit = Edit::parse(args)?;
     let path = resolve(&ctx.cwd, &edit.path);
     // Check the edit applies before asking anyone to approve it.
-    let source = path.clone();
-    let text = blocking("patch", move || read_text(&source)).await?;
+    let (source, sandbox) = (path.clone(), ctx.sandbox.clone());
+    let text = blocking("patch", move || read_text(&source, &sandbox)).await?;
     let planned = edit.apply(&text, &path)?;
     let target = prepare_write(&path, "patch", ctx).await?;
-    let cwd = ctx.cwd.clone();
+    let (cwd, sandbox) = (ctx.cwd.clone(), ctx.sandbox.clone());
     blocking("patch", move || {
-        write_atomic(&target, planned.text.as_bytes(), None)
+        write_atomic(&target, planned.text.as_bytes(), None, Some(&sandbox))
             .map_err(|e| io_problem("path", &target, &e))?;
         Ok(json!({
             "path": display_path(&cwd, &target),
@@ -177,7 +177,7 @@ impl Edit {
 }
 
 /// The content of `path` as text; binary and non-UTF-8 files are refused.
-fn read_text(path: &Path) -> Result<String, String> {
+fn read_text(path: &Path, sandbox: &crate::sandbox::Sandbox) -> Result<String, String> {
     let meta = std::fs::metadata(path).map_err(|e| io_problem("path", path, &e))?;
     if !meta.is_file() {
         return Err(format!(
@@ -185,7 +185,10 @@ fn read_text(path: &Path) -> Result<String, String> {
             path.display()
         ));
     }
-    let bytes = std::fs::read(path).map_err(|e| io_problem("path", path, &e))?;
+    let mut file = std::fs::File::open(path).map_err(|e| io_problem("path", path, &e))?;
+    sandbox.check_opened(&file)?;
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut file, &mut bytes).map_err(|e| io_problem("path", path, &e))?;
     if looks_binary(&bytes) {
         return Err(format!(
             "field \"path\": {} is a binary file (it holds NUL bytes); patch edits text files only",

@@ -84,9 +84,9 @@ impl Tool for ReadFileTool {
     }
 
     async fn call(&self, args: Value, ctx: &ToolContext) -> ToolOutput {
-        let cwd = ctx.cwd.clone();
+        let (cwd, sandbox) = (ctx.cwd.clone(), ctx.sandbox.clone());
         result_output(match Request::parse(&args, &cwd) {
-            Ok(request) => blocking("read_file", move || request.read(&cwd)).await,
+            Ok(request) => blocking("read_file", move || request.read(&cwd, &sandbox)).await,
             Err(message) => Err(message),
         })
     }
@@ -118,7 +118,7 @@ impl Request {
         })
     }
 
-    fn read(&self, cwd: &Path) -> Result<Value, String> {
+    fn read(&self, cwd: &Path, sandbox: &crate::sandbox::Sandbox) -> Result<Value, String> {
         let path = &self.path;
         let meta = std::fs::metadata(path).map_err(|e| io_problem("path", path, &e))?;
         if meta.is_dir() {
@@ -135,6 +135,7 @@ impl Request {
             ));
         }
         let mut file = std::fs::File::open(path).map_err(|e| io_problem("path", path, &e))?;
+        sandbox.check_opened(&file)?;
         let head = read_head(&mut file).map_err(|e| io_problem("path", path, &e))?;
         if looks_binary(&head) {
             return Err(format!(

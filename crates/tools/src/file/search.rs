@@ -109,9 +109,14 @@ impl Tool for SearchFilesTool {
     }
 
     async fn call(&self, args: Value, ctx: &ToolContext) -> ToolOutput {
-        let (cwd, cancel) = (ctx.cwd.clone(), ctx.cancel.clone());
+        let (cwd, cancel, sandbox) = (ctx.cwd.clone(), ctx.cancel.clone(), ctx.sandbox.clone());
         result_output(match Request::parse(&args, &cwd) {
-            Ok(request) => blocking("search_files", move || request.search(&cwd, &cancel)).await,
+            Ok(request) => {
+                blocking("search_files", move || {
+                    request.search(&cwd, &cancel, &sandbox)
+                })
+                .await
+            }
             Err(message) => Err(message),
         })
     }
@@ -197,8 +202,18 @@ impl Request {
         })
     }
 
-    fn search(&self, cwd: &Path, cancel: &CancellationToken) -> Result<Value, String> {
+    fn search(
+        &self,
+        cwd: &Path,
+        cancel: &CancellationToken,
+        sandbox: &crate::sandbox::Sandbox,
+    ) -> Result<Value, String> {
         std::fs::metadata(&self.root).map_err(|e| io_problem("path", &self.root, &e))?;
+        let root = self
+            .root
+            .canonicalize()
+            .unwrap_or_else(|_| self.root.clone());
+        sandbox.check_read(&root)?;
         let walk = WalkBuilder::new(&self.root)
             .hidden(false)
             .follow_links(false)
@@ -232,7 +247,7 @@ impl Request {
             {
                 continue;
             }
-            self.search_file(path, cwd, &mut found);
+            self.search_file(path, cwd, sandbox, &mut found);
         }
         let mut result = json!({
             "matches": found.matches,
@@ -250,10 +265,20 @@ impl Request {
         Ok(result)
     }
 
-    fn search_file(&self, path: &Path, cwd: &Path, found: &mut Found) {
+    fn search_file(
+        &self,
+        path: &Path,
+        cwd: &Path,
+        sandbox: &crate::sandbox::Sandbox,
+        found: &mut Found,
+    ) {
         let Ok(mut file) = std::fs::File::open(path) else {
             return;
         };
+        // A file that turns out to be in the drover home is passed over like an unreadable one.
+        if sandbox.check_opened(&file).is_err() {
+            return;
+        }
         if file.metadata().is_ok_and(|m| m.len() > FILE_MAX_BYTES) {
             found.skipped_large += 1;
             return;

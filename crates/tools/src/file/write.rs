@@ -74,8 +74,11 @@ async fn write_file(args: &Value, ctx: &ToolContext) -> Result<Value, String> {
         .required_str("content", "the new content of the file")?
         .to_string();
     let target = prepare_write(&resolve(&ctx.cwd, path), "write_file", ctx).await?;
-    let cwd = ctx.cwd.clone();
-    blocking("write_file", move || write(&target, &content, &cwd)).await
+    let (cwd, sandbox) = (ctx.cwd.clone(), ctx.sandbox.clone());
+    blocking("write_file", move || {
+        write(&target, &content, &cwd, &sandbox)
+    })
+    .await
 }
 
 /// The file a write of `path` really changes (symlinks resolved), once the approval policy
@@ -96,12 +99,18 @@ pub(super) async fn prepare_write(
     Ok(target)
 }
 
-fn write(target: &Path, content: &str, cwd: &Path) -> Result<Value, String> {
+fn write(
+    target: &Path,
+    content: &str,
+    cwd: &Path,
+    sandbox: &crate::sandbox::Sandbox,
+) -> Result<Value, String> {
     let created = !target.exists();
     if let Some(parent) = target.parent() {
         std::fs::create_dir_all(parent).map_err(|e| io_problem("path", parent, &e))?;
     }
-    write_atomic(target, content.as_bytes(), None).map_err(|e| io_problem("path", target, &e))?;
+    write_atomic(target, content.as_bytes(), None, Some(sandbox))
+        .map_err(|e| io_problem("path", target, &e))?;
     Ok(json!({
         "path": display_path(cwd, target),
         "bytes_written": content.len(),
