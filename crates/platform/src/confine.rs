@@ -351,6 +351,19 @@ impl Plan {
         if self.namespaces.is_some() {
             drop_capabilities()?;
         }
+        // Descriptors the daemon inherited from whoever started it (a terminal, a CI runner)
+        // are not close-on-exec; a tool gets none of them. Marked, not closed, so a later
+        // step may still hand one over on purpose (`pass_fd`). A kernel without close_range
+        // (before 5.11) leaves them as they are.
+        // SAFETY: close_range(2) with integer arguments only.
+        let _ = unsafe {
+            libc::syscall(
+                libc::SYS_close_range,
+                3u32,
+                u32::MAX,
+                libc::CLOSE_RANGE_CLOEXEC,
+            )
+        };
         Ok(())
     }
 }

@@ -228,6 +228,30 @@ fn a_non_dumpable_parent_still_hides_the_home() {
 }
 
 #[test]
+fn a_confined_child_inherits_no_stray_descriptor() {
+    use std::os::fd::AsRawFd;
+    // Not close-on-exec, as a descriptor the daemon inherited from its launcher would be.
+    let stray = std::fs::File::open("/etc/hostname").expect("open");
+    let fd = stray.as_raw_fd();
+    nix::fcntl::fcntl(
+        fd,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+    )
+    .expect("clear close-on-exec");
+    let cwd = tempfile::tempdir().expect("cwd");
+    let probe = format!("test -e /proc/self/fd/{fd} && echo INHERITED || echo CLOSED");
+    let out = run(&workspace(&[cwd.path()], true), cwd.path(), &probe);
+    assert!(text(&out).contains("CLOSED"), "{}", text(&out));
+    // Started without a plan, the same command sees it: the probe itself works.
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(&probe)
+        .output()
+        .expect("spawned");
+    assert!(text(&out).contains("INHERITED"), "{}", text(&out));
+}
+
+#[test]
 fn a_confined_child_has_no_capability_left() {
     let cwd = tempfile::tempdir().expect("cwd");
     let spec = no_landlock(&workspace(&[cwd.path()], true));

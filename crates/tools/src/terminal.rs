@@ -495,11 +495,10 @@ async fn run(request: &Request, ctx: &ToolContext) -> RunResult {
     };
     let output = output.finish();
     let exit_code = status.as_ref().and_then(platform::exit_code);
-    let note = (enforced.landlock_abi.is_some()
-        && stop.is_none()
-        && exit_code != Some(0)
-        && sandbox::looks_refused(&output))
-    .then(|| ctx.sandbox.refusal_note());
+    // Whatever the exit code: a refusal inside a pipeline or a `;` list leaves it 0.
+    let note =
+        (enforced.landlock_abi.is_some() && stop.is_none() && sandbox::looks_refused(&output))
+            .then(|| ctx.sandbox.refusal_note());
     RunResult {
         output,
         exit_code,

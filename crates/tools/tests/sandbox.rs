@@ -132,6 +132,10 @@ async fn foreground_writes_go_only_under_the_roots_grandchildren_included_with_a
     // A failure that is not a refusal gets no note.
     let (result, _) = terminal("exit 3", &ctx).await;
     assert_eq!(result.get("note"), None, "{result}");
+    // A refusal hidden in a list that exits 0 still gets one.
+    let (result, _) = terminal(&format!("touch {}; true", outside("list").display()), &ctx).await;
+    assert_eq!(result["exit_code"], 0, "{result}");
+    assert!(result["note"].is_string(), "{result}");
 
     // Off, the same grandchild writes.
     let off = dirs.ctx(SandboxMode::Off);
