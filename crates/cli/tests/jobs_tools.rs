@@ -35,10 +35,17 @@ sleep "${AGENT_SLEEP:-1}"
 eval "$finish"
 "#;
 
-/// A session with the `jobs` toolset; `<home>/agent.sh` holds [`AGENT`].
+/// A session with the `jobs` toolset; `<home>/agent.sh` holds [`AGENT`]. Approvals are
+/// `auto` unless `config` says otherwise: under the sandbox every `exec` job asks first
+/// (drover issue 13), and these tests are about jobs, not prompts.
 async fn setup(config: &str, env: &[(&str, &str)]) -> (OneSession, PathBuf) {
+    let config = if config.contains("[approvals]") {
+        config.to_string()
+    } else {
+        format!("[approvals]\nmode = \"auto\"\n\n{config}")
+    };
     let s = OneSession::builder(bin())
-        .config(config)
+        .config(&config)
         .env(env)
         .toolsets(&["jobs"])
         .start()

@@ -71,6 +71,26 @@ async fn terminal_turn(s: &mut OneSession, call_id: &str, args: Value) -> Value 
     s.tool_result(call_id)
 }
 
+/// Submits `text` and waits for the turn's approval prompt; gives the admission id and the
+/// prompt (the event's payload).
+async fn submit_until_approval(s: &mut OneSession, text: &str) -> (String, Value) {
+    let receipt = s.submit(text).await.unwrap();
+    let request = s.client.wait_event_type("approval.request").await.unwrap();
+    (
+        str_field(&receipt, "admission_id"),
+        request["payload"].clone(),
+    )
+}
+
+/// Answers `prompt` of `s`'s session `once`.
+async fn once(s: &mut OneSession, prompt: &Value) {
+    let session_id = s.session_id.clone();
+    s.client
+        .respond_approval(&session_id, prompt, "once")
+        .await
+        .unwrap();
+}
+
 /// Fails, showing `text`, when `text` holds `needle`.
 fn lacks(text: &str, needle: &str, why: &str) {
     assert!(!text.contains(needle), "{why} ({needle:?} found):\n{text}");
@@ -179,13 +199,7 @@ async fn a_tool_cannot_read_the_token_or_answer_its_own_approval() {
         json!({"command": format!("rm -rf {}", victim.display())}),
     ));
     s.model.push(Reply::text("done"));
-    let receipt = s.submit("clean up").await.unwrap();
-    let admission_id = str_field(&receipt, "admission_id");
-    let request = s
-        .client
-        .wait_event(|e| e["type"] == "approval.request")
-        .await
-        .unwrap();
+    let (admission_id, prompt) = submit_until_approval(&mut s, "clean up").await;
     std::fs::write(work.join("go"), "").unwrap();
     let log = wait::file(&work.join("attack.log"), LIMIT, |text| {
         text.contains("done\n").then(|| text.to_string())
@@ -224,13 +238,7 @@ async fn a_tool_cannot_read_the_token_or_answer_its_own_approval() {
     );
 
     // The human answers; only then does the command run.
-    let params = json!({
-        "session_id": s.session_id,
-        "execution_generation": request["payload"]["execution_generation"],
-        "prompt_id": request["payload"]["prompt_id"],
-        "choice": "once",
-    });
-    s.client.call_ok("approval.respond", params).await.unwrap();
+    once(&mut s, &prompt).await;
     assert_eq!(s.wait_settled(&admission_id).await.unwrap(), "completed");
     assert!(!victim.exists(), "the approved command did not run");
 }
@@ -381,27 +389,14 @@ async fn sandbox_false_asks_first_and_once_runs_the_command_unconfined() {
         json!({"command": format!("touch {}", probe.path().display()), "sandbox": false}),
     ));
     s.model.push(Reply::text("done"));
-    let receipt = s.submit("escalate").await.unwrap();
-    let admission_id = str_field(&receipt, "admission_id");
-    let request = s
-        .client
-        .wait_event(|e| e["type"] == "approval.request")
-        .await
-        .unwrap();
-    let prompt = &request["payload"];
+    let (admission_id, prompt) = submit_until_approval(&mut s, "escalate").await;
     let shown = format!("{} {}", prompt["command"], prompt["description"]);
     assert!(
         shown.contains("sandbox"),
         "the prompt does not say why: {prompt}"
     );
     assert!(!probe.path().exists(), "it ran before the answer");
-    let params = json!({
-        "session_id": s.session_id,
-        "execution_generation": prompt["execution_generation"],
-        "prompt_id": prompt["prompt_id"],
-        "choice": "once",
-    });
-    s.client.call_ok("approval.respond", params).await.unwrap();
+    once(&mut s, &prompt).await;
     assert_eq!(s.wait_settled(&admission_id).await.unwrap(), "completed");
     assert!(
         probe.path().exists(),
@@ -482,4 +477,26 @@ async fn a_session_cannot_start_inside_the_home() {
         .unwrap_err();
     assert_eq!(error["data"]["reason"], "invalid_params", "{error}");
     assert_eq!(error["data"]["field"], "cwd", "{error}");
+}
+
+#[tokio::test]
+async fn a_tool_cannot_move_the_home_aside_for_a_decoy() {
+    let mut s = session("", &[]).await;
+    // The home and the cwd share a parent under the temp dir, which tools may write.
+    let parent = s.home.path().parent().unwrap().to_path_buf();
+    let moved = parent.with_extension("moved");
+    let command = format!(
+        "mv {p} {m} || echo REFUSED; mv {h} {p}/elsewhere || echo REFUSED_TOO",
+        p = parent.display(),
+        m = moved.display(),
+        h = s.home.path().display(),
+    );
+    let result = terminal_turn(&mut s, "call_mv", json!({"command": command})).await;
+    let shown = output(&result);
+    assert!(
+        shown.contains("REFUSED") && shown.contains("REFUSED_TOO"),
+        "{result}"
+    );
+    assert!(!moved.exists(), "the home's parent was renamed");
+    assert!(s.home.path().join("daemon.json").exists(), "the home moved");
 }

@@ -237,6 +237,11 @@ struct NamespaceStep {
     tmpfs: CString,
     tmpfs_options: CString,
     hidden: Vec<CString>,
+    /// Every ancestor of a hidden path but `/`, bound onto itself so that it is a mount point
+    /// of the tool's namespace: a directory holding a mount point cannot be renamed there
+    /// (`EBUSY`), so a tool cannot move the home aside, make a decoy at its path, and have the
+    /// daemon write a new `daemon.json` into it.
+    pinned: Vec<CString>,
     /// The working directory, entered again after the mounts (set by [`Plan::install`]).
     cwd: Option<CString>,
     /// Whether the process runs as root (euid 0), whose `/proc/self` files it may write even
@@ -371,14 +376,30 @@ impl Plan {
 impl NamespaceStep {
     fn new(hidden: &[PathBuf]) -> Result<NamespaceStep, ConfineError> {
         let mut paths = Vec::new();
+        let mut ancestors: Vec<PathBuf> = Vec::new();
         for path in hidden {
             match std::fs::metadata(path) {
-                Ok(meta) if meta.is_dir() => paths.push(c_path(path)?),
+                Ok(meta) if meta.is_dir() => {
+                    paths.push(c_path(path)?);
+                    ancestors.extend(
+                        path.ancestors()
+                            .skip(1)
+                            .filter(|a| a.parent().is_some())
+                            .map(Path::to_path_buf),
+                    );
+                }
                 Ok(_) => return Err(ConfineError::NotADirectory(path.clone())),
                 // Nothing there, nothing to hide.
                 Err(_) => {}
             }
         }
+        // Outermost first, each once: a bind below an earlier one lands in it.
+        ancestors.sort_by_key(|a| a.components().count());
+        ancestors.dedup();
+        let pinned = ancestors
+            .iter()
+            .map(|a| c_path(a))
+            .collect::<Result<Vec<_>, _>>()?;
         // SAFETY: geteuid(2) and getegid(2) cannot fail and touch no memory.
         let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
         Ok(NamespaceStep {
@@ -391,6 +412,7 @@ impl NamespaceStep {
             tmpfs: c_text("tmpfs"),
             tmpfs_options: c_text("mode=0555,size=4k"),
             hidden: paths,
+            pinned,
             cwd: None,
             as_root: uid == 0,
         })
@@ -430,6 +452,19 @@ impl NamespaceStep {
                 std::ptr::null(),
             )
         })?;
+        for path in &self.pinned {
+            // SAFETY: mount(2) with NUL-terminated paths prepared in the parent and null type
+            // and data, as a bind takes.
+            check(unsafe {
+                libc::mount(
+                    path.as_ptr(),
+                    path.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_BIND | libc::MS_REC,
+                    std::ptr::null(),
+                )
+            })?;
+        }
         for path in &self.hidden {
             // SAFETY: mount(2) with NUL-terminated strings prepared in the parent.
             check(unsafe {

@@ -251,6 +251,34 @@ fn a_confined_child_inherits_no_stray_descriptor() {
     assert!(text(&out).contains("INHERITED"), "{}", text(&out));
 }
 
+/// The home cannot be moved aside by renaming a directory above it (then a decoy at its old
+/// path would get the daemon's next `daemon.json`).
+#[test]
+fn no_directory_above_the_hidden_home_can_be_renamed() {
+    let cwd = tempfile::tempdir().expect("cwd");
+    let home = cwd.path().join("nest/deeper/home");
+    std::fs::create_dir_all(&home).expect("home");
+    let mut spec = workspace(&[cwd.path()], true);
+    spec.hidden = vec![home.clone()];
+    let script = "mv nest nest2 || echo REFUSED1; mv nest/deeper nest/d2 || echo REFUSED2; \
+                  mkdir -p nest/deeper/home2 && echo WRITES_OK";
+    for landlock in [true, false] {
+        let spec = if landlock {
+            spec.clone()
+        } else {
+            no_landlock(&spec)
+        };
+        let out = run(&spec, cwd.path(), script);
+        let shown = text(&out);
+        assert!(
+            shown.contains("REFUSED1") && shown.contains("REFUSED2"),
+            "{landlock}: {shown}"
+        );
+        assert!(shown.contains("WRITES_OK"), "{landlock}: {shown}");
+        assert!(home.is_dir(), "{landlock}: the home moved");
+    }
+}
+
 #[test]
 fn a_confined_child_has_no_capability_left() {
     let cwd = tempfile::tempdir().expect("cwd");

@@ -6,8 +6,10 @@
 //!   checks the target, registers the job, records it through [`JobLedger`] (the worker
 //!   persists `job.register`, so the session's ledger knows the job before it is delivered),
 //!   delivers the one start instruction, and returns at once with the job id and contract.
-//!   An `exec` job runs `exec` detached, so it outlives the turn. A `remote:` runner, and an
-//!   `exec` command the classifier finds dangerous, go through the approval policy first.
+//!   An `exec` job runs `exec` detached, so it outlives the turn. A `remote:` runner goes
+//!   through the approval policy first; so does every `exec` command while a sandbox is in
+//!   force (an exec agent is not confined, `docs/sandbox.md`), and with `[sandbox] mode =
+//!   "off"` an `exec` command the classifier finds dangerous.
 //! - `job_status {job_id}` and `job_wait {job_id, timeout_s}` judge the contract from the
 //!   registry's stored times ([`drover_jobs::toolkit`]); a deadline that passed ends the job
 //!   `error` with `agent_blocked` or `deadline_timeout`. Those are results, not tool errors.
@@ -315,6 +317,15 @@ async fn approve_submit(req: &StartRequest, ctx: &ToolContext) -> Result<(), Str
             },
             crate::one_line(&format!("job_submit remote:{runner}: {}", req.prompt)),
         ),
+        // An exec agent is not confined (it works with the job registry, which may lie in
+        // the drover home): with a sandbox in force, its command runs outside it, so it asks
+        // as `terminal {sandbox: false}` does, whatever the command (drover issue 13).
+        (AgentSession::Exec, Some(command))
+            if ctx.sandbox.mode() != crate::sandbox::SandboxMode::Off =>
+        {
+            let danger = approval::classify(command);
+            return crate::terminal::approve_escape(command, danger.as_ref(), ctx).await;
+        }
         (AgentSession::Exec, Some(command)) => match approval::classify(command) {
             Some(danger) => (danger, command.clone()),
             None => return Ok(()),

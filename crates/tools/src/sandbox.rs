@@ -164,18 +164,15 @@ impl Sandbox {
             return Ok(());
         }
         let dir = real(dir);
-        for hidden in &self.policy.hidden {
-            let hidden = real(Path::new(hidden));
-            if dir.starts_with(&hidden) {
-                return Err(format!(
-                    "field \"workdir\": {} is inside the drover home ({}), which tools cannot \
-                     see; run the command in another directory",
-                    dir.display(),
-                    hidden.display()
-                ));
-            }
+        match self.hidden_around(&dir) {
+            Some(hidden) => Err(format!(
+                "field \"workdir\": {} is inside the drover home ({}), which tools cannot see; \
+                 run the command in another directory",
+                dir.display(),
+                hidden.display()
+            )),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// Whether a file tool may read `target` (absolute, symlinks resolved): never inside a
@@ -185,17 +182,23 @@ impl Sandbox {
         if self.policy.mode == SandboxMode::Off {
             return Ok(());
         }
-        for hidden in &self.policy.hidden {
-            let hidden = real(Path::new(hidden));
-            if target.starts_with(&hidden) {
-                return Err(format!(
-                    "field \"path\": {} is inside the drover home ({}), which tools cannot read",
-                    target.display(),
-                    hidden.display()
-                ));
-            }
+        match self.hidden_around(target) {
+            Some(hidden) => Err(format!(
+                "field \"path\": {} is inside the drover home ({}), which tools cannot read",
+                target.display(),
+                hidden.display()
+            )),
+            None => Ok(()),
         }
-        Ok(())
+    }
+
+    /// The hidden path (symlinks resolved) that `path` is inside of, if any.
+    fn hidden_around(&self, path: &Path) -> Option<PathBuf> {
+        self.policy
+            .hidden
+            .iter()
+            .map(|hidden| real(Path::new(hidden)))
+            .find(|hidden| path.starts_with(hidden))
     }
 
     /// [`Sandbox::check_read`] of what `file` really is once open (its `/proc/self/fd` link),
@@ -216,15 +219,12 @@ impl Sandbox {
         let Some(roots) = self.writable_roots() else {
             return Ok(());
         };
-        for hidden in &self.policy.hidden {
-            let hidden = real(Path::new(hidden));
-            if target.starts_with(&hidden) {
-                return Err(format!(
-                    "field \"path\": {} is inside the drover home ({}), which tools never write",
-                    target.display(),
-                    hidden.display()
-                ));
-            }
+        if let Some(hidden) = self.hidden_around(target) {
+            return Err(format!(
+                "field \"path\": {} is inside the drover home ({}), which tools never write",
+                target.display(),
+                hidden.display()
+            ));
         }
         if self.policy.mode == SandboxMode::ReadOnly {
             return Err(format!(

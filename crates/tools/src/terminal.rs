@@ -252,7 +252,7 @@ async fn approve(command: &str, danger: &Danger, ctx: &ToolContext) -> Result<()
 /// Asks to run `command` outside the sandbox's write rules: one prompt, which also names the
 /// command's danger if it has one. A grant of the escalation key (this exact command) covers
 /// both. `Err` holds the error the result shows.
-async fn approve_escape(
+pub(crate) async fn approve_escape(
     command: &str,
     danger: Option<&Danger>,
     ctx: &ToolContext,

@@ -624,3 +624,40 @@ async fn a_write_approved_before_a_symlink_swap_does_not_land_in_the_home() {
         "the home's file was replaced: {kept}"
     );
 }
+
+#[tokio::test]
+async fn an_exec_job_asks_first_under_a_sandbox_whatever_its_command() {
+    use drover_tools::jobs::JobSubmitTool;
+    let dirs = Dirs::new();
+    let probe = outside("exec-job");
+    let command = format!(
+        "cat {}/daemon.json; touch {}",
+        dirs.home.path().display(),
+        probe.display()
+    );
+    let args = json!({"agent_session": "exec", "prompt": "x", "exec": command});
+    let human = ScriptedPrompts::in_order(vec![PromptAnswer::Answered(json!("deny"))]);
+    let ctx = dirs.ctx_with(
+        dirs.policy(SandboxMode::WorkspaceWrite, true),
+        "manual",
+        human.clone(),
+    );
+    let (result, is_error) = call(&JobSubmitTool, args.clone(), &ctx).await;
+    assert!(is_error, "{result}");
+    assert!(!probe.exists(), "the exec job ran without the human");
+    let seen = human.seen();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(
+        seen[0].1["command"],
+        format!("run outside the sandbox: {command}")
+    );
+    // In deny mode it is refused without a prompt.
+    let ctx = dirs.ctx_with(
+        dirs.policy(SandboxMode::WorkspaceWrite, true),
+        "deny",
+        Arc::new(NoPrompts),
+    );
+    let (result, is_error) = call(&JobSubmitTool, args, &ctx).await;
+    assert!(is_error, "{result}");
+    assert!(!probe.exists());
+}
