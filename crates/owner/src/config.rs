@@ -193,6 +193,10 @@ pub struct DaemonSection {
     /// the foreground never idle-exits.
     #[serde(default = "default_idle_exit")]
     pub idle_exit_s: f64,
+    /// The most bytes of UTF-8 a `prompt.submit` `text` may have (issue 14; default 1 MiB);
+    /// a longer one is `invalid_params` naming `text` and nothing is admitted. At least 1.
+    #[serde(default = "default_max_input_bytes")]
+    pub max_input_bytes: u64,
     /// SPEC section 1: a `listen` address beyond loopback needs this, and TLS.
     #[serde(default)]
     pub allow_remote: bool,
@@ -210,6 +214,7 @@ impl Default for DaemonSection {
             interrupt_grace_s: default_interrupt_grace(),
             progress_interval_s: default_progress_interval(),
             idle_exit_s: default_idle_exit(),
+            max_input_bytes: default_max_input_bytes(),
             allow_remote: false,
             tls_cert: None,
             tls_key: None,
@@ -239,8 +244,13 @@ impl DaemonSection {
 
     /// SPEC section 1: loopback only, unless `allow_remote`; beyond loopback, TLS. The message
     /// names the keys to set. `progress_interval_s` must be above 0 and at most a day;
-    /// `idle_exit_s` above 0.
+    /// `idle_exit_s` above 0; `max_input_bytes` at least 1.
     fn check(&self) -> Result<(), String> {
+        if self.max_input_bytes == 0 {
+            return Err(
+                "[daemon] max_input_bytes = 0 must be a number of bytes of at least 1".into(),
+            );
+        }
         if !(self.idle_exit_s > 0.0 && self.idle_exit_s.is_finite()) {
             return Err(format!(
                 "[daemon] idle_exit_s = {} must be a number of seconds above 0",
@@ -478,6 +488,10 @@ fn default_idle_exit() -> f64 {
     900.0
 }
 
+fn default_max_input_bytes() -> u64 {
+    1024 * 1024
+}
+
 /// A config file that could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -689,6 +703,21 @@ mod tests {
             }
         );
         assert_eq!(c.model.max_steps, 50);
+    }
+
+    #[test]
+    fn max_input_bytes_defaults_to_one_mib_and_zero_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("config.toml");
+        assert_eq!(
+            Config::load(dir.path()).unwrap().daemon.max_input_bytes,
+            1 << 20
+        );
+        std::fs::write(&file, "[daemon]\nmax_input_bytes = 10\n").unwrap();
+        assert_eq!(Config::load(dir.path()).unwrap().daemon.max_input_bytes, 10);
+        std::fs::write(&file, "[daemon]\nmax_input_bytes = 0\n").unwrap();
+        let e = Config::load(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("max_input_bytes"), "{e}");
     }
 
     #[test]

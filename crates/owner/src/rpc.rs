@@ -442,6 +442,16 @@ async fn prompt_submit(
     if owner.is_draining() {
         return Err(OwnerError::Draining);
     }
+    let max = owner.daemon.max_input_bytes;
+    if p.text.len() as u64 > max {
+        return Err(OwnerError::invalid(
+            "text",
+            format!(
+                "text is {} bytes, over [daemon] max_input_bytes = {max}",
+                p.text.len()
+            ),
+        ));
+    }
     let row = owner
         .admit(AdmitRequest {
             session_id: session_id.clone(),

@@ -1,9 +1,11 @@
 //! Turn scheduling and worker supervision (SPEC section 4).
 //!
 //! [`kick`] claims the head of a session's queue when the session may claim, and starts
-//! `drover worker` for it. The supervisor writes the bootstrap, applies each `persist` frame
-//! through the ledger and answers with its receipt, forwards live deltas, and when the worker's
-//! stdout closes before `execution.finish` marks the turn `unknown` (never replayed). While the
+//! `drover worker` for it. The supervisor writes the bootstrap (a head and parts, so no history
+//! is too long for a frame), applies each `persist` frame through the ledger and answers with
+//! its receipt, forwards live deltas, and when the worker's stdout closes before
+//! `execution.finish` marks the turn `unknown` (never replayed). A turn nothing ran of (its
+//! worker cannot start or did not take its whole bootstrap) settles `failed` instead. While the
 //! turn runs, a ticker asks the hub for a live `turn.progress` every `[daemon]
 //! progress_interval_s` the turn stays quiet (SPEC section 2).
 
@@ -15,7 +17,8 @@ use drover_ledger::{Claim, DelegationLimits, PersistOutcome, Settlement};
 use drover_protocol::mcp::McpServerStatus;
 use drover_protocol::worker::framing::{read_frame_line, FrameLine};
 use drover_protocol::worker::{
-    op, Bootstrap, OwnerFrame, PersistFrame, Policy, Scope, WorkerFrame, MAX_FRAME_BYTES,
+    op, Bootstrap, BootstrapFrameError, OwnerFrame, PersistFrame, Policy, Scope, WorkerFrame,
+    MAX_FRAME_BYTES,
 };
 use drover_protocol::{ModelSettings, Secret};
 use drover_tools::platform;
@@ -24,7 +27,7 @@ use serde_json::Value;
 use tokio::io::AsyncWriteExt;
 use tokio::io::BufReader;
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::Instrument;
 
@@ -298,24 +301,46 @@ async fn supervise(owner: Arc<Owner>, claim: Claim, secret: Secret, registered: 
         signals,
     } = registered;
     let _progress = start_progress(&owner, &claim);
-    let bootstrap = bootstrap_frame(&owner, &claim, secret);
+    let bootstrap = match bootstrap_frames(&owner, &claim, secret) {
+        Ok(frames) => frames,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot send the bootstrap");
+            owner.turns().remove(&execution_id);
+            fail_unstarted(&owner, &claim, format!("cannot send the bootstrap: {e}")).await;
+            return;
+        }
+    };
     let Some((mut child, stdin, stdout)) = start_worker(&owner, &claim).await else {
         owner.turns().remove(&execution_id);
         return;
     };
-    let writer = tokio::spawn(write_stdin(stdin, bootstrap, control_rx));
+    let (sent_tx, sent_rx) = oneshot::channel();
+    let writer = tokio::spawn(write_stdin(stdin, bootstrap, sent_tx, control_rx));
     let mut pipe = WorkerPipe::new(owner.clone(), &claim, control);
     let end = pipe.serve(&mut child, stdout, &signals).await;
-    let settled = pipe.settled;
+    let (settled, ran) = (pipe.settled, pipe.ran);
     // Dropping the pipe drops its control sender: the stdin writer ends once it is drained.
     drop(pipe);
     owner.turns().remove(&execution_id);
     reap(&mut child, end, &execution_id).await;
     // Its MCP servers died with it, whatever it last reported.
     owner.mcp.execution_ended(&execution_id);
+    // The worker is gone, so a bootstrap write still under way fails at once.
+    let sent = tokio::time::timeout(WORKER_EXIT_WAIT, sent_rx).await;
     writer.abort();
-    if !settled {
-        lose_turn(&owner, &execution_id).await;
+    match sent {
+        _ if settled => {}
+        // A worker starts nothing before its whole bootstrap arrived: nothing ran.
+        Ok(Ok(Err(e))) if !ran => {
+            tracing::warn!(error = %e, "the worker ended before its whole bootstrap was sent");
+            fail_unstarted(
+                &owner,
+                &claim,
+                format!("cannot send the bootstrap to the worker: {e}"),
+            )
+            .await;
+        }
+        _ => lose_turn(&owner, &execution_id).await,
     }
     // The worker is reaped: nothing will resend its outbox (its execution is settled or
     // unknown, and any resend would be refused), so it is only clutter now.
@@ -345,9 +370,14 @@ fn start_progress(owner: &Arc<Owner>, claim: &Claim) -> DropGuard {
     guard
 }
 
-/// The first frame a worker reads: its scope, the frozen policy, the history and the input.
-fn bootstrap_frame(owner: &Owner, claim: &Claim, secret: Secret) -> OwnerFrame {
-    OwnerFrame::Bootstrap(Box::new(Bootstrap {
+/// The first frames a worker reads: its scope and the frozen policy in the head, the history
+/// and the input in parts (docs/decisions.md, "The bootstrap in parts").
+fn bootstrap_frames(
+    owner: &Owner,
+    claim: &Claim,
+    secret: Secret,
+) -> Result<Vec<OwnerFrame>, BootstrapFrameError> {
+    Bootstrap {
         scope: Scope {
             session_id: claim.session.id.clone(),
             admission_id: claim.admission.admission_id.clone(),
@@ -359,7 +389,23 @@ fn bootstrap_frame(owner: &Owner, claim: &Claim, secret: Secret) -> OwnerFrame {
         policy: policy(owner, claim),
         history: claim.history.clone(),
         input: claim.admission.text.clone(),
-    }))
+    }
+    .into_frames()
+}
+
+/// Settles a claimed turn that nothing ran of `failed` with `error` (SPEC section 4: never
+/// `unknown`), and claims the session's next input.
+async fn fail_unstarted(owner: &Arc<Owner>, claim: &Claim, error: String) {
+    let eid = claim.execution_id.clone();
+    let settled = until_committed(owner, "settling an unstarted turn", move |l, o| {
+        let s = l.settle_unstarted(&eid, &error)?;
+        o.hub.publish(&s.events);
+        Ok(())
+    })
+    .await;
+    if settled.is_some() {
+        kick(owner, claim.session.id.clone());
+    }
 }
 
 /// Starts the claim's worker with its pipes. A worker that cannot start settles the turn
@@ -373,18 +419,8 @@ async fn start_worker(
         Ok(child) => child,
         Err(e) => {
             tracing::error!(error = %e, %execution_id, "cannot start worker");
-            let msg = format!("cannot start worker: {e}");
-            let eid = execution_id.clone();
             // Nothing ran, so the turn is `failed`; it must not stay `started`.
-            let settled = until_committed(owner, "settling an unstarted turn", move |l, o| {
-                let s = l.settle_unstarted(&eid, &msg)?;
-                o.hub.publish(&s.events);
-                Ok(())
-            })
-            .await;
-            if settled.is_some() {
-                kick(owner, claim.session.id.clone());
-            }
+            fail_unstarted(owner, claim, format!("cannot start worker: {e}")).await;
             return None;
         }
     };
@@ -441,16 +477,23 @@ fn register_turn(owner: &Owner, claim: &Claim, control: &mpsc::Sender<OwnerFrame
     signals
 }
 
-/// The one writer of a worker's stdin, so frames never interleave: the bootstrap, then each
-/// control frame, until the queue closes or the pipe breaks.
+/// The one writer of a worker's stdin, so frames never interleave: the bootstrap's frames
+/// (then `sent` says whether they all went), then each control frame, until the queue closes
+/// or the pipe breaks.
 async fn write_stdin(
     mut stdin: ChildStdin,
-    bootstrap: OwnerFrame,
+    bootstrap: Vec<OwnerFrame>,
+    sent: oneshot::Sender<std::io::Result<()>>,
     mut control: mpsc::Receiver<OwnerFrame>,
 ) {
-    if write_frame(&mut stdin, &bootstrap).await.is_err() {
-        return;
+    for frame in &bootstrap {
+        if let Err(e) = write_frame(&mut stdin, frame).await {
+            let _ = sent.send(Err(e));
+            return;
+        }
     }
+    drop(bootstrap);
+    let _ = sent.send(Ok(()));
     while let Some(frame) = control.recv().await {
         if write_frame(&mut stdin, &frame).await.is_err() {
             return;
@@ -470,6 +513,8 @@ struct WorkerPipe {
     foreign_frames: u64,
     /// `execution.finish` was applied: the turn is settled.
     settled: bool,
+    /// A persist of the worker's was applied: the turn ran.
+    ran: bool,
 }
 
 impl WorkerPipe {
@@ -483,6 +528,7 @@ impl WorkerPipe {
             refusals: Refusals::new(&claim.execution_id),
             foreign_frames: 0,
             settled: false,
+            ran: false,
         }
     }
 
@@ -595,6 +641,7 @@ impl WorkerPipe {
                 Ok(out)
             })
             .await;
+        self.ran |= applied.is_ok();
         match applied {
             Ok(PersistOutcome::Receipt {
                 result, settlement, ..

@@ -1,7 +1,11 @@
 //! Owner <-> worker frames (SPEC section 4).
 //!
 //! One JSON object per line on the worker's stdin/stdout, at most [`MAX_FRAME_BYTES`] per line.
-//! Every frame has a `type` tag. The owner speaks first with [`OwnerFrame::Bootstrap`].
+//! Every frame has a `type` tag. The owner speaks first with [`OwnerFrame::Bootstrap`] (the
+//! head: scope, policy and a part count), then that many [`OwnerFrame::BootstrapPart`] frames
+//! whose texts, joined, are the JSON of [`BootstrapBody`] (history and input): a history of
+//! any length reaches the worker in bounded frames ([`Bootstrap::into_frames`],
+//! [`Bootstrap::assemble`]).
 
 use std::collections::BTreeMap;
 
@@ -16,6 +20,11 @@ use crate::secret::Secret;
 
 /// The largest frame either side accepts, newline excluded (SPEC section 4: 4 MiB).
 pub const MAX_FRAME_BYTES: usize = 4 * 1024 * 1024;
+
+/// The most JSON text one [`OwnerFrame::BootstrapPart`] carries (1 MiB). JSON text holds no
+/// control characters, so escaping it as a string at most doubles it (only `"` and `\` are
+/// escaped): a part frame stays under half of [`MAX_FRAME_BYTES`].
+pub const BOOTSTRAP_PART_BYTES: usize = 1024 * 1024;
 
 /// Operation names of `persist` frames (SPEC section 4).
 pub mod op {
@@ -44,8 +53,14 @@ pub mod op {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum OwnerFrame {
-    /// First frame of every execution.
-    Bootstrap(Box<Bootstrap>),
+    /// First frame of every execution: the bootstrap's head. Its `body_parts` part frames
+    /// follow at once, before any other frame.
+    Bootstrap(Box<BootstrapHead>),
+    /// One piece of the JSON text of the execution's [`BootstrapBody`], in order.
+    BootstrapPart {
+        /// At most [`BOOTSTRAP_PART_BYTES`] of the text, cut at a character boundary.
+        text: String,
+    },
     /// The persist with this `sequence` was applied (or had been); `result` is its receipt.
     Receipt {
         /// The persist answered.
@@ -215,7 +230,49 @@ impl McpServerSpec {
     }
 }
 
-/// The bootstrap frame: `{scope, policy, history, input}` (SPEC section 4).
+/// The bootstrap frame's head: who the execution is, what it may do, and how many
+/// [`OwnerFrame::BootstrapPart`] frames carry the rest (SPEC section 4; docs/decisions.md,
+/// "The bootstrap in parts").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BootstrapHead {
+    /// Who the execution is.
+    pub scope: Scope,
+    /// What it may do.
+    pub policy: Policy,
+    /// The number of part frames that follow (at least 1).
+    pub body_parts: u64,
+}
+
+/// What the part frames carry, as one JSON text: the history and the input.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BootstrapBody {
+    /// Earlier messages of the session, oldest first, without the system prompt.
+    pub history: Vec<ChatMessage>,
+    /// This turn's user text.
+    pub input: String,
+}
+
+/// Why a bootstrap could not be cut into frames or put together from them.
+#[derive(Debug, thiserror::Error)]
+pub enum BootstrapFrameError {
+    /// The head alone (scope and policy) is over [`MAX_FRAME_BYTES`].
+    #[error("the bootstrap head (scope and policy) is {0} bytes, over the {MAX_FRAME_BYTES}-byte frame limit")]
+    HeadTooLong(usize),
+    /// The head announced another number of parts than arrived.
+    #[error("the bootstrap head announced {expected} parts, {got} arrived")]
+    PartCount {
+        /// `body_parts` of the head.
+        expected: u64,
+        /// Parts read.
+        got: u64,
+    },
+    /// A frame or the joined body is not valid JSON of its type.
+    #[error("the bootstrap is not valid JSON: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+/// The whole bootstrap `{scope, policy, history, input}` (SPEC section 4) as the worker uses
+/// it; on the wire it is a head and parts ([`Bootstrap::into_frames`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Bootstrap {
     /// Who the execution is.
@@ -226,6 +283,74 @@ pub struct Bootstrap {
     pub history: Vec<ChatMessage>,
     /// This turn's user text. The owner has already stored it as a `user` message.
     pub input: String,
+}
+
+impl Bootstrap {
+    /// The frames that carry this bootstrap: the head, then the body's JSON text in parts of
+    /// at most [`BOOTSTRAP_PART_BYTES`] (at least one part, so an empty text is sent too).
+    /// Every frame is under [`MAX_FRAME_BYTES`], or this is [`BootstrapFrameError::HeadTooLong`].
+    pub fn into_frames(self) -> Result<Vec<OwnerFrame>, BootstrapFrameError> {
+        let body = serde_json::to_string(&BootstrapBody {
+            history: self.history,
+            input: self.input,
+        })?;
+        let parts = split_at_chars(&body, BOOTSTRAP_PART_BYTES);
+        let head = OwnerFrame::Bootstrap(Box::new(BootstrapHead {
+            scope: self.scope,
+            policy: self.policy,
+            body_parts: parts.len() as u64,
+        }));
+        let head_bytes = serde_json::to_vec(&head)?.len();
+        if head_bytes > MAX_FRAME_BYTES {
+            return Err(BootstrapFrameError::HeadTooLong(head_bytes));
+        }
+        let mut frames = Vec::with_capacity(parts.len() + 1);
+        frames.push(head);
+        frames.extend(parts.into_iter().map(|text| OwnerFrame::BootstrapPart {
+            text: text.to_string(),
+        }));
+        Ok(frames)
+    }
+
+    /// The bootstrap the head and its parts' texts (in order) carry.
+    pub fn assemble(
+        head: BootstrapHead,
+        parts: &[String],
+    ) -> Result<Bootstrap, BootstrapFrameError> {
+        if parts.len() as u64 != head.body_parts {
+            return Err(BootstrapFrameError::PartCount {
+                expected: head.body_parts,
+                got: parts.len() as u64,
+            });
+        }
+        let body: BootstrapBody = serde_json::from_str(&parts.concat())?;
+        Ok(Bootstrap {
+            scope: head.scope,
+            policy: head.policy,
+            history: body.history,
+            input: body.input,
+        })
+    }
+}
+
+/// `text` cut into pieces of at most `max` bytes (at least one, possibly empty), each ending at
+/// a character boundary. `max` must be at least 4 (one UTF-8 character).
+fn split_at_chars(text: &str, max: usize) -> Vec<&str> {
+    let mut pieces = Vec::new();
+    let mut rest = text;
+    loop {
+        if rest.len() <= max {
+            pieces.push(rest);
+            return pieces;
+        }
+        let mut cut = max;
+        while !rest.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let (piece, tail) = rest.split_at(cut);
+        pieces.push(piece);
+        rest = tail;
+    }
 }
 
 /// A worker write: `{epoch, execution_id, generation, sequence, operation, payload, secret}`.

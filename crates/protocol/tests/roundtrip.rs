@@ -14,9 +14,10 @@ use std::fmt::Debug;
 use drover_protocol::event::{self, Event};
 use drover_protocol::rpc::{Notification, Request, Response};
 use drover_protocol::worker::{
-    op, BackgroundProcess, Bootstrap, ChildReserve, ExecutionFinish, JobRegister, JobsWire,
-    McpServerSpec, OwnerFrame, PersistFrame, Policy, ProcessStatus, ProcessUpdate, PromptOpen,
-    TranscriptAppend, TurnOutcome, UsageAdd, WorkerFrame,
+    op, BackgroundProcess, Bootstrap, BootstrapFrameError, BootstrapHead, ChildReserve,
+    ExecutionFinish, JobRegister, JobsWire, McpServerSpec, OwnerFrame, PersistFrame, Policy,
+    ProcessStatus, ProcessUpdate, PromptOpen, TranscriptAppend, TurnOutcome, UsageAdd, WorkerFrame,
+    BOOTSTRAP_PART_BYTES, MAX_FRAME_BYTES,
 };
 use drover_protocol::{ChatMessage, ErrorReason, FunctionCall, Role, RpcError, ToolCall, Usage};
 use serde::de::DeserializeOwned;
@@ -296,36 +297,120 @@ const POLICY: &str = concat!(
 );
 
 #[test]
-fn a_bootstrap_frame_round_trips_with_its_whole_policy() {
+fn a_bootstrap_head_and_part_round_trip_with_the_whole_policy() {
     let text = format!(
         concat!(
             r#"{{"type":"bootstrap","scope":{{"session_id":"s-1","admission_id":"a-1","#,
             r#""execution_id":"x-1","generation":2,"epoch":5,"secret":"0123abcd"}},"#,
-            r#""policy":{},"history":[{{"role":"user","content":"earlier"}},"#,
-            r#"{{"role":"assistant","content":"answer"}}],"input":"now this"}}"#
+            r#""policy":{},"body_parts":1}}"#
         ),
         POLICY
     );
     let frame: OwnerFrame = pinned(&text);
-    let OwnerFrame::Bootstrap(bootstrap) = frame else {
+    let OwnerFrame::Bootstrap(head) = frame else {
         panic!("not a bootstrap: {frame:?}")
     };
-    assert_eq!(bootstrap.scope.generation, 2);
+    assert_eq!(head.scope.generation, 2);
     assert_eq!(
-        bootstrap.policy.background_processes[0].status,
+        head.policy.background_processes[0].status,
         ProcessStatus::Running
     );
-    assert_eq!(bootstrap.policy.mcp_servers["echo"].args, ["--quiet"]);
-    assert_eq!(bootstrap.policy.mcp_servers["echo"].tool_timeout_s, 30);
-    assert_eq!(bootstrap.policy.model_settings.stall_timeout_s, 120);
-    assert_eq!(bootstrap.history.len(), 2);
+    assert_eq!(head.policy.mcp_servers["echo"].args, ["--quiet"]);
+    assert_eq!(head.policy.mcp_servers["echo"].tool_timeout_s, 30);
+    assert_eq!(head.policy.model_settings.stall_timeout_s, 120);
     assert_eq!(
-        bootstrap.policy.sandbox.mode,
+        head.policy.sandbox.mode,
         drover_protocol::sandbox::SandboxMode::WorkspaceWrite
     );
-    assert_eq!(bootstrap.policy.sandbox.support.landlock_abi, Some(7));
-    // The bootstrap alone (not as a frame) round-trips too.
+    assert_eq!(head.policy.sandbox.support.landlock_abi, Some(7));
+    let part: OwnerFrame = pinned(concat!(
+        r#"{"type":"bootstrap_part","text":"{\"history\":[{\"role\":\"user\","#,
+        r#"\"content\":\"earlier\"}],\"input\":\"now this\"}"}"#
+    ));
+    let OwnerFrame::BootstrapPart { text } = part else {
+        panic!("not a part: {part:?}")
+    };
+    let bootstrap = Bootstrap::assemble(*head.clone(), std::slice::from_ref(&text)).unwrap();
+    assert_eq!(
+        bootstrap.history,
+        [ChatMessage::text(Role::User, "earlier")]
+    );
+    assert_eq!(bootstrap.input, "now this");
+    // Cut into frames again, it gives the same two frames.
+    assert_eq!(
+        bootstrap.clone().into_frames().unwrap(),
+        [
+            OwnerFrame::Bootstrap(head.clone()),
+            OwnerFrame::BootstrapPart { text: text.clone() }
+        ]
+    );
+    // A part missing, or one too many, is refused.
+    assert!(Bootstrap::assemble(*head.clone(), &[]).is_err());
+    assert!(Bootstrap::assemble(*head, &[text.clone(), text]).is_err());
     round_trip::<Bootstrap>(&bootstrap);
+}
+
+#[test]
+fn a_history_of_any_size_travels_in_bounded_frames() {
+    let base = Bootstrap::assemble(
+        serde_json::from_str::<BootstrapHead>(&format!(
+            concat!(
+                r#"{{"scope":{{"session_id":"s","admission_id":"a","execution_id":"x","#,
+                r#""generation":1,"epoch":1,"secret":"k"}},"policy":{},"body_parts":1}}"#
+            ),
+            POLICY
+        ))
+        .unwrap(),
+        &[r#"{"history":[],"input":""}"#.to_string()],
+    )
+    .unwrap();
+    // One message alone over the frame limit, made of what escaping makes longest (quotes and
+    // backslashes) and of multi-byte characters that a cut must not split, then many more.
+    let mut history = vec![ChatMessage::text(
+        Role::Tool,
+        "\"\\é\u{1F600}\n\u{1}".repeat(MAX_FRAME_BYTES / 4),
+    )];
+    for i in 0..2000 {
+        history.push(ChatMessage::text(
+            Role::User,
+            format!("message {i} ").repeat(300),
+        ));
+    }
+    let mut bootstrap = base.clone();
+    bootstrap.history = history;
+    bootstrap.input = "\u{2}".repeat(MAX_FRAME_BYTES / 2);
+    let frames = bootstrap.clone().into_frames().unwrap();
+    assert!(frames.len() > 10, "{} frames", frames.len());
+    let mut parts = Vec::new();
+    let mut frames = frames.into_iter();
+    let Some(OwnerFrame::Bootstrap(head)) = frames.next() else {
+        panic!("the head comes first")
+    };
+    for frame in frames {
+        let line = serde_json::to_vec(&frame).unwrap();
+        assert!(
+            line.len() <= MAX_FRAME_BYTES,
+            "a frame of {} bytes",
+            line.len()
+        );
+        let OwnerFrame::BootstrapPart { text } = frame else {
+            panic!("only parts follow the head")
+        };
+        assert!(text.len() <= BOOTSTRAP_PART_BYTES);
+        parts.push(text);
+    }
+    assert_eq!(head.body_parts, parts.len() as u64);
+    assert_eq!(Bootstrap::assemble(*head, &parts).unwrap(), bootstrap);
+
+    // An empty history and input still take one part.
+    let frames = base.into_frames().unwrap();
+    assert_eq!(frames.len(), 2);
+
+    // A head over the limit is refused by name.
+    let mut huge = bootstrap;
+    huge.policy.system_prompt = "x".repeat(MAX_FRAME_BYTES);
+    let err = huge.into_frames().unwrap_err();
+    assert!(matches!(err, BootstrapFrameError::HeadTooLong(_)), "{err}");
 }
 
 #[test]

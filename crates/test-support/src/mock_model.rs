@@ -32,6 +32,9 @@ use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
+
+/// The largest request body the mock model reads (64 MiB).
+const REQUEST_BODY_LIMIT: usize = 64 * 1024 * 1024;
 use futures::StreamExt;
 use serde_json::{json, Value};
 use tokio::sync::watch;
@@ -114,6 +117,9 @@ impl MockModel {
         let app = Router::new()
             .route("/v1/chat/completions", post(chat_completions))
             .route("/chat/completions", post(chat_completions))
+            // Real endpoints take requests of many MiB (long histories); axum's 2 MiB
+            // default would answer 413 first.
+            .layer(axum::extract::DefaultBodyLimit::max(REQUEST_BODY_LIMIT))
             .with_state(Arc::clone(&shared));
         let mut stop = shared.shutdown.subscribe();
         tokio::spawn(async move {

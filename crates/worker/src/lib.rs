@@ -27,7 +27,8 @@
 //! [`store`] < this file (bootstrap, the turn, exit codes).
 //!
 //! The protocol, as the worker plays it:
-//! 1. The owner sends [`OwnerFrame::Bootstrap`]; the worker opens the outbox and the turn runs
+//! 1. The owner sends [`OwnerFrame::Bootstrap`] and its [`OwnerFrame::BootstrapPart`]s (the
+//!    history and input, [`read_bootstrap`]); the worker opens the outbox and the turn runs
 //!    (`usage.add`, `transcript.append`, `prompt.open`, `mcp.status` persists, live `delta`
 //!    lines). At its end the turn's MCP servers are stopped (`mcp.status` `stopped`).
 //! 2. The worker persists `execution.finish` ([`ExecutionFinish`]) and, after its receipt,
@@ -213,50 +214,80 @@ fn watch_signals(shutdown: CancellationToken) {
     }
 }
 
-/// Why the first frame could not start a turn.
+/// Why the bootstrap (its head and parts) could not start a turn.
 #[derive(Debug, thiserror::Error)]
 pub enum BootstrapError {
-    /// stdin ended before the first line: the owner is gone.
-    #[error("stdin closed before a bootstrap frame arrived")]
+    /// stdin ended before the whole bootstrap arrived: the owner is gone.
+    #[error("stdin closed before the whole bootstrap arrived")]
     Eof,
     /// Reading stdin failed.
-    #[error("reading the bootstrap frame failed: {0}")]
+    #[error("reading the bootstrap failed: {0}")]
     Io(#[from] std::io::Error),
-    /// The first line is longer than [`MAX_FRAME_BYTES`] (its length, newline excluded).
-    #[error("the bootstrap frame is {0} bytes, over the {MAX_FRAME_BYTES}-byte frame limit")]
+    /// A bootstrap line is longer than [`MAX_FRAME_BYTES`] (its length, newline excluded).
+    #[error("a bootstrap frame is {0} bytes, over the {MAX_FRAME_BYTES}-byte frame limit")]
     TooLong(usize),
-    /// The first line is not a bootstrap frame (the parser's reason).
-    #[error("the first frame is not a valid bootstrap frame: {0}")]
+    /// The first line is not a bootstrap head, or a later one not a part (the parser's
+    /// reason).
+    #[error("not a valid bootstrap: {0}")]
     Invalid(String),
 }
 
-/// Reads and parses the first line, which must be a bootstrap frame.
-pub async fn read_bootstrap<R>(reader: &mut R) -> Result<Bootstrap, BootstrapError>
+/// Reads the next non-blank line as an owner frame.
+async fn read_owner_frame<R>(
+    reader: &mut R,
+    buf: &mut Vec<u8>,
+) -> Result<OwnerFrame, BootstrapError>
 where
     R: AsyncBufRead + Unpin,
 {
-    let mut buf = Vec::new();
     loop {
-        match read_frame_line(reader, &mut buf, MAX_FRAME_BYTES).await? {
+        match read_frame_line(reader, buf, MAX_FRAME_BYTES).await? {
             FrameLine::Eof => return Err(BootstrapError::Eof),
             FrameLine::TooLong(bytes) => return Err(BootstrapError::TooLong(bytes)),
             FrameLine::Line if buf.iter().all(u8::is_ascii_whitespace) => continue,
             FrameLine::Line => break,
         }
     }
-    match serde_json::from_slice::<OwnerFrame>(&buf) {
-        Ok(OwnerFrame::Bootstrap(bootstrap)) => Ok(*bootstrap),
-        Ok(other) => Err(BootstrapError::Invalid(format!(
-            "expected type \"bootstrap\", got {}",
-            frame_type(&other)
-        ))),
-        Err(e) => Err(BootstrapError::Invalid(e.to_string())),
+    serde_json::from_slice::<OwnerFrame>(buf).map_err(|e| BootstrapError::Invalid(e.to_string()))
+}
+
+/// Reads the bootstrap: the head (the first frame), then the `body_parts` part frames it
+/// announces, put together ([`Bootstrap::assemble`]).
+pub async fn read_bootstrap<R>(reader: &mut R) -> Result<Bootstrap, BootstrapError>
+where
+    R: AsyncBufRead + Unpin,
+{
+    let mut buf = Vec::new();
+    let head = match read_owner_frame(reader, &mut buf).await? {
+        OwnerFrame::Bootstrap(head) => head,
+        other => {
+            return Err(BootstrapError::Invalid(format!(
+                "expected type \"bootstrap\", got {}",
+                frame_type(&other)
+            )))
+        }
+    };
+    let mut parts = Vec::new();
+    while (parts.len() as u64) < head.body_parts {
+        match read_owner_frame(reader, &mut buf).await? {
+            OwnerFrame::BootstrapPart { text } => parts.push(text),
+            other => {
+                return Err(BootstrapError::Invalid(format!(
+                    "expected part {} of {} (type \"bootstrap_part\"), got {}",
+                    parts.len() + 1,
+                    head.body_parts,
+                    frame_type(&other)
+                )))
+            }
+        }
     }
+    Bootstrap::assemble(*head, &parts).map_err(|e| BootstrapError::Invalid(e.to_string()))
 }
 
 fn frame_type(frame: &OwnerFrame) -> &'static str {
     match frame {
         OwnerFrame::Bootstrap(_) => "bootstrap",
+        OwnerFrame::BootstrapPart { .. } => "bootstrap_part",
         OwnerFrame::Receipt { .. } => "receipt",
         OwnerFrame::Refused { .. } => "refused",
         OwnerFrame::Stop { .. } => "stop",

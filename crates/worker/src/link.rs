@@ -476,8 +476,8 @@ impl Inner {
                 self.lock().stop_reason.get_or_insert(reason);
                 self.cancel.cancel();
             }
-            OwnerFrame::Bootstrap(_) => {
-                tracing::warn!("ignoring a second bootstrap frame");
+            OwnerFrame::Bootstrap(_) | OwnerFrame::BootstrapPart { .. } => {
+                tracing::warn!("ignoring a bootstrap frame after the bootstrap");
             }
         }
     }

@@ -6,7 +6,7 @@ mod common;
 
 use common::{bootstrap, Owner};
 use drover_protocol::worker::{
-    BackgroundProcess, OwnerFrame, ProcessStatus, ProcessUpdate, TranscriptAppend, TurnOutcome,
+    BackgroundProcess, ProcessStatus, ProcessUpdate, TranscriptAppend, TurnOutcome,
 };
 use drover_test_support::{MockModel, Reply};
 use drover_worker::WorkerExit;
@@ -59,12 +59,10 @@ async fn bootstrap_processes_are_checked_and_new_ones_registered_through_the_own
     ));
     mock.push(Reply::text("done"));
     let mut frame = bootstrap(&mock, home.path());
-    if let OwnerFrame::Bootstrap(b) = &mut frame {
-        b.policy.toolsets = vec!["terminal".into()];
-        b.policy.background_processes = vec![earlier];
-    }
+    frame.policy.toolsets = vec!["terminal".into()];
+    frame.policy.background_processes = vec![earlier];
     let mut owner = Owner::spawn();
-    owner.send(&frame).await;
+    owner.send_bootstrap(&frame).await;
     let finish = owner.receipt_all_until_finish().await;
 
     let register = owner

@@ -14,9 +14,9 @@ use std::path::Path;
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
-use common::{pid_from_file, read_frame, write_frame};
+use common::{pid_from_file, read_frame, write_bootstrap, write_frame};
 use drover_protocol::worker::{
-    ExecutionFinish, OwnerFrame, PersistFrame, TurnOutcome, WorkerFrame,
+    Bootstrap, ExecutionFinish, OwnerFrame, PersistFrame, TurnOutcome, WorkerFrame,
 };
 use drover_test_support::{Gate, MockModel, Reply};
 use serde_json::json;
@@ -88,6 +88,10 @@ impl Worker {
         write_frame(self.stdin.as_mut().expect("stdin open"), frame).await;
     }
 
+    async fn send_bootstrap(&mut self, bootstrap: &Bootstrap) {
+        write_bootstrap(self.stdin.as_mut().expect("stdin open"), bootstrap).await;
+    }
+
     /// The next persist frame; every stdout line must be a worker frame.
     async fn next_persist(&mut self) -> Option<PersistFrame> {
         loop {
@@ -103,7 +107,7 @@ impl Worker {
         mock.push(Reply::text("never").gated(&gate));
         let mut worker = Worker::spawn(std::process::id());
         let frame = bootstrap(mock, worker.home());
-        worker.send(&frame).await;
+        worker.send_bootstrap(&frame).await;
         assert!(gate.wait_reached(WAIT).await, "the model request arrives");
         (worker, gate)
     }
@@ -133,14 +137,14 @@ impl Worker {
 
 /// The common turn, with this test's secret and API key (which the log must not hold), no tool
 /// schema and no history.
-fn bootstrap(mock: &MockModel, home: &Path) -> OwnerFrame {
+fn bootstrap(mock: &MockModel, home: &Path) -> Bootstrap {
     let mut bootstrap = common::turn_bootstrap(mock, home);
     bootstrap.scope.execution_id = "exec-p".into();
     bootstrap.scope.secret = SECRET.into();
     bootstrap.policy.api_key = Some(API_KEY.into());
     bootstrap.policy.tools = vec![];
     bootstrap.history = vec![];
-    OwnerFrame::Bootstrap(Box::new(bootstrap))
+    bootstrap
 }
 
 async fn worker_process_finishes_a_turn_over_real_pipes() {
@@ -148,7 +152,7 @@ async fn worker_process_finishes_a_turn_over_real_pipes() {
     mock.push(Reply::text("hi from the model"));
     let mut worker = Worker::spawn(std::process::id());
     let frame = bootstrap(&mock, worker.home());
-    worker.send(&frame).await;
+    worker.send_bootstrap(&frame).await;
     let mut operations = Vec::new();
     let finish = loop {
         let persist = worker.next_persist().await.expect("a persist");
@@ -236,7 +240,7 @@ async fn worker_process_stops_when_the_owner_thread_that_spawned_it_dies() {
         tokio::process::ChildStdin::from_std(child.stdin.take().expect("stdin")).expect("stdin");
     let stdout =
         tokio::process::ChildStdout::from_std(child.stdout.take().expect("stdout")).expect("out");
-    write_frame(&mut stdin, &bootstrap(&mock, home.path())).await;
+    write_bootstrap(&mut stdin, &bootstrap(&mock, home.path())).await;
     assert!(gate.wait_reached(WAIT).await, "the model request arrives");
 
     release_tx.send(()).expect("release");
@@ -270,10 +274,8 @@ async fn worker_process_kills_foreground_groups_when_stdin_closes() {
         json!({"command": format!("sleep 30 & echo $! > {}; wait", pid_file.display())}),
     ));
     let mut frame = bootstrap(&mock, worker.home());
-    if let OwnerFrame::Bootstrap(b) = &mut frame {
-        b.policy.toolsets = vec!["terminal".into()];
-    }
-    worker.send(&frame).await;
+    frame.policy.toolsets = vec!["terminal".into()];
+    worker.send_bootstrap(&frame).await;
     for _ in 0..2 {
         let persist = worker.next_persist().await.expect("persist");
         worker

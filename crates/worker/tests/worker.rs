@@ -19,7 +19,7 @@ async fn completed_turn_persists_in_sequence_and_exits_zero() {
     mock.push(Reply::tool_call("call-1", "nope", json!({"command": "ls"})));
     mock.push(Reply::text("hello there").usage(7, 3, 10));
     let mut owner = Owner::spawn();
-    owner.send(&bootstrap(&mock, home.path())).await;
+    owner.send_bootstrap(&bootstrap(&mock, home.path())).await;
 
     let finish = owner.receipt_all_until_finish().await;
     assert_eq!(owner.exited().await, WorkerExit::Finished);
@@ -117,7 +117,7 @@ async fn refused_persist_exits_two_without_execution_finish() {
     let mock = MockModel::start().await;
     mock.push(Reply::text("hi"));
     let mut owner = Owner::spawn();
-    owner.send(&bootstrap(&mock, home.path())).await;
+    owner.send_bootstrap(&bootstrap(&mock, home.path())).await;
 
     let first = owner.next_persist().await.expect("usage.add");
     assert_eq!(first.operation, "usage.add");
@@ -186,7 +186,7 @@ async fn model_error_finishes_failed_with_the_server_message() {
     let mock = MockModel::start().await;
     mock.push(Reply::error(400, "maximum context length exceeded"));
     let mut owner = Owner::spawn();
-    owner.send(&bootstrap(&mock, home.path())).await;
+    owner.send_bootstrap(&bootstrap(&mock, home.path())).await;
     let finish = owner.receipt_all_until_finish().await;
     assert_eq!(owner.operations(), vec!["execution.finish"]);
     assert_eq!(finish.outcome, TurnOutcome::Failed);
@@ -200,11 +200,9 @@ async fn unknown_toolset_finishes_failed_without_a_request() {
     let home = tempfile::tempdir().expect("tempdir");
     let mock = MockModel::start().await;
     let mut frame = bootstrap(&mock, home.path());
-    if let OwnerFrame::Bootstrap(b) = &mut frame {
-        b.policy.toolsets = vec!["teleport".into()];
-    }
+    frame.policy.toolsets = vec!["teleport".into()];
     let mut owner = Owner::spawn();
-    owner.send(&frame).await;
+    owner.send_bootstrap(&frame).await;
     let finish = owner.receipt_all_until_finish().await;
     assert_eq!(finish.outcome, TurnOutcome::Failed);
     assert!(finish.error.unwrap_or_default().contains("teleport"));
@@ -217,4 +215,43 @@ async fn a_first_frame_that_is_not_a_bootstrap_exits_one() {
     let mut owner = Owner::spawn();
     owner.send(&OwnerFrame::Stop { reason: "x".into() }).await;
     assert_eq!(owner.exited().await, WorkerExit::Aborted);
+}
+
+#[tokio::test]
+async fn a_history_far_over_the_frame_limit_reaches_the_model_whole() {
+    use drover_protocol::worker::MAX_FRAME_BYTES;
+    use drover_protocol::Role;
+    let home = tempfile::tempdir().expect("tempdir");
+    let mock = MockModel::start().await;
+    mock.push(Reply::text("read it all"));
+    let mut turn = bootstrap(&mock, home.path());
+    // One message alone over the frame limit, and enough others to pass 5 MiB.
+    turn.history = vec![ChatMessage::text(
+        Role::User,
+        "\"é".repeat(MAX_FRAME_BYTES / 2),
+    )];
+    for i in 0..40 {
+        turn.history.push(ChatMessage::text(
+            Role::Assistant,
+            format!("{i:>4}").repeat(32 * 1024),
+        ));
+    }
+    let mut owner = Owner::spawn();
+    owner.send_bootstrap(&turn).await;
+    let finish = owner.receipt_all_until_finish().await;
+    assert_eq!(finish.outcome, TurnOutcome::Completed, "{:?}", finish.error);
+    assert_eq!(owner.exited().await, WorkerExit::Finished);
+    let requests = mock.requests();
+    let messages = requests[0]["messages"].as_array().expect("messages");
+    // The system prompt, the history, the input.
+    assert_eq!(messages.len(), 1 + turn.history.len() + 1);
+    assert_eq!(
+        messages[1]["content"].as_str().map(str::len),
+        Some(MAX_FRAME_BYTES / 2 * 3)
+    );
+    assert_eq!(
+        messages[41]["content"],
+        format!("{:>4}", 39).repeat(32 * 1024)
+    );
+    assert_eq!(messages[42]["content"], "hello");
 }

@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::{bootstrap, Owner};
-use drover_protocol::worker::{OwnerFrame, TranscriptAppend, TurnOutcome};
+use drover_protocol::worker::{Bootstrap, OwnerFrame, TranscriptAppend, TurnOutcome};
 use drover_protocol::ChatMessage;
 use drover_test_support::{MockModel, Reply};
 use drover_worker::WorkerExit;
@@ -16,11 +16,9 @@ use serde_json::json;
 
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-fn with_terminal(mut frame: OwnerFrame) -> OwnerFrame {
-    if let OwnerFrame::Bootstrap(b) = &mut frame {
-        b.policy.toolsets = vec!["terminal".into()];
-    }
-    frame
+fn with_terminal(mut bootstrap: Bootstrap) -> Bootstrap {
+    bootstrap.policy.toolsets = vec!["terminal".into()];
+    bootstrap
 }
 
 #[tokio::test]
@@ -36,7 +34,7 @@ async fn terminal_call_runs_and_its_result_is_persisted() {
     mock.push(Reply::text("done"));
     let mut owner = Owner::spawn();
     owner
-        .send(&with_terminal(bootstrap(&mock, home.path())))
+        .send_bootstrap(&with_terminal(bootstrap(&mock, home.path())))
         .await;
     let finish = owner.receipt_all_until_finish().await;
     assert_eq!(finish.outcome, TurnOutcome::Completed);
@@ -64,7 +62,7 @@ async fn stop_during_a_terminal_command_kills_it_and_finishes_interrupted() {
     ));
     let mut owner = Owner::spawn();
     owner
-        .send(&with_terminal(bootstrap(&mock, home.path())))
+        .send_bootstrap(&with_terminal(bootstrap(&mock, home.path())))
         .await;
     // usage.add, then the assistant message: both before the command runs.
     for _ in 0..2 {

@@ -1,9 +1,9 @@
 //! `drover-worker-relay`: a wrapper for `$DROVER_WORKER_EXE` that plays a worker which knows
 //! more than it should, for tests of the owner's worker checks (drover issue 8).
 //!
-//! Started by the owner as `drover-worker-relay worker`, it reads the bootstrap line, writes it
-//! to `$DROVER_RELAY_DIR/boot-<execution_id>.json` (so a test learns the execution's secret,
-//! as a hostile worker might), then starts the real worker `$DROVER_RELAY_REAL worker` and
+//! Started by the owner as `drover-worker-relay worker`, it reads the bootstrap head line and
+//! the part lines it announces, writes the head to `$DROVER_RELAY_DIR/boot-<execution_id>.json`
+//! (so a test learns the execution's secret, as a hostile worker might), then starts the real worker `$DROVER_RELAY_REAL worker` and
 //! relays the owner's stdin to it (the worker's stdout and stderr are the relay's own).
 //!
 //! Attack mode: when `$DROVER_RELAY_DIR/attack.json` exists at start, the first relay to rename
@@ -52,6 +52,12 @@ fn relay() -> io::Result<u8> {
         .ok_or_else(|| io::Error::other("bootstrap without a usable scope.execution_id"))?
         .to_string();
     std::fs::write(dir.join(format!("boot-{execution_id}.json")), &bootstrap)?;
+    // The parts follow the head at once; the real worker gets them all before anything else.
+    let parts = parsed["body_parts"].as_u64().unwrap_or(0);
+    let mut bootstrap = bootstrap;
+    for _ in 0..parts {
+        bootstrap.push_str(&read_line(&mut stdin)?);
+    }
 
     let claimed = dir.join(format!("attack-{execution_id}.json"));
     if std::fs::rename(dir.join("attack.json"), &claimed).is_ok() {

@@ -60,6 +60,11 @@ impl Owner {
         write_frame(&mut self.writer, frame).await;
     }
 
+    /// Sends `bootstrap`'s head and parts.
+    pub async fn send_bootstrap(&mut self, bootstrap: &Bootstrap) {
+        write_bootstrap(&mut self.writer, bootstrap).await;
+    }
+
     /// The next persist frame (deltas are collected on the way); `None` at end of file.
     pub async fn next_persist(&mut self) -> Option<PersistFrame> {
         loop {
@@ -120,7 +125,7 @@ impl HeldTurn {
         let gate = Gate::new();
         mock.push(Reply::text(reply).gated(&gate));
         let mut owner = Owner::spawn();
-        owner.send(&bootstrap(&mock, home.path())).await;
+        owner.send_bootstrap(&bootstrap(&mock, home.path())).await;
         assert!(gate.wait_reached(WAIT).await, "the model request arrives");
         HeldTurn {
             owner,
@@ -182,8 +187,15 @@ pub fn terminal_schema() -> Value {
         "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}})
 }
 
-pub fn bootstrap(mock: &MockModel, home: &Path) -> OwnerFrame {
-    OwnerFrame::Bootstrap(Box::new(turn_bootstrap(mock, home)))
+pub fn bootstrap(mock: &MockModel, home: &Path) -> Bootstrap {
+    turn_bootstrap(mock, home)
+}
+
+/// Writes `bootstrap` as the owner does: its head, then its parts.
+pub async fn write_bootstrap(writer: &mut (impl AsyncWrite + Unpin), bootstrap: &Bootstrap) {
+    for frame in bootstrap.clone().into_frames().expect("bootstrap frames") {
+        write_frame(writer, &frame).await;
+    }
 }
 
 /// The bootstrap of one turn of session `s1` (execution `exec-1`) on `mock`: input `hello`
