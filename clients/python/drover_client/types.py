@@ -741,6 +741,29 @@ The author of a message (SPEC section 3, `messages.role`).
 """
 
 
+class SessionCompacted(TypedDict):
+    """
+    Payload of `session.compacted`: a compaction was stored (issue 14).
+    """
+
+    admission_id: str
+    """
+    The admission whose turn compacted.
+    """
+    covered: int
+    """
+    How many transcript messages the summary stands for, in all.
+    """
+    summary_tokens: int
+    """
+    The summary's size in tokens, as the model counted it (its completion tokens).
+    """
+    through_message_id: int
+    """
+    The ledger id of the last message it covers.
+    """
+
+
 class SessionCreateParams(TypedDict):
     """
     Params of `session.create`. Everything but `request_id` defaults from `config.toml`.
@@ -893,6 +916,29 @@ class SessionEventMcpStatus(TypedDict):
     """
     payload: McpStatus
     type: Literal['mcp.status']
+
+
+class SessionEventSessionCompacted(TypedDict):
+    """
+    Older history was summarised: later requests send the summary in its place (the
+    transcript keeps every message).
+    """
+
+    replay_epoch: str
+    """
+    The stored stream's name (pass to `session.events.since`).
+    """
+    seq: NotRequired[int | None]
+    """
+    1, 2, 3, ... per session with no gaps; `null` for the live-only `message.delta` and
+    `turn.progress`.
+    """
+    session_id: str
+    """
+    The session.
+    """
+    payload: SessionCompacted
+    type: Literal['session.compacted']
 
 
 class SessionInfo(TypedDict):
@@ -1619,6 +1665,16 @@ class EventPayloadMcpStatus(TypedDict):
     type: Literal['mcp.status']
 
 
+class EventPayloadSessionCompacted(TypedDict):
+    """
+    Older history was summarised: later requests send the summary in its place (the
+    transcript keeps every message).
+    """
+
+    payload: SessionCompacted
+    type: Literal['session.compacted']
+
+
 class JobState(TypedDict):
     """
     A job's state in its registry (SPEC section 7).
@@ -1882,7 +1938,7 @@ class SessionEventTurnProgress(TypedDict):
     type: Literal['turn.progress']
 
 
-SessionEvent: TypeAlias = SessionEventTurnStarted | SessionEventMessageDelta | SessionEventMessageComplete | SessionEventToolStart | SessionEventToolComplete | SessionEventApprovalRequest | SessionEventClarifyRequest | SessionEventApprovalSettled | SessionEventClarifySettled | SessionEventTurnSettled | SessionEventAdmissionUpdated | SessionEventTurnProgress | SessionEventMcpStatus
+SessionEvent: TypeAlias = SessionEventTurnStarted | SessionEventMessageDelta | SessionEventMessageComplete | SessionEventToolStart | SessionEventToolComplete | SessionEventApprovalRequest | SessionEventClarifyRequest | SessionEventApprovalSettled | SessionEventClarifySettled | SessionEventTurnSettled | SessionEventAdmissionUpdated | SessionEventTurnProgress | SessionEventMcpStatus | SessionEventSessionCompacted
 """
 The params of an `event` notification, typed: `{session_id, seq, replay_epoch, type,
 payload}`.
@@ -1998,7 +2054,7 @@ class EventPayloadMessageComplete(TypedDict):
     type: Literal['message.complete']
 
 
-EventPayload: TypeAlias = EventPayloadTurnStarted | EventPayloadMessageDelta | EventPayloadMessageComplete | EventPayloadToolStart | EventPayloadToolComplete | EventPayloadApprovalRequest | EventPayloadClarifyRequest | EventPayloadApprovalSettled | EventPayloadClarifySettled | EventPayloadTurnSettled | EventPayloadAdmissionUpdated | EventPayloadTurnProgress | EventPayloadMcpStatus
+EventPayload: TypeAlias = EventPayloadTurnStarted | EventPayloadMessageDelta | EventPayloadMessageComplete | EventPayloadToolStart | EventPayloadToolComplete | EventPayloadApprovalRequest | EventPayloadClarifyRequest | EventPayloadApprovalSettled | EventPayloadClarifySettled | EventPayloadTurnSettled | EventPayloadAdmissionUpdated | EventPayloadTurnProgress | EventPayloadMcpStatus | EventPayloadSessionCompacted
 """
 Every event type with its payload: `{"type": ..., "payload": {...}}`.
 """

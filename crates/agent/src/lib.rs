@@ -20,6 +20,11 @@
 //!   error) so the transcript stays valid for the next turn.
 //! - A model error or a store error ends the turn `failed`; after a store error nothing more
 //!   is written.
+//! - Before each request the context budget is checked ([`context`], issue 14): over
+//!   `compact_at` of the window, older tool output is cut in the request, then older history
+//!   is summarised and stored through [`TurnStore::compact`]. The model's
+//!   `context_length_exceeded` answer leads to one forced compaction and one retry, then the
+//!   turn fails `context_exceeded`.
 //!
 //! ```no_run
 //! # async fn demo(store: &dyn drover_agent::TurnStore, model: &dyn drover_model::ChatModel,
@@ -29,9 +34,12 @@
 //!     system_prompt: "You are terse.".into(),
 //!     tools: registry.schemas(),
 //!     history: vec![],
+//!     history_ids: vec![],
+//!     compaction: None,
 //!     input: "hello".into(),
 //!     max_steps: 20,
 //!     model: "gpt-4o-mini".into(),
+//!     context: Default::default(),
 //! };
 //! let report = run_turn(store, model, registry, ctx, spec).await;
 //! println!("{} {}", report.outcome.as_str(), report.final_response);
@@ -43,9 +51,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use drover_model::ChatModel;
-use drover_protocol::worker::{TurnOutcome, UsageAdd};
-use drover_protocol::{ChatMessage, Role, ToolCall, Usage};
+use drover_model::{ChatModel, ModelError};
+use drover_protocol::worker::{
+    CompactionSummary, CompactionWrite, ContextWindowFound, TurnOutcome, UsageAdd,
+};
+use drover_protocol::{ChatMessage, ContextBudget, Role, ToolCall, Usage};
 use drover_tools::{Tool, ToolContext, ToolRegistry};
 use serde_json::Value;
 
@@ -81,6 +91,10 @@ pub trait TurnStore: Send + Sync {
     ) -> Result<(), StoreError>;
     /// Persists one model request's usage.
     async fn add_usage(&self, usage: UsageAdd) -> Result<(), StoreError>;
+    /// Persists a compaction (its summary and the usage of the requests that made it).
+    async fn compact(&self, write: CompactionWrite) -> Result<(), StoreError>;
+    /// Persists the context window the endpoint reported (or the default it fell back to).
+    async fn context_window_found(&self, found: ContextWindowFound) -> Result<(), StoreError>;
     /// Live assistant text; best effort, never stored.
     fn delta(&self, text: &str);
 }
@@ -92,14 +106,23 @@ pub struct TurnSpec {
     pub system_prompt: String,
     /// Frozen tool schemas, sent verbatim on every request.
     pub tools: Vec<Value>,
-    /// Earlier messages, oldest first, without the system prompt.
+    /// Earlier messages, oldest first, without the system prompt and without what
+    /// `compaction` covers.
     pub history: Vec<ChatMessage>,
+    /// The ledger id of each `history` message (a compaction names the range it covers);
+    /// empty, or another length than `history`, means the history cannot be compacted.
+    pub history_ids: Vec<i64>,
+    /// The session's latest compaction: its summary goes before `history`.
+    pub compaction: Option<CompactionSummary>,
     /// This turn's user text (already stored by the owner; not appended again).
     pub input: String,
     /// Upper bound on model requests.
     pub max_steps: u32,
     /// The configured model name (reported in the result when the server names none).
     pub model: String,
+    /// The session's context budget; a `context_window` of 0 is asked of the model's endpoint
+    /// once the history is large enough to matter.
+    pub context: ContextBudget,
 }
 
 /// How the turn ended.
@@ -170,6 +193,288 @@ impl Tally {
     fn interrupted(self) -> TurnReport {
         self.end(TurnOutcome::Interrupted, None)
     }
+}
+
+/// The session's past and this turn, from which each request is built.
+struct Conversation {
+    system: Option<ChatMessage>,
+    compaction: Option<CompactionSummary>,
+    history: Vec<ChatMessage>,
+    history_ids: Vec<i64>,
+    /// This turn: the user input, then what the turn added.
+    turn: Vec<ChatMessage>,
+}
+
+impl Conversation {
+    /// The request's messages: `[system]`, the summary, the history, this turn.
+    fn request(&self) -> Vec<ChatMessage> {
+        let mut out = Vec::with_capacity(self.history.len() + self.turn.len() + 2);
+        out.extend(self.system.iter().cloned());
+        if let Some(c) = &self.compaction {
+            out.push(context::summary_message(&c.summary));
+        }
+        out.extend(self.history.iter().cloned());
+        out.extend(self.turn.iter().cloned());
+        out
+    }
+
+    /// Where `history` begins in [`Conversation::request`].
+    fn history_offset(&self) -> usize {
+        usize::from(self.system.is_some()) + usize::from(self.compaction.is_some())
+    }
+
+    /// Where the running turn's newest tool results begin in [`Conversation::request`]: after
+    /// its last assistant message.
+    fn newest_results(&self) -> usize {
+        let last = self
+            .turn
+            .iter()
+            .rposition(|m| m.role == Role::Assistant)
+            .unwrap_or(0);
+        self.history_offset() + self.history.len() + last
+    }
+}
+
+/// A request ready to send, with its estimated size.
+struct Prepared {
+    messages: Vec<ChatMessage>,
+    bytes: usize,
+    tokens: u64,
+}
+
+/// Why the turn stops before a request could be sent.
+enum Stop {
+    Interrupted,
+    Failed(String),
+}
+
+impl Stop {
+    fn report(self, tally: Tally) -> TurnReport {
+        match self {
+            Stop::Interrupted => tally.interrupted(),
+            Stop::Failed(error) => tally.failed(error),
+        }
+    }
+}
+
+/// The turn's context budget: the window (resolved once), the size estimate, and the fixed
+/// bytes of the tool schemas.
+struct Budget {
+    context: ContextBudget,
+    window: Option<u64>,
+    estimator: context::Estimator,
+    schema_bytes: usize,
+}
+
+impl Budget {
+    fn new(context: ContextBudget, schemas: &[Value]) -> Budget {
+        Budget {
+            window: (context.context_window > 0).then_some(context.context_window),
+            context,
+            estimator: context::Estimator::default(),
+            schema_bytes: serde_json::to_string(schemas).map_or(0, |s| s.len()),
+        }
+    }
+
+    fn measure(&self, messages: Vec<ChatMessage>) -> Prepared {
+        let bytes = context::message_bytes(&messages) + self.schema_bytes;
+        Prepared {
+            tokens: self.estimator.tokens(bytes),
+            messages,
+            bytes,
+        }
+    }
+
+    /// The window: `[model] context_window`, else what the endpoint reports (asked once and
+    /// stored), else the default.
+    async fn window(&mut self, model: &dyn ChatModel, store: &dyn TurnStore) -> Result<u64, Stop> {
+        if let Some(window) = self.window {
+            return Ok(window);
+        }
+        let reported = model.context_window().await;
+        let window = reported.unwrap_or(ContextBudget::DEFAULT_CONTEXT_WINDOW);
+        tracing::info!(window, reported = reported.is_some(), "context window");
+        store
+            .context_window_found(ContextWindowFound {
+                context_window: window,
+                reported: reported.is_some(),
+            })
+            .await
+            .map_err(|e| Stop::Failed(e.to_string()))?;
+        self.window = Some(window);
+        Ok(window)
+    }
+
+    /// The next request, within the budget where cutting old tool output and compacting can
+    /// bring it there. `force` (after the model said the context was exceeded) compacts every
+    /// earlier turn and cuts every tool output but the newest, whatever the estimate; it fails
+    /// when there is nothing left to shrink.
+    async fn fit(
+        &mut self,
+        conv: &mut Conversation,
+        io: &TurnIo<'_>,
+        tally: &mut Tally,
+        force: bool,
+    ) -> Result<Prepared, Stop> {
+        let prepared = self.measure(conv.request());
+        if !force && prepared.tokens <= context::WINDOW_LOOKUP_FLOOR {
+            return Ok(prepared);
+        }
+        let window = self.window(io.model, io.store).await?;
+        let budget = self.context.budget_tokens(window);
+        if !force && prepared.tokens <= budget {
+            return Ok(prepared);
+        }
+        let keep = if force {
+            0
+        } else {
+            self.context.keep_recent_turns as usize
+        };
+        // Old tool output goes first: outside the kept turns, then all but the newest results.
+        let (prepared, mut shrunk) = self.cut(conv, prepared.messages, keep);
+        if !force && prepared.tokens <= budget {
+            return Ok(prepared);
+        }
+        let compactable = conv.history_ids.len() == conv.history.len();
+        let mut prepared = prepared;
+        if let Some(n) = context::compaction_plan(&conv.history, keep).filter(|_| compactable) {
+            self.compact(conv, n, budget, io, tally).await?;
+            shrunk = true;
+            let request = conv.request();
+            let whole = self.measure(request);
+            prepared = if whole.tokens <= budget {
+                whole
+            } else {
+                self.cut(conv, whole.messages, keep).0
+            };
+        }
+        if force && !shrunk {
+            return Err(Stop::Failed(format!(
+                "context_exceeded: the request of about {} tokens ({} bytes, {} messages) is over \
+                 the model's context window ({window} tokens, compacting at {budget}) and \
+                 nothing is left to compact or cut",
+                prepared.tokens,
+                prepared.bytes,
+                prepared.messages.len()
+            )));
+        }
+        if prepared.tokens > budget {
+            tracing::warn!(
+                tokens = prepared.tokens,
+                budget,
+                "the request stays over the context budget after compacting"
+            );
+        }
+        Ok(prepared)
+    }
+
+    /// `messages` (a request of `conv`) with tool output cut: first outside the last `keep`
+    /// earlier turns and the running turn; if that is still over the budget, every result but
+    /// the running turn's newest. Returns whether anything was cut.
+    fn cut(
+        &self,
+        conv: &Conversation,
+        mut messages: Vec<ChatMessage>,
+        keep: usize,
+    ) -> (Prepared, bool) {
+        let budget = self
+            .window
+            .map_or(u64::MAX, |w| self.context.budget_tokens(w));
+        let outside_kept = conv.history_offset() + context::recent_turns_start(&conv.history, keep);
+        let mut cut = context::cut_tool_outputs(&mut messages, outside_kept);
+        let prepared = self.measure(messages);
+        if prepared.tokens <= budget {
+            return (prepared, cut);
+        }
+        let mut messages = prepared.messages;
+        cut |= context::cut_tool_outputs(&mut messages, conv.newest_results());
+        (self.measure(messages), cut)
+    }
+
+    /// Summarises `conv.history[..n]` (with the summary before it) and stores the compaction.
+    async fn compact(
+        &mut self,
+        conv: &mut Conversation,
+        n: usize,
+        budget: u64,
+        io: &TurnIo<'_>,
+        tally: &mut Tally,
+    ) -> Result<(), Stop> {
+        // Half the budget per request leaves room for the summary so far and the answer.
+        let max_bytes = (budget as usize).saturating_mul(2).max(16 * 1024);
+        let pieces = context::summary_requests(&conv.history[..n], max_bytes);
+        let mut summary = conv.compaction.as_ref().map(|c| c.summary.clone());
+        let mut usage = UsageAdd::default();
+        tracing::info!(
+            messages = n,
+            requests = pieces.len(),
+            "compacting the history"
+        );
+        for piece in pieces {
+            let messages = [
+                ChatMessage::text(Role::System, context::SUMMARY_INSTRUCTION),
+                ChatMessage::text(
+                    Role::User,
+                    context::summary_prompt(summary.as_deref(), &piece),
+                ),
+            ];
+            let mut quiet = |_: &str| {};
+            let response = tokio::select! {
+                biased;
+                _ = io.ctx.cancel.cancelled() => return Err(Stop::Interrupted),
+                response = io.model.chat(&messages, &[], &mut quiet) => response,
+            };
+            let completion = response
+                .map_err(|e| Stop::Failed(format!("{e} (while compacting the history)")))?;
+            let counted = completion.usage.unwrap_or_default();
+            tally.api_calls += 1;
+            tally.usage = tally.usage.saturating_add(counted);
+            usage = UsageAdd {
+                input_tokens: usage.input_tokens.saturating_add(counted.input_tokens),
+                output_tokens: usage.output_tokens.saturating_add(counted.output_tokens),
+                total_tokens: usage.total_tokens.saturating_add(counted.total_tokens),
+                api_calls: usage.api_calls + 1,
+            };
+            match completion.message.content {
+                Some(text) if !text.trim().is_empty() => summary = Some(text),
+                _ => {
+                    return Err(Stop::Failed(
+                        "the model answered an empty summary while compacting the history"
+                            .to_string(),
+                    ))
+                }
+            }
+        }
+        let summary = summary.unwrap_or_default();
+        let (first, last) = (conv.history_ids[0], conv.history_ids[n - 1]);
+        io.store
+            .compact(CompactionWrite {
+                first_message_id: first,
+                last_message_id: last,
+                summary: summary.clone(),
+                usage,
+            })
+            .await
+            .map_err(|e| Stop::Failed(e.to_string()))?;
+        let covered = conv.compaction.as_ref().map_or(0, |c| c.covered) + n as u64;
+        conv.compaction = Some(CompactionSummary {
+            summary,
+            through_message_id: last,
+            covered,
+        });
+        conv.history.drain(..n);
+        conv.history_ids.drain(..n);
+        // The model has not counted a request of this shape yet.
+        self.estimator = context::Estimator::default();
+        Ok(())
+    }
+}
+
+/// What a turn talks to.
+struct TurnIo<'a> {
+    store: &'a dyn TurnStore,
+    model: &'a dyn ChatModel,
+    ctx: &'a ToolContext,
 }
 
 /// A tool call of the stored assistant message, resolved before anything runs.
@@ -291,9 +596,12 @@ async fn drive(
         system_prompt,
         tools: schemas,
         history,
+        history_ids,
+        compaction,
         input,
         max_steps,
         model: configured_model,
+        context: budget,
     } = spec;
     let mut tally = Tally {
         configured_model,
@@ -302,30 +610,65 @@ async fn drive(
         api_calls: 0,
         final_response: String::new(),
     };
-
-    let mut messages = Vec::with_capacity(history.len() + 2);
-    if !system_prompt.is_empty() {
-        messages.push(ChatMessage::text(Role::System, system_prompt));
-    }
-    messages.extend(history);
-    messages.push(ChatMessage::text(Role::User, input));
+    let io = TurnIo { store, model, ctx };
+    let mut budget = Budget::new(budget, &schemas);
+    let mut conv = Conversation {
+        system: (!system_prompt.is_empty()).then(|| ChatMessage::text(Role::System, system_prompt)),
+        compaction,
+        history,
+        history_ids,
+        turn: vec![ChatMessage::text(Role::User, input)],
+    };
+    // One forced compaction and retry per turn after the model said the context was exceeded.
+    let mut exceeded_retry_used = false;
 
     for step in 0..max_steps {
         if ctx.cancel.is_cancelled() {
             return tally.interrupted();
         }
-        tracing::debug!(step, messages = messages.len(), "model request");
-        let mut on_delta = |text: &str| store.delta(text);
-        let response = tokio::select! {
-            biased;
-            _ = ctx.cancel.cancelled() => return tally.interrupted(),
-            response = model.chat(&messages, &schemas, &mut on_delta) => response,
-        };
-        let completion = match response {
-            Ok(completion) => completion,
-            Err(e) => {
-                tracing::warn!(step, error = %e, "model request failed");
-                return tally.failed(e);
+        let mut force = false;
+        let completion = loop {
+            let prepared = match budget.fit(&mut conv, &io, &mut tally, force).await {
+                Ok(prepared) => prepared,
+                Err(stop) => return stop.report(tally),
+            };
+            tracing::debug!(
+                step,
+                messages = prepared.messages.len(),
+                tokens = prepared.tokens,
+                "model request"
+            );
+            let mut on_delta = |text: &str| store.delta(text);
+            let response = tokio::select! {
+                biased;
+                _ = ctx.cancel.cancelled() => return tally.interrupted(),
+                response = model.chat(&prepared.messages, &schemas, &mut on_delta) => response,
+            };
+            match response {
+                Ok(completion) => {
+                    let prompt_tokens = completion.usage.map_or(0, |u| u.input_tokens);
+                    budget.estimator.counted(prepared.bytes, prompt_tokens);
+                    break completion;
+                }
+                Err(ModelError::ContextExceeded(message)) if !exceeded_retry_used => {
+                    tracing::warn!(step, tokens = prepared.tokens, %message, "context exceeded; compacting and retrying once");
+                    exceeded_retry_used = true;
+                    force = true;
+                }
+                Err(ModelError::ContextExceeded(message)) => {
+                    return tally.failed(format!(
+                        "context_exceeded: the request of about {} tokens ({} bytes, {} \
+                         messages) is still over the model's context window after compacting: \
+                         {message}",
+                        prepared.tokens,
+                        prepared.bytes,
+                        prepared.messages.len()
+                    ));
+                }
+                Err(e) => {
+                    tracing::warn!(step, error = %e, "model request failed");
+                    return tally.failed(e);
+                }
             }
         };
 
@@ -374,7 +717,7 @@ async fn drive(
         {
             return tally.failed(e);
         }
-        messages.push(assistant);
+        conv.turn.push(assistant);
 
         if planned.is_empty() {
             return tally.end(TurnOutcome::Completed, None);
@@ -402,7 +745,7 @@ async fn drive(
                     {
                         return tally.failed(e);
                     }
-                    messages.push(result);
+                    conv.turn.push(result);
                 }
                 CallEnd::CutShort => {
                     return match close_interrupted(store, &planned[index..]).await {
@@ -418,6 +761,8 @@ async fn drive(
     }
     tally.failed(format!("step limit ({max_steps}) reached"))
 }
+
+pub mod context;
 
 #[cfg(test)]
 mod tests;

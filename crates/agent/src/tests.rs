@@ -25,6 +25,8 @@ enum Entry {
         errors: Vec<String>,
     },
     ToolRan(String),
+    Compact(CompactionWrite),
+    Window(ContextWindowFound),
 }
 
 #[derive(Default)]
@@ -104,6 +106,18 @@ impl TurnStore for MemoryStore {
         Ok(())
     }
 
+    async fn compact(&self, write: CompactionWrite) -> Result<(), StoreError> {
+        self.check()?;
+        self.log.push(Entry::Compact(write));
+        Ok(())
+    }
+
+    async fn context_window_found(&self, found: ContextWindowFound) -> Result<(), StoreError> {
+        self.check()?;
+        self.log.push(Entry::Window(found));
+        Ok(())
+    }
+
     fn delta(&self, text: &str) {
         self.deltas.lock().unwrap().push(text.to_string());
     }
@@ -122,6 +136,12 @@ enum Step {
 struct ScriptedModel {
     script: Mutex<VecDeque<Step>>,
     requests: Mutex<Vec<(Vec<ChatMessage>, Vec<Value>)>>,
+    /// What `context_window` answers.
+    window: Option<u64>,
+    /// Answers summarisation requests itself (`SUMMARY-1`, `SUMMARY-2`, ...), outside the
+    /// script.
+    summaries: bool,
+    summarised: Mutex<u64>,
 }
 
 impl ScriptedModel {
@@ -129,7 +149,15 @@ impl ScriptedModel {
         ScriptedModel {
             script: Mutex::new(steps.into()),
             requests: Mutex::default(),
+            window: None,
+            summaries: false,
+            summarised: Mutex::new(0),
         }
+    }
+    /// Answers summarisation requests itself.
+    fn summarising(mut self) -> ScriptedModel {
+        self.summaries = true;
+        self
     }
     fn requests(&self) -> Vec<(Vec<ChatMessage>, Vec<Value>)> {
         self.requests.lock().unwrap().clone()
@@ -148,6 +176,14 @@ impl ChatModel for ScriptedModel {
             .lock()
             .unwrap()
             .push((messages.to_vec(), tools.to_vec()));
+        if self.summaries && is_summary_request(messages) {
+            let mut n = self.summarised.lock().unwrap();
+            *n += 1;
+            let Step::Answer(c) = text(&format!("SUMMARY-{n}")) else {
+                unreachable!()
+            };
+            return Ok(c);
+        }
         let step = self.script.lock().unwrap().pop_front();
         match step {
             Some(Step::Answer(c)) => {
@@ -160,6 +196,10 @@ impl ChatModel for ScriptedModel {
             Some(Step::Hang) => std::future::pending().await,
             None => Err(ModelError::Protocol("script exhausted".into())),
         }
+    }
+
+    async fn context_window(&self) -> Option<u64> {
+        self.window
     }
 }
 
@@ -295,9 +335,12 @@ fn spec(input: &str) -> TurnSpec {
             ChatMessage::text(Role::User, "earlier"),
             ChatMessage::text(Role::Assistant, "earlier answer"),
         ],
+        history_ids: vec![1, 2],
+        compaction: None,
         input: input.into(),
         max_steps: 8,
         model: "configured-model".into(),
+        context: ContextBudget::default(),
     }
 }
 
@@ -730,4 +773,296 @@ async fn a_turn_through_the_real_client_and_mock_model() {
     assert_eq!(last["tool_call_id"], "call-1");
     assert_eq!(last["content"], "pong");
     assert_eq!(f.store.deltas.lock().unwrap().concat(), "all done");
+}
+
+/// A history of `turns` earlier turns, each a user message, a tool call and its result of
+/// `output_bytes` bytes, then an answer; ids from 1.
+fn long_history(turns: usize, output_bytes: usize) -> (Vec<ChatMessage>, Vec<i64>) {
+    let mut history = Vec::new();
+    for t in 0..turns {
+        history.push(ChatMessage::text(Role::User, format!("question {t}")));
+        let Step::Answer(call) = calls(&[(&format!("h{t}"), "echo", "{}")]) else {
+            unreachable!()
+        };
+        history.push(call.message);
+        history.push(ChatMessage::tool_result(
+            format!("h{t}"),
+            "echo",
+            format!("out{t} ").repeat(output_bytes / 5),
+        ));
+        history.push(ChatMessage::text(Role::Assistant, format!("answer {t}")));
+    }
+    let ids = (1..=history.len() as i64).collect();
+    (history, ids)
+}
+
+fn long_spec(turns: usize, output_bytes: usize, window: u64) -> TurnSpec {
+    let (history, history_ids) = long_history(turns, output_bytes);
+    TurnSpec {
+        history,
+        history_ids,
+        context: ContextBudget {
+            context_window: window,
+            ..ContextBudget::default()
+        },
+        ..spec("next")
+    }
+}
+
+fn compactions(log: &Log) -> Vec<CompactionWrite> {
+    log.entries()
+        .into_iter()
+        .filter_map(|e| match e {
+            Entry::Compact(c) => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+fn is_summary_request(messages: &[ChatMessage]) -> bool {
+    messages[0].content.as_deref() == Some(context::SUMMARY_INSTRUCTION)
+}
+
+#[tokio::test]
+async fn a_request_within_the_budget_is_sent_whole_and_nothing_is_compacted() {
+    let f = Fixture::new();
+    let model = ScriptedModel::new(vec![text("done")]);
+    let report = f.run(&model, long_spec(3, 20_000, 100_000)).await;
+    assert_eq!(report.outcome, TurnOutcome::Completed, "{report:?}");
+    assert!(compactions(&f.log).is_empty());
+    let (messages, _) = &model.requests()[0];
+    // system + 3 turns of 4 + the input, tool output whole.
+    assert_eq!(messages.len(), 1 + 12 + 1);
+    assert!(messages[3].content.as_deref().unwrap().len() >= 20_000);
+}
+
+#[tokio::test]
+async fn old_tool_output_is_cut_before_anything_is_compacted() {
+    let f = Fixture::new();
+    let model = ScriptedModel::new(vec![text("done")]);
+    // 6 turns of 20 KB: about 30k tokens; the budget is 16k; cut, the old turns weigh ~1k each.
+    let report = f.run(&model, long_spec(6, 20_000, 20_000)).await;
+    assert_eq!(report.outcome, TurnOutcome::Completed, "{report:?}");
+    assert!(compactions(&f.log).is_empty());
+    let (messages, _) = &model.requests()[0];
+    assert_eq!(messages.len(), 1 + 24 + 1);
+    let tool_outputs: Vec<&str> = messages
+        .iter()
+        .filter(|m| m.role == Role::Tool)
+        .map(|m| m.content.as_deref().unwrap())
+        .collect();
+    // The first four turns' outputs are cut; the last two turns (kept) are whole.
+    for cut in &tool_outputs[..4] {
+        assert!(
+            cut.contains("were cut here to fit the context window"),
+            "{cut}"
+        );
+        assert!(cut.len() < 5_000);
+    }
+    for whole in &tool_outputs[4..] {
+        assert!(whole.len() >= 20_000);
+    }
+}
+
+#[tokio::test]
+async fn over_the_budget_older_turns_are_summarised_and_stored_first() {
+    let f = Fixture::new();
+    let model = ScriptedModel::new(vec![text("done")]).summarising();
+    // 40 turns of 20 KB: cut, still about 40k tokens, over a budget of 8k.
+    let report = f.run(&model, long_spec(40, 20_000, 10_000)).await;
+    assert_eq!(report.outcome, TurnOutcome::Completed, "{report:?}");
+    let requests = model.requests();
+    let asked = requests.iter().filter(|r| is_summary_request(&r.0)).count() as u64;
+    assert!(asked >= 1);
+    assert_eq!(report.api_calls, asked + 1);
+    let written = compactions(&f.log);
+    assert_eq!(written.len(), 1, "{written:?}");
+    // Everything but the last two turns (8 messages of 160) is covered, whole turns only.
+    assert_eq!(written[0].first_message_id, 1);
+    assert_eq!(written[0].last_message_id, 152);
+    assert_eq!(written[0].summary, format!("SUMMARY-{asked}"));
+    assert_eq!(written[0].usage.api_calls, asked);
+    assert!(is_summary_request(&requests[0].0));
+    assert!(requests[0].1.is_empty(), "a summary request sends no tools");
+    let (messages, tools) = requests.last().unwrap();
+    assert_eq!(messages[0].content.as_deref(), Some("be brief"));
+    assert_eq!(tools.len(), 1);
+    assert!(messages[1]
+        .content
+        .as_deref()
+        .unwrap()
+        .ends_with(&format!("SUMMARY-{asked}")));
+    assert_eq!(messages[2].content.as_deref(), Some("question 38"));
+    assert_eq!(messages.len(), 2 + 8 + 1);
+    assert_eq!(messages.last().unwrap().content.as_deref(), Some("next"));
+}
+
+#[tokio::test]
+async fn context_exceeded_compacts_once_and_retries() {
+    let f = Fixture::new();
+    let model = ScriptedModel::new(vec![
+        Step::Fail(ModelError::ContextExceeded("maximum context length".into())),
+        text("SUMMARY"),
+        text("done"),
+    ]);
+    // Well within the budget by the estimate: only the model's answer shows it is not.
+    let report = f.run(&model, long_spec(4, 1_000, 1_000_000)).await;
+    assert_eq!(report.outcome, TurnOutcome::Completed, "{report:?}");
+    let written = compactions(&f.log);
+    assert_eq!(written.len(), 1);
+    // A forced compaction keeps no earlier turn.
+    assert_eq!(written[0].last_message_id, 16);
+    let requests = model.requests();
+    assert_eq!(requests.len(), 3);
+    assert_eq!(requests[2].0.len(), 1 + 1 + 1);
+}
+
+#[tokio::test]
+async fn context_exceeded_twice_fails_the_turn_naming_the_sizes() {
+    let f = Fixture::new();
+    let exceeded = || Step::Fail(ModelError::ContextExceeded("too long".into()));
+    let model = ScriptedModel::new(vec![exceeded(), text("SUMMARY"), exceeded()]);
+    let report = f.run(&model, long_spec(4, 1_000, 1_000_000)).await;
+    assert_eq!(report.outcome, TurnOutcome::Failed);
+    let error = report.error.unwrap();
+    assert!(error.starts_with("context_exceeded: "), "{error}");
+    assert!(
+        error.contains("tokens") && error.contains("bytes"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn context_exceeded_with_nothing_to_shrink_fails_at_once() {
+    let f = Fixture::new();
+    let model = ScriptedModel::new(vec![Step::Fail(ModelError::ContextExceeded(
+        "too long".into(),
+    ))]);
+    let report = f
+        .run(
+            &model,
+            TurnSpec {
+                history: vec![],
+                history_ids: vec![],
+                ..spec("short")
+            },
+        )
+        .await;
+    assert_eq!(report.outcome, TurnOutcome::Failed);
+    let error = report.error.unwrap();
+    assert!(
+        error.contains("nothing is left to compact or cut"),
+        "{error}"
+    );
+    assert_eq!(model.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn the_window_is_asked_of_the_endpoint_once_the_history_is_large() {
+    let f = Fixture::new();
+    let mut model = ScriptedModel::new(vec![text("done")]).summarising();
+    model.window = Some(10_000);
+    let report = f.run(&model, long_spec(40, 20_000, 0)).await;
+    assert_eq!(report.outcome, TurnOutcome::Completed, "{report:?}");
+    assert!(f.log.entries().contains(&Entry::Window(ContextWindowFound {
+        context_window: 10_000,
+        reported: true
+    })));
+    assert_eq!(compactions(&f.log).len(), 1);
+
+    // A small request never asks.
+    let f = Fixture::new();
+    let mut model = ScriptedModel::new(vec![text("hi")]);
+    model.window = Some(10_000);
+    f.run(&model, spec("hello")).await;
+    assert!(!f
+        .log
+        .entries()
+        .iter()
+        .any(|e| matches!(e, Entry::Window(_))));
+}
+
+#[tokio::test]
+async fn a_later_compaction_folds_in_the_earlier_summary() {
+    let f = Fixture::new();
+    let model = ScriptedModel::new(vec![text("done")]).summarising();
+    let mut s = long_spec(40, 20_000, 10_000);
+    s.compaction = Some(CompactionSummary {
+        summary: "SUMMARY-ONE".into(),
+        through_message_id: 0,
+        covered: 7,
+    });
+    let report = f.run(&model, s).await;
+    assert_eq!(report.outcome, TurnOutcome::Completed, "{report:?}");
+    let requests = model.requests();
+    let prompt = requests[0].0[1].content.clone().unwrap();
+    assert!(prompt.starts_with("Summary of the session before this part:\nSUMMARY-ONE"));
+    // Each later piece folds in the one before it.
+    let second = requests[1].0[1].content.clone().unwrap();
+    assert!(second.starts_with("Summary of the session before this part:\nSUMMARY-1"));
+    assert!(compactions(&f.log)[0].summary.starts_with("SUMMARY-"));
+}
+
+#[tokio::test]
+async fn a_huge_history_is_summarised_in_pieces_that_each_fit() {
+    let f = Fixture::new();
+    let model = ScriptedModel::new(vec![text("done")]).summarising();
+    // 300 turns of assistant answers of 3 KB (never cut): far over a budget of 8k tokens.
+    let mut history = Vec::new();
+    for t in 0..300 {
+        history.push(ChatMessage::text(Role::User, format!("q{t}")));
+        history.push(ChatMessage::text(Role::Assistant, "a".repeat(3_000)));
+    }
+    let s = TurnSpec {
+        history_ids: (1..=history.len() as i64).collect(),
+        history,
+        context: ContextBudget {
+            context_window: 10_000,
+            ..ContextBudget::default()
+        },
+        ..spec("next")
+    };
+    let report = f.run(&model, s).await;
+    assert_eq!(report.outcome, TurnOutcome::Completed, "{report:?}");
+    let requests = model.requests();
+    let summaries: Vec<_> = requests
+        .iter()
+        .filter(|r| is_summary_request(&r.0))
+        .collect();
+    assert!(summaries.len() > 1, "{}", summaries.len());
+    for (messages, _) in &summaries {
+        assert!(context::message_bytes(messages) / 4 <= 8_000 + 1_000);
+    }
+    let written = compactions(&f.log);
+    assert_eq!(written.len(), 1);
+    assert_eq!(written[0].usage.api_calls, summaries.len() as u64);
+    assert_eq!(report.api_calls, summaries.len() as u64 + 1);
+}
+
+#[test]
+fn recent_turns_start_at_user_messages() {
+    let (history, _) = long_history(3, 10);
+    assert_eq!(context::recent_turns_start(&history, 2), 4);
+    assert_eq!(context::recent_turns_start(&history, 3), 0);
+    assert_eq!(context::recent_turns_start(&history, 0), 12);
+    assert_eq!(context::compaction_plan(&history, 3), None);
+    assert_eq!(context::compaction_plan(&history, 1), Some(8));
+}
+
+#[test]
+fn the_estimate_follows_the_model_count() {
+    let mut e = context::Estimator::default();
+    assert_eq!(e.tokens(4000), 1000);
+    e.counted(4000, 2000);
+    assert_eq!(e.tokens(8000), 2000 + 1000);
+    assert_eq!(e.tokens(2000), 1000);
+}
+
+#[test]
+fn cut_text_keeps_head_and_tail_on_char_boundaries() {
+    assert_eq!(context::cut_text("short", "x"), None);
+    let text = format!("{}{}", "é".repeat(5000), "END");
+    let cut = context::cut_text(&text, "tool output").unwrap();
+    assert!(cut.starts_with('é') && cut.ends_with("END"));
+    assert!(cut.len() < 4 * 1024 + 200);
 }

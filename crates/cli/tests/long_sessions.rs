@@ -42,8 +42,10 @@ fn admissions(s: &OneSession) -> Vec<Vec<Value>> {
 
 #[tokio::test]
 async fn a_history_past_five_mib_still_reaches_every_turn() {
+    // A window far larger than the history: nothing is cut or compacted.
     let mut s = OneSession::builder(bin())
         .stream(false)
+        .model_keys("context_window = 100000000")
         .start()
         .await
         .unwrap();

@@ -14,7 +14,7 @@
 //!
 //! Layers (each uses only those before it): `state`, `schema`, `integrity` (pure rules and the
 //! file) → `events`, `counts` → rows: `sessions`, `admissions`, `approvals`, `prompts`,
-//! `messages`, `processes`, `jobs`, then `delegation` (child executions, over admissions and
+//! `messages`, `compactions`, `processes`, `jobs`, then `delegation` (child executions, over admissions and
 //! prompts) → `turns` (the turn lifecycle: admit, claim, cancel, interrupt, settle, lose,
 //! recover) → `persist` (a worker's persist frames).
 //!
@@ -28,6 +28,7 @@
 
 mod admissions;
 mod approvals;
+mod compactions;
 mod counts;
 pub mod delegation;
 mod events;
@@ -58,6 +59,7 @@ pub use approvals::ApprovalRule;
 pub use delegation::{ChildReserved, DelegationLimits, ParentAnswer};
 pub use events::{EventsPage, StoredEvent};
 pub use integrity::set_aside;
+pub use messages::History;
 pub use persist::PersistOutcome;
 pub use processes::BOOTSTRAP_FINISHED_PROCESSES;
 pub use prompts::{PromptResponse, PromptRow};

@@ -33,30 +33,50 @@ fn cut_args(arguments: &str) -> Value {
     Value::String(cut(arguments, ev::TOOL_EVENT_FIELD_MAX))
 }
 
-/// The transcript of a session in order, without the messages of lost (`unknown`) turns.
+/// What a new turn is sent of a session's past (SPEC section 4; issue 14): the latest
+/// compaction and the messages after it, in order, without the messages of lost (`unknown`)
+/// turns.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct History {
+    /// The session's latest compaction, standing for every message up to its
+    /// `through_message_id`.
+    pub compaction: Option<drover_protocol::worker::CompactionSummary>,
+    /// The messages after it, oldest first.
+    pub messages: Vec<ChatMessage>,
+    /// Each message's ledger id, in the same order.
+    pub ids: Vec<i64>,
+}
+
+/// The history a new turn of `session_id` sees ([`History`]).
 pub(crate) fn history_in(
     tx: &rusqlite::Connection,
     session_id: &str,
-) -> Result<Vec<ChatMessage>, LedgerError> {
+) -> Result<History, LedgerError> {
+    let compaction = crate::compactions::latest_in(tx, session_id)?;
+    let after = compaction.as_ref().map_or(0, |c| c.through_message_id);
     let mut stmt = tx.prepare_cached(
-        "SELECT m.role, m.content, m.tool_call_id, m.tool_calls, m.tool_name
+        "SELECT m.id, m.role, m.content, m.tool_call_id, m.tool_calls, m.tool_name
          FROM messages m
          LEFT JOIN session_admissions a ON a.admission_id = m.admission_id
-         WHERE m.session_id = ?1 AND a.unknown_at IS NULL
+         WHERE m.session_id = ?1 AND m.id > ?2 AND a.unknown_at IS NULL
          ORDER BY m.id",
     )?;
-    let rows = stmt.query_map([session_id], |r| {
+    let rows = stmt.query_map(params![session_id, after], |r| {
         Ok((
-            r.get::<_, String>(0)?,
-            r.get::<_, Option<String>>(1)?,
+            r.get::<_, i64>(0)?,
+            r.get::<_, String>(1)?,
             r.get::<_, Option<String>>(2)?,
             r.get::<_, Option<String>>(3)?,
             r.get::<_, Option<String>>(4)?,
+            r.get::<_, Option<String>>(5)?,
         ))
     })?;
-    let mut out = Vec::new();
+    let mut out = History {
+        compaction,
+        ..History::default()
+    };
     for row in rows {
-        let (role, content, tool_call_id, tool_calls, tool_name) = row?;
+        let (id, role, content, tool_call_id, tool_calls, tool_name) = row?;
         let role = drover_protocol::Role::parse(&role)
             .ok_or_else(|| LedgerError::Corrupt(format!("messages.role {role:?}")))?;
         let tool_calls = match tool_calls {
@@ -64,7 +84,8 @@ pub(crate) fn history_in(
                 .map_err(|e| LedgerError::Corrupt(format!("messages.tool_calls: {e}")))?,
             None => Vec::new(),
         };
-        out.push(ChatMessage {
+        out.ids.push(id);
+        out.messages.push(ChatMessage {
             role,
             content,
             tool_calls,

@@ -5,8 +5,8 @@
 use drover_protocol::event::McpStatus;
 use drover_protocol::mcp::McpServerStatus;
 use drover_protocol::worker::{
-    op, BackgroundProcess, ChildReserve, ExecutionFinish, JobRegister, PersistFrame, ProcessUpdate,
-    PromptOpen, TranscriptAppend, UsageAdd,
+    op, BackgroundProcess, ChildReserve, CompactionWrite, ContextWindowFound, ExecutionFinish,
+    JobRegister, PersistFrame, ProcessUpdate, PromptOpen, TranscriptAppend, UsageAdd,
 };
 use rusqlite::{params, OptionalExtension};
 use serde_json::{json, Value};
@@ -197,6 +197,14 @@ impl Ledger {
                 let u: UsageAdd = parse_payload(&frame.payload, op::USAGE_ADD)?;
                 crate::counts::add_usage(&tx, &frame.execution_id, &session_id, &u)?;
                 json!({})
+            }
+            op::COMPACTION_WRITE => {
+                let p: CompactionWrite = parse_payload(&frame.payload, op::COMPACTION_WRITE)?;
+                crate::compactions::write(&tx, &session_id, &frame.execution_id, &p, &mut events)?
+            }
+            op::CONTEXT_WINDOW => {
+                let p: ContextWindowFound = parse_payload(&frame.payload, op::CONTEXT_WINDOW)?;
+                crate::compactions::set_context_window(&tx, &session_id, p.context_window)?
             }
             op::EXECUTION_FINISH => {
                 let f: ExecutionFinish = parse_payload(&frame.payload, op::EXECUTION_FINISH)?;

@@ -189,6 +189,28 @@ CREATE INDEX session_jobs_by_session ON session_jobs(session_id, created_at);
     r#"
 ALTER TABLE sessions ADD COLUMN sandbox TEXT;
 "#,
+    // Long sessions (issue 14): a summary of a session's older history, written whole by one
+    // `compaction.write`; later histories start at the latest one. `context_window` is the
+    // window the endpoint reported for the session's model (NULL until a turn asked).
+    r#"
+CREATE TABLE compactions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id TEXT NOT NULL REFERENCES sessions(id),
+    admission_id TEXT,
+    execution_id TEXT NOT NULL,
+    first_message_id INTEGER NOT NULL,
+    last_message_id INTEGER NOT NULL,
+    covered INTEGER NOT NULL,
+    summary TEXT NOT NULL,
+    input_tokens INTEGER NOT NULL,
+    output_tokens INTEGER NOT NULL,
+    total_tokens INTEGER NOT NULL,
+    api_calls INTEGER NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE INDEX compactions_session ON compactions(session_id, id);
+ALTER TABLE sessions ADD COLUMN context_window INTEGER;
+"#,
 ];
 
 /// The schema version this build writes.

@@ -4,7 +4,6 @@
 
 use drover_protocol::event as ev;
 use drover_protocol::worker::{ExecutionFinish, TurnOutcome};
-use drover_protocol::ChatMessage;
 use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::{json, Value};
 
@@ -32,8 +31,11 @@ pub struct Claim {
     pub generation: u64,
     /// The runtime epoch the turn was claimed in; its persist frames must carry it.
     pub epoch: u64,
-    /// Earlier messages without this turn's input and without lost turns.
-    pub history: Vec<ChatMessage>,
+    /// Earlier messages without this turn's input and without lost turns, from the session's
+    /// latest compaction on.
+    pub history: crate::messages::History,
+    /// The context window an earlier turn found at the endpoint for the session's model.
+    pub context_window_found: Option<u64>,
     /// Approval pattern keys granted to the session (SPEC section 6).
     pub approval_grants: Vec<String>,
     /// The session's background processes for the bootstrap (SPEC section 6).
@@ -243,6 +245,7 @@ impl Ledger {
         )?;
         // History is read before this turn's input is stored, so it excludes it.
         let history = crate::messages::history_in(&tx, session_id)?;
+        let context_window_found = crate::compactions::context_window_in(&tx, session_id)?;
         let approval_grants = crate::approvals::grants_in(&tx, session_id)?;
         let background_processes = crate::processes::for_bootstrap(&tx, session_id)?;
         tx.execute(
@@ -272,6 +275,7 @@ impl Ledger {
             generation: generation as u64,
             epoch,
             history,
+            context_window_found,
             approval_grants,
             background_processes,
             events,

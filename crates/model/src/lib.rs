@@ -151,14 +151,22 @@ pub enum ModelError {
     /// The configuration cannot work (bad `base_url`, an API key that is not a valid header).
     #[error("invalid model configuration: {0}")]
     Config(String),
+    /// The server refused the request as longer than the model's context window (HTTP 400
+    /// with code `context_length_exceeded`, or a message that says so). Not retried as is:
+    /// the agent loop compacts and retries once (issue 14).
+    #[error(
+        "context_exceeded: the model endpoint refused the request as over its context window: {0}"
+    )]
+    ContextExceeded(String),
 }
 
 impl ModelError {
-    /// The spec reason word (SPEC section 2): `model_stalled` for a stall, else
-    /// `model_unavailable`.
+    /// The spec reason word (SPEC section 2): `model_stalled` for a stall, `context_exceeded`
+    /// for a request over the context window, else `model_unavailable`.
     pub fn reason(&self) -> &'static str {
         match self {
             ModelError::Stalled(_) => "model_stalled",
+            ModelError::ContextExceeded(_) => "context_exceeded",
             _ => "model_unavailable",
         }
     }
@@ -181,6 +189,12 @@ pub trait ChatModel: Send + Sync {
         tools: &[Value],
         on_delta: &mut (dyn for<'d> FnMut(&'d str) + Send),
     ) -> Result<Completion, ModelError>;
+
+    /// The model's context window in tokens, when the endpoint reports one (issue 14:
+    /// `GET {base_url}/models`). `None` when it does not say, or cannot be asked.
+    async fn context_window(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// The reqwest-based client.
@@ -274,11 +288,17 @@ impl ModelClient {
                 .await
                 .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
                 .unwrap_or_default();
-            return Err(Failure {
-                error: ModelError::Http {
+            let message = wire::http_error_message(status, &text);
+            let error = if wire::is_context_exceeded(status, &text) {
+                ModelError::ContextExceeded(message)
+            } else {
+                ModelError::Http {
                     status: status.as_u16(),
-                    message: wire::http_error_message(status, &text),
-                },
+                    message,
+                }
+            };
+            return Err(Failure {
+                error,
                 retry_after,
                 shown: false,
             });
@@ -439,6 +459,43 @@ impl ChatModel for ModelClient {
             tokio::time::sleep(delay).await;
         }
     }
+
+    async fn context_window(&self) -> Option<u64> {
+        let url = models_url(&self.config.base_url)?;
+        let mut request = self
+            .http
+            .get(url)
+            .header(ACCEPT, "application/json")
+            .timeout(MODELS_TIMEOUT);
+        if let Some(authorization) = &self.authorization {
+            request = request.header(AUTHORIZATION, authorization.clone());
+        }
+        let response = match request.send().await {
+            Ok(response) if response.status().is_success() => response,
+            Ok(response) => {
+                tracing::debug!(
+                    status = response.status().as_u16(),
+                    "GET /models gave no list"
+                );
+                return None;
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "GET /models failed");
+                return None;
+            }
+        };
+        let body = body::read_all(response, MODELS_TIMEOUT).await.ok()?;
+        wire::context_window_of(&body, &self.config.model)
+    }
+}
+
+/// How long `GET /models` may take before the window is taken as unknown.
+const MODELS_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// `{base_url}/models`, for a base URL [`endpoint_url`] accepts.
+fn models_url(base_url: &str) -> Option<reqwest::Url> {
+    endpoint_url(base_url).ok()?;
+    reqwest::Url::parse(&format!("{}/models", base_url.trim().trim_end_matches('/'))).ok()
 }
 
 /// `{base_url}/chat/completions`, for an `http` or `https` base URL with a host.

@@ -37,7 +37,7 @@ pub(crate) fn is_retryable(error: &ModelError) -> bool {
     match error {
         ModelError::Http { status, .. } => *status == 429 || (500..600).contains(status),
         ModelError::Timeout(_) | ModelError::Stalled(_) | ModelError::Transport(_) => true,
-        ModelError::Protocol(_) | ModelError::Config(_) => false,
+        ModelError::Protocol(_) | ModelError::Config(_) | ModelError::ContextExceeded(_) => false,
     }
 }
 

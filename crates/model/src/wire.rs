@@ -395,6 +395,55 @@ pub(crate) fn http_error_message(status: reqwest::StatusCode, body: &str) -> Str
     }
 }
 
+/// Whether an error answer says the request is over the model's context window: HTTP 400 (or
+/// 413) with the OpenAI code `context_length_exceeded`, or a message in the words servers use.
+pub(crate) fn is_context_exceeded(status: reqwest::StatusCode, body: &str) -> bool {
+    if !matches!(status.as_u16(), 400 | 413) {
+        return false;
+    }
+    let parsed: Option<Value> = serde_json::from_str(body).ok();
+    let code = parsed
+        .as_ref()
+        .and_then(|v| v.pointer("/error/code"))
+        .and_then(Value::as_str);
+    if code == Some("context_length_exceeded") {
+        return true;
+    }
+    let message = http_error_message(status, body).to_ascii_lowercase();
+    [
+        "context_length_exceeded",
+        "maximum context length",
+        "context length",
+        "context window",
+        "prompt is too long",
+        "too many tokens",
+    ]
+    .iter()
+    .any(|words| message.contains(words))
+}
+
+/// The context window the `GET /models` body gives for `model`: the first of the fields
+/// servers use (`context_window`, `context_length`, `max_context_length`, `max_model_len`,
+/// `max_input_tokens`, `top_provider.context_length`) on the entry whose `id` is `model`.
+pub(crate) fn context_window_of(body: &[u8], model: &str) -> Option<u64> {
+    let list: Value = serde_json::from_slice(body).ok()?;
+    let entries = list.get("data").and_then(Value::as_array)?;
+    let entry = entries
+        .iter()
+        .find(|e| e.get("id").and_then(Value::as_str) == Some(model))?;
+    [
+        "/context_window",
+        "/context_length",
+        "/max_context_length",
+        "/max_model_len",
+        "/max_input_tokens",
+        "/top_provider/context_length",
+    ]
+    .iter()
+    .filter_map(|field| entry.pointer(field).and_then(Value::as_u64))
+    .find(|tokens| *tokens > 0)
+}
+
 /// Cuts `text` to at most `max` characters, marking the cut.
 pub(crate) fn truncate(text: &str, max: usize) -> String {
     match text.char_indices().nth(max) {
@@ -416,6 +465,39 @@ mod tests {
             wire,
             json!({"role": "tool", "content": "out", "tool_call_id": "c1"})
         );
+    }
+
+    #[test]
+    fn context_exceeded_is_told_by_code_or_words_on_a_400() {
+        let bad = reqwest::StatusCode::BAD_REQUEST;
+        assert!(is_context_exceeded(
+            bad,
+            r#"{"error":{"message":"too long","code":"context_length_exceeded"}}"#
+        ));
+        assert!(is_context_exceeded(
+            bad,
+            r#"{"error":{"message":"This model's maximum context length is 8192 tokens"}}"#
+        ));
+        assert!(!is_context_exceeded(
+            bad,
+            r#"{"error":{"message":"bad model"}}"#
+        ));
+        assert!(!is_context_exceeded(
+            reqwest::StatusCode::INTERNAL_SERVER_ERROR,
+            r#"{"error":{"code":"context_length_exceeded"}}"#
+        ));
+    }
+
+    #[test]
+    fn the_context_window_is_read_from_the_models_entry() {
+        let body = br#"{"data":[{"id":"a","context_length":4096},
+            {"id":"m","max_model_len":32768},{"id":"r","top_provider":{"context_length":9}}]}"#;
+        assert_eq!(context_window_of(body, "m"), Some(32768));
+        assert_eq!(context_window_of(body, "a"), Some(4096));
+        assert_eq!(context_window_of(body, "r"), Some(9));
+        assert_eq!(context_window_of(body, "x"), None);
+        assert_eq!(context_window_of(br#"{"data":[{"id":"m"}]}"#, "m"), None);
+        assert_eq!(context_window_of(b"not json", "m"), None);
     }
 
     #[test]

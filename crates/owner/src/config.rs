@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use drover_ledger::SessionSandbox;
 use drover_protocol::sandbox::{SandboxMode, ToolEnv};
-use drover_protocol::{ApprovalMode, ModelSettings, Secret};
+use drover_protocol::{ApprovalMode, ContextBudget, ModelSettings, Secret};
 use serde::Deserialize;
 
 /// The default system prompt of new sessions.
@@ -70,6 +70,15 @@ pub struct ModelSection {
     pub stall_timeout_s: u64,
     /// drover extra: model requests per turn at most.
     pub max_steps: u32,
+    /// The model's context window in tokens (issue 14); 0 (the default) asks the endpoint's
+    /// `GET /models`, else assumes 128000. Frozen per session.
+    pub context_window: u64,
+    /// The share of the window a request may fill before older history is compacted
+    /// (default 0.8; 0.1 to 1.0). Frozen per session.
+    pub compact_at: f64,
+    /// Earlier turns a compaction keeps verbatim, beside the running turn (default 2).
+    /// Frozen per session.
+    pub keep_recent_turns: u32,
 }
 
 impl Default for ModelSection {
@@ -84,6 +93,9 @@ impl Default for ModelSection {
             max_retries: settings.max_retries,
             stall_timeout_s: settings.stall_timeout_s,
             max_steps: 50,
+            context_window: 0,
+            compact_at: ContextBudget::DEFAULT_COMPACT_AT,
+            keep_recent_turns: ContextBudget::DEFAULT_KEEP_RECENT_TURNS,
         }
     }
 }
@@ -97,6 +109,26 @@ impl ModelSection {
             max_retries: self.max_retries,
             stall_timeout_s: self.stall_timeout_s,
         }
+    }
+
+    /// The context budget a new session freezes (issue 14).
+    pub fn context(&self) -> ContextBudget {
+        ContextBudget {
+            context_window: self.context_window,
+            compact_at: self.compact_at,
+            keep_recent_turns: self.keep_recent_turns,
+        }
+    }
+
+    /// `compact_at` must be a share between 0.1 and 1.0.
+    fn check(&self) -> Result<(), String> {
+        if !(0.1..=1.0).contains(&self.compact_at) {
+            return Err(format!(
+                "[model] compact_at = {} must be a share of the context window between 0.1 and 1.0",
+                self.compact_at
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -537,6 +569,7 @@ impl Config {
         config
             .daemon
             .check()
+            .and_then(|()| config.model.check())
             .and_then(|()| config.sandbox.check())
             .map_err(|message| ConfigError::Parse {
                 path: path.display().to_string(),

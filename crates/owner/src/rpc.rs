@@ -210,6 +210,7 @@ async fn session_create(
         "request_timeout_s": settings.request_timeout_s,
         "max_retries": settings.max_retries,
         "stall_timeout_s": settings.stall_timeout_s,
+        "context": cfg.model.context(),
     });
     if let (Some(key), Some(config)) = (p.api_key, model_config.as_object_mut()) {
         config.insert("api_key".into(), Value::String(key.expose().to_string()));

@@ -20,7 +20,7 @@ use drover_protocol::worker::{
     op, Bootstrap, BootstrapFrameError, OwnerFrame, PersistFrame, Policy, Scope, WorkerFrame,
     MAX_FRAME_BYTES,
 };
-use drover_protocol::{ModelSettings, Secret};
+use drover_protocol::{ContextBudget, ModelSettings, Secret};
 use drover_tools::platform;
 use serde::Deserialize;
 use serde_json::Value;
@@ -148,7 +148,24 @@ fn policy(owner: &Owner, claim: &Claim) -> Policy {
             &owner.sandbox_support,
             config.sandbox.tool_env(),
         ),
+        context: context_budget(owner, claim),
     }
+}
+
+/// The session's frozen context budget (the daemon's `[model]` settings of now for a session
+/// that froze none), with the window an earlier turn found at the endpoint when the session
+/// fixed none (issue 14).
+fn context_budget(owner: &Owner, claim: &Claim) -> ContextBudget {
+    let mut budget = claim
+        .session
+        .model_config
+        .get("context")
+        .and_then(|v| ContextBudget::deserialize(v).ok())
+        .unwrap_or_else(|| owner.config().model.context());
+    if budget.context_window == 0 {
+        budget.context_window = claim.context_window_found.unwrap_or(0);
+    }
+    budget
 }
 
 /// The session's frozen model settings. Fields its stored `model_config` lacks take
@@ -289,7 +306,7 @@ enum LoopEnd {
 
 /// Runs one turn's worker to the end and settles or loses the turn: start it, register the
 /// running turn, serve its pipe, reap it, then lose the turn if it did not settle.
-async fn supervise(owner: Arc<Owner>, claim: Claim, secret: Secret, registered: Registered) {
+async fn supervise(owner: Arc<Owner>, mut claim: Claim, secret: Secret, registered: Registered) {
     let execution_id = claim.execution_id.clone();
     let _supervised = Supervised {
         owner: owner.clone(),
@@ -301,7 +318,7 @@ async fn supervise(owner: Arc<Owner>, claim: Claim, secret: Secret, registered: 
         signals,
     } = registered;
     let _progress = start_progress(&owner, &claim);
-    let bootstrap = match bootstrap_frames(&owner, &claim, secret) {
+    let bootstrap = match bootstrap_frames(&owner, &mut claim, secret) {
         Ok(frames) => frames,
         Err(e) => {
             tracing::error!(error = %e, "cannot send the bootstrap");
@@ -372,11 +389,13 @@ fn start_progress(owner: &Arc<Owner>, claim: &Claim) -> DropGuard {
 
 /// The first frames a worker reads: its scope and the frozen policy in the head, the history
 /// and the input in parts (docs/decisions.md, "The bootstrap in parts").
+/// The history is taken out of the claim: the owner does not hold it while the turn runs.
 fn bootstrap_frames(
     owner: &Owner,
-    claim: &Claim,
+    claim: &mut Claim,
     secret: Secret,
 ) -> Result<Vec<OwnerFrame>, BootstrapFrameError> {
+    let history = std::mem::take(&mut claim.history);
     Bootstrap {
         scope: Scope {
             session_id: claim.session.id.clone(),
@@ -387,7 +406,9 @@ fn bootstrap_frames(
             secret,
         },
         policy: policy(owner, claim),
-        history: claim.history.clone(),
+        history: history.messages,
+        history_ids: history.ids,
+        compaction: history.compaction,
         input: claim.admission.text.clone(),
     }
     .into_frames()

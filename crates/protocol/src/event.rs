@@ -40,6 +40,8 @@ pub const ADMISSION_UPDATED: &str = "admission.updated";
 pub const TURN_PROGRESS: &str = "turn.progress";
 /// Event type `mcp.status`.
 pub const MCP_STATUS: &str = "mcp.status";
+/// Event type `session.compacted`.
+pub const SESSION_COMPACTED: &str = "session.compacted";
 
 /// Every event type this protocol version knows (each has an [`EventPayload`] variant). A
 /// client skips an event whose type is not here: a newer daemon may send types it does not
@@ -58,6 +60,7 @@ pub const EVENT_TYPES: &[&str] = &[
     ADMISSION_UPDATED,
     TURN_PROGRESS,
     MCP_STATUS,
+    SESSION_COMPACTED,
 ];
 
 /// Bound on `tool.complete` `args` and `result` (SPEC section 2: 64 KiB each).
@@ -144,6 +147,10 @@ pub enum EventPayload {
     /// An MCP server of the session's running turn changed state.
     #[serde(rename = "mcp.status")]
     McpStatus(McpStatus),
+    /// Older history was summarised: later requests send the summary in its place (the
+    /// transcript keeps every message).
+    #[serde(rename = "session.compacted")]
+    SessionCompacted(SessionCompacted),
 }
 
 impl EventPayload {
@@ -163,6 +170,7 @@ impl EventPayload {
             EventPayload::AdmissionUpdated(_) => ADMISSION_UPDATED,
             EventPayload::TurnProgress(_) => TURN_PROGRESS,
             EventPayload::McpStatus(_) => MCP_STATUS,
+            EventPayload::SessionCompacted(_) => SESSION_COMPACTED,
         }
     }
 
@@ -333,6 +341,19 @@ pub struct TurnProgress {
     /// Milliseconds the turn has been in this phase (for `tool`, since this call started
     /// running; for `model_request`, since the request began).
     pub elapsed_ms: u64,
+}
+
+/// Payload of `session.compacted`: a compaction was stored (issue 14).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SessionCompacted {
+    /// The admission whose turn compacted.
+    pub admission_id: String,
+    /// How many transcript messages the summary stands for, in all.
+    pub covered: u64,
+    /// The ledger id of the last message it covers.
+    pub through_message_id: i64,
+    /// The summary's size in tokens, as the model counted it (its completion tokens).
+    pub summary_tokens: u64,
 }
 
 /// Payload of `mcp.status`: an MCP server of the session's running turn changed state

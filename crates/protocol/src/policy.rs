@@ -135,6 +135,51 @@ impl Default for ModelSettings {
     }
 }
 
+/// How much of the model's context window a turn may fill before it compacts (issue 14;
+/// `[model] context_window`, `compact_at`, `keep_recent_turns`), frozen per session.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ContextBudget {
+    /// The model's context window in tokens; 0 means "ask the endpoint's `GET /models`, else
+    /// [`ContextBudget::DEFAULT_CONTEXT_WINDOW`]".
+    pub context_window: u64,
+    /// The share of the window a request may fill (0.1 to 1.0) before older history is
+    /// compacted.
+    pub compact_at: f64,
+    /// Earlier turns kept verbatim by a compaction, beside the running turn.
+    pub keep_recent_turns: u32,
+}
+
+impl ContextBudget {
+    /// The window assumed when neither `[model] context_window` nor the endpoint gives one.
+    pub const DEFAULT_CONTEXT_WINDOW: u64 = 128_000;
+    /// The default share of the window a request may fill.
+    pub const DEFAULT_COMPACT_AT: f64 = 0.8;
+    /// The default number of earlier turns a compaction keeps verbatim.
+    pub const DEFAULT_KEEP_RECENT_TURNS: u32 = 2;
+
+    /// The largest request, in tokens, that `window` allows before a compaction is due.
+    pub fn budget_tokens(&self, window: u64) -> u64 {
+        let share = if self.compact_at.is_finite() {
+            self.compact_at.clamp(0.1, 1.0)
+        } else {
+            Self::DEFAULT_COMPACT_AT
+        };
+        (window as f64 * share) as u64
+    }
+}
+
+/// No fixed window (ask the endpoint), compact at 0.8, keep 2 earlier turns.
+impl Default for ContextBudget {
+    fn default() -> Self {
+        ContextBudget {
+            context_window: 0,
+            compact_at: Self::DEFAULT_COMPACT_AT,
+            keep_recent_turns: Self::DEFAULT_KEEP_RECENT_TURNS,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -15,7 +15,7 @@ use serde_json::Value;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt};
 
 use crate::chat::{ChatMessage, Usage};
-use crate::policy::{ApprovalMode, ModelSettings};
+use crate::policy::{ApprovalMode, ContextBudget, ModelSettings};
 use crate::secret::Secret;
 
 /// The largest frame either side accepts, newline excluded (SPEC section 4: 4 MiB).
@@ -45,6 +45,12 @@ pub mod op {
     /// An MCP server of the turn changed state
     /// ([`McpServerStatus`](crate::mcp::McpServerStatus)); stored as an `mcp.status` event.
     pub const MCP_STATUS: &str = "mcp.status";
+    /// Store a summary of older history ([`CompactionWrite`](super::CompactionWrite)) with the
+    /// usage of the requests that made it.
+    pub const COMPACTION_WRITE: &str = "compaction.write";
+    /// Record the context window the endpoint reported for the session's model
+    /// ([`ContextWindowFound`](super::ContextWindowFound)).
+    pub const CONTEXT_WINDOW: &str = "model.context_window";
     /// Settle the turn ([`ExecutionFinish`](super::ExecutionFinish)); the last persist of an execution.
     pub const EXECUTION_FINISH: &str = "execution.finish";
 }
@@ -165,6 +171,11 @@ pub struct Policy {
     /// that sends none means `off`.
     #[serde(default)]
     pub sandbox: crate::sandbox::SandboxPolicy,
+    /// The session's context budget (issue 14). Its `context_window` is the frozen
+    /// `[model] context_window`, else the one an earlier turn found at the endpoint, else 0
+    /// (the worker asks the endpoint when the history grows large enough to matter).
+    #[serde(default)]
+    pub context: ContextBudget,
 }
 
 /// `[mqtt]` as the owner's config gives it, for the `jobs` toolset (all optional; no `url`
@@ -246,10 +257,53 @@ pub struct BootstrapHead {
 /// What the part frames carry, as one JSON text: the history and the input.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BootstrapBody {
-    /// Earlier messages of the session, oldest first, without the system prompt.
+    /// Earlier messages of the session, oldest first, without the system prompt and without
+    /// what `compaction` covers.
     pub history: Vec<ChatMessage>,
+    /// The ledger id of each `history` message, in the same order.
+    #[serde(default)]
+    pub history_ids: Vec<i64>,
+    /// The session's latest compaction, which stands for the history before `history`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compaction: Option<CompactionSummary>,
     /// This turn's user text.
     pub input: String,
+}
+
+/// A stored compaction as a turn's history uses it (issue 14, `compactions` rows).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CompactionSummary {
+    /// The summary text: it stands for every message up to `through_message_id`.
+    pub summary: String,
+    /// The ledger id of the last message it covers.
+    pub through_message_id: i64,
+    /// How many messages it covers in all (earlier compactions' included).
+    pub covered: u64,
+}
+
+/// Payload of `compaction.write`: a summary of the history messages `first_message_id` to
+/// `last_message_id` (and of the compaction before them, if any), and the usage of the
+/// requests that made it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompactionWrite {
+    /// The ledger id of the first message summarised now.
+    pub first_message_id: i64,
+    /// The ledger id of the last message summarised now.
+    pub last_message_id: i64,
+    /// The summary.
+    pub summary: String,
+    /// The usage of the summarisation requests (added to the turn's counts).
+    pub usage: UsageAdd,
+}
+
+/// Payload of `model.context_window`: the window the endpoint's `GET /models` reported for
+/// the session's model, or the default when it reported none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContextWindowFound {
+    /// Tokens.
+    pub context_window: u64,
+    /// Whether the endpoint reported it (else it is the default).
+    pub reported: bool,
 }
 
 /// Why a bootstrap could not be cut into frames or put together from them.
@@ -279,8 +333,13 @@ pub struct Bootstrap {
     pub scope: Scope,
     /// What it may do.
     pub policy: Policy,
-    /// Earlier messages of the session, oldest first, without the system prompt.
+    /// Earlier messages of the session, oldest first, without the system prompt and without
+    /// what `compaction` covers.
     pub history: Vec<ChatMessage>,
+    /// The ledger id of each `history` message, in the same order.
+    pub history_ids: Vec<i64>,
+    /// The session's latest compaction, which stands for the history before `history`.
+    pub compaction: Option<CompactionSummary>,
     /// This turn's user text. The owner has already stored it as a `user` message.
     pub input: String,
 }
@@ -292,6 +351,8 @@ impl Bootstrap {
     pub fn into_frames(self) -> Result<Vec<OwnerFrame>, BootstrapFrameError> {
         let body = serde_json::to_string(&BootstrapBody {
             history: self.history,
+            history_ids: self.history_ids,
+            compaction: self.compaction,
             input: self.input,
         })?;
         let parts = split_at_chars(&body, BOOTSTRAP_PART_BYTES);
@@ -328,6 +389,8 @@ impl Bootstrap {
             scope: head.scope,
             policy: head.policy,
             history: body.history,
+            history_ids: body.history_ids,
+            compaction: body.compaction,
             input: body.input,
         })
     }

@@ -85,8 +85,21 @@ impl TestHome {
         drain_grace_s: f64,
         extra: &str,
     ) -> Result<()> {
+        self.write_model_config_with_keys(base_url, stream, drain_grace_s, "", extra)
+    }
+
+    /// Like [`TestHome::write_model_config_with_grace`], with `model_keys` TOML lines added to
+    /// `[model]`.
+    pub fn write_model_config_with_keys(
+        &self,
+        base_url: &str,
+        stream: bool,
+        drain_grace_s: f64,
+        model_keys: &str,
+        extra: &str,
+    ) -> Result<()> {
         self.write_config(&format!(
-            "[model]\nbase_url = \"{base_url}\"\nname = \"mock\"\nstream = {stream}\nmax_retries = 0\nrequest_timeout_s = 30\n\n[daemon]\ndrain_grace_s = {drain_grace_s:?}\n\n{extra}"
+            "[model]\nbase_url = \"{base_url}\"\nname = \"mock\"\nstream = {stream}\nmax_retries = 0\nrequest_timeout_s = 30\n{model_keys}\n\n[daemon]\ndrain_grace_s = {drain_grace_s:?}\n\n{extra}"
         ))
     }
 
@@ -808,6 +821,7 @@ impl OneSession {
             bin: bin.to_path_buf(),
             stream: true,
             drain_grace_s: 1.0,
+            model_keys: String::new(),
             extra: String::new(),
             env: Vec::new(),
             toolsets: None,
@@ -903,6 +917,7 @@ pub struct OneSessionBuilder {
     bin: PathBuf,
     stream: bool,
     drain_grace_s: f64,
+    model_keys: String,
     extra: String,
     env: Vec<(String, String)>,
     toolsets: Option<Vec<String>>,
@@ -920,6 +935,12 @@ impl OneSessionBuilder {
     /// The daemon's `drain_grace_s` (1 s unless set).
     pub fn drain_grace_s(mut self, seconds: f64) -> Self {
         self.drain_grace_s = seconds;
+        self
+    }
+
+    /// TOML lines added to the config's `[model]` table.
+    pub fn model_keys(mut self, keys: &str) -> Self {
+        self.model_keys = keys.to_string();
         self
     }
 
@@ -963,10 +984,11 @@ impl OneSessionBuilder {
             Some(home) => home,
             None => TestHome::new()?,
         };
-        home.write_model_config_with_grace(
+        home.write_model_config_with_keys(
             &model.base_url(),
             self.stream,
             self.drain_grace_s,
+            &self.model_keys,
             &self.extra,
         )?;
         let env: Vec<(&str, &str)> = self

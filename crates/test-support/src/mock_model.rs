@@ -30,7 +30,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use axum::Router;
 
 /// The largest request body the mock model reads (64 MiB).
@@ -68,6 +68,10 @@ struct Shared {
     arrived: watch::Sender<usize>,
     /// Set on drop: stops the server and releases every held reply.
     shutdown: watch::Sender<bool>,
+    /// The body of `GET /models`; 404 while unset.
+    models: Mutex<Option<Value>>,
+    /// How many `GET /models` requests came.
+    models_asked: Mutex<usize>,
 }
 
 /// The last message of a logged model request (`Null` when it has none).
@@ -113,10 +117,13 @@ impl MockModel {
             headers: Mutex::new(Vec::new()),
             arrived: watch::Sender::new(0),
             shutdown: watch::Sender::new(false),
+            models: Mutex::new(None),
+            models_asked: Mutex::new(0),
         });
         let app = Router::new()
             .route("/v1/chat/completions", post(chat_completions))
             .route("/chat/completions", post(chat_completions))
+            .route("/v1/models", get(models))
             // Real endpoints take requests of many MiB (long histories); axum's 2 MiB
             // default would answer 413 first.
             .layer(axum::extract::DefaultBodyLimit::max(REQUEST_BODY_LIMIT))
@@ -132,6 +139,16 @@ impl MockModel {
                 .await;
         });
         MockModel { addr, shared }
+    }
+
+    /// Answers `GET /models` with `body` (404 until set).
+    pub fn set_models(&self, body: Value) {
+        *lock(&self.shared.models) = Some(body);
+    }
+
+    /// How many `GET /models` requests came.
+    pub fn models_asked(&self) -> usize {
+        *lock(&self.shared.models_asked)
     }
 
     /// `http://127.0.0.1:<port>/v1`
@@ -377,6 +394,14 @@ impl Gate {
             opened = open.wait_for(|o| *o) => opened.is_ok(),
             _ = stop.wait_for(|s| *s) => false,
         }
+    }
+}
+
+async fn models(State(shared): State<Arc<Shared>>) -> Response {
+    *lock(&shared.models_asked) += 1;
+    match lock(&shared.models).clone() {
+        Some(body) => (StatusCode::OK, axum::Json(body)).into_response(),
+        None => error_response(404, "no model list"),
     }
 }
 

@@ -623,6 +623,13 @@ impl App {
                 )));
             }
             EventPayload::McpStatus(_) => {}
+            EventPayload::SessionCompacted(c) => {
+                self.scrollback.push(Block::Notice(format!(
+                    "history compacted: {} earlier messages are now a summary of {} tokens \
+                     (the transcript keeps them)",
+                    c.covered, c.summary_tokens
+                )));
+            }
         }
     }
 

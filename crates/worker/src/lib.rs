@@ -463,6 +463,8 @@ async fn run_agent(
         scope,
         policy,
         history,
+        history_ids,
+        compaction,
         input,
     } = bootstrap;
     let setup_failed = |model: &str, error: String| {
@@ -519,9 +521,12 @@ async fn run_agent(
         // SPEC section 4, frozen session: the schemas stored at create, not the registry's.
         tools: policy.tools,
         history,
+        history_ids,
+        compaction,
         input,
         max_steps: policy.max_steps,
         model: policy.model,
+        context: policy.context,
     };
     let report = run_turn(&store, &client, &registry, &ctx, spec).await;
     // Before `execution.finish`, so the turn's last `mcp.status` events are `stopped`.
@@ -592,6 +597,7 @@ mod tests {
             mcp_servers: Default::default(),
             jobs_wire: Default::default(),
             sandbox: Default::default(),
+            context: Default::default(),
         };
         let config = model_config(&policy);
         assert_eq!(config.request_timeout, Duration::from_secs(600));

@@ -2,8 +2,9 @@
 //! (SPEC section 0, G4: the worker never opens the ledger).
 //!
 //! - [`OwnerStore`] ([`TurnStore`]): `transcript.append` with a [`TranscriptAppend`] payload,
-//!   `usage.add` with a [`UsageAdd`] payload, each waiting for its receipt; deltas go out as
-//!   live `delta` lines.
+//!   `usage.add` with a [`UsageAdd`] payload, `compaction.write` with a [`CompactionWrite`]
+//!   payload and `model.context_window` with a [`ContextWindowFound`] payload, each waiting
+//!   for its receipt; deltas go out as live `delta` lines.
 //! - [`OwnerPrompts`] ([`PromptBroker`]): `prompt.open` with a [`PromptOpen`] payload. The
 //!   owner sends its receipt only once a human answered: `{"status":"resolved","answer":...}`
 //!   or `{"status":"cancelled"}`.
@@ -23,8 +24,8 @@ use async_trait::async_trait;
 use drover_agent::{StoreError, TurnStore};
 use drover_protocol::mcp::McpServerStatus;
 use drover_protocol::worker::{
-    op, BackgroundProcess, ChildReserve, ProcessStatus, ProcessUpdate, PromptOpen,
-    TranscriptAppend, UsageAdd,
+    op, BackgroundProcess, ChildReserve, CompactionWrite, ContextWindowFound, ProcessStatus,
+    ProcessUpdate, PromptOpen, TranscriptAppend, UsageAdd,
 };
 use drover_protocol::ChatMessage;
 use drover_tools::jobs::{JobLedger, JobRegister};
@@ -103,6 +104,16 @@ impl TurnStore for OwnerStore {
     async fn add_usage(&self, usage: UsageAdd) -> Result<(), StoreError> {
         let payload = to_payload(op::USAGE_ADD, &usage)?;
         self.persist(op::USAGE_ADD, payload).await
+    }
+
+    async fn compact(&self, write: CompactionWrite) -> Result<(), StoreError> {
+        let payload = to_payload(op::COMPACTION_WRITE, &write)?;
+        self.persist(op::COMPACTION_WRITE, payload).await
+    }
+
+    async fn context_window_found(&self, found: ContextWindowFound) -> Result<(), StoreError> {
+        let payload = to_payload(op::CONTEXT_WINDOW, &found)?;
+        self.persist(op::CONTEXT_WINDOW, payload).await
     }
 
     fn delta(&self, text: &str) {

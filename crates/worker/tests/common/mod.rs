@@ -232,8 +232,11 @@ pub fn turn_bootstrap(mock: &MockModel, home: &Path) -> Bootstrap {
             mcp_servers: Default::default(),
             jobs_wire: Default::default(),
             sandbox: Default::default(),
+            context: Default::default(),
         },
         history: vec![ChatMessage::text(Role::User, "before")],
+        history_ids: vec![1],
+        compaction: None,
         input: "hello".into(),
     }
 }

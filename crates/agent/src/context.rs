@@ -1,0 +1,217 @@
+//! The context budget of a turn (issue 14): what a request may hold, how big it is, how old
+//! tool output is cut, and which part of the history a compaction summarises. Pure functions
+//! over messages, so every rule is tested without a model or a store.
+//!
+//! - A request's size is estimated in tokens from its bytes: the model's own
+//!   `usage.prompt_tokens` of the turn's previous request plus a quarter token per byte added
+//!   since ([`Estimator`]); a quarter token per byte before any request answered.
+//! - Over the budget, tool results older than the kept turns are cut to a head and a tail
+//!   with a marker ([`cut_tool_outputs`]); the request only, never the ledger.
+//! - Still over, the history before the last `keep_recent_turns` turns is summarised
+//!   ([`compaction_plan`]); a turn starts at its `user` message, so a tool call and its
+//!   result are never split. The running turn is never summarised.
+//! - The summary is asked for in pieces that each fit the budget ([`summary_requests`]).
+
+use drover_protocol::{ChatMessage, Role};
+
+/// The system message of every summarisation request.
+pub const SUMMARY_INSTRUCTION: &str = "You are compacting the history of a long agent session \
+so that the work can go on within the model's context window. Write a concise summary of the \
+conversation below for the agent that will continue it: the user's goals and requests, the \
+decisions made, the files, commands and tools used with their important results, the errors \
+met and how they were handled, and what is left to do. Keep exact names, paths, identifiers \
+and numbers. If a summary of an earlier part is given, fold it into yours. Answer with the \
+summary only.";
+
+/// The first line of the message that stands for the summarised history in later requests.
+pub const SUMMARY_HEADER: &str = "[drover: the earlier part of this session was compacted to \
+fit the model's context window; this is its summary. The full transcript is kept.]";
+
+/// Bytes of a cut tool output kept from its start, and from its end.
+pub const CUT_KEEP_BYTES: usize = 2048;
+
+/// Requests estimated below this many tokens never need the endpoint's window: every model
+/// drover talks to has at least this many.
+pub const WINDOW_LOOKUP_FLOOR: u64 = 4096;
+
+/// Bytes per token before the model has counted any request of the turn.
+const BYTES_PER_TOKEN: u64 = 4;
+
+/// Per-message bytes the estimate adds for the JSON around the content.
+const MESSAGE_OVERHEAD: usize = 32;
+
+/// The bytes a request's messages weigh in the estimate (content, tool calls, names).
+pub fn message_bytes(messages: &[ChatMessage]) -> usize {
+    messages
+        .iter()
+        .map(|m| {
+            MESSAGE_OVERHEAD
+                + m.content.as_deref().map_or(0, str::len)
+                + m.tool_call_id.as_deref().map_or(0, str::len)
+                + m.tool_name.as_deref().map_or(0, str::len)
+                + m.tool_calls
+                    .iter()
+                    .map(|c| {
+                        MESSAGE_OVERHEAD
+                            + c.id.len()
+                            + c.function.name.len()
+                            + c.function.arguments.len()
+                    })
+                    .sum::<usize>()
+        })
+        .sum()
+}
+
+/// Tokens of a request, from its bytes and the model's count of the previous one.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Estimator {
+    /// `(bytes, prompt tokens)` of the last request the model counted.
+    last: Option<(u64, u64)>,
+}
+
+impl Estimator {
+    /// Remembers the model's count of a request of `bytes` bytes (ignored when 0).
+    pub fn counted(&mut self, bytes: usize, prompt_tokens: u64) {
+        if prompt_tokens > 0 && bytes > 0 {
+            self.last = Some((bytes as u64, prompt_tokens));
+        }
+    }
+
+    /// The estimated tokens of a request of `bytes` bytes.
+    pub fn tokens(&self, bytes: usize) -> u64 {
+        let bytes = bytes as u64;
+        match self.last {
+            Some((b, t)) if bytes >= b => t.saturating_add((bytes - b) / BYTES_PER_TOKEN),
+            // Smaller than the counted one (cut or compacted since): scale its ratio.
+            Some((b, t)) => ((bytes as u128 * t as u128) / b as u128) as u64,
+            None => bytes / BYTES_PER_TOKEN,
+        }
+    }
+}
+
+/// `text` cut to its first and last [`CUT_KEEP_BYTES`] with a marker saying how much went,
+/// or `None` when it is short enough to keep.
+pub fn cut_text(text: &str, what: &str) -> Option<String> {
+    if text.len() <= 3 * CUT_KEEP_BYTES {
+        return None;
+    }
+    let mut head = CUT_KEEP_BYTES;
+    while !text.is_char_boundary(head) {
+        head -= 1;
+    }
+    let mut tail = text.len() - CUT_KEEP_BYTES;
+    while !text.is_char_boundary(tail) {
+        tail += 1;
+    }
+    Some(format!(
+        "{}\n[drover: {} bytes of this {what} were cut here to fit the context window; the \
+         transcript keeps it whole]\n{}",
+        &text[..head],
+        tail - head,
+        &text[tail..]
+    ))
+}
+
+/// Cuts every tool result in `messages[..protect_from]` (see [`cut_text`]). Returns whether
+/// anything was cut.
+pub fn cut_tool_outputs(messages: &mut [ChatMessage], protect_from: usize) -> bool {
+    let mut cut_any = false;
+    for m in messages.iter_mut().take(protect_from) {
+        if m.role != Role::Tool {
+            continue;
+        }
+        if let Some(cut) = m
+            .content
+            .as_deref()
+            .and_then(|c| cut_text(c, "tool output"))
+        {
+            m.content = Some(cut);
+            cut_any = true;
+        }
+    }
+    cut_any
+}
+
+/// Where the last `keep` turns of `history` begin (a turn begins at its `user` message), or 0
+/// when it holds no more than `keep` turns.
+pub fn recent_turns_start(history: &[ChatMessage], keep: usize) -> usize {
+    if keep == 0 {
+        return history.len();
+    }
+    let starts: Vec<usize> = history
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| m.role == Role::User)
+        .map(|(i, _)| i)
+        .collect();
+    if starts.len() <= keep {
+        return 0;
+    }
+    starts[starts.len() - keep]
+}
+
+/// How many leading `history` messages a compaction that keeps the last `keep` turns covers,
+/// or `None` when that is none. Whole turns only, so a tool call and its result stay together.
+pub fn compaction_plan(history: &[ChatMessage], keep: usize) -> Option<usize> {
+    match recent_turns_start(history, keep) {
+        0 => None,
+        n => Some(n),
+    }
+}
+
+/// The message that stands for summarised history in a request.
+pub fn summary_message(summary: &str) -> ChatMessage {
+    ChatMessage::text(Role::User, format!("{SUMMARY_HEADER}\n\n{summary}"))
+}
+
+/// One message as plain text for a summarisation request, long parts cut.
+fn render(m: &ChatMessage, out: &mut String) {
+    let content = m.content.as_deref().unwrap_or_default();
+    let label = match m.role {
+        Role::System => "system".to_string(),
+        Role::User => "user".to_string(),
+        Role::Assistant => "assistant".to_string(),
+        Role::Tool => format!("tool result ({})", m.tool_name.as_deref().unwrap_or("tool")),
+    };
+    out.push_str(&format!("[{label}]\n"));
+    match cut_text(content, "message") {
+        Some(cut) => out.push_str(&cut),
+        None => out.push_str(content),
+    }
+    for call in &m.tool_calls {
+        let args = &call.function.arguments;
+        let args = cut_text(args, "argument list").unwrap_or_else(|| args.clone());
+        out.push_str(&format!("\n[tool call {}] {args}", call.function.name));
+    }
+    out.push_str("\n\n");
+}
+
+/// The user messages of the summarisation requests for `covered`: each at most `max_bytes`
+/// of transcript text (at least one message's worth), to be asked for in order, each with the
+/// summary so far before it.
+pub fn summary_requests(covered: &[ChatMessage], max_bytes: usize) -> Vec<String> {
+    let mut pieces = Vec::new();
+    let mut current = String::new();
+    for m in covered {
+        let mut one = String::new();
+        render(m, &mut one);
+        if !current.is_empty() && current.len() + one.len() > max_bytes {
+            pieces.push(std::mem::take(&mut current));
+        }
+        current.push_str(&one);
+    }
+    if !current.is_empty() || pieces.is_empty() {
+        pieces.push(current);
+    }
+    pieces
+}
+
+/// The user message of one summarisation request: the summary so far, then the transcript.
+pub fn summary_prompt(previous: Option<&str>, transcript: &str) -> String {
+    match previous {
+        Some(summary) => format!(
+            "Summary of the session before this part:\n{summary}\n\nThe session goes on:\n\n{transcript}"
+        ),
+        None => format!("The session so far:\n\n{transcript}"),
+    }
+}

@@ -1,0 +1,393 @@
+//! `compactions` rows (issue 14): a summary of a session's older history, written whole by one
+//! `compaction.write` persist, so a crash leaves either the row or nothing. A turn's history
+//! starts at the session's latest compaction: its summary, then the messages after
+//! `last_message_id`. The transcript (`messages`) is never changed by a compaction.
+
+use drover_protocol::event as ev;
+use drover_protocol::worker::{CompactionSummary, CompactionWrite};
+use rusqlite::{params, Connection, OptionalExtension};
+use serde_json::{json, Value};
+
+use crate::events::{push_event, StoredEvent};
+use crate::{now, LedgerError};
+
+/// The session's latest compaction, if it has one.
+pub(crate) fn latest_in(
+    conn: &Connection,
+    session_id: &str,
+) -> Result<Option<CompactionSummary>, LedgerError> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT summary, last_message_id, covered FROM compactions
+             WHERE session_id = ?1 ORDER BY id DESC LIMIT 1",
+        )?
+        .query_row([session_id], |r| {
+            Ok(CompactionSummary {
+                summary: r.get(0)?,
+                through_message_id: r.get(1)?,
+                covered: r.get::<_, i64>(2)?.max(0) as u64,
+            })
+        })
+        .optional()?)
+}
+
+/// Stores a `compaction.write` of `execution_id`'s turn inside `tx` with its usage and a
+/// `session.compacted` event. The range must start after the latest compaction, hold only
+/// messages of the session, and end before the running turn's own input (the running turn is
+/// never summarised). Returns the receipt's result `{compaction_id, covered}`.
+pub(crate) fn write(
+    tx: &Connection,
+    session_id: &str,
+    execution_id: &str,
+    p: &CompactionWrite,
+    events: &mut Vec<StoredEvent>,
+) -> Result<Value, LedgerError> {
+    if p.summary.trim().is_empty() {
+        return Err(LedgerError::invalid("summary", "the summary is empty"));
+    }
+    if p.first_message_id > p.last_message_id {
+        return Err(LedgerError::invalid(
+            "first_message_id",
+            format!(
+                "first_message_id {} is after last_message_id {}",
+                p.first_message_id, p.last_message_id
+            ),
+        ));
+    }
+    let previous = latest_in(tx, session_id)?;
+    if let Some(prev) = &previous {
+        if p.first_message_id <= prev.through_message_id {
+            return Err(LedgerError::invalid(
+                "first_message_id",
+                format!(
+                    "message {} is already covered by the session's latest compaction (through {})",
+                    p.first_message_id, prev.through_message_id
+                ),
+            ));
+        }
+    }
+    let admission_id: Option<String> = tx.query_row(
+        "SELECT admission_id FROM worker_executions WHERE execution_id = ?1",
+        [execution_id],
+        |r| r.get(0),
+    )?;
+    for (field, id) in [
+        ("first_message_id", p.first_message_id),
+        ("last_message_id", p.last_message_id),
+    ] {
+        let owner: Option<(String, Option<String>)> = tx
+            .query_row(
+                "SELECT session_id, admission_id FROM messages WHERE id = ?1",
+                [id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
+        match owner {
+            Some((sid, _)) if sid != session_id => {
+                return Err(LedgerError::invalid(
+                    field,
+                    format!("message {id} is not of this session"),
+                ))
+            }
+            Some((_, adm)) if adm.is_some() && adm == admission_id => {
+                return Err(LedgerError::invalid(
+                    field,
+                    format!("message {id} is of the running turn, which is never compacted"),
+                ))
+            }
+            Some(_) => {}
+            None => return Err(LedgerError::invalid(field, format!("no message {id}"))),
+        }
+    }
+    // Lost turns' messages were never in the history the summary was made from.
+    let summarised: i64 = tx.query_row(
+        "SELECT count(*) FROM messages m
+         LEFT JOIN session_admissions a ON a.admission_id = m.admission_id
+         WHERE m.session_id = ?1 AND m.id BETWEEN ?2 AND ?3 AND a.unknown_at IS NULL",
+        params![session_id, p.first_message_id, p.last_message_id],
+        |r| r.get(0),
+    )?;
+    let covered = previous.map_or(0, |c| c.covered) + summarised.max(0) as u64;
+    let bound = |n: u64| n.min(drover_protocol::TOKEN_COUNT_MAX) as i64;
+    tx.execute(
+        "INSERT INTO compactions (session_id, admission_id, execution_id, first_message_id,
+            last_message_id, covered, summary, input_tokens, output_tokens, total_tokens,
+            api_calls, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+        params![
+            session_id,
+            admission_id,
+            execution_id,
+            p.first_message_id,
+            p.last_message_id,
+            covered as i64,
+            p.summary,
+            bound(p.usage.input_tokens),
+            bound(p.usage.output_tokens),
+            bound(p.usage.total_tokens),
+            bound(p.usage.api_calls),
+            now()
+        ],
+    )?;
+    let compaction_id = tx.last_insert_rowid();
+    crate::counts::add_usage(tx, execution_id, session_id, &p.usage)?;
+    events.push(push_event(
+        tx,
+        session_id,
+        ev::SESSION_COMPACTED,
+        json!({
+            "admission_id": admission_id,
+            "covered": covered,
+            "through_message_id": p.last_message_id,
+            "summary_tokens": p.usage.output_tokens.min(drover_protocol::TOKEN_COUNT_MAX),
+        }),
+    )?);
+    Ok(json!({"compaction_id": compaction_id, "covered": covered}))
+}
+
+/// Records the context window a turn found at the endpoint for the session's model.
+pub(crate) fn set_context_window(
+    tx: &Connection,
+    session_id: &str,
+    context_window: u64,
+) -> Result<Value, LedgerError> {
+    if context_window == 0 {
+        return Err(LedgerError::invalid(
+            "context_window",
+            "a context window of 0 tokens",
+        ));
+    }
+    tx.execute(
+        "UPDATE sessions SET context_window = ?1 WHERE id = ?2",
+        params![context_window.min(i64::MAX as u64) as i64, session_id],
+    )?;
+    Ok(json!({}))
+}
+
+/// The context window an earlier turn found for the session's model, if any.
+pub(crate) fn context_window_in(
+    conn: &Connection,
+    session_id: &str,
+) -> Result<Option<u64>, LedgerError> {
+    let found: Option<i64> = conn.query_row(
+        "SELECT context_window FROM sessions WHERE id = ?1",
+        [session_id],
+        |r| r.get(0),
+    )?;
+    Ok(found.filter(|w| *w > 0).map(|w| w as u64))
+}
+
+#[cfg(test)]
+mod tests {
+    use drover_protocol::worker::{op, UsageAdd};
+    use serde_json::json;
+
+    use crate::testing;
+    use crate::{Ledger, LedgerError, PersistOutcome};
+
+    /// A session with two settled turns (4 messages) and a third claimed; returns the claim.
+    fn two_turns_then_a_claim(ledger: &mut Ledger) -> (String, crate::Claim) {
+        let session_id = testing::session(ledger, &[], vec![]);
+        for text in ["one", "two"] {
+            let claim = testing::claim(ledger, &session_id, text, "s");
+            let answer =
+                json!({"messages": [{"role": "assistant", "content": format!("re {text}")}]});
+            ledger
+                .apply_persist(&testing::frame(
+                    &claim,
+                    "s",
+                    1,
+                    op::TRANSCRIPT_APPEND,
+                    answer,
+                ))
+                .expect("append");
+            ledger
+                .apply_persist(&testing::frame(
+                    &claim,
+                    "s",
+                    2,
+                    op::EXECUTION_FINISH,
+                    testing::finish("ok"),
+                ))
+                .expect("finish");
+        }
+        let claim = testing::claim(ledger, &session_id, "three", "s");
+        (session_id, claim)
+    }
+
+    fn write(first: i64, last: i64, summary: &str) -> serde_json::Value {
+        serde_json::to_value(drover_protocol::worker::CompactionWrite {
+            first_message_id: first,
+            last_message_id: last,
+            summary: summary.into(),
+            usage: UsageAdd {
+                input_tokens: 100,
+                output_tokens: 7,
+                total_tokens: 107,
+                api_calls: 1,
+            },
+        })
+        .expect("payload")
+    }
+
+    #[test]
+    fn a_compaction_is_stored_whole_and_later_histories_start_after_it() {
+        let (_dir, mut ledger) = testing::open();
+        let (session_id, claim) = two_turns_then_a_claim(&mut ledger);
+        assert_eq!(claim.history.messages.len(), 4);
+        assert_eq!(claim.history.ids.len(), 4);
+        assert!(claim.history.compaction.is_none());
+        let ids = claim.history.ids.clone();
+        let frame = testing::frame(
+            &claim,
+            "s",
+            1,
+            op::COMPACTION_WRITE,
+            write(ids[0], ids[1], "S1"),
+        );
+        let Ok(PersistOutcome::Receipt { result, events, .. }) = ledger.apply_persist(&frame)
+        else {
+            panic!("no receipt");
+        };
+        assert_eq!(result["covered"], 2);
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].kind, "session.compacted");
+        assert_eq!(
+            events[0].payload,
+            json!({"admission_id": claim.admission.admission_id, "covered": 2,
+                   "through_message_id": ids[1], "summary_tokens": 7})
+        );
+        // The usage counts in the turn's execution.
+        let calls: i64 = ledger
+            .conn
+            .query_row(
+                "SELECT api_calls FROM worker_executions WHERE execution_id = ?1",
+                [&claim.execution_id],
+                |r| r.get(0),
+            )
+            .expect("execution");
+        assert_eq!(calls, 1);
+        ledger
+            .apply_persist(&testing::frame(
+                &claim,
+                "s",
+                2,
+                op::EXECUTION_FINISH,
+                testing::finish("ok"),
+            ))
+            .expect("finish");
+
+        let next = testing::claim(&mut ledger, &session_id, "four", "s");
+        let compaction = next.history.compaction.clone().expect("compaction");
+        assert_eq!((compaction.summary.as_str(), compaction.covered), ("S1", 2));
+        assert_eq!(compaction.through_message_id, ids[1]);
+        // Turn two and turn three's input: the covered messages are not sent again.
+        assert_eq!(next.history.ids[0], ids[2]);
+        assert_eq!(next.history.messages.len(), 2 + 1);
+        // The transcript keeps every message.
+        assert_eq!(ledger.history(&session_id).expect("history").len(), 4 + 2);
+    }
+
+    #[test]
+    fn a_compaction_of_the_running_turn_or_of_covered_or_foreign_messages_is_refused() {
+        let (_dir, mut ledger) = testing::open();
+        let (_session_id, claim) = two_turns_then_a_claim(&mut ledger);
+        let ids = claim.history.ids.clone();
+        let refused = |ledger: &mut Ledger, payload| match ledger.apply_persist(&testing::frame(
+            &claim,
+            "s",
+            1,
+            op::COMPACTION_WRITE,
+            payload,
+        )) {
+            Err(LedgerError::InvalidParams { field, .. }) => field,
+            other => panic!("not refused: {other:?}"),
+        };
+        // The running turn's own input (the message after the history).
+        assert_eq!(
+            refused(&mut ledger, write(ids[0], ids[3] + 1, "S")),
+            "last_message_id"
+        );
+        assert_eq!(
+            refused(&mut ledger, write(ids[2], ids[1], "S")),
+            "first_message_id"
+        );
+        assert_eq!(
+            refused(&mut ledger, write(ids[0], 999_999, "S")),
+            "last_message_id"
+        );
+        assert_eq!(refused(&mut ledger, write(ids[0], ids[1], "  ")), "summary");
+        let other = testing::session(&mut ledger, &[], vec![]);
+        let other_claim = testing::claim(&mut ledger, &other, "x", "s");
+        let foreign: i64 = ledger
+            .conn
+            .query_row(
+                "SELECT max(id) FROM messages WHERE session_id = ?1",
+                [&other_claim.session.id],
+                |r| r.get(0),
+            )
+            .expect("foreign message");
+        assert_eq!(
+            refused(&mut ledger, write(ids[0], foreign, "S")),
+            "last_message_id"
+        );
+        ledger
+            .apply_persist(&testing::frame(
+                &claim,
+                "s",
+                1,
+                op::COMPACTION_WRITE,
+                write(ids[0], ids[1], "S"),
+            ))
+            .expect("a good one");
+        assert_eq!(
+            refused_at(&mut ledger, &claim, 2, write(ids[1], ids[2], "S")),
+            "first_message_id"
+        );
+        // Nothing half-written: one row.
+        let rows: i64 = ledger
+            .conn
+            .query_row("SELECT count(*) FROM compactions", [], |r| r.get(0))
+            .expect("count");
+        assert_eq!(rows, 1);
+    }
+
+    fn refused_at(
+        ledger: &mut Ledger,
+        claim: &crate::Claim,
+        sequence: u64,
+        payload: serde_json::Value,
+    ) -> String {
+        match ledger.apply_persist(&testing::frame(
+            claim,
+            "s",
+            sequence,
+            op::COMPACTION_WRITE,
+            payload,
+        )) {
+            Err(LedgerError::InvalidParams { field, .. }) => field,
+            other => panic!("not refused: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_context_window_found_reaches_the_next_claim() {
+        let (_dir, mut ledger) = testing::open();
+        let (session_id, claim) = two_turns_then_a_claim(&mut ledger);
+        assert_eq!(claim.context_window_found, None);
+        let found = json!({"context_window": 32768, "reported": true});
+        ledger
+            .apply_persist(&testing::frame(&claim, "s", 1, op::CONTEXT_WINDOW, found))
+            .expect("window");
+        ledger
+            .apply_persist(&testing::frame(
+                &claim,
+                "s",
+                2,
+                op::EXECUTION_FINISH,
+                testing::finish("ok"),
+            ))
+            .expect("finish");
+        let next = testing::claim(&mut ledger, &session_id, "four", "s");
+        assert_eq!(next.context_window_found, Some(32768));
+    }
+}
