@@ -1,7 +1,12 @@
-//! Long sessions (issue 14, parts 1 and 5) end to end: real daemon, real workers, real SQLite,
+//! Long sessions (issue 14) end to end: real daemon, real workers, real SQLite,
 //! the loopback model. A history far over the 4 MiB frame limit still reaches each turn's
 //! worker; a turn nothing ran of settles `failed` with its reason, never `unknown`; a
 //! `prompt.submit` text over `[daemon] max_input_bytes` is refused and nothing is admitted.
+//! Past the context budget, old tool output is cut and older turns are summarised into a
+//! `compactions` row: 60 turns of over 8 MiB of tool output all complete within the budget; an
+//! owner killed while the summary is asked for leaves no row and the turn `unknown`; a
+//! `context_length_exceeded` answer compacts and retries once; the window comes from the
+//! endpoint's `GET /models` once per session.
 
 // Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -195,4 +200,284 @@ async fn an_input_over_max_input_bytes_is_invalid_params_naming_text_and_not_adm
     let receipt = s.submit("sixteen bytes!!!").await.unwrap();
     assert!(!str_field(&receipt, "admission_id").is_empty());
     assert_eq!(admission_count(&s), json!(1));
+}
+
+// ---- Issue 14, parts 2 to 4: the context budget and durable compaction ----
+
+/// Whether a model request is a summarisation request of a compaction.
+fn is_summary_request(request: &Value) -> bool {
+    request["messages"][0]["content"]
+        .as_str()
+        .is_some_and(|c| c.starts_with("You are compacting"))
+}
+
+/// The request's size as the loopback model counts it: a token per 4 bytes of its JSON.
+fn request_tokens(request: &Value) -> u64 {
+    serde_json::to_vec(request).unwrap().len() as u64 / 4
+}
+
+/// `reply` with the usage a real model would report for `request`.
+fn counted(reply: Reply, request: &Value) -> Reply {
+    let prompt = request_tokens(request);
+    reply.usage(prompt, 20, prompt + 20)
+}
+
+fn compaction_rows(s: &OneSession) -> i64 {
+    db_value(&s.home.db(), "SELECT count(*) FROM compactions")
+        .as_i64()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn sixty_turns_of_over_eight_mib_of_tool_output_stay_within_the_budget() {
+    const WINDOW: u64 = 80_000;
+    const BUDGET: u64 = WINDOW * 8 / 10;
+    let mut s = OneSession::builder(bin())
+        .model_keys(&format!("context_window = {WINDOW}"))
+        .toolsets(&["terminal"])
+        .start()
+        .await
+        .unwrap();
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    s.model.set_responder(move |request| {
+        if is_summary_request(request) {
+            return counted(Reply::text("SUMMARY: the user asked for output, got it."), request);
+        }
+        let after_tool = request["messages"]
+            .as_array()
+            .and_then(|m| m.last())
+            .is_some_and(|m| m["role"] == "tool");
+        if after_tool {
+            return counted(Reply::text("done"), request);
+        }
+        // Three calls of 50 KB each (the terminal tool's output bound): 150 KB a turn.
+        let n = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let call = |i: usize| {
+            (
+                format!("t{n}c{i}"),
+                "terminal".to_string(),
+                json!({"command": format!("head -c 60000 /dev/zero | tr '\\0' '{}'", (b'a' + (i as u8)) as char)}),
+            )
+        };
+        counted(Reply::tool_calls(vec![call(0), call(1), call(2)]), request)
+    });
+    for i in 1..=60 {
+        s.complete_turn(&format!("turn {i}")).await.unwrap();
+    }
+    let outputs = db_value(
+        &s.home.db(),
+        "SELECT sum(length(content)) FROM messages WHERE role = 'tool'",
+    )
+    .as_i64()
+    .unwrap();
+    assert!(outputs > 8 * 1024 * 1024, "tool output {outputs} bytes");
+    assert!(admissions(&s)
+        .iter()
+        .all(|a| a[0] == "terminal" && a[1] == "completed"));
+    assert!(compaction_rows(&s) >= 1);
+
+    let requests = s.model.requests();
+    let turns: Vec<&Value> = requests.iter().filter(|r| !is_summary_request(r)).collect();
+    assert_eq!(turns.len(), 120);
+    let largest = requests.iter().map(request_tokens).max().unwrap();
+    assert!(
+        largest <= BUDGET,
+        "the largest request was {largest} tokens, over the budget of {BUDGET}"
+    );
+    for r in &turns {
+        assert_eq!(r["messages"][0], turns[0]["messages"][0]);
+        assert_eq!(r["tools"], turns[0]["tools"]);
+    }
+    // The ledger keeps every message whole: 60 x (input, calls, 3 results, answer).
+    let messages = db_value(&s.home.db(), "SELECT count(*) FROM messages")
+        .as_i64()
+        .unwrap();
+    assert_eq!(messages, 60 * 6);
+    let summarised = db_value(
+        &s.home.db(),
+        "SELECT count(*) FROM session_events WHERE type = 'session.compacted'",
+    )
+    .as_i64()
+    .unwrap();
+    assert_eq!(summarised, compaction_rows(&s));
+}
+
+/// A session with a window of 8000 tokens, whose answers (8 KB of text each, never cut, only
+/// summarised) soon pass its budget.
+async fn compacting_session() -> OneSession {
+    OneSession::builder(bin())
+        .model_keys("context_window = 8000")
+        .start()
+        .await
+        .unwrap()
+}
+
+fn long_answer(request: &Value) -> Reply {
+    counted(Reply::text("x".repeat(8 * 1024)), request)
+}
+
+#[tokio::test]
+async fn an_owner_killed_during_compaction_leaves_no_row_and_the_next_turn_compacts_again() {
+    use drover_test_support::harness::{pid_alive, Daemon};
+    use drover_test_support::Gate;
+
+    let mut s = compacting_session().await;
+    let gate = Gate::new();
+    let held = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let (g, h) = (gate.clone(), held.clone());
+    s.model.set_responder(move |request| {
+        if is_summary_request(request) {
+            let reply = counted(Reply::text("SUMMARY of turns one and two"), request);
+            return if h.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                reply.gated(&g)
+            } else {
+                reply
+            };
+        }
+        long_answer(request)
+    });
+    // Turns run until one compacts (when depends on the prompt and schemas' size too).
+    let mut compacting = None;
+    for i in 1..=8 {
+        let text = format!("turn {i}");
+        let a = str_field(&s.submit(&text).await.unwrap(), "admission_id");
+        tokio::select! {
+            settled = s.wait_settled(&a) => assert_eq!(settled.unwrap(), "completed"),
+            reached = gate.wait_reached(std::time::Duration::from_secs(30)) => {
+                assert!(reached);
+                compacting = Some((text, a));
+                break;
+            }
+        }
+    }
+    let (lost_text, lost) = compacting.expect("no turn compacted");
+    assert_ne!(lost_text, "turn 1");
+    let worker = s.daemon.wait_worker().await.unwrap();
+    s.daemon.kill().unwrap();
+    assert!(
+        drover_test_support::wait::until(std::time::Duration::from_secs(10), async || {
+            !pid_alive(worker)
+        })
+        .await,
+        "the worker outlived its owner"
+    );
+    assert_eq!(compaction_rows(&s), 0, "a compaction was half-written");
+
+    let daemon = Daemon::start(bin(), s.home.path()).await.unwrap();
+    let mut c = daemon.client().await.unwrap();
+    let status = db_value(
+        &s.home.db(),
+        &format!("SELECT status FROM session_admissions WHERE admission_id = '{lost}'"),
+    );
+    assert_eq!(status, "unknown");
+    assert_eq!(compaction_rows(&s), 0);
+    // Attached, so it may resolve and the turn's events reach this client.
+    c.call_ok("session.resume", json!({"session_id": s.session_id}))
+        .await
+        .unwrap();
+    c.call_ok(
+        "prompt.resolve_unknown",
+        json!({"session_id": s.session_id, "admission_id": lost}),
+    )
+    .await
+    .unwrap();
+    let before = s.model.requests().len();
+    c.complete_turn(&s.session_id, "the next turn")
+        .await
+        .unwrap();
+    assert_eq!(compaction_rows(&s), 1);
+    let after: Vec<Value> = s.model.requests()[before..].to_vec();
+    assert!(is_summary_request(&after[0]), "{}", after[0]);
+    let turn = &after[after.len() - 1];
+    let first = turn["messages"][1]["content"].as_str().unwrap();
+    assert!(
+        first.starts_with("[drover: the earlier part of this session was compacted")
+            && first.ends_with("SUMMARY of turns one and two"),
+        "{first}"
+    );
+    // The lost turn's input was never replayed.
+    assert!(!turn.to_string().contains(&format!("\"{lost_text}\"")));
+}
+
+#[tokio::test]
+async fn a_context_length_exceeded_answer_compacts_and_retries_once() {
+    let mut s = OneSession::builder(bin()).start().await.unwrap();
+    let refuse = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let r = refuse.clone();
+    s.model.set_responder(move |request| {
+        if is_summary_request(request) {
+            return counted(Reply::text("SUMMARY so far"), request);
+        }
+        if r.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            return Reply::error(
+                400,
+                "This model's maximum context length is 4096 tokens. However, your messages \
+                 resulted in 9000 tokens.",
+            );
+        }
+        counted(Reply::text("fine"), request)
+    });
+    for i in 1..=3 {
+        s.complete_turn(&format!("turn {i}")).await.unwrap();
+    }
+    refuse.store(true, std::sync::atomic::Ordering::SeqCst);
+    let before = s.model.requests().len();
+    let (admission_id, outcome) = s.turn("turn 4").await.unwrap();
+    assert_eq!(outcome, "completed");
+    let after: Vec<Value> = s.model.requests()[before..].to_vec();
+    assert_eq!(after.len(), 3, "refused, summarised, retried");
+    assert!(is_summary_request(&after[1]));
+    // The retry sends the summary for every earlier turn, then the input.
+    let retry = after[2]["messages"].as_array().unwrap();
+    assert_eq!(retry.len(), 3, "{retry:?}");
+    assert_eq!(retry[2]["content"], "turn 4");
+    assert_eq!(compaction_rows(&s), 1);
+    let receipt = s.receipt(&admission_id, true).await.unwrap();
+    // The refused request got no response; the summary and the retry did.
+    assert_eq!(receipt["result"]["api_calls"], 2, "{receipt}");
+
+    // A model that refuses again after the compaction fails the turn, naming the sizes.
+    s.model.set_responder(|request| {
+        if is_summary_request(request) {
+            return Reply::text("SUMMARY again");
+        }
+        Reply::error(400, "context_length_exceeded: too long")
+    });
+    let (admission_id, outcome) = s.turn("turn 5").await.unwrap();
+    assert_eq!(outcome, "failed");
+    let error = turn_error(&mut s, &admission_id).await;
+    assert!(error.starts_with("context_exceeded: "), "{error}");
+    assert!(
+        error.contains("tokens") && error.contains("bytes"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn the_window_comes_from_the_endpoint_once_per_session() {
+    let mut s = OneSession::builder(bin()).start().await.unwrap();
+    s.model.set_models(json!({"object": "list", "data": [
+        {"id": "other", "context_length": 1_000_000},
+        {"id": "mock", "context_length": 8000}
+    ]}));
+    s.model.set_responder(|request| {
+        if is_summary_request(request) {
+            return counted(Reply::text("SUMMARY"), request);
+        }
+        long_answer(request)
+    });
+    for i in 1..=6 {
+        s.complete_turn(&format!("turn {i}")).await.unwrap();
+    }
+    // 8 KB answers over an 8000-token window: compacted, as the endpoint's window says.
+    assert!(compaction_rows(&s) >= 1);
+    assert_eq!(s.model.models_asked(), 1, "asked once, then stored");
+    let stored = db_value(
+        &s.home.db(),
+        &format!(
+            "SELECT context_window FROM sessions WHERE id = '{}'",
+            s.session_id
+        ),
+    );
+    assert_eq!(stored, 8000);
 }
