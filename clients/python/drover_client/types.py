@@ -2089,7 +2089,7 @@ class EventsPage(TypedDict):
 
 # ---- the client's names for schema types ------------------------------------------------
 
-EventType: TypeAlias = Literal['admission.updated', 'approval.request', 'approval.settled', 'clarify.request', 'clarify.settled', 'mcp.status', 'message.complete', 'message.delta', 'tool.complete', 'tool.start', 'turn.progress', 'turn.settled', 'turn.started']
+EventType: TypeAlias = Literal['admission.updated', 'approval.request', 'approval.settled', 'clarify.request', 'clarify.settled', 'mcp.status', 'message.complete', 'message.delta', 'session.compacted', 'tool.complete', 'tool.start', 'turn.progress', 'turn.settled', 'turn.started']
 """Every event `type` (the keys of the schema's `x-drover-events`)."""
 
 Event = SessionEvent

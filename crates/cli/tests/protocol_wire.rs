@@ -352,6 +352,39 @@ async fn every_method_and_event_of_the_daemon_round_trips_through_the_typed_prot
     w.ok(&mut c, "session.detach", json!({"session_id": mcp_sid}))
         .await;
 
+    // A session with a small context window: its older history is summarised
+    // (`session.compacted`). Each turn answers 8 KB of text; the summary request takes the
+    // next one, and the answer after it the default.
+    home.write_model_config_with_keys(
+        &model.base_url(),
+        true,
+        1.0,
+        "context_window = 6000",
+        &extra,
+    )
+    .unwrap();
+    let small = w
+        .ok(
+            &mut c,
+            "session.create",
+            json!({"request_id": uuid_like(), "cwd": scratch.path(), "toolsets": []}),
+        )
+        .await;
+    let small_sid = small["session_id"].clone();
+    for i in 0..8 {
+        if w.events.contains_key("session.compacted") {
+            break;
+        }
+        model.push(Reply::text("x".repeat(8 * 1024)));
+        let receipt = w.submit(&mut c, &small_sid, &format!("long {i}")).await;
+        w.settled(&mut c, &receipt["admission_id"]).await;
+    }
+    assert!(w.events.contains_key("session.compacted"), "no compaction");
+    w.ok(&mut c, "session.detach", json!({"session_id": small_sid}))
+        .await;
+    home.write_model_config(&model.base_url(), true, &extra)
+        .unwrap();
+
     // Errors a client meets.
     c.send_raw("{not json").await.unwrap();
     let parse_error = c.recv_response().await.unwrap();

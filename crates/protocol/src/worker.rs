@@ -261,7 +261,7 @@ pub struct BootstrapBody {
     /// what `compaction` covers.
     pub history: Vec<ChatMessage>,
     /// The ledger id of each `history` message, in the same order.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub history_ids: Vec<i64>,
     /// The session's latest compaction, which stands for the history before `history`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

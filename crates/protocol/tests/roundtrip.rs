@@ -293,7 +293,8 @@ const POLICY: &str = concat!(
     r#""sandbox":{"mode":"workspace-write","writable_roots":["/work"],"network":false,"#,
     r#""hidden":["/home/u/.drover"],"required":true,"#,
     r#""support":{"namespaces":true,"landlock_abi":7,"problems":[]},"#,
-    r#""env":{"keep":["GH_TOKEN"],"set":{"LANG":"C.UTF-8"}}}}"#
+    r#""env":{"keep":["GH_TOKEN"],"set":{"LANG":"C.UTF-8"}}},"#,
+    r#""context":{"context_window":64000,"compact_at":0.75,"keep_recent_turns":1}}"#
 );
 
 #[test]
@@ -323,6 +324,8 @@ fn a_bootstrap_head_and_part_round_trip_with_the_whole_policy() {
         drover_protocol::sandbox::SandboxMode::WorkspaceWrite
     );
     assert_eq!(head.policy.sandbox.support.landlock_abi, Some(7));
+    assert_eq!(head.policy.context.context_window, 64000);
+    assert_eq!(head.policy.context.keep_recent_turns, 1);
     let part: OwnerFrame = pinned(concat!(
         r#"{"type":"bootstrap_part","text":"{\"history\":[{\"role\":\"user\","#,
         r#"\"content\":\"earlier\"}],\"input\":\"now this\"}"}"#
