@@ -139,8 +139,19 @@ impl Link for ClientLink {
         let stream = self.client.attach(&session_id).await.map_err(words)?;
         let snapshot = stream.snapshot().clone();
         let running_events = self.running_events(&snapshot).await?;
+        // Opened in the middle of a `delegate_task` (attach): its children are followed from
+        // the start, as they would have been from its `tool.start`.
+        let delegating = running_events
+            .iter()
+            .any(|e| matches!(&e.event, EventPayload::ToolStart(t) if t.name == DELEGATE_TASK));
         let (tx, rx) = mpsc::unbounded_channel();
-        let pump = tokio::spawn(pump(self.client.clone(), session_id, stream, tx));
+        let pump = tokio::spawn(pump(
+            self.client.clone(),
+            session_id,
+            stream,
+            delegating,
+            tx,
+        ));
         let events = ClientEvents { rx, pump };
         Ok((
             Opened {
@@ -310,15 +321,33 @@ impl Events for ClientEvents {
 /// gave up: long enough to fix `config.toml` or free a port while it waits.
 const CHAT_RECONNECT_FOR: std::time::Duration = std::time::Duration::from_secs(600);
 
-/// Forwards the session's updates, and follows child sessions while a `delegate_task` of the
-/// running turn runs.
+/// The tool whose calls run child agents (SPEC section 6).
+const DELEGATE_TASK: &str = "delegate_task";
+
+/// Forwards the session's updates, and follows child sessions once a `delegate_task` of the
+/// running turn has started (`delegating`: one had when the session was opened), until the
+/// turn settles.
 async fn pump(
     client: Client,
     session_id: String,
     mut stream: drover_client::SessionStream,
+    delegating: bool,
     tx: mpsc::UnboundedSender<LinkUpdate>,
 ) {
+    let watch = |on: &Arc<AtomicBool>| {
+        tokio::spawn(watch_children(
+            client.clone(),
+            session_id.clone(),
+            on.clone(),
+            tx.clone(),
+        ));
+    };
     let mut watching: Option<Arc<AtomicBool>> = None;
+    if delegating {
+        let on = Arc::new(AtomicBool::new(true));
+        watch(&on);
+        watching = Some(on);
+    }
     while let Some(item) = stream.next().await {
         let update = match item {
             Ok(update) => update,
@@ -333,20 +362,12 @@ async fn pump(
             // An event this client cannot read is skipped (a newer daemon's type).
             Err(_) => continue,
         };
+        let mut start_watching = false;
         let update = match update {
             Update::Event(event) => {
                 match &event.event {
-                    EventPayload::ToolStart(t)
-                        if t.name == "delegate_task" && watching.is_none() =>
-                    {
-                        let on = Arc::new(AtomicBool::new(true));
-                        watching = Some(on.clone());
-                        tokio::spawn(watch_children(
-                            client.clone(),
-                            session_id.clone(),
-                            on,
-                            tx.clone(),
-                        ));
+                    EventPayload::ToolStart(t) if t.name == DELEGATE_TASK => {
+                        start_watching = watching.is_none();
                     }
                     EventPayload::TurnSettled(_) => {
                         if let Some(on) = watching.take() {
@@ -366,45 +387,58 @@ async fn pump(
         if tx.send(update).is_err() {
             break;
         }
+        // After the `tool.start` went out: a child's events never come before its parent call.
+        if start_watching {
+            let on = Arc::new(AtomicBool::new(true));
+            watch(&on);
+            watching = Some(on);
+        }
     }
     if let Some(on) = watching {
         on.store(false, Ordering::Relaxed);
     }
 }
 
-/// Polls for new child sessions of `parent` while `on`, and forwards each one's events.
+/// The child sessions of `parent`'s running turn, among `all`: those not ended. The owner ends
+/// every child session of an execution in the transaction that ends the execution (settled,
+/// lost or retired: `agent_close`, SPEC section 6), so a child session still open belongs to
+/// the parent's live execution, which is its running turn's. (Which children existed when the
+/// client saw the `delegate_task` start says nothing: the owner makes the child's session in
+/// the same moment, often before the client has listed anything.)
+fn running_children(all: Vec<SessionSummary>, parent: &str) -> Vec<String> {
+    all.into_iter()
+        .filter(|s| s.parent_session_id.as_deref() == Some(parent) && s.ended_at.is_none())
+        .map(|s| s.session_id)
+        .collect()
+}
+
+/// Polls for the child sessions of `parent`'s running turn while `on`, and forwards each
+/// one's events (those it stored before, then its stream).
 async fn watch_children(
     client: Client,
     parent: String,
     on: Arc<AtomicBool>,
     tx: mpsc::UnboundedSender<LinkUpdate>,
 ) {
-    let children = |all: Vec<SessionSummary>| -> Vec<String> {
-        all.into_iter()
-            .filter(|s| s.parent_session_id.as_deref() == Some(parent.as_str()))
-            .map(|s| s.session_id)
-            .collect()
-    };
-    // The children of earlier turns are done: only new ones are followed.
-    let mut seen: HashSet<String> = match client.all_sessions().await {
-        Ok(all) => children(all).into_iter().collect(),
-        Err(_) => return,
-    };
+    let mut seen: HashSet<String> = HashSet::new();
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     while on.load(Ordering::Relaxed) && !tx.is_closed() {
         tick.tick().await;
         let Ok(all) = client.all_sessions().await else {
             continue;
         };
-        for child in children(all) {
-            if !seen.insert(child.clone()) {
+        for child in running_children(all, &parent) {
+            if seen.contains(&child) {
                 continue;
             }
+            // Not reached this time: tried again on the next tick.
             let Ok(mut stream) = client.attach(&child).await else {
                 continue;
             };
+            seen.insert(child.clone());
             // What the child did before the attach, then the stream from there on.
             let snapshot = stream.snapshot().clone();
+            let mut settled = false;
             let mut after = 0;
             while after < snapshot.last_sequence {
                 let Ok(page) = client
@@ -415,6 +449,7 @@ async fn watch_children(
                 };
                 for event in page.events {
                     if event.seq.is_some_and(|s| s <= snapshot.last_sequence) {
+                        settled |= matches!(event.event, EventPayload::TurnSettled(_));
                         let _ = tx.send(LinkUpdate::ChildEvent(child.clone(), event));
                     }
                 }
@@ -422,6 +457,10 @@ async fn watch_children(
                     break;
                 }
                 after = page.last_sequence;
+            }
+            if settled {
+                // A child session runs one turn: nothing more will come.
+                continue;
             }
             let tx = tx.clone();
             let on = on.clone();
@@ -443,5 +482,42 @@ async fn watch_children(
                 }
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use drover_protocol::client::SessionState;
+
+    use super::*;
+
+    fn session(id: &str, parent: Option<&str>, ended: bool) -> SessionSummary {
+        SessionSummary {
+            session_id: id.to_string(),
+            title: None,
+            source: if parent.is_some() { "subagent" } else { "cli" }.to_string(),
+            parent_session_id: parent.map(str::to_string),
+            model: "mock".to_string(),
+            started_at: 1.0,
+            ended_at: ended.then_some(2.0),
+            running: false,
+            pending_count: 0,
+            state: SessionState::Idle,
+            last_activity_at: 1.0,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn the_running_turns_children_are_the_open_child_sessions_of_the_parent() {
+        let all = vec![
+            session("p", None, false),
+            // An earlier turn's child: its session ended with the turn's execution.
+            session("old", Some("p"), true),
+            // Made by the owner before the client listed anything: still the running turn's.
+            session("now", Some("p"), false),
+            session("other", Some("q"), false),
+        ];
+        assert_eq!(running_children(all, "p"), vec!["now".to_string()]);
     }
 }

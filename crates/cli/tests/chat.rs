@@ -324,7 +324,20 @@ async fn a_delegated_child_shows_its_tool_calls_nested_under_delegate_task() {
     .unwrap();
     let _daemon = KillDaemonOnDrop(home.path());
     let gate = Gate::new();
-    let held = Reply::text("child counted 42").gated(&gate);
+    delegating_responder(&model, Reply::text("child counted 42").gated(&gate));
+    let pane = chat(&home, scratch.path(), "delegate the counting").await;
+    let screen = pane.wait_for("│ child-tool-output").await;
+    assert!(screen.contains("● delegate_task"), "{screen}");
+    assert!(screen.contains("↳ child agent"), "{screen}");
+    gate.open();
+    let screen = pane.wait_for("The child says 42.").await;
+    assert!(screen.contains("✓ delegate_task"), "{screen}");
+}
+
+/// The responder of the delegation tests: the parent delegates, the child runs `echo
+/// child-tool-output` and then answers with `held` (gated), the parent answers "The child
+/// says 42.".
+fn delegating_responder(model: &MockModel, held: Reply) {
     model.set_responder(move |request| {
         let messages = request["messages"].as_array().cloned().unwrap_or_default();
         let first_user = messages
@@ -349,7 +362,39 @@ async fn a_delegated_child_shows_its_tool_calls_nested_under_delegate_task() {
             (false, true) => Reply::text("The child says 42."),
         }
     });
+}
+
+/// The child's session exists, and has run its tool, before this client ever looks: attach
+/// must still follow it (the old client followed only children made after it first listed the
+/// sessions, and on attach none at all).
+#[tokio::test]
+async fn attach_during_a_delegate_task_shows_the_running_childs_tool_calls() {
+    let (model, home, scratch) = setup().await;
+    home.write_model_config(
+        &model.base_url(),
+        true,
+        "[toolsets]\ndefault = [\"terminal\", \"delegation\"]\n",
+    )
+    .unwrap();
+    let _daemon = KillDaemonOnDrop(home.path());
+    let gate = Gate::new();
+    delegating_responder(&model, Reply::text("child counted 42").gated(&gate));
     let pane = chat(&home, scratch.path(), "delegate the counting").await;
+    assert!(
+        gate.wait_reached(WAIT).await,
+        "the child never came back to the model after its tool"
+    );
+    // Ctrl-D at an empty input leaves; the turn and its child run on.
+    pane.keys(&["C-d"]);
+    pane.wait_for("drover attach").await;
+    assert_eq!(pane.exit_code().await, 0);
+    drop(pane);
+    let rows = db_rows(
+        &home.db(),
+        "SELECT id FROM sessions WHERE parent_session_id IS NULL",
+    );
+    let session = rows[0][0].as_str().unwrap().to_string();
+    let pane = in_pane(home.path(), scratch.path(), &["attach", &session[..8]]);
     let screen = pane.wait_for("│ child-tool-output").await;
     assert!(screen.contains("● delegate_task"), "{screen}");
     assert!(screen.contains("↳ child agent"), "{screen}");
