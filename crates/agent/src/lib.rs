@@ -317,7 +317,8 @@ impl Budget {
         force: bool,
     ) -> Result<Prepared, Stop> {
         let prepared = self.measure(conv.request());
-        if !force && prepared.tokens <= context::WINDOW_LOOKUP_FLOOR {
+        // An unknown window is not asked for while the request is smaller than any window.
+        if !force && self.window.is_none() && prepared.tokens <= context::WINDOW_LOOKUP_FLOOR {
             return Ok(prepared);
         }
         let window = self.window(io.model, io.store).await?;
