@@ -255,6 +255,7 @@ mod tests {
                         "required": false,
                         "support": {"namespaces": false, "landlock_abi": null, "problems": []},
                         "env": {"keep": [], "set": {}}},
+            "context": {"context_window": 0, "compact_at": 0.8, "keep_recent_turns": 2},
         });
         let policy: crate::worker::Policy = serde_json::from_value(frame.clone()).expect("policy");
         assert_eq!(policy.approvals, ApprovalMode::Deny);

@@ -93,6 +93,7 @@ fn event_schemas(generator: &mut SchemaGenerator) -> Vec<(&'static str, Schema)>
         (ev::ADMISSION_UPDATED, of::<ev::AdmissionUpdated>(generator)),
         (ev::TURN_PROGRESS, of::<ev::TurnProgress>(generator)),
         (ev::MCP_STATUS, of::<ev::McpStatus>(generator)),
+        (ev::SESSION_COMPACTED, of::<ev::SessionCompacted>(generator)),
     ]
 }
 
