@@ -4,7 +4,7 @@ Layers: `types` (wire shapes), `errors`, `_rpc` (one connection), this module (r
 client, sessions, the event stream).
 
 Every method of docs/protocol.md is safe to send again after a lost answer (`session.create`
-by its `request_id`, `prompt.submit` by its `input_id`, the rest because a second call only
+by its `request_id`, `prompt.submit` and `session.compact` by their `input_id`, the rest because a second call only
 reports what the first did), so a call whose connection drops is sent again on the next
 connection, with the same ids, until the reconnect timeout.
 """
@@ -314,6 +314,14 @@ class Client:
         params = {"session_id": session_id, "input_id": input_id or str(uuid.uuid4()), "text": text}
         return cast(Receipt, await self.call("prompt.submit", params))
 
+    async def compact(self, session_id: str, *, input_id: str | None = None) -> Receipt:
+        """`session.compact`: queues a compaction of the session's older history (every turn
+        but the last `keep_recent_turns`), run in queue order like an input. Its turn settles
+        `completed` with `final_response` "compacted N messages" (or "nothing to compact").
+        `input_id` (default: a new UUID) makes a retry return the same admission."""
+        params = {"session_id": session_id, "input_id": input_id or str(uuid.uuid4())}
+        return cast(Receipt, await self.call("session.compact", params))
+
     async def receipt(self, session_id: str, admission_id: str, *, include_result: bool = False) -> Receipt:
         params = {"session_id": session_id, "admission_id": admission_id, "include_result": include_result}
         return cast(Receipt, await self.call("prompt.receipt", params))
@@ -407,6 +415,9 @@ class Session:
 
     async def submit(self, text: str, *, input_id: str | None = None) -> Receipt:
         return await self.client.submit(self.id, text, input_id=input_id)
+
+    async def compact(self, *, input_id: str | None = None) -> Receipt:
+        return await self.client.compact(self.id, input_id=input_id)
 
     async def receipt(self, admission_id: str, *, include_result: bool = False) -> Receipt:
         return await self.client.receipt(self.id, admission_id, include_result=include_result)

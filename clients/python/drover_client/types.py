@@ -14,6 +14,13 @@ from __future__ import annotations
 
 from typing import Any, Literal, NotRequired, TypeAlias, TypedDict
 
+AdmissionKind: TypeAlias = Literal['input', 'compact']
+"""
+What an admission asks for (`session_admissions.kind`, issue 14): a turn on an input
+(`prompt.submit`), or a compaction of the session's history (`session.compact`).
+"""
+
+
 AdmissionOutcome: TypeAlias = Literal['completed', 'interrupted', 'failed', 'rejected', 'cancelled']
 """
 The outcome of a terminal admission (SPEC section 3).
@@ -648,6 +655,10 @@ class PendingAdmission(TypedDict):
     """
     The caller's id for the input.
     """
+    kind: NotRequired[AdmissionKind]
+    """
+    `compact` for a `session.compact` admission; absent for an input.
+    """
     sequence: int
     """
     Its place in the daemon's FIFO.
@@ -662,7 +673,7 @@ class PendingAdmission(TypedDict):
     """
     text: str
     """
-    The input.
+    The input (empty for a `compact` admission).
     """
 
 
@@ -739,6 +750,24 @@ Role: TypeAlias = Literal['system', 'user', 'assistant', 'tool']
 """
 The author of a message (SPEC section 3, `messages.role`).
 """
+
+
+class SessionCompactParams(TypedDict):
+    """
+    Params of `session.compact` (drover extension, issue 14): a queued admission of kind
+    `compact`, run in queue order like an input.
+    """
+
+    input_id: NotRequired[str | None]
+    """
+    The caller's id for this request, as `prompt.submit`'s `input_id`: the same id gives
+    the same admission; the same id as an input's is `admission_conflict`. Absent: the
+    owner makes one (a resend is then a second compaction).
+    """
+    session_id: str
+    """
+    The session (attached).
+    """
 
 
 class SessionCompacted(TypedDict):
@@ -1309,8 +1338,8 @@ class Usage(TypedDict):
 
 class AdmissionReceipt(TypedDict):
     """
-    The admission receipt: the result of `prompt.submit`, `prompt.receipt`, `prompt.cancel`
-    and `prompt.resolve_unknown`.
+    The admission receipt: the result of `prompt.submit`, `session.compact`, `prompt.receipt`,
+    `prompt.cancel` and `prompt.resolve_unknown`.
     """
 
     admission_id: str
@@ -1494,6 +1523,15 @@ class ClientRequestPromptSubmit(TypedDict):
     params: PromptSubmitParams
 
 
+class ClientRequestSessionCompact(TypedDict):
+    """
+    `session.compact` (drover extension): admit a compaction of the session's history.
+    """
+
+    method: Literal['session.compact']
+    params: SessionCompactParams
+
+
 class ClientRequestPromptReceipt(TypedDict):
     """
     `prompt.receipt`: an admission's receipt, optionally with its turn's result.
@@ -1539,7 +1577,7 @@ class ClientRequestMcpStatus(TypedDict):
     params: McpStatusParams
 
 
-ClientRequest: TypeAlias = ClientRequestPing | ClientRequestSessionCreate | ClientRequestSessionResume | ClientRequestSessionList | ClientRequestSessionDetach | ClientRequestSessionRename | ClientRequestPromptSubmit | ClientRequestPromptReceipt | ClientRequestPromptCancel | ClientRequestPromptResolveUnknown | ClientRequestSessionInterrupt | ClientRequestApprovalRespond | ClientRequestClarifyRespond | ClientRequestSessionEventsSince | ClientRequestApprovalsList | ClientRequestApprovalsRemove | ClientRequestMcpStatus
+ClientRequest: TypeAlias = ClientRequestPing | ClientRequestSessionCreate | ClientRequestSessionResume | ClientRequestSessionList | ClientRequestSessionDetach | ClientRequestSessionRename | ClientRequestPromptSubmit | ClientRequestSessionCompact | ClientRequestPromptReceipt | ClientRequestPromptCancel | ClientRequestPromptResolveUnknown | ClientRequestSessionInterrupt | ClientRequestApprovalRespond | ClientRequestClarifyRespond | ClientRequestSessionEventsSince | ClientRequestApprovalsList | ClientRequestApprovalsRemove | ClientRequestMcpStatus
 """
 One client request: `{"method": ..., "params": {...}}` (the JSON-RPC `id` and
 `jsonrpc` stay in [`crate::rpc::Request`]).

@@ -243,3 +243,30 @@ async def test_interrupt_the_running_turn(daemon: Daemon, model: FakeModel) -> N
         gate.set()
         await log.close()
         assert settled["payload"]["outcome"] == "interrupted", settled
+
+
+async def test_compact_summarises_the_older_turns(daemon: Daemon, model: FakeModel) -> None:
+    async with await connect(daemon) as client:
+        session = await client.create_session()
+        log = EventLog(session)
+        for i in range(3):
+            model.push(Reply.say(f"answer {i}"))
+            await log.settled((await session.submit(f"turn {i}"))["admission_id"])
+        model.push(Reply.say("a summary of turn 0"))
+        receipt = await session.compact(input_id="compact-1")
+        assert receipt["status"] in ("queued", "started")
+        again = await session.compact(input_id="compact-1")
+        assert again["admission_id"] == receipt["admission_id"]
+        settled = await log.settled(receipt["admission_id"])
+        assert settled["payload"]["outcome"] == "completed"
+        await log.close()
+        compacted = [e for e in log.stored if e["type"] == "session.compacted"]
+        assert len(compacted) == 1
+        event = compacted[0]
+        assert event["type"] == "session.compacted"
+        assert event["payload"]["covered"] == 2
+        final = await session.receipt(receipt["admission_id"], include_result=True)
+        result = final.get("result")
+        assert result is not None and result["final_response"] == "compacted 2 messages"
+        summary_request = model.requests[-1]["messages"]
+        assert summary_request[0]["content"].startswith("You are compacting")

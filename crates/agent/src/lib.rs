@@ -25,6 +25,8 @@
 //!   is summarised and stored through [`TurnStore::compact`]. The model's
 //!   `context_length_exceeded` answer leads to one forced compaction and one retry, then the
 //!   turn fails `context_exceeded`.
+//! - [`run_compaction`] is the turn of a `session.compact` admission: it only compacts (every
+//!   turn but the last `keep_recent_turns`), whatever the budget.
 //!
 //! ```no_run
 //! # async fn demo(store: &dyn drover_agent::TurnStore, model: &dyn drover_model::ChatModel,
@@ -155,6 +157,78 @@ pub async fn run_turn(
     spec: TurnSpec,
 ) -> TurnReport {
     drive(store, model, &|name| registry.get(name), ctx, spec).await
+}
+
+/// Runs a compaction-only turn (`session.compact`, issue 14): summarises the history before
+/// the last `keep_recent_turns` turns of `spec.context`, whatever the budget, and stores it
+/// through [`TurnStore::compact`]. `spec.input` and the tools are not used; nothing is
+/// appended to the transcript.
+///
+/// Completed with `final_response` "compacted N messages", or "nothing to compact" (and no
+/// write) when the history holds no more than `keep_recent_turns` turns. A model or store
+/// error fails it; `ctx.cancel` interrupts it.
+pub async fn run_compaction(
+    store: &dyn TurnStore,
+    model: &dyn ChatModel,
+    ctx: &ToolContext,
+    spec: TurnSpec,
+) -> TurnReport {
+    let TurnSpec {
+        system_prompt,
+        tools: schemas,
+        history,
+        history_ids,
+        compaction,
+        model: configured_model,
+        context: budget,
+        ..
+    } = spec;
+    let mut tally = Tally {
+        configured_model,
+        server_model: None,
+        usage: Usage::default(),
+        api_calls: 0,
+        final_response: String::new(),
+    };
+    if ctx.cancel.is_cancelled() {
+        return tally.interrupted();
+    }
+    let io = TurnIo { store, model, ctx };
+    let keep = budget.keep_recent_turns as usize;
+    let mut budget = Budget::new(budget, &schemas);
+    let mut conv = Conversation {
+        system: (!system_prompt.is_empty()).then(|| ChatMessage::text(Role::System, system_prompt)),
+        compaction,
+        history,
+        history_ids,
+        turn: Vec::new(),
+    };
+    if conv.history_ids.len() != conv.history.len() {
+        return tally.failed(format!(
+            "cannot compact: the bootstrap gave {} message ids for {} history messages",
+            conv.history_ids.len(),
+            conv.history.len()
+        ));
+    }
+    let Some(n) = context::compaction_plan(&conv.history, keep) else {
+        tracing::info!(
+            messages = conv.history.len(),
+            keep,
+            "nothing to compact on demand"
+        );
+        tally.final_response = "nothing to compact".to_string();
+        return tally.end(TurnOutcome::Completed, None);
+    };
+    let window = match budget.window(model, store).await {
+        Ok(window) => window,
+        Err(stop) => return stop.report(tally),
+    };
+    let tokens = budget.context.budget_tokens(window);
+    if let Err(stop) = budget.compact(&mut conv, n, tokens, &io, &mut tally).await {
+        return stop.report(tally);
+    }
+    tally.final_response = format!("compacted {n} messages");
+    tally.end(TurnOutcome::Completed, None)
 }
 
 /// Finds a tool by the name the model called.

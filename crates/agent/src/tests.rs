@@ -1066,3 +1066,105 @@ fn cut_text_keeps_head_and_tail_on_char_boundaries() {
     assert!(cut.starts_with('é') && cut.ends_with("END"));
     assert!(cut.len() < 4 * 1024 + 200);
 }
+
+impl Fixture {
+    async fn compact(&self, model: &dyn ChatModel, spec: TurnSpec) -> TurnReport {
+        tokio::time::timeout(WAIT, run_compaction(&self.store, model, &self.ctx, spec))
+            .await
+            .expect("the compaction did not end in time")
+    }
+}
+
+#[tokio::test]
+async fn a_compaction_only_turn_summarises_all_but_the_kept_turns_whatever_the_budget() {
+    let f = Fixture::new();
+    let model = ScriptedModel::new(vec![]).summarising();
+    // 4 small turns in a huge window: a normal turn would send them whole.
+    let report = f.compact(&model, long_spec(4, 100, 1_000_000)).await;
+    assert_eq!(report.outcome, TurnOutcome::Completed, "{report:?}");
+    assert_eq!(report.final_response, "compacted 8 messages");
+    assert_eq!(report.error, None);
+    // One summary request, no tools, nothing of the input; its usage is the turn's.
+    let requests = model.requests();
+    assert_eq!(requests.len(), 1);
+    assert!(is_summary_request(&requests[0].0));
+    assert!(requests[0].1.is_empty());
+    let prompt = requests[0].0[1].content.clone().unwrap();
+    assert!(prompt.contains("question 1") && !prompt.contains("question 2"));
+    assert!(
+        !prompt.contains("next"),
+        "the input is not summarised: {prompt}"
+    );
+    assert_eq!(report.api_calls, 1);
+    assert_eq!(report.usage, usage(10, 5).unwrap());
+    // The first two turns (8 messages) are covered, whole; the last two are kept.
+    let written = compactions(&f.log);
+    assert_eq!(written.len(), 1, "{written:?}");
+    assert_eq!(
+        (written[0].first_message_id, written[0].last_message_id),
+        (1, 8)
+    );
+    assert_eq!(written[0].summary, "SUMMARY-1");
+    assert_eq!(written[0].usage.api_calls, 1);
+    // Nothing else was written: no transcript message, no separate usage.
+    assert!(f.log.appended().is_empty());
+    assert_eq!(f.log.writes(), 1);
+}
+
+#[tokio::test]
+async fn a_compaction_only_turn_folds_in_the_summary_before_it() {
+    let f = Fixture::new();
+    let model = ScriptedModel::new(vec![]).summarising();
+    let mut s = long_spec(3, 100, 1_000_000);
+    s.context.keep_recent_turns = 0;
+    s.compaction = Some(CompactionSummary {
+        summary: "SUMMARY-ZERO".into(),
+        through_message_id: 0,
+        covered: 5,
+    });
+    let report = f.compact(&model, s).await;
+    assert_eq!(report.final_response, "compacted 12 messages", "{report:?}");
+    let prompt = model.requests()[0].0[1].content.clone().unwrap();
+    assert!(prompt.starts_with("Summary of the session before this part:\nSUMMARY-ZERO"));
+    assert_eq!(compactions(&f.log)[0].last_message_id, 12);
+}
+
+#[tokio::test]
+async fn a_compaction_only_turn_with_no_more_than_the_kept_turns_does_nothing() {
+    let f = Fixture::new();
+    let model = ScriptedModel::new(vec![]).summarising();
+    let report = f.compact(&model, long_spec(2, 100, 1_000_000)).await;
+    assert_eq!(report.outcome, TurnOutcome::Completed, "{report:?}");
+    assert_eq!(report.final_response, "nothing to compact");
+    assert_eq!(report.api_calls, 0);
+    assert!(model.requests().is_empty());
+    assert_eq!(f.log.writes(), 0);
+}
+
+#[tokio::test]
+async fn a_compaction_only_turn_fails_on_a_model_error_and_writes_nothing() {
+    let f = Fixture::new();
+    let model = ScriptedModel::new(vec![Step::Fail(ModelError::Protocol("bad gateway".into()))]);
+    let report = f.compact(&model, long_spec(4, 100, 1_000_000)).await;
+    assert_eq!(report.outcome, TurnOutcome::Failed);
+    let error = report.error.unwrap();
+    assert!(
+        error.contains("bad gateway") && error.contains("while compacting"),
+        "{error}"
+    );
+    assert!(compactions(&f.log).is_empty());
+
+    // Cancelled while the model is asked: interrupted, nothing written.
+    let f = Fixture::new();
+    let model = ScriptedModel::new(vec![Step::Hang]);
+    let cancel = f.ctx.cancel.clone();
+    let (report, ()) = tokio::join!(f.compact(&model, long_spec(4, 100, 1_000_000)), async {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while model.requests().is_empty() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        cancel.cancel();
+    });
+    assert_eq!(report.outcome, TurnOutcome::Interrupted);
+    assert!(compactions(&f.log).is_empty());
+}

@@ -167,6 +167,11 @@ impl Link for ClientLink {
         Ok(receipt.admission_id)
     }
 
+    async fn compact(&self, session_id: &str) -> Result<String, LinkError> {
+        let receipt = self.client.compact(session_id).await.map_err(words)?;
+        Ok(receipt.admission_id)
+    }
+
     async fn interrupt(&self, session_id: &str, generation: u64) -> Result<(), LinkError> {
         self.client
             .interrupt(session_id, generation)

@@ -455,7 +455,11 @@ pub async fn show(home: &Path, args: ShowArgs) -> Result<Exit> {
             .iter()
             .find(|p| p.admission_id == t.admission_id)
         {
-            line.push_str(&format!("  \"{}\"", one_line(&p.text, 60)));
+            if p.kind == drover_protocol::client::AdmissionKind::Compact {
+                line.push_str("  (a compaction: session.compact)");
+            } else {
+                line.push_str(&format!("  \"{}\"", one_line(&p.text, 60)));
+            }
         }
         if let Some(e) = &t.error {
             line.push_str(&format!("  error: {}", one_line(e, 100)));

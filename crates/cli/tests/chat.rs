@@ -429,3 +429,52 @@ async fn chat_without_a_terminal_refuses_and_points_at_run() {
     );
     assert!(daemon_info(home.path()).is_none(), "no daemon was started");
 }
+
+#[tokio::test]
+async fn slash_compact_summarises_the_older_turns_and_says_so() {
+    let (model, home, scratch) = setup().await;
+    let _daemon = KillDaemonOnDrop(home.path());
+    model.push(Reply::text("First answer."));
+    let pane = chat(&home, scratch.path(), "first question").await;
+    pane.wait_for("First answer.").await;
+    for (question, answer) in [
+        ("second question", "Second answer."),
+        ("third question", "Third answer."),
+    ] {
+        model.push(Reply::text(answer));
+        pane.send(question);
+        pane.wait_for(answer).await;
+    }
+    // The summary request's answer; `/compact` is a command, never sent as an input.
+    model.push(Reply::text("They asked a first question.").usage(30, 6, 36));
+    pane.send("/compact");
+    let screen = pane
+        .wait_for("history compacted: 2 earlier messages are now a summary of 6 tokens")
+        .await;
+    assert!(
+        screen.contains("compacting the older history (/compact)"),
+        "{screen}"
+    );
+    assert!(!screen.contains("› /compact"), "{screen}");
+    let rows = db_rows(&home.db(), "SELECT covered, summary FROM compactions");
+    assert_eq!(
+        rows,
+        vec![vec![json!(2), json!("They asked a first question.")]]
+    );
+    let requests = model.requests();
+    let summary = requests.last().unwrap();
+    assert!(
+        summary["messages"][0]["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("You are compacting"),
+        "{summary}"
+    );
+    // The two turns left are the ones a compaction keeps: nothing more to do.
+    pane.send("/compact");
+    pane.wait_for("nothing to compact").await;
+    assert_eq!(model.requests().len(), requests.len());
+    pane.wait_for("· idle ·").await;
+    pane.keys(&["C-d"]);
+    assert_eq!(pane.exit_code().await, 0, "{}", pane.screen());
+}

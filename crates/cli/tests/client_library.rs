@@ -255,3 +255,44 @@ async fn a_removed_home_is_not_started_again() {
     assert!(end.to_string().contains("removed"), "{end}");
     assert!(!path.exists(), "the home was created again");
 }
+
+/// `Client::compact` (`session.compact`): the older turns become a summary; the receipt says
+/// what the turn did and what it cost.
+#[tokio::test]
+async fn compact_queues_a_compaction_and_its_receipt_tells_the_outcome() {
+    let (model, home) = model_home(true).await.unwrap();
+    let _guard = KillDaemonOnDrop(home.path());
+    let client = Client::connect(options(home.path())).await.unwrap();
+    let session = client.create_session(create(home.work())).await.unwrap();
+    let id = session.session_id.clone();
+    let mut stream = client.attach(&id).await.unwrap();
+    let mut stored = Vec::new();
+    for text in ["one", "two", "three"] {
+        model.push(Reply::text(format!("answer {text}")));
+        let a = client.submit(&id, text).await.unwrap();
+        let (end, _) = until_settled(&mut stream, &a.admission_id, &mut stored).await;
+        assert_eq!(end, TurnEnd::Completed);
+    }
+    model.push(Reply::text("A summary of turn one.").usage(50, 7, 57));
+    let receipt = client.compact(&id).await.unwrap();
+    let (end, _) = until_settled(&mut stream, &receipt.admission_id, &mut stored).await;
+    assert_eq!(end, TurnEnd::Completed);
+    let compacted: Vec<_> = stored
+        .iter()
+        .filter_map(|e| match &e.event {
+            EventPayload::SessionCompacted(c) => Some(c.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(compacted.len(), 1, "{compacted:?}");
+    assert_eq!(compacted[0].admission_id, receipt.admission_id);
+    assert_eq!((compacted[0].covered, compacted[0].summary_tokens), (2, 7));
+    let done = client
+        .receipt(&id, &receipt.admission_id, true)
+        .await
+        .unwrap();
+    let result = done.result.expect("a stored result");
+    assert_eq!(result.final_response, "compacted 2 messages");
+    assert_eq!(result.api_calls, 1);
+    assert_eq!(done.usage.expect("usage").total_tokens, 57);
+}

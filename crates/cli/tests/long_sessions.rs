@@ -7,13 +7,15 @@
 //! owner killed while the summary is asked for leaves no row and the turn `unknown`; a
 //! `context_length_exceeded` answer compacts and retries once; the window comes from the
 //! endpoint's `GET /models` once per session.
+//! `prompt.submit` text over `[daemon] max_input_bytes` is refused and nothing is admitted;
+//! `session.compact` compacts on demand, in queue order.
 
 // Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
 
-use drover_test_support::harness::{db_rows, db_value, script, str_field, OneSession};
+use drover_test_support::harness::{db_rows, db_value, event_kinds, script, str_field, OneSession};
 use drover_test_support::Reply;
 use serde_json::{json, Value};
 
@@ -480,4 +482,213 @@ async fn the_window_comes_from_the_endpoint_once_per_session() {
         ),
     );
     assert_eq!(stored, 8000);
+}
+
+/// The instruction that opens every summarisation request (`drover_agent::context`).
+const SUMMARY_INSTRUCTION_START: &str = "You are compacting";
+
+/// The header of the message that stands for compacted history in later requests.
+const SUMMARY_HEADER_START: &str = "[drover: the earlier part of this session was compacted";
+
+/// `session.compact` of the session, with `input_id` when given; the receipt.
+async fn compact(s: &mut OneSession, input_id: Option<&str>) -> Value {
+    let mut params = json!({"session_id": s.session_id});
+    if let Some(id) = input_id {
+        params["input_id"] = json!(id);
+    }
+    s.client.call_ok("session.compact", params).await.unwrap()
+}
+
+fn contents(request: &Value) -> Vec<String> {
+    request["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["content"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn session_compact_summarises_all_but_the_last_two_turns_on_demand() {
+    let mut s = OneSession::builder(bin())
+        .stream(false)
+        .start()
+        .await
+        .unwrap();
+    s.model.set_responder(|request| {
+        let first = request["messages"][0]["content"].as_str().unwrap_or("");
+        if first.starts_with(SUMMARY_INSTRUCTION_START) {
+            return Reply::text("SUMMARY of turns one and two").usage(300, 20, 320);
+        }
+        // "turn N" is answered "answer N".
+        let input = request["messages"]
+            .as_array()
+            .and_then(|m| m.last())
+            .and_then(|m| m["content"].as_str())
+            .unwrap_or_default();
+        Reply::text(input.replace("turn", "answer"))
+    });
+
+    // Nothing to compact yet: the turn completes without a model request or a row.
+    let receipt = compact(&mut s, None).await;
+    let empty = str_field(&receipt, "admission_id");
+    assert_eq!(s.wait_settled(&empty).await.unwrap(), "completed");
+    let result = s.receipt(&empty, true).await.unwrap();
+    assert_eq!(result["result"]["final_response"], "nothing to compact");
+    assert!(s.model.requests().is_empty());
+
+    for i in 1..=4 {
+        s.complete_turn(&format!("turn {i}")).await.unwrap();
+    }
+    let before = s.model.requests().len();
+    let receipt = compact(&mut s, Some("compact-1")).await;
+    let admission_id = str_field(&receipt, "admission_id");
+    assert_eq!(receipt["session_id"], json!(s.session_id), "{receipt}");
+    let events = s.client.events_until_settled(&admission_id).await.unwrap();
+    let kinds = event_kinds(&events);
+    assert!(kinds.contains(&"session.compacted"), "{kinds:?}");
+    let settled = events.last().unwrap();
+    assert_eq!(settled["payload"]["outcome"], "completed", "{settled}");
+    // Idempotent on its input_id, like prompt.submit.
+    let again = compact(&mut s, Some("compact-1")).await;
+    assert_eq!(str_field(&again, "admission_id"), admission_id);
+    assert_eq!(again["status"], "terminal", "{again}");
+
+    // One summary request, of the first two turns only; its usage is the turn's.
+    let requests = s.model.requests();
+    assert_eq!(requests.len(), before + 1);
+    let summary_request = contents(&requests[before]);
+    assert!(summary_request[0].starts_with(SUMMARY_INSTRUCTION_START));
+    assert!(summary_request[1].contains("turn 2") && !summary_request[1].contains("turn 3"));
+    let result = s.receipt(&admission_id, true).await.unwrap();
+    assert_eq!(result["outcome"], "completed", "{result}");
+    assert_eq!(result["result"]["final_response"], "compacted 4 messages");
+    assert_eq!(result["result"]["api_calls"], 1, "{result}");
+    assert_eq!(result["usage"]["total_tokens"], 320, "{result}");
+
+    // The durable record: a compact admission, a compactions row, a stored event, and no
+    // message of the compaction's turn.
+    let sid = &s.session_id;
+    let db = s.home.db();
+    assert_eq!(
+        db_value(
+            &db,
+            &format!("SELECT kind FROM session_admissions WHERE admission_id = '{admission_id}'")
+        ),
+        json!("compact")
+    );
+    let rows = db_rows(
+        &db,
+        &format!(
+            "SELECT admission_id, covered, summary, api_calls FROM compactions WHERE session_id = '{sid}'"
+        ),
+    );
+    assert_eq!(
+        rows,
+        vec![vec![
+            json!(admission_id),
+            json!(4),
+            json!("SUMMARY of turns one and two"),
+            json!(1)
+        ]]
+    );
+    assert_eq!(
+        db_value(
+            &db,
+            &format!("SELECT count(*) FROM messages WHERE admission_id = '{admission_id}'")
+        ),
+        json!(0)
+    );
+    let stored = db_rows(
+        &db,
+        &format!(
+            "SELECT payload_json FROM session_events WHERE session_id = '{sid}' AND type = 'session.compacted'"
+        ),
+    );
+    assert_eq!(stored.len(), 1, "{stored:?}");
+    let payload: Value = serde_json::from_str(stored[0][0].as_str().unwrap()).unwrap();
+    assert_eq!(payload["admission_id"], json!(admission_id), "{payload}");
+    assert_eq!(payload["covered"], 4, "{payload}");
+    assert_eq!(payload["summary_tokens"], 20, "{payload}");
+
+    // The next turn sends the summary in place of the first two turns.
+    s.complete_turn("turn 5").await.unwrap();
+    let next = contents(s.model.requests().last().unwrap());
+    assert!(next[1].starts_with(SUMMARY_HEADER_START), "{next:?}");
+    assert!(
+        next[1].ends_with("SUMMARY of turns one and two"),
+        "{next:?}"
+    );
+    assert_eq!(
+        next[2..],
+        ["turn 3", "answer 3", "turn 4", "answer 4", "turn 5"].map(String::from),
+        "{next:?}"
+    );
+    for covered in ["turn 1", "answer 1", "turn 2", "answer 2"] {
+        assert!(
+            !next.iter().any(|c| c == covered),
+            "{covered} was sent again"
+        );
+    }
+
+    // The transcript keeps every message.
+    let snapshot = s.resume().await.unwrap();
+    let transcript: Vec<&str> = snapshot["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["content"].as_str().unwrap_or_default())
+        .collect();
+    let mut want = Vec::new();
+    for i in 1..=5 {
+        want.push(format!("turn {i}"));
+        want.push(format!("answer {i}"));
+    }
+    assert_eq!(transcript, want);
+}
+
+#[tokio::test]
+async fn session_compact_waits_its_turn_and_a_model_error_fails_it() {
+    let mut s = OneSession::builder(bin())
+        .stream(false)
+        .start()
+        .await
+        .unwrap();
+    for i in 1..=3 {
+        s.model.push(Reply::text(format!("answer {i}")));
+        s.complete_turn(&format!("turn {i}")).await.unwrap();
+    }
+    // A turn that waits on the model, a compaction queued behind it, an input behind that.
+    let gate = drover_test_support::Gate::new();
+    s.model.push(Reply::text("answer 4").gated(&gate));
+    let running = s.submit("turn 4").await.unwrap();
+    assert!(gate.wait_reached(std::time::Duration::from_secs(20)).await);
+    let queued = compact(&mut s, None).await;
+    assert_eq!(queued["status"], "queued", "{queued}");
+    let pending = s.resume().await.unwrap()["pending"].clone();
+    assert_eq!(pending[1]["kind"], "compact", "{pending}");
+    assert_eq!(pending[1]["text"], "", "{pending}");
+    s.model.push(Reply::error(400, "the summariser is down"));
+    s.model.push(Reply::text("answer 5"));
+    let after = s.submit("turn 5").await.unwrap();
+    gate.open();
+    let order = [
+        str_field(&running, "admission_id"),
+        str_field(&queued, "admission_id"),
+        str_field(&after, "admission_id"),
+    ];
+    let mut outcomes = Vec::new();
+    for id in &order {
+        outcomes.push(s.wait_settled(id).await.unwrap());
+    }
+    assert_eq!(outcomes, ["completed", "failed", "completed"]);
+    let error = turn_error(&mut s, &order[1]).await;
+    assert!(error.contains("while compacting"), "{error}");
+    assert_eq!(
+        db_value(&s.home.db(), "SELECT count(*) FROM compactions"),
+        json!(0)
+    );
+    // Nothing was compacted: turn 5 saw the whole history.
+    let last = contents(s.model.requests().last().unwrap());
+    assert_eq!(last.len(), 1 + 4 * 2 + 1, "{last:?}");
 }

@@ -245,6 +245,22 @@ async fn every_method_and_event_of_the_daemon_round_trips_through_the_typed_prot
     .await;
     w.settled(&mut c, &a3).await;
 
+    // A compaction on demand: the first of the three turns becomes a summary.
+    model.push(Reply::text("The user said hello; the assistant greeted back.").usage(40, 9, 49));
+    let receipt = w
+        .ok(
+            &mut c,
+            "session.compact",
+            json!({"session_id": sid, "input_id": uuid_like()}),
+        )
+        .await;
+    let compacted = w.event(&mut c, |e| e["type"] == "session.compacted").await;
+    assert_eq!(
+        compacted["payload"]["admission_id"],
+        receipt["admission_id"]
+    );
+    w.settled(&mut c, &receipt["admission_id"]).await;
+
     // A turn waiting on a question, a queued input behind it cancelled, the turn interrupted
     // (its prompt closes `cancelled`), and a stale generation refused.
     model.push(Reply::tool_call(

@@ -6,9 +6,9 @@ use std::path::Path;
 use drover_protocol::client::{
     AdmissionReceipt, AdmissionRef, ApprovalChoice, ApprovalRespondParams, ClarifyAnswer,
     ClarifyRespondParams, EventsPage, EventsSinceParams, InterruptAccepted, InterruptParams,
-    PromptReceiptParams, PromptResponse, PromptSubmitParams, SessionCreateParams,
-    SessionListParams, SessionPage, SessionRef, SessionRenameParams, SessionRenamed,
-    SessionSnapshot, SessionSummary,
+    PromptReceiptParams, PromptResponse, PromptSubmitParams, SessionCompactParams,
+    SessionCreateParams, SessionListParams, SessionPage, SessionRef, SessionRenameParams,
+    SessionRenamed, SessionSnapshot, SessionSummary,
 };
 use drover_protocol::daemon_file::DaemonInfo;
 use drover_protocol::ClientRequest;
@@ -187,6 +187,31 @@ impl Client {
         params: PromptSubmitParams,
     ) -> Result<AdmissionReceipt, ClientError> {
         self.idempotent(ClientRequest::PromptSubmit(params)).await
+    }
+
+    /// `session.compact` (issue 14): queue a compaction of the session's history with a new
+    /// `input_id`, resent with the same id across a lost connection, so it is admitted once.
+    /// The receipt is the admission's, as for [`Client::submit`]; the turn settles
+    /// `completed` with `final_response` "compacted N messages" (or "nothing to compact").
+    pub async fn compact(&self, session_id: &str) -> Result<AdmissionReceipt, ClientError> {
+        self.compact_with(SessionCompactParams {
+            session_id: session_id.to_string(),
+            input_id: Some(uuid::Uuid::new_v4().to_string()),
+        })
+        .await
+    }
+
+    /// `session.compact` with the caller's params (an `input_id` of `None` is not retried:
+    /// a resend would be a second compaction).
+    pub async fn compact_with(
+        &self,
+        params: SessionCompactParams,
+    ) -> Result<AdmissionReceipt, ClientError> {
+        if params.input_id.is_some() {
+            self.idempotent(ClientRequest::SessionCompact(params)).await
+        } else {
+            self.request(ClientRequest::SessionCompact(params)).await
+        }
     }
 
     /// `prompt.receipt`; `include_result` adds `usage` and `result` once terminal.

@@ -2,6 +2,7 @@
 //! `input_id`), reads, receipts and the `admission.updated` event. The turn lifecycle that moves
 //! these rows (claim, settle, lose) is in `turns`, above.
 
+use drover_protocol::client::AdmissionKind;
 use drover_protocol::event as ev;
 use rusqlite::{params, Connection, OptionalExtension, Row};
 use serde_json::{json, Value};
@@ -21,8 +22,10 @@ pub struct AdmissionRow {
     pub session_id: String,
     /// The client's `input_id` (`request_id`): the idempotency key within the session (G1).
     pub input_id: String,
-    /// The submitted text, from `payload_json`.
+    /// The submitted text, from `payload_json` (empty for a `compact` admission).
     pub text: String,
+    /// What it asks for: a turn on `text`, or a compaction (`session.compact`).
+    pub kind: AdmissionKind,
     /// Where it is in its life: `queued`, `started`, `unknown` or `terminal`.
     pub status: AdmissionStatus,
     /// How it ended; set only when `terminal`.
@@ -70,6 +73,7 @@ impl AdmissionRow {
             "sequence": self.seq,
             "status": self.status.as_str(),
             "execution_generation": self.generation,
+            "kind": self.kind.as_str(),
         })
     }
 }
@@ -77,9 +81,13 @@ impl AdmissionRow {
 const ADMISSION_COLUMNS: &str = "seq, admission_id, target_session_id, request_id, payload_json, \
      status, outcome, generation, owner_epoch, created_at, \
      (SELECT max(e.created_at) FROM worker_executions e \
-        WHERE e.admission_id = session_admissions.admission_id)";
+        WHERE e.admission_id = session_admissions.admission_id), kind";
 
-fn admission_row(r: &Row<'_>) -> rusqlite::Result<(AdmissionRow, String, String, Option<String>)> {
+/// A row as read, before its JSON and words are checked: the row, `payload_json`, `status`,
+/// `outcome` and `kind`.
+type RawAdmission = (AdmissionRow, String, String, Option<String>, String);
+
+fn admission_row(r: &Row<'_>) -> rusqlite::Result<RawAdmission> {
     Ok((
         AdmissionRow {
             seq: r.get::<_, i64>(0)? as u64,
@@ -87,6 +95,7 @@ fn admission_row(r: &Row<'_>) -> rusqlite::Result<(AdmissionRow, String, String,
             session_id: r.get(2)?,
             input_id: r.get(3)?,
             text: String::new(),
+            kind: AdmissionKind::Input,
             status: AdmissionStatus::Queued,
             outcome: None,
             generation: r.get::<_, Option<i64>>(7)?.map(|g| g as u64),
@@ -97,13 +106,14 @@ fn admission_row(r: &Row<'_>) -> rusqlite::Result<(AdmissionRow, String, String,
         r.get(4)?,
         r.get(5)?,
         r.get(6)?,
+        r.get(11)?,
     ))
 }
 
-fn finish_admission(
-    raw: (AdmissionRow, String, String, Option<String>),
-) -> Result<AdmissionRow, LedgerError> {
-    let (mut row, payload, status, outcome) = raw;
+fn finish_admission(raw: RawAdmission) -> Result<AdmissionRow, LedgerError> {
+    let (mut row, payload, status, outcome, kind) = raw;
+    row.kind = AdmissionKind::parse(&kind)
+        .ok_or_else(|| LedgerError::Corrupt(format!("session_admissions.kind {kind:?}")))?;
     let payload: Value = serde_json::from_str(&payload)
         .map_err(|e| LedgerError::Corrupt(format!("session_admissions.payload_json: {e}")))?;
     row.text = payload
@@ -206,13 +216,17 @@ pub struct AdmitRequest {
     pub session_id: String,
     /// The client's `input_id`: the same id with the same text gives the same admission.
     pub input_id: String,
-    /// The input text.
+    /// The input text (empty for a `compact` admission).
     pub text: String,
     /// Who submitted it (`principal_id`).
     pub principal_id: String,
+    /// What it asks for.
+    pub kind: AdmissionKind,
 }
 
-/// The body of an admission, inside a transaction or savepoint.
+/// The body of an admission, inside a transaction or savepoint. A `compact` admission's
+/// payload is `{"kind": "compact"}` (and `text` is ignored), so its `input_id` given again
+/// for an input (or an input's given to `session.compact`) is `admission_conflict`.
 pub(crate) fn admit_in(
     tx: &Connection,
     epoch: u64,
@@ -220,8 +234,12 @@ pub(crate) fn admit_in(
     input_id: &str,
     text: &str,
     principal_id: &str,
+    kind: AdmissionKind,
 ) -> Result<(AdmissionRow, Vec<StoredEvent>), LedgerError> {
-    let payload = json!({ "text": text });
+    let payload = match kind {
+        AdmissionKind::Input => json!({ "text": text }),
+        AdmissionKind::Compact => json!({ "kind": kind.as_str() }),
+    };
     let payload_digest = json_digest(&payload);
     let exists: bool = tx
         .prepare_cached("SELECT 1 FROM sessions WHERE id = ?1")?
@@ -252,8 +270,9 @@ pub(crate) fn admit_in(
     let admission_id = new_id();
     tx.prepare_cached(
         "INSERT INTO session_admissions (admission_id, request_id, principal_id,
-            target_session_id, payload_json, payload_digest, status, owner_epoch, created_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'queued', ?7, ?8)",
+            target_session_id, payload_json, payload_digest, status, owner_epoch, created_at,
+            kind)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'queued', ?7, ?8, ?9)",
     )?
     .execute(params![
         admission_id,
@@ -263,7 +282,8 @@ pub(crate) fn admit_in(
         payload.to_string(),
         payload_digest,
         epoch as i64,
-        now()
+        now(),
+        kind.as_str()
     ])?;
     let row = admission_in(tx, session_id, &admission_id)?;
     let event = admission_updated(tx, &row)?;

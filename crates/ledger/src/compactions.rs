@@ -178,6 +178,7 @@ pub(crate) fn context_window_in(
 
 #[cfg(test)]
 mod tests {
+    use drover_protocol::client::AdmissionKind;
     use drover_protocol::worker::{op, UsageAdd};
     use serde_json::json;
 
@@ -367,6 +368,100 @@ mod tests {
             Err(LedgerError::InvalidParams { field, .. }) => field,
             other => panic!("not refused: {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_compact_admission_is_claimed_in_queue_order_without_a_user_message() {
+        let (_dir, mut ledger) = testing::open();
+        let (session_id, claim) = two_turns_then_a_claim(&mut ledger);
+        // Admitted while turn three runs: it waits its turn behind it and behind `four`.
+        let (compact, events) = ledger
+            .admit_compaction(&session_id, "compact-1", "test")
+            .expect("admit");
+        assert_eq!(compact.kind, AdmissionKind::Compact);
+        assert_eq!(compact.text, "");
+        assert_eq!(events.len(), 1);
+        let four = ledger
+            .admit(&session_id, "input-4", "four", "test")
+            .expect("admit four")
+            .0;
+        // Idempotent on its input_id; an input's id is a conflict, and the other way round.
+        let again = ledger
+            .admit_compaction(&session_id, "compact-1", "test")
+            .expect("again");
+        assert_eq!(
+            (again.0.admission_id.as_str(), again.1.len()),
+            (compact.admission_id.as_str(), 0)
+        );
+        assert!(matches!(
+            ledger.admit(&session_id, "compact-1", "", "test"),
+            Err(LedgerError::Conflict(_))
+        ));
+        assert!(matches!(
+            ledger.admit_compaction(&session_id, "input-4", "test"),
+            Err(LedgerError::Conflict(_))
+        ));
+        ledger
+            .apply_persist(&testing::frame(
+                &claim,
+                "s",
+                1,
+                op::EXECUTION_FINISH,
+                testing::finish("ok"),
+            ))
+            .expect("finish three");
+        let messages_before = ledger.history(&session_id).expect("history").len();
+
+        let claimed = ledger
+            .claim_next(&session_id, "exec-compact", "c")
+            .expect("claim")
+            .expect("claimable");
+        assert_eq!(claimed.admission.admission_id, compact.admission_id);
+        assert_eq!(claimed.admission.kind, AdmissionKind::Compact);
+        // The whole history (three turns, the third without an answer) and no new message.
+        assert_eq!(claimed.history.messages.len(), 5);
+        assert_eq!(claimed.history.ids.len(), 5);
+        assert_eq!(
+            ledger.history(&session_id).expect("history").len(),
+            messages_before
+        );
+        let kinds: Vec<&str> = claimed.events.iter().map(|e| e.kind.as_str()).collect();
+        assert_eq!(kinds, ["admission.updated", "turn.started"]);
+        // Its compaction covers the first two turns; it settles like any turn.
+        let ids = claimed.history.ids.clone();
+        ledger
+            .apply_persist(&testing::frame(
+                &claimed,
+                "c",
+                1,
+                op::COMPACTION_WRITE,
+                write(ids[0], ids[3], "S"),
+            ))
+            .expect("compaction");
+        ledger
+            .apply_persist(&testing::frame(
+                &claimed,
+                "c",
+                2,
+                op::EXECUTION_FINISH,
+                testing::finish("compacted 4 messages"),
+            ))
+            .expect("finish");
+        let receipt = ledger
+            .receipt(&session_id, &compact.admission_id)
+            .expect("receipt");
+        assert_eq!(
+            receipt.admission.outcome,
+            Some(crate::state::Outcome::Completed)
+        );
+        // The input behind it comes next, its history from the compaction on.
+        let next = ledger
+            .claim_next(&session_id, "exec-four", "s")
+            .expect("claim four")
+            .expect("claimable");
+        assert_eq!(next.admission.admission_id, four.admission_id);
+        assert_eq!(next.history.compaction.as_ref().map(|c| c.covered), Some(4));
+        assert_eq!(next.history.ids[0], ids[4]);
     }
 
     #[test]

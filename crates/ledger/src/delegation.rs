@@ -257,6 +257,7 @@ pub(crate) fn reserve(
         &format!("child.reserve:{parent_execution_id}:{sequence}"),
         &text,
         SUBAGENT_SOURCE,
+        drover_protocol::client::AdmissionKind::Input,
     )?;
     let child_execution_id = new_id();
     tx.execute(

@@ -211,6 +211,13 @@ CREATE TABLE compactions (
 CREATE INDEX compactions_session ON compactions(session_id, id);
 ALTER TABLE sessions ADD COLUMN context_window INTEGER;
 "#,
+    // On-demand compaction (issue 14): what an admission asks for. `input` (a turn on its
+    // text; every row made before this migration) or `compact` (`session.compact`: a
+    // compaction-only turn, which stores no user message).
+    r#"
+ALTER TABLE session_admissions ADD COLUMN kind TEXT NOT NULL DEFAULT 'input'
+    CHECK (kind IN ('input','compact'));
+"#,
 ];
 
 /// The schema version this build writes.

@@ -2,6 +2,7 @@
 //! cancel, interrupt, settle, lose, resolve an `unknown` turn, and recovery at owner start.
 //! Each step is one transaction over the row modules below it.
 
+use drover_protocol::client::AdmissionKind;
 use drover_protocol::event as ev;
 use drover_protocol::worker::{ExecutionFinish, TurnOutcome};
 use rusqlite::{params, Connection, OptionalExtension};
@@ -95,7 +96,38 @@ impl Ledger {
     ) -> Result<(AdmissionRow, Vec<StoredEvent>), LedgerError> {
         let epoch = self.epoch;
         let tx = self.conn.transaction()?;
-        let out = admit_in(&tx, epoch, session_id, input_id, text, principal_id)?;
+        let out = admit_in(
+            &tx,
+            epoch,
+            session_id,
+            input_id,
+            text,
+            principal_id,
+            AdmissionKind::Input,
+        )?;
+        tx.commit()?;
+        Ok(out)
+    }
+
+    /// Admits a compaction of the session's history (`session.compact`, issue 14): a queued
+    /// admission of kind `compact`, idempotent on `input_id` like [`Ledger::admit`].
+    pub fn admit_compaction(
+        &mut self,
+        session_id: &str,
+        input_id: &str,
+        principal_id: &str,
+    ) -> Result<(AdmissionRow, Vec<StoredEvent>), LedgerError> {
+        let epoch = self.epoch;
+        let tx = self.conn.transaction()?;
+        let out = admit_in(
+            &tx,
+            epoch,
+            session_id,
+            input_id,
+            "",
+            principal_id,
+            AdmissionKind::Compact,
+        )?;
         tx.commit()?;
         Ok(out)
     }
@@ -124,6 +156,7 @@ impl Ledger {
                     &r.input_id,
                     &r.text,
                     &r.principal_id,
+                    r.kind,
                 )?;
                 sp.commit()?;
                 Ok(out)
@@ -154,7 +187,8 @@ impl Ledger {
     /// Claims the head of the session's queue, if the session may claim (no lease, nothing
     /// unknown). In one transaction: admission `started` with `generation =
     /// runtime_generation + 1`, a `compute` execution `registered`, the turn lease, the user
-    /// message, and the `admission.updated` and `turn.started` events.
+    /// message (none for a `compact` admission: its turn has no input), and the
+    /// `admission.updated` and `turn.started` events.
     pub fn claim_next(
         &mut self,
         session_id: &str,
@@ -248,11 +282,13 @@ impl Ledger {
         let context_window_found = crate::compactions::context_window_in(&tx, session_id)?;
         let approval_grants = crate::approvals::grants_in(&tx, session_id)?;
         let background_processes = crate::processes::for_bootstrap(&tx, session_id)?;
-        tx.execute(
-            "INSERT INTO messages (session_id, role, content, created_at, admission_id)
-             VALUES (?1, 'user', ?2, ?3, ?4)",
-            params![session_id, admission.text, t, admission.admission_id],
-        )?;
+        if admission.kind == AdmissionKind::Input {
+            tx.execute(
+                "INSERT INTO messages (session_id, role, content, created_at, admission_id)
+                 VALUES (?1, 'user', ?2, ?3, ?4)",
+                params![session_id, admission.text, t, admission.admission_id],
+            )?;
+        }
         let mut events = vec![admission_updated(&tx, &admission)?];
         events.push(push_event(
             &tx,

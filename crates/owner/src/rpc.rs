@@ -59,6 +59,9 @@ pub async fn dispatch(
         ClientRequest::PromptSubmit(p) => {
             MethodResult::PromptSubmit(prompt_submit(owner, conn, p).await?)
         }
+        ClientRequest::SessionCompact(p) => {
+            MethodResult::SessionCompact(session_compact(owner, conn, p).await?)
+        }
         ClientRequest::PromptReceipt(p) => {
             MethodResult::PromptReceipt(prompt_receipt(owner, p).await?)
         }
@@ -288,6 +291,7 @@ fn pending(row: &AdmissionRow) -> wire::PendingAdmission {
         admission_id: row.admission_id.clone(),
         input_id: row.input_id.clone(),
         text: row.text.clone(),
+        kind: row.kind,
         sequence: row.seq,
         status: admission_status(row.status),
         execution_generation: row.generation,
@@ -453,14 +457,52 @@ async fn prompt_submit(
             ),
         ));
     }
-    let row = owner
-        .admit(AdmitRequest {
-            session_id: session_id.clone(),
+    admit(
+        owner,
+        AdmitRequest {
+            session_id,
             input_id: p.input_id,
             text: p.text,
             principal_id: PRINCIPAL.to_string(),
-        })
-        .await?;
+            kind: wire::AdmissionKind::Input,
+        },
+    )
+    .await
+}
+
+/// `session.compact` (drover extension, issue 14): a queued admission of kind `compact`,
+/// admitted and claimed like an input; its turn summarises the history before the last
+/// `keep_recent_turns` turns. Without an `input_id` the owner makes one.
+async fn session_compact(
+    owner: &Arc<Owner>,
+    conn: &ConnHandle,
+    p: wire::SessionCompactParams,
+) -> Result<wire::AdmissionReceipt, OwnerError> {
+    let session_id = p.session_id;
+    require_attached(owner, conn, &session_id).await?;
+    if owner.is_draining() {
+        return Err(OwnerError::Draining);
+    }
+    admit(
+        owner,
+        AdmitRequest {
+            session_id,
+            input_id: p.input_id.unwrap_or_else(drover_ledger::new_id),
+            text: String::new(),
+            principal_id: PRINCIPAL.to_string(),
+            kind: wire::AdmissionKind::Compact,
+        },
+    )
+    .await
+}
+
+/// Admits `request` (group commit) and kicks the session's queue when no turn runs.
+async fn admit(
+    owner: &Arc<Owner>,
+    request: AdmitRequest,
+) -> Result<wire::AdmissionReceipt, OwnerError> {
+    let session_id = request.session_id.clone();
+    let row = owner.admit(request).await?;
     // A running turn claims the next input when it settles; only an idle session needs a kick.
     if owner.running_turn(&session_id).is_none() {
         kick(owner, session_id);

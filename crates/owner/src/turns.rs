@@ -410,6 +410,7 @@ fn bootstrap_frames(
         history_ids: history.ids,
         compaction: history.compaction,
         input: claim.admission.text.clone(),
+        compact_only: claim.admission.kind == drover_protocol::client::AdmissionKind::Compact,
     }
     .into_frames()
 }

@@ -136,6 +136,8 @@ methods! {
     SessionRename => "session.rename", SessionRenameParams, SessionRenamed;
     /// `prompt.submit`: admit an input (idempotent on `input_id`).
     PromptSubmit => "prompt.submit", PromptSubmitParams, AdmissionReceipt;
+    /// `session.compact` (drover extension): admit a compaction of the session's history.
+    SessionCompact => "session.compact", SessionCompactParams, AdmissionReceipt;
     /// `prompt.receipt`: an admission's receipt, optionally with its turn's result.
     PromptReceipt => "prompt.receipt", PromptReceiptParams, AdmissionReceipt;
     /// `prompt.cancel`: cancel a queued admission.
@@ -314,6 +316,35 @@ pub struct PromptSubmitParams {
     pub text: String,
 }
 
+/// Params of `session.compact` (drover extension, issue 14): a queued admission of kind
+/// `compact`, run in queue order like an input.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionCompactParams {
+    /// The session (attached).
+    #[serde(deserialize_with = "non_empty")]
+    #[schemars(length(min = 1))]
+    pub session_id: String,
+    /// The caller's id for this request, as `prompt.submit`'s `input_id`: the same id gives
+    /// the same admission; the same id as an input's is `admission_conflict`. Absent: the
+    /// owner makes one (a resend is then a second compaction).
+    #[serde(
+        default,
+        deserialize_with = "non_empty_opt",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(length(min = 1))]
+    pub input_id: Option<String>,
+}
+
+/// An optional string parameter that, when given, must not be empty.
+fn non_empty_opt<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    match Option::<String>::deserialize(d)? {
+        Some(s) if s.is_empty() => Err(D::Error::custom("must not be empty")),
+        other => Ok(other),
+    }
+}
+
 /// Params of `prompt.receipt`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -427,8 +458,8 @@ pub struct ApprovalRuleRef {
 // Shared words: defined in [`crate::words`] (events use them too), named here as well.
 
 pub use crate::words::{
-    AdmissionOutcome, AdmissionStatus, ApprovalChoice, ApprovalPrompt, ClarifyAnswer,
-    ClarifyPrompt, OpenPrompt,
+    AdmissionKind, AdmissionOutcome, AdmissionStatus, ApprovalChoice, ApprovalPrompt,
+    ClarifyAnswer, ClarifyPrompt, OpenPrompt,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -508,8 +539,11 @@ pub struct PendingAdmission {
     pub admission_id: String,
     /// The caller's id for the input.
     pub input_id: String,
-    /// The input.
+    /// The input (empty for a `compact` admission).
     pub text: String,
+    /// `compact` for a `session.compact` admission; absent for an input.
+    #[serde(default, skip_serializing_if = "AdmissionKind::is_input")]
+    pub kind: AdmissionKind,
     /// Its place in the daemon's FIFO.
     pub sequence: u64,
     /// `queued`, `started` or `unknown`.
@@ -713,8 +747,8 @@ pub enum SessionState {
     PausedUnknown,
 }
 
-/// The admission receipt: the result of `prompt.submit`, `prompt.receipt`, `prompt.cancel`
-/// and `prompt.resolve_unknown`.
+/// The admission receipt: the result of `prompt.submit`, `session.compact`, `prompt.receipt`,
+/// `prompt.cancel` and `prompt.resolve_unknown`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct AdmissionReceipt {
     /// The admission.
@@ -893,6 +927,17 @@ mod tests {
                 "title",
             ),
             ("session.list", json!([]), "params"),
+            ("session.compact", json!({}), "session_id"),
+            (
+                "session.compact",
+                json!({"session_id": "s", "input_id": ""}),
+                "input_id",
+            ),
+            (
+                "session.compact",
+                json!({"session_id": "s", "text": "x"}),
+                "text",
+            ),
         ];
         for (method, params, field) in cases {
             let (got, message) = refused(method, params.clone());

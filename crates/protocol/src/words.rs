@@ -20,6 +20,43 @@ pub enum AdmissionStatus {
     Terminal,
 }
 
+/// What an admission asks for (`session_admissions.kind`, issue 14): a turn on an input
+/// (`prompt.submit`), or a compaction of the session's history (`session.compact`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AdmissionKind {
+    /// A turn on the admitted text.
+    #[default]
+    Input,
+    /// A compaction-only turn: the history before the last `keep_recent_turns` turns is
+    /// summarised; no input is stored and no tool runs.
+    Compact,
+}
+
+impl AdmissionKind {
+    /// The stored word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AdmissionKind::Input => "input",
+            AdmissionKind::Compact => "compact",
+        }
+    }
+
+    /// Parses the stored word; `None` for anything else.
+    pub fn parse(word: &str) -> Option<AdmissionKind> {
+        match word {
+            "input" => Some(AdmissionKind::Input),
+            "compact" => Some(AdmissionKind::Compact),
+            _ => None,
+        }
+    }
+
+    /// Whether this is [`AdmissionKind::Input`] (the kind left out on the wire).
+    pub fn is_input(&self) -> bool {
+        *self == AdmissionKind::Input
+    }
+}
+
 /// The outcome of a terminal admission (SPEC section 3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]

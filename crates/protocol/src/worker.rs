@@ -266,8 +266,12 @@ pub struct BootstrapBody {
     /// The session's latest compaction, which stands for the history before `history`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compaction: Option<CompactionSummary>,
-    /// This turn's user text.
+    /// This turn's user text (empty for a compaction-only turn).
     pub input: String,
+    /// A compaction-only turn (`session.compact`, issue 14): summarise the history before the
+    /// last `keep_recent_turns` turns, whatever the budget; no input, no tools.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub compact_only: bool,
 }
 
 /// A stored compaction as a turn's history uses it (issue 14, `compactions` rows).
@@ -342,6 +346,8 @@ pub struct Bootstrap {
     pub compaction: Option<CompactionSummary>,
     /// This turn's user text. The owner has already stored it as a `user` message.
     pub input: String,
+    /// A compaction-only turn ([`BootstrapBody::compact_only`]).
+    pub compact_only: bool,
 }
 
 impl Bootstrap {
@@ -354,6 +360,7 @@ impl Bootstrap {
             history_ids: self.history_ids,
             compaction: self.compaction,
             input: self.input,
+            compact_only: self.compact_only,
         })?;
         let parts = split_at_chars(&body, BOOTSTRAP_PART_BYTES);
         let head = OwnerFrame::Bootstrap(Box::new(BootstrapHead {
@@ -392,6 +399,7 @@ impl Bootstrap {
             history_ids: body.history_ids,
             compaction: body.compaction,
             input: body.input,
+            compact_only: body.compact_only,
         })
     }
 }

@@ -328,7 +328,7 @@ fn a_bootstrap_head_and_part_round_trip_with_the_whole_policy() {
     assert_eq!(head.policy.context.keep_recent_turns, 1);
     let part: OwnerFrame = pinned(concat!(
         r#"{"type":"bootstrap_part","text":"{\"history\":[{\"role\":\"user\","#,
-        r#"\"content\":\"earlier\"}],\"input\":\"now this\"}"}"#
+        r#"\"content\":\"earlier\"}],\"history_ids\":[7],\"input\":\"now this\"}"}"#
     ));
     let OwnerFrame::BootstrapPart { text } = part else {
         panic!("not a part: {part:?}")
@@ -349,8 +349,25 @@ fn a_bootstrap_head_and_part_round_trip_with_the_whole_policy() {
     );
     // A part missing, or one too many, is refused.
     assert!(Bootstrap::assemble(*head.clone(), &[]).is_err());
-    assert!(Bootstrap::assemble(*head, &[text.clone(), text]).is_err());
+    assert!(Bootstrap::assemble(*head.clone(), &[text.clone(), text]).is_err());
     round_trip::<Bootstrap>(&bootstrap);
+    assert!(!bootstrap.compact_only);
+    // A compaction-only turn (`session.compact`): the flag travels in the body, only when set.
+    let mut compact = bootstrap;
+    compact.input.clear();
+    compact.compact_only = true;
+    let frames = compact.clone().into_frames().unwrap();
+    let OwnerFrame::BootstrapPart { text } = &frames[1] else {
+        panic!("not a part: {:?}", frames[1])
+    };
+    assert_eq!(
+        text,
+        r#"{"history":[{"role":"user","content":"earlier"}],"history_ids":[7],"input":"","compact_only":true}"#
+    );
+    assert_eq!(
+        Bootstrap::assemble(*head, std::slice::from_ref(text)).unwrap(),
+        compact
+    );
 }
 
 #[test]

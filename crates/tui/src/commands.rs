@@ -15,6 +15,8 @@ pub enum Command {
     Approvals,
     /// `/usage`: the tokens this session used.
     Usage,
+    /// `/compact`: summarise the session's older history now (`session.compact`).
+    Compact,
     /// `/quit`: leave (the running turn goes on).
     Quit,
     /// `/help`: the commands and keys.
@@ -29,6 +31,10 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ("/title", "<text>  name this session"),
     ("/approvals", "list the stored `always` rules"),
     ("/usage", "tokens used by this session"),
+    (
+        "/compact",
+        "summarise the older history now (the transcript keeps it)",
+    ),
     ("/quit", "leave (a running turn goes on)"),
     ("/help", "commands and keys"),
 ];
@@ -49,6 +55,7 @@ pub fn parse(line: &str) -> Result<Command, String> {
         "/title" => Command::Title(rest.to_string()),
         "/approvals" => Command::Approvals,
         "/usage" => Command::Usage,
+        "/compact" => Command::Compact,
         "/quit" | "/exit" => Command::Quit,
         "/help" => Command::Help,
         other => {
@@ -113,12 +120,14 @@ mod tests {
         );
         assert!(parse("/resume").unwrap_err().contains("id or prefix"));
         assert!(parse("/frobnicate").unwrap_err().contains("/new"));
+        assert_eq!(parse(" /compact "), Ok(Command::Compact));
     }
 
     #[test]
     fn tab_completes_a_unique_prefix() {
         assert_eq!(complete("/re").as_deref(), Some("/resume "));
         assert_eq!(complete("/q").as_deref(), Some("/quit"));
+        assert_eq!(complete("/co").as_deref(), Some("/compact"));
         assert_eq!(complete("/x"), None);
         assert_eq!(completions("/").len(), COMMANDS.len());
         assert!(completions("/resume x").is_empty());

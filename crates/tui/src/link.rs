@@ -88,6 +88,12 @@ pub trait Link: Send + Sync + 'static {
     async fn open(&self, target: Target) -> Result<(Opened, Box<dyn Events>), LinkError>;
     /// Submits an input; returns its admission.
     async fn submit(&self, session_id: &str, text: &str) -> Result<String, LinkError>;
+    /// Asks for a compaction of the session's history (`session.compact`); returns its
+    /// admission.
+    async fn compact(&self, session_id: &str) -> Result<String, LinkError> {
+        let _ = session_id;
+        Err(LinkError("this client cannot compact a session".into()))
+    }
     /// Interrupts the running turn of `generation`.
     async fn interrupt(&self, session_id: &str, generation: u64) -> Result<(), LinkError>;
     /// Answers an open approval or clarify prompt.

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 use drover_protocol::chat::Role;
 use drover_protocol::client::{
-    AdmissionStatus, ApprovalChoice, ApprovalPrompt, ClarifyAnswer, ClarifyPrompt, OpenPrompt,
-    SessionSnapshot, TranscriptMessage,
+    AdmissionKind, AdmissionStatus, ApprovalChoice, ApprovalPrompt, ClarifyAnswer, ClarifyPrompt,
+    OpenPrompt, SessionSnapshot, TranscriptMessage,
 };
 use drover_protocol::event::{EventPayload, PromptSettlement, SessionEvent, TurnEnd, TurnPhase};
 use drover_protocol::mcp::McpServerState;
@@ -21,6 +21,9 @@ use serde_json::Value;
 use crate::commands::{self, Command};
 use crate::input::Input;
 use crate::link::{PromptAnswer, Reply};
+
+/// The notice a compaction's turn starts with.
+pub const COMPACTING: &str = "compacting the older history (/compact)…";
 
 /// How many lines of a tool's output a block shows.
 pub const OUTPUT_LINES: usize = 3;
@@ -146,6 +149,10 @@ pub struct Turn {
     pub phase: Option<TurnPhase>,
     /// Whether an interrupt was sent.
     pub interrupting: bool,
+    /// A compaction-only turn (`/compact`): its answer is a notice, not assistant text.
+    pub compact: bool,
+    /// A `session.compacted` arrived during it.
+    pub compacted: bool,
 }
 
 /// How far the user is through answering an approval prompt.
@@ -237,8 +244,10 @@ pub fn always_covers(prompt: &ApprovalPrompt) -> String {
 pub struct QueuedInput {
     /// Its admission, once the owner answered.
     pub admission_id: Option<String>,
-    /// Its text (empty when it came from another client).
+    /// Its text (empty when it came from another client, or for a compaction).
     pub text: String,
+    /// A compaction (`/compact`, `session.compact`), not an input.
+    pub compact: bool,
 }
 
 /// The client's link to the daemon, as the status line shows it.
@@ -355,7 +364,8 @@ impl App {
             .iter()
             .find(|p| p.status == AdmissionStatus::Started);
         let mut messages: &[TranscriptMessage] = &snapshot.messages;
-        if let Some(started) = started {
+        // A compaction's turn stored no input to cut at.
+        if let Some(started) = started.filter(|s| s.kind == AdmissionKind::Input) {
             // The running turn's messages are shown from its events, not as a finished part.
             if let Some(cut) = messages
                 .iter()
@@ -383,8 +393,13 @@ impl App {
         if same_turn && !print_transcript {
             // The same turn runs on: what it showed stays.
         } else if let Some(started) = started {
+            let compact = started.kind == AdmissionKind::Compact;
             if print_transcript {
-                self.scrollback.push(Block::User(started.text.clone()));
+                self.scrollback.push(if compact {
+                    Block::Notice(COMPACTING.into())
+                } else {
+                    Block::User(started.text.clone())
+                });
             }
             self.turn = Some(Turn {
                 admission_id: started.admission_id.clone(),
@@ -395,6 +410,8 @@ impl App {
                 items: Vec::new(),
                 phase: None,
                 interrupting: false,
+                compact,
+                compacted: false,
             });
             for event in running_events {
                 if !matches!(event.event, EventPayload::TurnStarted(_)) {
@@ -409,6 +426,7 @@ impl App {
             .map(|p| QueuedInput {
                 admission_id: Some(p.admission_id.clone()),
                 text: p.text.clone(),
+                compact: p.kind == AdmissionKind::Compact,
             })
             .collect();
         self.unknown = snapshot
@@ -431,7 +449,10 @@ impl App {
                     .iter()
                     .position(|q| q.admission_id.as_deref() == Some(&t.admission_id))
                     .or_else(|| self.queued.iter().position(|q| q.admission_id.is_none()));
-                match position.map(|i| self.queued.remove(i)) {
+                let queued = position.map(|i| self.queued.remove(i));
+                let compact = queued.as_ref().is_some_and(|q| q.compact);
+                match queued {
+                    Some(q) if q.compact => self.scrollback.push(Block::Notice(COMPACTING.into())),
                     Some(q) if !q.text.is_empty() => self.scrollback.push(Block::User(q.text)),
                     _ => self.scrollback.push(Block::Notice(
                         "a turn started (input from another client)".into(),
@@ -444,6 +465,8 @@ impl App {
                     items: Vec::new(),
                     phase: None,
                     interrupting: false,
+                    compact,
+                    compacted: false,
                 });
             }
             EventPayload::MessageDelta(d) => {
@@ -531,6 +554,14 @@ impl App {
                 if m.text.is_empty() {
                     return;
                 }
+                if let Some(turn) = self.turn.as_ref().filter(|t| t.compact) {
+                    // "compacted N messages" repeats the `session.compacted` notice; "nothing
+                    // to compact" is news.
+                    if !turn.compacted {
+                        self.scrollback.push(Block::Notice(m.text.clone()));
+                    }
+                    return;
+                }
                 match self.turn.as_mut() {
                     Some(turn) => match turn.items.last_mut() {
                         // The streamed text may miss pieces; the complete text is the answer.
@@ -584,6 +615,7 @@ impl App {
                         self.queued.push(QueuedInput {
                             admission_id: Some(a.admission_id.clone()),
                             text: String::new(),
+                            compact: false,
                         });
                     }
                 }
@@ -624,6 +656,9 @@ impl App {
             }
             EventPayload::McpStatus(_) => {}
             EventPayload::SessionCompacted(c) => {
+                if let Some(turn) = self.turn.as_mut() {
+                    turn.compacted = true;
+                }
                 self.scrollback.push(Block::Notice(format!(
                     "history compacted: {} earlier messages are now a summary of {} tokens \
                      (the transcript keeps them)",
@@ -690,6 +725,17 @@ impl App {
         self.queued.push(QueuedInput {
             admission_id: None,
             text: text.to_string(),
+            compact: false,
+        });
+    }
+
+    /// `/compact` was sent (`session.compact`); its receipt has not come yet.
+    pub fn compact_requested(&mut self) {
+        self.sending_since.get_or_insert_with(Instant::now);
+        self.queued.push(QueuedInput {
+            admission_id: None,
+            text: String::new(),
+            compact: true,
         });
     }
 
@@ -721,7 +767,7 @@ impl App {
         if let Some(i) = self.queued.iter().position(|q| q.admission_id.is_none()) {
             let q = self.queued.remove(i);
             if self.input.is_empty() {
-                self.input.set(&q.text);
+                self.input.set(if q.compact { "/compact" } else { &q.text });
             }
         }
         self.sending_done();
@@ -861,6 +907,10 @@ impl App {
             self.input.take();
             return match commands::parse(&text) {
                 Ok(Command::Quit) => Some(Action::Quit),
+                Ok(Command::Compact) => {
+                    self.compact_requested();
+                    Some(Action::Command(Command::Compact))
+                }
                 Ok(command) => Some(Action::Command(command)),
                 Err(why) => {
                     self.notice = Some(why);
@@ -966,6 +1016,8 @@ impl App {
             items: Vec::new(),
             phase: None,
             interrupting: false,
+            compact: false,
+            compacted: false,
         })
     }
 
@@ -1716,6 +1768,59 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn slash_compact_queues_a_compaction_whose_turn_speaks_in_notices() {
+        let t0 = Instant::now();
+        let mut app = app();
+        assert_eq!(
+            typed(&mut app, "/compact"),
+            Some(Action::Command(Command::Compact))
+        );
+        assert!(app.queued[0].compact && app.queued[0].admission_id.is_none());
+        app.admitted("c1");
+        app.on_event(&started("c1"), t0);
+        assert!(app.turn.as_ref().unwrap().compact);
+        app.on_event(
+            &ev(EventPayload::SessionCompacted(
+                drover_protocol::event::SessionCompacted {
+                    admission_id: "c1".into(),
+                    covered: 6,
+                    through_message_id: 6,
+                    summary_tokens: 40,
+                },
+            )),
+            t0,
+        );
+        let complete = |text: &str| {
+            ev(EventPayload::MessageComplete(MessageComplete {
+                admission_id: "c1".into(),
+                text: text.into(),
+                outcome: TurnEnd::Completed,
+            }))
+        };
+        app.on_event(&complete("compacted 6 messages"), t0);
+        app.on_event(&settled("c1", TurnEnd::Completed), t0);
+        let blocks = app.drain_scrollback();
+        assert_eq!(blocks.len(), 2, "{blocks:?}");
+        assert_eq!(blocks[0], Block::Notice(COMPACTING.into()));
+        assert!(matches!(&blocks[1], Block::Notice(n) if n.starts_with("history compacted: 6")));
+
+        // Nothing to compact: the answer is the news. A failed request puts `/compact` back.
+        typed(&mut app, "/compact");
+        app.admitted("c2");
+        app.on_event(&started("c2"), t0);
+        app.on_event(&complete("nothing to compact"), t0);
+        app.on_event(&settled("c2", TurnEnd::Completed), t0);
+        assert_eq!(
+            app.drain_scrollback()[1],
+            Block::Notice("nothing to compact".into())
+        );
+        typed(&mut app, "/compact");
+        app.failed("asking for a compaction", "runtime_draining");
+        assert_eq!(app.input.text(), "/compact");
+        assert!(app.queued.is_empty());
+    }
+
+    #[test]
     fn a_lost_turn_offers_to_resolve_and_view() {
         let t0 = Instant::now();
         let mut app = app();
@@ -1805,7 +1910,8 @@ pub(crate) mod tests {
             app.queued,
             [QueuedInput {
                 admission_id: Some("a3".into()),
-                text: "then this".into()
+                text: "then this".into(),
+                compact: false,
             }]
         );
         assert_eq!(app.session.title.as_deref(), Some("chores"));

@@ -404,7 +404,9 @@ pub fn draw(frame: &mut Frame<'_>, app: &App, theme: Theme, now: Instant) {
         ));
     }
     for q in app.queued.iter().take(3) {
-        let text = if q.text.is_empty() {
+        let text = if q.compact {
+            "/compact".to_string()
+        } else if q.text.is_empty() {
             "(input from another client)".to_string()
         } else {
             q.text.lines().next().unwrap_or_default().to_string()

@@ -388,6 +388,19 @@ fn command_task(
             short(&app.session.session_id)
         )),
         Command::Quit => {}
+        Command::Compact => {
+            // The model already queued it (`App::compact_requested`); the turn's events show
+            // how it went.
+            tokio::spawn(async move {
+                let _ = tx.send(match link.compact(&session).await {
+                    Ok(admission) => Done::Admitted(admission),
+                    Err(e) => Done::Failed {
+                        what: "asking for a compaction",
+                        why: e.0,
+                    },
+                });
+            });
+        }
         Command::Sessions => {
             tokio::spawn(async move {
                 let _ = tx.send(match link.sessions().await {

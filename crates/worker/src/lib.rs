@@ -49,7 +49,7 @@ pub mod store;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use drover_agent::{run_turn, TurnReport, TurnSpec};
+use drover_agent::{run_compaction, run_turn, TurnReport, TurnSpec};
 use drover_model::{ModelClient, ModelConfig};
 use drover_protocol::worker::{
     op, Bootstrap, ExecutionFinish, OwnerFrame, Policy, TurnOutcome, TurnResult, MAX_FRAME_BYTES,
@@ -466,6 +466,7 @@ async fn run_agent(
         history_ids,
         compaction,
         input,
+        compact_only,
     } = bootstrap;
     let setup_failed = |model: &str, error: String| {
         tracing::error!(error = %error, "turn setup failed");
@@ -528,7 +529,12 @@ async fn run_agent(
         model: policy.model,
         context: policy.context,
     };
-    let report = run_turn(&store, &client, &registry, &ctx, spec).await;
+    let report = if compact_only {
+        tracing::info!("a compaction-only turn (session.compact)");
+        run_compaction(&store, &client, &ctx, spec).await
+    } else {
+        run_turn(&store, &client, &registry, &ctx, spec).await
+    };
     // Before `execution.finish`, so the turn's last `mcp.status` events are `stopped`.
     registry.stop_mcp_servers().await;
     report

@@ -184,14 +184,18 @@ async fn oversize_owner_line_fails_the_turn() {
 async fn model_error_finishes_failed_with_the_server_message() {
     let home = tempfile::tempdir().expect("tempdir");
     let mock = MockModel::start().await;
-    mock.push(Reply::error(400, "the model gpt-x does not exist"));
+    // Not a context-window answer (that one compacts and retries once, issue 14).
+    mock.push(Reply::error(400, "the model mock-model does not exist"));
     let mut owner = Owner::spawn();
     owner.send_bootstrap(&bootstrap(&mock, home.path())).await;
     let finish = owner.receipt_all_until_finish().await;
     assert_eq!(owner.operations(), vec!["execution.finish"]);
     assert_eq!(finish.outcome, TurnOutcome::Failed);
     let error = finish.error.unwrap_or_default();
-    assert!(error.contains("the model gpt-x does not exist"), "{error}");
+    assert!(
+        error.contains("the model mock-model does not exist"),
+        "{error}"
+    );
     assert_eq!(owner.exited().await, WorkerExit::Finished);
 }
 

@@ -238,5 +238,6 @@ pub fn turn_bootstrap(mock: &MockModel, home: &Path) -> Bootstrap {
         history_ids: vec![1],
         compaction: None,
         input: "hello".into(),
+        compact_only: false,
     }
 }
