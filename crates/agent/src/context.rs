@@ -159,6 +159,22 @@ pub fn compaction_plan(history: &[ChatMessage], keep: usize) -> Option<usize> {
     }
 }
 
+/// `summary` cut to at most `max` bytes (at a character boundary) with a marker, when longer.
+pub fn cap_summary(summary: String, max: usize) -> String {
+    if summary.len() <= max {
+        return summary;
+    }
+    let mut end = max;
+    while !summary.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!(
+        "{}\n[drover: the summary was cut at {end} of its {} bytes]",
+        &summary[..end],
+        summary.len()
+    )
+}
+
 /// The message that stands for summarised history in a request.
 pub fn summary_message(summary: &str) -> ChatMessage {
     ChatMessage::text(Role::User, format!("{SUMMARY_HEADER}\n\n{summary}"))

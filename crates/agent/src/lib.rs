@@ -511,7 +511,12 @@ impl Budget {
                 api_calls: usage.api_calls + 1,
             };
             match completion.message.content {
-                Some(text) if !text.trim().is_empty() => summary = Some(text),
+                // A summary never takes more than a quarter of the budget (a quarter token a
+                // byte), so a model that answers at length cannot make compaction useless or
+                // its persist frame too long.
+                Some(text) if !text.trim().is_empty() => {
+                    summary = Some(context::cap_summary(text, (budget as usize).max(8 * 1024)))
+                }
                 _ => {
                     return Err(Stop::Failed(
                         "the model answered an empty summary while compacting the history"

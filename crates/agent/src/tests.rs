@@ -1168,3 +1168,42 @@ async fn a_compaction_only_turn_fails_on_a_model_error_and_writes_nothing() {
     assert_eq!(report.outcome, TurnOutcome::Interrupted);
     assert!(compactions(&f.log).is_empty());
 }
+
+#[test]
+fn a_long_summary_is_capped() {
+    assert_eq!(context::cap_summary("short".into(), 100), "short");
+    let capped = context::cap_summary("é".repeat(10_000), 9_999);
+    assert!(capped.len() < 9_999 + 80, "{}", capped.len());
+    assert!(capped.ends_with("of its 20000 bytes]"), "{capped}");
+}
+
+#[tokio::test]
+async fn a_summary_longer_than_a_quarter_of_the_budget_is_stored_capped() {
+    let f = Fixture::new();
+    let model = ScriptedModel::new(vec![text(&"S".repeat(200_000)), text("done")]);
+    // One piece: the covered history is small, the budget (8k tokens) is passed by the kept
+    // turns' long answers.
+    let mut history = Vec::new();
+    for t in 0..4 {
+        history.push(ChatMessage::text(Role::User, format!("q{t}")));
+        history.push(ChatMessage::text(Role::Assistant, "a".repeat(12_000)));
+    }
+    let s = TurnSpec {
+        history_ids: (1..=history.len() as i64).collect(),
+        history,
+        context: ContextBudget {
+            context_window: 10_000,
+            ..ContextBudget::default()
+        },
+        ..spec("next")
+    };
+    let report = f.run(&model, s).await;
+    assert_eq!(report.outcome, TurnOutcome::Completed, "{report:?}");
+    let written = compactions(&f.log);
+    assert_eq!(written.len(), 1);
+    assert!(
+        written[0].summary.len() <= 8_192 + 100,
+        "{}",
+        written[0].summary.len()
+    );
+}
