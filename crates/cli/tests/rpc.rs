@@ -372,6 +372,7 @@ fn every_field(method: &str) -> Value {
         "session.rename" => json!({"session_id": "s", "title": "t"}),
         "session.list" => json!({"limit": 10, "cursor": "c"}),
         "prompt.submit" => json!({"session_id": "s", "input_id": "i", "text": "hi"}),
+        "session.compact" => json!({"session_id": "s", "input_id": "i"}),
         "prompt.receipt" => json!({"session_id": "s", "admission_id": "a", "include_result": true}),
         "prompt.cancel" | "prompt.resolve_unknown" => {
             json!({"session_id": "s", "admission_id": "a"})
