@@ -119,14 +119,16 @@ pub(crate) fn append_messages(
         if m.role == Role::Tool {
             if let Some(id) = &m.tool_call_id {
                 if !call_args.contains_key(id) {
+                    // Only this turn's messages, through `messages_admission`: a result whose
+                    // call is not found must not read the whole session's transcript.
                     let found: Option<String> = tx
-                        .query_row(
-                            "SELECT tool_calls FROM messages WHERE session_id = ?1 AND admission_id IS ?2
+                        .prepare_cached(
+                            "SELECT tool_calls FROM messages INDEXED BY messages_admission
+                             WHERE admission_id IS ?2 AND session_id = ?1
                                AND tool_calls IS NOT NULL AND instr(tool_calls, ?3) > 0
                              ORDER BY id DESC LIMIT 1",
-                            params![session_id, admission_id, id],
-                            |r| r.get(0),
-                        )
+                        )?
+                        .query_row(params![session_id, admission_id, id], |r| r.get(0))
                         .optional()?;
                     if let Some(text) = found {
                         let calls: Vec<drover_protocol::ToolCall> =

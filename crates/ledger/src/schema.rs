@@ -218,6 +218,16 @@ ALTER TABLE sessions ADD COLUMN context_window INTEGER;
 ALTER TABLE session_admissions ADD COLUMN kind TEXT NOT NULL DEFAULT 'input'
     CHECK (kind IN ('input','compact'));
 "#,
+    // Flat costs (issue 14): no query of a turn's path scans a table that grows with every turn
+    // ever run. A claim looks up a reserved (`registered`) child execution and the watchdog the
+    // live ones by status, a `tool.complete` its call's arguments among the turn's messages, a
+    // settle the execution's open prompts, a bootstrap the session's background processes.
+    r#"
+CREATE INDEX executions_live ON worker_executions(status, owner_epoch);
+CREATE INDEX messages_admission ON messages(admission_id, id);
+CREATE INDEX prompts_execution ON prompts(execution_id, sequence);
+CREATE INDEX processes_session ON background_processes(session_id, started_at);
+"#,
 ];
 
 /// The schema version this build writes.

@@ -27,6 +27,7 @@
 //!   drover home, Landlock, no capabilities (issue 13); [`set_non_dumpable`] for the owner and
 //!   the worker.
 //! - [`flock_holder`] names the process holding a `flock(2)` lock (the owner's home lock).
+//! - [`limit_malloc_arenas`] caps glibc's malloc arenas (the owner, at its start).
 //!
 //! Layers: `confine` (a leaf: it uses nothing of this file) < the process functions of this file.
 
@@ -200,6 +201,31 @@ pub fn default_pipe_signal() -> io::Result<()> {
     unsafe { nix::sys::signal::signal(Signal::SIGPIPE, nix::sys::signal::SigHandler::SigDfl) }
         .map(|_| ())
         .map_err(io::Error::from)
+}
+
+/// Caps the C library's malloc arenas at `arenas` (glibc's `mallopt(M_ARENA_MAX)`), unless
+/// `MALLOC_ARENA_MAX` is set in the environment (the operator's choice wins). glibc gives each
+/// thread that meets contention an arena of its own, and each keeps the high-water mark of
+/// what its threads once allocated: in the owner, a turn's history and bootstrap buffers are
+/// allocated on whichever thread runs that step, so after some turns every arena holds about
+/// one turn's worth (issue 14, "flat costs"). Call it first thing, before any thread starts.
+/// Returns whether the cap was set; a no-op (false) where the C library is not glibc.
+pub fn limit_malloc_arenas(arenas: i32) -> bool {
+    if std::env::var_os("MALLOC_ARENA_MAX").is_some() {
+        return false;
+    }
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: `mallopt` takes no pointer and only sets a tunable of the allocator, which
+        // locks its own state; the arenas made before stay valid.
+        let set = unsafe { nix::libc::mallopt(nix::libc::M_ARENA_MAX, arenas) };
+        set == 1
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        let _ = arenas;
+        false
+    }
 }
 
 /// Makes the calling process non-dumpable (`PR_SET_DUMPABLE` 0): its `/proc/<pid>/environ`,

@@ -23,8 +23,9 @@
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -72,6 +73,12 @@ struct Shared {
     models: Mutex<Option<Value>>,
     /// How many `GET /models` requests came.
     models_asked: Mutex<usize>,
+    /// Whether request bodies and headers are kept for [`MockModel::requests`] (on unless a
+    /// long benchmark turns it off; the count of arrivals is kept either way).
+    keep_requests: AtomicBool,
+    /// The time spent handling chat requests: parsing, logging, choosing the reply and building
+    /// the response (gates and delays not included).
+    busy: Mutex<Duration>,
 }
 
 /// The last message of a logged model request (`Null` when it has none).
@@ -119,6 +126,8 @@ impl MockModel {
             shutdown: watch::Sender::new(false),
             models: Mutex::new(None),
             models_asked: Mutex::new(0),
+            keep_requests: AtomicBool::new(true),
+            busy: Mutex::new(Duration::ZERO),
         });
         let app = Router::new()
             .route("/v1/chat/completions", post(chat_completions))
@@ -175,6 +184,20 @@ impl MockModel {
     /// the default reply). Used by the demo server and benchmarks.
     pub fn set_responder(&self, f: impl Fn(&Value) -> Reply + Send + Sync + 'static) {
         *lock(&self.shared.responder) = Some(Arc::new(f));
+    }
+
+    /// Stops (or resumes) keeping the bodies and headers of requests, so a benchmark of
+    /// thousands of large requests does not hold them all; [`MockModel::wait_requests`] still
+    /// counts every arrival.
+    pub fn keep_requests(&self, keep: bool) {
+        self.shared.keep_requests.store(keep, Ordering::Relaxed);
+    }
+
+    /// The total time spent handling chat requests so far: reading the body as JSON, logging
+    /// it, choosing the reply (the responder included) and building the response. Gates and
+    /// delays are not counted. A benchmark subtracts it to measure only the client's side.
+    pub fn busy(&self) -> Duration {
+        *lock(&self.shared.busy)
     }
 
     /// Every request body received so far, in arrival order. A body that is not JSON is logged
@@ -410,20 +433,24 @@ async fn chat_completions(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    let started = Instant::now();
     let request: Value = serde_json::from_slice(&body)
         .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
     let reply = {
-        let headers = headers
-            .iter()
-            .map(|(name, value)| {
-                let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
-                (name.as_str().to_string(), value)
-            })
-            .collect();
         let mut requests = lock(&shared.requests);
-        lock(&shared.headers).push(headers);
-        requests.push(request.clone());
-        shared.arrived.send_replace(requests.len());
+        if shared.keep_requests.load(Ordering::Relaxed) {
+            let headers = headers
+                .iter()
+                .map(|(name, value)| {
+                    let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
+                    (name.as_str().to_string(), value)
+                })
+                .collect();
+            lock(&shared.headers).push(headers);
+            requests.push(request.clone());
+        }
+        drop(requests);
+        shared.arrived.send_modify(|count| *count += 1);
         let next = lock(&shared.script).pop_front();
         next.unwrap_or_else(|| {
             let responder = lock(&shared.responder).clone();
@@ -434,6 +461,7 @@ async fn chat_completions(
         })
     };
 
+    let mut busy = started.elapsed();
     let mut stop = shared.shutdown.subscribe();
     if let Some(gate) = &reply.gate {
         if !gate.pass(&mut stop).await {
@@ -450,6 +478,7 @@ async fn chat_completions(
     if !request.is_object() {
         return error_response(400, "request body is not a JSON object");
     }
+    let building = Instant::now();
     let mut response = match &reply.body {
         ReplyBody::Error { status, message } => error_response(*status, message),
         ReplyBody::DropConnection => broken_body(Vec::new()),
@@ -482,6 +511,8 @@ async fn chat_completions(
             response.headers_mut().insert(name, value);
         }
     }
+    busy += building.elapsed();
+    *lock(&shared.busy) += busy;
     response
 }
 
