@@ -183,13 +183,7 @@ pub async fn run_compaction(
         context: budget,
         ..
     } = spec;
-    let mut tally = Tally {
-        configured_model,
-        server_model: None,
-        usage: Usage::default(),
-        api_calls: 0,
-        final_response: String::new(),
-    };
+    let mut tally = Tally::new(configured_model);
     if ctx.cancel.is_cancelled() {
         return tally.interrupted();
     }
@@ -244,6 +238,16 @@ struct Tally {
 }
 
 impl Tally {
+    fn new(configured_model: String) -> Tally {
+        Tally {
+            configured_model,
+            server_model: None,
+            usage: Usage::default(),
+            api_calls: 0,
+            final_response: String::new(),
+        }
+    }
+
     fn end(self, outcome: TurnOutcome, error: Option<String>) -> TurnReport {
         tracing::debug!(
             outcome = outcome.as_str(),
@@ -683,13 +687,7 @@ async fn drive(
         model: configured_model,
         context: budget,
     } = spec;
-    let mut tally = Tally {
-        configured_model,
-        server_model: None,
-        usage: Usage::default(),
-        api_calls: 0,
-        final_response: String::new(),
-    };
+    let mut tally = Tally::new(configured_model);
     let io = TurnIo { store, model, ctx };
     let mut budget = Budget::new(budget, &schemas);
     let mut conv = Conversation {

@@ -809,6 +809,25 @@ fn long_spec(turns: usize, output_bytes: usize, window: u64) -> TurnSpec {
     }
 }
 
+/// A turn after `turns` earlier turns of a question and an answer of `answer_bytes` bytes (text
+/// is never cut, only summarised), with a window of `window` tokens; ids from 1.
+fn text_turns_spec(turns: usize, answer_bytes: usize, window: u64) -> TurnSpec {
+    let mut history = Vec::new();
+    for t in 0..turns {
+        history.push(ChatMessage::text(Role::User, format!("q{t}")));
+        history.push(ChatMessage::text(Role::Assistant, "a".repeat(answer_bytes)));
+    }
+    TurnSpec {
+        history_ids: (1..=history.len() as i64).collect(),
+        history,
+        context: ContextBudget {
+            context_window: window,
+            ..ContextBudget::default()
+        },
+        ..spec("next")
+    }
+}
+
 fn compactions(log: &Log) -> Vec<CompactionWrite> {
     log.entries()
         .into_iter()
@@ -1008,20 +1027,7 @@ async fn a_huge_history_is_summarised_in_pieces_that_each_fit() {
     let f = Fixture::new();
     let model = ScriptedModel::new(vec![text("done")]).summarising();
     // 300 turns of assistant answers of 3 KB (never cut): far over a budget of 8k tokens.
-    let mut history = Vec::new();
-    for t in 0..300 {
-        history.push(ChatMessage::text(Role::User, format!("q{t}")));
-        history.push(ChatMessage::text(Role::Assistant, "a".repeat(3_000)));
-    }
-    let s = TurnSpec {
-        history_ids: (1..=history.len() as i64).collect(),
-        history,
-        context: ContextBudget {
-            context_window: 10_000,
-            ..ContextBudget::default()
-        },
-        ..spec("next")
-    };
+    let s = text_turns_spec(300, 3_000, 10_000);
     let report = f.run(&model, s).await;
     assert_eq!(report.outcome, TurnOutcome::Completed, "{report:?}");
     let requests = model.requests();
@@ -1183,20 +1189,7 @@ async fn a_summary_longer_than_a_quarter_of_the_budget_is_stored_capped() {
     let model = ScriptedModel::new(vec![text(&"S".repeat(200_000)), text("done")]);
     // One piece: the covered history is small, the budget (8k tokens) is passed by the kept
     // turns' long answers.
-    let mut history = Vec::new();
-    for t in 0..4 {
-        history.push(ChatMessage::text(Role::User, format!("q{t}")));
-        history.push(ChatMessage::text(Role::Assistant, "a".repeat(12_000)));
-    }
-    let s = TurnSpec {
-        history_ids: (1..=history.len() as i64).collect(),
-        history,
-        context: ContextBudget {
-            context_window: 10_000,
-            ..ContextBudget::default()
-        },
-        ..spec("next")
-    };
+    let s = text_turns_spec(4, 12_000, 10_000);
     let report = f.run(&model, s).await;
     assert_eq!(report.outcome, TurnOutcome::Completed, "{report:?}");
     let written = compactions(&f.log);

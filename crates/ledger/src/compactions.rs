@@ -185,6 +185,30 @@ mod tests {
     use crate::testing;
     use crate::{Ledger, LedgerError, PersistOutcome};
 
+    /// Applies the claimed turn's persist of `operation` at `sequence`; panics if refused.
+    fn persist(
+        ledger: &mut Ledger,
+        claim: &crate::Claim,
+        sequence: u64,
+        operation: &str,
+        payload: serde_json::Value,
+    ) -> PersistOutcome {
+        ledger
+            .apply_persist(&testing::frame(claim, "s", sequence, operation, payload))
+            .unwrap_or_else(|e| panic!("{operation}: {e}"))
+    }
+
+    /// Settles the claimed turn `completed` with its `execution.finish` at `sequence`.
+    fn finish(ledger: &mut Ledger, claim: &crate::Claim, sequence: u64) {
+        persist(
+            ledger,
+            claim,
+            sequence,
+            op::EXECUTION_FINISH,
+            testing::finish("ok"),
+        );
+    }
+
     /// A session with two settled turns (4 messages) and a third claimed; returns the claim.
     fn two_turns_then_a_claim(ledger: &mut Ledger) -> (String, crate::Claim) {
         let session_id = testing::session(ledger, &[], vec![]);
@@ -192,24 +216,8 @@ mod tests {
             let claim = testing::claim(ledger, &session_id, text, "s");
             let answer =
                 json!({"messages": [{"role": "assistant", "content": format!("re {text}")}]});
-            ledger
-                .apply_persist(&testing::frame(
-                    &claim,
-                    "s",
-                    1,
-                    op::TRANSCRIPT_APPEND,
-                    answer,
-                ))
-                .expect("append");
-            ledger
-                .apply_persist(&testing::frame(
-                    &claim,
-                    "s",
-                    2,
-                    op::EXECUTION_FINISH,
-                    testing::finish("ok"),
-                ))
-                .expect("finish");
+            persist(ledger, &claim, 1, op::TRANSCRIPT_APPEND, answer);
+            finish(ledger, &claim, 2);
         }
         let claim = testing::claim(ledger, &session_id, "three", "s");
         (session_id, claim)
@@ -267,15 +275,7 @@ mod tests {
             )
             .expect("execution");
         assert_eq!(calls, 1);
-        ledger
-            .apply_persist(&testing::frame(
-                &claim,
-                "s",
-                2,
-                op::EXECUTION_FINISH,
-                testing::finish("ok"),
-            ))
-            .expect("finish");
+        finish(&mut ledger, &claim, 2);
 
         let next = testing::claim(&mut ledger, &session_id, "four", "s");
         let compaction = next.history.compaction.clone().expect("compaction");
@@ -401,15 +401,7 @@ mod tests {
             ledger.admit_compaction(&session_id, "input-4", "test"),
             Err(LedgerError::Conflict(_))
         ));
-        ledger
-            .apply_persist(&testing::frame(
-                &claim,
-                "s",
-                1,
-                op::EXECUTION_FINISH,
-                testing::finish("ok"),
-            ))
-            .expect("finish three");
+        finish(&mut ledger, &claim, 1);
         let messages_before = ledger.history(&session_id).expect("history").len();
 
         let claimed = ledger
@@ -473,15 +465,7 @@ mod tests {
         ledger
             .apply_persist(&testing::frame(&claim, "s", 1, op::CONTEXT_WINDOW, found))
             .expect("window");
-        ledger
-            .apply_persist(&testing::frame(
-                &claim,
-                "s",
-                2,
-                op::EXECUTION_FINISH,
-                testing::finish("ok"),
-            ))
-            .expect("finish");
+        finish(&mut ledger, &claim, 2);
         let next = testing::claim(&mut ledger, &session_id, "four", "s");
         assert_eq!(next.context_window_found, Some(32768));
     }
