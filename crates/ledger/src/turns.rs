@@ -94,19 +94,13 @@ impl Ledger {
         text: &str,
         principal_id: &str,
     ) -> Result<(AdmissionRow, Vec<StoredEvent>), LedgerError> {
-        let epoch = self.epoch;
-        let tx = self.conn.transaction()?;
-        let out = admit_in(
-            &tx,
-            epoch,
+        self.admit_one(
             session_id,
             input_id,
             text,
             principal_id,
             AdmissionKind::Input,
-        )?;
-        tx.commit()?;
-        Ok(out)
+        )
     }
 
     /// Admits a compaction of the session's history (`session.compact`, issue 14): a queued
@@ -117,17 +111,27 @@ impl Ledger {
         input_id: &str,
         principal_id: &str,
     ) -> Result<(AdmissionRow, Vec<StoredEvent>), LedgerError> {
-        let epoch = self.epoch;
-        let tx = self.conn.transaction()?;
-        let out = admit_in(
-            &tx,
-            epoch,
+        self.admit_one(
             session_id,
             input_id,
             "",
             principal_id,
             AdmissionKind::Compact,
-        )?;
+        )
+    }
+
+    /// One admission of `kind`, committed alone.
+    fn admit_one(
+        &mut self,
+        session_id: &str,
+        input_id: &str,
+        text: &str,
+        principal_id: &str,
+        kind: AdmissionKind,
+    ) -> Result<(AdmissionRow, Vec<StoredEvent>), LedgerError> {
+        let epoch = self.epoch;
+        let tx = self.conn.transaction()?;
+        let out = admit_in(&tx, epoch, session_id, input_id, text, principal_id, kind)?;
         tx.commit()?;
         Ok(out)
     }
