@@ -40,13 +40,27 @@ const BYTES_PER_TOKEN: u64 = 4;
 /// Per-message bytes the estimate adds for the JSON around the content.
 const MESSAGE_OVERHEAD: usize = 32;
 
-/// The bytes a request's messages weigh in the estimate (content, tool calls, names).
+/// The bytes `text` takes as a JSON string (quotes left out): `"`, `\` and control characters
+/// are escaped on the wire, so text full of them weighs up to twice (or six times) its length.
+pub fn json_len(text: &str) -> usize {
+    text.len()
+        + text
+            .bytes()
+            .map(|b| match b {
+                b'"' | b'\\' | b'\n' | b'\r' | b'\t' | 0x08 | 0x0c => 1,
+                0..=0x1f => 5,
+                _ => 0,
+            })
+            .sum::<usize>()
+}
+
+/// The bytes a request's messages weigh in the estimate (content, tool calls, names), as JSON.
 pub fn message_bytes(messages: &[ChatMessage]) -> usize {
     messages
         .iter()
         .map(|m| {
             MESSAGE_OVERHEAD
-                + m.content.as_deref().map_or(0, str::len)
+                + m.content.as_deref().map_or(0, json_len)
                 + m.tool_call_id.as_deref().map_or(0, str::len)
                 + m.tool_name.as_deref().map_or(0, str::len)
                 + m.tool_calls
@@ -55,7 +69,7 @@ pub fn message_bytes(messages: &[ChatMessage]) -> usize {
                         MESSAGE_OVERHEAD
                             + c.id.len()
                             + c.function.name.len()
-                            + c.function.arguments.len()
+                            + json_len(&c.function.arguments)
                     })
                     .sum::<usize>()
         })
@@ -92,14 +106,20 @@ impl Estimator {
 /// `text` cut to its first and last [`CUT_KEEP_BYTES`] with a marker saying how much went,
 /// or `None` when it is short enough to keep.
 pub fn cut_text(text: &str, what: &str) -> Option<String> {
-    if text.len() <= 3 * CUT_KEEP_BYTES {
+    cut_text_to(text, what, CUT_KEEP_BYTES)
+}
+
+/// `text` cut to its first and last `keep` bytes with a marker, or `None` when it is no longer
+/// than three times `keep`.
+pub fn cut_text_to(text: &str, what: &str, keep: usize) -> Option<String> {
+    if text.len() <= 3 * keep {
         return None;
     }
-    let mut head = CUT_KEEP_BYTES;
+    let mut head = keep;
     while !text.is_char_boundary(head) {
         head -= 1;
     }
-    let mut tail = text.len() - CUT_KEEP_BYTES;
+    let mut tail = text.len() - keep;
     while !text.is_char_boundary(tail) {
         tail += 1;
     }
@@ -112,9 +132,9 @@ pub fn cut_text(text: &str, what: &str) -> Option<String> {
     ))
 }
 
-/// Cuts every tool result in `messages[..protect_from]` (see [`cut_text`]). Returns whether
-/// anything was cut.
-pub fn cut_tool_outputs(messages: &mut [ChatMessage], protect_from: usize) -> bool {
+/// Cuts every tool result in `messages[..protect_from]` to its first and last `keep` bytes
+/// (see [`cut_text_to`]). Returns whether anything was cut.
+pub fn cut_tool_outputs(messages: &mut [ChatMessage], protect_from: usize, keep: usize) -> bool {
     let mut cut_any = false;
     for m in messages.iter_mut().take(protect_from) {
         if m.role != Role::Tool {
@@ -123,7 +143,7 @@ pub fn cut_tool_outputs(messages: &mut [ChatMessage], protect_from: usize) -> bo
         if let Some(cut) = m
             .content
             .as_deref()
-            .and_then(|c| cut_text(c, "tool output"))
+            .and_then(|c| cut_text_to(c, "tool output", keep))
         {
             m.content = Some(cut);
             cut_any = true;
@@ -202,24 +222,47 @@ fn render(m: &ChatMessage, out: &mut String) {
     out.push_str("\n\n");
 }
 
-/// The user messages of the summarisation requests for `covered`: each at most `max_bytes`
-/// of transcript text (at least one message's worth), to be asked for in order, each with the
-/// summary so far before it.
-pub fn summary_requests(covered: &[ChatMessage], max_bytes: usize) -> Vec<String> {
-    let mut pieces = Vec::new();
-    let mut current = String::new();
+/// `covered` as the plain text summarisation requests are made of, long parts cut.
+pub fn summary_text(covered: &[ChatMessage]) -> String {
+    let mut text = String::new();
     for m in covered {
-        let mut one = String::new();
-        render(m, &mut one);
-        if !current.is_empty() && current.len() + one.len() > max_bytes {
-            pieces.push(std::mem::take(&mut current));
+        render(m, &mut text);
+    }
+    text
+}
+
+/// The next piece of `text` to summarise: at most `max_bytes` (at a character boundary),
+/// ending at a message boundary when one lies in the second half of that span. Returns the
+/// piece and the rest.
+pub fn next_piece(text: &str, max_bytes: usize) -> (&str, &str) {
+    if text.len() <= max_bytes {
+        return (text, "");
+    }
+    let mut end = max_bytes.max(4);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let window = &text[..end];
+    let cut = window
+        .rfind("\n\n[")
+        .filter(|at| *at >= end / 2)
+        .map_or(end, |at| at + 2);
+    text.split_at(cut)
+}
+
+/// The pieces [`next_piece`] makes of `covered`'s text, in order (at least one).
+pub fn summary_requests(covered: &[ChatMessage], max_bytes: usize) -> Vec<String> {
+    let text = summary_text(covered);
+    let mut rest = text.as_str();
+    let mut pieces = Vec::new();
+    loop {
+        let (piece, tail) = next_piece(rest, max_bytes);
+        pieces.push(piece.to_string());
+        if tail.is_empty() {
+            return pieces;
         }
-        current.push_str(&one);
+        rest = tail;
     }
-    if !current.is_empty() || pieces.is_empty() {
-        pieces.push(current);
-    }
-    pieces
 }
 
 /// The user message of one summarisation request: the summary so far, then the transcript.

@@ -53,7 +53,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use drover_model::{ChatModel, ModelError};
+use drover_model::{ChatModel, ModelError, WindowLookup};
 use drover_protocol::worker::{
     CompactionSummary, CompactionWrite, ContextWindowFound, TurnOutcome, UsageAdd,
 };
@@ -64,6 +64,10 @@ use serde_json::Value;
 /// The content of the tool result stored for a call that was not run, or was cut short, because
 /// the turn was cancelled.
 pub const INTERRUPTED_RESULT: &str = "interrupted";
+
+/// The largest assistant message, as JSON, a turn stores: under half a frame, so the message's
+/// `transcript.append` and the turn's `execution.finish` (which repeats its text) both fit.
+pub const MAX_MESSAGE_BYTES: usize = drover_protocol::worker::MAX_FRAME_BYTES / 2 - 64 * 1024;
 
 /// How long a running tool may take, after the cancel token fired, to stop on its own (killing
 /// its process group) before the loop drops it.
@@ -369,13 +373,21 @@ impl Budget {
         if let Some(window) = self.window {
             return Ok(window);
         }
-        let reported = model.context_window().await;
-        let window = reported.unwrap_or(ContextBudget::DEFAULT_CONTEXT_WINDOW);
-        tracing::info!(window, reported = reported.is_some(), "context window");
+        let lookup = model.context_window().await;
+        tracing::info!(?lookup, "context window");
+        let (window, reported) = match lookup {
+            WindowLookup::Reported(tokens) => (tokens, true),
+            WindowLookup::NotReported => (ContextBudget::DEFAULT_CONTEXT_WINDOW, false),
+            // Not stored: a later turn asks again.
+            WindowLookup::Unreachable => {
+                self.window = Some(ContextBudget::DEFAULT_CONTEXT_WINDOW);
+                return Ok(ContextBudget::DEFAULT_CONTEXT_WINDOW);
+            }
+        };
         store
             .context_window_found(ContextWindowFound {
                 context_window: window,
-                reported: reported.is_some(),
+                reported,
             })
             .await
             .map_err(|e| Stop::Failed(e.to_string()))?;
@@ -410,7 +422,7 @@ impl Budget {
             self.context.keep_recent_turns as usize
         };
         // Old tool output goes first: outside the kept turns, then all but the newest results.
-        let (prepared, mut shrunk) = self.cut(conv, prepared.messages, keep);
+        let (prepared, mut shrunk) = self.cut(conv, prepared.messages, keep, force);
         if !force && prepared.tokens <= budget {
             return Ok(prepared);
         }
@@ -424,7 +436,7 @@ impl Budget {
             prepared = if whole.tokens <= budget {
                 whole
             } else {
-                self.cut(conv, whole.messages, keep).0
+                self.cut(conv, whole.messages, keep, force).0
             };
         }
         if force && !shrunk {
@@ -447,26 +459,38 @@ impl Budget {
         Ok(prepared)
     }
 
-    /// `messages` (a request of `conv`) with tool output cut: first outside the last `keep`
-    /// earlier turns and the running turn; if that is still over the budget, every result but
-    /// the running turn's newest. Returns whether anything was cut.
+    /// `messages` (a request of `conv`) with tool output cut, until the request fits: first
+    /// outside the last `keep` earlier turns and the running turn, to 2 KiB at each end; then
+    /// every result but the running turn's newest, to 512 bytes at each end; when `force`d
+    /// (the model refused the request), the newest too. Returns whether anything was cut.
     fn cut(
         &self,
         conv: &Conversation,
         mut messages: Vec<ChatMessage>,
         keep: usize,
+        force: bool,
     ) -> (Prepared, bool) {
         let budget = self
             .window
             .map_or(u64::MAX, |w| self.context.budget_tokens(w));
         let outside_kept = conv.history_offset() + context::recent_turns_start(&conv.history, keep);
-        let mut cut = context::cut_tool_outputs(&mut messages, outside_kept);
-        let prepared = self.measure(messages);
-        if prepared.tokens <= budget {
-            return (prepared, cut);
+        let tiers = [
+            (outside_kept, context::CUT_KEEP_BYTES),
+            (conv.newest_results(), context::CUT_KEEP_BYTES / 4),
+            (usize::MAX, context::CUT_KEEP_BYTES / 4),
+        ];
+        let mut cut = false;
+        for (i, (protect_from, keep_bytes)) in tiers.into_iter().enumerate() {
+            if i == 2 && !force {
+                break;
+            }
+            cut |= context::cut_tool_outputs(&mut messages, protect_from, keep_bytes);
+            let prepared = self.measure(messages);
+            if prepared.tokens <= budget && !force {
+                return (prepared, cut);
+            }
+            messages = prepared.messages;
         }
-        let mut messages = prepared.messages;
-        cut |= context::cut_tool_outputs(&mut messages, conv.newest_results());
         (self.measure(messages), cut)
     }
 
@@ -479,57 +503,20 @@ impl Budget {
         io: &TurnIo<'_>,
         tally: &mut Tally,
     ) -> Result<(), Stop> {
-        // Half the budget per request leaves room for the summary so far and the answer.
-        let max_bytes = (budget as usize).saturating_mul(2).max(16 * 1024);
-        let pieces = context::summary_requests(&conv.history[..n], max_bytes);
-        let mut summary = conv.compaction.as_ref().map(|c| c.summary.clone());
         let mut usage = UsageAdd::default();
-        tracing::info!(
-            messages = n,
-            requests = pieces.len(),
-            "compacting the history"
-        );
-        for piece in pieces {
-            let messages = [
-                ChatMessage::text(Role::System, context::SUMMARY_INSTRUCTION),
-                ChatMessage::text(
-                    Role::User,
-                    context::summary_prompt(summary.as_deref(), &piece),
-                ),
-            ];
-            let mut quiet = |_: &str| {};
-            let response = tokio::select! {
-                biased;
-                _ = io.ctx.cancel.cancelled() => return Err(Stop::Interrupted),
-                response = io.model.chat(&messages, &[], &mut quiet) => response,
-            };
-            let completion = response
-                .map_err(|e| Stop::Failed(format!("{e} (while compacting the history)")))?;
-            let counted = completion.usage.unwrap_or_default();
-            tally.api_calls += 1;
-            tally.usage = tally.usage.saturating_add(counted);
-            usage = UsageAdd {
-                input_tokens: usage.input_tokens.saturating_add(counted.input_tokens),
-                output_tokens: usage.output_tokens.saturating_add(counted.output_tokens),
-                total_tokens: usage.total_tokens.saturating_add(counted.total_tokens),
-                api_calls: usage.api_calls + 1,
-            };
-            match completion.message.content {
-                // A summary never takes more than a quarter of the budget (a quarter token a
-                // byte), so a model that answers at length cannot make compaction useless or
-                // its persist frame too long.
-                Some(text) if !text.trim().is_empty() => {
-                    summary = Some(context::cap_summary(text, (budget as usize).max(8 * 1024)))
+        let summarised = self.summarise(conv, n, budget, io, tally, &mut usage).await;
+        let summary = match summarised {
+            Ok(summary) => summary,
+            Err(stop) => {
+                // The requests that did answer still count, though nothing is stored of them.
+                if usage.api_calls > 0 {
+                    if let Err(e) = io.store.add_usage(usage).await {
+                        tracing::warn!(error = %e, "the usage of a failed compaction was not stored");
+                    }
                 }
-                _ => {
-                    return Err(Stop::Failed(
-                        "the model answered an empty summary while compacting the history"
-                            .to_string(),
-                    ))
-                }
+                return Err(stop);
             }
-        }
-        let summary = summary.unwrap_or_default();
+        };
         let (first, last) = (conv.history_ids[0], conv.history_ids[n - 1]);
         io.store
             .compact(CompactionWrite {
@@ -551,6 +538,79 @@ impl Budget {
         // The model has not counted a request of this shape yet.
         self.estimator = context::Estimator::default();
         Ok(())
+    }
+}
+
+impl Budget {
+    /// The summary of `conv.history[..n]` after the summary before it, asked for in pieces of
+    /// at most half the budget (at least 16 KiB). A piece the model refuses as too long is
+    /// asked for again at a quarter of the size, twice at most. `usage` sums what answered.
+    async fn summarise(
+        &self,
+        conv: &Conversation,
+        n: usize,
+        budget: u64,
+        io: &TurnIo<'_>,
+        tally: &mut Tally,
+        usage: &mut UsageAdd,
+    ) -> Result<String, Stop> {
+        let mut max_bytes = (budget as usize).saturating_mul(2).max(16 * 1024);
+        let mut shrinks = 0;
+        let text = context::summary_text(&conv.history[..n]);
+        let mut rest = text.as_str();
+        let mut summary = conv.compaction.as_ref().map(|c| c.summary.clone());
+        // A summary never takes more than a quarter of the budget (a quarter token a byte), nor
+        // 1 MiB, so a verbose model can neither make compaction useless nor its frame too long.
+        let cap = (budget as usize).clamp(8 * 1024, 1024 * 1024);
+        tracing::info!(messages = n, bytes = text.len(), "compacting the history");
+        while !rest.is_empty() || summary.is_none() {
+            let (piece, tail) = context::next_piece(rest, max_bytes);
+            let messages = [
+                ChatMessage::text(Role::System, context::SUMMARY_INSTRUCTION),
+                ChatMessage::text(
+                    Role::User,
+                    context::summary_prompt(summary.as_deref(), piece),
+                ),
+            ];
+            let mut quiet = |_: &str| {};
+            let response = tokio::select! {
+                biased;
+                _ = io.ctx.cancel.cancelled() => return Err(Stop::Interrupted),
+                response = io.model.chat(&messages, &[], &mut quiet) => response,
+            };
+            let completion = match response {
+                Ok(completion) => completion,
+                Err(ModelError::ContextExceeded(message)) if shrinks < 2 && max_bytes > 4096 => {
+                    tracing::warn!(%message, max_bytes, "a summary request was too long; smaller pieces");
+                    shrinks += 1;
+                    max_bytes = (max_bytes / 4).max(4096);
+                    continue;
+                }
+                Err(e) => return Err(Stop::Failed(format!("{e} (while compacting the history)"))),
+            };
+            let counted = completion.usage.unwrap_or_default();
+            tally.api_calls += 1;
+            tally.usage = tally.usage.saturating_add(counted);
+            *usage = UsageAdd {
+                input_tokens: usage.input_tokens.saturating_add(counted.input_tokens),
+                output_tokens: usage.output_tokens.saturating_add(counted.output_tokens),
+                total_tokens: usage.total_tokens.saturating_add(counted.total_tokens),
+                api_calls: usage.api_calls + 1,
+            };
+            match completion.message.content {
+                Some(text) if !text.trim().is_empty() => {
+                    summary = Some(context::cap_summary(text, cap));
+                }
+                _ => {
+                    return Err(Stop::Failed(
+                        "the model answered an empty summary while compacting the history"
+                            .to_string(),
+                    ))
+                }
+            }
+            rest = tail;
+        }
+        Ok(summary.unwrap_or_default())
     }
 }
 
@@ -769,6 +829,14 @@ async fn drive(
 
         let mut assistant = completion.message;
         assistant.role = Role::Assistant;
+        // A message must fit one persist frame, and its text the turn's `execution.finish` too.
+        let answer_bytes = serde_json::to_string(&assistant).map_or(usize::MAX, |t| t.len());
+        if answer_bytes > MAX_MESSAGE_BYTES {
+            return tally.failed(format!(
+                "the model's answer is {answer_bytes} bytes as JSON, over the {MAX_MESSAGE_BYTES} \
+                 bytes one message may hold; it was not stored"
+            ));
+        }
         match &assistant.content {
             Some(text) if !text.is_empty() || assistant.tool_calls.is_empty() => {
                 tally.final_response = text.clone();

@@ -142,6 +142,10 @@ struct ScriptedModel {
     /// script.
     summaries: bool,
     summarised: Mutex<u64>,
+    /// How many summarisation requests to refuse as too long first.
+    refuse_summaries: Mutex<u32>,
+    /// `context_window` answers `Unreachable`.
+    unreachable: bool,
 }
 
 impl ScriptedModel {
@@ -152,6 +156,8 @@ impl ScriptedModel {
             window: None,
             summaries: false,
             summarised: Mutex::new(0),
+            refuse_summaries: Mutex::new(0),
+            unreachable: false,
         }
     }
     /// Answers summarisation requests itself.
@@ -177,6 +183,12 @@ impl ChatModel for ScriptedModel {
             .unwrap()
             .push((messages.to_vec(), tools.to_vec()));
         if self.summaries && is_summary_request(messages) {
+            let mut refuse = self.refuse_summaries.lock().unwrap();
+            if *refuse > 0 {
+                *refuse -= 1;
+                return Err(ModelError::ContextExceeded("summary too long".into()));
+            }
+            drop(refuse);
             let mut n = self.summarised.lock().unwrap();
             *n += 1;
             let Step::Answer(c) = text(&format!("SUMMARY-{n}")) else {
@@ -198,8 +210,14 @@ impl ChatModel for ScriptedModel {
         }
     }
 
-    async fn context_window(&self) -> Option<u64> {
-        self.window
+    async fn context_window(&self) -> drover_model::WindowLookup {
+        if self.unreachable {
+            return drover_model::WindowLookup::Unreachable;
+        }
+        match self.window {
+            Some(tokens) => drover_model::WindowLookup::Reported(tokens),
+            None => drover_model::WindowLookup::NotReported,
+        }
     }
 }
 
@@ -275,6 +293,10 @@ impl Tool for TestTool {
                 content: "exit 1".into(),
                 is_error: true,
             },
+            "big" => ToolOutput {
+                content: "w".repeat(5_500),
+                is_error: false,
+            },
             "block" => {
                 ctx.cancel.cancelled().await;
                 ToolOutput {
@@ -297,7 +319,7 @@ struct Fixture {
 impl Fixture {
     fn new() -> Fixture {
         let log = Arc::new(Log::default());
-        let tools = ["echo", "fail", "block", "hang"]
+        let tools = ["echo", "fail", "block", "hang", "big"]
             .into_iter()
             .map(|name| {
                 Arc::new(TestTool {
@@ -1199,4 +1221,137 @@ async fn a_summary_longer_than_a_quarter_of_the_budget_is_stored_capped() {
         "{}",
         written[0].summary.len()
     );
+}
+
+#[test]
+fn summary_pieces_are_bounded_even_for_one_huge_message() {
+    let Step::Answer(call) = calls(
+        &(0..12)
+            .map(|i| (format!("c{i}"), "echo".to_string(), "x".repeat(5_000)))
+            .collect::<Vec<_>>()
+            .iter()
+            .map(|(a, b, c)| (a.as_str(), b.as_str(), c.as_str()))
+            .collect::<Vec<_>>(),
+    ) else {
+        unreachable!()
+    };
+    let covered = vec![ChatMessage::text(Role::User, "q"), call.message];
+    let pieces = context::summary_requests(&covered, 16 * 1024);
+    assert!(pieces.len() >= 4, "{}", pieces.len());
+    assert!(pieces.iter().all(|p| p.len() <= 16 * 1024));
+    assert_eq!(pieces.concat(), context::summary_text(&covered));
+    // A user line alone is not sent as a piece of its own.
+    assert!(pieces[0].len() > 8 * 1024);
+}
+
+#[test]
+fn the_estimate_counts_json_escapes() {
+    assert_eq!(context::json_len("abc"), 3);
+    assert_eq!(context::json_len("a\"b\\"), 6);
+    assert_eq!(context::json_len("\u{1}"), 6);
+    let quoted = vec![ChatMessage::text(Role::Tool, "\"".repeat(1000))];
+    assert!(context::message_bytes(&quoted) >= 2000);
+}
+
+#[tokio::test]
+async fn a_summary_request_refused_as_too_long_is_asked_again_in_smaller_pieces() {
+    let f = Fixture::new();
+    let model = ScriptedModel::new(vec![text("done")]).summarising();
+    *model.refuse_summaries.lock().unwrap() = 1;
+    let report = f.run(&model, long_spec(40, 20_000, 10_000)).await;
+    assert_eq!(report.outcome, TurnOutcome::Completed, "{report:?}");
+    assert_eq!(compactions(&f.log).len(), 1);
+    let sizes: Vec<usize> = model
+        .requests()
+        .iter()
+        .filter(|r| is_summary_request(&r.0))
+        .map(|r| context::message_bytes(&r.0))
+        .collect();
+    // The refused first piece, then pieces of a quarter of its size.
+    assert!(sizes[1] * 2 < sizes[0], "{sizes:?}");
+}
+
+#[tokio::test]
+async fn a_failed_compaction_still_counts_the_requests_that_answered() {
+    let f = Fixture::new();
+    let model = ScriptedModel::new(vec![
+        text("PIECE-1"),
+        Step::Fail(ModelError::Protocol("gone".into())),
+    ]);
+    // Two pieces at least: the first answers, the second fails.
+    let report = f.run(&model, text_turns_spec(300, 3_000, 10_000)).await;
+    assert_eq!(report.outcome, TurnOutcome::Failed);
+    assert!(report
+        .error
+        .unwrap()
+        .ends_with("(while compacting the history)"));
+    assert!(compactions(&f.log).is_empty());
+    assert!(f
+        .log
+        .entries()
+        .iter()
+        .any(|e| matches!(e, Entry::Usage(u) if u.api_calls == 1)));
+    assert_eq!(report.api_calls, 1);
+}
+
+#[tokio::test]
+async fn a_long_running_turn_of_medium_outputs_is_cut_to_fit() {
+    let f = Fixture::new();
+    // Five tool calls of 5.5 KB each in the running turn, in a window of 8192 tokens.
+    let mut script: Vec<Step> = (0..5)
+        .map(|i| {
+            // No usage reported: the estimate stays a quarter token a byte.
+            let Step::Answer(mut c) = calls(&[(&format!("m{i}"), "big", "{}")]) else {
+                unreachable!()
+            };
+            c.usage = None;
+            Step::Answer(c)
+        })
+        .collect();
+    script.push(text("done"));
+    let model = ScriptedModel::new(script);
+    let s = TurnSpec {
+        context: ContextBudget {
+            context_window: 8_192,
+            ..ContextBudget::default()
+        },
+        ..spec("go")
+    };
+    let report = f.run(&model, s).await;
+    assert_eq!(report.outcome, TurnOutcome::Completed, "{report:?}");
+    let (last, _) = model.requests().pop().unwrap();
+    assert!(context::message_bytes(&last) / 4 <= 8_192 * 8 / 10 + 200);
+    // The newest result is whole; older ones of the same turn were cut.
+    let outputs: Vec<&str> = last
+        .iter()
+        .filter(|m| m.role == Role::Tool)
+        .map(|m| m.content.as_deref().unwrap())
+        .collect();
+    assert!(outputs.last().unwrap().len() >= 5_500);
+    assert!(outputs[0].contains("were cut here"));
+}
+
+#[tokio::test]
+async fn an_unreachable_models_endpoint_is_not_remembered() {
+    let f = Fixture::new();
+    let mut model = ScriptedModel::new(vec![text("done")]).summarising();
+    model.unreachable = true;
+    let report = f.run(&model, long_spec(40, 20_000, 0)).await;
+    assert_eq!(report.outcome, TurnOutcome::Completed, "{report:?}");
+    assert!(!f
+        .log
+        .entries()
+        .iter()
+        .any(|e| matches!(e, Entry::Window(_))));
+}
+
+#[tokio::test]
+async fn an_answer_too_big_for_a_frame_fails_the_turn_unstored() {
+    let f = Fixture::new();
+    let model = ScriptedModel::new(vec![text(&"\"".repeat(2 * 1024 * 1024))]);
+    let report = f.run(&model, spec("big")).await;
+    assert_eq!(report.outcome, TurnOutcome::Failed);
+    assert!(report.error.unwrap().contains("bytes one message may hold"));
+    assert!(f.log.appended().is_empty());
+    assert_eq!(report.final_response, "");
 }

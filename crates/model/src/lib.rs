@@ -122,6 +122,17 @@ pub struct Completion {
     pub model: Option<String>,
 }
 
+/// What `GET {base_url}/models` said of the model's context window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WindowLookup {
+    /// The model's entry gives its window, in tokens.
+    Reported(u64),
+    /// The endpoint answered (a list without the window, or no such route): it will not say.
+    NotReported,
+    /// The endpoint could not be asked now (connection error, timeout, 5xx): ask again later.
+    Unreachable,
+}
+
 /// Why a request failed. Every variant but [`ModelError::Stalled`] maps to the spec reason
 /// `model_unavailable`.
 #[derive(Debug, thiserror::Error)]
@@ -190,10 +201,10 @@ pub trait ChatModel: Send + Sync {
         on_delta: &mut (dyn for<'d> FnMut(&'d str) + Send),
     ) -> Result<Completion, ModelError>;
 
-    /// The model's context window in tokens, when the endpoint reports one (issue 14:
-    /// `GET {base_url}/models`). `None` when it does not say, or cannot be asked.
-    async fn context_window(&self) -> Option<u64> {
-        None
+    /// The model's context window as the endpoint reports it (issue 14: `GET
+    /// {base_url}/models`).
+    async fn context_window(&self) -> WindowLookup {
+        WindowLookup::NotReported
     }
 }
 
@@ -460,8 +471,10 @@ impl ChatModel for ModelClient {
         }
     }
 
-    async fn context_window(&self) -> Option<u64> {
-        let url = models_url(&self.config.base_url)?;
+    async fn context_window(&self) -> WindowLookup {
+        let Some(url) = models_url(&self.config.base_url) else {
+            return WindowLookup::NotReported;
+        };
         let mut request = self
             .http
             .get(url)
@@ -472,20 +485,29 @@ impl ChatModel for ModelClient {
         }
         let response = match request.send().await {
             Ok(response) if response.status().is_success() => response,
+            Ok(response) if response.status().is_server_error() || response.status() == 429 => {
+                tracing::debug!(status = response.status().as_u16(), "GET /models failed");
+                return WindowLookup::Unreachable;
+            }
             Ok(response) => {
                 tracing::debug!(
                     status = response.status().as_u16(),
                     "GET /models gave no list"
                 );
-                return None;
+                return WindowLookup::NotReported;
             }
             Err(e) => {
                 tracing::debug!(error = %e, "GET /models failed");
-                return None;
+                return WindowLookup::Unreachable;
             }
         };
-        let body = body::read_all(response, MODELS_TIMEOUT).await.ok()?;
-        wire::context_window_of(&body, &self.config.model)
+        match body::read_all(response, MODELS_TIMEOUT).await {
+            Ok(body) => match wire::context_window_of(&body, &self.config.model) {
+                Some(tokens) => WindowLookup::Reported(tokens),
+                None => WindowLookup::NotReported,
+            },
+            Err(_) => WindowLookup::Unreachable,
+        }
     }
 }
 
