@@ -7,14 +7,17 @@
 //! memory: the journal puts the scope's secret back into every frame it loads, so no outbox
 //! file, pending, answered or left by a killed worker, ever holds it (drover issue 8: another
 //! worker of the same user could read it there). A frame is
-//! written and fsync'd (file, then directory) by [`Journal::record`] before it may be sent;
+//! written (temp file, rename) by [`Journal::record`] before it may be sent, not fsync'd: an
+//! outbox serves resends only while this worker and its owner both live (a worker whose owner
+//! died stops, and a later owner refuses an older epoch's frames), so surviving a machine crash
+//! buys nothing (docs/decisions.md, "The worker's outbox is not fsync'd");
 //! [`Journal::acknowledge`] deletes it once the owner answered (receipt or refusal).
 //! [`Journal::open`] reloads what is left, so a restarted sender resends the same frames with
 //! the same sequences and payloads. This module is plain, synchronous file IO, the bottom layer
 //! of the crate: the link above it runs it on its own thread and carries the frames.
 
 use std::collections::BTreeMap;
-use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::fs::{self, DirBuilder, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -167,8 +170,8 @@ impl Journal {
         self.next_sequence
     }
 
-    /// Builds the frame for `operation` with the next sequence and writes it durably (temp
-    /// file, fsync, rename, fsync of the directory). Only then may it be sent.
+    /// Builds the frame for `operation` with the next sequence and writes it (temp file, then
+    /// rename, so a file is whole or absent). Only then may it be sent.
     ///
     /// Errors: [`JournalError::FrameTooLarge`] when the wire line would exceed
     /// [`MAX_FRAME_BYTES`] (nothing written, sequence not used); [`JournalError::Io`].
@@ -199,9 +202,8 @@ impl Journal {
         })?;
         let path = self.frame_path(frame.sequence);
         let tmp = path.with_extension("json.tmp");
-        write_durably(&tmp, &body)?;
+        write_private(&tmp, &body)?;
         fs::rename(&tmp, &path).map_err(|e| JournalError::io(&path, e))?;
-        sync_dir(&self.dir)?;
         self.next_sequence += 1;
         self.pending.insert(frame.sequence, frame.clone());
         Ok(frame)
@@ -298,7 +300,7 @@ fn load_frame(path: &Path, secret: &str) -> Result<PersistFrame, JournalError> {
     serde_json::from_value(value).map_err(|e| corrupt(e.to_string()))
 }
 
-fn write_durably(path: &Path, body: &[u8]) -> Result<(), JournalError> {
+fn write_private(path: &Path, body: &[u8]) -> Result<(), JournalError> {
     let mut file = OpenOptions::new()
         .write(true)
         .create(true)
@@ -309,15 +311,7 @@ fn write_durably(path: &Path, body: &[u8]) -> Result<(), JournalError> {
     // `mode` applies only to a new file: a leftover one is made private too.
     file.set_permissions(fs::Permissions::from_mode(0o600))
         .map_err(|e| JournalError::io(path, e))?;
-    file.write_all(body)
-        .and_then(|()| file.sync_all())
-        .map_err(|e| JournalError::io(path, e))
-}
-
-fn sync_dir(dir: &Path) -> Result<(), JournalError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| JournalError::io(dir, e))
+    file.write_all(body).map_err(|e| JournalError::io(path, e))
 }
 
 #[cfg(test)]

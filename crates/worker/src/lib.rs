@@ -15,7 +15,7 @@
 //! Modules:
 //! - [`journal`]: the outbox files (record, acknowledge, reload).
 //! - [`link`]: the owner pipes over any reader/writer pair: an outbox thread for the journal's
-//!   fsyncs, one writer task behind a bounded queue (persists and deltas never interleave;
+//!   file writes, one writer task behind a bounded queue (persists and deltas never interleave;
 //!   deltas are dropped when the owner does not read, persists wait), one reader task
 //!   (receipts by sequence, `stop`), resend after a reconnect.
 //! - [`store`]: the agent's [`drover_agent::TurnStore`], the tools'

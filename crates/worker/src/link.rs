@@ -1,7 +1,7 @@
 //! The worker's end of the owner pipes (SPEC section 4), over any reader/writer pair.
 //!
 //! An [`OwnerLink`] hands its [`Journal`] to a thread of its own, the outbox thread: every
-//! fsync, rename and delete of a frame file happens there, never on the async executor and
+//! write, rename and delete of a frame file happens there, never on the async executor and
 //! never under a lock. Per connected pair it runs one writer task and one reader task:
 //! - every line to the owner (persist frames and live deltas) goes through one bounded channel
 //!   ([`OWNER_QUEUE`] lines) to the writer task, so lines never interleave. When the owner
@@ -381,7 +381,7 @@ impl OwnerLink {
 }
 
 /// The outbox thread: owns the journal and does its file work in command order, so frames are
-/// recorded and sent in sequence order without a lock held across an fsync.
+/// recorded and sent in sequence order without a lock held across a file write.
 fn run_outbox(mut journal: Journal, inner: Weak<Inner>, commands: std_mpsc::Receiver<Command>) {
     while let Ok(command) = commands.recv() {
         match command {
