@@ -125,7 +125,10 @@ pub fn main_entry() -> Exit {
         tracing::warn!(error = %e, "could not make the worker non-dumpable");
     }
 
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+    // One turn's work is one conversation with the owner and the model, and its tool
+    // processes: a current-thread runtime starts no worker threads (issue 15, "a lean worker
+    // start"); blocking file work goes to the blocking pool as before.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {
