@@ -55,7 +55,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use drover_model::{ChatModel, ModelError, WindowLookup};
 use drover_protocol::worker::{
-    CompactionSummary, CompactionWrite, ContextWindowFound, TurnOutcome, UsageAdd,
+    CompactionRecord, CompactionSummary, ContextWindowFound, TurnOutcome, UsageAdd,
 };
 use drover_protocol::{ChatMessage, ContextBudget, Role, ToolCall, Usage};
 use drover_tools::{Tool, ToolContext, ToolRegistry};
@@ -98,7 +98,7 @@ pub trait TurnStore: Send + Sync {
     /// Persists one model request's usage.
     async fn add_usage(&self, usage: UsageAdd) -> Result<(), StoreError>;
     /// Persists a compaction (its summary and the usage of the requests that made it).
-    async fn compact(&self, write: CompactionWrite) -> Result<(), StoreError>;
+    async fn compact(&self, write: CompactionRecord) -> Result<(), StoreError>;
     /// Persists the context window the endpoint reported (or the default it fell back to).
     async fn context_window_found(&self, found: ContextWindowFound) -> Result<(), StoreError>;
     /// Live assistant text; best effort, never stored.
@@ -519,7 +519,7 @@ impl Budget {
         };
         let (first, last) = (conv.history_ids[0], conv.history_ids[n - 1]);
         io.store
-            .compact(CompactionWrite {
+            .compact(CompactionRecord {
                 first_message_id: first,
                 last_message_id: last,
                 summary: summary.clone(),

@@ -25,7 +25,7 @@ enum Entry {
         errors: Vec<String>,
     },
     ToolRan(String),
-    Compact(CompactionWrite),
+    Compact(CompactionRecord),
     Window(ContextWindowFound),
 }
 
@@ -106,7 +106,7 @@ impl TurnStore for MemoryStore {
         Ok(())
     }
 
-    async fn compact(&self, write: CompactionWrite) -> Result<(), StoreError> {
+    async fn compact(&self, write: CompactionRecord) -> Result<(), StoreError> {
         self.check()?;
         self.log.push(Entry::Compact(write));
         Ok(())
@@ -850,7 +850,7 @@ fn text_turns_spec(turns: usize, answer_bytes: usize, window: u64) -> TurnSpec {
     }
 }
 
-fn compactions(log: &Log) -> Vec<CompactionWrite> {
+fn compactions(log: &Log) -> Vec<CompactionRecord> {
     log.entries()
         .into_iter()
         .filter_map(|e| match e {

@@ -1,10 +1,10 @@
 //! `compactions` rows (issue 14): a summary of a session's older history, written whole by one
-//! `compaction.write` persist, so a crash leaves either the row or nothing. A turn's history
+//! `compaction.record` persist, so a crash leaves either the row or nothing. A turn's history
 //! starts at the session's latest compaction: its summary, then the messages after
 //! `last_message_id`. The transcript (`messages`) is never changed by a compaction.
 
 use drover_protocol::event as ev;
-use drover_protocol::worker::{CompactionSummary, CompactionWrite};
+use drover_protocol::worker::{CompactionRecord, CompactionSummary};
 use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::{json, Value};
 
@@ -31,7 +31,7 @@ pub(crate) fn latest_in(
         .optional()?)
 }
 
-/// Stores a `compaction.write` of `execution_id`'s turn inside `tx` with its usage and a
+/// Stores a `compaction.record` of `execution_id`'s turn inside `tx` with its usage and a
 /// `session.compacted` event. The range must start after the latest compaction, hold only
 /// messages of the session, and end before the running turn's own input (the running turn is
 /// never summarised). Returns the receipt's result `{compaction_id, covered}`.
@@ -39,7 +39,7 @@ pub(crate) fn write(
     tx: &Connection,
     session_id: &str,
     execution_id: &str,
-    p: &CompactionWrite,
+    p: &CompactionRecord,
     events: &mut Vec<StoredEvent>,
 ) -> Result<Value, LedgerError> {
     if p.summary.trim().is_empty() {
@@ -224,7 +224,7 @@ mod tests {
     }
 
     fn write(first: i64, last: i64, summary: &str) -> serde_json::Value {
-        serde_json::to_value(drover_protocol::worker::CompactionWrite {
+        serde_json::to_value(drover_protocol::worker::CompactionRecord {
             first_message_id: first,
             last_message_id: last,
             summary: summary.into(),
@@ -250,7 +250,7 @@ mod tests {
             &claim,
             "s",
             1,
-            op::COMPACTION_WRITE,
+            op::COMPACTION_RECORD,
             write(ids[0], ids[1], "S1"),
         );
         let Ok(PersistOutcome::Receipt { result, events, .. }) = ledger.apply_persist(&frame)
@@ -297,7 +297,7 @@ mod tests {
             &claim,
             "s",
             1,
-            op::COMPACTION_WRITE,
+            op::COMPACTION_RECORD,
             payload,
         )) {
             Err(LedgerError::InvalidParams { field, .. }) => field,
@@ -336,7 +336,7 @@ mod tests {
                 &claim,
                 "s",
                 1,
-                op::COMPACTION_WRITE,
+                op::COMPACTION_RECORD,
                 write(ids[0], ids[1], "S"),
             ))
             .expect("a good one");
@@ -362,7 +362,7 @@ mod tests {
             claim,
             "s",
             sequence,
-            op::COMPACTION_WRITE,
+            op::COMPACTION_RECORD,
             payload,
         )) {
             Err(LedgerError::InvalidParams { field, .. }) => field,
@@ -426,7 +426,7 @@ mod tests {
                 &claimed,
                 "c",
                 1,
-                op::COMPACTION_WRITE,
+                op::COMPACTION_RECORD,
                 write(ids[0], ids[3], "S"),
             ))
             .expect("compaction");

@@ -5,7 +5,7 @@
 use drover_protocol::event::McpStatus;
 use drover_protocol::mcp::McpServerStatus;
 use drover_protocol::worker::{
-    op, BackgroundProcess, ChildReserve, CompactionWrite, ContextWindowFound, ExecutionFinish,
+    op, BackgroundProcess, ChildReserve, CompactionRecord, ContextWindowFound, ExecutionFinish,
     JobRegister, PersistFrame, ProcessUpdate, PromptOpen, TranscriptAppend, UsageAdd,
 };
 use rusqlite::{params, OptionalExtension};
@@ -198,8 +198,8 @@ impl Ledger {
                 crate::counts::add_usage(&tx, &frame.execution_id, &session_id, &u)?;
                 json!({})
             }
-            op::COMPACTION_WRITE => {
-                let p: CompactionWrite = parse_payload(&frame.payload, op::COMPACTION_WRITE)?;
+            op::COMPACTION_RECORD => {
+                let p: CompactionRecord = parse_payload(&frame.payload, op::COMPACTION_RECORD)?;
                 crate::compactions::write(&tx, &session_id, &frame.execution_id, &p, &mut events)?
             }
             op::CONTEXT_WINDOW => {

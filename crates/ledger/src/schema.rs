@@ -190,7 +190,7 @@ CREATE INDEX session_jobs_by_session ON session_jobs(session_id, created_at);
 ALTER TABLE sessions ADD COLUMN sandbox TEXT;
 "#,
     // Long sessions (issue 14): a summary of a session's older history, written whole by one
-    // `compaction.write`; later histories start at the latest one. `context_window` is the
+    // `compaction.record`; later histories start at the latest one. `context_window` is the
     // window the endpoint reported for the session's model (NULL until a turn asked).
     r#"
 CREATE TABLE compactions (

@@ -45,9 +45,9 @@ pub mod op {
     /// An MCP server of the turn changed state
     /// ([`McpServerStatus`](crate::mcp::McpServerStatus)); stored as an `mcp.status` event.
     pub const MCP_STATUS: &str = "mcp.status";
-    /// Store a summary of older history ([`CompactionWrite`](super::CompactionWrite)) with the
+    /// Store a summary of older history ([`CompactionRecord`](super::CompactionRecord)) with the
     /// usage of the requests that made it.
-    pub const COMPACTION_WRITE: &str = "compaction.write";
+    pub const COMPACTION_RECORD: &str = "compaction.record";
     /// Record the context window the endpoint reported for the session's model
     /// ([`ContextWindowFound`](super::ContextWindowFound)).
     pub const CONTEXT_WINDOW: &str = "model.context_window";
@@ -285,11 +285,11 @@ pub struct CompactionSummary {
     pub covered: u64,
 }
 
-/// Payload of `compaction.write`: a summary of the history messages `first_message_id` to
+/// Payload of `compaction.record`: a summary of the history messages `first_message_id` to
 /// `last_message_id` (and of the compaction before them, if any), and the usage of the
 /// requests that made it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CompactionWrite {
+pub struct CompactionRecord {
     /// The ledger id of the first message summarised now.
     pub first_message_id: i64,
     /// The ledger id of the last message summarised now.

@@ -2,7 +2,7 @@
 //! (SPEC section 0, G4: the worker never opens the ledger).
 //!
 //! - [`OwnerStore`] ([`TurnStore`]): `transcript.append` with a [`TranscriptAppend`] payload,
-//!   `usage.add` with a [`UsageAdd`] payload, `compaction.write` with a [`CompactionWrite`]
+//!   `usage.add` with a [`UsageAdd`] payload, `compaction.record` with a [`CompactionRecord`]
 //!   payload and `model.context_window` with a [`ContextWindowFound`] payload, each waiting
 //!   for its receipt; deltas go out as live `delta` lines.
 //! - [`OwnerPrompts`] ([`PromptBroker`]): `prompt.open` with a [`PromptOpen`] payload. The
@@ -24,7 +24,7 @@ use async_trait::async_trait;
 use drover_agent::{StoreError, TurnStore};
 use drover_protocol::mcp::McpServerStatus;
 use drover_protocol::worker::{
-    op, BackgroundProcess, ChildReserve, CompactionWrite, ContextWindowFound, ProcessStatus,
+    op, BackgroundProcess, ChildReserve, CompactionRecord, ContextWindowFound, ProcessStatus,
     ProcessUpdate, PromptOpen, TranscriptAppend, UsageAdd,
 };
 use drover_protocol::ChatMessage;
@@ -106,9 +106,9 @@ impl TurnStore for OwnerStore {
         self.persist(op::USAGE_ADD, payload).await
     }
 
-    async fn compact(&self, write: CompactionWrite) -> Result<(), StoreError> {
-        let payload = to_payload(op::COMPACTION_WRITE, &write)?;
-        self.persist(op::COMPACTION_WRITE, payload).await
+    async fn compact(&self, write: CompactionRecord) -> Result<(), StoreError> {
+        let payload = to_payload(op::COMPACTION_RECORD, &write)?;
+        self.persist(op::COMPACTION_RECORD, payload).await
     }
 
     async fn context_window_found(&self, found: ContextWindowFound) -> Result<(), StoreError> {
