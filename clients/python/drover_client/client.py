@@ -35,6 +35,7 @@ from .types import (
     ApprovalChoice,
     ApprovalPrompt,
     ClarifyPrompt,
+    CompactionResult,
     Event,
     EventsSince,
     InterruptResult,
@@ -314,13 +315,15 @@ class Client:
         params = {"session_id": session_id, "input_id": input_id or str(uuid.uuid4()), "text": text}
         return cast(Receipt, await self.call("prompt.submit", params))
 
-    async def compact(self, session_id: str, *, input_id: str | None = None) -> Receipt:
-        """`session.compact`: queues a compaction of the session's older history (every turn
-        but the last `keep_recent_turns`), run in queue order like an input. Its turn settles
-        `completed` with `final_response` "compacted N messages" (or "nothing to compact").
-        `input_id` (default: a new UUID) makes a retry return the same admission."""
+    async def compact(self, session_id: str, *, input_id: str | None = None) -> CompactionResult:
+        """`session.compact`: compacts the session's older history (every turn but the last
+        `keep_recent_turns`) as a turn run in queue order like an input, and answers once that
+        turn settled: `{status: "compacted" | "nothing_to_compact", covered, admission_id}`.
+        A compaction turn that fails, is cancelled or interrupted, or is lost raises the
+        `RpcError` of its reason (`model_unavailable`, `stale_generation`, `unknown_execution`).
+        `input_id` (default: a new UUID) makes a retry the same admission, with the same answer."""
         params = {"session_id": session_id, "input_id": input_id or str(uuid.uuid4())}
-        return cast(Receipt, await self.call("session.compact", params))
+        return cast(CompactionResult, await self.call("session.compact", params))
 
     async def receipt(self, session_id: str, admission_id: str, *, include_result: bool = False) -> Receipt:
         params = {"session_id": session_id, "admission_id": admission_id, "include_result": include_result}
@@ -416,7 +419,7 @@ class Session:
     async def submit(self, text: str, *, input_id: str | None = None) -> Receipt:
         return await self.client.submit(self.id, text, input_id=input_id)
 
-    async def compact(self, *, input_id: str | None = None) -> Receipt:
+    async def compact(self, *, input_id: str | None = None) -> CompactionResult:
         return await self.client.compact(self.id, input_id=input_id)
 
     async def receipt(self, admission_id: str, *, include_result: bool = False) -> Receipt:

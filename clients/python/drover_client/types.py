@@ -304,6 +304,12 @@ class ClientRequestApprovalsRemove(TypedDict):
     params: ApprovalRuleRef
 
 
+CompactionStatus: TypeAlias = Literal['compacted', 'nothing_to_compact']
+"""
+What a settled `session.compact` turn did (SPEC section 2).
+"""
+
+
 class Confinement(TypedDict):
     """
     `session.resume`'s `info.confinement`: what is in force for the session's tools, never
@@ -754,8 +760,8 @@ The author of a message (SPEC section 3, `messages.role`).
 
 class SessionCompactParams(TypedDict):
     """
-    Params of `session.compact` (drover extension, issue 14): a queued admission of kind
-    `compact`, run in queue order like an input.
+    Params of `session.compact` (SPEC section 2): a queued admission of kind `compact`, run in
+    queue order like an input; the call answers once that turn settled ([`CompactionResult`]).
     """
 
     input_id: NotRequired[str | None]
@@ -1338,8 +1344,8 @@ class Usage(TypedDict):
 
 class AdmissionReceipt(TypedDict):
     """
-    The admission receipt: the result of `prompt.submit`, `session.compact`, `prompt.receipt`,
-    `prompt.cancel` and `prompt.resolve_unknown`.
+    The admission receipt: the result of `prompt.submit`, `prompt.receipt`, `prompt.cancel`
+    and `prompt.resolve_unknown`.
     """
 
     admission_id: str
@@ -1525,7 +1531,8 @@ class ClientRequestPromptSubmit(TypedDict):
 
 class ClientRequestSessionCompact(TypedDict):
     """
-    `session.compact` (drover extension): admit a compaction of the session's history.
+    `session.compact`: compact the session's history, as a turn in its FIFO; answers once
+    that turn settled.
     """
 
     method: Literal['session.compact']
@@ -1582,6 +1589,29 @@ ClientRequest: TypeAlias = ClientRequestPing | ClientRequestSessionCreate | Clie
 One client request: `{"method": ..., "params": {...}}` (the JSON-RPC `id` and
 `jsonrpc` stay in [`crate::rpc::Request`]).
 """
+
+
+class CompactionResult(TypedDict):
+    """
+    The result of `session.compact` (SPEC section 2), sent once its turn settled `completed`.
+    A compaction turn that ends otherwise is an error answer: `failed` is `model_unavailable`,
+    `cancelled` or `interrupted` is `stale_generation`, `unknown` is `unknown_execution`; each
+    names the admission in its detail.
+    """
+
+    admission_id: str
+    """
+    The compaction's admission (drover extension: its events and receipt name it).
+    """
+    covered: int
+    """
+    How many transcript messages the session's latest summary stands for, in all (0 when
+    the session was never compacted).
+    """
+    status: CompactionStatus
+    """
+    Whether a summary was stored.
+    """
 
 
 class ErrorData(TypedDict):

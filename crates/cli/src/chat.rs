@@ -15,8 +15,8 @@ use async_trait::async_trait;
 use clap::Args;
 use drover_client::{Client, ClientError, ConnectOptions, ConnectionChange, StartDaemon, Update};
 use drover_protocol::client::{
-    AdmissionStatus, ApprovalRule, ApprovalRules, NoParams, SessionCreateParams, SessionSnapshot,
-    SessionSummary,
+    AdmissionStatus, ApprovalRule, ApprovalRules, CompactionResult, NoParams, SessionCreateParams,
+    SessionSnapshot, SessionSummary,
 };
 use drover_protocol::event::{EventPayload, SessionEvent};
 use drover_protocol::ClientRequest;
@@ -167,9 +167,8 @@ impl Link for ClientLink {
         Ok(receipt.admission_id)
     }
 
-    async fn compact(&self, session_id: &str) -> Result<String, LinkError> {
-        let receipt = self.client.compact(session_id).await.map_err(words)?;
-        Ok(receipt.admission_id)
+    async fn compact(&self, session_id: &str) -> Result<CompactionResult, LinkError> {
+        self.client.compact(session_id).await.map_err(words)
     }
 
     async fn interrupt(&self, session_id: &str, generation: u64) -> Result<(), LinkError> {

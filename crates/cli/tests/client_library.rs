@@ -9,8 +9,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use drover_client::{Client, ClientError, ConnectOptions, ConnectionChange, StartDaemon, Update};
-use drover_protocol::client::SessionCreateParams;
+use drover_protocol::client::{
+    CompactionResult, CompactionStatus, NoParams, Pong, SessionCreateParams,
+};
 use drover_protocol::event::{EventPayload, SessionEvent, TurnEnd};
+use drover_protocol::ClientRequest;
 use drover_test_support::harness::{
     daemon_info, model_home, run_drover, signal, KillDaemonOnDrop, TestHome,
 };
@@ -256,10 +259,12 @@ async fn a_removed_home_is_not_started_again() {
     assert!(!path.exists(), "the home was created again");
 }
 
-/// `Client::compact` (`session.compact`): the older turns become a summary; the receipt says
-/// what the turn did and what it cost.
+/// `Client::compact` (`session.compact`, SPEC section 2): the call answers once the compaction
+/// turn settled, with `{status, covered}`; meanwhile the connection serves other calls; a
+/// second compaction has nothing to do; a compaction whose model request fails is an error
+/// naming the admission.
 #[tokio::test]
-async fn compact_queues_a_compaction_and_its_receipt_tells_the_outcome() {
+async fn compact_answers_once_its_turn_settled_with_status_and_covered() {
     let (model, home) = model_home(true).await.unwrap();
     let _guard = KillDaemonOnDrop(home.path());
     let client = Client::connect(options(home.path())).await.unwrap();
@@ -273,9 +278,49 @@ async fn compact_queues_a_compaction_and_its_receipt_tells_the_outcome() {
         let (end, _) = until_settled(&mut stream, &a.admission_id, &mut stored).await;
         assert_eq!(end, TurnEnd::Completed);
     }
-    model.push(Reply::text("A summary of turn one.").usage(50, 7, 57));
-    let receipt = client.compact(&id).await.unwrap();
-    let (end, _) = until_settled(&mut stream, &receipt.admission_id, &mut stored).await;
+    let gate = Gate::new();
+    model.push(
+        Reply::text("A summary of turn one.")
+            .usage(50, 7, 57)
+            .gated(&gate),
+    );
+    let compacting = tokio::spawn({
+        let (client, id) = (client.clone(), id.clone());
+        async move { client.compact(&id).await }
+    });
+    // The compaction's turn runs, held in its summary request.
+    let admission_id = loop {
+        if let Update::Event(e) = next_update(&mut stream).await {
+            if let EventPayload::TurnStarted(t) = &e.event {
+                break t.admission_id.clone();
+            }
+        }
+    };
+    // The call waits for the turn, and the connection answers other calls meanwhile.
+    let pong: Pong = tokio::time::timeout(BOUND, client.request(ClientRequest::Ping(NoParams {})))
+        .await
+        .expect("ping answered while a compaction runs")
+        .unwrap();
+    assert!(pong.pong);
+    assert!(
+        !compacting.is_finished(),
+        "answered before its turn settled"
+    );
+    gate.open();
+    let answer = tokio::time::timeout(BOUND, compacting)
+        .await
+        .expect("the compaction answered")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        answer,
+        CompactionResult {
+            status: CompactionStatus::Compacted,
+            covered: 2,
+            admission_id: admission_id.clone(),
+        }
+    );
+    let (end, _) = until_settled(&mut stream, &admission_id, &mut stored).await;
     assert_eq!(end, TurnEnd::Completed);
     let compacted: Vec<_> = stored
         .iter()
@@ -285,14 +330,32 @@ async fn compact_queues_a_compaction_and_its_receipt_tells_the_outcome() {
         })
         .collect();
     assert_eq!(compacted.len(), 1, "{compacted:?}");
-    assert_eq!(compacted[0].admission_id, receipt.admission_id);
+    assert_eq!(compacted[0].admission_id, admission_id);
     assert_eq!((compacted[0].covered, compacted[0].summary_tokens), (2, 7));
-    let done = client
-        .receipt(&id, &receipt.admission_id, true)
-        .await
-        .unwrap();
+    let done = client.receipt(&id, &admission_id, true).await.unwrap();
     let result = done.result.expect("a stored result");
     assert_eq!(result.final_response, "compacted 2 messages");
     assert_eq!(result.api_calls, 1);
     assert_eq!(done.usage.expect("usage").total_tokens, 57);
+
+    // Only the turns a compaction keeps are left: nothing to do, and the latest summary's
+    // coverage is what it says.
+    let again = client.compact(&id).await.unwrap();
+    assert_eq!(again.status, CompactionStatus::NothingToCompact);
+    assert_eq!(again.covered, 2);
+
+    // A compaction whose summary request fails answers an error naming its admission.
+    model.push(Reply::text("answer four"));
+    let a = client.submit(&id, "four").await.unwrap();
+    let (end, _) = until_settled(&mut stream, &a.admission_id, &mut stored).await;
+    assert_eq!(end, TurnEnd::Completed);
+    model.push(Reply::error(400, "the summary was refused"));
+    let refused = client.compact(&id).await.unwrap_err();
+    let ClientError::Rpc { error, .. } = &refused else {
+        panic!("not an error answer: {refused}");
+    };
+    assert_eq!(error.reason(), "model_unavailable", "{error:?}");
+    let detail = error.to_string();
+    assert!(detail.contains("the summary was refused"), "{detail}");
+    assert!(detail.contains("failed"), "{detail}");
 }

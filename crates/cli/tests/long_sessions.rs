@@ -490,7 +490,8 @@ const SUMMARY_INSTRUCTION_START: &str = "You are compacting";
 /// The header of the message that stands for compacted history in later requests.
 const SUMMARY_HEADER_START: &str = "[drover: the earlier part of this session was compacted";
 
-/// `session.compact` of the session, with `input_id` when given; the receipt.
+/// `session.compact` of the session, with `input_id` when given; its answer, once its turn
+/// settled.
 async fn compact(s: &mut OneSession, input_id: Option<&str>) -> Value {
     let mut params = json!({"session_id": s.session_id});
     if let Some(id) = input_id {
@@ -530,8 +531,10 @@ async fn session_compact_summarises_all_but_the_last_two_turns_on_demand() {
     });
 
     // Nothing to compact yet: the turn completes without a model request or a row.
-    let receipt = compact(&mut s, None).await;
-    let empty = str_field(&receipt, "admission_id");
+    let answer = compact(&mut s, None).await;
+    assert_eq!(answer["status"], "nothing_to_compact", "{answer}");
+    assert_eq!(answer["covered"], 0, "{answer}");
+    let empty = str_field(&answer, "admission_id");
     assert_eq!(s.wait_settled(&empty).await.unwrap(), "completed");
     let result = s.receipt(&empty, true).await.unwrap();
     assert_eq!(result["result"]["final_response"], "nothing to compact");
@@ -541,18 +544,19 @@ async fn session_compact_summarises_all_but_the_last_two_turns_on_demand() {
         s.complete_turn(&format!("turn {i}")).await.unwrap();
     }
     let before = s.model.requests().len();
-    let receipt = compact(&mut s, Some("compact-1")).await;
-    let admission_id = str_field(&receipt, "admission_id");
-    assert_eq!(receipt["session_id"], json!(s.session_id), "{receipt}");
+    let answer = compact(&mut s, Some("compact-1")).await;
+    assert_eq!(answer["status"], "compacted", "{answer}");
+    assert_eq!(answer["covered"], 4, "{answer}");
+    let admission_id = str_field(&answer, "admission_id");
+    // It answered after its turn: the turn's events are already there.
     let events = s.client.events_until_settled(&admission_id).await.unwrap();
     let kinds = event_kinds(&events);
     assert!(kinds.contains(&"session.compacted"), "{kinds:?}");
     let settled = events.last().unwrap();
     assert_eq!(settled["payload"]["outcome"], "completed", "{settled}");
-    // Idempotent on its input_id, like prompt.submit.
+    // Idempotent on its input_id, like prompt.submit: the same admission, the same answer.
     let again = compact(&mut s, Some("compact-1")).await;
-    assert_eq!(str_field(&again, "admission_id"), admission_id);
-    assert_eq!(again["status"], "terminal", "{again}");
+    assert_eq!(again, answer);
 
     // One summary request, of the first two turns only; its usage is the turn's.
     let requests = s.model.requests();
@@ -663,11 +667,27 @@ async fn session_compact_waits_its_turn_and_a_model_error_fails_it() {
     s.model.push(Reply::text("answer 4").gated(&gate));
     let running = s.submit("turn 4").await.unwrap();
     assert!(gate.wait_reached(std::time::Duration::from_secs(20)).await);
-    let queued = compact(&mut s, None).await;
+    // The compaction is asked for on a second connection: its answer comes only once its
+    // turn settled, and this one goes on meanwhile.
+    let mut other = s.daemon.client().await.unwrap();
+    other
+        .call_ok("session.resume", json!({"session_id": s.session_id}))
+        .await
+        .unwrap();
+    let request = json!({"jsonrpc": "2.0", "id": 77, "method": "session.compact",
+                         "params": {"session_id": s.session_id}});
+    other.send_raw(&request.to_string()).await.unwrap();
+    let mut queued = Value::Null;
+    let seen = drover_test_support::wait::until(std::time::Duration::from_secs(20), async || {
+        let pending = s.resume().await.unwrap()["pending"].clone();
+        queued = pending[1].clone();
+        !queued.is_null()
+    })
+    .await;
+    assert!(seen, "the compaction was not queued");
+    assert_eq!(queued["kind"], "compact", "{queued}");
+    assert_eq!(queued["text"], "", "{queued}");
     assert_eq!(queued["status"], "queued", "{queued}");
-    let pending = s.resume().await.unwrap()["pending"].clone();
-    assert_eq!(pending[1]["kind"], "compact", "{pending}");
-    assert_eq!(pending[1]["text"], "", "{pending}");
     s.model.push(Reply::error(400, "the summariser is down"));
     s.model.push(Reply::text("answer 5"));
     let after = s.submit("turn 5").await.unwrap();
@@ -684,6 +704,20 @@ async fn session_compact_waits_its_turn_and_a_model_error_fails_it() {
     assert_eq!(outcomes, ["completed", "failed", "completed"]);
     let error = turn_error(&mut s, &order[1]).await;
     assert!(error.contains("while compacting"), "{error}");
+    // The call answers the failure, naming the admission and why.
+    let answer = other.recv_response().await.unwrap();
+    assert_eq!(answer["id"], 77, "{answer}");
+    assert_eq!(
+        answer["error"]["data"]["reason"], "model_unavailable",
+        "{answer}"
+    );
+    let detail = answer["error"]["data"]["detail"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        detail.contains(&order[1]) && detail.contains("while compacting"),
+        "{answer}"
+    );
     assert_eq!(
         db_value(&s.home.db(), "SELECT count(*) FROM compactions"),
         json!(0)

@@ -247,19 +247,19 @@ async fn every_method_and_event_of_the_daemon_round_trips_through_the_typed_prot
 
     // A compaction on demand: the first of the three turns becomes a summary.
     model.push(Reply::text("The user said hello; the assistant greeted back.").usage(40, 9, 49));
-    let receipt = w
+    // It answers once its turn settled, so its events came first.
+    let answer = w
         .ok(
             &mut c,
             "session.compact",
             json!({"session_id": sid, "input_id": uuid_like()}),
         )
         .await;
+    assert_eq!(answer["status"], "compacted", "{answer}");
     let compacted = w.event(&mut c, |e| e["type"] == "session.compacted").await;
-    assert_eq!(
-        compacted["payload"]["admission_id"],
-        receipt["admission_id"]
-    );
-    w.settled(&mut c, &receipt["admission_id"]).await;
+    assert_eq!(compacted["payload"]["admission_id"], answer["admission_id"]);
+    assert_eq!(compacted["payload"]["covered"], answer["covered"]);
+    w.settled(&mut c, &answer["admission_id"]).await;
 
     // A turn waiting on a question, a queued input behind it cancelled, the turn interrupted
     // (its prompt closes `cancelled`), and a stale generation refused.

@@ -5,8 +5,8 @@ use std::path::Path;
 
 use drover_protocol::client::{
     AdmissionReceipt, AdmissionRef, ApprovalChoice, ApprovalRespondParams, ClarifyAnswer,
-    ClarifyRespondParams, EventsPage, EventsSinceParams, InterruptAccepted, InterruptParams,
-    PromptReceiptParams, PromptResponse, PromptSubmitParams, SessionCompactParams,
+    ClarifyRespondParams, CompactionResult, EventsPage, EventsSinceParams, InterruptAccepted,
+    InterruptParams, PromptReceiptParams, PromptResponse, PromptSubmitParams, SessionCompactParams,
     SessionCreateParams, SessionListParams, SessionPage, SessionRef, SessionRenameParams,
     SessionRenamed, SessionSnapshot, SessionSummary,
 };
@@ -36,6 +36,10 @@ pub struct Client {
 
 /// How many times an idempotent helper resends across lost connections.
 const RETRIES: u32 = 3;
+
+/// How long [`Client::compact`] waits for its answer: the compaction waits its turn in the
+/// session's FIFO (behind a turn that may wait for a person), then runs model requests.
+pub const COMPACT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3600);
 
 impl Client {
     /// Connects to the home's daemon, starting it when `options.start` allows and none runs.
@@ -189,11 +193,13 @@ impl Client {
         self.idempotent(ClientRequest::PromptSubmit(params)).await
     }
 
-    /// `session.compact` (issue 14): queue a compaction of the session's history with a new
-    /// `input_id`, resent with the same id across a lost connection, so it is admitted once.
-    /// The receipt is the admission's, as for [`Client::submit`]; the turn settles
-    /// `completed` with `final_response` "compacted N messages" (or "nothing to compact").
-    pub async fn compact(&self, session_id: &str) -> Result<AdmissionReceipt, ClientError> {
+    /// `session.compact` (SPEC section 2): compacts the session's history as a turn in its
+    /// FIFO and answers once that turn settled: `compacted` (with how many messages the summary
+    /// now stands for) or `nothing_to_compact`. A compaction turn that fails, is cancelled or
+    /// interrupted, or is lost is a [`ClientError::Rpc`] naming the admission. The call is
+    /// sent with a new `input_id` and resent with the same id across a lost connection, so
+    /// the compaction is admitted once; the wait is bounded by [`COMPACT_TIMEOUT`].
+    pub async fn compact(&self, session_id: &str) -> Result<CompactionResult, ClientError> {
         self.compact_with(SessionCompactParams {
             session_id: session_id.to_string(),
             input_id: Some(uuid::Uuid::new_v4().to_string()),
@@ -201,16 +207,24 @@ impl Client {
         .await
     }
 
-    /// `session.compact` with the caller's params (an `input_id` of `None` is not retried:
+    /// `session.compact` with the caller's params (an `input_id` of `None` is not resent:
     /// a resend would be a second compaction).
     pub async fn compact_with(
         &self,
         params: SessionCompactParams,
-    ) -> Result<AdmissionReceipt, ClientError> {
-        if params.input_id.is_some() {
-            self.idempotent(ClientRequest::SessionCompact(params)).await
-        } else {
-            self.request(ClientRequest::SessionCompact(params)).await
+    ) -> Result<CompactionResult, ClientError> {
+        let resend = params.input_id.is_some();
+        let request = ClientRequest::SessionCompact(params);
+        let mut tries = 0;
+        loop {
+            match self
+                .link
+                .typed_within(request.clone(), COMPACT_TIMEOUT)
+                .await
+            {
+                Err(ClientError::ConnectionLost { .. }) if resend && tries < RETRIES => tries += 1,
+                other => return other,
+            }
         }
     }
 

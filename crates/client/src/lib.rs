@@ -61,7 +61,7 @@ pub mod link;
 pub mod stream;
 mod tls;
 
-pub use client::Client;
+pub use client::{Client, COMPACT_TIMEOUT};
 pub use daemon::{
     owner_pid, read_daemon_info, ApiKeyMismatch, ConnectOptions, StartDaemon, START_LOG,
 };

@@ -163,12 +163,21 @@ impl Link {
         &self,
         request: ClientRequest,
     ) -> Result<Result<Value, RpcError>, ClientError> {
+        let timeout = self.shared.options.call_timeout;
+        self.call_within(request, timeout).await
+    }
+
+    /// [`Link::call`] with its own bound on the wait for the answer.
+    pub(crate) async fn call_within(
+        &self,
+        request: ClientRequest,
+        timeout: Duration,
+    ) -> Result<Result<Value, RpcError>, ClientError> {
         let method = request.method();
         let (reply, answer) = oneshot::channel();
         if self.calls.send(Call { request, reply }).is_err() {
             return Err(self.shared.gave_up());
         }
-        let timeout = self.shared.options.call_timeout;
         match tokio::time::timeout(timeout, answer).await {
             Err(_) => Err(ClientError::Timeout {
                 method,
@@ -185,8 +194,18 @@ impl Link {
         &self,
         request: ClientRequest,
     ) -> Result<R, ClientError> {
+        let timeout = self.shared.options.call_timeout;
+        self.typed_within(request, timeout).await
+    }
+
+    /// [`Link::typed`] with its own bound on the wait for the answer.
+    pub(crate) async fn typed_within<R: DeserializeOwned>(
+        &self,
+        request: ClientRequest,
+        timeout: Duration,
+    ) -> Result<R, ClientError> {
         let method = request.method();
-        match self.call(request).await? {
+        match self.call_within(request, timeout).await? {
             Ok(value) => parse_result(method, value),
             Err(error) => Err(ClientError::Rpc { method, error }),
         }

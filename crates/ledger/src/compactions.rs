@@ -144,6 +144,28 @@ pub(crate) fn write(
     Ok(json!({"compaction_id": compaction_id, "covered": covered}))
 }
 
+impl crate::Ledger {
+    /// What `session.compact` answers once `admission_id`'s turn completed: the `covered` of
+    /// the compaction that turn stored (`None` when it stored none) and of the session's
+    /// latest compaction (0 when it has none).
+    pub fn compaction_covered(
+        &self,
+        session_id: &str,
+        admission_id: &str,
+    ) -> Result<(Option<u64>, u64), LedgerError> {
+        let own: Option<i64> = self
+            .conn
+            .prepare_cached(
+                "SELECT covered FROM compactions WHERE session_id = ?1 AND admission_id = ?2
+                 ORDER BY id DESC LIMIT 1",
+            )?
+            .query_row([session_id, admission_id], |r| r.get(0))
+            .optional()?;
+        let latest = latest_in(&self.conn, session_id)?.map_or(0, |c| c.covered);
+        Ok((own.map(|c| c.max(0) as u64), latest))
+    }
+}
+
 /// Records the context window a turn found at the endpoint for the session's model.
 pub(crate) fn set_context_window(
     tx: &Connection,
@@ -286,6 +308,19 @@ mod tests {
         assert_eq!(next.history.messages.len(), 2 + 1);
         // The transcript keeps every message.
         assert_eq!(ledger.history(&session_id).expect("history").len(), 4 + 2);
+        // What `session.compact` answers: the turn's own row, and the session's latest.
+        assert_eq!(
+            ledger
+                .compaction_covered(&session_id, &claim.admission.admission_id)
+                .expect("covered"),
+            (Some(2), 2)
+        );
+        assert_eq!(
+            ledger
+                .compaction_covered(&session_id, &next.admission.admission_id)
+                .expect("covered"),
+            (None, 2)
+        );
     }
 
     #[test]

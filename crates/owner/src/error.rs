@@ -39,6 +39,18 @@ pub enum OwnerError {
         /// The generation named.
         generation: u64,
     },
+    /// A `session.compact` turn that settled otherwise than `completed` (SPEC section 2 gives
+    /// the call only a compaction's statuses): `reason` says how it ended.
+    #[error("the compaction {admission_id} {how}")]
+    CompactionEnded {
+        /// The compaction's admission.
+        admission_id: String,
+        /// `model_unavailable` (failed), `stale_generation` (cancelled or interrupted) or
+        /// `unknown_execution` (unknown).
+        reason: ErrorReason,
+        /// How it ended, in words.
+        how: String,
+    },
     /// `runtime_draining`: the daemon is stopping and admits nothing.
     #[error("the daemon is stopping")]
     Draining,
@@ -76,6 +88,7 @@ impl OwnerError {
             OwnerError::NotFound(_) => ErrorReason::NotFound,
             OwnerError::NotAttached { .. } => ErrorReason::PermissionDenied,
             OwnerError::NotRunning { .. } => ErrorReason::StaleGeneration,
+            OwnerError::CompactionEnded { reason, .. } => *reason,
             OwnerError::Draining => ErrorReason::RuntimeDraining,
             OwnerError::Ledger(e) => e.reason(),
             OwnerError::MalformedJson(_) => ErrorReason::ParseError,

@@ -19,7 +19,7 @@ use drover_protocol::event::{
 };
 use drover_protocol::rpc::Notification;
 use serde::Deserialize;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -52,6 +52,11 @@ impl ConnHandle {
             overflow: CancellationToken::new(),
         };
         (handle, rx)
+    }
+
+    /// Resolves once the connection's writer has stopped: the connection ended.
+    pub async fn closed(&self) {
+        self.tx.closed().await;
     }
 
     /// Queues a message without waiting. A connection over either bound (messages or
@@ -106,6 +111,8 @@ struct HubState {
     deltas: HashMap<String, u64>,
     /// session -> what has been seen of its running turn.
     turns: HashMap<String, TurnActivity>,
+    /// admission -> callers told when an event about it is published ([`Hub::watch_admission`]).
+    admission_watchers: HashMap<String, Vec<oneshot::Sender<()>>>,
 }
 
 /// What the hub has seen of a session's running turn, from the events it published.
@@ -132,7 +139,7 @@ struct ToolId {
     tool_id: String,
 }
 
-/// The admission a `turn.settled` payload names.
+/// The admission a `turn.settled` or `admission.updated` payload names.
 #[derive(Deserialize)]
 struct AdmissionId {
     admission_id: String,
@@ -277,6 +284,7 @@ impl Hub {
         let mut s = self.lock();
         for e in events {
             follow_turn(&mut s, e, now);
+            wake_admission_watchers(&mut s, e);
             if e.kind == drover_protocol::event::MESSAGE_COMPLETE
                 || e.kind == drover_protocol::event::TOOL_START
             {
@@ -368,6 +376,21 @@ impl Hub {
         }
     }
 
+    /// A receiver told when the next `admission.updated` or `turn.settled` naming
+    /// `admission_id` is published. Events are published while the ledger lock is held, so a
+    /// caller that takes this before reading the admission from the ledger misses no change.
+    pub fn watch_admission(&self, admission_id: &str) -> oneshot::Receiver<()> {
+        let (tx, rx) = oneshot::channel();
+        let mut s = self.lock();
+        let list = s
+            .admission_watchers
+            .entry(admission_id.to_string())
+            .or_default();
+        list.retain(|w| !w.is_closed());
+        list.push(tx);
+        rx
+    }
+
     /// Resets the delta counter of a session (a new model request begins).
     pub fn reset_deltas(&self, session_id: &str) {
         self.lock().deltas.remove(session_id);
@@ -404,6 +427,24 @@ fn follow_turn(s: &mut HubState, e: &StoredEvent, now: Instant) {
             if let Some(turn) = s.turns.get_mut(&e.session_id) {
                 turn.observe(e, now);
             }
+        }
+    }
+}
+
+/// Tells the watchers of the admission an `admission.updated` or `turn.settled` names.
+fn wake_admission_watchers(s: &mut HubState, e: &StoredEvent) {
+    if s.admission_watchers.is_empty()
+        || !(e.kind == ev::ADMISSION_UPDATED || e.kind == ev::TURN_SETTLED)
+    {
+        return;
+    }
+    if let Ok(a) = AdmissionId::deserialize(&e.payload) {
+        for watcher in s
+            .admission_watchers
+            .remove(&a.admission_id)
+            .unwrap_or_default()
+        {
+            let _ = watcher.send(());
         }
     }
 }

@@ -6,7 +6,9 @@
 //! connection's attachment where the spec requires it; every failure is an [`OwnerError`],
 //! mapped to the wire in one place.
 
+use std::future::Future;
 use std::path::Path;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use drover_ledger::state::{AdmissionStatus, Outcome};
@@ -30,16 +32,43 @@ use crate::turns::kick;
 /// The principal of every connection: one bearer token per home means one local user.
 const PRINCIPAL: &str = "local";
 
+/// A method's answer: ready now, or one that comes when a turn settles (`session.compact`).
+// Made and moved once per request: boxing the common answer would only add an allocation.
+#[allow(clippy::large_enum_variant)]
+pub enum Reply {
+    /// The answer.
+    Now(Result<MethodResult, OwnerError>),
+    /// The answer, once it is known. The connection goes on reading requests meanwhile (an
+    /// approval may be what the turn waits for); the caller sends it when ready.
+    Later(Pin<Box<dyn Future<Output = Result<MethodResult, OwnerError>> + Send>>),
+}
+
 /// Dispatches one request: `params` as the client sent them, parsed into the method's params.
-pub async fn dispatch(
-    owner: &Arc<Owner>,
-    conn: &ConnHandle,
-    method: &str,
-    params: Value,
-) -> Result<MethodResult, OwnerError> {
+pub async fn dispatch(owner: &Arc<Owner>, conn: &ConnHandle, method: &str, params: Value) -> Reply {
     // `session.create`'s idempotency digest is of the request as the client sent it.
     let raw = (method == "session.create").then(|| params.clone());
-    let request = ClientRequest::parse(method, params).map_err(OwnerError::Refused)?;
+    let request = match ClientRequest::parse(method, params) {
+        Ok(request) => request,
+        Err(refusal) => return Reply::Now(Err(OwnerError::Refused(refusal))),
+    };
+    if let ClientRequest::SessionCompact(p) = request {
+        return match session_compact(owner, conn, p).await {
+            Ok(settled) => Reply::Later(Box::pin(async move {
+                settled.await.map(MethodResult::SessionCompact)
+            })),
+            Err(e) => Reply::Now(Err(e)),
+        };
+    }
+    Reply::Now(answer(owner, conn, request, raw).await)
+}
+
+/// The answer to a method that answers at once.
+async fn answer(
+    owner: &Arc<Owner>,
+    conn: &ConnHandle,
+    request: ClientRequest,
+    raw: Option<Value>,
+) -> Result<MethodResult, OwnerError> {
     Ok(match request {
         ClientRequest::Ping(wire::NoParams {}) => MethodResult::Ping(wire::Pong { pong: true }),
         ClientRequest::SessionCreate(p) => MethodResult::SessionCreate(
@@ -60,7 +89,7 @@ pub async fn dispatch(
             MethodResult::PromptSubmit(prompt_submit(owner, conn, p).await?)
         }
         ClientRequest::SessionCompact(p) => {
-            MethodResult::SessionCompact(session_compact(owner, conn, p).await?)
+            MethodResult::SessionCompact(session_compact(owner, conn, p).await?.await?)
         }
         ClientRequest::PromptReceipt(p) => {
             MethodResult::PromptReceipt(prompt_receipt(owner, p).await?)
@@ -470,20 +499,24 @@ async fn prompt_submit(
     .await
 }
 
-/// `session.compact` (drover extension, issue 14): a queued admission of kind `compact`,
-/// admitted and claimed like an input; its turn summarises the history before the last
-/// `keep_recent_turns` turns. Without an `input_id` the owner makes one.
+/// `session.compact` (SPEC section 2): a queued admission of kind `compact`, admitted and
+/// claimed like an input; its turn summarises the history before the last `keep_recent_turns`
+/// turns. Without an `input_id` the owner makes one. Returns, once admitted, the future of
+/// the answer: what the turn did once it settled.
 async fn session_compact(
     owner: &Arc<Owner>,
     conn: &ConnHandle,
     p: wire::SessionCompactParams,
-) -> Result<wire::AdmissionReceipt, OwnerError> {
+) -> Result<
+    impl Future<Output = Result<wire::CompactionResult, OwnerError>> + Send + 'static,
+    OwnerError,
+> {
     let session_id = p.session_id;
     require_attached(owner, conn, &session_id).await?;
     if owner.is_draining() {
         return Err(OwnerError::Draining);
     }
-    admit(
+    let receipt = admit(
         owner,
         AdmitRequest {
             session_id,
@@ -493,7 +526,81 @@ async fn session_compact(
             kind: wire::AdmissionKind::Compact,
         },
     )
-    .await
+    .await?;
+    let owner = owner.clone();
+    Ok(async move { compaction_settled(&owner, receipt.session_id, receipt.admission_id).await })
+}
+
+/// Waits for the compaction `admission_id` to settle and says what it did.
+async fn compaction_settled(
+    owner: &Arc<Owner>,
+    session_id: String,
+    admission_id: String,
+) -> Result<wire::CompactionResult, OwnerError> {
+    let found = loop {
+        // Taken before the read: a change committed after it is published to this watcher.
+        let changed = owner.hub.watch_admission(&admission_id);
+        let (sid, aid) = (session_id.clone(), admission_id.clone());
+        let found = owner.ledger(move |l, _| l.receipt(&sid, &aid)).await?;
+        if matches!(
+            found.admission.status,
+            AdmissionStatus::Terminal | AdmissionStatus::Unknown
+        ) {
+            break found;
+        }
+        if changed.await.is_err() {
+            return Err(OwnerError::Draining);
+        }
+    };
+    let ended = |reason, how: String| OwnerError::CompactionEnded {
+        admission_id: admission_id.clone(),
+        reason,
+        how,
+    };
+    match (found.admission.status, found.admission.outcome) {
+        (AdmissionStatus::Terminal, Some(Outcome::Completed)) => {}
+        (AdmissionStatus::Unknown, _) => {
+            return Err(ended(
+                drover_protocol::ErrorReason::UnknownExecution,
+                "is unknown: its worker was lost mid-turn; prompt.resolve_unknown moves the \
+                 queue on"
+                    .into(),
+            ))
+        }
+        (_, Some(Outcome::Failed)) => {
+            let what = format!("admission.result.{admission_id}");
+            let error = match found.stored_result {
+                Some(value) => stored::<StoredResult>(&what, value)?
+                    .result
+                    .and_then(|r| r.error),
+                None => None,
+            };
+            return Err(ended(
+                drover_protocol::ErrorReason::ModelUnavailable,
+                format!("failed: {}", error.as_deref().unwrap_or("no reason stored")),
+            ));
+        }
+        (_, outcome) => {
+            let how = outcome.map_or("ended", Outcome::as_str);
+            return Err(ended(
+                drover_protocol::ErrorReason::StaleGeneration,
+                format!("was {how} before it finished"),
+            ));
+        }
+    }
+    let aid = admission_id.clone();
+    let (own, latest) = owner
+        .ledger(move |l, _| l.compaction_covered(&session_id, &aid))
+        .await?;
+    Ok(wire::CompactionResult {
+        status: if own.is_some() {
+            wire::CompactionStatus::Compacted
+        } else {
+            wire::CompactionStatus::NothingToCompact
+        },
+        covered: own.unwrap_or(latest),
+        admission_id,
+    })
 }
 
 /// Admits `request` (group commit) and kicks the session's queue when no turn runs.

@@ -12,6 +12,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response as HttpResponse};
 use axum::routing::get;
 use axum::{Json, Router};
+use drover_protocol::client::MethodResult;
 use drover_protocol::rpc::{Request, Response, RpcError};
 use futures::{SinkExt, StreamExt};
 use serde_json::{json, Value};
@@ -20,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::OwnerError;
 use crate::hub::{ConnHandle, Outgoing};
-use crate::rpc::dispatch;
+use crate::rpc::{dispatch, Reply};
 use crate::runtime::Owner;
 
 #[derive(Clone)]
@@ -307,13 +308,33 @@ async fn handle_text(owner: &Arc<Owner>, conn: &ConnHandle, text: &str) -> Optio
             ))
         }
     };
-    let result = dispatch(owner, conn, &request.method, request.params).await;
+    let reply = dispatch(owner, conn, &request.method, request.params).await;
     let id = request.id?;
-    // The typed result is serialised once, here (through `Value`, whose keys are sorted, as
-    // the wire always was).
+    match reply {
+        Reply::Now(result) => Some(response_text(id, result)),
+        Reply::Later(answer) => {
+            // Sent when ready, unless the connection ends first (detach is not cancel: the
+            // turn goes on either way).
+            let conn = conn.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    result = answer => {
+                        conn.send(response_text(id, result)).await;
+                    }
+                    _ = conn.closed() => {}
+                }
+            });
+            None
+        }
+    }
+}
+
+/// The response to request `id`. The typed result is serialised once, here (through `Value`,
+/// whose keys are sorted, as the wire always was).
+fn response_text(id: Value, result: Result<MethodResult, OwnerError>) -> String {
     let response = match result.and_then(|r| Ok(serde_json::to_value(r)?)) {
         Ok(v) => Response::ok(id, v),
         Err(e) => Response::err(id, RpcError::from(e)),
     };
-    Some(serde_json::to_string(&response).unwrap_or_default())
+    serde_json::to_string(&response).unwrap_or_default()
 }

@@ -136,8 +136,9 @@ methods! {
     SessionRename => "session.rename", SessionRenameParams, SessionRenamed;
     /// `prompt.submit`: admit an input (idempotent on `input_id`).
     PromptSubmit => "prompt.submit", PromptSubmitParams, AdmissionReceipt;
-    /// `session.compact` (drover extension): admit a compaction of the session's history.
-    SessionCompact => "session.compact", SessionCompactParams, AdmissionReceipt;
+    /// `session.compact`: compact the session's history, as a turn in its FIFO; answers once
+    /// that turn settled.
+    SessionCompact => "session.compact", SessionCompactParams, CompactionResult;
     /// `prompt.receipt`: an admission's receipt, optionally with its turn's result.
     PromptReceipt => "prompt.receipt", PromptReceiptParams, AdmissionReceipt;
     /// `prompt.cancel`: cancel a queued admission.
@@ -316,8 +317,8 @@ pub struct PromptSubmitParams {
     pub text: String,
 }
 
-/// Params of `session.compact` (drover extension, issue 14): a queued admission of kind
-/// `compact`, run in queue order like an input.
+/// Params of `session.compact` (SPEC section 2): a queued admission of kind `compact`, run in
+/// queue order like an input; the call answers once that turn settled ([`CompactionResult`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SessionCompactParams {
@@ -747,8 +748,33 @@ pub enum SessionState {
     PausedUnknown,
 }
 
-/// The admission receipt: the result of `prompt.submit`, `session.compact`, `prompt.receipt`,
-/// `prompt.cancel` and `prompt.resolve_unknown`.
+/// What a settled `session.compact` turn did (SPEC section 2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CompactionStatus {
+    /// A summary was stored: later turns start from it.
+    Compacted,
+    /// The history held nothing older than the turns a compaction keeps.
+    NothingToCompact,
+}
+
+/// The result of `session.compact` (SPEC section 2), sent once its turn settled `completed`.
+/// A compaction turn that ends otherwise is an error answer: `failed` is `model_unavailable`,
+/// `cancelled` or `interrupted` is `stale_generation`, `unknown` is `unknown_execution`; each
+/// names the admission in its detail.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct CompactionResult {
+    /// Whether a summary was stored.
+    pub status: CompactionStatus,
+    /// How many transcript messages the session's latest summary stands for, in all (0 when
+    /// the session was never compacted).
+    pub covered: u64,
+    /// The compaction's admission (drover extension: its events and receipt name it).
+    pub admission_id: String,
+}
+
+/// The admission receipt: the result of `prompt.submit`, `prompt.receipt`, `prompt.cancel`
+/// and `prompt.resolve_unknown`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct AdmissionReceipt {
     /// The admission.

@@ -4,7 +4,7 @@
 
 use async_trait::async_trait;
 use drover_protocol::client::{
-    ApprovalChoice, ApprovalRule, ClarifyAnswer, SessionSnapshot, SessionSummary,
+    ApprovalChoice, ApprovalRule, ClarifyAnswer, CompactionResult, SessionSnapshot, SessionSummary,
 };
 use drover_protocol::event::SessionEvent;
 
@@ -88,9 +88,9 @@ pub trait Link: Send + Sync + 'static {
     async fn open(&self, target: Target) -> Result<(Opened, Box<dyn Events>), LinkError>;
     /// Submits an input; returns its admission.
     async fn submit(&self, session_id: &str, text: &str) -> Result<String, LinkError>;
-    /// Asks for a compaction of the session's history (`session.compact`); returns its
-    /// admission.
-    async fn compact(&self, session_id: &str) -> Result<String, LinkError> {
+    /// Compacts the session's history (`session.compact`); returns what the compaction did,
+    /// once its turn settled.
+    async fn compact(&self, session_id: &str) -> Result<CompactionResult, LinkError> {
         let _ = session_id;
         Err(LinkError("this client cannot compact a session".into()))
     }

@@ -12,7 +12,7 @@ use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 use drover_protocol::chat::Role;
 use drover_protocol::client::{
     AdmissionKind, AdmissionStatus, ApprovalChoice, ApprovalPrompt, ClarifyAnswer, ClarifyPrompt,
-    OpenPrompt, SessionSnapshot, TranscriptMessage,
+    CompactionResult, OpenPrompt, SessionSnapshot, TranscriptMessage,
 };
 use drover_protocol::event::{EventPayload, PromptSettlement, SessionEvent, TurnEnd, TurnPhase};
 use drover_protocol::mcp::McpServerState;
@@ -730,13 +730,41 @@ impl App {
     }
 
     /// `/compact` was sent (`session.compact`); its receipt has not come yet.
+    /// `session.compact` answers only once its turn settled, so no "waiting for the daemon"
+    /// clock starts for it: its `turn.started` claims the queued entry.
     pub fn compact_requested(&mut self) {
-        self.sending_since.get_or_insert_with(Instant::now);
         self.queued.push(QueuedInput {
             admission_id: None,
             text: String::new(),
             compact: true,
         });
+    }
+
+    /// The compaction asked for settled `completed`; its turn's events said what it did. Its
+    /// queued entry is gone unless its `turn.started` was never seen (a resync).
+    pub fn compacted(&mut self, result: &CompactionResult) {
+        if let Some(i) = self.queued.iter().position(|q| {
+            q.admission_id.as_deref() == Some(result.admission_id.as_str())
+                || (q.compact && q.admission_id.is_none())
+        }) {
+            self.queued.remove(i);
+        }
+    }
+
+    /// The compaction asked for was refused, or its turn did not complete. One refused before
+    /// it ran puts `/compact` back in an empty input.
+    pub fn compact_failed(&mut self, why: &str) {
+        if let Some(i) = self
+            .queued
+            .iter()
+            .position(|q| q.compact && q.admission_id.is_none())
+        {
+            self.queued.remove(i);
+            if self.input.is_empty() {
+                self.input.set("/compact");
+            }
+        }
+        self.notice = Some(format!("compaction failed: {why}"));
     }
 
     /// The owner admitted the input sent first and not yet admitted.
@@ -1776,8 +1804,12 @@ pub(crate) mod tests {
             Some(Action::Command(Command::Compact))
         );
         assert!(app.queued[0].compact && app.queued[0].admission_id.is_none());
-        app.admitted("c1");
+        assert_eq!(
+            app.sending_since, None,
+            "no receipt is awaited before the turn"
+        );
         app.on_event(&started("c1"), t0);
+        assert!(app.queued.is_empty(), "its turn.started claimed it");
         assert!(app.turn.as_ref().unwrap().compact);
         app.on_event(
             &ev(EventPayload::SessionCompacted(
@@ -1803,10 +1835,15 @@ pub(crate) mod tests {
         assert_eq!(blocks.len(), 2, "{blocks:?}");
         assert_eq!(blocks[0], Block::Notice(COMPACTING.into()));
         assert!(matches!(&blocks[1], Block::Notice(n) if n.starts_with("history compacted: 6")));
+        app.compacted(&CompactionResult {
+            status: drover_protocol::client::CompactionStatus::Compacted,
+            covered: 6,
+            admission_id: "c1".into(),
+        });
+        assert!(app.queued.is_empty() && app.notice.is_none());
 
-        // Nothing to compact: the answer is the news. A failed request puts `/compact` back.
+        // Nothing to compact: the answer is the news.
         typed(&mut app, "/compact");
-        app.admitted("c2");
         app.on_event(&started("c2"), t0);
         app.on_event(&complete("nothing to compact"), t0);
         app.on_event(&settled("c2", TurnEnd::Completed), t0);
@@ -1814,10 +1851,20 @@ pub(crate) mod tests {
             app.drain_scrollback()[1],
             Block::Notice("nothing to compact".into())
         );
+        // A compaction refused before it ran puts `/compact` back; one that failed in its turn
+        // says why and leaves the input alone.
         typed(&mut app, "/compact");
-        app.failed("asking for a compaction", "runtime_draining");
+        app.compact_failed("runtime_draining: the daemon is stopping");
         assert_eq!(app.input.text(), "/compact");
         assert!(app.queued.is_empty());
+        assert!(app.notice.as_deref().unwrap().contains("runtime_draining"));
+        app.input.take();
+        typed(&mut app, "/compact");
+        app.on_event(&started("c3"), t0);
+        app.on_event(&settled("c3", TurnEnd::Failed), t0);
+        app.compact_failed("model_unavailable: the compaction c3 failed: refused");
+        assert!(app.input.is_empty());
+        assert!(app.notice.as_deref().unwrap().contains("c3 failed"));
     }
 
     #[test]

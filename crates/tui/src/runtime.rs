@@ -13,6 +13,7 @@ use crossterm::event::{
     PopKeyboardEnhancementFlags, PushKeyboardEnhancementFlags,
 };
 use crossterm::terminal::{disable_raw_mode, enable_raw_mode};
+use drover_protocol::client::CompactionResult;
 use drover_protocol::event::EventPayload;
 use futures::StreamExt;
 use ratatui::backend::CrosstermBackend;
@@ -40,6 +41,8 @@ pub enum RunError {
 /// The result of a request task.
 enum Done {
     Admitted(String),
+    Compacted(CompactionResult),
+    CompactFailed(String),
     Failed { what: &'static str, why: String },
     Tokens(u64),
     Say(Vec<String>),
@@ -253,6 +256,8 @@ async fn event_loop(
             },
             done = done_rx.recv() => match done {
                 Some(Done::Admitted(admission)) => app.admitted(&admission),
+                Some(Done::Compacted(result)) => app.compacted(&result),
+                Some(Done::CompactFailed(why)) => app.compact_failed(&why),
                 Some(Done::Failed { what, why }) => app.failed(what, &why),
                 Some(Done::Tokens(n)) => app.add_tokens(n),
                 Some(Done::Say(lines)) => {
@@ -390,14 +395,11 @@ fn command_task(
         Command::Quit => {}
         Command::Compact => {
             // The model already queued it (`App::compact_requested`); the turn's events show
-            // how it went.
+            // it run, and the answer comes once it settled.
             tokio::spawn(async move {
                 let _ = tx.send(match link.compact(&session).await {
-                    Ok(admission) => Done::Admitted(admission),
-                    Err(e) => Done::Failed {
-                        what: "asking for a compaction",
-                        why: e.0,
-                    },
+                    Ok(result) => Done::Compacted(result),
+                    Err(e) => Done::CompactFailed(e.0),
                 });
             });
         }
