@@ -84,11 +84,18 @@ async fn ws_upgrade(
     }
     ws.max_message_size(MAX_CLIENT_MESSAGE_BYTES)
         .max_frame_size(MAX_CLIENT_MESSAGE_BYTES)
+        .read_buffer_size(WS_READ_BUFFER_BYTES)
+        .write_buffer_size(0)
         .on_upgrade(move |socket| {
             let connections = state.owner.connections.clone();
             connections.track_future(serve_connection(state.owner, socket))
         })
 }
+
+/// The socket read buffer of a connection (tungstenite's default is 128 KiB, allocated for
+/// every connection, idle or not); a larger message is read in several reads. Writes are not
+/// buffered (`write_buffer_size(0)`): each reply or event is flushed as it is sent anyway.
+const WS_READ_BUFFER_BYTES: usize = 8 * 1024;
 
 /// Largest client message (and frame) the server reads; a larger one ends the connection with
 /// close code 1009.
