@@ -495,3 +495,26 @@ impl StopSignals {
 
 /// Keeps `Arc<Owner>` referenced for tests that embed the owner.
 pub type SharedOwner = Arc<Owner>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_own_origin_is_the_websocket_urls_scheme_and_authority() {
+        let loopback: std::net::SocketAddr = "127.0.0.1:40517".parse().unwrap();
+        assert_eq!(
+            own_origin(&advertised_url(loopback, false)),
+            "http://127.0.0.1:40517"
+        );
+        assert_eq!(
+            own_origin(&advertised_url(loopback, true)),
+            "https://127.0.0.1:40517"
+        );
+        let wildcard: std::net::SocketAddr = "[::]:9000".parse().unwrap();
+        assert_eq!(
+            own_origin(&advertised_url(wildcard, false)),
+            "http://[::1]:9000"
+        );
+    }
+}
