@@ -17,7 +17,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use drover_test_support::harness::{run_drover, script_rm_victim, Client, Daemon, TestHome};
+use drover_test_support::harness::{
+    children_of, daemon_info, run_drover, script_rm_victim, signal, Client, Daemon,
+    KillDaemonOnDrop, TestHome,
+};
 use drover_test_support::{MockModel, Reply};
 use fantoccini::{ClientBuilder, Locator};
 use serde_json::{json, Value};
@@ -196,13 +199,30 @@ impl Browser {
     }
 }
 
-/// SIGKILLs the driver's process group (the browser with it) and reaps the driver.
+/// Every process below `pid`, children first found first.
+fn descendants(pid: u32) -> Vec<u32> {
+    let mut all = children_of(pid);
+    let mut i = 0;
+    while i < all.len() {
+        let below = children_of(all[i]);
+        all.extend(below);
+        i += 1;
+    }
+    all
+}
+
+/// SIGKILLs the driver, its process group and every process below it (the browser, which may
+/// have left the group), and reaps the driver.
 fn kill_group(driver: &mut Child) {
+    let below = descendants(driver.id());
     if let Ok(pid) = i32::try_from(driver.id()) {
         let _ = nix::sys::signal::killpg(
             nix::unistd::Pid::from_raw(pid),
             nix::sys::signal::Signal::SIGKILL,
         );
+    }
+    for pid in below {
+        signal(pid, nix::sys::signal::Signal::SIGKILL);
     }
     let _ = driver.kill();
     let _ = driver.wait();
@@ -717,4 +737,47 @@ async fn a_page_on_another_origin_cannot_open_the_websocket() {
         .unwrap()
         .starts_with(&format!("{origin}/ui/login?code=")));
     browser.quit().await;
+}
+
+#[tokio::test]
+async fn drover_ui_on_a_fresh_home_starts_the_daemon_and_prints_a_working_link() {
+    let home = TestHome::new().unwrap();
+    let _stop = KillDaemonOnDrop(home.path());
+    let out = run_drover(bin(), home.path(), None, &["ui", "--no-open"]).await;
+    assert!(
+        out.status.success(),
+        "drover ui: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let link = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let info = daemon_info(home.path()).expect("drover ui started a daemon");
+    let port = info["url"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("ws://127.0.0.1:")
+        .trim_end_matches("/v1/ws")
+        .to_string();
+    assert!(
+        link.starts_with(&format!("http://127.0.0.1:{port}/ui/login?code=")),
+        "{link}"
+    );
+    let login = |link: &str| {
+        let path = link.trim_start_matches(&format!("http://127.0.0.1:{port}"));
+        let mut s = TcpStream::connect(format!("127.0.0.1:{port}")).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut answer = String::new();
+        let _ = s.read_to_string(&mut answer);
+        answer
+    };
+    let first = login(&link);
+    assert!(first.starts_with("HTTP/1.1 303"), "{first}");
+    assert!(first.contains("location: /ui/"), "{first}");
+    assert!(first.contains("HttpOnly; SameSite=Strict"), "{first}");
+    let again = login(&link);
+    assert!(again.starts_with("HTTP/1.1 403"), "{again}");
 }
