@@ -21,7 +21,7 @@ use drover_test_support::harness::{
     children_of, daemon_info, run_drover, script_rm_victim, signal, Client, Daemon,
     KillDaemonOnDrop, TestHome,
 };
-use drover_test_support::{MockModel, Reply};
+use drover_test_support::{Gate, MockModel, Reply};
 use fantoccini::{ClientBuilder, Locator};
 use serde_json::{json, Value};
 
@@ -440,6 +440,42 @@ async fn a_browser_logs_in_once_and_watches_and_steers_sessions_and_jobs() {
         .parse()
         .unwrap();
     assert!(missed > 0, "no event came from session.events.since");
+
+    // A turn whose worker dies is `unknown` and holds the queue: Cancel takes a queued input
+    // off, and Resolve unknown lets the queue go on.
+    let gate = Gate::new();
+    model.push(Reply::text("never delivered").gated(&gate));
+    browser
+        .wait_for("#input")
+        .await
+        .send_keys("Check the disk")
+        .await
+        .unwrap();
+    browser.click("#send").await;
+    assert!(
+        gate.wait_reached(BOUND).await,
+        "the turn never asked the model"
+    );
+    let worker = daemon.wait_worker().await.unwrap();
+    signal(worker, nix::sys::signal::Signal::SIGKILL);
+    browser
+        .wait_for("#session [data-state=paused_unknown]")
+        .await;
+    browser
+        .wait_for("#input")
+        .await
+        .send_keys("Queued behind it")
+        .await
+        .unwrap();
+    browser.click("#send").await;
+    browser
+        .click("#pending li[data-status=queued] button")
+        .await;
+    browser.wait_gone("#pending li[data-status=queued]").await;
+    browser.click("#resolve").await;
+    browser.wait_for("#session [data-state=idle]").await;
+    browser.wait_gone("#pending li").await;
+    gate.open();
 
     // Jobs: a job's status changes on the page as its agent publishes.
     let jid = job(
