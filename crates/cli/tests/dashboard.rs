@@ -167,8 +167,21 @@ impl Browser {
         }
     }
 
+    /// Clicks the element `css` matches. The page re-renders parts of itself as events come
+    /// in, so an element found a moment ago may be gone (stale) by the click: a click the
+    /// browser refused is tried again on the element found anew.
     async fn click(&self, css: &str) {
-        self.wait_for(css).await.click().await.unwrap();
+        let deadline = Instant::now() + BOUND;
+        loop {
+            let refused = match self.wait_for(css).await.click().await {
+                Ok(()) => return,
+                Err(e) => e,
+            };
+            if Instant::now() > deadline {
+                panic!("{css} could not be clicked within {BOUND:?}: {refused}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     async fn js(&self, script: &str) -> Value {
