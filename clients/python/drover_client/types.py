@@ -350,6 +350,29 @@ class Confinement(TypedDict):
     """
 
 
+class DaemonStart(TypedDict):
+    """
+    Result of `daemon.info`: the daemon start that answers.
+    """
+
+    epoch: int
+    """
+    The runtime epoch this start raised (SPEC section 1); a restart raises it.
+    """
+    instance_id: str
+    """
+    The random id of this owner instance.
+    """
+    pid: int
+    """
+    The daemon's process id.
+    """
+    started_at: float
+    """
+    Unix seconds when it started.
+    """
+
+
 class Detached(TypedDict):
     """
     Result of `session.detach`: `{}`.
@@ -443,6 +466,94 @@ class InterruptParams(TypedDict):
     """
 
 
+class JobContract(TypedDict):
+    """
+    A job's liveness contract (SPEC section 7).
+    """
+
+    ack_timeout_sec: int
+    """
+    T: seconds for `started` to arrive after delivery.
+    """
+    heartbeat_misses: int
+    """
+    K: missed heartbeats before the job counts as dead.
+    """
+    heartbeat_sec: int
+    """
+    N: seconds between heartbeats.
+    """
+    idle_timeout_sec: int
+    """
+    Seconds without any event after which a started job counts as gone (K x N unless set).
+    """
+
+
+class JobEntry(TypedDict):
+    """
+    One stored entry of a job: an event (with a `seq`) or an audit entry (without).
+    """
+
+    attempt_id: int
+    """
+    The attempt it belongs to.
+    """
+    audit: bool
+    """
+    Whether it is a local audit entry (`delivered`, `seq_gap`, ...), never sent on the wire.
+    """
+    detail: NotRequired[str | None]
+    """
+    Its detail, if any.
+    """
+    event: str
+    """
+    The event word, or the audit entry's kind.
+    """
+    id: int
+    """
+    Insertion order across events and audit entries; pass the last as `after`.
+    """
+    seq: NotRequired[int | None]
+    """
+    The event's per-job seq; `null` for an audit entry.
+    """
+    ts: float
+    """
+    Unix seconds when it was made.
+    """
+
+
+class JobEvents(TypedDict):
+    """
+    Result of `job.events`: the job's events and local audit entries, in order.
+    """
+
+    entries: list[JobEntry]
+    """
+    Its entries after the caller's `after`.
+    """
+    job_id: str
+    """
+    The job.
+    """
+
+
+class JobEventsParams(TypedDict):
+    """
+    Params of `job.events`: `{job_id, after?}`.
+    """
+
+    after: NotRequired[int | None]
+    """
+    Only entries after this entry `id` (default 0: all).
+    """
+    job_id: str
+    """
+    The job, in the home registry.
+    """
+
+
 class JobLastEvent(TypedDict):
     """
     A job's last event.
@@ -470,6 +581,77 @@ JobStatus: TypeAlias = Literal['pending', 'running', 'completed', 'error', 'canc
 """
 A job's status (SPEC section 7).
 """
+
+
+class JobSummary(TypedDict):
+    """
+    One job of `job.list`.
+    """
+
+    agent_session: NotRequired[str | None]
+    """
+    `--agent-session` as given (`tmux:agents`, `exec`, ...); `null` for a job registered
+    by hand.
+    """
+    attempt_id: int
+    """
+    The current attempt (starts at 1).
+    """
+    contract: JobContract
+    """
+    The liveness contract stored with the job.
+    """
+    created_at: float
+    """
+    Unix seconds when it was registered.
+    """
+    delivered: bool
+    """
+    Whether the current attempt was delivered.
+    """
+    delivered_at: NotRequired[float | None]
+    """
+    Unix seconds when the current attempt was delivered, if it was.
+    """
+    detail: NotRequired[str | None]
+    """
+    Why it is in that status (`agent_blocked`, the agent's summary, ...), when known.
+    """
+    job_id: str
+    """
+    The job.
+    """
+    last_activity_at: NotRequired[float | None]
+    """
+    Unix seconds of the current attempt's newest event (heartbeats included), if any.
+    """
+    last_event: NotRequired[JobLastEvent | None]
+    """
+    The newest event, if any.
+    """
+    overdue: NotRequired[str | None]
+    """
+    For a job that is not terminal: the detail a waiting submitter would give up with now
+    (`agent_blocked`: no `started` within `ack_timeout_sec`; `deadline_timeout`: nothing
+    for `idle_timeout_sec`); `null` while the contract holds. Only reported: reading never
+    writes to the registry.
+    """
+    prompt: str
+    """
+    The task, as the brief states it.
+    """
+    status: JobStatus
+    """
+    `pending`, `running`, `completed`, `error` or `cancelled`.
+    """
+    transport: str
+    """
+    How it runs: `tmux`, `herdr`, `remote`, `exec` or `manual`.
+    """
+    updated_at: float
+    """
+    Unix seconds when it was last written.
+    """
 
 
 McpServerState: TypeAlias = Literal['starting', 'ready', 'failed', 'stopped']
@@ -1105,6 +1287,10 @@ class SessionSummary(TypedDict):
     """
     What is wrong with the stored row, when it is damaged (the row is still listed).
     """
+    input_tokens: NotRequired[int | None]
+    """
+    Prompt tokens its turns used so far (absent from an older daemon).
+    """
     last_activity_at: float
     """
     Unix seconds of its last stored event or admission change (`started_at` before any).
@@ -1112,6 +1298,10 @@ class SessionSummary(TypedDict):
     model: str
     """
     Its model.
+    """
+    output_tokens: NotRequired[int | None]
+    """
+    Completion tokens its turns used so far (absent from an older daemon).
     """
     parent_session_id: NotRequired[str | None]
     """
@@ -1320,6 +1510,26 @@ class TurnStarted(TypedDict):
     execution_generation: int
     """
     The turn's generation (pass to `session.interrupt` and the prompt answers).
+    """
+
+
+class UiLoginCode(TypedDict):
+    """
+    Result of `ui.login_code`: a code for `/ui/login`, good once, for
+    [`UiLoginCode::expires_in_s`] seconds.
+    """
+
+    code: str
+    """
+    The code (it logs a browser in: never logged).
+    """
+    expires_in_s: int
+    """
+    Seconds the code stays good (60).
+    """
+    url: str
+    """
+    `http://127.0.0.1:<port>/ui/login?code=<code>`: the link to open.
     """
 
 
@@ -1584,7 +1794,44 @@ class ClientRequestMcpStatus(TypedDict):
     params: McpStatusParams
 
 
-ClientRequest: TypeAlias = ClientRequestPing | ClientRequestSessionCreate | ClientRequestSessionResume | ClientRequestSessionList | ClientRequestSessionDetach | ClientRequestSessionRename | ClientRequestPromptSubmit | ClientRequestSessionCompact | ClientRequestPromptReceipt | ClientRequestPromptCancel | ClientRequestPromptResolveUnknown | ClientRequestSessionInterrupt | ClientRequestApprovalRespond | ClientRequestClarifyRespond | ClientRequestSessionEventsSince | ClientRequestApprovalsList | ClientRequestApprovalsRemove | ClientRequestMcpStatus
+class ClientRequestDaemonInfo(TypedDict):
+    """
+    `daemon.info` (drover extension): which daemon start answers (its epoch).
+    """
+
+    method: Literal['daemon.info']
+    params: NoParams
+
+
+class ClientRequestUiLoginCode(TypedDict):
+    """
+    `ui.login_code` (drover extension): a one-time code for the web dashboard's login;
+    bearer-token connections only.
+    """
+
+    method: Literal['ui.login_code']
+    params: NoParams
+
+
+class ClientRequestJobList(TypedDict):
+    """
+    `job.list` (drover extension): the home registry's jobs, the contract judged now.
+    """
+
+    method: Literal['job.list']
+    params: NoParams
+
+
+class ClientRequestJobEvents(TypedDict):
+    """
+    `job.events` (drover extension): one job's events and audit entries.
+    """
+
+    method: Literal['job.events']
+    params: JobEventsParams
+
+
+ClientRequest: TypeAlias = ClientRequestPing | ClientRequestSessionCreate | ClientRequestSessionResume | ClientRequestSessionList | ClientRequestSessionDetach | ClientRequestSessionRename | ClientRequestPromptSubmit | ClientRequestSessionCompact | ClientRequestPromptReceipt | ClientRequestPromptCancel | ClientRequestPromptResolveUnknown | ClientRequestSessionInterrupt | ClientRequestApprovalRespond | ClientRequestClarifyRespond | ClientRequestSessionEventsSince | ClientRequestApprovalsList | ClientRequestApprovalsRemove | ClientRequestMcpStatus | ClientRequestDaemonInfo | ClientRequestUiLoginCode | ClientRequestJobList | ClientRequestJobEvents
 """
 One client request: `{"method": ..., "params": {...}}` (the JSON-RPC `id` and
 `jsonrpc` stay in [`crate::rpc::Request`]).
@@ -1741,6 +1988,25 @@ class EventPayloadSessionCompacted(TypedDict):
 
     payload: SessionCompacted
     type: Literal['session.compacted']
+
+
+class JobList(TypedDict):
+    """
+    Result of `job.list`: every job of the home registry, oldest first.
+    """
+
+    jobs: list[JobSummary]
+    """
+    The jobs (none when the registry does not exist yet).
+    """
+    now: float
+    """
+    Unix seconds when it was read: the time the contract was judged at.
+    """
+    registry_dir: str
+    """
+    The registry read (`<home>/jobs`).
+    """
 
 
 class JobState(TypedDict):

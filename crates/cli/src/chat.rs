@@ -508,6 +508,8 @@ mod tests {
             pending_count: 0,
             state: SessionState::Idle,
             last_activity_at: 1.0,
+            input_tokens: None,
+            output_tokens: None,
             error: None,
         }
     }

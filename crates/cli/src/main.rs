@@ -15,6 +15,7 @@ mod run;
 mod runner;
 mod session_cmd;
 mod spinner;
+mod ui_cmd;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -82,6 +83,9 @@ enum Command {
     Loop(runner::LoopArgs),
     /// Run a local MQTT broker for development (mosquitto on loopback; docs/jobs.md).
     Broker(broker::BrokerArgs),
+    /// Print (and open, when a browser is there) a one-time login link to the daemon's web
+    /// dashboard at /ui.
+    Ui(ui_cmd::UiArgs),
     /// The client protocol: `drover protocol schema [--out DIR]` writes its JSON Schema.
     Protocol(protocol_cmd::ProtocolArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
@@ -138,6 +142,7 @@ fn main() -> ExitCode {
             | Command::Rename(_)
             | Command::Approvals { .. }
             | Command::Protocol(_)
+            | Command::Ui(_)
             | Command::Completions { .. }
             | Command::Man { .. }
     ) {
@@ -173,6 +178,7 @@ fn main() -> ExitCode {
         Command::Runner(args) => runner::run_runner(home, args),
         Command::Loop(args) => runner::run_loop(home, args),
         Command::Protocol(args) => protocol_cmd::run(args),
+        Command::Ui(args) => commands::block_on(ui_cmd::ui(home, args)),
         Command::Completions { shell } => completions::completions(Cli::command(), shell),
         Command::Man { out } => completions::man(Cli::command(), out.as_deref()),
     };

@@ -16,7 +16,7 @@ use std::time::Duration;
 use drover_protocol::client::{ClientRequest, MethodResult, METHODS};
 use drover_protocol::event::SessionEvent;
 use drover_protocol::rpc::{ErrorData, RpcError};
-use drover_test_support::harness::{pid_alive, uuid_like, Client, Daemon, TestHome};
+use drover_test_support::harness::{pid_alive, run_drover, uuid_like, Client, Daemon, TestHome};
 use drover_test_support::{Gate, MockModel, Reply};
 use serde_json::{json, Value};
 
@@ -400,6 +400,39 @@ async fn every_method_and_event_of_the_daemon_round_trips_through_the_typed_prot
         .await;
     home.write_model_config(&model.base_url(), true, &extra)
         .unwrap();
+
+    // The dashboard's methods (issue 16): which daemon start answers, a login code, and the
+    // home registry's jobs.
+    w.ok(&mut c, "daemon.info", json!({})).await;
+    w.ok(&mut c, "ui.login_code", json!({})).await;
+    let registered = run_drover(
+        bin(),
+        home.path(),
+        None,
+        &[
+            "job",
+            "register",
+            "--prompt",
+            "Refactor the parser",
+            "--heartbeat",
+            "10",
+        ],
+    )
+    .await;
+    assert!(registered.status.success(), "{registered:?}");
+    let job_id = String::from_utf8_lossy(&registered.stdout)
+        .trim()
+        .to_string();
+    let published = run_drover(
+        bin(),
+        home.path(),
+        None,
+        &["job", "publish", "--job", &job_id, "--event", "started"],
+    )
+    .await;
+    assert!(published.status.success(), "{published:?}");
+    w.ok(&mut c, "job.list", json!({})).await;
+    w.ok(&mut c, "job.events", json!({"job_id": job_id})).await;
 
     // Errors a client meets.
     c.send_raw("{not json").await.unwrap();

@@ -409,6 +409,8 @@ mod tests {
             pending_count: 0,
             state: drover_protocol::client::SessionState::Idle,
             last_activity_at: started_at,
+            input_tokens: None,
+            output_tokens: None,
             error: None,
         }
     }

@@ -195,7 +195,7 @@ pub fn judge_stored(job: &Job, clocks: &StoredClocks, now: f64) -> Verdict {
 }
 
 /// Reads the current attempt's clocks from the job's entries.
-fn stored_clocks(registry: &Registry, job: &Job) -> Result<StoredClocks, JobError> {
+pub fn stored_clocks(registry: &Registry, job: &Job) -> Result<StoredClocks, JobError> {
     let mut clocks = StoredClocks::default();
     for entry in registry.entries(&job.job_id, 0)? {
         if entry.attempt_id != job.attempt_id {

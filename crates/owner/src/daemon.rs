@@ -233,6 +233,7 @@ async fn serve(home: PathBuf, lifetime: Lifetime) -> Exit {
         .map(|k| drover_protocol::daemon_file::api_key_sha256(k.expose()));
     let sandbox_support = crate::sandbox::probe();
     crate::sandbox::log_support(&sandbox_support);
+    let url = advertised_url(addr, tls.is_some());
     let owner = match Owner::new(
         home.clone(),
         config,
@@ -240,6 +241,7 @@ async fn serve(home: PathBuf, lifetime: Lifetime) -> Exit {
         epoch.instance_id.clone(),
         worker_exe,
         sandbox_support,
+        own_origin(&url),
     ) {
         Ok(o) => o,
         Err(e) => {
@@ -253,12 +255,9 @@ async fn serve(home: PathBuf, lifetime: Lifetime) -> Exit {
         pid: std::process::id(),
         epoch: epoch.epoch,
         instance_id: epoch.instance_id.clone(),
-        url: advertised_url(addr, tls.is_some()),
+        url,
         token: token.clone(),
-        started_at: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs_f64())
-            .unwrap_or(0.0),
+        started_at: owner.started_at,
         api_key_sha256,
         // `drover stop` signals this pid only while it has this start time.
         start_time: i32::try_from(std::process::id())
@@ -367,6 +366,16 @@ fn advertised_url(addr: std::net::SocketAddr, tls: bool) -> String {
     }
     let scheme = if tls { "wss" } else { "ws" };
     format!("{scheme}://{addr}/v1/ws")
+}
+
+/// The origin a browser shows for pages this daemon serves (`http://127.0.0.1:<port>`, or
+/// `https://` with TLS): the WebSocket URL's scheme and authority.
+fn own_origin(ws_url: &str) -> String {
+    let origin = ws_url.strip_suffix("/v1/ws").unwrap_or(ws_url);
+    match origin.strip_prefix("wss://") {
+        Some(rest) => format!("https://{rest}"),
+        None => format!("http://{}", origin.strip_prefix("ws://").unwrap_or(origin)),
+    }
 }
 
 /// SPEC section 3: a 0-byte `state.db` in a home that has been used is a lost ledger, not a
@@ -486,3 +495,26 @@ impl StopSignals {
 
 /// Keeps `Arc<Owner>` referenced for tests that embed the owner.
 pub type SharedOwner = Arc<Owner>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_own_origin_is_the_websocket_urls_scheme_and_authority() {
+        let loopback: std::net::SocketAddr = "127.0.0.1:40517".parse().unwrap();
+        assert_eq!(
+            own_origin(&advertised_url(loopback, false)),
+            "http://127.0.0.1:40517"
+        );
+        assert_eq!(
+            own_origin(&advertised_url(loopback, true)),
+            "https://127.0.0.1:40517"
+        );
+        let wildcard: std::net::SocketAddr = "[::]:9000".parse().unwrap();
+        assert_eq!(
+            own_origin(&advertised_url(wildcard, false)),
+            "http://[::1]:9000"
+        );
+    }
+}

@@ -51,6 +51,13 @@ pub enum OwnerError {
         /// How it ended, in words.
         how: String,
     },
+    /// `permission_denied`: a dashboard connection (logged in by cookie) asked for what only
+    /// a bearer-token client may (`ui.login_code`).
+    #[error("{0}")]
+    BearerOnly(String),
+    /// `storage_unavailable`: the job registry exists but cannot be read.
+    #[error("{0}")]
+    Registry(String),
     /// `runtime_draining`: the daemon is stopping and admits nothing.
     #[error("the daemon is stopping")]
     Draining,
@@ -89,6 +96,8 @@ impl OwnerError {
             OwnerError::NotAttached { .. } => ErrorReason::PermissionDenied,
             OwnerError::NotRunning { .. } => ErrorReason::StaleGeneration,
             OwnerError::CompactionEnded { reason, .. } => *reason,
+            OwnerError::BearerOnly(_) => ErrorReason::PermissionDenied,
+            OwnerError::Registry(_) => ErrorReason::StorageUnavailable,
             OwnerError::Draining => ErrorReason::RuntimeDraining,
             OwnerError::Ledger(e) => e.reason(),
             OwnerError::MalformedJson(_) => ErrorReason::ParseError,

@@ -32,12 +32,23 @@ pub type Outgoing = String;
 pub struct ConnHandle {
     /// The connection's id in the hub.
     pub id: ConnId,
+    /// How it authenticated at upgrade.
+    pub credential: Credential,
     /// Its bounded outbox.
     pub tx: mpsc::Sender<Outgoing>,
     /// Bytes queued and not yet written to the socket (the writer subtracts what it sends).
     pub queued: Arc<AtomicUsize>,
     /// Cancelled when the connection falls behind; its writer then closes the socket.
     pub overflow: CancellationToken,
+}
+
+/// How a connection authenticated at upgrade (SPEC section 1; issue 16).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Credential {
+    /// `Authorization: Bearer <token>`, without an `Origin`.
+    Bearer,
+    /// The dashboard's login cookie, from a page of the daemon's own origin.
+    Browser,
 }
 
 impl ConnHandle {
@@ -47,6 +58,7 @@ impl ConnHandle {
         let (tx, rx) = mpsc::channel(CONNECTION_OUTBOX);
         let handle = ConnHandle {
             id,
+            credential: Credential::Bearer,
             tx,
             queued: Arc::new(AtomicUsize::new(0)),
             overflow: CancellationToken::new(),

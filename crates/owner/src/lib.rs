@@ -15,11 +15,17 @@
 //! What it does not do: call the model or run tools; workers do, and write back only through
 //! `persist` frames.
 //!
-//! Layers (bottom to top; a module uses only those below it): `config`, `error`, `home`, `hub`,
-//! `jobs`, `logfile`, `mcp`, `sandbox`, `tls` < [`runtime`] < [`turns`] < [`rpc`] < [`server`] < [`daemon`].
+//! The web dashboard (`/ui`, issue 16) is served beside the WebSocket ([`dashboard`]); a
+//! browser logs in with a one-time code for a cookie ([`browser`]).
+//!
+//! Layers (bottom to top; a module uses only those below it): `browser`, `config`, `error`, `home`, `hub`,
+//! `jobs`, `logfile`, `mcp`, `sandbox`, `tls` < [`runtime`] < [`turns`] < [`rpc`] <
+//! [`dashboard`] < [`server`] < [`daemon`].
 
+pub mod browser;
 pub mod config;
 pub mod daemon;
+pub mod dashboard;
 pub mod error;
 pub mod home;
 pub mod hub;

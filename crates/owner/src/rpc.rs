@@ -25,7 +25,7 @@ use serde_json::{json, Value};
 
 use crate::config::DEFAULT_SYSTEM_PROMPT;
 use crate::error::OwnerError;
-use crate::hub::ConnHandle;
+use crate::hub::{ConnHandle, Credential};
 use crate::runtime::Owner;
 use crate::turns::kick;
 
@@ -123,6 +123,19 @@ async fn answer(
             MethodResult::ApprovalsRemove(approvals_remove(owner, p).await?)
         }
         ClientRequest::McpStatus(p) => MethodResult::McpStatus(mcp_status(owner, p).await?),
+        ClientRequest::DaemonInfo(wire::NoParams {}) => {
+            MethodResult::DaemonInfo(wire::DaemonStart {
+                epoch: owner.epoch,
+                instance_id: owner.instance_id.clone(),
+                pid: std::process::id(),
+                started_at: owner.started_at,
+            })
+        }
+        ClientRequest::UiLoginCode(wire::NoParams {}) => {
+            MethodResult::UiLoginCode(ui_login_code(owner, conn)?)
+        }
+        ClientRequest::JobList(wire::NoParams {}) => MethodResult::JobList(job_list(owner).await?),
+        ClientRequest::JobEvents(p) => MethodResult::JobEvents(job_events(owner, p).await?),
     })
 }
 
@@ -442,6 +455,8 @@ async fn session_list(
             pending_count: r.pending_count,
             state: r.state,
             last_activity_at: r.last_activity_at,
+            input_tokens: Some(r.session.input_tokens),
+            output_tokens: Some(r.session.output_tokens),
         })
         .collect();
     Ok(wire::SessionPage {
@@ -983,4 +998,65 @@ fn mcp_toolsets(owner: &Owner, toolsets: &[String]) -> Vec<String> {
         .into_keys()
         .filter(|name| !drover_tools::KNOWN_TOOLSETS.contains(&name.as_str()))
         .collect()
+}
+
+/// `ui.login_code` (issue 16): a one-time code for `/ui/login`. Only a bearer-token client
+/// (`drover ui`) may ask: a browser logged in by cookie cannot mint logins for others.
+fn ui_login_code(owner: &Owner, conn: &ConnHandle) -> Result<wire::UiLoginCode, OwnerError> {
+    if conn.credential != Credential::Bearer {
+        return Err(OwnerError::BearerOnly(
+            "ui.login_code needs the bearer token: run `drover ui`".into(),
+        ));
+    }
+    let code = owner
+        .browser
+        .issue_code()
+        .map_err(|e| OwnerError::Registry(format!("cannot draw a login code: {e}")))?;
+    Ok(wire::UiLoginCode {
+        url: owner.browser.login_url(&code),
+        code,
+        expires_in_s: owner.browser.code_ttl().as_secs().max(1),
+    })
+}
+
+/// The home registry (SPEC section 7: `<home>/jobs`, as the `jobs` toolset and `drover job`
+/// use by default).
+fn home_registry(owner: &Owner) -> std::path::PathBuf {
+    owner.home.join("jobs")
+}
+
+/// A registry failure on the wire: an unknown job is `not_found`, anything else
+/// `storage_unavailable`.
+fn registry_error(e: drover_jobs::JobError) -> OwnerError {
+    match e {
+        drover_jobs::JobError::UnknownJob { job_id, .. } => {
+            OwnerError::NotFound(format!("job {job_id}"))
+        }
+        e => OwnerError::Registry(e.to_string()),
+    }
+}
+
+/// `job.list` (issue 16): read off the runtime's threads, never written.
+async fn job_list(owner: &Arc<Owner>) -> Result<wire::JobList, OwnerError> {
+    let dir = home_registry(owner);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    tokio::task::spawn_blocking(move || crate::jobs::list(&dir, now))
+        .await
+        .map_err(|e| OwnerError::Registry(format!("the registry read failed: {e}")))?
+        .map_err(registry_error)
+}
+
+/// `job.events` (issue 16).
+async fn job_events(
+    owner: &Arc<Owner>,
+    p: wire::JobEventsParams,
+) -> Result<wire::JobEvents, OwnerError> {
+    let dir = home_registry(owner);
+    let after = p.after.unwrap_or(0);
+    tokio::task::spawn_blocking(move || crate::jobs::events(&dir, &p.job_id, after))
+        .await
+        .map_err(|e| OwnerError::Registry(format!("the registry read failed: {e}")))?
+        .map_err(registry_error)
 }

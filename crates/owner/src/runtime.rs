@@ -14,6 +14,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::browser::BrowserAuth;
 use crate::config::{Config, ConfigError, DaemonSection};
 use crate::hub::Hub;
 use crate::mcp::McpStatusTable;
@@ -55,6 +56,10 @@ pub struct Owner {
     pub epoch: u64,
     /// The random id of this owner instance (`daemon.json` `instance_id`).
     pub instance_id: String,
+    /// Unix seconds when this owner started (`daemon.json` `started_at`).
+    pub started_at: f64,
+    /// The dashboard's login codes and cookies of this start (issue 16).
+    pub browser: BrowserAuth,
     /// The live event fan-out to attached connections.
     pub hub: Hub,
     /// The last status of each MCP server per session, as the turns' workers reported it.
@@ -115,8 +120,9 @@ type PendingAdmission = (
 const MAX_ADMISSION_BATCH: usize = 256;
 
 impl Owner {
-    /// The owner of `home` over an opened `ledger` (its epoch already raised): starts the
-    /// ledger thread; nothing is admitted until [`Owner::start_admissions`] runs.
+    /// The owner of `home` over an opened `ledger` (its epoch already raised), reached by
+    /// clients at `origin` (`http://127.0.0.1:<port>`): starts the ledger thread; nothing is
+    /// admitted until [`Owner::start_admissions`] runs.
     pub fn new(
         home: PathBuf,
         config: Config,
@@ -124,7 +130,22 @@ impl Owner {
         instance_id: String,
         worker_exe: PathBuf,
         sandbox_support: SandboxSupport,
+        origin: String,
     ) -> std::io::Result<Arc<Owner>> {
+        // `$DROVER_UI_LOGIN_TTL_S` lets tests see a login code expire without waiting a minute.
+        let ttl = std::env::var("DROVER_UI_LOGIN_TTL_S")
+            .ok()
+            .and_then(|v| v.parse::<f64>().ok())
+            .filter(|s| s.is_finite() && *s > 0.0)
+            .map_or(
+                crate::browser::LOGIN_CODE_TTL,
+                std::time::Duration::from_secs_f64,
+            );
+        let browser = BrowserAuth::new(origin, ttl)?;
+        let started_at = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
         let (admissions, admissions_rx) = mpsc::unbounded_channel();
         let epoch = ledger.epoch();
         let ledger_jobs = start_ledger_thread(ledger)?;
@@ -136,6 +157,8 @@ impl Owner {
             api_key_envs,
             epoch,
             instance_id,
+            started_at,
+            browser,
             hub: Hub::default(),
             mcp: McpStatusTable::default(),
             worker_exe,

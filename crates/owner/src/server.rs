@@ -1,7 +1,11 @@
-//! The HTTP endpoint: `GET /healthz` (no auth) and the WebSocket at `/v1/ws` (SPEC section 1).
+//! The HTTP endpoint: `GET /healthz` (no auth), the WebSocket at `/v1/ws` (SPEC section 1) and
+//! the web dashboard at `/ui` ([`crate::dashboard`]).
 //!
-//! The upgrade requires `Authorization: Bearer <token>` (401 otherwise, compared in constant
-//! time) and refuses any browser `Origin` header (403). Each text frame is one JSON-RPC message.
+//! An upgrade without an `Origin` header requires `Authorization: Bearer <token>` (401
+//! otherwise, compared in constant time). An upgrade with an `Origin` is a browser's: it is
+//! refused (403) unless the origin is exactly the daemon's own and the request carries the
+//! dashboard's login cookie of this daemon start (401 when the cookie is missing or stale;
+//! [`crate::browser`]). Each text frame is one JSON-RPC message.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -20,7 +24,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::OwnerError;
-use crate::hub::{ConnHandle, Outgoing};
+use crate::hub::{ConnHandle, Credential, Outgoing};
 use crate::rpc::{dispatch, Reply};
 use crate::runtime::Owner;
 
@@ -37,21 +41,26 @@ pub fn router(owner: Arc<Owner>, token: drover_protocol::Secret) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/v1/ws", get(ws_upgrade))
+        .merge(crate::dashboard::router(owner.clone()))
         .with_state(AppState {
             owner,
             token: Arc::new(token),
         })
 }
 
-/// `{status: "ok", draining}`, or 503 with `status: "storage_unavailable"` and the error while
-/// the ledger cannot be written.
+/// `{status: "ok", draining, epoch}`, or 503 with `status: "storage_unavailable"` and the error
+/// while the ledger cannot be written. `epoch` lets the dashboard tell a restarted daemon (whose
+/// start ended its login) from a refused login.
 async fn healthz(State(state): State<AppState>) -> HttpResponse {
     let draining = state.owner.is_draining();
+    let epoch = state.owner.epoch;
     match state.owner.storage_error() {
-        None => Json(json!({"status": "ok", "draining": draining})).into_response(),
+        None => {
+            Json(json!({"status": "ok", "draining": draining, "epoch": epoch})).into_response()
+        }
         Some(error) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({"status": "storage_unavailable", "draining": draining, "error": error})),
+            Json(json!({"status": "storage_unavailable", "draining": draining, "epoch": epoch, "error": error})),
         )
             .into_response(),
     }
@@ -76,19 +85,41 @@ async fn ws_upgrade(
     headers: HeaderMap,
     ws: WebSocketUpgrade,
 ) -> HttpResponse {
-    if headers.contains_key(axum::http::header::ORIGIN) {
-        return (StatusCode::FORBIDDEN, "browser origins are refused\n").into_response();
-    }
-    if !authorized(&headers, state.token.expose()) {
-        return (StatusCode::UNAUTHORIZED, "missing or bad bearer token\n").into_response();
-    }
+    let credential = match headers.get(axum::http::header::ORIGIN) {
+        Some(origin) => {
+            if origin.as_bytes() != state.owner.browser.origin().as_bytes() {
+                return (StatusCode::FORBIDDEN, "browser origins are refused\n").into_response();
+            }
+            let cookie = headers
+                .get(axum::http::header::COOKIE)
+                .and_then(|c| c.to_str().ok());
+            if !state
+                .owner
+                .browser
+                .admits(state.owner.browser.origin(), cookie)
+            {
+                return (
+                    StatusCode::UNAUTHORIZED,
+                    "not logged in: run `drover ui` for a login link\n",
+                )
+                    .into_response();
+            }
+            Credential::Browser
+        }
+        None => {
+            if !authorized(&headers, state.token.expose()) {
+                return (StatusCode::UNAUTHORIZED, "missing or bad bearer token\n").into_response();
+            }
+            Credential::Bearer
+        }
+    };
     ws.max_message_size(MAX_CLIENT_MESSAGE_BYTES)
         .max_frame_size(MAX_CLIENT_MESSAGE_BYTES)
         .read_buffer_size(WS_READ_BUFFER_BYTES)
         .write_buffer_size(0)
         .on_upgrade(move |socket| {
             let connections = state.owner.connections.clone();
-            connections.track_future(serve_connection(state.owner, socket))
+            connections.track_future(serve_connection(state.owner, socket, credential))
         })
 }
 
@@ -159,10 +190,11 @@ impl Ending {
     }
 }
 
-async fn serve_connection(owner: Arc<Owner>, socket: WebSocket) {
+async fn serve_connection(owner: Arc<Owner>, socket: WebSocket, credential: Credential) {
     let id = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
     let (sink, mut stream) = socket.split();
-    let (conn, rx) = ConnHandle::new(id);
+    let (mut conn, rx) = ConnHandle::new(id);
+    conn.credential = credential;
     let overflow = conn.overflow.clone();
     let (end_tx, end_rx) = oneshot::channel::<Ending>();
     // The writer owns no sender of its own outbox, so it ends when told to, not when every
@@ -174,7 +206,7 @@ async fn serve_connection(owner: Arc<Owner>, socket: WebSocket) {
         overflow.clone(),
         end_rx,
     ));
-    tracing::debug!(conn = id, "client connected");
+    tracing::debug!(conn = id, ?credential, "client connected");
     let ending = loop {
         let msg = tokio::select! {
             m = stream.next() => m,

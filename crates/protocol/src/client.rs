@@ -27,6 +27,7 @@ use serde_json::Value;
 use crate::chat::{Role, ToolCall, Usage};
 use crate::event::SessionEvent;
 use crate::rpc::{ErrorReason, RpcError};
+use crate::secret::Secret;
 use crate::worker::BackgroundProcess;
 
 pub use crate::mcp::{McpServerState, McpServerStatus, McpStatusParams, McpStatusResult};
@@ -159,6 +160,15 @@ methods! {
     ApprovalsRemove => "approvals.remove", ApprovalRuleRef, ApprovalRuleRemoved;
     /// `mcp.status`: the MCP servers of the home, or of one session, and where each stands.
     McpStatus => "mcp.status", McpStatusParams, McpStatusResult;
+    /// `daemon.info` (drover extension): which daemon start answers (its epoch).
+    DaemonInfo => "daemon.info", NoParams, DaemonStart;
+    /// `ui.login_code` (drover extension): a one-time code for the web dashboard's login;
+    /// bearer-token connections only.
+    UiLoginCode => "ui.login_code", NoParams, UiLoginCode;
+    /// `job.list` (drover extension): the home registry's jobs, the contract judged now.
+    JobList => "job.list", NoParams, JobList;
+    /// `job.events` (drover extension): one job's events and audit entries.
+    JobEvents => "job.events", JobEventsParams, JobEvents;
 }
 
 /// Deserialises params, naming the offending field of a refusal.
@@ -727,6 +737,12 @@ pub struct SessionSummary {
     pub state: SessionState,
     /// Unix seconds of its last stored event or admission change (`started_at` before any).
     pub last_activity_at: f64,
+    /// Prompt tokens its turns used so far (absent from an older daemon).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_tokens: Option<u64>,
+    /// Completion tokens its turns used so far (absent from an older daemon).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_tokens: Option<u64>,
     /// What is wrong with the stored row, when it is damaged (the row is still listed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -886,6 +902,142 @@ pub struct ApprovalRuleRemoved {
     pub removed: bool,
 }
 
+// ---------------------------------------------------------------------------------------------
+// What the web dashboard (`/ui`, issue 16) asks besides the session methods. Any client may
+// call these (no private endpoints): `daemon.info` says which daemon start answers, so a
+// client that reconnects sees the epoch change after a restart; `ui.login_code` gives
+// `drover ui` a one-time code for `/ui/login`; `job.list` and `job.events` read the home
+// registry's jobs (`<home>/jobs`, SPEC section 7), never writing, and never showing a job's
+// tokens (`auth_token`, `dispatch_token`) or signatures.
+
+/// Result of `daemon.info`: the daemon start that answers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct DaemonStart {
+    /// The runtime epoch this start raised (SPEC section 1); a restart raises it.
+    pub epoch: u64,
+    /// The random id of this owner instance.
+    pub instance_id: String,
+    /// The daemon's process id.
+    pub pid: u32,
+    /// Unix seconds when it started.
+    pub started_at: f64,
+}
+
+/// Result of `ui.login_code`: a code for `/ui/login`, good once, for
+/// [`UiLoginCode::expires_in_s`] seconds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct UiLoginCode {
+    /// The code (it logs a browser in: never logged).
+    pub code: Secret,
+    /// `http://127.0.0.1:<port>/ui/login?code=<code>`: the link to open.
+    pub url: Secret,
+    /// Seconds the code stays good (60).
+    pub expires_in_s: u64,
+}
+
+/// Params of `job.events`: `{job_id, after?}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct JobEventsParams {
+    /// The job, in the home registry.
+    #[serde(deserialize_with = "non_empty")]
+    pub job_id: String,
+    /// Only entries after this entry `id` (default 0: all).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<i64>,
+}
+
+/// Result of `job.list`: every job of the home registry, oldest first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct JobList {
+    /// The registry read (`<home>/jobs`).
+    pub registry_dir: String,
+    /// Unix seconds when it was read: the time the contract was judged at.
+    pub now: f64,
+    /// The jobs (none when the registry does not exist yet).
+    pub jobs: Vec<JobSummary>,
+}
+
+/// One job of `job.list`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct JobSummary {
+    /// The job.
+    pub job_id: String,
+    /// `pending`, `running`, `completed`, `error` or `cancelled`.
+    pub status: JobStatus,
+    /// Why it is in that status (`agent_blocked`, the agent's summary, ...), when known.
+    pub detail: Option<String>,
+    /// How it runs: `tmux`, `herdr`, `remote`, `exec` or `manual`.
+    pub transport: String,
+    /// `--agent-session` as given (`tmux:agents`, `exec`, ...); `null` for a job registered
+    /// by hand.
+    pub agent_session: Option<String>,
+    /// The task, as the brief states it.
+    pub prompt: String,
+    /// The current attempt (starts at 1).
+    pub attempt_id: u64,
+    /// Whether the current attempt was delivered.
+    pub delivered: bool,
+    /// The newest event, if any.
+    pub last_event: Option<JobLastEvent>,
+    /// The liveness contract stored with the job.
+    pub contract: JobContract,
+    /// Unix seconds when the current attempt was delivered, if it was.
+    pub delivered_at: Option<f64>,
+    /// Unix seconds of the current attempt's newest event (heartbeats included), if any.
+    pub last_activity_at: Option<f64>,
+    /// For a job that is not terminal: the detail a waiting submitter would give up with now
+    /// (`agent_blocked`: no `started` within `ack_timeout_sec`; `deadline_timeout`: nothing
+    /// for `idle_timeout_sec`); `null` while the contract holds. Only reported: reading never
+    /// writes to the registry.
+    pub overdue: Option<String>,
+    /// Unix seconds when it was registered.
+    pub created_at: f64,
+    /// Unix seconds when it was last written.
+    pub updated_at: f64,
+}
+
+/// A job's liveness contract (SPEC section 7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct JobContract {
+    /// N: seconds between heartbeats.
+    pub heartbeat_sec: u64,
+    /// K: missed heartbeats before the job counts as dead.
+    pub heartbeat_misses: u64,
+    /// T: seconds for `started` to arrive after delivery.
+    pub ack_timeout_sec: u64,
+    /// Seconds without any event after which a started job counts as gone (K x N unless set).
+    pub idle_timeout_sec: u64,
+}
+
+/// Result of `job.events`: the job's events and local audit entries, in order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct JobEvents {
+    /// The job.
+    pub job_id: String,
+    /// Its entries after the caller's `after`.
+    pub entries: Vec<JobEntry>,
+}
+
+/// One stored entry of a job: an event (with a `seq`) or an audit entry (without).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct JobEntry {
+    /// Insertion order across events and audit entries; pass the last as `after`.
+    pub id: i64,
+    /// The event's per-job seq; `null` for an audit entry.
+    pub seq: Option<u64>,
+    /// Whether it is a local audit entry (`delivered`, `seq_gap`, ...), never sent on the wire.
+    pub audit: bool,
+    /// The event word, or the audit entry's kind.
+    pub event: String,
+    /// The attempt it belongs to.
+    pub attempt_id: u64,
+    /// Unix seconds when it was made.
+    pub ts: f64,
+    /// Its detail, if any.
+    pub detail: Option<String>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -964,6 +1116,10 @@ mod tests {
                 json!({"session_id": "s", "text": "x"}),
                 "text",
             ),
+            ("job.events", json!({}), "job_id"),
+            ("job.events", json!({"job_id": ""}), "job_id"),
+            ("job.events", json!({"job_id": "j", "after": "x"}), "after"),
+            ("ui.login_code", json!({"for": "me"}), "for"),
         ];
         for (method, params, field) in cases {
             let (got, message) = refused(method, params.clone());

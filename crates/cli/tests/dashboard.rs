@@ -1,0 +1,832 @@
+//! The web dashboard (issue 16) in a real headless Chromium, driven over WebDriver by the
+//! `chromedriver` of Debian's `chromium-driver` (`.ci/run` installs both), against the real
+//! daemon and a mock model: a one-time login link from `drover ui`, a streamed answer, an
+//! approval answered with its button, a job's status changing, the reconnect path, a restart's
+//! epoch change, and a page of another origin refused at the WebSocket upgrade.
+//!
+//! With `DROVER_WRITE_DASHBOARD_SCREENSHOTS=1` each page is also saved as
+//! `docs/img/dashboard-<page>.png` (docs/dashboard.md shows them).
+
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use drover_test_support::harness::{
+    children_of, daemon_info, run_drover, script_rm_victim, signal, Client, Daemon,
+    KillDaemonOnDrop, TestHome,
+};
+use drover_test_support::{Gate, MockModel, Reply};
+use fantoccini::{ClientBuilder, Locator};
+use serde_json::{json, Value};
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_drover"))
+}
+
+const CHROMIUM: &str = "/usr/bin/chromium";
+const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+/// The longest any one wait for the page may take.
+const BOUND: Duration = Duration::from_secs(30);
+
+/// A free loopback port (bound, then released for the process that will listen on it).
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A headless Chromium under its own `chromedriver`, with a fresh profile. The driver runs in
+/// its own process group, which is killed and reaped on drop.
+struct Browser {
+    client: fantoccini::Client,
+    driver: Child,
+    _profile: tempfile::TempDir,
+}
+
+impl Browser {
+    async fn start() -> Browser {
+        assert!(
+            Path::new(CHROMIUM).exists() && Path::new(CHROMEDRIVER).exists(),
+            "the dashboard tests need a headless Chromium: {CHROMIUM} and {CHROMEDRIVER} are \
+             missing (apt-get install chromium chromium-driver; .ci/run installs them)"
+        );
+        let profile = tempfile::Builder::new()
+            .prefix("drover-chromium-")
+            .tempdir()
+            .unwrap();
+        let port = free_port();
+        let driver = std::process::Command::new(CHROMEDRIVER)
+            .arg(format!("--port={port}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .expect("chromedriver starts");
+        let mut caps = serde_json::Map::new();
+        caps.insert("browserName".into(), json!("chrome"));
+        caps.insert(
+            "goog:chromeOptions".into(),
+            json!({
+                "binary": CHROMIUM,
+                "args": [
+                    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                    "--no-first-run", "--disable-background-networking",
+                    "--disable-component-update", "--disable-sync",
+                    "--disable-dev-shm-usage", "--window-size=1280,900",
+                    format!("--user-data-dir={}", profile.path().display()),
+                ],
+            }),
+        );
+        let url = format!("http://127.0.0.1:{port}");
+        let deadline = Instant::now() + BOUND;
+        let browser = Browser {
+            client: loop {
+                // chromedriver takes a moment to listen.
+                match ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+                    .capabilities(caps.clone())
+                    .connect(&url)
+                    .await
+                {
+                    Ok(c) => break c,
+                    Err(e) if Instant::now() > deadline => {
+                        panic!("no WebDriver session from {CHROMEDRIVER} within {BOUND:?}: {e}")
+                    }
+                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            },
+            driver,
+            _profile: profile,
+        };
+        browser.client.set_window_size(1280, 900).await.unwrap();
+        browser
+    }
+
+    async fn goto(&self, url: &str) {
+        self.client.goto(url).await.unwrap();
+    }
+
+    /// The text of the first element matching `css`, if there is one.
+    async fn text(&self, css: &str) -> Option<String> {
+        match self.client.find(Locator::Css(css)).await {
+            Ok(el) => el.text().await.ok(),
+            Err(_) => None,
+        }
+    }
+
+    /// Waits until an element matching `css` has text that `pred` accepts; returns that text.
+    async fn wait_text(&self, css: &str, pred: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + BOUND;
+        loop {
+            let text = self.text(css).await;
+            if let Some(t) = &text {
+                if pred(t) {
+                    return t.clone();
+                }
+            }
+            if Instant::now() > deadline {
+                let body = self.text("body").await.unwrap_or_default();
+                panic!("{css}: {text:?} never matched within {BOUND:?}; the page says:\n{body}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until `css` matches an element.
+    async fn wait_for(&self, css: &str) -> fantoccini::elements::Element {
+        let deadline = Instant::now() + BOUND;
+        loop {
+            if let Ok(el) = self.client.find(Locator::Css(css)).await {
+                return el;
+            }
+            if Instant::now() > deadline {
+                let body = self.text("body").await.unwrap_or_default();
+                panic!("{css} never appeared within {BOUND:?}; the page says:\n{body}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until `css` matches nothing.
+    async fn wait_gone(&self, css: &str) {
+        let deadline = Instant::now() + BOUND;
+        while self.client.find(Locator::Css(css)).await.is_ok() {
+            if Instant::now() > deadline {
+                let body = self.text("body").await.unwrap_or_default();
+                panic!("{css} still there after {BOUND:?}; the page says:\n{body}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Clicks the element `css` matches. The page re-renders parts of itself as events come
+    /// in, so an element found a moment ago may be gone (stale) by the click: a click the
+    /// browser refused is tried again on the element found anew.
+    async fn click(&self, css: &str) {
+        let deadline = Instant::now() + BOUND;
+        loop {
+            let refused = match self.wait_for(css).await.click().await {
+                Ok(()) => return,
+                Err(e) => e,
+            };
+            if Instant::now() > deadline {
+                panic!("{css} could not be clicked within {BOUND:?}: {refused}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn js(&self, script: &str) -> Value {
+        self.client.execute(script, vec![]).await.unwrap()
+    }
+
+    /// Waits until the page's connection is `state` (`connected`, `disconnected`).
+    async fn wait_conn(&self, state: &str) {
+        self.wait_for(&format!("body[data-conn={state}]")).await;
+    }
+
+    /// Saves the page as `docs/img/dashboard-<name>.png` when asked to.
+    async fn shot(&self, name: &str) {
+        if std::env::var_os("DROVER_WRITE_DASHBOARD_SCREENSHOTS").is_none() {
+            return;
+        }
+        // Let the last render and the fonts settle.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let png = self.client.screenshot().await.unwrap();
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../docs/img");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(format!("dashboard-{name}.png")), png).unwrap();
+    }
+
+    /// Ends the WebDriver session (the browser quits), then the driver (on drop).
+    async fn quit(self) {
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.client.clone().close()).await;
+    }
+}
+
+/// Every process below `pid`, children first found first.
+fn descendants(pid: u32) -> Vec<u32> {
+    let mut all = children_of(pid);
+    let mut i = 0;
+    while i < all.len() {
+        let below = children_of(all[i]);
+        all.extend(below);
+        i += 1;
+    }
+    all
+}
+
+/// SIGKILLs the driver, its process group and every process below it (the browser, which may
+/// have left the group), and reaps the driver.
+fn kill_group(driver: &mut Child) {
+    let below = descendants(driver.id());
+    if let Ok(pid) = i32::try_from(driver.id()) {
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    for pid in below {
+        signal(pid, nix::sys::signal::Signal::SIGKILL);
+    }
+    let _ = driver.kill();
+    let _ = driver.wait();
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        kill_group(&mut self.driver);
+    }
+}
+
+/// `drover ui --no-open --json`: the one-time login link.
+async fn login_link(home: &Path) -> String {
+    let out = run_drover(bin(), home, None, &["ui", "--no-open", "--json"]).await;
+    assert!(
+        out.status.success(),
+        "drover ui failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["url"].as_str().unwrap().to_string()
+}
+
+/// `http://127.0.0.1:<port>` of a login link.
+fn origin_of(link: &str) -> String {
+    link.split("/ui/").next().unwrap().to_string()
+}
+
+/// Runs `drover job ...` on the home's registry; returns stdout.
+async fn job(home: &Path, args: &[&str]) -> String {
+    let mut all = vec!["job"];
+    all.extend_from_slice(args);
+    let out = run_drover(bin(), home, None, &all).await;
+    assert!(
+        out.status.success(),
+        "drover {all:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[tokio::test]
+async fn a_browser_logs_in_once_and_watches_and_steers_sessions_and_jobs() {
+    let model = MockModel::start().await;
+    let home = TestHome::new().unwrap();
+    // A fixed port, so the page can still reach the daemon after its restart below.
+    let port = free_port();
+    let echo = drover_test_support::mcp_echo_bin().display().to_string();
+    home.write_model_config(
+        &model.base_url(),
+        true,
+        &format!("listen = \"127.0.0.1:{port}\"\n\n[mcp_servers.echo]\ncommand = {echo:?}\n"),
+    )
+    .unwrap();
+    let scratch = tempfile::Builder::new()
+        .prefix("drover-dashboard-")
+        .tempdir()
+        .unwrap();
+    let mut daemon = Daemon::start(bin(), home.path()).await.unwrap();
+    let mut c = daemon.client().await.unwrap();
+    let created = c
+        .call_ok(
+            "session.create",
+            json!({"request_id": "dashboard-demo", "cwd": scratch.path(), "toolsets": ["terminal", "echo"], "title": "Tidy the build cache"}),
+        )
+        .await
+        .unwrap();
+    let sid = created["session_id"].as_str().unwrap().to_string();
+    model.push(
+        Reply::text("The cache is under `target/`; it holds **4.2 GB**.").usage(812, 37, 849),
+    );
+    c.complete_turn(&sid, "How big is the build cache?")
+        .await
+        .unwrap();
+
+    let browser = Browser::start().await;
+    let link = login_link(home.path()).await;
+    let origin = origin_of(&link);
+    assert_eq!(origin, format!("http://127.0.0.1:{port}"));
+
+    // The link logs in, and lands on the session list.
+    browser.goto(&link).await;
+    browser.wait_conn("connected").await;
+    let row = format!("tr[data-session=\"{sid}\"]");
+    let listed = browser
+        .wait_text(&row, |t| t.contains("Tidy the build cache"))
+        .await;
+    assert!(
+        listed.contains("idle") && listed.contains("849"),
+        "{listed}"
+    );
+    let current = browser.client.current_url().await.unwrap();
+    assert_eq!(
+        current.path(),
+        "/ui/",
+        "the code stays out of the address bar"
+    );
+    // Its code is spent.
+    browser.goto(&link).await;
+    browser
+        .wait_text("#refusal", |t| t.contains("not valid"))
+        .await;
+
+    // A streamed answer shows while its turn runs, and the Interrupt button stops it.
+    browser.goto(&format!("{origin}/ui/#/session/{sid}")).await;
+    browser.wait_conn("connected").await;
+    browser.wait_for("#transcript .msg.assistant").await;
+    model.push(
+        Reply::text("Scanning target/debug/incremental for stale artefacts").stall_after_text(),
+    );
+    browser
+        .wait_for("#input")
+        .await
+        .send_keys("List what can go")
+        .await
+        .unwrap();
+    browser.click("#send").await;
+    browser
+        .wait_text("#live-text", |t| {
+            t.contains("Scanning target/debug/incremental")
+        })
+        .await;
+    browser.wait_for("#interrupt:not([disabled])").await;
+    browser.shot("streaming").await;
+    browser.click("#interrupt").await;
+    browser.wait_gone("#live .msg").await;
+    browser.wait_for("#session [data-state=idle]").await;
+
+    // An answer in Markdown.
+    model.push(Reply::text(
+        "## Plan\n\n1. Keep `target/release`\n2. Delete the **incremental** caches\n\nShall I go ahead?",
+    ));
+    browser
+        .wait_for("#input")
+        .await
+        .send_keys("Make a plan")
+        .await
+        .unwrap();
+    browser.click("#send").await;
+    browser
+        .wait_text("#transcript .msg.assistant:last-child strong", |t| {
+            t == "incremental"
+        })
+        .await;
+    browser
+        .wait_text("#transcript .msg.assistant:last-child code", |t| {
+            t == "target/release"
+        })
+        .await;
+
+    // An `rm -rf` waits for approval; the button answers it and the turn finishes.
+    let victim = script_rm_victim(&model, scratch.path(), "Deleted the **victim** directory.");
+    browser
+        .wait_for("#input")
+        .await
+        .send_keys("Delete the victim directory")
+        .await
+        .unwrap();
+    browser.click("#send").await;
+    let card = browser
+        .wait_text(".prompt[data-kind=approval]", |t| t.contains("rm -rf"))
+        .await;
+    assert!(
+        card.contains("Allow once") && card.contains("Deny"),
+        "{card}"
+    );
+    assert!(victim.exists(), "nothing runs before the answer");
+    browser.shot("approval").await;
+    // The list says why the session waits.
+    browser.goto(&format!("{origin}/ui/#/sessions")).await;
+    browser
+        .wait_text(&row, |t| t.contains("waiting for approval"))
+        .await;
+    browser.shot("sessions").await;
+    browser.goto(&format!("{origin}/ui/#/session/{sid}")).await;
+    browser
+        .click(".prompt[data-kind=approval] button[data-choice=once]")
+        .await;
+    browser
+        .wait_text("#transcript .msg.assistant:last-child", |t| {
+            t.contains("Deleted the victim directory.")
+        })
+        .await;
+    browser.wait_gone(".prompt").await;
+    assert!(!victim.exists(), "the approved rm -rf ran");
+    // Its tool call is a block with the arguments and the result.
+    browser
+        .click("#transcript details.tool[data-tool=terminal] summary")
+        .await;
+    browser
+        .wait_text("#transcript details.tool[open] .result", |t| !t.is_empty())
+        .await;
+    browser
+        .js("document.querySelector('#transcript details.tool[open]').scrollIntoView({block: 'center'})")
+        .await;
+    browser.shot("session").await;
+
+    // Away and back: events of a turn that ran meanwhile come from the stored stream.
+    browser.js("window.droverDashboard.hold()").await;
+    browser.wait_conn("disconnected").await;
+    model.push(Reply::text("Answered while the page was away."));
+    c.complete_turn(&sid, "Anything else?").await.unwrap();
+    browser.js("window.droverDashboard.release()").await;
+    browser
+        .wait_text("#transcript", |t| {
+            t.contains("Answered while the page was away.")
+        })
+        .await;
+    let caught_up = browser.wait_for("#session[data-caught-up]").await;
+    let missed: u64 = caught_up
+        .attr("data-caught-up")
+        .await
+        .unwrap()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(missed > 0, "no event came from session.events.since");
+
+    // A turn whose worker dies is `unknown` and holds the queue: Cancel takes a queued input
+    // off, and Resolve unknown lets the queue go on.
+    let gate = Gate::new();
+    model.push(Reply::text("never delivered").gated(&gate));
+    browser
+        .wait_for("#input")
+        .await
+        .send_keys("Check the disk")
+        .await
+        .unwrap();
+    browser.click("#send").await;
+    assert!(
+        gate.wait_reached(BOUND).await,
+        "the turn never asked the model"
+    );
+    let worker = daemon.wait_worker().await.unwrap();
+    signal(worker, nix::sys::signal::Signal::SIGKILL);
+    browser
+        .wait_for("#session [data-state=paused_unknown]")
+        .await;
+    browser
+        .wait_for("#input")
+        .await
+        .send_keys("Queued behind it")
+        .await
+        .unwrap();
+    browser.click("#send").await;
+    browser
+        .click("#pending li[data-status=queued] button")
+        .await;
+    browser.wait_gone("#pending li[data-status=queued]").await;
+    browser.click("#resolve").await;
+    browser.wait_for("#session [data-state=idle]").await;
+    browser.wait_gone("#pending li").await;
+    gate.open();
+
+    // Jobs: a job's status changes on the page as its agent publishes.
+    let jid = job(
+        home.path(),
+        &[
+            "register",
+            "--prompt",
+            "Refactor the config parser",
+            "--heartbeat",
+            "10",
+        ],
+    )
+    .await;
+    let other = job(
+        home.path(),
+        &[
+            "register",
+            "--prompt",
+            "Review the parser refactor",
+            "--heartbeat",
+            "30",
+        ],
+    )
+    .await;
+    browser.goto(&format!("{origin}/ui/#/jobs")).await;
+    let job_row = format!("tr[data-job=\"{jid}\"] .job-status");
+    browser.wait_text(&job_row, |t| t.contains("pending")).await;
+    job(
+        home.path(),
+        &["publish", "--job", &jid, "--event", "started"],
+    )
+    .await;
+    browser.wait_text(&job_row, |t| t.contains("running")).await;
+    job(
+        home.path(),
+        &[
+            "publish",
+            "--job",
+            &jid,
+            "--event",
+            "progress",
+            "--detail",
+            "tests pass",
+        ],
+    )
+    .await;
+    job(
+        home.path(),
+        &[
+            "publish",
+            "--job",
+            &jid,
+            "--event",
+            "completed",
+            "--detail",
+            "parser refactored",
+        ],
+    )
+    .await;
+    browser
+        .wait_text(&job_row, |t| t.contains("completed"))
+        .await;
+    job(
+        home.path(),
+        &["publish", "--job", &other, "--event", "started"],
+    )
+    .await;
+    browser
+        .wait_text(&format!("tr[data-job=\"{other}\"] .job-status"), |t| {
+            t.contains("running")
+        })
+        .await;
+    browser.shot("jobs").await;
+    browser.goto(&format!("{origin}/ui/#/job/{jid}")).await;
+    browser
+        .wait_text("#job table", |t| {
+            t.contains("parser refactored") && t.contains("started")
+        })
+        .await;
+    browser.shot("job").await;
+
+    // A background process, and the MCP servers.
+    model.push(Reply::tool_call(
+        "call_echo",
+        "mcp__echo__echo",
+        json!({"text": "watching"}),
+    ));
+    model.push(Reply::tool_call(
+        "call_bg",
+        "terminal",
+        json!({"command": "sleep 120", "background": true}),
+    ));
+    model.push(Reply::text("Started the watcher in the background."));
+    c.complete_turn(&sid, "Start a watcher").await.unwrap();
+    browser.goto(&format!("{origin}/ui/#/processes")).await;
+    browser
+        .wait_text("#processes table", |t| {
+            t.contains("sleep 120") && t.contains("running")
+        })
+        .await;
+    browser.shot("processes").await;
+    let snap = c
+        .call_ok("session.resume", json!({"session_id": sid}))
+        .await
+        .unwrap();
+    for p in snap["processes"].as_array().unwrap() {
+        let pid = p["pid"].as_i64().unwrap() as i32;
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    browser.goto(&format!("{origin}/ui/#/mcp")).await;
+    browser
+        .wait_text("tr[data-server=echo]", |t| t.contains("mcp__echo__echo"))
+        .await;
+    browser.shot("mcp").await;
+
+    // A restart: the page sees the new epoch, and that its login ended with the old start.
+    browser.goto(&format!("{origin}/ui/#/sessions")).await;
+    browser
+        .wait_text("#daemon", |t| t.contains("epoch 1"))
+        .await;
+    drop(c);
+    daemon.kill().unwrap();
+    let daemon = Daemon::start(bin(), home.path()).await.unwrap();
+    assert_eq!(daemon.epoch(), 2);
+    browser
+        .wait_text("#banner", |t| t.contains("restarted: epoch 1 → 2"))
+        .await;
+    browser.wait_for("#daemon[data-epoch=\"2\"]").await;
+    // A new link logs in again, and the page still says what changed.
+    let link = login_link(home.path()).await;
+    browser.goto(&link).await;
+    browser.wait_conn("connected").await;
+    browser
+        .wait_text("#banner", |t| t.contains("restarted: epoch 1 → 2"))
+        .await;
+    browser
+        .wait_text(&row, |t| t.contains("Tidy the build cache"))
+        .await;
+    browser.quit().await;
+}
+
+#[tokio::test]
+async fn a_login_link_works_once_and_expires() {
+    let home = TestHome::new().unwrap();
+    let _daemon = Daemon::start_with_env(bin(), home.path(), &[("DROVER_UI_LOGIN_TTL_S", "1")])
+        .await
+        .unwrap();
+    let browser = Browser::start().await;
+    let first = login_link(home.path()).await;
+    let stale = login_link(home.path()).await;
+    browser.goto(&first).await;
+    browser.wait_conn("connected").await;
+    browser.goto(&first).await;
+    browser
+        .wait_text("#refusal", |t| t.contains("not valid"))
+        .await;
+    // The second link was made with the first; by now it is past its second.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    browser.goto(&stale).await;
+    browser
+        .wait_text("#refusal", |t| t.contains("expired"))
+        .await;
+    // And an expired code is spent too.
+    browser.goto(&stale).await;
+    browser
+        .wait_text("#refusal", |t| t.contains("not valid"))
+        .await;
+    browser.quit().await;
+}
+
+/// A page served from another origin: it tries to open the daemon's WebSocket from the browser
+/// that holds the login cookie, and says whether it opened.
+const FOREIGN_PAGE: &str = r#"<!doctype html><meta charset=utf-8><title>elsewhere</title>
+<p id=result>trying</p>
+<script>
+const ws = new WebSocket(new URLSearchParams(location.search).get("ws"));
+ws.onopen = () => { document.getElementById("result").textContent = "open"; };
+ws.onclose = () => {
+  const r = document.getElementById("result");
+  if (r.textContent === "trying") r.textContent = "refused";
+};
+</script>"#;
+
+/// Serves [`FOREIGN_PAGE`] to every request on `listener` (a thread; it ends with the test).
+fn serve_foreign_page(listener: TcpListener) {
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut s) = stream else { break };
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf);
+            let _ = write!(
+                s,
+                "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{FOREIGN_PAGE}",
+                FOREIGN_PAGE.len()
+            );
+        }
+    });
+}
+
+/// The status code the daemon answers a WebSocket upgrade with these extra header lines.
+fn upgrade_status(addr: SocketAddr, extra: &str) -> u16 {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "GET /v1/ws HTTP/1.1\r\nHost: {addr}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+         Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n{extra}\r\n"
+    )
+    .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") && s.read(&mut byte).unwrap_or(0) == 1 {
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head);
+    head.split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("no status line: {head:?}"))
+}
+
+#[tokio::test]
+async fn a_page_on_another_origin_cannot_open_the_websocket() {
+    let home = TestHome::new().unwrap();
+    let daemon = Daemon::start(bin(), home.path()).await.unwrap();
+    let browser = Browser::start().await;
+    let link = login_link(home.path()).await;
+    let origin = origin_of(&link);
+    browser.goto(&link).await;
+    browser.wait_conn("connected").await;
+
+    // The page of another origin (another port of the same host, so the browser does send
+    // the login cookie along) is refused at the upgrade.
+    let foreign = TcpListener::bind("127.0.0.1:0").unwrap();
+    let foreign_origin = format!("http://{}", foreign.local_addr().unwrap());
+    serve_foreign_page(foreign);
+    let ws = format!("{}/v1/ws", origin.replacen("http", "ws", 1));
+    browser.goto(&format!("{foreign_origin}/?ws={ws}")).await;
+    let result = browser.wait_text("#result", |t| t != "trying").await;
+    assert_eq!(result, "refused");
+
+    // What the browser sent, replayed by hand: the cookie opens the socket only with the
+    // daemon's own origin, and never without an origin; the bearer token works as before.
+    let cookies = browser.client.get_all_cookies().await.unwrap();
+    let cookie = cookies
+        .iter()
+        .find(|c| c.name().starts_with("drover_ui_"))
+        .expect("the login cookie");
+    assert_eq!(cookie.http_only(), Some(true));
+    assert_eq!(format!("{:?}", cookie.same_site()), "Some(Strict)");
+    let cookie = format!("Cookie: {}={}\r\n", cookie.name(), cookie.value());
+    let addr: SocketAddr = origin.trim_start_matches("http://").parse().unwrap();
+    let with = |origin: &str| format!("{cookie}Origin: {origin}\r\n");
+    assert_eq!(upgrade_status(addr, &with(&foreign_origin)), 403);
+    assert_eq!(upgrade_status(addr, &with("http://localhost:1")), 403);
+    assert_eq!(upgrade_status(addr, &with("null")), 403);
+    assert_eq!(upgrade_status(addr, &with(&origin)), 101);
+    assert_eq!(upgrade_status(addr, &format!("Origin: {origin}\r\n")), 401);
+    assert_eq!(upgrade_status(addr, &cookie), 401);
+    let bearer = format!("Authorization: Bearer {}\r\n", daemon.token());
+    assert_eq!(upgrade_status(addr, &bearer), 101);
+    assert_eq!(
+        upgrade_status(addr, &format!("{bearer}Origin: {foreign_origin}\r\n")),
+        403
+    );
+
+    // A logged-in page cannot mint login links for others.
+    browser.goto(&format!("{origin}/ui/")).await;
+    browser.wait_conn("connected").await;
+    let refused = browser
+        .client
+        .execute_async(
+            r#"const done = arguments[0];
+            const ws = new WebSocket(location.origin.replace("http", "ws") + "/v1/ws");
+            ws.onopen = () => ws.send(JSON.stringify({jsonrpc: "2.0", id: 1, method: "ui.login_code", params: {}}));
+            ws.onmessage = (m) => done(JSON.parse(m.data));
+            ws.onclose = () => done(null);"#,
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        refused["error"]["data"]["reason"], "permission_denied",
+        "{refused}"
+    );
+    let mut c = Client::connect(&daemon.url(), Some(&daemon.token()))
+        .await
+        .unwrap();
+    let minted = c.call_ok("ui.login_code", json!({})).await.unwrap();
+    assert!(minted["url"]
+        .as_str()
+        .unwrap()
+        .starts_with(&format!("{origin}/ui/login?code=")));
+    browser.quit().await;
+}
+
+#[tokio::test]
+async fn drover_ui_on_a_fresh_home_starts_the_daemon_and_prints_a_working_link() {
+    let home = TestHome::new().unwrap();
+    let _stop = KillDaemonOnDrop(home.path());
+    let out = run_drover(bin(), home.path(), None, &["ui", "--no-open"]).await;
+    assert!(
+        out.status.success(),
+        "drover ui: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let link = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let info = daemon_info(home.path()).expect("drover ui started a daemon");
+    let port = info["url"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("ws://127.0.0.1:")
+        .trim_end_matches("/v1/ws")
+        .to_string();
+    assert!(
+        link.starts_with(&format!("http://127.0.0.1:{port}/ui/login?code=")),
+        "{link}"
+    );
+    let login = |link: &str| {
+        let path = link.trim_start_matches(&format!("http://127.0.0.1:{port}"));
+        let mut s = TcpStream::connect(format!("127.0.0.1:{port}")).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut answer = String::new();
+        let _ = s.read_to_string(&mut answer);
+        answer
+    };
+    let first = login(&link);
+    assert!(first.starts_with("HTTP/1.1 303"), "{first}");
+    assert!(first.contains("location: /ui/"), "{first}");
+    assert!(first.contains("HttpOnly; SameSite=Strict"), "{first}");
+    let again = login(&link);
+    assert!(again.starts_with("HTTP/1.1 403"), "{again}");
+}

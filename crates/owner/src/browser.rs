@@ -1,0 +1,254 @@
+//! How a browser logs in to the dashboard (issue 16) without weakening the API (SPEC section 1).
+//!
+//! `drover ui` asks for a one-time code over its bearer-token connection (`ui.login_code`).
+//! `GET /ui/login?code=<code>` spends the code (once, within [`LOGIN_CODE_TTL`]) for a cookie
+//! that is `HttpOnly; SameSite=Strict` and signed with a key drawn at this daemon's start, so a
+//! restart invalidates every cookie. `/v1/ws` takes that cookie only together with an `Origin`
+//! equal to the daemon's own origin ([`BrowserAuth::origin`]); every other `Origin` is refused
+//! as before, and a request without `Origin` must carry the bearer token as before.
+//!
+//! Codes are kept by their SHA-256 only, so a lookup compares digests, never the codes; the
+//! cookie's MAC is checked in constant time.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use drover_protocol::Secret;
+use hmac::{Hmac, Mac};
+use sha2::{Digest, Sha256};
+
+/// How long a login code is good for.
+pub const LOGIN_CODE_TTL: Duration = Duration::from_secs(60);
+
+/// The most unspent codes kept; past it the oldest goes (each `drover ui` makes one).
+const MAX_OPEN_CODES: usize = 64;
+
+/// The cookie's name prefix; the port follows, since browsers share cookies across the ports
+/// of one host and two homes' daemons must not overwrite each other's.
+const COOKIE_PREFIX: &str = "drover_ui_";
+
+/// The login state of one daemon start.
+pub struct BrowserAuth {
+    origin: String,
+    ttl: Duration,
+    cookie_name: String,
+    secure: bool,
+    key: [u8; 32],
+    /// SHA-256 of each unspent code, with when it expires, oldest first.
+    codes: Mutex<VecDeque<([u8; 32], Instant)>>,
+}
+
+/// Why a code did not log in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum LoginRefusal {
+    /// Not a code this daemon start gave, or one already spent.
+    #[error("this login link is not valid (already used, or from another daemon start)")]
+    Unknown,
+    /// Given, but longer ago than the code's lifetime.
+    #[error("this login link has expired (a link works within 60 seconds of `drover ui`)")]
+    Expired,
+}
+
+fn random_bytes<const N: usize>() -> std::io::Result<[u8; N]> {
+    let mut bytes = [0u8; N];
+    getrandom::fill(&mut bytes).map_err(|e| std::io::Error::other(e.to_string()))?;
+    Ok(bytes)
+}
+
+fn digest(code: &str) -> [u8; 32] {
+    Sha256::digest(code.as_bytes()).into()
+}
+
+impl BrowserAuth {
+    /// The login state for a daemon whose clients reach it at `origin`
+    /// (`http://127.0.0.1:<port>`, or `https://...` with TLS), its codes good for `ttl`
+    /// ([`LOGIN_CODE_TTL`]); draws this start's cookie key.
+    pub fn new(origin: String, ttl: Duration) -> std::io::Result<BrowserAuth> {
+        let port = origin.rsplit(':').next().unwrap_or_default().to_string();
+        Ok(BrowserAuth {
+            secure: origin.starts_with("https://"),
+            cookie_name: format!("{COOKIE_PREFIX}{port}"),
+            origin,
+            ttl,
+            key: random_bytes()?,
+            codes: Mutex::new(VecDeque::new()),
+        })
+    }
+
+    /// The daemon's own origin: the only `Origin` `/v1/ws` accepts (with the cookie).
+    pub fn origin(&self) -> &str {
+        &self.origin
+    }
+
+    /// How long a code stays good.
+    pub fn code_ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// A new one-time code, good for [`BrowserAuth::code_ttl`].
+    pub fn issue_code(&self) -> std::io::Result<Secret> {
+        let code = hex::encode(random_bytes::<32>()?);
+        let now = Instant::now();
+        let mut codes = self.codes.lock().unwrap_or_else(|p| p.into_inner());
+        codes.retain(|(_, expires)| *expires > now);
+        while codes.len() >= MAX_OPEN_CODES {
+            codes.pop_front();
+        }
+        codes.push_back((digest(&code), now + self.ttl));
+        Ok(Secret::new(code))
+    }
+
+    /// The login link for `code`.
+    pub fn login_url(&self, code: &Secret) -> Secret {
+        Secret::new(format!("{}/ui/login?code={}", self.origin, code.expose()))
+    }
+
+    /// Spends `code`: the `Set-Cookie` value of a new login, or why not. A code works once,
+    /// expired or not.
+    pub fn redeem(&self, code: &str) -> Result<String, LoginRefusal> {
+        let expires = {
+            let mut codes = self.codes.lock().unwrap_or_else(|p| p.into_inner());
+            let wanted = digest(code);
+            let at = codes.iter().position(|(d, _)| *d == wanted);
+            at.and_then(|i| codes.remove(i)).map(|(_, expires)| expires)
+        };
+        match expires {
+            None => Err(LoginRefusal::Unknown),
+            Some(at) if at <= Instant::now() => Err(LoginRefusal::Expired),
+            Some(_) => {
+                let nonce = hex::encode(random_bytes::<16>().map_err(|_| LoginRefusal::Unknown)?);
+                let value = format!("{nonce}.{}", hex::encode(self.mac(&nonce)));
+                let secure = if self.secure { "; Secure" } else { "" };
+                Ok(format!(
+                    "{}={value}; Path=/; HttpOnly; SameSite=Strict{secure}",
+                    self.cookie_name
+                ))
+            }
+        }
+    }
+
+    fn mac(&self, nonce: &str) -> Vec<u8> {
+        self.mac_state(nonce).finalize().into_bytes().to_vec()
+    }
+
+    fn mac_state(&self, nonce: &str) -> Hmac<Sha256> {
+        // A key of any length is accepted by HMAC; this arm never runs.
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.key)
+            .unwrap_or_else(|_| <Hmac<Sha256> as Mac>::new(&Default::default()));
+        mac.update(b"drover ui cookie\0");
+        mac.update(nonce.as_bytes());
+        mac
+    }
+
+    /// Whether a `Cookie` header carries a login cookie of this daemon start.
+    pub fn cookie_valid(&self, cookie_header: &str) -> bool {
+        cookie_header
+            .split(';')
+            .filter_map(|pair| pair.trim().split_once('='))
+            .filter(|(name, _)| *name == self.cookie_name)
+            .any(|(_, value)| self.value_valid(value))
+    }
+
+    fn value_valid(&self, value: &str) -> bool {
+        let Some((nonce, mac)) = value.split_once('.') else {
+            return false;
+        };
+        let Ok(mac) = hex::decode(mac) else {
+            return false;
+        };
+        self.mac_state(nonce).verify_slice(&mac).is_ok()
+    }
+
+    /// Whether an upgrade with `origin` and `cookie` (the request's headers) is a logged-in
+    /// dashboard: the origin is exactly ours and the cookie is valid.
+    pub fn admits(&self, origin: &str, cookie: Option<&str>) -> bool {
+        origin == self.origin && cookie.is_some_and(|c| self.cookie_valid(c))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn auth() -> BrowserAuth {
+        BrowserAuth::new("http://127.0.0.1:4242".into(), LOGIN_CODE_TTL).unwrap()
+    }
+
+    /// `name=value` of a `Set-Cookie` line.
+    fn pair(set_cookie: &str) -> &str {
+        set_cookie.split(';').next().unwrap()
+    }
+
+    #[test]
+    fn a_code_logs_in_once_and_the_cookie_is_strict_and_http_only() {
+        let a = auth();
+        let code = a.issue_code().unwrap();
+        assert_eq!(
+            a.login_url(&code).expose(),
+            format!("http://127.0.0.1:4242/ui/login?code={}", code.expose())
+        );
+        let cookie = a.redeem(code.expose()).unwrap();
+        assert!(cookie.starts_with("drover_ui_4242="), "{cookie}");
+        assert!(cookie.contains("; HttpOnly"), "{cookie}");
+        assert!(cookie.contains("; SameSite=Strict"), "{cookie}");
+        assert!(!cookie.contains("Secure"), "{cookie}");
+        assert_eq!(a.redeem(code.expose()), Err(LoginRefusal::Unknown));
+        assert!(a.admits("http://127.0.0.1:4242", Some(pair(&cookie))));
+        assert!(a.admits(
+            "http://127.0.0.1:4242",
+            Some(&format!("other=1; {}", pair(&cookie)))
+        ));
+    }
+
+    #[test]
+    fn another_origin_a_forged_cookie_or_another_start_is_refused() {
+        let a = auth();
+        let cookie = a.redeem(a.issue_code().unwrap().expose()).unwrap();
+        let cookie = pair(&cookie);
+        assert!(!a.admits("http://localhost:4242", Some(cookie)));
+        assert!(!a.admits("http://127.0.0.1:4243", Some(cookie)));
+        assert!(!a.admits("null", Some(cookie)));
+        assert!(!a.admits("http://127.0.0.1:4242", None));
+        let (name, value) = cookie.split_once('=').unwrap();
+        let (nonce, _) = value.split_once('.').unwrap();
+        let forged = format!("{name}={nonce}.{}", "00".repeat(32));
+        assert!(!a.admits("http://127.0.0.1:4242", Some(&forged)));
+        // A restart draws a new key: the old cookie is worthless.
+        let restarted = auth();
+        assert!(!restarted.admits("http://127.0.0.1:4242", Some(cookie)));
+        assert_eq!(restarted.redeem("0123"), Err(LoginRefusal::Unknown));
+    }
+
+    #[test]
+    fn an_expired_code_is_refused_and_spent() {
+        let a = auth();
+        let code = a.issue_code().unwrap();
+        {
+            let mut codes = a.codes.lock().unwrap();
+            for (_, expires) in codes.iter_mut() {
+                *expires = Instant::now() - Duration::from_millis(1);
+            }
+        }
+        assert_eq!(a.redeem(code.expose()), Err(LoginRefusal::Expired));
+        assert_eq!(a.redeem(code.expose()), Err(LoginRefusal::Unknown));
+    }
+
+    #[test]
+    fn open_codes_are_bounded() {
+        let a = auth();
+        let first = a.issue_code().unwrap();
+        for _ in 0..MAX_OPEN_CODES {
+            a.issue_code().unwrap();
+        }
+        assert_eq!(a.codes.lock().unwrap().len(), MAX_OPEN_CODES);
+        assert_eq!(a.redeem(first.expose()), Err(LoginRefusal::Unknown));
+    }
+
+    #[test]
+    fn tls_cookies_are_secure() {
+        let a = BrowserAuth::new("https://127.0.0.1:4242".into(), LOGIN_CODE_TTL).unwrap();
+        let cookie = a.redeem(a.issue_code().unwrap().expose()).unwrap();
+        assert!(cookie.ends_with("; Secure"), "{cookie}");
+    }
+}

@@ -1,0 +1,1147 @@
+// drover's web dashboard (issue 16). A plain ES module: it speaks the same JSON-RPC 2.0 over
+// `/v1/ws` as every other client (docs/protocol.md), logged in by the cookie `/ui/login` set.
+// Views: sessions, one session, jobs, one job, background processes, MCP servers.
+
+import { escapeHtml, renderMarkdown } from "./markdown.js";
+
+// ---------------------------------------------------------------------------------------------
+// Small DOM helpers
+
+function h(tag, attrs = {}, ...children) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k.startsWith("on") && typeof v === "function") el.addEventListener(k.slice(2), v);
+    else if (k === "class") el.className = v;
+    else if (k === "html") el.innerHTML = v;
+    else el.setAttribute(k, v === true ? "" : String(v));
+  }
+  for (const c of children.flat()) {
+    if (c === undefined || c === null || c === false) continue;
+    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return el;
+}
+
+function now() {
+  return Date.now() / 1000;
+}
+
+function ago(at) {
+  if (at === undefined || at === null) return "never";
+  const s = Math.max(0, Math.floor(now() - at));
+  if (s < 60) return `${s} s ago`;
+  if (s < 3600) return `${Math.floor(s / 60)} min ago`;
+  if (s < 86400) return `${Math.floor(s / 3600)} h ago`;
+  return `${Math.floor(s / 86400)} d ago`;
+}
+
+function seconds(s) {
+  if (s < 120) return `${s} s`;
+  if (s < 7200) return `${Math.round(s / 60)} min`;
+  return `${Math.round(s / 3600)} h`;
+}
+
+function short(id) {
+  return String(id).slice(0, 8);
+}
+
+function newId() {
+  if (crypto.randomUUID) return crypto.randomUUID();
+  const b = crypto.getRandomValues(new Uint8Array(16));
+  return Array.from(b, (x) => x.toString(16).padStart(2, "0")).join("");
+}
+
+function errorText(e) {
+  if (!e) return "unknown error";
+  const detail = e.data && e.data.detail;
+  return detail || e.message || String(e);
+}
+
+function showError(e) {
+  const banner = document.getElementById("banner");
+  banner.hidden = false;
+  banner.className = "banner bad";
+  banner.textContent = errorText(e);
+  clearTimeout(showError.timer);
+  showError.timer = setTimeout(() => {
+    if (banner.textContent === errorText(e)) banner.hidden = true;
+  }, 8000);
+}
+
+function showBanner(text, bad = false) {
+  const banner = document.getElementById("banner");
+  banner.hidden = false;
+  banner.className = bad ? "banner bad" : "banner";
+  banner.textContent = text;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The connection: JSON-RPC over the daemon's WebSocket, reconnecting on its own.
+
+class Connection {
+  constructor() {
+    this.ws = null;
+    this.nextId = 1;
+    this.waiting = new Map();
+    this.listeners = new Set();
+    this.connected = false;
+    this.held = false;
+    this.retryMs = 500;
+    this.onOpen = () => {};
+    this.onRefused = () => {};
+  }
+
+  url() {
+    return `${location.origin.replace(/^http/, "ws")}/v1/ws`;
+  }
+
+  open() {
+    if (this.held) return;
+    setConn("connecting");
+    const ws = new WebSocket(this.url());
+    this.ws = ws;
+    let opened = false;
+    ws.onopen = () => {
+      opened = true;
+      this.connected = true;
+      this.retryMs = 500;
+      setConn("connected");
+      this.onOpen();
+    };
+    ws.onmessage = (m) => this.receive(m.data);
+    ws.onclose = () => {
+      if (this.ws !== ws) return;
+      this.connected = false;
+      for (const w of this.waiting.values()) {
+        w.reject({ message: "the connection closed", data: { reason: "disconnected" } });
+      }
+      this.waiting.clear();
+      setConn("disconnected");
+      if (!opened) this.onRefused();
+      if (!this.held) {
+        setTimeout(() => this.open(), this.retryMs);
+        this.retryMs = Math.min(this.retryMs * 2, 5000);
+      }
+    };
+  }
+
+  receive(text) {
+    let msg;
+    try {
+      msg = JSON.parse(text);
+    } catch {
+      return;
+    }
+    if (msg.id !== undefined && msg.id !== null && this.waiting.has(msg.id)) {
+      const w = this.waiting.get(msg.id);
+      this.waiting.delete(msg.id);
+      if (msg.error) w.reject(msg.error);
+      else w.resolve(msg.result);
+      return;
+    }
+    if (msg.method === "event" && msg.params) {
+      for (const l of this.listeners) l(msg.params);
+    }
+  }
+
+  call(method, params = {}) {
+    return new Promise((resolve, reject) => {
+      if (!this.connected || !this.ws) {
+        reject({ message: "not connected", data: { reason: "disconnected" } });
+        return;
+      }
+      const id = this.nextId++;
+      this.waiting.set(id, { resolve, reject });
+      this.ws.send(JSON.stringify({ jsonrpc: "2.0", id, method, params }));
+    });
+  }
+
+  // Drops the socket and stays away until `release` (for trying the reconnect path).
+  hold() {
+    this.held = true;
+    if (this.ws) this.ws.close();
+  }
+
+  release() {
+    this.held = false;
+    this.open();
+  }
+}
+
+const rpc = new Connection();
+
+function setConn(state) {
+  const el = document.getElementById("conn");
+  el.className = `conn conn-${state}`;
+  el.textContent = state;
+  document.body.dataset.conn = state;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The daemon: which start answers, and whether it changed.
+
+const EPOCH_KEY = "drover.dashboard.epoch";
+let daemon = null;
+
+async function learnDaemon() {
+  const info = await rpc.call("daemon.info");
+  const seen = daemon ? daemon.epoch : Number(sessionStorage.getItem(EPOCH_KEY) || 0);
+  daemon = info;
+  sessionStorage.setItem(EPOCH_KEY, String(info.epoch));
+  const el = document.getElementById("daemon");
+  el.textContent = `epoch ${info.epoch} · pid ${info.pid}`;
+  el.dataset.epoch = String(info.epoch);
+  if (seen && seen !== info.epoch) {
+    showBanner(`The daemon restarted: epoch ${seen} → ${info.epoch}.`);
+  } else {
+    document.getElementById("banner").hidden = true;
+  }
+}
+
+// An upgrade that never opened: the daemon is down, restarted (its cookies died with the old
+// start), or this browser is not logged in. /healthz (no login) tells which.
+async function explainRefusal() {
+  let health = null;
+  try {
+    const r = await fetch("/healthz", { cache: "no-store" });
+    health = await r.json();
+  } catch {
+    showBanner("The daemon is not reachable; retrying…", true);
+    return;
+  }
+  if (daemon && health.epoch !== undefined && health.epoch !== daemon.epoch) {
+    const el = document.getElementById("daemon");
+    el.textContent = `epoch ${health.epoch} (restarted)`;
+    el.dataset.epoch = String(health.epoch);
+    showBanner(
+      `The daemon restarted: epoch ${daemon.epoch} → ${health.epoch}. ` +
+        "Logins end with the daemon start that made them: run `drover ui` for a new link.",
+      true,
+    );
+    return;
+  }
+  showBanner("Not logged in (or the login ended): run `drover ui` for a login link.", true);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Views. Each has `root` (an element), `connected()` (called on every (re)connection), `event(e)`
+// and `dispose()`.
+
+const STATE_WORDS = {
+  idle: "idle",
+  running: "running",
+  waiting_approval: "waiting for approval",
+  waiting_clarify: "waiting for an answer",
+  paused_unknown: "paused on unknown",
+};
+
+function badge(kind, word, text) {
+  return h("span", { class: `badge ${kind}-${word}`, "data-state": word }, text ?? word);
+}
+
+class Poller {
+  constructor(fn, ms) {
+    this.fn = fn;
+    this.ms = ms;
+    this.busy = false;
+    this.timer = setInterval(() => this.tick(), ms);
+  }
+
+  async tick() {
+    if (this.busy || !rpc.connected) return;
+    this.busy = true;
+    try {
+      await this.fn();
+    } catch (e) {
+      if (!(e && e.data && e.data.reason === "disconnected")) showError(e);
+    } finally {
+      this.busy = false;
+    }
+  }
+
+  stop() {
+    clearInterval(this.timer);
+  }
+}
+
+class SessionsView {
+  constructor() {
+    this.table = h("tbody");
+    this.root = h(
+      "section",
+      { id: "sessions" },
+      h("h1", {}, "Sessions"),
+      h(
+        "table",
+        {},
+        h(
+          "thead",
+          {},
+          h(
+            "tr",
+            {},
+            ["Title", "Source", "Model", "State", "Queue", "Last activity", "Tokens"].map((t) =>
+              h("th", {}, t),
+            ),
+          ),
+        ),
+        this.table,
+      ),
+    );
+    this.poller = new Poller(() => this.refresh(), 2000);
+  }
+
+  connected() {
+    return this.poller.tick();
+  }
+
+  event() {}
+
+  async refresh() {
+    const page = await rpc.call("session.list", { limit: 200 });
+    this.table.replaceChildren();
+    if (!page.sessions.length) {
+      this.table.append(
+        h("tr", {}, h("td", { colspan: 7, class: "muted" }, "No sessions yet: start one with `drover run` or `drover chat`.")),
+      );
+    }
+    for (const s of page.sessions) {
+      const tokens =
+        s.input_tokens !== undefined
+          ? `${(s.input_tokens + s.output_tokens).toLocaleString()} (${s.input_tokens.toLocaleString()} in / ${s.output_tokens.toLocaleString()} out)`
+          : "";
+      this.table.append(
+        h(
+          "tr",
+          { "data-session": s.session_id },
+          h(
+            "td",
+            {},
+            h("a", { href: `#/session/${s.session_id}` }, s.title || `session ${short(s.session_id)}`),
+            s.error ? h("div", { class: "error-text" }, s.error) : null,
+          ),
+          h("td", {}, s.source),
+          h("td", { class: "mono" }, s.model),
+          h("td", {}, badge("state", s.state, STATE_WORDS[s.state] || s.state)),
+          h("td", { class: "num" }, String(s.pending_count)),
+          h("td", {}, ago(s.last_activity_at)),
+          h("td", { class: "num" }, tokens),
+        ),
+      );
+    }
+  }
+
+  dispose() {
+    this.poller.stop();
+  }
+}
+
+const CHOICE_WORDS = {
+  once: "Allow once",
+  session: "Allow for this session",
+  always: "Always allow",
+  deny: "Deny",
+};
+
+function toolBlock(name, args, result, isError, running) {
+  let argsText = args;
+  if (typeof args === "string") {
+    try {
+      argsText = JSON.stringify(JSON.parse(args), null, 2);
+    } catch {
+      argsText = args;
+    }
+  } else if (args !== undefined) {
+    argsText = JSON.stringify(args, null, 2);
+  }
+  const preview = (() => {
+    try {
+      const a = typeof args === "string" ? JSON.parse(args) : args;
+      return a && (a.command || a.path || a.text || "");
+    } catch {
+      return "";
+    }
+  })();
+  const resultText =
+    result === undefined || result === null
+      ? null
+      : typeof result === "string"
+        ? result
+        : JSON.stringify(result, null, 2);
+  return h(
+    "details",
+    { class: `tool${isError ? " error" : ""}`, "data-tool": name },
+    h(
+      "summary",
+      {},
+      h("span", { class: "name" }, name),
+      preview ? h("span", { class: "mono muted" }, `  ${String(preview).slice(0, 80)}`) : null,
+      running ? h("span", { class: "muted" }, "  · running…") : null,
+      isError ? h("span", {}, "  · error") : null,
+    ),
+    h(
+      "div",
+      { class: "inner" },
+      h("div", { class: "label" }, "Arguments"),
+      h("pre", {}, argsText ?? ""),
+      resultText !== null ? h("div", { class: "label" }, "Result") : null,
+      resultText !== null ? h("pre", { class: "result" }, resultText) : null,
+    ),
+  );
+}
+
+class SessionView {
+  constructor(id) {
+    this.id = id;
+    this.snap = null;
+    this.lastSeq = 0;
+    this.replayEpoch = null;
+    this.generation = 0;
+    this.liveText = "";
+    this.refreshTimer = null;
+    this.firstRender = true;
+    this.head = h("div");
+    this.prompts = h("div", { id: "prompts" });
+    this.transcript = h("div", { class: "transcript", id: "transcript" });
+    this.live = h("div", { id: "live" });
+    this.pending = h("div", { id: "pending" });
+    this.extras = h("div");
+    this.input = h("textarea", { id: "input", placeholder: "Send a message to this session…" });
+    this.send = h("button", { class: "primary", id: "send", onclick: () => this.submit() }, "Send");
+    this.root = h(
+      "section",
+      { id: "session", "data-session": id },
+      this.head,
+      this.prompts,
+      this.transcript,
+      this.live,
+      this.pending,
+      h("div", { class: "composer" }, this.input, this.send),
+      this.extras,
+    );
+    this.input.addEventListener("keydown", (e) => {
+      if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) this.submit();
+    });
+  }
+
+  async connected() {
+    // Events missed while away come from the stored stream; then `session.resume` attaches
+    // this connection again (its snapshot is the page's truth).
+    if (this.replayEpoch !== null) {
+      let missed = 0;
+      for (;;) {
+        const page = await rpc.call("session.events.since", {
+          session_id: this.id,
+          replay_epoch: this.replayEpoch,
+          last_sequence: this.lastSeq,
+        });
+        if (page.snapshot_required) break;
+        for (const e of page.events) {
+          this.event(e);
+          missed++;
+        }
+        if (!page.has_more) break;
+      }
+      this.root.dataset.caughtUp = String(missed);
+    }
+    await this.load();
+  }
+
+  async load() {
+    const snap = await rpc.call("session.resume", { session_id: this.id });
+    this.snap = snap;
+    this.replayEpoch = snap.replay_epoch;
+    this.lastSeq = Math.max(this.lastSeq, snap.last_sequence);
+    this.generation = snap.execution_generation;
+    if (!snap.running) {
+      this.liveText = "";
+      this.live.replaceChildren();
+    }
+    this.render();
+  }
+
+  scheduleRefresh() {
+    clearTimeout(this.refreshTimer);
+    this.refreshTimer = setTimeout(() => {
+      if (rpc.connected) this.load().catch(showError);
+    }, 80);
+  }
+
+  render() {
+    const s = this.snap;
+    const info = s.info;
+    const unknown = s.pending.find((p) => p.status === "unknown");
+    const state = unknown
+      ? "paused_unknown"
+      : s.prompts.some((p) => p.kind === "approval")
+        ? "waiting_approval"
+        : s.prompts.length
+          ? "waiting_clarify"
+          : s.running
+            ? "running"
+            : "idle";
+    this.head.replaceChildren(
+      h("h1", {}, info.title || `Session ${short(s.session_id)}`),
+      h(
+        "div",
+        { class: "meta" },
+        h("span", {}, "state ", badge("state", state, STATE_WORDS[state])),
+        h("span", {}, "model ", h("b", {}, info.model)),
+        h("span", {}, "source ", h("b", {}, info.source)),
+        h("span", {}, "cwd ", h("b", { class: "mono" }, info.cwd)),
+        h("span", {}, "generation ", h("b", {}, String(s.execution_generation))),
+        h("span", { class: "mono muted" }, s.session_id),
+      ),
+      h(
+        "div",
+        { class: "actions" },
+        h(
+          "button",
+          { id: "interrupt", class: "danger", disabled: !s.running, onclick: () => this.interrupt() },
+          "Interrupt",
+        ),
+        unknown
+          ? h(
+              "button",
+              { id: "resolve", onclick: () => this.admission("prompt.resolve_unknown", unknown.admission_id) },
+              "Resolve unknown",
+            )
+          : null,
+      ),
+    );
+    const follow = this.firstRender || nearBottom();
+    this.firstRender = false;
+    this.renderPrompts(s.prompts);
+    this.renderTranscript(s.messages);
+    this.renderPending(s.pending);
+    this.renderExtras(s);
+    if (follow) scrollToBottom();
+  }
+
+  renderPrompts(prompts) {
+    this.prompts.replaceChildren(...prompts.map((p) => this.promptCard(p)));
+  }
+
+  promptCard(p) {
+    if (p.kind === "approval") {
+      return h(
+        "div",
+        { class: "prompt", "data-prompt": p.prompt_id, "data-kind": "approval" },
+        h("h3", {}, "Approval needed"),
+        h("div", {}, p.description),
+        h("pre", { class: "command" }, p.command),
+        h(
+          "div",
+          { class: "actions" },
+          p.choices.map((c) =>
+            h(
+              "button",
+              {
+                class: c === "deny" ? "danger" : c === "once" ? "primary" : "",
+                "data-choice": c,
+                onclick: () => this.respond("approval.respond", p, { choice: c }),
+              },
+              CHOICE_WORDS[c] || c,
+            ),
+          ),
+        ),
+      );
+    }
+    const card = h(
+      "div",
+      { class: "prompt", "data-prompt": p.prompt_id, "data-kind": "clarify" },
+      h("h3", {}, "Question"),
+      h("div", { class: "body", html: renderMarkdown(p.question) }),
+    );
+    if (p.choices.length && p.multi_select) {
+      const boxes = p.choices.map((c) => h("input", { type: "checkbox", value: c }));
+      card.append(
+        h("div", {}, p.choices.map((c, i) => h("label", {}, boxes[i], ` ${c}  `))),
+        h(
+          "div",
+          { class: "actions" },
+          h(
+            "button",
+            {
+              class: "primary",
+              onclick: () =>
+                this.respond("clarify.respond", p, {
+                  answer: boxes.filter((b) => b.checked).map((b) => b.value),
+                }),
+            },
+            "Answer",
+          ),
+        ),
+      );
+    } else if (p.choices.length) {
+      card.append(
+        h(
+          "div",
+          { class: "actions" },
+          p.choices.map((c) =>
+            h("button", { "data-choice": c, onclick: () => this.respond("clarify.respond", p, { answer: c }) }, c),
+          ),
+        ),
+      );
+    } else {
+      const text = h("input", { type: "text", size: 60 });
+      card.append(
+        h(
+          "div",
+          { class: "actions" },
+          text,
+          h(
+            "button",
+            { class: "primary", onclick: () => this.respond("clarify.respond", p, { answer: text.value }) },
+            "Answer",
+          ),
+        ),
+      );
+    }
+    return card;
+  }
+
+  renderTranscript(messages) {
+    const results = new Map();
+    for (const m of messages) {
+      if (m.role === "tool" && m.tool_call_id) results.set(m.tool_call_id, m);
+    }
+    const out = [];
+    for (const m of messages) {
+      if (m.role === "system") continue;
+      if (m.role === "tool" && m.tool_call_id) continue;
+      const body = h("div", { class: "body", html: renderMarkdown(m.content || "") });
+      const el = h(
+        "div",
+        { class: `msg ${m.role}`, "data-role": m.role, "data-message": m.id },
+        h("div", { class: "who" }, m.role),
+        m.content ? body : null,
+      );
+      for (const call of m.tool_calls || []) {
+        const r = results.get(call.id);
+        el.append(toolBlock(call.function.name, call.function.arguments, r ? r.content : null, false, !r));
+      }
+      out.push(el);
+    }
+    if (!out.length) out.push(h("div", { class: "empty" }, "No messages yet."));
+    this.transcript.replaceChildren(...out);
+  }
+
+  renderPending(pending) {
+    if (!pending.length) {
+      this.pending.replaceChildren();
+      return;
+    }
+    const items = pending.map((p) =>
+      h(
+        "li",
+        { "data-admission": p.admission_id, "data-status": p.status },
+        badge("status", p.status === "started" ? "running" : p.status === "unknown" ? "error" : "pending", p.status),
+        h("span", { class: "text" }, p.kind === "compact" ? "(compaction)" : p.text),
+        p.status === "queued"
+          ? h("button", { onclick: () => this.admission("prompt.cancel", p.admission_id) }, "Cancel")
+          : null,
+        p.status === "unknown"
+          ? h("button", { onclick: () => this.admission("prompt.resolve_unknown", p.admission_id) }, "Resolve unknown")
+          : null,
+      ),
+    );
+    this.pending.replaceChildren(h("h2", {}, "Queue"), h("ul", { class: "pending-list panel" }, items));
+  }
+
+  renderExtras(s) {
+    const parts = [];
+    if (s.processes.length) {
+      parts.push(h("h2", {}, "Background processes"), processTable(s.processes.map((p) => ({ ...p, session_id: s.session_id }))));
+    }
+    if (s.jobs.length) {
+      parts.push(
+        h("h2", {}, "Jobs"),
+        h(
+          "table",
+          {},
+          h("thead", {}, h("tr", {}, ["Job", "Status", "Transport", "Attempt"].map((t) => h("th", {}, t)))),
+          h(
+            "tbody",
+            {},
+            s.jobs.map((j) =>
+              h(
+                "tr",
+                {},
+                h("td", {}, h("a", { href: `#/job/${j.job_id}` }, j.job_id)),
+                h("td", {}, j.error ? h("span", { class: "error-text" }, j.error) : badge("status", j.status)),
+                h("td", {}, j.transport || ""),
+                h("td", { class: "num" }, j.attempt_id ?? ""),
+              ),
+            ),
+          ),
+        ),
+      );
+    }
+    this.extras.replaceChildren(...parts);
+  }
+
+  liveBlock() {
+    if (!this.live.firstChild) {
+      this.live.append(
+        h(
+          "div",
+          { class: "msg live", "data-role": "live" },
+          h("div", { class: "who" }, "assistant · streaming"),
+          h("div", { class: "body", id: "live-text" }),
+          h("div", { id: "live-tools" }),
+          h("div", { class: "muted", id: "live-progress" }),
+        ),
+      );
+    }
+    return this.live.firstChild;
+  }
+
+  event(e) {
+    if (e.session_id !== this.id) return;
+    if (e.seq !== undefined && e.seq !== null) {
+      if (e.seq <= this.lastSeq) return;
+      this.lastSeq = e.seq;
+    }
+    const p = e.payload || {};
+    switch (e.type) {
+      case "turn.started":
+        this.generation = p.execution_generation;
+        this.liveText = "";
+        this.live.replaceChildren();
+        this.liveBlock();
+        this.scheduleRefresh();
+        break;
+      case "message.delta": {
+        const follow = nearBottom();
+        this.liveText += p.text || "";
+        const el = this.liveBlock().querySelector("#live-text");
+        el.innerHTML = renderMarkdown(this.liveText);
+        if (follow) scrollToBottom();
+        break;
+      }
+      case "tool.start":
+        this.liveBlock()
+          .querySelector("#live-tools")
+          .append(Object.assign(toolBlock(p.name, p.args, null, false, true), { id: `tool-${p.tool_id}` }));
+        break;
+      case "tool.complete": {
+        const old = this.live.querySelector(`[id="tool-${CSS.escape(p.tool_id)}"]`);
+        const block = Object.assign(toolBlock(p.name, p.args, p.result, p.is_error, false), { id: `tool-${p.tool_id}` });
+        if (old) old.replaceWith(block);
+        else this.liveBlock().querySelector("#live-tools").append(block);
+        break;
+      }
+      case "turn.progress": {
+        const el = this.liveBlock().querySelector("#live-progress");
+        el.textContent = `${p.phase.replace("_", " ")} · ${(p.elapsed_ms / 1000).toFixed(1)} s`;
+        break;
+      }
+      case "approval.request":
+      case "clarify.request":
+        if (this.snap) {
+          this.snap.prompts = this.snap.prompts.filter((x) => x.prompt_id !== p.prompt_id).concat([p]);
+          this.renderPrompts(this.snap.prompts);
+        }
+        this.scheduleRefresh();
+        break;
+      case "approval.settled":
+      case "clarify.settled":
+        if (this.snap) {
+          this.snap.prompts = this.snap.prompts.filter((x) => x.prompt_id !== p.prompt_id);
+          this.renderPrompts(this.snap.prompts);
+        }
+        this.scheduleRefresh();
+        break;
+      default:
+        // message.complete, turn.settled, admission.updated, session.compacted, mcp.status:
+        // the snapshot says what they changed.
+        this.scheduleRefresh();
+    }
+  }
+
+  async call(method, params) {
+    try {
+      return await rpc.call(method, params);
+    } catch (e) {
+      showError(e);
+      return null;
+    } finally {
+      this.scheduleRefresh();
+    }
+  }
+
+  respond(method, prompt, answer) {
+    return this.call(method, {
+      session_id: this.id,
+      execution_generation: prompt.execution_generation,
+      prompt_id: prompt.prompt_id,
+      ...answer,
+    });
+  }
+
+  admission(method, admissionId) {
+    return this.call(method, { session_id: this.id, admission_id: admissionId });
+  }
+
+  interrupt() {
+    return this.call("session.interrupt", { session_id: this.id, execution_generation: this.generation });
+  }
+
+  async submit() {
+    const text = this.input.value;
+    if (!text.trim()) return;
+    const receipt = await this.call("prompt.submit", { session_id: this.id, input_id: newId(), text });
+    if (receipt) this.input.value = "";
+  }
+
+  dispose() {
+    clearTimeout(this.refreshTimer);
+    if (rpc.connected) rpc.call("session.detach", { session_id: this.id }).catch(() => {});
+  }
+}
+
+// Whether the page is scrolled to (about) its end: new content then keeps it there.
+function nearBottom() {
+  return window.innerHeight + window.scrollY >= document.body.scrollHeight - 120;
+}
+
+function scrollToBottom() {
+  window.scrollTo(0, document.body.scrollHeight);
+}
+
+function heartbeat(j) {
+  const c = j.contract;
+  if (["completed", "error", "cancelled"].includes(j.status)) {
+    return `finished ${ago(j.updated_at)} · the contract no longer applies`;
+  }
+  const last = j.last_activity_at;
+  const since = last ? Math.max(0, now() - last) : null;
+  const parts = [];
+  if (j.status === "pending") {
+    const from = j.delivered_at ?? j.created_at;
+    parts.push(`waiting for started: ${seconds(Math.floor(now() - from))} of ${seconds(c.ack_timeout_sec)}`);
+  } else if (since !== null) {
+    parts.push(`last ${seconds(Math.floor(since))} ago`);
+  }
+  parts.push(`every ${seconds(c.heartbeat_sec)}, dead after ${seconds(c.idle_timeout_sec)} silent`);
+  return parts.join(" · ");
+}
+
+class JobsView {
+  constructor() {
+    this.table = h("tbody");
+    this.root = h(
+      "section",
+      { id: "jobs" },
+      h("h1", {}, "Jobs"),
+      h("p", { class: "muted", id: "registry" }, ""),
+      h(
+        "table",
+        {},
+        h(
+          "thead",
+          {},
+          h(
+            "tr",
+            {},
+            ["Job", "Status", "Transport", "Attempt", "Last event", "Heartbeat (contract)"].map((t) => h("th", {}, t)),
+          ),
+        ),
+        this.table,
+      ),
+    );
+    this.poller = new Poller(() => this.refresh(), 2000);
+  }
+
+  connected() {
+    return this.poller.tick();
+  }
+
+  event() {}
+
+  async refresh() {
+    const list = await rpc.call("job.list");
+    this.root.querySelector("#registry").textContent = `Registry ${list.registry_dir}`;
+    this.table.replaceChildren();
+    if (!list.jobs.length) {
+      this.table.append(h("tr", {}, h("td", { colspan: 6, class: "muted" }, "No jobs in the home registry.")));
+    }
+    for (const j of list.jobs.slice().reverse()) {
+      const last = j.last_event;
+      this.table.append(
+        h(
+          "tr",
+          { "data-job": j.job_id },
+          h("td", {}, h("a", { href: `#/job/${j.job_id}`, class: "mono" }, j.job_id), h("div", { class: "muted" }, j.prompt.slice(0, 90))),
+          h("td", { class: "job-status" }, badge("status", j.status), j.detail ? h("div", { class: "muted" }, j.detail) : null),
+          h("td", {}, j.transport, j.agent_session ? h("div", { class: "muted mono" }, j.agent_session) : null),
+          h(
+            "td",
+            { class: "num" },
+            String(j.attempt_id),
+            j.status === "pending" && !j.delivered ? h("div", { class: "muted" }, "not delivered") : null,
+          ),
+          h("td", {}, last ? `${last.event}${last.detail ? ` (${last.detail})` : ""} · ${ago(last.ts)}` : h("span", { class: "muted" }, "none")),
+          h(
+            "td",
+            {},
+            heartbeat(j),
+            j.overdue ? h("div", { class: "overdue" }, `overdue: ${j.overdue}`) : null,
+          ),
+        ),
+      );
+    }
+  }
+
+  dispose() {
+    this.poller.stop();
+  }
+}
+
+class JobView {
+  constructor(id) {
+    this.id = id;
+    this.summary = h("div");
+    this.table = h("tbody");
+    this.after = 0;
+    this.root = h(
+      "section",
+      { id: "job", "data-job": id },
+      h("h1", {}, `Job ${id}`),
+      this.summary,
+      h("h2", {}, "Event log"),
+      h(
+        "table",
+        {},
+        h("thead", {}, h("tr", {}, ["#", "Seq", "Event", "Attempt", "When", "Detail"].map((t) => h("th", {}, t)))),
+        this.table,
+      ),
+    );
+    this.poller = new Poller(() => this.refresh(), 2000);
+  }
+
+  connected() {
+    return this.poller.tick();
+  }
+
+  event() {}
+
+  async refresh() {
+    const list = await rpc.call("job.list");
+    const j = list.jobs.find((x) => x.job_id === this.id);
+    if (!j) {
+      this.summary.replaceChildren(h("div", { class: "empty" }, "No such job in the home registry."));
+      return;
+    }
+    const c = j.contract;
+    this.summary.replaceChildren(
+      h(
+        "div",
+        { class: "panel" },
+        h(
+          "div",
+          { class: "meta" },
+          h("span", { class: "job-status" }, "status ", badge("status", j.status)),
+          j.detail ? h("span", {}, "detail ", h("b", {}, j.detail)) : null,
+          h("span", {}, "transport ", h("b", {}, j.transport)),
+          j.agent_session ? h("span", {}, "agent ", h("b", { class: "mono" }, j.agent_session)) : null,
+          h("span", {}, "attempt ", h("b", {}, String(j.attempt_id))),
+          h("span", {}, "delivered ", h("b", {}, j.delivered ? "yes" : "no")),
+        ),
+        h(
+          "div",
+          { class: "meta" },
+          h("span", {}, "heartbeat every ", h("b", {}, seconds(c.heartbeat_sec))),
+          h("span", {}, "dead after ", h("b", {}, `${c.heartbeat_misses} missed (${seconds(c.idle_timeout_sec)})`)),
+          h("span", {}, "started within ", h("b", {}, seconds(c.ack_timeout_sec))),
+          h("span", {}, heartbeat(j)),
+          j.overdue ? h("span", { class: "overdue" }, `overdue: ${j.overdue}`) : null,
+        ),
+        h("p", {}, j.prompt),
+      ),
+    );
+    const events = await rpc.call("job.events", { job_id: this.id, after: this.after });
+    for (const e of events.entries) {
+      this.after = Math.max(this.after, e.id);
+      this.table.prepend(
+        h(
+          "tr",
+          { "data-entry": e.id, class: e.audit ? "muted" : "" },
+          h("td", { class: "num" }, String(e.id)),
+          h("td", { class: "num" }, e.seq ?? "audit"),
+          h("td", {}, e.event),
+          h("td", { class: "num" }, String(e.attempt_id)),
+          h("td", {}, new Date(e.ts * 1000).toLocaleTimeString()),
+          h("td", {}, e.detail ?? ""),
+        ),
+      );
+    }
+  }
+
+  dispose() {
+    this.poller.stop();
+  }
+}
+
+function processTable(processes) {
+  return h(
+    "table",
+    {},
+    h("thead", {}, h("tr", {}, ["Session", "Process", "Command", "Status", "Pid", "Started"].map((t) => h("th", {}, t)))),
+    h(
+      "tbody",
+      {},
+      processes.map((p) =>
+        h(
+          "tr",
+          { "data-process": p.id },
+          h("td", {}, h("a", { href: `#/session/${p.session_id}` }, p.title || `session ${short(p.session_id)}`)),
+          h("td", { class: "mono" }, p.id),
+          h("td", {}, h("code", {}, p.command)),
+          h("td", {}, badge("status", p.status === "running" ? "running" : p.status === "exited" && p.exit_code === 0 ? "completed" : "error", p.status + (p.exit_code !== null && p.exit_code !== undefined ? ` (${p.exit_code})` : ""))),
+          h("td", { class: "num" }, String(p.pid)),
+          h("td", {}, ago(p.started_at)),
+        ),
+      ),
+    ),
+  );
+}
+
+class ProcessesView {
+  constructor() {
+    this.body = h("div", {}, h("p", { class: "muted" }, "Loading…"));
+    this.root = h("section", { id: "processes" }, h("h1", {}, "Background processes"), this.body);
+    this.poller = new Poller(() => this.refresh(), 5000);
+  }
+
+  connected() {
+    return this.poller.tick();
+  }
+
+  event() {}
+
+  async refresh() {
+    // Each session's snapshot lists its processes; the view attaches only while it reads.
+    const page = await rpc.call("session.list", { limit: 200 });
+    const all = [];
+    for (const s of page.sessions) {
+      const snap = await rpc.call("session.resume", { session_id: s.session_id });
+      await rpc.call("session.detach", { session_id: s.session_id });
+      for (const p of snap.processes) all.push({ ...p, session_id: s.session_id, title: s.title });
+    }
+    this.body.replaceChildren(all.length ? processTable(all) : h("div", { class: "empty" }, "No background processes."));
+  }
+
+  dispose() {
+    this.poller.stop();
+  }
+}
+
+class McpView {
+  constructor() {
+    this.body = h("div", {}, h("p", { class: "muted" }, "Loading…"));
+    this.root = h("section", { id: "mcp" }, h("h1", {}, "MCP servers"), this.body);
+    this.poller = new Poller(() => this.refresh(), 3000);
+  }
+
+  connected() {
+    return this.poller.tick();
+  }
+
+  event() {}
+
+  async refresh() {
+    const status = await rpc.call("mcp.status");
+    if (!status.servers.length) {
+      this.body.replaceChildren(h("div", { class: "empty" }, "No MCP servers are configured ([mcp_servers.<name>] in config.toml)."));
+      return;
+    }
+    this.body.replaceChildren(
+      h(
+        "table",
+        {},
+        h("thead", {}, h("tr", {}, ["Server", "State", "Tools", "Pid", "Last error"].map((t) => h("th", {}, t)))),
+        h(
+          "tbody",
+          {},
+          status.servers.map((s) =>
+            h(
+              "tr",
+              { "data-server": s.name },
+              h("td", { class: "mono" }, s.name),
+              h("td", {}, badge("status", s.state === "ready" ? "completed" : s.state === "failed" ? "error" : s.state === "starting" ? "pending" : "cancelled", s.state)),
+              h("td", {}, s.tools.length ? s.tools.map((t) => h("div", { class: "mono" }, t)) : h("span", { class: "muted" }, "none listed yet")),
+              h("td", { class: "num" }, s.pid ?? ""),
+              h("td", { class: s.last_error ? "error-text" : "muted" }, s.last_error || "none"),
+            ),
+          ),
+        ),
+      ),
+    );
+  }
+
+  dispose() {
+    this.poller.stop();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Routing: #/sessions, #/session/<id>, #/jobs, #/job/<id>, #/processes, #/mcp.
+
+let current = null;
+
+function route() {
+  const [, name, arg] = (location.hash || "#/sessions").split("/");
+  if (current) current.dispose();
+  const id = arg ? decodeURIComponent(arg) : "";
+  switch (name) {
+    case "session":
+      current = new SessionView(id);
+      break;
+    case "jobs":
+      current = new JobsView();
+      break;
+    case "job":
+      current = new JobView(id);
+      break;
+    case "processes":
+      current = new ProcessesView();
+      break;
+    case "mcp":
+      current = new McpView();
+      break;
+    default:
+      current = new SessionsView();
+  }
+  const top = { session: "sessions", job: "jobs" }[name] || name || "sessions";
+  for (const a of document.querySelectorAll("header nav a")) {
+    a.classList.toggle("active", a.dataset.view === top);
+  }
+  document.getElementById("view").replaceChildren(current.root);
+  document.body.dataset.view = name || "sessions";
+  if (rpc.connected) current.connected()?.catch?.(showError);
+}
+
+rpc.listeners.add((e) => current && current.event(e));
+rpc.onOpen = async () => {
+  try {
+    await learnDaemon();
+    if (current) await current.connected();
+  } catch (e) {
+    showError(e);
+  }
+};
+rpc.onRefused = () => explainRefusal();
+window.addEventListener("hashchange", route);
+
+// For tests and debugging: drop the connection and come back (the reconnect path).
+window.droverDashboard = {
+  hold: () => rpc.hold(),
+  release: () => rpc.release(),
+  escapeHtml,
+};
+
+route();
+rpc.open();
