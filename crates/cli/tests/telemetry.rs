@@ -186,6 +186,8 @@ async fn a_turn_with_a_tool_call_is_one_trace_across_owner_and_worker_without_co
                 .any(|s| s.service == service && s.span.name == name)
         };
         has("drover-owner", "turn")
+            && has("drover-owner", "admission.submit")
+            && has("drover-owner", "admission.queue")
             && has("drover-owner", "persist")
             && has("drover-worker", "worker")
             && has("drover-worker", "tool.call")
@@ -222,6 +224,8 @@ async fn a_turn_with_a_tool_call_is_one_trace_across_owner_and_worker_without_co
         .filter(|s| s.span.trace_id == trace_id)
         .collect();
     for (service, name) in [
+        ("drover-owner", "admission.submit"),
+        ("drover-owner", "admission.queue"),
         ("drover-owner", "persist"),
         ("drover-worker", "worker"),
         ("drover-worker", "model.request"),
@@ -234,6 +238,21 @@ async fn a_turn_with_a_tool_call_is_one_trace_across_owner_and_worker_without_co
             "{service} {name} is in the turn's trace: {names:?}"
         );
     }
+    // The admission's life: submitted, queued until the claim, then its turn.
+    let queue = in_turn
+        .iter()
+        .find(|s| s.span.name == "admission.queue")
+        .unwrap();
+    let submit = in_turn
+        .iter()
+        .find(|s| s.span.name == "admission.submit")
+        .unwrap();
+    assert_eq!(queue.span.parent_span_id, submit.span.span_id);
+    assert_eq!(turn.span.parent_span_id, queue.span.span_id);
+    assert_eq!(
+        string(submit.attr("admission_id")),
+        string(turn.attr("admission_id"))
+    );
     let worker = in_turn.iter().find(|s| s.span.name == "worker").unwrap();
     assert_eq!(
         worker.span.parent_span_id, turn.span.span_id,
@@ -310,4 +329,49 @@ async fn a_turn_with_a_tool_call_is_one_trace_across_owner_and_worker_without_co
             );
         }
     }
+}
+
+#[tokio::test]
+async fn include_content_puts_the_input_and_tool_io_on_the_worker_spans() {
+    let shared = Shared::default();
+    let endpoint = receiver(shared.clone()).await;
+    let mut s = OneSession::builder(bin())
+        .toolsets(&["terminal"])
+        .config(&format!(
+            "[telemetry]\notlp_endpoint = \"{endpoint}\"\ninclude_content = true\n"
+        ))
+        .env(&[("OTEL_BSP_SCHEDULE_DELAY", "100")])
+        .start()
+        .await
+        .unwrap();
+    s.model.push(Reply::tool_call(
+        "call_echo",
+        "terminal",
+        json!({"command": format!("echo {TOOL_OUTPUT}")}),
+    ));
+    s.model.push(Reply::text("Listed them."));
+    s.complete_turn(PROMPT).await.unwrap();
+
+    let done = |seen: &[Seen]| {
+        seen.iter().any(|s| s.span.name == "worker")
+            && seen.iter().any(|s| s.span.name == "tool.call")
+    };
+    let arrived = wait::until(Duration::from_secs(20), || async { done(&spans(&shared)) }).await;
+    assert!(arrived, "the worker's spans arrived within 20 s");
+    let seen = spans(&shared);
+    let worker = seen.iter().find(|s| s.span.name == "worker").unwrap();
+    assert_eq!(string(worker.attr("input")).as_deref(), Some(PROMPT));
+    let tool_call = seen.iter().find(|s| s.span.name == "tool.call").unwrap();
+    assert!(
+        string(tool_call.attr("args"))
+            .unwrap()
+            .contains(TOOL_OUTPUT),
+        "{tool_call:?}"
+    );
+    assert!(
+        string(tool_call.attr("result"))
+            .unwrap()
+            .contains(TOOL_OUTPUT),
+        "{tool_call:?}"
+    );
 }

@@ -272,6 +272,7 @@ async fn serve(home: PathBuf, lifetime: Lifetime) -> Exit {
         }
     };
     owner.start_admissions();
+    crate::telemetry::register_gauges(&owner);
     let token = new_token();
     let info = DaemonInfo {
         pid: std::process::id(),

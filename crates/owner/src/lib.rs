@@ -31,6 +31,7 @@ pub mod rpc;
 pub mod runtime;
 pub mod sandbox;
 pub mod server;
+pub mod telemetry;
 pub mod tls;
 pub mod turns;
 

@@ -88,6 +88,7 @@ pub fn kick(owner: &Arc<Owner>, session_id: String) {
                     generation = claim.generation,
                     outcome = tracing::field::Empty,
                 );
+                crate::telemetry::claimed(&claim.admission.admission_id, &span);
                 supervise(me, claim, secret, registered)
                     .instrument(span)
                     .await

@@ -243,6 +243,12 @@ pub fn set_parent(span: &tracing::Span, traceparent: &str) -> bool {
     span.set_parent(cx).is_ok()
 }
 
+/// Makes `span` (created, not yet entered) an OpenTelemetry child of `parent`, leaving the
+/// `tracing` tree (and so the logs) as it is. Returns false when telemetry is off.
+pub fn follow(span: &tracing::Span, parent: &tracing::Span) -> bool {
+    enabled() && span.set_parent(parent.context()).is_ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,5 +1,7 @@
 //! Metrics derived from spans, so the crates that open them need no OpenTelemetry API: each
-//! closed `model.request` span records its duration in `drover.model.request.duration`.
+//! closed `model.request` span records its duration in `drover.model.request.duration`, and
+//! each `job.check` span that gave up on a job for its heartbeats (`gave_up =
+//! "deadline_timeout"`) counts in `drover.job.heartbeats_missed`.
 
 use std::time::Instant;
 
@@ -12,6 +14,23 @@ use tracing_subscriber::Layer;
 
 /// The span whose duration is the model request latency.
 const MODEL_REQUEST: &str = "model.request";
+/// A look at a delegated job (drover-tools' job tools).
+const JOB_CHECK: &str = "job.check";
+/// What a `job.check` gave up on when the job's heartbeats stopped (SPEC section 7).
+const HEARTBEATS_MISSED: &str = "deadline_timeout";
+
+/// Reads a `job.check` span's `gave_up`.
+struct GaveUp(bool);
+
+impl Visit for GaveUp {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if field.name() == "gave_up" && value == HEARTBEATS_MISSED {
+            self.0 = true;
+        }
+    }
+
+    fn record_debug(&mut self, _field: &Field, _value: &dyn std::fmt::Debug) {}
+}
 
 pub(crate) struct SpanMetrics;
 
@@ -45,6 +64,14 @@ where
     S: tracing::Subscriber + for<'a> LookupSpan<'a>,
 {
     fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        if attrs.metadata().name() == JOB_CHECK {
+            let mut gave_up = GaveUp(false);
+            attrs.record(&mut gave_up);
+            if gave_up.0 {
+                crate::metrics().heartbeats_missed.add(1, &[]);
+            }
+            return;
+        }
         if attrs.metadata().name() != MODEL_REQUEST {
             return;
         }
