@@ -710,6 +710,71 @@ async fn run_call(call: &PlannedCall, ctx: &ToolContext) -> CallEnd {
     }
 }
 
+/// The most of a tool's arguments or result a `tool.call` span carries, with
+/// `[telemetry] include_content = true` only.
+const SPAN_CONTENT_BYTES: usize = 4096;
+
+/// [`run_call`] in a `tool.call` span (issue 16, docs/telemetry.md): the tool's name, how it
+/// ended and how long it took (a `terminal` call adds its exit code and whether it ran
+/// sandboxed). Its arguments and result only with `[telemetry] include_content = true`.
+async fn traced_call(call: &PlannedCall, ctx: &ToolContext) -> CallEnd {
+    use tracing::field::Empty;
+    use tracing::Instrument;
+    let span = tracing::info_span!(
+        "tool.call",
+        tool_name = %call.name,
+        tool_call_id = %call.id,
+        outcome = Empty,
+        is_error = Empty,
+        duration_ms = Empty,
+        exit_code = Empty,
+        sandboxed = Empty,
+        args = Empty,
+        result = Empty,
+    );
+    let content = drover_telemetry::include_content();
+    if content {
+        if let Ok(args) = &call.args {
+            span.record("args", cut(&args.to_string(), SPAN_CONTENT_BYTES));
+        }
+    }
+    let started = std::time::Instant::now();
+    let end = run_call(call, ctx).instrument(span.clone()).await;
+    // Signed, so OpenTelemetry gets an integer (tracing-opentelemetry sends a u64 as text).
+    span.record(
+        "duration_ms",
+        i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX),
+    );
+    match &end {
+        CallEnd::Done {
+            content: result,
+            is_error,
+        } => {
+            span.record("is_error", *is_error);
+            span.record("outcome", if *is_error { "error" } else { "ok" });
+            if content {
+                span.record("result", cut(result, SPAN_CONTENT_BYTES));
+            }
+        }
+        CallEnd::CutShort => {
+            span.record("outcome", "interrupted");
+        }
+    }
+    end
+}
+
+/// `text` cut to at most `max` bytes at a character boundary.
+fn cut(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
 /// Stores an `interrupted` error result for each call in `calls` (SPEC section 4: the
 /// transcript must stay valid for the next turn).
 async fn close_interrupted(store: &dyn TurnStore, calls: &[PlannedCall]) -> Result<(), StoreError> {
@@ -877,7 +942,7 @@ async fn drive(
                 };
             }
             tracing::debug!(tool_call_id = %call.id, tool = %call.name, "tool call");
-            match run_call(call, ctx).await {
+            match traced_call(call, ctx).await {
                 CallEnd::Done { content, is_error } => {
                     let result = ChatMessage::tool_result(&call.id, &call.name, content);
                     let errors = if is_error {

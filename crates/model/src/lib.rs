@@ -437,8 +437,77 @@ impl ChatModel for ModelClient {
         tools: &[Value],
         on_delta: &mut (dyn for<'d> FnMut(&'d str) + Send),
     ) -> Result<Completion, ModelError> {
-        let body = wire::request_body(&self.config.model, messages, tools, self.config.stream)?;
+        use tracing::field::Empty;
+        // Issue 16 (docs/telemetry.md): one span per request, retries included. Counts and
+        // reasons only: never the messages or the key.
+        let span = tracing::info_span!(
+            "model.request",
+            model = %self.config.model,
+            stream = self.config.stream,
+            prompt_tokens = Empty,
+            completion_tokens = Empty,
+            retries = Empty,
+            latency_ms = Empty,
+            finish_reason = Empty,
+            outcome = Empty,
+            error = Empty,
+        );
+        let started = std::time::Instant::now();
         let mut retries = 0;
+        let result = {
+            use tracing::Instrument;
+            self.chat_retrying(messages, tools, on_delta, &mut retries)
+                .instrument(span.clone())
+                .await
+        };
+        // Signed, so OpenTelemetry gets integers (tracing-opentelemetry sends a u64 as text).
+        span.record("retries", i64::from(retries));
+        span.record("latency_ms", millis(started.elapsed()));
+        match &result {
+            Ok(completion) => {
+                span.record("outcome", "ok");
+                if let Some(usage) = &completion.usage {
+                    span.record("prompt_tokens", signed(usage.input_tokens));
+                    span.record("completion_tokens", signed(usage.output_tokens));
+                }
+                if let Some(reason) = &completion.finish_reason {
+                    span.record("finish_reason", reason.as_str());
+                }
+            }
+            Err(e) => {
+                span.record("outcome", "error");
+                span.record("error", e.reason());
+            }
+        }
+        result
+    }
+
+    async fn context_window(&self) -> WindowLookup {
+        self.lookup_context_window().await
+    }
+}
+
+/// `n` as a span's integer (counts are bounded to 2^53 already).
+fn signed(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// `elapsed` in whole milliseconds, as a span's integer.
+fn millis(elapsed: Duration) -> i64 {
+    i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl ModelClient {
+    /// [`ChatModel::chat`] without its span: the first attempt and the retries, counted in
+    /// `retries`.
+    async fn chat_retrying(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[Value],
+        on_delta: &mut (dyn for<'d> FnMut(&'d str) + Send),
+        retries: &mut u32,
+    ) -> Result<Completion, ModelError> {
+        let body = wire::request_body(&self.config.model, messages, tools, self.config.stream)?;
         loop {
             let failure = match self.attempt(&body, on_delta).await {
                 Ok(completion) => return Ok(completion),
@@ -446,21 +515,21 @@ impl ChatModel for ModelClient {
             };
             // Shown text cannot be taken back, so a retry would show it twice.
             if failure.shown
-                || retries >= self.config.max_retries
+                || *retries >= self.config.max_retries
                 || !retry::is_retryable(&failure.error)
             {
                 return Err(failure.error);
             }
             let delay = failure
                 .retry_after
-                .unwrap_or_else(|| retry::backoff(self.config.retry_base_delay, retries));
+                .unwrap_or_else(|| retry::backoff(self.config.retry_base_delay, *retries));
             let status = match &failure.error {
                 ModelError::Http { status, .. } => Some(u64::from(*status)),
                 _ => None,
             };
-            retries += 1;
+            *retries += 1;
             tracing::warn!(
-                attempt = retries,
+                attempt = *retries,
                 max_attempts = self.config.max_retries + 1,
                 status,
                 delay_ms = delay.as_millis() as u64,
@@ -471,7 +540,8 @@ impl ChatModel for ModelClient {
         }
     }
 
-    async fn context_window(&self) -> WindowLookup {
+    /// [`ChatModel::context_window`]: `GET {base_url}/models`.
+    async fn lookup_context_window(&self) -> WindowLookup {
         let Some(url) = models_url(&self.config.base_url) else {
             return WindowLookup::NotReported;
         };

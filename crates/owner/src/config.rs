@@ -44,6 +44,9 @@ pub struct Config {
     /// `[sandbox]`: how tool processes are confined (issue 13, `docs/sandbox.md`).
     #[serde(default)]
     pub sandbox: SandboxSection,
+    /// `[telemetry]` (issue 16, docs/telemetry.md): read once at daemon start.
+    #[serde(default)]
+    pub telemetry: TelemetrySection,
 }
 
 /// `[model]`. A key left out takes its default: `stream`, `request_timeout_s`, `max_retries`
@@ -367,6 +370,26 @@ impl Default for JobsSection {
         JobsSection {
             dispatch_max_age_s: default_dispatch_max_age(),
         }
+    }
+}
+
+/// `[telemetry]` (SPEC section 1, docs/telemetry.md). Read once, at daemon start.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetrySection {
+    /// The OTLP HTTP/protobuf base URL (`/v1/traces` and `/v1/metrics` are appended); unset,
+    /// `$OTEL_EXPORTER_OTLP_ENDPOINT` is used; neither: no telemetry.
+    pub otlp_endpoint: Option<String>,
+    /// Whether spans may carry content (the input text, tool arguments and results). Default
+    /// false: no prompt text, tool output or secret in any attribute.
+    #[serde(default)]
+    pub include_content: bool,
+}
+
+impl TelemetrySection {
+    /// This section resolved against the environment.
+    pub fn settings(&self) -> drover_telemetry::Settings {
+        drover_telemetry::Settings::resolve(self.otlp_endpoint.as_deref(), self.include_content)
     }
 }
 

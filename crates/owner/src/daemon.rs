@@ -47,7 +47,26 @@ pub fn run_daemon(home: &Path, lifetime: Lifetime) -> Exit {
             return Exit::Failed;
         }
     };
-    init_logging(home);
+    // Issue 16: the exporters are built before any runtime (their HTTP client blocks); the
+    // config is read here for `[telemetry]` only, and read again (and refused if bad) below.
+    let settings = Config::load(home)
+        .map(|c| c.telemetry.settings())
+        .unwrap_or_default();
+    let telemetry = drover_telemetry::Telemetry::start(drover_telemetry::service::OWNER, &settings);
+    let (telemetry, telemetry_error) = match telemetry {
+        Ok(t) => (t, None),
+        Err(e) => (None, Some(e)),
+    };
+    init_logging(home, telemetry.as_ref());
+    if let Some(e) = telemetry_error {
+        tracing::warn!(error = %e, "telemetry is off");
+    } else if let Some(endpoint) = settings.endpoint.as_deref().filter(|_| telemetry.is_some()) {
+        tracing::info!(
+            endpoint,
+            include_content = settings.include_content,
+            "exporting telemetry over OTLP"
+        );
+    }
     // Issue 13: no tool may read the owner's `/proc/<pid>/environ` (the API key), `mem` or
     // `fd` (the ledger, the token).
     if let Err(e) = drover_tools::platform::set_non_dumpable() {
@@ -68,11 +87,14 @@ pub fn run_daemon(home: &Path, lifetime: Lifetime) -> Exit {
         }
     };
     let code = runtime.block_on(serve(home.to_path_buf(), lifetime));
+    if let Some(telemetry) = telemetry {
+        telemetry.shutdown();
+    }
     drop(lock);
     code
 }
 
-fn init_logging(home: &Path) {
+fn init_logging(home: &Path, telemetry: Option<&drover_telemetry::Telemetry>) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     // `$DROVER_LOG_MAX_BYTES` lets tests see a rotation without writing 10 MiB.
     let max_bytes = std::env::var("DROVER_LOG_MAX_BYTES")
@@ -104,6 +126,8 @@ fn init_logging(home: &Path) {
                     meta.target() != REFUSAL
                 })),
         )
+        // Issue 16: one more layer; the logs above are unchanged.
+        .with(telemetry.map(|t| t.layer()))
         .try_init();
 }
 
@@ -250,6 +274,7 @@ async fn serve(home: PathBuf, lifetime: Lifetime) -> Exit {
         }
     };
     owner.start_admissions();
+    crate::telemetry::register_gauges(&owner);
     let token = new_token();
     let info = DaemonInfo {
         pid: std::process::id(),

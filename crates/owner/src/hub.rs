@@ -408,6 +408,23 @@ impl Hub {
         self.lock().deltas.remove(session_id);
     }
 
+    /// Sessions that are live now: a client is attached or a turn runs (issue 16,
+    /// `drover.sessions.live`).
+    pub fn live_sessions(&self) -> usize {
+        let s = self.lock();
+        let running = s
+            .turns
+            .keys()
+            .filter(|id| !s.sessions.contains_key(*id))
+            .count();
+        s.sessions.len() + running
+    }
+
+    /// Approval and clarify prompts open in running turns (issue 16, `drover.prompts.open`).
+    pub fn open_prompts(&self) -> usize {
+        self.lock().turns.values().map(|t| t.prompts.len()).sum()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HubState> {
         // A panic while holding this lock cannot leave the table inconsistent in a way that
         // matters more than losing live events, so recover the guard.

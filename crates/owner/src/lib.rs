@@ -37,6 +37,7 @@ pub mod rpc;
 pub mod runtime;
 pub mod sandbox;
 pub mod server;
+pub mod telemetry;
 pub mod tls;
 pub mod turns;
 

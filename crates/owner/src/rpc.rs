@@ -624,7 +624,13 @@ async fn admit(
     request: AdmitRequest,
 ) -> Result<wire::AdmissionReceipt, OwnerError> {
     let session_id = request.session_id.clone();
-    let row = owner.admit(request).await?;
+    // Issue 16: the admission's trace begins here (docs/telemetry.md).
+    let submit = crate::telemetry::submit_span(&session_id);
+    let row = {
+        use tracing::Instrument;
+        owner.admit(request).instrument(submit.clone()).await?
+    };
+    crate::telemetry::admitted(&submit, &row);
     // A running turn claims the next input when it settles; only an idle session needs a kick.
     if owner.running_turn(&session_id).is_none() {
         kick(owner, session_id);
@@ -666,6 +672,7 @@ async fn prompt_cancel(
     p: wire::AdmissionRef,
 ) -> Result<wire::AdmissionReceipt, OwnerError> {
     let (_, row) = change_admission(owner, conn, p, Ledger::cancel_admission).await?;
+    crate::telemetry::cancelled(&row.admission_id);
     Ok(receipt(&row))
 }
 

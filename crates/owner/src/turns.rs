@@ -17,8 +17,8 @@ use drover_ledger::{Claim, DelegationLimits, PersistOutcome, Settlement};
 use drover_protocol::mcp::McpServerStatus;
 use drover_protocol::worker::framing::{read_frame_line, FrameLine};
 use drover_protocol::worker::{
-    op, Bootstrap, BootstrapFrameError, OwnerFrame, PersistFrame, Policy, Scope, WorkerFrame,
-    MAX_FRAME_BYTES,
+    op, Bootstrap, BootstrapFrameError, OwnerFrame, PersistFrame, Policy, Scope, TraceContext,
+    WorkerFrame, MAX_FRAME_BYTES,
 };
 use drover_protocol::{ContextBudget, ModelSettings, Secret};
 use drover_tools::platform;
@@ -78,13 +78,17 @@ pub fn kick(owner: &Arc<Owner>, session_id: String) {
         match claim {
             Ok(Some((claim, registered))) => {
                 // Every log line of the turn, across its awaits, carries these fields.
+                // Issue 16: exported as the root of the turn's trace; the worker's spans are
+                // parented on it through the bootstrap's `traceparent`.
                 let span = tracing::info_span!(
                     "turn",
                     session_id = %claim.session.id,
                     admission_id = %claim.admission.admission_id,
                     execution_id = %claim.execution_id,
-                    generation = claim.generation
+                    generation = claim.generation,
+                    outcome = tracing::field::Empty,
                 );
+                crate::telemetry::claimed(&claim.admission.admission_id, &span);
                 supervise(me, claim, secret, registered)
                     .instrument(span)
                     .await
@@ -208,6 +212,11 @@ fn spawn_worker(owner: &Owner, execution_id: &str) -> std::io::Result<Child> {
     for name in owner.api_key_envs() {
         cmd.env_remove(name);
     }
+    // Issue 16: the worker exports to the owner's endpoint (its trace context comes in the
+    // bootstrap).
+    if let Some(endpoint) = drover_telemetry::endpoint() {
+        cmd.env(drover_telemetry::OTLP_ENDPOINT_ENV, endpoint);
+    }
     cmd.env_remove("OPENAI_API_KEY")
         .env("DROVER_OWNER_PID", std::process::id().to_string())
         .stdin(Stdio::piped())
@@ -318,6 +327,7 @@ async fn supervise(owner: Arc<Owner>, mut claim: Claim, secret: Secret, register
         signals,
     } = registered;
     let _progress = start_progress(&owner, &claim);
+    let claimed = std::time::Instant::now();
     let bootstrap = match bootstrap_frames(&owner, &mut claim, secret) {
         Ok(frames) => frames,
         Err(e) => {
@@ -336,6 +346,9 @@ async fn supervise(owner: Arc<Owner>, mut claim: Claim, secret: Secret, register
     let mut pipe = WorkerPipe::new(owner.clone(), &claim, control);
     let end = pipe.serve(&mut child, stdout, &signals).await;
     let (settled, ran) = (pipe.settled, pipe.ran);
+    if let Some(outcome) = pipe.outcome.take() {
+        record_turn_end(&outcome, claimed);
+    }
     // Dropping the pipe drops its control sender: the stdin writer ends once it is drained.
     drop(pipe);
     owner.turns().remove(&execution_id);
@@ -357,11 +370,37 @@ async fn supervise(owner: Arc<Owner>, mut claim: Claim, secret: Secret, register
             )
             .await;
         }
-        _ => lose_turn(&owner, &execution_id).await,
+        _ => {
+            if lose_turn(&owner, &execution_id).await {
+                record_turn_end("unknown", claimed);
+            }
+        }
     }
     // The worker is reaped: nothing will resend its outbox (its execution is settled or
     // unknown, and any resend would be refused), so it is only clutter now.
     remove_outbox(&owner.home, &execution_id);
+}
+
+/// Issue 16: the turn's outcome on its span and its latency in `drover.turn.duration`.
+/// (`drover.turns` is counted at settlement, [`count_settlement`].)
+fn record_turn_end(outcome: &str, claimed: std::time::Instant) {
+    tracing::Span::current().record("outcome", outcome);
+    drover_telemetry::metrics().turn_duration.record(
+        claimed.elapsed().as_secs_f64(),
+        &drover_telemetry::metrics::label("outcome", outcome),
+    );
+}
+
+/// Issue 16: `drover.turns` by outcome, or `drover.turns.unknown` for a lost turn.
+fn count_settlement(outcome: &str) {
+    let metrics = drover_telemetry::metrics();
+    if outcome == "unknown" {
+        metrics.unknown_turns.add(1, &[]);
+    } else {
+        metrics
+            .turns
+            .add(1, &drover_telemetry::metrics::label("outcome", outcome));
+    }
 }
 
 /// Publishes `turn.progress` for the claim's turn whenever it has been quiet for `[daemon]
@@ -411,6 +450,13 @@ fn bootstrap_frames(
         compaction: history.compaction,
         input: claim.admission.text.clone(),
         compact_only: claim.admission.kind == drover_protocol::client::AdmissionKind::Compact,
+        // Called inside the turn's span (`supervise` runs instrumented with it).
+        trace: drover_telemetry::traceparent(&tracing::Span::current()).map(|traceparent| {
+            TraceContext {
+                traceparent,
+                include_content: drover_telemetry::include_content(),
+            }
+        }),
     }
     .into_frames()
 }
@@ -426,6 +472,8 @@ async fn fail_unstarted(owner: &Arc<Owner>, claim: &Claim, error: String) {
     })
     .await;
     if settled.is_some() {
+        count_settlement("failed");
+        tracing::Span::current().record("outcome", "failed");
         kick(owner, claim.session.id.clone());
     }
 }
@@ -537,6 +585,8 @@ struct WorkerPipe {
     settled: bool,
     /// A persist of the worker's was applied: the turn ran.
     ran: bool,
+    /// The settled turn's outcome, once `execution.finish` was applied.
+    outcome: Option<String>,
 }
 
 impl WorkerPipe {
@@ -551,6 +601,7 @@ impl WorkerPipe {
             foreign_frames: 0,
             settled: false,
             ran: false,
+            outcome: None,
         }
     }
 
@@ -651,6 +702,20 @@ impl WorkerPipe {
         let mcp_status = (operation == op::MCP_STATUS)
             .then(|| serde_json::from_value::<McpServerStatus>(frame.payload.clone()).ok())
             .flatten();
+        // Issue 16: one span per persist operation, only when telemetry is on (persists are
+        // the hot path of a turn).
+        let span = if drover_telemetry::enabled() {
+            tracing::info_span!(
+                "persist",
+                operation = %operation,
+                sequence = i64::try_from(sequence).unwrap_or(i64::MAX),
+                status = tracing::field::Empty,
+            )
+        } else {
+            tracing::Span::none()
+        };
+        let usage = (operation == op::USAGE_ADD && drover_telemetry::enabled())
+            .then(|| frame.payload.clone());
         let applied = self
             .owner
             .ledger(move |l, o| {
@@ -662,12 +727,25 @@ impl WorkerPipe {
                 }
                 Ok(out)
             })
+            .instrument(span.clone())
             .await;
+        span.record(
+            "status",
+            match &applied {
+                Ok(PersistOutcome::Receipt { .. }) => "receipt",
+                Ok(PersistOutcome::Deferred { .. }) => "deferred",
+                Ok(PersistOutcome::Reserved { .. }) => "reserved",
+                Err(e) => e.reason().as_str(),
+            },
+        );
         self.ran |= applied.is_ok();
         match applied {
             Ok(PersistOutcome::Receipt {
                 result, settlement, ..
             }) => {
+                if let Some(usage) = &usage {
+                    count_tokens(usage);
+                }
                 if let Some(status) = mcp_status {
                     self.owner
                         .mcp
@@ -675,6 +753,7 @@ impl WorkerPipe {
                 }
                 if let Some(s) = &settlement {
                     self.settled = true;
+                    self.outcome = Some(s.outcome.clone());
                     self.owner.turns().remove(&self.execution_id);
                     after_settlement(&self.owner, s);
                     kick(&self.owner, self.session_id.clone());
@@ -747,7 +826,7 @@ fn terminate(child: &mut Child, execution_id: &str) {
 
 /// Marks a turn whose worker ended before `execution.finish` lost (SPEC section 4: `unknown`,
 /// never replayed), retrying until the ledger takes it.
-async fn lose_turn(owner: &Arc<Owner>, execution_id: &str) {
+async fn lose_turn(owner: &Arc<Owner>, execution_id: &str) -> bool {
     let eid = execution_id.to_string();
     let lost = until_committed(owner, "marking a lost turn", move |l, o| {
         let s = l.mark_execution_lost(&eid)?;
@@ -760,6 +839,21 @@ async fn lose_turn(owner: &Arc<Owner>, execution_id: &str) {
     if let Some(Some(s)) = lost {
         tracing::warn!(%execution_id, "worker ended before execution.finish; turn is unknown");
         after_settlement(owner, &s);
+        return true;
+    }
+    false
+}
+
+/// Issue 16: `drover.tokens` from a `usage.add` payload (the ledger checks the payload; a bad
+/// one counts nothing here).
+fn count_tokens(payload: &Value) {
+    let tokens = drover_telemetry::metrics();
+    for (field, kind) in [("input_tokens", "input"), ("output_tokens", "output")] {
+        if let Some(n) = payload.get(field).and_then(Value::as_u64) {
+            tokens
+                .tokens
+                .add(n, &drover_telemetry::metrics::label("kind", kind));
+        }
     }
 }
 
@@ -910,6 +1004,7 @@ fn toolset_tools(toolsets: &[String]) -> Vec<String> {
 /// waiting `child.reserve`; retired children's workers are told to stop (their later writes
 /// are refused `stale_generation` anyway).
 fn after_settlement(owner: &Arc<Owner>, s: &Settlement) {
+    count_settlement(&s.outcome);
     if let Some(answer) = &s.parent_answer {
         match owner.turn_by_execution(&answer.execution_id) {
             Some(parent) => {

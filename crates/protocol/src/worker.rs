@@ -252,6 +252,24 @@ pub struct BootstrapHead {
     pub policy: Policy,
     /// The number of part frames that follow (at least 1).
     pub body_parts: u64,
+    /// The owner's turn span, when it exports telemetry (issue 16).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<TraceContext>,
+}
+
+/// Trace context handed from the owner to its worker (issue 16, docs/telemetry.md): the worker
+/// parents its spans on the owner's turn span, so a turn is one trace across both processes.
+/// Read from the bootstrap, never from the environment: a worker may be started before it
+/// knows its turn.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceContext {
+    /// The W3C `traceparent` of the owner's turn span
+    /// (`00-<trace id>-<span id>-<flags>`).
+    pub traceparent: String,
+    /// `[telemetry] include_content`: whether the worker's spans may carry content (the input
+    /// text, tool arguments and results).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub include_content: bool,
 }
 
 /// What the part frames carry, as one JSON text: the history and the input.
@@ -348,6 +366,9 @@ pub struct Bootstrap {
     pub input: String,
     /// A compaction-only turn ([`BootstrapBody::compact_only`]).
     pub compact_only: bool,
+    /// The owner's turn span ([`BootstrapHead::trace`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<TraceContext>,
 }
 
 impl Bootstrap {
@@ -367,6 +388,7 @@ impl Bootstrap {
             scope: self.scope,
             policy: self.policy,
             body_parts: parts.len() as u64,
+            trace: self.trace,
         }));
         let head_bytes = serde_json::to_vec(&head)?.len();
         if head_bytes > MAX_FRAME_BYTES {
@@ -400,6 +422,7 @@ impl Bootstrap {
             compaction: body.compaction,
             input: body.input,
             compact_only: body.compact_only,
+            trace: head.trace,
         })
     }
 }

@@ -127,6 +127,26 @@ fn toolkit(ctx: &ToolContext) -> Result<Toolkit, String> {
     })
 }
 
+/// Issue 16 (docs/telemetry.md): one `job.check` span per look at a job, under the tool's
+/// `tool.call` span: the job's status, its last event's kind and seq, and the deadline this look
+/// gave up on (`drover.job.heartbeats_missed` counts `deadline_timeout`). Never an event's
+/// detail, which is the agent's text.
+fn trace_look(report: &drover_jobs::toolkit::Report) {
+    let job = &report.job;
+    let last = job.last_event.as_ref();
+    let _look = tracing::info_span!(
+        "job.check",
+        job_id = %job.job_id,
+        status = job.status.as_str(),
+        transport = %job.transport,
+        attempt_id = i64::try_from(job.attempt_id).unwrap_or(i64::MAX),
+        last_event = last.map(|e| e.event.as_str()),
+        last_seq = last.map(|e| i64::try_from(e.seq).unwrap_or(i64::MAX)),
+        gave_up = report.gave_up.as_deref(),
+    )
+    .entered();
+}
+
 fn job_error(e: JobError) -> ToolOutput {
     error_output(e.to_string())
 }
@@ -244,6 +264,7 @@ impl Tool for JobSubmitTool {
         }
         match kit.check(&job_id).await {
             Ok(report) => {
+                trace_look(&report);
                 let mut out = report.to_json();
                 out["note"] =
                     json!("the job runs on its own; follow it with job_status or job_wait");
@@ -366,7 +387,10 @@ impl Tool for JobStatusTool {
             Err(message) => return error_output(message),
         };
         match kit.check(&id).await {
-            Ok(report) => json_output(&report.to_json()),
+            Ok(report) => {
+                trace_look(&report);
+                json_output(&report.to_json())
+            }
             Err(e) => job_error(e),
         }
     }
@@ -428,6 +452,7 @@ impl Tool for JobWaitTool {
             .await
         {
             Ok((report, timed_out)) => {
+                trace_look(&report);
                 let mut out = report.to_json();
                 out["timed_out"] = json!(timed_out);
                 if ctx.cancel.is_cancelled() {

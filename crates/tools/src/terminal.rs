@@ -143,10 +143,20 @@ impl Tool for TerminalTool {
             escalated,
             ..request
         };
+        // Issue 16: on the agent's `tool.call` span (docs/telemetry.md).
+        let span = tracing::Span::current();
+        span.record(
+            "sandboxed",
+            !request.escalated && ctx.sandbox.mode() != SandboxMode::Off,
+        );
         if request.background {
             return start_background(&request, ctx).await;
         }
-        run(&request, ctx).await.into_output()
+        let result = run(&request, ctx).await;
+        if let Some(code) = result.exit_code {
+            span.record("exit_code", code);
+        }
+        result.into_output()
     }
 }
 

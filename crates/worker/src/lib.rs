@@ -111,7 +111,20 @@ pub fn main_entry() -> Exit {
     // then make sure it has not already died.
     let original_parent = platform::parent_pid();
     let pdeathsig = platform::set_parent_death_signal(Signal::SIGTERM);
-    init_logging();
+    // Issue 16: the owner passes its OTLP endpoint in the environment; the trace context comes
+    // with the bootstrap. No endpoint: no exporter, no thread.
+    let telemetry = drover_telemetry::Telemetry::start(
+        drover_telemetry::service::WORKER,
+        &drover_telemetry::Settings::resolve(None, false),
+    );
+    let (telemetry, telemetry_error) = match telemetry {
+        Ok(t) => (t, None),
+        Err(e) => (None, Some(e)),
+    };
+    init_logging(telemetry.as_ref());
+    if let Some(e) = telemetry_error {
+        tracing::warn!(error = %e, "telemetry is off");
+    }
     if let Err(e) = pdeathsig {
         tracing::warn!(error = %e, "could not set PR_SET_PDEATHSIG; relying on end of stdin");
     }
@@ -147,17 +160,27 @@ pub fn main_entry() -> Exit {
     // The stdin reader sits in a blocking thread that may never return; do not wait for it.
     runtime.shutdown_background();
     tracing::info!(code = exit.code(), "worker exiting");
+    // The turn's spans go out before the process does (bounded by the exporter's timeout).
+    if let Some(telemetry) = telemetry {
+        telemetry.shutdown();
+    }
     exit.exit()
 }
 
-/// Logs to stderr only: stdout carries frames.
-fn init_logging() {
+/// Logs to stderr only: stdout carries frames. With telemetry, spans are exported too.
+fn init_logging(telemetry: Option<&drover_telemetry::Telemetry>) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(false),
+        )
+        .with(telemetry.map(|t| t.layer()))
         .try_init();
 }
 
@@ -327,7 +350,16 @@ where
         execution_id = %bootstrap.scope.execution_id,
         generation = bootstrap.scope.generation,
         epoch = bootstrap.scope.epoch,
+        input = tracing::field::Empty,
     );
+    // Issue 16: one trace per turn across both processes.
+    if let Some(trace) = &bootstrap.trace {
+        drover_telemetry::set_parent(&span, &trace.traceparent);
+        drover_telemetry::set_include_content(trace.include_content);
+        if drover_telemetry::include_content() {
+            span.record("input", bootstrap.input.as_str());
+        }
+    }
     serve(bootstrap, reader, writer, shutdown)
         .instrument(span)
         .await
@@ -470,6 +502,7 @@ async fn run_agent(
         compaction,
         input,
         compact_only,
+        trace: _,
     } = bootstrap;
     let setup_failed = |model: &str, error: String| {
         tracing::error!(error = %error, "turn setup failed");

@@ -239,5 +239,6 @@ pub fn turn_bootstrap(mock: &MockModel, home: &Path) -> Bootstrap {
         compaction: None,
         input: "hello".into(),
         compact_only: false,
+        trace: None,
     }
 }

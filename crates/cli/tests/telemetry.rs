@@ -1,0 +1,377 @@
+//! OpenTelemetry export end to end (issue 16, docs/telemetry.md): a real daemon and worker
+//! export OTLP HTTP/protobuf to a receiver in this test, which decodes the bodies with the
+//! `opentelemetry-proto` types. One turn with a tool call is one trace across the owner and the
+//! worker, and no exported byte carries the prompt, the tool's output or a planted secret.
+
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::routing::post;
+use drover_test_support::harness::OneSession;
+use drover_test_support::wait;
+use drover_test_support::Reply;
+use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
+use opentelemetry_proto::tonic::trace::v1::Span;
+use prost::Message;
+use serde_json::json;
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_drover"))
+}
+
+const PROMPT: &str = "telemetry-probe-prompt-7f3a: please list the files";
+const TOOL_OUTPUT: &str = "tool-output-marker-91c2";
+const CONFIG_KEY: &str = "sk-planted-config-key-5d1e";
+const ENV_TOKEN: &str = "planted-env-token-c40b";
+
+/// What the receiver got, decoded, and every body's raw bytes (to search for planted text).
+#[derive(Default)]
+struct Received {
+    traces: Vec<ExportTraceServiceRequest>,
+    metrics: Vec<ExportMetricsServiceRequest>,
+    raw: Vec<Vec<u8>>,
+}
+
+type Shared = Arc<Mutex<Received>>;
+
+/// An OTLP/HTTP receiver on 127.0.0.1:0; returns its base URL.
+async fn receiver(shared: Shared) -> String {
+    async fn traces(State(shared): State<Shared>, body: Bytes) -> Vec<u8> {
+        let request = ExportTraceServiceRequest::decode(body.as_ref()).expect("a trace export");
+        let mut r = shared.lock().unwrap();
+        r.raw.push(body.to_vec());
+        r.traces.push(request);
+        Vec::new()
+    }
+    async fn metrics(State(shared): State<Shared>, body: Bytes) -> Vec<u8> {
+        let request = ExportMetricsServiceRequest::decode(body.as_ref()).expect("a metric export");
+        let mut r = shared.lock().unwrap();
+        r.raw.push(body.to_vec());
+        r.metrics.push(request);
+        Vec::new()
+    }
+    let app = axum::Router::new()
+        .route("/v1/traces", post(traces))
+        .route("/v1/metrics", post(metrics))
+        .with_state(shared);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}")
+}
+
+/// A span as the test reads it: its service, ids, name and attributes.
+#[derive(Debug, Clone)]
+struct Seen {
+    service: String,
+    span: Span,
+}
+
+impl Seen {
+    fn attr(&self, key: &str) -> Option<&any_value::Value> {
+        attr(&self.span.attributes, key)
+    }
+}
+
+fn attr<'a>(attributes: &'a [KeyValue], key: &str) -> Option<&'a any_value::Value> {
+    attributes
+        .iter()
+        .find(|kv| kv.key == key)
+        .and_then(|kv| kv.value.as_ref())
+        .and_then(|v: &AnyValue| v.value.as_ref())
+}
+
+fn string(value: Option<&any_value::Value>) -> Option<String> {
+    match value? {
+        any_value::Value::StringValue(s) => Some(s.clone()),
+        other => Some(format!("{other:?}")),
+    }
+}
+
+fn spans(shared: &Shared) -> Vec<Seen> {
+    let r = shared.lock().unwrap();
+    let mut out = Vec::new();
+    for request in &r.traces {
+        for resource_spans in &request.resource_spans {
+            let service = resource_spans
+                .resource
+                .as_ref()
+                .and_then(|r| string(attr(&r.attributes, "service.name")))
+                .unwrap_or_default();
+            for scope in &resource_spans.scope_spans {
+                for span in &scope.spans {
+                    out.push(Seen {
+                        service: service.clone(),
+                        span: span.clone(),
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The `(outcome attribute, value)` points of every `drover.turns` sum received.
+fn turn_counts(shared: &Shared) -> Vec<(String, String)> {
+    use opentelemetry_proto::tonic::metrics::v1::{metric, number_data_point};
+    let r = shared.lock().unwrap();
+    let mut out = Vec::new();
+    for request in &r.metrics {
+        for resource in &request.resource_metrics {
+            for scope in &resource.scope_metrics {
+                for m in scope.metrics.iter().filter(|m| m.name == "drover.turns") {
+                    let Some(metric::Data::Sum(sum)) = &m.data else {
+                        continue;
+                    };
+                    for point in &sum.data_points {
+                        let value = match point.value {
+                            Some(number_data_point::Value::AsInt(n)) => n.to_string(),
+                            Some(number_data_point::Value::AsDouble(n)) => n.to_string(),
+                            None => String::new(),
+                        };
+                        let outcome =
+                            string(attr(&point.attributes, "outcome")).unwrap_or_default();
+                        out.push((outcome, value));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_turn_with_a_tool_call_is_one_trace_across_owner_and_worker_without_content() {
+    let shared = Shared::default();
+    let endpoint = receiver(shared.clone()).await;
+    let mut s = OneSession::builder(bin())
+        .toolsets(&["terminal"])
+        .model_keys("api_key_env = \"PLANTED_MODEL_KEY\"")
+        .config(&format!("[telemetry]\notlp_endpoint = \"{endpoint}\"\n"))
+        .env(&[
+            ("PLANTED_MODEL_KEY", CONFIG_KEY),
+            ("GITHUB_TOKEN", ENV_TOKEN),
+            // Short export intervals, so every wait below is short (and bounded).
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "200"),
+        ])
+        .start()
+        .await
+        .unwrap();
+    s.model.push(Reply::tool_call(
+        "call_echo",
+        "terminal",
+        json!({"command": format!("echo {TOOL_OUTPUT}")}),
+    ));
+    s.model.push(Reply::text("Listed them."));
+    s.complete_turn(PROMPT).await.unwrap();
+    let tool = s.tool_result("call_echo");
+    assert!(
+        tool["output"].as_str().unwrap().contains(TOOL_OUTPUT),
+        "the tool ran: {tool}"
+    );
+
+    // The owner's turn span ends after its worker is reaped; the worker flushes before exit.
+    let wanted = |seen: &[Seen]| {
+        let has = |service: &str, name: &str| {
+            seen.iter()
+                .any(|s| s.service == service && s.span.name == name)
+        };
+        has("drover-owner", "turn")
+            && has("drover-owner", "admission.submit")
+            && has("drover-owner", "admission.queue")
+            && has("drover-owner", "persist")
+            && has("drover-worker", "worker")
+            && has("drover-worker", "tool.call")
+            && seen
+                .iter()
+                .filter(|s| s.service == "drover-worker" && s.span.name == "model.request")
+                .count()
+                == 2
+    };
+    let arrived = wait::until(Duration::from_secs(20), || async {
+        wanted(&spans(&shared))
+    })
+    .await;
+    let seen = spans(&shared);
+    let names: Vec<(String, String)> = seen
+        .iter()
+        .map(|s| (s.service.clone(), s.span.name.clone()))
+        .collect();
+    assert!(arrived, "the turn's spans arrived within 20 s: {names:?}");
+
+    let turn = seen
+        .iter()
+        .find(|s| s.service == "drover-owner" && s.span.name == "turn")
+        .unwrap();
+    assert_eq!(
+        string(turn.attr("session_id")).as_deref(),
+        Some(s.session_id.as_str())
+    );
+    assert_eq!(string(turn.attr("outcome")).as_deref(), Some("completed"));
+    // One trace: every span of the turn, in both processes, under the owner's turn span.
+    let trace_id = turn.span.trace_id.clone();
+    let in_turn: Vec<&Seen> = seen
+        .iter()
+        .filter(|s| s.span.trace_id == trace_id)
+        .collect();
+    for (service, name) in [
+        ("drover-owner", "admission.submit"),
+        ("drover-owner", "admission.queue"),
+        ("drover-owner", "persist"),
+        ("drover-worker", "worker"),
+        ("drover-worker", "model.request"),
+        ("drover-worker", "tool.call"),
+    ] {
+        assert!(
+            in_turn
+                .iter()
+                .any(|s| s.service == service && s.span.name == name),
+            "{service} {name} is in the turn's trace: {names:?}"
+        );
+    }
+    // The admission's life: submitted, queued until the claim, then its turn.
+    let queue = in_turn
+        .iter()
+        .find(|s| s.span.name == "admission.queue")
+        .unwrap();
+    let submit = in_turn
+        .iter()
+        .find(|s| s.span.name == "admission.submit")
+        .unwrap();
+    assert_eq!(queue.span.parent_span_id, submit.span.span_id);
+    assert_eq!(turn.span.parent_span_id, queue.span.span_id);
+    assert_eq!(
+        string(submit.attr("admission_id")),
+        string(turn.attr("admission_id"))
+    );
+    let worker = in_turn.iter().find(|s| s.span.name == "worker").unwrap();
+    assert_eq!(
+        worker.span.parent_span_id, turn.span.span_id,
+        "the worker's span is parented on the owner's turn span"
+    );
+    let tool_call = in_turn.iter().find(|s| s.span.name == "tool.call").unwrap();
+    assert_eq!(
+        string(tool_call.attr("tool_name")).as_deref(),
+        Some("terminal")
+    );
+    assert_eq!(string(tool_call.attr("outcome")).as_deref(), Some("ok"));
+    assert!(
+        matches!(
+            tool_call.attr("exit_code"),
+            Some(any_value::Value::IntValue(0))
+        ),
+        "{tool_call:?}"
+    );
+    assert!(
+        matches!(
+            tool_call.attr("sandboxed"),
+            Some(any_value::Value::BoolValue(_))
+        ),
+        "{tool_call:?}"
+    );
+    assert!(tool_call.attr("duration_ms").is_some(), "{tool_call:?}");
+    let model = in_turn
+        .iter()
+        .find(|s| s.span.name == "model.request")
+        .unwrap();
+    assert_eq!(string(model.attr("model")).as_deref(), Some("mock"));
+    assert!(
+        matches!(
+            model.attr("prompt_tokens"),
+            Some(any_value::Value::IntValue(10))
+        ),
+        "{model:?}"
+    );
+    assert!(
+        matches!(
+            model.attr("completion_tokens"),
+            Some(any_value::Value::IntValue(5))
+        ),
+        "{model:?}"
+    );
+    assert!(
+        matches!(model.attr("retries"), Some(any_value::Value::IntValue(0))),
+        "{model:?}"
+    );
+
+    // Metrics: the settled turn is counted by outcome.
+    let counted = wait::until(Duration::from_secs(20), || async {
+        turn_counts(&shared).contains(&("completed".to_string(), "1".to_string()))
+    })
+    .await;
+    assert!(
+        counted,
+        "drover.turns{{outcome=completed}} = 1 arrived: {:?}",
+        turn_counts(&shared)
+    );
+
+    // No content and no secret in anything exported (attributes, events, resources).
+    let raw = shared.lock().unwrap().raw.clone();
+    for planted in [
+        "telemetry-probe-prompt-7f3a",
+        TOOL_OUTPUT,
+        CONFIG_KEY,
+        ENV_TOKEN,
+    ] {
+        for body in &raw {
+            assert!(
+                !body.windows(planted.len()).any(|w| w == planted.as_bytes()),
+                "{planted:?} was exported"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn include_content_puts_the_input_and_tool_io_on_the_worker_spans() {
+    let shared = Shared::default();
+    let endpoint = receiver(shared.clone()).await;
+    let mut s = OneSession::builder(bin())
+        .toolsets(&["terminal"])
+        .config(&format!(
+            "[telemetry]\notlp_endpoint = \"{endpoint}\"\ninclude_content = true\n"
+        ))
+        .env(&[("OTEL_BSP_SCHEDULE_DELAY", "100")])
+        .start()
+        .await
+        .unwrap();
+    s.model.push(Reply::tool_call(
+        "call_echo",
+        "terminal",
+        json!({"command": format!("echo {TOOL_OUTPUT}")}),
+    ));
+    s.model.push(Reply::text("Listed them."));
+    s.complete_turn(PROMPT).await.unwrap();
+
+    let done = |seen: &[Seen]| {
+        seen.iter().any(|s| s.span.name == "worker")
+            && seen.iter().any(|s| s.span.name == "tool.call")
+    };
+    let arrived = wait::until(Duration::from_secs(20), || async { done(&spans(&shared)) }).await;
+    assert!(arrived, "the worker's spans arrived within 20 s");
+    let seen = spans(&shared);
+    let worker = seen.iter().find(|s| s.span.name == "worker").unwrap();
+    assert_eq!(string(worker.attr("input")).as_deref(), Some(PROMPT));
+    let tool_call = seen.iter().find(|s| s.span.name == "tool.call").unwrap();
+    assert!(
+        string(tool_call.attr("args"))
+            .unwrap()
+            .contains(TOOL_OUTPUT),
+        "{tool_call:?}"
+    );
+    assert!(
+        string(tool_call.attr("result"))
+            .unwrap()
+            .contains(TOOL_OUTPUT),
+        "{tool_call:?}"
+    );
+}
