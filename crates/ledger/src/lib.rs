@@ -60,7 +60,7 @@ pub use delegation::{ChildReserved, DelegationLimits, ParentAnswer};
 pub use events::{EventsPage, StoredEvent};
 pub use integrity::set_aside;
 pub use messages::History;
-pub use persist::PersistOutcome;
+pub use persist::{BatchReceipts, BatchRefusal, PersistOutcome};
 pub use processes::BOOTSTRAP_FINISHED_PROCESSES;
 pub use prompts::{PromptResponse, PromptRow};
 pub use sessions::{NewSession, SessionRow, SessionSandbox, SessionSummary};
