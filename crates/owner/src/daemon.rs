@@ -247,7 +247,7 @@ async fn serve(home: PathBuf, lifetime: Lifetime) -> Exit {
             return Exit::Failed;
         }
     };
-    owner.start_admissions();
+    crate::admit::start_admissions(&owner);
     let token = new_token();
     let info = DaemonInfo {
         pid: std::process::id(),

@@ -2,7 +2,8 @@
 //!
 //! It holds the home lock, owns the ledger ([`drover_ledger`]), serves clients over WebSocket
 //! JSON-RPC ([`server`], [`rpc`], typed by `drover_protocol::client`, refusing in one error
-//! type, [`error`]), fans events out to attached connections ([`hub`]), claims
+//! type, [`error`]), admits inputs in group commits that also claim an idle session's turn
+//! ([`admit`]), fans events out to attached connections ([`hub`]), claims
 //! turns and supervises one `drover worker` process per turn ([`turns`]), and recovers after a
 //! crash (older-epoch work becomes `unknown`, never replayed).
 //! Its endpoint is loopback plain ws, or TLS ([`tls`]) when `[daemon]` says so; its log is
@@ -16,8 +17,9 @@
 //! `persist` frames.
 //!
 //! Layers (bottom to top; a module uses only those below it): `config`, `error`, `home`, `hub`,
-//! `jobs`, `logfile`, `mcp`, `sandbox`, `tls` < [`runtime`] < [`turns`] < [`rpc`] < [`server`] < [`daemon`].
+//! `jobs`, `logfile`, `mcp`, `sandbox`, `tls` < [`runtime`] < [`turns`] < [`admit`] < [`rpc`] < [`server`] < [`daemon`].
 
+pub mod admit;
 pub mod config;
 pub mod daemon;
 pub mod error;

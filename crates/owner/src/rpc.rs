@@ -496,14 +496,16 @@ async fn session_compact(
     .await
 }
 
-/// Admits `request` (group commit) and kicks the session's queue when no turn runs.
+/// Admits `request` (group commit; an idle session's new input is claimed in the same
+/// commit, [`crate::admit`]) and kicks the session's queue when no turn runs.
 async fn admit(
     owner: &Arc<Owner>,
     request: AdmitRequest,
 ) -> Result<wire::AdmissionReceipt, OwnerError> {
     let session_id = request.session_id.clone();
     let row = owner.admit(request).await?;
-    // A running turn claims the next input when it settles; only an idle session needs a kick.
+    // A running turn (the one just claimed with the admission, or an earlier one) claims the
+    // next input when it settles; only a session still idle needs a kick.
     if owner.running_turn(&session_id).is_none() {
         kick(owner, session_id);
     }

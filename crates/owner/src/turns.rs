@@ -58,41 +58,54 @@ pub fn kick(owner: &Arc<Owner>, session_id: String) {
                 let Some(c) = l.claim_next(&session_id, &execution_id, s2.expose())? else {
                     return Ok(None);
                 };
-                o.supervised().insert(c.execution_id.clone());
-                // The turn is interruptible from the moment a client can see `turn.started`:
-                // a stop sent before the worker runs waits in its control queue.
-                let (control, control_rx) = mpsc::channel::<OwnerFrame>(WORKER_CONTROL_QUEUE);
-                let signals = register_turn(o, &c, &control);
-                o.hub.reset_deltas(&c.session.id);
-                o.hub.publish(&c.events);
-                Ok(Some((
-                    c,
-                    Registered {
-                        control,
-                        control_rx,
-                        signals,
-                    },
-                )))
+                let registered = register_claim(o, &c);
+                Ok(Some((c, registered)))
             })
             .await;
         match claim {
-            Ok(Some((claim, registered))) => {
-                // Every log line of the turn, across its awaits, carries these fields.
-                let span = tracing::info_span!(
-                    "turn",
-                    session_id = %claim.session.id,
-                    admission_id = %claim.admission.admission_id,
-                    execution_id = %claim.execution_id,
-                    generation = claim.generation
-                );
-                supervise(me, claim, secret, registered)
-                    .instrument(span)
-                    .await
-            }
+            Ok(Some((claim, registered))) => run_claimed(me, claim, secret, registered).await,
             Ok(None) => {}
             Err(e) => tracing::error!(error = %e, "claiming a turn failed"),
         }
     });
+}
+
+/// What a claim needs before its ledger job ends (call it inside the job that committed the
+/// claim): the execution is supervised (the watchdog sees it), the turn is registered as
+/// running and its `turn.started` published.
+pub(crate) fn register_claim(o: &Owner, c: &Claim) -> Registered {
+    o.supervised().insert(c.execution_id.clone());
+    // The turn is interruptible from the moment a client can see `turn.started`: a stop sent
+    // before the worker runs waits in its control queue.
+    let (control, control_rx) = mpsc::channel::<OwnerFrame>(WORKER_CONTROL_QUEUE);
+    let signals = register_turn(o, c, &control);
+    o.hub.reset_deltas(&c.session.id);
+    o.hub.publish(&c.events);
+    Registered {
+        control,
+        control_rx,
+        signals,
+    }
+}
+
+/// Runs a claimed and registered turn ([`register_claim`]) to its end.
+pub(crate) async fn run_claimed(
+    owner: Arc<Owner>,
+    claim: Claim,
+    secret: Secret,
+    registered: Registered,
+) {
+    // Every log line of the turn, across its awaits, carries these fields.
+    let span = tracing::info_span!(
+        "turn",
+        session_id = %claim.session.id,
+        admission_id = %claim.admission.admission_id,
+        execution_id = %claim.execution_id,
+        generation = claim.generation
+    );
+    supervise(owner, claim, secret, registered)
+        .instrument(span)
+        .await
 }
 
 /// Claims every session that has queued input and may run (startup, after recovery).
@@ -459,7 +472,7 @@ async fn start_worker(
 
 /// A claimed turn as registered in the running-turn map at its claim: its control queue
 /// (the sender is the map's, the receiver feeds the worker's stdin) and its stop signals.
-struct Registered {
+pub(crate) struct Registered {
     control: mpsc::Sender<OwnerFrame>,
     control_rx: mpsc::Receiver<OwnerFrame>,
     signals: TurnSignals,
