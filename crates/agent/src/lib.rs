@@ -95,7 +95,19 @@ pub trait TurnStore: Send + Sync {
         tool_contexts: std::collections::BTreeMap<String, String>,
         tool_errors: Vec<String>,
     ) -> Result<(), StoreError>;
-    /// Persists one model request's usage.
+    /// Persists the turn's last assistant message: one without tool calls, after which the
+    /// turn only ends. Nothing waits on it before the turn's end is written, so a store may
+    /// send the two together (the worker's store does: docs/decisions.md, "Batched
+    /// persists"). By default it is [`TurnStore::append`].
+    async fn append_last(
+        &self,
+        message: ChatMessage,
+        tool_contexts: std::collections::BTreeMap<String, String>,
+    ) -> Result<(), StoreError> {
+        self.append(vec![message], tool_contexts, Vec::new()).await
+    }
+    /// Persists one model request's usage. It is always followed by another write of the turn
+    /// (the request's message, or the turn's end), so a store may send it with that one.
     async fn add_usage(&self, usage: UsageAdd) -> Result<(), StoreError>;
     /// Persists a compaction (its summary and the usage of the requests that made it).
     async fn compact(&self, write: CompactionRecord) -> Result<(), StoreError>;
@@ -920,6 +932,13 @@ async fn drive(
             .zip(&assistant.tool_calls)
             .map(|(p, call)| (p.id.clone(), p.context(&call.function.arguments)))
             .collect();
+        if planned.is_empty() {
+            // The turn's last message: the store may send it with the turn's end.
+            if let Err(e) = store.append_last(assistant, contexts).await {
+                return tally.failed(e);
+            }
+            return tally.end(TurnOutcome::Completed, None);
+        }
         // The assistant message is stored before any of its tools runs, so a crash mid-tool
         // leaves a record of what was started (SPEC section 0, G2).
         if let Err(e) = store
@@ -929,10 +948,6 @@ async fn drive(
             return tally.failed(e);
         }
         conv.turn.push(assistant);
-
-        if planned.is_empty() {
-            return tally.end(TurnOutcome::Completed, None);
-        }
 
         for (index, call) in planned.iter().enumerate() {
             if ctx.cancel.is_cancelled() {

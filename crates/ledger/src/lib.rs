@@ -60,11 +60,11 @@ pub use delegation::{ChildReserved, DelegationLimits, ParentAnswer};
 pub use events::{EventsPage, StoredEvent};
 pub use integrity::set_aside;
 pub use messages::History;
-pub use persist::PersistOutcome;
+pub use persist::{BatchReceipts, BatchRefusal, PersistOutcome};
 pub use processes::BOOTSTRAP_FINISHED_PROCESSES;
 pub use prompts::{PromptResponse, PromptRow};
 pub use sessions::{NewSession, SessionRow, SessionSandbox, SessionSummary};
-pub use turns::{Claim, Recovery, Settlement};
+pub use turns::{Admitted, Claim, Recovery, Settlement};
 
 /// The ledger connection's page cache bound, KiB (issue 14, "flat costs"). A turn reads the
 /// indexes, the session's rows and the history since the latest compaction once; SQLite's

@@ -69,3 +69,30 @@ pub(crate) fn finish(final_response: &str) -> Value {
     json!({"outcome": "completed",
            "result": {"final_response": final_response, "model": "m", "api_calls": 1}})
 }
+
+/// How many transactions are committed in the ledger's write-ahead log (`state.db-wal` in
+/// `dir`): its frames whose commit field (the database size after the commit) is set, among
+/// those of the log's current generation (their salts match the log header's). Exact while no
+/// checkpoint restarts the log, which a test of a few commits never reaches (SQLite's
+/// auto-checkpoint waits for 1000 pages).
+pub(crate) fn wal_commits(dir: &std::path::Path) -> usize {
+    let wal = std::fs::read(dir.join("state.db-wal")).unwrap_or_default();
+    if wal.len() < 32 {
+        return 0;
+    }
+    let be = |at: usize| u32::from_be_bytes([wal[at], wal[at + 1], wal[at + 2], wal[at + 3]]);
+    let page_size = be(8) as usize;
+    let salts = (be(16), be(20));
+    let mut commits = 0;
+    let mut at = 32;
+    while at + 24 + page_size <= wal.len() {
+        if (be(at + 8), be(at + 12)) != salts {
+            break;
+        }
+        if be(at + 4) != 0 {
+            commits += 1;
+        }
+        at += 24 + page_size;
+    }
+    commits
+}

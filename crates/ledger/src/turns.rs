@@ -45,6 +45,18 @@ pub struct Claim {
     pub events: Vec<StoredEvent>,
 }
 
+/// An input [`Ledger::admit_batch`] admitted.
+#[derive(Debug, Clone)]
+pub struct Admitted {
+    /// The admission as committed: `started` when it was claimed in the same transaction.
+    pub row: AdmissionRow,
+    /// Its `admission.updated` (`queued`) event when it is new; none for an `input_id` given
+    /// again.
+    pub events: Vec<StoredEvent>,
+    /// The turn claimed with it, when its session was idle: its events follow `events`.
+    pub claim: Option<Claim>,
+}
+
 /// A turn that ended (settled or lost); the owner publishes `events` and may claim the next.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Settlement {
@@ -140,10 +152,17 @@ impl Ledger {
     /// Each input is applied under its own savepoint, so one refused input (conflict, unknown
     /// session) does not undo the others. Results are in input order. If the commit itself
     /// fails, every input gets the storage error and none is acknowledged.
+    ///
+    /// A new input to an idle session (no lease, nothing unknown, nothing queued before it)
+    /// is also claimed in the same transaction, as [`Ledger::claim_next`] would claim it just
+    /// after (docs/decisions.md, "The claim in the admission's transaction"): `claim_ids`
+    /// gives the execution id and secret for it, or `None` when nothing may be claimed now
+    /// (the owner is draining). A claim that fails leaves its input admitted and `queued`.
     pub fn admit_batch(
         &mut self,
         inputs: &[AdmitRequest],
-    ) -> Vec<Result<(AdmissionRow, Vec<StoredEvent>), LedgerError>> {
+        claim_ids: &mut dyn FnMut() -> Option<(String, String)>,
+    ) -> Vec<Result<Admitted, LedgerError>> {
         let epoch = self.epoch;
         let mut tx = match self.conn.transaction() {
             Ok(tx) => tx,
@@ -152,8 +171,8 @@ impl Ledger {
         let mut results = Vec::with_capacity(inputs.len());
         for r in inputs {
             let one = (|| {
-                let sp = tx.savepoint()?;
-                let out = admit_in(
+                let mut sp = tx.savepoint()?;
+                let (row, events) = admit_in(
                     &sp,
                     epoch,
                     &r.session_id,
@@ -162,8 +181,15 @@ impl Ledger {
                     &r.principal_id,
                     r.kind,
                 )?;
+                // Only a new admission: an `input_id` given again changes nothing.
+                let claim = if events.is_empty() {
+                    None
+                } else {
+                    claim_admitted(&mut sp, epoch, &row, claim_ids)
+                };
                 sp.commit()?;
-                Ok(out)
+                let row = claim.as_ref().map_or(row, |c| c.admission.clone());
+                Ok(Admitted { row, events, claim })
             })();
             results.push(one);
         }
@@ -201,125 +227,11 @@ impl Ledger {
     ) -> Result<Option<Claim>, LedgerError> {
         let epoch = self.epoch;
         let tx = self.conn.transaction()?;
-        let blocked: bool = tx.query_row(
-            "SELECT EXISTS (SELECT 1 FROM session_turn_leases WHERE session_id = ?1)
-                 OR EXISTS (SELECT 1 FROM session_admissions WHERE target_session_id = ?1
-                            AND status IN ('started','unknown'))
-                 OR EXISTS (SELECT 1 FROM worker_executions WHERE session_id = ?1 AND status = 'unknown')",
-            [session_id],
-            |r| r.get(0),
-        )?;
-        if blocked {
-            return Ok(None);
+        let claim = claim_in(&tx, epoch, session_id, None, execution_id, secret)?;
+        if claim.is_some() {
+            tx.commit()?;
         }
-        let Some(mut admission) = queue_head(&tx, session_id)? else {
-            return Ok(None);
-        };
-        let generation: i64 = tx.query_row(
-            "UPDATE sessions SET runtime_generation = runtime_generation + 1,
-                runtime_revision = runtime_revision + 1
-             WHERE id = ?1 RETURNING runtime_generation",
-            [session_id],
-            |r| r.get(0),
-        )?;
-        tx.execute(
-            "UPDATE session_admissions SET status = 'started', generation = ?1, owner_epoch = ?2
-             WHERE admission_id = ?3",
-            params![generation, epoch as i64, admission.admission_id],
-        )?;
-        admission.status = AdmissionStatus::Started;
-        admission.generation = Some(generation as u64);
-        admission.owner_epoch = epoch;
-        let t = now();
-        // A child's goal runs under the `child` execution `child.reserve` registered for it
-        // (SPEC section 6: its own claim); any other input gets a new `compute` execution.
-        let reserved: Option<String> = tx
-            .query_row(
-                "SELECT execution_id FROM worker_executions
-                 WHERE admission_id = ?1 AND kind = 'child' AND status = 'registered'",
-                [&admission.admission_id],
-                |r| r.get(0),
-            )
-            .optional()?;
-        let execution_id = match reserved {
-            Some(child) => {
-                tx.execute(
-                    "UPDATE worker_executions SET owner_epoch = ?1, generation = ?2,
-                        secret_digest = ?3 WHERE execution_id = ?4",
-                    params![epoch as i64, generation, digest(secret.as_bytes()), child],
-                )?;
-                child
-            }
-            None => {
-                tx.execute(
-                    "INSERT INTO worker_executions (execution_id, session_id, admission_id, kind,
-                        depth, owner_epoch, generation, status, secret_digest, created_at)
-                     VALUES (?1, ?2, ?3, 'compute', 0, ?4, ?5, 'registered', ?6, ?7)",
-                    params![
-                        execution_id,
-                        session_id,
-                        admission.admission_id,
-                        epoch as i64,
-                        generation,
-                        digest(secret.as_bytes()),
-                        t
-                    ],
-                )?;
-                execution_id.to_string()
-            }
-        };
-        let execution_id = execution_id.as_str();
-        tx.execute(
-            "INSERT INTO session_turn_leases (session_id, admission_id, execution_id, generation,
-                owner_epoch, acquired_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            params![
-                session_id,
-                admission.admission_id,
-                execution_id,
-                generation,
-                epoch as i64,
-                t
-            ],
-        )?;
-        // History is read before this turn's input is stored, so it excludes it.
-        let history = crate::messages::history_in(&tx, session_id)?;
-        let context_window_found = crate::compactions::context_window_in(&tx, session_id)?;
-        let approval_grants = crate::approvals::grants_in(&tx, session_id)?;
-        let background_processes = crate::processes::for_bootstrap(&tx, session_id)?;
-        if admission.kind == AdmissionKind::Input {
-            tx.execute(
-                "INSERT INTO messages (session_id, role, content, created_at, admission_id)
-                 VALUES (?1, 'user', ?2, ?3, ?4)",
-                params![session_id, admission.text, t, admission.admission_id],
-            )?;
-        }
-        let mut events = vec![admission_updated(&tx, &admission)?];
-        events.push(push_event(
-            &tx,
-            session_id,
-            ev::TURN_STARTED,
-            json!({
-                "admission_id": admission.admission_id,
-                "execution_generation": generation,
-            }),
-        )?);
-        // Read inside the claim's transaction: an error here rolls the claim back, where a read
-        // after the commit could fail and leave the turn `started` with no worker.
-        let session = crate::sessions::session_in(&tx, session_id)?
-            .ok_or_else(|| LedgerError::NotFound(format!("session {session_id}")))?;
-        tx.commit()?;
-        Ok(Some(Claim {
-            admission,
-            session,
-            execution_id: execution_id.to_string(),
-            generation: generation as u64,
-            epoch,
-            history,
-            context_window_found,
-            approval_grants,
-            background_processes,
-            events,
-        }))
+        Ok(claim)
     }
 
     /// `prompt.cancel` (SPEC section 2): queued -> terminal/`cancelled`; started ->
@@ -524,6 +436,169 @@ impl Ledger {
         tx.commit()?;
         Ok(rec)
     }
+}
+
+/// Claims the just admitted `row` under a savepoint of its own, if its session is idle and
+/// it heads the queue; a failed claim is rolled back alone and logged (the input stays
+/// `queued`, for the owner's next claim of the session).
+fn claim_admitted(
+    sp: &mut rusqlite::Savepoint<'_>,
+    epoch: u64,
+    row: &AdmissionRow,
+    claim_ids: &mut dyn FnMut() -> Option<(String, String)>,
+) -> Option<Claim> {
+    let (execution_id, secret) = claim_ids()?;
+    let claimed = (|| {
+        let inner = sp.savepoint()?;
+        let claim = claim_in(
+            &inner,
+            epoch,
+            &row.session_id,
+            Some(&row.admission_id),
+            &execution_id,
+            &secret,
+        )?;
+        inner.commit()?;
+        Ok::<_, LedgerError>(claim)
+    })();
+    claimed.unwrap_or_else(|e| {
+        tracing::warn!(admission_id = %row.admission_id, error = %e, "claiming with the admission failed; it stays queued");
+        None
+    })
+}
+
+/// The claim of [`Ledger::claim_next`] inside `tx` (the caller commits): `None` when the
+/// session may not claim now, has nothing queued, or (with `only`) its queue's head is
+/// another admission than `only`.
+fn claim_in(
+    tx: &Connection,
+    epoch: u64,
+    session_id: &str,
+    only: Option<&str>,
+    execution_id: &str,
+    secret: &str,
+) -> Result<Option<Claim>, LedgerError> {
+    let blocked: bool = tx.query_row(
+            "SELECT EXISTS (SELECT 1 FROM session_turn_leases WHERE session_id = ?1)
+                 OR EXISTS (SELECT 1 FROM session_admissions WHERE target_session_id = ?1
+                            AND status IN ('started','unknown'))
+                 OR EXISTS (SELECT 1 FROM worker_executions WHERE session_id = ?1 AND status = 'unknown')",
+            [session_id],
+            |r| r.get(0),
+        )?;
+    if blocked {
+        return Ok(None);
+    }
+    let Some(mut admission) = queue_head(tx, session_id)? else {
+        return Ok(None);
+    };
+    if only.is_some_and(|id| id != admission.admission_id) {
+        return Ok(None);
+    }
+    let generation: i64 = tx.query_row(
+        "UPDATE sessions SET runtime_generation = runtime_generation + 1,
+                runtime_revision = runtime_revision + 1
+             WHERE id = ?1 RETURNING runtime_generation",
+        [session_id],
+        |r| r.get(0),
+    )?;
+    tx.execute(
+        "UPDATE session_admissions SET status = 'started', generation = ?1, owner_epoch = ?2
+             WHERE admission_id = ?3",
+        params![generation, epoch as i64, admission.admission_id],
+    )?;
+    admission.status = AdmissionStatus::Started;
+    admission.generation = Some(generation as u64);
+    admission.owner_epoch = epoch;
+    let t = now();
+    // A child's goal runs under the `child` execution `child.reserve` registered for it
+    // (SPEC section 6: its own claim); any other input gets a new `compute` execution.
+    let reserved: Option<String> = tx
+        .query_row(
+            "SELECT execution_id FROM worker_executions
+                 WHERE admission_id = ?1 AND kind = 'child' AND status = 'registered'",
+            [&admission.admission_id],
+            |r| r.get(0),
+        )
+        .optional()?;
+    let execution_id = match reserved {
+        Some(child) => {
+            tx.execute(
+                "UPDATE worker_executions SET owner_epoch = ?1, generation = ?2,
+                        secret_digest = ?3 WHERE execution_id = ?4",
+                params![epoch as i64, generation, digest(secret.as_bytes()), child],
+            )?;
+            child
+        }
+        None => {
+            tx.execute(
+                "INSERT INTO worker_executions (execution_id, session_id, admission_id, kind,
+                        depth, owner_epoch, generation, status, secret_digest, created_at)
+                     VALUES (?1, ?2, ?3, 'compute', 0, ?4, ?5, 'registered', ?6, ?7)",
+                params![
+                    execution_id,
+                    session_id,
+                    admission.admission_id,
+                    epoch as i64,
+                    generation,
+                    digest(secret.as_bytes()),
+                    t
+                ],
+            )?;
+            execution_id.to_string()
+        }
+    };
+    let execution_id = execution_id.as_str();
+    tx.execute(
+        "INSERT INTO session_turn_leases (session_id, admission_id, execution_id, generation,
+                owner_epoch, acquired_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        params![
+            session_id,
+            admission.admission_id,
+            execution_id,
+            generation,
+            epoch as i64,
+            t
+        ],
+    )?;
+    // History is read before this turn's input is stored, so it excludes it.
+    let history = crate::messages::history_in(tx, session_id)?;
+    let context_window_found = crate::compactions::context_window_in(tx, session_id)?;
+    let approval_grants = crate::approvals::grants_in(tx, session_id)?;
+    let background_processes = crate::processes::for_bootstrap(tx, session_id)?;
+    if admission.kind == AdmissionKind::Input {
+        tx.execute(
+            "INSERT INTO messages (session_id, role, content, created_at, admission_id)
+                 VALUES (?1, 'user', ?2, ?3, ?4)",
+            params![session_id, admission.text, t, admission.admission_id],
+        )?;
+    }
+    let mut events = vec![admission_updated(tx, &admission)?];
+    events.push(push_event(
+        tx,
+        session_id,
+        ev::TURN_STARTED,
+        json!({
+            "admission_id": admission.admission_id,
+            "execution_generation": generation,
+        }),
+    )?);
+    // Read inside the claim's transaction: an error here rolls the claim back, where a read
+    // after the commit could fail and leave the turn `started` with no worker.
+    let session = crate::sessions::session_in(tx, session_id)?
+        .ok_or_else(|| LedgerError::NotFound(format!("session {session_id}")))?;
+    Ok(Some(Claim {
+        admission,
+        session,
+        execution_id: execution_id.to_string(),
+        generation: generation as u64,
+        epoch,
+        history,
+        context_window_found,
+        approval_grants,
+        background_processes,
+        events,
+    }))
 }
 
 /// The live (`registered` or `running`) executions of `kind` that an owner epoch before
@@ -734,4 +809,117 @@ pub(crate) fn settle_turn(
         parent_answer,
         retired_children,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing;
+
+    fn input(session_id: &str, input_id: &str) -> AdmitRequest {
+        AdmitRequest {
+            session_id: session_id.to_string(),
+            input_id: input_id.to_string(),
+            text: format!("text of {input_id}"),
+            principal_id: "test".to_string(),
+            kind: AdmissionKind::Input,
+        }
+    }
+
+    /// Execution ids `exec-1`, `exec-2`, ... with secret `s`, counting the calls.
+    fn ids(calls: &mut u32) -> impl FnMut() -> Option<(String, String)> + '_ {
+        move || {
+            *calls += 1;
+            Some((format!("exec-{calls}"), "s".to_string()))
+        }
+    }
+
+    /// docs/decisions.md, "The claim in the admission's transaction": an input to an idle
+    /// session is admitted and claimed in one commit, and the claim is the one
+    /// `claim_next` makes (a live execution, the lease, `turn.started` after the admission's
+    /// `queued`).
+    #[test]
+    fn an_input_to_an_idle_session_is_admitted_and_claimed_in_one_commit() {
+        let (dir, mut ledger) = testing::open();
+        let session_id = testing::session(&mut ledger, &[], vec![]);
+        let before = testing::wal_commits(dir.path());
+        let mut calls = 0;
+        let results = ledger.admit_batch(&[input(&session_id, "i1")], &mut ids(&mut calls));
+        assert_eq!(testing::wal_commits(dir.path()) - before, 1, "one commit");
+        let admitted = results.into_iter().next().expect("one").expect("admitted");
+        let claim = admitted.claim.expect("claimed with the admission");
+        assert_eq!(admitted.row.status, AdmissionStatus::Started);
+        assert_eq!(admitted.row.generation, Some(claim.generation));
+        assert_eq!(claim.execution_id, "exec-1");
+        let kinds: Vec<(u64, &str)> = admitted
+            .events
+            .iter()
+            .chain(&claim.events)
+            .map(|e| (e.seq, e.kind.as_str()))
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                (1, "admission.updated"),
+                (2, "admission.updated"),
+                (3, "turn.started")
+            ]
+        );
+        assert_eq!(admitted.events[0].payload["status"], "queued");
+        assert_eq!(
+            ledger.started_executions().expect("started"),
+            ["exec-1".to_string()]
+        );
+        // The claim is whole: its worker's persists are taken, and the turn settles.
+        let frame = testing::frame(&claim, "s", 1, "execution.finish", testing::finish("ok"));
+        ledger.apply_persist(&frame).expect("settles");
+    }
+
+    /// Only an idle session's new input is claimed with its admission: a second input of the
+    /// same batch waits behind the first, an `input_id` given again claims nothing, and
+    /// neither does a session paused on an `unknown` turn or an owner that may not claim.
+    #[test]
+    fn only_a_new_input_to_an_idle_session_is_claimed_with_its_admission() {
+        let (_dir, mut ledger) = testing::open();
+        let session_id = testing::session(&mut ledger, &[], vec![]);
+        let mut calls = 0;
+        let results = ledger.admit_batch(
+            &[input(&session_id, "i1"), input(&session_id, "i2")],
+            &mut ids(&mut calls),
+        );
+        let [first, second] = &results[..] else {
+            panic!("two results")
+        };
+        let (first, second) = (first.as_ref().expect("i1"), second.as_ref().expect("i2"));
+        assert!(first.claim.is_some());
+        assert!(second.claim.is_none());
+        assert_eq!(second.row.status, AdmissionStatus::Queued);
+
+        // Given again while the first runs: the same admission, no claim.
+        let again = ledger.admit_batch(&[input(&session_id, "i1")], &mut ids(&mut calls));
+        let again = again[0].as_ref().expect("same admission");
+        assert!(again.claim.is_none() && again.events.is_empty());
+        assert_eq!(again.row.admission_id, first.row.admission_id);
+
+        // The first turn is lost: the session is paused on it and claims nothing.
+        let execution_id = &first.claim.as_ref().expect("claim").execution_id;
+        ledger.mark_execution_lost(execution_id).expect("lost");
+        let third = ledger.admit_batch(&[input(&session_id, "i3")], &mut ids(&mut calls));
+        let third = third[0].as_ref().expect("i3");
+        assert!(third.claim.is_none());
+        assert_eq!(third.row.status, AdmissionStatus::Queued);
+
+        // An owner that may not claim (draining) gives no ids.
+        let other = testing::session(&mut ledger, &[], vec![]);
+        let results = ledger.admit_batch(&[input(&other, "j1")], &mut || None);
+        let j1 = results[0].as_ref().expect("j1");
+        assert!(j1.claim.is_none());
+        assert_eq!(j1.row.status, AdmissionStatus::Queued);
+        // ... and the next claim of the session takes it as before.
+        let claim = ledger
+            .claim_next(&other, "exec-late", "s")
+            .expect("claim")
+            .expect("claimable");
+        assert_eq!(claim.admission.admission_id, j1.row.admission_id);
+    }
 }

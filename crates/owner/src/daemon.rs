@@ -273,7 +273,7 @@ async fn serve(home: PathBuf, lifetime: Lifetime) -> Exit {
             return Exit::Failed;
         }
     };
-    owner.start_admissions();
+    crate::admit::start_admissions(&owner);
     crate::telemetry::register_gauges(&owner);
     let token = new_token();
     let info = DaemonInfo {

@@ -2,7 +2,8 @@
 //!
 //! It holds the home lock, owns the ledger ([`drover_ledger`]), serves clients over WebSocket
 //! JSON-RPC ([`server`], [`rpc`], typed by `drover_protocol::client`, refusing in one error
-//! type, [`error`]), fans events out to attached connections ([`hub`]), claims
+//! type, [`error`]), admits inputs in group commits that also claim an idle session's turn
+//! ([`admit`]), fans events out to attached connections ([`hub`]), claims
 //! turns and supervises one `drover worker` process per turn ([`turns`]), and recovers after a
 //! crash (older-epoch work becomes `unknown`, never replayed).
 //! Its endpoint is loopback plain ws, or TLS ([`tls`]) when `[daemon]` says so; its log is
@@ -19,9 +20,10 @@
 //! browser logs in with a one-time code for a cookie ([`browser`]).
 //!
 //! Layers (bottom to top; a module uses only those below it): `browser`, `config`, `error`, `home`, `hub`,
-//! `jobs`, `logfile`, `mcp`, `sandbox`, `tls` < [`runtime`] < [`turns`] < [`rpc`] <
+//! `jobs`, `logfile`, `mcp`, `sandbox`, `tls` < [`runtime`] < [`turns`] < [`admit`] < [`rpc`] <
 //! [`dashboard`] < [`server`] < [`daemon`].
 
+pub mod admit;
 pub mod browser;
 pub mod config;
 pub mod daemon;

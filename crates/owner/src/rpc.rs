@@ -618,20 +618,29 @@ async fn compaction_settled(
     })
 }
 
-/// Admits `request` (group commit) and kicks the session's queue when no turn runs.
+/// Admits `request` (group commit; an idle session's new input is claimed in the same
+/// commit, [`crate::admit`]) and kicks the session's queue when no turn runs.
 async fn admit(
     owner: &Arc<Owner>,
     request: AdmitRequest,
 ) -> Result<wire::AdmissionReceipt, OwnerError> {
     let session_id = request.session_id.clone();
     // Issue 16: the admission's trace begins here (docs/telemetry.md).
-    let submit = crate::telemetry::submit_span(&session_id);
+    let input_id = request.input_id.clone();
+    let submit = crate::telemetry::submit_span(&session_id, &input_id);
     let row = {
         use tracing::Instrument;
-        owner.admit(request).instrument(submit.clone()).await?
+        match owner.admit(request).instrument(submit.clone()).await {
+            Ok(row) => row,
+            Err(e) => {
+                crate::telemetry::refused(&session_id, &input_id);
+                return Err(e.into());
+            }
+        }
     };
     crate::telemetry::admitted(&submit, &row);
-    // A running turn claims the next input when it settles; only an idle session needs a kick.
+    // A running turn (the one just claimed with the admission, or an earlier one) claims the
+    // next input when it settles; only a session still idle needs a kick.
     if owner.running_turn(&session_id).is_none() {
         kick(owner, session_id);
     }

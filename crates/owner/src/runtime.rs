@@ -111,18 +111,15 @@ fn start_ledger_thread(mut ledger: Ledger) -> std::io::Result<std::sync::mpsc::S
 }
 
 /// An input waiting for the next group commit, and where to send its result.
-type PendingAdmission = (
+pub(crate) type PendingAdmission = (
     AdmitRequest,
     oneshot::Sender<Result<AdmissionRow, LedgerError>>,
 );
 
-/// The most inputs one group commit takes.
-const MAX_ADMISSION_BATCH: usize = 256;
-
 impl Owner {
     /// The owner of `home` over an opened `ledger` (its epoch already raised), reached by
     /// clients at `origin` (`http://127.0.0.1:<port>`): starts the ledger thread; nothing is
-    /// admitted until [`Owner::start_admissions`] runs.
+    /// admitted until [`crate::admit::start_admissions`] runs.
     pub fn new(
         home: PathBuf,
         config: Config,
@@ -207,56 +204,13 @@ impl Owner {
             .collect()
     }
 
-    /// Starts the group-commit loop for admissions (call once, inside the runtime).
-    ///
-    /// Inputs that arrive while a commit is on disk wait for the next one and then share its
-    /// fsync, so 8 clients submitting at once pay for a few fsyncs, not 8 (SPEC G1 still holds:
-    /// nobody is answered before the commit that holds their input).
-    pub fn start_admissions(self: &Arc<Self>) {
-        let Some(mut rx) = self
-            .admissions_rx
+    /// The inputs waiting for the group commit, for its loop ([`crate::admit`]); `None`
+    /// once taken.
+    pub(crate) fn take_admissions(&self) -> Option<mpsc::UnboundedReceiver<PendingAdmission>> {
+        self.admissions_rx
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take()
-        else {
-            return;
-        };
-        let me = self.clone();
-        tokio::spawn(async move {
-            while let Some(first) = rx.recv().await {
-                let mut batch = vec![first];
-                while batch.len() < MAX_ADMISSION_BATCH {
-                    match rx.try_recv() {
-                        Ok(next) => batch.push(next),
-                        Err(_) => break,
-                    }
-                }
-                let (requests, replies): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
-                let n = requests.len();
-                let results = me
-                    .ledger(move |l, o| {
-                        let results = l.admit_batch(&requests);
-                        for (_, events) in results.iter().flatten() {
-                            o.hub.publish(events);
-                        }
-                        Ok(results)
-                    })
-                    .await;
-                match results {
-                    Ok(results) => {
-                        for (reply, result) in replies.into_iter().zip(results) {
-                            let _ = reply.send(result.map(|(row, _)| row));
-                        }
-                    }
-                    Err(e) => {
-                        tracing::error!(error = %e, inputs = n, "group commit failed");
-                        for reply in replies {
-                            let _ = reply.send(Err(LedgerError::Unavailable(e.to_string())));
-                        }
-                    }
-                }
-            }
-        });
     }
 
     /// Admits one input through the group commit; answers after its commit.

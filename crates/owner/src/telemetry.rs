@@ -26,22 +26,40 @@ fn queued() -> std::sync::MutexGuard<'static, HashMap<String, Span>> {
         .unwrap_or_else(|p| p.into_inner())
 }
 
-/// The span of one `prompt.submit` (or `session.compact`) admission, or a disabled span.
-pub fn submit_span(session_id: &str) -> Span {
+/// The key of an admission's `admission.queue` span before its admission id is known.
+fn input_key(session_id: &str, input_id: &str) -> String {
+    format!("input:{session_id}:{input_id}")
+}
+
+/// The span of one `prompt.submit` (or `session.compact`) admission, or a disabled span. Its
+/// `admission.queue` span opens at once, under the input's key: an input to an idle session is
+/// claimed in its admission's own commit, so the claim may come before [`admitted`].
+pub fn submit_span(session_id: &str, input_id: &str) -> Span {
     if !drover_telemetry::enabled() {
         return Span::none();
     }
-    tracing::info_span!(
+    let submit = tracing::info_span!(
         "admission.submit",
         session_id = %session_id,
         admission_id = Empty,
         kind = Empty,
         status = Empty,
-    )
+    );
+    let mut queued = queued();
+    if queued.len() < MAX_QUEUED {
+        let queue = tracing::info_span!(
+            parent: &submit,
+            "admission.queue",
+            session_id = %session_id,
+            admission_id = Empty,
+        );
+        queued.insert(input_key(session_id, input_id), queue);
+    }
+    submit
 }
 
-/// Records the admitted row on its submit span; a queued admission gets an `admission.queue`
-/// span under it, open until [`claimed`].
+/// Records the admitted row on its submit span. A queued (or just claimed) admission's
+/// `admission.queue` span stays open until [`claimed`]; any other's ends now (a resend).
 pub fn admitted(submit: &Span, row: &AdmissionRow) {
     if submit.is_disabled() {
         return;
@@ -49,32 +67,47 @@ pub fn admitted(submit: &Span, row: &AdmissionRow) {
     submit.record("admission_id", row.admission_id.as_str());
     submit.record("kind", row.kind.as_str());
     submit.record("status", row.status.as_str());
-    if row.status != AdmissionStatus::Queued {
-        return;
-    }
     let mut queued = queued();
-    if queued.len() >= MAX_QUEUED || queued.contains_key(&row.admission_id) {
+    let Some(queue) = queued.remove(&input_key(&row.session_id, &row.input_id)) else {
         return;
-    }
-    let queue = tracing::info_span!(
-        parent: submit,
-        "admission.queue",
-        session_id = %row.session_id,
-        admission_id = %row.admission_id,
+    };
+    // `started`: claimed in its admission's commit, and its turn may not have taken the span
+    // yet (rarely, a resend of a running input: its span waits for the cap).
+    let waits = matches!(
+        row.status,
+        AdmissionStatus::Queued | AdmissionStatus::Started
     );
-    queued.insert(row.admission_id.clone(), queue);
+    if waits && !queued.contains_key(&row.admission_id) {
+        queue.record("admission_id", row.admission_id.as_str());
+        queued.insert(row.admission_id.clone(), queue);
+    }
 }
 
-/// The claim of `admission_id`: its `admission.queue` span ends, and `turn` (created, not yet
-/// entered) joins the admission's trace under it.
-pub fn claimed(admission_id: &str, turn: &Span) {
+/// The claim of `claim`'s admission: its `admission.queue` span ends, and `turn` (created, not
+/// yet entered) joins the admission's trace under it.
+pub fn claimed(claim: &drover_ledger::Claim, turn: &Span) {
     if !drover_telemetry::enabled() {
         return;
     }
-    let Some(queue) = queued().remove(admission_id) else {
-        return;
+    let a = &claim.admission;
+    let queue = {
+        let mut queued = queued();
+        match queued.remove(&a.admission_id) {
+            Some(queue) => queue,
+            None => match queued.remove(&input_key(&a.session_id, &a.input_id)) {
+                Some(queue) => queue,
+                None => return,
+            },
+        }
     };
     drover_telemetry::follow(turn, &queue);
+}
+
+/// A refused admission's `admission.queue` span ends.
+pub fn refused(session_id: &str, input_id: &str) {
+    if drover_telemetry::enabled() {
+        queued().remove(&input_key(session_id, input_id));
+    }
 }
 
 /// A cancelled admission's `admission.queue` span ends.

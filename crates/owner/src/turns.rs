@@ -13,7 +13,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use drover_ledger::{Claim, DelegationLimits, PersistOutcome, Settlement};
+use drover_ledger::{Claim, DelegationLimits, LedgerError, PersistOutcome, Settlement};
 use drover_protocol::mcp::McpServerStatus;
 use drover_protocol::worker::framing::{read_frame_line, FrameLine};
 use drover_protocol::worker::{
@@ -58,45 +58,58 @@ pub fn kick(owner: &Arc<Owner>, session_id: String) {
                 let Some(c) = l.claim_next(&session_id, &execution_id, s2.expose())? else {
                     return Ok(None);
                 };
-                o.supervised().insert(c.execution_id.clone());
-                // The turn is interruptible from the moment a client can see `turn.started`:
-                // a stop sent before the worker runs waits in its control queue.
-                let (control, control_rx) = mpsc::channel::<OwnerFrame>(WORKER_CONTROL_QUEUE);
-                let signals = register_turn(o, &c, &control);
-                o.hub.reset_deltas(&c.session.id);
-                o.hub.publish(&c.events);
-                Ok(Some((
-                    c,
-                    Registered {
-                        control,
-                        control_rx,
-                        signals,
-                    },
-                )))
+                let registered = register_claim(o, &c);
+                Ok(Some((c, registered)))
             })
             .await;
         match claim {
-            Ok(Some((claim, registered))) => {
-                // Every log line of the turn, across its awaits, carries these fields.
-                // Issue 16: exported as the root of the turn's trace; the worker's spans are
-                // parented on it through the bootstrap's `traceparent`.
-                let span = tracing::info_span!(
-                    "turn",
-                    session_id = %claim.session.id,
-                    admission_id = %claim.admission.admission_id,
-                    execution_id = %claim.execution_id,
-                    generation = claim.generation,
-                    outcome = tracing::field::Empty,
-                );
-                crate::telemetry::claimed(&claim.admission.admission_id, &span);
-                supervise(me, claim, secret, registered)
-                    .instrument(span)
-                    .await
-            }
+            Ok(Some((claim, registered))) => run_claimed(me, claim, secret, registered).await,
             Ok(None) => {}
             Err(e) => tracing::error!(error = %e, "claiming a turn failed"),
         }
     });
+}
+
+/// What a claim needs before its ledger job ends (call it inside the job that committed the
+/// claim): the execution is supervised (the watchdog sees it), the turn is registered as
+/// running and its `turn.started` published.
+pub(crate) fn register_claim(o: &Owner, c: &Claim) -> Registered {
+    o.supervised().insert(c.execution_id.clone());
+    // The turn is interruptible from the moment a client can see `turn.started`: a stop sent
+    // before the worker runs waits in its control queue.
+    let (control, control_rx) = mpsc::channel::<OwnerFrame>(WORKER_CONTROL_QUEUE);
+    let signals = register_turn(o, c, &control);
+    o.hub.reset_deltas(&c.session.id);
+    o.hub.publish(&c.events);
+    Registered {
+        control,
+        control_rx,
+        signals,
+    }
+}
+
+/// Runs a claimed and registered turn ([`register_claim`]) to its end.
+pub(crate) async fn run_claimed(
+    owner: Arc<Owner>,
+    claim: Claim,
+    secret: Secret,
+    registered: Registered,
+) {
+    // Every log line of the turn, across its awaits, carries these fields.
+    // Issue 16: exported as the root of the turn's trace; the worker's spans are parented on
+    // it through the bootstrap's `traceparent`.
+    let span = tracing::info_span!(
+        "turn",
+        session_id = %claim.session.id,
+        admission_id = %claim.admission.admission_id,
+        execution_id = %claim.execution_id,
+        generation = claim.generation,
+        outcome = tracing::field::Empty,
+    );
+    crate::telemetry::claimed(&claim, &span);
+    supervise(owner, claim, secret, registered)
+        .instrument(span)
+        .await
 }
 
 /// Claims every session that has queued input and may run (startup, after recovery).
@@ -507,7 +520,7 @@ async fn start_worker(
 
 /// A claimed turn as registered in the running-turn map at its claim: its control queue
 /// (the sender is the map's, the receiver feeds the worker's stdin) and its stop signals.
-struct Registered {
+pub(crate) struct Registered {
     control: mpsc::Sender<OwnerFrame>,
     control_rx: mpsc::Receiver<OwnerFrame>,
     signals: TurnSignals,
@@ -651,24 +664,24 @@ impl WorkerPipe {
                     return LoopEnd::Eof;
                 }
             }
-            let Some(reply) = self.handle_line(&buf).await else {
-                continue;
-            };
-            if !self.reply(reply).await {
-                tracing::warn!(%execution_id, "worker stopped reading its stdin; killing it");
-                let _ = child.start_kill();
-                return LoopEnd::Signalled;
+            for reply in self.handle_line(&buf).await {
+                if !self.reply(reply).await {
+                    tracing::warn!(%execution_id, "worker stopped reading its stdin; killing it");
+                    let _ = child.start_kill();
+                    return LoopEnd::Signalled;
+                }
             }
         }
     }
 
-    /// One worker line: a delta is forwarded, a persist applied; returns the answer to send.
-    async fn handle_line(&mut self, line: &[u8]) -> Option<OwnerFrame> {
+    /// One worker line: a delta is forwarded, a persist or a batch of them applied; returns
+    /// the answers to send.
+    async fn handle_line(&mut self, line: &[u8]) -> Vec<OwnerFrame> {
         let frame: WorkerFrame = match serde_json::from_slice(line) {
             Ok(frame) => frame,
             Err(e) => {
                 self.refusals.refused("a malformed worker line", &e);
-                return None;
+                return Vec::new();
             }
         };
         match frame {
@@ -676,21 +689,127 @@ impl WorkerPipe {
                 self.owner
                     .hub
                     .publish_delta(&self.session_id, &self.replay_epoch, &text);
-                None
+                Vec::new()
             }
             WorkerFrame::Persist(frame) if frame.execution_id != self.execution_id => {
-                self.foreign_frames += 1;
-                self.refusals.refused(
-                    "a persist naming another execution on this worker's pipe",
-                    &format_args!(
-                        "named {} sequence {} {} (foreign_frames={})",
-                        frame.execution_id, frame.sequence, frame.operation, self.foreign_frames
-                    ),
-                );
-                Some(refuse_foreign_frame(&self.execution_id, &frame))
+                self.refuse_foreign(&frame);
+                vec![refuse_foreign_frame(&self.execution_id, &frame)]
             }
-            WorkerFrame::Persist(frame) => self.apply_persist(frame).await,
+            WorkerFrame::Persist(frame) => self.apply_persist(frame).await.into_iter().collect(),
+            WorkerFrame::PersistBatch { persists } => {
+                if let Some(foreign) = persists
+                    .iter()
+                    .find(|f| f.execution_id != self.execution_id)
+                {
+                    self.refuse_foreign(foreign);
+                    return persists
+                        .iter()
+                        .map(|f| refuse_foreign_frame(&self.execution_id, f))
+                        .collect();
+                }
+                self.apply_batch(persists).await
+            }
         }
+    }
+
+    /// Counts and logs a persist naming another execution than this pipe's.
+    fn refuse_foreign(&mut self, frame: &PersistFrame) {
+        self.foreign_frames += 1;
+        self.refusals.refused(
+            "a persist naming another execution on this worker's pipe",
+            &format_args!(
+                "named {} sequence {} {} (foreign_frames={})",
+                frame.execution_id, frame.sequence, frame.operation, self.foreign_frames
+            ),
+        );
+    }
+
+    /// Applies a batch of persists through the ledger in one transaction (docs/decisions.md,
+    /// "Batched persists"): a receipt per sequence, or, when one persist is refused, a
+    /// `refused` for every sequence of the batch with that persist's reason (none was applied).
+    async fn apply_batch(&mut self, persists: Vec<PersistFrame>) -> Vec<OwnerFrame> {
+        let sequences: Vec<u64> = persists.iter().map(|f| f.sequence).collect();
+        let mcp_statuses: Vec<McpServerStatus> = persists
+            .iter()
+            .filter(|f| f.operation == op::MCP_STATUS)
+            .filter_map(|f| serde_json::from_value(f.payload.clone()).ok())
+            .collect();
+        let applied = self
+            .owner
+            .ledger(move |l, o| {
+                let out = l.apply_persist_batch(&persists, &delegation_limits(o));
+                match &out {
+                    Ok(batch) => o.hub.publish(&batch.events),
+                    Err(r) => {
+                        if let e @ (LedgerError::Storage(_) | LedgerError::Unavailable(_)) =
+                            &r.error
+                        {
+                            o.note_storage_error(e);
+                        }
+                    }
+                }
+                Ok(out)
+            })
+            .await;
+        let applied = match applied {
+            Ok(applied) => applied,
+            // The ledger thread is gone: nothing was applied.
+            Err(e) => Err(drover_ledger::BatchRefusal {
+                sequence: sequences.first().copied().unwrap_or(0),
+                operation: String::new(),
+                error: e,
+            }),
+        };
+        match applied {
+            Ok(batch) => {
+                self.ran = true;
+                for status in mcp_statuses {
+                    self.owner
+                        .mcp
+                        .record(&self.session_id, &self.execution_id, status);
+                }
+                if let Some(s) = &batch.settlement {
+                    self.settled(s);
+                }
+                batch
+                    .receipts
+                    .into_iter()
+                    .map(|(sequence, result)| OwnerFrame::Receipt { sequence, result })
+                    .collect()
+            }
+            Err(refusal) => {
+                let (first, last) = (
+                    sequences.first().copied().unwrap_or(0),
+                    sequences.last().copied().unwrap_or(0),
+                );
+                self.refusals.refused(
+                    "a batch of persists",
+                    &format_args!("sequences {first}-{last}: {refusal}"),
+                );
+                let message = format!(
+                    "the batch of sequences {first}-{last} was refused, nothing of it applied: \
+                     {refusal}"
+                );
+                sequences
+                    .into_iter()
+                    .map(|sequence| OwnerFrame::Refused {
+                        sequence,
+                        reason: refusal.error.reason().as_str().to_string(),
+                        message: message.clone(),
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// The worker's `execution.finish` settled the turn: it leaves the running turns, and the
+    /// session's next input is claimed.
+    fn settled(&mut self, s: &Settlement) {
+        self.settled = true;
+        self.outcome = Some(s.outcome.clone());
+        self.owner.turns().remove(&self.execution_id);
+        after_settlement(&self.owner, s);
+        kick(&self.owner, self.session_id.clone());
     }
 
     /// Applies a persist through the ledger: its receipt, nothing yet (an answer that comes
@@ -752,11 +871,7 @@ impl WorkerPipe {
                         .record(&self.session_id, &self.execution_id, status);
                 }
                 if let Some(s) = &settlement {
-                    self.settled = true;
-                    self.outcome = Some(s.outcome.clone());
-                    self.owner.turns().remove(&self.execution_id);
-                    after_settlement(&self.owner, s);
-                    kick(&self.owner, self.session_id.clone());
+                    self.settled(s);
                 }
                 Some(OwnerFrame::Receipt { sequence, result })
             }

@@ -97,6 +97,16 @@ pub enum OwnerFrame {
 pub enum WorkerFrame {
     /// A sequence-numbered, idempotent write.
     Persist(PersistFrame),
+    /// Several persists of consecutive sequences, applied in one ledger transaction: every
+    /// one of them or none (docs/decisions.md, "Batched persists"). The owner answers each
+    /// sequence with its own `receipt`, or, when one operation is refused, every sequence of
+    /// the batch with a `refused` carrying that operation's reason. [`op::PROMPT_OPEN`] and
+    /// [`op::CHILD_RESERVE`] (their receipts come later) travel alone, never in a batch.
+    PersistBatch {
+        /// The persists, in sequence order, each a whole [`PersistFrame`] of the same
+        /// execution.
+        persists: Vec<PersistFrame>,
+    },
     /// Live assistant text (becomes `message.delta`; never stored).
     Delta {
         /// The piece of text.
@@ -464,6 +474,21 @@ pub struct PersistFrame {
     pub payload: Value,
     /// The execution's [`Scope::secret`].
     pub secret: Secret,
+}
+
+impl PersistFrame {
+    /// Whether this persist may travel in a [`WorkerFrame::PersistBatch`]: not
+    /// [`op::PROMPT_OPEN`] or [`op::CHILD_RESERVE`], whose receipts the owner sends only when a
+    /// human answers or a child's turn ends.
+    pub fn batchable(&self) -> bool {
+        batchable(&self.operation)
+    }
+}
+
+/// Whether persists of `operation` may travel in a [`WorkerFrame::PersistBatch`] (see
+/// [`PersistFrame::batchable`]).
+pub fn batchable(operation: &str) -> bool {
+    operation != op::PROMPT_OPEN && operation != op::CHILD_RESERVE
 }
 
 /// Payload of `transcript.append`.

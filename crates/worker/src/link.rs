@@ -7,15 +7,19 @@
 //!   ([`OWNER_QUEUE`] lines) to the writer task, so lines never interleave. When the owner
 //!   stops reading and the channel is full, live deltas are dropped (they are never replayed
 //!   anyway, SPEC section 2) and persist frames wait for room: a persist is never dropped;
-//! - the outbox thread sends each frame after it is durable, in sequence order;
+//! - the outbox thread sends each frame after it is written, in sequence order. A frame
+//!   recorded with [`OwnerLink::hold`] waits for the next [`OwnerLink::persist`], and the two
+//!   (or more) go as one `persist_batch` line, which the owner applies in one transaction with
+//!   one commit (docs/decisions.md, "Batched persists"); a batch over [`MAX_FRAME_BYTES`] is cut
+//!   into several lines, and `prompt.open` and `child.reserve` always go alone;
 //! - the reader task parses [`OwnerFrame`]s: a `receipt` or `refused` deletes the frame from
 //!   the journal (on the outbox thread) and then wakes the persist waiting for that sequence;
 //!   `stop` fires the turn's cancel token.
 //!
 //! End of file or a write error marks the pair lost ([`OwnerLink::disconnected`]). The frames
 //! stay in the journal; [`OwnerLink::connect`] with a new pair first resends every
-//! unacknowledged frame, in sequence order, then carries on (the owner answers a repeated
-//! sequence with its stored receipt). The worker process itself never reconnects: for it a lost
+//! unacknowledged frame, in sequence order and in the batches they were sent in, then carries
+//! on (the owner answers a repeated sequence with its stored receipt). The worker process itself never reconnects: for it a lost
 //! pair means the owner is gone.
 //!
 //! An incoming line over [`MAX_FRAME_BYTES`], or one that is not an owner frame, is a fault:
@@ -36,6 +40,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::journal::{wire_line, Journal, JournalError};
+
+/// What a `persist_batch` line adds to the lines of its frames, at most: its own tag and list
+/// brackets (each frame's own `"type":"persist",` tag, which a batch leaves out, more than
+/// pays for the commas between them).
+const BATCH_OVERHEAD: usize = 64;
 
 /// Largest piece of delta text per `delta` line. JSON escaping can grow text up to six times
 /// (`\u00XX`), and 6 x 512 KiB stays under [`MAX_FRAME_BYTES`].
@@ -110,12 +119,14 @@ enum Answer {
 
 /// Work for the outbox thread, done in arrival order.
 enum Command {
-    /// Record a frame durably, register its waiter, then send it.
+    /// Record a frame, register its waiter (if any), then send it with the frames held
+    /// before it, or (`send: false`) hold it for the next frame that is sent.
     Record {
         operation: String,
         payload: Value,
-        answer: oneshot::Sender<Answer>,
+        answer: Option<oneshot::Sender<Answer>>,
         recorded: oneshot::Sender<Result<u64, JournalError>>,
+        send: bool,
     },
     /// The owner answered `sequence`: delete its file, then hand `answer` to its waiter.
     Acknowledge { sequence: u64, answer: Answer },
@@ -144,6 +155,11 @@ struct State {
     /// The recorded frames not yet answered, by sequence: the journal's own list, kept here
     /// too so a resend never waits for the disk.
     pending: BTreeMap<u64, PersistFrame>,
+    /// The first sequence of the batch each sent frame went in, so a resend sends the same
+    /// batches; a frame missing here (held, or reloaded from the journal) goes alone.
+    batch_of: BTreeMap<u64, u64>,
+    /// Frames recorded by [`OwnerLink::hold`] and not sent yet, in sequence order.
+    held: Vec<u64>,
     /// The current writer task's queue; `None` while no pair is connected.
     out: Option<mpsc::Sender<String>>,
     /// Cancelled when the current pair is replaced or lost: its writer drops its queue.
@@ -174,6 +190,8 @@ impl OwnerLink {
             state: Mutex::new(State {
                 outbox: Some(outbox),
                 pending,
+                batch_of: BTreeMap::new(),
+                held: Vec::new(),
                 out: None,
                 closed: CancellationToken::new(),
                 connection: 0,
@@ -215,12 +233,14 @@ impl OwnerLink {
         state.closed.cancel();
         state.closed = closed.clone();
         // Taken under the lock the outbox thread registers frames under, so no frame is sent
-        // twice on one pair or out of order.
-        let resend: Vec<String> = state
-            .pending
-            .values()
-            .map(|frame| line(wire_line(frame)))
-            .collect();
+        // twice on one pair or out of order. Held frames go now too, as one batch of their own.
+        let held = std::mem::take(&mut state.held);
+        if let Some(&first) = held.first() {
+            for sequence in held {
+                state.batch_of.insert(sequence, first);
+            }
+        }
+        let resend = resend_lines(&state.pending, &state.batch_of);
         if let Some(first) = state.pending.keys().next() {
             tracing::info!(
                 frames = resend.len(),
@@ -248,33 +268,18 @@ impl OwnerLink {
         self.inner.connected.send_replace(true);
     }
 
-    /// Records `operation` with `payload` in the journal (durably, on the outbox thread),
-    /// sends it, and waits for the owner's answer: the receipt's `result`, or why there is
-    /// none. One sequence per call; sequences follow call order. A full queue to the owner
-    /// makes the send wait, never drops the frame. A frame recorded while no pair is connected
-    /// is sent by the next [`OwnerLink::connect`]. Dropping the future stops the wait, not the
-    /// frame.
+    /// Records `operation` with `payload` in the journal (on the outbox thread), sends it
+    /// with any frames held before it ([`OwnerLink::hold`]: all of them in one batch), and
+    /// waits for the owner's answer: the receipt's `result`, or why there is none. One
+    /// sequence per call; sequences follow call order. A full queue to the owner makes the
+    /// send wait, never drops the frame. A frame recorded while no pair is connected is sent
+    /// by the next [`OwnerLink::connect`]. Dropping the future stops the wait, not the frame.
+    ///
+    /// A batch is applied whole or not at all: when the owner refuses a frame held before
+    /// this one, it refuses this one too, with the same reason.
     pub async fn persist(&self, operation: &str, payload: Value) -> Result<Value, PersistError> {
         let (answer, answered) = oneshot::channel();
-        let (recorded, sequence) = oneshot::channel();
-        {
-            let state = self.inner.lock();
-            let outbox = state
-                .outbox
-                .as_ref()
-                .ok_or(PersistError::Closed { sequence: 0 })?;
-            outbox
-                .send(Command::Record {
-                    operation: operation.to_string(),
-                    payload,
-                    answer,
-                    recorded,
-                })
-                .map_err(|_| PersistError::Closed { sequence: 0 })?;
-        }
-        let sequence = sequence
-            .await
-            .map_err(|_| PersistError::Closed { sequence: 0 })??;
+        let sequence = self.record(operation, payload, Some(answer), true).await?;
         tracing::debug!(seq = sequence, operation, "persist recorded");
         let _waiting = Waiting {
             inner: &self.inner,
@@ -291,6 +296,48 @@ impl OwnerLink {
             Ok(Answer::Fault(fault)) => Err(PersistError::Fault(fault)),
             Err(_) => Err(PersistError::Closed { sequence }),
         }
+    }
+
+    /// Records `operation` with `payload` in the journal and holds it: it is sent with the
+    /// next [`OwnerLink::persist`], in one batch, one commit and one round trip with it. For a
+    /// write nothing waits on before the next one (a model request's `usage.add` before its
+    /// message, the turn's last message before `execution.finish`). Returns its sequence once
+    /// it is recorded; its receipt is not waited for, and a refusal of it is the refusal of
+    /// the persist it goes with ([`OwnerLink::refusal`] keeps the first).
+    pub async fn hold(&self, operation: &str, payload: Value) -> Result<u64, PersistError> {
+        let sequence = self.record(operation, payload, None, false).await?;
+        tracing::debug!(seq = sequence, operation, "persist held");
+        Ok(sequence)
+    }
+
+    /// Has the outbox thread record (and send, or hold) a frame; its sequence.
+    async fn record(
+        &self,
+        operation: &str,
+        payload: Value,
+        answer: Option<oneshot::Sender<Answer>>,
+        send: bool,
+    ) -> Result<u64, PersistError> {
+        let (recorded, sequence) = oneshot::channel();
+        {
+            let state = self.inner.lock();
+            let outbox = state
+                .outbox
+                .as_ref()
+                .ok_or(PersistError::Closed { sequence: 0 })?;
+            outbox
+                .send(Command::Record {
+                    operation: operation.to_string(),
+                    payload,
+                    answer,
+                    recorded,
+                    send,
+                })
+                .map_err(|_| PersistError::Closed { sequence: 0 })?;
+        }
+        Ok(sequence
+            .await
+            .map_err(|_| PersistError::Closed { sequence: 0 })??)
     }
 
     /// Sends live assistant text as `delta` lines (best effort: dropped while disconnected or
@@ -360,6 +407,8 @@ impl OwnerLink {
         let outbox = {
             let mut state = self.inner.lock();
             state.pending.clear();
+            state.batch_of.clear();
+            state.held.clear();
             state.outbox.take()
         };
         let Some(outbox) = outbox else { return Ok(()) };
@@ -390,6 +439,7 @@ fn run_outbox(mut journal: Journal, inner: Weak<Inner>, commands: std_mpsc::Rece
                 payload,
                 answer,
                 recorded,
+                send,
             } => {
                 let frame = match journal.record(&operation, payload) {
                     Ok(frame) => frame,
@@ -400,17 +450,39 @@ fn run_outbox(mut journal: Journal, inner: Weak<Inner>, commands: std_mpsc::Rece
                 };
                 let Some(inner) = inner.upgrade() else { return };
                 let sequence = frame.sequence;
-                let out = {
+                let (lines, out) = {
                     let mut state = inner.lock();
-                    state.pending.insert(sequence, frame.clone());
-                    state.waiters.insert(sequence, answer);
-                    state.out.clone()
+                    let state = &mut *state;
+                    state.pending.insert(sequence, frame);
+                    if let Some(answer) = answer {
+                        state.waiters.insert(sequence, answer);
+                    }
+                    if send {
+                        let mut batch = std::mem::take(&mut state.held);
+                        batch.push(sequence);
+                        let first = batch[0];
+                        // A held frame a resend already took is no longer pending.
+                        let frames: Vec<&PersistFrame> =
+                            batch.iter().filter_map(|s| state.pending.get(s)).collect();
+                        let lines = batch_lines(&frames);
+                        for s in batch {
+                            state.batch_of.insert(s, first);
+                        }
+                        (lines, state.out.clone())
+                    } else {
+                        state.held.push(sequence);
+                        (Vec::new(), None)
+                    }
                 };
                 let _ = recorded.send(Ok(sequence));
                 // Outside the lock: a full queue makes this frame wait, never drops it. A pair
                 // that closes meanwhile fails the send; the next `connect` resends the frame.
                 if let Some(out) = out {
-                    let _ = out.blocking_send(line(wire_line(&frame)));
+                    for text in lines {
+                        if out.blocking_send(text).is_err() {
+                            break;
+                        }
+                    }
                 }
             }
             Command::Acknowledge { sequence, answer } => {
@@ -489,6 +561,7 @@ impl Inner {
             return;
         };
         let operation = state.pending.remove(&sequence).map(|f| f.operation);
+        state.batch_of.remove(&sequence);
         if let Answer::Refused { reason, message } = &answer {
             tracing::warn!(seq = sequence, reason = %reason, message = %message, "persist refused");
             state.refusal.get_or_insert_with(|| Refusal {
@@ -551,6 +624,68 @@ impl Drop for Waiting<'_> {
 fn line(mut json: String) -> String {
     json.push('\n');
     json
+}
+
+/// The lines that carry `frames` (consecutive sequences sent together): one `persist` line
+/// for a frame alone, else `persist_batch` lines, each under [`MAX_FRAME_BYTES`] (a batch that
+/// would be larger is cut, in order); a frame that cannot be batched goes alone.
+fn batch_lines(frames: &[&PersistFrame]) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut batch: Vec<PersistFrame> = Vec::new();
+    let mut bytes = BATCH_OVERHEAD;
+    let flush = |batch: &mut Vec<PersistFrame>, lines: &mut Vec<String>| {
+        match batch.len() {
+            0 => {}
+            1 => lines.push(line(wire_line(&batch[0]))),
+            _ => {
+                let frame = WorkerFrame::PersistBatch {
+                    persists: std::mem::take(batch),
+                };
+                // Serialising plain data with string keys cannot fail.
+                lines.push(line(serde_json::to_string(&frame).unwrap_or_default()));
+            }
+        }
+        batch.clear();
+    };
+    for frame in frames {
+        let len = wire_line(frame).len() + 1;
+        if !frame.batchable() {
+            flush(&mut batch, &mut lines);
+            bytes = BATCH_OVERHEAD;
+            lines.push(line(wire_line(frame)));
+            continue;
+        }
+        if !batch.is_empty() && bytes + len > MAX_FRAME_BYTES {
+            flush(&mut batch, &mut lines);
+            bytes = BATCH_OVERHEAD;
+        }
+        batch.push((*frame).clone());
+        bytes += len;
+    }
+    flush(&mut batch, &mut lines);
+    lines
+}
+
+/// The lines that resend every unanswered frame, in sequence order and in the batches they
+/// were first sent in (`batch_of`: a frame's batch, by its first sequence).
+fn resend_lines(
+    pending: &BTreeMap<u64, PersistFrame>,
+    batch_of: &BTreeMap<u64, u64>,
+) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut batch: Vec<&PersistFrame> = Vec::new();
+    let mut current = None;
+    for (sequence, frame) in pending {
+        let of = batch_of.get(sequence).copied();
+        if of.is_none() || of != current {
+            lines.extend(batch_lines(&batch));
+            batch.clear();
+        }
+        current = of;
+        batch.push(frame);
+    }
+    lines.extend(batch_lines(&batch));
+    lines
 }
 
 /// Splits `text` into pieces of at most `max` bytes, on character boundaries.

@@ -4,7 +4,9 @@
 //! - [`OwnerStore`] ([`TurnStore`]): `transcript.append` with a [`TranscriptAppend`] payload,
 //!   `usage.add` with a [`UsageAdd`] payload, `compaction.record` with a [`CompactionRecord`]
 //!   payload and `model.context_window` with a [`ContextWindowFound`] payload, each waiting
-//!   for its receipt; deltas go out as live `delta` lines.
+//!   for its receipt, except `usage.add` and the turn's last message, which are held and go
+//!   with the next write in one batch (so a text turn ends with one batch: `usage.add`,
+//!   `transcript.append`, `execution.finish`); deltas go out as live `delta` lines.
 //! - [`OwnerPrompts`] ([`PromptBroker`]): `prompt.open` with a [`PromptOpen`] payload. The
 //!   owner sends its receipt only once a human answered: `{"status":"resolved","answer":...}`
 //!   or `{"status":"cancelled"}`.
@@ -56,6 +58,15 @@ impl OwnerStore {
             .map(|_| ())
             .map_err(store_error)
     }
+
+    /// Records a write that goes with the next one ([`OwnerLink::hold`]).
+    async fn hold(&self, operation: &str, payload: Value) -> Result<(), StoreError> {
+        self.link
+            .hold(operation, payload)
+            .await
+            .map(|_| ())
+            .map_err(store_error)
+    }
 }
 
 /// The agent's view of a persist error: the spec reason and a message without it.
@@ -101,9 +112,28 @@ impl TurnStore for OwnerStore {
         self.persist(op::TRANSCRIPT_APPEND, payload).await
     }
 
+    /// Held, and sent with the turn's next write in one batch (docs/decisions.md, "Batched
+    /// persists").
+    async fn append_last(
+        &self,
+        message: ChatMessage,
+        tool_contexts: BTreeMap<String, String>,
+    ) -> Result<(), StoreError> {
+        let payload = to_payload(
+            op::TRANSCRIPT_APPEND,
+            &TranscriptAppend {
+                messages: vec![message],
+                tool_contexts,
+                tool_errors: Vec::new(),
+            },
+        )?;
+        self.hold(op::TRANSCRIPT_APPEND, payload).await
+    }
+
+    /// Held, and sent with the turn's next write in one batch.
     async fn add_usage(&self, usage: UsageAdd) -> Result<(), StoreError> {
         let payload = to_payload(op::USAGE_ADD, &usage)?;
-        self.persist(op::USAGE_ADD, payload).await
+        self.hold(op::USAGE_ADD, payload).await
     }
 
     async fn compact(&self, write: CompactionRecord) -> Result<(), StoreError> {

@@ -47,6 +47,18 @@ impl OwnerEnd {
         serde_json::from_str(&line).expect("a worker frame")
     }
 
+    /// The next line's persists, alone or in a batch (deltas are skipped), and whether the
+    /// line was a batch.
+    async fn persists(&mut self) -> (Vec<PersistFrame>, bool) {
+        loop {
+            match self.frame().await {
+                WorkerFrame::Persist(frame) => return (vec![frame], false),
+                WorkerFrame::PersistBatch { persists } => return (persists, true),
+                WorkerFrame::Delta { .. } => {}
+            }
+        }
+    }
+
     async fn persist(&mut self) -> PersistFrame {
         loop {
             if let WorkerFrame::Persist(frame) = self.frame().await {
@@ -338,6 +350,7 @@ async fn a_full_queue_drops_deltas_and_a_persist_waits_for_room() {
         match owner.frame().await {
             WorkerFrame::Delta { .. } => deltas += 1,
             WorkerFrame::Persist(frame) => break frame,
+            WorkerFrame::PersistBatch { .. } => panic!("no frame was held"),
         }
     };
     assert!(deltas > 0, "no delta got through");
@@ -357,4 +370,117 @@ async fn a_full_queue_drops_deltas_and_a_persist_waits_for_room() {
         .expect("the persist is answered in time")
         .expect("task");
     assert_eq!(result.expect("receipt"), json!({"ok": true}));
+}
+
+/// docs/decisions.md, "Batched persists": frames held go with the next persist as one batch
+/// line; after a broken pipe the same batch is sent again, and the receipts answer it.
+#[tokio::test]
+async fn held_frames_go_with_the_next_persist_in_one_batch_and_are_resent_as_that_batch() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let (link, dir, _cancel) = open_link(home.path());
+    let mut owner = connect(&link);
+    assert_eq!(
+        link.hold("usage.add", json!({"n": 1})).await.expect("held"),
+        1
+    );
+    assert_eq!(
+        link.hold("transcript.append", json!({"n": 2}))
+            .await
+            .expect("held"),
+        2
+    );
+    assert_eq!(frame_files(&dir).len(), 2, "held frames are in the outbox");
+    let task = spawn_persist(&link, 3);
+    // Had a held frame gone alone, it would be the first line.
+    let (first_sight, batch) = owner.persists().await;
+    assert!(batch, "one persist_batch line");
+    let sequences: Vec<u64> = first_sight.iter().map(|f| f.sequence).collect();
+    assert_eq!(sequences, [1, 2, 3]);
+
+    drop(owner);
+    tokio::time::timeout(WAIT, link.disconnected())
+        .await
+        .expect("the link notices the closed pipe");
+    let mut owner = connect(&link);
+    let (second_sight, batch) = owner.persists().await;
+    assert!(batch);
+    assert_eq!(second_sight, first_sight, "the same batch, sent again");
+
+    for frame in &second_sight {
+        owner
+            .send(&OwnerFrame::Receipt {
+                sequence: frame.sequence,
+                result: json!({ "applied": frame.sequence }),
+            })
+            .await;
+    }
+    let result = tokio::time::timeout(WAIT, task)
+        .await
+        .expect("receipt in time")
+        .expect("task");
+    assert_eq!(result.expect("receipt"), json!({"applied": 3}));
+    assert!(link.unacknowledged().is_empty());
+    tokio::time::timeout(WAIT, async {
+        while !frame_files(&dir).is_empty() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("answered frames leave the outbox");
+}
+
+/// A batch that would be over the 4 MiB line limit is cut, in order, into lines under it.
+#[tokio::test]
+async fn a_batch_over_the_frame_limit_is_cut_into_lines_under_it() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let (link, _dir, _cancel) = open_link(home.path());
+    let mut owner = connect_with_buffer(&link, 1024 * 1024);
+    let big = "x".repeat(1536 * 1024);
+    link.hold("transcript.append", json!({"text": big}))
+        .await
+        .expect("held");
+    link.hold("transcript.append", json!({"text": big}))
+        .await
+        .expect("held");
+    let task = {
+        let link = link.clone();
+        let big = big.clone();
+        tokio::spawn(async move { link.persist("execution.finish", json!({"text": big})).await })
+    };
+    let mut lines = Vec::new();
+    let mut sequences = Vec::new();
+    while sequences.len() < 3 {
+        let mut line = String::new();
+        tokio::time::timeout(WAIT, owner.reader.read_line(&mut line))
+            .await
+            .expect("a line in time")
+            .expect("read");
+        assert!(
+            line.len() - 1 <= drover_protocol::worker::MAX_FRAME_BYTES,
+            "a line of {} bytes",
+            line.len()
+        );
+        let frame: WorkerFrame = serde_json::from_str(&line).expect("a worker frame");
+        let got: Vec<u64> = match frame {
+            WorkerFrame::Persist(f) => vec![f.sequence],
+            WorkerFrame::PersistBatch { persists } => persists.iter().map(|f| f.sequence).collect(),
+            WorkerFrame::Delta { .. } => continue,
+        };
+        lines.push(got.clone());
+        sequences.extend(got);
+    }
+    assert_eq!(lines, [vec![1, 2], vec![3]]);
+    for sequence in sequences {
+        owner
+            .send(&OwnerFrame::Receipt {
+                sequence,
+                result: json!({}),
+            })
+            .await;
+    }
+    tokio::time::timeout(WAIT, task)
+        .await
+        .expect("receipt in time")
+        .expect("task")
+        .expect("receipt");
 }

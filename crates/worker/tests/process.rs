@@ -51,6 +51,10 @@ struct Worker {
     stdin: Option<ChildStdin>,
     stdout: BufReader<ChildStdout>,
     log: std::path::PathBuf,
+    /// The operations of each stdout line that carried persists, in order.
+    lines: Vec<Vec<String>>,
+    /// Persists of a batch line not yet returned by `next_persist`.
+    unread: std::collections::VecDeque<PersistFrame>,
     _home: tempfile::TempDir,
 }
 
@@ -76,6 +80,8 @@ impl Worker {
             stdin,
             stdout,
             log,
+            lines: Vec::new(),
+            unread: Default::default(),
             _home: home,
         }
     }
@@ -92,11 +98,23 @@ impl Worker {
         write_bootstrap(self.stdin.as_mut().expect("stdin open"), bootstrap).await;
     }
 
-    /// The next persist frame; every stdout line must be a worker frame.
+    /// The next persist frame, alone or in a batch; every stdout line must be a worker frame.
     async fn next_persist(&mut self) -> Option<PersistFrame> {
         loop {
-            if let WorkerFrame::Persist(frame) = read_frame(&mut self.stdout, WAIT).await? {
+            if let Some(frame) = self.unread.pop_front() {
                 return Some(frame);
+            }
+            match read_frame(&mut self.stdout, WAIT).await? {
+                WorkerFrame::Persist(frame) => {
+                    self.lines.push(vec![frame.operation.clone()]);
+                    return Some(frame);
+                }
+                WorkerFrame::PersistBatch { persists } => {
+                    self.lines
+                        .push(persists.iter().map(|f| f.operation.clone()).collect());
+                    self.unread.extend(persists);
+                }
+                WorkerFrame::Delta { .. } => {}
             }
         }
     }
@@ -170,6 +188,12 @@ async fn worker_process_finishes_a_turn_over_real_pipes() {
     assert_eq!(
         operations,
         vec!["usage.add", "transcript.append", "execution.finish"]
+    );
+    // docs/decisions.md, "Batched persists": the end of a text turn is one line, one batch,
+    // so the owner settles it in one round trip and one commit.
+    assert_eq!(
+        worker.lines,
+        [vec!["usage.add", "transcript.append", "execution.finish"]]
     );
     assert_eq!(finish.outcome, TurnOutcome::Completed);
     assert_eq!(finish.result.final_response, "hi from the model");

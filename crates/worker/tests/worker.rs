@@ -37,6 +37,16 @@ async fn completed_turn_persists_in_sequence_and_exits_zero() {
             "execution.finish"
         ]
     );
+    // docs/decisions.md, "Batched persists": a request's usage goes with its message, and
+    // the text turn's end is one batch.
+    assert_eq!(
+        owner.lines,
+        [
+            vec!["usage.add", "transcript.append"],
+            vec!["transcript.append"],
+            vec!["usage.add", "transcript.append", "execution.finish"]
+        ]
+    );
     for frame in &owner.persists {
         assert_eq!(
             (frame.epoch, frame.generation, frame.execution_id.as_str()),
@@ -115,24 +125,59 @@ async fn stop_mid_turn_finishes_interrupted_and_exits_zero() {
 async fn refused_persist_exits_two_without_execution_finish() {
     let home = tempfile::tempdir().expect("tempdir");
     let mock = MockModel::start().await;
-    mock.push(Reply::text("hi"));
+    mock.push(Reply::tool_call("call-1", "nope", json!({"command": "ls"})));
     let mut owner = Owner::spawn();
     owner.send_bootstrap(&bootstrap(&mock, home.path())).await;
 
     let first = owner.next_persist().await.expect("usage.add");
-    assert_eq!(first.operation, "usage.add");
-    owner
-        .send(&OwnerFrame::Refused {
-            sequence: first.sequence,
-            reason: "stale_generation".into(),
-            message: "generation 4 is not current".into(),
-        })
-        .await;
+    let second = owner.next_persist().await.expect("transcript.append");
+    assert_eq!(owner.lines, [vec!["usage.add", "transcript.append"]]);
+    // A batch is refused whole: every sequence of it.
+    for sequence in [first.sequence, second.sequence] {
+        owner
+            .send(&OwnerFrame::Refused {
+                sequence,
+                reason: "stale_generation".into(),
+                message: "generation 4 is not current".into(),
+            })
+            .await;
+    }
     // Nothing more is persisted: the worker closes its end.
     assert_eq!(owner.next_persist().await, None);
-    assert_eq!(owner.operations(), vec!["usage.add"]);
+    assert_eq!(owner.operations(), vec!["usage.add", "transcript.append"]);
     assert_eq!(owner.exited().await, WorkerExit::Refused);
     assert_eq!(WorkerExit::Refused.code(), 2);
+}
+
+/// The end of a text turn is one batch; the owner refusing it (whole) leaves the turn
+/// unsettled, and the worker exits 2 without sending anything more.
+#[tokio::test]
+async fn a_refused_end_of_turn_batch_exits_two() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let mock = MockModel::start().await;
+    mock.push(Reply::text("hi"));
+    let mut owner = Owner::spawn();
+    owner.send_bootstrap(&bootstrap(&mock, home.path())).await;
+
+    let mut sequences = Vec::new();
+    while sequences.len() < 3 {
+        sequences.push(owner.next_persist().await.expect("a persist").sequence);
+    }
+    assert_eq!(
+        owner.lines,
+        [vec!["usage.add", "transcript.append", "execution.finish"]]
+    );
+    for sequence in sequences {
+        owner
+            .send(&OwnerFrame::Refused {
+                sequence,
+                reason: "stale_generation".into(),
+                message: "the batch of sequences 1-3 was refused".into(),
+            })
+            .await;
+    }
+    assert_eq!(owner.next_persist().await, None);
+    assert_eq!(owner.exited().await, WorkerExit::Refused);
 }
 
 #[tokio::test]

@@ -31,6 +31,11 @@ pub struct Owner {
     pub deltas: Vec<String>,
     /// Every persist frame seen, in order.
     pub persists: Vec<PersistFrame>,
+    /// The operations of each line that carried persists, in order: one for a `persist`
+    /// line, several for a `persist_batch`.
+    pub lines: Vec<Vec<String>>,
+    /// Persists of a batch line read but not yet returned by `next_persist`.
+    unread: std::collections::VecDeque<PersistFrame>,
     pub worker: JoinHandle<WorkerExit>,
     pub shutdown: CancellationToken,
 }
@@ -51,6 +56,8 @@ impl Owner {
             writer: owner_write,
             deltas: Vec::new(),
             persists: Vec::new(),
+            lines: Vec::new(),
+            unread: Default::default(),
             worker,
             shutdown,
         }
@@ -65,14 +72,28 @@ impl Owner {
         write_bootstrap(&mut self.writer, bootstrap).await;
     }
 
-    /// The next persist frame (deltas are collected on the way); `None` at end of file.
+    /// The next persist frame, alone or in a batch (deltas are collected on the way); `None`
+    /// at end of file.
     pub async fn next_persist(&mut self) -> Option<PersistFrame> {
+        if let Some(frame) = self.unread.pop_front() {
+            return Some(frame);
+        }
         loop {
             match read_frame(&mut self.reader, WAIT).await? {
                 WorkerFrame::Delta { text } => self.deltas.push(text),
                 WorkerFrame::Persist(frame) => {
+                    self.lines.push(vec![frame.operation.clone()]);
                     self.persists.push(frame.clone());
                     return Some(frame);
+                }
+                WorkerFrame::PersistBatch { persists } => {
+                    self.lines
+                        .push(persists.iter().map(|f| f.operation.clone()).collect());
+                    self.persists.extend(persists.iter().cloned());
+                    self.unread.extend(persists);
+                    if let Some(frame) = self.unread.pop_front() {
+                        return Some(frame);
+                    }
                 }
             }
         }
