@@ -304,6 +304,8 @@ async fn serve(home: PathBuf, lifetime: Lifetime) -> Exit {
         guard_stop.clone(),
     ));
     tracing::info!(epoch = epoch.epoch, url = %info.url, pid = info.pid, "owner listening");
+    // After daemon.json: a client waiting for this daemon does not wait for the spare's start.
+    owner.start_spare();
     kick_all(&owner).await;
     start_watchdog(&owner);
 

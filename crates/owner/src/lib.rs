@@ -3,7 +3,8 @@
 //! It holds the home lock, owns the ledger ([`drover_ledger`]), serves clients over WebSocket
 //! JSON-RPC ([`server`], [`rpc`], typed by `drover_protocol::client`, refusing in one error
 //! type, [`error`]), fans events out to attached connections ([`hub`]), claims
-//! turns and supervises one `drover worker` process per turn ([`turns`]), and recovers after a
+//! turns and supervises one `drover worker` process per turn ([`turns`]), keeping one started
+//! ahead of the next claim ([`spare`]), and recovers after a
 //! crash (older-epoch work becomes `unknown`, never replayed).
 //! Its endpoint is loopback plain ws, or TLS ([`tls`]) when `[daemon]` says so; its log is
 //! private and bounded ([`logfile`]). A daemon a client started exits when idle ([`idle`]).
@@ -16,7 +17,7 @@
 //! `persist` frames.
 //!
 //! Layers (bottom to top; a module uses only those below it): `config`, `error`, `home`, `hub`,
-//! `jobs`, `logfile`, `mcp`, `sandbox`, `tls` < [`runtime`] < [`turns`] < [`rpc`] < [`server`] < [`daemon`].
+//! `jobs`, `logfile`, `mcp`, `sandbox`, [`spare`], `tls` < [`runtime`] < [`turns`] < [`rpc`] < [`server`] < [`daemon`].
 
 pub mod config;
 pub mod daemon;
@@ -31,6 +32,7 @@ pub mod rpc;
 pub mod runtime;
 pub mod sandbox;
 pub mod server;
+pub mod spare;
 pub mod tls;
 pub mod turns;
 

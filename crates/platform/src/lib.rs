@@ -236,6 +236,17 @@ pub fn set_non_dumpable() -> io::Result<()> {
     nix::sys::prctl::set_dumpable(false).map_err(io::Error::from)
 }
 
+/// Names the calling thread (`PR_SET_NAME`, at most 15 bytes; longer is cut). On the main
+/// thread this is the process's `comm`, as `ps`, `top` and `/proc/<pid>/stat` show it: the
+/// worker is `drover-spare` while it waits for its bootstrap and `drover-worker` once it has a
+/// turn (issue 15), so a spare is told apart from a turn's worker from outside.
+pub fn set_thread_name(name: &str) -> io::Result<()> {
+    let mut bytes: Vec<u8> = name.bytes().filter(|b| *b != 0).take(15).collect();
+    bytes.push(0);
+    let name = std::ffi::CStr::from_bytes_with_nul(&bytes).map_err(io::Error::other)?;
+    nix::sys::prctl::set_name(name).map_err(io::Error::from)
+}
+
 /// The pid of the calling process's parent (1, or a subreaper, once the parent is gone).
 pub fn parent_pid() -> i32 {
     nix::unistd::getppid().as_raw()
