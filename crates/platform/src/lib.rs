@@ -580,6 +580,33 @@ pub fn pass_fd(command: &mut std::process::Command, fd: std::os::fd::OwnedFd, ta
     }
 }
 
+/// Takes file descriptor `fd`, inherited from the parent (which passed it with [`pass_fd`]),
+/// as a file this process owns, close-on-exec from now on so no child of this process holds it
+/// open. Call it once per descriptor, early in `main`, before anything else may open files.
+/// An error when `fd` is a standard stream (0 to 2) or not open.
+pub fn take_inherited_fd(fd: i32) -> io::Result<std::fs::File> {
+    use std::os::fd::FromRawFd;
+    if fd <= 2 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("descriptor {fd} is a standard stream, not a passed one"),
+        ));
+    }
+    // SAFETY: fcntl(2) with F_GETFD/F_SETFD only reads and sets the descriptor's flags; an fd
+    // that is not open fails with EBADF, which is returned.
+    let flags = unsafe { nix::libc::fcntl(fd, nix::libc::F_GETFD) };
+    if flags == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: as above, on a descriptor just seen open.
+    if unsafe { nix::libc::fcntl(fd, nix::libc::F_SETFD, flags | nix::libc::FD_CLOEXEC) } == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is open, and the caller takes it once, as this process's only owner of it:
+    // it was inherited, so nothing in this process opened it or will close it.
+    Ok(unsafe { std::fs::File::from_raw_fd(fd) })
+}
+
 /// The pid holding an exclusive `flock(2)` on `path`'s inode, from `/proc/locks`. The kernel
 /// records the holder when the lock is taken, so this is right even before the holder has
 /// written anything down (the owner's home lock names its holder this way).
