@@ -7,6 +7,11 @@
 //! `state.db`. It stops at once when the owner is gone (`PR_SET_PDEATHSIG`, EOF on stdin),
 //! killing its tools' process groups.
 //!
+//! Started ahead (issue 15): the owner may start a worker before it has a turn for it (the
+//! spare). Before the bootstrap a worker does only what does not depend on the turn (owner-loss
+//! checks, the async runtime, the model's HTTP client: [`Prepared`]) and is named
+//! [`SPARE_NAME`]; once the bootstrap arrived it is [`WORKER_NAME`] and serves that one turn.
+//!
 //! Confinement (issue 13): the worker makes itself non-dumpable at start, so no tool can read
 //! its `/proc/<pid>/environ`, `mem` or `fd`, and hands the tools the session's sandbox
 //! (`policy.sandbox` plus its temp dir, [`drover_tools::sandbox::Sandbox`]), which confines
