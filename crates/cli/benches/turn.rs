@@ -47,7 +47,8 @@
 //! scenario), `DROVER_BENCH_LONG` (`0` skips the long session), `DROVER_BENCH_LONG_TURNS`
 //! (default 1000), `DROVER_BENCH_LONG_WINDOW` (default 32000 tokens), `DROVER_BENCH_LONG_CSV`
 //! (a path: one CSV row per long-session turn with its phases and the daemon's memory after
-//! it, for finding what grows). When the binary is run without `--bench` (as `cargo test
+//! it, for finding what grows), `DROVER_BENCH_BIN` (another `drover` binary to measure, say
+//! the build before a change). When the binary is run without `--bench` (as `cargo test
 //! --benches` does) the defaults drop to 5 turns, 1 warmup, and a long session of 8 turns in a
 //! 12000-token window (so that it compacts), so that it is a quick smoke run.
 //!
@@ -84,8 +85,15 @@ const TARGET_P50_MS: f64 = 15.0;
 /// The idle daemon's resident set target.
 const TARGET_IDLE_RSS_MB: f64 = 30.0;
 
+/// The `drover` binary measured: this build's, or `$DROVER_BENCH_BIN` (another build, to
+/// compare before and after a change on the same host minutes apart).
 fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_drover"))
+    static BIN: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        std::env::var_os("DROVER_BENCH_BIN")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| env!("CARGO_BIN_EXE_drover").into())
+    })
 }
 
 fn main() -> ExitCode {

@@ -44,6 +44,10 @@ enum Command {
         /// `[daemon] idle_exit_s` with nothing to do.
         #[arg(long, hide = true)]
         started_by_client: bool,
+        /// Internal: a pipe inherited from the client that started this daemon; the line
+        /// `ready` is written to it once daemon.json is written and the daemon listens.
+        #[arg(long, hide = true, value_name = "FD")]
+        ready_fd: Option<i32>,
     },
     /// Submit a prompt to a session and stream the answer (starts the daemon if needed).
     Run(run::RunArgs),
@@ -151,13 +155,23 @@ fn main() -> ExitCode {
     let exit = match command {
         Command::Chat(args) => commands::block_on(chat::chat(home, args)),
         Command::Attach(args) => commands::block_on(chat::attach(home, args)),
-        Command::Daemon { started_by_client } => {
+        Command::Daemon {
+            started_by_client,
+            ready_fd,
+        } => {
             let lifetime = if started_by_client {
                 drover_owner::daemon::Lifetime::StartedByClient
             } else {
                 drover_owner::daemon::Lifetime::Foreground
             };
-            drover_owner::run_daemon(&home, lifetime)
+            let ready = ready_fd.and_then(|fd| match drover_platform::take_inherited_fd(fd) {
+                Ok(file) => Some(file),
+                Err(e) => {
+                    eprintln!("drover daemon: --ready-fd {fd}: {e}; not signalling readiness");
+                    None
+                }
+            });
+            drover_owner::run_daemon(&home, lifetime, ready)
         }
         Command::Worker => drover_worker::main_entry(),
         Command::Run(args) => commands::block_on(run::run(home, args)),

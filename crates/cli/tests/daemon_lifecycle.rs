@@ -247,3 +247,75 @@ async fn man_prints_roff_or_writes_one_page_per_subcommand() {
     let daemon = std::fs::read_to_string(pages.join("drover-daemon.1")).unwrap();
     assert!(!daemon.contains("started"), "{daemon}");
 }
+
+/// A daemon started by the test itself, killed and reaped if the test fails.
+struct Started(std::process::Child);
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `drover --home HOME daemon --started-by-client --ready-fd 3` as `drover run` does,
+/// with a pipe's write end as its descriptor 3; returns the daemon and the pipe's read end.
+fn start_with_ready_pipe(home: &Path) -> (Started, std::io::PipeReader) {
+    let (reader, writer) = std::io::pipe().unwrap();
+    let mut cmd = std::process::Command::new(bin());
+    cmd.arg("--home")
+        .arg(home)
+        .args(["daemon", "--started-by-client", "--ready-fd", "3"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    drover_platform::pass_fd(&mut cmd, writer.into(), 3);
+    let child = cmd.spawn().unwrap();
+    drop(cmd);
+    (Started(child), reader)
+}
+
+/// Everything on `pipe` until its end, read on a thread and bounded.
+async fn read_to_end(mut pipe: std::io::PipeReader) -> String {
+    use std::io::Read;
+    let read = tokio::task::spawn_blocking(move || {
+        let mut text = String::new();
+        let _ = pipe.read_to_string(&mut text);
+        text
+    });
+    tokio::time::timeout(Duration::from_secs(20), read)
+        .await
+        .expect("the readiness pipe never ended")
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_started_daemon_says_ready_on_its_pipe_once_it_serves() {
+    let (_model, home) = model_home(true).await.unwrap();
+    let (mut child, pipe) = start_with_ready_pipe(home.path());
+    // `ready`, then the end of the pipe while the daemon runs on: it closed its end, and no
+    // worker it started (the spare among them) holds a copy.
+    let said = read_to_end(pipe).await;
+    assert_eq!(said, "ready\n");
+    assert!(pid_alive(child.0.id()));
+    // By then daemon.json is written and the endpoint answers.
+    let text = std::fs::read_to_string(home.path().join("daemon.json")).unwrap();
+    let info: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let url = info["url"].as_str().unwrap();
+    let addr = url.trim_start_matches("ws://").trim_end_matches("/v1/ws");
+    std::net::TcpStream::connect(addr).unwrap();
+    drover_test_support::harness::signal(child.0.id(), nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(child.0.wait().unwrap().code(), Some(0));
+}
+
+#[tokio::test]
+async fn a_daemon_that_cannot_start_closes_its_pipe_without_ready() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let home = TestHome::new().unwrap();
+    home.write_config(&format!("[daemon]\nlisten = \"{addr}\"\n"))
+        .unwrap();
+    let (mut child, pipe) = start_with_ready_pipe(home.path());
+    assert_eq!(read_to_end(pipe).await, "");
+    assert_eq!(child.0.wait().unwrap().code(), Some(1));
+}

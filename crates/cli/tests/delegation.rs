@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use drover_test_support::harness::str_field;
-use drover_test_support::harness::{children_of, db_rows, Client, Daemon, OneSession};
+use drover_test_support::harness::{db_rows, Client, Daemon, OneSession};
 use drover_test_support::mock_model::{last_message, tool_names};
 use drover_test_support::{Gate, Reply};
 use serde_json::{json, Value};
@@ -306,7 +306,7 @@ async fn interrupting_the_parent_retires_its_live_child() {
     // The child's worker was told to stop; its late answer is refused, never stored.
     gate.open();
     let deadline = Instant::now() + WAIT;
-    while !children_of(s.daemon.pid()).is_empty() {
+    while !s.daemon.worker_pids().is_empty() {
         assert!(Instant::now() < deadline, "workers still running");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

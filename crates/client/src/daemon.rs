@@ -297,9 +297,66 @@ fn is_tls_failure(e: &tokio_tungstenite::tungstenite::Error) -> bool {
 pub(crate) struct Spawned {
     child: Child,
     log: PathBuf,
+    /// The read end of the daemon's readiness pipe, until it said `ready` or closed it.
+    ready: Option<std::fs::File>,
+}
+
+/// The file descriptor the readiness pipe has in the daemon (`--ready-fd`).
+const READY_FD: i32 = 3;
+
+/// What the readiness pipe of a starting daemon said.
+enum Readiness {
+    /// `ready`: `daemon.json` is written and the daemon listens.
+    Ready,
+    /// Closed without `ready`: the daemon exited (or gave up signalling); its exit status says
+    /// which.
+    Closed,
+    /// Nothing by the deadline.
+    TimedOut,
+}
+
+/// Waits for the line `ready` on `pipe`, or its end, until `deadline`.
+async fn wait_ready(pipe: std::fs::File, deadline: Instant) -> Readiness {
+    use tokio::io::AsyncReadExt;
+    let mut pipe = match tokio::net::unix::pipe::Receiver::from_file(pipe) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot watch the readiness pipe; polling instead");
+            return Readiness::TimedOut;
+        }
+    };
+    let mut said = Vec::new();
+    let read = async {
+        let mut buf = [0u8; 64];
+        loop {
+            match pipe.read(&mut buf).await {
+                Ok(0) | Err(_) => return Readiness::Closed,
+                Ok(n) => {
+                    said.extend_from_slice(&buf[..n]);
+                    if said.starts_with(b"ready\n") {
+                        return Readiness::Ready;
+                    }
+                    if said.len() > 64 {
+                        return Readiness::Closed;
+                    }
+                }
+            }
+        }
+    };
+    tokio::time::timeout_at(deadline, read)
+        .await
+        .unwrap_or(Readiness::TimedOut)
 }
 
 impl Spawned {
+    /// Waits, bounded by `deadline`, for a daemon whose readiness pipe closed to exit, so
+    /// [`Spawned::failure`] can tell why.
+    async fn exited(&mut self, deadline: Instant) {
+        while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            tokio::time::sleep(EXIT_POLL).await;
+        }
+    }
+
     /// `Some(error)` once the child has exited with anything but "another daemon owns the
     /// home" (which means another client won the race: use that one).
     fn failure(&mut self, home: &Path) -> Option<Result<ClientError, ()>> {
@@ -340,8 +397,10 @@ fn log_tail(path: &Path, lines: usize) -> String {
     kept[kept.len().saturating_sub(lines)..].join(" / ")
 }
 
-/// Starts `program --home HOME daemon --started-by-client` in its own session (it must
-/// outlive this terminal and its Ctrl-C), stdin and stdout null, stderr to [`START_LOG`].
+/// Starts `program --home HOME daemon --started-by-client --ready-fd 3` in its own session
+/// (it must outlive this terminal and its Ctrl-C), stdin and stdout null, stderr to
+/// [`START_LOG`], and the write end of a pipe as its descriptor 3: it writes `ready` there
+/// once it serves, and closes it by exiting if it cannot start.
 fn spawn(program: &Path, home: &Path) -> Result<Spawned, ClientError> {
     use std::os::unix::fs::DirBuilderExt;
     let logs = home.join("logs");
@@ -367,28 +426,46 @@ fn spawn(program: &Path, home: &Path) -> Result<Spawned, ClientError> {
         home: home.display().to_string(),
         why: format!("cannot create {}: {e}", log.display()),
     })?;
+    let (ready, ready_tx) = std::io::pipe().map_err(|e| ClientError::DaemonStart {
+        home: home.display().to_string(),
+        why: format!("cannot make a pipe: {e}"),
+    })?;
     let mut cmd = std::process::Command::new(program);
     cmd.arg("--home")
         .arg(home)
         .arg("daemon")
         .arg("--started-by-client")
+        .arg("--ready-fd")
+        .arg(READY_FD.to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(stderr);
+    drover_platform::pass_fd(&mut cmd, ready_tx.into(), READY_FD);
     let child =
         drover_platform::spawn_detached(&mut cmd).map_err(|e| ClientError::DaemonStart {
             home: home.display().to_string(),
             why: format!("cannot run {}: {e}", program.display()),
         })?;
+    // The command holds this process's copy of the write end: dropped, so that the daemon's
+    // exit is the pipe's end.
+    drop(cmd);
     tracing::debug!(pid = child.id(), "started the daemon");
-    Ok(Spawned { child, log })
+    Ok(Spawned {
+        child,
+        log,
+        ready: Some(std::fs::File::from(std::os::fd::OwnedFd::from(ready))),
+    })
 }
 
 /// How long one connection attempt may take.
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// How often a starting daemon is looked for again.
+/// How often a starting daemon is looked for again, when it cannot say it is ready (another
+/// client started it).
 const POLL: Duration = Duration::from_millis(20);
+
+/// How often a daemon that closed its readiness pipe is checked for its exit.
+const EXIT_POLL: Duration = Duration::from_millis(2);
 
 /// Finds the home's running daemon and connects, starting one when `start` allows and none
 /// runs. Gives up at `deadline`.
@@ -418,6 +495,14 @@ pub(crate) async fn find_or_start(
             }
         }
         if let Some(s) = spawned.as_mut() {
+            // The daemon this client started says when it serves: no polling for daemon.json.
+            if let Some(pipe) = s.ready.take() {
+                match wait_ready(pipe, deadline).await {
+                    Readiness::Ready => continue,
+                    Readiness::Closed => s.exited(deadline).await,
+                    Readiness::TimedOut => {}
+                }
+            }
             match s.failure(home) {
                 Some(Ok(e)) => return Err(e),
                 // Another daemon won the race for this home: wait for its daemon.json.

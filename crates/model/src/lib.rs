@@ -208,6 +208,18 @@ pub trait ChatModel: Send + Sync {
     }
 }
 
+/// The HTTP client type under [`ModelClient`] ([`http_client`] builds one).
+pub type HttpClient = reqwest::Client;
+
+/// The HTTP client every [`ModelClient`] uses: connection pool, TLS roots, no timeout of its
+/// own (each request sets `request_timeout`). Building it parses the TLS root store, the
+/// costliest step of a client, which is why it is its own step.
+pub fn http_client() -> Result<HttpClient, ModelError> {
+    reqwest::Client::builder()
+        .build()
+        .map_err(|e| ModelError::Config(format!("cannot build the HTTP client: {e}")))
+}
+
 /// The reqwest-based client.
 #[derive(Debug, Clone)]
 pub struct ModelClient {
@@ -222,6 +234,13 @@ pub struct ModelClient {
 impl ModelClient {
     /// Builds a client; `Config` error for an unparsable base URL.
     pub fn new(config: ModelConfig) -> Result<Self, ModelError> {
+        ModelClient::with_http(config, http_client()?)
+    }
+
+    /// A client over `http`, an HTTP client built before the config was known
+    /// ([`http_client`]: a spare worker builds it while it waits for its turn, issue 15). The
+    /// request timeout is set on each request, so `http` carries none of the config.
+    pub fn with_http(config: ModelConfig, http: HttpClient) -> Result<Self, ModelError> {
         let endpoint = endpoint_url(&config.base_url)?;
         let authorization = match &config.api_key {
             Some(key) => {
@@ -237,10 +256,6 @@ impl ModelClient {
             }
             None => None,
         };
-        let http = reqwest::Client::builder()
-            .timeout(config.request_timeout)
-            .build()
-            .map_err(|e| ModelError::Config(format!("cannot build the HTTP client: {e}")))?;
         Ok(ModelClient {
             config,
             http,
@@ -275,6 +290,7 @@ impl ModelClient {
             .post(self.endpoint.clone())
             .header(CONTENT_TYPE, "application/json")
             .header(ACCEPT, accept)
+            .timeout(self.config.request_timeout)
             .body(body.to_vec());
         if let Some(authorization) = &self.authorization {
             request = request.header(AUTHORIZATION, authorization.clone());

@@ -29,7 +29,12 @@ const OWNER_MALLOC_ARENAS: i32 = 1;
 /// foreign ledger, bind failure), [`Exit::HomeOwned`] when another running daemon owns the
 /// home (SPEC section 1). Why it could not start is in `daemon.log` too, where a client that
 /// started it in the background finds it.
-pub fn run_daemon(home: &Path, lifetime: Lifetime) -> Exit {
+///
+/// `ready`, when given, is the write end of a pipe from the client that started this daemon
+/// (`drover daemon --ready-fd N`): once `daemon.json` is written and the endpoint listens, the
+/// line `ready` is written to it and it is closed. A daemon that cannot start closes it without
+/// that line (by exiting), so the client learns either way without polling (issue 15).
+pub fn run_daemon(home: &Path, lifetime: Lifetime, ready: Option<std::fs::File>) -> Exit {
     // Before any thread starts (issue 14): the owner's memory stays flat as sessions grow.
     drover_tools::platform::limit_malloc_arenas(OWNER_MALLOC_ARENAS);
     if let Err(e) = prepare_home(home) {
@@ -86,7 +91,7 @@ pub fn run_daemon(home: &Path, lifetime: Lifetime) -> Exit {
             return Exit::Failed;
         }
     };
-    let code = runtime.block_on(serve(home.to_path_buf(), lifetime));
+    let code = runtime.block_on(serve(home.to_path_buf(), lifetime, ready));
     if let Some(telemetry) = telemetry {
         telemetry.shutdown();
     }
@@ -158,7 +163,7 @@ fn refuse_unlocked(home: &Path, why: &dyn std::fmt::Display) {
     eprintln!("drover daemon: {why}");
 }
 
-async fn serve(home: PathBuf, lifetime: Lifetime) -> Exit {
+async fn serve(home: PathBuf, lifetime: Lifetime, ready: Option<std::fs::File>) -> Exit {
     let mut signals = StopSignals::install();
     let config = match Config::load(&home) {
         Ok(c) => c,
@@ -321,6 +326,9 @@ async fn serve(home: PathBuf, lifetime: Lifetime) -> Exit {
         shutdown.cancel();
         return Exit::Failed;
     }
+    if let Some(ready) = ready {
+        say_ready(ready);
+    }
     let guard_stop = tokio_util::sync::CancellationToken::new();
     let guard = tokio::spawn(keep_daemon_json(
         home.clone(),
@@ -328,6 +336,8 @@ async fn serve(home: PathBuf, lifetime: Lifetime) -> Exit {
         guard_stop.clone(),
     ));
     tracing::info!(epoch = epoch.epoch, url = %info.url, pid = info.pid, "owner listening");
+    // After daemon.json: a client waiting for this daemon does not wait for the spare's start.
+    owner.start_spare();
     kick_all(&owner).await;
     start_watchdog(&owner);
 
@@ -347,6 +357,15 @@ async fn serve(home: PathBuf, lifetime: Lifetime) -> Exit {
     let _ = tokio::time::timeout(Duration::from_secs(3), owner.connections.wait()).await;
     tracing::info!("stopped");
     Exit::Ok
+}
+
+/// Tells the client that started this daemon that it is ready (see [`run_daemon`]), and
+/// closes the pipe. A client that is gone is no failure.
+fn say_ready(mut ready: std::fs::File) {
+    use std::io::Write;
+    if let Err(e) = ready.write_all(b"ready\n") {
+        tracing::debug!(error = %e, "cannot tell the starting client that the daemon is ready");
+    }
 }
 
 /// How often the daemon checks that `daemon.json` still names it.

@@ -4,7 +4,8 @@
 //! JSON-RPC ([`server`], [`rpc`], typed by `drover_protocol::client`, refusing in one error
 //! type, [`error`]), admits inputs in group commits that also claim an idle session's turn
 //! ([`admit`]), fans events out to attached connections ([`hub`]), claims
-//! turns and supervises one `drover worker` process per turn ([`turns`]), and recovers after a
+//! turns and supervises one `drover worker` process per turn ([`turns`]), keeping one started
+//! ahead of the next claim ([`spare`]), and recovers after a
 //! crash (older-epoch work becomes `unknown`, never replayed).
 //! Its endpoint is loopback plain ws, or TLS ([`tls`]) when `[daemon]` says so; its log is
 //! private and bounded ([`logfile`]). A daemon a client started exits when idle ([`idle`]).
@@ -20,8 +21,8 @@
 //! browser logs in with a one-time code for a cookie ([`browser`]).
 //!
 //! Layers (bottom to top; a module uses only those below it): `browser`, `config`, `error`, `home`, `hub`,
-//! `jobs`, `logfile`, `mcp`, `sandbox`, `tls` < [`runtime`] < [`turns`] < [`admit`] < [`rpc`] <
-//! [`dashboard`] < [`server`] < [`daemon`].
+//! `jobs`, `logfile`, `mcp`, `sandbox`, [`spare`], `telemetry`, `tls` < [`runtime`] < [`turns`] <
+//! [`admit`] < [`rpc`] < [`dashboard`] < [`server`] < [`daemon`].
 
 pub mod admit;
 pub mod browser;
@@ -39,6 +40,7 @@ pub mod rpc;
 pub mod runtime;
 pub mod sandbox;
 pub mod server;
+pub mod spare;
 pub mod telemetry;
 pub mod tls;
 pub mod turns;

@@ -18,6 +18,7 @@ use crate::browser::BrowserAuth;
 use crate::config::{Config, ConfigError, DaemonSection};
 use crate::hub::Hub;
 use crate::mcp::McpStatusTable;
+use crate::spare::{SpareSlot, WorkerCommand};
 
 /// A turn whose worker is running.
 #[derive(Debug, Clone)]
@@ -66,6 +67,8 @@ pub struct Owner {
     pub mcp: McpStatusTable,
     /// The `drover` executable to start workers with (`drover worker`).
     pub worker_exe: PathBuf,
+    /// The spare worker, started ahead of the next claim (issue 15).
+    pub spare: SpareSlot,
     /// What the kernel offers for confining tools, probed once at start
     /// ([`crate::sandbox::probe`]).
     pub sandbox_support: SandboxSupport,
@@ -159,6 +162,7 @@ impl Owner {
             hub: Hub::default(),
             mcp: McpStatusTable::default(),
             worker_exe,
+            spare: SpareSlot::default(),
             sandbox_support,
             ledger_jobs,
             draining: AtomicBool::new(false),
@@ -192,6 +196,30 @@ impl Owner {
             .insert(fresh.model.api_key_env.clone());
         *self.config.lock().unwrap_or_else(|p| p.into_inner()) = fresh.clone();
         Ok(fresh)
+    }
+
+    /// How to start a worker now: the binary, and every variable it must not inherit.
+    pub fn worker_command(&self) -> WorkerCommand {
+        WorkerCommand {
+            exe: self.worker_exe.clone(),
+            without_env: self
+                .api_key_envs
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+        }
+    }
+
+    /// Starts keeping a spare worker (call once, inside the runtime; issue 15). It is started
+    /// from a runtime thread, which lives as long as the owner: `PR_SET_PDEATHSIG` follows the
+    /// thread that started a process.
+    pub fn start_spare(self: &Arc<Self>) {
+        let owner = Arc::downgrade(self);
+        self.spare.start(
+            self.home.join("logs").join("workers"),
+            self.epoch,
+            move || owner.upgrade().map(|o| o.worker_command()),
+        );
     }
 
     /// Every `[model] api_key_env` read so far (workers must not inherit them).

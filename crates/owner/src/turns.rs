@@ -9,7 +9,6 @@
 //! turn runs, a ticker asks the hub for a live `turn.progress` every `[daemon]
 //! progress_interval_s` the turn stays quiet (SPEC section 2).
 
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,13 +25,14 @@ use serde::Deserialize;
 use serde_json::Value;
 use tokio::io::AsyncWriteExt;
 use tokio::io::BufReader;
-use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+use tokio::process::{Child, ChildStdin, ChildStdout};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::Instrument;
 
 use crate::home::new_token;
 use crate::runtime::{Owner, RunningTurn};
+use crate::spare::StartedWorker;
 
 /// How long a worker that closed its stdout has to exit before it is killed.
 const WORKER_EXIT_WAIT: Duration = Duration::from_secs(5);
@@ -207,36 +207,33 @@ fn model_settings(owner: &Owner, model_config: &Value) -> ModelSettings {
     settings
 }
 
-fn spawn_worker(owner: &Owner, execution_id: &str) -> std::io::Result<Child> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let log_path = owner
+/// `<home>/logs/workers/<execution_id>.log` (SPEC section 8).
+fn worker_log(owner: &Owner, execution_id: &str) -> std::path::PathBuf {
+    owner
         .home
         .join("logs")
         .join("workers")
-        .join(format!("{execution_id}.log"));
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o600)
-        .open(&log_path)?;
-    let mut cmd = Command::new(&owner.worker_exe);
-    cmd.arg("worker");
-    // The worker gets the key in its bootstrap frame; tools it runs must not see it.
-    for name in owner.api_key_envs() {
-        cmd.env_remove(name);
+        .join(format!("{execution_id}.log"))
+}
+
+/// The spare worker for the claim's turn if there is a live one whose environment is right
+/// for it now, its log renamed to the execution's; else a fresh worker (issue 15).
+async fn spare_or_fresh(owner: &Owner, execution_id: &str) -> std::io::Result<StartedWorker> {
+    let log = worker_log(owner, execution_id);
+    let command = owner.worker_command();
+    match owner.spare.take().await {
+        Some(mut spare) if spare.fits(&command) => {
+            spare.rename_log(&log);
+            tracing::debug!(pid = ?spare.pid(), "the spare worker takes the turn");
+            return Ok(spare);
+        }
+        // Started before the owner read a new `api_key_env`: dropped, so killed.
+        Some(_) => {
+            tracing::info!("the spare worker's environment is out of date; starting a fresh worker")
+        }
+        None => {}
     }
-    // Issue 16: the worker exports to the owner's endpoint (its trace context comes in the
-    // bootstrap).
-    if let Some(endpoint) = drover_telemetry::endpoint() {
-        cmd.env(drover_telemetry::OTLP_ENDPOINT_ENV, endpoint);
-    }
-    cmd.env_remove("OPENAI_API_KEY")
-        .env("DROVER_OWNER_PID", std::process::id().to_string())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::from(log))
-        .kill_on_drop(true);
-    cmd.spawn()
+    StartedWorker::start(&command, &log)
 }
 
 async fn write_frame(stdin: &mut ChildStdin, frame: &OwnerFrame) -> std::io::Result<()> {
@@ -491,28 +488,20 @@ async fn fail_unstarted(owner: &Arc<Owner>, claim: &Claim, error: String) {
     }
 }
 
-/// Starts the claim's worker with its pipes. A worker that cannot start settles the turn
-/// `failed` (nothing ran) and the queue moves on; one without pipes loses the turn.
+/// Starts the claim's worker with its pipes (the spare, when there is one). A worker that
+/// cannot start, or has no pipes, settles the turn `failed` (nothing ran) and the queue moves
+/// on.
 async fn start_worker(
     owner: &Arc<Owner>,
     claim: &Claim,
 ) -> Option<(Child, ChildStdin, ChildStdout)> {
     let execution_id = &claim.execution_id;
-    let mut child = match spawn_worker(owner, execution_id) {
-        Ok(child) => child,
+    match spare_or_fresh(owner, execution_id).await {
+        Ok(w) => Some((w.child, w.stdin, w.stdout)),
         Err(e) => {
             tracing::error!(error = %e, %execution_id, "cannot start worker");
             // Nothing ran, so the turn is `failed`; it must not stay `started`.
             fail_unstarted(owner, claim, format!("cannot start worker: {e}")).await;
-            return None;
-        }
-    };
-    match (child.stdin.take(), child.stdout.take()) {
-        (Some(stdin), Some(stdout)) => Some((child, stdin, stdout)),
-        _ => {
-            tracing::error!("worker pipes missing");
-            let _ = child.start_kill();
-            lose_turn(owner, execution_id).await;
             None
         }
     }
@@ -1163,6 +1152,8 @@ pub fn remove_outbox(home: &std::path::Path, execution_id: &str) {
 /// groups, then SIGKILL 1 s later); their turns become `unknown`.
 pub async fn drain(owner: &Arc<Owner>, grace: Duration) {
     owner.set_draining();
+    // No turn is claimed from now on, so the spare would never be used.
+    owner.spare.stop().await;
     let running: Vec<RunningTurn> = owner.turns().values().cloned().collect();
     for t in &running {
         let _ = t.control.try_send(OwnerFrame::Stop {

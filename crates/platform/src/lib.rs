@@ -236,6 +236,17 @@ pub fn set_non_dumpable() -> io::Result<()> {
     nix::sys::prctl::set_dumpable(false).map_err(io::Error::from)
 }
 
+/// Names the calling thread (`PR_SET_NAME`, at most 15 bytes; longer is cut). On the main
+/// thread this is the process's `comm`, as `ps`, `top` and `/proc/<pid>/stat` show it: the
+/// worker is `drover-spare` while it waits for its bootstrap and `drover-worker` once it has a
+/// turn (issue 15), so a spare is told apart from a turn's worker from outside.
+pub fn set_thread_name(name: &str) -> io::Result<()> {
+    let mut bytes: Vec<u8> = name.bytes().filter(|b| *b != 0).take(15).collect();
+    bytes.push(0);
+    let name = std::ffi::CStr::from_bytes_with_nul(&bytes).map_err(io::Error::other)?;
+    nix::sys::prctl::set_name(name).map_err(io::Error::from)
+}
+
 /// The pid of the calling process's parent (1, or a subreaper, once the parent is gone).
 pub fn parent_pid() -> i32 {
     nix::unistd::getppid().as_raw()
@@ -567,6 +578,33 @@ pub fn pass_fd(command: &mut std::process::Command, fd: std::os::fd::OwnedFd, ta
             Ok(())
         });
     }
+}
+
+/// Takes file descriptor `fd`, inherited from the parent (which passed it with [`pass_fd`]),
+/// as a file this process owns, close-on-exec from now on so no child of this process holds it
+/// open. Call it once per descriptor, early in `main`, before anything else may open files.
+/// An error when `fd` is a standard stream (0 to 2) or not open.
+pub fn take_inherited_fd(fd: i32) -> io::Result<std::fs::File> {
+    use std::os::fd::FromRawFd;
+    if fd <= 2 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("descriptor {fd} is a standard stream, not a passed one"),
+        ));
+    }
+    // SAFETY: fcntl(2) with F_GETFD/F_SETFD only reads and sets the descriptor's flags; an fd
+    // that is not open fails with EBADF, which is returned.
+    let flags = unsafe { nix::libc::fcntl(fd, nix::libc::F_GETFD) };
+    if flags == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: as above, on a descriptor just seen open.
+    if unsafe { nix::libc::fcntl(fd, nix::libc::F_SETFD, flags | nix::libc::FD_CLOEXEC) } == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is open, and the caller takes it once, as this process's only owner of it:
+    // it was inherited, so nothing in this process opened it or will close it.
+    Ok(unsafe { std::fs::File::from_raw_fd(fd) })
 }
 
 /// The pid holding an exclusive `flock(2)` on `path`'s inode, from `/proc/locks`. The kernel

@@ -284,9 +284,35 @@ impl Daemon {
         }
     }
 
-    /// Pids of the daemon's direct children (its workers).
+    /// Pids of the daemon's direct children that serve or wait for a turn (its workers),
+    /// without the spare worker waiting for a bootstrap (process name `drover-spare`).
     pub fn worker_pids(&self) -> Vec<u32> {
         children_of(self.pid())
+            .into_iter()
+            .filter(|pid| !is_spare(*pid))
+            .collect()
+    }
+
+    /// Pids of the daemon's spare workers (started ahead of a claim, waiting for a bootstrap).
+    pub fn spare_pids(&self) -> Vec<u32> {
+        children_of(self.pid())
+            .into_iter()
+            .filter(|pid| is_spare(*pid))
+            .collect()
+    }
+
+    /// Waits until the daemon has a spare worker and returns its pid.
+    pub async fn wait_spare(&self) -> Result<u32> {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(pid) = self.spare_pids().first() {
+                return Ok(*pid);
+            }
+            if Instant::now() > deadline {
+                bail!("no spare worker appeared within {WAIT:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// Waits until the daemon has at least one worker and returns its pid.
@@ -383,6 +409,31 @@ pub fn event_kinds(events: &[Value]) -> Vec<&str> {
 pub fn assert_kinds_include(kinds: &[&str], want: &[&str]) {
     let missing: Vec<&&str> = want.iter().filter(|k| !kinds.contains(k)).collect();
     assert!(missing.is_empty(), "{missing:?} missing from {kinds:?}");
+}
+
+/// The process name of a worker waiting for its bootstrap (`drover_worker::SPARE_NAME`).
+pub const SPARE_NAME: &str = "drover-spare";
+
+/// The process name (`comm`) of `pid`, from `/proc/<pid>/stat`.
+pub fn process_name(pid: u32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (head, _) = stat.rsplit_once(')')?;
+    let (_, name) = head.split_once('(')?;
+    Some(name.to_string())
+}
+
+/// Whether `pid` is a spare worker: a `drover worker` named `drover-spare` (it waits for its
+/// bootstrap), or a `$DROVER_WORKER_EXE` wrapper whose stderr is still a spare's log
+/// (`logs/workers/spare-*.log`; the owner renames it when it hands the spare a turn).
+pub fn is_spare(pid: u32) -> bool {
+    if process_name(pid).as_deref() == Some(SPARE_NAME) {
+        return true;
+    }
+    std::fs::read_link(format!("/proc/{pid}/fd/2")).is_ok_and(|log| {
+        log.file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("spare-") && n.ends_with(".log"))
+    })
 }
 
 /// Direct children of `parent`, from `/proc`.

@@ -7,6 +7,11 @@
 //! `state.db`. It stops at once when the owner is gone (`PR_SET_PDEATHSIG`, EOF on stdin),
 //! killing its tools' process groups.
 //!
+//! Started ahead (issue 15): the owner may start a worker before it has a turn for it (the
+//! spare). Before the bootstrap a worker does only what does not depend on the turn (owner-loss
+//! checks, the async runtime, the model's HTTP client: [`Prepared`]) and is named
+//! [`SPARE_NAME`]; once the bootstrap arrived it is [`WORKER_NAME`] and serves that one turn.
+//!
 //! Confinement (issue 13): the worker makes itself non-dumpable at start, so no tool can read
 //! its `/proc/<pid>/environ`, `mem` or `fd`, and hands the tools the session's sandbox
 //! (`policy.sandbox` plus its temp dir, [`drover_tools::sandbox::Sandbox`]), which confines
@@ -68,6 +73,28 @@ use crate::store::{
 };
 use drover_protocol::worker::framing::{read_frame_line, FrameLine};
 
+/// The process name (`comm`) of a worker waiting for its bootstrap: a spare (issue 15).
+pub const SPARE_NAME: &str = "drover-spare";
+/// The process name (`comm`) of a worker once its bootstrap arrived: it serves a turn.
+pub const WORKER_NAME: &str = "drover-worker";
+
+/// What a worker makes before its bootstrap arrives, because it does not depend on the turn:
+/// the model's HTTP client (its TLS root store). A spare worker has it ready when the owner
+/// hands it a turn (issue 15).
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    http: drover_model::HttpClient,
+}
+
+impl Prepared {
+    /// Builds what [`Prepared`] holds.
+    pub fn new() -> Result<Prepared, drover_model::ModelError> {
+        Ok(Prepared {
+            http: drover_model::http_client()?,
+        })
+    }
+}
+
 /// The environment variable naming the owner's pid. When set, the worker exits at start if its
 /// parent is another process (the owner died before `PR_SET_PDEATHSIG` took hold).
 pub const OWNER_PID_ENV: &str = "DROVER_OWNER_PID";
@@ -111,6 +138,9 @@ pub fn main_entry() -> Exit {
     // then make sure it has not already died.
     let original_parent = platform::parent_pid();
     let pdeathsig = platform::set_parent_death_signal(Signal::SIGTERM);
+    // Until its bootstrap arrives this process is a spare (issue 15); `ps` and tests tell
+    // it apart from a turn's worker by this name.
+    let _ = platform::set_thread_name(SPARE_NAME);
     // Issue 16: the owner passes its OTLP endpoint in the environment; the trace context comes
     // with the bootstrap. No endpoint: no exporter, no thread.
     let telemetry = drover_telemetry::Telemetry::start(
@@ -154,8 +184,17 @@ pub fn main_entry() -> Exit {
     let exit = runtime.block_on(async {
         let shutdown = CancellationToken::new();
         watch_signals(shutdown.clone());
+        // Everything that does not depend on the turn is done before the bootstrap is read:
+        // a spare worker does it while it waits (issue 15, "a spare worker").
+        let prepared = match Prepared::new() {
+            Ok(prepared) => prepared,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot prepare the worker");
+                return WorkerExit::Aborted;
+            }
+        };
         let stdin = tokio::io::BufReader::with_capacity(64 * 1024, tokio::io::stdin());
-        run_worker(stdin, tokio::io::stdout(), shutdown).await
+        run_prepared(stdin, tokio::io::stdout(), shutdown, prepared).await
     });
     // The stdin reader sits in a blocking thread that may never return; do not wait for it.
     runtime.shutdown_background();
@@ -331,6 +370,26 @@ where
     R: AsyncBufRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
+    match Prepared::new() {
+        Ok(prepared) => run_prepared(reader, writer, shutdown, prepared).await,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot prepare the worker");
+            WorkerExit::Aborted
+        }
+    }
+}
+
+/// [`run_worker`] with what was [`Prepared`] before the bootstrap.
+pub async fn run_prepared<R, W>(
+    reader: R,
+    writer: W,
+    shutdown: CancellationToken,
+    prepared: Prepared,
+) -> WorkerExit
+where
+    R: AsyncBufRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
     let mut reader = reader;
     let bootstrap = tokio::select! {
         _ = shutdown.cancelled() => return WorkerExit::Aborted,
@@ -343,6 +402,8 @@ where
             return WorkerExit::Aborted;
         }
     };
+    // No longer a spare: this process serves the bootstrap's turn.
+    let _ = platform::set_thread_name(WORKER_NAME);
     let span = tracing::info_span!(
         "worker",
         session_id = %bootstrap.scope.session_id,
@@ -360,13 +421,14 @@ where
             span.record("input", bootstrap.input.as_str());
         }
     }
-    serve(bootstrap, reader, writer, shutdown)
+    serve(bootstrap, prepared, reader, writer, shutdown)
         .instrument(span)
         .await
 }
 
 async fn serve<R, W>(
     bootstrap: Bootstrap,
+    prepared: Prepared,
     reader: R,
     writer: W,
     shutdown: CancellationToken,
@@ -402,7 +464,7 @@ where
     let exit = tokio::select! {
         // Settling first: a receipt and the owner's end of file may arrive together.
         biased;
-        exit = settle(&link, bootstrap, cancel.clone()) => exit,
+        exit = settle(&link, bootstrap, prepared, cancel.clone()) => exit,
         _ = link.disconnected() => {
             tracing::warn!("the owner is gone (end of stdin or broken stdout); stopping");
             owner_lost(&cancel)
@@ -428,8 +490,13 @@ fn owner_lost(cancel: &CancellationToken) -> WorkerExit {
 }
 
 /// Runs the turn and persists `execution.finish`.
-async fn settle(link: &OwnerLink, bootstrap: Bootstrap, cancel: CancellationToken) -> WorkerExit {
-    let report = run_agent(link, bootstrap, cancel.clone()).await;
+async fn settle(
+    link: &OwnerLink,
+    bootstrap: Bootstrap,
+    prepared: Prepared,
+    cancel: CancellationToken,
+) -> WorkerExit {
+    let report = run_agent(link, bootstrap, prepared, cancel.clone()).await;
     if cancel.is_cancelled() {
         // Tools drop their groups on cancel already; this catches any that did not.
         ForegroundGroups::kill_all();
@@ -492,6 +559,7 @@ async fn settle(link: &OwnerLink, bootstrap: Bootstrap, cancel: CancellationToke
 async fn run_agent(
     link: &OwnerLink,
     bootstrap: Bootstrap,
+    prepared: Prepared,
     cancel: CancellationToken,
 ) -> TurnReport {
     let Bootstrap {
@@ -527,7 +595,7 @@ async fn run_agent(
         Ok(registry) => registry,
         Err(e) => return setup_failed(&policy.model, format!("toolsets: {e}")),
     };
-    let client = match ModelClient::new(model_config(&policy)) {
+    let client = match ModelClient::with_http(model_config(&policy), prepared.http) {
         Ok(client) => client,
         Err(e) => return setup_failed(&policy.model, e.to_string()),
     };

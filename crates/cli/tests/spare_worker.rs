@@ -1,0 +1,186 @@
+//! The spare worker (issue 15; docs/workers.md): the owner keeps one `drover worker` started
+//! ahead of the next claim, hands it the claimed turn, and starts the next one after. A spare
+//! that died while waiting is replaced and never costs a turn; a spare dies with its owner and
+//! is reaped by its drain. Real `drover` daemon and worker processes, real SIGKILL, a loopback
+//! model. Every wait is bounded; every child is reaped.
+
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use drover_test_support::harness::{
+    db_value, pid_alive, process_name, signal, str_field, OneSession,
+};
+use drover_test_support::{wait, Gate, Reply};
+use nix::sys::signal::Signal;
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_drover"))
+}
+
+/// Bound of the waits in this file.
+const BOUND: Duration = Duration::from_secs(10);
+
+async fn setup() -> OneSession {
+    OneSession::builder(bin()).start().await.unwrap()
+}
+
+/// Whether `/proc/<pid>` is gone: the process exited and was reaped (not even a zombie).
+fn reaped(pid: u32) -> bool {
+    !Path::new(&format!("/proc/{pid}")).exists()
+}
+
+fn worker_logs(home: &Path) -> PathBuf {
+    home.join("logs").join("workers")
+}
+
+/// The spare logs (`spare-*.log`) in the home's worker log folder.
+fn spare_logs(home: &Path) -> Vec<String> {
+    std::fs::read_dir(worker_logs(home))
+        .map(|dir| {
+            dir.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("spare-"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn execution_of(db: &Path, admission_id: &str) -> (String, String) {
+    let id = db_value(
+        db,
+        &format!(
+            "SELECT execution_id FROM worker_executions WHERE admission_id = '{admission_id}'"
+        ),
+    );
+    let status = db_value(
+        db,
+        &format!("SELECT status FROM worker_executions WHERE admission_id = '{admission_id}'"),
+    );
+    (
+        id.as_str().unwrap().to_string(),
+        status.as_str().unwrap().to_string(),
+    )
+}
+
+/// A spare other than `old`, once the owner has started one.
+async fn new_spare(s: &OneSession, old: u32) -> u32 {
+    let mut found = None;
+    assert!(
+        wait::until(BOUND, async || {
+            found = s.daemon.spare_pids().into_iter().find(|p| *p != old);
+            found.is_some()
+        })
+        .await,
+        "no new spare after {old}: {:?}",
+        s.daemon.spare_pids()
+    );
+    found.unwrap()
+}
+
+#[tokio::test]
+async fn a_turn_is_served_by_the_spare_started_before_its_claim() {
+    let mut s = setup().await;
+    let spare = s.daemon.wait_spare().await.unwrap();
+    assert_eq!(process_name(spare).as_deref(), Some("drover-spare"));
+
+    let gate = Gate::new();
+    s.model.push(Reply::text("from the spare").gated(&gate));
+    let admission = s.submit("hello").await.unwrap();
+    let admission_id = str_field(&admission, "admission_id");
+    assert!(gate.wait_reached(BOUND).await, "the model was never asked");
+    // The process asking the model is the spare that was alive before the submit, now named
+    // as a turn's worker; the next spare is already started.
+    assert_eq!(s.daemon.worker_pids(), vec![spare]);
+    assert_eq!(process_name(spare).as_deref(), Some("drover-worker"));
+    let next = new_spare(&s, spare).await;
+    gate.open();
+    assert_eq!(s.wait_settled(&admission_id).await.unwrap(), "completed");
+
+    // Its stderr ended up in the execution's log, under the name SPEC section 8 gives.
+    let (execution_id, status) = execution_of(&s.home.db(), &admission_id);
+    assert_eq!(status, "terminal");
+    let log = worker_logs(s.home.path()).join(format!("{execution_id}.log"));
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("turn starting"), "{}: {text}", log.display());
+    // Only the waiting spare's log is left under a spare name.
+    assert_eq!(
+        spare_logs(s.home.path()).len(),
+        1,
+        "{:?}",
+        spare_logs(s.home.path())
+    );
+
+    // One worker, one turn: the next turn is the next spare's.
+    assert!(wait::until(BOUND, async || reaped(spare)).await);
+    let gate = Gate::new();
+    s.model.push(Reply::text("second").gated(&gate));
+    let admission = s.submit("again").await.unwrap();
+    assert!(gate.wait_reached(BOUND).await);
+    assert_eq!(s.daemon.worker_pids(), vec![next]);
+    gate.open();
+    let admission_id = str_field(&admission, "admission_id");
+    assert_eq!(s.wait_settled(&admission_id).await.unwrap(), "completed");
+}
+
+#[tokio::test]
+async fn a_spare_killed_while_waiting_is_replaced_and_the_next_turn_completes() {
+    let mut s = setup().await;
+    // Killed and replaced while nothing is claimed.
+    let first = s.daemon.wait_spare().await.unwrap();
+    signal(first, Signal::SIGKILL);
+    let second = new_spare(&s, first).await;
+    assert!(
+        wait::until(BOUND, async || reaped(first)).await,
+        "the killed spare was not reaped"
+    );
+    let (_, outcome) = s.turn("after a replaced spare").await.unwrap();
+    assert_eq!(outcome, "completed");
+
+    // Killed just before a claim: the turn starts a fresh worker, never `unknown` or `failed`.
+    let third = new_spare(&s, second).await;
+    signal(third, Signal::SIGKILL);
+    assert!(wait::until(BOUND, async || !pid_alive(third)).await);
+    let admission = s.submit("after a dead spare").await.unwrap();
+    let admission_id = str_field(&admission, "admission_id");
+    assert_eq!(s.wait_settled(&admission_id).await.unwrap(), "completed");
+    assert_eq!(execution_of(&s.home.db(), &admission_id).1, "terminal");
+    // A killed spare leaves no log behind (it wrote nothing).
+    assert!(
+        wait::until(BOUND, async || spare_logs(s.home.path()).len() <= 1).await,
+        "{:?}",
+        spare_logs(s.home.path())
+    );
+}
+
+#[tokio::test]
+async fn a_killed_owner_leaves_no_spare_behind() {
+    let mut s = setup().await;
+    let spare = s.daemon.wait_spare().await.unwrap();
+    s.daemon.kill().unwrap();
+    assert!(
+        wait::until(BOUND, async || !pid_alive(spare)).await,
+        "spare {spare} outlived its owner"
+    );
+}
+
+#[tokio::test]
+async fn drover_stop_reaps_the_spare() {
+    let mut s = setup().await;
+    let spare = s.daemon.wait_spare().await.unwrap();
+    let out = tokio::process::Command::new(bin())
+        .arg("--home")
+        .arg(s.home.path())
+        .arg("stop")
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    s.daemon.wait_exit(BOUND).await.unwrap();
+    // The drain killed and reaped it, and removed its log: a spare that outlived the owner
+    // and died of PR_SET_PDEATHSIG would have logged its SIGTERM there.
+    assert!(wait::until(BOUND, async || reaped(spare)).await);
+    assert_eq!(spare_logs(s.home.path()), Vec::<String>::new());
+}
