@@ -363,7 +363,7 @@ fn every_field(method: &str) -> Value {
         p
     };
     match method {
-        "ping" | "approvals.list" => json!({}),
+        "ping" | "approvals.list" | "daemon.info" | "ui.login_code" | "job.list" => json!({}),
         "session.create" => json!({
             "request_id": "r", "cwd": "/", "model": "m", "base_url": "http://127.0.0.1:9",
             "api_key": "k", "toolsets": [], "system_prompt": "p", "title": "t", "source": "cli",
@@ -385,6 +385,7 @@ fn every_field(method: &str) -> Value {
         }
         "approvals.remove" => json!({"pattern_key": "k"}),
         "mcp.status" => json!({"session_id": "s"}),
+        "job.events" => json!({"job_id": "j", "after": 0}),
         other => panic!("no example params for {other}: add it here"),
     }
 }
