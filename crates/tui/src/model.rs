@@ -102,6 +102,21 @@ impl ToolBlock {
         )
     }
 
+    /// `tool.complete`: done (or failed, `is_error`) at `now`, after running since it started,
+    /// with the first lines of `result` shown.
+    fn complete(&mut self, is_error: bool, result: &str, now: Instant) {
+        let took = match self.status {
+            ToolStatus::Running(since) => Some(now.saturating_duration_since(since)),
+            _ => None,
+        };
+        self.status = if is_error {
+            ToolStatus::Error(took)
+        } else {
+            ToolStatus::Done(took)
+        };
+        self.set_output(result);
+    }
+
     fn set_output(&mut self, result: &str) {
         let shown = shown_output(result);
         let lines: Vec<&str> = shown.trim_end().lines().collect();
@@ -494,18 +509,7 @@ impl App {
             EventPayload::ToolComplete(t) => {
                 if let Some(turn) = self.turn.as_mut() {
                     if let Some(block) = tool_mut(&mut turn.items, &t.tool_id) {
-                        let took = match block.status {
-                            ToolStatus::Running(since) => {
-                                Some(now.saturating_duration_since(since))
-                            }
-                            _ => None,
-                        };
-                        block.status = if t.is_error {
-                            ToolStatus::Error(took)
-                        } else {
-                            ToolStatus::Done(took)
-                        };
-                        block.set_output(&t.result);
+                        block.complete(t.is_error, &t.result, now);
                     }
                     if let Some(TurnItem::Tool(next)) = turn
                         .items
@@ -702,16 +706,7 @@ impl App {
             )),
             EventPayload::ToolComplete(t) => {
                 if let Some(b) = child.tools.iter_mut().find(|b| b.tool_id == t.tool_id) {
-                    let took = match b.status {
-                        ToolStatus::Running(since) => Some(now.saturating_duration_since(since)),
-                        _ => None,
-                    };
-                    b.status = if t.is_error {
-                        ToolStatus::Error(took)
-                    } else {
-                        ToolStatus::Done(took)
-                    };
-                    b.set_output(&t.result);
+                    b.complete(t.is_error, &t.result, now);
                 }
             }
             EventPayload::TurnSettled(_) => child.done = true,
