@@ -5,9 +5,11 @@
 //! is checked against the same call with the sandbox off, so a test fails when its layer is
 //! switched off.
 
+mod common;
+use common::call;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use drover_protocol::sandbox::{SandboxMode, SandboxPolicy, SandboxSupport, ToolEnv};
 use drover_test_support::outside_path;
@@ -16,9 +18,7 @@ use drover_tools::platform::confine::probe;
 use drover_tools::process::ProcessTool;
 use drover_tools::sandbox::Sandbox;
 use drover_tools::terminal::TerminalTool;
-use drover_tools::{
-    NoPrompts, PromptAnswer, PromptBroker, ScriptedPrompts, Tool, ToolContext, ToolOutput,
-};
+use drover_tools::{NoPrompts, PromptAnswer, PromptBroker, ScriptedPrompts, ToolContext};
 use serde_json::{json, Value};
 
 struct Dirs {
@@ -78,14 +78,6 @@ impl Dirs {
     fn ctx(&self, mode: SandboxMode) -> ToolContext {
         self.ctx_with(self.policy(mode, true), "manual", Arc::new(NoPrompts))
     }
-}
-
-async fn call(tool: &dyn Tool, args: Value, ctx: &ToolContext) -> (Value, bool) {
-    let out: ToolOutput = tokio::time::timeout(Duration::from_secs(30), tool.call(args, ctx))
-        .await
-        .expect("the call finished within 30 s");
-    let value = serde_json::from_str(&out.content).expect("result is JSON");
-    (value, out.is_error)
 }
 
 async fn terminal(command: &str, ctx: &ToolContext) -> (Value, bool) {
