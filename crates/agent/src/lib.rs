@@ -768,11 +768,11 @@ async fn drive(
     spec: TurnSpec,
 ) -> TurnReport {
     let Start {
+        schemas,
+        max_steps,
         mut conv,
         mut budget,
         mut tally,
-        schemas,
-        max_steps,
     } = start(spec, true);
     let io = TurnIo { store, model, ctx };
     // One forced compaction and retry per turn after the model said the context was exceeded.

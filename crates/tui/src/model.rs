@@ -1437,6 +1437,13 @@ pub(crate) mod tests {
         }))
     }
 
+    pub(crate) fn delta(text: &str, index: u64) -> SessionEvent {
+        ev(EventPayload::MessageDelta(MessageDelta {
+            text: text.into(),
+            delta_index: index,
+        }))
+    }
+
     pub(crate) fn tool_start(id: &str, name: &str, context: &str) -> SessionEvent {
         ev(EventPayload::ToolStart(ToolStart {
             tool_id: id.into(),
@@ -1510,20 +1517,8 @@ pub(crate) mod tests {
         app.on_event(&started("a1"), t0);
         assert!(app.queued.is_empty());
         assert_eq!(app.drain_scrollback(), [Block::User("list files".into())]);
-        app.on_event(
-            &ev(EventPayload::MessageDelta(MessageDelta {
-                text: "Let me ".into(),
-                delta_index: 0,
-            })),
-            t0,
-        );
-        app.on_event(
-            &ev(EventPayload::MessageDelta(MessageDelta {
-                text: "look.".into(),
-                delta_index: 1,
-            })),
-            t0,
-        );
+        app.on_event(&delta("Let me ", 0), t0);
+        app.on_event(&delta("look.", 1), t0);
         app.on_event(&tool_start("c1", "terminal", "ls"), t0);
         app.on_event(&tool_start("c2", "terminal", "pwd"), t0);
         let turn = app.turn.as_ref().unwrap();
@@ -1555,13 +1550,7 @@ pub(crate) mod tests {
             matches!(&turn.items[0], TurnItem::Tool(b) if matches!(b.status, ToolStatus::Running(_)))
         );
         app.on_event(&tool_done("c2", "/home", false), t0);
-        app.on_event(
-            &ev(EventPayload::MessageDelta(MessageDelta {
-                text: "Two fi".into(),
-                delta_index: 0,
-            })),
-            t0,
-        );
+        app.on_event(&delta("Two fi", 0), t0);
         app.on_event(
             &ev(EventPayload::MessageComplete(MessageComplete {
                 admission_id: "a1".into(),
