@@ -315,6 +315,15 @@ async fn a_killed_owner_leaves_the_turn_unknown_and_the_client_resolves_and_goes
 
 #[tokio::test]
 async fn a_delegated_child_shows_its_tool_calls_nested_under_delegate_task() {
+    let (_model, home, scratch, gate) = delegating_home().await;
+    let _daemon = KillDaemonOnDrop(home.path());
+    let pane = chat(&home, scratch.path(), "delegate the counting").await;
+    shows_the_child_then_its_answer(&pane, &gate).await;
+}
+
+/// A home with the terminal and delegation tools whose model delegates (see
+/// [`delegating_responder`]), the child's answer held by the returned gate.
+async fn delegating_home() -> (MockModel, TestHome, tempfile::TempDir, Gate) {
     let (model, home, scratch) = setup().await;
     home.write_model_config(
         &model.base_url(),
@@ -322,10 +331,14 @@ async fn a_delegated_child_shows_its_tool_calls_nested_under_delegate_task() {
         "[toolsets]\ndefault = [\"terminal\", \"delegation\"]\n",
     )
     .unwrap();
-    let _daemon = KillDaemonOnDrop(home.path());
     let gate = Gate::new();
     delegating_responder(&model, Reply::text("child counted 42").gated(&gate));
-    let pane = chat(&home, scratch.path(), "delegate the counting").await;
+    (model, home, scratch, gate)
+}
+
+/// The pane shows the child's tool call nested under `delegate_task`; once `gate` lets the
+/// child answer, the parent's answer and the finished block.
+async fn shows_the_child_then_its_answer(pane: &Pane, gate: &Gate) {
     let screen = pane.wait_for("│ child-tool-output").await;
     assert!(screen.contains("● delegate_task"), "{screen}");
     assert!(screen.contains("↳ child agent"), "{screen}");
@@ -369,16 +382,8 @@ fn delegating_responder(model: &MockModel, held: Reply) {
 /// sessions, and on attach none at all).
 #[tokio::test]
 async fn attach_during_a_delegate_task_shows_the_running_childs_tool_calls() {
-    let (model, home, scratch) = setup().await;
-    home.write_model_config(
-        &model.base_url(),
-        true,
-        "[toolsets]\ndefault = [\"terminal\", \"delegation\"]\n",
-    )
-    .unwrap();
+    let (_model, home, scratch, gate) = delegating_home().await;
     let _daemon = KillDaemonOnDrop(home.path());
-    let gate = Gate::new();
-    delegating_responder(&model, Reply::text("child counted 42").gated(&gate));
     let pane = chat(&home, scratch.path(), "delegate the counting").await;
     assert!(
         gate.wait_reached(WAIT).await,
@@ -395,12 +400,7 @@ async fn attach_during_a_delegate_task_shows_the_running_childs_tool_calls() {
     );
     let session = rows[0][0].as_str().unwrap().to_string();
     let pane = in_pane(home.path(), scratch.path(), &["attach", &session[..8]]);
-    let screen = pane.wait_for("│ child-tool-output").await;
-    assert!(screen.contains("● delegate_task"), "{screen}");
-    assert!(screen.contains("↳ child agent"), "{screen}");
-    gate.open();
-    let screen = pane.wait_for("The child says 42.").await;
-    assert!(screen.contains("✓ delegate_task"), "{screen}");
+    shows_the_child_then_its_answer(&pane, &gate).await;
 }
 
 #[tokio::test]
