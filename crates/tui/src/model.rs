@@ -170,6 +170,22 @@ pub struct Turn {
     pub compacted: bool,
 }
 
+impl Turn {
+    /// A turn this client saw start at `now`, nothing in it yet.
+    fn new(admission_id: &str, generation: u64, now: Instant, compact: bool) -> Turn {
+        Turn {
+            admission_id: admission_id.to_string(),
+            generation,
+            started: now,
+            items: Vec::new(),
+            phase: None,
+            interrupting: false,
+            compact,
+            compacted: false,
+        }
+    }
+}
+
 /// How far the user is through answering an approval prompt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ApprovalStage {
@@ -416,18 +432,10 @@ impl App {
                     Block::User(started.text.clone())
                 });
             }
-            self.turn = Some(Turn {
-                admission_id: started.admission_id.clone(),
-                generation: started
-                    .execution_generation
-                    .unwrap_or(snapshot.execution_generation),
-                started: now,
-                items: Vec::new(),
-                phase: None,
-                interrupting: false,
-                compact,
-                compacted: false,
-            });
+            let generation = started
+                .execution_generation
+                .unwrap_or(snapshot.execution_generation);
+            self.turn = Some(Turn::new(&started.admission_id, generation, now, compact));
             for event in running_events {
                 if !matches!(event.event, EventPayload::TurnStarted(_)) {
                     self.on_event(event, now);
@@ -473,16 +481,12 @@ impl App {
                         "a turn started (input from another client)".into(),
                     )),
                 }
-                self.turn = Some(Turn {
-                    admission_id: t.admission_id.clone(),
-                    generation: t.execution_generation,
-                    started: now,
-                    items: Vec::new(),
-                    phase: None,
-                    interrupting: false,
+                self.turn = Some(Turn::new(
+                    &t.admission_id,
+                    t.execution_generation,
+                    now,
                     compact,
-                    compacted: false,
-                });
+                ));
             }
             EventPayload::MessageDelta(d) => {
                 let turn = self.turn_mut(now);
@@ -1032,16 +1036,8 @@ impl App {
     }
 
     fn turn_mut(&mut self, now: Instant) -> &mut Turn {
-        self.turn.get_or_insert_with(|| Turn {
-            admission_id: String::new(),
-            generation: 0,
-            started: now,
-            items: Vec::new(),
-            phase: None,
-            interrupting: false,
-            compact: false,
-            compacted: false,
-        })
+        self.turn
+            .get_or_insert_with(|| Turn::new("", 0, now, false))
     }
 
     /// Moves the finished front of the running turn to the scrollback.
