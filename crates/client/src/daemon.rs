@@ -344,15 +344,16 @@ fn log_tail(path: &Path, lines: usize) -> String {
 /// outlive this terminal and its Ctrl-C), stdin and stdout null, stderr to [`START_LOG`].
 fn spawn(program: &Path, home: &Path) -> Result<Spawned, ClientError> {
     use std::os::unix::fs::DirBuilderExt;
+    let failed = |why: String| ClientError::DaemonStart {
+        home: home.display().to_string(),
+        why,
+    };
     let logs = home.join("logs");
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(&logs)
-        .map_err(|e| ClientError::DaemonStart {
-            home: home.display().to_string(),
-            why: format!("cannot create {}: {e}", logs.display()),
-        })?;
+        .map_err(|e| failed(format!("cannot create {}: {e}", logs.display())))?;
     let log = logs.join(START_LOG);
     let stderr = {
         use std::os::unix::fs::OpenOptionsExt;
@@ -363,10 +364,7 @@ fn spawn(program: &Path, home: &Path) -> Result<Spawned, ClientError> {
             .mode(0o600)
             .open(&log)
     }
-    .map_err(|e| ClientError::DaemonStart {
-        home: home.display().to_string(),
-        why: format!("cannot create {}: {e}", log.display()),
-    })?;
+    .map_err(|e| failed(format!("cannot create {}: {e}", log.display())))?;
     let mut cmd = std::process::Command::new(program);
     cmd.arg("--home")
         .arg(home)
@@ -375,11 +373,8 @@ fn spawn(program: &Path, home: &Path) -> Result<Spawned, ClientError> {
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(stderr);
-    let child =
-        drover_platform::spawn_detached(&mut cmd).map_err(|e| ClientError::DaemonStart {
-            home: home.display().to_string(),
-            why: format!("cannot run {}: {e}", program.display()),
-        })?;
+    let child = drover_platform::spawn_detached(&mut cmd)
+        .map_err(|e| failed(format!("cannot run {}: {e}", program.display())))?;
     tracing::debug!(pid = child.id(), "started the daemon");
     Ok(Spawned { child, log })
 }
