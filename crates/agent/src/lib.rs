@@ -189,30 +189,17 @@ pub async fn run_compaction(
     ctx: &ToolContext,
     spec: TurnSpec,
 ) -> TurnReport {
-    let TurnSpec {
-        system_prompt,
-        tools: schemas,
-        history,
-        history_ids,
-        compaction,
-        model: configured_model,
-        context: budget,
+    let Start {
+        mut conv,
+        mut budget,
+        mut tally,
         ..
-    } = spec;
-    let mut tally = Tally::new(configured_model);
+    } = start(spec, false);
     if ctx.cancel.is_cancelled() {
         return tally.interrupted();
     }
     let io = TurnIo { store, model, ctx };
-    let keep = budget.keep_recent_turns as usize;
-    let mut budget = Budget::new(budget, &schemas);
-    let mut conv = Conversation {
-        system: (!system_prompt.is_empty()).then(|| ChatMessage::text(Role::System, system_prompt)),
-        compaction,
-        history,
-        history_ids,
-        turn: Vec::new(),
-    };
+    let keep = budget.context.keep_recent_turns as usize;
     if conv.history_ids.len() != conv.history.len() {
         return tally.failed(format!(
             "cannot compact: the bootstrap gave {} message ids for {} history messages",
@@ -239,6 +226,50 @@ pub async fn run_compaction(
     }
     tally.final_response = format!("compacted {n} messages");
     tally.end(TurnOutcome::Completed, None)
+}
+
+/// What a turn starts from, taken out of its [`TurnSpec`].
+struct Start {
+    conv: Conversation,
+    budget: Budget,
+    tally: Tally,
+    /// The frozen tool schemas, sent on every request.
+    schemas: Vec<Value>,
+    max_steps: u32,
+}
+
+/// Takes `spec` apart into what a turn starts from; this turn holds the user input when
+/// `with_input` (a compaction-only turn adds nothing).
+fn start(spec: TurnSpec, with_input: bool) -> Start {
+    let TurnSpec {
+        system_prompt,
+        tools: schemas,
+        history,
+        history_ids,
+        compaction,
+        input,
+        max_steps,
+        model: configured_model,
+        context,
+    } = spec;
+    let conv = Conversation {
+        system: (!system_prompt.is_empty()).then(|| ChatMessage::text(Role::System, system_prompt)),
+        compaction,
+        history,
+        history_ids,
+        turn: if with_input {
+            vec![ChatMessage::text(Role::User, input)]
+        } else {
+            Vec::new()
+        },
+    };
+    Start {
+        conv,
+        budget: Budget::new(context, &schemas),
+        tally: Tally::new(configured_model),
+        schemas,
+        max_steps,
+    }
 }
 
 /// Finds a tool by the name the model called.
@@ -813,27 +844,14 @@ async fn drive(
     ctx: &ToolContext,
     spec: TurnSpec,
 ) -> TurnReport {
-    let TurnSpec {
-        system_prompt,
-        tools: schemas,
-        history,
-        history_ids,
-        compaction,
-        input,
+    let Start {
+        schemas,
         max_steps,
-        model: configured_model,
-        context: budget,
-    } = spec;
-    let mut tally = Tally::new(configured_model);
+        mut conv,
+        mut budget,
+        mut tally,
+    } = start(spec, true);
     let io = TurnIo { store, model, ctx };
-    let mut budget = Budget::new(budget, &schemas);
-    let mut conv = Conversation {
-        system: (!system_prompt.is_empty()).then(|| ChatMessage::text(Role::System, system_prompt)),
-        compaction,
-        history,
-        history_ids,
-        turn: vec![ChatMessage::text(Role::User, input)],
-    };
     // One forced compaction and retry per turn after the model said the context was exceeded.
     let mut exceeded_retry_used = false;
 

@@ -33,6 +33,11 @@ enum Entry {
 struct Log(Mutex<Vec<Entry>>);
 
 impl Log {
+    /// Whether a context window found was stored.
+    fn window_found(&self) -> bool {
+        self.entries().iter().any(|e| matches!(e, Entry::Window(_)))
+    }
+
     fn push(&self, entry: Entry) {
         self.0.lock().unwrap().push(entry);
     }
@@ -864,14 +869,23 @@ fn is_summary_request(messages: &[ChatMessage]) -> bool {
     messages[0].content.as_deref() == Some(context::SUMMARY_INSTRUCTION)
 }
 
-#[tokio::test]
-async fn a_request_within_the_budget_is_sent_whole_and_nothing_is_compacted() {
+/// Runs a turn of `turns` earlier turns (`tool_bytes` of tool output each) in a context window
+/// of `window` tokens; checks it completed without a compaction and gives the messages of its
+/// one request.
+async fn run_uncompacted(turns: usize, tool_bytes: usize, window: u64) -> Vec<ChatMessage> {
     let f = Fixture::new();
     let model = ScriptedModel::new(vec![text("done")]);
-    let report = f.run(&model, long_spec(3, 20_000, 100_000)).await;
+    let report = f.run(&model, long_spec(turns, tool_bytes, window)).await;
     assert_eq!(report.outcome, TurnOutcome::Completed, "{report:?}");
     assert!(compactions(&f.log).is_empty());
-    let (messages, _) = &model.requests()[0];
+    let requests = model.requests();
+    assert_eq!(requests.len(), 1);
+    requests[0].0.clone()
+}
+
+#[tokio::test]
+async fn a_request_within_the_budget_is_sent_whole_and_nothing_is_compacted() {
+    let messages = run_uncompacted(3, 20_000, 100_000).await;
     // system + 3 turns of 4 + the input, tool output whole.
     assert_eq!(messages.len(), 1 + 12 + 1);
     assert!(messages[3].content.as_deref().unwrap().len() >= 20_000);
@@ -879,13 +893,8 @@ async fn a_request_within_the_budget_is_sent_whole_and_nothing_is_compacted() {
 
 #[tokio::test]
 async fn old_tool_output_is_cut_before_anything_is_compacted() {
-    let f = Fixture::new();
-    let model = ScriptedModel::new(vec![text("done")]);
     // 6 turns of 20 KB: about 30k tokens; the budget is 16k; cut, the old turns weigh ~1k each.
-    let report = f.run(&model, long_spec(6, 20_000, 20_000)).await;
-    assert_eq!(report.outcome, TurnOutcome::Completed, "{report:?}");
-    assert!(compactions(&f.log).is_empty());
-    let (messages, _) = &model.requests()[0];
+    let messages = run_uncompacted(6, 20_000, 20_000).await;
     assert_eq!(messages.len(), 1 + 24 + 1);
     let tool_outputs: Vec<&str> = messages
         .iter()
@@ -1016,11 +1025,7 @@ async fn the_window_is_asked_of_the_endpoint_once_the_history_is_large() {
     let mut model = ScriptedModel::new(vec![text("hi")]);
     model.window = Some(10_000);
     f.run(&model, spec("hello")).await;
-    assert!(!f
-        .log
-        .entries()
-        .iter()
-        .any(|e| matches!(e, Entry::Window(_))));
+    assert!(!f.log.window_found(), "{:?}", f.log.entries());
 }
 
 #[tokio::test]
@@ -1338,11 +1343,7 @@ async fn an_unreachable_models_endpoint_is_not_remembered() {
     model.unreachable = true;
     let report = f.run(&model, long_spec(40, 20_000, 0)).await;
     assert_eq!(report.outcome, TurnOutcome::Completed, "{report:?}");
-    assert!(!f
-        .log
-        .entries()
-        .iter()
-        .any(|e| matches!(e, Entry::Window(_))));
+    assert!(!f.log.window_found(), "{:?}", f.log.entries());
 }
 
 #[tokio::test]

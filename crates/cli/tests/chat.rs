@@ -101,11 +101,7 @@ async fn a_streamed_answer_is_shown_as_markdown_and_the_status_line_counts_token
 async fn a_tool_call_shows_its_status_and_first_output_lines() {
     let (model, home, scratch) = setup().await;
     let _daemon = KillDaemonOnDrop(home.path());
-    model.push(Reply::tool_call(
-        "c1",
-        "terminal",
-        json!({"command": "printf 'line-one\\nline-two\\n'"}),
-    ));
+    model.push(Reply::terminal("c1", "printf 'line-one\\nline-two\\n'"));
     model.push(Reply::text("Printed two lines."));
     let pane = chat(&home, scratch.path(), "print two lines").await;
     let screen = pane.wait_for("Printed two lines.").await;
@@ -189,11 +185,7 @@ async fn a_clarify_question_with_choices_is_answered_from_the_list() {
 async fn ctrl_c_interrupts_a_long_tool_and_the_client_stays() {
     let (model, home, scratch) = setup().await;
     let _daemon = KillDaemonOnDrop(home.path());
-    model.push(Reply::tool_call(
-        "c1",
-        "terminal",
-        json!({"command": "sleep 60"}),
-    ));
+    model.push(Reply::terminal("c1", "sleep 60"));
     let pane = chat(&home, scratch.path(), "wait a minute").await;
     pane.wait_for("running").await;
     pane.wait_until("a running tool block", |s| {
@@ -216,11 +208,7 @@ async fn a_killed_client_leaves_the_turn_running_and_attach_shows_it_finished() 
     let (model, home, scratch) = setup().await;
     let _daemon = KillDaemonOnDrop(home.path());
     let gate = Gate::new();
-    model.push(Reply::tool_call(
-        "c1",
-        "terminal",
-        json!({"command": "echo from-the-tool"}),
-    ));
+    model.push(Reply::terminal("c1", "echo from-the-tool"));
     model.push(Reply::text("Finished while you were away.").gated(&gate));
     let pane = chat(&home, scratch.path(), "work while I am gone").await;
     assert!(
@@ -254,11 +242,7 @@ async fn a_killed_client_leaves_the_turn_running_and_attach_shows_it_finished() 
 async fn attach_reopens_a_running_turn_with_its_tool_blocks_and_open_prompt() {
     let (model, home, scratch) = setup().await;
     let _daemon = KillDaemonOnDrop(home.path());
-    model.push(Reply::tool_call(
-        "c1",
-        "terminal",
-        json!({"command": "echo first-step"}),
-    ));
+    model.push(Reply::terminal("c1", "echo first-step"));
     let victim = script_rm_victim(&model, scratch.path(), "All done.");
     let pane = chat(&home, scratch.path(), "two steps").await;
     pane.wait_for("[y] once").await;
@@ -315,6 +299,15 @@ async fn a_killed_owner_leaves_the_turn_unknown_and_the_client_resolves_and_goes
 
 #[tokio::test]
 async fn a_delegated_child_shows_its_tool_calls_nested_under_delegate_task() {
+    let (_model, home, scratch, gate) = delegating_home().await;
+    let _daemon = KillDaemonOnDrop(home.path());
+    let pane = chat(&home, scratch.path(), "delegate the counting").await;
+    shows_the_child_then_its_answer(&pane, &gate).await;
+}
+
+/// A home with the terminal and delegation tools whose model delegates (see
+/// [`delegating_responder`]), the child's answer held by the returned gate.
+async fn delegating_home() -> (MockModel, TestHome, tempfile::TempDir, Gate) {
     let (model, home, scratch) = setup().await;
     home.write_model_config(
         &model.base_url(),
@@ -322,10 +315,14 @@ async fn a_delegated_child_shows_its_tool_calls_nested_under_delegate_task() {
         "[toolsets]\ndefault = [\"terminal\", \"delegation\"]\n",
     )
     .unwrap();
-    let _daemon = KillDaemonOnDrop(home.path());
     let gate = Gate::new();
     delegating_responder(&model, Reply::text("child counted 42").gated(&gate));
-    let pane = chat(&home, scratch.path(), "delegate the counting").await;
+    (model, home, scratch, gate)
+}
+
+/// The pane shows the child's tool call nested under `delegate_task`; once `gate` lets the
+/// child answer, the parent's answer and the finished block.
+async fn shows_the_child_then_its_answer(pane: &Pane, gate: &Gate) {
     let screen = pane.wait_for("│ child-tool-output").await;
     assert!(screen.contains("● delegate_task"), "{screen}");
     assert!(screen.contains("↳ child agent"), "{screen}");
@@ -348,11 +345,7 @@ fn delegating_responder(model: &MockModel, held: Reply) {
             .to_string();
         let after_tool = messages.last().is_some_and(|m| m["role"] == "tool");
         match (first_user.starts_with("CHILD-GOAL"), after_tool) {
-            (true, false) => Reply::tool_call(
-                "k1",
-                "terminal",
-                json!({"command": "echo child-tool-output"}),
-            ),
+            (true, false) => Reply::terminal("k1", "echo child-tool-output"),
             (true, true) => held.clone(),
             (false, false) => Reply::tool_call(
                 "d1",
@@ -369,16 +362,8 @@ fn delegating_responder(model: &MockModel, held: Reply) {
 /// sessions, and on attach none at all).
 #[tokio::test]
 async fn attach_during_a_delegate_task_shows_the_running_childs_tool_calls() {
-    let (model, home, scratch) = setup().await;
-    home.write_model_config(
-        &model.base_url(),
-        true,
-        "[toolsets]\ndefault = [\"terminal\", \"delegation\"]\n",
-    )
-    .unwrap();
+    let (_model, home, scratch, gate) = delegating_home().await;
     let _daemon = KillDaemonOnDrop(home.path());
-    let gate = Gate::new();
-    delegating_responder(&model, Reply::text("child counted 42").gated(&gate));
     let pane = chat(&home, scratch.path(), "delegate the counting").await;
     assert!(
         gate.wait_reached(WAIT).await,
@@ -395,12 +380,7 @@ async fn attach_during_a_delegate_task_shows_the_running_childs_tool_calls() {
     );
     let session = rows[0][0].as_str().unwrap().to_string();
     let pane = in_pane(home.path(), scratch.path(), &["attach", &session[..8]]);
-    let screen = pane.wait_for("│ child-tool-output").await;
-    assert!(screen.contains("● delegate_task"), "{screen}");
-    assert!(screen.contains("↳ child agent"), "{screen}");
-    gate.open();
-    let screen = pane.wait_for("The child says 42.").await;
-    assert!(screen.contains("✓ delegate_task"), "{screen}");
+    shows_the_child_then_its_answer(&pane, &gate).await;
 }
 
 #[tokio::test]

@@ -403,15 +403,16 @@ fn log_tail(path: &Path, lines: usize) -> String {
 /// once it serves, and closes it by exiting if it cannot start.
 fn spawn(program: &Path, home: &Path) -> Result<Spawned, ClientError> {
     use std::os::unix::fs::DirBuilderExt;
+    let failed = |why: String| ClientError::DaemonStart {
+        home: home.display().to_string(),
+        why,
+    };
     let logs = home.join("logs");
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(&logs)
-        .map_err(|e| ClientError::DaemonStart {
-            home: home.display().to_string(),
-            why: format!("cannot create {}: {e}", logs.display()),
-        })?;
+        .map_err(|e| failed(format!("cannot create {}: {e}", logs.display())))?;
     let log = logs.join(START_LOG);
     let stderr = {
         use std::os::unix::fs::OpenOptionsExt;
@@ -422,14 +423,9 @@ fn spawn(program: &Path, home: &Path) -> Result<Spawned, ClientError> {
             .mode(0o600)
             .open(&log)
     }
-    .map_err(|e| ClientError::DaemonStart {
-        home: home.display().to_string(),
-        why: format!("cannot create {}: {e}", log.display()),
-    })?;
-    let (ready, ready_tx) = std::io::pipe().map_err(|e| ClientError::DaemonStart {
-        home: home.display().to_string(),
-        why: format!("cannot make a pipe: {e}"),
-    })?;
+    .map_err(|e| failed(format!("cannot create {}: {e}", log.display())))?;
+    let (ready, ready_tx) =
+        std::io::pipe().map_err(|e| failed(format!("cannot make a pipe: {e}")))?;
     let mut cmd = std::process::Command::new(program);
     cmd.arg("--home")
         .arg(home)
@@ -441,11 +437,8 @@ fn spawn(program: &Path, home: &Path) -> Result<Spawned, ClientError> {
         .stdout(Stdio::null())
         .stderr(stderr);
     drover_platform::pass_fd(&mut cmd, ready_tx.into(), READY_FD);
-    let child =
-        drover_platform::spawn_detached(&mut cmd).map_err(|e| ClientError::DaemonStart {
-            home: home.display().to_string(),
-            why: format!("cannot run {}: {e}", program.display()),
-        })?;
+    let child = drover_platform::spawn_detached(&mut cmd)
+        .map_err(|e| failed(format!("cannot run {}: {e}", program.display())))?;
     // The command holds this process's copy of the write end: dropped, so that the daemon's
     // exit is the pipe's end.
     drop(cmd);

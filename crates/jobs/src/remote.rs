@@ -103,15 +103,14 @@ pub async fn submit_remote(
         Ok(job)
     })
     .await?;
-    let start_instruction = format!("dispatch to runner {} on {topic}", runner);
-    let start_command = format!("drover runner --session {} --exec CMD", runner);
+    let registered = SubmitOutcome::registered(
+        job.clone(),
+        format!("dispatch to runner {} on {topic}", runner),
+        format!("drover runner --session {} --exec CMD", runner),
+    );
     tracing::info!(job_id = %job.job_id, runner = %runner, "remote job registered");
     if req.dry_run {
-        return Ok(SubmitOutcome::dry_run(
-            job,
-            start_instruction,
-            start_command,
-        ));
+        return Ok(registered);
     }
     let claim = json!({"transport": "remote", "runner": runner, "topic": topic});
     submit::claim_delivery(&ctx.registry_dir, &job, claim).await?;
@@ -187,14 +186,7 @@ pub async fn submit_remote(
     drop(follower);
     // Clear the retained dispatch: its job is over for this orchestrator.
     clear_dispatch(&ctx.endpoint, &topic).await;
-    let job = registry.job(&job.job_id)?;
-    Ok(SubmitOutcome {
-        job,
-        verdict: Some(verdict),
-        start_instruction,
-        start_command,
-        diagnostics: None,
-    })
+    Ok(registered.settled(registry.job(&job.job_id)?, verdict, None))
 }
 
 /// Clears the retained dispatch on `topic`, so a runner that starts later never picks up a

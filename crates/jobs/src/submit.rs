@@ -106,14 +106,24 @@ pub struct SubmitOutcome {
 }
 
 impl SubmitOutcome {
-    /// The outcome of `--dry-run`: registered and briefed, nothing delivered.
-    pub(crate) fn dry_run(job: Job, start_instruction: String, start_command: String) -> Self {
+    /// Registered and briefed, nothing delivered (yet): all of `--dry-run`.
+    pub(crate) fn registered(job: Job, start_instruction: String, start_command: String) -> Self {
         SubmitOutcome {
             job,
             verdict: None,
             start_instruction,
             start_command,
             diagnostics: None,
+        }
+    }
+
+    /// Delivered and settled at `verdict`; `job` as it stands at the end.
+    pub(crate) fn settled(self, job: Job, verdict: Verdict, diagnostics: Option<PathBuf>) -> Self {
+        SubmitOutcome {
+            job,
+            verdict: Some(verdict),
+            diagnostics,
+            ..self
         }
     }
 }
@@ -158,15 +168,14 @@ pub async fn submit(ctx: SubmitContext<'_>, req: SubmitRequest) -> Result<Submit
         Ok(job)
     })
     .await?;
-    let start_instruction = brief::start_instruction(&job, &brief_ctx);
-    let start_command = brief::commands(&brief_ctx, &job).start;
+    let registered = SubmitOutcome::registered(
+        job.clone(),
+        brief::start_instruction(&job, &brief_ctx),
+        brief::commands(&brief_ctx, &job).start,
+    );
     tracing::info!(job_id = %job.job_id, transport = %job.transport, "job registered");
     if req.dry_run {
-        return Ok(SubmitOutcome::dry_run(
-            job,
-            start_instruction,
-            start_command,
-        ));
+        return Ok(registered);
     }
 
     let job_dir = claim_delivery(&ctx.registry_dir, &job, target.describe()).await?;
@@ -179,7 +188,7 @@ pub async fn submit(ctx: SubmitContext<'_>, req: SubmitRequest) -> Result<Submit
             delivery::spawn_exec(command, &job.job_id, &job.brief_path, &log)
                 .map(|agent| exec_agent = Some(agent))
         }
-        _ => target.send_line(&start_instruction).await,
+        _ => target.send_line(&registered.start_instruction).await,
     };
     if let Err(e) = sent {
         let detail = format!("delivery_failed: {e}");
@@ -226,14 +235,7 @@ pub async fn submit(ctx: SubmitContext<'_>, req: SubmitRequest) -> Result<Submit
             delivery::stop_exec(agent, EXEC_GRACE).await;
         }
     }
-    let job = registry.job(&job.job_id)?;
-    Ok(SubmitOutcome {
-        job,
-        verdict: Some(verdict),
-        start_instruction,
-        start_command,
-        diagnostics,
-    })
+    Ok(registered.settled(registry.job(&job.job_id)?, verdict, diagnostics))
 }
 
 /// Claims the one delivery of `job`'s attempt (described by `claim`) in the registry at

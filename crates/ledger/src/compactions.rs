@@ -207,6 +207,18 @@ mod tests {
     use crate::testing;
     use crate::{Ledger, LedgerError, PersistOutcome};
 
+    /// Applies the persist of `operation` at `sequence` of the turn claimed with `secret`.
+    fn persist_as(
+        ledger: &mut Ledger,
+        claim: &crate::Claim,
+        secret: &str,
+        sequence: u64,
+        operation: &str,
+        payload: serde_json::Value,
+    ) -> Result<PersistOutcome, LedgerError> {
+        ledger.apply_persist(&testing::frame(claim, secret, sequence, operation, payload))
+    }
+
     /// Applies the claimed turn's persist of `operation` at `sequence`; panics if refused.
     fn persist(
         ledger: &mut Ledger,
@@ -215,8 +227,7 @@ mod tests {
         operation: &str,
         payload: serde_json::Value,
     ) -> PersistOutcome {
-        ledger
-            .apply_persist(&testing::frame(claim, "s", sequence, operation, payload))
+        persist_as(ledger, claim, "s", sequence, operation, payload)
             .unwrap_or_else(|e| panic!("{operation}: {e}"))
     }
 
@@ -268,14 +279,9 @@ mod tests {
         assert_eq!(claim.history.ids.len(), 4);
         assert!(claim.history.compaction.is_none());
         let ids = claim.history.ids.clone();
-        let frame = testing::frame(
-            &claim,
-            "s",
-            1,
-            op::COMPACTION_RECORD,
-            write(ids[0], ids[1], "S1"),
-        );
-        let Ok(PersistOutcome::Receipt { result, events, .. }) = ledger.apply_persist(&frame)
+        let record = write(ids[0], ids[1], "S1");
+        let PersistOutcome::Receipt { result, events, .. } =
+            persist(&mut ledger, &claim, 1, op::COMPACTION_RECORD, record)
         else {
             panic!("no receipt");
         };
@@ -328,16 +334,7 @@ mod tests {
         let (_dir, mut ledger) = testing::open();
         let (_session_id, claim) = two_turns_then_a_claim(&mut ledger);
         let ids = claim.history.ids.clone();
-        let refused = |ledger: &mut Ledger, payload| match ledger.apply_persist(&testing::frame(
-            &claim,
-            "s",
-            1,
-            op::COMPACTION_RECORD,
-            payload,
-        )) {
-            Err(LedgerError::InvalidParams { field, .. }) => field,
-            other => panic!("not refused: {other:?}"),
-        };
+        let refused = |ledger: &mut Ledger, payload| refused_at(ledger, &claim, 1, payload);
         // The running turn's own input (the message after the history).
         assert_eq!(
             refused(&mut ledger, write(ids[0], ids[3] + 1, "S")),
@@ -366,15 +363,13 @@ mod tests {
             refused(&mut ledger, write(ids[0], foreign, "S")),
             "last_message_id"
         );
-        ledger
-            .apply_persist(&testing::frame(
-                &claim,
-                "s",
-                1,
-                op::COMPACTION_RECORD,
-                write(ids[0], ids[1], "S"),
-            ))
-            .expect("a good one");
+        persist(
+            &mut ledger,
+            &claim,
+            1,
+            op::COMPACTION_RECORD,
+            write(ids[0], ids[1], "S"),
+        );
         assert_eq!(
             refused_at(&mut ledger, &claim, 2, write(ids[1], ids[2], "S")),
             "first_message_id"
@@ -393,13 +388,7 @@ mod tests {
         sequence: u64,
         payload: serde_json::Value,
     ) -> String {
-        match ledger.apply_persist(&testing::frame(
-            claim,
-            "s",
-            sequence,
-            op::COMPACTION_RECORD,
-            payload,
-        )) {
+        match persist_as(ledger, claim, "s", sequence, op::COMPACTION_RECORD, payload) {
             Err(LedgerError::InvalidParams { field, .. }) => field,
             other => panic!("not refused: {other:?}"),
         }
@@ -456,24 +445,11 @@ mod tests {
         assert_eq!(kinds, ["admission.updated", "turn.started"]);
         // Its compaction covers the first two turns; it settles like any turn.
         let ids = claimed.history.ids.clone();
-        ledger
-            .apply_persist(&testing::frame(
-                &claimed,
-                "c",
-                1,
-                op::COMPACTION_RECORD,
-                write(ids[0], ids[3], "S"),
-            ))
+        let record = write(ids[0], ids[3], "S");
+        persist_as(&mut ledger, &claimed, "c", 1, op::COMPACTION_RECORD, record)
             .expect("compaction");
-        ledger
-            .apply_persist(&testing::frame(
-                &claimed,
-                "c",
-                2,
-                op::EXECUTION_FINISH,
-                testing::finish("compacted 4 messages"),
-            ))
-            .expect("finish");
+        let finish = testing::finish("compacted 4 messages");
+        persist_as(&mut ledger, &claimed, "c", 2, op::EXECUTION_FINISH, finish).expect("finish");
         let receipt = ledger
             .receipt(&session_id, &compact.admission_id)
             .expect("receipt");
@@ -497,9 +473,7 @@ mod tests {
         let (session_id, claim) = two_turns_then_a_claim(&mut ledger);
         assert_eq!(claim.context_window_found, None);
         let found = json!({"context_window": 32768, "reported": true});
-        ledger
-            .apply_persist(&testing::frame(&claim, "s", 1, op::CONTEXT_WINDOW, found))
-            .expect("window");
+        persist(&mut ledger, &claim, 1, op::CONTEXT_WINDOW, found);
         finish(&mut ledger, &claim, 2);
         let next = testing::claim(&mut ledger, &session_id, "four", "s");
         assert_eq!(next.context_window_found, Some(32768));

@@ -226,6 +226,14 @@ mod tests {
         sequence: u64,
     }
 
+    fn update(id: &str, status: ProcessStatus, exit_code: Option<i32>) -> ProcessUpdate {
+        ProcessUpdate {
+            id: id.into(),
+            status,
+            exit_code,
+        }
+    }
+
     fn claim(ledger: &mut Ledger, session_id: &str, secret: &str) -> Claim {
         testing::claim(ledger, session_id, "go", secret)
     }
@@ -306,20 +314,12 @@ mod tests {
         let mut f = fixture();
         f.persist(op::PROCESS_REGISTER, payload(&process("p1")))
             .expect("register");
-        let killed = ProcessUpdate {
-            id: "p1".into(),
-            status: ProcessStatus::Killed,
-            exit_code: None,
-        };
+        let killed = update("p1", ProcessStatus::Killed, None);
         let receipt = f
             .persist(op::PROCESS_UPDATE, payload(&killed))
             .expect("update");
         assert_eq!(receipt["updated"], true);
-        let exited = ProcessUpdate {
-            id: "p1".into(),
-            status: ProcessStatus::Exited,
-            exit_code: Some(0),
-        };
+        let exited = update("p1", ProcessStatus::Exited, Some(0));
         let receipt = f
             .persist(op::PROCESS_UPDATE, payload(&exited))
             .expect("late update is answered, not refused");
@@ -348,11 +348,7 @@ mod tests {
             _dir: f._dir,
         };
         assert!(g.claim.background_processes.is_empty());
-        let lost = ProcessUpdate {
-            id: "p1".into(),
-            status: ProcessStatus::Lost,
-            exit_code: None,
-        };
+        let lost = update("p1", ProcessStatus::Lost, None);
         let receipt = g
             .persist(op::PROCESS_UPDATE, payload(&lost))
             .expect("answered");
@@ -383,11 +379,7 @@ mod tests {
             .persist(op::PROCESS_REGISTER, payload(&process("p1")))
             .expect_err("duplicate id");
         assert_eq!(e.field(), Some("payload.id"));
-        let back = ProcessUpdate {
-            id: "p1".into(),
-            status: ProcessStatus::Running,
-            exit_code: None,
-        };
+        let back = update("p1", ProcessStatus::Running, None);
         let e = f
             .persist(op::PROCESS_UPDATE, payload(&back))
             .expect_err("refused");
@@ -399,11 +391,7 @@ mod tests {
         let mut f = fixture();
         f.persist(op::PROCESS_REGISTER, payload(&process("p1")))
             .expect("register");
-        let lost = ProcessUpdate {
-            id: "p1".into(),
-            status: ProcessStatus::Lost,
-            exit_code: None,
-        };
+        let lost = update("p1", ProcessStatus::Lost, None);
         assert!(f.ledger.update_process(&lost).expect("update"));
         assert!(!f.ledger.update_process(&lost).expect("again"));
         let unknown = ProcessUpdate {

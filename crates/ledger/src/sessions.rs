@@ -73,8 +73,8 @@ impl Default for SessionSandbox {
     }
 }
 
-/// One `sessions` row.
-#[derive(Debug, Clone, PartialEq)]
+/// One `sessions` row. Its `Default` is a blank row, the start of one being read.
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct SessionRow {
     /// The session id.
     pub id: String,
@@ -162,19 +162,15 @@ fn raw_session(r: &Row<'_>) -> rusqlite::Result<RawSession> {
         count_at(r, 16, "api_call_count")?,
     ];
     Ok(RawSession {
+        // The JSON columns are parsed by `finish`.
         row: SessionRow {
             id: r.get(0)?,
             source: r.get(1)?,
             parent_session_id: r.get(2)?,
             title: r.get(3)?,
             model: r.get(4)?,
-            model_config: Value::Null,
             cwd: r.get(6)?,
             system_prompt: r.get(7)?,
-            toolsets: Vec::new(),
-            tool_schemas: Vec::new(),
-            tool_names: Vec::new(),
-            sandbox: SessionSandbox::default(),
             started_at: r.get(11)?,
             ended_at: r.get(12)?,
             end_reason: r.get(13)?,
@@ -184,6 +180,7 @@ fn raw_session(r: &Row<'_>) -> rusqlite::Result<RawSession> {
             runtime_generation: r.get::<_, i64>(17)? as u64,
             replay_epoch: r.get(18)?,
             problems: counts.into_iter().filter_map(|c| c.problem).collect(),
+            ..SessionRow::default()
         },
         model_config: r.get(5)?,
         toolsets: r.get(8)?,
@@ -203,25 +200,10 @@ fn unreadable_session(r: &Row<'_>, error: &rusqlite::Error) -> SessionRow {
     SessionRow {
         id: text(0),
         source: text(1),
-        parent_session_id: None,
-        title: None,
         model: text(4),
-        model_config: Value::Null,
-        cwd: String::new(),
-        system_prompt: String::new(),
-        toolsets: Vec::new(),
-        tool_schemas: Vec::new(),
-        tool_names: Vec::new(),
-        sandbox: SessionSandbox::default(),
         started_at: r.get(11).unwrap_or(0.0),
-        ended_at: None,
-        end_reason: None,
-        input_tokens: 0,
-        output_tokens: 0,
-        api_call_count: 0,
-        runtime_generation: 0,
-        replay_epoch: String::new(),
         problems: vec![format!("unreadable row: {error}")],
+        ..SessionRow::default()
     }
 }
 

@@ -7,10 +7,11 @@
 //! This machine offers user namespaces and Landlock (ABI 7); the tests assume both.
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
 use drover_platform::confine::{probe, LandlockSpec, Plan, Spec};
+use drover_test_support::outside_path;
 
 fn abi() -> u32 {
     probe().landlock_abi.expect("this machine has Landlock")
@@ -57,18 +58,6 @@ fn no_landlock(spec: &Spec) -> Spec {
     }
 }
 
-/// A fresh path under `/var/tmp` (outside every root, and not the temp dir).
-fn outside(name: &str) -> PathBuf {
-    let mut bytes = [0u8; 8];
-    std::io::Read::read_exact(
-        &mut std::fs::File::open("/dev/urandom").expect("urandom"),
-        &mut bytes,
-    )
-    .expect("random");
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    PathBuf::from(format!("/var/tmp/drover-sandbox-{name}-{hex}"))
-}
-
 #[test]
 fn the_probe_finds_namespaces_and_landlock_here() {
     let support = probe();
@@ -83,7 +72,7 @@ fn the_probe_finds_namespaces_and_landlock_here() {
 #[test]
 fn workspace_write_allows_the_roots_and_refuses_elsewhere_for_grandchildren_too() {
     let cwd = tempfile::tempdir().expect("cwd");
-    let probe = outside("probe");
+    let probe = outside_path("probe");
     let spec = workspace(&[cwd.path()], true);
 
     let out = run(&spec, cwd.path(), "touch ok && echo wrote");
@@ -109,7 +98,7 @@ fn workspace_write_allows_the_roots_and_refuses_elsewhere_for_grandchildren_too(
 #[test]
 fn a_python_rmtree_outside_the_roots_leaves_the_directory_intact() {
     let cwd = tempfile::tempdir().expect("cwd");
-    let victim = outside("victim");
+    let victim = outside_path("victim");
     std::fs::create_dir_all(victim.join("sub")).expect("victim");
     std::fs::write(victim.join("sub").join("file"), "keep me").expect("file");
     let spec = workspace(&[cwd.path()], true);

@@ -17,6 +17,7 @@
 //! - [`tmux`]: a real terminal, `drover` in a pane of a private tmux server ([`tmux::Pane`]:
 //!   its screen, keys, bounded waits on the screen, drover's pid and exit code).
 //! - [`env_count`]: a benchmark's size from its variable.
+//! - [`outside_path`]: a fresh path outside every sandbox root, for the sandbox tests.
 //!
 //! Nothing here mocks a drover component: only the model is played.
 //!
@@ -46,4 +47,17 @@ pub fn env_count(name: &str, default: usize) -> usize {
             .unwrap_or_else(|_| panic!("{name}={v:?} is not a count")),
         Err(_) => default,
     }
+}
+
+/// A fresh path under `/var/tmp`, not made: outside every sandbox root and not the temp dir
+/// (`/tmp`, which the sandbox leaves writable). `name` goes into it, for a reader of a leftover.
+pub fn outside_path(name: &str) -> std::path::PathBuf {
+    let mut bytes = [0u8; 8];
+    std::io::Read::read_exact(
+        &mut std::fs::File::open("/dev/urandom").expect("urandom"),
+        &mut bytes,
+    )
+    .expect("random");
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    std::path::PathBuf::from(format!("/var/tmp/drover-sandbox-{name}-{hex}"))
 }

@@ -285,6 +285,11 @@ impl Reply {
         Reply::tool_calls(vec![(id.into(), name.into(), args)])
     }
 
+    /// A call (id `id`) of the `terminal` tool running `command`.
+    pub fn terminal(id: impl Into<String>, command: &str) -> Reply {
+        Reply::tool_call(id, "terminal", serde_json::json!({ "command": command }))
+    }
+
     /// Several tool calls in one assistant message (indexes 0, 1, ... in this order).
     pub fn tool_calls(calls: Vec<(String, String, Value)>) -> Reply {
         let calls = calls

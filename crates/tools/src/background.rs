@@ -159,22 +159,12 @@ pub fn start(
         .map_err(|e| format!("could not create {}: {e}", dir.display()))?;
     let id = new_process_id().map_err(|e| format!("could not make a process id: {e}"))?;
     let log_path = dir.join(format!("{id}.log"));
-    let log = OpenOptions::new()
-        .create_new(true)
-        .append(true)
-        .mode(0o600)
-        .open(&log_path)
-        .map_err(|e| format!("could not create {}: {e}", log_path.display()))?;
+    let log = create_private(&log_path, true)?;
     let log_err = log
         .try_clone()
         .map_err(|e| format!("could not open {} twice: {e}", log_path.display()))?;
     let sidecar_path = exit_path(&log_path);
-    let sidecar = OpenOptions::new()
-        .create_new(true)
-        .write(true)
-        .mode(0o600)
-        .open(&sidecar_path)
-        .map_err(|e| format!("could not create {}: {e}", sidecar_path.display()))?;
+    let sidecar = create_private(&sidecar_path, false)?;
     let mut launcher = std::process::Command::new("sh");
     launcher
         .arg("-c")
@@ -226,6 +216,18 @@ pub fn start(
 }
 
 /// A new process id: 128 random bits as a UUID v4.
+/// Makes `path`, which must not exist yet, open to its owner only; `append` for a log two
+/// streams write to.
+fn create_private(path: &Path, append: bool) -> Result<File, String> {
+    OpenOptions::new()
+        .create_new(true)
+        .write(true)
+        .append(append)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| format!("could not create {}: {e}", path.display()))
+}
+
 fn new_process_id() -> io::Result<String> {
     let mut bytes = [0u8; 16];
     File::open("/dev/urandom")?.read_exact(&mut bytes)?;

@@ -40,6 +40,7 @@ use tokio::io::AsyncReadExt;
 use tokio::time::Instant;
 
 use crate::approval::{self, Danger, Refusal};
+use crate::args::Args;
 use crate::background;
 use crate::platform::{self, ForegroundGroups};
 use crate::sandbox::{self, SandboxMode};
@@ -177,23 +178,12 @@ struct Request {
 impl Request {
     /// Validates `args`; the error names the field and what was wrong with it.
     fn parse(args: &Value, cwd: &Path) -> Result<Request, String> {
-        let Some(args) = args.as_object() else {
-            return Err(format!(
-                "arguments must be a JSON object with a \"command\" string, got {args}"
-            ));
-        };
-        let command = match args.get("command") {
-            None | Some(Value::Null) => {
-                return Err("missing required field \"command\" (the shell command to run)".into())
-            }
-            Some(Value::String(c)) if c.trim().is_empty() => {
-                return Err("field \"command\" must not be empty".into())
-            }
-            Some(Value::String(c)) => c.clone(),
-            Some(other) => return Err(format!("field \"command\" must be a string, got {other}")),
-        };
+        let args = Args::object(args, "with a \"command\" string")?;
+        let command = args
+            .required_text("command", "the shell command to run")?
+            .to_string();
         let timeout_secs = match args.get("timeout") {
-            None | Some(Value::Null) => DEFAULT_TIMEOUT_SECS,
+            None => DEFAULT_TIMEOUT_SECS,
             Some(Value::Number(n)) if n.is_u64() => {
                 n.as_u64().unwrap_or(1).clamp(1, MAX_TIMEOUT_SECS)
             }
@@ -205,7 +195,7 @@ impl Request {
             }
         };
         let workdir = match args.get("workdir") {
-            None | Some(Value::Null) => cwd.to_path_buf(),
+            None => cwd.to_path_buf(),
             Some(Value::String(dir)) => {
                 let path = cwd.join(dir);
                 if !path.is_dir() {
@@ -218,17 +208,9 @@ impl Request {
             }
             Some(other) => return Err(format!("field \"workdir\" must be a string, got {other}")),
         };
-        let background = match args.get("background") {
-            None | Some(Value::Null) => false,
-            Some(Value::Bool(b)) => *b,
-            Some(other) => {
-                return Err(format!(
-                    "field \"background\" must be a boolean, got {other}"
-                ))
-            }
-        };
+        let background = args.optional_bool("background")?.unwrap_or(false);
         let sandbox = match args.get("sandbox") {
-            None | Some(Value::Null) => true,
+            None => true,
             Some(Value::Bool(b)) => *b,
             Some(other) => {
                 return Err(format!(

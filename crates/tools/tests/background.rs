@@ -5,6 +5,9 @@
 // Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+use common::call;
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -17,7 +20,7 @@ use drover_tools::background::{BackgroundProcess, ProcessStatus, ProcessUpdate};
 use drover_tools::platform::{self, ForegroundGroups, Signal};
 use drover_tools::process::ProcessTool;
 use drover_tools::terminal::TerminalTool;
-use drover_tools::{InMemoryProcesses, ProcessRegistry, Tool, ToolContext, ToolOutput};
+use drover_tools::{InMemoryProcesses, ProcessRegistry, ToolContext};
 use serde_json::{json, Value};
 
 /// Kills a process group on drop while its leader is still the process it names.
@@ -52,14 +55,6 @@ fn context(dir: &Path, approvals: &str, processes: Arc<dyn ProcessRegistry>) -> 
         processes,
         ..ToolContext::detached(dir.to_path_buf(), dir.to_path_buf(), "test-session")
     }
-}
-
-async fn call(tool: &dyn Tool, args: Value, ctx: &ToolContext) -> (Value, bool) {
-    let out: ToolOutput = tokio::time::timeout(Duration::from_secs(30), tool.call(args, ctx))
-        .await
-        .expect("tool call did not finish within 30 s");
-    let value = serde_json::from_str(&out.content).expect("result is JSON");
-    (value, out.is_error)
 }
 
 /// Starts `command` in the background; gives the result and a guard on its group.

@@ -5,10 +5,12 @@
 // Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+use common::call;
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use drover_tools::file::patch::PatchTool;
 use drover_tools::file::read::{ReadFileTool, CONTENT_MAX_BYTES};
@@ -66,16 +68,6 @@ impl Scene {
         std::fs::write(&path, content).expect("write");
         path
     }
-}
-
-/// Calls `tool` (bounded in time) and parses its JSON result.
-async fn call(tool: &dyn Tool, args: Value, ctx: &ToolContext) -> (Value, bool) {
-    let out = tokio::time::timeout(Duration::from_secs(20), tool.call(args, ctx))
-        .await
-        .expect("the call finished within 20 s");
-    let content: Value = serde_json::from_str(&out.content)
-        .unwrap_or_else(|e| panic!("result is not JSON ({e}): {}", out.content));
-    (content, out.is_error)
 }
 
 /// Calls `tool` expecting an error result; returns the error text.
@@ -748,6 +740,11 @@ fn search_tree(scene: &Scene) {
     scene.write("data.bin", b"needle\x00\x01\x02");
 }
 
+/// `search_files` with `args` in the scene, unconfined: its result and whether it is an error.
+async fn search(scene: &Scene, args: Value) -> (Value, bool) {
+    call(&SearchFilesTool, args, &scene.plain()).await
+}
+
 fn match_paths(result: &Value) -> Vec<String> {
     result["matches"]
         .as_array()
@@ -761,12 +758,7 @@ fn match_paths(result: &Value) -> Vec<String> {
 async fn search_files_finds_lines_and_skips_ignored_dirs_and_binary_files() {
     let scene = Scene::new();
     search_tree(&scene);
-    let (result, is_error) = call(
-        &SearchFilesTool,
-        json!({"pattern": "need+le"}),
-        &scene.plain(),
-    )
-    .await;
+    let (result, is_error) = search(&scene, json!({"pattern": "need+le"})).await;
     assert!(!is_error, "{result}");
     assert_eq!(
         match_paths(&result),
@@ -792,29 +784,14 @@ async fn search_files_finds_lines_and_skips_ignored_dirs_and_binary_files() {
 async fn search_files_glob_filters_by_name_or_relative_path() {
     let scene = Scene::new();
     search_tree(&scene);
-    let (by_name, _) = call(
-        &SearchFilesTool,
-        json!({"pattern": "needle", "glob": "*.rs"}),
-        &scene.plain(),
-    )
-    .await;
+    let (by_name, _) = search(&scene, json!({"pattern": "needle", "glob": "*.rs"})).await;
     assert_eq!(
         match_paths(&by_name),
         ["src/lib/util.rs:1", "src/main.rs:2"]
     );
-    let (by_path, _) = call(
-        &SearchFilesTool,
-        json!({"pattern": "needle", "glob": "src/*.rs"}),
-        &scene.plain(),
-    )
-    .await;
+    let (by_path, _) = search(&scene, json!({"pattern": "needle", "glob": "src/*.rs"})).await;
     assert_eq!(match_paths(&by_path), ["src/main.rs:2"]);
-    let (deep, _) = call(
-        &SearchFilesTool,
-        json!({"pattern": "needle", "glob": "src/**/*.rs"}),
-        &scene.plain(),
-    )
-    .await;
+    let (deep, _) = search(&scene, json!({"pattern": "needle", "glob": "src/**/*.rs"})).await;
     assert_eq!(match_paths(&deep), ["src/lib/util.rs:1", "src/main.rs:2"]);
 }
 
@@ -822,27 +799,12 @@ async fn search_files_glob_filters_by_name_or_relative_path() {
 async fn search_files_under_a_path_or_in_one_file() {
     let scene = Scene::new();
     search_tree(&scene);
-    let (under, _) = call(
-        &SearchFilesTool,
-        json!({"pattern": "needle", "path": "src/lib"}),
-        &scene.plain(),
-    )
-    .await;
+    let (under, _) = search(&scene, json!({"pattern": "needle", "path": "src/lib"})).await;
     assert_eq!(match_paths(&under), ["src/lib/util.rs:1"]);
-    let (one, _) = call(
-        &SearchFilesTool,
-        json!({"pattern": "^fn", "path": "src/main.rs"}),
-        &scene.plain(),
-    )
-    .await;
+    let (one, _) = search(&scene, json!({"pattern": "^fn", "path": "src/main.rs"})).await;
     assert_eq!(match_paths(&one), ["src/main.rs:1"]);
     // An explicit path into a skipped directory is searched.
-    let (explicit, _) = call(
-        &SearchFilesTool,
-        json!({"pattern": "needle", "path": "target"}),
-        &scene.plain(),
-    )
-    .await;
+    let (explicit, _) = search(&scene, json!({"pattern": "needle", "path": "target"})).await;
     assert_eq!(match_paths(&explicit), ["target/debug/out.txt:1"]);
 }
 
@@ -852,12 +814,7 @@ async fn search_files_bounds_the_results_and_says_so() {
     let text: String = (0..50).map(|i| format!("hit {i}\n")).collect();
     scene.write("many.txt", text);
     scene.write("wide.txt", format!("hit {}\n", "w".repeat(1000)));
-    let (result, is_error) = call(
-        &SearchFilesTool,
-        json!({"pattern": "hit", "max_results": 10}),
-        &scene.plain(),
-    )
-    .await;
+    let (result, is_error) = search(&scene, json!({"pattern": "hit", "max_results": 10})).await;
     assert!(!is_error, "{result}");
     assert_eq!(result["matches"].as_array().expect("matches").len(), 10);
     assert_eq!(result["truncated"], true);
@@ -869,23 +826,14 @@ async fn search_files_bounds_the_results_and_says_so() {
         "{result}"
     );
 
-    let (wide, _) = call(
-        &SearchFilesTool,
-        json!({"pattern": "hit w", "path": "wide.txt"}),
-        &scene.plain(),
-    )
-    .await;
+    let (wide, _) = search(&scene, json!({"pattern": "hit w", "path": "wide.txt"})).await;
     let text = wide["matches"][0]["text"].as_str().expect("text");
     assert_eq!(text.chars().count(), 300);
     assert!(text.ends_with('…'));
 
     // max_results above the bound is clamped, not refused.
-    let (clamped, is_error) = call(
-        &SearchFilesTool,
-        json!({"pattern": "hit", "max_results": 1_000_000}),
-        &scene.plain(),
-    )
-    .await;
+    let (clamped, is_error) =
+        search(&scene, json!({"pattern": "hit", "max_results": 1_000_000})).await;
     assert!(!is_error);
     assert_eq!(clamped["matches"].as_array().expect("matches").len(), 51);
 }

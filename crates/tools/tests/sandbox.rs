@@ -5,19 +5,20 @@
 //! is checked against the same call with the sandbox off, so a test fails when its layer is
 //! switched off.
 
+mod common;
+use common::call;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use drover_protocol::sandbox::{SandboxMode, SandboxPolicy, SandboxSupport, ToolEnv};
+use drover_test_support::outside_path;
 use drover_tools::file::write::WriteFileTool;
 use drover_tools::platform::confine::probe;
 use drover_tools::process::ProcessTool;
 use drover_tools::sandbox::Sandbox;
 use drover_tools::terminal::TerminalTool;
-use drover_tools::{
-    NoPrompts, PromptAnswer, PromptBroker, ScriptedPrompts, Tool, ToolContext, ToolOutput,
-};
+use drover_tools::{NoPrompts, PromptAnswer, PromptBroker, ScriptedPrompts, ToolContext};
 use serde_json::{json, Value};
 
 struct Dirs {
@@ -79,32 +80,12 @@ impl Dirs {
     }
 }
 
-async fn call(tool: &dyn Tool, args: Value, ctx: &ToolContext) -> (Value, bool) {
-    let out: ToolOutput = tokio::time::timeout(Duration::from_secs(30), tool.call(args, ctx))
-        .await
-        .expect("the call finished within 30 s");
-    let value = serde_json::from_str(&out.content).expect("result is JSON");
-    (value, out.is_error)
-}
-
 async fn terminal(command: &str, ctx: &ToolContext) -> (Value, bool) {
     call(&TerminalTool, json!({"command": command}), ctx).await
 }
 
 fn output(result: &Value) -> &str {
     result["output"].as_str().unwrap_or_default()
-}
-
-/// A fresh path under `/var/tmp`: outside every root (`/tmp` is the temp dir, writable).
-fn outside(name: &str) -> PathBuf {
-    let mut bytes = [0u8; 8];
-    std::io::Read::read_exact(
-        &mut std::fs::File::open("/dev/urandom").expect("urandom"),
-        &mut bytes,
-    )
-    .expect("random");
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    PathBuf::from(format!("/var/tmp/drover-sandbox-{name}-{hex}"))
 }
 
 #[tokio::test]
@@ -115,7 +96,7 @@ async fn foreground_writes_go_only_under_the_roots_grandchildren_included_with_a
     assert!(!is_error, "{result}");
     assert!(dirs.cwd.path().join("ok").exists());
 
-    let probe = outside("probe");
+    let probe = outside_path("probe");
     let touch = format!("touch {}", probe.display());
     for command in [touch.clone(), format!("sh -c 'sh -c \"{touch}\"'")] {
         let (result, is_error) = terminal(&command, &ctx).await;
@@ -133,7 +114,11 @@ async fn foreground_writes_go_only_under_the_roots_grandchildren_included_with_a
     let (result, _) = terminal("exit 3", &ctx).await;
     assert_eq!(result.get("note"), None, "{result}");
     // A refusal hidden in a list that exits 0 still gets one.
-    let (result, _) = terminal(&format!("touch {}; true", outside("list").display()), &ctx).await;
+    let (result, _) = terminal(
+        &format!("touch {}; true", outside_path("list").display()),
+        &ctx,
+    )
+    .await;
     assert_eq!(result["exit_code"], 0, "{result}");
     assert!(result["note"].is_string(), "{result}");
 
@@ -161,7 +146,7 @@ async fn read_only_refuses_writes_in_the_cwd() {
 async fn background_commands_and_their_children_are_confined_and_still_report_their_exit() {
     let dirs = Dirs::new();
     let ctx = dirs.ctx(SandboxMode::WorkspaceWrite);
-    let probe = outside("bg");
+    let probe = outside_path("bg");
     let command = format!(
         "touch {p}; echo rc=$?; sh -c 'sh -c \"touch {p}\"'; echo grandchild=$?; \
          echo via-stdout >> /dev/stdout; ls -A {home}; touch ok; exit 7",
@@ -224,7 +209,7 @@ async fn background_commands_and_their_children_are_confined_and_still_report_th
 #[tokio::test]
 async fn a_python_rmtree_outside_the_roots_leaves_the_directory_intact() {
     let dirs = Dirs::new();
-    let victim = outside("victim");
+    let victim = outside_path("victim");
     std::fs::create_dir_all(victim.join("sub")).expect("victim");
     std::fs::write(victim.join("sub/file"), "keep").expect("file");
     let command = format!(
@@ -357,7 +342,7 @@ async fn the_tool_env_has_no_planted_secret_and_no_drover_variable() {
 #[tokio::test]
 async fn sandbox_false_prompts_once_runs_unconfined_and_deny_refuses() {
     let dirs = Dirs::new();
-    let probe = outside("escape");
+    let probe = outside_path("escape");
     let command = format!("touch {}", probe.display());
     let args = json!({"command": command, "sandbox": false});
 
@@ -451,7 +436,7 @@ async fn write_file_is_refused_outside_the_roots_and_in_the_home() {
     let (result, is_error) =
         call(&WriteFileTool, write(dirs.cwd.path().join("a/b.txt")), &ctx).await;
     assert!(!is_error, "{result}");
-    let target = outside("write");
+    let target = outside_path("write");
     let (result, is_error) = call(&WriteFileTool, write(target.clone()), &ctx).await;
     assert!(is_error, "{result}");
     assert!(
@@ -629,7 +614,7 @@ async fn a_write_approved_before_a_symlink_swap_does_not_land_in_the_home() {
 async fn an_exec_job_asks_first_under_a_sandbox_whatever_its_command() {
     use drover_tools::jobs::JobSubmitTool;
     let dirs = Dirs::new();
-    let probe = outside("exec-job");
+    let probe = outside_path("exec-job");
     let command = format!(
         "cat {}/daemon.json; touch {}",
         dirs.home.path().display(),

@@ -4,9 +4,10 @@
 // Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use drover_tools::todo::{todo_path, TodoTool};
 use drover_tools::{Tool, ToolContext, ToolRegistry};
@@ -18,12 +19,7 @@ fn turn(home: &Path, session_id: &str) -> ToolContext {
 }
 
 async fn call(args: Value, ctx: &ToolContext) -> (Value, bool) {
-    let out = tokio::time::timeout(Duration::from_secs(10), TodoTool.call(args, ctx))
-        .await
-        .expect("the call finished within 10 s");
-    let content: Value = serde_json::from_str(&out.content)
-        .unwrap_or_else(|e| panic!("result is not JSON ({e}): {}", out.content));
-    (content, out.is_error)
+    common::call(&TodoTool, args, ctx).await
 }
 
 async fn call_ok(args: Value, ctx: &ToolContext) -> Value {

@@ -102,6 +102,21 @@ impl ToolBlock {
         )
     }
 
+    /// `tool.complete`: done (or failed, `is_error`) at `now`, after running since it started,
+    /// with the first lines of `result` shown.
+    fn complete(&mut self, is_error: bool, result: &str, now: Instant) {
+        let took = match self.status {
+            ToolStatus::Running(since) => Some(now.saturating_duration_since(since)),
+            _ => None,
+        };
+        self.status = if is_error {
+            ToolStatus::Error(took)
+        } else {
+            ToolStatus::Done(took)
+        };
+        self.set_output(result);
+    }
+
     fn set_output(&mut self, result: &str) {
         let shown = shown_output(result);
         let lines: Vec<&str> = shown.trim_end().lines().collect();
@@ -153,6 +168,22 @@ pub struct Turn {
     pub compact: bool,
     /// A `session.compacted` arrived during it.
     pub compacted: bool,
+}
+
+impl Turn {
+    /// A turn this client saw start at `now`, nothing in it yet.
+    fn new(admission_id: &str, generation: u64, now: Instant, compact: bool) -> Turn {
+        Turn {
+            admission_id: admission_id.to_string(),
+            generation,
+            started: now,
+            items: Vec::new(),
+            phase: None,
+            interrupting: false,
+            compact,
+            compacted: false,
+        }
+    }
 }
 
 /// How far the user is through answering an approval prompt.
@@ -401,18 +432,10 @@ impl App {
                     Block::User(started.text.clone())
                 });
             }
-            self.turn = Some(Turn {
-                admission_id: started.admission_id.clone(),
-                generation: started
-                    .execution_generation
-                    .unwrap_or(snapshot.execution_generation),
-                started: now,
-                items: Vec::new(),
-                phase: None,
-                interrupting: false,
-                compact,
-                compacted: false,
-            });
+            let generation = started
+                .execution_generation
+                .unwrap_or(snapshot.execution_generation);
+            self.turn = Some(Turn::new(&started.admission_id, generation, now, compact));
             for event in running_events {
                 if !matches!(event.event, EventPayload::TurnStarted(_)) {
                     self.on_event(event, now);
@@ -458,16 +481,12 @@ impl App {
                         "a turn started (input from another client)".into(),
                     )),
                 }
-                self.turn = Some(Turn {
-                    admission_id: t.admission_id.clone(),
-                    generation: t.execution_generation,
-                    started: now,
-                    items: Vec::new(),
-                    phase: None,
-                    interrupting: false,
+                self.turn = Some(Turn::new(
+                    &t.admission_id,
+                    t.execution_generation,
+                    now,
                     compact,
-                    compacted: false,
-                });
+                ));
             }
             EventPayload::MessageDelta(d) => {
                 let turn = self.turn_mut(now);
@@ -494,18 +513,7 @@ impl App {
             EventPayload::ToolComplete(t) => {
                 if let Some(turn) = self.turn.as_mut() {
                     if let Some(block) = tool_mut(&mut turn.items, &t.tool_id) {
-                        let took = match block.status {
-                            ToolStatus::Running(since) => {
-                                Some(now.saturating_duration_since(since))
-                            }
-                            _ => None,
-                        };
-                        block.status = if t.is_error {
-                            ToolStatus::Error(took)
-                        } else {
-                            ToolStatus::Done(took)
-                        };
-                        block.set_output(&t.result);
+                        block.complete(t.is_error, &t.result, now);
                     }
                     if let Some(TurnItem::Tool(next)) = turn
                         .items
@@ -702,16 +710,7 @@ impl App {
             )),
             EventPayload::ToolComplete(t) => {
                 if let Some(b) = child.tools.iter_mut().find(|b| b.tool_id == t.tool_id) {
-                    let took = match b.status {
-                        ToolStatus::Running(since) => Some(now.saturating_duration_since(since)),
-                        _ => None,
-                    };
-                    b.status = if t.is_error {
-                        ToolStatus::Error(took)
-                    } else {
-                        ToolStatus::Done(took)
-                    };
-                    b.set_output(&t.result);
+                    b.complete(t.is_error, &t.result, now);
                 }
             }
             EventPayload::TurnSettled(_) => child.done = true,
@@ -1037,16 +1036,8 @@ impl App {
     }
 
     fn turn_mut(&mut self, now: Instant) -> &mut Turn {
-        self.turn.get_or_insert_with(|| Turn {
-            admission_id: String::new(),
-            generation: 0,
-            started: now,
-            items: Vec::new(),
-            phase: None,
-            interrupting: false,
-            compact: false,
-            compacted: false,
-        })
+        self.turn
+            .get_or_insert_with(|| Turn::new("", 0, now, false))
     }
 
     /// Moves the finished front of the running turn to the scrollback.
@@ -1442,6 +1433,13 @@ pub(crate) mod tests {
         }))
     }
 
+    pub(crate) fn delta(text: &str, index: u64) -> SessionEvent {
+        ev(EventPayload::MessageDelta(MessageDelta {
+            text: text.into(),
+            delta_index: index,
+        }))
+    }
+
     pub(crate) fn tool_start(id: &str, name: &str, context: &str) -> SessionEvent {
         ev(EventPayload::ToolStart(ToolStart {
             tool_id: id.into(),
@@ -1515,20 +1513,8 @@ pub(crate) mod tests {
         app.on_event(&started("a1"), t0);
         assert!(app.queued.is_empty());
         assert_eq!(app.drain_scrollback(), [Block::User("list files".into())]);
-        app.on_event(
-            &ev(EventPayload::MessageDelta(MessageDelta {
-                text: "Let me ".into(),
-                delta_index: 0,
-            })),
-            t0,
-        );
-        app.on_event(
-            &ev(EventPayload::MessageDelta(MessageDelta {
-                text: "look.".into(),
-                delta_index: 1,
-            })),
-            t0,
-        );
+        app.on_event(&delta("Let me ", 0), t0);
+        app.on_event(&delta("look.", 1), t0);
         app.on_event(&tool_start("c1", "terminal", "ls"), t0);
         app.on_event(&tool_start("c2", "terminal", "pwd"), t0);
         let turn = app.turn.as_ref().unwrap();
@@ -1560,13 +1546,7 @@ pub(crate) mod tests {
             matches!(&turn.items[0], TurnItem::Tool(b) if matches!(b.status, ToolStatus::Running(_)))
         );
         app.on_event(&tool_done("c2", "/home", false), t0);
-        app.on_event(
-            &ev(EventPayload::MessageDelta(MessageDelta {
-                text: "Two fi".into(),
-                delta_index: 0,
-            })),
-            t0,
-        );
+        app.on_event(&delta("Two fi", 0), t0);
         app.on_event(
             &ev(EventPayload::MessageComplete(MessageComplete {
                 admission_id: "a1".into(),

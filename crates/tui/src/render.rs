@@ -498,10 +498,10 @@ pub fn draw(frame: &mut Frame<'_>, app: &App, theme: Theme, now: Instant) {
 mod tests {
     use super::*;
     use crate::model::tests::{
-        app, approval, ev, key, settled, started, tool_done, tool_start, Quiet,
+        app, approval, delta, ev, key, settled, started, tool_done, tool_start, Quiet,
     };
     use drover_protocol::client::ClarifyPrompt;
-    use drover_protocol::event::{EventPayload, MessageDelta, TurnEnd};
+    use drover_protocol::event::{EventPayload, TurnEnd};
     use ratatui::backend::TestBackend;
     use ratatui::Terminal;
 
@@ -634,13 +634,7 @@ mod tests {
             &tool_done("c1", "Cargo.toml\nsrc\ntarget\nREADME.md", false),
             t0 + Duration::from_millis(40),
         );
-        app.on_event(
-            &ev(EventPayload::MessageDelta(MessageDelta {
-                text: "A **Rust** crate:\n\n```\ncargo build\n```".into(),
-                delta_index: 0,
-            })),
-            t0,
-        );
+        app.on_event(&delta("A **Rust** crate:\n\n```\ncargo build\n```", 0), t0);
         app.on_event(&settled("a1", TurnEnd::Completed), t0);
         insta::assert_snapshot!(scrollback(&mut app, t0));
     }

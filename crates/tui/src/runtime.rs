@@ -49,6 +49,13 @@ enum Done {
     Opened(Box<Opened>, Box<dyn Events>),
 }
 
+impl Done {
+    /// `what` failed with the link's error.
+    fn failed(what: &'static str, e: LinkError) -> Done {
+        Done::Failed { what, why: e.0 }
+    }
+}
+
 type Term = Terminal<CrosstermBackend<Stdout>>;
 
 /// Restores the terminal however the client ends.
@@ -320,10 +327,7 @@ fn carry_out(
             tokio::spawn(async move {
                 let _ = tx.send(match link.submit(&session, &text).await {
                     Ok(admission) => Done::Admitted(admission),
-                    Err(e) => Done::Failed {
-                        what: "sending the input",
-                        why: e.0,
-                    },
+                    Err(e) => Done::failed("sending the input", e),
                 });
             });
         }
@@ -364,10 +368,7 @@ fn command_task(
         tokio::spawn(async move {
             let _ = tx.send(match link.open(target).await {
                 Ok((opened, events)) => Done::Opened(Box::new(opened), events),
-                Err(e) => Done::Failed {
-                    what: "opening the session",
-                    why: e.0,
-                },
+                Err(e) => Done::failed("opening the session", e),
             });
         });
     };
@@ -428,10 +429,7 @@ fn command_task(
                             .chain(std::iter::once("/resume <id|prefix> opens one".to_string()))
                             .collect(),
                     ),
-                    Err(e) => Done::Failed {
-                        what: "listing sessions",
-                        why: e.0,
-                    },
+                    Err(e) => Done::failed("listing sessions", e),
                 });
             });
         }
@@ -450,10 +448,7 @@ fn command_task(
                             ))
                             .collect(),
                     ),
-                    Err(e) => Done::Failed {
-                        what: "listing approval rules",
-                        why: e.0,
-                    },
+                    Err(e) => Done::failed("listing approval rules", e),
                 });
             });
         }
@@ -462,10 +457,7 @@ fn command_task(
             tokio::spawn(async move {
                 let _ = tx.send(match link.rename(&session, &title).await {
                     Ok(()) => Done::Say(vec![format!("session renamed to {title:?}")]),
-                    Err(e) => Done::Failed {
-                        what: "renaming the session",
-                        why: e.0,
-                    },
+                    Err(e) => Done::failed("renaming the session", e),
                 });
             });
         }

@@ -1,0 +1,16 @@
+//! What the tool tests share (`mod common;` in each test file).
+
+use std::time::Duration;
+
+use drover_tools::{Tool, ToolContext};
+use serde_json::Value;
+
+/// Calls `tool` with `args`, bounded by 30 s; gives its JSON result and whether it is an error.
+pub async fn call(tool: &dyn Tool, args: Value, ctx: &ToolContext) -> (Value, bool) {
+    let out = tokio::time::timeout(Duration::from_secs(30), tool.call(args, ctx))
+        .await
+        .expect("the tool call finished within 30 s");
+    let content: Value = serde_json::from_str(&out.content)
+        .unwrap_or_else(|e| panic!("result is not JSON ({e}): {}", out.content));
+    (content, out.is_error)
+}
