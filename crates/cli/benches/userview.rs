@@ -170,7 +170,9 @@ fn rss_threads(pid: u32) -> Result<(f64, u64)> {
     Ok((field("VmRSS:")? / 1024.0, field("Threads:")? as u64))
 }
 
-/// The direct children of `pid` (its workers), from `/proc/<pid>/task/*/children`.
+/// The direct children of `pid` that serve a turn (its workers), from
+/// `/proc/<pid>/task/*/children`; the spare worker waiting for the next turn (named
+/// `drover-spare` until its bootstrap arrives) is not one: it is always there.
 fn workers(pid: u32) -> usize {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return 0;
@@ -178,8 +180,13 @@ fn workers(pid: u32) -> usize {
     tasks
         .flatten()
         .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
-        .map(|c| c.split_whitespace().count())
-        .sum()
+        .flat_map(|c| {
+            c.split_whitespace()
+                .map(|child| std::fs::read_to_string(format!("/proc/{child}/comm")))
+                .collect::<Vec<_>>()
+        })
+        .filter(|comm| !matches!(comm.as_deref().map(str::trim), Ok("drover-spare")))
+        .count()
 }
 
 /// Waits (bounded) until the daemon has reaped every worker, so their CPU is in its `cutime`.

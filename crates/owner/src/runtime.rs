@@ -122,7 +122,7 @@ pub(crate) type PendingAdmission = (
 impl Owner {
     /// The owner of `home` over an opened `ledger` (its epoch already raised), reached by
     /// clients at `origin` (`http://127.0.0.1:<port>`): starts the ledger thread; nothing is
-    /// admitted until [`crate::admit::start_admissions`] runs.
+    /// admitted until the admission loop (`admit::start_admissions`, above this module) runs.
     pub fn new(
         home: PathBuf,
         config: Config,
@@ -232,7 +232,7 @@ impl Owner {
             .collect()
     }
 
-    /// The inputs waiting for the group commit, for its loop ([`crate::admit`]); `None`
+    /// The inputs waiting for the group commit, for its loop (the `admit` module); `None`
     /// once taken.
     pub(crate) fn take_admissions(&self) -> Option<mpsc::UnboundedReceiver<PendingAdmission>> {
         self.admissions_rx
