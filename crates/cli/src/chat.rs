@@ -13,7 +13,9 @@ use std::time::Duration;
 use anyhow::Result;
 use async_trait::async_trait;
 use clap::Args;
-use drover_client::{Client, ClientError, ConnectOptions, ConnectionChange, StartDaemon, Update};
+use drover_client::{
+    Client, ClientError, ConnectOptions, ConnectionChange, SessionStream, StartDaemon, Update,
+};
 use drover_protocol::client::{
     AdmissionStatus, ApprovalRule, ApprovalRules, CompactionResult, NoParams, SessionCreateParams,
     SessionSnapshot, SessionSummary,
@@ -121,22 +123,19 @@ fn words(e: ClientError) -> LinkError {
 #[async_trait]
 impl Link for ClientLink {
     async fn open(&self, target: Target) -> Result<(Opened, Box<dyn Events>), LinkError> {
-        let session_id = match target {
+        let stream = match target {
             Target::New => self.create().await?,
             Target::Continue => match self.client.most_recent_session().await {
-                Ok(s) => s.session_id,
+                Ok(s) => self.attach(&s.session_id).await?,
                 Err(ClientError::NoSessions { .. }) => self.create().await?,
                 Err(e) => return Err(words(e)),
             },
             Target::Session(prefix) => {
-                self.client
-                    .resolve_session(&prefix)
-                    .await
-                    .map_err(words)?
-                    .session_id
+                let found = self.client.resolve_session(&prefix).await.map_err(words)?;
+                self.attach(&found.session_id).await?
             }
         };
-        let stream = self.client.attach(&session_id).await.map_err(words)?;
+        let session_id = stream.session_id().to_string();
         let snapshot = stream.snapshot().clone();
         let running_events = self.running_events(&snapshot).await?;
         // Opened in the middle of a `delegate_task` (attach): its children are followed from
@@ -242,16 +241,19 @@ impl Link for ClientLink {
 }
 
 impl ClientLink {
-    async fn create(&self) -> Result<String, LinkError> {
-        let snapshot = self
-            .client
-            .create_session(SessionCreateParams::in_cwd(
+    /// A new session in the chat's directory, attached (one round trip).
+    async fn create(&self) -> Result<SessionStream, LinkError> {
+        self.client
+            .create_and_attach(SessionCreateParams::in_cwd(
                 uuid::Uuid::new_v4().to_string(),
                 self.cwd.clone(),
             ))
             .await
-            .map_err(words)?;
-        Ok(snapshot.session_id)
+            .map_err(words)
+    }
+
+    async fn attach(&self, session_id: &str) -> Result<SessionStream, LinkError> {
+        self.client.attach(session_id).await.map_err(words)
     }
 
     /// The stored events of the snapshot's running turn, from its `turn.started` up to the

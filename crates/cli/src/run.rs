@@ -141,8 +141,8 @@ async fn open_session(
             .ok()
             .and_then(|c| c.base_url())
     });
-    let created = client
-        .create_session(SessionCreateParams {
+    client
+        .create_and_attach(SessionCreateParams {
             model: args.model.clone(),
             base_url,
             title: args.title.clone(),
@@ -150,8 +150,7 @@ async fn open_session(
             ..SessionCreateParams::in_cwd(uuid::Uuid::new_v4().to_string(), cwd.to_string())
         })
         .await
-        .map_err(|e| explain_create_error(e, home))?;
-    Ok(client.attach(&created.session_id).await?)
+        .map_err(|e| explain_create_error(e, home))
 }
 
 /// `session.create` errors in the words of `drover run`'s flags.

@@ -359,3 +359,54 @@ async fn compact_answers_once_its_turn_settled_with_status_and_covered() {
     assert!(detail.contains("the summary was refused"), "{detail}");
     assert!(detail.contains("failed"), "{detail}");
 }
+
+/// `Client::create_and_attach`: the create's answer is the stream's snapshot (no
+/// `session.resume` after it), and the stream then yields every stored event of the first
+/// turn once and in order. The same `request_id` again (another client, after a turn) gives
+/// the same session with its turn in the snapshot, and the next turn's events follow it.
+#[tokio::test]
+async fn create_and_attach_streams_the_new_session_from_its_snapshot() {
+    let (model, home) = model_home(true).await.unwrap();
+    let _guard = KillDaemonOnDrop(home.path());
+    let client = Client::connect(options(home.path())).await.unwrap();
+    let params = create(home.work());
+    let mut stream = client.create_and_attach(params.clone()).await.unwrap();
+    let id = stream.session_id().to_string();
+    let first_seq = stream.last_seq();
+    assert_eq!(stream.snapshot().session_id, id);
+    model.push(Reply::text("first answer"));
+    let a = client.submit(&id, "one").await.unwrap();
+    let mut stored = Vec::new();
+    let (end, _) = until_settled(&mut stream, &a.admission_id, &mut stored).await;
+    assert_eq!(end, TurnEnd::Completed);
+    let seqs: Vec<u64> = stored.iter().filter_map(|e| e.seq).collect();
+    let expected: Vec<u64> = (first_seq + 1..=first_seq + seqs.len() as u64).collect();
+    assert_eq!(
+        seqs, expected,
+        "every stored event once, in order, after the snapshot"
+    );
+    assert!(stored.iter().any(
+        |e| matches!(&e.event, EventPayload::TurnStarted(t) if t.admission_id == a.admission_id)
+    ));
+
+    let other = Client::connect(options(home.path())).await.unwrap();
+    let mut again = other.create_and_attach(params).await.unwrap();
+    assert_eq!(
+        again.session_id(),
+        id,
+        "the same request_id is the same session"
+    );
+    assert!(
+        again.last_seq() >= stream.last_seq(),
+        "its snapshot holds the first turn"
+    );
+    let snapshot_seq = again.last_seq();
+    model.push(Reply::text("second answer"));
+    let b = other.submit(&id, "two").await.unwrap();
+    let mut more = Vec::new();
+    let (end, _) = until_settled(&mut again, &b.admission_id, &mut more).await;
+    assert_eq!(end, TurnEnd::Completed);
+    let seqs: Vec<u64> = more.iter().filter_map(|e| e.seq).collect();
+    assert_eq!(seqs.first().copied(), Some(snapshot_seq + 1));
+    assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "{seqs:?}");
+}

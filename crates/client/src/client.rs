@@ -108,6 +108,16 @@ impl Client {
         self.idempotent(ClientRequest::SessionCreate(params)).await
     }
 
+    /// `session.create`, and the new session's stream: one round trip (the create's answer is
+    /// the snapshot an attach would read with `session.resume`).
+    pub async fn create_and_attach(
+        &self,
+        params: SessionCreateParams,
+    ) -> Result<SessionStream, ClientError> {
+        let snapshot = self.create_session(params).await?;
+        Ok(SessionStream::created(self.link.clone(), snapshot))
+    }
+
     /// `session.resume`: the session's snapshot; attaches (and stays attached across
     /// reconnects).
     pub async fn resume(&self, session_id: &str) -> Result<SessionSnapshot, ClientError> {

@@ -46,7 +46,24 @@ impl SessionStream {
     pub(crate) async fn attach(link: Link, session_id: &str) -> Result<SessionStream, ClientError> {
         let feed = link.subscribe(session_id);
         let snapshot = resume(&link, session_id).await?;
-        Ok(SessionStream {
+        Ok(SessionStream::from_snapshot(link, feed, snapshot))
+    }
+
+    /// The stream of a session this connection just created: `session.create`'s answer is
+    /// its snapshot (the shape of `session.resume`'s), so no `session.resume` follows. The
+    /// feed is taken after that answer; an event stored between the two is not lost: the next
+    /// one shows the gap and the stored events are read.
+    pub(crate) fn created(link: Link, snapshot: SessionSnapshot) -> SessionStream {
+        let feed = link.subscribe(&snapshot.session_id);
+        SessionStream::from_snapshot(link, feed, snapshot)
+    }
+
+    fn from_snapshot(
+        link: Link,
+        feed: mpsc::UnboundedReceiver<Feed>,
+        snapshot: SessionSnapshot,
+    ) -> SessionStream {
+        SessionStream {
             session_id: snapshot.session_id.clone(),
             last_seq: snapshot.last_sequence,
             replay_epoch: snapshot.replay_epoch.clone(),
@@ -55,7 +72,7 @@ impl SessionStream {
             feed,
             ready: VecDeque::new(),
             done: false,
-        })
+        }
     }
 
     /// The session.
