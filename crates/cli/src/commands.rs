@@ -45,9 +45,11 @@ fn pid_alive(pid: u32) -> bool {
 /// section 8); the wait shows a spinner.
 pub async fn connect(home: &Path) -> Result<Client> {
     // A daemon that cannot start because of its config would only say so at its start: say
-    // it in the config's own words before trying.
-    if drover_client::owner_pid(home).is_none() {
-        if let Err(e) = Config::load(home) {
+    // it in the config's own words before trying. The config is read first: who holds the
+    // home's lock is read from /proc/locks, whose first read in a process waits for an RCU
+    // grace period (8-12 ms here), so only a bad config pays for it.
+    if let Err(e) = Config::load(home) {
+        if drover_client::owner_pid(home).is_none() {
             bail!("{e}");
         }
     }

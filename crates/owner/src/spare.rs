@@ -4,7 +4,9 @@
 //! page faults, the async runtime, the model's HTTP client with its TLS roots). The owner keeps
 //! one worker started ahead of the next claim, the **spare**: it has done all of that and waits
 //! for a bootstrap on its stdin. A claimed turn takes the spare ([`SpareSlot::take`]), and the
-//! next spare is started right after. SPEC section 4 is unchanged: one worker serves exactly one
+//! next spare is started once that turn's bootstrap is written ([`StartedWorker::handoff`]):
+//! starting a process blocks the runtime thread for a few milliseconds and its start takes CPU,
+//! neither of which may delay the turn that took the spare. SPEC section 4 is unchanged: one worker serves exactly one
 //! turn and exits after it; a spare that never gets a bootstrap has no execution and no ledger
 //! row.
 //!
@@ -44,6 +46,9 @@ const DISCARD_WAIT: Duration = Duration::from_secs(2);
 /// binary that cannot start is not restarted in a loop.
 const RESTART_FIRST: Duration = Duration::from_millis(100);
 const RESTART_MOST: Duration = Duration::from_secs(5);
+/// How long the keeper waits for a taken spare's bootstrap to be written before it starts the
+/// next spare anyway.
+const HANDOFF_WAIT: Duration = Duration::from_millis(200);
 
 /// What makes a worker process: the `drover` binary and the variables it must not inherit.
 #[derive(Debug, Clone)]
@@ -68,6 +73,9 @@ pub struct StartedWorker {
     log: PathBuf,
     /// The variables removed from its environment.
     without_env: BTreeSet<String>,
+    /// For a spare given to a turn: tells the keeper the turn's bootstrap is written, so the
+    /// next spare may start ([`StartedWorker::handoff`]).
+    handed_off: Option<oneshot::Sender<()>>,
 }
 
 impl StartedWorker {
@@ -105,12 +113,19 @@ impl StartedWorker {
                 stdout,
                 log: log.to_path_buf(),
                 without_env: command.without_env.clone(),
+                handed_off: None,
             }),
             _ => {
                 let _ = child.start_kill();
                 Err(std::io::Error::other("the worker's pipes are missing"))
             }
         }
+    }
+
+    /// What to call once this worker's bootstrap is written: for a spare, it lets the keeper
+    /// start the next one (dropped unused, it does too). A no-op for a fresh worker.
+    pub fn handoff(&mut self) -> Handoff {
+        Handoff(self.handed_off.take())
     }
 
     /// The worker's pid, while it runs.
@@ -149,6 +164,19 @@ impl StartedWorker {
             tracing::warn!(pid = ?self.child.id(), "a discarded spare worker was not reaped in time");
         }
         remove_if_empty(&self.log);
+    }
+}
+
+/// A taken spare's turn has written its bootstrap (or given up: dropped).
+#[derive(Debug)]
+pub struct Handoff(Option<oneshot::Sender<()>>);
+
+impl Handoff {
+    /// The bootstrap is written: the keeper may start the next spare.
+    pub fn done(self) {
+        if let Some(tx) = self.0 {
+            let _ = tx.send(());
+        }
     }
 }
 
@@ -257,6 +285,29 @@ async fn died(spare: &mut Option<StartedWorker>) -> std::io::Result<std::process
     }
 }
 
+/// Waits until `done` or `until`, whichever is first; a claim meanwhile gets no spare (its
+/// request is dropped: it starts its own worker, never waits). False once the keeper must end.
+async fn wait_without_spare(
+    done: impl std::future::Future,
+    until: tokio::time::Instant,
+    requests: &mut mpsc::Receiver<Request>,
+    stop: &CancellationToken,
+) -> bool {
+    tokio::pin!(done);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return false,
+            _ = &mut done => return true,
+            _ = tokio::time::sleep_until(until) => return true,
+            request = requests.recv() => {
+                if request.is_none() {
+                    return false;
+                }
+            }
+        }
+    }
+}
+
 /// The keeper: starts a spare, then hands it to the next request, replaces it when it dies,
 /// and discards it when stopped.
 async fn keep_spare<F>(
@@ -301,9 +352,18 @@ async fn keep_spare<F>(
                 };
                 // No spare (it could not start): the request is dropped and the turn starts
                 // its own worker; the next request finds a new attempt.
-                if let Some(s) = spare {
-                    if let Err(s) = reply.send(s) {
-                        s.discard().await;
+                if let Some(mut s) = spare {
+                    let (handed_off, bootstrapped) = oneshot::channel();
+                    s.handed_off = Some(handed_off);
+                    match reply.send(s) {
+                        // The next spare waits for this turn's bootstrap (bounded).
+                        Ok(()) => {
+                            let until = tokio::time::Instant::now() + HANDOFF_WAIT;
+                            if !wait_without_spare(bootstrapped, until, &mut requests, &stop).await {
+                                return;
+                            }
+                        }
+                        Err(s) => s.discard().await,
                     }
                     pause = RESTART_FIRST;
                 }
@@ -312,18 +372,10 @@ async fn keep_spare<F>(
                 let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
                 tracing::warn!(%status, "the spare worker died while waiting; starting another");
                 remove_if_empty(&log);
-                // Claims meanwhile get no spare (they start their own worker), never a wait.
                 let until = tokio::time::Instant::now() + pause;
-                loop {
-                    tokio::select! {
-                        _ = stop.cancelled() => return,
-                        _ = tokio::time::sleep_until(until) => break,
-                        request = requests.recv() => {
-                            if request.is_none() {
-                                return;
-                            }
-                        }
-                    }
+                let never = std::future::pending::<()>();
+                if !wait_without_spare(never, until, &mut requests, &stop).await {
+                    return;
                 }
                 pause = (pause * 2).min(RESTART_MOST);
             }

@@ -32,7 +32,7 @@ use tracing::Instrument;
 
 use crate::home::new_token;
 use crate::runtime::{Owner, RunningTurn};
-use crate::spare::StartedWorker;
+use crate::spare::{Handoff, StartedWorker};
 
 /// How long a worker that closed its stdout has to exit before it is killed.
 const WORKER_EXIT_WAIT: Duration = Duration::from_secs(5);
@@ -347,12 +347,12 @@ async fn supervise(owner: Arc<Owner>, mut claim: Claim, secret: Secret, register
             return;
         }
     };
-    let Some((mut child, stdin, stdout)) = start_worker(&owner, &claim).await else {
+    let Some((mut child, stdin, stdout, handoff)) = start_worker(&owner, &claim).await else {
         owner.turns().remove(&execution_id);
         return;
     };
     let (sent_tx, sent_rx) = oneshot::channel();
-    let writer = tokio::spawn(write_stdin(stdin, bootstrap, sent_tx, control_rx));
+    let writer = tokio::spawn(write_stdin(stdin, bootstrap, handoff, sent_tx, control_rx));
     let mut pipe = WorkerPipe::new(owner.clone(), &claim, control);
     let end = pipe.serve(&mut child, stdout, &signals).await;
     let (settled, ran) = (pipe.settled, pipe.ran);
@@ -494,10 +494,13 @@ async fn fail_unstarted(owner: &Arc<Owner>, claim: &Claim, error: String) {
 async fn start_worker(
     owner: &Arc<Owner>,
     claim: &Claim,
-) -> Option<(Child, ChildStdin, ChildStdout)> {
+) -> Option<(Child, ChildStdin, ChildStdout, Handoff)> {
     let execution_id = &claim.execution_id;
     match spare_or_fresh(owner, execution_id).await {
-        Ok(w) => Some((w.child, w.stdin, w.stdout)),
+        Ok(mut w) => {
+            let handoff = w.handoff();
+            Some((w.child, w.stdin, w.stdout, handoff))
+        }
         Err(e) => {
             tracing::error!(error = %e, %execution_id, "cannot start worker");
             // Nothing ran, so the turn is `failed`; it must not stay `started`.
@@ -555,6 +558,7 @@ fn register_turn(owner: &Owner, claim: &Claim, control: &mpsc::Sender<OwnerFrame
 async fn write_stdin(
     mut stdin: ChildStdin,
     bootstrap: Vec<OwnerFrame>,
+    handoff: Handoff,
     sent: oneshot::Sender<std::io::Result<()>>,
     mut control: mpsc::Receiver<OwnerFrame>,
 ) {
@@ -565,6 +569,8 @@ async fn write_stdin(
         }
     }
     drop(bootstrap);
+    // The next spare starts now, not while this turn's worker was being handed its bootstrap.
+    handoff.done();
     let _ = sent.send(Ok(()));
     while let Some(frame) = control.recv().await {
         if write_frame(&mut stdin, &frame).await.is_err() {
