@@ -784,10 +784,7 @@ async fn traced_call(call: &PlannedCall, ctx: &ToolContext) -> CallEnd {
     let started = std::time::Instant::now();
     let end = run_call(call, ctx).instrument(span.clone()).await;
     // Signed, so OpenTelemetry gets an integer (tracing-opentelemetry sends a u64 as text).
-    span.record(
-        "duration_ms",
-        i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX),
-    );
+    span.record("duration_ms", drover_model::span_millis(started.elapsed()));
     match &end {
         CallEnd::Done {
             content: result,

@@ -14,34 +14,10 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use drover_test_support::bench::sqlite_floor;
 use drover_test_support::harness::{Daemon, TestHome};
 use drover_test_support::{env_count, Gate, MockModel, Reply};
 use serde_json::json;
-
-/// Raw baseline: `n` single-row transactions with `synchronous=FULL` in WAL mode.
-fn raw_inserts_per_sec(dir: &Path, n: usize) -> f64 {
-    let conn = rusqlite::Connection::open(dir.join("raw.db")).expect("open raw.db");
-    conn.pragma_update(None, "journal_mode", "WAL")
-        .expect("wal");
-    conn.pragma_update(None, "synchronous", "FULL")
-        .expect("full");
-    conn.execute_batch(
-        "CREATE TABLE t (id INTEGER PRIMARY KEY AUTOINCREMENT, k TEXT UNIQUE, payload TEXT)",
-    )
-    .expect("create");
-    let start = Instant::now();
-    for i in 0..n {
-        conn.execute(
-            "INSERT INTO t (k, payload) VALUES (?1, ?2)",
-            rusqlite::params![
-                format!("input-{i}"),
-                format!("{{\"text\":\"prompt number {i}\"}}")
-            ],
-        )
-        .expect("insert");
-    }
-    n as f64 / start.elapsed().as_secs_f64()
-}
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
@@ -50,7 +26,7 @@ async fn main() {
     let total = per_client * clients;
 
     let home = TestHome::new().expect("temp home");
-    let raw_before = raw_inserts_per_sec(home.path(), total);
+    let raw_before = sqlite_floor(home.path(), total).expect("raw inserts");
 
     let model = MockModel::start().await;
     let gate = Gate::new();
@@ -101,7 +77,7 @@ async fn main() {
     let _ = daemon.stop().await;
     // The disk's fsync cost drifts; measure the baseline on both sides of the run.
     let raw_dir = tempfile::tempdir_in(home.path()).expect("raw dir");
-    let raw_after = raw_inserts_per_sec(raw_dir.path(), total);
+    let raw_after = sqlite_floor(raw_dir.path(), total).expect("raw inserts");
     let raw = (raw_before + raw_after) / 2.0;
 
     println!("durable prompt.submit throughput ({clients} clients x {per_client} inputs)");

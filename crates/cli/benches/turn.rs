@@ -67,14 +67,14 @@
 //! `cargo bench` measures the `bench` profile build (which inherits `release`) at
 //! `target/release/drover`.
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
+use drover_test_support::bench::{ledger_times, unix_now, LedgerTimes};
 use drover_test_support::harness::{Client, Daemon, TestHome, WAIT};
 use drover_test_support::mock_model::last_message;
 use drover_test_support::{env_count, MockModel, Reply};
@@ -194,14 +194,6 @@ fn arrivals_since(arrivals: &Arrivals, from: usize) -> Vec<(Instant, f64)> {
         .unwrap_or_default()
 }
 
-/// Seconds since the Unix epoch, the clock of the ledger's `*_at` columns.
-fn unix_now() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
-}
-
 fn arrivals_len(arrivals: &Arrivals) -> usize {
     arrivals.lock().unwrap_or_else(|p| p.into_inner()).len()
 }
@@ -222,56 +214,17 @@ struct Sample {
     ledger: LedgerTimes,
 }
 
-/// `created_at` (Unix seconds, the daemon's clock) of the admission's stored events: each is
-/// taken inside the transaction that commits it, just before its fsync.
-#[derive(Default, Clone, Copy)]
-struct LedgerTimes {
-    admitted: Option<f64>,
-    started: Option<f64>,
-    settled: Option<f64>,
-}
-
-/// Reads the ledger's event times of every admission of `session_id` (read-only; the daemon is
-/// the only writer, SQLite WAL allows this reader).
-fn ledger_times(db: &Path, session_id: &str) -> Result<HashMap<String, LedgerTimes>> {
-    let conn = rusqlite::Connection::open_with_flags(
-        db,
-        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )
-    .with_context(|| format!("opening {} read-only", db.display()))?;
-    conn.busy_timeout(WAIT)?;
-    let mut stmt = conn.prepare(
-        "SELECT type, payload_json, created_at FROM session_events WHERE session_id = ?1 ORDER BY seq",
-    )?;
-    let rows = stmt.query_map([session_id], |r| {
-        Ok((
-            r.get::<_, String>(0)?,
-            r.get::<_, String>(1)?,
-            r.get::<_, f64>(2)?,
-        ))
-    })?;
-    let mut out: HashMap<String, LedgerTimes> = HashMap::new();
-    for row in rows {
-        let (kind, payload, at) = row?;
-        let payload: Value = serde_json::from_str(&payload).unwrap_or(Value::Null);
-        let Some(admission_id) = payload["admission_id"].as_str() else {
-            continue;
-        };
-        let t = out.entry(admission_id.to_string()).or_default();
-        match kind.as_str() {
-            "admission.updated" => {
-                t.admitted.get_or_insert(at);
+/// Each sample's [`LedgerTimes`] from the ledger at `db`; without them (a note says why) when
+/// the ledger cannot be read.
+fn add_ledger_times(db: &Path, session_id: &str, samples: &mut [Sample]) {
+    match ledger_times(db, session_id) {
+        Ok(times) => {
+            for s in samples {
+                s.ledger = times.get(&s.admission_id).copied().unwrap_or_default();
             }
-            "turn.started" => {
-                t.started.get_or_insert(at);
-            }
-            "turn.settled" => {
-                t.settled.get_or_insert(at);
-            }
-            _ => {}
         }
+        Err(e) => eprintln!("note: no daemon-side times ({e:#})"),
     }
-    Ok(out)
 }
 
 fn ms(from: Instant, to: Instant) -> f64 {
@@ -569,14 +522,7 @@ async fn scenario(
     let (rss_after_mb, _) = memory_mb(daemon.pid())?;
 
     // The daemon's side of each turn, from the times its ledger stored.
-    match ledger_times(&home.db(), &session_id) {
-        Ok(times) => {
-            for s in &mut samples {
-                s.ledger = times.get(&s.admission_id).copied().unwrap_or_default();
-            }
-        }
-        Err(e) => eprintln!("note: no daemon-side times ({e:#})"),
-    }
+    add_ledger_times(&home.db(), &session_id, &mut samples);
 
     let totals: Vec<f64> = samples.iter().map(|s| ms(s.submit, s.settled)).collect();
     let total = Stats::of(&totals).ok_or_else(|| anyhow!("no turns measured"))?;
@@ -1159,14 +1105,7 @@ async fn long_session(
     tokio::time::sleep(Duration::from_millis(500)).await;
     let quiet = status_mb(daemon.pid(), ["VmRSS:", "RssAnon:", "RssFile:"])?;
 
-    match ledger_times(&home.db(), &session_id) {
-        Ok(times) => {
-            for s in &mut samples {
-                s.ledger = times.get(&s.admission_id).copied().unwrap_or_default();
-            }
-        }
-        Err(e) => eprintln!("note: no daemon-side times ({e:#})"),
-    }
+    add_ledger_times(&home.db(), &session_id, &mut samples);
     let (compactions, messages) = long_counts(&home.db(), &session_id)?;
 
     let totals: Vec<f64> = samples.iter().map(|s| ms(s.submit, s.settled)).collect();

@@ -41,14 +41,14 @@
 //! seconds. Performance is printed, never asserted: the run fails only when a turn does not
 //! complete, a client process fails, or a bounded wait times out.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{ExitCode, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
+use drover_test_support::bench::{ledger_times, sqlite_floor, unix_now, LedgerTimes};
 use drover_test_support::harness::{daemon_info, pid_alive, Client, Daemon, TestHome, WAIT};
 use drover_test_support::mock_model::last_message;
 use drover_test_support::{env_count, Gate, MockModel, Reply};
@@ -119,15 +119,6 @@ fn main() -> ExitCode {
 }
 
 // ------------------------------------------------------------------------------- shared bits
-
-/// Seconds since the Unix epoch: the clock of the ledger's `created_at`, shared by every
-/// process on the host.
-fn unix_now() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
-}
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
@@ -610,41 +601,6 @@ async fn run() -> Result<()> {
     Ok(())
 }
 
-/// `created_at` of each admission's `admission.updated` (first), `turn.started` and
-/// `turn.settled`, read-only from the ledger.
-fn ledger_times(db: &Path, sid: &str) -> Result<HashMap<String, [Option<f64>; 3]>> {
-    let conn =
-        rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-            .with_context(|| format!("opening {} read-only", db.display()))?;
-    conn.busy_timeout(WAIT)?;
-    let mut stmt = conn.prepare(
-        "SELECT type, payload_json, created_at FROM session_events WHERE session_id = ?1 ORDER BY seq",
-    )?;
-    let rows = stmt.query_map([sid], |r| {
-        Ok((
-            r.get::<_, String>(0)?,
-            r.get::<_, String>(1)?,
-            r.get::<_, f64>(2)?,
-        ))
-    })?;
-    let mut out: HashMap<String, [Option<f64>; 3]> = HashMap::new();
-    for row in rows {
-        let (kind, payload, at) = row?;
-        let payload: Value = serde_json::from_str(&payload).unwrap_or(Value::Null);
-        let Some(aid) = payload["admission_id"].as_str() else {
-            continue;
-        };
-        let slot = match kind.as_str() {
-            "admission.updated" => 0,
-            "turn.started" => 1,
-            "turn.settled" => 2,
-            _ => continue,
-        };
-        out.entry(aid.to_string()).or_default()[slot].get_or_insert(at);
-    }
-    Ok(out)
-}
-
 /// Section `warm`.
 async fn warm(s: &Settings, model: &Model) -> Result<(String, Value)> {
     let (home, mut daemon) = model.home_and_daemon().await?;
@@ -687,7 +643,11 @@ async fn warm(s: &Settings, model: &Model) -> Result<(String, Value)> {
         totals.push(settled_ms);
         let seen_settled = submit + settled_ms / 1000.0;
         let aid = t["admission_id"].as_str().unwrap_or_default();
-        let [admitted, started, settled] = ledger.get(aid).copied().unwrap_or_default();
+        let LedgerTimes {
+            admitted,
+            started,
+            settled,
+        } = ledger.get(aid).copied().unwrap_or_default();
         let request = arrivals
             .iter()
             .copied()
@@ -747,31 +707,30 @@ async fn warm(s: &Settings, model: &Model) -> Result<(String, Value)> {
     Ok((text, value))
 }
 
-/// `n` single-row INSERT transactions (WAL, `synchronous=FULL`) into a fresh `raw.db` in `dir`;
-/// per second.
-fn floor(dir: &Path, n: usize) -> Result<f64> {
-    std::fs::create_dir_all(dir)?;
-    let path = dir.join("raw.db");
-    for suffix in ["", "-wal", "-shm"] {
-        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+/// Starts a round in every client process at once; returns each one's report line.
+async fn run_round(procs: &mut [ClientProc]) -> Result<Vec<Value>> {
+    for p in procs.iter_mut() {
+        p.go().await?;
     }
-    let conn = rusqlite::Connection::open(&path)?;
-    conn.pragma_update(None, "journal_mode", "WAL")?;
-    conn.pragma_update(None, "synchronous", "FULL")?;
-    conn.execute_batch(
-        "CREATE TABLE t (id INTEGER PRIMARY KEY AUTOINCREMENT, k TEXT UNIQUE, payload TEXT)",
-    )?;
-    let start = Instant::now();
-    for i in 0..n {
-        conn.execute(
-            "INSERT INTO t (k, payload) VALUES (?1, ?2)",
-            rusqlite::params![
-                format!("input-{i}"),
-                format!("{{\"text\":\"prompt number {i}\"}}")
-            ],
-        )?;
+    let mut lines = Vec::with_capacity(procs.len());
+    for p in procs {
+        lines.push(p.line(RUN_LIMIT).await?);
     }
-    Ok(n as f64 / start.elapsed().as_secs_f64())
+    Ok(lines)
+}
+
+/// Seconds from the first client's `start` to the last client's `end` (Unix seconds) of a
+/// round's report lines.
+fn wall_s(lines: &[Value]) -> f64 {
+    let start = lines
+        .iter()
+        .filter_map(|l| l["start"].as_f64())
+        .fold(f64::MAX, f64::min);
+    let end = lines
+        .iter()
+        .filter_map(|l| l["end"].as_f64())
+        .fold(0.0, f64::max);
+    end - start
 }
 
 /// Section `acks`.
@@ -801,27 +760,13 @@ async fn acks(s: &Settings, model: &Model) -> Result<(String, Value)> {
     }
     let total = s.clients * s.submits;
     let floor_dir = home.path().join("floor");
-    let mut floors = vec![floor(&floor_dir, total)?];
+    let mut floors = vec![sqlite_floor(&floor_dir, total)?];
     let (mut rates, mut acks, mut client_cpu, mut owner_cpu) = (vec![], vec![], 0.0, 0.0);
     for _ in 0..s.rounds {
         let cpu0 = cpu_s(&pid.to_string(), true)?;
-        for p in &mut procs {
-            p.go().await?;
-        }
-        let mut lines = Vec::with_capacity(procs.len());
-        for p in &mut procs {
-            lines.push(p.line(RUN_LIMIT).await?);
-        }
+        let lines = run_round(&mut procs).await?;
         owner_cpu += cpu_s(&pid.to_string(), true)? - cpu0;
-        let start = lines
-            .iter()
-            .filter_map(|l| l["start"].as_f64())
-            .fold(f64::MAX, f64::min);
-        let end = lines
-            .iter()
-            .filter_map(|l| l["end"].as_f64())
-            .fold(0.0, f64::max);
-        rates.push(total as f64 / (end - start));
+        rates.push(total as f64 / wall_s(&lines));
         for l in &lines {
             acks.extend(
                 l["ack_ms"]
@@ -832,7 +777,7 @@ async fn acks(s: &Settings, model: &Model) -> Result<(String, Value)> {
             );
             client_cpu += l["cpu_s"].as_f64().unwrap_or(0.0);
         }
-        floors.push(floor(&floor_dir, total)?);
+        floors.push(sqlite_floor(&floor_dir, total)?);
     }
     for p in procs {
         p.finish().await?;
@@ -916,13 +861,7 @@ async fn scale(s: &Settings, model: &Model) -> Result<(String, Value)> {
             (rss, threads, busy)
         })
     };
-    for p in &mut procs {
-        p.go().await?;
-    }
-    let mut lines = Vec::with_capacity(procs.len());
-    for p in &mut procs {
-        lines.push(p.line(RUN_LIMIT).await?);
-    }
+    let lines = run_round(&mut procs).await?;
     stop.notify_one();
     let (rss_peak, threads_peak, workers_peak) = sampler.await?;
     for p in procs {
@@ -934,15 +873,8 @@ async fn scale(s: &Settings, model: &Model) -> Result<(String, Value)> {
     daemon.stop().await?;
 
     let turns = s.sessions * s.prompts;
-    let start = lines
-        .iter()
-        .filter_map(|l| l["start"].as_f64())
-        .fold(f64::MAX, f64::min);
-    let end = lines
-        .iter()
-        .filter_map(|l| l["end"].as_f64())
-        .fold(0.0, f64::max);
-    let per_s = turns as f64 / (end - start);
+    let wall = wall_s(&lines);
+    let per_s = turns as f64 / wall;
     let cpu_ms = cpu * 1000.0 / turns as f64;
     let client_cpu: f64 = lines.iter().filter_map(|l| l["cpu_s"].as_f64()).sum();
     let lat = sorted(
@@ -958,7 +890,7 @@ async fn scale(s: &Settings, model: &Model) -> Result<(String, Value)> {
     );
     text += &format!(
         "  {per_s:.1} turns/s over {:.2} s (target >= {TARGET_TURNS_PER_S}: ratio {:.2}); submit -> settled p50 {:.1} ms p99 {:.1} ms\n",
-        end - start,
+        wall,
         per_s / TARGET_TURNS_PER_S,
         pct(&lat, 50.0),
         pct(&lat, 99.0)

@@ -17,7 +17,7 @@ use drover_protocol::ClientRequest;
 use drover_test_support::harness::{
     daemon_info, model_home, run_drover, signal, KillDaemonOnDrop, TestHome,
 };
-use drover_test_support::{Gate, Reply};
+use drover_test_support::{Gate, MockModel, Reply};
 
 fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_drover"))
@@ -81,6 +81,25 @@ async fn until_settled(
     }
 }
 
+/// Scripts `answer` on the model, submits `text` to the stream's session and reads `stream`
+/// until that turn settles, which must be `completed`; the stored events read go to `stored`.
+/// Returns the turn's admission id.
+async fn completed_turn(
+    model: &MockModel,
+    client: &Client,
+    stream: &mut drover_client::SessionStream,
+    text: &str,
+    answer: &str,
+    stored: &mut Vec<SessionEvent>,
+) -> String {
+    model.push(Reply::text(answer));
+    let id = stream.session_id().to_string();
+    let receipt = client.submit(&id, text).await.unwrap();
+    let (end, _) = until_settled(stream, &receipt.admission_id, stored).await;
+    assert_eq!(end, TurnEnd::Completed, "the turn of {text:?}");
+    receipt.admission_id
+}
+
 #[tokio::test]
 async fn a_session_stream_yields_every_stored_event_once_in_order_across_an_owner_restart() {
     let (model, home) = model_home(true).await.unwrap();
@@ -92,10 +111,7 @@ async fn a_session_stream_yields_every_stored_event_once_in_order_across_an_owne
     let mut stream = client.attach(&id).await.unwrap();
     let mut stored = Vec::new();
 
-    model.push(Reply::text("one"));
-    let a = client.submit(&id, "first").await.unwrap();
-    let (end, _) = until_settled(&mut stream, &a.admission_id, &mut stored).await;
-    assert_eq!(end, TurnEnd::Completed);
+    completed_turn(&model, &client, &mut stream, "first", "one", &mut stored).await;
 
     // The second turn holds at the model; the owner dies under it.
     let gate = Gate::new();
@@ -115,10 +131,7 @@ async fn a_session_stream_yields_every_stored_event_once_in_order_across_an_owne
 
     // The same handle goes on against the new daemon: resolve, then one more turn.
     client.resolve_unknown(&id, &b.admission_id).await.unwrap();
-    model.push(Reply::text("three"));
-    let c = client.submit(&id, "third").await.unwrap();
-    let (end, _) = until_settled(&mut stream, &c.admission_id, &mut stored).await;
-    assert_eq!(end, TurnEnd::Completed);
+    completed_turn(&model, &client, &mut stream, "third", "three", &mut stored).await;
 
     let seqs: Vec<u64> = stored.iter().map(|e| e.seq.unwrap()).collect();
     let expected: Vec<u64> = (seqs[0]..seqs[0] + seqs.len() as u64).collect();
@@ -273,10 +286,8 @@ async fn compact_answers_once_its_turn_settled_with_status_and_covered() {
     let mut stream = client.attach(&id).await.unwrap();
     let mut stored = Vec::new();
     for text in ["one", "two", "three"] {
-        model.push(Reply::text(format!("answer {text}")));
-        let a = client.submit(&id, text).await.unwrap();
-        let (end, _) = until_settled(&mut stream, &a.admission_id, &mut stored).await;
-        assert_eq!(end, TurnEnd::Completed);
+        let answer = format!("answer {text}");
+        completed_turn(&model, &client, &mut stream, text, &answer, &mut stored).await;
     }
     let gate = Gate::new();
     model.push(
@@ -345,10 +356,15 @@ async fn compact_answers_once_its_turn_settled_with_status_and_covered() {
     assert_eq!(again.covered, 2);
 
     // A compaction whose summary request fails answers an error naming its admission.
-    model.push(Reply::text("answer four"));
-    let a = client.submit(&id, "four").await.unwrap();
-    let (end, _) = until_settled(&mut stream, &a.admission_id, &mut stored).await;
-    assert_eq!(end, TurnEnd::Completed);
+    completed_turn(
+        &model,
+        &client,
+        &mut stream,
+        "four",
+        "answer four",
+        &mut stored,
+    )
+    .await;
     model.push(Reply::error(400, "the summary was refused"));
     let refused = client.compact(&id).await.unwrap_err();
     let ClientError::Rpc { error, .. } = &refused else {
@@ -374,20 +390,25 @@ async fn create_and_attach_streams_the_new_session_from_its_snapshot() {
     let id = stream.session_id().to_string();
     let first_seq = stream.last_seq();
     assert_eq!(stream.snapshot().session_id, id);
-    model.push(Reply::text("first answer"));
-    let a = client.submit(&id, "one").await.unwrap();
     let mut stored = Vec::new();
-    let (end, _) = until_settled(&mut stream, &a.admission_id, &mut stored).await;
-    assert_eq!(end, TurnEnd::Completed);
+    let a = completed_turn(
+        &model,
+        &client,
+        &mut stream,
+        "one",
+        "first answer",
+        &mut stored,
+    )
+    .await;
     let seqs: Vec<u64> = stored.iter().filter_map(|e| e.seq).collect();
     let expected: Vec<u64> = (first_seq + 1..=first_seq + seqs.len() as u64).collect();
     assert_eq!(
         seqs, expected,
         "every stored event once, in order, after the snapshot"
     );
-    assert!(stored.iter().any(
-        |e| matches!(&e.event, EventPayload::TurnStarted(t) if t.admission_id == a.admission_id)
-    ));
+    assert!(stored
+        .iter()
+        .any(|e| matches!(&e.event, EventPayload::TurnStarted(t) if t.admission_id == a)));
 
     let other = Client::connect(options(home.path())).await.unwrap();
     let mut again = other.create_and_attach(params).await.unwrap();
@@ -401,11 +422,16 @@ async fn create_and_attach_streams_the_new_session_from_its_snapshot() {
         "its snapshot holds the first turn"
     );
     let snapshot_seq = again.last_seq();
-    model.push(Reply::text("second answer"));
-    let b = other.submit(&id, "two").await.unwrap();
     let mut more = Vec::new();
-    let (end, _) = until_settled(&mut again, &b.admission_id, &mut more).await;
-    assert_eq!(end, TurnEnd::Completed);
+    completed_turn(
+        &model,
+        &other,
+        &mut again,
+        "two",
+        "second answer",
+        &mut more,
+    )
+    .await;
     let seqs: Vec<u64> = more.iter().filter_map(|e| e.seq).collect();
     assert_eq!(seqs.first().copied(), Some(snapshot_seq + 1));
     assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "{seqs:?}");

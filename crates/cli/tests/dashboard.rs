@@ -11,7 +11,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
@@ -122,9 +122,19 @@ impl Browser {
         }
     }
 
+    /// One more poll of a wait that began at `started`: past [`BOUND`], panics with what
+    /// `failed` says and what the page says; before it, sleeps a moment.
+    async fn poll(&self, started: Instant, failed: impl FnOnce() -> String) {
+        if started.elapsed() > BOUND {
+            let body = self.text("body").await.unwrap_or_default();
+            panic!("{}; the page says:\n{body}", failed());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
     /// Waits until an element matching `css` has text that `pred` accepts; returns that text.
     async fn wait_text(&self, css: &str, pred: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + BOUND;
+        let started = Instant::now();
         loop {
             let text = self.text(css).await;
             if let Some(t) = &text {
@@ -132,38 +142,31 @@ impl Browser {
                     return t.clone();
                 }
             }
-            if Instant::now() > deadline {
-                let body = self.text("body").await.unwrap_or_default();
-                panic!("{css}: {text:?} never matched within {BOUND:?}; the page says:\n{body}");
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            self.poll(started, || {
+                format!("{css}: {text:?} never matched within {BOUND:?}")
+            })
+            .await;
         }
     }
 
     /// Waits until `css` matches an element.
     async fn wait_for(&self, css: &str) -> fantoccini::elements::Element {
-        let deadline = Instant::now() + BOUND;
+        let started = Instant::now();
         loop {
             if let Ok(el) = self.client.find(Locator::Css(css)).await {
                 return el;
             }
-            if Instant::now() > deadline {
-                let body = self.text("body").await.unwrap_or_default();
-                panic!("{css} never appeared within {BOUND:?}; the page says:\n{body}");
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            self.poll(started, || format!("{css} never appeared within {BOUND:?}"))
+                .await;
         }
     }
 
     /// Waits until `css` matches nothing.
     async fn wait_gone(&self, css: &str) {
-        let deadline = Instant::now() + BOUND;
+        let started = Instant::now();
         while self.client.find(Locator::Css(css)).await.is_ok() {
-            if Instant::now() > deadline {
-                let body = self.text("body").await.unwrap_or_default();
-                panic!("{css} still there after {BOUND:?}; the page says:\n{body}");
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            self.poll(started, || format!("{css} still there after {BOUND:?}"))
+                .await;
         }
     }
 
@@ -182,6 +185,12 @@ impl Browser {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// Types `text` into the session page's input and presses Send.
+    async fn send(&self, text: &str) {
+        self.wait_for("#input").await.send_keys(text).await.unwrap();
+        self.click("#send").await;
     }
 
     async fn js(&self, script: &str) -> Value {
@@ -277,6 +286,23 @@ async fn job(home: &Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
+/// `drover job register` of `prompt` with a heartbeat of `heartbeat` seconds; returns its id.
+async fn register(home: &Path, prompt: &str, heartbeat: u64) -> String {
+    let heartbeat = heartbeat.to_string();
+    job(
+        home,
+        &["register", "--prompt", prompt, "--heartbeat", &heartbeat],
+    )
+    .await
+}
+
+/// `drover job publish` of `event` (with its `--detail`, if any) for `job_id`.
+async fn publish(home: &Path, job_id: &str, event: &str, detail: Option<&str>) {
+    let mut args = vec!["publish", "--job", job_id, "--event", event];
+    args.extend(detail.map(|d| ["--detail", d]).into_iter().flatten());
+    job(home, &args).await;
+}
+
 #[tokio::test]
 async fn a_browser_logs_in_once_and_watches_and_steers_sessions_and_jobs() {
     let model = MockModel::start().await;
@@ -346,13 +372,7 @@ async fn a_browser_logs_in_once_and_watches_and_steers_sessions_and_jobs() {
     model.push(
         Reply::text("Scanning target/debug/incremental for stale artefacts").stall_after_text(),
     );
-    browser
-        .wait_for("#input")
-        .await
-        .send_keys("List what can go")
-        .await
-        .unwrap();
-    browser.click("#send").await;
+    browser.send("List what can go").await;
     browser
         .wait_text("#live-text", |t| {
             t.contains("Scanning target/debug/incremental")
@@ -368,13 +388,7 @@ async fn a_browser_logs_in_once_and_watches_and_steers_sessions_and_jobs() {
     model.push(Reply::text(
         "## Plan\n\n1. Keep `target/release`\n2. Delete the **incremental** caches\n\nShall I go ahead?",
     ));
-    browser
-        .wait_for("#input")
-        .await
-        .send_keys("Make a plan")
-        .await
-        .unwrap();
-    browser.click("#send").await;
+    browser.send("Make a plan").await;
     browser
         .wait_text("#transcript .msg.assistant:last-child strong", |t| {
             t == "incremental"
@@ -388,13 +402,7 @@ async fn a_browser_logs_in_once_and_watches_and_steers_sessions_and_jobs() {
 
     // An `rm -rf` waits for approval; the button answers it and the turn finishes.
     let victim = script_rm_victim(&model, scratch.path(), "Deleted the **victim** directory.");
-    browser
-        .wait_for("#input")
-        .await
-        .send_keys("Delete the victim directory")
-        .await
-        .unwrap();
-    browser.click("#send").await;
+    browser.send("Delete the victim directory").await;
     let card = browser
         .wait_text(".prompt[data-kind=approval]", |t| t.contains("rm -rf"))
         .await;
@@ -458,13 +466,7 @@ async fn a_browser_logs_in_once_and_watches_and_steers_sessions_and_jobs() {
     // off, and Resolve unknown lets the queue go on.
     let gate = Gate::new();
     model.push(Reply::text("never delivered").gated(&gate));
-    browser
-        .wait_for("#input")
-        .await
-        .send_keys("Check the disk")
-        .await
-        .unwrap();
-    browser.click("#send").await;
+    browser.send("Check the disk").await;
     assert!(
         gate.wait_reached(BOUND).await,
         "the turn never asked the model"
@@ -474,13 +476,7 @@ async fn a_browser_logs_in_once_and_watches_and_steers_sessions_and_jobs() {
     browser
         .wait_for("#session [data-state=paused_unknown]")
         .await;
-    browser
-        .wait_for("#input")
-        .await
-        .send_keys("Queued behind it")
-        .await
-        .unwrap();
-    browser.click("#send").await;
+    browser.send("Queued behind it").await;
     browser
         .click("#pending li[data-status=queued] button")
         .await;
@@ -491,71 +487,19 @@ async fn a_browser_logs_in_once_and_watches_and_steers_sessions_and_jobs() {
     gate.open();
 
     // Jobs: a job's status changes on the page as its agent publishes.
-    let jid = job(
-        home.path(),
-        &[
-            "register",
-            "--prompt",
-            "Refactor the config parser",
-            "--heartbeat",
-            "10",
-        ],
-    )
-    .await;
-    let other = job(
-        home.path(),
-        &[
-            "register",
-            "--prompt",
-            "Review the parser refactor",
-            "--heartbeat",
-            "30",
-        ],
-    )
-    .await;
+    let jid = register(home.path(), "Refactor the config parser", 10).await;
+    let other = register(home.path(), "Review the parser refactor", 30).await;
     browser.goto(&format!("{origin}/ui/#/jobs")).await;
     let job_row = format!("tr[data-job=\"{jid}\"] .job-status");
     browser.wait_text(&job_row, |t| t.contains("pending")).await;
-    job(
-        home.path(),
-        &["publish", "--job", &jid, "--event", "started"],
-    )
-    .await;
+    publish(home.path(), &jid, "started", None).await;
     browser.wait_text(&job_row, |t| t.contains("running")).await;
-    job(
-        home.path(),
-        &[
-            "publish",
-            "--job",
-            &jid,
-            "--event",
-            "progress",
-            "--detail",
-            "tests pass",
-        ],
-    )
-    .await;
-    job(
-        home.path(),
-        &[
-            "publish",
-            "--job",
-            &jid,
-            "--event",
-            "completed",
-            "--detail",
-            "parser refactored",
-        ],
-    )
-    .await;
+    publish(home.path(), &jid, "progress", Some("tests pass")).await;
+    publish(home.path(), &jid, "completed", Some("parser refactored")).await;
     browser
         .wait_text(&job_row, |t| t.contains("completed"))
         .await;
-    job(
-        home.path(),
-        &["publish", "--job", &other, "--event", "started"],
-    )
-    .await;
+    publish(home.path(), &other, "started", None).await;
     browser
         .wait_text(&format!("tr[data-job=\"{other}\"] .job-status"), |t| {
             t.contains("running")
@@ -691,16 +635,23 @@ fn serve_foreign_page(listener: TcpListener) {
     });
 }
 
-/// The status code the daemon answers a WebSocket upgrade with these extra header lines.
-fn upgrade_status(addr: SocketAddr, extra: &str) -> u16 {
+/// A connection to `addr` that has sent `request`; its reads give up after 10 s.
+fn sent(addr: impl ToSocketAddrs, request: &str) -> TcpStream {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(
-        s,
-        "GET /v1/ws HTTP/1.1\r\nHost: {addr}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
-         Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n{extra}\r\n"
-    )
-    .unwrap();
+    s.write_all(request.as_bytes()).unwrap();
+    s
+}
+
+/// The status code the daemon answers a WebSocket upgrade with these extra header lines.
+fn upgrade_status(addr: SocketAddr, extra: &str) -> u16 {
+    let mut s = sent(
+        addr,
+        &format!(
+            "GET /v1/ws HTTP/1.1\r\nHost: {addr}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+             Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n{extra}\r\n"
+        ),
+    );
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") && s.read(&mut byte).unwrap_or(0) == 1 {
@@ -812,13 +763,10 @@ async fn drover_ui_on_a_fresh_home_starts_the_daemon_and_prints_a_working_link()
     );
     let login = |link: &str| {
         let path = link.trim_start_matches(&format!("http://127.0.0.1:{port}"));
-        let mut s = TcpStream::connect(format!("127.0.0.1:{port}")).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        write!(
-            s,
-            "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
-        )
-        .unwrap();
+        let mut s = sent(
+            format!("127.0.0.1:{port}"),
+            &format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"),
+        );
         let mut answer = String::new();
         let _ = s.read_to_string(&mut answer);
         answer

@@ -478,7 +478,7 @@ impl ChatModel for ModelClient {
         };
         // Signed, so OpenTelemetry gets integers (tracing-opentelemetry sends a u64 as text).
         span.record("retries", i64::from(retries));
-        span.record("latency_ms", millis(started.elapsed()));
+        span.record("latency_ms", span_millis(started.elapsed()));
         match &result {
             Ok(completion) => {
                 span.record("outcome", "ok");
@@ -508,8 +508,9 @@ fn signed(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
-/// `elapsed` in whole milliseconds, as a span's integer.
-fn millis(elapsed: Duration) -> i64 {
+/// `elapsed` in whole milliseconds, as a span's integer field (issue 16, docs/telemetry.md):
+/// this crate's `model.request` span and the agent's `tool.call` span.
+pub fn span_millis(elapsed: Duration) -> i64 {
     i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX)
 }
 

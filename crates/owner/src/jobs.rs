@@ -9,6 +9,7 @@
 
 use std::path::Path;
 
+use drover_jobs::job::LastEvent;
 use drover_jobs::toolkit::{judge_stored, stored_clocks};
 use drover_jobs::{JobError, Registry, Verdict};
 use drover_ledger::SessionJob;
@@ -46,12 +47,7 @@ fn summary(
     let c = job.contract;
     Ok(wire::JobSummary {
         delivered: job.delivered_attempt >= job.attempt_id,
-        last_event: job.last_event.map(|e| wire::JobLastEvent {
-            event: e.event,
-            seq: e.seq,
-            ts: e.ts,
-            detail: e.detail,
-        }),
+        last_event: job.last_event.map(last_event),
         contract: wire::JobContract {
             heartbeat_sec: c.heartbeat_sec,
             heartbeat_misses: c.heartbeat_misses,
@@ -71,6 +67,16 @@ fn summary(
         created_at: job.created_at,
         updated_at: job.updated_at,
     })
+}
+
+/// A job's last event as `job.list` and `session.resume` carry it.
+fn last_event(e: LastEvent) -> wire::JobLastEvent {
+    wire::JobLastEvent {
+        event: e.event,
+        seq: e.seq,
+        ts: e.ts,
+        detail: e.detail,
+    }
 }
 
 /// `job.events`: the entries of `job_id` in the registry at `dir` after entry `after`,
@@ -123,12 +129,7 @@ fn entry(row: &SessionJob) -> wire::SessionJob {
             transport: job.transport,
             attempt_id: job.attempt_id,
             delivered: job.delivered_attempt >= job.attempt_id,
-            last_event: job.last_event.map(|e| wire::JobLastEvent {
-                event: e.event,
-                seq: e.seq,
-                ts: e.ts,
-                detail: e.detail,
-            }),
+            last_event: job.last_event.map(last_event),
         }),
         Err(e) => JobRegistryView::Unreadable {
             error: e.to_string(),

@@ -265,31 +265,11 @@ class Poller {
   }
 }
 
-class SessionsView {
-  constructor() {
-    this.table = h("tbody");
-    this.root = h(
-      "section",
-      { id: "sessions" },
-      h("h1", {}, "Sessions"),
-      h(
-        "table",
-        {},
-        h(
-          "thead",
-          {},
-          h(
-            "tr",
-            {},
-            ["Title", "Source", "Model", "State", "Queue", "Last activity", "Tokens"].map((t) =>
-              h("th", {}, t),
-            ),
-          ),
-        ),
-        this.table,
-      ),
-    );
-    this.poller = new Poller(() => this.refresh(), 2000);
+// A view that reads what it shows with `refresh`, every `ms` and once on each (re)connect; it
+// takes no pushed events.
+class PolledView {
+  constructor(ms) {
+    this.poller = new Poller(() => this.refresh(), ms);
   }
 
   connected() {
@@ -297,6 +277,28 @@ class SessionsView {
   }
 
   event() {}
+
+  dispose() {
+    this.poller.stop();
+  }
+}
+
+// A table with a header row of `headings`, then `body`.
+function table(headings, body) {
+  return h("table", {}, h("thead", {}, h("tr", {}, headings.map((t) => h("th", {}, t)))), body);
+}
+
+class SessionsView extends PolledView {
+  constructor() {
+    super(2000);
+    this.table = h("tbody");
+    this.root = h(
+      "section",
+      { id: "sessions" },
+      h("h1", {}, "Sessions"),
+      table(["Title", "Source", "Model", "State", "Queue", "Last activity", "Tokens"], this.table),
+    );
+  }
 
   async refresh() {
     const page = await rpc.call("session.list", { limit: 200 });
@@ -330,10 +332,6 @@ class SessionsView {
         ),
       );
     }
-  }
-
-  dispose() {
-    this.poller.stop();
   }
 }
 
@@ -658,10 +656,8 @@ class SessionView {
     if (s.jobs.length) {
       parts.push(
         h("h2", {}, "Jobs"),
-        h(
-          "table",
-          {},
-          h("thead", {}, h("tr", {}, ["Job", "Status", "Transport", "Attempt"].map((t) => h("th", {}, t)))),
+        table(
+          ["Job", "Status", "Transport", "Attempt"],
           h(
             "tbody",
             {},
@@ -829,37 +825,18 @@ function heartbeat(j) {
   return parts.join(" · ");
 }
 
-class JobsView {
+class JobsView extends PolledView {
   constructor() {
+    super(2000);
     this.table = h("tbody");
     this.root = h(
       "section",
       { id: "jobs" },
       h("h1", {}, "Jobs"),
       h("p", { class: "muted", id: "registry" }, ""),
-      h(
-        "table",
-        {},
-        h(
-          "thead",
-          {},
-          h(
-            "tr",
-            {},
-            ["Job", "Status", "Transport", "Attempt", "Last event", "Heartbeat (contract)"].map((t) => h("th", {}, t)),
-          ),
-        ),
-        this.table,
-      ),
+      table(["Job", "Status", "Transport", "Attempt", "Last event", "Heartbeat (contract)"], this.table),
     );
-    this.poller = new Poller(() => this.refresh(), 2000);
   }
-
-  connected() {
-    return this.poller.tick();
-  }
-
-  event() {}
 
   async refresh() {
     const list = await rpc.call("job.list");
@@ -894,14 +871,11 @@ class JobsView {
       );
     }
   }
-
-  dispose() {
-    this.poller.stop();
-  }
 }
 
-class JobView {
+class JobView extends PolledView {
   constructor(id) {
+    super(2000);
     this.id = id;
     this.summary = h("div");
     this.table = h("tbody");
@@ -912,21 +886,9 @@ class JobView {
       h("h1", {}, `Job ${id}`),
       this.summary,
       h("h2", {}, "Event log"),
-      h(
-        "table",
-        {},
-        h("thead", {}, h("tr", {}, ["#", "Seq", "Event", "Attempt", "When", "Detail"].map((t) => h("th", {}, t)))),
-        this.table,
-      ),
+      table(["#", "Seq", "Event", "Attempt", "When", "Detail"], this.table),
     );
-    this.poller = new Poller(() => this.refresh(), 2000);
   }
-
-  connected() {
-    return this.poller.tick();
-  }
-
-  event() {}
 
   async refresh() {
     const list = await rpc.call("job.list");
@@ -979,17 +941,11 @@ class JobView {
       );
     }
   }
-
-  dispose() {
-    this.poller.stop();
-  }
 }
 
 function processTable(processes) {
-  return h(
-    "table",
-    {},
-    h("thead", {}, h("tr", {}, ["Session", "Process", "Command", "Status", "Pid", "Started"].map((t) => h("th", {}, t)))),
+  return table(
+    ["Session", "Process", "Command", "Status", "Pid", "Started"],
     h(
       "tbody",
       {},
@@ -1009,18 +965,12 @@ function processTable(processes) {
   );
 }
 
-class ProcessesView {
+class ProcessesView extends PolledView {
   constructor() {
+    super(5000);
     this.body = h("div", {}, h("p", { class: "muted" }, "Loading…"));
     this.root = h("section", { id: "processes" }, h("h1", {}, "Background processes"), this.body);
-    this.poller = new Poller(() => this.refresh(), 5000);
   }
-
-  connected() {
-    return this.poller.tick();
-  }
-
-  event() {}
 
   async refresh() {
     // Each session's snapshot lists its processes; the view attaches only while it reads.
@@ -1033,24 +983,14 @@ class ProcessesView {
     }
     this.body.replaceChildren(all.length ? processTable(all) : h("div", { class: "empty" }, "No background processes."));
   }
-
-  dispose() {
-    this.poller.stop();
-  }
 }
 
-class McpView {
+class McpView extends PolledView {
   constructor() {
+    super(3000);
     this.body = h("div", {}, h("p", { class: "muted" }, "Loading…"));
     this.root = h("section", { id: "mcp" }, h("h1", {}, "MCP servers"), this.body);
-    this.poller = new Poller(() => this.refresh(), 3000);
   }
-
-  connected() {
-    return this.poller.tick();
-  }
-
-  event() {}
 
   async refresh() {
     const status = await rpc.call("mcp.status");
@@ -1059,10 +999,8 @@ class McpView {
       return;
     }
     this.body.replaceChildren(
-      h(
-        "table",
-        {},
-        h("thead", {}, h("tr", {}, ["Server", "State", "Tools", "Pid", "Last error"].map((t) => h("th", {}, t)))),
+      table(
+        ["Server", "State", "Tools", "Pid", "Last error"],
         h(
           "tbody",
           {},
@@ -1080,10 +1018,6 @@ class McpView {
         ),
       ),
     );
-  }
-
-  dispose() {
-    this.poller.stop();
   }
 }
 

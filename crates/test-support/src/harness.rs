@@ -287,43 +287,41 @@ impl Daemon {
     /// Pids of the daemon's direct children that serve or wait for a turn (its workers),
     /// without the spare worker waiting for a bootstrap (process name `drover-spare`).
     pub fn worker_pids(&self) -> Vec<u32> {
-        children_of(self.pid())
-            .into_iter()
-            .filter(|pid| !is_spare(*pid))
-            .collect()
+        self.children(false)
     }
 
     /// Pids of the daemon's spare workers (started ahead of a claim, waiting for a bootstrap).
     pub fn spare_pids(&self) -> Vec<u32> {
+        self.children(true)
+    }
+
+    /// The daemon's direct children that are spare workers (`spare`) or are not.
+    fn children(&self, spare: bool) -> Vec<u32> {
         children_of(self.pid())
             .into_iter()
-            .filter(|pid| is_spare(*pid))
+            .filter(|pid| is_spare(*pid) == spare)
             .collect()
     }
 
     /// Waits until the daemon has a spare worker and returns its pid.
     pub async fn wait_spare(&self) -> Result<u32> {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if let Some(pid) = self.spare_pids().first() {
-                return Ok(*pid);
-            }
-            if Instant::now() > deadline {
-                bail!("no spare worker appeared within {WAIT:?}");
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        self.wait_first(Self::spare_pids, "spare worker").await
     }
 
     /// Waits until the daemon has at least one worker and returns its pid.
     pub async fn wait_worker(&self) -> Result<u32> {
+        self.wait_first(Self::worker_pids, "worker").await
+    }
+
+    /// Waits until `pids` lists one (a `what`); returns the first.
+    async fn wait_first(&self, pids: fn(&Self) -> Vec<u32>, what: &str) -> Result<u32> {
         let deadline = Instant::now() + WAIT;
         loop {
-            if let Some(pid) = self.worker_pids().first() {
+            if let Some(pid) = pids(self).first() {
                 return Ok(*pid);
             }
             if Instant::now() > deadline {
-                bail!("no worker appeared within {WAIT:?}");
+                bail!("no {what} appeared within {WAIT:?}");
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }

@@ -16,17 +16,20 @@
 //!   [`wait::file`] a file a child writes holds what the test reads from it.
 //! - [`tmux`]: a real terminal, `drover` in a pane of a private tmux server ([`tmux::Pane`]:
 //!   its screen, keys, bounded waits on the screen, drover's pid and exit code).
-//! - [`env_count`]: a benchmark's size from its variable.
+//! - [`env_count`]: a benchmark's size from its variable; [`bench`]: what the benchmarks
+//!   measure beside drover (the disk's floor for a durable write, the ledger's times of each
+//!   admission).
 //! - [`outside_path`]: a fresh path outside every sandbox root, for the sandbox tests.
 //!
 //! Nothing here mocks a drover component: only the model is played.
 //!
-//! Layers: `mock_model`, `mcp_echo`, `wait` (leaves); `harness`; `tmux` on top.
+//! Layers: `mock_model`, `mcp_echo`, `wait` (leaves); `harness`; `tmux` and `bench` on top.
 
 // Test code only: a helper that cannot set up its fixture (a port, a temporary folder, a
 // missing mosquitto) panics with a message, which fails the calling test (issue 10).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod bench;
 pub mod harness;
 pub mod job_cli;
 pub mod mcp_echo;

@@ -73,6 +73,18 @@ impl OwnerEnd {
         self.writer.write_all(line.as_bytes()).await.expect("write");
         self.writer.flush().await.expect("flush");
     }
+
+    async fn receipt(&mut self, sequence: u64, result: Value) {
+        self.send(&OwnerFrame::Receipt { sequence, result }).await;
+    }
+
+    /// A receipt `{"applied": <sequence>}` for each of `frames`, in order.
+    async fn apply_all(&mut self, frames: &[PersistFrame]) {
+        for frame in frames {
+            self.receipt(frame.sequence, json!({ "applied": frame.sequence }))
+                .await;
+        }
+    }
 }
 
 fn connect(link: &OwnerLink) -> OwnerEnd {
@@ -110,6 +122,17 @@ fn frame_files(dir: &std::path::Path) -> Vec<String> {
         .unwrap_or_default();
     names.sort();
     names
+}
+
+/// Waits until the outbox holds a number of frame files that `enough` accepts.
+async fn wait_outbox(dir: &std::path::Path, enough: impl Fn(usize) -> bool, what: &str) {
+    tokio::time::timeout(WAIT, async {
+        while !enough(frame_files(dir).len()) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect(what);
 }
 
 fn spawn_persist(link: &OwnerLink, n: u64) -> JoinHandle<Result<Value, PersistError>> {
@@ -150,13 +173,7 @@ async fn outbox_replay_after_the_owners_end_of_the_pipe_closes_and_opens_again()
 
     // A persist made while nobody listens waits in the outbox.
     waiting.push(spawn_persist(&link, 4));
-    tokio::time::timeout(WAIT, async {
-        while frame_files(&dir).len() < 4 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .expect("the fourth frame is recorded");
+    wait_outbox(&dir, |n| n >= 4, "the fourth frame is recorded").await;
 
     // The owner's end opens again: every unacknowledged frame arrives again, in order, then
     // the new one.
@@ -169,14 +186,7 @@ async fn outbox_replay_after_the_owners_end_of_the_pipe_closes_and_opens_again()
     assert_eq!(second_sight[3].sequence, 4);
     assert_eq!(second_sight[3].payload, json!({"n": 4}));
 
-    for frame in &second_sight {
-        owner
-            .send(&OwnerFrame::Receipt {
-                sequence: frame.sequence,
-                result: json!({ "applied": frame.sequence }),
-            })
-            .await;
-    }
+    owner.apply_all(&second_sight).await;
     for (i, task) in waiting.into_iter().enumerate() {
         let result = tokio::time::timeout(WAIT, task)
             .await
@@ -262,12 +272,7 @@ async fn an_oversize_owner_line_fails_waiting_persists_and_cancels() {
     let task = spawn_persist(&link, 2);
     let frame = owner.persist().await;
     assert_eq!(frame.sequence, 2);
-    owner
-        .send(&OwnerFrame::Receipt {
-            sequence: 2,
-            result: json!({}),
-        })
-        .await;
+    owner.receipt(2, json!({})).await;
     assert!(tokio::time::timeout(WAIT, task)
         .await
         .expect("in time")
@@ -297,10 +302,10 @@ async fn a_prompt_waits_for_the_owners_receipt_and_a_stop_cancels_it() {
         json!({"kind": "approval", "body": {"command": "rm -rf /tmp/x"}})
     );
     owner
-        .send(&OwnerFrame::Receipt {
-            sequence: frame.sequence,
-            result: json!({"status": "resolved", "answer": "once"}),
-        })
+        .receipt(
+            frame.sequence,
+            json!({"status": "resolved", "answer": "once"}),
+        )
         .await;
     let answer = tokio::time::timeout(WAIT, asking)
         .await
@@ -359,12 +364,7 @@ async fn a_full_queue_drops_deltas_and_a_persist_waits_for_room() {
         "all {sent} deltas were queued although the owner did not read"
     );
     assert_eq!((frame.sequence, frame.payload), (1, json!({"n": 1})));
-    owner
-        .send(&OwnerFrame::Receipt {
-            sequence: 1,
-            result: json!({"ok": true}),
-        })
-        .await;
+    owner.receipt(1, json!({"ok": true})).await;
     let result = tokio::time::timeout(WAIT, persist)
         .await
         .expect("the persist is answered in time")
@@ -406,27 +406,14 @@ async fn held_frames_go_with_the_next_persist_in_one_batch_and_are_resent_as_tha
     assert!(batch);
     assert_eq!(second_sight, first_sight, "the same batch, sent again");
 
-    for frame in &second_sight {
-        owner
-            .send(&OwnerFrame::Receipt {
-                sequence: frame.sequence,
-                result: json!({ "applied": frame.sequence }),
-            })
-            .await;
-    }
+    owner.apply_all(&second_sight).await;
     let result = tokio::time::timeout(WAIT, task)
         .await
         .expect("receipt in time")
         .expect("task");
     assert_eq!(result.expect("receipt"), json!({"applied": 3}));
     assert!(link.unacknowledged().is_empty());
-    tokio::time::timeout(WAIT, async {
-        while !frame_files(&dir).is_empty() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .expect("answered frames leave the outbox");
+    wait_outbox(&dir, |n| n == 0, "answered frames leave the outbox").await;
 }
 
 /// A batch that would be over the 4 MiB line limit is cut, in order, into lines under it.
@@ -471,12 +458,7 @@ async fn a_batch_over_the_frame_limit_is_cut_into_lines_under_it() {
     }
     assert_eq!(lines, [vec![1, 2], vec![3]]);
     for sequence in sequences {
-        owner
-            .send(&OwnerFrame::Receipt {
-                sequence,
-                result: json!({}),
-            })
-            .await;
+        owner.receipt(sequence, json!({})).await;
     }
     tokio::time::timeout(WAIT, task)
         .await

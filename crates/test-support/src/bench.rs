@@ -1,0 +1,99 @@
+//! What the benchmarks (`crates/cli/benches`) measure beside drover itself: the disk's floor
+//! for a durable write, and the times a daemon's ledger stored for each admission.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
+use serde_json::Value;
+
+use crate::harness::WAIT;
+
+/// Seconds since the Unix epoch: the clock of the ledger's `created_at` (and every `*_at`
+/// column), shared by every process on the host.
+pub fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// `n` single-row INSERT transactions (WAL, `synchronous=FULL`) into a fresh `raw.db` in `dir`,
+/// per second: the floor of a durable acknowledgement on this disk.
+pub fn sqlite_floor(dir: &Path, n: usize) -> Result<f64> {
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join("raw.db");
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+    let conn = rusqlite::Connection::open(&path)?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    conn.execute_batch(
+        "CREATE TABLE t (id INTEGER PRIMARY KEY AUTOINCREMENT, k TEXT UNIQUE, payload TEXT)",
+    )?;
+    let start = Instant::now();
+    for i in 0..n {
+        conn.execute(
+            "INSERT INTO t (k, payload) VALUES (?1, ?2)",
+            rusqlite::params![
+                format!("input-{i}"),
+                format!("{{\"text\":\"prompt number {i}\"}}")
+            ],
+        )?;
+    }
+    Ok(n as f64 / start.elapsed().as_secs_f64())
+}
+
+/// `created_at` (Unix seconds, the daemon's clock) of an admission's stored events: each is
+/// taken inside the transaction that commits it, just before its fsync.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct LedgerTimes {
+    /// Its first `admission.updated`.
+    pub admitted: Option<f64>,
+    /// Its `turn.started`.
+    pub started: Option<f64>,
+    /// Its `turn.settled`.
+    pub settled: Option<f64>,
+}
+
+/// The [`LedgerTimes`] of every admission of `session_id`, by admission id, read from the
+/// ledger at `db` read-only (the daemon is the only writer; SQLite WAL allows this reader).
+pub fn ledger_times(db: &Path, session_id: &str) -> Result<HashMap<String, LedgerTimes>> {
+    let conn = rusqlite::Connection::open_with_flags(
+        db,
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .with_context(|| format!("opening {} read-only", db.display()))?;
+    conn.busy_timeout(WAIT)?;
+    let mut stmt = conn.prepare(
+        "SELECT type, payload_json, created_at FROM session_events WHERE session_id = ?1 ORDER BY seq",
+    )?;
+    let rows = stmt.query_map([session_id], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get::<_, String>(1)?,
+            r.get::<_, f64>(2)?,
+        ))
+    })?;
+    let mut out: HashMap<String, LedgerTimes> = HashMap::new();
+    for row in rows {
+        let (kind, payload, at) = row?;
+        let payload: Value = serde_json::from_str(&payload).unwrap_or(Value::Null);
+        let Some(admission_id) = payload["admission_id"].as_str() else {
+            continue;
+        };
+        let slot = {
+            let t = out.entry(admission_id.to_string()).or_default();
+            match kind.as_str() {
+                "admission.updated" => &mut t.admitted,
+                "turn.started" => &mut t.started,
+                "turn.settled" => &mut t.settled,
+                _ => continue,
+            }
+        };
+        slot.get_or_insert(at);
+    }
+    Ok(out)
+}
