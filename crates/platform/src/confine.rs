@@ -122,7 +122,11 @@ fn probe_namespaces() -> Result<(), String> {
     };
     let plan = Plan::new(&spec).map_err(|e| format!("user namespaces not probed: {e}"))?;
     let mut command = std::process::Command::new(program);
+    // The step enters the child's working directory again after hiding the temp dir; run from
+    // "/", so that a process working below the temp dir (a daemon started from a project in
+    // /tmp) does not see its probe fail and run every tool with the home in plain sight.
     command
+        .current_dir("/")
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null());

@@ -166,7 +166,14 @@ impl Daemon {
             ),
             None => Stdio::null(),
         };
-        let child = Command::new(bin)
+        let mut command = Command::new(bin);
+        // Started from the test's own directory below the temp dir, as a person starts one from
+        // a project: nothing the daemon does may depend on working elsewhere (its sandbox probe
+        // once failed below the temp dir).
+        if let Some(dir) = home.parent().filter(|d| d.is_dir()) {
+            command.current_dir(dir);
+        }
+        let child = command
             .envs(env.iter().copied())
             .arg("daemon")
             .args(args)
