@@ -67,12 +67,22 @@ def rss_mib(pid):
     return float("nan")
 
 
+def comm(pid):
+    try:
+        with open("/proc/%s/comm" % pid) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
 def children(pid):
+    """The processes `pid` started that serve a turn: drover's spare worker, waiting for the
+    next turn under the name `drover-spare`, is always there and is not one of them."""
     kids = []
     for task in os.listdir("/proc/%d/task" % pid):
         with open("/proc/%d/task/%s/children" % (pid, task)) as f:
             kids += f.read().split()
-    return kids
+    return [k for k in kids if comm(k) != "drover-spare"]
 
 
 def wait_until(cond, what, timeout=60.0):
