@@ -436,3 +436,51 @@ async fn create_and_attach_streams_the_new_session_from_its_snapshot() {
     assert_eq!(seqs.first().copied(), Some(snapshot_seq + 1));
     assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "{seqs:?}");
 }
+
+/// The `drover daemon` processes whose command line names `home`.
+fn daemons_of(home: &Path) -> Vec<u32> {
+    let home = home.display().to_string();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let args: Vec<String> = cmdline
+                .split(|b| *b == 0)
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            args.iter().any(|a| a == "daemon") && args.iter().any(|a| *a == home)
+        })
+        .collect()
+}
+
+/// Four `drover run` started at once on a home without a daemon: each client starts one
+/// without first asking who holds the home's lock, so all but one of those daemons find the
+/// home taken and exit 3; every run is answered by the one that won, and no other daemon is
+/// left behind.
+#[tokio::test]
+async fn clients_starting_the_daemon_at_once_share_the_one_that_won() {
+    let (model, home) = model_home(true).await.unwrap();
+    let _guard = KillDaemonOnDrop(home.path());
+    for _ in 0..4 {
+        model.push(Reply::text("shared answer"));
+    }
+    let runs = (0..4).map(|_| run_drover(bin(), home.path(), Some(home.work()), &["run", "hi"]));
+    for out in futures::future::join_all(runs).await {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "shared answer");
+    }
+    let info = daemon_info(home.path()).expect("daemon.json");
+    let pid = info["pid"].as_u64().unwrap() as u32;
+    assert!(
+        drover_test_support::wait::until(BOUND, async || daemons_of(home.path()) == vec![pid])
+            .await,
+        "daemons left: {:?}, daemon.json names {pid}",
+        daemons_of(home.path())
+    );
+}

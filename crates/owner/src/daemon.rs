@@ -165,6 +165,10 @@ fn refuse_unlocked(home: &Path, why: &dyn std::fmt::Display) {
 
 async fn serve(home: PathBuf, lifetime: Lifetime, ready: Option<std::fs::File>) -> Exit {
     let mut signals = StopSignals::install();
+    // The sandbox probe starts a process in a new user and mount namespace (several
+    // milliseconds): it runs beside the config, the ledger's opening and recovery, not before
+    // the daemon is ready.
+    let probe = tokio::task::spawn_blocking(crate::sandbox::probe);
     let config = match Config::load(&home) {
         Ok(c) => c,
         Err(e) => {
@@ -260,7 +264,7 @@ async fn serve(home: PathBuf, lifetime: Lifetime, ready: Option<std::fs::File>) 
     let api_key_sha256 = config
         .api_key()
         .map(|k| drover_protocol::daemon_file::api_key_sha256(k.expose()));
-    let sandbox_support = crate::sandbox::probe();
+    let sandbox_support = probe.await.unwrap_or_else(|e| crate::sandbox::unprobed(&e));
     crate::sandbox::log_support(&sandbox_support);
     let url = advertised_url(addr, tls.is_some());
     let owner = match Owner::new(

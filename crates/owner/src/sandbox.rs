@@ -23,6 +23,17 @@ pub fn probe() -> SandboxSupport {
     }
 }
 
+/// What the owner claims when the probe itself could not finish (it panicked): nothing, with
+/// the reason, so that `[sandbox] required = true` refuses tools rather than trusting layers no
+/// one checked.
+pub fn unprobed(why: &dyn std::fmt::Display) -> SandboxSupport {
+    SandboxSupport {
+        namespaces: false,
+        landlock_abi: None,
+        problems: vec![format!("the sandbox probe did not finish: {why}")],
+    }
+}
+
 /// One line at daemon start: INFO when both layers are available, else one WARN naming what
 /// is missing.
 pub fn log_support(support: &SandboxSupport) {
