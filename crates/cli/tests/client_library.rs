@@ -450,7 +450,7 @@ fn daemons_of(home: &Path) -> Vec<u32> {
                 .split(|b| *b == 0)
                 .map(|a| String::from_utf8_lossy(a).into_owned())
                 .collect();
-            args.iter().any(|a| a == "daemon") && args.iter().any(|a| *a == home)
+            args.iter().any(|a| a == "daemon") && args.contains(&home)
         })
         .collect()
 }
