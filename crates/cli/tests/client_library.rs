@@ -455,10 +455,9 @@ fn daemons_of(home: &Path) -> Vec<u32> {
         .collect()
 }
 
-/// Four `drover run` started at once on a home without a daemon: each client starts one
-/// without first asking who holds the home's lock, so all but one of those daemons find the
-/// home taken and exit 3; every run is answered by the one that won, and no other daemon is
-/// left behind.
+/// Four `drover run` started at once on a home without a daemon: the ones that start a daemon
+/// while another is starting see that one find the home taken and exit 3; every run is
+/// answered by the daemon that won, and no other daemon is left behind.
 #[tokio::test]
 async fn clients_starting_the_daemon_at_once_share_the_one_that_won() {
     let (model, home) = model_home(true).await.unwrap();

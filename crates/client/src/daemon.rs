@@ -470,11 +470,6 @@ pub(crate) async fn find_or_start(
 ) -> Result<(DaemonInfo, Ws), ClientError> {
     let mut spawned: Option<Spawned> = None;
     let mut last = String::from("no daemon.json yet");
-    // Who holds the home's lock is read from /proc/locks, whose first read in a process waits
-    // for an RCU grace period (8-12 ms). Before the first start it is not needed: a daemon
-    // started while another holds the home exits 3 at once, and then this loop waits for that
-    // one (looking at the lock from then on, so it never starts one daemon after another).
-    let mut lock_seen = matches!(start, StartDaemon::Never);
     loop {
         if let Some(info) = running_daemon(home) {
             match open(&info, tls_cert, ATTEMPT_TIMEOUT).await {
@@ -482,7 +477,7 @@ pub(crate) async fn find_or_start(
                 Err(ConnectFailure::Permanent(e)) => return Err(e),
                 Err(ConnectFailure::Transient(why)) => last = why,
             }
-        } else if spawned.is_none() && !(lock_seen && owner_pid(home).is_some()) {
+        } else if spawned.is_none() && owner_pid(home).is_none() {
             match start {
                 StartDaemon::Never => {
                     return Err(ClientError::NotRunning {
@@ -504,10 +499,7 @@ pub(crate) async fn find_or_start(
             match s.failure(home) {
                 Some(Ok(e)) => return Err(e),
                 // Another daemon won the race for this home: wait for its daemon.json.
-                Some(Err(())) => {
-                    spawned = None;
-                    lock_seen = true;
-                }
+                Some(Err(())) => spawned = None,
                 None => {}
             }
         }
