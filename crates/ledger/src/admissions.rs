@@ -2,6 +2,7 @@
 //! `input_id`), reads, receipts and the `admission.updated` event. The turn lifecycle that moves
 //! these rows (claim, settle, lose) is in `turns`, above.
 
+use crate::sql::Cached;
 use drover_protocol::client::AdmissionKind;
 use drover_protocol::event as ev;
 use rusqlite::{params, Connection, OptionalExtension, Row};
@@ -165,7 +166,7 @@ pub(crate) fn set_terminal(
     row: &mut AdmissionRow,
     outcome: Outcome,
 ) -> Result<(), LedgerError> {
-    tx.execute(
+    tx.execute_cached(
         "UPDATE session_admissions SET status = 'terminal', outcome = ?1
          WHERE admission_id = ?2 AND status = ?3",
         params![outcome.as_str(), row.admission_id, row.status.as_str()],
@@ -180,7 +181,7 @@ pub(crate) fn queue_head(
     conn: &Connection,
     session_id: &str,
 ) -> Result<Option<AdmissionRow>, LedgerError> {
-    conn.query_row(
+    conn.query_row_cached(
         &format!(
             "SELECT {ADMISSION_COLUMNS} FROM session_admissions
              WHERE target_session_id = ?1 AND status = 'queued' ORDER BY seq LIMIT 1"

@@ -1,6 +1,7 @@
 //! Approval grants (SPEC section 6): a session's `session` grants
 //! (`session_approval_grants`) and the home's `always` rules (`approval_rules`).
 
+use crate::sql::Cached;
 use rusqlite::{params, Connection};
 use serde_json::Value;
 
@@ -19,7 +20,7 @@ pub(crate) fn record_grant(
     };
     match answer.as_str() {
         Some("session") => {
-            tx.execute(
+            tx.execute_cached(
                 "INSERT OR IGNORE INTO session_approval_grants (session_id, pattern_key, created_at)
                  VALUES (?1, ?2, ?3)",
                 params![session_id, key, now()],
@@ -30,7 +31,7 @@ pub(crate) fn record_grant(
                 .get("description")
                 .and_then(Value::as_str)
                 .unwrap_or(key);
-            tx.execute(
+            tx.execute_cached(
                 "INSERT OR IGNORE INTO approval_rules (pattern_key, description, created_at)
                  VALUES (?1, ?2, ?3)",
                 params![key, description, now()],
@@ -85,7 +86,7 @@ impl Ledger {
 
     /// Removes a stored `always` rule; false when there was none.
     pub fn remove_approval_rule(&mut self, pattern_key: &str) -> Result<bool, LedgerError> {
-        let n = self.conn.execute(
+        let n = self.conn.execute_cached(
             "DELETE FROM approval_rules WHERE pattern_key = ?1",
             [pattern_key],
         )?;

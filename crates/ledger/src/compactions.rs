@@ -3,6 +3,7 @@
 //! starts at the session's latest compaction: its summary, then the messages after
 //! `last_message_id`. The transcript (`messages`) is never changed by a compaction.
 
+use crate::sql::Cached;
 use drover_protocol::event as ev;
 use drover_protocol::worker::{CompactionRecord, CompactionSummary};
 use rusqlite::{params, Connection, OptionalExtension};
@@ -66,7 +67,7 @@ pub(crate) fn write(
             ));
         }
     }
-    let admission_id: Option<String> = tx.query_row(
+    let admission_id: Option<String> = tx.query_row_cached(
         "SELECT admission_id FROM worker_executions WHERE execution_id = ?1",
         [execution_id],
         |r| r.get(0),
@@ -76,7 +77,7 @@ pub(crate) fn write(
         ("last_message_id", p.last_message_id),
     ] {
         let owner: Option<(String, Option<String>)> = tx
-            .query_row(
+            .query_row_cached(
                 "SELECT session_id, admission_id FROM messages WHERE id = ?1",
                 [id],
                 |r| Ok((r.get(0)?, r.get(1)?)),
@@ -100,7 +101,7 @@ pub(crate) fn write(
         }
     }
     // Lost turns' messages were never in the history the summary was made from.
-    let summarised: i64 = tx.query_row(
+    let summarised: i64 = tx.query_row_cached(
         "SELECT count(*) FROM messages m
          LEFT JOIN session_admissions a ON a.admission_id = m.admission_id
          WHERE m.session_id = ?1 AND m.id BETWEEN ?2 AND ?3 AND a.unknown_at IS NULL",
@@ -109,7 +110,7 @@ pub(crate) fn write(
     )?;
     let covered = previous.map_or(0, |c| c.covered) + summarised.max(0) as u64;
     let bound = |n: u64| n.min(drover_protocol::TOKEN_COUNT_MAX) as i64;
-    tx.execute(
+    tx.execute_cached(
         "INSERT INTO compactions (session_id, admission_id, execution_id, first_message_id,
             last_message_id, covered, summary, input_tokens, output_tokens, total_tokens,
             api_calls, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
@@ -178,7 +179,7 @@ pub(crate) fn set_context_window(
             "a context window of 0 tokens",
         ));
     }
-    tx.execute(
+    tx.execute_cached(
         "UPDATE sessions SET context_window = ?1 WHERE id = ?2",
         params![context_window.min(i64::MAX as u64) as i64, session_id],
     )?;
@@ -190,7 +191,7 @@ pub(crate) fn context_window_in(
     conn: &Connection,
     session_id: &str,
 ) -> Result<Option<u64>, LedgerError> {
-    let found: Option<i64> = conn.query_row(
+    let found: Option<i64> = conn.query_row_cached(
         "SELECT context_window FROM sessions WHERE id = ?1",
         [session_id],
         |r| r.get(0),

@@ -8,6 +8,7 @@
 //! report in the row it belongs to. The next write of the column stores the clamped sum, which
 //! repairs the row.
 
+use crate::sql::Cached;
 use drover_protocol::worker::UsageAdd;
 use drover_protocol::{add_token_counts, TOKEN_COUNT_MAX};
 use rusqlite::types::ValueRef;
@@ -82,7 +83,7 @@ pub(crate) fn add_usage(
         execution_id,
         ["input_tokens", "output_tokens", "total_tokens", "api_calls"],
     )?;
-    tx.execute(
+    tx.execute_cached(
         "UPDATE worker_executions SET input_tokens = ?1, output_tokens = ?2, total_tokens = ?3,
             api_calls = ?4 WHERE execution_id = ?5",
         params![
@@ -105,7 +106,7 @@ pub(crate) fn add_usage(
     {
         tracing::warn!(execution_id, session_id, "{problem}; this write repairs it");
     }
-    tx.execute(
+    tx.execute_cached(
         "UPDATE sessions SET input_tokens = ?1, output_tokens = ?2, api_call_count = ?3
          WHERE id = ?4",
         params![
@@ -125,7 +126,7 @@ pub(crate) fn read_counts<const N: usize>(
     key: &str,
     columns: [&str; N],
 ) -> Result<[StoredCount; N], LedgerError> {
-    let counts = match conn.query_row(sql, [key], |r| {
+    let counts = match conn.query_row_cached(sql, [key], |r| {
         let mut out = Vec::with_capacity(N);
         for (i, column) in columns.iter().enumerate() {
             out.push(count_at(r, i, column)?);

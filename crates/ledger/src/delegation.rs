@@ -13,6 +13,7 @@
 //! `cancelled` if still queued), open prompts cancelled, lease released; every child session of
 //! that parent is ended with `end_reason = "agent_close"`.
 
+use crate::sql::Cached;
 use drover_protocol::event as ev;
 use drover_protocol::worker::ChildReserve;
 use rusqlite::{params, Connection, OptionalExtension};
@@ -166,13 +167,13 @@ pub(crate) fn reserve(
             "goal must not be empty",
         ));
     }
-    let parent_depth: i64 = tx.query_row(
+    let parent_depth: i64 = tx.query_row_cached(
         "SELECT depth FROM worker_executions WHERE execution_id = ?1",
         [parent_execution_id],
         |r| r.get(0),
     )?;
     let child_depth = parent_depth.max(0) as u64 + 1;
-    let live: i64 = tx.query_row(
+    let live: i64 = tx.query_row_cached(
         "SELECT count(*) FROM worker_executions
          WHERE parent_execution_id = ?1 AND kind = 'child' AND status IN ('registered','running')",
         [parent_execution_id],
@@ -260,7 +261,7 @@ pub(crate) fn reserve(
         drover_protocol::client::AdmissionKind::Input,
     )?;
     let child_execution_id = new_id();
-    tx.execute(
+    tx.execute_cached(
         "INSERT INTO worker_executions (execution_id, session_id, admission_id, kind,
             parent_execution_id, depth, owner_epoch, generation, status, secret_digest,
             created_at, reserve_sequence, reserve_digest)
@@ -293,7 +294,7 @@ pub(crate) fn reserved_child(
     sequence: u64,
 ) -> Result<Option<ChildReserved>, LedgerError> {
     Ok(tx
-        .query_row(
+        .query_row_cached(
             "SELECT session_id, execution_id FROM worker_executions
              WHERE parent_execution_id = ?1 AND reserve_sequence = ?2 AND kind = 'child'",
             params![parent_execution_id, sequence as i64],
@@ -319,7 +320,7 @@ pub(crate) fn answer_parent(
 ) -> Result<Option<ParentAnswer>, LedgerError> {
     type Row = (String, Option<String>, Option<i64>, Option<String>, String);
     let row: Option<Row> = tx
-        .query_row(
+        .query_row_cached(
             "SELECT kind, parent_execution_id, reserve_sequence, reserve_digest, session_id
              FROM worker_executions WHERE execution_id = ?1",
             [execution_id],
@@ -340,7 +341,7 @@ pub(crate) fn answer_parent(
     if let Some(e) = error {
         result["error"] = Value::String(e.to_string());
     }
-    let inserted = tx.execute(
+    let inserted = tx.execute_cached(
         "INSERT OR IGNORE INTO worker_receipts (execution_id, sequence, operation, payload_digest, result_json)
          VALUES (?1, ?2, ?3, ?4, ?5)",
         params![
@@ -391,7 +392,8 @@ pub(crate) fn retire_one(
     events: &mut Vec<StoredEvent>,
     retired: &mut Vec<String>,
 ) -> Result<(), LedgerError> {
-    let (session_id, admission_id, status): (String, Option<String>, String) = tx.query_row(
+    let (session_id, admission_id, status): (String, Option<String>, String) = tx
+        .query_row_cached(
         "SELECT session_id, admission_id, status FROM worker_executions WHERE execution_id = ?1",
         [execution_id],
         |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
@@ -399,12 +401,12 @@ pub(crate) fn retire_one(
     let status = ExecutionStatus::parse(&status)
         .ok_or_else(|| LedgerError::Corrupt(format!("worker_executions.status {status:?}")))?;
     if status.is_live() {
-        tx.execute(
+        tx.execute_cached(
             "UPDATE worker_executions SET status = 'terminal' WHERE execution_id = ?1",
             [execution_id],
         )?;
         crate::prompts::cancel_open_prompts(tx, execution_id, events)?;
-        tx.execute(
+        tx.execute_cached(
             "DELETE FROM session_turn_leases WHERE execution_id = ?1",
             [execution_id],
         )?;
@@ -438,7 +440,7 @@ pub(crate) fn retire_one(
     for grandchild in retire_children(tx, execution_id, events)? {
         retired.push(grandchild);
     }
-    tx.execute(
+    tx.execute_cached(
         "UPDATE sessions SET ended_at = ?1, end_reason = ?2 WHERE id = ?3 AND ended_at IS NULL",
         params![now(), AGENT_CLOSE, session_id],
     )?;

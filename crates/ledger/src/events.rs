@@ -1,5 +1,6 @@
 //! `session_events`: the stored event stream of each session (SPEC section 2, "Replay").
 
+use crate::sql::Cached;
 use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::Value;
 
@@ -84,7 +85,7 @@ impl Ledger {
     ) -> Result<EventsPage, LedgerError> {
         let replay_epoch: Option<String> = self
             .conn
-            .query_row(
+            .query_row_cached(
                 "SELECT replay_epoch FROM sessions WHERE id = ?1",
                 [session_id],
                 |r| r.get(0),
@@ -125,7 +126,7 @@ impl Ledger {
 
     /// The highest stored `seq` of a session (0 when none).
     pub fn last_event_seq(&self, session_id: &str) -> Result<u64, LedgerError> {
-        let seq: i64 = self.conn.query_row(
+        let seq: i64 = self.conn.query_row_cached(
             "SELECT COALESCE(MAX(seq), 0) FROM session_events WHERE session_id = ?1",
             [session_id],
             |r| r.get(0),

@@ -7,6 +7,7 @@
 //! stored row again (a resent frame, a retried turn), and a job already recorded for another
 //! session is refused, so a job is in the ledger once.
 
+use crate::sql::Cached;
 use drover_protocol::worker::JobRegister;
 use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::{json, Value};
@@ -44,7 +45,7 @@ pub(crate) fn register(
         ));
     }
     let existing: Option<(String, f64)> = tx
-        .query_row(
+        .query_row_cached(
             "SELECT session_id, created_at FROM session_jobs
              WHERE registry_dir = ?1 AND job_id = ?2",
             params![p.registry_dir, p.job_id],
@@ -64,7 +65,7 @@ pub(crate) fn register(
         Some((_, created_at)) => (created_at, false),
         None => {
             let created_at = now();
-            tx.execute(
+            tx.execute_cached(
                 "INSERT INTO session_jobs (session_id, job_id, registry_dir, created_at)
                  VALUES (?1, ?2, ?3, ?4)",
                 params![session_id, p.job_id, p.registry_dir, created_at],

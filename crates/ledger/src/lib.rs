@@ -12,8 +12,8 @@
 //!
 //! What this crate does not do: sockets, processes, or deciding *when* to claim a turn.
 //!
-//! Layers (each uses only those before it): `state`, `schema`, `integrity` (pure rules and the
-//! file) → `events`, `counts` → rows: `sessions`, `admissions`, `approvals`, `prompts`,
+//! Layers (each uses only those before it): `sql` (statements through the cache), `state`,
+//! `schema`, `integrity` (pure rules and the file) → `events`, `counts` → rows: `sessions`, `admissions`, `approvals`, `prompts`,
 //! `messages`, `compactions`, `processes`, `jobs`, then `delegation` (child executions, over admissions and
 //! prompts) → `turns` (the turn lifecycle: admit, claim, cancel, interrupt, settle, lose,
 //! recover) → `persist` (a worker's persist frames).
@@ -40,6 +40,7 @@ mod processes;
 mod prompts;
 pub mod schema;
 mod sessions;
+mod sql;
 pub mod state;
 #[cfg(test)]
 mod testing;
@@ -276,6 +277,7 @@ impl Ledger {
         // A negative size is KiB (SQLite's default is 2000).
         conn.pragma_update(None, "cache_size", -PAGE_CACHE_KIB)?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        conn.set_prepared_statement_cache_capacity(sql::STATEMENT_CACHE);
         for suffix in ["-wal", "-shm"] {
             let mut p = path.as_os_str().to_owned();
             p.push(suffix);

@@ -1,6 +1,7 @@
 //! `messages` rows: the transcript a claim reads as history and a worker's
 //! `transcript.append` writes, with its `tool.start` and `tool.complete` events (SPEC section 4).
 
+use crate::sql::Cached;
 use std::collections::HashMap;
 
 use drover_protocol::event as ev;
@@ -106,7 +107,7 @@ pub(crate) fn append_messages(
     p: &TranscriptAppend,
     events: &mut Vec<StoredEvent>,
 ) -> Result<Vec<i64>, LedgerError> {
-    let admission_id: Option<String> = tx.query_row(
+    let admission_id: Option<String> = tx.query_row_cached(
         "SELECT admission_id FROM worker_executions WHERE execution_id = ?1",
         [execution_id],
         |r| r.get(0),
@@ -148,7 +149,7 @@ pub(crate) fn append_messages(
                     .map_err(|e| LedgerError::Corrupt(e.to_string()))?,
             )
         };
-        tx.execute(
+        tx.execute_cached(
             "INSERT INTO messages (session_id, role, content, tool_call_id, tool_calls, tool_name,
                 created_at, admission_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
             params![

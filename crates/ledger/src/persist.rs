@@ -2,6 +2,7 @@
 //! generation, secret and sequence checks, the stored receipt of a resent frame, and the
 //! dispatch of each operation to the row module or turn step that applies it.
 
+use crate::sql::Cached;
 use drover_protocol::event::McpStatus;
 use drover_protocol::mcp::McpServerStatus;
 use drover_protocol::worker::{
@@ -217,7 +218,7 @@ fn apply_in(
         });
     }
     let exec: Option<(String, i64, String, String, i64)> = tx
-        .query_row(
+        .query_row_cached(
             "SELECT session_id, generation, status, secret_digest, last_sequence
                  FROM worker_executions WHERE execution_id = ?1",
             [&frame.execution_id],
@@ -246,7 +247,7 @@ fn apply_in(
     let payload_digest =
         json_digest(&json!({"operation": frame.operation, "payload": frame.payload}));
     let done: Option<(String, String)> = tx
-        .query_row(
+        .query_row_cached(
             "SELECT payload_digest, result_json FROM worker_receipts
                  WHERE execution_id = ?1 AND sequence = ?2",
             params![frame.execution_id, frame.sequence as i64],
@@ -271,7 +272,7 @@ fn apply_in(
     if frame.sequence <= last_sequence as u64 {
         // Applied but not receipted: only a prompt still waiting for its answer.
         let prompt: Option<(String, String)> = tx
-                .query_row(
+                .query_row_cached(
                     "SELECT prompt_id, body_json FROM prompts WHERE execution_id = ?1 AND sequence = ?2",
                     params![frame.execution_id, frame.sequence as i64],
                     |r| Ok((r.get(0)?, r.get(1)?)),
@@ -310,7 +311,7 @@ fn apply_in(
             ),
         ));
     }
-    tx.execute(
+    tx.execute_cached(
         "UPDATE worker_executions SET last_sequence = ?1,
                 status = CASE status WHEN 'registered' THEN 'running' ELSE status END
              WHERE execution_id = ?2",
@@ -415,7 +416,7 @@ fn apply_in(
             ))
         }
     };
-    tx.execute(
+    tx.execute_cached(
             "INSERT INTO worker_receipts (execution_id, sequence, operation, payload_digest, result_json)
              VALUES (?1, ?2, ?3, ?4, ?5)",
             params![

@@ -6,6 +6,7 @@
 //! execution, never from the payload. Status moves follow [`process_can_move`] as a
 //! compare-and-set, so a final status (`exited`, `killed`, `lost`) is never overwritten.
 
+use crate::sql::Cached;
 use drover_protocol::worker::{BackgroundProcess, ProcessStatus, ProcessUpdate};
 use rusqlite::{params, Connection, OptionalExtension, Row};
 use serde_json::{json, Value};
@@ -69,7 +70,7 @@ pub(crate) fn register(
             "a process is registered as running, without an exit code; report later changes with process.update",
         ));
     }
-    let taken: bool = tx.query_row(
+    let taken: bool = tx.query_row_cached(
         "SELECT EXISTS (SELECT 1 FROM background_processes WHERE id = ?1)",
         [&p.id],
         |r| r.get(0),
@@ -80,7 +81,7 @@ pub(crate) fn register(
             format!("background process {} is already registered", p.id),
         ));
     }
-    tx.execute(
+    tx.execute_cached(
         "INSERT INTO background_processes (id, session_id, pid, start_time, command, cwd, log_path,
             status, exit_code, started_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'running', NULL, ?8)",
@@ -126,7 +127,7 @@ pub(crate) fn update(
             "exit_code": process.exit_code,
         }));
     }
-    tx.execute(
+    tx.execute_cached(
         "UPDATE background_processes SET status = ?1, exit_code = ?2
          WHERE id = ?3 AND status = 'running'",
         params![u.status.as_str(), u.exit_code, u.id],
@@ -140,7 +141,7 @@ pub(crate) fn update(
 }
 
 fn load(conn: &Connection, id: &str) -> Result<Option<(BackgroundProcess, String)>, LedgerError> {
-    conn.query_row(
+    conn.query_row_cached(
         &format!("SELECT {COLUMNS} FROM background_processes WHERE id = ?1"),
         [id],
         process_row,

@@ -2,6 +2,7 @@
 //! `prompt.open`): opening, reading, answering and cancelling a prompt, each with the deferred
 //! `prompt.open` receipt it stores and its event.
 
+use crate::sql::Cached;
 use drover_protocol::event as ev;
 use drover_protocol::worker::{op, PromptOpen};
 use rusqlite::{params, Connection, OptionalExtension};
@@ -95,7 +96,7 @@ pub(crate) fn load_prompt(
     prompt_id: &str,
 ) -> Result<Option<PromptRow>, LedgerError> {
     let row = conn
-        .query_row(
+        .query_row_cached(
             "SELECT session_id, execution_id, generation, kind, body_json, status, answer, sequence
              FROM prompts WHERE prompt_id = ?1",
             [prompt_id],
@@ -161,7 +162,7 @@ pub(crate) fn open_prompt(
         }
     };
     let prompt_id = new_id();
-    tx.execute(
+    tx.execute_cached(
         "INSERT INTO prompts (prompt_id, session_id, execution_id, generation, kind,
             body_json, status, sequence, created_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'open', ?7, ?8)",
@@ -207,7 +208,7 @@ pub(crate) fn cancel_prompt(
     if !p.status.can_move_to(PromptStatus::Cancelled) {
         return Ok(Vec::new());
     }
-    tx.execute(
+    tx.execute_cached(
         "UPDATE prompts SET status = 'cancelled' WHERE prompt_id = ?1 AND status = 'open'",
         [prompt_id],
     )?;
@@ -223,7 +224,7 @@ fn close_prompt(
     receipt: &Value,
     answer: Value,
 ) -> Result<StoredEvent, LedgerError> {
-    tx.execute(
+    tx.execute_cached(
         "INSERT OR IGNORE INTO worker_receipts (execution_id, sequence, operation, payload_digest, result_json)
          VALUES (?1, ?2, 'prompt.open', ?3, ?4)",
         params![p.execution_id, p.sequence as i64, prompt_open_digest(p), receipt.to_string()],
@@ -301,7 +302,7 @@ impl Ledger {
         if !prompt.status.can_move_to(PromptStatus::Resolved) {
             return Ok(PromptResponse::AlreadyResolved { prompt });
         }
-        tx.execute(
+        tx.execute_cached(
             "UPDATE prompts SET status = 'resolved', answer = ?1 WHERE prompt_id = ?2 AND status = 'open'",
             params![answer.to_string(), prompt_id],
         )?;

@@ -1,5 +1,6 @@
 //! Sessions: create (idempotent on `request_id`), read, list (SPEC section 2 and 3).
 
+use crate::sql::Cached;
 use drover_protocol::sandbox::SandboxMode;
 use rusqlite::{params, OptionalExtension, Row};
 use serde::{Deserialize, Serialize};
@@ -313,7 +314,7 @@ impl Ledger {
     ) -> Result<Option<SessionRow>, LedgerError> {
         let existing: Option<(String, Option<String>)> = self
             .conn
-            .query_row(
+            .query_row_cached(
                 "SELECT id, request_digest FROM sessions WHERE request_id = ?1",
                 [request_id],
                 |r| Ok((r.get(0)?, r.get(1)?)),
@@ -349,7 +350,7 @@ impl Ledger {
         let tx = self.conn.transaction()?;
         if let Some(request_id) = &new.request_id {
             let existing: Option<(String, Option<String>)> = tx
-                .query_row(
+                .query_row_cached(
                     "SELECT id, request_digest FROM sessions WHERE request_id = ?1",
                     [request_id],
                     |r| Ok((r.get(0)?, r.get(1)?)),
@@ -509,7 +510,7 @@ pub(crate) fn insert_session_in(
 ) -> Result<String, LedgerError> {
     let id = new_id();
     let names: Vec<String> = new.tool_schemas.iter().filter_map(tool_name).collect();
-    tx.execute(
+    tx.execute_cached(
         "INSERT INTO sessions (id, source, parent_session_id, title, model, model_config, cwd,
             system_prompt, tool_names, started_at, request_id, request_digest, toolsets,
             tool_schemas, replay_epoch, sandbox)
@@ -543,7 +544,7 @@ pub(crate) fn session_in(
     id: &str,
 ) -> Result<Option<SessionRow>, LedgerError> {
     let raw = conn
-        .query_row(
+        .query_row_cached(
             &format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ?1"),
             [id],
             raw_session,

@@ -2,6 +2,7 @@
 //! cancel, interrupt, settle, lose, resolve an `unknown` turn, and recovery at owner start.
 //! Each step is one transaction over the row modules below it.
 
+use crate::sql::Cached;
 use drover_protocol::client::AdmissionKind;
 use drover_protocol::event as ev;
 use drover_protocol::worker::{ExecutionFinish, TurnOutcome};
@@ -267,7 +268,7 @@ impl Ledger {
         self.end_admission(session_id, admission_id, |tx, row| match row.status {
             AdmissionStatus::Terminal => Ok(None),
             AdmissionStatus::Unknown => {
-                tx.execute(
+                tx.execute_cached(
                     "UPDATE worker_executions SET status = 'terminal'
                      WHERE admission_id = ?1 AND status = 'unknown'",
                     [admission_id],
@@ -310,7 +311,7 @@ impl Ledger {
         execution_id: &str,
     ) -> Result<(Vec<PromptRow>, Vec<StoredEvent>), LedgerError> {
         let tx = self.conn.transaction()?;
-        tx.execute(
+        tx.execute_cached(
             "UPDATE worker_executions SET interrupt_requested_at = coalesce(interrupt_requested_at, ?1)
              WHERE execution_id = ?2",
             params![now(), execution_id],
@@ -395,7 +396,7 @@ impl Ledger {
         }
         // A started admission with no live execution (crash between claim and spawn bookkeeping).
         let orphans: Vec<(String, String)> = {
-            let mut stmt = tx.prepare(
+            let mut stmt = tx.prepare_cached(
                 "SELECT admission_id, target_session_id FROM session_admissions
                  WHERE status = 'started' AND owner_epoch < ?1",
             )?;
@@ -403,11 +404,11 @@ impl Ledger {
             rows.collect::<Result<_, _>>()?
         };
         for (admission_id, session_id) in orphans {
-            tx.execute(
+            tx.execute_cached(
                 "UPDATE session_admissions SET status = 'unknown', unknown_at = ?1 WHERE admission_id = ?2",
                 params![now(), admission_id],
             )?;
-            tx.execute(
+            tx.execute_cached(
                 "DELETE FROM session_turn_leases WHERE admission_id = ?1",
                 [&admission_id],
             )?;
@@ -417,7 +418,7 @@ impl Ledger {
             rec.unknown_admissions.push(admission_id);
         }
         let stale_prompts: Vec<String> = {
-            let mut stmt = tx.prepare(
+            let mut stmt = tx.prepare_cached(
                 "SELECT p.prompt_id FROM prompts p JOIN worker_executions e
                    ON e.execution_id = p.execution_id
                  WHERE p.status = 'open' AND e.status NOT IN ('registered','running')",
@@ -429,7 +430,7 @@ impl Ledger {
             rec.events.extend(cancel_prompt(&tx, &prompt_id)?);
             rec.cancelled_prompts.push(prompt_id);
         }
-        tx.execute(
+        tx.execute_cached(
             "DELETE FROM session_turn_leases WHERE owner_epoch < ?1",
             [epoch],
         )?;
@@ -478,7 +479,7 @@ fn claim_in(
     execution_id: &str,
     secret: &str,
 ) -> Result<Option<Claim>, LedgerError> {
-    let blocked: bool = tx.query_row(
+    let blocked: bool = tx.query_row_cached(
             "SELECT EXISTS (SELECT 1 FROM session_turn_leases WHERE session_id = ?1)
                  OR EXISTS (SELECT 1 FROM session_admissions WHERE target_session_id = ?1
                             AND status IN ('started','unknown'))
@@ -495,14 +496,14 @@ fn claim_in(
     if only.is_some_and(|id| id != admission.admission_id) {
         return Ok(None);
     }
-    let generation: i64 = tx.query_row(
+    let generation: i64 = tx.query_row_cached(
         "UPDATE sessions SET runtime_generation = runtime_generation + 1,
                 runtime_revision = runtime_revision + 1
              WHERE id = ?1 RETURNING runtime_generation",
         [session_id],
         |r| r.get(0),
     )?;
-    tx.execute(
+    tx.execute_cached(
         "UPDATE session_admissions SET status = 'started', generation = ?1, owner_epoch = ?2
              WHERE admission_id = ?3",
         params![generation, epoch as i64, admission.admission_id],
@@ -514,7 +515,7 @@ fn claim_in(
     // A child's goal runs under the `child` execution `child.reserve` registered for it
     // (SPEC section 6: its own claim); any other input gets a new `compute` execution.
     let reserved: Option<String> = tx
-        .query_row(
+        .query_row_cached(
             "SELECT execution_id FROM worker_executions
                  WHERE admission_id = ?1 AND kind = 'child' AND status = 'registered'",
             [&admission.admission_id],
@@ -523,7 +524,7 @@ fn claim_in(
         .optional()?;
     let execution_id = match reserved {
         Some(child) => {
-            tx.execute(
+            tx.execute_cached(
                 "UPDATE worker_executions SET owner_epoch = ?1, generation = ?2,
                         secret_digest = ?3 WHERE execution_id = ?4",
                 params![epoch as i64, generation, digest(secret.as_bytes()), child],
@@ -531,7 +532,7 @@ fn claim_in(
             child
         }
         None => {
-            tx.execute(
+            tx.execute_cached(
                 "INSERT INTO worker_executions (execution_id, session_id, admission_id, kind,
                         depth, owner_epoch, generation, status, secret_digest, created_at)
                      VALUES (?1, ?2, ?3, 'compute', 0, ?4, ?5, 'registered', ?6, ?7)",
@@ -549,7 +550,7 @@ fn claim_in(
         }
     };
     let execution_id = execution_id.as_str();
-    tx.execute(
+    tx.execute_cached(
         "INSERT INTO session_turn_leases (session_id, admission_id, execution_id, generation,
                 owner_epoch, acquired_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         params![
@@ -567,7 +568,7 @@ fn claim_in(
     let approval_grants = crate::approvals::grants_in(tx, session_id)?;
     let background_processes = crate::processes::for_bootstrap(tx, session_id)?;
     if admission.kind == AdmissionKind::Input {
-        tx.execute(
+        tx.execute_cached(
             "INSERT INTO messages (session_id, role, content, created_at, admission_id)
                  VALUES (?1, 'user', ?2, ?3, ?4)",
             params![session_id, admission.text, t, admission.admission_id],
@@ -608,7 +609,7 @@ fn live_executions_before(
     kind: &str,
     epoch: i64,
 ) -> Result<Vec<String>, LedgerError> {
-    let mut stmt = tx.prepare(
+    let mut stmt = tx.prepare_cached(
         "SELECT execution_id FROM worker_executions
          WHERE kind = ?1 AND status IN ('registered','running') AND owner_epoch < ?2",
     )?;
@@ -622,7 +623,7 @@ pub(crate) fn lose_execution(
     execution_id: &str,
 ) -> Result<Option<Settlement>, LedgerError> {
     let exec: Option<(String, Option<String>, String)> = tx
-        .query_row(
+        .query_row_cached(
             "SELECT session_id, admission_id, status FROM worker_executions WHERE execution_id = ?1",
             [execution_id],
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
@@ -636,20 +637,20 @@ pub(crate) fn lose_execution(
     if !status.can_move_to(ExecutionStatus::Unknown) {
         return Ok(None);
     }
-    tx.execute(
+    tx.execute_cached(
         "UPDATE worker_executions SET status = 'unknown' WHERE execution_id = ?1",
         [execution_id],
     )?;
     let mut events = Vec::new();
     cancel_open_prompts(tx, execution_id, &mut events)?;
     let admission_id = admission_id.unwrap_or_default();
-    tx.execute(
+    tx.execute_cached(
         "DELETE FROM session_turn_leases WHERE execution_id = ?1",
         [execution_id],
     )?;
     if let Some(mut row) = load_admission(tx, &session_id, &admission_id)? {
         if row.status.can_move_to(AdmissionStatus::Unknown) {
-            tx.execute(
+            tx.execute_cached(
                 "UPDATE session_admissions SET status = 'unknown', unknown_at = ?1
                  WHERE admission_id = ?2",
                 params![now(), admission_id],
@@ -698,7 +699,7 @@ pub(crate) fn finish_turn(
     f: &ExecutionFinish,
     events: &mut Vec<StoredEvent>,
 ) -> Result<Settlement, LedgerError> {
-    let interrupted: bool = tx.query_row(
+    let interrupted: bool = tx.query_row_cached(
         "SELECT interrupt_requested_at IS NOT NULL FROM worker_executions
          WHERE execution_id = ?1",
         [execution_id],
@@ -734,7 +735,7 @@ pub(crate) fn settle_turn(
     final_response: &str,
     result: Value,
 ) -> Result<Settlement, LedgerError> {
-    let (session_id, admission_id): (String, String) = tx.query_row(
+    let (session_id, admission_id): (String, String) = tx.query_row_cached(
         "SELECT session_id, admission_id FROM worker_executions WHERE execution_id = ?1",
         [execution_id],
         |r| Ok((r.get(0)?, r.get(1)?)),
@@ -756,11 +757,11 @@ pub(crate) fn settle_turn(
         )));
     }
     set_terminal(tx, &mut row, outcome)?;
-    tx.execute(
+    tx.execute_cached(
         "UPDATE worker_executions SET status = 'terminal' WHERE execution_id = ?1",
         [execution_id],
     )?;
-    tx.execute(
+    tx.execute_cached(
         "DELETE FROM session_turn_leases WHERE execution_id = ?1",
         [execution_id],
     )?;
@@ -772,7 +773,7 @@ pub(crate) fn settle_turn(
         "result": result,
         "usage": {"input_tokens": it, "output_tokens": ot, "total_tokens": tt},
     });
-    tx.execute(
+    tx.execute_cached(
         "INSERT OR REPLACE INTO state_meta (key, value) VALUES (?1, ?2)",
         params![
             format!("admission.result.{admission_id}"),

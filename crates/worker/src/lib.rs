@@ -63,6 +63,8 @@ use drover_protocol::{Exit, Usage};
 use drover_tools::platform::{self, ForegroundGroups, Signal};
 use drover_tools::{ToolContext, ToolRegistry};
 use tokio::io::{AsyncBufRead, AsyncWrite};
+use tokio::net::unix::pipe;
+use tokio_util::either::Either;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -193,10 +195,12 @@ pub fn main_entry() -> Exit {
                 return WorkerExit::Aborted;
             }
         };
-        let stdin = tokio::io::BufReader::with_capacity(64 * 1024, tokio::io::stdin());
-        run_prepared(stdin, tokio::io::stdout(), shutdown, prepared).await
+        let (input, output) = frame_streams();
+        let input = tokio::io::BufReader::with_capacity(64 * 1024, input);
+        run_prepared(input, output, shutdown, prepared).await
     });
-    // The stdin reader sits in a blocking thread that may never return; do not wait for it.
+    // Where stdin is not a pipe its reader sits in a blocking thread that may never return; do
+    // not wait for it.
     runtime.shutdown_background();
     tracing::info!(code = exit.code(), "worker exiting");
     // The turn's spans go out before the process does (bounded by the exporter's timeout).
@@ -204,6 +208,30 @@ pub fn main_entry() -> Exit {
         telemetry.shutdown();
     }
     exit.exit()
+}
+
+/// stdin and stdout, on which the owner's and the worker's frames travel. The owner gives a
+/// worker two pipes: they are read and written non-blocking through the runtime's reactor, as
+/// any socket (issue 15: tokio's `stdin()` and `stdout()` go through blocking threads, two
+/// thread starts and a hand-off per frame on every turn). Anything else (a file, a terminal)
+/// falls back to those.
+fn frame_streams() -> (
+    Either<pipe::Receiver, tokio::io::Stdin>,
+    Either<pipe::Sender, tokio::io::Stdout>,
+) {
+    use std::os::fd::AsFd;
+    let input = std::io::stdin()
+        .as_fd()
+        .try_clone_to_owned()
+        .and_then(pipe::Receiver::from_owned_fd);
+    let output = std::io::stdout()
+        .as_fd()
+        .try_clone_to_owned()
+        .and_then(pipe::Sender::from_owned_fd);
+    (
+        input.map_or_else(|_| Either::Right(tokio::io::stdin()), Either::Left),
+        output.map_or_else(|_| Either::Right(tokio::io::stdout()), Either::Left),
+    )
 }
 
 /// Logs to stderr only: stdout carries frames. With telemetry, spans are exported too.
