@@ -69,7 +69,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::journal::{outbox_dir, Journal};
-use crate::link::{OwnerLink, PersistError};
+use crate::link::{OutboxThread, OwnerLink, PersistError};
 use crate::store::{
     OwnerDelegator, OwnerJobs, OwnerMcpStatus, OwnerProcesses, OwnerPrompts, OwnerStore,
 };
@@ -83,16 +83,29 @@ pub const WORKER_NAME: &str = "drover-worker";
 /// What a worker makes before its bootstrap arrives, because it does not depend on the turn:
 /// the model's HTTP client (its TLS root store). A spare worker has it ready when the owner
 /// hands it a turn (issue 15).
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Prepared {
     http: drover_model::HttpClient,
+    outbox: OutboxThread,
+}
+
+/// Why a worker could not be [`Prepared`].
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    /// The model's HTTP client could not be built.
+    #[error(transparent)]
+    Model(#[from] drover_model::ModelError),
+    /// The outbox thread could not be started.
+    #[error("cannot start the outbox thread: {0}")]
+    Outbox(#[from] std::io::Error),
 }
 
 impl Prepared {
-    /// Builds what [`Prepared`] holds.
-    pub fn new() -> Result<Prepared, drover_model::ModelError> {
+    /// Builds what [`Prepared`] holds: the model's HTTP client and the idle outbox thread.
+    pub fn new() -> Result<Prepared, PrepareError> {
         Ok(Prepared {
             http: drover_model::http_client()?,
+            outbox: OutboxThread::start()?,
         })
     }
 }
@@ -480,7 +493,8 @@ where
     tracing::info!(model = %bootstrap.policy.model, toolsets = ?bootstrap.policy.toolsets, "turn starting");
 
     let cancel = CancellationToken::new();
-    let link = match OwnerLink::new(journal, cancel.clone()) {
+    let Prepared { http, outbox } = prepared;
+    let link = match OwnerLink::with_thread(journal, cancel.clone(), outbox) {
         Ok(link) => link,
         Err(e) => {
             tracing::error!(error = %e, "cannot start the outbox thread");
@@ -492,7 +506,7 @@ where
     let exit = tokio::select! {
         // Settling first: a receipt and the owner's end of file may arrive together.
         biased;
-        exit = settle(&link, bootstrap, prepared, cancel.clone()) => exit,
+        exit = settle(&link, bootstrap, http, cancel.clone()) => exit,
         _ = link.disconnected() => {
             tracing::warn!("the owner is gone (end of stdin or broken stdout); stopping");
             owner_lost(&cancel)
@@ -521,10 +535,10 @@ fn owner_lost(cancel: &CancellationToken) -> WorkerExit {
 async fn settle(
     link: &OwnerLink,
     bootstrap: Bootstrap,
-    prepared: Prepared,
+    http: drover_model::HttpClient,
     cancel: CancellationToken,
 ) -> WorkerExit {
-    let report = run_agent(link, bootstrap, prepared, cancel.clone()).await;
+    let report = run_agent(link, bootstrap, http, cancel.clone()).await;
     if cancel.is_cancelled() {
         // Tools drop their groups on cancel already; this catches any that did not.
         ForegroundGroups::kill_all();
@@ -587,7 +601,7 @@ async fn settle(
 async fn run_agent(
     link: &OwnerLink,
     bootstrap: Bootstrap,
-    prepared: Prepared,
+    http: drover_model::HttpClient,
     cancel: CancellationToken,
 ) -> TurnReport {
     let Bootstrap {
@@ -623,7 +637,7 @@ async fn run_agent(
         Ok(registry) => registry,
         Err(e) => return setup_failed(&policy.model, format!("toolsets: {e}")),
     };
-    let client = match ModelClient::with_http(model_config(&policy), prepared.http) {
+    let client = match ModelClient::with_http(model_config(&policy), http) {
         Ok(client) => client,
         Err(e) => return setup_failed(&policy.model, e.to_string()),
     };

@@ -1,6 +1,7 @@
 //! The worker's end of the owner pipes (SPEC section 4), over any reader/writer pair.
 //!
-//! An [`OwnerLink`] hands its [`Journal`] to a thread of its own, the outbox thread: every
+//! An [`OwnerLink`] hands its [`Journal`] to a thread of its own, the outbox thread (an
+//! [`OutboxThread`], which a spare worker starts while it waits for its bootstrap): every
 //! write, rename and delete of a frame file happens there, never on the async executor and
 //! never under a lock. Per connected pair it runs one writer task and one reader task:
 //! - every line to the owner (persist frames and live deltas) goes through one bounded channel
@@ -175,10 +176,53 @@ struct State {
     deltas_dropped: u64,
 }
 
+/// What a started outbox thread waits for before it has work: the journal, the link it
+/// answers, its command queue and the span its logs go under.
+struct OutboxStart {
+    journal: Journal,
+    inner: Weak<Inner>,
+    commands: std_mpsc::Receiver<Command>,
+    span: tracing::Span,
+}
+
+/// An outbox thread started before the turn is known (a spare worker starts it while it waits
+/// for its bootstrap, so the turn does not wait for a thread start), given its journal by
+/// [`OwnerLink::with_thread`]. Dropped unused, the thread ends.
+#[derive(Debug)]
+pub struct OutboxThread {
+    start: std_mpsc::Sender<OutboxStart>,
+}
+
+impl OutboxThread {
+    /// Starts the thread, idle until a link gives it its journal. Errors: the thread could
+    /// not be started.
+    pub fn start() -> std::io::Result<OutboxThread> {
+        let (start, started) = std_mpsc::channel::<OutboxStart>();
+        std::thread::Builder::new()
+            .name("outbox".into())
+            .spawn(move || {
+                if let Ok(work) = started.recv() {
+                    work.span
+                        .in_scope(|| run_outbox(work.journal, work.inner, work.commands));
+                }
+            })?;
+        Ok(OutboxThread { start })
+    }
+}
+
 impl OwnerLink {
     /// A link over `journal`, not yet connected; starts the outbox thread. `cancel` is fired
     /// by a `stop` frame or a fault. Errors: the thread could not be started.
     pub fn new(journal: Journal, cancel: CancellationToken) -> std::io::Result<OwnerLink> {
+        OwnerLink::with_thread(journal, cancel, OutboxThread::start()?)
+    }
+
+    /// [`OwnerLink::new`] on an outbox thread started earlier. Errors: that thread is gone.
+    pub fn with_thread(
+        journal: Journal,
+        cancel: CancellationToken,
+        thread: OutboxThread,
+    ) -> std::io::Result<OwnerLink> {
         let (connected, _) = watch::channel(false);
         let (outbox, commands) = std_mpsc::channel();
         let pending = journal
@@ -205,11 +249,15 @@ impl OwnerLink {
             connected,
             cancel,
         });
-        let span = tracing::Span::current();
-        let weak = Arc::downgrade(&inner);
-        std::thread::Builder::new()
-            .name("outbox".into())
-            .spawn(move || span.in_scope(|| run_outbox(journal, weak, commands)))?;
+        thread
+            .start
+            .send(OutboxStart {
+                journal,
+                inner: Arc::downgrade(&inner),
+                commands,
+                span: tracing::Span::current(),
+            })
+            .map_err(|_| std::io::Error::other("the outbox thread has stopped"))?;
         Ok(OwnerLink { inner })
     }
 
