@@ -483,3 +483,42 @@ async fn clients_starting_the_daemon_at_once_share_the_one_that_won() {
         daemons_of(home.path())
     );
 }
+
+/// A daemon that holds its home while its `daemon.json` is gone (removed by hand; the daemon
+/// writes it again within a second): a first connection starts a daemon without reading who
+/// holds the lock (issue 15: that read costs a cold start 8-12 ms); the one it starts finds the
+/// home taken and exits, and from then on the client waits for the holder, never starting
+/// daemons in a loop, and connects to it once its file is back.
+#[tokio::test]
+async fn a_daemon_whose_file_is_gone_is_waited_for_not_started_again_and_again() {
+    let (_model, home) = model_home(true).await.unwrap();
+    let _guard = KillDaemonOnDrop(home.path());
+    let first = Client::connect(options(home.path())).await.unwrap();
+    let holder = first.daemon().pid;
+    drop(first);
+    std::fs::remove_file(home.path().join("daemon.json")).unwrap();
+
+    let connecting = tokio::spawn(Client::connect(options(home.path())));
+    // Past the first start (that daemon exits within milliseconds), a second daemon process
+    // of this home is a start again: watch for one until the client is through.
+    let mut crowded = Vec::new();
+    let started = std::time::Instant::now();
+    while !connecting.is_finished() && started.elapsed() < BOUND {
+        let now = daemons_of(home.path());
+        if started.elapsed() > Duration::from_millis(300) && now.len() > 1 {
+            crowded.push(now);
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let client = connecting
+        .await
+        .unwrap()
+        .expect("connects once daemon.json is back");
+    assert_eq!(
+        client.daemon().pid,
+        holder,
+        "connected to the daemon that held the home"
+    );
+    assert!(crowded.is_empty(), "daemons started again: {crowded:?}");
+    assert_eq!(daemons_of(home.path()), vec![holder]);
+}

@@ -460,6 +460,20 @@ const POLL: Duration = Duration::from_millis(20);
 /// How often a daemon that closed its readiness pipe is checked for its exit.
 const EXIT_POLL: Duration = Duration::from_millis(2);
 
+/// Whether a client looks for the holder of the home's lock before it starts a daemon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LockCheck {
+    /// Only after a daemon it started found the home taken. The first connection of a
+    /// command starts a daemon as soon as `daemon.json` names none that runs: who holds the
+    /// lock is read from `/proc/locks`, whose first read in a process waits for an RCU grace
+    /// period (8-12 ms, the largest step of a cold `drover run`), and a daemon started while
+    /// another holds the home exits at once saying so, after which the lock is checked.
+    AfterLosing,
+    /// Before every start: a reconnecting client must not start a daemon while its old one
+    /// still holds a home whose `daemon.json` is gone (a home being removed).
+    Always,
+}
+
 /// Finds the home's running daemon and connects, starting one when `start` allows and none
 /// runs. Gives up at `deadline`.
 pub(crate) async fn find_or_start(
@@ -467,9 +481,11 @@ pub(crate) async fn find_or_start(
     start: &StartDaemon,
     tls_cert: Option<&Path>,
     deadline: Instant,
+    lock_check: LockCheck,
 ) -> Result<(DaemonInfo, Ws), ClientError> {
     let mut spawned: Option<Spawned> = None;
     let mut last = String::from("no daemon.json yet");
+    let mut check_lock = lock_check == LockCheck::Always;
     loop {
         if let Some(info) = running_daemon(home) {
             match open(&info, tls_cert, ATTEMPT_TIMEOUT).await {
@@ -477,7 +493,7 @@ pub(crate) async fn find_or_start(
                 Err(ConnectFailure::Permanent(e)) => return Err(e),
                 Err(ConnectFailure::Transient(why)) => last = why,
             }
-        } else if spawned.is_none() && owner_pid(home).is_none() {
+        } else if spawned.is_none() && !(check_lock && owner_pid(home).is_some()) {
             match start {
                 StartDaemon::Never => {
                     return Err(ClientError::NotRunning {
@@ -498,8 +514,12 @@ pub(crate) async fn find_or_start(
             }
             match s.failure(home) {
                 Some(Ok(e)) => return Err(e),
-                // Another daemon won the race for this home: wait for its daemon.json.
-                Some(Err(())) => spawned = None,
+                // Another daemon won the race for this home: wait for its daemon.json, and
+                // start none again while it holds the home.
+                Some(Err(())) => {
+                    spawned = None;
+                    check_lock = true;
+                }
                 None => {}
             }
         }

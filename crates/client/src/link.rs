@@ -20,7 +20,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
 
-use crate::daemon::{find_or_start, ClientSettings, ConnectOptions, Ws};
+use crate::daemon::{find_or_start, ClientSettings, ConnectOptions, LockCheck, Ws};
 use crate::error::{at, ClientError};
 
 /// What happened to the connection, as a `SessionStream` reports it.
@@ -138,8 +138,14 @@ impl Link {
     pub(crate) async fn open(options: ConnectOptions) -> Result<Link, ClientError> {
         let settings = ClientSettings::load(&options.home)?;
         let deadline = Instant::now() + options.connect_timeout;
-        let (info, ws) =
-            find_or_start(&options.home, &options.start, settings.tls_cert(), deadline).await?;
+        let (info, ws) = find_or_start(
+            &options.home,
+            &options.start,
+            settings.tls_cert(),
+            deadline,
+            LockCheck::AfterLosing,
+        )
+        .await?;
         let shared = Arc::new(Shared {
             options,
             settings,
@@ -530,6 +536,7 @@ async fn reconnect(conn: &mut Connection, shared: &Shared) -> Result<bool, Clien
             &options.start,
             shared.settings.tls_cert(),
             attempt,
+            LockCheck::Always,
         )
         .await
         {
