@@ -9,10 +9,13 @@ cd "$(dirname "$0")/.."
 target="${CARGO_TARGET_DIR:-target}"
 
 if [ "${1:-all}" != python ]; then
+  # Builds target/debug/drover too, for the end-to-end tests and for the Python client's.
   cargo test --workspace
+else
+  # Not `after cargo test`: dev-dependency features make this build differ from the tests' one,
+  # so it would compile the workspace again (about a minute in CI) for an equivalent binary.
+  cargo build -p drover --bin drover
 fi
-# The Rust tests build it too; this is a no-op then, and builds it for `python` alone.
-cargo build -p drover --bin drover
 bin="$(realpath "$target")/debug/drover"
 
 venv="$(realpath "$target")/py-venv"
