@@ -184,3 +184,14 @@ async fn drover_stop_reaps_the_spare() {
     assert!(wait::until(BOUND, async || reaped(spare)).await);
     assert_eq!(spare_logs(s.home.path()), Vec::<String>::new());
 }
+
+/// Issue 15, "a lean worker start": the `drover` binary every turn's worker runs is linked at a
+/// fixed address (`crates/cli/build.rs`, `-no-pie`), so the loader has no relative relocations
+/// to apply at each start. The ELF header says so: type `ET_EXEC` (2), not `ET_DYN` (3, a PIE).
+#[test]
+fn the_drover_binary_is_position_dependent() {
+    let bytes = std::fs::read(bin()).unwrap();
+    assert_eq!(&bytes[..4], b"\x7fELF", "not an ELF file");
+    let e_type = u16::from_le_bytes([bytes[16], bytes[17]]);
+    assert_eq!(e_type, 2, "e_type {e_type}: the binary is not ET_EXEC (3 is a PIE)");
+}
