@@ -193,5 +193,8 @@ fn the_drover_binary_is_position_dependent() {
     let bytes = std::fs::read(bin()).unwrap();
     assert_eq!(&bytes[..4], b"\x7fELF", "not an ELF file");
     let e_type = u16::from_le_bytes([bytes[16], bytes[17]]);
-    assert_eq!(e_type, 2, "e_type {e_type}: the binary is not ET_EXEC (3 is a PIE)");
+    assert_eq!(
+        e_type, 2,
+        "e_type {e_type}: the binary is not ET_EXEC (3 is a PIE)"
+    );
 }
