@@ -81,8 +81,8 @@ pub const SPARE_NAME: &str = "drover-spare";
 pub const WORKER_NAME: &str = "drover-worker";
 
 /// What a worker makes before its bootstrap arrives, because it does not depend on the turn:
-/// the model's HTTP client (its TLS root store). A spare worker has it ready when the owner
-/// hands it a turn (issue 15).
+/// the model's HTTP client (its TLS root store) and the idle outbox thread. A spare worker has
+/// them ready when the owner hands it a turn (issue 15).
 #[derive(Debug)]
 pub struct Prepared {
     http: drover_model::HttpClient,
