@@ -274,6 +274,10 @@ impl Ledger {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "FULL")?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
+        // Statement journals and sorts stay in memory: a settle's statement journal passes
+        // SQLite's 64 KiB spill size, and on disk it was a file created in /var/tmp, written
+        // and deleted every turn (issue 15).
+        conn.pragma_update(None, "temp_store", "MEMORY")?;
         // A negative size is KiB (SQLite's default is 2000).
         conn.pragma_update(None, "cache_size", -PAGE_CACHE_KIB)?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
@@ -448,6 +452,26 @@ mod tests {
                 "{sql}\n{plan:#?}"
             );
         }
+    }
+
+    /// SPEC section 3: WAL with `synchronous=FULL`; and temporary data (statement journals)
+    /// in memory, never a file per transaction.
+    #[test]
+    fn the_connection_is_wal_full_sync_with_temporary_data_in_memory() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ledger = Ledger::open(&dir.path().join("state.db")).expect("open");
+        let pragma = |name: &str| -> String {
+            ledger
+                .conn
+                .query_row(&format!("PRAGMA {name}"), [], |r| {
+                    r.get::<_, rusqlite::types::Value>(0)
+                })
+                .map(|v| format!("{v:?}"))
+                .expect(name)
+        };
+        assert_eq!(pragma("journal_mode"), r#"Text("wal")"#);
+        assert_eq!(pragma("synchronous"), "Integer(2)", "FULL");
+        assert_eq!(pragma("temp_store"), "Integer(2)", "MEMORY");
     }
 
     /// A `runtime_epoch` row that does not read is an error: never a silent epoch 0 that

@@ -204,14 +204,22 @@ impl Daemon {
             if let Some(child) = d.child.as_mut() {
                 if let Some(status) = child.try_wait()? {
                     d.child = None;
-                    let said = stderr_log
-                        .and_then(|p| std::fs::read_to_string(p).ok())
-                        .map(|t| {
-                            let lines: Vec<&str> = t.lines().collect();
-                            lines[lines.len().saturating_sub(5)..].join("\n")
-                        })
-                        .unwrap_or_default();
-                    bail!("daemon exited early with {status}; its stderr ends with:\n{said}");
+                    let tail = |p: &Path| {
+                        std::fs::read_to_string(p)
+                            .map(|t| {
+                                let lines: Vec<&str> = t.lines().collect();
+                                lines[lines.len().saturating_sub(5)..].join("\n")
+                            })
+                            .unwrap_or_default()
+                    };
+                    let said = stderr_log.map(tail).unwrap_or_default();
+                    // A refusal (the home owned, a foreign ledger) is in daemon.log too, with
+                    // the holder's pid: a flaky restart says who held the home.
+                    let logged = tail(&home.join("logs").join("daemon.log"));
+                    bail!(
+                        "daemon exited early with {status}; its stderr ends with:\n{said}\n\
+                         logs/daemon.log ends with:\n{logged}"
+                    );
                 }
             }
             if Instant::now() > deadline {

@@ -2,19 +2,24 @@
 //! (SPEC section 4: "The worker keeps unsent persists in an outbox file under
 //! `<home>/outbox/<execution_id>/` and sends them again, in order, after a broken pipe").
 //!
-//! Layout: one file per frame, `<sequence as 20 zero-padded digits>.json`, holding the
-//! [`PersistFrame`] without its `secret` (files 0600, directories 0700). The secret stays in
-//! memory: the journal puts the scope's secret back into every frame it loads, so no outbox
-//! file, pending, answered or left by a killed worker, ever holds it (drover issue 8: another
-//! worker of the same user could read it there). A frame is
-//! written (temp file, rename) by [`Journal::record`] before it may be sent, not fsync'd: an
-//! outbox serves resends only while this worker and its owner both live (a worker whose owner
-//! died stops, and a later owner refuses an older epoch's frames), so surviving a machine crash
-//! buys nothing (docs/decisions.md, "The worker's outbox is not fsync'd");
-//! [`Journal::acknowledge`] deletes it once the owner answered (receipt or refusal).
-//! [`Journal::open`] reloads what is left, so a restarted sender resends the same frames with
-//! the same sequences and payloads. This module is plain, synchronous file IO, the bottom layer
-//! of the crate: the link above it runs it on its own thread and carries the frames.
+//! Layout: one file per frame or batch sent, named by its first sequence, `<sequence as 20
+//! zero-padded digits>.json`: a [`PersistFrame`] alone (a JSON object) or the frames of one
+//! batch in sequence order (a JSON array), each without its `secret` (files 0600, directories
+//! 0700). The secret stays in memory: the journal puts the scope's secret back into every
+//! frame it loads, so no outbox file, pending, answered or left by a killed worker, ever holds
+//! it (drover issue 8: another worker of the same user could read it there).
+//!
+//! [`Journal::hold`] keeps a frame in memory only: it is not sent until the next
+//! [`Journal::record`], which writes it and the held frames before it as one file (temp file,
+//! rename) before any of them may be sent (issue 15: a text turn's end is one file, not three).
+//! Files are not fsync'd: an outbox serves resends only while this worker and its owner both
+//! live (a worker whose owner died stops, and a later owner refuses an older epoch's frames),
+//! so surviving a machine crash buys nothing (docs/decisions.md, "The worker's outbox is not
+//! fsync'd"). [`Journal::acknowledge`] deletes a file once the owner answered (receipt or
+//! refusal) every frame in it. [`Journal::open`] reloads what is left, so a restarted sender
+//! resends the same frames with the same sequences and payloads. This module is plain,
+//! synchronous file IO, the bottom layer of the crate: the link above it runs it on its own
+//! thread and carries the frames.
 
 use std::collections::BTreeMap;
 use std::fs::{self, DirBuilder, OpenOptions};
@@ -94,7 +99,15 @@ pub struct Journal {
     dir: PathBuf,
     scope: Scope,
     next_sequence: u64,
+    /// Every frame not answered yet, held ones included.
     pending: BTreeMap<u64, PersistFrame>,
+    /// Held frames ([`Journal::hold`]), not written yet: the next recorded frame's file holds
+    /// them.
+    held: Vec<u64>,
+    /// The file of each written, unanswered frame, by its first sequence.
+    file_of: BTreeMap<u64, u64>,
+    /// How many frames of each file (by its first sequence) are unanswered.
+    left_in: BTreeMap<u64, usize>,
 }
 
 /// Shows no frame and no secret, so a logged journal never leaks the execution secret.
@@ -105,6 +118,7 @@ impl std::fmt::Debug for Journal {
             .field("execution_id", &self.scope.execution_id)
             .field("next_sequence", &self.next_sequence)
             .field("unacknowledged", &self.pending.keys().collect::<Vec<_>>())
+            .field("held", &self.held)
             .finish()
     }
 }
@@ -115,15 +129,41 @@ impl Journal {
     /// temporary files of an interrupted write are removed.
     pub fn open(dir: impl Into<PathBuf>, scope: Scope) -> Result<Journal, JournalError> {
         let dir = dir.into();
-        DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&dir)
-            .map_err(|e| JournalError::io(&dir, e))?;
-        // An existing folder keeps its mode through `create`: make it private either way.
+        // A worker's outbox is new at its start: made here, it has nothing to reload.
+        let created = match DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => true,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => false,
+            Err(_) => {
+                DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(&dir)
+                    .map_err(|e| JournalError::io(&dir, e))?;
+                true
+            }
+        };
+        // `mode` is cut by the umask, and an existing folder keeps its own: make it private
+        // and usable either way.
         fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))
             .map_err(|e| JournalError::io(&dir, e))?;
-        let mut pending = BTreeMap::new();
+        let mut journal = Journal {
+            dir,
+            scope,
+            next_sequence: 1,
+            pending: BTreeMap::new(),
+            held: Vec::new(),
+            file_of: BTreeMap::new(),
+            left_in: BTreeMap::new(),
+        };
+        if !created {
+            journal.reload()?;
+        }
+        Ok(journal)
+    }
+
+    /// Loads the frames of every file in the directory (see [`Journal::open`]).
+    fn reload(&mut self) -> Result<(), JournalError> {
+        let dir = self.dir.clone();
         let entries = fs::read_dir(&dir).map_err(|e| JournalError::io(&dir, e))?;
         for entry in entries {
             let entry = entry.map_err(|e| JournalError::io(&dir, e))?;
@@ -135,29 +175,31 @@ impl Journal {
                 fs::remove_file(&path).map_err(|e| JournalError::io(&path, e))?;
                 continue;
             }
-            let Some(sequence) = parse_file_name(&name) else {
+            let Some(first) = parse_file_name(&name) else {
                 tracing::warn!(path = %path.display(), "ignoring a foreign file in the outbox");
                 continue;
             };
-            let frame = load_frame(&path, scope.secret.expose())?;
-            if frame.sequence != sequence || frame.execution_id != scope.execution_id {
-                return Err(JournalError::Corrupt {
-                    path,
-                    detail: format!(
-                        "holds sequence {} of execution {:?}",
-                        frame.sequence, frame.execution_id
-                    ),
-                });
+            let frames = load_frames(&path, self.scope.secret.expose())?;
+            for (offset, frame) in (0u64..).zip(frames) {
+                if frame.sequence != first + offset || frame.execution_id != self.scope.execution_id
+                {
+                    return Err(JournalError::Corrupt {
+                        path,
+                        detail: format!(
+                            "holds sequence {} of execution {:?} at place {}",
+                            frame.sequence,
+                            frame.execution_id,
+                            offset + 1
+                        ),
+                    });
+                }
+                self.file_of.insert(frame.sequence, first);
+                *self.left_in.entry(first).or_default() += 1;
+                self.pending.insert(frame.sequence, frame);
             }
-            pending.insert(sequence, frame);
         }
-        let next_sequence = pending.keys().next_back().map_or(1, |last| last + 1);
-        Ok(Journal {
-            dir,
-            scope,
-            next_sequence,
-            pending,
-        })
+        self.next_sequence = self.pending.keys().next_back().map_or(1, |last| last + 1);
+        Ok(())
     }
 
     /// The outbox directory.
@@ -170,16 +212,64 @@ impl Journal {
         self.next_sequence
     }
 
-    /// Builds the frame for `operation` with the next sequence and writes it (temp file, then
-    /// rename, so a file is whole or absent). Only then may it be sent.
+    /// Builds the frame for `operation` with the next sequence and writes it, with the frames
+    /// held before it, as one file (temp file, then rename, so a file is whole or absent).
+    /// Only then may they be sent.
     ///
     /// Errors: [`JournalError::FrameTooLarge`] when the wire line would exceed
-    /// [`MAX_FRAME_BYTES`] (nothing written, sequence not used); [`JournalError::Io`].
+    /// [`MAX_FRAME_BYTES`] (nothing written, sequence not used); [`JournalError::Io`] (nothing
+    /// written, the held frames stay held).
     pub fn record(
         &mut self,
         operation: &str,
         payload: Value,
     ) -> Result<PersistFrame, JournalError> {
+        let frame = self.next_frame(operation, payload)?;
+        let first = self.held.first().copied().unwrap_or(frame.sequence);
+        let path = self.frame_path(first);
+        let body = {
+            let mut frames: Vec<&PersistFrame> = self
+                .held
+                .iter()
+                .filter_map(|s| self.pending.get(s))
+                .collect();
+            frames.push(&frame);
+            stored_body(&frames)
+        }
+        .map_err(|e| JournalError::Corrupt {
+            path: path.clone(),
+            detail: format!("cannot serialise: {e}"),
+        })?;
+        let tmp = path.with_extension("json.tmp");
+        write_private(&tmp, &body)?;
+        fs::rename(&tmp, &path).map_err(|e| JournalError::io(&path, e))?;
+        self.next_sequence += 1;
+        let mut written = std::mem::take(&mut self.held);
+        written.push(frame.sequence);
+        self.left_in.insert(first, written.len());
+        for sequence in written {
+            self.file_of.insert(sequence, first);
+        }
+        self.pending.insert(frame.sequence, frame.clone());
+        Ok(frame)
+    }
+
+    /// Builds the frame for `operation` with the next sequence and holds it in memory: the
+    /// next [`Journal::record`] writes it, in one file with that frame, and it may not be sent
+    /// before. A worker killed meanwhile loses it with its turn, which is `unknown` then.
+    ///
+    /// Errors: [`JournalError::FrameTooLarge`] (sequence not used).
+    pub fn hold(&mut self, operation: &str, payload: Value) -> Result<PersistFrame, JournalError> {
+        let frame = self.next_frame(operation, payload)?;
+        self.next_sequence += 1;
+        self.held.push(frame.sequence);
+        self.pending.insert(frame.sequence, frame.clone());
+        Ok(frame)
+    }
+
+    /// The frame `operation` would be with the next sequence; refused when its wire line would
+    /// exceed [`MAX_FRAME_BYTES`].
+    fn next_frame(&self, operation: &str, payload: Value) -> Result<PersistFrame, JournalError> {
         let frame = PersistFrame {
             epoch: self.scope.epoch,
             execution_id: self.scope.execution_id.clone(),
@@ -196,24 +286,25 @@ impl Journal {
                 bytes,
             });
         }
-        let body = stored_body(&frame).map_err(|e| JournalError::Corrupt {
-            path: self.frame_path(frame.sequence),
-            detail: format!("cannot serialise: {e}"),
-        })?;
-        let path = self.frame_path(frame.sequence);
-        let tmp = path.with_extension("json.tmp");
-        write_private(&tmp, &body)?;
-        fs::rename(&tmp, &path).map_err(|e| JournalError::io(&path, e))?;
-        self.next_sequence += 1;
-        self.pending.insert(frame.sequence, frame.clone());
         Ok(frame)
     }
 
-    /// The owner answered `sequence` (receipt or refusal): delete its file. Unknown or already
-    /// acknowledged sequences are not an error. Returns whether the frame was pending.
+    /// The owner answered `sequence` (receipt or refusal): forget it, and delete its file once
+    /// every frame in that file is answered. Unknown or already acknowledged sequences are not
+    /// an error. Returns whether the frame was pending.
     pub fn acknowledge(&mut self, sequence: u64) -> Result<bool, JournalError> {
         let was_pending = self.pending.remove(&sequence).is_some();
-        let path = self.frame_path(sequence);
+        self.held.retain(|&s| s != sequence);
+        let Some(first) = self.file_of.remove(&sequence) else {
+            return Ok(was_pending);
+        };
+        let left = self.left_in.entry(first).or_default();
+        *left = left.saturating_sub(1);
+        if *left > 0 {
+            return Ok(was_pending);
+        }
+        self.left_in.remove(&first);
+        let path = self.frame_path(first);
         match fs::remove_file(&path) {
             Ok(()) => Ok(was_pending),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(was_pending),
@@ -242,6 +333,10 @@ impl Journal {
                 "removing outbox with frames the owner settled by execution.finish"
             );
         }
+        // Every file answered was deleted: an empty folder goes in one call.
+        if self.left_in.is_empty() && fs::remove_dir(&self.dir).is_ok() {
+            return Ok(());
+        }
         match fs::remove_dir_all(&self.dir) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
@@ -269,35 +364,52 @@ fn parse_file_name(name: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
-/// The file body of `frame`: the frame without its `secret`.
-fn stored_body(frame: &PersistFrame) -> Result<Vec<u8>, serde_json::Error> {
-    let mut value = serde_json::to_value(frame)?;
-    if let Some(obj) = value.as_object_mut() {
-        obj.remove("secret");
+/// The file body of `frames` (one or a batch): each frame without its `secret`, an object
+/// for one frame, an array for several.
+fn stored_body(frames: &[&PersistFrame]) -> Result<Vec<u8>, serde_json::Error> {
+    let mut stored = Vec::with_capacity(frames.len());
+    for frame in frames {
+        let mut value = serde_json::to_value(frame)?;
+        if let Some(obj) = value.as_object_mut() {
+            obj.remove("secret");
+        }
+        stored.push(value);
     }
-    serde_json::to_vec(&value)
+    match <[Value; 1]>::try_from(stored) {
+        Ok([one]) => serde_json::to_vec(&one),
+        Err(batch) => serde_json::to_vec(&batch),
+    }
 }
 
-/// Reads a frame file and gives the frame `secret` back. A file that holds a secret (written
-/// before frames were stored without one) must hold this one: anything else belongs to
-/// another execution.
-fn load_frame(path: &Path, secret: &str) -> Result<PersistFrame, JournalError> {
+/// Reads a frame file (one frame or a batch) and gives each frame `secret` back. A file that
+/// holds a secret (written before frames were stored without one) must hold this one:
+/// anything else belongs to another execution.
+fn load_frames(path: &Path, secret: &str) -> Result<Vec<PersistFrame>, JournalError> {
     let corrupt = |detail: String| JournalError::Corrupt {
         path: path.to_path_buf(),
         detail,
     };
     let body = fs::read(path).map_err(|e| JournalError::io(path, e))?;
-    let mut value: Value = serde_json::from_slice(&body).map_err(|e| corrupt(e.to_string()))?;
-    let obj = value
-        .as_object_mut()
-        .ok_or_else(|| corrupt("not a JSON object".to_string()))?;
-    match obj.get("secret").and_then(Value::as_str) {
-        None => {}
-        Some(stored) if stored == secret => {}
-        Some(_) => return Err(corrupt("holds another execution's secret".to_string())),
+    let value: Value = serde_json::from_slice(&body).map_err(|e| corrupt(e.to_string()))?;
+    let values = match value {
+        Value::Array(values) if !values.is_empty() => values,
+        Value::Array(_) => return Err(corrupt("an empty batch".to_string())),
+        one => vec![one],
+    };
+    let mut frames = Vec::with_capacity(values.len());
+    for mut value in values {
+        let obj = value
+            .as_object_mut()
+            .ok_or_else(|| corrupt("not a JSON object".to_string()))?;
+        match obj.get("secret").and_then(Value::as_str) {
+            None => {}
+            Some(stored) if stored == secret => {}
+            Some(_) => return Err(corrupt("holds another execution's secret".to_string())),
+        }
+        obj.insert("secret".into(), Value::String(secret.to_string()));
+        frames.push(serde_json::from_value(value).map_err(|e| corrupt(e.to_string()))?);
     }
-    obj.insert("secret".into(), Value::String(secret.to_string()));
-    serde_json::from_value(value).map_err(|e| corrupt(e.to_string()))
+    Ok(frames)
 }
 
 fn write_private(path: &Path, body: &[u8]) -> Result<(), JournalError> {
@@ -430,6 +542,74 @@ mod tests {
             .record("execution.finish", json!({}))
             .expect("record");
         assert_eq!(next.sequence, 4);
+    }
+
+    #[test]
+    fn held_frames_are_written_with_the_next_record_as_one_file_deleted_when_all_are_answered() {
+        let (_home, dir, mut journal) = fresh();
+        let usage = journal.hold("usage.add", json!({"n": 1})).expect("hold");
+        let message = journal
+            .hold("transcript.append", json!({"n": 2}))
+            .expect("hold");
+        assert_eq!((usage.sequence, message.sequence), (1, 2));
+        assert_eq!(
+            fs::read_dir(&dir).expect("dir").count(),
+            0,
+            "a held frame is not written (nor sent) before the next record"
+        );
+        let finish = journal
+            .record("execution.finish", json!({"n": 3}))
+            .expect("record");
+        let file = dir.join("00000000000000000001.json");
+        let names: Vec<_> = fs::read_dir(&dir)
+            .expect("dir")
+            .map(|e| e.expect("entry").path())
+            .collect();
+        assert_eq!(names, vec![file.clone()], "one file for the batch");
+        let text = fs::read_to_string(&file).expect("read");
+        assert!(!text.contains("sekret"), "the secret is on disk: {text}");
+        assert_eq!(
+            serde_json::from_str::<Value>(&text)
+                .expect("json")
+                .as_array()
+                .map(Vec::len),
+            Some(3)
+        );
+
+        // A restarted sender reloads the batch, secrets restored, and continues after it.
+        let reopened = Journal::open(&dir, scope()).expect("reopen");
+        assert_eq!(
+            reopened.unacknowledged(),
+            vec![usage.clone(), message.clone(), finish.clone()]
+        );
+        assert_eq!(reopened.next_sequence(), 4);
+        drop(reopened);
+
+        assert!(journal.acknowledge(1).expect("ack"));
+        assert!(journal.acknowledge(3).expect("ack"));
+        assert!(file.exists(), "sequence 2 of the file is not answered yet");
+        assert!(journal.acknowledge(2).expect("ack"));
+        assert!(!file.exists());
+        journal.finish().expect("finish");
+        assert!(!dir.exists());
+    }
+
+    #[test]
+    fn a_batch_file_out_of_sequence_is_corrupt() {
+        let (_home, dir, mut journal) = fresh();
+        journal.hold("usage.add", json!({"n": 1})).expect("hold");
+        journal
+            .record("execution.finish", json!({"n": 2}))
+            .expect("record");
+        drop(journal);
+        let file = dir.join("00000000000000000001.json");
+        let mut batch: Value =
+            serde_json::from_slice(&fs::read(&file).expect("read")).expect("json");
+        batch[1]["sequence"] = json!(5);
+        fs::write(&file, batch.to_string()).expect("write");
+        let err = Journal::open(&dir, scope()).expect_err("out of sequence");
+        assert!(matches!(err, JournalError::Corrupt { .. }), "{err}");
+        assert!(err.to_string().contains("sequence 5"), "{err}");
     }
 
     #[test]

@@ -9,8 +9,8 @@
 //!   stops reading and the channel is full, live deltas are dropped (they are never replayed
 //!   anyway, SPEC section 2) and persist frames wait for room: a persist is never dropped;
 //! - the outbox thread sends each frame after it is written, in sequence order. A frame
-//!   recorded with [`OwnerLink::hold`] waits for the next [`OwnerLink::persist`], and the two
-//!   (or more) go as one `persist_batch` line, which the owner applies in one transaction with
+//!   held with [`OwnerLink::hold`] waits, in memory, for the next [`OwnerLink::persist`]; the
+//!   two (or more) are written as one outbox file and go as one `persist_batch` line, which the owner applies in one transaction with
 //!   one commit (docs/decisions.md, "Batched persists"); a batch over [`MAX_FRAME_BYTES`] is cut
 //!   into several lines, and `prompt.open` and `child.reserve` always go alone;
 //! - the reader task parses [`OwnerFrame`]s: a `receipt` or `refused` deletes the frame from
@@ -19,9 +19,10 @@
 //!
 //! End of file or a write error marks the pair lost ([`OwnerLink::disconnected`]). The frames
 //! stay in the journal; [`OwnerLink::connect`] with a new pair first resends every
-//! unacknowledged frame, in sequence order and in the batches they were sent in, then carries
-//! on (the owner answers a repeated sequence with its stored receipt). The worker process itself never reconnects: for it a lost
-//! pair means the owner is gone.
+//! unacknowledged frame that was sent, in sequence order and in the batches they were sent in,
+//! then carries on (the owner answers a repeated sequence with its stored receipt); held
+//! frames still wait for the next persist. The worker process itself never reconnects: for it
+//! a lost pair means the owner is gone.
 //!
 //! An incoming line over [`MAX_FRAME_BYTES`], or one that is not an owner frame, is a fault:
 //! it is logged, the persists waiting at that moment fail, and the turn is cancelled, so the
@@ -159,7 +160,8 @@ struct State {
     /// The first sequence of the batch each sent frame went in, so a resend sends the same
     /// batches; a frame missing here (held, or reloaded from the journal) goes alone.
     batch_of: BTreeMap<u64, u64>,
-    /// Frames recorded by [`OwnerLink::hold`] and not sent yet, in sequence order.
+    /// Frames held by [`OwnerLink::hold`], not written or sent yet, in sequence order (always
+    /// the newest pending ones).
     held: Vec<u64>,
     /// The current writer task's queue; `None` while no pair is connected.
     out: Option<mpsc::Sender<String>>,
@@ -281,14 +283,12 @@ impl OwnerLink {
         state.closed.cancel();
         state.closed = closed.clone();
         // Taken under the lock the outbox thread registers frames under, so no frame is sent
-        // twice on one pair or out of order. Held frames go now too, as one batch of their own.
-        let held = std::mem::take(&mut state.held);
-        if let Some(&first) = held.first() {
-            for sequence in held {
-                state.batch_of.insert(sequence, first);
-            }
-        }
-        let resend = resend_lines(&state.pending, &state.batch_of);
+        // twice on one pair or out of order. Held frames are not written yet: they stay held
+        // and go with the next persist.
+        let resend = match state.held.first() {
+            Some(&first) => resend_lines(&state.pending.range(..first), &state.batch_of),
+            None => resend_lines(&state.pending.range(..), &state.batch_of),
+        };
         if let Some(first) = state.pending.keys().next() {
             tracing::info!(
                 frames = resend.len(),
@@ -346,11 +346,11 @@ impl OwnerLink {
         }
     }
 
-    /// Records `operation` with `payload` in the journal and holds it: it is sent with the
-    /// next [`OwnerLink::persist`], in one batch, one commit and one round trip with it. For a
-    /// write nothing waits on before the next one (a model request's `usage.add` before its
-    /// message, the turn's last message before `execution.finish`). Returns its sequence once
-    /// it is recorded; its receipt is not waited for, and a refusal of it is the refusal of
+    /// Gives `operation` with `payload` the next sequence and holds it: it is written to the
+    /// outbox and sent with the next [`OwnerLink::persist`], in one file, one batch, one commit
+    /// and one round trip with it. For a write nothing waits on before the next one (a model
+    /// request's `usage.add` before its message, the turn's last message before
+    /// `execution.finish`). Returns its sequence once it is held; its receipt is not waited for, and a refusal of it is the refusal of
     /// the persist it goes with ([`OwnerLink::refusal`] keeps the first).
     pub async fn hold(&self, operation: &str, payload: Value) -> Result<u64, PersistError> {
         let sequence = self.record(operation, payload, None, false).await?;
@@ -489,7 +489,12 @@ fn run_outbox(mut journal: Journal, inner: Weak<Inner>, commands: std_mpsc::Rece
                 recorded,
                 send,
             } => {
-                let frame = match journal.record(&operation, payload) {
+                let recording = if send {
+                    journal.record(&operation, payload)
+                } else {
+                    journal.hold(&operation, payload)
+                };
+                let frame = match recording {
                     Ok(frame) => frame,
                     Err(e) => {
                         let _ = recorded.send(Err(e));
@@ -509,7 +514,6 @@ fn run_outbox(mut journal: Journal, inner: Weak<Inner>, commands: std_mpsc::Rece
                         let mut batch = std::mem::take(&mut state.held);
                         batch.push(sequence);
                         let first = batch[0];
-                        // A held frame a resend already took is no longer pending.
                         let frames: Vec<&PersistFrame> =
                             batch.iter().filter_map(|s| state.pending.get(s)).collect();
                         let lines = batch_lines(&frames);
@@ -717,13 +721,13 @@ fn batch_lines(frames: &[&PersistFrame]) -> Vec<String> {
 /// The lines that resend every unanswered frame, in sequence order and in the batches they
 /// were first sent in (`batch_of`: a frame's batch, by its first sequence).
 fn resend_lines(
-    pending: &BTreeMap<u64, PersistFrame>,
+    pending: &std::collections::btree_map::Range<'_, u64, PersistFrame>,
     batch_of: &BTreeMap<u64, u64>,
 ) -> Vec<String> {
     let mut lines = Vec::new();
     let mut batch: Vec<&PersistFrame> = Vec::new();
     let mut current = None;
-    for (sequence, frame) in pending {
+    for (sequence, frame) in pending.clone() {
         let of = batch_of.get(sequence).copied();
         if of.is_none() || of != current {
             lines.extend(batch_lines(&batch));

@@ -378,7 +378,7 @@ async fn a_full_queue_drops_deltas_and_a_persist_waits_for_room() {
 async fn held_frames_go_with_the_next_persist_in_one_batch_and_are_resent_as_that_batch() {
     let home = tempfile::tempdir().expect("tempdir");
     let (link, dir, _cancel) = open_link(home.path());
-    let mut owner = connect(&link);
+    let owner = connect(&link);
     assert_eq!(
         link.hold("usage.add", json!({"n": 1})).await.expect("held"),
         1
@@ -389,13 +389,27 @@ async fn held_frames_go_with_the_next_persist_in_one_batch_and_are_resent_as_tha
             .expect("held"),
         2
     );
-    assert_eq!(frame_files(&dir).len(), 2, "held frames are in the outbox");
+    assert!(
+        frame_files(&dir).is_empty(),
+        "held frames are written with the persist they go with"
+    );
+    // A new pair meanwhile resends nothing: a held frame waits for its persist.
+    drop(owner);
+    tokio::time::timeout(WAIT, link.disconnected())
+        .await
+        .expect("the link notices the closed pipe");
+    let mut owner = connect(&link);
     let task = spawn_persist(&link, 3);
     // Had a held frame gone alone, it would be the first line.
     let (first_sight, batch) = owner.persists().await;
     assert!(batch, "one persist_batch line");
     let sequences: Vec<u64> = first_sight.iter().map(|f| f.sequence).collect();
     assert_eq!(sequences, [1, 2, 3]);
+    assert_eq!(
+        frame_files(&dir),
+        ["00000000000000000001.json"],
+        "one outbox file for the batch"
+    );
 
     drop(owner);
     tokio::time::timeout(WAIT, link.disconnected())
