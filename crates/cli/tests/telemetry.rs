@@ -349,7 +349,15 @@ async fn include_content_puts_the_input_and_tool_io_on_the_worker_spans() {
             && seen.iter().any(|s| s.span.name == "tool.call")
     };
     let arrived = wait::until(Duration::from_secs(20), || async { done(&spans(&shared)) }).await;
-    assert!(arrived, "the worker's spans arrived within 20 s");
+    assert!(
+        arrived,
+        "the worker's spans arrived within 20 s; spans seen: {:?}; worker logs:\n{}",
+        spans(&shared)
+            .iter()
+            .map(|s| s.span.name.clone())
+            .collect::<Vec<_>>(),
+        worker_logs(s.home.path())
+    );
     let seen = spans(&shared);
     let worker = seen.iter().find(|s| s.span.name == "worker").unwrap();
     assert_eq!(string(worker.attr("input")).as_deref(), Some(PROMPT));
@@ -360,4 +368,17 @@ async fn include_content_puts_the_input_and_tool_io_on_the_worker_spans() {
             "{key}: {tool_call:?}"
         );
     }
+}
+
+/// Every worker log of `home`, for a failure message (the worker logs why an export failed).
+fn worker_logs(home: &Path) -> String {
+    let Ok(dir) = std::fs::read_dir(home.join("logs").join("workers")) else {
+        return "(no worker logs)".to_string();
+    };
+    dir.flatten()
+        .map(|e| {
+            let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+            format!("== {}\n{text}", e.path().display())
+        })
+        .collect()
 }

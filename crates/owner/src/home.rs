@@ -44,6 +44,11 @@ pub fn prepare_home(home: &Path) -> std::io::Result<()> {
 /// too (older drovers look only there) and holds the owner's pid, written whole and renamed
 /// into place, so no reader ever sees it empty. The holder of a refused lock is named from
 /// the kernel's lock table, which knows it from the instant the lock is taken.
+///
+/// A lock whose taker is dead is not an owner: a `flock` belongs to the open file, and a
+/// child the dead owner was starting (between `fork` and `exec`, where close-on-exec has not
+/// closed it yet) still holds that file for a moment. Such a lock is waited for, up to
+/// [`DEAD_HOLDER_WAIT`], instead of refusing a restart right after a crash.
 pub struct HomeLock {
     _home: File,
     _file: File,
@@ -82,7 +87,7 @@ impl HomeLock {
             pid: pid.map_or_else(|| "unknown".to_string(), |p| p.to_string()),
         };
         let dir = File::open(home).map_err(io(home))?;
-        match dir.try_lock() {
+        match lock_unless_owned(&dir, home) {
             Ok(()) => {}
             Err(std::fs::TryLockError::WouldBlock) => return Err(held(owner_pid(home))),
             Err(std::fs::TryLockError::Error(e)) => return Err(io(home)(e)),
@@ -90,7 +95,7 @@ impl HomeLock {
         let path = home.join("daemon.lock");
         // An older drover locks only daemon.lock.
         if let Ok(old) = File::open(&path) {
-            if let Err(std::fs::TryLockError::WouldBlock) = old.try_lock() {
+            if let Err(std::fs::TryLockError::WouldBlock) = lock_unless_owned(&old, &path) {
                 return Err(held(lock_file_holder(home)));
             }
         }
@@ -117,6 +122,29 @@ impl HomeLock {
             _home: dir,
             _file: file,
         })
+    }
+}
+
+/// How long a lock whose taker is dead is waited for (see [`HomeLock`]).
+pub const DEAD_HOLDER_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Takes an exclusive `flock` on `file` (at `path`) without waiting for a live holder; a lock
+/// whose taker is dead or unknown is retried until [`DEAD_HOLDER_WAIT`] has passed.
+fn lock_unless_owned(file: &File, path: &Path) -> Result<(), std::fs::TryLockError> {
+    let deadline = std::time::Instant::now() + DEAD_HOLDER_WAIT;
+    loop {
+        match file.try_lock() {
+            Err(std::fs::TryLockError::WouldBlock) => {}
+            other => return other,
+        }
+        let taker =
+            drover_tools::platform::flock_holder(path).and_then(|pid| i32::try_from(pid).ok());
+        if taker.is_some_and(drover_tools::platform::is_alive)
+            || std::time::Instant::now() >= deadline
+        {
+            return Err(std::fs::TryLockError::WouldBlock);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
     }
 }
 
@@ -220,6 +248,42 @@ mod tests {
         }
         let recorded = std::fs::read_to_string(dir.path().join("daemon.lock")).unwrap();
         assert_eq!(recorded, std::process::id().to_string());
+        assert_eq!(owner_pid(dir.path()), Some(std::process::id()));
+    }
+
+    /// A crashed owner's lock still held by a child it was starting (the locked file is the
+    /// child's too until its exec closes it) is waited for: the restart gets the home instead
+    /// of exiting 3 "owned by another running daemon".
+    #[test]
+    fn a_lock_whose_taker_is_dead_is_waited_for() {
+        let dir = tempfile::tempdir().unwrap();
+        // `flock` takes the lock and exits, the shell exits, and the `sleep` it started keeps
+        // the locked file open for a second after both.
+        let status = std::process::Command::new("sh")
+            .arg("-c")
+            .arg("exec 9<\"$1\"; flock -x 9 || exit 1; sleep 1 & exit 0")
+            .arg("sh")
+            .arg(dir.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success(), "the lock was not taken: {status}");
+        let probe = File::open(dir.path()).unwrap();
+        assert!(
+            matches!(probe.try_lock(), Err(std::fs::TryLockError::WouldBlock)),
+            "the dead taker's lock is still held by the sleeping child"
+        );
+        let taker = drover_tools::platform::flock_holder(dir.path()).unwrap_or(0);
+        assert!(
+            !drover_tools::platform::is_alive(taker as i32),
+            "taker {taker} is dead"
+        );
+
+        let started = std::time::Instant::now();
+        let lock = HomeLock::acquire(dir.path());
+        assert!(lock.is_ok(), "{:?}", lock.err().map(|e| e.to_string()));
+        assert!(started.elapsed() < DEAD_HOLDER_WAIT);
         assert_eq!(owner_pid(dir.path()), Some(std::process::id()));
     }
 

@@ -205,14 +205,16 @@ impl Telemetry {
 
     /// Flushes and stops both exporters (bounded by the exporters' own timeouts).
     pub fn shutdown(self) {
+        // Spans or metrics lost at exit are worth a line in the log (a worker exports its
+        // turn's spans here).
         if let Err(e) = self.tracer.force_flush() {
-            tracing::debug!(error = %e, "flushing spans failed");
+            tracing::warn!(error = %e, "flushing spans failed");
         }
         if let Err(e) = self.tracer.shutdown() {
-            tracing::debug!(error = %e, "stopping the span exporter failed");
+            tracing::warn!(error = %e, "stopping the span exporter failed");
         }
         if let Err(e) = self.meter.shutdown() {
-            tracing::debug!(error = %e, "stopping the metric exporter failed");
+            tracing::warn!(error = %e, "stopping the metric exporter failed");
         }
         ENABLED.store(false, Ordering::Relaxed);
     }
