@@ -137,8 +137,10 @@ fn lock_unless_owned(file: &File, path: &Path) -> Result<(), std::fs::TryLockErr
             Err(std::fs::TryLockError::WouldBlock) => {}
             other => return other,
         }
-        let taker =
-            drover_tools::platform::flock_holder(path).and_then(|pid| i32::try_from(pid).ok());
+        // Our own pid there is a dead taker's, reused: this process has not taken the lock.
+        let taker = drover_tools::platform::flock_holder(path)
+            .filter(|&pid| pid != std::process::id())
+            .and_then(|pid| i32::try_from(pid).ok());
         if taker.is_some_and(drover_tools::platform::is_alive)
             || std::time::Instant::now() >= deadline
         {

@@ -16,8 +16,12 @@
 //! live (a worker whose owner died stops, and a later owner refuses an older epoch's frames),
 //! so surviving a machine crash buys nothing (docs/decisions.md, "The worker's outbox is not
 //! fsync'd"). [`Journal::acknowledge`] deletes a file once the owner answered (receipt or
-//! refusal) every frame in it. [`Journal::open`] reloads what is left, so a restarted sender
-//! resends the same frames with the same sequences and payloads. This module is plain,
+//! refusal) every frame in it; the frames of a file are answered together (the owner applies
+//! a batch in one transaction, and `prompt.open` and `child.reserve`, answered late, get files
+//! of their own). [`Journal::open`] reloads every frame of the files left, so a restarted
+//! sender resends the same frames with the same sequences and payloads (one reloaded between
+//! two receipts of a file may send an answered frame again, which the owner answers with its
+//! stored receipt, SPEC section 4). This module is plain,
 //! synchronous file IO, the bottom layer of the crate: the link above it runs it on its own
 //! thread and carries the frames.
 
@@ -214,44 +218,63 @@ impl Journal {
 
     /// Builds the frame for `operation` with the next sequence and writes it, with the frames
     /// held before it, as one file (temp file, then rename, so a file is whole or absent).
-    /// Only then may they be sent.
+    /// Only then may they be sent. A `prompt.open` or `child.reserve`, which travels alone and
+    /// is answered late, gets a file of its own after one for the held frames, so the frames
+    /// of a file are answered together.
     ///
     /// Errors: [`JournalError::FrameTooLarge`] when the wire line would exceed
-    /// [`MAX_FRAME_BYTES`] (nothing written, sequence not used); [`JournalError::Io`] (nothing
-    /// written, the held frames stay held).
+    /// [`MAX_FRAME_BYTES`] (nothing written, sequence not used); [`JournalError::Io`] (the
+    /// frame not written, its sequence not used).
     pub fn record(
         &mut self,
         operation: &str,
         payload: Value,
     ) -> Result<PersistFrame, JournalError> {
         let frame = self.next_frame(operation, payload)?;
-        let first = self.held.first().copied().unwrap_or(frame.sequence);
-        let path = self.frame_path(first);
-        let body = {
-            let mut frames: Vec<&PersistFrame> = self
-                .held
-                .iter()
-                .filter_map(|s| self.pending.get(s))
-                .collect();
-            frames.push(&frame);
-            stored_body(&frames)
+        let mut held = std::mem::take(&mut self.held);
+        if !frame.batchable() && !held.is_empty() {
+            if let Err(e) = self.write_file(&held, None) {
+                self.held = held;
+                return Err(e);
+            }
+            held.clear();
         }
-        .map_err(|e| JournalError::Corrupt {
+        if let Err(e) = self.write_file(&held, Some(&frame)) {
+            self.held = held;
+            return Err(e);
+        }
+        self.next_sequence += 1;
+        self.pending.insert(frame.sequence, frame.clone());
+        Ok(frame)
+    }
+
+    /// Writes the pending frames `held` and then `last` as one file named by the first
+    /// sequence (nothing when there is no frame).
+    fn write_file(
+        &mut self,
+        held: &[u64],
+        last: Option<&PersistFrame>,
+    ) -> Result<(), JournalError> {
+        let mut frames: Vec<&PersistFrame> =
+            held.iter().filter_map(|s| self.pending.get(s)).collect();
+        frames.extend(last);
+        let Some(first) = frames.first().map(|f| f.sequence) else {
+            return Ok(());
+        };
+        let path = self.frame_path(first);
+        let body = stored_body(&frames).map_err(|e| JournalError::Corrupt {
             path: path.clone(),
             detail: format!("cannot serialise: {e}"),
         })?;
+        let sequences: Vec<u64> = frames.iter().map(|f| f.sequence).collect();
         let tmp = path.with_extension("json.tmp");
         write_private(&tmp, &body)?;
         fs::rename(&tmp, &path).map_err(|e| JournalError::io(&path, e))?;
-        self.next_sequence += 1;
-        let mut written = std::mem::take(&mut self.held);
-        written.push(frame.sequence);
-        self.left_in.insert(first, written.len());
-        for sequence in written {
+        self.left_in.insert(first, sequences.len());
+        for sequence in sequences {
             self.file_of.insert(sequence, first);
         }
-        self.pending.insert(frame.sequence, frame.clone());
-        Ok(frame)
+        Ok(())
     }
 
     /// Builds the frame for `operation` with the next sequence and holds it in memory: the
@@ -293,8 +316,12 @@ impl Journal {
     /// every frame in that file is answered. Unknown or already acknowledged sequences are not
     /// an error. Returns whether the frame was pending.
     pub fn acknowledge(&mut self, sequence: u64) -> Result<bool, JournalError> {
+        if self.held.contains(&sequence) {
+            // Never sent, so this is no answer to it: it stays held (dropping it would leave a
+            // gap in the batch it goes with).
+            return Ok(false);
+        }
         let was_pending = self.pending.remove(&sequence).is_some();
-        self.held.retain(|&s| s != sequence);
         let Some(first) = self.file_of.remove(&sequence) else {
             return Ok(was_pending);
         };
@@ -592,6 +619,57 @@ mod tests {
         assert!(!file.exists());
         journal.finish().expect("finish");
         assert!(!dir.exists());
+    }
+
+    /// A `prompt.open` is answered late: the held frames before it get a file of their own,
+    /// so answering them deletes their file and a reload sees only the prompt.
+    #[test]
+    fn a_prompt_open_after_held_frames_gets_a_file_of_its_own() {
+        let (_home, dir, mut journal) = fresh();
+        journal.hold("usage.add", json!({"n": 1})).expect("hold");
+        journal
+            .hold("transcript.append", json!({"n": 2}))
+            .expect("hold");
+        let open = journal
+            .record("prompt.open", json!({"n": 3}))
+            .expect("record");
+        let mut names: Vec<_> = fs::read_dir(&dir)
+            .expect("dir")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            ["00000000000000000001.json", "00000000000000000003.json"]
+        );
+        assert!(journal.acknowledge(1).expect("ack"));
+        assert!(journal.acknowledge(2).expect("ack"));
+        drop(journal);
+        let reopened = Journal::open(&dir, scope()).expect("reopen");
+        assert_eq!(reopened.unacknowledged(), vec![open]);
+    }
+
+    /// An answer to a held frame (never sent) is no answer: the frame stays held, and the batch
+    /// it is written in has no gap.
+    #[test]
+    fn an_answer_to_a_held_frame_is_ignored() {
+        let (_home, dir, mut journal) = fresh();
+        journal.hold("usage.add", json!({"n": 1})).expect("hold");
+        journal
+            .hold("transcript.append", json!({"n": 2}))
+            .expect("hold");
+        assert!(!journal.acknowledge(2).expect("ack of a held frame"));
+        journal
+            .record("execution.finish", json!({"n": 3}))
+            .expect("record");
+        drop(journal);
+        let reopened = Journal::open(&dir, scope()).expect("reopen");
+        let left: Vec<u64> = reopened
+            .unacknowledged()
+            .iter()
+            .map(|f| f.sequence)
+            .collect();
+        assert_eq!(left, [1, 2, 3]);
     }
 
     #[test]

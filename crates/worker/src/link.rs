@@ -264,7 +264,8 @@ impl OwnerLink {
     }
 
     /// Starts talking over a new pair: `reader` carries owner frames, `writer` worker frames.
-    /// Every unacknowledged frame is sent again first, in sequence order (SPEC section 4).
+    /// Every frame sent and not acknowledged is sent again first, in sequence order (SPEC
+    /// section 4); held frames wait for the next persist.
     /// Replaces (and stops reading from and writing to) any previous pair. Must run inside a
     /// tokio runtime.
     pub fn connect<R, W>(&self, reader: R, writer: W)
@@ -289,9 +290,9 @@ impl OwnerLink {
             Some(&first) => resend_lines(&state.pending.range(..first), &state.batch_of),
             None => resend_lines(&state.pending.range(..), &state.batch_of),
         };
-        if let Some(first) = state.pending.keys().next() {
+        if let (false, Some(first)) = (resend.is_empty(), state.pending.keys().next()) {
             tracing::info!(
-                frames = resend.len(),
+                lines = resend.len(),
                 first_seq = first,
                 "resending unacknowledged persists"
             );
@@ -612,6 +613,12 @@ impl Inner {
         let Some(outbox) = &state.outbox else {
             return;
         };
+        if state.held.contains(&sequence) {
+            // Never sent: the owner cannot be answering it. Dropping it would leave a gap in
+            // the batch it goes with, which the owner refuses.
+            tracing::warn!(seq = sequence, "ignoring an answer to a frame not sent yet");
+            return;
+        }
         let operation = state.pending.remove(&sequence).map(|f| f.operation);
         state.batch_of.remove(&sequence);
         if let Answer::Refused { reason, message } = &answer {
