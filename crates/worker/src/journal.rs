@@ -470,6 +470,15 @@ mod tests {
         }
     }
 
+    /// Holds `usage.add` (sequence 1) and `transcript.append` (2), as a turn's end does.
+    fn hold_two(journal: &mut Journal) -> (PersistFrame, PersistFrame) {
+        let usage = journal.hold("usage.add", json!({"n": 1})).expect("hold");
+        let message = journal
+            .hold("transcript.append", json!({"n": 2}))
+            .expect("hold");
+        (usage, message)
+    }
+
     /// An empty outbox for execution `e1` in a new home.
     fn fresh() -> (tempfile::TempDir, PathBuf, Journal) {
         let home = tempfile::tempdir().expect("tempdir");
@@ -574,10 +583,7 @@ mod tests {
     #[test]
     fn held_frames_are_written_with_the_next_record_as_one_file_deleted_when_all_are_answered() {
         let (_home, dir, mut journal) = fresh();
-        let usage = journal.hold("usage.add", json!({"n": 1})).expect("hold");
-        let message = journal
-            .hold("transcript.append", json!({"n": 2}))
-            .expect("hold");
+        let (usage, message) = hold_two(&mut journal);
         assert_eq!((usage.sequence, message.sequence), (1, 2));
         assert_eq!(
             fs::read_dir(&dir).expect("dir").count(),
@@ -626,10 +632,7 @@ mod tests {
     #[test]
     fn a_prompt_open_after_held_frames_gets_a_file_of_its_own() {
         let (_home, dir, mut journal) = fresh();
-        journal.hold("usage.add", json!({"n": 1})).expect("hold");
-        journal
-            .hold("transcript.append", json!({"n": 2}))
-            .expect("hold");
+        hold_two(&mut journal);
         let open = journal
             .record("prompt.open", json!({"n": 3}))
             .expect("record");
@@ -654,10 +657,7 @@ mod tests {
     #[test]
     fn an_answer_to_a_held_frame_is_ignored() {
         let (_home, dir, mut journal) = fresh();
-        journal.hold("usage.add", json!({"n": 1})).expect("hold");
-        journal
-            .hold("transcript.append", json!({"n": 2}))
-            .expect("hold");
+        hold_two(&mut journal);
         assert!(!journal.acknowledge(2).expect("ack of a held frame"));
         journal
             .record("execution.finish", json!({"n": 3}))

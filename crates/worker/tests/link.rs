@@ -103,6 +103,15 @@ fn connect_with_buffer(link: &OwnerLink, bytes: usize) -> OwnerEnd {
     }
 }
 
+/// Closes the owner's end, waits until the link notices, and connects a new pair.
+async fn reconnect(owner: OwnerEnd, link: &OwnerLink) -> OwnerEnd {
+    drop(owner);
+    tokio::time::timeout(WAIT, link.disconnected())
+        .await
+        .expect("the link notices the closed pipe");
+    connect(link)
+}
+
 fn open_link(home: &std::path::Path) -> (OwnerLink, PathBuf, CancellationToken) {
     let dir = outbox_dir(home, "exec-1").expect("outbox dir");
     let journal = Journal::open(&dir, scope()).expect("journal");
@@ -394,11 +403,7 @@ async fn held_frames_go_with_the_next_persist_in_one_batch_and_are_resent_as_tha
         "held frames are written with the persist they go with"
     );
     // A new pair meanwhile resends nothing: a held frame waits for its persist.
-    drop(owner);
-    tokio::time::timeout(WAIT, link.disconnected())
-        .await
-        .expect("the link notices the closed pipe");
-    let mut owner = connect(&link);
+    let mut owner = reconnect(owner, &link).await;
     let task = spawn_persist(&link, 3);
     // Had a held frame gone alone, it would be the first line.
     let (first_sight, batch) = owner.persists().await;
@@ -411,11 +416,7 @@ async fn held_frames_go_with_the_next_persist_in_one_batch_and_are_resent_as_tha
         "one outbox file for the batch"
     );
 
-    drop(owner);
-    tokio::time::timeout(WAIT, link.disconnected())
-        .await
-        .expect("the link notices the closed pipe");
-    let mut owner = connect(&link);
+    let mut owner = reconnect(owner, &link).await;
     let (second_sight, batch) = owner.persists().await;
     assert!(batch);
     assert_eq!(second_sight, first_sight, "the same batch, sent again");
