@@ -198,3 +198,71 @@ fn the_drover_binary_is_position_dependent() {
         "e_type {e_type}: the binary is not ET_EXEC (3 is a PIE)"
     );
 }
+
+/// The turns' logs (`<execution_id>.log`, not a spare's) in the home's worker log folder.
+fn turn_logs(home: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(worker_logs(home))
+        .map(|dir| {
+            dir.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.ends_with(".log") && !n.starts_with("spare-"))
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// A turn log per turn would fill `logs/workers` without end: `[daemon] worker_logs_keep`
+/// bounds them, at start (logs a previous daemon left) and as turns end, oldest first.
+#[tokio::test]
+async fn only_the_newest_worker_logs_are_kept() {
+    let home = drover_test_support::harness::TestHome::new().unwrap();
+    let dir = worker_logs(home.path());
+    std::fs::create_dir_all(&dir).unwrap();
+    // Three logs a previous daemon left, a day old, the first the oldest.
+    let day_ago = std::time::SystemTime::now() - Duration::from_secs(86_400);
+    for (i, name) in ["old-a.log", "old-b.log", "old-c.log"].iter().enumerate() {
+        let file = std::fs::File::create(dir.join(name)).unwrap();
+        file.set_modified(day_ago + Duration::from_secs(i as u64))
+            .unwrap();
+    }
+    let mut s = OneSession::builder(bin())
+        .home(home)
+        .config("worker_logs_keep = 2")
+        .start()
+        .await
+        .unwrap();
+    // At start: the newest two are kept.
+    assert!(
+        wait::until(BOUND, async || turn_logs(s.home.path())
+            == ["old-b.log", "old-c.log"])
+        .await,
+        "{:?}",
+        turn_logs(s.home.path())
+    );
+
+    let mut executions = Vec::new();
+    for i in 0..4 {
+        s.model.push(Reply::text(format!("turn {i}")));
+        let admission = s.submit(&format!("turn {i}")).await.unwrap();
+        let admission_id = str_field(&admission, "admission_id");
+        assert_eq!(s.wait_settled(&admission_id).await.unwrap(), "completed");
+        executions.push(execution_of(&s.home.db(), &admission_id).0);
+        // Never more than keep + keep / 8 (here 2) finished turns' logs once a pass ran.
+        assert!(
+            wait::until(BOUND, async || turn_logs(s.home.path()).len() <= 2).await,
+            "after turn {i}: {:?}",
+            turn_logs(s.home.path())
+        );
+    }
+    // The old ones went first; the last turn's log is there, with its worker's lines.
+    let logs = turn_logs(s.home.path());
+    assert!(logs.iter().all(|n| !n.starts_with("old-")), "{logs:?}");
+    let last = format!("{}.log", executions[3]);
+    assert!(logs.contains(&last), "{last} not in {logs:?}");
+    let text = std::fs::read_to_string(dir.join(&last)).unwrap();
+    assert!(text.contains("turn starting"), "{text}");
+    // The waiting spare's log is never a finished turn's.
+    assert_eq!(spare_logs(s.home.path()).len(), 1);
+}

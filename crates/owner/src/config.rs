@@ -232,6 +232,10 @@ pub struct DaemonSection {
     /// a longer one is `invalid_params` naming `text` and nothing is admitted. At least 1.
     #[serde(default = "default_max_input_bytes")]
     pub max_input_bytes: u64,
+    /// How many finished turns' worker logs (`logs/workers/<execution_id>.log`) are kept; older
+    /// ones are removed, oldest first ([`crate::worker_logs`]; default 1000). At least 1.
+    #[serde(default = "default_worker_logs_keep")]
+    pub worker_logs_keep: u64,
     /// SPEC section 1: a `listen` address beyond loopback needs this, and TLS.
     #[serde(default)]
     pub allow_remote: bool,
@@ -250,6 +254,7 @@ impl Default for DaemonSection {
             progress_interval_s: default_progress_interval(),
             idle_exit_s: default_idle_exit(),
             max_input_bytes: default_max_input_bytes(),
+            worker_logs_keep: default_worker_logs_keep(),
             allow_remote: false,
             tls_cert: None,
             tls_key: None,
@@ -279,11 +284,16 @@ impl DaemonSection {
 
     /// SPEC section 1: loopback only, unless `allow_remote`; beyond loopback, TLS. The message
     /// names the keys to set. `progress_interval_s` must be above 0 and at most a day;
-    /// `idle_exit_s` above 0; `max_input_bytes` at least 1.
+    /// `idle_exit_s` above 0; `max_input_bytes` and `worker_logs_keep` at least 1.
     fn check(&self) -> Result<(), String> {
         if self.max_input_bytes == 0 {
             return Err(
                 "[daemon] max_input_bytes = 0 must be a number of bytes of at least 1".into(),
+            );
+        }
+        if self.worker_logs_keep == 0 {
+            return Err(
+                "[daemon] worker_logs_keep = 0 must be a number of logs of at least 1".into(),
             );
         }
         if !(self.idle_exit_s > 0.0 && self.idle_exit_s.is_finite()) {
@@ -547,6 +557,10 @@ fn default_max_input_bytes() -> u64 {
     1024 * 1024
 }
 
+fn default_worker_logs_keep() -> u64 {
+    crate::worker_logs::DEFAULT_KEEP
+}
+
 /// A config file that could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -762,18 +776,23 @@ mod tests {
     }
 
     #[test]
-    fn max_input_bytes_defaults_to_one_mib_and_zero_is_refused() {
+    fn counted_daemon_keys_default_are_read_and_zero_is_refused() {
+        type Read = fn(&Config) -> u64;
+        let keys: [(&str, u64, Read); 2] = [
+            ("max_input_bytes", 1 << 20, |c| c.daemon.max_input_bytes),
+            ("worker_logs_keep", 1000, |c| c.daemon.worker_logs_keep),
+        ];
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("config.toml");
-        assert_eq!(
-            Config::load(dir.path()).unwrap().daemon.max_input_bytes,
-            1 << 20
-        );
-        std::fs::write(&file, "[daemon]\nmax_input_bytes = 10\n").unwrap();
-        assert_eq!(Config::load(dir.path()).unwrap().daemon.max_input_bytes, 10);
-        std::fs::write(&file, "[daemon]\nmax_input_bytes = 0\n").unwrap();
-        let e = Config::load(dir.path()).unwrap_err().to_string();
-        assert!(e.contains("max_input_bytes"), "{e}");
+        for (key, default, read) in keys {
+            let _ = std::fs::remove_file(&file);
+            assert_eq!(read(&Config::load(dir.path()).unwrap()), default, "{key}");
+            std::fs::write(&file, format!("[daemon]\n{key} = 10\n")).unwrap();
+            assert_eq!(read(&Config::load(dir.path()).unwrap()), 10, "{key}");
+            std::fs::write(&file, format!("[daemon]\n{key} = 0\n")).unwrap();
+            let e = Config::load(dir.path()).unwrap_err().to_string();
+            assert!(e.contains(&format!("{key} = 0")), "{e}");
+        }
     }
 
     #[test]

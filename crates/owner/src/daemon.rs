@@ -342,6 +342,7 @@ async fn serve(home: PathBuf, lifetime: Lifetime, ready: Option<std::fs::File>) 
     tracing::info!(epoch = epoch.epoch, url = %info.url, pid = info.pid, "owner listening");
     // After daemon.json: a client waiting for this daemon does not wait for the spare's start.
     owner.start_spare();
+    owner.prune_worker_logs(false);
     kick_all(&owner).await;
     start_watchdog(&owner);
 

@@ -8,7 +8,8 @@
 //! ahead of the next claim ([`spare`]), and recovers after a
 //! crash (older-epoch work becomes `unknown`, never replayed).
 //! Its endpoint is loopback plain ws, or TLS ([`tls`]) when `[daemon]` says so; its log is
-//! private and bounded ([`logfile`]). A daemon a client started exits when idle ([`idle`]).
+//! private and bounded ([`logfile`]), and so is the number of turns' worker logs it keeps
+//! ([`worker_logs`]). A daemon a client started exits when idle ([`idle`]).
 //! The last status of each MCP server its turns' workers reported is kept per session for
 //! `mcp.status` ([`mcp`]). What the kernel offers for confining tools is probed once at start,
 //! and each turn's `policy.sandbox` and `info.confinement` are computed from it and the
@@ -21,7 +22,7 @@
 //! browser logs in with a one-time code for a cookie ([`browser`]).
 //!
 //! Layers (bottom to top; a module uses only those below it): `browser`, `config`, `error`, `home`, `hub`,
-//! `jobs`, `logfile`, `mcp`, `sandbox`, [`spare`], `telemetry`, `tls` < [`runtime`] < [`turns`] <
+//! `jobs`, `logfile`, `mcp`, `sandbox`, [`spare`], `telemetry`, `tls`, [`worker_logs`] < [`runtime`] < [`turns`] <
 //! [`admit`] < [`rpc`] < [`dashboard`] < [`server`] < [`daemon`].
 
 pub mod admit;
@@ -44,5 +45,6 @@ pub mod spare;
 pub mod telemetry;
 pub mod tls;
 pub mod turns;
+pub mod worker_logs;
 
 pub use daemon::run_daemon;

@@ -19,6 +19,7 @@ use crate::config::{Config, ConfigError, DaemonSection};
 use crate::hub::Hub;
 use crate::mcp::McpStatusTable;
 use crate::spare::{SpareSlot, WorkerCommand};
+use crate::worker_logs::WorkerLogs;
 
 /// A turn whose worker is running.
 #[derive(Debug, Clone)]
@@ -69,6 +70,8 @@ pub struct Owner {
     pub worker_exe: PathBuf,
     /// The spare worker, started ahead of the next claim (issue 15).
     pub spare: SpareSlot,
+    /// How many finished turns' worker logs are kept ([`Owner::prune_worker_logs`]).
+    worker_logs: Arc<WorkerLogs>,
     /// What the kernel offers for confining tools, probed once at start
     /// ([`crate::sandbox::probe`]).
     pub sandbox_support: SandboxSupport,
@@ -150,6 +153,10 @@ impl Owner {
         let epoch = ledger.epoch();
         let ledger_jobs = start_ledger_thread(ledger)?;
         let api_key_envs = Mutex::new(BTreeSet::from([config.model.api_key_env.clone()]));
+        let worker_logs = Arc::new(WorkerLogs::new(
+            home.join("logs").join("workers"),
+            config.daemon.worker_logs_keep,
+        ));
         Ok(Arc::new(Owner {
             home,
             daemon: config.daemon.clone(),
@@ -163,6 +170,7 @@ impl Owner {
             mcp: McpStatusTable::default(),
             worker_exe,
             spare: SpareSlot::default(),
+            worker_logs,
             sandbox_support,
             ledger_jobs,
             draining: AtomicBool::new(false),
@@ -220,6 +228,35 @@ impl Owner {
             self.epoch,
             move || owner.upgrade().map(|o| o.worker_command()),
         );
+    }
+
+    /// Runs a pass of the worker log retention ([`WorkerLogs`]) when one is due: at start
+    /// (`turn_ended` false) or after a turn's worker was reaped (`turn_ended` true). The pass
+    /// runs on a blocking thread and spares the logs of the turns running now.
+    pub fn prune_worker_logs(&self, turn_ended: bool) {
+        let due = if turn_ended {
+            self.worker_logs.turn_ended()
+        } else {
+            self.worker_logs.start()
+        };
+        if !due {
+            return;
+        }
+        let running: HashSet<String> = self.turns().keys().cloned().collect();
+        let logs = self.worker_logs.clone();
+        tokio::task::spawn_blocking(move || match logs.prune(&running) {
+            Ok(p) if p.removed > 0 => tracing::debug!(
+                removed = p.removed,
+                kept = p.kept,
+                "removed the oldest worker logs"
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(
+                error = %e,
+                dir = %logs.dir().display(),
+                "cannot remove old worker logs; trying again later"
+            ),
+        });
     }
 
     /// Every `[model] api_key_env` read so far (workers must not inherit them).

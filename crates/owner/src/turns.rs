@@ -389,6 +389,8 @@ async fn supervise(owner: Arc<Owner>, mut claim: Claim, secret: Secret, register
     // The worker is reaped: nothing will resend its outbox (its execution is settled or
     // unknown, and any resend would be refused), so it is only clutter now.
     remove_outbox(&owner.home, &execution_id);
+    // Its log is complete: one more finished turn's log to keep within the limit.
+    owner.prune_worker_logs(true);
 }
 
 /// Issue 16: the turn's outcome on its span and its latency in `drover.turn.duration`.
