@@ -474,6 +474,19 @@ mod tests {
         assert_eq!(pragma("temp_store"), "Integer(2)", "MEMORY");
     }
 
+    /// Opening an up-to-date ledger writes nothing before the epoch bump (issue 15: rewriting
+    /// `application_id` cost a commit and two fsyncs at every daemon start): the migration
+    /// check passes on a read-only connection.
+    #[test]
+    fn an_up_to_date_ledger_is_not_written_by_the_migration_check() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state.db");
+        drop(Ledger::open(&path).expect("create"));
+        let mut conn =
+            Connection::open_with_flags(&path, OpenFlags::SQLITE_OPEN_READ_ONLY).expect("open");
+        schema::migrate(&mut conn).expect("no write needed");
+    }
+
     /// A `runtime_epoch` row that does not read is an error: never a silent epoch 0 that
     /// the next bump would turn into an epoch already used.
     #[test]

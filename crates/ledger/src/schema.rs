@@ -235,7 +235,8 @@ pub fn current_version() -> i64 {
     MIGRATIONS.len() as i64
 }
 
-/// Checks the file is drover's (or empty) and applies pending migrations in one transaction.
+/// Checks the file is drover's (or empty) and applies pending migrations in one transaction;
+/// an up-to-date file is not written.
 pub fn migrate(conn: &mut Connection) -> Result<(), LedgerError> {
     let app_id: i64 = conn.query_row("PRAGMA application_id", [], |r| r.get(0))?;
     let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
@@ -254,6 +255,11 @@ pub fn migrate(conn: &mut Connection) -> Result<(), LedgerError> {
             "schema version {version} is newer than this drover ({})",
             current_version()
         )));
+    }
+    // Up to date: no write. (Setting `application_id` to the value it has still rewrites
+    // page 1, a commit and two fsyncs at every daemon start; issue 15.)
+    if version == current_version() && app_id == APPLICATION_ID {
+        return Ok(());
     }
     let tx = conn.transaction()?;
     for (i, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {

@@ -42,7 +42,9 @@ pub fn prepare_home(home: &Path) -> std::io::Result<()> {
 /// `daemon.lock`, it cannot be deleted from under a running owner, so a second owner can never
 /// open the ledger, whatever happened to the files in the home. `daemon.lock` is still locked
 /// too (older drovers look only there) and holds the owner's pid, written whole and renamed
-/// into place, so no reader ever sees it empty. The holder of a refused lock is named from
+/// into place, so no reader ever sees it empty (not fsync'd: the pid is a hint for when the
+/// kernel's lock table cannot be read, and after a machine crash no owner holds the lock,
+/// whatever the file says; one fsync less at every start, issue 15). The holder of a refused lock is named from
 /// the kernel's lock table, which knows it from the instant the lock is taken.
 ///
 /// A lock whose taker is dead is not an owner: a `flock` belongs to the open file, and a
@@ -109,7 +111,6 @@ impl HomeLock {
                 .open(&tmp)
                 .map_err(io(&tmp))?;
             write!(f, "{}", std::process::id()).map_err(io(&tmp))?;
-            f.sync_all().map_err(io(&tmp))?;
         }
         std::fs::rename(&tmp, &path).map_err(io(&path))?;
         let file = File::open(&path).map_err(io(&path))?;
