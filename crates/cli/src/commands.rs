@@ -95,13 +95,18 @@ fn stop_target(home: &Path) -> Result<Option<StopTarget>> {
     let file = home.join(drover_protocol::daemon_file::DAEMON_FILE);
     match info.start_time {
         Some(recorded) if recorded == now.start_time => Ok(Some(now)),
-        Some(_) => bail!(
-            "{} is stale: pid {} is another process now (its start time differs), so it is not              signalled; no daemon holds the home's lock. Remove the file if no daemon runs",
-            file.display(),
-            info.pid
-        ),
+        // Nobody holds the lock and the pid is another process now: no daemon runs.
+        Some(_) => {
+            eprintln!(
+                "drover: {} is stale (pid {} is another process now); it is not signalled",
+                file.display(),
+                info.pid
+            );
+            Ok(None)
+        }
         None => bail!(
-            "{} names pid {} without a start time and no daemon holds the home's lock: the file              is stale, so the pid is not signalled. Remove the file if no daemon runs",
+            "{} names pid {} without a start time and no daemon holds the home's lock: the file \
+             is stale, so the pid is not signalled. Remove the file if no daemon runs",
             file.display(),
             info.pid
         ),

@@ -319,3 +319,55 @@ async fn a_daemon_that_cannot_start_closes_its_pipe_without_ready() {
     assert_eq!(read_to_end(pipe).await, "");
     assert_eq!(child.0.wait().unwrap().code(), Some(1));
 }
+
+/// A daemon killed without its drain leaves `daemon.json` behind; after a reboot or a while its
+/// pid may be another process. That file names no daemon: a client starts one (no 15 s wait,
+/// no "does not answer"), and `drover stop` says no daemon runs (exit 0), signalling no one.
+#[tokio::test]
+async fn a_stale_daemon_json_whose_pid_is_another_process_names_no_daemon() {
+    let (_model, home) = model_home(true).await.unwrap();
+    let mut d = Daemon::start(bin(), home.path()).await.unwrap();
+    // SIGKILL and reap: no drain, so daemon.json stays.
+    d.kill().unwrap();
+    // The dead daemon's pid recycled: a bystander runs under it (start time differs).
+    let mut bystander = tokio::process::Command::new("sleep")
+        .arg("60")
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let bystander_pid = bystander.id().unwrap();
+    let file = home.path().join("daemon.json");
+    let mut info: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert!(info["start_time"].is_u64(), "{info}");
+    info["pid"] = bystander_pid.into();
+    std::fs::write(&file, info.to_string()).unwrap();
+
+    let stop = run_drover(bin(), home.path(), None, &["stop"]).await;
+    let stderr = String::from_utf8_lossy(&stop.stderr);
+    assert_eq!(stop.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("no daemon is running"), "{stderr}");
+    assert!(stderr.contains("stale"), "{stderr}");
+    assert!(pid_alive(bystander_pid), "the bystander was signalled");
+
+    let started = std::time::Instant::now();
+    let list = run_drover(bin(), home.path(), None, &["sessions"]).await;
+    assert!(
+        list.status.success(),
+        "{}",
+        String::from_utf8_lossy(&list.stderr)
+    );
+    // It started a daemon at once instead of waiting for the bystander to answer.
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    let fresh: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_ne!(fresh["pid"], info["pid"]);
+    assert!(pid_alive(bystander_pid), "the bystander was signalled");
+    let stop = run_drover(bin(), home.path(), None, &["stop"]).await;
+    assert!(stop.status.success());
+    bystander.kill().await.unwrap();
+}

@@ -110,7 +110,7 @@ fn write_daemon_json(home: &Path, pid: u32, start_time: Option<u64>) {
 }
 
 #[tokio::test]
-async fn stop_refuses_a_stale_daemon_json_and_signals_only_the_process_it_names() {
+async fn stop_never_signals_a_stale_daemon_json_s_pid_only_the_process_it_names() {
     let home = tempfile::tempdir().unwrap();
     let mut sleep = Bystander(
         std::process::Command::new("sleep")
@@ -121,11 +121,13 @@ async fn stop_refuses_a_stale_daemon_json_and_signals_only_the_process_it_names(
     let pid = sleep.0.id();
     let start_time = drover_platform::process_start_time(pid as i32).unwrap();
 
-    for recorded in [Some(start_time + 1), None] {
+    // Another start time: certainly not the daemon, so no daemon runs (exit 0). No start
+    // time (an older drover's file): not known, so refused (exit 1).
+    for (recorded, exit) in [(Some(start_time + 1), 0), (None, 1)] {
         write_daemon_json(home.path(), pid, recorded);
         let out = run_drover(bin(), home.path(), None, &["stop"]).await;
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{recorded:?}: {stderr}");
+        assert_eq!(out.status.code(), Some(exit), "{recorded:?}: {stderr}");
         assert!(stderr.contains("stale"), "{recorded:?}: {stderr}");
         assert!(
             sleep.0.try_wait().unwrap().is_none(),

@@ -199,9 +199,27 @@ pub(crate) fn pid_alive(pid: u32) -> bool {
     i32::try_from(pid).is_ok_and(drover_platform::is_alive)
 }
 
-/// `daemon.json` of a daemon that is alive.
+/// `daemon.json` of a daemon that is alive: its pid runs and, when the file records a start
+/// time, that process started then. A file a killed daemon left names a pid that may belong
+/// to another process by now (recycled, or after a reboot): that is no daemon, and the client
+/// starts one, which takes the free home lock and writes the file anew.
 pub(crate) fn running_daemon(home: &Path) -> Option<DaemonInfo> {
-    read_daemon_info(home).filter(|i| pid_alive(i.pid))
+    read_daemon_info(home).filter(is_running)
+}
+
+/// Whether `info`'s pid runs with the start time it records (any start time when it records
+/// none, as an older drover wrote it, or when `/proc` does not say).
+fn is_running(info: &DaemonInfo) -> bool {
+    let started = |pid: u32| {
+        i32::try_from(pid)
+            .ok()
+            .and_then(drover_platform::process_start_time)
+    };
+    pid_alive(info.pid)
+        && match (info.start_time, started(info.pid)) {
+            (Some(recorded), Some(now)) => recorded == now,
+            _ => true,
+        }
 }
 
 /// Why one connection attempt failed.
