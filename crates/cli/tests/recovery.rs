@@ -255,6 +255,26 @@ async fn submit_is_idempotent_on_input_id_and_conflicts_on_other_text() {
     assert_eq!(s.model.requests().len(), 1);
 }
 
+/// A worker killed outright (SIGKILL, as the OOM killer does) cannot kill its tools itself:
+/// the owner kills the groups left in the worker's session, and the turn is `unknown`.
+#[tokio::test]
+async fn a_tool_running_when_its_worker_is_killed_is_killed() {
+    let mut s = setup_with(1.0, "[approvals]\nmode = \"auto\"\n").await;
+    let (_dir, a, sleep) = sleeping_tool(&mut s, "sleep 30").await;
+    let _reap = KillOnDrop(sleep);
+    let worker = s.daemon.wait_worker().await.unwrap();
+    signal(worker, Signal::SIGKILL);
+
+    let events = s.client.events_until_settled(&a).await.unwrap();
+    assert_eq!(events.last().unwrap()["payload"]["outcome"], "unknown");
+    assert!(
+        wait_gone(sleep, BOUND).await,
+        "tool process {sleep} outlived its killed worker"
+    );
+    let line = log_line(s.home.path(), "killed the tool process groups").await;
+    assert!(line.contains("groups=1"), "{line}");
+}
+
 #[tokio::test]
 async fn killing_the_worker_while_the_model_holds_leaves_turn_unknown_and_pauses_queue() {
     let mut s = setup().await;

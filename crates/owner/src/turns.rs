@@ -351,6 +351,8 @@ async fn supervise(owner: Arc<Owner>, mut claim: Claim, secret: Secret, register
         owner.turns().remove(&execution_id);
         return;
     };
+    // The worker leads a session of its own (its pid), which its tools' groups stay in.
+    let worker_pid = child.id().and_then(|pid| i32::try_from(pid).ok());
     let (sent_tx, sent_rx) = oneshot::channel();
     let writer = tokio::spawn(write_stdin(stdin, bootstrap, handoff, sent_tx, control_rx));
     let mut pipe = WorkerPipe::new(owner.clone(), &claim, control);
@@ -363,6 +365,11 @@ async fn supervise(owner: Arc<Owner>, mut claim: Claim, secret: Secret, register
     drop(pipe);
     owner.turns().remove(&execution_id);
     reap(&mut child, end, &execution_id).await;
+    if !settled {
+        if let Some(pid) = worker_pid {
+            kill_left_tools(pid).await;
+        }
+    }
     // Its MCP servers died with it, whatever it last reported.
     owner.mcp.execution_ended(&execution_id);
     // The worker is gone, so a bootstrap write still under way fails at once.
@@ -918,6 +925,22 @@ async fn reap(child: &mut Child, end: LoopEnd, execution_id: &str) {
             tracing::warn!(%execution_id, "worker did not exit; killing it");
             let _ = child.kill().await;
         }
+    }
+}
+
+/// A worker that ended without settling its turn may have been killed outright (SIGKILL, the
+/// OOM killer), which leaves its foreground tool groups running with nobody to stop them: they
+/// are in the worker's session (`drover_platform::new_session`), so they are killed here.
+/// Background processes are in sessions of their own and go on (SPEC section 6).
+async fn kill_left_tools(worker_pid: i32) {
+    let killed = tokio::task::spawn_blocking(move || platform::kill_session_groups(worker_pid))
+        .await
+        .unwrap_or(0);
+    if killed > 0 {
+        tracing::warn!(
+            groups = killed,
+            "killed the tool process groups the ended worker left running"
+        );
     }
 }
 

@@ -26,6 +26,8 @@
 //!   and the plan a tool process applies before exec: a user and mount namespace hiding the
 //!   drover home, Landlock, no capabilities (issue 13); [`set_non_dumpable`] for the owner and
 //!   the worker.
+//! - [`new_session`] and [`kill_session_groups`]: a worker leads a session of its own, so the
+//!   owner kills the tool groups a killed worker left.
 //! - [`flock_holder`] names the process holding a `flock(2)` lock (the owner's home lock).
 //! - [`limit_malloc_arenas`] caps glibc's malloc arenas (the owner, at its start).
 //!
@@ -236,6 +238,50 @@ pub fn set_non_dumpable() -> io::Result<()> {
     nix::sys::prctl::set_dumpable(false).map_err(io::Error::from)
 }
 
+/// Makes the calling process the leader of a new session (and of a new process group),
+/// without a controlling terminal. The worker does this at start: every foreground tool group
+/// it starts stays in its session, so when the worker is killed outright (SIGKILL, the OOM
+/// killer), the owner still finds and kills them ([`kill_session_groups`]). Fails when the
+/// caller already leads a process group.
+pub fn new_session() -> io::Result<()> {
+    nix::unistd::setsid().map(|_| ()).map_err(io::Error::from)
+}
+
+/// Sends SIGKILL to every process group that has a member in session `sid` (a dead worker's:
+/// its pid), as `/proc` lists them now, and returns how many groups were signalled. Never the
+/// caller's own group. A session id is not reused while any process is in that session, so
+/// the groups found are the dead session leader's (a process that left with `setsid`, such
+/// as a background process, is in a session of its own and is not touched).
+pub fn kill_session_groups(sid: i32) -> usize {
+    if sid <= 1 {
+        return 0;
+    }
+    let own = nix::unistd::getpgrp().as_raw();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    let groups: BTreeSet<i32> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| {
+            let fields = stat_fields(pid)?;
+            let pgid: i32 = fields.get(STAT_PGRP)?.parse().ok()?;
+            let session: i32 = fields.get(STAT_SESSION)?.parse().ok()?;
+            (session == sid && pgid > 1 && pgid != own).then_some(pgid)
+        })
+        .collect();
+    groups
+        .iter()
+        .filter(|&&pgid| match signal_group(pgid, Signal::SIGKILL) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(pgid, error = %e, "could not kill a dead worker's process group");
+                false
+            }
+        })
+        .count()
+}
+
 /// Names the calling thread (`PR_SET_NAME`, at most 15 bytes; longer is cut). On the main
 /// thread this is the process's `comm`, as `ps`, `top` and `/proc/<pid>/stat` show it: the
 /// worker is `drover-spare` while it waits for its bootstrap and `drover-worker` once it has a
@@ -261,6 +307,10 @@ pub fn process_start_time(pid: i32) -> Option<u64> {
 
 /// Index of field 3 (`state`) in the fields after `comm`.
 const STAT_STATE: usize = 0;
+/// Index of field 5 (`pgrp`) in the fields after `comm`.
+const STAT_PGRP: usize = 5 - 3;
+/// Index of field 6 (`session`) in the fields after `comm`.
+const STAT_SESSION: usize = 6 - 3;
 /// Index of field 22 (`starttime`) in the fields after `comm` (fields 3.. are indices 0..).
 const STAT_START_TIME: usize = 22 - 3;
 

@@ -173,6 +173,11 @@ pub fn main_entry() -> Exit {
     if let Err(e) = pdeathsig {
         tracing::warn!(error = %e, "could not set PR_SET_PDEATHSIG; relying on end of stdin");
     }
+    // Its tools' process groups stay in this session: if this process is killed outright, the
+    // owner finds them there and kills them (`drover_platform::kill_session_groups`).
+    if let Err(e) = platform::new_session() {
+        tracing::warn!(error = %e, "could not start a session of its own; a SIGKILL would leave its tools running");
+    }
     if let Some(reason) = owner_already_gone(original_parent) {
         tracing::error!("{reason}; exiting");
         return WorkerExit::Aborted.exit();
