@@ -1017,11 +1017,11 @@ class SessionCreateParams(TypedDict):
     """
     title: NotRequired[str | None]
     """
-    A title for listings.
+    A title for listings: 1 to 200 characters, not only spaces, as `session.rename` takes.
     """
     toolsets: NotRequired[list[str] | None]
     """
-    Toolset names (default `[toolsets] default`).
+    Toolset names (default `[toolsets] default`); a name given twice counts once.
     """
 
 

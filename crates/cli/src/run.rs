@@ -97,6 +97,9 @@ pub async fn run(home: PathBuf, args: RunArgs) -> Result<Exit> {
 /// The prompt argument, or stdin for `-`.
 fn prompt_text(arg: &str) -> Result<String> {
     if arg != "-" {
+        if arg.trim().is_empty() {
+            bail!("the prompt is empty");
+        }
         return Ok(arg.to_string());
     }
     let mut text = String::new();

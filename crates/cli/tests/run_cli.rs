@@ -189,3 +189,20 @@ async fn run_uses_its_own_openai_base_url_when_the_daemon_was_started_without_it
     );
     let _ = drover(home.path(), &["stop"]).await;
 }
+
+/// An empty prompt is refused before anything runs, as an empty `-` (stdin) is: no daemon is
+/// started and the model is never asked.
+#[tokio::test]
+async fn an_empty_prompt_is_refused_before_a_daemon_starts() {
+    let model = MockModel::start().await;
+    let home = TestHome::new().unwrap();
+    let _guard = KillDaemonOnDrop(home.path());
+    home.write_model_config(&model.base_url(), true, "")
+        .unwrap();
+    for prompt in ["", "  "] {
+        let stderr = failed(&drover(home.path(), &["run", prompt]).await);
+        assert!(stderr.contains("the prompt is empty"), "{stderr}");
+    }
+    assert_eq!(daemon_pid(home.path()), None);
+    assert!(model.requests().is_empty());
+}

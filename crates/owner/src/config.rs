@@ -123,8 +123,14 @@ impl ModelSection {
         }
     }
 
-    /// `compact_at` must be a share between 0.1 and 1.0.
+    /// `compact_at` must be a share between 0.1 and 1.0; `max_steps` at least 1 (0 would fail
+    /// every turn before its first model request).
     fn check(&self) -> Result<(), String> {
+        if self.max_steps == 0 {
+            return Err(
+                "[model] max_steps = 0 must be a number of model requests of at least 1".into(),
+            );
+        }
         if !(0.1..=1.0).contains(&self.compact_at) {
             return Err(format!(
                 "[model] compact_at = {} must be a share of the context window between 0.1 and 1.0",
@@ -776,20 +782,26 @@ mod tests {
     }
 
     #[test]
-    fn counted_daemon_keys_default_are_read_and_zero_is_refused() {
+    fn counted_keys_default_are_read_and_zero_is_refused() {
         type Read = fn(&Config) -> u64;
-        let keys: [(&str, u64, Read); 2] = [
+        let keys: [(&str, u64, Read); 3] = [
             ("max_input_bytes", 1 << 20, |c| c.daemon.max_input_bytes),
             ("worker_logs_keep", 1000, |c| c.daemon.worker_logs_keep),
+            ("max_steps", 50, |c| u64::from(c.model.max_steps)),
         ];
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("config.toml");
         for (key, default, read) in keys {
+            let section = if key == "max_steps" {
+                "model"
+            } else {
+                "daemon"
+            };
             let _ = std::fs::remove_file(&file);
             assert_eq!(read(&Config::load(dir.path()).unwrap()), default, "{key}");
-            std::fs::write(&file, format!("[daemon]\n{key} = 10\n")).unwrap();
+            std::fs::write(&file, format!("[{section}]\n{key} = 10\n")).unwrap();
             assert_eq!(read(&Config::load(dir.path()).unwrap()), 10, "{key}");
-            std::fs::write(&file, format!("[daemon]\n{key} = 0\n")).unwrap();
+            std::fs::write(&file, format!("[{section}]\n{key} = 0\n")).unwrap();
             let e = Config::load(dir.path()).unwrap_err().to_string();
             assert!(e.contains(&format!("{key} = 0")), "{e}");
         }

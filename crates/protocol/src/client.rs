@@ -234,14 +234,23 @@ pub struct SessionCreateParams {
     /// An API key stored with the session and used by its turns.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_key: Option<crate::secret::Secret>,
-    /// Toolset names (default `[toolsets] default`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Toolset names (default `[toolsets] default`); a name given twice counts once.
+    #[serde(
+        default,
+        deserialize_with = "toolset_names",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub toolsets: Option<Vec<String>>,
     /// The system prompt (default: drover's built-in prompt).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system_prompt: Option<String>,
-    /// A title for listings.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// A title for listings: 1 to 200 characters, not only spaces, as `session.rename` takes.
+    #[serde(
+        default,
+        deserialize_with = "title_opt",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(length(min = 1, max = 200))]
     pub title: Option<String>,
     /// Where the session comes from (default `cli`; child agents' sessions: `subagent`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -294,6 +303,27 @@ fn title<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
         )));
     }
     Ok(s)
+}
+
+/// An optional title: when given, as [`title`] says.
+fn title_opt<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    Option::<TitleParam>::deserialize(d).map(|t| t.map(|t| t.0))
+}
+
+/// A title parameter, checked as [`title`] says.
+#[derive(Deserialize)]
+struct TitleParam(#[serde(deserialize_with = "title")] String);
+
+/// Toolset names in the order given, each once: a toolset named twice would send each of its
+/// tools twice, which an endpoint may refuse (duplicate function names).
+fn toolset_names<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<String>>, D::Error> {
+    Ok(Option::<Vec<String>>::deserialize(d)?.map(|names| {
+        let mut seen = std::collections::HashSet::new();
+        names
+            .into_iter()
+            .filter(|n| seen.insert(n.clone()))
+            .collect()
+    }))
 }
 
 /// Params of `session.rename` (drover extension; needs no attachment).
@@ -1104,6 +1134,16 @@ mod tests {
                 json!({"session_id": "s", "title": "x".repeat(201)}),
                 "title",
             ),
+            (
+                "session.create",
+                json!({"request_id": "r", "title": "x".repeat(201)}),
+                "title",
+            ),
+            (
+                "session.create",
+                json!({"request_id": "r", "title": " "}),
+                "title",
+            ),
             ("session.list", json!([]), "params"),
             ("session.compact", json!({}), "session_id"),
             (
@@ -1126,6 +1166,20 @@ mod tests {
             assert_eq!(got, field, "{method} {params}: {message}");
             assert!(message.contains(field), "{method} {params}: {message}");
         }
+    }
+
+    #[test]
+    fn a_toolset_named_twice_counts_once() {
+        let req = ClientRequest::parse(
+            "session.create",
+            json!({"request_id": "r", "toolsets": ["terminal", "file", "terminal"], "title": "t"}),
+        )
+        .unwrap();
+        let ClientRequest::SessionCreate(p) = req else {
+            panic!("{req:?}")
+        };
+        assert_eq!(p.toolsets.unwrap(), ["terminal", "file"]);
+        assert_eq!(p.title.as_deref(), Some("t"));
     }
 
     #[test]
