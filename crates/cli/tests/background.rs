@@ -239,3 +239,31 @@ async fn a_restarted_owner_records_processes_that_ended_unwatched() {
         "a restart leaves live processes alone"
     );
 }
+
+/// A process that ended while no turn watched it shows as ended at the next `session.resume`,
+/// not `running` until some turn calls the `process` tool (found by break-it testing).
+#[tokio::test]
+async fn session_resume_shows_a_process_that_ended_unwatched_as_exited() {
+    let mut s = setup().await;
+    s.model.push(Reply::tool_call(
+        "call_exits",
+        "terminal",
+        json!({"command": "sleep 0.2; exit 4", "background": true}),
+    ));
+    s.model.push(Reply::text("Started."));
+    s.complete_turn("start one").await.unwrap();
+    let rows = process_rows(&s);
+    let _guard = guard(&rows[0]);
+    let pid = rows[0][1].as_i64().unwrap() as u32;
+    wait_until("the process is gone", || !pid_alive(pid)).await;
+
+    let snapshot = s
+        .client
+        .call_ok("session.resume", json!({"session_id": s.session_id}))
+        .await
+        .unwrap();
+    let process = &snapshot["processes"][0];
+    assert_eq!(process["status"], "exited", "{snapshot}");
+    assert_eq!(process["exit_code"], 4, "{snapshot}");
+    assert_eq!(process_rows(&s)[0][3], "exited");
+}

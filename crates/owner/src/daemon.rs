@@ -229,7 +229,7 @@ async fn serve(home: PathBuf, lifetime: Lifetime, ready: Option<std::fs::File>) 
                     }
                 }
             }
-            reconcile_background_processes(&mut ledger);
+            crate::runtime::reconcile_background_processes(&mut ledger, None);
         }
         Err(e) => {
             refuse(format_args!("recovery failed: {e}"));
@@ -465,44 +465,6 @@ fn history_evidence(home: &Path, db: &Path) -> Option<String> {
         .flatten()
         .next()
         .map(|_| "logs/workers has worker logs".into())
-}
-
-/// Background processes outlive workers and owners (SPEC section 6), so a `running` row stays
-/// `running` while its launcher lives. One whose launcher is gone is recorded now, as the
-/// `process` tool would: `exited` with the code its launcher left, else `lost`. A failure here
-/// is logged, never fatal: the next `process` call checks again.
-fn reconcile_background_processes(ledger: &mut Ledger) {
-    use drover_protocol::worker::{ProcessStatus, ProcessUpdate};
-    let running = match ledger.running_processes() {
-        Ok(running) => running,
-        Err(e) => {
-            tracing::warn!(error = %e, "could not list running background processes");
-            return;
-        }
-    };
-    for (session_id, process) in running {
-        let observed = drover_tools::background::observe(&process);
-        if observed.status == ProcessStatus::Running {
-            continue;
-        }
-        let update = ProcessUpdate {
-            id: process.id.clone(),
-            status: observed.status,
-            exit_code: observed.exit_code,
-        };
-        match ledger.update_process(&update) {
-            Ok(_) => tracing::info!(
-                %session_id,
-                process_id = %process.id,
-                status = %observed.status,
-                exit_code = ?observed.exit_code,
-                "background process ended while no turn watched it"
-            ),
-            Err(e) => {
-                tracing::warn!(%session_id, process_id = %process.id, error = %e, "could not record a background process status")
-            }
-        }
-    }
 }
 
 /// SIGTERM and SIGINT handlers. Installed before `daemon.json` names this daemon, so a client

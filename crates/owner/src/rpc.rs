@@ -368,6 +368,7 @@ async fn snapshot(
     let (jobs, mut resume) = owner
         .ledger(move |l, o| {
             let session = session_row(l, &session_id)?;
+            crate::runtime::reconcile_background_processes(l, Some(&session_id));
             o.hub.attach(&session_id, &conn);
             let messages = l
                 .messages(&session_id)?

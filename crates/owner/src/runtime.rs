@@ -368,3 +368,46 @@ impl Owner {
         self.turns().get(execution_id).cloned()
     }
 }
+
+/// Background processes outlive workers and owners (SPEC section 6), so a `running` row stays
+/// `running` while its launcher lives. One whose launcher is gone is recorded now, as the
+/// `process` tool would: `exited` with the code its launcher left, else `lost`: at the owner's
+/// start (every session's) and at each `session.resume` (`session`'s, so a client never sees
+/// a process `running` that ended). A failure here is logged, never fatal: the next `process`
+/// call checks again.
+pub(crate) fn reconcile_background_processes(ledger: &mut Ledger, session: Option<&str>) {
+    use drover_protocol::worker::{ProcessStatus, ProcessUpdate};
+    let running = match ledger.running_processes() {
+        Ok(running) => running,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not list running background processes");
+            return;
+        }
+    };
+    for (session_id, process) in running {
+        if session.is_some_and(|s| s != session_id) {
+            continue;
+        }
+        let observed = drover_tools::background::observe(&process);
+        if observed.status == ProcessStatus::Running {
+            continue;
+        }
+        let update = ProcessUpdate {
+            id: process.id.clone(),
+            status: observed.status,
+            exit_code: observed.exit_code,
+        };
+        match ledger.update_process(&update) {
+            Ok(_) => tracing::info!(
+                %session_id,
+                process_id = %process.id,
+                status = %observed.status,
+                exit_code = ?observed.exit_code,
+                "background process ended while no turn watched it"
+            ),
+            Err(e) => {
+                tracing::warn!(%session_id, process_id = %process.id, error = %e, "could not record a background process status")
+            }
+        }
+    }
+}
