@@ -93,6 +93,11 @@ async fn a_streamed_answer_is_shown_as_markdown_and_the_status_line_counts_token
     pane.wait_for("session renamed").await;
     let rows = db_rows(&home.db(), "SELECT title FROM sessions");
     assert_eq!(rows[0][0], "greeting", "{rows:?}");
+    // A title the daemon refuses (over 200 characters) is not shown as the session's.
+    pane.send(&format!("/title {}", "z".repeat(201)));
+    let screen = pane.wait_for("renaming the session").await;
+    assert!(!screen.contains(&"z".repeat(40)), "{screen}");
+    assert!(screen.contains("greeting"), "{screen}");
     pane.keys(&["C-d"]);
     assert_eq!(pane.exit_code().await, 0, "{}", pane.screen());
 }

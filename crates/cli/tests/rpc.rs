@@ -26,6 +26,30 @@ async fn malformed_json_gets_parse_error_and_connection_stays_usable() {
     assert_eq!(c.call_ok("ping", json!({})).await.unwrap()["pong"], true);
 }
 
+/// JSON-RPC 2.0: a request whose `id` is `null` is still a request and is answered (with
+/// `id: null`); only a message without `id` is a notification, which gets no answer.
+#[tokio::test]
+async fn a_null_id_is_answered_and_a_missing_id_is_a_notification() {
+    let home = TestHome::new().unwrap();
+    let d = Daemon::start(bin(), home.path()).await.unwrap();
+    let mut c = d.client().await.unwrap();
+    c.send_raw(r#"{"jsonrpc":"2.0","method":"ping"}"#)
+        .await
+        .unwrap();
+    c.send_raw(r#"{"jsonrpc":"2.0","id":null,"method":"ping"}"#)
+        .await
+        .unwrap();
+    // The first answer is the null id's: the notification got none.
+    let r = c.recv_response().await.unwrap();
+    assert_eq!(r["id"], Value::Null, "{r}");
+    assert_eq!(r["result"]["pong"], true, "{r}");
+    // The next answer is the next request's: nothing answered the notification.
+    c.send_raw(r#"{"jsonrpc":"2.0","id":99,"method":"ping"}"#)
+        .await
+        .unwrap();
+    assert_eq!(c.recv_response().await.unwrap()["id"], 99);
+}
+
 #[tokio::test]
 async fn unknown_method_gets_32601() {
     let home = TestHome::new().unwrap();

@@ -338,6 +338,8 @@ async fn handle_text(owner: &Arc<Owner>, conn: &ConnHandle, text: &str) -> Optio
         }
     };
     let id = value.get("id").cloned();
+    // A request has an `id`, even `null` (JSON-RPC 2.0); only one without is a notification.
+    let notification = id.is_none();
     let request: Request = match serde_json::from_value(value) {
         Ok(r) => r,
         Err(e) => {
@@ -348,7 +350,10 @@ async fn handle_text(owner: &Arc<Owner>, conn: &ConnHandle, text: &str) -> Optio
         }
     };
     let reply = dispatch(owner, conn, &request.method, request.params).await;
-    let id = request.id?;
+    if notification {
+        return None;
+    }
+    let id = request.id.unwrap_or(Value::Null);
     match reply {
         Reply::Now(result) => Some(response_text(id, result)),
         Reply::Later(answer) => {

@@ -43,9 +43,14 @@ enum Done {
     Admitted(String),
     Compacted(CompactionResult),
     CompactFailed(String),
-    Failed { what: &'static str, why: String },
+    Failed {
+        what: &'static str,
+        why: String,
+    },
     Tokens(u64),
     Say(Vec<String>),
+    /// The daemon took the new title: only now does the status line show it.
+    Renamed(String),
     Opened(Box<Opened>, Box<dyn Events>),
 }
 
@@ -272,6 +277,10 @@ async fn event_loop(
                         app.say(line);
                     }
                 }
+                Some(Done::Renamed(title)) => {
+                    app.say(format!("session renamed to {title:?}"));
+                    app.session.title = Some(title);
+                }
                 Some(Done::Opened(opened, new_events)) => {
                     let input = std::mem::take(&mut app.input);
                     *app = App::new(SessionHeader::default());
@@ -453,10 +462,9 @@ fn command_task(
             });
         }
         Command::Title(title) => {
-            app.session.title = Some(title.clone());
             tokio::spawn(async move {
                 let _ = tx.send(match link.rename(&session, &title).await {
-                    Ok(()) => Done::Say(vec![format!("session renamed to {title:?}")]),
+                    Ok(()) => Done::Renamed(title),
                     Err(e) => Done::failed("renaming the session", e),
                 });
             });
