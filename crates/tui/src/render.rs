@@ -183,6 +183,34 @@ pub fn wrap(lines: Vec<Line<'static>>, width: u16) -> Vec<Line<'static>> {
 }
 
 /// The running turn's lines: its text and unfinished tool calls, and what it waits on.
+/// How much of a text still being written the live viewport lays out: its end, from a line
+/// start. The viewport shows a few dozen rows; laying out the whole answer at every redraw
+/// made a long streamed answer cost quadratic time (a 1 MB answer took 40 s of CPU). The
+/// whole text goes to the scrollback once it is complete.
+const LIVE_TAIL_BYTES: usize = 16 * 1024;
+
+/// The end of `text` the live viewport shows: at most [`LIVE_TAIL_BYTES`], from a line start,
+/// reopened as a code block when the cut falls inside one.
+fn live_tail(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.len() <= LIVE_TAIL_BYTES {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut cut = text.len() - LIVE_TAIL_BYTES;
+    while !text.is_char_boundary(cut) {
+        cut += 1;
+    }
+    let start = text[cut..].find('\n').map_or(cut, |i| cut + i + 1);
+    let fences = text[..start]
+        .lines()
+        .filter(|l| l.trim_start().starts_with("```"))
+        .count();
+    if fences % 2 == 1 {
+        std::borrow::Cow::Owned(format!("```\n{}", &text[start..]))
+    } else {
+        std::borrow::Cow::Borrowed(&text[start..])
+    }
+}
+
 fn turn_lines(app: &App, theme: Theme, now: Instant) -> Vec<Line<'static>> {
     let Some(turn) = &app.turn else {
         return Vec::new();
@@ -190,7 +218,7 @@ fn turn_lines(app: &App, theme: Theme, now: Instant) -> Vec<Line<'static>> {
     let mut lines = Vec::new();
     for item in &turn.items {
         match item {
-            TurnItem::Text(text) => lines.extend(markdown::render(text, theme)),
+            TurnItem::Text(text) => lines.extend(markdown::render(&live_tail(text), theme)),
             TurnItem::Tool(tool) => lines.extend(tool_lines(tool, theme, now, 0)),
         }
     }
@@ -506,6 +534,21 @@ mod tests {
     use ratatui::Terminal;
 
     const PLAIN: Theme = Theme { color: false };
+
+    #[test]
+    fn the_live_view_lays_out_only_the_end_of_a_long_text() {
+        let short = "a\nb";
+        assert_eq!(live_tail(short), short);
+        let long = format!("{}\nlast line", "x".repeat(100).repeat(400));
+        let tail = live_tail(&long);
+        assert!(tail.len() <= LIVE_TAIL_BYTES, "{}", tail.len());
+        assert!(tail.ends_with("last line"));
+        // Cut inside a code block: the tail is reopened as one.
+        let fenced = format!("```\n{}\nend", "y\n".repeat(LIVE_TAIL_BYTES));
+        let tail = live_tail(&fenced);
+        assert!(tail.starts_with("```\ny"), "{}", &tail[..10]);
+        assert!(tail.ends_with("end"));
+    }
 
     fn screen(app: &App, now: Instant) -> String {
         let mut terminal = Terminal::new(TestBackend::new(72, VIEWPORT_HEIGHT)).unwrap();

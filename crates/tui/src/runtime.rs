@@ -237,35 +237,18 @@ async fn event_loop(
                 Some(Err(e)) => return Err(RunError::Terminal(e)),
                 None => return Ok(()),
             },
-            Some((from, update)) = updates.recv() => match update {
-                _ if from != number => {}
-                Some(LinkUpdate::Event(event)) => {
-                    if let EventPayload::TurnSettled(s) = &event.event {
-                        let link = link.clone();
-                        let tx = done_tx.clone();
-                        let session = app.session.session_id.clone();
-                        let admission = s.admission_id.clone();
-                        tokio::spawn(async move {
-                            if let Ok(tokens) = link.turn_tokens(&session, &admission).await {
-                                let _ = tx.send(Done::Tokens(tokens));
-                            }
-                        });
-                    }
-                    app.on_event(&event, Instant::now());
+            Some((from, update)) = updates.recv() => {
+                on_update(app, &link, &done_tx, number, from, update);
+                // Everything that arrived meanwhile goes in before the next redraw: one redraw
+                // per delta made a long streamed answer cost quadratic time (each redraw lays
+                // out the whole answer).
+                for _ in 0..MAX_UPDATES_PER_DRAW {
+                    let Ok((from, update)) = updates.try_recv() else {
+                        break;
+                    };
+                    on_update(app, &link, &done_tx, number, from, update);
                 }
-                Some(LinkUpdate::ChildEvent(child, event)) => {
-                    app.on_child_event(&child, &event, Instant::now())
-                }
-                Some(LinkUpdate::Lost(why)) => app.connection_lost(&why),
-                Some(LinkUpdate::Reconnected { restarted }) => app.reconnected(restarted),
-                Some(LinkUpdate::Snapshot(snapshot)) => {
-                    app.load_snapshot(&snapshot, &[], false, Instant::now())
-                }
-                Some(LinkUpdate::Closed(why)) => {
-                    app.error(format!("lost the session: {why}"));
-                }
-                None => app.error("the session's event stream ended"),
-            },
+            }
             done = done_rx.recv() => match done {
                 Some(Done::Admitted(admission)) => app.admitted(&admission),
                 Some(Done::Compacted(result)) => app.compacted(&result),
@@ -294,6 +277,49 @@ async fn event_loop(
             },
             _ = tick.tick() => {}
         }
+    }
+}
+
+/// The most live updates applied between two redraws (the keys are read between batches).
+const MAX_UPDATES_PER_DRAW: usize = 4096;
+
+/// Applies one update of the session's event stream (number `from`; older streams' are stale).
+fn on_update(
+    app: &mut App,
+    link: &Arc<dyn Link>,
+    done_tx: &mpsc::UnboundedSender<Done>,
+    number: u64,
+    from: u64,
+    update: Option<LinkUpdate>,
+) {
+    match update {
+        _ if from != number => {}
+        Some(LinkUpdate::Event(event)) => {
+            if let EventPayload::TurnSettled(s) = &event.event {
+                let link = link.clone();
+                let tx = done_tx.clone();
+                let session = app.session.session_id.clone();
+                let admission = s.admission_id.clone();
+                tokio::spawn(async move {
+                    if let Ok(tokens) = link.turn_tokens(&session, &admission).await {
+                        let _ = tx.send(Done::Tokens(tokens));
+                    }
+                });
+            }
+            app.on_event(&event, Instant::now());
+        }
+        Some(LinkUpdate::ChildEvent(child, event)) => {
+            app.on_child_event(&child, &event, Instant::now())
+        }
+        Some(LinkUpdate::Lost(why)) => app.connection_lost(&why),
+        Some(LinkUpdate::Reconnected { restarted }) => app.reconnected(restarted),
+        Some(LinkUpdate::Snapshot(snapshot)) => {
+            app.load_snapshot(&snapshot, &[], false, Instant::now())
+        }
+        Some(LinkUpdate::Closed(why)) => {
+            app.error(format!("lost the session: {why}"));
+        }
+        None => app.error("the session's event stream ended"),
     }
 }
 
