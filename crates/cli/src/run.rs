@@ -68,6 +68,7 @@ pub async fn run(home: PathBuf, args: RunArgs) -> Result<Exit> {
     // it (the stream keeps it), and none kills the client with the turn left running.
     let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
         .context("cannot take Ctrl-C")?;
+    refuse_a_new_session_without_a_model(&home, &args)?;
     let client = connect(&home).await?;
     if let Some(mismatch) = client.api_key_mismatch() {
         eprintln!("drover: {mismatch}");
@@ -92,6 +93,22 @@ pub async fn run(home: PathBuf, args: RunArgs) -> Result<Exit> {
         out,
     };
     turn.follow(&mut stream, &mut sigint).await
+}
+
+/// A new session needs a model name: without `--model` or `[model] name`, say so before a
+/// daemon is started for nothing (the daemon would refuse `session.create` the same way).
+/// A config that does not load is left to the daemon, which names what is wrong.
+fn refuse_a_new_session_without_a_model(home: &std::path::Path, args: &RunArgs) -> Result<()> {
+    if args.session.is_some() || args.continue_ || args.model.is_some() {
+        return Ok(());
+    }
+    match drover_owner::config::Config::load(home) {
+        Ok(config) if config.model.name.as_deref().is_none_or(str::is_empty) => bail!(
+            "no model: pass --model NAME or set [model] name in {}",
+            home.join("config.toml").display()
+        ),
+        _ => Ok(()),
+    }
 }
 
 /// The prompt argument, or stdin for `-`.

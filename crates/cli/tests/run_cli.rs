@@ -206,3 +206,28 @@ async fn an_empty_prompt_is_refused_before_a_daemon_starts() {
     assert_eq!(daemon_pid(home.path()), None);
     assert!(model.requests().is_empty());
 }
+
+/// A new session with no model name anywhere is refused before a daemon is started for it
+/// (it stayed up, idle, for 15 minutes); `--model` makes the same run go through.
+#[tokio::test]
+async fn a_run_without_a_model_starts_no_daemon() {
+    let model = MockModel::start().await;
+    let home = TestHome::new().unwrap();
+    let _guard = KillDaemonOnDrop(home.path());
+    home.write_config(&format!(
+        "[model]\nbase_url = \"{}\"\nstream = true\nmax_retries = 0\n",
+        model.base_url()
+    ))
+    .unwrap();
+    let stderr = failed(&drover(home.path(), &["run", "hello"]).await);
+    assert!(stderr.contains("no model: pass --model NAME"), "{stderr}");
+    assert_eq!(daemon_pid(home.path()), None);
+    model.push(Reply::text("hi"));
+    let out = drover(home.path(), &["run", "--model", "mock", "hello"]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(daemon_pid(home.path()).is_some());
+}
