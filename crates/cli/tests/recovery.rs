@@ -664,6 +664,13 @@ async fn graceful_stop_interrupts_a_turn_within_the_grace() {
         started.elapsed()
     );
     assert!(!s.home.path().join("daemon.json").exists());
+    // The attached client was told how the turn ended before its connection closed.
+    let events = s.client.events_until_settled(&a).await.unwrap();
+    assert_eq!(
+        events.last().unwrap()["payload"]["outcome"],
+        "interrupted",
+        "{events:?}"
+    );
 
     let (_daemon, mut c) = restart(&s).await;
     let r = receipt(&mut c, &s.session_id, &a).await;
