@@ -8,7 +8,7 @@ use std::process::Output;
 use std::time::Duration;
 
 use drover_test_support::harness::{
-    daemon_info, message_contents, pid_alive, run_drover, KillDaemonOnDrop, TestHome,
+    daemon_info, message_contents, model_home, pid_alive, run_drover, KillDaemonOnDrop, TestHome,
 };
 use drover_test_support::{MockModel, Reply};
 use serde_json::{json, Value};
@@ -49,11 +49,8 @@ fn daemon_pid(home: &Path) -> Option<u32> {
 
 #[tokio::test]
 async fn run_starts_a_daemon_streams_the_answer_and_stop_stops_it() {
-    let model = MockModel::start().await;
-    let home = TestHome::new().unwrap();
+    let (model, home) = model_home(true).await.unwrap();
     let _guard = KillDaemonOnDrop(home.path());
-    home.write_model_config(&model.base_url(), true, "")
-        .unwrap();
     model.push(Reply::tool_call(
         "c1",
         "terminal",
@@ -194,11 +191,8 @@ async fn run_uses_its_own_openai_base_url_when_the_daemon_was_started_without_it
 /// started and the model is never asked.
 #[tokio::test]
 async fn an_empty_prompt_is_refused_before_a_daemon_starts() {
-    let model = MockModel::start().await;
-    let home = TestHome::new().unwrap();
+    let (model, home) = model_home(true).await.unwrap();
     let _guard = KillDaemonOnDrop(home.path());
-    home.write_model_config(&model.base_url(), true, "")
-        .unwrap();
     for prompt in ["", "  "] {
         let stderr = failed(&drover(home.path(), &["run", prompt]).await);
         assert!(stderr.contains("the prompt is empty"), "{stderr}");
