@@ -18,7 +18,8 @@
 //!   that admission's `turn.settled`. Phases from the ledger's `created_at` (admission commit,
 //!   `turn.started`, `turn.settled`) and the model's arrival stamps, one host clock. CPU per turn
 //!   is the owner's `utime+stime+cutime+cstime` over the measured turns (the workers it reaped
-//!   count in `cutime`/`cstime`), divided by the turns.
+//!   count in `cutime`/`cstime`), divided by the turns. `DROVER_BENCH_PAUSE_MS` (default 0)
+//!   waits that long after each measured turn, as a person would before the next prompt.
 //! - `acks`: `DROVER_BENCH_CLIENTS` client processes, each with its own session whose first
 //!   input holds a turn at the model, so every later `prompt.submit` is a pure durable admission.
 //!   Rounds (`DROVER_BENCH_ROUNDS`) alternate with the raw floor: `N` single-row INSERT
@@ -315,8 +316,17 @@ async fn warm_client(
     if !go(stdin).await? {
         return Ok(());
     }
+    // Think time between turns (the driver passes `DROVER_BENCH_PAUSE_MS` on).
+    let pause = std::env::var("DROVER_BENCH_PAUSE_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|&ms| ms > 0)
+        .map(Duration::from_millis);
     for _ in 0..turns {
         println!("{}", timed_turn(&mut c, &sid, "say hi").await?);
+        if let Some(pause) = pause {
+            tokio::time::sleep(pause).await;
+        }
     }
     println!("{}", json!({ "done": true }));
     Ok(())

@@ -745,6 +745,13 @@ async fn graceful_stop_past_the_grace_kills_the_worker_and_the_turn_is_unknown()
         wait_gone(sleep, Duration::from_secs(2)).await,
         "the killed worker's tool process {sleep} is still running"
     );
+    // The attached client was told the turn is unknown before its connection closed.
+    let events = s.client.events_until_settled(&a).await.unwrap();
+    assert_eq!(
+        events.last().unwrap()["payload"]["outcome"],
+        "unknown",
+        "{events:?}"
+    );
 
     let (_daemon, mut c) = restart(&s).await;
     let r = receipt(&mut c, &s.session_id, &a).await;

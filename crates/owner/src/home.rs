@@ -59,13 +59,14 @@ pub struct HomeLock {
 /// Why the lock was not taken.
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {
-    /// Another daemon owns the home (exit code 3).
-    #[error("home {home} is owned by another running daemon (pid {pid})")]
+    /// Another daemon owns the home (exit code 3), or a daemon that has exited still holds
+    /// it through a process it was starting (`holder` says which).
+    #[error("home {home} is {holder}")]
     Held {
         /// The home.
         home: String,
-        /// The holder's pid, or `unknown`.
-        pid: String,
+        /// Who holds the lock, as the message says it.
+        holder: Holder,
     },
     /// The home or `daemon.lock` cannot be opened or locked.
     #[error("cannot open {path}: {source}")]
@@ -86,7 +87,7 @@ impl HomeLock {
         };
         let held = |pid: Option<u32>| LockError::Held {
             home: home.display().to_string(),
-            pid: pid.map_or_else(|| "unknown".to_string(), |p| p.to_string()),
+            holder: Holder::of(pid),
         };
         let dir = File::open(home).map_err(io(home))?;
         match lock_unless_owned(&dir, home) {
@@ -123,6 +124,49 @@ impl HomeLock {
             _home: dir,
             _file: file,
         })
+    }
+}
+
+/// Who holds a home's lock that could not be taken.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Holder {
+    /// A live process, the running daemon.
+    Running(u32),
+    /// A daemon that has exited: the lock lives on in a process it was starting, which has
+    /// not let go of the file within [`DEAD_HOLDER_WAIT`].
+    Exited(u32),
+    /// Nobody that `/proc/locks` or `daemon.lock` names.
+    Unknown,
+}
+
+impl Holder {
+    /// The holder named by `pid`, alive or not.
+    fn of(pid: Option<u32>) -> Holder {
+        match pid {
+            Some(pid)
+                if pid != std::process::id()
+                    && i32::try_from(pid).is_ok_and(drover_tools::platform::is_alive) =>
+            {
+                Holder::Running(pid)
+            }
+            Some(pid) if pid != std::process::id() => Holder::Exited(pid),
+            Some(pid) => Holder::Running(pid),
+            None => Holder::Unknown,
+        }
+    }
+}
+
+impl std::fmt::Display for Holder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Holder::Running(pid) => write!(f, "owned by another running daemon (pid {pid})"),
+            Holder::Exited(pid) => write!(
+                f,
+                "still locked by daemon pid {pid}, which has exited: a process it started holds \
+                 the lock; try again in a moment (`fuser -v` on the home names it)"
+            ),
+            Holder::Unknown => write!(f, "owned by another running daemon (pid unknown)"),
+        }
     }
 }
 
@@ -245,7 +289,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let _first = HomeLock::acquire(dir.path()).unwrap();
         match HomeLock::acquire(dir.path()) {
-            Err(LockError::Held { pid, .. }) => assert_eq!(pid, std::process::id().to_string()),
+            Err(LockError::Held { holder, .. }) => {
+                assert_eq!(holder, Holder::Running(std::process::id()))
+            }
             Err(other) => panic!("{other}"),
             Ok(_) => panic!("second lock taken"),
         }
@@ -290,13 +336,33 @@ mod tests {
         assert_eq!(owner_pid(dir.path()), Some(std::process::id()));
     }
 
+    /// A lock left to a dead daemon's child is not blamed on a "running daemon".
+    #[test]
+    fn a_dead_holder_is_named_as_exited() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        let holder = Holder::of(Some(pid));
+        assert_eq!(holder, Holder::Exited(pid));
+        let message = LockError::Held {
+            home: "/h".into(),
+            holder,
+        }
+        .to_string();
+        assert!(message.contains("has exited"), "{message}");
+        assert!(!message.contains("running daemon"), "{message}");
+        assert_eq!(Holder::of(None), Holder::Unknown);
+    }
+
     #[test]
     fn deleting_daemon_lock_does_not_free_the_home() {
         let dir = tempfile::tempdir().unwrap();
         let first = HomeLock::acquire(dir.path()).unwrap();
         std::fs::remove_file(dir.path().join("daemon.lock")).unwrap();
         match HomeLock::acquire(dir.path()) {
-            Err(LockError::Held { pid, .. }) => assert_eq!(pid, std::process::id().to_string()),
+            Err(LockError::Held { holder, .. }) => {
+                assert_eq!(holder, Holder::Running(std::process::id()))
+            }
             Err(other) => panic!("{other}"),
             Ok(_) => panic!("second lock taken"),
         }
