@@ -75,6 +75,11 @@ pub struct Settlement {
     pub parent_answer: Option<ParentAnswer>,
     /// Child executions retired because this one ended; their workers are to be stopped.
     pub retired_children: Vec<String>,
+    /// Whether the session has input queued after this turn, for the owner to claim now
+    /// (read in the ending's transaction; input admitted after it finds the session idle and
+    /// is claimed with its admission). Always false for a lost turn: an `unknown` admission
+    /// pauses the queue.
+    pub next_queued: bool,
 }
 
 /// What recovery did at owner start (SPEC section 4, "Owner killed").
@@ -687,6 +692,7 @@ pub(crate) fn lose_execution(
         events,
         parent_answer,
         retired_children,
+        next_queued: false,
     }))
 }
 
@@ -801,6 +807,12 @@ pub(crate) fn settle_turn(
         result.get("error").and_then(Value::as_str),
     )?;
     let retired_children = crate::delegation::retire_children(tx, execution_id, &mut events)?;
+    let next_queued: bool = tx.query_row_cached(
+        "SELECT EXISTS (SELECT 1 FROM session_admissions
+                        WHERE target_session_id = ?1 AND status = 'queued')",
+        [&session_id],
+        |r| r.get(0),
+    )?;
     Ok(Settlement {
         session_id,
         admission_id,
@@ -809,6 +821,7 @@ pub(crate) fn settle_turn(
         events,
         parent_answer,
         retired_children,
+        next_queued,
     })
 }
 

@@ -807,13 +807,16 @@ impl WorkerPipe {
     }
 
     /// The worker's `execution.finish` settled the turn: it leaves the running turns, and the
-    /// session's next input is claimed.
+    /// session's next input, if one is queued, is claimed (a warm turn's settle does not pay a
+    /// ledger round trip that would find nothing).
     fn settled(&mut self, s: &Settlement) {
         self.settled = true;
         self.outcome = Some(s.outcome.clone());
         self.owner.turns().remove(&self.execution_id);
         after_settlement(&self.owner, s);
-        kick(&self.owner, self.session_id.clone());
+        if s.next_queued {
+            kick(&self.owner, self.session_id.clone());
+        }
     }
 
     /// Applies a persist through the ledger: its receipt, nothing yet (an answer that comes
