@@ -73,4 +73,40 @@ mod tests {
         assert_eq!(read.api_key_sha256, None);
         assert_eq!(read.start_time, None);
     }
+
+    /// `daemon.json` read back equals what was written, whatever the start time: the owner
+    /// checks its file every second by that equality, and rewrote it (with a warning) every
+    /// second for its whole life when a float did not parse back to the same bits.
+    #[test]
+    fn every_start_time_reads_back_equal() {
+        let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+        for i in 0..20_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Unix seconds with sub-microsecond digits, as `started_at` holds them.
+            let started_at =
+                1.7e9 + (x % 200_000_000) as f64 + (x >> 11) as f64 / (1u64 << 53) as f64;
+            let info = DaemonInfo {
+                pid: 1,
+                epoch: i,
+                instance_id: "i".into(),
+                url: "ws://x".into(),
+                token: "t".into(),
+                started_at,
+                api_key_sha256: None,
+                start_time: Some(1),
+            };
+            let text = serde_json::to_string(&info).unwrap();
+            let read: DaemonInfo = serde_json::from_str(&text).unwrap();
+            assert_eq!(read, info, "{text}");
+        }
+        let reported = r#"{"pid":1,"epoch":1,"instance_id":"i","url":"ws://x","token":"t","started_at":1796374825.3014905}"#;
+        let read: DaemonInfo = serde_json::from_str(reported).unwrap();
+        assert_eq!(read.started_at, 1796374825.3014905);
+        assert_eq!(
+            serde_json::to_string(&read.started_at).unwrap(),
+            "1796374825.3014905"
+        );
+    }
 }
