@@ -9,6 +9,7 @@ mod broker;
 mod chat;
 mod commands;
 mod completions;
+mod display;
 mod job;
 mod protocol_cmd;
 mod run;

@@ -3,6 +3,7 @@
 //! submit, and follow the turn through [`drover_client::SessionStream`] until it settles,
 //! across a daemon that dies and is started again.
 
+use crate::display::printable;
 use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -243,6 +244,9 @@ struct Output {
     /// A `tool.start` line not printed yet, and since when: if an approval prompt follows,
     /// the command is shown as the question, not as if it ran.
     held_tool: Option<(String, tokio::time::Instant)>,
+    /// stdout is a terminal: the model's text is printed [`printable`]; piped, it is kept
+    /// byte for byte.
+    terminal: bool,
 }
 
 impl Output {
@@ -253,6 +257,7 @@ impl Output {
             printed: false,
             ends_with_newline: true,
             held_tool: None,
+            terminal: std::io::stdout().is_terminal(),
         }
     }
 
@@ -300,7 +305,10 @@ impl Output {
         }
         self.spinner.clear();
         let mut stdout = std::io::stdout();
-        let _ = write!(stdout, "{text}");
+        let _ = match self.terminal {
+            true => write!(stdout, "{}", printable(text)),
+            false => write!(stdout, "{text}"),
+        };
         let _ = stdout.flush();
         self.printed = true;
         self.ends_with_newline = text.ends_with('\n');
@@ -520,7 +528,8 @@ impl Turn<'_> {
             EventPayload::ToolStart(p) if self.mine => {
                 self.out.flush_tool();
                 self.out.end_text();
-                self.out.hold_tool(format!("[{}] {}", p.name, p.context));
+                self.out
+                    .hold_tool(format!("[{}] {}", p.name, printable(&p.context)));
                 self.out.spinner.wait(&format!("{} to finish", p.name));
             }
             EventPayload::ToolComplete(p) if self.mine => {
@@ -705,7 +714,7 @@ async fn answer_prompt(
                 &p.prompt_id,
                 format!(
                     "`drover answer {session_id} --choice once|session|always|deny` (for `{}`), or pass --approve",
-                    p.command
+                    printable(&p.command)
                 ),
             ),
             OpenPrompt::Clarify(p) => (
@@ -713,7 +722,7 @@ async fn answer_prompt(
                 &p.prompt_id,
                 format!(
                     "`drover answer {session_id} --text TEXT` (to {:?}), or pass --answer",
-                    p.question
+                    printable(&p.question)
                 ),
             ),
         };
@@ -731,7 +740,7 @@ async fn answer_prompt(
                     let offered: Vec<&str> = p.choices.iter().map(|c| choice_word(*c)).collect();
                     let question = format!(
                         "drover: `{}` needs approval ({}).\n  run it? [{}] (always: every command of this kind, in every session of this home) ",
-                        p.command,
+                        printable(&p.command),
                         p.description,
                         offered.join("/")
                     );
@@ -774,7 +783,8 @@ async fn answer_prompt(
             );
             if choice == ApprovalChoice::Always && matches!(answered, Ok(Answered::Sent)) {
                 out.note(&format!(
-                    "drover: stored rule `{}`: {} now runs without asking, in every session of                      this home, until `drover approvals rm {}`",
+                    "drover: stored rule `{}`: {} now runs without asking, in every session of \
+                     this home, until `drover approvals rm {}`",
                     p.pattern_key, p.description, p.pattern_key
                 ));
             }
@@ -785,8 +795,12 @@ async fn answer_prompt(
                 Some(a) => a,
                 None if interactive => {
                     let question = match p.choices.is_empty() {
-                        true => format!("drover: {} ", p.question),
-                        false => format!("drover: {} [{}] ", p.question, p.choices.join("/")),
+                        true => format!("drover: {} ", printable(&p.question)),
+                        false => format!(
+                            "drover: {} [{}] ",
+                            printable(&p.question),
+                            printable(&p.choices.join("/"))
+                        ),
                     };
                     let mut picked = None;
                     for _ in 0..ASKS {

@@ -7,6 +7,7 @@
 //! None of these commands creates a home: on a home that does not exist they say so and exit 1
 //! ([`require_home`]).
 
+use crate::display::printable;
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -299,10 +300,10 @@ fn print_transcript(messages: &[TranscriptMessage], events: &[SessionEvent]) {
         let text = m.content.as_deref().unwrap_or_default().trim_end();
         match m.role {
             Role::System => {}
-            Role::User => println!("\nyou: {text}"),
+            Role::User => println!("\nyou: {}", printable(text)),
             Role::Assistant => {
                 if !text.is_empty() {
-                    println!("\nassistant: {text}");
+                    println!("\nassistant: {}", printable(text));
                 }
                 for call in m.tool_calls.iter().flatten() {
                     let preview = context(&call.id)
@@ -413,7 +414,7 @@ pub async fn show(home: &Path, args: ShowArgs) -> Result<Exit> {
         "session {sid}{}",
         info.title
             .as_deref()
-            .map(|t| format!("  \"{t}\""))
+            .map(|t| format!("  \"{}\"", printable(t)))
             .unwrap_or_default()
     );
     println!(
@@ -471,13 +472,13 @@ pub async fn show(home: &Path, args: ShowArgs) -> Result<Exit> {
         match p {
             OpenPrompt::Approval(a) => println!(
                 "waiting for approval: `{}` ({}); `drover answer {} --choice once|session|always|deny`",
-                a.command,
+                printable(&a.command),
                 a.description,
                 head(&sid, 8)
             ),
             OpenPrompt::Clarify(q) => println!(
                 "waiting for an answer: {}; `drover answer {} --text ...`",
-                q.question,
+                printable(&q.question),
                 head(&sid, 8)
             ),
         }
@@ -746,7 +747,7 @@ pub async fn answer(home: &Path, args: AnswerArgs) -> Result<Exit> {
             if !args.json {
                 println!(
                     "approving `{}` ({}): {}",
-                    p.command,
+                    printable(&p.command),
                     p.description,
                     args.choice.as_deref().unwrap_or_default()
                 );
@@ -780,14 +781,14 @@ pub async fn answer(home: &Path, args: AnswerArgs) -> Result<Exit> {
                 );
             }
             if !args.json {
-                println!("answering \"{}\": {text}", q.question);
+                println!("answering \"{}\": {text}", printable(&q.question));
             }
             c.respond_clarify(&sid, q.execution_generation, &q.prompt_id, answer)
                 .await
         }
         (OpenPrompt::Approval(p), None, _) => bail!(
             "the waiting prompt is an approval of `{}`; answer it with --choice once|session|always|deny",
-            p.command
+            printable(&p.command)
         ),
         (OpenPrompt::Clarify(q), _, None) => bail!(
             "the waiting prompt is a question (\"{}\"); answer it with --text TEXT",

@@ -60,7 +60,9 @@ async fn show_prints_the_transcript_tool_results_usage_and_outcomes() {
         "terminal",
         json!({"command": "printf 'line-1\\nline-2\\nline-3\\nline-4\\nline-5\\nline-6\\n'"}),
     ));
-    s.model.push(Reply::text("All done.").usage(40, 7, 47));
+    // A terminal escape in the answer (clear screen, set the title) is shown, never sent.
+    s.model
+        .push(Reply::text("All done.\u{1b}[2J\u{1b}]0;T\u{7}").usage(40, 7, 47));
     let admission = s.complete_turn("print six lines").await.unwrap();
     let usage = s.receipt(&admission, true).await.unwrap()["usage"].clone();
     let prefix = &s.session_id[..8];
@@ -82,7 +84,8 @@ async fn show_prints_the_transcript_tool_results_usage_and_outcomes() {
     assert!(out.contains("\n    line-4\n"), "{out}");
     assert!(!out.contains("\n    line-5\n"), "{out}");
     assert!(out.contains("… 2 more lines"), "{out}");
-    assert!(out.contains("assistant: All done."), "{out}");
+    assert!(out.contains("assistant: All done.^[[2J^[]0;T^G"), "{out}");
+    assert!(!out.contains('\u{1b}') && !out.contains('\u{7}'), "{out:?}");
     assert!(out.contains("completed"), "{out}");
     let total = format!("= {} tokens", usage["total_tokens"]);
     assert!(
@@ -93,6 +96,8 @@ async fn show_prints_the_transcript_tool_results_usage_and_outcomes() {
     let (code, out, err) = drover(s.home.path(), &["show", prefix, "--json"]).await;
     assert_eq!(code, Some(0), "{err}");
     let v = parsed("show --json", &out);
+    // Machine output keeps the text as it is.
+    assert!(v.to_string().contains("All done.\\u001b[2J"), "{v}");
     assert_eq!(v["snapshot"]["session_id"], s.session_id.as_str(), "{v}");
     let kinds = event_kinds(v["events"].as_array().unwrap());
     let want = [
