@@ -356,7 +356,13 @@ async fn rename_needs_no_attachment_and_refuses_a_bad_title() {
     assert_eq!(list["sessions"][0]["title"], "release notes", "{list}");
     assert_eq!(list["sessions"][0]["state"], "idle", "{list}");
 
-    for title in [json!(""), json!("   "), json!("x".repeat(201))] {
+    for title in [
+        json!(""),
+        json!("   "),
+        json!("x".repeat(201)),
+        json!("two\nlines"),
+        json!("red \u{1b}[31m"),
+    ] {
         let e = b
             .call("session.rename", json!({"session_id": sid, "title": title}))
             .await

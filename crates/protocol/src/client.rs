@@ -290,11 +290,18 @@ pub struct SessionListParams {
 /// The most characters a title set by `session.rename` may have.
 pub const MAX_TITLE_CHARS: usize = 200;
 
-/// A title: not empty (nor only spaces) and at most [`MAX_TITLE_CHARS`] characters.
+/// A title: not empty (nor only spaces), one line with no control character, and at most
+/// [`MAX_TITLE_CHARS`] characters.
 fn title<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
     let s = String::deserialize(d)?;
     if s.trim().is_empty() {
         return Err(D::Error::custom("must not be empty"));
+    }
+    // A title is one line that listings print as it is: no new line, tab or escape.
+    if let Some(c) = s.chars().find(|c| c.is_control()) {
+        return Err(D::Error::custom(format!(
+            "must not contain control characters (it has {c:?})"
+        )));
     }
     let chars = s.chars().count();
     if chars > MAX_TITLE_CHARS {
