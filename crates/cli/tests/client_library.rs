@@ -240,6 +240,59 @@ async fn a_restart_that_fails_says_why_and_recovers_once_the_config_is_fixed() {
     client.list_sessions(None, None).await.unwrap();
 }
 
+/// A daemon stopped on purpose (`drover stop`) is not started again by a client that follows
+/// one of its sessions: the client says it waits, and reconnects once someone else starts a
+/// daemon. A daemon that died (SIGKILL) is, as the tests above show.
+#[tokio::test]
+async fn a_stopped_daemon_is_waited_for_not_started_again() {
+    let (_model, home) = model_home(true).await.unwrap();
+    let _guard = KillDaemonOnDrop(home.path());
+    let client = Client::connect(options(home.path())).await.unwrap();
+    let first = client.daemon();
+    let session = client.create_session(create(home.work())).await.unwrap();
+    let mut stream = client.attach(&session.session_id).await.unwrap();
+    let stop = run_drover(bin(), home.path(), None, &["stop"]).await;
+    assert!(stop.status.success(), "{stop:?}");
+    loop {
+        match next_update(&mut stream).await {
+            Update::Connection(ConnectionChange::Lost { why })
+                if why.contains("waiting for it") =>
+            {
+                break
+            }
+            Update::Connection(ConnectionChange::Reconnected { .. }) => {
+                panic!("reconnected after a stop")
+            }
+            _ => {}
+        }
+    }
+    // Through several of the client's reconnect attempts (50 ms doubling to 1 s), nobody
+    // starts a daemon: the home stays without one.
+    let quiet = tokio::time::timeout(Duration::from_secs(3), stream.next()).await;
+    assert!(
+        !matches!(
+            quiet,
+            Ok(Some(Ok(Update::Connection(
+                ConnectionChange::Reconnected { .. }
+            ))))
+        ),
+        "{quiet:?}"
+    );
+    assert!(daemon_info(home.path()).is_none(), "a daemon was started");
+    // Someone starts one: the client finds it.
+    let other = Client::connect(options(home.path())).await.unwrap();
+    loop {
+        if let Update::Connection(ConnectionChange::Reconnected { restarted, .. }) =
+            next_update(&mut stream).await
+        {
+            assert!(restarted);
+            break;
+        }
+    }
+    assert_ne!(client.daemon().instance_id, first.instance_id);
+    assert_eq!(client.daemon().instance_id, other.daemon().instance_id);
+}
+
 /// A home removed while the client follows it is not created again by a reconnect: the stream
 /// ends saying so, and no daemon runs for that path (the leak CI saw from a test whose
 /// temporary home was gone when its client reconnected).

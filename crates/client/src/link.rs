@@ -18,9 +18,10 @@ use serde::Deserialize;
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::Message;
 
-use crate::daemon::{find_or_start, ClientSettings, ConnectOptions, LockCheck, Ws};
+use crate::daemon::{find_or_start, ClientSettings, ConnectOptions, LockCheck, StartDaemon, Ws};
 use crate::error::{at, ClientError};
 
 /// What happened to the connection, as a `SessionStream` reports it.
@@ -298,6 +299,10 @@ struct Connection {
     next_id: u64,
     pending: HashMap<u64, Pending>,
     attached: BTreeSet<String>,
+    /// The daemon closed this connection because it was stopping (close code 1001, "going
+    /// away": `drover stop`, SIGTERM), not because it died: a daemon someone stopped is not
+    /// started again by this client, only found again once someone else starts it.
+    stopped: bool,
 }
 
 impl Connection {
@@ -374,6 +379,7 @@ impl Connection {
                     Some(Err(e)) => return Some(ws_reason(&e)),
                     Some(Ok(Message::Text(t))) => self.incoming(t.as_str(), shared),
                     Some(Ok(Message::Close(frame))) => {
+                        self.stopped = frame.as_ref().is_some_and(|f| f.code == CloseCode::Away);
                         let why = frame
                             .map(|f| f.reason.to_string())
                             .filter(|r| !r.is_empty())
@@ -478,6 +484,7 @@ async fn run(
         next_id: 1,
         pending: HashMap::new(),
         attached: BTreeSet::new(),
+        stopped: false,
     };
     loop {
         let Some(why) = conn.serve(&mut calls, &shared).await else {
@@ -511,6 +518,10 @@ async fn run(
     }
 }
 
+/// What a client says after the daemon was stopped (not crashed): it waits for one.
+pub const STOPPED_WAIT: &str = "the daemon was stopped; waiting for it to be started again \
+    (`drover daemon`, or any other drover command); this client does not start it";
+
 /// Backs off, finds (or starts) the daemon again and re-attaches every attached session.
 /// `Ok(restarted)`: whether another daemon instance answers now.
 async fn reconnect(conn: &mut Connection, shared: &Shared) -> Result<bool, ClientError> {
@@ -519,6 +530,18 @@ async fn reconnect(conn: &mut Connection, shared: &Shared) -> Result<bool, Clien
     let mut delay = Duration::from_millis(50);
     let old_instance = conn.info.instance_id.clone();
     let mut told = String::new();
+    // A daemon that was stopped stays stopped until someone starts one (docs/chat.md).
+    let start = match conn.stopped {
+        true => {
+            shared.send_all(|| {
+                Feed::Connection(ConnectionChange::Lost {
+                    why: STOPPED_WAIT.to_string(),
+                })
+            });
+            &StartDaemon::Never
+        }
+        false => &options.start,
+    };
     loop {
         // A home removed under the client (a test's temporary home, a user's `rm -rf`) is not
         // started again: that would create a new, empty home where the old one was.
@@ -533,7 +556,7 @@ async fn reconnect(conn: &mut Connection, shared: &Shared) -> Result<bool, Clien
         let attempt = (Instant::now() + Duration::from_secs(15)).min(deadline);
         match find_or_start(
             &options.home,
-            &options.start,
+            start,
             shared.settings.tls_cert(),
             attempt,
             LockCheck::Always,
@@ -543,6 +566,7 @@ async fn reconnect(conn: &mut Connection, shared: &Shared) -> Result<bool, Clien
             Ok((info, ws)) => {
                 conn.ws = ws;
                 conn.info = info;
+                conn.stopped = false;
                 match reattach(conn, shared).await {
                     Ok(()) => return Ok(conn.info.instance_id != old_instance),
                     Err(e) => why = e,
