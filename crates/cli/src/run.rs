@@ -69,7 +69,7 @@ pub async fn run(home: PathBuf, args: RunArgs) -> Result<Exit> {
     // it (the stream keeps it), and none kills the client with the turn left running.
     let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
         .context("cannot take Ctrl-C")?;
-    refuse_a_new_session_without_a_model(&home, &args)?;
+    refuse_a_new_session_without_a_model(&home, &args, &text)?;
     let client = connect(&home).await?;
     if let Some(mismatch) = client.api_key_mismatch() {
         eprintln!("drover: {mismatch}");
@@ -99,17 +99,40 @@ pub async fn run(home: PathBuf, args: RunArgs) -> Result<Exit> {
 /// A new session needs a model name: without `--model` or `[model] name`, say so before a
 /// daemon is started for nothing (the daemon would refuse `session.create` the same way).
 /// A config that does not load is left to the daemon, which names what is wrong.
-fn refuse_a_new_session_without_a_model(home: &std::path::Path, args: &RunArgs) -> Result<()> {
-    if args.session.is_some() || args.continue_ || args.model.is_some() {
-        return Ok(());
+/// An empty `--model`, a `--base-url` that is not http(s), and a prompt over `[daemon]
+/// max_input_bytes` are refused here too, before a session is made for nothing.
+fn refuse_a_new_session_without_a_model(
+    home: &std::path::Path,
+    args: &RunArgs,
+    text: &str,
+) -> Result<()> {
+    if args.model.as_deref().is_some_and(|m| m.trim().is_empty()) {
+        bail!("--model must name a model, not be empty");
     }
-    match drover_owner::config::Config::load(home) {
-        Ok(config) if config.model.name.as_deref().is_none_or(str::is_empty) => bail!(
+    if let Some(url) = &args.base_url {
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            bail!("--base-url {url:?} must start with http:// or https://");
+        }
+    }
+    // A config that does not load is left to the daemon, which names what is wrong.
+    let Ok(config) = drover_owner::config::Config::load(home) else {
+        return Ok(());
+    };
+    let limit = config.daemon.max_input_bytes;
+    if text.len() as u64 > limit {
+        bail!(
+            "the prompt is {} bytes, over [daemon] max_input_bytes = {limit}",
+            text.len()
+        );
+    }
+    let new_session = args.session.is_none() && !args.continue_ && args.model.is_none();
+    if new_session && config.model.name.as_deref().is_none_or(str::is_empty) {
+        bail!(
             "no model: pass --model NAME or set [model] name in {}",
             home.join("config.toml").display()
-        ),
-        _ => Ok(()),
+        );
     }
+    Ok(())
 }
 
 /// The prompt argument, or stdin for `-`.
@@ -177,8 +200,9 @@ async fn open_session(
 /// `session.create` errors in the words of `drover run`'s flags.
 fn explain_create_error(e: ClientError, home: &std::path::Path) -> anyhow::Error {
     let config = home.join("config.toml");
+    let missing = e.to_string().contains("no model endpoint");
     match e.field() {
-        Some("base_url") => anyhow!(
+        Some("base_url") if missing => anyhow!(
             "no model endpoint: pass --base-url URL, set [model] base_url in {}, or set $OPENAI_BASE_URL",
             config.display()
         ),

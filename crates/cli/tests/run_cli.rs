@@ -201,6 +201,35 @@ async fn an_empty_prompt_is_refused_before_a_daemon_starts() {
     assert!(model.requests().is_empty());
 }
 
+/// An empty `--model`, a `--base-url` that is not http(s) and a prompt over `[daemon]
+/// max_input_bytes` are refused naming the flag or the limit, before a daemon or a session is
+/// made for nothing (the model fell back to `[model] name` unseen; the URL was called
+/// missing; the long prompt left an empty session behind).
+#[tokio::test]
+async fn bad_run_flags_and_an_over_long_prompt_are_refused_before_a_daemon_starts() {
+    let (model, home) = model_home(true).await.unwrap();
+    let _guard = KillDaemonOnDrop(home.path());
+    let stderr = failed(&drover(home.path(), &["run", "--model", "", "hi"]).await);
+    assert!(stderr.contains("--model must name a model"), "{stderr}");
+    let stderr = failed(&drover(home.path(), &["run", "--base-url", "ftp://x", "hi"]).await);
+    assert!(
+        stderr.contains("\"ftp://x\" must start with http:// or https://"),
+        "{stderr}"
+    );
+    let config = home.path().join("config.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    let limited = text.replacen("[daemon]\n", "[daemon]\nmax_input_bytes = 10\n", 1);
+    assert_ne!(limited, text, "the test config has a [daemon] table");
+    std::fs::write(&config, limited).unwrap();
+    let stderr = failed(&drover(home.path(), &["run", "eleven char"]).await);
+    assert!(
+        stderr.contains("the prompt is 11 bytes, over [daemon] max_input_bytes = 10"),
+        "{stderr}"
+    );
+    assert_eq!(daemon_pid(home.path()), None);
+    assert!(model.requests().is_empty());
+}
+
 /// A new session with no model name anywhere is refused before a daemon is started for it
 /// (it stayed up, idle, for 15 minutes); `--model` makes the same run go through.
 #[tokio::test]
