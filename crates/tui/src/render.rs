@@ -25,6 +25,21 @@ pub const VIEWPORT_HEIGHT: u16 = 16;
 
 const SPINNER: [char; 10] = ['⠋', '⠙', '⠹', '⠸', '⠼', '⠴', '⠦', '⠧', '⠇', '⠏'];
 
+/// The most input lines the viewport shows at once.
+const INPUT_LINES: usize = 8;
+
+/// The input lines shown, `first..last` of `count`: all of them when they fit, else
+/// [`INPUT_LINES`] with the cursor's line among them.
+fn input_window(count: usize, cursor: usize) -> (usize, usize) {
+    if count <= INPUT_LINES {
+        return (0, count);
+    }
+    let first = cursor
+        .saturating_sub(INPUT_LINES / 2)
+        .min(count - INPUT_LINES);
+    (first, first + INPUT_LINES)
+}
+
 /// A finished block as lines (not wrapped), followed by a blank line.
 pub fn block_lines(block: &Block, theme: Theme, now: Instant) -> Vec<Line<'static>> {
     let mut lines = match block {
@@ -453,17 +468,32 @@ pub fn draw(frame: &mut Frame<'_>, app: &App, theme: Theme, now: Instant) {
         ));
     }
     bottom.push(Line::styled("─".repeat(usize::from(width)), theme.dim()));
-    let input_top = bottom.len();
     let mut cursor = None;
     let (cur_line, cur_col) = app.input.cursor();
-    for (i, l) in app.input.text().split('\n').enumerate() {
+    // A long input (a paste of thousands of lines) shows the lines around the cursor, so the
+    // cursor, the notice below and the status line stay on the screen.
+    let lines: Vec<&str> = app.input.text().split('\n').collect();
+    let (first, last) = input_window(lines.len(), cur_line);
+    if first > 0 {
+        bottom.push(Line::styled(
+            format!("  … {first} lines above"),
+            theme.dim(),
+        ));
+    }
+    for (i, l) in lines.iter().enumerate().take(last).skip(first) {
         let mark = if i == 0 { "› " } else { "  " };
         if i == cur_line {
             let before: String = l.chars().take(cur_col).collect();
             let col: usize = before.chars().map(|c| c.width().unwrap_or(0)).sum();
-            cursor = Some((input_top + i, 2 + col));
+            cursor = Some((bottom.len(), 2 + col));
         }
         bottom.push(Line::raw(format!("{mark}{l}")));
+    }
+    if last < lines.len() {
+        bottom.push(Line::styled(
+            format!("  … {} more lines", lines.len() - last),
+            theme.dim(),
+        ));
     }
     if app.input.is_empty() {
         let hint = if app.prompt.as_ref().is_some_and(|p| !p.sent) {
@@ -548,6 +578,28 @@ mod tests {
         let tail = live_tail(&fenced);
         assert!(tail.starts_with("```\ny"), "{}", &tail[..10]);
         assert!(tail.ends_with("end"));
+    }
+
+    /// A paste of thousands of lines leaves the cursor's line, the notice (here: the daemon
+    /// refused the input as too long) and the status line on the screen.
+    #[test]
+    fn a_long_input_shows_the_lines_around_the_cursor_and_the_notice() {
+        let mut app = app();
+        let text: Vec<String> = (1..=3000).map(|i| format!("line {i}")).collect();
+        app.input.paste(&text.join("\n"));
+        app.failed(
+            "sending",
+            "text is 1099999 bytes, over [daemon] max_input_bytes",
+        );
+        let shown = screen(&app, Instant::now());
+        assert!(shown.contains("… 2992 lines above"), "{shown}");
+        assert!(shown.contains("line 3000"), "{shown}");
+        assert!(!shown.contains("line 2992\n"), "{shown}");
+        assert!(shown.contains("max_input_bytes"), "{shown}");
+        assert_eq!(input_window(3, 2), (0, 3));
+        assert_eq!(input_window(100, 0), (0, INPUT_LINES));
+        assert_eq!(input_window(100, 50), (46, 54));
+        assert_eq!(input_window(100, 99), (92, 100));
     }
 
     fn screen(app: &App, now: Instant) -> String {
