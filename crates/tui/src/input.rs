@@ -1,7 +1,10 @@
 //! The multi-line input box: text with a cursor, and the history of sent inputs.
 //!
 //! Up and Down move between lines of a multi-line input, and through the history from its
-//! first and last line (as a shell does for one-line inputs).
+//! first and last line (as a shell does for one-line inputs). Left, Right, Backspace and
+//! Delete step over a character as a person sees it (a grapheme cluster), not a code point.
+
+use unicode_segmentation::UnicodeSegmentation;
 
 /// The input being typed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -58,32 +61,50 @@ impl Input {
         self.cursor = self.text.len();
     }
 
+    /// Where the character before the cursor starts: a character as a person sees it (a
+    /// grapheme cluster: `é` written with a combining accent, a flag, a family emoji joined by
+    /// ZWJs), never the middle of one.
+    fn previous(&self) -> Option<usize> {
+        self.text[..self.cursor]
+            .grapheme_indices(true)
+            .next_back()
+            .map(|(i, _)| i)
+    }
+
+    /// Where the character after the cursor ends (see [`Input::previous`]).
+    fn next(&self) -> Option<usize> {
+        self.text[self.cursor..]
+            .graphemes(true)
+            .next()
+            .map(|g| self.cursor + g.len())
+    }
+
     /// Deletes the character before the cursor.
     pub fn backspace(&mut self) {
-        if let Some(c) = self.text[..self.cursor].chars().next_back() {
-            self.cursor -= c.len_utf8();
-            self.text.remove(self.cursor);
+        if let Some(start) = self.previous() {
+            self.text.replace_range(start..self.cursor, "");
+            self.cursor = start;
         }
     }
 
     /// Deletes the character under the cursor.
     pub fn delete(&mut self) {
-        if self.cursor < self.text.len() {
-            self.text.remove(self.cursor);
+        if let Some(end) = self.next() {
+            self.text.replace_range(self.cursor..end, "");
         }
     }
 
     /// Moves the cursor one character left.
     pub fn left(&mut self) {
-        if let Some(c) = self.text[..self.cursor].chars().next_back() {
-            self.cursor -= c.len_utf8();
+        if let Some(start) = self.previous() {
+            self.cursor = start;
         }
     }
 
     /// Moves the cursor one character right.
     pub fn right(&mut self) {
-        if let Some(c) = self.text[self.cursor..].chars().next() {
-            self.cursor += c.len_utf8();
+        if let Some(end) = self.next() {
+            self.cursor = end;
         }
     }
 
@@ -182,6 +203,28 @@ mod tests {
             i.insert(c);
         }
         i
+    }
+
+    /// A family emoji (four people joined by ZWJs), a flag and an accent written as a
+    /// combining mark are each one step and one deletion: typing after a step never splits one.
+    #[test]
+    fn the_cursor_steps_over_whole_characters_as_seen() {
+        let family = "\u{1f468}\u{200d}\u{1f469}\u{200d}\u{1f467}\u{200d}\u{1f466}";
+        let mut i = typed(&format!("a{family}b"));
+        i.left();
+        i.left();
+        i.insert('X');
+        assert_eq!(i.text(), format!("aX{family}b"));
+        i.right();
+        i.backspace();
+        assert_eq!(i.text(), "aXb");
+        let mut i = typed("e\u{301}\u{1f1eb}\u{1f1f7}");
+        i.left();
+        i.left();
+        i.delete();
+        assert_eq!(i.text(), "\u{1f1eb}\u{1f1f7}");
+        i.right();
+        assert_eq!(i.cursor(), (0, 2));
     }
 
     #[test]
