@@ -304,7 +304,9 @@ async fn writes_outside_the_roots_fail_in_the_foreground_the_background_and_a_gr
 
 #[tokio::test]
 async fn rmtree_outside_the_roots_leaves_the_directory_intact() {
-    let mut s = session("", &[]).await;
+    // The approval check names an rmtree too (manual mode would ask); the sandbox alone stops
+    // it here.
+    let mut s = session("[approvals]\nmode = \"auto\"\n", &[]).await;
     let victim = Outside::new("rmtree");
     std::fs::create_dir(victim.path()).unwrap();
     std::fs::write(victim.path().join("keep.txt"), "data").unwrap();

@@ -21,6 +21,7 @@
 //! assert_eq!(classify("echo 'rm -rf /'"), None);
 //! ```
 
+mod argv;
 mod rules;
 mod shell;
 

@@ -216,13 +216,17 @@ async fn a_python_rmtree_outside_the_roots_leaves_the_directory_intact() {
         "/usr/bin/python3 -c 'import shutil; shutil.rmtree(\"{}\")'",
         victim.display()
     );
-    let (result, is_error) = terminal(&command, &dirs.ctx(SandboxMode::WorkspaceWrite)).await;
+    // `auto` approvals: the approval check also names an rmtree, but here the sandbox alone
+    // has to stop it.
+    let ctx = |mode| dirs.ctx_with(dirs.policy(mode, true), "auto", Arc::new(NoPrompts));
+    let (result, is_error) = terminal(&command, &ctx(SandboxMode::WorkspaceWrite)).await;
     assert!(is_error, "{result}");
+    assert!(!result.to_string().contains("approval"), "{result}");
     assert_eq!(
         std::fs::read_to_string(victim.join("sub/file")).expect("kept"),
         "keep"
     );
-    let (result, is_error) = terminal(&command, &dirs.ctx(SandboxMode::Off)).await;
+    let (result, is_error) = terminal(&command, &ctx(SandboxMode::Off)).await;
     assert!(!is_error, "{result}");
     assert!(!victim.exists());
 }

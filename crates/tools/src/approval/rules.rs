@@ -1,10 +1,15 @@
 //! The dangerous-command rules, applied to the parsed shell (`docs/approvals.md` lists them).
 //!
-//! Every simple command is looked at after its wrappers are peeled off (`sudo`, `doas`, `env`,
-//! leading `VAR=x`, `command`, `exec`, `nohup`, `time`, `nice`, `timeout`, `xargs`, ...), and
-//! every script the command line would run is classified too: substitutions, `sh -c` strings,
-//! `eval` arguments, `find -exec` commands and here-documents fed to a shell.
+//! Every simple command is looked at after its wrappers are peeled off (`argv.rs`: `sudo`,
+//! `env`, leading `VAR=x`, `timeout`, `flock`, `xargs`, ...), and every script the command line
+//! would run is classified too: substitutions, `sh -c` strings, `eval` arguments, `find -exec`
+//! commands, here-documents fed to a shell, `git -c` values, and the command strings of awk,
+//! Python, Perl, Ruby, Node and PHP programs given on the command line.
 
+use super::argv::{
+    command_name, is_long_option, is_short_cluster, join_texts, operands, push_text, short_value,
+    unwrap, Invocation,
+};
 use super::shell::{
     self, Command, Pipeline, Redirect, RedirectOp, Script, SimpleCommand, SubstitutionKind, Word,
 };
@@ -22,6 +27,23 @@ const SHELLS: &[&str] = &[
 ];
 /// Interpreters that run a script read from stdin when given none (besides `python*`).
 const INTERPRETERS: &[&str] = &["perl", "ruby", "node", "php"];
+const AWKS: &[&str] = &["awk", "gawk", "mawk", "nawk"];
+/// What in an awk program runs a command: `system(...)`, `print | "sh"`, `"cmd" | getline`.
+const AWK_RUNS: &[&str] = &["system", "|"];
+/// What in a Python, Perl, Ruby, Node or PHP program runs a command.
+const INTERPRETER_RUNS: &[&str] = &[
+    "system",
+    "exec",
+    "popen",
+    "spawn",
+    "subprocess",
+    "shell_exec",
+    "passthru",
+    "proc_open",
+    "`",
+];
+/// Library calls that delete a tree (`shutil.rmtree`, `FileUtils.rm_rf`, Perl's `remove_tree`).
+const TREE_DELETES: &[&str] = &["rmtree", "rm_rf", "rm_r(", "remove_tree"];
 const DOWNLOADERS: &[&str] = &["curl", "wget", "fetch", "http", "https", "xh"];
 const SQL_CLIENTS: &[&str] = &[
     "psql",
@@ -245,16 +267,6 @@ fn check_redirects(redirects: &[Redirect], words: &[Word]) -> Option<Danger> {
     None
 }
 
-/// A simple command's words with its wrappers peeled off.
-enum Invocation<'w> {
-    /// The command that runs, and its arguments.
-    Argv(&'w [Word]),
-    /// `env -S STRING`: a string split into a command line.
-    Split(String),
-    /// Nothing runs (only assignments, or `command -v`).
-    Nothing,
-}
-
 fn check_words(words: &[Word], command: &SimpleCommand, depth: usize) -> Option<Danger> {
     match unwrap(words) {
         Invocation::Nothing => None,
@@ -267,161 +279,6 @@ fn check_words(words: &[Word], command: &SimpleCommand, depth: usize) -> Option<
             check_argv(argv, command, depth)
         }
     }
-}
-
-fn unwrap(words: &[Word]) -> Invocation<'_> {
-    let mut rest = words;
-    loop {
-        while rest.first().is_some_and(is_assignment) {
-            rest = &rest[1..];
-        }
-        let Some(first) = rest.first() else {
-            return Invocation::Nothing;
-        };
-        let args = &rest[1..];
-        rest = match command_name(&first.text) {
-            "sudo" => skip_options(
-                args,
-                "CDghpRrTtUu",
-                &[
-                    "--user",
-                    "--group",
-                    "--close-from",
-                    "--chdir",
-                    "--host",
-                    "--prompt",
-                    "--chroot",
-                    "--role",
-                    "--type",
-                    "--command-timeout",
-                    "--other-user",
-                ],
-            ),
-            "doas" => skip_options(args, "uC", &[]),
-            "env" => match env_command(args) {
-                Ok(command) => command,
-                Err(split) => return Invocation::Split(split),
-            },
-            "command" => {
-                let describes = args
-                    .iter()
-                    .take_while(|w| w.text.starts_with('-') && w.text != "--")
-                    .any(|w| w.text.contains(['v', 'V']));
-                if describes {
-                    return Invocation::Nothing;
-                }
-                skip_options(args, "", &[])
-            }
-            "exec" => skip_options(args, "a", &[]),
-            "nohup" | "builtin" | "busybox" | "setsid" => skip_options(args, "", &[]),
-            "time" => skip_options(args, "fo", &["--format", "--output"]),
-            "nice" => skip_options(args, "n", &["--adjustment"]),
-            "ionice" => skip_options(
-                args,
-                "cnpPu",
-                &["--class", "--classdata", "--pid", "--pgid", "--uid"],
-            ),
-            "timeout" => {
-                let after = skip_options(args, "sk", &["--signal", "--kill-after"]);
-                // The first operand is the duration.
-                after.get(1..).unwrap_or_default()
-            }
-            "stdbuf" => skip_options(args, "ioe", &["--input", "--output", "--error"]),
-            "xargs" => skip_options(
-                args,
-                "adEILnPs",
-                &[
-                    "--arg-file",
-                    "--delimiter",
-                    "--max-lines",
-                    "--max-args",
-                    "--max-procs",
-                    "--max-chars",
-                    "--process-slot-var",
-                ],
-            ),
-            // The remote side runs the rest as a shell command line.
-            "ssh" => {
-                let after = skip_options(args, "BbcDEeFIiJLlmOoPpQRSWw", &[]);
-                return match after.split_first() {
-                    Some((_host, remote)) if !remote.is_empty() => {
-                        Invocation::Split(join_texts(remote))
-                    }
-                    _ => Invocation::Nothing,
-                };
-            }
-            // `watch` passes its arguments to `sh -c`.
-            "watch" => {
-                let after = skip_options(args, "n", &["--interval"]);
-                return if after.is_empty() {
-                    Invocation::Nothing
-                } else {
-                    Invocation::Split(join_texts(after))
-                };
-            }
-            _ => return Invocation::Argv(rest),
-        };
-    }
-}
-
-/// `env`'s arguments: the command after its options and assignments, or the `-S` string.
-fn env_command(args: &[Word]) -> Result<&[Word], String> {
-    let mut i = 0;
-    while let Some(word) = args.get(i) {
-        let a = word.text.as_str();
-        if a == "--" {
-            i += 1;
-            break;
-        }
-        let split = match a {
-            "-S" | "--split-string" => Some(String::new()),
-            _ => a
-                .strip_prefix("--split-string=")
-                .or_else(|| a.strip_prefix("-S"))
-                .map(str::to_string),
-        };
-        if let Some(mut split) = split {
-            for word in &args[(i + 1).min(args.len())..] {
-                if !split.is_empty() {
-                    split.push(' ');
-                }
-                split.push_str(&word.text);
-            }
-            return Err(split);
-        }
-        match a {
-            "-u" | "--unset" | "-C" | "--chdir" => i += 2,
-            _ if a.starts_with('-') && a.len() > 1 => i += 1,
-            _ => break,
-        }
-    }
-    Ok(&args[i.min(args.len())..])
-}
-
-/// The arguments after a wrapper's options. `short_with_arg` lists the short options that take
-/// a value (`-u root` or `-uroot`); `long_with_arg` the long ones written without `=`.
-fn skip_options<'w>(args: &'w [Word], short_with_arg: &str, long_with_arg: &[&str]) -> &'w [Word] {
-    let mut i = 0;
-    while let Some(word) = args.get(i) {
-        let a = word.text.as_str();
-        if a == "--" {
-            i += 1;
-            break;
-        }
-        if a.starts_with("--") {
-            i += if long_with_arg.contains(&a) { 2 } else { 1 };
-        } else if a.len() > 1 && a.starts_with('-') {
-            let cluster = &a[1..];
-            let value_follows = cluster
-                .char_indices()
-                .find(|(_, c)| short_with_arg.contains(*c))
-                .is_some_and(|(at, c)| at + c.len_utf8() == cluster.len());
-            i += if value_follows { 2 } else { 1 };
-        } else {
-            break;
-        }
-    }
-    &args[i.min(args.len())..]
 }
 
 fn check_argv(argv: &[Word], command: &SimpleCommand, depth: usize) -> Option<Danger> {
@@ -437,7 +294,7 @@ fn check_argv(argv: &[Word], command: &SimpleCommand, depth: usize) -> Option<Da
         "chmod" | "chown" | "chgrp" => operands(&argv[1..])
             .any(|w| is_system_path(&w.text))
             .then(|| danger("system_permissions", &render(argv))),
-        "git" => git(argv),
+        "git" => git(argv, depth),
         "kill" => kill(argv),
         "killall5" => Some(danger("kill_all", &render(argv))),
         "pkill" => pkill(argv),
@@ -445,8 +302,8 @@ fn check_argv(argv: &[Word], command: &SimpleCommand, depth: usize) -> Option<Da
         "tee" => tee(argv),
         "cp" | "mv" | "install" => copy(argv),
         "ln" if argv[1..].iter().any(|w| {
-            w.text == "--force"
-                || (w.text.starts_with('-') && !w.text.starts_with("--") && w.text.contains('f'))
+            is_long_option(&w.text, "--force")
+                || (is_short_cluster(&w.text) && w.text.contains('f'))
         }) =>
         {
             copy(argv)
@@ -475,6 +332,10 @@ fn check_argv(argv: &[Word], command: &SimpleCommand, depth: usize) -> Option<Da
             .then(|| danger("sql_drop", &render(argv))),
         _ if SHELLS.contains(&name) => shell(argv, command, depth),
         _ if name.starts_with("mkfs") || DISK_TOOLS.contains(&name) => disk(argv),
+        _ if AWKS.contains(&name) => program(argv, AWK_RUNS, depth),
+        _ if INTERPRETERS.contains(&name) || name.starts_with("python") => {
+            program(argv, INTERPRETER_RUNS, depth).or_else(|| sql(argv, command))
+        }
         _ => sql(argv, command),
     }
 }
@@ -486,9 +347,9 @@ fn rm(argv: &[Word]) -> Option<Danger> {
         if a == "--" {
             break;
         }
-        if let Some(long) = a.strip_prefix("--") {
-            recursive |= long == "recursive";
-            force |= long == "force";
+        if a.starts_with("--") {
+            recursive |= is_long_option(a, "--recursive");
+            force |= is_long_option(a, "--force");
         } else if a.len() > 1 && a.starts_with('-') {
             recursive |= a.contains(['r', 'R']);
             force |= a.contains('f');
@@ -532,6 +393,66 @@ fn find(argv: &[Word], command: &SimpleCommand, depth: usize) -> Option<Danger> 
     None
 }
 
+/// A program in another language given on the command line (`awk '...'`, `python3 -c '...'`,
+/// `perl -e '...'`): a tree delete by library call, or a string it hands to a shell. Its string
+/// literals are checked as command lines when the program runs commands at all.
+fn program(argv: &[Word], runs: &[&str], depth: usize) -> Option<Danger> {
+    let code = join_texts(&argv[1..]);
+    let node_tree_delete = code.contains("recursive")
+        && ["rmSync", "rmdirSync", "rm(", "rmdir("]
+            .iter()
+            .any(|call| code.contains(call));
+    if node_tree_delete || TREE_DELETES.iter().any(|call| code.contains(call)) {
+        return Some(danger("recursive_delete", &render(argv)));
+    }
+    if !runs.iter().any(|call| code.contains(call)) {
+        return None;
+    }
+    program_strings(&code)
+        .iter()
+        .find_map(|text| check_source(text, depth + 1))
+}
+
+/// The string literals of a program in another language (`"..."`, `'...'`, `` `...` ``, with
+/// escapes undone), each alone and, where only commas and blanks separate them
+/// (`["rm", "-rf", "/"]`), joined by spaces as one command line.
+fn program_strings(code: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut group: Vec<String> = Vec::new();
+    let mut chars = code.chars();
+    let close_group = |group: &mut Vec<String>, out: &mut Vec<String>| {
+        if group.len() > 1 {
+            out.push(group.join(" "));
+        }
+        group.clear();
+    };
+    while let Some(c) = chars.next() {
+        match c {
+            '"' | '\'' | '`' => {
+                let mut literal = String::new();
+                while let Some(d) = chars.next() {
+                    match d {
+                        '\\' => match chars.next() {
+                            Some('n') => literal.push('\n'),
+                            Some(escaped) => literal.push(escaped),
+                            None => {}
+                        },
+                        _ if d == c => break,
+                        _ => literal.push(d),
+                    }
+                }
+                group.push(literal.clone());
+                out.push(literal);
+            }
+            ',' => {}
+            _ if c.is_whitespace() => {}
+            _ => close_group(&mut group, &mut out),
+        }
+    }
+    close_group(&mut group, &mut out);
+    out
+}
+
 fn disk(argv: &[Word]) -> Option<Danger> {
     let lists_only = matches!(
         command_name(&argv[0].text),
@@ -542,10 +463,20 @@ fn disk(argv: &[Word]) -> Option<Danger> {
     (!lists_only).then(|| danger("disk_format", &render(argv)))
 }
 
-fn git(argv: &[Word]) -> Option<Danger> {
+fn git(argv: &[Word], depth: usize) -> Option<Danger> {
     let mut i = 1;
     while let Some(word) = argv.get(i) {
         let a = word.text.as_str();
+        // `-c alias.x='!rm -rf ~'`, `-c core.pager='...'`: a value may be run by a shell.
+        if a == "-c" {
+            let value = argv.get(i + 1).and_then(|w| w.text.split_once('='));
+            if let Some((_, value)) = value {
+                let script = value.strip_prefix('!').unwrap_or(value);
+                if let Some(found) = check_source(script, depth + 1) {
+                    return Some(found);
+                }
+            }
+        }
         if matches!(
             a,
             "-C" | "-c" | "--git-dir" | "--work-tree" | "--namespace" | "--config-env"
@@ -561,7 +492,7 @@ fn git(argv: &[Word]) -> Option<Danger> {
     let rest = &argv[i + 1..];
     let key = match subcommand {
         "push" if push_forces(rest) => "git_force_push",
-        "reset" if rest.iter().any(|w| w.text == "--hard") => "git_reset_hard",
+        "reset" if rest.iter().any(|w| is_long_option(&w.text, "--hard")) => "git_reset_hard",
         "clean" if clean_forces(rest) => "git_clean",
         _ => return None,
     };
@@ -583,9 +514,16 @@ fn push_forces(args: &[Word]) -> bool {
         }
         if a == "--" {
             options_done = true;
-        } else if a == "--force" || a == "--mirror" || a.starts_with("--force-with-lease") {
+        } else if ["--force", "--mirror", "--force-with-lease"]
+            .iter()
+            .any(|o| is_long_option(a, o))
+        {
             return true;
-        } else if matches!(a, "--repo" | "--receive-pack" | "--exec" | "--push-option") {
+        } else if !a.contains('=')
+            && ["--repo", "--receive-pack", "--exec", "--push-option"]
+                .iter()
+                .any(|o| is_long_option(a, o))
+        {
             i += 1;
         } else if !a.starts_with("--") && a.len() > 1 {
             if a.contains('f') {
@@ -608,7 +546,7 @@ fn clean_forces(args: &[Word]) -> bool {
                 && w.text.contains(c)
         })
     };
-    let long = |s: &str| args.iter().any(|w| w.text == s);
+    let long = |s: &str| args.iter().any(|w| is_long_option(&w.text, s));
     (short('f') || long("--force")) && !(short('n') || long("--dry-run"))
 }
 
@@ -642,32 +580,20 @@ fn pkill(argv: &[Word]) -> Option<Danger> {
             pattern = argv.get(i + 1).map(|w| w.text.as_str());
             break;
         }
-        if matches!(a, "-u" | "-U" | "--euid" | "--uid") {
-            by_user = true;
-            i += 2;
-        } else if a.starts_with("--euid=") || a.starts_with("--uid=") {
-            by_user = true;
-            i += 1;
-        } else if matches!(
-            a,
-            "-g" | "-G"
-                | "-P"
-                | "-s"
-                | "-t"
-                | "-F"
-                | "--signal"
-                | "--pgroup"
-                | "--group"
-                | "--parent"
-                | "--session"
-                | "--terminal"
-                | "--pidfile"
-                | "--ns"
-                | "--nslist"
-        ) {
-            i += 2;
-        } else if a.len() > 1 && a.starts_with('-') {
-            i += 1;
+        if a.starts_with("--") {
+            let user = is_long_option(a, "--euid") || is_long_option(a, "--uid");
+            by_user |= user;
+            let value_follows = !a.contains('=')
+                && (user || PKILL_LONG_WITH_ARG.iter().any(|o| is_long_option(a, o)));
+            i += if value_follows { 2 } else { 1 };
+        } else if is_short_cluster(a) {
+            let value = short_value(a, "uUgGPstF");
+            by_user |= value.is_some_and(|(option, _)| matches!(option, 'u' | 'U'));
+            i += if value.is_some_and(|(_, value)| value.is_empty()) {
+                2
+            } else {
+                1
+            };
         } else {
             pattern = Some(a);
             break;
@@ -680,6 +606,19 @@ fn pkill(argv: &[Word]) -> Option<Danger> {
     broad.then(|| danger("kill_all", &render(argv)))
 }
 
+/// pkill's long options that take a value (besides `--euid` and `--uid`).
+const PKILL_LONG_WITH_ARG: &[&str] = &[
+    "--signal",
+    "--pgroup",
+    "--group",
+    "--parent",
+    "--session",
+    "--terminal",
+    "--pidfile",
+    "--ns",
+    "--nslist",
+];
+
 fn killall(argv: &[Word]) -> Option<Danger> {
     let (mut by_user, mut regex) = (false, false);
     let mut names = Vec::new();
@@ -687,17 +626,28 @@ fn killall(argv: &[Word]) -> Option<Danger> {
     while let Some(word) = argv.get(i) {
         let a = word.text.as_str();
         i += 1;
-        match a {
-            "-u" | "--user" => {
-                by_user = true;
-                i += 1;
-            }
-            "-s" | "--signal" | "-o" | "--older-than" | "-y" | "--younger-than" | "-n" | "--ns" => {
-                i += 1
-            }
-            "-r" | "--regexp" => regex = true,
-            _ if a.len() > 1 && a.starts_with('-') => {}
-            _ => names.push(a),
+        if a.starts_with("--") {
+            let user = is_long_option(a, "--user");
+            by_user |= user;
+            regex |= is_long_option(a, "--regexp");
+            let value_follows = !a.contains('=')
+                && (user
+                    || ["--signal", "--older-than", "--younger-than", "--ns"]
+                        .iter()
+                        .any(|o| is_long_option(a, o)));
+            i += usize::from(value_follows);
+        } else if is_short_cluster(a) {
+            let value = short_value(a, "usoynZ");
+            by_user |= value.is_some_and(|(option, _)| option == 'u');
+            // The options before the one taking a value are flags (`-ru root`).
+            let cluster = &a[1..];
+            let flags = value.map_or(cluster, |(_, rest)| {
+                &cluster[..cluster.len() - rest.len() - 1]
+            });
+            regex |= flags.contains('r');
+            i += usize::from(value.is_some_and(|(_, value)| value.is_empty()));
+        } else {
+            names.push(a);
         }
     }
     let broad =
@@ -707,8 +657,7 @@ fn killall(argv: &[Word]) -> Option<Danger> {
 
 fn tee(argv: &[Word]) -> Option<Danger> {
     let appends = argv[1..].iter().any(|w| {
-        w.text == "--append"
-            || (w.text.starts_with('-') && !w.text.starts_with("--") && w.text.contains('a'))
+        is_long_option(&w.text, "--append") || (is_short_cluster(&w.text) && w.text.contains('a'))
     });
     let files: Vec<&Word> = operands(&argv[1..]).collect();
     if files.iter().any(|w| is_raw_device(&w.text)) {
@@ -733,22 +682,29 @@ fn su(argv: &[Word], depth: usize) -> Option<Danger> {
     let mut i = 1;
     while let Some(word) = argv.get(i) {
         let a = word.text.as_str();
-        let script = match a {
-            "-c" | "--command" => argv.get(i + 1),
-            _ if a.starts_with("--command=") => Some(word),
-            _ => None,
+        i += 1;
+        // The word holding the script (for its substitutions) and the script's text.
+        let next = || argv.get(i).map(|w| (w, w.text.as_str()));
+        let script = if a.starts_with("--") {
+            let command = is_long_option(a, "--command") || is_long_option(a, "--session-command");
+            match a.split_once('=') {
+                _ if !command => None,
+                Some((_, text)) => Some((word, text)),
+                None => next(),
+            }
+        } else {
+            match short_value(a, "cgGsw") {
+                Some(('c', "")) => next(),
+                Some(('c', text)) => Some((word, text)),
+                _ => None,
+            }
         };
-        if let Some(script) = script {
+        if let Some((script, text)) = script {
             if subs_download(script, depth) {
                 return Some(danger("pipe_to_shell", &render(argv)));
             }
-            let text = script
-                .text
-                .strip_prefix("--command=")
-                .unwrap_or(&script.text);
             return check_source(text, depth + 1);
         }
-        i += 1;
     }
     None
 }
@@ -1007,54 +963,6 @@ fn command_text(command: &Command, out: &mut String) {
             }
         }
     }
-}
-
-fn push_text(out: &mut String, text: &str) {
-    if !out.is_empty() {
-        out.push(' ');
-    }
-    out.push_str(text);
-}
-
-fn join_texts(words: &[Word]) -> String {
-    let mut out = String::new();
-    for word in words {
-        push_text(&mut out, &word.text);
-    }
-    out
-}
-
-/// Arguments that are not options (everything after `--` counts).
-fn operands(args: &[Word]) -> impl Iterator<Item = &Word> {
-    let mut options_done = false;
-    args.iter().filter(move |w| {
-        if options_done {
-            return true;
-        }
-        if w.text == "--" {
-            options_done = true;
-            return false;
-        }
-        !(w.text.len() > 1 && w.text.starts_with('-'))
-    })
-}
-
-/// `NAME=value` (also `NAME+=value`) before a command.
-fn is_assignment(word: &Word) -> bool {
-    let Some((name, _)) = word.text.split_once('=') else {
-        return false;
-    };
-    let name = name.strip_suffix('+').unwrap_or(name);
-    let mut chars = name.chars();
-    chars
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
-}
-
-/// The command's name without its directory (`/usr/bin/rm` is `rm`).
-fn command_name(text: &str) -> &str {
-    text.rsplit('/').next().unwrap_or(text)
 }
 
 /// `-9`, `-KILL`, `-SIGKILL`: a signal given as pkill's first argument.
