@@ -195,6 +195,28 @@ pub fn cap_summary(summary: String, max: usize) -> String {
     )
 }
 
+/// What stands for a part of the history the model would not summarise (it answered no text,
+/// twice): the summary before it, a note, and the part's first and last bytes (an eighth of
+/// `cap` each, at least 1 KiB), all within `cap`. The note is kept whole when the summary
+/// before it has to be cut.
+pub fn excerpt_summary(previous: Option<&str>, transcript: &str, cap: usize) -> String {
+    let keep = (cap / 8).max(1024);
+    let excerpt = cut_text_to(transcript, "part of the history", keep)
+        .unwrap_or_else(|| transcript.to_string());
+    let part = format!("{EXCERPT_NOTE}\n{excerpt}");
+    match previous {
+        None => cap_summary(part, cap),
+        Some(previous) => {
+            let room = cap.saturating_sub(part.len() + 2).max(cap / 2);
+            format!("{}\n\n{part}", cap_summary(previous.to_string(), room))
+        }
+    }
+}
+
+/// Heads an excerpt that stands for a part of the history the model did not summarise.
+pub const EXCERPT_NOTE: &str = "[drover: the model answered no summary of this part of the \
+session; its start and end follow as they were]";
+
 /// The message that stands for summarised history in a request.
 pub fn summary_message(summary: &str) -> ChatMessage {
     ChatMessage::text(Role::User, format!("{SUMMARY_HEADER}\n\n{summary}"))

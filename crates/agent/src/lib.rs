@@ -587,7 +587,10 @@ impl Budget {
 impl Budget {
     /// The summary of `conv.history[..n]` after the summary before it, asked for in pieces of
     /// at most half the budget (at least 16 KiB). A piece the model refuses as too long is
-    /// asked for again at a quarter of the size, twice at most. `usage` sums what answered.
+    /// asked for again at a quarter of the size, twice at most. A piece the model answers with
+    /// no text is asked for once more, and then stands as an excerpt of itself
+    /// ([`context::excerpt_summary`]): a model that cannot summarise never blocks the session.
+    /// `usage` sums what answered.
     async fn summarise(
         &self,
         conv: &Conversation,
@@ -599,6 +602,7 @@ impl Budget {
     ) -> Result<String, Stop> {
         let mut max_bytes = (budget as usize).saturating_mul(2).max(16 * 1024);
         let mut shrinks = 0;
+        let mut empty_answers = 0;
         let text = context::summary_text(&conv.history[..n]);
         let mut rest = text.as_str();
         let mut summary = conv.compaction.as_ref().map(|c| c.summary.clone());
@@ -644,13 +648,20 @@ impl Budget {
                 Some(text) if !text.trim().is_empty() => {
                     summary = Some(context::cap_summary(text, cap));
                 }
+                _ if empty_answers == 0 => {
+                    tracing::warn!("the model answered an empty summary; asking once more");
+                    empty_answers += 1;
+                    continue;
+                }
                 _ => {
-                    return Err(Stop::Failed(
-                        "the model answered an empty summary while compacting the history"
-                            .to_string(),
-                    ))
+                    tracing::warn!(
+                        bytes = piece.len(),
+                        "the model answered an empty summary twice; an excerpt stands for this part"
+                    );
+                    summary = Some(context::excerpt_summary(summary.as_deref(), piece, cap));
                 }
             }
+            empty_answers = 0;
             rest = tail;
         }
         Ok(summary.unwrap_or_default())

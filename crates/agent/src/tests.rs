@@ -968,6 +968,51 @@ async fn context_exceeded_compacts_once_and_retries() {
 }
 
 #[tokio::test]
+async fn an_empty_summary_is_asked_for_once_more() {
+    let f = Fixture::new();
+    let exceeded = Step::Fail(ModelError::ContextExceeded("maximum context length".into()));
+    let model = ScriptedModel::new(vec![exceeded, text(" \n"), text("SUMMARY"), text("done")]);
+    let report = f.run(&model, long_spec(4, 1_000, 1_000_000)).await;
+    assert_eq!(report.outcome, TurnOutcome::Completed, "{report:?}");
+    let written = compactions(&f.log);
+    assert_eq!(written.len(), 1);
+    assert_eq!(written[0].summary, "SUMMARY");
+    assert_eq!(written[0].usage.api_calls, 2);
+}
+
+#[tokio::test]
+async fn a_model_that_answers_no_summary_gets_an_excerpt_and_the_turn_goes_on() {
+    let f = Fixture::new();
+    let exceeded = Step::Fail(ModelError::ContextExceeded("maximum context length".into()));
+    let model = ScriptedModel::new(vec![exceeded, text(""), text(""), text("done")]);
+    let mut s = long_spec(4, 1_000, 1_000_000);
+    s.compaction = Some(CompactionSummary {
+        summary: "SUMMARY-ONE".into(),
+        through_message_id: 0,
+        covered: 7,
+    });
+    let report = f.run(&model, s).await;
+    assert_eq!(report.outcome, TurnOutcome::Completed, "{report:?}");
+    assert_eq!(report.final_response, "done");
+    let written = compactions(&f.log);
+    assert_eq!(written.len(), 1);
+    let summary = &written[0].summary;
+    // The summary before it, the note, and the covered part's own words.
+    assert!(summary.starts_with("SUMMARY-ONE\n\n"), "{summary}");
+    assert!(summary.contains(context::EXCERPT_NOTE), "{summary}");
+    assert!(summary.contains("question 0"), "{summary}");
+    assert_eq!(written[0].usage.api_calls, 2);
+    // The request after it stands on the excerpt.
+    let requests = model.requests();
+    let last = &requests.last().unwrap().0;
+    assert!(last[1]
+        .content
+        .as_deref()
+        .unwrap()
+        .contains(context::EXCERPT_NOTE));
+}
+
+#[tokio::test]
 async fn context_exceeded_twice_fails_the_turn_naming_the_sizes() {
     let f = Fixture::new();
     let exceeded = || Step::Fail(ModelError::ContextExceeded("too long".into()));
