@@ -731,3 +731,87 @@ async fn when_the_runner_dies_mid_job_submit_exits_2_with_deadline_timeout() {
     let mirrored = wire_events(&orchestrator.events("dj").await);
     assert_eq!(mirrored.first().map(|e| e.1.as_str()), Some("started"));
 }
+
+#[tokio::test]
+async fn a_runner_started_after_one_was_killed_mid_job_ends_the_lost_attempt_and_never_reruns_it() {
+    let net = Net::start();
+    let orchestrator = net.host("orch");
+    let remote = net.host("remote");
+    // One line per run of the command: it must run once. Its `sh` dies with its runner, the
+    // background `sleep` it started does not.
+    let pidfile = net.path().join("cmd.pids");
+    let exec = format!("sleep 60 & echo $! >> {}; wait", pidfile.display());
+    let read_pids = || -> Vec<i32> {
+        std::fs::read_to_string(&pidfile)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    };
+    let mut first = remote.runner("r9", &exec, &[]).await;
+    // The idle window (20 s) is longer than the test: only the new runner's error ends it.
+    let contract = [
+        "--heartbeat",
+        "1",
+        "--heartbeat-misses",
+        "20",
+        "--ack-timeout",
+        "10",
+    ];
+    let submit = orchestrator
+        .job_command(&submit_args("remote:r9", "p", "lj", &contract))
+        .output();
+    let restart = async {
+        first.wait_for("dispatch lj attempt 1: admitted", 1).await;
+        let started = wait::until(Duration::from_secs(15), async || {
+            read_pids().len() == 1
+                && wire_events(&remote.events("lj").await)
+                    .iter()
+                    .any(|e| e.1 == "started")
+        })
+        .await;
+        assert!(started, "the command never started:\n{}", first.stderr());
+        first.child.start_kill().unwrap();
+        let _ = first.child.wait().await;
+        let pid = read_pids()[0];
+        assert!(!is_dead(pid), "the command's child died with its runner");
+        let mut second = remote.runner("r9", &exec, &[]).await;
+        second
+            .wait_for("job lj attempt 1: error runner_lost", 1)
+            .await;
+        // The retained dispatch reaches it after: finished, not run again.
+        second
+            .wait_for(
+                "dispatch lj attempt 1: duplicate (finished; not run again)",
+                1,
+            )
+            .await;
+        let gone = wait::until(Duration::from_secs(10), async || is_dead(pid)).await;
+        assert!(gone, "the lost attempt's command's child {pid} still runs");
+        let _ = second.child.start_kill();
+        let _ = second.child.wait().await;
+        second.stderr()
+    };
+    let (out, second_stderr) = tokio::join!(
+        async {
+            tokio::time::timeout(Duration::from_secs(60), submit)
+                .await
+                .unwrap()
+                .unwrap()
+        },
+        restart
+    );
+    let v = outcome(&out, 1);
+    assert_eq!(v["outcome"], "error", "{v}\n{second_stderr}");
+    assert_eq!(v["job"]["detail"], "runner_lost");
+    assert_eq!(read_pids().len(), 1, "the command ran again");
+    let remote_job = remote.show("lj").await;
+    assert_eq!(remote_job["status"], "error", "{remote_job}");
+    let spawned = remote
+        .events("lj")
+        .await
+        .into_iter()
+        .filter(|e| e["event"] == "spawned")
+        .count();
+    assert_eq!(spawned, 1);
+}

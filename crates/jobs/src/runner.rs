@@ -18,6 +18,14 @@
 //!   N s while it runs, then `completed` (detail: the last non-empty stdout line) on exit 0
 //!   or `error` (detail `exit_code C` or `signal S`). At `--timeout S` the whole group gets
 //!   TERM, then KILL after a grace, and `error` with detail `timeout_sec S` is published.
+//! - A runner killed mid job (SIGKILL, a reboot) leaves its attempt claimed and unfinished.
+//!   The claim names the runner process (pid and start time) and a `spawned` audit entry the
+//!   command's group, so the next runner on the registry, before it follows dispatches, kills
+//!   what is left of a lost attempt's group (the `sh` itself dies with its runner, its
+//!   children need not) and publishes `error` with detail
+//!   [`RUNNER_LOST`]. The attempt is never run again: like a turn that becomes `unknown`, its
+//!   outcome is not known, and a newer attempt is the orchestrator's decision. Attempts of a
+//!   runner that still lives (another process on the same registry) are left alone.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -32,6 +40,9 @@ use crate::registry::{self, Job, Registry};
 use crate::state::Admission;
 use crate::wire::{Wire, WireOutcome};
 use crate::{brief, ids, remote, timer, EventKind, JobError};
+
+/// The `error` detail of an attempt whose runner stopped before it ended.
+pub const RUNNER_LOST: &str = "runner_lost";
 
 /// How long the group gets between TERM and KILL at the timeout.
 pub const KILL_GRACE: Duration = Duration::from_secs(2);
@@ -82,8 +93,14 @@ pub async fn run(cfg: &RunnerConfig, mut note: impl FnMut(&str)) -> Result<RunEn
     dispatch::validate_runner_name(&cfg.session)?;
     let topic = dispatch::dispatch_topic(&cfg.topic_base, &cfg.session);
     let dir = cfg.registry_dir.clone();
-    registry::blocking(&cfg.registry_dir, move || Registry::open(&dir).map(drop)).await?;
+    let lost = registry::blocking(&cfg.registry_dir, move || {
+        lost_attempts(&Registry::open(&dir)?)
+    })
+    .await?;
     let wire = MqttWire::new(cfg.endpoint.clone());
+    for attempt in lost {
+        settle_lost(cfg, &wire, attempt, &mut note).await;
+    }
     let mut follower = mqtt::follow(&cfg.endpoint, vec![topic.clone()])?;
     let mut subscribed_once = false;
     loop {
@@ -171,7 +188,11 @@ pub async fn run(cfg: &RunnerConfig, mut note: impl FnMut(&str)) -> Result<RunEn
             continue;
         }
         let (dir, job_id, attempt) = (cfg.registry_dir.clone(), job.job_id.clone(), job.attempt_id);
-        let claim = serde_json::json!({"transport": "runner", "command": cfg.command});
+        let claim = serde_json::json!({
+            "transport": "runner",
+            "command": cfg.command,
+            "runner": process_identity("pid", std::process::id() as i32),
+        });
         let claimed = registry::blocking(&cfg.registry_dir, move || {
             Registry::open(&dir)?.claim_delivery(&job_id, attempt, claim)
         })
@@ -245,6 +266,19 @@ async fn run_job(
             });
         }
     };
+    let (dir, job_id) = (cfg.registry_dir.clone(), job.job_id.clone());
+    let spawned = registry::blocking(&cfg.registry_dir, move || {
+        let group = process_identity("pgid", pgid);
+        Registry::open(&dir)?.record_audit(&job_id, "spawned", None, group)
+    })
+    .await;
+    if let Err(e) = spawned {
+        // The job runs on; only a runner killed during it could not find its group.
+        note(&format!(
+            "job {}: cannot record its command group: {e}",
+            job.job_id
+        ));
+    }
     emit(cfg, wire, job, EventKind::Started, None, note).await;
     let every = Duration::from_secs(job.contract.heartbeat_sec);
     let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
@@ -292,6 +326,87 @@ async fn run_job(
         event,
         detail,
     })
+}
+
+/// An attempt claimed by a runner process that is gone, and never ended.
+struct LostAttempt {
+    job: Job,
+    /// The command's process group and its leader's start time, when it was recorded.
+    group: Option<(i32, u64)>,
+}
+
+/// `{key: pid, start_time}`: one process, even after its pid is reused.
+fn process_identity(key: &str, pid: i32) -> serde_json::Value {
+    serde_json::json!({key: pid, "start_time": platform::process_start_time(pid)})
+}
+
+/// The `(pid, start_time)` of a [`process_identity`].
+fn read_identity(value: &serde_json::Value, key: &str) -> Option<(i32, u64)> {
+    let pid = i32::try_from(value[key].as_i64()?).ok()?;
+    Some((pid, value["start_time"].as_u64()?))
+}
+
+/// The registry's unfinished attempts delivered to a runner process that no longer runs (see
+/// the module doc).
+fn lost_attempts(registry: &Registry) -> Result<Vec<LostAttempt>, JobError> {
+    let mut lost = Vec::new();
+    for job in registry.list(None)? {
+        if job.status.is_terminal() || job.delivered_attempt != job.attempt_id {
+            continue;
+        }
+        let entries = registry.entries(&job.job_id, 0)?;
+        let audit = |kind: &str| {
+            entries
+                .iter()
+                .rev()
+                .find(|e| e.audit && e.event == kind && e.attempt_id == job.attempt_id)
+                .map(|e| &e.body["data"])
+        };
+        let Some(claim) = audit("delivered") else {
+            continue;
+        };
+        if claim["transport"] != "runner" {
+            continue;
+        }
+        let alive = read_identity(&claim["runner"], "pid")
+            .is_some_and(|(pid, start_time)| platform::process_matches(pid, start_time));
+        if alive {
+            continue;
+        }
+        let group = audit("spawned").and_then(|data| read_identity(data, "pgid"));
+        lost.push(LostAttempt { job, group });
+    }
+    Ok(lost)
+}
+
+/// Kills a lost attempt's command group if it still runs, then publishes `error`
+/// [`RUNNER_LOST`].
+async fn settle_lost(
+    cfg: &RunnerConfig,
+    wire: &dyn Wire,
+    lost: LostAttempt,
+    note: &mut impl FnMut(&str),
+) {
+    let job = &lost.job;
+    if let Some((pgid, start_time)) = lost.group {
+        // The leader (`sh`) died with the runner; what it started may live on in its group.
+        match platform::kill_group_remainder(pgid, start_time) {
+            Ok(true) => note(&format!(
+                "job {} attempt {}: killed what was left of its command (process group {pgid})",
+                job.job_id, job.attempt_id
+            )),
+            Ok(false) => {}
+            Err(e) => note(&format!(
+                "job {}: cannot stop its command's process group {pgid}: {e}",
+                job.job_id
+            )),
+        }
+    }
+    emit(cfg, wire, job, EventKind::Error, Some(RUNNER_LOST), note).await;
+    note(&format!(
+        "job {} attempt {}: error {RUNNER_LOST} (the runner that ran it stopped; not run again)",
+        job.job_id, job.attempt_id
+    ));
 }
 
 /// Records and sends one event of the job; a failure is reported, never fatal (the next

@@ -21,7 +21,8 @@
 //!   its own session that outlives its caller (the job heartbeat timer, the `terminal` tool's
 //!   background processes); [`pass_fd`] hands such a child a descriptor at a fixed number.
 //! - [`kill_group_if_same`] stops a background process's whole group only while its leader
-//!   still matches pid and start time.
+//!   still matches pid and start time; [`kill_group_remainder`] kills what a dead leader left
+//!   in its group (a killed runner's job command).
 //! - [`confine`]: what the kernel offers for confining tool processes ([`confine::probe`]),
 //!   and the plan a tool process applies before exec: a user and mount namespace hiding the
 //!   drover home, Landlock, no capabilities (issue 13); [`set_non_dumpable`] for the owner and
@@ -587,6 +588,28 @@ pub async fn kill_group_if_same(pgid: i32, start_time: u64, grace: Duration) -> 
     Ok(true)
 }
 
+/// Kills (SIGKILL) what is left of process group `pgid`, whose leader started at `start_time`,
+/// once the process that started the group has died: the leader is gone too (it had
+/// `PR_SET_PDEATHSIG`), but its children live on in the group. Signals nothing when pid `pgid`
+/// is now another process (a recycled pid). A group's number is not given to a new process
+/// while the group has members, so a group found without its leader is that group's
+/// remainder. Gives whether a process was signalled.
+pub fn kill_group_remainder(pgid: i32, start_time: u64) -> io::Result<bool> {
+    if pgid <= 1 {
+        return Err(io::Error::other(format!(
+            "refusing to signal process group {pgid}"
+        )));
+    }
+    if matches!(process_start_time(pgid), Some(t) if t != start_time) {
+        return Ok(false);
+    }
+    match nix::sys::signal::killpg(Pid::from_raw(pgid), Signal::SIGKILL) {
+        Ok(()) => Ok(true),
+        Err(Errno::ESRCH) => Ok(false),
+        Err(e) => Err(io::Error::from(e)),
+    }
+}
+
 /// Spawns `command` detached from the caller: in a new session (`setsid`), so it has no
 /// controlling terminal, leads its own process group, and outlives the caller (no
 /// `PR_SET_PDEATHSIG`). A job's heartbeat timer runs this way (SPEC section 7). Give the
@@ -816,6 +839,40 @@ mod tests {
             .await
             .expect("checked"));
         assert!(kill_group_if_same(1, 0, Duration::ZERO).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn the_remainder_of_a_group_whose_leader_died_is_killed_unless_the_pid_is_reused() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let pid_file = dir.path().join("member");
+        // The leader starts a member in its group, says its pid, and exits.
+        let script = format!("sleep 30 & echo $! > {}; exit 0", pid_file.display());
+        let mut cmd = std::process::Command::new("sh");
+        cmd.arg("-c")
+            .arg(&script)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let mut leader = spawn_detached(&mut cmd).expect("spawn");
+        let pgid = i32::try_from(leader.id()).expect("pid");
+        let start = process_start_time(pgid).expect("start time");
+        leader.wait().expect("leader reaped");
+        let member: i32 = std::fs::read_to_string(&pid_file)
+            .expect("the leader wrote the member's pid before exiting")
+            .trim()
+            .parse()
+            .expect("pid");
+        assert!(is_alive(member));
+
+        // A pid that names a process started at another time (a recycled pid): nothing is
+        // signalled.
+        let member_start = process_start_time(member).expect("member start time");
+        assert!(!kill_group_remainder(member, member_start + 1).expect("checked"));
+        assert!(is_alive(member));
+        // The leader is gone: its group's remainder is killed.
+        assert!(kill_group_remainder(pgid, start).expect("signalled"));
+        assert!(wait_gone(member), "the member outlived the kill");
+        assert!(kill_group_remainder(1, 0).is_err());
     }
 
     #[test]
