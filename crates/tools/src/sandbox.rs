@@ -182,6 +182,13 @@ impl Sandbox {
         if self.policy.mode == SandboxMode::Off {
             return Ok(());
         }
+        if let Some(what) = process_secret(target) {
+            return Err(format!(
+                "field \"path\": {} is a process's {what}, which tools cannot read (the \
+                 daemon's and the worker's hold your keys)",
+                target.display()
+            ));
+        }
         match self.hidden_around(target) {
             Some(hidden) => Err(format!(
                 "field \"path\": {} is inside the drover home ({}), which tools cannot read",
@@ -325,10 +332,51 @@ pub fn tool_env(
     out
 }
 
+/// What `path` is when it is a process's environment or memory under `/proc`
+/// (`/proc/<pid>/environ`, `/proc/<pid>/task/<tid>/mem`, `/proc/self/...`). The file tools run
+/// in the worker, outside the namespace that hides these from tool processes, and a worker
+/// running as root could otherwise read the daemon's environment (an API key exported in the
+/// shell that started it).
+fn process_secret(path: &Path) -> Option<&'static str> {
+    let mut parts = path
+        .strip_prefix("/proc")
+        .ok()?
+        .components()
+        .map(|c| c.as_os_str().to_str().unwrap_or_default());
+    let process = parts.next()?;
+    let numeric = !process.is_empty() && process.chars().all(|c| c.is_ascii_digit());
+    if !(numeric || process == "self" || process == "thread-self") {
+        return None;
+    }
+    let rest: Vec<&str> = parts.collect();
+    let file = match rest.as_slice() {
+        [file] | ["task", _, file] => *file,
+        _ => return None,
+    };
+    match file {
+        "environ" => Some("environment"),
+        "mem" => Some("memory"),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use drover_protocol::sandbox::SandboxSupport;
+
+    #[test]
+    fn a_processs_environment_and_memory_are_named_as_such() {
+        let secret = |p: &str| process_secret(Path::new(p));
+        assert_eq!(secret("/proc/123/environ"), Some("environment"));
+        assert_eq!(secret("/proc/self/mem"), Some("memory"));
+        assert_eq!(secret("/proc/123/task/124/environ"), Some("environment"));
+        assert_eq!(secret("/proc/thread-self/mem"), Some("memory"));
+        assert_eq!(secret("/proc/123/status"), None);
+        assert_eq!(secret("/proc/sys/environ"), None);
+        assert_eq!(secret("/home/x/proc/1/environ"), None);
+        assert_eq!(secret("/proc/123/task/124/x/environ"), None);
+    }
 
     fn vars(pairs: &[(&str, &str)]) -> Vec<(OsString, OsString)> {
         pairs

@@ -568,6 +568,41 @@ async fn the_file_tools_cannot_read_the_home_directly_or_through_a_symlink() {
     );
 }
 
+#[tokio::test]
+async fn the_file_tools_refuse_a_processs_environment_and_memory() {
+    use drover_tools::file::read::ReadFileTool;
+    let dirs = Dirs::new();
+    let ctx = dirs.ctx(SandboxMode::WorkspaceWrite);
+    let mut child = std::process::Command::new("sleep")
+        .arg("30")
+        .env("DROVER_TEST_KEY", "sk-test-31337")
+        .spawn()
+        .expect("sleep");
+    let environ = format!("/proc/{}/environ", child.id());
+    std::os::unix::fs::symlink(&environ, dirs.cwd.path().join("env")).expect("symlink");
+    for (path, what) in [
+        (environ.as_str(), "environment"),
+        ("env", "environment"),
+        ("/proc/self/environ", "environment"),
+        ("/proc/thread-self/environ", "environment"),
+        ("/proc/self/mem", "memory"),
+    ] {
+        let (result, is_error) = call(&ReadFileTool, json!({"path": path}), &ctx).await;
+        assert!(is_error, "{path}: {result}");
+        assert!(
+            result
+                .to_string()
+                .contains(&format!("is a process's {what}")),
+            "{path}: {result}"
+        );
+    }
+    // Other /proc files stay readable.
+    let (result, is_error) = call(&ReadFileTool, json!({"path": "/proc/self/status"}), &ctx).await;
+    assert!(!is_error, "{result}");
+    child.kill().expect("kill");
+    child.wait().expect("reap");
+}
+
 /// Answers every approval `once`, after swapping the directory `dir` for a symlink to
 /// `target`: what a background process could do while the human reads the prompt.
 struct SwapThenOnce {
