@@ -293,6 +293,43 @@ async fn a_stopped_daemon_is_waited_for_not_started_again() {
     assert_eq!(client.daemon().instance_id, other.daemon().instance_id);
 }
 
+/// A stopped daemon (SIGSTOP: its kernel still accepts connections, nothing answers) holds a
+/// client no longer than its connect timeout, and the error says how long it waited.
+#[tokio::test]
+async fn a_frozen_daemon_is_given_up_on_at_the_connect_timeout() {
+    let (_model, home) = model_home(true).await.unwrap();
+    let _guard = KillDaemonOnDrop(home.path());
+    drop(Client::connect(options(home.path())).await.unwrap());
+    let pid = daemon_info(home.path()).expect("daemon.json")["pid"]
+        .as_i64()
+        .expect("pid");
+    let pid = nix::unistd::Pid::from_raw(pid as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    // The signal is delivered in its own time: wait until the daemon shows as stopped.
+    let stat = format!("/proc/{pid}/stat");
+    let stopped = drover_test_support::wait::until(Duration::from_secs(5), async || {
+        std::fs::read_to_string(&stat).is_ok_and(|s| {
+            s.rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with('T'))
+        })
+    })
+    .await;
+    assert!(stopped, "the daemon never stopped");
+    let mut frozen = options(home.path());
+    frozen.connect_timeout = Duration::from_secs(2);
+    let began = std::time::Instant::now();
+    let result = Client::connect(frozen).await;
+    let waited = began.elapsed();
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    let Err(error) = result else {
+        panic!("connected to a stopped daemon")
+    };
+    let error = error.to_string();
+    assert!(error.contains("did not answer within 2 s"), "{error}");
+    // One attempt used to take its own 10 s whatever the timeout.
+    assert!(waited < Duration::from_secs(8), "{waited:?}: {error}");
+}
+
 /// A home removed while the client follows it is not created again by a reconnect: the stream
 /// ends saying so, and no daemon runs for that path (the leak CI saw from a test whose
 /// temporary home was gone when its client reconnected).

@@ -267,8 +267,8 @@ pub(crate) async fn open(
     let attempt = tokio_tungstenite::connect_async_tls_with_config(request, None, true, connector);
     match tokio::time::timeout(timeout, attempt).await {
         Err(_) => Err(ConnectFailure::Transient(format!(
-            "no answer from {url} within {} s",
-            timeout.as_secs()
+            "no answer from {url} within {:.1} s",
+            timeout.as_secs_f64()
         ))),
         Ok(Ok((ws, _))) => Ok(ws),
         Ok(Err(e)) if is_tls_failure(&e) => {
@@ -471,6 +471,9 @@ fn spawn(program: &Path, home: &Path) -> Result<Spawned, ClientError> {
 /// How long one connection attempt may take.
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The shortest connection attempt, even at the deadline.
+const MIN_ATTEMPT: Duration = Duration::from_millis(100);
+
 /// How often a starting daemon is looked for again, when it cannot say it is ready (another
 /// client started it).
 const POLL: Duration = Duration::from_millis(20);
@@ -501,12 +504,16 @@ pub(crate) async fn find_or_start(
     deadline: Instant,
     lock_check: LockCheck,
 ) -> Result<(DaemonInfo, Ws), ClientError> {
+    let began = Instant::now();
     let mut spawned: Option<Spawned> = None;
     let mut last = String::from("no daemon.json yet");
     let mut check_lock = lock_check == LockCheck::Always;
     loop {
         if let Some(info) = running_daemon(home) {
-            match open(&info, tls_cert, ATTEMPT_TIMEOUT).await {
+            // Never past the deadline: a stopped (SIGSTOP) daemon's kernel still accepts the
+            // connection, and only the timeout ends the attempt.
+            let left = deadline.saturating_duration_since(Instant::now());
+            match open(&info, tls_cert, ATTEMPT_TIMEOUT.min(left).max(MIN_ATTEMPT)).await {
                 Ok(ws) => return Ok((info, ws)),
                 Err(ConnectFailure::Permanent(e)) => return Err(e),
                 Err(ConnectFailure::Transient(why)) => last = why,
@@ -546,7 +553,8 @@ pub(crate) async fn find_or_start(
             return Err(ClientError::Unreachable {
                 home: home.display().to_string(),
                 why: format!(
-                    "the daemon{who} did not answer in time: {last}; see {}",
+                    "the daemon{who} did not answer within {} s ({last}); see {}",
+                    began.elapsed().as_secs(),
                     home.join("logs").join("daemon.log").display()
                 ),
             });
