@@ -50,6 +50,36 @@ async fn a_null_id_is_answered_and_a_missing_id_is_a_notification() {
     assert_eq!(c.recv_response().await.unwrap()["id"], 99);
 }
 
+/// An `id` that would not come back as sent (a number beyond 64 bits or with a fraction, an
+/// object) is refused with `invalid_request` naming `id`, answered with `id: null`.
+#[tokio::test]
+async fn an_id_that_cannot_be_echoed_exactly_is_refused() {
+    let home = TestHome::new().unwrap();
+    let d = Daemon::start(bin(), home.path()).await.unwrap();
+    let mut c = d.client().await.unwrap();
+    for id in ["18446744073709551617", "1.5", "{\"a\":1}", "true", "[1]"] {
+        c.send_raw(&format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"ping"}}"#))
+            .await
+            .unwrap();
+        let r = c.recv_response().await.unwrap();
+        assert_eq!(r["id"], Value::Null, "{id}: {r}");
+        assert_eq!(r["error"]["code"], -32600, "{id}: {r}");
+        assert!(
+            r["error"]["data"]["detail"].as_str().unwrap().contains("\"id\""),
+            "{id}: {r}"
+        );
+    }
+    for id in ["18446744073709551615", "-9223372036854775808", "\"x\""] {
+        c.send_raw(&format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"ping"}}"#))
+            .await
+            .unwrap();
+        let r = c.recv_response().await.unwrap();
+        let sent: Value = serde_json::from_str(id).unwrap();
+        assert_eq!(r["id"], sent, "{id}: {r}");
+        assert_eq!(r["result"]["pong"], true, "{id}: {r}");
+    }
+}
+
 #[tokio::test]
 async fn unknown_method_gets_32601() {
     let home = TestHome::new().unwrap();

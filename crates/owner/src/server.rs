@@ -340,6 +340,14 @@ async fn handle_text(owner: &Arc<Owner>, conn: &ConnHandle, text: &str) -> Optio
     let id = value.get("id").cloned();
     // A request has an `id`, even `null` (JSON-RPC 2.0); only one without is a notification.
     let notification = id.is_none();
+    if id.as_ref().is_some_and(|id| !is_echoable_id(id)) {
+        return Some(error_response(
+            Value::Null,
+            OwnerError::InvalidRequest(
+                "field \"id\": must be a string, an integer of at most 64 bits, or null".into(),
+            ),
+        ));
+    }
     let request: Request = match serde_json::from_value(value) {
         Ok(r) => r,
         Err(e) => {
@@ -370,6 +378,18 @@ async fn handle_text(owner: &Arc<Owner>, conn: &ConnHandle, text: &str) -> Optio
             });
             None
         }
+    }
+}
+
+/// Whether `id` comes back in the response as it was sent: a string, `null`, or an integer
+/// that fits 64 bits. A larger or fractional number was read as a float and would be echoed
+/// changed (`18446744073709551617` as `18446744073709552000`), so the client could not match
+/// the answer; JSON-RPC 2.0 allows only strings, numbers and `null` at all.
+fn is_echoable_id(id: &Value) -> bool {
+    match id {
+        Value::Null | Value::String(_) => true,
+        Value::Number(n) => n.is_i64() || n.is_u64(),
+        Value::Bool(_) | Value::Array(_) | Value::Object(_) => false,
     }
 }
 
