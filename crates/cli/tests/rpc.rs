@@ -65,7 +65,10 @@ async fn an_id_that_cannot_be_echoed_exactly_is_refused() {
         assert_eq!(r["id"], Value::Null, "{id}: {r}");
         assert_eq!(r["error"]["code"], -32600, "{id}: {r}");
         assert!(
-            r["error"]["data"]["detail"].as_str().unwrap().contains("\"id\""),
+            r["error"]["data"]["detail"]
+                .as_str()
+                .unwrap()
+                .contains("\"id\""),
             "{id}: {r}"
         );
     }

@@ -6,7 +6,7 @@
 //! part is the running turn (its streamed text and unfinished tool calls), the open prompt, the
 //! queued inputs, the input box and the status line.
 
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 use drover_protocol::chat::Role;
@@ -184,6 +184,15 @@ impl Turn {
             compacted: false,
         }
     }
+}
+
+/// How long ago the Unix time `at` (a daemon's timestamp) was, at `wall_now`; zero for a time
+/// ahead of this clock.
+fn age_of(at: f64, wall_now: SystemTime) -> Duration {
+    let now = wall_now
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    Duration::try_from_secs_f64(now - at).unwrap_or(Duration::ZERO)
 }
 
 /// How far the user is through answering an approval prompt.
@@ -435,7 +444,12 @@ impl App {
             let generation = started
                 .execution_generation
                 .unwrap_or(snapshot.execution_generation);
-            self.turn = Some(Turn::new(&started.admission_id, generation, now, compact));
+            // Its clock counts from when it started, not from this attach.
+            let age = started
+                .started_at
+                .map_or(Duration::ZERO, |at| age_of(at, SystemTime::now()));
+            let since = now.checked_sub(age).unwrap_or(now);
+            self.turn = Some(Turn::new(&started.admission_id, generation, since, compact));
             for event in running_events {
                 if !matches!(event.event, EventPayload::TurnStarted(_)) {
                     self.on_event(event, now);
@@ -1896,6 +1910,12 @@ pub(crate) mod tests {
 
     #[test]
     fn a_snapshot_rebuilds_the_running_turn_its_prompt_and_queue() {
+        // The turn started 42 s before this attach.
+        let started_at = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64()
+            - 42.0;
         let snapshot: SessionSnapshot = serde_json::from_value(serde_json::json!({
             "session_id": "s1",
             "messages": [
@@ -1905,7 +1925,7 @@ pub(crate) mod tests {
                 {"id": 4, "role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "terminal", "arguments": "{\"command\":\"rm -rf x\"}"}}], "tool_call_id": null, "tool_name": null, "created_at": 2.0}
             ],
             "pending": [
-                {"admission_id": "a2", "input_id": "i2", "text": "delete it", "sequence": 2, "status": "started", "execution_generation": 3},
+                {"admission_id": "a2", "input_id": "i2", "text": "delete it", "sequence": 2, "status": "started", "execution_generation": 3, "started_at": started_at},
                 {"admission_id": "a3", "input_id": "i3", "text": "then this", "sequence": 3, "status": "queued", "execution_generation": null}
             ],
             "prompts": [serde_json::to_value(approval(&ALL)).unwrap()],
@@ -1920,7 +1940,8 @@ pub(crate) mod tests {
         .unwrap();
         let mut app = app();
         let events = [started("a2"), tool_start("c1", "terminal", "rm -rf x")];
-        app.load_snapshot(&snapshot, &events, true, Instant::now());
+        let now = Instant::now();
+        app.load_snapshot(&snapshot, &events, true, now);
         assert_eq!(
             app.drain_scrollback(),
             [
@@ -1931,6 +1952,11 @@ pub(crate) mod tests {
         );
         let turn = app.turn.as_ref().unwrap();
         assert_eq!(turn.generation, 3);
+        let shown = now.duration_since(turn.started);
+        assert!(
+            (Duration::from_secs(41)..Duration::from_secs(60)).contains(&shown),
+            "the turn's clock counts from its start: {shown:?}"
+        );
         assert!(matches!(&turn.items[0], TurnItem::Tool(b) if b.context == "rm -rf x"));
         assert!(app.prompt.is_some());
         assert_eq!(
