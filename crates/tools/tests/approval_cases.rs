@@ -154,6 +154,10 @@ const CASES: &[(&str, Option<&str>)] = &[
     ),
     ("pkexec rm -rf /opt/x", Some("recursive_delete")),
     ("sg staff -c 'rm -rf x'", Some("recursive_delete")),
+    ("runuser -u bob -- rm -rf /srv/x", Some("recursive_delete")),
+    ("runuser -l bob -c 'rm -rf x'", Some("recursive_delete")),
+    ("parallel -j 4 rm -rf {} ::: a b", Some("recursive_delete")),
+    ("parallel gzip ::: *.log", None),
     ("strace -p 1234", None),
     // Commands run by other languages' programs.
     ("awk '{print $1}' data.txt", None),

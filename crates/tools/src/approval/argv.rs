@@ -93,6 +93,37 @@ pub(super) fn unwrap(words: &[Word]) -> Invocation<'_> {
             "torsocks" => skip_options(args, "upaP", &["--user", "--pass", "--address", "--port"]),
             "proxychains" | "proxychains4" => skip_options(args, "f", &[]),
             "pkexec" => skip_options(args, "", &["--user"]),
+            // `runuser -u USER [--] COMMAND...` runs the command itself (`runuser -c '...'`
+            // is `su`'s form, checked as a script).
+            "runuser" if has_option(args, 'u', "--user") => skip_options(
+                args,
+                "ugGsw",
+                &[
+                    "--user",
+                    "--group",
+                    "--supp-group",
+                    "--shell",
+                    "--whitelist-environment",
+                ],
+            ),
+            // GNU parallel runs its command once per argument after `:::`.
+            "parallel" => skip_options(
+                args,
+                "jSadEIXsC",
+                &[
+                    "--jobs",
+                    "--sshlogin",
+                    "--arg-file",
+                    "--delimiter",
+                    "--colsep",
+                    "--joblog",
+                    "--results",
+                    "--tmpdir",
+                    "--workdir",
+                    "--timeout",
+                    "--retries",
+                ],
+            ),
             "strace" => skip_options(
                 args,
                 "abeEIoOpPsSuUX",
