@@ -836,6 +836,18 @@ fn long_spec(turns: usize, output_bytes: usize, window: u64) -> TurnSpec {
     }
 }
 
+/// `spec` after an earlier compaction whose summary is `SUMMARY-ONE` (7 messages covered).
+fn after_summary_one(spec: TurnSpec) -> TurnSpec {
+    TurnSpec {
+        compaction: Some(CompactionSummary {
+            summary: "SUMMARY-ONE".into(),
+            through_message_id: 0,
+            covered: 7,
+        }),
+        ..spec
+    }
+}
+
 /// A turn after `turns` earlier turns of a question and an answer of `answer_bytes` bytes (text
 /// is never cut, only summarised), with a window of `window` tokens; ids from 1.
 fn text_turns_spec(turns: usize, answer_bytes: usize, window: u64) -> TurnSpec {
@@ -985,13 +997,9 @@ async fn a_model_that_answers_no_summary_gets_an_excerpt_and_the_turn_goes_on() 
     let f = Fixture::new();
     let exceeded = Step::Fail(ModelError::ContextExceeded("maximum context length".into()));
     let model = ScriptedModel::new(vec![exceeded, text(""), text(""), text("done")]);
-    let mut s = long_spec(4, 1_000, 1_000_000);
-    s.compaction = Some(CompactionSummary {
-        summary: "SUMMARY-ONE".into(),
-        through_message_id: 0,
-        covered: 7,
-    });
-    let report = f.run(&model, s).await;
+    let report = f
+        .run(&model, after_summary_one(long_spec(4, 1_000, 1_000_000)))
+        .await;
     assert_eq!(report.outcome, TurnOutcome::Completed, "{report:?}");
     assert_eq!(report.final_response, "done");
     let written = compactions(&f.log);
@@ -1077,13 +1085,9 @@ async fn the_window_is_asked_of_the_endpoint_once_the_history_is_large() {
 async fn a_later_compaction_folds_in_the_earlier_summary() {
     let f = Fixture::new();
     let model = ScriptedModel::new(vec![text("done")]).summarising();
-    let mut s = long_spec(40, 20_000, 10_000);
-    s.compaction = Some(CompactionSummary {
-        summary: "SUMMARY-ONE".into(),
-        through_message_id: 0,
-        covered: 7,
-    });
-    let report = f.run(&model, s).await;
+    let report = f
+        .run(&model, after_summary_one(long_spec(40, 20_000, 10_000)))
+        .await;
     assert_eq!(report.outcome, TurnOutcome::Completed, "{report:?}");
     let requests = model.requests();
     let prompt = requests[0].0[1].content.clone().unwrap();

@@ -39,6 +39,17 @@ fn create(cwd: &Path) -> SessionCreateParams {
 }
 
 /// The stream's next update, within the bound.
+/// A client of `home`'s daemon (started for it), a new session's id, and that session's
+/// stream, attached.
+async fn client_following_a_new_session(
+    home: &TestHome,
+) -> (Client, String, drover_client::SessionStream) {
+    let client = Client::connect(options(home.path())).await.unwrap();
+    let session = client.create_session(create(home.work())).await.unwrap();
+    let stream = client.attach(&session.session_id).await.unwrap();
+    (client, session.session_id, stream)
+}
+
 async fn next_update(stream: &mut drover_client::SessionStream) -> Update {
     tokio::time::timeout(BOUND, stream.next())
         .await
@@ -104,11 +115,8 @@ async fn completed_turn(
 async fn a_session_stream_yields_every_stored_event_once_in_order_across_an_owner_restart() {
     let (model, home) = model_home(true).await.unwrap();
     let _guard = KillDaemonOnDrop(home.path());
-    let client = Client::connect(options(home.path())).await.unwrap();
+    let (client, id, mut stream) = client_following_a_new_session(&home).await;
     let first = client.daemon();
-    let session = client.create_session(create(home.work())).await.unwrap();
-    let id = session.session_id.clone();
-    let mut stream = client.attach(&id).await.unwrap();
     let mut stored = Vec::new();
 
     completed_turn(&model, &client, &mut stream, "first", "one", &mut stored).await;
@@ -207,10 +215,8 @@ async fn never_start_on_a_home_without_a_daemon_is_not_running() {
 async fn a_restart_that_fails_says_why_and_recovers_once_the_config_is_fixed() {
     let (_model, home) = model_home(true).await.unwrap();
     let _guard = KillDaemonOnDrop(home.path());
-    let client = Client::connect(options(home.path())).await.unwrap();
+    let (client, _, mut stream) = client_following_a_new_session(&home).await;
     let first = client.daemon();
-    let session = client.create_session(create(home.work())).await.unwrap();
-    let mut stream = client.attach(&session.session_id).await.unwrap();
     let config = home.path().join("config.toml");
     let good = std::fs::read_to_string(&config).unwrap();
     std::fs::write(&config, format!("{good}\nbogus = 1\n")).unwrap();
@@ -247,10 +253,8 @@ async fn a_restart_that_fails_says_why_and_recovers_once_the_config_is_fixed() {
 async fn a_stopped_daemon_is_waited_for_not_started_again() {
     let (_model, home) = model_home(true).await.unwrap();
     let _guard = KillDaemonOnDrop(home.path());
-    let client = Client::connect(options(home.path())).await.unwrap();
+    let (client, _, mut stream) = client_following_a_new_session(&home).await;
     let first = client.daemon();
-    let session = client.create_session(create(home.work())).await.unwrap();
-    let mut stream = client.attach(&session.session_id).await.unwrap();
     let stop = run_drover(bin(), home.path(), None, &["stop"]).await;
     assert!(stop.status.success(), "{stop:?}");
     loop {
@@ -336,10 +340,8 @@ async fn a_frozen_daemon_is_given_up_on_at_the_connect_timeout() {
 #[tokio::test]
 async fn a_removed_home_is_not_started_again() {
     let (_model, home) = model_home(true).await.unwrap();
-    let client = Client::connect(options(home.path())).await.unwrap();
+    let (client, _, mut stream) = client_following_a_new_session(&home).await;
     let first = client.daemon();
-    let session = client.create_session(create(home.work())).await.unwrap();
-    let mut stream = client.attach(&session.session_id).await.unwrap();
     let path = home.path().to_path_buf();
     // The home goes first, so the reconnect that follows the SIGKILL always finds it gone.
     std::fs::remove_dir_all(&path).unwrap();
@@ -370,10 +372,7 @@ async fn a_removed_home_is_not_started_again() {
 async fn compact_answers_once_its_turn_settled_with_status_and_covered() {
     let (model, home) = model_home(true).await.unwrap();
     let _guard = KillDaemonOnDrop(home.path());
-    let client = Client::connect(options(home.path())).await.unwrap();
-    let session = client.create_session(create(home.work())).await.unwrap();
-    let id = session.session_id.clone();
-    let mut stream = client.attach(&id).await.unwrap();
+    let (client, id, mut stream) = client_following_a_new_session(&home).await;
     let mut stored = Vec::new();
     for text in ["one", "two", "three"] {
         let answer = format!("answer {text}");

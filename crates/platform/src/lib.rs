@@ -797,23 +797,30 @@ mod tests {
         false
     }
 
+    /// `sh -c script`, detached: it leads a group of its own. Gives it, its pgid and its start
+    /// time.
+    fn group_leader(script: &str) -> (std::process::Child, i32, u64) {
+        let mut cmd = std::process::Command::new("sh");
+        cmd.arg("-c")
+            .arg(script)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let leader = spawn_detached(&mut cmd).expect("spawn");
+        let pgid = i32::try_from(leader.id()).expect("pid");
+        let start = process_start_time(pgid).expect("start time");
+        (leader, pgid, start)
+    }
+
     #[tokio::test]
     async fn a_group_is_killed_only_while_its_leader_matches_and_members_ignoring_term_go_too() {
         let dir = tempfile::tempdir().expect("tempdir");
         let pid_file = dir.path().join("member");
         // The member ignores SIGTERM; the leader does not, so it dies first.
-        let mut cmd = std::process::Command::new("sh");
-        cmd.arg("-c")
-            .arg(format!(
-                "(trap '' TERM; exec sleep 30) & echo $! > {}; wait",
-                pid_file.display()
-            ))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        let mut leader = spawn_detached(&mut cmd).expect("spawn");
-        let pgid = i32::try_from(leader.id()).expect("pid");
-        let start = process_start_time(pgid).expect("start time");
+        let (mut leader, pgid, start) = group_leader(&format!(
+            "(trap '' TERM; exec sleep 30) & echo $! > {}; wait",
+            pid_file.display()
+        ));
         let member: i32 = loop {
             if let Some(pid) = std::fs::read_to_string(&pid_file)
                 .ok()
@@ -847,15 +854,7 @@ mod tests {
         let pid_file = dir.path().join("member");
         // The leader starts a member in its group, says its pid, and exits.
         let script = format!("sleep 30 & echo $! > {}; exit 0", pid_file.display());
-        let mut cmd = std::process::Command::new("sh");
-        cmd.arg("-c")
-            .arg(&script)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        let mut leader = spawn_detached(&mut cmd).expect("spawn");
-        let pgid = i32::try_from(leader.id()).expect("pid");
-        let start = process_start_time(pgid).expect("start time");
+        let (mut leader, pgid, start) = group_leader(&script);
         leader.wait().expect("leader reaped");
         let member: i32 = std::fs::read_to_string(&pid_file)
             .expect("the leader wrote the member's pid before exiting")
