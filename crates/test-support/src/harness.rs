@@ -310,10 +310,15 @@ impl Daemon {
         self.children(true)
     }
 
-    /// The daemon's direct children that are spare workers (`spare`) or are not.
+    /// The daemon's direct children that are spare workers (`spare`) or are not. A child
+    /// forked but not yet exec'd (its command line is still the daemon's) is neither: it is
+    /// about to become a spare or a worker, and until then it cannot tell which.
     fn children(&self, spare: bool) -> Vec<u32> {
+        let cmdline = |pid: u32| std::fs::read(format!("/proc/{pid}/cmdline")).ok();
+        let daemon = cmdline(self.pid());
         children_of(self.pid())
             .into_iter()
+            .filter(|pid| cmdline(*pid) != daemon)
             .filter(|pid| is_spare(*pid) == spare)
             .collect()
     }
