@@ -236,6 +236,8 @@ pub struct Reply {
     raw_usage: Option<Value>,
     gate: Option<Gate>,
     delay: Option<Duration>,
+    /// Streamed text goes one line per chunk, this long apart.
+    pace: Option<Duration>,
     cut: bool,
     /// Send what [`Reply::stall_after_text`] says, then nothing more.
     stall: bool,
@@ -266,6 +268,7 @@ impl Reply {
             raw_usage: None,
             gate: None,
             delay: None,
+            pace: None,
             cut: false,
             stall: false,
             headers: Vec::new(),
@@ -354,6 +357,14 @@ impl Reply {
     /// Sleeps this long before answering (after the gate, if any).
     pub fn delay(mut self, delay: Duration) -> Reply {
         self.delay = Some(delay);
+        self
+    }
+
+    /// Streams the text one line per chunk with `every` before each chunk, so a test can act
+    /// on the client while the answer is still being written (a non-stream request is not
+    /// paced).
+    pub fn paced(mut self, every: Duration) -> Reply {
+        self.pace = Some(every);
         self
     }
 
@@ -583,7 +594,10 @@ fn stream_answer(
     model: &Value,
     include_usage: bool,
 ) -> Response {
-    let mut chunks = text_chunks(text, model);
+    let mut chunks = match reply.pace {
+        Some(_) => line_chunks(text, model),
+        None => text_chunks(text, model),
+    };
     if reply.cut {
         return broken_body(chunks);
     }
@@ -624,7 +638,14 @@ fn stream_answer(
         .map(|c| Ok(format!("data: {c}\n\n")))
         .collect();
     body.push(Ok("data: [DONE]\n\n".to_string()));
-    sse_response(Body::from_stream(futures::stream::iter(body)))
+    let body = futures::stream::iter(body);
+    match reply.pace {
+        Some(every) => sse_response(Body::from_stream(body.then(move |chunk| async move {
+            tokio::time::sleep(every).await;
+            chunk
+        }))),
+        None => sse_response(Body::from_stream(body)),
+    }
 }
 
 fn chunk(model: &Value, choices: Value) -> Value {
@@ -649,6 +670,15 @@ fn text_chunks(text: &str, model: &Value) -> Vec<Value> {
     let mut chunks = vec![delta(model, json!({"role": "assistant", "content": ""}))];
     for piece in pieces(text, 3).into_iter().filter(|p| !p.is_empty()) {
         chunks.push(delta(model, json!({"content": piece})));
+    }
+    chunks
+}
+
+/// The role chunk, then `text` one line (its newline included) per content chunk.
+fn line_chunks(text: &str, model: &Value) -> Vec<Value> {
+    let mut chunks = vec![delta(model, json!({"role": "assistant", "content": ""}))];
+    for line in text.split_inclusive('\n') {
+        chunks.push(delta(model, json!({"content": line})));
     }
     chunks
 }

@@ -100,6 +100,35 @@ impl Pane {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// The pane's whole text: every line of its history, then the screen (wrapped lines
+    /// joined).
+    pub fn history(&self) -> String {
+        let out = Command::new("tmux")
+            .args(["-L", &self.socket, "capture-pane", "-p", "-J", "-S", "-"])
+            .output()
+            .expect("capture-pane");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Resizes the terminal to `columns` by `rows`, as a person dragging its window's corner
+    /// does: the program in the pane gets a SIGWINCH.
+    pub fn resize(&self, columns: u16, rows: u16) {
+        let (columns, rows) = (columns.to_string(), rows.to_string());
+        assert!(Command::new("tmux")
+            .args([
+                "-L",
+                &self.socket,
+                "resize-window",
+                "-x",
+                &columns,
+                "-y",
+                &rows
+            ])
+            .status()
+            .expect("resize-window")
+            .success());
+    }
+
     /// Sends tmux key names (`Enter`, `C-c`, `y`...).
     pub fn keys(&self, keys: &[&str]) {
         let mut args = vec!["-L", self.socket.as_str(), "send-keys"];
