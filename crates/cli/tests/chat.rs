@@ -463,3 +463,78 @@ async fn slash_compact_summarises_the_older_turns_and_says_so() {
     pane.keys(&["C-d"]);
     assert_eq!(pane.exit_code().await, 0, "{}", pane.screen());
 }
+
+/// The drawn separator above the input box: one line of `─` as wide as the terminal.
+fn has_separator(screen: &str, columns: u16) -> bool {
+    let separator = "─".repeat(usize::from(columns));
+    screen.lines().any(|l| l.trim_end() == separator)
+}
+
+/// Resizes the pane, waits until drover has redrawn at the new width, and checks that no
+/// resize or redraw failed on the way (the notice stays until the next key or turn end).
+async fn resize(pane: &Pane, columns: u16, rows: u16) {
+    pane.resize(columns, rows);
+    let screen = pane
+        .wait_until(&format!("a {columns}-column separator"), |s| {
+            has_separator(s, columns)
+        })
+        .await;
+    assert!(
+        !screen.contains("resizing failed") && !screen.contains("redrawing failed"),
+        "after resizing to {columns}x{rows}:\n{screen}"
+    );
+}
+
+#[tokio::test]
+async fn resizing_while_a_turn_streams_keeps_the_scrollback_whole_and_the_keys_working() {
+    let (model, home, scratch) = setup().await;
+    let _daemon = KillDaemonOnDrop(home.path());
+    let lines = 60;
+    let answer: String = (1..=lines)
+        .map(|i| format!("- streamed line {i:02}\n"))
+        .collect();
+    model.push(Reply::text(answer).paced(Duration::from_millis(80)));
+    let pane = chat(&home, scratch.path(), "stream slowly").await;
+    // Shorter, taller and wider, each while the answer is still being written: a resize waits
+    // for a line of the answer, and the last line comes long after the last resize. (Not
+    // narrower: see docs/decisions.md, "A narrower terminal".)
+    let sizes = [
+        (110, 30),
+        (120, 45),
+        (120, 24),
+        (130, 40),
+        (130, 34),
+        (140, 28),
+    ];
+    for (i, (columns, rows)) in sizes.into_iter().enumerate() {
+        pane.wait_for(&format!("streamed line {:02}", 6 * (i + 1)))
+            .await;
+        resize(&pane, columns, rows).await;
+    }
+    pane.wait_until("the idle status line at the bottom", |s| {
+        s.lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .is_some_and(|l| l.contains("· idle ·"))
+    })
+    .await;
+    // And at idle. (Not 8 rows taller: see docs/decisions.md, "Much taller at idle".)
+    resize(&pane, 140, 32).await;
+    resize(&pane, 150, 32).await;
+    // The keys still reach the client.
+    pane.send("/usage");
+    pane.wait_for("tokens used by the turns this client saw settle")
+        .await;
+    let history = pane.history();
+    assert!(
+        !history.contains("resizing failed") && !history.contains("redrawing failed"),
+        "{history}"
+    );
+    for i in 1..=lines {
+        let line = format!("streamed line {i:02}");
+        let count = history.lines().filter(|l| l.contains(&line)).count();
+        assert_eq!(count, 1, "{line:?} shown {count} times:\n{history}");
+    }
+    pane.keys(&["C-d"]);
+    assert_eq!(pane.exit_code().await, 0, "{}", pane.screen());
+}

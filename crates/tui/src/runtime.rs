@@ -189,6 +189,11 @@ async fn event_loop(
     events: Box<dyn Events>,
     theme: Theme,
 ) -> Result<(), RunError> {
+    // One reader for the whole loop, never dropped and remade: dropping an `EventStream` wakes
+    // crossterm's shared poller, and when its thread is not polling at that moment the wake
+    // stays pending and the next poll takes it, which was the cursor-position query of a
+    // resize: it failed at once ("could not be read"). The query needs no pause: crossterm
+    // routes the terminal's answer to it by type and keeps keys read meanwhile for the stream.
     let mut keys = EventStream::new();
     let (updates_tx, mut updates) = mpsc::unbounded_channel();
     let mut number = 0;
@@ -198,11 +203,17 @@ async fn event_loop(
     let mut failed_draws = 0;
     loop {
         let now = Instant::now();
-        let drawn = print_scrollback(terminal, app, theme).and_then(|()| {
-            terminal
-                .draw(|frame| render::draw(frame, app, theme, now))
-                .map(drop)
-        });
+        // Resize first: printing to the scrollback with the old size, or resizing after a print
+        // left the cursor above the viewport, put the viewport at the wrong rows (over the
+        // answer just printed, or below a copy of the old viewport).
+        let drawn = terminal
+            .autoresize()
+            .and_then(|()| print_scrollback(terminal, app, theme))
+            .and_then(|()| {
+                terminal
+                    .draw(|frame| render::draw(frame, app, theme, now))
+                    .map(drop)
+            });
         match drawn {
             Ok(()) => failed_draws = 0,
             // A resized inline viewport reads the cursor position, and the answer can be lost
@@ -224,15 +235,8 @@ async fn event_loop(
                     }
                 }
                 Some(Ok(Event::Paste(text))) => app.on_paste(&text),
-                Some(Ok(Event::Resize(..))) => {
-                    // Let the resize's cursor query reach the terminal, not the key reader.
-                    drop(keys);
-                    let resized = terminal.autoresize();
-                    keys = EventStream::new();
-                    if let Err(e) = resized {
-                        app.notice = Some(format!("resizing failed ({e})"));
-                    }
-                }
+                // The loop's top resizes the viewport before it draws again.
+                Some(Ok(Event::Resize(..))) => {}
                 Some(Ok(_)) => {}
                 Some(Err(e)) => return Err(RunError::Terminal(e)),
                 None => return Ok(()),
@@ -343,7 +347,11 @@ fn print_scrollback(terminal: &mut Term, app: &mut App, theme: Theme) -> io::Res
             Paragraph::new(chunk).render(buf.area, buf);
         })?;
     }
-    Ok(())
+    // `insert_before` leaves the cursor above the viewport without telling the terminal
+    // object, which places a resized viewport by the cursor's offset in it: a resize seen by
+    // the next draw would move the viewport up over the lines just printed.
+    let top = terminal.get_frame().area().y;
+    terminal.set_cursor_position((0, top))
 }
 
 /// Starts the request an action needs; its result comes back as a [`Done`].
