@@ -108,6 +108,45 @@ const CASES: &[(&str, Option<&str>)] = &[
     ),
     ("cat <<EOF | sh\nrm -rf x\nEOF", Some("recursive_delete")),
     ("ssh host 'rm -rf /srv/app'", Some("recursive_delete")),
+    ("ssh prod -- 'rm -rf /srv/app'", Some("recursive_delete")),
+    (
+        "ssh user@prod -t 'sudo rm -rf /srv/app'",
+        Some("recursive_delete"),
+    ),
+    (
+        "ssh prod <<'EOF'\nrm -rf /srv/app/releases\nEOF",
+        Some("recursive_delete"),
+    ),
+    (
+        "ssh prod 'bash -s' <<'EOF'\ngit reset --hard\nEOF",
+        Some("git_reset_hard"),
+    ),
+    (
+        "echo 'rm -rf /srv/app' | ssh prod",
+        Some("recursive_delete"),
+    ),
+    (
+        "sudo -i <<'EOF'\nrm -rf /opt/x\nEOF",
+        Some("recursive_delete"),
+    ),
+    (
+        "sudo su - <<'EOF'\nrm -rf /opt/x\nEOF",
+        Some("recursive_delete"),
+    ),
+    ("trap 'rm -rf \"$tmp\"' EXIT", Some("recursive_delete")),
+    ("trap - EXIT", None),
+    (
+        "bash /dev/stdin <<'EOF'\nrm -rf x\nEOF",
+        Some("recursive_delete"),
+    ),
+    ("$SHELL -c 'rm -rf build'", Some("recursive_delete")),
+    ("tcsh -c 'rm -rf build'", Some("recursive_delete")),
+    ("fish --command 'rm -rf build'", Some("recursive_delete")),
+    ("parallel 'rm -rf {}' ::: a b", Some("recursive_delete")),
+    ("parallel -P 4 rm -rf {} ::: a b", Some("recursive_delete")),
+    ("parallel -X rm -rf ::: a b", Some("recursive_delete")),
+    ("docker exec app rm -rf /data", Some("recursive_delete")),
+    ("kubectl exec pod -- rm -rf /data", Some("recursive_delete")),
     ("watch -n 5 'rm -rf x'", Some("recursive_delete")),
     // Long options abbreviated, as getopt_long and git accept them.
     ("rm --recu build", Some("recursive_delete")),
@@ -200,6 +239,46 @@ const CASES: &[(&str, Option<&str>)] = &[
         "node -e 'require(\"fs\").rmSync(\"x\", { recursive: true })'",
         Some("recursive_delete"),
     ),
+    (
+        "python3 - <<'EOF'\nimport shutil\nshutil.rmtree(\"build\")\nEOF",
+        Some("recursive_delete"),
+    ),
+    (
+        "python3 <<'EOF'\nimport os\nos.system(\"rm -rf /tmp/x\")\nEOF",
+        Some("recursive_delete"),
+    ),
+    (
+        "perl <<'EOF'\nsystem \"git push --force\"\nEOF",
+        Some("git_force_push"),
+    ),
+    (
+        "echo 'import shutil; shutil.rmtree(\"x\")' | python3",
+        Some("recursive_delete"),
+    ),
+    (
+        "node -e \"require('child_process').spawnSync('git', ['push', '--force'])\"",
+        Some("git_force_push"),
+    ),
+    ("ruby -e '%x(rm -rf build)'", Some("recursive_delete")),
+    ("perl -e 'qx(git reset --hard)'", Some("git_reset_hard")),
+    (
+        "ruby -e \"require 'fileutils'; FileUtils.rm_r 'build'\"",
+        Some("recursive_delete"),
+    ),
+    (
+        "ruby -e \"$(curl -fsSL https://example.com/install)\"",
+        Some("pipe_to_shell"),
+    ),
+    (
+        "python3 <(curl -fsSL https://example.com/get-pip.py)",
+        Some("pipe_to_shell"),
+    ),
+    ("python3 -m pytest -k remove_tree", None),
+    ("python3 -m pytest tests/test_rmtree.py", None),
+    (
+        "node -e \"fs.mkdirSync('out', {recursive: true}); console.log(transform(x))\"",
+        None,
+    ),
     // Disks and devices.
     ("fdisk -l", None),
     ("parted --list", None),
@@ -227,6 +306,18 @@ const CASES: &[(&str, Option<&str>)] = &[
     ("cp disk.img /dev/sdc", Some("device_write")),
     ("echo 1 | sudo tee /dev/sda", Some("device_write")),
     ("shred /dev/sda", Some("device_write")),
+    ("mkdosfs -F 32 /dev/sdb1", Some("disk_format")),
+    ("cryptsetup luksFormat /dev/sdb", Some("disk_format")),
+    ("nvme format /dev/nvme0n1", Some("disk_format")),
+    ("ddrescue -f image.img /dev/sdb", Some("device_write")),
+    ("dd if=image.img of=//dev/sda", Some("device_write")),
+    ("parted /dev/sda print", None),
+    ("sfdisk -d /dev/sda > table.bak", None),
+    ("fdisk -lu /dev/sda", None),
+    ("wipefs /dev/sdb", None),
+    ("sgdisk -p /dev/sda", None),
+    ("echo AT > /dev/serial/by-id/usb-FTDI-if00", None),
+    ("echo test | sudo tee /dev/kmsg", None),
     // Permissions of system paths.
     ("chmod +x script.sh", None),
     ("chmod -R 755 ./build", None),
@@ -300,6 +391,14 @@ const CASES: &[(&str, Option<&str>)] = &[
         "curl -s https://example.com/x.json | python3 -m json.tool",
         None,
     ),
+    (
+        "curl -sSL https://example.com/install.py | python3 - --version 1.8.0",
+        Some("pipe_to_shell"),
+    ),
+    (
+        "curl -s https://example.com/x | sh /dev/stdin",
+        Some("pipe_to_shell"),
+    ),
     // Git.
     ("git push", None),
     ("git push origin main", None),
@@ -332,6 +431,16 @@ const CASES: &[(&str, Option<&str>)] = &[
     ("git -c user.name=Ann commit -m x", None),
     ("git -c alias.x='!rm -rf ~' x", Some("recursive_delete")),
     ("git -c core.pager='rm -rf ~' log", Some("recursive_delete")),
+    (
+        "git submodule foreach 'git reset --hard'",
+        Some("git_reset_hard"),
+    ),
+    (
+        "git submodule foreach --recursive git clean -fdx",
+        Some("git_clean"),
+    ),
+    ("git rebase -x 'rm -rf x' HEAD~1", Some("recursive_delete")),
+    ("git rebase -x 'make test' HEAD~3", None),
     // Killing everything.
     ("kill 1234", None),
     ("kill -9 1234", None),
@@ -372,6 +481,9 @@ const CASES: &[(&str, Option<&str>)] = &[
     ),
     ("truncate -s 0 ~/.bashrc", Some("startup_file_overwrite")),
     ("echo x | tee --app ~/.bashrc", None),
+    ("cp dotfiles/.bashrc ~/", Some("startup_file_overwrite")),
+    ("mv dotfiles/.zshrc $HOME", Some("startup_file_overwrite")),
+    ("cp -t backup/ ~/.bashrc", None),
     (
         "ln -s --forc dotfiles/zshrc ~/.zshrc",
         Some("startup_file_overwrite"),
@@ -398,6 +510,26 @@ const CASES: &[(&str, Option<&str>)] = &[
     ("printf 'TRUNCATE users;' | mysql app", Some("sql_truncate")),
     ("psql <<< 'TRUNCATE TABLE logs'", Some("sql_truncate")),
     ("mysql -e \"TRUNCATE TABLE sessions\"", Some("sql_truncate")),
+    ("rg -n 'DROP TABLE' migrations/ | grep sqlite", None),
+    ("echo psql drop table is dangerous", None),
+    ("mysql -e \"SELECT TRUNCATE(price, 2) FROM products\"", None),
+    (
+        "psql -c \"SELECT * FROM audit_log WHERE op = 'TRUNCATE' LIMIT 10\"",
+        None,
+    ),
+    (
+        "docker exec db sh -c \"psql -U postgres -c 'DROP TABLE users'\"",
+        Some("sql_drop"),
+    ),
+    (
+        "kubectl exec pg-0 -- bash -c \"psql -c 'DROP TABLE users'\"",
+        Some("sql_drop"),
+    ),
+    ("docker exec db dropdb -U postgres app", Some("sql_drop")),
+    (
+        "docker compose exec db sh -c 'psql -c \"TRUNCATE users\"'",
+        Some("sql_truncate"),
+    ),
 ];
 
 #[test]

@@ -13,6 +13,9 @@ pub(super) enum Invocation<'w> {
     Argv(&'w [Word]),
     /// `env -S STRING`: a string split into a command line.
     Split(String),
+    /// A shell that reads its script from standard input: `ssh host` with no command,
+    /// `sudo -i` / `sudo -s` with none.
+    StdinShell,
     /// Nothing runs (only assignments, or `command -v`).
     Nothing,
 }
@@ -28,23 +31,48 @@ pub(super) fn unwrap(words: &[Word]) -> Invocation<'_> {
         };
         let args = &rest[1..];
         rest = match command_name(&first.text) {
-            "sudo" => skip_options(
-                args,
-                "CDghpRrTtUu",
-                &[
-                    "--user",
-                    "--group",
-                    "--close-from",
-                    "--chdir",
-                    "--host",
-                    "--prompt",
-                    "--chroot",
-                    "--role",
-                    "--type",
-                    "--command-timeout",
-                    "--other-user",
-                ],
-            ),
+            "sudo" => {
+                let (options, command) = split_options(
+                    args,
+                    "CDghpRrTtUu",
+                    &[
+                        "--user",
+                        "--group",
+                        "--close-from",
+                        "--chdir",
+                        "--host",
+                        "--prompt",
+                        "--chroot",
+                        "--role",
+                        "--type",
+                        "--command-timeout",
+                        "--other-user",
+                    ],
+                );
+                // `sudo -i` / `sudo -s` alone: a root shell reading this command's stdin.
+                let shell =
+                    has_option(options, 'i', "--login") || has_option(options, 's', "--shell");
+                if command.is_empty() && shell {
+                    return Invocation::StdinShell;
+                }
+                command
+            }
+            "docker" | "podman" | "nerdctl" => match args.first().map(|w| w.text.as_str()) {
+                Some("exec") => container_exec(&args[1..]),
+                Some("compose") => match compose_exec(&args[1..]) {
+                    Some(command) => command,
+                    None => return Invocation::Argv(rest),
+                },
+                _ => return Invocation::Argv(rest),
+            },
+            "docker-compose" => match compose_exec(args) {
+                Some(command) => command,
+                None => return Invocation::Argv(rest),
+            },
+            "kubectl" | "oc" => match kubectl_exec(args) {
+                Some(command) => command,
+                None => return Invocation::Argv(rest),
+            },
             "doas" => skip_options(args, "uC", &[]),
             "env" => match env_command(args) {
                 Ok(command) => command,
@@ -106,24 +134,38 @@ pub(super) fn unwrap(words: &[Word]) -> Invocation<'_> {
                     "--whitelist-environment",
                 ],
             ),
-            // GNU parallel runs its command once per argument after `:::`.
-            "parallel" => skip_options(
-                args,
-                "jSadEIXsC",
-                &[
-                    "--jobs",
-                    "--sshlogin",
-                    "--arg-file",
-                    "--delimiter",
-                    "--colsep",
-                    "--joblog",
-                    "--results",
-                    "--tmpdir",
-                    "--workdir",
-                    "--timeout",
-                    "--retries",
-                ],
-            ),
+            // GNU parallel runs its command once per argument after `:::`; a command given as
+            // one word goes through a shell.
+            "parallel" => {
+                let command = skip_options(
+                    args,
+                    "jSadEINnPsC",
+                    &[
+                        "--jobs",
+                        "--sshlogin",
+                        "--arg-file",
+                        "--delimiter",
+                        "--colsep",
+                        "--joblog",
+                        "--results",
+                        "--tmpdir",
+                        "--workdir",
+                        "--timeout",
+                        "--retries",
+                        "--halt",
+                        "--max-args",
+                        "--max-replace-args",
+                        "--max-procs",
+                    ],
+                );
+                if command
+                    .first()
+                    .is_some_and(|w| w.text.contains(char::is_whitespace))
+                {
+                    return Invocation::Split(join_texts(command));
+                }
+                command
+            }
             "strace" => skip_options(
                 args,
                 "abeEIoOpPsSuUX",
@@ -235,15 +277,7 @@ pub(super) fn unwrap(words: &[Word]) -> Invocation<'_> {
                 };
             }
             // The remote side runs the rest as a shell command line.
-            "ssh" => {
-                let after = skip_options(args, "BbcDEeFIiJLlmOoPpQRSWw", &[]);
-                return match after.split_first() {
-                    Some((_host, remote)) if !remote.is_empty() => {
-                        Invocation::Split(join_texts(remote))
-                    }
-                    _ => Invocation::Nothing,
-                };
-            }
+            "ssh" => return ssh(args),
             // `watch` passes its arguments to `sh -c`.
             "watch" => {
                 let after = skip_options(args, "n", &["--interval"]);
@@ -256,6 +290,117 @@ pub(super) fn unwrap(words: &[Word]) -> Invocation<'_> {
             _ => return Invocation::Argv(rest),
         };
     }
+}
+
+/// `ssh [options] host [options] [--] [command]`: OpenSSH reads options after the host too,
+/// until `--` or the command. With no command the remote shell reads this one's stdin.
+fn ssh(args: &[Word]) -> Invocation<'_> {
+    let mut i = 0;
+    let mut host = false;
+    while let Some(word) = args.get(i) {
+        let a = word.text.as_str();
+        if a == "--" {
+            i += 1;
+            if !host {
+                host = i < args.len();
+                i += 1;
+            }
+            break;
+        }
+        if is_short_cluster(a) {
+            let value_follows =
+                short_value(a, "BbcDEeFIiJLlmOoPpQRSWw").is_some_and(|(_, value)| value.is_empty());
+            i += if value_follows { 2 } else { 1 };
+        } else if host {
+            break;
+        } else {
+            host = true;
+            i += 1;
+        }
+    }
+    match args.get(i..) {
+        _ if !host => Invocation::Nothing,
+        Some(remote) if !remote.is_empty() => Invocation::Split(join_texts(remote)),
+        _ => Invocation::StdinShell,
+    }
+}
+
+/// `docker exec [options] CONTAINER COMMAND...` (also podman, nerdctl): the command.
+fn container_exec(args: &[Word]) -> &[Word] {
+    after_operand(skip_options(
+        args,
+        "eluw",
+        &[
+            "--env",
+            "--env-file",
+            "--user",
+            "--workdir",
+            "--detach-keys",
+        ],
+    ))
+}
+
+/// `docker compose [options] exec|run [options] SERVICE COMMAND...` (also `docker-compose`):
+/// the command, or `None` for another subcommand.
+fn compose_exec(args: &[Word]) -> Option<&[Word]> {
+    let rest = skip_options(
+        args,
+        "fp",
+        &[
+            "--file",
+            "--project-name",
+            "--project-directory",
+            "--env-file",
+            "--profile",
+        ],
+    );
+    let (subcommand, rest) = rest.split_first()?;
+    if !matches!(subcommand.text.as_str(), "exec" | "run") {
+        return None;
+    }
+    Some(after_operand(skip_options(
+        rest,
+        "euwp",
+        &[
+            "--env",
+            "--user",
+            "--workdir",
+            "--index",
+            "--name",
+            "--entrypoint",
+            "--publish",
+            "--volume",
+        ],
+    )))
+}
+
+/// `kubectl [options] exec [options] POD [--] COMMAND...` (also `oc`): the command, or `None`
+/// for another subcommand.
+fn kubectl_exec(args: &[Word]) -> Option<&[Word]> {
+    let rest = skip_options(
+        args,
+        "ns",
+        &[
+            "--namespace",
+            "--context",
+            "--cluster",
+            "--user",
+            "--kubeconfig",
+            "--server",
+        ],
+    );
+    let (subcommand, rest) = rest.split_first()?;
+    if subcommand.text != "exec" {
+        return None;
+    }
+    if let Some(dash) = rest.iter().position(|w| w.text == "--") {
+        return Some(&rest[dash + 1..]);
+    }
+    Some(after_operand(skip_options(
+        rest,
+        "nc",
+        &["--namespace", "--container", "--context"],
+    )))
 }
 
 /// setpriv's long options that take a value.

@@ -7,8 +7,8 @@
 //! Python, Perl, Ruby, Node and PHP programs given on the command line.
 
 use super::argv::{
-    command_name, is_long_option, is_short_cluster, join_texts, operands, push_text, short_value,
-    unwrap, Invocation,
+    command_name, has_option, is_long_option, is_short_cluster, join_texts, operands, option_value,
+    push_text, short_value, unwrap, Invocation,
 };
 use super::shell::{
     self, Command, Pipeline, Redirect, RedirectOp, Script, SimpleCommand, SubstitutionKind, Word,
@@ -23,7 +23,7 @@ const MAX_DEPTH: usize = 16;
 const DETAIL_MAX_CHARS: usize = 120;
 
 const SHELLS: &[&str] = &[
-    "sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "rbash", "fish",
+    "sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "rbash", "fish", "csh", "tcsh",
 ];
 /// Interpreters that run a script read from stdin when given none (besides `python*`).
 const INTERPRETERS: &[&str] = &["perl", "ruby", "node", "php"];
@@ -41,9 +41,19 @@ const INTERPRETER_RUNS: &[&str] = &[
     "passthru",
     "proc_open",
     "`",
+    "%x",
+    "qx",
+    "Open3",
+    "IPC::",
 ];
 /// Library calls that delete a tree (`shutil.rmtree`, `FileUtils.rm_rf`, Perl's `remove_tree`).
-const TREE_DELETES: &[&str] = &["rmtree", "rm_rf", "rm_r(", "remove_tree"];
+const TREE_DELETES: &[&str] = &[
+    "rmtree",
+    "rm_rf",
+    "FileUtils.rm_r",
+    "remove_entry",
+    "remove_tree",
+];
 const DOWNLOADERS: &[&str] = &["curl", "wget", "fetch", "http", "https", "xh"];
 const SQL_CLIENTS: &[&str] = &[
     "psql",
@@ -62,6 +72,9 @@ const SQL_CLIENTS: &[&str] = &[
 ];
 const DISK_TOOLS: &[&str] = &[
     "mke2fs",
+    "mkdosfs",
+    "mkntfs",
+    "mkexfatfs",
     "mkswap",
     "fdisk",
     "sfdisk",
@@ -132,9 +145,12 @@ const SYSTEM_STARTUP_FILES: &[&str] = &[
 /// Device files that are safe to write: not disks, memory or ports.
 const SAFE_DEVICES: &[&str] = &[
     "null", "zero", "full", "random", "urandom", "stdin", "stdout", "stderr", "tty", "console",
-    "ptmx",
+    "ptmx", "kmsg",
 ];
-const SAFE_DEVICE_PREFIXES: &[&str] = &["fd/", "pts/", "tty", "shm/", "tcp/", "udp/", "mqueue/"];
+/// Also safe: serial ports (`/dev/serial/by-id/...`, `/dev/cu.usbmodem1101`) and the rest.
+const SAFE_DEVICE_PREFIXES: &[&str] = &[
+    "fd/", "pts/", "tty", "shm/", "tcp/", "udp/", "mqueue/", "serial/", "cu.",
+];
 
 pub(super) fn classify(command: &str) -> Option<Danger> {
     check_source(command, 0)
@@ -174,27 +190,44 @@ fn check_pipeline(pipeline: &Pipeline, depth: usize) -> Option<Danger> {
         let Command::Simple(simple) = command else {
             continue;
         };
-        let Invocation::Argv(argv) = unwrap(&simple.words) else {
-            continue;
-        };
         if upstream.is_empty() {
             continue;
         }
-        if reads_script_from_stdin(argv) {
+        let invocation = unwrap(&simple.words);
+        let (argv, reads_stdin) = match &invocation {
+            Invocation::Argv(argv) => (*argv, reads_script_from_stdin(argv)),
+            // `echo 'rm -rf x' | ssh host`: the remote shell reads the pipe.
+            Invocation::StdinShell => (&simple.words[..], true),
+            Invocation::Split(source) => (&simple.words[..], split_reads_stdin(source)),
+            Invocation::Nothing => continue,
+        };
+        if reads_stdin {
             if upstream.iter().any(|c| command_downloads(c, depth)) {
                 return Some(danger(
                     "pipe_to_shell",
                     &render_pipeline(&pipeline.commands[..=i]),
                 ));
             }
-            // `echo 'rm -rf x' | sh`: what the previous stages print is the script.
+            // `echo 'rm -rf x' | sh`: what the previous stages print is the script (a
+            // program, for an interpreter).
             let mut fed = String::new();
             for stage in upstream {
                 printed_script(stage, &mut fed);
             }
-            if let Some(found) = check_source(&fed, depth + 1) {
-                return Some(found);
+            let program = matches!(invocation, Invocation::Argv(_))
+                && is_interpreter(command_name(&argv[0].text));
+            let found = if program {
+                let shown = render_pipeline(&pipeline.commands[..=i]);
+                check_program(&fed, INTERPRETER_RUNS, &shown, depth)
+            } else {
+                check_source(&fed, depth + 1)
+            };
+            if found.is_some() {
+                return found;
             }
+        }
+        if !matches!(invocation, Invocation::Argv(_)) {
+            continue;
         }
         if let Some(client) = sql_client_position(argv) {
             let mut text = String::new();
@@ -270,7 +303,15 @@ fn check_redirects(redirects: &[Redirect], words: &[Word]) -> Option<Danger> {
 fn check_words(words: &[Word], command: &SimpleCommand, depth: usize) -> Option<Danger> {
     match unwrap(words) {
         Invocation::Nothing => None,
-        Invocation::Split(source) => check_source(&source, depth + 1),
+        Invocation::StdinShell => stdin_script(words, command, depth),
+        Invocation::Split(source) => {
+            check_source(&source, depth + 1).or_else(|| {
+                // `ssh host 'bash -s' <<EOF`: the split command line reads this one's stdin.
+                split_reads_stdin(&source)
+                    .then(|| stdin_script(words, command, depth))
+                    .flatten()
+            })
+        }
         Invocation::Argv(argv) => {
             // `$(curl ...)` as the command: the download is the command line.
             if subs_download(&argv[0], depth) {
@@ -324,17 +365,37 @@ fn check_argv(argv: &[Word], command: &SimpleCommand, depth: usize) -> Option<Da
             .get(1)
             .is_some_and(|w| subs_download(w, depth))
             .then(|| danger("pipe_to_shell", &render(argv))),
-        "su" | "runuser" => su(argv, depth),
+        "su" | "runuser" => su(argv, command, depth),
+        // `trap 'rm -rf "$tmp"' EXIT`: the shell runs the string later.
+        "trap" => operands(&argv[1..])
+            .next()
+            .filter(|_| argv.len() > 2)
+            .and_then(|script| check_source(&script.text, depth + 1)),
+        "cryptsetup" | "nvme" => argv[1..]
+            .iter()
+            .any(|w| {
+                matches!(
+                    w.text.as_str(),
+                    "luksFormat" | "luksErase" | "erase" | "format" | "sanitize" | "reencrypt"
+                )
+            })
+            .then(|| danger("disk_format", &render(argv))),
+        "ddrescue" | "bmaptool" => operands(&argv[1..])
+            .last()
+            .is_some_and(|w| is_raw_device(&w.text))
+            .then(|| danger("device_write", &render(argv))),
         "dropdb" => Some(danger("sql_drop", &render(argv))),
         "mysqladmin" => argv[1..]
             .iter()
             .any(|w| w.text.eq_ignore_ascii_case("drop"))
             .then(|| danger("sql_drop", &render(argv))),
-        _ if SHELLS.contains(&name) => shell(argv, command, depth),
+        _ if SHELLS.contains(&name) || is_shell_variable(&argv[0].text) => {
+            shell(argv, command, depth)
+        }
         _ if name.starts_with("mkfs") || DISK_TOOLS.contains(&name) => disk(argv),
-        _ if AWKS.contains(&name) => program(argv, AWK_RUNS, depth),
-        _ if INTERPRETERS.contains(&name) || name.starts_with("python") => {
-            program(argv, INTERPRETER_RUNS, depth).or_else(|| sql(argv, command))
+        _ if AWKS.contains(&name) => program(argv, command, AWK_RUNS, depth),
+        _ if is_interpreter(name) => {
+            program(argv, command, INTERPRETER_RUNS, depth).or_else(|| sql(argv, command))
         }
         _ => sql(argv, command),
     }
@@ -393,50 +454,177 @@ fn find(argv: &[Word], command: &SimpleCommand, depth: usize) -> Option<Danger> 
     None
 }
 
-/// A program in another language given on the command line (`awk '...'`, `python3 -c '...'`,
-/// `perl -e '...'`): a tree delete by library call, or a string it hands to a shell. Its string
-/// literals are checked as command lines when the program runs commands at all.
-fn program(argv: &[Word], runs: &[&str], depth: usize) -> Option<Danger> {
-    let code = join_texts(&argv[1..]);
-    let node_tree_delete = code.contains("recursive")
-        && ["rmSync", "rmdirSync", "rm(", "rmdir("]
-            .iter()
-            .any(|call| code.contains(call));
-    if node_tree_delete || TREE_DELETES.iter().any(|call| code.contains(call)) {
-        return Some(danger("recursive_delete", &render(argv)));
+/// A program in another language (`awk '...'`, `python3 -c '...'`, `perl -e '...'`, or one
+/// read from a here-document or here-string): a download run as the program, a tree delete by
+/// library call, or a string it hands to a shell (see [`check_program`]).
+fn program(argv: &[Word], command: &SimpleCommand, runs: &[&str], depth: usize) -> Option<Danger> {
+    // `ruby -e "$(curl ...)"`, `python3 <(curl ...)`: a download is the program.
+    if argv[1..].iter().any(|w| subs_download(w, depth)) {
+        return Some(danger("pipe_to_shell", &render(argv)));
+    }
+    let mut code = inline_code(argv);
+    if reads_script_from_stdin(argv) {
+        for redirect in &command.redirects {
+            let fed = match redirect.op {
+                RedirectOp::HereString => Some(&redirect.target),
+                RedirectOp::HereDoc => redirect.body.as_ref(),
+                _ => None,
+            };
+            if let Some(fed) = fed {
+                if subs_download(fed, depth) {
+                    return Some(danger("pipe_to_shell", &render(argv)));
+                }
+                push_line(&mut code, &fed.text);
+            }
+        }
+    }
+    check_program(&code, runs, &render(argv), depth)
+}
+
+/// A program's text: a tree delete by library call is a `recursive_delete`; when the program
+/// runs commands at all (one of `runs`), its string literals are checked as command lines.
+fn check_program(code: &str, runs: &[&str], shown: &str, depth: usize) -> Option<Danger> {
+    if TREE_DELETES.iter().any(|call| code.contains(call)) || node_tree_delete(code) {
+        return Some(danger("recursive_delete", shown));
     }
     if !runs.iter().any(|call| code.contains(call)) {
         return None;
     }
-    program_strings(&code)
+    program_strings(code)
         .iter()
         .find_map(|text| check_source(text, depth + 1))
 }
 
+/// Node's `fs.rmSync(p, { recursive: true })` (also `rmdirSync`, `fs.promises.rm`): a remove
+/// call with `recursive` in its arguments.
+fn node_tree_delete(code: &str) -> bool {
+    ["rmSync(", "rmdirSync(", ".rm(", ".rmdir("]
+        .iter()
+        .any(|call| {
+            code.match_indices(call).any(|(at, _)| {
+                let rest = &code[at + call.len()..];
+                let args = rest.find(')').map_or(rest, |end| &rest[..end]);
+                args.contains("recursive")
+            })
+        })
+}
+
+/// The program text a command line gives inline: awk's program operand (or `-e`/`--source`;
+/// nothing with `-f`), `python -c`, `perl -e`/`-E`, `ruby -e`, `node -e`/`-p`/`--eval`/
+/// `--print`, `php -r`. Scanning stops at the first operand (a script file or module, whose
+/// arguments follow).
+fn inline_code(argv: &[Word]) -> String {
+    let name = command_name(&argv[0].text);
+    let args = &argv[1..];
+    let mut code = String::new();
+    let (letters, with_arg, longs): (&str, &str, &[&str]) = match name {
+        _ if AWKS.contains(&name) => ("e", "Fvf", &["--source"]),
+        _ if name.starts_with("python") => ("c", "WXm", &[]),
+        "perl" => ("eE", "I", &[]),
+        "ruby" => ("e", "Ir", &[]),
+        "node" => ("ep", "r", &["--eval", "--print"]),
+        "php" => ("r", "cdz", &["--run"]),
+        _ => return code,
+    };
+    let mut from_file = false;
+    let mut i = 0;
+    while let Some(word) = args.get(i) {
+        let a = word.text.as_str();
+        let next = args.get(i + 1).map(|w| w.text.as_str());
+        if a == "--" {
+            i += 1;
+            break;
+        }
+        if a.starts_with("--") {
+            let value = a.split_once('=').map(|(_, v)| v);
+            if longs.iter().any(|o| is_long_option(a, o)) {
+                push_line(&mut code, value.or(next).unwrap_or_default());
+                i += if value.is_some() { 1 } else { 2 };
+            } else {
+                from_file |= is_long_option(a, "--file");
+                i += 1;
+            }
+            continue;
+        }
+        if !is_short_cluster(a) {
+            break;
+        }
+        let mut all = letters.to_string();
+        all.push_str(with_arg);
+        if let Some((option, value)) = short_value(a, &all) {
+            let value = if value.is_empty() {
+                i += 1;
+                next.unwrap_or_default()
+            } else {
+                value
+            };
+            if letters.contains(option) {
+                push_line(&mut code, value);
+            }
+            // `python -m module`: a module runs, with its own arguments.
+            if option == 'm' {
+                return code;
+            }
+            from_file |= option == 'f';
+        }
+        i += 1;
+    }
+    // awk's first operand is its program, unless `-f` or `-e` gave one.
+    if AWKS.contains(&name) && !from_file && code.is_empty() {
+        if let Some(program) = args.get(i) {
+            push_line(&mut code, &program.text);
+        }
+    }
+    code
+}
+
 /// The string literals of a program in another language (`"..."`, `'...'`, `` `...` ``, with
-/// escapes undone), each alone and, where only commas and blanks separate them
-/// (`["rm", "-rf", "/"]`), joined by spaces as one command line.
+/// escapes undone, and Ruby's `%x(...)` and Perl's `qx(...)`), each alone and, where only
+/// commas, blanks and brackets separate them (`["rm", "-rf", "/"]`, `"git", ["push"]`), joined
+/// by spaces as one command line.
 fn program_strings(code: &str) -> Vec<String> {
+    let chars: Vec<char> = code.chars().collect();
     let mut out = Vec::new();
     let mut group: Vec<String> = Vec::new();
-    let mut chars = code.chars();
     let close_group = |group: &mut Vec<String>, out: &mut Vec<String>| {
         if group.len() > 1 {
             out.push(group.join(" "));
         }
         group.clear();
     };
-    while let Some(c) = chars.next() {
+    let mut i = 0;
+    while let Some(&c) = chars.get(i) {
+        i += 1;
+        let quoted_command = c == 'x'
+            && i >= 2
+            && matches!(chars[i - 2], '%' | 'q')
+            && chars.get(i).and_then(|open| closing(*open)).is_some();
+        if quoted_command {
+            let close = chars.get(i).and_then(|open| closing(*open)).unwrap_or(')');
+            let start = i + 1;
+            let end = chars[start.min(chars.len())..]
+                .iter()
+                .position(|&d| d == close)
+                .map_or(chars.len(), |p| start + p);
+            close_group(&mut group, &mut out);
+            out.push(chars[start.min(end)..end].iter().collect());
+            i = end + 1;
+            continue;
+        }
         match c {
             '"' | '\'' | '`' => {
                 let mut literal = String::new();
-                while let Some(d) = chars.next() {
+                while let Some(&d) = chars.get(i) {
+                    i += 1;
                     match d {
-                        '\\' => match chars.next() {
-                            Some('n') => literal.push('\n'),
-                            Some(escaped) => literal.push(escaped),
-                            None => {}
-                        },
+                        '\\' => {
+                            match chars.get(i) {
+                                Some('n') => literal.push('\n'),
+                                Some(&escaped) => literal.push(escaped),
+                                None => {}
+                            }
+                            i += 1;
+                        }
                         _ if d == c => break,
                         _ => literal.push(d),
                     }
@@ -444,7 +632,8 @@ fn program_strings(code: &str) -> Vec<String> {
                 group.push(literal.clone());
                 out.push(literal);
             }
-            ',' => {}
+            // `spawnSync("git", ["push", "--force"])`: a list continues the command.
+            ',' | '[' | ']' => {}
             _ if c.is_whitespace() => {}
             _ => close_group(&mut group, &mut out),
         }
@@ -453,14 +642,46 @@ fn program_strings(code: &str) -> Vec<String> {
     out
 }
 
+/// The bracket that closes `open` in `%x(...)` / `qx{...}`; `None` for a character that does
+/// not open one.
+fn closing(open: char) -> Option<char> {
+    match open {
+        '(' => Some(')'),
+        '{' => Some('}'),
+        '[' => Some(']'),
+        '<' => Some('>'),
+        '|' | '!' | '/' => Some(open),
+        _ => None,
+    }
+}
+
 fn disk(argv: &[Word]) -> Option<Danger> {
-    let lists_only = matches!(
-        command_name(&argv[0].text),
-        "fdisk" | "sfdisk" | "gdisk" | "parted"
-    ) && argv[1..]
-        .iter()
-        .any(|w| w.text == "-l" || w.text.starts_with("--list"));
-    (!lists_only).then(|| danger("disk_format", &render(argv)))
+    let args = &argv[1..];
+    let has = |short: char, long: &str| has_option(args, short, long);
+    let word = |w: &str| args.iter().any(|a| a.text == w);
+    // Listing, printing, dumping and verifying write nothing.
+    let reads_only = match command_name(&argv[0].text) {
+        "fdisk" | "gdisk" => has('l', "--list"),
+        "sfdisk" => {
+            ['l', 'd', 's', 'J', 'V', 'g'].iter().any(|c| has(*c, "--"))
+                || [
+                    "--list",
+                    "--dump",
+                    "--json",
+                    "--show-size",
+                    "--verify",
+                    "--show-geometry",
+                ]
+                .iter()
+                .any(|o| args.iter().any(|a| is_long_option(&a.text, o)))
+        }
+        "sgdisk" => has('p', "--print") || has('i', "--info") || has('v', "--verify"),
+        "parted" => has('l', "--list") || word("print"),
+        // wipefs only lists the signatures it finds unless told to erase them.
+        "wipefs" => !(has('a', "--all") || has('o', "--offset")),
+        _ => false,
+    };
+    (!reads_only).then(|| danger("disk_format", &render(argv)))
 }
 
 fn git(argv: &[Word], depth: usize) -> Option<Danger> {
@@ -490,6 +711,31 @@ fn git(argv: &[Word], depth: usize) -> Option<Danger> {
     }
     let subcommand = argv.get(i)?.text.as_str();
     let rest = &argv[i + 1..];
+    // Subcommands that hand a command line to a shell.
+    let script = match subcommand {
+        // `git submodule foreach [--recursive] 'git reset --hard'`
+        "submodule" if rest.first().is_some_and(|w| w.text == "foreach") => {
+            let command: Vec<&Word> = rest[1..]
+                .iter()
+                .skip_while(|w| w.text.starts_with('-'))
+                .collect();
+            Some(
+                command
+                    .iter()
+                    .map(|w| w.text.as_str())
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            )
+        }
+        // `git rebase -x 'make test' HEAD~3`
+        "rebase" => option_value(rest, 'x', "--exec", "sCX").map(str::to_string),
+        // `git bisect run ./test.sh`
+        "bisect" if rest.first().is_some_and(|w| w.text == "run") => Some(join_texts(&rest[1..])),
+        _ => None,
+    };
+    if let Some(found) = script.and_then(|script| check_source(&script, depth + 1)) {
+        return Some(found);
+    }
     let key = match subcommand {
         "push" if push_forces(rest) => "git_force_push",
         "reset" if rest.iter().any(|w| is_long_option(&w.text, "--hard")) => "git_reset_hard",
@@ -668,17 +914,35 @@ fn tee(argv: &[Word]) -> Option<Danger> {
 }
 
 fn copy(argv: &[Word]) -> Option<Danger> {
-    let destination = operands(&argv[1..]).last()?;
-    if is_raw_device(&destination.text) {
-        Some(danger("device_write", &render(argv)))
-    } else if is_startup_file(&destination.text) {
-        Some(danger("startup_file_overwrite", &render(argv)))
-    } else {
-        None
+    let args = &argv[1..];
+    // `cp -t DIR FILE...` names the destination first.
+    let target = option_value(args, 't', "--target-directory", "S");
+    let mut files: Vec<&str> = operands(args).map(|w| w.text.as_str()).collect();
+    let destination = match target {
+        Some(dir) => {
+            files.retain(|f| *f != dir);
+            dir
+        }
+        None => files.pop()?,
+    };
+    if target.is_none() && is_raw_device(destination) {
+        return Some(danger("device_write", &render(argv)));
     }
+    // Onto a startup file, or a file named like one into the home (`cp dotfiles/.bashrc ~/`).
+    let into_home = is_home_dir(destination)
+        && files
+            .iter()
+            .any(|f| STARTUP_FILE_NAMES.contains(&f.rsplit('/').next().unwrap_or(f)));
+    ((target.is_none() && is_startup_file(destination)) || into_home)
+        .then(|| danger("startup_file_overwrite", &render(argv)))
 }
 
-fn su(argv: &[Word], depth: usize) -> Option<Danger> {
+/// `~`, `~/`, `$HOME`, `${HOME}/`: the home directory itself.
+fn is_home_dir(path: &str) -> bool {
+    matches!(path.trim_end_matches('/'), "~" | "$HOME" | "${HOME}")
+}
+
+fn su(argv: &[Word], command: &SimpleCommand, depth: usize) -> Option<Danger> {
     let mut i = 1;
     while let Some(word) = argv.get(i) {
         let a = word.text.as_str();
@@ -706,7 +970,8 @@ fn su(argv: &[Word], depth: usize) -> Option<Danger> {
             return check_source(text, depth + 1);
         }
     }
-    None
+    // No `-c`: the user's shell reads this command's stdin (`sudo su - <<EOF`).
+    stdin_script(argv, command, depth)
 }
 
 /// Where a shell invocation reads its script from.
@@ -731,6 +996,8 @@ fn shell_input(args: &[Word]) -> ShellInput<'_> {
             break;
         }
         if a.starts_with("--") {
+            // fish: `--command 'rm -rf x'`.
+            has_c |= is_long_option(a, "--command");
             i += if matches!(a, "--rcfile" | "--init-file") {
                 2
             } else {
@@ -751,6 +1018,7 @@ fn shell_input(args: &[Word]) -> ShellInput<'_> {
         (true, Some(script)) => ShellInput::String(script),
         (true, None) => ShellInput::Nothing,
         (false, Some(_)) if has_s => ShellInput::Stdin,
+        (false, Some(file)) if is_stdin_path(&file.text) => ShellInput::Stdin,
         (false, Some(file)) => ShellInput::File(file),
         (false, None) => ShellInput::Stdin,
     }
@@ -772,27 +1040,50 @@ fn shell(argv: &[Word], command: &SimpleCommand, depth: usize) -> Option<Danger>
             None
         }
         ShellInput::Nothing => None,
-        ShellInput::Stdin => {
-            for redirect in &command.redirects {
-                let source = match redirect.op {
-                    RedirectOp::Read | RedirectOp::HereString => &redirect.target,
-                    RedirectOp::HereDoc => match &redirect.body {
-                        Some(body) => body,
-                        None => continue,
-                    },
-                    _ => continue,
-                };
-                if subs_download(source, depth) {
-                    return downloaded();
-                }
-                if redirect.op != RedirectOp::Read {
-                    if let Some(found) = check_source(&source.text, depth + 1) {
-                        return Some(found);
-                    }
-                }
-            }
-            None
+        ShellInput::Stdin => stdin_script(argv, command, depth),
+    }
+}
+
+/// The script a shell reads from this command's standard input: a here-document or
+/// here-string (checked), or a file whose name is a download (`bash < <(curl ...)`).
+/// `words` are shown in the description.
+fn stdin_script(words: &[Word], command: &SimpleCommand, depth: usize) -> Option<Danger> {
+    for redirect in &command.redirects {
+        let source = match redirect.op {
+            RedirectOp::Read | RedirectOp::HereString => &redirect.target,
+            RedirectOp::HereDoc => match &redirect.body {
+                Some(body) => body,
+                None => continue,
+            },
+            _ => continue,
+        };
+        if subs_download(source, depth) {
+            return Some(danger("pipe_to_shell", &render(words)));
         }
+        if redirect.op != RedirectOp::Read {
+            if let Some(found) = check_source(&source.text, depth + 1) {
+                return Some(found);
+            }
+        }
+    }
+    None
+}
+
+/// Whether a split command line (`ssh host 'bash -s'`) is a shell reading its stdin.
+fn split_reads_stdin(source: &str) -> bool {
+    let script = shell::parse(source);
+    let [pipeline] = script.pipelines.as_slice() else {
+        return false;
+    };
+    let [Command::Simple(simple)] = pipeline.commands.as_slice() else {
+        return false;
+    };
+    match unwrap(&simple.words) {
+        Invocation::StdinShell => true,
+        Invocation::Argv(argv) => {
+            SHELLS.contains(&command_name(&argv[0].text)) && reads_script_from_stdin(argv)
+        }
+        Invocation::Split(_) | Invocation::Nothing => false,
     }
 }
 
@@ -801,23 +1092,34 @@ fn reads_script_from_stdin(argv: &[Word]) -> bool {
     if SHELLS.contains(&name) {
         return matches!(shell_input(&argv[1..]), ShellInput::Stdin);
     }
-    if INTERPRETERS.contains(&name) || name.starts_with("python") {
-        // `python3`, `perl -`, `node`: a script from stdin unless one is given inline (`-c`,
-        // `-e`, `-m`, `-p`) or as a file.
+    if is_interpreter(name) {
+        // `python3`, `perl -`, `node`, `python3 - --version 1.8` (the words after `-` are the
+        // script's arguments): a script from stdin unless one is given inline (`-c`, `-e`,
+        // `-m`, `-p`) or as a file.
         let inline = argv[1..].iter().any(|w| {
             let a = w.text.as_str();
             matches!(a, "--eval" | "--print" | "--command")
                 || (a.len() > 1
                     && a.starts_with('-')
                     && !a.starts_with("--")
-                    && a.contains(['c', 'm', 'e', 'E', 'p']))
+                    && a.contains(['c', 'm', 'e', 'E', 'p', 'r']))
         });
-        return !inline && operands(&argv[1..]).all(|w| w.text == "-");
+        return !inline
+            && operands(&argv[1..])
+                .next()
+                .is_none_or(|w| is_stdin_path(&w.text));
     }
-    matches!(name, "source" | ".")
-        && argv
-            .get(1)
-            .is_some_and(|w| matches!(w.text.as_str(), "/dev/stdin" | "/proc/self/fd/0"))
+    matches!(name, "source" | ".") && argv.get(1).is_some_and(|w| is_stdin_path(&w.text))
+}
+
+/// `-`, `/dev/stdin`, `/proc/self/fd/0`: a script file operand that is standard input.
+fn is_stdin_path(text: &str) -> bool {
+    matches!(text, "-" | "/dev/stdin" | "/proc/self/fd/0" | "/dev/fd/0")
+}
+
+/// Python, Perl, Ruby, Node or PHP.
+fn is_interpreter(name: &str) -> bool {
+    INTERPRETERS.contains(&name) || name.starts_with("python")
 }
 
 /// Whether a substitution in `word` downloads something (its output then becomes a script).
@@ -848,7 +1150,7 @@ fn command_downloads(command: &Command, depth: usize) -> bool {
                 Invocation::Split(source) => {
                     depth < MAX_DEPTH && script_downloads(&shell::parse(&source), depth + 1)
                 }
-                Invocation::Nothing => false,
+                Invocation::StdinShell | Invocation::Nothing => false,
             };
             // `echo "$(curl ...)"` passes a download on as well.
             direct || simple.words.iter().any(|w| subs_download(w, depth))
@@ -856,9 +1158,13 @@ fn command_downloads(command: &Command, depth: usize) -> bool {
     }
 }
 
+/// Where the database client is: the command itself, once wrappers (`sudo -u postgres`,
+/// `docker exec db`, `kubectl exec pod --`) are peeled off. A word named like a client further
+/// on is an argument (`grep psql`).
 fn sql_client_position(argv: &[Word]) -> Option<usize> {
-    argv.iter()
-        .position(|w| SQL_CLIENTS.contains(&command_name(&w.text)))
+    SQL_CLIENTS
+        .contains(&command_name(&argv[0].text))
+        .then_some(0)
 }
 
 /// A database client (also behind `docker exec`, `kubectl exec`, `ssh`, ...) given SQL in its
@@ -885,13 +1191,28 @@ fn sql(argv: &[Word], command: &SimpleCommand) -> Option<Danger> {
 /// The destructive statement in `text`, by pattern key: `DROP TABLE|DATABASE|SCHEMA` (also
 /// `DROP TEMPORARY TABLE`) or `TRUNCATE`.
 fn sql_danger(text: &str) -> Option<&'static str> {
-    let tokens: Vec<String> = text
-        .split(|c: char| !(c.is_alphanumeric() || c == '_'))
-        .filter(|t| !t.is_empty())
-        .map(str::to_ascii_lowercase)
-        .collect();
+    let is_word = |c: char| c.is_alphanumeric() || c == '_';
+    let mut tokens: Vec<String> = Vec::new();
+    // Per token: whether it is a function call (`TRUNCATE(price, 2)`) or a quoted value
+    // (`'TRUNCATE'`), which are no statements.
+    let mut not_statement: Vec<bool> = Vec::new();
+    let mut rest = text;
+    while let Some(start) = rest.find(is_word) {
+        let before = rest[..start].chars().next_back();
+        let after_start = &rest[start..];
+        let len = after_start
+            .find(|c: char| !is_word(c))
+            .unwrap_or(after_start.len());
+        let after = after_start[len..].trim_start().chars().next();
+        tokens.push(after_start[..len].to_ascii_lowercase());
+        not_statement.push(after == Some('(') || matches!(before, Some('\'' | '"' | '`')));
+        rest = &after_start[len..];
+    }
     for (i, token) in tokens.iter().enumerate() {
         let next = tokens.get(i + 1).map(String::as_str);
+        if token == "truncate" && not_statement[i] {
+            continue;
+        }
         match (token.as_str(), next) {
             ("drop", Some("table" | "database" | "schema")) => return Some("sql_drop"),
             ("drop", Some("temporary" | "temp"))
@@ -965,6 +1286,15 @@ fn command_text(command: &Command, out: &mut String) {
     }
 }
 
+/// `$SHELL`, `${BASH}`, `$0`: a shell named by a variable (its script is still literal).
+fn is_shell_variable(text: &str) -> bool {
+    let name = text
+        .trim_start_matches('$')
+        .trim_start_matches('{')
+        .trim_end_matches('}');
+    text.starts_with('$') && matches!(name, "SHELL" | "BASH" | "ZSH_NAME" | "0")
+}
+
 /// `-9`, `-KILL`, `-SIGKILL`: a signal given as pkill's first argument.
 fn is_signal_option(text: &str) -> bool {
     text.strip_prefix('-').is_some_and(|s| {
@@ -979,7 +1309,14 @@ fn is_broad_pattern(pattern: &str) -> bool {
 }
 
 fn is_raw_device(path: &str) -> bool {
-    let Some(device) = path.strip_prefix("/dev/") else {
+    // `//dev/sda` and `/dev//sda` name the same file.
+    let mut squeezed = String::with_capacity(path.len());
+    for c in path.chars() {
+        if !(c == '/' && squeezed.ends_with('/')) {
+            squeezed.push(c);
+        }
+    }
+    let Some(device) = squeezed.strip_prefix("/dev/") else {
         return false;
     };
     !(SAFE_DEVICES.contains(&device) || SAFE_DEVICE_PREFIXES.iter().any(|p| device.starts_with(p)))
