@@ -135,6 +135,22 @@ const CASES: &[(&str, Option<&str>)] = &[
     ),
     ("trap 'rm -rf \"$tmp\"' EXIT", Some("recursive_delete")),
     ("trap - EXIT", None),
+    ("time { rm -rf build; }", Some("recursive_delete")),
+    ("time -p make", None),
+    ("coproc rm -rf build", Some("recursive_delete")),
+    ("coproc worker { rm -rf build; }", Some("recursive_delete")),
+    (
+        "echo \"$(cat <<EOF\n)\nEOF\nrm -rf x\n)\"",
+        Some("recursive_delete"),
+    ),
+    (
+        "echo \"$(case x in x) rm -rf y;; esac)\"",
+        Some("recursive_delete"),
+    ),
+    (
+        "git commit -m \"$(cat <<'EOF'\nFix deploy: 1) handle \"\nrm -rf build\nEOF\n)\"",
+        None,
+    ),
     (
         "bash /dev/stdin <<'EOF'\nrm -rf x\nEOF",
         Some("recursive_delete"),

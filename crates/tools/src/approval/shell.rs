@@ -597,6 +597,10 @@ fn scan_parens_nested(chars: &[char], start: usize, nesting: usize) -> usize {
         return chars.len();
     }
     let mut depth = 1usize;
+    // `case` statements open inside: a `)` ending a pattern closes nothing.
+    let mut cases = 0usize;
+    // Here-documents whose bodies start at the next new line: (delimiter, strip tabs).
+    let mut heredocs: Vec<(String, bool)> = Vec::new();
     let mut i = start;
     while i < chars.len() {
         match chars[i] {
@@ -609,10 +613,32 @@ fn scan_parens_nested(chars: &[char], start: usize, nesting: usize) -> usize {
                     i += 1;
                 }
             }
+            '<' if chars.get(i + 1) == Some(&'<') => {
+                if chars.get(i + 2) == Some(&'<') {
+                    i += 3;
+                } else {
+                    let (delimiter, strip_tabs, after) = heredoc_delimiter(chars, i + 2);
+                    heredocs.push((delimiter, strip_tabs));
+                    i = after;
+                }
+            }
+            '\n' if !heredocs.is_empty() => {
+                i = skip_heredoc_bodies(chars, i + 1, &heredocs);
+                heredocs.clear();
+            }
+            'c' if keyword_at(chars, i, "case") => {
+                cases += 1;
+                i += 4;
+            }
+            'e' if keyword_at(chars, i, "esac") => {
+                cases = cases.saturating_sub(1);
+                i += 4;
+            }
             '(' => {
                 depth += 1;
                 i += 1;
             }
+            ')' if depth == 1 && cases > 0 => i += 1,
             ')' => {
                 depth -= 1;
                 if depth == 0 {
@@ -624,6 +650,65 @@ fn scan_parens_nested(chars: &[char], start: usize, nesting: usize) -> usize {
         }
     }
     chars.len()
+}
+
+/// Whether the word `keyword` stands at `i` (not inside a longer word).
+fn keyword_at(chars: &[char], i: usize, keyword: &str) -> bool {
+    let boundary = |c: Option<&char>| c.is_none_or(|c| c.is_whitespace() || ";&|()".contains(*c));
+    let before = if i == 0 { None } else { chars.get(i - 1) };
+    let len = keyword.chars().count();
+    boundary(before)
+        && chars
+            .get(i..i + len)
+            .is_some_and(|w| w.iter().copied().eq(keyword.chars()))
+        && boundary(chars.get(i + len))
+}
+
+/// The delimiter of a here-document whose `<<` ends just before `i` (quotes removed), whether
+/// its body's leading tabs are stripped (`<<-`), and the index after the delimiter word.
+fn heredoc_delimiter(chars: &[char], mut i: usize) -> (String, bool, usize) {
+    let strip_tabs = chars.get(i) == Some(&'-');
+    if strip_tabs {
+        i += 1;
+    }
+    while chars.get(i).is_some_and(|c| *c == ' ' || *c == '\t') {
+        i += 1;
+    }
+    let mut delimiter = String::new();
+    while let Some(&c) = chars.get(i) {
+        if c.is_whitespace() || ";&|<>()".contains(c) {
+            break;
+        }
+        if c != '\'' && c != '"' && c != '\\' {
+            delimiter.push(c);
+        }
+        i += 1;
+    }
+    (delimiter, strip_tabs, i)
+}
+
+/// The index after the bodies of `heredocs`, which start at `i`: each ends at a line that is
+/// its delimiter.
+fn skip_heredoc_bodies(chars: &[char], mut i: usize, heredocs: &[(String, bool)]) -> usize {
+    for (delimiter, strip_tabs) in heredocs {
+        while i < chars.len() {
+            let end = chars[i..]
+                .iter()
+                .position(|c| *c == '\n')
+                .map_or(chars.len(), |p| i + p);
+            let mut line = &chars[i..end];
+            if *strip_tabs {
+                while line.first() == Some(&'\t') {
+                    line = &line[1..];
+                }
+            }
+            i = (end + 1).min(chars.len());
+            if line.iter().copied().eq(delimiter.chars()) {
+                break;
+            }
+        }
+    }
+    i
 }
 
 /// The index just after the `'` closing a single-quoted string whose inside starts at `i`.
@@ -684,7 +769,16 @@ impl Parser {
     }
 
     fn peek_is_word(&self, text: &str) -> bool {
-        matches!(self.peek(), Some(Token::Word(w)) if !w.quoted && w.text == text)
+        self.is_word_at(self.pos, text)
+    }
+
+    fn is_word_at(&self, at: usize, text: &str) -> bool {
+        matches!(self.tokens.get(at), Some(Token::Word(w)) if !w.quoted && w.text == text)
+    }
+
+    /// Whether a group opens at token `at` (`(` or `{`).
+    fn group_at(&self, at: usize) -> bool {
+        matches!(self.tokens.get(at), Some(Token::Op(Op::Open))) || self.is_word_at(at, "{")
     }
 
     fn script(&mut self, closer: Closer) -> Script {
@@ -742,6 +836,25 @@ impl Parser {
             } else if self.peek_is_word("function") {
                 // `function name { ...; }`: the body follows as a group.
                 self.pos += 2;
+            } else if self.peek_is_word("time") && {
+                let mut at = self.pos + 1;
+                while self.is_word_at(at, "-p") {
+                    at += 1;
+                }
+                self.group_at(at)
+            } {
+                // `time { ...; }`, `time -p ( ... )`: the keyword times a group. (Before a
+                // simple command, `time` is left to the wrappers, with its options.)
+                self.pos += 1;
+                while self.peek_is_word("-p") {
+                    self.pos += 1;
+                }
+            } else if self.peek_is_word("coproc") {
+                // `coproc cmd`, `coproc NAME { ...; }`.
+                self.pos += 1;
+                if self.group_at(self.pos + 1) {
+                    self.pos += 1;
+                }
             } else {
                 break;
             }
