@@ -368,9 +368,12 @@ fn lost_attempts(registry: &Registry) -> Result<Vec<LostAttempt>, JobError> {
         if claim["transport"] != "runner" {
             continue;
         }
-        let alive = read_identity(&claim["runner"], "pid")
-            .is_some_and(|(pid, start_time)| platform::process_matches(pid, start_time));
-        if alive {
+        // A claim that names no runner (made by an older drover) could be a live runner's:
+        // left to the orchestrator's idle timeout, as before.
+        let Some((pid, start_time)) = read_identity(&claim["runner"], "pid") else {
+            continue;
+        };
+        if platform::process_matches(pid, start_time) {
             continue;
         }
         let group = audit("spawned").and_then(|data| read_identity(data, "pgid"));
