@@ -464,18 +464,11 @@ fn program(argv: &[Word], command: &SimpleCommand, runs: &[&str], depth: usize) 
     }
     let mut code = inline_code(argv);
     if reads_script_from_stdin(argv) {
-        for redirect in &command.redirects {
-            let fed = match redirect.op {
-                RedirectOp::HereString => Some(&redirect.target),
-                RedirectOp::HereDoc => redirect.body.as_ref(),
-                _ => None,
-            };
-            if let Some(fed) = fed {
-                if subs_download(fed, depth) {
-                    return Some(danger("pipe_to_shell", &render(argv)));
-                }
-                push_line(&mut code, &fed.text);
+        for fed in fed_words(command) {
+            if subs_download(fed, depth) {
+                return Some(danger("pipe_to_shell", &render(argv)));
             }
+            push_line(&mut code, &fed.text);
         }
     }
     check_program(&code, runs, &render(argv), depth)
@@ -1167,23 +1160,25 @@ fn sql_client_position(argv: &[Word]) -> Option<usize> {
         .then_some(0)
 }
 
+/// What a command's here-strings and here-documents feed to its standard input.
+fn fed_words(command: &SimpleCommand) -> impl Iterator<Item = &Word> {
+    command.redirects.iter().filter_map(|r| match r.op {
+        RedirectOp::HereString => Some(&r.target),
+        RedirectOp::HereDoc => r.body.as_ref(),
+        _ => None,
+    })
+}
+
 /// A database client (also behind `docker exec`, `kubectl exec`, `ssh`, ...) given SQL in its
 /// arguments, a here-document or a here-string.
 fn sql(argv: &[Word], command: &SimpleCommand) -> Option<Danger> {
     let client = sql_client_position(argv)?;
     let mut text = join_texts(&argv[client + 1..]);
     let mut shown = render(&argv[client..]);
-    for redirect in &command.redirects {
-        let fed = match redirect.op {
-            RedirectOp::HereString => Some(&redirect.target),
-            RedirectOp::HereDoc => redirect.body.as_ref(),
-            _ => None,
-        };
-        if let Some(fed) = fed {
-            push_text(&mut text, &fed.text);
-            shown.push_str(" <<< ");
-            shown.push_str(&render_word(fed));
-        }
+    for fed in fed_words(command) {
+        push_text(&mut text, &fed.text);
+        shown.push_str(" <<< ");
+        shown.push_str(&render_word(fed));
     }
     sql_danger(&text).map(|key| danger(key, &shown))
 }
