@@ -80,7 +80,7 @@ enum Command {
         #[command(subcommand)]
         command: commands::ApprovalsCommand,
     },
-    /// Delegated jobs: register, submit, publish and inspect (SPEC section 7).
+    /// Delegated jobs: register, submit, publish and inspect (docs/jobs.md).
     Job(job::JobArgs),
     /// Run dispatched remote jobs: follow this runner's dispatch topic and run CMD per job.
     Runner(runner::RunnerArgs),
