@@ -101,11 +101,43 @@ fn runner_inner(home: PathBuf, a: RunnerArgs) -> Result<Exit, JobError> {
         dispatch_max_age_s,
     };
     let rt = job::runtime()?;
-    let end = rt.block_on(runner::run(&cfg, |line| eprintln!("drover runner: {line}")))?;
-    Ok(match end.event {
-        drover_jobs::EventKind::Completed => Exit::Ok,
-        _ => Exit::Failed,
+    let end = rt.block_on(async {
+        let (stop_tx, stop) = tokio::sync::watch::channel(false);
+        let signals = stop_on_signals(stop_tx)?;
+        let end = runner::run(&cfg, stop, |line| eprintln!("drover runner: {line}")).await;
+        signals.abort();
+        end
+    })?;
+    Ok(match end {
+        // Stopped between jobs: nothing was left unfinished.
+        None => Exit::Ok,
+        Some(end) if end.event == drover_jobs::EventKind::Completed => Exit::Ok,
+        Some(_) => Exit::Failed,
     })
+}
+
+/// A task that turns `stop` true at the first SIGTERM or SIGINT.
+fn stop_on_signals(
+    stop: tokio::sync::watch::Sender<bool>,
+) -> Result<tokio::task::JoinHandle<()>, JobError> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let listen = |kind| {
+        signal(kind).map_err(|source| JobError::Io {
+            what: "cannot listen for signals".into(),
+            source,
+        })
+    };
+    let (mut term, mut int) = (
+        listen(SignalKind::terminate())?,
+        listen(SignalKind::interrupt())?,
+    );
+    Ok(tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        let _ = stop.send(true);
+    }))
 }
 
 /// `drover loop`.

@@ -815,3 +815,68 @@ async fn a_runner_started_after_one_was_killed_mid_job_ends_the_lost_attempt_and
         .count();
     assert_eq!(spawned, 1);
 }
+
+#[tokio::test]
+async fn sigterm_stops_the_runner_and_its_job_which_ends_with_error_runner_stopped() {
+    let net = Net::start();
+    let orchestrator = net.host("orch");
+    let remote = net.host("remote");
+    let pidfile = net.path().join("bg.pids");
+    let exec = format!("sleep 60 & echo $! >> {}; wait", pidfile.display());
+    // Between jobs: SIGTERM ends the runner at once, exit 0.
+    let mut idle = remote.runner("r10", &exec, &[]).await;
+    let pid = |r: &Runner| nix::unistd::Pid::from_raw(r.child.id().unwrap() as i32);
+    nix::sys::signal::kill(pid(&idle), nix::sys::signal::Signal::SIGTERM).unwrap();
+    assert_eq!(idle.exit_code(Duration::from_secs(10)).await, Some(0));
+    idle.wait_for("stopped", 1).await;
+
+    let mut runner = remote.runner("r10", &exec, &[]).await;
+    let contract = [
+        "--heartbeat",
+        "1",
+        "--heartbeat-misses",
+        "20",
+        "--ack-timeout",
+        "10",
+    ];
+    let submit = orchestrator
+        .job_command(&submit_args("remote:r10", "p", "sj", &contract))
+        .output();
+    let stop = async {
+        runner.wait_for("dispatch sj attempt 1: admitted", 1).await;
+        let started = wait::until(Duration::from_secs(15), async || {
+            std::fs::read_to_string(&pidfile).is_ok_and(|p| !p.trim().is_empty())
+                && wire_events(&remote.events("sj").await)
+                    .iter()
+                    .any(|e| e.1 == "started")
+        })
+        .await;
+        assert!(started, "the command never started:\n{}", runner.stderr());
+        nix::sys::signal::kill(pid(&runner), nix::sys::signal::Signal::SIGTERM).unwrap();
+        let code = runner.exit_code(Duration::from_secs(15)).await;
+        (code, runner.stderr())
+    };
+    let (out, (code, stderr)) = tokio::join!(
+        async {
+            tokio::time::timeout(Duration::from_secs(60), submit)
+                .await
+                .unwrap()
+                .unwrap()
+        },
+        stop
+    );
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("job sj attempt 1: error runner_stopped"),
+        "{stderr}"
+    );
+    let v = outcome(&out, 1);
+    assert_eq!(v["job"]["detail"], "runner_stopped", "{v}");
+    let bg: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(is_dead(bg), "the job's command {bg} outlived its runner");
+    assert_eq!(remote.show("sj").await["status"], "error");
+}

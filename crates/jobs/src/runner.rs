@@ -18,6 +18,9 @@
 //!   N s while it runs, then `completed` (detail: the last non-empty stdout line) on exit 0
 //!   or `error` (detail `exit_code C` or `signal S`). At `--timeout S` the whole group gets
 //!   TERM, then KILL after a grace, and `error` with detail `timeout_sec S` is published.
+//! - SIGTERM or SIGINT (the caller's `stop`): between jobs the runner exits; during a job it
+//!   kills the command's group (TERM, then KILL after a grace), publishes `error` with detail
+//!   [`RUNNER_STOPPED`] and exits.
 //! - A runner killed mid job (SIGKILL, a reboot) leaves its attempt claimed and unfinished.
 //!   The claim names the runner process (pid and start time) and a `spawned` audit entry the
 //!   command's group, so the next runner on the registry, before it follows dispatches, kills
@@ -43,6 +46,10 @@ use crate::{brief, ids, remote, timer, EventKind, JobError};
 
 /// The `error` detail of an attempt whose runner stopped before it ended.
 pub const RUNNER_LOST: &str = "runner_lost";
+
+/// The `error` detail of an attempt whose runner was asked to stop (SIGTERM, SIGINT) while it
+/// ran: its command group was killed.
+pub const RUNNER_STOPPED: &str = "runner_stopped";
 
 /// How long the group gets between TERM and KILL at the timeout.
 pub const KILL_GRACE: Duration = Duration::from_secs(2);
@@ -87,9 +94,15 @@ pub struct RunEnd {
 }
 
 /// Runs the runner: with `--once` until one job has run (giving how it ended), else until the
-/// connection task ends (an error) or the process is killed. `note` gets one line per
-/// decision (for stderr).
-pub async fn run(cfg: &RunnerConfig, mut note: impl FnMut(&str)) -> Result<RunEnd, JobError> {
+/// connection task ends (an error) or `stop` turns true (SIGTERM or SIGINT, sent by the
+/// caller). A stop between jobs gives `None`; a stop during a job kills its command group,
+/// publishes `error` [`RUNNER_STOPPED`] and gives that end. `note` gets one line per decision
+/// (for stderr).
+pub async fn run(
+    cfg: &RunnerConfig,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+    mut note: impl FnMut(&str),
+) -> Result<Option<RunEnd>, JobError> {
     dispatch::validate_runner_name(&cfg.session)?;
     let topic = dispatch::dispatch_topic(&cfg.topic_base, &cfg.session);
     let dir = cfg.registry_dir.clone();
@@ -104,7 +117,14 @@ pub async fn run(cfg: &RunnerConfig, mut note: impl FnMut(&str)) -> Result<RunEn
     let mut follower = mqtt::follow(&cfg.endpoint, vec![topic.clone()])?;
     let mut subscribed_once = false;
     loop {
-        let Some(feed) = follower.next().await else {
+        let feed = tokio::select! {
+            feed = follower.next() => feed,
+            _ = stopped(&mut stop) => {
+                note("stopped");
+                return Ok(None);
+            }
+        };
+        let Some(feed) = feed else {
             return Err(JobError::BadInput("the MQTT connection task ended".into()));
         };
         let payload = match feed {
@@ -205,7 +225,7 @@ pub async fn run(cfg: &RunnerConfig, mut note: impl FnMut(&str)) -> Result<RunEn
             }
             Err(e) => return Err(e),
         }
-        let end = run_job(cfg, &wire, &job, &mut note).await?;
+        let end = run_job(cfg, &wire, &job, &mut stop, &mut note).await?;
         note(&format!(
             "job {} attempt {}: {} {}",
             end.job_id,
@@ -213,8 +233,8 @@ pub async fn run(cfg: &RunnerConfig, mut note: impl FnMut(&str)) -> Result<RunEn
             end.event,
             end.detail.as_deref().unwrap_or("")
         ));
-        if cfg.once {
-            return Ok(end);
+        if cfg.once || *stop.borrow() {
+            return Ok(Some(end));
         }
     }
 }
@@ -224,6 +244,7 @@ async fn run_job(
     cfg: &RunnerConfig,
     wire: &dyn Wire,
     job: &Job,
+    stop: &mut tokio::sync::watch::Receiver<bool>,
     note: &mut impl FnMut(&str),
 ) -> Result<RunEnd, JobError> {
     let (registry_dir, for_brief) = (cfg.registry_dir.clone(), job.clone());
@@ -318,6 +339,13 @@ async fn run_job(
                 let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
                 break (EventKind::Error, Some(format!("timeout_sec {}", cfg.timeout.unwrap_or_default())));
             }
+            _ = stopped(stop) => {
+                if let Err(e) = platform::kill_group(pgid, KILL_GRACE).await {
+                    tracing::warn!(pgid, error = %e, "cannot stop the command's group");
+                }
+                let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+                break (EventKind::Error, Some(RUNNER_STOPPED.to_string()));
+            }
         }
     };
     emit(cfg, wire, job, event, detail.as_deref(), note).await;
@@ -326,6 +354,13 @@ async fn run_job(
         event,
         detail,
     })
+}
+
+/// Resolves once `stop` is true (at once if it already is); never if its sender is gone.
+async fn stopped(stop: &mut tokio::sync::watch::Receiver<bool>) {
+    if stop.wait_for(|stop| *stop).await.is_err() {
+        std::future::pending::<()>().await;
+    }
 }
 
 /// An attempt claimed by a runner process that is gone, and never ended.
