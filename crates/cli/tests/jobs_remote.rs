@@ -880,3 +880,34 @@ async fn sigterm_stops_the_runner_and_its_job_which_ends_with_error_runner_stopp
     assert!(is_dead(bg), "the job's command {bg} outlived its runner");
     assert_eq!(remote.show("sj").await["status"], "error");
 }
+
+#[tokio::test]
+async fn a_job_its_orchestrator_gave_up_on_is_stopped_on_the_runner() {
+    let net = Net::start();
+    let orchestrator = net.host("orch");
+    let remote = net.host("remote");
+    let pidfile = net.path().join("bg.pids");
+    let exec = format!("sleep 60 & echo $! >> {}; wait", pidfile.display());
+    let mut runner = remote.runner("r11", &exec, &[]).await;
+    let contract = ["--heartbeat", "1", "--ack-timeout", "10", "--timeout", "3"];
+    let out = orchestrator
+        .run(&submit_args("remote:r11", "p", "gj", &contract))
+        .await;
+    let v = outcome(&out, 2);
+    assert_eq!(v["job"]["detail"], "timeout_sec 3", "{v}");
+    runner
+        .wait_for("job gj attempt 1: error ended elsewhere (error)", 1)
+        .await;
+    let bg: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let gone = wait::until(Duration::from_secs(10), async || is_dead(bg)).await;
+    assert!(gone, "the job's command {bg} runs on:\n{}", runner.stderr());
+    let job = remote.show("gj").await;
+    assert_eq!(job["status"], "error", "{job}");
+    assert_eq!(job["detail"], "timeout_sec 3", "{job}");
+    runner.child.start_kill().unwrap();
+    let _ = runner.child.wait().await;
+}

@@ -18,6 +18,9 @@
 //!   N s while it runs, then `completed` (detail: the last non-empty stdout line) on exit 0
 //!   or `error` (detail `exit_code C` or `signal S`). At `--timeout S` the whole group gets
 //!   TERM, then KILL after a grace, and `error` with detail `timeout_sec S` is published.
+//! - While a command runs, the job's topics are mirrored ([`Mirror`]): a terminal status or
+//!   event of this attempt from another publisher (the orchestrator gave up) stops the
+//!   command's group; nothing more is published for it.
 //! - SIGTERM or SIGINT (the caller's `stop`): between jobs the runner exits; during a job it
 //!   kills the command's group (TERM, then KILL after a grace), publishes `error` with detail
 //!   [`RUNNER_STOPPED`] and exits.
@@ -41,6 +44,7 @@ use crate::mqtt::{self, Endpoint, Feed, MqttWire};
 use crate::publish::{self, PublishRequest};
 use crate::registry::{self, Job, Registry};
 use crate::state::Admission;
+use crate::watch::{Handled, Mirror};
 use crate::wire::{Wire, WireOutcome};
 use crate::{brief, ids, remote, timer, EventKind, JobError};
 
@@ -301,6 +305,21 @@ async fn run_job(
         ));
     }
     emit(cfg, wire, job, EventKind::Started, None, note).await;
+    // The job's own topics, mirrored: a terminal status written by another hand (the
+    // orchestrator gave up, an operator cancelled it) stops the command.
+    let mut mirror = Mirror::new(job, &cfg.registry_dir, cfg.drain);
+    let mut follower = match mirror.follow(&cfg.endpoint) {
+        Ok(follower) => Some(follower),
+        Err(e) => {
+            note(&format!(
+                "job {}: cannot follow its topics: {e}",
+                job.job_id
+            ));
+            None
+        }
+    };
+    let ended = ended_elsewhere(&mut mirror, follower.as_mut());
+    tokio::pin!(ended);
     let every = Duration::from_secs(job.contract.heartbeat_sec);
     let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -346,6 +365,19 @@ async fn run_job(
                 let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
                 break (EventKind::Error, Some(RUNNER_STOPPED.to_string()));
             }
+            status = &mut ended => {
+                if let Err(e) = platform::kill_group(pgid, KILL_GRACE).await {
+                    tracing::warn!(pgid, error = %e, "cannot stop the command's group");
+                }
+                let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+                // Terminal already: nothing more is published for it.
+                let detail = format!("ended elsewhere ({status}); its command was stopped");
+                return Ok(RunEnd {
+                    job_id: job.job_id.clone(),
+                    event: EventKind::Error,
+                    detail: Some(detail),
+                });
+            }
         }
     };
     emit(cfg, wire, job, event, detail.as_deref(), note).await;
@@ -354,6 +386,31 @@ async fn run_job(
         event,
         detail,
     })
+}
+
+/// Follows the job's topics and gives the terminal status (or event) another publisher wrote
+/// for this attempt; never, without a follower. The runner publishes its own terminal event
+/// only after this stops being polled, so what ends it here came from elsewhere.
+async fn ended_elsewhere(mirror: &mut Mirror, follower: Option<&mut mqtt::Follower>) -> String {
+    let Some(follower) = follower else {
+        return std::future::pending().await;
+    };
+    while let Some(feed) = follower.next().await {
+        let Feed::Message { topic, payload, .. } = feed else {
+            continue;
+        };
+        match mirror.handle(&topic, payload).await {
+            Ok(Some(Handled::State { status, .. })) if status.is_terminal() => {
+                return status.as_str().to_string();
+            }
+            Ok(Some(Handled::Event { event, .. })) if event.is_terminal() => {
+                return event.as_str().to_string();
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "a message on the job's topics"),
+        }
+    }
+    std::future::pending().await
 }
 
 /// Resolves once `stop` is true (at once if it already is); never if its sender is gone.
