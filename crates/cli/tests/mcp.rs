@@ -88,6 +88,26 @@ async fn model_calls_an_mcp_tool_and_the_tool_row_holds_its_answer() {
     );
 }
 
+/// A result of megabytes is kept to its beginning and end, like a command's output: it used to
+/// fail the turn (its frame to the owner was over the limit) after the server had acted.
+#[tokio::test]
+async fn a_huge_mcp_result_is_cut_to_its_ends_and_the_turn_completes() {
+    let (mut s, _pidfile) = echo_session().await;
+    s.model.push(Reply::tool_call(
+        "call_big",
+        "mcp__echo__repeat",
+        json!({"text": "0123456789", "times": 600_000}),
+    ));
+    s.model.push(Reply::text("That was long."));
+    s.complete_turn("get the big one").await.unwrap();
+    let rows = s.tool_messages();
+    let content = rows[0][2].as_str().unwrap();
+    assert!(content.len() <= 50_100, "{} bytes kept", content.len());
+    assert!(content.starts_with("0123456789"), "{}", &content[..40]);
+    assert!(content.contains("bytes truncated"), "no marker");
+    assert!(content.ends_with("0123456789"));
+}
+
 #[tokio::test]
 async fn create_with_a_broken_or_disabled_mcp_server_is_invalid_params_naming_toolsets() {
     let model = MockModel::start().await;

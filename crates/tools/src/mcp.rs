@@ -225,7 +225,8 @@ impl McpConnection {
     }
 
     /// Calls tool `name` (the server's name) with `args`. The output is the result's text
-    /// content, one block per line (non-text blocks as their JSON); a result flagged
+    /// content, one block per line (non-text blocks as their JSON), kept to its first and last
+    /// 25,000 bytes when longer ([`crate::terminal::OUTPUT_MAX_BYTES`]); a result flagged
     /// `isError`, a protocol error or a dead server give an error output.
     pub async fn call_tool(&self, name: &str, args: Value) -> ToolOutput {
         self.call(name, args)
@@ -265,8 +266,13 @@ impl McpConnection {
                     (true, Some(structured)) => structured.to_string(),
                     _ => content,
                 };
+                // Bounded like a command's output: a huge result must not fail the turn (its
+                // frame to the owner has a limit) after the server already acted on the call.
                 Ok(ToolOutput {
-                    content,
+                    content: crate::terminal::bounded_text(
+                        &content,
+                        crate::terminal::OUTPUT_MAX_BYTES,
+                    ),
                     is_error: result.is_error.unwrap_or(false),
                 })
             }

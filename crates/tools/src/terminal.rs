@@ -499,6 +499,17 @@ async fn run(request: &Request, ctx: &ToolContext) -> RunResult {
     }
 }
 
+/// `text` kept to at most `max` bytes as the terminal keeps a command's output: its first and
+/// last halves, with `[... N bytes truncated ...]` between them (an MCP tool's result too).
+pub(crate) fn bounded_text(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut buffer = OutputBuffer::new(max);
+    buffer.push(text.as_bytes());
+    buffer.finish()
+}
+
 /// Output bounded in memory: the first half of the budget and a rolling last half, plus the
 /// count of bytes dropped between them.
 #[derive(Debug)]

@@ -7,7 +7,8 @@
 //! - `add {a, b}`: returns `a + b`;
 //! - `fail {message}`: returns an error result carrying `message`;
 //! - `crash {}`: exits the process at once without answering;
-//! - `sleep {ms}`: answers `slept` after `ms` milliseconds (a slow tool).
+//! - `sleep {ms}`: answers `slept` after `ms` milliseconds (a slow tool);
+//! - `repeat {text, times}`: returns `text` `times` times over (a huge result).
 //!
 //! With `DROVER_MCP_ECHO_PIDFILE` set, it writes its pid there at start (tests check it is
 //! reaped). Find it with [`drover_test_support::mcp_echo_bin`].
@@ -44,6 +45,12 @@ struct SleepArgs {
     ms: u64,
 }
 
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+struct RepeatArgs {
+    text: String,
+    times: usize,
+}
+
 #[derive(Debug, Clone, Default)]
 struct Echo;
 
@@ -67,6 +74,11 @@ impl Echo {
     #[tool(description = "Exits the server without answering.")]
     fn crash(&self, Parameters(CrashArgs {}): Parameters<CrashArgs>) -> String {
         std::process::exit(3)
+    }
+
+    #[tool(description = "Returns the text repeated the given number of times.")]
+    fn repeat(&self, Parameters(RepeatArgs { text, times }): Parameters<RepeatArgs>) -> String {
+        text.repeat(times)
     }
 
     #[tool(description = "Answers after the given number of milliseconds.")]
