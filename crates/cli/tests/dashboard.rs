@@ -606,8 +606,8 @@ async fn a_login_link_works_once_and_expires() {
     browser.quit().await;
 }
 
-/// A page served from another origin: it tries to open the daemon's WebSocket from the browser
-/// that holds the login cookie, and says whether it opened.
+/// A page served from another origin: it tries to open the daemon's WebSocket from the
+/// logged-in browser, and says whether it opened.
 const FOREIGN_PAGE: &str = r#"<!doctype html><meta charset=utf-8><title>elsewhere</title>
 <p id=result>trying</p>
 <script>
@@ -619,13 +619,17 @@ ws.onclose = () => {
 };
 </script>"#;
 
-/// Serves [`FOREIGN_PAGE`] to every request on `listener` (a thread; it ends with the test).
-fn serve_foreign_page(listener: TcpListener) {
+/// Serves [`FOREIGN_PAGE`] to every request on `listener` (a thread; it ends with the test);
+/// the requests it got (their heads) go to `seen`.
+fn serve_foreign_page(listener: TcpListener, seen: std::sync::Arc<std::sync::Mutex<String>>) {
     std::thread::spawn(move || {
         for stream in listener.incoming() {
             let Ok(mut s) = stream else { break };
             let mut buf = [0u8; 4096];
-            let _ = s.read(&mut buf);
+            let n = s.read(&mut buf).unwrap_or(0);
+            if let Ok(mut seen) = seen.lock() {
+                seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
             let _ = write!(
                 s,
                 "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{FOREIGN_PAGE}",
@@ -674,34 +678,59 @@ async fn a_page_on_another_origin_cannot_open_the_websocket() {
     browser.goto(&link).await;
     browser.wait_conn("connected").await;
 
-    // The page of another origin (another port of the same host, so the browser does send
-    // the login cookie along) is refused at the upgrade.
+    // The login is no cookie: browsers send a host's cookies to every port of it, so another
+    // server on this host (a tool's dev server) would get it and could replay it.
+    let cookies = browser.client.get_all_cookies().await.unwrap();
+    assert!(cookies.is_empty(), "{cookies:?}");
+    let credential = browser
+        .js("return localStorage.getItem('drover_login')")
+        .await;
+    let credential = credential
+        .as_str()
+        .expect("the page kept its credential")
+        .to_string();
+    assert!(!browser
+        .js("return location.href")
+        .await
+        .to_string()
+        .contains(&credential));
+
+    // The page of another origin (another port of the same host) is refused at the upgrade,
+    // and nothing of the login reaches its server.
     let foreign = TcpListener::bind("127.0.0.1:0").unwrap();
     let foreign_origin = format!("http://{}", foreign.local_addr().unwrap());
-    serve_foreign_page(foreign);
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    serve_foreign_page(foreign, seen.clone());
     let ws = format!("{}/v1/ws", origin.replacen("http", "ws", 1));
     browser.goto(&format!("{foreign_origin}/?ws={ws}")).await;
     let result = browser.wait_text("#result", |t| t != "trying").await;
     assert_eq!(result, "refused");
+    let seen = seen.lock().unwrap().clone();
+    assert!(seen.contains("GET /?ws="), "{seen}");
+    assert!(
+        !seen.contains(&credential) && !seen.contains("drover"),
+        "{seen}"
+    );
 
-    // What the browser sent, replayed by hand: the cookie opens the socket only with the
+    // What the page offers, replayed by hand: the credential opens the socket only with the
     // daemon's own origin, and never without an origin; the bearer token works as before.
-    let cookies = browser.client.get_all_cookies().await.unwrap();
-    let cookie = cookies
-        .iter()
-        .find(|c| c.name().starts_with("drover_ui_"))
-        .expect("the login cookie");
-    assert_eq!(cookie.http_only(), Some(true));
-    assert_eq!(format!("{:?}", cookie.same_site()), "Some(Strict)");
-    let cookie = format!("Cookie: {}={}\r\n", cookie.name(), cookie.value());
+    let offered = format!("Sec-WebSocket-Protocol: drover.v1, drover-auth.{credential}\r\n");
     let addr: SocketAddr = origin.trim_start_matches("http://").parse().unwrap();
-    let with = |origin: &str| format!("{cookie}Origin: {origin}\r\n");
+    let with = |origin: &str| format!("{offered}Origin: {origin}\r\n");
     assert_eq!(upgrade_status(addr, &with(&foreign_origin)), 403);
     assert_eq!(upgrade_status(addr, &with("http://localhost:1")), 403);
     assert_eq!(upgrade_status(addr, &with("null")), 403);
     assert_eq!(upgrade_status(addr, &with(&origin)), 101);
     assert_eq!(upgrade_status(addr, &format!("Origin: {origin}\r\n")), 401);
-    assert_eq!(upgrade_status(addr, &cookie), 401);
+    let forged = format!(
+        "Sec-WebSocket-Protocol: drover-auth.{}00\r\n",
+        &credential[..credential.len() - 2]
+    );
+    assert_eq!(
+        upgrade_status(addr, &format!("{forged}Origin: {origin}\r\n")),
+        401
+    );
+    assert_eq!(upgrade_status(addr, &offered), 401);
     let bearer = format!("Authorization: Bearer {}\r\n", daemon.token());
     assert_eq!(upgrade_status(addr, &bearer), 101);
     assert_eq!(
@@ -716,7 +745,8 @@ async fn a_page_on_another_origin_cannot_open_the_websocket() {
         .client
         .execute_async(
             r#"const done = arguments[0];
-            const ws = new WebSocket(location.origin.replace("http", "ws") + "/v1/ws");
+            const ws = new WebSocket(location.origin.replace("http", "ws") + "/v1/ws",
+                ["drover.v1", "drover-auth." + localStorage.getItem("drover_login")]);
             ws.onopen = () => ws.send(JSON.stringify({jsonrpc: "2.0", id: 1, method: "ui.login_code", params: {}}));
             ws.onmessage = (m) => done(JSON.parse(m.data));
             ws.onclose = () => done(null);"#,
@@ -773,8 +803,9 @@ async fn drover_ui_on_a_fresh_home_starts_the_daemon_and_prints_a_working_link()
     };
     let first = login(&link);
     assert!(first.starts_with("HTTP/1.1 303"), "{first}");
-    assert!(first.contains("location: /ui/"), "{first}");
-    assert!(first.contains("HttpOnly; SameSite=Strict"), "{first}");
+    // The credential travels in the fragment, and no cookie is set.
+    assert!(first.contains("location: /ui/#/login/"), "{first}");
+    assert!(!first.to_ascii_lowercase().contains("set-cookie"), "{first}");
     let again = login(&link);
     assert!(again.starts_with("HTTP/1.1 403"), "{again}");
 }

@@ -1,14 +1,21 @@
 //! How a browser logs in to the dashboard (issue 16) without weakening the API (SPEC section 1).
 //!
 //! `drover ui` asks for a one-time code over its bearer-token connection (`ui.login_code`).
-//! `GET /ui/login?code=<code>` spends the code (once, within [`LOGIN_CODE_TTL`]) for a cookie
-//! that is `HttpOnly; SameSite=Strict` and signed with a key drawn at this daemon's start, so a
-//! restart invalidates every cookie. `/v1/ws` takes that cookie only together with an `Origin`
-//! equal to the daemon's own origin ([`BrowserAuth::origin`]); every other `Origin` is refused
-//! as before, and a request without `Origin` must carry the bearer token as before.
+//! `GET /ui/login?code=<code>` spends the code (once, within [`LOGIN_CODE_TTL`]) for a login
+//! credential, signed with a key drawn at this daemon's start (so a restart ends every login),
+//! and redirects to the dashboard with the credential in the URL's fragment, which browsers
+//! never send to a server. The page keeps it in its origin's storage and offers it when it
+//! opens `/v1/ws`, as the WebSocket subprotocol `drover-auth.<credential>` beside
+//! [`PROTOCOL`]. `/v1/ws` takes it only together with an `Origin` equal to the daemon's own
+//! origin ([`BrowserAuth::origin`]); every other `Origin` is refused as before, and a request
+//! without `Origin` must carry the bearer token as before.
+//!
+//! Not a cookie: browsers send a host's cookies to every port of it, so a login cookie reached
+//! any other server on 127.0.0.1 the browser visited (a tool's dev server), which could then
+//! replay it with a forged `Origin` and answer approval prompts. Origin storage is per port.
 //!
 //! Codes are kept by their SHA-256 only, so a lookup compares digests, never the codes; the
-//! cookie's MAC is checked in constant time.
+//! credential's MAC is checked in constant time.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -24,16 +31,16 @@ pub const LOGIN_CODE_TTL: Duration = Duration::from_secs(60);
 /// The most unspent codes kept; past it the oldest goes (each `drover ui` makes one).
 const MAX_OPEN_CODES: usize = 64;
 
-/// The cookie's name prefix; the port follows, since browsers share cookies across the ports
-/// of one host and two homes' daemons must not overwrite each other's.
-const COOKIE_PREFIX: &str = "drover_ui_";
+/// The WebSocket subprotocol the dashboard asks for, and the daemon selects.
+pub const PROTOCOL: &str = "drover.v1";
+
+/// The subprotocol prefix that carries a login credential.
+const CREDENTIAL_PROTOCOL: &str = "drover-auth.";
 
 /// The login state of one daemon start.
 pub struct BrowserAuth {
     origin: String,
     ttl: Duration,
-    cookie_name: String,
-    secure: bool,
     key: [u8; 32],
     /// SHA-256 of each unspent code, with when it expires, oldest first.
     codes: Mutex<VecDeque<([u8; 32], Instant)>>,
@@ -63,12 +70,9 @@ fn digest(code: &str) -> [u8; 32] {
 impl BrowserAuth {
     /// The login state for a daemon whose clients reach it at `origin`
     /// (`http://127.0.0.1:<port>`, or `https://...` with TLS), its codes good for `ttl`
-    /// ([`LOGIN_CODE_TTL`]); draws this start's cookie key.
+    /// ([`LOGIN_CODE_TTL`]); draws this start's credential key.
     pub fn new(origin: String, ttl: Duration) -> std::io::Result<BrowserAuth> {
-        let port = origin.rsplit(':').next().unwrap_or_default().to_string();
         Ok(BrowserAuth {
-            secure: origin.starts_with("https://"),
-            cookie_name: format!("{COOKIE_PREFIX}{port}"),
             origin,
             ttl,
             key: random_bytes()?,
@@ -76,7 +80,7 @@ impl BrowserAuth {
         })
     }
 
-    /// The daemon's own origin: the only `Origin` `/v1/ws` accepts (with the cookie).
+    /// The daemon's own origin: the only `Origin` `/v1/ws` accepts (with a credential).
     pub fn origin(&self) -> &str {
         &self.origin
     }
@@ -104,9 +108,9 @@ impl BrowserAuth {
         Secret::new(format!("{}/ui/login?code={}", self.origin, code.expose()))
     }
 
-    /// Spends `code`: the `Set-Cookie` value of a new login, or why not. A code works once,
-    /// expired or not.
-    pub fn redeem(&self, code: &str) -> Result<String, LoginRefusal> {
+    /// Spends `code`: a new login credential (`<nonce>.<mac>`, hex), or why not. A code works
+    /// once, expired or not.
+    pub fn redeem(&self, code: &str) -> Result<Secret, LoginRefusal> {
         let expires = {
             let mut codes = self.codes.lock().unwrap_or_else(|p| p.into_inner());
             let wanted = digest(code);
@@ -118,12 +122,10 @@ impl BrowserAuth {
             Some(at) if at <= Instant::now() => Err(LoginRefusal::Expired),
             Some(_) => {
                 let nonce = hex::encode(random_bytes::<16>().map_err(|_| LoginRefusal::Unknown)?);
-                let value = format!("{nonce}.{}", hex::encode(self.mac(&nonce)));
-                let secure = if self.secure { "; Secure" } else { "" };
-                Ok(format!(
-                    "{}={value}; Path=/; HttpOnly; SameSite=Strict{secure}",
-                    self.cookie_name
-                ))
+                Ok(Secret::new(format!(
+                    "{nonce}.{}",
+                    hex::encode(self.mac(&nonce))
+                )))
             }
         }
     }
@@ -136,21 +138,21 @@ impl BrowserAuth {
         // A key of any length is accepted by HMAC; this arm never runs.
         let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.key)
             .unwrap_or_else(|_| <Hmac<Sha256> as Mac>::new(&Default::default()));
-        mac.update(b"drover ui cookie\0");
+        mac.update(b"drover ui login\0");
         mac.update(nonce.as_bytes());
         mac
     }
 
-    /// Whether a `Cookie` header carries a login cookie of this daemon start.
-    pub fn cookie_valid(&self, cookie_header: &str) -> bool {
-        cookie_header
-            .split(';')
-            .filter_map(|pair| pair.trim().split_once('='))
-            .filter(|(name, _)| *name == self.cookie_name)
-            .any(|(_, value)| self.value_valid(value))
+    /// Whether a `Sec-WebSocket-Protocol` header offers a login credential of this daemon
+    /// start.
+    pub fn credential_offered(&self, protocols: &str) -> bool {
+        protocols
+            .split(',')
+            .filter_map(|p| p.trim().strip_prefix(CREDENTIAL_PROTOCOL))
+            .any(|value| self.credential_valid(value))
     }
 
-    fn value_valid(&self, value: &str) -> bool {
+    fn credential_valid(&self, value: &str) -> bool {
         let Some((nonce, mac)) = value.split_once('.') else {
             return false;
         };
@@ -160,10 +162,11 @@ impl BrowserAuth {
         self.mac_state(nonce).verify_slice(&mac).is_ok()
     }
 
-    /// Whether an upgrade with `origin` and `cookie` (the request's headers) is a logged-in
-    /// dashboard: the origin is exactly ours and the cookie is valid.
-    pub fn admits(&self, origin: &str, cookie: Option<&str>) -> bool {
-        origin == self.origin && cookie.is_some_and(|c| self.cookie_valid(c))
+    /// Whether an upgrade with `origin` and `protocols` (the request's `Origin` and
+    /// `Sec-WebSocket-Protocol`) is a logged-in dashboard: the origin is exactly ours and a
+    /// valid credential is offered.
+    pub fn admits(&self, origin: &str, protocols: Option<&str>) -> bool {
+        origin == self.origin && protocols.is_some_and(|p| self.credential_offered(p))
     }
 }
 
@@ -175,48 +178,44 @@ mod tests {
         BrowserAuth::new("http://127.0.0.1:4242".into(), LOGIN_CODE_TTL).unwrap()
     }
 
-    /// `name=value` of a `Set-Cookie` line.
-    fn pair(set_cookie: &str) -> &str {
-        set_cookie.split(';').next().unwrap()
+    /// The `Sec-WebSocket-Protocol` header the dashboard sends with `credential`.
+    fn offered(credential: &Secret) -> String {
+        format!("{PROTOCOL}, {CREDENTIAL_PROTOCOL}{}", credential.expose())
     }
 
     #[test]
-    fn a_code_logs_in_once_and_the_cookie_is_strict_and_http_only() {
+    fn a_code_logs_in_once() {
         let a = auth();
         let code = a.issue_code().unwrap();
         assert_eq!(
             a.login_url(&code).expose(),
             format!("http://127.0.0.1:4242/ui/login?code={}", code.expose())
         );
-        let cookie = a.redeem(code.expose()).unwrap();
-        assert!(cookie.starts_with("drover_ui_4242="), "{cookie}");
-        assert!(cookie.contains("; HttpOnly"), "{cookie}");
-        assert!(cookie.contains("; SameSite=Strict"), "{cookie}");
-        assert!(!cookie.contains("Secure"), "{cookie}");
+        let credential = a.redeem(code.expose()).unwrap();
         assert_eq!(a.redeem(code.expose()), Err(LoginRefusal::Unknown));
-        assert!(a.admits("http://127.0.0.1:4242", Some(pair(&cookie))));
+        assert!(a.admits("http://127.0.0.1:4242", Some(&offered(&credential))));
         assert!(a.admits(
             "http://127.0.0.1:4242",
-            Some(&format!("other=1; {}", pair(&cookie)))
+            Some(&format!("x, {}", offered(&credential)))
         ));
     }
 
     #[test]
-    fn another_origin_a_forged_cookie_or_another_start_is_refused() {
+    fn another_origin_a_forged_credential_or_another_start_is_refused() {
         let a = auth();
-        let cookie = a.redeem(a.issue_code().unwrap().expose()).unwrap();
-        let cookie = pair(&cookie);
-        assert!(!a.admits("http://localhost:4242", Some(cookie)));
-        assert!(!a.admits("http://127.0.0.1:4243", Some(cookie)));
-        assert!(!a.admits("null", Some(cookie)));
+        let credential = a.redeem(a.issue_code().unwrap().expose()).unwrap();
+        let header = offered(&credential);
+        assert!(!a.admits("http://localhost:4242", Some(&header)));
+        assert!(!a.admits("http://127.0.0.1:4243", Some(&header)));
+        assert!(!a.admits("null", Some(&header)));
         assert!(!a.admits("http://127.0.0.1:4242", None));
-        let (name, value) = cookie.split_once('=').unwrap();
-        let (nonce, _) = value.split_once('.').unwrap();
-        let forged = format!("{name}={nonce}.{}", "00".repeat(32));
+        assert!(!a.admits("http://127.0.0.1:4242", Some(PROTOCOL)));
+        let (nonce, _) = credential.expose().split_once('.').unwrap();
+        let forged = format!("{CREDENTIAL_PROTOCOL}{nonce}.{}", "00".repeat(32));
         assert!(!a.admits("http://127.0.0.1:4242", Some(&forged)));
-        // A restart draws a new key: the old cookie is worthless.
+        // A restart draws a new key: the old credential is worthless.
         let restarted = auth();
-        assert!(!restarted.admits("http://127.0.0.1:4242", Some(cookie)));
+        assert!(!restarted.admits("http://127.0.0.1:4242", Some(&header)));
         assert_eq!(restarted.redeem("0123"), Err(LoginRefusal::Unknown));
     }
 
@@ -243,12 +242,5 @@ mod tests {
         }
         assert_eq!(a.codes.lock().unwrap().len(), MAX_OPEN_CODES);
         assert_eq!(a.redeem(first.expose()), Err(LoginRefusal::Unknown));
-    }
-
-    #[test]
-    fn tls_cookies_are_secure() {
-        let a = BrowserAuth::new("https://127.0.0.1:4242".into(), LOGIN_CODE_TTL).unwrap();
-        let cookie = a.redeem(a.issue_code().unwrap().expose()).unwrap();
-        assert!(cookie.ends_with("; Secure"), "{cookie}");
     }
 }

@@ -1,5 +1,5 @@
 //! The web dashboard (issue 16): `/ui`, static files embedded in the binary, and
-//! `/ui/login`, which spends a one-time code for the login cookie ([`crate::browser`]).
+//! `/ui/login`, which spends a one-time code for a login credential ([`crate::browser`]).
 //!
 //! The page is a plain ES module that speaks the same JSON-RPC over `/v1/ws` as every other
 //! client: nothing here reads the ledger or a registry. Every response forbids framing (an
@@ -107,25 +107,25 @@ async fn asset(
     file(&owner, &path)
 }
 
-/// `GET /ui/login?code=<code>`: a good code becomes the login cookie and a redirect to the
-/// dashboard; a used, expired or unknown one gets a page saying to run `drover ui` again.
+/// `GET /ui/login?code=<code>`: a good code becomes a login credential, handed to the
+/// dashboard in the fragment of the redirect to it; a used, expired or unknown one gets a page saying to run `drover ui` again.
 async fn login(
     State(owner): State<Arc<Owner>>,
     Query(query): Query<HashMap<String, String>>,
 ) -> Response {
     let code = query.get("code").map(String::as_str).unwrap_or_default();
     match owner.browser.redeem(code) {
-        Ok(cookie) => {
+        Ok(credential) => {
             let mut response = guarded(
                 &owner,
                 StatusCode::SEE_OTHER,
                 "text/plain; charset=utf-8",
                 "logged in\n".into(),
             );
-            let headers = response.headers_mut();
-            headers.insert(header::LOCATION, HeaderValue::from_static("/ui/"));
-            if let Ok(v) = HeaderValue::from_str(&cookie) {
-                headers.insert(header::SET_COOKIE, v);
+            // In the fragment: the browser keeps it, no server (nor a log) ever sees it.
+            let location = format!("/ui/#/login/{}", credential.expose());
+            if let Ok(v) = HeaderValue::from_str(&location) {
+                response.headers_mut().insert(header::LOCATION, v);
             }
             tracing::info!("dashboard login: a browser spent a login code");
             response

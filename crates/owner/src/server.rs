@@ -3,9 +3,9 @@
 //!
 //! An upgrade without an `Origin` header requires `Authorization: Bearer <token>` (401
 //! otherwise, compared in constant time). An upgrade with an `Origin` is a browser's: it is
-//! refused (403) unless the origin is exactly the daemon's own and the request carries the
-//! dashboard's login cookie of this daemon start (401 when the cookie is missing or stale;
-//! [`crate::browser`]). Each text frame is one JSON-RPC message.
+//! refused (403) unless the origin is exactly the daemon's own and the request offers the
+//! dashboard's login credential of this daemon start as a subprotocol (401 when it is missing
+//! or stale; [`crate::browser`]). Each text frame is one JSON-RPC message.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -90,13 +90,13 @@ async fn ws_upgrade(
             if origin.as_bytes() != state.owner.browser.origin().as_bytes() {
                 return (StatusCode::FORBIDDEN, "browser origins are refused\n").into_response();
             }
-            let cookie = headers
-                .get(axum::http::header::COOKIE)
-                .and_then(|c| c.to_str().ok());
+            let protocols = headers
+                .get(axum::http::header::SEC_WEBSOCKET_PROTOCOL)
+                .and_then(|p| p.to_str().ok());
             if !state
                 .owner
                 .browser
-                .admits(state.owner.browser.origin(), cookie)
+                .admits(state.owner.browser.origin(), protocols)
             {
                 return (
                     StatusCode::UNAUTHORIZED,
@@ -112,6 +112,11 @@ async fn ws_upgrade(
             }
             Credential::Bearer
         }
+    };
+    // The dashboard offers its credential as a subprotocol; it must get one chosen back.
+    let ws = match credential {
+        Credential::Browser => ws.protocols([crate::browser::PROTOCOL]),
+        Credential::Bearer => ws,
     };
     ws.max_message_size(MAX_CLIENT_MESSAGE_BYTES)
         .max_frame_size(MAX_CLIENT_MESSAGE_BYTES)

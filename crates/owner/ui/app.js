@@ -1,5 +1,6 @@
 // drover's web dashboard (issue 16). A plain ES module: it speaks the same JSON-RPC 2.0 over
-// `/v1/ws` as every other client (docs/protocol.md), logged in by the cookie `/ui/login` set.
+// `/v1/ws` as every other client (docs/protocol.md), logged in by the credential `/ui/login`
+// hands over in the URL's fragment (kept in this origin's storage, offered as a subprotocol).
 // Views: sessions, one session, jobs, one job, background processes, MCP servers.
 
 import { escapeHtml, renderMarkdown } from "./markdown.js";
@@ -96,10 +97,16 @@ class Connection {
     return `${location.origin.replace(/^http/, "ws")}/v1/ws`;
   }
 
+  // The login credential rides as a subprotocol: a browser's WebSocket can set no header.
+  protocols() {
+    const credential = localStorage.getItem(LOGIN_KEY);
+    return credential ? ["drover.v1", `drover-auth.${credential}`] : ["drover.v1"];
+  }
+
   open() {
     if (this.held) return;
     setConn("connecting");
-    const ws = new WebSocket(this.url());
+    const ws = new WebSocket(this.url(), this.protocols());
     this.ws = ws;
     let opened = false;
     ws.onopen = () => {
@@ -199,7 +206,7 @@ async function learnDaemon() {
   }
 }
 
-// An upgrade that never opened: the daemon is down, restarted (its cookies died with the old
+// An upgrade that never opened: the daemon is down, restarted (its logins died with the old
 // start), or this browser is not logged in. /healthz (no login) tells which.
 async function explainRefusal() {
   let health = null;
@@ -1026,6 +1033,22 @@ class McpView extends PolledView {
 
 let current = null;
 
+// Where this origin keeps its login credential. Origin storage, unlike a cookie, is per port:
+// no other server on this host ever receives it.
+const LOGIN_KEY = "drover_login";
+
+// `#/login/<credential>` (the redirect of a login link): keep the credential, take it out of
+// the address bar and the history, and show the sessions. Gives whether there was one.
+function takeLogin() {
+  const prefix = "#/login/";
+  if (!location.hash.startsWith(prefix)) return false;
+  localStorage.setItem(LOGIN_KEY, decodeURIComponent(location.hash.slice(prefix.length)));
+  history.replaceState(null, "", "/ui/#/sessions");
+  route();
+  if (rpc.ws) rpc.ws.close();
+  return true;
+}
+
 function route() {
   const [, name, arg] = (location.hash || "#/sessions").split("/");
   if (current) current.dispose();
@@ -1068,7 +1091,7 @@ rpc.onOpen = async () => {
   }
 };
 rpc.onRefused = () => explainRefusal();
-window.addEventListener("hashchange", route);
+window.addEventListener("hashchange", () => takeLogin() || route());
 
 // For tests and debugging: drop the connection and come back (the reconnect path).
 window.droverDashboard = {
@@ -1077,5 +1100,5 @@ window.droverDashboard = {
   escapeHtml,
 };
 
-route();
+if (!takeLogin()) route();
 rpc.open();
