@@ -328,7 +328,7 @@ impl Events for ClientEvents {
 const CHAT_RECONNECT_FOR: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// The tool whose calls run child agents (SPEC section 6).
-const DELEGATE_TASK: &str = "delegate_task";
+pub(crate) const DELEGATE_TASK: &str = "delegate_task";
 
 /// Forwards the session's updates, and follows child sessions once a `delegate_task` of the
 /// running turn has started (`delegating`: one had when the session was opened), until the
@@ -411,7 +411,7 @@ async fn pump(
 /// the parent's live execution, which is its running turn's. (Which children existed when the
 /// client saw the `delegate_task` start says nothing: the owner makes the child's session in
 /// the same moment, often before the client has listed anything.)
-fn running_children(all: Vec<SessionSummary>, parent: &str) -> Vec<String> {
+pub(crate) fn running_children(all: Vec<SessionSummary>, parent: &str) -> Vec<String> {
     all.into_iter()
         .filter(|s| s.parent_session_id.as_deref() == Some(parent) && s.ended_at.is_none())
         .map(|s| s.session_id)

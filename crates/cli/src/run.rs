@@ -4,8 +4,11 @@
 //! across a daemon that dies and is started again.
 
 use crate::display::printable;
+use std::collections::HashSet;
 use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -17,6 +20,7 @@ use drover_protocol::client::{
 };
 use drover_protocol::event::{EventPayload, PromptSettlement, SessionEvent, TurnEnd, TurnPhase};
 use drover_protocol::words::AdmissionOutcome;
+use tokio::sync::mpsc;
 
 use crate::commands::connect;
 use crate::spinner::Spinner;
@@ -90,10 +94,15 @@ pub async fn run(home: PathBuf, args: RunArgs) -> Result<Exit> {
         mine: false,
         interrupts: 0,
         awaiting_approval: false,
+        children: None,
         flags: Flags::from(&args),
         out,
     };
-    turn.follow(&mut stream, &mut sigint).await
+    let end = turn.follow(&mut stream, &mut sigint).await;
+    if let Some(children) = turn.children.take() {
+        children.on.store(false, Ordering::Relaxed);
+    }
+    end
 }
 
 /// A new session needs a model name: without `--model` or `[model] name`, say so before a
@@ -367,8 +376,93 @@ struct Turn<'a> {
     interrupts: u32,
     /// An approval prompt of ours is open: its held `tool.start` line waits for the answer.
     awaiting_approval: bool,
+    /// The prompts of child agents, once a `delegate_task` of ours started.
+    children: Option<ChildPrompts>,
     flags: Flags,
     out: Output,
+}
+
+/// The open prompts of a turn's child agents, followed since its first `delegate_task`: each
+/// is answered here like the turn's own (or left, exit 5, naming the child's session).
+struct ChildPrompts {
+    /// Cleared when the turn ends: the watcher stops.
+    on: Arc<AtomicBool>,
+    prompts: mpsc::UnboundedReceiver<(String, OpenPrompt)>,
+}
+
+impl ChildPrompts {
+    fn start(client: &Client, parent: &str) -> ChildPrompts {
+        let on = Arc::new(AtomicBool::new(true));
+        let (tx, prompts) = mpsc::unbounded_channel();
+        tokio::spawn(watch_child_prompts(
+            client.clone(),
+            parent.to_string(),
+            on.clone(),
+            tx,
+        ));
+        ChildPrompts { on, prompts }
+    }
+}
+
+/// The next child prompt; never, before a `delegate_task` started.
+async fn next_child_prompt(children: &mut Option<ChildPrompts>) -> Option<(String, OpenPrompt)> {
+    match children {
+        Some(children) => children.prompts.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Polls for the child sessions of `parent`'s running turn while `on`; attaches to each once
+/// and sends its open prompts (those open at the attach, then new ones) with its session id.
+async fn watch_child_prompts(
+    client: Client,
+    parent: String,
+    on: Arc<AtomicBool>,
+    tx: mpsc::UnboundedSender<(String, OpenPrompt)>,
+) {
+    let mut seen: HashSet<String> = HashSet::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(300));
+    while on.load(Ordering::Relaxed) && !tx.is_closed() {
+        tick.tick().await;
+        let Ok(all) = client.all_sessions().await else {
+            continue;
+        };
+        for child in crate::chat::running_children(all, &parent) {
+            if seen.contains(&child) {
+                continue;
+            }
+            // Not reached this time: tried again on the next tick.
+            let Ok(mut stream) = client.attach(&child).await else {
+                continue;
+            };
+            seen.insert(child.clone());
+            for prompt in stream.snapshot().prompts.clone() {
+                let _ = tx.send((child.clone(), prompt));
+            }
+            let (tx, on) = (tx.clone(), on.clone());
+            tokio::spawn(async move {
+                while let Some(Ok(update)) = stream.next().await {
+                    if let Update::Event(event) = update {
+                        let gone = match event.event {
+                            EventPayload::ApprovalRequest(prompt)
+                            | EventPayload::ClarifyRequest(prompt) => {
+                                tx.send((child.clone(), prompt)).is_err()
+                            }
+                            // A child session runs one turn.
+                            EventPayload::TurnSettled(_) => true,
+                            _ => false,
+                        };
+                        if gone {
+                            break;
+                        }
+                    }
+                    if !on.load(Ordering::Relaxed) {
+                        break;
+                    }
+                }
+            });
+        }
+    }
 }
 
 impl Turn<'_> {
@@ -400,6 +494,18 @@ impl Turn<'_> {
                 _ = sigint.recv() => {
                     if let Some(code) = self.ctrl_c().await? {
                         return Ok(code);
+                    }
+                    continue;
+                }
+                Some((child, prompt)) = next_child_prompt(&mut self.children) => {
+                    self.out.flush_tool();
+                    self.out.note(&format!("drover: child agent {child} asks:"));
+                    let answered =
+                        answer_prompt(self.client, &child, &prompt, &self.flags, &mut self.out)
+                            .await?;
+                    match answered {
+                        Answered::Sent => self.out.spinner.wait("the child agent"),
+                        Answered::Left(code) => return Ok(code),
                     }
                     continue;
                 }
@@ -550,6 +656,9 @@ impl Turn<'_> {
                 TurnPhase::PromptWait => self.out.spinner.wait("an answer"),
             },
             EventPayload::ToolStart(p) if self.mine => {
+                if p.name == crate::chat::DELEGATE_TASK && self.children.is_none() {
+                    self.children = Some(ChildPrompts::start(self.client, &self.session_id));
+                }
                 self.out.flush_tool();
                 self.out.end_text();
                 self.out

@@ -805,7 +805,10 @@ async fn drover_ui_on_a_fresh_home_starts_the_daemon_and_prints_a_working_link()
     assert!(first.starts_with("HTTP/1.1 303"), "{first}");
     // The credential travels in the fragment, and no cookie is set.
     assert!(first.contains("location: /ui/#/login/"), "{first}");
-    assert!(!first.to_ascii_lowercase().contains("set-cookie"), "{first}");
+    assert!(
+        !first.to_ascii_lowercase().contains("set-cookie"),
+        "{first}"
+    );
     let again = login(&link);
     assert!(again.starts_with("HTTP/1.1 403"), "{again}");
 }

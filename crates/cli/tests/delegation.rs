@@ -345,3 +345,55 @@ async fn a_restarted_owner_closes_the_child_of_a_lost_turn() {
     let mut daemon = daemon;
     daemon.stop().await.unwrap();
 }
+
+/// `drover run` follows its turn's child agents: a child's approval prompt is answered by
+/// `--approve`, or, with no flag and no terminal, left open with exit 5 naming the child's
+/// session. It used to wait forever, showing only `[delegate_task]`.
+#[tokio::test]
+async fn drover_run_answers_or_leaves_a_child_agents_approval_prompt() {
+    use drover_test_support::harness::{run_drover, KillDaemonOnDrop, TestHome};
+    let model = drover_test_support::MockModel::start().await;
+    let home = TestHome::new().unwrap();
+    home.write_model_config(
+        &model.base_url(),
+        true,
+        "[toolsets]\ndefault = [\"terminal\", \"delegation\"]\n",
+    )
+    .unwrap();
+    let _stop = KillDaemonOnDrop(home.path());
+    let victim = home.work().join("victim");
+    std::fs::create_dir_all(victim.join("sub")).unwrap();
+    let rm = format!("rm -rf {}", victim.display());
+    model.set_responder(move |request: &Value| {
+        if is_child(request) {
+            if last_message(request)["role"] == "tool" {
+                return Reply::text("child done");
+            }
+            return Reply::tool_call("call_rm", "terminal", json!({"command": rm}));
+        }
+        route(Reply::text("unused"))(request)
+    });
+    let stderr = |out: &std::process::Output| String::from_utf8_lossy(&out.stderr).to_string();
+
+    let out = run_drover(
+        bin(),
+        home.path(),
+        Some(home.work()),
+        &["run", "--approve", "deny", "please delegate"],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stderr(&out).contains("child agent"), "{}", stderr(&out));
+    assert!(victim.exists(), "the denied rm ran");
+
+    let out = run_drover(
+        bin(),
+        home.path(),
+        Some(home.work()),
+        &["run", "please delegate"],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
+    assert!(stderr(&out).contains("drover answer "), "{}", stderr(&out));
+    assert!(victim.exists(), "the rm ran unasked");
+}
