@@ -812,3 +812,34 @@ async fn drover_ui_on_a_fresh_home_starts_the_daemon_and_prints_a_working_link()
     let again = login(&link);
     assert!(again.starts_with("HTTP/1.1 403"), "{again}");
 }
+
+/// The session list pages through `session.list`: a session past its first 200 rows (an old
+/// one waiting for an approval, say) is still listed.
+#[tokio::test]
+async fn the_session_list_shows_sessions_past_the_first_page() {
+    let model = MockModel::start().await;
+    let home = TestHome::new().unwrap();
+    home.write_model_config(&model.base_url(), true, "")
+        .unwrap();
+    let daemon = Daemon::start(bin(), home.path()).await.unwrap();
+    let mut c = daemon.client().await.unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let create =
+        |title: String| json!({"request_id": title, "cwd": scratch.path(), "title": title});
+    c.call_ok("session.create", create("the oldest one".into()))
+        .await
+        .unwrap();
+    for i in 0..205 {
+        c.call_ok("session.create", create(format!("newer {i}")))
+            .await
+            .unwrap();
+    }
+    let browser = Browser::start().await;
+    browser.goto(&login_link(home.path()).await).await;
+    browser.wait_conn("connected").await;
+    let listed = browser
+        .wait_text("#sessions", |t| t.contains("the oldest one"))
+        .await;
+    assert!(listed.contains("newer 204"), "{listed}");
+    browser.quit().await;
+}

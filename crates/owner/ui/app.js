@@ -295,6 +295,20 @@ function table(headings, body) {
   return h("table", {}, h("thead", {}, h("tr", {}, headings.map((t) => h("th", {}, t)))), body);
 }
 
+// Every session of the home, newest first: `session.list` page after page (a session waiting
+// for an answer may be far down the list). At most 20,000, so a page never polls forever.
+async function allSessions() {
+  const sessions = [];
+  let cursor = null;
+  do {
+    const params = cursor ? { limit: 200, cursor } : { limit: 200 };
+    const page = await rpc.call("session.list", params);
+    sessions.push(...page.sessions);
+    cursor = page.next_cursor;
+  } while (cursor && sessions.length < 20000);
+  return sessions;
+}
+
 class SessionsView extends PolledView {
   constructor() {
     super(2000);
@@ -308,7 +322,7 @@ class SessionsView extends PolledView {
   }
 
   async refresh() {
-    const page = await rpc.call("session.list", { limit: 200 });
+    const page = { sessions: await allSessions() };
     this.table.replaceChildren();
     if (!page.sessions.length) {
       this.table.append(
