@@ -732,48 +732,75 @@ async fn when_the_runner_dies_mid_job_submit_exits_2_with_deadline_timeout() {
     assert_eq!(mirrored.first().map(|e| e.1.as_str()), Some("started"));
 }
 
+/// A job command whose `sh` (the group leader) dies with its runner while the background
+/// `sleep` it started lives on, and the file where each run appends that `sleep`'s pid.
+fn leader_and_child(net: &Net) -> (PathBuf, String) {
+    let pidfile = net.path().join("bg.pids");
+    let exec = format!("sleep 60 & echo $! >> {}; wait", pidfile.display());
+    (pidfile, exec)
+}
+
+/// The pids [`leader_and_child`]'s runs wrote, in order.
+fn child_pids(pidfile: &Path) -> Vec<i32> {
+    std::fs::read_to_string(pidfile)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// A contract whose idle window (20 s) outlasts the test: only the runner ends the job.
+const LONG_IDLE: &[&str] = &[
+    "--heartbeat",
+    "1",
+    "--heartbeat-misses",
+    "20",
+    "--ack-timeout",
+    "10",
+];
+
+/// Waits (at most 15 s) until `job`'s command started on `runner` of `remote`: its child's
+/// pid is written and its `started` recorded.
+async fn wait_started(remote: &Host, runner: &Runner, job: &str, pidfile: &Path) {
+    runner
+        .wait_for(&format!("dispatch {job} attempt 1: admitted"), 1)
+        .await;
+    let started = wait::until(Duration::from_secs(15), async || {
+        child_pids(pidfile).len() == 1
+            && wire_events(&remote.events(job).await)
+                .iter()
+                .any(|e| e.1 == "started")
+    })
+    .await;
+    assert!(started, "the command never started:\n{}", runner.stderr());
+}
+
+/// `submit`'s output, within 60 s.
+async fn within_a_minute(
+    submit: impl std::future::Future<Output = std::io::Result<Output>>,
+) -> Output {
+    tokio::time::timeout(Duration::from_secs(60), submit)
+        .await
+        .unwrap()
+        .unwrap()
+}
+
 #[tokio::test]
 async fn a_runner_started_after_one_was_killed_mid_job_ends_the_lost_attempt_and_never_reruns_it() {
     let net = Net::start();
     let orchestrator = net.host("orch");
     let remote = net.host("remote");
-    // One line per run of the command: it must run once. Its `sh` dies with its runner, the
-    // background `sleep` it started does not.
-    let pidfile = net.path().join("cmd.pids");
-    let exec = format!("sleep 60 & echo $! >> {}; wait", pidfile.display());
-    let read_pids = || -> Vec<i32> {
-        std::fs::read_to_string(&pidfile)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.trim().parse().ok())
-            .collect()
-    };
+    // One line per run of the command: it must run once.
+    let (pidfile, exec) = leader_and_child(&net);
     let mut first = remote.runner("r9", &exec, &[]).await;
-    // The idle window (20 s) is longer than the test: only the new runner's error ends it.
-    let contract = [
-        "--heartbeat",
-        "1",
-        "--heartbeat-misses",
-        "20",
-        "--ack-timeout",
-        "10",
-    ];
     let submit = orchestrator
-        .job_command(&submit_args("remote:r9", "p", "lj", &contract))
+        .job_command(&submit_args("remote:r9", "p", "lj", LONG_IDLE))
         .output();
     let restart = async {
-        first.wait_for("dispatch lj attempt 1: admitted", 1).await;
-        let started = wait::until(Duration::from_secs(15), async || {
-            read_pids().len() == 1
-                && wire_events(&remote.events("lj").await)
-                    .iter()
-                    .any(|e| e.1 == "started")
-        })
-        .await;
-        assert!(started, "the command never started:\n{}", first.stderr());
+        wait_started(&remote, &first, "lj", &pidfile).await;
         first.child.start_kill().unwrap();
         let _ = first.child.wait().await;
-        let pid = read_pids()[0];
+        let pid = child_pids(&pidfile)[0];
         assert!(!is_dead(pid), "the command's child died with its runner");
         let mut second = remote.runner("r9", &exec, &[]).await;
         second
@@ -792,19 +819,11 @@ async fn a_runner_started_after_one_was_killed_mid_job_ends_the_lost_attempt_and
         let _ = second.child.wait().await;
         second.stderr()
     };
-    let (out, second_stderr) = tokio::join!(
-        async {
-            tokio::time::timeout(Duration::from_secs(60), submit)
-                .await
-                .unwrap()
-                .unwrap()
-        },
-        restart
-    );
+    let (out, second_stderr) = tokio::join!(within_a_minute(submit), restart);
     let v = outcome(&out, 1);
     assert_eq!(v["outcome"], "error", "{v}\n{second_stderr}");
     assert_eq!(v["job"]["detail"], "runner_lost");
-    assert_eq!(read_pids().len(), 1, "the command ran again");
+    assert_eq!(child_pids(&pidfile).len(), 1, "the command ran again");
     let remote_job = remote.show("lj").await;
     assert_eq!(remote_job["status"], "error", "{remote_job}");
     let spawned = remote
@@ -821,8 +840,7 @@ async fn sigterm_stops_the_runner_and_its_job_which_ends_with_error_runner_stopp
     let net = Net::start();
     let orchestrator = net.host("orch");
     let remote = net.host("remote");
-    let pidfile = net.path().join("bg.pids");
-    let exec = format!("sleep 60 & echo $! >> {}; wait", pidfile.display());
+    let (pidfile, exec) = leader_and_child(&net);
     // Between jobs: SIGTERM ends the runner at once, exit 0.
     let mut idle = remote.runner("r10", &exec, &[]).await;
     let pid = |r: &Runner| nix::unistd::Pid::from_raw(r.child.id().unwrap() as i32);
@@ -831,40 +849,16 @@ async fn sigterm_stops_the_runner_and_its_job_which_ends_with_error_runner_stopp
     idle.wait_for("stopped", 1).await;
 
     let mut runner = remote.runner("r10", &exec, &[]).await;
-    let contract = [
-        "--heartbeat",
-        "1",
-        "--heartbeat-misses",
-        "20",
-        "--ack-timeout",
-        "10",
-    ];
     let submit = orchestrator
-        .job_command(&submit_args("remote:r10", "p", "sj", &contract))
+        .job_command(&submit_args("remote:r10", "p", "sj", LONG_IDLE))
         .output();
     let stop = async {
-        runner.wait_for("dispatch sj attempt 1: admitted", 1).await;
-        let started = wait::until(Duration::from_secs(15), async || {
-            std::fs::read_to_string(&pidfile).is_ok_and(|p| !p.trim().is_empty())
-                && wire_events(&remote.events("sj").await)
-                    .iter()
-                    .any(|e| e.1 == "started")
-        })
-        .await;
-        assert!(started, "the command never started:\n{}", runner.stderr());
+        wait_started(&remote, &runner, "sj", &pidfile).await;
         nix::sys::signal::kill(pid(&runner), nix::sys::signal::Signal::SIGTERM).unwrap();
         let code = runner.exit_code(Duration::from_secs(15)).await;
         (code, runner.stderr())
     };
-    let (out, (code, stderr)) = tokio::join!(
-        async {
-            tokio::time::timeout(Duration::from_secs(60), submit)
-                .await
-                .unwrap()
-                .unwrap()
-        },
-        stop
-    );
+    let (out, (code, stderr)) = tokio::join!(within_a_minute(submit), stop);
     assert_eq!(code, Some(1), "{stderr}");
     assert!(
         stderr.contains("job sj attempt 1: error runner_stopped"),
@@ -872,11 +866,7 @@ async fn sigterm_stops_the_runner_and_its_job_which_ends_with_error_runner_stopp
     );
     let v = outcome(&out, 1);
     assert_eq!(v["job"]["detail"], "runner_stopped", "{v}");
-    let bg: i32 = std::fs::read_to_string(&pidfile)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let bg = child_pids(&pidfile)[0];
     assert!(is_dead(bg), "the job's command {bg} outlived its runner");
     assert_eq!(remote.show("sj").await["status"], "error");
 }
@@ -886,8 +876,7 @@ async fn a_job_its_orchestrator_gave_up_on_is_stopped_on_the_runner() {
     let net = Net::start();
     let orchestrator = net.host("orch");
     let remote = net.host("remote");
-    let pidfile = net.path().join("bg.pids");
-    let exec = format!("sleep 60 & echo $! >> {}; wait", pidfile.display());
+    let (pidfile, exec) = leader_and_child(&net);
     let mut runner = remote.runner("r11", &exec, &[]).await;
     let contract = ["--heartbeat", "1", "--ack-timeout", "10", "--timeout", "3"];
     let out = orchestrator
@@ -898,11 +887,7 @@ async fn a_job_its_orchestrator_gave_up_on_is_stopped_on_the_runner() {
     runner
         .wait_for("job gj attempt 1: error ended elsewhere (error)", 1)
         .await;
-    let bg: i32 = std::fs::read_to_string(&pidfile)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let bg = child_pids(&pidfile)[0];
     let gone = wait::until(Duration::from_secs(10), async || is_dead(bg)).await;
     assert!(gone, "the job's command {bg} runs on:\n{}", runner.stderr());
     let job = remote.show("gj").await;
