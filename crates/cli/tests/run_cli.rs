@@ -254,3 +254,43 @@ async fn a_run_without_a_model_starts_no_daemon() {
     );
     assert!(daemon_pid(home.path()).is_some());
 }
+
+/// The README's demo model (`drover-mock-model`) runs the command after `run:`, so approvals
+/// can be tried without a real model: a denied `rm -rf` does not run, an approved one does.
+#[tokio::test]
+async fn the_demo_model_runs_the_command_after_run_so_approvals_can_be_tried() {
+    use tokio::io::AsyncBufReadExt;
+    let home = TestHome::new().unwrap();
+    let _stop = KillDaemonOnDrop(home.path());
+    let mut demo = tokio::process::Command::new(drover_test_support::mock_model_bin())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(demo.stdout.take().unwrap()).lines();
+    let url = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+        .await
+        .expect("the demo model printed no URL")
+        .unwrap()
+        .unwrap();
+    let victim = home.work().join("victim");
+    std::fs::create_dir_all(victim.join("sub")).unwrap();
+    let prompt = format!("run: rm -rf {}", victim.display());
+    for (choice, survives) in [("deny", true), ("once", false)] {
+        let args = [
+            "run",
+            "--base-url",
+            &url,
+            "--model",
+            "demo",
+            "--approve",
+            choice,
+            &prompt,
+        ];
+        let out = run_drover(bin(), home.path(), Some(home.work()), &args).await;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{choice}: {stderr}");
+        assert_eq!(victim.exists(), survives, "{choice}: {stderr}");
+    }
+    demo.kill().await.unwrap();
+}

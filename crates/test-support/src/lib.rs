@@ -37,7 +37,7 @@ pub mod mock_model;
 pub mod tmux;
 pub mod wait;
 
-pub use mcp_echo::{mcp_echo_bin, worker_relay_bin};
+pub use mcp_echo::{mcp_echo_bin, mock_model_bin, worker_relay_bin};
 pub use mock_model::{Gate, MockModel, Reply};
 
 /// The count in variable `name` (a benchmark's size), `default` when it is not set. Panics,

@@ -15,6 +15,15 @@ pub fn mcp_echo_bin() -> PathBuf {
     BIN.get_or_init(|| fixture_bin("drover-mcp-echo")).clone()
 }
 
+/// The path of the `drover-mock-model` binary (the README's demo model). See [`fixture_bin`].
+///
+/// # Panics
+/// When the binary is missing and cannot be built.
+pub fn mock_model_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| fixture_bin("drover-mock-model")).clone()
+}
+
 /// The path of the `drover-worker-relay` binary. See [`fixture_bin`].
 ///
 /// # Panics

@@ -2,8 +2,10 @@
 //! trying drover without a real endpoint.
 //!
 //! It prints its base URL on stdout, then answers forever: a request whose last message is from
-//! the user gets a `terminal` tool call running `uname -sr`; a request whose last message is a
-//! tool result gets a text answer quoting that result. Stop it with SIGTERM or Ctrl-C.
+//! the user gets a `terminal` tool call running `uname -sr`, or the command after `run:` when
+//! the message starts with it (`run: rm -rf /tmp/x`, to try approvals); a request whose last
+//! message is a tool result gets a text answer quoting that result. Stop it with SIGTERM or
+//! Ctrl-C.
 
 use drover_test_support::{MockModel, Reply};
 use serde_json::{json, Value};
@@ -26,11 +28,13 @@ async fn main() {
             Reply::text(format!("The command printed: {}", output.trim()))
         } else {
             let n = req["messages"].as_array().map(Vec::len).unwrap_or(0);
-            Reply::tool_call(
-                format!("call_{n}"),
-                "terminal",
-                json!({"command": "uname -sr"}),
-            )
+            let asked = last["content"].as_str().unwrap_or_default().trim();
+            let command = asked
+                .strip_prefix("run:")
+                .map(str::trim)
+                .filter(|c| !c.is_empty())
+                .unwrap_or("uname -sr");
+            Reply::tool_call(format!("call_{n}"), "terminal", json!({"command": command}))
         }
     });
     println!("{}", model.base_url());
