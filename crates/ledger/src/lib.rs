@@ -431,8 +431,11 @@ mod tests {
                     AND status <> 'running' ORDER BY started_at DESC, rowid DESC LIMIT ?2))
              ORDER BY started_at, rowid",
             "SELECT m.id FROM messages m
-             LEFT JOIN session_admissions a ON a.admission_id = m.admission_id
-             WHERE m.session_id = ?1 AND m.id > ?2 AND a.unknown_at IS NULL ORDER BY m.id",
+             WHERE m.session_id = ?1 AND m.id > ?2
+               AND (m.admission_id IS NULL OR m.admission_id NOT IN (
+                    SELECT admission_id FROM session_admissions
+                    WHERE target_session_id = ?1 AND unknown_at IS NOT NULL))
+             ORDER BY m.id",
             "SELECT COALESCE((SELECT MAX(seq) FROM session_events WHERE session_id = ?1), 0) + 1,
                     replay_epoch FROM sessions WHERE id = ?1",
         ];

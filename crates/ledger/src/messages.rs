@@ -55,11 +55,17 @@ pub(crate) fn history_in(
 ) -> Result<History, LedgerError> {
     let compaction = crate::compactions::latest_in(tx, session_id)?;
     let after = compaction.as_ref().map_or(0, |c| c.through_message_id);
+    // A message's admission is one of its own session's (a turn's execution, or a child's
+    // reservation, appends to the session its admission targets), so the session's lost
+    // admissions are found once through `admissions_unknown` (usually none) instead of by a
+    // lookup per message (issue 15: a long session's bootstrap read every admission again).
     let mut stmt = tx.prepare_cached(
         "SELECT m.id, m.role, m.content, m.tool_call_id, m.tool_calls, m.tool_name
          FROM messages m
-         LEFT JOIN session_admissions a ON a.admission_id = m.admission_id
-         WHERE m.session_id = ?1 AND m.id > ?2 AND a.unknown_at IS NULL
+         WHERE m.session_id = ?1 AND m.id > ?2
+           AND (m.admission_id IS NULL OR m.admission_id NOT IN (
+                SELECT admission_id FROM session_admissions
+                WHERE target_session_id = ?1 AND unknown_at IS NOT NULL))
          ORDER BY m.id",
     )?;
     let rows = stmt.query_map(params![session_id, after], |r| {
@@ -200,4 +206,60 @@ pub(crate) fn append_messages(
         }
     }
     Ok(ids)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::testing;
+
+    /// A history leaves out exactly the messages of the session's lost (`unknown`) turns:
+    /// those with no admission, and those of other admissions, stay (issue 15 rewrote the query
+    /// around `admissions_unknown`).
+    #[test]
+    fn a_history_leaves_out_only_the_messages_of_lost_turns() {
+        let (_dir, mut ledger) = testing::open();
+        let session = testing::session(&mut ledger, &[], vec![]);
+        let mut admit = |text: &str| {
+            let (row, _) = ledger
+                .admit(&session, &crate::new_id(), text, "test")
+                .expect("admit");
+            row.admission_id
+        };
+        let (kept, lost) = (admit("kept"), admit("lost"));
+        ledger
+            .conn
+            .execute(
+                "UPDATE session_admissions SET status = 'unknown', unknown_at = 1
+                 WHERE admission_id = ?1",
+                [&lost],
+            )
+            .expect("mark unknown");
+        ledger
+            .conn
+            .execute(
+                "INSERT INTO messages (session_id, role, content, created_at, admission_id)
+                 VALUES (?1, 'user', 'kept input', 1, ?3),
+                        (?1, 'user', 'lost input', 1, ?2),
+                        (?1, 'assistant', 'lost answer', 1, ?2),
+                        (?1, 'assistant', 'no admission', 1, NULL),
+                        (?1, 'assistant', 'kept answer', 1, ?3)",
+                [&session, &lost, &kept],
+            )
+            .expect("messages");
+        let other = testing::session(&mut ledger, &[], vec![]);
+        testing::claim(&mut ledger, &other, "another session", "s3");
+
+        let history = super::history_in(&ledger.conn, &session).expect("history");
+        let texts: Vec<_> = history
+            .messages
+            .iter()
+            .map(|m| m.content.as_deref().unwrap_or_default())
+            .collect();
+        assert_eq!(
+            texts,
+            ["kept input", "no admission", "kept answer"],
+            "{history:?}"
+        );
+        assert_eq!(history.ids.len(), 3);
+    }
 }

@@ -228,6 +228,13 @@ CREATE INDEX messages_admission ON messages(admission_id, id);
 CREATE INDEX prompts_execution ON prompts(execution_id, sequence);
 CREATE INDEX processes_session ON background_processes(session_id, started_at);
 "#,
+    // Issue 15: a bootstrap reads a session's history without looking up every message's
+    // admission; it excludes the messages of the session's lost (`unknown`) turns, found
+    // through this index of only those admissions.
+    r#"
+CREATE INDEX admissions_unknown ON session_admissions(target_session_id, admission_id)
+    WHERE unknown_at IS NOT NULL;
+"#,
 ];
 
 /// The schema version this build writes.
