@@ -2,10 +2,11 @@
 //!
 //! One JSON object per line on the worker's stdin/stdout, at most [`MAX_FRAME_BYTES`] per line.
 //! Every frame has a `type` tag. The owner speaks first with [`OwnerFrame::Bootstrap`] (the
-//! head: scope, policy and a part count), then that many [`OwnerFrame::BootstrapPart`] frames
-//! whose texts, joined, are the JSON of [`BootstrapBody`] (history and input): a history of
-//! any length reaches the worker in bounded frames ([`Bootstrap::into_frames`],
-//! [`Bootstrap::assemble`]).
+//! head: scope, policy and a part count), then the [`BootstrapBody`] (history and input): as
+//! one [`OwnerFrame::BootstrapBody`] frame when it fits in one, else in that many
+//! [`OwnerFrame::BootstrapPart`] frames whose texts, joined, are its JSON, so a history of any
+//! length reaches the worker in bounded frames ([`Bootstrap::into_frames`], read back with
+//! [`BodyFrame`] and [`Bootstrap::assemble`]).
 
 use std::collections::BTreeMap;
 
@@ -62,6 +63,14 @@ pub enum OwnerFrame {
     /// First frame of every execution: the bootstrap's head. Its `body_parts` part frames
     /// follow at once, before any other frame.
     Bootstrap(Box<BootstrapHead>),
+    /// The execution's whole [`BootstrapBody`] as a JSON object, when its frame fits in
+    /// [`MAX_FRAME_BYTES`] (the head then announces one part). Issue 15: a body sent as text
+    /// parts is escaped by the owner and unescaped by the worker, a cost that grows with the
+    /// session's history on every turn. Read with [`BodyFrame`].
+    BootstrapBody {
+        /// The JSON of the [`BootstrapBody`], written as it was serialized.
+        body: RawBody,
+    },
     /// One piece of the JSON text of the execution's [`BootstrapBody`], in order.
     BootstrapPart {
         /// At most [`BOOTSTRAP_PART_BYTES`] of the text, cut at a character boundary.
@@ -386,29 +395,38 @@ impl Bootstrap {
     /// at most [`BOOTSTRAP_PART_BYTES`] (at least one part, so an empty text is sent too).
     /// Every frame is under [`MAX_FRAME_BYTES`], or this is [`BootstrapFrameError::HeadTooLong`].
     pub fn into_frames(self) -> Result<Vec<OwnerFrame>, BootstrapFrameError> {
-        let body = serde_json::to_string(&BootstrapBody {
+        let body = serde_json::value::to_raw_value(&BootstrapBody {
             history: self.history,
             history_ids: self.history_ids,
             compaction: self.compaction,
             input: self.input,
             compact_only: self.compact_only,
         })?;
-        let parts = split_at_chars(&body, BOOTSTRAP_PART_BYTES);
+        let body = if body.get().len() + BODY_FRAME_OVERHEAD <= MAX_FRAME_BYTES {
+            vec![OwnerFrame::BootstrapBody {
+                body: RawBody(body),
+            }]
+        } else {
+            split_at_chars(body.get(), BOOTSTRAP_PART_BYTES)
+                .into_iter()
+                .map(|text| OwnerFrame::BootstrapPart {
+                    text: text.to_string(),
+                })
+                .collect()
+        };
         let head = OwnerFrame::Bootstrap(Box::new(BootstrapHead {
             scope: self.scope,
             policy: self.policy,
-            body_parts: parts.len() as u64,
+            body_parts: body.len() as u64,
             trace: self.trace,
         }));
         let head_bytes = serde_json::to_vec(&head)?.len();
         if head_bytes > MAX_FRAME_BYTES {
             return Err(BootstrapFrameError::HeadTooLong(head_bytes));
         }
-        let mut frames = Vec::with_capacity(parts.len() + 1);
+        let mut frames = Vec::with_capacity(body.len() + 1);
         frames.push(head);
-        frames.extend(parts.into_iter().map(|text| OwnerFrame::BootstrapPart {
-            text: text.to_string(),
-        }));
+        frames.extend(body);
         Ok(frames)
     }
 
@@ -424,7 +442,12 @@ impl Bootstrap {
             });
         }
         let body: BootstrapBody = serde_json::from_str(&parts.concat())?;
-        Ok(Bootstrap {
+        Ok(Bootstrap::from_head_and_body(head, body))
+    }
+
+    /// The bootstrap of a head and its body.
+    pub fn from_head_and_body(head: BootstrapHead, body: BootstrapBody) -> Bootstrap {
+        Bootstrap {
             scope: head.scope,
             policy: head.policy,
             history: body.history,
@@ -433,7 +456,78 @@ impl Bootstrap {
             input: body.input,
             compact_only: body.compact_only,
             trace: head.trace,
-        })
+        }
+    }
+}
+
+/// What an [`OwnerFrame::BootstrapBody`] frame adds to its body: `{"type":"bootstrap_body",
+/// "body":` and `}`.
+const BODY_FRAME_OVERHEAD: usize = r#"{"type":"bootstrap_body","body":}"#.len();
+
+/// A [`BootstrapBody`]'s JSON as serialized once by the owner and written into its frame as
+/// it is (`serde_json`'s `RawValue`): no second serialization, no escaping.
+#[derive(Debug, Clone)]
+pub struct RawBody(pub Box<serde_json::value::RawValue>);
+
+impl PartialEq for RawBody {
+    fn eq(&self, other: &RawBody) -> bool {
+        self.0.get() == other.0.get()
+    }
+}
+
+impl Serialize for RawBody {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(serializer)
+    }
+}
+
+/// Only a frame read on its own keeps a raw value: as a field of the tagged [`OwnerFrame`] it
+/// is read as a [`BootstrapBody`] and written back to text (the worker reads the body with
+/// [`BodyFrame`] instead).
+impl<'de> Deserialize<'de> for RawBody {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<RawBody, D::Error> {
+        let body = BootstrapBody::deserialize(deserializer)?;
+        serde_json::value::to_raw_value(&body)
+            .map(RawBody)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// A frame after the bootstrap head as the worker reads it: a whole body or a part's text,
+/// parsed in one pass into its type (an internally tagged [`OwnerFrame`] would first copy
+/// every string of the history into an intermediate tree).
+#[derive(Debug, Deserialize)]
+pub struct BodyFrame {
+    /// `bootstrap_body` or `bootstrap_part`.
+    #[serde(rename = "type")]
+    pub frame_type: String,
+    /// The body of a `bootstrap_body` frame.
+    #[serde(default)]
+    pub body: Option<BootstrapBody>,
+    /// The text of a `bootstrap_part` frame.
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+/// One piece of a bootstrap's body, as read ([`BodyFrame::piece`]).
+#[derive(Debug)]
+pub enum BodyPiece {
+    /// The whole body.
+    Whole(BootstrapBody),
+    /// A piece of its JSON text.
+    Text(String),
+}
+
+impl BodyFrame {
+    /// What the frame carries, or why it is not a body frame: the reason names the type found.
+    pub fn piece(self) -> Result<BodyPiece, String> {
+        match (self.frame_type.as_str(), self.body, self.text) {
+            ("bootstrap_body", Some(body), None) => Ok(BodyPiece::Whole(body)),
+            ("bootstrap_part", None, Some(text)) => Ok(BodyPiece::Text(text)),
+            ("bootstrap_body", _, _) => Err("a bootstrap_body frame needs `body` only".into()),
+            ("bootstrap_part", _, _) => Err("a bootstrap_part frame needs `text` only".into()),
+            (other, _, _) => Err(format!("type {other:?}")),
+        }
     }
 }
 

@@ -14,10 +14,10 @@ use std::fmt::Debug;
 use drover_protocol::event::{self, Event};
 use drover_protocol::rpc::{Notification, Request, Response};
 use drover_protocol::worker::{
-    op, BackgroundProcess, Bootstrap, BootstrapFrameError, BootstrapHead, ChildReserve,
-    ExecutionFinish, JobRegister, JobsWire, McpServerSpec, OwnerFrame, PersistFrame, Policy,
-    ProcessStatus, ProcessUpdate, PromptOpen, TranscriptAppend, TurnOutcome, UsageAdd, WorkerFrame,
-    BOOTSTRAP_PART_BYTES, MAX_FRAME_BYTES,
+    op, BackgroundProcess, BodyFrame, BodyPiece, Bootstrap, BootstrapFrameError, BootstrapHead,
+    ChildReserve, ExecutionFinish, JobRegister, JobsWire, McpServerSpec, OwnerFrame, PersistFrame,
+    Policy, ProcessStatus, ProcessUpdate, PromptOpen, TranscriptAppend, TurnOutcome, UsageAdd,
+    WorkerFrame, BOOTSTRAP_PART_BYTES, MAX_FRAME_BYTES,
 };
 use drover_protocol::{ChatMessage, ErrorReason, FunctionCall, Role, RpcError, ToolCall, Usage};
 use serde::de::DeserializeOwned;
@@ -339,14 +339,59 @@ fn a_bootstrap_head_and_part_round_trip_with_the_whole_policy() {
         [ChatMessage::text(Role::User, "earlier")]
     );
     assert_eq!(bootstrap.input, "now this");
-    // Cut into frames again, it gives the same two frames.
+    // Cut into frames again, the body fits in one frame: the head, then the body whole as
+    // a JSON object (issue 15: not escaped into a string).
+    let frames = bootstrap.clone().into_frames().unwrap();
+    assert_eq!(frames.len(), 2);
+    assert_eq!(frames[0], OwnerFrame::Bootstrap(head.clone()));
+    let line = serde_json::to_string(&frames[1]).unwrap();
     assert_eq!(
-        bootstrap.clone().into_frames().unwrap(),
-        [
-            OwnerFrame::Bootstrap(head.clone()),
-            OwnerFrame::BootstrapPart { text: text.clone() }
-        ]
+        line,
+        format!(r#"{{"type":"bootstrap_body","body":{text}}}"#)
     );
+    // The worker reads it in one typed pass; the tagged frame reads the same.
+    let BodyPiece::Whole(body) = serde_json::from_str::<BodyFrame>(&line)
+        .unwrap()
+        .piece()
+        .unwrap()
+    else {
+        panic!("not a whole body")
+    };
+    assert_eq!(
+        Bootstrap::from_head_and_body(*head.clone(), body),
+        bootstrap
+    );
+    assert_eq!(
+        serde_json::from_str::<OwnerFrame>(&line).unwrap(),
+        frames[1]
+    );
+    // A part's text reads as a piece of text; anything else is named.
+    let BodyPiece::Text(piece) = serde_json::from_str::<BodyFrame>(
+        &serde_json::to_string(&OwnerFrame::BootstrapPart { text: text.clone() }).unwrap(),
+    )
+    .unwrap()
+    .piece()
+    .unwrap() else {
+        panic!("not text")
+    };
+    assert_eq!(piece, text);
+    for (frame, reason) in [
+        (
+            r#"{"type":"receipt","sequence":1,"result":{}}"#,
+            r#"type "receipt""#,
+        ),
+        (
+            r#"{"type":"bootstrap_body","text":"{}"}"#,
+            "needs `body` only",
+        ),
+        (r#"{"type":"bootstrap_part"}"#, "needs `text` only"),
+    ] {
+        let err = serde_json::from_str::<BodyFrame>(frame)
+            .unwrap()
+            .piece()
+            .unwrap_err();
+        assert!(err.contains(reason), "{frame}: {err}");
+    }
     // A part missing, or one too many, is refused.
     assert!(Bootstrap::assemble(*head.clone(), &[]).is_err());
     assert!(Bootstrap::assemble(*head.clone(), &[text.clone(), text]).is_err());
@@ -357,15 +402,16 @@ fn a_bootstrap_head_and_part_round_trip_with_the_whole_policy() {
     compact.input.clear();
     compact.compact_only = true;
     let frames = compact.clone().into_frames().unwrap();
-    let OwnerFrame::BootstrapPart { text } = &frames[1] else {
-        panic!("not a part: {:?}", frames[1])
+    let OwnerFrame::BootstrapBody { body } = &frames[1] else {
+        panic!("not a body: {:?}", frames[1])
     };
+    let text = body.0.get().to_string();
     assert_eq!(
         text,
         r#"{"history":[{"role":"user","content":"earlier"}],"history_ids":[7],"input":"","compact_only":true}"#
     );
     assert_eq!(
-        Bootstrap::assemble(*head, std::slice::from_ref(text)).unwrap(),
+        Bootstrap::assemble(*head, std::slice::from_ref(&text)).unwrap(),
         compact
     );
 }
@@ -423,8 +469,32 @@ fn a_history_of_any_size_travels_in_bounded_frames() {
     assert_eq!(Bootstrap::assemble(*head, &parts).unwrap(), bootstrap);
 
     // An empty history and input still take one part.
-    let frames = base.into_frames().unwrap();
+    let frames = base.clone().into_frames().unwrap();
     assert_eq!(frames.len(), 2);
+
+    // A body whose frame is exactly the limit goes whole; one byte more goes in text parts.
+    let body_line = |input: usize| {
+        let mut b = base.clone();
+        b.input = "x".repeat(input);
+        b.into_frames().unwrap()
+    };
+    let empty = serde_json::to_vec(&body_line(0)[1]).unwrap().len();
+    let exact = body_line(MAX_FRAME_BYTES - empty);
+    assert_eq!(exact.len(), 2);
+    assert!(matches!(exact[1], OwnerFrame::BootstrapBody { .. }));
+    assert_eq!(
+        serde_json::to_vec(&exact[1]).unwrap().len(),
+        MAX_FRAME_BYTES
+    );
+    let over = body_line(MAX_FRAME_BYTES - empty + 1);
+    assert!(over.len() > 2);
+    for frame in &over[1..] {
+        assert!(
+            matches!(frame, OwnerFrame::BootstrapPart { .. }),
+            "{frame:?}"
+        );
+        assert!(serde_json::to_vec(frame).unwrap().len() <= MAX_FRAME_BYTES);
+    }
 
     // A head over the limit is refused by name.
     let mut huge = bootstrap;

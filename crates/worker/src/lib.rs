@@ -57,7 +57,8 @@ use std::sync::Arc;
 use drover_agent::{run_compaction, run_turn, TurnReport, TurnSpec};
 use drover_model::{ModelClient, ModelConfig};
 use drover_protocol::worker::{
-    op, Bootstrap, ExecutionFinish, OwnerFrame, Policy, TurnOutcome, TurnResult, MAX_FRAME_BYTES,
+    op, BodyFrame, BodyPiece, Bootstrap, ExecutionFinish, OwnerFrame, Policy, TurnOutcome,
+    TurnResult, MAX_FRAME_BYTES,
 };
 use drover_protocol::{Exit, Usage};
 use drover_tools::platform::{self, ForegroundGroups, Signal};
@@ -343,11 +344,8 @@ pub enum BootstrapError {
     Invalid(String),
 }
 
-/// Reads the next non-blank line as an owner frame.
-async fn read_owner_frame<R>(
-    reader: &mut R,
-    buf: &mut Vec<u8>,
-) -> Result<OwnerFrame, BootstrapError>
+/// Reads the next non-blank line into `buf`.
+async fn read_nonblank_line<R>(reader: &mut R, buf: &mut Vec<u8>) -> Result<(), BootstrapError>
 where
     R: AsyncBufRead + Unpin,
 {
@@ -356,9 +354,20 @@ where
             FrameLine::Eof => return Err(BootstrapError::Eof),
             FrameLine::TooLong(bytes) => return Err(BootstrapError::TooLong(bytes)),
             FrameLine::Line if buf.iter().all(u8::is_ascii_whitespace) => continue,
-            FrameLine::Line => break,
+            FrameLine::Line => return Ok(()),
         }
     }
+}
+
+/// Reads the next non-blank line as an owner frame.
+async fn read_owner_frame<R>(
+    reader: &mut R,
+    buf: &mut Vec<u8>,
+) -> Result<OwnerFrame, BootstrapError>
+where
+    R: AsyncBufRead + Unpin,
+{
+    read_nonblank_line(reader, buf).await?;
     serde_json::from_slice::<OwnerFrame>(buf).map_err(|e| BootstrapError::Invalid(e.to_string()))
 }
 
@@ -380,14 +389,27 @@ where
     };
     let mut parts = Vec::new();
     while (parts.len() as u64) < head.body_parts {
-        match read_owner_frame(reader, &mut buf).await? {
-            OwnerFrame::BootstrapPart { text } => parts.push(text),
-            other => {
+        read_nonblank_line(reader, &mut buf).await?;
+        let piece = serde_json::from_slice::<BodyFrame>(&buf)
+            .map_err(|e| e.to_string())
+            .and_then(BodyFrame::piece);
+        match (piece, head.body_parts) {
+            // The whole body in one frame (issue 15), the common case.
+            (Ok(BodyPiece::Whole(body)), 1) => {
+                return Ok(Bootstrap::from_head_and_body(*head, body));
+            }
+            (Ok(BodyPiece::Text(text)), _) => parts.push(text),
+            (Ok(BodyPiece::Whole(_)), n) => {
                 return Err(BootstrapError::Invalid(format!(
-                    "expected part {} of {} (type \"bootstrap_part\"), got {}",
+                    "a whole bootstrap_body frame, but the head announced {n} parts"
+                )))
+            }
+            (Err(reason), _) => {
+                return Err(BootstrapError::Invalid(format!(
+                    "expected part {} of {} (type \"bootstrap_body\" or \"bootstrap_part\"), \
+                     got {reason}",
                     parts.len() + 1,
                     head.body_parts,
-                    frame_type(&other)
                 )))
             }
         }
@@ -398,6 +420,7 @@ where
 fn frame_type(frame: &OwnerFrame) -> &'static str {
     match frame {
         OwnerFrame::Bootstrap(_) => "bootstrap",
+        OwnerFrame::BootstrapBody { .. } => "bootstrap_body",
         OwnerFrame::BootstrapPart { .. } => "bootstrap_part",
         OwnerFrame::Receipt { .. } => "receipt",
         OwnerFrame::Refused { .. } => "refused",

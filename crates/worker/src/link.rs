@@ -601,7 +601,9 @@ impl Inner {
                 self.lock().stop_reason.get_or_insert(reason);
                 self.cancel.cancel();
             }
-            OwnerFrame::Bootstrap(_) | OwnerFrame::BootstrapPart { .. } => {
+            OwnerFrame::Bootstrap(_)
+            | OwnerFrame::BootstrapBody { .. }
+            | OwnerFrame::BootstrapPart { .. } => {
                 tracing::warn!("ignoring a bootstrap frame after the bootstrap");
             }
         }
