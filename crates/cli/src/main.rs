@@ -112,6 +112,11 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // The owner starts `drover worker` for every turn: it skips building the whole command
+    // line's parser (issue 15: clap's subcommand tree was about 4% of a worker's start).
+    if is_worker_command_line(std::env::args_os().skip(1)) {
+        return drover_worker::main_entry().into();
+    }
     // A command line that does not parse exits 1, not clap's 2: 2 means "recorded but not
     // sent" for `job publish` and "went quiet" for `job submit` (SPEC section 7).
     let cli = match Cli::try_parse() {
@@ -198,4 +203,26 @@ fn main() -> ExitCode {
         Command::Man { out } => completions::man(Cli::command(), out.as_deref()),
     };
     exit.into()
+}
+
+/// Whether the arguments after the program's name are exactly `worker`, as the owner starts
+/// a worker. Any other form (`drover --home H worker`) goes through the parser.
+fn is_worker_command_line(mut args: impl Iterator<Item = std::ffi::OsString>) -> bool {
+    args.next().is_some_and(|a| a == "worker") && args.next().is_none()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_worker_command_line;
+
+    #[test]
+    fn only_a_bare_worker_command_line_skips_the_parser() {
+        let line = |args: &[&str]| is_worker_command_line(args.iter().map(Into::into));
+        assert!(line(&["worker"]));
+        assert!(!line(&[]));
+        assert!(!line(&["worker", "--help"]));
+        assert!(!line(&["--home", "/h", "worker"]));
+        assert!(!line(&["workers"]));
+        assert!(!line(&["run", "worker"]));
+    }
 }
