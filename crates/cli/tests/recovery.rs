@@ -381,17 +381,44 @@ async fn killing_the_worker_while_the_model_holds_leaves_turn_unknown_and_pauses
     assert_eq!(s.model.requests().len(), 2);
     assert!(pending(&resume(&mut s.client, &s.session_id).await).is_empty());
     // Neither the killed worker's outbox nor the finished one's is left behind (each goes once
-    // its worker is reaped, which may be just after the turn settles).
+    // its worker is reaped, which may be just after the turn settles): what stays is recycled
+    // folders holding only empty spare files (issue 15), never a frame.
     let outbox = s.home.path().join("outbox");
-    let left = || -> Vec<_> {
-        std::fs::read_dir(&outbox)
-            .unwrap()
-            .flatten()
-            .map(|e| e.file_name())
+    let left = || -> Vec<(String, Vec<String>)> {
+        let names = |dir: &std::path::Path| -> Vec<String> {
+            std::fs::read_dir(dir)
+                .map(|d| {
+                    d.flatten()
+                        .map(|e| e.file_name().to_string_lossy().into_owned())
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        names(&outbox)
+            .into_iter()
+            .map(|folder| {
+                let files = names(&outbox.join(&folder));
+                (folder, files)
+            })
             .collect()
     };
-    let gone = eventually(Duration::from_secs(10), || left().is_empty()).await;
+    let only_recycled = || {
+        left().iter().all(|(folder, files)| {
+            folder.starts_with(".pool-") && files.iter().all(|f| f.starts_with(".spare-"))
+        })
+    };
+    let gone = eventually(Duration::from_secs(10), only_recycled).await;
     assert!(gone, "{:?}", left());
+    for (folder, files) in left() {
+        for file in files {
+            let body = std::fs::read(outbox.join(&folder).join(&file)).unwrap();
+            assert!(
+                body.is_empty(),
+                "{folder}/{file} holds {} bytes",
+                body.len()
+            );
+        }
+    }
 }
 
 #[tokio::test]

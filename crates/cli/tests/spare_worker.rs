@@ -266,3 +266,72 @@ async fn only_the_newest_worker_logs_are_kept() {
     // The waiting spare's log is never a finished turn's.
     assert_eq!(spare_logs(s.home.path()).len(), 1);
 }
+
+/// The folders in `<home>/outbox`, with the inode of each.
+fn outbox_folders(home: &Path) -> Vec<(String, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut folders: Vec<(String, u64)> = std::fs::read_dir(home.join("outbox"))
+        .map(|dir| {
+            dir.flatten()
+                .filter_map(|e| {
+                    let inode = e.metadata().ok()?.ino();
+                    Some((e.file_name().to_string_lossy().into_owned(), inode))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    folders.sort();
+    folders
+}
+
+/// Issue 15 (docs/decisions.md, "Recycled outbox folders"): a finished turn's outbox folder
+/// is pooled and becomes the next turn's, so turns one after another use one folder (one
+/// inode), and no frame is left in it.
+#[tokio::test]
+async fn turns_one_after_another_recycle_one_outbox_folder() {
+    let mut s = setup().await;
+    let (_, outcome) = s.turn("first").await.unwrap();
+    assert_eq!(outcome, "completed");
+    let home = s.home.path().to_path_buf();
+    let pooled = |name: &'static str| {
+        let home = home.clone();
+        async move {
+            let folders = outbox_folders(&home);
+            (folders.len() == 1 && folders[0].0 == name).then(|| folders[0].1)
+        }
+    };
+    let mut first = None;
+    assert!(
+        wait::until(BOUND, async || {
+            first = pooled(".pool-0").await;
+            first.is_some()
+        })
+        .await,
+        "{:?}",
+        outbox_folders(&home)
+    );
+    for (n, name) in [".pool-1", ".pool-2"].into_iter().enumerate() {
+        let (_, outcome) = s.turn(&format!("turn {}", n + 2)).await.unwrap();
+        assert_eq!(outcome, "completed");
+        let mut now = None;
+        assert!(
+            wait::until(BOUND, async || {
+                now = pooled(name).await;
+                now.is_some()
+            })
+            .await,
+            "{:?}",
+            outbox_folders(&home)
+        );
+        assert_eq!(
+            now, first,
+            "a new folder was made instead of the pooled one"
+        );
+    }
+    let folder = home.join("outbox").join(".pool-2");
+    for entry in std::fs::read_dir(&folder).unwrap().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        assert!(name.starts_with(".spare-"), "{name}");
+        assert_eq!(entry.metadata().unwrap().len(), 0, "{name} is not empty");
+    }
+}

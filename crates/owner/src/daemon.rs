@@ -222,13 +222,7 @@ async fn serve(home: PathBuf, lifetime: Lifetime, ready: Option<std::fs::File>) 
             );
             // No worker of an older epoch can write any more (stale_epoch), so the outboxes
             // they left are dead letters.
-            if let Ok(dir) = std::fs::read_dir(home.join("outbox")) {
-                for entry in dir.flatten() {
-                    if let Some(id) = entry.file_name().to_str() {
-                        crate::turns::remove_outbox(&home, id);
-                    }
-                }
-            }
+            crate::outboxes::remove_dead_outboxes(&home);
             crate::runtime::reconcile_background_processes(&mut ledger, None);
         }
         Err(e) => {

@@ -19,10 +19,11 @@
 //! `persist` frames.
 //!
 //! The web dashboard (`/ui`, issue 16) is served beside the WebSocket ([`dashboard`]); a
-//! browser logs in with a one-time code for a cookie ([`browser`]).
+//! browser logs in with a one-time code for a credential it offers at each connection
+//! ([`browser`]). Workers' outbox folders are recycled from turn to turn ([`outboxes`]).
 //!
 //! Layers (bottom to top; a module uses only those below it): `browser`, `config`, `error`, `home`, `hub`,
-//! `jobs`, `logfile`, `mcp`, `sandbox`, [`spare`], `telemetry`, `tls`, [`worker_logs`] < [`runtime`] < [`turns`] <
+//! `jobs`, `logfile`, `mcp`, [`outboxes`], `sandbox`, [`spare`], `telemetry`, `tls`, [`worker_logs`] < [`runtime`] < [`turns`] <
 //! [`admit`] < [`rpc`] < [`dashboard`] < [`server`] < [`daemon`].
 
 pub mod admit;
@@ -37,6 +38,7 @@ pub mod idle;
 pub mod jobs;
 pub mod logfile;
 pub mod mcp;
+pub mod outboxes;
 pub mod rpc;
 pub mod runtime;
 pub mod sandbox;

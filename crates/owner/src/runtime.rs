@@ -18,6 +18,7 @@ use crate::browser::BrowserAuth;
 use crate::config::{Config, ConfigError, DaemonSection};
 use crate::hub::Hub;
 use crate::mcp::McpStatusTable;
+use crate::outboxes::OutboxPool;
 use crate::spare::{SpareSlot, WorkerCommand};
 use crate::worker_logs::WorkerLogs;
 
@@ -70,6 +71,8 @@ pub struct Owner {
     pub worker_exe: PathBuf,
     /// The spare worker, started ahead of the next claim (issue 15).
     pub spare: SpareSlot,
+    /// Recycled outbox folders (issue 15).
+    pub outboxes: OutboxPool,
     /// How many finished turns' worker logs are kept ([`Owner::prune_worker_logs`]).
     worker_logs: Arc<WorkerLogs>,
     /// What the kernel offers for confining tools, probed once at start
@@ -157,6 +160,7 @@ impl Owner {
             home.join("logs").join("workers"),
             config.daemon.worker_logs_keep,
         ));
+        let outboxes = OutboxPool::adopt(&home);
         Ok(Arc::new(Owner {
             home,
             daemon: config.daemon.clone(),
@@ -170,6 +174,7 @@ impl Owner {
             mcp: McpStatusTable::default(),
             worker_exe,
             spare: SpareSlot::default(),
+            outboxes,
             worker_logs,
             sandbox_support,
             ledger_jobs,

@@ -353,6 +353,9 @@ async fn supervise(owner: Arc<Owner>, mut claim: Claim, secret: Secret, register
     };
     // The worker leads a session of its own (its pid), which its tools' groups stay in.
     let worker_pid = child.id().and_then(|pid| i32::try_from(pid).ok());
+    // Its outbox folder, recycled from an earlier turn when one is pooled: it is there before
+    // the worker reads the bootstrap, and retired below once the worker is reaped.
+    owner.outboxes.provide(&execution_id);
     let (sent_tx, sent_rx) = oneshot::channel();
     let writer = tokio::spawn(write_stdin(stdin, bootstrap, handoff, sent_tx, control_rx));
     let mut pipe = WorkerPipe::new(owner.clone(), &claim, control);
@@ -394,8 +397,8 @@ async fn supervise(owner: Arc<Owner>, mut claim: Claim, secret: Secret, register
         }
     }
     // The worker is reaped: nothing will resend its outbox (its execution is settled or
-    // unknown, and any resend would be refused), so it is only clutter now.
-    remove_outbox(&owner.home, &execution_id);
+    // unknown, and any resend would be refused); its folder is recycled or removed.
+    owner.outboxes.retire(&execution_id);
     // Its log is complete: one more finished turn's log to keep within the limit.
     owner.prune_worker_logs(true);
 }
@@ -1163,20 +1166,6 @@ fn after_settlement(owner: &Arc<Owner>, s: &Settlement) {
             let _ = t.control.try_send(OwnerFrame::Stop {
                 reason: "parent_finished".into(),
             });
-        }
-    }
-}
-
-/// Removes `<home>/outbox/<execution_id>/` if present. Ids come from the ledger (UUIDs), so
-/// they name a direct child of the outbox folder.
-pub fn remove_outbox(home: &std::path::Path, execution_id: &str) {
-    if execution_id.is_empty() || execution_id.contains(['/', '.']) {
-        return;
-    }
-    let dir = home.join("outbox").join(execution_id);
-    if let Err(e) = std::fs::remove_dir_all(&dir) {
-        if e.kind() != std::io::ErrorKind::NotFound {
-            tracing::warn!(dir = %dir.display(), error = %e, "cannot remove a finished worker's outbox");
         }
     }
 }

@@ -22,6 +22,17 @@ use crate::secret::Secret;
 /// The largest frame either side accepts, newline excluded (SPEC section 4: 4 MiB).
 pub const MAX_FRAME_BYTES: usize = 4 * 1024 * 1024;
 
+/// How a spare file in a worker's outbox folder is named: this, then a number. A worker turns
+/// an answered frame file into an empty spare file instead of deleting it and reuses it for a
+/// later frame; the owner recycles a finished worker's folder that holds only spare files for
+/// a later turn (issue 15: no inode is created or deleted per turn; docs/decisions.md,
+/// "Recycled outbox folders").
+pub const OUTBOX_SPARE_PREFIX: &str = ".spare-";
+
+/// The most spare files a worker keeps in its outbox folder (more are deleted), and the most
+/// files a folder the owner recycles may hold.
+pub const OUTBOX_SPARES_MAX: usize = 4;
+
 /// The most JSON text one [`OwnerFrame::BootstrapPart`] carries (1 MiB). JSON text holds no
 /// control characters, so escaping it as a string at most doubles it (only `"` and `\` are
 /// escaped): a part frame stays under half of [`MAX_FRAME_BYTES`].

@@ -15,8 +15,12 @@
 //! Files are not fsync'd: an outbox serves resends only while this worker and its owner both
 //! live (a worker whose owner died stops, and a later owner refuses an older epoch's frames),
 //! so surviving a machine crash buys nothing (docs/decisions.md, "The worker's outbox is not
-//! fsync'd"). [`Journal::acknowledge`] deletes a file once the owner answered (receipt or
-//! refusal) every frame in it; the frames of a file are answered together (the owner applies
+//! fsync'd"). [`Journal::acknowledge`] empties a file once the owner answered (receipt or
+//! refusal) every frame in it and renames it to a spare file (`.spare-<n>`,
+//! [`OUTBOX_SPARE_PREFIX`]), which the next write fills and renames into place instead of
+//! creating a file; [`Journal::finish`] leaves the folder holding only spare files, for the
+//! owner to recycle for a later turn (issue 15: creating and deleting inodes is dear on a file
+//! system without a journal; docs/decisions.md, "Recycled outbox folders"); the frames of a file are answered together (the owner applies
 //! a batch in one transaction, and `prompt.open` and `child.reserve`, answered late, get files
 //! of their own). [`Journal::open`] reloads every frame of the files left, so a restarted
 //! sender resends the same frames with the same sequences and payloads (one reloaded between
@@ -31,7 +35,9 @@ use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use drover_protocol::worker::{PersistFrame, Scope, WorkerFrame, MAX_FRAME_BYTES};
+use drover_protocol::worker::{
+    PersistFrame, Scope, WorkerFrame, MAX_FRAME_BYTES, OUTBOX_SPARES_MAX, OUTBOX_SPARE_PREFIX,
+};
 use serde_json::Value;
 
 /// Digits of the zero-padded sequence in a frame's file name (`u64::MAX` has 20).
@@ -112,6 +118,10 @@ pub struct Journal {
     file_of: BTreeMap<u64, u64>,
     /// How many frames of each file (by its first sequence) are unanswered.
     left_in: BTreeMap<u64, usize>,
+    /// Empty spare files in the folder, the next write's first.
+    spares: Vec<PathBuf>,
+    /// The number of the next spare file's name.
+    next_spare: u64,
 }
 
 /// Shows no frame and no secret, so a logged journal never leaks the execution secret.
@@ -130,7 +140,8 @@ impl std::fmt::Debug for Journal {
 impl Journal {
     /// Opens (creating, 0700) the outbox `dir` for `scope` and reloads the frames left in it.
     /// The next sequence is one past the highest found (1 for an empty outbox). Leftover
-    /// temporary files of an interrupted write are removed.
+    /// temporary files of an interrupted write are removed; spare files (a recycled folder's)
+    /// are kept for the next writes.
     pub fn open(dir: impl Into<PathBuf>, scope: Scope) -> Result<Journal, JournalError> {
         let dir = dir.into();
         // A worker's outbox is new at its start: made here, it has nothing to reload.
@@ -158,6 +169,8 @@ impl Journal {
             held: Vec::new(),
             file_of: BTreeMap::new(),
             left_in: BTreeMap::new(),
+            spares: Vec::new(),
+            next_spare: 0,
         };
         if !created {
             journal.reload()?;
@@ -177,6 +190,15 @@ impl Journal {
             if name.ends_with(".tmp") {
                 // Never renamed into place, so never sent: safe to drop.
                 fs::remove_file(&path).map_err(|e| JournalError::io(&path, e))?;
+                continue;
+            }
+            if let Some(number) = name.strip_prefix(OUTBOX_SPARE_PREFIX) {
+                // A spare file holds no frame (one being filled when a worker died holds part
+                // of one that was never sent): reused by the next write.
+                if let Ok(n) = number.parse::<u64>() {
+                    self.next_spare = self.next_spare.max(n + 1);
+                }
+                self.spares.push(path);
                 continue;
             }
             let Some(first) = parse_file_name(&name) else {
@@ -267,9 +289,28 @@ impl Journal {
             detail: format!("cannot serialise: {e}"),
         })?;
         let sequences: Vec<u64> = frames.iter().map(|f| f.sequence).collect();
-        let tmp = path.with_extension("json.tmp");
-        write_private(&tmp, &body)?;
-        fs::rename(&tmp, &path).map_err(|e| JournalError::io(&path, e))?;
+        // Filled under a name that is not a frame's, then renamed into place: a file is whole
+        // or absent. A spare file is filled rather than a new one created.
+        let filled = match self.spares.pop() {
+            Some(spare) => match fill_spare(&spare, &body) {
+                Ok(()) => Some(spare),
+                Err(e) => {
+                    tracing::debug!(path = %spare.display(), error = %e, "spare outbox file unusable");
+                    let _ = fs::remove_file(&spare);
+                    None
+                }
+            },
+            None => None,
+        };
+        let from = match filled {
+            Some(spare) => spare,
+            None => {
+                let tmp = path.with_extension("json.tmp");
+                write_private(&tmp, &body)?;
+                tmp
+            }
+        };
+        fs::rename(&from, &path).map_err(|e| JournalError::io(&path, e))?;
         self.left_in.insert(first, sequences.len());
         for sequence in sequences {
             self.file_of.insert(sequence, first);
@@ -331,10 +372,36 @@ impl Journal {
             return Ok(was_pending);
         }
         self.left_in.remove(&first);
+        self.retire_file(first)?;
+        Ok(was_pending)
+    }
+
+    /// The file named by `first` is answered: emptied and kept as a spare file, or deleted
+    /// when there are enough spares.
+    fn retire_file(&mut self, first: u64) -> Result<(), JournalError> {
         let path = self.frame_path(first);
+        if self.spares.len() < OUTBOX_SPARES_MAX {
+            let spare = self
+                .dir
+                .join(format!("{OUTBOX_SPARE_PREFIX}{}", self.next_spare));
+            // Emptied first: a spare file holds no frame, and a rename that fails leaves a
+            // frame file that is empty, never one that looks unanswered.
+            let emptied = OpenOptions::new().write(true).truncate(true).open(&path);
+            match emptied.and_then(|_| fs::rename(&path, &spare)) {
+                Ok(()) => {
+                    self.next_spare += 1;
+                    self.spares.push(spare);
+                    return Ok(());
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+                Err(e) => {
+                    tracing::debug!(path = %path.display(), error = %e, "cannot keep an answered frame file as a spare");
+                }
+            }
+        }
         match fs::remove_file(&path) {
-            Ok(()) => Ok(was_pending),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(was_pending),
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(JournalError::io(&path, e)),
         }
     }
@@ -349,26 +416,23 @@ impl Journal {
         self.pending.values().cloned().collect()
     }
 
-    /// Removes the outbox directory and anything left in it. Call once the owner acknowledged
-    /// `execution.finish`: the execution is terminal then and the owner answers nothing more of
-    /// it, so a frame still listed (a `prompt.open` whose answer was abandoned by a stop) is
-    /// moot.
-    pub fn finish(self) -> Result<(), JournalError> {
+    /// Ends the outbox: every frame file left is retired like an answered one, so the folder
+    /// holds only spare files, for the owner to recycle (or remove) once this worker is reaped.
+    /// Call once the owner acknowledged `execution.finish`: the execution is terminal then and
+    /// the owner answers nothing more of it, so a frame still listed (a `prompt.open` whose
+    /// answer was abandoned by a stop) is moot.
+    pub fn finish(mut self) -> Result<(), JournalError> {
         if !self.pending.is_empty() {
             tracing::debug!(
                 left = self.pending.len(),
-                "removing outbox with frames the owner settled by execution.finish"
+                "ending the outbox with frames the owner settled by execution.finish"
             );
         }
-        // Every file answered was deleted: an empty folder goes in one call.
-        if self.left_in.is_empty() && fs::remove_dir(&self.dir).is_ok() {
-            return Ok(());
+        let files: Vec<u64> = std::mem::take(&mut self.left_in).into_keys().collect();
+        for first in files {
+            self.retire_file(first)?;
         }
-        match fs::remove_dir_all(&self.dir) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(JournalError::io(&self.dir, e)),
-        }
+        Ok(())
     }
 
     fn frame_path(&self, sequence: u64) -> PathBuf {
@@ -437,6 +501,12 @@ fn load_frames(path: &Path, secret: &str) -> Result<Vec<PersistFrame>, JournalEr
         frames.push(serde_json::from_value(value).map_err(|e| corrupt(e.to_string()))?);
     }
     Ok(frames)
+}
+
+/// Writes `body` over the spare file at `path` (made by this journal's kind, 0600).
+fn fill_spare(path: &Path, body: &[u8]) -> io::Result<()> {
+    let mut file = OpenOptions::new().write(true).truncate(true).open(path)?;
+    file.write_all(body)
 }
 
 fn write_private(path: &Path, body: &[u8]) -> Result<(), JournalError> {
@@ -538,7 +608,7 @@ mod tests {
     }
 
     #[test]
-    fn acknowledge_deletes_and_unacknowledged_lists_the_rest_in_order() {
+    fn acknowledge_retires_and_unacknowledged_lists_the_rest_in_order() {
         let (_home, dir, mut journal) = fresh();
         for n in 1..=3 {
             journal
@@ -581,7 +651,7 @@ mod tests {
     }
 
     #[test]
-    fn held_frames_are_written_with_the_next_record_as_one_file_deleted_when_all_are_answered() {
+    fn held_frames_are_written_with_the_next_record_as_one_file_retired_when_all_are_answered() {
         let (_home, dir, mut journal) = fresh();
         let (usage, message) = hold_two(&mut journal);
         assert_eq!((usage.sequence, message.sequence), (1, 2));
@@ -624,7 +694,11 @@ mod tests {
         assert!(journal.acknowledge(2).expect("ack"));
         assert!(!file.exists());
         journal.finish().expect("finish");
-        assert!(!dir.exists());
+        assert_eq!(
+            self::names(&dir),
+            [".spare-0"],
+            "answered, the file is a spare"
+        );
     }
 
     /// A `prompt.open` is answered late: the held frames before it get a file of their own,
@@ -704,16 +778,79 @@ mod tests {
         assert_eq!(fs::read_dir(&dir).expect("dir").count(), 0);
     }
 
+    /// The names in `dir`, sorted.
+    fn names(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(dir)
+            .expect("dir")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Issue 15: an answered file becomes an empty spare file, the next write fills it instead
+    /// of creating a file (the same inode), and `finish` leaves only spare files, also of the
+    /// frames left unanswered.
     #[test]
-    fn finish_removes_the_outbox_directory() {
-        let (home, dir, mut journal) = fresh();
+    fn answered_files_become_spare_files_that_later_writes_reuse() {
+        use std::os::unix::fs::MetadataExt;
+        let (_home, dir, mut journal) = fresh();
         journal
-            .record("execution.finish", json!({}))
+            .record("usage.add", json!({"n": 1}))
             .expect("record");
+        let inode = fs::metadata(journal.frame_path(1)).expect("file").ino();
         journal.acknowledge(1).expect("ack");
+        assert_eq!(names(&dir), [".spare-0"]);
+        assert_eq!(fs::read(dir.join(".spare-0")).expect("spare"), b"");
+
+        let second = journal
+            .record("usage.add", json!({"n": 2}))
+            .expect("record");
+        assert_eq!(names(&dir), ["00000000000000000002.json"]);
+        let path = journal.frame_path(2);
+        assert_eq!(fs::metadata(&path).expect("file").ino(), inode);
+        assert_eq!(load_frames(&path, "sekret").expect("load"), [second]);
+
+        journal
+            .record("prompt.open", json!({"n": 3}))
+            .expect("record");
         journal.finish().expect("finish");
-        assert!(!dir.exists());
-        assert!(home.path().join("outbox").exists());
+        assert_eq!(names(&dir), [".spare-1", ".spare-2"]);
+    }
+
+    /// A recycled folder's spare files are reused, never read as frames; past
+    /// `OUTBOX_SPARES_MAX` an answered file is deleted.
+    #[test]
+    fn a_recycled_folder_is_reused_and_keeps_a_bounded_number_of_spares() {
+        let (_home, dir, journal) = fresh();
+        drop(journal);
+        for n in [3, 7] {
+            fs::write(
+                dir.join(format!(".spare-{n}")),
+                b"part of a frame never sent",
+            )
+            .expect("spare");
+        }
+        let mut journal = Journal::open(&dir, scope()).expect("open");
+        assert!(journal.unacknowledged().is_empty());
+        assert_eq!(journal.next_sequence(), 1);
+        for n in 1..=8 {
+            journal
+                .record("usage.add", json!({"n": n}))
+                .expect("record");
+        }
+        assert_eq!(names(&dir).len(), 8);
+        for n in 1..=8 {
+            journal.acknowledge(n).expect("ack");
+        }
+        let left = names(&dir);
+        assert_eq!(left.len(), OUTBOX_SPARES_MAX, "{left:?}");
+        assert!(
+            left.iter().all(|n| n.starts_with(OUTBOX_SPARE_PREFIX)),
+            "{left:?}"
+        );
+        // Numbered past the ones found, so no rename replaces (deletes) another spare.
+        assert!(left.contains(&".spare-8".to_string()), "{left:?}");
     }
 
     #[test]

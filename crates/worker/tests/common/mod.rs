@@ -263,3 +263,15 @@ pub fn turn_bootstrap(mock: &MockModel, home: &Path) -> Bootstrap {
         trace: None,
     }
 }
+
+/// The names in `<home>/outbox/<execution_id>/`, sorted. A finished worker leaves only spare
+/// files there, for the owner to recycle (issue 15).
+#[allow(dead_code)]
+pub fn outbox_names(home: &Path, execution_id: &str) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(home.join("outbox").join(execution_id))
+        .expect("outbox")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
