@@ -37,7 +37,7 @@
 //!    (`usage.add`, `transcript.append`, `prompt.open`, `mcp.status` persists, live `delta`
 //!    lines). At its end the turn's MCP servers are stopped (`mcp.status` `stopped`).
 //! 2. The worker persists `execution.finish` ([`ExecutionFinish`]) and, after its receipt,
-//!    removes the outbox and exits 0. A `stop` frame cancels the turn, which then finishes
+//!    leaves its outbox folder holding only spare files (the owner recycles it) and exits 0. A `stop` frame cancels the turn, which then finishes
 //!    `interrupted` the same way.
 //! 3. A `refused` answer stops the turn; the worker exits 2 without `execution.finish`.
 //! 4. End of stdin, a broken stdout, SIGTERM (also sent by `PR_SET_PDEATHSIG`) or a changed
@@ -119,7 +119,7 @@ pub const OWNER_PID_ENV: &str = "DROVER_OWNER_PID";
 /// [`Exit`] enum.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WorkerExit {
-    /// 0: `execution.finish` was persisted and acknowledged, and the outbox removed.
+    /// 0: `execution.finish` was persisted and acknowledged, and the outbox ended.
     Finished,
     /// 1: the turn could not be settled: the owner is gone (end of stdin, broken stdout,
     /// SIGTERM, a changed parent), or the bootstrap or outbox was unusable. No
