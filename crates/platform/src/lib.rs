@@ -54,6 +54,10 @@ use tokio::process::{Child, Command};
 
 pub use nix::sys::signal::Signal;
 
+/// `O_NOFOLLOW`, for `OpenOptionsExt::custom_flags`: opening a path whose last component is a
+/// symbolic link fails (`ELOOP`) instead of opening what it points to.
+pub const OPEN_NO_FOLLOW: i32 = nix::libc::O_NOFOLLOW;
+
 /// How often [`kill_group`] checks whether the group leader has exited during the grace period.
 const EXIT_POLL: Duration = Duration::from_millis(20);
 

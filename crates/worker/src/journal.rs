@@ -38,6 +38,7 @@ use std::path::{Path, PathBuf};
 use drover_protocol::worker::{
     PersistFrame, Scope, WorkerFrame, MAX_FRAME_BYTES, OUTBOX_SPARES_MAX, OUTBOX_SPARE_PREFIX,
 };
+use drover_tools::platform::OPEN_NO_FOLLOW;
 use serde_json::Value;
 
 /// Digits of the zero-padded sequence in a frame's file name (`u64::MAX` has 20).
@@ -386,7 +387,11 @@ impl Journal {
                 .join(format!("{OUTBOX_SPARE_PREFIX}{}", self.next_spare));
             // Emptied first: a spare file holds no frame, and a rename that fails leaves a
             // frame file that is empty, never one that looks unanswered.
-            let emptied = OpenOptions::new().write(true).truncate(true).open(&path);
+            let emptied = OpenOptions::new()
+                .write(true)
+                .truncate(true)
+                .custom_flags(OPEN_NO_FOLLOW)
+                .open(&path);
             match emptied.and_then(|_| fs::rename(&path, &spare)) {
                 Ok(()) => {
                     self.next_spare += 1;
@@ -503,9 +508,14 @@ fn load_frames(path: &Path, secret: &str) -> Result<Vec<PersistFrame>, JournalEr
     Ok(frames)
 }
 
-/// Writes `body` over the spare file at `path` (made by this journal's kind, 0600).
+/// Writes `body` over the spare file at `path` (made by this journal's kind, 0600). A
+/// symbolic link there is not followed: the open fails.
 fn fill_spare(path: &Path, body: &[u8]) -> io::Result<()> {
-    let mut file = OpenOptions::new().write(true).truncate(true).open(path)?;
+    let mut file = OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .custom_flags(OPEN_NO_FOLLOW)
+        .open(path)?;
     file.write_all(body)
 }
 
@@ -515,6 +525,7 @@ fn write_private(path: &Path, body: &[u8]) -> Result<(), JournalError> {
         .create(true)
         .truncate(true)
         .mode(0o600)
+        .custom_flags(OPEN_NO_FOLLOW)
         .open(path)
         .map_err(|e| JournalError::io(path, e))?;
     // `mode` applies only to a new file: a leftover one is made private too.
@@ -816,6 +827,27 @@ mod tests {
             .expect("record");
         journal.finish().expect("finish");
         assert_eq!(names(&dir), [".spare-1", ".spare-2"]);
+    }
+
+    /// A symbolic link planted as a spare file is not written through: the write makes a
+    /// file of its own and the link is dropped.
+    #[test]
+    fn a_spare_that_is_a_symbolic_link_is_not_followed() {
+        let (home, dir, journal) = fresh();
+        drop(journal);
+        let target = home.path().join("elsewhere");
+        fs::write(&target, b"keep me").expect("target");
+        std::os::unix::fs::symlink(&target, dir.join(".spare-0")).expect("symlink");
+        let mut journal = Journal::open(&dir, scope()).expect("open");
+        let frame = journal
+            .record("usage.add", json!({"n": 1}))
+            .expect("record");
+        assert_eq!(fs::read(&target).expect("target"), b"keep me");
+        assert_eq!(
+            load_frames(&journal.frame_path(1), "sekret").expect("load"),
+            [frame]
+        );
+        assert_eq!(self::names(&dir), ["00000000000000000001.json"]);
     }
 
     /// A recycled folder's spare files are reused, never read as frames; past
