@@ -18,7 +18,8 @@
 //!   that admission's `turn.settled`. Phases from the ledger's `created_at` (admission commit,
 //!   `turn.started`, `turn.settled`) and the model's arrival stamps, one host clock. CPU per turn
 //!   is the owner's `utime+stime+cutime+cstime` over the measured turns (the workers it reaped
-//!   count in `cutime`/`cstime`), divided by the turns. `DROVER_BENCH_PAUSE_MS` (default 0)
+//!   count in `cutime`/`cstime`) plus its live worker template's `utime+stime`, divided by the
+//!   turns. `DROVER_BENCH_PAUSE_MS` (default 0)
 //!   waits that long after each measured turn, as a person would before the next prompt.
 //! - `acks`: `DROVER_BENCH_CLIENTS` client processes, each with its own session whose first
 //!   input holds a turn at the model, so every later `prompt.submit` is a pure durable admission.
@@ -143,6 +144,32 @@ fn cpu_s(pid: &str, children: bool) -> Result<f64> {
     Ok(ticks / TICKS_PER_S)
 }
 
+/// CPU seconds of the daemon `pid` and of what works for it: its own, the workers it reaped
+/// (`cutime + cstime`), and its live worker template's (issue 15: the template forks each
+/// spare, and its CPU reaches no `cutime` while the daemon runs).
+fn owner_cpu_s(pid: u32) -> Result<f64> {
+    let mut cpu = cpu_s(&pid.to_string(), true)?;
+    for child in children(pid) {
+        let comm = std::fs::read_to_string(format!("/proc/{child}/comm")).unwrap_or_default();
+        if comm.trim() == "drover-template" {
+            cpu += cpu_s(&child, false).unwrap_or(0.0);
+        }
+    }
+    Ok(cpu)
+}
+
+/// The direct children of `pid`, from `/proc/<pid>/task/*/children`.
+fn children(pid: u32) -> Vec<String> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|c| c.split_whitespace().map(str::to_string).collect::<Vec<_>>())
+        .collect()
+}
+
 /// `(VmRSS MiB, Threads)` from `/proc/<pid>/status`.
 fn rss_threads(pid: u32) -> Result<(f64, u64)> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -162,22 +189,20 @@ fn rss_threads(pid: u32) -> Result<(f64, u64)> {
     Ok((field("VmRSS:")? / 1024.0, field("Threads:")? as u64))
 }
 
-/// The direct children of `pid` that serve a turn (its workers), from
-/// `/proc/<pid>/task/*/children`; the spare worker waiting for the next turn (named
-/// `drover-spare` until its bootstrap arrives) is not one: it is always there.
+/// The direct children of `pid` that serve a turn (its workers); the spare worker waiting for
+/// the next turn (named `drover-spare` until its bootstrap arrives) is not one: it is always
+/// there, nor is the worker template (`drover-template`, which a just-forked spare is still
+/// named for a moment).
 fn workers(pid: u32) -> usize {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return 0;
-    };
-    tasks
-        .flatten()
-        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
-        .flat_map(|c| {
-            c.split_whitespace()
-                .map(|child| std::fs::read_to_string(format!("/proc/{child}/comm")))
-                .collect::<Vec<_>>()
+    children(pid)
+        .into_iter()
+        .map(|child| std::fs::read_to_string(format!("/proc/{child}/comm")))
+        .filter(|comm| {
+            !matches!(
+                comm.as_deref().map(str::trim),
+                Ok("drover-spare" | "drover-template")
+            )
         })
-        .filter(|comm| !matches!(comm.as_deref().map(str::trim), Ok("drover-spare")))
         .count()
 }
 
@@ -619,7 +644,7 @@ async fn warm(s: &Settings, model: &Model) -> Result<(String, Value)> {
     let mut client = ClientProc::spawn("warm", &daemon, home.work(), &[s.warmup, s.turns])?;
     let sid = session_id(&client.line(RUN_LIMIT).await?)?;
     workers_reaped(pid).await?;
-    let cpu0 = cpu_s(&pid.to_string(), true)?;
+    let cpu0 = owner_cpu_s(pid)?;
     client.go().await?;
     let mut turns = Vec::with_capacity(s.turns);
     for _ in 0..s.turns {
@@ -628,7 +653,7 @@ async fn warm(s: &Settings, model: &Model) -> Result<(String, Value)> {
     client.line(WAIT).await?;
     client.finish().await?;
     workers_reaped(pid).await?;
-    let cpu = cpu_s(&pid.to_string(), true)? - cpu0;
+    let cpu = owner_cpu_s(pid)? - cpu0;
     let (rss_after, threads_after) = rss_threads(pid)?;
     daemon.stop().await?;
 
@@ -773,9 +798,9 @@ async fn acks(s: &Settings, model: &Model) -> Result<(String, Value)> {
     let mut floors = vec![sqlite_floor(&floor_dir, total)?];
     let (mut rates, mut acks, mut client_cpu, mut owner_cpu) = (vec![], vec![], 0.0, 0.0);
     for _ in 0..s.rounds {
-        let cpu0 = cpu_s(&pid.to_string(), true)?;
+        let cpu0 = owner_cpu_s(pid)?;
         let lines = run_round(&mut procs).await?;
-        owner_cpu += cpu_s(&pid.to_string(), true)? - cpu0;
+        owner_cpu += owner_cpu_s(pid)? - cpu0;
         rates.push(total as f64 / wall_s(&lines));
         for l in &lines {
             acks.extend(
@@ -850,7 +875,7 @@ async fn scale(s: &Settings, model: &Model) -> Result<(String, Value)> {
         p.line(RUN_LIMIT).await?;
     }
     let (rss_idle, threads_idle) = rss_threads(pid)?;
-    let cpu0 = cpu_s(&pid.to_string(), true)?;
+    let cpu0 = owner_cpu_s(pid)?;
     // Peaks sampled every 10 ms while the turns run.
     let stop = Arc::new(tokio::sync::Notify::new());
     let sampler = {
@@ -878,7 +903,7 @@ async fn scale(s: &Settings, model: &Model) -> Result<(String, Value)> {
         p.finish().await?;
     }
     workers_reaped(pid).await?;
-    let cpu = cpu_s(&pid.to_string(), true)? - cpu0;
+    let cpu = owner_cpu_s(pid)? - cpu0;
     let (rss_after, _) = rss_threads(pid)?;
     daemon.stop().await?;
 

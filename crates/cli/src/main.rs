@@ -108,14 +108,20 @@ enum Command {
     },
     /// Internal: a managed worker, started by the owner only.
     #[command(hide = true)]
-    Worker,
+    Worker {
+        /// Be the owner's worker template: fork a spare worker per request on stdin.
+        #[arg(long)]
+        template: bool,
+    },
 }
 
 fn main() -> ExitCode {
     // The owner starts `drover worker` for every turn: it skips building the whole command
     // line's parser (issue 15: clap's subcommand tree was about 4% of a worker's start).
-    if is_worker_command_line(std::env::args_os().skip(1)) {
-        return drover_worker::main_entry().into();
+    match worker_command_line(std::env::args_os().skip(1)) {
+        Some(WorkerLine::Worker) => return drover_worker::main_entry().into(),
+        Some(WorkerLine::Template) => return drover_worker::template_entry().into(),
+        None => {}
     }
     // A command line that does not parse exits 1, not clap's 2: 2 means "recorded but not
     // sent" for `job publish` and "went quiet" for `job submit` (SPEC section 7).
@@ -179,7 +185,8 @@ fn main() -> ExitCode {
             });
             drover_owner::run_daemon(&home, lifetime, ready)
         }
-        Command::Worker => drover_worker::main_entry(),
+        Command::Worker { template: false } => drover_worker::main_entry(),
+        Command::Worker { template: true } => drover_worker::template_entry(),
         Command::Run(args) => commands::block_on(run::run(home, args)),
         Command::Stop => commands::block_on(commands::stop(home)),
         Command::Sessions { json } => commands::block_on(session_cmd::sessions(&home, json)),
@@ -205,24 +212,42 @@ fn main() -> ExitCode {
     exit.into()
 }
 
-/// Whether the arguments after the program's name are exactly `worker`, as the owner starts
-/// a worker. Any other form (`drover --home H worker`) goes through the parser.
-fn is_worker_command_line(mut args: impl Iterator<Item = std::ffi::OsString>) -> bool {
-    args.next().is_some_and(|a| a == "worker") && args.next().is_none()
+/// The two command lines the owner starts a worker with, read without the parser.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WorkerLine {
+    /// `drover worker`
+    Worker,
+    /// `drover worker --template`
+    Template,
+}
+
+/// Which worker command line the arguments after the program's name are, exactly as the owner
+/// starts one. Any other form (`drover --home H worker`) goes through the parser.
+fn worker_command_line(mut args: impl Iterator<Item = std::ffi::OsString>) -> Option<WorkerLine> {
+    if args.next()? != "worker" {
+        return None;
+    }
+    match (args.next(), args.next()) {
+        (None, _) => Some(WorkerLine::Worker),
+        (Some(flag), None) if flag == "--template" => Some(WorkerLine::Template),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::is_worker_command_line;
+    use super::{worker_command_line, WorkerLine};
 
     #[test]
-    fn only_a_bare_worker_command_line_skips_the_parser() {
-        let line = |args: &[&str]| is_worker_command_line(args.iter().map(Into::into));
-        assert!(line(&["worker"]));
-        assert!(!line(&[]));
-        assert!(!line(&["worker", "--help"]));
-        assert!(!line(&["--home", "/h", "worker"]));
-        assert!(!line(&["workers"]));
-        assert!(!line(&["run", "worker"]));
+    fn only_the_owners_worker_command_lines_skip_the_parser() {
+        let line = |args: &[&str]| worker_command_line(args.iter().map(Into::into));
+        assert_eq!(line(&["worker"]), Some(WorkerLine::Worker));
+        assert_eq!(line(&["worker", "--template"]), Some(WorkerLine::Template));
+        assert_eq!(line(&[]), None);
+        assert_eq!(line(&["worker", "--help"]), None);
+        assert_eq!(line(&["worker", "--template", "x"]), None);
+        assert_eq!(line(&["--home", "/h", "worker"]), None);
+        assert_eq!(line(&["workers"]), None);
+        assert_eq!(line(&["run", "worker"]), None);
     }
 }

@@ -159,10 +159,17 @@ async fn a_spare_killed_while_waiting_is_replaced_and_the_next_turn_completes() 
 async fn a_killed_owner_leaves_no_spare_behind() {
     let mut s = setup().await;
     let spare = s.daemon.wait_spare().await.unwrap();
+    let templates = s.daemon.template_pids();
+    assert_eq!(templates.len(), 1, "{templates:?}");
     s.daemon.kill().unwrap();
     assert!(
         wait::until(BOUND, async || !pid_alive(spare)).await,
         "spare {spare} outlived its owner"
+    );
+    assert!(
+        wait::until(BOUND, async || !pid_alive(templates[0])).await,
+        "worker template {} outlived its owner",
+        templates[0]
     );
 }
 
@@ -170,6 +177,8 @@ async fn a_killed_owner_leaves_no_spare_behind() {
 async fn drover_stop_reaps_the_spare() {
     let mut s = setup().await;
     let spare = s.daemon.wait_spare().await.unwrap();
+    let templates = s.daemon.template_pids();
+    assert_eq!(templates.len(), 1, "{templates:?}");
     let out = tokio::process::Command::new(bin())
         .arg("--home")
         .arg(s.home.path())
@@ -183,6 +192,15 @@ async fn drover_stop_reaps_the_spare() {
     // and died of PR_SET_PDEATHSIG would have logged its SIGTERM there.
     assert!(wait::until(BOUND, async || reaped(spare)).await);
     assert_eq!(spare_logs(s.home.path()), Vec::<String>::new());
+    // And the worker template, whose empty log is removed too.
+    assert!(wait::until(BOUND, async || reaped(templates[0])).await);
+    let left: Vec<String> = std::fs::read_dir(worker_logs(s.home.path()))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("template-"))
+        .collect();
+    assert_eq!(left, Vec::<String>::new());
 }
 
 /// Issue 15, "a lean worker start": the `drover` binary every turn's worker runs is linked at a
@@ -205,7 +223,9 @@ fn turn_logs(home: &Path) -> Vec<String> {
         .map(|dir| {
             dir.flatten()
                 .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.ends_with(".log") && !n.starts_with("spare-"))
+                .filter(|n| {
+                    n.ends_with(".log") && !n.starts_with("spare-") && !n.starts_with("template-")
+                })
                 .collect()
         })
         .unwrap_or_default();
@@ -334,4 +354,74 @@ async fn turns_one_after_another_recycle_one_outbox_folder() {
         assert!(name.starts_with(".spare-"), "{name}");
         assert_eq!(entry.metadata().unwrap().len(), 0, "{name} is not empty");
     }
+}
+
+/// The command line of `pid`, its arguments joined by spaces.
+fn cmdline(pid: u32) -> String {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| {
+            String::from_utf8_lossy(&b)
+                .replace('\0', " ")
+                .trim()
+                .to_string()
+        })
+        .unwrap_or_default()
+}
+
+/// Issue 15, "a lean worker start": spares are forked by one worker template (`drover worker
+/// --template`), not exec'd, and are the owner's own children. A killed template costs no
+/// turn: the spare it forked still serves, the next spare is exec'd, and a new template forks
+/// the ones after.
+#[tokio::test]
+async fn spares_are_forked_by_the_worker_template_and_a_killed_one_is_replaced() {
+    let mut s = setup().await;
+    let spare = s.daemon.wait_spare().await.unwrap();
+    let templates = s.daemon.template_pids();
+    assert_eq!(templates.len(), 1, "{templates:?}");
+    let template = templates[0];
+    assert_eq!(process_name(template).as_deref(), Some("drover-template"));
+    // Forked, not exec'd: the spare keeps the template's command line; it is the daemon's
+    // child (spare_pids lists the daemon's children only).
+    assert!(
+        cmdline(template).ends_with("worker --template"),
+        "{}",
+        cmdline(template)
+    );
+    assert_eq!(cmdline(spare), cmdline(template));
+    let (_, outcome) = s.turn("served by a forked worker").await.unwrap();
+    assert_eq!(outcome, "completed");
+    assert!(
+        wait::until(BOUND, async || reaped(spare)).await,
+        "the forked worker was not reaped"
+    );
+
+    // The template killed: the waiting spare still serves the next turn.
+    let waiting = new_spare(&s, spare).await;
+    signal(template, Signal::SIGKILL);
+    let (_, outcome) = s.turn("after the template died").await.unwrap();
+    assert_eq!(outcome, "completed");
+    assert!(wait::until(BOUND, async || reaped(waiting)).await);
+    // The next spare could not be forked by the dead template; a new template forks the one
+    // after it.
+    let (_, outcome) = s.turn("once more").await.unwrap();
+    assert_eq!(outcome, "completed");
+    assert!(
+        wait::until(BOUND, async || reaped(template)).await,
+        "the killed template was not reaped"
+    );
+    let mut forked = None;
+    assert!(
+        wait::until(BOUND, async || {
+            let new = s.daemon.template_pids();
+            forked = s.daemon.spare_pids().into_iter().find(|p| {
+                new.iter()
+                    .any(|t| cmdline(*t) == cmdline(*p) && *t != template)
+            });
+            forked.is_some()
+        })
+        .await,
+        "no spare forked by a new template: templates {:?}, spares {:?}",
+        s.daemon.template_pids(),
+        s.daemon.spare_pids()
+    );
 }

@@ -5,7 +5,8 @@
 //! type, [`error`]), admits inputs in group commits that also claim an idle session's turn
 //! ([`admit`]), fans events out to attached connections ([`hub`]), claims
 //! turns and supervises one `drover worker` process per turn ([`turns`]), keeping one started
-//! ahead of the next claim ([`spare`]), and recovers after a
+//! ahead of the next claim ([`spare`]), forked by a worker template ([`template`]) where it
+//! can be, and recovers after a
 //! crash (older-epoch work becomes `unknown`, never replayed).
 //! Its endpoint is loopback plain ws, or TLS ([`tls`]) when `[daemon]` says so; its log is
 //! private and bounded ([`logfile`]), and so is the number of turns' worker logs it keeps
@@ -23,7 +24,8 @@
 //! ([`browser`]). Workers' outbox folders are recycled from turn to turn ([`outboxes`]).
 //!
 //! Layers (bottom to top; a module uses only those below it): `browser`, `config`, `error`, `home`, `hub`,
-//! `jobs`, `logfile`, `mcp`, [`outboxes`], `sandbox`, [`spare`], `telemetry`, `tls`, [`worker_logs`] < [`runtime`] < [`turns`] <
+//! `jobs`, `logfile`, `mcp`, [`outboxes`], `sandbox`, `telemetry`, `tls`, [`worker_logs`],
+//! [`worker_process`] < [`template`] < [`spare`] < [`runtime`] < [`turns`] <
 //! [`admit`] < [`rpc`] < [`dashboard`] < [`server`] < [`daemon`].
 
 pub mod admit;
@@ -45,8 +47,10 @@ pub mod sandbox;
 pub mod server;
 pub mod spare;
 pub mod telemetry;
+pub mod template;
 pub mod tls;
 pub mod turns;
 pub mod worker_logs;
+pub mod worker_process;
 
 pub use daemon::run_daemon;

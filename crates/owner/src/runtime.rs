@@ -69,6 +69,9 @@ pub struct Owner {
     pub mcp: McpStatusTable,
     /// The `drover` executable to start workers with (`drover worker`).
     pub worker_exe: PathBuf,
+    /// Whether `worker_exe` is this very binary, so a worker template (`worker --template`)
+    /// may fork its workers (issue 15); not for a wrapper such as `$DROVER_WORKER_EXE`.
+    worker_forkable: bool,
     /// The spare worker, started ahead of the next claim (issue 15).
     pub spare: SpareSlot,
     /// Recycled outbox folders (issue 15).
@@ -172,6 +175,7 @@ impl Owner {
             browser,
             hub: Hub::default(),
             mcp: McpStatusTable::default(),
+            worker_forkable: std::env::current_exe().is_ok_and(|own| own == worker_exe),
             worker_exe,
             spare: SpareSlot::default(),
             outboxes,
@@ -215,6 +219,7 @@ impl Owner {
     pub fn worker_command(&self) -> WorkerCommand {
         WorkerCommand {
             exe: self.worker_exe.clone(),
+            forkable: self.worker_forkable,
             without_env: self
                 .api_key_envs
                 .lock()

@@ -26,22 +26,17 @@
 //! Told apart from a turn's worker from outside by its process name: `drover-spare` until its
 //! bootstrap arrives, `drover-worker` after (`drover_worker::SPARE_NAME`).
 
-use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-/// The environment variable that carries the owner's pid to its workers.
-const OWNER_PID_ENV: &str = "DROVER_OWNER_PID";
-
-/// How long a discarded spare has to be reaped after SIGKILL.
-const DISCARD_WAIT: Duration = Duration::from_secs(2);
+use crate::template::TemplateSlot;
+use crate::worker_process::remove_if_empty;
+pub use crate::worker_process::{Handoff, StartedWorker, WorkerCommand, WorkerProcess};
 /// First and largest pause before replacing a spare that died while waiting, so a worker
 /// binary that cannot start is not restarted in a loop.
 const RESTART_FIRST: Duration = Duration::from_millis(100);
@@ -49,142 +44,6 @@ const RESTART_MOST: Duration = Duration::from_secs(5);
 /// How long the keeper waits for a taken spare's bootstrap to be written before it starts the
 /// next spare anyway.
 const HANDOFF_WAIT: Duration = Duration::from_millis(200);
-
-/// What makes a worker process: the `drover` binary and the variables it must not inherit.
-#[derive(Debug, Clone)]
-pub struct WorkerCommand {
-    /// The binary, run as `<exe> worker`.
-    pub exe: PathBuf,
-    /// Every `[model] api_key_env` read so far: the worker gets the key in its bootstrap, and
-    /// the tools it runs must not see it.
-    pub without_env: BTreeSet<String>,
-}
-
-/// A started `drover worker` with its pipes, before or after it is given a turn.
-#[derive(Debug)]
-pub struct StartedWorker {
-    /// The process (killed if dropped).
-    pub child: Child,
-    /// Its stdin: the bootstrap and the owner's frames.
-    pub stdin: ChildStdin,
-    /// Its stdout: its frames.
-    pub stdout: ChildStdout,
-    /// The file its stderr goes to.
-    log: PathBuf,
-    /// The variables removed from its environment.
-    without_env: BTreeSet<String>,
-    /// For a spare given to a turn: tells the keeper the turn's bootstrap is written, so the
-    /// next spare may start ([`StartedWorker::handoff`]).
-    handed_off: Option<oneshot::Sender<()>>,
-}
-
-impl StartedWorker {
-    /// Starts `<exe> worker` with its stderr appended to `log` (created 0600), stdin and stdout
-    /// piped, and `$DROVER_OWNER_PID` set. Its working directory is the owner's: a turn's tools
-    /// run in the session's `cwd` from the policy, whenever the process started.
-    pub fn start(command: &WorkerCommand, log: &Path) -> std::io::Result<StartedWorker> {
-        use std::os::unix::fs::OpenOptionsExt;
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .mode(0o600)
-            .open(log)?;
-        let mut cmd = Command::new(&command.exe);
-        cmd.arg("worker");
-        for name in &command.without_env {
-            cmd.env_remove(name);
-        }
-        // Issue 16: the worker exports to the owner's endpoint (its trace context comes in the
-        // bootstrap, so a spare started before the turn joins the turn's trace).
-        if let Some(endpoint) = drover_telemetry::endpoint() {
-            cmd.env(drover_telemetry::OTLP_ENDPOINT_ENV, endpoint);
-        }
-        cmd.env_remove("OPENAI_API_KEY")
-            .env(OWNER_PID_ENV, std::process::id().to_string())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(file))
-            .kill_on_drop(true);
-        let mut child = cmd.spawn()?;
-        match (child.stdin.take(), child.stdout.take()) {
-            (Some(stdin), Some(stdout)) => Ok(StartedWorker {
-                child,
-                stdin,
-                stdout,
-                log: log.to_path_buf(),
-                without_env: command.without_env.clone(),
-                handed_off: None,
-            }),
-            _ => {
-                let _ = child.start_kill();
-                Err(std::io::Error::other("the worker's pipes are missing"))
-            }
-        }
-    }
-
-    /// What to call once this worker's bootstrap is written: for a spare, it lets the keeper
-    /// start the next one (dropped unused, it does too). A no-op for a fresh worker.
-    pub fn handoff(&mut self) -> Handoff {
-        Handoff(self.handed_off.take())
-    }
-
-    /// The worker's pid, while it runs.
-    pub fn pid(&self) -> Option<u32> {
-        self.child.id()
-    }
-
-    /// Whether this worker's environment is right for a turn started now: it lacks every
-    /// variable `command` removes.
-    pub fn fits(&self, command: &WorkerCommand) -> bool {
-        command.without_env.is_subset(&self.without_env)
-    }
-
-    /// Moves the worker's log to `log` (the open file goes on being written under its new
-    /// name). A failure is logged: the worker's log then keeps its spare name.
-    pub fn rename_log(&mut self, log: &Path) {
-        match std::fs::rename(&self.log, log) {
-            Ok(()) => self.log = log.to_path_buf(),
-            Err(e) => tracing::warn!(
-                from = %self.log.display(),
-                to = %log.display(),
-                error = %e,
-                "cannot rename the spare worker's log"
-            ),
-        }
-    }
-
-    /// Kills and reaps a worker that was never given a turn, and removes its log unless it
-    /// says something (a crash's last words are kept).
-    async fn discard(mut self) {
-        let _ = self.child.start_kill();
-        if tokio::time::timeout(DISCARD_WAIT, self.child.wait())
-            .await
-            .is_err()
-        {
-            tracing::warn!(pid = ?self.child.id(), "a discarded spare worker was not reaped in time");
-        }
-        remove_if_empty(&self.log);
-    }
-}
-
-/// A taken spare's turn has written its bootstrap (or given up: dropped).
-#[derive(Debug)]
-pub struct Handoff(Option<oneshot::Sender<()>>);
-
-impl Handoff {
-    /// The bootstrap is written: the keeper may start the next spare.
-    pub fn done(self) {
-        if let Some(tx) = self.0 {
-            let _ = tx.send(());
-        }
-    }
-}
-
-fn remove_if_empty(log: &Path) {
-    if std::fs::metadata(log).is_ok_and(|m| m.len() == 0) {
-        let _ = std::fs::remove_file(log);
-    }
-}
 
 /// A request for the spare, answered with it (or dropped when there is none).
 type Request = oneshot::Sender<StartedWorker>;
@@ -238,7 +97,7 @@ impl SpareSlot {
         let (reply, answer) = oneshot::channel();
         self.requests.try_send(reply).ok()?;
         let mut spare = answer.await.ok()?;
-        match spare.child.try_wait() {
+        match spare.process.try_wait() {
             Ok(None) => Some(spare),
             Ok(Some(status)) => {
                 tracing::warn!(%status, "the spare worker had died; starting a fresh worker");
@@ -263,7 +122,8 @@ impl SpareSlot {
     }
 }
 
-/// Removes `spare-*.log` under `logs`: spares of an owner that is gone.
+/// Removes `spare-*.log` and `template-*.log` under `logs`: spares and worker templates of an
+/// owner that is gone.
 fn remove_spare_logs(logs: &Path) {
     let Ok(dir) = std::fs::read_dir(logs) else {
         return;
@@ -271,7 +131,8 @@ fn remove_spare_logs(logs: &Path) {
     for entry in dir.flatten() {
         let name = entry.file_name();
         let name = name.to_string_lossy();
-        if name.starts_with("spare-") && name.ends_with(".log") {
+        let ours = name.starts_with("spare-") || name.starts_with("template-");
+        if ours && name.ends_with(".log") {
             let _ = std::fs::remove_file(entry.path());
         }
     }
@@ -280,7 +141,7 @@ fn remove_spare_logs(logs: &Path) {
 /// Waits for the spare to exit; never, when there is none.
 async fn died(spare: &mut Option<StartedWorker>) -> std::io::Result<std::process::ExitStatus> {
     match spare {
-        Some(s) => s.child.wait().await,
+        Some(s) => s.process.wait().await,
         None => std::future::pending().await,
     }
 }
@@ -309,13 +170,41 @@ async fn wait_without_spare(
 }
 
 /// The keeper: starts a spare, then hands it to the next request, replaces it when it dies,
-/// and discards it when stopped.
+/// and discards it when stopped. Spares are forked by the worker template when it may be used
+/// ([`crate::template`]), else exec'd.
 async fn keep_spare<F>(
     logs: PathBuf,
     epoch: u64,
     command: F,
+    requests: mpsc::Receiver<Request>,
+    stop: CancellationToken,
+) where
+    F: Fn() -> Option<WorkerCommand> + Send + 'static,
+{
+    let mut templates = TemplateSlot::new(logs.join(format!("template-{epoch}.log")));
+    keep_spares(&logs, epoch, command, requests, stop, &mut templates).await;
+    templates.stop().await;
+}
+
+/// A spare for `command`: forked by the template, or exec'd.
+async fn start_spare(
+    command: &WorkerCommand,
+    log: &Path,
+    templates: &mut TemplateSlot,
+) -> std::io::Result<StartedWorker> {
+    match templates.fork(command, log).await {
+        Some(spare) => Ok(spare),
+        None => StartedWorker::start(command, log),
+    }
+}
+
+async fn keep_spares<F>(
+    logs: &Path,
+    epoch: u64,
+    command: F,
     mut requests: mpsc::Receiver<Request>,
     stop: CancellationToken,
+    templates: &mut TemplateSlot,
 ) where
     F: Fn() -> Option<WorkerCommand> + Send + 'static,
 {
@@ -327,7 +216,7 @@ async fn keep_spare<F>(
         let Some(command) = command() else {
             return;
         };
-        let mut spare = match StartedWorker::start(&command, &log) {
+        let mut spare = match start_spare(&command, &log, templates).await {
             Ok(s) => Some(s),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot start a spare worker; turns start their own");

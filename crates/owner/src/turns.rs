@@ -25,14 +25,14 @@ use serde::Deserialize;
 use serde_json::Value;
 use tokio::io::AsyncWriteExt;
 use tokio::io::BufReader;
-use tokio::process::{Child, ChildStdin, ChildStdout};
+use tokio::net::unix::pipe;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::Instrument;
 
 use crate::home::new_token;
 use crate::runtime::{Owner, RunningTurn};
-use crate::spare::{Handoff, StartedWorker};
+use crate::spare::{Handoff, StartedWorker, WorkerProcess};
 
 /// How long a worker that closed its stdout has to exit before it is killed.
 const WORKER_EXIT_WAIT: Duration = Duration::from_secs(5);
@@ -236,7 +236,7 @@ async fn spare_or_fresh(owner: &Owner, execution_id: &str) -> std::io::Result<St
     StartedWorker::start(&command, &log)
 }
 
-async fn write_frame(stdin: &mut ChildStdin, frame: &OwnerFrame) -> std::io::Result<()> {
+async fn write_frame(stdin: &mut pipe::Sender, frame: &OwnerFrame) -> std::io::Result<()> {
     let mut line = serde_json::to_vec(frame).map_err(std::io::Error::other)?;
     line.push(b'\n');
     stdin.write_all(&line).await?;
@@ -506,12 +506,12 @@ async fn fail_unstarted(owner: &Arc<Owner>, claim: &Claim, error: String) {
 async fn start_worker(
     owner: &Arc<Owner>,
     claim: &Claim,
-) -> Option<(Child, ChildStdin, ChildStdout, Handoff)> {
+) -> Option<(WorkerProcess, pipe::Sender, pipe::Receiver, Handoff)> {
     let execution_id = &claim.execution_id;
     match spare_or_fresh(owner, execution_id).await {
         Ok(mut w) => {
             let handoff = w.handoff();
-            Some((w.child, w.stdin, w.stdout, handoff))
+            Some((w.process, w.stdin, w.stdout, handoff))
         }
         Err(e) => {
             tracing::error!(error = %e, %execution_id, "cannot start worker");
@@ -568,7 +568,7 @@ fn register_turn(owner: &Owner, claim: &Claim, control: &mpsc::Sender<OwnerFrame
 /// (then `sent` says whether they all went), then each control frame, until the queue closes
 /// or the pipe breaks.
 async fn write_stdin(
-    mut stdin: ChildStdin,
+    mut stdin: pipe::Sender,
     bootstrap: Vec<OwnerFrame>,
     handoff: Handoff,
     sent: oneshot::Sender<std::io::Result<()>>,
@@ -628,8 +628,8 @@ impl WorkerPipe {
     /// Reads the worker's lines until it closes its stdout or is signalled.
     async fn serve(
         &mut self,
-        child: &mut Child,
-        stdout: ChildStdout,
+        child: &mut WorkerProcess,
+        stdout: pipe::Receiver,
         signals: &TurnSignals,
     ) -> LoopEnd {
         let execution_id = self.execution_id.clone();
@@ -919,7 +919,7 @@ impl WorkerPipe {
 
 /// Reaps a worker that closed its stdout or was signalled, bounded: SIGKILL if it outstays
 /// its wait.
-async fn reap(child: &mut Child, end: LoopEnd, execution_id: &str) {
+async fn reap(child: &mut WorkerProcess, end: LoopEnd, execution_id: &str) {
     let within = match end {
         LoopEnd::Eof => WORKER_EXIT_WAIT,
         LoopEnd::Signalled => WORKER_TERM_GRACE,
@@ -954,7 +954,7 @@ async fn kill_left_tools(worker_pid: i32) {
 /// `execution.finish` (as when its owner dies). A SIGKILL alone would leave a tool that ignores
 /// SIGTERM running with nobody to stop it; the SIGKILL follows if it has not exited within
 /// [`WORKER_TERM_GRACE`].
-fn terminate(child: &mut Child, execution_id: &str) {
+fn terminate(child: &mut WorkerProcess, execution_id: &str) {
     let term = child
         .id()
         .and_then(|pid| i32::try_from(pid).ok())

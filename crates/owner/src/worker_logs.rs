@@ -4,7 +4,8 @@
 //! and removes older ones, oldest first (by modification time, then name).
 //!
 //! - What is never removed: a running turn's log (the caller names them), the spare's
-//!   (`spare-*.log`, [`crate::spare`]), and anything that is not a `*.log` file.
+//!   (`spare-*.log`, [`crate::spare`]), the worker template's (`template-*.log`,
+//!   [`crate::template`]), and anything that is not a `*.log` file.
 //! - When: once at start, then whenever the turns ended since the last pass may have put more
 //!   than an eighth over the limit ([`WorkerLogs::turn_ended`]), so a pass (a listing and a
 //!   `stat` per file) runs once per `keep / 8` turns, not at every turn. Between passes the
@@ -145,11 +146,12 @@ pub fn prune_dir(dir: &Path, keep: usize, running: &HashSet<String>) -> io::Resu
 }
 
 /// The execution id of a turn's log file name (`<execution_id>.log`); `None` for a spare's
-/// log and anything else.
+/// or the worker template's log (`template-*.log`) and anything else.
 fn turn_log_id(path: &Path) -> Option<&str> {
     let name = path.file_name()?.to_str()?;
     let id = name.strip_suffix(".log")?;
-    (!id.is_empty() && !id.starts_with("spare-") && !id.starts_with('.')).then_some(id)
+    let other = id.starts_with("spare-") || id.starts_with("template-") || id.starts_with('.');
+    (!id.is_empty() && !other).then_some(id)
 }
 
 #[cfg(test)]
@@ -183,6 +185,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         logs(dir.path(), 6);
         std::fs::write(dir.path().join("spare-3-9.log"), "").unwrap();
+        std::fs::write(dir.path().join("template-3.log"), "").unwrap();
         std::fs::write(dir.path().join("notes.txt"), "").unwrap();
         std::fs::create_dir(dir.path().join("folder.log")).unwrap();
         // e0 is the oldest but its turn still runs.
@@ -203,7 +206,8 @@ mod tests {
                 "e5.log",
                 "folder.log",
                 "notes.txt",
-                "spare-3-9.log"
+                "spare-3-9.log",
+                "template-3.log"
             ]
         );
         // Nothing over the limit: nothing removed.

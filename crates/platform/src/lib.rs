@@ -32,12 +32,18 @@
 //! - [`flock_holder`] names the process holding a `flock(2)` lock (the owner's home lock).
 //! - [`limit_malloc_arenas`] caps glibc's malloc arenas (the owner, at its start).
 //!
-//! Layers: `confine` (a leaf: it uses nothing of this file) < the process functions of this file.
+//! - [`fork`]: a single-threaded template forks workers as its parent's children
+//!   ([`fork::fork_sibling`]), held by pidfd ([`fork::ProcessHandle`]); descriptors passed over
+//!   a socket pair ([`fork::FdChannel`]) (issue 15).
+//!
+//! Layers: `confine` and `fork` (leaves: they use nothing of this file) < the process functions
+//! of this file.
 
 // The one crate allowed `unsafe` (issue 10): each block below states its invariant.
 #![allow(unsafe_code)]
 
 pub mod confine;
+pub mod fork;
 
 use std::collections::BTreeSet;
 use std::io;

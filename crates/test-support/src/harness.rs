@@ -312,14 +312,25 @@ impl Daemon {
 
     /// The daemon's direct children that are spare workers (`spare`) or are not. A child
     /// forked but not yet exec'd (its command line is still the daemon's) is neither: it is
-    /// about to become a spare or a worker, and until then it cannot tell which.
+    /// about to become a spare or a worker, and until then it cannot tell which. Nor is the
+    /// worker template (named `drover-template`), or a spare it forked that has not named
+    /// itself yet.
     fn children(&self, spare: bool) -> Vec<u32> {
         let cmdline = |pid: u32| std::fs::read(format!("/proc/{pid}/cmdline")).ok();
         let daemon = cmdline(self.pid());
         children_of(self.pid())
             .into_iter()
             .filter(|pid| cmdline(*pid) != daemon)
+            .filter(|pid| process_name(*pid).as_deref() != Some(TEMPLATE_NAME))
             .filter(|pid| is_spare(*pid) == spare)
+            .collect()
+    }
+
+    /// Pids of the daemon's worker templates (process name `drover-template`; issue 15).
+    pub fn template_pids(&self) -> Vec<u32> {
+        children_of(self.pid())
+            .into_iter()
+            .filter(|pid| process_name(*pid).as_deref() == Some(TEMPLATE_NAME))
             .collect()
     }
 
@@ -431,6 +442,10 @@ pub fn assert_kinds_include(kinds: &[&str], want: &[&str]) {
 
 /// The process name of a worker waiting for its bootstrap (`drover_worker::SPARE_NAME`).
 pub const SPARE_NAME: &str = "drover-spare";
+
+/// The process name of the owner's worker template
+/// (`drover_worker::template::TEMPLATE_NAME`).
+pub const TEMPLATE_NAME: &str = "drover-template";
 
 /// The process name (`comm`) of `pid`, from `/proc/<pid>/stat`.
 pub fn process_name(pid: u32) -> Option<String> {

@@ -50,6 +50,7 @@
 pub mod journal;
 pub mod link;
 pub mod store;
+pub mod template;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -104,8 +105,13 @@ pub enum PrepareError {
 impl Prepared {
     /// Builds what [`Prepared`] holds: the model's HTTP client and the idle outbox thread.
     pub fn new() -> Result<Prepared, PrepareError> {
+        Prepared::with_http(drover_model::http_client()?)
+    }
+
+    /// [`Prepared::new`] with an HTTP client built before (by the template).
+    pub fn with_http(http: drover_model::HttpClient) -> Result<Prepared, PrepareError> {
         Ok(Prepared {
-            http: drover_model::http_client()?,
+            http,
             outbox: OutboxThread::start()?,
         })
     }
@@ -171,6 +177,16 @@ pub fn main_entry() -> Exit {
     if let Some(e) = telemetry_error {
         tracing::warn!(error = %e, "telemetry is off");
     }
+    if !start_process(original_parent, pdeathsig) {
+        return WorkerExit::Aborted.exit();
+    }
+    serve_turn(None, telemetry)
+}
+
+/// What every worker does at its start, however it was started: it leads a session of its
+/// own, checks that its owner is still there, and makes itself non-dumpable. False when the
+/// owner is gone.
+fn start_process(original_parent: i32, pdeathsig: std::io::Result<()>) -> bool {
     if let Err(e) = pdeathsig {
         tracing::warn!(error = %e, "could not set PR_SET_PDEATHSIG; relying on end of stdin");
     }
@@ -181,14 +197,21 @@ pub fn main_entry() -> Exit {
     }
     if let Some(reason) = owner_already_gone(original_parent) {
         tracing::error!("{reason}; exiting");
-        return WorkerExit::Aborted.exit();
+        return false;
     }
     // Issue 13: the execution secret and the model's key are in this process; no tool may
     // read its /proc/<pid>/environ, mem or fd (tools run without CAP_SYS_PTRACE over it).
     if let Err(e) = platform::set_non_dumpable() {
         tracing::warn!(error = %e, "could not make the worker non-dumpable");
     }
+    true
+}
 
+/// The runtime, the [`Prepared`] parts (with `http` when the template built it) and the turn.
+fn serve_turn(
+    http: Option<drover_model::HttpClient>,
+    telemetry: Option<drover_telemetry::Telemetry>,
+) -> Exit {
     // One turn's work is one conversation with the owner and the model, and its tool
     // processes: a current-thread runtime starts no worker threads (issue 15, "a lean worker
     // start"); blocking file work goes to the blocking pool as before.
@@ -207,7 +230,11 @@ pub fn main_entry() -> Exit {
         watch_signals(shutdown.clone());
         // Everything that does not depend on the turn is done before the bootstrap is read:
         // a spare worker does it while it waits (issue 15, "a spare worker").
-        let prepared = match Prepared::new() {
+        let prepared = match http {
+            Some(http) => Prepared::with_http(http),
+            None => Prepared::new(),
+        };
+        let prepared = match prepared {
             Ok(prepared) => prepared,
             Err(e) => {
                 tracing::error!(error = %e, "cannot prepare the worker");
@@ -227,6 +254,44 @@ pub fn main_entry() -> Exit {
         telemetry.shutdown();
     }
     exit.exit()
+}
+
+/// Runs a worker template (`drover worker --template`, issue 15): it does the start-up every
+/// worker shares once (the binary's loading, logging, the model's HTTP client), stays
+/// single-threaded, and forks a spare worker for each request on its stdin, a
+/// `SOCK_SEQPACKET` socket from the owner ([`template`]). Each forked worker is the owner's
+/// child (`CLONE_PARENT`) and goes on as [`main_entry`] does after its start-up. The template
+/// dies with its owner (`PR_SET_PDEATHSIG`) and exits at the end of its stdin. It runs only
+/// without telemetry (an exporter has threads): the owner starts it only then.
+pub fn template_entry() -> Exit {
+    let original_parent = platform::parent_pid();
+    let pdeathsig = platform::set_parent_death_signal(Signal::SIGTERM);
+    let _ = platform::set_thread_name(template::TEMPLATE_NAME);
+    init_logging(None);
+    if !start_process(original_parent, pdeathsig) {
+        return WorkerExit::Aborted.exit();
+    }
+    let http = match drover_model::http_client() {
+        Ok(http) => http,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot build the model's HTTP client");
+            return WorkerExit::Aborted.exit();
+        }
+    };
+    match template::serve_requests() {
+        template::Served::Closed => Exit::Ok,
+        template::Served::Failed => WorkerExit::Aborted.exit(),
+        // The forked spare: its stdio is the request's; its parent is the owner.
+        template::Served::Forked => {
+            let original_parent = platform::parent_pid();
+            let pdeathsig = platform::set_parent_death_signal(Signal::SIGTERM);
+            let _ = platform::set_thread_name(SPARE_NAME);
+            if !start_process(original_parent, pdeathsig) {
+                return WorkerExit::Aborted.exit();
+            }
+            serve_turn(Some(http), None)
+        }
+    }
 }
 
 /// stdin and stdout, on which the owner's and the worker's frames travel. The owner gives a

@@ -1,0 +1,210 @@
+//! The worker template (issue 15, "a lean worker start"): spares forked, not exec'd.
+//!
+//! Exec'ing `drover worker` costs the loader, its relocations and page faults, and the
+//! worker's start-up on every turn. The owner instead starts one `drover worker --template`
+//! process, which does that start-up once, stays single-threaded and forks each spare on
+//! request (`drover_worker::template_entry`). A forked spare is the owner's child
+//! (`CLONE_PARENT`): the owner waits for it, reaps it and kills it through its pidfd
+//! ([`drover_tools::platform::fork::ProcessHandle`]), and it dies with the owner
+//! (`PR_SET_PDEATHSIG`) as an exec'd worker does. SPEC section 4 is unchanged: each turn has a
+//! process of its own that serves that turn only.
+//!
+//! - The owner sends the spare's stdin, stdout and log over a socket pair
+//!   ([`drover_protocol::worker::template`]); the template answers with its pid and pidfd.
+//! - The template is used only when the worker binary is the owner's own (not a wrapper named
+//!   by `$DROVER_WORKER_EXE`) and telemetry is off (an exporter's threads cannot be forked).
+//! - A template whose environment is out of date (a new `api_key_env`) is replaced. One that
+//!   fails (dies, does not answer within [`FORK_WAIT`], cannot fork) is stopped and the spare
+//!   is exec'd instead; after [`FAILURES_MAX`] failures the owner stops using templates.
+//! - Its stderr goes to `<home>/logs/workers/template-<epoch>.log`, removed when the owner stops
+//!   it if empty (a crash's last words are kept).
+//!
+//! Layers: uses [`crate::worker_process`]; the spare keeper ([`crate::spare`]) uses this.
+
+use std::collections::BTreeSet;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use drover_protocol::worker::template::{ForkReply, FORK_REQUEST};
+use drover_tools::platform::fork::{self, FdChannel, ProcessHandle};
+use tokio::process::{Child, Command};
+
+use crate::worker_process::{
+    open_log, worker_environment, StartedWorker, WorkerCommand, WorkerPipes, WorkerProcess,
+};
+
+/// How long the template has to answer a fork request.
+pub const FORK_WAIT: Duration = Duration::from_secs(2);
+/// After this many failed templates the owner execs every spare.
+pub const FAILURES_MAX: u32 = 3;
+/// How long a stopped template has to exit after its socket closed, before SIGKILL.
+const STOP_WAIT: Duration = Duration::from_secs(2);
+
+/// A running template: the process and the owner's end of its socket.
+#[derive(Debug)]
+struct Template {
+    process: Child,
+    control: FdChannel,
+    without_env: BTreeSet<String>,
+}
+
+impl Template {
+    /// Starts `<exe> worker --template` with the worker environment of `command`.
+    fn start(command: &WorkerCommand, log: &Path) -> std::io::Result<Template> {
+        let file = open_log(log)?;
+        let (ours, theirs) = fork::fd_channel_pair()?;
+        let mut cmd = Command::new(&command.exe);
+        cmd.arg("worker").arg("--template");
+        worker_environment(&mut cmd, &command.without_env);
+        cmd.stdin(Stdio::from(theirs))
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(file))
+            .kill_on_drop(true);
+        let process = cmd.spawn()?;
+        Ok(Template {
+            process,
+            control: FdChannel::new(ours)?,
+            without_env: command.without_env.clone(),
+        })
+    }
+
+    /// Asks for a spare with its stderr appended to `log`.
+    async fn fork(&self, log: &Path) -> std::io::Result<StartedWorker> {
+        let file = open_log(log)?;
+        let pipes = WorkerPipes::new()?;
+        let streams = [pipes.stdin.0.as_fd(), pipes.stdout.0.as_fd(), file.as_fd()];
+        let ask = async {
+            self.control.send(FORK_REQUEST, &streams).await?;
+            let mut buf = [0u8; 2 * ForkReply::LEN];
+            let (len, fds) = self.control.recv(&mut buf).await?;
+            if len == 0 {
+                return Err(std::io::Error::other("the template closed its socket"));
+            }
+            let reply = ForkReply::parse(&buf[..len]).ok_or_else(|| {
+                std::io::Error::other(format!("a {len}-byte answer from the template"))
+            })?;
+            if reply.pid <= 0 {
+                return Err(std::io::Error::from_raw_os_error(reply.errno));
+            }
+            let pidfd = fds
+                .into_iter()
+                .next()
+                .ok_or_else(|| std::io::Error::other("the template's answer has no pidfd"))?;
+            ProcessHandle::new(reply.pid, pidfd)
+        };
+        let handle = tokio::time::timeout(FORK_WAIT, ask).await.map_err(|_| {
+            std::io::Error::other(format!("the template did not answer within {FORK_WAIT:?}"))
+        })??;
+        Ok(StartedWorker {
+            process: WorkerProcess::Forked(handle),
+            stdin: pipes.stdin.1,
+            stdout: pipes.stdout.1,
+            log: log.to_path_buf(),
+            without_env: self.without_env.clone(),
+            handed_off: None,
+        })
+    }
+
+    /// Closes its socket (it exits at the end of it) and reaps it, SIGKILL past [`STOP_WAIT`].
+    async fn stop(self) {
+        let Template {
+            mut process,
+            control,
+            ..
+        } = self;
+        drop(control);
+        if tokio::time::timeout(STOP_WAIT, process.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(pid = ?process.id(), "the worker template did not exit; killing it");
+            let _ = process.kill().await;
+        }
+    }
+}
+
+/// The keeper's template, started when first needed and replaced when out of date.
+#[derive(Debug)]
+pub(crate) struct TemplateSlot {
+    template: Option<Template>,
+    log: PathBuf,
+    failures: u32,
+}
+
+impl TemplateSlot {
+    /// No template yet; it logs to `log` once started.
+    pub(crate) fn new(log: PathBuf) -> TemplateSlot {
+        TemplateSlot {
+            template: None,
+            log,
+            failures: 0,
+        }
+    }
+
+    /// A spare for `command` with its stderr appended to `log`: forked by the template when it
+    /// may be used, else `None` (the caller execs one).
+    pub(crate) async fn fork(
+        &mut self,
+        command: &WorkerCommand,
+        log: &Path,
+    ) -> Option<StartedWorker> {
+        if !command.forkable
+            || drover_telemetry::endpoint().is_some()
+            || self.failures >= FAILURES_MAX
+        {
+            return None;
+        }
+        if self
+            .template
+            .as_ref()
+            .is_some_and(|t| t.without_env != command.without_env)
+        {
+            tracing::info!("the worker template's environment is out of date; replacing it");
+            if let Some(old) = self.template.take() {
+                old.stop().await;
+            }
+        }
+        if self.template.is_none() {
+            match Template::start(command, &self.log) {
+                Ok(t) => self.template = Some(t),
+                Err(e) => {
+                    self.failed(format!("cannot start the worker template: {e}"))
+                        .await;
+                    return None;
+                }
+            }
+        }
+        let template = self.template.as_ref()?;
+        match template.fork(log).await {
+            Ok(spare) => Some(spare),
+            Err(e) => {
+                self.failed(format!("the worker template cannot fork a spare: {e}"))
+                    .await;
+                None
+            }
+        }
+    }
+
+    async fn failed(&mut self, why: String) {
+        self.failures += 1;
+        tracing::warn!(failures = self.failures, "{why}; this spare is exec'd");
+        if self.failures >= FAILURES_MAX {
+            tracing::warn!("worker templates keep failing; every spare is exec'd from now on");
+        }
+        if let Some(t) = self.template.take() {
+            t.stop().await;
+        }
+    }
+
+    /// Stops the template, if one runs, and removes its log when empty.
+    pub(crate) async fn stop(&mut self) {
+        if let Some(t) = self.template.take() {
+            t.stop().await;
+        }
+        if std::fs::metadata(&self.log).is_ok_and(|m| m.len() == 0) {
+            let _ = std::fs::remove_file(&self.log);
+        }
+    }
+}

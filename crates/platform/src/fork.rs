@@ -1,0 +1,455 @@
+//! Forking workers from a prepared template (issue 15, "a lean worker start").
+//!
+//! Starting `drover worker` by exec costs its loader, relocations, page faults and start-up
+//! on every turn. A *template* is one `drover worker --template` process, started by exec
+//! once: it does that start-up, stays single-threaded, and forks each worker on request.
+//!
+//! - [`fork_sibling`] forks the calling (single-threaded) process with `CLONE_PARENT`: the new
+//!   process is a child of the caller's parent (the owner), which reaps it and sees it as it
+//!   sees an exec'd worker. The kernel writes the new process's thread id where glibc keeps it
+//!   (`CLONE_CHILD_SETTID` at the address `PR_GET_TID_ADDRESS` gives), as glibc's own `fork`
+//!   does.
+//! - [`ProcessHandle`] is such a child seen through its pidfd: wait for it (async), poll it,
+//!   kill it, without a pid that could be recycled.
+//! - [`replace_stdio`] gives a forked worker the standard streams the owner sent for it.
+//! - [`fd_channel_pair`], [`send_with_fds`], [`recv_with_fds`] and [`FdChannel`]: a
+//!   `SOCK_SEQPACKET` socket pair carrying short messages with descriptors (`SCM_RIGHTS`): the
+//!   owner hands the template a worker's pipes and log, the template answers with the worker's
+//!   pid and pidfd.
+//!
+//! Layers: a leaf; it uses nothing of the crate's other modules.
+
+use std::io::{self, IoSlice, IoSliceMut};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::process::ExitStatusExt;
+use std::process::ExitStatus;
+
+use nix::libc;
+use nix::sys::socket::{
+    recvmsg, sendmsg, socketpair, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags,
+    SockFlag, SockType,
+};
+use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+
+/// The most descriptors one message of an [`FdChannel`] carries.
+pub const FDS_MAX: usize = 4;
+
+/// `EINVAL`, the errno a refused request is answered with.
+pub const EINVAL: i32 = libc::EINVAL;
+
+/// Which side of [`fork_sibling`] this is.
+#[derive(Debug)]
+pub enum Fork {
+    /// The new process.
+    Child,
+    /// The caller: the new process's pid and a pidfd for it (close-on-exec).
+    Parent {
+        /// The new process's pid.
+        pid: i32,
+        /// A pidfd referring to it.
+        pidfd: OwnedFd,
+    },
+}
+
+/// Forks this process as a sibling: the new process's parent is this process's parent
+/// (`CLONE_PARENT`), which gets its exit signal and reaps it. Returns [`Fork::Child`] in the
+/// new process.
+///
+/// Refused unless the caller is single-threaded: the child has only the calling thread, so a
+/// lock another thread held would stay held there forever. `pthread_atfork` handlers do not
+/// run (drover registers none; with one thread no lock they guard can be held).
+pub fn fork_sibling() -> io::Result<Fork> {
+    let threads = std::fs::read_dir("/proc/self/task")?.count();
+    if threads != 1 {
+        return Err(io::Error::other(format!(
+            "a sibling is forked from a single-threaded process only; this one has {threads} threads"
+        )));
+    }
+    let mut tid_address: usize = 0;
+    // SAFETY: PR_GET_TID_ADDRESS stores one pointer (the address the kernel clears at this
+    // thread's exit, which glibc set to its thread descriptor's tid field) into the live local
+    // passed.
+    if unsafe { libc::prctl(libc::PR_GET_TID_ADDRESS, &mut tid_address as *mut usize) } == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut pidfd: libc::c_int = -1;
+    // SAFETY: `clone_args` is plain integers; all zero is valid (no stack, no tls, no set_tid).
+    let mut args: libc::clone_args = unsafe { std::mem::zeroed() };
+    args.flags = (libc::CLONE_PARENT
+        | libc::CLONE_PIDFD
+        | libc::CLONE_CHILD_SETTID
+        | libc::CLONE_CHILD_CLEARTID) as u64;
+    args.pidfd = &mut pidfd as *mut libc::c_int as u64;
+    args.child_tid = tid_address as u64;
+    // `exit_signal` stays 0: with CLONE_PARENT the child takes the caller's own.
+    // SAFETY: clone3 without CLONE_VM and without a stack is fork: the child gets a copy of
+    // this address space and goes on from here on its copy of this stack. This process is
+    // single-threaded (checked above), so no lock is held by a thread the child lacks, and the
+    // kernel writes the child's tid into its copy of glibc's thread descriptor
+    // (CLONE_CHILD_SETTID at `tid_address`), so glibc's view of the thread is right there.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            &mut args as *mut libc::clone_args,
+            std::mem::size_of::<libc::clone_args>(),
+        )
+    };
+    match ret {
+        -1 => Err(io::Error::last_os_error()),
+        0 => Ok(Fork::Child),
+        pid => {
+            // SAFETY: CLONE_PIDFD stored a new pidfd this process owns and nothing else holds.
+            let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+            let pid = i32::try_from(pid).map_err(io::Error::other)?;
+            Ok(Fork::Parent { pid, pidfd })
+        }
+    }
+}
+
+/// Makes `streams` this process's stdin, stdout and stderr, in that order (at most three), and
+/// closes the descriptors given. The new 0 to 2 are not close-on-exec, as standard streams are.
+pub fn replace_stdio(streams: Vec<OwnedFd>) -> io::Result<()> {
+    if streams.len() > 3 {
+        return Err(io::Error::other(format!(
+            "{} descriptors for three standard streams",
+            streams.len()
+        )));
+    }
+    // One of them at 0 to 2 would be closed by dup2 onto it, or when dropped after.
+    if streams.iter().any(|fd| fd.as_raw_fd() <= 2) {
+        return Err(io::Error::other(
+            "a descriptor to install is already a standard stream",
+        ));
+    }
+    for (target, fd) in (0..).zip(&streams) {
+        // SAFETY: dup2(2) on a descriptor this process owns onto a standard stream number; the
+        // stream's previous descriptor is closed by it, and nothing holds it as an `OwnedFd`
+        // (the standard streams belong to no owner).
+        if unsafe { libc::dup2(fd.as_raw_fd(), target) } == -1 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// A child process of this one, held by its pidfd: waited for, polled and killed through it,
+/// so a recycled pid is never signalled. Dropped before it was reaped, it is killed, and
+/// reaped in the background when a runtime is there.
+#[derive(Debug)]
+pub struct ProcessHandle {
+    pid: i32,
+    pidfd: Option<AsyncFd<OwnedFd>>,
+    status: Option<ExitStatus>,
+}
+
+impl ProcessHandle {
+    /// Holds the child `pid` through `pidfd`. Call inside a tokio runtime.
+    pub fn new(pid: i32, pidfd: OwnedFd) -> io::Result<ProcessHandle> {
+        Ok(ProcessHandle {
+            pid,
+            pidfd: Some(register(pidfd, Interest::READABLE)?),
+            status: None,
+        })
+    }
+
+    /// Its pid until it is reaped, as `tokio::process::Child::id`.
+    pub fn id(&self) -> Option<u32> {
+        match self.status {
+            Some(_) => None,
+            None => u32::try_from(self.pid).ok(),
+        }
+    }
+
+    /// Sends SIGKILL unless it was reaped; a process that already exited is not an error.
+    pub fn start_kill(&mut self) -> io::Result<()> {
+        match (&self.status, &self.pidfd) {
+            (None, Some(fd)) => send_kill(fd.get_ref().as_fd()),
+            _ => Ok(()),
+        }
+    }
+
+    /// Its exit status if it has exited (it is reaped then), without waiting.
+    pub fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
+        if let Some(status) = self.status {
+            return Ok(Some(status));
+        }
+        let Some(fd) = &self.pidfd else {
+            return Err(io::Error::other("the process handle has no pidfd"));
+        };
+        let status = reap(fd.get_ref().as_fd())?;
+        self.status = status;
+        Ok(status)
+    }
+
+    /// Waits for it to exit and reaps it.
+    pub async fn wait(&mut self) -> io::Result<ExitStatus> {
+        loop {
+            if let Some(status) = self.try_wait()? {
+                return Ok(status);
+            }
+            let Some(fd) = &self.pidfd else {
+                return Err(io::Error::other("the process handle has no pidfd"));
+            };
+            // A pidfd polls readable once its process has exited.
+            let mut ready = fd.readable().await?;
+            ready.clear_ready();
+        }
+    }
+
+    /// Kills it and waits until it is reaped.
+    pub async fn kill(&mut self) -> io::Result<()> {
+        self.start_kill()?;
+        self.wait().await.map(|_| ())
+    }
+}
+
+impl Drop for ProcessHandle {
+    fn drop(&mut self) {
+        if self.status.is_some() {
+            return;
+        }
+        let _ = self.start_kill();
+        if matches!(self.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        // Not reaped yet: a task does it, so no zombie is left behind.
+        if let (Ok(runtime), Some(pidfd)) =
+            (tokio::runtime::Handle::try_current(), self.pidfd.take())
+        {
+            let mut orphan = ProcessHandle {
+                pid: self.pid,
+                pidfd: Some(pidfd),
+                status: None,
+            };
+            runtime.spawn(async move {
+                let _ = orphan.wait().await;
+            });
+        }
+    }
+}
+
+/// Registers `fd` with the runtime's reactor.
+fn register(fd: OwnedFd, interest: Interest) -> io::Result<AsyncFd<OwnedFd>> {
+    // SAFETY: the `AsyncFd` owns the `OwnedFd`: it stays open, the same description, and its
+    // `as_raw_fd` the same number until the `AsyncFd` drops it.
+    unsafe { AsyncFd::register_with_interest(fd, interest) }.map_err(io::Error::from)
+}
+
+fn send_kill(pidfd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: pidfd_send_signal(2) reads only its integer arguments; `info` is null (the
+    // kernel fills it in as for kill(2)).
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            libc::SIGKILL,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    match ret {
+        -1 => match io::Error::last_os_error() {
+            e if e.raw_os_error() == Some(libc::ESRCH) => Ok(()),
+            e => Err(e),
+        },
+        _ => Ok(()),
+    }
+}
+
+/// Reaps the pidfd's process if it has exited, without waiting.
+fn reap(pidfd: BorrowedFd<'_>) -> io::Result<Option<ExitStatus>> {
+    let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG;
+    loop {
+        return match waitid(Id::PIDFd(pidfd), flags) {
+            Ok(WaitStatus::Exited(_, code)) => Ok(Some(ExitStatus::from_raw((code & 0xff) << 8))),
+            Ok(WaitStatus::Signaled(_, signal, core)) => Ok(Some(ExitStatus::from_raw(
+                signal as i32 | if core { 0x80 } else { 0 },
+            ))),
+            Ok(_) => Ok(None),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => Err(io::Error::from(e)),
+        };
+    }
+}
+
+/// A connected `SOCK_SEQPACKET` pair (close-on-exec): each send is one message, read whole.
+pub fn fd_channel_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(io::Error::from)
+}
+
+/// Sends `bytes` as one message with `fds` attached (at most [`FDS_MAX`]).
+pub fn send_with_fds(
+    socket: BorrowedFd<'_>,
+    bytes: &[u8],
+    fds: &[BorrowedFd<'_>],
+) -> io::Result<()> {
+    if fds.len() > FDS_MAX {
+        return Err(io::Error::other(format!(
+            "{} descriptors in one message, over {FDS_MAX}",
+            fds.len()
+        )));
+    }
+    let raw: Vec<RawFd> = fds.iter().map(AsRawFd::as_raw_fd).collect();
+    let rights = [ControlMessage::ScmRights(&raw)];
+    let cmsgs: &[ControlMessage<'_>] = if raw.is_empty() { &[] } else { &rights };
+    let sent = sendmsg::<()>(
+        socket.as_raw_fd(),
+        &[IoSlice::new(bytes)],
+        cmsgs,
+        MsgFlags::MSG_NOSIGNAL,
+        None,
+    )
+    .map_err(io::Error::from)?;
+    if sent != bytes.len() {
+        return Err(io::Error::other(format!(
+            "sent {sent} of a {}-byte message",
+            bytes.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Receives one message into `buf`: its length (0 at the end: the other side closed) and the
+/// descriptors it carried (close-on-exec). A message whose descriptors did not fit is an error.
+pub fn recv_with_fds(socket: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
+    let mut space = nix::cmsg_space!([RawFd; FDS_MAX]);
+    let mut iov = [IoSliceMut::new(buf)];
+    let msg = recvmsg::<()>(
+        socket.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    )
+    .map_err(io::Error::from)?;
+    let mut fds = Vec::new();
+    for cmsg in msg.cmsgs().map_err(io::Error::from)? {
+        if let ControlMessageOwned::ScmRights(received) = cmsg {
+            // SAFETY: the kernel installed these descriptors in this process for this message;
+            // nothing else refers to them.
+            fds.extend(
+                received
+                    .into_iter()
+                    .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
+            );
+        }
+    }
+    if msg
+        .flags
+        .intersects(MsgFlags::MSG_CTRUNC | MsgFlags::MSG_TRUNC)
+    {
+        return Err(io::Error::other("a control message was cut short"));
+    }
+    Ok((msg.bytes, fds))
+}
+
+/// One end of an [`fd_channel_pair`] used from async code.
+#[derive(Debug)]
+pub struct FdChannel {
+    socket: AsyncFd<OwnedFd>,
+}
+
+impl FdChannel {
+    /// Makes `socket` non-blocking and registers it with the runtime (call inside one).
+    pub fn new(socket: OwnedFd) -> io::Result<FdChannel> {
+        let flags = nix::fcntl::fcntl(socket.as_raw_fd(), nix::fcntl::FcntlArg::F_GETFL)
+            .map_err(io::Error::from)?;
+        let flags = nix::fcntl::OFlag::from_bits_truncate(flags) | nix::fcntl::OFlag::O_NONBLOCK;
+        nix::fcntl::fcntl(socket.as_raw_fd(), nix::fcntl::FcntlArg::F_SETFL(flags))
+            .map_err(io::Error::from)?;
+        Ok(FdChannel {
+            socket: register(socket, Interest::READABLE | Interest::WRITABLE)?,
+        })
+    }
+
+    /// [`send_with_fds`], waiting while the socket is full.
+    pub async fn send(&self, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+        self.socket
+            .async_io(Interest::WRITABLE, |s| send_with_fds(s.as_fd(), bytes, fds))
+            .await
+    }
+
+    /// [`recv_with_fds`], waiting for a message.
+    pub async fn recv(&self, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
+        self.socket
+            .async_io(Interest::READABLE, |s| recv_with_fds(s.as_fd(), buf))
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_message_carries_its_descriptors() {
+        let (a, b) = fd_channel_pair().unwrap();
+        let (reader, writer) = std::io::pipe().unwrap();
+        send_with_fds(a.as_fd(), b"fork", &[reader.as_fd(), writer.as_fd()]).unwrap();
+        let mut buf = [0u8; 16];
+        let (n, fds) = recv_with_fds(b.as_fd(), &mut buf).unwrap();
+        assert_eq!(&buf[..n], b"fork");
+        assert_eq!(fds.len(), 2);
+        // The received write end feeds the original read end.
+        let mut w = std::fs::File::from(fds.into_iter().nth(1).unwrap());
+        std::io::Write::write_all(&mut w, b"x").unwrap();
+        drop(w);
+        drop(writer);
+        let mut got = String::new();
+        std::io::Read::read_to_string(&mut &reader, &mut got).unwrap();
+        assert_eq!(got, "x");
+        // The other side closed: a zero-length read.
+        drop(a);
+        assert_eq!(recv_with_fds(b.as_fd(), &mut buf).unwrap().0, 0);
+    }
+
+    #[test]
+    fn too_many_descriptors_are_refused() {
+        let (a, _b) = fd_channel_pair().unwrap();
+        let fds = vec![a.as_fd(); FDS_MAX + 1];
+        assert!(send_with_fds(a.as_fd(), b"x", &fds).is_err());
+    }
+
+    #[test]
+    fn a_multi_threaded_process_is_not_forked() {
+        let _other = std::thread::spawn(|| std::thread::sleep(std::time::Duration::from_secs(2)));
+        let e = fork_sibling().unwrap_err();
+        assert!(e.to_string().contains("single-threaded"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_child_is_killed_and_reaped_through_its_pidfd() {
+        // Reaped through the pidfd below, not through this handle.
+        #[allow(clippy::zombie_processes)]
+        let child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = i32::try_from(child.id()).unwrap();
+        // SAFETY (test): pidfd_open(2) on our own unreaped child.
+        // SAFETY: pidfd_open(2) reads only its integer arguments.
+        let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        assert!(raw >= 0, "{}", io::Error::last_os_error());
+        // SAFETY: pidfd_open returned a new descriptor nothing else owns.
+        let pidfd = unsafe { OwnedFd::from_raw_fd(raw as RawFd) };
+        let mut handle = ProcessHandle::new(pid, pidfd).unwrap();
+        assert_eq!(handle.try_wait().unwrap(), None);
+        assert_eq!(handle.id(), Some(child.id()));
+        handle.start_kill().unwrap();
+        let status = tokio::time::timeout(std::time::Duration::from_secs(10), handle.wait())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(status.signal(), Some(libc::SIGKILL));
+        assert_eq!(handle.id(), None);
+        // Killing a reaped process is not an error.
+        handle.start_kill().unwrap();
+    }
+}
