@@ -425,3 +425,35 @@ async fn spares_are_forked_by_the_worker_template_and_a_killed_one_is_replaced()
         s.daemon.spare_pids()
     );
 }
+
+/// A turn that finds no spare starts a fresh worker, which the template forks too (issue 15:
+/// at 100 sessions most turns find no spare). A spare killed while waiting is replaced only
+/// after a pause (100 ms), so a turn claimed right after finds none.
+#[tokio::test]
+async fn a_turn_that_finds_no_spare_gets_a_forked_worker() {
+    let mut s = setup().await;
+    let spare = s.daemon.wait_spare().await.unwrap();
+    let template = s.daemon.template_pids()[0];
+    signal(spare, Signal::SIGKILL);
+    assert!(
+        wait::until(BOUND, async || reaped(spare)).await,
+        "the killed spare was not reaped"
+    );
+    let gate = Gate::new();
+    s.model.push(Reply::text("fresh").gated(&gate));
+    let admission = s.submit("no spare now").await.unwrap();
+    assert!(
+        gate.wait_reached(BOUND).await,
+        "the turn never asked the model"
+    );
+    let workers = s.daemon.worker_pids();
+    assert_eq!(workers.len(), 1, "{workers:?}");
+    assert_eq!(
+        cmdline(workers[0]),
+        cmdline(template),
+        "the fresh worker was exec'd, not forked"
+    );
+    gate.open();
+    let admission_id = str_field(&admission, "admission_id");
+    assert_eq!(s.wait_settled(&admission_id).await.unwrap(), "completed");
+}

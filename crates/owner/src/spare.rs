@@ -23,11 +23,14 @@
 //!   SPEC section 8 says. An unused spare's log is removed with it.
 //! - The drain stops the spare (SIGKILL: it runs nothing) and reaps it ([`SpareSlot::stop`]).
 //!
+//! - A spare is forked by the worker template when it may be ([`crate::template`]), else
+//!   exec'd ([`StartedWorker::start`]); the keeper stops the template with the spare.
+//!
 //! Told apart from a turn's worker from outside by its process name: `drover-spare` until its
 //! bootstrap arrives, `drover-worker` after (`drover_worker::SPARE_NAME`).
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
@@ -55,7 +58,12 @@ pub struct SpareSlot {
     requests_rx: Mutex<Option<mpsc::Receiver<Request>>>,
     stop: CancellationToken,
     task: Mutex<Option<JoinHandle<()>>>,
+    /// The worker template, shared by the keeper and the turns that start a fresh worker.
+    templates: Mutex<Option<SharedTemplate>>,
 }
+
+/// The one worker template of an owner, one fork request at a time.
+type SharedTemplate = Arc<tokio::sync::Mutex<TemplateSlot>>;
 
 impl Default for SpareSlot {
     fn default() -> SpareSlot {
@@ -65,6 +73,7 @@ impl Default for SpareSlot {
             requests_rx: Mutex::new(Some(requests_rx)),
             stop: CancellationToken::new(),
             task: Mutex::new(None),
+            templates: Mutex::new(None),
         }
     }
 }
@@ -87,9 +96,31 @@ impl SpareSlot {
             return;
         };
         remove_spare_logs(&logs);
+        let templates: SharedTemplate = Arc::new(tokio::sync::Mutex::new(TemplateSlot::new(
+            logs.join(format!("template-{epoch}.log")),
+        )));
+        *self.templates.lock().unwrap_or_else(|p| p.into_inner()) = Some(templates.clone());
         let stop = self.stop.clone();
-        let task = tokio::spawn(keep_spare(logs, epoch, command, requests, stop));
+        let task = tokio::spawn(keep_spare(logs, epoch, command, requests, stop, templates));
         *self.task.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
+    }
+
+    /// A fresh worker for a turn that found no spare: forked by the worker template when it may
+    /// be, else exec'd.
+    pub async fn fresh(
+        &self,
+        command: &WorkerCommand,
+        log: &Path,
+    ) -> std::io::Result<StartedWorker> {
+        let templates = self
+            .templates
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        match templates {
+            Some(templates) => start_spare(command, log, &templates).await,
+            None => StartedWorker::start(command, log),
+        }
     }
 
     /// The spare, if one is started and still alive. The keeper starts the next one at once.
@@ -178,21 +209,22 @@ async fn keep_spare<F>(
     command: F,
     requests: mpsc::Receiver<Request>,
     stop: CancellationToken,
+    templates: SharedTemplate,
 ) where
     F: Fn() -> Option<WorkerCommand> + Send + 'static,
 {
-    let mut templates = TemplateSlot::new(logs.join(format!("template-{epoch}.log")));
-    keep_spares(&logs, epoch, command, requests, stop, &mut templates).await;
-    templates.stop().await;
+    keep_spares(&logs, epoch, command, requests, stop, &templates).await;
+    templates.lock().await.stop().await;
 }
 
-/// A spare for `command`: forked by the template, or exec'd.
+/// A worker for `command`: forked by the template, or exec'd.
 async fn start_spare(
     command: &WorkerCommand,
     log: &Path,
-    templates: &mut TemplateSlot,
+    templates: &SharedTemplate,
 ) -> std::io::Result<StartedWorker> {
-    match templates.fork(command, log).await {
+    let forked = templates.lock().await.fork(command, log).await;
+    match forked {
         Some(spare) => Ok(spare),
         None => StartedWorker::start(command, log),
     }
@@ -204,7 +236,7 @@ async fn keep_spares<F>(
     command: F,
     mut requests: mpsc::Receiver<Request>,
     stop: CancellationToken,
-    templates: &mut TemplateSlot,
+    templates: &SharedTemplate,
 ) where
     F: Fn() -> Option<WorkerCommand> + Send + 'static,
 {

@@ -131,6 +131,8 @@ pub(crate) struct TemplateSlot {
     template: Option<Template>,
     log: PathBuf,
     failures: u32,
+    /// Stopped for good (the drain): no template is started again.
+    stopped: bool,
 }
 
 impl TemplateSlot {
@@ -140,6 +142,7 @@ impl TemplateSlot {
             template: None,
             log,
             failures: 0,
+            stopped: false,
         }
     }
 
@@ -198,8 +201,9 @@ impl TemplateSlot {
         }
     }
 
-    /// Stops the template, if one runs, and removes its log when empty.
+    /// Stops the template, if one runs, for good, and removes its log when empty.
     pub(crate) async fn stop(&mut self) {
+        self.stopped = true;
         if let Some(t) = self.template.take() {
             t.stop().await;
         }

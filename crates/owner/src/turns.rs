@@ -233,7 +233,7 @@ async fn spare_or_fresh(owner: &Owner, execution_id: &str) -> std::io::Result<St
         }
         None => {}
     }
-    StartedWorker::start(&command, &log)
+    owner.spare.fresh(&command, &log).await
 }
 
 async fn write_frame(stdin: &mut pipe::Sender, frame: &OwnerFrame) -> std::io::Result<()> {

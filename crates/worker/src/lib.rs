@@ -17,8 +17,13 @@
 //! (`policy.sandbox` plus its temp dir, [`drover_tools::sandbox::Sandbox`]), which confines
 //! every process they start.
 //!
+//! Forked (issue 15): the owner may instead start one worker template (`drover worker
+//! --template`, [`template_entry`]) that does the start-up once and forks each spare as the
+//! owner's child ([`template`]); a forked spare goes on exactly as an exec'd one.
+//!
 //! Modules:
 //! - [`journal`]: the outbox files (record, acknowledge, reload).
+//! - [`template`]: the worker template's fork requests.
 //! - [`link`]: the owner pipes over any reader/writer pair: an outbox thread for the journal's
 //!   file writes, one writer task behind a bounded queue (persists and deltas never interleave;
 //!   deltas are dropped when the owner does not read, persists wait), one reader task
@@ -28,8 +33,8 @@
 //!   [`drover_tools::McpStatusSink`], all persisting
 //!   through the link.
 //!
-//! Layers (bottom to top; a module uses only those below it): [`journal`] < [`link`] <
-//! [`store`] < this file (bootstrap, the turn, exit codes).
+//! Layers (bottom to top; a module uses only those below it): [`journal`], [`template`] <
+//! [`link`] < [`store`] < this file (bootstrap, the turn, exit codes).
 //!
 //! The protocol, as the worker plays it:
 //! 1. The owner sends [`OwnerFrame::Bootstrap`] and its [`OwnerFrame::BootstrapPart`]s (the
