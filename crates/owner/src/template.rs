@@ -19,7 +19,7 @@
 //! - Its stderr goes to `<home>/logs/workers/template-<epoch>.log`, removed when the owner stops
 //!   it if empty (a crash's last words are kept).
 //!
-//! Layers: uses [`crate::worker_process`]; the spare keeper ([`crate::spare`]) uses this.
+//! Layers: uses [`crate::worker_process`]; the spare keeper (`spare`) uses this.
 
 use std::collections::BTreeSet;
 use std::os::fd::AsFd;

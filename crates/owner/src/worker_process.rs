@@ -1,6 +1,6 @@
 //! A worker process and its pipes, however it was started (issue 15): exec'd as
 //! `<exe> worker` ([`StartedWorker::start`]) or forked by the worker template
-//! ([`crate::template`]); held as a [`WorkerProcess`] either way.
+//! (the `template` module); held as a [`WorkerProcess`] either way.
 //!
 //! Layers: a leaf of the owner (the template and the spare keeper use it).
 
@@ -26,7 +26,7 @@ pub struct WorkerCommand {
     /// The binary, run as `<exe> worker`.
     pub exe: PathBuf,
     /// Whether `exe` is the owner's own binary, so a worker template may fork the workers
-    /// ([`crate::template`]).
+    /// (the `template` module).
     pub forkable: bool,
     /// Every `[model] api_key_env` read so far: the worker gets the key in its bootstrap, and
     /// the tools it runs must not see it.
