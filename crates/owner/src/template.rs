@@ -97,14 +97,12 @@ impl Template {
         let handle = tokio::time::timeout(FORK_WAIT, ask).await.map_err(|_| {
             std::io::Error::other(format!("the template did not answer within {FORK_WAIT:?}"))
         })??;
-        Ok(StartedWorker {
-            process: WorkerProcess::Forked(handle),
-            stdin: pipes.stdin.1,
-            stdout: pipes.stdout.1,
-            log: log.to_path_buf(),
-            without_env: self.without_env.clone(),
-            handed_off: None,
-        })
+        Ok(StartedWorker::new(
+            WorkerProcess::Forked(handle),
+            (pipes.stdin.1, pipes.stdout.1),
+            log,
+            &self.without_env,
+        ))
     }
 
     /// Closes its socket (it exits at the end of it) and reaps it, SIGKILL past [`STOP_WAIT`].

@@ -169,14 +169,29 @@ impl StartedWorker {
             .stderr(Stdio::from(file))
             .kill_on_drop(true);
         let child = cmd.spawn()?;
-        Ok(StartedWorker {
-            process: WorkerProcess::Spawned(child),
-            stdin: pipes.stdin.1,
-            stdout: pipes.stdout.1,
+        Ok(StartedWorker::new(
+            WorkerProcess::Spawned(child),
+            (pipes.stdin.1, pipes.stdout.1),
+            log,
+            &command.without_env,
+        ))
+    }
+
+    /// A worker just started as `process`, with the owner's ends of its pipes.
+    pub(crate) fn new(
+        process: WorkerProcess,
+        (stdin, stdout): (pipe::Sender, pipe::Receiver),
+        log: &Path,
+        without_env: &BTreeSet<String>,
+    ) -> StartedWorker {
+        StartedWorker {
+            process,
+            stdin,
+            stdout,
             log: log.to_path_buf(),
-            without_env: command.without_env.clone(),
+            without_env: without_env.clone(),
             handed_off: None,
-        })
+        }
     }
 
     /// What to call once this worker's bootstrap is written: for a spare, it lets the keeper
