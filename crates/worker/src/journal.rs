@@ -78,9 +78,6 @@ pub enum JournalError {
     /// The execution id cannot name a directory.
     #[error("execution_id {0:?} cannot name an outbox directory (empty, or has `/` or `..`)")]
     BadExecutionId(String),
-    /// The outbox thread of the link has stopped, so the outbox cannot be changed any more.
-    #[error("the outbox thread has stopped")]
-    Stopped,
 }
 
 impl JournalError {

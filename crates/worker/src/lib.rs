@@ -24,8 +24,8 @@
 //! Modules:
 //! - [`journal`]: the outbox files (record, acknowledge, reload).
 //! - [`template`]: the worker template's fork requests.
-//! - [`link`]: the owner pipes over any reader/writer pair: an outbox thread for the journal's
-//!   file writes, one writer task behind a bounded queue (persists and deltas never interleave;
+//! - [`link`]: the owner pipes over any reader/writer pair: the journal's file writes in
+//!   sequence order, one writer task behind a bounded queue (persists and deltas never interleave;
 //!   deltas are dropped when the owner does not read, persists wait), one reader task
 //!   (receipts by sequence, `stop`), resend after a reconnect.
 //! - [`store`]: the agent's [`drover_agent::TurnStore`], the tools'
@@ -76,7 +76,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::journal::{outbox_dir, Journal};
-use crate::link::{OutboxThread, OwnerLink, PersistError};
+use crate::link::{OwnerLink, PersistError};
 use crate::store::{
     OwnerDelegator, OwnerJobs, OwnerMcpStatus, OwnerProcesses, OwnerPrompts, OwnerStore,
 };
@@ -88,37 +88,22 @@ pub const SPARE_NAME: &str = "drover-spare";
 pub const WORKER_NAME: &str = "drover-worker";
 
 /// What a worker makes before its bootstrap arrives, because it does not depend on the turn:
-/// the model's HTTP client (its TLS root store) and the idle outbox thread. A spare worker has
-/// them ready when the owner hands it a turn (issue 15).
+/// the model's HTTP client (its TLS root store). A spare worker has it ready when the owner
+/// hands it a turn (issue 15).
 #[derive(Debug)]
 pub struct Prepared {
     http: drover_model::HttpClient,
-    outbox: OutboxThread,
-}
-
-/// Why a worker could not be [`Prepared`].
-#[derive(Debug, thiserror::Error)]
-pub enum PrepareError {
-    /// The model's HTTP client could not be built.
-    #[error(transparent)]
-    Model(#[from] drover_model::ModelError),
-    /// The outbox thread could not be started.
-    #[error("cannot start the outbox thread: {0}")]
-    Outbox(#[from] std::io::Error),
 }
 
 impl Prepared {
-    /// Builds what [`Prepared`] holds: the model's HTTP client and the idle outbox thread.
-    pub fn new() -> Result<Prepared, PrepareError> {
-        Prepared::with_http(drover_model::http_client()?)
+    /// Builds what [`Prepared`] holds: the model's HTTP client.
+    pub fn new() -> Result<Prepared, drover_model::ModelError> {
+        Ok(Prepared::with_http(drover_model::http_client()?))
     }
 
     /// [`Prepared::new`] with an HTTP client built before (by the template).
-    pub fn with_http(http: drover_model::HttpClient) -> Result<Prepared, PrepareError> {
-        Ok(Prepared {
-            http,
-            outbox: OutboxThread::start()?,
-        })
+    pub fn with_http(http: drover_model::HttpClient) -> Prepared {
+        Prepared { http }
     }
 }
 
@@ -236,7 +221,7 @@ fn serve_turn(
         // Everything that does not depend on the turn is done before the bootstrap is read:
         // a spare worker does it while it waits (issue 15, "a spare worker").
         let prepared = match http {
-            Some(http) => Prepared::with_http(http),
+            Some(http) => Ok(Prepared::with_http(http)),
             None => Prepared::new(),
         };
         let prepared = match prepared {
@@ -593,14 +578,8 @@ where
     tracing::info!(model = %bootstrap.policy.model, toolsets = ?bootstrap.policy.toolsets, "turn starting");
 
     let cancel = CancellationToken::new();
-    let Prepared { http, outbox } = prepared;
-    let link = match OwnerLink::with_thread(journal, cancel.clone(), outbox) {
-        Ok(link) => link,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot start the outbox thread");
-            return WorkerExit::Aborted;
-        }
-    };
+    let Prepared { http } = prepared;
+    let link = OwnerLink::new(journal, cancel.clone());
     link.connect(reader, writer);
 
     let exit = tokio::select! {

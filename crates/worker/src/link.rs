@@ -1,20 +1,22 @@
 //! The worker's end of the owner pipes (SPEC section 4), over any reader/writer pair.
 //!
-//! An [`OwnerLink`] hands its [`Journal`] to a thread of its own, the outbox thread (an
-//! [`OutboxThread`], which a spare worker starts while it waits for its bootstrap): every
-//! write, rename and delete of a frame file happens there, never on the async executor and
-//! never under a lock. Per connected pair it runs one writer task and one reader task:
+//! An [`OwnerLink`] owns its [`Journal`]: a frame file is written (and an answered one
+//! deleted) on the caller's task, one persist at a time in sequence order, under a lock held
+//! for the file work only, never across an await. The files are small and not fsync'd
+//! (docs/decisions.md, "The worker's outbox is not fsync'd"), so this is tens of microseconds;
+//! a thread of its own for them cost a thread start, a hand-off per frame and a multi-threaded
+//! exit on every turn (issue 15). Per connected pair it runs one writer task and one reader task:
 //! - every line to the owner (persist frames and live deltas) goes through one bounded channel
 //!   ([`OWNER_QUEUE`] lines) to the writer task, so lines never interleave. When the owner
 //!   stops reading and the channel is full, live deltas are dropped (they are never replayed
 //!   anyway, SPEC section 2) and persist frames wait for room: a persist is never dropped;
-//! - the outbox thread sends each frame after it is written, in sequence order. A frame
+//! - a persist sends its frame after it is written, in sequence order. A frame
 //!   held with [`OwnerLink::hold`] waits, in memory, for the next [`OwnerLink::persist`]; the
 //!   two (or more) are written as one outbox file and go as one `persist_batch` line, which the owner applies in one transaction with
 //!   one commit (docs/decisions.md, "Batched persists"); a batch over [`MAX_FRAME_BYTES`] is cut
 //!   into several lines, and `prompt.open` and `child.reserve` always go alone;
 //! - the reader task parses [`OwnerFrame`]s: a `receipt` or `refused` deletes the frame from
-//!   the journal (on the outbox thread) and then wakes the persist waiting for that sequence;
+//!   the journal and then wakes the persist waiting for that sequence;
 //!   `stop` fires the turn's cancel token.
 //!
 //! End of file or a write error marks the pair lost ([`OwnerLink::disconnected`]). The frames
@@ -29,14 +31,14 @@
 //! worker settles it `failed` with the fault as the error.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{mpsc as std_mpsc, Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use drover_protocol::worker::framing::{read_frame_line, FrameLine};
 use drover_protocol::worker::{OwnerFrame, PersistFrame, WorkerFrame, MAX_FRAME_BYTES};
 use serde_json::Value;
 use tokio::io::{AsyncBufRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc::error::TrySendError;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch, OwnedMutexGuard};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -119,25 +121,6 @@ enum Answer {
     Fault(String),
 }
 
-/// Work for the outbox thread, done in arrival order.
-enum Command {
-    /// Record a frame, register its waiter (if any), then send it with the frames held
-    /// before it, or (`send: false`) hold it for the next frame that is sent.
-    Record {
-        operation: String,
-        payload: Value,
-        answer: Option<oneshot::Sender<Answer>>,
-        recorded: oneshot::Sender<Result<u64, JournalError>>,
-        send: bool,
-    },
-    /// The owner answered `sequence`: delete its file, then hand `answer` to its waiter.
-    Acknowledge { sequence: u64, answer: Answer },
-    /// Remove the outbox and stop the thread.
-    Finish {
-        done: oneshot::Sender<Result<(), JournalError>>,
-    },
-}
-
 /// The worker's end of the owner pipes; cheap to clone (all clones share one link).
 #[derive(Clone)]
 pub struct OwnerLink {
@@ -146,14 +129,20 @@ pub struct OwnerLink {
 
 struct Inner {
     state: Mutex<State>,
+    /// The outbox; `None` once [`OwnerLink::finish_outbox`] removed it. Locked for file work
+    /// only, never together with `state`.
+    journal: Mutex<Option<Journal>>,
+    /// Held by a persist from its sequence until its lines are queued (or handed to a task
+    /// that queues them), so frames go out in sequence order.
+    sending: Arc<tokio::sync::Mutex<()>>,
     connected: watch::Sender<bool>,
     /// The turn's cancel token: fired by `stop` frames and faults.
     cancel: CancellationToken,
 }
 
 struct State {
-    /// The outbox thread's queue; `None` once [`OwnerLink::finish_outbox`] removed the outbox.
-    outbox: Option<std_mpsc::Sender<Command>>,
+    /// False once [`OwnerLink::finish_outbox`] removed the outbox.
+    open: bool,
     /// The recorded frames not yet answered, by sequence: the journal's own list, kept here
     /// too so a resend never waits for the disk.
     pending: BTreeMap<u64, PersistFrame>,
@@ -178,55 +167,11 @@ struct State {
     deltas_dropped: u64,
 }
 
-/// What a started outbox thread waits for before it has work: the journal, the link it
-/// answers, its command queue and the span its logs go under.
-struct OutboxStart {
-    journal: Journal,
-    inner: Weak<Inner>,
-    commands: std_mpsc::Receiver<Command>,
-    span: tracing::Span,
-}
-
-/// An outbox thread started before the turn is known (a spare worker starts it while it waits
-/// for its bootstrap, so the turn does not wait for a thread start), given its journal by
-/// [`OwnerLink::with_thread`]. Dropped unused, the thread ends.
-#[derive(Debug)]
-pub struct OutboxThread {
-    start: std_mpsc::Sender<OutboxStart>,
-}
-
-impl OutboxThread {
-    /// Starts the thread, idle until a link gives it its journal. Errors: the thread could
-    /// not be started.
-    pub fn start() -> std::io::Result<OutboxThread> {
-        let (start, started) = std_mpsc::channel::<OutboxStart>();
-        std::thread::Builder::new()
-            .name("outbox".into())
-            .spawn(move || {
-                if let Ok(work) = started.recv() {
-                    work.span
-                        .in_scope(|| run_outbox(work.journal, work.inner, work.commands));
-                }
-            })?;
-        Ok(OutboxThread { start })
-    }
-}
-
 impl OwnerLink {
-    /// A link over `journal`, not yet connected; starts the outbox thread. `cancel` is fired
-    /// by a `stop` frame or a fault. Errors: the thread could not be started.
-    pub fn new(journal: Journal, cancel: CancellationToken) -> std::io::Result<OwnerLink> {
-        OwnerLink::with_thread(journal, cancel, OutboxThread::start()?)
-    }
-
-    /// [`OwnerLink::new`] on an outbox thread started earlier. Errors: that thread is gone.
-    pub fn with_thread(
-        journal: Journal,
-        cancel: CancellationToken,
-        thread: OutboxThread,
-    ) -> std::io::Result<OwnerLink> {
+    /// A link over `journal`, not yet connected. `cancel` is fired by a `stop` frame or a
+    /// fault.
+    pub fn new(journal: Journal, cancel: CancellationToken) -> OwnerLink {
         let (connected, _) = watch::channel(false);
-        let (outbox, commands) = std_mpsc::channel();
         let pending = journal
             .unacknowledged()
             .into_iter()
@@ -234,7 +179,7 @@ impl OwnerLink {
             .collect();
         let inner = Arc::new(Inner {
             state: Mutex::new(State {
-                outbox: Some(outbox),
+                open: true,
                 pending,
                 batch_of: BTreeMap::new(),
                 held: Vec::new(),
@@ -248,19 +193,12 @@ impl OwnerLink {
                 stop_reason: None,
                 deltas_dropped: 0,
             }),
+            journal: Mutex::new(Some(journal)),
+            sending: Arc::new(tokio::sync::Mutex::new(())),
             connected,
             cancel,
         });
-        thread
-            .start
-            .send(OutboxStart {
-                journal,
-                inner: Arc::downgrade(&inner),
-                commands,
-                span: tracing::Span::current(),
-            })
-            .map_err(|_| std::io::Error::other("the outbox thread has stopped"))?;
-        Ok(OwnerLink { inner })
+        OwnerLink { inner }
     }
 
     /// Starts talking over a new pair: `reader` carries owner frames, `writer` worker frames.
@@ -283,7 +221,7 @@ impl OwnerLink {
         }
         state.closed.cancel();
         state.closed = closed.clone();
-        // Taken under the lock the outbox thread registers frames under, so no frame is sent
+        // Taken under the lock a persist registers its frame under, so no frame is sent
         // twice on one pair or out of order. Held frames are not written yet: they stay held
         // and go with the next persist.
         let resend = match state.held.first() {
@@ -317,7 +255,7 @@ impl OwnerLink {
         self.inner.connected.send_replace(true);
     }
 
-    /// Records `operation` with `payload` in the journal (on the outbox thread), sends it
+    /// Records `operation` with `payload` in the journal, sends it
     /// with any frames held before it ([`OwnerLink::hold`]: all of them in one batch), and
     /// waits for the owner's answer: the receipt's `result`, or why there is none. One
     /// sequence per call; sequences follow call order. A full queue to the owner makes the
@@ -359,7 +297,10 @@ impl OwnerLink {
         Ok(sequence)
     }
 
-    /// Has the outbox thread record (and send, or hold) a frame; its sequence.
+    /// Records a frame and sends it with the frames held before it, or (`send: false`) holds
+    /// it for the next frame that is sent; its sequence. A full queue to the owner makes the
+    /// rest of the lines wait in a task of their own, so dropping this future never drops a
+    /// frame that has its sequence, and the next persist's lines still come after them.
     async fn record(
         &self,
         operation: &str,
@@ -367,26 +308,47 @@ impl OwnerLink {
         answer: Option<oneshot::Sender<Answer>>,
         send: bool,
     ) -> Result<u64, PersistError> {
-        let (recorded, sequence) = oneshot::channel();
-        {
-            let state = self.inner.lock();
-            let outbox = state
-                .outbox
-                .as_ref()
+        let turn = self.inner.sending.clone().lock_owned().await;
+        let frame = {
+            let mut journal = self.inner.journal();
+            let journal = journal
+                .as_mut()
                 .ok_or(PersistError::Closed { sequence: 0 })?;
-            outbox
-                .send(Command::Record {
-                    operation: operation.to_string(),
-                    payload,
-                    answer,
-                    recorded,
-                    send,
-                })
-                .map_err(|_| PersistError::Closed { sequence: 0 })?;
+            if send {
+                journal.record(operation, payload)?
+            } else {
+                journal.hold(operation, payload)?
+            }
+        };
+        let sequence = frame.sequence;
+        let (lines, out) = {
+            let mut state = self.inner.lock();
+            let state = &mut *state;
+            state.pending.insert(sequence, frame);
+            if let Some(answer) = answer {
+                state.waiters.insert(sequence, answer);
+            }
+            if !send {
+                state.held.push(sequence);
+                return Ok(sequence);
+            }
+            let mut batch = std::mem::take(&mut state.held);
+            batch.push(sequence);
+            let first = batch[0];
+            let frames: Vec<&PersistFrame> =
+                batch.iter().filter_map(|s| state.pending.get(s)).collect();
+            let lines = batch_lines(&frames);
+            for s in batch {
+                state.batch_of.insert(s, first);
+            }
+            (lines, state.out.clone())
+        };
+        // Outside the lock. A pair that closes meanwhile fails the send; the next `connect`
+        // resends the frame.
+        if let Some(out) = out {
+            queue_lines(out, lines, turn);
         }
-        Ok(sequence
-            .await
-            .map_err(|_| PersistError::Closed { sequence: 0 })??)
+        Ok(sequence)
     }
 
     /// Sends live assistant text as `delta` lines (best effort: dropped while disconnected or
@@ -450,22 +412,22 @@ impl OwnerLink {
         self.inner.lock().pending.values().cloned().collect()
     }
 
-    /// Removes the outbox (see [`Journal::finish`]) and stops the outbox thread; later
-    /// persists fail `Closed`.
+    /// Removes the outbox (see [`Journal::finish`]) once the persists before it are queued;
+    /// later persists fail `Closed`.
     pub async fn finish_outbox(&self) -> Result<(), JournalError> {
-        let outbox = {
+        let _turn = self.inner.sending.lock().await;
+        {
             let mut state = self.inner.lock();
             state.pending.clear();
             state.batch_of.clear();
             state.held.clear();
-            state.outbox.take()
-        };
-        let Some(outbox) = outbox else { return Ok(()) };
-        let (done, finished) = oneshot::channel();
-        outbox
-            .send(Command::Finish { done })
-            .map_err(|_| JournalError::Stopped)?;
-        finished.await.unwrap_or(Err(JournalError::Stopped))
+            state.open = false;
+        }
+        let journal = self.inner.journal().take();
+        match journal {
+            Some(journal) => journal.finish(),
+            None => Ok(()),
+        }
     }
 
     /// Stops reading and lets the writer drain what is queued, then end.
@@ -478,86 +440,16 @@ impl OwnerLink {
     }
 }
 
-/// The outbox thread: owns the journal and does its file work in command order, so frames are
-/// recorded and sent in sequence order without a lock held across a file write.
-fn run_outbox(mut journal: Journal, inner: Weak<Inner>, commands: std_mpsc::Receiver<Command>) {
-    while let Ok(command) = commands.recv() {
-        match command {
-            Command::Record {
-                operation,
-                payload,
-                answer,
-                recorded,
-                send,
-            } => {
-                let recording = if send {
-                    journal.record(&operation, payload)
-                } else {
-                    journal.hold(&operation, payload)
-                };
-                let frame = match recording {
-                    Ok(frame) => frame,
-                    Err(e) => {
-                        let _ = recorded.send(Err(e));
-                        continue;
-                    }
-                };
-                let Some(inner) = inner.upgrade() else { return };
-                let sequence = frame.sequence;
-                let (lines, out) = {
-                    let mut state = inner.lock();
-                    let state = &mut *state;
-                    state.pending.insert(sequence, frame);
-                    if let Some(answer) = answer {
-                        state.waiters.insert(sequence, answer);
-                    }
-                    if send {
-                        let mut batch = std::mem::take(&mut state.held);
-                        batch.push(sequence);
-                        let first = batch[0];
-                        let frames: Vec<&PersistFrame> =
-                            batch.iter().filter_map(|s| state.pending.get(s)).collect();
-                        let lines = batch_lines(&frames);
-                        for s in batch {
-                            state.batch_of.insert(s, first);
-                        }
-                        (lines, state.out.clone())
-                    } else {
-                        state.held.push(sequence);
-                        (Vec::new(), None)
-                    }
-                };
-                let _ = recorded.send(Ok(sequence));
-                // Outside the lock: a full queue makes this frame wait, never drops it. A pair
-                // that closes meanwhile fails the send; the next `connect` resends the frame.
-                if let Some(out) = out {
-                    for text in lines {
-                        if out.blocking_send(text).is_err() {
-                            break;
-                        }
-                    }
-                }
-            }
-            Command::Acknowledge { sequence, answer } => {
-                if let Err(e) = journal.acknowledge(sequence) {
-                    tracing::warn!(seq = sequence, error = %e, "could not delete an acknowledged frame");
-                }
-                let Some(inner) = inner.upgrade() else { return };
-                inner.deliver(sequence, answer);
-            }
-            Command::Finish { done } => {
-                let _ = done.send(journal.finish());
-                return;
-            }
-        }
-    }
-}
-
 impl Inner {
     fn lock(&self) -> MutexGuard<'_, State> {
         // The state stays consistent between statements; a panic elsewhere must not stop the
         // worker from settling.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn journal(&self) -> MutexGuard<'_, Option<Journal>> {
+        // The journal keeps its own list consistent per call, as `state` does.
+        self.journal.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Marks pair `connection` lost, unless a newer pair replaced it.
@@ -610,11 +502,11 @@ impl Inner {
     }
 
     fn answer(&self, sequence: u64, answer: Answer) {
-        let mut state = self.lock();
-        let state = &mut *state;
-        let Some(outbox) = &state.outbox else {
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        if !state.open {
             return;
-        };
+        }
         if state.held.contains(&sequence) {
             // Never sent: the owner cannot be answering it. Dropping it would leave a gap in
             // the batch it goes with, which the owner refuses.
@@ -636,18 +528,13 @@ impl Inner {
         }
         // Refused frames are never sent again, so they leave the outbox like receipts do; the
         // waiter hears only once the file is gone.
-        if let Err(std_mpsc::SendError(Command::Acknowledge { answer, .. })) =
-            outbox.send(Command::Acknowledge { sequence, answer })
-        {
-            if let Some(waiter) = state.waiters.remove(&sequence) {
-                let _ = waiter.send(answer);
+        let waiter = state.waiters.remove(&sequence);
+        drop(guard);
+        if let Some(journal) = self.journal().as_mut() {
+            if let Err(e) = journal.acknowledge(sequence) {
+                tracing::warn!(seq = sequence, error = %e, "could not delete an acknowledged frame");
             }
         }
-    }
-
-    /// Hands `answer` to the persist waiting for `sequence`, if one still waits.
-    fn deliver(&self, sequence: u64, answer: Answer) {
-        let waiter = self.lock().waiters.remove(&sequence);
         match waiter {
             Some(waiter) => {
                 let _ = waiter.send(answer);
@@ -679,6 +566,33 @@ struct Waiting<'a> {
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         self.inner.lock().waiters.remove(&self.sequence);
+    }
+}
+
+/// Queues a persist's `lines` for the owner in order, then lets the next persist go (`turn`).
+/// Lines that find the queue full wait in a task of their own, which holds `turn` until they
+/// are queued: a frame is never dropped, nor overtaken by a later one.
+fn queue_lines(out: mpsc::Sender<String>, lines: Vec<String>, turn: OwnedMutexGuard<()>) {
+    let mut lines = lines.into_iter();
+    while let Some(text) = lines.next() {
+        match out.try_send(text) {
+            Ok(()) => {}
+            Err(TrySendError::Closed(_)) => return,
+            Err(TrySendError::Full(text)) => {
+                tokio::spawn(
+                    async move {
+                        let _turn = turn;
+                        for text in std::iter::once(text).chain(lines) {
+                            if out.send(text).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                    .in_current_span(),
+                );
+                return;
+            }
+        }
     }
 }
 

@@ -116,7 +116,7 @@ fn open_link(home: &std::path::Path) -> (OwnerLink, PathBuf, CancellationToken) 
     let dir = outbox_dir(home, "exec-1").expect("outbox dir");
     let journal = Journal::open(&dir, scope()).expect("journal");
     let cancel = CancellationToken::new();
-    let link = OwnerLink::new(journal, cancel.clone()).expect("link");
+    let link = OwnerLink::new(journal, cancel.clone());
     (link, dir, cancel)
 }
 
@@ -381,6 +381,47 @@ async fn a_full_queue_drops_deltas_and_a_persist_waits_for_room() {
         .expect("the persist is answered in time")
         .expect("task");
     assert_eq!(result.expect("receipt"), json!({"ok": true}));
+}
+
+/// A persist dropped while its frame waits for room in a full queue still sends the frame,
+/// and a later persist's frame does not overtake it.
+#[tokio::test]
+async fn a_persist_dropped_while_the_queue_is_full_still_sends_its_frame_first() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let (link, dir, _cancel) = open_link(home.path());
+    let mut owner = connect_with_buffer(&link, 64);
+    for n in 0..OWNER_QUEUE * 4 {
+        link.send_delta(&format!("delta {n}"));
+        if n % OWNER_QUEUE == 0 {
+            for _ in 0..10 {
+                tokio::task::yield_now().await;
+            }
+        }
+    }
+    let first = spawn_persist(&link, 1);
+    wait_outbox(&dir, |n| n == 1, "the first frame is written").await;
+    first.abort();
+    let _ = first.await;
+    // It waits for the first frame's lines to be queued before it takes its sequence.
+    let second = spawn_persist(&link, 2);
+
+    let mut sequences = Vec::new();
+    while sequences.len() < 2 {
+        match owner.frame().await {
+            WorkerFrame::Delta { .. } => {}
+            WorkerFrame::Persist(frame) => sequences.push(frame.sequence),
+            WorkerFrame::PersistBatch { .. } => panic!("no frame was held"),
+        }
+    }
+    assert_eq!(sequences, vec![1, 2]);
+    owner.receipt(1, json!({"ok": 1})).await;
+    owner.receipt(2, json!({"ok": 2})).await;
+    let result = tokio::time::timeout(WAIT, second)
+        .await
+        .expect("the persist is answered in time")
+        .expect("task");
+    assert_eq!(result.expect("receipt"), json!({"ok": 2}));
+    wait_outbox(&dir, |n| n == 0, "both answered frames leave the outbox").await;
 }
 
 /// docs/decisions.md, "Batched persists": frames held go with the next persist as one batch
