@@ -26,8 +26,8 @@
 //! sender resends the same frames with the same sequences and payloads (one reloaded between
 //! two receipts of a file may send an answered frame again, which the owner answers with its
 //! stored receipt, SPEC section 4). This module is plain,
-//! synchronous file IO, the bottom layer of the crate: the link above it runs it on its own
-//! thread and carries the frames.
+//! synchronous file IO, the bottom layer of the crate: the link above it calls it one frame
+//! at a time and carries the frames.
 
 use std::collections::BTreeMap;
 use std::fs::{self, DirBuilder, OpenOptions};
@@ -505,14 +505,22 @@ fn load_frames(path: &Path, secret: &str) -> Result<Vec<PersistFrame>, JournalEr
     Ok(frames)
 }
 
-/// Writes `body` over the spare file at `path` (made by this journal's kind, 0600). A
-/// symbolic link there is not followed: the open fails.
+/// Writes `body` into the spare file at `path` (made by this journal's kind, 0600, emptied
+/// when it was retired). A symbolic link there is not followed: the open fails; a spare that
+/// is not empty is refused (the caller writes a new file).
+///
+/// The spare is not opened with `O_TRUNC`: on ext4 a truncation to size 0 marks the file
+/// for `auto_da_alloc`, so the `close` after the write would start writeback of a frame file
+/// that is emptied again within milliseconds (a disk write per persist, competing with the
+/// ledger's fsyncs; issue 15).
 fn fill_spare(path: &Path, body: &[u8]) -> io::Result<()> {
     let mut file = OpenOptions::new()
         .write(true)
-        .truncate(true)
         .custom_flags(OPEN_NO_FOLLOW)
         .open(path)?;
+    if file.metadata()?.len() != 0 {
+        return Err(io::Error::other("the spare file is not empty"));
+    }
     file.write_all(body)
 }
 
@@ -840,6 +848,24 @@ mod tests {
             .record("usage.add", json!({"n": 1}))
             .expect("record");
         assert_eq!(fs::read(&target).expect("target"), b"keep me");
+        assert_eq!(
+            load_frames(&journal.frame_path(1), "sekret").expect("load"),
+            [frame]
+        );
+        assert_eq!(self::names(&dir), ["00000000000000000001.json"]);
+    }
+
+    /// A spare file that is not empty (written by someone else) is not filled, since it is
+    /// not truncated: the write makes a file of its own and the frame is read back whole.
+    #[test]
+    fn a_spare_that_is_not_empty_is_not_filled() {
+        let (_home, dir, journal) = fresh();
+        drop(journal);
+        fs::write(dir.join(".spare-0"), "x".repeat(4096)).expect("spare");
+        let mut journal = Journal::open(&dir, scope()).expect("open");
+        let frame = journal
+            .record("usage.add", json!({"n": 1}))
+            .expect("record");
         assert_eq!(
             load_frames(&journal.frame_path(1), "sekret").expect("load"),
             [frame]
