@@ -457,3 +457,67 @@ async fn a_turn_that_finds_no_spare_gets_a_forked_worker() {
     let admission_id = str_field(&admission, "admission_id");
     assert_eq!(s.wait_settled(&admission_id).await.unwrap(), "completed");
 }
+
+/// The daemon's children that have exited and are not reaped (zombies).
+fn zombies_of(parent: u32) -> Vec<u32> {
+    drover_test_support::harness::pids()
+        .into_iter()
+        .filter(|pid| {
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                return false;
+            };
+            let Some((_, rest)) = stat.rsplit_once(')') else {
+                return false;
+            };
+            let mut fields = rest.split_whitespace();
+            let state = fields.next();
+            let ppid = fields.next().and_then(|p| p.parse::<u32>().ok());
+            state == Some("Z") && ppid == Some(parent)
+        })
+        .collect()
+}
+
+/// A template slower than the owner's patience (`FORK_WAIT`, 2 s): the owner gives up, execs
+/// that spare and stops the template. The fork it then makes anyway is the owner's child that
+/// nobody asked for: the owner finds its answer in the socket, kills and reaps it; no stray
+/// spare and no zombie is left.
+#[tokio::test]
+async fn a_spare_forked_after_the_owner_gave_up_on_the_template_is_reaped() {
+    let mut s = setup().await;
+    let spare = s.daemon.wait_spare().await.unwrap();
+    let template = s.daemon.template_pids()[0];
+    signal(template, Signal::SIGSTOP);
+    // The turn takes the spare; the owner asks the stopped template for the next one.
+    let (_, outcome) = s.turn("while the template is stopped").await.unwrap();
+    assert_eq!(outcome, "completed");
+    assert!(wait::until(BOUND, async || reaped(spare)).await);
+    let log = s.home.path().join("logs").join("daemon.log");
+    assert!(
+        wait::until(BOUND, async || {
+            std::fs::read_to_string(&log)
+                .is_ok_and(|t| t.contains("the worker template cannot fork a spare"))
+        })
+        .await,
+        "the owner did not give up on the stopped template"
+    );
+    // The owner now waits (up to 2 s) for the template to exit: let it go on. It forks the
+    // request it had queued, answers, reads the end of its socket and exits.
+    signal(template, Signal::SIGCONT);
+    assert!(
+        wait::until(BOUND, async || reaped(template)).await,
+        "the stopped template was not reaped"
+    );
+    let daemon = s.daemon.pid();
+    assert!(
+        wait::until(BOUND, async || zombies_of(daemon).is_empty()
+            && s.daemon.spare_pids().len() == 1
+            && s.daemon.worker_pids().is_empty())
+        .await,
+        "left behind: zombies {:?}, spares {:?}, workers {:?}",
+        zombies_of(daemon),
+        s.daemon.spare_pids(),
+        s.daemon.worker_pids()
+    );
+    let (_, outcome) = s.turn("after the slow template").await.unwrap();
+    assert_eq!(outcome, "completed");
+}

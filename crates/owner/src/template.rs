@@ -105,20 +105,52 @@ impl Template {
         ))
     }
 
-    /// Closes its socket (it exits at the end of it) and reaps it, SIGKILL past [`STOP_WAIT`].
+    /// Ends its socket (it exits at the end of it) and reaps it, SIGKILL past [`STOP_WAIT`].
+    /// A spare it forked after the owner stopped waiting for the answer (past [`FORK_WAIT`])
+    /// is the owner's child that nobody holds: its answer is still in the socket, so it is
+    /// killed and reaped here.
     async fn stop(self) {
         let Template {
             mut process,
             control,
             ..
         } = self;
-        drop(control);
+        if control.shutdown_write().is_err() {
+            // Not connected any more: it has read the end already.
+            tracing::debug!("the worker template's socket is already shut");
+        }
         if tokio::time::timeout(STOP_WAIT, process.wait())
             .await
             .is_err()
         {
             tracing::warn!(pid = ?process.id(), "the worker template did not exit; killing it");
             let _ = process.kill().await;
+        }
+        let mut buf = [0u8; 2 * ForkReply::LEN];
+        while let Ok(Some((len, fds))) = control.try_recv(&mut buf) {
+            if len == 0 {
+                break;
+            }
+            let (Some(reply), Some(pidfd)) =
+                (ForkReply::parse(&buf[..len]), fds.into_iter().next())
+            else {
+                continue;
+            };
+            if reply.pid <= 0 {
+                continue;
+            }
+            tracing::warn!(
+                pid = reply.pid,
+                "killing a spare the worker template forked after the owner gave up on it"
+            );
+            match ProcessHandle::new(reply.pid, pidfd) {
+                Ok(mut late) => {
+                    if tokio::time::timeout(STOP_WAIT, late.kill()).await.is_err() {
+                        tracing::warn!(pid = reply.pid, "a late spare did not exit after SIGKILL");
+                    }
+                }
+                Err(e) => tracing::warn!(pid = reply.pid, error = %e, "cannot hold a late spare"),
+            }
         }
     }
 }

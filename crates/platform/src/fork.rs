@@ -382,6 +382,25 @@ impl FdChannel {
             .async_io(Interest::READABLE, |s| recv_with_fds(s.as_fd(), buf))
             .await
     }
+
+    /// [`recv_with_fds`] without waiting: `None` when no message is queued.
+    pub fn try_recv(&self, buf: &mut [u8]) -> io::Result<Option<(usize, Vec<OwnedFd>)>> {
+        match recv_with_fds(self.socket.get_ref().as_fd(), buf) {
+            Ok(message) => Ok(Some(message)),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Ends this side's sending (`shutdown(SHUT_WR)`): the other side reads the end, while
+    /// what it already sent can still be received here.
+    pub fn shutdown_write(&self) -> io::Result<()> {
+        nix::sys::socket::shutdown(
+            self.socket.get_ref().as_raw_fd(),
+            nix::sys::socket::Shutdown::Write,
+        )
+        .map_err(io::Error::from)
+    }
 }
 
 #[cfg(test)]
