@@ -239,7 +239,12 @@ async fn spare_or_fresh(owner: &Owner, execution_id: &str) -> std::io::Result<St
 async fn write_frame(stdin: &mut pipe::Sender, frame: &OwnerFrame) -> std::io::Result<()> {
     let mut line = serde_json::to_vec(frame).map_err(std::io::Error::other)?;
     line.push(b'\n');
-    stdin.write_all(&line).await?;
+    write_line(stdin, &line).await
+}
+
+/// Writes one frame's line, its newline included.
+async fn write_line(stdin: &mut pipe::Sender, line: &[u8]) -> std::io::Result<()> {
+    stdin.write_all(line).await?;
     stdin.flush().await
 }
 
@@ -448,14 +453,15 @@ fn start_progress(owner: &Arc<Owner>, claim: &Claim) -> DropGuard {
     guard
 }
 
-/// The first frames a worker reads: its scope and the frozen policy in the head, the history
-/// and the input in parts (docs/decisions.md, "The bootstrap in parts").
+/// The first frames a worker reads, each serialized once as its line: its scope and the frozen
+/// policy in the head, the history and the input in parts (docs/decisions.md, "The bootstrap
+/// in parts").
 /// The history is taken out of the claim: the owner does not hold it while the turn runs.
 fn bootstrap_frames(
     owner: &Owner,
     claim: &mut Claim,
     secret: Secret,
-) -> Result<Vec<OwnerFrame>, BootstrapFrameError> {
+) -> Result<Vec<Vec<u8>>, BootstrapFrameError> {
     let history = std::mem::take(&mut claim.history);
     Bootstrap {
         scope: Scope {
@@ -480,7 +486,7 @@ fn bootstrap_frames(
             }
         }),
     }
-    .into_frames()
+    .into_lines()
 }
 
 /// Settles a claimed turn that nothing ran of `failed` with `error` (SPEC section 4: never
@@ -569,13 +575,13 @@ fn register_turn(owner: &Owner, claim: &Claim, control: &mpsc::Sender<OwnerFrame
 /// or the pipe breaks.
 async fn write_stdin(
     mut stdin: pipe::Sender,
-    bootstrap: Vec<OwnerFrame>,
+    bootstrap: Vec<Vec<u8>>,
     handoff: Handoff,
     sent: oneshot::Sender<std::io::Result<()>>,
     mut control: mpsc::Receiver<OwnerFrame>,
 ) {
-    for frame in &bootstrap {
-        if let Err(e) = write_frame(&mut stdin, frame).await {
+    for line in &bootstrap {
+        if let Err(e) = write_line(&mut stdin, line).await {
             let _ = sent.send(Err(e));
             return;
         }

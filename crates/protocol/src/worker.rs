@@ -212,7 +212,11 @@ pub struct Scope {
 }
 
 /// The session's frozen policy (SPEC section 4, "Frozen session"), plus runtime limits.
+///
+/// Read through [`PolicyFields`], its fields as they are on the wire: a `#[serde(flatten)]`
+/// field would make serde copy the whole policy into an intermediate tree before reading it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(from = "PolicyFields")]
 pub struct Policy {
     /// The model name.
     pub model: String,
@@ -266,6 +270,74 @@ pub struct Policy {
     /// (the worker asks the endpoint when the history grows large enough to matter).
     #[serde(default)]
     pub context: ContextBudget,
+}
+
+/// [`Policy`] as it is on the wire, read in one pass: [`ModelSettings`]' fields are flat here
+/// (each missing one takes its default).
+#[derive(Deserialize)]
+struct PolicyFields {
+    model: String,
+    base_url: String,
+    #[serde(default)]
+    api_key: Option<Secret>,
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(default)]
+    request_timeout_s: Option<u64>,
+    #[serde(default)]
+    max_retries: Option<u32>,
+    #[serde(default)]
+    stall_timeout_s: Option<u64>,
+    system_prompt: String,
+    toolsets: Vec<String>,
+    tools: Vec<Value>,
+    cwd: String,
+    max_steps: u32,
+    #[serde(default)]
+    approvals: ApprovalMode,
+    home: String,
+    #[serde(default)]
+    approval_grants: Vec<String>,
+    #[serde(default)]
+    background_processes: Vec<BackgroundProcess>,
+    #[serde(default)]
+    mcp_servers: BTreeMap<String, McpServerSpec>,
+    #[serde(default)]
+    jobs_wire: JobsWire,
+    #[serde(default)]
+    sandbox: crate::sandbox::SandboxPolicy,
+    #[serde(default)]
+    context: ContextBudget,
+}
+
+impl From<PolicyFields> for Policy {
+    fn from(f: PolicyFields) -> Policy {
+        let defaults = ModelSettings::default();
+        Policy {
+            model: f.model,
+            base_url: f.base_url,
+            api_key: f.api_key,
+            model_settings: ModelSettings {
+                stream: f.stream.unwrap_or(defaults.stream),
+                request_timeout_s: f.request_timeout_s.unwrap_or(defaults.request_timeout_s),
+                max_retries: f.max_retries.unwrap_or(defaults.max_retries),
+                stall_timeout_s: f.stall_timeout_s.unwrap_or(defaults.stall_timeout_s),
+            },
+            system_prompt: f.system_prompt,
+            toolsets: f.toolsets,
+            tools: f.tools,
+            cwd: f.cwd,
+            max_steps: f.max_steps,
+            approvals: f.approvals,
+            home: f.home,
+            approval_grants: f.approval_grants,
+            background_processes: f.background_processes,
+            mcp_servers: f.mcp_servers,
+            jobs_wire: f.jobs_wire,
+            sandbox: f.sandbox,
+            context: f.context,
+        }
+    }
 }
 
 /// `[mqtt]` as the owner's config gives it, for the `jobs` toolset (all optional; no `url`
@@ -466,6 +538,18 @@ impl Bootstrap {
     /// at most [`BOOTSTRAP_PART_BYTES`] (at least one part, so an empty text is sent too).
     /// Every frame is under [`MAX_FRAME_BYTES`], or this is [`BootstrapFrameError::HeadTooLong`].
     pub fn into_frames(self) -> Result<Vec<OwnerFrame>, BootstrapFrameError> {
+        let frames = self.frames_unchecked()?;
+        if let Some(head) = frames.first() {
+            let head_bytes = serde_json::to_vec(head)?.len();
+            if head_bytes > MAX_FRAME_BYTES {
+                return Err(BootstrapFrameError::HeadTooLong(head_bytes));
+            }
+        }
+        Ok(frames)
+    }
+
+    /// The head and the body's frames; only the head can be over [`MAX_FRAME_BYTES`].
+    fn frames_unchecked(self) -> Result<Vec<OwnerFrame>, BootstrapFrameError> {
         let body = serde_json::value::to_raw_value(&BootstrapBody {
             history: self.history,
             history_ids: self.history_ids,
@@ -491,14 +575,26 @@ impl Bootstrap {
             body_parts: body.len() as u64,
             trace: self.trace,
         }));
-        let head_bytes = serde_json::to_vec(&head)?.len();
-        if head_bytes > MAX_FRAME_BYTES {
-            return Err(BootstrapFrameError::HeadTooLong(head_bytes));
-        }
         let mut frames = Vec::with_capacity(body.len() + 1);
         frames.push(head);
         frames.extend(body);
         Ok(frames)
+    }
+
+    /// The frames of [`Bootstrap::into_frames`], each serialized once as a line (newline
+    /// included), as the owner writes them to a worker's stdin.
+    pub fn into_lines(self) -> Result<Vec<Vec<u8>>, BootstrapFrameError> {
+        self.frames_unchecked()?
+            .iter()
+            .map(|frame| {
+                let mut line = serde_json::to_vec(frame)?;
+                if line.len() > MAX_FRAME_BYTES {
+                    return Err(BootstrapFrameError::HeadTooLong(line.len()));
+                }
+                line.push(b'\n');
+                Ok(line)
+            })
+            .collect()
     }
 
     /// The bootstrap the head and its parts' texts (in order) carry.
@@ -562,6 +658,27 @@ impl<'de> Deserialize<'de> for RawBody {
             .map(RawBody)
             .map_err(serde::de::Error::custom)
     }
+}
+
+/// The bootstrap head as the worker reads it: the first frame's `type` is checked on its own,
+/// then the frame is parsed straight into a [`BootstrapHead`] (the `type` key is ignored
+/// there). Read as an internally tagged [`OwnerFrame`], the whole head (the tools' schemas
+/// above all) would first be copied into an intermediate tree (issue 15).
+pub fn read_head(line: &[u8]) -> Result<BootstrapHead, String> {
+    /// Only the `type` of a frame; every other key is skipped.
+    #[derive(Deserialize)]
+    struct FrameType<'a> {
+        #[serde(rename = "type", borrow)]
+        frame_type: std::borrow::Cow<'a, str>,
+    }
+    let tag = serde_json::from_slice::<FrameType>(line).map_err(|e| e.to_string())?;
+    if tag.frame_type != "bootstrap" {
+        return Err(format!(
+            "expected type \"bootstrap\", got {:?}",
+            tag.frame_type
+        ));
+    }
+    serde_json::from_slice::<BootstrapHead>(line).map_err(|e| e.to_string())
 }
 
 /// A frame after the bootstrap head as the worker reads it: a whole body or a part's text,

@@ -13,12 +13,14 @@ use std::fmt::Debug;
 
 use drover_protocol::event::{self, Event};
 use drover_protocol::rpc::{Notification, Request, Response};
+use drover_protocol::worker::read_head;
 use drover_protocol::worker::{
     op, BackgroundProcess, BodyFrame, BodyPiece, Bootstrap, BootstrapFrameError, BootstrapHead,
     ChildReserve, ExecutionFinish, JobRegister, JobsWire, McpServerSpec, OwnerFrame, PersistFrame,
     Policy, ProcessStatus, ProcessUpdate, PromptOpen, TranscriptAppend, TurnOutcome, UsageAdd,
     WorkerFrame, BOOTSTRAP_PART_BYTES, MAX_FRAME_BYTES,
 };
+use drover_protocol::ModelSettings;
 use drover_protocol::{ChatMessage, ErrorReason, FunctionCall, Role, RpcError, ToolCall, Usage};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -414,6 +416,55 @@ fn a_bootstrap_head_and_part_round_trip_with_the_whole_policy() {
         Bootstrap::assemble(*head, std::slice::from_ref(&text)).unwrap(),
         compact
     );
+}
+
+#[test]
+fn the_worker_reads_a_head_as_the_tagged_frame_reads_it() {
+    let text = format!(
+        concat!(
+            r#"{{"type":"bootstrap","scope":{{"session_id":"s-1","admission_id":"a-1","#,
+            r#""execution_id":"x-1","generation":2,"epoch":5,"secret":"0123abcd"}},"#,
+            r#""policy":{},"body_parts":1}}"#
+        ),
+        POLICY
+    );
+    let OwnerFrame::Bootstrap(tagged) = pinned::<OwnerFrame>(&text) else {
+        panic!("not a bootstrap")
+    };
+    let head = read_head(text.as_bytes()).expect("the head");
+    assert_eq!(head, *tagged);
+    // The `type` is checked first and named when it is another one.
+    let err = read_head(br#"{"type":"receipt","sequence":1,"result":{}}"#).unwrap_err();
+    assert!(err.contains("\"receipt\""), "{err}");
+    assert!(read_head(br#"{"scope":{}}"#).is_err());
+    assert!(read_head(b"not json").is_err());
+    // A head without the model settings reads their defaults, as the tagged frame does.
+    let mut bare: Value = serde_json::from_str(&text).unwrap();
+    for key in [
+        "stream",
+        "request_timeout_s",
+        "max_retries",
+        "stall_timeout_s",
+    ] {
+        bare["policy"].as_object_mut().unwrap().remove(key);
+    }
+    let bare = serde_json::to_vec(&bare).unwrap();
+    let head = read_head(&bare).expect("a bare head");
+    assert_eq!(head.policy.model_settings, ModelSettings::default());
+    // The owner's lines are the frames, each serialized once, a newline after each.
+    let bootstrap = Bootstrap::from_head_and_body(
+        head,
+        serde_json::from_str(r#"{"history":[],"history_ids":[],"input":"hi"}"#).unwrap(),
+    );
+    let lines = bootstrap.clone().into_lines().expect("lines");
+    let frames = bootstrap.into_frames().expect("frames");
+    assert_eq!(lines.len(), frames.len());
+    for (line, frame) in lines.iter().zip(&frames) {
+        let mut expected = serde_json::to_vec(frame).unwrap();
+        expected.push(b'\n');
+        assert_eq!(line, &expected);
+    }
+    assert!(read_head(&lines[0]).is_ok());
 }
 
 #[test]

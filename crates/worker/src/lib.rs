@@ -63,8 +63,8 @@ use std::sync::Arc;
 use drover_agent::{run_compaction, run_turn, TurnReport, TurnSpec};
 use drover_model::{ModelClient, ModelConfig};
 use drover_protocol::worker::{
-    op, BodyFrame, BodyPiece, Bootstrap, ExecutionFinish, OwnerFrame, Policy, TurnOutcome,
-    TurnResult, MAX_FRAME_BYTES,
+    op, BodyFrame, BodyPiece, Bootstrap, ExecutionFinish, Policy, TurnOutcome, TurnResult,
+    MAX_FRAME_BYTES,
 };
 use drover_protocol::{Exit, Usage};
 use drover_tools::platform::{self, ForegroundGroups, Signal};
@@ -268,6 +268,7 @@ pub fn template_entry() -> Exit {
             return WorkerExit::Aborted.exit();
         }
     };
+    detect_cpu_features();
     // What start-up freed goes back to the kernel: fewer pages for each child to share and copy.
     platform::release_free_memory();
     match template::serve_requests() {
@@ -283,6 +284,18 @@ pub fn template_entry() -> Exit {
             }
             serve_turn(Some(http), None)
         }
+    }
+}
+
+/// Runs the standard library's CPU feature detection in the template, so that every forked
+/// spare inherits its answers. The HTTP parser and the byte searches ask for SIMD features on
+/// their first use; asked first in each worker, the detection's `cpuid` instructions (each a
+/// trap to the hypervisor in a virtual machine) were about 5% of a turn's worker CPU (issue 15).
+fn detect_cpu_features() {
+    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+    {
+        // One question fills the whole cache.
+        let _ = std::arch::is_x86_feature_detected!("avx2");
     }
 }
 
@@ -416,18 +429,6 @@ where
     }
 }
 
-/// Reads the next non-blank line as an owner frame.
-async fn read_owner_frame<R>(
-    reader: &mut R,
-    buf: &mut Vec<u8>,
-) -> Result<OwnerFrame, BootstrapError>
-where
-    R: AsyncBufRead + Unpin,
-{
-    read_nonblank_line(reader, buf).await?;
-    serde_json::from_slice::<OwnerFrame>(buf).map_err(|e| BootstrapError::Invalid(e.to_string()))
-}
-
 /// Reads the bootstrap: the head (the first frame), then the `body_parts` part frames it
 /// announces, put together ([`Bootstrap::assemble`]).
 pub async fn read_bootstrap<R>(reader: &mut R) -> Result<Bootstrap, BootstrapError>
@@ -435,15 +436,8 @@ where
     R: AsyncBufRead + Unpin,
 {
     let mut buf = Vec::new();
-    let head = match read_owner_frame(reader, &mut buf).await? {
-        OwnerFrame::Bootstrap(head) => head,
-        other => {
-            return Err(BootstrapError::Invalid(format!(
-                "expected type \"bootstrap\", got {}",
-                frame_type(&other)
-            )))
-        }
-    };
+    read_nonblank_line(reader, &mut buf).await?;
+    let head = drover_protocol::worker::read_head(&buf).map_err(BootstrapError::Invalid)?;
     let mut parts = Vec::new();
     while (parts.len() as u64) < head.body_parts {
         read_nonblank_line(reader, &mut buf).await?;
@@ -453,7 +447,7 @@ where
         match (piece, head.body_parts) {
             // The whole body in one frame (issue 15), the common case.
             (Ok(BodyPiece::Whole(body)), 1) => {
-                return Ok(Bootstrap::from_head_and_body(*head, body));
+                return Ok(Bootstrap::from_head_and_body(head, body));
             }
             (Ok(BodyPiece::Text(text)), _) => parts.push(text),
             (Ok(BodyPiece::Whole(_)), n) => {
@@ -471,18 +465,7 @@ where
             }
         }
     }
-    Bootstrap::assemble(*head, &parts).map_err(|e| BootstrapError::Invalid(e.to_string()))
-}
-
-fn frame_type(frame: &OwnerFrame) -> &'static str {
-    match frame {
-        OwnerFrame::Bootstrap(_) => "bootstrap",
-        OwnerFrame::BootstrapBody { .. } => "bootstrap_body",
-        OwnerFrame::BootstrapPart { .. } => "bootstrap_part",
-        OwnerFrame::Receipt { .. } => "receipt",
-        OwnerFrame::Refused { .. } => "refused",
-        OwnerFrame::Stop { .. } => "stop",
-    }
+    Bootstrap::assemble(head, &parts).map_err(|e| BootstrapError::Invalid(e.to_string()))
 }
 
 /// The worker over any pipe pair: `reader` carries owner frames, `writer` worker frames.
