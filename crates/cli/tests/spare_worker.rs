@@ -521,3 +521,42 @@ async fn a_spare_forked_after_the_owner_gave_up_on_the_template_is_reaped() {
     let (_, outcome) = s.turn("after the slow template").await.unwrap();
     assert_eq!(outcome, "completed");
 }
+
+/// A stopped template holds no turn back: a claim that finds the keeper waiting on the template
+/// starts its own worker after a short bound (the spare's hand-over, then the template's lock)
+/// instead of waiting out the template's fork bound (2 s) and its stop (2 s more), as each
+/// turn did before. A liveness bound, not a benchmark: an exec'd worker starts in tens of
+/// milliseconds, and the bound is 1.5 s.
+#[tokio::test]
+async fn turns_do_not_wait_for_a_stopped_template() {
+    let mut s = setup().await;
+    s.daemon.wait_spare().await.unwrap();
+    let template = s.daemon.template_pids()[0];
+    signal(template, Signal::SIGSTOP);
+    let mut took = Vec::new();
+    for i in 0..3 {
+        let started = std::time::Instant::now();
+        let (_, outcome) = s
+            .turn(&format!("turn {i} while the template is stopped"))
+            .await
+            .unwrap();
+        assert_eq!(outcome, "completed");
+        took.push(started.elapsed());
+    }
+    signal(template, Signal::SIGCONT);
+    assert!(
+        took.iter().all(|t| *t < Duration::from_millis(1500)),
+        "turns waited for the stopped template: {took:?}"
+    );
+    let daemon = s.daemon.pid();
+    assert!(
+        wait::until(BOUND, async || zombies_of(daemon).is_empty()
+            && s.daemon.spare_pids().len() == 1)
+        .await,
+        "left behind: zombies {:?}, spares {:?}",
+        zombies_of(daemon),
+        s.daemon.spare_pids()
+    );
+    let (_, outcome) = s.turn("after the stopped template").await.unwrap();
+    assert_eq!(outcome, "completed");
+}

@@ -47,6 +47,14 @@ const RESTART_MOST: Duration = Duration::from_secs(5);
 /// How long the keeper waits for a taken spare's bootstrap to be written before it starts the
 /// next spare anyway.
 const HANDOFF_WAIT: Duration = Duration::from_millis(200);
+/// How long a claim waits for the keeper to hand over its spare. The keeper answers at once
+/// when it holds one; it is slower only while it is starting one (a template slow to fork):
+/// the turn then starts its own worker rather than wait.
+const TAKE_WAIT: Duration = Duration::from_millis(50);
+/// How long a fresh worker waits for its turn at the worker template, which forks one spare at
+/// a time (about a millisecond each); past it, the worker is exec'd. Bounds the wait behind a
+/// template that stopped answering (up to its `FORK_WAIT`).
+const TEMPLATE_WAIT: Duration = Duration::from_millis(500);
 
 /// A request for the spare, answered with it (or dropped when there is none).
 type Request = oneshot::Sender<StartedWorker>;
@@ -117,8 +125,18 @@ impl SpareSlot {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
-        match templates {
-            Some(templates) => start_spare(command, log, &templates).await,
+        let Some(templates) = templates else {
+            return StartedWorker::start(command, log);
+        };
+        let forked = match tokio::time::timeout(TEMPLATE_WAIT, templates.lock()).await {
+            Ok(mut slot) => slot.fork(command, log).await,
+            Err(_) => {
+                tracing::debug!("the worker template is busy; this worker is exec'd");
+                None
+            }
+        };
+        match forked {
+            Some(worker) => Ok(worker),
             None => StartedWorker::start(command, log),
         }
     }
@@ -127,7 +145,8 @@ impl SpareSlot {
     pub async fn take(&self) -> Option<StartedWorker> {
         let (reply, answer) = oneshot::channel();
         self.requests.try_send(reply).ok()?;
-        let mut spare = answer.await.ok()?;
+        // A spare the keeper sends after this gave up is discarded by the keeper.
+        let mut spare = tokio::time::timeout(TAKE_WAIT, answer).await.ok()?.ok()?;
         match spare.process.try_wait() {
             Ok(None) => Some(spare),
             Ok(Some(status)) => {

@@ -14,8 +14,12 @@
 //! - The template is used only when the worker binary is the owner's own (not a wrapper named
 //!   by `$DROVER_WORKER_EXE`) and telemetry is off (an exporter's threads cannot be forked).
 //! - A template whose environment is out of date (a new `api_key_env`) is replaced. One that
-//!   fails (dies, does not answer within [`FORK_WAIT`], cannot fork) is stopped and the spare
-//!   is exec'd instead; after [`FAILURES_MAX`] failures the owner stops using templates.
+//!   fails (dies, does not answer within [`FORK_WAIT`], cannot fork) is stopped in the
+//!   background (SIGKILL past a bound; one stuck in the kernel is reaped whenever it exits) and
+//!   the spare is exec'd instead; after [`FAILURES_MAX`] failures in a row the owner stops
+//!   using templates. A failure of the owner's own part (its log file, its pipes, a pidfd it
+//!   had no room for) does not count against the template. A spare whose pidfd the owner could
+//!   not take is killed and reaped by its pid.
 //! - Its stderr goes to `<home>/logs/workers/template-<epoch>.log`, removed when the owner stops
 //!   it if empty (a crash's last words are kept).
 //!
@@ -28,7 +32,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use drover_protocol::worker::template::{ForkReply, FORK_REQUEST};
-use drover_tools::platform::fork::{self, FdChannel, ProcessHandle};
+use drover_tools::platform::fork::{self, DescriptorsDropped, FdChannel, ProcessHandle};
 use tokio::process::{Child, Command};
 
 use crate::worker_process::{
@@ -41,6 +45,16 @@ pub const FORK_WAIT: Duration = Duration::from_secs(2);
 pub const FAILURES_MAX: u32 = 3;
 /// How long a stopped template has to exit after its socket closed, before SIGKILL.
 const STOP_WAIT: Duration = Duration::from_secs(2);
+
+/// Why a fork request gave no spare.
+#[derive(Debug)]
+enum ForkError {
+    /// The owner's own part failed (its log file, its pipes, its descriptors): the template is
+    /// not to blame and goes on serving.
+    Owner(std::io::Error),
+    /// The template failed: it died, did not answer in time, or could not fork.
+    Template(std::io::Error),
+}
 
 /// A running template: the process and the owner's end of its socket.
 #[derive(Debug)]
@@ -71,31 +85,51 @@ impl Template {
     }
 
     /// Asks for a spare with its stderr appended to `log`.
-    async fn fork(&self, log: &Path) -> std::io::Result<StartedWorker> {
-        let file = open_log(log)?;
-        let pipes = WorkerPipes::new()?;
+    async fn fork(&self, log: &Path) -> Result<StartedWorker, ForkError> {
+        let file = open_log(log).map_err(ForkError::Owner)?;
+        let pipes = WorkerPipes::new().map_err(ForkError::Owner)?;
         let streams = [pipes.stdin.0.as_fd(), pipes.stdout.0.as_fd(), file.as_fd()];
         let ask = async {
-            self.control.send(FORK_REQUEST, &streams).await?;
+            self.control
+                .send(FORK_REQUEST, &streams)
+                .await
+                .map_err(ForkError::Template)?;
             let mut buf = [0u8; 2 * ForkReply::LEN];
-            let (len, fds) = self.control.recv(&mut buf).await?;
+            let (len, fds) = match self.control.recv(&mut buf).await {
+                Ok(received) => received,
+                Err(e) => {
+                    let Some(dropped) = DescriptorsDropped::of(&e) else {
+                        return Err(ForkError::Template(e));
+                    };
+                    // The spare was forked, but its pidfd was dropped on the way.
+                    let pid = ForkReply::parse(&buf[..dropped.bytes]).map_or(0, |r| r.pid);
+                    return Err(ForkError::Owner(lost_pidfd(pid).await));
+                }
+            };
             if len == 0 {
-                return Err(std::io::Error::other("the template closed its socket"));
+                return Err(ForkError::Template(std::io::Error::other(
+                    "the template closed its socket",
+                )));
             }
             let reply = ForkReply::parse(&buf[..len]).ok_or_else(|| {
-                std::io::Error::other(format!("a {len}-byte answer from the template"))
+                ForkError::Template(std::io::Error::other(format!(
+                    "a {len}-byte answer from the template"
+                )))
             })?;
             if reply.pid <= 0 {
-                return Err(std::io::Error::from_raw_os_error(reply.errno));
+                return Err(ForkError::Template(std::io::Error::from_raw_os_error(
+                    reply.errno,
+                )));
             }
-            let pidfd = fds
-                .into_iter()
-                .next()
-                .ok_or_else(|| std::io::Error::other("the template's answer has no pidfd"))?;
-            ProcessHandle::new(reply.pid, pidfd)
+            match fds.into_iter().next() {
+                Some(pidfd) => ProcessHandle::new(reply.pid, pidfd).map_err(ForkError::Owner),
+                None => Err(ForkError::Owner(lost_pidfd(reply.pid).await)),
+            }
         };
         let handle = tokio::time::timeout(FORK_WAIT, ask).await.map_err(|_| {
-            std::io::Error::other(format!("the template did not answer within {FORK_WAIT:?}"))
+            ForkError::Template(std::io::Error::other(format!(
+                "the template did not answer within {FORK_WAIT:?}"
+            )))
         })??;
         Ok(StartedWorker::new(
             WorkerProcess::Forked(handle),
@@ -124,7 +158,21 @@ impl Template {
             .is_err()
         {
             tracing::warn!(pid = ?process.id(), "the worker template did not exit; killing it");
-            let _ = process.kill().await;
+            let _ = process.start_kill();
+            // Bounded: a process stuck in the kernel (frozen, or paging from a hung disk) does
+            // not die at SIGKILL, and nothing may wait for it without end.
+            if tokio::time::timeout(STOP_WAIT, process.wait())
+                .await
+                .is_err()
+            {
+                tracing::warn!(
+                    pid = ?process.id(),
+                    "the worker template did not exit at SIGKILL; it is reaped when it does"
+                );
+                tokio::spawn(async move {
+                    let _ = process.wait().await;
+                });
+            }
         }
         let mut buf = [0u8; 2 * ForkReply::LEN];
         while let Ok(Some((len, fds))) = control.try_recv(&mut buf) {
@@ -155,6 +203,25 @@ impl Template {
     }
 }
 
+/// A spare the template forked whose pidfd this owner could not take (out of descriptors):
+/// it is the owner's child all the same, so it is killed and reaped by its pid, and the error
+/// says so. `pid` 0: the answer's bytes did not name one.
+async fn lost_pidfd(pid: i32) -> std::io::Error {
+    if pid <= 0 {
+        return std::io::Error::other(
+            "the template's answer lost its descriptors (the owner cannot open more files)",
+        );
+    }
+    let reaped = tokio::task::spawn_blocking(move || fork::kill_and_reap_child(pid)).await;
+    if let Ok(Err(e)) = reaped {
+        tracing::warn!(pid, error = %e, "cannot kill and reap a spare without its pidfd");
+    }
+    std::io::Error::other(format!(
+        "the template's answer lost the pidfd of spare {pid} (the owner cannot open more \
+         files); that spare is killed"
+    ))
+}
+
 /// The keeper's template, started when first needed and replaced when out of date.
 #[derive(Debug)]
 pub(crate) struct TemplateSlot {
@@ -183,7 +250,8 @@ impl TemplateSlot {
         command: &WorkerCommand,
         log: &Path,
     ) -> Option<StartedWorker> {
-        if !command.forkable
+        if self.stopped
+            || !command.forkable
             || drover_telemetry::endpoint().is_some()
             || self.failures >= FAILURES_MAX
         {
@@ -203,31 +271,42 @@ impl TemplateSlot {
             match Template::start(command, &self.log) {
                 Ok(t) => self.template = Some(t),
                 Err(e) => {
-                    self.failed(format!("cannot start the worker template: {e}"))
-                        .await;
+                    self.failed(format!("cannot start the worker template: {e}"));
                     return None;
                 }
             }
         }
         let template = self.template.as_ref()?;
         match template.fork(log).await {
-            Ok(spare) => Some(spare),
-            Err(e) => {
-                self.failed(format!("the worker template cannot fork a spare: {e}"))
-                    .await;
+            Ok(spare) => {
+                // Only failures in a row stop the use of templates.
+                self.failures = 0;
+                Some(spare)
+            }
+            Err(ForkError::Owner(e)) => {
+                tracing::warn!(error = %e, "cannot ask the worker template for a spare");
+                None
+            }
+            Err(ForkError::Template(e)) => {
+                self.failed(format!("the worker template cannot fork a spare: {e}"));
                 None
             }
         }
     }
 
-    async fn failed(&mut self, why: String) {
+    /// Counts a failed template and stops it in the background: the slot is free at once
+    /// (the next fork request starts a new template), and no turn waits for the old one's end.
+    fn failed(&mut self, why: String) {
         self.failures += 1;
         tracing::warn!(failures = self.failures, "{why}; this spare is exec'd");
         if self.failures >= FAILURES_MAX {
-            tracing::warn!("worker templates keep failing; every spare is exec'd from now on");
+            tracing::warn!(
+                "worker templates failed {FAILURES_MAX} times in a row; every spare is exec'd \
+                 from now on"
+            );
         }
         if let Some(t) = self.template.take() {
-            t.stop().await;
+            tokio::spawn(t.stop());
         }
     }
 

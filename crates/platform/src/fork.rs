@@ -230,6 +230,21 @@ impl Drop for ProcessHandle {
     }
 }
 
+/// Kills the child `pid` that this process has no pidfd for (its answer came without one) and
+/// reaps it, waiting for its exit: a SIGKILLed process exits at once, unless it is stuck in the
+/// kernel. Blocking: call it off the async runtime's threads.
+pub fn kill_and_reap_child(pid: i32) -> io::Result<()> {
+    let pid = nix::unistd::Pid::from_raw(pid);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).map_err(io::Error::from)?;
+    loop {
+        match nix::sys::wait::waitpid(pid, None) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(io::Error::from(e)),
+            Ok(_) => return Ok(()),
+        }
+    }
+}
+
 /// Registers `fd` with the runtime's reactor.
 fn register(fd: OwnedFd, interest: Interest) -> io::Result<AsyncFd<OwnedFd>> {
     // SAFETY: the `AsyncFd` owns the `OwnedFd`: it stays open, the same description, and its
@@ -329,6 +344,11 @@ pub fn recv_with_fds(socket: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usiz
         MsgFlags::MSG_CMSG_CLOEXEC,
     )
     .map_err(io::Error::from)?;
+    if msg.flags.contains(MsgFlags::MSG_CTRUNC) {
+        // The kernel could not install every descriptor (this process is at its limit of open
+        // files): it dropped them, and the message's bytes are all there is.
+        return Err(io::Error::other(DescriptorsDropped { bytes: msg.bytes }));
+    }
     let mut fds = Vec::new();
     for cmsg in msg.cmsgs().map_err(io::Error::from)? {
         if let ControlMessageOwned::ScmRights(received) = cmsg {
@@ -348,6 +368,26 @@ pub fn recv_with_fds(socket: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usiz
         return Err(io::Error::other("a control message was cut short"));
     }
     Ok((msg.bytes, fds))
+}
+
+/// A message arrived without the descriptors it carried: this process could not take them
+/// (`MSG_CTRUNC`, most often its limit of open files). Its `bytes` are in the buffer given to
+/// [`recv_with_fds`]; the error wraps this value ([`DescriptorsDropped::of`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("a message's descriptors were dropped: this process cannot open more files")]
+pub struct DescriptorsDropped {
+    /// The length of the message's bytes.
+    pub bytes: usize,
+}
+
+impl DescriptorsDropped {
+    /// The [`DescriptorsDropped`] an error of [`recv_with_fds`] is, if it is one.
+    pub fn of(error: &io::Error) -> Option<DescriptorsDropped> {
+        error
+            .get_ref()
+            .and_then(|inner| inner.downcast_ref::<DescriptorsDropped>())
+            .copied()
+    }
 }
 
 /// One end of an [`fd_channel_pair`] used from async code.
