@@ -8,15 +8,35 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 target="${CARGO_TARGET_DIR:-target}"
 
+bin="$(realpath -m "$target")/debug/drover"
+
+# What the Rust tests left running: drover processes of this build on a test's home (every
+# test home is a temporary `drover-test-*` directory, removed when its test ends).
+bin_re="$(printf '%s' "$bin" | sed 's/[][\\.*^$+?(){}|]/\\&/g')"
+leftovers() { pgrep -f -- "^$bin_re --home /[^ ]*/drover-test-[^ /]*/home " || true; }
+
 if [ "${1:-all}" != python ]; then
   # Builds target/debug/drover too, for the end-to-end tests and for the Python client's.
   cargo test --workspace
+  # Every test stops what it started: a daemon or client still running once the tests are
+  # done is a leak. A process being killed gets 5 s to go; what is left is named, killed,
+  # and fails the run.
+  for _ in $(seq 50); do
+    [ -z "$(leftovers)" ] && break
+    sleep 0.1
+  done
+  left="$(leftovers)"
+  if [ -n "$left" ]; then
+    echo "the tests left these processes running (killed now):" >&2
+    ps -o pid,ppid,etime,args -p "$(echo "$left" | paste -sd, -)" >&2 || true
+    echo "$left" | xargs -r kill -KILL 2>/dev/null || true
+    exit 1
+  fi
 else
   # Not `after cargo test`: dev-dependency features make this build differ from the tests' one,
   # so it would compile the workspace again (about a minute in CI) for an equivalent binary.
   cargo build -p drover --bin drover
 fi
-bin="$(realpath "$target")/debug/drover"
 
 venv="$(realpath "$target")/py-venv"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"

@@ -1185,13 +1185,31 @@ pub fn daemon_info(home: &Path) -> Option<Value> {
 
 /// SIGKILLs the daemon `daemon.json` names on drop: for a daemon the test did not start
 /// itself (`drover run` detaches the one it starts), so it is stopped even when a test fails.
+/// The drop returns once the daemon is dead (or after [`GONE_WAIT`]), so the home removed
+/// right after is not written to by a daemon still dying.
 pub struct KillDaemonOnDrop<'a>(pub &'a Path);
 
 impl Drop for KillDaemonOnDrop<'_> {
     fn drop(&mut self) {
         if let Some(pid) = daemon_info(self.0).and_then(|info| info["pid"].as_u64()) {
-            signal(pid as u32, nix::sys::signal::Signal::SIGKILL);
+            kill_and_wait_gone(&[pid as u32]);
         }
+    }
+}
+
+/// How long [`kill_and_wait_gone`] waits for the processes to die.
+pub const GONE_WAIT: Duration = Duration::from_secs(5);
+
+/// SIGKILLs `pids` and waits, at most [`GONE_WAIT`], until none is alive (gone, or a zombie
+/// whose parent has not reaped it yet: it runs no more code). A test's drop uses it, so it
+/// blocks its thread, polling `/proc` every 5 ms.
+pub fn kill_and_wait_gone(pids: &[u32]) {
+    for &pid in pids {
+        signal(pid, nix::sys::signal::Signal::SIGKILL);
+    }
+    let deadline = Instant::now() + GONE_WAIT;
+    while pids.iter().any(|&pid| pid_alive(pid)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
     }
 }
 

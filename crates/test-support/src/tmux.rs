@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::harness::{children_of, uuid_like};
+use crate::harness::{children_of, kill_and_wait_gone, uuid_like};
 use crate::wait;
 
 /// The bound of every wait on a pane.
@@ -190,9 +190,31 @@ impl Pane {
 }
 
 impl Drop for Pane {
+    /// Kills drover in the pane (and the pane's shell) and waits until they are dead, then
+    /// the tmux server. `kill-server` alone returns before the pane's processes have their
+    /// SIGHUP: a drover client still running then would see its daemon killed by the test's
+    /// next drop (`KillDaemonOnDrop`) and start another one, outside the pane's process
+    /// group, in a home being removed (a daemon leaked from a CI run that way).
     fn drop(&mut self) {
+        let shell = std::fs::read_to_string(self.dir.path().join("shell.pid"))
+            .ok()
+            .and_then(|t| t.trim().parse::<u32>().ok());
+        if let Some(shell) = shell {
+            // The shell first, so it starts nothing after drover.
+            let mut pids = vec![shell];
+            pids.extend(children_of(shell));
+            kill_and_wait_gone(&pids);
+        }
         let _ = Command::new("tmux")
             .args(["-L", &self.socket, "kill-server"])
             .status();
+        // A server that exits with its last pane leaves its socket file behind
+        // (`$TMUX_TMPDIR/tmux-UID/NAME`; `/proc/self` belongs to this process's user).
+        if let Ok(me) = std::fs::metadata("/proc/self") {
+            let tmpdir = std::env::var_os("TMUX_TMPDIR").unwrap_or_else(|| "/tmp".into());
+            let uid = std::os::unix::fs::MetadataExt::uid(&me);
+            let dir = Path::new(&tmpdir).join(format!("tmux-{uid}"));
+            let _ = std::fs::remove_file(dir.join(&self.socket));
+        }
     }
 }
