@@ -371,3 +371,46 @@ async fn a_stale_daemon_json_whose_pid_is_another_process_names_no_daemon() {
     assert!(stop.status.success());
     bystander.kill().await.unwrap();
 }
+
+/// Removes `dir` and everything in it, again while a running daemon puts something back
+/// (a log, `daemon.json`), for at most `EXIT_LIMIT`.
+async fn remove_all_of(dir: &Path) {
+    let removed = drover_test_support::wait::until(EXIT_LIMIT, async || {
+        std::fs::remove_dir_all(dir).is_ok() || !dir.exists()
+    })
+    .await;
+    assert!(removed, "{} could not be removed", dir.display());
+}
+
+#[tokio::test]
+async fn a_daemon_whose_home_is_removed_stops() {
+    let (_model, home) = model_home(true).await.unwrap();
+    let mut d = Daemon::start(bin(), home.path()).await.unwrap();
+    remove_all_of(home.path()).await;
+    let status = d.wait_exit(EXIT_LIMIT).await.unwrap();
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    assert!(
+        !home.path().exists(),
+        "the stopping daemon wrote into its removed home"
+    );
+}
+
+#[tokio::test]
+async fn a_daemon_whose_home_path_names_another_directory_stops_and_leaves_it_alone() {
+    let (_model, home) = model_home(true).await.unwrap();
+    let mut d = Daemon::start(bin(), home.path()).await.unwrap();
+    let moved = home.path().with_file_name("home-moved");
+    std::fs::rename(home.path(), &moved).unwrap();
+    std::fs::create_dir(home.path()).unwrap();
+    let status = d.wait_exit(EXIT_LIMIT).await.unwrap();
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    let left: Vec<_> = std::fs::read_dir(home.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(
+        left.is_empty(),
+        "the daemon wrote into the new home: {left:?}"
+    );
+    assert!(daemon_log(&moved).contains("the home path now names another directory"));
+}

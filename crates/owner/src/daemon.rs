@@ -328,10 +328,12 @@ async fn serve(home: PathBuf, lifetime: Lifetime, ready: Option<std::fs::File>) 
         say_ready(ready);
     }
     let guard_stop = tokio_util::sync::CancellationToken::new();
+    let home_gone = tokio_util::sync::CancellationToken::new();
     let guard = tokio::spawn(keep_daemon_json(
         home.clone(),
         info.clone(),
         guard_stop.clone(),
+        home_gone.clone(),
     ));
     tracing::info!(epoch = epoch.epoch, url = %info.url, pid = info.pid, "owner listening");
     // After daemon.json: a client waiting for this daemon does not wait for the spare's start.
@@ -343,6 +345,7 @@ async fn serve(home: PathBuf, lifetime: Lifetime, ready: Option<std::fs::File>) 
     tokio::select! {
         _ = signals.wait(&shutdown) => {}
         _ = crate::idle::idle_for(owner.clone(), lifetime, idle_exit) => {}
+        _ = home_gone.cancelled() => {}
     }
     guard_stop.cancel();
     let _ = guard.await;
@@ -372,17 +375,27 @@ const DAEMON_JSON_CHECK: Duration = Duration::from_secs(1);
 
 /// Rewrites `daemon.json` when it goes missing or stops naming this daemon, so clients can
 /// still find (and `drover stop` still stop) an owner whose file was deleted under it.
+/// A home that was removed, or whose path now names another directory, is not written to:
+/// `gone` is cancelled and the daemon stops (docs/decisions.md, "A daemon whose home is
+/// removed stops").
 async fn keep_daemon_json(
     home: PathBuf,
     info: DaemonInfo,
     stop: tokio_util::sync::CancellationToken,
+    gone: tokio_util::sync::CancellationToken,
 ) {
     let mut tick = tokio::time::interval(DAEMON_JSON_CHECK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let held = HomeDir::open(&home);
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tick.tick() => {}
+        }
+        if let Some(why) = held.as_ref().and_then(|h| h.lost(&home)) {
+            tracing::warn!(home = %home.display(), "the home {why}; stopping");
+            gone.cancel();
+            return;
         }
         if DaemonInfo::read(&home).as_ref() == Some(&info) {
             continue;
@@ -393,6 +406,44 @@ async fn keep_daemon_json(
                 "daemon.json was missing or changed; rewrote it"
             ),
             Err(e) => tracing::warn!(error = %e, "cannot rewrite daemon.json"),
+        }
+    }
+}
+
+/// The home directory as the daemon found it at start: open, so its removal shows (a removed
+/// directory has no links left) even once its path names another directory.
+struct HomeDir {
+    dir: std::fs::File,
+    dev: u64,
+    ino: u64,
+}
+
+impl HomeDir {
+    /// The home, opened; `None` (no check) if it cannot be opened or read.
+    fn open(home: &Path) -> Option<HomeDir> {
+        use std::os::unix::fs::MetadataExt;
+        let dir = std::fs::File::open(home).ok()?;
+        let meta = dir.metadata().ok()?;
+        Some(HomeDir {
+            dir,
+            dev: meta.dev(),
+            ino: meta.ino(),
+        })
+    }
+
+    /// What happened to the home, if it is no longer this daemon's: removed, or its path
+    /// now names another directory (or nothing).
+    fn lost(&self, home: &Path) -> Option<&'static str> {
+        use std::os::unix::fs::MetadataExt;
+        if self.dir.metadata().is_ok_and(|m| m.nlink() == 0) {
+            return Some("was removed");
+        }
+        match std::fs::metadata(home) {
+            Ok(m) if m.dev() == self.dev && m.ino() == self.ino => None,
+            Ok(_) => Some("path now names another directory"),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some("path is gone"),
+            // Unreadable for a moment (permissions being changed, say): not a loss.
+            Err(_) => None,
         }
     }
 }
