@@ -12,15 +12,21 @@ use serde_json::{json, Value};
 use crate::events::{push_event, StoredEvent};
 use crate::{now, LedgerError};
 
-/// The session's latest compaction, if it has one.
+/// The session's latest compaction, if it has one. A compaction that reaches into a turn that
+/// was then lost (`unknown`) is passed over: it summarises that turn's messages, which no
+/// history holds.
 pub(crate) fn latest_in(
     conn: &Connection,
     session_id: &str,
 ) -> Result<Option<CompactionSummary>, LedgerError> {
     Ok(conn
         .prepare_cached(
-            "SELECT summary, last_message_id, covered FROM compactions
-             WHERE session_id = ?1 ORDER BY id DESC LIMIT 1",
+            "SELECT c.summary, c.last_message_id, c.covered FROM compactions c
+             WHERE c.session_id = ?1 AND NOT EXISTS (
+                SELECT 1 FROM messages m
+                JOIN session_admissions a ON a.admission_id = m.admission_id
+                WHERE m.id = c.last_message_id AND a.unknown_at IS NOT NULL)
+             ORDER BY c.id DESC LIMIT 1",
         )?
         .query_row([session_id], |r| {
             Ok(CompactionSummary {
@@ -34,8 +40,9 @@ pub(crate) fn latest_in(
 
 /// Stores a `compaction.record` of `execution_id`'s turn inside `tx` with its usage and a
 /// `session.compacted` event. The range must start after the latest compaction, hold only
-/// messages of the session, and end before the running turn's own input (the running turn is
-/// never summarised). Returns the receipt's result `{compaction_id, covered}`.
+/// messages of the session, and never part a tool call from its result: it may end inside the
+/// running turn (its older steps), but not at an assistant message with tool calls nor before
+/// a tool result. Returns the receipt's result `{compaction_id, covered}`.
 pub(crate) fn write(
     tx: &Connection,
     session_id: &str,
@@ -76,29 +83,45 @@ pub(crate) fn write(
         ("first_message_id", p.first_message_id),
         ("last_message_id", p.last_message_id),
     ] {
-        let owner: Option<(String, Option<String>)> = tx
-            .query_row_cached(
-                "SELECT session_id, admission_id FROM messages WHERE id = ?1",
-                [id],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
+        let owner: Option<String> = tx
+            .query_row_cached("SELECT session_id FROM messages WHERE id = ?1", [id], |r| {
+                r.get(0)
+            })
             .optional()?;
         match owner {
-            Some((sid, _)) if sid != session_id => {
+            Some(sid) if sid != session_id => {
                 return Err(LedgerError::invalid(
                     field,
                     format!("message {id} is not of this session"),
                 ))
             }
-            Some((_, adm)) if adm.is_some() && adm == admission_id => {
-                return Err(LedgerError::invalid(
-                    field,
-                    format!("message {id} is of the running turn, which is never compacted"),
-                ))
-            }
             Some(_) => {}
             None => return Err(LedgerError::invalid(field, format!("no message {id}"))),
         }
+    }
+    // A later history starts after the range: a call without its results, or results without
+    // their call, would be refused by the model.
+    let last_calls: Option<String> = tx.query_row_cached(
+        "SELECT tool_calls FROM messages WHERE id = ?1",
+        [p.last_message_id],
+        |r| r.get(0),
+    )?;
+    let next_role: Option<String> = tx
+        .query_row_cached(
+            "SELECT role FROM messages WHERE session_id = ?1 AND id > ?2 ORDER BY id LIMIT 1",
+            params![session_id, p.last_message_id],
+            |r| r.get(0),
+        )
+        .optional()?;
+    if last_calls.is_some() || next_role.as_deref() == Some("tool") {
+        return Err(LedgerError::invalid(
+            "last_message_id",
+            format!(
+                "message {} parts a tool call from its result: a compaction ends after a \
+                 step's last tool result",
+                p.last_message_id
+            ),
+        ));
     }
     // Lost turns' messages were never in the history the summary was made from.
     let summarised: i64 = tx.query_row_cached(
@@ -331,16 +354,11 @@ mod tests {
     }
 
     #[test]
-    fn a_compaction_of_the_running_turn_or_of_covered_or_foreign_messages_is_refused() {
+    fn a_compaction_of_covered_or_foreign_messages_is_refused() {
         let (_dir, mut ledger) = testing::open();
         let (_session_id, claim) = two_turns_then_a_claim(&mut ledger);
         let ids = claim.history.ids.clone();
         let refused = |ledger: &mut Ledger, payload| refused_at(ledger, &claim, 1, payload);
-        // The running turn's own input (the message after the history).
-        assert_eq!(
-            refused(&mut ledger, write(ids[0], ids[3] + 1, "S")),
-            "last_message_id"
-        );
         assert_eq!(
             refused(&mut ledger, write(ids[2], ids[1], "S")),
             "first_message_id"
@@ -393,6 +411,106 @@ mod tests {
             Err(LedgerError::InvalidParams { field, .. }) => field,
             other => panic!("not refused: {other:?}"),
         }
+    }
+
+    /// Appends a step (an assistant message calling `a` and `b`, then their results) to the
+    /// claimed turn at `sequence`; gives the receipt's result.
+    fn step(ledger: &mut Ledger, claim: &crate::Claim, sequence: u64) -> serde_json::Value {
+        let call = |id: &str| {
+            json!({"id": id, "type": "function",
+                                     "function": {"name": "echo", "arguments": "{}"}})
+        };
+        let result = |id: &str| {
+            json!({"role": "tool", "tool_call_id": id, "tool_name": "echo",
+                                       "content": "out"})
+        };
+        let messages = json!({"messages": [
+            {"role": "assistant", "tool_calls": [call("a"), call("b")]},
+            result("a"), result("b")]});
+        match persist(ledger, claim, sequence, op::TRANSCRIPT_APPEND, messages) {
+            PersistOutcome::Receipt { result, .. } => result,
+            other => panic!("no receipt: {other:?}"),
+        }
+    }
+
+    fn message_ids(receipt: &serde_json::Value) -> Vec<i64> {
+        receipt["message_ids"]
+            .as_array()
+            .expect("message_ids")
+            .iter()
+            .map(|id| id.as_i64().expect("id"))
+            .collect()
+    }
+
+    #[test]
+    fn a_compaction_may_cover_the_running_turn_up_to_a_step_and_the_next_claim_follows_it() {
+        let (_dir, mut ledger) = testing::open();
+        let (session_id, claim) = two_turns_then_a_claim(&mut ledger);
+        let ids = claim.history.ids.clone();
+        let first = step(&mut ledger, &claim, 1);
+        let input = first["input_message_id"].as_i64().expect("input id");
+        assert_eq!(input, ids[3] + 1, "the turn's input, stored at the claim");
+        let first = message_ids(&first);
+        let second = step(&mut ledger, &claim, 2);
+        assert_eq!(second["input_message_id"], input);
+        let second = message_ids(&second);
+        // A range that parts a call from its results is refused: at the call, between results.
+        for split in [first[0], first[1], second[1]] {
+            assert_eq!(
+                refused_at(&mut ledger, &claim, 3, write(ids[0], split, "S")),
+                "last_message_id"
+            );
+        }
+        // Through the first step's last result: the input and the first step are covered.
+        let record = write(ids[0], first[2], "S through step one");
+        let PersistOutcome::Receipt { result, .. } =
+            persist(&mut ledger, &claim, 3, op::COMPACTION_RECORD, record)
+        else {
+            panic!("no receipt");
+        };
+        assert_eq!(result["covered"], 4 + 1 + 3);
+        finish(&mut ledger, &claim, 4);
+        // The next turn starts from the summary, then the second step (whole), then its input.
+        let next = testing::claim(&mut ledger, &session_id, "four", "s");
+        let compaction = next.history.compaction.clone().expect("compaction");
+        assert_eq!(compaction.through_message_id, first[2]);
+        assert_eq!(next.history.ids, second);
+        assert_eq!(next.history.messages[0].tool_calls.len(), 2);
+    }
+
+    #[test]
+    fn a_compaction_into_a_turn_that_was_then_lost_is_passed_over() {
+        let (_dir, mut ledger) = testing::open();
+        let (session_id, claim) = two_turns_then_a_claim(&mut ledger);
+        let ids = claim.history.ids.clone();
+        // An earlier turn's compaction, which stands.
+        persist(
+            &mut ledger,
+            &claim,
+            1,
+            op::COMPACTION_RECORD,
+            write(ids[0], ids[1], "S1"),
+        );
+        let first = message_ids(&step(&mut ledger, &claim, 2));
+        step(&mut ledger, &claim, 3);
+        persist(
+            &mut ledger,
+            &claim,
+            4,
+            op::COMPACTION_RECORD,
+            write(ids[2], first[2], "S2 with the lost turn's steps"),
+        );
+        ledger
+            .mark_execution_lost(&claim.execution_id)
+            .expect("lost");
+        ledger
+            .resolve_unknown(&session_id, &claim.admission.admission_id)
+            .expect("resolve");
+        let next = testing::claim(&mut ledger, &session_id, "four", "s");
+        let compaction = next.history.compaction.clone().expect("compaction");
+        assert_eq!((compaction.summary.as_str(), compaction.covered), ("S1", 2));
+        // The second earlier turn, none of the lost one.
+        assert_eq!(next.history.ids, ids[2..4].to_vec());
     }
 
     #[test]

@@ -103,6 +103,20 @@ pub(crate) fn history_in(
     Ok(out)
 }
 
+/// The ledger id of the input of `execution_id`'s turn (its admission's first message, a
+/// `user` one), if it has one: the worker names it when a compaction covers the running turn.
+pub(crate) fn input_of(tx: &Connection, execution_id: &str) -> Result<Option<i64>, LedgerError> {
+    let first: Option<(i64, String)> = tx
+        .prepare_cached(
+            "SELECT m.id, m.role FROM worker_executions e
+             JOIN messages m INDEXED BY messages_admission ON m.admission_id = e.admission_id
+             WHERE e.execution_id = ?1 ORDER BY m.id LIMIT 1",
+        )?
+        .query_row([execution_id], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    Ok(first.and_then(|(id, role)| (role == Role::User.as_str()).then_some(id)))
+}
+
 /// Stores a `transcript.append` batch for the execution's turn inside `tx`, with a
 /// `tool.start` per tool call and a `tool.complete` per tool result (fields cut to
 /// `TOOL_EVENT_FIELD_MAX`). Returns the new message ids.

@@ -329,7 +329,8 @@ fn apply_in(
                 &p,
                 &mut events,
             )?;
-            json!({"message_ids": ids})
+            let input = crate::messages::input_of(tx, &frame.execution_id)?;
+            json!({"message_ids": ids, "input_message_id": input})
         }
         op::USAGE_ADD => {
             let u: UsageAdd = parse_payload(&frame.payload, op::USAGE_ADD)?;
