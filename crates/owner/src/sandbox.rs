@@ -4,14 +4,18 @@
 //! [`SessionSandbox`] and the probe, so what is claimed is computed in one place.
 //!
 //! Never claim more than is in force: `unavailable` when the mode asks for Landlock and the
-//! kernel has none; the home counts as hidden only with user namespaces; `network = false`
-//! counts as blocked only with Landlock ABI 4 or later (TCP rules).
+//! kernel has none; the homes count as hidden only with user namespaces; `network = false`
+//! counts as `blocked` only with a network namespace (user namespaces), as `tcp_refused` with
+//! Landlock ABI 4 or later alone; signals are scoped only with Landlock ABI 6 or later.
 
 use drover_ledger::SessionSandbox;
 use drover_protocol::sandbox::{Confinement, SandboxMode, SandboxPolicy, SandboxSupport, ToolEnv};
 
 /// The first Landlock ABI with TCP connect and bind rules.
 pub const LANDLOCK_NETWORK_ABI: u32 = 4;
+
+/// The first Landlock ABI that scopes signals and abstract unix sockets.
+pub const LANDLOCK_SCOPE_ABI: u32 = drover_tools::platform::confine::SCOPE_ABI;
 
 /// What [`drover_tools::platform::confine::probe`] found, in the protocol's shape.
 pub fn probe() -> SandboxSupport {
@@ -120,18 +124,39 @@ pub fn confinement(frozen: &SessionSandbox, cwd: &str, support: &SandboxSupport)
     } else {
         frozen.mode.to_string()
     };
+    if confined && !landlock_abi.is_some_and(|abi| abi >= LANDLOCK_SCOPE_ABI) {
+        problems.push(format!(
+            "signals are not scoped (Landlock ABI {LANDLOCK_SCOPE_ABI} needed): a tool can \
+             signal the daemon and the worker, and reach abstract unix sockets"
+        ));
+    }
     let network = if frozen.network {
         "open"
-    } else if landlock_abi.is_some_and(|abi| abi >= LANDLOCK_NETWORK_ABI) {
+    } else if confined && support.namespaces {
+        problems.push(
+            "network = false: pathname unix sockets (files such as /run/docker.sock) are not \
+             network; a tool reaches those it can open"
+                .to_string(),
+        );
         "blocked"
+    } else if landlock_abi.is_some_and(|abi| abi >= LANDLOCK_NETWORK_ABI) {
+        problems.push(
+            "network = false without user namespaces: only TCP is refused (Landlock); UDP, DNS, \
+             MPTCP and unix sockets still reach out"
+                .to_string(),
+        );
+        "tcp_refused"
     } else {
         problems.push(match landlock_abi {
             _ if !confined => "[sandbox] network = false has no effect with mode = \"off\"".into(),
             Some(abi) => format!(
-                "[sandbox] network = false needs Landlock ABI {LANDLOCK_NETWORK_ABI}; the kernel \
-                 offers {abi}"
+                "[sandbox] network = false needs user namespaces (a network namespace), or \
+                 Landlock ABI {LANDLOCK_NETWORK_ABI} to refuse TCP at least; the kernel offers \
+                 no namespaces and ABI {abi}"
             ),
-            None => "[sandbox] network = false needs Landlock, which is not available".into(),
+            None => "[sandbox] network = false needs user namespaces or Landlock, and neither \
+                     is available"
+                .into(),
         });
         "not_enforced"
     };
@@ -194,7 +219,15 @@ mod tests {
         assert_eq!(c.landlock_abi, Some(7));
         assert_eq!(c.network, "blocked");
         assert_eq!(c.writable_roots, vec!["/w".to_string(), "/srv/out".into()]);
-        assert!(c.problems.is_empty(), "{:?}", c.problems);
+        // What `blocked` leaves open is said.
+        assert_eq!(c.problems.len(), 1, "{:?}", c.problems);
+        assert!(
+            c.problems[0].contains("pathname unix sockets"),
+            "{:?}",
+            c.problems
+        );
+        let open = confinement(&frozen(SandboxMode::WorkspaceWrite, true), "/w", &full(7));
+        assert!(open.problems.is_empty(), "{:?}", open.problems);
 
         let ro = confinement(&frozen(SandboxMode::ReadOnly, true), "/w", &full(7));
         assert_eq!(ro.sandbox, "read-only");
@@ -229,8 +262,36 @@ mod tests {
     }
 
     #[test]
+    fn without_namespaces_the_network_is_blocked_only_as_far_as_landlock_goes() {
+        let mut support = full(7);
+        support.namespaces = false;
+        let c = confinement(&frozen(SandboxMode::WorkspaceWrite, false), "/w", &support);
+        assert_eq!(c.network, "tcp_refused");
+        assert!(
+            c.problems.iter().any(|p| p.contains("UDP")),
+            "{:?}",
+            c.problems
+        );
+    }
+
+    #[test]
+    fn an_old_landlock_scopes_no_signal() {
+        let c = confinement(&frozen(SandboxMode::WorkspaceWrite, false), "/w", &full(5));
+        assert_eq!(c.network, "blocked");
+        assert!(
+            c.problems
+                .iter()
+                .any(|p| p.contains("signals are not scoped")),
+            "{:?}",
+            c.problems
+        );
+    }
+
+    #[test]
     fn an_old_landlock_cannot_block_the_network() {
-        let c = confinement(&frozen(SandboxMode::WorkspaceWrite, false), "/w", &full(3));
+        let mut support = full(3);
+        support.namespaces = false;
+        let c = confinement(&frozen(SandboxMode::WorkspaceWrite, false), "/w", &support);
         assert_eq!(c.sandbox, "workspace-write");
         assert_eq!(c.network, "not_enforced");
         assert!(

@@ -7,15 +7,23 @@
 //! syscalls, in this order:
 //!
 //! 1. **namespaces** (when [`Spec::namespaces`]): `unshare(CLONE_NEWUSER | CLONE_NEWNS)`,
-//!    `setgroups` `deny`, and a one-line `uid_map`/`gid_map` mapping the process's own ids to
-//!    themselves (all a process may write from inside its new namespace);
-//! 2. **the hidden paths**: the mount tree made private (`MS_REC | MS_PRIVATE`, so nothing
+//!    with `CLONE_NEWNET` too when [`Spec::isolate_network`], `setgroups` `deny`, and a
+//!    one-line `uid_map`/`gid_map` mapping the process's own ids to themselves (all a process
+//!    may write from inside its new namespace);
+//! 2. **the network namespace** (when [`Spec::isolate_network`]): its loopback brought up
+//!    (`SIOCSIFFLAGS`), and nothing else: no route leaves it, so TCP, MPTCP, UDP, DNS and the
+//!    abstract unix sockets of the machine (they belong to a network namespace) are all out of
+//!    reach, while a server and its client inside the same tool process tree still talk;
+//! 3. **the hidden paths**: the mount tree made private (`MS_REC | MS_PRIVATE`, so nothing
 //!    reaches the parent's namespace), then an empty read-only tmpfs over each of
-//!    [`Spec::hidden`] (the drover home);
-//! 3. `PR_SET_NO_NEW_PRIVS`, then **Landlock** (when [`Spec::landlock`]):
+//!    [`Spec::hidden`] (drover homes, browser profiles);
+//! 4. `PR_SET_NO_NEW_PRIVS`, then **Landlock** (when [`Spec::landlock`] or [`Spec::scoped`]):
 //!    `landlock_restrict_self` with the prepared ruleset. Landlock also refuses `mount` and
-//!    `umount` to the confined process;
-//! 4. **no capabilities** (with the namespaces): the bounding and ambient sets emptied, the
+//!    `umount` to the confined process. With [`Spec::scoped`] on ABI 6 or later the ruleset
+//!    also scopes signals and abstract unix sockets to the process's own domain: a tool can
+//!    signal (or connect to) only what it started itself, never the owner, the worker or a
+//!    tool of another call;
+//! 5. **no capabilities** (with the namespaces): the bounding and ambient sets emptied, the
 //!    securebits `NOROOT` family set and locked, then every set cleared by `capset`, so even
 //!    without Landlock the tool cannot `umount` the tmpfs and uncover the home, and an exec
 //!    of a root-owned or setuid binary gives nothing back.
@@ -37,7 +45,7 @@ use std::path::{Path, PathBuf};
 
 use landlock::{
     Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
-    RulesetAttr, RulesetCreatedAttr, ABI,
+    RulesetAttr, RulesetCreatedAttr, Scope, ABI,
 };
 use nix::libc;
 
@@ -53,9 +61,9 @@ pub struct KernelSupport {
 }
 
 /// Finds what the kernel offers: the Landlock ABI (`landlock_create_ruleset` with the version
-/// flag), and whether a child can make a new user and mount namespace and mount a tmpfs in it
-/// (`/bin/true` is spawned through the very namespace step tools get). Cheap enough to call
-/// once at start; never panics.
+/// flag), and whether a child can make a new user, mount and network namespace, bring its
+/// loopback up and mount a tmpfs in it (`/bin/true` is spawned through the very namespace step
+/// tools get). Cheap enough to call once at start; never panics.
 pub fn probe() -> KernelSupport {
     let mut problems = Vec::new();
     let landlock_abi = match landlock_abi() {
@@ -118,7 +126,8 @@ fn probe_namespaces() -> Result<(), String> {
     let spec = Spec {
         namespaces: true,
         hidden: vec![temp],
-        landlock: None,
+        isolate_network: true,
+        ..Spec::default()
     };
     let plan = Plan::new(&spec).map_err(|e| format!("user namespaces not probed: {e}"))?;
     let mut command = std::process::Command::new(program);
@@ -133,7 +142,7 @@ fn probe_namespaces() -> Result<(), String> {
     plan.install(&mut command);
     let status = command.status().map_err(|e| {
         format!(
-            "a new user and mount namespace could not be made ({e}); unprivileged user \
+            "a new user, mount and network namespace could not be made ({e}); unprivileged user \
              namespaces may be refused (user.max_user_namespaces, \
              kernel.apparmor_restrict_unprivileged_userns, a container's seccomp profile)"
         )
@@ -142,7 +151,7 @@ fn probe_namespaces() -> Result<(), String> {
         Ok(())
     } else {
         Err(format!(
-            "{program} in a new user and mount namespace ended with {status}"
+            "{program} in a new user, mount and network namespace ended with {status}"
         ))
     }
 }
@@ -154,10 +163,18 @@ pub struct Spec {
     /// capability.
     pub namespaces: bool,
     /// Absolute directories covered by an empty read-only tmpfs (only with
-    /// [`Spec::namespaces`]). Paths that do not exist are skipped: there is nothing to hide.
+    /// [`Spec::namespaces`]). Paths that do not exist are skipped: there is nothing to hide; a
+    /// path inside another one is covered with it.
     pub hidden: Vec<PathBuf>,
-    /// The Landlock rules, or `None` for no Landlock layer.
+    /// A network namespace of the process's own too, with only its loopback (only with
+    /// [`Spec::namespaces`]): no network at all.
+    pub isolate_network: bool,
+    /// The Landlock rules, or `None` for no Landlock write rules.
     pub landlock: Option<LandlockSpec>,
+    /// Scope signals and abstract unix sockets to the process's own Landlock domain, with or
+    /// without [`Spec::landlock`], when the kernel has Landlock ABI 6 or later (silently
+    /// nothing before: [`Enforced::scoped`] says what was done).
+    pub scoped: bool,
 }
 
 /// The Landlock layer of a [`Spec`].
@@ -170,9 +187,13 @@ pub struct LandlockSpec {
     /// Single files that may be written besides (a background process's own log, which it may
     /// reopen through `/dev/stdout`).
     pub writable_files: Vec<PathBuf>,
-    /// Whether TCP connect and bind are allowed.
+    /// Whether TCP connect and bind are allowed (`false` handles both with no rule; a
+    /// network namespace, [`Spec::isolate_network`], is the stronger way to refuse).
     pub network: bool,
 }
+
+/// The first Landlock ABI with scopes (signals, abstract unix sockets).
+pub const SCOPE_ABI: u32 = 6;
 
 /// What a [`Plan`] applies, to be reported as it is.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -181,8 +202,12 @@ pub struct Enforced {
     pub namespaces: bool,
     /// The Landlock ABI the rules were built for, when the Landlock layer is applied.
     pub landlock_abi: Option<u32>,
-    /// TCP connect and bind are refused.
+    /// TCP connect and bind are refused by Landlock.
     pub network_blocked: bool,
+    /// The process has a network namespace of its own, with only its loopback.
+    pub network_isolated: bool,
+    /// Signals and abstract unix sockets are scoped to the process's own Landlock domain.
+    pub scoped: bool,
 }
 
 /// Errors building a [`Plan`].
@@ -232,6 +257,10 @@ impl std::fmt::Debug for Plan {
 
 /// The namespace and mount steps, as bytes ready for syscalls.
 struct NamespaceStep {
+    /// The `unshare` flags.
+    flags: libc::c_int,
+    /// With a network namespace: the loopback's name, as `SIOCSIFFLAGS` takes it.
+    loopback: Option<[libc::c_char; libc::IFNAMSIZ]>,
     setgroups: CString,
     uid_map_path: CString,
     gid_map_path: CString,
@@ -280,23 +309,39 @@ impl Plan {
     /// maps. Nothing is applied to this process.
     pub fn new(spec: &Spec) -> Result<Plan, ConfineError> {
         let namespaces = if spec.namespaces {
-            Some(NamespaceStep::new(&spec.hidden)?)
+            Some(NamespaceStep::new(&spec.hidden, spec.isolate_network)?)
         } else {
             None
         };
+        // Scopes need ABI 6; without write rules the kernel's own ABI is asked.
+        let scope_abi = match (&spec.landlock, spec.scoped) {
+            (_, false) => None,
+            (Some(rules), true) => Some(rules.abi),
+            (None, true) => landlock_abi().ok(),
+        }
+        .filter(|abi| *abi >= SCOPE_ABI);
         let (ruleset, network_blocked) = match &spec.landlock {
             Some(rules) => {
-                let (fd, blocked) = build_ruleset(rules)?;
+                let (fd, blocked) = build_ruleset(rules, scope_abi.is_some())?;
                 (Some(fd), blocked)
             }
-            None => (None, false),
+            None => match scope_abi {
+                Some(_) => (Some(build_scope_ruleset()?), false),
+                None => (None, false),
+            },
         };
         let enforced = Enforced {
             namespaces: namespaces.is_some(),
-            landlock_abi: ruleset
+            landlock_abi: spec
+                .landlock
                 .as_ref()
-                .and(spec.landlock.as_ref().map(|rules| rules.abi)),
+                .filter(|_| ruleset.is_some())
+                .map(|rules| rules.abi),
             network_blocked,
+            network_isolated: namespaces
+                .as_ref()
+                .is_some_and(|step| step.loopback.is_some()),
+            scoped: scope_abi.is_some() && ruleset.is_some(),
         };
         Ok(Plan {
             namespaces,
@@ -378,12 +423,22 @@ impl Plan {
 }
 
 impl NamespaceStep {
-    fn new(hidden: &[PathBuf]) -> Result<NamespaceStep, ConfineError> {
+    fn new(hidden: &[PathBuf], isolate_network: bool) -> Result<NamespaceStep, ConfineError> {
         let mut paths = Vec::new();
         let mut ancestors: Vec<PathBuf> = Vec::new();
+        // A path inside another hidden one is covered with it (and could not be mounted on
+        // once the outer tmpfs hides it); each path once.
+        let mut hidden: Vec<&PathBuf> = hidden.iter().collect();
+        hidden.sort_by_key(|p| p.components().count());
+        hidden.dedup();
+        let mut kept: Vec<&PathBuf> = Vec::new();
         for path in hidden {
+            if kept.iter().any(|outer| path.starts_with(outer)) {
+                continue;
+            }
             match std::fs::metadata(path) {
                 Ok(meta) if meta.is_dir() => {
+                    kept.push(path);
                     paths.push(c_path(path)?);
                     ancestors.extend(
                         path.ancestors()
@@ -406,7 +461,18 @@ impl NamespaceStep {
             .collect::<Result<Vec<_>, _>>()?;
         // SAFETY: geteuid(2) and getegid(2) cannot fail and touch no memory.
         let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        let mut flags = libc::CLONE_NEWUSER | libc::CLONE_NEWNS;
+        let loopback = isolate_network.then(|| {
+            flags |= libc::CLONE_NEWNET;
+            let mut name = [0 as libc::c_char; libc::IFNAMSIZ];
+            for (slot, byte) in name.iter_mut().zip(b"lo") {
+                *slot = libc::c_char::from_ne_bytes([*byte]);
+            }
+            name
+        });
         Ok(NamespaceStep {
+            flags,
+            loopback,
             setgroups: c_text("/proc/self/setgroups"),
             uid_map_path: c_text("/proc/self/uid_map"),
             gid_map_path: c_text("/proc/self/gid_map"),
@@ -422,11 +488,11 @@ impl NamespaceStep {
         })
     }
 
-    /// Steps 1 and 2 of the module docs, in the child.
+    /// Steps 1 to 3 of the module docs, in the child.
     fn enter(&self) -> io::Result<()> {
         // SAFETY: unshare(2) with flags only; the child is single-threaded after fork, as
         // CLONE_NEWUSER requires.
-        check(unsafe { libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) })?;
+        check(unsafe { libc::unshare(self.flags) })?;
         // A child of a non-dumpable worker is non-dumpable too, and then its /proc/self files
         // belong to root: a process that is not root could not write its own maps. So it is
         // dumpable just for these three writes, and non-dumpable again before anything else
@@ -445,6 +511,9 @@ impl NamespaceStep {
             check(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, ZERO, ZERO, ZERO, ZERO) })?;
         }
         maps?;
+        if let Some(name) = &self.loopback {
+            loopback_up(name)?;
+        }
         // SAFETY: mount(2) with a NUL-terminated target prepared in the parent and null
         // source, type and data, as a propagation change takes.
         check(unsafe {
@@ -488,6 +557,37 @@ impl NamespaceStep {
         Ok(())
     }
 }
+
+/// Brings the interface `name` (the new network namespace's loopback) up, as
+/// `ip link set lo up` does: the namespace holds the capability over it until step 5.
+/// Async-signal-safe.
+fn loopback_up(name: &[libc::c_char; libc::IFNAMSIZ]) -> io::Result<()> {
+    // SAFETY: socket(2) with integer arguments only.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: an all-zero ifreq is a valid value (a name of NULs and a zero union).
+    let mut request: libc::ifreq = unsafe { std::mem::zeroed() };
+    request.ifr_name = *name;
+    // SAFETY: ioctl(2) SIOCGIFFLAGS then SIOCSIFFLAGS on a socket this function owns, with a
+    // pointer to the ifreq on this stack frame, which both read and the first fills in;
+    // `ifru_flags` is the union member both requests use.
+    let result = unsafe {
+        if libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut request) == -1 {
+            Err(io::Error::last_os_error())
+        } else {
+            request.ifr_ifru.ifru_flags |= IFF_UP;
+            check(libc::ioctl(fd, libc::SIOCSIFFLAGS, &request))
+        }
+    };
+    // SAFETY: closes the socket opened above, which nothing else holds.
+    unsafe { libc::close(fd) };
+    result
+}
+
+/// `IFF_UP` as the `short` that `ifru_flags` is.
+const IFF_UP: libc::c_short = 0x1;
 
 /// prctl(2) is variadic: every argument after the option goes as a full `unsigned long`, never
 /// as an `int` whose upper bits are undefined.
@@ -595,8 +695,25 @@ fn drop_capabilities() -> io::Result<()> {
     Ok(())
 }
 
-/// Builds the ruleset of `rules` (module docs) and gives its fd, and whether TCP is refused.
-fn build_ruleset(rules: &LandlockSpec) -> Result<(OwnedFd, bool), ConfineError> {
+/// The scopes of a scoped ruleset.
+fn scopes() -> BitFlags<Scope> {
+    Scope::Signal | Scope::AbstractUnixSocket
+}
+
+/// A ruleset that handles no access, only scopes (for a process without write rules: an
+/// approved `sandbox: false` call).
+fn build_scope_ruleset() -> Result<OwnedFd, ConfineError> {
+    let created = Ruleset::default()
+        .set_compatibility(CompatLevel::HardRequirement)
+        .scope(scopes())?
+        .create()?;
+    let fd: Option<OwnedFd> = created.into();
+    fd.ok_or(ConfineError::NoRuleset)
+}
+
+/// Builds the ruleset of `rules` (module docs), scoped when `scoped`, and gives its fd, and
+/// whether TCP is refused.
+fn build_ruleset(rules: &LandlockSpec, scoped: bool) -> Result<(OwnedFd, bool), ConfineError> {
     let abi = ABI::from(i32::try_from(rules.abi).unwrap_or(i32::MAX));
     let all = AccessFs::from_all(abi);
     let file = AccessFs::from_file(abi);
@@ -610,6 +727,9 @@ fn build_ruleset(rules: &LandlockSpec) -> Result<(OwnedFd, bool), ConfineError> 
             return Err(ConfineError::NetworkUnsupported(rules.abi));
         }
         ruleset = ruleset.handle_access(AccessNet::from_all(abi))?;
+    }
+    if scoped {
+        ruleset = ruleset.scope(scopes())?;
     }
     let mut created = ruleset.create()?;
     let mut add = |path: &Path, access: BitFlags<AccessFs>| -> Result<(), ConfineError> {
@@ -656,7 +776,7 @@ mod tests {
         let spec = |hidden: Vec<PathBuf>| Spec {
             namespaces: true,
             hidden,
-            landlock: None,
+            ..Spec::default()
         };
         let err = Plan::new(&spec(vec![file.clone()])).expect_err("a file");
         assert!(err.to_string().contains("not a directory"), "{err}");
@@ -667,7 +787,7 @@ mod tests {
 
     #[test]
     fn the_id_maps_map_the_process_to_itself() {
-        let step = NamespaceStep::new(&[]).expect("step");
+        let step = NamespaceStep::new(&[], false).expect("step");
         // SAFETY: geteuid(2) cannot fail and touches no memory.
         let uid = unsafe { libc::geteuid() };
         assert_eq!(step.uid_map, format!("{uid} {uid} 1\n").into_bytes());

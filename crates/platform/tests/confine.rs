@@ -48,6 +48,7 @@ fn workspace(roots: &[&Path], network: bool) -> Spec {
             writable_files: Vec::new(),
             network,
         }),
+        ..Spec::default()
     }
 }
 
@@ -340,4 +341,168 @@ fn a_non_dumpable_process_environ_cannot_be_read_by_a_confined_child() {
             text(&plain)
         );
     }
+}
+
+/// A process to signal: `sleep 60`, killed and reaped on drop.
+struct Sleeper(std::process::Child);
+
+impl Sleeper {
+    fn start() -> Sleeper {
+        Sleeper(Command::new("sleep").arg("60").spawn().expect("sleep"))
+    }
+
+    /// The process's state letter in `/proc/<pid>/stat` (`T` when stopped).
+    fn state(&self) -> char {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.0.id())).expect("stat");
+        let after = stat.rsplit_once(") ").expect("stat shape").1;
+        after.chars().next().expect("state")
+    }
+}
+
+impl Drop for Sleeper {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_scoped_child_cannot_signal_a_process_outside_its_domain_but_can_its_own() {
+    let cwd = tempfile::tempdir().expect("cwd");
+    let outside = Sleeper::start();
+    let script = format!(
+        "kill -STOP {pid} && echo STOPPED; sleep 30 & kill $! && wait $!; echo OWN_RC=$?",
+        pid = outside.0.id()
+    );
+    let scoped = Spec {
+        scoped: true,
+        ..workspace(&[cwd.path()], true)
+    };
+    // With and without the write rules (an approved `sandbox: false` call).
+    for spec in [scoped.clone(), no_landlock(&scoped)] {
+        let out = run(&spec, cwd.path(), &script);
+        let shown = text(&out);
+        assert!(!shown.contains("STOPPED"), "{shown}");
+        // SIGTERM: 128 + 15.
+        assert!(shown.contains("OWN_RC=143"), "{shown}");
+        assert_ne!(outside.state(), 'T', "{shown}");
+        assert!(run(&spec, cwd.path(), "true").status.success());
+        assert!(Plan::new(&spec).expect("plan").enforced().scoped);
+    }
+    // Unscoped, the same command stops it: the refusal above is the scope's.
+    let out = run(&workspace(&[cwd.path()], true), cwd.path(), &script);
+    assert!(text(&out).contains("STOPPED"), "{}", text(&out));
+    assert_eq!(outside.state(), 'T');
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(outside.0.id() as i32),
+        nix::sys::signal::Signal::SIGCONT,
+    )
+    .expect("continue");
+}
+
+/// Python that tries each way out and prints one `name: OPEN` or `name: closed <error>` line.
+const NET_PROBE: &str = r#"
+import socket, sys
+port, udp_port, abstract = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+def attempt(name, how):
+    try:
+        how()
+        print(f"{name}: OPEN", flush=True)
+    except Exception as e:
+        print(f"{name}: closed {e!r}", flush=True)
+def tcp(proto=0):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM, proto)
+    s.settimeout(3)
+    s.connect(("127.0.0.1", port))
+def udp():
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(3)
+    s.connect(("127.0.0.1", udp_port))
+    s.send(b"ping")
+    s.recv(10)
+def unix_abstract():
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(3)
+    s.connect("\0" + abstract)
+def own_loopback():
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    socket.create_connection(server.getsockname(), 3)
+attempt("tcp", tcp)
+attempt("mptcp", lambda: tcp(262))
+attempt("udp", udp)
+attempt("abstract", unix_abstract)
+attempt("dns", lambda: socket.getaddrinfo("example.com", 80))
+attempt("own loopback", own_loopback)
+"#;
+
+#[test]
+fn an_isolated_network_reaches_nothing_outside_but_its_own_loopback() {
+    use std::os::linux::net::SocketAddrExt;
+    let cwd = tempfile::tempdir().expect("cwd");
+    std::fs::write(cwd.path().join("probe.py"), NET_PROBE).expect("probe");
+    let tcp = std::net::TcpListener::bind("127.0.0.1:0").expect("tcp");
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0").expect("udp");
+    udp.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .expect("timeout");
+    let name = format!("drover-confine-test-{}", std::process::id());
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).expect("name");
+    let abstract_listener = std::os::unix::net::UnixListener::bind_addr(&addr).expect("abstract");
+    // The UDP listener answers one datagram, so an open path shows as OPEN.
+    let echo = udp.try_clone().expect("clone");
+    let answer = std::thread::spawn(move || {
+        let mut buf = [0u8; 16];
+        if let Ok((_, from)) = echo.recv_from(&mut buf) {
+            let _ = echo.send_to(b"pong", from);
+        }
+    });
+    let script = format!(
+        "/usr/bin/python3 probe.py {} {} {name}",
+        tcp.local_addr().expect("addr").port(),
+        udp.local_addr().expect("addr").port(),
+    );
+    let isolated = Spec {
+        isolate_network: true,
+        // The write rules allow TCP: the namespace alone closes everything.
+        ..workspace(&[cwd.path()], true)
+    };
+    let plan = Plan::new(&isolated).expect("plan");
+    assert!(plan.enforced().network_isolated);
+    let out = run(&isolated, cwd.path(), &script);
+    let shown = text(&out);
+    for name in ["tcp", "mptcp", "udp", "abstract", "dns"] {
+        assert!(
+            shown.contains(&format!("{name}: closed")),
+            "{name}: {shown}"
+        );
+    }
+    assert!(shown.contains("own loopback: OPEN"), "{shown}");
+
+    // Not isolated, TCP, MPTCP, UDP and the abstract socket are reached: the probe works.
+    let out = run(&workspace(&[cwd.path()], true), cwd.path(), &script);
+    let shown = text(&out);
+    for name in ["tcp", "mptcp", "udp", "abstract"] {
+        assert!(shown.contains(&format!("{name}: OPEN")), "{name}: {shown}");
+    }
+    drop(abstract_listener);
+    answer.join().expect("echo thread");
+}
+
+#[test]
+fn a_hidden_path_inside_another_is_covered_with_it() {
+    let cwd = tempfile::tempdir().expect("cwd");
+    let outer = tempfile::tempdir().expect("outer");
+    let inner = outer.path().join("inner");
+    std::fs::create_dir(&inner).expect("inner");
+    std::fs::write(inner.join("daemon.json"), "secret").expect("file");
+    let mut spec = workspace(&[cwd.path()], true);
+    spec.hidden = vec![inner.clone(), outer.path().to_path_buf(), inner.clone()];
+    let out = run(
+        &spec,
+        cwd.path(),
+        &format!("cat {}", inner.join("daemon.json").display()),
+    );
+    assert!(!text(&out).contains("secret"), "{}", text(&out));
+    assert!(run(&spec, cwd.path(), "true").status.success());
 }

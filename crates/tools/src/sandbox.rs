@@ -28,6 +28,8 @@ pub const SECRET_WORDS: &[&str] = &["KEY", "SECRET", "TOKEN", "PASSWORD", "CREDE
 pub struct Sandbox {
     policy: SandboxPolicy,
     temp_dir: PathBuf,
+    /// The file tools' confined helper of the turn, when the worker named its program.
+    files: Option<std::sync::Arc<crate::file::confined::FileHelper>>,
 }
 
 impl Default for Sandbox {
@@ -39,7 +41,40 @@ impl Default for Sandbox {
 impl Sandbox {
     /// The sandbox of `policy`, with `temp_dir` writable besides its roots.
     pub fn new(policy: SandboxPolicy, temp_dir: PathBuf) -> Sandbox {
-        Sandbox { policy, temp_dir }
+        Sandbox {
+            policy,
+            temp_dir,
+            files: None,
+        }
+    }
+
+    /// This sandbox, with the file tools' I/O done in a confined helper process started from
+    /// `program` (the drover binary: the worker gives `/proc/self/exe`) at their first call,
+    /// unless the mode is `off` ([`crate::file::confined`]). Without it, they run in the
+    /// calling process.
+    pub fn with_file_helper(self, program: PathBuf) -> Sandbox {
+        Sandbox {
+            files: Some(crate::file::confined::FileHelper::new(program)),
+            ..self
+        }
+    }
+
+    /// The file tools' helper, when they run in one (a helper program given, mode not `off`).
+    pub(crate) fn file_helper(&self) -> Option<&crate::file::confined::FileHelper> {
+        match self.policy.mode {
+            SandboxMode::Off => None,
+            _ => self.files.as_deref(),
+        }
+    }
+
+    /// The frozen policy.
+    pub fn policy(&self) -> &SandboxPolicy {
+        &self.policy
+    }
+
+    /// The temp dir writable besides the roots.
+    pub fn temp_dir(&self) -> &Path {
+        &self.temp_dir
     }
 
     /// No confinement ([`SandboxPolicy::default`], mode `off`); the environment is still cut.
@@ -101,7 +136,9 @@ impl Sandbox {
             }
             (false, None) => None,
             (false, Some(abi)) => {
-                let mut network = policy.network;
+                // A network namespace refuses more than Landlock's TCP rules (and lets the
+                // tool's own loopback work); the rules are only the fallback without one.
+                let mut network = policy.network || policy.support.namespaces;
                 if !network && abi < 4 {
                     if policy.required {
                         return Err(missing(&format!(
@@ -127,7 +164,12 @@ impl Sandbox {
         Ok(Spec {
             namespaces: policy.support.namespaces,
             hidden: policy.hidden.iter().map(PathBuf::from).collect(),
+            // `network = false` holds for an escalated call too: `sandbox: false` lifts the
+            // write rules only.
+            isolate_network: !policy.network && policy.support.namespaces,
             landlock,
+            // Nor does it let a tool signal drover's processes.
+            scoped: true,
         })
     }
 
@@ -261,6 +303,9 @@ impl Sandbox {
         };
         let network = if self.policy.network {
             String::new()
+        } else if self.policy.support.namespaces {
+            "; there is no network ([sandbox] network = false): only the sandbox's own loopback"
+                .to_string()
         } else {
             "; network access (TCP) is refused".to_string()
         };
@@ -304,9 +349,10 @@ pub fn looks_refused(output: &str) -> bool {
 }
 
 /// The environment of a tool process: `worker` (the worker's own) minus every `DROVER_*`
-/// variable and every name containing one of [`SECRET_WORDS`] (any case) unless named in
-/// `env.keep`, then `env.set` added (it wins over a kept value). `DROVER_*` names are removed
-/// even when kept: tools get no pointer into drover.
+/// variable, and every name containing one of [`SECRET_WORDS`] (any case) or naming an
+/// OpenTelemetry exporter's headers ([`exporter_headers`]) unless named in `env.keep`, then
+/// `env.set` added (it wins over a kept value). `DROVER_*` names are removed even when kept:
+/// tools get no pointer into drover.
 pub fn tool_env(
     worker: impl IntoIterator<Item = (OsString, OsString)>,
     env: &ToolEnv,
@@ -319,7 +365,8 @@ pub fn tool_env(
                 return false;
             }
             let upper = name.to_ascii_uppercase();
-            let secret = SECRET_WORDS.iter().any(|word| upper.contains(word));
+            let secret =
+                SECRET_WORDS.iter().any(|word| upper.contains(word)) || exporter_headers(&upper);
             !secret || env.keep.iter().any(|kept| *kept == name)
         })
         .filter(|(name, _)| !env.set.contains_key(&*name.to_string_lossy()))
@@ -330,6 +377,14 @@ pub fn tool_env(
             .map(|(name, value)| (OsString::from(name), OsString::from(value))),
     );
     out
+}
+
+/// Whether `upper` (a variable name in upper case) carries an OpenTelemetry exporter's
+/// headers: `OTEL_EXPORTER_OTLP_HEADERS` and the per-signal `OTEL_EXPORTER_OTLP_TRACES_HEADERS`,
+/// `..._METRICS_HEADERS`, `..._LOGS_HEADERS` (and any later signal), where the collector's
+/// credential (`Authorization=Bearer ...`) goes.
+fn exporter_headers(upper: &str) -> bool {
+    upper.starts_with("OTEL_EXPORTER_") && upper.ends_with("_HEADERS")
 }
 
 /// What `path` is when it is a process's environment or memory under `/proc`
@@ -400,6 +455,11 @@ mod tests {
             ("KEYBOARD_LAYOUT", "us"),
             ("SSH_AUTH_SOCK", "/tmp/agent"),
             ("NPM_TOKEN", "kept"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "Authorization=Bearer x"),
+            ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "api-key=t"),
+            ("OTEL_EXPORTER_OTLP_METRICS_HEADERS", "api-key=m"),
+            ("otel_exporter_otlp_logs_headers", "api-key=l"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318"),
         ]);
         let env = ToolEnv {
             keep: vec!["NPM_TOKEN".into(), "DROVER_OWNER_PID".into()],
@@ -417,6 +477,7 @@ mod tests {
             ("CI", "1"),
             ("HOME", "/root"),
             ("NPM_TOKEN", "kept"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318"),
             ("PATH", "/usr/bin"),
             ("SSH_AUTH_SOCK", "/tmp/agent"),
         ]
@@ -460,10 +521,20 @@ mod tests {
             .spec(false, &[])
             .expect_err("no landlock");
         assert!(err.contains("Landlock"), "{err}");
-        let err = policy(WorkspaceWrite, true, Some(3), true)
+        // network = false is a network namespace, which needs no TCP rules of Landlock.
+        let spec = policy(WorkspaceWrite, true, Some(3), true)
             .spec(false, &[])
-            .expect_err("no TCP rules");
-        assert!(err.contains("network"), "{err}");
+            .expect("a network namespace");
+        assert!(spec.isolate_network && spec.scoped);
+        assert!(
+            spec.landlock.expect("landlock").network,
+            "no TCP rules asked"
+        );
+        // An escalated call keeps the network namespace and the scopes.
+        let spec = policy(WorkspaceWrite, true, Some(7), true)
+            .spec(true, &[])
+            .expect("escalated");
+        assert!(spec.isolate_network && spec.scoped && spec.landlock.is_none());
         // An escalated call needs no Landlock, but still the namespaces.
         assert!(policy(WorkspaceWrite, true, None, true)
             .spec(true, &[])
@@ -476,7 +547,13 @@ mod tests {
             .spec(false, &[])
             .expect("best available");
         assert!(!spec.namespaces && spec.landlock.is_none());
-        let spec = policy(WorkspaceWrite, true, Some(3), false)
+        // Without namespaces, Landlock's TCP rules are the fallback.
+        let spec = policy(WorkspaceWrite, false, Some(7), false)
+            .spec(false, &[])
+            .expect("no namespaces, not required");
+        assert!(!spec.isolate_network);
+        assert!(!spec.landlock.expect("landlock").network, "TCP refused");
+        let spec = policy(WorkspaceWrite, false, Some(3), false)
             .spec(false, &[])
             .expect("no TCP rules, not required");
         assert!(
