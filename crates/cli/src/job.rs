@@ -756,10 +756,16 @@ fn events(env: &Env, a: JobRef) -> Result<Exit, JobError> {
     registry.job(&a.job)?;
     let entries = registry.entries(&a.job, 0)?;
     if a.json {
-        print_json(&json!({
-            "job_id": a.job,
-            "events": entries.iter().map(|e| e.to_json()).collect::<Vec<_>>(),
-        }));
+        // Written from each entry's stored text, not through a `Value`: a mirrored event's
+        // numbers stay as signed (an integer beyond 64 bits included), so it verifies again.
+        let events: Vec<String> = entries.iter().map(|e| e.to_json_text()).collect();
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(
+            out,
+            "{{\"events\":[{}],\"job_id\":{}}}",
+            events.join(","),
+            Value::String(a.job.clone())
+        );
         return Ok(Exit::Ok);
     }
     let mut out = std::io::stdout().lock();

@@ -214,6 +214,9 @@ pub struct Entry {
     pub detail: Option<String>,
     /// For an event, the signed wire message; for an audit entry, its body.
     pub body: Value,
+    /// `body` as stored: for a mirrored event, the message text as received, whose numbers
+    /// are exact where `body`'s are 64-bit (an integer beyond 64 bits is a float there).
+    pub body_text: String,
 }
 
 impl Entry {
@@ -224,6 +227,20 @@ impl Entry {
             map.insert("audit".into(), Value::Bool(self.audit));
         }
         body
+    }
+
+    /// [`Entry::to_json`] as JSON text, built from [`Entry::body_text`] so every number is
+    /// written as stored: a mirrored event's signature verifies from this text.
+    pub fn to_json_text(&self) -> String {
+        type Fields = std::collections::BTreeMap<String, Box<serde_json::value::RawValue>>;
+        let audit = serde_json::value::RawValue::from_string(self.audit.to_string());
+        match (serde_json::from_str::<Fields>(&self.body_text), audit) {
+            (Ok(mut fields), Ok(audit)) => {
+                fields.insert("audit".into(), audit);
+                serde_json::to_string(&fields).unwrap_or_else(|_| self.to_json().to_string())
+            }
+            _ => self.to_json().to_string(),
+        }
     }
 }
 

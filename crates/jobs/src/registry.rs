@@ -376,6 +376,7 @@ impl Registry {
                     ts: r.get(5)?,
                     detail: r.get(6)?,
                     body: Value::Null,
+                    body_text: String::new(),
                 },
                 body,
             ))
@@ -387,6 +388,7 @@ impl Registry {
                 path: self.dir.join(DB_FILE),
                 detail: format!("entry {} of job {job_id}: {e}", entry.id),
             })?;
+            entry.body_text = body;
             entries.push(entry);
         }
         Ok(entries)
@@ -793,13 +795,16 @@ impl Registry {
     /// has is left alone; otherwise a `seq_gap` audit entry `{expected_seq, seq, via:
     /// "events"}` is stored when seqs were skipped, then the event itself (its signed body as
     /// received), and the status moves by the same compare-and-set as a local event (a
-    /// terminal job refuses it: nothing is written).
+    /// terminal job refuses it: nothing is written). `body` is `text` parsed; `text`, the
+    /// message as received, is what is stored, so a number a `Value` cannot hold exactly (an
+    /// integer beyond 64 bits) stays as signed and the stored event verifies again.
     pub fn mirror_event(
         &mut self,
         job_id: &str,
         event: EventKind,
         seq: u64,
         body: &Value,
+        text: &str,
     ) -> Result<MirroredEvent, JobError> {
         let tx = self
             .conn
@@ -872,7 +877,7 @@ impl Registry {
                 job.attempt_id as i64,
                 ts,
                 detail,
-                body.to_string(),
+                text,
             ],
         )?;
         tx.commit()?;

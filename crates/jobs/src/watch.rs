@@ -200,7 +200,9 @@ impl Watcher {
                 let Some(event) = EventKind::parse(name) else {
                     return Ok((self.dropped(via, Dropped::Malformed, Some(seq)), None));
                 };
-                match registry.mirror_event(&job.job_id, event, seq, &message) {
+                // Verified above, so the payload is JSON text (UTF-8).
+                let text = String::from_utf8_lossy(payload);
+                match registry.mirror_event(&job.job_id, event, seq, &message, &text) {
                     Ok(MirroredEvent::Stored {
                         gap,
                         unregistered_timer,
@@ -642,6 +644,33 @@ sys.stdout.write(json.dumps(m))
             String::from_utf8_lossy(&payload)
         );
         assert_eq!(f.status(), JobStatus::Running);
+        // Stored exactly as signed: 2**80 is not a float in the store, and the stored event
+        // (and what `drover job events --json` prints of it) verifies again.
+        let conn = rusqlite::Connection::open(f._dir.path().join(registry::DB_FILE)).unwrap();
+        let stored: String = conn
+            .query_row(
+                "SELECT body_json FROM job_events WHERE job_id = 'w1' AND seq = 1",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert!(stored.contains("1208925819614629174706176"), "{stored}");
+        let auth = f.job.auth_token.clone();
+        assert!(sign::verify_text(stored.as_bytes(), &auth), "{stored}");
+        let entry = f
+            .reg
+            .entries("w1", 0)
+            .unwrap()
+            .into_iter()
+            .find(|e| e.seq == Some(1))
+            .unwrap();
+        let shown: std::collections::BTreeMap<String, Box<serde_json::value::RawValue>> =
+            serde_json::from_str(&entry.to_json_text()).unwrap();
+        assert_eq!(shown["audit"].get(), "false");
+        let mut unaudited = shown;
+        unaudited.remove("audit");
+        let text = serde_json::to_string(&unaudited).unwrap();
+        assert!(sign::verify_text(text.as_bytes(), &auth), "{text}");
     }
 
     #[test]
