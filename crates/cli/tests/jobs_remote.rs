@@ -303,7 +303,7 @@ async fn a_runner_executes_a_signed_dispatch_and_submit_mirrors_its_events_and_e
     let remote = net.host("remote");
     let mut runner = remote.runner(
         "r1",
-        r#"echo "working on $JOB_ID"; grep -q 'write the report' "$DROVER_BRIEF" || exit 3; sleep 2.5; echo "done: $JOB_ID""#,
+        r#"echo "working on $JOB_ID"; grep -q 'write the report' "$DROVER_BRIEF" || exit 3; test -f "$DROVER_RUN_NOTES" || exit 4; sleep 2.5; echo "done: $JOB_ID""#,
         &["--once"],
     )
     .await;
@@ -325,6 +325,14 @@ async fn a_runner_executes_a_signed_dispatch_and_submit_mirrors_its_events_and_e
     assert_eq!(v["job"]["agent_session"], "remote:r1");
     assert_eq!(runner.exit_code(Duration::from_secs(10)).await, Some(0));
     assert!(runner.stderr().contains("dispatch rj1 attempt 1: admitted"));
+    // The runner's brief is the task as given, first and alone; how the runner runs the job
+    // is in run.md beside it.
+    let job_dir = remote.registry().join("rj1");
+    let brief = std::fs::read_to_string(job_dir.join("brief.md")).unwrap();
+    assert!(brief.starts_with("write the report"), "{brief:?}");
+    assert_eq!(brief, "write the report");
+    let notes = std::fs::read_to_string(job_dir.join("run.md")).unwrap();
+    assert!(notes.contains("heartbeat every 1 s"), "{notes}");
 
     // The orchestrator mirrored what the runner recorded: the same seqs, events and details.
     let mirrored = wire_events(&orchestrator.events("rj1").await);

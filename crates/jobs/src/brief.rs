@@ -220,10 +220,25 @@ pub fn start_instruction(job: &Job, ctx: &BriefContext) -> String {
 /// Writes the brief to `<registry>/<job_id>/brief.md` (0600, replacing any old one) and gives
 /// its path.
 pub fn write(registry: &Registry, job: &Job, text: &str) -> Result<PathBuf, JobError> {
+    write_beside(registry, job, job.brief_path.clone(), text)
+}
+
+/// Writes `run.md` beside the brief (0600, replacing any old one): what a runner adds for
+/// its command, kept out of the brief so the brief stays the task as given.
+pub fn write_run_notes(registry: &Registry, job: &Job, text: &str) -> Result<PathBuf, JobError> {
+    let path = job.brief_path.with_file_name("run.md");
+    write_beside(registry, job, path, text)
+}
+
+fn write_beside(
+    registry: &Registry,
+    job: &Job,
+    path: PathBuf,
+    text: &str,
+) -> Result<PathBuf, JobError> {
     registry.ensure_job_dir(&job.job_id)?;
-    let path = job.brief_path.clone();
     let io = |source| JobError::Io {
-        what: format!("cannot write the brief {}", path.display()),
+        what: format!("cannot write {}", path.display()),
         source,
     };
     let mut f = OpenOptions::new()

@@ -43,27 +43,39 @@ pub use crate::dispatch::{
 /// retained snapshot still gives it the state).
 const SUBSCRIBE_WAIT: Duration = Duration::from_secs(5);
 
-/// The brief of a remote job (both sides write the same one).
+/// The brief of a remote job: the task text exactly as given (both sides write the same one).
+/// A runner's command may read it as its input, so nothing is added to it; what the runner
+/// says about how it runs the job is in [`render_run_notes`], a file of its own.
 pub fn render_brief(job: &Job) -> String {
+    job.prompt.clone()
+}
+
+/// The runner's notes on how it runs a job (`<registry>/<job_id>/run.md`, named by
+/// `$DROVER_RUN_NOTES`): the attempt, the contract in words and the command's environment.
+pub fn render_run_notes(job: &Job) -> String {
     let c = &job.contract;
     format!(
         "# drover job {job_id} (attempt {attempt})\n\n\
-         ## Task\n\n{prompt}\n\n\
          ## How this job is run\n\n\
          A drover runner runs your command and reports for it: `started` when it starts, a \
          heartbeat every {n} s while it runs (the job counts as dead after {k} missed \
          heartbeats), and at the end `completed` with the last line your command prints on \
          stdout, or `error` if it exits non-zero or runs past its timeout. The orchestrator \
          expects `started` within {t} s.\n\n\
-         Environment: `JOB_ID` is this job's id, `DROVER_BRIEF` is this file.\n",
+         Environment: `JOB_ID` is this job's id, `DROVER_ATTEMPT_ID` its attempt, \
+         `DROVER_BRIEF` the task as given (`brief.md` beside this file), `{notes_env}` this \
+         file.\n",
         job_id = job.job_id,
         attempt = job.attempt_id,
-        prompt = job.prompt.trim_end(),
         n = c.heartbeat_sec,
         k = c.heartbeat_misses,
         t = c.ack_timeout_sec,
+        notes_env = RUN_NOTES_ENV,
     )
 }
+
+/// The variable that names [`render_run_notes`]'s file for a runner's command.
+pub const RUN_NOTES_ENV: &str = "DROVER_RUN_NOTES";
 
 /// The environment of a remote submit.
 pub struct RemoteContext<'a> {

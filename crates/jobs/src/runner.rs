@@ -12,9 +12,10 @@
 //!   attempt never runs again, a lower attempt or the same attempt under another token is
 //!   refused before any write, and only a strictly newer attempt replaces the record. The one
 //!   run of an attempt is claimed with [`Registry::claim_delivery`].
-//! - The command runs as `sh -c CMD` in its own process group, with `JOB_ID` and
-//!   `DROVER_BRIEF` (the brief's path) set, stdout in `<registry>/<job>/stdout.log` and stderr
-//!   in `stderr.log`. The runner publishes `started`, a `progress` (detail `heartbeat`) every
+//! - The command runs as `sh -c CMD` in its own process group, with `JOB_ID`,
+//!   `DROVER_BRIEF` (the brief: the task text as given), `DROVER_RUN_NOTES` (`run.md` beside
+//!   it: how the runner runs the job) and `DROVER_ATTEMPT_ID` set, stdout in
+//!   `<registry>/<job>/stdout.log` and stderr in `stderr.log`. The runner publishes `started`, a `progress` (detail `heartbeat`) every
 //!   N s while it runs, then `completed` (detail: the last non-empty stdout line) on exit 0
 //!   or `error` (detail `exit_code C` or `signal S`). At `--timeout S` the whole group gets
 //!   TERM, then KILL after a grace, and `error` with detail `timeout_sec S` is published.
@@ -252,11 +253,13 @@ async fn run_job(
     note: &mut impl FnMut(&str),
 ) -> Result<RunEnd, JobError> {
     let (registry_dir, for_brief) = (cfg.registry_dir.clone(), job.clone());
-    let (dir, brief_path) = registry::blocking(&cfg.registry_dir, move || {
+    let (dir, brief_path, notes_path) = registry::blocking(&cfg.registry_dir, move || {
         let registry = Registry::open(&registry_dir)?;
         let dir = registry.ensure_job_dir(&for_brief.job_id)?;
         let brief = brief::write(&registry, &for_brief, &remote::render_brief(&for_brief))?;
-        Ok((dir, brief))
+        let notes =
+            brief::write_run_notes(&registry, &for_brief, &remote::render_run_notes(&for_brief))?;
+        Ok((dir, brief, notes))
     })
     .await?;
     let stdout_path = dir.join("stdout.log");
@@ -273,6 +276,7 @@ async fn run_job(
         .arg(&cfg.command)
         .env("JOB_ID", &job.job_id)
         .env("DROVER_BRIEF", &brief_path)
+        .env(remote::RUN_NOTES_ENV, &notes_path)
         .env("DROVER_ATTEMPT_ID", job.attempt_id.to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::from(out))
