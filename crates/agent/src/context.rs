@@ -9,7 +9,11 @@
 //!   with a marker ([`cut_tool_outputs`]); the request only, never the ledger.
 //! - Still over, the history before the last `keep_recent_turns` turns is summarised
 //!   ([`compaction_plan`]); a turn starts at its `user` message, so a tool call and its
-//!   result are never split. The running turn is never summarised.
+//!   result are never split.
+//! - Still over (the running turn alone is too big), the rest of the history and the running
+//!   turn's older steps are summarised ([`running_turn_plan`]): a step is an assistant message
+//!   and its tool results, so none is split; the newest step stays, and the turn's input is
+//!   kept whole after the summary ([`with_input`]).
 //! - The summary is asked for in pieces that each fit the budget ([`summary_requests`]).
 
 use drover_protocol::{ChatMessage, Role};
@@ -177,6 +181,38 @@ pub fn compaction_plan(history: &[ChatMessage], keep: usize) -> Option<usize> {
         0 => None,
         n => Some(n),
     }
+}
+
+/// How many leading messages of the running turn (its input, then its steps: an assistant
+/// message and its tool results each) a compaction covers: every step but the newest, which
+/// stays with its results, or `None` when the turn has no older step.
+pub fn running_turn_plan(turn: &[ChatMessage]) -> Option<usize> {
+    let newest = turn.iter().rposition(|m| m.role == Role::Assistant)?;
+    turn[..newest]
+        .iter()
+        .any(|m| m.role == Role::Assistant)
+        .then_some(newest)
+}
+
+/// The most bytes of a summary: a quarter of the budget (a quarter token a byte), at least
+/// 8 KiB and at most 1 MiB, so a verbose model can neither make compaction useless nor its
+/// frame too long.
+pub fn summary_cap(budget: u64) -> usize {
+    (budget as usize).clamp(8 * 1024, 1024 * 1024)
+}
+
+/// Heads the running turn's input, kept whole after the summary of the turn's older steps.
+pub const INPUT_NOTE: &str = "[drover: the user's request that the turn running at this \
+compaction answers, kept whole; the turn's newest steps follow this summary]";
+
+/// `summary` with the running turn's `input` after it ([`INPUT_NOTE`]); an input longer than
+/// `cap` keeps its first and last quarter of `cap`.
+pub fn with_input(summary: String, input: &str, cap: usize) -> String {
+    let input = match input.len() > cap {
+        true => cut_text_to(input, "request", cap / 4).unwrap_or_else(|| input.to_string()),
+        false => input.to_string(),
+    };
+    format!("{summary}\n\n{INPUT_NOTE}\n{input}")
 }
 
 /// `summary` cut to at most `max` bytes (at a character boundary) with a marker, when longer.

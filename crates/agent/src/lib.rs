@@ -22,7 +22,8 @@
 //!   is written.
 //! - Before each request the context budget is checked ([`context`], issue 14): over
 //!   `compact_at` of the window, older tool output is cut in the request, then older history
-//!   is summarised and stored through [`TurnStore::compact`]. The model's
+//!   is summarised and stored through [`TurnStore::compact`], then (the running turn alone
+//!   being over) the running turn's older steps, its input kept whole. The model's
 //!   `context_length_exceeded` answer leads to one forced compaction and one retry, then the
 //!   turn fails `context_exceeded`.
 //! - [`run_compaction`] is the turn of a `session.compact` admission: it only compacts (every
@@ -84,17 +85,28 @@ pub struct StoreError {
     pub message: String,
 }
 
+/// What a store learned of messages it appended: their ledger ids, which a compaction of the
+/// running turn names ([`TurnStore::append`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Appended {
+    /// The ledger id of each appended message, in order; empty when the store gives none.
+    pub message_ids: Vec<i64>,
+    /// The ledger id of the running turn's input (the owner stored it), when known.
+    pub input_message_id: Option<i64>,
+}
+
 /// Where a turn's writes go.
 #[async_trait]
 pub trait TurnStore: Send + Sync {
     /// Persists messages, in order, with the tool previews and tool error ids of
-    /// [`drover_protocol::worker::TranscriptAppend`].
+    /// [`drover_protocol::worker::TranscriptAppend`]. Gives their ledger ids when the store
+    /// knows them: without them the running turn can be cut to fit, not compacted.
     async fn append(
         &self,
         messages: Vec<ChatMessage>,
         tool_contexts: std::collections::BTreeMap<String, String>,
         tool_errors: Vec<String>,
-    ) -> Result<(), StoreError>;
+    ) -> Result<Appended, StoreError>;
     /// Persists the turn's last assistant message: one without tool calls, after which the
     /// turn only ends. Nothing waits on it before the turn's end is written, so a store may
     /// send the two together (the worker's store does: docs/decisions.md, "Batched
@@ -104,7 +116,9 @@ pub trait TurnStore: Send + Sync {
         message: ChatMessage,
         tool_contexts: std::collections::BTreeMap<String, String>,
     ) -> Result<(), StoreError> {
-        self.append(vec![message], tool_contexts, Vec::new()).await
+        self.append(vec![message], tool_contexts, Vec::new())
+            .await
+            .map(|_| ())
     }
     /// Persists one model request's usage. It is always followed by another write of the turn
     /// (the request's message, or the turn's end), so a store may send it with that one.
@@ -221,7 +235,10 @@ pub async fn run_compaction(
         Err(stop) => return stop.report(tally),
     };
     let tokens = budget.context.budget_tokens(window);
-    if let Err(stop) = budget.compact(&mut conv, n, tokens, &io, &mut tally).await {
+    if let Err(stop) = budget
+        .compact(&mut conv, n, 0, tokens, &io, &mut tally)
+        .await
+    {
         return stop.report(tally);
     }
     tally.final_response = format!("compacted {n} messages");
@@ -252,16 +269,20 @@ fn start(spec: TurnSpec, with_input: bool) -> Start {
         model: configured_model,
         context,
     } = spec;
+    let turn = if with_input {
+        vec![ChatMessage::text(Role::User, input.clone())]
+    } else {
+        Vec::new()
+    };
     let conv = Conversation {
         system: (!system_prompt.is_empty()).then(|| ChatMessage::text(Role::System, system_prompt)),
         compaction,
         history,
         history_ids,
-        turn: if with_input {
-            vec![ChatMessage::text(Role::User, input)]
-        } else {
-            Vec::new()
-        },
+        turn_ids: vec![None; turn.len()],
+        turn,
+        input: with_input.then_some(input),
+        input_covered: false,
     };
     Start {
         conv,
@@ -326,8 +347,16 @@ struct Conversation {
     compaction: Option<CompactionSummary>,
     history: Vec<ChatMessage>,
     history_ids: Vec<i64>,
-    /// This turn: the user input, then what the turn added.
+    /// This turn: the user input, then what the turn added; after a compaction of the running
+    /// turn, the steps it did not cover.
     turn: Vec<ChatMessage>,
+    /// The ledger id of each `turn` message, once the store gave it.
+    turn_ids: Vec<Option<i64>>,
+    /// The running turn's input text (`None` for a compaction-only turn).
+    input: Option<String>,
+    /// Whether a compaction of the running turn covered its input: every later one of this
+    /// turn repeats it whole after its summary ([`context::with_input`]).
+    input_covered: bool,
 }
 
 impl Conversation {
@@ -341,6 +370,28 @@ impl Conversation {
         out.extend(self.history.iter().cloned());
         out.extend(self.turn.iter().cloned());
         out
+    }
+
+    /// Adds a message the store appended, with the ids it gave (the input's too).
+    fn push_stored(&mut self, message: ChatMessage, appended: &Appended) {
+        // `turn[0]` is the input until a compaction covered it.
+        if self.input.is_some() && !self.input_covered {
+            if let Some(slot @ None) = self.turn_ids.first_mut() {
+                *slot = appended.input_message_id;
+            }
+        }
+        self.turn_ids.push(appended.message_ids.first().copied());
+        self.turn.push(message);
+    }
+
+    /// How many leading `turn` messages a compaction of the running turn covers
+    /// ([`context::running_turn_plan`]), when the ledger ids of all of them and of the whole
+    /// history are known.
+    fn running_plan(&self) -> Option<usize> {
+        let k = context::running_turn_plan(&self.turn)?;
+        let known = self.turn_ids[..k].iter().all(Option::is_some)
+            && self.history_ids.len() == self.history.len();
+        known.then_some(k)
     }
 
     /// Where `history` begins in [`Conversation::request`].
@@ -472,15 +523,20 @@ impl Budget {
         let compactable = conv.history_ids.len() == conv.history.len();
         let mut prepared = prepared;
         if let Some(n) = context::compaction_plan(&conv.history, keep).filter(|_| compactable) {
-            self.compact(conv, n, budget, io, tally).await?;
+            self.compact(conv, n, 0, budget, io, tally).await?;
             shrunk = true;
-            let request = conv.request();
-            let whole = self.measure(request);
-            prepared = if whole.tokens <= budget {
-                whole
-            } else {
-                self.cut(conv, whole.messages, keep, force).0
-            };
+            prepared = self.refit(conv, keep, force, budget);
+        }
+        // The running turn alone is over the budget (or the model refused it): its older steps
+        // are summarised too, with what is left of the history; the input and the newest step
+        // stay (docs/decisions.md, "Compaction of the running turn").
+        if force || prepared.tokens > budget {
+            if let Some(k) = conv.running_plan() {
+                let n = conv.history.len();
+                self.compact(conv, n, k, budget, io, tally).await?;
+                shrunk = true;
+                prepared = self.refit(conv, keep, force, budget);
+            }
         }
         if force && !shrunk {
             return Err(Stop::Failed(format!(
@@ -500,6 +556,16 @@ impl Budget {
             );
         }
         Ok(prepared)
+    }
+
+    /// The request of `conv` after a compaction: whole when it fits, else cut ([`Budget::cut`]).
+    fn refit(&self, conv: &Conversation, keep: usize, force: bool, budget: u64) -> Prepared {
+        let whole = self.measure(conv.request());
+        if whole.tokens <= budget {
+            whole
+        } else {
+            self.cut(conv, whole.messages, keep, force).0
+        }
     }
 
     /// `messages` (a request of `conv`) with tool output cut, until the request fits: first
@@ -537,17 +603,39 @@ impl Budget {
         (self.measure(messages), cut)
     }
 
-    /// Summarises `conv.history[..n]` (with the summary before it) and stores the compaction.
+    /// Summarises `conv.history[..n]` and then `conv.turn[..k]` (with the summary before
+    /// them) and stores the compaction. `k > 0` (the running turn's older steps) needs the
+    /// whole history (`n` is its length) and the ids of `turn[..k]`.
     async fn compact(
         &mut self,
         conv: &mut Conversation,
         n: usize,
+        k: usize,
         budget: u64,
         io: &TurnIo<'_>,
         tally: &mut Tally,
     ) -> Result<(), Stop> {
+        let turn_id = |i: usize| conv.turn_ids.get(i).copied().flatten();
+        let first = match n {
+            0 => turn_id(0),
+            _ => conv.history_ids.first().copied(),
+        };
+        let last = match k {
+            0 => n
+                .checked_sub(1)
+                .and_then(|i| conv.history_ids.get(i).copied()),
+            _ => turn_id(k - 1).filter(|_| n == conv.history.len()),
+        };
+        let (Some(first), Some(last)) = (first, last) else {
+            return Err(Stop::Failed(
+                "cannot compact the running turn: a ledger id of its messages is unknown"
+                    .to_string(),
+            ));
+        };
         let mut usage = UsageAdd::default();
-        let summarised = self.summarise(conv, n, budget, io, tally, &mut usage).await;
+        let summarised = self
+            .summarise(conv, (n, k), budget, io, tally, &mut usage)
+            .await;
         let summary = match summarised {
             Ok(summary) => summary,
             Err(stop) => {
@@ -560,7 +648,11 @@ impl Budget {
                 return Err(stop);
             }
         };
-        let (first, last) = (conv.history_ids[0], conv.history_ids[n - 1]);
+        // The running turn's input stays whole: after the summary of its older steps.
+        let summary = match (&conv.input, k) {
+            (Some(input), 1..) => context::with_input(summary, input, context::summary_cap(budget)),
+            _ => summary,
+        };
         io.store
             .compact(CompactionRecord {
                 first_message_id: first,
@@ -570,7 +662,7 @@ impl Budget {
             })
             .await
             .map_err(|e| Stop::Failed(e.to_string()))?;
-        let covered = conv.compaction.as_ref().map_or(0, |c| c.covered) + n as u64;
+        let covered = conv.compaction.as_ref().map_or(0, |c| c.covered) + (n + k) as u64;
         conv.compaction = Some(CompactionSummary {
             summary,
             through_message_id: last,
@@ -578,6 +670,11 @@ impl Budget {
         });
         conv.history.drain(..n);
         conv.history_ids.drain(..n);
+        if k > 0 {
+            conv.input_covered |= conv.input.is_some();
+            conv.turn.drain(..k);
+            conv.turn_ids.drain(..k);
+        }
         // The model has not counted a request of this shape yet.
         self.estimator = context::Estimator::default();
         Ok(())
@@ -585,16 +682,17 @@ impl Budget {
 }
 
 impl Budget {
-    /// The summary of `conv.history[..n]` after the summary before it, asked for in pieces of
-    /// at most half the budget (at least 16 KiB). A piece the model refuses as too long is
-    /// asked for again at a quarter of the size, twice at most. A piece the model answers with
-    /// no text is asked for once more, and then stands as an excerpt of itself
+    /// The summary of `conv.history[..n]` and `conv.turn[..k]` after the summary before them,
+    /// asked for in pieces of at most half the budget (at least 16 KiB). A piece the model
+    /// refuses as too long is asked for again at a quarter of the size, twice at most. A piece
+    /// the model answers with no text is asked for once more, and then stands as an excerpt of
+    /// itself
     /// ([`context::excerpt_summary`]): a model that cannot summarise never blocks the session.
     /// `usage` sums what answered.
     async fn summarise(
         &self,
         conv: &Conversation,
-        n: usize,
+        (n, k): (usize, usize),
         budget: u64,
         io: &TurnIo<'_>,
         tally: &mut Tally,
@@ -603,13 +701,17 @@ impl Budget {
         let mut max_bytes = (budget as usize).saturating_mul(2).max(16 * 1024);
         let mut shrinks = 0;
         let mut empty_answers = 0;
-        let text = context::summary_text(&conv.history[..n]);
+        let mut text = context::summary_text(&conv.history[..n]);
+        text.push_str(&context::summary_text(&conv.turn[..k]));
         let mut rest = text.as_str();
         let mut summary = conv.compaction.as_ref().map(|c| c.summary.clone());
-        // A summary never takes more than a quarter of the budget (a quarter token a byte), nor
-        // 1 MiB, so a verbose model can neither make compaction useless nor its frame too long.
-        let cap = (budget as usize).clamp(8 * 1024, 1024 * 1024);
-        tracing::info!(messages = n, bytes = text.len(), "compacting the history");
+        let cap = context::summary_cap(budget);
+        tracing::info!(
+            messages = n,
+            running_turn_messages = k,
+            bytes = text.len(),
+            "compacting the history"
+        );
         while !rest.is_empty() || summary.is_none() {
             let (piece, tail) = context::next_piece(rest, max_bytes);
             let messages = [
@@ -837,7 +939,10 @@ async fn close_interrupted(store: &dyn TurnStore, calls: &[PlannedCall]) -> Resu
         .map(|c| ChatMessage::tool_result(&c.id, &c.name, INTERRUPTED_RESULT))
         .collect();
     let errors = calls.iter().map(|c| c.id.clone()).collect();
-    store.append(messages, BTreeMap::new(), errors).await
+    store
+        .append(messages, BTreeMap::new(), errors)
+        .await
+        .map(|_| ())
 }
 
 /// The loop of [`run_turn`], with the tool lookup abstracted so tests can bring their own tools.
@@ -967,13 +1072,13 @@ async fn drive(
         }
         // The assistant message is stored before any of its tools runs, so a crash mid-tool
         // leaves a record of what was started (SPEC section 0, G2).
-        if let Err(e) = store
+        match store
             .append(vec![assistant.clone()], contexts, Vec::new())
             .await
         {
-            return tally.failed(e);
+            Ok(appended) => conv.push_stored(assistant, &appended),
+            Err(e) => return tally.failed(e),
         }
-        conv.turn.push(assistant);
 
         for (index, call) in planned.iter().enumerate() {
             if ctx.cancel.is_cancelled() {
@@ -991,13 +1096,13 @@ async fn drive(
                     } else {
                         Vec::new()
                     };
-                    if let Err(e) = store
+                    match store
                         .append(vec![result.clone()], BTreeMap::new(), errors)
                         .await
                     {
-                        return tally.failed(e);
+                        Ok(appended) => conv.push_stored(result, &appended),
+                        Err(e) => return tally.failed(e),
                     }
-                    conv.turn.push(result);
                 }
                 CallEnd::CutShort => {
                     return match close_interrupted(store, &planned[index..]).await {

@@ -61,11 +61,17 @@ impl Log {
     }
 }
 
+/// The ledger id [`MemoryStore`] gives the running turn's input; its appended messages get
+/// the ids after it.
+const INPUT_ID: i64 = 10_000;
+
 /// An in-memory store; `fail_at` makes the write with that index (0-based) fail.
 struct MemoryStore {
     log: Arc<Log>,
     deltas: Mutex<Vec<String>>,
     fail_at: Option<usize>,
+    /// The id of the last message stored (the input's at first).
+    last_id: Mutex<i64>,
 }
 
 impl MemoryStore {
@@ -74,6 +80,7 @@ impl MemoryStore {
             log,
             deltas: Mutex::new(Vec::new()),
             fail_at: None,
+            last_id: Mutex::new(INPUT_ID),
         }
     }
 
@@ -95,14 +102,25 @@ impl TurnStore for MemoryStore {
         messages: Vec<ChatMessage>,
         contexts: BTreeMap<String, String>,
         errors: Vec<String>,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Appended, StoreError> {
         self.check()?;
+        let mut last = self.last_id.lock().unwrap();
+        let message_ids = messages
+            .iter()
+            .map(|_| {
+                *last += 1;
+                *last
+            })
+            .collect();
         self.log.push(Entry::Append {
             messages,
             contexts,
             errors,
         });
-        Ok(())
+        Ok(Appended {
+            message_ids,
+            input_message_id: Some(INPUT_ID),
+        })
     }
 
     async fn add_usage(&self, usage: UsageAdd) -> Result<(), StoreError> {
@@ -151,6 +169,9 @@ struct ScriptedModel {
     refuse_summaries: Mutex<u32>,
     /// `context_window` answers `Unreachable`.
     unreachable: bool,
+    /// Refuses a request (not a summarisation one) estimated over this many tokens, as a
+    /// model refuses one over its window.
+    window_limit: Option<u64>,
 }
 
 impl ScriptedModel {
@@ -163,6 +184,7 @@ impl ScriptedModel {
             summarised: Mutex::new(0),
             refuse_summaries: Mutex::new(0),
             unreachable: false,
+            window_limit: None,
         }
     }
     /// Answers summarisation requests itself.
@@ -200,6 +222,14 @@ impl ChatModel for ScriptedModel {
                 unreachable!()
             };
             return Ok(c);
+        }
+        if let Some(limit) = self.window_limit {
+            let tokens = (context::message_bytes(messages) + json!(tools).to_string().len()) / 4;
+            if tokens as u64 > limit {
+                return Err(ModelError::ContextExceeded(format!(
+                    "maximum context length is {limit} tokens, the request has {tokens}"
+                )));
+            }
         }
         let step = self.script.lock().unwrap().pop_front();
         match step {
@@ -1404,4 +1434,149 @@ async fn an_answer_too_big_for_a_frame_fails_the_turn_unstored() {
     assert!(report.error.unwrap().contains("bytes one message may hold"));
     assert!(f.log.appended().is_empty());
     assert_eq!(report.final_response, "");
+}
+
+#[test]
+fn a_running_turn_compacts_whole_steps_and_keeps_the_newest() {
+    let input = ChatMessage::text(Role::User, "go");
+    let Step::Answer(call) = calls(&[("a", "echo", "{}"), ("b", "echo", "{}")]) else {
+        unreachable!()
+    };
+    let step = |id: &str| {
+        vec![
+            call.message.clone(),
+            ChatMessage::tool_result(format!("{id}1"), "echo", "x"),
+            ChatMessage::tool_result(format!("{id}2"), "echo", "y"),
+        ]
+    };
+    // The input and one step: nothing older than the newest step.
+    let one: Vec<ChatMessage> = std::iter::once(input.clone()).chain(step("a")).collect();
+    assert_eq!(context::running_turn_plan(&one), None);
+    assert_eq!(context::running_turn_plan(&one[..1]), None);
+    // Three steps: the input and the first two, up to the newest call.
+    let three: Vec<ChatMessage> = std::iter::once(input)
+        .chain(step("a"))
+        .chain(step("b"))
+        .chain(step("c"))
+        .collect();
+    assert_eq!(context::running_turn_plan(&three), Some(7));
+    // After a compaction covered the input: the steps left.
+    assert_eq!(context::running_turn_plan(&three[4..]), Some(3));
+    assert_eq!(context::running_turn_plan(&three[7..]), None);
+}
+
+/// A turn of `steps` calls of the 5.5 KB `big` tool, then an answer, with no usage reported
+/// (the estimate stays a quarter token a byte), in a window of 8192 tokens that the model
+/// enforces; gives the fixture, the model and the report.
+async fn run_oversized_turn(steps: usize) -> (Fixture, ScriptedModel, TurnReport) {
+    let f = Fixture::new();
+    let mut script: Vec<Step> = (0..steps)
+        .map(|i| {
+            let Step::Answer(mut c) = calls(&[(&format!("m{i}"), "big", "{}")]) else {
+                unreachable!()
+            };
+            c.usage = None;
+            Step::Answer(c)
+        })
+        .collect();
+    script.push(text("done"));
+    let mut model = ScriptedModel::new(script).summarising();
+    model.window_limit = Some(8_192);
+    let s = TurnSpec {
+        max_steps: steps as u32 + 1,
+        context: ContextBudget {
+            context_window: 8_192,
+            ..ContextBudget::default()
+        },
+        ..spec("fill the window with big outputs")
+    };
+    let report = f.run(&model, s).await;
+    (f, model, report)
+}
+
+/// Checks that every tool result of `messages` answers a call of an assistant message before
+/// it, that every call is answered, and that the first message after `[system]` is the user's.
+fn assert_pairs_valid(messages: &[ChatMessage]) {
+    let mut open: Vec<String> = Vec::new();
+    assert_eq!(messages[1].role, Role::User, "{messages:?}");
+    for m in messages {
+        match m.role {
+            Role::Tool => {
+                let id = m.tool_call_id.clone().unwrap();
+                let at = open.iter().position(|o| *o == id);
+                assert!(at.is_some(), "orphan tool result {id}");
+                open.remove(at.unwrap());
+            }
+            _ => {
+                assert!(open.is_empty(), "calls without results: {open:?}");
+                open = m.tool_calls.iter().map(|c| c.id.clone()).collect();
+            }
+        }
+    }
+    assert!(open.is_empty(), "calls without results: {open:?}");
+}
+
+#[tokio::test]
+async fn a_running_turn_over_the_window_summarises_its_older_steps_and_completes() {
+    // 50 results of 5.5 KB: even cut to 1 KiB each, the turn alone passes the budget (6553
+    // tokens) after about 20 steps, and again after the first compaction.
+    let (f, model, report) = run_oversized_turn(50).await;
+    assert_eq!(report.outcome, TurnOutcome::Completed, "{report:?}");
+    assert_eq!(report.final_response, "done");
+    let written = compactions(&f.log);
+    assert!(written.len() >= 2, "{written:?}");
+    // The first covers the history and the running turn from its input on, up to a step's
+    // last result; the next ones start after it.
+    assert_eq!(written[0].first_message_id, 1);
+    assert!(written[0].last_message_id > INPUT_ID, "{written:?}");
+    for pair in written.windows(2) {
+        assert_eq!(pair[1].first_message_id, pair[0].last_message_id + 1);
+    }
+    let appended = f.log.appended();
+    for record in &written {
+        let last = &appended[(record.last_message_id - INPUT_ID - 1) as usize];
+        assert_eq!(
+            last.role,
+            Role::Tool,
+            "a compaction ends after a step's result"
+        );
+        // The input is kept whole after each summary of the running turn.
+        assert!(
+            record.summary.contains(context::INPUT_NOTE),
+            "{}",
+            record.summary
+        );
+        assert!(record
+            .summary
+            .ends_with("\nfill the window with big outputs"));
+    }
+    let budget = ContextBudget::default().budget_tokens(8_192);
+    let requests = model.requests();
+    let turn: Vec<&Vec<ChatMessage>> = requests
+        .iter()
+        .filter(|r| !is_summary_request(&r.0))
+        .map(|r| &r.0)
+        .collect();
+    assert_eq!(turn.len(), 51, "one request a step, none refused");
+    let schemas = json!(requests[0].1).to_string().len();
+    for messages in &turn {
+        let tokens = (context::message_bytes(messages) + schemas) / 4;
+        assert!(tokens as u64 <= budget, "{tokens} tokens over {budget}");
+        assert_pairs_valid(messages);
+    }
+    // The last request: the system prompt, the summary (with the input), then the steps after
+    // it, the newest result whole.
+    let last = turn.last().unwrap();
+    assert!(last[1]
+        .content
+        .as_deref()
+        .unwrap()
+        .starts_with(context::SUMMARY_HEADER));
+    assert!(last[1]
+        .content
+        .as_deref()
+        .unwrap()
+        .contains(context::INPUT_NOTE));
+    assert_eq!(last[2].role, Role::Assistant);
+    assert!(last.last().unwrap().content.as_deref().unwrap().len() >= 5_500);
 }

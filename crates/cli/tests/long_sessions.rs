@@ -6,7 +6,9 @@
 //! `compactions` row: 60 turns of over 8 MiB of tool output all complete within the budget; an
 //! owner killed while the summary is asked for leaves no row and the turn `unknown`; a
 //! `context_length_exceeded` answer compacts and retries once; the window comes from the
-//! endpoint's `GET /models` once per session.
+//! endpoint's `GET /models` once per session; a running turn whose tool results alone pass the
+//! window summarises its older steps, keeps its input whole and completes, and a restarted
+//! daemon's next turn sees the same context.
 //! `prompt.submit` text over `[daemon] max_input_bytes` is refused and nothing is admitted;
 //! `session.compact` compacts on demand, in queue order.
 
@@ -725,4 +727,151 @@ async fn session_compact_waits_its_turn_and_a_model_error_fails_it() {
     // Nothing was compacted: turn 5 saw the whole history.
     let last = contents(s.model.requests().last().unwrap());
     assert_eq!(last.len(), 1 + 4 * 2 + 1, "{last:?}");
+}
+
+/// Checks that every tool result of a request answers a call of an assistant message before
+/// it, that every call is answered before the next message, and that the first message after
+/// the system prompt is a user's: what a model API accepts.
+fn assert_calls_paired(request: &Value) {
+    let messages = request["messages"].as_array().unwrap();
+    assert_eq!(messages[1]["role"], "user", "{request}");
+    let mut open: Vec<String> = Vec::new();
+    for m in messages {
+        if m["role"] == "tool" {
+            let id = m["tool_call_id"].as_str().unwrap().to_string();
+            let at = open.iter().position(|o| *o == id);
+            assert!(at.is_some(), "a tool result without its call: {id}");
+            open.remove(at.unwrap());
+            continue;
+        }
+        assert!(open.is_empty(), "calls without results: {open:?}");
+        open = m["tool_calls"]
+            .as_array()
+            .map(|calls| {
+                calls
+                    .iter()
+                    .map(|c| c["id"].as_str().unwrap().to_string())
+                    .collect()
+            })
+            .unwrap_or_default();
+    }
+    assert!(open.is_empty(), "calls without results: {open:?}");
+}
+
+#[tokio::test]
+async fn a_running_turn_over_the_window_summarises_its_older_steps_and_completes() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    const WINDOW: u64 = 8_000;
+    const STEPS: usize = 40;
+    const INPUT: &str = "collect forty outputs, then say done";
+    let mut s = OneSession::builder(bin())
+        .model_keys(&format!("context_window = {WINDOW}\nmax_steps = 60"))
+        .toolsets(&["terminal"])
+        .start()
+        .await
+        .unwrap();
+    let calls = std::sync::Arc::new(AtomicUsize::new(0));
+    let refused = std::sync::Arc::new(AtomicUsize::new(0));
+    let (c, r) = (calls.clone(), refused.clone());
+    s.model.set_responder(move |request| {
+        if is_summary_request(request) {
+            return counted(Reply::text("SUMMARY: outputs collected so far."), request);
+        }
+        // A real model refuses a request over its window.
+        let tokens = request_tokens(request);
+        if tokens > WINDOW {
+            r.fetch_add(1, Ordering::SeqCst);
+            return Reply::error(
+                400,
+                format!(
+                    "This model's maximum context length is {WINDOW} tokens. However, your \
+                     messages resulted in {tokens} tokens."
+                ),
+            );
+        }
+        let n = c.fetch_add(1, Ordering::SeqCst);
+        if n >= STEPS {
+            return counted(Reply::text("done"), request);
+        }
+        // 6 KB of output a step: each fits, forty do not, even cut to 1 KiB.
+        let command = format!(
+            "head -c 6000 /dev/zero | tr '\\0' '{}'",
+            (b'a' + (n % 26) as u8) as char
+        );
+        counted(Reply::terminal(format!("step{n}"), &command), request)
+    });
+    let (admission_id, outcome) = s.turn(INPUT).await.unwrap();
+    let requests = s.model.requests();
+    assert_eq!(
+        outcome,
+        "completed",
+        "{}",
+        turn_error(&mut s, &admission_id).await
+    );
+    assert_eq!(
+        refused.load(Ordering::SeqCst),
+        0,
+        "a request over the window"
+    );
+
+    // Summaries that cover part of the running turn are stored, each ending after a step's
+    // last result.
+    let inside = db_value(
+        &s.home.db(),
+        &format!(
+            "SELECT count(*) FROM compactions c JOIN messages m ON m.id = c.last_message_id
+             WHERE m.admission_id = '{admission_id}' AND m.role = 'tool'"
+        ),
+    );
+    assert!(
+        inside.as_i64().unwrap() >= 1,
+        "no compaction inside the turn"
+    );
+    assert_eq!(compaction_rows(&s), inside.as_i64().unwrap());
+
+    let turn: Vec<&Value> = requests.iter().filter(|r| !is_summary_request(r)).collect();
+    assert_eq!(turn.len(), STEPS + 1);
+    for r in &turn {
+        assert!(request_tokens(r) <= WINDOW, "{} tokens", request_tokens(r));
+        assert_calls_paired(r);
+    }
+    // After the first compaction the input stays whole, after the summary.
+    let last = contents(turn[STEPS]);
+    assert!(last[1].starts_with(SUMMARY_HEADER_START), "{}", last[1]);
+    assert!(last[1].ends_with(&format!("\n{INPUT}")), "{}", last[1]);
+    assert!(!last.iter().skip(2).any(|c| c == INPUT));
+
+    // A restarted daemon's next turn sees the same context: the summary, the steps after it,
+    // the answer, then its input (no message of the turn before its summary is sent again).
+    s.daemon.stop().await.unwrap();
+    let daemon = drover_test_support::harness::Daemon::start(bin(), s.home.path())
+        .await
+        .unwrap();
+    let mut client = daemon.client().await.unwrap();
+    client
+        .call_ok("session.resume", json!({"session_id": s.session_id}))
+        .await
+        .unwrap();
+    let before = s.model.requests().len();
+    client
+        .complete_turn(&s.session_id, "and now?")
+        .await
+        .unwrap();
+    let next = &s.model.requests()[before];
+    assert!(!is_summary_request(next));
+    let mut expected = turn[STEPS]["messages"].as_array().unwrap().clone();
+    expected.push(json!({"role": "assistant", "content": "done"}));
+    let got = next["messages"].as_array().unwrap();
+    assert_eq!(got.len(), expected.len() + 1);
+    for (g, e) in got.iter().zip(&expected) {
+        assert_eq!(g["role"], e["role"]);
+        assert_eq!(g["tool_call_id"], e["tool_call_id"]);
+        assert_eq!(g["tool_calls"], e["tool_calls"]);
+        // A tool result may be cut now that it is history.
+        if g["role"] != "tool" {
+            assert_eq!(g["content"], e["content"]);
+        }
+    }
+    assert_eq!(got.last().unwrap()["content"], "and now?");
+    assert_calls_paired(next);
 }

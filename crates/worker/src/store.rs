@@ -1,7 +1,8 @@
 //! The agent loop's store and the tools' prompt broker, both persisting through the owner
 //! (SPEC section 0, G4: the worker never opens the ledger).
 //!
-//! - [`OwnerStore`] ([`TurnStore`]): `transcript.append` with a [`TranscriptAppend`] payload,
+//! - [`OwnerStore`] ([`TurnStore`]): `transcript.append` with a [`TranscriptAppend`] payload
+//!   (its receipt gives the messages' ledger ids and the turn's input's),
 //!   `usage.add` with a [`UsageAdd`] payload, `compaction.record` with a [`CompactionRecord`]
 //!   payload and `model.context_window` with a [`ContextWindowFound`] payload, each waiting
 //!   for its receipt, except `usage.add` and the turn's last message, which are held and go
@@ -23,7 +24,7 @@
 use std::collections::BTreeMap;
 
 use async_trait::async_trait;
-use drover_agent::{StoreError, TurnStore};
+use drover_agent::{Appended, StoreError, TurnStore};
 use drover_protocol::mcp::McpServerStatus;
 use drover_protocol::worker::{
     op, BackgroundProcess, ChildReserve, CompactionRecord, ContextWindowFound, ProcessStatus,
@@ -95,12 +96,14 @@ fn to_payload<T: serde::Serialize>(operation: &str, value: &T) -> Result<Value, 
 
 #[async_trait]
 impl TurnStore for OwnerStore {
+    /// The receipt's `message_ids` and `input_message_id` are the ids a compaction of the
+    /// running turn names; a receipt without them only keeps the turn from being compacted.
     async fn append(
         &self,
         messages: Vec<ChatMessage>,
         tool_contexts: BTreeMap<String, String>,
         tool_errors: Vec<String>,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Appended, StoreError> {
         let payload = to_payload(
             op::TRANSCRIPT_APPEND,
             &TranscriptAppend {
@@ -109,7 +112,18 @@ impl TurnStore for OwnerStore {
                 tool_errors,
             },
         )?;
-        self.persist(op::TRANSCRIPT_APPEND, payload).await
+        let receipt = self
+            .link
+            .persist(op::TRANSCRIPT_APPEND, payload)
+            .await
+            .map_err(store_error)?;
+        Ok(Appended {
+            message_ids: receipt["message_ids"]
+                .as_array()
+                .map(|ids| ids.iter().filter_map(Value::as_i64).collect())
+                .unwrap_or_default(),
+            input_message_id: receipt["input_message_id"].as_i64(),
+        })
     }
 
     /// Held, and sent with the turn's next write in one batch (docs/decisions.md, "Batched
