@@ -40,9 +40,9 @@ pub(crate) fn latest_in(
 
 /// Stores a `compaction.record` of `execution_id`'s turn inside `tx` with its usage and a
 /// `session.compacted` event. The range must start after the latest compaction, hold only
-/// messages of the session, and never part a tool call from its result: it may end inside the
-/// running turn (its older steps), but not at an assistant message with tool calls nor before
-/// a tool result. Returns the receipt's result `{compaction_id, covered}`.
+/// messages of the session, and may end inside the running turn (its older steps), but there
+/// never at an assistant message with tool calls nor before a tool result. Returns the
+/// receipt's result `{compaction_id, covered}`.
 pub(crate) fn write(
     tx: &Connection,
     session_id: &str,
@@ -100,20 +100,26 @@ pub(crate) fn write(
         }
     }
     // A later history starts after the range: a call without its results, or results without
-    // their call, would be refused by the model.
-    let last_calls: Option<String> = tx.query_row_cached(
-        "SELECT tool_calls FROM messages WHERE id = ?1",
+    // their call, would be refused by the model. Checked inside the running turn only: a range
+    // of earlier turns ends at a turn's end, and refusing one over an odd stored history would
+    // fail every later turn of the session.
+    let (last_admission, last_calls): (Option<String>, Option<String>) = tx.query_row_cached(
+        "SELECT admission_id, tool_calls FROM messages WHERE id = ?1",
         [p.last_message_id],
-        |r| r.get(0),
+        |r| Ok((r.get(0)?, r.get(1)?)),
     )?;
-    let next_role: Option<String> = tx
-        .query_row_cached(
-            "SELECT role FROM messages WHERE session_id = ?1 AND id > ?2 ORDER BY id LIMIT 1",
-            params![session_id, p.last_message_id],
-            |r| r.get(0),
-        )
-        .optional()?;
-    if last_calls.is_some() || next_role.as_deref() == Some("tool") {
+    let running = last_admission.is_some() && last_admission == admission_id;
+    let next_role: Option<String> = match running {
+        true => tx
+            .query_row_cached(
+                "SELECT role FROM messages WHERE session_id = ?1 AND id > ?2 ORDER BY id LIMIT 1",
+                params![session_id, p.last_message_id],
+                |r| r.get(0),
+            )
+            .optional()?,
+        false => None,
+    };
+    if running && (last_calls.is_some() || next_role.as_deref() == Some("tool")) {
         return Err(LedgerError::invalid(
             "last_message_id",
             format!(
