@@ -36,14 +36,18 @@ eval "$finish"
 "#;
 
 /// A session with the `jobs` toolset; `<home>/agent.sh` holds [`AGENT`]. Approvals are
-/// `auto` unless `config` says otherwise: under the sandbox every `exec` job asks first
-/// (drover issue 13), and these tests are about jobs, not prompts.
+/// `auto` and the sandbox `off` unless `config` says otherwise: under a sandbox every `exec`
+/// job asks first, in every mode (its agent runs unconfined, `docs/sandbox.md`), and these
+/// tests are about jobs, not prompts.
 async fn setup(config: &str, env: &[(&str, &str)]) -> (OneSession, PathBuf) {
-    let config = if config.contains("[approvals]") {
+    let mut config = if config.contains("[approvals]") {
         config.to_string()
     } else {
         format!("[approvals]\nmode = \"auto\"\n\n{config}")
     };
+    if !config.contains("[sandbox]") {
+        config.push_str("\n[sandbox]\nmode = \"off\"\n");
+    }
     let s = OneSession::builder(bin())
         .config(&config)
         .env(env)

@@ -425,6 +425,10 @@ async fn a_tool_sees_none_of_the_planted_secrets() {
         ("DB_PASSWORD", "planted-5"),
         ("GCP_credentials_file", "planted-6"),
         ("OPENAI_API_KEY", "planted-7"),
+        ("OTEL_EXPORTER_OTLP_HEADERS", "Authorization=planted-8"),
+        ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "api-key=planted-9"),
+        ("OTEL_EXPORTER_OTLP_METRICS_HEADERS", "api-key=planted-10"),
+        ("OTEL_EXPORTER_OTLP_LOGS_HEADERS", "api-key=planted-11"),
         ("KEPT_TOKEN", "kept-ok"),
     ];
     let config = "[sandbox.env]\nkeep = [\"KEPT_TOKEN\"]\nset = { GREETING = \"set-ok\" }\n";
@@ -433,6 +437,7 @@ async fn a_tool_sees_none_of_the_planted_secrets() {
     let env = output(&result);
     lacks(&env, "planted-", "a secret reached the tool");
     lacks(&env, "DROVER_", "a drover variable reached the tool");
+    lacks(&env, "_HEADERS=", "an exporter's headers reached the tool");
     assert!(
         env.contains("KEPT_TOKEN=kept-ok"),
         "keep was ignored:\n{env}"
@@ -501,4 +506,301 @@ async fn a_tool_cannot_move_the_home_aside_for_a_decoy() {
     );
     assert!(!moved.exists(), "the home's parent was renamed");
     assert!(s.home.path().join("daemon.json").exists(), "the home moved");
+}
+
+/// The state letter of `pid` in `/proc/<pid>/stat` (`T` when stopped), if it runs.
+fn state_of(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ")?.1.chars().next()
+}
+
+#[tokio::test]
+async fn a_tool_cannot_stop_the_owner_the_worker_or_the_template() {
+    let mut s = session("", &[]).await;
+    let work = s.home.work().to_path_buf();
+    s.daemon.wait_spare().await.unwrap();
+    let mut drover: Vec<u32> = vec![s.daemon.pid()];
+    drover.extend(s.daemon.template_pids());
+    drover.extend(s.daemon.spare_pids());
+    let targets: Vec<String> = drover.iter().map(u32::to_string).collect();
+    // $PPID is the worker running the turn.
+    let command = format!(
+        "{{ for p in {} $PPID; do kill -STOP $p && echo STOPPED $p; done; echo ppid=$PPID; }} \
+         > sig.log 2>&1; echo end >> sig.log",
+        targets.join(" ")
+    );
+    s.model.push(Reply::tool_call(
+        "call_stop",
+        "terminal",
+        json!({"command": command}),
+    ));
+    s.model.push(Reply::text("done"));
+    let receipt = s.submit("stop them").await.unwrap();
+    let log = wait::file(&work.join("sig.log"), LIMIT, |t| {
+        t.contains("end\n").then(|| t.to_string())
+    })
+    .await
+    .expect("the tool never finished");
+    let worker: u32 = log
+        .lines()
+        .find_map(|l| l.strip_prefix("ppid="))
+        .and_then(|p| p.parse().ok())
+        .expect("the tool's parent");
+    drover.push(worker);
+    // Whatever was stopped goes on before anything is asserted, so a failure ends cleanly.
+    let stopped: Vec<u32> = drover
+        .iter()
+        .copied()
+        .filter(|pid| state_of(*pid) == Some('T'))
+        .collect();
+    for pid in &stopped {
+        drover_test_support::harness::signal(*pid, nix::sys::signal::Signal::SIGCONT);
+    }
+    let cmdline = std::fs::read(format!("/proc/{worker}/cmdline")).unwrap_or_default();
+    assert!(
+        String::from_utf8_lossy(&cmdline).contains("drover"),
+        "the tool's parent is not drover's worker: {cmdline:?}"
+    );
+    assert!(stopped.is_empty(), "a tool stopped {stopped:?}:\n{log}");
+    lacks(&log, "STOPPED", "a kill -STOP went through");
+    // The owner goes on serving: this turn and the next complete.
+    let admission_id = str_field(&receipt, "admission_id");
+    assert_eq!(s.wait_settled(&admission_id).await.unwrap(), "completed");
+    let next = terminal_turn(&mut s, "call_after", json!({"command": "echo still-here"})).await;
+    assert!(output(&next).contains("still-here"), "{next}");
+}
+
+/// Tries TCP, MPTCP, UDP, a DNS query and an abstract unix socket against the test's
+/// listeners; one `name: OPEN` or `name: closed <why>` line each.
+const NET_PROBE: &str = r#"
+import socket, sys
+tcp_port, udp_port, dns_port, abstract = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+def attempt(name, how):
+    try:
+        how()
+        print(f"{name}: OPEN", flush=True)
+    except Exception as e:
+        print(f"{name}: closed {e!r}", flush=True)
+def tcp(proto=0):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM, proto)
+    s.settimeout(3)
+    s.connect(("127.0.0.1", tcp_port))
+def datagram(port, payload):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(3)
+    s.sendto(payload, ("127.0.0.1", port))
+    s.recvfrom(512)
+# A DNS query for example.com, type A.
+query = b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x07example\x03com\x00\x00\x01\x00\x01"
+def unix_abstract():
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(3)
+    s.connect("\0" + abstract)
+attempt("tcp", tcp)
+attempt("mptcp", lambda: tcp(262))
+attempt("udp", lambda: datagram(udp_port, b"ping"))
+attempt("dns", lambda: datagram(dns_port, query))
+attempt("abstract", unix_abstract)
+"#;
+
+/// Listeners on 127.0.0.1 for [`NET_PROBE`]: TCP, a UDP echo and a UDP "DNS server" that
+/// answer every datagram, and an abstract unix socket. Answering stops on drop.
+struct Listeners {
+    tcp: std::net::TcpListener,
+    udp_port: u16,
+    dns_port: u16,
+    abstract_name: String,
+    _abstract: std::os::unix::net::UnixListener,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    answerers: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Listeners {
+    fn start() -> Listeners {
+        use std::os::linux::net::SocketAddrExt;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut answerers = Vec::new();
+        let mut ports = Vec::new();
+        for _ in 0..2 {
+            let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            udp.set_read_timeout(Some(Duration::from_millis(100)))
+                .unwrap();
+            ports.push(udp.local_addr().unwrap().port());
+            let stop = stop.clone();
+            answerers.push(std::thread::spawn(move || {
+                let mut buf = [0u8; 512];
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    if let Ok((n, from)) = udp.recv_from(&mut buf) {
+                        let _ = udp.send_to(&buf[..n], from);
+                    }
+                }
+            }));
+        }
+        let abstract_name = format!("drover-sandbox-test-{}-{}", std::process::id(), ports[0]);
+        let addr =
+            std::os::unix::net::SocketAddr::from_abstract_name(abstract_name.as_bytes()).unwrap();
+        Listeners {
+            tcp: std::net::TcpListener::bind("127.0.0.1:0").unwrap(),
+            udp_port: ports[0],
+            dns_port: ports[1],
+            abstract_name,
+            _abstract: std::os::unix::net::UnixListener::bind_addr(&addr).unwrap(),
+            stop,
+            answerers,
+        }
+    }
+
+    fn probe_command(&self) -> String {
+        format!(
+            "python3 probe.py {} {} {} {}",
+            self.tcp.local_addr().unwrap().port(),
+            self.udp_port,
+            self.dns_port,
+            self.abstract_name
+        )
+    }
+}
+
+impl Drop for Listeners {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for answerer in self.answerers.drain(..) {
+            let _ = answerer.join();
+        }
+    }
+}
+
+#[tokio::test]
+async fn network_false_closes_tcp_mptcp_udp_dns_and_abstract_sockets() {
+    let listeners = Listeners::start();
+    let ways = ["tcp", "mptcp", "udp", "dns", "abstract"];
+    let mut blocked = session("[sandbox]\nnetwork = false\n", &[]).await;
+    std::fs::write(blocked.home.work().join("probe.py"), NET_PROBE).unwrap();
+    let result = terminal_turn(
+        &mut blocked,
+        "call_probe",
+        json!({"command": listeners.probe_command()}),
+    )
+    .await;
+    let shown = output(&result);
+    for way in ways {
+        assert!(shown.contains(&format!("{way}: closed")), "{way}: {result}");
+    }
+    let info = blocked.resume().await.unwrap()["info"]["confinement"].clone();
+    assert_eq!(info["network"], "blocked", "{info}");
+    assert!(
+        info["problems"]
+            .to_string()
+            .contains("pathname unix sockets"),
+        "what stays open is not said: {info}"
+    );
+
+    // With the network on, the same probe reaches every listener: it tests what it says.
+    let mut open = session("", &[]).await;
+    std::fs::write(open.home.work().join("probe.py"), NET_PROBE).unwrap();
+    let result = terminal_turn(
+        &mut open,
+        "call_probe",
+        json!({"command": listeners.probe_command()}),
+    )
+    .await;
+    let shown = output(&result);
+    for way in ["tcp", "mptcp", "udp", "dns"] {
+        assert!(shown.contains(&format!("{way}: OPEN")), "{way}: {result}");
+    }
+    // Abstract sockets are scoped by Landlock even with the network on.
+    assert!(shown.contains("abstract: closed"), "{result}");
+}
+
+#[tokio::test]
+async fn another_homes_token_and_the_browsers_profiles_are_hidden_from_tools() {
+    // The daemon's user home, as $HOME, holds a browser profile with a dashboard login.
+    let user = tempfile::tempdir().unwrap();
+    let profile = user
+        .path()
+        .join(".config/chromium/Default/Local Storage/leveldb");
+    std::fs::create_dir_all(&profile).unwrap();
+    std::fs::write(profile.join("000003.log"), "drover_login=planted-login").unwrap();
+    let user_home = user.path().display().to_string();
+    let other = session("", &[]).await;
+    let mut s = session("", &[("HOME", &user_home)]).await;
+    let other_home = other.home.path().display().to_string();
+    let command = format!(
+        "cat {other_home}/daemon.json; ls -A {other_home}; cat {other_home}/config.toml; \
+         cat '{}/000003.log'; echo end",
+        profile.display()
+    );
+    let result = terminal_turn(&mut s, "call_other", json!({"command": command})).await;
+    let shown = output(&result);
+    assert!(shown.contains("end"), "{result}");
+    lacks(
+        shown.as_str(),
+        &other.daemon.token(),
+        "another home's token was read",
+    );
+    lacks(
+        shown.as_str(),
+        "instance_id",
+        "another home's daemon.json was read",
+    );
+    lacks(shown.as_str(), "state.db", "another home was listed");
+    lacks(
+        shown.as_str(),
+        "planted-login",
+        "the browser's profile was read",
+    );
+    // The daemon's home and the profile are right there outside the sandbox.
+    assert!(
+        std::fs::read_to_string(other.home.path().join("daemon.json"))
+            .unwrap()
+            .contains(&other.daemon.token())
+    );
+}
+
+#[tokio::test]
+async fn an_exec_job_asks_in_auto_mode_and_denied_reads_nothing() {
+    let mut s = OneSession::builder(bin())
+        .toolsets(&["jobs"])
+        .config("[approvals]\nmode = \"auto\"\n")
+        .env(&[("OPENAI_API_KEY", "sk-planted-exec-key")])
+        .start()
+        .await
+        .unwrap();
+    let work = s.home.work().to_path_buf();
+    let command = format!(
+        "cat {}/daemon.json > {w}/stolen; cat /proc/{}/environ > {w}/stolen_env",
+        s.home.path().display(),
+        s.daemon.pid(),
+        w = work.display()
+    );
+    s.model.push(Reply::tool_call(
+        "call_job",
+        "job_submit",
+        json!({"agent_session": "exec", "prompt": "steal", "exec": command}),
+    ));
+    s.model.push(Reply::text("done"));
+    let (admission_id, prompt) = submit_until_approval(&mut s, "submit it").await;
+    let shown = format!("{} {}", prompt["command"], prompt["description"]);
+    assert!(
+        shown.contains("unconfined") && shown.contains("UNCONFINED"),
+        "the prompt does not say it runs unconfined: {prompt}"
+    );
+    let session_id = s.session_id.clone();
+    s.client
+        .respond_approval(&session_id, &prompt, "deny")
+        .await
+        .unwrap();
+    assert_eq!(s.wait_settled(&admission_id).await.unwrap(), "completed");
+    let result = s.tool_result("call_job").to_string();
+    assert!(result.contains("denied"), "{result}");
+    for file in ["stolen", "stolen_env"] {
+        let stolen = std::fs::read_to_string(work.join(file)).unwrap_or_default();
+        lacks(&stolen, &s.daemon.token(), "the exec job read the token");
+        lacks(
+            &stolen,
+            "sk-planted-exec-key",
+            "the exec job read the API key",
+        );
+        assert!(!work.join(file).exists(), "the exec job ran: {file}");
+    }
 }

@@ -25,7 +25,8 @@ fn absolute(p: &Path) -> PathBuf {
     std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
 }
 
-/// Creates the home (0700) with its `logs/workers` and `outbox` folders.
+/// Creates the home (0700) with its `logs/workers` and `outbox` folders, and records it in the
+/// user's list of homes ([`crate::sandbox::register_home`]).
 pub fn prepare_home(home: &Path) -> std::io::Result<()> {
     let mut b = std::fs::DirBuilder::new();
     b.recursive(true).mode(0o700);
@@ -33,6 +34,10 @@ pub fn prepare_home(home: &Path) -> std::io::Result<()> {
     std::fs::set_permissions(home, std::fs::Permissions::from_mode(0o700))?;
     b.create(home.join("logs").join("workers"))?;
     b.create(home.join("outbox"))?;
+    // So that every other daemon of this user hides this home from its tools too.
+    if let Err(e) = crate::sandbox::register_home(home) {
+        tracing::warn!(error = %e, home = %home.display(), "cannot record the home in the user's list of drover homes; other daemons' tools may read it");
+    }
     Ok(())
 }
 

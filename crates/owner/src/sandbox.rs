@@ -8,6 +8,10 @@
 //! counts as `blocked` only with a network namespace (user namespaces), as `tcp_refused` with
 //! Landlock ABI 4 or later alone; signals are scoped only with Landlock ABI 6 or later.
 
+use std::io::{Read, Seek, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
 use drover_ledger::SessionSandbox;
 use drover_protocol::sandbox::{Confinement, SandboxMode, SandboxPolicy, SandboxSupport, ToolEnv};
 
@@ -69,8 +73,137 @@ fn missing_layers(support: &SandboxSupport) -> Vec<&'static str> {
     missing
 }
 
+/// Where, under the user's home (from the account database), every daemon records its home at
+/// start: the list of homes, one absolute path a line (`docs/sandbox.md`). The directory is
+/// hidden from tools itself, so no tool can strike a home off it.
+pub const HOMES_DIR: &str = ".local/state/drover";
+const HOMES_FILE: &str = "homes";
+
+/// The browsers' profile directories under a user's home (where the dashboard login is
+/// stored), hidden from tools.
+pub const BROWSER_PROFILES: &[&str] = &[
+    ".config/chromium",
+    ".config/google-chrome",
+    ".config/google-chrome-beta",
+    ".config/google-chrome-unstable",
+    ".config/BraveSoftware",
+    ".config/microsoft-edge",
+    ".config/vivaldi",
+    ".config/opera",
+    ".mozilla",
+    ".librewolf",
+    ".waterfox",
+    "snap/chromium",
+    "snap/firefox",
+    ".var/app/org.chromium.Chromium",
+    ".var/app/com.google.Chrome",
+    ".var/app/com.brave.Browser",
+    ".var/app/org.mozilla.firefox",
+    ".var/app/io.gitlab.librewolf-community",
+];
+
+/// Records `home` in this user's list of homes ([`HOMES_DIR`]), dropping entries whose
+/// directory is gone. Called when a daemon prepares its home; a failure is logged by the
+/// caller and costs only the hiding of this home from other daemons' tools.
+pub fn register_home(home: &Path) -> std::io::Result<()> {
+    match drover_tools::platform::confine::account_home() {
+        Some(account) => register_home_in(&account.join(HOMES_DIR), home),
+        None => Ok(()),
+    }
+}
+
+fn register_home_in(dir: &Path, home: &Path) -> std::io::Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(dir.join(HOMES_FILE))?;
+    // Daemons start side by side: one rewrite at a time.
+    file.lock()?;
+    let mut text = String::new();
+    file.read_to_string(&mut text)?;
+    let mut homes: Vec<PathBuf> = text
+        .lines()
+        .map(PathBuf::from)
+        .filter(|h| h.is_absolute() && h.as_path() != home && h.is_dir())
+        .collect();
+    homes.dedup();
+    homes.push(home.to_path_buf());
+    let mut out = String::new();
+    for h in &homes {
+        // A path with a newline cannot be a line of the list (and no home has one).
+        if let Some(line) = h.to_str().filter(|l| !l.contains('\n')) {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    file.set_len(0)?;
+    file.rewind()?;
+    file.write_all(out.as_bytes())?;
+    file.unlock()
+}
+
+/// The homes in the list of `dir`, as recorded (existing or not: a missing one is skipped
+/// when the tool starts).
+fn listed_homes(dir: &Path) -> Vec<PathBuf> {
+    let Ok(mut file) = std::fs::File::open(dir.join(HOMES_FILE)) else {
+        return Vec::new();
+    };
+    let mut text = String::new();
+    if file.lock_shared().is_err() || file.read_to_string(&mut text).is_err() {
+        return Vec::new();
+    }
+    text.lines()
+        .map(PathBuf::from)
+        .filter(|h| h.is_absolute())
+        .collect()
+}
+
+/// Everything hidden from a tool of the daemon whose home is `home`: that home first, every
+/// home in the user's list and the list itself, the default `~/.drover`, and the browsers'
+/// profiles, under the account's home and under `$HOME` when that differs. Never `/` or a
+/// user's home itself, which would hide everything.
+pub fn hidden_paths(home: &str) -> Vec<String> {
+    let account = drover_tools::platform::confine::account_home();
+    let env_home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .filter(|h| h.is_absolute());
+    let mut user_homes: Vec<PathBuf> = account.iter().chain(env_home.iter()).cloned().collect();
+    user_homes.dedup();
+    hidden_paths_of(home, &user_homes, account.as_deref())
+}
+
+fn hidden_paths_of(home: &str, user_homes: &[PathBuf], account: Option<&Path>) -> Vec<String> {
+    let mut hidden: Vec<PathBuf> = vec![PathBuf::from(home)];
+    if let Some(account) = account {
+        let dir = account.join(HOMES_DIR);
+        hidden.extend(listed_homes(&dir));
+        hidden.push(dir);
+    }
+    for user in user_homes {
+        hidden.push(user.join(".drover"));
+        hidden.extend(BROWSER_PROFILES.iter().map(|p| user.join(p)));
+    }
+    let mut out: Vec<String> = Vec::new();
+    for path in hidden {
+        let too_wide = path.parent().is_none() || user_homes.contains(&path);
+        let text = path.display().to_string();
+        if !too_wide && !text.is_empty() && !out.contains(&text) {
+            out.push(text);
+        }
+    }
+    out
+}
+
 /// `policy.sandbox` of a turn: the session's frozen settings, its cwd as the first writable
-/// root, the home hidden (except in `off`), the probe, and `[sandbox.env]` as read now.
+/// root, every drover home and the browsers' profiles hidden ([`hidden_paths`]; none in
+/// `off`), the probe, and `[sandbox.env]` as read now.
 pub fn policy(
     frozen: &SessionSandbox,
     cwd: &str,
@@ -88,10 +221,10 @@ pub fn policy(
         mode: frozen.mode,
         writable_roots,
         network: frozen.network,
-        hidden: if frozen.mode == SandboxMode::Off {
+        hidden: if frozen.mode == SandboxMode::Off || home.is_empty() {
             Vec::new()
         } else {
-            vec![home.to_string()]
+            hidden_paths(home)
         },
         required: frozen.required,
         support: support.clone(),
@@ -124,7 +257,7 @@ pub fn confinement(frozen: &SessionSandbox, cwd: &str, support: &SandboxSupport)
     } else {
         frozen.mode.to_string()
     };
-    if confined && !landlock_abi.is_some_and(|abi| abi >= LANDLOCK_SCOPE_ABI) {
+    if confined && landlock_abi.is_none_or(|abi| abi < LANDLOCK_SCOPE_ABI) {
         problems.push(format!(
             "signals are not scoped (Landlock ABI {LANDLOCK_SCOPE_ABI} needed): a tool can \
              signal the daemon and the worker, and reach abstract unix sockets"
@@ -343,7 +476,7 @@ mod tests {
         );
         assert_eq!(p.mode, SandboxMode::WorkspaceWrite);
         assert_eq!(p.writable_roots, vec!["/w".to_string(), "/srv/out".into()]);
-        assert_eq!(p.hidden, vec!["/home/u/.drover".to_string()]);
+        assert_eq!(p.hidden[0], "/home/u/.drover", "the own home first");
         assert!(!p.network);
         assert_eq!(p.support, full(7));
         assert_eq!(p.env, env);
@@ -355,5 +488,42 @@ mod tests {
             ToolEnv::default(),
         );
         assert!(off.hidden.is_empty());
+    }
+
+    #[test]
+    fn the_list_of_homes_keeps_each_existing_home_once() {
+        let dir = tempfile::tempdir().expect("dir");
+        let list = dir.path().join("state");
+        let a = dir.path().join("a");
+        let b = dir.path().join("b");
+        std::fs::create_dir(&a).expect("a");
+        std::fs::create_dir(&b).expect("b");
+        register_home_in(&list, &a).expect("a");
+        register_home_in(&list, &b).expect("b");
+        register_home_in(&list, &a).expect("a again");
+        assert_eq!(listed_homes(&list), vec![b.clone(), a.clone()]);
+        std::fs::remove_dir(&b).expect("gone");
+        let c = dir.path().join("c");
+        register_home_in(&list, &c).expect("c");
+        assert_eq!(listed_homes(&list), vec![a, c]);
+    }
+
+    #[test]
+    fn every_listed_home_the_default_and_the_browser_profiles_are_hidden_never_a_user_home() {
+        let account = tempfile::tempdir().expect("account");
+        let other = tempfile::tempdir().expect("other home");
+        let list = account.path().join(HOMES_DIR);
+        register_home_in(&list, other.path()).expect("other");
+        register_home_in(&list, account.path()).expect("a home that is the user's home");
+        let users = vec![account.path().to_path_buf()];
+        let hidden = hidden_paths_of("/srv/own", &users, Some(account.path()));
+        let shown = |p: &Path| p.display().to_string();
+        assert_eq!(hidden[0], "/srv/own");
+        assert!(hidden.contains(&shown(other.path())), "{hidden:?}");
+        assert!(hidden.contains(&shown(&list)), "{hidden:?}");
+        assert!(hidden.contains(&shown(&account.path().join(".drover"))));
+        assert!(hidden.contains(&shown(&account.path().join(".mozilla"))));
+        assert!(hidden.contains(&shown(&account.path().join(".config/chromium"))));
+        assert!(!hidden.contains(&shown(account.path())), "{hidden:?}");
     }
 }

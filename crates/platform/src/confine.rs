@@ -156,6 +156,36 @@ fn probe_namespaces() -> Result<(), String> {
     }
 }
 
+/// The home directory of this process's user in the account database (`getpwuid_r`), not
+/// `$HOME`: where the user's browsers keep their profiles and drover its list of homes
+/// (`docs/sandbox.md`), whatever the environment a daemon was started with says.
+pub fn account_home() -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStringExt;
+    // SAFETY: getuid(2) cannot fail and touches no memory.
+    let uid = unsafe { libc::getuid() };
+    let mut buf = vec![0 as libc::c_char; 4096];
+    loop {
+        // SAFETY: an all-zero passwd is a valid value to be filled in.
+        let mut entry: libc::passwd = unsafe { std::mem::zeroed() };
+        let mut found: *mut libc::passwd = std::ptr::null_mut();
+        // SAFETY: getpwuid_r(3) with a passwd, a buffer and its length, and a result pointer,
+        // all owned by this frame; on success `entry`'s strings point into `buf`.
+        let rc =
+            unsafe { libc::getpwuid_r(uid, &mut entry, buf.as_mut_ptr(), buf.len(), &mut found) };
+        if rc == libc::ERANGE && buf.len() < 1 << 20 {
+            buf.resize(buf.len() * 2, 0);
+            continue;
+        }
+        if rc != 0 || found.is_null() || entry.pw_dir.is_null() {
+            return None;
+        }
+        // SAFETY: pw_dir is a NUL-terminated string inside `buf`, alive until this returns.
+        let dir = unsafe { CStr::from_ptr(entry.pw_dir) };
+        let dir = PathBuf::from(std::ffi::OsString::from_vec(dir.to_bytes().to_vec()));
+        return dir.is_absolute().then_some(dir);
+    }
+}
+
 /// What to apply to one tool process.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Spec {

@@ -204,10 +204,40 @@ pub async fn authorize_key(
     description: &str,
     shown: &str,
 ) -> Result<(), Refusal> {
+    let decision = decide_dangerous(ctx.approvals, ctx.grants.contains(key));
+    authorize_as(ctx, decision, key, description, shown).await
+}
+
+/// [`authorize_key`] for an action that runs with none of the sandbox's protection (an `exec`
+/// job's command): it asks in `auto` mode too, since `auto` trusts the sandbox to hold what a
+/// command might do. Only a `session` or `always` grant of `key` skips the prompt; `deny`
+/// refuses.
+pub async fn authorize_unconfined(
+    ctx: &crate::ToolContext,
+    key: &str,
+    description: &str,
+    shown: &str,
+) -> Result<(), Refusal> {
+    let decision = match decide_dangerous(ctx.approvals, ctx.grants.contains(key)) {
+        Decision::Run if ctx.approvals == ApprovalMode::Auto && !ctx.grants.contains(key) => {
+            Decision::Ask
+        }
+        decision => decision,
+    };
+    authorize_as(ctx, decision, key, description, shown).await
+}
+
+async fn authorize_as(
+    ctx: &crate::ToolContext,
+    decision: Decision,
+    key: &str,
+    description: &str,
+    shown: &str,
+) -> Result<(), Refusal> {
     use crate::PromptAnswer;
     use serde_json::Value;
 
-    match decide_dangerous(ctx.approvals, ctx.grants.contains(key)) {
+    match decision {
         Decision::Run => Ok(()),
         Decision::Refuse => Err(Refusal::ModeDeny),
         Decision::Ask => {

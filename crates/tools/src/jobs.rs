@@ -7,9 +7,10 @@
 //!   persists `job.register`, so the session's ledger knows the job before it is delivered),
 //!   delivers the one start instruction, and returns at once with the job id and contract.
 //!   An `exec` job runs `exec` detached, so it outlives the turn. A `remote:` runner goes
-//!   through the approval policy first; so does every `exec` command while a sandbox is in
-//!   force (an exec agent is not confined, `docs/sandbox.md`), and with `[sandbox] mode =
-//!   "off"` an `exec` command the classifier finds dangerous.
+//!   through the approval policy first; every `exec` command while a sandbox is in force asks
+//!   in every mode, `auto` included (an exec agent is not confined, `docs/sandbox.md`), and
+//!   with `[sandbox] mode = "off"` an `exec` command the classifier finds dangerous goes
+//!   through the policy.
 //! - `job_status {job_id}` and `job_wait {job_id, timeout_s}` judge the contract from the
 //!   registry's stored times ([`drover_jobs::toolkit`]); a deadline that passed ends the job
 //!   `error` with `agent_blocked` or `deadline_timeout`. Those are results, not tool errors.
@@ -338,14 +339,14 @@ async fn approve_submit(req: &StartRequest, ctx: &ToolContext) -> Result<(), Str
             },
             crate::one_line(&format!("job_submit remote:{runner}: {}", req.prompt)),
         ),
-        // An exec agent is not confined (it works with the job registry, which may lie in
-        // the drover home): with a sandbox in force, its command runs outside it, so it asks
-        // as `terminal {sandbox: false}` does, whatever the command (drover issue 13).
+        // An exec agent is not confined at all (it publishes its events into the job registry,
+        // which lies in the drover home): with a sandbox in force, its command could read the
+        // token, the config and every home, so it asks in every mode, `auto` included, with a
+        // prompt that says so, whatever the command.
         (AgentSession::Exec, Some(command))
             if ctx.sandbox.mode() != crate::sandbox::SandboxMode::Off =>
         {
-            let danger = approval::classify(command);
-            return crate::terminal::approve_escape(command, danger.as_ref(), ctx).await;
+            return approve_unconfined(command, ctx).await;
         }
         (AgentSession::Exec, Some(command)) => match approval::classify(command) {
             Some(danger) => (danger, command.clone()),
@@ -358,6 +359,32 @@ async fn approve_submit(req: &StartRequest, ctx: &ToolContext) -> Result<(), Str
         .map_err(|refusal| match refusal {
             Refusal::ModeDeny => format!("refused: {} (approvals.mode = deny)", danger.description),
             Refusal::Denied => "the user denied this job".to_string(),
+            Refusal::Interrupted => "interrupted".to_string(),
+        })
+}
+
+/// The grant key of an unconfined `exec` job: `exec_unconfined:<command>`, so that a `session`
+/// or `always` answer allows that exact command again, and nothing else.
+pub const EXEC_UNCONFINED: &str = "exec_unconfined";
+
+/// The prompt of an `exec` job while a sandbox is in force ([`approval::authorize_unconfined`]).
+async fn approve_unconfined(command: &str, ctx: &ToolContext) -> Result<(), String> {
+    let key = format!("{EXEC_UNCONFINED}:{command}");
+    let mut description = "runs UNCONFINED as an exec job: no sandbox at all, so it can read the \
+                           drover home (the daemon's token, config.toml) and write anywhere you \
+                           can"
+    .to_string();
+    if let Some(danger) = approval::classify(command) {
+        description.push_str(&format!("; and it {}", danger.description));
+    }
+    let shown = format!("run unconfined (exec job, no sandbox): {command}");
+    approval::authorize_unconfined(ctx, &key, &description, &shown)
+        .await
+        .map_err(|refusal| match refusal {
+            Refusal::ModeDeny => "refused: an exec job runs unconfined (approvals.mode = deny); \
+                                  run the command with the terminal tool instead"
+                .to_string(),
+            Refusal::Denied => "the user denied running this exec job unconfined".to_string(),
             Refusal::Interrupted => "interrupted".to_string(),
         })
 }

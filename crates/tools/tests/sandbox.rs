@@ -650,7 +650,7 @@ async fn a_write_approved_before_a_symlink_swap_does_not_land_in_the_home() {
 }
 
 #[tokio::test]
-async fn an_exec_job_asks_first_under_a_sandbox_whatever_its_command() {
+async fn an_exec_job_asks_first_under_a_sandbox_whatever_its_command_and_mode() {
     use drover_tools::jobs::JobSubmitTool;
     let dirs = Dirs::new();
     let probe = outside_path("exec-job");
@@ -660,21 +660,32 @@ async fn an_exec_job_asks_first_under_a_sandbox_whatever_its_command() {
         probe.display()
     );
     let args = json!({"agent_session": "exec", "prompt": "x", "exec": command});
-    let human = ScriptedPrompts::in_order(vec![PromptAnswer::Answered(json!("deny"))]);
-    let ctx = dirs.ctx_with(
-        dirs.policy(SandboxMode::WorkspaceWrite, true),
-        "manual",
-        human.clone(),
-    );
-    let (result, is_error) = call(&JobSubmitTool, args.clone(), &ctx).await;
-    assert!(is_error, "{result}");
-    assert!(!probe.exists(), "the exec job ran without the human");
-    let seen = human.seen();
-    assert_eq!(seen.len(), 1, "{seen:?}");
-    assert_eq!(
-        seen[0].1["command"],
-        format!("run outside the sandbox: {command}")
-    );
+    // `auto` trusts the sandbox, and an exec job has none: it asks there too.
+    for mode in ["manual", "auto"] {
+        let human = ScriptedPrompts::in_order(vec![PromptAnswer::Answered(json!("deny"))]);
+        let ctx = dirs.ctx_with(
+            dirs.policy(SandboxMode::WorkspaceWrite, true),
+            mode,
+            human.clone(),
+        );
+        let (result, is_error) = call(&JobSubmitTool, args.clone(), &ctx).await;
+        assert!(is_error, "{mode}: {result}");
+        assert!(
+            !probe.exists(),
+            "{mode}: the exec job ran without the human"
+        );
+        let seen = human.seen();
+        assert_eq!(seen.len(), 1, "{mode}: {seen:?}");
+        assert_eq!(
+            seen[0].1["command"],
+            format!("run unconfined (exec job, no sandbox): {command}")
+        );
+        let description = seen[0].1["description"].as_str().unwrap_or_default();
+        assert!(
+            description.contains("UNCONFINED") && description.contains("token"),
+            "{description}"
+        );
+    }
     // In deny mode it is refused without a prompt.
     let ctx = dirs.ctx_with(
         dirs.policy(SandboxMode::WorkspaceWrite, true),
