@@ -8,7 +8,8 @@
 //! `context_length_exceeded` answer compacts and retries once; the window comes from the
 //! endpoint's `GET /models` once per session; a running turn whose tool results alone pass the
 //! window summarises its older steps, keeps its input whole and completes, and a restarted
-//! daemon's next turn sees the same context.
+//! daemon's next turn sees the same context; such a turn lost after compacting leaves nothing
+//! of itself to later turns.
 //! `prompt.submit` text over `[daemon] max_input_bytes` is refused and nothing is admitted;
 //! `session.compact` compacts on demand, in queue order.
 
@@ -874,4 +875,67 @@ async fn a_running_turn_over_the_window_summarises_its_older_steps_and_completes
     }
     assert_eq!(got.last().unwrap()["content"], "and now?");
     assert_calls_paired(next);
+}
+
+#[tokio::test]
+async fn a_turn_lost_after_compacting_its_own_steps_leaves_nothing_of_it_to_later_turns() {
+    use drover_test_support::harness::signal;
+    use drover_test_support::Gate;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    const LOST: &str = "a request whose turn is lost";
+    let mut s = OneSession::builder(bin())
+        .model_keys("context_window = 8000\nmax_steps = 60")
+        .toolsets(&["terminal"])
+        .start()
+        .await
+        .unwrap();
+    let gate = Gate::new();
+    let (g, calls) = (gate.clone(), AtomicUsize::new(0));
+    let (compacted, held) = (AtomicBool::new(false), AtomicBool::new(false));
+    s.model.set_responder(move |request| {
+        if is_summary_request(request) {
+            compacted.store(true, Ordering::SeqCst);
+            return counted(Reply::text("SUMMARY of the lost turn's steps"), request);
+        }
+        if contents(request)
+            .last()
+            .is_some_and(|c| c == "the next turn")
+        {
+            return counted(Reply::text("fine"), request);
+        }
+        // The first request after the turn compacted its own steps is held: the worker is
+        // killed while it waits.
+        if compacted.load(Ordering::SeqCst) && !held.swap(true, Ordering::SeqCst) {
+            return counted(Reply::text("never seen"), request).gated(&g);
+        }
+        let n = calls.fetch_add(1, Ordering::SeqCst);
+        let command = format!(
+            "head -c 6000 /dev/zero | tr '\\0' '{}'",
+            (b'a' + (n % 26) as u8) as char
+        );
+        counted(Reply::terminal(format!("step{n}"), &command), request)
+    });
+    let lost = str_field(&s.submit(LOST).await.unwrap(), "admission_id");
+    assert!(
+        gate.wait_reached(std::time::Duration::from_secs(60)).await,
+        "the turn never compacted its own steps"
+    );
+    assert_eq!(compaction_rows(&s), 1);
+    let worker = s.daemon.wait_worker().await.unwrap();
+    signal(worker, nix::sys::signal::Signal::SIGKILL);
+    assert_eq!(s.wait_settled(&lost).await.unwrap(), "unknown");
+    s.client
+        .call_ok(
+            "prompt.resolve_unknown",
+            json!({"session_id": s.session_id, "admission_id": lost}),
+        )
+        .await
+        .unwrap();
+    let before = s.model.requests().len();
+    s.complete_turn("the next turn").await.unwrap();
+    // The row stays, passed over: no summary, no step and no input of the lost turn.
+    assert_eq!(compaction_rows(&s), 1);
+    let next = &s.model.requests()[before];
+    assert_eq!(contents(next)[1..], ["the next turn".to_string()], "{next}");
+    assert!(!next.to_string().contains(LOST));
 }
