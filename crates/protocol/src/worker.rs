@@ -467,7 +467,9 @@ pub struct CompactionSummary {
 
 /// Payload of `compaction.record`: a summary of the history messages `first_message_id` to
 /// `last_message_id` (and of the compaction before them, if any), and the usage of the
-/// requests that made it.
+/// requests that made it. The range may end inside the running turn, after the last tool
+/// result of one of its steps (the ids come from `transcript.append` receipts:
+/// `{message_ids, input_message_id}`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CompactionRecord {
     /// The ledger id of the first message summarised now.
