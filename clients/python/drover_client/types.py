@@ -988,7 +988,8 @@ class SessionCreateParams(TypedDict):
 
     api_key: NotRequired[str | None]
     """
-    An API key stored with the session and used by its turns.
+    An API key stored with the session and used by its turns: 1 to 4096 bytes, no control
+    character.
     """
     base_url: NotRequired[str | None]
     """
@@ -1000,7 +1001,7 @@ class SessionCreateParams(TypedDict):
     """
     model: NotRequired[str | None]
     """
-    The model name (default `[model] name`).
+    The model name (default `[model] name`): 1 to 256 bytes, no control character.
     """
     request_id: str
     """
@@ -1009,15 +1010,17 @@ class SessionCreateParams(TypedDict):
     """
     source: NotRequired[str | None]
     """
-    Where the session comes from (default `cli`; child agents' sessions: `subagent`).
+    Where the session comes from (default `cli`; child agents' sessions: `subagent`): 1 to
+    256 bytes, no control character.
     """
     system_prompt: NotRequired[str | None]
     """
-    The system prompt (default: drover's built-in prompt).
+    The system prompt (default: drover's built-in prompt), at most 1 MiB.
     """
     title: NotRequired[str | None]
     """
-    A title for listings: 1 to 200 characters, not only spaces, as `session.rename` takes.
+    A title for listings: 1 to 200 characters, not only spaces, no control character or
+    bidirectional override, as `session.rename` takes.
     """
     toolsets: NotRequired[list[str] | None]
     """
@@ -1249,7 +1252,8 @@ class SessionRenameParams(TypedDict):
     """
     title: str
     """
-    The new title: 1 to 200 characters, not only spaces.
+    The new title: 1 to 200 characters, not only spaces, no control character or
+    bidirectional override.
     """
 
 

@@ -532,3 +532,173 @@ async fn every_param_of_every_method_is_checked_and_named() {
     }
     assert_eq!(c.call_ok("ping", json!({})).await.unwrap()["pong"], true);
 }
+
+/// Field rules (`drover_protocol::fields`): empty names, control characters, bidirectional
+/// overrides and unbounded strings are refused by the real daemon with `invalid_params` naming
+/// the field, and nothing of a refused call is stored.
+#[tokio::test]
+async fn names_with_control_or_bidi_characters_and_unbounded_strings_are_refused() {
+    let (_model, home, _d, mut c) = model_daemon(bin()).await.unwrap();
+    let created = c.create_session(home.work()).await.unwrap();
+    let sid = created["session_id"].as_str().unwrap().to_string();
+    let big = "x".repeat(300 * 1024);
+    let cwd = home.work().display().to_string();
+    let create = |field: &str, value: Value| {
+        let mut p = json!({"request_id": drover_test_support::harness::uuid_like(), "cwd": cwd});
+        p[field] = value;
+        p
+    };
+    let submit = |field: &str, value: Value| {
+        let mut p = json!({"session_id": sid, "input_id": "i", "text": "hi"});
+        p[field] = value;
+        p
+    };
+    let cases = [
+        ("session.create", create("model", json!("")), "model"),
+        (
+            "session.create",
+            create("model", json!("mock\u{0}")),
+            "model",
+        ),
+        ("session.create", create("model", json!(big)), "model"),
+        (
+            "session.create",
+            create("api_key", json!("sk-\u{0}")),
+            "api_key",
+        ),
+        ("session.create", create("source", json!(big)), "source"),
+        ("session.create", create("source", json!("")), "source"),
+        (
+            "session.create",
+            create("source", json!("cli\u{7}")),
+            "source",
+        ),
+        (
+            "session.create",
+            create("title", json!("abc\u{202e}txt.exe")),
+            "title",
+        ),
+        (
+            "session.create",
+            create("title", json!("\u{2067}x")),
+            "title",
+        ),
+        (
+            "session.create",
+            create("request_id", json!(big)),
+            "request_id",
+        ),
+        (
+            "session.create",
+            create("request_id", json!("r\n")),
+            "request_id",
+        ),
+        ("prompt.submit", submit("input_id", json!(big)), "input_id"),
+        (
+            "prompt.submit",
+            submit("input_id", json!("in\u{0}put")),
+            "input_id",
+        ),
+        (
+            "prompt.submit",
+            submit("session_id", json!(format!("{sid}\u{0}"))),
+            "session_id",
+        ),
+        (
+            "session.rename",
+            json!({"session_id": sid, "title": "report\u{202e}fdp.exe"}),
+            "title",
+        ),
+        (
+            "session.rename",
+            json!({"session_id": format!("{sid}\u{1b}"), "title": "t"}),
+            "session_id",
+        ),
+    ];
+    for (method, params, field) in cases {
+        let e = c.call(method, params.clone()).await.unwrap().unwrap_err();
+        let shown: String = params.to_string().chars().take(120).collect();
+        assert_eq!(e["code"], -32602, "{method} {shown}: {e}");
+        assert_eq!(e["data"]["field"], field, "{method} {shown}: {e}");
+    }
+    let list = c.call_ok("session.list", json!({})).await.unwrap();
+    let sessions = list["sessions"].as_array().unwrap();
+    assert_eq!(
+        sessions.len(),
+        1,
+        "a refused session.create stored one: {list}"
+    );
+    assert_eq!(sessions[0]["title"], Value::Null, "{list}");
+    let resumed = c
+        .call_ok("session.resume", json!({"session_id": sid}))
+        .await
+        .unwrap();
+    assert_eq!(resumed["pending"], json!([]), "{resumed}");
+    // The bounds are not a lower ceiling than a real name needs.
+    let name = "n".repeat(256);
+    let ok = c
+        .call_ok(
+            "session.create",
+            json!({"request_id": name, "cwd": cwd, "model": "mock", "source": name,
+                   "title": "\u{5e9}\u{5dc}\u{5d5}\u{5dd} notes"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(ok["info"]["source"], name.as_str(), "{ok}");
+}
+
+/// SPEC section 9: `session.create` refuses a `[model] context_window` smaller than the system
+/// prompt plus the tool schemas (`invalid_params`, field `context_window`); a window that holds
+/// them is accepted.
+#[tokio::test]
+async fn a_context_window_smaller_than_the_prompt_and_tools_is_refused() {
+    let model = drover_test_support::MockModel::start().await;
+    let home = TestHome::new().unwrap();
+    home.write_model_config(&model.base_url(), true, "")
+        .unwrap();
+    let d = Daemon::start(bin(), home.path()).await.unwrap();
+    let mut c = d.client().await.unwrap();
+    let params = |rid: &str, toolsets: Value, prompt: &str| {
+        json!({"request_id": rid, "cwd": home.work(), "toolsets": toolsets,
+               "system_prompt": prompt})
+    };
+    // A quarter token a byte, as compaction counts before the model has counted a request:
+    // 4,000 bytes of prompt alone are about 1,000 tokens.
+    let prompt = "p".repeat(4000);
+    home.write_model_config_with_keys(&model.base_url(), true, 1.0, "context_window = 900", "")
+        .unwrap();
+    let e = c
+        .call("session.create", params("small", json!([]), &prompt))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(e["code"], -32602, "{e}");
+    assert_eq!(e["data"]["field"], "context_window", "{e}");
+    // The tool schemas count too: the default toolsets weigh thousands of tokens.
+    let e = c
+        .call(
+            "session.create",
+            params("tools", json!(["terminal", "file"]), "be brief"),
+        )
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(e["data"]["field"], "context_window", "{e}");
+    c.call_ok("session.create", params("fits", json!([]), "be brief"))
+        .await
+        .unwrap();
+    home.write_model_config_with_keys(&model.base_url(), true, 1.0, "context_window = 1100", "")
+        .unwrap();
+    c.call_ok("session.create", params("fits-too", json!([]), &prompt))
+        .await
+        .unwrap();
+    // 0 asks the endpoint later: nothing to check at create.
+    home.write_model_config_with_keys(&model.base_url(), true, 1.0, "context_window = 0", "")
+        .unwrap();
+    c.call_ok(
+        "session.create",
+        params("unknown", json!(["terminal", "file"]), &prompt),
+    )
+    .await
+    .unwrap();
+}

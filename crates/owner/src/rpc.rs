@@ -214,8 +214,9 @@ async fn session_create(
             ),
         ));
     }
+    // An empty `model` or `base_url` was refused with the params (`fields`).
     let model = match p.model {
-        Some(m) if !m.is_empty() => m,
+        Some(m) => m,
         _ => cfg.model.name.clone().ok_or_else(|| {
             OwnerError::invalid(
                 "model",
@@ -224,7 +225,7 @@ async fn session_create(
         })?,
     };
     let base_url = match p.base_url {
-        Some(u) if !u.is_empty() => u,
+        Some(u) => u,
         _ => cfg.base_url().ok_or_else(|| {
             OwnerError::invalid(
                 "base_url",
@@ -260,6 +261,15 @@ async fn session_create(
     if let (Some(key), Some(config)) = (p.api_key, model_config.as_object_mut()) {
         config.insert("api_key".into(), Value::String(key.expose().to_string()));
     }
+    let system_prompt = p
+        .system_prompt
+        .unwrap_or_else(|| DEFAULT_SYSTEM_PROMPT.to_string());
+    let tool_schemas = registry.schemas();
+    check_context_window(
+        cfg.model.context().context_window,
+        &system_prompt,
+        &tool_schemas,
+    )?;
     let new = NewSession {
         request_id: Some(p.request_id),
         source: p.source.unwrap_or_else(|| "cli".to_string()),
@@ -268,17 +278,45 @@ async fn session_create(
         model,
         model_config,
         cwd,
-        system_prompt: p
-            .system_prompt
-            .unwrap_or_else(|| DEFAULT_SYSTEM_PROMPT.to_string()),
+        system_prompt,
         toolsets,
-        tool_schemas: registry.schemas(),
+        tool_schemas,
         sandbox: cfg.sandbox.frozen(),
     };
     let session = owner
         .ledger(move |l, _| l.create_session_for_request(&new, &raw))
         .await?;
     snapshot(owner, conn, session.id).await
+}
+
+/// SPEC section 9: a window that cannot hold the system prompt and the tool schemas, which go
+/// with every request, could never run a turn; it is refused when the session is made, not at
+/// its first turn. Tokens are estimated as compaction does (`drover_agent::context`). A window
+/// of 0 is learnt from the endpoint later, and not checked here.
+fn check_context_window(
+    window: u64,
+    system_prompt: &str,
+    tool_schemas: &[Value],
+) -> Result<(), OwnerError> {
+    use drover_agent::context::{message_bytes, Estimator};
+    use drover_protocol::{ChatMessage, Role};
+    if window == 0 {
+        return Ok(());
+    }
+    let bytes = message_bytes(&[ChatMessage::text(Role::System, system_prompt)])
+        + serde_json::to_string(tool_schemas).map_or(0, |s| s.len());
+    let fixed = Estimator::default().tokens(bytes);
+    if window < fixed {
+        return Err(OwnerError::invalid(
+            "context_window",
+            format!(
+                "[model] context_window = {window} tokens cannot hold the system prompt and \
+                 the tool schemas (about {fixed} tokens), which every request carries; raise \
+                 it, or use fewer toolsets or a shorter system prompt"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The session `session_id`, or `not_found`.
@@ -347,14 +385,11 @@ fn open_prompt(row: &PromptRow) -> Result<wire::OpenPrompt, LedgerError> {
     stored(&format!("prompt {}", row.prompt_id), row.to_json())
 }
 
-/// A stored event as the protocol shows it (`session.events.since` `events`).
-fn session_event(event: &StoredEvent) -> Result<SessionEvent, LedgerError> {
-    let wire = serde_json::to_value(event.to_wire())
-        .map_err(|e| LedgerError::Corrupt(format!("event {}: {e}", event.seq)))?;
-    stored(
-        &format!("event {} of session {}", event.seq, event.session_id),
-        wire,
-    )
+/// A stored event as the protocol shows it (`session.events.since` `events`): one that no
+/// longer parses as its type goes out as `event.unreadable` in its place, never failing the
+/// page.
+fn session_event(event: &StoredEvent) -> SessionEvent {
+    event.to_wire().into_typed()
 }
 
 /// Attaches the connection and returns the `session.resume` shape, atomically with respect to
@@ -942,11 +977,7 @@ async fn events_since(
             let page = l.events_page(&session_id, last_sequence, limit, EVENTS_PAGE_BYTES)?;
             Ok(wire::EventsPage {
                 last_sequence: page.events.last().map_or(last_sequence, |e| e.seq),
-                events: page
-                    .events
-                    .iter()
-                    .map(session_event)
-                    .collect::<Result<_, _>>()?,
+                events: page.events.iter().map(session_event).collect(),
                 replay_epoch: session.replay_epoch,
                 snapshot_required: false,
                 has_more: page.has_more,

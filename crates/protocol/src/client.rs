@@ -20,26 +20,18 @@
 //! ```
 
 use schemars::JsonSchema;
-use serde::de::{DeserializeOwned, Error as _};
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::chat::{Role, ToolCall, Usage};
 use crate::event::SessionEvent;
+use crate::fields;
 use crate::rpc::{ErrorReason, RpcError};
 use crate::secret::Secret;
 use crate::worker::BackgroundProcess;
 
 pub use crate::mcp::{McpServerState, McpServerStatus, McpStatusParams, McpStatusResult};
-
-/// A required string parameter that must not be empty (ids, keys).
-fn non_empty<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
-    let s = String::deserialize(d)?;
-    if s.is_empty() {
-        return Err(D::Error::custom("must not be empty"));
-    }
-    Ok(s)
-}
 
 /// Declares the methods once: the request enum, its method names, the typed parse of params
 /// and of results, and the schema list all come from this table, so they cannot disagree.
@@ -208,8 +200,8 @@ pub struct NoParams {}
 #[serde(deny_unknown_fields)]
 pub struct SessionRef {
     /// The session.
-    #[serde(deserialize_with = "non_empty")]
-    #[schemars(length(min = 1))]
+    #[serde(deserialize_with = "fields::name")]
+    #[schemars(length(min = 1, max = 256))]
     pub session_id: String,
 }
 
@@ -219,41 +211,73 @@ pub struct SessionRef {
 pub struct SessionCreateParams {
     /// The caller's id for this request: a retry with the same id and params returns the same
     /// session; the same id with other params is `invalid_params` naming `request_id`.
-    #[serde(deserialize_with = "non_empty")]
-    #[schemars(length(min = 1))]
+    #[serde(deserialize_with = "fields::name")]
+    #[schemars(length(min = 1, max = 256))]
     pub request_id: String,
     /// The tools' working directory: an absolute path to an existing directory.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "fields::path_opt",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(length(max = 4096))]
     pub cwd: Option<String>,
-    /// The model name (default `[model] name`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The model name (default `[model] name`): 1 to 256 bytes, no control character.
+    #[serde(
+        default,
+        deserialize_with = "fields::name_opt",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(length(min = 1, max = 256))]
     pub model: Option<String>,
     /// The model endpoint, `http://` or `https://` (default `[model] base_url`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "fields::url_opt",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(length(min = 1, max = 2048))]
     pub base_url: Option<String>,
-    /// An API key stored with the session and used by its turns.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// An API key stored with the session and used by its turns: 1 to 4096 bytes, no control
+    /// character.
+    #[serde(
+        default,
+        deserialize_with = "fields::api_key_opt",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub api_key: Option<crate::secret::Secret>,
     /// Toolset names (default `[toolsets] default`); a name given twice counts once.
     #[serde(
         default,
-        deserialize_with = "toolset_names",
+        deserialize_with = "fields::toolset_names",
         skip_serializing_if = "Option::is_none"
     )]
     pub toolsets: Option<Vec<String>>,
-    /// The system prompt (default: drover's built-in prompt).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub system_prompt: Option<String>,
-    /// A title for listings: 1 to 200 characters, not only spaces, as `session.rename` takes.
+    /// The system prompt (default: drover's built-in prompt), at most 1 MiB.
     #[serde(
         default,
-        deserialize_with = "title_opt",
+        deserialize_with = "fields::system_prompt_opt",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(length(max = 1048576))]
+    pub system_prompt: Option<String>,
+    /// A title for listings: 1 to 200 characters, not only spaces, no control character or
+    /// bidirectional override, as `session.rename` takes.
+    #[serde(
+        default,
+        deserialize_with = "fields::title_opt",
         skip_serializing_if = "Option::is_none"
     )]
     #[schemars(length(min = 1, max = 200))]
     pub title: Option<String>,
-    /// Where the session comes from (default `cli`; child agents' sessions: `subagent`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Where the session comes from (default `cli`; child agents' sessions: `subagent`): 1 to
+    /// 256 bytes, no control character.
+    #[serde(
+        default,
+        deserialize_with = "fields::name_opt",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(length(min = 1, max = 256))]
     pub source: Option<String>,
 }
 
@@ -283,66 +307,28 @@ pub struct SessionListParams {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit: Option<u64>,
     /// The previous page's `next_cursor`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "fields::key_opt",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub cursor: Option<String>,
 }
 
-/// The most characters a title set by `session.rename` may have.
-pub const MAX_TITLE_CHARS: usize = 200;
-
-/// A title: not empty (nor only spaces), one line with no control character, and at most
-/// [`MAX_TITLE_CHARS`] characters.
-fn title<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
-    let s = String::deserialize(d)?;
-    if s.trim().is_empty() {
-        return Err(D::Error::custom("must not be empty"));
-    }
-    // A title is one line that listings print as it is: no new line, tab or escape.
-    if let Some(c) = s.chars().find(|c| c.is_control()) {
-        return Err(D::Error::custom(format!(
-            "must not contain control characters (it has {c:?})"
-        )));
-    }
-    let chars = s.chars().count();
-    if chars > MAX_TITLE_CHARS {
-        return Err(D::Error::custom(format!(
-            "is {chars} characters; at most {MAX_TITLE_CHARS} are allowed"
-        )));
-    }
-    Ok(s)
-}
-
-/// An optional title: when given, as [`title`] says.
-fn title_opt<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
-    Option::<TitleParam>::deserialize(d).map(|t| t.map(|t| t.0))
-}
-
-/// A title parameter, checked as [`title`] says.
-#[derive(Deserialize)]
-struct TitleParam(#[serde(deserialize_with = "title")] String);
-
-/// Toolset names in the order given, each once: a toolset named twice would send each of its
-/// tools twice, which an endpoint may refuse (duplicate function names).
-fn toolset_names<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<String>>, D::Error> {
-    Ok(Option::<Vec<String>>::deserialize(d)?.map(|names| {
-        let mut seen = std::collections::HashSet::new();
-        names
-            .into_iter()
-            .filter(|n| seen.insert(n.clone()))
-            .collect()
-    }))
-}
+/// The most characters a title may have.
+pub use crate::fields::MAX_TITLE_CHARS;
 
 /// Params of `session.rename` (drover extension; needs no attachment).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SessionRenameParams {
     /// The session.
-    #[serde(deserialize_with = "non_empty")]
-    #[schemars(length(min = 1))]
+    #[serde(deserialize_with = "fields::name")]
+    #[schemars(length(min = 1, max = 256))]
     pub session_id: String,
-    /// The new title: 1 to 200 characters, not only spaces.
-    #[serde(deserialize_with = "title")]
+    /// The new title: 1 to 200 characters, not only spaces, no control character or
+    /// bidirectional override.
+    #[serde(deserialize_with = "fields::title")]
     #[schemars(length(min = 1, max = 200))]
     pub title: String,
 }
@@ -352,13 +338,13 @@ pub struct SessionRenameParams {
 #[serde(deny_unknown_fields)]
 pub struct PromptSubmitParams {
     /// The session (attached).
-    #[serde(deserialize_with = "non_empty")]
-    #[schemars(length(min = 1))]
+    #[serde(deserialize_with = "fields::name")]
+    #[schemars(length(min = 1, max = 256))]
     pub session_id: String,
     /// The caller's id for this input: the same id and text give the same admission; the same
     /// id with another text is `admission_conflict`.
-    #[serde(deserialize_with = "non_empty")]
-    #[schemars(length(min = 1))]
+    #[serde(deserialize_with = "fields::name")]
+    #[schemars(length(min = 1, max = 256))]
     pub input_id: String,
     /// The input.
     pub text: String,
@@ -370,27 +356,19 @@ pub struct PromptSubmitParams {
 #[serde(deny_unknown_fields)]
 pub struct SessionCompactParams {
     /// The session (attached).
-    #[serde(deserialize_with = "non_empty")]
-    #[schemars(length(min = 1))]
+    #[serde(deserialize_with = "fields::name")]
+    #[schemars(length(min = 1, max = 256))]
     pub session_id: String,
     /// The caller's id for this request, as `prompt.submit`'s `input_id`: the same id gives
     /// the same admission; the same id as an input's is `admission_conflict`. Absent: the
     /// owner makes one (a resend is then a second compaction).
     #[serde(
         default,
-        deserialize_with = "non_empty_opt",
+        deserialize_with = "fields::name_opt",
         skip_serializing_if = "Option::is_none"
     )]
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = 256))]
     pub input_id: Option<String>,
-}
-
-/// An optional string parameter that, when given, must not be empty.
-fn non_empty_opt<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
-    match Option::<String>::deserialize(d)? {
-        Some(s) if s.is_empty() => Err(D::Error::custom("must not be empty")),
-        other => Ok(other),
-    }
 }
 
 /// Params of `prompt.receipt`.
@@ -398,12 +376,12 @@ fn non_empty_opt<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::E
 #[serde(deny_unknown_fields)]
 pub struct PromptReceiptParams {
     /// The session.
-    #[serde(deserialize_with = "non_empty")]
-    #[schemars(length(min = 1))]
+    #[serde(deserialize_with = "fields::name")]
+    #[schemars(length(min = 1, max = 256))]
     pub session_id: String,
     /// The admission.
-    #[serde(deserialize_with = "non_empty")]
-    #[schemars(length(min = 1))]
+    #[serde(deserialize_with = "fields::name")]
+    #[schemars(length(min = 1, max = 256))]
     pub admission_id: String,
     /// Add `usage` and `result` when the admission is terminal (default false).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -415,12 +393,12 @@ pub struct PromptReceiptParams {
 #[serde(deny_unknown_fields)]
 pub struct AdmissionRef {
     /// The session (attached).
-    #[serde(deserialize_with = "non_empty")]
-    #[schemars(length(min = 1))]
+    #[serde(deserialize_with = "fields::name")]
+    #[schemars(length(min = 1, max = 256))]
     pub session_id: String,
     /// The admission.
-    #[serde(deserialize_with = "non_empty")]
-    #[schemars(length(min = 1))]
+    #[serde(deserialize_with = "fields::name")]
+    #[schemars(length(min = 1, max = 256))]
     pub admission_id: String,
 }
 
@@ -429,8 +407,8 @@ pub struct AdmissionRef {
 #[serde(deny_unknown_fields)]
 pub struct InterruptParams {
     /// The session (attached).
-    #[serde(deserialize_with = "non_empty")]
-    #[schemars(length(min = 1))]
+    #[serde(deserialize_with = "fields::name")]
+    #[schemars(length(min = 1, max = 256))]
     pub session_id: String,
     /// The running turn's generation; another is `stale_generation`.
     pub execution_generation: u64,
@@ -441,14 +419,14 @@ pub struct InterruptParams {
 #[serde(deny_unknown_fields)]
 pub struct ApprovalRespondParams {
     /// The session (attached).
-    #[serde(deserialize_with = "non_empty")]
-    #[schemars(length(min = 1))]
+    #[serde(deserialize_with = "fields::name")]
+    #[schemars(length(min = 1, max = 256))]
     pub session_id: String,
     /// The prompt's generation; another is `stale_generation`.
     pub execution_generation: u64,
     /// The prompt.
-    #[serde(deserialize_with = "non_empty")]
-    #[schemars(length(min = 1))]
+    #[serde(deserialize_with = "fields::name")]
+    #[schemars(length(min = 1, max = 256))]
     pub prompt_id: String,
     /// The answer.
     pub choice: ApprovalChoice,
@@ -459,14 +437,14 @@ pub struct ApprovalRespondParams {
 #[serde(deny_unknown_fields)]
 pub struct ClarifyRespondParams {
     /// The session (attached).
-    #[serde(deserialize_with = "non_empty")]
-    #[schemars(length(min = 1))]
+    #[serde(deserialize_with = "fields::name")]
+    #[schemars(length(min = 1, max = 256))]
     pub session_id: String,
     /// The prompt's generation; another is `stale_generation`.
     pub execution_generation: u64,
     /// The prompt.
-    #[serde(deserialize_with = "non_empty")]
-    #[schemars(length(min = 1))]
+    #[serde(deserialize_with = "fields::name")]
+    #[schemars(length(min = 1, max = 256))]
     pub prompt_id: String,
     /// The answer: one of the prompt's choices, free text when it has none, or a list of
     /// choices when it is `multi_select`.
@@ -478,11 +456,15 @@ pub struct ClarifyRespondParams {
 #[serde(deny_unknown_fields)]
 pub struct EventsSinceParams {
     /// The session.
-    #[serde(deserialize_with = "non_empty")]
-    #[schemars(length(min = 1))]
+    #[serde(deserialize_with = "fields::name")]
+    #[schemars(length(min = 1, max = 256))]
     pub session_id: String,
     /// The stream the caller read from; another (or none) gives `snapshot_required`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "fields::key_opt",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub replay_epoch: Option<String>,
     /// The last `seq` the caller has; events after it are returned.
     pub last_sequence: u64,
@@ -497,8 +479,8 @@ pub struct EventsSinceParams {
 #[serde(deny_unknown_fields)]
 pub struct ApprovalRuleRef {
     /// The rule's key, as `approvals.list` shows it.
-    #[serde(deserialize_with = "non_empty")]
-    #[schemars(length(min = 1))]
+    #[serde(deserialize_with = "fields::key")]
+    #[schemars(length(min = 1, max = 4096))]
     pub pattern_key: String,
 }
 
@@ -977,7 +959,7 @@ pub struct UiLoginCode {
 #[serde(deny_unknown_fields)]
 pub struct JobEventsParams {
     /// The job, in the home registry.
-    #[serde(deserialize_with = "non_empty")]
+    #[serde(deserialize_with = "fields::name")]
     pub job_id: String,
     /// Only entries after this entry `id` (default 0: all).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -1168,11 +1150,154 @@ mod tests {
             ("job.events", json!({"job_id": "j", "after": "x"}), "after"),
             ("ui.login_code", json!({"for": "me"}), "for"),
         ];
-        for (method, params, field) in cases {
+        for (method, params, field) in cases.into_iter().chain(field_rule_cases()) {
             let (got, message) = refused(method, params.clone());
             assert_eq!(got, field, "{method} {params}: {message}");
             assert!(message.contains(field), "{method} {params}: {message}");
         }
+    }
+
+    /// One refused value for each rule of [`crate::fields`], on each param it guards.
+    fn field_rule_cases() -> Vec<(&'static str, Value, &'static str)> {
+        let big = "x".repeat(300 * 1024);
+        let create = |field: &str, value: Value| {
+            let mut p = json!({"request_id": "r"});
+            p[field] = value;
+            p
+        };
+        let submit = |field: &str, value: Value| {
+            let mut p = json!({"session_id": "s", "input_id": "i", "text": "t"});
+            p[field] = value;
+            p
+        };
+        let mut cases = vec![
+            ("session.create", create("model", json!("")), "model"),
+            ("session.create", create("model", json!("m\u{0}")), "model"),
+            (
+                "session.create",
+                create("model", json!("gpt\u{202e}")),
+                "model",
+            ),
+            ("session.create", create("model", json!(big)), "model"),
+            (
+                "session.create",
+                create("api_key", json!("sk-\u{0}x")),
+                "api_key",
+            ),
+            (
+                "session.create",
+                create("api_key", json!("sk\r\nX: 1")),
+                "api_key",
+            ),
+            ("session.create", create("api_key", json!("")), "api_key"),
+            ("session.create", create("source", json!(big)), "source"),
+            ("session.create", create("source", json!("")), "source"),
+            (
+                "session.create",
+                create("source", json!("cli\u{1b}[2J")),
+                "source",
+            ),
+            (
+                "session.create",
+                create("title", json!("a\u{202e}b")),
+                "title",
+            ),
+            (
+                "session.create",
+                create("title", json!("a\u{2066}b")),
+                "title",
+            ),
+            ("session.create", create("title", json!("a\u{0}b")), "title"),
+            ("session.create", create("base_url", json!("")), "base_url"),
+            (
+                "session.create",
+                create("base_url", json!("http://x/\n")),
+                "base_url",
+            ),
+            ("session.create", create("cwd", json!("/tmp/\u{0}")), "cwd"),
+            (
+                "session.create",
+                create("system_prompt", json!("x".repeat(1024 * 1024 + 1))),
+                "system_prompt",
+            ),
+            (
+                "session.create",
+                create("toolsets", json!(["file", ""])),
+                "toolsets",
+            ),
+            (
+                "session.create",
+                create("toolsets", json!(["fi\u{202d}le"])),
+                "toolsets",
+            ),
+            (
+                "session.create",
+                create("toolsets", json!(vec!["t"; 65])),
+                "toolsets",
+            ),
+            ("session.create", json!({"request_id": big}), "request_id"),
+            (
+                "session.create",
+                json!({"request_id": "r\u{0}"}),
+                "request_id",
+            ),
+            ("prompt.submit", submit("input_id", json!(big)), "input_id"),
+            (
+                "prompt.submit",
+                submit("input_id", json!("i\u{0}")),
+                "input_id",
+            ),
+            (
+                "prompt.submit",
+                submit("session_id", json!("s\n")),
+                "session_id",
+            ),
+            (
+                "session.rename",
+                json!({"session_id": "s", "title": "a\u{202e}b"}),
+                "title",
+            ),
+            (
+                "session.rename",
+                json!({"session_id": "s\u{0}", "title": "t"}),
+                "session_id",
+            ),
+            ("session.resume", json!({"session_id": big}), "session_id"),
+            ("session.list", json!({"cursor": big}), "cursor"),
+            ("mcp.status", json!({"session_id": "s\u{0}"}), "session_id"),
+        ];
+        cases.push((
+            "approval.respond",
+            json!({"session_id": "s", "execution_generation": 1, "prompt_id": "p\u{0}", "choice": "once"}),
+            "prompt_id",
+        ));
+        cases
+    }
+
+    #[test]
+    fn values_at_the_bounds_are_accepted() {
+        let name = "m".repeat(crate::fields::MAX_NAME_BYTES);
+        let req = ClientRequest::parse(
+            "session.create",
+            json!({"request_id": name, "model": name, "source": name, "api_key": "sk-1",
+                   "title": "\u{5e9}\u{5dc}\u{5d5}\u{5dd} world", "cwd": "/tmp"}),
+        );
+        assert!(req.is_ok(), "{req:?}");
+        let req = ClientRequest::parse(
+            "prompt.submit",
+            json!({"session_id": "s", "input_id": name, "text": "line\n\ttabbed\u{0}"}),
+        );
+        assert!(req.is_ok(), "{req:?}");
+    }
+
+    #[test]
+    fn a_refused_api_key_is_not_echoed() {
+        let (field, message) = refused(
+            "session.create",
+            json!({"request_id": "r", "api_key": "sk-secret-value\u{0}"}),
+        );
+        assert_eq!(field, "api_key");
+        assert!(!message.contains("secret-value"), "{message}");
     }
 
     #[test]

@@ -6,6 +6,8 @@
 //! - [`worker`]: owner <-> worker stdio frames: bootstrap, persist, receipts (SPEC section 4).
 //! - [`client`]: the typed client protocol: one [`ClientRequest`] variant per method, each
 //!   with its params and result struct (SPEC section 2). Params refuse unknown fields.
+//! - [`fields`]: the rules of every string param (ids and names, titles, the API key, and the
+//!   bound of each other string), applied while params are parsed.
 //! - [`event`]: session events, untyped ([`event::Event`]) and typed
 //!   ([`event::SessionEvent`], one [`event::EventPayload`] variant per `type`).
 //! - [`policy`]: typed settings that cross config, owner and worker: [`ApprovalMode`] and
@@ -25,8 +27,8 @@
 //! - [`mcp`]: MCP server status: the state words, one server's status, and the `mcp.status`
 //!   method's params and result (SPEC sections 2 and 6).
 //!
-//! Layers: `secret`, `chat`, `rpc`, `policy`, `exit`, `words`, `mcp`, `daemon_file` (leaves,
-//! `daemon_file` on `secret`); `sandbox` on
+//! Layers: `secret`, `chat`, `rpc`, `policy`, `exit`, `words`, `daemon_file`, `fields` (leaves,
+//! `daemon_file` and `fields` on `secret`); `mcp` on `fields`; `sandbox` on
 //! `policy`; `worker` on `chat`, `policy`, `mcp` and `sandbox`; `event` on `words` and `mcp`; `client` on `event`; then `schema`.
 //!
 //! What this crate does not do: talk to sockets, open files or decide policy.
@@ -38,6 +40,7 @@ pub mod client;
 pub mod daemon_file;
 pub mod event;
 pub mod exit;
+pub mod fields;
 pub mod mcp;
 pub mod policy;
 pub mod rpc;

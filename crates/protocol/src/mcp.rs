@@ -78,7 +78,11 @@ impl McpServerStatus {
 pub struct McpStatusParams {
     /// Only this session's servers (its MCP toolsets). Without it: every enabled server of
     /// the home's config, each with its liveliest state across sessions.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "crate::fields::name_opt",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub session_id: Option<String>,
 }
 
