@@ -522,8 +522,11 @@ class Session:
         seq = event["seq"]
         assert seq is not None
         self.last_sequence = seq
-        if event["type"] == "turn.started":
-            generation = event["payload"].get("execution_generation")
+        payload = event.get("payload")
+        # An event of a type this client does not know (a newer daemon) or `event.unreadable`
+        # is yielded as it came: only its `seq` counts here.
+        if event["type"] == "turn.started" and isinstance(payload, dict):
+            generation = payload.get("execution_generation")
             if isinstance(generation, int):
                 self.execution_generation = max(self.execution_generation, generation)
 

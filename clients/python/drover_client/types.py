@@ -394,6 +394,25 @@ class EventPayloadAdmissionUpdated(TypedDict):
     type: Literal['admission.updated']
 
 
+class EventUnreadable(TypedDict):
+    """
+    Payload of `event.unreadable`.
+    """
+
+    error: str
+    """
+    Why it cannot be read.
+    """
+    payload: NotRequired[Any]
+    """
+    The stored payload, when it is JSON.
+    """
+    type: str
+    """
+    The stored event's type.
+    """
+
+
 class EventsSinceParams(TypedDict):
     """
     Params of `session.events.since`.
@@ -1159,6 +1178,28 @@ class SessionEventSessionCompacted(TypedDict):
     """
     payload: SessionCompacted
     type: Literal['session.compacted']
+
+
+class SessionEventEventUnreadable(TypedDict):
+    """
+    A stored event the daemon could not read back, in its place (same `seq`).
+    """
+
+    replay_epoch: str
+    """
+    The stored stream's name (pass to `session.events.since`).
+    """
+    seq: NotRequired[int | None]
+    """
+    1, 2, 3, ... per session with no gaps; `null` for the live-only `message.delta` and
+    `turn.progress`.
+    """
+    session_id: str
+    """
+    The session.
+    """
+    payload: EventUnreadable
+    type: Literal['event.unreadable']
 
 
 class SessionInfo(TypedDict):
@@ -1994,6 +2035,15 @@ class EventPayloadSessionCompacted(TypedDict):
     type: Literal['session.compacted']
 
 
+class EventPayloadEventUnreadable(TypedDict):
+    """
+    A stored event the daemon could not read back, in its place (same `seq`).
+    """
+
+    payload: EventUnreadable
+    type: Literal['event.unreadable']
+
+
 class JobList(TypedDict):
     """
     Result of `job.list`: every job of the home registry, oldest first.
@@ -2276,7 +2326,7 @@ class SessionEventTurnProgress(TypedDict):
     type: Literal['turn.progress']
 
 
-SessionEvent: TypeAlias = SessionEventTurnStarted | SessionEventMessageDelta | SessionEventMessageComplete | SessionEventToolStart | SessionEventToolComplete | SessionEventApprovalRequest | SessionEventClarifyRequest | SessionEventApprovalSettled | SessionEventClarifySettled | SessionEventTurnSettled | SessionEventAdmissionUpdated | SessionEventTurnProgress | SessionEventMcpStatus | SessionEventSessionCompacted
+SessionEvent: TypeAlias = SessionEventTurnStarted | SessionEventMessageDelta | SessionEventMessageComplete | SessionEventToolStart | SessionEventToolComplete | SessionEventApprovalRequest | SessionEventClarifyRequest | SessionEventApprovalSettled | SessionEventClarifySettled | SessionEventTurnSettled | SessionEventAdmissionUpdated | SessionEventTurnProgress | SessionEventMcpStatus | SessionEventSessionCompacted | SessionEventEventUnreadable
 """
 The params of an `event` notification, typed: `{session_id, seq, replay_epoch, type,
 payload}`.
@@ -2392,7 +2442,7 @@ class EventPayloadMessageComplete(TypedDict):
     type: Literal['message.complete']
 
 
-EventPayload: TypeAlias = EventPayloadTurnStarted | EventPayloadMessageDelta | EventPayloadMessageComplete | EventPayloadToolStart | EventPayloadToolComplete | EventPayloadApprovalRequest | EventPayloadClarifyRequest | EventPayloadApprovalSettled | EventPayloadClarifySettled | EventPayloadTurnSettled | EventPayloadAdmissionUpdated | EventPayloadTurnProgress | EventPayloadMcpStatus | EventPayloadSessionCompacted
+EventPayload: TypeAlias = EventPayloadTurnStarted | EventPayloadMessageDelta | EventPayloadMessageComplete | EventPayloadToolStart | EventPayloadToolComplete | EventPayloadApprovalRequest | EventPayloadClarifyRequest | EventPayloadApprovalSettled | EventPayloadClarifySettled | EventPayloadTurnSettled | EventPayloadAdmissionUpdated | EventPayloadTurnProgress | EventPayloadMcpStatus | EventPayloadSessionCompacted | EventPayloadEventUnreadable
 """
 Every event type with its payload: `{"type": ..., "payload": {...}}`.
 """
@@ -2427,7 +2477,7 @@ class EventsPage(TypedDict):
 
 # ---- the client's names for schema types ------------------------------------------------
 
-EventType: TypeAlias = Literal['admission.updated', 'approval.request', 'approval.settled', 'clarify.request', 'clarify.settled', 'mcp.status', 'message.complete', 'message.delta', 'session.compacted', 'tool.complete', 'tool.start', 'turn.progress', 'turn.settled', 'turn.started']
+EventType: TypeAlias = Literal['admission.updated', 'approval.request', 'approval.settled', 'clarify.request', 'clarify.settled', 'event.unreadable', 'mcp.status', 'message.complete', 'message.delta', 'session.compacted', 'tool.complete', 'tool.start', 'turn.progress', 'turn.settled', 'turn.started']
 """Every event `type` (the keys of the schema's `x-drover-events`)."""
 
 Event = SessionEvent

@@ -270,3 +270,52 @@ async def test_compact_summarises_the_older_turns(daemon: Daemon, model: FakeMod
         assert result is not None and result["final_response"] == "compacted 2 messages"
         summary_request = model.requests[-1]["messages"]
         assert summary_request[0]["content"].startswith("You are compacting")
+
+
+async def test_an_unknown_or_unreadable_stored_event_does_not_break_the_stream(
+    daemon: Daemon, tmp_path: Path
+) -> None:
+    """A stored event of a type this client does not know (a newer daemon), one whose payload
+    is not JSON and one that no longer fits its type: `events()` yields each in `seq` order
+    (the damaged ones as `event.unreadable`) and goes on."""
+    import sqlite3
+
+    async with await connect(daemon) as client:
+        session = await client.create_session(cwd=tmp_path)
+        db = sqlite3.connect(daemon.home / "state.db", timeout=WAIT_S)
+        try:
+            last = db.execute(
+                "SELECT COALESCE(MAX(seq), 0) FROM session_events WHERE session_id = ?", (session.id,)
+            ).fetchone()[0]
+            rows = [
+                ("turn.rewound", '{"to": 1}'),
+                ("tool.start", "{not json"),
+                ("tool.start", '{"tool_id": 12}'),
+                ("turn.started", '{"admission_id": "a-1", "execution_generation": 7}'),
+            ]
+            with db:
+                for i, (kind, payload) in enumerate(rows):
+                    db.execute(
+                        "INSERT INTO session_events (session_id, seq, type, payload_json, created_at)"
+                        " VALUES (?, ?, ?, ?, 0)",
+                        (session.id, last + 1 + i, kind, payload),
+                    )
+        finally:
+            db.close()
+
+        seen: list[dict[str, object]] = []
+
+        async def read() -> None:
+            async for event in session.events(after=last):
+                seen.append(dict(event))
+                if len(seen) == len(rows):
+                    return
+
+        await asyncio.wait_for(read(), WAIT_S)
+        assert [e["seq"] for e in seen] == [last + 1 + i for i in range(len(rows))]
+        assert seen[0]["type"] == "turn.rewound" and seen[0]["payload"] == {"to": 1}
+        for damaged in seen[1:3]:
+            assert damaged["type"] == "event.unreadable", damaged
+            assert damaged["payload"]["type"] == "tool.start", damaged  # type: ignore[index]
+        assert seen[3]["type"] == "turn.started"
+        assert session.execution_generation == 7

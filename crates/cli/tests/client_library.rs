@@ -611,3 +611,81 @@ async fn a_daemon_whose_file_is_gone_is_waited_for_not_started_again_and_again()
     assert!(crowded.is_empty(), "daemons started again: {crowded:?}");
     assert_eq!(daemons_of(home.path()), vec![holder]);
 }
+
+/// A stored event that no longer parses (a payload that is not JSON, or no longer its type's
+/// shape) and one of a type this version does not know (written by a newer daemon) do not
+/// fail `session.events.since`: the page comes back whole, in `seq` order, the damaged ones as
+/// `event.unreadable` and the unknown one as it was stored, which the typed client keeps as
+/// `EventPayload::Other`.
+#[tokio::test]
+async fn events_that_do_not_parse_or_are_of_an_unknown_type_do_not_fail_events_since() {
+    use drover_protocol::event::{OtherEvent, EVENT_UNREADABLE};
+    let (_model, home) = model_home(true).await.unwrap();
+    let _guard = KillDaemonOnDrop(home.path());
+    let client = Client::connect(options(home.path())).await.unwrap();
+    let session = client.create_session(create(home.work())).await.unwrap();
+    let sid = session.session_id.clone();
+    let db = home.db();
+    let (epoch, last) = {
+        let conn = rusqlite::Connection::open(&db).unwrap();
+        conn.busy_timeout(BOUND).unwrap();
+        let epoch: String = conn
+            .query_row(
+                "SELECT replay_epoch FROM sessions WHERE id = ?1",
+                [&sid],
+                |r| r.get(0),
+            )
+            .unwrap();
+        let last: i64 = conn
+            .query_row(
+                "SELECT COALESCE(MAX(seq), 0) FROM session_events WHERE session_id = ?1",
+                [&sid],
+                |r| r.get(0),
+            )
+            .unwrap();
+        let rows = [
+            ("turn.rewound", r#"{"to":1}"#),
+            ("tool.start", "{not json"),
+            ("tool.start", r#"{"tool_id":12}"#),
+            (
+                "turn.started",
+                r#"{"admission_id":"a-1","execution_generation":1}"#,
+            ),
+        ];
+        for (i, (kind, payload)) in rows.iter().enumerate() {
+            conn.execute(
+                "INSERT INTO session_events (session_id, seq, type, payload_json, created_at)
+                 VALUES (?1, ?2, ?3, ?4, 0)",
+                rusqlite::params![sid, last + 1 + i as i64, kind, payload],
+            )
+            .unwrap();
+        }
+        (epoch, last as u64)
+    };
+    let page = client
+        .events_since(&sid, Some(&epoch), last, None)
+        .await
+        .expect("the page reads past the damaged and unknown events");
+    assert!(!page.snapshot_required);
+    let seqs: Vec<_> = page.events.iter().map(|e| e.seq).collect();
+    assert_eq!(
+        seqs,
+        (last + 1..=last + 4).map(Some).collect::<Vec<_>>(),
+        "{page:?}"
+    );
+    assert_eq!(
+        page.events[0].event,
+        EventPayload::Other(OtherEvent {
+            kind: "turn.rewound".into(),
+            payload: serde_json::json!({"to": 1}),
+        })
+    );
+    for damaged in &page.events[1..3] {
+        let EventPayload::EventUnreadable(unreadable) = &damaged.event else {
+            panic!("{damaged:?}");
+        };
+        assert_eq!(damaged.event.kind(), EVENT_UNREADABLE);
+        assert_eq!(unreadable.kind, "tool.start", "{damaged:?}");
+    }
+    assert!(matches!(page.events[3].event, EventPayload::TurnStarted(_)));
+}

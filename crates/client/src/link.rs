@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use drover_protocol::daemon_file::DaemonInfo;
-use drover_protocol::event::{Event, SessionEvent, EVENT_TYPES};
+use drover_protocol::event::SessionEvent;
 use drover_protocol::rpc::{self, RpcError};
 use drover_protocol::ClientRequest;
 use futures::{SinkExt, StreamExt};
@@ -444,8 +444,9 @@ fn ws_reason(e: &tokio_tungstenite::tungstenite::Error) -> String {
 }
 
 /// Hands an `event` notification to its session's subscribers. An event of a type this
-/// client does not know is skipped (a newer daemon may send it); a known one that does not
-/// parse is an error naming its type.
+/// client does not know (a newer daemon), or whose payload does not parse, is handed on as
+/// [`drover_protocol::event::EventPayload::Other`]: its `seq` counts, so the stream goes on.
+/// Only params that are no event at all are an error.
 fn route_event(n: rpc::Notification, shared: &Shared) {
     if n.method != "event" {
         return;
@@ -454,12 +455,12 @@ fn route_event(n: rpc::Notification, shared: &Shared) {
         return;
     };
     let session_id = session_id.to_string();
-    let kind = serde_json::from_value::<Event>(n.params.clone())
-        .map(|e| e.kind)
-        .unwrap_or_else(|_| "?".to_string());
-    if kind != "?" && !EVENT_TYPES.contains(&kind.as_str()) {
-        return;
-    }
+    let kind = n
+        .params
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or("?")
+        .to_string();
     let event = serde_path_to_error::deserialize::<_, SessionEvent>(n.params).map_err(|e| {
         ClientError::BadAnswer {
             what: format!("event {kind}"),

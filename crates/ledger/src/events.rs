@@ -111,8 +111,18 @@ impl Ledger {
                 page.has_more = true;
                 break;
             }
-            let payload = serde_json::from_str(&payload)
-                .map_err(|e| LedgerError::Corrupt(format!("session_events.payload_json: {e}")))?;
+            // A payload that is not JSON is passed on in its place, as `event.unreadable` with
+            // the same seq, so one damaged row never fails the page (or the stream after it).
+            let (kind, payload) = match serde_json::from_str(&payload) {
+                Ok(payload) => (kind, payload),
+                Err(e) => (
+                    drover_protocol::event::EVENT_UNREADABLE.to_string(),
+                    serde_json::json!({
+                        "type": kind,
+                        "error": format!("the stored payload is not JSON: {e}"),
+                    }),
+                ),
+            };
             page.events.push(StoredEvent {
                 session_id: session_id.to_string(),
                 seq: seq as u64,

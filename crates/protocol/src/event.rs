@@ -43,9 +43,14 @@ pub const MCP_STATUS: &str = "mcp.status";
 /// Event type `session.compacted`.
 pub const SESSION_COMPACTED: &str = "session.compacted";
 
+/// Event type `event.unreadable`: a stored event the daemon cannot read back (its payload is
+/// not JSON, or no longer parses as its type). `session.events.since` passes it in the
+/// event's place, with the same `seq`, so one bad row never fails the stream.
+pub const EVENT_UNREADABLE: &str = "event.unreadable";
+
 /// Every event type this protocol version knows (each has an [`EventPayload`] variant). A
-/// client skips an event whose type is not here: a newer daemon may send types it does not
-/// know yet.
+/// client keeps an event whose type is not here as [`EventPayload::Other`] and goes on: a
+/// newer daemon may send types it does not know yet.
 pub const EVENT_TYPES: &[&str] = &[
     TURN_STARTED,
     MESSAGE_DELTA,
@@ -61,6 +66,7 @@ pub const EVENT_TYPES: &[&str] = &[
     TURN_PROGRESS,
     MCP_STATUS,
     SESSION_COMPACTED,
+    EVENT_UNREADABLE,
 ];
 
 /// Bound on `tool.complete` `args` and `result` (SPEC section 2: 64 KiB each).
@@ -85,6 +91,45 @@ pub struct Event {
     pub kind: String,
     /// The type's payload.
     pub payload: Value,
+}
+
+impl Event {
+    /// The typed form. An event of a known type whose payload does not parse as that type
+    /// becomes [`EVENT_UNREADABLE`] (its type and payload as stored, and why), with the same
+    /// `seq`; an unknown type stays as it is, in [`EventPayload::Other`]. Never fails, so one
+    /// bad stored event cannot fail a page.
+    pub fn into_typed(self) -> SessionEvent {
+        let Event {
+            session_id,
+            seq,
+            replay_epoch,
+            kind,
+            payload,
+        } = self;
+        let tagged = serde_json::json!({"type": &kind, "payload": payload});
+        let event = match serde_json::from_value::<EventPayload>(tagged) {
+            Ok(EventPayload::Other(other)) if EVENT_TYPES.contains(&other.kind.as_str()) => {
+                EventPayload::EventUnreadable(EventUnreadable {
+                    error: format!("the payload does not parse as a {} event", other.kind),
+                    kind: other.kind,
+                    payload: Some(other.payload),
+                })
+            }
+            Ok(event) => event,
+            // Not reached (`Other` takes any type and payload), but never a failure.
+            Err(e) => EventPayload::EventUnreadable(EventUnreadable {
+                kind,
+                error: e.to_string(),
+                payload: None,
+            }),
+        };
+        SessionEvent {
+            session_id,
+            seq,
+            replay_epoch,
+            event,
+        }
+    }
 }
 
 /// The params of an `event` notification, typed: `{session_id, seq, replay_epoch, type,
@@ -151,12 +196,47 @@ pub enum EventPayload {
     /// transcript keeps every message).
     #[serde(rename = "session.compacted")]
     SessionCompacted(SessionCompacted),
+    /// A stored event the daemon could not read back, in its place (same `seq`).
+    #[serde(rename = "event.unreadable")]
+    EventUnreadable(EventUnreadable),
+    /// Not sent by this version: what a reader keeps of an event of a type it does not know
+    /// (a newer daemon's), or of a known type whose payload does not parse, as it came, so it
+    /// goes on (the `seq` still counts) instead of failing. Not in the schema: a client
+    /// generated from it must accept such events too.
+    #[serde(untagged)]
+    #[schemars(skip)]
+    Other(OtherEvent),
+}
+
+/// Payload of `event.unreadable`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct EventUnreadable {
+    /// The stored event's type.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Why it cannot be read.
+    pub error: String,
+    /// The stored payload, when it is JSON.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload: Option<Value>,
+}
+
+/// An event kept as sent ([`EventPayload::Other`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct OtherEvent {
+    /// The event type as sent.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The payload as sent.
+    #[serde(default)]
+    pub payload: Value,
 }
 
 impl EventPayload {
     /// The event type on the wire.
-    pub fn kind(&self) -> &'static str {
+    pub fn kind(&self) -> &str {
         match self {
+            EventPayload::Other(other) => &other.kind,
             EventPayload::TurnStarted(_) => TURN_STARTED,
             EventPayload::MessageDelta(_) => MESSAGE_DELTA,
             EventPayload::MessageComplete(_) => MESSAGE_COMPLETE,
@@ -171,6 +251,7 @@ impl EventPayload {
             EventPayload::TurnProgress(_) => TURN_PROGRESS,
             EventPayload::McpStatus(_) => MCP_STATUS,
             EventPayload::SessionCompacted(_) => SESSION_COMPACTED,
+            EventPayload::EventUnreadable(_) => EVENT_UNREADABLE,
         }
     }
 

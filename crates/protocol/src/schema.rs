@@ -94,6 +94,7 @@ fn event_schemas(generator: &mut SchemaGenerator) -> Vec<(&'static str, Schema)>
         (ev::TURN_PROGRESS, of::<ev::TurnProgress>(generator)),
         (ev::MCP_STATUS, of::<ev::McpStatus>(generator)),
         (ev::SESSION_COMPACTED, of::<ev::SessionCompacted>(generator)),
+        (ev::EVENT_UNREADABLE, of::<ev::EventUnreadable>(generator)),
     ]
 }
 

@@ -220,6 +220,68 @@ fn turn_progress_is_live_and_names_its_tool_only_when_one_is_open() {
     assert!(serde_json::from_value::<TurnPhase>(json!("thinking")).is_err());
 }
 
+#[test]
+fn an_event_of_an_unknown_type_or_an_unreadable_payload_is_kept_as_other() {
+    use drover_protocol::event::{EventPayload, OtherEvent, SessionEvent};
+    // A newer daemon's type: kept as sent, and written back the same.
+    let newer: SessionEvent = pinned(concat!(
+        r#"{"session_id":"s-1","seq":7,"replay_epoch":"e-9","type":"turn.rewound","#,
+        r#""payload":{"to":3}}"#
+    ));
+    assert_eq!(
+        newer.event,
+        EventPayload::Other(OtherEvent {
+            kind: "turn.rewound".into(),
+            payload: json!({"to": 3}),
+        })
+    );
+    assert_eq!(newer.event.kind(), "turn.rewound");
+    // A page holding one: the rest of the page still reads.
+    let page: drover_protocol::client::EventsPage = serde_json::from_value(json!({
+        "events": [
+            {"session_id": "s-1", "seq": 7, "replay_epoch": "e-9", "type": "turn.rewound",
+             "payload": {"to": 3}},
+            {"session_id": "s-1", "seq": 8, "replay_epoch": "e-9", "type": "turn.started",
+             "payload": {"admission_id": "a-1", "execution_generation": 1}},
+        ],
+        "last_sequence": 8, "replay_epoch": "e-9", "snapshot_required": false, "has_more": false
+    }))
+    .unwrap();
+    assert_eq!(page.events.len(), 2);
+    assert!(matches!(page.events[1].event, EventPayload::TurnStarted(_)));
+    // A stored event of a known type that no longer parses becomes `event.unreadable`, with
+    // its seq, its type and its payload.
+    let stored = Event {
+        session_id: "s-1".into(),
+        seq: Some(4),
+        replay_epoch: "e-9".into(),
+        kind: event::TOOL_START.into(),
+        payload: json!({"tool_id": 12}),
+    };
+    let typed = stored.into_typed();
+    assert_eq!(typed.seq, Some(4));
+    let EventPayload::EventUnreadable(unreadable) = &typed.event else {
+        panic!("{typed:?}");
+    };
+    assert_eq!(typed.event.kind(), event::EVENT_UNREADABLE);
+    assert_eq!(unreadable.kind, "tool.start");
+    assert_eq!(unreadable.payload, Some(json!({"tool_id": 12})));
+    let text = serde_json::to_string(&typed).unwrap();
+    assert_eq!(serde_json::from_str::<SessionEvent>(&text).unwrap(), typed);
+    // One that parses stays typed.
+    let good = Event {
+        session_id: "s-1".into(),
+        seq: Some(5),
+        replay_epoch: "e-9".into(),
+        kind: event::TURN_STARTED.into(),
+        payload: json!({"admission_id": "a-1", "execution_generation": 2}),
+    };
+    assert!(matches!(
+        good.into_typed().event,
+        EventPayload::TurnStarted(_)
+    ));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Chat messages
 

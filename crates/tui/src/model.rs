@@ -687,6 +687,14 @@ impl App {
                     c.covered, c.summary_tokens
                 )));
             }
+            EventPayload::EventUnreadable(u) => {
+                self.scrollback.push(Block::Notice(format!(
+                    "a stored {} event could not be read back and is not shown",
+                    u.kind
+                )));
+            }
+            // A type of a newer daemon: nothing this client knows how to show.
+            EventPayload::Other(_) => {}
         }
     }
 
