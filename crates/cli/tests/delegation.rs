@@ -397,3 +397,84 @@ async fn drover_run_answers_or_leaves_a_child_agents_approval_prompt() {
     assert!(stderr(&out).contains("drover answer "), "{}", stderr(&out));
     assert!(victim.exists(), "the rm ran unasked");
 }
+
+/// A child session takes input only while it is open: an input queued to it while its turn
+/// runs is cancelled when the parent's turn ends and closes it (`agent_close`), and an input
+/// submitted after that (or a compaction) is refused, `invalid_params` naming `session_id`.
+/// They used to run as turns of a closed session that no parent would ever read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_child_session_takes_no_more_input() {
+    let (mut s, gate, receipt) = held_child().await;
+    let admission_id = str_field(&receipt, "admission_id");
+    let kids = children(&mut s.client, &s.session_id).await;
+    assert_eq!(kids.len(), 1);
+    let child_id = kids[0]["session_id"].as_str().unwrap().to_string();
+    // Queued behind the child's held turn (a client attaches to submit).
+    resume(&mut s.client, &child_id).await;
+    let queued = s
+        .client
+        .submit(&child_id, "one more thing while you are at it")
+        .await
+        .unwrap();
+    assert_eq!(queued["status"], "queued", "{queued}");
+    let queued_id = str_field(&queued, "admission_id");
+
+    let generation = resume(&mut s.client, &s.session_id).await["execution_generation"]
+        .as_u64()
+        .unwrap();
+    s.interrupt(generation).await.unwrap();
+    assert_eq!(s.wait_settled(&admission_id).await.unwrap(), "interrupted");
+    gate.open();
+    let deadline = Instant::now() + WAIT;
+    while !s.daemon.worker_pids().is_empty() {
+        assert!(Instant::now() < deadline, "workers still running");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let receipt = s
+        .client
+        .receipt(&child_id, &queued_id, false)
+        .await
+        .unwrap();
+    assert_eq!(
+        (receipt["status"].as_str(), receipt["outcome"].as_str()),
+        (Some("terminal"), Some("cancelled")),
+        "{receipt}"
+    );
+
+    for (method, params) in [
+        (
+            "prompt.submit",
+            json!({"session_id": child_id, "input_id": "after-close", "text": "hello?"}),
+        ),
+        (
+            "session.compact",
+            json!({"session_id": child_id, "input_id": "compact-after-close"}),
+        ),
+    ] {
+        let answer = s.client.call(method, params).await.unwrap();
+        let error = answer.expect_err(method);
+        assert_eq!(
+            error["data"]["reason"], "invalid_params",
+            "{method}: {error}"
+        );
+        assert_eq!(error["data"]["field"], "session_id", "{method}: {error}");
+        assert!(
+            error["data"]["detail"]
+                .as_str()
+                .or(error["message"].as_str())
+                .unwrap_or_default()
+                .contains("ended"),
+            "{method}: {error}"
+        );
+    }
+    // Nothing ran in the closed session after its one child turn.
+    let rows = db_rows(
+        &s.home.db(),
+        &format!("SELECT COUNT(*) FROM worker_executions WHERE session_id = '{child_id}'"),
+    );
+    assert_eq!(json!(rows), json!([[1]]));
+    let child = resume(&mut s.client, &child_id).await;
+    assert!(!child.to_string().contains("one more thing\""), "{child}");
+    assert_eq!(child["running"], false);
+    s.daemon.stop().await.unwrap();
+}

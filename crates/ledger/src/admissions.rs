@@ -242,14 +242,16 @@ pub(crate) fn admit_in(
         AdmissionKind::Compact => json!({ "kind": kind.as_str() }),
     };
     let payload_digest = json_digest(&payload);
-    let exists: bool = tx
-        .prepare_cached("SELECT 1 FROM sessions WHERE id = ?1")?
-        .query_row([session_id], |_| Ok(true))
-        .optional()?
-        .unwrap_or(false);
-    if !exists {
+    let ended: Option<Option<String>> = tx
+        .prepare_cached(
+            "SELECT CASE WHEN ended_at IS NULL THEN NULL ELSE COALESCE(end_reason, 'ended') END
+             FROM sessions WHERE id = ?1",
+        )?
+        .query_row([session_id], |r| r.get(0))
+        .optional()?;
+    let Some(ended) = ended else {
         return Err(LedgerError::NotFound(format!("session {session_id}")));
-    }
+    };
     let earlier: Option<(String, String)> = tx
         .prepare_cached(
             "SELECT admission_id, payload_digest FROM session_admissions
@@ -267,6 +269,14 @@ pub(crate) fn admit_in(
         }
         let row = admission_in(tx, session_id, &admission_id)?;
         return Ok((row, Vec::new()));
+    }
+    // An ended session (a child agent's, closed with its parent's turn) runs no more turns:
+    // nobody would read them. An input given again above still gets its receipt.
+    if let Some(reason) = ended {
+        return Err(LedgerError::invalid(
+            "session_id",
+            format!("session {session_id} has ended ({reason}) and takes no more input"),
+        ));
     }
     let admission_id = new_id();
     tx.prepare_cached(

@@ -444,6 +444,31 @@ pub(crate) fn retire_one(
         "UPDATE sessions SET ended_at = ?1, end_reason = ?2 WHERE id = ?3 AND ended_at IS NULL",
         params![now(), AGENT_CLOSE, session_id],
     )?;
+    cancel_queued(tx, &session_id, events)?;
+    Ok(())
+}
+
+/// Cancels the inputs still queued in an ended session (someone submitted to the child while
+/// its turn ran): no turn of it will run again, so they would wait for ever.
+fn cancel_queued(
+    tx: &Connection,
+    session_id: &str,
+    events: &mut Vec<StoredEvent>,
+) -> Result<(), LedgerError> {
+    let queued: Vec<String> = {
+        let mut stmt = tx.prepare_cached(
+            "SELECT admission_id FROM session_admissions
+             WHERE target_session_id = ?1 AND status = 'queued' ORDER BY seq",
+        )?;
+        let rows = stmt.query_map([session_id], |r| r.get(0))?;
+        rows.collect::<Result<_, _>>()?
+    };
+    for admission_id in queued {
+        if let Some(mut row) = crate::admissions::load_admission(tx, session_id, &admission_id)? {
+            crate::admissions::set_terminal(tx, &mut row, crate::state::Outcome::Cancelled)?;
+            events.push(crate::admissions::admission_updated(tx, &row)?);
+        }
+    }
     Ok(())
 }
 
