@@ -537,3 +537,223 @@ except BrokenPipeError:
         true
     );
 }
+
+/// Runs a turn of `text` to completion (bounded) and returns its final response.
+async fn answer_of_turn(c: &mut Client, session_id: &str, text: &str) -> String {
+    let admission_id =
+        tokio::time::timeout(Duration::from_secs(30), c.complete_turn(session_id, text))
+            .await
+            .expect("the turn did not complete within 30 s")
+            .unwrap();
+    let receipt = c.receipt(session_id, &admission_id, true).await.unwrap();
+    receipt["result"]["final_response"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// The `Max open files` soft and hard limits of `pid`, from `/proc/<pid>/limits`.
+fn open_files_limits(pid: u32) -> (String, String) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap()
+        .to_string();
+    let mut words = line["Max open files".len()..].split_whitespace();
+    (
+        words.next().unwrap().to_string(),
+        words.next().unwrap().to_string(),
+    )
+}
+
+/// Connections (docs/guarantees.md): 1,100 half-sent requests without a token, under an
+/// open-files limit of 1,024 (soft and hard, so it cannot be raised), take neither every
+/// descriptor nor the endpoint: a real client connects at once and runs a turn, and the idle
+/// sockets are closed (oldest first past the cap of unauthenticated connections, the rest
+/// once their header timeout passes).
+#[tokio::test]
+async fn idle_unauthenticated_connections_cannot_lock_a_client_out() {
+    use std::io::Write;
+    // The test's own end of the 1,100 sockets.
+    drover_platform::limits::raise_open_files_limit().unwrap();
+    let (_dir, wrapper) = script(
+        "drover-nofile-1024",
+        &format!(
+            "#!/bin/sh\nexec prlimit --nofile=1024:1024 {} \"$@\"\n",
+            bin().display()
+        ),
+    );
+    let s = OneSession::builder(&wrapper).start().await.unwrap();
+    s.model.set_default(Reply::text("still here"));
+    let pid = s.daemon.pid();
+    assert_eq!(
+        open_files_limits(pid),
+        ("1024".to_string(), "1024".to_string()),
+        "the daemon must run under a hard limit of 1,024"
+    );
+    let addr = s
+        .daemon
+        .http_base()
+        .trim_start_matches("http://")
+        .to_string();
+    // The spare is started after the daemon is ready: let it settle before counting.
+    s.daemon.wait_spare().await.unwrap();
+    let fds_before = fd_count(pid);
+    let mut idle = Vec::new();
+    for _ in 0..1100 {
+        let mut c = std::net::TcpStream::connect(&addr).unwrap();
+        // No blank line: the request never ends.
+        c.write_all(b"GET /v1/ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n")
+            .unwrap();
+        idle.push(c);
+    }
+    let fds = fd_count(pid);
+    eprintln!("after 1,100 idle connections: the daemon holds {fds} descriptors");
+    assert!(fds < 1000, "{fds} descriptors of 1,024 in use");
+    let started = Instant::now();
+    let mut c = tokio::time::timeout(
+        Duration::from_secs(3),
+        Client::connect(&s.daemon.url(), Some(&s.daemon.token())),
+    )
+    .await
+    .expect("a real client could not connect within 3 s")
+    .unwrap();
+    eprintln!("a real client connected in {:?}", started.elapsed());
+    let sid = s.session_id.clone();
+    c.call_ok("session.resume", json!({"session_id": sid}))
+        .await
+        .unwrap();
+    assert_eq!(answer_of_turn(&mut c, &sid, "hello").await, "still here");
+    // The half-sent requests still held are dropped once their header timeout passes.
+    assert!(
+        eventually(Duration::from_secs(20), || fd_count(pid) <= fds_before + 8).await,
+        "the idle connections were never closed: {} descriptors, {fds_before} before them",
+        fd_count(pid)
+    );
+    drop(idle);
+}
+
+/// Connections past the cap while every one is an authenticated WebSocket are refused with
+/// `503` at once, never left hanging; the descriptors kept in reserve still start workers.
+#[tokio::test]
+async fn past_the_connection_cap_a_client_gets_503_at_once() {
+    use std::io::{Read, Write};
+    drover_platform::limits::raise_open_files_limit().unwrap();
+    let (_dir, wrapper) = script(
+        "drover-nofile-1024",
+        &format!(
+            "#!/bin/sh\nexec prlimit --nofile=1024:1024 {} \"$@\"\n",
+            bin().display()
+        ),
+    );
+    let mut s = OneSession::builder(&wrapper).start().await.unwrap();
+    s.model.set_default(Reply::text("served"));
+    let (url, token) = (s.daemon.url(), s.daemon.token());
+    let mut held = Vec::new();
+    let refused_at = loop {
+        match tokio::time::timeout(Duration::from_secs(5), Client::connect(&url, Some(&token)))
+            .await
+            .expect("a connection hung instead of being refused")
+        {
+            Ok(c) => held.push(c),
+            Err(e) => break (held.len(), e),
+        }
+        assert!(held.len() <= 1024, "no cap below the open-files limit");
+    };
+    eprintln!(
+        "refused after {} connections: {:#}",
+        refused_at.0, refused_at.1
+    );
+    assert!(refused_at.0 < 1000, "{refused_at:?}");
+    let addr = s
+        .daemon
+        .http_base()
+        .trim_start_matches("http://")
+        .to_string();
+    let mut raw = std::net::TcpStream::connect(addr).unwrap();
+    raw.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    raw.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    let _ = raw.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer:?}");
+    // The reserve: a turn still gets its worker, through a connection already held.
+    let sid = s.session_id.clone();
+    let c = held.last_mut().unwrap();
+    c.call_ok("session.resume", json!({"session_id": sid}))
+        .await
+        .unwrap();
+    assert_eq!(answer_of_turn(c, &sid, "hi").await, "served");
+    drop(held);
+    // Room again once they are gone.
+    assert!(
+        eventually(Duration::from_secs(10), || healthz(&s.daemon).0 == 200).await,
+        "the endpoint stayed full"
+    );
+    s.client.call_ok("ping", json!({})).await.unwrap();
+}
+
+/// A burst of 1,000 concurrent `session.list` calls leaves the daemon's resident memory near
+/// where it was: what the burst allocated goes back to the kernel once it is over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_connections_gives_its_memory_back() {
+    drover_platform::limits::raise_open_files_limit().unwrap();
+    let mut s = setup("", &[]).await;
+    let pid = s.daemon.pid();
+    for i in 0..10 {
+        s.client
+            .call_ok(
+                "session.create",
+                json!({"request_id": format!("burst-{i}"), "cwd": s.home.work(),
+                       "title": format!("session number {i} of the burst test")}),
+            )
+            .await
+            .unwrap();
+    }
+    for _ in 0..5 {
+        s.client.call_ok("session.list", json!({})).await.unwrap();
+    }
+    let (fds_before, rss_before) = (fd_count(pid), rss_kib(pid));
+    let (url, token) = (s.daemon.url(), s.daemon.token());
+    let started = Instant::now();
+    let mut calls = Vec::new();
+    for _ in 0..1000 {
+        let (url, token) = (url.clone(), token.clone());
+        calls.push(tokio::spawn(async move {
+            let mut c = Client::connect(&url, Some(&token)).await.unwrap();
+            let page = c.call_ok("session.list", json!({})).await.unwrap();
+            assert_eq!(page["sessions"].as_array().unwrap().len(), 11);
+            c
+        }));
+    }
+    let mut clients = Vec::new();
+    for call in calls {
+        clients.push(call.await.unwrap());
+    }
+    let rss_peak = rss_kib(pid);
+    eprintln!(
+        "1,000 session.list calls answered in {:?}",
+        started.elapsed()
+    );
+    drop(clients);
+    assert!(
+        eventually(Duration::from_secs(20), || fd_count(pid) <= fds_before + 4).await,
+        "connections were not closed: {} descriptors, {fds_before} before",
+        fd_count(pid)
+    );
+    let settled = eventually(Duration::from_secs(10), || {
+        rss_kib(pid) < rss_before + 24 * 1024
+    })
+    .await;
+    let rss_after = rss_kib(pid);
+    eprintln!(
+        "1,000 concurrent session.list: RSS {rss_before} KiB before, {rss_peak} KiB with the \
+         connections open, {rss_after} KiB after"
+    );
+    assert!(
+        settled,
+        "RSS went from {rss_before} to {rss_after} KiB after the burst (peak {rss_peak})"
+    );
+    s.client.call_ok("ping", json!({})).await.unwrap();
+}

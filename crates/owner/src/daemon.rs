@@ -163,6 +163,37 @@ fn refuse_unlocked(home: &Path, why: &dyn std::fmt::Display) {
     eprintln!("drover daemon: {why}");
 }
 
+/// Raises the open-files limit to the hard one (a daemon started from a shell gets a soft
+/// 1,024) and bounds connections below it, so they can never take the descriptors workers,
+/// the ledger and logs need (docs/guarantees.md, "Connections").
+fn connection_limits() -> crate::connections::ConnectionLimits {
+    let open_files = match drover_tools::platform::limits::raise_open_files_limit() {
+        Ok(limit) => {
+            if limit.soft > limit.before {
+                tracing::info!(
+                    from = limit.before,
+                    to = limit.soft,
+                    "raised the open-files limit"
+                );
+            }
+            limit.soft
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot raise the open-files limit");
+            drover_tools::platform::limits::open_files_limit().unwrap_or(1024)
+        }
+    };
+    let limits = crate::connections::ConnectionLimits::for_open_files(open_files);
+    tracing::info!(
+        open_files,
+        max_connections = limits.max_connections,
+        max_unauthenticated = limits.max_unauthenticated,
+        header_read_timeout_s = limits.header_read_timeout.as_secs(),
+        "connection limits"
+    );
+    limits
+}
+
 async fn serve(home: PathBuf, lifetime: Lifetime, ready: Option<std::fs::File>) -> Exit {
     let mut signals = StopSignals::install();
     // The sandbox probe starts a process in a new user and mount namespace (several
@@ -258,6 +289,7 @@ async fn serve(home: PathBuf, lifetime: Lifetime, ready: Option<std::fs::File>) 
     let api_key_sha256 = config
         .api_key()
         .map(|k| drover_protocol::daemon_file::api_key_sha256(k.expose()));
+    let limits = connection_limits();
     let sandbox_support = probe.await.unwrap_or_else(|e| crate::sandbox::unprobed(&e));
     crate::sandbox::log_support(&sandbox_support);
     let url = advertised_url(addr, tls.is_some());
@@ -296,13 +328,10 @@ async fn serve(home: PathBuf, lifetime: Lifetime, ready: Option<std::fs::File>) 
     let shutdown = owner.shutdown.clone();
     let server_stop = shutdown.clone();
     let server = tokio::spawn(async move {
-        let stop = async move { server_stop.cancelled().await };
         match tls {
             Some(config) => {
                 let listener = crate::tls::TlsListener::new(listener, config)?;
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(stop)
-                    .await
+                crate::connections::serve(listener, app, limits, server_stop).await;
             }
             None => {
                 use axum::serve::ListenerExt;
@@ -313,11 +342,10 @@ async fn serve(home: PathBuf, lifetime: Lifetime, ready: Option<std::fs::File>) 
                         tracing::debug!(error = %e, "cannot set TCP_NODELAY");
                     }
                 });
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(stop)
-                    .await
+                crate::connections::serve(listener, app, limits, server_stop).await;
             }
         }
+        std::io::Result::Ok(())
     });
     if let Err(e) = info.write(&home) {
         refuse(format_args!("cannot write daemon.json: {e}"));

@@ -8,9 +8,10 @@
 //! ahead of the next claim ([`spare`]), forked by a worker template ([`template`]) where it
 //! can be, and recovers after a
 //! crash (older-epoch work becomes `unknown`, never replayed).
-//! Its endpoint is loopback plain ws, or TLS ([`tls`]) when `[daemon]` says so; its log is
-//! private and bounded ([`logfile`]), and so is the number of turns' worker logs it keeps
-//! ([`worker_logs`]). A daemon a client started exits when idle ([`idle`]).
+//! Its endpoint is loopback plain ws, or TLS ([`tls`]) when `[daemon]` says so, with its
+//! connections bounded (a header timeout, caps below the open-files limit: [`connections`]);
+//! its log is private and bounded ([`logfile`]), and so is the number of turns' worker logs
+//! it keeps ([`worker_logs`]). A daemon a client started exits when idle ([`idle`]).
 //! The last status of each MCP server its turns' workers reported is kept per session for
 //! `mcp.status` ([`mcp`]). What the kernel offers for confining tools is probed once at start,
 //! and each turn's `policy.sandbox` and `info.confinement` are computed from it and the
@@ -26,11 +27,12 @@
 //! Layers (bottom to top; a module uses only those below it): `browser`, `config`, `error`, `home`, `hub`,
 //! `jobs`, `logfile`, `mcp`, [`outboxes`], `sandbox`, `telemetry`, `tls`, [`worker_logs`],
 //! [`worker_process`] < [`template`] < [`spare`] < [`runtime`] < [`turns`] <
-//! [`admit`] < [`rpc`] < [`dashboard`] < [`server`] < [`daemon`].
+//! [`admit`] < [`rpc`] < [`dashboard`] < [`server`] < [`connections`] < [`daemon`].
 
 pub mod admit;
 pub mod browser;
 pub mod config;
+pub mod connections;
 pub mod daemon;
 pub mod dashboard;
 pub mod error;

@@ -31,7 +31,9 @@
 //!   owner kills the tool groups a killed worker left.
 //! - [`flock_holder`] names the process holding a `flock(2)` lock (the owner's home lock).
 //! - [`limit_malloc_arenas`] caps glibc's malloc arenas (the owner, at its start);
-//!   [`release_free_memory`] trims them (the worker template, before it forks).
+//!   [`release_free_memory`] trims them (the worker template, before it forks; the owner, after
+//!   a burst of connections).
+//! - [`limits`]: the owner raises its open-files limit to the hard one at start.
 //!
 //! - [`fork`]: a single-threaded template forks workers as its parent's children
 //!   ([`fork::fork_sibling`]), held by pidfd ([`fork::ProcessHandle`]); descriptors passed over
@@ -45,6 +47,7 @@
 
 pub mod confine;
 pub mod fork;
+pub mod limits;
 
 use std::collections::BTreeSet;
 use std::io;
