@@ -414,3 +414,63 @@ async fn a_daemon_whose_home_path_names_another_directory_stops_and_leaves_it_al
     );
     assert!(daemon_log(&moved).contains("the home path now names another directory"));
 }
+
+/// A home swapped while the daemon starts (its path renamed away, another directory put there,
+/// after the daemon took the home lock): the daemon does not start in the new directory with
+/// its lock left in the old one (it used to open the new one's ledger and write its
+/// `daemon.json` there). It refuses, says why, and writes nothing into either.
+#[tokio::test]
+async fn a_home_swapped_while_the_daemon_starts_is_refused_and_left_alone() {
+    let (_model, home) = model_home(true).await.unwrap();
+    let hooks = tempfile::tempdir().unwrap();
+    let hold = hooks.path().join("start");
+    let stderr = hooks.path().join("stderr.log");
+    let mut child = std::process::Command::new(bin())
+        .env("DROVER_TEST_START_HOLD", &hold)
+        .arg("daemon")
+        .arg("--home")
+        .arg(home.path())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&stderr).unwrap())
+        .spawn()
+        .unwrap();
+    let reached = hold.with_extension("reached");
+    let held = drover_test_support::wait::until(EXIT_LIMIT, async || reached.exists()).await;
+    if !held {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("the daemon never reached its start hold");
+    }
+    let moved = home.path().with_file_name("home-moved");
+    std::fs::rename(home.path(), &moved).unwrap();
+    std::fs::create_dir(home.path()).unwrap();
+    std::fs::write(hold.with_extension("release"), "").unwrap();
+    let exited =
+        drover_test_support::wait::until(EXIT_LIMIT, async || child.try_wait().unwrap().is_some())
+            .await;
+    if !exited {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!(
+            "the daemon kept running across the swap; the new home holds {:?}",
+            std::fs::read_dir(home.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect::<Vec<_>>()
+        );
+    }
+    let status = child.wait().unwrap();
+    let said = std::fs::read_to_string(&stderr).unwrap();
+    assert_eq!(status.code(), Some(1), "{status:?}: {said}");
+    assert!(said.contains("while the daemon was starting"), "{said}");
+    let left: Vec<_> = std::fs::read_dir(home.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(
+        left.is_empty(),
+        "the daemon wrote into the new home: {left:?}"
+    );
+    assert!(!moved.join("daemon.json").exists());
+}

@@ -41,6 +41,9 @@ pub fn run_daemon(home: &Path, lifetime: Lifetime, ready: Option<std::fs::File>)
         eprintln!("drover daemon: cannot create home {}: {e}", home.display());
         return Exit::Failed;
     }
+    // The home as found now, held open: a home swapped while the daemon starts (its path
+    // renamed away and another directory put there) must not get half of this daemon.
+    let held = HomeDir::open(home);
     let lock = match HomeLock::acquire(home) {
         Ok(l) => l,
         Err(e @ LockError::Held { .. }) => {
@@ -52,6 +55,12 @@ pub fn run_daemon(home: &Path, lifetime: Lifetime, ready: Option<std::fs::File>)
             return Exit::Failed;
         }
     };
+    hold_start_for_tests();
+    // Before anything else is written (the log included): the lock must be in the home.
+    if let Some(why) = home_swapped(held.as_ref(), home) {
+        eprintln!("drover daemon: {why}");
+        return Exit::Failed;
+    }
     // Issue 16: the exporters are built before any runtime (their HTTP client blocks); the
     // config is read here for `[telemetry]` only, and read again (and refused if bad) below.
     let settings = Config::load(home)
@@ -91,7 +100,7 @@ pub fn run_daemon(home: &Path, lifetime: Lifetime, ready: Option<std::fs::File>)
             return Exit::Failed;
         }
     };
-    let code = runtime.block_on(serve(home.to_path_buf(), lifetime, ready));
+    let code = runtime.block_on(serve(home.to_path_buf(), lifetime, ready, held));
     if let Some(telemetry) = telemetry {
         telemetry.shutdown();
     }
@@ -194,7 +203,12 @@ fn connection_limits() -> crate::connections::ConnectionLimits {
     limits
 }
 
-async fn serve(home: PathBuf, lifetime: Lifetime, ready: Option<std::fs::File>) -> Exit {
+async fn serve(
+    home: PathBuf,
+    lifetime: Lifetime,
+    ready: Option<std::fs::File>,
+    held: Option<HomeDir>,
+) -> Exit {
     let mut signals = StopSignals::install();
     // The sandbox probe starts a process in a new user and mount namespace (several
     // milliseconds): it runs beside the config, the ledger's opening and recovery, not before
@@ -235,6 +249,11 @@ async fn serve(home: PathBuf, lifetime: Lifetime, ready: Option<std::fs::File>) 
             return Exit::Failed;
         }
     };
+    // The ledger must be the held home's before the epoch is raised in it.
+    if let Some(why) = home_swapped(held.as_ref(), &home) {
+        refuse(why);
+        return Exit::Failed;
+    }
     let epoch = match ledger.bump_epoch() {
         Ok(e) => e,
         Err(e) => {
@@ -347,6 +366,12 @@ async fn serve(home: PathBuf, lifetime: Lifetime, ready: Option<std::fs::File>) 
         }
         std::io::Result::Ok(())
     });
+    // daemon.json names this daemon only in the home whose lock and ledger it holds.
+    if let Some(why) = home_swapped(held.as_ref(), &home) {
+        refuse(why);
+        shutdown.cancel();
+        return Exit::Failed;
+    }
     if let Err(e) = info.write(&home) {
         refuse(format_args!("cannot write daemon.json: {e}"));
         shutdown.cancel();
@@ -359,6 +384,7 @@ async fn serve(home: PathBuf, lifetime: Lifetime, ready: Option<std::fs::File>) 
     let home_gone = tokio_util::sync::CancellationToken::new();
     let guard = tokio::spawn(keep_daemon_json(
         home.clone(),
+        held,
         info.clone(),
         guard_stop.clone(),
         home_gone.clone(),
@@ -408,13 +434,13 @@ const DAEMON_JSON_CHECK: Duration = Duration::from_secs(1);
 /// removed stops").
 async fn keep_daemon_json(
     home: PathBuf,
+    held: Option<HomeDir>,
     info: DaemonInfo,
     stop: tokio_util::sync::CancellationToken,
     gone: tokio_util::sync::CancellationToken,
 ) {
     let mut tick = tokio::time::interval(DAEMON_JSON_CHECK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let held = HomeDir::open(&home);
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
@@ -435,6 +461,36 @@ async fn keep_daemon_json(
             ),
             Err(e) => tracing::warn!(error = %e, "cannot rewrite daemon.json"),
         }
+    }
+}
+
+/// Why the daemon must not go on starting in `home`: it is no longer the directory held
+/// since the start (docs/decisions.md, "A home swapped while the daemon starts").
+fn home_swapped(held: Option<&HomeDir>, home: &Path) -> Option<String> {
+    let why = held?.lost(home)?;
+    Some(format!(
+        "the home {} {why} while the daemon was starting; not starting in it (start the \
+         daemon again on the home you mean)",
+        home.display()
+    ))
+}
+
+/// Test hook: after taking the home lock, the daemon creates `<path>.reached` and waits (at
+/// most 60 s) for `<path>.release`, so a test can swap the home at that moment.
+const HOLD_START_ENV: &str = "DROVER_TEST_START_HOLD";
+
+fn hold_start_for_tests() {
+    let Some(path) = std::env::var_os(HOLD_START_ENV) else {
+        return;
+    };
+    let mut reached = path.clone();
+    reached.push(".reached");
+    let mut release = path;
+    release.push(".release");
+    let _ = std::fs::write(&reached, std::process::id().to_string());
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !Path::new(&release).exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
