@@ -892,3 +892,60 @@ async fn a_turn_claimed_as_the_graceful_stop_begins_is_still_stopped() {
         "{r}"
     );
 }
+
+/// A daemon whose home is moved away while a turn runs stops as on SIGTERM: the turn's worker
+/// stops within the grace and the turn settles `interrupted` (in the moved home's ledger), not
+/// `unknown`.
+#[tokio::test]
+async fn a_turn_running_when_the_home_is_moved_settles_interrupted() {
+    let mut s = setup_with(5.0, "").await;
+    let gate = Gate::new();
+    s.model.push(Reply::text("never delivered").gated(&gate));
+    let a = s.submit("A").await.unwrap();
+    let a = str_field(&a, "admission_id");
+    assert!(gate.wait_reached(BOUND).await);
+
+    let moved = s.home.path().with_file_name("home-moved");
+    std::fs::rename(s.home.path(), &moved).unwrap();
+    let status = s.daemon.wait_exit(Duration::from_secs(20)).await.unwrap();
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    let db = moved.join("state.db");
+    let row = db_rows(
+        &db,
+        &format!(
+            "SELECT a.status, a.outcome, e.status FROM session_admissions a
+             JOIN worker_executions e ON e.admission_id = a.admission_id
+             WHERE a.admission_id = '{a}'"
+        ),
+    );
+    let mut log =
+        std::fs::read_to_string(moved.join("logs").join("daemon.log")).unwrap_or_default();
+    // And the workers' logs, where a worker that could not settle says why.
+    for entry in walk(&moved.join("logs")) {
+        if entry.file_name().is_some_and(|n| n != "daemon.log") {
+            let text = std::fs::read_to_string(&entry).unwrap_or_default();
+            log.push_str(&format!("\n--- {}\n{text}", entry.display()));
+        }
+    }
+    assert_eq!(
+        json!(row),
+        json!([["terminal", "interrupted", "terminal"]]),
+        "{log}"
+    );
+    // Put the home back for the harness's teardown.
+    std::fs::rename(&moved, s.home.path()).unwrap();
+}
+
+/// Every file below `dir`.
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            files.extend(walk(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}

@@ -32,6 +32,7 @@
 use std::collections::BTreeMap;
 use std::fs::{self, DirBuilder, OpenOptions};
 use std::io::{self, Write};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -104,7 +105,15 @@ pub fn outbox_dir(home: &Path, execution_id: &str) -> Result<PathBuf, JournalErr
 
 /// The outbox of one execution. See the module doc for the layout and rules.
 pub struct Journal {
+    /// The path the folder's files are reached by: `/proc/self/fd/<n>` of `_held`, so the
+    /// outbox stays writable when the home is moved or renamed under a running worker (the
+    /// owner then drains: the turn must still settle). The folder's own path where `/proc` is
+    /// not mounted.
+    at: PathBuf,
+    /// The folder as named at [`Journal::open`] (for [`Journal::dir`] and logs).
     dir: PathBuf,
+    /// The folder, held open for as long as the journal lives.
+    _held: Option<fs::File>,
     scope: Scope,
     next_sequence: u64,
     /// Every frame not answered yet, held ones included.
@@ -159,8 +168,15 @@ impl Journal {
         // and usable either way.
         fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))
             .map_err(|e| JournalError::io(&dir, e))?;
+        let held = fs::File::open(&dir).ok();
+        let via_fd = held
+            .as_ref()
+            .map(|f| PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())))
+            .filter(|p| p.is_dir());
         let mut journal = Journal {
+            at: via_fd.unwrap_or_else(|| dir.clone()),
             dir,
+            _held: held,
             scope,
             next_sequence: 1,
             pending: BTreeMap::new(),
@@ -178,7 +194,7 @@ impl Journal {
 
     /// Loads the frames of every file in the directory (see [`Journal::open`]).
     fn reload(&mut self) -> Result<(), JournalError> {
-        let dir = self.dir.clone();
+        let dir = self.at.clone();
         let entries = fs::read_dir(&dir).map_err(|e| JournalError::io(&dir, e))?;
         for entry in entries {
             let entry = entry.map_err(|e| JournalError::io(&dir, e))?;
@@ -226,7 +242,7 @@ impl Journal {
         Ok(())
     }
 
-    /// The outbox directory.
+    /// The outbox directory, as named when it was opened.
     pub fn dir(&self) -> &Path {
         &self.dir
     }
@@ -380,7 +396,7 @@ impl Journal {
         let path = self.frame_path(first);
         if self.spares.len() < OUTBOX_SPARES_MAX {
             let spare = self
-                .dir
+                .at
                 .join(format!("{OUTBOX_SPARE_PREFIX}{}", self.next_spare));
             // Emptied first: a spare file holds no frame, and a rename that fails leaves a
             // frame file that is empty, never one that looks unanswered.
@@ -438,7 +454,7 @@ impl Journal {
     }
 
     fn frame_path(&self, sequence: u64) -> PathBuf {
-        self.dir
+        self.at
             .join(format!("{sequence:0width$}.json", width = SEQUENCE_DIGITS))
     }
 }
