@@ -12,8 +12,9 @@
 //!   clients connecting at once is not cut short.
 //! - At most [`ConnectionLimits::max_connections`] connections in all, below the open-files
 //!   limit by a reserve for workers, the ledger and logs ([`ConnectionLimits::for_open_files`]).
-//!   Past it a new connection closes the oldest unauthenticated one past its grace, or, when
-//!   there is none, is answered `503` at once and closed.
+//!   Past it a new connection closes the oldest unauthenticated one: any, while there are
+//!   more than [`ConnectionLimits::max_unauthenticated`], else one past its grace; when there
+//!   is none, it is answered `503` at once and closed.
 //! - Once a burst of connections is over (their number fell to half its peak, a peak of at
 //!   least [`BURST`]), the allocator's free memory goes back to the kernel.
 //!
@@ -44,7 +45,7 @@ pub const MAX_UNAUTHENTICATED: usize = 128;
 
 /// How long an unauthenticated connection is safe from being closed to make room: far longer
 /// than a handshake takes, even on a loaded machine.
-pub const UNAUTHENTICATED_GRACE: Duration = Duration::from_secs(1);
+pub const UNAUTHENTICATED_GRACE: Duration = Duration::from_secs(2);
 
 /// Connections at most, whatever the open-files limit.
 pub const MAX_CONNECTIONS: usize = 4096;
@@ -121,14 +122,14 @@ impl Slots {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Closes the oldest unauthenticated connection if it has had its grace; false when there
-    /// is none such.
-    fn close_oldest_unauthenticated(&self, now: Instant) -> bool {
+    /// Closes the oldest unauthenticated connection if it has had its grace (or whatever its
+    /// age, with `any_age`); false when there is none such.
+    fn close_oldest_unauthenticated(&self, now: Instant, any_age: bool) -> bool {
         let mut unauthenticated = self.unauthenticated();
         let Some(entry) = unauthenticated.first_entry() else {
             return false;
         };
-        if now.duration_since(entry.get().0) < UNAUTHENTICATED_GRACE {
+        if !any_age && now.duration_since(entry.get().0) < UNAUTHENTICATED_GRACE {
             return false;
         }
         let (id, (_, token)) = entry.remove_entry();
@@ -140,8 +141,13 @@ impl Slots {
     /// Counts a new connection in, or `None` when it must be refused.
     fn admit(self: &Arc<Self>, now: Instant) -> Option<(OpenSlot, UnauthenticatedSlot)> {
         let open = self.open.load(Ordering::Relaxed);
-        if open >= self.limits.max_connections && !self.close_oldest_unauthenticated(now) {
-            return None;
+        if open >= self.limits.max_connections {
+            // Every descriptor for connections is taken: past the cap of unauthenticated
+            // ones, their grace is over (a flood must not keep a real client out).
+            let crowded = self.unauthenticated().len() > self.limits.max_unauthenticated;
+            if !self.close_oldest_unauthenticated(now, crowded) {
+                return None;
+            }
         }
         let open = self.open.fetch_add(1, Ordering::Relaxed) + 1;
         self.peak.fetch_max(open, Ordering::Relaxed);
@@ -153,7 +159,7 @@ impl Slots {
             unauthenticated.len() > self.limits.max_unauthenticated
         };
         if crowded {
-            self.close_oldest_unauthenticated(now);
+            self.close_oldest_unauthenticated(now, false);
         }
         Some((
             OpenSlot(self.clone()),
@@ -423,5 +429,17 @@ mod tests {
         assert!(s.admit(t0 + UNAUTHENTICATED_GRACE).is_some());
         assert!(unauth.closed.is_cancelled());
         drop(open_b);
+    }
+
+    #[test]
+    fn when_full_of_unauthenticated_connections_the_oldest_goes_at_once() {
+        let s = slots(4, 2);
+        let t0 = Instant::now();
+        let held: Vec<_> = (0..4).map(|_| s.admit(t0).unwrap()).collect();
+        // Full, more unauthenticated than their cap, all within their grace: a new one
+        // still gets in.
+        let newcomer = s.admit(t0).unwrap();
+        assert!(held[0].1.closed.is_cancelled());
+        assert!(!newcomer.1.closed.is_cancelled());
     }
 }
