@@ -323,6 +323,35 @@ async fn every_method_and_event_of_the_daemon_round_trips_through_the_typed_prot
         json!({"session_id": sid, "replay_epoch": "not-this-one", "last_sequence": 0}),
     )
     .await;
+    // A stored event the daemon cannot read back (its payload damaged on disk, one that no
+    // longer fits its type) comes in its place as `event.unreadable`.
+    {
+        let conn = rusqlite::Connection::open(home.db()).unwrap();
+        conn.busy_timeout(BOUND).unwrap();
+        for (i, payload) in ["{damaged", r#"{"tool_id":12}"#].iter().enumerate() {
+            conn.execute(
+                "INSERT INTO session_events (session_id, seq, type, payload_json, created_at)
+                 VALUES (?1, ?2, 'tool.start', ?3, 0)",
+                rusqlite::params![sid.as_str().unwrap(), last as i64 + 1 + i as i64, payload],
+            )
+            .unwrap();
+        }
+    }
+    let damaged = w
+        .ok(
+            &mut c,
+            "session.events.since",
+            json!({"session_id": sid, "replay_epoch": snap["replay_epoch"], "last_sequence": last}),
+        )
+        .await;
+    for e in damaged["events"].as_array().unwrap() {
+        assert_eq!(e["type"], "event.unreadable", "{damaged}");
+        check_event(e);
+        w.events
+            .entry("event.unreadable".into())
+            .or_default()
+            .push(e.clone());
+    }
     w.ok(
         &mut c,
         "session.rename",
