@@ -4,8 +4,10 @@
 //! - [`Sandbox::confine`] prepares a command (a `terminal` command, foreground or background):
 //!   its environment cut by [`tool_env`] (every mode, `off` included), then, unless the mode
 //!   is `off`, the platform's plan ([`crate::platform::confine`]): a user and mount namespace
-//!   hiding the drover home, Landlock's write rules (left out for an approved
-//!   `sandbox: false` call), no capabilities. Children inherit all of it.
+//!   hiding every drover home and the browsers' profiles (`policy.hidden`), a network
+//!   namespace of its own with `network = false`, Landlock's write rules (left out for an
+//!   approved `sandbox: false` call), signals and abstract sockets scoped to the call's own
+//!   processes, no capabilities. Children inherit all of it.
 //! - [`Sandbox::check_write`] is the same rule for the file tools (`write_file`, `patch`).
 //! - With `[sandbox] required = true`, a layer the kernel cannot give refuses the call (a tool
 //!   error naming what is missing) instead of running it with less.
@@ -208,8 +210,8 @@ impl Sandbox {
         let dir = real(dir);
         match self.hidden_around(&dir) {
             Some(hidden) => Err(format!(
-                "field \"workdir\": {} is inside the drover home ({}), which tools cannot see; \
-                 run the command in another directory",
+                "field \"workdir\": {} is inside {}, which tools cannot see (a drover \
+                 home or a browser profile); run the command in another directory",
                 dir.display(),
                 hidden.display()
             )),
@@ -218,7 +220,7 @@ impl Sandbox {
     }
 
     /// Whether a file tool may read `target` (absolute, symlinks resolved): never inside a
-    /// hidden path (the drover home), whose token and ledger the worker can reach but tools must
+    /// hidden path (a drover home, a browser profile), whose token and ledger the worker can reach but tools must
     /// not. Anything goes in `off`. `Err` is the tool error, naming the field `path`.
     pub fn check_read(&self, target: &Path) -> Result<(), String> {
         if self.policy.mode == SandboxMode::Off {
@@ -233,7 +235,8 @@ impl Sandbox {
         }
         match self.hidden_around(target) {
             Some(hidden) => Err(format!(
-                "field \"path\": {} is inside the drover home ({}), which tools cannot read",
+                "field \"path\": {} is inside {}, which tools cannot read (a drover \
+                 home or a browser profile)",
                 target.display(),
                 hidden.display()
             )),
@@ -270,7 +273,8 @@ impl Sandbox {
         };
         if let Some(hidden) = self.hidden_around(target) {
             return Err(format!(
-                "field \"path\": {} is inside the drover home ({}), which tools never write",
+                "field \"path\": {} is inside {}, which tools never write (a drover \
+                 home or a browser profile)",
                 target.display(),
                 hidden.display()
             ));
@@ -413,6 +417,20 @@ fn process_secret(path: &Path) -> Option<&'static str> {
         "mem" => Some("memory"),
         _ => None,
     }
+}
+
+/// Whether output of a command run without a network (`network = false`) looks like it
+/// missed one: a connection refused by the namespace's empty loopback, no route, no resolver.
+pub fn looks_offline(output: &str) -> bool {
+    [
+        "Network is unreachable",
+        "Connection refused",
+        "Temporary failure in name resolution",
+        "Name or service not known",
+        "Could not resolve host",
+    ]
+    .iter()
+    .any(|needle| output.contains(needle))
 }
 
 #[cfg(test)]
@@ -599,5 +617,12 @@ mod tests {
         assert!(looks_refused("touch: cannot touch '/x': Permission denied"));
         assert!(looks_refused("rm: Read-only file system"));
         assert!(!looks_refused("No such file or directory"));
+        assert!(looks_offline(
+            "curl: (6) Could not resolve host: example.com"
+        ));
+        assert!(looks_offline(
+            "ConnectionRefusedError: [Errno 111] Connection refused"
+        ));
+        assert!(!looks_offline("No such file or directory"));
     }
 }

@@ -488,9 +488,9 @@ async fn run(request: &Request, ctx: &ToolContext) -> RunResult {
     let output = output.finish();
     let exit_code = status.as_ref().and_then(platform::exit_code);
     // Whatever the exit code: a refusal inside a pipeline or a `;` list leaves it 0.
-    let note =
-        (enforced.landlock_abi.is_some() && stop.is_none() && sandbox::looks_refused(&output))
-            .then(|| ctx.sandbox.refusal_note());
+    let refused = (enforced.landlock_abi.is_some() && sandbox::looks_refused(&output))
+        || (enforced.network_isolated && sandbox::looks_offline(&output));
+    let note = (refused && stop.is_none()).then(|| ctx.sandbox.refusal_note());
     RunResult {
         output,
         exit_code,
