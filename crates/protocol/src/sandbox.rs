@@ -3,9 +3,10 @@
 //! `session.resume`'s `info.confinement`, which says what is really in force.
 //!
 //! Two layers, both applied in every tool process before it runs its command:
-//! - **the home is out of reach** (every mode but `off`): a new user and mount namespace in
-//!   which each path of [`SandboxPolicy::hidden`] (the drover home) is covered by an empty
-//!   read-only mount, so no token, ledger, config or key file of drover's can be read;
+//! - **the homes are out of reach** (every mode but `off`): a new user and mount namespace in
+//!   which each path of [`SandboxPolicy::hidden`] (every drover home, the browsers' profiles)
+//!   is covered by an empty read-only mount, so no token, ledger, config or key file of
+//!   drover's, and no dashboard login, can be read;
 //! - **the Landlock sandbox** ([`SandboxMode`]): reads anywhere, writes only under
 //!   [`SandboxPolicy::writable_roots`], TCP optionally refused.
 
@@ -103,8 +104,9 @@ pub struct SandboxPolicy {
     pub writable_roots: Vec<String>,
     /// `[sandbox] network`: false refuses TCP connect and bind (Landlock ABI 4 and later).
     pub network: bool,
-    /// Absolute paths hidden behind an empty read-only mount in every tool process (the drover
-    /// home). Empty in `off`.
+    /// Absolute paths hidden behind an empty read-only mount in every tool process (the
+    /// session's drover home first, then every home of the user's list, the default home and
+    /// the browsers' profiles). Empty in `off`.
     pub hidden: Vec<String>,
     /// `[sandbox] required`: refuse to run a tool when a layer cannot be applied, rather than
     /// run it with less.
@@ -165,19 +167,22 @@ pub struct Confinement {
     /// Landlock and the kernel has none (tools then run without the write rules, or not at all
     /// when `required`).
     pub sandbox: String,
-    /// Whether drover's home is hidden from tools (a user and mount namespace per tool
-    /// process).
+    /// Whether drover's homes and the browsers' profiles are hidden from tools (a user and
+    /// mount namespace per tool process).
     pub home_hidden: bool,
-    /// The Landlock ABI in use, if any.
+    /// The Landlock ABI in use, if any (6 and later also scope signals and abstract unix
+    /// sockets to the tool's own processes).
     pub landlock_abi: Option<u32>,
-    /// `open`, `blocked` (TCP refused), or `not_enforced` (`network = false` asked, the kernel
-    /// cannot refuse TCP).
+    /// `open`; `blocked` (a network namespace with only the tool's own loopback: no TCP, MPTCP,
+    /// UDP, DNS or abstract unix socket reaches out; pathname unix sockets stay reachable, as
+    /// `problems` says); `tcp_refused` (no user namespaces: Landlock refuses TCP only); or
+    /// `not_enforced` (`network = false` asked, the kernel can refuse nothing).
     pub network: String,
     /// Where tools may write (empty in `read-only` and when nothing is enforced).
     pub writable_roots: Vec<String>,
     /// `[sandbox] required` as frozen: tools are refused rather than run with less.
     pub required: bool,
-    /// Why something asked for is not in force.
+    /// Why something asked for is not in force, and what an enforced layer still leaves open.
     #[serde(default)]
     pub problems: Vec<String>,
 }
