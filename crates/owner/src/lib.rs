@@ -15,7 +15,8 @@
 //! The last status of each MCP server its turns' workers reported is kept per session for
 //! `mcp.status` ([`mcp`]). What the kernel offers for confining tools is probed once at start,
 //! and each turn's `policy.sandbox` and `info.confinement` are computed from it and the
-//! session's frozen `[sandbox]` ([`sandbox`]).
+//! session's frozen `[sandbox]` ([`sandbox`]), which also keeps the user's list of drover
+//! homes, all hidden from every daemon's tools.
 //!
 //! What it does not do: call the model or run tools; workers do, and write back only through
 //! `persist` frames.

@@ -25,8 +25,10 @@
 //!   in its group (a killed runner's job command).
 //! - [`confine`]: what the kernel offers for confining tool processes ([`confine::probe`]),
 //!   and the plan a tool process applies before exec: a user and mount namespace hiding the
-//!   drover home, Landlock, no capabilities (issue 13); [`set_non_dumpable`] for the owner and
-//!   the worker.
+//!   drover homes and the browsers' profiles, a network namespace of its own with
+//!   `network = false`, Landlock's write rules and its signal and abstract-socket scopes, no
+//!   capabilities; [`confine::account_home`]; [`set_non_dumpable`] for the owner and the
+//!   worker.
 //! - [`new_session`] and [`kill_session_groups`]: a worker leads a session of its own, so the
 //!   owner kills the tool groups a killed worker left.
 //! - [`flock_holder`] names the process holding a `flock(2)` lock (the owner's home lock).

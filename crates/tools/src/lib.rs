@@ -31,8 +31,9 @@
 //! - [`todo`]: the `todo` tool, a per-session task list kept in
 //!   `<home>/sessions/<session_id>/todo.json`.
 //! - [`sandbox`]: the confinement of every process a tool starts (a user and mount namespace
-//!   hiding the drover home, Landlock write rules, the cut environment) and the same write
-//!   rule for the file tools (issue 13); MCP servers are not confined.
+//!   hiding every drover home and the browsers' profiles, no network with `network = false`,
+//!   Landlock write rules, signals scoped to the call's own processes, the cut environment)
+//!   and the same write rule for the file tools; MCP servers are not confined.
 //! - [`approval`]: the dangerous-command classifier and the pure approval decision
 //!   (`docs/approvals.md`).
 //! - [`platform`]: re-export of `drover-platform`, the only crate that touches process groups,
