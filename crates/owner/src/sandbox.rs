@@ -201,6 +201,19 @@ fn hidden_paths_of(home: &str, user_homes: &[PathBuf], account: Option<&Path>) -
     out
 }
 
+/// `hidden` without the paths, after the first (the session's own home), that hold one of
+/// `needed` (the cwd, a writable root, the temp dir): another daemon whose home is `/tmp` or a
+/// project's parent must not take those away from this session's tools. Such a home stays
+/// readable here, and the file tools say nothing of it.
+fn clear_of(hidden: Vec<String>, needed: &[&Path]) -> Vec<String> {
+    hidden
+        .into_iter()
+        .enumerate()
+        .filter(|(i, path)| *i == 0 || !needed.iter().any(|n| n.starts_with(path.as_str())))
+        .map(|(_, path)| path)
+        .collect()
+}
+
 /// `policy.sandbox` of a turn: the session's frozen settings, its cwd as the first writable
 /// root, every drover home and the browsers' profiles hidden ([`hidden_paths`]; none in
 /// `off`), the probe, and `[sandbox.env]` as read now.
@@ -217,15 +230,22 @@ pub fn policy(
             writable_roots.push(root.clone());
         }
     }
+    let hidden = if frozen.mode == SandboxMode::Off || home.is_empty() {
+        Vec::new()
+    } else {
+        let temp = std::env::temp_dir();
+        let needed: Vec<&Path> = writable_roots
+            .iter()
+            .map(Path::new)
+            .chain(std::iter::once(temp.as_path()))
+            .collect();
+        clear_of(hidden_paths(home), &needed)
+    };
     SandboxPolicy {
         mode: frozen.mode,
         writable_roots,
         network: frozen.network,
-        hidden: if frozen.mode == SandboxMode::Off || home.is_empty() {
-            Vec::new()
-        } else {
-            hidden_paths(home)
-        },
+        hidden,
         required: frozen.required,
         support: support.clone(),
         env,
@@ -525,5 +545,20 @@ mod tests {
         assert!(hidden.contains(&shown(&account.path().join(".mozilla"))));
         assert!(hidden.contains(&shown(&account.path().join(".config/chromium"))));
         assert!(!hidden.contains(&shown(account.path())), "{hidden:?}");
+    }
+
+    #[test]
+    fn a_listed_home_that_holds_the_cwd_or_the_temp_dir_is_not_hidden() {
+        let hidden = vec![
+            "/srv/own".to_string(),
+            "/tmp".to_string(),
+            "/work".to_string(),
+            "/work/other/.drover".to_string(),
+        ];
+        let kept = clear_of(hidden, &[Path::new("/work/project"), Path::new("/tmp")]);
+        assert_eq!(
+            kept,
+            vec!["/srv/own".to_string(), "/work/other/.drover".into()]
+        );
     }
 }
