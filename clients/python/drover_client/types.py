@@ -318,21 +318,24 @@ class Confinement(TypedDict):
 
     home_hidden: bool
     """
-    Whether drover's home is hidden from tools (a user and mount namespace per tool
-    process).
+    Whether drover's homes and the browsers' profiles are hidden from tools (a user and
+    mount namespace per tool process).
     """
     landlock_abi: NotRequired[int | None]
     """
-    The Landlock ABI in use, if any.
+    The Landlock ABI in use, if any (6 and later also scope signals and abstract unix
+    sockets to the tool's own processes).
     """
     network: str
     """
-    `open`, `blocked` (TCP refused), or `not_enforced` (`network = false` asked, the kernel
-    cannot refuse TCP).
+    `open`; `blocked` (a network namespace with only the tool's own loopback: no TCP, MPTCP,
+    UDP, DNS or abstract unix socket reaches out; pathname unix sockets stay reachable, as
+    `problems` says); `tcp_refused` (no user namespaces: Landlock refuses TCP only); or
+    `not_enforced` (`network = false` asked, the kernel can refuse nothing).
     """
     problems: NotRequired[list[str]]
     """
-    Why something asked for is not in force.
+    Why something asked for is not in force, and what an enforced layer still leaves open.
     """
     required: bool
     """
