@@ -121,6 +121,7 @@ fn main() -> ExitCode {
     match worker_command_line(std::env::args_os().skip(1)) {
         Some(WorkerLine::Worker) => return drover_worker::main_entry().into(),
         Some(WorkerLine::Template) => return drover_worker::template_entry().into(),
+        Some(WorkerLine::FileTools) => return ExitCode::from(drover_worker::file_tools_entry()),
         None => {}
     }
     // A command line that does not parse exits 1, not clap's 2: 2 means "recorded but not
@@ -219,6 +220,8 @@ enum WorkerLine {
     Worker,
     /// `drover worker --template`
     Template,
+    /// `drover worker --file-tools`: a worker's confined helper for the file tools.
+    FileTools,
 }
 
 /// Which worker command line the arguments after the program's name are, exactly as the owner
@@ -230,6 +233,7 @@ fn worker_command_line(mut args: impl Iterator<Item = std::ffi::OsString>) -> Op
     match (args.next(), args.next()) {
         (None, _) => Some(WorkerLine::Worker),
         (Some(flag), None) if flag == "--template" => Some(WorkerLine::Template),
+        (Some(flag), None) if flag == "--file-tools" => Some(WorkerLine::FileTools),
         _ => None,
     }
 }
@@ -243,6 +247,10 @@ mod tests {
         let line = |args: &[&str]| worker_command_line(args.iter().map(Into::into));
         assert_eq!(line(&["worker"]), Some(WorkerLine::Worker));
         assert_eq!(line(&["worker", "--template"]), Some(WorkerLine::Template));
+        assert_eq!(
+            line(&["worker", "--file-tools"]),
+            Some(WorkerLine::FileTools)
+        );
         assert_eq!(line(&[]), None);
         assert_eq!(line(&["worker", "--help"]), None);
         assert_eq!(line(&["worker", "--template", "x"]), None);

@@ -1,11 +1,15 @@
 //! The `file` toolset end to end (SPEC sections 4 and 6): a real daemon and real worker run a
 //! turn in which the model writes a file and reads it back; the transcript's tool rows and the
-//! disk both show the content.
+//! disk both show the content. And the file tools cannot be led into another process: a file
+//! flipped for a symlink to a process's stdin pipe is never read, through the worker's confined
+//! helper (`docs/sandbox.md`, "The file tools").
 
 // Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use drover_test_support::harness::OneSession;
 use drover_test_support::mock_model::tool_names;
@@ -99,4 +103,253 @@ async fn model_writes_a_file_then_reads_it_back_in_one_turn() {
         .map(|e| e["payload"]["context"].as_str().unwrap())
         .collect();
     assert_eq!(contexts, ["notes/hello.txt", "notes/hello.txt"]);
+}
+
+/// A process whose stdin is a pipe holding a secret (as a spare worker's holds its bootstrap),
+/// and a second read end of that pipe kept here, to tell at the end whether anyone read it.
+struct PipeHolder {
+    child: std::process::Child,
+    kept: std::io::PipeReader,
+}
+
+impl PipeHolder {
+    fn new(secret: &str) -> PipeHolder {
+        use std::io::Write;
+        let (reader, mut writer) = std::io::pipe().unwrap();
+        writer.write_all(secret.as_bytes()).unwrap();
+        // No writer left: a read gets the secret, then the end, and never blocks.
+        drop(writer);
+        let kept = reader.try_clone().unwrap();
+        let child = std::process::Command::new("sleep")
+            .arg("600")
+            .stdin(reader)
+            .spawn()
+            .unwrap();
+        PipeHolder { child, kept }
+    }
+
+    /// What is still in the pipe (all of the secret when nobody read it).
+    fn left(&mut self) -> String {
+        let mut left = String::new();
+        std::io::Read::read_to_string(&mut self.kept, &mut left).unwrap();
+        left
+    }
+}
+
+impl Drop for PipeHolder {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Flips `path` (a regular file) with a symlink to `target` until `stop`, by exchanging it
+/// with a second name (renameat2 RENAME_EXCHANGE: one syscall a flip, the name always
+/// exists); gives the number of flips.
+fn flip(path: PathBuf, target: PathBuf, stop: Arc<AtomicBool>) -> u64 {
+    let other = path.with_extension("other");
+    std::os::unix::fs::symlink(&target, &other).unwrap();
+    let mut flips = 0;
+    while !stop.load(Ordering::Relaxed) {
+        nix::fcntl::renameat2(
+            None,
+            &path,
+            None,
+            &other,
+            nix::fcntl::RenameFlags::RENAME_EXCHANGE,
+        )
+        .unwrap();
+        flips += 1;
+    }
+    flips
+}
+
+/// The pids of the processes started as `drover worker --file-tools`.
+fn file_tool_helpers() -> Vec<u32> {
+    drover_test_support::harness::pids()
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| c.split(|b| *b == 0).any(|arg| arg == b"--file-tools"))
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+/// What a file-tool helper's `/proc/<pid>/status` and namespaces say of its confinement:
+/// (its user namespace differs from this test's, `NoNewPrivs`, no effective capability).
+fn confinement_of(pid: u32) -> Option<(bool, bool, bool)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.trim().to_string())
+    };
+    let own_ns = std::fs::read_link("/proc/self/ns/user").ok()?;
+    let its_ns = std::fs::read_link(format!("/proc/{pid}/ns/user")).ok()?;
+    Some((
+        own_ns != its_ns,
+        field("NoNewPrivs:")? == "1",
+        field("CapEff:")?.trim_start_matches('0').is_empty(),
+    ))
+}
+
+const PIPE_SECRET: &str = "drover-pipe-secret-91f3 sk-live-key\n";
+/// Calls of each tool, and how many go in one model reply.
+const TRIES: usize = 200;
+const PER_REPLY: usize = 20;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_file_tools_never_read_a_pipe_swapped_in_for_a_file_and_run_confined() {
+    let scratch = tempfile::Builder::new()
+        .prefix("drover-file-race-")
+        .tempdir()
+        .unwrap();
+    let mut s = OneSession::builder(bin())
+        .toolsets(&["file"])
+        .cwd(scratch.path())
+        .start()
+        .await
+        .unwrap();
+    let mut holder = PipeHolder::new(PIPE_SECRET);
+    let pipe_link = PathBuf::from(format!("/proc/{}/fd/0", holder.child.id()));
+    // A plain symlink to another process's open regular file, and to the daemon's environment.
+    let fd_secret = scratch.path().join("fd-secret.txt");
+    std::fs::write(&fd_secret, "drover-fd-secret\n").unwrap();
+    let mut fd_holder = std::process::Command::new("sleep")
+        .arg("600")
+        .stdin(std::fs::File::open(&fd_secret).unwrap())
+        .spawn()
+        .unwrap();
+    std::fs::remove_file(&fd_secret).unwrap();
+    let fd_link = format!("/proc/{}/fd/0", fd_holder.id());
+    std::os::unix::fs::symlink(&fd_link, scratch.path().join("fd-link")).unwrap();
+    let environ = format!("/proc/{}/environ", s.daemon.pid());
+    std::os::unix::fs::symlink(&environ, scratch.path().join("env-link")).unwrap();
+
+    let flip_path = scratch.path().join("flip.txt");
+    std::fs::write(&flip_path, "plain text\n").unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let flipper = {
+        let (path, stop) = (flip_path.clone(), stop.clone());
+        std::thread::spawn(move || flip(path, pipe_link, stop))
+    };
+
+    let calls: Vec<(&str, Value)> = vec![
+        ("read_file", json!({"path": "flip.txt"})),
+        ("search_files", json!({"pattern": "secret|plain"})),
+        (
+            "patch",
+            json!({"path": "flip.txt", "old_string": "drover-pipe", "new_string": "x"}),
+        ),
+    ];
+    let mut replies = std::collections::VecDeque::new();
+    for (tool, args) in &calls {
+        for batch in 0..TRIES / PER_REPLY {
+            replies.push_back(Reply::tool_calls(
+                (0..PER_REPLY)
+                    .map(|i| {
+                        (
+                            format!("{tool}_{batch}_{i}"),
+                            tool.to_string(),
+                            args.clone(),
+                        )
+                    })
+                    .collect(),
+            ));
+        }
+    }
+    let refusals: Vec<(String, &str, Value)> = vec![
+        ("fd_link".into(), "read_file", json!({"path": "fd-link"})),
+        ("fd_direct".into(), "read_file", json!({"path": fd_link})),
+        ("env_link".into(), "read_file", json!({"path": "env-link"})),
+        ("env_direct".into(), "read_file", json!({"path": environ})),
+        (
+            "fd_patch".into(),
+            "patch",
+            json!({"path": "fd-link", "old_string": "drover", "new_string": "x"}),
+        ),
+    ];
+    replies.push_back(Reply::tool_calls(
+        refusals
+            .iter()
+            .map(|(id, tool, args)| (id.clone(), tool.to_string(), args.clone()))
+            .collect(),
+    ));
+    replies.push_back(Reply::text("done"));
+    // Each model request comes while the turn's helper runs (from the second on): note what
+    // confines it.
+    let replies = Mutex::new(replies);
+    let seen: Arc<Mutex<Vec<(u32, Option<(bool, bool, bool)>)>>> = Arc::default();
+    let seen_by_model = seen.clone();
+    s.model.set_responder(move |_| {
+        let mut seen = seen_by_model.lock().unwrap();
+        for pid in file_tool_helpers() {
+            seen.push((pid, confinement_of(pid)));
+        }
+        replies
+            .lock()
+            .unwrap()
+            .pop_front()
+            .unwrap_or_else(|| Reply::text("done"))
+    });
+    s.complete_turn("read the flipping file").await.unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let flips = flipper.join().unwrap();
+    assert!(flips > 0, "the file never flipped");
+
+    let rows = s.tool_messages();
+    assert_eq!(
+        rows.len(),
+        3 * TRIES + refusals.len(),
+        "every call answered"
+    );
+    for row in &rows {
+        let content = row[2].as_str().unwrap_or_default();
+        assert!(
+            !content.contains("drover-pipe-secret")
+                && !content.contains("drover-fd-secret")
+                && !content.contains("DROVER_"),
+            "{} leaked: {content}",
+            row[0]
+        );
+    }
+    for request in s.model.requests() {
+        assert!(!request.to_string().contains("drover-pipe-secret"));
+    }
+    assert_eq!(holder.left(), PIPE_SECRET, "a tool read the pipe");
+    for (id, _, _) in &refusals {
+        let result = s.tool_result(id);
+        let error = result["error"].as_str().unwrap_or_default();
+        // Refused by the open (a magic link), by name (an environment), or by the kernel
+        // (Landlock keeps a confined process out of others' descriptors and environment).
+        assert!(
+            error.contains("magic link")
+                || error.contains("environment")
+                || error.contains("permission denied"),
+            "{id}: {result}"
+        );
+    }
+    let _ = fd_holder.kill();
+    let _ = fd_holder.wait();
+
+    // The operations ran in one confined helper for the whole turn, gone with it.
+    let seen = seen.lock().unwrap().clone();
+    let helpers: std::collections::BTreeSet<u32> = seen.iter().map(|(pid, _)| *pid).collect();
+    assert_eq!(helpers.len(), 1, "one helper per turn: {seen:?}");
+    assert!(
+        seen.iter()
+            .all(|(_, c)| *c == Some((true, true, true)) || c.is_none()),
+        "the helper is in its own user namespace, with no_new_privs and no capability: {seen:?}"
+    );
+    let gone = drover_test_support::wait::until(std::time::Duration::from_secs(5), async || {
+        file_tool_helpers().is_empty()
+    })
+    .await;
+    assert!(
+        gone,
+        "the helper outlived its turn: {:?}",
+        file_tool_helpers()
+    );
 }

@@ -41,8 +41,11 @@
 //!   ([`fork::fork_sibling`]), held by pidfd ([`fork::ProcessHandle`]); descriptors passed over
 //!   a socket pair ([`fork::FdChannel`]) (issue 15).
 //!
-//! Layers: `confine` and `fork` (leaves: they use nothing of this file) < the process functions
-//! of this file.
+//! - [`open`]: the file tools open a path without following `/proc` magic links and tell what
+//!   they opened by `fstat` of the descriptor ([`open::open_for_reading`]).
+//!
+//! Layers: `confine`, `fork` and `open` (leaves: they use nothing of this file) < the process
+//! functions of this file.
 
 // The one crate allowed `unsafe` (issue 10): each block below states its invariant.
 #![allow(unsafe_code)]
@@ -50,6 +53,7 @@
 pub mod confine;
 pub mod fork;
 pub mod limits;
+pub mod open;
 
 use std::collections::BTreeSet;
 use std::io;

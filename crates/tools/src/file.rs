@@ -22,6 +22,7 @@
 //! the user with an `approval` prompt, `auto` writes, `deny` refuses, and `session`/`always`
 //! grants apply as for commands (`docs/approvals.md`).
 
+pub mod confined;
 pub mod patch;
 pub mod read;
 pub mod search;
@@ -154,6 +155,57 @@ pub(crate) fn path_context(tool: &str, args: &Value) -> String {
         Some(path) => crate::one_line(path),
         None => crate::preview(tool, args),
     }
+}
+
+/// Opens `path` (the call's field `field`) to read a regular file: never through a `/proc`
+/// magic link (another process's descriptor, root or working directory), never blocking, and
+/// only when `fstat` of the opened descriptor says it is a regular file, so a path swapped for
+/// a symlink to a pipe between any check and the open reads nothing. Then the sandbox's read
+/// rule is applied to what was really opened ([`crate::sandbox::Sandbox::check_opened`]).
+/// `tool_use` ends the sentence for a directory ("use search_files to look inside it").
+pub(crate) fn open_regular(
+    field: &str,
+    path: &Path,
+    sandbox: &crate::sandbox::Sandbox,
+    tool_use: &str,
+) -> Result<std::fs::File, String> {
+    use crate::platform::open::{is_magic_link_refusal, open_for_reading, FileKind, LastLink};
+    let (file, kind) = open_for_reading(path, LastLink::Follow).map_err(|e| {
+        if is_magic_link_refusal(&e) {
+            magic_link_problem(field, path)
+        } else {
+            io_problem(field, path, &e)
+        }
+    })?;
+    match kind {
+        FileKind::Regular => {}
+        FileKind::Directory => {
+            return Err(format!(
+                "field \"{field}\": {} is a directory, not a file; {tool_use}",
+                path.display()
+            ))
+        }
+        // A FIFO or device would block the read or never end; a pipe may be another
+        // process's input.
+        other => {
+            return Err(format!(
+                "field \"{field}\": {} is not a regular file ({}); only regular files are read",
+                path.display(),
+                other.describe()
+            ))
+        }
+    }
+    sandbox.check_opened(&file)?;
+    Ok(file)
+}
+
+/// The error of a path refused at the open because it leads through a magic link.
+pub(crate) fn magic_link_problem(field: &str, path: &Path) -> String {
+    format!(
+        "field \"{field}\": {} leads through a /proc magic link (a process's descriptor, root \
+         or working directory) or a symlink loop; the file tools never follow those",
+        path.display()
+    )
 }
 
 /// Runs `work` (file I/O) on the blocking pool. `Err` holds the error the result shows; a task

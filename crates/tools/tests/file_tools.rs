@@ -929,3 +929,222 @@ fn previews_show_the_path_or_pattern() {
             <= 80
     );
 }
+
+/// A process whose stdin is a pipe holding a secret (as a spare worker's holds its bootstrap),
+/// and a second read end of that pipe kept here, to tell at the end whether anyone read it.
+struct PipeHolder {
+    child: std::process::Child,
+    kept: std::io::PipeReader,
+}
+
+impl PipeHolder {
+    fn new(secret: &str) -> PipeHolder {
+        use std::io::Write;
+        let (reader, mut writer) = std::io::pipe().expect("pipe");
+        writer.write_all(secret.as_bytes()).expect("fill the pipe");
+        // No writer left: a read gets the secret, then the end, and never blocks.
+        drop(writer);
+        let kept = reader.try_clone().expect("dup");
+        let child = std::process::Command::new("sleep")
+            .arg("600")
+            .stdin(reader)
+            .spawn()
+            .expect("sleep");
+        PipeHolder { child, kept }
+    }
+
+    /// `/proc/<pid>/fd/0`: the magic link to the pipe.
+    fn stdin_link(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/{}/fd/0", self.child.id()))
+    }
+
+    /// What is still in the pipe (all of the secret when nobody read it).
+    fn left(&mut self) -> String {
+        let mut left = String::new();
+        std::io::Read::read_to_string(&mut self.kept, &mut left).expect("read the pipe");
+        left
+    }
+}
+
+impl Drop for PipeHolder {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A thread that flips `path` (a regular file) with a symlink to `link_target` until dropped;
+/// the name always exists.
+struct Flipper {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<u64>>,
+}
+
+impl Flipper {
+    fn start(path: PathBuf, link_target: PathBuf) -> Flipper {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            // The other state waits under a second name; each flip is one exchange of the
+            // two names (renameat2 RENAME_EXCHANGE), so the race is tried as often as can be.
+            let other = path.with_extension("other");
+            std::os::unix::fs::symlink(&link_target, &other).expect("symlink");
+            let mut flips = 0u64;
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                nix::fcntl::renameat2(
+                    None,
+                    &path,
+                    None,
+                    &other,
+                    nix::fcntl::RenameFlags::RENAME_EXCHANGE,
+                )
+                .expect("exchange");
+                flips += 1;
+            }
+            flips
+        });
+        Flipper {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops flipping; gives how many flips were made.
+    fn finish(mut self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread
+            .take()
+            .map(|t| t.join().expect("flipper"))
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for Flipper {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+const PIPE_SECRET: &str = "drover-pipe-secret-7c1e sk-live-key\n";
+const RACE_TRIES: usize = 4000;
+
+/// Runs `tool` with `args` [`RACE_TRIES`] times while `flip.txt` in the session's cwd flips
+/// between a regular file and a symlink to a process's stdin pipe: no result holds the secret,
+/// and the pipe still holds all of it (no call read it).
+async fn race_against_a_pipe(tool: &dyn Tool, args: Value) {
+    let scene = Scene::new();
+    let mut holder = PipeHolder::new(PIPE_SECRET);
+    let flip = scene.path("flip.txt");
+    std::fs::write(&flip, "plain text\n").expect("flip.txt");
+    let flipper = Flipper::start(flip, holder.stdin_link());
+    let ctx = scene.plain();
+    for _ in 0..RACE_TRIES {
+        let (result, _) = call(tool, args.clone(), &ctx).await;
+        assert!(
+            !result.to_string().contains("drover-pipe-secret"),
+            "{} read the pipe: {result}",
+            tool.name()
+        );
+    }
+    let flips = flipper.finish();
+    assert!(flips > 0, "the file never flipped");
+    assert_eq!(
+        holder.left(),
+        PIPE_SECRET,
+        "{} read the pipe behind the symlink",
+        tool.name()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_file_never_reads_a_pipe_swapped_in_for_a_file() {
+    race_against_a_pipe(&ReadFileTool, json!({"path": "flip.txt"})).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn search_files_never_reads_a_pipe_swapped_in_for_a_file() {
+    race_against_a_pipe(&SearchFilesTool, json!({"pattern": "secret|plain"})).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn patch_never_reads_a_pipe_swapped_in_for_a_file() {
+    race_against_a_pipe(
+        &PatchTool,
+        json!({"path": "flip.txt", "old_string": "drover-pipe", "new_string": "x"}),
+    )
+    .await;
+}
+
+/// A sandbox that is not `off` (the file tools run here, in the test process: no helper).
+fn confined_ctx(scene: &Scene) -> ToolContext {
+    use drover_tools::sandbox::{Sandbox, SandboxMode, SandboxPolicy};
+    let policy = SandboxPolicy {
+        mode: SandboxMode::WorkspaceWrite,
+        writable_roots: vec![scene.cwd.path().display().to_string()],
+        network: true,
+        hidden: vec![scene.home.path().display().to_string()],
+        required: false,
+        support: Default::default(),
+        env: Default::default(),
+    };
+    ToolContext {
+        sandbox: Sandbox::new(policy, std::env::temp_dir()),
+        ..scene.plain()
+    }
+}
+
+#[tokio::test]
+async fn a_symlink_to_a_processs_descriptor_or_environment_is_refused() {
+    let scene = Scene::new();
+    // A process holding an open regular file (its stdin) with a secret in it, and with a
+    // secret in its environment.
+    let secret_file = scene.outside.path().join("secret.txt");
+    std::fs::write(&secret_file, "drover-fd-secret\n").expect("secret");
+    let mut child = std::process::Command::new("sleep")
+        .arg("600")
+        .stdin(std::fs::File::open(&secret_file).expect("open"))
+        .env("DROVER_TEST_ENV_SECRET", "drover-env-secret")
+        .spawn()
+        .expect("sleep");
+    let pid = child.id();
+    std::os::unix::fs::symlink(format!("/proc/{pid}/fd/0"), scene.path("fd-link")).expect("ln");
+    std::os::unix::fs::symlink(format!("/proc/{pid}/environ"), scene.path("env-link")).expect("ln");
+    std::os::unix::fs::symlink(
+        format!("/proc/{pid}/root/{}", secret_file.display()),
+        scene.path("root-link"),
+    )
+    .expect("ln");
+    for ctx in [scene.plain(), confined_ctx(&scene)] {
+        for path in [
+            scene.path("fd-link").display().to_string(),
+            format!("/proc/{pid}/fd/0"),
+            scene.path("root-link").display().to_string(),
+        ] {
+            for tool in [&ReadFileTool as &dyn Tool, &PatchTool] {
+                let args = json!({"path": path, "old_string": "drover", "new_string": "x"});
+                let error = call_err(tool, args, &ctx).await;
+                assert_names(&error, "path");
+                assert!(error.contains("magic link"), "{path}: {error}");
+            }
+        }
+        let (found, _) = call(
+            &SearchFilesTool,
+            json!({"pattern": "drover-fd-secret", "path": format!("/proc/{pid}/fd")}),
+            &ctx,
+        )
+        .await;
+        assert!(!found.to_string().contains("drover-fd-secret"), "{found}");
+    }
+    // A process's environment is refused under a sandbox (`off` lets the tools read what the
+    // worker can, as the terminal tool may).
+    for path in ["env-link".to_string(), format!("/proc/{pid}/environ")] {
+        let error = call_err(&ReadFileTool, json!({"path": path}), &confined_ctx(&scene)).await;
+        assert_names(&error, "path");
+        assert!(error.contains("environment"), "{path}: {error}");
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}

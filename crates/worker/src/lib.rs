@@ -142,6 +142,13 @@ impl WorkerExit {
     }
 }
 
+/// Serves the file tools' operations of one turn on stdin/stdout, as the confined helper the
+/// worker starts (`drover worker --file-tools`, [`drover_tools::file::confined`]); gives the
+/// exit code.
+pub fn file_tools_entry() -> u8 {
+    u8::try_from(drover_tools::file::confined::serve()).unwrap_or(1)
+}
+
 /// Runs the worker on this process's stdin/stdout until the turn finishes.
 /// Returns the process exit status (see [`WorkerExit`]; [`Exit::Ok`] after `execution.finish`
 /// was acknowledged).
@@ -722,7 +729,10 @@ async fn run_agent(
             wire: policy.jobs_wire.clone(),
         },
         // Issue 13: the session's frozen sandbox, plus this worker's temp dir.
-        sandbox: drover_tools::sandbox::Sandbox::new(policy.sandbox.clone(), std::env::temp_dir()),
+        // The file tools' I/O runs in a confined helper: this very binary, even when the file
+        // on disk was replaced since.
+        sandbox: drover_tools::sandbox::Sandbox::new(policy.sandbox.clone(), std::env::temp_dir())
+            .with_file_helper(PathBuf::from("/proc/self/exe")),
     };
     let store = OwnerStore::new(link.clone());
     let spec = TurnSpec {

@@ -14,10 +14,10 @@ use std::path::Path;
 use async_trait::async_trait;
 use serde_json::{json, Value};
 
+use super::confined::{self, Op};
 use super::write::prepare_write;
 use super::{
-    blocking, display_path, io_problem, looks_binary, path_context, path_schema, resolve,
-    write_atomic,
+    display_path, io_problem, looks_binary, open_regular, path_context, path_schema, resolve,
 };
 use crate::args::{result_output, Args};
 use crate::{Tool, ToolContext, ToolOutput};
@@ -28,6 +28,10 @@ read_file's output without the line numbers), and must occur exactly once unless
 `replace_all` is true; include a few surrounding lines to make it unique. The result is JSON \
 {\"path\", \"replacements\", \"line\"}. Relative paths are relative to the session's working \
 directory; editing outside it may need the user's approval.";
+
+/// The largest file `patch` edits: the whole text is held, and crosses to the confined helper
+/// and back, in memory.
+pub const PATCH_MAX_BYTES: u64 = 16 * 1024 * 1024;
 
 /// The `patch` tool.
 #[derive(Debug, Default)]
@@ -83,21 +87,20 @@ async fn patch(args: &Value, ctx: &ToolContext) -> Result<Value, String> {
     let edit = Edit::parse(args)?;
     let path = resolve(&ctx.cwd, &edit.path);
     // Check the edit applies before asking anyone to approve it.
-    let (source, sandbox) = (path.clone(), ctx.sandbox.clone());
-    let text = blocking("patch", move || read_text(&source, &sandbox)).await?;
-    let planned = edit.apply(&text, &path)?;
+    let text = confined::run("patch", Op::ReadText { path: path.clone() }, ctx).await?;
+    let text = text.as_str().unwrap_or_default();
+    let planned = edit.apply(text, &path)?;
     let target = prepare_write(&path, "patch", ctx).await?;
-    let (cwd, sandbox) = (ctx.cwd.clone(), ctx.sandbox.clone());
-    blocking("patch", move || {
-        write_atomic(&target, planned.text.as_bytes(), None, Some(&sandbox))
-            .map_err(|e| io_problem("path", &target, &e))?;
-        Ok(json!({
-            "path": display_path(&cwd, &target),
-            "replacements": planned.replacements,
-            "line": planned.line,
-        }))
-    })
-    .await
+    let op = Op::Replace {
+        target: target.clone(),
+        content: planned.text,
+    };
+    confined::run("patch", op, ctx).await?;
+    Ok(json!({
+        "path": display_path(&ctx.cwd, &target),
+        "replacements": planned.replacements,
+        "line": planned.line,
+    }))
 }
 
 /// A validated call.
@@ -176,17 +179,18 @@ impl Edit {
     }
 }
 
-/// The content of `path` as text; binary and non-UTF-8 files are refused.
-fn read_text(path: &Path, sandbox: &crate::sandbox::Sandbox) -> Result<String, String> {
-    let meta = std::fs::metadata(path).map_err(|e| io_problem("path", path, &e))?;
-    if !meta.is_file() {
+/// The content of `path` as text; binary, non-UTF-8 and larger than [`PATCH_MAX_BYTES`] files
+/// are refused.
+pub(crate) fn read_text(path: &Path, sandbox: &crate::sandbox::Sandbox) -> Result<String, String> {
+    let file = open_regular("path", path, sandbox, "patch edits text files only")?;
+    if file.metadata().is_ok_and(|m| m.len() > PATCH_MAX_BYTES) {
         return Err(format!(
-            "field \"path\": {} is not a regular file; patch edits text files only",
-            path.display()
+            "field \"path\": {} is larger than {} MiB; patch edits smaller text files",
+            path.display(),
+            PATCH_MAX_BYTES / (1024 * 1024)
         ));
     }
-    let mut file = std::fs::File::open(path).map_err(|e| io_problem("path", path, &e))?;
-    sandbox.check_opened(&file)?;
+    let mut file = std::io::Read::take(file, PATCH_MAX_BYTES);
     let mut bytes = Vec::new();
     std::io::Read::read_to_end(&mut file, &mut bytes).map_err(|e| io_problem("path", path, &e))?;
     if looks_binary(&bytes) {

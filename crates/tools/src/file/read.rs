@@ -14,7 +14,10 @@ use std::path::Path;
 use async_trait::async_trait;
 use serde_json::{json, Value};
 
-use super::{blocking, display_path, io_problem, looks_binary, path_schema, read_head, resolve};
+use super::confined::Op;
+use super::{
+    display_path, io_problem, looks_binary, open_regular, path_schema, read_head, resolve,
+};
 use crate::args::{result_output, Args};
 use crate::{Tool, ToolContext, ToolOutput};
 
@@ -84,17 +87,19 @@ impl Tool for ReadFileTool {
     }
 
     async fn call(&self, args: Value, ctx: &ToolContext) -> ToolOutput {
-        let (cwd, sandbox) = (ctx.cwd.clone(), ctx.sandbox.clone());
-        result_output(match Request::parse(&args, &cwd) {
-            Ok(request) => blocking("read_file", move || request.read(&cwd, &sandbox)).await,
+        result_output(match Request::parse(&args, &ctx.cwd) {
+            Ok(request) => {
+                let cwd = ctx.cwd.clone();
+                super::confined::run("read_file", Op::Read { request, cwd }, ctx).await
+            }
             Err(message) => Err(message),
         })
     }
 }
 
 /// A validated call.
-#[derive(Debug)]
-struct Request {
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Request {
     path: std::path::PathBuf,
     offset: u64,
     limit: u64,
@@ -118,24 +123,13 @@ impl Request {
         })
     }
 
-    fn read(&self, cwd: &Path, sandbox: &crate::sandbox::Sandbox) -> Result<Value, String> {
+    pub(crate) fn read(
+        &self,
+        cwd: &Path,
+        sandbox: &crate::sandbox::Sandbox,
+    ) -> Result<Value, String> {
         let path = &self.path;
-        let meta = std::fs::metadata(path).map_err(|e| io_problem("path", path, &e))?;
-        if meta.is_dir() {
-            return Err(format!(
-                "field \"path\": {} is a directory, not a file; use search_files to look inside it",
-                path.display()
-            ));
-        }
-        if !meta.is_file() {
-            // A FIFO or device would block the read or never end.
-            return Err(format!(
-                "field \"path\": {} is not a regular file (a device, socket or pipe)",
-                path.display()
-            ));
-        }
-        let mut file = std::fs::File::open(path).map_err(|e| io_problem("path", path, &e))?;
-        sandbox.check_opened(&file)?;
+        let mut file = open_regular("path", path, sandbox, "use search_files to look inside it")?;
         let head = read_head(&mut file).map_err(|e| io_problem("path", path, &e))?;
         if looks_binary(&head) {
             return Err(format!(

@@ -26,8 +26,10 @@ use regex::Regex;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
-use super::{blocking, display_path, io_problem, looks_binary, resolve};
+use super::confined::Op;
+use super::{display_path, io_problem, looks_binary, magic_link_problem, resolve};
 use crate::args::{result_output, Args};
+use crate::platform::open::{is_magic_link_refusal, open_for_reading, FileKind, LastLink};
 use crate::{Tool, ToolContext, ToolOutput};
 
 /// Matches returned when the call gives no `max_results`.
@@ -109,13 +111,10 @@ impl Tool for SearchFilesTool {
     }
 
     async fn call(&self, args: Value, ctx: &ToolContext) -> ToolOutput {
-        let (cwd, cancel, sandbox) = (ctx.cwd.clone(), ctx.cancel.clone(), ctx.sandbox.clone());
-        result_output(match Request::parse(&args, &cwd) {
-            Ok(request) => {
-                blocking("search_files", move || {
-                    request.search(&cwd, &cancel, &sandbox)
-                })
-                .await
+        result_output(match Query::parse(&args, &ctx.cwd) {
+            Ok(query) => {
+                let cwd = ctx.cwd.clone();
+                super::confined::run("search_files", Op::Search { query, cwd }, ctx).await
             }
             Err(message) => Err(message),
         })
@@ -153,9 +152,18 @@ impl FileFilter {
     }
 }
 
-/// A validated call.
+/// A validated call, as it crosses to the confined helper: the pattern and glob as text.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Query {
+    pattern: String,
+    root: PathBuf,
+    glob: Option<String>,
+    max_results: usize,
+}
+
+/// A call ready to run: the pattern and glob compiled.
 #[derive(Debug)]
-struct Request {
+pub(crate) struct Request {
     pattern: Regex,
     root: PathBuf,
     filter: Option<FileFilter>,
@@ -173,42 +181,62 @@ struct Found {
     skipped_large: u64,
 }
 
-impl Request {
-    fn parse(args: &Value, cwd: &Path) -> Result<Request, String> {
+impl Query {
+    fn parse(args: &Value, cwd: &Path) -> Result<Query, String> {
         let args = Args::object(args, "with a \"pattern\" string")?;
         let pattern = args.required_str("pattern", "the regular expression to look for")?;
         if pattern.is_empty() {
             return Err("field \"pattern\" must not be empty".into());
         }
-        let pattern = Regex::new(pattern)
-            .map_err(|e| format!("field \"pattern\" is not a valid regular expression: {e}"))?;
         let root = match args.optional_text("path")? {
             Some(path) => resolve(cwd, path),
             None => cwd.to_path_buf(),
         };
-        let filter = args
-            .optional_text("glob")?
-            .map(FileFilter::parse)
-            .transpose()?;
         let max_results = match args.optional_count("max_results")? {
             None => DEFAULT_MAX_RESULTS,
             Some(n) => n.clamp(1, MAX_RESULTS),
         };
-        Ok(Request {
-            pattern,
+        let query = Query {
+            pattern: pattern.to_string(),
             root,
-            filter,
+            glob: args.optional_text("glob")?.map(str::to_string),
             max_results: max_results as usize,
-        })
+        };
+        // A bad pattern or glob is the caller's error, told before anything runs.
+        query.compile()?;
+        Ok(query)
     }
 
-    fn search(
+    /// The query with its pattern and glob compiled.
+    pub(crate) fn compile(&self) -> Result<Request, String> {
+        let pattern = Regex::new(&self.pattern)
+            .map_err(|e| format!("field \"pattern\" is not a valid regular expression: {e}"))?;
+        let filter = self.glob.as_deref().map(FileFilter::parse).transpose()?;
+        Ok(Request {
+            pattern,
+            root: self.root.clone(),
+            filter,
+            max_results: self.max_results,
+        })
+    }
+}
+
+impl Request {
+    pub(crate) fn search(
         &self,
         cwd: &Path,
         cancel: &CancellationToken,
         sandbox: &crate::sandbox::Sandbox,
     ) -> Result<Value, String> {
-        std::fs::metadata(&self.root).map_err(|e| io_problem("path", &self.root, &e))?;
+        // Every file below is opened without magic links anyway; refusing a root that leads
+        // through one (`/proc/<pid>/root`, `cwd`) keeps the walk out of other processes' trees.
+        open_for_reading(&self.root, LastLink::Follow).map_err(|e| {
+            if is_magic_link_refusal(&e) {
+                magic_link_problem("path", &self.root)
+            } else {
+                io_problem("path", &self.root, &e)
+            }
+        })?;
         let root = self
             .root
             .canonicalize()
@@ -272,7 +300,10 @@ impl Request {
         sandbox: &crate::sandbox::Sandbox,
         found: &mut Found,
     ) {
-        let Ok(mut file) = std::fs::File::open(path) else {
+        // The walk's entry type is only what the directory said a moment ago: what is read is
+        // decided by the opened descriptor, and a name swapped for a symlink since is not
+        // followed (the walk follows none).
+        let Ok((mut file, FileKind::Regular)) = open_for_reading(path, LastLink::Refuse) else {
             return;
         };
         // A file that turns out to be in the drover home is passed over like an unreadable one.

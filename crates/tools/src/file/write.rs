@@ -8,13 +8,14 @@
 //!
 //! The result is JSON `{path, bytes_written, created}`.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
 use serde_json::{json, Value};
 
+use super::confined::{self, Op};
 use super::{
-    allow_write, blocking, display_path, io_problem, path_context, path_schema, real_path, resolve,
+    allow_write, display_path, io_problem, path_context, path_schema, real_path, resolve,
     write_atomic,
 };
 use crate::args::{result_output, Args};
@@ -74,10 +75,16 @@ async fn write_file(args: &Value, ctx: &ToolContext) -> Result<Value, String> {
         .required_str("content", "the new content of the file")?
         .to_string();
     let target = prepare_write(&resolve(&ctx.cwd, path), "write_file", ctx).await?;
-    let (cwd, sandbox) = (ctx.cwd.clone(), ctx.sandbox.clone());
-    blocking("write_file", move || {
-        write(&target, &content, &cwd, &sandbox)
-    })
+    let cwd = ctx.cwd.clone();
+    confined::run(
+        "write_file",
+        Op::Write {
+            target,
+            content,
+            cwd,
+        },
+        ctx,
+    )
     .await
 }
 
@@ -87,7 +94,19 @@ pub(super) async fn prepare_write(
     path: &Path,
     tool: &str,
     ctx: &ToolContext,
-) -> Result<std::path::PathBuf, String> {
+) -> Result<PathBuf, String> {
+    let op = Op::Target {
+        path: path.to_path_buf(),
+    };
+    let target: PathBuf = serde_json::from_value(confined::run(tool, op, ctx).await?)
+        .map_err(|e| format!("{tool} failed: {e}"))?;
+    allow_write(tool, &target, ctx).await?;
+    Ok(target)
+}
+
+/// The file a write of `path` really changes (symlinks resolved), refused when it is a
+/// directory.
+pub(crate) fn target(path: &Path) -> Result<PathBuf, String> {
     let target = real_path(path).map_err(|e| io_problem("path", path, &e))?;
     if target.is_dir() {
         return Err(format!(
@@ -95,11 +114,10 @@ pub(super) async fn prepare_write(
             path.display()
         ));
     }
-    allow_write(tool, &target, ctx).await?;
     Ok(target)
 }
 
-fn write(
+pub(crate) fn write(
     target: &Path,
     content: &str,
     cwd: &Path,
