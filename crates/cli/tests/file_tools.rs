@@ -176,9 +176,27 @@ fn file_tool_helpers() -> Vec<u32> {
         .collect()
 }
 
-/// What a file-tool helper's `/proc/<pid>/status` and namespaces say of its confinement:
-/// (its user namespace differs from this test's, `NoNewPrivs`, no effective capability).
-fn confinement_of(pid: u32) -> Option<(bool, bool, bool)> {
+/// What a file-tool helper's `/proc/<pid>/status` and namespaces say of its confinement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Confinement {
+    /// Its user namespace is not this test's.
+    own_user_namespace: bool,
+    /// `NoNewPrivs: 1` (set before Landlock).
+    no_new_privs: bool,
+    /// `CapEff` is empty.
+    no_capability: bool,
+}
+
+/// A helper's pid, and its confinement when it could still be read.
+type Sighting = (u32, Option<Confinement>);
+
+const CONFINED: Confinement = Confinement {
+    own_user_namespace: true,
+    no_new_privs: true,
+    no_capability: true,
+};
+
+fn confinement_of(pid: u32) -> Option<Confinement> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let field = |name: &str| {
         status
@@ -188,11 +206,11 @@ fn confinement_of(pid: u32) -> Option<(bool, bool, bool)> {
     };
     let own_ns = std::fs::read_link("/proc/self/ns/user").ok()?;
     let its_ns = std::fs::read_link(format!("/proc/{pid}/ns/user")).ok()?;
-    Some((
-        own_ns != its_ns,
-        field("NoNewPrivs:")? == "1",
-        field("CapEff:")?.trim_start_matches('0').is_empty(),
-    ))
+    Some(Confinement {
+        own_user_namespace: own_ns != its_ns,
+        no_new_privs: field("NoNewPrivs:")? == "1",
+        no_capability: field("CapEff:")?.trim_start_matches('0').is_empty(),
+    })
 }
 
 const PIPE_SECRET: &str = "drover-pipe-secret-91f3 sk-live-key\n";
@@ -281,7 +299,7 @@ async fn the_file_tools_never_read_a_pipe_swapped_in_for_a_file_and_run_confined
     // Each model request comes while the turn's helper runs (from the second on): note what
     // confines it.
     let replies = Mutex::new(replies);
-    let seen: Arc<Mutex<Vec<(u32, Option<(bool, bool, bool)>)>>> = Arc::default();
+    let seen: Arc<Mutex<Vec<Sighting>>> = Arc::default();
     let seen_by_model = seen.clone();
     s.model.set_responder(move |_| {
         let mut seen = seen_by_model.lock().unwrap();
@@ -340,7 +358,7 @@ async fn the_file_tools_never_read_a_pipe_swapped_in_for_a_file_and_run_confined
     assert_eq!(helpers.len(), 1, "one helper per turn: {seen:?}");
     assert!(
         seen.iter()
-            .all(|(_, c)| *c == Some((true, true, true)) || c.is_none()),
+            .all(|(_, c)| *c == Some(CONFINED) || c.is_none()),
         "the helper is in its own user namespace, with no_new_privs and no capability: {seen:?}"
     );
     let gone = drover_test_support::wait::until(std::time::Duration::from_secs(5), async || {
