@@ -13,8 +13,13 @@
 //! Results are JSON text; errors are `{"error": ...}` naming the field. Relative paths are
 //! resolved against the session's working directory (`ToolContext::cwd`), `~` against `$HOME`.
 //!
+//! **Where the I/O runs** ([`confined`]): under a sandbox that is not `off`, in one confined
+//! helper process per turn, so the kernel confines the file tools as it does a `terminal`
+//! command; the worker never opens the user's files. Every open is made without following a
+//! `/proc` magic link and judged by `fstat` of the descriptor (`open_regular`), in every mode.
+//!
 //! **Where the tools may go** (`docs/decisions.md`, "Tools"): reads and searches go anywhere
-//! the worker can read, like the `terminal` tool. Writes (`write_file`, `patch`) follow the
+//! a `terminal` command could read. Writes (`write_file`, `patch`) follow the
 //! sandbox first ([`crate::sandbox`]): outside its writable roots, inside the drover home, or
 //! anywhere under `read-only`, they are refused. Inside the working directory they need no
 //! approval; a write outside it (after symlinks are resolved) is

@@ -8,7 +8,10 @@
 //!   namespace of its own with `network = false`, Landlock's write rules (left out for an
 //!   approved `sandbox: false` call), signals and abstract sockets scoped to the call's own
 //!   processes, no capabilities. Children inherit all of it.
-//! - [`Sandbox::check_write`] is the same rule for the file tools (`write_file`, `patch`).
+//! - The file tools run in a helper process confined by that same plan
+//!   ([`Sandbox::with_file_helper`], [`crate::file::confined`]); [`Sandbox::check_write`],
+//!   [`Sandbox::check_read`] and [`Sandbox::check_opened`] are the same rules by name, applied
+//!   there too.
 //! - With `[sandbox] required = true`, a layer the kernel cannot give refuses the call (a tool
 //!   error naming what is missing) instead of running it with less.
 //!

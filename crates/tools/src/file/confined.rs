@@ -7,7 +7,7 @@
 //! the very plan of a `terminal` command (the home hidden, Landlock, no capabilities, the cut
 //! environment). It is started at the first file-tool call of the turn and ends with the turn
 //! (its stdin closes, and `PR_SET_PDEATHSIG` ends it with the worker). The worker never opens
-//! the user's files itself: it sends each operation ([`Op`]) as one JSON line on the helper's
+//! the user's files itself: it sends each operation (`Op`) as one JSON line on the helper's
 //! stdin and reads one JSON line back, `{"Ok": result}` or `{"Err": message}`.
 //!
 //! Every exchange is bounded: a line is at most [`LINE_MAX_BYTES`], an operation at most
@@ -16,7 +16,7 @@
 //!
 //! In `off`, or without a helper program (tools used on their own, as the tool tests do), the
 //! same operations run in the calling process on the blocking pool. Either way the opens are
-//! the safe ones of [`super::open_regular`].
+//! the safe ones of `open_regular`.
 //!
 //! The lines are not a wire of drover's protocol: both ends are the same binary (the helper is
 //! `/proc/self/exe` of the worker), so they never meet another version.
@@ -117,8 +117,8 @@ fn perform(op: Op, sandbox: &Sandbox, cancel: &CancellationToken) -> Result<Valu
     }
 }
 
-/// The helper's side: reads the [`Hello`], then serves one operation per line until its stdin
-/// closes. The exit code: 0 at end of input, 2 when the first line is not a [`Hello`], 1 when
+/// The helper's side: reads the `Hello`, then serves one operation per line until its stdin
+/// closes. The exit code: 0 at end of input, 2 when the first line is not a `Hello`, 1 when
 /// stdout is gone.
 pub fn serve() -> i32 {
     use std::io::Write;
@@ -260,7 +260,7 @@ impl FileHelper {
         }
     }
 
-    /// Starts the helper under `sandbox`'s plan and sends it the [`Hello`].
+    /// Starts the helper under `sandbox`'s plan and sends it the `Hello`.
     async fn start(&self, sandbox: &Sandbox) -> Result<Running, String> {
         let mut command = tokio::process::Command::new(&self.program);
         command
