@@ -164,10 +164,17 @@ fn flip(path: PathBuf, target: PathBuf, stop: Arc<AtomicBool>) -> u64 {
     flips
 }
 
-/// The pids of the processes started as `drover worker --file-tools`.
-fn file_tool_helpers() -> Vec<u32> {
-    drover_test_support::harness::pids()
+/// The live processes started as `drover worker --file-tools` by a worker of the daemon
+/// `daemon` (its child, or its grandchild through a worker template), not by another test's.
+fn file_tool_helpers(daemon: u32) -> Vec<u32> {
+    use drover_test_support::harness::children_of;
+    let workers: Vec<u32> = children_of(daemon)
         .into_iter()
+        .flat_map(|child| std::iter::once(child).chain(children_of(child)))
+        .collect();
+    workers
+        .into_iter()
+        .flat_map(children_of)
         .filter(|pid| {
             std::fs::read(format!("/proc/{pid}/cmdline"))
                 .map(|c| c.split(|b| *b == 0).any(|arg| arg == b"--file-tools"))
@@ -301,9 +308,10 @@ async fn the_file_tools_never_read_a_pipe_swapped_in_for_a_file_and_run_confined
     let replies = Mutex::new(replies);
     let seen: Arc<Mutex<Vec<Sighting>>> = Arc::default();
     let seen_by_model = seen.clone();
+    let daemon = s.daemon.pid();
     s.model.set_responder(move |_| {
         let mut seen = seen_by_model.lock().unwrap();
-        for pid in file_tool_helpers() {
+        for pid in file_tool_helpers(daemon) {
             seen.push((pid, confinement_of(pid)));
         }
         replies
@@ -362,12 +370,12 @@ async fn the_file_tools_never_read_a_pipe_swapped_in_for_a_file_and_run_confined
         "the helper is in its own user namespace, with no_new_privs and no capability: {seen:?}"
     );
     let gone = drover_test_support::wait::until(std::time::Duration::from_secs(5), async || {
-        file_tool_helpers().is_empty()
+        file_tool_helpers(daemon).is_empty()
     })
     .await;
     assert!(
         gone,
         "the helper outlived its turn: {:?}",
-        file_tool_helpers()
+        file_tool_helpers(daemon)
     );
 }
