@@ -379,3 +379,60 @@ async fn the_file_tools_never_read_a_pipe_swapped_in_for_a_file_and_run_confined
         file_tool_helpers(daemon)
     );
 }
+
+#[tokio::test]
+async fn with_the_sandbox_off_the_file_tools_run_in_the_worker_and_still_refuse_a_pipe() {
+    let scratch = tempfile::Builder::new()
+        .prefix("drover-file-off-")
+        .tempdir()
+        .unwrap();
+    let mut s = OneSession::builder(bin())
+        .toolsets(&["file"])
+        .config("[sandbox]\nmode = \"off\"\n")
+        .cwd(scratch.path())
+        .start()
+        .await
+        .unwrap();
+    let mut holder = PipeHolder::new(PIPE_SECRET);
+    let pipe_link = format!("/proc/{}/fd/0", holder.child.id());
+    std::os::unix::fs::symlink(&pipe_link, scratch.path().join("pipe-link")).unwrap();
+    std::fs::write(scratch.path().join("plain.txt"), "plain text\n").unwrap();
+    s.model.push(Reply::tool_calls(vec![
+        (
+            "link".into(),
+            "read_file".into(),
+            json!({"path": "pipe-link"}),
+        ),
+        (
+            "direct".into(),
+            "read_file".into(),
+            json!({"path": pipe_link}),
+        ),
+        (
+            "plain".into(),
+            "read_file".into(),
+            json!({"path": "plain.txt"}),
+        ),
+    ]));
+    let daemon = s.daemon.pid();
+    let helpers = Arc::new(Mutex::new(Vec::new()));
+    let seen = helpers.clone();
+    s.model.set_responder(move |_| {
+        seen.lock().unwrap().extend(file_tool_helpers(daemon));
+        Reply::text("done")
+    });
+    s.complete_turn("read the links").await.unwrap();
+    for id in ["link", "direct"] {
+        let error = s.tool_result(id)["error"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        assert!(error.contains("magic link"), "{id}: {error}");
+    }
+    assert_eq!(s.tool_result("plain")["content"], "     1\tplain text\n");
+    assert_eq!(holder.left(), PIPE_SECRET, "a tool read the pipe");
+    assert!(
+        helpers.lock().unwrap().is_empty(),
+        "no helper in off: {helpers:?}"
+    );
+}
