@@ -1148,3 +1148,79 @@ async fn a_symlink_to_a_processs_descriptor_or_environment_is_refused() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// A context whose sandbox is not `off` and whose file helper is the shell script `body`
+/// (the kernel layers left out: the routing and the bounds are under test, not the kernel).
+fn scripted_helper(scene: &Scene, body: &str) -> ToolContext {
+    use std::os::unix::fs::PermissionsExt;
+    let script = scene.outside.path().join("helper.sh");
+    std::fs::write(&script, format!("#!/bin/sh\n{body}\n")).expect("script");
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let ctx = confined_ctx(scene);
+    ToolContext {
+        sandbox: ctx.sandbox.clone().with_file_helper(script),
+        ..ctx
+    }
+}
+
+#[tokio::test]
+async fn the_file_tools_ask_their_helper_and_start_a_new_one_after_a_bad_answer() {
+    let scene = Scene::new();
+    let pids = scene.outside.path().join("pids");
+    // The first helper answers once, then badly; the next answers every time.
+    let ctx = scripted_helper(
+        &scene,
+        &format!(
+            "read hello\necho $$ >> {pids}\nif [ \"$(wc -l < {pids})\" -eq 1 ]; then\n\
+             read op; echo '{{\"Ok\":{{\"answered\":\"by the helper\"}}}}'\n\
+             read op; echo 'not json'\nfi\n\
+             while read op; do echo '{{\"Err\":\"helper says no\"}}'; done",
+            pids = pids.display()
+        ),
+    );
+    let (first, is_error) = call(&ReadFileTool, json!({"path": "a.txt"}), &ctx).await;
+    assert!(!is_error, "{first}");
+    assert_eq!(first, json!({"answered": "by the helper"}));
+    let error = call_err(&ReadFileTool, json!({"path": "a.txt"}), &ctx).await;
+    assert!(error.contains("answered badly"), "{error}");
+    let error = call_err(&SearchFilesTool, json!({"pattern": "x"}), &ctx).await;
+    assert_eq!(error, "helper says no");
+    let started = std::fs::read_to_string(&pids).expect("pids");
+    assert_eq!(
+        started.lines().count(),
+        2,
+        "a new helper after the bad answer: {started}"
+    );
+}
+
+#[tokio::test]
+async fn an_interrupted_file_tool_call_kills_its_hung_helper() {
+    let scene = Scene::new();
+    let pid_file = scene.outside.path().join("pid");
+    let ctx = scripted_helper(
+        &scene,
+        &format!("echo $$ > {}\nexec sleep 600", pid_file.display()),
+    );
+    let cancel = ctx.cancel.clone();
+    let call = tokio::spawn({
+        let ctx = ctx.clone();
+        async move { ReadFileTool.call(json!({"path": "a.txt"}), &ctx).await }
+    });
+    let pid =
+        drover_test_support::wait::line_file(&pid_file, std::time::Duration::from_secs(10)).await;
+    cancel.cancel();
+    let out = tokio::time::timeout(std::time::Duration::from_secs(10), call)
+        .await
+        .expect("the call ends once interrupted")
+        .expect("join");
+    assert!(
+        out.is_error && out.content.contains("interrupted"),
+        "{}",
+        out.content
+    );
+    let pid: i32 = pid.trim().parse().expect("pid");
+    assert!(
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_err(),
+        "the hung helper {pid} was killed and reaped"
+    );
+}
