@@ -148,6 +148,18 @@ impl SpareSlot {
         // A spare the keeper sends after this gave up is discarded by the keeper.
         let mut spare = tokio::time::timeout(TAKE_WAIT, answer).await.ok()?.ok()?;
         match spare.process.try_wait() {
+            // A stopped spare (SIGSTOP: any tool of the same user could send one) would hold
+            // the turn until someone continues it; a fresh worker serves it instead.
+            Ok(None)
+                if spare
+                    .pid()
+                    .and_then(|pid| i32::try_from(pid).ok())
+                    .is_some_and(drover_tools::platform::is_stopped) =>
+            {
+                tracing::warn!(pid = ?spare.pid(), "the spare worker is stopped; starting a fresh worker");
+                spare.discard().await;
+                None
+            }
             Ok(None) => Some(spare),
             Ok(Some(status)) => {
                 tracing::warn!(%status, "the spare worker had died; starting a fresh worker");

@@ -26,13 +26,13 @@ use serde_json::Value;
 use tokio::io::AsyncWriteExt;
 use tokio::io::BufReader;
 use tokio::net::unix::pipe;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::Instrument;
 
 use crate::home::new_token;
 use crate::runtime::{Owner, RunningTurn};
-use crate::spare::{Handoff, StartedWorker, WorkerProcess};
+use crate::spare::{StartedWorker, WorkerProcess};
 
 /// How long a worker that closed its stdout has to exit before it is killed.
 const WORKER_EXIT_WAIT: Duration = Duration::from_secs(5);
@@ -352,20 +352,22 @@ async fn supervise(owner: Arc<Owner>, mut claim: Claim, secret: Secret, register
             return;
         }
     };
-    let Some((mut child, stdin, stdout, handoff)) = start_worker(&owner, &claim).await else {
-        owner.turns().remove(&execution_id);
-        return;
-    };
-    // The worker leads a session of its own (its pid), which its tools' groups stay in.
-    let worker_pid = child.id().and_then(|pid| i32::try_from(pid).ok());
     // Its outbox folder, recycled from an earlier turn when one is pooled: it is there before
     // the worker reads the bootstrap, and retired below once the worker is reaped.
     owner.outboxes.provide(&execution_id);
-    let (sent_tx, sent_rx) = oneshot::channel();
-    let writer = tokio::spawn(write_stdin(stdin, bootstrap, handoff, sent_tx, control_rx));
+    let Some((mut child, stdin, reader)) = start_turn(&owner, &claim, &bootstrap, &signals).await
+    else {
+        owner.turns().remove(&execution_id);
+        owner.outboxes.retire(&execution_id);
+        return;
+    };
+    drop(bootstrap);
+    // The worker leads a session of its own (its pid), which its tools' groups stay in.
+    let worker_pid = child.id().and_then(|pid| i32::try_from(pid).ok());
+    let writer = tokio::spawn(write_stdin(stdin, control_rx));
     let mut pipe = WorkerPipe::new(owner.clone(), &claim, control);
-    let end = pipe.serve(&mut child, stdout, &signals).await;
-    let (settled, ran) = (pipe.settled, pipe.ran);
+    let end = pipe.serve(&mut child, reader, &signals).await;
+    let settled = pipe.settled;
     if let Some(outcome) = pipe.outcome.take() {
         record_turn_end(&outcome, claimed);
     }
@@ -380,26 +382,11 @@ async fn supervise(owner: Arc<Owner>, mut claim: Claim, secret: Secret, register
     }
     // Its MCP servers died with it, whatever it last reported.
     owner.mcp.execution_ended(&execution_id);
-    // The worker is gone, so a bootstrap write still under way fails at once.
-    let sent = tokio::time::timeout(WORKER_EXIT_WAIT, sent_rx).await;
     writer.abort();
-    match sent {
-        _ if settled => {}
-        // A worker starts nothing before its whole bootstrap arrived: nothing ran.
-        Ok(Ok(Err(e))) if !ran => {
-            tracing::warn!(error = %e, "the worker ended before its whole bootstrap was sent");
-            fail_unstarted(
-                &owner,
-                &claim,
-                format!("cannot send the bootstrap to the worker: {e}"),
-            )
-            .await;
-        }
-        _ => {
-            if lose_turn(&owner, &execution_id).await {
-                record_turn_end("unknown", claimed);
-            }
-        }
+    // The worker acknowledged its bootstrap, so the turn had started: if it did not settle,
+    // it is lost (SPEC section 4: `unknown`, never replayed).
+    if !settled && lose_turn(&owner, &execution_id).await {
+        record_turn_end("unknown", claimed);
     }
     // The worker is reaped: nothing will resend its outbox (its execution is settled or
     // unknown, and any resend would be refused); its folder is recycled or removed.
@@ -506,26 +493,170 @@ async fn fail_unstarted(owner: &Arc<Owner>, claim: &Claim, error: String) {
     }
 }
 
-/// Starts the claim's worker with its pipes (the spare, when there is one). A worker that
-/// cannot start, or has no pipes, settles the turn `failed` (nothing ran) and the queue moves
-/// on.
-async fn start_worker(
+/// How many workers a turn is offered to before it fails: each of them died, stopped or
+/// stayed silent before it acknowledged its bootstrap, so nothing of the turn ran.
+const WORKER_STARTS_MAX: u32 = 3;
+/// How long a worker has to acknowledge its bootstrap, whatever its state, before it is
+/// replaced. A live worker does it in about a millisecond (a fresh exec'd one in tens).
+const BOOTSTRAP_ACK_MOST: Duration = Duration::from_secs(10);
+/// How often a worker that has not acknowledged its bootstrap yet is checked for being
+/// stopped (SIGSTOP): a stopped worker is replaced at once, without waiting out the bound.
+const BOOTSTRAP_ACK_CHECK: Duration = Duration::from_millis(200);
+
+/// The worker that took the turn, with its stdin and its stdout's reader.
+type TurnWorker = (WorkerProcess, pipe::Sender, BufReader<pipe::Receiver>);
+
+/// Starts the claim's turn on a worker (the spare, when there is one) and hands it the
+/// bootstrap, until one acknowledges it ([`WorkerFrame::Started`]). A worker that dies, is
+/// stopped or stays silent first is killed and reaped, and a fresh one takes the turn: nothing
+/// of the turn ran (docs/workers.md, "The bootstrap is acknowledged"). After
+/// [`WORKER_STARTS_MAX`] such workers, or when none can start or the owner is stopping, the turn
+/// settles `failed` (nothing ran; never `unknown`) and `None` is returned.
+async fn start_turn(
     owner: &Arc<Owner>,
     claim: &Claim,
-) -> Option<(WorkerProcess, pipe::Sender, pipe::Receiver, Handoff)> {
+    bootstrap: &[Vec<u8>],
+    signals: &TurnSignals,
+) -> Option<TurnWorker> {
     let execution_id = &claim.execution_id;
-    match spare_or_fresh(owner, execution_id).await {
-        Ok(mut w) => {
-            let handoff = w.handoff();
-            Some((w.process, w.stdin, w.stdout, handoff))
+    let mut why = String::new();
+    for attempt in 1..=WORKER_STARTS_MAX {
+        if signals.kill.is_cancelled() {
+            break;
         }
-        Err(e) => {
-            tracing::error!(error = %e, %execution_id, "cannot start worker");
-            // Nothing ran, so the turn is `failed`; it must not stay `started`.
-            fail_unstarted(owner, claim, format!("cannot start worker: {e}")).await;
-            None
+        let mut worker = match spare_or_fresh(owner, execution_id).await {
+            Ok(worker) => worker,
+            Err(e) => {
+                tracing::error!(error = %e, %execution_id, "cannot start worker");
+                why = format!("cannot start worker: {e}");
+                break;
+            }
+        };
+        let handoff = worker.handoff();
+        let StartedWorker {
+            mut process,
+            mut stdin,
+            stdout,
+            ..
+        } = worker;
+        let mut reader = BufReader::new(stdout);
+        let delivered = deliver(&process, &mut stdin, &mut reader, bootstrap, &signals.kill).await;
+        // The next spare starts now, not while this turn's worker was being handed its
+        // bootstrap (dropped unused, the handoff lets the keeper go on too).
+        handoff.done();
+        match delivered {
+            Delivery::Started => return Some((process, stdin, reader)),
+            Delivery::NotStarted(reason) => {
+                kill_unstarted(&mut process, execution_id).await;
+                // It may have acknowledged in its last moment: then the turn had started, and
+                // the supervisor finds the worker dead and loses the turn.
+                if acknowledged_late(&mut reader).await {
+                    tracing::warn!(%execution_id, "the worker acknowledged its bootstrap as it was replaced");
+                    return Some((process, stdin, reader));
+                }
+                tracing::warn!(%execution_id, attempt, "{reason}; nothing of the turn ran");
+                why = reason;
+            }
         }
     }
+    // Nothing ran, so the turn is `failed`; it must not stay `started`.
+    if why.is_empty() {
+        why = "the owner is stopping".into();
+    }
+    fail_unstarted(owner, claim, format!("no worker took the turn: {why}")).await;
+    None
+}
+
+/// How a worker took its bootstrap.
+enum Delivery {
+    /// It acknowledged it: the turn runs on it.
+    Started,
+    /// It died, is stopped, stayed silent or the owner is stopping (why): nothing ran.
+    NotStarted(String),
+}
+
+/// Writes the bootstrap's lines to the worker and waits for its [`WorkerFrame::Started`],
+/// bounded by [`BOOTSTRAP_ACK_MOST`]; a stopped worker is given up on at the next check.
+/// A first frame of another kind means the worker did something of the turn already: it
+/// counts as started (SPEC section 4: never run twice).
+async fn deliver(
+    process: &WorkerProcess,
+    stdin: &mut pipe::Sender,
+    reader: &mut BufReader<pipe::Receiver>,
+    bootstrap: &[Vec<u8>],
+    kill: &CancellationToken,
+) -> Delivery {
+    let pid = process.id().and_then(|pid| i32::try_from(pid).ok());
+    let handed = async {
+        for line in bootstrap {
+            if let Err(e) = write_line(stdin, line).await {
+                return Delivery::NotStarted(format!(
+                    "cannot send the bootstrap to the worker: {e}"
+                ));
+            }
+        }
+        let mut buf = Vec::new();
+        match read_frame_line(reader, &mut buf, MAX_FRAME_BYTES).await {
+            Ok(FrameLine::Line) => {
+                if !matches!(serde_json::from_slice(&buf), Ok(WorkerFrame::Started)) {
+                    tracing::warn!(
+                        "the worker's first frame is not `started`; it counts as started"
+                    );
+                }
+                Delivery::Started
+            }
+            Ok(FrameLine::TooLong(_)) => Delivery::Started,
+            Ok(FrameLine::Eof) => {
+                Delivery::NotStarted("the worker ended before it acknowledged its bootstrap".into())
+            }
+            Err(e) => {
+                Delivery::NotStarted(format!("reading the worker's acknowledgement failed: {e}"))
+            }
+        }
+    };
+    tokio::pin!(handed);
+    let deadline = tokio::time::Instant::now() + BOOTSTRAP_ACK_MOST;
+    loop {
+        tokio::select! {
+            delivery = &mut handed => return delivery,
+            _ = kill.cancelled() => {
+                return Delivery::NotStarted("the owner is stopping".into());
+            }
+            _ = tokio::time::sleep(BOOTSTRAP_ACK_CHECK) => {
+                if pid.is_some_and(platform::is_stopped) {
+                    return Delivery::NotStarted("the worker is stopped (SIGSTOP) and did not take its bootstrap".into());
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    return Delivery::NotStarted(format!(
+                        "the worker did not acknowledge its bootstrap within {BOOTSTRAP_ACK_MOST:?}"
+                    ));
+                }
+            }
+        }
+    }
+}
+
+/// Kills and reaps a worker that did not take its turn (bounded: one stuck in the kernel is
+/// reaped whenever it exits).
+async fn kill_unstarted(process: &mut WorkerProcess, execution_id: &str) {
+    let _ = process.start_kill();
+    if tokio::time::timeout(WORKER_EXIT_WAIT, process.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(%execution_id, pid = ?process.id(), "a replaced worker did not exit after SIGKILL");
+    }
+}
+
+/// Whether a reaped worker's stdout holds a line after all (its acknowledgement, written as it
+/// was killed). Bounded: a pipe whose writer is gone reads its end at once.
+async fn acknowledged_late(reader: &mut BufReader<pipe::Receiver>) -> bool {
+    let mut buf = Vec::new();
+    let read = read_frame_line(reader, &mut buf, MAX_FRAME_BYTES);
+    matches!(
+        tokio::time::timeout(Duration::from_millis(100), read).await,
+        Ok(Ok(FrameLine::Line | FrameLine::TooLong(_)))
+    )
 }
 
 /// A claimed turn as registered in the running-turn map at its claim: its control queue
@@ -570,26 +701,9 @@ fn register_turn(owner: &Owner, claim: &Claim, control: &mpsc::Sender<OwnerFrame
     signals
 }
 
-/// The one writer of a worker's stdin, so frames never interleave: the bootstrap's frames
-/// (then `sent` says whether they all went), then each control frame, until the queue closes
-/// or the pipe breaks.
-async fn write_stdin(
-    mut stdin: pipe::Sender,
-    bootstrap: Vec<Vec<u8>>,
-    handoff: Handoff,
-    sent: oneshot::Sender<std::io::Result<()>>,
-    mut control: mpsc::Receiver<OwnerFrame>,
-) {
-    for line in &bootstrap {
-        if let Err(e) = write_line(&mut stdin, line).await {
-            let _ = sent.send(Err(e));
-            return;
-        }
-    }
-    drop(bootstrap);
-    // The next spare starts now, not while this turn's worker was being handed its bootstrap.
-    handoff.done();
-    let _ = sent.send(Ok(()));
+/// The one writer of a worker's stdin once its bootstrap is delivered, so frames never
+/// interleave: each control frame, until the queue closes or the pipe breaks.
+async fn write_stdin(mut stdin: pipe::Sender, mut control: mpsc::Receiver<OwnerFrame>) {
     while let Some(frame) = control.recv().await {
         if write_frame(&mut stdin, &frame).await.is_err() {
             return;
@@ -609,8 +723,6 @@ struct WorkerPipe {
     foreign_frames: u64,
     /// `execution.finish` was applied: the turn is settled.
     settled: bool,
-    /// A persist of the worker's was applied: the turn ran.
-    ran: bool,
     /// The settled turn's outcome, once `execution.finish` was applied.
     outcome: Option<String>,
 }
@@ -626,7 +738,6 @@ impl WorkerPipe {
             refusals: Refusals::new(&claim.execution_id),
             foreign_frames: 0,
             settled: false,
-            ran: false,
             outcome: None,
         }
     }
@@ -635,7 +746,7 @@ impl WorkerPipe {
     async fn serve(
         &mut self,
         child: &mut WorkerProcess,
-        stdout: pipe::Receiver,
+        mut reader: BufReader<pipe::Receiver>,
         signals: &TurnSignals,
     ) -> LoopEnd {
         let execution_id = self.execution_id.clone();
@@ -646,7 +757,6 @@ impl WorkerPipe {
             tokio::time::sleep(interrupt_grace).await;
         };
         tokio::pin!(escalate);
-        let mut reader = BufReader::new(stdout);
         let mut buf = Vec::new();
         loop {
             let next = tokio::select! {
@@ -698,6 +808,12 @@ impl WorkerPipe {
             }
         };
         match frame {
+            // Delivered once, before any other frame (`start_turn` reads it).
+            WorkerFrame::Started => {
+                self.refusals
+                    .refused("a second `started` frame", &"it is ignored");
+                Vec::new()
+            }
             WorkerFrame::Delta { text } => {
                 self.owner
                     .hub
@@ -775,7 +891,6 @@ impl WorkerPipe {
         };
         match applied {
             Ok(batch) => {
-                self.ran = true;
                 for status in mcp_statuses {
                     self.owner
                         .mcp
@@ -873,7 +988,6 @@ impl WorkerPipe {
                 Err(e) => e.reason().as_str(),
             },
         );
-        self.ran |= applied.is_ok();
         match applied {
             Ok(PersistOutcome::Receipt {
                 result, settlement, ..

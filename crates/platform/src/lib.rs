@@ -352,6 +352,12 @@ const STAT_SESSION: usize = 6 - 3;
 /// Index of field 22 (`starttime`) in the fields after `comm` (fields 3.. are indices 0..).
 const STAT_START_TIME: usize = 22 - 3;
 
+/// Whether process `pid` is stopped (by SIGSTOP and its kin, or a tracer): it runs nothing
+/// until a SIGCONT, so nothing handed to it now is served.
+pub fn is_stopped(pid: i32) -> bool {
+    matches!(process_state(pid), Some('T' | 't'))
+}
+
 fn process_state(pid: i32) -> Option<char> {
     stat_fields(pid)?.get(STAT_STATE)?.chars().next()
 }

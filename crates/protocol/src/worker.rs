@@ -187,6 +187,11 @@ pub enum WorkerFrame {
         /// execution.
         persists: Vec<PersistFrame>,
     },
+    /// The worker has read its whole bootstrap and starts the turn now: its first frame,
+    /// written before it does anything of the turn (docs/workers.md, "The bootstrap is
+    /// acknowledged"). Until it arrives nothing of the turn has run, so the owner may give the
+    /// turn to a fresh worker when this one dies, stops or stays silent.
+    Started,
     /// Live assistant text (becomes `message.delta`; never stored).
     Delta {
         /// The piece of text.

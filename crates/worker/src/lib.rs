@@ -38,7 +38,9 @@
 //!
 //! The protocol, as the worker plays it:
 //! 1. The owner sends [`OwnerFrame::Bootstrap`] and its [`OwnerFrame::BootstrapPart`]s (the
-//!    history and input, [`read_bootstrap`]); the worker opens the outbox and the turn runs
+//!    history and input, [`read_bootstrap`]); the worker acknowledges it with a
+//!    `started` frame before anything else (until then the owner may give the turn to another
+//!    worker: nothing ran), opens the outbox, and the turn runs
 //!    (`usage.add`, `transcript.append`, `prompt.open`, `mcp.status` persists, live `delta`
 //!    lines). At its end the turn's MCP servers are stopped (`mcp.status` `stopped`).
 //! 2. The worker persists `execution.finish` ([`ExecutionFinish`]) and, after its receipt,
@@ -64,12 +66,12 @@ use drover_agent::{run_compaction, run_turn, TurnReport, TurnSpec};
 use drover_model::{ModelClient, ModelConfig};
 use drover_protocol::worker::{
     op, BodyFrame, BodyPiece, Bootstrap, ExecutionFinish, Policy, TurnOutcome, TurnResult,
-    MAX_FRAME_BYTES,
+    WorkerFrame, MAX_FRAME_BYTES,
 };
 use drover_protocol::{Exit, Usage};
 use drover_tools::platform::{self, ForegroundGroups, Signal};
 use drover_tools::{ToolContext, ToolRegistry};
-use tokio::io::{AsyncBufRead, AsyncWrite};
+use tokio::io::{AsyncBufRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::unix::pipe;
 use tokio_util::either::Either;
 use tokio_util::sync::CancellationToken;
@@ -518,6 +520,13 @@ where
             return WorkerExit::Aborted;
         }
     };
+    // The owner learns that the bootstrap arrived whole before anything of the turn runs: until
+    // then it may give the turn to another worker (docs/workers.md).
+    let mut writer = writer;
+    if let Err(e) = acknowledge_bootstrap(&mut writer).await {
+        tracing::error!(error = %e, "cannot acknowledge the bootstrap; the owner is gone");
+        return WorkerExit::Aborted;
+    }
     // No longer a spare: this process serves the bootstrap's turn.
     let _ = platform::set_thread_name(WORKER_NAME);
     let span = tracing::info_span!(
@@ -540,6 +549,17 @@ where
     serve(bootstrap, prepared, reader, writer, shutdown)
         .instrument(span)
         .await
+}
+
+/// Writes the [`WorkerFrame::Started`] line.
+async fn acknowledge_bootstrap<W>(writer: &mut W) -> std::io::Result<()>
+where
+    W: AsyncWrite + Unpin,
+{
+    let mut line = serde_json::to_vec(&WorkerFrame::Started).map_err(std::io::Error::other)?;
+    line.push(b'\n');
+    writer.write_all(&line).await?;
+    writer.flush().await
 }
 
 async fn serve<R, W>(

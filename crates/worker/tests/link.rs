@@ -54,7 +54,7 @@ impl OwnerEnd {
             match self.frame().await {
                 WorkerFrame::Persist(frame) => return (vec![frame], false),
                 WorkerFrame::PersistBatch { persists } => return (persists, true),
-                WorkerFrame::Delta { .. } => {}
+                WorkerFrame::Delta { .. } | WorkerFrame::Started => {}
             }
         }
     }
@@ -365,6 +365,7 @@ async fn a_full_queue_drops_deltas_and_a_persist_waits_for_room() {
     let frame = loop {
         match owner.frame().await {
             WorkerFrame::Delta { .. } => deltas += 1,
+            WorkerFrame::Started => panic!("the link never sends `started`"),
             WorkerFrame::Persist(frame) => break frame,
             WorkerFrame::PersistBatch { .. } => panic!("no frame was held"),
         }
@@ -408,7 +409,7 @@ async fn a_persist_dropped_while_the_queue_is_full_still_sends_its_frame_first()
     let mut sequences = Vec::new();
     while sequences.len() < 2 {
         match owner.frame().await {
-            WorkerFrame::Delta { .. } => {}
+            WorkerFrame::Delta { .. } | WorkerFrame::Started => {}
             WorkerFrame::Persist(frame) => sequences.push(frame.sequence),
             WorkerFrame::PersistBatch { .. } => panic!("no frame was held"),
         }
@@ -509,7 +510,7 @@ async fn a_batch_over_the_frame_limit_is_cut_into_lines_under_it() {
         let got: Vec<u64> = match frame {
             WorkerFrame::Persist(f) => vec![f.sequence],
             WorkerFrame::PersistBatch { persists } => persists.iter().map(|f| f.sequence).collect(),
-            WorkerFrame::Delta { .. } => continue,
+            WorkerFrame::Delta { .. } | WorkerFrame::Started => continue,
         };
         lines.push(got.clone());
         sequences.extend(got);

@@ -114,7 +114,7 @@ impl Worker {
                         .push(persists.iter().map(|f| f.operation.clone()).collect());
                     self.unread.extend(persists);
                 }
-                WorkerFrame::Delta { .. } => {}
+                WorkerFrame::Delta { .. } | WorkerFrame::Started => {}
             }
         }
     }
@@ -277,6 +277,12 @@ async fn worker_process_stops_when_the_owner_thread_that_spawned_it_dies() {
         .expect("wait");
     assert_eq!(status.code(), Some(1));
     let mut stdout = BufReader::new(stdout);
+    let mut started = String::new();
+    let _ = tokio::time::timeout(WAIT, stdout.read_line(&mut started)).await;
+    assert_eq!(
+        started, "{\"type\":\"started\"}\n",
+        "the bootstrap's acknowledgement"
+    );
     let mut rest = String::new();
     let _ = tokio::time::timeout(WAIT, stdout.read_line(&mut rest)).await;
     assert!(rest.is_empty(), "no frame after the owner died: {rest:?}");

@@ -23,6 +23,7 @@ async fn completed_turn_persists_in_sequence_and_exits_zero() {
 
     let finish = owner.receipt_all_until_finish().await;
     assert_eq!(owner.exited().await, WorkerExit::Finished);
+    assert_eq!(owner.started, 1, "the bootstrap is acknowledged once");
 
     let sequences: Vec<u64> = owner.persists.iter().map(|f| f.sequence).collect();
     assert_eq!(sequences, (1..=6).collect::<Vec<u64>>());
@@ -106,6 +107,26 @@ async fn completed_turn_persists_in_sequence_and_exits_zero() {
         !left.is_empty() && left.iter().all(|n| n.starts_with(".spare-")),
         "{left:?}"
     );
+}
+
+/// docs/workers.md, "The bootstrap is acknowledged": the worker's first frame is `started`,
+/// written once its whole bootstrap arrived and before it asks the model anything, so the
+/// owner knows until then that nothing of the turn ran.
+#[tokio::test]
+async fn the_first_frame_acknowledges_the_bootstrap_before_the_model_is_asked() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let mock = MockModel::start().await;
+    let gate = drover_test_support::Gate::new();
+    mock.push(Reply::text("held").gated(&gate));
+    let mut owner = Owner::spawn();
+    owner.send_bootstrap(&bootstrap(&mock, home.path())).await;
+    let first = common::read_frame(&mut owner.reader, WAIT).await;
+    assert_eq!(first, Some(drover_protocol::worker::WorkerFrame::Started));
+    assert!(gate.wait_reached(WAIT).await, "the turn goes on after it");
+    gate.open();
+    owner.receipt_all_until_finish().await;
+    assert_eq!(owner.exited().await, WorkerExit::Finished);
+    assert_eq!(owner.started, 0, "acknowledged once");
 }
 
 #[tokio::test]

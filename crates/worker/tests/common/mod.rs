@@ -29,6 +29,8 @@ pub struct Owner {
     pub reader: BufReader<ReadHalf<DuplexStream>>,
     pub writer: WriteHalf<DuplexStream>,
     pub deltas: Vec<String>,
+    /// How many `started` frames (the bootstrap's acknowledgement) were seen.
+    pub started: usize,
     /// Every persist frame seen, in order.
     pub persists: Vec<PersistFrame>,
     /// The operations of each line that carried persists, in order: one for a `persist`
@@ -55,6 +57,7 @@ impl Owner {
             reader: BufReader::new(owner_read),
             writer: owner_write,
             deltas: Vec::new(),
+            started: 0,
             persists: Vec::new(),
             lines: Vec::new(),
             unread: Default::default(),
@@ -81,6 +84,7 @@ impl Owner {
         loop {
             match read_frame(&mut self.reader, WAIT).await? {
                 WorkerFrame::Delta { text } => self.deltas.push(text),
+                WorkerFrame::Started => self.started += 1,
                 WorkerFrame::Persist(frame) => {
                     self.lines.push(vec![frame.operation.clone()]);
                     self.persists.push(frame.clone());
