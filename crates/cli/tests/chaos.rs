@@ -8,7 +8,8 @@
 //! side-effect file (sometimes sleeping before or after, so kills land mid-tool, and now and
 //! then ignoring SIGTERM past the drain grace), then with a text answer. Meanwhile the chaos
 //! loop SIGKILLs workers (at random, mid-tool, or while the model holds a response at a
-//! [`Gate`]), SIGKILLs the owner (at random, mid-tool, while a submit waits for its answer, in
+//! [`Gate`]), the worker template and its spares (alone or with the running workers), SIGKILLs
+//! the owner (at random, mid-tool, while a submit waits for its answer, in
 //! the middle of a graceful stop) and restarts it, or stops it gracefully and restarts it.
 //! Clients reconnect (re-reading `daemon.json`), re-submit inputs whose answer never came (same
 //! `input_id` and text: idempotent, G1), resolve `unknown` admissions, and now and then cancel
@@ -934,6 +935,9 @@ fn responder(
 #[derive(Default, Debug)]
 struct ChaosStats {
     worker_kills: u64,
+    /// Worker templates and spares SIGKILLed (with the running workers, at times).
+    template_kills: u64,
+    spare_kills: u64,
     mid_tool_kills: u64,
     gated_kills: u64,
     owner_kills: u64,
@@ -1183,6 +1187,28 @@ impl Chaos {
             70..=76 => self.graceful_stop().await,
             // The disk fills up for a while (then has room again).
             80..=84 if self.small_disk => self.disk_full_window().await,
+            // The worker template and its spares, sometimes with the running workers: every
+            // claimed turn still ends, and one nothing ran of runs on a fresh worker.
+            85..=94 => {
+                let choice = 1 + self.rng.below(7);
+                if choice & 1 != 0 {
+                    for t in self.daemon.template_pids() {
+                        signal(t, Signal::SIGKILL);
+                        self.stats.template_kills += 1;
+                    }
+                }
+                if choice & 2 != 0 {
+                    for spare in self.daemon.spare_pids() {
+                        signal(spare, Signal::SIGKILL);
+                        self.stats.spare_kills += 1;
+                    }
+                }
+                if choice & 4 != 0 {
+                    for w in self.daemon.worker_pids() {
+                        self.kill_worker(w);
+                    }
+                }
+            }
             // SIGKILL in the middle of a graceful stop.
             77..=79 => {
                 signal(self.daemon.pid(), Signal::SIGTERM);
@@ -1792,6 +1818,21 @@ async fn chaos_run(seed: u64, secs: f64) {
         ));
     }
     let end_pid = chaos.daemon.pid();
+    // Every child the owner forked or started is reaped: none is left a zombie.
+    let zombie = |pid: &u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            stat.rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
+    };
+    let reaped_by = Instant::now() + Duration::from_secs(5);
+    while children_of(end_pid).iter().any(zombie) && Instant::now() < reaped_by {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let zombies: Vec<u32> = children_of(end_pid).into_iter().filter(zombie).collect();
+    if !zombies.is_empty() {
+        bad.push(format!("the owner left zombie children: {zombies:?}"));
+    }
     let (end_fds, end_rss) = (fd_count(end_pid), rss_kib(end_pid));
     // The clients' few connections are open now; closed ones must not linger.
     if end_fds > start_fds + 64 {
@@ -1824,7 +1865,7 @@ async fn chaos_run(seed: u64, secs: f64) {
          chaos: worker kills {} (mid-tool {}, model held {}), owner kills {} ({} during a \
          submit, {} during a graceful stop), graceful stops {}, gated holds {}, workers and \
          tools of killed owners checked gone {}\n\
-         chaos: kills {} in all, disk-full windows {} ({} storage_unavailable answers), \
+         chaos: templates killed {}, spares killed {}, kills {} in all, disk-full windows {} ({} storage_unavailable answers), \
          connection churn {} cycles, left started {}, owner fds {} at start, {} at the end \
          (most {}), owner RSS {} KiB at start, {} KiB at the end (most {} KiB)",
         began.elapsed().as_secs_f64(),
@@ -1866,7 +1907,9 @@ async fn chaos_run(seed: u64, secs: f64) {
         c.graceful_stops,
         c.gated_holds,
         chaos.orphans.len(),
-        c.worker_kills + c.owner_kills,
+        c.template_kills,
+        c.spare_kills,
+        c.worker_kills + c.owner_kills + c.template_kills + c.spare_kills,
         c.disk_full_windows,
         s.storage_refusals,
         churn_cycles,

@@ -20,6 +20,9 @@
 //!   using templates. A failure of the owner's own part (its log file, its pipes, a pidfd it
 //!   had no room for) does not count against the template. A spare whose pidfd the owner could
 //!   not take is killed and reaped by its pid.
+//! - A template that dies between a fork and its answer leaves a spare nobody holds: once the
+//!   failed template is reaped, the owner kills and reaps its children with the template's
+//!   command line, older than the failure, that no pidfd of its own refers to.
 //! - Its stderr goes to `<home>/logs/workers/template-<epoch>.log`, removed when the owner stops
 //!   it if empty (a crash's last words are kept).
 //!
@@ -62,6 +65,8 @@ struct Template {
     process: Child,
     control: FdChannel,
     without_env: BTreeSet<String>,
+    /// Its command line as `/proc/<pid>/cmdline` shows it, which every spare it forks keeps.
+    cmdline: Vec<u8>,
 }
 
 impl Template {
@@ -77,10 +82,16 @@ impl Template {
             .stderr(Stdio::from(file))
             .kill_on_drop(true);
         let process = cmd.spawn()?;
+        let cmdline = [
+            command.exe.as_os_str().as_encoded_bytes(),
+            b"\0worker\0--template\0",
+        ]
+        .concat();
         Ok(Template {
             process,
             control: FdChannel::new(ours)?,
             without_env: command.without_env.clone(),
+            cmdline,
         })
     }
 
@@ -222,6 +233,31 @@ async fn lost_pidfd(pid: i32) -> std::io::Error {
     ))
 }
 
+/// Kills and reaps the spares a failed template forked but never answered for (it died
+/// between the fork and its answer): the owner's children, with the template's command line,
+/// started before it failed, that no pidfd of the owner holds. Call once the template is
+/// reaped, so it forks nothing more; a template started after the failure and its spares are
+/// younger than `failed_at`.
+async fn reap_unanswered_forks(cmdline: Vec<u8>, failed_at: u64) {
+    let reaped = tokio::task::spawn_blocking(move || {
+        let orphans = fork::unheld_children(&cmdline, failed_at);
+        for pid in &orphans {
+            tracing::warn!(
+                pid,
+                "killing a spare the failed worker template forked but never answered for"
+            );
+            if let Err(e) = fork::kill_and_reap_child(*pid) {
+                tracing::warn!(pid, error = %e, "cannot kill and reap an unanswered spare");
+            }
+        }
+        orphans.len()
+    })
+    .await;
+    if let Err(e) = reaped {
+        tracing::warn!(error = %e, "looking for unanswered spares failed");
+    }
+}
+
 /// The keeper's template, started when first needed and replaced when out of date.
 #[derive(Debug)]
 pub(crate) struct TemplateSlot {
@@ -306,7 +342,14 @@ impl TemplateSlot {
             );
         }
         if let Some(t) = self.template.take() {
-            tokio::spawn(t.stop());
+            let failed_at = drover_tools::platform::boot_ticks_now();
+            tokio::spawn(async move {
+                let cmdline = t.cmdline.clone();
+                t.stop().await;
+                if let Some(failed_at) = failed_at {
+                    reap_unanswered_forks(cmdline, failed_at).await;
+                }
+            });
         }
     }
 

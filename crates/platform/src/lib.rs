@@ -343,6 +343,26 @@ pub fn process_start_time(pid: i32) -> Option<u64> {
     stat_fields(pid)?.get(STAT_START_TIME)?.parse().ok()
 }
 
+/// The parent of process `pid` (field 4 of `/proc/<pid>/stat`), while it exists.
+pub fn parent_of(pid: i32) -> Option<i32> {
+    stat_fields(pid)?.get(STAT_PPID)?.parse().ok()
+}
+
+/// The time now, in the clock ticks after boot that [`process_start_time`] counts.
+pub fn boot_ticks_now() -> Option<u64> {
+    let uptime = std::fs::read_to_string("/proc/uptime").ok()?;
+    let seconds: f64 = uptime.split_whitespace().next()?.parse().ok()?;
+    // SAFETY: sysconf(3) reads only its integer argument.
+    let ticks = unsafe { nix::libc::sysconf(nix::libc::_SC_CLK_TCK) };
+    if ticks <= 0 {
+        return None;
+    }
+    // Whole ticks only: a start time in the same tick as now counts as not before it.
+    Some((seconds * ticks as f64) as u64)
+}
+
+/// Index of field 4 (`ppid`) in the fields after `comm`.
+const STAT_PPID: usize = 4 - 3;
 /// Index of field 3 (`state`) in the fields after `comm`.
 const STAT_STATE: usize = 0;
 /// Index of field 5 (`pgrp`) in the fields after `comm`.
