@@ -122,7 +122,8 @@ pub(crate) fn open_log(log: &Path) -> std::io::Result<std::fs::File> {
 }
 
 /// The environment every worker process gets: without the model keys' variables and
-/// `$OPENAI_API_KEY`, with `$DROVER_OWNER_PID` and the OTLP endpoint when telemetry is on.
+/// `$OPENAI_API_KEY`, with `$DROVER_OWNER_PID` and the OTLP endpoint when telemetry is on, and
+/// the open-files limit the owner started with.
 pub(crate) fn worker_environment(cmd: &mut Command, without_env: &BTreeSet<String>) {
     for name in without_env {
         cmd.env_remove(name);
@@ -134,6 +135,10 @@ pub(crate) fn worker_environment(cmd: &mut Command, without_env: &BTreeSet<Strin
     }
     cmd.env_remove("OPENAI_API_KEY")
         .env(OWNER_PID_ENV, std::process::id().to_string());
+    // The owner raised its open-files limit for its connections; a worker, and so every tool
+    // it runs, starts with the limit the owner was given (a program using `select` breaks past
+    // 1,024 descriptors).
+    drover_tools::platform::limits::restore_open_files_limit(cmd.as_std_mut());
 }
 
 /// A started `drover worker` with its pipes, before or after it is given a turn.
