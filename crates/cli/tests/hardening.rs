@@ -757,3 +757,32 @@ async fn a_burst_of_connections_gives_its_memory_back() {
     );
     s.client.call_ok("ping", json!({})).await.unwrap();
 }
+
+/// The daemon raises its soft open-files limit for its connections; its workers, and so the
+/// tools they run, start with the limit the daemon was given (docs/guarantees.md,
+/// "Connections"): a program using `select` breaks past 1,024 descriptors.
+#[tokio::test]
+async fn tools_start_with_the_open_files_limit_the_daemon_was_given() {
+    let (_dir, wrapper) = script(
+        "drover-nofile-1024-4096",
+        &format!(
+            "#!/bin/sh\nexec prlimit --nofile=1024:4096 {} \"$@\"\n",
+            bin().display()
+        ),
+    );
+    let mut s = OneSession::builder(&wrapper)
+        .toolsets(&["terminal"])
+        .start()
+        .await
+        .unwrap();
+    assert_eq!(
+        open_files_limits(s.daemon.pid()),
+        ("4096".to_string(), "4096".to_string()),
+        "the daemon raises its soft limit to the hard one"
+    );
+    s.model.push(Reply::terminal("limit", "ulimit -n"));
+    s.model.push(Reply::text("done"));
+    s.complete_turn("how many files may a tool open?").await.unwrap();
+    let output = s.tool_result("limit")["output"].as_str().unwrap().trim().to_string();
+    assert_eq!(output, "1024", "a tool's soft open-files limit");
+}
