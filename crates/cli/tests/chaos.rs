@@ -39,8 +39,8 @@ use std::sync::{Arc, Mutex, MutexGuard, Once};
 use std::time::{Duration, Instant};
 
 use drover_test_support::harness::{
-    children_of, db_rows, db_value, open_files, pid_alive, pids, rss_kib, signal, Client, Daemon,
-    TestHome,
+    children_of, db_rows, db_value, open_files, pid_alive, pids, rss_kib, signal, zombie_children,
+    Client, Daemon, TestHome,
 };
 use drover_test_support::{Gate, MockModel, Reply};
 use nix::sys::signal::Signal;
@@ -1819,17 +1819,11 @@ async fn chaos_run(seed: u64, secs: f64) {
     }
     let end_pid = chaos.daemon.pid();
     // Every child the owner forked or started is reaped: none is left a zombie.
-    let zombie = |pid: &u32| {
-        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-            stat.rsplit_once(')')
-                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
-        })
-    };
     let reaped_by = Instant::now() + Duration::from_secs(5);
-    while children_of(end_pid).iter().any(zombie) && Instant::now() < reaped_by {
+    while !zombie_children(end_pid).is_empty() && Instant::now() < reaped_by {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let zombies: Vec<u32> = children_of(end_pid).into_iter().filter(zombie).collect();
+    let zombies = zombie_children(end_pid);
     if !zombies.is_empty() {
         bad.push(format!("the owner left zombie children: {zombies:?}"));
     }

@@ -782,7 +782,13 @@ async fn tools_start_with_the_open_files_limit_the_daemon_was_given() {
     );
     s.model.push(Reply::terminal("limit", "ulimit -n"));
     s.model.push(Reply::text("done"));
-    s.complete_turn("how many files may a tool open?").await.unwrap();
-    let output = s.tool_result("limit")["output"].as_str().unwrap().trim().to_string();
+    s.complete_turn("how many files may a tool open?")
+        .await
+        .unwrap();
+    let output = s.tool_result("limit")["output"]
+        .as_str()
+        .unwrap()
+        .trim()
+        .to_string();
     assert_eq!(output, "1024", "a tool's soft open-files limit");
 }

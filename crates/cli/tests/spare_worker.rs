@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use drover_test_support::harness::{
-    db_value, pid_alive, process_name, signal, str_field, OneSession,
+    db_value, pid_alive, process_name, signal, str_field, zombie_children, OneSession,
 };
 use drover_test_support::{wait, Gate, Reply};
 use nix::sys::signal::Signal;
@@ -458,25 +458,6 @@ async fn a_turn_that_finds_no_spare_gets_a_forked_worker() {
     assert_eq!(s.wait_settled(&admission_id).await.unwrap(), "completed");
 }
 
-/// The daemon's children that have exited and are not reaped (zombies).
-fn zombies_of(parent: u32) -> Vec<u32> {
-    drover_test_support::harness::pids()
-        .into_iter()
-        .filter(|pid| {
-            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-                return false;
-            };
-            let Some((_, rest)) = stat.rsplit_once(')') else {
-                return false;
-            };
-            let mut fields = rest.split_whitespace();
-            let state = fields.next();
-            let ppid = fields.next().and_then(|p| p.parse::<u32>().ok());
-            state == Some("Z") && ppid == Some(parent)
-        })
-        .collect()
-}
-
 /// A template slower than the owner's patience (`FORK_WAIT`, 2 s): the owner gives up, execs
 /// that spare and stops the template. The fork it then makes anyway is the owner's child that
 /// nobody asked for: the owner finds its answer in the socket, kills and reaps it; no stray
@@ -509,12 +490,12 @@ async fn a_spare_forked_after_the_owner_gave_up_on_the_template_is_reaped() {
     );
     let daemon = s.daemon.pid();
     assert!(
-        wait::until(BOUND, async || zombies_of(daemon).is_empty()
+        wait::until(BOUND, async || zombie_children(daemon).is_empty()
             && s.daemon.spare_pids().len() == 1
             && s.daemon.worker_pids().is_empty())
         .await,
         "left behind: zombies {:?}, spares {:?}, workers {:?}",
-        zombies_of(daemon),
+        zombie_children(daemon),
         s.daemon.spare_pids(),
         s.daemon.worker_pids()
     );
@@ -550,11 +531,11 @@ async fn turns_do_not_wait_for_a_stopped_template() {
     );
     let daemon = s.daemon.pid();
     assert!(
-        wait::until(BOUND, async || zombies_of(daemon).is_empty()
+        wait::until(BOUND, async || zombie_children(daemon).is_empty()
             && s.daemon.spare_pids().len() == 1)
         .await,
         "left behind: zombies {:?}, spares {:?}",
-        zombies_of(daemon),
+        zombie_children(daemon),
         s.daemon.spare_pids()
     );
     let (_, outcome) = s.turn("after the stopped template").await.unwrap();

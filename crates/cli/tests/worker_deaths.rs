@@ -9,7 +9,9 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use drover_test_support::harness::{children_of, db_value, signal, str_field, Client, OneSession};
+use drover_test_support::harness::{
+    db_value, script, signal, str_field, zombie_children, Client, OneSession,
+};
 use drover_test_support::{wait, Reply};
 use nix::sys::signal::Signal;
 use serde_json::json;
@@ -35,19 +37,6 @@ impl Rng {
     fn below(&mut self, n: u64) -> u64 {
         self.next() % n
     }
-}
-
-/// The daemon's children that have exited and are not reaped.
-fn zombies_of(parent: u32) -> Vec<u32> {
-    children_of(parent)
-        .into_iter()
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-                stat.rsplit_once(')')
-                    .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
-            })
-        })
-        .collect()
 }
 
 /// The admission's receipt status and outcome once it is `terminal` or `unknown`, polled
@@ -172,9 +161,9 @@ async fn killed_templates_spares_and_workers_leave_no_turn_behind() {
     }
     let daemon = s.daemon.pid();
     assert!(
-        wait::until(BOUND, async || zombies_of(daemon).is_empty()).await,
+        wait::until(BOUND, async || zombie_children(daemon).is_empty()).await,
         "zombies left: {:?}",
-        zombies_of(daemon)
+        zombie_children(daemon)
     );
     println!("{rounds} rounds: {killed} processes killed, {lost} turns lost and resolved");
 }
@@ -206,20 +195,36 @@ async fn a_stopped_spare_holds_no_turn() {
     println!("the turn completed {took:?} after its submit");
 }
 
-/// A spare stopped after the claim took it (past the keeper's check): the owner waits for its
-/// acknowledgement of the bootstrap, sees it stopped, replaces it, and the turn completes on a
-/// fresh worker; nothing of it ran twice (the model was asked once).
+/// A daemon whose first worker (the spare) runs `first` after it read the bootstrap's first
+/// line, and whose later workers are plain `drover worker`s: the first takes the turn's
+/// bootstrap but never acknowledges it.
+async fn first_worker_then(first: &str) -> (OneSession, [tempfile::TempDir; 2]) {
+    let marker = tempfile::tempdir().unwrap();
+    let once = marker.path().join("first");
+    let (dir, wrapper) = script(
+        "drover-first-worker",
+        &format!(
+            "#!/bin/sh\nif mkdir {} 2>/dev/null; then read -r line; {first}; fi\nexec {} \"$@\"\n",
+            once.display(),
+            bin().display()
+        ),
+    );
+    let s = OneSession::builder(bin())
+        .env(&[("DROVER_WORKER_EXE", wrapper.to_str().unwrap())])
+        .start()
+        .await
+        .unwrap();
+    (s, [dir, marker])
+}
+
+/// A worker stopped (SIGSTOP) after it was handed the bootstrap, before it acknowledged it:
+/// the owner sees it stopped, kills and reaps it, and the turn completes on a fresh worker;
+/// nothing of it ran twice (the model was asked once).
 #[tokio::test]
 async fn a_worker_stopped_before_it_acknowledges_its_bootstrap_is_replaced() {
-    let mut s = OneSession::builder(bin()).start().await.unwrap();
+    let (mut s, _wrapper) = first_worker_then("kill -STOP $$").await;
     let spare = s.daemon.wait_spare().await.unwrap();
-    // Stopped and continued would be served; stopped for good, through a pid the keeper has
-    // already handed out, is the race this covers: the spare is stopped while its take is
-    // answered. Stopping it before the submit covers the keeper's own check instead, so the
-    // spare here is stopped by a thread racing the submit.
-    let stopper = std::thread::spawn(move || signal(spare, Signal::SIGSTOP));
-    let receipt = s.submit("racing a stop").await.unwrap();
-    stopper.join().unwrap();
+    let receipt = s.submit("past a stopped worker").await.unwrap();
     let admission_id = str_field(&receipt, "admission_id");
     let ended = settled(&mut s.client, &s.session_id, &admission_id).await;
     assert_eq!(ended, Some(("terminal".into(), "completed".into())));
@@ -228,6 +233,20 @@ async fn a_worker_stopped_before_it_acknowledges_its_bootstrap_is_replaced() {
         wait::until(BOUND, async || !Path::new(&format!("/proc/{spare}"))
             .exists())
         .await,
-        "the stopped spare was not killed and reaped"
+        "the stopped worker was not killed and reaped"
     );
+}
+
+/// A worker that dies after it was handed the bootstrap, before it acknowledged it: nothing of
+/// the turn ran, so a fresh worker runs it (before, the turn became `unknown`, or `failed`
+/// with "cannot send the bootstrap").
+#[tokio::test]
+async fn a_worker_dead_before_it_acknowledges_its_bootstrap_is_replaced() {
+    let (mut s, _wrapper) = first_worker_then("exit 3").await;
+    s.daemon.wait_spare().await.unwrap();
+    let receipt = s.submit("past a dead worker").await.unwrap();
+    let admission_id = str_field(&receipt, "admission_id");
+    let ended = settled(&mut s.client, &s.session_id, &admission_id).await;
+    assert_eq!(ended, Some(("terminal".into(), "completed".into())));
+    assert_eq!(s.model.requests().len(), 1, "the model was asked once");
 }

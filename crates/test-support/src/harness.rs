@@ -469,8 +469,18 @@ pub fn is_spare(pid: u32) -> bool {
     })
 }
 
-/// Direct children of `parent`, from `/proc`.
+/// Direct children of `parent` that have not exited, from `/proc`.
 pub fn children_of(parent: u32) -> Vec<u32> {
+    children_where(parent, |state| state != Some("Z"))
+}
+
+/// Direct children of `parent` that have exited and are not reaped (zombies), from `/proc`.
+pub fn zombie_children(parent: u32) -> Vec<u32> {
+    children_where(parent, |state| state == Some("Z"))
+}
+
+/// Direct children of `parent` whose state (field 3 of `/proc/<pid>/stat`) passes `keep`.
+fn children_where(parent: u32, keep: impl Fn(Option<&str>) -> bool) -> Vec<u32> {
     let mut out = Vec::new();
     for pid in pids() {
         let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
@@ -482,7 +492,7 @@ pub fn children_of(parent: u32) -> Vec<u32> {
         let mut fields = rest.split_whitespace();
         let state = fields.next();
         let ppid = fields.next().and_then(|p| p.parse::<u32>().ok());
-        if ppid == Some(parent) && state != Some("Z") {
+        if ppid == Some(parent) && keep(state) {
             out.push(pid);
         }
     }
