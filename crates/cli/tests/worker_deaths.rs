@@ -10,7 +10,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use drover_test_support::harness::{
-    db_value, script, signal, str_field, zombie_children, Client, OneSession,
+    db_value, process_name, script, signal, str_field, zombie_children, Client, OneSession,
 };
 use drover_test_support::{wait, Reply};
 use nix::sys::signal::Signal;
@@ -160,10 +160,18 @@ async fn killed_templates_spares_and_workers_leave_no_turn_behind() {
         );
     }
     let daemon = s.daemon.pid();
+    if !wait::until(BOUND, async || zombie_children(daemon).is_empty()).await {
+        let log = std::fs::read_to_string(s.home.path().join("logs/daemon.log")).unwrap_or_default();
+        let warned: Vec<&str> = log.lines().filter(|l| !l.contains(" INFO ")).collect();
+        eprintln!("{}", warned.join("\n"));
+    }
     assert!(
-        wait::until(BOUND, async || zombie_children(daemon).is_empty()).await,
+        zombie_children(daemon).is_empty(),
         "zombies left: {:?}",
         zombie_children(daemon)
+            .into_iter()
+            .map(|pid| (pid, process_name(pid)))
+            .collect::<Vec<_>>()
     );
     println!("{rounds} rounds: {killed} processes killed, {lost} turns lost and resolved");
 }

@@ -67,6 +67,8 @@ struct Template {
     without_env: BTreeSet<String>,
     /// Its command line as `/proc/<pid>/cmdline` shows it, which every spare it forks keeps.
     cmdline: Vec<u8>,
+    /// When it started, in clock ticks after boot: every spare it forks is younger.
+    started_at: Option<u64>,
 }
 
 impl Template {
@@ -92,6 +94,7 @@ impl Template {
             control: FdChannel::new(ours)?,
             without_env: command.without_env.clone(),
             cmdline,
+            started_at: drover_tools::platform::boot_ticks_now(),
         })
     }
 
@@ -234,13 +237,14 @@ async fn lost_pidfd(pid: i32) -> std::io::Error {
 }
 
 /// Kills and reaps the spares a failed template forked but never answered for (it died
-/// between the fork and its answer): the owner's children, with the template's command line,
-/// started before it failed, that no pidfd of the owner holds. Call once the template is
-/// reaped, so it forks nothing more; a template started after the failure and its spares are
-/// younger than `failed_at`.
-async fn reap_unanswered_forks(cmdline: Vec<u8>, failed_at: u64) {
+/// between the fork and its answer): the owner's children with the template's command line,
+/// started while it lived (`lifetime`, clock ticks after boot, from its start to its failure),
+/// that no pidfd of the owner holds. Call once the template is reaped, so it forks nothing
+/// more. A spare of the next template started in the tick of the failure is already held by
+/// its pidfd when this runs: its answer comes within microseconds of its fork.
+async fn reap_unanswered_forks(cmdline: Vec<u8>, lifetime: std::ops::RangeInclusive<u64>) {
     let reaped = tokio::task::spawn_blocking(move || {
-        let orphans = fork::unheld_children(&cmdline, failed_at);
+        let orphans = fork::unheld_children(&cmdline, lifetime);
         for pid in &orphans {
             tracing::warn!(
                 pid,
@@ -344,10 +348,10 @@ impl TemplateSlot {
         if let Some(t) = self.template.take() {
             let failed_at = drover_tools::platform::boot_ticks_now();
             tokio::spawn(async move {
-                let cmdline = t.cmdline.clone();
+                let (cmdline, started_at) = (t.cmdline.clone(), t.started_at);
                 t.stop().await;
-                if let Some(failed_at) = failed_at {
-                    reap_unanswered_forks(cmdline, failed_at).await;
+                if let (Some(from), Some(to)) = (started_at, failed_at) {
+                    reap_unanswered_forks(cmdline, from..=to).await;
                 }
             });
         }

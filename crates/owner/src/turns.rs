@@ -355,7 +355,8 @@ async fn supervise(owner: Arc<Owner>, mut claim: Claim, secret: Secret, register
     // Its outbox folder, recycled from an earlier turn when one is pooled: it is there before
     // the worker reads the bootstrap, and retired below once the worker is reaped.
     owner.outboxes.provide(&execution_id);
-    let Some((mut child, stdin, reader)) = start_turn(&owner, &claim, &bootstrap, &signals).await
+    let Some((mut child, stdin, reader, first)) =
+        start_turn(&owner, &claim, &bootstrap, &signals).await
     else {
         owner.turns().remove(&execution_id);
         owner.outboxes.retire(&execution_id);
@@ -366,6 +367,12 @@ async fn supervise(owner: Arc<Owner>, mut claim: Claim, secret: Secret, register
     let worker_pid = child.id().and_then(|pid| i32::try_from(pid).ok());
     let writer = tokio::spawn(write_stdin(stdin, control_rx));
     let mut pipe = WorkerPipe::new(owner.clone(), &claim, control);
+    // A worker whose first frame was not `started` has its frame handled as any other.
+    if let Some(line) = first {
+        for reply in pipe.handle_line(&line).await {
+            pipe.reply(reply).await;
+        }
+    }
     let end = pipe.serve(&mut child, reader, &signals).await;
     let settled = pipe.settled;
     if let Some(outcome) = pipe.outcome.take() {
@@ -503,8 +510,14 @@ const BOOTSTRAP_ACK_MOST: Duration = Duration::from_secs(10);
 /// stopped (SIGSTOP): a stopped worker is replaced at once, without waiting out the bound.
 const BOOTSTRAP_ACK_CHECK: Duration = Duration::from_millis(200);
 
-/// The worker that took the turn, with its stdin and its stdout's reader.
-type TurnWorker = (WorkerProcess, pipe::Sender, BufReader<pipe::Receiver>);
+/// The worker that took the turn, with its stdin, its stdout's reader, and its first line
+/// when that was not `started` (a frame to handle like any other).
+type TurnWorker = (
+    WorkerProcess,
+    pipe::Sender,
+    BufReader<pipe::Receiver>,
+    Option<Vec<u8>>,
+);
 
 /// Starts the claim's turn on a worker (the spare, when there is one) and hands it the
 /// bootstrap, until one acknowledges it ([`WorkerFrame::Started`]). A worker that dies, is
@@ -545,14 +558,14 @@ async fn start_turn(
         // bootstrap (dropped unused, the handoff lets the keeper go on too).
         handoff.done();
         match delivered {
-            Delivery::Started => return Some((process, stdin, reader)),
+            Delivery::Started(first) => return Some((process, stdin, reader, first)),
             Delivery::NotStarted(reason) => {
                 kill_unstarted(&mut process, execution_id).await;
                 // It may have acknowledged in its last moment: then the turn had started, and
                 // the supervisor finds the worker dead and loses the turn.
                 if acknowledged_late(&mut reader).await {
                     tracing::warn!(%execution_id, "the worker acknowledged its bootstrap as it was replaced");
-                    return Some((process, stdin, reader));
+                    return Some((process, stdin, reader, None));
                 }
                 tracing::warn!(%execution_id, attempt, "{reason}; nothing of the turn ran");
                 why = reason;
@@ -569,8 +582,8 @@ async fn start_turn(
 
 /// How a worker took its bootstrap.
 enum Delivery {
-    /// It acknowledged it: the turn runs on it.
-    Started,
+    /// It acknowledged it (or sent another frame first, kept here): the turn runs on it.
+    Started(Option<Vec<u8>>),
     /// It died, is stopped, stayed silent or the owner is stopping (why): nothing ran.
     NotStarted(String),
 }
@@ -598,14 +611,16 @@ async fn deliver(
         let mut buf = Vec::new();
         match read_frame_line(reader, &mut buf, MAX_FRAME_BYTES).await {
             Ok(FrameLine::Line) => {
-                if !matches!(serde_json::from_slice(&buf), Ok(WorkerFrame::Started)) {
+                if matches!(serde_json::from_slice(&buf), Ok(WorkerFrame::Started)) {
+                    Delivery::Started(None)
+                } else {
                     tracing::warn!(
                         "the worker's first frame is not `started`; it counts as started"
                     );
+                    Delivery::Started(Some(buf))
                 }
-                Delivery::Started
             }
-            Ok(FrameLine::TooLong(_)) => Delivery::Started,
+            Ok(FrameLine::TooLong(_)) => Delivery::Started(None),
             Ok(FrameLine::Eof) => {
                 Delivery::NotStarted("the worker ended before it acknowledged its bootstrap".into())
             }

@@ -245,12 +245,13 @@ pub fn kill_and_reap_child(pid: i32) -> io::Result<()> {
     }
 }
 
-/// The children of this process, started before `started_before` (clock ticks after boot, as
-/// [`crate::process_start_time`] counts) with `cmdline` as their command line, that no pidfd of
-/// this process refers to: a fork whose answer, and so its pidfd, never arrived (its template
-/// died between the fork and the answer). Nobody else waits for such a child, and a child's pid
-/// is not recycled before its parent reaps it, so [`kill_and_reap_child`] may take it by pid.
-pub fn unheld_children(cmdline: &[u8], started_before: u64) -> Vec<i32> {
+/// The children of this process started within `started` (clock ticks after boot, as
+/// [`crate::process_start_time`] counts, both ends included) with `cmdline` as their command
+/// line, that no pidfd of this process refers to: a fork whose answer, and so its pidfd, never
+/// arrived (its template died between the fork and the answer). Nobody else waits for such a
+/// child, and a child's pid is not recycled before its parent reaps it, so
+/// [`kill_and_reap_child`] may take it by pid.
+pub fn unheld_children(cmdline: &[u8], started: std::ops::RangeInclusive<u64>) -> Vec<i32> {
     let me = nix::unistd::getpid().as_raw();
     let held = pidfd_targets();
     let Ok(dir) = std::fs::read_dir("/proc") else {
@@ -260,7 +261,7 @@ pub fn unheld_children(cmdline: &[u8], started_before: u64) -> Vec<i32> {
         .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
         .filter(|pid| !held.contains(pid))
         .filter(|pid| crate::parent_of(*pid) == Some(me))
-        .filter(|pid| crate::process_start_time(*pid).is_some_and(|t| t < started_before))
+        .filter(|pid| crate::process_start_time(*pid).is_some_and(|t| started.contains(&t)))
         .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == cmdline))
         .collect()
 }
@@ -558,17 +559,18 @@ mod tests {
         let pid = i32::try_from(child.id()).unwrap();
         let cmdline = b"sleep\x0031\x00";
         let later = crate::boot_ticks_now().unwrap() + 1_000;
-        assert_eq!(unheld_children(cmdline, later), vec![pid]);
-        // Younger than the bound, or another command line: not it.
-        assert!(unheld_children(cmdline, 0).is_empty());
-        assert!(unheld_children(b"sleep\x0032\x00", later).is_empty());
+        assert_eq!(unheld_children(cmdline, 0..=later), vec![pid]);
+        // Started outside the window, or another command line: not it.
+        assert!(unheld_children(cmdline, 0..=0).is_empty());
+        assert!(unheld_children(cmdline, later..=later).is_empty());
+        assert!(unheld_children(b"sleep\x0032\x00", 0..=later).is_empty());
         // Held by a pidfd: not it either.
         // SAFETY: pidfd_open(2) reads only its integer arguments.
         let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
         assert!(raw >= 0, "{}", io::Error::last_os_error());
         // SAFETY: pidfd_open returned a new descriptor nothing else owns.
         let pidfd = unsafe { OwnedFd::from_raw_fd(raw as RawFd) };
-        assert!(unheld_children(cmdline, later).is_empty());
+        assert!(unheld_children(cmdline, 0..=later).is_empty());
         drop(pidfd);
         kill_and_reap_child(pid).unwrap();
         assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists());
