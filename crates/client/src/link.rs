@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use drover_protocol::daemon_file::DaemonInfo;
-use drover_protocol::event::SessionEvent;
+use drover_protocol::event::{EventPayload, SessionEvent};
 use drover_protocol::rpc::{self, RpcError};
 use drover_protocol::ClientRequest;
 use futures::{SinkExt, StreamExt};
@@ -444,9 +444,9 @@ fn ws_reason(e: &tokio_tungstenite::tungstenite::Error) -> String {
 }
 
 /// Hands an `event` notification to its session's subscribers. An event of a type this
-/// client does not know (a newer daemon), or whose payload does not parse, is handed on as
-/// [`drover_protocol::event::EventPayload::Other`]: its `seq` counts, so the stream goes on.
-/// Only params that are no event at all are an error.
+/// client does not know (a newer daemon) is handed on as [`EventPayload::Other`]: its `seq`
+/// counts, so the stream goes on. An event of a known type whose payload does not parse, or
+/// params that are no event at all, are an error naming the type.
 fn route_event(n: rpc::Notification, shared: &Shared) {
     if n.method != "event" {
         return;
@@ -461,13 +461,25 @@ fn route_event(n: rpc::Notification, shared: &Shared) {
         .and_then(Value::as_str)
         .unwrap_or("?")
         .to_string();
-    let event = serde_path_to_error::deserialize::<_, SessionEvent>(n.params).map_err(|e| {
-        ClientError::BadAnswer {
+    // A known type whose payload does not parse is the daemon's fault: named, not skipped.
+    let known_but_bad = n
+        .params
+        .get("payload")
+        .and_then(|payload| EventPayload::payload_error(&kind, payload));
+    let event = match known_but_bad {
+        Some(detail) => Err(ClientError::BadAnswer {
             what: format!("event {kind}"),
             kind: "event",
-            detail: at(&e),
-        }
-    });
+            detail,
+        }),
+        None => serde_path_to_error::deserialize::<_, SessionEvent>(n.params).map_err(|e| {
+            ClientError::BadAnswer {
+                what: format!("event {kind}"),
+                kind: "event",
+                detail: at(&e),
+            }
+        }),
+    };
     shared.send_to(&session_id, || Feed::Event(event.clone()));
 }
 

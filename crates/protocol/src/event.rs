@@ -208,6 +208,35 @@ pub enum EventPayload {
     Other(OtherEvent),
 }
 
+impl EventPayload {
+    /// Why `payload` does not parse as an event of type `kind`; `None` when it does, or when
+    /// `kind` is not a type this version knows (such an event is kept as
+    /// [`EventPayload::Other`]). A live event of a known type that does not parse is a
+    /// daemon's fault, and a client names it.
+    pub fn payload_error(kind: &str, payload: &Value) -> Option<String> {
+        fn check<T: serde::de::DeserializeOwned>(payload: &Value) -> Option<String> {
+            T::deserialize(payload).err().map(|e| e.to_string())
+        }
+        match kind {
+            TURN_STARTED => check::<TurnStarted>(payload),
+            MESSAGE_DELTA => check::<MessageDelta>(payload),
+            MESSAGE_COMPLETE => check::<MessageComplete>(payload),
+            TOOL_START => check::<ToolStart>(payload),
+            TOOL_COMPLETE => check::<ToolComplete>(payload),
+            APPROVAL_REQUEST | CLARIFY_REQUEST => check::<OpenPrompt>(payload),
+            APPROVAL_SETTLED => check::<ApprovalSettled>(payload),
+            CLARIFY_SETTLED => check::<ClarifySettled>(payload),
+            TURN_SETTLED => check::<TurnSettled>(payload),
+            ADMISSION_UPDATED => check::<AdmissionUpdated>(payload),
+            TURN_PROGRESS => check::<TurnProgress>(payload),
+            MCP_STATUS => check::<McpStatus>(payload),
+            SESSION_COMPACTED => check::<SessionCompacted>(payload),
+            EVENT_UNREADABLE => check::<EventUnreadable>(payload),
+            _ => None,
+        }
+    }
+}
+
 /// Payload of `event.unreadable`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct EventUnreadable {

@@ -1,5 +1,5 @@
 //! The rules every string param of the client protocol follows, in one place: the params of
-//! [`crate::client`] name these functions in their `deserialize_with`, so a value that breaks
+//! the `client` module name these functions in their `deserialize_with`, so a value that breaks
 //! a rule is refused while the params are parsed, as `invalid_params` naming its field.
 //!
 //! - Ids and names (`session_id`, `request_id`, `input_id`, `admission_id`, `prompt_id`,

@@ -8,8 +8,8 @@
 //!   namespace of its own with `network = false`, Landlock's write rules (left out for an
 //!   approved `sandbox: false` call), signals and abstract sockets scoped to the call's own
 //!   processes, no capabilities. Children inherit all of it.
-//! - The file tools run in a helper process confined by that same plan
-//!   ([`Sandbox::with_file_helper`], [`crate::file::confined`]); [`Sandbox::check_write`],
+//! - The file tools run in a helper process confined by that same plan (the file module's
+//!   `confined`, which also gives `Sandbox::with_file_helper`); [`Sandbox::check_write`],
 //!   [`Sandbox::check_read`] and [`Sandbox::check_opened`] are the same rules by name, applied
 //!   there too.
 //! - With `[sandbox] required = true`, a layer the kernel cannot give refuses the call (a tool
@@ -33,8 +33,9 @@ pub const SECRET_WORDS: &[&str] = &["KEY", "SECRET", "TOKEN", "PASSWORD", "CREDE
 pub struct Sandbox {
     policy: SandboxPolicy,
     temp_dir: PathBuf,
-    /// The file tools' confined helper of the turn, when the worker named its program.
-    files: Option<std::sync::Arc<crate::file::confined::FileHelper>>,
+    /// The file tools' confined helper of the turn, when the worker named its program. Held
+    /// opaque: its type is the file module's, which builds on this one.
+    files: Option<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 impl Default for Sandbox {
@@ -53,19 +54,21 @@ impl Sandbox {
         }
     }
 
-    /// This sandbox, with the file tools' I/O done in a confined helper process started from
-    /// `program` (the drover binary: the worker gives `/proc/self/exe`) at their first call,
-    /// unless the mode is `off` ([`crate::file::confined`]). Without it, they run in the
-    /// calling process.
-    pub fn with_file_helper(self, program: PathBuf) -> Sandbox {
+    /// This sandbox holding `files`, the file tools' helper (the file module's `confined`
+    /// makes it and reads it back).
+    pub(crate) fn with_files(
+        self,
+        files: std::sync::Arc<dyn std::any::Any + Send + Sync>,
+    ) -> Sandbox {
         Sandbox {
-            files: Some(crate::file::confined::FileHelper::new(program)),
+            files: Some(files),
             ..self
         }
     }
 
-    /// The file tools' helper, when they run in one (a helper program given, mode not `off`).
-    pub(crate) fn file_helper(&self) -> Option<&crate::file::confined::FileHelper> {
+    /// What [`Sandbox::with_files`] set, unless the mode is `off` (the file tools then run in
+    /// the calling process).
+    pub(crate) fn files(&self) -> Option<&(dyn std::any::Any + Send + Sync)> {
         match self.policy.mode {
             SandboxMode::Off => None,
             _ => self.files.as_deref(),

@@ -208,6 +208,20 @@ struct Running {
     stdout: BufReader<ChildStdout>,
 }
 
+impl Sandbox {
+    /// This sandbox, with the file tools' I/O done in a confined helper process started from
+    /// `program` (the drover binary: the worker gives `/proc/self/exe`) at their first call,
+    /// unless the mode is `off`. Without it, they run in the calling process.
+    pub fn with_file_helper(self, program: PathBuf) -> Sandbox {
+        self.with_files(FileHelper::new(program))
+    }
+
+    /// The file tools' helper, when they run in one (a helper program given, mode not `off`).
+    pub(crate) fn file_helper(&self) -> Option<&FileHelper> {
+        self.files()?.downcast_ref::<FileHelper>()
+    }
+}
+
 impl FileHelper {
     /// A helper that starts `program` with [`HELPER_ARGS`].
     pub fn new(program: PathBuf) -> Arc<FileHelper> {
