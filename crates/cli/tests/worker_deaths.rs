@@ -161,7 +161,8 @@ async fn killed_templates_spares_and_workers_leave_no_turn_behind() {
     }
     let daemon = s.daemon.pid();
     if !wait::until(BOUND, async || zombie_children(daemon).is_empty()).await {
-        let log = std::fs::read_to_string(s.home.path().join("logs/daemon.log")).unwrap_or_default();
+        let log =
+            std::fs::read_to_string(s.home.path().join("logs/daemon.log")).unwrap_or_default();
         let warned: Vec<&str> = log.lines().filter(|l| !l.contains(" INFO ")).collect();
         eprintln!("{}", warned.join("\n"));
     }
