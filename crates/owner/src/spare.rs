@@ -143,10 +143,22 @@ impl SpareSlot {
 
     /// The spare, if one is started and still alive. The keeper starts the next one at once.
     pub async fn take(&self) -> Option<StartedWorker> {
-        let (reply, answer) = oneshot::channel();
+        let (reply, mut answer) = oneshot::channel();
         self.requests.try_send(reply).ok()?;
-        // A spare the keeper sends after this gave up is discarded by the keeper.
-        let mut spare = tokio::time::timeout(TAKE_WAIT, answer).await.ok()?.ok()?;
+        let mut spare = match tokio::time::timeout(TAKE_WAIT, &mut answer).await {
+            Ok(answered) => answered.ok()?,
+            Err(_) => {
+                // The keeper may still answer: a spare it sends now is killed and reaped, not
+                // dropped (an exec'd one dropped unreaped stays a zombie until the runtime
+                // next reaps orphans).
+                tokio::spawn(async move {
+                    if let Ok(late) = answer.await {
+                        late.discard().await;
+                    }
+                });
+                return None;
+            }
+        };
         match spare.process.try_wait() {
             // A stopped spare (SIGSTOP: any tool of the same user could send one) would hold
             // the turn until someone continues it; a fresh worker serves it instead.

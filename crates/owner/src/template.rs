@@ -350,8 +350,10 @@ impl TemplateSlot {
             tokio::spawn(async move {
                 let (cmdline, started_at) = (t.cmdline.clone(), t.started_at);
                 t.stop().await;
+                // One tick more: the failure's time and a spare's start time are read from
+                // two clocks, each rounded down to a tick.
                 if let (Some(from), Some(to)) = (started_at, failed_at) {
-                    reap_unanswered_forks(cmdline, from..=to).await;
+                    reap_unanswered_forks(cmdline, from..=to + 1).await;
                 }
             });
         }

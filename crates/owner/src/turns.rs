@@ -227,9 +227,12 @@ async fn spare_or_fresh(owner: &Owner, execution_id: &str) -> std::io::Result<St
             tracing::debug!(pid = ?spare.pid(), "the spare worker takes the turn");
             return Ok(spare);
         }
-        // Started before the owner read a new `api_key_env`: dropped, so killed.
-        Some(_) => {
-            tracing::info!("the spare worker's environment is out of date; starting a fresh worker")
+        // Started before the owner read a new `api_key_env`: killed and reaped.
+        Some(stale) => {
+            tracing::info!(
+                "the spare worker's environment is out of date; starting a fresh worker"
+            );
+            stale.discard().await;
         }
         None => {}
     }

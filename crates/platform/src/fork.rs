@@ -262,7 +262,12 @@ pub fn unheld_children(cmdline: &[u8], started: std::ops::RangeInclusive<u64>) -
         .filter(|pid| !held.contains(pid))
         .filter(|pid| crate::parent_of(*pid) == Some(me))
         .filter(|pid| crate::process_start_time(*pid).is_some_and(|t| started.contains(&t)))
-        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == cmdline))
+        .filter(|pid| {
+            // A child that already exited has no command line left: one that forked and never
+            // exec'd (as a template's spare) counts.
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == cmdline)
+                || crate::is_unexeced_zombie(*pid)
+        })
         .collect()
 }
 

@@ -361,6 +361,21 @@ pub fn boot_ticks_now() -> Option<u64> {
     Some((seconds * ticks as f64) as u64)
 }
 
+/// Whether process `pid` has exited and is not reaped (a zombie), and was forked without
+/// an exec since (`PF_FORKNOEXEC` in field 9 of `/proc/<pid>/stat`).
+pub fn is_unexeced_zombie(pid: i32) -> bool {
+    /// `PF_FORKNOEXEC` of the kernel's task flags.
+    const FORKED_NOT_EXECED: u64 = 0x40;
+    let Some(fields) = stat_fields(pid) else {
+        return false;
+    };
+    let zombie = fields.get(STAT_STATE).is_some_and(|s| s == "Z");
+    let flags = fields.get(STAT_FLAGS).and_then(|f| f.parse::<u64>().ok());
+    zombie && flags.is_some_and(|f| f & FORKED_NOT_EXECED != 0)
+}
+
+/// Index of field 9 (`flags`) in the fields after `comm`.
+const STAT_FLAGS: usize = 9 - 3;
 /// Index of field 4 (`ppid`) in the fields after `comm`.
 const STAT_PPID: usize = 4 - 3;
 /// Index of field 3 (`state`) in the fields after `comm`.
