@@ -392,6 +392,12 @@ fn a_scoped_child_cannot_signal_a_process_outside_its_domain_but_can_its_own() {
     // Unscoped, the same command stops it: the refusal above is the scope's.
     let out = run(&workspace(&[cwd.path()], true), cwd.path(), &script);
     assert!(text(&out).contains("STOPPED"), "{}", text(&out));
+    // A stop is delivered when the target is next scheduled: on a loaded machine, a moment
+    // after `kill` returned.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while outside.state() != 'T' && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
     assert_eq!(outside.state(), 'T');
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(outside.0.id() as i32),
