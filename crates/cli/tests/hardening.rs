@@ -553,6 +553,17 @@ async fn answer_of_turn(c: &mut Client, session_id: &str, text: &str) -> String 
 }
 
 /// The `Max open files` soft and hard limits of `pid`, from `/proc/<pid>/limits`.
+/// A script that runs drover under an open-files limit of `soft` (and `hard`).
+fn under_open_files_limit(soft: u32, hard: u32) -> (tempfile::TempDir, PathBuf) {
+    script(
+        "drover-open-files-limit",
+        &format!(
+            "#!/bin/sh\nexec prlimit --nofile={soft}:{hard} {} \"$@\"\n",
+            bin().display()
+        ),
+    )
+}
+
 fn open_files_limits(pid: u32) -> (String, String) {
     let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
     let line = limits
@@ -577,13 +588,7 @@ async fn idle_unauthenticated_connections_cannot_lock_a_client_out() {
     use std::io::Write;
     // The test's own end of the 1,100 sockets.
     drover_platform::limits::raise_open_files_limit().unwrap();
-    let (_dir, wrapper) = script(
-        "drover-nofile-1024",
-        &format!(
-            "#!/bin/sh\nexec prlimit --nofile=1024:1024 {} \"$@\"\n",
-            bin().display()
-        ),
-    );
+    let (_dir, wrapper) = under_open_files_limit(1024, 1024);
     let s = OneSession::builder(&wrapper).start().await.unwrap();
     s.model.set_default(Reply::text("still here"));
     let pid = s.daemon.pid();
@@ -640,13 +645,7 @@ async fn idle_unauthenticated_connections_cannot_lock_a_client_out() {
 async fn past_the_connection_cap_a_client_gets_503_at_once() {
     use std::io::{Read, Write};
     drover_platform::limits::raise_open_files_limit().unwrap();
-    let (_dir, wrapper) = script(
-        "drover-nofile-1024",
-        &format!(
-            "#!/bin/sh\nexec prlimit --nofile=1024:1024 {} \"$@\"\n",
-            bin().display()
-        ),
-    );
+    let (_dir, wrapper) = under_open_files_limit(1024, 1024);
     let mut s = OneSession::builder(&wrapper).start().await.unwrap();
     s.model.set_default(Reply::text("served"));
     let (url, token) = (s.daemon.url(), s.daemon.token());
@@ -763,13 +762,7 @@ async fn a_burst_of_connections_gives_its_memory_back() {
 /// "Connections"): a program using `select` breaks past 1,024 descriptors.
 #[tokio::test]
 async fn tools_start_with_the_open_files_limit_the_daemon_was_given() {
-    let (_dir, wrapper) = script(
-        "drover-nofile-1024-4096",
-        &format!(
-            "#!/bin/sh\nexec prlimit --nofile=1024:4096 {} \"$@\"\n",
-            bin().display()
-        ),
-    );
+    let (_dir, wrapper) = under_open_files_limit(1024, 4096);
     let mut s = OneSession::builder(&wrapper)
         .toolsets(&["terminal"])
         .start()
