@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use drover_test_support::harness::{db_rows, str_field, OneSession, TestHome};
-use drover_test_support::{wait, Reply};
+use drover_test_support::{wait, Gate, Reply};
 use serde_json::{json, Value};
 
 fn bin() -> &'static Path {
@@ -534,7 +534,10 @@ async fn a_tool_cannot_stop_the_owner_the_worker_or_the_template() {
         "terminal",
         json!({"command": command}),
     ));
-    s.model.push(Reply::text("done"));
+    // The worker is held at its next model request while its state is read: a worker that
+    // already exited would pass for one not stopped.
+    let held = Gate::new();
+    s.model.push(Reply::text("done").gated(&held));
     let receipt = s.submit("stop them").await.unwrap();
     let log = wait::file(&work.join("sig.log"), LIMIT, |t| {
         t.contains("end\n").then(|| t.to_string())
@@ -547,6 +550,8 @@ async fn a_tool_cannot_stop_the_owner_the_worker_or_the_template() {
         .and_then(|p| p.parse().ok())
         .expect("the tool's parent");
     drover.push(worker);
+    // (A stopped worker never gets there: bounded.)
+    let reached = held.wait_reached(LIMIT).await;
     // Whatever was stopped goes on before anything is asserted, so a failure ends cleanly.
     let stopped: Vec<u32> = drover
         .iter()
@@ -557,6 +562,8 @@ async fn a_tool_cannot_stop_the_owner_the_worker_or_the_template() {
         drover_test_support::harness::signal(*pid, nix::sys::signal::Signal::SIGCONT);
     }
     let cmdline = std::fs::read(format!("/proc/{worker}/cmdline")).unwrap_or_default();
+    held.open();
+    assert!(reached, "the turn never asked the model again");
     assert!(
         String::from_utf8_lossy(&cmdline).contains("drover"),
         "the tool's parent is not drover's worker: {cmdline:?}"
