@@ -20,15 +20,19 @@
 //!   measure beside drover (the disk's floor for a durable write, the ledger's times of each
 //!   admission).
 //! - [`outside_path`]: a fresh path outside every sandbox root, for the sandbox tests.
+//! - [`acp`]: real third-party ACP clients for `drover acp` (acpx, and a client on the
+//!   official TypeScript SDK), on the Node of `tests/acp/node_modules`.
 //!
 //! Nothing here mocks a drover component: only the model is played.
 //!
-//! Layers: `mock_model`, `mcp_echo`, `wait` (leaves); `harness`; `tmux` and `bench` on top.
+//! Layers: `mock_model`, `mcp_echo`, `wait` (leaves); `harness`; `tmux`, `bench` and `acp` on
+//! top.
 
 // Test code only: a helper that cannot set up its fixture (a port, a temporary folder, a
 // missing mosquitto) panics with a message, which fails the calling test (issue 10).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod acp;
 pub mod bench;
 pub mod harness;
 pub mod job_cli;
