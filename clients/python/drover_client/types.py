@@ -96,6 +96,12 @@ The answers an approval prompt offers (SPEC section 6).
 """
 
 
+ApprovalMode: TypeAlias = Literal['manual', 'auto', 'deny']
+"""
+An approval mode: `manual` (ask before a dangerous command runs), `auto` (run it without asking) or `deny` (refuse it without asking).
+"""
+
+
 class ApprovalPrompt(TypedDict):
     """
     The fields of an approval prompt.
@@ -1013,6 +1019,11 @@ class SessionCreateParams(TypedDict):
     An API key stored with the session and used by its turns: 1 to 4096 bytes, no control
     character.
     """
+    approval_mode: NotRequired[ApprovalMode | None]
+    """
+    The session's approval mode, `manual`, `auto` or `deny` (default: none of its own, so
+    `approvals.mode` of `config.toml` applies); `session.set_mode` changes it later.
+    """
     base_url: NotRequired[str | None]
     """
     The model endpoint, `http://` or `https://` (default `[model] base_url`).
@@ -1210,6 +1221,12 @@ class SessionInfo(TypedDict):
     `session.resume` `info`: the session's frozen settings.
     """
 
+    approval_mode: NotRequired[ApprovalMode | None]
+    """
+    The approval mode its next turn gets: `deny` while `config.toml` says `deny`, else the
+    session's own mode (`session.set_mode`) when it has one, else `config.toml`'s. Absent
+    from an older daemon.
+    """
     confinement: NotRequired[Confinement | None]
     """
     What confines its tools (issue 13); absent from a daemon older than the sandbox.
@@ -1274,6 +1291,26 @@ class SessionListParams(TypedDict):
     """
 
 
+class SessionMode(TypedDict):
+    """
+    Result of `session.set_mode`: the mode stored for the session, and the one its turns get.
+    """
+
+    approval_mode: ApprovalMode
+    """
+    The mode its next turn gets: `deny` while `config.toml` says `approvals.mode = "deny"`
+    (the home's floor), else `mode`.
+    """
+    mode: ApprovalMode
+    """
+    The session's mode, as stored.
+    """
+    session_id: str
+    """
+    The session.
+    """
+
+
 class SessionRef(TypedDict):
     """
     `{session_id}`: params of `session.resume` and `session.detach`.
@@ -1316,6 +1353,21 @@ class SessionRenamed(TypedDict):
     """
 
 
+class SessionSetModeParams(TypedDict):
+    """
+    Params of `session.set_mode` (drover extension; attached).
+    """
+
+    mode: ApprovalMode
+    """
+    The session's approval mode from now on: `manual`, `auto` or `deny`.
+    """
+    session_id: str
+    """
+    The session (attached).
+    """
+
+
 SessionState: TypeAlias = Literal['idle', 'running', 'waiting_approval', 'waiting_clarify', 'paused_unknown']
 """
 `state` of a [`SessionSummary`]: what the session waits for, from the ledger.
@@ -1327,6 +1379,11 @@ class SessionSummary(TypedDict):
     One row of `session.list`.
     """
 
+    approval_mode: NotRequired[ApprovalMode | None]
+    """
+    The approval mode its next turn gets, as `session.resume` `info.approval_mode` (absent
+    from an older daemon).
+    """
     ended_at: NotRequired[float | None]
     """
     Unix seconds, once ended.
@@ -1778,6 +1835,15 @@ class ClientRequestSessionRename(TypedDict):
     params: SessionRenameParams
 
 
+class ClientRequestSessionSetMode(TypedDict):
+    """
+    `session.set_mode` (drover extension): set the session's approval mode.
+    """
+
+    method: Literal['session.set_mode']
+    params: SessionSetModeParams
+
+
 class ClientRequestPromptSubmit(TypedDict):
     """
     `prompt.submit`: admit an input (idempotent on `input_id`).
@@ -1879,7 +1945,7 @@ class ClientRequestJobEvents(TypedDict):
     params: JobEventsParams
 
 
-ClientRequest: TypeAlias = ClientRequestPing | ClientRequestSessionCreate | ClientRequestSessionResume | ClientRequestSessionList | ClientRequestSessionDetach | ClientRequestSessionRename | ClientRequestPromptSubmit | ClientRequestSessionCompact | ClientRequestPromptReceipt | ClientRequestPromptCancel | ClientRequestPromptResolveUnknown | ClientRequestSessionInterrupt | ClientRequestApprovalRespond | ClientRequestClarifyRespond | ClientRequestSessionEventsSince | ClientRequestApprovalsList | ClientRequestApprovalsRemove | ClientRequestMcpStatus | ClientRequestDaemonInfo | ClientRequestUiLoginCode | ClientRequestJobList | ClientRequestJobEvents
+ClientRequest: TypeAlias = ClientRequestPing | ClientRequestSessionCreate | ClientRequestSessionResume | ClientRequestSessionList | ClientRequestSessionDetach | ClientRequestSessionRename | ClientRequestSessionSetMode | ClientRequestPromptSubmit | ClientRequestSessionCompact | ClientRequestPromptReceipt | ClientRequestPromptCancel | ClientRequestPromptResolveUnknown | ClientRequestSessionInterrupt | ClientRequestApprovalRespond | ClientRequestClarifyRespond | ClientRequestSessionEventsSince | ClientRequestApprovalsList | ClientRequestApprovalsRemove | ClientRequestMcpStatus | ClientRequestDaemonInfo | ClientRequestUiLoginCode | ClientRequestJobList | ClientRequestJobEvents
 """
 One client request: `{"method": ..., "params": {...}}` (the JSON-RPC `id` and
 `jsonrpc` stay in [`crate::rpc::Request`]).

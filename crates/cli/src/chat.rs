@@ -512,6 +512,7 @@ mod tests {
             last_activity_at: 1.0,
             input_tokens: None,
             output_tokens: None,
+            approval_mode: None,
             error: None,
         }
     }

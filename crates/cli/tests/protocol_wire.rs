@@ -358,6 +358,12 @@ async fn every_method_and_event_of_the_daemon_round_trips_through_the_typed_prot
         json!({"session_id": sid, "title": "wire, renamed"}),
     )
     .await;
+    w.ok(
+        &mut c,
+        "session.set_mode",
+        json!({"session_id": sid, "mode": "manual"}),
+    )
+    .await;
     w.ok(&mut c, "session.list", json!({"limit": 10})).await;
 
     // An MCP server that crashes mid-turn and is restarted, in a session of its own.

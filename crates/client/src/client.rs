@@ -421,6 +421,7 @@ mod tests {
             last_activity_at: started_at,
             input_tokens: None,
             output_tokens: None,
+            approval_mode: None,
             error: None,
         }
     }

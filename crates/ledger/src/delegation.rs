@@ -248,6 +248,8 @@ pub(crate) fn reserve(
         tool_schemas,
         // A child is confined as its parent was frozen, whatever the config says now.
         sandbox: parent.sandbox.clone(),
+        // Nor does a child ask less than its parent was set to (`session.set_mode`).
+        approval_mode: parent.approval_mode,
     };
     let child_session_id = insert_session_in(tx, &new, "")?;
     let text = child_input(&payload.goal, payload.context.as_deref());

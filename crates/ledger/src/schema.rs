@@ -235,6 +235,13 @@ CREATE INDEX processes_session ON background_processes(session_id, started_at);
 CREATE INDEX admissions_unknown ON session_admissions(target_session_id, admission_id)
     WHERE unknown_at IS NOT NULL;
 "#,
+    // A session's own approval mode (`session.create` `approval_mode`, `session.set_mode`).
+    // NULL: it has none, and `approvals.mode` of config.toml applies (every row made before
+    // this migration).
+    r#"
+ALTER TABLE sessions ADD COLUMN approval_mode TEXT
+    CHECK (approval_mode IN ('manual','auto','deny'));
+"#,
 ];
 
 /// The schema version this build writes.

@@ -2,6 +2,7 @@
 
 use crate::sql::Cached;
 use drover_protocol::sandbox::SandboxMode;
+use drover_protocol::ApprovalMode;
 use rusqlite::{params, OptionalExtension, Row};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -36,6 +37,9 @@ pub struct NewSession {
     pub tool_schemas: Vec<Value>,
     /// The frozen `[sandbox]` settings (a child gets its parent's).
     pub sandbox: SessionSandbox,
+    /// The session's own approval mode; `None`: `approvals.mode` of the config applies (a
+    /// child gets its parent's).
+    pub approval_mode: Option<ApprovalMode>,
 }
 
 /// The `[sandbox]` settings a session freezes at `session.create` (issue 13), stored as JSON
@@ -101,6 +105,9 @@ pub struct SessionRow {
     pub tool_names: Vec<String>,
     /// The frozen `[sandbox]` settings; the defaults of now for a row older than the column.
     pub sandbox: SessionSandbox,
+    /// The session's own approval mode (`session.set_mode`); `None` when it has none (the
+    /// config's applies).
+    pub approval_mode: Option<ApprovalMode>,
     /// Unix seconds.
     pub started_at: f64,
     /// Unix seconds, once the session ended.
@@ -140,7 +147,10 @@ pub struct SessionSummary {
 
 const SESSION_COLUMNS: &str = "id, source, parent_session_id, title, model, model_config, cwd, \
      system_prompt, toolsets, tool_schemas, tool_names, started_at, ended_at, end_reason, \
-     input_tokens, output_tokens, api_call_count, runtime_generation, replay_epoch, sandbox";
+     input_tokens, output_tokens, api_call_count, runtime_generation, replay_epoch, sandbox, \
+     approval_mode";
+/// How many columns [`SESSION_COLUMNS`] selects; a query's own columns follow them.
+const SESSION_COLUMN_COUNT: usize = 21;
 
 fn parse_json<T: serde::de::DeserializeOwned>(text: &str, what: &str) -> Result<T, LedgerError> {
     serde_json::from_str(text).map_err(|e| LedgerError::Corrupt(format!("{what}: {e}")))
@@ -154,6 +164,8 @@ struct RawSession {
     tool_names: String,
     /// NULL in a row older than the column.
     sandbox: Option<String>,
+    /// NULL for a session without a mode of its own.
+    approval_mode: Option<String>,
 }
 
 fn raw_session(r: &Row<'_>) -> rusqlite::Result<RawSession> {
@@ -188,6 +200,7 @@ fn raw_session(r: &Row<'_>) -> rusqlite::Result<RawSession> {
         tool_schemas: r.get(9)?,
         tool_names: r.get(10)?,
         sandbox: r.get(19)?,
+        approval_mode: r.get(20)?,
     })
 }
 
@@ -218,6 +231,7 @@ impl RawSession {
         if let Some(sandbox) = &self.sandbox {
             row.sandbox = parse_json(sandbox, "sessions.sandbox")?;
         }
+        row.approval_mode = parse_mode(self.approval_mode.as_deref())?;
         Ok(row)
     }
 
@@ -259,8 +273,21 @@ impl RawSession {
         if let Some(sandbox) = &self.sandbox {
             parse_into(sandbox, "sessions.sandbox", &mut row.sandbox, p);
         }
+        match parse_mode(self.approval_mode.as_deref()) {
+            Ok(mode) => row.approval_mode = mode,
+            Err(e) => p.push(e.to_string()),
+        }
         row
     }
+}
+
+/// `sessions.approval_mode` as stored (the column's CHECK keeps out any other word).
+fn parse_mode(text: Option<&str>) -> Result<Option<ApprovalMode>, LedgerError> {
+    text.map(|t| {
+        t.parse()
+            .map_err(|e| LedgerError::Corrupt(format!("sessions.approval_mode: {e}")))
+    })
+    .transpose()
 }
 
 fn tool_name(schema: &Value) -> Option<String> {
@@ -415,18 +442,19 @@ impl Ledger {
                 Ok(raw) => raw.finish_listed(),
                 Err(e) => unreadable_session(r, &e),
             };
-            let running = r.get::<_, bool>(20)?;
+            let n = SESSION_COLUMN_COUNT;
+            let running = r.get::<_, bool>(n)?;
             let state = session_state(
-                r.get(22)?,
-                r.get::<_, Option<String>>(23)?.as_deref(),
+                r.get(n + 2)?,
+                r.get::<_, Option<String>>(n + 3)?.as_deref(),
                 running,
             );
-            let activity: f64 = r.get(24)?;
+            let activity: f64 = r.get(n + 4)?;
             Ok(SessionSummary {
                 last_activity_at: activity.max(session.started_at),
                 session,
                 running,
-                pending_count: r.get::<_, i64>(21)? as u64,
+                pending_count: r.get::<_, i64>(n + 1)? as u64,
                 state,
             })
         })?;
@@ -455,6 +483,24 @@ impl Ledger {
             .conn
             .prepare_cached("UPDATE sessions SET title = ?2 WHERE id = ?1")?
             .execute(params![session_id, title])?;
+        if changed == 0 {
+            return Err(LedgerError::NotFound(format!("session {session_id}")));
+        }
+        self.session(session_id)?
+            .ok_or_else(|| LedgerError::NotFound(format!("session {session_id}")))
+    }
+
+    /// Sets the approval mode of `session_id` (`session.set_mode`); `not_found` for an unknown
+    /// session.
+    pub fn set_approval_mode(
+        &mut self,
+        session_id: &str,
+        mode: ApprovalMode,
+    ) -> Result<SessionRow, LedgerError> {
+        let changed = self
+            .conn
+            .prepare_cached("UPDATE sessions SET approval_mode = ?2 WHERE id = ?1")?
+            .execute(params![session_id, mode.as_str()])?;
         if changed == 0 {
             return Err(LedgerError::NotFound(format!("session {session_id}")));
         }
@@ -513,8 +559,8 @@ pub(crate) fn insert_session_in(
     tx.execute_cached(
         "INSERT INTO sessions (id, source, parent_session_id, title, model, model_config, cwd,
             system_prompt, tool_names, started_at, request_id, request_digest, toolsets,
-            tool_schemas, replay_epoch, sandbox)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+            tool_schemas, replay_epoch, sandbox, approval_mode)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
         params![
             id,
             new.source,
@@ -533,6 +579,7 @@ pub(crate) fn insert_session_in(
             new_id(),
             serde_json::to_string(&new.sandbox)
                 .map_err(|e| LedgerError::Corrupt(format!("sessions.sandbox: {e}")))?,
+            new.approval_mode.map(ApprovalMode::as_str),
         ],
     )?;
     Ok(id)
@@ -652,6 +699,29 @@ mod tests {
     }
 
     #[test]
+    fn a_set_approval_mode_is_stored_read_and_listed() {
+        let (_dir, mut ledger) = testing::open();
+        let sid = testing::session(&mut ledger, &[], Vec::new());
+        assert_eq!(listed(&ledger).session.approval_mode, None);
+        let row = ledger
+            .set_approval_mode(&sid, ApprovalMode::Auto)
+            .expect("set");
+        assert_eq!(row.approval_mode, Some(ApprovalMode::Auto));
+        let row = ledger
+            .set_approval_mode(&sid, ApprovalMode::Deny)
+            .expect("set again");
+        assert_eq!(row.approval_mode, Some(ApprovalMode::Deny));
+        assert_eq!(
+            listed(&ledger).session.approval_mode,
+            Some(ApprovalMode::Deny)
+        );
+        let err = ledger
+            .set_approval_mode("nope", ApprovalMode::Auto)
+            .expect_err("unknown session");
+        assert_eq!(err.reason(), drover_protocol::ErrorReason::NotFound);
+    }
+
+    #[test]
     fn the_frozen_sandbox_survives_a_reopen_and_an_old_row_reads_the_defaults() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("state.db");
@@ -676,6 +746,7 @@ mod tests {
                 toolsets: Vec::new(),
                 tool_schemas: Vec::new(),
                 sandbox: frozen.clone(),
+                approval_mode: None,
             };
             let sid = ledger.create_session(&new).expect("create").id;
             let old = ledger.create_session(&new).expect("create").id;

@@ -29,6 +29,7 @@ pub(crate) fn session(ledger: &mut Ledger, toolsets: &[&str], tool_schemas: Vec<
             toolsets: toolsets.iter().map(|t| t.to_string()).collect(),
             tool_schemas,
             sandbox: Default::default(),
+            approval_mode: None,
         })
         .expect("session")
         .id

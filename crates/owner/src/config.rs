@@ -150,6 +150,19 @@ pub struct ApprovalsSection {
     pub mode: ApprovalMode,
 }
 
+impl ApprovalsSection {
+    /// The mode a session's turn gets: `deny` here is the home's floor, which no session
+    /// lifts; otherwise the session's own mode (`session.set_mode`) when it has one, else
+    /// this one.
+    pub fn mode_for(&self, session: Option<ApprovalMode>) -> ApprovalMode {
+        match (self.mode, session) {
+            (ApprovalMode::Deny, _) => ApprovalMode::Deny,
+            (_, Some(own)) => own,
+            (home, None) => home,
+        }
+    }
+}
+
 /// `[toolsets]`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -763,6 +776,25 @@ mod tests {
             )
             .unwrap();
             assert_eq!(Config::load(dir.path()).unwrap().approvals.mode, mode);
+        }
+    }
+
+    #[test]
+    fn a_sessions_mode_wins_unless_the_home_says_deny() {
+        use ApprovalMode::{Auto, Deny, Manual};
+        for (home, session, want) in [
+            (Manual, None, Manual),
+            (Auto, None, Auto),
+            (Deny, None, Deny),
+            (Manual, Some(Auto), Auto),
+            (Manual, Some(Deny), Deny),
+            (Auto, Some(Manual), Manual),
+            (Auto, Some(Deny), Deny),
+            (Deny, Some(Auto), Deny),
+            (Deny, Some(Manual), Deny),
+        ] {
+            let section = ApprovalsSection { mode: home };
+            assert_eq!(section.mode_for(session), want, "{home} {session:?}");
         }
     }
 

@@ -85,6 +85,9 @@ async fn answer(
         ClientRequest::SessionRename(p) => {
             MethodResult::SessionRename(session_rename(owner, p).await?)
         }
+        ClientRequest::SessionSetMode(p) => {
+            MethodResult::SessionSetMode(session_set_mode(owner, conn, p).await?)
+        }
         ClientRequest::PromptSubmit(p) => {
             MethodResult::PromptSubmit(prompt_submit(owner, conn, p).await?)
         }
@@ -282,6 +285,7 @@ async fn session_create(
         toolsets,
         tool_schemas,
         sandbox: cfg.sandbox.frozen(),
+        approval_mode: p.approval_mode,
     };
     let session = owner
         .ledger(move |l, _| l.create_session_for_request(&new, &raw))
@@ -453,6 +457,7 @@ async fn snapshot(
                         source: session.source,
                         toolsets: session.toolsets,
                         title: session.title,
+                        approval_mode: Some(o.config().approvals.mode_for(session.approval_mode)),
                     },
                     session_id: session.id,
                 },
@@ -475,9 +480,11 @@ async fn session_list(
     let (rows, next_cursor) = owner
         .ledger(move |l, _| l.list_sessions(limit, cursor.as_deref()))
         .await?;
+    let approvals = owner.config().approvals.clone();
     let sessions = rows
         .into_iter()
         .map(|r| wire::SessionSummary {
+            approval_mode: Some(approvals.mode_for(r.session.approval_mode)),
             // A bad stored row is reported in its own row, never by failing the list.
             error: (!r.session.problems.is_empty()).then(|| r.session.problems.join("; ")),
             session_id: r.session.id,
@@ -514,6 +521,25 @@ async fn session_rename(
     Ok(wire::SessionRenamed {
         session_id: row.id,
         title: row.title.unwrap_or_default(),
+    })
+}
+
+/// `session.set_mode` (drover extension): attached, as `session.interrupt`. A turn's worker
+/// gets its mode at claim, so the change applies from the session's next turn.
+async fn session_set_mode(
+    owner: &Arc<Owner>,
+    conn: &ConnHandle,
+    p: wire::SessionSetModeParams,
+) -> Result<wire::SessionMode, OwnerError> {
+    let wire::SessionSetModeParams { session_id, mode } = p;
+    require_attached(owner, conn, &session_id).await?;
+    let row = owner
+        .ledger(move |l, _| l.set_approval_mode(&session_id, mode))
+        .await?;
+    Ok(wire::SessionMode {
+        approval_mode: owner.config().approvals.mode_for(row.approval_mode),
+        session_id: row.id,
+        mode,
     })
 }
 

@@ -27,6 +27,7 @@ use serde_json::Value;
 use crate::chat::{Role, ToolCall, Usage};
 use crate::event::SessionEvent;
 use crate::fields;
+use crate::policy::ApprovalMode;
 use crate::rpc::{ErrorReason, RpcError};
 use crate::secret::Secret;
 use crate::worker::BackgroundProcess;
@@ -127,6 +128,8 @@ methods! {
     SessionDetach => "session.detach", SessionRef, Detached;
     /// `session.rename` (drover extension): set a session's title.
     SessionRename => "session.rename", SessionRenameParams, SessionRenamed;
+    /// `session.set_mode` (drover extension): set the session's approval mode.
+    SessionSetMode => "session.set_mode", SessionSetModeParams, SessionMode;
     /// `prompt.submit`: admit an input (idempotent on `input_id`).
     PromptSubmit => "prompt.submit", PromptSubmitParams, AdmissionReceipt;
     /// `session.compact`: compact the session's history, as a turn in its FIFO; answers once
@@ -279,6 +282,10 @@ pub struct SessionCreateParams {
     )]
     #[schemars(length(min = 1, max = 256))]
     pub source: Option<String>,
+    /// The session's approval mode, `manual`, `auto` or `deny` (default: none of its own, so
+    /// `approvals.mode` of `config.toml` applies); `session.set_mode` changes it later.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_mode: Option<ApprovalMode>,
 }
 
 impl SessionCreateParams {
@@ -295,6 +302,7 @@ impl SessionCreateParams {
             system_prompt: None,
             title: None,
             source: None,
+            approval_mode: None,
         }
     }
 }
@@ -331,6 +339,18 @@ pub struct SessionRenameParams {
     #[serde(deserialize_with = "fields::title")]
     #[schemars(length(min = 1, max = 200))]
     pub title: String,
+}
+
+/// Params of `session.set_mode` (drover extension; attached).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionSetModeParams {
+    /// The session (attached).
+    #[serde(deserialize_with = "fields::name")]
+    #[schemars(length(min = 1, max = 256))]
+    pub session_id: String,
+    /// The session's approval mode from now on: `manual`, `auto` or `deny`.
+    pub mode: ApprovalMode,
 }
 
 /// Params of `prompt.submit`.
@@ -509,6 +529,18 @@ pub struct SessionRenamed {
     pub session_id: String,
     /// Its title.
     pub title: String,
+}
+
+/// Result of `session.set_mode`: the mode stored for the session, and the one its turns get.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SessionMode {
+    /// The session.
+    pub session_id: String,
+    /// The session's mode, as stored.
+    pub mode: ApprovalMode,
+    /// The mode its next turn gets: `deny` while `config.toml` says `approvals.mode = "deny"`
+    /// (the home's floor), else `mode`.
+    pub approval_mode: ApprovalMode,
 }
 
 /// Result of `session.detach`: `{}`.
@@ -720,6 +752,11 @@ pub struct SessionInfo {
     /// What confines its tools (issue 13); absent from a daemon older than the sandbox.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub confinement: Option<crate::sandbox::Confinement>,
+    /// The approval mode its next turn gets: `deny` while `config.toml` says `deny`, else the
+    /// session's own mode (`session.set_mode`) when it has one, else `config.toml`'s. Absent
+    /// from an older daemon.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_mode: Option<ApprovalMode>,
 }
 
 /// Result of `session.list`.
@@ -762,6 +799,10 @@ pub struct SessionSummary {
     /// Completion tokens its turns used so far (absent from an older daemon).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_tokens: Option<u64>,
+    /// The approval mode its next turn gets, as `session.resume` `info.approval_mode` (absent
+    /// from an older daemon).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_mode: Option<ApprovalMode>,
     /// What is wrong with the stored row, when it is damaged (the row is still listed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -1149,6 +1190,23 @@ mod tests {
             ("job.events", json!({"job_id": ""}), "job_id"),
             ("job.events", json!({"job_id": "j", "after": "x"}), "after"),
             ("ui.login_code", json!({"for": "me"}), "for"),
+            ("session.set_mode", json!({"session_id": "s"}), "mode"),
+            (
+                "session.set_mode",
+                json!({"session_id": "s", "mode": "yolo"}),
+                "mode",
+            ),
+            (
+                "session.set_mode",
+                json!({"session_id": "s", "mode": "Auto"}),
+                "mode",
+            ),
+            ("session.set_mode", json!({"mode": "auto"}), "session_id"),
+            (
+                "session.create",
+                json!({"request_id": "r", "approval_mode": "always"}),
+                "approval_mode",
+            ),
         ];
         for (method, params, field) in cases.into_iter().chain(field_rule_cases()) {
             let (got, message) = refused(method, params.clone());

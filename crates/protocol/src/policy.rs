@@ -6,6 +6,9 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+use std::borrow::Cow;
+
+use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
 use serde::{Deserialize, Serialize};
 
 /// `approvals.mode` (SPEC sections 1 and 6). On the wire and in `config.toml` it is the
@@ -34,6 +37,22 @@ impl ApprovalMode {
             ApprovalMode::Auto => "auto",
             ApprovalMode::Deny => "deny",
         }
+    }
+}
+
+/// Written by hand: the derive would follow `try_from = "String"` and describe any string.
+impl JsonSchema for ApprovalMode {
+    fn schema_name() -> Cow<'static, str> {
+        "ApprovalMode".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "description": "An approval mode: `manual` (ask before a dangerous command runs), \
+                `auto` (run it without asking) or `deny` (refuse it without asking).",
+            "type": "string",
+            "enum": ["manual", "auto", "deny"],
+        })
     }
 }
 
