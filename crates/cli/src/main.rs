@@ -184,7 +184,15 @@ fn main() -> ExitCode {
                     None
                 }
             });
-            drover_owner::run_daemon(&home, lifetime, ready)
+            let acp = acp_endpoint(home.clone());
+            drover_owner::run_daemon(
+                &home,
+                drover_owner::DaemonStart {
+                    lifetime,
+                    ready,
+                    acp: Some(acp),
+                },
+            )
         }
         Command::Worker { template: false } => drover_worker::main_entry(),
         Command::Worker { template: true } => drover_worker::template_entry(),
@@ -236,6 +244,25 @@ fn worker_command_line(mut args: impl Iterator<Item = std::ffi::OsString>) -> Op
         (Some(flag), None) if flag == "--file-tools" => Some(WorkerLine::FileTools),
         _ => None,
     }
+}
+
+/// The daemon's `/v1/acp`: for each connection, `drover acp`'s agent over the WebSocket's
+/// messages, a client of this same daemon's `/v1/ws` (it reads the home's `daemon.json`; it
+/// never starts a daemon, being in one).
+fn acp_endpoint(home: std::path::PathBuf) -> drover_owner::AcpEndpoint {
+    std::sync::Arc::new(move |lines: drover_owner::AcpLines| {
+        let options =
+            drover_client::ConnectOptions::new(home.clone(), drover_client::StartDaemon::Never);
+        Box::pin(async move {
+            let transport = drover_acp::Transport::Lines {
+                incoming: lines.incoming,
+                outgoing: lines.outgoing,
+            };
+            if let Err(e) = drover_acp::serve(transport, options).await {
+                tracing::debug!(error = %e, "an ACP client over /v1/acp ended with an error");
+            }
+        })
+    })
 }
 
 #[cfg(test)]

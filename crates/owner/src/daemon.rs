@@ -23,6 +23,16 @@ use crate::turns::{drain, kick_all, start_watchdog};
 /// of a long session than with one (`cargo bench -p drover --bench turn`, scenario `long`).
 const OWNER_MALLOC_ARENAS: i32 = 1;
 
+/// How [`run_daemon`] starts the owner.
+pub struct DaemonStart {
+    /// Who started it, and so whether it exits when idle.
+    pub lifetime: Lifetime,
+    /// The readiness pipe (see [`run_daemon`]).
+    pub ready: Option<std::fs::File>,
+    /// The ACP agent served at `/v1/acp` (none: `/v1/acp` is not found).
+    pub acp: Option<crate::server::AcpEndpoint>,
+}
+
 /// Runs the owner in the foreground until SIGTERM/SIGINT (or, for
 /// [`Lifetime::StartedByClient`], until it has been idle for `[daemon] idle_exit_s`). Exits
 /// [`Exit::Ok`] once stopped cleanly, [`Exit::Failed`] when it could not start (bad config,
@@ -30,11 +40,16 @@ const OWNER_MALLOC_ARENAS: i32 = 1;
 /// home (SPEC section 1). Why it could not start is in `daemon.log` too, where a client that
 /// started it in the background finds it.
 ///
-/// `ready`, when given, is the write end of a pipe from the client that started this daemon
-/// (`drover daemon --ready-fd N`): once `daemon.json` is written and the endpoint listens, the
-/// line `ready` is written to it and it is closed. A daemon that cannot start closes it without
-/// that line (by exiting), so the client learns either way without polling (issue 15).
-pub fn run_daemon(home: &Path, lifetime: Lifetime, ready: Option<std::fs::File>) -> Exit {
+/// `start.ready`, when given, is the write end of a pipe from the client that started this
+/// daemon (`drover daemon --ready-fd N`): once `daemon.json` is written and the endpoint
+/// listens, the line `ready` is written to it and it is closed. A daemon that cannot start
+/// closes it without that line (by exiting), so the client learns either way without polling.
+pub fn run_daemon(home: &Path, start: DaemonStart) -> Exit {
+    let DaemonStart {
+        lifetime,
+        ready,
+        acp,
+    } = start;
     // Before any thread starts (issue 14): the owner's memory stays flat as sessions grow.
     drover_tools::platform::limit_malloc_arenas(OWNER_MALLOC_ARENAS);
     if let Err(e) = prepare_home(home) {
@@ -100,7 +115,7 @@ pub fn run_daemon(home: &Path, lifetime: Lifetime, ready: Option<std::fs::File>)
             return Exit::Failed;
         }
     };
-    let code = runtime.block_on(serve(home.to_path_buf(), lifetime, ready, held));
+    let code = runtime.block_on(serve(home.to_path_buf(), lifetime, ready, acp, held));
     if let Some(telemetry) = telemetry {
         telemetry.shutdown();
     }
@@ -207,6 +222,7 @@ async fn serve(
     home: PathBuf,
     lifetime: Lifetime,
     ready: Option<std::fs::File>,
+    acp: Option<crate::server::AcpEndpoint>,
     held: Option<HomeDir>,
 ) -> Exit {
     let mut signals = StopSignals::install();
@@ -343,7 +359,7 @@ async fn serve(
             .ok()
             .and_then(drover_tools::platform::process_start_time),
     };
-    let app = crate::server::router(owner.clone(), token);
+    let app = crate::server::router(owner.clone(), token, acp);
     let shutdown = owner.shutdown.clone();
     let server_stop = shutdown.clone();
     let server = tokio::spawn(async move {

@@ -21,7 +21,9 @@
 //! What it does not do: call the model or run tools; workers do, and write back only through
 //! `persist` frames.
 //!
-//! The web dashboard (`/ui`, issue 16) is served beside the WebSocket ([`dashboard`]); a
+//! ACP clients are served at `/v1/acp` by an agent the binary hands in ([`AcpEndpoint`]):
+//! the owner does not speak ACP, the agent is a client of its `/v1/ws`.
+//! The web dashboard (`/ui`) is served beside the WebSocket ([`dashboard`]); a
 //! browser logs in with a one-time code for a credential it offers at each connection
 //! ([`browser`]). Workers' outbox folders are recycled from turn to turn ([`outboxes`]).
 //!
@@ -56,4 +58,5 @@ pub mod turns;
 pub mod worker_logs;
 pub mod worker_process;
 
-pub use daemon::run_daemon;
+pub use daemon::{run_daemon, DaemonStart};
+pub use server::{AcpEndpoint, AcpLines};

@@ -1,11 +1,16 @@
-//! The HTTP endpoint: `GET /healthz` (no auth), the WebSocket at `/v1/ws` (SPEC section 1) and
-//! the web dashboard at `/ui` ([`crate::dashboard`]).
+//! The HTTP endpoint: `GET /healthz` (no auth), the WebSocket at `/v1/ws` (SPEC section 1),
+//! the ACP WebSocket at `/v1/acp` and the web dashboard at `/ui` ([`crate::dashboard`]).
 //!
 //! An upgrade without an `Origin` header requires `Authorization: Bearer <token>` (401
 //! otherwise, compared in constant time). An upgrade with an `Origin` is a browser's: it is
 //! refused (403) unless the origin is exactly the daemon's own and the request offers the
 //! dashboard's login credential of this daemon start as a subprotocol (401 when it is missing
 //! or stale; [`crate::browser`]). Each text frame is one JSON-RPC message.
+//!
+//! `/v1/acp` is admitted by the same rules, bearer token only (the dashboard does not speak
+//! ACP). The owner does not speak ACP itself: each connection's messages go to the
+//! [`AcpEndpoint`] the binary hands in (an ACP agent that is a client of this daemon's
+//! `/v1/ws`); without one, `/v1/acp` is not found (404).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -18,33 +23,62 @@ use axum::routing::get;
 use axum::{Json, Router};
 use drover_protocol::client::MethodResult;
 use drover_protocol::rpc::{Request, Response, RpcError};
+use futures::future::BoxFuture;
 use futures::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::error::OwnerError;
 use crate::hub::{ConnHandle, Credential, Outgoing};
 use crate::rpc::{dispatch, Reply};
 use crate::runtime::Owner;
 
+/// One `/v1/acp` connection's messages, one JSON-RPC message each way per text frame.
+pub struct AcpLines {
+    /// Messages from the ACP client; ends when its WebSocket does.
+    pub incoming: mpsc::Receiver<String>,
+    /// Messages to the ACP client; bounded ([`ACP_QUEUE`]), so an agent whose client reads
+    /// slowly waits for it rather than queueing without end.
+    pub outgoing: mpsc::Sender<String>,
+}
+
+/// The ACP agent served at `/v1/acp`: called once per connection, its future serves that ACP
+/// client. The future is dropped when the WebSocket ends (or the daemon stops); when it ends
+/// by itself, what it sent is flushed and the WebSocket closed (1000).
+pub type AcpEndpoint = Arc<dyn Fn(AcpLines) -> BoxFuture<'static, ()> + Send + Sync>;
+
+/// Messages queued each way of a `/v1/acp` connection.
+pub const ACP_QUEUE: usize = 64;
+
 #[derive(Clone)]
 struct AppState {
     owner: Arc<Owner>,
     token: Arc<drover_protocol::Secret>,
+    acp: Option<AcpEndpoint>,
 }
 
 static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
 
-/// The router for one owner.
-pub fn router(owner: Arc<Owner>, token: drover_protocol::Secret) -> Router {
-    Router::new()
+/// The router for one owner; `/v1/acp` only with an `acp` endpoint.
+pub fn router(
+    owner: Arc<Owner>,
+    token: drover_protocol::Secret,
+    acp: Option<AcpEndpoint>,
+) -> Router {
+    let mut router = Router::new()
         .route("/healthz", get(healthz))
-        .route("/v1/ws", get(ws_upgrade))
+        .route("/v1/ws", get(ws_upgrade));
+    if acp.is_some() {
+        router = router.route("/v1/acp", get(acp_upgrade));
+    }
+    router
         .merge(crate::dashboard::router(owner.clone()))
         .with_state(AppState {
             owner,
             token: Arc::new(token),
+            acp,
         })
 }
 
@@ -80,15 +114,17 @@ fn authorized(headers: &HeaderMap, token: &str) -> bool {
     given.len() == token.len() && bool::from(given.as_bytes().ct_eq(token.as_bytes()))
 }
 
-async fn ws_upgrade(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    ws: WebSocketUpgrade,
-) -> HttpResponse {
-    let credential = match headers.get(axum::http::header::ORIGIN) {
+/// A refused upgrade: its status and why.
+type Refusal = (StatusCode, &'static str);
+
+const BROWSER_REFUSED: Refusal = (StatusCode::FORBIDDEN, "browser origins are refused\n");
+
+/// How an upgrade authenticates (SPEC section 1), or its refusal.
+fn admit(state: &AppState, headers: &HeaderMap) -> Result<Credential, Refusal> {
+    match headers.get(axum::http::header::ORIGIN) {
         Some(origin) => {
             if origin.as_bytes() != state.owner.browser.origin().as_bytes() {
-                return (StatusCode::FORBIDDEN, "browser origins are refused\n").into_response();
+                return Err(BROWSER_REFUSED);
             }
             let protocols = headers
                 .get(axum::http::header::SEC_WEBSOCKET_PROTOCOL)
@@ -98,34 +134,68 @@ async fn ws_upgrade(
                 .browser
                 .admits(state.owner.browser.origin(), protocols)
             {
-                return (
+                return Err((
                     StatusCode::UNAUTHORIZED,
                     "not logged in: run `drover ui` for a login link\n",
-                )
-                    .into_response();
+                ));
             }
-            Credential::Browser
+            Ok(Credential::Browser)
         }
         None => {
-            if !authorized(&headers, state.token.expose()) {
-                return (StatusCode::UNAUTHORIZED, "missing or bad bearer token\n").into_response();
+            if !authorized(headers, state.token.expose()) {
+                return Err((StatusCode::UNAUTHORIZED, "missing or bad bearer token\n"));
             }
-            Credential::Bearer
+            Ok(Credential::Bearer)
         }
+    }
+}
+
+/// The bounds of every client WebSocket.
+fn bounded(ws: WebSocketUpgrade) -> WebSocketUpgrade {
+    ws.max_message_size(MAX_CLIENT_MESSAGE_BYTES)
+        .max_frame_size(MAX_CLIENT_MESSAGE_BYTES)
+        .read_buffer_size(WS_READ_BUFFER_BYTES)
+        .write_buffer_size(0)
+}
+
+async fn ws_upgrade(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    ws: WebSocketUpgrade,
+) -> HttpResponse {
+    let credential = match admit(&state, &headers) {
+        Ok(credential) => credential,
+        Err(refusal) => return refusal.into_response(),
     };
     // The dashboard offers its credential as a subprotocol; it must get one chosen back.
     let ws = match credential {
         Credential::Browser => ws.protocols([crate::browser::PROTOCOL]),
         Credential::Bearer => ws,
     };
-    ws.max_message_size(MAX_CLIENT_MESSAGE_BYTES)
-        .max_frame_size(MAX_CLIENT_MESSAGE_BYTES)
-        .read_buffer_size(WS_READ_BUFFER_BYTES)
-        .write_buffer_size(0)
-        .on_upgrade(move |socket| {
-            let connections = state.owner.connections.clone();
-            connections.track_future(serve_connection(state.owner, socket, credential))
-        })
+    bounded(ws).on_upgrade(move |socket| {
+        let connections = state.owner.connections.clone();
+        connections.track_future(serve_connection(state.owner, socket, credential))
+    })
+}
+
+async fn acp_upgrade(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    ws: WebSocketUpgrade,
+) -> HttpResponse {
+    match admit(&state, &headers) {
+        Ok(Credential::Bearer) => {}
+        // The agent is a bearer client of this daemon: a browser login must not become that.
+        Ok(Credential::Browser) => return BROWSER_REFUSED.into_response(),
+        Err(refusal) => return refusal.into_response(),
+    }
+    let Some(endpoint) = state.acp.clone() else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    bounded(ws).on_upgrade(move |socket| {
+        let connections = state.owner.connections.clone();
+        connections.track_future(serve_acp(state.owner, socket, endpoint))
+    })
 }
 
 /// The socket read buffer of a connection (tungstenite's default is 128 KiB, allocated for
@@ -153,6 +223,8 @@ enum Ending {
     /// The client fell behind its outbox bound (SPEC section 2: it resyncs with
     /// `session.events.since`).
     FellBehind,
+    /// The ACP agent of a `/v1/acp` connection ended.
+    AgentEnded,
 }
 
 impl Ending {
@@ -182,6 +254,7 @@ impl Ending {
                 close_code::POLICY,
                 "client fell behind; resync with session.events.since".to_string(),
             ),
+            Ending::AgentEnded => (close_code::NORMAL, "the ACP agent ended".to_string()),
         };
         // A close frame's reason is at most 123 bytes.
         let mut reason = reason;
@@ -251,6 +324,88 @@ async fn serve_connection(owner: Arc<Owner>, socket: WebSocket, credential: Cred
         writer.abort();
     }
     tracing::debug!(conn = id, "client disconnected");
+}
+
+/// Serves one `/v1/acp` connection: its text frames go to the agent `endpoint` starts, the
+/// agent's messages come back as text frames, until either side ends or the daemon stops.
+async fn serve_acp(owner: Arc<Owner>, socket: WebSocket, endpoint: AcpEndpoint) {
+    let id = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
+    let (mut sink, mut stream) = socket.split();
+    let (incoming_tx, incoming) = mpsc::channel::<String>(ACP_QUEUE);
+    let (outgoing, mut outgoing_rx) = mpsc::channel::<String>(ACP_QUEUE);
+    // The reader answers a binary frame itself, through the same queue.
+    let refusals = outgoing.clone();
+    // A task of its own, so a client slow to read holds back only what the agent sends; it is
+    // aborted (and with it the agent's own connection to this daemon) when this connection
+    // ends, whichever way.
+    let mut agent = AbortOnDropHandle::new(tokio::spawn(endpoint(AcpLines { incoming, outgoing })));
+    tracing::debug!(conn = id, "ACP client connected");
+    let reading = async {
+        loop {
+            let msg = match stream.next().await {
+                None => return Ending::PeerClosed,
+                Some(Err(e)) => return Ending::from_read_error(e),
+                Some(Ok(msg)) => msg,
+            };
+            let delivered = match msg {
+                // An agent that stops reading holds back this client, no one else.
+                Message::Text(text) => incoming_tx.send(text.as_str().to_owned()).await.is_ok(),
+                Message::Binary(_) => {
+                    let refusal = error_response(
+                        Value::Null,
+                        OwnerError::InvalidRequest("send JSON-RPC as text frames".into()),
+                    );
+                    refusals.send(refusal).await.is_ok()
+                }
+                Message::Close(_) => return Ending::PeerClosed,
+                // Pings are answered by the WebSocket layer.
+                Message::Ping(_) | Message::Pong(_) => true,
+            };
+            if !delivered {
+                // The agent has ended: the writer flushes what it sent and ends the connection.
+                return std::future::pending().await;
+            }
+        }
+    };
+    let writing = async {
+        let mut agent_ended = false;
+        loop {
+            let text = tokio::select! {
+                biased;
+                text = outgoing_rx.recv() => text,
+                _ = &mut agent, if !agent_ended => {
+                    agent_ended = true;
+                    // What it queued still goes out; then `recv` ends.
+                    outgoing_rx.close();
+                    continue;
+                }
+            };
+            let Some(text) = text else {
+                return Ending::AgentEnded;
+            };
+            if sink.send(Message::Text(text.into())).await.is_err() {
+                return Ending::Broken;
+            }
+        }
+    };
+    let ending = tokio::select! {
+        ending = reading => ending,
+        ending = writing => ending,
+        () = owner.shutdown.cancelled() => Ending::Shutdown,
+    };
+    tracing::debug!(conn = id, ending = ?ending, "ACP client connection ending");
+    // Detach is not cancel (G3): the agent's turns go on without it.
+    drop(agent);
+    if let Some(frame) = ending.close_frame() {
+        // Bounded: a peer that does not read could block the close forever.
+        let _ = tokio::time::timeout(
+            CONNECTION_CLOSE_WAIT,
+            sink.send(Message::Close(Some(frame))),
+        )
+        .await;
+    }
+    let _ = tokio::time::timeout(CONNECTION_CLOSE_WAIT, sink.close()).await;
+    tracing::debug!(conn = id, "ACP client disconnected");
 }
 
 type WsSink = futures::stream::SplitSink<WebSocket, Message>;

@@ -1,0 +1,297 @@
+//! The daemon's ACP WebSocket, `/v1/acp`, against the real binary: admitted as `/v1/ws` is (the
+//! token, no browser origin), one JSON-RPC message per text frame, pings answered, closed when
+//! the daemon stops, and the agent behind it gone with the WebSocket.
+
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashSet;
+use std::io::{Read, Write};
+use std::path::Path;
+use std::time::Duration;
+
+use drover_test_support::harness::{run_drover, signal, Client, Daemon, TestHome, WAIT};
+use drover_test_support::wait;
+use futures::{SinkExt, StreamExt};
+use serde_json::{json, Value};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::Message;
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_drover"))
+}
+
+fn acp_url(d: &Daemon) -> String {
+    d.url().replace("/v1/ws", "/v1/acp")
+}
+
+/// The status code of a WebSocket upgrade of `path` with the extra header lines `headers`.
+fn upgrade_status(d: &Daemon, path: &str, headers: &str) -> u16 {
+    let base = d.http_base();
+    let addr = base.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+         Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n{headers}\r\n"
+    );
+    s.write_all(request.as_bytes()).unwrap();
+    // Only the head: a refused upgrade may keep the connection open.
+    let mut out = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !out.windows(4).any(|w| w == b"\r\n\r\n") {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+        }
+    }
+    let head = String::from_utf8_lossy(&out);
+    head.split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {head:?}"))
+}
+
+const INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}"#;
+
+/// Connects to `/v1/acp` with the token and asks `initialize`; returns the client and the
+/// answer's `result`.
+async fn initialized(d: &Daemon) -> (Client, Value) {
+    let mut acp = Client::connect(&acp_url(d), Some(&d.token()))
+        .await
+        .unwrap();
+    acp.send_raw(INITIALIZE).await.unwrap();
+    let answer = acp.recv_response().await.unwrap();
+    assert_eq!(answer["id"], 1, "{answer}");
+    (acp, answer["result"].clone())
+}
+
+/// Established TCP connections of process `pid` to or from `port`, each end counted: found by
+/// the socket inodes among its descriptors.
+fn connections_of(pid: u32, port: u16) -> usize {
+    let inodes: HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|dir| {
+            dir.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+                .filter_map(|target| {
+                    let target = target.to_string_lossy().into_owned();
+                    Some(
+                        target
+                            .strip_prefix("socket:[")?
+                            .strip_suffix(']')?
+                            .to_string(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let port_of = |address: &str| {
+        address
+            .rsplit(':')
+            .next()
+            .and_then(|p| u16::from_str_radix(p, 16).ok())
+    };
+    ["tcp", "tcp6"]
+        .iter()
+        .filter_map(|table| std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).ok())
+        .flat_map(|text| text.lines().skip(1).map(str::to_owned).collect::<Vec<_>>())
+        .filter(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // Field 3 is the state (01: established), field 9 the inode.
+            fields.len() > 9
+                && fields[3] == "01"
+                && inodes.contains(fields[9])
+                && (port_of(fields[1]) == Some(port) || port_of(fields[2]) == Some(port))
+        })
+        .count()
+}
+
+fn port_of(d: &Daemon) -> u16 {
+    d.http_base().rsplit(':').next().unwrap().parse().unwrap()
+}
+
+#[tokio::test]
+async fn acp_upgrade_is_refused_as_the_client_websocket_is() {
+    let home = TestHome::new().unwrap();
+    let d = Daemon::start(bin(), home.path()).await.unwrap();
+    let bearer = format!("Authorization: Bearer {}\r\n", d.token());
+    let own_origin = format!("Origin: {}\r\n", d.http_base());
+    let cases = [
+        ("no token", String::new(), 401),
+        (
+            "a wrong token",
+            "Authorization: Bearer wrong\r\n".to_string(),
+            401,
+        ),
+        (
+            "the token in another scheme",
+            format!("Authorization: Basic {}\r\n", d.token()),
+            401,
+        ),
+        (
+            "the token from a foreign page",
+            format!("{bearer}Origin: http://evil.example\r\n"),
+            403,
+        ),
+        (
+            "the daemon's own origin without a login",
+            own_origin.clone(),
+            401,
+        ),
+    ];
+    for (what, headers, want) in cases {
+        let ws = upgrade_status(&d, "/v1/ws", &headers);
+        let acp = upgrade_status(&d, "/v1/acp", &headers);
+        assert_eq!(ws, want, "/v1/ws with {what}");
+        assert_eq!(acp, want, "/v1/acp with {what}, refused as /v1/ws is");
+    }
+    assert_eq!(upgrade_status(&d, "/v1/acp", &bearer), 101);
+    assert!(Client::connect(&acp_url(&d), None).await.is_err());
+    assert!(Client::connect(&acp_url(&d), Some("wrong")).await.is_err());
+}
+
+/// A dashboard login credential of `d`, got as a browser gets it: `drover ui` mints a link, and
+/// the link's redirect carries the credential.
+async fn dashboard_credential(home: &Path, d: &Daemon) -> String {
+    let out = run_drover(bin(), home, None, &["ui", "--no-open", "--json"]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let link: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let link = link["url"].as_str().unwrap();
+    let path = &link[link.find("/ui/login").unwrap()..];
+    let base = d.http_base();
+    let mut s = std::net::TcpStream::connect(base.trim_start_matches("http://")).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .unwrap();
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer);
+    let location = answer
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("location: ")
+                .or_else(|| l.strip_prefix("Location: "))
+        })
+        .unwrap_or_else(|| panic!("no redirect in {answer:?}"));
+    location
+        .trim()
+        .rsplit("/login/")
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+#[tokio::test]
+async fn a_dashboard_login_opens_the_client_websocket_but_not_acp() {
+    let home = TestHome::new().unwrap();
+    let d = Daemon::start(bin(), home.path()).await.unwrap();
+    let credential = dashboard_credential(home.path(), &d).await;
+    let browser = format!(
+        "Sec-WebSocket-Protocol: drover.v1, drover-auth.{credential}\r\nOrigin: {}\r\n",
+        d.http_base()
+    );
+    assert_eq!(upgrade_status(&d, "/v1/ws", &browser), 101);
+    assert_eq!(upgrade_status(&d, "/v1/acp", &browser), 403);
+}
+
+#[tokio::test]
+async fn acp_initialize_over_the_websocket() {
+    let home = TestHome::new().unwrap();
+    let d = Daemon::start(bin(), home.path()).await.unwrap();
+    let (mut acp, result) = initialized(&d).await;
+    assert_eq!(result["protocolVersion"], 1, "{result}");
+    // One message per frame, both ways: a second request on the same socket is answered too.
+    let again = acp
+        .call(
+            "initialize",
+            json!({"protocolVersion": 1, "clientCapabilities": {}}),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(again["protocolVersion"], 1, "{again}");
+}
+
+#[tokio::test]
+async fn acp_websocket_answers_pings_and_binary_frames() {
+    let home = TestHome::new().unwrap();
+    let d = Daemon::start(bin(), home.path()).await.unwrap();
+    let mut request = acp_url(&d).into_client_request().unwrap();
+    request.headers_mut().insert(
+        "Authorization",
+        format!("Bearer {}", d.token()).parse().unwrap(),
+    );
+    let (mut ws, _) = tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(request))
+        .await
+        .unwrap()
+        .unwrap();
+    ws.send(Message::Text(INITIALIZE.into())).await.unwrap();
+    ws.send(Message::Ping(b"still there?".to_vec().into()))
+        .await
+        .unwrap();
+    ws.send(Message::Binary(b"{}".to_vec().into()))
+        .await
+        .unwrap();
+    let (mut pong, mut initialized, mut refused) = (false, false, false);
+    while !(pong && initialized && refused) {
+        let frame = tokio::time::timeout(WAIT, ws.next())
+            .await
+            .expect("pong and answers in time")
+            .expect("the connection stays open")
+            .unwrap();
+        match frame {
+            Message::Pong(payload) => {
+                assert_eq!(&payload[..], b"still there?");
+                pong = true;
+            }
+            Message::Text(text) => {
+                let v: Value = serde_json::from_str(text.as_str()).unwrap();
+                if v["id"] == 1 {
+                    assert_eq!(v["result"]["protocolVersion"], 1, "{v}");
+                    initialized = true;
+                } else {
+                    assert!(v["error"]["message"].is_string(), "{v}");
+                    refused = true;
+                }
+            }
+            other => panic!("unexpected frame {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn daemon_stop_closes_acp_connections_as_going_away() {
+    let home = TestHome::new().unwrap();
+    let mut d = Daemon::start(bin(), home.path()).await.unwrap();
+    let (mut acp, _) = initialized(&d).await;
+    signal(d.pid(), nix::sys::signal::Signal::SIGTERM);
+    let close = acp.next_close(WAIT).await;
+    assert_eq!(close.map(|(code, _)| code), Some(1001));
+    assert_eq!(d.wait_exit(WAIT).await.unwrap().code(), Some(0));
+}
+
+#[tokio::test]
+async fn closing_the_acp_websocket_ends_the_agents_own_connection() {
+    let home = TestHome::new().unwrap();
+    let d = Daemon::start(bin(), home.path()).await.unwrap();
+    let (pid, port) = (d.pid(), port_of(&d));
+    assert_eq!(connections_of(pid, port), 0);
+    let (acp, _) = initialized(&d).await;
+    // The ACP socket's end, and both ends of the agent's own `/v1/ws` connection.
+    assert!(
+        wait::until(WAIT, async || connections_of(pid, port) == 3).await,
+        "connections of the daemon while an ACP client is served: {}",
+        connections_of(pid, port)
+    );
+    drop(acp);
+    assert!(
+        wait::until(WAIT, async || connections_of(pid, port) == 0).await,
+        "connections of the daemon left after the ACP client went: {}",
+        connections_of(pid, port)
+    );
+    // The daemon still serves: a new ACP client is answered.
+    let (_acp, result) = initialized(&d).await;
+    assert_eq!(result["protocolVersion"], 1, "{result}");
+}
