@@ -1,15 +1,59 @@
 //! `drover_acp`: drover as an Agent Client Protocol agent (ACP v1, JSON-RPC 2.0), for editors
-//! and ACP clients. `drover acp` serves it on stdio; the daemon serves it on a WebSocket at
-//! `/v1/acp` (docs/acp.md).
+//! and ACP clients (Zed, JetBrains, Neovim, Emacs, `acpx`). `drover acp` serves it on stdio;
+//! the daemon serves it on a WebSocket at `/v1/acp` (docs/acp.md).
 //!
-//! Skeleton: filled in by the next commits.
+//! What it owns: the ACP side of one client connection. An ACP session is a drover session
+//! (the same id); `session/prompt` is `prompt.submit`, and the turn's events come back as
+//! `session/update`s; drover's approval and clarify prompts are `session/request_permission`s;
+//! `session/cancel` is `session.interrupt`; the session modes are the approval modes.
+//!
+//! What it does not do: hold anything durable. It is a client of the home's daemon through
+//! [`drover_client`] (which reconnects across daemon restarts): turns belong to the daemon, so
+//! an ACP client leaving, or this process dying, stops no turn, and a client that comes back
+//! (`session/resume`, `session/load`) is asked every open prompt again (SPEC section 9, ACP).
+//!
+//! Layers: `error` (leaf); `map` (pure: drover's wire types to ACP's); `bridge` (one
+//! connection's sessions and their event pumps) on `map`; this file (the ACP method handlers)
+//! on `bridge`.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), drover_acp::AcpError> {
+//! use drover_client::{ConnectOptions, StartDaemon};
+//! let program = std::path::PathBuf::from("/usr/local/bin/drover");
+//! let options = ConnectOptions::new("/home/me/.drover", StartDaemon::Spawn { program });
+//! drover_acp::serve(drover_acp::Transport::Stdio, options).await
+//! # }
+//! ```
 
+mod bridge;
 pub mod error;
+pub mod map;
+
+use std::sync::{Arc, OnceLock};
+
+use agent_client_protocol::schema::ProtocolVersion;
+use agent_client_protocol::v1::schema::{
+    AgentCapabilities, CancelNotification, CloseSessionRequest, CloseSessionResponse,
+    Implementation, InitializeRequest, InitializeResponse, ListSessionsRequest,
+    ListSessionsResponse, LoadSessionRequest, LoadSessionResponse, McpCapabilities,
+    NewSessionRequest, NewSessionResponse, PromptCapabilities, PromptRequest, ResumeSessionRequest,
+    ResumeSessionResponse, SessionCapabilities, SessionCloseCapabilities, SessionInfo,
+    SessionListCapabilities, SessionResumeCapabilities, SetSessionModeRequest,
+    SetSessionModeResponse,
+};
+use agent_client_protocol::v1::ConnectionTo;
+use agent_client_protocol::{
+    on_receive_notification, on_receive_request, Agent, Client as AcpClient, Error as AcpRpcError,
+    Lines, Stdio,
+};
+use drover_client::{Client, ConnectOptions};
+use drover_protocol::client::SessionCreateParams;
+use drover_protocol::ApprovalMode;
+use tokio::sync::mpsc;
 
 pub use error::AcpError;
 
-use drover_client::ConnectOptions;
-use tokio::sync::mpsc;
+use bridge::{rpc_error, Attached, Bridge};
 
 /// Where the ACP client is.
 pub enum Transport {
@@ -25,8 +69,265 @@ pub enum Transport {
     },
 }
 
-/// Serves one ACP client until it goes away, as a client of the daemon `options` name.
+/// The `source` of sessions made over ACP (`session.list`, the dashboard).
+pub const SESSION_SOURCE: &str = "acp";
+
+/// The connection's bridge, made at its first request (it needs the connection).
+#[derive(Clone)]
+struct Shared {
+    client: Client,
+    bridge: Arc<OnceLock<Arc<Bridge>>>,
+}
+
+impl Shared {
+    fn bridge(&self, cx: &ConnectionTo<AcpClient>) -> Arc<Bridge> {
+        self.bridge
+            .get_or_init(|| Bridge::new(self.client.clone(), cx.clone()))
+            .clone()
+    }
+}
+
+/// Serves one ACP client until it goes away, as a client of the daemon `options` name (started
+/// first when `options` allow it and none runs).
 pub async fn serve(transport: Transport, options: ConnectOptions) -> Result<(), AcpError> {
-    let _ = (transport, options);
-    Ok(())
+    let client = Client::connect(options).await?;
+    let shared = Shared {
+        client,
+        bridge: Arc::new(OnceLock::new()),
+    };
+    let agent = handlers(shared);
+    let served = match transport {
+        Transport::Stdio => agent.connect_to(Stdio::new()).await,
+        Transport::Lines { incoming, outgoing } => {
+            let incoming = futures::stream::unfold(incoming, |mut rx| async move {
+                rx.recv()
+                    .await
+                    .map(|line| (Ok::<_, std::io::Error>(line), rx))
+            });
+            let outgoing = futures::sink::unfold(outgoing, |tx, line: String| async move {
+                tx.send(line)
+                    .await
+                    .map_err(|_| std::io::Error::from(std::io::ErrorKind::BrokenPipe))?;
+                Ok::<_, std::io::Error>(tx)
+            });
+            agent
+                .connect_to(Lines::new(Box::pin(outgoing), Box::pin(incoming)))
+                .await
+        }
+    };
+    served.map_err(|e| AcpError::Connection(e.to_string()))
+}
+
+fn initialize(request: &InitializeRequest) -> InitializeResponse {
+    // drover speaks version 1; a client asking for a newer one gets 1 and decides.
+    let _ = request;
+    InitializeResponse::new(ProtocolVersion::V1)
+        .agent_capabilities(
+            AgentCapabilities::new()
+                .load_session(true)
+                .prompt_capabilities(PromptCapabilities::new().embedded_context(true))
+                .mcp_capabilities(McpCapabilities::new())
+                .session_capabilities(
+                    SessionCapabilities::new()
+                        .list(SessionListCapabilities::new())
+                        .resume(SessionResumeCapabilities::new())
+                        .close(SessionCloseCapabilities::new()),
+                ),
+        )
+        .auth_methods(Vec::new())
+        .agent_info(
+            Implementation::new("drover", env!("CARGO_PKG_VERSION")).title("drover".to_string()),
+        )
+}
+
+/// The session's approval mode as ACP modes.
+fn modes_of(mode: Option<ApprovalMode>) -> agent_client_protocol::v1::schema::SessionModeState {
+    map::modes(mode.unwrap_or_default())
+}
+
+/// The attached session `session_id`, attaching it (without replay) when this connection has
+/// not yet.
+async fn attached(bridge: &Arc<Bridge>, session_id: &str) -> Result<Arc<Attached>, AcpRpcError> {
+    if let Some(a) = bridge.attached(session_id) {
+        return Ok(a);
+    }
+    let stream = bridge.client.attach(session_id).await.map_err(rpc_error)?;
+    Ok(bridge.follow(stream, false))
+}
+
+macro_rules! spawn_answer {
+    ($cx:expr, $responder:expr, $work:expr) => {{
+        let responder = $responder;
+        $cx.spawn(async move { responder.respond_with_result($work.await) })
+    }};
+}
+
+fn handlers(
+    shared: Shared,
+) -> agent_client_protocol::v1::Builder<
+    Agent,
+    impl agent_client_protocol::HandleDispatchFrom<AcpClient>,
+> {
+    let (s1, s2, s3, s4, s5, s6, s7, s8) = (
+        shared.clone(),
+        shared.clone(),
+        shared.clone(),
+        shared.clone(),
+        shared.clone(),
+        shared.clone(),
+        shared.clone(),
+        shared,
+    );
+    Agent
+        .v1()
+        .name("drover")
+        .on_receive_request(
+            async move |request: InitializeRequest, responder, _cx| {
+                responder.respond(initialize(&request))
+            },
+            on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: NewSessionRequest, responder, cx| {
+                let bridge = s1.bridge(&cx);
+                spawn_answer!(cx, responder, async move {
+                    let cwd = request.cwd.to_string_lossy().into_owned();
+                    let mut params =
+                        SessionCreateParams::in_cwd(uuid::Uuid::new_v4().to_string(), cwd);
+                    params.source = Some(SESSION_SOURCE.to_string());
+                    let stream = bridge
+                        .client
+                        .create_and_attach(params)
+                        .await
+                        .map_err(rpc_error)?;
+                    let mode = None;
+                    let attached = bridge.follow(stream, false);
+                    Ok(NewSessionResponse::new(attached.session_id.clone()).modes(modes_of(mode)))
+                })
+            },
+            on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: LoadSessionRequest, responder, cx| {
+                // Replayed updates must reach the client before the answer: done here, in
+                // the dispatch loop, in order.
+                let bridge = s2.bridge(&cx);
+                let id = request.session_id.0.to_string();
+                bridge.forget(&id);
+                match bridge.client.attach(&id).await {
+                    Ok(stream) => {
+                        bridge.follow(stream, true);
+                        responder.respond(LoadSessionResponse::new().modes(modes_of(None)))
+                    }
+                    Err(e) => responder.respond_with_error(rpc_error(e)),
+                }
+            },
+            on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: ResumeSessionRequest, responder, cx| {
+                let bridge = s3.bridge(&cx);
+                spawn_answer!(cx, responder, async move {
+                    let id = request.session_id.0.to_string();
+                    bridge.forget(&id);
+                    attached(&bridge, &id).await?;
+                    Ok(ResumeSessionResponse::new().modes(modes_of(None)))
+                })
+            },
+            on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: ListSessionsRequest, responder, cx| {
+                let bridge = s4.bridge(&cx);
+                spawn_answer!(cx, responder, async move {
+                    let sessions = bridge.client.all_sessions().await.map_err(rpc_error)?;
+                    let mut rows: Vec<SessionInfo> = Vec::new();
+                    for s in sessions {
+                        if s.source == "subagent" {
+                            continue;
+                        }
+                        let cwd = request
+                            .cwd
+                            .clone()
+                            .unwrap_or_else(|| std::path::PathBuf::from("/"));
+                        rows.push(SessionInfo::new(s.session_id, cwd).title(s.title));
+                    }
+                    Ok(ListSessionsResponse::new(rows))
+                })
+            },
+            on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: CloseSessionRequest, responder, cx| {
+                let bridge = s5.bridge(&cx);
+                spawn_answer!(cx, responder, async move {
+                    let id = request.session_id.0.to_string();
+                    // Closing is detaching: the session and any running turn stay with the
+                    // daemon (SPEC G3).
+                    bridge.forget(&id);
+                    bridge.client.detach(&id).await.map_err(rpc_error)?;
+                    Ok(CloseSessionResponse::new())
+                })
+            },
+            on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: PromptRequest, responder, cx| {
+                let bridge = s6.bridge(&cx);
+                spawn_answer!(cx, responder, async move {
+                    let id = request.session_id.0.to_string();
+                    let attached = attached(&bridge, &id).await?;
+                    bridge.prompt(attached, request).await
+                })
+            },
+            on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: SetSessionModeRequest, responder, cx| {
+                let _bridge = s7.bridge(&cx);
+                let mode: Result<ApprovalMode, _> = request.mode_id.0.parse();
+                match mode {
+                    Ok(_) => responder.respond(SetSessionModeResponse::new()),
+                    Err(_) => responder.respond_with_error(AcpRpcError::invalid_params().data(
+                        serde_json::json!({"field": "modeId", "reason": "expected manual, auto or deny"}),
+                    )),
+                }
+            },
+            on_receive_request!(),
+        )
+        .on_receive_notification(
+            async move |notification: CancelNotification, cx| {
+                let bridge = s8.bridge(&cx);
+                let id = notification.session_id.0.to_string();
+                cx.spawn(async move {
+                    if let Some(attached) = bridge.attached(&id) {
+                        bridge.cancel(&attached).await;
+                    }
+                    Ok(())
+                })
+            },
+            on_receive_notification!(),
+        )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn initialize_offers_load_list_resume_close_and_embedded_context() {
+        let response =
+            serde_json::to_value(initialize(&InitializeRequest::new(ProtocolVersion::V1))).unwrap();
+        assert_eq!(response["protocolVersion"], 1);
+        let caps = &response["agentCapabilities"];
+        assert_eq!(caps["loadSession"], true);
+        assert_eq!(caps["promptCapabilities"]["embeddedContext"], true);
+        for key in ["list", "resume", "close"] {
+            assert!(
+                caps["sessionCapabilities"][key].is_object(),
+                "{key}: {caps}"
+            );
+        }
+        assert_eq!(response["authMethods"], serde_json::json!([]));
+    }
 }

@@ -5,6 +5,7 @@
 //! `attach` (and `drover` alone on a terminal) run [`drover_tui`] on it; `job`, `runner` and
 //! `loop` drive [`drover_jobs`]. `completions` and `man` are generated from [`Cli`] itself.
 
+mod acp_cmd;
 mod broker;
 mod chat;
 mod commands;
@@ -57,6 +58,9 @@ enum Command {
     Chat(chat::ChatArgs),
     /// Reopen a session in the interactive client, with its running turn.
     Attach(chat::AttachArgs),
+    /// Serve drover as an Agent Client Protocol (ACP) agent on stdio, for editors (Zed,
+    /// JetBrains, Neovim, Emacs) and ACP clients such as acpx (docs/acp.md).
+    Acp,
     /// Ask the home's daemon to stop (as SIGTERM does) and wait for it to exit.
     Stop,
     /// List sessions: started, last active, state, queue length and title.
@@ -168,6 +172,7 @@ fn main() -> ExitCode {
     let exit = match command {
         Command::Chat(args) => commands::block_on(chat::chat(home, args)),
         Command::Attach(args) => commands::block_on(chat::attach(home, args)),
+        Command::Acp => commands::block_on(acp_cmd::acp(home)),
         Command::Daemon {
             started_by_client,
             ready_fd,
