@@ -1285,6 +1285,10 @@ class SessionListParams(TypedDict):
     """
     The previous page's `next_cursor`.
     """
+    cwd: NotRequired[str | None]
+    """
+    Only the sessions whose `cwd` is this path, byte for byte as `session.create` stored it.
+    """
     limit: NotRequired[int | None]
     """
     Page size (default 50, clamped to 1..1000).
@@ -1383,6 +1387,10 @@ class SessionSummary(TypedDict):
     """
     The approval mode its next turn gets, as `session.resume` `info.approval_mode` (absent
     from an older daemon).
+    """
+    cwd: NotRequired[str | None]
+    """
+    Its tools' working directory (absent from an older daemon).
     """
     ended_at: NotRequired[float | None]
     """

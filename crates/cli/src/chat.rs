@@ -513,6 +513,7 @@ mod tests {
             input_tokens: None,
             output_tokens: None,
             approval_mode: None,
+            cwd: None,
             error: None,
         }
     }

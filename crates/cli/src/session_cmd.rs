@@ -140,6 +140,7 @@ pub async fn sessions(home: &Path, as_json: bool) -> Result<Exit> {
     let request = ClientRequest::SessionList(SessionListParams {
         limit: Some(1000),
         cursor: None,
+        cwd: None,
     });
     if as_json {
         // As the daemon sent it (fields this build does not know included), once it reads as

@@ -143,3 +143,58 @@ async fn create_with_approval_mode_auto_runs_without_asking() {
     assert_eq!(error["data"]["reason"], "invalid_params", "{error}");
     assert_eq!(error["data"]["field"], "approval_mode", "{error}");
 }
+
+#[tokio::test]
+async fn session_list_rows_carry_cwd_and_a_cwd_lists_only_its_sessions() {
+    let mut s = terminal_session("").await;
+    let other = s.home.work().join("other");
+    std::fs::create_dir(&other).unwrap();
+    let mut in_other = Vec::new();
+    for _ in 0..2 {
+        let params = json!({"request_id": uuid_like(), "cwd": other, "toolsets": ["terminal"]});
+        let created = s.client.call_ok("session.create", params).await.unwrap();
+        in_other.push(created["session_id"].clone());
+    }
+    let work = s.home.work().display().to_string();
+    let other = other.display().to_string();
+
+    let all = listed(&mut s, json!({})).await;
+    assert_eq!(all.len(), 3, "{all:?}");
+    for row in &all {
+        let want = if in_other.contains(&row["session_id"]) {
+            &other
+        } else {
+            &work
+        };
+        assert_eq!(row["cwd"], json!(want), "{row}");
+    }
+
+    let first = s
+        .client
+        .call_ok("session.list", json!({"cwd": other, "limit": 1}))
+        .await
+        .unwrap();
+    let rest = s
+        .client
+        .call_ok(
+            "session.list",
+            json!({"cwd": other, "cursor": first["next_cursor"]}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(rest["next_cursor"], Value::Null, "{rest}");
+    let mut got: Vec<Value> = [&first, &rest]
+        .iter()
+        .flat_map(|page| page["sessions"].as_array().unwrap().clone())
+        .map(|row| row["session_id"].clone())
+        .collect();
+    got.sort_by_key(|v| v.to_string());
+    in_other.sort_by_key(|v| v.to_string());
+    assert_eq!(got, in_other);
+
+    let only = listed(&mut s, json!({"cwd": work})).await;
+    assert_eq!(only.len(), 1, "{only:?}");
+    assert_eq!(only[0]["session_id"], json!(s.session_id));
+    let none = listed(&mut s, json!({"cwd": "/nowhere/at/all"})).await;
+    assert!(none.is_empty(), "{none:?}");
+}

@@ -145,6 +145,7 @@ impl Client {
         self.idempotent(ClientRequest::SessionList(SessionListParams {
             limit,
             cursor,
+            cwd: None,
         }))
         .await
     }
@@ -422,6 +423,7 @@ mod tests {
             input_tokens: None,
             output_tokens: None,
             approval_mode: None,
+            cwd: None,
             error: None,
         }
     }

@@ -407,12 +407,13 @@ impl Ledger {
         session_in(&self.conn, id)
     }
 
-    /// Lists sessions, newest first. `cursor` is the `next_cursor` of the previous page
-    /// (an opaque offset string).
+    /// Lists sessions, newest first; with `cwd`, only those whose working directory is that
+    /// string. `cursor` is the `next_cursor` of the previous page (an opaque offset string).
     pub fn list_sessions(
         &self,
         limit: u32,
         cursor: Option<&str>,
+        cwd: Option<&str>,
     ) -> Result<(Vec<SessionSummary>, Option<String>), LedgerError> {
         let offset: i64 = match cursor {
             None => 0,
@@ -435,9 +436,10 @@ impl Ledger {
                     coalesce((SELECT max(max(a.created_at, coalesce(a.unknown_at, 0)))
                         FROM session_admissions a WHERE a.target_session_id = sessions.id), 0)
                 )
-             FROM sessions ORDER BY started_at DESC, id LIMIT ?1 OFFSET ?2"
+             FROM sessions WHERE ?3 IS NULL OR cwd = ?3
+             ORDER BY started_at DESC, id LIMIT ?1 OFFSET ?2"
         ))?;
-        let rows = stmt.query_map(params![limit as i64 + 1, offset], |r| {
+        let rows = stmt.query_map(params![limit as i64 + 1, offset, cwd], |r| {
             let session = match raw_session(r) {
                 Ok(raw) => raw.finish_listed(),
                 Err(e) => unreadable_session(r, &e),
@@ -634,7 +636,7 @@ mod tests {
 
     /// The listed state of the only session in `ledger`.
     fn listed(ledger: &Ledger) -> SessionSummary {
-        let (mut rows, _) = ledger.list_sessions(10, None).expect("list");
+        let (mut rows, _) = ledger.list_sessions(10, None, None).expect("list");
         assert_eq!(rows.len(), 1);
         rows.remove(0)
     }
@@ -722,6 +724,64 @@ mod tests {
     }
 
     #[test]
+    fn a_listing_by_cwd_holds_only_that_directorys_sessions() {
+        let (_dir, mut ledger) = testing::open();
+        let root = testing::session(&mut ledger, &[], Vec::new());
+        let mut ids = Vec::new();
+        for _ in 0..3 {
+            let mut new = ledger.session(&root).expect("read").expect("session");
+            new.cwd = "/srv/project".into();
+            ids.push(
+                ledger
+                    .create_session(&NewSession {
+                        request_id: None,
+                        source: new.source,
+                        parent_session_id: None,
+                        title: None,
+                        model: new.model,
+                        model_config: new.model_config,
+                        cwd: new.cwd,
+                        system_prompt: new.system_prompt,
+                        toolsets: Vec::new(),
+                        tool_schemas: Vec::new(),
+                        sandbox: SessionSandbox::default(),
+                        approval_mode: None,
+                    })
+                    .expect("create")
+                    .id,
+            );
+        }
+        let cwds = |rows: &[SessionSummary]| -> Vec<String> {
+            rows.iter().map(|r| r.session.cwd.clone()).collect()
+        };
+        let (all, _) = ledger.list_sessions(10, None, None).expect("list");
+        assert_eq!(all.len(), 4);
+        let (first, next) = ledger
+            .list_sessions(2, None, Some("/srv/project"))
+            .expect("list");
+        assert_eq!(cwds(&first), ["/srv/project", "/srv/project"]);
+        let (rest, last) = ledger
+            .list_sessions(2, next.as_deref(), Some("/srv/project"))
+            .expect("next page");
+        assert_eq!(cwds(&rest), ["/srv/project"]);
+        assert_eq!(last, None);
+        let mut listed: Vec<String> = first
+            .iter()
+            .chain(&rest)
+            .map(|r| r.session.id.clone())
+            .collect();
+        listed.sort();
+        ids.sort();
+        assert_eq!(listed, ids);
+        let (root_only, _) = ledger.list_sessions(10, None, Some("/")).expect("list");
+        assert_eq!(cwds(&root_only), ["/"]);
+        let (none, _) = ledger
+            .list_sessions(10, None, Some("/srv/project/"))
+            .expect("list");
+        assert!(none.is_empty(), "the path is matched byte for byte");
+    }
+
+    #[test]
     fn the_frozen_sandbox_survives_a_reopen_and_an_old_row_reads_the_defaults() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("state.db");
@@ -764,7 +824,7 @@ mod tests {
         assert_eq!(aged.sandbox, SessionSandbox::default());
         assert_eq!(aged.sandbox.mode, SandboxMode::WorkspaceWrite);
         assert!(aged.sandbox.network && !aged.sandbox.required);
-        let (rows, _) = ledger.list_sessions(10, None).expect("list");
+        let (rows, _) = ledger.list_sessions(10, None, None).expect("list");
         for row in rows {
             assert!(
                 row.session.problems.is_empty(),

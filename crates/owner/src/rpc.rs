@@ -476,9 +476,9 @@ async fn session_list(
     p: wire::SessionListParams,
 ) -> Result<wire::SessionPage, OwnerError> {
     let limit = p.limit.unwrap_or(50).clamp(1, 1000) as u32;
-    let cursor = p.cursor;
+    let (cursor, cwd) = (p.cursor, p.cwd);
     let (rows, next_cursor) = owner
-        .ledger(move |l, _| l.list_sessions(limit, cursor.as_deref()))
+        .ledger(move |l, _| l.list_sessions(limit, cursor.as_deref(), cwd.as_deref()))
         .await?;
     let approvals = owner.config().approvals.clone();
     let sessions = rows
@@ -492,6 +492,7 @@ async fn session_list(
             source: r.session.source,
             parent_session_id: r.session.parent_session_id,
             model: r.session.model,
+            cwd: Some(r.session.cwd),
             started_at: r.session.started_at,
             ended_at: r.session.ended_at,
             running: r.running,

@@ -321,6 +321,14 @@ pub struct SessionListParams {
         skip_serializing_if = "Option::is_none"
     )]
     pub cursor: Option<String>,
+    /// Only the sessions whose `cwd` is this path, byte for byte as `session.create` stored it.
+    #[serde(
+        default,
+        deserialize_with = "fields::path_opt",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(length(max = 4096))]
+    pub cwd: Option<String>,
 }
 
 /// The most characters a title may have.
@@ -781,6 +789,9 @@ pub struct SessionSummary {
     pub parent_session_id: Option<String>,
     /// Its model.
     pub model: String,
+    /// Its tools' working directory (absent from an older daemon).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
     /// Unix seconds.
     pub started_at: f64,
     /// Unix seconds, once ended.
@@ -1322,6 +1333,8 @@ mod tests {
             ),
             ("session.resume", json!({"session_id": big}), "session_id"),
             ("session.list", json!({"cursor": big}), "cursor"),
+            ("session.list", json!({"cwd": "/tmp/\u{0}"}), "cwd"),
+            ("session.list", json!({"cwd": 7}), "cwd"),
             ("mcp.status", json!({"session_id": "s\u{0}"}), "session_id"),
         ];
         cases.push((
