@@ -60,6 +60,8 @@ struct TurnView {
 pub(crate) struct Attached {
     pub session_id: String,
     pub cwd: PathBuf,
+    /// The approval mode the session's turns get, as the snapshot said.
+    pub approval_mode: Option<drover_protocol::ApprovalMode>,
     view: Mutex<TurnView>,
     pump: Mutex<Option<JoinHandle<()>>>,
 }
@@ -147,6 +149,7 @@ impl Bridge {
         let attached = Arc::new(Attached {
             session_id: snapshot.session_id.clone(),
             cwd: PathBuf::from(&snapshot.info.cwd),
+            approval_mode: snapshot.info.approval_mode,
             view: Mutex::new(TurnView::default()),
             pump: Mutex::new(None),
         });

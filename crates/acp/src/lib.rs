@@ -47,7 +47,9 @@ use agent_client_protocol::{
     Lines, Stdio,
 };
 use drover_client::{Client, ConnectOptions};
-use drover_protocol::client::SessionCreateParams;
+use drover_protocol::client::{
+    ClientRequest, SessionCreateParams, SessionMode, SessionSetModeParams,
+};
 use drover_protocol::ApprovalMode;
 use tokio::sync::mpsc;
 
@@ -200,9 +202,9 @@ fn handlers(
                         .create_and_attach(params)
                         .await
                         .map_err(rpc_error)?;
-                    let mode = None;
                     let attached = bridge.follow(stream, false);
-                    Ok(NewSessionResponse::new(attached.session_id.clone()).modes(modes_of(mode)))
+                    Ok(NewSessionResponse::new(attached.session_id.clone())
+                        .modes(modes_of(attached.approval_mode)))
                 })
             },
             on_receive_request!(),
@@ -216,8 +218,10 @@ fn handlers(
                 bridge.forget(&id);
                 match bridge.client.attach(&id).await {
                     Ok(stream) => {
-                        bridge.follow(stream, true);
-                        responder.respond(LoadSessionResponse::new().modes(modes_of(None)))
+                        let attached = bridge.follow(stream, true);
+                        responder.respond(
+                            LoadSessionResponse::new().modes(modes_of(attached.approval_mode)),
+                        )
                     }
                     Err(e) => responder.respond_with_error(rpc_error(e)),
                 }
@@ -230,8 +234,8 @@ fn handlers(
                 spawn_answer!(cx, responder, async move {
                     let id = request.session_id.0.to_string();
                     bridge.forget(&id);
-                    attached(&bridge, &id).await?;
-                    Ok(ResumeSessionResponse::new().modes(modes_of(None)))
+                    let attached = attached(&bridge, &id).await?;
+                    Ok(ResumeSessionResponse::new().modes(modes_of(attached.approval_mode)))
                 })
             },
             on_receive_request!(),
@@ -284,14 +288,26 @@ fn handlers(
         )
         .on_receive_request(
             async move |request: SetSessionModeRequest, responder, cx| {
-                let _bridge = s7.bridge(&cx);
-                let mode: Result<ApprovalMode, _> = request.mode_id.0.parse();
-                match mode {
-                    Ok(_) => responder.respond(SetSessionModeResponse::new()),
-                    Err(_) => responder.respond_with_error(AcpRpcError::invalid_params().data(
-                        serde_json::json!({"field": "modeId", "reason": "expected manual, auto or deny"}),
-                    )),
-                }
+                let bridge = s7.bridge(&cx);
+                spawn_answer!(cx, responder, async move {
+                    let mode: ApprovalMode = request.mode_id.0.parse().map_err(|_| {
+                        AcpRpcError::invalid_params().data(serde_json::json!(
+                            {"field": "modeId", "reason": "expected manual, auto or deny"}
+                        ))
+                    })?;
+                    let id = request.session_id.0.to_string();
+                    // The daemon takes a mode only from a client attached to the session.
+                    attached(&bridge, &id).await?;
+                    let _: SessionMode = bridge
+                        .client
+                        .request(ClientRequest::SessionSetMode(SessionSetModeParams {
+                            session_id: id,
+                            mode,
+                        }))
+                        .await
+                        .map_err(rpc_error)?;
+                    Ok(SetSessionModeResponse::new())
+                })
             },
             on_receive_request!(),
         )
