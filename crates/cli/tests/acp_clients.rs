@@ -252,8 +252,17 @@ both_transports!(initialize_and_session_new_advertise_what_drover_does);
 async fn initialize_and_session_new_advertise_what_drover_does(via: Via) {
     let agent = Agent::start(via).await;
     let home = &agent.home;
+    let other = home.work().join("other");
+    std::fs::create_dir(&other).unwrap();
     let r = agent
-        .run(steps(home.work(), &[json!({"op": "list"})]))
+        .run(steps(
+            home.work(),
+            &[
+                json!({"op": "new", "cwd": other}),
+                json!({"op": "list"}),
+                json!({"op": "list", "cwd": other}),
+            ],
+        ))
         .await;
 
     let init = r.ok("initialize", 0);
@@ -286,17 +295,30 @@ async fn initialize_and_session_new_advertise_what_drover_does(via: Via) {
     let current = modes["currentModeId"].as_str().unwrap_or_default();
     assert!(ids.contains(&current), "currentModeId {current:?}: {new}");
 
-    let listed = r.ok("list", 0);
-    let sessions = listed["sessions"].as_array().expect("sessions");
-    let mine = sessions
-        .iter()
-        .find(|s| s["sessionId"] == session)
-        .unwrap_or_else(|| panic!("session/list lacks {session}: {listed}"));
-    assert_eq!(
-        Path::new(mine["cwd"].as_str().unwrap()),
-        home.work(),
-        "{listed}"
-    );
+    // Every session with its own cwd; with a cwd, only that directory's.
+    let in_other = r.ok("new", 1)["sessionId"].as_str().unwrap();
+    let rows = |listed: &Value| -> Vec<(String, String)> {
+        let mut rows: Vec<(String, String)> = listed["sessions"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no sessions: {listed}"))
+            .iter()
+            .map(|s| {
+                let s = |k: &str| s[k].as_str().unwrap_or_default().to_string();
+                (s("sessionId"), s("cwd"))
+            })
+            .collect();
+        rows.sort();
+        rows
+    };
+    let work = home.work().to_str().unwrap().to_string();
+    let other = other.to_str().unwrap().to_string();
+    let mut all = vec![
+        (session.to_string(), work),
+        (in_other.to_string(), other.clone()),
+    ];
+    all.sort();
+    assert_eq!(rows(r.ok("list", 0)), all);
+    assert_eq!(rows(r.ok("list", 1)), [(in_other.to_string(), other)]);
 }
 
 both_transports!(a_text_turn_streams_message_chunks_and_ends_end_turn);
