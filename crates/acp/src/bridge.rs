@@ -89,6 +89,9 @@ impl Drop for Attached {
 pub(crate) struct Bridge {
     pub client: Client,
     pub acp: ConnectionTo<AcpClient>,
+    /// Whether the client takes elicitation forms (its `initialize` said so): clarify
+    /// questions are asked as forms, free text included.
+    pub forms: std::sync::atomic::AtomicBool,
     sessions: Mutex<HashMap<String, Arc<Attached>>>,
 }
 
@@ -120,6 +123,7 @@ impl Bridge {
         Arc::new(Bridge {
             client,
             acp,
+            forms: std::sync::atomic::AtomicBool::new(false),
             sessions: Mutex::new(HashMap::new()),
         })
     }
@@ -442,6 +446,25 @@ impl Bridge {
                 ToolKind::Execute,
                 map::approval_options(p),
             ),
+            OpenPrompt::Clarify(p) if self.forms.load(std::sync::atomic::Ordering::Relaxed) => {
+                let form = map::clarify_form(p, session_id, tool_id);
+                let response = self
+                    .acp
+                    .send_request(form)
+                    .block_task()
+                    .await
+                    .map_err(|e| e.to_string())?;
+                // Declined or cancelled: the question stays open for another client.
+                let Some(answer) = map::clarify_form_answer(&response) else {
+                    return Ok(());
+                };
+                return self
+                    .client
+                    .respond_clarify(session_id, p.execution_generation, &p.prompt_id, answer)
+                    .await
+                    .map(drop)
+                    .map_err(|e| e.to_string());
+            }
             OpenPrompt::Clarify(p) => {
                 if p.choices.is_empty() {
                     // ACP v1 has no free-text answer: drover's own clients answer it.

@@ -170,7 +170,8 @@ fn handlers(
     Agent,
     impl agent_client_protocol::HandleDispatchFrom<AcpClient>,
 > {
-    let (s1, s2, s3, s4, s5, s6, s7, s8) = (
+    let (s0, s1, s2, s3, s4, s5, s6, s7, s8) = (
+        shared.clone(),
         shared.clone(),
         shared.clone(),
         shared.clone(),
@@ -184,7 +185,15 @@ fn handlers(
         .v1()
         .name("drover")
         .on_receive_request(
-            async move |request: InitializeRequest, responder, _cx| {
+            async move |request: InitializeRequest, responder, cx| {
+                let forms = request
+                    .client_capabilities
+                    .elicitation
+                    .as_ref()
+                    .is_some_and(|e| e.form.is_some());
+                s0.bridge(&cx)
+                    .forms
+                    .store(forms, std::sync::atomic::Ordering::Relaxed);
                 responder.respond(initialize(&request))
             },
             on_receive_request!(),

@@ -4,15 +4,18 @@
 use std::path::{Path, PathBuf};
 
 use agent_client_protocol::v1::schema::{
-    ContentBlock, ContentChunk, Diff, PermissionOption, PermissionOptionKind, Plan, PlanEntry,
-    PlanEntryPriority, PlanEntryStatus, SessionMode, SessionModeId, SessionModeState,
-    SessionUpdate, StopReason, TextContent, ToolCall, ToolCallContent, ToolCallLocation,
-    ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields, ToolKind,
+    ContentBlock, ContentChunk, CreateElicitationRequest, CreateElicitationResponse, Diff,
+    ElicitationAction, ElicitationContentValue, ElicitationFormMode, ElicitationPropertySchema,
+    ElicitationSchema, ElicitationSessionScope, MultiSelectPropertySchema, PermissionOption,
+    PermissionOptionKind, Plan, PlanEntry, PlanEntryPriority, PlanEntryStatus, SessionId,
+    SessionMode, SessionModeId, SessionModeState, SessionUpdate, StopReason, StringPropertySchema,
+    TextContent, ToolCall, ToolCallContent, ToolCallId, ToolCallLocation, ToolCallStatus,
+    ToolCallUpdate, ToolCallUpdateFields, ToolKind,
 };
 use drover_protocol::chat::Role;
 use drover_protocol::client::TranscriptMessage;
 use drover_protocol::event::{ToolComplete, ToolStart, TurnEnd};
-use drover_protocol::words::{ApprovalChoice, ApprovalPrompt, ClarifyPrompt};
+use drover_protocol::words::{ApprovalChoice, ApprovalPrompt, ClarifyAnswer, ClarifyPrompt};
 use drover_protocol::ApprovalMode;
 use serde_json::Value;
 
@@ -296,6 +299,49 @@ pub fn clarify_choice<'a>(prompt: &'a ClarifyPrompt, option_id: &str) -> Option<
     prompt.choices.get(index).map(String::as_str)
 }
 
+/// A clarify question as an elicitation form: one required field, `answer`, a choice of the
+/// question's choices (several for a multi-select question), or free text when it has none.
+pub fn clarify_form(
+    prompt: &ClarifyPrompt,
+    session_id: &str,
+    tool_id: Option<String>,
+) -> CreateElicitationRequest {
+    let answer: ElicitationPropertySchema = if prompt.multi_select && !prompt.choices.is_empty() {
+        MultiSelectPropertySchema::new(prompt.choices.clone()).into()
+    } else if prompt.choices.is_empty() {
+        StringPropertySchema::new().into()
+    } else {
+        StringPropertySchema::new()
+            .enum_values(prompt.choices.clone())
+            .into()
+    };
+    let schema = ElicitationSchema::new().property(CLARIFY_FIELD, answer, true);
+    let scope = ElicitationSessionScope::new(SessionId::new(session_id.to_string()))
+        .tool_call_id(tool_id.map(ToolCallId::new));
+    CreateElicitationRequest::new(
+        ElicitationFormMode::new(scope, schema),
+        prompt.question.clone(),
+    )
+}
+
+/// The name of the one field of a clarify form.
+pub const CLARIFY_FIELD: &str = "answer";
+
+/// The clarify answer an accepted form carries; `None` when it was declined, cancelled or
+/// carries no answer.
+pub fn clarify_form_answer(response: &CreateElicitationResponse) -> Option<ClarifyAnswer> {
+    let ElicitationAction::Accept(accepted) = &response.action else {
+        return None;
+    };
+    match accepted.content.as_ref()?.get(CLARIFY_FIELD)? {
+        ElicitationContentValue::String(text) => Some(ClarifyAnswer::Text(text.clone())),
+        ElicitationContentValue::StringArray(choices) => {
+            Some(ClarifyAnswer::Choices(choices.clone()))
+        }
+        _ => None,
+    }
+}
+
 /// The options of "the last turn's outcome is unknown: resolve it and go on?".
 pub fn resolve_options() -> Vec<PermissionOption> {
     vec![
@@ -562,6 +608,37 @@ mod tests {
         assert_eq!(updates[5]["status"], "failed");
         // While the turn runs, its open call stays open.
         assert_eq!(replay(&transcript, Path::new("/w"), true).len(), 5);
+    }
+
+    #[test]
+    fn a_clarify_question_is_a_form_with_one_answer_field() {
+        let prompt = ClarifyPrompt {
+            prompt_id: "p".into(),
+            execution_generation: 1,
+            question: "Which?".into(),
+            choices: vec!["a".into(), "b".into()],
+            multi_select: false,
+        };
+        let form = serde_json::to_value(clarify_form(&prompt, "s", Some("t".into()))).unwrap();
+        assert_eq!(form["mode"], "form");
+        assert_eq!(form["sessionId"], "s");
+        assert_eq!(form["toolCallId"], "t");
+        assert_eq!(form["message"], "Which?");
+        assert_eq!(
+            form["requestedSchema"]["properties"]["answer"]["enum"],
+            json!(["a", "b"])
+        );
+        assert_eq!(form["requestedSchema"]["required"], json!(["answer"]));
+        let accepted: CreateElicitationResponse =
+            serde_json::from_value(json!({"action": "accept", "content": {"answer": "b"}}))
+                .unwrap();
+        assert_eq!(
+            clarify_form_answer(&accepted),
+            Some(ClarifyAnswer::Text("b".into()))
+        );
+        let declined: CreateElicitationResponse =
+            serde_json::from_value(json!({"action": "decline"})).unwrap();
+        assert_eq!(clarify_form_answer(&declined), None);
     }
 
     #[test]
