@@ -632,16 +632,40 @@ impl Bridge {
         ))
     }
 
-    /// `session/cancel`: interrupts the running turn; its `session/prompt` then answers
-    /// `cancelled`.
+    /// `session/cancel`: interrupts the running turn and cancels this connection's prompts
+    /// still queued behind it; each `session/prompt` then answers `cancelled`.
     pub async fn cancel(&self, attached: &Attached) {
-        let generation = attached.view().generation;
+        let (generation, waiting) = {
+            let view = attached.view();
+            (
+                view.generation,
+                view.waiters.keys().cloned().collect::<Vec<_>>(),
+            )
+        };
         if let Err(e) = self
             .client
             .interrupt(&attached.session_id, generation)
             .await
         {
             tracing::info!(session = %attached.session_id, error = %e, "cancel: nothing to interrupt");
+        }
+        for admission_id in waiting {
+            // A started admission refuses (`stale_generation`): the interrupt covers it.
+            if self
+                .client
+                .cancel(&attached.session_id, &admission_id)
+                .await
+                .is_ok()
+            {
+                self.settle(
+                    attached,
+                    &admission_id,
+                    Settled {
+                        outcome: TurnEnd::Cancelled,
+                        error: None,
+                    },
+                );
+            }
         }
     }
 }
