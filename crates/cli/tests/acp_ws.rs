@@ -295,3 +295,63 @@ async fn closing_the_acp_websocket_ends_the_agents_own_connection() {
     let (_acp, result) = initialized(&d).await;
     assert_eq!(result["protocolVersion"], 1, "{result}");
 }
+
+/// How long the flood below sends for.
+const FLOOD_FOR: Duration = Duration::from_secs(5);
+
+/// A WebSocket to `/v1/acp` over a socket with a 4 KiB receive buffer: a client that does
+/// not read backs the daemon up after kilobytes, not the kernel's megabytes.
+async fn unread_acp_socket(
+    d: &Daemon,
+) -> tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>> {
+    let mut request = acp_url(d).into_client_request().unwrap();
+    request.headers_mut().insert(
+        "Authorization",
+        format!("Bearer {}", d.token()).parse().unwrap(),
+    );
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let addr = d.http_base().trim_start_matches("http://").parse().unwrap();
+    let stream = socket.connect(addr).await.unwrap();
+    let (ws, _) = tokio::time::timeout(
+        WAIT,
+        tokio_tungstenite::client_async(request, tokio_tungstenite::MaybeTlsStream::Plain(stream)),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    ws
+}
+
+#[tokio::test]
+async fn an_acp_client_that_sends_and_never_reads_holds_back_only_itself() {
+    let home = TestHome::new().unwrap();
+    let d = Daemon::start(bin(), home.path()).await.unwrap();
+    let mut flood = unread_acp_socket(&d).await;
+    let (_warm, _) = initialized(&d).await;
+    let before = drover_test_support::harness::rss_kib(d.pid());
+    // Requests as fast as the daemon takes them (a thousand a write), none of the answers
+    // read. Taken regardless, their answers piled up in the daemon: 200 MB within seconds.
+    let mut sent = 0u64;
+    let _ = tokio::time::timeout(FLOOD_FOR, async {
+        loop {
+            for _ in 0..1000 {
+                flood.feed(Message::Text(INITIALIZE.into())).await.unwrap();
+            }
+            flood.flush().await.unwrap();
+            sent += 1000;
+        }
+    })
+    .await;
+    let grown_kib = drover_test_support::harness::rss_kib(d.pid()).saturating_sub(before);
+    eprintln!("the daemon grew by {grown_kib} KiB under {sent} unread requests");
+    assert!(
+        grown_kib < 8 * 1024,
+        "the daemon grew by {grown_kib} KiB under {sent} unread requests"
+    );
+    // Everyone else is served meanwhile.
+    let mut other = d.client().await.unwrap();
+    other.call_ok("ping", json!({})).await.unwrap();
+    let (_acp, result) = initialized(&d).await;
+    assert_eq!(result["protocolVersion"], 1, "{result}");
+}

@@ -52,6 +52,9 @@ pub type AcpEndpoint = Arc<dyn Fn(AcpLines) -> BoxFuture<'static, ()> + Send + S
 /// Messages queued each way of a `/v1/acp` connection.
 pub const ACP_QUEUE: usize = 64;
 
+/// How long a `/v1/acp` client may leave a message unread before it is disconnected.
+pub const ACP_WRITE_STALL: std::time::Duration = std::time::Duration::from_secs(30);
+
 #[derive(Clone)]
 struct AppState {
     owner: Arc<Owner>,
@@ -225,6 +228,8 @@ enum Ending {
     FellBehind,
     /// The ACP agent of a `/v1/acp` connection ended.
     AgentEnded,
+    /// A `/v1/acp` client took no message for [`ACP_WRITE_STALL`].
+    Stalled,
 }
 
 impl Ending {
@@ -255,6 +260,10 @@ impl Ending {
                 "client fell behind; resync with session.events.since".to_string(),
             ),
             Ending::AgentEnded => (close_code::NORMAL, "the ACP agent ended".to_string()),
+            Ending::Stalled => (
+                close_code::POLICY,
+                "client stopped reading; resume the session to catch up".to_string(),
+            ),
         };
         // A close frame's reason is at most 123 bytes.
         let mut reason = reason;
@@ -333,8 +342,9 @@ async fn serve_acp(owner: Arc<Owner>, socket: WebSocket, endpoint: AcpEndpoint) 
     let (mut sink, mut stream) = socket.split();
     let (incoming_tx, incoming) = mpsc::channel::<String>(ACP_QUEUE);
     let (outgoing, mut outgoing_rx) = mpsc::channel::<String>(ACP_QUEUE);
-    // The reader answers a binary frame itself, through the same queue.
-    let refusals = outgoing.clone();
+    // The reader's hold on the queue to the client: it answers a binary frame itself, and
+    // waits for room before it passes a request on.
+    let to_client = outgoing.clone();
     // A task of its own, so a client slow to read holds back only what the agent sends; it is
     // aborted (and with it the agent's own connection to this daemon) when this connection
     // ends, whichever way.
@@ -348,14 +358,20 @@ async fn serve_acp(owner: Arc<Owner>, socket: WebSocket, endpoint: AcpEndpoint) 
                 Some(Ok(msg)) => msg,
             };
             let delivered = match msg {
-                // An agent that stops reading holds back this client, no one else.
-                Message::Text(text) => incoming_tx.send(text.as_str().to_owned()).await.is_ok(),
+                // A request is passed on only while the client takes what it is sent: the
+                // agent's answers would otherwise pile up inside it, unbounded, behind a
+                // client that sends and never reads. An agent that stops reading holds back
+                // this client, no one else.
+                Message::Text(text) => {
+                    to_client.reserve().await.is_ok()
+                        && incoming_tx.send(text.as_str().to_owned()).await.is_ok()
+                }
                 Message::Binary(_) => {
                     let refusal = error_response(
                         Value::Null,
                         OwnerError::InvalidRequest("send JSON-RPC as text frames".into()),
                     );
-                    refusals.send(refusal).await.is_ok()
+                    to_client.send(refusal).await.is_ok()
                 }
                 Message::Close(_) => return Ending::PeerClosed,
                 // Pings are answered by the WebSocket layer.
@@ -383,8 +399,13 @@ async fn serve_acp(owner: Arc<Owner>, socket: WebSocket, endpoint: AcpEndpoint) 
             let Some(text) = text else {
                 return Ending::AgentEnded;
             };
-            if sink.send(Message::Text(text.into())).await.is_err() {
-                return Ending::Broken;
+            // A client that stopped reading is let go: what the agent sends meanwhile (a
+            // turn's updates) would wait for it without a bound.
+            match tokio::time::timeout(ACP_WRITE_STALL, sink.send(Message::Text(text.into()))).await
+            {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return Ending::Broken,
+                Err(_) => return Ending::Stalled,
             }
         }
     };
