@@ -1032,6 +1032,12 @@ class SessionCreateParams(TypedDict):
     """
     The tools' working directory: an absolute path to an existing directory.
     """
+    mcp_servers: NotRequired[dict[str, Any] | None]
+    """
+    The session's own stdio MCP servers, by name, each also a toolset of the session (as a
+    `[mcp_servers.<name>]` of `config.toml` would be; a name that is also one of those, or
+    a built-in toolset, is refused). Their `env` values are kept outside the ledger.
+    """
     model: NotRequired[str | None]
     """
     The model name (default `[model] name`): 1 to 256 bytes, no control character.
@@ -1292,6 +1298,26 @@ class SessionListParams(TypedDict):
     limit: NotRequired[int | None]
     """
     Page size (default 50, clamped to 1..1000).
+    """
+
+
+class SessionMcpServer(TypedDict):
+    """
+    One server of `session.create` `mcp_servers`: a stdio MCP server the daemon starts as
+    `command args...` with `env` added to its environment.
+    """
+
+    args: NotRequired[list[str]]
+    """
+    Its arguments.
+    """
+    command: str
+    """
+    The program: a path, or a name looked up in the daemon's `PATH`.
+    """
+    env: NotRequired[dict[str, str]]
+    """
+    Variables added to its environment (often credentials: never stored in the ledger).
     """
 
 

@@ -11,7 +11,7 @@ use std::path::Path;
 use drover_test_support::harness::{
     rm_rf_call, script_rm_victim, str_field, uuid_like, Daemon, OneSession,
 };
-use drover_test_support::Reply;
+use drover_test_support::{mcp_echo_bin, Reply};
 use serde_json::{json, Value};
 
 fn bin() -> &'static Path {
@@ -197,4 +197,119 @@ async fn session_list_rows_carry_cwd_and_a_cwd_lists_only_its_sessions() {
     assert_eq!(only[0]["session_id"], json!(s.session_id));
     let none = listed(&mut s, json!({"cwd": "/nowhere/at/all"})).await;
     assert!(none.is_empty(), "{none:?}");
+}
+
+/// The first error answer of `session.create` with `params` on `s`'s client.
+async fn create_refused(s: &mut OneSession, params: Value) -> Value {
+    match s.client.call("session.create", params).await.unwrap() {
+        Ok(v) => panic!("session.create accepted: {v}"),
+        Err(e) => e,
+    }
+}
+
+/// Whether any of the ledger's files (the database, its WAL) holds `needle`.
+fn ledger_holds(home: &Path, needle: &str) -> bool {
+    std::fs::read_dir(home).unwrap().any(|entry| {
+        let path = entry.unwrap().path();
+        let is_ledger = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("state.db"));
+        is_ledger
+            && std::fs::read(&path)
+                .unwrap()
+                .windows(needle.len())
+                .any(|w| w == needle.as_bytes())
+    })
+}
+
+#[tokio::test]
+async fn a_sessions_own_mcp_server_serves_its_turns_and_its_env_stays_out_of_the_ledger() {
+    let mut s = terminal_session("").await;
+    let pidfile = s.home.work().join("own-mcp.pid");
+    let token = format!("sk-own-{}", uuid_like());
+    let echo = mcp_echo_bin().display().to_string();
+    let params = json!({"request_id": uuid_like(), "cwd": s.home.work(), "toolsets": ["terminal"],
+        "mcp_servers": {"own": {"command": echo, "args": [],
+            "env": {"DROVER_MCP_ECHO_PIDFILE": pidfile, "OWN_TOKEN": token}}}});
+    let created = s.client.call_ok("session.create", params).await.unwrap();
+    assert_eq!(created["info"]["toolsets"], json!(["terminal", "own"]));
+    s.session_id = str_field(&created, "session_id");
+    // The server was started to list its tools, with its env.
+    assert!(
+        pidfile.exists(),
+        "create did not start the server with its env"
+    );
+    std::fs::remove_file(&pidfile).unwrap();
+
+    s.model.push(Reply::tool_call(
+        "call_echo",
+        "mcp__own__echo",
+        json!({"text": "hi"}),
+    ));
+    s.model.push(Reply::text("The session's server said hi."));
+    s.complete_turn("say hi").await.unwrap();
+    let rows = s.tool_messages();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0][2], "hi", "{rows:?}");
+    let offered = s.model.requests()[0]["tools"].clone();
+    assert!(
+        offered
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["function"]["name"] == "mcp__own__echo"),
+        "{offered}"
+    );
+    // The turn's server got its env values back from outside the ledger.
+    assert!(pidfile.exists(), "the turn's server lacked its env");
+
+    let status = s
+        .client
+        .call_ok("mcp.status", json!({"session_id": s.session_id}))
+        .await
+        .unwrap();
+    assert_eq!(status["servers"][0]["name"], "own", "{status}");
+
+    assert!(
+        !ledger_holds(s.home.path(), &token),
+        "the ledger holds the env value"
+    );
+    let env_file = s
+        .home
+        .path()
+        .join("sessions")
+        .join(&s.session_id)
+        .join("mcp_env.json");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&env_file).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    assert!(std::fs::read_to_string(&env_file).unwrap().contains(&token));
+}
+
+#[tokio::test]
+async fn an_own_mcp_server_named_as_a_configured_or_built_in_toolset_or_broken_is_refused() {
+    let echo = mcp_echo_bin().display().to_string();
+    let mut s = terminal_session(&format!(
+        "[mcp_servers.echo]\ncommand = {echo:?}\nenabled = false\n"
+    ))
+    .await;
+    for (name, command, needle) in [
+        ("echo", echo.as_str(), "config.toml"),
+        ("terminal", echo.as_str(), "built-in toolset"),
+        (
+            "broken",
+            "/nonexistent/drover-no-such-mcp-server",
+            "no-such-mcp-server",
+        ),
+    ] {
+        let params = json!({"request_id": uuid_like(), "cwd": s.home.work(),
+            "mcp_servers": {name: {"command": command}}});
+        let e = create_refused(&mut s, params).await;
+        assert_eq!(e["data"]["reason"], "invalid_params", "{e}");
+        assert_eq!(e["data"]["field"], "mcp_servers", "{e}");
+        assert!(e.to_string().contains(needle), "{name}: {e}");
+    }
+    let page = s.client.call_ok("session.list", json!({})).await.unwrap();
+    assert_eq!(page["sessions"].as_array().unwrap().len(), 1, "{page}");
 }

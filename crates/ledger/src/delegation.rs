@@ -208,6 +208,11 @@ pub(crate) fn reserve(
     let may_delegate = child_depth < u64::from(limits.max_spawn_depth);
     let mut toolsets: Vec<String> = Vec::new();
     for t in requested {
+        // The parent's own MCP servers (`session.create` `mcp_servers`) are not the child's:
+        // a child does not start its parent's MCP servers.
+        if parent.mcp_servers.contains_key(&t) {
+            continue;
+        }
         if (t != DELEGATION_TOOLSET || may_delegate) && !toolsets.contains(&t) {
             toolsets.push(t);
         }
@@ -250,6 +255,7 @@ pub(crate) fn reserve(
         sandbox: parent.sandbox.clone(),
         // Nor does a child ask less than its parent was set to (`session.set_mode`).
         approval_mode: parent.approval_mode,
+        ..NewSession::default()
     };
     let child_session_id = insert_session_in(tx, &new, "")?;
     let text = child_input(&payload.goal, payload.context.as_deref());
@@ -565,6 +571,41 @@ mod tests {
             .expect("read")
             .expect("child session");
         assert_eq!(session.sandbox, frozen);
+    }
+
+    #[test]
+    fn a_child_keeps_its_parents_approval_mode_but_not_its_own_mcp_servers() {
+        let (_dir, mut ledger) = open();
+        let parent = parent_claim(&mut ledger);
+        let own = crate::StoredMcpServer {
+            command: "/bin/srv".into(),
+            args: Vec::new(),
+            env_keys: Vec::new(),
+            tool_timeout_s: 600,
+        };
+        ledger
+            .conn
+            .execute(
+                "UPDATE sessions SET approval_mode = 'deny', mcp_servers = ?1,
+                    toolsets = '[\"terminal\",\"delegation\",\"own\"]' WHERE id = ?2",
+                params![
+                    serde_json::to_string(&std::collections::BTreeMap::from([("own", own)]))
+                        .expect("json"),
+                    parent.session.id
+                ],
+            )
+            .expect("give the parent a mode and a server");
+        let child = reserve_child(&mut ledger, &parent, 1, "count files");
+        let session = ledger
+            .session(&child.child_session_id)
+            .expect("read")
+            .expect("child session");
+        assert_eq!(
+            session.approval_mode,
+            Some(drover_protocol::ApprovalMode::Deny)
+        );
+        assert_eq!(session.toolsets, vec!["terminal".to_string()]);
+        assert!(session.mcp_servers.is_empty());
     }
 
     #[test]

@@ -64,7 +64,7 @@ pub use messages::History;
 pub use persist::{BatchReceipts, BatchRefusal, PersistOutcome};
 pub use processes::BOOTSTRAP_FINISHED_PROCESSES;
 pub use prompts::{PromptResponse, PromptRow};
-pub use sessions::{NewSession, SessionRow, SessionSandbox, SessionSummary};
+pub use sessions::{NewSession, SessionRow, SessionSandbox, SessionSummary, StoredMcpServer};
 pub use turns::{Admitted, Claim, Recovery, Settlement};
 
 /// The ledger connection's page cache bound, KiB (issue 14, "flat costs"). A turn reads the

@@ -242,6 +242,12 @@ CREATE INDEX admissions_unknown ON session_admissions(target_session_id, admissi
 ALTER TABLE sessions ADD COLUMN approval_mode TEXT
     CHECK (approval_mode IN ('manual','auto','deny'));
 "#,
+    // A session's own MCP servers (`session.create` `mcp_servers`), as JSON
+    // (`StoredMcpServer` by name): their commands, arguments and the names of their `env`
+    // variables. The values are kept outside the ledger (SPEC: never stored in it). NULL: none.
+    r#"
+ALTER TABLE sessions ADD COLUMN mcp_servers TEXT;
+"#,
 ];
 
 /// The schema version this build writes.

@@ -3,6 +3,8 @@
 use crate::sql::Cached;
 use drover_protocol::sandbox::SandboxMode;
 use drover_protocol::ApprovalMode;
+use std::collections::BTreeMap;
+
 use rusqlite::{params, OptionalExtension, Row};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -13,8 +15,11 @@ use crate::{json_digest, new_id, now, Ledger, LedgerError};
 
 /// What `session.create` stores. `model_config` is `{base_url, api_key?, stream,
 /// request_timeout_s, max_retries}`; the rest is the frozen policy (SPEC section 4).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct NewSession {
+    /// The id to give it; `None`: a new one. The owner names the session first when it keeps
+    /// something of it outside the ledger (its MCP servers' `env` values).
+    pub id: Option<String>,
     /// The `session.create` idempotency key; `None` for a child session.
     pub request_id: Option<String>,
     /// Who made it: `cli` by default, `subagent` for a child.
@@ -40,6 +45,24 @@ pub struct NewSession {
     /// The session's own approval mode; `None`: `approvals.mode` of the config applies (a
     /// child gets its parent's).
     pub approval_mode: Option<ApprovalMode>,
+    /// The session's own MCP servers (`session.create` `mcp_servers`), by name.
+    pub mcp_servers: BTreeMap<String, StoredMcpServer>,
+}
+
+/// One of a session's own MCP servers as the ledger keeps it, in `sessions.mcp_servers`:
+/// everything but the values of its `env`, which the owner keeps outside the ledger.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredMcpServer {
+    /// The program.
+    pub command: String,
+    /// Its arguments.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// The names of the variables added to its environment.
+    #[serde(default)]
+    pub env_keys: Vec<String>,
+    /// Seconds one tool call may take.
+    pub tool_timeout_s: u64,
 }
 
 /// The `[sandbox]` settings a session freezes at `session.create` (issue 13), stored as JSON
@@ -108,6 +131,8 @@ pub struct SessionRow {
     /// The session's own approval mode (`session.set_mode`); `None` when it has none (the
     /// config's applies).
     pub approval_mode: Option<ApprovalMode>,
+    /// The session's own MCP servers, by name (empty for a row older than the column).
+    pub mcp_servers: BTreeMap<String, StoredMcpServer>,
     /// Unix seconds.
     pub started_at: f64,
     /// Unix seconds, once the session ended.
@@ -148,9 +173,9 @@ pub struct SessionSummary {
 const SESSION_COLUMNS: &str = "id, source, parent_session_id, title, model, model_config, cwd, \
      system_prompt, toolsets, tool_schemas, tool_names, started_at, ended_at, end_reason, \
      input_tokens, output_tokens, api_call_count, runtime_generation, replay_epoch, sandbox, \
-     approval_mode";
+     approval_mode, mcp_servers";
 /// How many columns [`SESSION_COLUMNS`] selects; a query's own columns follow them.
-const SESSION_COLUMN_COUNT: usize = 21;
+const SESSION_COLUMN_COUNT: usize = 22;
 
 fn parse_json<T: serde::de::DeserializeOwned>(text: &str, what: &str) -> Result<T, LedgerError> {
     serde_json::from_str(text).map_err(|e| LedgerError::Corrupt(format!("{what}: {e}")))
@@ -166,6 +191,8 @@ struct RawSession {
     sandbox: Option<String>,
     /// NULL for a session without a mode of its own.
     approval_mode: Option<String>,
+    /// NULL for a session without MCP servers of its own.
+    mcp_servers: Option<String>,
 }
 
 fn raw_session(r: &Row<'_>) -> rusqlite::Result<RawSession> {
@@ -201,6 +228,7 @@ fn raw_session(r: &Row<'_>) -> rusqlite::Result<RawSession> {
         tool_names: r.get(10)?,
         sandbox: r.get(19)?,
         approval_mode: r.get(20)?,
+        mcp_servers: r.get(21)?,
     })
 }
 
@@ -232,6 +260,9 @@ impl RawSession {
             row.sandbox = parse_json(sandbox, "sessions.sandbox")?;
         }
         row.approval_mode = parse_mode(self.approval_mode.as_deref())?;
+        if let Some(servers) = &self.mcp_servers {
+            row.mcp_servers = parse_json(servers, "sessions.mcp_servers")?;
+        }
         Ok(row)
     }
 
@@ -276,6 +307,9 @@ impl RawSession {
         match parse_mode(self.approval_mode.as_deref()) {
             Ok(mode) => row.approval_mode = mode,
             Err(e) => p.push(e.to_string()),
+        }
+        if let Some(servers) = &self.mcp_servers {
+            parse_into(servers, "sessions.mcp_servers", &mut row.mcp_servers, p);
         }
         row
     }
@@ -556,13 +590,21 @@ pub(crate) fn insert_session_in(
     new: &NewSession,
     digest: &str,
 ) -> Result<String, LedgerError> {
-    let id = new_id();
+    let id = new.id.clone().unwrap_or_else(new_id);
     let names: Vec<String> = new.tool_schemas.iter().filter_map(tool_name).collect();
+    let mcp_servers = match new.mcp_servers.is_empty() {
+        true => None,
+        false => Some(
+            serde_json::to_string(&new.mcp_servers)
+                .map_err(|e| LedgerError::Corrupt(format!("sessions.mcp_servers: {e}")))?,
+        ),
+    };
     tx.execute_cached(
         "INSERT INTO sessions (id, source, parent_session_id, title, model, model_config, cwd,
             system_prompt, tool_names, started_at, request_id, request_digest, toolsets,
-            tool_schemas, replay_epoch, sandbox, approval_mode)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
+            tool_schemas, replay_epoch, sandbox, approval_mode, mcp_servers)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
+            ?18)",
         params![
             id,
             new.source,
@@ -582,6 +624,7 @@ pub(crate) fn insert_session_in(
             serde_json::to_string(&new.sandbox)
                 .map_err(|e| LedgerError::Corrupt(format!("sessions.sandbox: {e}")))?,
             new.approval_mode.map(ApprovalMode::as_str),
+            mcp_servers,
         ],
     )?;
     Ok(id)
@@ -724,6 +767,46 @@ mod tests {
     }
 
     #[test]
+    fn a_sessions_own_mcp_servers_are_stored_under_the_id_given() {
+        let (_dir, mut ledger) = testing::open();
+        let server = StoredMcpServer {
+            command: "/bin/srv".into(),
+            args: vec!["--stdio".into()],
+            env_keys: vec!["TOKEN".into()],
+            tool_timeout_s: 600,
+        };
+        let new = NewSession {
+            id: Some("chosen-id".into()),
+            source: "cli".into(),
+            model: "m".into(),
+            model_config: json!({}),
+            cwd: "/".into(),
+            system_prompt: "sys".into(),
+            mcp_servers: BTreeMap::from([("own".to_string(), server.clone())]),
+            ..NewSession::default()
+        };
+        let row = ledger.create_session(&new).expect("create");
+        assert_eq!(row.id, "chosen-id");
+        assert_eq!(row.mcp_servers["own"], server);
+        assert_eq!(listed(&ledger).session.mcp_servers["own"], server);
+        let stored = ledger
+            .conn
+            .query_row(
+                "SELECT mcp_servers FROM sessions WHERE id = 'chosen-id'",
+                [],
+                |r| r.get::<_, String>(0),
+            )
+            .expect("column");
+        assert!(
+            stored.contains("TOKEN") && stored.contains("/bin/srv"),
+            "{stored}"
+        );
+        let plain = testing::session(&mut ledger, &[], Vec::new());
+        let plain = ledger.session(&plain).expect("read").expect("session");
+        assert!(plain.mcp_servers.is_empty());
+    }
+
+    #[test]
     fn a_listing_by_cwd_holds_only_that_directorys_sessions() {
         let (_dir, mut ledger) = testing::open();
         let root = testing::session(&mut ledger, &[], Vec::new());
@@ -744,8 +827,7 @@ mod tests {
                         system_prompt: new.system_prompt,
                         toolsets: Vec::new(),
                         tool_schemas: Vec::new(),
-                        sandbox: SessionSandbox::default(),
-                        approval_mode: None,
+                        ..NewSession::default()
                     })
                     .expect("create")
                     .id,
@@ -806,7 +888,7 @@ mod tests {
                 toolsets: Vec::new(),
                 tool_schemas: Vec::new(),
                 sandbox: frozen.clone(),
-                approval_mode: None,
+                ..NewSession::default()
             };
             let sid = ledger.create_session(&new).expect("create").id;
             let old = ledger.create_session(&new).expect("create").id;

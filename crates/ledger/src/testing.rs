@@ -28,8 +28,7 @@ pub(crate) fn session(ledger: &mut Ledger, toolsets: &[&str], tool_schemas: Vec<
             system_prompt: "sys".into(),
             toolsets: toolsets.iter().map(|t| t.to_string()).collect(),
             tool_schemas,
-            sandbox: Default::default(),
-            approval_mode: None,
+            ..NewSession::default()
         })
         .expect("session")
         .id

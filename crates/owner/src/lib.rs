@@ -13,7 +13,8 @@
 //! its log is private and bounded ([`logfile`]), and so is the number of turns' worker logs
 //! it keeps ([`worker_logs`]). A daemon a client started exits when idle ([`idle`]).
 //! The last status of each MCP server its turns' workers reported is kept per session for
-//! `mcp.status` ([`mcp`]). What the kernel offers for confining tools is probed once at start,
+//! `mcp.status` ([`mcp`]); a session's own MCP servers keep their `env` values outside the
+//! ledger ([`session_mcp`]). What the kernel offers for confining tools is probed once at start,
 //! and each turn's `policy.sandbox` and `info.confinement` are computed from it and the
 //! session's frozen `[sandbox]` ([`sandbox`]), which also keeps the user's list of drover
 //! homes, all hidden from every daemon's tools.
@@ -28,7 +29,8 @@
 //! ([`browser`]). Workers' outbox folders are recycled from turn to turn ([`outboxes`]).
 //!
 //! Layers (bottom to top; a module uses only those below it): `browser`, `config`, `error`, `home`, `hub`,
-//! `jobs`, `logfile`, `mcp`, [`outboxes`], `sandbox`, `telemetry`, `tls`, [`worker_logs`],
+//! `jobs`, `logfile`, `mcp`, [`outboxes`], `sandbox`, [`session_mcp`], `telemetry`, `tls`,
+//! [`worker_logs`],
 //! [`worker_process`] < [`template`] < [`spare`] < [`runtime`] < [`turns`] <
 //! [`admit`] < [`rpc`] < [`dashboard`] < [`server`] < [`connections`] < [`daemon`].
 
@@ -50,6 +52,7 @@ pub mod rpc;
 pub mod runtime;
 pub mod sandbox;
 pub mod server;
+pub mod session_mcp;
 pub mod spare;
 pub mod telemetry;
 pub mod template;

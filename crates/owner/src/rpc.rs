@@ -242,15 +242,27 @@ async fn session_create(
             "base_url must start with http:// or https://",
         ));
     }
-    let toolsets = p.toolsets.unwrap_or_else(|| cfg.toolsets.default.clone());
+    let own = p.mcp_servers.unwrap_or_default();
+    check_own_mcp_servers(&own, &cfg)?;
+    let mut toolsets = p.toolsets.unwrap_or_else(|| cfg.toolsets.default.clone());
+    // Each of the session's own servers is a toolset of it, as a configured one would be.
+    for name in own.keys() {
+        if !toolsets.contains(name) {
+            toolsets.push(name.clone());
+        }
+    }
+    let mut servers = cfg.mcp_servers_of(&toolsets);
+    servers.extend(crate::session_mcp::specs_of(&own));
     // SPEC section 4, frozen session: an MCP server's tool schemas are listed now (the server
     // is started, listed and stopped, within drover_tools::mcp::CONNECT_TIMEOUT).
-    let registry = drover_tools::ToolRegistry::for_toolsets_with_mcp(
-        &toolsets,
-        &cfg.mcp_servers_of(&toolsets),
-    )
-    .await
-    .map_err(|e| OwnerError::invalid("toolsets", e.to_string()))?;
+    let registry = drover_tools::ToolRegistry::for_toolsets_with_mcp(&toolsets, &servers)
+        .await
+        .map_err(|e| match &e {
+            drover_tools::ToolError::Mcp { server, .. } if own.contains_key(server) => {
+                OwnerError::invalid("mcp_servers", e.to_string())
+            }
+            _ => OwnerError::invalid("toolsets", e.to_string()),
+        })?;
     let settings = cfg.model.settings();
     // The session's frozen model settings, as the ledger stores them (not protocol data).
     let mut model_config = json!({
@@ -273,7 +285,14 @@ async fn session_create(
         &system_prompt,
         &tool_schemas,
     )?;
+    // Named now, so the servers' env values are on disk before the session is committed.
+    let session_id = drover_ledger::new_id();
+    let (mcp_servers, env) = crate::session_mcp::split(&own);
+    crate::session_mcp::write_env(&owner.home, &session_id, &env).map_err(|e| {
+        LedgerError::Unavailable(format!("cannot keep the MCP servers' env values: {e}"))
+    })?;
     let new = NewSession {
+        id: Some(session_id),
         request_id: Some(p.request_id),
         source: p.source.unwrap_or_else(|| "cli".to_string()),
         parent_session_id: None,
@@ -286,11 +305,38 @@ async fn session_create(
         tool_schemas,
         sandbox: cfg.sandbox.frozen(),
         approval_mode: p.approval_mode,
+        mcp_servers,
     };
     let session = owner
         .ledger(move |l, _| l.create_session_for_request(&new, &raw))
         .await?;
     snapshot(owner, conn, session.id).await
+}
+
+/// A session's own MCP server may not take the name of a built-in toolset or of a
+/// `[mcp_servers.<name>]` of the config (enabled or not): each name is one toolset.
+fn check_own_mcp_servers(
+    own: &std::collections::BTreeMap<String, wire::SessionMcpServer>,
+    cfg: &crate::config::Config,
+) -> Result<(), OwnerError> {
+    for name in own.keys() {
+        if drover_tools::KNOWN_TOOLSETS.contains(&name.as_str()) {
+            return Err(OwnerError::invalid(
+                "mcp_servers",
+                format!("MCP server {name:?} has the name of a built-in toolset; rename it"),
+            ));
+        }
+        if cfg.mcp_servers.contains_key(name) {
+            return Err(OwnerError::invalid(
+                "mcp_servers",
+                format!(
+                    "MCP server {name:?} has the name of [mcp_servers.{name}] in config.toml; \
+                     rename it"
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// SPEC section 9: a window that cannot hold the system prompt and the tool schemas, which go
@@ -1053,7 +1099,10 @@ async fn mcp_status(
             let session = owner
                 .ledger(move |l, _| session_row(l, &session_id))
                 .await?;
-            let names = mcp_toolsets(owner, &session.toolsets);
+            let mut names = mcp_toolsets(owner, &session.toolsets);
+            names.extend(session.mcp_servers.keys().cloned());
+            names.sort();
+            names.dedup();
             owner.mcp.of_session(&session.id, &names)
         }
         None => {

@@ -152,7 +152,12 @@ fn policy(owner: &Owner, claim: &Claim) -> Policy {
         home: owner.home.display().to_string(),
         approval_grants: claim.approval_grants.clone(),
         background_processes: claim.background_processes.clone(),
-        mcp_servers: config.mcp_servers_of(&s.toolsets),
+        mcp_servers: {
+            // The session's own servers after the config's: they are its frozen set.
+            let mut servers = config.mcp_servers_of(&s.toolsets);
+            servers.extend(crate::session_mcp::specs(&owner.home, s));
+            servers
+        },
         jobs_wire: drover_protocol::worker::JobsWire {
             url: config.mqtt.url.clone(),
             username_env: config.mqtt.username_env.clone(),

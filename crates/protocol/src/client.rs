@@ -286,6 +286,32 @@ pub struct SessionCreateParams {
     /// `approvals.mode` of `config.toml` applies); `session.set_mode` changes it later.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval_mode: Option<ApprovalMode>,
+    /// The session's own stdio MCP servers, by name, each also a toolset of the session (as a
+    /// `[mcp_servers.<name>]` of `config.toml` would be; a name that is also one of those, or
+    /// a built-in toolset, is refused). Their `env` values are kept outside the ledger.
+    #[serde(
+        default,
+        deserialize_with = "fields::mcp_servers",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub mcp_servers: Option<std::collections::BTreeMap<String, SessionMcpServer>>,
+}
+
+/// One server of `session.create` `mcp_servers`: a stdio MCP server the daemon starts as
+/// `command args...` with `env` added to its environment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionMcpServer {
+    /// The program: a path, or a name looked up in the daemon's `PATH`.
+    #[serde(deserialize_with = "fields::command")]
+    #[schemars(length(min = 1, max = 4096))]
+    pub command: String,
+    /// Its arguments.
+    #[serde(default, deserialize_with = "fields::args")]
+    pub args: Vec<String>,
+    /// Variables added to its environment (often credentials: never stored in the ledger).
+    #[serde(default, deserialize_with = "fields::env")]
+    pub env: std::collections::BTreeMap<String, Secret>,
 }
 
 impl SessionCreateParams {
@@ -303,6 +329,7 @@ impl SessionCreateParams {
             title: None,
             source: None,
             approval_mode: None,
+            mcp_servers: None,
         }
     }
 }
@@ -1335,6 +1362,60 @@ mod tests {
             ("session.list", json!({"cursor": big}), "cursor"),
             ("session.list", json!({"cwd": "/tmp/\u{0}"}), "cwd"),
             ("session.list", json!({"cwd": 7}), "cwd"),
+            (
+                "session.create",
+                create("mcp_servers", json!({"": {"command": "x"}})),
+                "mcp_servers",
+            ),
+            (
+                "session.create",
+                create("mcp_servers", json!({"a\u{202e}b": {"command": "x"}})),
+                "mcp_servers",
+            ),
+            (
+                "session.create",
+                create("mcp_servers", json!({"s": {"command": ""}})),
+                "mcp_servers",
+            ),
+            (
+                "session.create",
+                create("mcp_servers", json!({"s": {}})),
+                "mcp_servers",
+            ),
+            (
+                "session.create",
+                create("mcp_servers", json!({"s": {"command": "x", "cwd": "/"}})),
+                "mcp_servers",
+            ),
+            (
+                "session.create",
+                create(
+                    "mcp_servers",
+                    json!({"s": {"command": "x", "args": ["a\u{0}"]}}),
+                ),
+                "mcp_servers",
+            ),
+            (
+                "session.create",
+                create(
+                    "mcp_servers",
+                    json!({"s": {"command": "x", "env": {"A=B": "v"}}}),
+                ),
+                "mcp_servers",
+            ),
+            (
+                "session.create",
+                create(
+                    "mcp_servers",
+                    json!({"s": {"command": "x", "env": {"K": 1}}}),
+                ),
+                "mcp_servers",
+            ),
+            (
+                "session.create",
+                create("mcp_servers", json!(["s"])),
+                "mcp_servers",
+            ),
             ("mcp.status", json!({"session_id": "s\u{0}"}), "session_id"),
         ];
         cases.push((
@@ -1368,6 +1449,33 @@ mod tests {
             json!({"request_id": "r", "api_key": "sk-secret-value\u{0}"}),
         );
         assert_eq!(field, "api_key");
+        assert!(!message.contains("secret-value"), "{message}");
+    }
+
+    #[test]
+    fn mcp_servers_are_read_and_a_refused_env_value_is_not_echoed() {
+        let req = ClientRequest::parse(
+            "session.create",
+            json!({"request_id": "r", "mcp_servers": {
+                "echo": {"command": "/bin/echo-mcp", "args": ["--x"], "env": {"TOKEN": "t0k"}},
+                "bare": {"command": "srv"}}}),
+        )
+        .unwrap();
+        let ClientRequest::SessionCreate(p) = req else {
+            panic!("{req:?}")
+        };
+        let servers = p.mcp_servers.unwrap();
+        assert_eq!(servers["echo"].args, ["--x"]);
+        assert_eq!(servers["echo"].env["TOKEN"].expose(), "t0k");
+        assert!(servers["bare"].args.is_empty() && servers["bare"].env.is_empty());
+
+        let (field, message) = refused(
+            "session.create",
+            json!({"request_id": "r", "mcp_servers": {
+                "s": {"command": "x", "env": {"TOKEN": "sk-secret-value\u{0}"}}}}),
+        );
+        assert_eq!(field, "mcp_servers");
+        assert!(message.contains("TOKEN"), "{message}");
         assert!(!message.contains("secret-value"), "{message}");
     }
 

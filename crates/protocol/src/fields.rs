@@ -55,6 +55,16 @@ pub const MAX_KEY_BYTES: usize = 4096;
 /// The most toolset names one `session.create` may list.
 pub const MAX_TOOLSETS: usize = 64;
 
+/// The most MCP servers one `session.create` may bring (`mcp_servers`): each is a toolset.
+pub const MAX_MCP_SERVERS: usize = MAX_TOOLSETS;
+
+/// The most arguments, and the most environment variables, of one MCP server.
+pub const MAX_MCP_ITEMS: usize = 1024;
+
+/// The most bytes of one argument or environment value of an MCP server (Linux's
+/// `MAX_ARG_STRLEN`: a longer one could not be passed to the program).
+pub const MAX_ARG_BYTES: usize = 128 * 1024;
+
 /// Why a string param was refused (the field is named by the caller).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FieldError {
@@ -271,6 +281,89 @@ pub fn toolset_names<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<Strin
         }
     }
     Ok(Some(unique))
+}
+
+/// Serde: `session.create` `mcp_servers`, by name: at most [`MAX_MCP_SERVERS`], each name a
+/// toolset name ([`check_name`]).
+pub fn mcp_servers<'de, D, T>(
+    d: D,
+) -> Result<Option<std::collections::BTreeMap<String, T>>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    let Some(servers) = Option::<std::collections::BTreeMap<String, T>>::deserialize(d)? else {
+        return Ok(None);
+    };
+    if servers.len() > MAX_MCP_SERVERS {
+        return Err(D::Error::custom(FieldError::TooMany {
+            len: servers.len(),
+            max: MAX_MCP_SERVERS,
+        }));
+    }
+    for name in servers.keys() {
+        check_name(name).map_err(|e| D::Error::custom(format!("server name {name:?} {e}")))?;
+    }
+    Ok(Some(servers))
+}
+
+/// Serde: an MCP server's `command`: not empty, a path's bound, no NUL.
+pub fn command<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    checked(d, |s| match s.is_empty() {
+        true => Err(FieldError::Empty),
+        false => check_path(s),
+    })
+}
+
+/// An argument or environment value a program can be given: at most [`MAX_ARG_BYTES`], no NUL.
+fn check_arg(s: &str) -> Result<(), FieldError> {
+    bytes_at_most(s, MAX_ARG_BYTES)?;
+    match s.contains('\0') {
+        true => Err(FieldError::Control('\0')),
+        false => Ok(()),
+    }
+}
+
+/// Serde: an MCP server's `args`: at most [`MAX_MCP_ITEMS`], each at most [`MAX_ARG_BYTES`]
+/// with no NUL.
+pub fn args<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    let args = Vec::<String>::deserialize(d)?;
+    if args.len() > MAX_MCP_ITEMS {
+        return Err(D::Error::custom(FieldError::TooMany {
+            len: args.len(),
+            max: MAX_MCP_ITEMS,
+        }));
+    }
+    for (i, arg) in args.iter().enumerate() {
+        check_arg(arg).map_err(|e| D::Error::custom(format!("argument {i} {e}")))?;
+    }
+    Ok(args)
+}
+
+/// Serde: an MCP server's `env`: at most [`MAX_MCP_ITEMS`] variables, each named (not empty,
+/// a name's bound, printable, no `=`) and with a value of at most [`MAX_ARG_BYTES`] with no
+/// NUL. A refused value is never echoed: it may be a credential.
+pub fn env<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<std::collections::BTreeMap<String, Secret>, D::Error> {
+    let env = std::collections::BTreeMap::<String, Secret>::deserialize(d)?;
+    if env.len() > MAX_MCP_ITEMS {
+        return Err(D::Error::custom(FieldError::TooMany {
+            len: env.len(),
+            max: MAX_MCP_ITEMS,
+        }));
+    }
+    for (key, value) in &env {
+        check_name(key).map_err(|e| D::Error::custom(format!("variable {key:?} {e}")))?;
+        if key.contains('=') {
+            return Err(D::Error::custom(format!(
+                "variable {key:?} must not contain '='"
+            )));
+        }
+        check_arg(value.expose())
+            .map_err(|e| D::Error::custom(format!("the value of variable {key:?} {e}")))?;
+    }
+    Ok(env)
 }
 
 #[cfg(test)]
