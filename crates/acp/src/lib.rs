@@ -48,7 +48,8 @@ use agent_client_protocol::{
 };
 use drover_client::{Client, ConnectOptions};
 use drover_protocol::client::{
-    ClientRequest, SessionCreateParams, SessionMode, SessionSetModeParams,
+    ClientRequest, SessionCreateParams, SessionListParams, SessionMode, SessionPage,
+    SessionSetModeParams,
 };
 use drover_protocol::ApprovalMode;
 use tokio::sync::mpsc;
@@ -73,6 +74,16 @@ pub enum Transport {
 
 /// The `source` of sessions made over ACP (`session.list`, the dashboard).
 pub const SESSION_SOURCE: &str = "acp";
+
+/// Sessions per `session/list` page.
+const LIST_PAGE: u64 = 200;
+
+/// Unix seconds as an RFC 3339 time (UTC), as ACP's `updatedAt` is.
+fn rfc3339(unix_seconds: f64) -> Option<String> {
+    let millis = (unix_seconds * 1000.0) as i64;
+    chrono::DateTime::from_timestamp_millis(millis)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+}
 
 /// The connection's bridge, made at its first request (it needs the connection).
 #[derive(Clone)]
@@ -253,19 +264,28 @@ fn handlers(
             async move |request: ListSessionsRequest, responder, cx| {
                 let bridge = s4.bridge(&cx);
                 spawn_answer!(cx, responder, async move {
-                    let sessions = bridge.client.all_sessions().await.map_err(rpc_error)?;
-                    let mut rows: Vec<SessionInfo> = Vec::new();
-                    for s in sessions {
-                        if s.source == "subagent" {
-                            continue;
-                        }
-                        let cwd = request
-                            .cwd
-                            .clone()
-                            .unwrap_or_else(|| std::path::PathBuf::from("/"));
-                        rows.push(SessionInfo::new(s.session_id, cwd).title(s.title));
-                    }
-                    Ok(ListSessionsResponse::new(rows))
+                    let page: SessionPage = bridge
+                        .client
+                        .request(ClientRequest::SessionList(SessionListParams {
+                            limit: Some(LIST_PAGE),
+                            cursor: request.cursor,
+                            cwd: request.cwd.map(|c| c.to_string_lossy().into_owned()),
+                        }))
+                        .await
+                        .map_err(rpc_error)?;
+                    // Child agents' sessions belong to their parent's turn, not to an editor.
+                    let rows: Vec<SessionInfo> = page
+                        .sessions
+                        .into_iter()
+                        .filter(|s| s.parent_session_id.is_none())
+                        .map(|s| {
+                            let cwd = s.cwd.unwrap_or_else(|| "/".to_string());
+                            SessionInfo::new(s.session_id, cwd)
+                                .title(s.title)
+                                .updated_at(rfc3339(s.last_activity_at))
+                        })
+                        .collect();
+                    Ok(ListSessionsResponse::new(rows).next_cursor(page.next_cursor))
                 })
             },
             on_receive_request!(),
