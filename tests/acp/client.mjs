@@ -25,8 +25,11 @@
 //   {"op":"cancel"}                  session/cancel of the current session
 //   {"op":"request", "method": M, "params": P}   any request, for error cases
 //   {"op":"kill_agent"}              SIGKILL the spawned agent (a crash under the client)
+//   {"op":"wait_stdin"}              until the test writes `continue` on stdin (once per
+//       wait_stdin: a test's barrier, e.g. to restart the daemon between two prompts)
 // Stdin commands (one per line), for a test that sequences from outside: `cancel`,
-// `answer <optionId>` and `answer-cancelled` (every held permission request).
+// `answer <optionId>` and `answer-cancelled` (every held permission request), `continue` (lets
+// one `wait_stdin` step go on, now or when it comes).
 //
 // The result: `steps` (each op with its request, result or error), `updates` (session/update
 // params as the SDK delivered them, i.e. valid to a real client), `wire` (every JSON-RPC message
@@ -137,6 +140,9 @@ let agentCtx = null;
 // Held permission requests: resolve functions taking an outcome.
 const held = [];
 const promptsSent = [];
+// `continue` lines read from stdin, and `wait_stdin` steps run.
+let continues = 0;
+let stdinWaits = 0;
 
 function answerFor(answer) {
   return answer === "cancel"
@@ -262,6 +268,11 @@ async function runStep(ctx, s) {
     }
     case "request":
       return record(s.method, s.params, () => ctx.request(s.method, s.params));
+    case "wait_stdin": {
+      const n = ++stdinWaits;
+      out({ event: "waiting_stdin", n });
+      return until(() => continues >= n);
+    }
     case "kill_agent":
       agentChild?.kill("SIGKILL");
       await agentExited;
@@ -279,6 +290,9 @@ createInterface({ input: process.stdin }).on("line", (line) => {
   } else if (cmd === "answer" || cmd === "answer-cancelled") {
     const a = cmd === "answer" ? arg : "cancel";
     for (const resolve of held.splice(0)) resolve(a);
+  } else if (cmd === "continue") {
+    continues++;
+    notifyWaiters();
   }
 });
 

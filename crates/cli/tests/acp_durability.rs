@@ -1,0 +1,618 @@
+//! `drover acp` beyond ACP v1: the turn belongs to the daemon, so it outlives the `drover acp`
+//! process (SIGKILL mid-turn, or while a permission request is open), and a daemon that dies or
+//! restarts under a connected `drover acp` leaves the session usable: a turn it lost is closed
+//! as `unknown`, and the next prompt offers to resolve it.
+//!
+//! Real processes throughout: the `drover` binary, the ACP client on the official TypeScript
+//! SDK (`tests/acp/client.mjs`), the scriptable loopback model, real SIGKILLs.
+
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::ffi::OsString;
+use std::path::Path;
+use std::time::Duration;
+
+use drover_test_support::acp::{AcpClient, AcpResult};
+use drover_test_support::harness::{
+    daemon_info, db_rows, kill_and_wait_gone, message_contents, model_home, pid_alive, run_drover,
+    Client, KillDaemonOnDrop, TestHome,
+};
+use drover_test_support::wait::until;
+use drover_test_support::{Gate, MockModel, Reply};
+use serde_json::{json, Value};
+
+/// The bound of one client run (the client's own is 60 s).
+const RUN: Duration = Duration::from_secs(90);
+/// The bound of one awaited condition.
+const BOUND: Duration = Duration::from_secs(30);
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_drover"))
+}
+
+/// `drover --home <home> acp`: the agent command an editor is given.
+fn agent(home: &Path) -> Vec<OsString> {
+    vec![bin().into(), "--home".into(), home.into(), "acp".into()]
+}
+
+/// The SDK client running `steps` against a fresh `drover acp` of `home`.
+fn client(home: &TestHome, steps: Value) -> AcpClient {
+    AcpClient::stdio(&steps, &agent(home.path()))
+}
+
+/// Waits until the client has run step `op` (the `n`th, from 1) and gives its event.
+async fn step_done(client: &AcpClient, op: &str, n: usize) -> Value {
+    let is_step = |e: &Value| e["event"] == "step" && e["op"] == op;
+    client.wait_events(n, BOUND, is_step).await;
+    client
+        .event_list()
+        .into_iter()
+        .filter(is_step)
+        .nth(n - 1)
+        .unwrap()
+}
+
+/// The session the client's `session/new` made.
+async fn new_session(client: &AcpClient) -> String {
+    let new = step_done(client, "new", 1).await;
+    new["result"]["sessionId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("session/new failed: {new}\n{}", client.transcript()))
+        .to_string()
+}
+
+/// The text of the `agent_message_chunk` updates the client has received so far.
+fn live_text(client: &AcpClient) -> String {
+    client
+        .event_list()
+        .iter()
+        .filter(|e| e["event"] == "update")
+        .map(|e| &e["update"]["update"])
+        .filter(|u| u["sessionUpdate"] == "agent_message_chunk")
+        .filter_map(|u| u["content"]["text"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// The permission requests (`params`) the client has been sent so far.
+fn live_permissions(client: &AcpClient) -> Vec<Value> {
+    client
+        .event_list()
+        .into_iter()
+        .filter(|e| e["event"] == "permission")
+        .map(|e| e["params"].clone())
+        .collect()
+}
+
+/// Lets the client's `wait_stdin` step go on, then its `kill_agent` SIGKILLs `drover acp`;
+/// gives the client's result once it has reaped it.
+async fn sigkill_agent(mut client: AcpClient) -> AcpResult {
+    client.command("continue");
+    let r = client.result(RUN).await;
+    assert_eq!(
+        r.result["agentExit"]["signal"], "SIGKILL",
+        "drover acp was not SIGKILLed\n{}",
+        r.transcript
+    );
+    r
+}
+
+/// The session's admissions in the ledger, oldest first: `(status, outcome)`.
+fn admissions(home: &TestHome, session: &str) -> Vec<(String, String)> {
+    db_rows(
+        &home.db(),
+        &format!(
+            "SELECT status, COALESCE(outcome, '') FROM session_admissions \
+             WHERE target_session_id = '{session}' ORDER BY seq"
+        ),
+    )
+    .into_iter()
+    .map(|row| {
+        let s = |v: &Value| v.as_str().unwrap_or_default().to_string();
+        (s(&row[0]), s(&row[1]))
+    })
+    .collect()
+}
+
+/// Waits until the session's admissions are `want`.
+async fn admissions_become(home: &TestHome, session: &str, want: &[(&str, &str)]) {
+    let want: Vec<(String, String)> = want
+        .iter()
+        .map(|(s, o)| (s.to_string(), o.to_string()))
+        .collect();
+    let reached = until(BOUND, async || admissions(home, session) == want).await;
+    assert!(
+        reached,
+        "the admissions of {session} are {:?}, not {want:?}",
+        admissions(home, session)
+    );
+}
+
+/// The pid of the home's daemon, from `daemon.json`.
+fn daemon_pid(home: &TestHome) -> u32 {
+    daemon_info(home.path())
+        .and_then(|i| i["pid"].as_u64())
+        .expect("daemon.json names the daemon") as u32
+}
+
+/// A drover RPC client of the home's daemon now (as the chat or the dashboard is).
+async fn rpc(home: &TestHome) -> Client {
+    let info = daemon_info(home.path()).expect("daemon.json");
+    Client::connect(
+        info["url"].as_str().unwrap(),
+        Some(info["token"].as_str().unwrap()),
+    )
+    .await
+    .unwrap()
+}
+
+/// The contents of the model's `n`th request's messages.
+fn model_saw(model: &MockModel, n: usize) -> String {
+    let requests = model.requests();
+    let request = requests.get(n).expect("the model got that request");
+    message_contents(&request["messages"]).join("\n")
+}
+
+/// Position in the wire of the response to the first request `method` the client sent.
+fn response_position(r: &AcpResult, method: &str) -> usize {
+    let wire = r.wire();
+    let id = wire
+        .iter()
+        .find(|(dir, m)| *dir == "out" && m["method"] == method)
+        .map(|(_, m)| m["id"].clone())
+        .unwrap_or_else(|| panic!("no {method} request\n{}", r.transcript));
+    wire.iter()
+        .position(|(dir, m)| *dir == "in" && m["id"] == id && m.get("method").is_none())
+        .unwrap_or_else(|| panic!("no response to {method}\n{}", r.transcript))
+}
+
+#[tokio::test]
+async fn sigkill_of_drover_acp_mid_turn_then_resume_streams_the_rest_of_the_turn_once() {
+    let (model, home) = model_home(true).await.unwrap();
+    let _daemon = KillDaemonOnDrop(home.path());
+    let gate = Gate::new();
+    model.push(Reply::text("The answer that outlived its editor").gated(&gate));
+
+    let first = client(
+        &home,
+        json!([
+            {"op": "initialize"},
+            {"op": "new", "cwd": home.work()},
+            {"op": "prompt", "text": "Think long", "wait": false},
+            {"op": "wait_stdin"},
+            {"op": "kill_agent"},
+        ]),
+    );
+    let session = new_session(&first).await;
+    assert!(
+        gate.wait_reached(BOUND).await,
+        "the turn never reached the model\n{}",
+        first.transcript()
+    );
+    let daemon = daemon_pid(&home);
+    let killed = sigkill_agent(first).await;
+    assert_eq!(killed.agent_text(), "", "{}", killed.transcript);
+
+    // The daemon still runs the turn, with nobody attached.
+    assert!(pid_alive(daemon));
+    assert_eq!(admissions(&home, &session), [("started".into(), "".into())]);
+
+    let mut second = client(
+        &home,
+        json!([
+            {"op": "initialize"},
+            {"op": "resume", "sessionId": session, "cwd": home.work()},
+            {"op": "wait_stdin"},
+        ]),
+    );
+    let resumed = step_done(&second, "resume", 1).await;
+    assert!(resumed["error"].is_null(), "{}", second.transcript());
+    gate.open();
+
+    let text = "The answer that outlived its editor";
+    let streamed = until(BOUND, async || live_text(&second) == text).await;
+    assert!(
+        streamed,
+        "the resumed client got {:?}\n{}",
+        live_text(&second),
+        second.transcript()
+    );
+    admissions_become(&home, &session, &[("terminal", "completed")]).await;
+    second.command("continue");
+    let r = second.result(RUN).await;
+    assert!(r.error().is_null(), "{}", r.transcript);
+    // Once: the text came once, the model was asked once, one admission (above) completed.
+    assert_eq!(r.agent_text(), text, "{}", r.transcript);
+    assert_eq!(model.requests().len(), 1, "{:?}", model.requests());
+    assert!(model_saw(&model, 0).contains("Think long"));
+    // Nothing of the turn reached the client before the resume answered: no replay.
+    let answered = response_position(&r, "session/resume");
+    let replayed = r.wire()[..answered]
+        .iter()
+        .filter(|(dir, m)| *dir == "in" && m["method"] == "session/update")
+        .count();
+    assert_eq!(replayed, 0, "{}", r.transcript);
+}
+
+#[tokio::test]
+async fn sigkill_of_drover_acp_with_a_permission_open_asks_again_and_applies_one_answer() {
+    let (model, home) = model_home(true).await.unwrap();
+    let _daemon = KillDaemonOnDrop(home.path());
+    // A dangerous command (a recursive delete asks in manual mode) that leaves one line in
+    // `ran.log` each time it runs.
+    let log = home.work().join("ran.log");
+    let victim = home.work().join("victim");
+    std::fs::create_dir(&victim).unwrap();
+    let command = format!(
+        "echo ran >> {} && rm -rf {}",
+        log.display(),
+        victim.display()
+    );
+    model.push(Reply::terminal("call_append", &command));
+    // The turn stays open after the command ran, so a late answer meets a live turn.
+    let gate = Gate::new();
+    model.push(Reply::text("Appended once").gated(&gate));
+
+    let first = client(
+        &home,
+        json!([
+            {"op": "initialize"},
+            {"op": "new", "cwd": home.work()},
+            {"op": "permissions", "answer": "hold"},
+            {"op": "prompt", "text": "Append the line", "wait": false},
+            {"op": "wait_stdin"},
+            {"op": "kill_agent"},
+        ]),
+    );
+    let session = new_session(&first).await;
+    first
+        .wait_events(1, BOUND, |e| e["event"] == "permission")
+        .await;
+    let asked_first = live_permissions(&first).remove(0);
+    sigkill_agent(first).await;
+    assert!(!log.exists(), "the command ran unanswered");
+
+    // A new `drover acp` resumes: the open prompt is asked again, about the same call.
+    let mut second = client(
+        &home,
+        json!([
+            {"op": "initialize"},
+            {"op": "permissions", "answer": "hold"},
+            {"op": "resume", "sessionId": session, "cwd": home.work()},
+            {"op": "wait_stdin"},
+        ]),
+    );
+    second
+        .wait_events(1, BOUND, |e| e["event"] == "permission")
+        .await;
+    let asked_again = live_permissions(&second).remove(0);
+    assert_eq!(
+        asked_again["toolCall"]["title"], asked_first["toolCall"]["title"],
+        "{asked_first}\n{asked_again}"
+    );
+    assert_eq!(asked_again["options"], asked_first["options"]);
+    assert!(!log.exists(), "the command ran unanswered");
+
+    // Answered there: the command runs, once.
+    second.command("answer once");
+    assert!(
+        gate.wait_reached(BOUND).await,
+        "the turn did not go on after the answer\n{}",
+        second.transcript()
+    );
+    assert_eq!(std::fs::read_to_string(&log).unwrap(), "ran\n");
+    let prompts = db_rows(
+        &home.db(),
+        &format!(
+            "SELECT prompt_id, generation, status, answer FROM prompts \
+             WHERE session_id = '{session}'"
+        ),
+    );
+    assert_eq!(prompts.len(), 1, "{prompts:?}");
+    assert_eq!(prompts[0][2], "resolved", "{prompts:?}");
+    // The answer as stored: JSON.
+    assert_eq!(prompts[0][3], "\"once\"", "{prompts:?}");
+
+    // A second answer to the same prompt, from the daemon's RPC (as the chat or the dashboard
+    // sends it) and from the CLI, applies nothing.
+    let mut chat = rpc(&home).await;
+    chat.call_ok("session.resume", json!({"session_id": session}))
+        .await
+        .unwrap();
+    let late = chat
+        .call(
+            "approval.respond",
+            json!({
+                "session_id": session,
+                "execution_generation": prompts[0][1],
+                "prompt_id": prompts[0][0],
+                "choice": "deny",
+            }),
+        )
+        .await
+        .unwrap();
+    let late_text = format!("{late:?}");
+    assert!(
+        late_text.contains("already_resolved"),
+        "a second answer was not refused: {late_text}"
+    );
+    let cli = run_drover(
+        bin(),
+        home.path(),
+        None,
+        &["answer", &session, "--choice", "deny"],
+    )
+    .await;
+    assert_eq!(
+        cli.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&cli.stderr)
+    );
+
+    gate.open();
+    let finished = until(BOUND, async || live_text(&second) == "Appended once").await;
+    assert!(finished, "{}", second.transcript());
+    admissions_become(&home, &session, &[("terminal", "completed")]).await;
+    second.command("continue");
+    let r = second.result(RUN).await;
+    assert!(r.error().is_null(), "{}", r.transcript);
+    assert_eq!(std::fs::read_to_string(&log).unwrap(), "ran\n");
+    assert!(!victim.exists());
+    // The model was told the command ran, not that it was denied.
+    assert_eq!(model.requests().len(), 2);
+    let told = model_saw(&model, 1).to_lowercase();
+    assert!(!told.contains("denied"), "{told}");
+}
+
+/// What holds the turn when the daemon is killed.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Held {
+    /// The model's answer (a gate of the mock model).
+    Model,
+    /// A tool call's command, still running.
+    Tool,
+}
+
+/// The daemon is SIGKILLed mid-turn under a connected `drover acp`, which starts a new one:
+/// the turn ends `unknown`, a `session/load` replays it closed, and the next prompt offers to
+/// resolve it (answered `resolve`, it runs).
+async fn daemon_killed_mid_turn(held: Held) {
+    let (model, home) = model_home(true).await.unwrap();
+    let _daemon = KillDaemonOnDrop(home.path());
+    let gate = Gate::new();
+    match held {
+        Held::Model => {
+            model.push(Reply::terminal("call_done", "echo done-before-the-crash"));
+            model.push(Reply::text("never said").gated(&gate));
+        }
+        Held::Tool => model.push(Reply::terminal("call_slow", "sleep 300")),
+    }
+    let mut live = client(
+        &home,
+        json!([
+            {"op": "initialize"},
+            {"op": "new", "cwd": home.work()},
+            {"op": "prompt", "text": "Work on it"},
+            {"op": "wait_stdin"},
+        ]),
+    );
+    let session = new_session(&live).await;
+    match held {
+        Held::Model => assert!(
+            gate.wait_reached(BOUND).await,
+            "the turn never reached the model\n{}",
+            live.transcript()
+        ),
+        Held::Tool => {
+            // The call was announced and its command runs.
+            live.wait_events(1, BOUND, |e| {
+                e["event"] == "update" && e["update"]["update"]["sessionUpdate"] == "tool_call"
+            })
+            .await;
+            let running = until(BOUND, async || {
+                drover_test_support::harness::pids().into_iter().any(|p| {
+                    std::fs::read(format!("/proc/{p}/cmdline"))
+                        .is_ok_and(|c| c.starts_with(b"sleep\x00300"))
+                })
+            })
+            .await;
+            assert!(running, "the command never ran\n{}", live.transcript());
+        }
+    }
+    let old = daemon_pid(&home);
+    kill_and_wait_gone(&[old]);
+
+    // `drover acp` reconnects to a daemon it starts; that one closes the turn `unknown`, and
+    // the prompt answers.
+    let answered = step_done(&live, "prompt", 1).await;
+    assert!(
+        answered["error"].is_null(),
+        "the prompt failed: {answered}\n{}",
+        live.transcript()
+    );
+    let new = daemon_pid(&home);
+    assert_ne!(new, old);
+    assert!(pid_alive(new));
+    assert_eq!(admissions(&home, &session), [("unknown".into(), "".into())]);
+    live.command("continue");
+    let r = live.result(RUN).await;
+    assert!(r.error().is_null(), "{}", r.transcript);
+    assert!(
+        r.agent_text().contains("outcome of this turn is unknown"),
+        "{}",
+        r.transcript
+    );
+    assert!(!r.agent_text().contains("never said"));
+    if held == Held::Tool {
+        let failed = r
+            .updates_of("tool_call_update")
+            .into_iter()
+            .any(|u| u["toolCallId"] == "call_slow" && u["status"] == "failed");
+        assert!(
+            failed,
+            "the open call was not closed failed\n{}",
+            r.transcript
+        );
+    }
+
+    // Another client loads the session: the turn replays closed, then the next prompt asks
+    // whether to resolve it, and `resolve` runs the prompt.
+    model.push(Reply::text("Going on"));
+    let loaded = client(
+        &home,
+        json!([
+            {"op": "initialize"},
+            {"op": "load", "sessionId": session, "cwd": home.work()},
+            {"op": "permissions", "answer": "resolve"},
+            {"op": "prompt", "text": "Go on"},
+        ]),
+    )
+    .result(RUN)
+    .await;
+    assert!(loaded.error().is_null(), "{}", loaded.transcript);
+    loaded.ok("load", 0);
+    let load_answered = response_position(&loaded, "session/load");
+    let replay: Vec<&Value> = loaded.wire()[..load_answered]
+        .iter()
+        .filter(|(dir, m)| *dir == "in" && m["method"] == "session/update")
+        .map(|(_, m)| &m["params"]["update"])
+        .collect();
+    let replay_text: String = replay
+        .iter()
+        .filter(|u| u["sessionUpdate"] == "agent_message_chunk")
+        .filter_map(|u| u["content"]["text"].as_str())
+        .collect();
+    assert!(
+        replay_text.contains("outcome of this turn is unknown"),
+        "{replay:#?}"
+    );
+    let last_status = |id: &str| {
+        replay
+            .iter()
+            .filter(|u| u["toolCallId"] == id)
+            .filter_map(|u| u["status"].as_str())
+            .next_back()
+            .map(str::to_string)
+    };
+    match held {
+        Held::Model => assert_eq!(
+            last_status("call_done").as_deref(),
+            Some("completed"),
+            "{replay:#?}"
+        ),
+        Held::Tool => assert_eq!(
+            last_status("call_slow").as_deref(),
+            Some("failed"),
+            "{replay:#?}"
+        ),
+    }
+
+    let asked = loaded.permissions();
+    assert_eq!(asked.len(), 1, "{}", loaded.transcript);
+    let offered: Vec<&str> = asked[0]["options"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|o| o["optionId"].as_str())
+        .collect();
+    assert_eq!(offered, ["resolve", "keep"], "{}", asked[0]);
+    assert_eq!(
+        loaded.ok("prompt", 0)["stopReason"],
+        "end_turn",
+        "{}",
+        loaded.transcript
+    );
+    assert!(
+        loaded.agent_text().contains("Going on"),
+        "{}",
+        loaded.transcript
+    );
+    admissions_become(
+        &home,
+        &session,
+        &[("terminal", "interrupted"), ("terminal", "completed")],
+    )
+    .await;
+    // Nothing of the lost turn was run again: the model saw it once.
+    let asked_models = model.requests().len();
+    assert_eq!(asked_models, if held == Held::Model { 3 } else { 2 });
+    assert!(model_saw(&model, asked_models - 1).contains("Go on"));
+}
+
+#[tokio::test]
+async fn killing_the_daemon_while_the_model_answers_closes_the_turn_unknown_and_offers_to_resolve()
+{
+    daemon_killed_mid_turn(Held::Model).await;
+}
+
+#[tokio::test]
+async fn killing_the_daemon_while_a_tool_runs_replays_the_call_failed_and_offers_to_resolve() {
+    daemon_killed_mid_turn(Held::Tool).await;
+}
+
+#[tokio::test]
+async fn a_daemon_stopped_and_started_again_under_a_connected_drover_acp_serves_its_next_prompt() {
+    let (model, home) = model_home(true).await.unwrap();
+    let _daemon = KillDaemonOnDrop(home.path());
+    model.push(Reply::text("Before the restart"));
+    model.push(Reply::text("After the restart"));
+    let mut acp = client(
+        &home,
+        json!([
+            {"op": "initialize"},
+            {"op": "new", "cwd": home.work()},
+            {"op": "prompt", "text": "First"},
+            {"op": "wait_stdin"},
+            {"op": "prompt", "text": "Second"},
+        ]),
+    );
+    let session = new_session(&acp).await;
+    step_done(&acp, "prompt", 1).await;
+    let old = daemon_pid(&home);
+    let stop = run_drover(bin(), home.path(), None, &["stop"]).await;
+    assert!(
+        stop.status.success(),
+        "{}",
+        String::from_utf8_lossy(&stop.stderr)
+    );
+    let gone = until(BOUND, async || !pid_alive(old)).await;
+    assert!(gone, "the daemon did not stop");
+
+    // A stop means stop (docs/chat.md): the next drover command starts a daemon again.
+    let started = run_drover(bin(), home.path(), None, &["sessions", "--json"]).await;
+    assert!(
+        started.status.success(),
+        "{}",
+        String::from_utf8_lossy(&started.stderr)
+    );
+    let new = daemon_pid(&home);
+    assert_ne!(new, old);
+
+    acp.command("continue");
+    let r = acp.result(RUN).await;
+    assert!(r.error().is_null(), "{}", r.transcript);
+    assert_eq!(
+        r.ok("prompt", 1)["stopReason"],
+        "end_turn",
+        "{}",
+        r.transcript
+    );
+    assert_eq!(r.agent_text(), "Before the restartAfter the restart");
+    // One initialize, one session: the same `drover acp` went on under a new daemon.
+    assert_eq!(r.steps("initialize").len(), 1);
+    assert_eq!(r.result["agentExit"]["code"], 0, "{}", r.transcript);
+    assert_eq!(daemon_pid(&home), new, "drover acp started another daemon");
+    assert_eq!(
+        admissions(&home, &session),
+        [
+            ("terminal".into(), "completed".into()),
+            ("terminal".into(), "completed".into())
+        ]
+    );
+    let seen = model_saw(&model, 1);
+    assert!(
+        seen.contains("Before the restart") && seen.contains("Second"),
+        "{seen}"
+    );
+}
