@@ -355,3 +355,46 @@ async fn an_acp_client_that_sends_and_never_reads_holds_back_only_itself() {
     let (_acp, result) = initialized(&d).await;
     assert_eq!(result["protocolVersion"], 1, "{result}");
 }
+
+#[tokio::test]
+async fn an_acp_client_that_stops_reading_is_let_go() {
+    let home = TestHome::new().unwrap();
+    let d = Daemon::start_with_env(bin(), home.path(), &[("DROVER_ACP_WRITE_STALL_MS", "500")])
+        .await
+        .unwrap();
+    let (pid, port) = (d.pid(), port_of(&d));
+    let mut flood = unread_acp_socket(&d).await;
+    // Sends until the daemon drops the connection: its answers, unread, fill the sockets, and
+    // the next one waits past the stall.
+    let sending = tokio::spawn(async move {
+        let mut sent = 0u64;
+        loop {
+            for _ in 0..1000 {
+                if flood.feed(Message::Text(INITIALIZE.into())).await.is_err() {
+                    return sent;
+                }
+            }
+            if flood.flush().await.is_err() {
+                return sent;
+            }
+            sent += 1000;
+        }
+    });
+    assert!(
+        wait::until(WAIT, async || connections_of(pid, port) == 3).await,
+        "the agent did not connect"
+    );
+    assert!(
+        wait::until(WAIT, async || connections_of(pid, port) == 0).await,
+        "the client that stopped reading is still connected: {} connections",
+        connections_of(pid, port)
+    );
+    let sent = tokio::time::timeout(WAIT, sending)
+        .await
+        .expect("the sender learns the connection is gone")
+        .unwrap();
+    assert!(sent > 0);
+    // The daemon serves on.
+    let (_acp, result) = initialized(&d).await;
+    assert_eq!(result["protocolVersion"], 1, "{result}");
+}

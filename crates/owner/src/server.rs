@@ -55,11 +55,22 @@ pub const ACP_QUEUE: usize = 64;
 /// How long a `/v1/acp` client may leave a message unread before it is disconnected.
 pub const ACP_WRITE_STALL: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// [`ACP_WRITE_STALL`], or `$DROVER_ACP_WRITE_STALL_MS`: tests see a stalled client let go
+/// without waiting half a minute.
+fn acp_write_stall() -> std::time::Duration {
+    std::env::var("DROVER_ACP_WRITE_STALL_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|ms| *ms > 0)
+        .map_or(ACP_WRITE_STALL, std::time::Duration::from_millis)
+}
+
 #[derive(Clone)]
 struct AppState {
     owner: Arc<Owner>,
     token: Arc<drover_protocol::Secret>,
     acp: Option<AcpEndpoint>,
+    acp_write_stall: std::time::Duration,
 }
 
 static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
@@ -82,6 +93,7 @@ pub fn router(
             owner,
             token: Arc::new(token),
             acp,
+            acp_write_stall: acp_write_stall(),
         })
 }
 
@@ -197,7 +209,12 @@ async fn acp_upgrade(
     };
     bounded(ws).on_upgrade(move |socket| {
         let connections = state.owner.connections.clone();
-        connections.track_future(serve_acp(state.owner, socket, endpoint))
+        connections.track_future(serve_acp(
+            state.owner,
+            socket,
+            endpoint,
+            state.acp_write_stall,
+        ))
     })
 }
 
@@ -228,7 +245,7 @@ enum Ending {
     FellBehind,
     /// The ACP agent of a `/v1/acp` connection ended.
     AgentEnded,
-    /// A `/v1/acp` client took no message for [`ACP_WRITE_STALL`].
+    /// A `/v1/acp` client took no message for [`ACP_WRITE_STALL`] (or as the test knob says).
     Stalled,
 }
 
@@ -251,7 +268,8 @@ impl Ending {
     /// The close frame to send, if the socket can still take one.
     fn close_frame(&self) -> Option<CloseFrame> {
         let (code, reason) = match self {
-            Ending::PeerClosed | Ending::Broken => return None,
+            // A stalled client would not take the frame either.
+            Ending::PeerClosed | Ending::Broken | Ending::Stalled => return None,
             Ending::TooBig(why) => (close_code::SIZE, format!("message too big: {why}")),
             Ending::Protocol(why) => (close_code::POLICY, format!("protocol error: {why}")),
             Ending::Shutdown => (close_code::AWAY, "the daemon is stopping".to_string()),
@@ -260,10 +278,6 @@ impl Ending {
                 "client fell behind; resync with session.events.since".to_string(),
             ),
             Ending::AgentEnded => (close_code::NORMAL, "the ACP agent ended".to_string()),
-            Ending::Stalled => (
-                close_code::POLICY,
-                "client stopped reading; resume the session to catch up".to_string(),
-            ),
         };
         // A close frame's reason is at most 123 bytes.
         let mut reason = reason;
@@ -337,7 +351,12 @@ async fn serve_connection(owner: Arc<Owner>, socket: WebSocket, credential: Cred
 
 /// Serves one `/v1/acp` connection: its text frames go to the agent `endpoint` starts, the
 /// agent's messages come back as text frames, until either side ends or the daemon stops.
-async fn serve_acp(owner: Arc<Owner>, socket: WebSocket, endpoint: AcpEndpoint) {
+async fn serve_acp(
+    owner: Arc<Owner>,
+    socket: WebSocket,
+    endpoint: AcpEndpoint,
+    write_stall: std::time::Duration,
+) {
     let id = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
     let (mut sink, mut stream) = socket.split();
     let (incoming_tx, incoming) = mpsc::channel::<String>(ACP_QUEUE);
@@ -401,8 +420,7 @@ async fn serve_acp(owner: Arc<Owner>, socket: WebSocket, endpoint: AcpEndpoint) 
             };
             // A client that stopped reading is let go: what the agent sends meanwhile (a
             // turn's updates) would wait for it without a bound.
-            match tokio::time::timeout(ACP_WRITE_STALL, sink.send(Message::Text(text.into()))).await
-            {
+            match tokio::time::timeout(write_stall, sink.send(Message::Text(text.into()))).await {
                 Ok(Ok(())) => {}
                 Ok(Err(_)) => return Ending::Broken,
                 Err(_) => return Ending::Stalled,
@@ -417,15 +435,19 @@ async fn serve_acp(owner: Arc<Owner>, socket: WebSocket, endpoint: AcpEndpoint) 
     tracing::debug!(conn = id, ending = ?ending, "ACP client connection ending");
     // Detach is not cancel (G3): the agent's turns go on without it.
     drop(agent);
-    if let Some(frame) = ending.close_frame() {
-        // Bounded: a peer that does not read could block the close forever.
-        let _ = tokio::time::timeout(
-            CONNECTION_CLOSE_WAIT,
-            sink.send(Message::Close(Some(frame))),
-        )
-        .await;
+    // A stalled client's socket is full: it is dropped, not closed politely (which would
+    // only wait on it).
+    if !matches!(ending, Ending::Stalled) {
+        if let Some(frame) = ending.close_frame() {
+            // Bounded: a peer that does not read could block the close forever.
+            let _ = tokio::time::timeout(
+                CONNECTION_CLOSE_WAIT,
+                sink.send(Message::Close(Some(frame))),
+            )
+            .await;
+        }
+        let _ = tokio::time::timeout(CONNECTION_CLOSE_WAIT, sink.close()).await;
     }
-    let _ = tokio::time::timeout(CONNECTION_CLOSE_WAIT, sink.close()).await;
     tracing::debug!(conn = id, "ACP client disconnected");
 }
 
