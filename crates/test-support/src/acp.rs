@@ -5,8 +5,9 @@
 //!
 //! - [`acp_node`]: where node, acpx and the client are (a test fails, never skips, without them).
 //! - [`AcpClient`]: one run of `client.mjs` (against an agent command, or a WebSocket URL), its
-//!   JSON event lines as they come, stdin commands, and its result; killed with what it
-//!   started on drop.
+//!   JSON event lines as they come (steps done, updates and permission requests so far), stdin
+//!   commands, and its result ([`AcpResult`]: steps, updates, the wire in order); killed with
+//!   what it started on drop.
 //! - [`AcpxHome`]: a `HOME` for acpx with `~/.acpx/config.json` naming drover as an agent; every
 //!   process running with that `HOME` (acpx's detached queue owners and the agents they
 //!   started) is killed on drop.
@@ -160,6 +161,45 @@ impl AcpClient {
         }
     }
 
+    /// Waits (at most `limit`) until the client has run its `n`th step `op` (from 1) and gives
+    /// that step's event (`result`, `error`).
+    pub async fn step_done(&self, op: &str, n: usize, limit: Duration) -> Value {
+        let is_step = |e: &Value| e["event"] == "step" && e["op"] == op;
+        self.wait_events(n, limit, is_step).await;
+        self.event_list()
+            .into_iter()
+            .filter(is_step)
+            .nth(n - 1)
+            .expect("waited for it")
+    }
+
+    /// The `update` of every session/update received so far, in order.
+    pub fn live_updates(&self) -> Vec<Value> {
+        self.event_list()
+            .into_iter()
+            .filter(|e| e["event"] == "update")
+            .map(|e| e["update"]["update"].clone())
+            .collect()
+    }
+
+    /// The text of the `agent_message_chunk` updates received so far, joined.
+    pub fn live_agent_text(&self) -> String {
+        self.live_updates()
+            .iter()
+            .filter(|u| u["sessionUpdate"] == "agent_message_chunk")
+            .filter_map(|u| u["content"]["text"].as_str())
+            .collect()
+    }
+
+    /// The permission requests (`params`) received so far.
+    pub fn live_permissions(&self) -> Vec<Value> {
+        self.event_list()
+            .into_iter()
+            .filter(|e| e["event"] == "permission")
+            .map(|e| e["params"].clone())
+            .collect()
+    }
+
     /// What the client printed, for a failure message.
     pub fn transcript(&self) -> String {
         format!(
@@ -298,6 +338,31 @@ impl AcpResult {
             .into_iter()
             .flatten()
             .map(|w| (w["dir"].as_str().unwrap_or_default(), &w["msg"]))
+            .collect()
+    }
+
+    /// Position in [`AcpResult::wire`] of the response to the first request `method` the
+    /// client sent; panics, with the transcript, when there is none.
+    pub fn response_position(&self, method: &str) -> usize {
+        let wire = self.wire();
+        let id = wire
+            .iter()
+            .find(|(dir, m)| *dir == "out" && m["method"] == method)
+            .map(|(_, m)| m["id"].clone())
+            .unwrap_or_else(|| panic!("no {method} request\n{}", self.transcript));
+        wire.iter()
+            .position(|(dir, m)| *dir == "in" && m["id"] == id && m.get("method").is_none())
+            .unwrap_or_else(|| panic!("no response to {method}\n{}", self.transcript))
+    }
+
+    /// The `update`s of the session/update notifications that came before the response to
+    /// the first request `method` (a `session/load`'s replay).
+    pub fn updates_before_response(&self, method: &str) -> Vec<&Value> {
+        let until = self.response_position(method);
+        self.wire()[..until]
+            .iter()
+            .filter(|(dir, m)| *dir == "in" && m["method"] == "session/update")
+            .map(|(_, m)| &m["params"]["update"])
             .collect()
     }
 
