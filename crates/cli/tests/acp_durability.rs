@@ -10,7 +10,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::ffi::OsString;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use drover_test_support::acp::{AcpClient, AcpResult};
@@ -183,12 +183,15 @@ async fn sigkill_of_drover_acp_mid_turn_then_resume_streams_the_rest_of_the_turn
     assert!(replayed.is_empty(), "{}", r.transcript);
 }
 
-#[tokio::test]
-async fn sigkill_of_drover_acp_with_a_permission_open_asks_again_and_applies_one_answer() {
-    let (model, home) = model_home(true).await.unwrap();
-    let _daemon = KillDaemonOnDrop(home.path());
-    // A dangerous command (a recursive delete asks in manual mode) that leaves one line in
-    // `ran.log` each time it runs.
+/// How many times the command of [`script_append`] ran: the lines of its log.
+fn runs(log: &Path) -> usize {
+    std::fs::read_to_string(log).map_or(0, |text| text.lines().count())
+}
+
+/// Scripts the model to run a dangerous command (a recursive delete: asked in manual mode)
+/// that appends a line to `ran.log` each time it runs, as call `call_append`, then to answer
+/// `answer` once `gate` opens. Returns the log.
+fn script_append(model: &MockModel, home: &TestHome, gate: &Gate, answer: &str) -> PathBuf {
     let log = home.work().join("ran.log");
     let victim = home.work().join("victim");
     std::fs::create_dir(&victim).unwrap();
@@ -198,17 +201,20 @@ async fn sigkill_of_drover_acp_with_a_permission_open_asks_again_and_applies_one
         victim.display()
     );
     model.push(Reply::terminal("call_append", &command));
-    // The turn stays open after the command ran, so a late answer meets a live turn.
-    let gate = Gate::new();
-    model.push(Reply::text("Appended once").gated(&gate));
+    model.push(Reply::text(answer).gated(gate));
+    log
+}
 
+/// A client makes a session and prompts; the turn's permission request comes, the client
+/// holds it, and `drover acp` is SIGKILLed. Gives the session and the request.
+async fn kill_with_a_permission_open(home: &TestHome, prompt: &str) -> (String, Value) {
     let first = client(
-        &home,
+        home,
         json!([
             {"op": "initialize"},
             {"op": "new", "cwd": home.work()},
             {"op": "permissions", "answer": "hold"},
-            {"op": "prompt", "text": "Append the line", "wait": false},
+            {"op": "prompt", "text": prompt, "wait": false},
             {"op": "wait_stdin"},
             {"op": "kill_agent"},
         ]),
@@ -217,9 +223,20 @@ async fn sigkill_of_drover_acp_with_a_permission_open_asks_again_and_applies_one
     first
         .wait_events(1, BOUND, |e| e["event"] == "permission")
         .await;
-    let asked_first = first.live_permissions().remove(0);
+    let asked = first.live_permissions().remove(0);
     sigkill_agent(first).await;
-    assert!(!log.exists(), "the command ran unanswered");
+    (session, asked)
+}
+
+#[tokio::test]
+async fn sigkill_of_drover_acp_with_a_permission_open_asks_again_and_applies_one_answer() {
+    let (model, home) = model_home(true).await.unwrap();
+    let _daemon = KillDaemonOnDrop(home.path());
+    // The turn stays open after the command ran, so a late answer meets a live turn.
+    let gate = Gate::new();
+    let log = script_append(&model, &home, &gate, "Appended once");
+    let (session, asked_first) = kill_with_a_permission_open(&home, "Append the line").await;
+    assert_eq!(runs(&log), 0, "the command ran unanswered");
 
     // A new `drover acp` resumes: the open prompt is asked again, about the same call.
     let mut second = client(
@@ -240,7 +257,7 @@ async fn sigkill_of_drover_acp_with_a_permission_open_asks_again_and_applies_one
         "{asked_first}\n{asked_again}"
     );
     assert_eq!(asked_again["options"], asked_first["options"]);
-    assert!(!log.exists(), "the command ran unanswered");
+    assert_eq!(runs(&log), 0, "the command ran unanswered");
 
     // Answered there: the command runs, once.
     second.command("answer once");
@@ -249,7 +266,7 @@ async fn sigkill_of_drover_acp_with_a_permission_open_asks_again_and_applies_one
         "the turn did not go on after the answer\n{}",
         second.transcript()
     );
-    assert_eq!(std::fs::read_to_string(&log).unwrap(), "ran\n");
+    assert_eq!(runs(&log), 1, "{}", second.transcript());
     let prompts = db_rows(
         &home.db(),
         &format!(
@@ -303,12 +320,51 @@ async fn sigkill_of_drover_acp_with_a_permission_open_asks_again_and_applies_one
     second.command("continue");
     let r = second.result(RUN).await;
     assert!(r.error().is_null(), "{}", r.transcript);
-    assert_eq!(std::fs::read_to_string(&log).unwrap(), "ran\n");
-    assert!(!victim.exists());
+    assert_eq!(runs(&log), 1, "{}", r.transcript);
     // The model was told the command ran, not that it was denied.
     assert_eq!(model.requests().len(), 2);
     let told = model_saw(&model, 1).to_lowercase();
     assert!(!told.contains("denied"), "{told}");
+}
+
+/// The request asked again after a restart of `drover acp` is about the tool call the first
+/// one named, and a client that resumed mid-turn is shown that call (a `tool_call`) before
+/// any `tool_call_update` of it: ACP updates only a call the client was told of.
+#[tokio::test]
+async fn the_reasked_permission_names_the_tool_call_it_is_about() {
+    let (model, home) = model_home(true).await.unwrap();
+    let _daemon = KillDaemonOnDrop(home.path());
+    let gate = Gate::new();
+    gate.open();
+    let log = script_append(&model, &home, &gate, "Appended");
+    let (session, asked_first) = kill_with_a_permission_open(&home, "Append the line").await;
+    assert_eq!(asked_first["toolCall"]["toolCallId"], "call_append");
+
+    let r = client(
+        &home,
+        json!([
+            {"op": "initialize"},
+            {"op": "permissions", "answer": "once"},
+            {"op": "resume", "sessionId": session, "cwd": home.work()},
+            {"op": "wait_update", "kind": "tool_call_update"},
+        ]),
+    )
+    .result(RUN)
+    .await;
+    assert!(r.error().is_null(), "{}", r.transcript);
+    assert_eq!(runs(&log), 1, "{}", r.transcript);
+    let asked_again = r.permissions()[0]["toolCall"]["toolCallId"].clone();
+    let first_of_call = r
+        .updates()
+        .into_iter()
+        .find(|u| u["toolCallId"] == "call_append")
+        .map(|u| u["sessionUpdate"].clone());
+    assert_eq!(
+        (asked_again, first_of_call),
+        (json!("call_append"), Some(json!("tool_call"))),
+        "(the re-asked request's toolCallId, the first update of call_append)\n{}",
+        r.transcript
+    );
 }
 
 /// What holds the turn when the daemon is killed.
