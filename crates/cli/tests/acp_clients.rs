@@ -111,6 +111,16 @@ impl Agent {
             "the SDK rejected some session/update\n{}",
             result.transcript
         );
+        if let Via::Stdio = self.via {
+            // Closing its stdin, as an editor quitting does, ends `drover acp` cleanly (the
+            // client waits 5 s before it kills it).
+            assert_eq!(
+                result.result["agentExit"],
+                json!({"code": 0, "signal": null}),
+                "{}",
+                result.transcript
+            );
+        }
         result
     }
 }
@@ -632,7 +642,11 @@ async fn set_mode_auto_runs_a_dangerous_command_without_asking(via: Via) {
     r.ok("set_mode", 0);
     assert_eq!(stop_reason(&r, 0), "end_turn", "{}", r.transcript);
     assert!(r.permissions().is_empty(), "{}", r.transcript);
-    assert!(!victim.exists(), "the command did not run in auto mode");
+    assert!(
+        !victim.exists(),
+        "the command did not run in auto mode\n{}",
+        r.transcript
+    );
     assert_eq!(r.agent_text(), "Deleted without asking");
 }
 
@@ -663,19 +677,24 @@ async fn session_load_replays_the_transcript_and_resume_attaches_without_replay(
     let agent = Agent::start(via).await;
     let (model, home) = (&agent.model, &agent.home);
     model.push(Reply::terminal("c1", "echo acp-load-output"));
+    let victim = home.work().join("victim");
+    std::fs::create_dir(&victim).unwrap();
+    model.push(drover_test_support::harness::rm_rf_call(&victim));
     model.push(Reply::text("Loaded answer"));
-    // One session with a finished turn, one with none.
+    // One session with a finished turn (a call that ran, one denied), one with no turn.
     let first = agent
         .run(steps(
             home.work(),
             &[
-                answer("once"),
+                answer("deny"),
                 prompt("Run the echo"),
                 json!({"op": "new", "cwd": home.work()}),
             ],
         ))
         .await;
     assert_eq!(stop_reason(&first, 0), "end_turn", "{}", first.transcript);
+    assert!(victim.exists());
+    let live = tool_calls(&first);
     let done = first.ok("new", 0)["sessionId"]
         .as_str()
         .unwrap()
@@ -724,10 +743,23 @@ async fn session_load_replays_the_transcript_and_resume_attaches_without_replay(
         "{replay:#?}"
     );
     let calls = tool_calls_of(&replay);
-    assert_eq!(calls.len(), 1, "{replay:#?}");
+    assert_eq!(calls.len(), 2, "{replay:#?}");
     assert_eq!(calls[0].kind, "execute");
     assert_eq!(calls[0].last_status(), "completed", "{calls:#?}");
     assert!(calls[0].content_says("acp-load-output"), "{calls:#?}");
+    assert_eq!(calls[1].last_status(), "failed", "{calls:#?}");
+    // Each call ends as the live client saw it end.
+    let ends = |calls: &[ToolCall]| -> Vec<(String, String)> {
+        calls
+            .iter()
+            .map(|c| (c.id.clone(), c.last_status().to_string()))
+            .collect()
+    };
+    assert_eq!(
+        ends(&calls),
+        ends(&live),
+        "replayed {calls:#?}\nlive {live:#?}"
+    );
     // In the transcript's order: the user's prompt, the call, the answer.
     let order: Vec<&str> = replay
         .iter()
