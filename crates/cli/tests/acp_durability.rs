@@ -367,6 +367,98 @@ async fn the_reasked_permission_names_the_tool_call_it_is_about() {
     );
 }
 
+/// `session/load` of a session whose turn waits on a permission nobody holds any more (its
+/// `drover acp` was SIGKILLed): the replay shows the call still open (the turn runs on), the
+/// request is asked again, and the answer runs the command once and the turn goes on.
+#[tokio::test]
+async fn load_after_sigkill_with_a_permission_open_replays_the_call_open_and_asks_again() {
+    let (model, home) = model_home(true).await.unwrap();
+    let _daemon = KillDaemonOnDrop(home.path());
+    let gate = Gate::new();
+    gate.open();
+    let log = script_append(&model, &home, &gate, "Appended after the load");
+    let (session, _) = kill_with_a_permission_open(&home, "Append the line").await;
+
+    let r = client(
+        &home,
+        json!([
+            {"op": "initialize"},
+            {"op": "permissions", "answer": "once"},
+            {"op": "load", "sessionId": session, "cwd": home.work()},
+            {"op": "wait_update", "kind": "tool_call_update"},
+        ]),
+    )
+    .result(RUN)
+    .await;
+    assert!(r.error().is_null(), "{}", r.transcript);
+    r.ok("load", 0);
+    let replay = r.updates_before_response("session/load");
+    let kinds: Vec<(&str, &str)> = replay
+        .iter()
+        .map(|u| {
+            let kind = u["sessionUpdate"].as_str().unwrap_or_default();
+            // A tool call's status defaults to `pending` (ACP), and goes unsaid then.
+            let status = match (kind, u["status"].as_str()) {
+                ("tool_call", None) => "pending",
+                (_, status) => status.unwrap_or_default(),
+            };
+            (kind, status)
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [("user_message_chunk", ""), ("tool_call", "pending")],
+        "{replay:#?}"
+    );
+    assert_eq!(r.permissions().len(), 1, "{}", r.transcript);
+    assert_eq!(runs(&log), 1, "{}", r.transcript);
+    admissions_become(&home, &session, &[("terminal", "completed")]).await;
+    assert_eq!(model.requests().len(), 2);
+}
+
+/// A client that resumed a turn another `drover acp` started (then was SIGKILLed) can cancel
+/// it: `session/cancel` interrupts the daemon's turn.
+#[tokio::test]
+async fn a_resumed_client_cancels_the_turn_a_killed_drover_acp_started() {
+    let (model, home) = model_home(true).await.unwrap();
+    let _daemon = KillDaemonOnDrop(home.path());
+    let gate = Gate::new();
+    model.push(Reply::text("never said").gated(&gate));
+    let first = client(
+        &home,
+        json!([
+            {"op": "initialize"},
+            {"op": "new", "cwd": home.work()},
+            {"op": "prompt", "text": "Think long", "wait": false},
+            {"op": "wait_stdin"},
+            {"op": "kill_agent"},
+        ]),
+    );
+    let session = new_session(&first).await;
+    assert!(
+        gate.wait_reached(BOUND).await,
+        "the turn never reached the model\n{}",
+        first.transcript()
+    );
+    sigkill_agent(first).await;
+
+    let mut second = client(
+        &home,
+        json!([
+            {"op": "initialize"},
+            {"op": "resume", "sessionId": session, "cwd": home.work()},
+            {"op": "cancel"},
+            {"op": "wait_stdin"},
+        ]),
+    );
+    admissions_become(&home, &session, &[("terminal", "interrupted")]).await;
+    second.command("continue");
+    let r = second.result(RUN).await;
+    assert!(r.error().is_null(), "{}", r.transcript);
+    assert!(!r.agent_text().contains("never said"), "{}", r.transcript);
+    assert_eq!(model.requests().len(), 1);
+}
+
 /// What holds the turn when the daemon is killed.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Held {
