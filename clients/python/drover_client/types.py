@@ -1328,8 +1328,9 @@ class SessionMode(TypedDict):
 
     approval_mode: ApprovalMode
     """
-    The mode its next turn gets: `deny` while `config.toml` says `approvals.mode = "deny"`
-    (the home's floor), else `mode`.
+    The mode the session's approval decisions use from now on, its running turn's too:
+    `deny` while `config.toml` says `approvals.mode = "deny"` (the home's floor), else
+    `mode`.
     """
     mode: ApprovalMode
     """

@@ -368,7 +368,7 @@ impl Fixture {
             log,
             tools,
             ctx: ToolContext {
-                approvals: drover_tools::ApprovalMode::Auto,
+                approvals: drover_tools::ApprovalMode::Auto.into(),
                 ..ToolContext::detached(PathBuf::from("/"), std::env::temp_dir(), "s1")
             },
         }

@@ -7,11 +7,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
+use std::time::Duration;
 
 use drover_test_support::harness::{
     rm_rf_call, script_rm_victim, str_field, uuid_like, Daemon, OneSession,
 };
-use drover_test_support::{mcp_echo_bin, Reply};
+use drover_test_support::{mcp_echo_bin, Gate, Reply};
 use serde_json::{json, Value};
 
 fn bin() -> &'static Path {
@@ -312,4 +313,36 @@ async fn an_own_mcp_server_named_as_a_configured_or_built_in_toolset_or_broken_i
     }
     let page = s.client.call_ok("session.list", json!({})).await.unwrap();
     assert_eq!(page["sessions"].as_array().unwrap().len(), 1, "{page}");
+}
+
+#[tokio::test]
+async fn set_mode_during_a_turn_governs_that_turns_next_approval() {
+    let mut s = terminal_session("").await;
+    let victim = s.home.work().join("victim");
+    std::fs::create_dir(&victim).unwrap();
+    // The model's answer that runs rm -rf waits until the mode changed.
+    let gate = Gate::new();
+    s.model.push(rm_rf_call(&victim).gated(&gate));
+    s.model.push(Reply::text("Deleted."));
+    let receipt = s.submit("delete the victim").await.unwrap();
+    assert!(gate.wait_reached(Duration::from_secs(30)).await);
+    let answer = set_mode(&mut s, "auto").await;
+    assert_eq!(answer["approval_mode"], "auto");
+    gate.open();
+    let outcome = s
+        .wait_settled(&str_field(&receipt, "admission_id"))
+        .await
+        .unwrap();
+    assert_eq!(outcome, "completed");
+    assert!(
+        !victim.exists(),
+        "the running turn still asked in manual mode"
+    );
+    let stored = s.client.stored_events(&s.session_id).await.unwrap();
+    let asked = stored["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e["type"] == "approval.request");
+    assert!(!asked, "the running turn asked after the mode became auto");
 }

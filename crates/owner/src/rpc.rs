@@ -571,8 +571,10 @@ async fn session_rename(
     })
 }
 
-/// `session.set_mode` (drover extension): attached, as `session.interrupt`. A turn's worker
-/// gets its mode at claim, so the change applies from the session's next turn.
+/// `session.set_mode` (drover extension): attached, as `session.interrupt`. A running turn is
+/// told at once, so its next approval decision uses the new mode; the next turns get it at
+/// claim. Both happen in one ledger job, as claims do: a turn claimed before the write is
+/// running when it is told, one claimed after reads the stored mode.
 async fn session_set_mode(
     owner: &Arc<Owner>,
     conn: &ConnHandle,
@@ -580,11 +582,20 @@ async fn session_set_mode(
 ) -> Result<wire::SessionMode, OwnerError> {
     let wire::SessionSetModeParams { session_id, mode } = p;
     require_attached(owner, conn, &session_id).await?;
-    let row = owner
-        .ledger(move |l, _| l.set_approval_mode(&session_id, mode))
+    let (row, effective) = owner
+        .ledger(move |l, o| {
+            let row = l.set_approval_mode(&session_id, mode)?;
+            let effective = o.config().approvals.mode_for(row.approval_mode);
+            if let Some(t) = o.running_turn(&session_id) {
+                let _ = t
+                    .control
+                    .try_send(OwnerFrame::Approvals { mode: effective });
+            }
+            Ok((row, effective))
+        })
         .await?;
     Ok(wire::SessionMode {
-        approval_mode: owner.config().approvals.mode_for(row.approval_mode),
+        approval_mode: effective,
         session_id: row.id,
         mode,
     })

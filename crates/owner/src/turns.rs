@@ -147,7 +147,8 @@ fn policy(owner: &Owner, claim: &Claim) -> Policy {
         tools: s.tool_schemas.clone(),
         cwd: s.cwd.clone(),
         max_steps: config.model.max_steps,
-        // Read once, at claim: a `session.set_mode` during the turn applies from the next.
+        // At claim; a `session.set_mode` while the turn runs reaches its worker as an
+        // `approvals` frame (rpc.rs).
         approvals: config.approvals.mode_for(s.approval_mode),
         home: owner.home.display().to_string(),
         approval_grants: claim.approval_grants.clone(),

@@ -573,8 +573,9 @@ pub struct SessionMode {
     pub session_id: String,
     /// The session's mode, as stored.
     pub mode: ApprovalMode,
-    /// The mode its next turn gets: `deny` while `config.toml` says `approvals.mode = "deny"`
-    /// (the home's floor), else `mode`.
+    /// The mode the session's approval decisions use from now on, its running turn's too:
+    /// `deny` while `config.toml` says `approvals.mode = "deny"` (the home's floor), else
+    /// `mode`.
     pub approval_mode: ApprovalMode,
 }
 

@@ -169,6 +169,12 @@ pub enum OwnerFrame {
         /// Why (`interrupted`, `runtime_draining`, `parent_finished`).
         reason: String,
     },
+    /// The session's approval mode changed while the turn runs (`session.set_mode`): the
+    /// turn's next approval decision uses `mode` instead of its policy's `approvals`.
+    Approvals {
+        /// The mode from now on (the home's `deny` floor already applied).
+        mode: ApprovalMode,
+    },
 }
 
 /// Frames from the worker to the owner.

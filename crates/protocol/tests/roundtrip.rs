@@ -658,6 +658,13 @@ fn receipt_refused_and_stop_frames_round_trip() {
             reason: "interrupt".into()
         }
     );
+    let approvals: OwnerFrame = pinned(r#"{"type":"approvals","mode":"auto"}"#);
+    assert_eq!(
+        approvals,
+        OwnerFrame::Approvals {
+            mode: drover_protocol::ApprovalMode::Auto
+        }
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -204,7 +204,7 @@ pub async fn authorize_key(
     description: &str,
     shown: &str,
 ) -> Result<(), Refusal> {
-    let decision = decide_dangerous(ctx.approvals, ctx.grants.contains(key));
+    let decision = decide_dangerous(ctx.approvals.get(), ctx.grants.contains(key));
     authorize_as(ctx, decision, key, description, shown).await
 }
 
@@ -218,10 +218,9 @@ pub async fn authorize_unconfined(
     description: &str,
     shown: &str,
 ) -> Result<(), Refusal> {
-    let decision = match decide_dangerous(ctx.approvals, ctx.grants.contains(key)) {
-        Decision::Run if ctx.approvals == ApprovalMode::Auto && !ctx.grants.contains(key) => {
-            Decision::Ask
-        }
+    let mode = ctx.approvals.get();
+    let decision = match decide_dangerous(mode, ctx.grants.contains(key)) {
+        Decision::Run if mode == ApprovalMode::Auto && !ctx.grants.contains(key) => Decision::Ask,
         decision => decision,
     };
     authorize_as(ctx, decision, key, description, shown).await

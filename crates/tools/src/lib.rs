@@ -233,6 +233,69 @@ impl ApprovalGrants {
     }
 }
 
+/// A turn's `approvals.mode`, shared by every clone of its context: the owner may change it
+/// while the turn runs (`session.set_mode`), and the next decision reads the new mode. Cheap
+/// to clone; clones share the mode.
+#[derive(Clone, Debug)]
+pub struct LiveApprovalMode(Arc<std::sync::atomic::AtomicU8>);
+
+impl LiveApprovalMode {
+    /// No mode yet (reads as `manual`): the worker's link holds one from its start, so a change
+    /// that arrives before the turn's context is built is not lost.
+    pub fn unset() -> LiveApprovalMode {
+        LiveApprovalMode(Arc::new(std::sync::atomic::AtomicU8::new(0)))
+    }
+
+    /// The mode now; `manual` while unset.
+    pub fn get(&self) -> ApprovalMode {
+        match self.0.load(std::sync::atomic::Ordering::Acquire) {
+            2 => ApprovalMode::Auto,
+            3 => ApprovalMode::Deny,
+            _ => ApprovalMode::Manual,
+        }
+    }
+
+    /// Sets the mode for every later decision.
+    pub fn set(&self, mode: ApprovalMode) {
+        self.0
+            .store(Self::code(mode), std::sync::atomic::Ordering::Release);
+    }
+
+    /// Sets `mode` unless a mode was set already (a later change wins over the turn's start).
+    pub fn set_unless_set(&self, mode: ApprovalMode) {
+        let _ = self.0.compare_exchange(
+            0,
+            Self::code(mode),
+            std::sync::atomic::Ordering::AcqRel,
+            std::sync::atomic::Ordering::Acquire,
+        );
+    }
+
+    fn code(mode: ApprovalMode) -> u8 {
+        match mode {
+            ApprovalMode::Manual => 1,
+            ApprovalMode::Auto => 2,
+            ApprovalMode::Deny => 3,
+        }
+    }
+}
+
+impl std::str::FromStr for LiveApprovalMode {
+    type Err = approval::ParseError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        s.parse::<ApprovalMode>().map(LiveApprovalMode::from)
+    }
+}
+
+impl From<ApprovalMode> for LiveApprovalMode {
+    fn from(mode: ApprovalMode) -> LiveApprovalMode {
+        let live = LiveApprovalMode::unset();
+        live.set(mode);
+        live
+    }
+}
+
 /// Everything a tool call may use. Cheap to clone.
 #[derive(Clone)]
 pub struct ToolContext {
@@ -242,8 +305,8 @@ pub struct ToolContext {
     pub session_id: String,
     /// The drover home (logs of background processes go below it).
     pub home: PathBuf,
-    /// `approvals.mode`.
-    pub approvals: ApprovalMode,
+    /// `approvals.mode`, as it is now (the owner may change it while the turn runs).
+    pub approvals: LiveApprovalMode,
     /// Fires on interrupt or when the owner is gone; tools stop and kill their process groups.
     pub cancel: CancellationToken,
     /// Where approval and clarify prompts go.
@@ -273,7 +336,7 @@ impl ToolContext {
             cwd,
             session_id: session_id.to_string(),
             home,
-            approvals: ApprovalMode::Manual,
+            approvals: ApprovalMode::Manual.into(),
             cancel: CancellationToken::new(),
             prompts: Arc::new(NoPrompts),
             grants: ApprovalGrants::default(),
@@ -446,4 +509,28 @@ fn truncate_chars(s: &str, max: usize) -> String {
     let mut out: String = s.chars().take(max.saturating_sub(1)).collect();
     out.push('…');
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_live_mode_is_shared_by_clones_and_a_change_beats_the_turns_start() {
+        let live = LiveApprovalMode::unset();
+        assert_eq!(live.get(), ApprovalMode::Manual, "unset asks");
+        let tool_copy = live.clone();
+        live.set(ApprovalMode::Auto);
+        assert_eq!(tool_copy.get(), ApprovalMode::Auto);
+        // The policy's mode, set after a change came, does not undo it.
+        live.set_unless_set(ApprovalMode::Deny);
+        assert_eq!(tool_copy.get(), ApprovalMode::Auto);
+        let fresh = LiveApprovalMode::unset();
+        fresh.set_unless_set(ApprovalMode::Deny);
+        assert_eq!(fresh.get(), ApprovalMode::Deny);
+        assert_eq!(
+            "auto".parse::<LiveApprovalMode>().map(|m| m.get()),
+            Ok(ApprovalMode::Auto)
+        );
+    }
 }

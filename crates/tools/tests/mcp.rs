@@ -87,7 +87,7 @@ fn ctx() -> ToolContext {
         cwd: std::env::temp_dir(),
         session_id: "s".to_string(),
         home: std::env::temp_dir(),
-        approvals: drover_tools::ApprovalMode::Manual,
+        approvals: drover_tools::ApprovalMode::Manual.into(),
         cancel: CancellationToken::new(),
         prompts: Arc::new(NoPrompts),
         grants: ApprovalGrants::default(),

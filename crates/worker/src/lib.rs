@@ -734,7 +734,12 @@ async fn run_agent(
         cwd: PathBuf::from(&policy.cwd),
         session_id: scope.session_id.clone(),
         home: PathBuf::from(&policy.home),
-        approvals: policy.approvals,
+        // A mode the owner sent while the bootstrap was read is newer than the policy's.
+        approvals: {
+            let live = link.approvals();
+            live.set_unless_set(policy.approvals);
+            live
+        },
         cancel: cancel.clone(),
         prompts: Arc::new(OwnerPrompts::new(link.clone(), cancel.clone())),
         grants: drover_tools::ApprovalGrants::new(policy.approval_grants.clone()),

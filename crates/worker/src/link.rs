@@ -138,6 +138,8 @@ struct Inner {
     connected: watch::Sender<bool>,
     /// The turn's cancel token: fired by `stop` frames and faults.
     cancel: CancellationToken,
+    /// The turn's approval mode, changed by `approvals` frames (the turn's tools read it).
+    approvals: drover_tools::LiveApprovalMode,
 }
 
 struct State {
@@ -197,6 +199,7 @@ impl OwnerLink {
             sending: Arc::new(tokio::sync::Mutex::new(())),
             connected,
             cancel,
+            approvals: drover_tools::LiveApprovalMode::unset(),
         });
         OwnerLink { inner }
     }
@@ -402,6 +405,12 @@ impl OwnerLink {
         self.inner.lock().fault.clone()
     }
 
+    /// The turn's approval mode, as `approvals` frames set it: the tools' context shares it.
+    /// Unset until the turn sets its policy's mode or a frame comes.
+    pub fn approvals(&self) -> drover_tools::LiveApprovalMode {
+        self.inner.approvals.clone()
+    }
+
     /// The reason of the `stop` frame, if one came.
     pub fn stop_reason(&self) -> Option<String> {
         self.inner.lock().stop_reason.clone()
@@ -492,6 +501,10 @@ impl Inner {
                 tracing::info!(reason = %reason, "stop requested by the owner");
                 self.lock().stop_reason.get_or_insert(reason);
                 self.cancel.cancel();
+            }
+            OwnerFrame::Approvals { mode } => {
+                tracing::info!(%mode, "approval mode changed by the owner");
+                self.approvals.set(mode);
             }
             OwnerFrame::Bootstrap(_)
             | OwnerFrame::BootstrapBody { .. }
