@@ -716,3 +716,66 @@ async fn a_daemon_stopped_and_started_again_under_a_connected_drover_acp_serves_
         "{seen}"
     );
 }
+
+/// A session whose turn ended `unknown`: its daemon was SIGKILLed while the model answered,
+/// under a connected `drover acp` (which started the next daemon). Gives the session.
+async fn session_with_an_unknown_turn(model: &MockModel, home: &TestHome) -> String {
+    let gate = Gate::new();
+    model.push(Reply::text("never said").gated(&gate));
+    let mut live = client(
+        home,
+        json!([
+            {"op": "initialize"},
+            {"op": "new", "cwd": home.work()},
+            {"op": "prompt", "text": "Work on it"},
+            {"op": "wait_stdin"},
+        ]),
+    );
+    let session = new_session(&live).await;
+    assert!(
+        gate.wait_reached(BOUND).await,
+        "the turn never reached the model\n{}",
+        live.transcript()
+    );
+    kill_and_wait_gone(&[daemon_pid(home)]);
+    live.step_done("prompt", 1, BOUND).await;
+    live.command("continue");
+    let r = live.result(RUN).await;
+    assert!(r.error().is_null(), "{}", r.transcript);
+    assert_eq!(admissions(home, &session), [("unknown".into(), "".into())]);
+    session
+}
+
+/// The offer to resolve an unknown turn, cancelled (the client sent `session/cancel` and
+/// answered the request `cancelled`, as ACP asks): the prompt ends `cancelled`, and nothing is
+/// left queued behind the unknown turn.
+#[tokio::test]
+async fn cancelling_the_offer_to_resolve_an_unknown_turn_cancels_the_prompt() {
+    let (model, home) = model_home(true).await.unwrap();
+    let _daemon = KillDaemonOnDrop(home.path());
+    let session = session_with_an_unknown_turn(&model, &home).await;
+    let r = client(
+        &home,
+        json!([
+            {"op": "initialize"},
+            {"op": "resume", "sessionId": session, "cwd": home.work()},
+            {"op": "prompt", "text": "Go on", "cancelOn": "permission"},
+        ]),
+    )
+    .result(RUN)
+    .await;
+    assert!(r.error().is_null(), "{}", r.transcript);
+    assert_eq!(r.permissions().len(), 1, "{}", r.transcript);
+    assert_eq!(
+        r.ok("prompt", 0)["stopReason"],
+        "cancelled",
+        "{}",
+        r.transcript
+    );
+    assert_eq!(
+        admissions(&home, &session),
+        [("unknown".into(), "".into())],
+        "the cancelled prompt was queued"
+    );
+    assert_eq!(model.requests().len(), 1);
+}
