@@ -27,8 +27,10 @@ pub enum PersistOutcome {
         result: Value,
         /// The events the operation stored, to publish; empty for a replayed receipt.
         events: Vec<StoredEvent>,
-        /// The ended turn, for an `execution.finish` applied now.
-        settlement: Option<Settlement>,
+        /// The ended turn, for an `execution.finish` applied now. Boxed: the other variants
+        /// are a fraction of its size (more so where serde_json keeps key order, as in the
+        /// drover binary).
+        settlement: Option<Box<Settlement>>,
     },
     /// A `prompt.open` whose answer is not in yet: the receipt is sent when a client answers.
     Deferred {
@@ -111,8 +113,8 @@ impl Ledger {
                 }) => {
                     batch.receipts.push((frame.sequence, result));
                     batch.events.extend(events);
-                    if settlement.is_some() {
-                        batch.settlement = settlement;
+                    if let Some(s) = settlement {
+                        batch.settlement = Some(*s);
                     }
                 }
                 // `check_batch` let no deferred operation in.
@@ -431,7 +433,7 @@ fn apply_in(
     Ok(PersistOutcome::Receipt {
         result,
         events,
-        settlement,
+        settlement: settlement.map(Box::new),
     })
 }
 
