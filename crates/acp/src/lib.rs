@@ -217,6 +217,11 @@ fn handlers(
                     let mut params =
                         SessionCreateParams::in_cwd(uuid::Uuid::new_v4().to_string(), cwd);
                     params.source = Some(SESSION_SOURCE.to_string());
+                    params.mcp_servers =
+                        map::mcp_servers(&request.mcp_servers).map_err(|reason| {
+                            AcpRpcError::invalid_params()
+                                .data(serde_json::json!({"field": "mcpServers", "reason": reason}))
+                        })?;
                     let stream = bridge
                         .client
                         .create_and_attach(params)

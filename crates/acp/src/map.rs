@@ -1,22 +1,24 @@
 //! What each drover thing is in ACP: pure functions from drover's wire types
 //! (`drover_protocol`) to the ACP v1 schema's (docs/acp.md, "What maps to what"). No IO.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use agent_client_protocol::v1::schema::{
     ContentBlock, ContentChunk, CreateElicitationRequest, CreateElicitationResponse, Diff,
     ElicitationAction, ElicitationContentValue, ElicitationFormMode, ElicitationPropertySchema,
-    ElicitationSchema, ElicitationSessionScope, MultiSelectPropertySchema, PermissionOption,
-    PermissionOptionKind, Plan, PlanEntry, PlanEntryPriority, PlanEntryStatus, SessionId,
-    SessionMode, SessionModeId, SessionModeState, SessionUpdate, StopReason, StringPropertySchema,
-    TextContent, ToolCall, ToolCallContent, ToolCallId, ToolCallLocation, ToolCallStatus,
-    ToolCallUpdate, ToolCallUpdateFields, ToolKind,
+    ElicitationSchema, ElicitationSessionScope, McpServer, MultiSelectPropertySchema,
+    PermissionOption, PermissionOptionKind, Plan, PlanEntry, PlanEntryPriority, PlanEntryStatus,
+    SessionId, SessionMode, SessionModeId, SessionModeState, SessionUpdate, StopReason,
+    StringPropertySchema, TextContent, ToolCall, ToolCallContent, ToolCallId, ToolCallLocation,
+    ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields, ToolKind,
 };
 use drover_protocol::chat::Role;
-use drover_protocol::client::TranscriptMessage;
+use drover_protocol::client::{SessionMcpServer, TranscriptMessage};
 use drover_protocol::event::{ToolComplete, ToolStart, TurnEnd};
 use drover_protocol::words::{ApprovalChoice, ApprovalPrompt, ClarifyAnswer, ClarifyPrompt};
 use drover_protocol::ApprovalMode;
+use drover_protocol::Secret;
 use serde_json::Value;
 
 /// The prefix of a clarify choice's `optionId`: `choice:<index>`.
@@ -342,6 +344,40 @@ pub fn clarify_form_answer(response: &CreateElicitationResponse) -> Option<Clari
     }
 }
 
+/// `session/new`'s `mcpServers` as `session.create`'s `mcp_servers`: stdio servers by name
+/// (drover starts them for the session's turns). HTTP and SSE servers are refused: the
+/// capabilities do not offer them.
+pub fn mcp_servers(
+    servers: &[McpServer],
+) -> Result<Option<BTreeMap<String, SessionMcpServer>>, String> {
+    if servers.is_empty() {
+        return Ok(None);
+    }
+    let mut out = BTreeMap::new();
+    for server in servers {
+        let McpServer::Stdio(stdio) = server else {
+            return Err(
+                "only stdio MCP servers are supported (mcpCapabilities: http and sse are false)"
+                    .to_string(),
+            );
+        };
+        let env = stdio
+            .env
+            .iter()
+            .map(|v| (v.name.clone(), Secret::new(v.value.clone())))
+            .collect();
+        let spec = SessionMcpServer {
+            command: stdio.command.to_string_lossy().into_owned(),
+            args: stdio.args.clone(),
+            env,
+        };
+        if out.insert(stdio.name.clone(), spec).is_some() {
+            return Err(format!("MCP server {:?} is given twice", stdio.name));
+        }
+    }
+    Ok(Some(out))
+}
+
 /// The options of "the last turn's outcome is unknown: resolve it and go on?".
 pub fn resolve_options() -> Vec<PermissionOption> {
     vec![
@@ -639,6 +675,27 @@ mod tests {
         let declined: CreateElicitationResponse =
             serde_json::from_value(json!({"action": "decline"})).unwrap();
         assert_eq!(clarify_form_answer(&declined), None);
+    }
+
+    #[test]
+    fn stdio_mcp_servers_are_the_sessions_own_and_others_are_refused() {
+        let servers: Vec<McpServer> = serde_json::from_value(json!([
+            {"name": "fs", "command": "/bin/fs-mcp", "args": ["--root", "/w"],
+             "env": [{"name": "TOKEN", "value": "s3cret"}]}
+        ]))
+        .unwrap();
+        let mapped = mcp_servers(&servers).unwrap().unwrap();
+        assert_eq!(mapped["fs"].command, "/bin/fs-mcp");
+        assert_eq!(mapped["fs"].args, ["--root", "/w"]);
+        assert_eq!(mapped["fs"].env["TOKEN"].expose(), "s3cret");
+        assert_eq!(mcp_servers(&[]).unwrap(), None);
+        let http: Vec<McpServer> = serde_json::from_value(json!([
+            {"type": "http", "name": "web", "url": "https://x", "headers": []}
+        ]))
+        .unwrap();
+        assert!(mcp_servers(&http).unwrap_err().contains("only stdio"));
+        let twice = [servers[0].clone(), servers[0].clone()];
+        assert!(mcp_servers(&twice).unwrap_err().contains("twice"));
     }
 
     #[test]
