@@ -805,6 +805,54 @@ async fn session_load_replays_the_transcript_and_resume_attaches_without_replay(
     assert!(model_saw(model, 2).contains("Go on"));
 }
 
+both_transports!(the_editors_mcp_servers_are_the_sessions_own);
+async fn the_editors_mcp_servers_are_the_sessions_own(via: Via) {
+    let agent = Agent::start(via).await;
+    let (model, home) = (&agent.model, &agent.home);
+    model.push(Reply::tool_call(
+        "call_echo",
+        "mcp__echo__echo",
+        json!({"text": "from-the-editor"}),
+    ));
+    model.push(Reply::text("The server answered"));
+    let echo = json!({
+        "name": "echo",
+        "command": drover_test_support::mcp_echo_bin(),
+        "args": [],
+        "env": [],
+    });
+    let http =
+        json!({"type": "http", "name": "web", "url": "http://127.0.0.1:9/mcp", "headers": []});
+    let r = agent
+        .run(json!([
+            {"op": "initialize"},
+            {"op": "new", "cwd": home.work(), "mcpServers": [echo]},
+            {"op": "prompt", "text": "Ask the echo server"},
+            // The agent said it takes no HTTP server (mcpCapabilities.http false).
+            {"op": "new", "cwd": home.work(), "mcpServers": [http]},
+        ]))
+        .await;
+    assert_eq!(
+        r.ok("initialize", 0)["agentCapabilities"]["mcpCapabilities"]["http"],
+        false
+    );
+    assert_eq!(stop_reason(&r, 0), "end_turn", "{}", r.transcript);
+    let offered = drover_test_support::mock_model::tool_names(&model.requests()[0]);
+    assert!(
+        offered.iter().any(|t| t == "mcp__echo__echo"),
+        "{offered:?}"
+    );
+    let calls = tool_calls(&r);
+    assert_eq!(calls.len(), 1, "{calls:#?}");
+    assert_eq!(calls[0].last_status(), "completed", "{calls:#?}");
+    assert!(calls[0].content_says("from-the-editor"), "{calls:#?}");
+    assert_eq!(r.agent_text(), "The server answered");
+    let refused = &r.steps("new")[1];
+    // Refused as invalid params, naming the field.
+    assert_eq!(refused["error"]["code"], -32602, "{refused}");
+    assert_eq!(refused["error"]["data"]["field"], "mcpServers", "{refused}");
+}
+
 #[tokio::test]
 async fn the_websocket_refuses_a_missing_or_wrong_token() {
     let agent = Agent::start(Via::WebSocket).await;
