@@ -66,7 +66,15 @@ struct Agent {
 
 impl Agent {
     async fn start(via: Via) -> Agent {
-        let (model, home) = model_home(true).await.unwrap();
+        Agent::start_with(via, "").await
+    }
+
+    /// [`Agent::start`] with `model_keys` (TOML lines) added to the home's `[model]`.
+    async fn start_with(via: Via, model_keys: &str) -> Agent {
+        let model = MockModel::start().await;
+        let home = TestHome::new().unwrap();
+        home.write_model_config_with_keys(&model.base_url(), true, 1.0, model_keys, "")
+            .unwrap();
         let daemon = match via {
             Via::Stdio => None,
             Via::WebSocket => Some(Daemon::start(bin(), home.path()).await.unwrap()),
@@ -803,6 +811,48 @@ async fn session_load_replays_the_transcript_and_resume_attaches_without_replay(
     );
     assert_eq!(resumed.agent_text(), "Resumed answer");
     assert!(model_saw(model, 2).contains("Go on"));
+}
+
+both_transports!(a_turn_reports_its_usage);
+async fn a_turn_reports_its_usage(via: Via) {
+    let agent = Agent::start(via).await;
+    let (model, home) = (&agent.model, &agent.home);
+    model.push(Reply::text("Counted").usage(120, 30, 150));
+    let r = agent
+        .run(steps(home.work(), &[prompt("Count the tokens")]))
+        .await;
+    assert_eq!(stop_reason(&r, 0), "end_turn", "{}", r.transcript);
+    let usage = &r.ok("prompt", 0)["usage"];
+    assert_eq!(
+        (
+            &usage["inputTokens"],
+            &usage["outputTokens"],
+            &usage["totalTokens"]
+        ),
+        (&json!(120), &json!(30), &json!(150)),
+        "{}",
+        r.transcript
+    );
+    // The context's fill, streamed.
+    let updates = r.updates_of("usage_update");
+    let last = updates
+        .last()
+        .unwrap_or_else(|| panic!("no usage_update\n{}", r.transcript));
+    let used = last["used"].as_u64().unwrap_or(0);
+    assert!(used >= 120, "{last}");
+    assert!(last["size"].as_u64().unwrap_or(0) >= used, "{last}");
+}
+
+both_transports!(a_turn_at_drovers_step_limit_stops_with_max_turn_requests);
+async fn a_turn_at_drovers_step_limit_stops_with_max_turn_requests(via: Via) {
+    let agent = Agent::start_with(via, "max_steps = 1").await;
+    let (model, home) = (&agent.model, &agent.home);
+    // Every answer asks for another call: only the step limit ends the turn.
+    model.set_default(Reply::terminal("again", "echo again"));
+    let r = agent
+        .run(steps(home.work(), &[prompt("Loop forever")]))
+        .await;
+    assert_eq!(stop_reason(&r, 0), "max_turn_requests", "{}", r.transcript);
 }
 
 both_transports!(the_editors_mcp_servers_are_the_sessions_own);
