@@ -18,8 +18,12 @@
 //   {"op":"wait_update", "kind": K, "count"?: N}   until N updates of kind K arrived in all
 //   {"op":"wait_prompts"}                          until every prompt sent has its answer
 //   {"op":"permissions", "answer": A}   how later permission requests are answered: an
-//       optionId ("once", "session", "always", "deny"), "cancel" (outcome cancelled), or
-//       "hold" (never, until a stdin command answers)
+//       optionId ("once", "session", "always", "deny"), "name:<text>" (the option whose name
+//       is <text>, as a person picks), "cancel" (outcome cancelled), or "hold" (never, until a
+//       stdin command answers)
+//   {"op":"elicitations", "answer": A}   how later elicitation/create requests (forms, for a
+//       client whose initialize offered `elicitation: {form: {}}`) are answered: a content
+//       object (accepted with it), "decline" (the default) or "cancel"
 //   {"op":"set_mode", "modeId": M}   {"op":"list", "cwd"?: DIR}   {"op":"close"}
 //   {"op":"load", "sessionId"?: S, "cwd": DIR}   {"op":"resume", "sessionId"?: S, "cwd": DIR}
 //   {"op":"cancel"}                  session/cancel of the current session
@@ -34,8 +38,8 @@
 // The result: `steps` (each op with its request, result or error), `updates` (session/update
 // params as the SDK delivered them, i.e. valid to a real client), `wire` (every JSON-RPC message
 // each way, in order, as sent: to check ordering, e.g. a load's replay before its answer),
-// `permissions` (each request and how it was answered), `agentExit`, and `error` (a fatal
-// one: timeout, transport gone) or null. Exit code 0 unless `error` is set.
+// `permissions` and `elicitations` (each request and how it was answered), `agentExit`, and
+// `error` (a fatal one: timeout, transport gone) or null. Exit code 0 unless `error` is set.
 
 import { spawn } from "node:child_process";
 import { createInterface } from "node:readline";
@@ -76,6 +80,7 @@ const result = {
   updates: [],
   wire: [],
   permissions: [],
+  elicitations: [],
   agentExit: null,
   error: null,
 };
@@ -135,6 +140,7 @@ const tapped = { readable: stream.readable.pipeThrough(inbound), writable: outbo
 
 let session = null;
 let policy = "hold";
+let elicitPolicy = "decline";
 let cancelOn = null;
 let agentCtx = null;
 // Held permission requests: resolve functions taking an outcome.
@@ -144,10 +150,15 @@ const promptsSent = [];
 let continues = 0;
 let stdinWaits = 0;
 
-function answerFor(answer) {
-  return answer === "cancel"
-    ? { outcome: { outcome: "cancelled" } }
-    : { outcome: { outcome: "selected", optionId: answer } };
+function answerFor(answer, params) {
+  if (answer === "cancel") return { outcome: { outcome: "cancelled" } };
+  if (answer.startsWith("name:")) {
+    const name = answer.slice("name:".length);
+    const option = (params?.options ?? []).find((o) => o.name === name);
+    // No such option: an id no agent offers, so the agent's refusal shows in the result.
+    return { outcome: { outcome: "selected", optionId: option?.optionId ?? answer } };
+  }
+  return { outcome: { outcome: "selected", optionId: answer } };
 }
 
 function sendCancel(why) {
@@ -182,12 +193,20 @@ const app = client({ name: "drover-acp-test-client" })
       return new Promise((resolve) => {
         held.push((a) => {
           entry.answer = a;
-          resolve(answerFor(a));
+          resolve(answerFor(a, params));
         });
       });
     }
     entry.answer = answer;
-    return answerFor(answer);
+    return answerFor(answer, params);
+  })
+  .onRequest(methods.client.elicitation.create, ({ params }) => {
+    const answer = elicitPolicy;
+    result.elicitations.push({ params, answer });
+    out({ event: "elicitation", params });
+    notifyWaiters();
+    if (answer === "decline" || answer === "cancel") return { action: answer };
+    return { action: "accept", content: answer };
   });
 
 async function record(op, request, run) {
@@ -250,6 +269,9 @@ async function runStep(ctx, s) {
       return until(() => countKind(s.kind) >= (s.count ?? 1));
     case "permissions":
       policy = s.answer;
+      return;
+    case "elicitations":
+      elicitPolicy = s.answer;
       return;
     case "cancel":
       sendCancel("step");

@@ -66,14 +66,15 @@ struct Agent {
 
 impl Agent {
     async fn start(via: Via) -> Agent {
-        Agent::start_with(via, "").await
+        Agent::start_with(via, "", "").await
     }
 
-    /// [`Agent::start`] with `model_keys` (TOML lines) added to the home's `[model]`.
-    async fn start_with(via: Via, model_keys: &str) -> Agent {
+    /// [`Agent::start`] with `model_keys` (TOML lines) added to the home's `[model]`, and
+    /// `extra` TOML after it.
+    async fn start_with(via: Via, model_keys: &str, extra: &str) -> Agent {
         let model = MockModel::start().await;
         let home = TestHome::new().unwrap();
-        home.write_model_config_with_keys(&model.base_url(), true, 1.0, model_keys, "")
+        home.write_model_config_with_keys(&model.base_url(), true, 1.0, model_keys, extra)
             .unwrap();
         let daemon = match via {
             Via::Stdio => None,
@@ -845,7 +846,7 @@ async fn a_turn_reports_its_usage(via: Via) {
 
 both_transports!(a_turn_at_drovers_step_limit_stops_with_max_turn_requests);
 async fn a_turn_at_drovers_step_limit_stops_with_max_turn_requests(via: Via) {
-    let agent = Agent::start_with(via, "max_steps = 1").await;
+    let agent = Agent::start_with(via, "max_steps = 1", "").await;
     let (model, home) = (&agent.model, &agent.home);
     // Every answer asks for another call: only the step limit ends the turn.
     model.set_default(Reply::terminal("again", "echo again"));
@@ -853,6 +854,89 @@ async fn a_turn_at_drovers_step_limit_stops_with_max_turn_requests(via: Via) {
         .run(steps(home.work(), &[prompt("Loop forever")]))
         .await;
     assert_eq!(stop_reason(&r, 0), "max_turn_requests", "{}", r.transcript);
+}
+
+/// A home whose sessions have the clarify tool (not in the default toolsets: an unattended
+/// session may never be answered).
+const WITH_CLARIFY: &str =
+    "[toolsets]\ndefault = [\"terminal\", \"file\", \"todo\", \"clarify\"]\n";
+
+/// The model's clarify call: which color, red or blue.
+fn clarify_color(model: &MockModel) {
+    model.push(Reply::tool_call(
+        "call_ask",
+        "clarify",
+        json!({"questions": [{"question": "Which color?", "choices": ["red", "blue"]}]}),
+    ));
+    model.push(Reply::text("Blue it is"));
+}
+
+both_transports!(a_clarify_question_is_a_permission_request_of_its_choices);
+async fn a_clarify_question_is_a_permission_request_of_its_choices(via: Via) {
+    let agent = Agent::start_with(via, "", WITH_CLARIFY).await;
+    let (model, home) = (&agent.model, &agent.home);
+    clarify_color(model);
+    let r = agent
+        .run(steps(
+            home.work(),
+            &[answer("name:blue"), prompt("Pick a color")],
+        ))
+        .await;
+    assert_eq!(stop_reason(&r, 0), "end_turn", "{}", r.transcript);
+    let requests = r.permissions();
+    assert_eq!(requests.len(), 1, "{}", r.transcript);
+    let names: Vec<String> = options(requests[0])
+        .into_iter()
+        .map(|(_, _, name)| name)
+        .collect();
+    assert_eq!(names, ["red", "blue"], "{}", requests[0]);
+    assert!(
+        r.result["elicitations"].as_array().unwrap().is_empty(),
+        "a client without forms got one\n{}",
+        r.transcript
+    );
+    assert!(
+        model_saw(model, 1).contains("blue"),
+        "{:?}",
+        model.requests()[1]
+    );
+    assert!(
+        !model_saw(model, 1).contains("red"),
+        "{:?}",
+        model.requests()[1]
+    );
+}
+
+both_transports!(a_clarify_question_is_a_form_for_a_client_that_takes_forms);
+async fn a_clarify_question_is_a_form_for_a_client_that_takes_forms(via: Via) {
+    let agent = Agent::start_with(via, "", WITH_CLARIFY).await;
+    let (model, home) = (&agent.model, &agent.home);
+    clarify_color(model);
+    let r = agent
+        .run(json!([
+            {"op": "initialize", "clientCapabilities": {
+                "fs": {"readTextFile": false, "writeTextFile": false},
+                "terminal": false,
+                "elicitation": {"form": {}},
+            }},
+            {"op": "new", "cwd": home.work()},
+            {"op": "elicitations", "answer": {"answer": "blue"}},
+            prompt("Pick a color"),
+        ]))
+        .await;
+    assert_eq!(stop_reason(&r, 0), "end_turn", "{}", r.transcript);
+    assert!(r.permissions().is_empty(), "{}", r.transcript);
+    let forms = r.result["elicitations"].as_array().unwrap();
+    assert_eq!(forms.len(), 1, "{}", r.transcript);
+    let form = &forms[0]["params"];
+    assert_eq!(form["message"], "Which color?", "{form}");
+    let field = &form["requestedSchema"]["properties"]["answer"];
+    assert_eq!(field["enum"], json!(["red", "blue"]), "{form}");
+    assert!(
+        model_saw(model, 1).contains("blue"),
+        "{:?}",
+        model.requests()[1]
+    );
 }
 
 both_transports!(the_editors_mcp_servers_are_the_sessions_own);
