@@ -14,6 +14,7 @@ use agent_client_protocol::v1::schema::{
     ContentBlock, EmbeddedResourceResource, PromptRequest, PromptResponse,
     RequestPermissionOutcome, RequestPermissionRequest, SessionId, SessionNotification,
     SessionUpdate, ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields, ToolKind, Usage,
+    UsageUpdate,
 };
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::{Client as AcpClient, Error as AcpRpcError};
@@ -29,6 +30,10 @@ use crate::map;
 /// How many settlements of turns no prompt of this connection waits for are kept (a turn
 /// can settle before `prompt.submit`'s answer is read).
 const SETTLED_KEPT: usize = 64;
+
+/// The context window drover budgets with when neither `[model] context_window` nor the
+/// endpoint says (docs/configuration.md).
+const DEFAULT_CONTEXT_WINDOW: u64 = 128_000;
 
 /// How a turn ended, as `turn.settled` says.
 #[derive(Debug, Clone)]
@@ -70,6 +75,12 @@ impl Attached {
     fn view(&self) -> MutexGuard<'_, TurnView> {
         // A panic while holding the lock leaves plain data behind: go on with it.
         self.view.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The session's context window in tokens: drover's default when neither the config nor
+    /// the endpoint said.
+    fn context_window(&self) -> u64 {
+        DEFAULT_CONTEXT_WINDOW
     }
 
     fn stop_pump(&self) {
@@ -145,10 +156,50 @@ impl Bridge {
         }
     }
 
+    /// The tool calls of a session that ended as errors (a denied command, a failed tool), from
+    /// its stored `tool.complete` events up to the snapshot: the transcript does not say.
+    pub async fn failed_calls(
+        &self,
+        snapshot: &SessionSnapshot,
+    ) -> Result<HashSet<String>, ClientError> {
+        let mut failed = HashSet::new();
+        let mut last = 0;
+        while last < snapshot.last_sequence {
+            let page = self
+                .client
+                .events_since(
+                    &snapshot.session_id,
+                    Some(&snapshot.replay_epoch),
+                    last,
+                    None,
+                )
+                .await?;
+            if page.snapshot_required || page.events.is_empty() {
+                break;
+            }
+            for event in page.events {
+                last = event.seq.unwrap_or(last).max(last);
+                if let EventPayload::ToolComplete(done) = event.event {
+                    if done.is_error {
+                        failed.insert(done.tool_id);
+                    }
+                }
+            }
+            if !page.has_more {
+                break;
+            }
+        }
+        Ok(failed)
+    }
+
     /// Starts following `stream` (a session just created, resumed or loaded): the snapshot's
-    /// state first (with `replay`, the whole transcript as updates), then every open prompt
-    /// asked again, then the events as they come.
-    pub fn follow(self: &Arc<Self>, stream: SessionStream, replay: bool) -> Arc<Attached> {
+    /// state first (with `replay`, the whole transcript as updates, the calls in it that
+    /// failed marked so), then every open prompt asked again, then the events as they come.
+    pub fn follow(
+        self: &Arc<Self>,
+        stream: SessionStream,
+        replay: Option<HashSet<String>>,
+    ) -> Arc<Attached> {
         let snapshot = stream.snapshot().clone();
         let attached = Arc::new(Attached {
             session_id: snapshot.session_id.clone(),
@@ -157,8 +208,9 @@ impl Bridge {
             view: Mutex::new(TurnView::default()),
             pump: Mutex::new(None),
         });
-        if replay {
-            for update in map::replay(&snapshot.messages, &attached.cwd, snapshot.running) {
+        if let Some(failed) = replay {
+            for update in map::replay(&snapshot.messages, &attached.cwd, snapshot.running, &failed)
+            {
                 self.send(&attached.session_id, update);
             }
             if snapshot
@@ -602,6 +654,12 @@ impl Bridge {
                     usage.input_tokens,
                     usage.output_tokens,
                 ));
+                let api_calls = receipt.result.map_or(1, |r| r.api_calls).max(1);
+                let used = (usage.input_tokens + usage.output_tokens).div_ceil(api_calls);
+                self.send(
+                    &attached.session_id,
+                    SessionUpdate::UsageUpdate(UsageUpdate::new(used, attached.context_window())),
+                );
             }
         }
         Ok(response)

@@ -165,7 +165,7 @@ async fn attached(bridge: &Arc<Bridge>, session_id: &str) -> Result<Arc<Attached
         return Ok(a);
     }
     let stream = bridge.client.attach(session_id).await.map_err(rpc_error)?;
-    Ok(bridge.follow(stream, false))
+    Ok(bridge.follow(stream, None))
 }
 
 macro_rules! spawn_answer {
@@ -227,7 +227,7 @@ fn handlers(
                         .create_and_attach(params)
                         .await
                         .map_err(rpc_error)?;
-                    let attached = bridge.follow(stream, false);
+                    let attached = bridge.follow(stream, None);
                     Ok(NewSessionResponse::new(attached.session_id.clone())
                         .modes(modes_of(attached.approval_mode)))
                 })
@@ -241,9 +241,16 @@ fn handlers(
                 let bridge = s2.bridge(&cx);
                 let id = request.session_id.0.to_string();
                 bridge.forget(&id);
-                match bridge.client.attach(&id).await {
-                    Ok(stream) => {
-                        let attached = bridge.follow(stream, true);
+                let loaded = match bridge.client.attach(&id).await {
+                    Ok(stream) => match bridge.failed_calls(stream.snapshot()).await {
+                        Ok(failed) => Ok((stream, failed)),
+                        Err(e) => Err(e),
+                    },
+                    Err(e) => Err(e),
+                };
+                match loaded {
+                    Ok((stream, failed)) => {
+                        let attached = bridge.follow(stream, Some(failed));
                         responder.respond(
                             LoadSessionResponse::new().modes(modes_of(attached.approval_mode)),
                         )

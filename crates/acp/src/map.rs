@@ -1,7 +1,7 @@
 //! What each drover thing is in ACP: pure functions from drover's wire types
 //! (`drover_protocol`) to the ACP v1 schema's (docs/acp.md, "What maps to what"). No IO.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use agent_client_protocol::v1::schema::{
@@ -395,12 +395,14 @@ pub fn resolve_options() -> Vec<PermissionOption> {
 }
 
 /// A whole transcript as the updates `session/load` replays: the user's and the agent's text,
-/// and each tool call with its final status and output. A call with no result is closed
-/// `failed` unless `open_calls_run` (the session's running turn may still finish it).
+/// and each tool call with its final status and output (`failed` for the ids in `failed`). A
+/// call with no result is closed `failed` unless `open_calls_run` (the session's running turn
+/// may still finish it).
 pub fn replay(
     messages: &[TranscriptMessage],
     cwd: &Path,
     open_calls_run: bool,
+    failed: &HashSet<String>,
 ) -> Vec<SessionUpdate> {
     let mut updates = Vec::new();
     let mut open: Vec<String> = Vec::new();
@@ -456,7 +458,7 @@ pub fn replay(
                     name: message.tool_name.clone(),
                     args,
                     result: message.content.clone().unwrap_or_default(),
-                    is_error: false,
+                    is_error: failed.contains(id),
                 };
                 if message.tool_name.as_deref() == Some("todo") {
                     if let Some(plan) = plan(&done.result) {
@@ -619,7 +621,7 @@ mod tests {
             assistant,
             result,
         ];
-        let updates: Vec<Value> = replay(&transcript, Path::new("/w"), false)
+        let updates: Vec<Value> = replay(&transcript, Path::new("/w"), false, &HashSet::new())
             .into_iter()
             .map(|u| serde_json::to_value(u).unwrap())
             .collect();
@@ -643,7 +645,18 @@ mod tests {
         assert_eq!(updates[5]["toolCallId"], "b");
         assert_eq!(updates[5]["status"], "failed");
         // While the turn runs, its open call stays open.
-        assert_eq!(replay(&transcript, Path::new("/w"), true).len(), 5);
+        assert_eq!(
+            replay(&transcript, Path::new("/w"), true, &HashSet::new()).len(),
+            5
+        );
+        // A call its tool reported as an error replays failed.
+        let failed: HashSet<String> = ["a".to_string()].into();
+        let updates = replay(&transcript, Path::new("/w"), false, &failed);
+        let a = serde_json::to_value(&updates[4]).unwrap();
+        assert_eq!(
+            (a["toolCallId"].as_str(), a["status"].as_str()),
+            (Some("a"), Some("failed"))
+        );
     }
 
     #[test]
