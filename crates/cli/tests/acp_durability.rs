@@ -779,3 +779,50 @@ async fn cancelling_the_offer_to_resolve_an_unknown_turn_cancels_the_prompt() {
     );
     assert_eq!(model.requests().len(), 1);
 }
+
+/// A clarify question (with choices) open when `drover acp` is SIGKILLed is asked again of the
+/// client that resumes, and its choice reaches the model once.
+#[tokio::test]
+async fn sigkill_of_drover_acp_with_a_clarify_question_open_asks_it_again() {
+    let (model, home) = model_home(true).await.unwrap();
+    home.write_model_config(
+        &model.base_url(),
+        true,
+        "[toolsets]\ndefault = [\"terminal\", \"clarify\"]\n",
+    )
+    .unwrap();
+    let _daemon = KillDaemonOnDrop(home.path());
+    model.push(Reply::tool_call(
+        "call_ask",
+        "clarify",
+        json!({"questions": [{"question": "Which one?", "choices": ["Alpha", "Beta"]}]}),
+    ));
+    model.push(Reply::text("Beta it is"));
+    let (session, asked_first) = kill_with_a_permission_open(&home, "Pick one").await;
+    let r = client(
+        &home,
+        json!([
+            {"op": "initialize"},
+            {"op": "permissions", "answer": "choice:1"},
+            {"op": "resume", "sessionId": session, "cwd": home.work()},
+            {"op": "wait_update", "kind": "agent_message_chunk"},
+        ]),
+    )
+    .result(RUN)
+    .await;
+    assert!(r.error().is_null(), "{}", r.transcript);
+    let asked = r.permissions();
+    assert_eq!(asked.len(), 1, "{}", r.transcript);
+    assert_eq!(
+        asked[0]["options"], asked_first["options"],
+        "{}",
+        r.transcript
+    );
+    admissions_become(&home, &session, &[("terminal", "completed")]).await;
+    assert_eq!(model.requests().len(), 2);
+    let told = model_saw(&model, 1);
+    assert!(
+        told.contains(r#"{"answers":[{"question":"Which one?","answer":"Beta"}]}"#),
+        "{told}"
+    );
+}
