@@ -659,19 +659,6 @@ async fn set_mode_auto_runs_a_dangerous_command_without_asking(via: Via) {
     assert_eq!(r.agent_text(), "Deleted without asking");
 }
 
-/// Position in the wire of the response to the first request `method` the client sent.
-fn response_position(r: &AcpResult, method: &str) -> usize {
-    let wire = r.wire();
-    let id = wire
-        .iter()
-        .find(|(dir, m)| *dir == "out" && m["method"] == method)
-        .map(|(_, m)| m["id"].clone())
-        .unwrap_or_else(|| panic!("no {method} request\n{}", r.transcript));
-    wire.iter()
-        .position(|(dir, m)| *dir == "in" && m["id"] == id && m.get("method").is_none())
-        .unwrap_or_else(|| panic!("no response to {method}\n{}", r.transcript))
-}
-
 /// The `update`s of the session/update notifications in `wire[from..to]`.
 fn wire_updates(r: &AcpResult, from: usize, to: usize) -> Vec<&Value> {
     r.wire()[from..to]
@@ -733,7 +720,7 @@ async fn session_load_replays_the_transcript_and_resume_attaches_without_replay(
         "{listed:?}"
     );
     loaded.ok("load", 0);
-    let answered = response_position(&loaded, "session/load");
+    let answered = loaded.response_position("session/load");
     let replay = wire_updates(&loaded, 0, answered);
     let text_of = |kind: &str| -> String {
         replay
