@@ -1237,6 +1237,12 @@ class SessionInfo(TypedDict):
     """
     What confines its tools (issue 13); absent from a daemon older than the sandbox.
     """
+    context_window: NotRequired[int | None]
+    """
+    The session's context window in tokens, the one its turns budget with: its frozen
+    `[model] context_window` when that is not 0, else the window an earlier turn found at
+    the endpoint. Absent while neither is known (and from an older daemon).
+    """
     cwd: str
     """
     The tools' working directory.

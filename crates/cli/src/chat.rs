@@ -388,7 +388,7 @@ async fn pump(
             Update::Connection(ConnectionChange::Reconnected { restarted, .. }) => {
                 LinkUpdate::Reconnected { restarted }
             }
-            Update::Snapshot(snapshot) => LinkUpdate::Snapshot(*snapshot),
+            Update::Snapshot(snapshot) => LinkUpdate::Snapshot(snapshot),
         };
         if tx.send(update).is_err() {
             break;

@@ -346,3 +346,43 @@ async fn set_mode_during_a_turn_governs_that_turns_next_approval() {
         .any(|e| e["type"] == "approval.request");
     assert!(!asked, "the running turn asked after the mode became auto");
 }
+
+/// `info.context_window` of a session's `session.create` and `session.resume` answers.
+async fn context_windows(s: &mut OneSession) -> (Value, Value) {
+    let resumed = s.resume().await.unwrap();
+    (
+        s.created["info"]["context_window"].clone(),
+        resumed["info"]["context_window"].clone(),
+    )
+}
+
+#[tokio::test]
+async fn info_context_window_is_the_frozen_window_else_the_endpoints_else_absent() {
+    // `[model] context_window` set: the frozen window, from the start.
+    let mut s = OneSession::builder(bin())
+        .model_keys("context_window = 64000")
+        .start()
+        .await
+        .unwrap();
+    assert_eq!(context_windows(&mut s).await, (json!(64000), json!(64000)));
+
+    // Neither set nor found yet: absent, not the default a turn would assume.
+    let mut s = OneSession::builder(bin()).start().await.unwrap();
+    assert_eq!(
+        s.created["info"].get("context_window"),
+        None,
+        "{}",
+        s.created
+    );
+    let resumed = s.resume().await.unwrap();
+    assert_eq!(resumed["info"].get("context_window"), None, "{resumed}");
+
+    // Found at the endpoint by a turn (a prompt too large to run without knowing the
+    // window): that window from then on.
+    let models = json!({"object": "list", "data": [{"id": "mock", "context_length": 1_000_000}]});
+    s.model.set_models(models);
+    s.complete_turn(&"many words ".repeat(4000)).await.unwrap();
+    assert_eq!(s.model.models_asked(), 1);
+    let resumed = s.resume().await.unwrap();
+    assert_eq!(resumed["info"]["context_window"], 1_000_000, "{resumed}");
+}

@@ -175,6 +175,11 @@ pub(crate) fn write(
 }
 
 impl crate::Ledger {
+    /// The context window an earlier turn of `session_id` found at the endpoint, if any.
+    pub fn context_window_found(&self, session_id: &str) -> Result<Option<u64>, LedgerError> {
+        context_window_in(&self.conn, session_id)
+    }
+
     /// What `session.compact` answers once `admission_id`'s turn completed: the `covered` of
     /// the compaction that turn stored (`None` when it stored none) and of the session's
     /// latest compaction (0 when it has none).

@@ -453,6 +453,13 @@ async fn snapshot(
     let (jobs, mut resume) = owner
         .ledger(move |l, o| {
             let session = session_row(l, &session_id)?;
+            // The window the session's turns budget with (`turns::context_budget`): the
+            // frozen one, else the one an earlier turn found at the endpoint.
+            let context_window =
+                match crate::turns::frozen_context(o, &session.model_config).context_window {
+                    0 => l.context_window_found(&session_id)?,
+                    fixed => Some(fixed),
+                };
             crate::runtime::reconcile_background_processes(l, Some(&session_id));
             o.hub.attach(&session_id, &conn);
             let messages = l
@@ -504,6 +511,7 @@ async fn snapshot(
                         toolsets: session.toolsets,
                         title: session.title,
                         approval_mode: Some(o.config().approvals.mode_for(session.approval_mode)),
+                        context_window,
                     },
                     session_id: session.id,
                 },

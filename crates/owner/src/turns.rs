@@ -180,16 +180,20 @@ fn policy(owner: &Owner, claim: &Claim) -> Policy {
 /// that froze none), with the window an earlier turn found at the endpoint when the session
 /// fixed none (issue 14).
 fn context_budget(owner: &Owner, claim: &Claim) -> ContextBudget {
-    let mut budget = claim
-        .session
-        .model_config
-        .get("context")
-        .and_then(|v| ContextBudget::deserialize(v).ok())
-        .unwrap_or_else(|| owner.config().model.context());
+    let mut budget = frozen_context(owner, &claim.session.model_config);
     if budget.context_window == 0 {
         budget.context_window = claim.context_window_found.unwrap_or(0);
     }
     budget
+}
+
+/// The context budget a session froze in its `model_config` (the daemon's `[model]` settings
+/// of now for a session that froze none); its `context_window` is 0 when it fixed none.
+pub(crate) fn frozen_context(owner: &Owner, model_config: &Value) -> ContextBudget {
+    model_config
+        .get("context")
+        .and_then(|v| ContextBudget::deserialize(v).ok())
+        .unwrap_or_else(|| owner.config().model.context())
 }
 
 /// The session's frozen model settings. Fields its stored `model_config` lacks take

@@ -793,6 +793,11 @@ pub struct SessionInfo {
     /// from an older daemon.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval_mode: Option<ApprovalMode>,
+    /// The session's context window in tokens, the one its turns budget with: its frozen
+    /// `[model] context_window` when that is not 0, else the window an earlier turn found at
+    /// the endpoint. Absent while neither is known (and from an older daemon).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_window: Option<u64>,
 }
 
 /// Result of `session.list`.

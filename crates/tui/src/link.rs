@@ -49,7 +49,7 @@ pub enum LinkUpdate {
         restarted: bool,
     },
     /// The stream could not be resumed from its last `seq`: the session as it stands now.
-    Snapshot(SessionSnapshot),
+    Snapshot(Box<SessionSnapshot>),
     /// The link gave up (why).
     Closed(String),
 }
