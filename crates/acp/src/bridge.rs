@@ -67,6 +67,8 @@ pub(crate) struct Attached {
     pub cwd: PathBuf,
     /// The approval mode the session's turns get, as the snapshot said.
     pub approval_mode: Option<drover_protocol::ApprovalMode>,
+    /// The session's context window, as the snapshot said.
+    context_window: Option<u64>,
     view: Mutex<TurnView>,
     pump: Mutex<Option<JoinHandle<()>>>,
 }
@@ -80,7 +82,9 @@ impl Attached {
     /// The session's context window in tokens: drover's default when neither the config nor
     /// the endpoint said.
     fn context_window(&self) -> u64 {
-        DEFAULT_CONTEXT_WINDOW
+        self.context_window
+            .filter(|w| *w > 0)
+            .unwrap_or(DEFAULT_CONTEXT_WINDOW)
     }
 
     fn stop_pump(&self) {
@@ -205,6 +209,7 @@ impl Bridge {
             session_id: snapshot.session_id.clone(),
             cwd: PathBuf::from(&snapshot.info.cwd),
             approval_mode: snapshot.info.approval_mode,
+            context_window: snapshot.info.context_window,
             view: Mutex::new(TurnView::default()),
             pump: Mutex::new(None),
         });
