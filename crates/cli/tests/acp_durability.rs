@@ -826,3 +826,69 @@ async fn sigkill_of_drover_acp_with_a_clarify_question_open_asks_it_again() {
         "{told}"
     );
 }
+
+/// `drover stop` while a turn runs under a connected `drover acp`: the turn is interrupted
+/// (a graceful stop), the editor's prompt answers `cancelled`, and once a daemon runs again
+/// the session takes the next prompt without a new `initialize`.
+#[tokio::test]
+async fn drover_stop_mid_turn_answers_the_prompt_cancelled_and_the_session_goes_on() {
+    let (model, home) = model_home(true).await.unwrap();
+    let _daemon = KillDaemonOnDrop(home.path());
+    let gate = Gate::new();
+    model.push(Reply::text("never said").gated(&gate));
+    model.push(Reply::text("After the stop"));
+    let mut acp = client(
+        &home,
+        json!([
+            {"op": "initialize"},
+            {"op": "new", "cwd": home.work()},
+            {"op": "prompt", "text": "Think long"},
+            {"op": "wait_stdin"},
+            {"op": "prompt", "text": "Again"},
+        ]),
+    );
+    let session = new_session(&acp).await;
+    assert!(
+        gate.wait_reached(BOUND).await,
+        "the turn never reached the model\n{}",
+        acp.transcript()
+    );
+    let old = daemon_pid(&home);
+    let stop = run_drover(bin(), home.path(), None, &["stop"]).await;
+    assert!(
+        stop.status.success(),
+        "{}",
+        String::from_utf8_lossy(&stop.stderr)
+    );
+    let stopped = acp.step_done("prompt", 1, BOUND).await;
+    assert_eq!(
+        stopped["result"]["stopReason"],
+        "cancelled",
+        "{stopped}\n{}",
+        acp.transcript()
+    );
+    assert_eq!(
+        admissions(&home, &session),
+        [("terminal".into(), "interrupted".into())]
+    );
+    let gone = until(BOUND, async || !pid_alive(old)).await;
+    assert!(gone, "the daemon did not stop");
+
+    let started = run_drover(bin(), home.path(), None, &["sessions", "--json"]).await;
+    assert!(
+        started.status.success(),
+        "{}",
+        String::from_utf8_lossy(&started.stderr)
+    );
+    acp.command("continue");
+    let r = acp.result(RUN).await;
+    assert!(r.error().is_null(), "{}", r.transcript);
+    assert_eq!(
+        r.ok("prompt", 1)["stopReason"],
+        "end_turn",
+        "{}",
+        r.transcript
+    );
+    assert_eq!(r.agent_text(), "After the stop", "{}", r.transcript);
+    assert_eq!(model.requests().len(), 2);
+}
