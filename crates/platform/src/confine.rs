@@ -558,7 +558,7 @@ impl NamespaceStep {
         for path in &self.pinned {
             // SAFETY: mount(2) with NUL-terminated paths prepared in the parent and null type
             // and data, as a bind takes.
-            check(unsafe {
+            unless_gone(unsafe {
                 libc::mount(
                     path.as_ptr(),
                     path.as_ptr(),
@@ -570,7 +570,7 @@ impl NamespaceStep {
         }
         for path in &self.hidden {
             // SAFETY: mount(2) with NUL-terminated strings prepared in the parent.
-            check(unsafe {
+            unless_gone(unsafe {
                 libc::mount(
                     self.tmpfs.as_ptr(),
                     path.as_ptr(),
@@ -625,6 +625,16 @@ const ZERO: libc::c_ulong = 0;
 const ONE: libc::c_ulong = 1;
 
 /// `-1` as the last errno, anything else as success.
+/// As [`check`], but a path another process removed since the parent looked (`ENOENT`) is
+/// not an error: nothing is left there to hide or to pin (another drover home deleted while a
+/// tool process starts, a test's temporary home). Async-signal-safe.
+fn unless_gone(rc: libc::c_int) -> io::Result<()> {
+    match check(rc) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+        other => other,
+    }
+}
+
 fn check(rc: libc::c_int) -> io::Result<()> {
     if rc == -1 {
         Err(io::Error::last_os_error())

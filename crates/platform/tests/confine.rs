@@ -185,6 +185,31 @@ fn the_hidden_home_reads_as_empty_and_cannot_be_unmounted_even_without_landlock(
 }
 
 #[test]
+fn a_hidden_home_removed_after_the_plan_was_made_does_not_stop_the_process() {
+    // Another drover home is deleted between the plan (which saw it) and the spawn (which
+    // mounts over it): there is nothing left to hide, and the tool process must still start.
+    let cwd = tempfile::tempdir().expect("cwd");
+    let parent = tempfile::tempdir().expect("parent");
+    let home = parent.path().join("gone").join("home");
+    std::fs::create_dir_all(&home).expect("home");
+    let mut spec = workspace(&[cwd.path()], true);
+    spec.hidden = vec![home.clone()];
+    let plan = Plan::new(&spec).expect("plan");
+    std::fs::remove_dir_all(parent.path().join("gone")).expect("removed");
+    let mut command = Command::new("sh");
+    command
+        .arg("-c")
+        .arg("echo STARTED")
+        .current_dir(cwd.path())
+        .stdin(Stdio::null());
+    plan.install(&mut command);
+    let out = command
+        .output()
+        .expect("the process starts although the home is gone");
+    assert!(text(&out).contains("STARTED"), "{}", text(&out));
+}
+
+#[test]
 fn a_child_started_inside_the_hidden_home_does_not_see_it_by_relative_paths() {
     let home = tempfile::tempdir().expect("home");
     std::fs::write(home.path().join("daemon.json"), "{\"token\":\"secret\"}").expect("file");
