@@ -313,7 +313,8 @@ fn is_tls_failure(e: &tokio_tungstenite::tungstenite::Error) -> bool {
 
 /// A daemon this client started, until it answers.
 pub(crate) struct Spawned {
-    child: Child,
+    /// `None` once handed to the reaper ([`Drop`]).
+    child: Option<Child>,
     log: PathBuf,
     /// The read end of the daemon's readiness pipe, until it said `ready` or closed it.
     ready: Option<std::fs::File>,
@@ -370,7 +371,9 @@ impl Spawned {
     /// Waits, bounded by `deadline`, for a daemon whose readiness pipe closed to exit, so
     /// [`Spawned::failure`] can tell why.
     async fn exited(&mut self, deadline: Instant) {
-        while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+        while matches!(self.child.as_mut().map(Child::try_wait), Some(Ok(None)))
+            && Instant::now() < deadline
+        {
             tokio::time::sleep(EXIT_POLL).await;
         }
     }
@@ -378,7 +381,7 @@ impl Spawned {
     /// `Some(error)` once the child has exited with anything but "another daemon owns the
     /// home" (which means another client won the race: use that one).
     fn failure(&mut self, home: &Path) -> Option<Result<ClientError, ()>> {
-        let status = self.child.try_wait().ok()??;
+        let status = self.child.as_mut()?.try_wait().ok()??;
         if status.code() == Some(HOME_OWNED) {
             return Some(Err(()));
         }
@@ -394,6 +397,26 @@ impl Spawned {
                 home.join("logs").join("daemon.log").display()
             ),
         }))
+    }
+}
+
+impl Drop for Spawned {
+    /// The daemon is this process's child and outlives the wait for it: a thread collects its
+    /// exit status, so a long-lived client (`drover acp`, the chat) that starts a daemon again
+    /// and again leaves no zombie behind.
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            if matches!(child.try_wait(), Ok(None)) {
+                let reaper = std::thread::Builder::new()
+                    .name("daemon-reaper".into())
+                    .spawn(move || {
+                        let _ = child.wait();
+                    });
+                if let Err(e) = reaper {
+                    tracing::debug!(error = %e, "no thread to reap the daemon; it stays a zombie once it exits");
+                }
+            }
+        }
     }
 }
 
@@ -462,7 +485,7 @@ fn spawn(program: &Path, home: &Path) -> Result<Spawned, ClientError> {
     drop(cmd);
     tracing::debug!(pid = child.id(), "started the daemon");
     Ok(Spawned {
-        child,
+        child: Some(child),
         log,
         ready: Some(std::fs::File::from(std::os::fd::OwnedFd::from(ready))),
     })
