@@ -13,12 +13,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use agent_client_protocol::v1::schema::{
     ContentBlock, EmbeddedResourceResource, PromptRequest, PromptResponse,
     RequestPermissionOutcome, RequestPermissionRequest, SessionId, SessionNotification,
-    SessionUpdate, ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields, ToolKind, Usage,
-    UsageUpdate,
+    SessionUpdate, StopReason, ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields, ToolKind,
+    Usage, UsageUpdate,
 };
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::{Client as AcpClient, Error as AcpRpcError};
-use drover_client::{Client, ClientError, SessionStream, Update};
+use drover_client::{Client, ClientError, ConnectOptions, SessionStream, StartDaemon, Update};
 use drover_protocol::client::SessionSnapshot;
 use drover_protocol::event::{EventPayload, TurnEnd};
 use drover_protocol::words::{AdmissionStatus, ClarifyAnswer, OpenPrompt};
@@ -34,6 +34,16 @@ const SETTLED_KEPT: usize = 64;
 /// The context window drover budgets with when neither `[model] context_window` nor the
 /// endpoint says (docs/configuration.md).
 const DEFAULT_CONTEXT_WINDOW: u64 = 128_000;
+
+/// How long a `session/prompt` answer waits for its turn's usage.
+const USAGE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The answer to "resolve the unknown turn and go on?".
+enum Offer {
+    Resolve,
+    Keep,
+    Cancelled,
+}
 
 /// How a turn ended, as `turn.settled` says.
 #[derive(Debug, Clone)]
@@ -103,6 +113,8 @@ impl Drop for Attached {
 /// The ACP connection's state: the daemon client and the attached sessions.
 pub(crate) struct Bridge {
     pub client: Client,
+    /// How this process reaches the daemon (whether it may start one).
+    options: ConnectOptions,
     pub acp: ConnectionTo<AcpClient>,
     /// Whether the client takes elicitation forms (its `initialize` said so): clarify
     /// questions are asked as forms, free text included.
@@ -134,9 +146,14 @@ pub(crate) fn rpc_error(e: ClientError) -> AcpRpcError {
 }
 
 impl Bridge {
-    pub fn new(client: Client, acp: ConnectionTo<AcpClient>) -> Arc<Bridge> {
+    pub fn new(
+        client: Client,
+        options: ConnectOptions,
+        acp: ConnectionTo<AcpClient>,
+    ) -> Arc<Bridge> {
         Arc::new(Bridge {
             client,
+            options,
             acp,
             forms: std::sync::atomic::AtomicBool::new(false),
             sessions: Mutex::new(HashMap::new()),
@@ -145,6 +162,21 @@ impl Bridge {
 
     fn sessions(&self) -> MutexGuard<'_, HashMap<String, Arc<Attached>>> {
         self.sessions.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Starts the home's daemon when none runs and this process may start one: a daemon
+    /// someone stopped is not started again by the connection on its own (docs/chat.md), but a
+    /// new request from the editor is a person asking, as a new `drover` command would be.
+    /// The connection then finds the new daemon by itself.
+    pub async fn wake_daemon(&self) {
+        if !matches!(self.options.start, StartDaemon::Spawn { .. })
+            || drover_client::owner_pid(&self.options.home).is_some()
+        {
+            return;
+        }
+        if let Err(e) = Client::connect(self.options.clone()).await {
+            tracing::warn!(error = %e, "cannot start the daemon");
+        }
     }
 
     pub fn attached(&self, session_id: &str) -> Option<Arc<Attached>> {
@@ -213,6 +245,7 @@ impl Bridge {
             view: Mutex::new(TurnView::default()),
             pump: Mutex::new(None),
         });
+        let replayed = replay.is_some();
         if let Some(failed) = replay {
             for update in map::replay(&snapshot.messages, &attached.cwd, snapshot.running, &failed)
             {
@@ -228,6 +261,18 @@ impl Bridge {
                     map::agent_text(map::UNKNOWN_NOTE.trim_start()),
                 );
             }
+        }
+        // The running turn's calls in flight: a prompt asked again names its call, and a client
+        // that resumed (no replay) is shown the call before its end arrives.
+        if snapshot.running {
+            let open = map::open_calls(&snapshot.messages, &attached.cwd);
+            if !replayed {
+                for call in &open {
+                    self.send(&attached.session_id, SessionUpdate::ToolCall(call.clone()));
+                }
+            }
+            attached.view().open_tools =
+                open.iter().map(|c| c.tool_call_id.0.to_string()).collect();
         }
         self.take_snapshot(&attached, &snapshot);
         let previous = self
@@ -602,14 +647,21 @@ impl Bridge {
         request: PromptRequest,
     ) -> Result<PromptResponse, AcpRpcError> {
         let text = prompt_text(&request.prompt)?;
+        self.wake_daemon().await;
         let unknown = attached.view().unknown.clone();
         if let Some(admission_id) = unknown {
-            if self.offer_resolve(&attached, &admission_id).await? {
-                self.client
-                    .resolve_unknown(&attached.session_id, &admission_id)
-                    .await
-                    .map_err(rpc_error)?;
-                attached.view().unknown = None;
+            match self.offer_resolve(&attached, &admission_id).await? {
+                Offer::Resolve => {
+                    self.client
+                        .resolve_unknown(&attached.session_id, &admission_id)
+                        .await
+                        .map_err(rpc_error)?;
+                    attached.view().unknown = None;
+                }
+                // Queued behind the unknown turn: it runs once someone resolves it.
+                Offer::Keep => {}
+                // The person cancelled the prompt itself: nothing is submitted.
+                Offer::Cancelled => return Ok(PromptResponse::new(StopReason::Cancelled)),
             }
         }
         let receipt = self
@@ -648,11 +700,15 @@ impl Bridge {
         let stop = map::stop_reason(settled.outcome, settled.error.as_deref())
             .map_err(|message| AcpRpcError::new(-32603, message))?;
         let mut response = PromptResponse::new(stop);
-        if let Ok(receipt) = self
-            .client
-            .receipt(&attached.session_id, &receipt.admission_id, true)
-            .await
-        {
+        // The usage is a courtesy: an answer waits for it only briefly (a daemon that is
+        // stopping may not answer at all, and the turn has ended either way).
+        let usage = tokio::time::timeout(
+            USAGE_WAIT,
+            self.client
+                .receipt(&attached.session_id, &receipt.admission_id, true),
+        )
+        .await;
+        if let Ok(Ok(receipt)) = usage {
             if let Some(usage) = receipt.usage {
                 response = response.usage(Usage::new(
                     usage.total_tokens,
@@ -670,12 +726,12 @@ impl Bridge {
         Ok(response)
     }
 
-    /// Asks whether to resolve the unknown turn and go on; `true` when the person said so.
+    /// Asks whether to resolve the unknown turn and go on.
     async fn offer_resolve(
         &self,
         attached: &Attached,
         admission_id: &str,
-    ) -> Result<bool, AcpRpcError> {
+    ) -> Result<Offer, AcpRpcError> {
         let tool_call = ToolCallUpdate::new(
             format!("resolve:{admission_id}"),
             ToolCallUpdateFields::new()
@@ -689,10 +745,13 @@ impl Bridge {
             map::resolve_options(),
         );
         let response = self.acp.send_request(request).block_task().await?;
-        Ok(matches!(
-            response.outcome,
-            RequestPermissionOutcome::Selected(ref s) if &*s.option_id.0 == map::RESOLVE_OPTION
-        ))
+        Ok(match response.outcome {
+            RequestPermissionOutcome::Selected(s) if &*s.option_id.0 == map::RESOLVE_OPTION => {
+                Offer::Resolve
+            }
+            RequestPermissionOutcome::Selected(_) => Offer::Keep,
+            _ => Offer::Cancelled,
+        })
     }
 
     /// `session/cancel`: interrupts the running turn and cancels this connection's prompts

@@ -89,13 +89,14 @@ fn rfc3339(unix_seconds: f64) -> Option<String> {
 #[derive(Clone)]
 struct Shared {
     client: Client,
+    options: ConnectOptions,
     bridge: Arc<OnceLock<Arc<Bridge>>>,
 }
 
 impl Shared {
     fn bridge(&self, cx: &ConnectionTo<AcpClient>) -> Arc<Bridge> {
         self.bridge
-            .get_or_init(|| Bridge::new(self.client.clone(), cx.clone()))
+            .get_or_init(|| Bridge::new(self.client.clone(), self.options.clone(), cx.clone()))
             .clone()
     }
 }
@@ -103,9 +104,10 @@ impl Shared {
 /// Serves one ACP client until it goes away, as a client of the daemon `options` name (started
 /// first when `options` allow it and none runs).
 pub async fn serve(transport: Transport, options: ConnectOptions) -> Result<(), AcpError> {
-    let client = Client::connect(options).await?;
+    let client = Client::connect(options.clone()).await?;
     let shared = Shared {
         client,
+        options,
         bridge: Arc::new(OnceLock::new()),
     };
     let agent = handlers(shared);
@@ -164,6 +166,7 @@ async fn attached(bridge: &Arc<Bridge>, session_id: &str) -> Result<Arc<Attached
     if let Some(a) = bridge.attached(session_id) {
         return Ok(a);
     }
+    bridge.wake_daemon().await;
     let stream = bridge.client.attach(session_id).await.map_err(rpc_error)?;
     Ok(bridge.follow(stream, None))
 }
@@ -222,6 +225,7 @@ fn handlers(
                             AcpRpcError::invalid_params()
                                 .data(serde_json::json!({"field": "mcpServers", "reason": reason}))
                         })?;
+                    bridge.wake_daemon().await;
                     let stream = bridge
                         .client
                         .create_and_attach(params)
@@ -241,6 +245,7 @@ fn handlers(
                 let bridge = s2.bridge(&cx);
                 let id = request.session_id.0.to_string();
                 bridge.forget(&id);
+                bridge.wake_daemon().await;
                 let loaded = match bridge.client.attach(&id).await {
                     Ok(stream) => match bridge.failed_calls(stream.snapshot()).await {
                         Ok(failed) => Ok((stream, failed)),
@@ -276,6 +281,7 @@ fn handlers(
             async move |request: ListSessionsRequest, responder, cx| {
                 let bridge = s4.bridge(&cx);
                 spawn_answer!(cx, responder, async move {
+                    bridge.wake_daemon().await;
                     let page: SessionPage = bridge
                         .client
                         .request(ClientRequest::SessionList(SessionListParams {

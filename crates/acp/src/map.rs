@@ -394,6 +394,37 @@ pub fn resolve_options() -> Vec<PermissionOption> {
     ]
 }
 
+/// The tool calls of the transcript's last turn that have no result yet (the running turn's
+/// calls in flight), in order, as they start.
+pub fn open_calls(messages: &[TranscriptMessage], cwd: &Path) -> Vec<ToolCall> {
+    let last_user = messages
+        .iter()
+        .rposition(|m| m.role == Role::User)
+        .map_or(0, |i| i + 1);
+    let turn = &messages[last_user..];
+    let answered: HashSet<&str> = turn
+        .iter()
+        .filter_map(|m| m.tool_call_id.as_deref())
+        .collect();
+    turn.iter()
+        .flat_map(|m| m.tool_calls.iter().flatten())
+        .filter(|c| !answered.contains(c.id.as_str()))
+        .map(|c| {
+            let args: Value = serde_json::from_str(&c.function.arguments)
+                .unwrap_or(Value::String(c.function.arguments.clone()));
+            tool_started(
+                &ToolStart {
+                    tool_id: c.id.clone(),
+                    name: c.function.name.clone(),
+                    context: String::new(),
+                    args,
+                },
+                cwd,
+            )
+        })
+        .collect()
+}
+
 /// A whole transcript as the updates `session/load` replays: the user's and the agent's text,
 /// and each tool call with its final status and output (`failed` for the ids in `failed`). A
 /// call with no result is closed `failed` unless `open_calls_run` (the session's running turn

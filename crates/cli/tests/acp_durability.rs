@@ -16,7 +16,7 @@ use std::time::Duration;
 use drover_test_support::acp::{AcpClient, AcpResult};
 use drover_test_support::harness::{
     daemon_info, db_rows, kill_and_wait_gone, message_contents, model_home, pid_alive, run_drover,
-    Client, KillDaemonOnDrop, TestHome,
+    zombie_children, Client, KillDaemonOnDrop, TestHome,
 };
 use drover_test_support::wait::until;
 use drover_test_support::{Gate, MockModel, Reply};
@@ -715,6 +715,68 @@ async fn a_daemon_stopped_and_started_again_under_a_connected_drover_acp_serves_
         seen.contains("Before the restart") && seen.contains("Second"),
         "{seen}"
     );
+}
+
+/// The parent of `pid`, from `/proc/<pid>/stat` (the field after the command's `)`).
+fn parent_of(pid: u32) -> u32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    after.split(' ').nth(1).unwrap().parse().unwrap()
+}
+
+#[tokio::test]
+async fn after_drover_stop_the_editors_next_prompt_starts_a_daemon_and_no_zombie_stays() {
+    let (model, home) = model_home(true).await.unwrap();
+    let _daemon = KillDaemonOnDrop(home.path());
+    model.push(Reply::text("Before the stop"));
+    model.push(Reply::text("After the stop"));
+    let mut acp = client(
+        &home,
+        json!([
+            {"op": "initialize"},
+            {"op": "new", "cwd": home.work()},
+            {"op": "prompt", "text": "First"},
+            {"op": "wait_stdin"},
+            {"op": "prompt", "text": "Second"},
+            {"op": "wait_stdin"},
+        ]),
+    );
+    new_session(&acp).await;
+    acp.step_done("prompt", 1, BOUND).await;
+    // The daemon `drover acp` started is its child.
+    let old = daemon_pid(&home);
+    let agent = parent_of(old);
+    let stop = run_drover(bin(), home.path(), None, &["stop"]).await;
+    assert!(
+        stop.status.success(),
+        "{}",
+        String::from_utf8_lossy(&stop.stderr)
+    );
+    assert!(
+        until(BOUND, async || !pid_alive(old)).await,
+        "the daemon did not stop"
+    );
+    // Nobody starts a daemon: the prompt typed in the editor does.
+    acp.command("continue");
+    acp.step_done("prompt", 2, RUN).await;
+    // The stopped daemon was reaped by the process that started it.
+    assert!(pid_alive(agent), "drover acp went away");
+    let reaped = until(BOUND, async || zombie_children(agent).is_empty()).await;
+    assert!(
+        reaped,
+        "zombies under drover acp: {:?}",
+        zombie_children(agent)
+    );
+    acp.command("continue");
+    let r = acp.result(RUN).await;
+    assert!(r.error().is_null(), "{}", r.transcript);
+    assert_eq!(
+        r.ok("prompt", 1)["stopReason"],
+        "end_turn",
+        "{}",
+        r.transcript
+    );
+    assert_eq!(r.agent_text(), "Before the stopAfter the stop");
 }
 
 /// A session whose turn ended `unknown`: its daemon was SIGKILLed while the model answered,
