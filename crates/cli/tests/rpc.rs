@@ -430,10 +430,13 @@ fn every_field(method: &str) -> Value {
         "session.create" => json!({
             "request_id": "r", "cwd": "/", "model": "m", "base_url": "http://127.0.0.1:9",
             "api_key": "k", "toolsets": [], "system_prompt": "p", "title": "t", "source": "cli",
+            "approval_mode": "auto",
+            "mcp_servers": {"own": {"command": "/bin/true", "args": [], "env": {}}},
         }),
         "session.resume" | "session.detach" => json!({"session_id": "s"}),
         "session.rename" => json!({"session_id": "s", "title": "t"}),
-        "session.list" => json!({"limit": 10, "cursor": "c"}),
+        "session.list" => json!({"limit": 10, "cursor": "c", "cwd": "/"}),
+        "session.set_mode" => json!({"session_id": "s", "mode": "auto"}),
         "prompt.submit" => json!({"session_id": "s", "input_id": "i", "text": "hi"}),
         "session.compact" => json!({"session_id": "s", "input_id": "i"}),
         "prompt.receipt" => json!({"session_id": "s", "admission_id": "a", "include_result": true}),
@@ -493,7 +496,8 @@ async fn every_param_of_every_method_is_checked_and_named() {
 
         let mut cases: Vec<(String, Value)> = Vec::new();
         for field in &fields {
-            // No param is an object, and each gets a scalar of another JSON type too.
+            // `{"not": "this"}` fits no param (not even `mcp_servers`, whose servers are
+            // objects), and each gets a scalar of another JSON type too.
             let scalar = if valid[field].is_string() {
                 json!(7)
             } else {
