@@ -50,6 +50,28 @@ async fn new_session(client: &AcpClient) -> String {
         .to_string()
 }
 
+/// A client whose turn the model holds at `gate`; its steps then wait on stdin, and go on to
+/// SIGKILL `drover acp` ([`sigkill_agent`]).
+async fn held_turn(home: &TestHome, gate: &Gate) -> (AcpClient, String) {
+    let first = client(
+        home,
+        json!([
+            {"op": "initialize"},
+            {"op": "new", "cwd": home.work()},
+            {"op": "prompt", "text": "Think long", "wait": false},
+            {"op": "wait_stdin"},
+            {"op": "kill_agent"},
+        ]),
+    );
+    let session = new_session(&first).await;
+    assert!(
+        gate.wait_reached(BOUND).await,
+        "the turn never reached the model\n{}",
+        first.transcript()
+    );
+    (first, session)
+}
+
 /// Lets the client's `wait_stdin` step go on, then its `kill_agent` SIGKILLs `drover acp`;
 /// gives the client's result once it has reaped it.
 async fn sigkill_agent(mut client: AcpClient) -> AcpResult {
@@ -126,22 +148,7 @@ async fn sigkill_of_drover_acp_mid_turn_then_resume_streams_the_rest_of_the_turn
     let gate = Gate::new();
     model.push(Reply::text("The answer that outlived its editor").gated(&gate));
 
-    let first = client(
-        &home,
-        json!([
-            {"op": "initialize"},
-            {"op": "new", "cwd": home.work()},
-            {"op": "prompt", "text": "Think long", "wait": false},
-            {"op": "wait_stdin"},
-            {"op": "kill_agent"},
-        ]),
-    );
-    let session = new_session(&first).await;
-    assert!(
-        gate.wait_reached(BOUND).await,
-        "the turn never reached the model\n{}",
-        first.transcript()
-    );
+    let (first, session) = held_turn(&home, &gate).await;
     let daemon = daemon_pid(&home);
     let killed = sigkill_agent(first).await;
     assert_eq!(killed.agent_text(), "", "{}", killed.transcript);
@@ -424,22 +431,7 @@ async fn a_resumed_client_cancels_the_turn_a_killed_drover_acp_started() {
     let _daemon = KillDaemonOnDrop(home.path());
     let gate = Gate::new();
     model.push(Reply::text("never said").gated(&gate));
-    let first = client(
-        &home,
-        json!([
-            {"op": "initialize"},
-            {"op": "new", "cwd": home.work()},
-            {"op": "prompt", "text": "Think long", "wait": false},
-            {"op": "wait_stdin"},
-            {"op": "kill_agent"},
-        ]),
-    );
-    let session = new_session(&first).await;
-    assert!(
-        gate.wait_reached(BOUND).await,
-        "the turn never reached the model\n{}",
-        first.transcript()
-    );
+    let (first, session) = held_turn(&home, &gate).await;
     sigkill_agent(first).await;
 
     let mut second = client(

@@ -149,25 +149,15 @@ fn write_fixtures(dir: &Path, group: &str, entries: &BTreeMap<String, Vec<Value>
     std::fs::create_dir_all(&dir).unwrap();
     for (name, examples) in entries {
         // The first two examples of each are enough to read, and keep the files small.
-        let examples: Vec<Value> = examples.iter().take(2).cloned().map(sorted).collect();
+        let examples: Vec<Value> = examples
+            .iter()
+            .take(2)
+            .cloned()
+            .map(drover_protocol::schema::sorted)
+            .collect();
         let mut text = serde_json::to_string_pretty(&examples).unwrap();
         text.push('\n');
         std::fs::write(dir.join(format!("{name}.json")), text).unwrap();
-    }
-}
-
-/// Object keys in sorted order at every depth: a crate elsewhere in the build (the ACP SDK)
-/// turns on serde_json's `preserve_order`, and the files, and the examples page made from
-/// them, must not depend on which crates a test run builds.
-fn sorted(value: Value) -> Value {
-    match value {
-        Value::Object(map) => {
-            let mut entries: Vec<(String, Value)> = map.into_iter().collect();
-            entries.sort_by(|a, b| a.0.cmp(&b.0));
-            Value::Object(entries.into_iter().map(|(k, v)| (k, sorted(v))).collect())
-        }
-        Value::Array(items) => Value::Array(items.into_iter().map(sorted).collect()),
-        other => other,
     }
 }
 

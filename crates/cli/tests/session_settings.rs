@@ -50,6 +50,15 @@ fn rm_result(s: &OneSession) -> String {
         .expect("no call_rm tool message")
 }
 
+/// Whether the session's stored events hold an approval request.
+async fn asked_for_approval(s: &mut OneSession) -> bool {
+    let stored = s.client.stored_events(&s.session_id).await.unwrap();
+    stored["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e["type"] == "approval.request")
+}
 #[tokio::test]
 async fn set_mode_auto_then_deny_governs_the_next_turns_and_survives_a_restart() {
     let mut s = terminal_session("").await;
@@ -75,12 +84,7 @@ async fn set_mode_auto_then_deny_governs_the_next_turns_and_survives_a_restart()
     let victim = script_rm_victim(&s.model, s.home.work(), "Deleted.");
     s.complete_turn("delete the victim").await.unwrap();
     assert!(!victim.exists(), "auto mode did not run rm -rf");
-    let stored = s.client.stored_events(&s.session_id).await.unwrap();
-    let asked = stored["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .any(|e| e["type"] == "approval.request");
+    let asked = asked_for_approval(&mut s).await;
     assert!(!asked, "auto mode asked");
 
     // `deny`: the next one is refused without a prompt.
@@ -338,12 +342,7 @@ async fn set_mode_during_a_turn_governs_that_turns_next_approval() {
         !victim.exists(),
         "the running turn still asked in manual mode"
     );
-    let stored = s.client.stored_events(&s.session_id).await.unwrap();
-    let asked = stored["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .any(|e| e["type"] == "approval.request");
+    let asked = asked_for_approval(&mut s).await;
     assert!(!asked, "the running turn asked after the mode became auto");
 }
 

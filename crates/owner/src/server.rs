@@ -438,15 +438,7 @@ async fn serve_acp(
     // A stalled client's socket is full: it is dropped, not closed politely (which would
     // only wait on it).
     if !matches!(ending, Ending::Stalled) {
-        if let Some(frame) = ending.close_frame() {
-            // Bounded: a peer that does not read could block the close forever.
-            let _ = tokio::time::timeout(
-                CONNECTION_CLOSE_WAIT,
-                sink.send(Message::Close(Some(frame))),
-            )
-            .await;
-        }
-        let _ = tokio::time::timeout(CONNECTION_CLOSE_WAIT, sink.close()).await;
+        close(&mut sink, &ending).await;
     }
     tracing::debug!(conn = id, "ACP client disconnected");
 }
@@ -514,8 +506,16 @@ async fn write_connection(
         }
     };
     rx.close();
+    close(&mut sink, &ending).await;
+}
+
+/// Sends the close frame `ending` calls for and closes the socket, each bounded: a peer that
+/// does not read could block the close forever.
+async fn close<S>(sink: &mut S, ending: &Ending)
+where
+    S: futures::Sink<Message> + Unpin,
+{
     if let Some(frame) = ending.close_frame() {
-        // Bounded: a peer that does not read could block the close forever.
         let _ = tokio::time::timeout(
             CONNECTION_CLOSE_WAIT,
             sink.send(Message::Close(Some(frame))),

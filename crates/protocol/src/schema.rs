@@ -99,8 +99,9 @@ fn event_schemas(generator: &mut SchemaGenerator) -> Vec<(&'static str, Schema)>
 }
 
 /// Object keys in sorted order at every depth, whatever map serde_json was built with (a
-/// crate elsewhere in the build may turn on its `preserve_order`), so the file is stable.
-fn sorted(value: Value) -> Value {
+/// crate elsewhere in the build, the ACP SDK, turns on its `preserve_order`), so the schema
+/// file, the wire fixtures and the examples page made from them are stable.
+pub fn sorted(value: Value) -> Value {
     match value {
         Value::Object(map) => {
             let mut entries: Vec<(String, Value)> = map.into_iter().collect();

@@ -201,21 +201,6 @@ fn examples_page() -> String {
 fn json_block(value: &Value) -> String {
     format!(
         "```json\n{}\n```\n",
-        serde_json::to_string_pretty(&sorted(value.clone())).unwrap()
+        serde_json::to_string_pretty(&drover_protocol::schema::sorted(value.clone())).unwrap()
     )
-}
-
-/// Object keys in sorted order at every depth: a crate elsewhere in the build (the ACP SDK)
-/// turns on serde_json's `preserve_order`, and the page must not depend on which crates a test
-/// run builds.
-fn sorted(value: Value) -> Value {
-    match value {
-        Value::Object(map) => {
-            let mut entries: Vec<(String, Value)> = map.into_iter().collect();
-            entries.sort_by(|a, b| a.0.cmp(&b.0));
-            Value::Object(entries.into_iter().map(|(k, v)| (k, sorted(v))).collect())
-        }
-        Value::Array(items) => Value::Array(items.into_iter().map(sorted).collect()),
-        other => other,
-    }
 }

@@ -73,31 +73,30 @@ pub struct AcpClient {
     pub stderr: Lines,
 }
 
+/// `node client.mjs --steps STEPS`, the transport's arguments still to come.
+fn client_command(steps: &Value) -> (AcpNode, Command) {
+    let node = acp_node();
+    let mut command = Command::new(&node.node);
+    command
+        .arg(&node.client)
+        .arg("--steps")
+        .arg(steps.to_string());
+    (node, command)
+}
+
 impl AcpClient {
     /// Runs `steps` (see client.mjs) against `agent` (a command and its arguments) on stdio.
     pub fn stdio<S: AsRef<OsStr>>(steps: &Value, agent: &[S]) -> AcpClient {
-        let node = acp_node();
-        let mut command = Command::new(&node.node);
-        command
-            .arg(&node.client)
-            .arg("--steps")
-            .arg(steps.to_string())
-            .arg("--")
-            .args(agent);
+        let (node, mut command) = client_command(steps);
+        command.arg("--").args(agent);
         AcpClient::spawn(command, &node)
     }
 
     /// Runs `steps` against the WebSocket `url`, with `Authorization: Bearer <token>` when a
     /// token is given.
     pub fn websocket(steps: &Value, url: &str, token: Option<&str>) -> AcpClient {
-        let node = acp_node();
-        let mut command = Command::new(&node.node);
-        command
-            .arg(&node.client)
-            .arg("--steps")
-            .arg(steps.to_string())
-            .arg("--ws")
-            .arg(url);
+        let (node, mut command) = client_command(steps);
+        command.arg("--ws").arg(url);
         if let Some(token) = token {
             command.arg("--token").arg(token);
         }
