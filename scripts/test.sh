@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Runs every test suite: the Rust workspace, then the Python client (clients/python: its
-# types.py against the schema, mypy --strict and pytest against the `drover` binary just
-# built), in a venv under target/.
+# Runs the linters (cargo fmt --check, cargo clippy -D warnings) and every test suite: the Rust
+# workspace, then the Python client (clients/python: its types.py against the schema, mypy
+# --strict and pytest against the `drover` binary just built), in a venv under target/.
 #   bash scripts/test.sh          # everything (what CI runs)
 #   bash scripts/test.sh python   # only the Python client (builds the binary first)
 set -euo pipefail
@@ -27,6 +27,10 @@ acp_packages() {
 }
 
 if [ "${1:-all}" != python ]; then
+  # The rules first, as CI runs them: formatting, then every clippy lint of the workspace
+  # (warnings are errors), so a change that breaks one fails here, not in review.
+  cargo fmt --all --check
+  cargo clippy --workspace --all-targets -- -D warnings
   acp_packages
   # Builds target/debug/drover too, for the end-to-end tests and for the Python client's.
   cargo test --workspace
