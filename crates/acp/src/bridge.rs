@@ -837,3 +837,43 @@ fn turn_end(outcome: drover_protocol::words::AdmissionOutcome) -> TurnEnd {
         O::Cancelled => TurnEnd::Cancelled,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn blocks(value: serde_json::Value) -> Vec<ContentBlock> {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn a_prompt_is_its_text_with_embedded_files_as_context_blocks() {
+        let text = prompt_text(&blocks(json!([
+            {"type": "text", "text": "Explain this"},
+            {"type": "resource", "resource": {"uri": "file:///w/a.rs", "text": "fn a() {}"}},
+            {"type": "resource_link", "name": "b.rs", "uri": "file:///w/b.rs"}
+        ])))
+        .unwrap();
+        assert_eq!(
+            text,
+            "Explain this\n<context uri=\"file:///w/a.rs\">\nfn a() {}\n</context>\n[b.rs](file:///w/b.rs)"
+        );
+    }
+
+    #[test]
+    fn images_and_empty_prompts_are_refused_naming_the_prompt() {
+        let image = blocks(json!([{"type": "image", "data": "AAAA", "mimeType": "image/png"}]));
+        let refused = prompt_text(&image).unwrap_err();
+        assert_eq!(
+            refused.code,
+            agent_client_protocol::ErrorCode::INVALID_PARAMS
+        );
+        assert_eq!(refused.data.as_ref().unwrap()["field"], "prompt");
+        let empty = prompt_text(&blocks(json!([{"type": "text", "text": "  "}]))).unwrap_err();
+        assert!(empty.data.unwrap()["reason"]
+            .as_str()
+            .unwrap()
+            .contains("empty"));
+    }
+}
