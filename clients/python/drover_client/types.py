@@ -16,7 +16,7 @@ from typing import Any, Literal, NotRequired, TypeAlias, TypedDict
 
 AdmissionKind: TypeAlias = Literal['input', 'compact']
 """
-What an admission asks for (`session_admissions.kind`, issue 14): a turn on an input
+What an admission asks for (`session_admissions.kind`): a turn on an input
 (`prompt.submit`), or a compaction of the session's history (`session.compact`).
 """
 
@@ -988,7 +988,7 @@ class SessionCompactParams(TypedDict):
 
 class SessionCompacted(TypedDict):
     """
-    Payload of `session.compacted`: a compaction was stored (issue 14).
+    Payload of `session.compacted`: a compaction was stored.
     """
 
     admission_id: str
@@ -1235,7 +1235,7 @@ class SessionInfo(TypedDict):
     """
     confinement: NotRequired[Confinement | None]
     """
-    What confines its tools (issue 13); absent from a daemon older than the sandbox.
+    What confines its tools; absent from a daemon older than the sandbox.
     """
     context_window: NotRequired[int | None]
     """

@@ -1,4 +1,4 @@
-//! The context budget of a turn (issue 14): what a request may hold, how big it is, how old
+//! The context budget of a turn: what a request may hold, how big it is, how old
 //! tool output is cut, and which part of the history a compaction summarises. Pure functions
 //! over messages, so every rule is tested without a model or a store.
 //!

@@ -20,7 +20,7 @@
 //!   error) so the transcript stays valid for the next turn.
 //! - A model error or a store error ends the turn `failed`; after a store error nothing more
 //!   is written.
-//! - Before each request the context budget is checked ([`context`], issue 14): over
+//! - Before each request the context budget is checked ([`context`]): over
 //!   `compact_at` of the window, older tool output is cut in the request, then older history
 //!   is summarised and stored through [`TurnStore::compact`], then (the running turn alone
 //!   being over) the running turn's older steps, its input kept whole. The model's
@@ -189,7 +189,7 @@ pub async fn run_turn(
     drive(store, model, &|name| registry.get(name), ctx, spec).await
 }
 
-/// Runs a compaction-only turn (`session.compact`, issue 14): summarises the history before
+/// Runs a compaction-only turn (`session.compact`): summarises the history before
 /// the last `keep_recent_turns` turns of `spec.context`, whatever the budget, and stores it
 /// through [`TurnStore::compact`]. `spec.input` and the tools are not used; nothing is
 /// appended to the transcript.
@@ -870,7 +870,7 @@ async fn run_call(call: &PlannedCall, ctx: &ToolContext) -> CallEnd {
 /// `[telemetry] include_content = true` only.
 const SPAN_CONTENT_BYTES: usize = 4096;
 
-/// [`run_call`] in a `tool.call` span (issue 16, docs/telemetry.md): the tool's name, how it
+/// [`run_call`] in a `tool.call` span (docs/telemetry.md): the tool's name, how it
 /// ended and how long it took (a `terminal` call adds its exit code and whether it ran
 /// sandboxed). Its arguments and result only with `[telemetry] include_content = true`.
 async fn traced_call(call: &PlannedCall, ctx: &ToolContext) -> CallEnd {

@@ -55,7 +55,7 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
 
-/// Issue 34's target for what `drover acp` adds to a text turn (p50).
+/// The ACP target for what `drover acp` adds to a text turn (p50).
 const TARGET_ADDED_MS: f64 = 5.0;
 /// Linux reports `/proc/<pid>/stat` CPU times in these ticks per second (`USER_HZ`).
 const TICKS_PER_S: f64 = 100.0;

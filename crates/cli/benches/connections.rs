@@ -1,4 +1,4 @@
-//! Memory of idle client connections (issue 15, "bounded threads and memory"): the owner's
+//! Memory of idle client connections ("bounded threads and memory"): the owner's
 //! RSS with N idle authenticated WebSocket connections open, each of which has answered one
 //! `ping`, against its RSS with one, per connection. The goal is at most 64 KiB.
 //!

@@ -1,4 +1,4 @@
-//! Delegated jobs (issue 5): the wall time of one `drover job publish` process, and the CPU a
+//! Delegated jobs: the wall time of one `drover job publish` process, and the CPU a
 //! heartbeat timer uses at N = 1.
 //!
 //! Run: `cargo bench -p drover --bench jobs` (`DROVER_BENCH_PUBLISHES`, default 50;

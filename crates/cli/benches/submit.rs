@@ -1,4 +1,4 @@
-//! Durable `prompt.submit` throughput (issue 3, G1): acknowledged inputs per second from 8
+//! Durable `prompt.submit` throughput (G1): acknowledged inputs per second from 8
 //! concurrent clients, beside a raw rusqlite loop (one INSERT per transaction, WAL,
 //! `synchronous=FULL`) on the same disk, and their ratio.
 //!

@@ -17,7 +17,7 @@
 //! - `tool`: each turn is a `terminal` tool call running `true`, then a text answer (two model
 //!   requests and one `sh -c true`), scripted with [`MockModel::push`]. The difference of the
 //!   two p50s is the per-tool-call overhead. Skipped with `DROVER_BENCH_TOOL=0`.
-//! - `long` (issue 14, "flat costs"): one session of `DROVER_BENCH_LONG_TURNS` turns (default
+//! - `long` ("flat costs"): one session of `DROVER_BENCH_LONG_TURNS` turns (default
 //!   1,000), each a `terminal` call printing 20 KiB, then a text answer. The mock counts
 //!   `usage.prompt_tokens` as a quarter of the request's JSON bytes, so the worker's context
 //!   budget sees realistic sizes, and answers the summarisation requests of a compaction with

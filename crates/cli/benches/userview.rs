@@ -1,5 +1,5 @@
 //! drover as its users see it: the real `drover` binary driven from outside, by separate client
-//! processes over the real WebSocket (issue 15, part 6). See `docs/benchmarks.md`.
+//! processes over the real WebSocket. See `docs/benchmarks.md`.
 //!
 //! ```sh
 //! cargo bench -p drover --bench userview                    # full sizes, release build
@@ -67,7 +67,7 @@ const RUN_LIMIT: Duration = Duration::from_secs(900);
 /// Linux reports `/proc/<pid>/stat` CPU times in these ticks per second (`USER_HZ`).
 const TICKS_PER_S: f64 = 100.0;
 
-// Issue 15's targets, printed beside the measurements.
+// The lean-worker-start targets, printed beside the measurements.
 const TARGET_WARM_P50_MS: f64 = 5.0;
 const TARGET_WARM_P99_MS: f64 = 15.0;
 const TARGET_ACK_RATIO: f64 = 0.8;
@@ -145,7 +145,7 @@ fn cpu_s(pid: &str, children: bool) -> Result<f64> {
 }
 
 /// CPU seconds of the daemon `pid` and of what works for it: its own, the workers it reaped
-/// (`cutime + cstime`), and its live worker template's (issue 15: the template forks each
+/// (`cutime + cstime`), and its live worker template's (the template forks each
 /// spare, and its CPU reaches no `cutime` while the daemon runs).
 fn owner_cpu_s(pid: u32) -> Result<f64> {
     let mut cpu = cpu_s(&pid.to_string(), true)?;

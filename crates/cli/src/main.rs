@@ -121,7 +121,7 @@ enum Command {
 
 fn main() -> ExitCode {
     // The owner starts `drover worker` for every turn: it skips building the whole command
-    // line's parser (issue 15: clap's subcommand tree was about 4% of a worker's start).
+    // line's parser (clap's subcommand tree was about 4% of a worker's start).
     match worker_command_line(std::env::args_os().skip(1)) {
         Some(WorkerLine::Worker) => return drover_worker::main_entry().into(),
         Some(WorkerLine::Template) => return drover_worker::template_entry().into(),

@@ -1,4 +1,4 @@
-//! Session control from the command line (SPEC section 8; drover issue 12): `sessions`,
+//! Session control from the command line (SPEC section 8): `sessions`,
 //! `show`, `resolve`, `cancel`, `answer` and `rename`. Each names its session by any unique
 //! prefix of its id (an ambiguous one lists the candidates) and takes `--json`. Every call to
 //! the daemon goes through [`drover_client`]; the few that need one are [`connect`] and the
@@ -366,7 +366,7 @@ fn admission_word(status: AdmissionStatus, outcome: Option<AdmissionOutcome>) ->
 }
 
 /// `drover show`.
-/// `drover show`'s one line on what confines the session's tools (issue 13).
+/// `drover show`'s one line on what confines the session's tools.
 fn confinement_line(c: &drover_protocol::sandbox::Confinement) -> String {
     let mut line = format!(
         "sandbox {}  home {}  network {}",
@@ -721,7 +721,7 @@ pub async fn answer(home: &Path, args: AnswerArgs) -> Result<Exit> {
     let Some(prompt) = snapshot.prompts.first() else {
         bail!("no prompt waits for an answer in session {sid}");
     };
-    // What an `always` answer allows from now on, said before it is stored (drover issue 12).
+    // What an `always` answer allows from now on, said before it is stored.
     let mut covers: Option<String> = None;
     let response = match (prompt, &args.choice, &args.text) {
         (OpenPrompt::Approval(p), Some(choice), _) => {

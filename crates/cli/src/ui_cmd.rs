@@ -1,4 +1,4 @@
-//! `drover ui` (SPEC section 8; issue 16): print, and open when a browser is there, a one-time
+//! `drover ui` (SPEC section 8): print, and open when a browser is there, a one-time
 //! login link to the daemon's web dashboard at `/ui`.
 //!
 //! The code comes from `ui.login_code` over this command's bearer-token connection (the daemon

@@ -1,4 +1,4 @@
-//! Chaos test (issue 3; SPEC sections 0, 2 to 4): many scripted turns on several sessions while
+//! Chaos test (SPEC sections 0, 2 to 4): many scripted turns on several sessions while
 //! workers and the owner are SIGKILLed, or the owner is stopped gracefully, at random points.
 //! Real `drover` daemon and worker processes, real SQLite, real signals, a loopback model.
 //!

@@ -1,4 +1,4 @@
-//! `drover chat` and `drover attach` on a real terminal (issue 12, part 1): each test drives the
+//! `drover chat` and `drover attach` on a real terminal: each test drives the
 //! interactive client in a pane of a private tmux server (its own `-L` socket, killed on
 //! drop) against the scriptable loopback model, and reads the screen with `capture-pane`.
 //! Every wait polls the screen (or the ledger) with a deadline.

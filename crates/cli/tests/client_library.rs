@@ -1,4 +1,4 @@
-//! `drover_client` against the real daemon (issue 12, part 0): a `SessionStream` survives an
+//! `drover_client` against the real daemon: a `SessionStream` survives an
 //! owner SIGKILL and the restart the client does itself, yielding every stored event once and
 //! in `seq` order; a daemon that cannot start says why in the client's error.
 
@@ -210,7 +210,7 @@ async fn never_start_on_a_home_without_a_daemon_is_not_running() {
 
 /// The owner dies while `config.toml` is broken, so the daemon the client starts again fails:
 /// the stream says why, keeps trying, and reconnects once the file is fixed (a person fixing
-/// it need not restart the client; drover issue 12 trial).
+/// it need not restart the client).
 #[tokio::test]
 async fn a_restart_that_fails_says_why_and_recovers_once_the_config_is_fixed() {
     let (_model, home) = model_home(true).await.unwrap();
@@ -575,7 +575,7 @@ async fn clients_starting_the_daemon_at_once_share_the_one_that_won() {
 
 /// A daemon that holds its home while its `daemon.json` is gone (removed by hand; the daemon
 /// writes it again within a second): a first connection starts a daemon without reading who
-/// holds the lock (issue 15: that read costs a cold start 8-12 ms); the one it starts finds the
+/// holds the lock (that read costs a cold start 8-12 ms); the one it starts finds the
 /// home taken and exits, and from then on the client waits for the holder, never starting
 /// daemons in a loop, and connects to it once its file is back.
 #[tokio::test]

@@ -1,4 +1,4 @@
-//! The daemon's lifecycle (issue 12, part 3; SPEC sections 1 and 8), against the real binary:
+//! The daemon's lifecycle (SPEC sections 1 and 8), against the real binary:
 //! idle exit of a daemon a client started, why a daemon could not start in `daemon.log`, the
 //! config read again at each `session.create`, and the generated completions and man pages.
 

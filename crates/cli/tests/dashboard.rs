@@ -1,4 +1,4 @@
-//! The web dashboard (issue 16) in a real headless Chromium, driven over WebDriver by the
+//! The web dashboard in a real headless Chromium, driven over WebDriver by the
 //! `chromedriver` of Debian's `chromium-driver` (`.ci/run` installs both), against the real
 //! daemon and a mock model: a one-time login link from `drover ui`, a streamed answer, an
 //! approval answered with its button, a job's status changing, the reconnect path, a restart's

@@ -1,4 +1,4 @@
-//! Hardening (issue 8): the daemon survives connection churn, hostile and stuck workers and a
+//! Hardening: the daemon survives connection churn, hostile and stuck workers and a
 //! full disk, and no turn is left `started` without a worker. Real daemon, real workers, real
 //! SQLite, a loopback model; hostile workers are scripts put in place with `$DROVER_WORKER_EXE`.
 //!

@@ -426,7 +426,7 @@ async fn timed_submit(sb: &Sandbox, tmux: &Tmux) -> (Output, Duration) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Pane delivery and the liveness contract (issue 5, "Done when").
+// Pane delivery and the liveness contract ("Done when").
 
 /// Checks that `job_id` gets no new event for 1.5 s (`why` says what one would mean); returns
 /// its events.

@@ -1,4 +1,4 @@
-//! Long sessions (issue 14) end to end: real daemon, real workers, real SQLite,
+//! Long sessions end to end: real daemon, real workers, real SQLite,
 //! the loopback model. A history far over the 4 MiB frame limit still reaches each turn's
 //! worker; a turn nothing ran of settles `failed` with its reason, never `unknown`; a
 //! `prompt.submit` text over `[daemon] max_input_bytes` is refused and nothing is admitted.
@@ -207,7 +207,7 @@ async fn an_input_over_max_input_bytes_is_invalid_params_naming_text_and_not_adm
     assert_eq!(admission_count(&s), json!(1));
 }
 
-// ---- Issue 14, parts 2 to 4: the context budget and durable compaction ----
+// ---- Long sessions (parts 2 to 4): the context budget and durable compaction ----
 
 /// Whether a model request is a summarisation request of a compaction.
 fn is_summary_request(request: &Value) -> bool {

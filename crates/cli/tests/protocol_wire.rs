@@ -441,7 +441,7 @@ async fn every_method_and_event_of_the_daemon_round_trips_through_the_typed_prot
     home.write_model_config(&model.base_url(), true, &extra)
         .unwrap();
 
-    // The dashboard's methods (issue 16): which daemon start answers, a login code, and the
+    // The dashboard's methods: which daemon start answers, a login code, and the
     // home registry's jobs.
     w.ok(&mut c, "daemon.info", json!({})).await;
     w.ok(&mut c, "ui.login_code", json!({})).await;

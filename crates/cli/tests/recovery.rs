@@ -382,7 +382,7 @@ async fn killing_the_worker_while_the_model_holds_leaves_turn_unknown_and_pauses
     assert!(pending(&resume(&mut s.client, &s.session_id).await).is_empty());
     // Neither the killed worker's outbox nor the finished one's is left behind (each goes once
     // its worker is reaped, which may be just after the turn settles): what stays is recycled
-    // folders holding only empty spare files (issue 15), never a frame.
+    // folders holding only empty spare files, never a frame.
     let outbox = s.home.path().join("outbox");
     let left = || -> Vec<(String, Vec<String>)> {
         let names = |dir: &std::path::Path| -> Vec<String> {

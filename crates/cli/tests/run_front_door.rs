@@ -1,4 +1,4 @@
-//! `drover run` as issue 12 wants it (SPEC section 8): `-`, `--title`, `--json`, `-c`, session
+//! `drover run` as a user types it (SPEC section 8): `-`, `--title`, `--json`, `-c`, session
 //! prefixes; sessions that cannot move are refused within seconds (exit 4 naming `drover
 //! resolve`, exit 5 naming `drover answer`); and a daemon SIGKILLed mid-turn is exit 4 with
 //! words, never a WebSocket error. Real daemon, real worker, the scriptable model.

@@ -1,4 +1,4 @@
-//! Confinement end to end (issue 13, `docs/sandbox.md`), through the real daemon, real workers
+//! Confinement end to end (`docs/sandbox.md`), through the real daemon, real workers
 //! and real tool processes, with the scriptable model: a tool cannot act as its user (the home
 //! is hidden, the owner's memory is closed, it cannot answer its own prompt), writes stay under
 //! the writable roots (Landlock), `network = false` refuses TCP, `sandbox: false` asks the

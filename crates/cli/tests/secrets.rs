@@ -1,4 +1,4 @@
-//! Secret hygiene and what the owner says about confinement (issue 13), through the real
+//! Secret hygiene and what the owner says about confinement, through the real
 //! daemon and workers: `session.resume` `info.confinement` claims no more than the kernel
 //! offers, `drover stop` never signals a pid a stale `daemon.json` names, and a full turn with
 //! `RUST_LOG=trace` leaves no token, execution secret or API key in any log.

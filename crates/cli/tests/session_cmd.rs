@@ -1,4 +1,4 @@
-//! Session control from the command line (SPEC section 8, drover issue 12): `drover sessions`,
+//! Session control from the command line (SPEC section 8): `drover sessions`,
 //! `show`, `resolve`, `cancel`, `answer` and `rename` against the real daemon and the
 //! scriptable model, with session ids given by prefix, `--json`, a turn made `unknown` by a
 //! SIGKILLed worker, and a home that does not exist.

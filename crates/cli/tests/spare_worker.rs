@@ -1,4 +1,4 @@
-//! The spare worker (issue 15; docs/workers.md): the owner keeps one `drover worker` started
+//! The spare worker (docs/workers.md): the owner keeps one `drover worker` started
 //! ahead of the next claim, hands it the claimed turn, and starts the next one after. A spare
 //! that died while waiting is replaced and never costs a turn; a spare dies with its owner and
 //! is reaped by its drain. Real `drover` daemon and worker processes, real SIGKILL, a loopback
@@ -203,7 +203,7 @@ async fn drover_stop_reaps_the_spare() {
     assert_eq!(left, Vec::<String>::new());
 }
 
-/// Issue 15, "a lean worker start": the `drover` binary every turn's worker runs is linked at a
+/// A lean worker start: the `drover` binary every turn's worker runs is linked at a
 /// fixed address (`crates/cli/build.rs`, `-no-pie`), so the loader has no relative relocations
 /// to apply at each start. The ELF header says so: type `ET_EXEC` (2), not `ET_DYN` (3, a PIE).
 #[test]
@@ -304,7 +304,7 @@ fn outbox_folders(home: &Path) -> Vec<(String, u64)> {
     folders
 }
 
-/// Issue 15 (docs/decisions.md, "Recycled outbox folders"): a finished turn's outbox folder
+/// Lean worker start (docs/decisions.md, "Recycled outbox folders"): a finished turn's outbox folder
 /// is pooled and becomes the next turn's, so turns one after another use one folder (one
 /// inode), and no frame is left in it.
 #[tokio::test]
@@ -368,7 +368,7 @@ fn cmdline(pid: u32) -> String {
         .unwrap_or_default()
 }
 
-/// Issue 15, "a lean worker start": spares are forked by one worker template (`drover worker
+/// A lean worker start: spares are forked by one worker template (`drover worker
 /// --template`), not exec'd, and are the owner's own children. A killed template costs no
 /// turn: the spare it forked still serves, the next spare is exec'd, and a new template forks
 /// the ones after.
@@ -426,8 +426,8 @@ async fn spares_are_forked_by_the_worker_template_and_a_killed_one_is_replaced()
     );
 }
 
-/// A turn that finds no spare starts a fresh worker, which the template forks too (issue 15:
-/// at 100 sessions most turns find no spare). A spare killed while waiting is replaced only
+/// A turn that finds no spare starts a fresh worker, which the template forks too
+/// (at 100 sessions most turns find no spare). A spare killed while waiting is replaced only
 /// after a pause (100 ms), so a turn claimed right after finds none.
 #[tokio::test]
 async fn a_turn_that_finds_no_spare_gets_a_forked_worker() {

@@ -1,4 +1,4 @@
-//! OpenTelemetry export end to end (issue 16, docs/telemetry.md): a real daemon and worker
+//! OpenTelemetry export end to end (docs/telemetry.md): a real daemon and worker
 //! export OTLP HTTP/protobuf to a receiver in this test, which decodes the bodies with the
 //! `opentelemetry-proto` types. One turn with a tool call is one trace across the owner and the
 //! worker, and no exported byte carries the prompt, the tool's output or a planted secret.

@@ -1,4 +1,4 @@
-//! `drover run` on a real terminal (SPEC section 8, issue 4 item 6): it shows approval prompts and
+//! `drover run` on a real terminal (SPEC section 8): it shows approval prompts and
 //! reads the answer typed at the terminal, and Ctrl-C interrupts the running turn (exit 130).
 //! The terminal is a pane of a private tmux server (`drover_test_support::tmux::Pane`).
 

@@ -1,4 +1,4 @@
-//! The CLI reads the daemon's results and events through the typed protocol (issue 11): an
+//! The CLI reads the daemon's results and events through the typed protocol: an
 //! answer that does not parse is exit 1 naming the method (or the event type) and the place,
 //! never a silent default. A stand-in daemon (a real WebSocket server on loopback, named by a
 //! real `daemon.json`) sends what no drover owner would.

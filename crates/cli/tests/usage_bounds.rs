@@ -1,4 +1,4 @@
-//! Numbers from outside are bounded (drover issue 8, part 2): a model endpoint that reports
+//! Numbers from outside are bounded: a model endpoint that reports
 //! absurd usage, or a ledger that already holds a REAL or negative token count, never breaks
 //! `session.list`, `drover sessions`, `session.resume` or the session's next turn.
 

@@ -1,4 +1,4 @@
-//! A worker cannot write into another session (drover issue 8, part 4): each worker pipe is
+//! A worker cannot write into another session: each worker pipe is
 //! bound to its execution, and outbox files hold no secret. Real daemon, real workers (wrapped
 //! by `drover-worker-relay`, which learns each execution's secret from its bootstrap, as a
 //! hostile worker might), real SQLite.

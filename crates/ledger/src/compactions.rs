@@ -1,4 +1,4 @@
-//! `compactions` rows (issue 14): a summary of a session's older history, written whole by one
+//! `compactions` rows: a summary of a session's older history, written whole by one
 //! `compaction.record` persist, so a crash leaves either the row or nothing. A turn's history
 //! starts at the session's latest compaction: its summary, then the messages after
 //! `last_message_id`. The transcript (`messages`) is never changed by a compaction.

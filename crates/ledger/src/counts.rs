@@ -1,4 +1,4 @@
-//! Token and call counts as stored (drover issue 8): non-negative integers of at most
+//! Token and call counts as stored: non-negative integers of at most
 //! [`TOKEN_COUNT_MAX`], summed with saturation, so no sum overflows SQLite's 64-bit integer
 //! into a REAL.
 //!

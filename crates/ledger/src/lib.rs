@@ -67,7 +67,7 @@ pub use prompts::{PromptResponse, PromptRow};
 pub use sessions::{NewSession, SessionRow, SessionSandbox, SessionSummary, StoredMcpServer};
 pub use turns::{Admitted, Claim, Recovery, Settlement};
 
-/// The ledger connection's page cache bound, KiB (issue 14, "flat costs"). A turn reads the
+/// The ledger connection's page cache bound, KiB ("flat costs"). A turn reads the
 /// indexes, the session's rows and the history since the latest compaction once; SQLite's
 /// default of 2000 KiB only fills over the first dozens of turns of a long session with
 /// pages read once, which the kernel's page cache holds as well. About 1.5 MB less of the
@@ -276,7 +276,7 @@ impl Ledger {
         conn.pragma_update(None, "foreign_keys", "ON")?;
         // Statement journals and sorts stay in memory: a settle's statement journal passes
         // SQLite's 64 KiB spill size, and on disk it was a file created in /var/tmp, written
-        // and deleted every turn (issue 15).
+        // and deleted every turn.
         conn.pragma_update(None, "temp_store", "MEMORY")?;
         // A negative size is KiB (SQLite's default is 2000).
         conn.pragma_update(None, "cache_size", -PAGE_CACHE_KIB)?;
@@ -459,7 +459,7 @@ mod tests {
         );
     }
 
-    /// Issue 14, "flat costs": the queries a turn (and the watchdog between turns) runs find
+    /// Flat costs: the queries a turn (and the watchdog between turns) runs find
     /// their rows through an index, never by reading a table that grows with every turn ever
     /// run. The SQL is that of `messages.rs`, `turns.rs`, `persist.rs`, `prompts.rs` and
     /// `processes.rs`.
@@ -533,7 +533,7 @@ mod tests {
         assert_eq!(pragma("temp_store"), "Integer(2)", "MEMORY");
     }
 
-    /// Opening an up-to-date ledger writes nothing before the epoch bump (issue 15: rewriting
+    /// Opening an up-to-date ledger writes nothing before the epoch bump (rewriting
     /// `application_id` cost a commit and two fsyncs at every daemon start): the migration
     /// check passes on a read-only connection.
     #[test]

@@ -34,7 +34,7 @@ fn cut_args(arguments: &str) -> Value {
     Value::String(cut(arguments, ev::TOOL_EVENT_FIELD_MAX))
 }
 
-/// What a new turn is sent of a session's past (SPEC section 4; issue 14): the latest
+/// What a new turn is sent of a session's past (SPEC section 4): the latest
 /// compaction and the messages after it, in order, without the messages of lost (`unknown`)
 /// turns.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -58,7 +58,7 @@ pub(crate) fn history_in(
     // A message's admission is one of its own session's (a turn's execution, or a child's
     // reservation, appends to the session its admission targets), so the session's lost
     // admissions are found once through `admissions_unknown` (usually none) instead of by a
-    // lookup per message (issue 15: a long session's bootstrap read every admission again).
+    // lookup per message (a long session's bootstrap read every admission again).
     let mut stmt = tx.prepare_cached(
         "SELECT m.id, m.role, m.content, m.tool_call_id, m.tool_calls, m.tool_name
          FROM messages m
@@ -227,7 +227,7 @@ mod tests {
     use crate::testing;
 
     /// A history leaves out exactly the messages of the session's lost (`unknown`) turns:
-    /// those with no admission, and those of other admissions, stay (issue 15 rewrote the query
+    /// those with no admission, and those of other admissions, stay (the lean-worker-start work rewrote the query
     /// around `admissions_unknown`).
     #[test]
     fn a_history_leaves_out_only_the_messages_of_lost_turns() {

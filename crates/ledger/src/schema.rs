@@ -183,13 +183,13 @@ CREATE TABLE session_jobs (
 );
 CREATE INDEX session_jobs_by_session ON session_jobs(session_id, created_at);
 "#,
-    // The sandbox (issue 13): the `[sandbox]` settings a session froze at `session.create`,
+    // The sandbox: the `[sandbox]` settings a session froze at `session.create`,
     // as JSON (`SessionSandbox`). NULL in a row made before this migration: it reads as the
     // defaults of now (`workspace-write`, no extra roots, network open, not required).
     r#"
 ALTER TABLE sessions ADD COLUMN sandbox TEXT;
 "#,
-    // Long sessions (issue 14): a summary of a session's older history, written whole by one
+    // Long sessions: a summary of a session's older history, written whole by one
     // `compaction.record`; later histories start at the latest one. `context_window` is the
     // window the endpoint reported for the session's model (NULL until a turn asked).
     r#"
@@ -211,14 +211,14 @@ CREATE TABLE compactions (
 CREATE INDEX compactions_session ON compactions(session_id, id);
 ALTER TABLE sessions ADD COLUMN context_window INTEGER;
 "#,
-    // On-demand compaction (issue 14): what an admission asks for. `input` (a turn on its
+    // On-demand compaction: what an admission asks for. `input` (a turn on its
     // text; every row made before this migration) or `compact` (`session.compact`: a
     // compaction-only turn, which stores no user message).
     r#"
 ALTER TABLE session_admissions ADD COLUMN kind TEXT NOT NULL DEFAULT 'input'
     CHECK (kind IN ('input','compact'));
 "#,
-    // Flat costs (issue 14): no query of a turn's path scans a table that grows with every turn
+    // Flat costs: no query of a turn's path scans a table that grows with every turn
     // ever run. A claim looks up a reserved (`registered`) child execution and the watchdog the
     // live ones by status, a `tool.complete` its call's arguments among the turn's messages, a
     // settle the execution's open prompts, a bootstrap the session's background processes.
@@ -228,7 +228,7 @@ CREATE INDEX messages_admission ON messages(admission_id, id);
 CREATE INDEX prompts_execution ON prompts(execution_id, sequence);
 CREATE INDEX processes_session ON background_processes(session_id, started_at);
 "#,
-    // Issue 15: a bootstrap reads a session's history without looking up every message's
+    // Lean worker start: a bootstrap reads a session's history without looking up every message's
     // admission; it excludes the messages of the session's lost (`unknown`) turns, found
     // through this index of only those admissions.
     r#"
@@ -277,7 +277,7 @@ pub fn migrate(conn: &mut Connection) -> Result<(), LedgerError> {
         )));
     }
     // Up to date: no write. (Setting `application_id` to the value it has still rewrites
-    // page 1, a commit and two fsyncs at every daemon start; issue 15.)
+    // page 1, a commit and two fsyncs at every daemon start; the lean-worker-start work.)
     if version == current_version() && app_id == APPLICATION_ID {
         return Ok(());
     }

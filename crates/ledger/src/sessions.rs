@@ -65,7 +65,7 @@ pub struct StoredMcpServer {
     pub tool_timeout_s: u64,
 }
 
-/// The `[sandbox]` settings a session freezes at `session.create` (issue 13), stored as JSON
+/// The `[sandbox]` settings a session freezes at `session.create`, stored as JSON
 /// in `sessions.sandbox`. `[sandbox.env]` is not among them: its values may be secrets the
 /// user hands to tools, so each turn reads it from the config.
 ///
@@ -233,7 +233,7 @@ fn raw_session(r: &Row<'_>) -> rusqlite::Result<RawSession> {
 }
 
 /// A listed row that could not be read at all (a column of the wrong type): its id, when that
-/// much reads, and why the rest did not (drover issue 8: one bad row never fails a listing).
+/// much reads, and why the rest did not (one bad row never fails a listing).
 fn unreadable_session(r: &Row<'_>, error: &rusqlite::Error) -> SessionRow {
     let text = |i: usize| match r.get_ref(i) {
         Ok(rusqlite::types::ValueRef::Text(t)) => String::from_utf8_lossy(t).into_owned(),

@@ -2,7 +2,7 @@
 //!
 //! `Connection::execute` and `Connection::query_row` compile their SQL on every call. A turn
 //! runs a few dozen statements, and compiling them was about a tenth of the ledger thread's
-//! CPU per warm turn (issue 15). These helpers take the same arguments and run the statement
+//! CPU per warm turn. These helpers take the same arguments and run the statement
 //! cached by its text (an LRU of [`STATEMENT_CACHE`] entries per connection), so every
 //! statement of the hot path is compiled once per connection. A `Transaction` is a
 //! `Connection` by `Deref`, so both have them.

@@ -179,7 +179,7 @@ pub fn may_claim(lease_held: bool, has_unknown: bool) -> bool {
     !lease_held && !has_unknown
 }
 
-/// Where a session stands, as `session.list` reports it (drover issue 12): the protocol's
+/// Where a session stands, as `session.list` reports it: the protocol's
 /// type, which this module computes from ledger facts ([`session_state`]).
 pub use drover_protocol::client::SessionState;
 

@@ -121,7 +121,7 @@ impl Ledger {
         )
     }
 
-    /// Admits a compaction of the session's history (`session.compact`, issue 14): a queued
+    /// Admits a compaction of the session's history (`session.compact`): a queued
     /// admission of kind `compact`, idempotent on `input_id` like [`Ledger::admit`].
     pub fn admit_compaction(
         &mut self,
@@ -746,7 +746,7 @@ pub(crate) fn settle_turn(
         [execution_id],
         |r| Ok((r.get(0)?, r.get(1)?)),
     )?;
-    // Read into range: a bad stored sum never keeps a turn from settling (drover issue 8).
+    // Read into range: a bad stored sum never keeps a turn from settling.
     let [it, ot, tt, calls] = crate::counts::read_counts(
         tx,
         "SELECT input_tokens, output_tokens, total_tokens, api_calls

@@ -164,7 +164,7 @@ pub enum ModelError {
     Config(String),
     /// The server refused the request as longer than the model's context window (HTTP 400
     /// with code `context_length_exceeded`, or a message that says so). Not retried as is:
-    /// the agent loop compacts and retries once (issue 14).
+    /// the agent loop compacts and retries once.
     #[error(
         "context_exceeded: the model endpoint refused the request as over its context window: {0}"
     )]
@@ -201,7 +201,7 @@ pub trait ChatModel: Send + Sync {
         on_delta: &mut (dyn for<'d> FnMut(&'d str) + Send),
     ) -> Result<Completion, ModelError>;
 
-    /// The model's context window as the endpoint reports it (issue 14: `GET
+    /// The model's context window as the endpoint reports it (`GET
     /// {base_url}/models`).
     async fn context_window(&self) -> WindowLookup {
         WindowLookup::NotReported
@@ -238,7 +238,7 @@ impl ModelClient {
     }
 
     /// A client over `http`, an HTTP client built before the config was known
-    /// ([`http_client`]: a spare worker builds it while it waits for its turn, issue 15). The
+    /// ([`http_client`]: a spare worker builds it while it waits for its turn). The
     /// request timeout is set on each request, so `http` carries none of the config.
     pub fn with_http(config: ModelConfig, http: HttpClient) -> Result<Self, ModelError> {
         let endpoint = endpoint_url(&config.base_url)?;
@@ -454,7 +454,7 @@ impl ChatModel for ModelClient {
         on_delta: &mut (dyn for<'d> FnMut(&'d str) + Send),
     ) -> Result<Completion, ModelError> {
         use tracing::field::Empty;
-        // Issue 16 (docs/telemetry.md): one span per request, retries included. Counts and
+        // Telemetry (docs/telemetry.md): one span per request, retries included. Counts and
         // reasons only: never the messages or the key.
         let span = tracing::info_span!(
             "model.request",
@@ -508,7 +508,7 @@ fn signed(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
-/// `elapsed` in whole milliseconds, as a span's integer field (issue 16, docs/telemetry.md):
+/// `elapsed` in whole milliseconds, as a span's integer field (docs/telemetry.md):
 /// this crate's `model.request` span and the agent's `tool.call` span.
 pub fn span_millis(elapsed: Duration) -> i64 {
     i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX)

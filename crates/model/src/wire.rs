@@ -139,7 +139,7 @@ static LOGGED_NOT_A_COUNT: AtomicBool = AtomicBool::new(false);
 /// A usage count as drover keeps it: a non-negative integer of at most [`TOKEN_COUNT_MAX`].
 /// Larger numbers are clamped to it; a fraction is cut to its integer part; a negative number
 /// or a non-number counts as not reported (`None`). The first count clamped, and the first
-/// one dropped, is logged (drover issue 8).
+/// one dropped, is logged.
 fn token_count(field: &str, value: Option<&Value>) -> Option<u64> {
     let value = value.filter(|v| !v.is_null())?;
     let number = value.as_number();

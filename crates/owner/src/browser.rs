@@ -1,4 +1,4 @@
-//! How a browser logs in to the dashboard (issue 16) without weakening the API (SPEC section 1).
+//! How a browser logs in to the dashboard without weakening the API (SPEC section 1).
 //!
 //! `drover ui` asks for a one-time code over its bearer-token connection (`ui.login_code`).
 //! `GET /ui/login?code=<code>` spends the code (once, within [`LOGIN_CODE_TTL`]) for a login

@@ -41,10 +41,10 @@ pub struct Config {
     /// `[jobs]`: the runner's dispatch rules.
     #[serde(default)]
     pub jobs: JobsSection,
-    /// `[sandbox]`: how tool processes are confined (issue 13, `docs/sandbox.md`).
+    /// `[sandbox]`: how tool processes are confined (`docs/sandbox.md`).
     #[serde(default)]
     pub sandbox: SandboxSection,
-    /// `[telemetry]` (issue 16, docs/telemetry.md): read once at daemon start.
+    /// `[telemetry]` (docs/telemetry.md): read once at daemon start.
     #[serde(default)]
     pub telemetry: TelemetrySection,
 }
@@ -73,7 +73,7 @@ pub struct ModelSection {
     pub stall_timeout_s: u64,
     /// drover extra: model requests per turn at most.
     pub max_steps: u32,
-    /// The model's context window in tokens (issue 14); 0 (the default) asks the endpoint's
+    /// The model's context window in tokens; 0 (the default) asks the endpoint's
     /// `GET /models`, else assumes 128000. Frozen per session.
     pub context_window: u64,
     /// The share of the window a request may fill before older history is compacted
@@ -114,7 +114,7 @@ impl ModelSection {
         }
     }
 
-    /// The context budget a new session freezes (issue 14).
+    /// The context budget a new session freezes.
     pub fn context(&self) -> ContextBudget {
         ContextBudget {
             context_window: self.context_window,
@@ -247,7 +247,7 @@ pub struct DaemonSection {
     /// the foreground never idle-exits.
     #[serde(default = "default_idle_exit")]
     pub idle_exit_s: f64,
-    /// The most bytes of UTF-8 a `prompt.submit` `text` may have (issue 14; default 1 MiB);
+    /// The most bytes of UTF-8 a `prompt.submit` `text` may have (default 1 MiB);
     /// a longer one is `invalid_params` naming `text` and nothing is admitted. At least 1.
     #[serde(default = "default_max_input_bytes")]
     pub max_input_bytes: u64,
@@ -422,7 +422,7 @@ impl TelemetrySection {
     }
 }
 
-/// `[sandbox]` (issue 13, `docs/sandbox.md`). `mode`, `writable_roots`, `network` and
+/// `[sandbox]` (`docs/sandbox.md`). `mode`, `writable_roots`, `network` and
 /// `required` are frozen per session at `session.create`; `[sandbox.env]` is read at each turn.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]

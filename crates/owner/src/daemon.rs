@@ -50,7 +50,7 @@ pub fn run_daemon(home: &Path, start: DaemonStart) -> Exit {
         ready,
         acp,
     } = start;
-    // Before any thread starts (issue 14): the owner's memory stays flat as sessions grow.
+    // Before any thread starts: the owner's memory stays flat as sessions grow.
     drover_tools::platform::limit_malloc_arenas(OWNER_MALLOC_ARENAS);
     if let Err(e) = prepare_home(home) {
         eprintln!("drover daemon: cannot create home {}: {e}", home.display());
@@ -76,7 +76,7 @@ pub fn run_daemon(home: &Path, start: DaemonStart) -> Exit {
         eprintln!("drover daemon: {why}");
         return Exit::Failed;
     }
-    // Issue 16: the exporters are built before any runtime (their HTTP client blocks); the
+    // Telemetry: the exporters are built before any runtime (their HTTP client blocks); the
     // config is read here for `[telemetry]` only, and read again (and refused if bad) below.
     let settings = Config::load(home)
         .map(|c| c.telemetry.settings())
@@ -96,7 +96,7 @@ pub fn run_daemon(home: &Path, start: DaemonStart) -> Exit {
             "exporting telemetry over OTLP"
         );
     }
-    // Issue 13: no tool may read the owner's `/proc/<pid>/environ` (the API key), `mem` or
+    // Sandbox: no tool may read the owner's `/proc/<pid>/environ` (the API key), `mem` or
     // `fd` (the ledger, the token).
     if let Err(e) = drover_tools::platform::set_non_dumpable() {
         tracing::warn!(error = %e, "cannot make the owner non-dumpable");
@@ -155,7 +155,7 @@ fn init_logging(home: &Path, telemetry: Option<&drover_telemetry::Telemetry>) {
                     meta.target() != REFUSAL
                 })),
         )
-        // Issue 16: one more layer; the logs above are unchanged.
+        // Telemetry: one more layer; the logs above are unchanged.
         .with(telemetry.map(|t| t.layer()))
         .try_init();
 }

@@ -1,4 +1,4 @@
-//! The web dashboard (issue 16): `/ui`, static files embedded in the binary, and
+//! The web dashboard: `/ui`, static files embedded in the binary, and
 //! `/ui/login`, which spends a one-time code for a login credential ([`crate::browser`]).
 //!
 //! The page is a plain ES module that speaks the same JSON-RPC over `/v1/ws` as every other

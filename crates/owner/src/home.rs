@@ -49,7 +49,7 @@ pub fn prepare_home(home: &Path) -> std::io::Result<()> {
 /// too (older drovers look only there) and holds the owner's pid, written whole and renamed
 /// into place, so no reader ever sees it empty (not fsync'd: the pid is a hint for when the
 /// kernel's lock table cannot be read, and after a machine crash no owner holds the lock,
-/// whatever the file says; one fsync less at every start, issue 15). The holder of a refused lock is named from
+/// whatever the file says; one fsync less at every start). The holder of a refused lock is named from
 /// the kernel's lock table, which knows it from the instant the lock is taken.
 ///
 /// A lock whose taker is dead is not an owner: a `flock` belongs to the open file, and a

@@ -42,7 +42,7 @@ pub struct ConnHandle {
     pub overflow: CancellationToken,
 }
 
-/// How a connection authenticated at upgrade (SPEC section 1; issue 16).
+/// How a connection authenticated at upgrade (SPEC section 1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Credential {
     /// `Authorization: Bearer <token>`, without an `Origin`.
@@ -408,8 +408,7 @@ impl Hub {
         self.lock().deltas.remove(session_id);
     }
 
-    /// Sessions that are live now: a client is attached or a turn runs (issue 16,
-    /// `drover.sessions.live`).
+    /// Sessions that are live now: a client is attached or a turn runs (    /// `drover.sessions.live`).
     pub fn live_sessions(&self) -> usize {
         let s = self.lock();
         let running = s
@@ -420,7 +419,7 @@ impl Hub {
         s.sessions.len() + running
     }
 
-    /// Approval and clarify prompts open in running turns (issue 16, `drover.prompts.open`).
+    /// Approval and clarify prompts open in running turns (`drover.prompts.open`).
     pub fn open_prompts(&self) -> usize {
         self.lock().turns.values().map(|t| t.prompts.len()).sum()
     }

@@ -1,6 +1,6 @@
 //! The session's jobs in `session.resume` (SPEC sections 3 and 6): each `session_jobs` row
 //! with the job's status as its registry holds it now; and the home registry's jobs for
-//! `job.list` and `job.events` (issue 16, the dashboard), read the same way.
+//! `job.list` and `job.events` (the dashboard), read the same way.
 //!
 //! The registry is read outside the ledger thread, and only read: a registry that is gone,
 //! unreadable or no longer holds the job gives the row with an `error` field, and never

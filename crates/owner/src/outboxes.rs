@@ -1,7 +1,7 @@
 //! Workers' outbox folders, `<home>/outbox/<execution_id>/` (SPEC section 4), around their
 //! workers: removed or recycled once a worker is reaped, and handed to the next claimed turn.
 //!
-//! Issue 15: a turn used to create its outbox folder and a frame file and delete both at its
+//! Lean worker start: a turn used to create its outbox folder and a frame file and delete both at its
 //! end. On a file system without a journal (this project's test machines: ext4 without one)
 //! every new inode then skips, one by one, each inode deleted in the last 30 seconds, so at
 //! 100 sessions x 10 prompts a fifth of the CPU went to that scan. A worker now leaves its

@@ -206,7 +206,7 @@ async fn session_create(
             .map(|d| d.display().to_string())
             .unwrap_or_else(|_| "/".into()),
     };
-    // Tools cannot see the home (issue 13), so a session working inside it could run no tool.
+    // Tools cannot see the home, so a session working inside it could run no tool.
     if cfg.sandbox.mode != SandboxMode::Off && inside(Path::new(&cwd), &owner.home) {
         return Err(OwnerError::invalid(
             "cwd",
@@ -753,7 +753,7 @@ async fn admit(
     request: AdmitRequest,
 ) -> Result<wire::AdmissionReceipt, OwnerError> {
     let session_id = request.session_id.clone();
-    // Issue 16: the admission's trace begins here (docs/telemetry.md).
+    // Telemetry: the admission's trace begins here (docs/telemetry.md).
     let input_id = request.input_id.clone();
     let submit = crate::telemetry::submit_span(&session_id, &input_id);
     let row = {
@@ -1143,7 +1143,7 @@ fn mcp_toolsets(owner: &Owner, toolsets: &[String]) -> Vec<String> {
         .collect()
 }
 
-/// `ui.login_code` (issue 16): a one-time code for `/ui/login`. Only a bearer-token client
+/// `ui.login_code`: a one-time code for `/ui/login`. Only a bearer-token client
 /// (`drover ui`) may ask: a browser logged in by cookie cannot mint logins for others.
 fn ui_login_code(owner: &Owner, conn: &ConnHandle) -> Result<wire::UiLoginCode, OwnerError> {
     if conn.credential != Credential::Bearer {
@@ -1179,7 +1179,7 @@ fn registry_error(e: drover_jobs::JobError) -> OwnerError {
     }
 }
 
-/// `job.list` (issue 16): read off the runtime's threads, never written.
+/// `job.list`: read off the runtime's threads, never written.
 async fn job_list(owner: &Arc<Owner>) -> Result<wire::JobList, OwnerError> {
     let dir = home_registry(owner);
     let now = std::time::SystemTime::now()
@@ -1191,7 +1191,7 @@ async fn job_list(owner: &Arc<Owner>) -> Result<wire::JobList, OwnerError> {
         .map_err(registry_error)
 }
 
-/// `job.events` (issue 16).
+/// `job.events`.
 async fn job_events(
     owner: &Arc<Owner>,
     p: wire::JobEventsParams,

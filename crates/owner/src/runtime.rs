@@ -61,7 +61,7 @@ pub struct Owner {
     pub instance_id: String,
     /// Unix seconds when this owner started (`daemon.json` `started_at`).
     pub started_at: f64,
-    /// The dashboard's login codes and cookies of this start (issue 16).
+    /// The dashboard's login codes and cookies of this start.
     pub browser: BrowserAuth,
     /// The live event fan-out to attached connections.
     pub hub: Hub,
@@ -70,11 +70,11 @@ pub struct Owner {
     /// The `drover` executable to start workers with (`drover worker`).
     pub worker_exe: PathBuf,
     /// Whether `worker_exe` is this very binary, so a worker template (`worker --template`)
-    /// may fork its workers (issue 15); not for a wrapper such as `$DROVER_WORKER_EXE`.
+    /// may fork its workers; not for a wrapper such as `$DROVER_WORKER_EXE`.
     worker_forkable: bool,
-    /// The spare worker, started ahead of the next claim (issue 15).
+    /// The spare worker, started ahead of the next claim.
     pub spare: SpareSlot,
-    /// Recycled outbox folders (issue 15).
+    /// Recycled outbox folders.
     pub outboxes: OutboxPool,
     /// How many finished turns' worker logs are kept ([`Owner::prune_worker_logs`]).
     worker_logs: Arc<WorkerLogs>,
@@ -228,7 +228,7 @@ impl Owner {
         }
     }
 
-    /// Starts keeping a spare worker (call once, inside the runtime; issue 15). It is started
+    /// Starts keeping a spare worker (call once, inside the runtime). It is started
     /// from a runtime thread, which lives as long as the owner: `PR_SET_PDEATHSIG` follows the
     /// thread that started a process.
     pub fn start_spare(self: &Arc<Self>) {

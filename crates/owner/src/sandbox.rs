@@ -1,4 +1,4 @@
-//! The owner's side of the sandbox (issue 13, `docs/sandbox.md`): what the kernel offers
+//! The owner's side of the sandbox (`docs/sandbox.md`): what the kernel offers
 //! (probed once at daemon start), the `policy.sandbox` each worker gets, and
 //! `session.resume`'s `info.confinement`. Pure functions over the session's frozen
 //! [`SessionSandbox`] and the probe, so what is claimed is computed in one place.

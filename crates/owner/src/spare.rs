@@ -1,4 +1,4 @@
-//! Starting `drover worker` processes, and the spare worker (issue 15).
+//! Starting `drover worker` processes, and the spare worker.
 //!
 //! A worker process costs a few milliseconds to start (exec of the binary, its relocations and
 //! page faults, the async runtime, the model's HTTP client with its TLS roots). The owner keeps

@@ -1,4 +1,4 @@
-//! The owner's part of telemetry (issue 16, docs/telemetry.md): the spans of an admission's
+//! The owner's part of telemetry (docs/telemetry.md): the spans of an admission's
 //! life before its turn (`admission.submit`, then `admission.queue` until the claim, which the
 //! `turn` span follows in the same trace) and the gauges read from the owner's state. With
 //! telemetry off nothing here creates a span or keeps any state.

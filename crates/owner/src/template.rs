@@ -1,4 +1,4 @@
-//! The worker template (issue 15, "a lean worker start"): spares forked, not exec'd.
+//! The worker template ("a lean worker start"): spares forked, not exec'd.
 //!
 //! Exec'ing `drover worker` costs the loader, its relocations and page faults, and the
 //! worker's start-up on every turn. The owner instead starts one `drover worker --template`

@@ -96,7 +96,7 @@ pub(crate) async fn run_claimed(
     registered: Registered,
 ) {
     // Every log line of the turn, across its awaits, carries these fields.
-    // Issue 16: exported as the root of the turn's trace; the worker's spans are parented on
+    // Telemetry: exported as the root of the turn's trace; the worker's spans are parented on
     // it through the bootstrap's `traceparent`.
     let span = tracing::info_span!(
         "turn",
@@ -178,7 +178,7 @@ fn policy(owner: &Owner, claim: &Claim) -> Policy {
 
 /// The session's frozen context budget (the daemon's `[model]` settings of now for a session
 /// that froze none), with the window an earlier turn found at the endpoint when the session
-/// fixed none (issue 14).
+/// fixed none.
 fn context_budget(owner: &Owner, claim: &Claim) -> ContextBudget {
     let mut budget = frozen_context(owner, &claim.session.model_config);
     if budget.context_window == 0 {
@@ -228,7 +228,7 @@ fn worker_log(owner: &Owner, execution_id: &str) -> std::path::PathBuf {
 }
 
 /// The spare worker for the claim's turn if there is a live one whose environment is right
-/// for it now, its log renamed to the execution's; else a fresh worker (issue 15).
+/// for it now, its log renamed to the execution's; else a fresh worker.
 async fn spare_or_fresh(owner: &Owner, execution_id: &str) -> std::io::Result<StartedWorker> {
     let log = worker_log(owner, execution_id);
     let command = owner.worker_command();
@@ -416,7 +416,7 @@ async fn supervise(owner: Arc<Owner>, mut claim: Claim, secret: Secret, register
     owner.prune_worker_logs(true);
 }
 
-/// Issue 16: the turn's outcome on its span and its latency in `drover.turn.duration`.
+/// Telemetry: the turn's outcome on its span and its latency in `drover.turn.duration`.
 /// (`drover.turns` is counted at settlement, [`count_settlement`].)
 fn record_turn_end(outcome: &str, claimed: std::time::Instant) {
     tracing::Span::current().record("outcome", outcome);
@@ -426,7 +426,7 @@ fn record_turn_end(outcome: &str, claimed: std::time::Instant) {
     );
 }
 
-/// Issue 16: `drover.turns` by outcome, or `drover.turns.unknown` for a lost turn.
+/// Telemetry: `drover.turns` by outcome, or `drover.turns.unknown` for a lost turn.
 fn count_settlement(outcome: &str) {
     let metrics = drover_telemetry::metrics();
     if outcome == "unknown" {
@@ -981,7 +981,7 @@ impl WorkerPipe {
         let mcp_status = (operation == op::MCP_STATUS)
             .then(|| serde_json::from_value::<McpServerStatus>(frame.payload.clone()).ok())
             .flatten();
-        // Issue 16: one span per persist operation, only when telemetry is on (persists are
+        // Telemetry: one span per persist operation, only when telemetry is on (persists are
         // the hot path of a turn).
         let span = if drover_telemetry::enabled() {
             tracing::info_span!(
@@ -1134,7 +1134,7 @@ async fn lose_turn(owner: &Arc<Owner>, execution_id: &str) -> bool {
     false
 }
 
-/// Issue 16: `drover.tokens` from a `usage.add` payload (the ledger checks the payload; a bad
+/// Telemetry: `drover.tokens` from a `usage.add` payload (the ledger checks the payload; a bad
 /// one counts nothing here).
 fn count_tokens(payload: &Value) {
     let tokens = drover_telemetry::metrics();

@@ -1,4 +1,4 @@
-//! A worker process and its pipes, however it was started (issue 15): exec'd as
+//! A worker process and its pipes, however it was started: exec'd as
 //! `<exe> worker` ([`StartedWorker::start`]) or forked by the worker template
 //! (the `template` module); held as a [`WorkerProcess`] either way.
 //!
@@ -128,7 +128,7 @@ pub(crate) fn worker_environment(cmd: &mut Command, without_env: &BTreeSet<Strin
     for name in without_env {
         cmd.env_remove(name);
     }
-    // Issue 16: the worker exports to the owner's endpoint (its trace context comes in the
+    // Telemetry: the worker exports to the owner's endpoint (its trace context comes in the
     // bootstrap, so a spare started before the turn joins the turn's trace).
     if let Some(endpoint) = drover_telemetry::endpoint() {
         cmd.env(drover_telemetry::OTLP_ENDPOINT_ENV, endpoint);

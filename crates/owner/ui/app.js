@@ -1,4 +1,4 @@
-// drover's web dashboard (issue 16). A plain ES module: it speaks the same JSON-RPC 2.0 over
+// drover's web dashboard. A plain ES module: it speaks the same JSON-RPC 2.0 over
 // `/v1/ws` as every other client (docs/protocol.md), logged in by the credential `/ui/login`
 // hands over in the URL's fragment (kept in this origin's storage, offered as a subprotocol).
 // Views: sessions, one session, jobs, one job, background processes, MCP servers.

@@ -1,4 +1,4 @@
-//! Confinement of tool processes (issue 13, `docs/sandbox.md`): what the kernel offers
+//! Confinement of tool processes (`docs/sandbox.md`): what the kernel offers
 //! ([`probe`]), and the steps a tool process takes between fork and exec ([`Plan`]).
 //!
 //! A [`Plan`] is built in the parent from a [`Spec`]: every allocation happens there (the

@@ -1,4 +1,4 @@
-//! Forking workers from a prepared template (issue 15, "a lean worker start").
+//! Forking workers from a prepared template ("a lean worker start").
 //!
 //! Starting `drover worker` by exec costs its loader, relocations, page faults and start-up
 //! on every turn. A *template* is one `drover worker --template` process, started by exec

@@ -39,7 +39,7 @@
 //!
 //! - [`fork`]: a single-threaded template forks workers as its parent's children
 //!   ([`fork::fork_sibling`]), held by pidfd ([`fork::ProcessHandle`]); descriptors passed over
-//!   a socket pair ([`fork::FdChannel`]) (issue 15).
+//!   a socket pair ([`fork::FdChannel`]).
 //!
 //! - [`open`]: the file tools open a path without following `/proc` magic links and tell what
 //!   they opened by `fstat` of the descriptor ([`open::open_for_reading`]).
@@ -47,7 +47,7 @@
 //! Layers: `confine`, `fork` and `open` (leaves: they use nothing of this file) < the process
 //! functions of this file.
 
-// The one crate allowed `unsafe` (issue 10): each block below states its invariant.
+// The one crate allowed `unsafe`: each block below states its invariant.
 #![allow(unsafe_code)]
 
 pub mod confine;
@@ -231,7 +231,7 @@ pub fn default_pipe_signal() -> io::Result<()> {
 /// thread that meets contention an arena of its own, and each keeps the high-water mark of
 /// what its threads once allocated: in the owner, a turn's history and bootstrap buffers are
 /// allocated on whichever thread runs that step, so after some turns every arena holds about
-/// one turn's worth (issue 14, "flat costs"). Call it first thing, before any thread starts.
+/// one turn's worth ("flat costs"). Call it first thing, before any thread starts.
 /// Returns whether the cap was set; a no-op (false) where the C library is not glibc.
 pub fn limit_malloc_arenas(arenas: i32) -> bool {
     if std::env::var_os("MALLOC_ARENA_MAX").is_some() {
@@ -253,7 +253,7 @@ pub fn limit_malloc_arenas(arenas: i32) -> bool {
 
 /// Gives the C library's free memory back to the kernel (glibc's `malloc_trim(0)`): the worker
 /// template does it before it forks, so its children share fewer pages that a write would copy
-/// (issue 15). Returns whether memory was released; a no-op (false) where the C library is not
+///. Returns whether memory was released; a no-op (false) where the C library is not
 /// glibc.
 pub fn release_free_memory() -> bool {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
@@ -269,7 +269,7 @@ pub fn release_free_memory() -> bool {
 }
 
 /// Makes the calling process non-dumpable (`PR_SET_DUMPABLE` 0): its `/proc/<pid>/environ`,
-/// `mem` and `fd` then need `CAP_SYS_PTRACE` over it, which no tool process has (issue 13: a
+/// `mem` and `fd` then need `CAP_SYS_PTRACE` over it, which no tool process has (a
 /// tool cannot read the owner's or the worker's secrets). Reset by `execve`, so the tools a
 /// worker starts are not affected.
 pub fn set_non_dumpable() -> io::Result<()> {
@@ -323,7 +323,7 @@ pub fn kill_session_groups(sid: i32) -> usize {
 /// Names the calling thread (`PR_SET_NAME`, at most 15 bytes; longer is cut). On the main
 /// thread this is the process's `comm`, as `ps`, `top` and `/proc/<pid>/stat` show it: the
 /// worker is `drover-spare` while it waits for its bootstrap and `drover-worker` once it has a
-/// turn (issue 15), so a spare is told apart from a turn's worker from outside.
+/// turn, so a spare is told apart from a turn's worker from outside.
 pub fn set_thread_name(name: &str) -> io::Result<()> {
     let mut bytes: Vec<u8> = name.bytes().filter(|b| *b != 0).take(15).collect();
     bytes.push(0);

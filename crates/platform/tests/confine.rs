@@ -1,6 +1,6 @@
 // Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-//! The confinement steps on real processes (issue 13): each test runs a command under a plan
+//! The confinement steps on real processes: each test runs a command under a plan
 //! and checks the kernel refuses what it must, and that the same command without that layer
 //! succeeds (so the test fails when the layer is switched off).
 //!

@@ -785,7 +785,7 @@ pub struct SessionInfo {
     pub toolsets: Vec<String>,
     /// Its title.
     pub title: Option<String>,
-    /// What confines its tools (issue 13); absent from a daemon older than the sandbox.
+    /// What confines its tools; absent from a daemon older than the sandbox.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub confinement: Option<crate::sandbox::Confinement>,
     /// The approval mode its next turn gets: `deny` while `config.toml` says `deny`, else the
@@ -1007,7 +1007,7 @@ pub struct ApprovalRuleRemoved {
 }
 
 // ---------------------------------------------------------------------------------------------
-// What the web dashboard (`/ui`, issue 16) asks besides the session methods. Any client may
+// What the web dashboard (`/ui`) asks besides the session methods. Any client may
 // call these (no private endpoints): `daemon.info` says which daemon start answers, so a
 // client that reconnects sees the epoch change after a restart; `ui.login_code` gives
 // `drover ui` a one-time code for `/ui/login`; `job.list` and `job.events` read the home

@@ -453,7 +453,7 @@ pub struct TurnProgress {
     pub elapsed_ms: u64,
 }
 
-/// Payload of `session.compacted`: a compaction was stored (issue 14).
+/// Payload of `session.compacted`: a compaction was stored.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct SessionCompacted {
     /// The admission whose turn compacted.

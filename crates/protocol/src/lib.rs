@@ -21,7 +21,7 @@
 //! - [`words`]: the words results and events share (admission status and outcome, approval
 //!   choices, clarify answers, open prompts).
 //! - [`sandbox`]: confinement of tool processes: the `[sandbox]` mode, the per-session policy
-//!   the worker applies, and `info.confinement` (issue 13, `docs/sandbox.md`).
+//!   the worker applies, and `info.confinement` (`docs/sandbox.md`).
 //! - [`secret`]: [`Secret`], a string whose `Debug` and `Display` print `[redacted]` (every
 //!   token, key and secret in these types).
 //! - [`mcp`]: MCP server status: the state words, one server's status, and the `mcp.status`

@@ -154,8 +154,8 @@ impl Default for ModelSettings {
     }
 }
 
-/// How much of the model's context window a turn may fill before it compacts (issue 14;
-/// `[model] context_window`, `compact_at`, `keep_recent_turns`), frozen per session.
+/// How much of the model's context window a turn may fill before it compacts
+/// (`[model] context_window`, `compact_at`, `keep_recent_turns`), frozen per session.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct ContextBudget {

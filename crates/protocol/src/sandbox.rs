@@ -1,4 +1,4 @@
-//! Confinement of tool processes (issue 13; `docs/sandbox.md`): the `[sandbox]` mode, the
+//! Confinement of tool processes (`docs/sandbox.md`): the `[sandbox]` mode, the
 //! policy the owner freezes per session and sends to the worker in its bootstrap frame, and
 //! `session.resume`'s `info.confinement`, which says what is really in force.
 //!
@@ -28,7 +28,7 @@ pub enum SandboxMode {
     WorkspaceWrite,
     /// Reads anywhere; writes nowhere but a few devices (`/dev/null` and the like).
     ReadOnly,
-    /// No confinement at all: tools run as the user, as before issue 13.
+    /// No confinement at all: tools run as the user, as before the sandbox work.
     Off,
 }
 

@@ -1,4 +1,4 @@
-//! [`Secret`]: a string that must never reach a log (issue 13): the execution secret, the
+//! [`Secret`]: a string that must never reach a log: the execution secret, the
 //! bearer token, API keys, MCP server environment values.
 //!
 //! `Debug` and `Display` print `[redacted]`, so a `?policy` in a log line or a `{}` in an

@@ -20,7 +20,7 @@ pub enum AdmissionStatus {
     Terminal,
 }
 
-/// What an admission asks for (`session_admissions.kind`, issue 14): a turn on an input
+/// What an admission asks for (`session_admissions.kind`): a turn on an input
 /// (`prompt.submit`), or a compaction of the session's history (`session.compact`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]

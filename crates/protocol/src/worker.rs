@@ -25,7 +25,7 @@ pub const MAX_FRAME_BYTES: usize = 4 * 1024 * 1024;
 /// How a spare file in a worker's outbox folder is named: this, then a number. A worker turns
 /// an answered frame file into an empty spare file instead of deleting it and reuses it for a
 /// later frame; the owner recycles a finished worker's folder that holds only spare files for
-/// a later turn (issue 15: no inode is created or deleted per turn; docs/decisions.md,
+/// a later turn (no inode is created or deleted per turn; docs/decisions.md,
 /// "Recycled outbox folders").
 pub const OUTBOX_SPARE_PREFIX: &str = ".spare-";
 
@@ -33,7 +33,7 @@ pub const OUTBOX_SPARE_PREFIX: &str = ".spare-";
 /// files a folder the owner recycles may hold.
 pub const OUTBOX_SPARES_MAX: usize = 4;
 
-/// The owner's messages with its worker template (issue 15, "a lean worker start"): one
+/// The owner's messages with its worker template ("a lean worker start"): one
 /// `SOCK_SEQPACKET` message each way per spare. The owner sends [`template::FORK_REQUEST`] with
 /// [`template::REQUEST_FDS`] descriptors (the spare's stdin, stdout and stderr); the template
 /// answers with a [`template::ForkReply`], with the spare's pidfd attached when it forked one.
@@ -135,7 +135,7 @@ pub enum OwnerFrame {
     /// follow at once, before any other frame.
     Bootstrap(Box<BootstrapHead>),
     /// The execution's whole [`BootstrapBody`] as a JSON object, when its frame fits in
-    /// [`MAX_FRAME_BYTES`] (the head then announces one part). Issue 15: a body sent as text
+    /// [`MAX_FRAME_BYTES`] (the head then announces one part). Lean worker start: a body sent as text
     /// parts is escaped by the owner and unescaped by the worker, a cost that grows with the
     /// session's history on every turn. Read with [`BodyFrame`].
     BootstrapBody {
@@ -272,11 +272,11 @@ pub struct Policy {
     /// toolset's wire (SPEC section 7, "Wire settings"; `$DROVER_MQTT_URL` still wins).
     #[serde(default)]
     pub jobs_wire: JobsWire,
-    /// How every tool process of the turn is confined (issue 13, `docs/sandbox.md`); an owner
+    /// How every tool process of the turn is confined (`docs/sandbox.md`); an owner
     /// that sends none means `off`.
     #[serde(default)]
     pub sandbox: crate::sandbox::SandboxPolicy,
-    /// The session's context budget (issue 14). Its `context_window` is the frozen
+    /// The session's context budget. Its `context_window` is the frozen
     /// `[model] context_window`, else the one an earlier turn found at the endpoint, else 0
     /// (the worker asks the endpoint when the history grows large enough to matter).
     #[serde(default)]
@@ -425,12 +425,12 @@ pub struct BootstrapHead {
     pub policy: Policy,
     /// The number of part frames that follow (at least 1).
     pub body_parts: u64,
-    /// The owner's turn span, when it exports telemetry (issue 16).
+    /// The owner's turn span, when it exports telemetry.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace: Option<TraceContext>,
 }
 
-/// Trace context handed from the owner to its worker (issue 16, docs/telemetry.md): the worker
+/// Trace context handed from the owner to its worker (docs/telemetry.md): the worker
 /// parents its spans on the owner's turn span, so a turn is one trace across both processes.
 /// Read from the bootstrap, never from the environment: a worker may be started before it
 /// knows its turn.
@@ -459,13 +459,13 @@ pub struct BootstrapBody {
     pub compaction: Option<CompactionSummary>,
     /// This turn's user text (empty for a compaction-only turn).
     pub input: String,
-    /// A compaction-only turn (`session.compact`, issue 14): summarise the history before the
+    /// A compaction-only turn (`session.compact`): summarise the history before the
     /// last `keep_recent_turns` turns, whatever the budget; no input, no tools.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub compact_only: bool,
 }
 
-/// A stored compaction as a turn's history uses it (issue 14, `compactions` rows).
+/// A stored compaction as a turn's history uses it (`compactions` rows).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CompactionSummary {
     /// The summary text: it stands for every message up to `through_message_id`.
@@ -676,7 +676,7 @@ impl<'de> Deserialize<'de> for RawBody {
 /// The bootstrap head as the worker reads it: the first frame's `type` is checked on its own,
 /// then the frame is parsed straight into a [`BootstrapHead`] (the `type` key is ignored
 /// there). Read as an internally tagged [`OwnerFrame`], the whole head (the tools' schemas
-/// above all) would first be copied into an intermediate tree (issue 15).
+/// above all) would first be copied into an intermediate tree.
 pub fn read_head(line: &[u8]) -> Result<BootstrapHead, String> {
     /// Only the `type` of a frame; every other key is skipped.
     #[derive(Deserialize)]

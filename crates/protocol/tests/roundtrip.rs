@@ -408,7 +408,7 @@ fn a_bootstrap_head_and_part_round_trip_with_the_whole_policy() {
     );
     assert_eq!(bootstrap.input, "now this");
     // Cut into frames again, the body fits in one frame: the head, then the body whole as
-    // a JSON object (issue 15: not escaped into a string).
+    // a JSON object (not escaped into a string).
     let frames = bootstrap.clone().into_frames().unwrap();
     assert_eq!(frames.len(), 2);
     assert_eq!(frames[0], OwnerFrame::Bootstrap(head.clone()));

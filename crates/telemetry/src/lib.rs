@@ -1,4 +1,4 @@
-//! OpenTelemetry export for drover (issue 16; SPEC section 1, `[telemetry]`).
+//! OpenTelemetry export for drover (SPEC section 1, `[telemetry]`).
 //!
 //! What it does: when an OTLP endpoint is set (`[telemetry] otlp_endpoint` in `config.toml`, or
 //! the standard `$OTEL_EXPORTER_OTLP_ENDPOINT`), [`Telemetry::start`] builds an OTLP

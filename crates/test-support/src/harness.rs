@@ -326,7 +326,7 @@ impl Daemon {
             .collect()
     }
 
-    /// Pids of the daemon's worker templates (process name `drover-template`; issue 15).
+    /// Pids of the daemon's worker templates (process name `drover-template`).
     pub fn template_pids(&self) -> Vec<u32> {
         children_of(self.pid())
             .into_iter()

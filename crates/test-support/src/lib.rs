@@ -29,7 +29,7 @@
 //! top.
 
 // Test code only: a helper that cannot set up its fixture (a port, a temporary folder, a
-// missing mosquitto) panics with a message, which fails the calling test (issue 10).
+// missing mosquitto) panics with a message, which fails the calling test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod acp;

@@ -1,4 +1,4 @@
-//! The import graph of each crate's top-level modules has no cycle (issue 10, "Done when").
+//! The import graph of each crate's top-level modules has no cycle ("Done when").
 //!
 //! For every crate root under `crates/*/src` (`lib.rs`, and `main.rs` as its own crate), the
 //! test walks the module tree from the root's `mod x;` declarations, and records an edge

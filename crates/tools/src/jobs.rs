@@ -128,7 +128,7 @@ fn toolkit(ctx: &ToolContext) -> Result<Toolkit, String> {
     })
 }
 
-/// Issue 16 (docs/telemetry.md): one `job.check` span per look at a job, under the tool's
+/// Telemetry (docs/telemetry.md): one `job.check` span per look at a job, under the tool's
 /// `tool.call` span: the job's status, its last event's kind and seq, and the deadline this look
 /// gave up on (`drover.job.heartbeats_missed` counts `deadline_timeout`). Never an event's
 /// detail, which is the agent's text.

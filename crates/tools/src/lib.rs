@@ -321,7 +321,7 @@ pub struct ToolContext {
     /// Where the `jobs` toolset records its jobs, and the home's wire settings.
     pub jobs: jobs::JobsAccess,
     /// How every process a tool starts is confined, and where the file tools may write
-    /// (issue 13, [`sandbox`]).
+    /// ([`sandbox`]).
     pub sandbox: sandbox::Sandbox,
 }
 

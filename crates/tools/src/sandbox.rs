@@ -1,4 +1,4 @@
-//! The sandbox of every process a tool starts (issue 13, `docs/sandbox.md`), built from the
+//! The sandbox of every process a tool starts (`docs/sandbox.md`), built from the
 //! session's [`SandboxPolicy`] (the bootstrap's `policy.sandbox`) and the worker's temp dir.
 //!
 //! - [`Sandbox::confine`] prepares a command (a `terminal` command, foreground or background):

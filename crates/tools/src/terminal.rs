@@ -144,7 +144,7 @@ impl Tool for TerminalTool {
             escalated,
             ..request
         };
-        // Issue 16: on the agent's `tool.call` span (docs/telemetry.md).
+        // Telemetry: on the agent's `tool.call` span (docs/telemetry.md).
         let span = tracing::Span::current();
         span.record(
             "sandboxed",

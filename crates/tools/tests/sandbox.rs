@@ -1,6 +1,6 @@
 // Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-//! The sandbox through the real `terminal`, `process` and file tools (issue 13): real `sh`
+//! The sandbox through the real `terminal`, `process` and file tools: real `sh`
 //! processes under a real user namespace and Landlock (this machine has both). Each refusal
 //! is checked against the same call with the sandbox off, so a test fails when its layer is
 //! switched off.

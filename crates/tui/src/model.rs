@@ -1647,7 +1647,7 @@ pub(crate) mod tests {
         let ms = |n| t0 + Duration::from_millis(n);
         let mut app = app();
         app.on_event(&ev(EventPayload::ApprovalRequest(approval(&ALL))), t0);
-        // "okay", typed as the prompt appeared (drover issue 12 trial: it stored `always`).
+        // "okay", typed as the prompt appeared (it stored `always`).
         for (i, c) in "okay".chars().enumerate() {
             assert_eq!(app.on_key_at(key(c), ms(100 + 50 * i as u64)), None, "{c}");
         }

@@ -7,11 +7,11 @@
 //! batch in sequence order (a JSON array), each without its `secret` (files 0600, directories
 //! 0700). The secret stays in memory: the journal puts the scope's secret back into every
 //! frame it loads, so no outbox file, pending, answered or left by a killed worker, ever holds
-//! it (drover issue 8: another worker of the same user could read it there).
+//! it (another worker of the same user could read it there).
 //!
 //! [`Journal::hold`] keeps a frame in memory only: it is not sent until the next
 //! [`Journal::record`], which writes it and the held frames before it as one file (temp file,
-//! rename) before any of them may be sent (issue 15: a text turn's end is one file, not three).
+//! rename) before any of them may be sent (a text turn's end is one file, not three).
 //! Files are not fsync'd: an outbox serves resends only while this worker and its owner both
 //! live (a worker whose owner died stops, and a later owner refuses an older epoch's frames),
 //! so surviving a machine crash buys nothing (docs/decisions.md, "The worker's outbox is not
@@ -19,7 +19,7 @@
 //! refusal) every frame in it and renames it to a spare file (`.spare-<n>`,
 //! [`OUTBOX_SPARE_PREFIX`]), which the next write fills and renames into place instead of
 //! creating a file; [`Journal::finish`] leaves the folder holding only spare files, for the
-//! owner to recycle for a later turn (issue 15: creating and deleting inodes is dear on a file
+//! owner to recycle for a later turn (creating and deleting inodes is dear on a file
 //! system without a journal; docs/decisions.md, "Recycled outbox folders"); the frames of a file are answered together (the owner applies
 //! a batch in one transaction, and `prompt.open` and `child.reserve`, answered late, get files
 //! of their own). [`Journal::open`] reloads every frame of the files left, so a restarted
@@ -528,7 +528,7 @@ fn load_frames(path: &Path, secret: &str) -> Result<Vec<PersistFrame>, JournalEr
 /// The spare is not opened with `O_TRUNC`: on ext4 a truncation to size 0 marks the file
 /// for `auto_da_alloc`, so the `close` after the write would start writeback of a frame file
 /// that is emptied again within milliseconds (a disk write per persist, competing with the
-/// ledger's fsyncs; issue 15).
+/// ledger's fsyncs).
 fn fill_spare(path: &Path, body: &[u8]) -> io::Result<()> {
     let mut file = OpenOptions::new()
         .write(true)
@@ -820,7 +820,7 @@ mod tests {
         names
     }
 
-    /// Issue 15: an answered file becomes an empty spare file, the next write fills it instead
+    /// Lean worker start: an answered file becomes an empty spare file, the next write fills it instead
     /// of creating a file (the same inode), and `finish` leaves only spare files, also of the
     /// frames left unanswered.
     #[test]

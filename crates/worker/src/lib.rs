@@ -7,17 +7,17 @@
 //! `state.db`. It stops at once when the owner is gone (`PR_SET_PDEATHSIG`, EOF on stdin),
 //! killing its tools' process groups.
 //!
-//! Started ahead (issue 15): the owner may start a worker before it has a turn for it (the
+//! Started ahead: the owner may start a worker before it has a turn for it (the
 //! spare). Before the bootstrap a worker does only what does not depend on the turn (owner-loss
 //! checks, the async runtime, the model's HTTP client: [`Prepared`]) and is named
 //! [`SPARE_NAME`]; once the bootstrap arrived it is [`WORKER_NAME`] and serves that one turn.
 //!
-//! Confinement (issue 13): the worker makes itself non-dumpable at start, so no tool can read
+//! Confinement: the worker makes itself non-dumpable at start, so no tool can read
 //! its `/proc/<pid>/environ`, `mem` or `fd`, and hands the tools the session's sandbox
 //! (`policy.sandbox` plus its temp dir, [`drover_tools::sandbox::Sandbox`]), which confines
 //! every process they start.
 //!
-//! Forked (issue 15): the owner may instead start one worker template (`drover worker
+//! Forked: the owner may instead start one worker template (`drover worker
 //! --template`, [`template_entry`]) that does the start-up once and forks each spare as the
 //! owner's child ([`template`]); a forked spare goes on exactly as an exec'd one.
 //!
@@ -84,14 +84,14 @@ use crate::store::{
 };
 use drover_protocol::worker::framing::{read_frame_line, FrameLine};
 
-/// The process name (`comm`) of a worker waiting for its bootstrap: a spare (issue 15).
+/// The process name (`comm`) of a worker waiting for its bootstrap: a spare.
 pub const SPARE_NAME: &str = "drover-spare";
 /// The process name (`comm`) of a worker once its bootstrap arrived: it serves a turn.
 pub const WORKER_NAME: &str = "drover-worker";
 
 /// What a worker makes before its bootstrap arrives, because it does not depend on the turn:
 /// the model's HTTP client (its TLS root store). A spare worker has it ready when the owner
-/// hands it a turn (issue 15).
+/// hands it a turn.
 #[derive(Debug)]
 pub struct Prepared {
     http: drover_model::HttpClient,
@@ -159,10 +159,10 @@ pub fn main_entry() -> Exit {
     // then make sure it has not already died.
     let original_parent = platform::parent_pid();
     let pdeathsig = platform::set_parent_death_signal(Signal::SIGTERM);
-    // Until its bootstrap arrives this process is a spare (issue 15); `ps` and tests tell
+    // Until its bootstrap arrives this process is a spare; `ps` and tests tell
     // it apart from a turn's worker by this name.
     let _ = platform::set_thread_name(SPARE_NAME);
-    // Issue 16: the owner passes its OTLP endpoint in the environment; the trace context comes
+    // Telemetry: the owner passes its OTLP endpoint in the environment; the trace context comes
     // with the bootstrap. No endpoint: no exporter, no thread.
     let telemetry = drover_telemetry::Telemetry::start(
         drover_telemetry::service::WORKER,
@@ -198,7 +198,7 @@ fn start_process(original_parent: i32, pdeathsig: std::io::Result<()>) -> bool {
         tracing::error!("{reason}; exiting");
         return false;
     }
-    // Issue 13: the execution secret and the model's key are in this process; no tool may
+    // Sandbox: the execution secret and the model's key are in this process; no tool may
     // read its /proc/<pid>/environ, mem or fd (tools run without CAP_SYS_PTRACE over it).
     if let Err(e) = platform::set_non_dumpable() {
         tracing::warn!(error = %e, "could not make the worker non-dumpable");
@@ -212,7 +212,7 @@ fn serve_turn(
     telemetry: Option<drover_telemetry::Telemetry>,
 ) -> Exit {
     // One turn's work is one conversation with the owner and the model, and its tool
-    // processes: a current-thread runtime starts no worker threads (issue 15, "a lean worker
+    // processes: a current-thread runtime starts no worker threads ("a lean worker
     // start"); blocking file work goes to the blocking pool as before.
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -228,7 +228,7 @@ fn serve_turn(
         let shutdown = CancellationToken::new();
         watch_signals(shutdown.clone());
         // Everything that does not depend on the turn is done before the bootstrap is read:
-        // a spare worker does it while it waits (issue 15, "a spare worker").
+        // a spare worker does it while it waits ("a spare worker").
         let prepared = match http {
             Some(http) => Ok(Prepared::with_http(http)),
             None => Prepared::new(),
@@ -255,7 +255,7 @@ fn serve_turn(
     exit.exit()
 }
 
-/// Runs a worker template (`drover worker --template`, issue 15): it does the start-up every
+/// Runs a worker template (`drover worker --template`): it does the start-up every
 /// worker shares once (the binary's loading, logging, the model's HTTP client), stays
 /// single-threaded, and forks a spare worker for each request on its stdin, a
 /// `SOCK_SEQPACKET` socket from the owner ([`template`]). Each forked worker is the owner's
@@ -299,7 +299,7 @@ pub fn template_entry() -> Exit {
 /// Runs the standard library's CPU feature detection in the template, so that every forked
 /// spare inherits its answers. The HTTP parser and the byte searches ask for SIMD features on
 /// their first use; asked first in each worker, the detection's `cpuid` instructions (each a
-/// trap to the hypervisor in a virtual machine) were about 5% of a turn's worker CPU (issue 15).
+/// trap to the hypervisor in a virtual machine) were about 5% of a turn's worker CPU.
 fn detect_cpu_features() {
     #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
     {
@@ -310,7 +310,7 @@ fn detect_cpu_features() {
 
 /// stdin and stdout, on which the owner's and the worker's frames travel. The owner gives a
 /// worker two pipes: they are read and written non-blocking through the runtime's reactor, as
-/// any socket (issue 15: tokio's `stdin()` and `stdout()` go through blocking threads, two
+/// any socket (tokio's `stdin()` and `stdout()` go through blocking threads, two
 /// thread starts and a hand-off per frame on every turn). Anything else (a file, a terminal)
 /// falls back to those.
 fn frame_streams() -> (
@@ -454,7 +454,7 @@ where
             .map_err(|e| e.to_string())
             .and_then(BodyFrame::piece);
         match (piece, head.body_parts) {
-            // The whole body in one frame (issue 15), the common case.
+            // The whole body in one frame, the common case.
             (Ok(BodyPiece::Whole(body)), 1) => {
                 return Ok(Bootstrap::from_head_and_body(head, body));
             }
@@ -538,7 +538,7 @@ where
         epoch = bootstrap.scope.epoch,
         input = tracing::field::Empty,
     );
-    // Issue 16: one trace per turn across both processes.
+    // Telemetry: one trace per turn across both processes.
     if let Some(trace) = &bootstrap.trace {
         drover_telemetry::set_parent(&span, &trace.traceparent);
         drover_telemetry::set_include_content(trace.include_content);
@@ -753,7 +753,7 @@ async fn run_agent(
             ledger: Arc::new(OwnerJobs::new(link.clone(), cancel)),
             wire: policy.jobs_wire.clone(),
         },
-        // Issue 13: the session's frozen sandbox, plus this worker's temp dir.
+        // Sandbox: the session's frozen sandbox, plus this worker's temp dir.
         // The file tools' I/O runs in a confined helper: this very binary, even when the file
         // on disk was replaced since.
         sandbox: drover_tools::sandbox::Sandbox::new(policy.sandbox.clone(), std::env::temp_dir())

@@ -5,7 +5,7 @@
 //! for the file work only, never across an await. The files are small and not fsync'd
 //! (docs/decisions.md, "The worker's outbox is not fsync'd"), so this is tens of microseconds;
 //! a thread of its own for them cost a thread start, a hand-off per frame and a multi-threaded
-//! exit on every turn (issue 15). Per connected pair it runs one writer task and one reader task:
+//! exit on every turn. Per connected pair it runs one writer task and one reader task:
 //! - every line to the owner (persist frames and live deltas) goes through one bounded channel
 //!   ([`OWNER_QUEUE`] lines) to the writer task, so lines never interleave. When the owner
 //!   stops reading and the channel is full, live deltas are dropped (they are never replayed

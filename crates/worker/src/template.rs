@@ -1,4 +1,4 @@
-//! The worker template's request loop (issue 15, "a lean worker start"): see
+//! The worker template's request loop ("a lean worker start"): see
 //! [`crate::template_entry`].
 //!
 //! The template reads requests on its stdin, a `SOCK_SEQPACKET` socket from the owner

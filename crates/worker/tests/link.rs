@@ -126,7 +126,7 @@ fn frame_files(dir: &std::path::Path) -> Vec<String> {
             entries
                 .filter_map(Result::ok)
                 .map(|e| e.file_name().to_string_lossy().into_owned())
-                // Answered files stay as empty spares, for later writes (issue 15).
+                // Answered files stay as empty spares, for later writes.
                 .filter(|name| !name.starts_with(OUTBOX_SPARE_PREFIX))
                 .collect()
         })

@@ -198,7 +198,7 @@ async fn worker_process_finishes_a_turn_over_real_pipes() {
     assert_eq!(finish.outcome, TurnOutcome::Completed);
     assert_eq!(finish.result.final_response, "hi from the model");
     assert_eq!(worker.status().await.code(), Some(0));
-    // Only spare files are left, for the owner to recycle (issue 15).
+    // Only spare files are left, for the owner to recycle.
     assert_eq!(common::outbox_names(worker.home(), "exec-p"), [".spare-0"]);
     worker.assert_log_is_clean();
 }

@@ -101,7 +101,7 @@ async fn completed_turn_persists_in_sequence_and_exits_zero() {
         );
         assert_eq!(body["messages"][2]["content"], "hello");
     }
-    // Only spare files are left, for the owner to recycle (issue 15).
+    // Only spare files are left, for the owner to recycle.
     let left = common::outbox_names(home.path(), "exec-1");
     assert!(
         !left.is_empty() && left.iter().all(|n| n.starts_with(".spare-")),
@@ -255,7 +255,7 @@ async fn oversize_owner_line_fails_the_turn() {
 async fn model_error_finishes_failed_with_the_server_message() {
     let home = tempfile::tempdir().expect("tempdir");
     let mock = MockModel::start().await;
-    // Not a context-window answer (that one compacts and retries once, issue 14).
+    // Not a context-window answer (that one compacts and retries once).
     mock.push(Reply::error(400, "the model mock-model does not exist"));
     let mut owner = Owner::spawn();
     owner.send_bootstrap(&bootstrap(&mock, home.path())).await;

@@ -1,5 +1,5 @@
 //! `drover-worker-relay`: a wrapper for `$DROVER_WORKER_EXE` that plays a worker which knows
-//! more than it should, for tests of the owner's worker checks (drover issue 8).
+//! more than it should, for tests of the owner's worker checks.
 //!
 //! Started by the owner as `drover-worker-relay worker`, it reads the bootstrap head line and
 //! the part lines it announces, writes the head to `$DROVER_RELAY_DIR/boot-<execution_id>.json`

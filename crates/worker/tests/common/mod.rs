@@ -269,7 +269,7 @@ pub fn turn_bootstrap(mock: &MockModel, home: &Path) -> Bootstrap {
 }
 
 /// The names in `<home>/outbox/<execution_id>/`, sorted. A finished worker leaves only spare
-/// files there, for the owner to recycle (issue 15).
+/// files there, for the owner to recycle.
 #[allow(dead_code)]
 pub fn outbox_names(home: &Path, execution_id: &str) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(home.join("outbox").join(execution_id))
