@@ -444,7 +444,7 @@ pub fn assert_kinds_include(kinds: &[&str], want: &[&str]) {
 pub const SPARE_NAME: &str = "drover-spare";
 
 /// The process name of the owner's worker template
-/// (`drover_worker::template::TEMPLATE_NAME`).
+/// (`drover_worker::worker_template::TEMPLATE_NAME`).
 pub const TEMPLATE_NAME: &str = "drover-template";
 
 /// The process name (`comm`) of `pid`, from `/proc/<pid>/stat`.

@@ -26,7 +26,7 @@
 //! sender resends the same frames with the same sequences and payloads (one reloaded between
 //! two receipts of a file may send an answered frame again, which the owner answers with its
 //! stored receipt, SPEC section 4). This module is plain,
-//! synchronous file IO, the bottom layer of the crate: the link above it calls it one frame
+//! synchronous file IO, the bottom layer of the crate: the owner pipe above it calls it one frame
 //! at a time and carries the frames.
 
 use std::collections::BTreeMap;

@@ -19,22 +19,22 @@
 //!
 //! Forked: the owner may instead start one worker template (`drover worker
 //! --template`, [`template_entry`]) that does the start-up once and forks each spare as the
-//! owner's child ([`template`]); a forked spare goes on exactly as an exec'd one.
+//! owner's child ([`worker_template`]); a forked spare goes on exactly as an exec'd one.
 //!
 //! Modules:
 //! - [`journal`]: the outbox files (record, acknowledge, reload).
-//! - [`template`]: the worker template's fork requests.
-//! - [`link`]: the owner pipes over any reader/writer pair: the journal's file writes in
+//! - [`worker_template`]: the worker template's fork requests, seen from the template.
+//! - [`owner_pipe`]: the worker's end of the owner pipes ([`owner_pipe::OwnerLink`]) over any reader/writer pair: the journal's file writes in
 //!   sequence order, one writer task behind a bounded queue (persists and deltas never interleave;
 //!   deltas are dropped when the owner does not read, persists wait), one reader task
 //!   (receipts by sequence, `stop`), resend after a reconnect.
 //! - [`store`]: the agent's [`drover_agent::TurnStore`], the tools'
 //!   [`drover_tools::PromptBroker`], [`drover_tools::ProcessRegistry`] and
 //!   [`drover_tools::McpStatusSink`], all persisting
-//!   through the link.
+//!   through the owner pipe.
 //!
-//! Layers (bottom to top; a module uses only those below it): [`journal`], [`template`] <
-//! [`link`] < [`store`] < this file (bootstrap, the turn, exit codes).
+//! Layers (bottom to top; a module uses only those below it): [`journal`], [`worker_template`]
+//! < [`owner_pipe`] < [`store`] < this file (bootstrap, the turn, exit codes).
 //!
 //! The protocol, as the worker plays it:
 //! 1. The owner sends [`OwnerFrame::Bootstrap`] and its [`OwnerFrame::BootstrapPart`]s (the
@@ -55,9 +55,9 @@
 //! contain the execution secret or the API key. Exit codes: [`WorkerExit`].
 
 pub mod journal;
-pub mod link;
+pub mod owner_pipe;
 pub mod store;
-pub mod template;
+pub mod worker_template;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -78,7 +78,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::journal::{outbox_dir, Journal};
-use crate::link::{OwnerLink, PersistError};
+use crate::owner_pipe::{OwnerLink, PersistError};
 use crate::store::{
     OwnerDelegator, OwnerJobs, OwnerMcpStatus, OwnerProcesses, OwnerPrompts, OwnerStore,
 };
@@ -258,14 +258,14 @@ fn serve_turn(
 /// Runs a worker template (`drover worker --template`): it does the start-up every
 /// worker shares once (the binary's loading, logging, the model's HTTP client), stays
 /// single-threaded, and forks a spare worker for each request on its stdin, a
-/// `SOCK_SEQPACKET` socket from the owner ([`template`]). Each forked worker is the owner's
+/// `SOCK_SEQPACKET` socket from the owner ([`worker_template`]). Each forked worker is the owner's
 /// child (`CLONE_PARENT`) and goes on as [`main_entry`] does after its start-up. The template
 /// dies with its owner (`PR_SET_PDEATHSIG`) and exits at the end of its stdin. It runs only
 /// without telemetry (an exporter has threads): the owner starts it only then.
 pub fn template_entry() -> Exit {
     let original_parent = platform::parent_pid();
     let pdeathsig = platform::set_parent_death_signal(Signal::SIGTERM);
-    let _ = platform::set_thread_name(template::TEMPLATE_NAME);
+    let _ = platform::set_thread_name(worker_template::TEMPLATE_NAME);
     init_logging(None);
     if !start_process(original_parent, pdeathsig) {
         return WorkerExit::Aborted.exit();
@@ -280,11 +280,11 @@ pub fn template_entry() -> Exit {
     detect_cpu_features();
     // What start-up freed goes back to the kernel: fewer pages for each child to share and copy.
     platform::release_free_memory();
-    match template::serve_requests() {
-        template::Served::Closed => Exit::Ok,
-        template::Served::Failed => WorkerExit::Aborted.exit(),
+    match worker_template::serve_requests() {
+        worker_template::Served::Closed => Exit::Ok,
+        worker_template::Served::Failed => WorkerExit::Aborted.exit(),
         // The forked spare: its stdio is the request's; its parent is the owner.
-        template::Served::Forked => {
+        worker_template::Served::Forked => {
             let original_parent = platform::parent_pid();
             let pdeathsig = platform::set_parent_death_signal(Signal::SIGTERM);
             let _ = platform::set_thread_name(SPARE_NAME);

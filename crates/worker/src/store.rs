@@ -39,7 +39,7 @@ use drover_tools::{
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use crate::link::{OwnerLink, PersistError};
+use crate::owner_pipe::{OwnerLink, PersistError};
 
 /// The [`TurnStore`] of a managed worker.
 pub struct OwnerStore {

@@ -10,7 +10,7 @@ use std::time::Duration;
 use drover_protocol::worker::{OwnerFrame, PersistFrame, Scope, WorkerFrame, OUTBOX_SPARE_PREFIX};
 use drover_tools::{PromptAnswer, PromptBroker};
 use drover_worker::journal::{outbox_dir, Journal};
-use drover_worker::link::{OwnerLink, PersistError, OWNER_QUEUE};
+use drover_worker::owner_pipe::{OwnerLink, PersistError, OWNER_QUEUE};
 use drover_worker::store::OwnerPrompts;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, DuplexStream, ReadHalf, WriteHalf};
