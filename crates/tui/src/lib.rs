@@ -13,15 +13,16 @@
 //! - [`markdown`]: the assistant's Markdown as styled lines (code blocks verbatim).
 //! - [`input`]: the multi-line input box with history.
 //! - [`commands`]: the `/` commands and their completion.
-//! - [`model`]: [`App`], the whole state, changed by session events and keys (pure: no IO, no
-//!   clock), answering keys with [`model::Action`]s.
+//! - [`state`]: [`App`], the whole state, changed by session events and keys (pure: no IO, no
+//!   clock), answering keys with [`state::Action`]s.
 //! - [`render`]: the state as lines and as the viewport (tested with ratatui's `TestBackend`).
-//! - [`link`]: the [`Link`] and [`Events`] traits the runtime talks to the daemon through.
-//! - [`runtime`]: the terminal, the event loop, and carrying out actions over a [`Link`].
+//! - [`daemon_link`]: the [`Link`] and [`Events`] traits the event loop talks to the daemon
+//!   through.
+//! - [`event_loop`]: the terminal, the event loop, and carrying out actions over a [`Link`].
 //!
-//! Layers: `theme`, `input`, `commands`, `link` (leaves); `markdown` on `theme`; `model` on
-//! `input`, `commands` and `link`; `render` on `model` and `markdown`; `runtime` on `render` and
-//! `link`.
+//! Layers: `theme`, `input`, `commands`, `daemon_link` (leaves); `markdown` on `theme`; `state`
+//! on `input`, `commands` and `daemon_link`; `render` on `state` and `markdown`; `event_loop` on
+//! `render` and `daemon_link`.
 //!
 //! What this crate does not do: speak WebSocket or find the daemon (the `drover` binary
 //! implements [`Link`] over `drover_client`). `examples/scripted.rs` runs the client against a
@@ -29,7 +30,7 @@
 //!
 //! ```
 //! use std::time::Instant;
-//! use drover_tui::model::{App, SessionHeader};
+//! use drover_tui::state::{App, SessionHeader};
 //! use drover_tui::render::block_lines;
 //! use drover_tui::Theme;
 //!
@@ -41,15 +42,21 @@
 //! ```
 
 pub mod commands;
+pub mod daemon_link;
+pub mod event_loop;
 pub mod input;
-pub mod link;
 pub mod markdown;
-pub mod model;
 pub mod render;
-pub mod runtime;
+pub mod state;
 pub mod theme;
 
-pub use link::{Events, Link, LinkError, LinkUpdate, Opened, PromptAnswer, Reply, Target};
-pub use model::App;
-pub use runtime::{run, RunError};
+pub use daemon_link::{Events, Link, LinkError, LinkUpdate, Opened, PromptAnswer, Reply, Target};
+pub use event_loop::{run, RunError};
+pub use state::App;
 pub use theme::Theme;
+
+/// The old path of the chat client's state, for callers not moved yet.
+#[doc(hidden)]
+pub mod model {
+    pub use crate::state::*;
+}

@@ -14,7 +14,7 @@ use ratatui::Frame;
 use unicode_width::UnicodeWidthChar;
 
 use crate::markdown;
-use crate::model::{
+use crate::state::{
     always_covers, choice_key, App, ApprovalStage, Block, Connection, PromptView, ToolBlock,
     ToolStatus, TurnItem, TYPED_AHEAD,
 };
@@ -555,7 +555,7 @@ pub fn draw(frame: &mut Frame<'_>, app: &App, theme: Theme, now: Instant) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::tests::{
+    use crate::state::tests::{
         app, approval, delta, ev, key, settled, started, tool_done, tool_start, Quiet,
     };
     use drover_protocol::client::ClarifyPrompt;

@@ -22,9 +22,9 @@ use ratatui::{Terminal, TerminalOptions, Viewport};
 use tokio::sync::mpsc;
 
 use crate::commands::{Command, COMMANDS};
-use crate::link::{Events, Link, LinkError, LinkUpdate, Opened, Target};
-use crate::model::{Action, App, SessionHeader};
+use crate::daemon_link::{Events, Link, LinkError, LinkUpdate, Opened, Target};
 use crate::render::{self, VIEWPORT_HEIGHT};
+use crate::state::{Action, App, SessionHeader};
 use crate::theme::Theme;
 
 /// Why the chat client stopped with an error.

@@ -19,8 +19,8 @@ use drover_protocol::mcp::McpServerState;
 use serde_json::Value;
 
 use crate::commands::{self, Command};
+use crate::daemon_link::{PromptAnswer, Reply};
 use crate::input::Input;
-use crate::link::{PromptAnswer, Reply};
 
 /// The notice a compaction's turn starts with.
 pub const COMPACTING: &str = "compacting the older history (/compact)…";
