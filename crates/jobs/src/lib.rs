@@ -41,7 +41,7 @@
 //!   under the contract.
 //! - [`remote`]: `submit --agent-session remote:<name>` ([`remote::submit_remote`]).
 //! - [`runner`]: `drover runner` — admission of signed dispatches and running the command.
-//! - [`toolkit`]: the `jobs` toolset's operations — submit without waiting (exec agents
+//! - [`toolset`]: the `jobs` toolset's operations — submit without waiting (exec agents
 //!   detached), judge from stored times, bounded wait, cancel.
 //!
 //! No blocking call runs on an async executor thread: the registry's transactions (each an
@@ -50,7 +50,7 @@
 //!
 //! Layers (each imports only those before it): `state`, `sign`, `ids`, `identity`, `session`,
 //! `endpoint` < `settings`, `job` < `dispatch` < `registry`, `wire` < `mqtt`, `brief` <
-//! `delivery`, `timer` < `publish`, `watch` < `submit` < `remote` < `runner`, `toolkit`.
+//! `delivery`, `timer` < `publish`, `watch` < `submit` < `remote` < `runner`, `toolset`.
 //!
 //! Argument parsing, printing and `drover loop` are in `crates/cli`.
 //!
@@ -92,7 +92,7 @@ pub mod sign;
 pub mod state;
 pub mod submit;
 pub mod timer;
-pub mod toolkit;
+pub mod toolset;
 pub mod watch;
 pub mod wire;
 

@@ -10,7 +10,7 @@
 use std::path::Path;
 
 use drover_jobs::job::LastEvent;
-use drover_jobs::toolkit::{judge_stored, stored_clocks};
+use drover_jobs::toolset::{judge_stored, stored_clocks};
 use drover_jobs::{JobError, Registry, Verdict};
 use drover_ledger::SessionJob;
 use drover_protocol::client::{self as wire, JobRegistryView};

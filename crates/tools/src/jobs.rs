@@ -12,7 +12,7 @@
 //!   with `[sandbox] mode = "off"` an `exec` command the classifier finds dangerous goes
 //!   through the policy.
 //! - `job_status {job_id}` and `job_wait {job_id, timeout_s}` judge the contract from the
-//!   registry's stored times ([`drover_jobs::toolkit`]); a deadline that passed ends the job
+//!   registry's stored times ([`drover_jobs::toolset`]); a deadline that passed ends the job
 //!   `error` with `agent_blocked` or `deadline_timeout`. Those are results, not tool errors.
 //! - `job_cancel {job_id}` sets `cancelled` (never over a terminal status) and stops the
 //!   job's timer and `exec` agent.
@@ -27,7 +27,7 @@ use async_trait::async_trait;
 use drover_jobs::delivery::{AgentSession, TmuxServer, TMUX_SOCKET_ENV};
 use drover_jobs::publish::{self, DRAIN_ENV};
 use drover_jobs::remote::DISPATCH_SECRET_ENV;
-use drover_jobs::toolkit::{StartRequest, Toolkit};
+use drover_jobs::toolset::{StartRequest, Toolkit};
 use drover_jobs::wire::{WireConfig, WireSettings};
 use drover_jobs::{Contract, ContractInput, JobError};
 pub use drover_protocol::worker::{JobRegister, JobsWire};
@@ -132,7 +132,7 @@ fn toolkit(ctx: &ToolContext) -> Result<Toolkit, String> {
 /// `tool.call` span: the job's status, its last event's kind and seq, and the deadline this look
 /// gave up on (`drover.job.heartbeats_missed` counts `deadline_timeout`). Never an event's
 /// detail, which is the agent's text.
-fn trace_look(report: &drover_jobs::toolkit::Report) {
+fn trace_look(report: &drover_jobs::toolset::Report) {
     let job = &report.job;
     let last = job.last_event.as_ref();
     let _look = tracing::info_span!(
