@@ -14,7 +14,7 @@ use drover_protocol::Secret;
 
 use crate::home::new_token;
 use crate::runtime::Owner;
-use crate::turns::{register_claim, run_claimed, Registered};
+use crate::turn::{register_claim, run_claimed, Registered};
 
 /// The most inputs one group commit takes.
 const MAX_ADMISSION_BATCH: usize = 256;

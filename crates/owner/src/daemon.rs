@@ -14,7 +14,7 @@ use crate::config::Config;
 use crate::home::{new_token, prepare_home, DaemonFile, DaemonInfo, HomeLock, LockError};
 pub use crate::idle::Lifetime;
 use crate::runtime::Owner;
-use crate::turns::{drain, kick_all, start_watchdog};
+use crate::turn::{drain, kick_all, start_watchdog};
 
 /// glibc malloc arenas the owner may use. Its threads (two runtime workers, the ledger
 /// thread, the blocking pool) do little but I/O, and glibc's per-thread caches serve most

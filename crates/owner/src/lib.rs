@@ -57,7 +57,7 @@ pub mod spare;
 pub mod telemetry;
 pub mod template;
 pub mod tls;
-pub mod turns;
+pub mod turn;
 pub mod worker_logs;
 pub mod worker_process;
 

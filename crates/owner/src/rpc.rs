@@ -27,7 +27,7 @@ use crate::config::DEFAULT_SYSTEM_PROMPT;
 use crate::error::OwnerError;
 use crate::hub::{ConnHandle, Credential};
 use crate::runtime::Owner;
-use crate::turns::kick;
+use crate::turn::kick;
 
 /// The principal of every connection: one bearer token per home means one local user.
 const PRINCIPAL: &str = "local";
@@ -453,10 +453,10 @@ async fn snapshot(
     let (jobs, mut resume) = owner
         .ledger(move |l, o| {
             let session = session_row(l, &session_id)?;
-            // The window the session's turns budget with (`turns::context_budget`): the
+            // The window the session's turns budget with (`turn::context_budget`): the
             // frozen one, else the one an earlier turn found at the endpoint.
             let context_window =
-                match crate::turns::frozen_context(o, &session.model_config).context_window {
+                match crate::turn::frozen_context(o, &session.model_config).context_window {
                     0 => l.context_window_found(&session_id)?,
                     fixed => Some(fixed),
                 };
