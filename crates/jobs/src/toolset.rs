@@ -13,20 +13,20 @@
 //! - activity is the newest event of the current attempt (heartbeats included);
 //! - before `started` only T counts, after it only the idle window, as in `submit`.
 //!
-//! Whoever looks first after a deadline passed ([`Toolkit::check`], used by `job_status` and
+//! Whoever looks first after a deadline passed ([`Toolset::check`], used by `job_status` and
 //! `job_wait`) gives up for the orchestrator: it publishes `error` with `agent_blocked` or
 //! `deadline_timeout` through the same compare-and-set as the agent's events, so an agent's
 //! `completed` that landed first wins.
 //!
 //! Submitting is two steps, so the caller can record the job (the worker persists
-//! `job.register` through the owner) between them: [`Toolkit::prepare`] checks the target,
-//! registers the job and writes the brief, and [`Toolkit::deliver`] claims the attempt's one
+//! `job.register` through the owner) between them: [`Toolset::prepare`] checks the target,
+//! registers the job and writes the brief, and [`Toolset::deliver`] claims the attempt's one
 //! delivery and sends it. A crash between the two leaves a registered, undelivered job that is
 //! never delivered later (nothing replays a started turn), and that ends `agent_blocked`.
 //!
 //! An `exec` agent is started detached (its own session, no parent-death signal): it
 //! outlives the turn's worker, as a background process does. Its pid and start time go to
-//! `<registry>/<job_id>/exec.pid`, so [`Toolkit::cancel`] and giving up stop its whole group,
+//! `<registry>/<job_id>/exec.pid`, so [`Toolset::cancel`] and giving up stop its whole group,
 //! and never a recycled pid.
 
 use std::ffi::OsString;
@@ -46,7 +46,7 @@ use crate::state::{self, Contract, EventKind, JobStatus, Verdict, WaitView};
 use crate::watch::Mirror;
 use crate::{ids, publish, remote, timer, JobError};
 
-/// How often [`Toolkit::wait`] reads the registry.
+/// How often [`Toolset::wait`] reads the registry.
 pub const WAIT_POLL: Duration = Duration::from_millis(200);
 /// Between SIGTERM and SIGKILL when an `exec` agent's group is stopped.
 const EXEC_GRACE: Duration = Duration::from_secs(1);
@@ -55,7 +55,7 @@ pub const EXEC_PID_FILE: &str = "exec.pid";
 
 /// Where the toolset's jobs live and how they are delivered. Cheap to clone.
 #[derive(Clone)]
-pub struct Toolkit {
+pub struct Toolset {
     /// The registry (`<home>/jobs`).
     pub registry_dir: PathBuf,
     /// `--home` in the brief's commands.
@@ -74,9 +74,9 @@ pub struct Toolkit {
     pub dispatch_secret: Option<String>,
 }
 
-impl std::fmt::Debug for Toolkit {
+impl std::fmt::Debug for Toolset {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Toolkit")
+        f.debug_struct("Toolset")
             .field("registry_dir", &self.registry_dir)
             .field("wire", &self.wire)
             .field(
@@ -102,7 +102,7 @@ pub struct StartRequest {
     pub cwd: PathBuf,
 }
 
-/// A registered job whose one delivery is still to be made ([`Toolkit::deliver`]).
+/// A registered job whose one delivery is still to be made ([`Toolset::deliver`]).
 #[derive(Debug, Clone)]
 pub struct Prepared {
     /// The job as registered, its brief written.
@@ -219,7 +219,7 @@ pub fn stored_clocks(registry: &Registry, job: &Job) -> Result<StoredClocks, Job
     Ok(clocks)
 }
 
-impl Toolkit {
+impl Toolset {
     /// Where the brief's commands for a job delivered to `target` point.
     fn brief_context(&self, target: &Target) -> BriefContext {
         BriefContext {
@@ -282,18 +282,18 @@ impl Toolkit {
                 })?,
             ),
         };
-        let kit = self.clone();
+        let toolset = self.clone();
         let agent_session = req.agent_session.clone();
         let (prompt, contract) = (req.prompt.clone(), req.contract);
         let route_for_brief = route.clone();
         let job = blocking(&self.registry_dir, move || {
-            let mut registry = Registry::open(&kit.registry_dir)?;
+            let mut registry = Registry::open(&toolset.registry_dir)?;
             let job = registry.register(NewJob {
                 job_id: None,
                 agent_session: Some(agent_session),
                 prompt,
                 contract,
-                topic_base: kit.wire.topic_base.clone(),
+                topic_base: toolset.wire.topic_base.clone(),
             })?;
             let job = match &route_for_brief {
                 Route::Remote { secret, .. } => {
@@ -304,7 +304,7 @@ impl Toolkit {
                     job
                 }
                 Route::Local(target) => {
-                    let ctx = kit.brief_context(target);
+                    let ctx = toolset.brief_context(target);
                     brief::write(&registry, &job, &brief::render(&job, &ctx))?;
                     job
                 }
@@ -332,7 +332,7 @@ impl Toolkit {
                 "topic": dispatch::dispatch_topic(&self.wire.topic_base, runner),
             }),
         };
-        let kit = self.clone();
+        let toolset = self.clone();
         let (job_id, attempt) = (job.job_id.clone(), job.attempt_id);
         let exec = match &route {
             Route::Local(Target::Exec { command }) => Some(command.clone()),
@@ -341,12 +341,12 @@ impl Toolkit {
         // The claim, and for `exec` the start, in one blocking step: once claimed, this
         // attempt is never delivered again by anyone.
         let claimed = blocking(&self.registry_dir, move || {
-            let mut registry = Registry::open(&kit.registry_dir)?;
+            let mut registry = Registry::open(&toolset.registry_dir)?;
             let job = registry.claim_delivery(&job_id, attempt, describe)?;
             if let Some(command) = exec {
                 let dir = registry.ensure_job_dir(&job.job_id)?;
                 if let Err(e) = spawn_exec_detached(&command, &job, &dir, &cwd) {
-                    let _ = kit.give_up(&mut registry, &job, &format!("delivery_failed: {e}"));
+                    let _ = toolset.give_up(&mut registry, &job, &format!("delivery_failed: {e}"));
                     return Err(e);
                 }
             }
@@ -366,12 +366,12 @@ impl Toolkit {
             }
         };
         if let Err(e) = sent {
-            let kit = self.clone();
+            let toolset = self.clone();
             let detail = format!("delivery_failed: {e}");
             let failed = claimed.clone();
             let _ = blocking(&self.registry_dir, move || {
-                let mut registry = Registry::open(&kit.registry_dir)?;
-                kit.give_up(&mut registry, &failed, &detail)
+                let mut registry = Registry::open(&toolset.registry_dir)?;
+                toolset.give_up(&mut registry, &failed, &detail)
             })
             .await;
             return Err(e);
@@ -422,10 +422,10 @@ impl Toolkit {
     /// Ends a prepared job that will not be delivered (its record could not be made):
     /// `error` with `detail`.
     pub async fn abandon(&self, job: &Job, detail: &str) -> Result<(), JobError> {
-        let (kit, job, detail) = (self.clone(), job.clone(), detail.to_string());
+        let (toolset, job, detail) = (self.clone(), job.clone(), detail.to_string());
         blocking(&self.registry_dir, move || {
-            let mut registry = Registry::open(&kit.registry_dir)?;
-            kit.give_up(&mut registry, &job, &detail).map(drop)
+            let mut registry = Registry::open(&toolset.registry_dir)?;
+            toolset.give_up(&mut registry, &job, &detail).map(drop)
         })
         .await
     }
@@ -433,9 +433,9 @@ impl Toolkit {
     /// The job now, judged under its contract from the stored times; a deadline that has
     /// passed is acted on here (see the module doc).
     pub async fn check(&self, job_id: &str) -> Result<Report, JobError> {
-        let kit = self.clone();
+        let toolset = self.clone();
         let job_id = job_id.to_string();
-        blocking(&self.registry_dir, move || kit.check_blocking(&job_id)).await
+        blocking(&self.registry_dir, move || toolset.check_blocking(&job_id)).await
     }
 
     fn check_blocking(&self, job_id: &str) -> Result<Report, JobError> {
@@ -541,10 +541,10 @@ impl Toolkit {
     /// stops its heartbeat timer and its `exec` agent. Gives the report and whether it
     /// changed.
     pub async fn cancel(&self, job_id: &str) -> Result<(Report, bool), JobError> {
-        let kit = self.clone();
+        let toolset = self.clone();
         let job_id = job_id.to_string();
         blocking(&self.registry_dir, move || {
-            let mut registry = kit.open_for(&job_id)?;
+            let mut registry = toolset.open_for(&job_id)?;
             let (_, changed, timer) = registry.set_status(
                 &job_id,
                 JobStatus::Cancelled,
@@ -552,10 +552,10 @@ impl Toolkit {
                 "cancelled",
             )?;
             if let Some(t) = timer {
-                timer::stop(t, kit.drain)?;
+                timer::stop(t, toolset.drain)?;
             }
             stop_exec_agent(&registry.job_dir(&job_id));
-            let report = kit.check_blocking(&job_id)?;
+            let report = toolset.check_blocking(&job_id)?;
             Ok((report, changed))
         })
         .await

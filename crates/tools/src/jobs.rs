@@ -27,7 +27,7 @@ use async_trait::async_trait;
 use drover_jobs::delivery::{AgentSession, TmuxServer, TMUX_SOCKET_ENV};
 use drover_jobs::publish::{self, DRAIN_ENV};
 use drover_jobs::remote::DISPATCH_SECRET_ENV;
-use drover_jobs::toolset::{StartRequest, Toolkit};
+use drover_jobs::toolset::{StartRequest, Toolset};
 use drover_jobs::wire::{WireConfig, WireSettings};
 use drover_jobs::{Contract, ContractInput, JobError};
 pub use drover_protocol::worker::{JobRegister, JobsWire};
@@ -101,7 +101,7 @@ pub fn tools() -> Vec<Arc<dyn Tool>> {
 }
 
 /// The registry and wire of the session's home, as `drover job` would use them.
-fn toolkit(ctx: &ToolContext) -> Result<Toolkit, String> {
+fn toolset(ctx: &ToolContext) -> Result<Toolset, String> {
     let env = |name: &str| std::env::var(name).ok();
     let w = &ctx.jobs.wire;
     let wire = WireSettings::from_config(
@@ -116,7 +116,7 @@ fn toolkit(ctx: &ToolContext) -> Result<Toolkit, String> {
     .map_err(|e| e.to_string())?;
     let exe =
         std::env::current_exe().map_err(|e| format!("cannot find the drover executable: {e}"))?;
-    Ok(Toolkit {
+    Ok(Toolset {
         registry_dir: ctx.home.join("jobs"),
         home: ctx.home.clone(),
         exe,
@@ -173,9 +173,9 @@ fn only_job_id() -> Value {
     })
 }
 
-/// The `job_id` of a `{"job_id": ...}` call and the toolkit to look it up with.
-fn job_and_toolkit(args: &Value, ctx: &ToolContext) -> Result<(String, Toolkit), String> {
-    Ok((job_id(args, "{\"job_id\": ...}")?, toolkit(ctx)?))
+/// The `job_id` of a `{"job_id": ...}` call and the toolset to look it up with.
+fn job_and_toolset(args: &Value, ctx: &ToolContext) -> Result<(String, Toolset), String> {
+    Ok((job_id(args, "{\"job_id\": ...}")?, toolset(ctx)?))
 }
 
 fn job_id(args: &Value, shape: &str) -> Result<String, String> {
@@ -240,30 +240,30 @@ impl Tool for JobSubmitTool {
         if let Err(message) = approve_submit(&req, ctx).await {
             return error_output(message);
         }
-        let kit = match toolkit(ctx) {
-            Ok(kit) => kit,
+        let toolset = match toolset(ctx) {
+            Ok(toolset) => toolset,
             Err(message) => return error_output(message),
         };
-        let prepared = match kit.prepare(req).await {
+        let prepared = match toolset.prepare(req).await {
             Ok(p) => p,
             Err(e) => return job_error(e),
         };
         let job_id = prepared.job.job_id.clone();
         let record = JobRegister {
             job_id: job_id.clone(),
-            registry_dir: kit.registry_dir.display().to_string(),
+            registry_dir: toolset.registry_dir.display().to_string(),
         };
         // Recorded before it is delivered: a job the ledger does not know is never sent.
         if let Err(e) = ctx.jobs.ledger.register(record).await {
-            let _ = kit.abandon(&prepared.job, "not_recorded").await;
+            let _ = toolset.abandon(&prepared.job, "not_recorded").await;
             return error_output(format!(
                 "job {job_id} could not be recorded in the session ({e}); it was not delivered"
             ));
         }
-        if let Err(e) = kit.deliver(prepared).await {
+        if let Err(e) = toolset.deliver(prepared).await {
             return error_output(format!("job {job_id}: {e}"));
         }
-        match kit.check(&job_id).await {
+        match toolset.check(&job_id).await {
             Ok(report) => {
                 trace_look(&report);
                 let mut out = report.to_json();
@@ -409,11 +409,11 @@ impl Tool for JobStatusTool {
     }
 
     async fn call(&self, args: Value, ctx: &ToolContext) -> ToolOutput {
-        let (id, kit) = match job_and_toolkit(&args, ctx) {
+        let (id, toolset) = match job_and_toolset(&args, ctx) {
             Ok(found) => found,
             Err(message) => return error_output(message),
         };
-        match kit.check(&id).await {
+        match toolset.check(&id).await {
             Ok(report) => {
                 trace_look(&report);
                 json_output(&report.to_json())
@@ -467,12 +467,12 @@ impl Tool for JobWaitTool {
             }
             Err(message) => return error_output(message),
         };
-        let kit = match toolkit(ctx) {
-            Ok(kit) => kit,
+        let toolset = match toolset(ctx) {
+            Ok(toolset) => toolset,
             Err(message) => return error_output(message),
         };
         let cancel = ctx.cancel.clone();
-        match kit
+        match toolset
             .wait(&id, Duration::from_secs(timeout), async move {
                 cancel.cancelled().await
             })
@@ -516,11 +516,11 @@ impl Tool for JobCancelTool {
     }
 
     async fn call(&self, args: Value, ctx: &ToolContext) -> ToolOutput {
-        let (id, kit) = match job_and_toolkit(&args, ctx) {
+        let (id, toolset) = match job_and_toolset(&args, ctx) {
             Ok(found) => found,
             Err(message) => return error_output(message),
         };
-        match kit.cancel(&id).await {
+        match toolset.cancel(&id).await {
             Ok((report, changed)) => {
                 let mut out = report.to_json();
                 out["changed"] = json!(changed);
