@@ -1269,7 +1269,7 @@ mod tests {
         ];
         let want: Vec<(String, Option<String>)> = want
             .iter()
-            .map(|(t, s)| (t.to_string(), s.map(str::to_string)))
+            .map(|(transport, session)| (transport.to_string(), session.map(str::to_string)))
             .collect();
         assert_eq!(got, want);
     }

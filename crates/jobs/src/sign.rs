@@ -149,7 +149,7 @@ impl Canon {
             // cargo feature (`preserve_order`) any crate in the build may switch on.
             Value::Object(map) => Canon::Object(
                 map.iter()
-                    .map(|(k, v)| (k.clone(), Canon::of_value(v)))
+                    .map(|(key, value)| (key.clone(), Canon::of_value(value)))
                     .collect(),
             ),
         }

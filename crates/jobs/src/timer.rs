@@ -234,14 +234,14 @@ pub fn run(run: TimerRun<'_>) -> TimerEnd {
         log.line("not released (started was refused); exiting");
         return TimerEnd::NotReleased;
     }
-    let me = match TimerIdentity::of(own_pid()) {
-        Some(me) => me,
+    let own = match TimerIdentity::of(own_pid()) {
+        Some(own) => own,
         None => return TimerEnd::JobGone("cannot read this process's start time".into()),
     };
     log.line(&format!(
         "started: pid {} start_time {} every {} s, attempt {}{}",
-        me.pid,
-        me.start_time,
+        own.pid,
+        own.start_time,
         run.spec.every,
         run.spec.attempt_id,
         run.spec
@@ -256,16 +256,16 @@ pub fn run(run: TimerRun<'_>) -> TimerEnd {
         Ok(rt) => rt,
         Err(e) => return TimerEnd::JobGone(format!("no async runtime: {e}")),
     };
-    let end = rt.block_on(beat_loop(&run, me, &log));
+    let end = rt.block_on(beat_loop(&run, own, &log));
     log.line(&format!("stopped: {end:?}"));
     // A timer that stops by itself clears its own entry (only if it is still its own).
     if let Ok(Some(mut registry)) = Registry::open_existing(&run.registry_dir) {
-        let _ = registry.clear_timer_if(&run.spec.job_id, me);
+        let _ = registry.clear_timer_if(&run.spec.job_id, own);
     }
     end
 }
 
-async fn beat_loop(run: &TimerRun<'_>, me: TimerIdentity, log: &TimerLog) -> TimerEnd {
+async fn beat_loop(run: &TimerRun<'_>, own: TimerIdentity, log: &TimerLog) -> TimerEnd {
     use tokio::signal::unix::{signal, SignalKind};
 
     let mut term = match signal(SignalKind::terminate()) {
@@ -310,7 +310,7 @@ async fn beat_loop(run: &TimerRun<'_>, me: TimerIdentity, log: &TimerLog) -> Tim
                 event: Some(EventKind::Progress),
                 detail: Some(HEARTBEAT_DETAIL),
                 expect_dispatch_token: Some(&spec.dispatch_token),
-                beat_of: Some(me),
+                beat_of: Some(own),
                 new_timer: None,
             });
             Ok((registry, recorded))
@@ -456,11 +456,11 @@ mod tests {
 
     #[test]
     fn identity_of_self_is_running_and_a_wrong_start_time_is_not() {
-        let me = TimerIdentity::of(own_pid()).expect("own identity");
-        assert!(me.is_running());
+        let own = TimerIdentity::of(own_pid()).expect("own identity");
+        assert!(own.is_running());
         let recycled = TimerIdentity {
-            pid: me.pid,
-            start_time: me.start_time + 1,
+            pid: own.pid,
+            start_time: own.start_time + 1,
         };
         assert!(!recycled.is_running());
         assert_eq!(TimerIdentity::of(i32::MAX), None);

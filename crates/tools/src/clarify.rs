@@ -231,7 +231,7 @@ fn parse_question(i: usize, fields: &Map<String, Value>) -> Result<Question, Str
         Some(Value::Array(list)) => list
             .iter()
             .enumerate()
-            .map(|(j, c)| match c {
+            .map(|(j, choice)| match choice {
                 Value::String(s) if !s.trim().is_empty() => Ok(s.clone()),
                 Value::String(_) => Err(format!(
                     "field \"questions[{i}].choices[{j}]\" must not be empty"

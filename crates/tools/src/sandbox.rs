@@ -460,7 +460,7 @@ mod tests {
     fn vars(pairs: &[(&str, &str)]) -> Vec<(OsString, OsString)> {
         pairs
             .iter()
-            .map(|(n, v)| (OsString::from(n), OsString::from(v)))
+            .map(|(name, value)| (OsString::from(name), OsString::from(value)))
             .collect()
     }
 
@@ -494,7 +494,7 @@ mod tests {
         };
         let mut out: Vec<(String, String)> = tool_env(worker, &env)
             .into_iter()
-            .map(|(n, v)| (n.into_string().unwrap(), v.into_string().unwrap()))
+            .map(|(name, value)| (name.into_string().unwrap(), value.into_string().unwrap()))
             .collect();
         out.sort();
         let expected: Vec<(String, String)> = [
@@ -506,7 +506,7 @@ mod tests {
             ("SSH_AUTH_SOCK", "/tmp/agent"),
         ]
         .iter()
-        .map(|(n, v)| (n.to_string(), v.to_string()))
+        .map(|(name, value)| (name.to_string(), value.to_string()))
         .collect();
         // KEYBOARD_LAYOUT contains KEY: removed too (the rule is by substring, as documented).
         assert_eq!(out, expected);

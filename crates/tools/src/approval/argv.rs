@@ -569,8 +569,8 @@ pub(super) fn short_value<'t>(text: &'t str, with_arg: &str) -> Option<(char, &'
     let cluster = &text[1..];
     cluster
         .char_indices()
-        .find(|(_, c)| with_arg.contains(*c))
-        .map(|(at, c)| (c, &cluster[at + c.len_utf8()..]))
+        .find(|(_, letter)| with_arg.contains(*letter))
+        .map(|(at, letter)| (letter, &cluster[at + letter.len_utf8()..]))
 }
 
 /// Whether `text` is a short option cluster (`-rf`), not a long option or a lone `-`.

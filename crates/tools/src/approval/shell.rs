@@ -181,7 +181,7 @@ impl Lexer {
     fn starts_with(&self, s: &str) -> bool {
         s.chars()
             .enumerate()
-            .all(|(i, c)| self.peek_at(i) == Some(c))
+            .all(|(offset, expected)| self.peek_at(offset) == Some(expected))
     }
 
     fn run(mut self) -> Vec<Token> {

@@ -246,7 +246,7 @@ impl Request {
             .hidden(false)
             .follow_links(false)
             .require_git(false)
-            .sort_by_file_name(|a, b| a.cmp(b))
+            .sort_by_file_name(|left, right| left.cmp(right))
             .filter_entry(|entry| {
                 let skipped_dir = entry.depth() > 0
                     && entry.file_type().is_some_and(|t| t.is_dir())
