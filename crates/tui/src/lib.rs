@@ -13,16 +13,19 @@
 //! - [`markdown`]: the assistant's Markdown as styled lines (code blocks verbatim).
 //! - [`input`]: the multi-line input box with history.
 //! - [`commands`]: the `/` commands and their completion.
-//! - [`state`]: [`App`], the whole state, changed by session events and keys (pure: no IO, no
-//!   clock), answering keys with [`state::Action`]s.
+//! - [`state`]: [`App`], the whole state (pure: no IO, no clock).
+//! - [`reducer`]: session events (and the answers to the client's requests) into the state.
+//! - [`keys`]: keys and pastes into the state, answered with [`state::Action`]s.
+//! - [`prompts`]: the open approval or clarify prompt as the user answers it.
 //! - [`render`]: the state as lines and as the viewport (tested with ratatui's `TestBackend`).
 //! - [`daemon_link`]: the [`Link`] and [`Events`] traits the event loop talks to the daemon
 //!   through.
 //! - [`event_loop`]: the terminal, the event loop, and carrying out actions over a [`Link`].
 //!
 //! Layers: `theme`, `input`, `commands`, `daemon_link` (leaves); `markdown` on `theme`; `state`
-//! on `input`, `commands` and `daemon_link`; `render` on `state` and `markdown`; `event_loop` on
-//! `render` and `daemon_link`.
+//! on `input`, `commands` and `daemon_link`; `prompts`, `reducer` and `keys` on `state` (`keys`
+//! and `reducer` hand the open prompt to `prompts`); `render` on `state` and `markdown`;
+//! `event_loop` on `render` and `daemon_link`.
 //!
 //! What this crate does not do: speak WebSocket or find the daemon (the `drover` binary
 //! implements [`Link`] over `drover_client`). `examples/scripted.rs` runs the client against a
@@ -45,9 +48,14 @@ pub mod commands;
 pub mod daemon_link;
 pub mod event_loop;
 pub mod input;
+pub mod keys;
 pub mod markdown;
+pub mod prompts;
+pub mod reducer;
 pub mod render;
 pub mod state;
+#[cfg(test)]
+mod tests;
 pub mod theme;
 
 pub use daemon_link::{Events, Link, LinkError, LinkUpdate, Opened, PromptAnswer, Reply, Target};
@@ -58,5 +66,7 @@ pub use theme::Theme;
 /// The old path of the chat client's state, for callers not moved yet.
 #[doc(hidden)]
 pub mod model {
+    pub use crate::prompts::*;
+    pub use crate::reducer::*;
     pub use crate::state::*;
 }

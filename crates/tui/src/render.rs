@@ -14,10 +14,8 @@ use ratatui::Frame;
 use unicode_width::UnicodeWidthChar;
 
 use crate::markdown;
-use crate::state::{
-    always_covers, choice_key, App, ApprovalStage, Block, Connection, PromptView, ToolBlock,
-    ToolStatus, TurnItem, TYPED_AHEAD,
-};
+use crate::prompts::{always_covers, choice_key, ApprovalStage, PromptView, TYPED_AHEAD};
+use crate::state::{App, Block, Connection, ToolBlock, ToolStatus, TurnItem};
 use crate::theme::Theme;
 
 /// The viewport's height: the live part of the screen, below the scrollback.
@@ -555,7 +553,7 @@ pub fn draw(frame: &mut Frame<'_>, app: &App, theme: Theme, now: Instant) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::tests::{
+    use crate::tests::{
         app, approval, delta, ev, key, settled, started, tool_done, tool_start, Quiet,
     };
     use drover_protocol::client::ClarifyPrompt;

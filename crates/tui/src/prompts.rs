@@ -1,0 +1,313 @@
+//! The open approval or clarify prompt as the user answers it: its view, the quiet window
+//! that keeps typed-ahead keys from answering it, the keys of each kind of prompt, and how a
+//! settlement marks the tool call that asked.
+
+use std::time::{Duration, Instant};
+
+use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+use drover_protocol::client::{
+    ApprovalChoice, ApprovalPrompt, ClarifyAnswer, ClarifyPrompt, OpenPrompt,
+};
+
+use crate::daemon_link::{PromptAnswer, Reply};
+use crate::input::Input;
+use crate::state::{Action, App, ToolStatus, TurnItem};
+
+/// How far the user is through answering an approval prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApprovalStage {
+    /// The question is asked.
+    Ask,
+    /// `a` was pressed: what `always` covers is shown, and confirmation asked.
+    ConfirmAlways,
+}
+
+/// The open prompt, as the user is answering it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptView {
+    /// The prompt.
+    pub prompt: OpenPrompt,
+    /// For approvals: the stage.
+    pub stage: ApprovalStage,
+    /// The key that was not an answer, when the question is asked again.
+    pub reask: Option<String>,
+    /// For clarify with choices: the highlighted one.
+    pub selected: usize,
+    /// For multi-select clarify: the picked ones.
+    pub picked: Vec<bool>,
+    /// For free-text clarify: the answer being typed.
+    pub text: Input,
+    /// The answer was sent; waiting for the owner to settle the prompt.
+    pub sent: bool,
+    /// Since when no key has reached this prompt: an approval key counts only after
+    /// [`PROMPT_QUIET`] of quiet since the question (or its `always` confirmation) appeared or
+    /// the last key that was not an answer, so keys typed ahead never answer it.
+    pub quiet_from: Instant,
+}
+
+/// How long an approval prompt must have been shown, with no key pressed, before a key answers
+/// it. Typing that was meant for the input box (the prompt appeared under the user's fingers)
+/// keeps restarting this window, so it can never approve, let alone store an `always` rule.
+pub const PROMPT_QUIET: Duration = Duration::from_millis(600);
+
+impl PromptView {
+    fn new(prompt: OpenPrompt, now: Instant) -> PromptView {
+        let n = match &prompt {
+            OpenPrompt::Clarify(c) => c.choices.len(),
+            OpenPrompt::Approval(_) => 0,
+        };
+        PromptView {
+            prompt,
+            stage: ApprovalStage::Ask,
+            reask: None,
+            selected: 0,
+            picked: vec![false; n],
+            text: Input::default(),
+            sent: false,
+            quiet_from: now,
+        }
+    }
+
+    /// The prompt's id.
+    pub fn prompt_id(&self) -> &str {
+        match &self.prompt {
+            OpenPrompt::Approval(a) => &a.prompt_id,
+            OpenPrompt::Clarify(c) => &c.prompt_id,
+        }
+    }
+}
+
+/// What `always` would allow, in words: "every command that deletes files recursively, in
+/// every session of this home".
+pub fn always_covers(prompt: &ApprovalPrompt) -> String {
+    let what = prompt
+        .description
+        .split(':')
+        .next()
+        .unwrap_or(&prompt.description)
+        .trim();
+    let what = if what.is_empty() {
+        prompt.pattern_key.replace('_', " ")
+    } else {
+        what.to_string()
+    };
+    format!(
+        "every command that {what} ({}), in every session of this home",
+        prompt.pattern_key
+    )
+}
+
+impl App {
+    pub(crate) fn prompt_key(&mut self, key: KeyEvent, now: Instant) -> Option<Action> {
+        let view = self.prompt.as_mut()?;
+        match view.prompt.clone() {
+            OpenPrompt::Approval(a) => {
+                // A key within the quiet window is typing that was not meant as an answer.
+                let settled = now.saturating_duration_since(view.quiet_from) >= PROMPT_QUIET;
+                view.quiet_from = now;
+                if !settled {
+                    view.reask = Some(TYPED_AHEAD.to_string());
+                    return None;
+                }
+                approval_key(view, &a, key)
+            }
+            OpenPrompt::Clarify(c) => clarify_key(view, &c, key),
+        }
+    }
+
+    pub(crate) fn open_prompt(&mut self, prompt: OpenPrompt, now: Instant) {
+        let same = self.prompt.as_ref().is_some_and(|p| p.prompt == prompt);
+        if !same {
+            self.prompt = Some(PromptView::new(prompt, now));
+        }
+    }
+
+    pub(crate) fn settle_prompt(&mut self, prompt_id: &str, answer: String, now: Instant) {
+        let open = self.prompt.take_if(|p| p.prompt_id() == prompt_id);
+        let Some(turn) = self.turn.as_mut() else {
+            return;
+        };
+        let wanted = match &open {
+            Some(PromptView {
+                prompt: OpenPrompt::Clarify(_),
+                ..
+            }) => Some("clarify"),
+            _ => None,
+        };
+        let block = turn.items.iter_mut().rev().find_map(|i| match i {
+            TurnItem::Tool(b)
+                if b.status == ToolStatus::AwaitingApproval
+                    || wanted.is_some_and(|w| b.name == w && !b.finished()) =>
+            {
+                Some(b)
+            }
+            _ => None,
+        });
+        if let Some(b) = block {
+            b.answer = Some(answer);
+            if b.status == ToolStatus::AwaitingApproval {
+                b.status = ToolStatus::Running(now);
+            }
+        }
+    }
+}
+
+/// The user's word for a choice.
+pub fn choice_word(choice: ApprovalChoice) -> &'static str {
+    match choice {
+        ApprovalChoice::Once => "once",
+        ApprovalChoice::Session => "for this session",
+        ApprovalChoice::Always => "always",
+        ApprovalChoice::Deny => "denied",
+    }
+}
+
+/// The key for a choice.
+pub fn choice_key(choice: ApprovalChoice) -> char {
+    match choice {
+        ApprovalChoice::Once => 'y',
+        ApprovalChoice::Session => 's',
+        ApprovalChoice::Always => 'a',
+        ApprovalChoice::Deny => 'n',
+    }
+}
+
+/// What the prompt says of a key that came too soon to be an answer ([`PROMPT_QUIET`]).
+pub const TYPED_AHEAD: &str =
+    "(typed ahead: not taken as an answer; wait a moment, then press a key)";
+
+fn approval_key(view: &mut PromptView, prompt: &ApprovalPrompt, key: KeyEvent) -> Option<Action> {
+    let KeyCode::Char(c) = key.code else {
+        if key.code == KeyCode::Esc && view.stage == ApprovalStage::ConfirmAlways {
+            view.stage = ApprovalStage::Ask;
+            view.reask = None;
+        }
+        return None;
+    };
+    let answer = |view: &mut PromptView, choice| {
+        let reply = Reply::Approval(choice);
+        send_answer(view, &prompt.prompt_id, prompt.execution_generation, reply)
+    };
+    match view.stage {
+        ApprovalStage::ConfirmAlways => match c.to_ascii_lowercase() {
+            'y' => answer(view, ApprovalChoice::Always),
+            'n' => {
+                view.stage = ApprovalStage::Ask;
+                view.reask = None;
+                None
+            }
+            _ => {
+                view.reask = Some(c.to_string());
+                None
+            }
+        },
+        ApprovalStage::Ask => {
+            let choice = prompt
+                .choices
+                .iter()
+                .copied()
+                .find(|choice| choice_key(*choice) == c.to_ascii_lowercase());
+            match choice {
+                Some(ApprovalChoice::Always) => {
+                    view.stage = ApprovalStage::ConfirmAlways;
+                    view.reask = None;
+                    None
+                }
+                Some(choice) => answer(view, choice),
+                None => {
+                    view.reask = Some(c.to_string());
+                    None
+                }
+            }
+        }
+    }
+}
+
+/// Marks the prompt answered and sends `reply` to the prompt `prompt_id` of `generation`.
+fn send_answer(
+    view: &mut PromptView,
+    prompt_id: &str,
+    generation: u64,
+    reply: Reply,
+) -> Option<Action> {
+    view.sent = true;
+    view.reask = None;
+    Some(Action::Answer(PromptAnswer {
+        prompt_id: prompt_id.to_string(),
+        generation,
+        reply,
+    }))
+}
+
+fn clarify_key(view: &mut PromptView, prompt: &ClarifyPrompt, key: KeyEvent) -> Option<Action> {
+    let send = |view: &mut PromptView, answer| {
+        let reply = Reply::Clarify(answer);
+        send_answer(view, &prompt.prompt_id, prompt.execution_generation, reply)
+    };
+    if prompt.choices.is_empty() {
+        let newline = key.code == KeyCode::Enter
+            && key
+                .modifiers
+                .intersects(KeyModifiers::SHIFT | KeyModifiers::ALT);
+        match key.code {
+            _ if newline => view.text.insert('\n'),
+            KeyCode::Enter if !view.text.text().trim().is_empty() => {
+                let text = view.text.take();
+                return send(view, ClarifyAnswer::Text(text));
+            }
+            KeyCode::Esc => view.text.clear(),
+            KeyCode::Backspace => view.text.backspace(),
+            KeyCode::Left => view.text.left(),
+            KeyCode::Right => view.text.right(),
+            KeyCode::Char(c) if !key.modifiers.contains(KeyModifiers::CONTROL) => {
+                view.text.insert(c)
+            }
+            _ => {}
+        }
+        return None;
+    }
+    let n = prompt.choices.len();
+    match key.code {
+        KeyCode::Up => view.selected = (view.selected + n - 1) % n,
+        KeyCode::Down | KeyCode::Tab => view.selected = (view.selected + 1) % n,
+        KeyCode::Char(' ') if prompt.multi_select => {
+            if let Some(p) = view.picked.get_mut(view.selected) {
+                *p = !*p;
+            }
+        }
+        KeyCode::Char(d) if d.is_ascii_digit() && d != '0' => {
+            let i = (d as usize) - ('1' as usize);
+            if i < n {
+                if prompt.multi_select {
+                    view.picked[i] = !view.picked[i];
+                    view.selected = i;
+                } else {
+                    return send(view, ClarifyAnswer::Text(prompt.choices[i].clone()));
+                }
+            } else {
+                view.reask = Some(d.to_string());
+            }
+        }
+        KeyCode::Enter if prompt.multi_select => {
+            let picked: Vec<String> = prompt
+                .choices
+                .iter()
+                .zip(&view.picked)
+                .filter(|(_, p)| **p)
+                .map(|(c, _)| c.clone())
+                .collect();
+            if picked.is_empty() {
+                view.reask = Some("Enter".into());
+            } else {
+                return send(view, ClarifyAnswer::Choices(picked));
+            }
+        }
+        KeyCode::Enter => {
+            let choice = prompt.choices[view.selected.min(n - 1)].clone();
+            return send(view, ClarifyAnswer::Text(choice));
+        }
+        KeyCode::Char(c) => view.reask = Some(c.to_string()),
+        _ => {}
+    }
+    None
+}
