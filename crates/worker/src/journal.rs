@@ -36,10 +36,10 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use drover_platform::OPEN_NO_FOLLOW;
 use drover_protocol::worker::{
     PersistFrame, Scope, WorkerFrame, MAX_FRAME_BYTES, OUTBOX_SPARES_MAX, OUTBOX_SPARE_PREFIX,
 };
-use drover_tools::platform::OPEN_NO_FOLLOW;
 use serde_json::Value;
 
 /// Digits of the zero-padded sequence in a frame's file name (`u64::MAX` has 20).

@@ -24,10 +24,11 @@
 //! Modules:
 //! - [`journal`]: the outbox files (record, acknowledge, reload).
 //! - [`worker_template`]: the worker template's fork requests, seen from the template.
-//! - [`owner_pipe`]: the worker's end of the owner pipes ([`owner_pipe::OwnerLink`]) over any reader/writer pair: the journal's file writes in
-//!   sequence order, one writer task behind a bounded queue (persists and deltas never interleave;
-//!   deltas are dropped when the owner does not read, persists wait), one reader task
-//!   (receipts by sequence, `stop`), resend after a reconnect.
+//! - [`owner_pipe`]: the worker's end of the owner pipes ([`owner_pipe::OwnerLink`]) over any
+//!   reader/writer pair: the journal's file writes in sequence order, one writer task behind a
+//!   bounded queue (persists and deltas never interleave; deltas are dropped when the owner
+//!   does not read, persists wait), one reader task (receipts by sequence, `stop`), resend
+//!   after a reconnect.
 //! - [`store`]: the agent's [`drover_agent::TurnStore`], the tools'
 //!   [`drover_tools::PromptBroker`], [`drover_tools::ProcessRegistry`] and
 //!   [`drover_tools::McpStatusSink`], all persisting
@@ -64,12 +65,12 @@ use std::sync::Arc;
 
 use drover_agent::{run_compaction, run_turn, TurnReport, TurnSpec};
 use drover_model::{ModelClient, ModelConfig};
+use drover_platform::{self as platform, ForegroundGroups, Signal};
 use drover_protocol::worker::{
     op, BodyFrame, BodyPiece, Bootstrap, ExecutionFinish, Policy, TurnOutcome, TurnResult,
     WorkerFrame, MAX_FRAME_BYTES,
 };
 use drover_protocol::{Exit, Usage};
-use drover_tools::platform::{self, ForegroundGroups, Signal};
 use drover_tools::{ToolContext, ToolRegistry};
 use tokio::io::{AsyncBufRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::unix::pipe;

@@ -3,18 +3,18 @@
 //!
 //! The template reads requests on its stdin, a `SOCK_SEQPACKET` socket from the owner
 //! ([`drover_protocol::worker::template`]). Each request carries the next spare's stdin,
-//! stdout and stderr; the template forks ([`platform::fork::fork_sibling`]: the spare is the
-//! owner's child), answers with the spare's pid and pidfd, and closes its copies. In the forked
+//! stdout and stderr; the template forks ([`drover_platform::fork::fork_sibling`]: the spare
+//! is the owner's child), answers with the spare's pid and pidfd, and closes its copies. In the forked
 //! process [`serve_requests`] returns [`Served::Forked`] with the request's descriptors as its
 //! standard streams; the caller goes on as a worker.
 //!
-//! Layers: uses [`platform::fork`] and the protocol's message; nothing of the worker's other
-//! modules.
+//! Layers: uses [`drover_platform::fork`] and the protocol's message; nothing of the worker's
+//! other modules.
 
 use std::os::fd::{AsFd, BorrowedFd};
 
+use drover_platform::fork::{self, Fork, EINVAL};
 use drover_protocol::worker::template::{ForkReply, FORK_REQUEST, REQUEST_FDS};
-use drover_tools::platform::fork::{self, Fork, EINVAL};
 
 /// The process name (`comm`) of a worker template.
 pub const TEMPLATE_NAME: &str = "drover-template";
