@@ -15,9 +15,9 @@ use drover_protocol::ClientRequest;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use crate::connection::Link;
 use crate::daemon::{api_key_mismatch, ApiKeyMismatch, ConnectOptions};
 use crate::error::ClientError;
-use crate::link::Link;
 use crate::stream::SessionStream;
 
 /// A connection to the home's daemon: a cheap-to-clone handle to a background task that owns

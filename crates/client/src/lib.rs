@@ -51,20 +51,20 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Layers: `error`, `tls` (leaves); `daemon` on both; `link` (the connection task) on
-//! `daemon`; `stream` on `link`; `client` on `stream`.
+//! Layers: `error`, `tls` (leaves); `daemon` on both; `connection` (the task that owns the
+//! WebSocket) on `daemon`; `stream` on `connection`; `client` on `stream`.
 
 pub mod client;
+pub mod connection;
 pub mod daemon;
 pub mod error;
-pub mod link;
 pub mod stream;
 mod tls;
 
 pub use client::{Client, COMPACT_TIMEOUT};
+pub use connection::{parse_result, ConnectionChange};
 pub use daemon::{
     owner_pid, read_daemon_info, ApiKeyMismatch, ConnectOptions, StartDaemon, START_LOG,
 };
 pub use error::ClientError;
-pub use link::{parse_result, ConnectionChange};
 pub use stream::{SessionStream, Update};

@@ -8,8 +8,8 @@ use drover_protocol::event::SessionEvent;
 use drover_protocol::ClientRequest;
 use tokio::sync::mpsc;
 
+use crate::connection::{ConnectionChange, Feed, Link};
 use crate::error::ClientError;
-use crate::link::{ConnectionChange, Feed, Link};
 
 /// One item of a [`SessionStream`].
 #[derive(Debug, Clone, PartialEq)]
