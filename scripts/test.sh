@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Runs the linters (cargo fmt --check, cargo clippy -D warnings) and every test suite: the Rust
-# workspace, then the Python client (clients/python: its types.py against the schema, mypy
-# --strict and pytest against the `drover` binary just built), in a venv under target/.
+# Runs the rules (cargo fmt --check, cargo shear for unused dependencies, cargo clippy -D
+# warnings) and every test suite: the Rust workspace, then the Python client (clients/python:
+# its types.py against the schema, mypy --strict and pytest against the `drover` binary just
+# built), in a venv under target/.
 #   bash scripts/test.sh          # everything (what CI runs)
+#   bash scripts/test.sh lint     # only the rules (a minute or two once the tree is built)
 #   bash scripts/test.sh python   # only the Python client (builds the binary first)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,11 +28,28 @@ acp_packages() {
   cp "$dir/package-lock.json" "$dir/node_modules/.drover-lock"
 }
 
-if [ "${1:-all}" != python ]; then
-  # The rules first, as CI runs them: formatting, then every clippy lint of the workspace
-  # (warnings are errors), so a change that breaks one fails here, not in review.
+# The rules, cheapest first: formatting; dependencies no code uses, or that only tests use
+# outside [dev-dependencies] (cargo shear reads the sources, no build); then every clippy lint
+# of the workspace with warnings as errors, clippy.toml's architecture rules among them.
+lint() {
   cargo fmt --all --check
+  if ! command -v cargo-shear >/dev/null 2>&1; then
+    # The version .ci/run installs: later ones need a newer rustc than the tree's.
+    echo "cargo-shear is missing: cargo install --locked cargo-shear@1.9.1" >&2
+    exit 1
+  fi
+  cargo shear
   cargo clippy --workspace --all-targets -- -D warnings
+}
+
+if [ "${1:-all}" = lint ]; then
+  lint
+  exit 0
+fi
+
+if [ "${1:-all}" != python ]; then
+  # The rules first, as CI runs them, so a change that breaks one fails here, not in review.
+  lint
   acp_packages
   # Builds target/debug/drover too, for the end-to-end tests and for the Python client's.
   cargo test --workspace
