@@ -11,10 +11,10 @@ mod chat;
 mod commands;
 mod completions;
 mod display;
-mod job;
+mod job_cmd;
 mod protocol_cmd;
-mod run;
-mod runner;
+mod run_cmd;
+mod runner_cmd;
 mod session_cmd;
 mod spinner;
 mod ui_cmd;
@@ -52,7 +52,7 @@ enum Command {
         ready_fd: Option<i32>,
     },
     /// Submit a prompt to a session and stream the answer (starts the daemon if needed).
-    Run(run::RunArgs),
+    Run(run_cmd::RunArgs),
     /// The interactive client: chat with a session (a new one, `-c` the most recent, or
     /// `--session ID`).
     Chat(chat::ChatArgs),
@@ -85,11 +85,11 @@ enum Command {
         command: commands::ApprovalsCommand,
     },
     /// Delegated jobs: register, submit, publish and inspect (docs/jobs.md).
-    Job(job::JobArgs),
+    Job(job_cmd::JobArgs),
     /// Run dispatched remote jobs: follow this runner's dispatch topic and run CMD per job.
-    Runner(runner::RunnerArgs),
+    Runner(runner_cmd::RunnerArgs),
     /// Alternate creator and reviewer jobs until the reviewer says PASS.
-    Loop(runner::LoopArgs),
+    Loop(runner_cmd::LoopArgs),
     /// Run a local MQTT broker for development (mosquitto on loopback; docs/jobs.md).
     Broker(broker::BrokerArgs),
     /// Print (and open, when a browser is there) a one-time login link to the daemon's web
@@ -201,7 +201,7 @@ fn main() -> ExitCode {
         }
         Command::Worker { template: false } => drover_worker::main_entry(),
         Command::Worker { template: true } => drover_worker::template_entry(),
-        Command::Run(args) => commands::block_on(run::run(home, args)),
+        Command::Run(args) => commands::block_on(run_cmd::run(home, args)),
         Command::Stop => commands::block_on(commands::stop(home)),
         Command::Sessions { json } => commands::block_on(session_cmd::sessions(&home, json)),
         Command::Show(args) => commands::block_on(session_cmd::show(&home, args)),
@@ -214,10 +214,10 @@ fn main() -> ExitCode {
             session_cmd::require_home(&home)?;
             commands::approvals(home, command).await
         }),
-        Command::Job(args) => job::run(home, args),
+        Command::Job(args) => job_cmd::run(home, args),
         Command::Broker(args) => broker::run(home, args),
-        Command::Runner(args) => runner::run_runner(home, args),
-        Command::Loop(args) => runner::run_loop(home, args),
+        Command::Runner(args) => runner_cmd::run_runner(home, args),
+        Command::Loop(args) => runner_cmd::run_loop(home, args),
         Command::Protocol(args) => protocol_cmd::run(args),
         Command::Ui(args) => commands::block_on(ui_cmd::ui(home, args)),
         Command::Completions { shell } => completions::completions(Cli::command(), shell),

@@ -1,5 +1,5 @@
 //! `drover runner` and `drover loop` (SPEC section 7, "Remote"): argument parsing and
-//! printing around [`drover_jobs::runner`] and the submit of `crate::job`. Documented in
+//! printing around [`drover_jobs::runner`] and the submit of `crate::job_cmd`. Documented in
 //! `docs/jobs.md`.
 
 use std::path::PathBuf;
@@ -12,7 +12,7 @@ use drover_jobs::state;
 use drover_jobs::{Contract, JobError};
 use serde_json::json;
 
-use crate::job::{self, Env, HeartbeatArgs, SubmitSpec};
+use crate::job_cmd::{self, Env, HeartbeatArgs, SubmitSpec};
 use crate::Exit;
 
 /// `drover runner`.
@@ -87,7 +87,7 @@ fn runner_inner(home: PathBuf, a: RunnerArgs) -> Result<Exit, JobError> {
     let endpoint = settings
         .endpoint
         .clone()
-        .ok_or_else(job::no_wire_for_remote)?;
+        .ok_or_else(job_cmd::no_wire_for_remote)?;
     let cfg = RunnerConfig {
         session: a.session,
         command: a.exec,
@@ -100,7 +100,7 @@ fn runner_inner(home: PathBuf, a: RunnerArgs) -> Result<Exit, JobError> {
         drain: env.drain()?,
         dispatch_max_age_s,
     };
-    let rt = job::runtime()?;
+    let rt = job_cmd::runtime()?;
     let end = rt.block_on(async {
         let (stop_tx, stop) = tokio::sync::watch::channel(false);
         let signals = stop_on_signals(stop_tx)?;
@@ -212,12 +212,12 @@ fn loop_inner(home: PathBuf, a: LoopArgs) -> Result<Exit, JobError> {
     let creator = AgentSession::parse(&a.creator)?;
     let reviewer = AgentSession::parse(&a.reviewer)?;
     let env = Env::new(home, a.registry_dir.as_deref());
-    let rt = job::runtime()?;
+    let rt = job_cmd::runtime()?;
     let mut rounds = Vec::new();
     let mut feedback: Option<String> = None;
     let finish = |rounds: &Vec<serde_json::Value>, outcome: &str, code: Exit| {
         if a.json {
-            job::print_json(&json!({"outcome": outcome, "rounds": rounds}));
+            job_cmd::print_json(&json!({"outcome": outcome, "rounds": rounds}));
         }
         Ok(code)
     };
@@ -322,7 +322,7 @@ fn step(
     contract: Contract,
     timeout: Option<u64>,
 ) -> Result<Step, JobError> {
-    let outcome = job::submit_outcome(
+    let outcome = job_cmd::submit_outcome(
         env,
         rt,
         SubmitSpec {
@@ -335,7 +335,7 @@ fn step(
             job_id: None,
         },
     )?;
-    let (word, code) = job::submit_verdict(outcome.verdict);
+    let (word, code) = job_cmd::submit_verdict(outcome.verdict);
     Ok(Step {
         detail: outcome.job.status_detail.clone(),
         job_id: outcome.job.job_id,
