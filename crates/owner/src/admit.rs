@@ -13,14 +13,15 @@ use drover_ledger::{Admitted, Claim, LedgerError};
 use drover_protocol::Secret;
 
 use crate::home::new_token;
+use crate::running_turn::TurnControl;
 use crate::runtime::Owner;
-use crate::turn::{register_claim, run_claimed, Registered};
+use crate::turn::{register_claim, run_claimed};
 
 /// The most inputs one group commit takes.
 const MAX_ADMISSION_BATCH: usize = 256;
 
 /// A turn claimed with its admission, registered in the commit's ledger job, to run.
-type Claimed = (Claim, Secret, Registered);
+type Claimed = (Claim, Secret, TurnControl);
 
 /// Starts the group-commit loop for admissions (call once, inside the runtime); the inputs
 /// come from [`Owner::admit`].

@@ -14,7 +14,7 @@ use crate::config::Config;
 use crate::home::{new_token, prepare_home, DaemonFile, DaemonInfo, HomeLock, LockError};
 pub use crate::idle::Lifetime;
 use crate::runtime::Owner;
-use crate::turn::{drain, kick_all, start_watchdog};
+use crate::turn::{claim_all_queued, drain, start_watchdog};
 
 /// glibc malloc arenas the owner may use. Its threads (two runtime workers, the ledger
 /// thread, the blocking pool) do little but I/O, and glibc's per-thread caches serve most
@@ -409,7 +409,7 @@ async fn serve(
     // After daemon.json: a client waiting for this daemon does not wait for the spare's start.
     owner.start_spare();
     owner.prune_worker_logs(false);
-    kick_all(&owner).await;
+    claim_all_queued(&owner).await;
     start_watchdog(&owner);
 
     tokio::select! {

@@ -49,6 +49,7 @@ pub mod logfile;
 pub mod mcp;
 pub mod outboxes;
 pub mod rpc;
+pub mod running_turn;
 pub mod runtime;
 pub mod sandbox;
 pub mod server;

@@ -19,7 +19,6 @@ use drover_ledger::{
 use drover_protocol::client::{self as wire, ClientRequest, MethodResult};
 use drover_protocol::event::SessionEvent;
 use drover_protocol::sandbox::SandboxMode;
-use drover_protocol::worker::OwnerFrame;
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
@@ -27,7 +26,7 @@ use crate::config::DEFAULT_SYSTEM_PROMPT;
 use crate::error::OwnerError;
 use crate::hub::{ConnHandle, Credential};
 use crate::runtime::Owner;
-use crate::turn::kick;
+use crate::turn::claim_next;
 
 /// The principal of every connection: one bearer token per home means one local user.
 const PRINCIPAL: &str = "local";
@@ -594,10 +593,8 @@ async fn session_set_mode(
         .ledger(move |l, o| {
             let row = l.set_approval_mode(&session_id, mode)?;
             let effective = o.config().approvals.mode_for(row.approval_mode);
-            if let Some(t) = o.running_turn(&session_id) {
-                let _ = t
-                    .control
-                    .try_send(OwnerFrame::Approvals { mode: effective });
+            if let Some(turn) = o.running_turn(&session_id) {
+                turn.approvals(effective);
             }
             Ok((row, effective))
         })
@@ -747,7 +744,7 @@ async fn compaction_settled(
 }
 
 /// Admits `request` (group commit; an idle session's new input is claimed in the same
-/// commit, [`crate::admit`]) and kicks the session's queue when no turn runs.
+/// commit, [`crate::admit`]) and claims the session's next input when no turn runs.
 async fn admit(
     owner: &Arc<Owner>,
     request: AdmitRequest,
@@ -768,9 +765,9 @@ async fn admit(
     };
     crate::telemetry::admitted(&submit, &row);
     // A running turn (the one just claimed with the admission, or an earlier one) claims the
-    // next input when it settles; only a session still idle needs a kick.
+    // next input when it settles; only a session still idle needs a claim here.
     if owner.running_turn(&session_id).is_none() {
-        kick(owner, session_id);
+        claim_next(owner, session_id);
     }
     Ok(receipt(&row))
 }
@@ -819,7 +816,7 @@ async fn resolve_unknown(
     p: wire::AdmissionRef,
 ) -> Result<wire::AdmissionReceipt, OwnerError> {
     let (session_id, row) = change_admission(owner, conn, p, Ledger::resolve_unknown).await?;
-    kick(owner, session_id);
+    claim_next(owner, session_id);
     Ok(receipt(&row))
 }
 
@@ -860,10 +857,7 @@ async fn interrupt(
     require_attached(owner, conn, &session_id).await?;
     match owner.running_turn(&session_id) {
         Some(t) if t.generation == generation => {
-            let _ = t.control.try_send(OwnerFrame::Stop {
-                reason: "interrupted".into(),
-            });
-            t.interrupt.cancel();
+            t.interrupt();
             // Close the turn's prompts now, so an answer racing the stop is not recorded as
             // accepted for a tool that will not run.
             let eid = t.execution_id.clone();
@@ -875,10 +869,7 @@ async fn interrupt(
                 })
                 .await?;
             for p in closed {
-                let _ = t.control.try_send(OwnerFrame::Receipt {
-                    sequence: p.sequence,
-                    result: json!({"status": "cancelled"}),
-                });
+                t.deliver_receipt(p.sequence, json!({"status": "cancelled"}));
             }
             Ok(wire::InterruptAccepted {
                 execution_state: wire::ExecutionState::Interrupting,
@@ -968,10 +959,7 @@ async fn respond(
             prompt, receipt, ..
         } => {
             if let Some(t) = owner.turn_by_execution(&prompt.execution_id) {
-                let _ = t.control.try_send(OwnerFrame::Receipt {
-                    sequence: prompt.sequence,
-                    result: receipt,
-                });
+                t.deliver_receipt(prompt.sequence, receipt);
             }
             wire::PromptResponseStatus::Resolved
         }

@@ -1,5 +1,5 @@
 //! The owner's runtime state: the ledger behind one lock, the event hub, running turns, and
-//! the drain flag. Turn scheduling and worker supervision live in the `turns` module, a layer
+//! the drain flag. Turn scheduling and worker supervision live in the `turn` module, a layer
 //! above this one.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -9,7 +9,6 @@ use std::sync::{Arc, Mutex};
 
 use drover_ledger::{AdmissionRow, AdmitRequest, Ledger, LedgerError};
 use drover_protocol::sandbox::SandboxSupport;
-use drover_protocol::worker::OwnerFrame;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -19,29 +18,9 @@ use crate::config::{Config, ConfigError, DaemonSection};
 use crate::hub::Hub;
 use crate::mcp::McpStatusTable;
 use crate::outboxes::OutboxPool;
+use crate::running_turn::RunningTurn;
 use crate::spare::{SpareSlot, WorkerCommand};
 use crate::worker_logs::WorkerLogs;
-
-/// A turn whose worker is running.
-#[derive(Debug, Clone)]
-pub struct RunningTurn {
-    /// The session the turn belongs to.
-    pub session_id: String,
-    /// The admission (the accepted input) the turn runs.
-    pub admission_id: String,
-    /// The execution claimed for it.
-    pub execution_id: String,
-    /// The execution's generation: a write under an older one is `stale_generation`.
-    pub generation: u64,
-    /// Frames to write to the worker's stdin (bounded: a worker that stops reading is not
-    /// buffered for without end).
-    pub control: mpsc::Sender<OwnerFrame>,
-    /// Cancelled to stop the worker by signal (drain past the grace).
-    pub kill: CancellationToken,
-    /// Cancelled when a `session.interrupt` is accepted: the worker then has
-    /// `[daemon] interrupt_grace_s` to stop before it is signalled.
-    pub interrupt: CancellationToken,
-}
 
 /// The owner daemon's shared state.
 pub struct Owner {

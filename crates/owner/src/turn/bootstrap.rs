@@ -1,0 +1,199 @@
+//! What a claimed turn is given before its worker runs: its registration as a running turn
+//! (inside the ledger job that claimed it) and its bootstrap, the frozen policy and history
+//! serialized once as the worker's first lines.
+
+use drover_ledger::Claim;
+use drover_protocol::worker::{Bootstrap, BootstrapFrameError, Policy, Scope, TraceContext};
+use drover_protocol::{ContextBudget, ModelSettings, Secret};
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::config::Config;
+use crate::running_turn::{RunningTurn, StopReason, TurnControl};
+use crate::runtime::Owner;
+
+/// What a claim needs before its ledger job ends (call it inside the job that committed the
+/// claim): the execution is supervised (the watchdog sees it), the turn is registered as
+/// running and its `turn.started` published. The supervisor's side of the turn is returned.
+pub(crate) fn register_claim(owner: &Owner, claim: &Claim) -> TurnControl {
+    owner.supervised().insert(claim.execution_id.clone());
+    // The turn is interruptible from the moment a client can see `turn.started`: a stop sent
+    // before the worker runs waits in its control queue.
+    let (turn, control) = RunningTurn::new(claim);
+    // A turn claimed as a graceful stop began may have missed the drain's stop frames.
+    if owner.is_draining() {
+        turn.stop(StopReason::RuntimeDraining);
+    }
+    // Listed as running, so interrupts, prompt answers and the drain reach its worker.
+    owner.turns().insert(claim.execution_id.clone(), turn);
+    owner.hub.reset_deltas(&claim.session.id);
+    owner.hub.publish(&claim.events);
+    control
+}
+
+/// The first frames a worker reads, each serialized once as its line: its scope and the frozen
+/// policy in the head, the history and the input in parts (docs/decisions.md, "The bootstrap
+/// in parts").
+/// The history is taken out of the claim: the owner does not hold it while the turn runs.
+pub(super) fn bootstrap_frames(
+    owner: &Owner,
+    claim: &mut Claim,
+    secret: Secret,
+) -> Result<Vec<Vec<u8>>, BootstrapFrameError> {
+    let history = std::mem::take(&mut claim.history);
+    Bootstrap {
+        scope: Scope {
+            session_id: claim.session.id.clone(),
+            admission_id: claim.admission.admission_id.clone(),
+            execution_id: claim.execution_id.clone(),
+            generation: claim.generation,
+            epoch: claim.epoch,
+            secret,
+        },
+        policy: policy(owner, claim),
+        history: history.messages,
+        history_ids: history.ids,
+        compaction: history.compaction,
+        input: claim.admission.text.clone(),
+        compact_only: claim.admission.kind == drover_protocol::client::AdmissionKind::Compact,
+        // Called inside the turn's span (`supervise` runs instrumented with it).
+        trace: drover_telemetry::traceparent(&tracing::Span::current()).map(|traceparent| {
+            TraceContext {
+                traceparent,
+                include_content: drover_telemetry::include_content(),
+            }
+        }),
+    }
+    .into_lines()
+}
+
+fn policy(owner: &Owner, claim: &Claim) -> Policy {
+    let config = owner.config();
+    let session = &claim.session;
+    let model_config = &session.model_config;
+    let api_key = model_config
+        .get("api_key")
+        .and_then(Value::as_str)
+        .map(Secret::from)
+        .or_else(|| config.api_key());
+    Policy {
+        model: session.model.clone(),
+        base_url: model_config
+            .get("base_url")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string(),
+        api_key,
+        model_settings: model_settings(&config, model_config),
+        system_prompt: session.system_prompt.clone(),
+        toolsets: session.toolsets.clone(),
+        tools: session.tool_schemas.clone(),
+        cwd: session.cwd.clone(),
+        max_steps: config.model.max_steps,
+        // At claim; a `session.set_mode` while the turn runs reaches its worker as an
+        // `approvals` frame (`RunningTurn::approvals`).
+        approvals: config.approvals.mode_for(session.approval_mode),
+        home: owner.home.display().to_string(),
+        approval_grants: claim.approval_grants.clone(),
+        background_processes: claim.background_processes.clone(),
+        mcp_servers: {
+            // The session's own servers after the config's: they are its frozen set.
+            let mut servers = config.mcp_servers_of(&session.toolsets);
+            servers.extend(crate::session_mcp::specs(&owner.home, session));
+            servers
+        },
+        jobs_wire: drover_protocol::worker::JobsWire {
+            url: config.mqtt.url.clone(),
+            username_env: config.mqtt.username_env.clone(),
+            password_env: config.mqtt.password_env.clone(),
+            topic_base: config.mqtt.topic_base.clone(),
+        },
+        sandbox: crate::sandbox::policy(
+            &session.sandbox,
+            &session.cwd,
+            &owner.home.display().to_string(),
+            &owner.sandbox_support,
+            config.sandbox.tool_env(),
+        ),
+        context: context_budget(owner, claim),
+    }
+}
+
+/// The session's frozen context budget (the daemon's `[model]` settings of now for a session
+/// that froze none), with the window an earlier turn found at the endpoint when the session
+/// fixed none.
+fn context_budget(owner: &Owner, claim: &Claim) -> ContextBudget {
+    let mut budget = frozen_context(owner, &claim.session.model_config);
+    if budget.context_window == 0 {
+        budget.context_window = claim.context_window_found.unwrap_or(0);
+    }
+    budget
+}
+
+/// The context budget a session froze in its `model_config` (the daemon's `[model]` settings
+/// of now for a session that froze none); its `context_window` is 0 when it fixed none.
+pub(crate) fn frozen_context(owner: &Owner, model_config: &Value) -> ContextBudget {
+    model_config
+        .get("context")
+        .and_then(|context| ContextBudget::deserialize(context).ok())
+        .unwrap_or_else(|| owner.config().model.context())
+}
+
+/// The session's frozen model settings. Fields its stored `model_config` lacks take
+/// ModelSettings' defaults, except `stall_timeout_s`: a session that did not freeze one gets
+/// the daemon's `[model] stall_timeout_s` of now (`config`).
+fn model_settings(config: &Config, model_config: &Value) -> ModelSettings {
+    /// The one field whose absence is told apart from its default.
+    #[derive(Deserialize)]
+    struct Frozen {
+        stall_timeout_s: Option<u64>,
+    }
+    let mut settings = ModelSettings::deserialize(model_config).unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "unreadable model_config settings; using the defaults");
+        ModelSettings::default()
+    });
+    let frozen = Frozen::deserialize(model_config)
+        .ok()
+        .and_then(|frozen| frozen.stall_timeout_s);
+    if frozen.is_none() {
+        settings.stall_timeout_s = config.model.stall_timeout_s;
+    }
+    settings
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn config_with_stall(stall_timeout_s: u64) -> Config {
+        let mut config = Config::default();
+        config.model.stall_timeout_s = stall_timeout_s;
+        config
+    }
+
+    #[test]
+    fn a_session_that_froze_no_stall_timeout_gets_the_daemons_of_now() {
+        let config = config_with_stall(17);
+        let settings = model_settings(&config, &json!({"stream": false, "max_retries": 1}));
+        assert_eq!(settings.stall_timeout_s, 17);
+    }
+
+    #[test]
+    fn a_frozen_stall_timeout_is_kept_whatever_the_daemon_says_now() {
+        let config = config_with_stall(17);
+        let settings = model_settings(&config, &json!({"stall_timeout_s": 40}));
+        assert_eq!(settings.stall_timeout_s, 40);
+    }
+
+    #[test]
+    fn unreadable_settings_fall_back_to_the_defaults_and_the_daemons_stall_timeout() {
+        let config = config_with_stall(17);
+        let settings = model_settings(&config, &json!({"stream": "yes"}));
+        let expected = ModelSettings {
+            stall_timeout_s: 17,
+            ..ModelSettings::default()
+        };
+        assert_eq!(settings, expected);
+    }
+}
