@@ -3,7 +3,7 @@
 //!
 //! A background process must outlive the turn and the worker, so it is not a foreground group:
 //! it runs in a session of its own (`setsid`, no `PR_SET_PDEATHSIG`), is never registered in
-//! [`crate::platform::ForegroundGroups`], and has stdin from `/dev/null` and stdout and stderr
+//! [`drover_platform::ForegroundGroups`], and has stdin from `/dev/null` and stdout and stderr
 //! appended to `<home>/logs/processes/<process_id>.log` (0600).
 //!
 //! **Exit codes.** The next turn's worker is not the process's parent, so it cannot `waitpid`
@@ -41,8 +41,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 pub use drover_protocol::worker::{BackgroundProcess, ProcessStatus, ProcessUpdate};
 
-use crate::platform;
 use crate::sandbox::Sandbox;
+use drover_platform as platform;
 
 /// The launcher script; see the module docs.
 const LAUNCHER: &str = "sh -c \"$1\" 3>&-; echo $? >&3";

@@ -3,7 +3,7 @@
 //!
 //! - [`Sandbox::confine`] prepares a command (a `terminal` command, foreground or background):
 //!   its environment cut by [`tool_env`] (every mode, `off` included), then, unless the mode
-//!   is `off`, the platform's plan ([`crate::platform::confine`]): a user and mount namespace
+//!   is `off`, the platform's plan ([`drover_platform::confine`]): a user and mount namespace
 //!   hiding every drover home and the browsers' profiles (`policy.hidden`), a network
 //!   namespace of its own with `network = false`, Landlock's write rules (left out for an
 //!   approved `sandbox: false` call), signals and abstract sockets scoped to the call's own
@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 
 pub use drover_protocol::sandbox::{SandboxMode, SandboxPolicy, ToolEnv};
 
-use crate::platform::confine::{Enforced, LandlockSpec, Plan, Spec};
+use drover_platform::confine::{Enforced, LandlockSpec, Plan, Spec};
 
 /// The words a variable name must not contain (any case) to reach a tool, unless kept.
 pub const SECRET_WORDS: &[&str] = &["KEY", "SECRET", "TOKEN", "PASSWORD", "CREDENTIAL"];

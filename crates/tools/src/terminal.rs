@@ -42,9 +42,9 @@ use tokio::time::Instant;
 use crate::approval::{self, Danger, Refusal};
 use crate::args::Args;
 use crate::background;
-use crate::platform::{self, ForegroundGroups};
 use crate::sandbox::{self, SandboxMode};
 use crate::{Tool, ToolContext, ToolOutput};
+use drover_platform::{self as platform, ForegroundGroups};
 
 /// Timeout when the call gives none, in seconds.
 pub const DEFAULT_TIMEOUT_SECS: u64 = 180;

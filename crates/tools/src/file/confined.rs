@@ -286,7 +286,7 @@ impl FileHelper {
             .stderr(Stdio::inherit())
             .kill_on_drop(true);
         sandbox.confine(command.as_std_mut(), false, &[])?;
-        let (mut child, _) = crate::platform::spawn_in_new_group(&mut command)
+        let (mut child, _) = drover_platform::spawn_in_new_group(&mut command)
             .map_err(|e| format!("could not start the file tools' confined helper: {e}"))?;
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
             return Err("the file tools' confined helper has no pipes".to_string());
