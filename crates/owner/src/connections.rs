@@ -192,7 +192,7 @@ impl Drop for OpenSlot {
         {
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 runtime.spawn_blocking(move || {
-                    let released = drover_tools::platform::release_free_memory();
+                    let released = drover_platform::release_free_memory();
                     tracing::debug!(peak, released, "a burst of connections ended");
                 });
             }

@@ -51,7 +51,7 @@ pub fn run_daemon(home: &Path, start: DaemonStart) -> Exit {
         acp,
     } = start;
     // Before any thread starts: the owner's memory stays flat as sessions grow.
-    drover_tools::platform::limit_malloc_arenas(OWNER_MALLOC_ARENAS);
+    drover_platform::limit_malloc_arenas(OWNER_MALLOC_ARENAS);
     if let Err(e) = prepare_home(home) {
         eprintln!("drover daemon: cannot create home {}: {e}", home.display());
         return Exit::Failed;
@@ -98,10 +98,10 @@ pub fn run_daemon(home: &Path, start: DaemonStart) -> Exit {
     }
     // Sandbox: no tool may read the owner's `/proc/<pid>/environ` (the API key), `mem` or
     // `fd` (the ledger, the token).
-    if let Err(e) = drover_tools::platform::set_non_dumpable() {
+    if let Err(e) = drover_platform::set_non_dumpable() {
         tracing::warn!(error = %e, "cannot make the owner non-dumpable");
     }
-    if let Err(e) = drover_tools::platform::ignore_file_size_signal() {
+    if let Err(e) = drover_platform::ignore_file_size_signal() {
         tracing::warn!(error = %e, "cannot ignore SIGXFSZ");
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -191,7 +191,7 @@ fn refuse_unlocked(home: &Path, why: &dyn std::fmt::Display) {
 /// 1,024) and bounds connections below it, so they can never take the descriptors workers,
 /// the ledger and logs need (docs/guarantees.md, "Connections").
 fn connection_limits() -> crate::connections::ConnectionLimits {
-    let open_files = match drover_tools::platform::limits::raise_open_files_limit() {
+    let open_files = match drover_platform::limits::raise_open_files_limit() {
         Ok(limit) => {
             if limit.soft > limit.before {
                 tracing::info!(
@@ -204,7 +204,7 @@ fn connection_limits() -> crate::connections::ConnectionLimits {
         }
         Err(e) => {
             tracing::warn!(error = %e, "cannot raise the open-files limit");
-            drover_tools::platform::limits::open_files_limit().unwrap_or(1024)
+            drover_platform::limits::open_files_limit().unwrap_or(1024)
         }
     };
     let limits = crate::connections::ConnectionLimits::for_open_files(open_files);
@@ -255,7 +255,7 @@ async fn serve(
     let mut ledger = match Ledger::open(&db) {
         Ok(l) => l,
         Err(e @ LedgerError::InUse { .. }) => {
-            let pid = drover_tools::platform::flock_holder(&db)
+            let pid = drover_platform::flock_holder(&db)
                 .map_or_else(|| "unknown".to_string(), |p| p.to_string());
             refuse(format_args!("{e} (pid {pid})"));
             return Exit::HomeOwned;
@@ -357,7 +357,7 @@ async fn serve(
         // `drover stop` signals this pid only while it has this start time.
         start_time: i32::try_from(std::process::id())
             .ok()
-            .and_then(drover_tools::platform::process_start_time),
+            .and_then(drover_platform::process_start_time),
     };
     let app = crate::server::router(owner.clone(), token, acp);
     let shutdown = owner.shutdown.clone();

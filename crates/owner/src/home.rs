@@ -150,7 +150,7 @@ impl Holder {
         match pid {
             Some(pid)
                 if pid != std::process::id()
-                    && i32::try_from(pid).is_ok_and(drover_tools::platform::is_alive) =>
+                    && i32::try_from(pid).is_ok_and(drover_platform::is_alive) =>
             {
                 Holder::Running(pid)
             }
@@ -188,12 +188,10 @@ fn lock_unless_owned(file: &File, path: &Path) -> Result<(), std::fs::TryLockErr
             other => return other,
         }
         // Our own pid there is a dead taker's, reused: this process has not taken the lock.
-        let taker = drover_tools::platform::flock_holder(path)
+        let taker = drover_platform::flock_holder(path)
             .filter(|&pid| pid != std::process::id())
             .and_then(|pid| i32::try_from(pid).ok());
-        if taker.is_some_and(drover_tools::platform::is_alive)
-            || std::time::Instant::now() >= deadline
-        {
+        if taker.is_some_and(drover_platform::is_alive) || std::time::Instant::now() >= deadline {
             return Err(std::fs::TryLockError::WouldBlock);
         }
         std::thread::sleep(std::time::Duration::from_millis(5));
@@ -203,8 +201,8 @@ fn lock_unless_owned(file: &File, path: &Path) -> Result<(), std::fs::TryLockErr
 /// The pid of the daemon that owns `home` now, if one does: the holder of the home lock (or,
 /// for an older drover, of `daemon.lock`). Works when `daemon.json` or `daemon.lock` is gone.
 pub fn owner_pid(home: &Path) -> Option<u32> {
-    drover_tools::platform::flock_holder(home)
-        .or_else(|| drover_tools::platform::flock_holder(&home.join("daemon.lock")))
+    drover_platform::flock_holder(home)
+        .or_else(|| drover_platform::flock_holder(&home.join("daemon.lock")))
         .or_else(|| {
             // /proc/locks unreadable: fall back to what the file says, while that pid lives.
             let lock = File::open(home.join("daemon.lock")).ok()?;
@@ -217,7 +215,7 @@ pub fn owner_pid(home: &Path) -> Option<u32> {
 
 /// Who holds `<home>/daemon.lock`: the kernel's word, else what the file says.
 fn lock_file_holder(home: &Path) -> Option<u32> {
-    drover_tools::platform::flock_holder(&home.join("daemon.lock")).or_else(|| recorded_pid(home))
+    drover_platform::flock_holder(&home.join("daemon.lock")).or_else(|| recorded_pid(home))
 }
 
 /// The pid written in `<home>/daemon.lock`.
@@ -328,9 +326,9 @@ mod tests {
             matches!(probe.try_lock(), Err(std::fs::TryLockError::WouldBlock)),
             "the dead taker's lock is still held by the sleeping child"
         );
-        let taker = drover_tools::platform::flock_holder(dir.path()).unwrap_or(0);
+        let taker = drover_platform::flock_holder(dir.path()).unwrap_or(0);
         assert!(
-            !drover_tools::platform::is_alive(taker as i32),
+            !drover_platform::is_alive(taker as i32),
             "taker {taker} is dead"
         );
 

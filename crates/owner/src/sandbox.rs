@@ -19,11 +19,11 @@ use drover_protocol::sandbox::{Confinement, SandboxMode, SandboxPolicy, SandboxS
 pub const LANDLOCK_NETWORK_ABI: u32 = 4;
 
 /// The first Landlock ABI that scopes signals and abstract unix sockets.
-pub const LANDLOCK_SCOPE_ABI: u32 = drover_tools::platform::confine::SCOPE_ABI;
+pub const LANDLOCK_SCOPE_ABI: u32 = drover_platform::confine::SCOPE_ABI;
 
-/// What [`drover_tools::platform::confine::probe`] found, in the protocol's shape.
+/// What [`drover_platform::confine::probe`] found, in the protocol's shape.
 pub fn probe() -> SandboxSupport {
-    let found = drover_tools::platform::confine::probe();
+    let found = drover_platform::confine::probe();
     SandboxSupport {
         namespaces: found.namespaces,
         landlock_abi: found.landlock_abi,
@@ -106,7 +106,7 @@ pub const BROWSER_PROFILES: &[&str] = &[
 /// directory is gone. Called when a daemon prepares its home; a failure is logged by the
 /// caller and costs only the hiding of this home from other daemons' tools.
 pub fn register_home(home: &Path) -> std::io::Result<()> {
-    match drover_tools::platform::confine::account_home() {
+    match drover_platform::confine::account_home() {
         Some(account) => register_home_in(&account.join(HOMES_DIR), home),
         None => Ok(()),
     }
@@ -170,7 +170,7 @@ fn listed_homes(dir: &Path) -> Vec<PathBuf> {
 /// profiles, under the account's home and under `$HOME` when that differs. Never `/` or a
 /// user's home itself, which would hide everything.
 pub fn hidden_paths(home: &str) -> Vec<String> {
-    let account = drover_tools::platform::confine::account_home();
+    let account = drover_platform::confine::account_home();
     let env_home = std::env::var_os("HOME")
         .map(PathBuf::from)
         .filter(|h| h.is_absolute());

@@ -166,7 +166,7 @@ impl SpareSlot {
                 if spare
                     .pid()
                     .and_then(|pid| i32::try_from(pid).ok())
-                    .is_some_and(drover_tools::platform::is_stopped) =>
+                    .is_some_and(drover_platform::is_stopped) =>
             {
                 tracing::warn!(pid = ?spare.pid(), "the spare worker is stopped; starting a fresh worker");
                 spare.discard().await;

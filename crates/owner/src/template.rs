@@ -5,7 +5,7 @@
 //! process, which does that start-up once, stays single-threaded and forks each spare on
 //! request (`drover_worker::template_entry`). A forked spare is the owner's child
 //! (`CLONE_PARENT`): the owner waits for it, reaps it and kills it through its pidfd
-//! ([`drover_tools::platform::fork::ProcessHandle`]), and it dies with the owner
+//! ([`drover_platform::fork::ProcessHandle`]), and it dies with the owner
 //! (`PR_SET_PDEATHSIG`) as an exec'd worker does. SPEC section 4 is unchanged: each turn has a
 //! process of its own that serves that turn only.
 //!
@@ -34,8 +34,8 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
+use drover_platform::fork::{self, DescriptorsDropped, FdChannel, ProcessHandle};
 use drover_protocol::worker::template::{ForkReply, FORK_REQUEST};
-use drover_tools::platform::fork::{self, DescriptorsDropped, FdChannel, ProcessHandle};
 use tokio::process::{Child, Command};
 
 use crate::worker_process::{
@@ -94,7 +94,7 @@ impl Template {
             control: FdChannel::new(ours)?,
             without_env: command.without_env.clone(),
             cmdline,
-            started_at: drover_tools::platform::boot_ticks_now(),
+            started_at: drover_platform::boot_ticks_now(),
         })
     }
 
@@ -346,7 +346,7 @@ impl TemplateSlot {
             );
         }
         if let Some(t) = self.template.take() {
-            let failed_at = drover_tools::platform::boot_ticks_now();
+            let failed_at = drover_platform::boot_ticks_now();
             tokio::spawn(async move {
                 let (cmdline, started_at) = (t.cmdline.clone(), t.started_at);
                 t.stop().await;

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use drover_tools::platform::fork::ProcessHandle;
+use drover_platform::fork::ProcessHandle;
 use tokio::net::unix::pipe;
 use tokio::process::{Child, Command};
 use tokio::sync::oneshot;
@@ -138,7 +138,7 @@ pub(crate) fn worker_environment(cmd: &mut Command, without_env: &BTreeSet<Strin
     // The owner raised its open-files limit for its connections; a worker, and so every tool
     // it runs, starts with the limit the owner was given (a program using `select` breaks past
     // 1,024 descriptors).
-    drover_tools::platform::limits::restore_open_files_limit(cmd.as_std_mut());
+    drover_platform::limits::restore_open_files_limit(cmd.as_std_mut());
 }
 
 /// A started `drover worker` with its pipes, before or after it is given a turn.

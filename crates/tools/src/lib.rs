@@ -47,9 +47,6 @@
 //!   and the same write rule for the file tools; MCP servers are not confined.
 //! - [`approval`]: the dangerous-command classifier and the pure approval decision
 //!   (`docs/approvals.md`).
-//! - [`platform`]: re-export of `drover-platform`, the only crate that touches process groups,
-//!   signals, `PR_SET_PDEATHSIG` and `/proc`; the worker uses [`platform::ForegroundGroups`] to
-//!   kill foreground commands when its owner is gone (SPEC section 4).
 //!
 //! Layers (each imports only those before it): `error`, `tool`, `prompt` < `approval`, `args`,
 //! `clarify`, `delegate`, `mcp`, `sandbox` < `background` < `file`, `jobs`, `process`,
@@ -79,8 +76,6 @@ pub mod error;
 pub mod file;
 pub mod jobs;
 pub mod mcp;
-/// Platform code lives in its own crate (`drover-platform`); re-exported for the tools' callers.
-pub use drover_platform as platform;
 pub mod process;
 pub mod prompt;
 pub mod registry;

@@ -14,10 +14,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use drover_platform::{self as platform, ForegroundGroups, Signal};
 use drover_test_support::harness::{self, ChildGuard};
 use drover_test_support::wait;
 use drover_tools::background::{BackgroundProcess, ProcessStatus, ProcessUpdate};
-use drover_tools::platform::{self, ForegroundGroups, Signal};
 use drover_tools::process::ProcessTool;
 use drover_tools::terminal::TerminalTool;
 use drover_tools::{InMemoryProcesses, ProcessRegistry, ToolContext};

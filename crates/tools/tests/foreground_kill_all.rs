@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use drover_test_support::wait;
 
-use drover_tools::platform::{is_alive, ForegroundGroups};
+use drover_platform::{is_alive, ForegroundGroups};
 use drover_tools::terminal::TerminalTool;
 use drover_tools::{Tool, ToolContext};
 use serde_json::{json, Value};

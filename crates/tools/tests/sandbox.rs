@@ -11,10 +11,10 @@ use common::call;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use drover_platform::confine::probe;
 use drover_protocol::sandbox::{SandboxMode, SandboxPolicy, SandboxSupport, ToolEnv};
 use drover_test_support::outside_path;
 use drover_tools::file::write::WriteFileTool;
-use drover_tools::platform::confine::probe;
 use drover_tools::process::ProcessTool;
 use drover_tools::sandbox::Sandbox;
 use drover_tools::terminal::TerminalTool;

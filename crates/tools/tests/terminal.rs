@@ -8,8 +8,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use drover_platform::{is_alive, ForegroundGroups};
 use drover_test_support::wait;
-use drover_tools::platform::{is_alive, ForegroundGroups};
 use drover_tools::terminal::TerminalTool;
 use drover_tools::{
     NoPrompts, PromptAnswer, PromptBroker, ScriptedPrompts, Tool, ToolContext, ToolOutput,

@@ -18,11 +18,8 @@ struct GroupGuard(Option<(i32, u64)>);
 impl Drop for GroupGuard {
     fn drop(&mut self) {
         if let Some((pid, start_time)) = self.0 {
-            if drover_tools::platform::process_matches(pid, start_time) {
-                let _ = drover_tools::platform::signal_group(
-                    pid,
-                    drover_tools::platform::Signal::SIGKILL,
-                );
+            if drover_platform::process_matches(pid, start_time) {
+                let _ = drover_platform::signal_group(pid, drover_platform::Signal::SIGKILL);
             }
         }
     }
@@ -93,7 +90,7 @@ async fn bootstrap_processes_are_checked_and_new_ones_registered_through_the_own
     assert_eq!(registered.status, ProcessStatus::Running);
     assert_eq!(registered.command, "sleep 30");
     assert!(registered.start_time.is_some());
-    assert!(drover_tools::platform::is_alive(registered.pid));
+    assert!(drover_platform::is_alive(registered.pid));
 
     // The tool results the model saw.
     let results: Vec<Value> = owner
@@ -111,5 +108,5 @@ async fn bootstrap_processes_are_checked_and_new_ones_registered_through_the_own
     assert_eq!(results[1]["pid"], registered.pid);
     assert_eq!(owner.exited().await, WorkerExit::Finished);
     // The worker is done; its background process is not.
-    assert!(drover_tools::platform::is_alive(registered.pid));
+    assert!(drover_platform::is_alive(registered.pid));
 }

@@ -317,12 +317,12 @@ async fn worker_process_kills_foreground_groups_when_stdin_closes() {
             .await;
     }
     let pid = pid_from_file(&pid_file).await;
-    assert!(drover_tools::platform::is_alive(pid));
+    assert!(drover_platform::is_alive(pid));
 
     drop(worker.stdin.take());
     assert_eq!(worker.status().await.code(), Some(1));
     let gone = tokio::time::timeout(WAIT, async {
-        while drover_tools::platform::is_alive(pid) {
+        while drover_platform::is_alive(pid) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })

@@ -89,7 +89,7 @@ async fn stop_during_a_terminal_command_kills_it_and_finishes_interrupted() {
     assert_eq!(closing.tool_errors, vec!["c1"]);
     // Signals are asynchronous: the shell may take a moment to go.
     let gone = tokio::time::timeout(Duration::from_secs(5), async {
-        while drover_tools::platform::is_alive(pid) {
+        while drover_platform::is_alive(pid) {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     })
