@@ -4,7 +4,7 @@
 
 use crate::sql::Cached;
 use drover_protocol::client::AdmissionKind;
-use drover_protocol::event as ev;
+use drover_protocol::event::{AdmissionUpdated, EventPayload};
 use rusqlite::{params, Connection, OptionalExtension, Row};
 use serde_json::{json, Value};
 
@@ -201,11 +201,10 @@ pub(crate) fn admission_updated(
     push_event(
         tx,
         &a.session_id,
-        ev::ADMISSION_UPDATED,
-        json!({
-            "admission_id": a.admission_id,
-            "status": a.status.as_str(),
-            "outcome": a.outcome.map(Outcome::as_str),
+        EventPayload::AdmissionUpdated(AdmissionUpdated {
+            admission_id: a.admission_id.clone(),
+            status: a.status,
+            outcome: a.outcome,
         }),
     )
 }

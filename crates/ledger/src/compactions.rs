@@ -4,7 +4,7 @@
 //! `last_message_id`. The transcript (`messages`) is never changed by a compaction.
 
 use crate::sql::Cached;
-use drover_protocol::event as ev;
+use drover_protocol::event::{EventPayload, SessionCompacted};
 use drover_protocol::worker::{CompactionRecord, CompactionSummary};
 use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::{json, Value};
@@ -163,12 +163,12 @@ pub(crate) fn write(
     events.push(push_event(
         tx,
         session_id,
-        ev::SESSION_COMPACTED,
-        json!({
-            "admission_id": admission_id,
-            "covered": covered,
-            "through_message_id": p.last_message_id,
-            "summary_tokens": p.usage.output_tokens.min(drover_protocol::TOKEN_COUNT_MAX),
+        EventPayload::SessionCompacted(SessionCompacted {
+            // Every execution runs an admission (`worker_executions.admission_id`).
+            admission_id: admission_id.unwrap_or_default(),
+            covered,
+            through_message_id: p.last_message_id,
+            summary_tokens: p.usage.output_tokens.min(drover_protocol::TOKEN_COUNT_MAX),
         }),
     )?);
     Ok(json!({"compaction_id": compaction_id, "covered": covered}))

@@ -14,7 +14,7 @@
 //! that parent is ended with `end_reason = "agent_close"`.
 
 use crate::sql::Cached;
-use drover_protocol::event as ev;
+use drover_protocol::event::{EventPayload, TurnSettled};
 use drover_protocol::worker::ChildReserve;
 use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::{json, Value};
@@ -434,9 +434,11 @@ pub(crate) fn retire_one(
                         events.push(push_event(
                             tx,
                             &session_id,
-                            ev::TURN_SETTLED,
-                            json!({"admission_id": admission_id, "outcome": outcome.as_str(),
-                                   "error": "retired: the parent's turn ended"}),
+                            EventPayload::TurnSettled(TurnSettled {
+                                admission_id: admission_id.clone(),
+                                outcome: outcome.into(),
+                                error: Some("retired: the parent's turn ended".to_string()),
+                            }),
                         )?);
                     }
                     events.push(crate::admissions::admission_updated(tx, &row)?);

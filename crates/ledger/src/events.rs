@@ -1,6 +1,7 @@
 //! `session_events`: the stored event stream of each session (SPEC section 2, "Replay").
 
 use crate::sql::Cached;
+use drover_protocol::event::{EventPayload, EventUnreadable};
 use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::Value;
 
@@ -43,13 +44,16 @@ pub struct EventsPage {
     pub has_more: bool,
 }
 
-/// Appends one event inside `tx` with the session's next `seq`.
+/// Appends one event inside `tx` with the session's next `seq`. The typed event is
+/// serialised here, once: its payload is what is stored and what is published.
 pub(crate) fn push_event(
     tx: &Connection,
     session_id: &str,
-    kind: &str,
-    payload: Value,
+    event: EventPayload,
 ) -> Result<StoredEvent, LedgerError> {
+    let kind = event.kind().to_string();
+    let payload = payload_of(event)
+        .map_err(|e| LedgerError::Corrupt(format!("the {kind} event does not serialise: {e}")))?;
     let (seq, replay_epoch): (i64, String) = tx
         .prepare_cached(
             "SELECT COALESCE((SELECT MAX(seq) FROM session_events WHERE session_id = ?1), 0) + 1,
@@ -66,9 +70,17 @@ pub(crate) fn push_event(
         session_id: session_id.to_string(),
         seq: seq as u64,
         replay_epoch,
-        kind: kind.to_string(),
+        kind,
         payload,
     })
+}
+
+/// The `payload` of an event: its content without the `type` tag.
+fn payload_of(event: EventPayload) -> serde_json::Result<Value> {
+    match serde_json::to_value(event)? {
+        Value::Object(mut tagged) => Ok(tagged.remove("payload").unwrap_or(Value::Null)),
+        other => Ok(other),
+    }
 }
 
 impl Ledger {
@@ -115,13 +127,20 @@ impl Ledger {
             // the same seq, so one damaged row never fails the page (or the stream after it).
             let (kind, payload) = match serde_json::from_str(&payload) {
                 Ok(payload) => (kind, payload),
-                Err(e) => (
-                    drover_protocol::event::EVENT_UNREADABLE.to_string(),
-                    serde_json::json!({
-                        "type": kind,
-                        "error": format!("the stored payload is not JSON: {e}"),
-                    }),
-                ),
+                Err(e) => {
+                    let unreadable = EventUnreadable {
+                        error: format!("the stored payload is not JSON: {e}"),
+                        kind,
+                        payload: None,
+                    };
+                    let payload = serde_json::to_value(&unreadable).map_err(|e| {
+                        LedgerError::Corrupt(format!("event {seq} of {session_id}: {e}"))
+                    })?;
+                    (
+                        drover_protocol::event::EVENT_UNREADABLE.to_string(),
+                        payload,
+                    )
+                }
             };
             page.events.push(StoredEvent {
                 session_id: session_id.to_string(),
@@ -160,8 +179,10 @@ mod tests {
             push_event(
                 &ledger.conn,
                 &session_id,
-                "test",
-                json!({ "text": "x".repeat(100), "n": n }),
+                EventPayload::Other(drover_protocol::event::OtherEvent {
+                    kind: "test".into(),
+                    payload: json!({ "text": "x".repeat(100), "n": n }),
+                }),
             )
             .expect("push");
         }

@@ -4,11 +4,11 @@
 use crate::sql::Cached;
 use std::collections::HashMap;
 
-use drover_protocol::event as ev;
+use drover_protocol::event::{self as ev, EventPayload, ToolComplete, ToolStart};
 use drover_protocol::worker::TranscriptAppend;
 use drover_protocol::{ChatMessage, Role};
 use rusqlite::{params, Connection, OptionalExtension};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::events::{push_event, StoredEvent};
 use crate::{now, LedgerError};
@@ -190,12 +190,11 @@ pub(crate) fn append_messages(
             events.push(push_event(
                 tx,
                 session_id,
-                ev::TOOL_START,
-                json!({
-                    "tool_id": c.id,
-                    "name": c.function.name,
-                    "context": context,
-                    "args": cut_args(&c.function.arguments),
+                EventPayload::ToolStart(ToolStart {
+                    tool_id: c.id.clone(),
+                    name: c.function.name.clone(),
+                    context,
+                    args: cut_args(&c.function.arguments),
                 }),
             )?);
         }
@@ -205,16 +204,19 @@ pub(crate) fn append_messages(
                 .get(&id)
                 .map(|a| cut_args(a))
                 .unwrap_or(Value::Null);
+            let is_error = p.tool_errors.contains(&id);
             events.push(push_event(
                 tx,
                 session_id,
-                ev::TOOL_COMPLETE,
-                json!({
-                    "tool_id": id,
-                    "name": m.tool_name,
-                    "args": args,
-                    "result": cut(m.content.as_deref().unwrap_or_default(), ev::TOOL_EVENT_FIELD_MAX),
-                    "is_error": p.tool_errors.contains(&id),
+                EventPayload::ToolComplete(ToolComplete {
+                    tool_id: id,
+                    name: m.tool_name.clone(),
+                    args,
+                    result: cut(
+                        m.content.as_deref().unwrap_or_default(),
+                        ev::TOOL_EVENT_FIELD_MAX,
+                    ),
+                    is_error,
                 }),
             )?);
         }

@@ -3,7 +3,7 @@
 //! dispatch of each operation to the row module or turn step that applies it.
 
 use crate::sql::Cached;
-use drover_protocol::event::McpStatus;
+use drover_protocol::event::{EventPayload, McpStatus};
 use drover_protocol::mcp::McpServerStatus;
 use drover_protocol::worker::{
     op, BackgroundProcess, ChildReserve, CompactionRecord, ContextWindowFound, ExecutionFinish,
@@ -389,13 +389,10 @@ fn apply_in(
                 state: p.state,
                 last_error: p.last_error,
             };
-            let payload = serde_json::to_value(&event)
-                .map_err(|e| LedgerError::invalid("payload", format!("mcp.status: {e}")))?;
             events.push(crate::events::push_event(
                 tx,
                 &session_id,
-                drover_protocol::event::MCP_STATUS,
-                payload,
+                EventPayload::McpStatus(event),
             )?);
             json!({})
         }

@@ -3,9 +3,11 @@
 //! `prompt.open` receipt it stores and its event.
 
 use crate::sql::Cached;
-use drover_protocol::event as ev;
+use drover_protocol::event::{ApprovalSettled, ClarifySettled, EventPayload, PromptSettlement};
+use drover_protocol::words::{ApprovalChoice, ApprovalPrompt, ClarifyPrompt, OpenPrompt};
 use drover_protocol::worker::{op, PromptOpen};
 use rusqlite::{params, Connection, OptionalExtension};
+use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::events::{push_event, StoredEvent};
@@ -51,6 +53,47 @@ impl PromptRow {
             }
         }
         out
+    }
+
+    /// The prompt as the protocol shows it (`session.resume` `prompts`, the
+    /// `approval.request` and `clarify.request` events): its body read as its kind's fields.
+    pub fn open_prompt(&self) -> Result<OpenPrompt, serde_json::Error> {
+        /// The fields an `approval` body carries.
+        #[derive(Deserialize)]
+        struct ApprovalBody {
+            command: String,
+            description: String,
+            pattern_key: String,
+            choices: Vec<ApprovalChoice>,
+        }
+        /// The fields a `clarify` body carries.
+        #[derive(Deserialize)]
+        struct ClarifyBody {
+            question: String,
+            choices: Vec<String>,
+            multi_select: bool,
+        }
+        let (prompt_id, execution_generation) = (self.prompt_id.clone(), self.generation);
+        Ok(if self.kind == "approval" {
+            let body = ApprovalBody::deserialize(&self.body)?;
+            OpenPrompt::Approval(ApprovalPrompt {
+                prompt_id,
+                execution_generation,
+                command: body.command,
+                description: body.description,
+                pattern_key: body.pattern_key,
+                choices: body.choices,
+            })
+        } else {
+            let body = ClarifyBody::deserialize(&self.body)?;
+            OpenPrompt::Clarify(ClarifyPrompt {
+                prompt_id,
+                execution_generation,
+                question: body.question,
+                choices: body.choices,
+                multi_select: body.multi_select,
+            })
+        })
     }
 }
 
@@ -179,13 +222,14 @@ pub(crate) fn open_prompt(
     )?;
     let row = load_prompt(tx, &prompt_id)?
         .ok_or_else(|| LedgerError::NotFound(format!("prompt {prompt_id}")))?;
-    let kind_event = if kind == "approval" {
-        ev::APPROVAL_REQUEST
-    } else {
-        ev::CLARIFY_REQUEST
+    let prompt = row
+        .open_prompt()
+        .map_err(|e| LedgerError::invalid("payload.body", e.to_string()))?;
+    let event = match prompt {
+        OpenPrompt::Approval(_) => EventPayload::ApprovalRequest(prompt),
+        OpenPrompt::Clarify(_) => EventPayload::ClarifyRequest(prompt),
     };
-    let event = push_event(tx, session_id, kind_event, row.to_json())?;
-    Ok((prompt_id, event))
+    Ok((prompt_id, push_event(tx, session_id, event)?))
 }
 
 /// The receipt digest of the `prompt.open` frame that opened `p` (same rule as
@@ -213,7 +257,13 @@ pub(crate) fn cancel_prompt(
         [prompt_id],
     )?;
     let receipt = json!({"status": "cancelled"});
-    Ok(vec![close_prompt(tx, &p, &receipt, Value::Null)?])
+    Ok(vec![close_prompt(
+        tx,
+        &p,
+        &receipt,
+        PromptSettlement::Cancelled,
+        Value::Null,
+    )?])
 }
 
 /// Stores the deferred receipt of the `prompt.open` that opened `p` (`{status[, answer]}`)
@@ -222,6 +272,7 @@ fn close_prompt(
     tx: &Connection,
     p: &PromptRow,
     receipt: &Value,
+    status: PromptSettlement,
     answer: Value,
 ) -> Result<StoredEvent, LedgerError> {
     tx.execute_cached(
@@ -229,14 +280,23 @@ fn close_prompt(
          VALUES (?1, ?2, 'prompt.open', ?3, ?4)",
         params![p.execution_id, p.sequence as i64, prompt_open_digest(p), receipt.to_string()],
     )?;
-    let (kind, field) = if p.kind == "approval" {
-        (ev::APPROVAL_SETTLED, "choice")
+    let prompt_id = p.prompt_id.clone();
+    let unreadable =
+        |e: serde_json::Error| LedgerError::invalid("answer", format!("prompt {prompt_id}: {e}"));
+    let event = if p.kind == "approval" {
+        EventPayload::ApprovalSettled(ApprovalSettled {
+            prompt_id: prompt_id.clone(),
+            status,
+            choice: serde_json::from_value(answer).map_err(unreadable)?,
+        })
     } else {
-        (ev::CLARIFY_SETTLED, "answer")
+        EventPayload::ClarifySettled(ClarifySettled {
+            prompt_id: prompt_id.clone(),
+            status,
+            answer: serde_json::from_value(answer).map_err(unreadable)?,
+        })
     };
-    let mut payload = json!({"prompt_id": p.prompt_id, "status": receipt["status"]});
-    payload[field] = answer;
-    push_event(tx, &p.session_id, kind, payload)
+    push_event(tx, &p.session_id, event)
 }
 
 /// Cancels every open prompt of `execution_id` inside `tx` ([`cancel_prompt`]), its events to
@@ -310,7 +370,7 @@ impl Ledger {
             crate::approvals::record_grant(&tx, &prompt.session_id, &prompt.body, &answer)?;
         }
         let receipt = json!({"status": "resolved", "answer": answer});
-        let event = close_prompt(&tx, &prompt, &receipt, answer)?;
+        let event = close_prompt(&tx, &prompt, &receipt, PromptSettlement::Resolved, answer)?;
         let prompt = load_prompt(&tx, prompt_id)?
             .ok_or_else(|| LedgerError::NotFound(format!("prompt {prompt_id}")))?;
         tx.commit()?;

@@ -4,36 +4,11 @@
 //! No IO here: the ledger asks these functions whether a move is allowed before it writes,
 //! so the rules are testable exhaustively without SQLite.
 
-/// `session_admissions.status` (SPEC section 3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum AdmissionStatus {
-    /// `queued`: admitted and waiting its turn in the session's FIFO.
-    Queued,
-    /// `started`: claimed as the session's turn, with a generation.
-    Started,
-    /// `unknown`: its worker or the owner died mid-turn; never replayed (G2), and the queue
-    /// pauses until `prompt.resolve_unknown`.
-    Unknown,
-    /// `terminal`: done, with an [`Outcome`]; never moves again.
-    Terminal,
-}
-
-/// `session_admissions.outcome`, set only when terminal (SPEC section 3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Outcome {
-    /// `completed`: the turn finished normally.
-    Completed,
-    /// `interrupted`: stopped by `session.interrupt`, a graceful stop, a retired child, or
-    /// `prompt.resolve_unknown`.
-    Interrupted,
-    /// `failed`: the turn ended in an error, given in `turn.settled` `error`.
-    Failed,
-    /// `rejected`: refused without running (a spec word; nothing in drover sets it yet).
-    Rejected,
-    /// `cancelled`: taken off the queue before it started (`prompt.cancel`, or the queued goal
-    /// of a retired child).
-    Cancelled,
-}
+/// `session_admissions.status` and `.outcome` (SPEC section 3) are the protocol's words: an
+/// admission row is shown to clients as it is stored. `unknown` means its worker or the owner
+/// died mid-turn; it is never replayed (G2), and the queue pauses until
+/// `prompt.resolve_unknown`. A terminal admission carries an [`Outcome`] and never moves again.
+pub use drover_protocol::words::{AdmissionOutcome as Outcome, AdmissionStatus};
 
 /// `worker_executions.status` (SPEC section 3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -79,37 +54,22 @@ macro_rules! words {
     };
 }
 
-words!(AdmissionStatus { Queued => "queued", Started => "started", Unknown => "unknown", Terminal => "terminal" });
-words!(Outcome {
-    Completed => "completed",
-    Interrupted => "interrupted",
-    Failed => "failed",
-    Rejected => "rejected",
-    Cancelled => "cancelled",
-});
 words!(ExecutionStatus { Registered => "registered", Running => "running", Terminal => "terminal", Unknown => "unknown" });
 words!(PromptStatus { Open => "open", Resolved => "resolved", Cancelled => "cancelled" });
 
-impl AdmissionStatus {
-    /// Whether `self -> to` is a legal move: `queued -> started -> terminal`,
-    /// `started -> unknown -> terminal`, and `queued -> terminal` (cancel, reject).
-    /// A terminal admission never moves again.
-    pub fn can_move_to(self, to: AdmissionStatus) -> bool {
-        use AdmissionStatus::*;
-        matches!(
-            (self, to),
-            (Queued, Started)
-                | (Queued, Terminal)
-                | (Started, Terminal)
-                | (Started, Unknown)
-                | (Unknown, Terminal)
-        )
-    }
-
-    /// Still in the session's pending list (SPEC section 2, `pending`).
-    pub fn is_pending(self) -> bool {
-        !matches!(self, AdmissionStatus::Terminal)
-    }
+/// Whether an admission may move `from -> to`: `queued -> started -> terminal`,
+/// `started -> unknown -> terminal`, and `queued -> terminal` (cancel, reject). A terminal
+/// admission never moves again.
+pub fn admission_can_move(from: AdmissionStatus, to: AdmissionStatus) -> bool {
+    use AdmissionStatus::*;
+    matches!(
+        (from, to),
+        (Queued, Started)
+            | (Queued, Terminal)
+            | (Started, Terminal)
+            | (Started, Unknown)
+            | (Unknown, Terminal)
+    )
 }
 
 impl ExecutionStatus {
@@ -225,7 +185,7 @@ mod tests {
         for from in ADMISSION {
             for to in ADMISSION {
                 assert_eq!(
-                    from.can_move_to(to),
+                    admission_can_move(from, to),
                     allowed.contains(&(from, to)),
                     "{from} -> {to}"
                 );
@@ -236,10 +196,11 @@ mod tests {
     #[test]
     fn terminal_admission_never_moves_and_unknown_never_restarts() {
         for to in ADMISSION {
-            assert!(!AdmissionStatus::Terminal.can_move_to(to));
+            assert!(!admission_can_move(AdmissionStatus::Terminal, to));
         }
-        assert!(!AdmissionStatus::Unknown.can_move_to(AdmissionStatus::Started));
-        assert!(!AdmissionStatus::Unknown.can_move_to(AdmissionStatus::Queued));
+        use AdmissionStatus::{Queued, Started, Unknown};
+        assert!(!admission_can_move(Unknown, Started));
+        assert!(!admission_can_move(Unknown, Queued));
     }
 
     #[test]

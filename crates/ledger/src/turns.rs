@@ -4,7 +4,7 @@
 
 use crate::sql::Cached;
 use drover_protocol::client::AdmissionKind;
-use drover_protocol::event as ev;
+use drover_protocol::event::{EventPayload, MessageComplete, TurnEnd, TurnSettled, TurnStarted};
 use drover_protocol::worker::{ExecutionFinish, TurnOutcome};
 use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::{json, Value};
@@ -583,10 +583,9 @@ fn claim_in(
     events.push(push_event(
         tx,
         session_id,
-        ev::TURN_STARTED,
-        json!({
-            "admission_id": admission.admission_id,
-            "execution_generation": generation,
+        EventPayload::TurnStarted(TurnStarted {
+            admission_id: admission.admission_id.clone(),
+            execution_generation: generation as u64,
         }),
     )?);
     // Read inside the claim's transaction: an error here rolls the claim back, where a read
@@ -654,24 +653,20 @@ pub(crate) fn lose_execution(
         [execution_id],
     )?;
     if let Some(mut row) = load_admission(tx, &session_id, &admission_id)? {
-        if row.status.can_move_to(AdmissionStatus::Unknown) {
+        if crate::state::admission_can_move(row.status, AdmissionStatus::Unknown) {
             tx.execute_cached(
                 "UPDATE session_admissions SET status = 'unknown', unknown_at = ?1
                  WHERE admission_id = ?2",
                 params![now(), admission_id],
             )?;
             row.status = AdmissionStatus::Unknown;
-            events.push(push_event(
+            events.extend(turn_ended(
                 tx,
                 &session_id,
-                ev::MESSAGE_COMPLETE,
-                json!({"admission_id": admission_id, "text": "", "outcome": "unknown"}),
-            )?);
-            events.push(push_event(
-                tx,
-                &session_id,
-                ev::TURN_SETTLED,
-                json!({"admission_id": admission_id, "outcome": "unknown"}),
+                &admission_id,
+                "",
+                TurnEnd::Unknown,
+                None,
             )?);
             events.push(admission_updated(tx, &row)?);
         }
@@ -756,7 +751,7 @@ pub(crate) fn settle_turn(
     )?
     .map(|c| c.value);
     let mut row = admission_in(tx, &session_id, &admission_id)?;
-    if !row.status.can_move_to(AdmissionStatus::Terminal) {
+    if !crate::state::admission_can_move(row.status, AdmissionStatus::Terminal) {
         return Err(LedgerError::StaleGeneration(format!(
             "admission {admission_id} is {} and cannot settle",
             row.status
@@ -786,18 +781,15 @@ pub(crate) fn settle_turn(
             stored.to_string()
         ],
     )?;
-    let mut events = Vec::new();
-    events.push(push_event(
+    let error = result.get("error").and_then(Value::as_str);
+    let mut events = turn_ended(
         tx,
         &session_id,
-        ev::MESSAGE_COMPLETE,
-        json!({"admission_id": admission_id, "text": final_response, "outcome": outcome.as_str()}),
-    )?);
-    let mut settled = json!({"admission_id": admission_id, "outcome": outcome.as_str()});
-    if let Some(err) = result.get("error").filter(|e| !e.is_null()) {
-        settled["error"] = err.clone();
-    }
-    events.push(push_event(tx, &session_id, ev::TURN_SETTLED, settled)?);
+        &admission_id,
+        final_response,
+        outcome.into(),
+        error,
+    )?;
     events.push(admission_updated(tx, &row)?);
     let parent_answer = crate::delegation::answer_parent(
         tx,
@@ -823,6 +815,31 @@ pub(crate) fn settle_turn(
         retired_children,
         next_queued,
     })
+}
+
+/// The `message.complete` and `turn.settled` events of a turn that ended as `outcome`.
+fn turn_ended(
+    tx: &Connection,
+    session_id: &str,
+    admission_id: &str,
+    final_response: &str,
+    outcome: TurnEnd,
+    error: Option<&str>,
+) -> Result<Vec<StoredEvent>, LedgerError> {
+    let complete = MessageComplete {
+        admission_id: admission_id.to_string(),
+        text: final_response.to_string(),
+        outcome,
+    };
+    let settled = TurnSettled {
+        admission_id: admission_id.to_string(),
+        outcome,
+        error: error.map(str::to_string),
+    };
+    Ok(vec![
+        push_event(tx, session_id, EventPayload::MessageComplete(complete))?,
+        push_event(tx, session_id, EventPayload::TurnSettled(settled))?,
+    ])
 }
 
 #[cfg(test)]

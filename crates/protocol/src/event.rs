@@ -330,6 +330,32 @@ pub enum TurnEnd {
     Unknown,
 }
 
+impl From<AdmissionOutcome> for TurnEnd {
+    fn from(outcome: AdmissionOutcome) -> TurnEnd {
+        match outcome {
+            AdmissionOutcome::Completed => TurnEnd::Completed,
+            AdmissionOutcome::Interrupted => TurnEnd::Interrupted,
+            AdmissionOutcome::Failed => TurnEnd::Failed,
+            AdmissionOutcome::Rejected => TurnEnd::Rejected,
+            AdmissionOutcome::Cancelled => TurnEnd::Cancelled,
+        }
+    }
+}
+
+impl TurnEnd {
+    /// The spec's word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TurnEnd::Completed => "completed",
+            TurnEnd::Interrupted => "interrupted",
+            TurnEnd::Failed => "failed",
+            TurnEnd::Rejected => "rejected",
+            TurnEnd::Cancelled => "cancelled",
+            TurnEnd::Unknown => "unknown",
+        }
+    }
+}
+
 /// Payload of `message.complete`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct MessageComplete {

@@ -73,6 +73,41 @@ pub enum AdmissionOutcome {
     Cancelled,
 }
 
+/// `as_str`, `parse` and `Display` of a word enum: the stored and wire word of each variant.
+macro_rules! words {
+    ($ty:ident { $($variant:ident => $word:literal),* $(,)? }) => {
+        impl $ty {
+            /// The spec's word.
+            pub fn as_str(self) -> &'static str {
+                match self { $($ty::$variant => $word),* }
+            }
+            /// Parses the spec's word; `None` for anything else.
+            pub fn parse(word: &str) -> Option<Self> {
+                match word { $($word => Some($ty::$variant),)* _ => None }
+            }
+        }
+        impl std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+words!(AdmissionStatus {
+    Queued => "queued",
+    Started => "started",
+    Unknown => "unknown",
+    Terminal => "terminal",
+});
+words!(AdmissionOutcome {
+    Completed => "completed",
+    Interrupted => "interrupted",
+    Failed => "failed",
+    Rejected => "rejected",
+    Cancelled => "cancelled",
+});
+
 /// The answers an approval prompt offers (SPEC section 6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
