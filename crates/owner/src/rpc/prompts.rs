@@ -1,0 +1,149 @@
+//! Answers to a turn's open prompts (SPEC section 2): `approval.respond` and
+//! `clarify.respond` are checked against the prompt's choices, recorded once, and the
+//! worker waiting on the prompt gets its receipt through the running turn's door.
+
+use std::sync::Arc;
+
+use drover_ledger::{LedgerError, PromptResponse};
+use drover_protocol::client as wire;
+
+use crate::error::OwnerError;
+use crate::hub::ConnHandle;
+use crate::runtime::Owner;
+
+use super::{open_prompt, require_attached};
+
+/// The prompt an `approval.respond` or `clarify.respond` answers.
+pub(super) struct PromptTarget {
+    session_id: String,
+    generation: u64,
+    prompt_id: String,
+}
+
+impl PromptTarget {
+    pub(super) fn new(session_id: String, generation: u64, prompt_id: String) -> Self {
+        PromptTarget {
+            session_id,
+            generation,
+            prompt_id,
+        }
+    }
+}
+
+/// The answer of `approval.respond` (`choice`) or `clarify.respond` (`answer`).
+pub(super) enum Answer {
+    Approval(wire::ApprovalChoice),
+    Clarify(wire::ClarifyAnswer),
+}
+
+impl Answer {
+    /// The prompt kind it answers.
+    fn kind(&self) -> &'static str {
+        match self {
+            Answer::Approval(_) => "approval",
+            Answer::Clarify(_) => "clarify",
+        }
+    }
+}
+
+pub(super) async fn respond(
+    owner: &Arc<Owner>,
+    conn: &ConnHandle,
+    target: PromptTarget,
+    answer: Answer,
+) -> Result<wire::PromptResponse, OwnerError> {
+    let PromptTarget {
+        session_id,
+        generation,
+        prompt_id,
+    } = target;
+    require_attached(owner, conn, &session_id).await?;
+    let pid = prompt_id.clone();
+    let response = owner
+        .ledger(move |l, o| {
+            let kind = answer.kind();
+            let row = l
+                .prompt(&pid)?
+                .filter(|p| p.session_id == session_id && p.kind == kind)
+                .ok_or_else(|| LedgerError::NotFound(format!("{kind} prompt {pid}")))?;
+            if row.generation != generation {
+                return Err(LedgerError::StaleGeneration(format!(
+                    "prompt {pid} belongs to generation {}, not {generation}",
+                    row.generation
+                )));
+            }
+            check_answer(&open_prompt(&row)?, &answer)?;
+            let value = match &answer {
+                Answer::Approval(choice) => serde_json::to_value(choice),
+                Answer::Clarify(answer) => serde_json::to_value(answer),
+            }
+            .map_err(|e| LedgerError::Corrupt(format!("prompt {pid} answer: {e}")))?;
+            let r = l.respond_prompt(&session_id, generation, &pid, value)?;
+            if let PromptResponse::Resolved { events, .. } = &r {
+                o.hub.publish(events);
+            }
+            Ok(r)
+        })
+        .await?;
+    let status = match response {
+        PromptResponse::Resolved {
+            prompt, receipt, ..
+        } => {
+            if let Some(t) = owner.turn_by_execution(&prompt.execution_id) {
+                t.deliver_receipt(prompt.sequence, receipt);
+            }
+            wire::PromptResponseStatus::Resolved
+        }
+        PromptResponse::AlreadyResolved { .. } => wire::PromptResponseStatus::AlreadyResolved,
+    };
+    Ok(wire::PromptResponse { status, prompt_id })
+}
+
+/// The answer must be one of the prompt's `choices` (SPEC section 2); clarify prompts without
+/// choices take free text, and multi-select ones a list of choices.
+fn check_answer(prompt: &wire::OpenPrompt, answer: &Answer) -> Result<(), LedgerError> {
+    /// A JSON rendering of a choice or a list of them, for the error text.
+    fn shown(v: &impl serde::Serialize) -> String {
+        serde_json::to_string(v).unwrap_or_default()
+    }
+    match (prompt, answer) {
+        (wire::OpenPrompt::Approval(p), Answer::Approval(choice)) => {
+            if p.choices.contains(choice) {
+                return Ok(());
+            }
+            Err(LedgerError::invalid(
+                "choice",
+                format!(
+                    "{} is not one of the prompt's choices {}",
+                    shown(choice),
+                    shown(&p.choices)
+                ),
+            ))
+        }
+        (wire::OpenPrompt::Clarify(p), Answer::Clarify(answer)) => {
+            let picked: Vec<&String> = match answer {
+                wire::ClarifyAnswer::Text(s) => vec![s],
+                wire::ClarifyAnswer::Choices(items) if p.multi_select => items.iter().collect(),
+                wire::ClarifyAnswer::Choices(_) => {
+                    return Err(LedgerError::invalid("answer", "answer must be a string"))
+                }
+            };
+            if p.choices.is_empty() {
+                return Ok(());
+            }
+            match picked.into_iter().find(|a| !p.choices.contains(a)) {
+                None => Ok(()),
+                Some(a) => Err(LedgerError::invalid(
+                    "answer",
+                    format!(
+                        "{} is not one of the prompt's choices {}",
+                        shown(a),
+                        shown(&p.choices)
+                    ),
+                )),
+            }
+        }
+        // `respond` looked the prompt up by the answer's kind.
+        (_, answer) => Err(LedgerError::NotFound(format!("{} prompt", answer.kind()))),
+    }
+}
