@@ -22,10 +22,12 @@
 //! - [`outside_path`]: a fresh path outside every sandbox root, for the sandbox tests.
 //! - [`acp`]: real third-party ACP clients for `drover acp` (acpx, and a client on the
 //!   official TypeScript SDK), on the Node of `tests/acp/node_modules`.
+//! - [`alone`]: a test that must be alone in its process (working directory, process-wide
+//!   sets, a panic hook) runs again as the only test of a child process of its test binary.
 //!
 //! Nothing here mocks a drover component: only the model is played.
 //!
-//! Layers: `mock_model`, `mcp_echo`, `wait` (leaves); `harness`; `tmux`, `bench` and `acp` on
+//! Layers: `mock_model`, `mcp_echo`, `wait`, `alone` (leaves); `harness`; `tmux`, `bench` and `acp` on
 //! top.
 
 // Test code only: a helper that cannot set up its fixture (a port, a temporary folder, a
@@ -33,6 +35,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod acp;
+pub mod alone;
 pub mod bench;
 pub mod harness;
 pub mod job_cli;
