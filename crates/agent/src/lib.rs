@@ -109,8 +109,8 @@ pub trait TurnStore: Send + Sync {
     ) -> Result<Appended, StoreError>;
     /// Persists the turn's last assistant message: one without tool calls, after which the
     /// turn only ends. Nothing waits on it before the turn's end is written, so a store may
-    /// send the two together (the worker's store does: docs/decisions.md, "Batched
-    /// persists"). By default it is [`TurnStore::append`].
+    /// send the two together (the worker's store does: docs/decisions/turn-batched-persists.md). By
+    /// default it is [`TurnStore::append`].
     async fn append_last(
         &self,
         message: ChatMessage,
@@ -529,7 +529,7 @@ impl Budget {
         }
         // The running turn alone is over the budget (or the model refused it): its older steps
         // are summarised too, with what is left of the history; the input and the newest step
-        // stay (docs/decisions.md, "Compaction of the running turn").
+        // stay (docs/decisions/turn-compaction-running-turn.md).
         if force || prepared.tokens > budget {
             if let Some(k) = conv.running_plan() {
                 let n = conv.history.len();
