@@ -497,7 +497,7 @@ async fn resizing_while_a_turn_streams_keeps_the_scrollback_whole_and_the_keys_w
     let pane = chat(&home, scratch.path(), "stream slowly").await;
     // Shorter, taller and wider, each while the answer is still being written: a resize waits
     // for a line of the answer, and the last line comes long after the last resize. (Not
-    // narrower: see docs/decisions.md, "A narrower terminal".)
+    // narrower: see docs/decisions/chat-resizing.md.)
     let sizes = [
         (110, 30),
         (120, 45),
@@ -518,7 +518,7 @@ async fn resizing_while_a_turn_streams_keeps_the_scrollback_whole_and_the_keys_w
             .is_some_and(|l| l.contains("· idle ·"))
     })
     .await;
-    // And at idle. (Not 8 rows taller: see docs/decisions.md, "Much taller at idle".)
+    // And at idle. (Not 8 rows taller: see docs/decisions/chat-resizing.md.)
     resize(&pane, 140, 32).await;
     resize(&pane, 150, 32).await;
     // The keys still reach the client.
