@@ -366,7 +366,8 @@ async fn events_since_pages_by_limit_and_by_bytes_and_has_more_reads_to_the_end(
     assert_eq!(followed["has_more"], false);
 }
 
-/// `session.rename` (drover extension, docs/decisions.md): any connection may rename, the new
+/// `session.rename` (drover extension, docs/decisions/tools-session-rename.md): any connection may
+/// rename, the new
 /// title is what `session.list` shows, and a bad title or an unknown session is refused.
 #[tokio::test]
 async fn rename_needs_no_attachment_and_refuses_a_bad_title() {
@@ -477,7 +478,8 @@ fn schema_fields(schema: &Value, method: &str) -> (Vec<String>, Vec<String>) {
 
 /// SPEC section 2, bad input: every method's every param with a wrong type, each required
 /// param missing, and a param the method does not know, each refused by the real daemon with
-/// `invalid_params` naming the field (unknown fields are refused: docs/decisions.md).
+/// `invalid_params` naming the field
+/// (docs/decisions/protocol-params-typed-unknown-fields-refused.md).
 #[tokio::test]
 async fn every_param_of_every_method_is_checked_and_named() {
     use drover_protocol::client::{ClientRequest, METHODS};
