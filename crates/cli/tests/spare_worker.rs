@@ -304,7 +304,8 @@ fn outbox_folders(home: &Path) -> Vec<(String, u64)> {
     folders
 }
 
-/// Lean worker start (docs/decisions.md, "Recycled outbox folders"): a finished turn's outbox folder
+/// Lean worker start (docs/decisions/turn-recycled-outbox-folders.md): a finished turn's outbox
+/// folder
 /// is pooled and becomes the next turn's, so turns one after another use one folder (one
 /// inode), and no frame is left in it.
 #[tokio::test]
