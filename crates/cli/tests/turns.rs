@@ -45,7 +45,7 @@ async fn terminal_turn_writes_the_transcript_usage_and_events(stream: bool) {
     );
     let receipt = s.submit("run printf X").await.unwrap();
     let admission_id = str_field(&receipt, "admission_id");
-    // docs/decisions.md, "The claim in the admission's transaction": the session was idle, so
+    // docs/decisions/turn-claim-admission-transaction.md: the session was idle, so
     // the answer (sent after the one commit) already holds the claim.
     assert_eq!(receipt["status"], "started", "{receipt}");
     assert!(
