@@ -21,7 +21,8 @@
 //! kept (through [`serde_json::value::RawValue`]) rather than squeezed into `serde_json::Value`,
 //! whose numbers are 64-bit (an integer beyond 64 bits would become a float and `-0` would
 //! become `-0.0`). `serde_json`'s `arbitrary_precision` feature would keep them too, but cargo
-//! unifies features, so it would change `Value` for the whole binary (see `docs/decisions.md`).
+//! unifies features, so it would change `Value` for the whole binary (see
+//! `docs/decisions/jobs-signed-messages-verified-from-their-text.md`).
 //! [`sign`] and [`verify`] take a `Value` (messages drover builds: integers of 64 bits, floats
 //! as doubles) and give the same bytes as Python for it.
 
