@@ -81,7 +81,7 @@ impl Ledger {
     }
 
     /// Applies a batch of persists of one execution with consecutive sequences in one
-    /// transaction with one commit (docs/decisions.md, "Batched persists"). Each persist is
+    /// transaction with one commit (docs/decisions/turn-batched-persists.md). Each persist is
     /// checked as [`Ledger::apply_persist`] checks it, in order, and gets its own receipt (a
     /// done sequence sent again gets its stored one). The batch is atomic: when one persist is
     /// refused, nothing of the batch is applied and the [`BatchRefusal`] names it.
