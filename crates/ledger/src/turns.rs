@@ -161,7 +161,7 @@ impl Ledger {
     ///
     /// A new input to an idle session (no lease, nothing unknown, nothing queued before it)
     /// is also claimed in the same transaction, as [`Ledger::claim_next`] would claim it just
-    /// after (docs/decisions.md, "The claim in the admission's transaction"): `claim_ids`
+    /// after (docs/decisions/turn-claim-admission-transaction.md): `claim_ids`
     /// gives the execution id and secret for it, or `None` when nothing may be claimed now
     /// (the owner is draining). A claim that fails leaves its input admitted and `queued`.
     pub fn admit_batch(
@@ -865,7 +865,7 @@ mod tests {
         }
     }
 
-    /// docs/decisions.md, "The claim in the admission's transaction": an input to an idle
+    /// docs/decisions/turn-claim-admission-transaction.md: an input to an idle
     /// session is admitted and claimed in one commit, and the claim is the one
     /// `claim_next` makes (a live execution, the lease, `turn.started` after the admission's
     /// `queued`).
