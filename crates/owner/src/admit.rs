@@ -1,5 +1,5 @@
 //! The group commit of admissions (SPEC G1), which also claims an idle session's turn in the
-//! same transaction (docs/decisions.md, "The claim in the admission's transaction").
+//! same transaction (docs/decisions/turn-claim-admission-transaction.md).
 //!
 //! Inputs that arrive while a commit is on disk wait for the next one and then share its
 //! fsync, so 8 clients submitting at once pay for a few fsyncs, not 8. A new input to a session
