@@ -446,8 +446,7 @@ const DAEMON_JSON_CHECK: Duration = Duration::from_secs(1);
 /// Rewrites `daemon.json` when it goes missing or stops naming this daemon, so clients can
 /// still find (and `drover stop` still stop) an owner whose file was deleted under it.
 /// A home that was removed, or whose path now names another directory, is not written to:
-/// `gone` is cancelled and the daemon stops (docs/decisions.md, "A daemon whose home is
-/// removed stops").
+/// `gone` is cancelled and the daemon stops (docs/decisions/daemon-whose-home-removed-stops.md).
 async fn keep_daemon_json(
     home: PathBuf,
     held: Option<HomeDir>,
@@ -481,7 +480,7 @@ async fn keep_daemon_json(
 }
 
 /// Why the daemon must not go on starting in `home`: it is no longer the directory held
-/// since the start (docs/decisions.md, "A home swapped while the daemon starts").
+/// since the start (docs/decisions/daemon-home-swapped-refused.md).
 fn home_swapped(held: Option<&HomeDir>, home: &Path) -> Option<String> {
     let why = held?.lost(home)?;
     Some(format!(
