@@ -11,7 +11,7 @@
 //! claimed execution's name before its worker reads its bootstrap. In the steady state a turn
 //! creates and deletes no outbox inode. A folder with a frame file left (a worker killed
 //! mid-turn), with more files than a worker keeps, or with no room in the pool is removed, as
-//! before (docs/decisions.md, "Recycled outbox folders").
+//! before (docs/decisions/turn-recycled-outbox-folders.md).
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
