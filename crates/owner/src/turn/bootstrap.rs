@@ -32,8 +32,7 @@ pub(crate) fn register_claim(owner: &Owner, claim: &Claim) -> TurnControl {
 }
 
 /// The first frames a worker reads, each serialized once as its line: its scope and the frozen
-/// policy in the head, the history and the input in parts (docs/decisions.md, "The bootstrap
-/// in parts").
+/// policy in the head, the history and the input in parts (docs/decisions/turn-bootstrap-parts.md).
 /// The history is taken out of the claim: the owner does not hold it while the turn runs.
 pub(super) fn bootstrap_frames(
     owner: &Owner,
