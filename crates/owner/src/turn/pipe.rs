@@ -128,8 +128,9 @@ impl WorkerPipe {
         );
     }
 
-    /// Applies a batch of persists through the ledger in one transaction (docs/decisions.md,
-    /// "Batched persists"): a receipt per sequence, or, when one persist is refused, a
+    /// Applies a batch of persists through the ledger in one transaction
+    /// (docs/decisions/turn-batched-persists.md): a receipt per sequence, or, when one persist is
+    /// refused, a
     /// `refused` for every sequence of the batch with that persist's reason (none was applied).
     async fn apply_batch(&mut self, persists: Vec<PersistFrame>) -> Handled {
         let sequences: Vec<u64> = persists.iter().map(|frame| frame.sequence).collect();
