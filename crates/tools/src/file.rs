@@ -18,7 +18,8 @@
 //! command; the worker never opens the user's files. Every open is made without following a
 //! `/proc` magic link and judged by `fstat` of the descriptor (`open_regular`), in every mode.
 //!
-//! **Where the tools may go** (`docs/decisions.md`, "Tools"): reads and searches go anywhere
+//! **Where the tools may go** (`docs/decisions/tools-file-toolset.md`): reads and searches go
+//! anywhere
 //! a `terminal` command could read. Writes (`write_file`, `patch`) follow the
 //! sandbox first ([`crate::sandbox`]): outside its writable roots, inside the drover home, or
 //! anywhere under `read-only`, they are refused. Inside the working directory they need no
