@@ -12,7 +12,7 @@
 //! in_progress, completed, cancelled}}`, so the transcript shows the list as it stood after
 //! each call.
 //!
-//! **Where the list lives** (`docs/decisions.md`, "Tools"): each turn runs in a new worker
+//! **Where the list lives** (`docs/decisions/tools-todo.md`): each turn runs in a new worker
 //! process, so the list must outlive the process. It is stored in
 //! `<home>/sessions/<session_id>/todo.json` (directories 0700, file 0600, replaced atomically),
 //! and read back by the next turn's call. One turn runs per session at a time (SPEC section 4)
