@@ -14,13 +14,14 @@
 //! rename) before any of them may be sent (a text turn's end is one file, not three).
 //! Files are not fsync'd: an outbox serves resends only while this worker and its owner both
 //! live (a worker whose owner died stops, and a later owner refuses an older epoch's frames),
-//! so surviving a machine crash buys nothing (docs/decisions.md, "The worker's outbox is not
-//! fsync'd"). [`Journal::acknowledge`] empties a file once the owner answered (receipt or
+//! so surviving a machine crash buys nothing (docs/decisions/turn-worker-outbox-not-fsyncd.md).
+//! [`Journal::acknowledge`] empties a file once the owner answered (receipt or
 //! refusal) every frame in it and renames it to a spare file (`.spare-<n>`,
 //! [`OUTBOX_SPARE_PREFIX`]), which the next write fills and renames into place instead of
 //! creating a file; [`Journal::finish`] leaves the folder holding only spare files, for the
 //! owner to recycle for a later turn (creating and deleting inodes is dear on a file
-//! system without a journal; docs/decisions.md, "Recycled outbox folders"); the frames of a file are answered together (the owner applies
+//! system without a journal; docs/decisions/turn-recycled-outbox-folders.md); the frames of a file
+//! are answered together (the owner applies
 //! a batch in one transaction, and `prompt.open` and `child.reserve`, answered late, get files
 //! of their own). [`Journal::open`] reloads every frame of the files left, so a restarted
 //! sender resends the same frames with the same sequences and payloads (one reloaded between
