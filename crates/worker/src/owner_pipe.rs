@@ -3,7 +3,7 @@
 //! An [`OwnerLink`] owns its [`Journal`]: a frame file is written (and an answered one
 //! deleted) on the caller's task, one persist at a time in sequence order, under a lock held
 //! for the file work only, never across an await. The files are small and not fsync'd
-//! (docs/decisions.md, "The worker's outbox is not fsync'd"), so this is tens of microseconds;
+//! (docs/decisions/turn-worker-outbox-not-fsyncd.md), so this is tens of microseconds;
 //! a thread of its own for them cost a thread start, a hand-off per frame and a multi-threaded
 //! exit on every turn. Per connected pair it runs one writer task and one reader task:
 //! - every line to the owner (persist frames and live deltas) goes through one bounded channel
@@ -13,7 +13,7 @@
 //! - a persist sends its frame after it is written, in sequence order. A frame
 //!   held with [`OwnerLink::hold`] waits, in memory, for the next [`OwnerLink::persist`]; the
 //!   two (or more) are written as one outbox file and go as one `persist_batch` line, which the owner applies in one transaction with
-//!   one commit (docs/decisions.md, "Batched persists"); a batch over [`MAX_FRAME_BYTES`] is cut
+//!   one commit (docs/decisions/turn-batched-persists.md); a batch over [`MAX_FRAME_BYTES`] is cut
 //!   into several lines, and `prompt.open` and `child.reserve` always go alone;
 //! - the reader task parses [`OwnerFrame`]s: a `receipt` or `refused` deletes the frame from
 //!   the journal and then wakes the persist waiting for that sequence;
