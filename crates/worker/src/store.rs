@@ -126,8 +126,8 @@ impl TurnStore for OwnerStore {
         })
     }
 
-    /// Held, and sent with the turn's next write in one batch (docs/decisions.md, "Batched
-    /// persists").
+    /// Held, and sent with the turn's next write in one batch
+    /// (docs/decisions/turn-batched-persists.md).
     async fn append_last(
         &self,
         message: ChatMessage,
