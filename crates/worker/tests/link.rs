@@ -425,7 +425,7 @@ async fn a_persist_dropped_while_the_queue_is_full_still_sends_its_frame_first()
     wait_outbox(&dir, |n| n == 0, "both answered frames leave the outbox").await;
 }
 
-/// docs/decisions.md, "Batched persists": frames held go with the next persist as one batch
+/// docs/decisions/turn-batched-persists.md: frames held go with the next persist as one batch
 /// line; after a broken pipe the same batch is sent again, and the receipts answer it.
 #[tokio::test]
 async fn held_frames_go_with_the_next_persist_in_one_batch_and_are_resent_as_that_batch() {
