@@ -189,7 +189,7 @@ async fn worker_process_finishes_a_turn_over_real_pipes() {
         operations,
         vec!["usage.add", "transcript.append", "execution.finish"]
     );
-    // docs/decisions.md, "Batched persists": the end of a text turn is one line, one batch,
+    // docs/decisions/turn-batched-persists.md: the end of a text turn is one line, one batch,
     // so the owner settles it in one round trip and one commit.
     assert_eq!(
         worker.lines,
