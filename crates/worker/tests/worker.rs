@@ -38,7 +38,7 @@ async fn completed_turn_persists_in_sequence_and_exits_zero() {
             "execution.finish"
         ]
     );
-    // docs/decisions.md, "Batched persists": a request's usage goes with its message, and
+    // docs/decisions/turn-batched-persists.md: a request's usage goes with its message, and
     // the text turn's end is one batch.
     assert_eq!(
         owner.lines,
