@@ -12,8 +12,8 @@ use crate::chat::ChatMessage;
 pub const BOOTSTRAP_PART_BYTES: usize = 1024 * 1024;
 
 /// The bootstrap frame's head: who the execution is, what it may do, and how many
-/// [`OwnerFrame::BootstrapPart`] frames carry the rest (SPEC section 4; docs/decisions.md,
-/// "The bootstrap in parts").
+/// [`OwnerFrame::BootstrapPart`] frames carry the rest (SPEC section 4;
+/// docs/decisions/turn-bootstrap-parts.md).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BootstrapHead {
     /// Who the execution is.
