@@ -15,8 +15,8 @@ pub const MAX_FRAME_BYTES: usize = 4 * 1024 * 1024;
 /// How a spare file in a worker's outbox folder is named: this, then a number. A worker turns
 /// an answered frame file into an empty spare file instead of deleting it and reuses it for a
 /// later frame; the owner recycles a finished worker's folder that holds only spare files for
-/// a later turn (no inode is created or deleted per turn; docs/decisions.md,
-/// "Recycled outbox folders").
+/// a later turn (no inode is created or deleted per turn;
+/// docs/decisions/turn-recycled-outbox-folders.md).
 pub const OUTBOX_SPARE_PREFIX: &str = ".spare-";
 
 /// The most spare files a worker keeps in its outbox folder (more are deleted), and the most
@@ -80,7 +80,7 @@ pub enum WorkerFrame {
     /// A sequence-numbered, idempotent write.
     Persist(PersistFrame),
     /// Several persists of consecutive sequences, applied in one ledger transaction: every
-    /// one of them or none (docs/decisions.md, "Batched persists"). The owner answers each
+    /// one of them or none (docs/decisions/turn-batched-persists.md). The owner answers each
     /// sequence with its own `receipt`, or, when one operation is refused, every sequence of
     /// the batch with a `refused` carrying that operation's reason. [`op::PROMPT_OPEN`] and
     /// [`op::CHILD_RESERVE`] (their receipts come later) travel alone, never in a batch.
@@ -90,8 +90,9 @@ pub enum WorkerFrame {
         persists: Vec<PersistFrame>,
     },
     /// The worker has read its whole bootstrap and starts the turn now: its first frame,
-    /// written before it does anything of the turn (docs/workers.md, "The bootstrap is
-    /// acknowledged"). Until it arrives nothing of the turn has run, so the owner may give the
+    /// written before it does anything of the turn
+    /// (docs/decisions/turn-bootstrap-acknowledged.md). Until it arrives nothing of the turn has
+    /// run, so the owner may give the
     /// turn to a fresh worker when this one dies, stops or stays silent.
     Started,
     /// Live assistant text (becomes `message.delta`; never stored).
