@@ -522,7 +522,7 @@ where
         }
     };
     // The owner learns that the bootstrap arrived whole before anything of the turn runs: until
-    // then it may give the turn to another worker (docs/workers.md).
+    // then it may give the turn to another worker (docs/decisions/turn-bootstrap-acknowledged.md).
     let mut writer = writer;
     if let Err(e) = acknowledge_bootstrap(&mut writer).await {
         tracing::error!(error = %e, "cannot acknowledge the bootstrap; the owner is gone");
