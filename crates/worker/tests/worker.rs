@@ -109,7 +109,7 @@ async fn completed_turn_persists_in_sequence_and_exits_zero() {
     );
 }
 
-/// docs/workers.md, "The bootstrap is acknowledged": the worker's first frame is `started`,
+/// docs/decisions/turn-bootstrap-acknowledged.md: the worker's first frame is `started`,
 /// written once its whole bootstrap arrived and before it asks the model anything, so the
 /// owner knows until then that nothing of the turn ran.
 #[tokio::test]
