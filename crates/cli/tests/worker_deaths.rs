@@ -1,5 +1,6 @@
 //! Workers, spares and the worker template dying or stopping at any moment (SPEC section 4,
-//! docs/workers.md): every claimed turn ends, on a worker the owner serves or as `unknown`; a
+//! docs/decisions/turn-bootstrap-acknowledged.md): every claimed turn ends, on a worker the
+//! owner serves or as `unknown`; a
 //! turn nothing ran of runs on a fresh worker; no child is left a zombie. Real `drover`
 //! daemon, real SIGKILL and SIGSTOP, a loopback model. Every wait is bounded.
 
