@@ -1,4 +1,5 @@
-//! The spare worker (docs/workers.md): the owner keeps one `drover worker` started
+//! The spare worker (docs/decisions/turn-spare-worker.md): the owner keeps one `drover worker`
+//! started
 //! ahead of the next claim, hands it the claimed turn, and starts the next one after. A spare
 //! that died while waiting is replaced and never costs a turn; a spare dies with its owner and
 //! is reaped by its drain. Real `drover` daemon and worker processes, real SIGKILL, a loopback
