@@ -1,7 +1,7 @@
 //! A worker takes the turn: the spare (or a fresh worker) is handed the bootstrap, and the
 //! turn is its once it acknowledges it. A worker that dies, is stopped or stays silent first
 //! is killed and reaped and the next one is offered the turn: nothing of the turn ran
-//! (docs/workers.md, "The bootstrap is acknowledged").
+//! (docs/decisions/turn-bootstrap-acknowledged.md).
 
 use std::time::Duration;
 
