@@ -33,7 +33,8 @@ acp_packages() {
 # of the workspace with warnings as errors, clippy.toml's architecture rules among them.
 lint() {
   cargo fmt --all --check
-  if ! command -v cargo-shear >/dev/null 2>&1; then
+  # Asked through cargo, which also finds subcommands in $CARGO_HOME/bin off the PATH.
+  if ! cargo shear --version >/dev/null 2>&1; then
     # The version .ci/run installs: later ones need a newer rustc than the tree's.
     echo "cargo-shear is missing: cargo install --locked cargo-shear@1.9.1" >&2
     exit 1
