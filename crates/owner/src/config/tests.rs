@@ -80,8 +80,10 @@ fn listen_beyond_loopback_needs_allow_remote_and_tls() {
     assert!(e.contains("tls_cert") && e.contains("tls_key"), "{e}");
     let e = load("tls_cert = \"/c.pem\"").unwrap_err();
     assert!(e.contains("tls_key"), "{e}");
-    let c = load("listen = \"0.0.0.0:0\"\nallow_remote = true\ntls_cert = \"/c.pem\"\ntls_key = \"/k.pem\"")
-        .unwrap();
+    let c = load(
+        "listen = \"0.0.0.0:0\"\nallow_remote = true\ntls_cert = \"/c.pem\"\ntls_key = \"/k.pem\"",
+    )
+    .unwrap();
     assert_eq!(c.daemon.tls().unwrap().0, Path::new("/c.pem"));
     // Loopback may have allow_remote without TLS: nothing leaves the host.
     load("allow_remote = true").unwrap();
