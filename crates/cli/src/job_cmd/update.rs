@@ -1,0 +1,84 @@
+//! `drover job update` and `cancel`: a job's status changed from outside its run.
+
+use drover_jobs::timer;
+use drover_jobs::{JobError, JobStatus};
+use serde_json::json;
+
+use crate::Exit;
+
+use super::show::status_flag;
+use super::{print_json, CancelArgs, Env, UpdateArgs};
+
+pub(super) fn update(env: &Env, a: UpdateArgs) -> Result<Exit, JobError> {
+    let status = status_flag(a.status.as_deref())?;
+    let attempt = a
+        .attempt_id
+        .as_deref()
+        .map(|t| match t.trim().parse::<u64>() {
+            Ok(n) if n >= 1 => Ok(n),
+            _ => Err(JobError::BadInput(format!(
+                "--attempt-id must be a whole number from 1, got {t:?}"
+            ))),
+        })
+        .transpose()?;
+    if status.is_none() && attempt.is_none() {
+        return Err(JobError::BadInput(
+            "nothing to update: give --status S or --attempt-id N".into(),
+        ));
+    }
+    let drain = env.drain()?;
+    let mut registry = env.open_for(&a.job)?;
+    let mut changed = false;
+    if let Some(n) = attempt {
+        let (_, old_timer) = registry.new_attempt(&a.job, n)?;
+        changed = true;
+        if let Some(t) = old_timer {
+            timer::stop(t, drain)?;
+        }
+    }
+    if let Some(s) = status {
+        let (_, did, old_timer) =
+            registry.set_status(&a.job, s, a.detail.as_deref(), "status_set")?;
+        changed |= did;
+        if let Some(t) = old_timer {
+            timer::stop(t, drain)?;
+        }
+    }
+    let job = registry.job(&a.job)?;
+    if a.json {
+        print_json(&json!({"job": job.to_json(), "changed": changed}));
+    } else {
+        println!(
+            "{} {} attempt {}{}",
+            job.job_id,
+            job.status,
+            job.attempt_id,
+            if changed { "" } else { " (unchanged)" }
+        );
+    }
+    Ok(Exit::Ok)
+}
+
+pub(super) fn cancel(env: &Env, a: CancelArgs) -> Result<Exit, JobError> {
+    let drain = env.drain()?;
+    let mut registry = env.open_for(&a.job)?;
+    let (job, changed, old_timer) = registry.set_status(
+        &a.job,
+        JobStatus::Cancelled,
+        a.detail.as_deref(),
+        "cancelled",
+    )?;
+    if let Some(t) = old_timer {
+        timer::stop(t, drain)?;
+    }
+    if a.json {
+        print_json(&json!({"job": job.to_json(), "changed": changed}));
+    } else {
+        println!(
+            "{} cancelled{}",
+            job.job_id,
+            if changed { "" } else { " (already)" }
+        );
+    }
+    Ok(Exit::Ok)
+}
