@@ -14,7 +14,7 @@ use drover_protocol::Secret;
 
 use crate::home::new_token;
 use crate::running_turn::TurnControl;
-use crate::runtime::Owner;
+use crate::owner::Owner;
 use crate::turn::{register_claim, run_claimed};
 
 /// The most inputs one group commit takes.

@@ -13,7 +13,7 @@ use tracing_subscriber::EnvFilter;
 use crate::config::Config;
 use crate::home::{new_token, prepare_home, DaemonFile, DaemonInfo, HomeLock, LockError};
 pub use crate::idle::Lifetime;
-use crate::runtime::Owner;
+use crate::owner::Owner;
 use crate::turn::{claim_all_queued, drain, start_watchdog};
 
 /// glibc malloc arenas the owner may use. Its threads (two runtime workers, the ledger
@@ -289,7 +289,7 @@ async fn serve(
             // No worker of an older epoch can write any more (stale_epoch), so the outboxes
             // they left are dead letters.
             crate::outboxes::remove_dead_outboxes(&home);
-            crate::runtime::reconcile_background_processes(&mut ledger, None);
+            crate::owner::reconcile_background_processes(&mut ledger, None);
         }
         Err(e) => {
             refuse(format_args!("recovery failed: {e}"));

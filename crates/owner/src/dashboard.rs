@@ -16,7 +16,7 @@ use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
 use axum::Router;
 
-use crate::runtime::Owner;
+use crate::owner::Owner;
 
 /// One embedded file: its path under `/ui/`, its content type and its bytes.
 struct Asset {

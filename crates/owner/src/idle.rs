@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::runtime::Owner;
+use crate::owner::Owner;
 
 /// Who started the daemon, and so whether it may exit when idle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,10 +4,13 @@
 //! JSON-RPC ([`server`], [`rpc`], typed by `drover_protocol::client`, refusing in one error
 //! type, [`error`]), admits inputs in group commits that also claim an idle session's turn
 //! ([`admit`]), fans events out to attached connections ([`hub`]), claims
-//! turns and supervises one `drover worker` process per turn ([`turns`]), keeping one started
-//! ahead of the next claim ([`spare`]), forked by a worker template ([`template`]) where it
-//! can be, and recovers after a
-//! crash (older-epoch work becomes `unknown`, never replayed).
+//! turns and supervises one `drover worker` process per turn ([`turn`], by stage: schedule,
+//! bootstrap, start, supervise, pipe), keeping one started ahead of the next claim
+//! ([`spare`]), forked by a worker template ([`worker_template`]) where it can be, and
+//! recovers after a crash (older-epoch work becomes `unknown`, never replayed). Its shared
+//! state, the ledger thread among it, is [`owner::Owner`]; a running turn is reached from
+//! outside only through its door, [`running_turn::RunningTurn`] (receipts, stops, approval
+//! modes, interrupts).
 //! Its endpoint is loopback plain ws, or TLS ([`tls`]) when `[daemon]` says so, with its
 //! connections bounded (a header timeout, caps below the open-files limit: [`connections`]);
 //! its log is private and bounded ([`logfile`]), and so is the number of turns' worker logs
@@ -28,11 +31,11 @@
 //! browser logs in with a one-time code for a credential it offers at each connection
 //! ([`browser`]). Workers' outbox folders are recycled from turn to turn ([`outboxes`]).
 //!
-//! Layers (bottom to top; a module uses only those below it): `browser`, `config`, `error`, `home`, `hub`,
-//! `jobs`, `logfile`, `mcp`, [`outboxes`], `sandbox`, [`session_mcp`], `telemetry`, `tls`,
-//! [`worker_logs`],
-//! [`worker_process`] < [`template`] < [`spare`] < [`runtime`] < [`turns`] <
-//! [`admit`] < [`rpc`] < [`dashboard`] < [`server`] < [`connections`] < [`daemon`].
+//! Layers (bottom to top; a module uses only those below it): `browser`, `config`, `error`,
+//! `home`, `hub`, `jobs`, `logfile`, `mcp`, [`outboxes`], [`running_turn`], `sandbox`,
+//! [`session_mcp`], `telemetry`, `tls`, [`worker_logs`], [`worker_process`] <
+//! [`worker_template`] < [`spare`] < [`owner`] < [`turn`] < [`admit`] < [`rpc`] <
+//! [`dashboard`] < [`server`] < [`connections`] < [`idle`] < [`daemon`].
 
 pub mod admit;
 pub mod browser;
@@ -48,19 +51,19 @@ pub mod jobs;
 pub mod logfile;
 pub mod mcp;
 pub mod outboxes;
+pub mod owner;
 pub mod rpc;
 pub mod running_turn;
-pub mod runtime;
 pub mod sandbox;
 pub mod server;
 pub mod session_mcp;
 pub mod spare;
 pub mod telemetry;
-pub mod template;
 pub mod tls;
 pub mod turn;
 pub mod worker_logs;
 pub mod worker_process;
+pub mod worker_template;
 
 pub use daemon::{run_daemon, DaemonStart};
 pub use server::{AcpEndpoint, AcpLines};

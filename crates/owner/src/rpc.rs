@@ -24,7 +24,7 @@ use serde_json::Value;
 
 use crate::error::OwnerError;
 use crate::hub::{ConnHandle, Credential};
-use crate::runtime::Owner;
+use crate::owner::Owner;
 
 mod admissions;
 mod prompts;

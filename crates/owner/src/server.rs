@@ -33,7 +33,7 @@ use tokio_util::task::AbortOnDropHandle;
 use crate::error::OwnerError;
 use crate::hub::{ConnHandle, Credential, Outgoing};
 use crate::rpc::{dispatch, Reply};
-use crate::runtime::Owner;
+use crate::owner::Owner;
 
 /// One `/v1/acp` connection's messages, one JSON-RPC message each way per text frame.
 pub struct AcpLines {

@@ -23,7 +23,7 @@
 //!   SPEC section 8 says. An unused spare's log is removed with it.
 //! - The drain stops the spare (SIGKILL: it runs nothing) and reaps it ([`SpareSlot::stop`]).
 //!
-//! - A spare is forked by the worker template when it may be ([`crate::template`]), else
+//! - A spare is forked by the worker template when it may be ([`crate::worker_template`]), else
 //!   exec'd ([`StartedWorker::start`]); the keeper stops the template with the spare.
 //!
 //! Told apart from a turn's worker from outside by its process name: `drover-spare` until its
@@ -37,7 +37,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::template::TemplateSlot;
+use crate::worker_template::TemplateSlot;
 use crate::worker_process::remove_if_empty;
 pub use crate::worker_process::{Handoff, StartedWorker, WorkerCommand, WorkerProcess};
 /// First and largest pause before replacing a spare that died while waiting, so a worker
@@ -245,7 +245,7 @@ async fn wait_without_spare(
 
 /// The keeper: starts a spare, then hands it to the next request, replaces it when it dies,
 /// and discards it when stopped. Spares are forked by the worker template when it may be used
-/// ([`crate::template`]), else exec'd.
+/// ([`crate::worker_template`]), else exec'd.
 async fn keep_spare<F>(
     logs: PathBuf,
     epoch: u64,

@@ -11,7 +11,7 @@ use drover_ledger::AdmissionRow;
 use tracing::field::Empty;
 use tracing::Span;
 
-use crate::runtime::Owner;
+use crate::owner::Owner;
 
 /// At most this many queued admissions keep an open `admission.queue` span; past it (a huge
 /// backlog) their turns start traces of their own.

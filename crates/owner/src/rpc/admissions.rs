@@ -12,7 +12,7 @@ use serde_json::json;
 
 use crate::error::OwnerError;
 use crate::hub::ConnHandle;
-use crate::runtime::Owner;
+use crate::owner::Owner;
 use crate::turn::claim_next;
 
 use super::{receipt, require_attached, stored};

@@ -9,7 +9,7 @@ use drover_protocol::client as wire;
 
 use crate::error::OwnerError;
 use crate::hub::ConnHandle;
-use crate::runtime::Owner;
+use crate::owner::Owner;
 
 use super::{open_prompt, require_attached};
 

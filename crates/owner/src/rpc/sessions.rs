@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use crate::config::DEFAULT_SYSTEM_PROMPT;
 use crate::error::OwnerError;
 use crate::hub::ConnHandle;
-use crate::runtime::Owner;
+use crate::owner::Owner;
 
 use super::{open_prompt, pending, require_attached, session_event, session_row};
 
@@ -244,7 +244,7 @@ pub(super) async fn snapshot(
                     0 => l.context_window_found(&session_id)?,
                     fixed => Some(fixed),
                 };
-            crate::runtime::reconcile_background_processes(l, Some(&session_id));
+            crate::owner::reconcile_background_processes(l, Some(&session_id));
             o.hub.attach(&session_id, &conn);
             let messages = l
                 .messages(&session_id)?

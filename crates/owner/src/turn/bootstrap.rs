@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use crate::config::Config;
 use crate::running_turn::{RunningTurn, StopReason, TurnControl};
-use crate::runtime::Owner;
+use crate::owner::Owner;
 
 /// What a claim needs before its ledger job ends (call it inside the job that committed the
 /// claim): the execution is supervised (the watchdog sees it), the turn is registered as

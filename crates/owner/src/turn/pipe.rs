@@ -13,7 +13,7 @@ use drover_protocol::worker::{op, OwnerFrame, PersistFrame, WorkerFrame};
 use serde_json::Value;
 use tracing::Instrument;
 
-use crate::runtime::Owner;
+use crate::owner::Owner;
 
 /// Refused worker frames logged in full before the log is rate-limited.
 const REFUSALS_LOGGED: u64 = 10;

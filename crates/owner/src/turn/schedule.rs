@@ -16,7 +16,7 @@ use super::bootstrap::register_claim;
 use super::supervise::{after_settlement, supervise};
 use crate::home::new_token;
 use crate::running_turn::{RunningTurn, StopReason, TurnControl};
-use crate::runtime::Owner;
+use crate::owner::Owner;
 
 /// How often the watchdog looks for turns nobody supervises, and probes a ledger that failed.
 const WATCHDOG_INTERVAL: Duration = Duration::from_secs(2);

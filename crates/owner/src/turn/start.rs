@@ -12,7 +12,7 @@ use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::unix::pipe;
 use tokio_util::sync::CancellationToken;
 
-use crate::runtime::Owner;
+use crate::owner::Owner;
 use crate::spare::{StartedWorker, WorkerProcess};
 
 /// The worker's stdin, written by the owner.

@@ -1,5 +1,6 @@
-//! The owner's runtime state: the ledger behind one lock, the event hub, running turns, and
-//! the drain flag. Turn scheduling and worker supervision live in the `turn` module, a layer
+//! The owner daemon's shared state ([`Owner`]): the config in force, the ledger's one thread,
+//! the event hub, the running turns (each behind its door, [`RunningTurn`]), the spare and the
+//! drain flag. Turn scheduling and worker supervision live in the `turn` module, a layer
 //! above this one.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
