@@ -13,8 +13,8 @@ use drover_ledger::{Admitted, Claim, LedgerError};
 use drover_protocol::Secret;
 
 use crate::home::new_token;
-use crate::running_turn::TurnControl;
 use crate::owner::Owner;
+use crate::running_turn::TurnControl;
 use crate::turn::{register_claim, run_claimed};
 
 /// The most inputs one group commit takes.

@@ -32,8 +32,8 @@ use tokio_util::task::AbortOnDropHandle;
 
 use crate::error::OwnerError;
 use crate::hub::{ConnHandle, Credential, Outgoing};
-use crate::rpc::{dispatch, Reply};
 use crate::owner::Owner;
+use crate::rpc::{dispatch, Reply};
 
 /// One `/v1/acp` connection's messages, one JSON-RPC message each way per text frame.
 pub struct AcpLines {

@@ -37,9 +37,9 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::worker_template::TemplateSlot;
 use crate::worker_process::remove_if_empty;
 pub use crate::worker_process::{Handoff, StartedWorker, WorkerCommand, WorkerProcess};
+use crate::worker_template::TemplateSlot;
 /// First and largest pause before replacing a spare that died while waiting, so a worker
 /// binary that cannot start is not restarted in a loop.
 const RESTART_FIRST: Duration = Duration::from_millis(100);

@@ -9,8 +9,8 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::config::Config;
-use crate::running_turn::{RunningTurn, StopReason, TurnControl};
 use crate::owner::Owner;
+use crate::running_turn::{RunningTurn, StopReason, TurnControl};
 
 /// What a claim needs before its ledger job ends (call it inside the job that committed the
 /// claim): the execution is supervised (the watchdog sees it), the turn is registered as

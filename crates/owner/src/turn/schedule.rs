@@ -15,8 +15,8 @@ use tracing::Instrument;
 use super::bootstrap::register_claim;
 use super::supervise::{after_settlement, supervise};
 use crate::home::new_token;
-use crate::running_turn::{RunningTurn, StopReason, TurnControl};
 use crate::owner::Owner;
+use crate::running_turn::{RunningTurn, StopReason, TurnControl};
 
 /// How often the watchdog looks for turns nobody supervises, and probes a ledger that failed.
 const WATCHDOG_INTERVAL: Duration = Duration::from_secs(2);

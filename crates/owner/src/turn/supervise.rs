@@ -21,8 +21,8 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use super::bootstrap::bootstrap_frames;
 use super::pipe::{Handled, WorkerPipe};
 use super::start::{start_turn, write_line, TurnWorker, WorkerStdin, WorkerStdout};
-use crate::running_turn::{StopReason, TurnControl};
 use crate::owner::Owner;
+use crate::running_turn::{StopReason, TurnControl};
 use crate::spare::WorkerProcess;
 
 /// Sessions whose next input is to be claimed, handed back to the scheduler.
