@@ -26,27 +26,27 @@ type Claimed = (Claim, Secret, TurnControl);
 /// Starts the group-commit loop for admissions (call once, inside the runtime); the inputs
 /// come from [`Owner::admit`].
 pub fn start_admissions(owner: &Arc<Owner>) {
-    let Some(mut rx) = owner.take_admissions() else {
+    let Some(mut admissions) = owner.take_admissions() else {
         return;
     };
-    let me = owner.clone();
+    let owner = owner.clone();
     tokio::spawn(async move {
-        while let Some(first) = rx.recv().await {
+        while let Some(first) = admissions.recv().await {
             let mut batch = vec![first];
             while batch.len() < MAX_ADMISSION_BATCH {
-                match rx.try_recv() {
+                match admissions.try_recv() {
                     Ok(next) => batch.push(next),
                     Err(_) => break,
                 }
             }
             let (requests, replies): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
-            let n = requests.len();
-            let results = me
-                .ledger(move |l, o| {
+            let inputs = requests.len();
+            let results = owner
+                .ledger(move |ledger, owner| {
                     let mut secrets: Vec<(String, Secret)> = Vec::new();
                     let mut claim_ids = || {
                         // SPEC section 4: a draining owner claims nothing.
-                        if o.is_draining() {
+                        if owner.is_draining() {
                             return None;
                         }
                         let execution_id = drover_ledger::new_id();
@@ -55,21 +55,21 @@ pub fn start_admissions(owner: &Arc<Owner>) {
                         secrets.push((execution_id.clone(), secret));
                         Some((execution_id, exposed))
                     };
-                    let results = l.admit_batch(&requests, &mut claim_ids);
+                    let results = ledger.admit_batch(&requests, &mut claim_ids);
                     let mut claimed: Vec<Claimed> = Vec::new();
                     let rows = results
                         .into_iter()
                         .map(|result| {
                             let Admitted { row, events, claim } = result?;
-                            o.hub.publish(&events);
+                            owner.hub.publish(&events);
                             if let Some(claim) = claim {
                                 let secret = secrets
                                     .iter()
                                     .find(|(id, _)| *id == claim.execution_id)
-                                    .map(|(_, s)| s.clone());
+                                    .map(|(_, secret)| secret.clone());
                                 match secret {
                                     Some(secret) => {
-                                        let registered = register_claim(o, &claim);
+                                        let registered = register_claim(owner, &claim);
                                         claimed.push((claim, secret, registered));
                                     }
                                     // Never: the ledger claims only with the ids it was given.
@@ -88,15 +88,16 @@ pub fn start_admissions(owner: &Arc<Owner>) {
             match results {
                 Ok((rows, claimed)) => {
                     for (claim, secret, registered) in claimed {
-                        me.tracker
-                            .spawn(run_claimed(me.clone(), claim, secret, registered));
+                        owner
+                            .tracker
+                            .spawn(run_claimed(owner.clone(), claim, secret, registered));
                     }
                     for (reply, row) in replies.into_iter().zip(rows) {
                         let _ = reply.send(row);
                     }
                 }
                 Err(e) => {
-                    tracing::error!(error = %e, inputs = n, "group commit failed");
+                    tracing::error!(error = %e, inputs, "group commit failed");
                     for reply in replies {
                         let _ = reply.send(Err(LedgerError::Unavailable(e.to_string())));
                     }

@@ -37,11 +37,11 @@ async fn busy(owner: &Arc<Owner>) -> Option<&'static str> {
     }
     // On the ledger thread, where claims and supervisors change, so the two agree.
     let found = owner
-        .ledger(|l, o| {
-            if !o.supervised().is_empty() {
+        .ledger(|ledger, owner| {
+            if !owner.supervised().is_empty() {
                 return Ok(Some("a turn is running"));
             }
-            if !l.claimable_sessions()?.is_empty() {
+            if !ledger.claimable_sessions()?.is_empty() {
                 return Ok(Some("input is queued"));
             }
             Ok(None)

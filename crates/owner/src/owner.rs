@@ -278,19 +278,19 @@ impl Owner {
             .map_err(|_| LedgerError::Unavailable("the admission loop has stopped".into()))?
     }
 
-    /// Runs `f` on the ledger thread. Events published by `f` through the hub
+    /// Runs `work` on the ledger thread. Events published by `work` through the hub
     /// are published under the ledger lock, so they reach clients in `seq` order.
-    pub async fn ledger<T, F>(self: &Arc<Self>, f: F) -> Result<T, LedgerError>
+    pub async fn ledger<T, F>(self: &Arc<Self>, work: F) -> Result<T, LedgerError>
     where
         T: Send + 'static,
         F: FnOnce(&mut Ledger, &Owner) -> Result<T, LedgerError> + Send + 'static,
     {
-        let me = self.clone();
+        let owner = self.clone();
         let (tx, rx) = oneshot::channel();
-        let job: LedgerJob = Box::new(move |l| {
-            let result = f(l, &me);
+        let job: LedgerJob = Box::new(move |ledger| {
+            let result = work(ledger, &owner);
             if let Err(e @ (LedgerError::Storage(_) | LedgerError::Unavailable(_))) = &result {
-                me.note_storage_error(e);
+                owner.note_storage_error(e);
             }
             let _ = tx.send(result);
         });

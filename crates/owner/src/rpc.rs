@@ -158,7 +158,7 @@ async fn require_attached(
     }
     let sid = session_id.to_string();
     let exists = owner
-        .ledger(move |l, _| Ok(l.session(&sid)?.is_some()))
+        .ledger(move |ledger, _| Ok(ledger.session(&sid)?.is_some()))
         .await?;
     if !exists {
         return Err(OwnerError::NotFound(format!("session {session_id}")));
@@ -243,7 +243,7 @@ fn session_event(event: &StoredEvent) -> SessionEvent {
 
 /// `approvals.list` (drover extension, SPEC section 6 `always`): the home's stored rules.
 async fn approvals_list(owner: &Arc<Owner>) -> Result<wire::ApprovalRules, OwnerError> {
-    let rules = owner.ledger(|l, _| l.approval_rules()).await?;
+    let rules = owner.ledger(|ledger, _| ledger.approval_rules()).await?;
     Ok(wire::ApprovalRules {
         rules: rules
             .into_iter()
@@ -263,7 +263,7 @@ async fn approvals_remove(
 ) -> Result<wire::ApprovalRuleRemoved, OwnerError> {
     let key = p.pattern_key;
     let removed = owner
-        .ledger(move |l, _| l.remove_approval_rule(&key))
+        .ledger(move |ledger, _| ledger.remove_approval_rule(&key))
         .await?;
     Ok(wire::ApprovalRuleRemoved { removed })
 }
@@ -278,7 +278,7 @@ async fn mcp_status(
     let servers = match p.session_id {
         Some(session_id) => {
             let session = owner
-                .ledger(move |l, _| session_row(l, &session_id))
+                .ledger(move |ledger, _| session_row(ledger, &session_id))
                 .await?;
             let mut names = mcp_toolsets(owner, &session.toolsets);
             names.extend(session.mcp_servers.keys().cloned());

@@ -95,7 +95,9 @@ async fn compaction_settled(
         // Taken before the read: a change committed after it is published to this watcher.
         let changed = owner.hub.watch_admission(&admission_id);
         let (sid, aid) = (session_id.clone(), admission_id.clone());
-        let found = owner.ledger(move |l, _| l.receipt(&sid, &aid)).await?;
+        let found = owner
+            .ledger(move |ledger, _| ledger.receipt(&sid, &aid))
+            .await?;
         if matches!(
             found.admission.status,
             AdmissionStatus::Terminal | AdmissionStatus::Unknown
@@ -144,7 +146,7 @@ async fn compaction_settled(
     }
     let aid = admission_id.clone();
     let (own, latest) = owner
-        .ledger(move |l, _| l.compaction_covered(&session_id, &aid))
+        .ledger(move |ledger, _| ledger.compaction_covered(&session_id, &aid))
         .await?;
     Ok(wire::CompactionResult {
         status: if own.is_some() {
@@ -202,7 +204,7 @@ pub(super) async fn prompt_receipt(
     let include = p.include_result.unwrap_or(false);
     let (session_id, admission_id) = (p.session_id, p.admission_id);
     let found = owner
-        .ledger(move |l, _| l.receipt(&session_id, &admission_id))
+        .ledger(move |ledger, _| ledger.receipt(&session_id, &admission_id))
         .await?;
     let mut out = receipt(&found.admission);
     if let (true, Some(value)) = (include, found.stored_result) {
@@ -253,9 +255,9 @@ async fn change_admission(
     require_attached(owner, conn, &session_id).await?;
     let sid = session_id.clone();
     let row = owner
-        .ledger(move |l, o| {
-            let (row, events) = change(l, &sid, &admission_id)?;
-            o.hub.publish(&events);
+        .ledger(move |ledger, owner| {
+            let (row, events) = change(ledger, &sid, &admission_id)?;
+            owner.hub.publish(&events);
             Ok(row)
         })
         .await?;
@@ -276,9 +278,9 @@ pub(super) async fn interrupt(
             // accepted for a tool that will not run.
             let eid = t.execution_id.clone();
             let closed = owner
-                .ledger(move |l, o| {
-                    let (prompts, events) = l.accept_interrupt(&eid)?;
-                    o.hub.publish(&events);
+                .ledger(move |ledger, owner| {
+                    let (prompts, events) = ledger.accept_interrupt(&eid)?;
+                    owner.hub.publish(&events);
                     Ok(prompts)
                 })
                 .await?;

@@ -60,9 +60,9 @@ pub(super) async fn respond(
     require_attached(owner, conn, &session_id).await?;
     let pid = prompt_id.clone();
     let response = owner
-        .ledger(move |l, o| {
+        .ledger(move |ledger, owner| {
             let kind = answer.kind();
-            let row = l
+            let row = ledger
                 .prompt(&pid)?
                 .filter(|p| p.session_id == session_id && p.kind == kind)
                 .ok_or_else(|| LedgerError::NotFound(format!("{kind} prompt {pid}")))?;
@@ -78,9 +78,9 @@ pub(super) async fn respond(
                 Answer::Clarify(answer) => serde_json::to_value(answer),
             }
             .map_err(|e| LedgerError::Corrupt(format!("prompt {pid} answer: {e}")))?;
-            let r = l.respond_prompt(&session_id, generation, &pid, value)?;
+            let r = ledger.respond_prompt(&session_id, generation, &pid, value)?;
             if let PromptResponse::Resolved { events, .. } = &r {
-                o.hub.publish(events);
+                owner.hub.publish(events);
             }
             Ok(r)
         })

@@ -35,7 +35,7 @@ pub(super) async fn session_create(
     // is checked, so a client whose answer was lost never makes two sessions.
     let (rid, params) = (p.request_id.clone(), raw.clone());
     let earlier = owner
-        .ledger(move |l, _| l.session_for_request(&rid, &params))
+        .ledger(move |ledger, _| ledger.session_for_request(&rid, &params))
         .await?;
     if let Some(session) = earlier {
         return snapshot(owner, conn, session.id).await;
@@ -165,7 +165,7 @@ pub(super) async fn session_create(
         mcp_servers,
     };
     let session = owner
-        .ledger(move |l, _| l.create_session_for_request(&new, &raw))
+        .ledger(move |ledger, _| ledger.create_session_for_request(&new, &raw))
         .await?;
     snapshot(owner, conn, session.id).await
 }
@@ -235,18 +235,18 @@ pub(super) async fn snapshot(
 ) -> Result<wire::SessionSnapshot, OwnerError> {
     let conn = conn.clone();
     let (jobs, mut resume) = owner
-        .ledger(move |l, o| {
-            let session = session_row(l, &session_id)?;
+        .ledger(move |ledger, owner| {
+            let session = session_row(ledger, &session_id)?;
             // The window the session's turns budget with (`turn::context_budget`): the
             // frozen one, else the one an earlier turn found at the endpoint.
             let context_window =
-                match crate::turn::frozen_context(o, &session.model_config).context_window {
-                    0 => l.context_window_found(&session_id)?,
+                match crate::turn::frozen_context(owner, &session.model_config).context_window {
+                    0 => ledger.context_window_found(&session_id)?,
                     fixed => Some(fixed),
                 };
-            crate::owner::reconcile_background_processes(l, Some(&session_id));
-            o.hub.attach(&session_id, &conn);
-            let messages = l
+            crate::owner::reconcile_background_processes(ledger, Some(&session_id));
+            owner.hub.attach(&session_id, &conn);
+            let messages = ledger
                 .messages(&session_id)?
                 .into_iter()
                 .map(|(id, m, at)| wire::TranscriptMessage {
@@ -259,16 +259,16 @@ pub(super) async fn snapshot(
                     created_at: at,
                 })
                 .collect();
-            let pending_rows = l.pending(&session_id)?;
+            let pending_rows = ledger.pending(&session_id)?;
             let running = pending_rows
                 .iter()
                 .any(|a| a.status == AdmissionStatus::Started);
-            let prompts = l
+            let prompts = ledger
                 .open_prompts(&session_id)?
                 .iter()
                 .map(open_prompt)
                 .collect::<Result<_, _>>()?;
-            let jobs = l.session_jobs(&session_id)?;
+            let jobs = ledger.session_jobs(&session_id)?;
             Ok((
                 jobs,
                 wire::SessionSnapshot {
@@ -278,23 +278,25 @@ pub(super) async fn snapshot(
                     running,
                     // Shared facts belong to the API (STYLE): clients see what runs in the
                     // background.
-                    processes: l.background_processes(&session_id)?,
+                    processes: ledger.background_processes(&session_id)?,
                     jobs: Vec::new(),
                     execution_generation: session.runtime_generation,
                     replay_epoch: session.replay_epoch,
-                    last_sequence: l.last_event_seq(&session_id)?,
+                    last_sequence: ledger.last_event_seq(&session_id)?,
                     info: wire::SessionInfo {
                         confinement: Some(crate::sandbox::confinement(
                             &session.sandbox,
                             &session.cwd,
-                            &o.sandbox_support,
+                            &owner.sandbox_support,
                         )),
                         model: session.model,
                         cwd: session.cwd,
                         source: session.source,
                         toolsets: session.toolsets,
                         title: session.title,
-                        approval_mode: Some(o.config().approvals.mode_for(session.approval_mode)),
+                        approval_mode: Some(
+                            owner.config().approvals.mode_for(session.approval_mode),
+                        ),
                         context_window,
                     },
                     session_id: session.id,
@@ -316,7 +318,7 @@ pub(super) async fn session_list(
     let limit = p.limit.unwrap_or(50).clamp(1, 1000) as u32;
     let (cursor, cwd) = (p.cursor, p.cwd);
     let (rows, next_cursor) = owner
-        .ledger(move |l, _| l.list_sessions(limit, cursor.as_deref(), cwd.as_deref()))
+        .ledger(move |ledger, _| ledger.list_sessions(limit, cursor.as_deref(), cwd.as_deref()))
         .await?;
     let approvals = owner.config().approvals.clone();
     let sessions = rows
@@ -355,7 +357,7 @@ pub(super) async fn session_rename(
 ) -> Result<wire::SessionRenamed, OwnerError> {
     let wire::SessionRenameParams { session_id, title } = p;
     let row = owner
-        .ledger(move |l, _| l.rename_session(&session_id, &title))
+        .ledger(move |ledger, _| ledger.rename_session(&session_id, &title))
         .await?;
     Ok(wire::SessionRenamed {
         session_id: row.id,
@@ -375,10 +377,10 @@ pub(super) async fn session_set_mode(
     let wire::SessionSetModeParams { session_id, mode } = p;
     require_attached(owner, conn, &session_id).await?;
     let (row, effective) = owner
-        .ledger(move |l, o| {
-            let row = l.set_approval_mode(&session_id, mode)?;
-            let effective = o.config().approvals.mode_for(row.approval_mode);
-            if let Some(turn) = o.running_turn(&session_id) {
+        .ledger(move |ledger, owner| {
+            let row = ledger.set_approval_mode(&session_id, mode)?;
+            let effective = owner.config().approvals.mode_for(row.approval_mode);
+            if let Some(turn) = owner.running_turn(&session_id) {
                 turn.approvals(effective);
             }
             Ok((row, effective))
@@ -416,9 +418,9 @@ pub(super) async fn events_since(
     let (session_id, last_sequence) = (p.session_id, p.last_sequence);
     let replay_epoch = p.replay_epoch.unwrap_or_default();
     let page = owner
-        .ledger(move |l, _| {
-            let session = session_row(l, &session_id)?;
-            let last = l.last_event_seq(&session_id)?;
+        .ledger(move |ledger, _| {
+            let session = session_row(ledger, &session_id)?;
+            let last = ledger.last_event_seq(&session_id)?;
             if replay_epoch != session.replay_epoch || last_sequence > last {
                 return Ok(wire::EventsPage {
                     events: Vec::new(),
@@ -428,7 +430,7 @@ pub(super) async fn events_since(
                     has_more: false,
                 });
             }
-            let page = l.events_page(&session_id, last_sequence, limit, EVENTS_PAGE_BYTES)?;
+            let page = ledger.events_page(&session_id, last_sequence, limit, EVENTS_PAGE_BYTES)?;
             Ok(wire::EventsPage {
                 last_sequence: page.events.last().map_or(last_sequence, |e| e.seq),
                 events: page.events.iter().map(session_event).collect(),
