@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs the rules (cargo fmt --check, cargo shear for unused dependencies, cargo clippy -D
-# warnings) and every test suite: the Rust workspace, then the Python client (clients/python:
+# Runs the rules (cargo fmt --check, no issue numbers in code and docs, cargo shear for unused
+# dependencies, cargo clippy -D warnings) and every test suite: the Rust workspace, then the Python client (clients/python:
 # its types.py against the schema, mypy --strict and pytest against the `drover` binary just
 # built), in a venv under target/.
 #   bash scripts/test.sh          # everything (what CI runs)
@@ -33,6 +33,13 @@ acp_packages() {
 # of the workspace with warnings as errors, clippy.toml's architecture rules among them.
 lint() {
   cargo fmt --all --check
+  # Code and docs name the topic or link its decision, never a tracker's issue number: the
+  # tracker is not in the repository.
+  if grep -rnEi --exclude-dir='*.egg-info' 'issue #?[0-9]' crates docs clients/python README.md \
+    CONTRIBUTING.md Cargo.toml; then
+    echo "the lines above cite an issue number; name the topic or docs/decisions/ instead" >&2
+    exit 1
+  fi
   # Asked through cargo, which also finds subcommands in $CARGO_HOME/bin off the PATH.
   if ! cargo shear --version >/dev/null 2>&1; then
     # The version .ci/run installs: later ones need a newer rustc than the tree's.
