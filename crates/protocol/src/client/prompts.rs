@@ -1,0 +1,239 @@
+//! Prompts: submitting an input and its admission receipt, interrupting a turn, answering
+//! approval and clarify prompts, and the home's approval rules.
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::*;
+use crate::chat::Usage;
+use crate::fields;
+
+/// Params of `prompt.submit`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PromptSubmitParams {
+    /// The session (attached).
+    #[serde(deserialize_with = "fields::name")]
+    #[schemars(length(min = 1, max = 256))]
+    pub session_id: String,
+    /// The caller's id for this input: the same id and text give the same admission; the same
+    /// id with another text is `admission_conflict`.
+    #[serde(deserialize_with = "fields::name")]
+    #[schemars(length(min = 1, max = 256))]
+    pub input_id: String,
+    /// The input.
+    pub text: String,
+}
+
+/// Params of `prompt.receipt`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PromptReceiptParams {
+    /// The session.
+    #[serde(deserialize_with = "fields::name")]
+    #[schemars(length(min = 1, max = 256))]
+    pub session_id: String,
+    /// The admission.
+    #[serde(deserialize_with = "fields::name")]
+    #[schemars(length(min = 1, max = 256))]
+    pub admission_id: String,
+    /// Add `usage` and `result` when the admission is terminal (default false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub include_result: Option<bool>,
+}
+
+/// `{session_id, admission_id}`: params of `prompt.cancel` and `prompt.resolve_unknown`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AdmissionRef {
+    /// The session (attached).
+    #[serde(deserialize_with = "fields::name")]
+    #[schemars(length(min = 1, max = 256))]
+    pub session_id: String,
+    /// The admission.
+    #[serde(deserialize_with = "fields::name")]
+    #[schemars(length(min = 1, max = 256))]
+    pub admission_id: String,
+}
+
+/// Params of `session.interrupt`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InterruptParams {
+    /// The session (attached).
+    #[serde(deserialize_with = "fields::name")]
+    #[schemars(length(min = 1, max = 256))]
+    pub session_id: String,
+    /// The running turn's generation; another is `stale_generation`.
+    pub execution_generation: u64,
+}
+
+/// Params of `approval.respond`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalRespondParams {
+    /// The session (attached).
+    #[serde(deserialize_with = "fields::name")]
+    #[schemars(length(min = 1, max = 256))]
+    pub session_id: String,
+    /// The prompt's generation; another is `stale_generation`.
+    pub execution_generation: u64,
+    /// The prompt.
+    #[serde(deserialize_with = "fields::name")]
+    #[schemars(length(min = 1, max = 256))]
+    pub prompt_id: String,
+    /// The answer.
+    pub choice: ApprovalChoice,
+}
+
+/// Params of `clarify.respond`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClarifyRespondParams {
+    /// The session (attached).
+    #[serde(deserialize_with = "fields::name")]
+    #[schemars(length(min = 1, max = 256))]
+    pub session_id: String,
+    /// The prompt's generation; another is `stale_generation`.
+    pub execution_generation: u64,
+    /// The prompt.
+    #[serde(deserialize_with = "fields::name")]
+    #[schemars(length(min = 1, max = 256))]
+    pub prompt_id: String,
+    /// The answer: one of the prompt's choices, free text when it has none, or a list of
+    /// choices when it is `multi_select`.
+    pub answer: ClarifyAnswer,
+}
+
+/// `{pattern_key}`: params of `approvals.remove`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalRuleRef {
+    /// The rule's key, as `approvals.list` shows it.
+    #[serde(deserialize_with = "fields::key")]
+    #[schemars(length(min = 1, max = 4096))]
+    pub pattern_key: String,
+}
+
+/// One entry of `session.resume` `pending`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct PendingAdmission {
+    /// The admission.
+    pub admission_id: String,
+    /// The caller's id for the input.
+    pub input_id: String,
+    /// The input (empty for a `compact` admission).
+    pub text: String,
+    /// `compact` for a `session.compact` admission; absent for an input.
+    #[serde(default, skip_serializing_if = "AdmissionKind::is_input")]
+    pub kind: AdmissionKind,
+    /// Its place in the daemon's FIFO.
+    pub sequence: u64,
+    /// `queued`, `started` or `unknown`.
+    pub status: AdmissionStatus,
+    /// The turn's generation once it started.
+    pub execution_generation: Option<u64>,
+    /// Unix seconds when it was admitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admitted_at: Option<f64>,
+    /// Unix seconds when its turn started, once it has.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<f64>,
+}
+
+/// The admission receipt: the result of `prompt.submit`, `prompt.receipt`, `prompt.cancel`
+/// and `prompt.resolve_unknown`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct AdmissionReceipt {
+    /// The admission.
+    pub admission_id: String,
+    /// Its session.
+    pub session_id: String,
+    /// Its place in the daemon's FIFO.
+    pub sequence: u64,
+    /// Where it stands.
+    pub status: AdmissionStatus,
+    /// Set once terminal.
+    pub outcome: Option<AdmissionOutcome>,
+    /// The turn's generation once it started.
+    pub execution_generation: Option<u64>,
+    /// `prompt.receipt` with `include_result` of a terminal admission: the turn's tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+    /// `prompt.receipt` with `include_result` of a terminal admission: what the turn gave.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<AdmissionResult>,
+}
+
+/// `result` of `prompt.receipt` with `include_result`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct AdmissionResult {
+    /// The turn's final text.
+    pub final_response: String,
+    /// The model that answered.
+    pub model: String,
+    /// The number of model responses.
+    pub api_calls: u64,
+    /// Why a failed turn failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Result of `session.interrupt`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct InterruptAccepted {
+    /// Always `interrupting`: the turn settles `interrupted` (or `unknown` when its worker
+    /// had to be killed).
+    pub execution_state: ExecutionState,
+}
+
+/// `execution_state` of [`InterruptAccepted`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ExecutionState {
+    /// The stop was sent.
+    Interrupting,
+}
+
+/// Result of `approval.respond` and `clarify.respond`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct PromptResponse {
+    /// Whether this answer was the one recorded.
+    pub status: PromptResponseStatus,
+    /// The prompt.
+    pub prompt_id: String,
+}
+
+/// `status` of [`PromptResponse`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PromptResponseStatus {
+    /// This answer was recorded.
+    Resolved,
+    /// Another answer (or an interrupt) got there first; exactly one is ever recorded.
+    AlreadyResolved,
+}
+
+/// Result of `approvals.list`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ApprovalRules {
+    /// The stored `always` rules.
+    pub rules: Vec<ApprovalRule>,
+}
+
+/// One stored `always` rule.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ApprovalRule {
+    /// The kind of command it allows.
+    pub pattern_key: String,
+    /// What that kind is.
+    pub description: String,
+    /// Unix seconds.
+    pub created_at: f64,
+}
+
+/// Result of `approvals.remove`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ApprovalRuleRemoved {
+    /// Whether a rule was removed.
+    pub removed: bool,
+}
