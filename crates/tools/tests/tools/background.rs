@@ -5,8 +5,7 @@
 // Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-use common::call;
+use crate::common::call;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -16,7 +15,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use drover_platform::{self as platform, ForegroundGroups, Signal};
 use drover_test_support::harness::{self, ChildGuard};
-use drover_test_support::wait;
+use drover_test_support::{alone, wait};
 use drover_tools::background::{BackgroundProcess, ProcessStatus, ProcessUpdate};
 use drover_tools::process::ProcessTool;
 use drover_tools::terminal::TerminalTool;
@@ -188,6 +187,10 @@ async fn wait_reports_the_exit_code_even_to_a_worker_that_is_not_the_parent() {
 
 #[tokio::test]
 async fn wait_is_bounded_by_its_timeout_and_stops_on_interrupt() {
+    // Alone in a process of its own: it kills every foreground group of the process.
+    if alone::ran_in_child(Duration::from_secs(60)) {
+        return;
+    }
     let dir = tempfile::tempdir().expect("tempdir");
     let ctx = context(dir.path(), "manual", Arc::new(InMemoryProcesses::default()));
     let (result, _guard) = start("sleep 30", &ctx).await;

@@ -1,4 +1,4 @@
-//! What the tool tests share (`mod common;` in each test file).
+//! What the tool tests share (`crate::common` in each module).
 
 use std::time::Duration;
 

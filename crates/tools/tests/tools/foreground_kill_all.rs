@@ -1,10 +1,10 @@
 //! `ForegroundGroups::kill_all` (what the worker calls when its owner is gone) stops a running
-//! `terminal` call's whole group. Its own test binary: `kill_all` is process-wide and would hit
-//! the groups of tests running beside it.
+//! `terminal` call's whole group. Alone in a process of its own: `kill_all` is process-wide and
+//! would hit the groups of tests running beside it.
 
 use std::time::Duration;
 
-use drover_test_support::wait;
+use drover_test_support::{alone, wait};
 
 use drover_platform::{is_alive, ForegroundGroups};
 use drover_tools::terminal::TerminalTool;
@@ -13,6 +13,9 @@ use serde_json::{json, Value};
 
 #[tokio::test]
 async fn kill_all_stops_every_running_foreground_group() {
+    if alone::ran_in_child(Duration::from_secs(60)) {
+        return;
+    }
     let dir = tempfile::tempdir().expect("tempdir");
     let ctx = ToolContext::detached(
         dir.path().to_path_buf(),

@@ -5,8 +5,7 @@
 //! is checked against the same call with the sandbox off, so a test fails when its layer is
 //! switched off.
 
-mod common;
-use common::call;
+use crate::common::call;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
