@@ -1,0 +1,116 @@
+//! The turn's start, seen from the worker: what a worker makes before its bootstrap arrives
+//! ([`Prepared`]), its names before and after ([`SPARE_NAME`], [`WORKER_NAME`]), reading the
+//! bootstrap's head and parts ([`read_bootstrap`]), and the `started` line that acknowledges
+//! it.
+
+use drover_protocol::worker::framing::{read_frame_line, FrameLine};
+use drover_protocol::worker::{BodyFrame, BodyPiece, Bootstrap, WorkerFrame, MAX_FRAME_BYTES};
+use tokio::io::{AsyncBufRead, AsyncWrite, AsyncWriteExt};
+
+/// The process name (`comm`) of a worker waiting for its bootstrap: a spare.
+pub const SPARE_NAME: &str = "drover-spare";
+/// The process name (`comm`) of a worker once its bootstrap arrived: it serves a turn.
+pub const WORKER_NAME: &str = "drover-worker";
+
+/// What a worker makes before its bootstrap arrives, because it does not depend on the turn:
+/// the model's HTTP client (its TLS root store). A spare worker has it ready when the owner
+/// hands it a turn.
+#[derive(Debug)]
+pub struct Prepared {
+    pub(crate) http: drover_model::HttpClient,
+}
+
+impl Prepared {
+    /// Builds what [`Prepared`] holds: the model's HTTP client.
+    pub fn new() -> Result<Prepared, drover_model::ModelError> {
+        Ok(Prepared::with_http(drover_model::http_client()?))
+    }
+
+    /// [`Prepared::new`] with an HTTP client built before (by the template).
+    pub fn with_http(http: drover_model::HttpClient) -> Prepared {
+        Prepared { http }
+    }
+}
+
+/// Why the bootstrap (its head and parts) could not start a turn.
+#[derive(Debug, thiserror::Error)]
+pub enum BootstrapError {
+    /// stdin ended before the whole bootstrap arrived: the owner is gone.
+    #[error("stdin closed before the whole bootstrap arrived")]
+    Eof,
+    /// Reading stdin failed.
+    #[error("reading the bootstrap failed: {0}")]
+    Io(#[from] std::io::Error),
+    /// A bootstrap line is longer than [`MAX_FRAME_BYTES`] (its length, newline excluded).
+    #[error("a bootstrap frame is {0} bytes, over the {MAX_FRAME_BYTES}-byte frame limit")]
+    TooLong(usize),
+    /// The first line is not a bootstrap head, or a later one not a part (the parser's
+    /// reason).
+    #[error("not a valid bootstrap: {0}")]
+    Invalid(String),
+}
+
+/// Reads the next non-blank line into `buf`.
+async fn read_nonblank_line<R>(reader: &mut R, buf: &mut Vec<u8>) -> Result<(), BootstrapError>
+where
+    R: AsyncBufRead + Unpin,
+{
+    loop {
+        match read_frame_line(reader, buf, MAX_FRAME_BYTES).await? {
+            FrameLine::Eof => return Err(BootstrapError::Eof),
+            FrameLine::TooLong(bytes) => return Err(BootstrapError::TooLong(bytes)),
+            FrameLine::Line if buf.iter().all(u8::is_ascii_whitespace) => continue,
+            FrameLine::Line => return Ok(()),
+        }
+    }
+}
+
+/// Reads the bootstrap: the head (the first frame), then the `body_parts` part frames it
+/// announces, put together ([`Bootstrap::assemble`]).
+pub async fn read_bootstrap<R>(reader: &mut R) -> Result<Bootstrap, BootstrapError>
+where
+    R: AsyncBufRead + Unpin,
+{
+    let mut buf = Vec::new();
+    read_nonblank_line(reader, &mut buf).await?;
+    let head = drover_protocol::worker::read_head(&buf).map_err(BootstrapError::Invalid)?;
+    let mut parts = Vec::new();
+    while (parts.len() as u64) < head.body_parts {
+        read_nonblank_line(reader, &mut buf).await?;
+        let piece = serde_json::from_slice::<BodyFrame>(&buf)
+            .map_err(|e| e.to_string())
+            .and_then(BodyFrame::piece);
+        match (piece, head.body_parts) {
+            // The whole body in one frame, the common case.
+            (Ok(BodyPiece::Whole(body)), 1) => {
+                return Ok(Bootstrap::from_head_and_body(head, body));
+            }
+            (Ok(BodyPiece::Text(text)), _) => parts.push(text),
+            (Ok(BodyPiece::Whole(_)), n) => {
+                return Err(BootstrapError::Invalid(format!(
+                    "a whole bootstrap_body frame, but the head announced {n} parts"
+                )))
+            }
+            (Err(reason), _) => {
+                return Err(BootstrapError::Invalid(format!(
+                    "expected part {} of {} (type \"bootstrap_body\" or \"bootstrap_part\"), \
+                     got {reason}",
+                    parts.len() + 1,
+                    head.body_parts,
+                )))
+            }
+        }
+    }
+    Bootstrap::assemble(head, &parts).map_err(|e| BootstrapError::Invalid(e.to_string()))
+}
+
+/// Writes the [`WorkerFrame::Started`] line: the bootstrap arrived whole.
+pub(crate) async fn acknowledge_bootstrap<W>(writer: &mut W) -> std::io::Result<()>
+where
+    W: AsyncWrite + Unpin,
+{
+    let mut line = serde_json::to_vec(&WorkerFrame::Started).map_err(std::io::Error::other)?;
+    line.push(b'\n');
+    writer.write_all(&line).await?;
+    writer.flush().await
+}
