@@ -1,17 +1,26 @@
 //! Unit tests of the loop rules, with an in-memory store, a scripted model double and small
 //! test tools. One test goes through the real `ModelClient` and the loopback `MockModel`.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use drover_model::{Completion, ModelError};
-use drover_protocol::FunctionCall;
-use drover_tools::ToolOutput;
-use serde_json::json;
+use async_trait::async_trait;
+use drover_model::{ChatModel, Completion, ModelError};
+use drover_protocol::worker::{
+    CompactionRecord, CompactionSummary, ContextWindowFound, TurnOutcome, UsageAdd,
+};
+use drover_protocol::{ChatMessage, ContextBudget, FunctionCall, Role, ToolCall, Usage};
+use drover_tools::{Tool, ToolContext, ToolOutput};
+use serde_json::{json, Value};
 
-use super::*;
+use crate::context;
+use crate::turn_loop::drive;
+use crate::{
+    run_compaction, Appended, StoreError, TurnReport, TurnSpec, TurnStore, INTERRUPTED_RESULT,
+    TOOL_STOP_GRACE,
+};
 
 const WAIT: Duration = Duration::from_secs(10);
 
