@@ -9,7 +9,7 @@ use drover_agent::{run_compaction, run_turn, TurnReport, TurnSpec};
 use drover_model::{ModelClient, ModelConfig};
 use drover_platform::{self as platform, ForegroundGroups};
 use drover_protocol::worker::{op, Bootstrap, ExecutionFinish, Policy, TurnOutcome, TurnResult};
-use drover_protocol::Usage;
+use drover_protocol::{ModelSettings, Secret, Usage};
 use drover_tools::{ToolContext, ToolRegistry};
 use tokio::io::{AsyncBufRead, AsyncWrite};
 use tokio_util::sync::CancellationToken;
@@ -322,61 +322,52 @@ async fn run_agent(
 /// (600 s), not "time out at once" ([`drover_protocol::ModelSettings::request_timeout`]); a
 /// `stall_timeout_s` of 0 likewise means 120 s.
 pub fn model_config(policy: &Policy) -> ModelConfig {
-    let mut config = ModelConfig::with_settings(
-        policy.base_url.clone(),
-        policy.model.clone(),
+    client_config(
+        &policy.base_url,
+        &policy.model,
         policy.model_settings,
-    );
-    config.api_key = policy.api_key.as_ref().map(|key| key.expose().to_string());
+        policy.api_key.as_ref(),
+    )
+}
+
+/// [`model_config`] from the policy's model fields alone.
+fn client_config(
+    base_url: &str,
+    model: &str,
+    settings: ModelSettings,
+    api_key: Option<&Secret>,
+) -> ModelConfig {
+    let mut config = ModelConfig::with_settings(base_url, model, settings);
+    config.api_key = api_key.map(|key| key.expose().to_string());
     config
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use drover_protocol::{ApprovalMode, ModelSettings};
     use std::time::Duration;
 
     #[test]
     fn a_zero_request_timeout_keeps_the_client_default() {
-        let policy = Policy {
-            model: "m".into(),
-            base_url: "http://127.0.0.1:1/v1".into(),
-            api_key: Some("k".into()),
-            model_settings: ModelSettings {
-                stream: false,
-                request_timeout_s: 0,
-                max_retries: 1,
-                stall_timeout_s: 0,
-            },
-            system_prompt: String::new(),
-            toolsets: vec![],
-            tools: vec![],
-            cwd: "/".into(),
-            max_steps: 1,
-            approvals: ApprovalMode::Manual,
-            home: "/tmp".into(),
-            approval_grants: Vec::new(),
-            background_processes: Vec::new(),
-            mcp_servers: Default::default(),
-            jobs_wire: Default::default(),
-            sandbox: Default::default(),
-            context: Default::default(),
+        let settings = ModelSettings {
+            stream: false,
+            request_timeout_s: 0,
+            max_retries: 1,
+            stall_timeout_s: 0,
         };
-        let config = model_config(&policy);
+        let key = Secret::from("k");
+        let config = client_config("http://127.0.0.1:1/v1", "m", settings, Some(&key));
         assert_eq!(config.request_timeout, Duration::from_secs(600));
         assert_eq!(config.stall_timeout, Duration::from_secs(120));
         assert!(!config.stream);
         assert_eq!(config.max_retries, 1);
         assert_eq!(config.api_key.as_deref(), Some("k"));
-        let config = model_config(&Policy {
-            model_settings: ModelSettings {
-                request_timeout_s: 5,
-                stall_timeout_s: 2,
-                ..policy.model_settings
-            },
-            ..policy
-        });
+        let settings = ModelSettings {
+            request_timeout_s: 5,
+            stall_timeout_s: 2,
+            ..settings
+        };
+        let config = client_config("http://127.0.0.1:1/v1", "m", settings, Some(&key));
         assert_eq!(config.request_timeout, Duration::from_secs(5));
         assert_eq!(config.stall_timeout, Duration::from_secs(2));
     }
