@@ -17,6 +17,8 @@
 //! - `dispatch`: claiming an attempt's one delivery, and a runner's admission of a signed
 //!   dispatch;
 //! - `mirror`: what a watcher mirrors from the wire (events and state snapshots).
+//!
+//! Layers (each uses only those before it): `schema` < `events` < `jobs` < `dispatch`, `mirror`.
 
 use std::fs::DirBuilder;
 use std::os::unix::fs::DirBuilderExt;

@@ -198,9 +198,9 @@ impl Registry {
                 format!("its schema version {version} is newer than this drover ({current})"),
             ));
         }
-        for (i, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+        for (index, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
             tx.execute_batch(sql)?;
-            tx.pragma_update(None, "user_version", (i + 1) as i64)?;
+            tx.pragma_update(None, "user_version", (index + 1) as i64)?;
         }
         tx.pragma_update(None, "application_id", APPLICATION_ID)?;
         tx.commit()?;
