@@ -53,8 +53,8 @@ impl ApprovalGrants {
 pub struct LiveApprovalMode(Arc<std::sync::atomic::AtomicU8>);
 
 impl LiveApprovalMode {
-    /// No mode yet (reads as `manual`): the worker's link holds one from its start, so a change
-    /// that arrives before the turn's context is built is not lost.
+    /// No mode yet (reads as `manual`): the worker's owner pipe holds one from its start, so a
+    /// change that arrives before the turn's context is built is not lost.
     pub fn unset() -> LiveApprovalMode {
         LiveApprovalMode(Arc::new(std::sync::atomic::AtomicU8::new(0)))
     }
