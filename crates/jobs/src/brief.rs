@@ -116,7 +116,7 @@ pub fn commands(ctx: &BriefContext, job: &Job) -> Commands {
 
 /// The brief's text.
 pub fn render(job: &Job, ctx: &BriefContext) -> String {
-    let c = &job.contract;
+    let contract = &job.contract;
     let cmds = commands(ctx, job);
     let watched = match &ctx.watch {
         WatchPid::None => "until the job ends".to_string(),
@@ -165,10 +165,10 @@ pub fn render(job: &Job, ctx: &BriefContext) -> String {
          \n\
          \x20   {blocked}\n",
         id = job.job_id,
-        t = c.ack_timeout_sec,
-        n = c.heartbeat_sec,
-        k = c.heartbeat_misses,
-        idle = c.idle_timeout_sec,
+        t = contract.ack_timeout_sec,
+        n = contract.heartbeat_sec,
+        k = contract.heartbeat_misses,
+        idle = contract.idle_timeout_sec,
         start = cmds.start,
         finish = cmds.finish,
         give_up = cmds.give_up,
@@ -190,7 +190,7 @@ pub fn render(job: &Job, ctx: &BriefContext) -> String {
 /// "started within T s"), and the brief's path for the rest of the task. The prompt is not
 /// in the line: it is data, in the brief only.
 pub fn start_instruction(job: &Job, ctx: &BriefContext) -> String {
-    let c = &job.contract;
+    let contract = &job.contract;
     let start = commands(ctx, job).start;
     let watched = match &ctx.watch {
         WatchPid::None => "until the job ends".to_string(),
@@ -208,10 +208,10 @@ pub fn start_instruction(job: &Job, ctx: &BriefContext) -> String {
          deadline_timeout. For the rest of the task read the brief at {brief} and follow it \
          exactly.",
         id = job.job_id,
-        t = c.ack_timeout_sec,
-        n = c.heartbeat_sec,
-        k = c.heartbeat_misses,
-        idle = c.idle_timeout_sec,
+        t = contract.ack_timeout_sec,
+        n = contract.heartbeat_sec,
+        k = contract.heartbeat_misses,
+        idle = contract.idle_timeout_sec,
         brief = job.brief_path.display(),
     );
     format!("{start}; : {}", quote(&words))

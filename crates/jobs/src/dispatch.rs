@@ -130,7 +130,7 @@ impl Dispatch {
 
     /// The signed message.
     pub fn to_message(&self, secret: &str) -> Value {
-        let c = self.contract;
+        let contract = self.contract;
         sign::signed(
             json!({
                 "event": "dispatch",
@@ -141,10 +141,10 @@ impl Dispatch {
                 "topic_prefix": self.topic_prefix,
                 "prompt": self.prompt,
                 "contract": {
-                    "heartbeat_sec": c.heartbeat_sec,
-                    "heartbeat_misses": c.heartbeat_misses,
-                    "ack_timeout_sec": c.ack_timeout_sec,
-                    "idle_timeout_sec": c.idle_timeout_sec,
+                    "heartbeat_sec": contract.heartbeat_sec,
+                    "heartbeat_misses": contract.heartbeat_misses,
+                    "ack_timeout_sec": contract.ack_timeout_sec,
+                    "idle_timeout_sec": contract.idle_timeout_sec,
                 },
                 "ts": self.ts,
             }),
@@ -177,12 +177,12 @@ impl Dispatch {
             .as_u64()
             .filter(|a| *a >= 1)
             .ok_or_else(|| DispatchDrop::Invalid("no attempt_id".into()))?;
-        let c = &message["contract"];
+        let sent = &message["contract"];
         let contract = Contract::derive(ContractInput {
-            heartbeat_sec: c["heartbeat_sec"].as_u64(),
-            heartbeat_misses: c["heartbeat_misses"].as_u64(),
-            ack_timeout_sec: c["ack_timeout_sec"].as_u64(),
-            idle_timeout_sec: c["idle_timeout_sec"].as_u64(),
+            heartbeat_sec: sent["heartbeat_sec"].as_u64(),
+            heartbeat_misses: sent["heartbeat_misses"].as_u64(),
+            ack_timeout_sec: sent["ack_timeout_sec"].as_u64(),
+            idle_timeout_sec: sent["idle_timeout_sec"].as_u64(),
         })
         .map_err(|e| DispatchDrop::Invalid(e.to_string()))?;
         let job_id = text("job_id")?;

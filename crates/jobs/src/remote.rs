@@ -53,7 +53,7 @@ pub fn render_brief(job: &Job) -> String {
 /// The runner's notes on how it runs a job (`<registry>/<job_id>/run.md`, named by
 /// `$DROVER_RUN_NOTES`): the attempt, the contract in words and the command's environment.
 pub fn render_run_notes(job: &Job) -> String {
-    let c = &job.contract;
+    let contract = &job.contract;
     format!(
         "# drover job {job_id} (attempt {attempt})\n\n\
          ## How this job is run\n\n\
@@ -67,9 +67,9 @@ pub fn render_run_notes(job: &Job) -> String {
          file.\n",
         job_id = job.job_id,
         attempt = job.attempt_id,
-        n = c.heartbeat_sec,
-        k = c.heartbeat_misses,
-        t = c.ack_timeout_sec,
+        n = contract.heartbeat_sec,
+        k = contract.heartbeat_misses,
+        t = contract.ack_timeout_sec,
         notes_env = RUN_NOTES_ENV,
     )
 }

@@ -103,13 +103,13 @@ pub fn tools() -> Vec<Arc<dyn Tool>> {
 /// The registry and wire of the session's home, as `drover job` would use them.
 fn toolset(ctx: &ToolContext) -> Result<Toolset, String> {
     let env = |name: &str| std::env::var(name).ok();
-    let w = &ctx.jobs.wire;
+    let settings = &ctx.jobs.wire;
     let wire = WireSettings::from_config(
         WireConfig {
-            url: w.url.clone(),
-            username_env: w.username_env.clone(),
-            password_env: w.password_env.clone(),
-            topic_base: w.topic_base.clone(),
+            url: settings.url.clone(),
+            username_env: settings.username_env.clone(),
+            password_env: settings.password_env.clone(),
+            topic_base: settings.topic_base.clone(),
         },
         env,
     )
@@ -277,8 +277,8 @@ impl Tool for JobSubmitTool {
 }
 
 fn parse_submit(args: &Value, ctx: &ToolContext) -> Result<StartRequest, String> {
-    let a = Args::object(args, "{\"agent_session\": ..., \"prompt\": ...}")?;
-    let session_text = a.required_text(
+    let fields = Args::object(args, "{\"agent_session\": ..., \"prompt\": ...}")?;
+    let session_text = fields.required_text(
         "agent_session",
         "exec, tmux:<target>, herdr:<pane> or remote:<runner>",
     )?;
@@ -286,8 +286,8 @@ fn parse_submit(args: &Value, ctx: &ToolContext) -> Result<StartRequest, String>
         e.to_string()
             .replace("--agent-session", "field \"agent_session\"")
     })?;
-    let prompt = a.required_text("prompt", "the task")?.to_string();
-    let exec = a.optional_text("exec")?.map(str::to_string);
+    let prompt = fields.required_text("prompt", "the task")?.to_string();
+    let exec = fields.optional_text("exec")?.map(str::to_string);
     match (&agent_session, &exec) {
         (AgentSession::Exec, None) => {
             return Err("agent_session \"exec\" needs field \"exec\" (the command to run)".into())
@@ -299,9 +299,9 @@ fn parse_submit(args: &Value, ctx: &ToolContext) -> Result<StartRequest, String>
         _ => {}
     }
     let contract = Contract::derive(ContractInput {
-        heartbeat_sec: a.optional_count("heartbeat")?,
-        heartbeat_misses: a.optional_count("heartbeat_misses")?,
-        ack_timeout_sec: a.optional_count("ack_timeout")?,
+        heartbeat_sec: fields.optional_count("heartbeat")?,
+        heartbeat_misses: fields.optional_count("heartbeat_misses")?,
+        ack_timeout_sec: fields.optional_count("ack_timeout")?,
         idle_timeout_sec: None,
     })
     .map_err(|e| {

@@ -56,14 +56,14 @@ impl Registry {
     /// the decision, the job as it now is, and a timer the replaced attempt had.
     pub fn admit_dispatch(
         &mut self,
-        d: &Dispatch,
+        dispatch: &Dispatch,
         auth_token: &str,
     ) -> Result<(state::Admission, Job, Option<TimerIdentity>), JobError> {
-        validate_job_id(&d.job_id)?;
+        validate_job_id(&dispatch.job_id)?;
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let held = match load_job(&tx, &self.dir, &d.job_id) {
+        let held = match load_job(&tx, &self.dir, &dispatch.job_id) {
             Ok(job) => Some(job),
             Err(JobError::UnknownJob { .. }) => None,
             Err(e) => return Err(e),
@@ -74,9 +74,10 @@ impl Registry {
             status: j.status,
             delivered_attempt: j.delivered_attempt,
         });
-        let admission = state::admit_dispatch(view.as_ref(), d.attempt_id, &d.dispatch_token)?;
+        let admission =
+            state::admit_dispatch(view.as_ref(), dispatch.attempt_id, &dispatch.dispatch_token)?;
         let ts = now();
-        let c = d.contract;
+        let contract = dispatch.contract;
         let mut old_timer = None;
         match (admission, &held) {
             (state::Admission::Insert, _) => {
@@ -88,21 +89,21 @@ impl Registry {
                      VALUES (?1, 'pending', 'remote', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11,
                         ?12, ?12)",
                     params![
-                        d.job_id,
-                        AgentSession::Remote(d.runner.clone()).to_string(),
-                        d.prompt,
-                        c.heartbeat_sec as i64,
-                        c.heartbeat_misses as i64,
-                        c.ack_timeout_sec as i64,
-                        c.idle_timeout_sec as i64,
-                        d.attempt_id as i64,
-                        d.dispatch_token,
+                        dispatch.job_id,
+                        AgentSession::Remote(dispatch.runner.clone()).to_string(),
+                        dispatch.prompt,
+                        contract.heartbeat_sec as i64,
+                        contract.heartbeat_misses as i64,
+                        contract.ack_timeout_sec as i64,
+                        contract.idle_timeout_sec as i64,
+                        dispatch.attempt_id as i64,
+                        dispatch.dispatch_token,
                         auth_token,
-                        d.topic_prefix,
+                        dispatch.topic_prefix,
                         ts,
                     ],
                 )?;
-                let job = load_job(&tx, &self.dir, &d.job_id)?;
+                let job = load_job(&tx, &self.dir, &dispatch.job_id)?;
                 insert_audit(&tx, &job, "dispatch_admitted", None, json!({}))?;
             }
             (state::Admission::Replace { previous_attempt }, Some(prev)) => {
@@ -115,20 +116,20 @@ impl Registry {
                         timer_start_time = NULL, updated_at = ?11
                      WHERE job_id = ?1",
                     params![
-                        d.job_id,
-                        d.attempt_id as i64,
-                        d.dispatch_token,
+                        dispatch.job_id,
+                        dispatch.attempt_id as i64,
+                        dispatch.dispatch_token,
                         auth_token,
-                        d.prompt,
-                        c.heartbeat_sec as i64,
-                        c.heartbeat_misses as i64,
-                        c.ack_timeout_sec as i64,
-                        c.idle_timeout_sec as i64,
-                        d.topic_prefix,
+                        dispatch.prompt,
+                        contract.heartbeat_sec as i64,
+                        contract.heartbeat_misses as i64,
+                        contract.ack_timeout_sec as i64,
+                        contract.idle_timeout_sec as i64,
+                        dispatch.topic_prefix,
                         ts,
                     ],
                 )?;
-                let job = load_job(&tx, &self.dir, &d.job_id)?;
+                let job = load_job(&tx, &self.dir, &dispatch.job_id)?;
                 insert_audit(
                     &tx,
                     &job,
@@ -136,14 +137,14 @@ impl Registry {
                     Some("dispatch"),
                     json!({
                         "previous_attempt_id": previous_attempt,
-                        "attempt_id": d.attempt_id,
+                        "attempt_id": dispatch.attempt_id,
                         "previous_status": prev.status.as_str(),
                     }),
                 )?;
             }
             _ => {}
         }
-        let job = load_job(&tx, &self.dir, &d.job_id)?;
+        let job = load_job(&tx, &self.dir, &dispatch.job_id)?;
         tx.commit()?;
         Ok((admission, job, old_timer))
     }

@@ -230,7 +230,8 @@ pub(super) fn job_from_row(row: &Row<'_>, dir: &Path) -> rusqlite::Result<Result
             detail: format!("job {job_id} has status {status_text:?}"),
         }));
     };
-    let u = |name: &str| -> rusqlite::Result<u64> { Ok(row.get::<_, i64>(name)?.max(0) as u64) };
+    let unsigned =
+        |name: &str| -> rusqlite::Result<u64> { Ok(row.get::<_, i64>(name)?.max(0) as u64) };
     let last_event: Option<String> = row.get("last_event")?;
     let timer_pid: Option<i32> = row.get("timer_pid")?;
     let timer_start: Option<i64> = row.get("timer_start_time")?;
@@ -242,26 +243,26 @@ pub(super) fn job_from_row(row: &Row<'_>, dir: &Path) -> rusqlite::Result<Result
         agent_session: row.get("agent_session")?,
         prompt: row.get("prompt")?,
         contract: Contract {
-            heartbeat_sec: u("heartbeat_sec")?,
-            heartbeat_misses: u("heartbeat_misses")?,
-            ack_timeout_sec: u("ack_timeout_sec")?,
-            idle_timeout_sec: u("idle_timeout_sec")?,
+            heartbeat_sec: unsigned("heartbeat_sec")?,
+            heartbeat_misses: unsigned("heartbeat_misses")?,
+            ack_timeout_sec: unsigned("ack_timeout_sec")?,
+            idle_timeout_sec: unsigned("idle_timeout_sec")?,
         },
-        attempt_id: u("attempt_id")?,
+        attempt_id: unsigned("attempt_id")?,
         dispatch_token: row.get("dispatch_token")?,
         auth_token: row.get("auth_token")?,
         topic_prefix: row.get("topic_prefix")?,
-        last_seq: u("last_seq")?,
+        last_seq: unsigned("last_seq")?,
         last_event: match last_event {
             Some(event) => Some(LastEvent {
                 event,
-                seq: u("last_seq")?,
+                seq: unsigned("last_seq")?,
                 ts: row.get::<_, Option<f64>>("last_event_at")?.unwrap_or(0.0),
                 detail: row.get("last_detail")?,
             }),
             None => None,
         },
-        delivered_attempt: u("delivered_attempt")?,
+        delivered_attempt: unsigned("delivered_attempt")?,
         heartbeat_timer: match (timer_pid, timer_start) {
             (Some(pid), Some(start)) => Some(TimerIdentity {
                 pid,
