@@ -28,6 +28,8 @@
 mod body;
 mod retry;
 mod stream;
+#[cfg(test)]
+mod tests;
 mod wire;
 
 use std::fmt;

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use drover_model::{ChatModel, Completion, ModelClient, ModelConfig, ModelError};
+use crate::{ChatModel, Completion, ModelClient, ModelConfig, ModelError};
 use drover_protocol::{ChatMessage, FunctionCall, Role, ToolCall, Usage};
 use drover_test_support::{Gate, MockModel, Reply};
 use serde_json::{json, Value};
