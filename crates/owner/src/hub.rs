@@ -408,15 +408,16 @@ impl Hub {
         self.lock().deltas.remove(session_id);
     }
 
-    /// Sessions that are live now: a client is attached or a turn runs (    /// `drover.sessions.live`).
+    /// Sessions that are live now: a client is attached or a turn runs
+    /// (`drover.sessions.live`).
     pub fn live_sessions(&self) -> usize {
-        let s = self.lock();
-        let running = s
+        let state = self.lock();
+        let running = state
             .turns
             .keys()
-            .filter(|id| !s.sessions.contains_key(*id))
+            .filter(|id| !state.sessions.contains_key(*id))
             .count();
-        s.sessions.len() + running
+        state.sessions.len() + running
     }
 
     /// Approval and clarify prompts open in running turns (`drover.prompts.open`).

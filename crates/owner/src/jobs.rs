@@ -44,15 +44,15 @@ fn summary(
         Verdict::DeadlineTimeout => Some("deadline_timeout".to_string()),
         _ => None,
     };
-    let c = job.contract;
+    let contract = job.contract;
     Ok(wire::JobSummary {
         delivered: job.delivered_attempt >= job.attempt_id,
         last_event: job.last_event.map(last_event),
         contract: wire::JobContract {
-            heartbeat_sec: c.heartbeat_sec,
-            heartbeat_misses: c.heartbeat_misses,
-            ack_timeout_sec: c.ack_timeout_sec,
-            idle_timeout_sec: c.idle_timeout_sec,
+            heartbeat_sec: contract.heartbeat_sec,
+            heartbeat_misses: contract.heartbeat_misses,
+            ack_timeout_sec: contract.ack_timeout_sec,
+            idle_timeout_sec: contract.idle_timeout_sec,
         },
         delivered_at: clocks.delivered_at,
         last_activity_at: clocks.last_activity_at,

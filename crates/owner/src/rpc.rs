@@ -160,9 +160,9 @@ async fn require_attached(
     if owner.hub.is_attached(session_id, conn.id) {
         return Ok(());
     }
-    let sid = session_id.to_string();
+    let wanted = session_id.to_string();
     let exists = owner
-        .ledger(move |ledger, _| Ok(ledger.session(&sid)?.is_some()))
+        .ledger(move |ledger, _| Ok(ledger.session(&wanted)?.is_some()))
         .await?;
     if !exists {
         return Err(OwnerError::NotFound(format!("session {session_id}")));

@@ -94,9 +94,9 @@ async fn compaction_settled(
     let found = loop {
         // Taken before the read: a change committed after it is published to this watcher.
         let changed = owner.hub.watch_admission(&admission_id);
-        let (sid, aid) = (session_id.clone(), admission_id.clone());
+        let (session, admission) = (session_id.clone(), admission_id.clone());
         let found = owner
-            .ledger(move |ledger, _| ledger.receipt(&sid, &aid))
+            .ledger(move |ledger, _| ledger.receipt(&session, &admission))
             .await?;
         if matches!(
             found.admission.status,
@@ -144,9 +144,9 @@ async fn compaction_settled(
             ));
         }
     }
-    let aid = admission_id.clone();
+    let admission = admission_id.clone();
     let (own, latest) = owner
-        .ledger(move |ledger, _| ledger.compaction_covered(&session_id, &aid))
+        .ledger(move |ledger, _| ledger.compaction_covered(&session_id, &admission))
         .await?;
     Ok(wire::CompactionResult {
         status: if own.is_some() {
@@ -253,10 +253,10 @@ async fn change_admission(
         admission_id,
     } = p;
     require_attached(owner, conn, &session_id).await?;
-    let sid = session_id.clone();
+    let session = session_id.clone();
     let row = owner
         .ledger(move |ledger, owner| {
-            let (row, events) = change(ledger, &sid, &admission_id)?;
+            let (row, events) = change(ledger, &session, &admission_id)?;
             owner.hub.publish(&events);
             Ok(row)
         })
@@ -272,20 +272,20 @@ pub(super) async fn interrupt(
     let (session_id, generation) = (p.session_id, p.execution_generation);
     require_attached(owner, conn, &session_id).await?;
     match owner.running_turn(&session_id) {
-        Some(t) if t.generation == generation => {
-            t.interrupt();
+        Some(turn) if turn.generation == generation => {
+            turn.interrupt();
             // Close the turn's prompts now, so an answer racing the stop is not recorded as
             // accepted for a tool that will not run.
-            let eid = t.execution_id.clone();
+            let execution_id = turn.execution_id.clone();
             let closed = owner
                 .ledger(move |ledger, owner| {
-                    let (prompts, events) = ledger.accept_interrupt(&eid)?;
+                    let (prompts, events) = ledger.accept_interrupt(&execution_id)?;
                     owner.hub.publish(&events);
                     Ok(prompts)
                 })
                 .await?;
-            for p in closed {
-                t.deliver_receipt(p.sequence, json!({"status": "cancelled"}));
+            for prompt in closed {
+                turn.deliver_receipt(prompt.sequence, json!({"status": "cancelled"}));
             }
             Ok(wire::InterruptAccepted {
                 execution_state: wire::ExecutionState::Interrupting,

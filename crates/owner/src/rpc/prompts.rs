@@ -58,17 +58,17 @@ pub(super) async fn respond(
         prompt_id,
     } = target;
     require_attached(owner, conn, &session_id).await?;
-    let pid = prompt_id.clone();
+    let answered = prompt_id.clone();
     let response = owner
         .ledger(move |ledger, owner| {
             let kind = answer.kind();
             let row = ledger
-                .prompt(&pid)?
-                .filter(|p| p.session_id == session_id && p.kind == kind)
-                .ok_or_else(|| LedgerError::NotFound(format!("{kind} prompt {pid}")))?;
+                .prompt(&answered)?
+                .filter(|row| row.session_id == session_id && row.kind == kind)
+                .ok_or_else(|| LedgerError::NotFound(format!("{kind} prompt {answered}")))?;
             if row.generation != generation {
                 return Err(LedgerError::StaleGeneration(format!(
-                    "prompt {pid} belongs to generation {}, not {generation}",
+                    "prompt {answered} belongs to generation {}, not {generation}",
                     row.generation
                 )));
             }
@@ -77,20 +77,20 @@ pub(super) async fn respond(
                 Answer::Approval(choice) => serde_json::to_value(choice),
                 Answer::Clarify(answer) => serde_json::to_value(answer),
             }
-            .map_err(|e| LedgerError::Corrupt(format!("prompt {pid} answer: {e}")))?;
-            let r = ledger.respond_prompt(&session_id, generation, &pid, value)?;
-            if let PromptResponse::Resolved { events, .. } = &r {
+            .map_err(|e| LedgerError::Corrupt(format!("prompt {answered} answer: {e}")))?;
+            let response = ledger.respond_prompt(&session_id, generation, &answered, value)?;
+            if let PromptResponse::Resolved { events, .. } = &response {
                 owner.hub.publish(events);
             }
-            Ok(r)
+            Ok(response)
         })
         .await?;
     let status = match response {
         PromptResponse::Resolved {
             prompt, receipt, ..
         } => {
-            if let Some(t) = owner.turn_by_execution(&prompt.execution_id) {
-                t.deliver_receipt(prompt.sequence, receipt);
+            if let Some(turn) = owner.turn_by_execution(&prompt.execution_id) {
+                turn.deliver_receipt(prompt.sequence, receipt);
             }
             wire::PromptResponseStatus::Resolved
         }

@@ -33,9 +33,9 @@ pub(super) async fn session_create(
 ) -> Result<wire::SessionSnapshot, OwnerError> {
     // SPEC section 2: `request_id` is required, and a retry is recognised before anything else
     // is checked, so a client whose answer was lost never makes two sessions.
-    let (rid, params) = (p.request_id.clone(), raw.clone());
+    let (request_id, params) = (p.request_id.clone(), raw.clone());
     let earlier = owner
-        .ledger(move |ledger, _| ledger.session_for_request(&rid, &params))
+        .ledger(move |ledger, _| ledger.session_for_request(&request_id, &params))
         .await?;
     if let Some(session) = earlier {
         return snapshot(owner, conn, session.id).await;
