@@ -3,9 +3,10 @@
 //! - [`mock_model`]: a loopback, scriptable OpenAI-compatible model server (stream and
 //!   non-stream, tool calls, usage, gates that hold a response, a request log).
 //! - [`harness`]: starts the real `drover` binary on a temporary home and speaks the real
-//!   WebSocket JSON-RPC to it, with a timeout on every wait; the shared set-ups and waits of
-//!   the end-to-end tests (`OneSession` and its builder, `model_home`, `model_daemon`,
-//!   `eventually`, `run_drover`, `Lines`).
+//!   WebSocket JSON-RPC to it, with a timeout on every wait; the shared set-ups of the
+//!   end-to-end tests (`OneSession` and its builder, `model_home`, `model_daemon`,
+//!   `run_drover`, `Lines`), one module per thing it drives (home, daemon, rpc, processes,
+//!   state.db, mosquitto).
 //! - [`job_cli`]: the clean environment, bounded runs and registry reads (`JobCli`) of the
 //!   `drover job` tests.
 //! - [`mcp_echo`]: where the `drover-mcp-echo` fixture is, a real stdio MCP server (built with
@@ -27,8 +28,8 @@
 //!
 //! Nothing here mocks a drover component: only the model is played.
 //!
-//! Layers: `mock_model`, `mcp_echo`, `wait`, `alone` (leaves); `harness`; `tmux`, `bench` and `acp` on
-//! top.
+//! Layers: `mock_model`, `mcp_echo`, `wait`, `alone` (leaves); `harness` (on `wait`); `tmux`,
+//! `bench` and `acp` on top.
 
 // Test code only: a helper that cannot set up its fixture (a port, a temporary folder, a
 // missing mosquitto) panics with a message, which fails the calling test.

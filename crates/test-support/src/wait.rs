@@ -6,6 +6,8 @@
 //!   ran in 300 ms"), never a guess at how long a positive condition takes.
 //!
 //! - [`file`]: until a file a child writes holds what the test reads from it (a pid, a code).
+//! - [`eventually`]: [`until`] for a condition that needs no `await`; [`WAIT`], the default
+//!   bound of the harness's waits.
 //!
 //! `until` and `holds_for` take an async closure, so a condition may ask the daemon or run a
 //! CLI command.
@@ -82,6 +84,23 @@ pub async fn line_file(path: &Path, limit: Duration) -> String {
     })
     .await
     .unwrap_or_else(|| panic!("{} got no whole line within {limit:?}", path.display()))
+}
+
+/// The default bound of every wait in this harness.
+pub const WAIT: Duration = Duration::from_secs(20);
+
+/// Polls `cond` every 20 ms until it holds (true) or `limit` passes (false).
+pub async fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if cond() {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 #[cfg(test)]
