@@ -106,12 +106,16 @@ impl Worker {
             }
             match read_frame(&mut self.stdout, WAIT).await? {
                 WorkerFrame::Persist(frame) => {
-                    self.lines.push(vec![frame.operation.clone()]);
+                    self.lines.push(vec![frame.operation.name().to_string()]);
                     return Some(frame);
                 }
                 WorkerFrame::PersistBatch { persists } => {
-                    self.lines
-                        .push(persists.iter().map(|f| f.operation.clone()).collect());
+                    self.lines.push(
+                        persists
+                            .iter()
+                            .map(|f| f.operation.name().to_string())
+                            .collect(),
+                    );
                     self.unread.extend(persists);
                 }
                 WorkerFrame::Delta { .. } | WorkerFrame::Started => {}
@@ -174,15 +178,16 @@ async fn worker_process_finishes_a_turn_over_real_pipes() {
     let mut operations = Vec::new();
     let finish = loop {
         let persist = worker.next_persist().await.expect("a persist");
-        operations.push(persist.operation.clone());
+        operations.push(persist.operation.name().to_string());
         worker
             .send(&OwnerFrame::Receipt {
                 sequence: persist.sequence,
                 result: json!({}),
             })
             .await;
-        if persist.operation == "execution.finish" {
-            break serde_json::from_value::<ExecutionFinish>(persist.payload).expect("finish");
+        if persist.operation.name() == "execution.finish" {
+            break serde_json::from_value::<ExecutionFinish>(persist.operation.payload())
+                .expect("finish");
         }
     };
     assert_eq!(

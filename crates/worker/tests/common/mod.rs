@@ -86,13 +86,17 @@ impl Owner {
                 WorkerFrame::Delta { text } => self.deltas.push(text),
                 WorkerFrame::Started => self.started += 1,
                 WorkerFrame::Persist(frame) => {
-                    self.lines.push(vec![frame.operation.clone()]);
+                    self.lines.push(vec![frame.operation.name().to_string()]);
                     self.persists.push(frame.clone());
                     return Some(frame);
                 }
                 WorkerFrame::PersistBatch { persists } => {
-                    self.lines
-                        .push(persists.iter().map(|f| f.operation.clone()).collect());
+                    self.lines.push(
+                        persists
+                            .iter()
+                            .map(|f| f.operation.name().to_string())
+                            .collect(),
+                    );
                     self.persists.extend(persists.iter().cloned());
                     self.unread.extend(persists);
                     if let Some(frame) = self.unread.pop_front() {
@@ -115,8 +119,8 @@ impl Owner {
                 .await
                 .expect("a persist before end of file");
             self.receipt(frame.sequence, json!({})).await;
-            if frame.operation == "execution.finish" {
-                return serde_json::from_value(frame.payload).expect("finish payload");
+            if frame.operation.name() == "execution.finish" {
+                return serde_json::from_value(frame.operation.payload()).expect("finish payload");
             }
         }
     }
@@ -130,7 +134,7 @@ impl Owner {
     }
 
     pub fn operations(&self) -> Vec<&str> {
-        self.persists.iter().map(|f| f.operation.as_str()).collect()
+        self.persists.iter().map(|f| f.operation.name()).collect()
     }
 }
 

@@ -2,9 +2,7 @@
 //! `process` tool, a status change found there is persisted as `process.update`, and a
 //! process started with `terminal {background: true}` is persisted as `process.register`.
 
-mod common;
-
-use common::{bootstrap, Owner};
+use crate::common::{bootstrap, Owner};
 use drover_protocol::worker::{
     BackgroundProcess, ProcessStatus, ProcessUpdate, TranscriptAppend, TurnOutcome,
 };
@@ -65,20 +63,20 @@ async fn bootstrap_processes_are_checked_and_new_ones_registered_through_the_own
     let register = owner
         .persists
         .iter()
-        .find(|f| f.operation == "process.register")
+        .find(|f| f.operation.name() == "process.register")
         .expect("process.register persisted")
         .clone();
     let registered: BackgroundProcess =
-        serde_json::from_value(register.payload.clone()).expect("register payload");
+        serde_json::from_value(register.operation.payload()).expect("register payload");
     let _guard = GroupGuard(registered.start_time.map(|t| (registered.pid, t)));
     assert_eq!(finish.outcome, TurnOutcome::Completed);
 
     let update = owner
         .persists
         .iter()
-        .find(|f| f.operation == "process.update")
+        .find(|f| f.operation.name() == "process.update")
         .expect("process.update persisted");
-    let update: ProcessUpdate = serde_json::from_value(update.payload.clone()).expect("update");
+    let update: ProcessUpdate = serde_json::from_value(update.operation.payload()).expect("update");
     assert_eq!(
         update,
         ProcessUpdate {
@@ -96,8 +94,8 @@ async fn bootstrap_processes_are_checked_and_new_ones_registered_through_the_own
     let results: Vec<Value> = owner
         .persists
         .iter()
-        .filter(|f| f.operation == "transcript.append")
-        .filter_map(|f| serde_json::from_value::<TranscriptAppend>(f.payload.clone()).ok())
+        .filter(|f| f.operation.name() == "transcript.append")
+        .filter_map(|f| serde_json::from_value::<TranscriptAppend>(f.operation.payload()).ok())
         .flat_map(|a| a.messages)
         .filter(|m| m.tool_call_id.is_some())
         .map(|m| serde_json::from_str(m.content.as_deref().unwrap_or("null")).expect("json"))

@@ -7,7 +7,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use drover_protocol::worker::{OwnerFrame, PersistFrame, Scope, WorkerFrame, OUTBOX_SPARE_PREFIX};
+use drover_protocol::worker::{
+    Operation, OwnerFrame, PersistFrame, Scope, WorkerFrame, OUTBOX_SPARE_PREFIX,
+};
 use drover_tools::{PromptAnswer, PromptBroker};
 use drover_worker::journal::{outbox_dir, Journal};
 use drover_worker::owner_pipe::{OwnerLink, PersistError, OWNER_QUEUE};
@@ -148,7 +150,10 @@ async fn wait_outbox(dir: &std::path::Path, enough: impl Fn(usize) -> bool, what
 
 fn spawn_persist(link: &OwnerLink, n: u64) -> JoinHandle<Result<Value, PersistError>> {
     let link = link.clone();
-    tokio::spawn(async move { link.persist("usage.add", json!({ "n": n })).await })
+    tokio::spawn(async move {
+        link.persist(Operation::read("usage.add", json!({ "n": n })))
+            .await
+    })
 }
 
 #[tokio::test]
@@ -195,7 +200,7 @@ async fn outbox_replay_after_the_owners_end_of_the_pipe_closes_and_opens_again()
     }
     assert_eq!(second_sight[..3], first_sight[..]);
     assert_eq!(second_sight[3].sequence, 4);
-    assert_eq!(second_sight[3].payload, json!({"n": 4}));
+    assert_eq!(second_sight[3].operation.payload(), json!({"n": 4}));
 
     owner.apply_all(&second_sight).await;
     for (i, task) in waiting.into_iter().enumerate() {
@@ -307,9 +312,9 @@ async fn a_prompt_waits_for_the_owners_receipt_and_a_stop_cancels_it() {
         })
     };
     let frame = owner.persist().await;
-    assert_eq!(frame.operation, "prompt.open");
+    assert_eq!(frame.operation.name(), "prompt.open");
     assert_eq!(
-        frame.payload,
+        frame.operation.payload(),
         json!({"kind": "approval", "body": {"command": "rm -rf /tmp/x"}})
     );
     owner
@@ -375,7 +380,10 @@ async fn a_full_queue_drops_deltas_and_a_persist_waits_for_room() {
         deltas < sent,
         "all {sent} deltas were queued although the owner did not read"
     );
-    assert_eq!((frame.sequence, frame.payload), (1, json!({"n": 1})));
+    assert_eq!(
+        (frame.sequence, frame.operation.payload()),
+        (1, json!({"n": 1}))
+    );
     owner.receipt(1, json!({"ok": true})).await;
     let result = tokio::time::timeout(WAIT, persist)
         .await
@@ -433,11 +441,13 @@ async fn held_frames_go_with_the_next_persist_in_one_batch_and_are_resent_as_tha
     let (link, dir, _cancel) = open_link(home.path());
     let owner = connect(&link);
     assert_eq!(
-        link.hold("usage.add", json!({"n": 1})).await.expect("held"),
+        link.hold(Operation::read("usage.add", json!({"n": 1})))
+            .await
+            .expect("held"),
         1
     );
     assert_eq!(
-        link.hold("transcript.append", json!({"n": 2}))
+        link.hold(Operation::read("transcript.append", json!({"n": 2})))
             .await
             .expect("held"),
         2
@@ -482,16 +492,19 @@ async fn a_batch_over_the_frame_limit_is_cut_into_lines_under_it() {
     let (link, _dir, _cancel) = open_link(home.path());
     let mut owner = connect_with_buffer(&link, 1024 * 1024);
     let big = "x".repeat(1536 * 1024);
-    link.hold("transcript.append", json!({"text": big}))
+    link.hold(Operation::read("transcript.append", json!({"text": big})))
         .await
         .expect("held");
-    link.hold("transcript.append", json!({"text": big}))
+    link.hold(Operation::read("transcript.append", json!({"text": big})))
         .await
         .expect("held");
     let task = {
         let link = link.clone();
         let big = big.clone();
-        tokio::spawn(async move { link.persist("execution.finish", json!({"text": big})).await })
+        tokio::spawn(async move {
+            link.persist(Operation::read("execution.finish", json!({"text": big})))
+                .await
+        })
     };
     let mut lines = Vec::new();
     let mut sequences = Vec::new();

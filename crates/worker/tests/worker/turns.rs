@@ -1,9 +1,7 @@
 //! The worker in-process over in-memory pipes, with the owner played by hand and the model
 //! played by the loopback `MockModel` through the real `ModelClient`.
 
-mod common;
-
-use common::{bootstrap, terminal_schema, HeldTurn, Owner, WAIT};
+use crate::common::{self, bootstrap, terminal_schema, HeldTurn, Owner, WAIT};
 use drover_protocol::worker::{OwnerFrame, TranscriptAppend, TurnOutcome, UsageAdd};
 use drover_protocol::ChatMessage;
 use drover_test_support::{MockModel, Reply};
@@ -56,7 +54,8 @@ async fn completed_turn_persists_in_sequence_and_exits_zero() {
         assert_eq!(frame.secret.expose(), "the-secret");
     }
 
-    let usage: UsageAdd = serde_json::from_value(owner.persists[0].payload.clone()).expect("usage");
+    let usage: UsageAdd =
+        serde_json::from_value(owner.persists[0].operation.payload()).expect("usage");
     assert_eq!(
         usage,
         UsageAdd {
@@ -67,11 +66,11 @@ async fn completed_turn_persists_in_sequence_and_exits_zero() {
         }
     );
     let assistant: TranscriptAppend =
-        serde_json::from_value(owner.persists[1].payload.clone()).expect("append");
+        serde_json::from_value(owner.persists[1].operation.payload()).expect("append");
     assert_eq!(assistant.messages[0].tool_calls[0].id, "call-1");
     assert_eq!(assistant.tool_contexts["call-1"], "ls");
     let result: TranscriptAppend =
-        serde_json::from_value(owner.persists[2].payload.clone()).expect("append");
+        serde_json::from_value(owner.persists[2].operation.payload()).expect("append");
     assert_eq!(
         result.messages,
         vec![ChatMessage::tool_result(

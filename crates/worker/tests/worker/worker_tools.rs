@@ -1,20 +1,19 @@
 //! The worker in-process with the real `terminal` tool.
 //!
-//! `ForegroundGroups` is process-wide and a stopping worker kills every group in it, so these
-//! tests run one at a time (and apart from the other in-process tests, in their own binary).
-
-mod common;
+//! `ForegroundGroups` is process-wide and a stopping worker kills every group in it, so each of
+//! these tests runs alone in a process of its own, apart from the other in-process tests.
 
 use std::time::Duration;
 
-use common::{bootstrap, Owner};
+use crate::common::{self, bootstrap, Owner};
 use drover_protocol::worker::{Bootstrap, OwnerFrame, TranscriptAppend, TurnOutcome};
 use drover_protocol::ChatMessage;
-use drover_test_support::{MockModel, Reply};
+use drover_test_support::{alone, MockModel, Reply};
 use drover_worker::WorkerExit;
 use serde_json::json;
 
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+/// Bound of one test alone in its child process.
+const ALONE_BOUND: Duration = Duration::from_secs(120);
 
 fn with_terminal(mut bootstrap: Bootstrap) -> Bootstrap {
     bootstrap.policy.toolsets = vec!["terminal".into()];
@@ -23,7 +22,9 @@ fn with_terminal(mut bootstrap: Bootstrap) -> Bootstrap {
 
 #[tokio::test]
 async fn terminal_call_runs_and_its_result_is_persisted() {
-    let _serial = ONE_AT_A_TIME.lock().await;
+    if alone::ran_in_child(ALONE_BOUND) {
+        return;
+    }
     let home = tempfile::tempdir().expect("tempdir");
     let mock = MockModel::start().await;
     mock.push(Reply::tool_call(
@@ -39,10 +40,10 @@ async fn terminal_call_runs_and_its_result_is_persisted() {
     let finish = owner.receipt_all_until_finish().await;
     assert_eq!(finish.outcome, TurnOutcome::Completed);
     let assistant: TranscriptAppend =
-        serde_json::from_value(owner.persists[1].payload.clone()).expect("append");
+        serde_json::from_value(owner.persists[1].operation.payload()).expect("append");
     assert_eq!(assistant.tool_contexts["c1"], "echo from-the-shell");
     let result: TranscriptAppend =
-        serde_json::from_value(owner.persists[2].payload.clone()).expect("append");
+        serde_json::from_value(owner.persists[2].operation.payload()).expect("append");
     let content = result.messages[0].content.clone().unwrap_or_default();
     assert!(content.contains("from-the-shell"), "{content}");
     assert!(result.tool_errors.is_empty(), "{content}");
@@ -51,7 +52,9 @@ async fn terminal_call_runs_and_its_result_is_persisted() {
 
 #[tokio::test]
 async fn stop_during_a_terminal_command_kills_it_and_finishes_interrupted() {
-    let _serial = ONE_AT_A_TIME.lock().await;
+    if alone::ran_in_child(ALONE_BOUND) {
+        return;
+    }
     let home = tempfile::tempdir().expect("tempdir");
     let pid_file = home.path().join("shell.pid");
     let mock = MockModel::start().await;
@@ -81,7 +84,7 @@ async fn stop_during_a_terminal_command_kills_it_and_finishes_interrupted() {
     assert!(stopped_at.elapsed() < Duration::from_secs(8));
     assert_eq!(finish.outcome, TurnOutcome::Interrupted);
     let closing: TranscriptAppend =
-        serde_json::from_value(owner.persists[2].payload.clone()).expect("append");
+        serde_json::from_value(owner.persists[2].operation.payload()).expect("append");
     assert_eq!(
         closing.messages,
         vec![ChatMessage::tool_result("c1", "terminal", "interrupted")]
