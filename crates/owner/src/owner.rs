@@ -216,7 +216,7 @@ impl Owner {
         self.spare.start(
             self.home.join("logs").join("workers"),
             self.epoch,
-            move || owner.upgrade().map(|o| o.worker_command()),
+            move || owner.upgrade().map(|owner| owner.worker_command()),
         );
     }
 
@@ -349,7 +349,7 @@ impl Owner {
     pub fn running_turn(&self, session_id: &str) -> Option<RunningTurn> {
         self.turns()
             .values()
-            .find(|t| t.session_id == session_id)
+            .find(|turn| turn.session_id == session_id)
             .cloned()
     }
 
@@ -375,7 +375,7 @@ pub(crate) fn reconcile_background_processes(ledger: &mut Ledger, session: Optio
         }
     };
     for (session_id, process) in running {
-        if session.is_some_and(|s| s != session_id) {
+        if session.is_some_and(|only| only != session_id) {
             continue;
         }
         let observed = drover_tools::background::observe(&process);

@@ -262,7 +262,7 @@ pub(super) async fn snapshot(
             let pending_rows = ledger.pending(&session_id)?;
             let running = pending_rows
                 .iter()
-                .any(|a| a.status == AdmissionStatus::Started);
+                .any(|admission| admission.status == AdmissionStatus::Started);
             let prompts = ledger
                 .open_prompts(&session_id)?
                 .iter()
