@@ -128,8 +128,10 @@ mod tests {
         };
         let finish = PersistFrame {
             sequence: if result.is_ok() { 2 } else { 1 },
-            operation: op::EXECUTION_FINISH.into(),
-            payload: testing::finish(""),
+            operation: drover_protocol::worker::Operation::read(
+                op::EXECUTION_FINISH,
+                testing::finish(""),
+            ),
             ..frame
         };
         ledger.apply_persist(&finish).expect("finish");

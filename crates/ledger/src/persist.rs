@@ -4,11 +4,7 @@
 
 use crate::sql::Cached;
 use drover_protocol::event::{EventPayload, McpStatus};
-use drover_protocol::mcp::McpServerStatus;
-use drover_protocol::worker::{
-    op, BackgroundProcess, ChildReserve, CompactionRecord, ContextWindowFound, ExecutionFinish,
-    JobRegister, PersistFrame, ProcessUpdate, PromptOpen, TranscriptAppend, UsageAdd,
-};
+use drover_protocol::worker::{Operation, PersistFrame, UnreadableReason};
 use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::{json, Value};
 
@@ -49,14 +45,6 @@ pub enum PersistOutcome {
     },
 }
 
-fn parse_payload<T: serde::de::DeserializeOwned>(
-    payload: &Value,
-    operation: &str,
-) -> Result<T, LedgerError> {
-    serde_json::from_value(payload.clone())
-        .map_err(|e| LedgerError::invalid("payload", format!("{operation}: {e}")))
-}
-
 impl Ledger {
     /// Checks and applies one persist frame in one transaction (SPEC section 4): epoch current
     /// (`stale_epoch`), execution live with its generation (`stale_generation`), secret
@@ -95,7 +83,7 @@ impl Ledger {
         check_batch(frames)?;
         let refusal = |frame: &PersistFrame, error: LedgerError| BatchRefusal {
             sequence: frame.sequence,
-            operation: frame.operation.clone(),
+            operation: frame.operation.name().to_string(),
             error,
         };
         let first = &frames[0];
@@ -170,7 +158,7 @@ fn check_batch(frames: &[PersistFrame]) -> Result<(), BatchRefusal> {
     for (i, frame) in frames.iter().enumerate() {
         let refuse = |field: &str, detail: String| BatchRefusal {
             sequence: frame.sequence,
-            operation: frame.operation.clone(),
+            operation: frame.operation.name().to_string(),
             error: LedgerError::invalid(field, detail),
         };
         if frame.execution_id != first.execution_id {
@@ -246,8 +234,10 @@ fn apply_in(
             "worker secret does not match".to_string(),
         ));
     }
-    let payload_digest =
-        json_digest(&json!({"operation": frame.operation, "payload": frame.payload}));
+    // The digest of `{operation, payload}` as the frame carried them.
+    let written = serde_json::to_value(&frame.operation)
+        .map_err(|e| LedgerError::invalid("payload", format!("{}: {e}", frame.operation)))?;
+    let payload_digest = json_digest(&written);
     let done: Option<(String, String)> = tx
         .query_row_cached(
             "SELECT payload_digest, result_json FROM worker_receipts
@@ -280,7 +270,7 @@ fn apply_in(
                     |r| Ok((r.get(0)?, r.get(1)?)),
                 )
                 .optional()?;
-        if frame.operation == op::CHILD_RESERVE {
+        if let Operation::ChildReserve(_) = frame.operation {
             if let Some(child) =
                 crate::delegation::reserved_child(tx, &frame.execution_id, frame.sequence)?
             {
@@ -291,7 +281,7 @@ fn apply_in(
             }
         }
         return match prompt {
-            Some((prompt_id, _)) if frame.operation == op::PROMPT_OPEN => {
+            Some((prompt_id, _)) if matches!(frame.operation, Operation::PromptOpen(_)) => {
                 Ok(PersistOutcome::Deferred {
                     prompt_id,
                     events: Vec::new(),
@@ -321,73 +311,53 @@ fn apply_in(
     )?;
     let mut events = Vec::new();
     let mut settlement = None;
-    let result = match frame.operation.as_str() {
-        op::TRANSCRIPT_APPEND => {
-            let p: TranscriptAppend = parse_payload(&frame.payload, op::TRANSCRIPT_APPEND)?;
-            let ids = crate::messages::append_messages(
-                tx,
-                &session_id,
-                &frame.execution_id,
-                &p,
-                &mut events,
-            )?;
-            let input = crate::messages::input_of(tx, &frame.execution_id)?;
+    let (execution_id, sequence): (&str, u64) = (&frame.execution_id, frame.sequence);
+    let result = match &frame.operation {
+        Operation::TranscriptAppend(p) => {
+            let ids =
+                crate::messages::append_messages(tx, &session_id, execution_id, p, &mut events)?;
+            let input = crate::messages::input_of(tx, execution_id)?;
             json!({"message_ids": ids, "input_message_id": input})
         }
-        op::USAGE_ADD => {
-            let u: UsageAdd = parse_payload(&frame.payload, op::USAGE_ADD)?;
-            crate::counts::add_usage(tx, &frame.execution_id, &session_id, &u)?;
+        Operation::UsageAdd(u) => {
+            crate::counts::add_usage(tx, execution_id, &session_id, u)?;
             json!({})
         }
-        op::COMPACTION_RECORD => {
-            let p: CompactionRecord = parse_payload(&frame.payload, op::COMPACTION_RECORD)?;
-            crate::compactions::write(tx, &session_id, &frame.execution_id, &p, &mut events)?
+        Operation::CompactionRecord(p) => {
+            crate::compactions::write(tx, &session_id, execution_id, p, &mut events)?
         }
-        op::CONTEXT_WINDOW => {
-            let p: ContextWindowFound = parse_payload(&frame.payload, op::CONTEXT_WINDOW)?;
+        Operation::ContextWindow(p) => {
             crate::compactions::set_context_window(tx, &session_id, p.context_window)?
         }
-        op::EXECUTION_FINISH => {
-            let f: ExecutionFinish = parse_payload(&frame.payload, op::EXECUTION_FINISH)?;
-            let s = crate::turns::finish_turn(tx, &frame.execution_id, &f, &mut events)?;
+        Operation::ExecutionFinish(f) => {
+            let s = crate::turns::finish_turn(tx, execution_id, f, &mut events)?;
             let settled = json!({"settled": s.outcome});
             settlement = Some(s);
             settled
         }
-        op::PROCESS_REGISTER => {
-            let p: BackgroundProcess = parse_payload(&frame.payload, op::PROCESS_REGISTER)?;
-            crate::processes::register(tx, &session_id, &p)?
-        }
-        op::PROCESS_UPDATE => {
-            let u: ProcessUpdate = parse_payload(&frame.payload, op::PROCESS_UPDATE)?;
-            crate::processes::update(tx, Some(&session_id), &u)?
-        }
-        op::JOB_REGISTER => {
-            let p: JobRegister = parse_payload(&frame.payload, op::JOB_REGISTER)?;
-            crate::jobs::register(tx, &session_id, &p)?
-        }
-        op::CHILD_RESERVE => {
-            let p: ChildReserve = parse_payload(&frame.payload, op::CHILD_RESERVE)?;
+        Operation::ProcessRegister(p) => crate::processes::register(tx, &session_id, p)?,
+        Operation::ProcessUpdate(u) => crate::processes::update(tx, Some(&session_id), u)?,
+        Operation::JobRegister(p) => crate::jobs::register(tx, &session_id, p)?,
+        Operation::ChildReserve(p) => {
             let call = crate::delegation::ReserveFrame {
                 epoch: current,
-                parent_execution_id: &frame.execution_id,
+                parent_execution_id: execution_id,
                 parent_session_id: &session_id,
-                sequence: frame.sequence,
+                sequence,
                 payload_digest: &payload_digest,
             };
-            match crate::delegation::reserve(tx, &call, &p, limits)? {
+            match crate::delegation::reserve(tx, &call, p, limits)? {
                 crate::delegation::Reserve::Refused(receipt) => receipt,
                 crate::delegation::Reserve::Created(child, events) => {
                     return Ok(PersistOutcome::Reserved { child, events });
                 }
             }
         }
-        op::MCP_STATUS => {
-            let p: McpServerStatus = parse_payload(&frame.payload, op::MCP_STATUS)?;
+        Operation::McpStatus(p) => {
             let event = McpStatus {
-                name: p.name,
+                name: p.name.clone(),
                 state: p.state,
-                last_error: p.last_error,
+                last_error: p.last_error.clone(),
             };
             events.push(crate::events::push_event(
                 tx,
@@ -396,24 +366,31 @@ fn apply_in(
             )?);
             json!({})
         }
-        op::PROMPT_OPEN => {
-            let p: PromptOpen = parse_payload(&frame.payload, op::PROMPT_OPEN)?;
+        Operation::PromptOpen(p) => {
             let (prompt_id, event) = crate::prompts::open_prompt(
                 tx,
                 &session_id,
-                &frame.execution_id,
+                execution_id,
                 generation,
-                frame.sequence,
-                &p,
+                sequence,
+                p,
             )?;
             events.push(event);
             return Ok(PersistOutcome::Deferred { prompt_id, events });
         }
-        other => {
-            return Err(LedgerError::invalid(
-                "operation",
-                format!("unknown or unsupported operation {other:?}"),
-            ))
+        Operation::Unreadable(unreadable) => {
+            return Err(match unreadable.reason() {
+                UnreadableReason::Payload(why) => {
+                    LedgerError::invalid("payload", format!("{}: {why}", unreadable.operation))
+                }
+                UnreadableReason::UnknownOperation => LedgerError::invalid(
+                    "operation",
+                    format!(
+                        "unknown or unsupported operation {:?}",
+                        unreadable.operation
+                    ),
+                ),
+            })
         }
     };
     tx.execute_cached(
@@ -422,7 +399,7 @@ fn apply_in(
             params![
                 frame.execution_id,
                 frame.sequence as i64,
-                frame.operation,
+                frame.operation.name(),
                 payload_digest,
                 result.to_string()
             ],
@@ -438,6 +415,7 @@ fn apply_in(
 mod tests {
     use super::*;
     use crate::testing;
+    use drover_protocol::worker::op;
     use drover_protocol::ErrorReason;
 
     fn usage(api_calls: u64) -> Value {

@@ -1,7 +1,7 @@
 //! Fixtures shared by the unit tests: a fresh ledger at epoch 1, a session, a claimed turn,
 //! and the persist frames of that turn.
 
-use drover_protocol::worker::PersistFrame;
+use drover_protocol::worker::{Operation, PersistFrame};
 use serde_json::{json, Value};
 
 use crate::{new_id, Claim, Ledger, NewSession};
@@ -58,8 +58,7 @@ pub(crate) fn frame(
         execution_id: claim.execution_id.clone(),
         generation: claim.generation,
         sequence,
-        operation: operation.to_string(),
-        payload,
+        operation: Operation::read(operation, payload),
         secret: secret.into(),
     }
 }

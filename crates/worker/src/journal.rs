@@ -39,7 +39,8 @@ use std::path::{Path, PathBuf};
 
 use drover_platform::OPEN_NO_FOLLOW;
 use drover_protocol::worker::{
-    PersistFrame, Scope, WorkerFrame, MAX_FRAME_BYTES, OUTBOX_SPARES_MAX, OUTBOX_SPARE_PREFIX,
+    Operation, PersistFrame, Scope, WorkerFrame, MAX_FRAME_BYTES, OUTBOX_SPARES_MAX,
+    OUTBOX_SPARE_PREFIX,
 };
 use serde_json::Value;
 
@@ -262,12 +263,8 @@ impl Journal {
     /// Errors: [`JournalError::FrameTooLarge`] when the wire line would exceed
     /// [`MAX_FRAME_BYTES`] (nothing written, sequence not used); [`JournalError::Io`] (the
     /// frame not written, its sequence not used).
-    pub fn record(
-        &mut self,
-        operation: &str,
-        payload: Value,
-    ) -> Result<PersistFrame, JournalError> {
-        let frame = self.next_frame(operation, payload)?;
+    pub fn record(&mut self, operation: Operation) -> Result<PersistFrame, JournalError> {
+        let frame = self.next_frame(operation)?;
         let mut held = std::mem::take(&mut self.held);
         if !frame.batchable() && !held.is_empty() {
             if let Err(e) = self.write_file(&held, None) {
@@ -338,8 +335,8 @@ impl Journal {
     /// before. A worker killed meanwhile loses it with its turn, which is `unknown` then.
     ///
     /// Errors: [`JournalError::FrameTooLarge`] (sequence not used).
-    pub fn hold(&mut self, operation: &str, payload: Value) -> Result<PersistFrame, JournalError> {
-        let frame = self.next_frame(operation, payload)?;
+    pub fn hold(&mut self, operation: Operation) -> Result<PersistFrame, JournalError> {
+        let frame = self.next_frame(operation)?;
         self.next_sequence += 1;
         self.held.push(frame.sequence);
         self.pending.insert(frame.sequence, frame.clone());
@@ -348,20 +345,19 @@ impl Journal {
 
     /// The frame `operation` would be with the next sequence; refused when its wire line would
     /// exceed [`MAX_FRAME_BYTES`].
-    fn next_frame(&self, operation: &str, payload: Value) -> Result<PersistFrame, JournalError> {
+    fn next_frame(&self, operation: Operation) -> Result<PersistFrame, JournalError> {
         let frame = PersistFrame {
             epoch: self.scope.epoch,
             execution_id: self.scope.execution_id.clone(),
             generation: self.scope.generation,
             sequence: self.next_sequence,
-            operation: operation.to_string(),
-            payload,
+            operation,
             secret: self.scope.secret.clone(),
         };
         let bytes = wire_line(&frame).len();
         if bytes > MAX_FRAME_BYTES {
             return Err(JournalError::FrameTooLarge {
-                operation: operation.to_string(),
+                operation: frame.operation.name().to_string(),
                 bytes,
             });
         }
@@ -575,9 +571,11 @@ mod tests {
 
     /// Holds `usage.add` (sequence 1) and `transcript.append` (2), as a turn's end does.
     fn hold_two(journal: &mut Journal) -> (PersistFrame, PersistFrame) {
-        let usage = journal.hold("usage.add", json!({"n": 1})).expect("hold");
+        let usage = journal
+            .hold(Operation::read("usage.add", json!({"n": 1})))
+            .expect("hold");
         let message = journal
-            .hold("transcript.append", json!({"n": 2}))
+            .hold(Operation::read("transcript.append", json!({"n": 2})))
             .expect("hold");
         (usage, message)
     }
@@ -594,10 +592,10 @@ mod tests {
     fn record_numbers_frames_from_one_and_writes_private_files() {
         let (_home, dir, mut journal) = fresh();
         let first = journal
-            .record("usage.add", json!({"n": 1}))
+            .record(Operation::read("usage.add", json!({"n": 1})))
             .expect("record");
         let second = journal
-            .record("transcript.append", json!({"n": 2}))
+            .record(Operation::read("transcript.append", json!({"n": 2})))
             .expect("record");
         assert_eq!((first.sequence, second.sequence), (1, 2));
         assert_eq!(
@@ -623,7 +621,7 @@ mod tests {
     fn reloaded_frames_get_the_scope_secret_and_a_foreign_secret_is_refused() {
         let (_home, dir, mut journal) = fresh();
         let frame = journal
-            .record("usage.add", json!({"n": 1}))
+            .record(Operation::read("usage.add", json!({"n": 1})))
             .expect("record");
         drop(journal);
         let reopened = Journal::open(&dir, scope()).expect("reopen");
@@ -645,7 +643,7 @@ mod tests {
         let (_home, dir, mut journal) = fresh();
         for n in 1..=3 {
             journal
-                .record("usage.add", json!({"n": n}))
+                .record(Operation::read("usage.add", json!({"n": n})))
                 .expect("record");
         }
         assert!(journal.acknowledge(2).expect("ack"));
@@ -665,7 +663,7 @@ mod tests {
         let frames: Vec<PersistFrame> = (1..=3)
             .map(|n| {
                 journal
-                    .record("usage.add", json!({"n": n}))
+                    .record(Operation::read("usage.add", json!({"n": n})))
                     .expect("record")
             })
             .collect();
@@ -678,7 +676,7 @@ mod tests {
         assert_eq!(reopened.next_sequence(), 4);
         assert!(!dir.join("00000000000000000009.json.tmp").exists());
         let next = reopened
-            .record("execution.finish", json!({}))
+            .record(Operation::read("execution.finish", json!({})))
             .expect("record");
         assert_eq!(next.sequence, 4);
     }
@@ -694,7 +692,7 @@ mod tests {
             "a held frame is not written (nor sent) before the next record"
         );
         let finish = journal
-            .record("execution.finish", json!({"n": 3}))
+            .record(Operation::read("execution.finish", json!({"n": 3})))
             .expect("record");
         let file = dir.join("00000000000000000001.json");
         let names: Vec<_> = fs::read_dir(&dir)
@@ -741,7 +739,7 @@ mod tests {
         let (_home, dir, mut journal) = fresh();
         hold_two(&mut journal);
         let open = journal
-            .record("prompt.open", json!({"n": 3}))
+            .record(Operation::read("prompt.open", json!({"n": 3})))
             .expect("record");
         let mut names: Vec<_> = fs::read_dir(&dir)
             .expect("dir")
@@ -767,7 +765,7 @@ mod tests {
         hold_two(&mut journal);
         assert!(!journal.acknowledge(2).expect("ack of a held frame"));
         journal
-            .record("execution.finish", json!({"n": 3}))
+            .record(Operation::read("execution.finish", json!({"n": 3})))
             .expect("record");
         drop(journal);
         let reopened = Journal::open(&dir, scope()).expect("reopen");
@@ -782,9 +780,11 @@ mod tests {
     #[test]
     fn a_batch_file_out_of_sequence_is_corrupt() {
         let (_home, dir, mut journal) = fresh();
-        journal.hold("usage.add", json!({"n": 1})).expect("hold");
         journal
-            .record("execution.finish", json!({"n": 2}))
+            .hold(Operation::read("usage.add", json!({"n": 1})))
+            .expect("hold");
+        journal
+            .record(Operation::read("execution.finish", json!({"n": 2})))
             .expect("record");
         drop(journal);
         let file = dir.join("00000000000000000001.json");
@@ -802,7 +802,7 @@ mod tests {
         let (_home, dir, mut journal) = fresh();
         let big = "x".repeat(MAX_FRAME_BYTES);
         let err = journal
-            .record("transcript.append", json!({ "text": big }))
+            .record(Operation::read("transcript.append", json!({ "text": big })))
             .expect_err("too large");
         assert!(matches!(err, JournalError::FrameTooLarge { .. }), "{err}");
         assert!(err.to_string().contains("transcript.append"), "{err}");
@@ -829,7 +829,7 @@ mod tests {
         use std::os::unix::fs::MetadataExt;
         let (_home, dir, mut journal) = fresh();
         journal
-            .record("usage.add", json!({"n": 1}))
+            .record(Operation::read("usage.add", json!({"n": 1})))
             .expect("record");
         let inode = fs::metadata(journal.frame_path(1)).expect("file").ino();
         journal.acknowledge(1).expect("ack");
@@ -837,7 +837,7 @@ mod tests {
         assert_eq!(fs::read(dir.join(".spare-0")).expect("spare"), b"");
 
         let second = journal
-            .record("usage.add", json!({"n": 2}))
+            .record(Operation::read("usage.add", json!({"n": 2})))
             .expect("record");
         assert_eq!(names(&dir), ["00000000000000000002.json"]);
         let path = journal.frame_path(2);
@@ -845,7 +845,7 @@ mod tests {
         assert_eq!(load_frames(&path, "sekret").expect("load"), [second]);
 
         journal
-            .record("prompt.open", json!({"n": 3}))
+            .record(Operation::read("prompt.open", json!({"n": 3})))
             .expect("record");
         journal.finish().expect("finish");
         assert_eq!(names(&dir), [".spare-1", ".spare-2"]);
@@ -862,7 +862,7 @@ mod tests {
         std::os::unix::fs::symlink(&target, dir.join(".spare-0")).expect("symlink");
         let mut journal = Journal::open(&dir, scope()).expect("open");
         let frame = journal
-            .record("usage.add", json!({"n": 1}))
+            .record(Operation::read("usage.add", json!({"n": 1})))
             .expect("record");
         assert_eq!(fs::read(&target).expect("target"), b"keep me");
         assert_eq!(
@@ -881,7 +881,7 @@ mod tests {
         fs::write(dir.join(".spare-0"), "x".repeat(4096)).expect("spare");
         let mut journal = Journal::open(&dir, scope()).expect("open");
         let frame = journal
-            .record("usage.add", json!({"n": 1}))
+            .record(Operation::read("usage.add", json!({"n": 1})))
             .expect("record");
         assert_eq!(
             load_frames(&journal.frame_path(1), "sekret").expect("load"),
@@ -908,7 +908,7 @@ mod tests {
         assert_eq!(journal.next_sequence(), 1);
         for n in 1..=8 {
             journal
-                .record("usage.add", json!({"n": n}))
+                .record(Operation::read("usage.add", json!({"n": n})))
                 .expect("record");
         }
         assert_eq!(names(&dir).len(), 8);

@@ -34,7 +34,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use drover_protocol::worker::framing::{read_frame_line, FrameLine};
-use drover_protocol::worker::{OwnerFrame, PersistFrame, WorkerFrame, MAX_FRAME_BYTES};
+use drover_protocol::worker::{Operation, OwnerFrame, PersistFrame, WorkerFrame, MAX_FRAME_BYTES};
 use serde_json::Value;
 use tokio::io::{AsyncBufRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc::error::TrySendError;
@@ -267,9 +267,11 @@ impl OwnerLink {
     ///
     /// A batch is applied whole or not at all: when the owner refuses a frame held before
     /// this one, it refuses this one too, with the same reason.
-    pub async fn persist(&self, operation: &str, payload: Value) -> Result<Value, PersistError> {
+    pub async fn persist(&self, operation: Operation) -> Result<Value, PersistError> {
         let (answer, answered) = oneshot::channel();
-        let sequence = self.record(operation, payload, Some(answer), true).await?;
+        let name = operation.name().to_string();
+        let sequence = self.record(operation, Some(answer), true).await?;
+        let operation = name.as_str();
         tracing::debug!(seq = sequence, operation, "persist recorded");
         let _waiting = Waiting {
             inner: &self.inner,
@@ -294,9 +296,10 @@ impl OwnerLink {
     /// request's `usage.add` before its message, the turn's last message before
     /// `execution.finish`). Returns its sequence once it is held; its receipt is not waited for, and a refusal of it is the refusal of
     /// the persist it goes with ([`OwnerLink::refusal`] keeps the first).
-    pub async fn hold(&self, operation: &str, payload: Value) -> Result<u64, PersistError> {
-        let sequence = self.record(operation, payload, None, false).await?;
-        tracing::debug!(seq = sequence, operation, "persist held");
+    pub async fn hold(&self, operation: Operation) -> Result<u64, PersistError> {
+        let name = operation.name().to_string();
+        let sequence = self.record(operation, None, false).await?;
+        tracing::debug!(seq = sequence, operation = name, "persist held");
         Ok(sequence)
     }
 
@@ -306,8 +309,7 @@ impl OwnerLink {
     /// frame that has its sequence, and the next persist's lines still come after them.
     async fn record(
         &self,
-        operation: &str,
-        payload: Value,
+        operation: Operation,
         answer: Option<oneshot::Sender<Answer>>,
         send: bool,
     ) -> Result<u64, PersistError> {
@@ -318,9 +320,9 @@ impl OwnerLink {
                 .as_mut()
                 .ok_or(PersistError::Closed { sequence: 0 })?;
             if send {
-                journal.record(operation, payload)?
+                journal.record(operation)?
             } else {
-                journal.hold(operation, payload)?
+                journal.hold(operation)?
             }
         };
         let sequence = frame.sequence;
@@ -526,7 +528,10 @@ impl Inner {
             tracing::warn!(seq = sequence, "ignoring an answer to a frame not sent yet");
             return;
         }
-        let operation = state.pending.remove(&sequence).map(|f| f.operation);
+        let operation = state
+            .pending
+            .remove(&sequence)
+            .map(|f| f.operation.name().to_string());
         state.batch_of.remove(&sequence);
         if let Answer::Refused { reason, message } = &answer {
             tracing::warn!(seq = sequence, reason = %reason, message = %message, "persist refused");

@@ -27,8 +27,8 @@ use async_trait::async_trait;
 use drover_agent::{Appended, StoreError, TurnStore};
 use drover_protocol::mcp::McpServerStatus;
 use drover_protocol::worker::{
-    op, BackgroundProcess, ChildReserve, CompactionRecord, ContextWindowFound, ProcessStatus,
-    ProcessUpdate, PromptOpen, TranscriptAppend, UsageAdd,
+    BackgroundProcess, ChildReserve, CompactionRecord, ContextWindowFound, Operation,
+    ProcessStatus, ProcessUpdate, PromptOpen, TranscriptAppend, UsageAdd,
 };
 use drover_protocol::ChatMessage;
 use drover_tools::jobs::{JobLedger, JobRegister};
@@ -52,18 +52,18 @@ impl OwnerStore {
         OwnerStore { link }
     }
 
-    async fn persist(&self, operation: &str, payload: Value) -> Result<(), StoreError> {
+    async fn persist(&self, operation: Operation) -> Result<(), StoreError> {
         self.link
-            .persist(operation, payload)
+            .persist(operation)
             .await
             .map(|_| ())
             .map_err(store_error)
     }
 
     /// Records a write that goes with the next one ([`OwnerLink::hold`]).
-    async fn hold(&self, operation: &str, payload: Value) -> Result<(), StoreError> {
+    async fn hold(&self, operation: Operation) -> Result<(), StoreError> {
         self.link
-            .hold(operation, payload)
+            .hold(operation)
             .await
             .map(|_| ())
             .map_err(store_error)
@@ -87,13 +87,6 @@ fn store_error(error: PersistError) -> StoreError {
     }
 }
 
-fn to_payload<T: serde::Serialize>(operation: &str, value: &T) -> Result<Value, StoreError> {
-    serde_json::to_value(value).map_err(|e| StoreError {
-        reason: "invalid_params".to_string(),
-        message: format!("cannot serialise the {operation} payload: {e}"),
-    })
-}
-
 #[async_trait]
 impl TurnStore for OwnerStore {
     /// The receipt's `message_ids` and `input_message_id` are the ids a compaction of the
@@ -104,17 +97,13 @@ impl TurnStore for OwnerStore {
         tool_contexts: BTreeMap<String, String>,
         tool_errors: Vec<String>,
     ) -> Result<Appended, StoreError> {
-        let payload = to_payload(
-            op::TRANSCRIPT_APPEND,
-            &TranscriptAppend {
+        let receipt = self
+            .link
+            .persist(Operation::TranscriptAppend(TranscriptAppend {
                 messages,
                 tool_contexts,
                 tool_errors,
-            },
-        )?;
-        let receipt = self
-            .link
-            .persist(op::TRANSCRIPT_APPEND, payload)
+            }))
             .await
             .map_err(store_error)?;
         Ok(Appended {
@@ -133,31 +122,25 @@ impl TurnStore for OwnerStore {
         message: ChatMessage,
         tool_contexts: BTreeMap<String, String>,
     ) -> Result<(), StoreError> {
-        let payload = to_payload(
-            op::TRANSCRIPT_APPEND,
-            &TranscriptAppend {
-                messages: vec![message],
-                tool_contexts,
-                tool_errors: Vec::new(),
-            },
-        )?;
-        self.hold(op::TRANSCRIPT_APPEND, payload).await
+        self.hold(Operation::TranscriptAppend(TranscriptAppend {
+            messages: vec![message],
+            tool_contexts,
+            tool_errors: Vec::new(),
+        }))
+        .await
     }
 
     /// Held, and sent with the turn's next write in one batch.
     async fn add_usage(&self, usage: UsageAdd) -> Result<(), StoreError> {
-        let payload = to_payload(op::USAGE_ADD, &usage)?;
-        self.hold(op::USAGE_ADD, payload).await
+        self.hold(Operation::UsageAdd(usage)).await
     }
 
     async fn compact(&self, write: CompactionRecord) -> Result<(), StoreError> {
-        let payload = to_payload(op::COMPACTION_RECORD, &write)?;
-        self.persist(op::COMPACTION_RECORD, payload).await
+        self.persist(Operation::CompactionRecord(write)).await
     }
 
     async fn context_window_found(&self, found: ContextWindowFound) -> Result<(), StoreError> {
-        let payload = to_payload(op::CONTEXT_WINDOW, &found)?;
-        self.persist(op::CONTEXT_WINDOW, payload).await
+        self.persist(Operation::ContextWindow(found)).await
     }
 
     fn delta(&self, text: &str) {
@@ -182,20 +165,14 @@ impl OwnerPrompts {
 #[async_trait]
 impl PromptBroker for OwnerPrompts {
     async fn open(&self, kind: &str, body: Value) -> PromptAnswer {
-        let payload = match serde_json::to_value(PromptOpen {
+        let operation = Operation::PromptOpen(PromptOpen {
             kind: kind.to_string(),
             body,
-        }) {
-            Ok(payload) => payload,
-            Err(e) => {
-                tracing::warn!(kind, error = %e, "cannot serialise a prompt");
-                return PromptAnswer::Cancelled;
-            }
-        };
+        });
         let answer = tokio::select! {
             biased;
             _ = self.cancel.cancelled() => return PromptAnswer::Cancelled,
-            answer = self.link.persist(op::PROMPT_OPEN, payload) => answer,
+            answer = self.link.persist(operation) => answer,
         };
         match answer {
             Ok(result) => parse_answer(&result),
@@ -236,8 +213,8 @@ impl OwnerProcesses {
         }
     }
 
-    async fn persist(&self, operation: &str, payload: Value) -> Result<Value, String> {
-        match self.link.persist(operation, payload).await {
+    async fn persist(&self, operation: Operation) -> Result<Value, String> {
+        match self.link.persist(operation).await {
             Ok(result) => Ok(result),
             Err(e) => {
                 if matches!(e, PersistError::Refused { .. }) {
@@ -256,17 +233,16 @@ impl ProcessRegistry for OwnerProcesses {
     }
 
     async fn register(&self, process: BackgroundProcess) -> Result<(), String> {
-        let payload = serde_json::to_value(&process)
-            .map_err(|e| format!("cannot serialise the process.register payload: {e}"))?;
-        self.persist(op::PROCESS_REGISTER, payload).await?;
+        self.persist(Operation::ProcessRegister(process.clone()))
+            .await?;
         self.known.insert(process);
         Ok(())
     }
 
     async fn update(&self, update: ProcessUpdate) -> Result<(), String> {
-        let payload = serde_json::to_value(&update)
-            .map_err(|e| format!("cannot serialise the process.update payload: {e}"))?;
-        let receipt = self.persist(op::PROCESS_UPDATE, payload).await?;
+        let receipt = self
+            .persist(Operation::ProcessUpdate(update.clone()))
+            .await?;
         // The receipt holds the stored status, which wins over ours when it was final already.
         match receipt
             .get("status")
@@ -306,20 +282,15 @@ impl OwnerDelegator {
 #[async_trait]
 impl Delegator for OwnerDelegator {
     async fn delegate(&self, request: DelegateRequest) -> DelegateAnswer {
-        let payload = match serde_json::to_value(ChildReserve {
+        let operation = Operation::ChildReserve(ChildReserve {
             goal: request.goal,
             context: request.context,
             toolsets: request.toolsets,
-        }) {
-            Ok(payload) => payload,
-            Err(e) => {
-                return DelegateAnswer::Failed(format!("cannot serialise child.reserve: {e}"))
-            }
-        };
+        });
         let answer = tokio::select! {
             biased;
             _ = self.cancel.cancelled() => return DelegateAnswer::Interrupted,
-            answer = self.link.persist(op::CHILD_RESERVE, payload) => answer,
+            answer = self.link.persist(operation) => answer,
         };
         match answer {
             Ok(receipt) => DelegateAnswer::Receipt(receipt),
@@ -354,9 +325,7 @@ impl OwnerJobs {
 #[async_trait]
 impl JobLedger for OwnerJobs {
     async fn register(&self, job: JobRegister) -> Result<(), String> {
-        let payload = serde_json::to_value(&job)
-            .map_err(|e| format!("cannot serialise the job.register payload: {e}"))?;
-        match self.link.persist(op::JOB_REGISTER, payload).await {
+        match self.link.persist(Operation::JobRegister(job)).await {
             Ok(_) => Ok(()),
             Err(e) => {
                 if matches!(e, PersistError::Refused { .. }) {
@@ -387,15 +356,9 @@ impl OwnerMcpStatus {
 #[async_trait]
 impl McpStatusSink for OwnerMcpStatus {
     async fn report(&self, status: McpServerStatus) {
-        let payload = match serde_json::to_value(&status) {
-            Ok(payload) => payload,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot serialise the mcp.status payload");
-                return;
-            }
-        };
-        if let Err(e) = self.link.persist(op::MCP_STATUS, payload).await {
-            tracing::warn!(server = %status.name, state = status.state.as_str(), error = %e, "mcp.status was not persisted");
+        let (server, state) = (status.name.clone(), status.state);
+        if let Err(e) = self.link.persist(Operation::McpStatus(status)).await {
+            tracing::warn!(server = %server, state = state.as_str(), error = %e, "mcp.status was not persisted");
             if matches!(e, PersistError::Refused { .. }) {
                 self.cancel.cancel();
             }

@@ -8,7 +8,9 @@ use std::sync::Arc;
 use drover_agent::{run_compaction, run_turn, TurnReport, TurnSpec};
 use drover_model::{ModelClient, ModelConfig};
 use drover_platform::{self as platform, ForegroundGroups};
-use drover_protocol::worker::{op, Bootstrap, ExecutionFinish, Policy, TurnOutcome, TurnResult};
+use drover_protocol::worker::{
+    Bootstrap, ExecutionFinish, Operation, Policy, TurnOutcome, TurnResult,
+};
 use drover_protocol::{ModelSettings, Secret, Usage};
 use drover_tools::{ToolContext, ToolRegistry};
 use tokio::io::{AsyncBufRead, AsyncWrite};
@@ -194,14 +196,7 @@ async fn settle(
         error,
         usage: report.usage,
     };
-    let payload = match serde_json::to_value(&finish) {
-        Ok(payload) => payload,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot serialise execution.finish");
-            return WorkerExit::Aborted;
-        }
-    };
-    match link.persist(op::EXECUTION_FINISH, payload).await {
+    match link.persist(Operation::ExecutionFinish(finish)).await {
         Ok(_) => {
             if let Err(e) = link.finish_outbox().await {
                 tracing::warn!(error = %e, "could not remove the outbox");

@@ -9,8 +9,7 @@ use std::time::Duration;
 
 use drover_ledger::{DelegationLimits, LedgerError, PersistOutcome, Settlement};
 use drover_protocol::mcp::McpServerStatus;
-use drover_protocol::worker::{op, OwnerFrame, PersistFrame, WorkerFrame};
-use serde_json::Value;
+use drover_protocol::worker::{Operation, OwnerFrame, PersistFrame, UsageAdd, WorkerFrame};
 use tracing::Instrument;
 
 use crate::owner::Owner;
@@ -136,8 +135,10 @@ impl WorkerPipe {
         let sequences: Vec<u64> = persists.iter().map(|frame| frame.sequence).collect();
         let mcp_statuses: Vec<McpServerStatus> = persists
             .iter()
-            .filter(|frame| frame.operation == op::MCP_STATUS)
-            .filter_map(|frame| serde_json::from_value(frame.payload.clone()).ok())
+            .filter_map(|frame| match &frame.operation {
+                Operation::McpStatus(status) => Some(status.clone()),
+                _ => None,
+            })
             .collect();
         let applied = self
             .owner
@@ -213,11 +214,12 @@ impl WorkerPipe {
     /// later), or its refusal. `execution.finish` settles the turn.
     async fn apply_persist(&mut self, frame: PersistFrame) -> Handled {
         let sequence = frame.sequence;
-        let operation = frame.operation.clone();
-        // Parsed here too, for `mcp.status` the method; the ledger refuses a bad payload.
-        let mcp_status = (operation == op::MCP_STATUS)
-            .then(|| serde_json::from_value::<McpServerStatus>(frame.payload.clone()).ok())
-            .flatten();
+        let operation = frame.operation.name().to_string();
+        // Kept for `mcp.status` the method, once the ledger stored it.
+        let mcp_status = match &frame.operation {
+            Operation::McpStatus(status) => Some(status.clone()),
+            _ => None,
+        };
         // Telemetry: one span per persist operation, only when telemetry is on (persists are
         // the hot path of a turn).
         let span = if drover_telemetry::enabled() {
@@ -230,8 +232,10 @@ impl WorkerPipe {
         } else {
             tracing::Span::none()
         };
-        let usage = (operation == op::USAGE_ADD && drover_telemetry::enabled())
-            .then(|| frame.payload.clone());
+        let usage = match &frame.operation {
+            Operation::UsageAdd(usage) if drover_telemetry::enabled() => Some(*usage),
+            _ => None,
+        };
         let applied = self
             .owner
             .ledger(move |ledger, owner| {
@@ -355,16 +359,16 @@ fn refuse_foreign_frame(execution_id: &str, frame: &PersistFrame) -> OwnerFrame 
     }
 }
 
-/// Telemetry: `drover.tokens` from a `usage.add` payload (the ledger checks the payload; a bad
-/// one counts nothing here).
-fn count_tokens(payload: &Value) {
+/// Telemetry: `drover.tokens` from a `usage.add` the ledger applied.
+fn count_tokens(usage: &UsageAdd) {
     let tokens = drover_telemetry::metrics();
-    for (field, kind) in [("input_tokens", "input"), ("output_tokens", "output")] {
-        if let Some(n) = payload.get(field).and_then(Value::as_u64) {
-            tokens
-                .tokens
-                .add(n, &drover_telemetry::metrics::label("kind", kind));
-        }
+    for (n, kind) in [
+        (usage.input_tokens, "input"),
+        (usage.output_tokens, "output"),
+    ] {
+        tokens
+            .tokens
+            .add(n, &drover_telemetry::metrics::label("kind", kind));
     }
 }
 

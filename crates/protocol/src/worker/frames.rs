@@ -82,8 +82,8 @@ pub enum WorkerFrame {
     /// Several persists of consecutive sequences, applied in one ledger transaction: every
     /// one of them or none (docs/decisions/turn-batched-persists.md). The owner answers each
     /// sequence with its own `receipt`, or, when one operation is refused, every sequence of
-    /// the batch with a `refused` carrying that operation's reason. [`op::PROMPT_OPEN`] and
-    /// [`op::CHILD_RESERVE`] (their receipts come later) travel alone, never in a batch.
+    /// the batch with a `refused` carrying that operation's reason. `prompt.open` and
+    /// `child.reserve` (their receipts come later) travel alone, never in a batch.
     PersistBatch {
         /// The persists, in sequence order, each a whole [`PersistFrame`] of the same
         /// execution.

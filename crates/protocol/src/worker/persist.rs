@@ -6,10 +6,12 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::{BackgroundProcess, ProcessUpdate};
 use crate::chat::{ChatMessage, Usage};
+use crate::mcp::McpServerStatus;
 use crate::secret::Secret;
 
-/// Operation names of `persist` frames (SPEC section 4).
+/// Operation names of `persist` frames (SPEC section 4), as [`Operation::name`] gives them.
 pub mod op {
     /// Append messages to the transcript ([`TranscriptAppend`](super::TranscriptAppend)).
     pub const TRANSCRIPT_APPEND: &str = "transcript.append";
@@ -39,9 +41,11 @@ pub mod op {
 }
 
 /// A worker write: `{epoch, execution_id, generation, sequence, operation, payload, secret}`.
+/// The `operation` and its `payload` are read into one typed [`Operation`] where the frame is
+/// read; on the wire they stay two keys.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PersistFrame {
-    /// The owner epoch of [`Scope::epoch`].
+    /// The owner epoch of [`Scope::epoch`](super::Scope::epoch).
     pub epoch: u64,
     /// The execution.
     pub execution_id: String,
@@ -49,27 +53,158 @@ pub struct PersistFrame {
     pub generation: u64,
     /// Starts at 1 and goes up by one per execution.
     pub sequence: u64,
-    /// One of [`op`].
-    pub operation: String,
-    /// The operation's payload.
-    pub payload: Value,
-    /// The execution's [`Scope::secret`].
+    /// The write: its `operation` name and its `payload`.
+    #[serde(flatten)]
+    pub operation: Operation,
+    /// The execution's [`Scope::secret`](super::Scope::secret).
     pub secret: Secret,
 }
 
 impl PersistFrame {
-    /// Whether this persist may travel in a [`WorkerFrame::PersistBatch`]: not
-    /// [`op::PROMPT_OPEN`] or [`op::CHILD_RESERVE`], whose receipts the owner sends only when a
-    /// human answers or a child's turn ends.
+    /// Whether this persist may travel in a [`WorkerFrame::PersistBatch`](super::WorkerFrame):
+    /// not `prompt.open` or `child.reserve`, whose receipts the owner sends only when a human
+    /// answers or a child's turn ends.
     pub fn batchable(&self) -> bool {
-        batchable(&self.operation)
+        // By name: an unreadable `prompt.open` travels alone too, as the ledger expects.
+        !matches!(self.operation.name(), op::PROMPT_OPEN | op::CHILD_RESERVE)
     }
 }
 
-/// Whether persists of `operation` may travel in a [`WorkerFrame::PersistBatch`] (see
-/// [`PersistFrame::batchable`]).
-pub fn batchable(operation: &str) -> bool {
-    operation != op::PROMPT_OPEN && operation != op::CHILD_RESERVE
+/// Every worker write with its payload (SPEC section 4): `{"operation": ..., "payload": ...}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "operation", content = "payload")]
+pub enum Operation {
+    /// Append messages to the transcript.
+    #[serde(rename = "transcript.append")]
+    TranscriptAppend(TranscriptAppend),
+    /// Add one model request's usage.
+    #[serde(rename = "usage.add")]
+    UsageAdd(UsageAdd),
+    /// Open a prompt and wait for its answer (the receipt is deferred).
+    #[serde(rename = "prompt.open")]
+    PromptOpen(PromptOpen),
+    /// Register a background process.
+    #[serde(rename = "process.register")]
+    ProcessRegister(BackgroundProcess),
+    /// A background process left `running`.
+    #[serde(rename = "process.update")]
+    ProcessUpdate(ProcessUpdate),
+    /// Reserve a child agent's session (the receipt comes when the child's turn ends).
+    #[serde(rename = "child.reserve")]
+    ChildReserve(ChildReserve),
+    /// Record a job the `jobs` toolset registered.
+    #[serde(rename = "job.register")]
+    JobRegister(JobRegister),
+    /// An MCP server of the turn changed state; stored as an `mcp.status` event.
+    #[serde(rename = "mcp.status")]
+    McpStatus(McpServerStatus),
+    /// Store a summary of older history with the usage of the requests that made it.
+    #[serde(rename = "compaction.record")]
+    CompactionRecord(CompactionRecord),
+    /// Record the context window the endpoint reported for the session's model.
+    #[serde(rename = "model.context_window")]
+    ContextWindow(ContextWindowFound),
+    /// Settle the turn; the last persist of an execution.
+    #[serde(rename = "execution.finish")]
+    ExecutionFinish(ExecutionFinish),
+    /// Not sent by a worker of this build: an operation this version does not know, or one
+    /// whose payload does not read as its type, kept as it came (written back as it came),
+    /// so the ledger refuses it with the frame's sequence instead of the line being dropped.
+    #[serde(untagged)]
+    Unreadable(UnreadableOperation),
+}
+
+/// An operation kept as sent ([`Operation::Unreadable`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UnreadableOperation {
+    /// The operation name as sent.
+    pub operation: String,
+    /// The payload as sent.
+    pub payload: Value,
+}
+
+/// Why an [`UnreadableOperation`] was not read ([`UnreadableOperation::reason`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UnreadableReason {
+    /// Not an operation this version knows.
+    UnknownOperation,
+    /// A known operation whose payload does not read as its type: why.
+    Payload(String),
+}
+
+impl UnreadableOperation {
+    /// Why it was not read. Reads the payload again as its operation's type: only a refused
+    /// write pays for it.
+    pub fn reason(&self) -> UnreadableReason {
+        fn check<T: serde::de::DeserializeOwned>(payload: &Value) -> UnreadableReason {
+            match T::deserialize(payload) {
+                Err(e) => UnreadableReason::Payload(e.to_string()),
+                Ok(_) => UnreadableReason::Payload("it did not read as its type".to_string()),
+            }
+        }
+        let payload = &self.payload;
+        match self.operation.as_str() {
+            op::TRANSCRIPT_APPEND => check::<TranscriptAppend>(payload),
+            op::USAGE_ADD => check::<UsageAdd>(payload),
+            op::PROMPT_OPEN => check::<PromptOpen>(payload),
+            op::PROCESS_REGISTER => check::<BackgroundProcess>(payload),
+            op::PROCESS_UPDATE => check::<ProcessUpdate>(payload),
+            op::CHILD_RESERVE => check::<ChildReserve>(payload),
+            op::JOB_REGISTER => check::<JobRegister>(payload),
+            op::MCP_STATUS => check::<McpServerStatus>(payload),
+            op::COMPACTION_RECORD => check::<CompactionRecord>(payload),
+            op::CONTEXT_WINDOW => check::<ContextWindowFound>(payload),
+            op::EXECUTION_FINISH => check::<ExecutionFinish>(payload),
+            _ => UnreadableReason::UnknownOperation,
+        }
+    }
+}
+
+impl Operation {
+    /// The typed write of an `operation` name and its `payload`, as a frame reads it.
+    pub fn read(operation: &str, payload: Value) -> Operation {
+        let tagged = serde_json::json!({"operation": operation, "payload": payload});
+        serde_json::from_value(tagged).unwrap_or_else(|_| {
+            // Not reached: `Unreadable` takes any name and payload.
+            Operation::Unreadable(UnreadableOperation {
+                operation: operation.to_string(),
+                payload: Value::Null,
+            })
+        })
+    }
+
+    /// The `payload` as it is written (for a look at one write; the ledger applies the typed
+    /// operation).
+    pub fn payload(&self) -> Value {
+        match serde_json::to_value(self) {
+            Ok(Value::Object(mut written)) => written.remove("payload").unwrap_or(Value::Null),
+            _ => Value::Null,
+        }
+    }
+
+    /// The operation's name on the wire.
+    pub fn name(&self) -> &str {
+        match self {
+            Operation::TranscriptAppend(_) => op::TRANSCRIPT_APPEND,
+            Operation::UsageAdd(_) => op::USAGE_ADD,
+            Operation::PromptOpen(_) => op::PROMPT_OPEN,
+            Operation::ProcessRegister(_) => op::PROCESS_REGISTER,
+            Operation::ProcessUpdate(_) => op::PROCESS_UPDATE,
+            Operation::ChildReserve(_) => op::CHILD_RESERVE,
+            Operation::JobRegister(_) => op::JOB_REGISTER,
+            Operation::McpStatus(_) => op::MCP_STATUS,
+            Operation::CompactionRecord(_) => op::COMPACTION_RECORD,
+            Operation::ContextWindow(_) => op::CONTEXT_WINDOW,
+            Operation::ExecutionFinish(_) => op::EXECUTION_FINISH,
+            Operation::Unreadable(unreadable) => &unreadable.operation,
+        }
+    }
+}
+
+impl std::fmt::Display for Operation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// Payload of `transcript.append`.
@@ -209,4 +344,49 @@ pub struct ContextWindowFound {
     pub context_window: u64,
     /// Whether the endpoint reported it (else it is the default).
     pub reported: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// Each operation's name is the `operation` key it is written with, and a frame reads
+    /// back as it was written; an unknown operation or a payload of the wrong shape is kept,
+    /// written back as it came, with its reason.
+    #[test]
+    fn operations_are_written_with_their_names_and_read_back() {
+        let usage = Operation::UsageAdd(UsageAdd::default());
+        let written = serde_json::to_value(&usage).expect("serialise");
+        assert_eq!(written["operation"], usage.name());
+        assert_eq!(
+            Operation::read(op::USAGE_ADD, written["payload"].clone()),
+            usage
+        );
+        let unknown = Operation::read("x.y", json!({"a": 1}));
+        let Operation::Unreadable(kept) = &unknown else {
+            panic!("{unknown:?}");
+        };
+        assert_eq!(kept.reason(), UnreadableReason::UnknownOperation);
+        assert_eq!(
+            serde_json::to_value(&unknown).expect("serialise"),
+            json!({"operation": "x.y", "payload": {"a": 1}})
+        );
+        let bad = Operation::read(op::TRANSCRIPT_APPEND, json!({"messages": 7}));
+        let Operation::Unreadable(kept) = &bad else {
+            panic!("{bad:?}");
+        };
+        assert!(
+            matches!(kept.reason(), UnreadableReason::Payload(why) if why.contains("invalid type")),
+            "{bad:?}"
+        );
+        // The key order of the wire before the operation was typed.
+        let line = r#"{"epoch":1,"execution_id":"e","generation":2,"sequence":3,"operation":"usage.add","payload":{"input_tokens":1,"output_tokens":2,"total_tokens":3,"api_calls":1},"secret":"s"}"#;
+        let read: PersistFrame = serde_json::from_str(line).expect("frame");
+        assert!(matches!(
+            read.operation,
+            Operation::UsageAdd(UsageAdd { api_calls: 1, .. })
+        ));
+        assert_eq!(serde_json::to_string(&read).expect("serialise"), line);
+    }
 }

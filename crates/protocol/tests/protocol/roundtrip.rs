@@ -15,10 +15,10 @@ use drover_protocol::event::{self, Event};
 use drover_protocol::rpc::{Notification, Request, Response};
 use drover_protocol::worker::read_head;
 use drover_protocol::worker::{
-    op, BackgroundProcess, BodyFrame, BodyPiece, Bootstrap, BootstrapFrameError, BootstrapHead,
-    ChildReserve, ExecutionFinish, JobRegister, JobsWire, McpServerSpec, OwnerFrame, PersistFrame,
-    Policy, ProcessStatus, ProcessUpdate, PromptOpen, TranscriptAppend, TurnOutcome, UsageAdd,
-    WorkerFrame, BOOTSTRAP_PART_BYTES, MAX_FRAME_BYTES,
+    BackgroundProcess, BodyFrame, BodyPiece, Bootstrap, BootstrapFrameError, BootstrapHead,
+    ChildReserve, ExecutionFinish, JobRegister, JobsWire, McpServerSpec, Operation, OwnerFrame,
+    PersistFrame, Policy, ProcessStatus, ProcessUpdate, PromptOpen, TranscriptAppend, TurnOutcome,
+    UsageAdd, WorkerFrame, BOOTSTRAP_PART_BYTES, MAX_FRAME_BYTES,
 };
 use drover_protocol::ModelSettings;
 use drover_protocol::{ChatMessage, ErrorReason, FunctionCall, Role, RpcError, ToolCall, Usage};
@@ -678,17 +678,16 @@ fn receipt_refused_and_stop_frames_round_trip() {
 fn persist_and_delta_frames_round_trip() {
     let persist: WorkerFrame = pinned(concat!(
         r#"{"type":"persist","epoch":5,"execution_id":"x-1","generation":2,"sequence":1,"#,
-        r#""operation":"usage.add","payload":{"api_calls":1,"input_tokens":10,"output_tokens":5,"total_tokens":15},"#,
+        r#""operation":"usage.add","payload":{"input_tokens":10,"output_tokens":5,"total_tokens":15,"api_calls":1},"#,
         r#""secret":"0123abcd"}"#
     ));
     let WorkerFrame::Persist(PersistFrame {
-        operation, payload, ..
+        operation: Operation::UsageAdd(usage),
+        ..
     }) = &persist
     else {
-        panic!("not a persist: {persist:?}")
+        panic!("not a usage.add persist: {persist:?}")
     };
-    assert_eq!(operation, op::USAGE_ADD);
-    let usage: UsageAdd = serde_json::from_value(payload.clone()).unwrap();
     assert_eq!((usage.api_calls, usage.total_tokens), (1, 15));
 
     let delta: WorkerFrame = pinned(r#"{"type":"delta","text":"Hel"}"#);
@@ -811,8 +810,7 @@ fn job_register_round_trips() {
         execution_id: "x".into(),
         generation: 1,
         sequence: 9,
-        operation: op::JOB_REGISTER.into(),
-        payload: serde_json::to_value(&register).unwrap(),
+        operation: Operation::JobRegister(register.clone()),
         secret: "s".into(),
     });
     let text = round_trip(&frame);
@@ -820,10 +818,7 @@ fn job_register_round_trips() {
     let WorkerFrame::Persist(p) = back else {
         panic!("{text}")
     };
-    assert_eq!(
-        serde_json::from_value::<JobRegister>(p.payload).unwrap(),
-        register
-    );
+    assert_eq!(p.operation, Operation::JobRegister(register));
 }
 
 #[test]
