@@ -41,10 +41,13 @@
 //!   ([`fork::fork_sibling`]), held by pidfd ([`fork::ProcessHandle`]); descriptors passed over
 //!   a socket pair ([`fork::FdChannel`]).
 //!
+//! - [`frame_lines`]: reads one bounded `\n`-terminated line of the owner <-> worker pipe over
+//!   tokio's `AsyncBufRead`, skipping an oversize line instead of ending the conversation.
+//!
 //! - [`open`]: the file tools open a path without following `/proc` magic links and tell what
 //!   they opened by `fstat` of the descriptor ([`open::open_for_reading`]).
 //!
-//! Layers: `confine`, `fork` and `open` (leaves: they use nothing of this file) < the process
+//! Layers: `confine`, `fork`, `frame_lines` and `open` (leaves: they use nothing of this file) < the process
 //! functions of this file.
 
 // The one crate allowed `unsafe`: each block below states its invariant.
@@ -52,6 +55,7 @@
 
 pub mod confine;
 pub mod fork;
+pub mod frame_lines;
 pub mod limits;
 pub mod open;
 

@@ -3,7 +3,7 @@
 //! bootstrap's head and parts ([`read_bootstrap`]), and the `started` line that acknowledges
 //! it.
 
-use drover_protocol::worker::framing::{read_frame_line, FrameLine};
+use drover_platform::frame_lines::{read_frame_line, FrameLine};
 use drover_protocol::worker::{BodyFrame, BodyPiece, Bootstrap, WorkerFrame, MAX_FRAME_BYTES};
 use tokio::io::{AsyncBufRead, AsyncWrite, AsyncWriteExt};
 

@@ -33,7 +33,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use drover_protocol::worker::framing::{read_frame_line, FrameLine};
+use drover_platform::frame_lines::{read_frame_line, FrameLine};
 use drover_protocol::worker::{Operation, OwnerFrame, PersistFrame, WorkerFrame, MAX_FRAME_BYTES};
 use serde_json::Value;
 use tokio::io::{AsyncBufRead, AsyncWrite, AsyncWriteExt};

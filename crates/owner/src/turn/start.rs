@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use drover_platform as platform;
-use drover_protocol::worker::framing::{read_frame_line, FrameLine};
+use drover_platform::frame_lines::{read_frame_line, FrameLine};
 use drover_protocol::worker::{WorkerFrame, MAX_FRAME_BYTES};
 use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::unix::pipe;

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use drover_ledger::{Claim, ParentAnswer, Settlement};
 use drover_platform as platform;
-use drover_protocol::worker::framing::{read_frame_line, FrameLine};
+use drover_platform::frame_lines::{read_frame_line, FrameLine};
 use drover_protocol::worker::{OwnerFrame, MAX_FRAME_BYTES};
 use drover_protocol::Secret;
 use tokio::sync::mpsc;

@@ -14,12 +14,13 @@
 //! - [`persist`]: the `persist` frame, its operations and their payloads.
 //! - [`processes`]: background processes as the worker reports them.
 //! - [`template`]: the owner's messages with its worker template.
-//! - [`framing`]: reading one bounded line of the pipe.
+//!
+//! Reading the lines is not here (no IO in this crate): `drover_platform::frame_lines` reads
+//! one bounded line, which both ends parse with these types.
 
 pub mod bootstrap;
 pub mod fork_template;
 pub mod frames;
-pub mod framing;
 pub mod frozen_policy;
 pub mod persist;
 pub mod processes;

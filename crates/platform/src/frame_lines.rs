@@ -1,4 +1,5 @@
-//! Line framing shared by both ends of the stdio pipe (SPEC section 4: at most 4 MiB a line).
+//! Line framing shared by both ends of the owner <-> worker stdio pipe (SPEC section 4: at
+//! most 4 MiB a line): bytes only, the frames' types are `drover_protocol::worker`'s.
 //! A decoder that stops at the first oversize line would let one bad line end the whole
 //! conversation, so an oversize line is skipped and reported instead.
 
