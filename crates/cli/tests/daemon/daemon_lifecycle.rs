@@ -8,13 +8,10 @@
 use std::path::Path;
 use std::time::Duration;
 
+use crate::common::bin;
 use drover_test_support::harness::{model_home, pid_alive, run_drover, Daemon, TestHome};
 use drover_test_support::wait::holds_for;
 use drover_test_support::{Gate, MockModel, Reply};
-
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_drover"))
-}
 
 fn daemon_log(home: &Path) -> String {
     std::fs::read_to_string(home.join("logs").join("daemon.log")).unwrap_or_default()

@@ -11,16 +11,13 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use crate::common::bin;
 use drover_test_support::harness::{
     db_value, rss_kib, thread_count, uuid_like, Client, Daemon, OneSession,
 };
 use drover_test_support::harness::{eventually, signal, str_field};
 use drover_test_support::{Gate, Reply};
 use serde_json::{json, Value};
-
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_drover"))
-}
 
 fn fd_count(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))

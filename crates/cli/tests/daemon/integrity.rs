@@ -11,14 +11,11 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+use crate::common::bin;
 use drover_test_support::harness::{db_value, eventually, Daemon, TestHome};
 use drover_test_support::harness::{model_daemon, model_home};
 use drover_test_support::{Gate, Reply};
 use serde_json::json;
-
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_drover"))
-}
 
 /// Runs `drover ARGS --home HOME` to its end, bounded: a command that would run on (a daemon
 /// that should have refused to start) is killed and the test fails.

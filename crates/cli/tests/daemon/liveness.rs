@@ -5,16 +5,12 @@
 // Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
+use crate::common::bin;
 use drover_test_support::harness::{str_field, uuid_like, Client, Daemon, TestHome, WAIT};
 use drover_test_support::{Gate, MockModel, Reply};
 use serde_json::{json, Value};
-
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_drover"))
-}
 
 /// A daemon whose model stalls out after `stall_timeout_s` (one retry) and whose quiet turns
 /// get `turn.progress` every 0.2 s, with one session attached.

@@ -16,15 +16,10 @@
 // Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::Path;
-
+use crate::common::bin;
 use drover_test_support::harness::{db_rows, db_value, event_kinds, script, str_field, OneSession};
 use drover_test_support::Reply;
 use serde_json::{json, Value};
-
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_drover"))
-}
 
 /// The 4 MiB line limit of owner <-> worker frames (SPEC section 4).
 const FRAME_LIMIT: usize = 4 * 1024 * 1024;

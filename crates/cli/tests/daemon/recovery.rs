@@ -8,6 +8,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use crate::common::bin;
 use drover_test_support::harness::{
     db_rows, db_value, eventually, message_contents, pid_alive, signal, str_field, uuid_like,
     Client, Daemon, OneSession,
@@ -15,10 +16,6 @@ use drover_test_support::harness::{
 use drover_test_support::{wait, Gate, MockModel, Reply};
 use nix::sys::signal::Signal;
 use serde_json::{json, Value};
-
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_drover"))
-}
 
 /// Bound of the waits in this file that are not the harness's own.
 const BOUND: Duration = Duration::from_secs(10);

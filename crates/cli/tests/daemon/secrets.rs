@@ -9,16 +9,13 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::common::bin;
 use drover_protocol::daemon_file::api_key_sha256;
 use drover_test_support::harness::{
     daemon_info, db_rows, eventually, run_drover, uuid_like, OneSession,
 };
 use drover_test_support::Reply;
 use serde_json::{json, Value};
-
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_drover"))
-}
 
 /// What `info.confinement` must say for a session frozen with `mode` (default roots, network
 /// open, not required) on this kernel, from the same probe the daemon ran.

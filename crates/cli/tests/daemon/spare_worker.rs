@@ -11,15 +11,12 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::common::bin;
 use drover_test_support::harness::{
     db_value, pid_alive, process_name, signal, str_field, zombie_children, OneSession,
 };
 use drover_test_support::{wait, Gate, Reply};
 use nix::sys::signal::Signal;
-
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_drover"))
-}
 
 /// Bound of the waits in this file.
 const BOUND: Duration = Duration::from_secs(10);

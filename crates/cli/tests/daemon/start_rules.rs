@@ -8,11 +8,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::Duration;
 
+use crate::common::bin;
 use drover_test_support::harness::{model_home, run_drover, script, Client, Daemon, TestHome};
-
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_drover"))
-}
 
 /// Runs `drover daemon` on `home` to its end (bounded; the child is reaped either way).
 async fn run_daemon(home: &Path) -> std::process::Output {

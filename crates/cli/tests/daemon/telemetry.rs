@@ -10,6 +10,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::common::bin;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::routing::post;
@@ -22,10 +23,6 @@ use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
 use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message;
 use serde_json::json;
-
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_drover"))
-}
 
 const PROMPT: &str = "telemetry-probe-prompt-7f3a: please list the files";
 const TOOL_OUTPUT: &str = "tool-output-marker-91c2";

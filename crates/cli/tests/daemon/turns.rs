@@ -4,19 +4,15 @@
 // Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::Path;
 use std::time::Duration;
 
+use crate::common::bin;
 use drover_test_support::harness::{assert_kinds_include, event_kinds, script, str_field};
 use drover_test_support::harness::{
     connections_of, db_rows, open_files, Client, Daemon, OneSession,
 };
 use drover_test_support::{Gate, Reply};
 use serde_json::{json, Value};
-
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_drover"))
-}
 
 /// The outcome `turn.settled` gives the admission of `receipt`.
 async fn outcome(client: &mut Client, receipt: &Value) -> String {

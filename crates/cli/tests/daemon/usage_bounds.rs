@@ -8,6 +8,7 @@
 use std::path::Path;
 use std::process::Output;
 
+use crate::common::bin;
 use drover_test_support::harness::model_home;
 use drover_test_support::harness::{db_rows, run_drover, Client, Daemon, TestHome};
 use drover_test_support::Reply;
@@ -16,10 +17,6 @@ use serde_json::{json, Value};
 /// The bound of every stored token count and sum: 2^53, the largest integer every JSON
 /// reader holds exactly.
 const TOKEN_MAX: u64 = 1 << 53;
-
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_drover"))
-}
 
 /// Runs `drover --home <home> <args>` against the running daemon, bounded.
 async fn drover(home: &Path, args: &[&str]) -> Output {

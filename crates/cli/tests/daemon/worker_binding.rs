@@ -10,16 +10,13 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use crate::common::bin;
 use drover_test_support::harness::model_home;
 use drover_test_support::harness::{
     children_of, db_rows, db_value, pid_alive, signal, Client, Daemon, TestHome,
 };
 use drover_test_support::{wait, worker_relay_bin, MockModel, Reply};
 use serde_json::{json, Value};
-
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_drover"))
-}
 
 struct Setup {
     model: MockModel,

@@ -10,16 +10,13 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use crate::common::bin;
 use drover_test_support::harness::{
     db_value, process_name, script, signal, str_field, zombie_children, Client, OneSession,
 };
 use drover_test_support::{wait, Reply};
 use nix::sys::signal::Signal;
 use serde_json::json;
-
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_drover"))
-}
 
 /// Bound of a turn that must complete, kills included.
 const BOUND: Duration = Duration::from_secs(10);
