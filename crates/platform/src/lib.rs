@@ -58,6 +58,8 @@ pub mod fork;
 pub mod frame_lines;
 pub mod limits;
 pub mod open;
+#[cfg(test)]
+mod process_tests;
 
 use std::collections::BTreeSet;
 use std::io;

@@ -10,8 +10,8 @@ use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-use drover_platform::confine::{probe, LandlockSpec, Plan, Spec};
-use drover_test_support::outside_path;
+use crate::confine::{probe, LandlockSpec, Plan, Spec};
+use drover_test_support::{alone, outside_path};
 
 fn abi() -> u32 {
     probe().landlock_abi.expect("this machine has Landlock")
@@ -227,7 +227,11 @@ fn a_child_started_inside_the_hidden_home_does_not_see_it_by_relative_paths() {
 /// user to see it; as root it passes either way).
 #[test]
 fn a_non_dumpable_parent_still_hides_the_home() {
-    drover_platform::set_non_dumpable().expect("non-dumpable");
+    // Alone in a process of its own: dumpability is process-wide.
+    if alone::ran_in_child(std::time::Duration::from_secs(60)) {
+        return;
+    }
+    crate::set_non_dumpable().expect("non-dumpable");
     let cwd = tempfile::tempdir().expect("cwd");
     let home = tempfile::tempdir().expect("home");
     std::fs::write(home.path().join("daemon.json"), "{\"token\":\"secret\"}").expect("file");

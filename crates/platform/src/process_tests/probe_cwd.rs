@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use drover_platform::confine::probe;
+use crate::confine::probe;
 use drover_test_support::alone;
 
 #[test]
