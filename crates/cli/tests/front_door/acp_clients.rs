@@ -10,6 +10,7 @@ use std::ffi::OsString;
 use std::path::Path;
 use std::time::Duration;
 
+use crate::common::bin;
 use drover_test_support::acp::{AcpClient, AcpResult, AcpxHome};
 use drover_test_support::harness::{
     daemon_info, kill_and_wait_gone, message_contents, model_home, script_rm_victim, Daemon,
@@ -20,10 +21,6 @@ use serde_json::{json, Value};
 
 /// The bound of one client run (the client's own is 60 s).
 const RUN: Duration = Duration::from_secs(90);
-
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_drover"))
-}
 
 /// `drover --home <home> acp`: the agent command an editor is given.
 fn agent(home: &Path) -> Vec<OsString> {

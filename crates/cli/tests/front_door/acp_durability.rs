@@ -13,6 +13,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::common::bin;
 use drover_test_support::acp::{AcpClient, AcpResult};
 use drover_test_support::harness::{
     daemon_info, db_rows, kill_and_wait_gone, message_contents, model_home, pid_alive, run_drover,
@@ -26,10 +27,6 @@ use serde_json::{json, Value};
 const RUN: Duration = Duration::from_secs(90);
 /// The bound of one awaited condition.
 const BOUND: Duration = Duration::from_secs(30);
-
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_drover"))
-}
 
 /// `drover --home <home> acp`: the agent command an editor is given.
 fn agent(home: &Path) -> Vec<OsString> {

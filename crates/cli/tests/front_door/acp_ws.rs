@@ -9,6 +9,7 @@ use std::io::{Read, Write};
 use std::path::Path;
 use std::time::Duration;
 
+use crate::common::bin;
 use drover_test_support::harness::{
     connections_of, run_drover, signal, Client, Daemon, TestHome, WAIT,
 };
@@ -17,10 +18,6 @@ use futures::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
-
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_drover"))
-}
 
 fn acp_url(d: &Daemon) -> String {
     d.url().replace("/v1/ws", "/v1/acp")

@@ -9,6 +9,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use crate::common::bin;
 use drover_test_support::harness::{
     daemon_info, db_rows, model_home, pid_alive, script_rm_victim, signal, KillDaemonOnDrop,
     TestHome,
@@ -17,10 +18,6 @@ use drover_test_support::tmux::{Pane, WAIT};
 use drover_test_support::{Gate, MockModel, Reply};
 use nix::sys::signal::Signal;
 use serde_json::json;
-
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_drover"))
-}
 
 /// `drover --home HOME ARGS...` in a pane, in `cwd`, with `NO_COLOR`.
 fn in_pane(home: &Path, cwd: &Path, args: &[&str]) -> Pane {

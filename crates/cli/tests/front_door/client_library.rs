@@ -8,6 +8,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use crate::common::bin;
 use drover_client::{Client, ClientError, ConnectOptions, ConnectionChange, StartDaemon, Update};
 use drover_protocol::client::{
     CompactionResult, CompactionStatus, NoParams, Pong, SessionCreateParams,
@@ -18,10 +19,6 @@ use drover_test_support::harness::{
     daemon_info, model_home, run_drover, signal, KillDaemonOnDrop, TestHome,
 };
 use drover_test_support::{Gate, MockModel, Reply};
-
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_drover"))
-}
 
 const BOUND: Duration = Duration::from_secs(30);
 

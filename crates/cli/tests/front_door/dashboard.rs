@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::common::bin;
 use drover_test_support::harness::{
     children_of, daemon_info, run_drover, script_rm_victim, signal, Client, Daemon,
     KillDaemonOnDrop, TestHome,
@@ -24,10 +25,6 @@ use drover_test_support::harness::{
 use drover_test_support::{Gate, MockModel, Reply};
 use fantoccini::{ClientBuilder, Locator};
 use serde_json::{json, Value};
-
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_drover"))
-}
 
 const CHROMIUM: &str = "/usr/bin/chromium";
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::Duration;
 
+use crate::common::bin;
 use drover_test_support::harness::{approval_answer, str_field};
 use drover_test_support::harness::{
     daemon_info, db_rows, run_drover, Client, Daemon, KillDaemonOnDrop, OneSession, TestHome,
@@ -17,10 +18,6 @@ use drover_test_support::harness::{model_home, rm_rf_call, script_rm_victim};
 use drover_test_support::mock_model::tool_names;
 use drover_test_support::{wait, MockModel, Reply};
 use serde_json::{json, Value};
-
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_drover"))
-}
 
 /// A daemon on a fresh home and a session with `toolsets`, its cwd a scratch directory that
 /// holds `victim/` (with a file in it), the directory the model tries to delete.

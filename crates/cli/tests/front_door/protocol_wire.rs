@@ -13,16 +13,13 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::common::bin;
 use drover_protocol::client::{ClientRequest, MethodResult, METHODS};
 use drover_protocol::event::SessionEvent;
 use drover_protocol::rpc::{ErrorData, RpcError};
 use drover_test_support::harness::{pid_alive, run_drover, uuid_like, Client, Daemon, TestHome};
 use drover_test_support::{Gate, MockModel, Reply};
 use serde_json::{json, Value};
-
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_drover"))
-}
 
 const BOUND: Duration = Duration::from_secs(20);
 

@@ -3,16 +3,11 @@
 // Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::Path;
-
+use crate::common::bin;
 use drover_test_support::harness::model_daemon;
 use drover_test_support::harness::{Daemon, OneSession, TestHome};
 use drover_test_support::Reply;
 use serde_json::{json, Value};
-
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_drover"))
-}
 
 #[tokio::test]
 async fn malformed_json_gets_parse_error_and_connection_stays_usable() {

@@ -7,15 +7,12 @@ use std::path::Path;
 use std::process::Output;
 use std::time::Duration;
 
+use crate::common::bin;
 use drover_test_support::harness::{
     daemon_info, message_contents, model_home, pid_alive, run_drover, KillDaemonOnDrop, TestHome,
 };
 use drover_test_support::{MockModel, Reply};
 use serde_json::{json, Value};
-
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_drover"))
-}
 
 /// Runs `drover <args>` with a bounded wait; the child is reaped either way.
 async fn drover(home: &Path, args: &[&str]) -> Output {

@@ -10,6 +10,7 @@ use std::path::Path;
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::common::bin;
 use drover_test_support::harness::{
     assert_kinds_include, daemon_info, event_kinds, model_home, pid_alive, rm_rf_call, run_drover,
     script_rm_victim, signal, KillDaemonOnDrop, OneSession,
@@ -17,10 +18,6 @@ use drover_test_support::harness::{
 use drover_test_support::{Gate, Reply};
 use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
-
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_drover"))
-}
 
 /// Every wait of these tests.
 const BOUND: Duration = Duration::from_secs(30);

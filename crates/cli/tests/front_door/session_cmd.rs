@@ -10,6 +10,7 @@ use std::path::Path;
 use std::process::Output;
 use std::time::Duration;
 
+use crate::common::bin;
 use drover_test_support::harness::{
     assert_kinds_include, event_kinds, model_daemon, run_drover, script_rm_victim, signal,
     str_field, OneSession,
@@ -17,10 +18,6 @@ use drover_test_support::harness::{
 use drover_test_support::{Gate, Reply};
 use nix::sys::signal::Signal;
 use serde_json::{json, Value};
-
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_drover"))
-}
 
 const BOUND: Duration = Duration::from_secs(20);
 

@@ -9,15 +9,12 @@
 use std::path::Path;
 use std::time::Duration;
 
+use crate::common::bin;
 use drover_test_support::harness::{
     rm_rf_call, script_rm_victim, str_field, uuid_like, Daemon, OneSession,
 };
 use drover_test_support::{mcp_echo_bin, Gate, Reply};
 use serde_json::{json, Value};
-
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_drover"))
-}
 
 /// A session with the terminal toolset on a home whose config adds `extra`.
 async fn terminal_session(extra: &str) -> OneSession {

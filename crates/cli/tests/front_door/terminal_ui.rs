@@ -8,14 +8,11 @@
 use std::path::Path;
 use std::time::Duration;
 
+use crate::common::bin;
 use drover_test_support::harness::{model_home, pid_alive, script_rm_victim, KillDaemonOnDrop};
 use drover_test_support::tmux::Pane;
 use drover_test_support::{Gate, Reply};
 use serde_json::Value;
-
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_drover"))
-}
 
 /// `drover --home HOME run ARGS...` in a 200 by 50 pane.
 fn run_in_pane(home: &Path, args: &[&str]) -> Pane {

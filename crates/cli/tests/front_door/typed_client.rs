@@ -9,15 +9,12 @@
 use std::path::Path;
 use std::process::Output;
 
+use crate::common::bin;
 use drover_test_support::harness::{run_drover, TestHome};
 use futures::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio_tungstenite::tungstenite::Message;
-
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_drover"))
-}
 
 /// A stand-in daemon for `home`: answers every request of each connection with the messages
 /// `answer(method, id)` gives. Its `daemon.json` names this test process, which is alive.
