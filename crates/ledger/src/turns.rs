@@ -67,8 +67,8 @@ pub struct Settlement {
     pub admission_id: String,
     /// The turn's execution.
     pub execution_id: String,
-    /// `completed|failed|interrupted`, or `unknown` when the turn was lost.
-    pub outcome: String,
+    /// `completed`, `failed` or `interrupted`, or `unknown` when the turn was lost.
+    pub outcome: TurnEnd,
     /// The events the ending stored (`turn.settled`, `admission.updated`, ...), to publish.
     pub events: Vec<StoredEvent>,
     /// For a `child` execution: the parent's deferred `child.reserve` receipt, to send now.
@@ -683,7 +683,7 @@ pub(crate) fn lose_execution(
         session_id,
         admission_id,
         execution_id: execution_id.to_string(),
-        outcome: "unknown".to_string(),
+        outcome: TurnEnd::Unknown,
         events,
         parent_answer,
         retired_children,
@@ -809,7 +809,7 @@ pub(crate) fn settle_turn(
         session_id,
         admission_id,
         execution_id: execution_id.to_string(),
-        outcome: outcome.as_str().to_string(),
+        outcome: outcome.into(),
         events,
         parent_answer,
         retired_children,

@@ -13,6 +13,7 @@ use std::time::Duration;
 use drover_ledger::{Claim, ParentAnswer, Settlement};
 use drover_platform as platform;
 use drover_platform::frame_lines::{read_frame_line, FrameLine};
+use drover_protocol::event::TurnEnd;
 use drover_protocol::worker::{OwnerFrame, MAX_FRAME_BYTES};
 use drover_protocol::Secret;
 use tokio::sync::mpsc;
@@ -136,7 +137,7 @@ pub(super) async fn supervise(
     let outcome = supervisor.outcome.take();
     let settled = outcome.is_some();
     if let Some(outcome) = outcome {
-        record_turn_end(&outcome, claimed);
+        record_turn_end(outcome, claimed);
     }
     // Dropping the supervisor drops its reply sender: the stdin writer ends once it is
     // drained.
@@ -154,7 +155,7 @@ pub(super) async fn supervise(
     // The worker acknowledged its bootstrap, so the turn had started: if it did not settle,
     // it is lost (SPEC section 4: `unknown`, never replayed).
     if !settled && lose_turn(&owner, &execution_id).await {
-        record_turn_end("unknown", claimed);
+        record_turn_end(TurnEnd::Unknown, claimed);
     }
     // The worker is reaped: nothing will resend its outbox (its execution is settled or
     // unknown, and any resend would be refused); its folder is recycled or removed.
@@ -172,7 +173,7 @@ struct Supervisor {
     replies: mpsc::Sender<OwnerFrame>,
     next_claims: NextClaims,
     /// The settled turn's outcome, once `execution.finish` was applied.
-    outcome: Option<String>,
+    outcome: Option<TurnEnd>,
 }
 
 impl Supervisor {
@@ -255,7 +256,7 @@ impl Supervisor {
     /// session's next input, if one is queued, is claimed (a warm turn's settle does not pay a
     /// ledger round trip that would find nothing).
     fn settled(&mut self, settlement: &Settlement) {
-        self.outcome = Some(settlement.outcome.clone());
+        self.outcome = Some(settlement.outcome);
         self.owner.turns().remove(&self.execution_id);
         if let Some(session_id) = after_settlement(&self.owner, settlement) {
             let _ = self.next_claims.send(session_id);
@@ -373,7 +374,7 @@ async fn fail_unstarted(
     })
     .await;
     if settled.is_some() {
-        count_settlement("failed");
+        count_settlement(TurnEnd::Failed);
         tracing::Span::current().record("outcome", "failed");
         let _ = next_claims.send(claim.session.id.clone());
     }
@@ -449,7 +450,7 @@ fn owed(settlement: &Settlement) -> Vec<Owed<'_>> {
 /// Pays what an ended turn owes its parent and children through their running turns, counts
 /// it, and returns the session to claim next, if any (the caller hands it to the scheduler).
 pub(super) fn after_settlement(owner: &Owner, settlement: &Settlement) -> Option<String> {
-    count_settlement(&settlement.outcome);
+    count_settlement(settlement.outcome);
     let mut next = None;
     for owed in owed(settlement) {
         match owed {
@@ -476,7 +477,8 @@ pub(super) fn after_settlement(owner: &Owner, settlement: &Settlement) -> Option
 
 /// Telemetry: the turn's outcome on its span and its latency in `drover.turn.duration`.
 /// (`drover.turns` is counted at settlement, [`count_settlement`].)
-fn record_turn_end(outcome: &str, claimed: std::time::Instant) {
+fn record_turn_end(outcome: TurnEnd, claimed: std::time::Instant) {
+    let outcome = outcome.as_str();
     tracing::Span::current().record("outcome", outcome);
     drover_telemetry::metrics().turn_duration.record(
         claimed.elapsed().as_secs_f64(),
@@ -485,14 +487,15 @@ fn record_turn_end(outcome: &str, claimed: std::time::Instant) {
 }
 
 /// Telemetry: `drover.turns` by outcome, or `drover.turns.unknown` for a lost turn.
-fn count_settlement(outcome: &str) {
+fn count_settlement(outcome: TurnEnd) {
     let metrics = drover_telemetry::metrics();
-    if outcome == "unknown" {
+    if outcome == TurnEnd::Unknown {
         metrics.unknown_turns.add(1, &[]);
     } else {
-        metrics
-            .turns
-            .add(1, &drover_telemetry::metrics::label("outcome", outcome));
+        metrics.turns.add(
+            1,
+            &drover_telemetry::metrics::label("outcome", outcome.as_str()),
+        );
     }
 }
 
@@ -529,7 +532,7 @@ mod tests {
             session_id: "child-session".into(),
             admission_id: "a1".into(),
             execution_id: "e1".into(),
-            outcome: "completed".into(),
+            outcome: TurnEnd::Completed,
             events: Vec::new(),
             parent_answer: None,
             retired_children: Vec::new(),
