@@ -25,7 +25,7 @@
 //! - [`exit`]: how the process ends ([`WorkerExit`], its exit codes).
 //! - [`journal`]: the outbox files (record, acknowledge, reload).
 //! - [`worker_template`]: the worker template's fork requests, seen from the template.
-//! - [`owner_pipe`]: the worker's end of the owner pipes ([`owner_pipe::OwnerLink`]) over any
+//! - [`owner_pipe`]: the worker's end of the owner pipes ([`owner_pipe::OwnerPipe`]) over any
 //!   reader/writer pair: the journal's file writes in sequence order, one writer task behind a
 //!   bounded queue (persists and deltas never interleave; deltas are dropped when the owner
 //!   does not read, persists wait), one reader task (receipts by sequence, `stop`), resend

@@ -1,6 +1,6 @@
 //! The worker's end of the owner pipes (SPEC section 4), over any reader/writer pair.
 //!
-//! An [`OwnerLink`] owns its [`Journal`]: a frame file is written (and an answered one
+//! An [`OwnerPipe`] owns its [`Journal`]: a frame file is written (and an answered one
 //! deleted) on the caller's task, one persist at a time in sequence order, under a lock held
 //! for the file work only, never across an await. The files are small and not fsync'd
 //! (docs/decisions/turn-worker-outbox-not-fsyncd.md), so this is tens of microseconds;
@@ -11,7 +11,7 @@
 //!   stops reading and the channel is full, live deltas are dropped (they are never replayed
 //!   anyway, SPEC section 2) and persist frames wait for room: a persist is never dropped;
 //! - a persist sends its frame after it is written, in sequence order. A frame
-//!   held with [`OwnerLink::hold`] waits, in memory, for the next [`OwnerLink::persist`]; the
+//!   held with [`OwnerPipe::hold`] waits, in memory, for the next [`OwnerPipe::persist`]; the
 //!   two (or more) are written as one outbox file and go as one `persist_batch` line, which the owner applies in one transaction with
 //!   one commit (docs/decisions/turn-batched-persists.md); a batch over [`MAX_FRAME_BYTES`] is cut
 //!   into several lines, and `prompt.open` and `child.reserve` always go alone;
@@ -19,8 +19,8 @@
 //!   the journal and then wakes the persist waiting for that sequence;
 //!   `stop` fires the turn's cancel token.
 //!
-//! End of file or a write error marks the pair lost ([`OwnerLink::disconnected`]). The frames
-//! stay in the journal; [`OwnerLink::connect`] with a new pair first resends every
+//! End of file or a write error marks the pair lost ([`OwnerPipe::disconnected`]). The frames
+//! stay in the journal; [`OwnerPipe::connect`] with a new pair first resends every
 //! unacknowledged frame that was sent, in sequence order and in the batches they were sent in,
 //! then carries on (the owner answers a repeated sequence with its stored receipt); held
 //! frames still wait for the next persist. The worker process itself never reconnects: for it
@@ -80,7 +80,7 @@ pub enum PersistError {
     /// The owner sent a line that broke the protocol while this persist waited.
     #[error("{0}")]
     Fault(String),
-    /// The link was shut down before an answer came.
+    /// The pipe was shut down before an answer came.
     #[error("the link to the owner was closed before sequence {sequence} was answered")]
     Closed {
         /// The sequence left without an answer.
@@ -121,15 +121,15 @@ enum Answer {
     Fault(String),
 }
 
-/// The worker's end of the owner pipes; cheap to clone (all clones share one link).
+/// The worker's end of the owner pipes; cheap to clone (all clones share one pipe).
 #[derive(Clone)]
-pub struct OwnerLink {
+pub struct OwnerPipe {
     inner: Arc<Inner>,
 }
 
 struct Inner {
     state: Mutex<State>,
-    /// The outbox; `None` once [`OwnerLink::finish_outbox`] removed it. Locked for file work
+    /// The outbox; `None` once [`OwnerPipe::finish_outbox`] removed it. Locked for file work
     /// only, never together with `state`.
     journal: Mutex<Option<Journal>>,
     /// Held by a persist from its sequence until its lines are queued (or handed to a task
@@ -143,7 +143,7 @@ struct Inner {
 }
 
 struct State {
-    /// False once [`OwnerLink::finish_outbox`] removed the outbox.
+    /// False once [`OwnerPipe::finish_outbox`] removed the outbox.
     open: bool,
     /// The recorded frames not yet answered, by sequence: the journal's own list, kept here
     /// too so a resend never waits for the disk.
@@ -151,14 +151,14 @@ struct State {
     /// The first sequence of the batch each sent frame went in, so a resend sends the same
     /// batches; a frame missing here (held, or reloaded from the journal) goes alone.
     batch_of: BTreeMap<u64, u64>,
-    /// Frames held by [`OwnerLink::hold`], not written or sent yet, in sequence order (always
+    /// Frames held by [`OwnerPipe::hold`], not written or sent yet, in sequence order (always
     /// the newest pending ones).
     held: Vec<u64>,
     /// The current writer task's queue; `None` while no pair is connected.
     out: Option<mpsc::Sender<String>>,
     /// Cancelled when the current pair is replaced or lost: its writer drops its queue.
     closed: CancellationToken,
-    /// Counts [`OwnerLink::connect`] calls, so a stale task cannot mark a newer pair lost.
+    /// Counts [`OwnerPipe::connect`] calls, so a stale task cannot mark a newer pair lost.
     connection: u64,
     reader_task: Option<JoinHandle<()>>,
     waiters: HashMap<u64, oneshot::Sender<Answer>>,
@@ -169,10 +169,10 @@ struct State {
     deltas_dropped: u64,
 }
 
-impl OwnerLink {
-    /// A link over `journal`, not yet connected. `cancel` is fired by a `stop` frame or a
+impl OwnerPipe {
+    /// A pipe over `journal`, not yet connected. `cancel` is fired by a `stop` frame or a
     /// fault.
-    pub fn new(journal: Journal, cancel: CancellationToken) -> OwnerLink {
+    pub fn new(journal: Journal, cancel: CancellationToken) -> OwnerPipe {
         let (connected, _) = watch::channel(false);
         let pending = journal
             .unacknowledged()
@@ -201,7 +201,7 @@ impl OwnerLink {
             cancel,
             approvals: drover_tools::LiveApprovalMode::unset(),
         });
-        OwnerLink { inner }
+        OwnerPipe { inner }
     }
 
     /// Starts talking over a new pair: `reader` carries owner frames, `writer` worker frames.
@@ -259,11 +259,11 @@ impl OwnerLink {
     }
 
     /// Records `operation` with `payload` in the journal, sends it
-    /// with any frames held before it ([`OwnerLink::hold`]: all of them in one batch), and
+    /// with any frames held before it ([`OwnerPipe::hold`]: all of them in one batch), and
     /// waits for the owner's answer: the receipt's `result`, or why there is none. One
     /// sequence per call; sequences follow call order. A full queue to the owner makes the
     /// send wait, never drops the frame. A frame recorded while no pair is connected is sent
-    /// by the next [`OwnerLink::connect`]. Dropping the future stops the wait, not the frame.
+    /// by the next [`OwnerPipe::connect`]. Dropping the future stops the wait, not the frame.
     ///
     /// A batch is applied whole or not at all: when the owner refuses a frame held before
     /// this one, it refuses this one too, with the same reason.
@@ -291,11 +291,11 @@ impl OwnerLink {
     }
 
     /// Gives `operation` with `payload` the next sequence and holds it: it is written to the
-    /// outbox and sent with the next [`OwnerLink::persist`], in one file, one batch, one commit
+    /// outbox and sent with the next [`OwnerPipe::persist`], in one file, one batch, one commit
     /// and one round trip with it. For a write nothing waits on before the next one (a model
     /// request's `usage.add` before its message, the turn's last message before
     /// `execution.finish`). Returns its sequence once it is held; its receipt is not waited for, and a refusal of it is the refusal of
-    /// the persist it goes with ([`OwnerLink::refusal`] keeps the first).
+    /// the persist it goes with ([`OwnerPipe::refusal`] keeps the first).
     pub async fn hold(&self, operation: Operation) -> Result<u64, PersistError> {
         let name = operation.name().to_string();
         let sequence = self.record(operation, None, false).await?;

@@ -39,30 +39,30 @@ use drover_tools::{
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use crate::owner_pipe::{OwnerLink, PersistError};
+use crate::owner_pipe::{OwnerPipe, PersistError};
 
 /// The [`TurnStore`] of a managed worker.
 pub struct OwnerStore {
-    link: OwnerLink,
+    pipe: OwnerPipe,
 }
 
 impl OwnerStore {
-    /// The store that persists through `link`.
-    pub fn new(link: OwnerLink) -> OwnerStore {
-        OwnerStore { link }
+    /// The store that persists through `pipe`.
+    pub fn new(pipe: OwnerPipe) -> OwnerStore {
+        OwnerStore { pipe }
     }
 
     async fn persist(&self, operation: Operation) -> Result<(), StoreError> {
-        self.link
+        self.pipe
             .persist(operation)
             .await
             .map(|_| ())
             .map_err(store_error)
     }
 
-    /// Records a write that goes with the next one ([`OwnerLink::hold`]).
+    /// Records a write that goes with the next one ([`OwnerPipe::hold`]).
     async fn hold(&self, operation: Operation) -> Result<(), StoreError> {
-        self.link
+        self.pipe
             .hold(operation)
             .await
             .map(|_| ())
@@ -98,7 +98,7 @@ impl TurnStore for OwnerStore {
         tool_errors: Vec<String>,
     ) -> Result<Appended, StoreError> {
         let receipt = self
-            .link
+            .pipe
             .persist(Operation::TranscriptAppend(TranscriptAppend {
                 messages,
                 tool_contexts,
@@ -144,21 +144,21 @@ impl TurnStore for OwnerStore {
     }
 
     fn delta(&self, text: &str) {
-        self.link.send_delta(text);
+        self.pipe.send_delta(text);
     }
 }
 
 /// The [`PromptBroker`] of a managed worker. `cancel` is the turn's token: a `stop` frame or
 /// an interrupt ends the wait with [`PromptAnswer::Cancelled`].
 pub struct OwnerPrompts {
-    link: OwnerLink,
+    pipe: OwnerPipe,
     cancel: CancellationToken,
 }
 
 impl OwnerPrompts {
-    /// The broker that opens prompts through `link`; `cancel` is the turn's token.
-    pub fn new(link: OwnerLink, cancel: CancellationToken) -> OwnerPrompts {
-        OwnerPrompts { link, cancel }
+    /// The broker that opens prompts through `pipe`; `cancel` is the turn's token.
+    pub fn new(pipe: OwnerPipe, cancel: CancellationToken) -> OwnerPrompts {
+        OwnerPrompts { pipe, cancel }
     }
 }
 
@@ -172,7 +172,7 @@ impl PromptBroker for OwnerPrompts {
         let answer = tokio::select! {
             biased;
             _ = self.cancel.cancelled() => return PromptAnswer::Cancelled,
-            answer = self.link.persist(operation) => answer,
+            answer = self.pipe.persist(operation) => answer,
         };
         match answer {
             Ok(result) => parse_answer(&result),
@@ -193,7 +193,7 @@ impl PromptBroker for OwnerPrompts {
 /// bootstrap, plus those this turn starts, each change persisted through the owner before the
 /// list shows it.
 pub struct OwnerProcesses {
-    link: OwnerLink,
+    pipe: OwnerPipe,
     known: InMemoryProcesses,
     cancel: CancellationToken,
 }
@@ -202,19 +202,19 @@ impl OwnerProcesses {
     /// `known` is the bootstrap's list; `cancel` is the turn's token, fired when the owner
     /// refuses a persist (the execution is no longer ours to run).
     pub fn new(
-        link: OwnerLink,
+        pipe: OwnerPipe,
         known: Vec<BackgroundProcess>,
         cancel: CancellationToken,
     ) -> OwnerProcesses {
         OwnerProcesses {
-            link,
+            pipe,
             known: InMemoryProcesses::new(known),
             cancel,
         }
     }
 
     async fn persist(&self, operation: Operation) -> Result<Value, String> {
-        match self.link.persist(operation).await {
+        match self.pipe.persist(operation).await {
             Ok(result) => Ok(result),
             Err(e) => {
                 if matches!(e, PersistError::Refused { .. }) {
@@ -268,14 +268,14 @@ impl ProcessRegistry for OwnerProcesses {
 /// interrupt ends the wait with [`DelegateAnswer::Interrupted`] (the owner retires the child
 /// when this turn ends).
 pub struct OwnerDelegator {
-    link: OwnerLink,
+    pipe: OwnerPipe,
     cancel: CancellationToken,
 }
 
 impl OwnerDelegator {
-    /// The delegator that asks the owner through `link`; `cancel` is the turn's token.
-    pub fn new(link: OwnerLink, cancel: CancellationToken) -> OwnerDelegator {
-        OwnerDelegator { link, cancel }
+    /// The delegator that asks the owner through `pipe`; `cancel` is the turn's token.
+    pub fn new(pipe: OwnerPipe, cancel: CancellationToken) -> OwnerDelegator {
+        OwnerDelegator { pipe, cancel }
     }
 }
 
@@ -290,7 +290,7 @@ impl Delegator for OwnerDelegator {
         let answer = tokio::select! {
             biased;
             _ = self.cancel.cancelled() => return DelegateAnswer::Interrupted,
-            answer = self.link.persist(operation) => answer,
+            answer = self.pipe.persist(operation) => answer,
         };
         match answer {
             Ok(receipt) => DelegateAnswer::Receipt(receipt),
@@ -311,21 +311,21 @@ impl Delegator for OwnerDelegator {
 /// waiting for its receipt (the owner records the job for the execution's session, once per
 /// job id).
 pub struct OwnerJobs {
-    link: OwnerLink,
+    pipe: OwnerPipe,
     cancel: CancellationToken,
 }
 
 impl OwnerJobs {
     /// `cancel` is the turn's token, fired when the owner refuses the persist.
-    pub fn new(link: OwnerLink, cancel: CancellationToken) -> OwnerJobs {
-        OwnerJobs { link, cancel }
+    pub fn new(pipe: OwnerPipe, cancel: CancellationToken) -> OwnerJobs {
+        OwnerJobs { pipe, cancel }
     }
 }
 
 #[async_trait]
 impl JobLedger for OwnerJobs {
     async fn register(&self, job: JobRegister) -> Result<(), String> {
-        match self.link.persist(Operation::JobRegister(job)).await {
+        match self.pipe.persist(Operation::JobRegister(job)).await {
             Ok(_) => Ok(()),
             Err(e) => {
                 if matches!(e, PersistError::Refused { .. }) {
@@ -342,14 +342,14 @@ impl JobLedger for OwnerJobs {
 /// status for the `mcp.status` method). A report that cannot be persisted is logged; a
 /// refusal also stops the turn, as for every persist.
 pub struct OwnerMcpStatus {
-    link: OwnerLink,
+    pipe: OwnerPipe,
     cancel: CancellationToken,
 }
 
 impl OwnerMcpStatus {
     /// `cancel` is the turn's token, fired when the owner refuses the persist.
-    pub fn new(link: OwnerLink, cancel: CancellationToken) -> OwnerMcpStatus {
-        OwnerMcpStatus { link, cancel }
+    pub fn new(pipe: OwnerPipe, cancel: CancellationToken) -> OwnerMcpStatus {
+        OwnerMcpStatus { pipe, cancel }
     }
 }
 
@@ -357,7 +357,7 @@ impl OwnerMcpStatus {
 impl McpStatusSink for OwnerMcpStatus {
     async fn report(&self, status: McpServerStatus) {
         let (server, state) = (status.name.clone(), status.state);
-        if let Err(e) = self.link.persist(Operation::McpStatus(status)).await {
+        if let Err(e) = self.pipe.persist(Operation::McpStatus(status)).await {
             tracing::warn!(server = %server, state = state.as_str(), error = %e, "mcp.status was not persisted");
             if matches!(e, PersistError::Refused { .. }) {
                 self.cancel.cancel();

@@ -20,7 +20,7 @@ use tracing::Instrument;
 use crate::bootstrap::{acknowledge_bootstrap, read_bootstrap, Prepared, WORKER_NAME};
 use crate::exit::WorkerExit;
 use crate::journal::{outbox_dir, Journal};
-use crate::owner_pipe::{OwnerLink, PersistError};
+use crate::owner_pipe::{OwnerPipe, PersistError};
 use crate::store::{
     OwnerDelegator, OwnerJobs, OwnerMcpStatus, OwnerProcesses, OwnerPrompts, OwnerStore,
 };
@@ -126,14 +126,14 @@ where
 
     let cancel = CancellationToken::new();
     let Prepared { http } = prepared;
-    let link = OwnerLink::new(journal, cancel.clone());
-    link.connect(reader, writer);
+    let pipe = OwnerPipe::new(journal, cancel.clone());
+    pipe.connect(reader, writer);
 
     let exit = tokio::select! {
         // Settling first: a receipt and the owner's end of file may arrive together.
         biased;
-        exit = settle(&link, bootstrap, http, cancel.clone()) => exit,
-        _ = link.disconnected() => {
+        exit = settle(&pipe, bootstrap, http, cancel.clone()) => exit,
+        _ = pipe.disconnected() => {
             tracing::warn!("the owner is gone (end of stdin or broken stdout); stopping");
             owner_lost(&cancel)
         }
@@ -142,7 +142,7 @@ where
             owner_lost(&cancel)
         }
     };
-    link.shutdown();
+    pipe.shutdown();
     exit
 }
 
@@ -159,17 +159,17 @@ fn owner_lost(cancel: &CancellationToken) -> WorkerExit {
 
 /// Runs the turn and persists `execution.finish`.
 async fn settle(
-    link: &OwnerLink,
+    pipe: &OwnerPipe,
     bootstrap: Bootstrap,
     http: drover_model::HttpClient,
     cancel: CancellationToken,
 ) -> WorkerExit {
-    let report = run_agent(link, bootstrap, http, cancel.clone()).await;
+    let report = run_agent(pipe, bootstrap, http, cancel.clone()).await;
     if cancel.is_cancelled() {
         // Tools drop their groups on cancel already; this catches any that did not.
         ForegroundGroups::kill_all();
     }
-    if let Some(refusal) = link.refusal() {
+    if let Some(refusal) = pipe.refusal() {
         tracing::error!(
             seq = refusal.sequence,
             operation = %refusal.operation,
@@ -179,11 +179,11 @@ async fn settle(
         );
         return WorkerExit::Refused;
     }
-    let (outcome, error) = match link.fault() {
+    let (outcome, error) = match pipe.fault() {
         Some(fault) => (TurnOutcome::Failed, Some(fault)),
         None => (report.outcome, report.error),
     };
-    if let Some(reason) = link.stop_reason() {
+    if let Some(reason) = pipe.stop_reason() {
         tracing::info!(reason = %reason, outcome = outcome.as_str(), "turn stopped by the owner");
     }
     let finish = ExecutionFinish {
@@ -196,9 +196,9 @@ async fn settle(
         error,
         usage: report.usage,
     };
-    match link.persist(Operation::ExecutionFinish(finish)).await {
+    match pipe.persist(Operation::ExecutionFinish(finish)).await {
         Ok(_) => {
-            if let Err(e) = link.finish_outbox().await {
+            if let Err(e) = pipe.finish_outbox().await {
                 tracing::warn!(error = %e, "could not remove the outbox");
             }
             tracing::info!(outcome = outcome.as_str(), "execution finished");
@@ -218,7 +218,7 @@ async fn settle(
 /// Builds the model client, the tools and the context from the frozen policy and runs the
 /// agent loop. A setup error is a `failed` report with no request made.
 async fn run_agent(
-    link: &OwnerLink,
+    pipe: &OwnerPipe,
     bootstrap: Bootstrap,
     http: drover_model::HttpClient,
     cancel: CancellationToken,
@@ -246,7 +246,7 @@ async fn run_agent(
     };
     // MCP servers start on their first call (again after a crash, bounded) and are stopped
     // when the turn ends; each change of state is persisted as `mcp.status`.
-    let mcp_status = Arc::new(OwnerMcpStatus::new(link.clone(), cancel.clone()));
+    let mcp_status = Arc::new(OwnerMcpStatus::new(pipe.clone(), cancel.clone()));
     let registry = match ToolRegistry::for_session(
         &policy.toolsets,
         &policy.tools,
@@ -266,21 +266,21 @@ async fn run_agent(
         home: PathBuf::from(&policy.home),
         // A mode the owner sent while the bootstrap was read is newer than the policy's.
         approvals: {
-            let live = link.approvals();
+            let live = pipe.approvals();
             live.set_unless_set(policy.approvals);
             live
         },
         cancel: cancel.clone(),
-        prompts: Arc::new(OwnerPrompts::new(link.clone(), cancel.clone())),
+        prompts: Arc::new(OwnerPrompts::new(pipe.clone(), cancel.clone())),
         grants: drover_tools::ApprovalGrants::new(policy.approval_grants.clone()),
         processes: Arc::new(OwnerProcesses::new(
-            link.clone(),
+            pipe.clone(),
             policy.background_processes.clone(),
             cancel.clone(),
         )),
-        delegator: Arc::new(OwnerDelegator::new(link.clone(), cancel.clone())),
+        delegator: Arc::new(OwnerDelegator::new(pipe.clone(), cancel.clone())),
         jobs: drover_tools::jobs::JobsAccess {
-            ledger: Arc::new(OwnerJobs::new(link.clone(), cancel)),
+            ledger: Arc::new(OwnerJobs::new(pipe.clone(), cancel)),
             wire: policy.jobs_wire.clone(),
         },
         // Sandbox: the session's frozen sandbox, plus this worker's temp dir.
@@ -289,7 +289,7 @@ async fn run_agent(
         sandbox: drover_tools::sandbox::Sandbox::new(policy.sandbox.clone(), std::env::temp_dir())
             .with_file_helper(PathBuf::from("/proc/self/exe")),
     };
-    let store = OwnerStore::new(link.clone());
+    let store = OwnerStore::new(pipe.clone());
     let spec = TurnSpec {
         system_prompt: policy.system_prompt,
         // SPEC section 4, frozen session: the schemas stored at create, not the registry's.

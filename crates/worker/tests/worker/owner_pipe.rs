@@ -12,7 +12,7 @@ use drover_protocol::worker::{
 };
 use drover_tools::{PromptAnswer, PromptBroker};
 use drover_worker::journal::{outbox_dir, Journal};
-use drover_worker::owner_pipe::{OwnerLink, PersistError, OWNER_QUEUE};
+use drover_worker::owner_pipe::{OwnerPipe, PersistError, OWNER_QUEUE};
 use drover_worker::store::OwnerPrompts;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, DuplexStream, ReadHalf, WriteHalf};
@@ -89,12 +89,12 @@ impl OwnerEnd {
     }
 }
 
-fn connect(link: &OwnerLink) -> OwnerEnd {
+fn connect(link: &OwnerPipe) -> OwnerEnd {
     connect_with_buffer(link, 64 * 1024)
 }
 
 /// A pair whose pipe holds `bytes` that the owner has not read.
-fn connect_with_buffer(link: &OwnerLink, bytes: usize) -> OwnerEnd {
+fn connect_with_buffer(link: &OwnerPipe, bytes: usize) -> OwnerEnd {
     let (worker, owner) = tokio::io::duplex(bytes);
     let (worker_read, worker_write) = tokio::io::split(worker);
     link.connect(BufReader::new(worker_read), worker_write);
@@ -106,7 +106,7 @@ fn connect_with_buffer(link: &OwnerLink, bytes: usize) -> OwnerEnd {
 }
 
 /// Closes the owner's end, waits until the link notices, and connects a new pair.
-async fn reconnect(owner: OwnerEnd, link: &OwnerLink) -> OwnerEnd {
+async fn reconnect(owner: OwnerEnd, link: &OwnerPipe) -> OwnerEnd {
     drop(owner);
     tokio::time::timeout(WAIT, link.disconnected())
         .await
@@ -114,11 +114,11 @@ async fn reconnect(owner: OwnerEnd, link: &OwnerLink) -> OwnerEnd {
     connect(link)
 }
 
-fn open_link(home: &std::path::Path) -> (OwnerLink, PathBuf, CancellationToken) {
+fn open_link(home: &std::path::Path) -> (OwnerPipe, PathBuf, CancellationToken) {
     let dir = outbox_dir(home, "exec-1").expect("outbox dir");
     let journal = Journal::open(&dir, scope()).expect("journal");
     let cancel = CancellationToken::new();
-    let link = OwnerLink::new(journal, cancel.clone());
+    let link = OwnerPipe::new(journal, cancel.clone());
     (link, dir, cancel)
 }
 
@@ -148,7 +148,7 @@ async fn wait_outbox(dir: &std::path::Path, enough: impl Fn(usize) -> bool, what
     .expect(what);
 }
 
-fn spawn_persist(link: &OwnerLink, n: u64) -> JoinHandle<Result<Value, PersistError>> {
+fn spawn_persist(link: &OwnerPipe, n: u64) -> JoinHandle<Result<Value, PersistError>> {
     let link = link.clone();
     tokio::spawn(async move {
         link.persist(Operation::read("usage.add", json!({ "n": n })))
