@@ -224,16 +224,16 @@ fn failed(message: String) -> ToolOutput {
 }
 
 /// `{process_id, pid, command, cwd, status, exit_code, started_at, log_path}`.
-fn entry(p: &BackgroundProcess) -> Value {
+fn entry(process: &BackgroundProcess) -> Value {
     json!({
-        "process_id": p.id,
-        "pid": p.pid,
-        "command": p.command,
-        "cwd": p.cwd,
-        "status": p.status.as_str(),
-        "exit_code": p.exit_code,
-        "started_at": p.started_at,
-        "log_path": p.log_path,
+        "process_id": process.id,
+        "pid": process.pid,
+        "command": process.command,
+        "cwd": process.cwd,
+        "status": process.status.as_str(),
+        "exit_code": process.exit_code,
+        "started_at": process.started_at,
+        "log_path": process.log_path,
     })
 }
 

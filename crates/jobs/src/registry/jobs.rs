@@ -158,11 +158,11 @@ impl Registry {
     /// both sides hold it without it ever travelling; see
     /// [`crate::dispatch::derive_auth_token`]).
     pub fn set_auth_token(&mut self, job_id: &str, auth_token: &str) -> Result<Job, JobError> {
-        let n = self.conn.execute(
+        let changed = self.conn.execute(
             "UPDATE jobs SET auth_token = ?2, updated_at = ?3 WHERE job_id = ?1",
             params![job_id, auth_token, now()],
         )?;
-        if n == 0 {
+        if changed == 0 {
             return Err(JobError::UnknownJob {
                 job_id: job_id.to_string(),
                 registry: self.dir.clone(),
@@ -175,12 +175,12 @@ impl Registry {
     /// clears its own entry; a stale entry is cleared by whoever finds it). Gives whether it
     /// was.
     pub fn clear_timer_if(&mut self, job_id: &str, timer: TimerIdentity) -> Result<bool, JobError> {
-        let n = self.conn.execute(
+        let cleared = self.conn.execute(
             "UPDATE jobs SET timer_pid = NULL, timer_start_time = NULL
              WHERE job_id = ?1 AND timer_pid = ?2 AND timer_start_time = ?3",
             params![job_id, timer.pid, timer.start_time as i64],
         )?;
-        Ok(n > 0)
+        Ok(cleared > 0)
     }
 }
 
