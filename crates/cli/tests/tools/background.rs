@@ -7,17 +7,13 @@
 // Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::Path;
 use std::time::Duration;
 
+use crate::common::bin;
 use drover_test_support::harness::{db_rows, eventually, pid_alive, Daemon, OneSession};
 use drover_test_support::mock_model::tool_names;
 use drover_test_support::Reply;
 use serde_json::{json, Value};
-
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_drover"))
-}
 
 /// Field 22 of `/proc/<pid>/stat`, the process's start time.
 fn start_time(pid: i32) -> Option<u64> {

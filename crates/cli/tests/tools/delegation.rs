@@ -8,6 +8,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use crate::common::bin;
 use drover_test_support::harness::str_field;
 use drover_test_support::harness::{db_rows, Client, Daemon, OneSession};
 use drover_test_support::mock_model::{last_message, tool_names};
@@ -18,10 +19,6 @@ use serde_json::{json, Value};
 const WAIT: Duration = Duration::from_secs(20);
 /// The child's goal carries this marker; the model server routes by it.
 const CHILD: &str = "CHILD-GOAL";
-
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_drover"))
-}
 
 async fn setup(extra_config: &str) -> OneSession {
     OneSession::builder(bin())

@@ -7,18 +7,15 @@
 // Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::common::bin;
 use drover_test_support::harness::OneSession;
 use drover_test_support::mock_model::tool_names;
 use drover_test_support::Reply;
 use serde_json::{json, Value};
-
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_drover"))
-}
 
 #[tokio::test]
 async fn model_writes_a_file_then_reads_it_back_in_one_turn() {

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::common::bin;
 use drover_test_support::harness::eventually;
 use drover_test_support::job_cli::{
     brief_agent_script, drover_command, exec_submit, json_ok, output_within as run_bounded,
@@ -19,10 +20,6 @@ use drover_test_support::job_cli::{
 use drover_test_support::wait;
 use serde_json::Value;
 use tempfile::TempDir;
-
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_drover"))
-}
 
 /// A home and a registry in a temporary folder. Dropping it kills any heartbeat timer still
 /// registered there (checking pid and start time).

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::common::bin;
 use drover_jobs::mqtt::{self, Endpoint, Feed, Outbound};
 use drover_jobs::remote::{derive_auth_token, Dispatch};
 use drover_jobs::{sign, Contract};
@@ -21,10 +22,6 @@ use drover_test_support::wait;
 use serde_json::{json, Value};
 
 const SECRET: &str = "test-dispatch-secret";
-
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_drover"))
-}
 
 /// The shared broker fixture, plus the endpoint the jobs crate speaks to.
 struct Broker(Mosquitto);

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::common::bin;
 use drover_test_support::harness::str_field;
 use drover_test_support::harness::{
     db_rows, db_value, pid_alive, ChildGuard, Client, Daemon, OneSession,
@@ -20,10 +21,6 @@ use drover_test_support::{wait, Gate, Reply};
 use serde_json::{json, Value};
 
 const BOUND: Duration = Duration::from_secs(30);
-
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_drover"))
-}
 
 /// An exec agent that follows its brief: runs the start command, then the finish command
 /// with `done-by-<job id>` as the summary.

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::common::bin;
 use drover_jobs::mqtt::{self, Endpoint, Feed, Outbound};
 use drover_jobs::sign;
 use drover_test_support::harness::{eventually, Lines, Mosquitto};
@@ -21,10 +22,6 @@ use drover_test_support::job_cli::{
     self, brief_agent_script, drover_command, exec_submit, output_within, text, JobCli,
 };
 use serde_json::{json, Value};
-
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_drover"))
-}
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")

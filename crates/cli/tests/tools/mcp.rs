@@ -10,13 +10,10 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::common::bin;
 use drover_test_support::harness::{eventually, pid_alive, Daemon, OneSession, TestHome};
 use drover_test_support::{mcp_echo_bin, Gate, MockModel, Reply};
 use serde_json::json;
-
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_drover"))
-}
 
 /// `[mcp_servers.echo]` (writing its pid to `pidfile`) and a disabled `[mcp_servers.off]`.
 fn echo_config(pidfile: &Path) -> String {

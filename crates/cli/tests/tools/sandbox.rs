@@ -13,13 +13,10 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::common::bin;
 use drover_test_support::harness::{db_rows, str_field, OneSession, TestHome};
 use drover_test_support::{wait, Gate, Reply};
 use serde_json::{json, Value};
-
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_drover"))
-}
 
 const LIMIT: Duration = Duration::from_secs(30);
 
