@@ -1,7 +1,7 @@
 //! Byte-compatibility with today's daemon (SPEC section 2): the examples under `fixtures/`
-//! were recorded from the real `drover daemon` by crates/cli/tests/protocol_wire.rs (run it
-//! with `DROVER_WRITE_PROTOCOL_FIXTURES=1` to record them again). Each request, result, error
-//! and event parses into the typed protocol and serialises back to the same JSON value.
+//! were recorded from the real `drover daemon` by crates/cli/tests/front_door/protocol_wire.rs
+//! (run it with `DROVER_WRITE_PROTOCOL_FIXTURES=1` to record them again). Each request, result,
+//! error and event parses into the typed protocol and serialises back to the same JSON value.
 //!
 //! - `methods/<method>.json`: `[{method, params, result}]`;
 //! - `errors/<reason>.json`: `[{method, params, error}]` (or `{raw, error}` for a frame that
@@ -141,7 +141,7 @@ fn every_error_example_round_trips_and_names_its_field() {
 /// `docs/protocol-examples.md`: every method's first recorded exchange, every event type's
 /// first example and every error reason's first refusal, as the frames on the wire. The page is
 /// made from the fixtures; this test fails while it is stale, and
-/// `DROVER_WRITE_PROTOCOL_DOCS=1 cargo test -p drover-protocol --test wire_fixtures` rewrites it.
+/// `DROVER_WRITE_PROTOCOL_DOCS=1 cargo test -p drover-protocol --test protocol wire_fixtures` rewrites it.
 #[test]
 fn the_examples_page_is_made_from_the_fixtures() {
     let page = examples_page();
@@ -152,7 +152,7 @@ fn the_examples_page_is_made_from_the_fixtures() {
     let checked_in = std::fs::read_to_string(&path).unwrap_or_default();
     assert!(
         checked_in == page,
-        "{} is stale: run DROVER_WRITE_PROTOCOL_DOCS=1 cargo test -p drover-protocol --test wire_fixtures",
+        "{} is stale: run DROVER_WRITE_PROTOCOL_DOCS=1 cargo test -p drover-protocol --test protocol wire_fixtures",
         path.display()
     );
 }
@@ -160,7 +160,7 @@ fn the_examples_page_is_made_from_the_fixtures() {
 fn examples_page() -> String {
     let mut page = String::from(
         "# Client protocol examples\n\n\
-         Recorded from a real `drover daemon` by `crates/cli/tests/protocol_wire.rs` (the fixtures\n\
+         Recorded from a real `drover daemon` by `crates/cli/tests/front_door/protocol_wire.rs` (the fixtures\n\
          in `crates/protocol/tests/fixtures/`), and written here by a test that fails when this\n\
          page is stale. Ids and times are those of the recording. [protocol.md](protocol.md)\n\
          explains each method and event.\n\n## Methods\n",

@@ -1,6 +1,6 @@
 //! The classification table of the approval policy. `docs/approvals.md` shows the same table:
 //! `doc_table_matches_the_cases` fails when the two drift, and
-//! `UPDATE_APPROVALS_DOC=1 cargo test -p drover-tools --test approval_cases` rewrites the doc's
+//! `UPDATE_APPROVALS_DOC=1 cargo test -p drover-tools --test tools approval_cases` rewrites the doc's
 //! table from this one.
 
 use drover_tools::approval::{classify, PATTERNS};
@@ -632,7 +632,7 @@ fn doc_path() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/approvals.md")
 }
 
-const BEGIN: &str = "<!-- cases:begin (generated from crates/tools/tests/approval_cases.rs) -->\n";
+const BEGIN: &str = "<!-- cases:begin (generated from crates/tools/tests/tools/approval_cases.rs) -->\n";
 const END: &str = "<!-- cases:end -->";
 
 fn render_table() -> String {
@@ -672,6 +672,6 @@ fn doc_table_matches_the_cases() {
     assert!(
         doc[start..end] == table,
         "docs/approvals.md's case table differs from CASES; run \
-         UPDATE_APPROVALS_DOC=1 cargo test -p drover-tools --test approval_cases"
+         UPDATE_APPROVALS_DOC=1 cargo test -p drover-tools --test tools approval_cases"
     );
 }
