@@ -26,7 +26,7 @@
 //! - [`process`]: the `process` tool (`list|poll|log|kill|wait` over background processes).
 //! - [`clarify`]: the `clarify` tool (asks the user questions through [`PromptBroker`] and
 //!   waits, with no timeout, for the answers).
-//! - [`file`]: the `file` toolset: `read_file`, `write_file`, `patch` (exact-text replace) and
+//! - [`file`](mod@file): the `file` toolset: `read_file`, `write_file`, `patch` (exact-text replace) and
 //!   `search_files` (regex over the text files under a path). Writes outside the sandbox's
 //!   writable roots are refused; inside them but outside the session's working directory
 //!   they go through the approval policy.
@@ -39,7 +39,7 @@
 //! - [`jobs`]: the `jobs` toolset: `job_submit`, `job_status`, `job_wait`, `job_cancel` over
 //!   the home's job registry (`drover-jobs`); submitted jobs are recorded through
 //!   [`jobs::JobLedger`], which the worker implements by persisting `job.register`.
-//! - [`todo`]: the `todo` tool, a per-session task list kept in
+//! - [`todo`](mod@todo): the `todo` tool, a per-session task list kept in
 //!   `<home>/sessions/<session_id>/todo.json`.
 //! - [`sandbox`]: the confinement of every process a tool starts (a user and mount namespace
 //!   hiding every drover home and the browsers' profiles, no network with `network = false`,

@@ -7,7 +7,7 @@
 //!
 //! - [`McpConnection`]: one running server process. It is spawned as the leader of its own
 //!   process group with `PR_SET_PDEATHSIG(SIGKILL)` and registered in
-//!   [`ForegroundGroups`](drover_platform::ForegroundGroups) (so a worker whose owner is gone
+//!   [`ForegroundGroups`] (so a worker whose owner is gone
 //!   kills it); a task of its own waits for it, so its exit status is known the moment it
 //!   exits, and kills its whole group and reaps it when the connection is dropped.
 //! - [`McpServer`]: a server of a session's turn, started on the first call of one of its

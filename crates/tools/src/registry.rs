@@ -1,5 +1,5 @@
 //! The tools of a session: the [`ToolRegistry`] built from toolset names, the built-in ones
-//! ([`KNOWN_TOOLSETS`](crate::KNOWN_TOOLSETS)) and one per MCP server.
+//! ([`KNOWN_TOOLSETS`]) and one per MCP server.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -360,7 +360,7 @@ pub fn looks_refused(output: &str) -> bool {
 
 /// The environment of a tool process: `worker` (the worker's own) minus every `DROVER_*`
 /// variable, and every name containing one of [`SECRET_WORDS`] (any case) or naming an
-/// OpenTelemetry exporter's headers ([`exporter_headers`]) unless named in `env.keep`, then
+/// OpenTelemetry exporter's headers (`exporter_headers`) unless named in `env.keep`, then
 /// `env.set` added (it wins over a kept value). `DROVER_*` names are removed even when kept:
 /// tools get no pointer into drover.
 pub fn tool_env(

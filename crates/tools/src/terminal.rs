@@ -15,7 +15,7 @@
 //! starts run confined as the session's `[sandbox]` says: the drover home hidden, writes only
 //! under the writable roots, the environment cut. `sandbox: false` asks to run one command
 //! without the write rules (the home stays hidden, the environment stays cut): an `approval`
-//! prompt "run outside the sandbox: <command>" opens whatever the command (one prompt, also
+//! prompt `run outside the sandbox: <command>` opens whatever the command (one prompt, also
 //! naming its danger if it is dangerous), unless `approvals.mode = "auto"`; `deny` mode
 //! refuses. The grant key of an escalation is [`SANDBOX_ESCAPE`]`:<command>`: a `session` or
 //! `always` answer allows that exact command text outside the sandbox again, never any other

@@ -4,7 +4,7 @@
 //! The content goes to a temporary file beside the target, which is synced and renamed over
 //! it, so the file is never seen half-written; a replaced file keeps its mode. A symlink is
 //! written through (its target changes, the link stays). A write outside the session's working
-//! directory goes through the approval policy first ([`super::allow_write`]).
+//! directory goes through the approval policy first (`allow_write`).
 //!
 //! The result is JSON `{path, bytes_written, created}`.
 
