@@ -14,7 +14,7 @@ use std::path::Path;
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
-use common::{pid_from_file, read_frame, write_bootstrap, write_frame};
+use common::{operation_names, pid_from_file, read_frame, write_bootstrap, write_frame};
 use drover_protocol::worker::{
     Bootstrap, ExecutionFinish, OwnerFrame, PersistFrame, TurnOutcome, WorkerFrame,
 };
@@ -106,16 +106,12 @@ impl Worker {
             }
             match read_frame(&mut self.stdout, WAIT).await? {
                 WorkerFrame::Persist(frame) => {
-                    self.lines.push(vec![frame.operation.name().to_string()]);
+                    self.lines
+                        .push(operation_names(std::slice::from_ref(&frame)));
                     return Some(frame);
                 }
                 WorkerFrame::PersistBatch { persists } => {
-                    self.lines.push(
-                        persists
-                            .iter()
-                            .map(|f| f.operation.name().to_string())
-                            .collect(),
-                    );
+                    self.lines.push(operation_names(&persists));
                     self.unread.extend(persists);
                 }
                 WorkerFrame::Delta { .. } | WorkerFrame::Started => {}

@@ -86,17 +86,13 @@ impl Owner {
                 WorkerFrame::Delta { text } => self.deltas.push(text),
                 WorkerFrame::Started => self.started += 1,
                 WorkerFrame::Persist(frame) => {
-                    self.lines.push(vec![frame.operation.name().to_string()]);
+                    self.lines
+                        .push(operation_names(std::slice::from_ref(&frame)));
                     self.persists.push(frame.clone());
                     return Some(frame);
                 }
                 WorkerFrame::PersistBatch { persists } => {
-                    self.lines.push(
-                        persists
-                            .iter()
-                            .map(|f| f.operation.name().to_string())
-                            .collect(),
-                    );
+                    self.lines.push(operation_names(&persists));
                     self.persists.extend(persists.iter().cloned());
                     self.unread.extend(persists);
                     if let Some(frame) = self.unread.pop_front() {
@@ -282,4 +278,12 @@ pub fn outbox_names(home: &Path, execution_id: &str) -> Vec<String> {
         .collect();
     names.sort();
     names
+}
+
+/// The operation of each persist of one stdout line, in order: how the tests see the batching.
+pub fn operation_names(persists: &[PersistFrame]) -> Vec<String> {
+    persists
+        .iter()
+        .map(|frame| frame.operation.name().to_string())
+        .collect()
 }
