@@ -99,9 +99,13 @@ impl Estimator {
     pub fn tokens(&self, bytes: usize) -> u64 {
         let bytes = bytes as u64;
         match self.last {
-            Some((b, t)) if bytes >= b => t.saturating_add((bytes - b) / BYTES_PER_TOKEN),
+            Some((counted_bytes, counted_tokens)) if bytes >= counted_bytes => {
+                counted_tokens.saturating_add((bytes - counted_bytes) / BYTES_PER_TOKEN)
+            }
             // Smaller than the counted one (cut or compacted since): scale its ratio.
-            Some((b, t)) => ((bytes as u128 * t as u128) / b as u128) as u64,
+            Some((counted_bytes, counted_tokens)) => {
+                ((bytes as u128 * counted_tokens as u128) / counted_bytes as u128) as u64
+            }
             None => bytes / BYTES_PER_TOKEN,
         }
     }

@@ -867,10 +867,7 @@ fn long_spec(turns: usize, output_bytes: usize, window: u64) -> TurnSpec {
     TurnSpec {
         history,
         history_ids,
-        context: ContextBudget {
-            context_window: window,
-            ..ContextBudget::default()
-        },
+        context: window_of(window),
         ..spec("next")
     }
 }
@@ -898,10 +895,7 @@ fn text_turns_spec(turns: usize, answer_bytes: usize, window: u64) -> TurnSpec {
     TurnSpec {
         history_ids: (1..=history.len() as i64).collect(),
         history,
-        context: ContextBudget {
-            context_window: window,
-            ..ContextBudget::default()
-        },
+        context: window_of(window),
         ..spec("next")
     }
 }
@@ -1391,23 +1385,9 @@ async fn a_failed_compaction_still_counts_the_requests_that_answered() {
 async fn a_long_running_turn_of_medium_outputs_is_cut_to_fit() {
     let f = Fixture::new();
     // Five tool calls of 5.5 KB each in the running turn, in a window of 8192 tokens.
-    let mut script: Vec<Step> = (0..5)
-        .map(|i| {
-            // No usage reported: the estimate stays a quarter token a byte.
-            let Step::Answer(mut c) = calls(&[(&format!("m{i}"), "big", "{}")]) else {
-                unreachable!()
-            };
-            c.usage = None;
-            Step::Answer(c)
-        })
-        .collect();
-    script.push(text("done"));
-    let model = ScriptedModel::new(script);
+    let model = ScriptedModel::new(big_calls_then_done(5));
     let s = TurnSpec {
-        context: ContextBudget {
-            context_window: 8_192,
-            ..ContextBudget::default()
-        },
+        context: window_of(8_192),
         ..spec("go")
     };
     let report = f.run(&model, s).await;
@@ -1479,28 +1459,39 @@ fn a_running_turn_compacts_whole_steps_and_keeps_the_newest() {
 /// enforces; gives the fixture, the model and the report.
 async fn run_oversized_turn(steps: usize) -> (Fixture, ScriptedModel, TurnReport) {
     let f = Fixture::new();
-    let mut script: Vec<Step> = (0..steps)
-        .map(|i| {
-            let Step::Answer(mut c) = calls(&[(&format!("m{i}"), "big", "{}")]) else {
-                unreachable!()
-            };
-            c.usage = None;
-            Step::Answer(c)
-        })
-        .collect();
-    script.push(text("done"));
-    let mut model = ScriptedModel::new(script).summarising();
+    let mut model = ScriptedModel::new(big_calls_then_done(steps)).summarising();
     model.window_limit = Some(8_192);
     let s = TurnSpec {
         max_steps: steps as u32 + 1,
-        context: ContextBudget {
-            context_window: 8_192,
-            ..ContextBudget::default()
-        },
+        context: window_of(8_192),
         ..spec("fill the window with big outputs")
     };
     let report = f.run(&model, s).await;
     (f, model, report)
+}
+
+/// `steps` calls of the 5.5 KB `big` tool, one a step, then the answer "done". No usage is
+/// reported, so the size estimate stays a quarter token a byte.
+fn big_calls_then_done(steps: usize) -> Vec<Step> {
+    let mut script: Vec<Step> = (0..steps)
+        .map(|step| {
+            let Step::Answer(mut completion) = calls(&[(&format!("m{step}"), "big", "{}")]) else {
+                unreachable!()
+            };
+            completion.usage = None;
+            Step::Answer(completion)
+        })
+        .collect();
+    script.push(text("done"));
+    script
+}
+
+/// A context budget of the default settings over a window of `tokens`.
+fn window_of(tokens: u64) -> ContextBudget {
+    ContextBudget {
+        context_window: tokens,
+        ..ContextBudget::default()
+    }
 }
 
 /// Checks that every tool result of `messages` answers a call of an assistant message before

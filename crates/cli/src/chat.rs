@@ -493,29 +493,24 @@ async fn watch_children(
 
 #[cfg(test)]
 mod tests {
-    use drover_protocol::client::SessionState;
-
     use super::*;
 
+    /// A session as `session.list` answers it on the wire; the fields a summary may leave out
+    /// are left out.
     fn session(id: &str, parent: Option<&str>, ended: bool) -> SessionSummary {
-        SessionSummary {
-            session_id: id.to_string(),
-            title: None,
-            source: if parent.is_some() { "subagent" } else { "cli" }.to_string(),
-            parent_session_id: parent.map(str::to_string),
-            model: "mock".to_string(),
-            started_at: 1.0,
-            ended_at: ended.then_some(2.0),
-            running: false,
-            pending_count: 0,
-            state: SessionState::Idle,
-            last_activity_at: 1.0,
-            input_tokens: None,
-            output_tokens: None,
-            approval_mode: None,
-            cwd: None,
-            error: None,
-        }
+        let summary = serde_json::json!({
+            "session_id": id,
+            "source": if parent.is_some() { "subagent" } else { "cli" },
+            "parent_session_id": parent,
+            "model": "mock",
+            "started_at": 1.0,
+            "ended_at": ended.then_some(2.0),
+            "running": false,
+            "pending_count": 0,
+            "state": "idle",
+            "last_activity_at": 1.0,
+        });
+        serde_json::from_value(summary).expect("a session summary of the wire's shape")
     }
 
     #[test]

@@ -19,6 +19,14 @@ use drover_protocol::event::{
 use drover_tui::{Events, Link, LinkError, LinkUpdate, Opened, PromptAnswer, Reply, Target, Theme};
 use tokio::sync::mpsc;
 
+/// The scripted approval offers every choice, `always` included.
+const EVERY_CHOICE: [ApprovalChoice; 4] = [
+    ApprovalChoice::Once,
+    ApprovalChoice::Session,
+    ApprovalChoice::Always,
+    ApprovalChoice::Deny,
+];
+
 struct Scripted {
     tx: mpsc::UnboundedSender<LinkUpdate>,
     rx: Mutex<Option<mpsc::UnboundedReceiver<LinkUpdate>>>,
@@ -108,12 +116,7 @@ impl Link for Scripted {
                         command: command.into(),
                         description: format!("deletes files recursively: {command}"),
                         pattern_key: "recursive_delete".into(),
-                        choices: vec![
-                            ApprovalChoice::Once,
-                            ApprovalChoice::Session,
-                            ApprovalChoice::Always,
-                            ApprovalChoice::Deny,
-                        ],
+                        choices: EVERY_CHOICE.to_vec(),
                     },
                 ))))
                 .ok();

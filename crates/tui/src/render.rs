@@ -44,9 +44,9 @@ pub fn block_lines(block: &Block, theme: Theme, now: Instant) -> Vec<Line<'stati
         Block::User(text) => text
             .split('\n')
             .enumerate()
-            .map(|(i, l)| {
-                let mark = if i == 0 { "› " } else { "  " };
-                Line::styled(format!("{mark}{l}"), theme.user())
+            .map(|(index, line)| {
+                let mark = if index == 0 { "› " } else { "  " };
+                Line::styled(format!("{mark}{line}"), theme.user())
             })
             .collect(),
         Block::Assistant(text) => markdown::render(text, theme),
@@ -478,14 +478,14 @@ pub fn draw(frame: &mut Frame<'_>, app: &App, theme: Theme, now: Instant) {
             theme.dim(),
         ));
     }
-    for (i, l) in lines.iter().enumerate().take(last).skip(first) {
-        let mark = if i == 0 { "› " } else { "  " };
-        if i == cur_line {
-            let before: String = l.chars().take(cur_col).collect();
+    for (index, line) in lines.iter().enumerate().take(last).skip(first) {
+        let mark = if index == 0 { "› " } else { "  " };
+        if index == cur_line {
+            let before: String = line.chars().take(cur_col).collect();
             let col: usize = before.chars().map(|c| c.width().unwrap_or(0)).sum();
             cursor = Some((bottom.len(), 2 + col));
         }
-        bottom.push(Line::raw(format!("{mark}{l}")));
+        bottom.push(Line::raw(format!("{mark}{line}")));
     }
     if last < lines.len() {
         bottom.push(Line::styled(

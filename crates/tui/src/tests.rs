@@ -263,8 +263,9 @@ fn keys_typed_ahead_never_answer_an_approval() {
     let mut app = app();
     app.on_event(&ev(EventPayload::ApprovalRequest(approval(&ALL))), t0);
     // "okay", typed as the prompt appeared (it stored `always`).
-    for (i, c) in "okay".chars().enumerate() {
-        assert_eq!(app.on_key_at(key(c), ms(100 + 50 * i as u64)), None, "{c}");
+    for (index, typed) in "okay".chars().enumerate() {
+        let at = ms(100 + 50 * index as u64);
+        assert_eq!(app.on_key_at(key(typed), at), None, "{typed}");
     }
     let view = app.prompt.as_ref().unwrap();
     assert_eq!(

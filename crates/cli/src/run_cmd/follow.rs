@@ -420,7 +420,7 @@ impl Turn<'_> {
             }
             TurnEnd::Interrupted if self.interrupts > 0 => Exit::Interrupted,
             other => {
-                let other = end_word(other);
+                let other = other.as_str();
                 match error {
                     Some(e) => self.out.note(&format!("drover: turn {other}: {e}")),
                     None => self.out.note(&format!("drover: turn {other}")),
@@ -462,16 +462,4 @@ pub(super) fn receipt_end(r: &AdmissionReceipt) -> Result<Option<TurnEnd>> {
         AdmissionOutcome::Rejected => TurnEnd::Rejected,
         AdmissionOutcome::Cancelled => TurnEnd::Cancelled,
     }))
-}
-
-/// The turn's word in `drover: turn <word>` (the wire's snake_case word).
-pub(super) fn end_word(end: TurnEnd) -> &'static str {
-    match end {
-        TurnEnd::Completed => "completed",
-        TurnEnd::Interrupted => "interrupted",
-        TurnEnd::Failed => "failed",
-        TurnEnd::Rejected => "rejected",
-        TurnEnd::Cancelled => "cancelled",
-        TurnEnd::Unknown => "unknown",
-    }
 }

@@ -185,7 +185,7 @@ impl OneSessionBuilder {
     pub fn env(mut self, env: &[(&str, &str)]) -> Self {
         self.env = env
             .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .map(|(name, value)| (name.to_string(), value.to_string()))
             .collect();
         self
     }
@@ -225,7 +225,7 @@ impl OneSessionBuilder {
         let env: Vec<(&str, &str)> = self
             .env
             .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .map(|(name, value)| (name.as_str(), value.as_str()))
             .collect();
         let daemon = Daemon::start_with_env(&self.bin, home.path(), &env).await?;
         let mut client = daemon.client().await?;
