@@ -15,7 +15,7 @@
 //! Layers (each uses only those before it): foundations `error` ([`LedgerError`]), `ids`
 //! ([`new_id`], the clock), `digests` → `sql` (statements through the cache), `state`,
 //! `schema`, `integrity` (pure rules and the file) → `open` (the [`Ledger`] handle) →
-//! `events`, `counts` → rows: `sessions`, `admissions`, `approvals`, `prompts`, `messages`,
+//! `events`, `counts` → rows: `sessions` (with `frozen_model`), `admissions`, `approvals`, `prompts`, `messages`,
 //! `compactions`, `processes`, `jobs`, then `delegation` (child executions, over admissions
 //! and prompts) → `turns` (the turn lifecycle: admit, claim, cancel, interrupt, settle, lose,
 //! recover) → `persist` (a worker's persist frames).
@@ -36,6 +36,7 @@ pub mod delegation;
 mod digests;
 mod error;
 mod events;
+mod frozen_model;
 mod ids;
 mod integrity;
 mod jobs;
@@ -64,6 +65,7 @@ pub use admissions::{AdmissionRow, AdmitRequest, Receipt};
 pub use approvals::ApprovalRule;
 pub use delegation::{ChildReserved, DelegationLimits, ParentAnswer};
 pub use events::{EventsPage, StoredEvent};
+pub use frozen_model::FrozenModel;
 pub use integrity::set_aside;
 pub use jobs::SessionJob;
 pub use messages::History;

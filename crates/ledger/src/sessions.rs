@@ -10,11 +10,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::counts::count_at;
+use crate::frozen_model::FrozenModel;
 use crate::state::{session_state, SessionState};
 use crate::{json_digest, new_id, now, Ledger, LedgerError};
 
-/// What `session.create` stores. `model_config` is `{base_url, api_key?, stream,
-/// request_timeout_s, max_retries}`; the rest is the frozen policy (SPEC section 4).
+/// What `session.create` stores: the frozen model settings ([`FrozenModel`]) and the rest of
+/// the frozen policy (SPEC section 4).
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct NewSession {
     /// The id to give it; `None`: a new one. The owner names the session first when it keeps
@@ -30,8 +31,8 @@ pub struct NewSession {
     pub title: Option<String>,
     /// The model name every request of the session sends.
     pub model: String,
-    /// The frozen model settings (see above).
-    pub model_config: Value,
+    /// The frozen model settings.
+    pub model_config: FrozenModel,
     /// The working directory of its tools (absolute).
     pub cwd: String,
     /// The system prompt, `messages[0]` of every request.
@@ -115,7 +116,7 @@ pub struct SessionRow {
     /// The frozen model name.
     pub model: String,
     /// The frozen model settings, as [`NewSession::model_config`].
-    pub model_config: Value,
+    pub model_config: FrozenModel,
     /// The working directory of its tools (absolute).
     pub cwd: String,
     /// The frozen system prompt.
@@ -252,7 +253,8 @@ fn unreadable_session(r: &Row<'_>, error: &rusqlite::Error) -> SessionRow {
 impl RawSession {
     fn finish(self) -> Result<SessionRow, LedgerError> {
         let mut row = self.row;
-        row.model_config = parse_json(&self.model_config, "sessions.model_config")?;
+        row.model_config = FrozenModel::read(&self.model_config)
+            .map_err(|e| LedgerError::Corrupt(format!("sessions.model_config: {e}")))?;
         row.toolsets = parse_json(&self.toolsets, "sessions.toolsets")?;
         row.tool_schemas = parse_json(&self.tool_schemas, "sessions.tool_schemas")?;
         row.tool_names = parse_json(&self.tool_names, "sessions.tool_names")?;
@@ -282,12 +284,10 @@ impl RawSession {
         }
         let mut row = self.row;
         let p = &mut row.problems;
-        parse_into(
-            &self.model_config,
-            "sessions.model_config",
-            &mut row.model_config,
-            p,
-        );
+        match FrozenModel::read(&self.model_config) {
+            Ok(frozen) => row.model_config = frozen,
+            Err(e) => p.push(format!("sessions.model_config: {e}")),
+        }
         parse_into(&self.toolsets, "sessions.toolsets", &mut row.toolsets, p);
         parse_into(
             &self.tool_schemas,
@@ -611,7 +611,8 @@ pub(crate) fn insert_session_in(
             new.parent_session_id,
             new.title,
             new.model,
-            new.model_config.to_string(),
+            serde_json::to_string(&new.model_config)
+                .map_err(|e| LedgerError::invalid("model_config", e.to_string()))?,
             new.cwd,
             new.system_prompt,
             Value::from(names).to_string(),
@@ -779,7 +780,7 @@ mod tests {
             id: Some("chosen-id".into()),
             source: "cli".into(),
             model: "m".into(),
-            model_config: json!({}),
+            model_config: FrozenModel::default(),
             cwd: "/".into(),
             system_prompt: "sys".into(),
             mcp_servers: BTreeMap::from([("own".to_string(), server.clone())]),
@@ -882,7 +883,7 @@ mod tests {
                 parent_session_id: None,
                 title: None,
                 model: "m".into(),
-                model_config: json!({}),
+                model_config: FrozenModel::default(),
                 cwd: "/".into(),
                 system_prompt: "sys".into(),
                 toolsets: Vec::new(),

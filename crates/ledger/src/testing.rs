@@ -23,7 +23,10 @@ pub(crate) fn session(ledger: &mut Ledger, toolsets: &[&str], tool_schemas: Vec<
             parent_session_id: None,
             title: None,
             model: "m".into(),
-            model_config: json!({"base_url": "http://127.0.0.1:1/v1"}),
+            model_config: crate::FrozenModel {
+                base_url: "http://127.0.0.1:1/v1".into(),
+                ..crate::FrozenModel::default()
+            },
             cwd: "/".into(),
             system_prompt: "sys".into(),
             toolsets: toolsets.iter().map(|t| t.to_string()).collect(),

@@ -7,10 +7,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use drover_ledger::state::AdmissionStatus;
-use drover_ledger::{LedgerError, NewSession};
+use drover_ledger::{FrozenModel, LedgerError, NewSession};
 use drover_protocol::client as wire;
 use drover_protocol::sandbox::SandboxMode;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::config::DEFAULT_SYSTEM_PROMPT;
 use crate::error::OwnerError;
@@ -120,19 +120,12 @@ pub(super) async fn session_create(
             }
             _ => OwnerError::invalid("toolsets", e.to_string()),
         })?;
-    let settings = cfg.model.settings();
-    // The session's frozen model settings, as the ledger stores them (not protocol data).
-    let mut model_config = json!({
-        "base_url": base_url,
-        "stream": settings.stream,
-        "request_timeout_s": settings.request_timeout_s,
-        "max_retries": settings.max_retries,
-        "stall_timeout_s": settings.stall_timeout_s,
-        "context": cfg.model.context(),
-    });
-    if let (Some(key), Some(config)) = (p.api_key, model_config.as_object_mut()) {
-        config.insert("api_key".into(), Value::String(key.expose().to_string()));
-    }
+    let model_config = FrozenModel::new(
+        base_url,
+        cfg.model.settings(),
+        cfg.model.context(),
+        p.api_key,
+    );
     let system_prompt = p
         .system_prompt
         .unwrap_or_else(|| DEFAULT_SYSTEM_PROMPT.to_string());

@@ -2,13 +2,10 @@
 //! (inside the ledger job that claimed it) and its bootstrap, the frozen policy and history
 //! serialized once as the worker's first lines.
 
-use drover_ledger::Claim;
+use drover_ledger::{Claim, FrozenModel};
 use drover_protocol::worker::{Bootstrap, BootstrapFrameError, Policy, Scope, TraceContext};
-use drover_protocol::{ContextBudget, ModelSettings, Secret};
-use serde::Deserialize;
-use serde_json::Value;
+use drover_protocol::{ContextBudget, Secret};
 
-use crate::config::Config;
 use crate::owner::Owner;
 use crate::running_turn::{RunningTurn, StopReason, TurnControl};
 
@@ -69,21 +66,13 @@ pub(super) fn bootstrap_frames(
 fn policy(owner: &Owner, claim: &Claim) -> Policy {
     let config = owner.config();
     let session = &claim.session;
-    let model_config = &session.model_config;
-    let api_key = model_config
-        .get("api_key")
-        .and_then(Value::as_str)
-        .map(Secret::from)
-        .or_else(|| config.api_key());
+    let frozen = &session.model_config;
     Policy {
         model: session.model.clone(),
-        base_url: model_config
-            .get("base_url")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string(),
-        api_key,
-        model_settings: model_settings(&config, model_config),
+        base_url: frozen.base_url.clone(),
+        api_key: frozen.api_key.clone().or_else(|| config.api_key()),
+        // A session that froze no stall bound gets the daemon's of now.
+        model_settings: frozen.settings(config.model.stall_timeout_s),
         system_prompt: session.system_prompt.clone(),
         toolsets: session.toolsets.clone(),
         tools: session.tool_schemas.clone(),
@@ -129,70 +118,8 @@ fn context_budget(owner: &Owner, claim: &Claim) -> ContextBudget {
     budget
 }
 
-/// The context budget a session froze in its `model_config` (the daemon's `[model]` settings
-/// of now for a session that froze none); its `context_window` is 0 when it fixed none.
-pub(crate) fn frozen_context(owner: &Owner, model_config: &Value) -> ContextBudget {
-    model_config
-        .get("context")
-        .and_then(|context| ContextBudget::deserialize(context).ok())
-        .unwrap_or_else(|| owner.config().model.context())
-}
-
-/// The session's frozen model settings. Fields its stored `model_config` lacks take
-/// ModelSettings' defaults, except `stall_timeout_s`: a session that did not freeze one gets
-/// the daemon's `[model] stall_timeout_s` of now (`config`).
-fn model_settings(config: &Config, model_config: &Value) -> ModelSettings {
-    /// The one field whose absence is told apart from its default.
-    #[derive(Deserialize)]
-    struct Frozen {
-        stall_timeout_s: Option<u64>,
-    }
-    let mut settings = ModelSettings::deserialize(model_config).unwrap_or_else(|e| {
-        tracing::warn!(error = %e, "unreadable model_config settings; using the defaults");
-        ModelSettings::default()
-    });
-    let frozen = Frozen::deserialize(model_config)
-        .ok()
-        .and_then(|frozen| frozen.stall_timeout_s);
-    if frozen.is_none() {
-        settings.stall_timeout_s = config.model.stall_timeout_s;
-    }
-    settings
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    fn config_with_stall(stall_timeout_s: u64) -> Config {
-        let mut config = Config::default();
-        config.model.stall_timeout_s = stall_timeout_s;
-        config
-    }
-
-    #[test]
-    fn a_session_that_froze_no_stall_timeout_gets_the_daemons_of_now() {
-        let config = config_with_stall(17);
-        let settings = model_settings(&config, &json!({"stream": false, "max_retries": 1}));
-        assert_eq!(settings.stall_timeout_s, 17);
-    }
-
-    #[test]
-    fn a_frozen_stall_timeout_is_kept_whatever_the_daemon_says_now() {
-        let config = config_with_stall(17);
-        let settings = model_settings(&config, &json!({"stall_timeout_s": 40}));
-        assert_eq!(settings.stall_timeout_s, 40);
-    }
-
-    #[test]
-    fn unreadable_settings_fall_back_to_the_defaults_and_the_daemons_stall_timeout() {
-        let config = config_with_stall(17);
-        let settings = model_settings(&config, &json!({"stream": "yes"}));
-        let expected = ModelSettings {
-            stall_timeout_s: 17,
-            ..ModelSettings::default()
-        };
-        assert_eq!(settings, expected);
-    }
+/// The context budget a session froze (the daemon's `[model]` settings of now for a session
+/// that froze none); its `context_window` is 0 when it fixed none.
+pub(crate) fn frozen_context(owner: &Owner, frozen: &FrozenModel) -> ContextBudget {
+    frozen.context(owner.config().model.context())
 }
