@@ -11,9 +11,9 @@
 //!   [`one_line`]) and the built-in toolsets' names ([`KNOWN_TOOLSETS`]).
 //! - [`prompt`]: [`PromptBroker`] and its answers; [`NoPrompts`] and [`ScriptedPrompts`] for
 //!   contexts with no human.
-//! - [`context`]: [`ToolContext`], everything a call may use, with the approval state its
+//! - [`tool_context`]: [`ToolContext`], everything a call may use, with the approval state its
 //!   clones share ([`ApprovalGrants`], [`LiveApprovalMode`]).
-//! - [`registry`]: [`ToolRegistry`], the tools of a session.
+//! - [`tool_registry`]: [`ToolRegistry`], the tools of a session.
 //! - [`error`]: [`ToolError`], why a registry cannot be built.
 //!
 //! The toolsets:
@@ -50,8 +50,8 @@
 //!
 //! Layers (each imports only those before it): `error`, `tool`, `prompt` < `approval`, `args`,
 //! `clarify`, `delegate`, `mcp`, `sandbox` < `background` < `file`, `jobs`, `process`,
-//! `terminal` < `todo` < `registry`. `context` is where the toolsets meet: it holds a handle of
-//! `background`, `delegate`, `jobs` and `sandbox`, and every toolset reads it.
+//! `terminal` < `todo` < `tool_registry`. `tool_context` is where the toolsets meet: it holds
+//! a handle of `background`, `delegate`, `jobs` and `sandbox`, and every toolset reads it.
 //!
 //! What this crate does not do: talk to the model, or to the ledger; store approval grants.
 //!
@@ -70,7 +70,6 @@ pub mod approval;
 mod args;
 pub mod background;
 pub mod clarify;
-pub mod context;
 pub mod delegate;
 pub mod error;
 pub mod file;
@@ -78,18 +77,19 @@ pub mod jobs;
 pub mod mcp;
 pub mod process;
 pub mod prompt;
-pub mod registry;
 pub mod sandbox;
 pub mod terminal;
 pub mod todo;
 pub mod tool;
+pub mod tool_context;
+pub mod tool_registry;
 
 pub use approval::ApprovalMode;
 pub use background::{InMemoryProcesses, ProcessRegistry};
-pub use context::{ApprovalGrants, LiveApprovalMode, ToolContext};
+pub use tool_context::{ApprovalGrants, LiveApprovalMode, ToolContext};
 pub use delegate::{DelegateAnswer, DelegateRequest, Delegator, NoDelegation};
 pub use error::ToolError;
 pub use mcp::{McpStatusSink, NoMcpStatus};
 pub use prompt::{NoPrompts, PromptAnswer, PromptBroker, ScriptedPrompts};
-pub use registry::ToolRegistry;
+pub use tool_registry::ToolRegistry;
 pub use tool::{one_line, preview, Tool, ToolOutput, KNOWN_TOOLSETS};

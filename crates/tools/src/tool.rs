@@ -5,7 +5,7 @@
 use async_trait::async_trait;
 use serde_json::Value;
 
-use crate::context::ToolContext;
+use crate::tool_context::ToolContext;
 
 /// Known toolset names (SPEC section 1, `[toolsets]`). Each adds its tools to a registry:
 /// - `terminal`: `terminal`, `process`;

@@ -12,14 +12,14 @@ use super::argv::{
 use super::shell::{self, Command, Pipeline, Redirect, RedirectOp, Script, SimpleCommand, Word};
 use super::{Danger, PATTERNS};
 
-mod commands;
-mod scripts;
+mod command_rules;
+mod script_rules;
 
-use commands::{
+use command_rules::{
     copy, disk, find, git, is_raw_device, is_startup_file, is_system_path, kill, killall, pkill,
     rm, tee,
 };
-use scripts::{
+use script_rules::{
     check_program, command_downloads, command_text, is_interpreter, is_shell_variable,
     printed_script, program, reads_script_from_stdin, shell, split_reads_stdin, sql,
     sql_client_position, sql_danger, stdin_script, su, subs_download,
