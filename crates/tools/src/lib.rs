@@ -86,10 +86,10 @@ pub mod tool_registry;
 
 pub use approval::ApprovalMode;
 pub use background::{InMemoryProcesses, ProcessRegistry};
-pub use tool_context::{ApprovalGrants, LiveApprovalMode, ToolContext};
 pub use delegate::{DelegateAnswer, DelegateRequest, Delegator, NoDelegation};
 pub use error::ToolError;
 pub use mcp::{McpStatusSink, NoMcpStatus};
 pub use prompt::{NoPrompts, PromptAnswer, PromptBroker, ScriptedPrompts};
-pub use tool_registry::ToolRegistry;
 pub use tool::{one_line, preview, Tool, ToolOutput, KNOWN_TOOLSETS};
+pub use tool_context::{ApprovalGrants, LiveApprovalMode, ToolContext};
+pub use tool_registry::ToolRegistry;
