@@ -62,11 +62,3 @@ pub use daemon_link::{Events, Link, LinkError, LinkUpdate, Opened, PromptAnswer,
 pub use event_loop::{run, RunError};
 pub use state::App;
 pub use theme::Theme;
-
-/// The old path of the chat client's state, for callers not moved yet.
-#[doc(hidden)]
-pub mod model {
-    pub use crate::prompts::*;
-    pub use crate::reducer::*;
-    pub use crate::state::*;
-}

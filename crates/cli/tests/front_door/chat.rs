@@ -36,7 +36,7 @@ async fn chat(home: &TestHome, cwd: &Path, first: &str) -> Pane {
 /// screen, untouched, for the quiet window (a key sooner is typing ahead, never an answer).
 async fn answer(pane: &Pane, key: &str) {
     // The window is the behaviour under test, not a stand-in for a condition.
-    tokio::time::sleep(drover_tui::model::PROMPT_QUIET + Duration::from_millis(150)).await;
+    tokio::time::sleep(drover_tui::prompts::PROMPT_QUIET + Duration::from_millis(150)).await;
     pane.keys(&[key]);
 }
 
