@@ -15,7 +15,6 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use drover_ledger::state::{AdmissionStatus, Outcome};
 use drover_ledger::{AdmissionRow, Ledger, LedgerError, PromptRow, SessionRow, StoredEvent};
 use drover_protocol::client::{self as wire, ClientRequest, MethodResult};
 use drover_protocol::event::SessionEvent;
@@ -183,35 +182,14 @@ fn stored<T: DeserializeOwned>(what: &str, value: Value) -> Result<T, LedgerErro
     serde_json::from_value(value).map_err(|e| LedgerError::Corrupt(format!("{what}: {e}")))
 }
 
-/// `status` of an admission on the wire.
-fn admission_status(status: AdmissionStatus) -> wire::AdmissionStatus {
-    match status {
-        AdmissionStatus::Queued => wire::AdmissionStatus::Queued,
-        AdmissionStatus::Started => wire::AdmissionStatus::Started,
-        AdmissionStatus::Unknown => wire::AdmissionStatus::Unknown,
-        AdmissionStatus::Terminal => wire::AdmissionStatus::Terminal,
-    }
-}
-
-/// `outcome` of a terminal admission on the wire.
-fn admission_outcome(outcome: Outcome) -> wire::AdmissionOutcome {
-    match outcome {
-        Outcome::Completed => wire::AdmissionOutcome::Completed,
-        Outcome::Interrupted => wire::AdmissionOutcome::Interrupted,
-        Outcome::Failed => wire::AdmissionOutcome::Failed,
-        Outcome::Rejected => wire::AdmissionOutcome::Rejected,
-        Outcome::Cancelled => wire::AdmissionOutcome::Cancelled,
-    }
-}
-
 /// The admission receipt of `row` (SPEC section 2), without `usage` and `result`.
 fn receipt(row: &AdmissionRow) -> wire::AdmissionReceipt {
     wire::AdmissionReceipt {
         admission_id: row.admission_id.clone(),
         session_id: row.session_id.clone(),
         sequence: row.seq,
-        status: admission_status(row.status),
-        outcome: row.outcome.map(admission_outcome),
+        status: row.status,
+        outcome: row.outcome,
         execution_generation: row.generation,
         usage: None,
         result: None,
@@ -226,7 +204,7 @@ fn pending(row: &AdmissionRow) -> wire::PendingAdmission {
         text: row.text.clone(),
         kind: row.kind,
         sequence: row.seq,
-        status: admission_status(row.status),
+        status: row.status,
         execution_generation: row.generation,
         admitted_at: Some(row.admitted_at),
         started_at: row.started_at,
