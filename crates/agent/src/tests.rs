@@ -211,13 +211,13 @@ impl ChatModel for ScriptedModel {
     async fn chat(
         &self,
         messages: &[ChatMessage],
-        tools: &[Value],
+        schemas: &[Value],
         on_delta: &mut (dyn for<'d> FnMut(&'d str) + Send),
     ) -> Result<Completion, ModelError> {
         self.requests
             .lock()
             .unwrap()
-            .push((messages.to_vec(), tools.to_vec()));
+            .push((messages.to_vec(), schemas.to_vec()));
         if self.summaries && is_summary_request(messages) {
             let mut refuse = self.refuse_summaries.lock().unwrap();
             if *refuse > 0 {
@@ -233,7 +233,7 @@ impl ChatModel for ScriptedModel {
             return Ok(c);
         }
         if let Some(limit) = self.window_limit {
-            let tokens = (context::message_bytes(messages) + json!(tools).to_string().len()) / 4;
+            let tokens = (context::message_bytes(messages) + json!(schemas).to_string().len()) / 4;
             if tokens as u64 > limit {
                 return Err(ModelError::ContextExceeded(format!(
                     "maximum context length is {limit} tokens, the request has {tokens}"
