@@ -13,12 +13,13 @@
 //!   reading a `jobs` row into a [`Job`];
 //! - `jobs`: registering a job, reading and listing jobs, the operator's status and attempt
 //!   changes, the auth token and the timer identity;
-//! - `events`: recording a signed event or an audit entry, and reading a job's entries;
+//! - `job_events`: recording a signed event or an audit entry, and reading a job's entries;
 //! - `dispatch`: claiming an attempt's one delivery, and a runner's admission of a signed
 //!   dispatch;
 //! - `mirror`: what a watcher mirrors from the wire (events and state snapshots).
 //!
-//! Layers (each uses only those before it): `schema` < `events` < `jobs` < `dispatch`, `mirror`.
+//! Layers (each uses only those before it): `schema` < `job_events` < `jobs` < `dispatch`,
+//! `mirror`.
 
 use std::fs::DirBuilder;
 use std::os::unix::fs::DirBuilderExt;
@@ -29,7 +30,7 @@ use rusqlite::Connection;
 use crate::JobError;
 
 mod dispatch;
-mod events;
+mod job_events;
 mod jobs;
 mod mirror;
 mod schema;
@@ -38,7 +39,7 @@ mod tests;
 
 pub use crate::ids::{local_time, now, random_hex, validate_job_id};
 pub use crate::job::{Entry, Job, LastEvent, NewJob, REDACTED};
-pub use events::{EventRequest, Recorded};
+pub use job_events::{EventRequest, Recorded};
 pub use jobs::MANUAL;
 pub use mirror::{MirroredEvent, MirroredState, Via};
 pub use schema::{APPLICATION_ID, BUSY_TIMEOUT, DB_FILE};

@@ -4,7 +4,7 @@
 use rusqlite::{params, TransactionBehavior};
 use serde_json::{json, Value};
 
-use super::events::insert_audit;
+use super::job_events::insert_audit;
 use super::schema::load_job;
 use super::{now, validate_job_id, Job, Registry};
 use crate::dispatch::Dispatch;

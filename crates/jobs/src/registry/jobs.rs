@@ -4,7 +4,7 @@
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use serde_json::json;
 
-use super::events::insert_audit;
+use super::job_events::insert_audit;
 use super::schema::{job_from_row, load_job};
 use super::{now, random_hex, validate_job_id, Job, NewJob, Registry};
 use crate::identity::TimerIdentity;

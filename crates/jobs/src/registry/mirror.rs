@@ -4,7 +4,7 @@
 use rusqlite::{params, OptionalExtension, TransactionBehavior};
 use serde_json::{json, Value};
 
-use super::events::insert_audit;
+use super::job_events::insert_audit;
 use super::jobs::write_status;
 use super::schema::load_job;
 use super::{now, Job, Registry};
