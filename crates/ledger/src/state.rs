@@ -34,28 +34,8 @@ pub enum PromptStatus {
     Cancelled,
 }
 
-macro_rules! words {
-    ($ty:ident { $($variant:ident => $word:literal),* $(,)? }) => {
-        impl $ty {
-            /// The spec's word.
-            pub fn as_str(self) -> &'static str {
-                match self { $($ty::$variant => $word),* }
-            }
-            /// Parses the spec's word; `None` for anything else.
-            pub fn parse(s: &str) -> Option<Self> {
-                match s { $($word => Some($ty::$variant),)* _ => None }
-            }
-        }
-        impl std::fmt::Display for $ty {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str(self.as_str())
-            }
-        }
-    };
-}
-
-words!(ExecutionStatus { Registered => "registered", Running => "running", Terminal => "terminal", Unknown => "unknown" });
-words!(PromptStatus { Open => "open", Resolved => "resolved", Cancelled => "cancelled" });
+drover_protocol::spec_words!(ExecutionStatus { Registered => "registered", Running => "running", Terminal => "terminal", Unknown => "unknown" });
+drover_protocol::spec_words!(PromptStatus { Open => "open", Resolved => "resolved", Cancelled => "cancelled" });
 
 /// Whether an admission may move `from -> to`: `queued -> started -> terminal`,
 /// `started -> unknown -> terminal`, and `queued -> terminal` (cancel, reject). A terminal

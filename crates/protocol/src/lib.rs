@@ -19,7 +19,8 @@
 //!   (checked in as `schema/drover-protocol.schema.json`).
 //!
 //! - [`words`]: the words results and events share (admission status and outcome, approval
-//!   choices, clarify answers, open prompts).
+//!   choices, clarify answers, open prompts), and [`spec_words!`], the `as_str`, `parse` and
+//!   `Display` of a word enum.
 //! - [`sandbox`]: confinement of tool processes: the `[sandbox]` mode, the per-session policy
 //!   the worker applies, and `info.confinement` (`docs/sandbox.md`).
 //! - [`secret`]: [`Secret`], a string whose `Debug` and `Display` print `[redacted]` (every

@@ -73,8 +73,10 @@ pub enum AdmissionOutcome {
     Cancelled,
 }
 
-/// `as_str`, `parse` and `Display` of a word enum: the stored and wire word of each variant.
-macro_rules! words {
+/// `as_str`, `parse` and `Display` of a word enum: the stored and wire word of each variant
+/// (here and for the ledger's own state words).
+#[macro_export]
+macro_rules! spec_words {
     ($ty:ident { $($variant:ident => $word:literal),* $(,)? }) => {
         impl $ty {
             /// The spec's word.
@@ -94,13 +96,13 @@ macro_rules! words {
     };
 }
 
-words!(AdmissionStatus {
+spec_words!(AdmissionStatus {
     Queued => "queued",
     Started => "started",
     Unknown => "unknown",
     Terminal => "terminal",
 });
-words!(AdmissionOutcome {
+spec_words!(AdmissionOutcome {
     Completed => "completed",
     Interrupted => "interrupted",
     Failed => "failed",

@@ -365,16 +365,21 @@ const POLICY: &str = concat!(
     r#""context":{"context_window":64000,"compact_at":0.75,"keep_recent_turns":1}}"#
 );
 
-#[test]
-fn a_bootstrap_head_and_part_round_trip_with_the_whole_policy() {
-    let text = format!(
+/// A bootstrap head frame carrying [`POLICY`] and one body part.
+fn head_with_policy() -> String {
+    format!(
         concat!(
             r#"{{"type":"bootstrap","scope":{{"session_id":"s-1","admission_id":"a-1","#,
             r#""execution_id":"x-1","generation":2,"epoch":5,"secret":"0123abcd"}},"#,
             r#""policy":{},"body_parts":1}}"#
         ),
         POLICY
-    );
+    )
+}
+
+#[test]
+fn a_bootstrap_head_and_part_round_trip_with_the_whole_policy() {
+    let text = head_with_policy();
     let frame: OwnerFrame = pinned(&text);
     let OwnerFrame::Bootstrap(head) = frame else {
         panic!("not a bootstrap: {frame:?}")
@@ -486,14 +491,7 @@ fn a_bootstrap_head_and_part_round_trip_with_the_whole_policy() {
 
 #[test]
 fn the_worker_reads_a_head_as_the_tagged_frame_reads_it() {
-    let text = format!(
-        concat!(
-            r#"{{"type":"bootstrap","scope":{{"session_id":"s-1","admission_id":"a-1","#,
-            r#""execution_id":"x-1","generation":2,"epoch":5,"secret":"0123abcd"}},"#,
-            r#""policy":{},"body_parts":1}}"#
-        ),
-        POLICY
-    );
+    let text = head_with_policy();
     let OwnerFrame::Bootstrap(tagged) = pinned::<OwnerFrame>(&text) else {
         panic!("not a bootstrap")
     };
