@@ -40,21 +40,6 @@ pub struct PromptRow {
 }
 
 impl PromptRow {
-    /// `{kind, prompt_id, execution_generation, ...body}` (SPEC section 2, `prompts`).
-    pub fn to_json(&self) -> Value {
-        let mut out = json!({
-            "kind": self.kind,
-            "prompt_id": self.prompt_id,
-            "execution_generation": self.generation,
-        });
-        if let (Some(obj), Some(body)) = (out.as_object_mut(), self.body.as_object()) {
-            for (k, v) in body {
-                obj.entry(k.clone()).or_insert_with(|| v.clone());
-            }
-        }
-        out
-    }
-
     /// The prompt as the protocol shows it (`session.resume` `prompts`, the
     /// `approval.request` and `clarify.request` events): its body read as its kind's fields.
     pub fn open_prompt(&self) -> Result<OpenPrompt, serde_json::Error> {

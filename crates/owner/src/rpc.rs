@@ -213,7 +213,8 @@ fn pending(row: &AdmissionRow) -> wire::PendingAdmission {
 
 /// A prompt row as the protocol shows it (`session.resume` `prompts`).
 fn open_prompt(row: &PromptRow) -> Result<wire::OpenPrompt, LedgerError> {
-    stored(&format!("prompt {}", row.prompt_id), row.to_json())
+    row.open_prompt()
+        .map_err(|e| LedgerError::Corrupt(format!("prompt {}: {e}", row.prompt_id)))
 }
 
 /// A stored event as the protocol shows it (`session.events.since` `events`): one that no
