@@ -10,6 +10,18 @@ use serde_json::Value;
 
 use crate::harness::WAIT;
 
+/// The count in variable `name` (a benchmark's size), `default` when it is not set. Panics,
+/// naming the variable, when it is set to something else than a count.
+pub fn env_count(name: &str, default: usize) -> usize {
+    match std::env::var(name) {
+        Ok(v) => v
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={v:?} is not a count")),
+        Err(_) => default,
+    }
+}
+
 /// Seconds since the Unix epoch: the clock of the ledger's `created_at` (and every `*_at`
 /// column), shared by every process on the host.
 pub fn unix_now() -> f64 {

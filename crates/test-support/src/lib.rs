@@ -17,10 +17,11 @@
 //!   [`wait::file`] a file a child writes holds what the test reads from it.
 //! - [`tmux`]: a real terminal, `drover` in a pane of a private tmux server ([`tmux::Pane`]:
 //!   its screen, keys, bounded waits on the screen, drover's pid and exit code).
-//! - [`env_count`]: a benchmark's size from its variable; [`bench`]: what the benchmarks
+//! - [`bench`]: a benchmark's size from its variable ([`env_count`]); what the benchmarks
 //!   measure beside drover (the disk's floor for a durable write, the ledger's times of each
 //!   admission).
-//! - [`outside_path`]: a fresh path outside every sandbox root, for the sandbox tests.
+//! - [`outside_path`] (in `harness::home`): a fresh path outside every sandbox root, for the
+//!   sandbox tests.
 //! - [`acp`]: real third-party ACP clients for `drover acp` (acpx, and a client on the
 //!   official TypeScript SDK), on the Node of `tests/acp/node_modules`.
 //! - [`alone`]: a test that must be alone in its process (working directory, process-wide
@@ -45,30 +46,7 @@ pub mod mock_model;
 pub mod tmux;
 pub mod wait;
 
+pub use bench::env_count;
+pub use harness::home::outside_path;
 pub use mcp_echo::{mcp_echo_bin, mock_model_bin, worker_relay_bin};
 pub use mock_model::{Gate, MockModel, Reply};
-
-/// The count in variable `name` (a benchmark's size), `default` when it is not set. Panics,
-/// naming the variable, when it is set to something else than a count.
-pub fn env_count(name: &str, default: usize) -> usize {
-    match std::env::var(name) {
-        Ok(v) => v
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}={v:?} is not a count")),
-        Err(_) => default,
-    }
-}
-
-/// A fresh path under `/var/tmp`, not made: outside every sandbox root and not the temp dir
-/// (`/tmp`, which the sandbox leaves writable). `name` goes into it, for a reader of a leftover.
-pub fn outside_path(name: &str) -> std::path::PathBuf {
-    let mut bytes = [0u8; 8];
-    std::io::Read::read_exact(
-        &mut std::fs::File::open("/dev/urandom").expect("urandom"),
-        &mut bytes,
-    )
-    .expect("random");
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    std::path::PathBuf::from(format!("/var/tmp/drover-sandbox-{name}-{hex}"))
-}

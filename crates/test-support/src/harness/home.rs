@@ -1,4 +1,5 @@
-//! A temporary drover home with its config, and a working directory beside it.
+//! A temporary drover home with its config, a working directory beside it, and a path outside
+//! every sandbox root.
 
 use std::path::{Path, PathBuf};
 
@@ -81,4 +82,17 @@ impl TestHome {
     pub fn db(&self) -> PathBuf {
         self.path().join("state.db")
     }
+}
+
+/// A fresh path under `/var/tmp`, not made: outside every sandbox root and not the temp dir
+/// (`/tmp`, which the sandbox leaves writable). `name` goes into it, for a reader of a leftover.
+pub fn outside_path(name: &str) -> std::path::PathBuf {
+    let mut bytes = [0u8; 8];
+    std::io::Read::read_exact(
+        &mut std::fs::File::open("/dev/urandom").expect("urandom"),
+        &mut bytes,
+    )
+    .expect("random");
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    std::path::PathBuf::from(format!("/var/tmp/drover-sandbox-{name}-{hex}"))
 }
