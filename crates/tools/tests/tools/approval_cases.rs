@@ -632,7 +632,8 @@ fn doc_path() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/approvals.md")
 }
 
-const BEGIN: &str = "<!-- cases:begin (generated from crates/tools/tests/tools/approval_cases.rs) -->\n";
+const BEGIN: &str =
+    "<!-- cases:begin (generated from crates/tools/tests/tools/approval_cases.rs) -->\n";
 const END: &str = "<!-- cases:end -->";
 
 fn render_table() -> String {

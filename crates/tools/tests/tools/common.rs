@@ -9,7 +9,7 @@ use serde_json::Value;
 pub async fn call(tool: &dyn Tool, args: Value, ctx: &ToolContext) -> (Value, bool) {
     let out = tokio::time::timeout(Duration::from_secs(30), tool.call(args, ctx))
         .await
-        .expect("the tool call finished within 30 s");
+        .unwrap_or_else(|_| panic!("the tool call did not finish within 30 s"));
     let content: Value = serde_json::from_str(&out.content)
         .unwrap_or_else(|e| panic!("result is not JSON ({e}): {}", out.content));
     (content, out.is_error)
