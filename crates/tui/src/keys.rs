@@ -38,7 +38,7 @@ impl App {
             return Some(Action::Quit);
         }
         self.quit_armed = false;
-        if self.prompt.as_ref().is_some_and(|p| !p.sent) {
+        if self.prompt.as_ref().is_some_and(|prompt| !prompt.sent) {
             return self.prompt_key(key, now);
         }
         if self.unknown.is_some() && self.turn.is_none() && self.input.is_empty() {

@@ -53,7 +53,7 @@ pub const PROMPT_QUIET: Duration = Duration::from_millis(600);
 impl PromptView {
     fn new(prompt: OpenPrompt, now: Instant) -> PromptView {
         let n = match &prompt {
-            OpenPrompt::Clarify(c) => c.choices.len(),
+            OpenPrompt::Clarify(clarify) => clarify.choices.len(),
             OpenPrompt::Approval(_) => 0,
         };
         PromptView {
@@ -71,8 +71,8 @@ impl PromptView {
     /// The prompt's id.
     pub fn prompt_id(&self) -> &str {
         match &self.prompt {
-            OpenPrompt::Approval(a) => &a.prompt_id,
-            OpenPrompt::Clarify(c) => &c.prompt_id,
+            OpenPrompt::Approval(approval) => &approval.prompt_id,
+            OpenPrompt::Clarify(clarify) => &clarify.prompt_id,
         }
     }
 }
@@ -101,7 +101,7 @@ impl App {
     pub(crate) fn prompt_key(&mut self, key: KeyEvent, now: Instant) -> Option<Action> {
         let view = self.prompt.as_mut()?;
         match view.prompt.clone() {
-            OpenPrompt::Approval(a) => {
+            OpenPrompt::Approval(approval) => {
                 // A key within the quiet window is typing that was not meant as an answer.
                 let settled = now.saturating_duration_since(view.quiet_from) >= PROMPT_QUIET;
                 view.quiet_from = now;
@@ -109,21 +109,24 @@ impl App {
                     view.reask = Some(TYPED_AHEAD.to_string());
                     return None;
                 }
-                approval_key(view, &a, key)
+                approval_key(view, &approval, key)
             }
-            OpenPrompt::Clarify(c) => clarify_key(view, &c, key),
+            OpenPrompt::Clarify(clarify) => clarify_key(view, &clarify, key),
         }
     }
 
     pub(crate) fn open_prompt(&mut self, prompt: OpenPrompt, now: Instant) {
-        let same = self.prompt.as_ref().is_some_and(|p| p.prompt == prompt);
+        let same = self
+            .prompt
+            .as_ref()
+            .is_some_and(|open| open.prompt == prompt);
         if !same {
             self.prompt = Some(PromptView::new(prompt, now));
         }
     }
 
     pub(crate) fn settle_prompt(&mut self, prompt_id: &str, answer: String, now: Instant) {
-        let open = self.prompt.take_if(|p| p.prompt_id() == prompt_id);
+        let open = self.prompt.take_if(|open| open.prompt_id() == prompt_id);
         let Some(turn) = self.turn.as_mut() else {
             return;
         };
@@ -134,19 +137,19 @@ impl App {
             }) => Some("clarify"),
             _ => None,
         };
-        let block = turn.items.iter_mut().rev().find_map(|i| match i {
-            TurnItem::Tool(b)
-                if b.status == ToolStatus::AwaitingApproval
-                    || wanted.is_some_and(|w| b.name == w && !b.finished()) =>
+        let block = turn.items.iter_mut().rev().find_map(|item| match item {
+            TurnItem::Tool(block)
+                if block.status == ToolStatus::AwaitingApproval
+                    || wanted.is_some_and(|name| block.name == name && !block.finished()) =>
             {
-                Some(b)
+                Some(block)
             }
             _ => None,
         });
-        if let Some(b) = block {
-            b.answer = Some(answer);
-            if b.status == ToolStatus::AwaitingApproval {
-                b.status = ToolStatus::Running(now);
+        if let Some(block) = block {
+            block.answer = Some(answer);
+            if block.status == ToolStatus::AwaitingApproval {
+                block.status = ToolStatus::Running(now);
             }
         }
     }
@@ -271,8 +274,8 @@ fn clarify_key(view: &mut PromptView, prompt: &ClarifyPrompt, key: KeyEvent) -> 
         KeyCode::Up => view.selected = (view.selected + n - 1) % n,
         KeyCode::Down | KeyCode::Tab => view.selected = (view.selected + 1) % n,
         KeyCode::Char(' ') if prompt.multi_select => {
-            if let Some(p) = view.picked.get_mut(view.selected) {
-                *p = !*p;
+            if let Some(picked) = view.picked.get_mut(view.selected) {
+                *picked = !*picked;
             }
         }
         KeyCode::Char(d) if d.is_ascii_digit() && d != '0' => {

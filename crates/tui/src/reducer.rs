@@ -28,7 +28,7 @@ use crate::state::{
 fn age_of(at: f64, wall_now: SystemTime) -> Duration {
     let now = wall_now
         .duration_since(UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64());
+        .map_or(0.0, |since_epoch| since_epoch.as_secs_f64());
     Duration::try_from_secs_f64(now - at).unwrap_or(Duration::ZERO)
 }
 
@@ -51,15 +51,14 @@ impl App {
         let started = snapshot
             .pending
             .iter()
-            .find(|p| p.status == AdmissionStatus::Started);
+            .find(|pending| pending.status == AdmissionStatus::Started);
         let mut messages: &[TranscriptMessage] = &snapshot.messages;
         // A compaction's turn stored no input to cut at.
-        if let Some(started) = started.filter(|s| s.kind == AdmissionKind::Input) {
+        if let Some(started) = started.filter(|started| started.kind == AdmissionKind::Input) {
             // The running turn's messages are shown from its events, not as a finished part.
-            if let Some(cut) = messages
-                .iter()
-                .rposition(|m| m.role == Role::User && m.content.as_deref() == Some(&started.text))
-            {
+            if let Some(cut) = messages.iter().rposition(|message| {
+                message.role == Role::User && message.content.as_deref() == Some(&started.text)
+            }) {
                 messages = &messages[..cut];
             }
         }
@@ -108,18 +107,18 @@ impl App {
         self.queued = snapshot
             .pending
             .iter()
-            .filter(|p| p.status == AdmissionStatus::Queued)
-            .map(|p| QueuedInput {
-                admission_id: Some(p.admission_id.clone()),
-                text: p.text.clone(),
-                compact: p.kind == AdmissionKind::Compact,
+            .filter(|pending| pending.status == AdmissionStatus::Queued)
+            .map(|pending| QueuedInput {
+                admission_id: Some(pending.admission_id.clone()),
+                text: pending.text.clone(),
+                compact: pending.kind == AdmissionKind::Compact,
             })
             .collect();
         self.unknown = snapshot
             .pending
             .iter()
-            .find(|p| p.status == AdmissionStatus::Unknown)
-            .map(|p| p.admission_id.clone());
+            .find(|pending| pending.status == AdmissionStatus::Unknown)
+            .map(|pending| pending.admission_id.clone());
         if let Some(prompt) = snapshot.prompts.first() {
             self.open_prompt(prompt.clone(), now);
         }
@@ -407,10 +406,10 @@ impl App {
         };
         let child = find_child(&mut turn.items, child_session_id);
         let child = match child {
-            Some(c) => c,
+            Some(child) => child,
             None => {
-                let Some(TurnItem::Tool(parent)) = turn.items.iter_mut().find(|i| {
-                    matches!(i, TurnItem::Tool(b) if b.name == "delegate_task" && !b.finished())
+                let Some(TurnItem::Tool(parent)) = turn.items.iter_mut().find(|item| {
+                    matches!(item, TurnItem::Tool(block) if block.name == "delegate_task" && !block.finished())
                 }) else {
                     return;
                 };
@@ -426,15 +425,19 @@ impl App {
             }
         };
         match &event.event {
-            EventPayload::ToolStart(t) => child.tools.push(ToolBlock::new(
-                &t.tool_id,
-                &t.name,
-                &t.context,
+            EventPayload::ToolStart(start) => child.tools.push(ToolBlock::new(
+                &start.tool_id,
+                &start.name,
+                &start.context,
                 ToolStatus::Running(now),
             )),
-            EventPayload::ToolComplete(t) => {
-                if let Some(b) = child.tools.iter_mut().find(|b| b.tool_id == t.tool_id) {
-                    b.complete(t.is_error, &t.result, now);
+            EventPayload::ToolComplete(complete) => {
+                let tool = child
+                    .tools
+                    .iter_mut()
+                    .find(|tool| tool.tool_id == complete.tool_id);
+                if let Some(tool) = tool {
+                    tool.complete(complete.is_error, &complete.result, now);
                 }
             }
             EventPayload::TurnSettled(_) => child.done = true,
@@ -466,23 +469,23 @@ impl App {
     /// The compaction asked for settled `completed`; its turn's events said what it did. Its
     /// queued entry is gone unless its `turn.started` was never seen (a resync).
     pub fn compacted(&mut self, result: &CompactionResult) {
-        if let Some(i) = self.queued.iter().position(|q| {
-            q.admission_id.as_deref() == Some(result.admission_id.as_str())
-                || (q.compact && q.admission_id.is_none())
+        if let Some(index) = self.queued.iter().position(|queued| {
+            queued.admission_id.as_deref() == Some(result.admission_id.as_str())
+                || (queued.compact && queued.admission_id.is_none())
         }) {
-            self.queued.remove(i);
+            self.queued.remove(index);
         }
     }
 
     /// The compaction asked for was refused, or its turn did not complete. One refused before
     /// it ran puts `/compact` back in an empty input.
     pub fn compact_failed(&mut self, why: &str) {
-        if let Some(i) = self
+        if let Some(index) = self
             .queued
             .iter()
-            .position(|q| q.compact && q.admission_id.is_none())
+            .position(|queued| queued.compact && queued.admission_id.is_none())
         {
-            self.queued.remove(i);
+            self.queued.remove(index);
             if self.input.is_empty() {
                 self.input.set("/compact");
             }
@@ -495,12 +498,16 @@ impl App {
         let started = self
             .turn
             .as_ref()
-            .is_some_and(|t| t.admission_id == admission_id);
-        if let Some(i) = self.queued.iter().position(|q| q.admission_id.is_none()) {
+            .is_some_and(|turn| turn.admission_id == admission_id);
+        if let Some(index) = self
+            .queued
+            .iter()
+            .position(|queued| queued.admission_id.is_none())
+        {
             if started {
-                self.queued.remove(i);
+                self.queued.remove(index);
             } else {
-                self.queued[i].admission_id = Some(admission_id.to_string());
+                self.queued[index].admission_id = Some(admission_id.to_string());
             }
         }
         self.sending_done();
@@ -508,22 +515,34 @@ impl App {
 
     /// No input waits for its receipt any more: the wait the status line shows is over.
     fn sending_done(&mut self) {
-        if !self.queued.iter().any(|q| q.admission_id.is_none()) {
+        if !self
+            .queued
+            .iter()
+            .any(|queued| queued.admission_id.is_none())
+        {
             self.sending_since = None;
         }
     }
 
     /// Sending the input (or an answer) failed: say so.
     pub fn failed(&mut self, what: &str, why: &str) {
-        if let Some(i) = self.queued.iter().position(|q| q.admission_id.is_none()) {
-            let q = self.queued.remove(i);
+        if let Some(index) = self
+            .queued
+            .iter()
+            .position(|queued| queued.admission_id.is_none())
+        {
+            let queued = self.queued.remove(index);
             if self.input.is_empty() {
-                self.input.set(if q.compact { "/compact" } else { &q.text });
+                self.input.set(if queued.compact {
+                    "/compact"
+                } else {
+                    &queued.text
+                });
             }
         }
         self.sending_done();
-        if let Some(p) = self.prompt.as_mut() {
-            p.sent = false;
+        if let Some(prompt) = self.prompt.as_mut() {
+            prompt.sent = false;
         }
         self.notice = Some(format!("{what} failed: {why}"));
     }
@@ -562,10 +581,10 @@ impl App {
             .items
             .iter()
             .enumerate()
-            .position(|(i, item)| match item {
-                TurnItem::Tool(b) => !b.finished(),
+            .position(|(index, item)| match item {
+                TurnItem::Tool(block) => !block.finished(),
                 // Text is finished once something follows it.
-                TurnItem::Text(_) => i + 1 == turn.items.len(),
+                TurnItem::Text(_) => index + 1 == turn.items.len(),
             })
             .unwrap_or(turn.items.len());
         for item in turn.items.drain(..keep_from) {
@@ -599,21 +618,24 @@ impl App {
 
 fn item_block(item: TurnItem) -> Block {
     match item {
-        TurnItem::Text(t) => Block::Assistant(t),
-        TurnItem::Tool(b) => Block::Tool(b),
+        TurnItem::Text(text) => Block::Assistant(text),
+        TurnItem::Tool(block) => Block::Tool(block),
     }
 }
 
 fn tool_mut<'a>(items: &'a mut [TurnItem], tool_id: &str) -> Option<&'a mut ToolBlock> {
-    items.iter_mut().find_map(|i| match i {
-        TurnItem::Tool(b) if b.tool_id == tool_id => Some(b),
+    items.iter_mut().find_map(|item| match item {
+        TurnItem::Tool(block) if block.tool_id == tool_id => Some(block),
         _ => None,
     })
 }
 
 fn find_child<'a>(items: &'a mut [TurnItem], session_id: &str) -> Option<&'a mut ChildAgent> {
-    items.iter_mut().find_map(|i| match i {
-        TurnItem::Tool(b) => b.children.iter_mut().find(|c| c.session_id == session_id),
+    items.iter_mut().find_map(|item| match item {
+        TurnItem::Tool(block) => block
+            .children
+            .iter_mut()
+            .find(|child| child.session_id == session_id),
         TurnItem::Text(_) => None,
     })
 }
@@ -622,15 +644,16 @@ fn find_child<'a>(items: &'a mut [TurnItem], session_id: &str) -> Option<&'a mut
 /// call with the first lines of its result.
 pub fn transcript_blocks(messages: &[TranscriptMessage]) -> Vec<Block> {
     let mut blocks: Vec<Block> = Vec::new();
-    for m in messages {
-        match m.role {
+    for message in messages {
+        match message.role {
             Role::System => {}
-            Role::User => blocks.push(Block::User(m.content.clone().unwrap_or_default())),
+            Role::User => blocks.push(Block::User(message.content.clone().unwrap_or_default())),
             Role::Assistant => {
-                if let Some(text) = m.content.as_deref().filter(|t| !t.trim().is_empty()) {
+                let text = message.content.as_deref();
+                if let Some(text) = text.filter(|text| !text.trim().is_empty()) {
                     blocks.push(Block::Assistant(text.to_string()));
                 }
-                for call in m.tool_calls.iter().flatten() {
+                for call in message.tool_calls.iter().flatten() {
                     let context = call_context(&call.function.arguments);
                     blocks.push(Block::Tool(ToolBlock::new(
                         &call.id,
@@ -641,13 +664,13 @@ pub fn transcript_blocks(messages: &[TranscriptMessage]) -> Vec<Block> {
                 }
             }
             Role::Tool => {
-                let id = m.tool_call_id.as_deref().unwrap_or_default();
-                let block = blocks.iter_mut().rev().find_map(|b| match b {
-                    Block::Tool(t) if t.tool_id == id => Some(t),
+                let id = message.tool_call_id.as_deref().unwrap_or_default();
+                let block = blocks.iter_mut().rev().find_map(|block| match block {
+                    Block::Tool(tool) if tool.tool_id == id => Some(tool),
                     _ => None,
                 });
                 if let Some(block) = block {
-                    let content = m.content.as_deref().unwrap_or_default();
+                    let content = message.content.as_deref().unwrap_or_default();
                     if stored_result_is_error(content) {
                         block.status = ToolStatus::Error(None);
                     }
@@ -666,13 +689,15 @@ pub(crate) fn stored_result_is_error(content: &str) -> bool {
     if content.trim() == "interrupted" {
         return true;
     }
-    serde_json::from_str::<Value>(content).is_ok_and(|v| {
-        let error = v
+    serde_json::from_str::<Value>(content).is_ok_and(|result| {
+        let error = result
             .get("error")
-            .is_some_and(|e| !e.is_null() && e.as_str() != Some(""));
+            .is_some_and(|error| !error.is_null() && error.as_str() != Some(""));
         // A terminal command that exited non-zero (or was killed: `exit_code` null).
-        let failed_exit =
-            v.get("output").is_some() && v.get("exit_code").is_some_and(|c| c.as_i64() != Some(0));
+        let failed_exit = result.get("output").is_some()
+            && result
+                .get("exit_code")
+                .is_some_and(|code| code.as_i64() != Some(0));
         error || failed_exit
     })
 }
@@ -682,9 +707,9 @@ fn call_context(arguments: &str) -> String {
     let value: Value = serde_json::from_str(arguments).unwrap_or(Value::String(arguments.into()));
     let text = ["command", "path", "goal", "question", "query"]
         .iter()
-        .find_map(|k| value.get(k).and_then(Value::as_str).map(str::to_string))
+        .find_map(|key| value.get(key).and_then(Value::as_str).map(str::to_string))
         .unwrap_or_else(|| match &value {
-            Value::String(s) => s.clone(),
+            Value::String(text) => text.clone(),
             other => other.to_string(),
         });
     let line = text.lines().next().unwrap_or_default();

@@ -120,7 +120,7 @@ impl ToolBlock {
         self.output = lines
             .iter()
             .take(OUTPUT_LINES)
-            .map(|l| l.to_string())
+            .map(|line| line.to_string())
             .collect();
         self.more_lines = lines.len().saturating_sub(OUTPUT_LINES);
     }
@@ -308,15 +308,15 @@ fn shown_output(result: &str) -> String {
     };
     let text = ["output", "content", "result", "answer"]
         .iter()
-        .find_map(|k| map.get(*k).and_then(Value::as_str));
+        .find_map(|key| map.get(*key).and_then(Value::as_str));
     let mut shown = match text {
-        Some(t) => t.trim_end().to_string(),
+        Some(text) => text.trim_end().to_string(),
         None => return result.to_string(),
     };
     if let Some(code) = map
         .get("exit_code")
         .and_then(Value::as_i64)
-        .filter(|c| *c != 0)
+        .filter(|code| *code != 0)
     {
         shown.push_str(&format!("\n(exit code {code})"));
     }
