@@ -1,9 +1,37 @@
 //! What the three area binaries of the `drover` tests share (each includes this file as
-//! `crate::common`): where Cargo built the binary under test.
+//! `crate::common`): where Cargo built the binary under test, and raw HTTP on loopback.
 
+// Each area binary uses a part of it.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
 use std::path::Path;
+use std::time::Duration;
 
 /// The `drover` binary of this build, which every end-to-end test starts.
 pub fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_drover"))
+}
+
+/// Sends one raw HTTP/1.1 `request` to the daemon at `base` (`http://host:port`); gives the
+/// response's head, read only up to its blank line: a refused upgrade may keep the connection
+/// open.
+pub fn http_head(base: &str, request: &str) -> String {
+    let addr = base.trim_start_matches("http://");
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect to the daemon");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("read timeout");
+    stream
+        .write_all(request.as_bytes())
+        .expect("send the request");
+    let mut out = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !out.windows(4).any(|w| w == b"\r\n\r\n") {
+        match stream.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }

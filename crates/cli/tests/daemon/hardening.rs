@@ -16,7 +16,7 @@ use drover_test_support::harness::{
     db_value, rss_kib, thread_count, uuid_like, Client, Daemon, OneSession,
 };
 use drover_test_support::harness::{eventually, signal, str_field};
-use drover_test_support::{Gate, Reply};
+use drover_test_support::{env_count, Gate, Reply};
 use serde_json::{json, Value};
 
 fn fd_count(pid: u32) -> usize {
@@ -82,10 +82,7 @@ async fn setup(extra_config: &str, env: &[(&str, &str)]) -> OneSession {
 
 #[tokio::test]
 async fn closed_connections_leave_no_socket_thread_or_memory_behind() {
-    let cycles: usize = std::env::var("DROVER_SOAK_CYCLES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(300);
+    let cycles = env_count("DROVER_SOAK_CYCLES", 300);
     let mut s = setup("", &[]).await;
     s.model.set_default(Reply::text("ok"));
     let pid = s.daemon.pid();

@@ -3,35 +3,15 @@
 // Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::time::Duration;
 
-use crate::common::bin;
+use crate::common::{bin, http_head};
 use drover_test_support::harness::{model_home, run_drover, script, Client, Daemon, TestHome};
 
 /// Runs `drover daemon` on `home` to its end (bounded; the child is reaped either way).
 async fn run_daemon(home: &Path) -> std::process::Output {
     run_drover(bin(), home, None, &["daemon"]).await
-}
-
-/// A raw HTTP/1.1 request on loopback; returns the status line and body.
-fn http(base: &str, request: &str) -> String {
-    let addr = base.trim_start_matches("http://");
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.write_all(request.as_bytes()).unwrap();
-    // Read only the head: refused upgrades may keep the connection open.
-    let mut out = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !out.windows(4).any(|w| w == b"\r\n\r\n") {
-        match s.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => out.extend_from_slice(&buf[..n]),
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[tokio::test]
@@ -73,7 +53,7 @@ async fn epoch_goes_up_at_each_start() {
 async fn healthz_needs_no_token_but_the_websocket_does() {
     let home = TestHome::new().unwrap();
     let d = Daemon::start(bin(), home.path()).await.unwrap();
-    let health = http(
+    let health = http_head(
         &d.http_base(),
         "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
     );
@@ -86,9 +66,9 @@ async fn healthz_needs_no_token_but_the_websocket_does() {
              Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n{auth}\r\n"
         )
     };
-    let no_token = http(&d.http_base(), &upgrade(""));
+    let no_token = http_head(&d.http_base(), &upgrade(""));
     assert!(no_token.starts_with("HTTP/1.1 401"), "{no_token}");
-    let with_origin = http(
+    let with_origin = http_head(
         &d.http_base(),
         &upgrade(&format!(
             "Authorization: Bearer {}\r\nOrigin: http://evil.example\r\n",

@@ -14,7 +14,7 @@ use crate::common::bin;
 use drover_test_support::harness::{
     db_value, process_name, script, signal, str_field, zombie_children, Client, OneSession,
 };
-use drover_test_support::{wait, Reply};
+use drover_test_support::{env_count, wait, Reply};
 use nix::sys::signal::Signal;
 use serde_json::json;
 
@@ -82,10 +82,7 @@ fn executions_left_live(db: &Path) -> i64 {
 /// `DROVER_WORKER_DEATH_ROUNDS` sets the number of rounds (default 200).
 #[tokio::test]
 async fn killed_templates_spares_and_workers_leave_no_turn_behind() {
-    let rounds: u64 = std::env::var("DROVER_WORKER_DEATH_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(200);
+    let rounds = env_count("DROVER_WORKER_DEATH_ROUNDS", 200);
     let mut s = OneSession::builder(bin()).start().await.unwrap();
     s.model
         .set_default(Reply::text("done").delay(Duration::from_millis(4)));

@@ -9,7 +9,7 @@ use std::io::{Read, Write};
 use std::path::Path;
 use std::time::Duration;
 
-use crate::common::bin;
+use crate::common::{bin, http_head};
 use drover_test_support::harness::{
     connections_of, run_drover, signal, Client, Daemon, TestHome, WAIT,
 };
@@ -25,25 +25,11 @@ fn acp_url(d: &Daemon) -> String {
 
 /// The status code of a WebSocket upgrade of `path` with the extra header lines `headers`.
 fn upgrade_status(d: &Daemon, path: &str, headers: &str) -> u16 {
-    let base = d.http_base();
-    let addr = base.trim_start_matches("http://");
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let request = format!(
         "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
          Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n{headers}\r\n"
     );
-    s.write_all(request.as_bytes()).unwrap();
-    // Only the head: a refused upgrade may keep the connection open.
-    let mut out = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !out.windows(4).any(|w| w == b"\r\n\r\n") {
-        match s.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => out.extend_from_slice(&buf[..n]),
-        }
-    }
-    let head = String::from_utf8_lossy(&out);
+    let head = http_head(&d.http_base(), &request);
     head.split(' ')
         .nth(1)
         .and_then(|code| code.parse().ok())
