@@ -34,7 +34,7 @@ impl Budget {
             window: (context.context_window > 0).then_some(context.context_window),
             context,
             estimator: context::Estimator::default(),
-            schema_bytes: serde_json::to_string(schemas).map_or(0, |s| s.len()),
+            schema_bytes: serde_json::to_string(schemas).map_or(0, |json| json.len()),
         }
     }
 
@@ -112,8 +112,11 @@ impl Budget {
         }
         let compactable = conv.history_ids.len() == conv.history.len();
         let mut prepared = prepared;
-        if let Some(n) = context::compaction_plan(&conv.history, keep).filter(|_| compactable) {
-            self.compact(conv, n, 0, budget, io, tally).await?;
+        if let Some(history_covered) =
+            context::compaction_plan(&conv.history, keep).filter(|_| compactable)
+        {
+            self.compact(conv, history_covered, 0, budget, io, tally)
+                .await?;
             shrunk = true;
             prepared = self.refit(conv, keep, force, budget);
         }
@@ -121,9 +124,10 @@ impl Budget {
         // are summarised too, with what is left of the history; the input and the newest step
         // stay (docs/decisions/turn-compaction-running-turn.md).
         if force || prepared.tokens > budget {
-            if let Some(k) = conv.running_plan() {
-                let n = conv.history.len();
-                self.compact(conv, n, k, budget, io, tally).await?;
+            if let Some(turn_covered) = conv.running_plan() {
+                let history_covered = conv.history.len();
+                self.compact(conv, history_covered, turn_covered, budget, io, tally)
+                    .await?;
                 shrunk = true;
                 prepared = self.refit(conv, keep, force, budget);
             }
@@ -177,7 +181,7 @@ impl Budget {
     ) -> (Prepared, bool) {
         let budget = self
             .window
-            .map_or(u64::MAX, |w| self.context.budget_tokens(w));
+            .map_or(u64::MAX, |window| self.context.budget_tokens(window));
         let outside_kept = conv.history_offset() + context::recent_turns_start(&conv.history, keep);
         let tiers = [
             (outside_kept, context::CUT_KEEP_BYTES),
@@ -199,28 +203,28 @@ impl Budget {
         (self.measure(messages), cut)
     }
 
-    /// Summarises `conv.history[..n]` and then `conv.turn[..k]` (with the summary before
-    /// them) and stores the compaction. `k > 0` (the running turn's older steps) needs the
-    /// whole history (`n` is its length) and the ids of `turn[..k]`.
+    /// Summarises `conv.history[..history_covered]` and then `conv.turn[..turn_covered]` (with the summary before
+    /// them) and stores the compaction. `turn_covered > 0` (the running turn's older steps) needs the
+    /// whole history (`history_covered` is its length) and the ids of `turn[..turn_covered]`.
     pub(crate) async fn compact(
         &mut self,
         conv: &mut Conversation,
-        n: usize,
-        k: usize,
+        history_covered: usize,
+        turn_covered: usize,
         budget: u64,
         io: &TurnIo<'_>,
         tally: &mut Tally,
     ) -> Result<(), Stop> {
         let turn_id = |i: usize| conv.turn_ids.get(i).copied().flatten();
-        let first = match n {
+        let first = match history_covered {
             0 => turn_id(0),
             _ => conv.history_ids.first().copied(),
         };
-        let last = match k {
-            0 => n
+        let last = match turn_covered {
+            0 => history_covered
                 .checked_sub(1)
-                .and_then(|i| conv.history_ids.get(i).copied()),
-            _ => turn_id(k - 1).filter(|_| n == conv.history.len()),
+                .and_then(|index| conv.history_ids.get(index).copied()),
+            _ => turn_id(turn_covered - 1).filter(|_| history_covered == conv.history.len()),
         };
         let (Some(first), Some(last)) = (first, last) else {
             return Err(Stop::Failed(
@@ -230,7 +234,14 @@ impl Budget {
         };
         let mut usage = UsageAdd::default();
         let summarised = self
-            .summarise(conv, (n, k), budget, io, tally, &mut usage)
+            .summarise(
+                conv,
+                (history_covered, turn_covered),
+                budget,
+                io,
+                tally,
+                &mut usage,
+            )
             .await;
         let summary = match summarised {
             Ok(summary) => summary,
@@ -245,7 +256,7 @@ impl Budget {
             }
         };
         // The running turn's input stays whole: after the summary of its older steps.
-        let summary = match (&conv.input, k) {
+        let summary = match (&conv.input, turn_covered) {
             (Some(input), 1..) => context::with_input(summary, input, context::summary_cap(budget)),
             _ => summary,
         };
@@ -258,18 +269,22 @@ impl Budget {
             })
             .await
             .map_err(|e| Stop::Failed(e.to_string()))?;
-        let covered = conv.compaction.as_ref().map_or(0, |c| c.covered) + (n + k) as u64;
+        let covered = conv
+            .compaction
+            .as_ref()
+            .map_or(0, |compaction| compaction.covered)
+            + (history_covered + turn_covered) as u64;
         conv.compaction = Some(CompactionSummary {
             summary,
             through_message_id: last,
             covered,
         });
-        conv.history.drain(..n);
-        conv.history_ids.drain(..n);
-        if k > 0 {
+        conv.history.drain(..history_covered);
+        conv.history_ids.drain(..history_covered);
+        if turn_covered > 0 {
             conv.input_covered |= conv.input.is_some();
-            conv.turn.drain(..k);
-            conv.turn_ids.drain(..k);
+            conv.turn.drain(..turn_covered);
+            conv.turn_ids.drain(..turn_covered);
         }
         // The model has not counted a request of this shape yet.
         self.estimator = context::Estimator::default();
@@ -278,7 +293,7 @@ impl Budget {
 }
 
 impl Budget {
-    /// The summary of `conv.history[..n]` and `conv.turn[..k]` after the summary before them,
+    /// The summary of `conv.history[..history_covered]` and `conv.turn[..turn_covered]` after the summary before them,
     /// asked for in pieces of at most half the budget (at least 16 KiB). A piece the model
     /// refuses as too long is asked for again at a quarter of the size, twice at most. A piece
     /// the model answers with no text is asked for once more, and then stands as an excerpt of
@@ -288,7 +303,7 @@ impl Budget {
     pub(crate) async fn summarise(
         &self,
         conv: &Conversation,
-        (n, k): (usize, usize),
+        (history_covered, turn_covered): (usize, usize),
         budget: u64,
         io: &TurnIo<'_>,
         tally: &mut Tally,
@@ -297,14 +312,17 @@ impl Budget {
         let mut max_bytes = (budget as usize).saturating_mul(2).max(16 * 1024);
         let mut shrinks = 0;
         let mut empty_answers = 0;
-        let mut text = context::summary_text(&conv.history[..n]);
-        text.push_str(&context::summary_text(&conv.turn[..k]));
+        let mut text = context::summary_text(&conv.history[..history_covered]);
+        text.push_str(&context::summary_text(&conv.turn[..turn_covered]));
         let mut rest = text.as_str();
-        let mut summary = conv.compaction.as_ref().map(|c| c.summary.clone());
+        let mut summary = conv
+            .compaction
+            .as_ref()
+            .map(|compaction| compaction.summary.clone());
         let cap = context::summary_cap(budget);
         tracing::info!(
-            messages = n,
-            running_turn_messages = k,
+            messages = history_covered,
+            running_turn_messages = turn_covered,
             bytes = text.len(),
             "compacting the history"
         );

@@ -183,9 +183,9 @@ pub(crate) async fn close_interrupted(
     }
     let messages = calls
         .iter()
-        .map(|c| ChatMessage::tool_result(&c.id, &c.name, INTERRUPTED_RESULT))
+        .map(|call| ChatMessage::tool_result(&call.id, &call.name, INTERRUPTED_RESULT))
         .collect();
-    let errors = calls.iter().map(|c| c.id.clone()).collect();
+    let errors = calls.iter().map(|call| call.id.clone()).collect();
     store
         .append(messages, BTreeMap::new(), errors)
         .await

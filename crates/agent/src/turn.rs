@@ -127,8 +127,8 @@ impl Conversation {
     pub(crate) fn request(&self) -> Vec<ChatMessage> {
         let mut out = Vec::with_capacity(self.history.len() + self.turn.len() + 2);
         out.extend(self.system.iter().cloned());
-        if let Some(c) = &self.compaction {
-            out.push(context::summary_message(&c.summary));
+        if let Some(compaction) = &self.compaction {
+            out.push(context::summary_message(&compaction.summary));
         }
         out.extend(self.history.iter().cloned());
         out.extend(self.turn.iter().cloned());
@@ -151,10 +151,10 @@ impl Conversation {
     /// ([`context::running_turn_plan`]), when the ledger ids of all of them and of the whole
     /// history are known.
     pub(crate) fn running_plan(&self) -> Option<usize> {
-        let k = context::running_turn_plan(&self.turn)?;
-        let known = self.turn_ids[..k].iter().all(Option::is_some)
+        let covered = context::running_turn_plan(&self.turn)?;
+        let known = self.turn_ids[..covered].iter().all(Option::is_some)
             && self.history_ids.len() == self.history.len();
-        known.then_some(k)
+        known.then_some(covered)
     }
 
     /// Where `history` begins in [`Conversation::request`].
@@ -168,7 +168,7 @@ impl Conversation {
         let last = self
             .turn
             .iter()
-            .rposition(|m| m.role == Role::Assistant)
+            .rposition(|message| message.role == Role::Assistant)
             .unwrap_or(0);
         self.history_offset() + self.history.len() + last
     }

@@ -65,7 +65,7 @@ pub async fn run_compaction(
             conv.history.len()
         ));
     }
-    let Some(n) = context::compaction_plan(&conv.history, keep) else {
+    let Some(covered) = context::compaction_plan(&conv.history, keep) else {
         tracing::info!(
             messages = conv.history.len(),
             keep,
@@ -80,12 +80,12 @@ pub async fn run_compaction(
     };
     let tokens = budget.context.budget_tokens(window);
     if let Err(stop) = budget
-        .compact(&mut conv, n, 0, tokens, &io, &mut tally)
+        .compact(&mut conv, covered, 0, tokens, &io, &mut tally)
         .await
     {
         return stop.report(tally);
     }
-    tally.final_response = format!("compacted {n} messages");
+    tally.final_response = format!("compacted {covered} messages");
     tally.end(TurnOutcome::Completed, None)
 }
 
@@ -184,7 +184,7 @@ pub(crate) async fn drive(
             };
             match response {
                 Ok(completion) => {
-                    let prompt_tokens = completion.usage.map_or(0, |u| u.input_tokens);
+                    let prompt_tokens = completion.usage.map_or(0, |usage| usage.input_tokens);
                     budget.estimator.counted(prepared.bytes, prompt_tokens);
                     break completion;
                 }
@@ -230,7 +230,7 @@ pub(crate) async fn drive(
         let mut assistant = completion.message;
         assistant.role = Role::Assistant;
         // A message must fit one persist frame, and its text the turn's `execution.finish` too.
-        let answer_bytes = serde_json::to_string(&assistant).map_or(usize::MAX, |t| t.len());
+        let answer_bytes = serde_json::to_string(&assistant).map_or(usize::MAX, |json| json.len());
         if answer_bytes > MAX_MESSAGE_BYTES {
             return tally.failed(format!(
                 "the model's answer is {answer_bytes} bytes as JSON, over the {MAX_MESSAGE_BYTES} \
