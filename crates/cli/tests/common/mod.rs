@@ -1,8 +1,9 @@
 //! What the three area binaries of the `drover` tests share (each includes this file as
 //! `crate::common`): where Cargo built the binary under test, and raw HTTP on loopback.
 
-// Each area binary uses a part of it.
-#![allow(dead_code)]
+// Each area binary uses a part of it. Test helpers: clippy.toml's allow-unwrap-in-tests covers
+// only #[test] functions.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{Read, Write};
 use std::path::Path;
