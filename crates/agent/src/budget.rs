@@ -203,9 +203,10 @@ impl Budget {
         (self.measure(messages), cut)
     }
 
-    /// Summarises `conv.history[..history_covered]` and then `conv.turn[..turn_covered]` (with the summary before
-    /// them) and stores the compaction. `turn_covered > 0` (the running turn's older steps) needs the
-    /// whole history (`history_covered` is its length) and the ids of `turn[..turn_covered]`.
+    /// Summarises `conv.history[..history_covered]` and then `conv.turn[..turn_covered]` (with
+    /// the summary before them) and stores the compaction. `turn_covered > 0` (the running
+    /// turn's older steps) needs the whole history (`history_covered` is its length) and the ids
+    /// of `turn[..turn_covered]`.
     pub(crate) async fn compact(
         &mut self,
         conv: &mut Conversation,
@@ -293,13 +294,12 @@ impl Budget {
 }
 
 impl Budget {
-    /// The summary of `conv.history[..history_covered]` and `conv.turn[..turn_covered]` after the summary before them,
-    /// asked for in pieces of at most half the budget (at least 16 KiB). A piece the model
-    /// refuses as too long is asked for again at a quarter of the size, twice at most. A piece
-    /// the model answers with no text is asked for once more, and then stands as an excerpt of
-    /// itself
-    /// ([`context::excerpt_summary`]): a model that cannot summarise never blocks the session.
-    /// `usage` sums what answered.
+    /// The summary of `conv.history[..history_covered]` and `conv.turn[..turn_covered]` after the
+    /// summary before them, asked for in pieces of at most half the budget (at least 16 KiB). A
+    /// piece the model refuses as too long is asked for again at a quarter of the size, twice at
+    /// most. A piece the model answers with no text is asked for once more, and then stands as an
+    /// excerpt of itself ([`context::excerpt_summary`]): a model that cannot summarise never blocks
+    /// the session. `usage` sums what answered.
     pub(crate) async fn summarise(
         &self,
         conv: &Conversation,

@@ -408,9 +408,12 @@ impl App {
         let child = match child {
             Some(child) => child,
             None => {
-                let Some(TurnItem::Tool(parent)) = turn.items.iter_mut().find(|item| {
-                    matches!(item, TurnItem::Tool(block) if block.name == "delegate_task" && !block.finished())
-                }) else {
+                let running_delegate = |item: &&mut TurnItem| {
+                    matches!(item, TurnItem::Tool(block)
+                        if block.name == "delegate_task" && !block.finished())
+                };
+                let Some(TurnItem::Tool(parent)) = turn.items.iter_mut().find(running_delegate)
+                else {
                     return;
                 };
                 parent.children.push(ChildAgent {

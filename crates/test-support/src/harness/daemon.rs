@@ -281,8 +281,9 @@ pub fn daemon_info(home: &Path) -> Option<Value> {
 
 /// SIGKILLs the daemon `daemon.json` names on drop: for a daemon the test did not start
 /// itself (`drover run` detaches the one it starts), so it is stopped even when a test fails.
-/// The drop returns once the daemon is dead (or after [`GONE_WAIT`](crate::harness::GONE_WAIT)), so the home removed
-/// right after is not written to by a daemon still dying.
+/// The drop returns once the daemon is dead (or after
+/// [`GONE_WAIT`](crate::harness::GONE_WAIT)), so the home removed right after is not written
+/// to by a daemon still dying.
 pub struct KillDaemonOnDrop<'a>(pub &'a Path);
 
 impl Drop for KillDaemonOnDrop<'_> {
