@@ -100,13 +100,21 @@ async fn foreground_daemon_never_idle_exits() {
     assert!(!daemon_log(home.path()).contains("idle exit"));
 }
 
-#[tokio::test]
-async fn bind_failure_is_in_daemon_log() {
+/// A home whose daemon is to listen on a loopback port another socket holds (the listener,
+/// kept for as long as the port must stay taken).
+fn home_listening_on_a_taken_port() -> (std::net::TcpListener, TestHome) {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap();
     let home = TestHome::new().unwrap();
     home.write_config(&format!("[daemon]\nlisten = \"{addr}\"\n"))
         .unwrap();
+    (taken, home)
+}
+
+#[tokio::test]
+async fn bind_failure_is_in_daemon_log() {
+    let (taken, home) = home_listening_on_a_taken_port();
+    let addr = taken.local_addr().unwrap();
     let out = run_drover(bin(), home.path(), None, &["daemon", "--started-by-client"]).await;
     assert_eq!(out.status.code(), Some(1));
     let log = daemon_log(home.path());
@@ -307,11 +315,7 @@ async fn a_started_daemon_says_ready_on_its_pipe_once_it_serves() {
 
 #[tokio::test]
 async fn a_daemon_that_cannot_start_closes_its_pipe_without_ready() {
-    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = taken.local_addr().unwrap();
-    let home = TestHome::new().unwrap();
-    home.write_config(&format!("[daemon]\nlisten = \"{addr}\"\n"))
-        .unwrap();
+    let (_taken, home) = home_listening_on_a_taken_port();
     let (mut child, pipe) = start_with_ready_pipe(home.path());
     assert_eq!(read_to_end(pipe).await, "");
     assert_eq!(child.0.wait().unwrap().code(), Some(1));

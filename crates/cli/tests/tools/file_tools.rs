@@ -17,18 +17,23 @@ use drover_test_support::mock_model::tool_names;
 use drover_test_support::Reply;
 use serde_json::{json, Value};
 
-#[tokio::test]
-async fn model_writes_a_file_then_reads_it_back_in_one_turn() {
-    let scratch = tempfile::Builder::new()
-        .prefix("drover-file-tools-")
-        .tempdir()
-        .unwrap();
-    let mut s = OneSession::builder(bin())
+/// A session with the `file` toolset, `extra_config` in its home's config and a fresh scratch
+/// directory (named from `prefix`) as its cwd.
+async fn file_session(prefix: &str, extra_config: &str) -> (tempfile::TempDir, OneSession) {
+    let scratch = tempfile::Builder::new().prefix(prefix).tempdir().unwrap();
+    let session = OneSession::builder(bin())
         .toolsets(&["file"])
+        .config(extra_config)
         .cwd(scratch.path())
         .start()
         .await
         .unwrap();
+    (scratch, session)
+}
+
+#[tokio::test]
+async fn model_writes_a_file_then_reads_it_back_in_one_turn() {
+    let (scratch, mut s) = file_session("drover-file-tools-", "").await;
     assert_eq!(s.created["info"]["toolsets"], json!(["file"]));
 
     let content = "hello from drover\nsecond line\n";
@@ -224,16 +229,7 @@ const PER_REPLY: usize = 20;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_file_tools_never_read_a_pipe_swapped_in_for_a_file_and_run_confined() {
-    let scratch = tempfile::Builder::new()
-        .prefix("drover-file-race-")
-        .tempdir()
-        .unwrap();
-    let mut s = OneSession::builder(bin())
-        .toolsets(&["file"])
-        .cwd(scratch.path())
-        .start()
-        .await
-        .unwrap();
+    let (scratch, mut s) = file_session("drover-file-race-", "").await;
     let mut holder = PipeHolder::new(PIPE_SECRET);
     let pipe_link = PathBuf::from(format!("/proc/{}/fd/0", holder.child.id()));
     // A plain symlink to another process's open regular file, and to the daemon's environment.
@@ -379,17 +375,7 @@ async fn the_file_tools_never_read_a_pipe_swapped_in_for_a_file_and_run_confined
 
 #[tokio::test]
 async fn with_the_sandbox_off_the_file_tools_run_in_the_worker_and_still_refuse_a_pipe() {
-    let scratch = tempfile::Builder::new()
-        .prefix("drover-file-off-")
-        .tempdir()
-        .unwrap();
-    let mut s = OneSession::builder(bin())
-        .toolsets(&["file"])
-        .config("[sandbox]\nmode = \"off\"\n")
-        .cwd(scratch.path())
-        .start()
-        .await
-        .unwrap();
+    let (scratch, mut s) = file_session("drover-file-off-", "[sandbox]\nmode = \"off\"\n").await;
     let mut holder = PipeHolder::new(PIPE_SECRET);
     let pipe_link = format!("/proc/{}/fd/0", holder.child.id());
     std::os::unix::fs::symlink(&pipe_link, scratch.path().join("pipe-link")).unwrap();
