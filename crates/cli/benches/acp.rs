@@ -50,7 +50,7 @@ use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::{on_receive_notification, Agent, Lines};
 use anyhow::{anyhow, bail, Context, Result};
 use drover_test_support::harness::{Client, Daemon, TestHome, WAIT};
-use drover_test_support::{env_count, MockModel};
+use drover_test_support::{bench, env_count, MockModel};
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
@@ -69,16 +69,7 @@ fn bin() -> PathBuf {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
-    if args.iter().any(|a| a == "--list") {
-        // `cargo test -- --list`: one "test", the smoke run.
-        println!("acp: test");
-        return ExitCode::SUCCESS;
-    }
-    // `cargo test NAME` passes NAME to every test binary: run only when it names this one.
-    if args[1..]
-        .iter()
-        .any(|a| !a.starts_with('-') && !"acp".contains(a.as_str()))
-    {
+    if !bench::smoke_run_selected("acp", &args) {
         return ExitCode::SUCCESS;
     }
     let runtime = match tokio::runtime::Builder::new_current_thread()

@@ -50,7 +50,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use drover_test_support::bench::{ledger_times, sqlite_floor, unix_now, LedgerTimes};
+use drover_test_support::bench::{self, ledger_times, sqlite_floor, unix_now, LedgerTimes};
 use drover_test_support::harness::{daemon_info, pid_alive, Client, Daemon, TestHome, WAIT};
 use drover_test_support::mock_model::last_message;
 use drover_test_support::{env_count, Gate, MockModel, Reply};
@@ -79,18 +79,9 @@ const TARGET_ONESHOT_COLD_MS: f64 = 20.0;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
-    if args.iter().any(|a| a == "--list") {
-        // `cargo test -- --list`: one "test", the smoke run.
-        println!("userview: test");
-        return ExitCode::SUCCESS;
-    }
-    // `cargo test NAME` passes NAME to every test binary: run only when it names this one.
+    // The same binary is each client process of the measurement.
     let client = args.get(1).map(String::as_str) == Some(CLIENT_FLAG);
-    if !client
-        && args[1..]
-            .iter()
-            .any(|a| !a.starts_with('-') && !"userview".contains(a.as_str()))
-    {
+    if !client && !bench::smoke_run_selected("userview", &args) {
         return ExitCode::SUCCESS;
     }
     let runtime = match tokio::runtime::Builder::new_current_thread()

@@ -1,5 +1,6 @@
 //! What the benchmarks (`crates/cli/benches`) measure beside drover itself: the disk's floor
-//! for a durable write, and the times a daemon's ledger stored for each admission.
+//! for a durable write, and the times a daemon's ledger stored for each admission; and how a
+//! `harness = false` bench that `cargo test` runs as a smoke run answers its arguments.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -108,4 +109,19 @@ pub fn ledger_times(db: &Path, session_id: &str) -> Result<HashMap<String, Ledge
         slot.get_or_insert(at);
     }
     Ok(out)
+}
+
+/// Whether the `harness = false` bench `name`, run by `cargo test` as one smoke "test", is
+/// asked to run with `args` (the process's, program first). `--list` prints that one test and
+/// gives false; `cargo test NAME` passes NAME to every test binary, so a filter that is not
+/// part of `name` gives false too.
+pub fn smoke_run_selected(name: &str, args: &[String]) -> bool {
+    if args.iter().any(|arg| arg == "--list") {
+        println!("{name}: test");
+        return false;
+    }
+    !args
+        .iter()
+        .skip(1)
+        .any(|arg| !arg.starts_with('-') && !name.contains(arg.as_str()))
 }
