@@ -160,6 +160,31 @@ async fn restart(s: &OneSession) -> (Daemon, Client) {
     (daemon, client)
 }
 
+/// After a stop: the attached client was told the turn's outcome `told` before its connection
+/// closed, and after a restart the receipt still says it (`unknown` stays unknown, any other
+/// outcome is terminal), the admission is released and the model was asked only once.
+async fn told_then_kept_after_restart(s: &mut OneSession, admission_id: &str, told: &str) {
+    let events = s.client.events_until_settled(admission_id).await.unwrap();
+    assert_eq!(
+        events.last().unwrap()["payload"]["outcome"],
+        told,
+        "{events:?}"
+    );
+    let (_daemon, mut c) = restart(s).await;
+    let r = receipt(&mut c, &s.session_id, admission_id).await;
+    let status = if told == "unknown" {
+        "unknown"
+    } else {
+        "terminal"
+    };
+    assert_eq!(r["status"], status, "{r}");
+    if status == "terminal" {
+        assert_eq!(r["outcome"], told, "{r}");
+    }
+    assert_released(s, admission_id, status);
+    assert_eq!(s.model.requests().len(), 1);
+}
+
 /// Submits a turn whose one tool call runs `sleeper` in the background (writing its pid to a
 /// file) and waits on it; returns the pid file's directory, the admission and the sleeper's pid.
 async fn sleeping_tool(s: &mut OneSession, sleeper: &str) -> (tempfile::TempDir, String, u32) {
@@ -689,19 +714,7 @@ async fn graceful_stop_interrupts_a_turn_within_the_grace() {
     );
     assert!(!s.home.path().join("daemon.json").exists());
     // The attached client was told how the turn ended before its connection closed.
-    let events = s.client.events_until_settled(&a).await.unwrap();
-    assert_eq!(
-        events.last().unwrap()["payload"]["outcome"],
-        "interrupted",
-        "{events:?}"
-    );
-
-    let (_daemon, mut c) = restart(&s).await;
-    let r = receipt(&mut c, &s.session_id, &a).await;
-    assert_eq!(r["status"], "terminal", "{r}");
-    assert_eq!(r["outcome"], "interrupted", "{r}");
-    assert_released(&s, &a, "terminal");
-    assert_eq!(s.model.requests().len(), 1);
+    told_then_kept_after_restart(&mut s, &a, "interrupted").await;
 }
 
 #[tokio::test]
@@ -770,18 +783,7 @@ async fn graceful_stop_past_the_grace_kills_the_worker_and_the_turn_is_unknown()
         "the killed worker's tool process {sleep} is still running"
     );
     // The attached client was told the turn is unknown before its connection closed.
-    let events = s.client.events_until_settled(&a).await.unwrap();
-    assert_eq!(
-        events.last().unwrap()["payload"]["outcome"],
-        "unknown",
-        "{events:?}"
-    );
-
-    let (_daemon, mut c) = restart(&s).await;
-    let r = receipt(&mut c, &s.session_id, &a).await;
-    assert_eq!(r["status"], "unknown", "{r}");
-    assert_released(&s, &a, "unknown");
-    assert_eq!(s.model.requests().len(), 1);
+    told_then_kept_after_restart(&mut s, &a, "unknown").await;
 }
 
 #[tokio::test]
