@@ -311,16 +311,16 @@ pub fn run(home: PathBuf, args: JobArgs) -> Exit {
     }
     let env = Env::new(home, args.registry_dir.as_deref());
     let result = match args.command {
-        JobCommand::Register(a) => register(&env, a),
-        JobCommand::Submit(a) => submit(&env, a),
-        JobCommand::Publish(a) => publish_cmd(&env, a),
-        JobCommand::Show(a) => show(&env, a),
-        JobCommand::Events(a) => events(&env, a),
-        JobCommand::List(a) => list(&env, a),
-        JobCommand::Update(a) => update(&env, a),
-        JobCommand::Cancel(a) => cancel(&env, a),
-        JobCommand::Watch(a) => watch(&env, a),
-        JobCommand::HeartbeatTimer(a) => heartbeat_timer(&env, a),
+        JobCommand::Register(args) => register(&env, args),
+        JobCommand::Submit(args) => submit(&env, args),
+        JobCommand::Publish(args) => publish_cmd(&env, args),
+        JobCommand::Show(args) => show(&env, args),
+        JobCommand::Events(args) => events(&env, args),
+        JobCommand::List(args) => list(&env, args),
+        JobCommand::Update(args) => update(&env, args),
+        JobCommand::Cancel(args) => cancel(&env, args),
+        JobCommand::Watch(args) => watch(&env, args),
+        JobCommand::HeartbeatTimer(args) => heartbeat_timer(&env, args),
     };
     match result {
         Ok(code) => code,
@@ -410,23 +410,23 @@ pub(crate) fn print_json(value: &Value) {
     let _ = writeln!(out, "{value}");
 }
 
-fn heartbeat_timer(env: &Env, a: TimerArgs) -> Result<Exit, JobError> {
+fn heartbeat_timer(env: &Env, args: TimerArgs) -> Result<Exit, JobError> {
     // A bad config only means no wire: the timer must keep beating locally.
     let wire = env
         .wire_settings()
         .map(|s| s.wire())
         .unwrap_or_else(|_| Box::new(drover_jobs::wire::LocalOnly));
-    let watch = match (a.watch_pid, a.watch_start_time) {
+    let watch = match (args.watch_pid, args.watch_start_time) {
         (Some(pid), Some(start_time)) => Some(TimerIdentity { pid, start_time }),
         _ => None,
     };
     let end = timer::run(TimerRun {
         registry_dir: env.registry_dir.clone(),
         spec: TimerSpec {
-            job_id: a.job,
-            attempt_id: a.attempt_id,
-            dispatch_token: a.dispatch_token,
-            every: a.every,
+            job_id: args.job,
+            attempt_id: args.attempt_id,
+            dispatch_token: args.dispatch_token,
+            every: args.every,
             watch,
         },
         wire: wire.as_ref(),

@@ -45,9 +45,9 @@ fn init_logs() {
 }
 
 /// Runs `drover runner`; errors print one line on stderr and give exit 1.
-pub fn run_runner(home: PathBuf, a: RunnerArgs) -> Exit {
+pub fn run_runner(home: PathBuf, args: RunnerArgs) -> Exit {
     init_logs();
-    match runner_inner(home, a) {
+    match runner_inner(home, args) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("drover: {e}");
@@ -56,21 +56,21 @@ pub fn run_runner(home: PathBuf, a: RunnerArgs) -> Exit {
     }
 }
 
-fn runner_inner(home: PathBuf, a: RunnerArgs) -> Result<Exit, JobError> {
+fn runner_inner(home: PathBuf, args: RunnerArgs) -> Result<Exit, JobError> {
     // The secret first: a runner without one must not even connect.
     let secret = remote::dispatch_secret(std::env::var(remote::DISPATCH_SECRET_ENV).ok())?;
-    remote::validate_runner_name(&a.session)?;
-    if a.exec.trim().is_empty() {
+    remote::validate_runner_name(&args.session)?;
+    if args.exec.trim().is_empty() {
         return Err(JobError::BadInput(
             "--exec is empty: give the command to run".into(),
         ));
     }
-    let timeout = a
+    let timeout = args
         .timeout
         .as_deref()
         .map(|t| state::parse_seconds("--timeout", t))
         .transpose()?;
-    let env = Env::new(home, a.registry_dir.as_deref());
+    let env = Env::new(home, args.registry_dir.as_deref());
     let dispatch_max_age_s = drover_owner::config::Config::load(&env.home)
         .map_err(|e| JobError::BadInput(e.to_string()))?
         .jobs
@@ -89,9 +89,9 @@ fn runner_inner(home: PathBuf, a: RunnerArgs) -> Result<Exit, JobError> {
         .clone()
         .ok_or_else(job_cmd::no_wire_for_remote)?;
     let cfg = RunnerConfig {
-        session: a.session,
-        command: a.exec,
-        once: a.once,
+        session: args.session,
+        command: args.exec,
+        once: args.once,
         timeout,
         registry_dir: env.registry_dir.clone(),
         endpoint,
@@ -177,9 +177,9 @@ pub struct LoopArgs {
 /// Runs `drover loop`: exit 0 when a reviewer's `completed` detail starts with `PASS`; 1 when
 /// a job ends without `completed` or `--max-rounds` pass without PASS; 2 when a job went
 /// quiet (`deadline_timeout`, `--timeout`).
-pub fn run_loop(home: PathBuf, a: LoopArgs) -> Exit {
+pub fn run_loop(home: PathBuf, args: LoopArgs) -> Exit {
     init_logs();
-    match loop_inner(home, a) {
+    match loop_inner(home, args) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("drover: {e}");
@@ -188,35 +188,35 @@ pub fn run_loop(home: PathBuf, a: LoopArgs) -> Exit {
     }
 }
 
-fn loop_inner(home: PathBuf, a: LoopArgs) -> Result<Exit, JobError> {
-    let contract = a.heartbeat.contract(&None, true)?;
-    let max_rounds = match a.max_rounds.trim().parse::<u64>() {
+fn loop_inner(home: PathBuf, args: LoopArgs) -> Result<Exit, JobError> {
+    let contract = args.heartbeat.contract(&None, true)?;
+    let max_rounds = match args.max_rounds.trim().parse::<u64>() {
         Ok(n) if (1..=1000).contains(&n) => n,
         _ => {
             return Err(JobError::BadInput(format!(
                 "--max-rounds must be a whole number from 1 to 1000, got {:?}",
-                a.max_rounds
+                args.max_rounds
             )))
         }
     };
-    let timeout = a
+    let timeout = args
         .timeout
         .as_deref()
         .map(|t| state::parse_seconds("--timeout", t))
         .transpose()?;
-    if a.task.trim().is_empty() {
+    if args.task.trim().is_empty() {
         return Err(JobError::BadInput(
             "--task is empty: say what to make".into(),
         ));
     }
-    let creator = AgentSession::parse(&a.creator)?;
-    let reviewer = AgentSession::parse(&a.reviewer)?;
-    let env = Env::new(home, a.registry_dir.as_deref());
+    let creator = AgentSession::parse(&args.creator)?;
+    let reviewer = AgentSession::parse(&args.reviewer)?;
+    let env = Env::new(home, args.registry_dir.as_deref());
     let rt = job_cmd::runtime()?;
     let mut rounds = Vec::new();
     let mut feedback: Option<String> = None;
     let finish = |rounds: &Vec<serde_json::Value>, outcome: &str, code: Exit| {
-        if a.json {
+        if args.json {
             job_cmd::print_json(&json!({"outcome": outcome, "rounds": rounds}));
         }
         Ok(code)
@@ -225,21 +225,21 @@ fn loop_inner(home: PathBuf, a: LoopArgs) -> Result<Exit, JobError> {
         let creator_prompt = match &feedback {
             None => format!(
                 "Round {round} of a creator/reviewer loop. Task:\n\n{}",
-                a.task
+                args.task
             ),
             Some(f) => format!(
                 "Round {round} of a creator/reviewer loop. Task:\n\n{}\n\nThe reviewer's \
                  feedback on round {}:\n\n{f}",
-                a.task,
+                args.task,
                 round - 1
             ),
         };
-        eprintln!("drover loop: round {round}: creator {}", a.creator);
+        eprintln!("drover loop: round {round}: creator {}", args.creator);
         let created = step(
             &env,
             &rt,
             &creator,
-            a.creator_exec.clone(),
+            args.creator_exec.clone(),
             creator_prompt,
             contract,
             timeout,
@@ -257,14 +257,14 @@ fn loop_inner(home: PathBuf, a: LoopArgs) -> Result<Exit, JobError> {
             "Round {round} of a creator/reviewer loop: review the creator's result. Task:\n\n{}\n\n\
              The creator's result (round {round}):\n\n{work}\n\nEnd with one line: PASS if it \
              is done, else what to change.",
-            a.task
+            args.task
         );
-        eprintln!("drover loop: round {round}: reviewer {}", a.reviewer);
+        eprintln!("drover loop: round {round}: reviewer {}", args.reviewer);
         let reviewed = step(
             &env,
             &rt,
             &reviewer,
-            a.reviewer_exec.clone(),
+            args.reviewer_exec.clone(),
             reviewer_prompt,
             contract,
             timeout,
@@ -279,7 +279,7 @@ fn loop_inner(home: PathBuf, a: LoopArgs) -> Result<Exit, JobError> {
         }
         let verdict = reviewed.detail.unwrap_or_default();
         if verdict.starts_with("PASS") {
-            if !a.json {
+            if !args.json {
                 println!("{work}");
             }
             eprintln!("drover loop: PASS in round {round}");

@@ -10,9 +10,9 @@ use crate::Exit;
 
 use super::{print_json, Env, JobRef, ListArgs};
 
-pub(super) fn show(env: &Env, a: JobRef) -> Result<Exit, JobError> {
-    let job = env.open_for(&a.job)?.job(&a.job)?;
-    if a.json {
+pub(super) fn show(env: &Env, args: JobRef) -> Result<Exit, JobError> {
+    let job = env.open_for(&args.job)?.job(&args.job)?;
+    if args.json {
         print_json(&job.to_json());
         return Ok(Exit::Ok);
     }
@@ -87,11 +87,11 @@ fn describe_transport(job: &drover_jobs::Job) -> String {
     }
 }
 
-pub(super) fn events(env: &Env, a: JobRef) -> Result<Exit, JobError> {
-    let registry = env.open_for(&a.job)?;
-    registry.job(&a.job)?;
-    let entries = registry.entries(&a.job, 0)?;
-    if a.json {
+pub(super) fn events(env: &Env, args: JobRef) -> Result<Exit, JobError> {
+    let registry = env.open_for(&args.job)?;
+    registry.job(&args.job)?;
+    let entries = registry.entries(&args.job, 0)?;
+    if args.json {
         // Written from each entry's stored text, not through a `Value`: a mirrored event's
         // numbers stay as signed (an integer beyond 64 bits included), so it verifies again.
         let events: Vec<String> = entries.iter().map(|e| e.to_json_text()).collect();
@@ -100,7 +100,7 @@ pub(super) fn events(env: &Env, a: JobRef) -> Result<Exit, JobError> {
             out,
             "{{\"events\":[{}],\"job_id\":{}}}",
             events.join(","),
-            Value::String(a.job.clone())
+            Value::String(args.job.clone())
         );
         return Ok(Exit::Ok);
     }
@@ -133,13 +133,13 @@ pub(super) fn status_flag(given: Option<&str>) -> Result<Option<JobStatus>, JobE
     }
 }
 
-pub(super) fn list(env: &Env, a: ListArgs) -> Result<Exit, JobError> {
-    let status = status_flag(a.status.as_deref())?;
+pub(super) fn list(env: &Env, args: ListArgs) -> Result<Exit, JobError> {
+    let status = status_flag(args.status.as_deref())?;
     let jobs = match Registry::open_existing(&env.registry_dir)? {
         Some(r) => r.list(status)?,
         None => Vec::new(),
     };
-    if a.json {
+    if args.json {
         print_json(&json!({"jobs": jobs.iter().map(|j| j.to_json()).collect::<Vec<_>>()}));
         return Ok(Exit::Ok);
     }

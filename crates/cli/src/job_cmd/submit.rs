@@ -15,23 +15,23 @@ use crate::Exit;
 
 use super::{no_wire_for_remote, print_json, runtime, Env, PublishArgs, RegisterArgs, SubmitArgs};
 
-pub(super) fn register(env: &Env, a: RegisterArgs) -> Result<Exit, JobError> {
-    let contract = a.contract.contract()?;
-    let agent_session = a
+pub(super) fn register(env: &Env, args: RegisterArgs) -> Result<Exit, JobError> {
+    let contract = args.contract.contract()?;
+    let agent_session = args
         .agent_session
         .as_deref()
         .map(AgentSession::parse)
         .transpose()?;
-    if let Some(id) = &a.job_id {
+    if let Some(id) = &args.job_id {
         drover_jobs::registry::validate_job_id(id)?;
     }
     let settings = env.wire_settings()?;
     let exe = env.exe()?;
     let mut registry = env.open()?;
     let job = registry.register(NewJob {
-        job_id: a.job_id,
+        job_id: args.job_id,
         agent_session,
-        prompt: a.prompt,
+        prompt: args.prompt,
         contract,
         topic_base: settings.topic_base,
     })?;
@@ -42,7 +42,7 @@ pub(super) fn register(env: &Env, a: RegisterArgs) -> Result<Exit, JobError> {
         watch: brief::WatchPid::None,
     };
     brief::write(&registry, &job, &brief::render(&job, &ctx))?;
-    if a.json {
+    if args.json {
         print_json(&job.to_json());
     } else {
         println!("{}", job.job_id);
@@ -50,15 +50,15 @@ pub(super) fn register(env: &Env, a: RegisterArgs) -> Result<Exit, JobError> {
     Ok(Exit::Ok)
 }
 
-pub(super) fn submit(env: &Env, a: SubmitArgs) -> Result<Exit, JobError> {
-    let contract = a.contract.contract()?;
-    let timeout = a
+pub(super) fn submit(env: &Env, args: SubmitArgs) -> Result<Exit, JobError> {
+    let contract = args.contract.contract()?;
+    let timeout = args
         .timeout
         .as_deref()
         .map(|t| state::parse_seconds("--timeout", t))
         .transpose()?;
-    let session = AgentSession::parse(&a.agent_session)?;
-    if let Some(id) = &a.job_id {
+    let session = AgentSession::parse(&args.agent_session)?;
+    if let Some(id) = &args.job_id {
         drover_jobs::registry::validate_job_id(id)?;
     }
     let rt = runtime()?;
@@ -67,17 +67,17 @@ pub(super) fn submit(env: &Env, a: SubmitArgs) -> Result<Exit, JobError> {
         &rt,
         SubmitSpec {
             session,
-            exec: a.exec,
-            prompt: a.prompt,
+            exec: args.exec,
+            prompt: args.prompt,
             contract,
             timeout,
-            dry_run: a.dry_run,
-            job_id: a.job_id,
+            dry_run: args.dry_run,
+            job_id: args.job_id,
         },
     )?;
     let job = &outcome.job;
     let (word, code) = submit_verdict(outcome.verdict);
-    if a.json {
+    if args.json {
         print_json(&json!({
             "job": job.to_json(),
             "outcome": word,
@@ -200,15 +200,15 @@ pub(crate) fn submit_verdict(verdict: Option<Verdict>) -> (&'static str, Exit) {
     }
 }
 
-pub(super) fn publish_cmd(env: &Env, a: PublishArgs) -> Result<Exit, JobError> {
+pub(super) fn publish_cmd(env: &Env, args: PublishArgs) -> Result<Exit, JobError> {
     let event =
-        EventKind::parse(&a.event).ok_or_else(|| JobError::BadEventName(a.event.clone()))?;
-    let heartbeat = a
+        EventKind::parse(&args.event).ok_or_else(|| JobError::BadEventName(args.event.clone()))?;
+    let heartbeat = args
         .heartbeat
         .as_deref()
         .map(|t| state::parse_seconds("--heartbeat", t))
         .transpose()?;
-    let watch_pid = a
+    let watch_pid = args
         .watch_pid
         .as_deref()
         .map(|t| match t.trim().parse::<i32>() {
@@ -219,13 +219,13 @@ pub(super) fn publish_cmd(env: &Env, a: PublishArgs) -> Result<Exit, JobError> {
         })
         .transpose()?;
     let req = PublishRequest {
-        job_id: a.job.clone(),
+        job_id: args.job.clone(),
         event,
-        detail: a.detail,
+        detail: args.detail,
         heartbeat,
         watch_pid,
-        expect_dispatch_token: a.expect_dispatch_token,
-        no_state: a.no_state,
+        expect_dispatch_token: args.expect_dispatch_token,
+        no_state: args.no_state,
     };
     publish::validate(&req)?;
     let settings = env.wire_settings()?;
@@ -235,7 +235,7 @@ pub(super) fn publish_cmd(env: &Env, a: PublishArgs) -> Result<Exit, JobError> {
         home: env.home.clone(),
         registry_dir: env.registry_dir.clone(),
     };
-    let mut registry = env.open_for(&a.job)?;
+    let mut registry = env.open_for(&args.job)?;
     let wire = settings.wire();
     let published = drover_jobs::publish(
         PublishContext {
@@ -256,7 +256,7 @@ pub(super) fn publish_cmd(env: &Env, a: PublishArgs) -> Result<Exit, JobError> {
         }
         _ => Exit::Ok,
     };
-    if a.json {
+    if args.json {
         print_json(&json!({
             "message": published.message,
             "wire": published.wire.as_str(),
@@ -276,7 +276,7 @@ pub(super) fn publish_cmd(env: &Env, a: PublishArgs) -> Result<Exit, JobError> {
             })),
         }));
     } else {
-        println!("{} {} seq {}", a.job, event, published.message["seq"]);
+        println!("{} {} seq {}", args.job, event, published.message["seq"]);
     }
     Ok(code)
 }

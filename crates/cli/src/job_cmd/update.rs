@@ -9,9 +9,9 @@ use crate::Exit;
 use super::show::status_flag;
 use super::{print_json, CancelArgs, Env, UpdateArgs};
 
-pub(super) fn update(env: &Env, a: UpdateArgs) -> Result<Exit, JobError> {
-    let status = status_flag(a.status.as_deref())?;
-    let attempt = a
+pub(super) fn update(env: &Env, args: UpdateArgs) -> Result<Exit, JobError> {
+    let status = status_flag(args.status.as_deref())?;
+    let attempt = args
         .attempt_id
         .as_deref()
         .map(|t| match t.trim().parse::<u64>() {
@@ -27,10 +27,10 @@ pub(super) fn update(env: &Env, a: UpdateArgs) -> Result<Exit, JobError> {
         ));
     }
     let drain = env.drain()?;
-    let mut registry = env.open_for(&a.job)?;
+    let mut registry = env.open_for(&args.job)?;
     let mut changed = false;
     if let Some(n) = attempt {
-        let (_, old_timer) = registry.new_attempt(&a.job, n)?;
+        let (_, old_timer) = registry.new_attempt(&args.job, n)?;
         changed = true;
         if let Some(t) = old_timer {
             timer::stop(t, drain)?;
@@ -38,14 +38,14 @@ pub(super) fn update(env: &Env, a: UpdateArgs) -> Result<Exit, JobError> {
     }
     if let Some(s) = status {
         let (_, did, old_timer) =
-            registry.set_status(&a.job, s, a.detail.as_deref(), "status_set")?;
+            registry.set_status(&args.job, s, args.detail.as_deref(), "status_set")?;
         changed |= did;
         if let Some(t) = old_timer {
             timer::stop(t, drain)?;
         }
     }
-    let job = registry.job(&a.job)?;
-    if a.json {
+    let job = registry.job(&args.job)?;
+    if args.json {
         print_json(&json!({"job": job.to_json(), "changed": changed}));
     } else {
         println!(
@@ -59,19 +59,19 @@ pub(super) fn update(env: &Env, a: UpdateArgs) -> Result<Exit, JobError> {
     Ok(Exit::Ok)
 }
 
-pub(super) fn cancel(env: &Env, a: CancelArgs) -> Result<Exit, JobError> {
+pub(super) fn cancel(env: &Env, args: CancelArgs) -> Result<Exit, JobError> {
     let drain = env.drain()?;
-    let mut registry = env.open_for(&a.job)?;
+    let mut registry = env.open_for(&args.job)?;
     let (job, changed, old_timer) = registry.set_status(
-        &a.job,
+        &args.job,
         JobStatus::Cancelled,
-        a.detail.as_deref(),
+        args.detail.as_deref(),
         "cancelled",
     )?;
     if let Some(t) = old_timer {
         timer::stop(t, drain)?;
     }
-    if a.json {
+    if args.json {
         print_json(&json!({"job": job.to_json(), "changed": changed}));
     } else {
         println!(

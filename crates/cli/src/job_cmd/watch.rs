@@ -10,16 +10,16 @@ use crate::Exit;
 
 use super::{print_json, Env, WatchArgs};
 
-pub(super) fn watch(env: &Env, a: WatchArgs) -> Result<Exit, JobError> {
-    let timeout = a
+pub(super) fn watch(env: &Env, args: WatchArgs) -> Result<Exit, JobError> {
+    let timeout = args
         .timeout
         .as_deref()
         .map(|t| state::parse_seconds("--timeout", t))
         .transpose()?;
     let settings = env.wire_settings()?;
     let drain = env.drain()?;
-    let mut registry = env.open_for(&a.job)?;
-    let job = registry.job(&a.job)?;
+    let mut registry = env.open_for(&args.job)?;
+    let job = registry.job(&args.job)?;
     let Some(endpoint) = settings.endpoint.clone() else {
         return Err(JobError::BadInput(
             "watch follows the MQTT wire, and no wire is configured ([mqtt] url in config.toml, \
@@ -35,10 +35,10 @@ pub(super) fn watch(env: &Env, a: WatchArgs) -> Result<Exit, JobError> {
             source,
         })?;
     let req = WatchRequest {
-        job_id: a.job.clone(),
+        job_id: args.job.clone(),
         timeout,
     };
-    let human = !a.json;
+    let human = !args.json;
     let mut connected = false;
     let outcome = rt.block_on(drover_jobs::watch::watch(
         &mut registry,
@@ -77,7 +77,7 @@ pub(super) fn watch(env: &Env, a: WatchArgs) -> Result<Exit, JobError> {
     ))?;
     let code = watch_exit(&outcome);
     let job = &outcome.job;
-    if a.json {
+    if args.json {
         let s = &outcome.stats;
         print_json(&json!({
             "job": job.to_json(),

@@ -52,8 +52,8 @@ pub(super) fn parse_choice(answer: &str) -> Option<ApprovalChoice> {
     }
 }
 
-pub(super) fn choice_word(c: ApprovalChoice) -> &'static str {
-    match c {
+pub(super) fn choice_word(choice: ApprovalChoice) -> &'static str {
+    match choice {
         ApprovalChoice::Once => "once",
         ApprovalChoice::Session => "session",
         ApprovalChoice::Always => "always",
@@ -66,13 +66,15 @@ pub(super) async fn read_answer(out: &mut Output, question: &str) -> Result<Opti
     out.spinner.clear();
     eprint!("{question}");
     let line = tokio::task::spawn_blocking(|| {
-        let mut s = String::new();
-        std::io::stdin().read_line(&mut s).map(|n| (n, s))
+        let mut line = String::new();
+        std::io::stdin()
+            .read_line(&mut line)
+            .map(|read| (read, line))
     })
     .await??;
     Ok(match line {
         (0, _) => None,
-        (_, s) => Some(s.trim().to_string()),
+        (_, line) => Some(line.trim().to_string()),
     })
 }
 
@@ -89,20 +91,20 @@ pub(super) async fn answer_prompt(
     let interactive = std::io::stdin().is_terminal();
     let left = |out: &mut Output, why: &str| {
         let (kind, prompt_id, how) = match prompt {
-            OpenPrompt::Approval(p) => (
+            OpenPrompt::Approval(approval) => (
                 "an approval",
-                &p.prompt_id,
+                &approval.prompt_id,
                 format!(
                     "`drover answer {session_id} --choice once|session|always|deny` (for `{}`), or pass --approve",
-                    printable(&p.command)
+                    printable(&approval.command)
                 ),
             ),
-            OpenPrompt::Clarify(p) => (
+            OpenPrompt::Clarify(clarify) => (
                 "a clarify",
-                &p.prompt_id,
+                &clarify.prompt_id,
                 format!(
                     "`drover answer {session_id} --text TEXT` (to {:?}), or pass --answer",
-                    printable(&p.question)
+                    printable(&clarify.question)
                 ),
             ),
         };
@@ -113,15 +115,19 @@ pub(super) async fn answer_prompt(
         Answered::Left(Exit::PromptWaiting)
     };
     match prompt {
-        OpenPrompt::Approval(p) => {
+        OpenPrompt::Approval(approval) => {
             let choice = match flags.approve.as_deref() {
                 Some(flag) => parse_choice(flag),
                 None if interactive => {
-                    let offered: Vec<&str> = p.choices.iter().map(|c| choice_word(*c)).collect();
+                    let offered: Vec<&str> = approval
+                        .choices
+                        .iter()
+                        .map(|choice| choice_word(*choice))
+                        .collect();
                     let question = format!(
                         "drover: `{}` needs approval ({}).\n  run it? [{}] (always: every command of this kind, in every session of this home) ",
-                        printable(&p.command),
-                        p.description,
+                        printable(&approval.command),
+                        approval.description,
                         offered.join("/")
                     );
                     let mut picked = None;
@@ -130,8 +136,8 @@ pub(super) async fn answer_prompt(
                             return Ok(left(out, "and the terminal closed"));
                         };
                         match parse_choice(&line) {
-                            Some(c) if p.choices.contains(&c) => {
-                                picked = Some(c);
+                            Some(choice) if approval.choices.contains(&choice) => {
+                                picked = Some(choice);
                                 break;
                             }
                             _ => out.note(&format!(
@@ -141,7 +147,7 @@ pub(super) async fn answer_prompt(
                         }
                     }
                     match picked {
-                        Some(c) => Some(c),
+                        Some(choice) => Some(choice),
                         None => {
                             return Ok(left(
                                 out,
@@ -158,28 +164,33 @@ pub(super) async fn answer_prompt(
             let answered = respond(
                 out,
                 client
-                    .respond_approval(session_id, p.execution_generation, &p.prompt_id, choice)
+                    .respond_approval(
+                        session_id,
+                        approval.execution_generation,
+                        &approval.prompt_id,
+                        choice,
+                    )
                     .await,
             );
             if choice == ApprovalChoice::Always && matches!(answered, Ok(Answered::Sent)) {
                 out.note(&format!(
                     "drover: stored rule `{}`: {} now runs without asking, in every session of \
                      this home, until `drover approvals rm {}`",
-                    p.pattern_key, p.description, p.pattern_key
+                    approval.pattern_key, approval.description, approval.pattern_key
                 ));
             }
             answered
         }
-        OpenPrompt::Clarify(p) => {
+        OpenPrompt::Clarify(clarify) => {
             let text = match flags.answer.clone() {
-                Some(a) => a,
+                Some(answer) => answer,
                 None if interactive => {
-                    let question = match p.choices.is_empty() {
-                        true => format!("drover: {} ", printable(&p.question)),
+                    let question = match clarify.choices.is_empty() {
+                        true => format!("drover: {} ", printable(&clarify.question)),
                         false => format!(
                             "drover: {} [{}] ",
-                            printable(&p.question),
-                            printable(&p.choices.join("/"))
+                            printable(&clarify.question),
+                            printable(&clarify.choices.join("/"))
                         ),
                     };
                     let mut picked = None;
@@ -187,17 +198,17 @@ pub(super) async fn answer_prompt(
                         let Some(line) = read_answer(out, &question).await? else {
                             return Ok(left(out, "and the terminal closed"));
                         };
-                        if p.choices.is_empty() || p.choices.contains(&line) {
+                        if clarify.choices.is_empty() || clarify.choices.contains(&line) {
                             picked = Some(line);
                             break;
                         }
                         out.note(&format!(
                             "drover: {line:?} is not a choice; answer one of {}",
-                            p.choices.join(", ")
+                            clarify.choices.join(", ")
                         ));
                     }
                     match picked {
-                        Some(t) => t,
+                        Some(text) => text,
                         None => {
                             return Ok(left(
                                 out,
@@ -213,8 +224,8 @@ pub(super) async fn answer_prompt(
                 client
                     .respond_clarify(
                         session_id,
-                        p.execution_generation,
-                        &p.prompt_id,
+                        clarify.execution_generation,
+                        &clarify.prompt_id,
                         ClarifyAnswer::Text(text),
                     )
                     .await,

@@ -215,37 +215,37 @@ impl Turn<'_> {
     /// Reads the receipt: a settled turn ends the run. After the daemon restarted, a turn it
     /// was running is `unknown` (SPEC G2: never replayed).
     pub(super) async fn check_receipt(&mut self, restarted: bool) -> Result<Option<Exit>> {
-        let r = self
+        let receipt = self
             .client
             .receipt(&self.session_id, &self.admission_id, true)
             .await?;
-        let Some(end) = receipt_end(&r)? else {
+        let Some(end) = receipt_end(&receipt)? else {
             return Ok(None);
         };
         if end == TurnEnd::Unknown && restarted {
             let id = &self.session_id;
             self.out.end_text();
-            self.out.json_line(&r);
+            self.out.json_line(&receipt);
             self.out.note(&format!(
                 "drover: the daemon stopped while the turn ran; its outcome is unknown; \
                  `drover resolve {id}` closes it as interrupted and lets the session go on"
             ));
             return Ok(Some(Exit::Unknown));
         }
-        let error = r.result.as_ref().and_then(|res| res.error.clone());
+        let error = receipt.result.as_ref().and_then(|res| res.error.clone());
         self.out.end_text();
-        self.out.json_line(&r);
+        self.out.json_line(&receipt);
         Ok(Some(self.finish(end, error.as_deref())))
     }
 
     /// With `--json`, the turn's last line: its receipt with the result.
     pub(super) async fn json_receipt(&mut self) -> Result<()> {
         if self.out.json {
-            let r = self
+            let receipt = self
                 .client
                 .receipt(&self.session_id, &self.admission_id, true)
                 .await?;
-            self.out.json_line(&r);
+            self.out.json_line(&receipt);
         }
         Ok(())
     }
@@ -288,7 +288,11 @@ impl Turn<'_> {
             self.generation = r.execution_generation;
         }
         match self.generation {
-            Some(g) => self.client.interrupt(&self.session_id, g).await.map(drop),
+            Some(generation) => self
+                .client
+                .interrupt(&self.session_id, generation)
+                .await
+                .map(drop),
             None => Ok(()),
         }
     }
@@ -299,40 +303,47 @@ impl Turn<'_> {
             self.out.json_line(&event);
         }
         match &event.event {
-            EventPayload::TurnStarted(p) if ours => {
+            EventPayload::TurnStarted(payload) if ours => {
                 self.mine = true;
-                self.generation = Some(p.execution_generation);
+                self.generation = Some(payload.execution_generation);
                 self.out.spinner.wait("the model");
             }
             EventPayload::TurnStarted(_) if !self.mine => {
                 self.out.spinner.wait("the turn ahead of this one");
             }
-            EventPayload::MessageDelta(p) if self.mine => {
+            EventPayload::MessageDelta(payload) if self.mine => {
                 self.out.flush_tool();
-                self.out.text(&p.text);
+                self.out.text(&payload.text);
                 self.out.spinner.wait("the model");
             }
-            EventPayload::TurnProgress(p) if self.mine => match p.phase {
+            EventPayload::TurnProgress(payload) if self.mine => match payload.phase {
                 TurnPhase::ModelRequest => self.out.spinner.wait("the model"),
                 TurnPhase::Tool => self.out.spinner.wait("a tool to finish"),
                 TurnPhase::PromptWait => self.out.spinner.wait("an answer"),
             },
-            EventPayload::ToolStart(p) if self.mine => {
-                if p.name == crate::chat::DELEGATE_TASK && self.children.is_none() {
+            EventPayload::ToolStart(payload) if self.mine => {
+                if payload.name == crate::chat::DELEGATE_TASK && self.children.is_none() {
                     self.children = Some(ChildPrompts::start(self.client, &self.session_id));
                 }
                 self.out.flush_tool();
                 self.out.end_text();
+                self.out.hold_tool(format!(
+                    "[{}] {}",
+                    payload.name,
+                    printable(&payload.context)
+                ));
                 self.out
-                    .hold_tool(format!("[{}] {}", p.name, printable(&p.context)));
-                self.out.spinner.wait(&format!("{} to finish", p.name));
+                    .spinner
+                    .wait(&format!("{} to finish", payload.name));
             }
-            EventPayload::ToolComplete(p) if self.mine => {
+            EventPayload::ToolComplete(payload) if self.mine => {
                 self.out.flush_tool();
-                if p.is_error {
+                if payload.is_error {
                     // `name` is null only for a call the owner does not know.
-                    self.out
-                        .note(&format!("[{}] error", p.name.as_deref().unwrap_or("tool")));
+                    self.out.note(&format!(
+                        "[{}] error",
+                        payload.name.as_deref().unwrap_or("tool")
+                    ));
                 }
                 self.out.spinner.wait("the model");
             }
@@ -358,9 +369,11 @@ impl Turn<'_> {
                     Answered::Left(code) => return Ok(Some(code)),
                 }
             }
-            EventPayload::ApprovalSettled(p) if self.mine => {
-                let ran = p.status == PromptSettlement::Resolved
-                    && p.choice.is_some_and(|c| c != ApprovalChoice::Deny);
+            EventPayload::ApprovalSettled(payload) if self.mine => {
+                let ran = payload.status == PromptSettlement::Resolved
+                    && payload
+                        .choice
+                        .is_some_and(|choice| choice != ApprovalChoice::Deny);
                 self.awaiting_approval = false;
                 match self.out.take_tool() {
                     Some(line) if ran => self.out.note(&line),
@@ -368,18 +381,18 @@ impl Turn<'_> {
                     None => {}
                 }
             }
-            EventPayload::MessageComplete(p) if ours => {
+            EventPayload::MessageComplete(payload) if ours => {
                 self.out.flush_tool();
                 if !self.out.printed {
-                    self.out.text(&p.text);
+                    self.out.text(&payload.text);
                 }
                 self.out.end_text();
             }
-            EventPayload::TurnSettled(p) if ours => {
+            EventPayload::TurnSettled(payload) if ours => {
                 self.out.flush_tool();
                 self.out.end_text();
                 self.json_receipt().await?;
-                if p.outcome == TurnEnd::Unknown {
+                if payload.outcome == TurnEnd::Unknown {
                     let id = &self.session_id;
                     self.out.note(&format!(
                         "drover: the turn's outcome is unknown (its worker or the daemon died \
@@ -388,10 +401,10 @@ impl Turn<'_> {
                     ));
                     return Ok(Some(Exit::Unknown));
                 }
-                return Ok(Some(self.finish(p.outcome, p.error.as_deref())));
+                return Ok(Some(self.finish(payload.outcome, payload.error.as_deref())));
             }
-            EventPayload::AdmissionUpdated(p)
-                if ours && p.outcome == Some(AdmissionOutcome::Cancelled) =>
+            EventPayload::AdmissionUpdated(payload)
+                if ours && payload.outcome == Some(AdmissionOutcome::Cancelled) =>
             {
                 self.out.note("drover: cancelled before it started");
                 self.json_receipt().await?;
@@ -434,11 +447,11 @@ impl Turn<'_> {
 /// The admission an event is about, for the events that name one.
 pub(super) fn admission_of(event: &EventPayload) -> Option<&str> {
     match event {
-        EventPayload::TurnStarted(p) => Some(&p.admission_id),
-        EventPayload::MessageComplete(p) => Some(&p.admission_id),
-        EventPayload::TurnSettled(p) => Some(&p.admission_id),
-        EventPayload::AdmissionUpdated(p) => Some(&p.admission_id),
-        EventPayload::TurnProgress(p) => Some(&p.admission_id),
+        EventPayload::TurnStarted(payload) => Some(&payload.admission_id),
+        EventPayload::MessageComplete(payload) => Some(&payload.admission_id),
+        EventPayload::TurnSettled(payload) => Some(&payload.admission_id),
+        EventPayload::AdmissionUpdated(payload) => Some(&payload.admission_id),
+        EventPayload::TurnProgress(payload) => Some(&payload.admission_id),
         _ => None,
     }
 }
