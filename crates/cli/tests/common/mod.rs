@@ -1,5 +1,6 @@
 //! What the three area binaries of the `drover` tests share (each includes this file as
-//! `crate::common`): where Cargo built the binary under test, and raw HTTP on loopback.
+//! `crate::common`): where Cargo built the binary under test, a home whose sessions can ask
+//! clarify questions, and raw HTTP on loopback.
 
 // Each area binary uses a part of it. Test helpers: clippy.toml's allow-unwrap-in-tests covers
 // only #[test] functions.
@@ -9,9 +10,26 @@ use std::io::{Read, Write};
 use std::path::Path;
 use std::time::Duration;
 
+use drover_test_support::harness::TestHome;
+use drover_test_support::MockModel;
+
 /// The `drover` binary of this build, which every end-to-end test starts.
 pub fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_drover"))
+}
+
+/// A home on a new loopback model (`stream`ing or not) whose sessions get the terminal and
+/// clarify tools.
+pub async fn model_home_with_clarify(stream: bool) -> (MockModel, TestHome) {
+    let model = MockModel::start().await;
+    let home = TestHome::new().unwrap();
+    home.write_model_config(
+        &model.base_url(),
+        stream,
+        "[toolsets]\ndefault = [\"terminal\", \"clarify\"]\n",
+    )
+    .unwrap();
+    (model, home)
 }
 
 /// Sends one raw HTTP/1.1 `request` to the daemon at `base` (`http://host:port`); gives the

@@ -13,7 +13,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::common::bin;
+use crate::common::{bin, model_home_with_clarify};
 use drover_test_support::acp::{AcpClient, AcpResult};
 use drover_test_support::harness::{
     daemon_info, db_rows, kill_and_wait_gone, message_contents, model_home, pid_alive, run_drover,
@@ -835,13 +835,7 @@ async fn cancelling_the_offer_to_resolve_an_unknown_turn_cancels_the_prompt() {
 /// client that resumes, and its choice reaches the model once.
 #[tokio::test]
 async fn sigkill_of_drover_acp_with_a_clarify_question_open_asks_it_again() {
-    let (model, home) = model_home(true).await.unwrap();
-    home.write_model_config(
-        &model.base_url(),
-        true,
-        "[toolsets]\ndefault = [\"terminal\", \"clarify\"]\n",
-    )
-    .unwrap();
+    let (model, home) = model_home_with_clarify(true).await;
     let _daemon = KillDaemonOnDrop(home.path());
     model.push(Reply::tool_call(
         "call_ask",

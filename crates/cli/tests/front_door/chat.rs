@@ -9,10 +9,9 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::common::bin;
+use crate::common::{bin, model_home_with_clarify};
 use drover_test_support::harness::{
-    daemon_info, db_rows, model_home, pid_alive, script_rm_victim, signal, KillDaemonOnDrop,
-    TestHome,
+    daemon_info, db_rows, pid_alive, script_rm_victim, signal, KillDaemonOnDrop, TestHome,
 };
 use drover_test_support::tmux::{Pane, WAIT};
 use drover_test_support::{Gate, MockModel, Reply};
@@ -42,13 +41,7 @@ async fn answer(pane: &Pane, key: &str) {
 
 /// A home on the loopback model with the terminal and clarify tools, and a scratch cwd.
 async fn setup() -> (MockModel, TestHome, tempfile::TempDir) {
-    let (model, home) = model_home(true).await.unwrap();
-    home.write_model_config(
-        &model.base_url(),
-        true,
-        "[toolsets]\ndefault = [\"terminal\", \"clarify\"]\n",
-    )
-    .unwrap();
+    let (model, home) = model_home_with_clarify(true).await;
     let scratch = tempfile::Builder::new()
         .prefix("drover-chat-")
         .tempdir()

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::Duration;
 
-use crate::common::bin;
+use crate::common::{bin, model_home_with_clarify};
 use drover_test_support::harness::{approval_answer, str_field};
 use drover_test_support::harness::{
     daemon_info, db_rows, run_drover, Client, Daemon, KillDaemonOnDrop, OneSession, TestHome,
@@ -618,15 +618,8 @@ async fn drover_run_with_approve_once_answers_it() {
 
 #[tokio::test]
 async fn drover_run_with_answer_answers_a_clarify_question() {
-    let model = MockModel::start().await;
-    let home = TestHome::new().unwrap();
+    let (model, home) = model_home_with_clarify(false).await;
     let _guard = KillDaemonOnDrop(home.path());
-    home.write_model_config(
-        &model.base_url(),
-        false,
-        "[toolsets]\ndefault = [\"terminal\", \"clarify\"]\n",
-    )
-    .unwrap();
     model.push(Reply::tool_call(
         "call_ask",
         "clarify",
