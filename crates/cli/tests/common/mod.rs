@@ -1,6 +1,6 @@
 //! What the three area binaries of the `drover` tests share (each includes this file as
 //! `crate::common`): where Cargo built the binary under test, a home whose sessions can ask
-//! clarify questions, and raw HTTP on loopback.
+//! clarify questions, the user's way out of an unknown turn, and raw HTTP on loopback.
 
 // Each area binary uses a part of it. Test helpers: clippy.toml's allow-unwrap-in-tests covers
 // only #[test] functions.
@@ -10,8 +10,9 @@ use std::io::{Read, Write};
 use std::path::Path;
 use std::time::Duration;
 
-use drover_test_support::harness::TestHome;
+use drover_test_support::harness::{Client, TestHome};
 use drover_test_support::MockModel;
+use serde_json::{json, Value};
 
 /// The `drover` binary of this build, which every end-to-end test starts.
 pub fn bin() -> &'static Path {
@@ -30,6 +31,18 @@ pub async fn model_home_with_clarify(stream: bool) -> (MockModel, TestHome) {
     )
     .unwrap();
     (model, home)
+}
+
+/// Resolves the unknown admission `admission_id` of `session_id` (`prompt.resolve_unknown`, the
+/// user's way out of a turn whose end was lost); gives its receipt.
+pub async fn resolve_unknown(client: &mut Client, session_id: &str, admission_id: &str) -> Value {
+    client
+        .call_ok(
+            "prompt.resolve_unknown",
+            json!({"session_id": session_id, "admission_id": admission_id}),
+        )
+        .await
+        .unwrap()
 }
 
 /// Sends one raw HTTP/1.1 `request` to the daemon at `base` (`http://host:port`); gives the

@@ -11,7 +11,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::common::bin;
+use crate::common::{bin, resolve_unknown};
 use drover_test_support::harness::{
     db_value, rss_kib, thread_count, uuid_like, Client, Daemon, OneSession,
 };
@@ -327,13 +327,7 @@ async fn a_full_disk_during_a_turn_never_leaves_it_started() {
         "healthz did not recover"
     );
     // The user's way out works, and the session moves on.
-    s.client
-        .call_ok(
-            "prompt.resolve_unknown",
-            json!({"session_id": s.session_id, "admission_id": admission_id}),
-        )
-        .await
-        .unwrap();
+    resolve_unknown(&mut s.client, &s.session_id, &admission_id).await;
     let r = s.submit("again").await.unwrap();
     let next = r["admission_id"].as_str().unwrap();
     assert_eq!(s.wait_settled(next).await.unwrap(), "completed");

@@ -16,7 +16,7 @@
 // Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use crate::common::bin;
+use crate::common::{bin, resolve_unknown};
 use drover_test_support::harness::{db_rows, db_value, event_kinds, script, str_field, OneSession};
 use drover_test_support::Reply;
 use serde_json::{json, Value};
@@ -375,12 +375,7 @@ async fn an_owner_killed_during_compaction_leaves_no_row_and_the_next_turn_compa
     c.call_ok("session.resume", json!({"session_id": s.session_id}))
         .await
         .unwrap();
-    c.call_ok(
-        "prompt.resolve_unknown",
-        json!({"session_id": s.session_id, "admission_id": lost}),
-    )
-    .await
-    .unwrap();
+    resolve_unknown(&mut c, &s.session_id, &lost).await;
     let before = s.model.requests().len();
     c.complete_turn(&s.session_id, "the next turn")
         .await
@@ -919,13 +914,7 @@ async fn a_turn_lost_after_compacting_its_own_steps_leaves_nothing_of_it_to_late
     let worker = s.daemon.wait_worker().await.unwrap();
     signal(worker, nix::sys::signal::Signal::SIGKILL);
     assert_eq!(s.wait_settled(&lost).await.unwrap(), "unknown");
-    s.client
-        .call_ok(
-            "prompt.resolve_unknown",
-            json!({"session_id": s.session_id, "admission_id": lost}),
-        )
-        .await
-        .unwrap();
+    resolve_unknown(&mut s.client, &s.session_id, &lost).await;
     let before = s.model.requests().len();
     s.complete_turn("the next turn").await.unwrap();
     // The row stays, passed over: no summary, no step and no input of the lost turn.

@@ -10,13 +10,12 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::common::bin;
+use crate::common::{bin, resolve_unknown};
 use drover_test_support::harness::{
     db_value, process_name, script, signal, str_field, zombie_children, Client, OneSession,
 };
 use drover_test_support::{env_count, wait, Reply};
 use nix::sys::signal::Signal;
-use serde_json::json;
 
 /// Bound of a turn that must complete, kills included.
 const BOUND: Duration = Duration::from_secs(10);
@@ -127,13 +126,7 @@ async fn killed_templates_spares_and_workers_leave_no_turn_behind() {
         let (status, _) = ended.unwrap_or_else(|| panic!("round {round}: the turn never ended"));
         if status == "unknown" {
             lost += 1;
-            s.client
-                .call_ok(
-                    "prompt.resolve_unknown",
-                    json!({"session_id": s.session_id, "admission_id": admission_id}),
-                )
-                .await
-                .unwrap();
+            resolve_unknown(&mut s.client, &s.session_id, &admission_id).await;
         }
         let again = s.submit(&format!("after round {round}")).await.unwrap();
         let again_id = str_field(&again, "admission_id");

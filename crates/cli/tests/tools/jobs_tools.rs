@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::common::bin;
+use crate::common::{bin, resolve_unknown};
 use drover_test_support::harness::str_field;
 use drover_test_support::harness::{
     db_rows, db_value, pid_alive, ChildGuard, Client, Daemon, OneSession,
@@ -279,12 +279,7 @@ async fn an_owner_killed_between_job_submit_and_job_wait_keeps_the_job_once_and_
 
     // The killed turn is unknown; once resolved, a new turn waits for the same job, which
     // outlived the worker and completes.
-    c.call_ok(
-        "prompt.resolve_unknown",
-        json!({"session_id": s.session_id, "admission_id": first}),
-    )
-    .await
-    .unwrap();
+    resolve_unknown(&mut c, &s.session_id, &first).await;
     s.client = c;
     assert_eq!(s.turn("wait for the job").await.unwrap().1, "completed");
     let waited = s.tool_result("call_wait");
