@@ -396,6 +396,19 @@ async fn a_daemon_whose_home_is_removed_stops() {
     );
 }
 
+/// The directory that took the home's path after the daemon started is still empty: the
+/// daemon wrote nothing into it.
+fn assert_nothing_written_into(new_home: &Path) {
+    let left: Vec<_> = std::fs::read_dir(new_home)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(
+        left.is_empty(),
+        "the daemon wrote into the new home: {left:?}"
+    );
+}
+
 #[tokio::test]
 async fn a_daemon_whose_home_path_names_another_directory_stops_and_leaves_it_alone() {
     let (_model, home) = model_home(true).await.unwrap();
@@ -405,14 +418,7 @@ async fn a_daemon_whose_home_path_names_another_directory_stops_and_leaves_it_al
     std::fs::create_dir(home.path()).unwrap();
     let status = d.wait_exit(EXIT_LIMIT).await.unwrap();
     assert_eq!(status.code(), Some(0), "{status:?}");
-    let left: Vec<_> = std::fs::read_dir(home.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
-    assert!(
-        left.is_empty(),
-        "the daemon wrote into the new home: {left:?}"
-    );
+    assert_nothing_written_into(home.path());
     assert!(daemon_log(&moved).contains("the home path now names another directory"));
 }
 
@@ -465,13 +471,6 @@ async fn a_home_swapped_while_the_daemon_starts_is_refused_and_left_alone() {
     let said = std::fs::read_to_string(&stderr).unwrap();
     assert_eq!(status.code(), Some(1), "{status:?}: {said}");
     assert!(said.contains("while the daemon was starting"), "{said}");
-    let left: Vec<_> = std::fs::read_dir(home.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
-    assert!(
-        left.is_empty(),
-        "the daemon wrote into the new home: {left:?}"
-    );
+    assert_nothing_written_into(home.path());
     assert!(!moved.join("daemon.json").exists());
 }
