@@ -322,9 +322,9 @@ mod tests {
         };
         assert_eq!(result["covered"], 2);
         assert_eq!(events.len(), 1);
-        assert_eq!(events[0].kind, "session.compacted");
+        assert_eq!(events[0].kind(), "session.compacted");
         assert_eq!(
-            events[0].payload,
+            events[0].payload(),
             json!({"admission_id": claim.admission.admission_id, "covered": 2,
                    "through_message_id": ids[1], "summary_tokens": 7})
         );
@@ -571,7 +571,7 @@ mod tests {
             ledger.history(&session_id).expect("history").len(),
             messages_before
         );
-        let kinds: Vec<&str> = claimed.events.iter().map(|e| e.kind.as_str()).collect();
+        let kinds: Vec<&str> = claimed.events.iter().map(|e| e.kind()).collect();
         assert_eq!(kinds, ["admission.updated", "turn.started"]);
         // Its compaction covers the first two turns; it settles like any turn.
         let ids = claimed.history.ids.clone();

@@ -1,13 +1,13 @@
 //! `session_events`: the stored event stream of each session (SPEC section 2, "Replay").
 
 use crate::sql::Cached;
-use drover_protocol::event::{EventPayload, EventUnreadable};
+use drover_protocol::event::{Event, EventPayload, EventUnreadable, SessionEvent};
 use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::Value;
 
 use crate::{now, Ledger, LedgerError};
 
-/// One stored event, ready to publish as an `event` notification.
+/// One stored event, typed, ready to publish as an `event` notification.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoredEvent {
     /// The session whose stream holds it.
@@ -16,21 +16,29 @@ pub struct StoredEvent {
     pub seq: u64,
     /// The session's `replay_epoch`: names the stored stream the `seq` counts in.
     pub replay_epoch: String,
-    /// The event `type` (`turn.started`, `admission.updated`, ...).
-    pub kind: String,
-    /// The event's `payload`.
-    pub payload: Value,
+    /// The event's `type` and `payload`; a stored payload that no longer reads as its type is
+    /// `event.unreadable` in its place.
+    pub event: EventPayload,
 }
 
 impl StoredEvent {
+    /// The event `type` (`turn.started`, `admission.updated`, ...).
+    pub fn kind(&self) -> &str {
+        self.event.kind()
+    }
+
+    /// The event's `payload` as it is written.
+    pub fn payload(&self) -> Value {
+        payload_of(&self.event).unwrap_or(Value::Null)
+    }
+
     /// The wire form (`params` of the `event` notification).
-    pub fn to_wire(&self) -> drover_protocol::event::Event {
-        drover_protocol::event::Event {
+    pub fn to_wire(&self) -> SessionEvent {
+        SessionEvent {
             session_id: self.session_id.clone(),
             seq: Some(self.seq),
             replay_epoch: self.replay_epoch.clone(),
-            kind: self.kind.clone(),
-            payload: self.payload.clone(),
+            event: self.event.clone(),
         }
     }
 }
@@ -52,7 +60,7 @@ pub(crate) fn push_event(
     event: EventPayload,
 ) -> Result<StoredEvent, LedgerError> {
     let kind = event.kind().to_string();
-    let payload = payload_of(event)
+    let payload = payload_of(&event)
         .map_err(|e| LedgerError::Corrupt(format!("the {kind} event does not serialise: {e}")))?;
     let (seq, replay_epoch): (i64, String) = tx
         .prepare_cached(
@@ -70,13 +78,12 @@ pub(crate) fn push_event(
         session_id: session_id.to_string(),
         seq: seq as u64,
         replay_epoch,
-        kind,
-        payload,
+        event,
     })
 }
 
 /// The `payload` of an event: its content without the `type` tag.
-fn payload_of(event: EventPayload) -> serde_json::Result<Value> {
+fn payload_of(event: &EventPayload) -> serde_json::Result<Value> {
     match serde_json::to_value(event)? {
         Value::Object(mut tagged) => Ok(tagged.remove("payload").unwrap_or(Value::Null)),
         other => Ok(other),
@@ -123,31 +130,31 @@ impl Ledger {
                 page.has_more = true;
                 break;
             }
-            // A payload that is not JSON is passed on in its place, as `event.unreadable` with
-            // the same seq, so one damaged row never fails the page (or the stream after it).
-            let (kind, payload) = match serde_json::from_str(&payload) {
-                Ok(payload) => (kind, payload),
-                Err(e) => {
-                    let unreadable = EventUnreadable {
-                        error: format!("the stored payload is not JSON: {e}"),
+            // A payload that is not JSON, or no longer reads as its type, is passed on in its
+            // place as `event.unreadable` with the same seq, so one damaged row never fails
+            // the page (or the stream after it).
+            let event = match serde_json::from_str(&payload) {
+                Ok(payload) => {
+                    let stored = Event {
+                        session_id: String::new(),
+                        seq: None,
+                        replay_epoch: String::new(),
                         kind,
-                        payload: None,
-                    };
-                    let payload = serde_json::to_value(&unreadable).map_err(|e| {
-                        LedgerError::Corrupt(format!("event {seq} of {session_id}: {e}"))
-                    })?;
-                    (
-                        drover_protocol::event::EVENT_UNREADABLE.to_string(),
                         payload,
-                    )
+                    };
+                    stored.into_typed().event
                 }
+                Err(e) => EventPayload::EventUnreadable(EventUnreadable {
+                    error: format!("the stored payload is not JSON: {e}"),
+                    kind,
+                    payload: None,
+                }),
             };
             page.events.push(StoredEvent {
                 session_id: session_id.to_string(),
                 seq: seq as u64,
                 replay_epoch: replay_epoch.clone(),
-                kind,
-                payload,
+                event,
             });
         }
         Ok(page)

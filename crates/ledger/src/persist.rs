@@ -470,7 +470,7 @@ mod tests {
             out.settlement.as_ref().map(|s| s.outcome.as_str()),
             Some("completed")
         );
-        let kinds: Vec<&str> = out.events.iter().map(|e| e.kind.as_str()).collect();
+        let kinds: Vec<&str> = out.events.iter().map(|e| e.kind()).collect();
         assert!(
             kinds.contains(&"turn.settled") && kinds.contains(&"message.complete"),
             "{kinds:?}"
@@ -670,9 +670,9 @@ mod tests {
             panic!("no receipt");
         };
         assert_eq!(events.len(), 1, "{events:?}");
-        assert_eq!(events[0].kind, "mcp.status");
+        assert_eq!(events[0].kind(), "mcp.status");
         assert_eq!(
-            events[0].payload,
+            events[0].payload(),
             json!({"name": "echo", "state": "failed", "last_error": "exited (exit status: 3)"})
         );
         let Ok(PersistOutcome::Receipt { events, .. }) = ledger.apply_persist(&frame) else {

@@ -886,7 +886,7 @@ mod tests {
             .events
             .iter()
             .chain(&claim.events)
-            .map(|e| (e.seq, e.kind.as_str()))
+            .map(|e| (e.seq, e.kind()))
             .collect();
         assert_eq!(
             kinds,
@@ -896,7 +896,7 @@ mod tests {
                 (3, "turn.started")
             ]
         );
-        assert_eq!(admitted.events[0].payload["status"], "queued");
+        assert_eq!(admitted.events[0].payload()["status"], "queued");
         assert_eq!(
             ledger.started_executions().expect("started"),
             ["exec-1".to_string()]

@@ -18,7 +18,7 @@ use drover_protocol::event::{
     TurnStarted,
 };
 use drover_protocol::rpc::Notification;
-use serde::Deserialize;
+use drover_protocol::words::OpenPrompt;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -145,24 +145,6 @@ struct TurnActivity {
     prompt_since: Instant,
 }
 
-/// The id a `tool.start` or `tool.complete` payload names.
-#[derive(Deserialize)]
-struct ToolId {
-    tool_id: String,
-}
-
-/// The admission a `turn.settled` or `admission.updated` payload names.
-#[derive(Deserialize)]
-struct AdmissionId {
-    admission_id: String,
-}
-
-/// The id a prompt event's payload names.
-#[derive(Deserialize)]
-struct PromptId {
-    prompt_id: String,
-}
-
 impl TurnActivity {
     fn new(started: TurnStarted, replay_epoch: &str, now: Instant) -> TurnActivity {
         TurnActivity {
@@ -180,39 +162,34 @@ impl TurnActivity {
     /// Follows one stored event of the turn's session.
     fn observe(&mut self, e: &StoredEvent, now: Instant) {
         self.last_emit = now;
-        match e.kind.as_str() {
-            ev::TOOL_START => {
-                if let Ok(t) = ToolId::deserialize(&e.payload) {
-                    if self.tools.is_empty() {
-                        self.tool_since = now;
-                    }
-                    self.tools.push_back(t.tool_id);
+        match &e.event {
+            EventPayload::ToolStart(started) => {
+                if self.tools.is_empty() {
+                    self.tool_since = now;
+                }
+                self.tools.push_back(started.tool_id.clone());
+            }
+            EventPayload::ToolComplete(complete) => {
+                if self.tools.front() == Some(&complete.tool_id) {
+                    // The next call, if any, starts running now.
+                    self.tool_since = now;
+                }
+                self.tools.retain(|id| *id != complete.tool_id);
+                if self.tools.is_empty() {
+                    self.model_since = now;
                 }
             }
-            ev::TOOL_COMPLETE => {
-                if let Ok(t) = ToolId::deserialize(&e.payload) {
-                    if self.tools.front() == Some(&t.tool_id) {
-                        // The next call, if any, starts running now.
-                        self.tool_since = now;
-                    }
-                    self.tools.retain(|id| *id != t.tool_id);
-                    if self.tools.is_empty() {
-                        self.model_since = now;
-                    }
+            EventPayload::ApprovalRequest(prompt) | EventPayload::ClarifyRequest(prompt) => {
+                if self.prompts.is_empty() {
+                    self.prompt_since = now;
                 }
+                self.prompts.push(prompt_id(prompt).to_string());
             }
-            ev::APPROVAL_REQUEST | ev::CLARIFY_REQUEST => {
-                if let Ok(p) = PromptId::deserialize(&e.payload) {
-                    if self.prompts.is_empty() {
-                        self.prompt_since = now;
-                    }
-                    self.prompts.push(p.prompt_id);
-                }
+            EventPayload::ApprovalSettled(settled) => {
+                self.prompts.retain(|id| *id != settled.prompt_id);
             }
-            ev::APPROVAL_SETTLED | ev::CLARIFY_SETTLED => {
-                if let Ok(p) = PromptId::deserialize(&e.payload) {
-                    self.prompts.retain(|id| *id != p.prompt_id);
-                }
+            EventPayload::ClarifySettled(settled) => {
+                self.prompts.retain(|id| *id != settled.prompt_id);
             }
             _ => {}
         }
@@ -297,9 +274,10 @@ impl Hub {
         for e in events {
             follow_turn(&mut s, e, now);
             wake_admission_watchers(&mut s, e);
-            if e.kind == drover_protocol::event::MESSAGE_COMPLETE
-                || e.kind == drover_protocol::event::TOOL_START
-            {
+            if matches!(
+                e.event,
+                EventPayload::MessageComplete(_) | EventPayload::ToolStart(_)
+            ) {
                 // A new assistant message starts after these: restart delta numbering.
                 s.deltas.remove(&e.session_id);
             }
@@ -435,19 +413,16 @@ impl Hub {
 /// Follows `e` in its session's running turn: `turn.started` begins one, `turn.settled` ends
 /// it, anything else updates it.
 fn follow_turn(s: &mut HubState, e: &StoredEvent, now: Instant) {
-    match e.kind.as_str() {
-        ev::TURN_STARTED => {
-            if let Ok(started) = TurnStarted::deserialize(&e.payload) {
-                let turn = TurnActivity::new(started, &e.replay_epoch, now);
-                s.turns.insert(e.session_id.clone(), turn);
-            }
+    match &e.event {
+        EventPayload::TurnStarted(started) => {
+            let turn = TurnActivity::new(started.clone(), &e.replay_epoch, now);
+            s.turns.insert(e.session_id.clone(), turn);
         }
-        ev::TURN_SETTLED => {
-            let ended = AdmissionId::deserialize(&e.payload).is_ok_and(|a| {
-                s.turns
-                    .get(&e.session_id)
-                    .is_some_and(|t| t.admission_id == a.admission_id)
-            });
+        EventPayload::TurnSettled(settled) => {
+            let ended = s
+                .turns
+                .get(&e.session_id)
+                .is_some_and(|turn| turn.admission_id == settled.admission_id);
             if ended {
                 s.turns.remove(&e.session_id);
             }
@@ -462,19 +437,28 @@ fn follow_turn(s: &mut HubState, e: &StoredEvent, now: Instant) {
 
 /// Tells the watchers of the admission an `admission.updated` or `turn.settled` names.
 fn wake_admission_watchers(s: &mut HubState, e: &StoredEvent) {
-    if s.admission_watchers.is_empty()
-        || !(e.kind == ev::ADMISSION_UPDATED || e.kind == ev::TURN_SETTLED)
-    {
+    if s.admission_watchers.is_empty() {
         return;
     }
-    if let Ok(a) = AdmissionId::deserialize(&e.payload) {
-        for watcher in s
-            .admission_watchers
-            .remove(&a.admission_id)
-            .unwrap_or_default()
-        {
-            let _ = watcher.send(());
-        }
+    let admission_id = match &e.event {
+        EventPayload::AdmissionUpdated(updated) => &updated.admission_id,
+        EventPayload::TurnSettled(settled) => &settled.admission_id,
+        _ => return,
+    };
+    for watcher in s
+        .admission_watchers
+        .remove(admission_id)
+        .unwrap_or_default()
+    {
+        let _ = watcher.send(());
+    }
+}
+
+/// The id of an open prompt.
+fn prompt_id(prompt: &OpenPrompt) -> &str {
+    match prompt {
+        OpenPrompt::Approval(approval) => &approval.prompt_id,
+        OpenPrompt::Clarify(clarify) => &clarify.prompt_id,
     }
 }
 
@@ -511,19 +495,25 @@ mod tests {
     const INTERVAL: Duration = Duration::from_secs(5);
 
     fn stored(seq: u64, kind: &str, payload: Value) -> StoredEvent {
+        let event = Event {
+            session_id: "s".into(),
+            seq: Some(seq),
+            replay_epoch: "e".into(),
+            kind: kind.into(),
+            payload,
+        };
         StoredEvent {
             session_id: "s".into(),
             seq,
             replay_epoch: "e".into(),
-            kind: kind.into(),
-            payload,
+            event: event.into_typed().event,
         }
     }
 
     /// The `turn.progress` events queued for the connection so far, parsed.
     fn drain(rx: &mut mpsc::Receiver<Outgoing>) -> Vec<SessionEvent> {
         let mut out = Vec::new();
-        #[derive(Deserialize)]
+        #[derive(serde::Deserialize)]
         struct Note {
             params: Event,
         }
@@ -601,12 +591,12 @@ mod tests {
                 stored(
                     2,
                     ev::TOOL_START,
-                    json!({"tool_id": "c1", "name": "terminal"}),
+                    json!({"tool_id": "c1", "name": "terminal", "context": "", "args": {}}),
                 ),
                 stored(
                     3,
                     ev::TOOL_START,
-                    json!({"tool_id": "c2", "name": "terminal"}),
+                    json!({"tool_id": "c2", "name": "terminal", "context": "", "args": {}}),
                 ),
             ],
             at(10),
@@ -626,7 +616,8 @@ mod tests {
             &[stored(
                 4,
                 ev::APPROVAL_REQUEST,
-                json!({"kind": "approval", "prompt_id": "p1"}),
+                json!({"kind": "approval", "prompt_id": "p1", "execution_generation": 1,
+                       "command": "c", "description": "d", "pattern_key": "k", "choices": []}),
             )],
             at(20),
         );
@@ -646,7 +637,8 @@ mod tests {
                 stored(
                     6,
                     ev::TOOL_COMPLETE,
-                    json!({"tool_id": "c1", "result": "ok"}),
+                    json!({"tool_id": "c1", "name": null, "args": null, "result": "ok",
+                           "is_error": false}),
                 ),
             ],
             at(30),
@@ -661,7 +653,8 @@ mod tests {
             &[stored(
                 7,
                 ev::TOOL_COMPLETE,
-                json!({"tool_id": "c2", "result": "ok"}),
+                json!({"tool_id": "c2", "name": null, "args": null, "result": "ok",
+                       "is_error": false}),
             )],
             at(40),
         );

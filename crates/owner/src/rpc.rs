@@ -221,5 +221,5 @@ fn open_prompt(row: &PromptRow) -> Result<wire::OpenPrompt, LedgerError> {
 /// longer parses as its type goes out as `event.unreadable` in its place, never failing the
 /// page.
 fn session_event(event: &StoredEvent) -> SessionEvent {
-    event.to_wire().into_typed()
+    event.to_wire()
 }
