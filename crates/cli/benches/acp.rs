@@ -39,7 +39,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{ExitCode, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::schema::{
@@ -49,8 +49,9 @@ use agent_client_protocol::v1::schema::{
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::{on_receive_notification, Agent, Lines};
 use anyhow::{anyhow, bail, Context, Result};
+use drover_test_support::bench::{self, millis, percentile, sorted};
 use drover_test_support::harness::{Client, Daemon, TestHome, WAIT};
-use drover_test_support::{bench, env_count, MockModel};
+use drover_test_support::{env_count, MockModel};
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
@@ -108,24 +109,6 @@ fn settings() -> Settings {
     }
 }
 
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
-}
-
-/// Nearest-rank percentile of sorted values.
-fn pct(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = (p / 100.0 * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
-fn sorted(mut v: Vec<f64>) -> Vec<f64> {
-    v.sort_by(f64::total_cmp);
-    v
-}
-
 fn load() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .unwrap_or_default()
@@ -168,7 +151,7 @@ async fn ws_turn(c: &mut Client, sid: &str, text: &str) -> Result<f64> {
             .await?
             .ok_or_else(|| anyhow!("admission {aid} did not settle within {WAIT:?}"))?;
         if e["type"] == "turn.settled" && e["payload"]["admission_id"] == aid.as_str() {
-            let took = ms(t0.elapsed());
+            let took = millis(t0.elapsed());
             let outcome = &e["payload"]["outcome"];
             if outcome != "completed" {
                 bail!("admission {aid} settled {outcome}, not completed");
@@ -203,7 +186,7 @@ async fn acp_turn(
         .await
         .map_err(|_| anyhow!("session/prompt was not answered within {WAIT:?}"))?
         .map_err(|e| anyhow!("session/prompt: {e}"))?;
-    let took = ms(t0.elapsed());
+    let took = millis(t0.elapsed());
     if response.stop_reason != StopReason::EndTurn {
         bail!(
             "session/prompt answered {:?}, not end_turn",
@@ -378,7 +361,7 @@ async fn measure(s: &Settings, home: &TestHome, ws: &mut Client, ws_sid: &str) -
 fn stats(v: &[f64]) -> Value {
     let s = sorted(v.to_vec());
     json!({
-        "p50_ms": pct(&s, 50.0), "p90_ms": pct(&s, 90.0), "p99_ms": pct(&s, 99.0),
+        "p50_ms": percentile(&s, 50.0), "p90_ms": percentile(&s, 90.0), "p99_ms": percentile(&s, 99.0),
         "min_ms": s.first(), "max_ms": s.last(),
         "mean_ms": s.iter().sum::<f64>() / s.len().max(1) as f64,
     })
@@ -388,9 +371,9 @@ fn stats_line(v: &[f64]) -> String {
     let s = sorted(v.to_vec());
     format!(
         "p50 {:>6.2}  p90 {:>6.2}  p99 {:>6.2}  min {:>6.2}  max {:>6.2} ms",
-        pct(&s, 50.0),
-        pct(&s, 90.0),
-        pct(&s, 99.0),
+        percentile(&s, 50.0),
+        percentile(&s, 90.0),
+        percentile(&s, 99.0),
         s[0],
         s[s.len() - 1]
     )
@@ -416,8 +399,8 @@ async fn run() -> Result<()> {
 
     let (ws_s, acp_s) = (sorted(m.ws.clone()), sorted(m.acp.clone()));
     let paired = sorted(m.acp.iter().zip(&m.ws).map(|(a, w)| a - w).collect());
-    let (ws50, acp50) = (pct(&ws_s, 50.0), pct(&acp_s, 50.0));
-    let (ws99, acp99) = (pct(&ws_s, 99.0), pct(&acp_s, 99.0));
+    let (ws50, acp50) = (percentile(&ws_s, 50.0), percentile(&acp_s, 50.0));
+    let (ws99, acp99) = (percentile(&ws_s, 99.0), percentile(&acp_s, 99.0));
     let added = acp50 - ws50;
     let cpu_ms = m.acp_cpu_s * 1000.0 / s.turns as f64;
     let load_end = load();
@@ -447,8 +430,8 @@ async fn run() -> Result<()> {
     );
     println!(
         "  paired (each acp turn minus its round's ws turn): p50 {:+.2} ms  p99 {:+.2} ms",
-        pct(&paired, 50.0),
-        pct(&paired, 99.0)
+        percentile(&paired, 50.0),
+        percentile(&paired, 99.0)
     );
     println!("  `drover acp` process CPU per turn {cpu_ms:.2} ms (/proc ticks of 10 ms)");
     println!("\nload at end {load_end}");
@@ -457,7 +440,7 @@ async fn run() -> Result<()> {
         "ws": stats(&m.ws), "acp": stats(&m.acp),
         "added_p50_ms": added, "ratio_p50": acp50 / ws50,
         "added_p99_ms": acp99 - ws99, "ratio_p99": acp99 / ws99,
-        "paired_p50_ms": pct(&paired, 50.0), "paired_p99_ms": pct(&paired, 99.0),
+        "paired_p50_ms": percentile(&paired, 50.0), "paired_p99_ms": percentile(&paired, 99.0),
         "acp_cpu_per_turn_ms": cpu_ms, "target_added_ms": TARGET_ADDED_MS,
         "load_start": load_start, "load_end": load_end,
     });

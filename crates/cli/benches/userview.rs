@@ -50,7 +50,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use drover_test_support::bench::{self, ledger_times, sqlite_floor, unix_now, LedgerTimes};
+use drover_test_support::bench::{
+    self, ledger_times, millis, percentile, sorted, sqlite_floor, unix_now, LedgerTimes,
+};
 use drover_test_support::harness::{daemon_info, pid_alive, Client, Daemon, TestHome, WAIT};
 use drover_test_support::mock_model::last_message;
 use drover_test_support::{env_count, Gate, MockModel, Reply};
@@ -112,10 +114,6 @@ fn main() -> ExitCode {
 }
 
 // ------------------------------------------------------------------------------- shared bits
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
-}
 
 /// CPU seconds of `pid` from `/proc/<pid>/stat`: `utime + stime`, plus `cutime + cstime` (the
 /// children it has reaped) when `children`.
@@ -209,22 +207,8 @@ async fn workers_reaped(pid: u32) -> Result<()> {
     Ok(())
 }
 
-/// Nearest-rank percentile of sorted values.
-fn pct(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = (p / 100.0 * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
-fn sorted(mut v: Vec<f64>) -> Vec<f64> {
-    v.sort_by(f64::total_cmp);
-    v
-}
-
 fn median(v: &[f64]) -> f64 {
-    pct(&sorted(v.to_vec()), 50.0)
+    percentile(&sorted(v.to_vec()), 50.0)
 }
 
 fn session_id(v: &Value) -> Result<String> {
@@ -305,9 +289,9 @@ async fn timed_turn(c: &mut Client, sid: &str, text: &str) -> Result<Value> {
                 return Ok(json!({
                     "admission_id": aid,
                     "submit_unix": submit_unix,
-                    "ack_ms": ms(ack),
-                    "started_ms": started.map(ms),
-                    "settled_ms": ms(settled),
+                    "ack_ms": millis(ack),
+                    "started_ms": started.map(millis),
+                    "settled_ms": millis(settled),
                 }));
             }
             _ => {}
@@ -366,7 +350,7 @@ async fn acks_client(
         for i in 0..submits {
             let t0 = Instant::now();
             c.submit(&sid, &format!("prompt number {i}")).await?;
-            acks.push(ms(t0.elapsed()));
+            acks.push(millis(t0.elapsed()));
         }
         let end = unix_now();
         println!(
@@ -693,7 +677,7 @@ async fn warm(s: &Settings, model: &Model) -> Result<(String, Value)> {
         }
     }
     let total = sorted(totals);
-    let (p50, p99) = (pct(&total, 50.0), pct(&total, 99.0));
+    let (p50, p99) = (percentile(&total, 50.0), percentile(&total, 99.0));
     let cpu_ms = cpu * 1000.0 / s.turns as f64;
     let mut text = format!(
         "warm turn: one client process, one session, {} turns after {} warm-up (submit -> turn.settled read by the client)\n",
@@ -701,7 +685,7 @@ async fn warm(s: &Settings, model: &Model) -> Result<(String, Value)> {
     );
     text += &format!(
         "  p50 {p50:.2} ms  p90 {:.2}  p99 {p99:.2}  min {:.2}  max {:.2}   (target p50 <= {TARGET_WARM_P50_MS}: ratio {:.2}; p99 <= {TARGET_WARM_P99_MS}: ratio {:.2})\n",
-        pct(&total, 90.0),
+        percentile(&total, 90.0),
         total[0],
         total[total.len() - 1],
         p50 / TARGET_WARM_P50_MS,
@@ -714,8 +698,8 @@ async fn warm(s: &Settings, model: &Model) -> Result<(String, Value)> {
         if v.is_empty() {
             continue;
         }
-        text += &format!("    {label:<66} {:>7.2}\n", pct(&v, 50.0));
-        phase_json.insert(label.to_string(), json!(pct(&v, 50.0)));
+        text += &format!("    {label:<66} {:>7.2}\n", percentile(&v, 50.0));
+        phase_json.insert(label.to_string(), json!(percentile(&v, 50.0)));
     }
     text += &format!(
         "  CPU per turn {cpu_ms:.2} ms (owner + its reaped workers, /proc ticks of 10 ms over {:.2} s)\n",
@@ -726,7 +710,7 @@ async fn warm(s: &Settings, model: &Model) -> Result<(String, Value)> {
     );
     let value = json!({
         "turns": s.turns, "warmup": s.warmup, "p50_ms": p50, "p99_ms": p99,
-        "p90_ms": pct(&total, 90.0), "phases_p50_ms": phase_json, "cpu_per_turn_ms": cpu_ms,
+        "p90_ms": percentile(&total, 90.0), "phases_p50_ms": phase_json, "cpu_per_turn_ms": cpu_ms,
         "rss_start_mib": rss_start, "rss_after_mib": rss_after,
         "threads_start": threads_start, "threads_after": threads_after,
     });
@@ -833,8 +817,8 @@ async fn acks(s: &Settings, model: &Model) -> Result<(String, Value)> {
     text += &format!(
         "  ratio   {:>8.2} of the floor (target >= {TARGET_ACK_RATIO})\n  ack latency p50 {:.2} ms p99 {:.2} ms; owner CPU per ack {:.3} ms; client CPU per ack {:.3} ms\n",
         drover / raw,
-        pct(&acks, 50.0),
-        pct(&acks, 99.0),
+        percentile(&acks, 50.0),
+        percentile(&acks, 99.0),
         owner_cpu * 1000.0 / (total * s.rounds) as f64,
         client_cpu * 1000.0 / (total * s.rounds) as f64,
     );
@@ -842,7 +826,7 @@ async fn acks(s: &Settings, model: &Model) -> Result<(String, Value)> {
         "clients": s.clients, "per_client": s.submits, "rounds": s.rounds,
         "acks_per_s": drover, "floor_per_s": raw, "ratio": drover / raw,
         "acks_per_s_rounds": rates, "floor_per_s_rounds": floors,
-        "ack_p50_ms": pct(&acks, 50.0), "ack_p99_ms": pct(&acks, 99.0),
+        "ack_p50_ms": percentile(&acks, 50.0), "ack_p99_ms": percentile(&acks, 99.0),
     });
     Ok((text, value))
 }
@@ -918,8 +902,8 @@ async fn scale(s: &Settings, model: &Model) -> Result<(String, Value)> {
         "  {per_s:.1} turns/s over {:.2} s (target >= {TARGET_TURNS_PER_S}: ratio {:.2}); submit -> settled p50 {:.1} ms p99 {:.1} ms\n",
         wall,
         per_s / TARGET_TURNS_PER_S,
-        pct(&lat, 50.0),
-        pct(&lat, 99.0)
+        percentile(&lat, 50.0),
+        percentile(&lat, 99.0)
     );
     text += &format!(
         "  CPU per turn {cpu_ms:.2} ms, owner + its reaped workers (target <= {TARGET_CPU_PER_TURN_MS}: ratio {:.2}); the client processes {:.2} ms more\n",
@@ -937,7 +921,7 @@ async fn scale(s: &Settings, model: &Model) -> Result<(String, Value)> {
         "sessions": s.sessions, "prompts": s.prompts, "client_procs": procs_n,
         "turns_per_s": per_s, "cpu_per_turn_ms": cpu_ms,
         "client_cpu_per_turn_ms": client_cpu * 1000.0 / turns as f64,
-        "lat_p50_ms": pct(&lat, 50.0), "lat_p99_ms": pct(&lat, 99.0),
+        "lat_p50_ms": percentile(&lat, 50.0), "lat_p99_ms": percentile(&lat, 99.0),
         "threads_idle": threads_idle, "threads_peak": threads_peak, "workers_peak": workers_peak,
         "rss_idle_mib": rss_idle, "rss_peak_mib": rss_peak, "rss_after_mib": rss_after,
     });
@@ -957,7 +941,7 @@ async fn timed_drover(home: &Path, cwd: &Path, args: &[&str]) -> Result<(f64, St
     let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
         .await
         .map_err(|_| anyhow!("drover {args:?} did not finish within 60 s"))??;
-    let wall = ms(t0.elapsed());
+    let wall = millis(t0.elapsed());
     if !out.status.success() {
         bail!(
             "drover {args:?} exited with {}: {}",
