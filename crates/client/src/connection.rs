@@ -261,9 +261,9 @@ enum Attach {
 impl Attach {
     fn of(request: &ClientRequest) -> Attach {
         match request {
-            ClientRequest::SessionResume(r) => Attach::Resume(r.session_id.clone()),
+            ClientRequest::SessionResume(params) => Attach::Resume(params.session_id.clone()),
             ClientRequest::SessionCreate(_) => Attach::Create,
-            ClientRequest::SessionDetach(r) => Attach::Detach(r.session_id.clone()),
+            ClientRequest::SessionDetach(params) => Attach::Detach(params.session_id.clone()),
             _ => Attach::None,
         }
     }
@@ -323,31 +323,32 @@ impl Connection {
     /// Routes one text frame: an answer to its caller, an event to its subscribers.
     fn incoming(&mut self, text: &str, shared: &Shared) {
         let incoming = match serde_json::from_str::<Incoming>(text) {
-            Ok(m) => m,
+            Ok(incoming) => incoming,
             Err(e) => {
                 tracing::warn!(error = %e, "a message from the daemon does not parse; skipped");
                 return;
             }
         };
         match incoming {
-            Incoming::Notification(n) => route_event(n, shared),
-            Incoming::Response(r) => {
-                let Some(p) = r.id.as_u64().and_then(|id| self.pending.remove(&id)) else {
+            Incoming::Notification(notification) => route_event(notification, shared),
+            Incoming::Response(response) => {
+                let Some(call) = response.id.as_u64().and_then(|id| self.pending.remove(&id))
+                else {
                     return;
                 };
-                let answer = match (r.error, r.result) {
+                let answer = match (response.error, response.result) {
                     (Some(err), _) => Ok(Err(err)),
                     (None, Some(result)) => {
-                        p.attach.apply(&result, &mut self.attached);
+                        call.attach.apply(&result, &mut self.attached);
                         Ok(Ok(result))
                     }
                     (None, None) => Err(ClientError::BadAnswer {
-                        what: p.method.to_string(),
+                        what: call.method.to_string(),
                         kind: "answer",
                         detail: ": neither a result nor an error".into(),
                     }),
                 };
-                let _ = p.reply.send(answer);
+                let _ = call.reply.send(answer);
             }
         }
     }
@@ -377,12 +378,13 @@ impl Connection {
                 msg = self.ws.next() => match msg {
                     None => return Some("the daemon closed the connection".into()),
                     Some(Err(e)) => return Some(ws_reason(&e)),
-                    Some(Ok(Message::Text(t))) => self.incoming(t.as_str(), shared),
+                    Some(Ok(Message::Text(text))) => self.incoming(text.as_str(), shared),
                     Some(Ok(Message::Close(frame))) => {
-                        self.stopped = frame.as_ref().is_some_and(|f| f.code == CloseCode::Away);
+                        self.stopped =
+                            frame.as_ref().is_some_and(|close| close.code == CloseCode::Away);
                         let why = frame
-                            .map(|f| f.reason.to_string())
-                            .filter(|r| !r.is_empty())
+                            .map(|close| close.reason.to_string())
+                            .filter(|reason| !reason.is_empty())
                             .unwrap_or_else(|| "no reason given".into());
                         return Some(format!("the daemon closed the connection: {why}"));
                     }
@@ -419,10 +421,10 @@ impl Connection {
                 Some(Ok(_)) => continue,
             };
             match serde_json::from_str::<Incoming>(text.as_str()) {
-                Ok(Incoming::Response(r)) if r.id.as_u64() == Some(id) => {
-                    return Ok(match r.error {
+                Ok(Incoming::Response(response)) if response.id.as_u64() == Some(id) => {
+                    return Ok(match response.error {
                         Some(e) => Err(e),
-                        None => Ok(r.result.unwrap_or(Value::Null)),
+                        None => Ok(response.result.unwrap_or(Value::Null)),
                     })
                 }
                 _ => self.incoming(text.as_str(), shared),
