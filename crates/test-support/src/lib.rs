@@ -24,12 +24,13 @@
 //!   sandbox tests.
 //! - [`acp`]: real third-party ACP clients for `drover acp` (acpx, and a client on the
 //!   official TypeScript SDK), on the Node of `tests/acp/node_modules`.
+//! - [`flip`]: a file flipped with a symlink while a tool opens it ([`flip::Flipper`]).
 //! - [`alone`]: a test that must be alone in its process (working directory, process-wide
 //!   sets, a panic hook) runs again as the only test of a child process of its test binary.
 //!
 //! Nothing here mocks a drover component: only the model is played.
 //!
-//! Layers: `mock_model`, `mcp_echo`, `wait`, `alone` (leaves); `harness` (on `wait`); `tmux`,
+//! Layers: `mock_model`, `mcp_echo`, `wait`, `alone`, `flip` (leaves); `harness` (on `wait`); `tmux`,
 //! `bench` and `acp` on top.
 
 // Test code only: a helper that cannot set up its fixture (a port, a temporary folder, a
@@ -39,6 +40,7 @@
 pub mod acp;
 pub mod alone;
 pub mod bench;
+pub mod flip;
 pub mod harness;
 pub mod job_cli;
 pub mod mcp_echo;

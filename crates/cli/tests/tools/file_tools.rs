@@ -8,10 +8,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::common::bin;
+use drover_test_support::flip::Flipper;
 use drover_test_support::harness::OneSession;
 use drover_test_support::mock_model::tool_names;
 use drover_test_support::Reply;
@@ -145,27 +145,6 @@ impl Drop for PipeHolder {
     }
 }
 
-/// Flips `path` (a regular file) with a symlink to `target` until `stop`, by exchanging it
-/// with a second name (renameat2 RENAME_EXCHANGE: one syscall a flip, the name always
-/// exists); gives the number of flips.
-fn flip(path: PathBuf, target: PathBuf, stop: Arc<AtomicBool>) -> u64 {
-    let other = path.with_extension("other");
-    std::os::unix::fs::symlink(&target, &other).unwrap();
-    let mut flips = 0;
-    while !stop.load(Ordering::Relaxed) {
-        nix::fcntl::renameat2(
-            None,
-            &path,
-            None,
-            &other,
-            nix::fcntl::RenameFlags::RENAME_EXCHANGE,
-        )
-        .unwrap();
-        flips += 1;
-    }
-    flips
-}
-
 /// The live processes started as `drover worker --file-tools` by a worker of the daemon
 /// `daemon` (its child, or its grandchild through a worker template), not by another test's.
 fn file_tool_helpers(daemon: u32) -> Vec<u32> {
@@ -248,11 +227,7 @@ async fn the_file_tools_never_read_a_pipe_swapped_in_for_a_file_and_run_confined
 
     let flip_path = scratch.path().join("flip.txt");
     std::fs::write(&flip_path, "plain text\n").unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let flipper = {
-        let (path, stop) = (flip_path.clone(), stop.clone());
-        std::thread::spawn(move || flip(path, pipe_link, stop))
-    };
+    let flipper = Flipper::start(flip_path.clone(), pipe_link);
 
     let calls: Vec<(&str, Value)> = vec![
         ("read_file", json!({"path": "flip.txt"})),
@@ -314,8 +289,7 @@ async fn the_file_tools_never_read_a_pipe_swapped_in_for_a_file_and_run_confined
             .unwrap_or_else(|| Reply::text("done"))
     });
     s.complete_turn("read the flipping file").await.unwrap();
-    stop.store(true, Ordering::Relaxed);
-    let flips = flipper.join().unwrap();
+    let flips = flipper.finish();
     assert!(flips > 0, "the file never flipped");
 
     let rows = s.tool_messages();

@@ -11,6 +11,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use drover_test_support::flip::Flipper;
 use drover_tools::file::patch::PatchTool;
 use drover_tools::file::read::{ReadFileTool, CONTENT_MAX_BYTES};
 use drover_tools::file::search::SearchFilesTool;
@@ -969,61 +970,6 @@ impl Drop for PipeHolder {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-    }
-}
-
-/// A thread that flips `path` (a regular file) with a symlink to `link_target` until dropped;
-/// the name always exists.
-struct Flipper {
-    stop: Arc<std::sync::atomic::AtomicBool>,
-    thread: Option<std::thread::JoinHandle<u64>>,
-}
-
-impl Flipper {
-    fn start(path: PathBuf, link_target: PathBuf) -> Flipper {
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let flag = stop.clone();
-        let thread = std::thread::spawn(move || {
-            // The other state waits under a second name; each flip is one exchange of the
-            // two names (renameat2 RENAME_EXCHANGE), so the race is tried as often as can be.
-            let other = path.with_extension("other");
-            std::os::unix::fs::symlink(&link_target, &other).expect("symlink");
-            let mut flips = 0u64;
-            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
-                nix::fcntl::renameat2(
-                    None,
-                    &path,
-                    None,
-                    &other,
-                    nix::fcntl::RenameFlags::RENAME_EXCHANGE,
-                )
-                .expect("exchange");
-                flips += 1;
-            }
-            flips
-        });
-        Flipper {
-            stop,
-            thread: Some(thread),
-        }
-    }
-
-    /// Stops flipping; gives how many flips were made.
-    fn finish(mut self) -> u64 {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        self.thread
-            .take()
-            .map(|t| t.join().expect("flipper"))
-            .unwrap_or(0)
-    }
-}
-
-impl Drop for Flipper {
-    fn drop(&mut self) {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
     }
 }
 
