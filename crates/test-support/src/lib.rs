@@ -30,8 +30,8 @@
 //!
 //! Nothing here mocks a drover component: only the model is played.
 //!
-//! Layers: `mock_model`, `mcp_echo`, `wait`, `alone`, `flip` (leaves); `harness` (on `wait`); `tmux`,
-//! `bench` and `acp` on top.
+//! Layers: `mock_model`, `mcp_echo`, `wait`, `alone`, `flip` (leaves); `harness` (on
+//! `wait`); `tmux`, `bench` and `acp` on top.
 
 // Test code only: a helper that cannot set up its fixture (a port, a temporary folder, a
 // missing mosquitto) panics with a message, which fails the calling test.
