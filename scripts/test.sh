@@ -42,9 +42,11 @@ lint() {
   fi
   # Asked through cargo, which also finds subcommands in $CARGO_HOME/bin off the PATH.
   if ! cargo shear --version >/dev/null 2>&1; then
-    # The version .ci/run installs: later ones need a newer rustc than the tree's.
-    echo "cargo-shear is missing: cargo install --locked cargo-shear@1.9.1" >&2
-    exit 1
+    # Installed once, from source (crates.io). Pinned: later versions need a newer rustc than
+    # the tree's. `--debug`: on 2 cores it builds in 2 minutes instead of 4, and checks the
+    # workspace in 5 s instead of 2.
+    echo "cargo-shear is missing: installing cargo-shear@1.9.1 (about 2 minutes)" >&2
+    cargo install --locked --debug --quiet cargo-shear@1.9.1
   fi
   cargo shear
   cargo clippy --workspace --all-targets -- -D warnings
