@@ -9,8 +9,8 @@
 //! - [`decide`] turns the configured [`ApprovalMode`], the classification and any existing grant
 //!   into a [`Decision`]: run, ask the user, or refuse.
 //!
-//! What it does not do: ask the user (the `terminal` tool does, through
-//! [`crate::PromptBroker`]) or store grants (the owner does, in a later issue).
+//! What it does not do: ask the user (the `authorize` module does, through the tool's
+//! [`crate::PromptBroker`]) or store grants (the owner does).
 //!
 //! ```
 //! use drover_tools::approval::{classify, decide, ApprovalMode, Decision};
@@ -163,7 +163,7 @@ pub fn decide(mode: ApprovalMode, danger: Option<&Danger>, already_allowed: bool
 }
 
 /// [`decide`] for an action known to need approval.
-fn decide_dangerous(mode: ApprovalMode, already_allowed: bool) -> Decision {
+pub(crate) fn decide_dangerous(mode: ApprovalMode, already_allowed: bool) -> Decision {
     match mode {
         ApprovalMode::Auto => Decision::Run,
         ApprovalMode::Deny => Decision::Refuse,
@@ -181,102 +181,6 @@ pub enum Refusal {
     Denied,
     /// The turn was interrupted while the prompt was open.
     Interrupted,
-}
-
-/// Applies the approval policy to one dangerous action (SPEC section 6): runs it when the mode
-/// is `auto` or a `session`/`always` grant covers `danger.key`, refuses it in `deny` mode, and
-/// otherwise opens an `approval` prompt showing `shown` (the command, or `write_file <path>`)
-/// and waits for the answer, racing the turn's cancel token. A `session` or `always` answer
-/// also grants the key for the rest of this context (the owner stores it for later turns).
-pub async fn authorize(
-    ctx: &crate::ToolContext,
-    danger: &Danger,
-    shown: &str,
-) -> Result<(), Refusal> {
-    authorize_key(ctx, danger.key, &danger.description, shown).await
-}
-
-/// [`authorize`] for an action whose grant key is not one of [`PATTERNS`] (a `terminal`
-/// call's `sandbox: false` escalation, keyed by its exact command).
-pub async fn authorize_key(
-    ctx: &crate::ToolContext,
-    key: &str,
-    description: &str,
-    shown: &str,
-) -> Result<(), Refusal> {
-    let decision = decide_dangerous(ctx.approvals.get(), ctx.grants.contains(key));
-    authorize_as(ctx, decision, key, description, shown).await
-}
-
-/// [`authorize_key`] for an action that runs with none of the sandbox's protection (an `exec`
-/// job's command): it asks in `auto` mode too, since `auto` trusts the sandbox to hold what a
-/// command might do. Only a `session` or `always` grant of `key` skips the prompt; `deny`
-/// refuses.
-pub async fn authorize_unconfined(
-    ctx: &crate::ToolContext,
-    key: &str,
-    description: &str,
-    shown: &str,
-) -> Result<(), Refusal> {
-    let mode = ctx.approvals.get();
-    let decision = match decide_dangerous(mode, ctx.grants.contains(key)) {
-        Decision::Run if mode == ApprovalMode::Auto && !ctx.grants.contains(key) => Decision::Ask,
-        decision => decision,
-    };
-    authorize_as(ctx, decision, key, description, shown).await
-}
-
-async fn authorize_as(
-    ctx: &crate::ToolContext,
-    decision: Decision,
-    key: &str,
-    description: &str,
-    shown: &str,
-) -> Result<(), Refusal> {
-    use crate::PromptAnswer;
-    use serde_json::Value;
-
-    match decision {
-        Decision::Run => Ok(()),
-        Decision::Refuse => Err(Refusal::ModeDeny),
-        Decision::Ask => {
-            let body = serde_json::json!({
-                "command": shown,
-                "description": description,
-                "pattern_key": key,
-                "choices": ApprovalChoice::ALL.map(ApprovalChoice::as_str),
-            });
-            let answer = tokio::select! {
-                biased;
-                () = ctx.cancel.cancelled() => return Err(Refusal::Interrupted),
-                answer = ctx.prompts.open("approval", body) => answer,
-            };
-            // The owner may close the prompt because of the interrupt itself.
-            if ctx.cancel.is_cancelled() {
-                return Err(Refusal::Interrupted);
-            }
-            let choice = match &answer {
-                PromptAnswer::Answered(Value::String(s)) => s.parse::<ApprovalChoice>().ok(),
-                PromptAnswer::Answered(_) => None,
-                PromptAnswer::Cancelled => Some(ApprovalChoice::Deny),
-            };
-            match choice {
-                Some(choice) if choice.allows() => {
-                    tracing::info!(session_id = %ctx.session_id, pattern_key = key, choice = %choice, "dangerous action approved");
-                    if matches!(choice, ApprovalChoice::Session | ApprovalChoice::Always) {
-                        ctx.grants.insert(key);
-                    }
-                    Ok(())
-                }
-                Some(_) => Err(Refusal::Denied),
-                None => {
-                    // Only once/session/always allow it; anything else is a no.
-                    tracing::warn!(session_id = %ctx.session_id, ?answer, "unreadable approval answer, treated as deny");
-                    Err(Refusal::Denied)
-                }
-            }
-        }
-    }
 }
 
 #[cfg(test)]

@@ -43,7 +43,8 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use crate::approval::{self, Danger, Refusal};
+use crate::approval::{Danger, Refusal};
+use crate::authorize;
 use crate::{Tool, ToolContext};
 
 /// The approval pattern key of a write outside the session's working directory.
@@ -259,7 +260,7 @@ pub(crate) async fn allow_write(
         ),
     };
     let shown = format!("{tool} {}", target.display());
-    approval::authorize(ctx, &danger, &shown)
+    authorize::authorize(ctx, &danger, &shown)
         .await
         .map_err(|refusal| match refusal {
             Refusal::ModeDeny => format!(

@@ -20,9 +20,10 @@
 //! Bad input (an unknown transport, no reachable broker, a job id the registry does not
 //! hold) is an error result naming the problem; the turn goes on.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+pub use crate::job_ledger::{InMemoryJobs, JobLedger, JobsAccess};
 use async_trait::async_trait;
 use drover_jobs::delivery::{AgentSession, TmuxServer, TMUX_SOCKET_ENV};
 use drover_jobs::publish::{self, DRAIN_ENV};
@@ -35,60 +36,13 @@ use serde_json::{json, Value};
 
 use crate::approval::{self, Danger, Refusal};
 use crate::args::{error_output, json_output, Args};
+use crate::authorize;
 use crate::{Tool, ToolContext, ToolOutput};
 
 /// The largest `job_wait` timeout, in seconds (larger values are clamped).
 pub const MAX_WAIT_SECS: u64 = 3600;
 /// The approval pattern key of a dispatch to a `remote:` runner.
 pub const REMOTE_JOB_KEY: &str = "remote_job";
-
-/// Where the toolset records the jobs it submits (SPEC section 4, `job.register`). The worker
-/// implements it by persisting through the owner.
-#[async_trait]
-pub trait JobLedger: Send + Sync {
-    /// Records `job` for the session; `Err` says why it could not be.
-    async fn register(&self, job: JobRegister) -> Result<(), String>;
-}
-
-/// A [`JobLedger`] kept in memory (tests, contexts without an owner). Clones share the list.
-#[derive(Clone, Debug, Default)]
-pub struct InMemoryJobs(Arc<Mutex<Vec<JobRegister>>>);
-
-impl InMemoryJobs {
-    /// What was recorded, oldest first.
-    pub fn list(&self) -> Vec<JobRegister> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-}
-
-#[async_trait]
-impl JobLedger for InMemoryJobs {
-    async fn register(&self, job: JobRegister) -> Result<(), String> {
-        let mut list = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if !list.contains(&job) {
-            list.push(job);
-        }
-        Ok(())
-    }
-}
-
-/// What the `jobs` toolset needs beyond the rest of [`ToolContext`]. Cheap to clone.
-#[derive(Clone)]
-pub struct JobsAccess {
-    /// Where submitted jobs are recorded for the session (`job.register`).
-    pub ledger: Arc<dyn JobLedger>,
-    /// The home's `[mqtt]` (from the bootstrap).
-    pub wire: JobsWire,
-}
-
-impl Default for JobsAccess {
-    fn default() -> JobsAccess {
-        JobsAccess {
-            ledger: Arc::new(InMemoryJobs::default()),
-            wire: JobsWire::default(),
-        }
-    }
-}
 
 /// The toolset's tools, in order.
 pub fn tools() -> Vec<Arc<dyn Tool>> {
@@ -354,7 +308,7 @@ async fn approve_submit(req: &StartRequest, ctx: &ToolContext) -> Result<(), Str
         },
         _ => return Ok(()),
     };
-    approval::authorize(ctx, &danger, &shown)
+    authorize::authorize(ctx, &danger, &shown)
         .await
         .map_err(|refusal| match refusal {
             Refusal::ModeDeny => format!("refused: {} (approvals.mode = deny)", danger.description),
@@ -367,7 +321,7 @@ async fn approve_submit(req: &StartRequest, ctx: &ToolContext) -> Result<(), Str
 /// or `always` answer allows that exact command again, and nothing else.
 pub const EXEC_UNCONFINED: &str = "exec_unconfined";
 
-/// The prompt of an `exec` job while a sandbox is in force ([`approval::authorize_unconfined`]).
+/// The prompt of an `exec` job while a sandbox is in force ([`authorize::authorize_unconfined`]).
 async fn approve_unconfined(command: &str, ctx: &ToolContext) -> Result<(), String> {
     let key = format!("{EXEC_UNCONFINED}:{command}");
     let mut description = "runs UNCONFINED as an exec job: no sandbox at all, so it can read the \
@@ -378,7 +332,7 @@ async fn approve_unconfined(command: &str, ctx: &ToolContext) -> Result<(), Stri
         description.push_str(&format!("; and it {}", danger.description));
     }
     let shown = format!("run unconfined (exec job, no sandbox): {command}");
-    approval::authorize_unconfined(ctx, &key, &description, &shown)
+    authorize::authorize_unconfined(ctx, &key, &description, &shown)
         .await
         .map_err(|refusal| match refusal {
             Refusal::ModeDeny => "refused: an exec job runs unconfined (approvals.mode = deny); \

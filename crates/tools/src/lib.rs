@@ -47,11 +47,15 @@
 //!   and the same write rule for the file tools; MCP servers are not confined.
 //! - [`approval`]: the dangerous-command classifier and the pure approval decision
 //!   (`docs/approvals.md`).
+//! - [`authorize`]: asking before a dangerous action, through the call's [`ToolContext`].
+//! - [`delegator`] and [`job_ledger`]: how a call reaches the owner for a child agent and
+//!   records a job, apart from the tools so the context can hold them.
 //!
-//! Layers (each imports only those before it): `error`, `tool`, `prompt` < `approval`, `args`,
-//! `clarify`, `delegate`, `mcp`, `sandbox` < `background` < `file`, `jobs`, `process`,
-//! `terminal` < `todo` < `tool_registry`. `tool_context` is where the toolsets meet: it holds
-//! a handle of `background`, `delegate`, `jobs` and `sandbox`, and every toolset reads it.
+//! Layers (each imports only those before it): the foundations (`error`, `prompt`,
+//! `approval`, `sandbox` < `background`; `delegator`, `job_ledger`) < `tool_context` (what a
+//! call may use: it holds their handles) < `tool` < `args`, `authorize` < the toolsets
+//! (`clarify`, `delegate`, `file`, `jobs`, `process`, `terminal` < `mcp`, `todo`) <
+//! `tool_registry`. The module-graph test (crates/test-support/tests/workspace) holds it.
 //!
 //! What this crate does not do: talk to the model, or to the ledger; store approval grants.
 //!
@@ -68,11 +72,14 @@
 
 pub mod approval;
 mod args;
+pub mod authorize;
 pub mod background;
 pub mod clarify;
 pub mod delegate;
+pub mod delegator;
 pub mod error;
 pub mod file;
+pub mod job_ledger;
 pub mod jobs;
 pub mod mcp;
 pub mod process;

@@ -41,6 +41,7 @@ use tokio::time::Instant;
 
 use crate::approval::{self, Danger, Refusal};
 use crate::args::Args;
+use crate::authorize;
 use crate::background;
 use crate::sandbox::{self, SandboxMode};
 use crate::{Tool, ToolContext, ToolOutput};
@@ -232,7 +233,7 @@ impl Request {
 
 /// Applies the approval policy to a dangerous command. `Err` holds the error the result shows.
 async fn approve(command: &str, danger: &Danger, ctx: &ToolContext) -> Result<(), String> {
-    approval::authorize(ctx, danger, command)
+    authorize::authorize(ctx, danger, command)
         .await
         .map_err(|refusal| match refusal {
             Refusal::ModeDeny => format!("refused: {} (approvals.mode = deny)", danger.description),
@@ -258,7 +259,7 @@ pub(crate) async fn approve_escape(
         None => "runs outside the sandbox (writes anywhere the user can)".to_string(),
     };
     let shown = format!("run outside the sandbox: {command}");
-    approval::authorize_key(ctx, &key, &description, &shown)
+    authorize::authorize_key(ctx, &key, &description, &shown)
         .await
         .map_err(|refusal| match refusal {
             Refusal::ModeDeny => {

@@ -12,11 +12,11 @@ use crate::tool_context::ToolContext;
 /// - `file`: `read_file`, `write_file`, `patch`, `search_files`;
 /// - `clarify`: `clarify`;
 /// - `todo`: `todo`;
-/// - `delegation`: `delegate_task` (runs a child agent through [`Delegator`](crate::Delegator));
+/// - `delegation`: `delegate_task` (runs a child agent through the `Delegator`);
 /// - `jobs`: `job_submit`, `job_status`, `job_wait`, `job_cancel` (SPEC section 7).
 ///
-/// Any other toolset name must be an MCP server ([`crate::ToolRegistry::for_toolsets_with_mcp`],
-/// [`crate::ToolRegistry::for_session`]); a built-in name wins over a server of the same name.
+/// Any other toolset name must be an MCP server (`ToolRegistry::for_toolsets_with_mcp`,
+/// `ToolRegistry::for_session`); a built-in name wins over a server of the same name.
 pub const KNOWN_TOOLSETS: &[&str] = &["terminal", "file", "clarify", "todo", "delegation", "jobs"];
 
 /// What a tool call returns: the text the model sees as the tool message, and whether it is an

@@ -12,9 +12,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::approval::{self, ApprovalMode};
 use crate::background::{InMemoryProcesses, ProcessRegistry};
-use crate::delegate::{Delegator, NoDelegation};
+use crate::delegator::{Delegator, NoDelegation};
 use crate::prompt::{NoPrompts, PromptBroker};
-use crate::{jobs, sandbox};
+use crate::{job_ledger, sandbox};
 
 /// The approval grants in force for a session: the pattern keys of its `session` choices and
 /// the home's stored `always` rules (SPEC section 6). Filled from the bootstrap; a `session` or
@@ -132,7 +132,7 @@ pub struct ToolContext {
     /// Where `delegate_task` asks the owner for a child agent.
     pub delegator: Arc<dyn Delegator>,
     /// Where the `jobs` toolset records its jobs, and the home's wire settings.
-    pub jobs: jobs::JobsAccess,
+    pub jobs: job_ledger::JobsAccess,
     /// How every process a tool starts is confined, and where the file tools may write
     /// ([`sandbox`]).
     pub sandbox: sandbox::Sandbox,
@@ -155,7 +155,7 @@ impl ToolContext {
             grants: ApprovalGrants::default(),
             processes: Arc::new(InMemoryProcesses::default()),
             delegator: Arc::new(NoDelegation),
-            jobs: jobs::JobsAccess::default(),
+            jobs: job_ledger::JobsAccess::default(),
             sandbox: sandbox::Sandbox::off(),
         }
     }

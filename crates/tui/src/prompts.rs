@@ -2,7 +2,7 @@
 //! that keeps typed-ahead keys from answering it, the keys of each kind of prompt, and how a
 //! settlement marks the tool call that asked.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 use drover_protocol::client::{
@@ -12,43 +12,7 @@ use drover_protocol::client::{
 use crate::daemon_link::{PromptAnswer, Reply};
 use crate::input::Input;
 use crate::state::{Action, App, ToolStatus, TurnItem};
-
-/// How far the user is through answering an approval prompt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ApprovalStage {
-    /// The question is asked.
-    Ask,
-    /// `a` was pressed: what `always` covers is shown, and confirmation asked.
-    ConfirmAlways,
-}
-
-/// The open prompt, as the user is answering it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PromptView {
-    /// The prompt.
-    pub prompt: OpenPrompt,
-    /// For approvals: the stage.
-    pub stage: ApprovalStage,
-    /// The key that was not an answer, when the question is asked again.
-    pub reask: Option<String>,
-    /// For clarify with choices: the highlighted one.
-    pub selected: usize,
-    /// For multi-select clarify: the picked ones.
-    pub picked: Vec<bool>,
-    /// For free-text clarify: the answer being typed.
-    pub text: Input,
-    /// The answer was sent; waiting for the owner to settle the prompt.
-    pub sent: bool,
-    /// Since when no key has reached this prompt: an approval key counts only after
-    /// [`PROMPT_QUIET`] of quiet since the question (or its `always` confirmation) appeared or
-    /// the last key that was not an answer, so keys typed ahead never answer it.
-    pub quiet_from: Instant,
-}
-
-/// How long an approval prompt must have been shown, with no key pressed, before a key answers
-/// it. Typing that was meant for the input box (the prompt appeared under the user's fingers)
-/// keeps restarting this window, so it can never approve, let alone store an `always` rule.
-pub const PROMPT_QUIET: Duration = Duration::from_millis(600);
+pub use crate::state::{ApprovalStage, PromptView, PROMPT_QUIET};
 
 impl PromptView {
     fn new(prompt: OpenPrompt, now: Instant) -> PromptView {

@@ -1,8 +1,8 @@
 //! The chat client's state: the finished blocks waiting for the scrollback, the running turn
 //! with its tool calls and child agents, the open prompt, the queued inputs, the input box and
 //! the status line's facts, all in [`App`]. No IO, no clock. How events change it is in
-//! [`crate::reducer`], how keys do in [`crate::keys`], and the open prompt's answering in
-//! [`crate::prompts`].
+//! the `reducer` module, how keys do in `keys`, and the open prompt's answering in
+//! `prompts` (each builds on this one).
 //!
 //! Finished blocks (the user's input, the assistant's answer, finished tool calls, notices) go
 //! to [`App::scrollback`] in order, for the event loop to print above the live viewport. The
@@ -11,13 +11,13 @@
 
 use std::time::{Duration, Instant};
 
+use drover_protocol::client::OpenPrompt;
 use drover_protocol::event::TurnPhase;
 use serde_json::Value;
 
 use crate::commands::Command;
 use crate::daemon_link::PromptAnswer;
 use crate::input::Input;
-use crate::prompts::PromptView;
 
 /// The notice a compaction's turn starts with.
 pub const COMPACTING: &str = "compacting the older history (/compact)…";
@@ -325,3 +325,40 @@ fn shown_output(result: &str) -> String {
     }
     shown
 }
+
+/// How far the user is through answering an approval prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApprovalStage {
+    /// The question is asked.
+    Ask,
+    /// `a` was pressed: what `always` covers is shown, and confirmation asked.
+    ConfirmAlways,
+}
+
+/// The open prompt, as the user is answering it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptView {
+    /// The prompt.
+    pub prompt: OpenPrompt,
+    /// For approvals: the stage.
+    pub stage: ApprovalStage,
+    /// The key that was not an answer, when the question is asked again.
+    pub reask: Option<String>,
+    /// For clarify with choices: the highlighted one.
+    pub selected: usize,
+    /// For multi-select clarify: the picked ones.
+    pub picked: Vec<bool>,
+    /// For free-text clarify: the answer being typed.
+    pub text: Input,
+    /// The answer was sent; waiting for the owner to settle the prompt.
+    pub sent: bool,
+    /// Since when no key has reached this prompt: an approval key counts only after
+    /// [`PROMPT_QUIET`] of quiet since the question (or its `always` confirmation) appeared or
+    /// the last key that was not an answer, so keys typed ahead never answer it.
+    pub quiet_from: Instant,
+}
+
+/// How long an approval prompt must have been shown, with no key pressed, before a key answers
+/// it. Typing that was meant for the input box (the prompt appeared under the user's fingers)
+/// keeps restarting this window, so it can never approve, let alone store an `always` rule.
+pub const PROMPT_QUIET: Duration = Duration::from_millis(600);

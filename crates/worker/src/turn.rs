@@ -26,8 +26,8 @@ use crate::store::{
 };
 
 /// The worker over any pipe pair: `reader` carries owner frames, `writer` worker frames.
-/// `shutdown` means the owner is gone (SIGTERM in [`main_entry`](crate::main_entry)). Returns how the worker
-/// ends; [`main_entry`](crate::main_entry) turns that into the exit code.
+/// `shutdown` means the owner is gone (SIGTERM in `main_entry`). Returns how the worker
+/// ends; `main_entry` turns that into the exit code.
 ///
 /// One worker per process: when the owner is gone or the turn is stopped it kills every
 /// foreground process group registered in this process ([`ForegroundGroups::kill_all`]).

@@ -1,5 +1,4 @@
-//! The worker template's request loop ("a lean worker start"): see
-//! [`crate::template_entry`].
+//! The worker template's request loop ("a lean worker start"): see `template_entry`.
 //!
 //! The template reads requests on its stdin, a `SOCK_SEQPACKET` socket from the owner
 //! ([`drover_protocol::worker::template`]). Each request carries the next spare's stdin,

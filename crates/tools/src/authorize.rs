@@ -1,0 +1,99 @@
+//! Asking before a dangerous action: the [`approval`](crate::approval) policy's decision for a
+//! tool call, and when it says "ask", an `approval` prompt through the call's
+//! [`ToolContext`], raced against the turn's cancel token. A `session` or `always` answer grants
+//! the pattern key for the rest of the context (the owner stores it for later turns).
+
+use serde_json::Value;
+
+use crate::approval::{decide_dangerous, ApprovalChoice, ApprovalMode, Danger, Decision, Refusal};
+use crate::prompt::PromptAnswer;
+use crate::tool_context::ToolContext;
+
+/// Applies the approval policy to one dangerous action (SPEC section 6): runs it when the mode
+/// is `auto` or a `session`/`always` grant covers `danger.key`, refuses it in `deny` mode, and
+/// otherwise opens an `approval` prompt showing `shown` (the command, or `write_file <path>`)
+/// and waits for the answer, racing the turn's cancel token. A `session` or `always` answer
+/// also grants the key for the rest of this context (the owner stores it for later turns).
+pub async fn authorize(ctx: &ToolContext, danger: &Danger, shown: &str) -> Result<(), Refusal> {
+    authorize_key(ctx, danger.key, &danger.description, shown).await
+}
+
+/// [`authorize`] for an action whose grant key is not one of [`PATTERNS`] (a `terminal`
+/// call's `sandbox: false` escalation, keyed by its exact command).
+pub async fn authorize_key(
+    ctx: &ToolContext,
+    key: &str,
+    description: &str,
+    shown: &str,
+) -> Result<(), Refusal> {
+    let decision = decide_dangerous(ctx.approvals.get(), ctx.grants.contains(key));
+    authorize_as(ctx, decision, key, description, shown).await
+}
+
+/// [`authorize_key`] for an action that runs with none of the sandbox's protection (an `exec`
+/// job's command): it asks in `auto` mode too, since `auto` trusts the sandbox to hold what a
+/// command might do. Only a `session` or `always` grant of `key` skips the prompt; `deny`
+/// refuses.
+pub async fn authorize_unconfined(
+    ctx: &ToolContext,
+    key: &str,
+    description: &str,
+    shown: &str,
+) -> Result<(), Refusal> {
+    let mode = ctx.approvals.get();
+    let decision = match decide_dangerous(mode, ctx.grants.contains(key)) {
+        Decision::Run if mode == ApprovalMode::Auto && !ctx.grants.contains(key) => Decision::Ask,
+        decision => decision,
+    };
+    authorize_as(ctx, decision, key, description, shown).await
+}
+
+async fn authorize_as(
+    ctx: &ToolContext,
+    decision: Decision,
+    key: &str,
+    description: &str,
+    shown: &str,
+) -> Result<(), Refusal> {
+    match decision {
+        Decision::Run => Ok(()),
+        Decision::Refuse => Err(Refusal::ModeDeny),
+        Decision::Ask => {
+            let body = serde_json::json!({
+                "command": shown,
+                "description": description,
+                "pattern_key": key,
+                "choices": ApprovalChoice::ALL.map(ApprovalChoice::as_str),
+            });
+            let answer = tokio::select! {
+                biased;
+                () = ctx.cancel.cancelled() => return Err(Refusal::Interrupted),
+                answer = ctx.prompts.open("approval", body) => answer,
+            };
+            // The owner may close the prompt because of the interrupt itself.
+            if ctx.cancel.is_cancelled() {
+                return Err(Refusal::Interrupted);
+            }
+            let choice = match &answer {
+                PromptAnswer::Answered(Value::String(s)) => s.parse::<ApprovalChoice>().ok(),
+                PromptAnswer::Answered(_) => None,
+                PromptAnswer::Cancelled => Some(ApprovalChoice::Deny),
+            };
+            match choice {
+                Some(choice) if choice.allows() => {
+                    tracing::info!(session_id = %ctx.session_id, pattern_key = key, choice = %choice, "dangerous action approved");
+                    if matches!(choice, ApprovalChoice::Session | ApprovalChoice::Always) {
+                        ctx.grants.insert(key);
+                    }
+                    Ok(())
+                }
+                Some(_) => Err(Refusal::Denied),
+                None => {
+                    // Only once/session/always allow it; anything else is a no.
+                    tracing::warn!(session_id = %ctx.session_id, ?answer, "unreadable approval answer, treated as deny");
+                    Err(Refusal::Denied)
+                }
+            }
+        }
+    }
+}
