@@ -172,7 +172,7 @@ pub(crate) fn decide_dangerous(mode: ApprovalMode, already_allowed: bool) -> Dec
     }
 }
 
-/// Why a dangerous action did not get to run (see [`authorize`]).
+/// Why a dangerous action did not get to run (see the `authorize` module).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
     /// `approvals.mode = "deny"` refuses it without asking.

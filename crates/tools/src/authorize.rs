@@ -18,7 +18,7 @@ pub async fn authorize(ctx: &ToolContext, danger: &Danger, shown: &str) -> Resul
     authorize_key(ctx, danger.key, &danger.description, shown).await
 }
 
-/// [`authorize`] for an action whose grant key is not one of [`PATTERNS`] (a `terminal`
+/// [`authorize`] for an action whose grant key is not one of [`PATTERNS`](crate::approval::PATTERNS) (a `terminal`
 /// call's `sandbox: false` escalation, keyed by its exact command).
 pub async fn authorize_key(
     ctx: &ToolContext,
