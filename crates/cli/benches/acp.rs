@@ -73,15 +73,9 @@ fn main() -> ExitCode {
     if !bench::smoke_run_selected("acp", &args) {
         return ExitCode::SUCCESS;
     }
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("acp bench: cannot build a tokio runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+    let runtime = match bench::current_thread_runtime("acp bench") {
+        Ok(runtime) => runtime,
+        Err(code) => return code,
     };
     match runtime.block_on(run()) {
         Ok(()) => ExitCode::SUCCESS,

@@ -74,7 +74,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use drover_test_support::bench::{ledger_times, unix_now, LedgerTimes};
+use drover_test_support::bench::{self, ledger_times, unix_now, LedgerTimes};
 use drover_test_support::harness::{Client, Daemon, TestHome, WAIT};
 use drover_test_support::mock_model::last_message;
 use drover_test_support::{env_count, MockModel, Reply};
@@ -97,15 +97,9 @@ fn bin() -> &'static Path {
 }
 
 fn main() -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("turn bench: cannot build a tokio runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+    let runtime = match bench::current_thread_runtime("turn bench") {
+        Ok(runtime) => runtime,
+        Err(code) => return code,
     };
     match runtime.block_on(run()) {
         Ok(()) => ExitCode::SUCCESS,

@@ -86,15 +86,9 @@ fn main() -> ExitCode {
     if !client && !bench::smoke_run_selected("userview", &args) {
         return ExitCode::SUCCESS;
     }
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("userview: cannot build a tokio runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+    let runtime = match bench::current_thread_runtime("userview") {
+        Ok(runtime) => runtime,
+        Err(code) => return code,
     };
     let outcome = if client {
         runtime.block_on(client_main(&args[2..]))

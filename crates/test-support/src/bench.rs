@@ -126,6 +126,20 @@ pub fn smoke_run_selected(name: &str, args: &[String]) -> bool {
         .any(|arg| !arg.starts_with('-') && !name.contains(arg.as_str()))
 }
 
+/// The one-thread tokio runtime a bench's `main` runs on; when it cannot be built, says so
+/// naming `bench` and gives the exit code to return.
+pub fn current_thread_runtime(
+    bench: &str,
+) -> Result<tokio::runtime::Runtime, std::process::ExitCode> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|error| {
+            eprintln!("{bench}: cannot build a tokio runtime: {error}");
+            std::process::ExitCode::FAILURE
+        })
+}
+
 /// `d` in milliseconds, as the benchmarks report times.
 pub fn millis(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
