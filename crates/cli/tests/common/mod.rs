@@ -1,6 +1,7 @@
 //! What the three area binaries of the `drover` tests share (each includes this file as
 //! `crate::common`): where Cargo built the binary under test, a home whose sessions can ask
-//! clarify questions, the user's way out of an unknown turn, and raw HTTP on loopback.
+//! clarify questions, the user's way out of an unknown turn, the typed reading of the raw
+//! harness client's answers and events, and raw HTTP on loopback.
 
 // Each area binary uses a part of it. Test helpers: clippy.toml's allow-unwrap-in-tests covers
 // only #[test] functions.
@@ -10,8 +11,11 @@ use std::io::{Read, Write};
 use std::path::Path;
 use std::time::Duration;
 
+use drover_protocol::event::SessionEvent;
+use drover_protocol::rpc::ErrorData;
 use drover_test_support::harness::{Client, TestHome};
 use drover_test_support::MockModel;
+use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
 /// The `drover` binary of this build, which every end-to-end test starts.
@@ -43,6 +47,29 @@ pub async fn resolve_unknown(client: &mut Client, session_id: &str, admission_id
         )
         .await
         .unwrap()
+}
+
+/// `value`, an answer or an event as the daemon sent it, read as the protocol's typed `T`
+/// (the reading `drover_client` does), so a scenario compares typed values instead of picking
+/// fields; panics naming `T` and showing the value when it does not parse.
+#[track_caller]
+pub fn typed<T: DeserializeOwned>(value: Value) -> T {
+    match serde_json::from_value(value.clone()) {
+        Ok(typed) => typed,
+        Err(e) => panic!("not a {}: {e}: {value}", std::any::type_name::<T>()),
+    }
+}
+
+/// The next event of type `kind` on `client`'s attached sessions, typed.
+pub async fn typed_event(client: &mut Client, kind: &str) -> SessionEvent {
+    typed(client.wait_event_type(kind).await.unwrap())
+}
+
+/// `data` of the error answer `error` (a raw JSON-RPC error object), typed: its reason,
+/// detail and field.
+#[track_caller]
+pub fn error_data(error: &Value) -> ErrorData {
+    typed(error.get("data").cloned().unwrap_or_default())
 }
 
 /// Sends one raw HTTP/1.1 `request` to the daemon at `base` (`http://host:port`); gives the

@@ -9,10 +9,21 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::Duration;
 
-use crate::common::{bin, model_home_with_clarify};
-use drover_test_support::harness::{approval_answer, str_field};
+use crate::common::{bin, error_data, model_home_with_clarify, typed, typed_event};
+use drover_client::read_daemon_info;
+use drover_protocol::client::{
+    AdmissionReceipt, AdmissionStatus, ApprovalChoice, ApprovalPrompt, ApprovalRespondParams,
+    ApprovalRules, ClarifyAnswer, ClarifyPrompt, ClarifyRespondParams, EventsPage,
+    InterruptAccepted, OpenPrompt, PromptResponse, PromptResponseStatus, SessionPage,
+    SessionSnapshot,
+};
+use drover_protocol::event::{
+    ApprovalSettled, EventPayload, PromptSettlement, SessionEvent, TurnEnd,
+};
+use drover_protocol::rpc::ErrorData;
+use drover_protocol::{ErrorReason, RpcError};
 use drover_test_support::harness::{
-    daemon_info, db_rows, run_drover, Client, Daemon, KillDaemonOnDrop, OneSession, TestHome,
+    db_rows, run_drover, Client, Daemon, KillDaemonOnDrop, OneSession, TestHome,
 };
 use drover_test_support::harness::{model_home, rm_rf_call, script_rm_victim};
 use drover_test_support::mock_model::tool_names;
@@ -42,40 +53,82 @@ fn victim(scratch: &tempfile::TempDir) -> PathBuf {
 }
 
 /// Scripts `rm -rf <victim>` then a final text, submits, and waits for the `approval.request`.
-/// Returns the admission id and the request's payload.
-async fn open_approval(s: &mut OneSession, victim: &Path) -> (String, Value) {
+/// Returns the admission id and the request's prompt.
+async fn open_approval(s: &mut OneSession, victim: &Path) -> (String, ApprovalPrompt) {
     s.model.push(rm_rf_call(victim));
     s.model.push(Reply::text("Done deleting."));
-    let receipt = s.submit("delete the victim directory").await.unwrap();
-    let admission_id = str_field(&receipt, "admission_id");
+    let receipt = submit(s, "delete the victim directory").await;
     let request = event(s, "approval.request").await;
-    (admission_id, request["payload"].clone())
+    (receipt.admission_id, approval_prompt(request.event))
+}
+
+/// Submits `text` to `s`'s session; the receipt.
+async fn submit(s: &mut OneSession, text: &str) -> AdmissionReceipt {
+    typed(s.submit(text).await.unwrap())
+}
+
+/// `session.resume` of `s`'s session.
+async fn session_snapshot(s: &mut OneSession) -> SessionSnapshot {
+    typed(s.resume().await.unwrap())
 }
 
 /// Waits for the next event of type `kind` on `s`'s client.
-async fn event(s: &mut OneSession, kind: &str) -> Value {
-    s.client.wait_event_type(kind).await.unwrap()
+async fn event(s: &mut OneSession, kind: &str) -> SessionEvent {
+    typed_event(&mut s.client, kind).await
+}
+
+/// The prompt of an `approval.request` event.
+#[track_caller]
+fn approval_prompt(event: EventPayload) -> ApprovalPrompt {
+    match event {
+        EventPayload::ApprovalRequest(OpenPrompt::Approval(prompt)) => prompt,
+        other => panic!("not an approval request: {other:?}"),
+    }
+}
+
+/// The prompt of a `clarify.request` event.
+#[track_caller]
+fn clarify_prompt(event: EventPayload) -> ClarifyPrompt {
+    match event {
+        EventPayload::ClarifyRequest(OpenPrompt::Clarify(prompt)) => prompt,
+        other => panic!("not a clarify request: {other:?}"),
+    }
 }
 
 /// Answers the approval `prompt` with `choice` on `s`'s client; returns the answer.
-async fn respond(s: &mut OneSession, prompt: &Value, choice: &str) -> Value {
-    let session_id = s.session_id.clone();
-    s.client
-        .respond_approval(&session_id, prompt, choice)
-        .await
-        .unwrap()
+async fn respond(
+    s: &mut OneSession,
+    prompt: &ApprovalPrompt,
+    choice: ApprovalChoice,
+) -> PromptResponse {
+    let params = respond_params(s, prompt, choice);
+    typed(s.client.call_ok("approval.respond", params).await.unwrap())
+}
+
+/// The answer of `prompt` with `status`.
+fn response(prompt: &ApprovalPrompt, status: PromptResponseStatus) -> PromptResponse {
+    PromptResponse {
+        status,
+        prompt_id: prompt.prompt_id.clone(),
+    }
 }
 
 /// [`setup`] with the terminal toolset and [`open_approval`] on its victim: the session, its
 /// scratch directory, the waiting turn's admission and the open prompt.
-async fn approval_waiting() -> (OneSession, tempfile::TempDir, String, Value) {
+async fn approval_waiting() -> (OneSession, tempfile::TempDir, String, ApprovalPrompt) {
     let (mut s, scratch) = setup(&["terminal"]).await;
     let (admission_id, prompt) = open_approval(&mut s, &victim(&scratch)).await;
     (s, scratch, admission_id, prompt)
 }
 
-fn respond_params(s: &OneSession, prompt: &Value, choice: &str) -> Value {
-    approval_answer(&s.session_id, prompt, choice)
+/// `approval.respond` params answering `prompt` of `s`'s session with `choice`.
+fn respond_params(s: &OneSession, prompt: &ApprovalPrompt, choice: ApprovalChoice) -> Value {
+    json!(ApprovalRespondParams {
+        session_id: s.session_id.clone(),
+        execution_generation: prompt.execution_generation,
+        prompt_id: prompt.prompt_id.clone(),
+        choice,
+    })
 }
 
 /// The content of the session's `tool` messages, in order.
@@ -110,29 +163,25 @@ fn prompt_rows(s: &OneSession) -> Vec<(String, Value)> {
 async fn rm_rf_waits_for_approval_and_runs_after_once() {
     let (mut s, scratch, admission_id, prompt) = approval_waiting().await;
     let command = format!("rm -rf {}", victim(&scratch).display());
-    assert_eq!(prompt["kind"], "approval");
-    assert_eq!(prompt["command"], command.as_str());
+    assert_eq!(prompt.command, command);
     assert_eq!(
-        prompt["choices"],
-        json!(["once", "session", "always", "deny"])
+        prompt.choices,
+        [
+            ApprovalChoice::Once,
+            ApprovalChoice::Session,
+            ApprovalChoice::Always,
+            ApprovalChoice::Deny
+        ]
     );
-    assert!(
-        prompt["description"]
-            .as_str()
-            .unwrap()
-            .contains("recursively"),
-        "{prompt}"
-    );
-    let generation = prompt["execution_generation"].as_u64().unwrap();
+    assert!(prompt.description.contains("recursively"), "{prompt:?}");
+    let generation = prompt.execution_generation;
     assert!(generation >= 1);
 
     // The open prompt is part of the snapshot, exactly as the event showed it.
-    let resume = s.resume().await.unwrap();
-    let prompts = resume["prompts"].as_array().unwrap();
-    assert_eq!(prompts.len(), 1, "{resume}");
-    assert_eq!(prompts[0], prompt);
-    assert_eq!(resume["execution_generation"], generation);
-    assert_eq!(resume["running"], true);
+    let resume = session_snapshot(&mut s).await;
+    assert_eq!(resume.prompts, [OpenPrompt::Approval(prompt.clone())]);
+    assert_eq!(resume.execution_generation, generation);
+    assert!(resume.running);
 
     // Nothing ran while the prompt waits.
     assert!(
@@ -143,14 +192,17 @@ async fn rm_rf_waits_for_approval_and_runs_after_once() {
         "the command ran, or the turn went on, before it was approved"
     );
 
-    let answer = respond(&mut s, &prompt, "once").await;
-    assert_eq!(
-        answer,
-        json!({"status": "resolved", "prompt_id": prompt["prompt_id"]})
-    );
+    let answer = respond(&mut s, &prompt, ApprovalChoice::Once).await;
+    assert_eq!(answer, response(&prompt, PromptResponseStatus::Resolved));
     let settled = event(&mut s, "approval.settled").await;
-    assert_eq!(settled["payload"]["prompt_id"], prompt["prompt_id"]);
-    assert_eq!(settled["payload"]["choice"], "once");
+    assert_eq!(
+        settled.event,
+        EventPayload::ApprovalSettled(ApprovalSettled {
+            prompt_id: prompt.prompt_id.clone(),
+            status: PromptSettlement::Resolved,
+            choice: Some(ApprovalChoice::Once),
+        })
+    );
 
     assert_eq!(s.wait_settled(&admission_id).await.unwrap(), "completed");
     assert!(!victim(&scratch).exists(), "approved rm -rf did not run");
@@ -162,19 +214,19 @@ async fn rm_rf_waits_for_approval_and_runs_after_once() {
         prompt_rows(&s),
         [("resolved".to_string(), json!("\"once\""))]
     );
-    let resume = s.resume().await.unwrap();
-    assert_eq!(resume["prompts"], json!([]));
+    let resume = session_snapshot(&mut s).await;
+    assert_eq!(resume.prompts, []);
     assert_eq!(
-        resume["messages"].as_array().unwrap().last().unwrap()["content"],
-        "Done deleting."
+        resume.messages.last().unwrap().content.as_deref(),
+        Some("Done deleting.")
     );
 }
 
 #[tokio::test]
 async fn deny_keeps_the_directory_and_the_model_sees_a_refusal() {
     let (mut s, scratch, admission_id, prompt) = approval_waiting().await;
-    let answer = respond(&mut s, &prompt, "deny").await;
-    assert_eq!(answer["status"], "resolved");
+    let answer = respond(&mut s, &prompt, ApprovalChoice::Deny).await;
+    assert_eq!(answer.status, PromptResponseStatus::Resolved);
     assert_eq!(s.wait_settled(&admission_id).await.unwrap(), "completed");
     assert!(
         victim(&scratch).join("keep.txt").is_file(),
@@ -205,13 +257,13 @@ async fn deny_keeps_the_directory_and_the_model_sees_a_refusal() {
 #[tokio::test]
 async fn answering_twice_gives_already_resolved() {
     let (mut s, scratch, admission_id, prompt) = approval_waiting().await;
-    let first = respond(&mut s, &prompt, "deny").await;
-    assert_eq!(first["status"], "resolved");
+    let first = respond(&mut s, &prompt, ApprovalChoice::Deny).await;
+    assert_eq!(first.status, PromptResponseStatus::Resolved);
     // A second answer, even a different one, changes nothing.
-    let second = respond(&mut s, &prompt, "once").await;
+    let second = respond(&mut s, &prompt, ApprovalChoice::Once).await;
     assert_eq!(
         second,
-        json!({"status": "already_resolved", "prompt_id": prompt["prompt_id"]})
+        response(&prompt, PromptResponseStatus::AlreadyResolved)
     );
     assert_eq!(s.wait_settled(&admission_id).await.unwrap(), "completed");
     assert!(victim(&scratch).is_dir());
@@ -220,28 +272,31 @@ async fn answering_twice_gives_already_resolved() {
         [("resolved".to_string(), json!("\"deny\""))]
     );
     // After the turn, still already_resolved.
-    let third = respond(&mut s, &prompt, "once").await;
-    assert_eq!(third["status"], "already_resolved");
+    let third = respond(&mut s, &prompt, ApprovalChoice::Once).await;
+    assert_eq!(third.status, PromptResponseStatus::AlreadyResolved);
 }
 
 #[tokio::test]
 async fn bad_choice_is_invalid_params_naming_choice() {
     let (mut s, scratch, admission_id, prompt) = approval_waiting().await;
     for bad in [json!("maybe"), json!(""), json!(1), json!(["once"])] {
-        let mut params = respond_params(&s, &prompt, "once");
+        // The bad choice is raw JSON: the typed params cannot hold it.
+        let mut params = respond_params(&s, &prompt, ApprovalChoice::Once);
         params["choice"] = bad.clone();
-        let error = s
-            .client
-            .call("approval.respond", params)
-            .await
-            .unwrap()
-            .expect_err("a bad choice is refused");
-        assert_eq!(error["data"]["reason"], "invalid_params", "{bad}: {error}");
-        assert_eq!(error["data"]["field"], "choice", "{bad}: {error}");
-        assert_eq!(error["code"], -32602);
+        let error: RpcError = typed(
+            s.client
+                .call("approval.respond", params)
+                .await
+                .unwrap()
+                .expect_err("a bad choice is refused"),
+        );
+        let data: ErrorData = typed(error.data.clone());
+        assert_eq!(data.reason, ErrorReason::InvalidParams, "{bad}: {error:?}");
+        assert_eq!(data.field.as_deref(), Some("choice"), "{bad}: {error:?}");
+        assert_eq!(error.code, -32602);
     }
     // A missing choice names the field too.
-    let mut params = respond_params(&s, &prompt, "once");
+    let mut params = respond_params(&s, &prompt, ApprovalChoice::Once);
     params.as_object_mut().unwrap().remove("choice");
     let error = s
         .client
@@ -249,37 +304,43 @@ async fn bad_choice_is_invalid_params_naming_choice() {
         .await
         .unwrap()
         .expect_err("a missing choice is refused");
-    assert_eq!(error["data"]["field"], "choice");
+    assert_eq!(error_data(&error).field.as_deref(), Some("choice"));
 
     // The prompt is still open and takes a good answer.
     assert_eq!(prompt_rows(&s)[0].0, "open");
     assert!(victim(&scratch).is_dir());
-    let answer = respond(&mut s, &prompt, "deny").await;
-    assert_eq!(answer["status"], "resolved");
+    let answer = respond(&mut s, &prompt, ApprovalChoice::Deny).await;
+    assert_eq!(answer.status, PromptResponseStatus::Resolved);
     assert_eq!(s.wait_settled(&admission_id).await.unwrap(), "completed");
 }
 
 #[tokio::test]
 async fn stale_generation_is_refused() {
     let (mut s, scratch, admission_id, prompt) = approval_waiting().await;
-    let generation = prompt["execution_generation"].as_u64().unwrap();
+    let generation = prompt.execution_generation;
     for stale in [generation + 1, generation - 1] {
-        let mut params = respond_params(&s, &prompt, "once");
-        params["execution_generation"] = json!(stale);
+        let stale_prompt = ApprovalPrompt {
+            execution_generation: stale,
+            ..prompt.clone()
+        };
+        let params = respond_params(&s, &stale_prompt, ApprovalChoice::Once);
         let reason = s.client.call_err("approval.respond", params).await.unwrap();
         assert_eq!(reason, "stale_generation", "generation {stale}");
     }
     assert_eq!(prompt_rows(&s)[0].0, "open");
     assert!(victim(&scratch).is_dir());
-    respond(&mut s, &prompt, "deny").await;
+    respond(&mut s, &prompt, ApprovalChoice::Deny).await;
     assert_eq!(s.wait_settled(&admission_id).await.unwrap(), "completed");
 }
 
 #[tokio::test]
 async fn unknown_prompt_id_is_not_found() {
     let (mut s, scratch, admission_id, prompt) = approval_waiting().await;
-    let mut params = respond_params(&s, &prompt, "once");
-    params["prompt_id"] = json!("no-such-prompt");
+    let unknown = ApprovalPrompt {
+        prompt_id: "no-such-prompt".into(),
+        ..prompt.clone()
+    };
+    let params = respond_params(&s, &unknown, ApprovalChoice::Once);
     let reason = s.client.call_err("approval.respond", params).await.unwrap();
     assert_eq!(reason, "not_found");
     // An approval prompt answered as a clarify prompt is not found either.
@@ -287,14 +348,18 @@ async fn unknown_prompt_id_is_not_found() {
         .client
         .call_err(
             "clarify.respond",
-            json!({"session_id": s.session_id, "execution_generation": prompt["execution_generation"],
-                   "prompt_id": prompt["prompt_id"], "answer": "once"}),
+            json!(ClarifyRespondParams {
+                session_id: s.session_id.clone(),
+                execution_generation: prompt.execution_generation,
+                prompt_id: prompt.prompt_id.clone(),
+                answer: ClarifyAnswer::Text("once".into()),
+            }),
         )
         .await
         .unwrap();
     assert_eq!(reason, "not_found");
     assert!(victim(&scratch).is_dir());
-    respond(&mut s, &prompt, "deny").await;
+    respond(&mut s, &prompt, ApprovalChoice::Deny).await;
     assert_eq!(s.wait_settled(&admission_id).await.unwrap(), "completed");
 }
 
@@ -307,36 +372,46 @@ async fn clarify_answer_reaches_the_tool_row() {
         json!({"questions": [{"question": "Which one?", "choices": ["Alpha", "Beta"]}]}),
     ));
     s.model.push(Reply::text("Beta it is."));
-    let receipt = s.submit("pick for me").await.unwrap();
-    let admission_id = str_field(&receipt, "admission_id");
+    let admission_id = submit(&mut s, "pick for me").await.admission_id;
     let request = event(&mut s, "clarify.request").await;
-    let prompt = request["payload"].clone();
-    assert_eq!(prompt["kind"], "clarify");
-    assert_eq!(prompt["question"], "Which one?");
-    assert_eq!(prompt["choices"], json!(["Alpha", "Beta"]));
-    assert_eq!(prompt["multi_select"], false);
-    let resume = s.resume().await.unwrap();
-    assert_eq!(resume["prompts"], json!([prompt.clone()]));
+    let prompt = clarify_prompt(request.event);
+    assert_eq!(prompt.question, "Which one?");
+    assert_eq!(prompt.choices, ["Alpha", "Beta"]);
+    assert!(!prompt.multi_select);
+    let resume = session_snapshot(&mut s).await;
+    assert_eq!(resume.prompts, [OpenPrompt::Clarify(prompt.clone())]);
 
     // An answer outside the choices is refused, naming `answer`.
-    let mut params = json!({"session_id": s.session_id, "execution_generation": prompt["execution_generation"],
-                            "prompt_id": prompt["prompt_id"], "answer": "Gamma"});
+    let answer_with = |text: &str| {
+        json!(ClarifyRespondParams {
+            session_id: s.session_id.clone(),
+            execution_generation: prompt.execution_generation,
+            prompt_id: prompt.prompt_id.clone(),
+            answer: ClarifyAnswer::Text(text.into()),
+        })
+    };
+    let (gamma, beta) = (answer_with("Gamma"), answer_with("Beta"));
     let error = s
         .client
-        .call("clarify.respond", params.clone())
+        .call("clarify.respond", gamma)
         .await
         .unwrap()
         .expect_err("Gamma is not a choice");
-    assert_eq!(error["data"]["field"], "answer");
+    assert_eq!(error_data(&error).field.as_deref(), Some("answer"));
 
-    params["answer"] = json!("Beta");
-    let answer = s.client.call_ok("clarify.respond", params).await.unwrap();
+    let answer: PromptResponse = typed(s.client.call_ok("clarify.respond", beta).await.unwrap());
     assert_eq!(
         answer,
-        json!({"status": "resolved", "prompt_id": prompt["prompt_id"]})
+        PromptResponse {
+            status: PromptResponseStatus::Resolved,
+            prompt_id: prompt.prompt_id.clone(),
+        }
     );
     let settled = event(&mut s, "clarify.settled").await;
-    assert_eq!(settled["payload"]["answer"], "Beta");
+    let EventPayload::ClarifySettled(settled) = settled.event else {
+        panic!("not a clarify.settled: {settled:?}");
+    };
+    assert_eq!(settled.answer, Some(ClarifyAnswer::Text("Beta".into())));
     assert_eq!(s.wait_settled(&admission_id).await.unwrap(), "completed");
     let tools = tool_rows(&s);
     assert_eq!(tools.len(), 1);
@@ -359,18 +434,17 @@ async fn interrupt_during_open_clarify_settles_interrupted_and_model_gets_no_mor
         json!({"questions": [{"question": "Which one?", "choices": ["Alpha", "Beta"]}, {"question": "Why?"}]}),
     ));
     s.model.push(Reply::text("second turn answer"));
-    let first = s.submit("ask me").await.unwrap();
-    let first_id = str_field(&first, "admission_id");
+    let first_id = submit(&mut s, "ask me").await.admission_id;
     let request = event(&mut s, "clarify.request").await;
-    let generation = request["payload"]["execution_generation"].as_u64().unwrap();
-    let second = s.submit("the next input").await.unwrap();
-    let second_id = str_field(&second, "admission_id");
-    assert_eq!(second["status"], "queued");
+    let generation = clarify_prompt(request.event).execution_generation;
+    let second = submit(&mut s, "the next input").await;
+    let second_id = second.admission_id;
+    assert_eq!(second.status, AdmissionStatus::Queued);
 
     let reason = s.interrupt_refused(generation + 1).await.unwrap();
     assert_eq!(reason, "stale_generation");
-    let interrupted = s.interrupt(generation).await.unwrap();
-    assert!(interrupted["execution_state"].is_string(), "{interrupted}");
+    // Its `execution_state` is one of the words the typed answer knows.
+    let _: InterruptAccepted = typed(s.interrupt(generation).await.unwrap());
 
     assert_eq!(s.wait_settled(&first_id).await.unwrap(), "interrupted");
     assert_eq!(
@@ -402,15 +476,17 @@ async fn prompt_survives_a_client_reconnect() {
     // Detach by dropping the connection: the turn keeps waiting (G3).
     let old = std::mem::replace(&mut s.client, s.daemon.client().await.unwrap());
     drop(old);
-    let mut resume = Value::Null;
+    let mut snapshot = None;
     let open = wait::holds_for(Duration::from_millis(200), async || {
-        resume = s.resume().await.unwrap();
-        resume["prompts"] == json!([prompt.clone()]) && resume["running"] == true
+        let now = session_snapshot(&mut s).await;
+        let waits = now.prompts == [OpenPrompt::Approval(prompt.clone())] && now.running;
+        snapshot = Some(now);
+        waits
     })
     .await;
-    assert!(open, "the prompt went with the client: {resume}");
-    let answer = respond(&mut s, &prompt, "once").await;
-    assert_eq!(answer["status"], "resolved");
+    assert!(open, "the prompt went with the client: {snapshot:?}");
+    let answer = respond(&mut s, &prompt, ApprovalChoice::Once).await;
+    assert_eq!(answer.status, PromptResponseStatus::Resolved);
     assert_eq!(s.wait_settled(&admission_id).await.unwrap(), "completed");
     assert!(!victim(&scratch).exists());
 }
@@ -422,24 +498,23 @@ async fn after_an_owner_restart_the_lost_turns_prompts_are_cancelled() {
 
     let daemon = Daemon::start(bin(), s.home.path()).await.unwrap();
     let mut client = daemon.client().await.unwrap();
-    let resume = client
-        .call_ok("session.resume", json!({"session_id": s.session_id}))
-        .await
-        .unwrap();
-    assert_eq!(resume["prompts"], json!([]), "{resume}");
-    assert_eq!(resume["running"], false);
-    let pending = resume["pending"].as_array().unwrap();
-    assert_eq!(pending.len(), 1, "{resume}");
-    assert_eq!(pending[0]["admission_id"], admission_id.as_str());
-    assert_eq!(pending[0]["status"], "unknown");
+    let resume: SessionSnapshot = typed(
+        client
+            .call_ok("session.resume", json!({"session_id": s.session_id}))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(resume.prompts, [], "{resume:?}");
+    assert!(!resume.running);
+    assert_eq!(resume.pending.len(), 1, "{resume:?}");
+    assert_eq!(resume.pending[0].admission_id, admission_id);
+    assert_eq!(resume.pending[0].status, AdmissionStatus::Unknown);
     assert_eq!(prompt_rows(&s), [("cancelled".to_string(), Value::Null)]);
 
     // The cancelled prompt can no longer be answered, and the command never ran.
-    let answer = client
-        .call_ok("approval.respond", respond_params(&s, &prompt, "once"))
-        .await
-        .unwrap();
-    assert_eq!(answer["status"], "already_resolved");
+    let params = respond_params(&s, &prompt, ApprovalChoice::Once);
+    let answer: PromptResponse = typed(client.call_ok("approval.respond", params).await.unwrap());
+    assert_eq!(answer.status, PromptResponseStatus::AlreadyResolved);
     assert!(
         wait::holds_for(Duration::from_millis(200), async || {
             victim(&scratch).is_dir() && s.model.requests().len() == 1
@@ -459,57 +534,69 @@ async fn event_replay_after_restart_returns_tool_events() {
     ));
     s.model.push(Reply::text("ok"));
     s.complete_turn("run it").await.unwrap();
-    let before = s.resume().await.unwrap();
-    let replay_epoch = before["replay_epoch"].as_str().unwrap().to_string();
-    let last = before["last_sequence"].as_u64().unwrap();
+    let before = session_snapshot(&mut s).await;
+    let replay_epoch = before.replay_epoch;
+    let last = before.last_sequence;
     assert!(last > 0);
 
     s.daemon.stop().await.unwrap();
     let daemon = Daemon::start(bin(), s.home.path()).await.unwrap();
     let mut client = daemon.client().await.unwrap();
-    let since = client
-        .events_since(&s.session_id, &json!(replay_epoch), 0)
-        .await
-        .unwrap();
-    assert_eq!(since["snapshot_required"], false, "{since}");
-    assert_eq!(since["replay_epoch"], replay_epoch.as_str());
-    assert_eq!(since["last_sequence"], last);
-    let events = since["events"].as_array().unwrap();
-    let seqs: Vec<u64> = events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    let since: EventsPage = typed(
+        client
+            .events_since(&s.session_id, &json!(replay_epoch), 0)
+            .await
+            .unwrap(),
+    );
+    assert!(!since.snapshot_required, "{since:?}");
+    assert_eq!(since.replay_epoch, replay_epoch);
+    assert_eq!(since.last_sequence, last);
+    let seqs: Vec<u64> = since.events.iter().map(|e| e.seq.unwrap()).collect();
     assert_eq!(seqs, (1..=last).collect::<Vec<_>>());
-    let start = events
+    let start = since
+        .events
         .iter()
-        .find(|e| e["type"] == "tool.start")
+        .find_map(|e| match &e.event {
+            EventPayload::ToolStart(start) => Some(start),
+            _ => None,
+        })
         .expect("tool.start replayed");
-    assert_eq!(start["payload"]["tool_id"], "call_1");
-    assert_eq!(start["payload"]["context"], "printf replayed");
-    let complete = events
+    assert_eq!(start.tool_id, "call_1");
+    assert_eq!(start.context, "printf replayed");
+    let complete = since
+        .events
         .iter()
-        .find(|e| e["type"] == "tool.complete")
+        .find_map(|e| match &e.event {
+            EventPayload::ToolComplete(complete) => Some(complete),
+            _ => None,
+        })
         .expect("tool.complete replayed");
-    assert_eq!(complete["payload"]["tool_id"], "call_1");
-    assert_eq!(complete["payload"]["is_error"], false);
-    let result: Value =
-        serde_json::from_str(complete["payload"]["result"].as_str().unwrap()).unwrap();
+    assert_eq!(complete.tool_id, "call_1");
+    assert!(!complete.is_error);
+    let result: Value = serde_json::from_str(&complete.result).unwrap();
     assert_eq!(result["output"], "replayed");
 
     // From the middle: only what came after.
-    let tail = client
-        .events_since(&s.session_id, &json!(replay_epoch), last - 1)
-        .await
-        .unwrap();
-    assert_eq!(tail["events"].as_array().unwrap().len(), 1);
-    assert_eq!(tail["events"][0]["seq"], last);
+    let tail: EventsPage = typed(
+        client
+            .events_since(&s.session_id, &json!(replay_epoch), last - 1)
+            .await
+            .unwrap(),
+    );
+    let tail_seqs: Vec<Option<u64>> = tail.events.iter().map(|e| e.seq).collect();
+    assert_eq!(tail_seqs, [Some(last)]);
 
     // A stream the caller does not know, or a position ahead of it: take a snapshot.
     for (epoch, position) in [("not-the-epoch", 0), (replay_epoch.as_str(), last + 5)] {
-        let r = client
-            .events_since(&s.session_id, &json!(epoch), position)
-            .await
-            .unwrap();
-        assert_eq!(r["snapshot_required"], true, "{epoch} {position}: {r}");
-        assert_eq!(r["events"], json!([]));
-        assert_eq!(r["replay_epoch"], replay_epoch.as_str());
+        let page: EventsPage = typed(
+            client
+                .events_since(&s.session_id, &json!(epoch), position)
+                .await
+                .unwrap(),
+        );
+        assert!(page.snapshot_required, "{epoch} {position}: {page:?}");
+        assert_eq!(page.events, []);
+        assert_eq!(page.replay_epoch, replay_epoch);
     }
 }
 
@@ -554,35 +641,34 @@ async fn drover_run_without_terminal_exits_5_when_a_prompt_waits() {
     assert!(victim.is_dir());
 
     // The prompt stays open, and another client can answer it.
-    let info = daemon_info(home.path()).expect("the daemon keeps running");
-    let mut client = Client::connect(info["url"].as_str().unwrap(), info["token"].as_str())
+    let info = read_daemon_info(home.path()).expect("the daemon keeps running");
+    let mut client = Client::connect(&info.url, Some(info.token.expose()))
         .await
         .unwrap();
-    let list = client.call_ok("session.list", json!({})).await.unwrap();
-    let session_id = list["sessions"][0]["session_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let resume = client
-        .call_ok("session.resume", json!({"session_id": session_id}))
-        .await
-        .unwrap();
-    let prompts = resume["prompts"].as_array().unwrap();
-    assert_eq!(prompts.len(), 1, "{resume}");
-    let prompt = &prompts[0];
+    let list: SessionPage = typed(client.call_ok("session.list", json!({})).await.unwrap());
+    let session_id = list.sessions[0].session_id.clone();
+    let resume: SessionSnapshot = typed(
+        client
+            .call_ok("session.resume", json!({"session_id": session_id}))
+            .await
+            .unwrap(),
+    );
+    let [OpenPrompt::Approval(prompt)] = resume.prompts.as_slice() else {
+        panic!("not one approval prompt: {resume:?}");
+    };
     assert!(
-        stderr.contains(prompt["prompt_id"].as_str().unwrap()),
+        stderr.contains(&prompt.prompt_id),
         "stderr names the prompt: {stderr}"
     );
-    let admission_id = resume["pending"][0]["admission_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let answer = client
-        .respond_approval(&session_id, prompt, "once")
-        .await
-        .unwrap();
-    assert_eq!(answer["status"], "resolved");
+    let admission_id = resume.pending[0].admission_id.clone();
+    let params = json!(ApprovalRespondParams {
+        session_id: session_id.clone(),
+        execution_generation: prompt.execution_generation,
+        prompt_id: prompt.prompt_id.clone(),
+        choice: ApprovalChoice::Once,
+    });
+    let answer: PromptResponse = typed(client.call_ok("approval.respond", params).await.unwrap());
+    assert_eq!(answer.status, PromptResponseStatus::Resolved);
     assert_eq!(
         client.wait_settled(&admission_id).await.unwrap(),
         "completed"
@@ -673,7 +759,7 @@ async fn rm_in_new_session(
         )
         .await
         .unwrap();
-    s.session_id = str_field(&created, "session_id");
+    s.session_id = typed::<SessionSnapshot>(created).session_id;
     let dir = fresh_dir(scratch, dir);
     let admission = submit_rm(s, &dir).await;
     (dir, admission)
@@ -691,32 +777,36 @@ async fn approvals_cli(s: &OneSession, args: &[&str]) -> Output {
 async fn submit_rm(s: &mut OneSession, dir: &Path) -> String {
     s.model.push(rm_rf_call(dir));
     s.model.push(Reply::text("Deleted."));
-    let receipt = s.submit("delete it").await.unwrap();
-    str_field(&receipt, "admission_id")
+    submit(s, "delete it").await.admission_id
 }
 
 #[tokio::test]
 async fn session_choice_lets_later_turns_of_the_session_run_without_asking() {
     let (mut s, scratch, admission, prompt) = approval_waiting().await;
-    let r = respond(&mut s, &prompt, "session").await;
-    assert_eq!(r["status"], "resolved");
+    let r = respond(&mut s, &prompt, ApprovalChoice::Session).await;
+    assert_eq!(r.status, PromptResponseStatus::Resolved);
     assert_eq!(s.wait_settled(&admission).await.unwrap(), "completed");
     assert!(!victim(&scratch).exists());
 
     // Next turn, same session, same kind of command: no prompt, it just runs.
     let second = fresh_dir(&scratch, "second");
     let a2 = submit_rm(&mut s, &second).await;
-    let events = s.client.events_until_settled(&a2).await.unwrap();
-    assert_eq!(events.last().unwrap()["payload"]["outcome"], "completed");
+    let events: Vec<SessionEvent> = typed(json!(s.client.events_until_settled(&a2).await.unwrap()));
+    let EventPayload::TurnSettled(settled) = &events.last().unwrap().event else {
+        panic!("the last event is not turn.settled: {events:?}");
+    };
+    assert_eq!(settled.outcome, TurnEnd::Completed);
     assert!(
-        !events.iter().any(|e| e["type"] == "approval.request"),
+        !events
+            .iter()
+            .any(|e| matches!(e.event, EventPayload::ApprovalRequest(_))),
         "a session grant must cover the rest of the session"
     );
     assert!(!second.exists());
 
     // A `session` grant is not a stored rule.
-    let rules = s.client.call_ok("approvals.list", json!({})).await.unwrap();
-    assert_eq!(rules["rules"], json!([]));
+    let rules: ApprovalRules = typed(s.client.call_ok("approvals.list", json!({})).await.unwrap());
+    assert_eq!(rules.rules, []);
 
     // Another session still asks.
     let (third, _) = rm_in_new_session(&mut s, &scratch, "other-session", "third").await;
@@ -727,14 +817,14 @@ async fn session_choice_lets_later_turns_of_the_session_run_without_asking() {
 #[tokio::test]
 async fn always_choice_is_a_stored_rule_listed_and_removable_with_the_cli() {
     let (mut s, scratch, admission, prompt) = approval_waiting().await;
-    let key = prompt["pattern_key"].as_str().unwrap().to_string();
-    respond(&mut s, &prompt, "always").await;
+    let key = prompt.pattern_key.clone();
+    respond(&mut s, &prompt, ApprovalChoice::Always).await;
     assert_eq!(s.wait_settled(&admission).await.unwrap(), "completed");
 
     let out = approvals_cli(&s, &["list", "--json"]).await;
     assert_eq!(out.status.code(), Some(0));
-    let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(listed["rules"][0]["pattern_key"], key.as_str());
+    let listed: ApprovalRules = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(listed.rules[0].pattern_key, key);
 
     // A brand-new session runs the same kind of command without asking.
     let (dir, a2) = rm_in_new_session(&mut s, &scratch, "fresh", "again").await;
@@ -749,8 +839,8 @@ async fn always_choice_is_a_stored_rule_listed_and_removable_with_the_cli() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let rules = s.client.call_ok("approvals.list", json!({})).await.unwrap();
-    assert_eq!(rules["rules"], json!([]));
+    let rules: ApprovalRules = typed(s.client.call_ok("approvals.list", json!({})).await.unwrap());
+    assert_eq!(rules.rules, []);
     let out = approvals_cli(&s, &["rm", &key]).await;
     assert_eq!(
         out.status.code(),
@@ -765,18 +855,16 @@ async fn always_choice_is_a_stored_rule_listed_and_removable_with_the_cli() {
 #[tokio::test]
 async fn interrupt_closes_open_prompts_at_once_so_a_late_answer_is_not_accepted() {
     let (mut s, scratch, admission, prompt) = approval_waiting().await;
-    s.interrupt(prompt["execution_generation"].clone())
-        .await
-        .unwrap();
-    let late = respond(&mut s, &prompt, "once").await;
-    assert_eq!(late["status"], "already_resolved");
+    s.interrupt(prompt.execution_generation).await.unwrap();
+    let late = respond(&mut s, &prompt, ApprovalChoice::Once).await;
+    assert_eq!(late.status, PromptResponseStatus::AlreadyResolved);
     assert_eq!(s.wait_settled(&admission).await.unwrap(), "interrupted");
     assert!(victim(&scratch).exists());
     let rows = db_rows(
         &s.home.db(),
         &format!(
             "SELECT status FROM prompts WHERE prompt_id = '{}'",
-            prompt["prompt_id"].as_str().unwrap()
+            prompt.prompt_id
         ),
     );
     assert_eq!(rows[0][0], "cancelled");
