@@ -1,5 +1,5 @@
 // An ACP client on the official TypeScript SDK (@agentclientprotocol/sdk), for drover's
-// end-to-end tests (crates/cli/tests/acp_clients.rs). It talks to an agent it spawns (the argv
+// end-to-end tests (crates/cli/tests/front_door/acp_clients.rs). It talks to an agent it spawns (the argv
 // after `--`, over stdio) or to a WebSocket URL with a bearer token (the daemon's `/v1/acp`),
 // runs the steps it is given, and writes JSON lines to stdout: one `{"event": ...}` line per
 // thing that happens (so a test can act mid-run), then one `{"event": "result", ...}` line.
