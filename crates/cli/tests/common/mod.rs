@@ -11,7 +11,7 @@ use std::io::{Read, Write};
 use std::path::Path;
 use std::time::Duration;
 
-use drover_protocol::event::SessionEvent;
+use drover_protocol::event::{EventPayload, SessionEvent};
 use drover_protocol::rpc::ErrorData;
 use drover_test_support::harness::{Client, TestHome};
 use drover_test_support::MockModel;
@@ -63,6 +63,18 @@ pub fn typed<T: DeserializeOwned>(value: Value) -> T {
 /// The next event of type `kind` on `client`'s attached sessions, typed.
 pub async fn typed_event(client: &mut Client, kind: &str) -> SessionEvent {
     typed(client.wait_event_type(kind).await.unwrap())
+}
+
+/// The next event on `client`'s attached sessions whose typed payload matches `pred`.
+pub async fn wait_typed_event(
+    client: &mut Client,
+    mut pred: impl FnMut(&EventPayload) -> bool,
+) -> SessionEvent {
+    let event = client
+        .wait_event(|e| pred(&typed::<SessionEvent>(e.clone()).event))
+        .await
+        .unwrap();
+    typed(event)
 }
 
 /// `data` of the error answer `error` (a raw JSON-RPC error object), typed: its reason,

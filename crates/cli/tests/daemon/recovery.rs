@@ -8,10 +8,16 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::common::bin;
+use crate::common::{bin, error_data, typed, typed_event, wait_typed_event};
+use drover_protocol::chat::Role;
+use drover_protocol::client::{
+    AdmissionOutcome, AdmissionReceipt, AdmissionStatus, ApprovalChoice, ApprovalRespondParams,
+    EventsPage, OpenPrompt, PromptResponse, PromptResponseStatus, SessionSnapshot,
+};
+use drover_protocol::event::{EventPayload, SessionEvent, TurnEnd};
+use drover_protocol::{ErrorReason, RpcError};
 use drover_test_support::harness::{
-    db_rows, db_value, eventually, message_contents, pid_alive, signal, str_field, uuid_like,
-    Client, Daemon, OneSession,
+    db_rows, db_value, eventually, pid_alive, signal, uuid_like, Client, Daemon, OneSession,
 };
 use drover_test_support::{wait, Gate, MockModel, Reply};
 use nix::sys::signal::Signal;
@@ -50,44 +56,74 @@ fn leases(db: &Path) -> Value {
     db_value(db, "SELECT count(*) FROM session_turn_leases")
 }
 
-async fn receipt(client: &mut Client, session_id: &str, admission_id: &str) -> Value {
-    client
-        .receipt(session_id, admission_id, true)
-        .await
-        .unwrap()
+/// `prompt.receipt` of `admission_id`, with its result.
+async fn receipt(client: &mut Client, session_id: &str, admission_id: &str) -> AdmissionReceipt {
+    typed(
+        client
+            .receipt(session_id, admission_id, true)
+            .await
+            .unwrap(),
+    )
 }
 
 /// Polls `prompt.receipt` until the admission is `terminal`, bounded.
-async fn wait_terminal(client: &mut Client, session_id: &str, admission_id: &str) -> Value {
+async fn wait_terminal(
+    client: &mut Client,
+    session_id: &str,
+    admission_id: &str,
+) -> AdmissionReceipt {
     let deadline = Instant::now() + BOUND;
     loop {
         let r = receipt(client, session_id, admission_id).await;
-        if r["status"] == "terminal" {
+        if r.status == AdmissionStatus::Terminal {
             return r;
         }
         assert!(
             Instant::now() < deadline,
-            "{admission_id} not terminal within {BOUND:?}: {r}"
+            "{admission_id} not terminal within {BOUND:?}: {r:?}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
-async fn resume(client: &mut Client, session_id: &str) -> Value {
-    client
-        .call_ok("session.resume", json!({"session_id": session_id}))
-        .await
-        .unwrap()
+async fn resume(client: &mut Client, session_id: &str) -> SessionSnapshot {
+    typed(
+        client
+            .call_ok("session.resume", json!({"session_id": session_id}))
+            .await
+            .unwrap(),
+    )
 }
 
 /// `(admission_id, status)` of each `pending` entry.
-fn pending(resume: &Value) -> Vec<(String, String)> {
-    resume["pending"]
-        .as_array()
-        .unwrap()
+fn pending(resume: &SessionSnapshot) -> Vec<(String, AdmissionStatus)> {
+    resume
+        .pending
         .iter()
-        .map(|p| (str_field(p, "admission_id"), str_field(p, "status")))
+        .map(|p| (p.admission_id.clone(), p.status))
         .collect()
+}
+
+/// Submits `text` to `s`'s session; the admission id.
+async fn submit(s: &mut OneSession, text: &str) -> String {
+    typed::<AdmissionReceipt>(s.submit(text).await.unwrap()).admission_id
+}
+
+/// Every event on `client` up to and including the `turn.settled` of `admission_id`, typed.
+async fn events_until_settled(client: &mut Client, admission_id: &str) -> Vec<SessionEvent> {
+    typed(json!(client
+        .events_until_settled(admission_id)
+        .await
+        .unwrap()))
+}
+
+/// How the turn of the last of `events` (a `turn.settled`) ended.
+#[track_caller]
+fn settled_outcome(events: &[SessionEvent]) -> TurnEnd {
+    match events.last().map(|e| &e.event) {
+        Some(EventPayload::TurnSettled(settled)) => settled.outcome,
+        _ => panic!("the last event is not turn.settled: {events:?}"),
+    }
 }
 
 /// Waits until `pid` is gone (or a zombie), bounded by `timeout`.
@@ -138,19 +174,20 @@ async fn read_pid_file(path: &Path) -> u32 {
 }
 
 /// `method` (`prompt.cancel`, `prompt.resolve_unknown`) on admission `admission_id`: the
-/// result, or the error's `data.reason`.
+/// receipt, or the error's `data.reason`.
 async fn on_admission(
     client: &mut Client,
     method: &str,
     session_id: &str,
     admission_id: &str,
-) -> Result<Value, String> {
+) -> Result<AdmissionReceipt, ErrorReason> {
     let params = json!({"session_id": session_id, "admission_id": admission_id});
     client
         .call(method, params)
         .await
         .unwrap()
-        .map_err(|e| e["data"]["reason"].as_str().unwrap_or_default().to_string())
+        .map(typed)
+        .map_err(|e| error_data(&e).reason)
 }
 
 /// A new daemon on `s`'s home (after the old one stopped or was killed) and a client of it.
@@ -163,25 +200,25 @@ async fn restart(s: &OneSession) -> (Daemon, Client) {
 /// After a stop: the attached client was told the turn's outcome `told` before its connection
 /// closed, and after a restart the receipt still says it (`unknown` stays unknown, any other
 /// outcome is terminal), the admission is released and the model was asked only once.
-async fn told_then_kept_after_restart(s: &mut OneSession, admission_id: &str, told: &str) {
-    let events = s.client.events_until_settled(admission_id).await.unwrap();
-    assert_eq!(
-        events.last().unwrap()["payload"]["outcome"],
-        told,
-        "{events:?}"
-    );
+async fn told_then_kept_after_restart(s: &mut OneSession, admission_id: &str, told: TurnEnd) {
+    let events = events_until_settled(&mut s.client, admission_id).await;
+    assert_eq!(settled_outcome(&events), told, "{events:?}");
     let (_daemon, mut c) = restart(s).await;
     let r = receipt(&mut c, &s.session_id, admission_id).await;
-    let status = if told == "unknown" {
-        "unknown"
+    let status = if told == TurnEnd::Unknown {
+        AdmissionStatus::Unknown
     } else {
-        "terminal"
+        AdmissionStatus::Terminal
     };
-    assert_eq!(r["status"], status, "{r}");
-    if status == "terminal" {
-        assert_eq!(r["outcome"], told, "{r}");
+    assert_eq!(r.status, status, "{r:?}");
+    if status == AdmissionStatus::Terminal {
+        assert_eq!(
+            r.outcome.map(AdmissionOutcome::as_str),
+            Some(told.as_str()),
+            "{r:?}"
+        );
     }
-    assert_released(s, admission_id, status);
+    assert_released(s, admission_id, status.as_str());
     assert_eq!(s.model.requests().len(), 1);
 }
 
@@ -196,8 +233,7 @@ async fn sleeping_tool(s: &mut OneSession, sleeper: &str) -> (tempfile::TempDir,
         "terminal",
         json!({"command": command}),
     ));
-    let a = s.submit("A").await.unwrap();
-    let a = str_field(&a, "admission_id");
+    let a = submit(s, "A").await;
     let sleep = read_pid_file(&pid_file).await;
     (dir, a, sleep)
 }
@@ -228,15 +264,16 @@ async fn submit_is_idempotent_on_input_id_and_conflicts_on_other_text() {
     let gate = Gate::new();
     s.model.set_default(Reply::text("held").gated(&gate));
     let params = json!({"session_id": s.session_id, "input_id": "input-1", "text": "hello"});
-    let first = s
-        .client
-        .call_ok("prompt.submit", params.clone())
-        .await
-        .unwrap();
-    let again = s.client.call_ok("prompt.submit", params).await.unwrap();
-    assert_eq!(first["admission_id"], again["admission_id"]);
-    assert_eq!(first["sequence"], again["sequence"]);
-    assert_eq!(first["session_id"], again["session_id"]);
+    let first: AdmissionReceipt = typed(
+        s.client
+            .call_ok("prompt.submit", params.clone())
+            .await
+            .unwrap(),
+    );
+    let again: AdmissionReceipt = typed(s.client.call_ok("prompt.submit", params).await.unwrap());
+    assert_eq!(first.admission_id, again.admission_id);
+    assert_eq!(first.sequence, again.sequence);
+    assert_eq!(first.session_id, again.session_id);
 
     let err = s
         .client
@@ -247,9 +284,11 @@ async fn submit_is_idempotent_on_input_id_and_conflicts_on_other_text() {
         .await
         .unwrap()
         .expect_err("a different payload under the same input_id must fail");
-    assert_eq!(err["code"], 4001, "{err}");
-    assert_eq!(err["data"]["reason"], "admission_conflict", "{err}");
-    assert_eq!(err["message"], "admission_conflict", "{err}");
+    let data = error_data(&err);
+    let err: RpcError = typed(err);
+    assert_eq!(err.code, 4001, "{err:?}");
+    assert_eq!(data.reason, ErrorReason::AdmissionConflict, "{err:?}");
+    assert_eq!(err.message, "admission_conflict", "{err:?}");
 
     // One admission, one turn: the repeat did not queue a second input.
     let rows = db_rows(
@@ -260,20 +299,23 @@ async fn submit_is_idempotent_on_input_id_and_conflicts_on_other_text() {
     assert!(rows[0][1].as_str().unwrap().contains("hello"));
     assert!(gate.wait_reached(BOUND).await);
     gate.open();
-    let aid = str_field(&first, "admission_id");
-    assert_eq!(s.client.wait_settled(&aid).await.unwrap(), "completed");
+    assert_eq!(
+        s.client.wait_settled(&first.admission_id).await.unwrap(),
+        "completed"
+    );
     // After the turn, the same submit still answers the same (now terminal) admission.
-    let late = s
-        .client
-        .call_ok(
-            "prompt.submit",
-            json!({"session_id": s.session_id, "input_id": "input-1", "text": "hello"}),
-        )
-        .await
-        .unwrap();
-    assert_eq!(late["admission_id"], first["admission_id"]);
-    assert_eq!(late["status"], "terminal");
-    assert_eq!(late["outcome"], "completed");
+    let late: AdmissionReceipt = typed(
+        s.client
+            .call_ok(
+                "prompt.submit",
+                json!({"session_id": s.session_id, "input_id": "input-1", "text": "hello"}),
+            )
+            .await
+            .unwrap(),
+    );
+    assert_eq!(late.admission_id, first.admission_id);
+    assert_eq!(late.status, AdmissionStatus::Terminal);
+    assert_eq!(late.outcome, Some(AdmissionOutcome::Completed));
     assert_eq!(s.model.requests().len(), 1);
 }
 
@@ -287,8 +329,8 @@ async fn a_tool_running_when_its_worker_is_killed_is_killed() {
     let worker = s.daemon.wait_worker().await.unwrap();
     signal(worker, Signal::SIGKILL);
 
-    let events = s.client.events_until_settled(&a).await.unwrap();
-    assert_eq!(events.last().unwrap()["payload"]["outcome"], "unknown");
+    let events = events_until_settled(&mut s.client, &a).await;
+    assert_eq!(settled_outcome(&events), TurnEnd::Unknown);
     assert!(
         wait_gone(sleep, BOUND).await,
         "tool process {sleep} outlived its killed worker"
@@ -303,9 +345,8 @@ async fn killing_the_worker_while_the_model_holds_leaves_turn_unknown_and_pauses
     let gate = Gate::new();
     s.model.push(Reply::text("never delivered").gated(&gate));
     s.model.push(Reply::text("B done"));
-    let a = s.submit("A").await.unwrap();
-    let b = s.submit("B").await.unwrap();
-    let (a, b) = (str_field(&a, "admission_id"), str_field(&b, "admission_id"));
+    let a = submit(&mut s, "A").await;
+    let b = submit(&mut s, "B").await;
     assert!(
         gate.wait_reached(BOUND).await,
         "A's model request never came"
@@ -313,9 +354,8 @@ async fn killing_the_worker_while_the_model_holds_leaves_turn_unknown_and_pauses
     let worker = s.daemon.wait_worker().await.unwrap();
     signal(worker, Signal::SIGKILL);
 
-    let events = s.client.events_until_settled(&a).await.unwrap();
-    let settled = events.last().unwrap();
-    assert_eq!(settled["payload"]["outcome"], "unknown", "{settled}");
+    let events = events_until_settled(&mut s.client, &a).await;
+    assert_eq!(settled_outcome(&events), TurnEnd::Unknown, "{events:?}");
     // The loss is logged after the supervisor's awaits, still inside the turn's span.
     let generation = execution_generation(&s.home.db(), &a);
     let span = format!(
@@ -329,25 +369,26 @@ async fn killing_the_worker_while_the_model_holds_leaves_turn_unknown_and_pauses
     );
     let complete = events
         .iter()
-        .find(|e| e["type"] == "message.complete" && e["payload"]["admission_id"] == a.as_str())
-        .unwrap_or_else(|| panic!("no message.complete for A in {events:#?}"));
-    assert_eq!(complete["payload"]["outcome"], "unknown");
-    let updated = s
-        .client
-        .events_until(|e| {
-            e["type"] == "admission.updated" && e["payload"]["admission_id"] == a.as_str()
+        .find_map(|e| match &e.event {
+            EventPayload::MessageComplete(complete) if complete.admission_id == a => Some(complete),
+            _ => None,
         })
-        .await
-        .unwrap();
-    assert_eq!(updated.last().unwrap()["payload"]["status"], "unknown");
+        .unwrap_or_else(|| panic!("no message.complete for A in {events:#?}"));
+    assert_eq!(complete.outcome, TurnEnd::Unknown);
+    let updated = wait_typed_event(
+        &mut s.client,
+        |e| matches!(e, EventPayload::AdmissionUpdated(updated) if updated.admission_id == a),
+    )
+    .await;
+    let EventPayload::AdmissionUpdated(updated) = updated.event else {
+        unreachable!("matched above");
+    };
+    assert_eq!(updated.status, AdmissionStatus::Unknown);
 
     let r = receipt(&mut s.client, &s.session_id, &a).await;
-    assert_eq!(r["status"], "unknown", "{r}");
-    assert!(r["outcome"].is_null(), "{r}");
-    assert!(
-        r.get("result").is_none(),
-        "no result for an unknown turn: {r}"
-    );
+    assert_eq!(r.status, AdmissionStatus::Unknown, "{r:?}");
+    assert_eq!(r.outcome, None, "{r:?}");
+    assert_eq!(r.result, None, "no result for an unknown turn: {r:?}");
     assert_eq!(
         db_rows(
             &s.home.db(),
@@ -361,34 +402,37 @@ async fn killing_the_worker_while_the_model_holds_leaves_turn_unknown_and_pauses
     let snap = resume(&mut s.client, &s.session_id).await;
     assert_eq!(
         pending(&snap),
-        [(a.clone(), "unknown".into()), (b.clone(), "queued".into())]
+        [
+            (a.clone(), AdmissionStatus::Unknown),
+            (b.clone(), AdmissionStatus::Queued)
+        ]
     );
-    assert_eq!(snap["running"], false);
+    assert!(!snap.running);
     // The queue is paused: B is not claimed while A is unknown.
     assert!(
         !s.model.wait_requests(2, Duration::from_millis(500)).await,
         "B ran while A was unknown"
     );
     assert_eq!(
-        receipt(&mut s.client, &s.session_id, &b).await["status"],
-        "queued"
+        receipt(&mut s.client, &s.session_id, &b).await.status,
+        AdmissionStatus::Queued
     );
 
     let reason = on_admission(&mut s.client, "prompt.cancel", &s.session_id, &a)
         .await
         .unwrap_err();
-    assert_eq!(reason, "unknown_execution");
+    assert_eq!(reason, ErrorReason::UnknownExecution);
     // Only an unknown admission can be resolved.
     let reason = on_admission(&mut s.client, "prompt.resolve_unknown", &s.session_id, &b)
         .await
         .unwrap_err();
-    assert_eq!(reason, "invalid_params");
+    assert_eq!(reason, ErrorReason::InvalidParams);
 
     let resolved = on_admission(&mut s.client, "prompt.resolve_unknown", &s.session_id, &a)
         .await
         .unwrap();
-    assert_eq!(resolved["status"], "terminal");
-    assert_eq!(resolved["outcome"], "interrupted");
+    assert_eq!(resolved.status, AdmissionStatus::Terminal);
+    assert_eq!(resolved.outcome, Some(AdmissionOutcome::Interrupted));
     assert_eq!(execution_status(&s.home.db(), &a), "terminal");
     // Resolving twice answers the same receipt.
     let again = on_admission(&mut s.client, "prompt.resolve_unknown", &s.session_id, &a)
@@ -398,7 +442,7 @@ async fn killing_the_worker_while_the_model_holds_leaves_turn_unknown_and_pauses
 
     assert_eq!(s.client.wait_settled(&b).await.unwrap(), "completed");
     let rb = receipt(&mut s.client, &s.session_id, &b).await;
-    assert_eq!(rb["result"]["final_response"], "B done");
+    assert_eq!(rb.result.unwrap().final_response, "B done");
     assert_eq!(leases(&s.home.db()), 0);
     assert_eq!(s.model.requests().len(), 2);
     assert!(pending(&resume(&mut s.client, &s.session_id).await).is_empty());
@@ -449,9 +493,8 @@ async fn killing_the_owner_mid_turn_then_restarting_makes_it_unknown_and_never_r
     let gate = Gate::new();
     s.model.push(Reply::text("never delivered").gated(&gate));
     s.model.set_default(Reply::text("done"));
-    let a = s.submit("unique-A-text").await.unwrap();
-    let b = s.submit("B").await.unwrap();
-    let (a, b) = (str_field(&a, "admission_id"), str_field(&b, "admission_id"));
+    let a = submit(&mut s, "unique-A-text").await;
+    let b = submit(&mut s, "B").await;
     assert!(gate.wait_reached(BOUND).await);
     let worker = s.daemon.wait_worker().await.unwrap();
     let _reap = KillOnDrop(worker);
@@ -469,25 +512,27 @@ async fn killing_the_owner_mid_turn_then_restarting_makes_it_unknown_and_never_r
     let snap = resume(&mut c, &s.session_id).await;
     assert_eq!(
         pending(&snap),
-        [(a.clone(), "unknown".into()), (b.clone(), "queued".into())]
+        [
+            (a.clone(), AdmissionStatus::Unknown),
+            (b.clone(), AdmissionStatus::Queued)
+        ]
     );
-    assert_eq!(snap["running"], false);
+    assert!(!snap.running);
     assert_released(&s, &a, "unknown");
     // Recovery published the loss into the stored stream.
-    let since = c
-        .events_since(&s.session_id, &snap["replay_epoch"], 0)
-        .await
-        .unwrap();
-    let events = since["events"].as_array().unwrap();
-    assert!(
-        events.iter().any(|e| {
-            e["type"] == "turn.settled"
-                && e["payload"]["admission_id"] == a.as_str()
-                && e["payload"]["outcome"] == "unknown"
-        }),
-        "{since}"
+    let since: EventsPage = typed(
+        c.events_since(&s.session_id, &json!(snap.replay_epoch), 0)
+            .await
+            .unwrap(),
     );
-    let seqs: Vec<u64> = events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    let events = &since.events;
+    assert!(
+        events.iter().any(|e| matches!(&e.event,
+            EventPayload::TurnSettled(settled)
+                if settled.admission_id == a && settled.outcome == TurnEnd::Unknown)),
+        "{since:?}"
+    );
+    let seqs: Vec<u64> = events.iter().map(|e| e.seq.unwrap()).collect();
     assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
     assert!(
         !s.model.wait_requests(2, Duration::from_millis(500)).await,
@@ -496,16 +541,13 @@ async fn killing_the_owner_mid_turn_then_restarting_makes_it_unknown_and_never_r
     assert!(daemon.worker_pids().is_empty());
 
     // The pause is per session: another session's input runs.
-    let other = c.create_session(s.home.work()).await.unwrap();
-    let other_id = str_field(&other, "session_id");
-    let o = c.submit(&other_id, "elsewhere").await.unwrap();
+    let other: SessionSnapshot = typed(c.create_session(s.home.work()).await.unwrap());
+    let o: AdmissionReceipt = typed(c.submit(&other.session_id, "elsewhere").await.unwrap());
+    assert_eq!(c.wait_settled(&o.admission_id).await.unwrap(), "completed");
     assert_eq!(
-        c.wait_settled(&str_field(&o, "admission_id"))
-            .await
-            .unwrap(),
-        "completed"
+        receipt(&mut c, &s.session_id, &b).await.status,
+        AdmissionStatus::Queued
     );
-    assert_eq!(receipt(&mut c, &s.session_id, &b).await["status"], "queued");
 
     on_admission(&mut c, "prompt.resolve_unknown", &s.session_id, &a)
         .await
@@ -538,8 +580,8 @@ async fn a_tool_running_when_the_owner_dies_is_killed() {
 
     let (_daemon, mut c) = restart(&s).await;
     assert_eq!(
-        receipt(&mut c, &s.session_id, &a).await["status"],
-        "unknown"
+        receipt(&mut c, &s.session_id, &a).await.status,
+        AdmissionStatus::Unknown
     );
     assert_eq!(s.model.requests().len(), 1);
 }
@@ -550,8 +592,7 @@ async fn detaching_during_a_turn_does_not_cancel_it() {
     let gate = Gate::new();
     s.model
         .push(Reply::text("finished without you").gated(&gate));
-    let a = s.submit("work").await.unwrap();
-    let a = str_field(&a, "admission_id");
+    let a = submit(&mut s, "work").await;
     assert!(gate.wait_reached(BOUND).await);
     // One connection detaches explicitly and stays open; the submitter just goes away.
     let mut watcher = s.daemon.client().await.unwrap();
@@ -574,15 +615,15 @@ async fn detaching_during_a_turn_does_not_cancel_it() {
     // A new connection, not attached to the session, polls the receipt.
     let mut c = s.daemon.client().await.unwrap();
     let r = wait_terminal(&mut c, &s.session_id, &a).await;
-    assert_eq!(r["outcome"], "completed", "{r}");
-    assert_eq!(r["result"]["final_response"], "finished without you");
+    assert_eq!(r.outcome, Some(AdmissionOutcome::Completed), "{r:?}");
+    assert_eq!(r.result.unwrap().final_response, "finished without you");
 
     let snap = resume(&mut c, &s.session_id).await;
-    assert!(pending(&snap).is_empty(), "{snap}");
-    assert_eq!(snap["running"], false);
-    let last = snap["messages"].as_array().unwrap().last().unwrap().clone();
-    assert_eq!(last["role"], "assistant");
-    assert_eq!(last["content"], "finished without you");
+    assert!(pending(&snap).is_empty(), "{snap:?}");
+    assert!(!snap.running);
+    let last = snap.messages.last().unwrap();
+    assert_eq!(last.role, Role::Assistant);
+    assert_eq!(last.content.as_deref(), Some("finished without you"));
     // The detached connection got none of the turn's events, and may no longer submit.
     assert!(
         watcher
@@ -610,38 +651,44 @@ async fn resume_during_a_turn_shows_running_and_pending() {
     let gate = Gate::new();
     s.model.push(Reply::text("A done").gated(&gate));
     s.model.push(Reply::text("B done"));
-    let a = s.submit("A").await.unwrap();
-    let b = s.submit("B").await.unwrap();
-    let (a, b) = (str_field(&a, "admission_id"), str_field(&b, "admission_id"));
+    let a = submit(&mut s, "A").await;
+    let b = submit(&mut s, "B").await;
     assert!(gate.wait_reached(BOUND).await);
 
     let mut c = s.daemon.client().await.unwrap();
     let snap = resume(&mut c, &s.session_id).await;
-    assert_eq!(snap["running"], true, "{snap}");
-    let entries = snap["pending"].as_array().unwrap();
+    assert!(snap.running, "{snap:?}");
+    let entries = &snap.pending;
     assert_eq!(
         pending(&snap),
-        [(a.clone(), "started".into()), (b.clone(), "queued".into())]
+        [
+            (a.clone(), AdmissionStatus::Started),
+            (b.clone(), AdmissionStatus::Queued)
+        ]
     );
-    let generation = snap["execution_generation"].as_u64().unwrap();
+    let generation = snap.execution_generation;
     assert!(generation >= 1);
-    assert_eq!(entries[0]["execution_generation"], generation);
-    assert!(entries[1]["execution_generation"].is_null());
-    assert_eq!(entries[0]["text"], "A");
-    assert_eq!(entries[1]["text"], "B");
-    assert!(entries[0]["sequence"].as_u64() < entries[1]["sequence"].as_u64());
-    assert!(entries[0]["input_id"].is_string());
-    assert!(snap["prompts"].as_array().unwrap().is_empty());
-    assert!(snap["last_sequence"].as_u64().unwrap() > 0);
+    assert_eq!(entries[0].execution_generation, Some(generation));
+    assert_eq!(entries[1].execution_generation, None);
+    assert_eq!(entries[0].text, "A");
+    assert_eq!(entries[1].text, "B");
+    assert!(entries[0].sequence < entries[1].sequence);
+    assert!(snap.prompts.is_empty());
+    assert!(snap.last_sequence > 0);
     // The started input is in the transcript; the queued one is not yet.
-    assert_eq!(message_contents(&snap["messages"]), ["A"]);
+    let contents: Vec<&str> = snap
+        .messages
+        .iter()
+        .filter_map(|m| m.content.as_deref())
+        .collect();
+    assert_eq!(contents, ["A"]);
 
     // The resumed connection follows the turn live.
     gate.open();
     assert_eq!(c.wait_settled(&a).await.unwrap(), "completed");
     assert_eq!(c.wait_settled(&b).await.unwrap(), "completed");
     let snap = resume(&mut c, &s.session_id).await;
-    assert_eq!(snap["running"], false);
+    assert!(!snap.running);
     assert!(pending(&snap).is_empty());
 }
 
@@ -650,31 +697,29 @@ async fn queued_input_is_cancelled_but_started_is_stale_generation() {
     let mut s = setup().await;
     let gate = Gate::new();
     s.model.push(Reply::text("A done").gated(&gate));
-    let a = s.submit("A").await.unwrap();
-    let b = s.submit("B").await.unwrap();
-    let (a, b) = (str_field(&a, "admission_id"), str_field(&b, "admission_id"));
+    let a = submit(&mut s, "A").await;
+    let b = submit(&mut s, "B").await;
     assert!(gate.wait_reached(BOUND).await);
 
     let cancelled = on_admission(&mut s.client, "prompt.cancel", &s.session_id, &b)
         .await
         .unwrap();
-    assert_eq!(cancelled["status"], "terminal");
-    assert_eq!(cancelled["outcome"], "cancelled");
-    let updated = s
-        .client
-        .wait_event(|e| {
-            e["type"] == "admission.updated"
-                && e["payload"]["admission_id"] == b.as_str()
-                && e["payload"]["status"] == "terminal"
-        })
-        .await
-        .unwrap();
-    assert_eq!(updated["payload"]["outcome"], "cancelled");
+    assert_eq!(cancelled.status, AdmissionStatus::Terminal);
+    assert_eq!(cancelled.outcome, Some(AdmissionOutcome::Cancelled));
+    let updated = wait_typed_event(&mut s.client, |e| {
+        matches!(e, EventPayload::AdmissionUpdated(updated)
+            if updated.admission_id == b && updated.status == AdmissionStatus::Terminal)
+    })
+    .await;
+    let EventPayload::AdmissionUpdated(updated) = updated.event else {
+        unreachable!("matched above");
+    };
+    assert_eq!(updated.outcome, Some(AdmissionOutcome::Cancelled));
 
     let reason = on_admission(&mut s.client, "prompt.cancel", &s.session_id, &a)
         .await
         .unwrap_err();
-    assert_eq!(reason, "stale_generation");
+    assert_eq!(reason, ErrorReason::StaleGeneration);
 
     let again = on_admission(&mut s.client, "prompt.cancel", &s.session_id, &b)
         .await
@@ -686,7 +731,7 @@ async fn queued_input_is_cancelled_but_started_is_stale_generation() {
     let reason = on_admission(&mut stranger, "prompt.cancel", &s.session_id, &b)
         .await
         .unwrap_err();
-    assert_eq!(reason, "permission_denied");
+    assert_eq!(reason, ErrorReason::PermissionDenied);
 
     gate.open();
     assert_eq!(s.client.wait_settled(&a).await.unwrap(), "completed");
@@ -700,8 +745,7 @@ async fn graceful_stop_interrupts_a_turn_within_the_grace() {
     let mut s = setup_with(5.0, "").await;
     let gate = Gate::new();
     s.model.push(Reply::text("never delivered").gated(&gate));
-    let a = s.submit("A").await.unwrap();
-    let a = str_field(&a, "admission_id");
+    let a = submit(&mut s, "A").await;
     assert!(gate.wait_reached(BOUND).await);
 
     let started = Instant::now();
@@ -714,7 +758,7 @@ async fn graceful_stop_interrupts_a_turn_within_the_grace() {
     );
     assert!(!s.home.path().join("daemon.json").exists());
     // The attached client was told how the turn ended before its connection closed.
-    told_then_kept_after_restart(&mut s, &a, "interrupted").await;
+    told_then_kept_after_restart(&mut s, &a, TurnEnd::Interrupted).await;
 }
 
 #[tokio::test]
@@ -739,12 +783,15 @@ async fn graceful_stop_refuses_new_submits_while_a_slow_tool_stops() {
             .unwrap()
         {
             Err(e) => {
-                assert_eq!(e["data"]["reason"], "runtime_draining", "{e}");
+                assert_eq!(error_data(&e).reason, ErrorReason::RuntimeDraining, "{e}");
                 refused = true;
                 break;
             }
             // Admitted before the signal landed: it stays queued.
-            Ok(r) => assert_eq!(r["status"], "queued", "{r}"),
+            Ok(r) => {
+                let r: AdmissionReceipt = typed(r);
+                assert_eq!(r.status, AdmissionStatus::Queued, "{r:?}");
+            }
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -755,7 +802,7 @@ async fn graceful_stop_refuses_new_submits_while_a_slow_tool_stops() {
 
     let (_daemon, mut c) = restart(&s).await;
     let r = receipt(&mut c, &s.session_id, &a).await;
-    assert_eq!(r["outcome"], "interrupted", "{r}");
+    assert_eq!(r.outcome, Some(AdmissionOutcome::Interrupted), "{r:?}");
 }
 
 #[tokio::test]
@@ -783,7 +830,7 @@ async fn graceful_stop_past_the_grace_kills_the_worker_and_the_turn_is_unknown()
         "the killed worker's tool process {sleep} is still running"
     );
     // The attached client was told the turn is unknown before its connection closed.
-    told_then_kept_after_restart(&mut s, &a, "unknown").await;
+    told_then_kept_after_restart(&mut s, &a, TurnEnd::Unknown).await;
 }
 
 #[tokio::test]
@@ -792,9 +839,8 @@ async fn queued_inputs_run_after_restart_when_nothing_is_unknown() {
     let gate = Gate::new();
     s.model.push(Reply::text("never delivered").gated(&gate));
     s.model.push(Reply::text("B after restart"));
-    let a = s.submit("A").await.unwrap();
-    let b = s.submit("B").await.unwrap();
-    let (a, b) = (str_field(&a, "admission_id"), str_field(&b, "admission_id"));
+    let a = submit(&mut s, "A").await;
+    let b = submit(&mut s, "B").await;
     assert!(gate.wait_reached(BOUND).await);
     assert_eq!(s.daemon.stop().await.unwrap().code(), Some(0));
     // The drain did not start B.
@@ -809,11 +855,11 @@ async fn queued_inputs_run_after_restart_when_nothing_is_unknown() {
 
     let (_daemon, mut c) = restart(&s).await;
     let ra = receipt(&mut c, &s.session_id, &a).await;
-    assert_eq!(ra["outcome"], "interrupted", "{ra}");
+    assert_eq!(ra.outcome, Some(AdmissionOutcome::Interrupted), "{ra:?}");
     // Nothing is unknown, so B runs without anyone asking.
     let rb = wait_terminal(&mut c, &s.session_id, &b).await;
-    assert_eq!(rb["outcome"], "completed", "{rb}");
-    assert_eq!(rb["result"]["final_response"], "B after restart");
+    assert_eq!(rb.outcome, Some(AdmissionOutcome::Completed), "{rb:?}");
+    assert_eq!(rb.result.unwrap().final_response, "B after restart");
     assert_eq!(s.model.requests().len(), 2);
     assert_eq!(leases(&s.home.db()), 0);
 }
@@ -830,17 +876,18 @@ async fn an_open_prompt_of_a_lost_turn_is_cancelled_after_restart() {
         "terminal",
         json!({"command": format!("rm -rf {}", victim.display())}),
     ));
-    let a = s.submit("clean up").await.unwrap();
-    let a = str_field(&a, "admission_id");
-    let request = s.client.wait_event_type("approval.request").await.unwrap();
-    let prompt_id = str_field(&request["payload"], "prompt_id");
-    let generation = request["payload"]["execution_generation"].clone();
+    let a = submit(&mut s, "clean up").await;
+    let request = typed_event(&mut s.client, "approval.request").await;
+    let EventPayload::ApprovalRequest(OpenPrompt::Approval(prompt)) = request.event else {
+        panic!("not an approval request: {request:?}");
+    };
+    let prompt_id = prompt.prompt_id.clone();
     s.daemon.kill().unwrap();
 
     let (daemon, mut c) = restart(&s).await;
     let snap = resume(&mut c, &s.session_id).await;
-    assert!(snap["prompts"].as_array().unwrap().is_empty(), "{snap}");
-    assert_eq!(pending(&snap), [(a.clone(), "unknown".into())]);
+    assert!(snap.prompts.is_empty(), "{snap:?}");
+    assert_eq!(pending(&snap), [(a.clone(), AdmissionStatus::Unknown)]);
     assert_eq!(
         db_value(
             &s.home.db(),
@@ -849,15 +896,14 @@ async fn an_open_prompt_of_a_lost_turn_is_cancelled_after_restart() {
         "cancelled"
     );
     // A late answer changes nothing and runs nothing.
-    let answer = c
-        .call_ok(
-            "approval.respond",
-            json!({"session_id": s.session_id, "execution_generation": generation,
-                   "prompt_id": prompt_id, "choice": "once"}),
-        )
-        .await
-        .unwrap();
-    assert_eq!(answer["status"], "already_resolved");
+    let params = json!(ApprovalRespondParams {
+        session_id: s.session_id.clone(),
+        execution_generation: prompt.execution_generation,
+        prompt_id,
+        choice: ApprovalChoice::Once,
+    });
+    let answer: PromptResponse = typed(c.call_ok("approval.respond", params).await.unwrap());
+    assert_eq!(answer.status, PromptResponseStatus::AlreadyResolved);
     assert!(
         wait::holds_for(Duration::from_millis(300), async || victim.exists()).await,
         "the unapproved command ran"
@@ -871,8 +917,7 @@ async fn a_turn_claimed_as_the_graceful_stop_begins_is_still_stopped() {
     let gate = Gate::new();
     s.model
         .set_default(Reply::text("never delivered").gated(&gate));
-    let a = s.submit("A").await.unwrap();
-    let a = str_field(&a, "admission_id");
+    let a = submit(&mut s, "A").await;
     // No wait for the worker: the stop races the claim and the worker's start.
     let started = Instant::now();
     let status = s.daemon.stop().await.unwrap();
@@ -887,8 +932,10 @@ async fn a_turn_claimed_as_the_graceful_stop_begins_is_still_stopped() {
     // Either the claim lost the race (the input is still queued, or already started again by
     // the new owner) or its turn was stopped within the grace: never lost to `unknown`.
     assert!(
-        r["status"] == "queued" || r["status"] == "started" || r["outcome"] == "interrupted",
-        "{r}"
+        r.status == AdmissionStatus::Queued
+            || r.status == AdmissionStatus::Started
+            || r.outcome == Some(AdmissionOutcome::Interrupted),
+        "{r:?}"
     );
 }
 
@@ -900,8 +947,7 @@ async fn a_turn_running_when_the_home_is_moved_settles_interrupted() {
     let mut s = setup_with(5.0, "").await;
     let gate = Gate::new();
     s.model.push(Reply::text("never delivered").gated(&gate));
-    let a = s.submit("A").await.unwrap();
-    let a = str_field(&a, "admission_id");
+    let a = submit(&mut s, "A").await;
     assert!(gate.wait_reached(BOUND).await);
 
     let moved = s.home.path().with_file_name("home-moved");
