@@ -22,6 +22,10 @@ use nix::errno::Errno;
 use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
 use nix::sys::stat::{fstat, Mode, SFlag};
 
+/// `O_NOFOLLOW`, for `OpenOptionsExt::custom_flags`: opening a path whose last component is a
+/// symbolic link fails (`ELOOP`) instead of opening what it points to.
+pub const OPEN_NO_FOLLOW: i32 = nix::libc::O_NOFOLLOW;
+
 /// What an open descriptor is, by `fstat`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FileKind {
