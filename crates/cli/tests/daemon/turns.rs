@@ -6,8 +6,13 @@
 
 use std::time::Duration;
 
-use crate::common::bin;
-use drover_test_support::harness::{assert_kinds_include, event_kinds, script, str_field};
+use crate::common::{bin, typed, wait_typed_event};
+use drover_protocol::chat::Usage;
+use drover_protocol::client::{
+    AdmissionOutcome, AdmissionReceipt, AdmissionStatus, EventsPage, Pong, SessionSnapshot,
+};
+use drover_protocol::event::{EventPayload, SessionEvent, TurnEnd};
+use drover_test_support::harness::{assert_kinds_include, script};
 use drover_test_support::harness::{
     connections_of, db_rows, open_files, Client, Daemon, OneSession,
 };
@@ -15,9 +20,18 @@ use drover_test_support::{Gate, Reply};
 use serde_json::{json, Value};
 
 /// The outcome `turn.settled` gives the admission of `receipt`.
-async fn outcome(client: &mut Client, receipt: &Value) -> String {
-    let admission_id = receipt["admission_id"].as_str().unwrap();
-    client.wait_settled(admission_id).await.unwrap()
+async fn outcome(client: &mut Client, receipt: &AdmissionReceipt) -> String {
+    client.wait_settled(&receipt.admission_id).await.unwrap()
+}
+
+/// Submits `text` to `s`'s session; the receipt.
+async fn submit(s: &mut OneSession, text: &str) -> AdmissionReceipt {
+    typed(s.submit(text).await.unwrap())
+}
+
+/// `prompt.receipt` of `admission_id` in `s`'s session, with its result.
+async fn receipt_with_result(s: &mut OneSession, admission_id: &str) -> AdmissionReceipt {
+    typed(s.receipt(admission_id, true).await.unwrap())
 }
 
 async fn setup(stream: bool) -> OneSession {
@@ -39,15 +53,12 @@ async fn terminal_turn_writes_the_transcript_usage_and_events(stream: bool) {
             .usage(20, 5, 25)
             .gated(&gate),
     );
-    let receipt = s.submit("run printf X").await.unwrap();
-    let admission_id = str_field(&receipt, "admission_id");
+    let receipt = submit(&mut s, "run printf X").await;
+    let admission_id = receipt.admission_id.clone();
     // docs/decisions/turn-claim-admission-transaction.md: the session was idle, so
     // the answer (sent after the one commit) already holds the claim.
-    assert_eq!(receipt["status"], "started", "{receipt}");
-    assert!(
-        receipt["execution_generation"].as_u64().is_some(),
-        "{receipt}"
-    );
+    assert_eq!(receipt.status, AdmissionStatus::Started, "{receipt:?}");
+    assert!(receipt.execution_generation.is_some(), "{receipt:?}");
 
     // While the second request is held, the worker is alive: it must not hold the ledger open.
     assert!(
@@ -92,26 +103,32 @@ async fn terminal_turn_writes_the_transcript_usage_and_events(stream: bool) {
     assert_eq!(tool_result["exit_code"], 0);
     assert_eq!(rows[3][1], "The output was X.");
 
-    let r = s.receipt(&admission_id, true).await.unwrap();
-    assert_eq!(r["status"], "terminal");
-    assert_eq!(r["outcome"], "completed");
-    assert_eq!(r["usage"]["total_tokens"], 39);
-    assert_eq!(r["usage"]["input_tokens"], 31);
-    assert_eq!(r["usage"]["output_tokens"], 8);
-    assert_eq!(r["result"]["api_calls"], 2);
-    assert_eq!(r["result"]["final_response"], "The output was X.");
+    let r = receipt_with_result(&mut s, &admission_id).await;
+    assert_eq!(r.status, AdmissionStatus::Terminal);
+    assert_eq!(r.outcome, Some(AdmissionOutcome::Completed));
+    assert_eq!(
+        r.usage,
+        Some(Usage {
+            input_tokens: 31,
+            output_tokens: 8,
+            total_tokens: 39
+        })
+    );
+    let result = r.result.unwrap();
+    assert_eq!(result.api_calls, 2);
+    assert_eq!(result.final_response, "The output was X.");
     assert_eq!(s.model.requests().len(), 2);
 
-    let since = s.client.stored_events(&s.session_id).await.unwrap();
-    assert_eq!(since["snapshot_required"], false);
-    let events = since["events"].as_array().unwrap();
-    let seqs: Vec<u64> = events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    let since: EventsPage = typed(s.client.stored_events(&s.session_id).await.unwrap());
+    assert!(!since.snapshot_required);
+    let events = &since.events;
+    let seqs: Vec<u64> = events.iter().map(|e| e.seq.unwrap()).collect();
     assert_eq!(
         seqs,
         (1..=seqs.len() as u64).collect::<Vec<_>>(),
         "seq must have no gaps"
     );
-    let kinds = event_kinds(events);
+    let kinds: Vec<&str> = events.iter().map(|e| e.event.kind()).collect();
     let start = kinds
         .iter()
         .position(|k| *k == "tool.start")
@@ -129,12 +146,18 @@ async fn terminal_turn_writes_the_transcript_usage_and_events(stream: bool) {
         "admission.updated",
     ];
     assert_kinds_include(&kinds, &want);
-    assert_eq!(events[start]["payload"]["context"], "printf X");
-    assert_eq!(events[start]["payload"]["name"], "terminal");
-    assert_eq!(events[complete]["payload"]["is_error"], false);
-    assert_eq!(events[complete]["payload"]["args"]["command"], "printf X");
-    let resume = s.resume().await.unwrap();
-    assert_eq!(resume["last_sequence"].as_u64().unwrap(), seqs.len() as u64);
+    let EventPayload::ToolStart(tool_start) = &events[start].event else {
+        unreachable!("found by its kind");
+    };
+    assert_eq!(tool_start.context, "printf X");
+    assert_eq!(tool_start.name, "terminal");
+    let EventPayload::ToolComplete(tool_complete) = &events[complete].event else {
+        unreachable!("found by its kind");
+    };
+    assert!(!tool_complete.is_error);
+    assert_eq!(tool_complete.args, json!({"command": "printf X"}));
+    let resume: SessionSnapshot = typed(s.resume().await.unwrap());
+    assert_eq!(resume.last_sequence, seqs.len() as u64);
 
     // The model saw stream mode as configured.
     let req = &s.model.requests()[0];
@@ -155,22 +178,20 @@ async fn terminal_turn_non_streaming() {
 async fn deltas_are_live_with_an_index_and_no_seq() {
     let mut s = setup(true).await;
     s.model.push(Reply::text("one two three four five six"));
-    let receipt = s.submit("count").await.unwrap();
-    let aid = str_field(&receipt, "admission_id");
+    let aid = submit(&mut s, "count").await.admission_id;
+    let events: Vec<SessionEvent> =
+        typed(json!(s.client.events_until_settled(&aid).await.unwrap()));
     let mut deltas = Vec::new();
-    for e in s.client.events_until_settled(&aid).await.unwrap() {
-        if e["type"] == "message.delta" {
-            assert!(e["seq"].is_null(), "{e}");
-            deltas.push(e["payload"].clone());
+    for e in events {
+        if let EventPayload::MessageDelta(delta) = e.event {
+            assert_eq!(e.seq, None, "{delta:?}");
+            deltas.push(delta);
         }
     }
     assert!(deltas.len() >= 2, "{deltas:?}");
-    let idx: Vec<u64> = deltas
-        .iter()
-        .map(|d| d["delta_index"].as_u64().unwrap())
-        .collect();
+    let idx: Vec<u64> = deltas.iter().map(|d| d.delta_index).collect();
     assert_eq!(idx, (0..deltas.len() as u64).collect::<Vec<_>>());
-    let text: String = deltas.iter().map(|d| d["text"].as_str().unwrap()).collect();
+    let text: String = deltas.iter().map(|d| d.text.as_str()).collect();
     assert_eq!(text, "one two three four five six");
 }
 
@@ -179,30 +200,35 @@ async fn failing_model_endpoint_fails_the_turn_with_its_message_and_daemon_keeps
     let mut s = setup(true).await;
     s.model
         .push(Reply::error(400, "the mock refuses this prompt"));
-    let receipt = s.submit("hello").await.unwrap();
-    let aid = str_field(&receipt, "admission_id");
-    let settled = s
-        .client
-        .wait_event(|e| e["type"] == "turn.settled" && e["payload"]["admission_id"] == aid.as_str())
-        .await
-        .unwrap();
-    assert_eq!(settled["payload"]["outcome"], "failed");
+    let aid = submit(&mut s, "hello").await.admission_id;
+    let settled = wait_typed_event(
+        &mut s.client,
+        |e| matches!(e, EventPayload::TurnSettled(settled) if settled.admission_id == aid),
+    )
+    .await;
+    let EventPayload::TurnSettled(settled) = settled.event else {
+        unreachable!("matched above");
+    };
+    assert_eq!(settled.outcome, TurnEnd::Failed);
     assert!(
-        settled["payload"]["error"]
-            .as_str()
+        settled
+            .error
+            .as_deref()
             .unwrap()
             .contains("the mock refuses this prompt"),
-        "{settled}"
+        "{settled:?}"
     );
-    let r = s.receipt(&aid, true).await.unwrap();
-    assert_eq!(r["outcome"], "failed");
-    assert!(r["result"]["error"]
-        .as_str()
+    let r = receipt_with_result(&mut s, &aid).await;
+    assert_eq!(r.outcome, Some(AdmissionOutcome::Failed));
+    assert!(r
+        .result
+        .unwrap()
+        .error
         .unwrap()
         .contains("the mock refuses this prompt"));
     // The next input runs.
     s.model.push(Reply::text("fine now"));
-    let r2 = s.submit("again").await.unwrap();
+    let r2 = submit(&mut s, "again").await;
     assert_eq!(outcome(&mut s.client, &r2).await, "completed");
 }
 
@@ -214,26 +240,20 @@ async fn unreachable_endpoint_fails_the_turn() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
     };
-    let created = s
-        .client
-        .call_ok(
-            "session.create",
-            json!({"request_id": "dead", "cwd": s.home.work(), "base_url": format!("http://127.0.0.1:{port}/v1")}),
-        )
-        .await
-        .unwrap();
-    let sid = created["session_id"].as_str().unwrap().to_string();
-    let receipt = s.client.submit(&sid, "hello").await.unwrap();
-    let outcome = s
-        .client
-        .wait_settled(receipt["admission_id"].as_str().unwrap())
-        .await
-        .unwrap();
-    assert_eq!(outcome, "failed");
-    assert_eq!(
-        s.client.call_ok("ping", json!({})).await.unwrap()["pong"],
-        true
+    let created: SessionSnapshot = typed(
+        s.client
+            .call_ok(
+                "session.create",
+                json!({"request_id": "dead", "cwd": s.home.work(), "base_url": format!("http://127.0.0.1:{port}/v1")}),
+            )
+            .await
+            .unwrap(),
     );
+    let receipt: AdmissionReceipt =
+        typed(s.client.submit(&created.session_id, "hello").await.unwrap());
+    assert_eq!(outcome(&mut s.client, &receipt).await, "failed");
+    let pong: Pong = typed(s.client.call_ok("ping", json!({})).await.unwrap());
+    assert_eq!(pong, Pong { pong: true });
 }
 
 #[tokio::test]
@@ -242,19 +262,21 @@ async fn turns_run_fifo_one_at_a_time_per_session() {
     let gate = Gate::new();
     s.model.push(Reply::text("first").gated(&gate));
     s.model.push(Reply::text("second"));
-    let r1 = s.submit("one").await.unwrap();
-    let r2 = s.submit("two").await.unwrap();
+    let r1 = submit(&mut s, "one").await;
+    let r2 = submit(&mut s, "two").await;
     assert!(gate.wait_reached(Duration::from_secs(20)).await);
-    let resume = s
-        .client
-        .call_ok("session.resume", json!({"session_id": s.session_id}))
-        .await
-        .unwrap();
-    let pending = resume["pending"].as_array().unwrap();
-    assert_eq!(pending.len(), 2);
-    assert_eq!(pending[0]["status"], "started");
-    assert_eq!(pending[1]["status"], "queued");
-    assert_eq!(resume["running"], true);
+    let resume: SessionSnapshot = typed(
+        s.client
+            .call_ok("session.resume", json!({"session_id": s.session_id}))
+            .await
+            .unwrap(),
+    );
+    let statuses: Vec<AdmissionStatus> = resume.pending.iter().map(|p| p.status).collect();
+    assert_eq!(
+        statuses,
+        [AdmissionStatus::Started, AdmissionStatus::Queued]
+    );
+    assert!(resume.running);
     let lease = db_rows(&s.home.db(), "SELECT count(*) FROM session_turn_leases");
     assert_eq!(lease[0][0], 1);
     assert_eq!(
@@ -286,7 +308,7 @@ async fn turns_run_fifo_one_at_a_time_per_session() {
 async fn frozen_session_sends_the_same_system_prompt_tools_and_model_after_config_changes() {
     let mut s = setup(true).await;
     s.model.push(Reply::text("a"));
-    let r = s.submit("first").await.unwrap();
+    let r = submit(&mut s, "first").await;
     outcome(&mut s.client, &r).await;
     // Change the config under the session and restart the owner.
     s.daemon.stop().await.unwrap();
@@ -302,7 +324,7 @@ async fn frozen_session_sends_the_same_system_prompt_tools_and_model_after_confi
         .await
         .unwrap();
     s.model.push(Reply::text("b"));
-    let r = c.submit(&s.session_id, "second").await.unwrap();
+    let r: AdmissionReceipt = typed(c.submit(&s.session_id, "second").await.unwrap());
     assert_eq!(outcome(&mut c, &r).await, "completed");
     let reqs = s.model.requests();
     assert_eq!(reqs.len(), 2);
@@ -326,7 +348,7 @@ async fn garbage_worker_lines_are_refused_without_corrupting_the_turn() {
     let wrapper_s = wrapper.display().to_string();
     let mut s = setup_with(true, &[("DROVER_WORKER_EXE", wrapper_s.as_str())]).await;
     s.model.push(Reply::text("survived"));
-    let r = s.submit("hi").await.unwrap();
+    let r = submit(&mut s, "hi").await;
     assert_eq!(outcome(&mut s.client, &r).await, "completed");
     let rows = db_rows(
         &s.home.db(),
@@ -358,7 +380,7 @@ async fn a_client_that_stops_reading_is_dropped_without_slowing_the_others() {
             )
             .await
             .unwrap();
-        let sid = created["session_id"].as_str().unwrap().to_string();
+        let sid = typed::<SessionSnapshot>(created).session_id;
         slow.call_ok("session.resume", json!({"session_id": sid}))
             .await
             .unwrap();
@@ -381,23 +403,29 @@ async fn a_client_that_stops_reading_is_dropped_without_slowing_the_others() {
     // receipts, so only `slow` is sent the large events.
     let started = std::time::Instant::now();
     for (i, sid) in sessions.iter().enumerate() {
-        let r = submitter.submit(sid, &format!("turn {i}")).await.unwrap();
+        let r: AdmissionReceipt = typed(submitter.submit(sid, &format!("turn {i}")).await.unwrap());
         submitter
             .call_ok("session.detach", json!({"session_id": sid}))
             .await
             .unwrap();
-        let aid = str_field(&r, "admission_id");
+        let aid = r.admission_id;
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         loop {
-            let receipt = submitter
-                .call_ok(
-                    "prompt.receipt",
-                    json!({"session_id": sid, "admission_id": aid}),
-                )
-                .await
-                .unwrap();
-            if receipt["status"] == "terminal" {
-                assert_eq!(receipt["outcome"], "completed", "turn {i}");
+            let receipt: AdmissionReceipt = typed(
+                submitter
+                    .call_ok(
+                        "prompt.receipt",
+                        json!({"session_id": sid, "admission_id": aid}),
+                    )
+                    .await
+                    .unwrap(),
+            );
+            if receipt.status == AdmissionStatus::Terminal {
+                assert_eq!(
+                    receipt.outcome,
+                    Some(AdmissionOutcome::Completed),
+                    "turn {i}"
+                );
                 break;
             }
             assert!(
@@ -434,18 +462,21 @@ async fn a_client_that_stops_reading_is_dropped_without_slowing_the_others() {
     // A new connection resyncs from the stored stream.
     let mut again = s.daemon.client().await.unwrap();
     let last = sessions.last().unwrap();
-    let resume = again
-        .call_ok("session.resume", json!({"session_id": last}))
-        .await
-        .unwrap();
-    let since = again
-        .events_since(last, &resume["replay_epoch"], 0)
-        .await
-        .unwrap();
-    assert_eq!(since["snapshot_required"], false);
-    assert!(since["events"]
-        .as_array()
-        .unwrap()
+    let resume: SessionSnapshot = typed(
+        again
+            .call_ok("session.resume", json!({"session_id": last}))
+            .await
+            .unwrap(),
+    );
+    let since: EventsPage = typed(
+        again
+            .events_since(last, &json!(resume.replay_epoch), 0)
+            .await
+            .unwrap(),
+    );
+    assert!(!since.snapshot_required);
+    assert!(since
+        .events
         .iter()
-        .any(|e| e["type"] == "turn.settled"));
+        .any(|e| matches!(e.event, EventPayload::TurnSettled(_))));
 }
