@@ -1,0 +1,412 @@
+//! The reqwest-based [`ModelClient`]: one request (stream or JSON body), retries with backoff,
+//! the `model.request` span, and the context window lookup.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use drover_protocol::ChatMessage;
+use eventsource_stream::{EventStreamError, Eventsource};
+use futures::StreamExt;
+use reqwest::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE};
+use serde_json::Value;
+
+use crate::body::{self, BodyError};
+use crate::chat_model::{ChatModel, Completion, WindowLookup};
+use crate::endpoint::{endpoint_url, models_url, ModelConfig};
+use crate::error::ModelError;
+use crate::retry::{self, Failure};
+use crate::stream::{Step, StreamAssembly};
+use crate::wire;
+
+/// The HTTP client type under [`ModelClient`] ([`http_client`] builds one).
+pub type HttpClient = reqwest::Client;
+
+/// The HTTP client every [`ModelClient`] uses: connection pool, TLS roots, no timeout of its
+/// own (each request sets `request_timeout`). Building it parses the TLS root store, the
+/// costliest step of a client, which is why it is its own step.
+pub fn http_client() -> Result<HttpClient, ModelError> {
+    reqwest::Client::builder()
+        .build()
+        .map_err(|e| ModelError::Config(format!("cannot build the HTTP client: {e}")))
+}
+
+/// The reqwest-based client.
+#[derive(Debug, Clone)]
+pub struct ModelClient {
+    config: ModelConfig,
+    http: reqwest::Client,
+    /// `base_url` without trailing `/`, plus `/chat/completions`.
+    endpoint: reqwest::Url,
+    /// `Bearer <key>`, marked sensitive so it never shows in `Debug`.
+    authorization: Option<HeaderValue>,
+}
+
+impl ModelClient {
+    /// Builds a client; `Config` error for an unparsable base URL.
+    pub fn new(config: ModelConfig) -> Result<Self, ModelError> {
+        ModelClient::with_http(config, http_client()?)
+    }
+
+    /// A client over `http`, an HTTP client built before the config was known
+    /// ([`http_client`]: a spare worker builds it while it waits for its turn). The
+    /// request timeout is set on each request, so `http` carries none of the config.
+    pub fn with_http(config: ModelConfig, http: HttpClient) -> Result<Self, ModelError> {
+        let endpoint = endpoint_url(&config.base_url)?;
+        let authorization = match &config.api_key {
+            Some(key) => {
+                let mut value = HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
+                    ModelError::Config(
+                        "api_key holds characters that cannot go in an HTTP header; \
+                         check it for newlines or non-ASCII characters"
+                            .to_string(),
+                    )
+                })?;
+                value.set_sensitive(true);
+                Some(value)
+            }
+            None => None,
+        };
+        Ok(ModelClient {
+            config,
+            http,
+            endpoint,
+            authorization,
+        })
+    }
+
+    /// The configuration this client was built from.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The URL requests go to: `{base_url}/chat/completions`.
+    pub fn endpoint(&self) -> &str {
+        self.endpoint.as_str()
+    }
+
+    /// One request, no retry.
+    async fn attempt(
+        &self,
+        body: &[u8],
+        on_delta: &mut (dyn FnMut(&str) + Send),
+    ) -> Result<Completion, Failure> {
+        let accept = if self.config.stream {
+            "text/event-stream"
+        } else {
+            "application/json"
+        };
+        let mut request = self
+            .http
+            .post(self.endpoint.clone())
+            .header(CONTENT_TYPE, "application/json")
+            .header(ACCEPT, accept)
+            .timeout(self.config.request_timeout)
+            .body(body.to_vec());
+        if let Some(authorization) = &self.authorization {
+            request = request.header(AUTHORIZATION, authorization.clone());
+        }
+        let stall = self.config.stall_timeout;
+        // A stream's headers come at once from a live server; a JSON body's may take as long
+        // as the whole completion, so only the whole-request timeout bounds them.
+        let response = if self.config.stream {
+            tokio::time::timeout(stall, request.send())
+                .await
+                .map_err(|_| ModelError::Stalled(stall))?
+        } else {
+            request.send().await
+        }
+        .map_err(|e| self.request_error(e))?;
+
+        let status = response.status();
+        if !status.is_success() {
+            let retry_after = retry::retry_after(status, response.headers());
+            // The status alone still tells what happened if the body cannot be read.
+            let text = body::read_all(response, stall)
+                .await
+                .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+                .unwrap_or_default();
+            let message = wire::http_error_message(status, &text);
+            let error = if wire::is_context_exceeded(status, &text) {
+                ModelError::ContextExceeded(message)
+            } else {
+                ModelError::Http {
+                    status: status.as_u16(),
+                    message,
+                }
+            };
+            return Err(Failure {
+                error,
+                retry_after,
+                shown: false,
+            });
+        }
+
+        let content_type = response
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_ascii_lowercase();
+        // Servers that ignore `stream` answer JSON, and proxies may relabel an event stream:
+        // only an explicit content type overrides what was asked for.
+        let is_events = if self.config.stream {
+            !content_type.starts_with("application/json")
+        } else {
+            content_type.starts_with("text/event-stream")
+        };
+        if is_events {
+            return self.read_events(response, on_delta).await;
+        }
+        let bytes = body::read_all(response, stall)
+            .await
+            .map_err(|e| self.body_error(e))?;
+        let completion = wire::parse_completion(&bytes)?;
+        if let Some(text) = completion.message.content.as_deref() {
+            if !text.is_empty() {
+                on_delta(text);
+            }
+        }
+        Ok(completion)
+    }
+
+    /// Reads an event stream to `[DONE]` (or to its end, if a `finish_reason` came first).
+    async fn read_events(
+        &self,
+        response: reqwest::Response,
+        on_delta: &mut (dyn FnMut(&str) + Send),
+    ) -> Result<Completion, Failure> {
+        let mut events =
+            std::pin::pin!(body::guarded(response, self.config.stall_timeout).eventsource());
+        let mut assembly = StreamAssembly::default();
+        let mut shown = false;
+        let mut done = false;
+        while let Some(event) = events.next().await {
+            let step = match event {
+                Ok(event) => assembly.push(&event.data, &mut |piece: &str| {
+                    shown = true;
+                    on_delta(piece);
+                }),
+                Err(EventStreamError::Transport(e)) => Err(self.body_error(e)),
+                Err(EventStreamError::Utf8(e)) => Err(ModelError::Protocol(format!(
+                    "the event stream is not UTF-8: {e}"
+                ))),
+                Err(EventStreamError::Parser(e)) => Err(ModelError::Protocol(format!(
+                    "the event stream is not valid server-sent events: {e}"
+                ))),
+            };
+            match step {
+                Ok(Step::More) => {}
+                Ok(Step::Done) => {
+                    done = true;
+                    break;
+                }
+                Err(error) => {
+                    return Err(Failure {
+                        error,
+                        retry_after: None,
+                        shown,
+                    })
+                }
+            }
+        }
+        if !done && !assembly.finished() {
+            return Err(Failure {
+                error: ModelError::Protocol(
+                    "the event stream ended before `data: [DONE]` and without a finish_reason"
+                        .to_string(),
+                ),
+                retry_after: None,
+                shown,
+            });
+        }
+        Ok(assembly.finish()?)
+    }
+
+    /// Maps a failure to read the body: a stall, or a reqwest failure.
+    fn body_error(&self, error: BodyError) -> ModelError {
+        match error {
+            BodyError::Transport(e) => self.request_error(e),
+            BodyError::Stalled => ModelError::Stalled(self.config.stall_timeout),
+        }
+    }
+
+    /// Maps a reqwest failure; the message names the endpoint and the cause, never the key.
+    fn request_error(&self, error: reqwest::Error) -> ModelError {
+        if error.is_timeout() {
+            return ModelError::Timeout(self.config.request_timeout);
+        }
+        // A base URL may carry credentials; they stay out of messages and logs.
+        let mut endpoint = self.endpoint.clone();
+        let _ = endpoint.set_password(None);
+        let _ = endpoint.set_username("");
+        let error = error.without_url();
+        let mut message = format!("{endpoint}: {error}");
+        // reqwest's own message is generic ("error sending request"); the cause is below it.
+        let mut source = std::error::Error::source(&error);
+        while let Some(cause) = source {
+            let text = cause.to_string();
+            if !message.contains(&text) {
+                message.push_str(": ");
+                message.push_str(&text);
+            }
+            source = cause.source();
+        }
+        ModelError::Transport(message)
+    }
+}
+
+#[async_trait]
+impl ChatModel for ModelClient {
+    async fn chat(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[Value],
+        on_delta: &mut (dyn for<'d> FnMut(&'d str) + Send),
+    ) -> Result<Completion, ModelError> {
+        use tracing::field::Empty;
+        // Telemetry (docs/telemetry.md): one span per request, retries included. Counts and
+        // reasons only: never the messages or the key.
+        let span = tracing::info_span!(
+            "model.request",
+            model = %self.config.model,
+            stream = self.config.stream,
+            prompt_tokens = Empty,
+            completion_tokens = Empty,
+            retries = Empty,
+            latency_ms = Empty,
+            finish_reason = Empty,
+            outcome = Empty,
+            error = Empty,
+        );
+        let started = std::time::Instant::now();
+        let mut retries = 0;
+        let result = {
+            use tracing::Instrument;
+            self.chat_retrying(messages, tools, on_delta, &mut retries)
+                .instrument(span.clone())
+                .await
+        };
+        // Signed, so OpenTelemetry gets integers (tracing-opentelemetry sends a u64 as text).
+        span.record("retries", i64::from(retries));
+        span.record("latency_ms", span_millis(started.elapsed()));
+        match &result {
+            Ok(completion) => {
+                span.record("outcome", "ok");
+                if let Some(usage) = &completion.usage {
+                    span.record("prompt_tokens", signed(usage.input_tokens));
+                    span.record("completion_tokens", signed(usage.output_tokens));
+                }
+                if let Some(reason) = &completion.finish_reason {
+                    span.record("finish_reason", reason.as_str());
+                }
+            }
+            Err(e) => {
+                span.record("outcome", "error");
+                span.record("error", e.reason());
+            }
+        }
+        result
+    }
+
+    async fn context_window(&self) -> WindowLookup {
+        self.lookup_context_window().await
+    }
+}
+
+/// `n` as a span's integer (counts are bounded to 2^53 already).
+fn signed(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// `elapsed` in whole milliseconds, as a span's integer field (docs/telemetry.md):
+/// this crate's `model.request` span and the agent's `tool.call` span.
+pub fn span_millis(elapsed: Duration) -> i64 {
+    i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl ModelClient {
+    /// [`ChatModel::chat`] without its span: the first attempt and the retries, counted in
+    /// `retries`.
+    async fn chat_retrying(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[Value],
+        on_delta: &mut (dyn for<'d> FnMut(&'d str) + Send),
+        retries: &mut u32,
+    ) -> Result<Completion, ModelError> {
+        let body = wire::request_body(&self.config.model, messages, tools, self.config.stream)?;
+        loop {
+            let failure = match self.attempt(&body, on_delta).await {
+                Ok(completion) => return Ok(completion),
+                Err(failure) => failure,
+            };
+            // Shown text cannot be taken back, so a retry would show it twice.
+            if failure.shown
+                || *retries >= self.config.max_retries
+                || !retry::is_retryable(&failure.error)
+            {
+                return Err(failure.error);
+            }
+            let delay = failure
+                .retry_after
+                .unwrap_or_else(|| retry::backoff(self.config.retry_base_delay, *retries));
+            let status = match &failure.error {
+                ModelError::Http { status, .. } => Some(u64::from(*status)),
+                _ => None,
+            };
+            *retries += 1;
+            tracing::warn!(
+                attempt = *retries,
+                max_attempts = self.config.max_retries + 1,
+                status,
+                delay_ms = delay.as_millis() as u64,
+                error = %failure.error,
+                "model request failed; retrying"
+            );
+            tokio::time::sleep(delay).await;
+        }
+    }
+
+    /// [`ChatModel::context_window`]: `GET {base_url}/models`.
+    async fn lookup_context_window(&self) -> WindowLookup {
+        let Some(url) = models_url(&self.config.base_url) else {
+            return WindowLookup::NotReported;
+        };
+        let mut request = self
+            .http
+            .get(url)
+            .header(ACCEPT, "application/json")
+            .timeout(MODELS_TIMEOUT);
+        if let Some(authorization) = &self.authorization {
+            request = request.header(AUTHORIZATION, authorization.clone());
+        }
+        let response = match request.send().await {
+            Ok(response) if response.status().is_success() => response,
+            Ok(response) if response.status().is_server_error() || response.status() == 429 => {
+                tracing::debug!(status = response.status().as_u16(), "GET /models failed");
+                return WindowLookup::Unreachable;
+            }
+            Ok(response) => {
+                tracing::debug!(
+                    status = response.status().as_u16(),
+                    "GET /models gave no list"
+                );
+                return WindowLookup::NotReported;
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "GET /models failed");
+                return WindowLookup::Unreachable;
+            }
+        };
+        match body::read_all(response, MODELS_TIMEOUT).await {
+            Ok(body) => match wire::context_window_of(&body, &self.config.model) {
+                Some(tokens) => WindowLookup::Reported(tokens),
+                None => WindowLookup::NotReported,
+            },
+            Err(_) => WindowLookup::Unreachable,
+        }
+    }
+}
+
+/// How long `GET /models` may take before the window is taken as unknown.
+const MODELS_TIMEOUT: Duration = Duration::from_secs(3);
