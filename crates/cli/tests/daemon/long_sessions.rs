@@ -16,8 +16,15 @@
 // Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use crate::common::{bin, resolve_unknown};
-use drover_test_support::harness::{db_rows, db_value, event_kinds, script, str_field, OneSession};
+use crate::common::{bin, error_data, resolve_unknown, typed};
+use drover_protocol::chat::Usage;
+use drover_protocol::client::{
+    AdmissionKind, AdmissionOutcome, AdmissionReceipt, AdmissionStatus, CompactionResult,
+    CompactionStatus, SessionCompactParams, SessionSnapshot,
+};
+use drover_protocol::event::{EventPayload, SessionCompacted, SessionEvent, TurnEnd};
+use drover_protocol::ErrorReason;
+use drover_test_support::harness::{db_rows, db_value, script, OneSession};
 use drover_test_support::Reply;
 use serde_json::{json, Value};
 
@@ -91,14 +98,24 @@ async fn a_history_past_five_mib_still_reaches_every_turn() {
         .all(|a| a[0] == "terminal" && a[1] == "completed"));
 }
 
+/// `prompt.receipt` of `admission_id` in `s`'s session, with its result.
+async fn receipt(s: &mut OneSession, admission_id: &str) -> AdmissionReceipt {
+    typed(s.receipt(admission_id, true).await.unwrap())
+}
+
 /// The error a turn's stored result gives.
 async fn turn_error(s: &mut OneSession, admission_id: &str) -> String {
-    let receipt = s.receipt(admission_id, true).await.unwrap();
-    assert_eq!(receipt["outcome"], "failed", "{receipt}");
-    receipt["result"]["error"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no result.error in {receipt}"))
-        .to_string()
+    let receipt = receipt(s, admission_id).await;
+    assert_eq!(
+        receipt.outcome,
+        Some(AdmissionOutcome::Failed),
+        "{receipt:?}"
+    );
+    receipt
+        .result
+        .as_ref()
+        .and_then(|result| result.error.clone())
+        .unwrap_or_else(|| panic!("no result.error in {receipt:?}"))
 }
 
 #[tokio::test]
@@ -169,13 +186,12 @@ async fn an_input_over_max_input_bytes_is_invalid_params_naming_text_and_not_adm
     let mut s = OneSession::builder(bin()).start().await.unwrap();
     // The default: 1 MiB. One byte more (a two-byte character at the end) is refused.
     let over = format!("{}é", "a".repeat(1024 * 1024 - 1));
-    let e = submit_refused(&mut s, &over).await;
-    assert_eq!(e["data"]["reason"], "invalid_params", "{e}");
-    assert_eq!(e["data"]["field"], "text", "{e}");
-    let detail = e["data"]["detail"].as_str().unwrap();
+    let e = error_data(&submit_refused(&mut s, &over).await);
+    assert_eq!(e.reason, ErrorReason::InvalidParams, "{e:?}");
+    assert_eq!(e.field.as_deref(), Some("text"), "{e:?}");
     assert!(
-        detail.contains("1048577 bytes") && detail.contains("max_input_bytes = 1048576"),
-        "{e}"
+        e.detail.contains("1048577 bytes") && e.detail.contains("max_input_bytes = 1048576"),
+        "{e:?}"
     );
     assert_eq!(admission_count(&s), json!(0));
     // Exactly the bound is admitted.
@@ -190,15 +206,15 @@ async fn an_input_over_max_input_bytes_is_invalid_params_naming_text_and_not_adm
         .start()
         .await
         .unwrap();
-    let e = submit_refused(&mut s, "seventeen bytes!!").await;
+    let e = error_data(&submit_refused(&mut s, "seventeen bytes!!").await);
     assert_eq!(
-        (&e["data"]["reason"], &e["data"]["field"]),
-        (&json!("invalid_params"), &json!("text")),
-        "{e}"
+        (e.reason, e.field.as_deref()),
+        (ErrorReason::InvalidParams, Some("text")),
+        "{e:?}"
     );
     assert_eq!(admission_count(&s), json!(0));
-    let receipt = s.submit("sixteen bytes!!!").await.unwrap();
-    assert!(!str_field(&receipt, "admission_id").is_empty());
+    let receipt: AdmissionReceipt = typed(s.submit("sixteen bytes!!!").await.unwrap());
+    assert!(!receipt.admission_id.is_empty());
     assert_eq!(admission_count(&s), json!(1));
 }
 
@@ -340,7 +356,7 @@ async fn an_owner_killed_during_compaction_leaves_no_row_and_the_next_turn_compa
     let mut compacting = None;
     for i in 1..=8 {
         let text = format!("turn {i}");
-        let a = str_field(&s.submit(&text).await.unwrap(), "admission_id");
+        let a = typed::<AdmissionReceipt>(s.submit(&text).await.unwrap()).admission_id;
         tokio::select! {
             settled = s.wait_settled(&a) => assert_eq!(settled.unwrap(), "completed"),
             reached = gate.wait_reached(std::time::Duration::from_secs(30)) => {
@@ -427,9 +443,13 @@ async fn a_context_length_exceeded_answer_compacts_and_retries_once() {
     assert_eq!(retry.len(), 3, "{retry:?}");
     assert_eq!(retry[2]["content"], "turn 4");
     assert_eq!(compaction_rows(&s), 1);
-    let receipt = s.receipt(&admission_id, true).await.unwrap();
+    let receipt = receipt(&mut s, &admission_id).await;
     // The refused request got no response; the summary and the retry did.
-    assert_eq!(receipt["result"]["api_calls"], 2, "{receipt}");
+    assert_eq!(
+        receipt.result.as_ref().map(|result| result.api_calls),
+        Some(2),
+        "{receipt:?}"
+    );
 
     // A model that refuses again after the compaction fails the turn, naming the sizes.
     s.model.set_responder(|request| {
@@ -485,12 +505,12 @@ const SUMMARY_HEADER_START: &str = "[drover: the earlier part of this session wa
 
 /// `session.compact` of the session, with `input_id` when given; its answer, once its turn
 /// settled.
-async fn compact(s: &mut OneSession, input_id: Option<&str>) -> Value {
-    let mut params = json!({"session_id": s.session_id});
-    if let Some(id) = input_id {
-        params["input_id"] = json!(id);
-    }
-    s.client.call_ok("session.compact", params).await.unwrap()
+async fn compact(s: &mut OneSession, input_id: Option<&str>) -> CompactionResult {
+    let params = json!(SessionCompactParams {
+        session_id: s.session_id.clone(),
+        input_id: input_id.map(String::from),
+    });
+    typed(s.client.call_ok("session.compact", params).await.unwrap())
 }
 
 fn contents(request: &Value) -> Vec<String> {
@@ -525,12 +545,16 @@ async fn session_compact_summarises_all_but_the_last_two_turns_on_demand() {
 
     // Nothing to compact yet: the turn completes without a model request or a row.
     let answer = compact(&mut s, None).await;
-    assert_eq!(answer["status"], "nothing_to_compact", "{answer}");
-    assert_eq!(answer["covered"], 0, "{answer}");
-    let empty = str_field(&answer, "admission_id");
+    assert_eq!(
+        answer.status,
+        CompactionStatus::NothingToCompact,
+        "{answer:?}"
+    );
+    assert_eq!(answer.covered, 0, "{answer:?}");
+    let empty = answer.admission_id;
     assert_eq!(s.wait_settled(&empty).await.unwrap(), "completed");
-    let result = s.receipt(&empty, true).await.unwrap();
-    assert_eq!(result["result"]["final_response"], "nothing to compact");
+    let result = receipt(&mut s, &empty).await;
+    assert_eq!(result.result.unwrap().final_response, "nothing to compact");
     assert!(s.model.requests().is_empty());
 
     for i in 1..=4 {
@@ -538,15 +562,22 @@ async fn session_compact_summarises_all_but_the_last_two_turns_on_demand() {
     }
     let before = s.model.requests().len();
     let answer = compact(&mut s, Some("compact-1")).await;
-    assert_eq!(answer["status"], "compacted", "{answer}");
-    assert_eq!(answer["covered"], 4, "{answer}");
-    let admission_id = str_field(&answer, "admission_id");
+    assert_eq!(answer.status, CompactionStatus::Compacted, "{answer:?}");
+    assert_eq!(answer.covered, 4, "{answer:?}");
+    let admission_id = answer.admission_id.clone();
     // It answered after its turn: the turn's events are already there.
-    let events = s.client.events_until_settled(&admission_id).await.unwrap();
-    let kinds = event_kinds(&events);
+    let events: Vec<SessionEvent> = typed(json!(s
+        .client
+        .events_until_settled(&admission_id)
+        .await
+        .unwrap()));
+    let kinds: Vec<&str> = events.iter().map(|e| e.event.kind()).collect();
     assert!(kinds.contains(&"session.compacted"), "{kinds:?}");
-    let settled = events.last().unwrap();
-    assert_eq!(settled["payload"]["outcome"], "completed", "{settled}");
+    let settled = &events.last().unwrap().event;
+    assert!(
+        matches!(settled, EventPayload::TurnSettled(settled) if settled.outcome == TurnEnd::Completed),
+        "{settled:?}"
+    );
     // Idempotent on its input_id, like prompt.submit: the same admission, the same answer.
     let again = compact(&mut s, Some("compact-1")).await;
     assert_eq!(again, answer);
@@ -557,11 +588,20 @@ async fn session_compact_summarises_all_but_the_last_two_turns_on_demand() {
     let summary_request = contents(&requests[before]);
     assert!(summary_request[0].starts_with(SUMMARY_INSTRUCTION_START));
     assert!(summary_request[1].contains("turn 2") && !summary_request[1].contains("turn 3"));
-    let result = s.receipt(&admission_id, true).await.unwrap();
-    assert_eq!(result["outcome"], "completed", "{result}");
-    assert_eq!(result["result"]["final_response"], "compacted 4 messages");
-    assert_eq!(result["result"]["api_calls"], 1, "{result}");
-    assert_eq!(result["usage"]["total_tokens"], 320, "{result}");
+    let result = receipt(&mut s, &admission_id).await;
+    assert_eq!(
+        result.outcome,
+        Some(AdmissionOutcome::Completed),
+        "{result:?}"
+    );
+    assert_eq!(
+        result.usage.map(|usage: Usage| usage.total_tokens),
+        Some(320),
+        "{result:?}"
+    );
+    let turn = result.result.unwrap();
+    assert_eq!(turn.final_response, "compacted 4 messages");
+    assert_eq!(turn.api_calls, 1, "{turn:?}");
 
     // The durable record: a compact admission, a compactions row, a stored event, and no
     // message of the compaction's turn.
@@ -603,10 +643,10 @@ async fn session_compact_summarises_all_but_the_last_two_turns_on_demand() {
         ),
     );
     assert_eq!(stored.len(), 1, "{stored:?}");
-    let payload: Value = serde_json::from_str(stored[0][0].as_str().unwrap()).unwrap();
-    assert_eq!(payload["admission_id"], json!(admission_id), "{payload}");
-    assert_eq!(payload["covered"], 4, "{payload}");
-    assert_eq!(payload["summary_tokens"], 20, "{payload}");
+    let payload: SessionCompacted = serde_json::from_str(stored[0][0].as_str().unwrap()).unwrap();
+    assert_eq!(payload.admission_id, admission_id, "{payload:?}");
+    assert_eq!(payload.covered, 4, "{payload:?}");
+    assert_eq!(payload.summary_tokens, 20, "{payload:?}");
 
     // The next turn sends the summary in place of the first two turns.
     s.complete_turn("turn 5").await.unwrap();
@@ -629,12 +669,11 @@ async fn session_compact_summarises_all_but_the_last_two_turns_on_demand() {
     }
 
     // The transcript keeps every message.
-    let snapshot = s.resume().await.unwrap();
-    let transcript: Vec<&str> = snapshot["messages"]
-        .as_array()
-        .unwrap()
+    let snapshot: SessionSnapshot = typed(s.resume().await.unwrap());
+    let transcript: Vec<&str> = snapshot
+        .messages
         .iter()
-        .map(|m| m["content"].as_str().unwrap_or_default())
+        .map(|m| m.content.as_deref().unwrap_or_default())
         .collect();
     let mut want = Vec::new();
     for i in 1..=5 {
@@ -658,7 +697,7 @@ async fn session_compact_waits_its_turn_and_a_model_error_fails_it() {
     // A turn that waits on the model, a compaction queued behind it, an input behind that.
     let gate = drover_test_support::Gate::new();
     s.model.push(Reply::text("answer 4").gated(&gate));
-    let running = s.submit("turn 4").await.unwrap();
+    let running: AdmissionReceipt = typed(s.submit("turn 4").await.unwrap());
     assert!(gate.wait_reached(std::time::Duration::from_secs(20)).await);
     // The compaction is asked for on a second connection: its answer comes only once its
     // turn settled, and this one goes on meanwhile.
@@ -670,25 +709,26 @@ async fn session_compact_waits_its_turn_and_a_model_error_fails_it() {
     let request = json!({"jsonrpc": "2.0", "id": 77, "method": "session.compact",
                          "params": {"session_id": s.session_id}});
     other.send_raw(&request.to_string()).await.unwrap();
-    let mut queued = Value::Null;
+    let mut queued = None;
     let seen = drover_test_support::wait::until(std::time::Duration::from_secs(20), async || {
-        let pending = s.resume().await.unwrap()["pending"].clone();
-        queued = pending[1].clone();
-        !queued.is_null()
+        let snapshot: SessionSnapshot = typed(s.resume().await.unwrap());
+        queued = snapshot.pending.get(1).cloned();
+        queued.is_some()
     })
     .await;
     assert!(seen, "the compaction was not queued");
-    assert_eq!(queued["kind"], "compact", "{queued}");
-    assert_eq!(queued["text"], "", "{queued}");
-    assert_eq!(queued["status"], "queued", "{queued}");
+    let queued = queued.unwrap();
+    assert_eq!(queued.kind, AdmissionKind::Compact, "{queued:?}");
+    assert_eq!(queued.text, "", "{queued:?}");
+    assert_eq!(queued.status, AdmissionStatus::Queued, "{queued:?}");
     s.model.push(Reply::error(400, "the summariser is down"));
     s.model.push(Reply::text("answer 5"));
-    let after = s.submit("turn 5").await.unwrap();
+    let after: AdmissionReceipt = typed(s.submit("turn 5").await.unwrap());
     gate.open();
     let order = [
-        str_field(&running, "admission_id"),
-        str_field(&queued, "admission_id"),
-        str_field(&after, "admission_id"),
+        running.admission_id,
+        queued.admission_id,
+        after.admission_id,
     ];
     let mut outcomes = Vec::new();
     for id in &order {
@@ -698,17 +738,13 @@ async fn session_compact_waits_its_turn_and_a_model_error_fails_it() {
     let error = turn_error(&mut s, &order[1]).await;
     assert!(error.contains("while compacting"), "{error}");
     // The call answers the failure, naming the admission and why.
+    // Read raw: the answer to a request sent raw, its id among what is checked.
     let answer = other.recv_response().await.unwrap();
     assert_eq!(answer["id"], 77, "{answer}");
-    assert_eq!(
-        answer["error"]["data"]["reason"], "model_unavailable",
-        "{answer}"
-    );
-    let detail = answer["error"]["data"]["detail"]
-        .as_str()
-        .unwrap_or_default();
+    let data = error_data(&answer["error"]);
+    assert_eq!(data.reason, ErrorReason::ModelUnavailable, "{answer}");
     assert!(
-        detail.contains(&order[1]) && detail.contains("while compacting"),
+        data.detail.contains(&order[1]) && data.detail.contains("while compacting"),
         "{answer}"
     );
     assert_eq!(
@@ -905,7 +941,7 @@ async fn a_turn_lost_after_compacting_its_own_steps_leaves_nothing_of_it_to_late
         );
         counted(Reply::terminal(format!("step{n}"), &command), request)
     });
-    let lost = str_field(&s.submit(LOST).await.unwrap(), "admission_id");
+    let lost = typed::<AdmissionReceipt>(s.submit(LOST).await.unwrap()).admission_id;
     assert!(
         gate.wait_reached(std::time::Duration::from_secs(60)).await,
         "the turn never compacted its own steps"
