@@ -9,10 +9,14 @@
 use std::path::Path;
 use std::time::Duration;
 
-use crate::common::bin;
-use drover_test_support::harness::{
-    rm_rf_call, script_rm_victim, str_field, uuid_like, Daemon, OneSession,
+use crate::common::{bin, error_data, typed};
+use drover_protocol::client::{
+    AdmissionReceipt, EventsPage, McpStatusResult, SessionMode, SessionPage, SessionSnapshot,
+    SessionSummary,
 };
+use drover_protocol::event::EventPayload;
+use drover_protocol::{ApprovalMode, ErrorReason};
+use drover_test_support::harness::{rm_rf_call, script_rm_victim, uuid_like, Daemon, OneSession};
 use drover_test_support::{mcp_echo_bin, Gate, Reply};
 use serde_json::{json, Value};
 
@@ -26,15 +30,31 @@ async fn terminal_session(extra: &str) -> OneSession {
         .unwrap()
 }
 
-async fn set_mode(s: &mut OneSession, mode: &str) -> Value {
+async fn set_mode(s: &mut OneSession, mode: ApprovalMode) -> SessionMode {
     let params = json!({"session_id": s.session_id, "mode": mode});
-    s.client.call_ok("session.set_mode", params).await.unwrap()
+    typed(s.client.call_ok("session.set_mode", params).await.unwrap())
 }
 
-/// The session's row of `session.list`.
-async fn listed(s: &mut OneSession, params: Value) -> Vec<Value> {
-    let page = s.client.call_ok("session.list", params).await.unwrap();
-    page["sessions"].as_array().unwrap().clone()
+/// `session.list` with `params` on `s`'s client.
+async fn list(s: &mut OneSession, params: Value) -> SessionPage {
+    typed(s.client.call_ok("session.list", params).await.unwrap())
+}
+
+/// The session rows of `session.list`.
+async fn listed(s: &mut OneSession, params: Value) -> Vec<SessionSummary> {
+    list(s, params).await.sessions
+}
+
+/// `session.resume` of `s`'s session.
+async fn resume(s: &mut OneSession) -> SessionSnapshot {
+    typed(s.resume().await.unwrap())
+}
+
+/// The approval mode the `session.create` answer of `s` gives.
+fn created_mode(s: &OneSession) -> Option<ApprovalMode> {
+    typed::<SessionSnapshot>(s.created.clone())
+        .info
+        .approval_mode
 }
 
 /// The tool message of the session's `call_rm`.
@@ -49,17 +69,16 @@ fn rm_result(s: &OneSession) -> String {
 
 /// Whether the session's stored events hold an approval request.
 async fn asked_for_approval(s: &mut OneSession) -> bool {
-    let stored = s.client.stored_events(&s.session_id).await.unwrap();
-    stored["events"]
-        .as_array()
-        .unwrap()
+    let stored: EventsPage = typed(s.client.stored_events(&s.session_id).await.unwrap());
+    stored
+        .events
         .iter()
-        .any(|e| e["type"] == "approval.request")
+        .any(|e| matches!(e.event, EventPayload::ApprovalRequest(_)))
 }
 #[tokio::test]
 async fn set_mode_auto_then_deny_governs_the_next_turns_and_survives_a_restart() {
     let mut s = terminal_session("").await;
-    assert_eq!(s.created["info"]["approval_mode"], "manual");
+    assert_eq!(created_mode(&s), Some(ApprovalMode::Manual));
 
     // Only an attached connection may change it.
     let mut other = s.daemon.client().await.unwrap();
@@ -67,15 +86,19 @@ async fn set_mode_auto_then_deny_governs_the_next_turns_and_survives_a_restart()
     let refused = other.call_err("session.set_mode", params).await.unwrap();
     assert_eq!(refused, "permission_denied");
 
-    let answer = set_mode(&mut s, "auto").await;
+    let answer = set_mode(&mut s, ApprovalMode::Auto).await;
     assert_eq!(
         answer,
-        json!({"session_id": s.session_id, "mode": "auto", "approval_mode": "auto"})
+        SessionMode {
+            session_id: s.session_id.clone(),
+            mode: ApprovalMode::Auto,
+            approval_mode: ApprovalMode::Auto,
+        }
     );
-    let resumed = s.resume().await.unwrap();
-    assert_eq!(resumed["info"]["approval_mode"], "auto");
+    let resumed = resume(&mut s).await;
+    assert_eq!(resumed.info.approval_mode, Some(ApprovalMode::Auto));
     let rows = listed(&mut s, json!({})).await;
-    assert_eq!(rows[0]["approval_mode"], "auto", "{rows:?}");
+    assert_eq!(rows[0].approval_mode, Some(ApprovalMode::Auto), "{rows:?}");
 
     // `auto`: the dangerous command runs without a prompt.
     let victim = script_rm_victim(&s.model, s.home.work(), "Deleted.");
@@ -85,7 +108,7 @@ async fn set_mode_auto_then_deny_governs_the_next_turns_and_survives_a_restart()
     assert!(!asked, "auto mode asked");
 
     // `deny`: the next one is refused without a prompt.
-    set_mode(&mut s, "deny").await;
+    set_mode(&mut s, ApprovalMode::Deny).await;
     std::fs::create_dir(&victim).unwrap();
     s.model.push(rm_rf_call(&victim));
     s.model.push(Reply::text("Refused."));
@@ -98,21 +121,29 @@ async fn set_mode_auto_then_deny_governs_the_next_turns_and_survives_a_restart()
     s.daemon.stop().await.unwrap();
     let daemon = Daemon::start(bin(), s.home.path()).await.unwrap();
     let mut c = daemon.client().await.unwrap();
-    let resumed = c
-        .call_ok("session.resume", json!({"session_id": s.session_id}))
-        .await
-        .unwrap();
-    assert_eq!(resumed["info"]["approval_mode"], "deny", "{resumed}");
+    let resumed: SessionSnapshot = typed(
+        c.call_ok("session.resume", json!({"session_id": s.session_id}))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        resumed.info.approval_mode,
+        Some(ApprovalMode::Deny),
+        "{resumed:?}"
+    );
 }
 
 #[tokio::test]
 async fn a_home_set_to_deny_is_a_floor_no_session_lifts() {
     let mut s = terminal_session("[approvals]\nmode = \"deny\"\n").await;
-    assert_eq!(s.created["info"]["approval_mode"], "deny");
-    let answer = set_mode(&mut s, "auto").await;
-    assert_eq!(answer["mode"], "auto");
-    assert_eq!(answer["approval_mode"], "deny", "{answer}");
-    assert_eq!(s.resume().await.unwrap()["info"]["approval_mode"], "deny");
+    assert_eq!(created_mode(&s), Some(ApprovalMode::Deny));
+    let answer = set_mode(&mut s, ApprovalMode::Auto).await;
+    assert_eq!(answer.mode, ApprovalMode::Auto);
+    assert_eq!(answer.approval_mode, ApprovalMode::Deny, "{answer:?}");
+    assert_eq!(
+        resume(&mut s).await.info.approval_mode,
+        Some(ApprovalMode::Deny)
+    );
 
     let victim = script_rm_victim(&s.model, s.home.work(), "Refused.");
     s.complete_turn("delete the victim").await.unwrap();
@@ -127,9 +158,13 @@ async fn create_with_approval_mode_auto_runs_without_asking() {
     std::fs::create_dir(&cwd).unwrap();
     let params = json!({"request_id": uuid_like(), "cwd": cwd, "toolsets": ["terminal"],
                         "approval_mode": "auto"});
-    let created = s.client.call_ok("session.create", params).await.unwrap();
-    assert_eq!(created["info"]["approval_mode"], "auto", "{created}");
-    s.session_id = str_field(&created, "session_id");
+    let created: SessionSnapshot = typed(s.client.call_ok("session.create", params).await.unwrap());
+    assert_eq!(
+        created.info.approval_mode,
+        Some(ApprovalMode::Auto),
+        "{created:?}"
+    );
+    s.session_id = created.session_id;
 
     let victim = script_rm_victim(&s.model, &cwd, "Deleted.");
     s.complete_turn("delete the victim").await.unwrap();
@@ -142,8 +177,9 @@ async fn create_with_approval_mode_auto_runs_without_asking() {
         .await
         .unwrap()
         .unwrap_err();
-    assert_eq!(error["data"]["reason"], "invalid_params", "{error}");
-    assert_eq!(error["data"]["field"], "approval_mode", "{error}");
+    let data = error_data(&error);
+    assert_eq!(data.reason, ErrorReason::InvalidParams, "{error}");
+    assert_eq!(data.field.as_deref(), Some("approval_mode"), "{error}");
 }
 
 #[tokio::test]
@@ -154,8 +190,9 @@ async fn session_list_rows_carry_cwd_and_a_cwd_lists_only_its_sessions() {
     let mut in_other = Vec::new();
     for _ in 0..2 {
         let params = json!({"request_id": uuid_like(), "cwd": other, "toolsets": ["terminal"]});
-        let created = s.client.call_ok("session.create", params).await.unwrap();
-        in_other.push(created["session_id"].clone());
+        let created: SessionSnapshot =
+            typed(s.client.call_ok("session.create", params).await.unwrap());
+        in_other.push(created.session_id);
     }
     let work = s.home.work().display().to_string();
     let other = other.display().to_string();
@@ -163,40 +200,28 @@ async fn session_list_rows_carry_cwd_and_a_cwd_lists_only_its_sessions() {
     let all = listed(&mut s, json!({})).await;
     assert_eq!(all.len(), 3, "{all:?}");
     for row in &all {
-        let want = if in_other.contains(&row["session_id"]) {
+        let want = if in_other.contains(&row.session_id) {
             &other
         } else {
             &work
         };
-        assert_eq!(row["cwd"], json!(want), "{row}");
+        assert_eq!(row.cwd.as_ref(), Some(want), "{row:?}");
     }
 
-    let first = s
-        .client
-        .call_ok("session.list", json!({"cwd": other, "limit": 1}))
-        .await
-        .unwrap();
-    let rest = s
-        .client
-        .call_ok(
-            "session.list",
-            json!({"cwd": other, "cursor": first["next_cursor"]}),
-        )
-        .await
-        .unwrap();
-    assert_eq!(rest["next_cursor"], Value::Null, "{rest}");
-    let mut got: Vec<Value> = [&first, &rest]
+    let first = list(&mut s, json!({"cwd": other, "limit": 1})).await;
+    let rest = list(&mut s, json!({"cwd": other, "cursor": first.next_cursor})).await;
+    assert_eq!(rest.next_cursor, None, "{rest:?}");
+    let mut got: Vec<String> = [&first, &rest]
         .iter()
-        .flat_map(|page| page["sessions"].as_array().unwrap().clone())
-        .map(|row| row["session_id"].clone())
+        .flat_map(|page| page.sessions.iter().map(|row| row.session_id.clone()))
         .collect();
-    got.sort_by_key(|v| v.to_string());
-    in_other.sort_by_key(|v| v.to_string());
+    got.sort();
+    in_other.sort();
     assert_eq!(got, in_other);
 
     let only = listed(&mut s, json!({"cwd": work})).await;
     assert_eq!(only.len(), 1, "{only:?}");
-    assert_eq!(only[0]["session_id"], json!(s.session_id));
+    assert_eq!(only[0].session_id, s.session_id);
     let none = listed(&mut s, json!({"cwd": "/nowhere/at/all"})).await;
     assert!(none.is_empty(), "{none:?}");
 }
@@ -234,9 +259,9 @@ async fn a_sessions_own_mcp_server_serves_its_turns_and_its_env_stays_out_of_the
     let params = json!({"request_id": uuid_like(), "cwd": s.home.work(), "toolsets": ["terminal"],
         "mcp_servers": {"own": {"command": echo, "args": [],
             "env": {"DROVER_MCP_ECHO_PIDFILE": pidfile, "OWN_TOKEN": token}}}});
-    let created = s.client.call_ok("session.create", params).await.unwrap();
-    assert_eq!(created["info"]["toolsets"], json!(["terminal", "own"]));
-    s.session_id = str_field(&created, "session_id");
+    let created: SessionSnapshot = typed(s.client.call_ok("session.create", params).await.unwrap());
+    assert_eq!(created.info.toolsets, ["terminal", "own"]);
+    s.session_id = created.session_id;
     // The server was started to list its tools, with its env.
     assert!(
         pidfile.exists(),
@@ -266,12 +291,13 @@ async fn a_sessions_own_mcp_server_serves_its_turns_and_its_env_stays_out_of_the
     // The turn's server got its env values back from outside the ledger.
     assert!(pidfile.exists(), "the turn's server lacked its env");
 
-    let status = s
-        .client
-        .call_ok("mcp.status", json!({"session_id": s.session_id}))
-        .await
-        .unwrap();
-    assert_eq!(status["servers"][0]["name"], "own", "{status}");
+    let status: McpStatusResult = typed(
+        s.client
+            .call_ok("mcp.status", json!({"session_id": s.session_id}))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(status.servers[0].name, "own", "{status:?}");
 
     assert!(
         !ledger_holds(s.home.path(), &token),
@@ -308,12 +334,13 @@ async fn an_own_mcp_server_named_as_a_configured_or_built_in_toolset_or_broken_i
         let params = json!({"request_id": uuid_like(), "cwd": s.home.work(),
             "mcp_servers": {name: {"command": command}}});
         let e = create_refused(&mut s, params).await;
-        assert_eq!(e["data"]["reason"], "invalid_params", "{e}");
-        assert_eq!(e["data"]["field"], "mcp_servers", "{e}");
+        let data = error_data(&e);
+        assert_eq!(data.reason, ErrorReason::InvalidParams, "{e}");
+        assert_eq!(data.field.as_deref(), Some("mcp_servers"), "{e}");
         assert!(e.to_string().contains(needle), "{name}: {e}");
     }
-    let page = s.client.call_ok("session.list", json!({})).await.unwrap();
-    assert_eq!(page["sessions"].as_array().unwrap().len(), 1, "{page}");
+    let page = list(&mut s, json!({})).await;
+    assert_eq!(page.sessions.len(), 1, "{page:?}");
 }
 
 #[tokio::test]
@@ -325,15 +352,12 @@ async fn set_mode_during_a_turn_governs_that_turns_next_approval() {
     let gate = Gate::new();
     s.model.push(rm_rf_call(&victim).gated(&gate));
     s.model.push(Reply::text("Deleted."));
-    let receipt = s.submit("delete the victim").await.unwrap();
+    let receipt: AdmissionReceipt = typed(s.submit("delete the victim").await.unwrap());
     assert!(gate.wait_reached(Duration::from_secs(30)).await);
-    let answer = set_mode(&mut s, "auto").await;
-    assert_eq!(answer["approval_mode"], "auto");
+    let answer = set_mode(&mut s, ApprovalMode::Auto).await;
+    assert_eq!(answer.approval_mode, ApprovalMode::Auto);
     gate.open();
-    let outcome = s
-        .wait_settled(&str_field(&receipt, "admission_id"))
-        .await
-        .unwrap();
+    let outcome = s.wait_settled(&receipt.admission_id).await.unwrap();
     assert_eq!(outcome, "completed");
     assert!(
         !victim.exists(),
@@ -344,11 +368,13 @@ async fn set_mode_during_a_turn_governs_that_turns_next_approval() {
 }
 
 /// `info.context_window` of a session's `session.create` and `session.resume` answers.
-async fn context_windows(s: &mut OneSession) -> (Value, Value) {
-    let resumed = s.resume().await.unwrap();
+async fn context_windows(s: &mut OneSession) -> (Option<u64>, Option<u64>) {
+    let resumed = resume(s).await;
     (
-        s.created["info"]["context_window"].clone(),
-        resumed["info"]["context_window"].clone(),
+        typed::<SessionSnapshot>(s.created.clone())
+            .info
+            .context_window,
+        resumed.info.context_window,
     )
 }
 
@@ -360,7 +386,7 @@ async fn info_context_window_is_the_frozen_window_else_the_endpoints_else_absent
         .start()
         .await
         .unwrap();
-    assert_eq!(context_windows(&mut s).await, (json!(64000), json!(64000)));
+    assert_eq!(context_windows(&mut s).await, (Some(64000), Some(64000)));
 
     // Neither set nor found yet: absent, not the default a turn would assume.
     let mut s = OneSession::builder(bin()).start().await.unwrap();
@@ -379,6 +405,6 @@ async fn info_context_window_is_the_frozen_window_else_the_endpoints_else_absent
     s.model.set_models(models);
     s.complete_turn(&"many words ".repeat(4000)).await.unwrap();
     assert_eq!(s.model.models_asked(), 1);
-    let resumed = s.resume().await.unwrap();
-    assert_eq!(resumed["info"]["context_window"], 1_000_000, "{resumed}");
+    let resumed = resume(&mut s).await;
+    assert_eq!(resumed.info.context_window, Some(1_000_000), "{resumed:?}");
 }
