@@ -1,6 +1,6 @@
 //! drover's metrics (docs/telemetry.md lists them). The instruments come from the global meter
-//! provider: no-ops until [`crate::Telemetry::start`] installs the OTLP one, so call
-//! [`metrics()`] only after logging is set up.
+//! provider: no-ops until `Telemetry::start` installs the OTLP one, so call [`metrics()`]
+//! only after logging is set up.
 
 use std::sync::OnceLock;
 
