@@ -10,10 +10,16 @@ use std::path::Path;
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::bin;
+use crate::common::{bin, typed};
+use drover_client::read_daemon_info;
+use drover_protocol::client::{
+    AdmissionOutcome, AdmissionReceipt, AdmissionStatus, SessionPage, SessionSnapshot,
+    SessionSummary,
+};
+use drover_protocol::event::SessionEvent;
 use drover_test_support::harness::{
-    assert_kinds_include, daemon_info, event_kinds, model_home, pid_alive, rm_rf_call, run_drover,
-    script_rm_victim, signal, KillDaemonOnDrop, OneSession,
+    assert_kinds_include, model_home, pid_alive, rm_rf_call, run_drover, script_rm_victim, signal,
+    KillDaemonOnDrop, OneSession,
 };
 use drover_test_support::{Gate, Reply};
 use serde_json::{json, Value};
@@ -58,10 +64,16 @@ async fn with_input(mut command: tokio::process::Command, input: &str, keep_open
     out
 }
 
-fn sessions_json(out: &Output) -> Vec<Value> {
+/// The sessions `drover sessions --json` printed (a `session.list` page).
+fn sessions_json(out: &Output) -> Vec<SessionSummary> {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let list: Value = serde_json::from_slice(&out.stdout).unwrap();
-    list["sessions"].as_array().unwrap().clone()
+    let list: SessionPage = serde_json::from_slice(&out.stdout).unwrap();
+    list.sessions
+}
+
+/// `session.resume` of `s`'s session.
+async fn resume(s: &mut OneSession) -> SessionSnapshot {
+    typed(s.resume().await.unwrap())
 }
 
 /// The user messages the model saw in its last request.
@@ -91,7 +103,7 @@ async fn run_reads_the_prompt_from_stdin_and_titles_the_new_session() {
     assert_eq!(text(&out.stdout).trim_end(), "read it");
     assert_eq!(last_history(&model), ["a prompt\nfrom stdin"]);
     let sessions = sessions_json(&drover(home.path(), &["sessions", "--json"]).await);
-    assert_eq!(sessions[0]["title"], "morning work");
+    assert_eq!(sessions[0].title.as_deref(), Some("morning work"));
 
     // An empty stdin is refused before anything is submitted.
     let out = drover_with_stdin(home.path(), &["run", "-"], "\n").await;
@@ -116,11 +128,24 @@ async fn run_json_prints_each_event_as_the_wire_has_it_then_the_receipt() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
         .collect();
-    let (receipt, events) = lines.split_last().unwrap();
-    assert_eq!(receipt["status"], "terminal", "{receipt}");
-    assert_eq!(receipt["outcome"], "completed", "{receipt}");
-    assert_eq!(receipt["result"]["final_response"], "done", "{receipt}");
-    let kinds = event_kinds(events);
+    let (receipt, raw_events) = lines.split_last().unwrap();
+    let receipt: AdmissionReceipt = typed(receipt.clone());
+    assert_eq!(receipt.status, AdmissionStatus::Terminal, "{receipt:?}");
+    assert_eq!(
+        receipt.outcome,
+        Some(AdmissionOutcome::Completed),
+        "{receipt:?}"
+    );
+    assert_eq!(
+        receipt
+            .result
+            .as_ref()
+            .map(|result| result.final_response.as_str()),
+        Some("done"),
+        "{receipt:?}"
+    );
+    let events: Vec<SessionEvent> = typed(json!(raw_events));
+    let kinds: Vec<&str> = events.iter().map(|e| e.event.kind()).collect();
     assert_kinds_include(
         &kinds,
         &[
@@ -131,14 +156,14 @@ async fn run_json_prints_each_event_as_the_wire_has_it_then_the_receipt() {
             "turn.settled",
         ],
     );
-    let seqs: Vec<u64> = events.iter().filter_map(|e| e["seq"].as_u64()).collect();
+    let seqs: Vec<u64> = events.iter().filter_map(|e| e.seq).collect();
     assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
-    for e in events {
-        assert_eq!(e["session_id"], receipt["session_id"], "{e}");
-        assert!(
-            e["replay_epoch"].is_string() && e["payload"].is_object(),
-            "{e}"
-        );
+    for e in &events {
+        assert_eq!(e.session_id, receipt.session_id, "{e:?}");
+    }
+    // The shape `--json` prints, which a typed event would not show: a payload object.
+    for e in raw_events {
+        assert!(e["payload"].is_object(), "{e}");
     }
 }
 
@@ -154,14 +179,9 @@ async fn run_continues_the_newest_session_with_c_and_takes_a_unique_prefix() {
     let sessions = sessions_json(&drover(home.path(), &["sessions", "--json"]).await);
     let newest = sessions
         .iter()
-        .max_by(|a, b| {
-            a["started_at"]
-                .as_f64()
-                .partial_cmp(&b["started_at"].as_f64())
-                .unwrap()
-        })
+        .max_by(|a, b| a.started_at.partial_cmp(&b.started_at).unwrap())
         .unwrap();
-    let newest_id = newest["session_id"].as_str().unwrap().to_string();
+    let newest_id = newest.session_id.clone();
 
     let out = drover(home.path(), &["run", "-c", "third"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
@@ -172,11 +192,8 @@ async fn run_continues_the_newest_session_with_c_and_takes_a_unique_prefix() {
     );
     assert_eq!(last_history(&model), ["second", "third"]);
 
-    let other = sessions
-        .iter()
-        .find(|s| s["session_id"] != newest_id.as_str())
-        .unwrap();
-    let other_id = other["session_id"].as_str().unwrap();
+    let other = sessions.iter().find(|s| s.session_id != newest_id).unwrap();
+    let other_id = &other.session_id;
     let out = drover(home.path(), &["run", "--session", &other_id[..8], "fourth"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert_eq!(last_history(&model), ["first", "fourth"]);
@@ -189,8 +206,8 @@ async fn an_ambiguous_prefix_lists_the_sessions_it_names() {
     // Session ids are random: make sessions until two share a first character (at most 17).
     let mut ids = vec![s.session_id.clone()];
     let shared = loop {
-        let created = client.create_session(s.home.work()).await.unwrap();
-        let id = created["session_id"].as_str().unwrap().to_string();
+        let created: SessionSnapshot = typed(client.create_session(s.home.work()).await.unwrap());
+        let id = created.session_id;
         if let Some(twin) = ids.iter().find(|i| i[..1] == id[..1]) {
             break (twin.clone(), id);
         }
@@ -220,8 +237,7 @@ async fn a_session_paused_on_an_unknown_turn_is_exit_4_naming_resolve_within_sec
     let mut s = OneSession::builder(bin()).start().await.unwrap();
     let gate = Gate::new();
     s.model.push(Reply::text("never delivered").gated(&gate));
-    let a = s.submit("lost turn").await.unwrap();
-    let a = a["admission_id"].as_str().unwrap().to_string();
+    let a = typed::<AdmissionReceipt>(s.submit("lost turn").await.unwrap()).admission_id;
     assert!(
         gate.wait_reached(BOUND).await,
         "the model request never came"
@@ -244,8 +260,8 @@ async fn a_session_paused_on_an_unknown_turn_is_exit_4_naming_resolve_within_sec
         "{stderr}"
     );
     assert_eq!(s.model.requests().len(), 1, "nothing new was submitted");
-    let resume = s.resume().await.unwrap();
-    assert_eq!(resume["pending"].as_array().unwrap().len(), 1, "{resume}");
+    let resume = resume(&mut s).await;
+    assert_eq!(resume.pending.len(), 1, "{resume:?}");
 }
 
 #[tokio::test]
@@ -269,17 +285,9 @@ async fn an_open_prompt_without_a_terminal_is_exit_5_naming_answer_within_second
         "{stderr}"
     );
     assert!(victim.is_dir(), "the command did not run");
-    let resume = s.resume().await.unwrap();
-    assert_eq!(
-        resume["prompts"].as_array().unwrap().len(),
-        1,
-        "the prompt stays open"
-    );
-    assert_eq!(
-        resume["pending"].as_array().unwrap().len(),
-        1,
-        "nothing was queued"
-    );
+    let resume = resume(&mut s).await;
+    assert_eq!(resume.prompts.len(), 1, "the prompt stays open");
+    assert_eq!(resume.pending.len(), 1, "nothing was queued");
 }
 
 #[tokio::test]
@@ -302,8 +310,8 @@ async fn a_daemon_sigkilled_mid_turn_is_exit_4_in_words_and_run_restarts_it() {
         gate.wait_reached(BOUND).await,
         "the model request never came"
     );
-    let first = daemon_info(home.path()).unwrap();
-    let pid = first["pid"].as_u64().unwrap() as u32;
+    let first = read_daemon_info(home.path()).unwrap();
+    let pid = first.pid;
     signal(pid, nix::sys::signal::Signal::SIGKILL);
 
     let out = tokio::time::timeout(BOUND, run.wait_with_output())
@@ -319,9 +327,9 @@ async fn a_daemon_sigkilled_mid_turn_is_exit_4_in_words_and_run_restarts_it() {
     assert!(stderr.contains("drover resolve"), "{stderr}");
     assert!(!stderr.contains("WebSocket"), "{stderr}");
     // The daemon it restarted runs, in a new epoch.
-    let second = daemon_info(home.path()).unwrap();
-    assert_ne!(second["instance_id"], first["instance_id"]);
-    assert!(pid_alive(second["pid"].as_u64().unwrap() as u32));
+    let second = read_daemon_info(home.path()).unwrap();
+    assert_ne!(second.instance_id, first.instance_id);
+    assert!(pid_alive(second.pid));
     assert!(!pid_alive(pid));
 }
 
@@ -435,7 +443,7 @@ async fn an_approval_answer_that_is_not_a_choice_asks_again_then_exit_5_after_th
     assert!(victim.is_dir());
     let sessions = sessions_json(&drover(home.path(), &["sessions", "--json"]).await);
     assert_eq!(
-        sessions[0]["pending_count"], 1,
+        sessions[0].pending_count, 1,
         "the turn waits on its open prompt"
     );
 }
