@@ -8,8 +8,13 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::common::bin;
-use drover_test_support::harness::str_field;
+use crate::common::{bin, error_data, typed};
+use drover_protocol::chat::Role;
+use drover_protocol::client::{
+    AdmissionOutcome, AdmissionReceipt, AdmissionStatus, SessionPage, SessionSnapshot,
+    SessionSummary, TranscriptMessage,
+};
+use drover_protocol::RpcError;
 use drover_test_support::harness::{db_rows, Client, Daemon, OneSession};
 use drover_test_support::mock_model::{last_message, tool_names};
 use drover_test_support::{Gate, Reply};
@@ -46,12 +51,12 @@ fn is_child(request: &Value) -> bool {
 
 /// A parent turn that delegated, its child's model request held at the returned gate; the
 /// turn's receipt.
-async fn held_child() -> (OneSession, Gate, Value) {
+async fn held_child() -> (OneSession, Gate, AdmissionReceipt) {
     let mut s = setup("").await;
     let gate = Gate::new();
     s.model
         .set_responder(route(Reply::text("too late").gated(&gate)));
-    let receipt = s.submit("please delegate the counting").await.unwrap();
+    let receipt = typed(s.submit("please delegate the counting").await.unwrap());
     assert!(
         gate.wait_reached(WAIT).await,
         "the child's model request never came"
@@ -102,35 +107,41 @@ fn route(child_reply: Reply) -> impl Fn(&Value) -> Reply + Send + Sync + 'static
     }
 }
 
-async fn resume(client: &mut Client, session_id: &str) -> Value {
+/// `session.resume` of `session_id` as the daemon sent it: the checks that nothing of a
+/// turn leaked anywhere into it search the whole answer.
+async fn resume_raw(client: &mut Client, session_id: &str) -> Value {
     client
         .call_ok("session.resume", json!({"session_id": session_id}))
         .await
         .unwrap()
 }
 
-fn tool_result(snapshot: &Value) -> Value {
-    snapshot["messages"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|m| m["role"] == "tool" && m["tool_name"] == "delegate_task")
-        .cloned()
-        .unwrap_or(Value::Null)
+async fn resume(client: &mut Client, session_id: &str) -> SessionSnapshot {
+    typed(resume_raw(client, session_id).await)
+}
+
+/// The content of the snapshot's `delegate_task` tool message.
+#[track_caller]
+fn tool_result(snapshot: &SessionSnapshot) -> String {
+    snapshot
+        .messages
+        .iter()
+        .find(|m| m.role == Role::Tool && m.tool_name.as_deref() == Some("delegate_task"))
+        .and_then(|m: &TranscriptMessage| m.content.clone())
+        .unwrap_or_else(|| panic!("no delegate_task result in {snapshot:?}"))
 }
 
 /// The subagent sessions of `parent` as `session.list` shows them.
-async fn children(client: &mut Client, parent: &str) -> Vec<Value> {
-    let list = client
-        .call_ok("session.list", json!({"limit": 100}))
-        .await
-        .unwrap();
-    list["sessions"]
-        .as_array()
+async fn children(client: &mut Client, parent: &str) -> Vec<SessionSummary> {
+    let list: SessionPage = typed(
+        client
+            .call_ok("session.list", json!({"limit": 100}))
+            .await
+            .unwrap(),
+    );
+    list.sessions
         .into_iter()
-        .flatten()
-        .filter(|s| s["parent_session_id"] == parent)
-        .cloned()
+        .filter(|s| s.parent_session_id.as_deref() == Some(parent))
         .collect()
 }
 
@@ -143,47 +154,42 @@ async fn a_child_session_runs_its_own_turn_and_its_answer_is_the_tool_result() {
         .await
         .unwrap();
 
-    let done = s.receipt(&admission_id, true).await.unwrap();
+    let done: AdmissionReceipt = typed(s.receipt(&admission_id, true).await.unwrap());
     assert_eq!(
-        done["result"]["final_response"],
+        done.result.unwrap().final_response,
         "parent got: child says 42"
     );
-    let parent = resume(&mut s.client, &s.session_id).await;
-    assert_eq!(tool_result(&parent)["content"], "child says 42");
+    let parent_raw = resume_raw(&mut s.client, &s.session_id).await;
+    let parent: SessionSnapshot = typed(parent_raw.clone());
+    assert_eq!(tool_result(&parent), "child says 42");
 
     // The child: its own session, listed with source subagent and its parent.
     let kids = children(&mut s.client, &s.session_id).await;
     assert_eq!(kids.len(), 1, "{kids:?}");
-    assert_eq!(kids[0]["source"], "subagent");
-    assert!(kids[0]["ended_at"].is_number(), "{:?}", kids[0]);
-    let child_id = kids[0]["session_id"].as_str().unwrap().to_string();
+    assert_eq!(kids[0].source, "subagent");
+    assert!(kids[0].ended_at.is_some(), "{:?}", kids[0]);
+    let child_id = kids[0].session_id.clone();
     let child = resume(&mut s.client, &child_id).await;
-    assert_eq!(child["info"]["source"], "subagent");
+    assert_eq!(child.info.source, "subagent");
     // Depth 1 is the default max_spawn_depth: the child cannot delegate further.
-    assert_eq!(child["info"]["toolsets"], json!(["terminal"]));
-    let messages: Vec<(String, String)> = child["messages"]
-        .as_array()
-        .unwrap()
+    assert_eq!(child.info.toolsets, ["terminal"]);
+    let messages: Vec<(Role, Option<String>)> = child
+        .messages
         .iter()
-        .map(|m| {
-            (
-                m["role"].as_str().unwrap_or_default().to_string(),
-                m["content"].as_str().unwrap_or_default().to_string(),
-            )
-        })
+        .map(|m| (m.role, m.content.clone()))
         .collect();
     assert_eq!(
         messages,
         vec![
             (
-                "user".to_string(),
-                format!("{CHILD}: count to 42\n\nContext:\nbe brief")
+                Role::User,
+                Some(format!("{CHILD}: count to 42\n\nContext:\nbe brief"))
             ),
-            ("assistant".to_string(), "child says 42".to_string()),
+            (Role::Assistant, Some("child says 42".to_string())),
         ]
     );
     // The parent's transcript holds none of the child's messages.
-    assert!(!parent.to_string().contains("Context:\\nbe brief\""));
+    assert!(!parent_raw.to_string().contains("Context:\\nbe brief\""));
 
     // The child's requests had no delegate_task; the parent's did.
     let requests = s.model.requests();
@@ -233,9 +239,7 @@ async fn refused_with(config: &str, word: &str) {
         .await
         .unwrap();
     let parent = resume(&mut s.client, &s.session_id).await;
-    let result = tool_result(&parent);
-    let content: Value =
-        serde_json::from_str(result["content"].as_str().unwrap_or_default()).unwrap();
+    let content: Value = serde_json::from_str(&tool_result(&parent)).unwrap();
     assert_eq!(content["refused"], word);
     assert!(children(&mut s.client, &s.session_id).await.is_empty());
     assert!(!s.model.requests().iter().any(is_child));
@@ -275,30 +279,25 @@ async fn delegation_over_capacity_is_refused_and_the_turn_goes_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn interrupting_the_parent_retires_its_live_child() {
     let (mut s, gate, receipt) = held_child().await;
-    let admission_id = str_field(&receipt, "admission_id");
-    let generation = receipt["execution_generation"].as_u64();
-    let generation = match generation {
+    let admission_id = receipt.admission_id.clone();
+    let generation = match receipt.execution_generation {
         Some(g) => g,
-        None => resume(&mut s.client, &s.session_id).await["execution_generation"]
-            .as_u64()
-            .unwrap(),
+        None => {
+            resume(&mut s.client, &s.session_id)
+                .await
+                .execution_generation
+        }
     };
     let kids = children(&mut s.client, &s.session_id).await;
     assert_eq!(kids.len(), 1);
-    assert_eq!(kids[0]["running"], true);
-    assert!(kids[0]["ended_at"].is_null());
-    let child_id = kids[0]["session_id"].as_str().unwrap().to_string();
+    assert!(kids[0].running);
+    assert_eq!(kids[0].ended_at, None);
+    let child_id = kids[0].session_id.clone();
 
     s.interrupt(generation).await.unwrap();
     assert_eq!(s.wait_settled(&admission_id).await.unwrap(), "interrupted");
     let parent = resume(&mut s.client, &s.session_id).await;
-    assert!(
-        tool_result(&parent)["content"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("interrupted"),
-        "{parent}"
-    );
+    assert!(tool_result(&parent).contains("interrupted"), "{parent:?}");
     assert_child_retired(&s.home.db(), &child_id);
     // The child's worker was told to stop; its late answer is refused, never stored.
     gate.open();
@@ -307,36 +306,38 @@ async fn interrupting_the_parent_retires_its_live_child() {
         assert!(Instant::now() < deadline, "workers still running");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let child = resume(&mut s.client, &child_id).await;
-    assert!(!child.to_string().contains("too late"), "{child}");
-    assert_eq!(child["running"], false);
+    let child_raw = resume_raw(&mut s.client, &child_id).await;
+    assert!(!child_raw.to_string().contains("too late"), "{child_raw}");
+    assert!(!typed::<SessionSnapshot>(child_raw).running);
     s.daemon.stop().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_owner_closes_the_child_of_a_lost_turn() {
     let (mut s, gate, receipt) = held_child().await;
-    let admission_id = str_field(&receipt, "admission_id");
+    let admission_id = receipt.admission_id;
     let kids = children(&mut s.client, &s.session_id).await;
     assert_eq!(kids.len(), 1);
-    let child_id = kids[0]["session_id"].as_str().unwrap().to_string();
+    let child_id = kids[0].session_id.clone();
 
     s.daemon.kill().unwrap();
     let daemon = Daemon::start(bin(), s.home.path()).await.unwrap();
     let mut client = daemon.client().await.unwrap();
     // The parent's started turn is never replayed: it is unknown.
-    let parent = client
-        .call_ok(
-            "prompt.receipt",
-            json!({"session_id": s.session_id, "admission_id": admission_id}),
-        )
-        .await
-        .unwrap();
-    assert_eq!(parent["status"], "unknown");
+    let parent: AdmissionReceipt = typed(
+        client
+            .call_ok(
+                "prompt.receipt",
+                json!({"session_id": s.session_id, "admission_id": admission_id}),
+            )
+            .await
+            .unwrap(),
+    );
+    assert_eq!(parent.status, AdmissionStatus::Unknown);
     assert_child_retired(&s.home.db(), &child_id);
     let kids = children(&mut client, &s.session_id).await;
-    assert!(kids[0]["ended_at"].is_number());
-    assert_eq!(kids[0]["running"], false);
+    assert!(kids[0].ended_at.is_some());
+    assert!(!kids[0].running);
     gate.open();
     drop(client);
     let mut daemon = daemon;
@@ -402,23 +403,24 @@ async fn drover_run_answers_or_leaves_a_child_agents_approval_prompt() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_closed_child_session_takes_no_more_input() {
     let (mut s, gate, receipt) = held_child().await;
-    let admission_id = str_field(&receipt, "admission_id");
+    let admission_id = receipt.admission_id;
     let kids = children(&mut s.client, &s.session_id).await;
     assert_eq!(kids.len(), 1);
-    let child_id = kids[0]["session_id"].as_str().unwrap().to_string();
+    let child_id = kids[0].session_id.clone();
     // Queued behind the child's held turn (a client attaches to submit).
     resume(&mut s.client, &child_id).await;
-    let queued = s
-        .client
-        .submit(&child_id, "one more thing while you are at it")
-        .await
-        .unwrap();
-    assert_eq!(queued["status"], "queued", "{queued}");
-    let queued_id = str_field(&queued, "admission_id");
+    let queued: AdmissionReceipt = typed(
+        s.client
+            .submit(&child_id, "one more thing while you are at it")
+            .await
+            .unwrap(),
+    );
+    assert_eq!(queued.status, AdmissionStatus::Queued, "{queued:?}");
+    let queued_id = queued.admission_id;
 
-    let generation = resume(&mut s.client, &s.session_id).await["execution_generation"]
-        .as_u64()
-        .unwrap();
+    let generation = resume(&mut s.client, &s.session_id)
+        .await
+        .execution_generation;
     s.interrupt(generation).await.unwrap();
     assert_eq!(s.wait_settled(&admission_id).await.unwrap(), "interrupted");
     gate.open();
@@ -427,15 +429,16 @@ async fn a_closed_child_session_takes_no_more_input() {
         assert!(Instant::now() < deadline, "workers still running");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let receipt = s
-        .client
-        .receipt(&child_id, &queued_id, false)
-        .await
-        .unwrap();
+    let receipt: AdmissionReceipt = typed(
+        s.client
+            .receipt(&child_id, &queued_id, false)
+            .await
+            .unwrap(),
+    );
     assert_eq!(
-        (receipt["status"].as_str(), receipt["outcome"].as_str()),
-        (Some("terminal"), Some("cancelled")),
-        "{receipt}"
+        (receipt.status, receipt.outcome),
+        (AdmissionStatus::Terminal, Some(AdmissionOutcome::Cancelled)),
+        "{receipt:?}"
     );
 
     for (method, params) in [
@@ -450,19 +453,24 @@ async fn a_closed_child_session_takes_no_more_input() {
     ] {
         let answer = s.client.call(method, params).await.unwrap();
         let error = answer.expect_err(method);
+        let data = error_data(&error);
         assert_eq!(
-            error["data"]["reason"], "invalid_params",
+            data.reason,
+            drover_protocol::ErrorReason::InvalidParams,
             "{method}: {error}"
         );
-        assert_eq!(error["data"]["field"], "session_id", "{method}: {error}");
-        assert!(
-            error["data"]["detail"]
-                .as_str()
-                .or(error["message"].as_str())
-                .unwrap_or_default()
-                .contains("ended"),
+        assert_eq!(
+            data.field.as_deref(),
+            Some("session_id"),
             "{method}: {error}"
         );
+        let message = typed::<RpcError>(error.clone()).message;
+        let detail = if data.detail.is_empty() {
+            message
+        } else {
+            data.detail
+        };
+        assert!(detail.contains("ended"), "{method}: {error}");
     }
     // Nothing ran in the closed session after its one child turn.
     let rows = db_rows(
@@ -470,8 +478,11 @@ async fn a_closed_child_session_takes_no_more_input() {
         &format!("SELECT COUNT(*) FROM worker_executions WHERE session_id = '{child_id}'"),
     );
     assert_eq!(json!(rows), json!([[1]]));
-    let child = resume(&mut s.client, &child_id).await;
-    assert!(!child.to_string().contains("one more thing\""), "{child}");
-    assert_eq!(child["running"], false);
+    let child_raw = resume_raw(&mut s.client, &child_id).await;
+    assert!(
+        !child_raw.to_string().contains("one more thing\""),
+        "{child_raw}"
+    );
+    assert!(!typed::<SessionSnapshot>(child_raw).running);
     s.daemon.stop().await.unwrap();
 }
