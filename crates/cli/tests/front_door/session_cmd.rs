@@ -10,10 +10,14 @@ use std::path::Path;
 use std::process::Output;
 use std::time::Duration;
 
-use crate::common::bin;
+use crate::common::{bin, typed, typed_event};
+use drover_protocol::client::{
+    AdmissionOutcome, AdmissionReceipt, AdmissionStatus, ClarifyAnswer, OpenPrompt, SessionPage,
+    SessionSnapshot, SessionState,
+};
+use drover_protocol::event::{EventPayload, SessionEvent};
 use drover_test_support::harness::{
-    assert_kinds_include, event_kinds, model_daemon, run_drover, script_rm_victim, signal,
-    str_field, OneSession,
+    assert_kinds_include, model_daemon, run_drover, script_rm_victim, signal, OneSession,
 };
 use drover_test_support::{Gate, Reply};
 use nix::sys::signal::Signal;
@@ -40,6 +44,21 @@ fn parsed(what: &str, stdout: &str) -> Value {
     serde_json::from_str(stdout).unwrap_or_else(|e| panic!("{what}: {e}: {stdout}"))
 }
 
+/// The page `drover sessions --json` printed.
+fn sessions_page(stdout: &str) -> SessionPage {
+    typed(parsed("sessions --json", stdout))
+}
+
+/// Submits `text` to `s`'s session; the admission id.
+async fn submit(s: &mut OneSession, text: &str) -> String {
+    typed::<AdmissionReceipt>(s.submit(text).await.unwrap()).admission_id
+}
+
+/// `prompt.receipt` of `admission_id` in `s`'s session, with its result when `include_result`.
+async fn receipt(s: &mut OneSession, admission_id: &str, include_result: bool) -> AdmissionReceipt {
+    typed(s.receipt(admission_id, include_result).await.unwrap())
+}
+
 /// The shortest prefix of `id` that no other of `all` starts with.
 fn unique_prefix(id: &str, all: &[String]) -> String {
     (1..=id.len())
@@ -61,7 +80,7 @@ async fn show_prints_the_transcript_tool_results_usage_and_outcomes() {
     s.model
         .push(Reply::text("All done.\u{1b}[2J\u{1b}]0;T\u{7}").usage(40, 7, 47));
     let admission = s.complete_turn("print six lines").await.unwrap();
-    let usage = s.receipt(&admission, true).await.unwrap()["usage"].clone();
+    let usage = receipt(&mut s, &admission, true).await.usage.unwrap();
     let prefix = &s.session_id[..8];
 
     let (code, out, err) = drover(s.home.path(), &["show", prefix]).await;
@@ -84,7 +103,7 @@ async fn show_prints_the_transcript_tool_results_usage_and_outcomes() {
     assert!(out.contains("assistant: All done.^[[2J^[]0;T^G"), "{out}");
     assert!(!out.contains('\u{1b}') && !out.contains('\u{7}'), "{out:?}");
     assert!(out.contains("completed"), "{out}");
-    let total = format!("= {} tokens", usage["total_tokens"]);
+    let total = format!("= {} tokens", usage.total_tokens);
     assert!(
         out.contains("usage: ") && out.contains(&total),
         "{total}: {out}"
@@ -95,8 +114,14 @@ async fn show_prints_the_transcript_tool_results_usage_and_outcomes() {
     let v = parsed("show --json", &out);
     // Machine output keeps the text as it is.
     assert!(v.to_string().contains("All done.\\u001b[2J"), "{v}");
-    assert_eq!(v["snapshot"]["session_id"], s.session_id.as_str(), "{v}");
-    let kinds = event_kinds(v["events"].as_array().unwrap());
+    #[derive(serde::Deserialize)]
+    struct Shown {
+        snapshot: SessionSnapshot,
+        events: Vec<SessionEvent>,
+    }
+    let shown: Shown = typed(v);
+    assert_eq!(shown.snapshot.session_id, s.session_id);
+    let kinds: Vec<&str> = shown.events.iter().map(|e| e.event.kind()).collect();
     let want = [
         "turn.started",
         "tool.start",
@@ -107,8 +132,8 @@ async fn show_prints_the_transcript_tool_results_usage_and_outcomes() {
     // `show` only reads: it left the session as it was.
     let (code, out, _) = drover(s.home.path(), &["sessions", "--json"]).await;
     assert_eq!(code, Some(0));
-    let list = parsed("sessions --json", &out);
-    assert_eq!(list["sessions"][0]["state"], "idle", "{list}");
+    let list = sessions_page(&out);
+    assert_eq!(list.sessions[0].state, SessionState::Idle, "{list:?}");
 }
 
 #[tokio::test]
@@ -117,8 +142,8 @@ async fn ids_are_taken_by_unique_prefix_and_an_ambiguous_one_lists_the_candidate
     // Seventeen ids: two of them share a first hex digit.
     let mut ids = Vec::new();
     for _ in 0..17 {
-        let created = c.create_session(home.work()).await.unwrap();
-        ids.push(str_field(&created, "session_id"));
+        let created: SessionSnapshot = typed(c.create_session(home.work()).await.unwrap());
+        ids.push(created.session_id);
     }
     let shared = ids
         .iter()
@@ -177,10 +202,9 @@ async fn ids_are_taken_by_unique_prefix_and_an_ambiguous_one_lists_the_candidate
     assert!(row.contains("idle") && row.contains("just now"), "{row}");
     // Renaming is not activity, and every session was made within this test.
     let (_, out, _) = drover(home.path(), &["sessions", "--json"]).await;
-    let list = parsed("sessions --json", &out);
-    for s in list["sessions"].as_array().unwrap() {
-        assert_eq!(s["state"], "idle", "{s}");
-        assert!(s["last_activity_at"].as_f64().unwrap() >= s["started_at"].as_f64().unwrap());
+    for s in sessions_page(&out).sessions {
+        assert_eq!(s.state, SessionState::Idle, "{s:?}");
+        assert!(s.last_activity_at >= s.started_at, "{s:?}");
     }
 }
 
@@ -189,8 +213,7 @@ async fn a_turn_lost_with_its_worker_is_resolved_by_drover_resolve_and_the_next_
     let mut s = OneSession::start(bin(), true, "", &[]).await.unwrap();
     let gate = Gate::new();
     s.model.push(Reply::text("never delivered").gated(&gate));
-    let lost = s.submit("the lost one").await.unwrap();
-    let lost = str_field(&lost, "admission_id");
+    let lost = submit(&mut s, "the lost one").await;
     assert!(
         gate.wait_reached(BOUND).await,
         "the model request never came"
@@ -217,11 +240,14 @@ async fn a_turn_lost_with_its_worker_is_resolved_by_drover_resolve_and_the_next_
         "{out}"
     );
     assert!(out.contains("started "), "{out}");
-    let r = s.receipt(&lost, false).await.unwrap();
+    let r = receipt(&mut s, &lost, false).await;
     assert_eq!(
-        (r["status"].as_str(), r["outcome"].as_str()),
-        (Some("terminal"), Some("interrupted")),
-        "{r}"
+        (r.status, r.outcome),
+        (
+            AdmissionStatus::Terminal,
+            Some(AdmissionOutcome::Interrupted)
+        ),
+        "{r:?}"
     );
     let (code, out, _) = drover(s.home.path(), &["resolve", prefix]).await;
     assert_eq!(code, Some(0));
@@ -252,16 +278,20 @@ async fn drover_answer_answers_the_prompt_a_run_without_terminal_left_open() {
     assert_eq!(code, Some(5), "{err}");
     let asked = out
         .lines()
-        .map(|l| parsed("run --json", l))
-        .find(|e| e["type"] == "approval.request")
+        .map(|l| typed::<SessionEvent>(parsed("run --json", l)).event)
+        .find_map(|e| match e {
+            EventPayload::ApprovalRequest(OpenPrompt::Approval(p)) => Some(p),
+            _ => None,
+        })
         .unwrap_or_else(|| panic!("no approval.request in {out}"));
     let (_, out, _) = drover(home.path(), &["sessions", "--json"]).await;
-    let list = parsed("sessions --json", &out);
-    let sid = list["sessions"][0]["session_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    assert_eq!(list["sessions"][0]["state"], "waiting_approval", "{list}");
+    let list = sessions_page(&out);
+    let sid = list.sessions[0].session_id.clone();
+    assert_eq!(
+        list.sessions[0].state,
+        SessionState::WaitingApproval,
+        "{list:?}"
+    );
     let prefix = &sid[..8];
 
     // The wrong kind of answer is refused, naming the right flag.
@@ -276,21 +306,15 @@ async fn drover_answer_answers_the_prompt_a_run_without_terminal_left_open() {
     )
     .await;
     assert_eq!(code, Some(0), "{err}");
+    // `answer --json` is the CLI's own shape (prompt, response, always_covers): read raw.
     let answered = parsed("answer --json", &out);
-    assert_eq!(
-        answered["prompt"]["prompt_id"],
-        asked["payload"]["prompt_id"]
-    );
+    assert_eq!(answered["prompt"]["prompt_id"], asked.prompt_id.as_str());
     assert_eq!(answered["response"]["status"], "resolved", "{answered}");
     let (_, out, _) = drover(home.path(), &["approvals", "list"]).await;
-    assert!(
-        out.contains(asked["payload"]["pattern_key"].as_str().unwrap()),
-        "{out}"
-    );
+    assert!(out.contains(&asked.pattern_key), "{out}");
     let covers = answered["always_covers"].as_str().unwrap_or_default();
     assert!(
-        covers.ends_with("in every session of this home")
-            && covers.contains(asked["payload"]["description"].as_str().unwrap()),
+        covers.ends_with("in every session of this home") && covers.contains(&asked.description),
         "{answered}"
     );
     assert!(
@@ -299,7 +323,7 @@ async fn drover_answer_answers_the_prompt_a_run_without_terminal_left_open() {
     );
     let settled = drover_test_support::wait::until(BOUND, async || {
         let (_, out, _) = drover(home.path(), &["sessions", "--json"]).await;
-        parsed("sessions --json", &out)["sessions"][0]["state"] == "idle"
+        sessions_page(&out).sessions[0].state == SessionState::Idle
     })
     .await;
     assert!(settled, "the turn did not settle");
@@ -319,7 +343,7 @@ async fn cancel_takes_queued_input_off_and_refuses_a_started_turn() {
     let ids: Vec<String> = {
         let mut ids = Vec::new();
         for text in ["A", "B", "C"] {
-            ids.push(str_field(&s.submit(text).await.unwrap(), "admission_id"));
+            ids.push(submit(&mut s, text).await);
         }
         ids
     };
@@ -351,8 +375,8 @@ async fn cancel_takes_queued_input_off_and_refuses_a_started_turn() {
     gate.open();
     assert_eq!(s.client.wait_settled(&ids[0]).await.unwrap(), "completed");
     for id in &ids[1..] {
-        let r = s.receipt(id, false).await.unwrap();
-        assert_eq!(r["outcome"], "cancelled", "{r}");
+        let r = receipt(&mut s, id, false).await;
+        assert_eq!(r.outcome, Some(AdmissionOutcome::Cancelled), "{r:?}");
     }
     let (code, out, _) = drover(s.home.path(), &["cancel", &sid]).await;
     assert_eq!(code, Some(0));
@@ -394,7 +418,7 @@ async fn drover_answer_text_answers_a_clarify_question_and_refuses_a_choice_it_d
         json!({"questions": [{"question": "Which colour?", "choices": ["red", "blue"]}]}),
     ));
     s.model.push(Reply::text("Blue it is."));
-    let admission = str_field(&s.submit("pick a colour").await.unwrap(), "admission_id");
+    let admission = submit(&mut s, "pick a colour").await;
     s.client.wait_event_type("clarify.request").await.unwrap();
     let prefix = s.session_id[..8].to_string();
     let (_, out, _) = drover(s.home.path(), &["sessions"]).await;
@@ -413,8 +437,15 @@ async fn drover_answer_text_answers_a_clarify_question_and_refuses_a_choice_it_d
         out.contains("Which colour?") && out.contains("blue"),
         "{out}"
     );
-    let answer = s.client.wait_event_type("clarify.settled").await.unwrap();
-    assert_eq!(answer["payload"]["answer"], "blue", "{answer}");
+    let answer = typed_event(&mut s.client, "clarify.settled").await;
+    let EventPayload::ClarifySettled(settled) = &answer.event else {
+        panic!("not a clarify.settled: {answer:?}");
+    };
+    assert_eq!(
+        settled.answer,
+        Some(ClarifyAnswer::Text("blue".into())),
+        "{answer:?}"
+    );
     assert_eq!(
         s.client.wait_settled(&admission).await.unwrap(),
         "completed"
