@@ -7,10 +7,12 @@
 
 use std::time::{Duration, Instant};
 
-use crate::common::bin;
-use drover_test_support::harness::{str_field, uuid_like, Client, Daemon, TestHome, WAIT};
+use crate::common::{bin, typed, typed_event};
+use drover_protocol::client::{AdmissionOutcome, AdmissionReceipt, EventsPage, SessionSnapshot};
+use drover_protocol::event::{EventPayload, SessionEvent, TurnEnd, TurnPhase, TurnProgress};
+use drover_test_support::harness::{uuid_like, Client, Daemon, TestHome, WAIT};
 use drover_test_support::{Gate, MockModel, Reply};
-use serde_json::{json, Value};
+use serde_json::json;
 
 /// A daemon whose model stalls out after `stall_timeout_s` (one retry) and whose quiet turns
 /// get `turn.progress` every 0.2 s, with one session attached.
@@ -36,27 +38,48 @@ async fn start(stall_timeout_s: u64) -> Live {
     .unwrap();
     let daemon = Daemon::start(bin(), home.path()).await.unwrap();
     let mut client = daemon.client().await.unwrap();
-    let created = client
-        .call_ok(
-            "session.create",
-            json!({"request_id": uuid_like(), "cwd": home.work(), "toolsets": ["terminal"]}),
-        )
-        .await
-        .unwrap();
+    let created: SessionSnapshot = typed(
+        client
+            .call_ok(
+                "session.create",
+                json!({"request_id": uuid_like(), "cwd": home.work(), "toolsets": ["terminal"]}),
+            )
+            .await
+            .unwrap(),
+    );
     Live {
         model,
-        session_id: str_field(&created, "session_id"),
+        session_id: created.session_id,
         _home: home,
         _daemon: daemon,
         client,
     }
 }
 
-fn progress(events: &[Value]) -> Vec<&Value> {
+/// The `turn.progress` events among `events`, each with its `seq`.
+fn progress(events: &[SessionEvent]) -> Vec<(Option<u64>, &TurnProgress)> {
     events
         .iter()
-        .filter(|e| e["type"] == "turn.progress")
+        .filter_map(|e| match &e.event {
+            EventPayload::TurnProgress(p) => Some((e.seq, p)),
+            _ => None,
+        })
         .collect()
+}
+
+/// Submits `text` to the session; the admission id.
+async fn submit(s: &mut Live, text: &str) -> String {
+    let receipt: AdmissionReceipt = typed(s.client.submit(&s.session_id, text).await.unwrap());
+    receipt.admission_id
+}
+
+/// Every event up to and including the `turn.settled` of `admission_id`, typed.
+async fn events_until_settled(s: &mut Live, admission_id: &str) -> Vec<SessionEvent> {
+    typed(json!(s
+        .client
+        .events_until_settled(admission_id)
+        .await
+        .unwrap()))
 }
 
 #[tokio::test]
@@ -64,14 +87,15 @@ async fn a_model_that_sends_headers_then_nothing_fails_the_turn_model_stalled() 
     let mut s = start(1).await;
     s.model.set_default(Reply::stall());
     let began = Instant::now();
-    let receipt = s.client.submit(&s.session_id, "hello").await.unwrap();
-    let aid = str_field(&receipt, "admission_id");
-    let events = s.client.events_until_settled(&aid).await.unwrap();
+    let aid = submit(&mut s, "hello").await;
+    let events = events_until_settled(&mut s, &aid).await;
     let took = began.elapsed();
 
-    let settled = events.last().unwrap();
-    assert_eq!(settled["payload"]["outcome"], "failed", "{settled}");
-    let error = settled["payload"]["error"].as_str().unwrap();
+    let EventPayload::TurnSettled(settled) = &events.last().unwrap().event else {
+        panic!("the last event is not turn.settled: {events:?}");
+    };
+    assert_eq!(settled.outcome, TurnEnd::Failed, "{settled:?}");
+    let error = settled.error.as_deref().unwrap();
     assert!(error.starts_with("model_stalled: "), "{error}");
     // The first attempt and its one retry, each cancelled after 1 s; no hang.
     assert_eq!(s.model.requests().len(), 2);
@@ -80,40 +104,38 @@ async fn a_model_that_sends_headers_then_nothing_fails_the_turn_model_stalled() 
     // While the model said nothing, the turn was shown waiting on it.
     let waiting = progress(&events);
     assert!(!waiting.is_empty(), "{events:?}");
-    for p in &waiting {
-        assert!(p["seq"].is_null(), "{p}");
-        assert_eq!(p["payload"]["phase"], "model_request", "{p}");
-        assert_eq!(p["payload"]["admission_id"], aid.as_str(), "{p}");
-        assert!(p["payload"].get("tool_id").is_none(), "{p}");
+    for (seq, p) in &waiting {
+        assert_eq!(*seq, None, "{p:?}");
+        assert_eq!(
+            (p.phase, p.admission_id.as_str(), p.tool_id.as_deref()),
+            (TurnPhase::ModelRequest, aid.as_str(), None),
+            "{p:?}"
+        );
     }
 
-    let r = s
-        .client
-        .call_ok(
-            "prompt.receipt",
-            json!({"session_id": s.session_id, "admission_id": aid, "include_result": true}),
-        )
-        .await
-        .unwrap();
-    assert_eq!(r["outcome"], "failed");
+    let r: AdmissionReceipt = typed(
+        s.client
+            .call_ok(
+                "prompt.receipt",
+                json!({"session_id": s.session_id, "admission_id": aid, "include_result": true}),
+            )
+            .await
+            .unwrap(),
+    );
+    assert_eq!(r.outcome, Some(AdmissionOutcome::Failed));
     assert!(
-        r["result"]["error"]
-            .as_str()
+        r.result
+            .as_ref()
+            .and_then(|result| result.error.as_deref())
             .unwrap()
             .starts_with("model_stalled"),
-        "{r}"
+        "{r:?}"
     );
 
     // The daemon keeps serving: a model that answers completes the next turn.
     s.model.push(Reply::text("back again"));
-    let next = s.client.submit(&s.session_id, "again").await.unwrap();
-    assert_eq!(
-        s.client
-            .wait_settled(&str_field(&next, "admission_id"))
-            .await
-            .unwrap(),
-        "completed"
-    );
+    let next = submit(&mut s, "again").await;
+    assert_eq!(s.client.wait_settled(&next).await.unwrap(), "completed");
 }
 
 #[tokio::test]
@@ -124,53 +146,55 @@ async fn a_quiet_turn_gets_live_progress_naming_its_phase_and_tool() {
         Reply::tool_call("call_slow", "terminal", json!({"command": "sleep 1.5"})).gated(&gate),
     );
     s.model.push(Reply::text("slept"));
-    let receipt = s
-        .client
-        .submit(&s.session_id, "sleep a while")
-        .await
-        .unwrap();
-    let aid = str_field(&receipt, "admission_id");
+    let aid = submit(&mut s, "sleep a while").await;
 
-    // The model request is held: the turn waits on it.
-    let first = s.client.wait_event_type("turn.progress").await.unwrap();
-    assert!(first["seq"].is_null(), "{first}");
-    assert_eq!(first["payload"]["admission_id"], aid.as_str(), "{first}");
-    assert_eq!(first["payload"]["phase"], "model_request", "{first}");
-    assert!(first["payload"]["elapsed_ms"].as_u64().is_some(), "{first}");
+    // The model request is held: the turn waits on it (`elapsed_ms` a number: typed).
+    let first = typed_event(&mut s.client, "turn.progress").await;
+    assert_eq!(first.seq, None, "{first:?}");
+    let EventPayload::TurnProgress(first_progress) = &first.event else {
+        unreachable!("waited for its kind");
+    };
+    assert_eq!(first_progress.admission_id, aid, "{first:?}");
+    assert_eq!(first_progress.phase, TurnPhase::ModelRequest, "{first:?}");
     gate.open();
 
-    let events = s.client.events_until_settled(&aid).await.unwrap();
-    assert_eq!(events.last().unwrap()["payload"]["outcome"], "completed");
+    let events = events_until_settled(&mut s, &aid).await;
+    assert!(
+        matches!(&events.last().unwrap().event,
+            EventPayload::TurnSettled(settled) if settled.outcome == TurnEnd::Completed),
+        "{events:?}"
+    );
     let at = |kind: &str| {
         events
             .iter()
-            .position(|e| e["type"] == kind)
+            .position(|e| e.event.kind() == kind)
             .unwrap_or_else(|| panic!("no {kind} in {events:?}"))
     };
     let (start, complete) = (at("tool.start"), at("tool.complete"));
-    let during: Vec<&Value> = progress(&events[start..complete]);
+    let during = progress(&events[start..complete]);
     // `sleep 1.5` with a 0.2 s interval: several, each naming the running call.
     assert!(during.len() >= 3, "{events:?}");
     let mut last_elapsed = 0;
-    for p in &during {
-        assert!(p["seq"].is_null(), "{p}");
-        assert_eq!(p["payload"]["phase"], "tool", "{p}");
-        assert_eq!(p["payload"]["tool_id"], "call_slow", "{p}");
-        let elapsed = p["payload"]["elapsed_ms"].as_u64().unwrap();
-        assert!(elapsed >= last_elapsed, "{during:?}");
-        last_elapsed = elapsed;
+    for (seq, p) in &during {
+        assert_eq!(*seq, None, "{p:?}");
+        assert_eq!(p.phase, TurnPhase::Tool, "{p:?}");
+        assert_eq!(p.tool_id.as_deref(), Some("call_slow"), "{p:?}");
+        assert!(p.elapsed_ms >= last_elapsed, "{during:?}");
+        last_elapsed = p.elapsed_ms;
     }
     assert!(last_elapsed >= 600, "{during:?}");
-    for p in progress(&events[..start]) {
-        assert_eq!(p["payload"]["phase"], "model_request", "{p}");
+    for (_, p) in progress(&events[..start]) {
+        assert_eq!(p.phase, TurnPhase::ModelRequest, "{p:?}");
     }
 
     // Live only: nothing of it is stored.
-    let since = s.client.stored_events(&s.session_id).await.unwrap();
-    let stored = since["events"].as_array().unwrap();
+    let since: EventsPage = typed(s.client.stored_events(&s.session_id).await.unwrap());
+    let stored = &since.events;
     assert!(!stored.is_empty());
     assert!(
-        stored.iter().all(|e| e["type"] != "turn.progress"),
+        stored
+            .iter()
+            .all(|e| !matches!(e.event, EventPayload::TurnProgress(_))),
         "{stored:?}"
     );
 }
