@@ -10,7 +10,12 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::common::bin;
+use crate::common::{bin, error_data, typed};
+use drover_protocol::client::{
+    AdmissionReceipt, EventsPage, McpServerState, McpServerStatus, McpStatusResult, SessionSnapshot,
+};
+use drover_protocol::event::EventPayload;
+use drover_protocol::ErrorReason;
 use drover_test_support::harness::{eventually, pid_alive, Daemon, OneSession, TestHome};
 use drover_test_support::{mcp_echo_bin, Gate, MockModel, Reply};
 use serde_json::json;
@@ -42,7 +47,8 @@ async fn echo_session() -> (OneSession, PathBuf) {
 #[tokio::test]
 async fn model_calls_an_mcp_tool_and_the_tool_row_holds_its_answer() {
     let (mut s, pidfile) = echo_session().await;
-    assert_eq!(s.created["info"]["toolsets"], json!(["echo"]));
+    let created: SessionSnapshot = typed(s.created.clone());
+    assert_eq!(created.info.toolsets, ["echo"]);
 
     s.model.push(Reply::tool_call(
         "call_echo",
@@ -129,20 +135,18 @@ async fn create_with_a_broken_or_disabled_mcp_server_is_invalid_params_naming_to
             .await
             .unwrap()
             .unwrap_err();
-        assert_eq!(e["data"]["reason"], "invalid_params", "{e}");
-        assert_eq!(e["data"]["field"], "toolsets", "{e}");
+        let data = error_data(&e);
+        assert_eq!(data.reason, ErrorReason::InvalidParams, "{e}");
+        assert_eq!(data.field.as_deref(), Some("toolsets"), "{e}");
         assert!(e.to_string().contains(needle), "{e}");
     }
 }
 
 /// The `mcp.status` entry of server `name` in a `mcp.status` result.
-fn server<'a>(status: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
-    status["servers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["name"] == name)
-        .unwrap_or_else(|| panic!("no server {name} in {status}"))
+#[track_caller]
+fn server(status: McpStatusResult, name: &str) -> McpServerStatus {
+    let found = status.servers.iter().find(|s| s.name == name).cloned();
+    found.unwrap_or_else(|| panic!("no server {name} in {status:?}"))
 }
 
 #[tokio::test]
@@ -157,14 +161,14 @@ async fn a_server_that_crashes_mid_turn_is_restarted_and_its_states_are_events_a
         "the configured servers, the disabled one left out"
     );
     let session = json!({"session_id": s.session_id});
-    let before = other.call_ok("mcp.status", session.clone()).await.unwrap();
-    assert_eq!(server(&before, "echo")["state"], "stopped");
+    let before = typed(other.call_ok("mcp.status", session.clone()).await.unwrap());
+    assert_eq!(server(before, "echo").state, McpServerState::Stopped);
     let e = other
         .call("mcp.status", json!({"session_id": "no-such-session"}))
         .await
         .unwrap()
         .unwrap_err();
-    assert_eq!(e["data"]["reason"], "not_found", "{e}");
+    assert_eq!(error_data(&e).reason, ErrorReason::NotFound, "{e}");
 
     let gate = Gate::new();
     s.model.push(Reply::tool_call(
@@ -179,8 +183,8 @@ async fn a_server_that_crashes_mid_turn_is_restarted_and_its_states_are_events_a
     ));
     s.model
         .push(Reply::text("The server came back.").gated(&gate));
-    let admission = s.submit("crash it, then echo").await.unwrap();
-    let admission_id = admission["admission_id"].as_str().unwrap().to_string();
+    let admission: AdmissionReceipt = typed(s.submit("crash it, then echo").await.unwrap());
+    let admission_id = admission.admission_id;
     assert!(gate.wait_reached(Duration::from_secs(30)).await);
 
     // While the turn runs: the restarted server, with its pid, its tools and why it restarted.
@@ -190,18 +194,22 @@ async fn a_server_that_crashes_mid_turn_is_restarted_and_its_states_are_events_a
         .parse()
         .unwrap();
     for params in [session.clone(), json!({})] {
-        let status = other.call_ok("mcp.status", params).await.unwrap();
-        let echo = server(&status, "echo");
-        assert_eq!(echo["state"], "ready", "{status}");
-        assert_eq!(echo["pid"], pid, "{status}");
-        let tools = echo["tools"].as_array().unwrap();
-        assert!(tools.contains(&json!("mcp__echo__echo")), "{status}");
+        let echo = server(
+            typed(other.call_ok("mcp.status", params).await.unwrap()),
+            "echo",
+        );
+        assert_eq!(echo.state, McpServerState::Ready, "{echo:?}");
+        assert_eq!(echo.pid, Some(pid), "{echo:?}");
         assert!(
-            echo["last_error"]
-                .as_str()
+            echo.tools.iter().any(|t| t == "mcp__echo__echo"),
+            "{echo:?}"
+        );
+        assert!(
+            echo.last_error
+                .as_deref()
                 .unwrap()
                 .contains("exit status: 3"),
-            "{status}"
+            "{echo:?}"
         );
     }
     gate.open();
@@ -222,51 +230,65 @@ async fn a_server_that_crashes_mid_turn_is_restarted_and_its_states_are_events_a
     assert_eq!(rows[1][2], "back", "{rows:?}");
 
     // The stored stream holds each change, in order, inside the crashing call.
-    let replay_epoch = s.created["replay_epoch"].clone();
-    let page = s
-        .client
-        .events_since(&s.session_id, &replay_epoch, 0)
-        .await
-        .unwrap();
-    let events = page["events"].as_array().unwrap();
-    let mcp: Vec<&serde_json::Value> = events
+    let replay_epoch = typed::<SessionSnapshot>(s.created.clone()).replay_epoch;
+    let page: EventsPage = typed(
+        s.client
+            .events_since(&s.session_id, &json!(replay_epoch), 0)
+            .await
+            .unwrap(),
+    );
+    let events = &page.events;
+    // (seq, status) of each stored `mcp.status`.
+    let mcp: Vec<_> = events
         .iter()
-        .filter(|e| e["type"] == "mcp.status")
+        .filter_map(|e| match &e.event {
+            EventPayload::McpStatus(status) => Some((e.seq.unwrap(), status)),
+            _ => None,
+        })
         .collect();
-    let states: Vec<&str> = mcp
-        .iter()
-        .map(|e| e["payload"]["state"].as_str().unwrap())
-        .collect();
+    let states: Vec<McpServerState> = mcp.iter().map(|(_, status)| status.state).collect();
     assert_eq!(
         states,
-        ["starting", "ready", "failed", "starting", "ready", "stopped"],
+        [
+            McpServerState::Starting,
+            McpServerState::Ready,
+            McpServerState::Failed,
+            McpServerState::Starting,
+            McpServerState::Ready,
+            McpServerState::Stopped
+        ],
         "{mcp:?}"
     );
-    assert!(mcp.iter().all(|e| e["payload"]["name"] == "echo"));
-    assert_eq!(mcp[1]["payload"]["last_error"], serde_json::Value::Null);
-    assert!(mcp[2]["payload"]["last_error"]
-        .as_str()
+    assert!(mcp.iter().all(|(_, status)| status.name == "echo"));
+    assert_eq!(mcp[1].1.last_error, None);
+    assert!(mcp[2]
+        .1
+        .last_error
+        .as_deref()
         .unwrap()
         .contains("exit status: 3"));
     let seq_of = |kind: &str, tool_id: &str| {
         events
             .iter()
-            .find(|e| e["type"] == kind && e["payload"]["tool_id"] == tool_id)
-            .unwrap_or_else(|| panic!("no {kind} of {tool_id}"))["seq"]
-            .as_u64()
+            .find(|e| match &e.event {
+                EventPayload::ToolStart(start) => kind == "tool.start" && start.tool_id == tool_id,
+                EventPayload::ToolComplete(complete) => {
+                    kind == "tool.complete" && complete.tool_id == tool_id
+                }
+                _ => false,
+            })
+            .unwrap_or_else(|| panic!("no {kind} of {tool_id}"))
+            .seq
             .unwrap()
     };
-    let failed_seq = mcp[2]["seq"].as_u64().unwrap();
+    let failed_seq = mcp[2].0;
     assert!(seq_of("tool.start", "call_crash") < failed_seq);
     assert!(failed_seq < seq_of("tool.complete", "call_crash"));
 
     // After the turn: stopped, no pid, and the server is gone.
-    let after = other.call_ok("mcp.status", session).await.unwrap();
-    let echo = server(&after, "echo");
-    assert_eq!(
-        (&echo["state"], &echo["pid"]),
-        (&json!("stopped"), &serde_json::Value::Null)
-    );
+    let after = typed(other.call_ok("mcp.status", session).await.unwrap());
+    let echo = server(after, "echo");
+    assert_eq!((echo.state, echo.pid), (McpServerState::Stopped, None));
     assert!(
         eventually(Duration::from_secs(10), || !pid_alive(pid)).await,
         "MCP server {pid} outlived the turn"
