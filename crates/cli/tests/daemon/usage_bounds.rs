@@ -8,7 +8,9 @@
 use std::path::Path;
 use std::process::Output;
 
-use crate::common::bin;
+use crate::common::{bin, typed};
+use drover_protocol::chat::Usage;
+use drover_protocol::client::{AdmissionReceipt, SessionPage, SessionSnapshot};
 use drover_test_support::harness::model_home;
 use drover_test_support::harness::{db_rows, run_drover, Client, Daemon, TestHome};
 use drover_test_support::Reply;
@@ -23,28 +25,42 @@ async fn drover(home: &Path, args: &[&str]) -> Output {
     run_drover(bin(), home, None, args).await
 }
 
-async fn run_turn(client: &mut Client, session_id: &str, text: &str) -> Value {
+async fn run_turn(client: &mut Client, session_id: &str, text: &str) -> AdmissionReceipt {
     let admission_id = client.complete_turn(session_id, text).await.unwrap();
-    client
-        .receipt(session_id, &admission_id, true)
-        .await
-        .unwrap()
+    typed(
+        client
+            .receipt(session_id, &admission_id, true)
+            .await
+            .unwrap(),
+    )
+}
+
+/// The usage of the given counts.
+fn usage(input_tokens: u64, output_tokens: u64, total_tokens: u64) -> Option<Usage> {
+    Some(Usage {
+        input_tokens,
+        output_tokens,
+        total_tokens,
+    })
+}
+
+/// A new session in `home`'s work folder; its id.
+async fn new_session(client: &mut Client, home: &TestHome) -> String {
+    typed::<SessionSnapshot>(client.create_session(home.work()).await.unwrap()).session_id
 }
 
 /// `session.list`, `drover sessions` (text and `--json`) and `session.resume` all answer, and
 /// list `session_id`.
-async fn every_listing_reads(client: &mut Client, home: &Path, session_id: &str) -> Value {
-    let list = client
-        .call_ok("session.list", json!({}))
-        .await
-        .expect("session.list");
+async fn every_listing_reads(client: &mut Client, home: &Path, session_id: &str) -> SessionPage {
+    let list: SessionPage = typed(
+        client
+            .call_ok("session.list", json!({}))
+            .await
+            .expect("session.list"),
+    );
     assert!(
-        list["sessions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|s| s["session_id"] == session_id),
-        "{list}"
+        list.sessions.iter().any(|s| s.session_id == session_id),
+        "{list:?}"
     );
     let text = drover(home, &["sessions"]).await;
     assert_eq!(
@@ -57,8 +73,8 @@ async fn every_listing_reads(client: &mut Client, home: &Path, session_id: &str)
     assert!(String::from_utf8_lossy(&text.stdout).contains(&session_id[..8]));
     let out = drover(home, &["sessions", "--json"]).await;
     assert_eq!(out.status.code(), Some(0));
-    let as_json: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(as_json["sessions"], list["sessions"]);
+    let as_json: SessionPage = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(as_json.sessions, list.sessions);
     client
         .call_ok("session.resume", json!({"session_id": session_id}))
         .await
@@ -107,8 +123,7 @@ async fn model_usage_at_the_integer_limits_is_clamped_and_every_listing_still_re
     let (model, home) = model_home(true).await.unwrap();
     let mut daemon = Daemon::start(bin(), home.path()).await.unwrap();
     let mut client = daemon.client().await.unwrap();
-    let created = client.create_session(home.work()).await.unwrap();
-    let session_id = created["session_id"].as_str().unwrap().to_string();
+    let session_id = new_session(&mut client, &home).await;
 
     // Two requests of one turn each report i64::MAX prompt tokens: their sum overflowed
     // SQLite's integer into a REAL, and every later read of the row failed.
@@ -118,11 +133,7 @@ async fn model_usage_at_the_integer_limits_is_clamped_and_every_listing_still_re
     );
     model.push(Reply::text("first").raw_usage(huge));
     let r = run_turn(&mut client, &session_id, "one").await;
-    assert_eq!(
-        r["usage"],
-        json!({"input_tokens": TOKEN_MAX, "output_tokens": 2, "total_tokens": TOKEN_MAX}),
-        "{r}"
-    );
+    assert_eq!(r.usage, usage(TOKEN_MAX, 2, TOKEN_MAX), "{r:?}");
     every_listing_reads(&mut client, home.path(), &session_id).await;
     assert_counts_in_range(&home.db());
 
@@ -138,19 +149,11 @@ async fn model_usage_at_the_integer_limits_is_clamped_and_every_listing_still_re
     );
     let r = run_turn(&mut client, &session_id, "two").await;
     // Negative counts are dropped, so the total is the sum of the two kept counts.
-    assert_eq!(
-        r["usage"],
-        json!({"input_tokens": TOKEN_MAX, "output_tokens": 0, "total_tokens": TOKEN_MAX}),
-        "{r}"
-    );
+    assert_eq!(r.usage, usage(TOKEN_MAX, 0, TOKEN_MAX), "{r:?}");
     let r = run_turn(&mut client, &session_id, "three").await;
-    assert_eq!(
-        r["usage"],
-        json!({"input_tokens": 2, "output_tokens": 0, "total_tokens": TOKEN_MAX}),
-        "{r}"
-    );
+    assert_eq!(r.usage, usage(2, 0, TOKEN_MAX), "{r:?}");
     let list = every_listing_reads(&mut client, home.path(), &session_id).await;
-    assert!(list["sessions"][0].get("error").is_none(), "{list}");
+    assert_eq!(list.sessions[0].error, None, "{list:?}");
     assert_counts_in_range(&home.db());
     assert_eq!(
         session_counts(&home, &session_id),
@@ -180,7 +183,7 @@ async fn model_usage_at_the_integer_limits_is_clamped_and_every_listing_still_re
     every_listing_reads(&mut client, home.path(), &session_id).await;
     model.push(Reply::text("after restart"));
     let r = run_turn(&mut client, &session_id, "four").await;
-    assert_eq!(r["result"]["final_response"], "after restart");
+    assert_eq!(r.result.unwrap().final_response, "after restart");
 }
 
 #[tokio::test]
@@ -190,8 +193,7 @@ async fn a_ledger_holding_real_or_negative_counts_lists_each_bad_row_with_its_er
     let mut client = daemon.client().await.unwrap();
     let mut ids = Vec::new();
     for _ in 0..3 {
-        let created = client.create_session(home.work()).await.unwrap();
-        ids.push(created["session_id"].as_str().unwrap().to_string());
+        ids.push(new_session(&mut client, &home).await);
     }
     let (bad_counts, good, bad_json) = (&ids[0], &ids[1], &ids[2]);
     daemon.stop().await.unwrap();
@@ -216,21 +218,18 @@ async fn a_ledger_holding_real_or_negative_counts_lists_each_bad_row_with_its_er
     let daemon = Daemon::start(bin(), home.path()).await.unwrap();
     let mut client = daemon.client().await.unwrap();
     let list = every_listing_reads(&mut client, home.path(), bad_counts).await;
-    let rows = list["sessions"].as_array().unwrap();
-    assert_eq!(rows.len(), 3, "{list}");
-    let row = |id: &str| rows.iter().find(|r| r["session_id"] == id).unwrap().clone();
-    let error = row(bad_counts)["error"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
+    let rows = &list.sessions;
+    assert_eq!(rows.len(), 3, "{list:?}");
+    let row = |id: &str| rows.iter().find(|r| r.session_id == id).unwrap().clone();
+    let error = row(bad_counts).error.unwrap_or_default();
     for column in ["input_tokens", "output_tokens", "api_call_count"] {
         assert!(error.contains(column), "{error}");
     }
-    assert!(row(bad_json)["error"]
-        .as_str()
+    assert!(row(bad_json)
+        .error
         .unwrap_or_default()
         .contains("model_config"));
-    assert!(row(good).get("error").is_none(), "{list}");
+    assert_eq!(row(good).error, None, "{list:?}");
     let text = drover(home.path(), &["sessions"]).await;
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(
@@ -243,20 +242,17 @@ async fn a_ledger_holding_real_or_negative_counts_lists_each_bad_row_with_its_er
     // the row reads clean again.
     model.push(Reply::text("still here"));
     let r = run_turn(&mut client, bad_counts, "hello").await;
-    assert_eq!(r["result"]["final_response"], "still here");
-    assert_eq!(
-        r["usage"],
-        json!({"input_tokens": 10, "output_tokens": 5, "total_tokens": 15})
-    );
+    assert_eq!(r.usage, usage(10, 5, 15));
+    assert_eq!(r.result.unwrap().final_response, "still here");
     assert_eq!(
         session_counts(&home, bad_counts),
         [json!(TOKEN_MAX), json!(5), json!(1)]
     );
-    let list = client.call_ok("session.list", json!({})).await.unwrap();
-    let rows = list["sessions"].as_array().unwrap();
-    let again = rows
+    let list: SessionPage = typed(client.call_ok("session.list", json!({})).await.unwrap());
+    let again = list
+        .sessions
         .iter()
-        .find(|r| r["session_id"] == *bad_counts)
+        .find(|r| r.session_id == *bad_counts)
         .unwrap();
-    assert!(again.get("error").is_none(), "{again}");
+    assert_eq!(again.error, None, "{again:?}");
 }
