@@ -8,7 +8,9 @@
 use std::path::Path;
 use std::time::Duration;
 
-use crate::common::bin;
+use crate::common::{bin, error_data, typed};
+use drover_protocol::client::{AdmissionOutcome, AdmissionReceipt, SessionSnapshot};
+use drover_protocol::ErrorReason;
 use drover_test_support::harness::{model_home, pid_alive, run_drover, Daemon, TestHome};
 use drover_test_support::wait::holds_for;
 use drover_test_support::{Gate, MockModel, Reply};
@@ -66,10 +68,11 @@ async fn no_idle_exit_while_a_turn_runs_without_a_client() {
     model.push(Reply::text("slow answer").gated(&gate));
     let mut d = Daemon::start_by_client(bin(), home.path()).await.unwrap();
     let mut client = d.client().await.unwrap();
-    let session = client.create_session(home.work()).await.unwrap();
-    let session_id = session["session_id"].as_str().unwrap().to_string();
-    let receipt = client.submit(&session_id, "take your time").await.unwrap();
-    let admission_id = receipt["admission_id"].as_str().unwrap().to_string();
+    let session: SessionSnapshot = typed(client.create_session(home.work()).await.unwrap());
+    let session_id = session.session_id;
+    let receipt: AdmissionReceipt =
+        typed(client.submit(&session_id, "take your time").await.unwrap());
+    let admission_id = receipt.admission_id;
     assert!(gate.wait_reached(Duration::from_secs(20)).await);
     // Detach is not cancel (G3): the turn goes on with no client, and keeps the daemon up.
     drop(client);
@@ -81,11 +84,17 @@ async fn no_idle_exit_while_a_turn_runs_without_a_client() {
     // The turn settled before the daemon went: the next daemon has its receipt.
     let d = Daemon::start(bin(), home.path()).await.unwrap();
     let mut client = d.client().await.unwrap();
-    let receipt = client
-        .receipt(&session_id, &admission_id, false)
-        .await
-        .unwrap();
-    assert_eq!(receipt["outcome"], "completed", "{receipt}");
+    let receipt: AdmissionReceipt = typed(
+        client
+            .receipt(&session_id, &admission_id, false)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        receipt.outcome,
+        Some(AdmissionOutcome::Completed),
+        "{receipt:?}"
+    );
 }
 
 #[tokio::test]
@@ -166,16 +175,16 @@ async fn config_is_read_again_at_each_session_create() {
     let (model, home) = model_home(true).await.unwrap();
     let d = Daemon::start(bin(), home.path()).await.unwrap();
     let mut client = d.client().await.unwrap();
-    let first = client.create_session(home.work()).await.unwrap();
-    let first_id = first["session_id"].as_str().unwrap().to_string();
-    assert_eq!(first["info"]["model"], "mock", "{first}");
+    let first: SessionSnapshot = typed(client.create_session(home.work()).await.unwrap());
+    assert_eq!(first.info.model, "mock", "{first:?}");
+    let first_id = first.session_id;
 
     let config = std::fs::read_to_string(home.path().join("config.toml")).unwrap();
     home.write_config(&config.replace("name = \"mock\"", "name = \"mock-2\""))
         .unwrap();
-    let second = client.create_session(home.work()).await.unwrap();
-    let second_id = second["session_id"].as_str().unwrap().to_string();
-    assert_eq!(second["info"]["model"], "mock-2", "{second}");
+    let second: SessionSnapshot = typed(client.create_session(home.work()).await.unwrap());
+    assert_eq!(second.info.model, "mock-2", "{second:?}");
+    let second_id = second.session_id;
 
     // Each session keeps the model it froze.
     client.complete_turn(&first_id, "one").await.unwrap();
@@ -194,11 +203,11 @@ async fn config_is_read_again_at_each_session_create() {
         .await
         .unwrap()
         .unwrap_err();
-    assert_eq!(err["data"]["reason"], "invalid_params", "{err}");
-    let detail = err["data"]["detail"].as_str().unwrap();
-    assert!(detail.contains("unknown field `mod`"), "{err}");
-    assert!(detail.contains("line"), "{err}");
-    assert_eq!(err["data"]["field"], "config.toml", "{err}");
+    let data = error_data(&err);
+    assert_eq!(data.reason, ErrorReason::InvalidParams, "{err}");
+    assert!(data.detail.contains("unknown field `mod`"), "{err}");
+    assert!(data.detail.contains("line"), "{err}");
+    assert_eq!(data.field.as_deref(), Some("config.toml"), "{err}");
     client.complete_turn(&first_id, "three").await.unwrap();
     assert_eq!(requested_models(&model).last().unwrap(), "mock");
 }
