@@ -11,13 +11,28 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::common::{bin, resolve_unknown};
+use crate::common::{bin, resolve_unknown, typed};
+use drover_protocol::client::{
+    AdmissionOutcome, AdmissionReceipt, ExecutionState, InterruptAccepted, Pong, SessionPage,
+};
+use drover_protocol::event::{EventPayload, SessionEvent, TurnEnd};
 use drover_test_support::harness::{
     db_value, rss_kib, thread_count, uuid_like, Client, Daemon, OneSession,
 };
-use drover_test_support::harness::{eventually, signal, str_field};
+use drover_test_support::harness::{eventually, signal};
 use drover_test_support::{env_count, Gate, Reply};
 use serde_json::{json, Value};
+
+/// Submits `text` to `s`'s session; the admission id.
+async fn submit(s: &mut OneSession, text: &str) -> String {
+    typed::<AdmissionReceipt>(s.submit(text).await.unwrap()).admission_id
+}
+
+/// `ping` on `client`, which must answer `{pong: true}`.
+async fn assert_pong(client: &mut Client) {
+    let pong: Pong = typed(client.call_ok("ping", json!({})).await.unwrap());
+    assert_eq!(pong, Pong { pong: true });
+}
 
 fn fd_count(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
@@ -107,7 +122,7 @@ async fn closed_connections_leave_no_socket_thread_or_memory_behind() {
                 .unwrap();
             // Closed without a goodbye, as a killed `drover run` would.
             drop(c);
-            str_field(&r, "admission_id")
+            typed::<AdmissionReceipt>(r).admission_id
         }
     };
     let warm = 20.min(cycles);
@@ -170,10 +185,7 @@ async fn closed_connections_leave_no_socket_thread_or_memory_behind() {
         "{most_threads} daemon threads for 300 connections"
     );
     drop(clients);
-    assert_eq!(
-        s.client.call_ok("ping", json!({})).await.unwrap()["pong"],
-        true
-    );
+    assert_pong(&mut s.client).await;
 }
 
 /// Opens a raw WebSocket (handshake by hand) so the test can send frames a library refuses to.
@@ -269,7 +281,7 @@ async fn connections_end_with_a_close_frame_naming_the_reason() {
 
     // The daemon stopping says "going away".
     let mut c = s.daemon.client().await.unwrap();
-    assert_eq!(c.call_ok("ping", json!({})).await.unwrap()["pong"], true);
+    assert_pong(&mut c).await;
     let mut daemon = s.daemon;
     let (close, status) = tokio::join!(c.next_close(Duration::from_secs(15)), daemon.stop());
     assert_eq!(status.unwrap().code(), Some(0));
@@ -282,8 +294,7 @@ async fn a_full_disk_during_a_turn_never_leaves_it_started() {
     let gate = Gate::new();
     s.model.push(Reply::text("done").gated(&gate));
     s.model.set_default(Reply::text("again"));
-    let r = s.submit("hello").await.unwrap();
-    let admission_id = str_field(&r, "admission_id");
+    let admission_id = submit(&mut s, "hello").await;
     assert!(gate.wait_reached(Duration::from_secs(20)).await);
     // From now on every write of the daemon past its first byte fails (EFBIG, as a full
     // disk): the worker's persists are refused and marking the turn lost fails too.
@@ -328,9 +339,8 @@ async fn a_full_disk_during_a_turn_never_leaves_it_started() {
     );
     // The user's way out works, and the session moves on.
     resolve_unknown(&mut s.client, &s.session_id, &admission_id).await;
-    let r = s.submit("again").await.unwrap();
-    let next = r["admission_id"].as_str().unwrap();
-    assert_eq!(s.wait_settled(next).await.unwrap(), "completed");
+    let next = submit(&mut s, "again").await;
+    assert_eq!(s.wait_settled(&next).await.unwrap(), "completed");
 }
 
 #[tokio::test]
@@ -338,12 +348,12 @@ async fn a_started_turn_without_a_worker_is_found_and_made_unknown() {
     let mut s = setup("", &[]).await;
     let gate = Gate::new();
     s.model.push(Reply::text("held").gated(&gate));
-    let first = s.submit("first").await.unwrap();
-    let second = s.submit("second").await.unwrap();
+    let first = submit(&mut s, "first").await;
+    let second = submit(&mut s, "second").await;
     assert!(gate.wait_reached(Duration::from_secs(20)).await);
     // Plant what a lost supervisor would leave: a `started` admission of this epoch with a
     // live execution that no supervisor watches.
-    let orphan = str_field(&second, "admission_id");
+    let orphan = second;
     let epoch = s.daemon.epoch();
     let exec = uuid_like();
     let sql = format!(
@@ -376,8 +386,7 @@ async fn a_started_turn_without_a_worker_is_found_and_made_unknown() {
     );
     // The supervised turn is untouched and still completes.
     gate.open();
-    let first = first["admission_id"].as_str().unwrap();
-    assert_eq!(s.wait_settled(first).await.unwrap(), "completed");
+    assert_eq!(s.wait_settled(&first).await.unwrap(), "completed");
 }
 
 /// A worker wrapper that never passes the owner's `stop` frames on: a worker ignoring its
@@ -425,8 +434,7 @@ async fn held_turn_of_a_stop_ignoring_worker(
     .await;
     let gate = Gate::new();
     s.model.push(Reply::text("finished anyway").gated(&gate));
-    let r = s.submit("hello").await.unwrap();
-    let admission_id = str_field(&r, "admission_id");
+    let admission_id = submit(&mut s, "hello").await;
     assert!(gate.wait_reached(Duration::from_secs(20)).await);
     let generation = db_value(
         &s.home.db(),
@@ -440,8 +448,8 @@ async fn a_worker_that_ignores_interrupt_is_signalled_and_its_turn_is_unknown() 
     let (_dir, mut s, gate, admission_id, generation) =
         held_turn_of_a_stop_ignoring_worker(1.0).await;
     let asked = Instant::now();
-    let state = s.interrupt(generation).await.unwrap();
-    assert_eq!(state["execution_state"], "interrupting");
+    let state: InterruptAccepted = typed(s.interrupt(generation).await.unwrap());
+    assert_eq!(state.execution_state, ExecutionState::Interrupting);
     let outcome = s.wait_settled(&admission_id).await.unwrap();
     assert_eq!(outcome, "unknown");
     let took = asked.elapsed();
@@ -460,8 +468,12 @@ async fn an_answer_that_races_an_accepted_interrupt_settles_interrupted() {
     // The worker never saw the stop and finishes its answer: the turn still was interrupted.
     gate.open();
     assert_eq!(s.wait_settled(&admission_id).await.unwrap(), "interrupted");
-    let receipt = s.receipt(&admission_id, false).await.unwrap();
-    assert_eq!(receipt["outcome"], "interrupted", "{receipt}");
+    let receipt: AdmissionReceipt = typed(s.receipt(&admission_id, false).await.unwrap());
+    assert_eq!(
+        receipt.outcome,
+        Some(AdmissionOutcome::Interrupted),
+        "{receipt:?}"
+    );
 }
 
 #[tokio::test]
@@ -488,28 +500,24 @@ except BrokenPipeError:
     let mut s = setup("", &[("DROVER_WORKER_EXE", hostile.as_str())]).await;
     let pid = s.daemon.pid();
     let rss_before = rss_kib(pid);
-    let r = s.submit("hello").await.unwrap();
-    let admission_id = str_field(&r, "admission_id");
+    let admission_id = submit(&mut s, "hello").await;
     let settled = tokio::time::timeout(Duration::from_secs(60), async {
         loop {
-            match s.client.next_event(Duration::from_secs(60)).await.unwrap() {
-                Some(e)
-                    if e["type"] == "turn.settled"
-                        && e["payload"]["admission_id"] == admission_id.as_str() =>
+            let next = s.client.next_event(Duration::from_secs(60)).await.unwrap();
+            match next.map(|e| typed::<SessionEvent>(e).event) {
+                Some(EventPayload::TurnSettled(settled))
+                    if settled.admission_id == admission_id =>
                 {
-                    return e["payload"]["outcome"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .to_string()
+                    return Some(settled.outcome)
                 }
                 Some(_) => continue,
-                None => return String::new(),
+                None => return None,
             }
         }
     })
     .await
     .expect("the flooding worker's turn never ended");
-    assert_eq!(settled, "unknown");
+    assert_eq!(settled, Some(TurnEnd::Unknown));
     let rss_after = rss_kib(pid);
     eprintln!("flood: daemon RSS {rss_before} -> {rss_after} KiB");
     assert!(
@@ -520,10 +528,7 @@ except BrokenPipeError:
     let refused = log.lines().filter(|l| l.contains("refused")).count();
     assert!(refused < 100, "{refused} log lines about refused frames");
     // The daemon is still serving.
-    assert_eq!(
-        s.client.call_ok("ping", json!({})).await.unwrap()["pong"],
-        true
-    );
+    assert_pong(&mut s.client).await;
 }
 
 /// Runs a turn of `text` to completion (bounded) and returns its final response.
@@ -533,11 +538,12 @@ async fn answer_of_turn(c: &mut Client, session_id: &str, text: &str) -> String 
             .await
             .expect("the turn did not complete within 30 s")
             .unwrap();
-    let receipt = c.receipt(session_id, &admission_id, true).await.unwrap();
-    receipt["result"]["final_response"]
-        .as_str()
+    let receipt: AdmissionReceipt =
+        typed(c.receipt(session_id, &admission_id, true).await.unwrap());
+    receipt
+        .result
+        .map(|result| result.final_response)
         .unwrap_or_default()
-        .to_string()
 }
 
 /// The `Max open files` soft and hard limits of `pid`, from `/proc/<pid>/limits`.
@@ -709,8 +715,8 @@ async fn a_burst_of_connections_gives_its_memory_back() {
         let (url, token) = (url.clone(), token.clone());
         calls.push(tokio::spawn(async move {
             let mut c = Client::connect(&url, Some(&token)).await.unwrap();
-            let page = c.call_ok("session.list", json!({})).await.unwrap();
-            assert_eq!(page["sessions"].as_array().unwrap().len(), 11);
+            let page: SessionPage = typed(c.call_ok("session.list", json!({})).await.unwrap());
+            assert_eq!(page.sessions.len(), 11);
             c
         }));
     }
