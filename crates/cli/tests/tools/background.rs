@@ -9,7 +9,10 @@
 
 use std::time::Duration;
 
-use crate::common::bin;
+use crate::common::{bin, typed};
+use drover_protocol::client::SessionSnapshot;
+// A snapshot's background processes are the worker's report of them.
+use drover_protocol::worker::ProcessStatus;
 use drover_test_support::harness::{db_rows, eventually, pid_alive, Daemon, OneSession};
 use drover_test_support::mock_model::tool_names;
 use drover_test_support::Reply;
@@ -113,10 +116,11 @@ async fn a_background_process_outlives_its_turn_and_the_next_turn_lists_and_kill
     assert_eq!(tool_names(&s.model.requests()[0]), ["terminal", "process"]);
 
     // Clients see it too: `session.resume` lists the session's background processes.
-    let resumed = s.resume().await.unwrap();
-    assert_eq!(resumed["processes"][0]["pid"], json!(pid), "{resumed}");
-    assert_eq!(resumed["processes"][0]["status"], "running");
-    assert_eq!(resumed["processes"][0]["command"], command);
+    let resumed: SessionSnapshot = typed(s.resume().await.unwrap());
+    let process = &resumed.processes[0];
+    assert_eq!(i64::from(process.pid), pid, "{resumed:?}");
+    assert_eq!(process.status, ProcessStatus::Running);
+    assert_eq!(process.command, command);
 
     // The worker that started it is gone; the process is not.
     wait_until("turn 1's worker exits", || {
@@ -253,13 +257,17 @@ async fn session_resume_shows_a_process_that_ended_unwatched_as_exited() {
     let pid = rows[0][1].as_i64().unwrap() as u32;
     wait_until("the process is gone", || !pid_alive(pid)).await;
 
-    let snapshot = s
-        .client
-        .call_ok("session.resume", json!({"session_id": s.session_id}))
-        .await
-        .unwrap();
-    let process = &snapshot["processes"][0];
-    assert_eq!(process["status"], "exited", "{snapshot}");
-    assert_eq!(process["exit_code"], 4, "{snapshot}");
+    let snapshot: SessionSnapshot = typed(
+        s.client
+            .call_ok("session.resume", json!({"session_id": s.session_id}))
+            .await
+            .unwrap(),
+    );
+    let process = &snapshot.processes[0];
+    assert_eq!(
+        (process.status, process.exit_code),
+        (ProcessStatus::Exited, Some(4)),
+        "{snapshot:?}"
+    );
     assert_eq!(process_rows(&s)[0][3], "exited");
 }
