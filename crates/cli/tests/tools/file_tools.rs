@@ -10,7 +10,9 @@
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use crate::common::bin;
+use crate::common::{bin, typed};
+use drover_protocol::client::{EventsPage, SessionSnapshot};
+use drover_protocol::event::EventPayload;
 use drover_test_support::flip::Flipper;
 use drover_test_support::harness::OneSession;
 use drover_test_support::mock_model::tool_names;
@@ -34,7 +36,8 @@ async fn file_session(prefix: &str, extra_config: &str) -> (tempfile::TempDir, O
 #[tokio::test]
 async fn model_writes_a_file_then_reads_it_back_in_one_turn() {
     let (scratch, mut s) = file_session("drover-file-tools-", "").await;
-    assert_eq!(s.created["info"]["toolsets"], json!(["file"]));
+    let created: SessionSnapshot = typed(s.created.clone());
+    assert_eq!(created.info.toolsets, ["file"]);
 
     let content = "hello from drover\nsecond line\n";
     s.model.push(Reply::tool_call(
@@ -96,13 +99,14 @@ async fn model_writes_a_file_then_reads_it_back_in_one_turn() {
     );
 
     // tool.start previews the path.
-    let since = s.client.stored_events(&s.session_id).await.unwrap();
-    let contexts: Vec<&str> = since["events"]
-        .as_array()
-        .unwrap()
+    let since: EventsPage = typed(s.client.stored_events(&s.session_id).await.unwrap());
+    let contexts: Vec<&str> = since
+        .events
         .iter()
-        .filter(|e| e["type"] == "tool.start")
-        .map(|e| e["payload"]["context"].as_str().unwrap())
+        .filter_map(|e| match &e.event {
+            EventPayload::ToolStart(start) => Some(start.context.as_str()),
+            _ => None,
+        })
         .collect();
     assert_eq!(contexts, ["notes/hello.txt", "notes/hello.txt"]);
 }
