@@ -20,7 +20,7 @@
 //! - [`job`]: a [`Job`] as stored, and the shapes built from it (`show --json`, the signed
 //!   state snapshot).
 //! - [`dispatch`]: a remote job's signed [`dispatch::Dispatch`] and the derived `auth_token`.
-//! - [`endpoint`]: a broker address; [`settings`]: the wire settings (`[mqtt]`,
+//! - [`broker_endpoint`]: a broker address; [`settings`]: the wire settings (`[mqtt]`,
 //!   `$DROVER_MQTT_URL`).
 //!
 //! Storage and the wire:
@@ -51,7 +51,7 @@
 //! client is driven by the caller's runtime.
 //!
 //! Layers (each imports only those before it): `state` < `error` < `sign`, `ids`, `identity`,
-//! `session`, `endpoint` < `settings`, `job` < `dispatch` < `registry`, `wire` < `mqtt`,
+//! `session`, `broker_endpoint` < `settings`, `job` < `dispatch` < `registry`, `wire` < `mqtt`,
 //! `brief` < `delivery`, `timer` < `publish`, `watch` < `submit` < `remote` < `runner`,
 //! `toolset`.
 //!
@@ -78,9 +78,9 @@
 //! ```
 
 pub mod brief;
+pub mod broker_endpoint;
 pub mod delivery;
 pub mod dispatch;
-pub mod endpoint;
 pub mod error;
 pub mod identity;
 pub mod ids;

@@ -29,7 +29,7 @@ use crate::settings::WireSettings;
 use crate::wire::{LocalOnly, Sending, Wire, WireOutcome};
 use crate::JobError;
 
-pub use crate::endpoint::Endpoint;
+pub use crate::broker_endpoint::Endpoint;
 
 /// How long connecting (TCP, TLS and the MQTT CONNACK) may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);

@@ -395,7 +395,8 @@ mod tests {
         // Accepts TCP connections (the kernel does) and never says a word of MQTT.
         let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("mqtt://{}", silent.local_addr().unwrap());
-        let wire = crate::mqtt::MqttWire::new(crate::endpoint::Endpoint::parse(&url).unwrap());
+        let wire =
+            crate::mqtt::MqttWire::new(crate::broker_endpoint::Endpoint::parse(&url).unwrap());
         let ticks = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
         let counter = ticks.clone();
         let ticker = tokio::spawn(async move {

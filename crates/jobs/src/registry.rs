@@ -29,7 +29,7 @@ use rusqlite::Connection;
 
 use crate::JobError;
 
-mod dispatch;
+mod hand_out;
 mod job_events;
 mod jobs;
 mod mirror;

@@ -3,7 +3,7 @@
 //! [`WireSettings`]. Pure: the wire the settings name is built by the `mqtt` module
 //! ([`WireSettings::wire`]), so the settings sit below the wire they choose.
 
-use crate::endpoint::{redact_url, Endpoint};
+use crate::broker_endpoint::{redact_url, Endpoint};
 use crate::JobError;
 
 /// `[mqtt]` as the home's `config.toml` gives it (all optional).

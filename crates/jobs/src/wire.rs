@@ -18,7 +18,7 @@ use serde_json::Value;
 
 use crate::job::Job;
 
-pub use crate::endpoint::redact_url;
+pub use crate::broker_endpoint::redact_url;
 pub use crate::settings::{WireConfig, WireSettings, DEFAULT_TOPIC_BASE, MQTT_URL_ENV};
 
 /// What happened to a recorded event on the wire.

@@ -15,13 +15,13 @@
 //! - `error`: [`ModelError`] and its spec reason word.
 //! - `endpoint`: [`ModelConfig`] and the URLs made from its `base_url`.
 //! - `chat_model`: the [`ChatModel`] trait, [`Completion`] and [`WindowLookup`].
-//! - `wire` maps drover's chat types to the OpenAI JSON, `stream` assembles a completion from
+//! - `chat_completions` maps drover's chat types to the OpenAI JSON, `stream_assembly` assembles a completion from
 //!   chunks, `body` reads a response under the stall bound, `retry` decides what is retried
 //!   and when.
 //! - `model_client`: [`ModelClient`] sends a request with them, retries it, records the
 //!   `model.request` span ([`span_millis`]) and asks `GET /models` for the context window.
 //!
-//! Layers: `error` < `endpoint`, `chat_model`, `body`, `retry` < `wire` < `stream` <
+//! Layers: `error` < `endpoint`, `chat_model`, `body`, `retry` < `chat_completions` < `stream_assembly` <
 //! `model_client`.
 //!
 //! ```no_run
@@ -36,15 +36,15 @@
 //! ```
 
 mod body;
+mod chat_completions;
 mod chat_model;
 mod endpoint;
 mod error;
 mod model_client;
 mod retry;
-mod stream;
+mod stream_assembly;
 #[cfg(test)]
 mod tests;
-mod wire;
 
 pub use chat_model::{ChatModel, Completion, WindowLookup};
 pub use endpoint::ModelConfig;

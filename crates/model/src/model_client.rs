@@ -11,12 +11,12 @@ use reqwest::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE};
 use serde_json::Value;
 
 use crate::body::{self, BodyError};
+use crate::chat_completions;
 use crate::chat_model::{ChatModel, Completion, WindowLookup};
 use crate::endpoint::{endpoint_url, models_url, ModelConfig};
 use crate::error::ModelError;
 use crate::retry::{self, Failure};
-use crate::stream::{Step, StreamAssembly};
-use crate::wire;
+use crate::stream_assembly::{Step, StreamAssembly};
 
 /// The HTTP client type under [`ModelClient`] ([`http_client`] builds one).
 pub type HttpClient = reqwest::Client;
@@ -125,8 +125,8 @@ impl ModelClient {
                 .await
                 .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
                 .unwrap_or_default();
-            let message = wire::http_error_message(status, &text);
-            let error = if wire::is_context_exceeded(status, &text) {
+            let message = chat_completions::http_error_message(status, &text);
+            let error = if chat_completions::is_context_exceeded(status, &text) {
                 ModelError::ContextExceeded(message)
             } else {
                 ModelError::Http {
@@ -160,7 +160,7 @@ impl ModelClient {
         let bytes = body::read_all(response, stall)
             .await
             .map_err(|e| self.body_error(e))?;
-        let completion = wire::parse_completion(&bytes)?;
+        let completion = chat_completions::parse_completion(&bytes)?;
         if let Some(text) = completion.message.content.as_deref() {
             if !text.is_empty() {
                 on_delta(text);
@@ -334,7 +334,12 @@ impl ModelClient {
         on_delta: &mut (dyn for<'d> FnMut(&'d str) + Send),
         retries: &mut u32,
     ) -> Result<Completion, ModelError> {
-        let body = wire::request_body(&self.config.model, messages, tools, self.config.stream)?;
+        let body = chat_completions::request_body(
+            &self.config.model,
+            messages,
+            tools,
+            self.config.stream,
+        )?;
         loop {
             let failure = match self.attempt(&body, on_delta).await {
                 Ok(completion) => return Ok(completion),
@@ -399,7 +404,7 @@ impl ModelClient {
             }
         };
         match body::read_all(response, MODELS_TIMEOUT).await {
-            Ok(body) => match wire::context_window_of(&body, &self.config.model) {
+            Ok(body) => match chat_completions::context_window_of(&body, &self.config.model) {
                 Some(tokens) => WindowLookup::Reported(tokens),
                 None => WindowLookup::NotReported,
             },

@@ -49,11 +49,11 @@
 //!   a socket pair ([`fork::FdChannel`]).
 //! - [`frame_lines`]: reads one bounded `\n`-terminated line of the owner <-> worker pipe over
 //!   tokio's `AsyncBufRead`, skipping an oversize line instead of ending the conversation.
-//! - [`open`]: the file tools open a path without following `/proc` magic links and tell what
-//!   they opened by `fstat` of the descriptor ([`open::open_for_reading`]); [`OPEN_NO_FOLLOW`].
+//! - [`file_open`]: the file tools open a path without following `/proc` magic links and tell what
+//!   they opened by `fstat` of the descriptor ([`file_open::open_for_reading`]); [`OPEN_NO_FOLLOW`].
 //!
 //! Layers: `signals`, `proc_facts`, `fds`, `flock_holder`, `confine`, `frame_lines`, `limits`
-//! and `open` (leaves) < `process_settings` and `fork` (they read `proc_facts`) and
+//! and `file_open` (leaves) < `process_settings` and `fork` (they read `proc_facts`) and
 //! `foreground` (it signals groups) < `groups` < `known_process`.
 
 // The one crate allowed `unsafe`: each block in its modules states its invariant.
@@ -61,6 +61,7 @@
 
 pub mod confine;
 mod fds;
+pub mod file_open;
 mod flock_holder;
 mod foreground;
 pub mod fork;
@@ -68,7 +69,6 @@ pub mod frame_lines;
 mod groups;
 mod known_process;
 pub mod limits;
-pub mod open;
 mod proc_facts;
 mod process_settings;
 #[cfg(test)]
@@ -76,6 +76,7 @@ mod process_tests;
 mod signals;
 
 pub use fds::{combined_output_pipe, pass_fd, take_inherited_fd};
+pub use file_open::OPEN_NO_FOLLOW;
 pub use flock_holder::flock_holder;
 pub use foreground::{ForegroundGroup, ForegroundGroups};
 pub use groups::{
@@ -86,7 +87,6 @@ pub use known_process::{
     kill_group_if_same, kill_group_remainder, process_matches, signal_process_if_same,
 };
 pub use nix::sys::signal::Signal;
-pub use open::OPEN_NO_FOLLOW;
 pub use proc_facts::{
     boot_ticks_now, is_alive, is_stopped, is_unexeced_zombie, parent_of, parent_pid,
     process_start_time,

@@ -176,7 +176,7 @@ pub(crate) fn open_regular(
     sandbox: &crate::sandbox::Sandbox,
     tool_use: &str,
 ) -> Result<std::fs::File, String> {
-    use drover_platform::open::{is_magic_link_refusal, open_for_reading, FileKind, LastLink};
+    use drover_platform::file_open::{is_magic_link_refusal, open_for_reading, FileKind, LastLink};
     let (file, kind) = open_for_reading(path, LastLink::Follow).map_err(|e| {
         if is_magic_link_refusal(&e) {
             magic_link_problem(field, path)

@@ -21,10 +21,10 @@ use ratatui::widgets::{Paragraph, Widget};
 use ratatui::{Terminal, TerminalOptions, Viewport};
 use tokio::sync::mpsc;
 
-use crate::commands::{Command, COMMANDS};
+use crate::chat_state::{Action, App, SessionHeader};
 use crate::daemon_link::{Events, Link, LinkError, LinkUpdate, Opened, Target};
 use crate::render::{self, VIEWPORT_HEIGHT};
-use crate::state::{Action, App, SessionHeader};
+use crate::slash_commands::{Command, COMMANDS};
 use crate::theme::Theme;
 
 /// Why the chat client stopped with an error.

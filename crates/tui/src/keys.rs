@@ -7,8 +7,8 @@ use std::time::Instant;
 use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 use drover_protocol::client::OpenPrompt;
 
-use crate::commands::{self, Command};
-use crate::state::{Action, App};
+use crate::chat_state::{Action, App};
+use crate::slash_commands::{self, Command};
 
 impl App {
     /// The text the user pasted.
@@ -60,7 +60,7 @@ impl App {
             KeyCode::Enter => return self.enter(),
             KeyCode::Esc => self.input.clear(),
             KeyCode::Tab => {
-                if let Some(done) = commands::complete(self.input.text()) {
+                if let Some(done) = slash_commands::complete(self.input.text()) {
                     self.input.set(&done);
                 }
             }
@@ -109,7 +109,7 @@ impl App {
         }
         if text.starts_with('/') {
             self.input.take();
-            return match commands::parse(&text) {
+            return match slash_commands::parse(&text) {
                 Ok(Command::Quit) => Some(Action::Quit),
                 Ok(Command::Compact) => {
                     self.compact_requested();

@@ -12,19 +12,19 @@
 //! - [`theme`]: styles, and `NO_COLOR`.
 //! - [`markdown`]: the assistant's Markdown as styled lines (code blocks verbatim).
 //! - [`input`]: the multi-line input box with history.
-//! - [`commands`]: the `/` commands and their completion.
-//! - [`state`]: [`App`], the whole state (pure: no IO, no clock).
+//! - [`slash_commands`]: the `/` commands and their completion.
+//! - [`chat_state`]: [`App`], the whole state (pure: no IO, no clock).
 //! - [`reducer`]: session events (and the answers to the client's requests) into the state.
-//! - [`keys`]: keys and pastes into the state, answered with [`state::Action`]s.
+//! - [`keys`]: keys and pastes into the state, answered with [`chat_state::Action`]s.
 //! - [`prompts`]: the open approval or clarify prompt as the user answers it.
 //! - [`render`]: the state as lines and as the viewport (tested with ratatui's `TestBackend`).
 //! - [`daemon_link`]: the [`Link`] and [`Events`] traits the event loop talks to the daemon
 //!   through.
 //! - [`event_loop`]: the terminal, the event loop, and carrying out actions over a [`Link`].
 //!
-//! Layers: `theme`, `input`, `commands`, `daemon_link` (leaves); `markdown` on `theme`; `state`
-//! on `input`, `commands` and `daemon_link`; `prompts`, `reducer` and `keys` on `state` (`keys`
-//! and `reducer` hand the open prompt to `prompts`); `render` on `state` and `markdown`;
+//! Layers: `theme`, `input`, `slash_commands`, `daemon_link` (leaves); `markdown` on `theme`; `chat_state`
+//! on `input`, `slash_commands` and `daemon_link`; `prompts`, `reducer` and `keys` on `chat_state` (`keys`
+//! and `reducer` hand the open prompt to `prompts`); `render` on `chat_state` and `markdown`;
 //! `event_loop` on `render` and `daemon_link`.
 //!
 //! What this crate does not do: speak WebSocket or find the daemon (the `drover` binary
@@ -33,7 +33,7 @@
 //!
 //! ```
 //! use std::time::Instant;
-//! use drover_tui::state::{App, SessionHeader};
+//! use drover_tui::chat_state::{App, SessionHeader};
 //! use drover_tui::render::block_lines;
 //! use drover_tui::Theme;
 //!
@@ -44,7 +44,7 @@
 //! assert_eq!(lines[0].to_string(), "· hello");
 //! ```
 
-pub mod commands;
+pub mod chat_state;
 pub mod daemon_link;
 pub mod event_loop;
 pub mod input;
@@ -53,12 +53,12 @@ pub mod markdown;
 pub mod prompts;
 pub mod reducer;
 pub mod render;
-pub mod state;
+pub mod slash_commands;
 #[cfg(test)]
 mod tests;
 pub mod theme;
 
+pub use chat_state::App;
 pub use daemon_link::{Events, Link, LinkError, LinkUpdate, Opened, PromptAnswer, Reply, Target};
 pub use event_loop::{run, RunError};
-pub use state::App;
 pub use theme::Theme;

@@ -9,10 +9,10 @@ use drover_protocol::client::{
     ApprovalChoice, ApprovalPrompt, ClarifyAnswer, ClarifyPrompt, OpenPrompt,
 };
 
+use crate::chat_state::{Action, App, ToolStatus, TurnItem};
+pub use crate::chat_state::{ApprovalStage, PromptView, PROMPT_QUIET};
 use crate::daemon_link::{PromptAnswer, Reply};
 use crate::input::Input;
-use crate::state::{Action, App, ToolStatus, TurnItem};
-pub use crate::state::{ApprovalStage, PromptView, PROMPT_QUIET};
 
 impl PromptView {
     fn new(prompt: OpenPrompt, now: Instant) -> PromptView {

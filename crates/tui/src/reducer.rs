@@ -17,11 +17,11 @@ use drover_protocol::event::{
 use drover_protocol::mcp::McpServerState;
 use serde_json::Value;
 
-use crate::prompts::choice_word;
-use crate::state::{
+use crate::chat_state::{
     App, Block, ChildAgent, Connection, QueuedInput, SessionHeader, ToolBlock, ToolStatus, Turn,
     TurnItem, COMPACTING,
 };
+use crate::prompts::choice_word;
 
 /// How long ago the Unix time `at` (a daemon's timestamp) was, at `wall_now`; zero for a time
 /// ahead of this clock.

@@ -13,9 +13,9 @@ use ratatui::widgets::Paragraph;
 use ratatui::Frame;
 use unicode_width::UnicodeWidthChar;
 
+use crate::chat_state::{App, Block, Connection, ToolBlock, ToolStatus, TurnItem};
 use crate::markdown;
 use crate::prompts::{always_covers, choice_key, ApprovalStage, PromptView, TYPED_AHEAD};
-use crate::state::{App, Block, Connection, ToolBlock, ToolStatus, TurnItem};
 use crate::theme::Theme;
 
 /// The viewport's height: the live part of the screen, below the scrollback.
@@ -509,7 +509,7 @@ pub fn draw(frame: &mut Frame<'_>, app: &App, theme: Theme, now: Instant) {
             Span::styled(hint, theme.dim()),
         ]));
     }
-    let completions = crate::commands::completions(app.input.text());
+    let completions = crate::slash_commands::completions(app.input.text());
     if !completions.is_empty() && app.prompt.is_none() {
         for (name, help) in completions {
             bottom.push(Line::styled(format!("  {name}  {help}"), theme.dim()));

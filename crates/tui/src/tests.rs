@@ -11,11 +11,11 @@ use drover_protocol::client::{
 use drover_protocol::event::{EventPayload, PromptSettlement, SessionEvent, TurnEnd};
 use serde_json::Value;
 
-use crate::commands::Command;
+use crate::chat_state::*;
 use crate::daemon_link::{PromptAnswer, Reply};
 use crate::prompts::*;
 use crate::reducer::*;
-use crate::state::*;
+use crate::slash_commands::Command;
 use drover_protocol::event::{
     ApprovalSettled, MessageComplete, MessageDelta, ToolComplete, ToolStart, TurnSettled,
     TurnStarted,

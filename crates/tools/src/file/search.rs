@@ -30,7 +30,7 @@ use super::confined::Op;
 use super::{display_path, io_problem, looks_binary, magic_link_problem, resolve};
 use crate::args::{result_output, Args};
 use crate::{Tool, ToolContext, ToolOutput};
-use drover_platform::open::{is_magic_link_refusal, open_for_reading, FileKind, LastLink};
+use drover_platform::file_open::{is_magic_link_refusal, open_for_reading, FileKind, LastLink};
 
 /// Matches returned when the call gives no `max_results`.
 pub const DEFAULT_MAX_RESULTS: u64 = 100;

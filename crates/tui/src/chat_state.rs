@@ -15,9 +15,9 @@ use drover_protocol::client::OpenPrompt;
 use drover_protocol::event::TurnPhase;
 use serde_json::Value;
 
-use crate::commands::Command;
 use crate::daemon_link::PromptAnswer;
 use crate::input::Input;
+use crate::slash_commands::Command;
 
 /// The notice a compaction's turn starts with.
 pub const COMPACTING: &str = "compacting the older history (/compact)…";

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use drover_protocol::Usage;
 
-use crate::wire::{self, Chunk};
+use crate::chat_completions::{self, Chunk};
 use crate::{Completion, ModelError};
 
 /// What one event meant.
@@ -55,7 +55,7 @@ impl StreamAssembly {
         let chunk: Chunk = serde_json::from_str(data).map_err(|e| {
             ModelError::Protocol(format!(
                 "a stream event is not a chat.completion.chunk ({e}): {}",
-                wire::truncate(data, 200)
+                chat_completions::truncate(data, 200)
             ))
         })?;
         if let Some(error) = chunk.error {
@@ -111,10 +111,15 @@ impl StreamAssembly {
     pub fn finish(self) -> Result<Completion, ModelError> {
         let mut tool_calls = Vec::with_capacity(self.calls.len());
         for (index, call) in self.calls {
-            tool_calls.push(wire::tool_call(index, call.id, call.name, call.arguments)?);
+            tool_calls.push(chat_completions::tool_call(
+                index,
+                call.id,
+                call.name,
+                call.arguments,
+            )?);
         }
         Ok(Completion {
-            message: wire::assistant_message(self.text, tool_calls),
+            message: chat_completions::assistant_message(self.text, tool_calls),
             usage: self.usage,
             finish_reason: self.finish_reason,
             model: self.model,
