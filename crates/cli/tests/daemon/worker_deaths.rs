@@ -10,9 +10,12 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::common::{bin, resolve_unknown};
+use crate::common::{bin, resolve_unknown, typed};
+use drover_protocol::client::{
+    AdmissionOutcome, AdmissionReceipt, AdmissionStatus, SessionSnapshot,
+};
 use drover_test_support::harness::{
-    db_value, process_name, script, signal, str_field, zombie_children, Client, OneSession,
+    db_value, process_name, script, signal, zombie_children, Client, OneSession,
 };
 use drover_test_support::{env_count, wait, Reply};
 use nix::sys::signal::Signal;
@@ -42,23 +45,29 @@ async fn settled(
     client: &mut Client,
     session_id: &str,
     admission_id: &str,
-) -> Option<(String, String)> {
+) -> Option<(AdmissionStatus, Option<AdmissionOutcome>)> {
     let deadline = Instant::now() + BOUND;
     while Instant::now() < deadline {
-        let r = client
-            .receipt(session_id, admission_id, false)
-            .await
-            .unwrap();
-        let status = r["status"].as_str().unwrap_or_default().to_string();
-        if status == "terminal" || status == "unknown" {
-            return Some((
-                status,
-                r["outcome"].as_str().unwrap_or_default().to_string(),
-            ));
+        let r: AdmissionReceipt = typed(
+            client
+                .receipt(session_id, admission_id, false)
+                .await
+                .unwrap(),
+        );
+        if matches!(
+            r.status,
+            AdmissionStatus::Terminal | AdmissionStatus::Unknown
+        ) {
+            return Some((r.status, r.outcome));
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     None
+}
+
+/// Submits `text` to `s`'s session; the admission id.
+async fn submit(s: &mut OneSession, text: &str) -> String {
+    typed::<AdmissionReceipt>(s.submit(text).await.unwrap()).admission_id
 }
 
 /// Executions still `registered` or `running` whose admission has ended.
@@ -86,16 +95,13 @@ async fn killed_templates_spares_and_workers_leave_no_turn_behind() {
     s.model
         .set_default(Reply::text("done").delay(Duration::from_millis(4)));
     let mut other = s.daemon.client().await.unwrap();
-    let other_id = str_field(
-        &other.create_session(s.home.work()).await.unwrap(),
-        "session_id",
-    );
+    let other_id =
+        typed::<SessionSnapshot>(other.create_session(s.home.work()).await.unwrap()).session_id;
     let db = s.home.db();
     let mut rng = Rng(0x5eed_1234_abcd_9876);
     let (mut killed, mut lost) = (0u64, 0u64);
     for round in 0..rounds {
-        let receipt = s.submit(&format!("round {round}")).await.unwrap();
-        let admission_id = str_field(&receipt, "admission_id");
+        let admission_id = submit(&mut s, &format!("round {round}")).await;
         // A random moment: the claim and handoff, the model request, or its settling.
         let pause = rng.below(12);
         if pause > 0 {
@@ -117,19 +123,20 @@ async fn killed_templates_spares_and_workers_leave_no_turn_behind() {
         }
         killed += victims.len() as u64;
         // At once: a turn in another session.
-        let elsewhere = other
-            .submit(&other_id, &format!("elsewhere {round}"))
-            .await
-            .unwrap();
-        let elsewhere_id = str_field(&elsewhere, "admission_id");
+        let elsewhere: AdmissionReceipt = typed(
+            other
+                .submit(&other_id, &format!("elsewhere {round}"))
+                .await
+                .unwrap(),
+        );
+        let elsewhere_id = elsewhere.admission_id;
         let ended = settled(&mut s.client, &s.session_id, &admission_id).await;
         let (status, _) = ended.unwrap_or_else(|| panic!("round {round}: the turn never ended"));
-        if status == "unknown" {
+        if status == AdmissionStatus::Unknown {
             lost += 1;
             resolve_unknown(&mut s.client, &s.session_id, &admission_id).await;
         }
-        let again = s.submit(&format!("after round {round}")).await.unwrap();
-        let again_id = str_field(&again, "admission_id");
+        let again_id = submit(&mut s, &format!("after round {round}")).await;
         for (client, session_id, id) in [
             (&mut other, other_id.as_str(), elsewhere_id.as_str()),
             (&mut s.client, s.session_id.as_str(), again_id.as_str()),
@@ -137,7 +144,7 @@ async fn killed_templates_spares_and_workers_leave_no_turn_behind() {
             let ended = settled(client, session_id, id).await;
             assert_eq!(
                 ended,
-                Some(("terminal".to_string(), "completed".to_string())),
+                Some((AdmissionStatus::Terminal, Some(AdmissionOutcome::Completed))),
                 "round {round} (killed {victims:?}): turn {id} of session {session_id}"
             );
         }
@@ -174,13 +181,12 @@ async fn a_stopped_spare_holds_no_turn() {
     let spare = s.daemon.wait_spare().await.unwrap();
     signal(spare, Signal::SIGSTOP);
     let started = Instant::now();
-    let receipt = s.submit("past a stopped spare").await.unwrap();
-    let admission_id = str_field(&receipt, "admission_id");
+    let admission_id = submit(&mut s, "past a stopped spare").await;
     let ended = settled(&mut s.client, &s.session_id, &admission_id).await;
     let took = started.elapsed();
     assert_eq!(
         ended,
-        Some(("terminal".into(), "completed".into())),
+        Some((AdmissionStatus::Terminal, Some(AdmissionOutcome::Completed))),
         "after {took:?}"
     );
     assert!(
@@ -221,10 +227,12 @@ async fn first_worker_then(first: &str) -> (OneSession, [tempfile::TempDir; 2]) 
 async fn a_worker_stopped_before_it_acknowledges_its_bootstrap_is_replaced() {
     let (mut s, _wrapper) = first_worker_then("kill -STOP $$").await;
     let spare = s.daemon.wait_spare().await.unwrap();
-    let receipt = s.submit("past a stopped worker").await.unwrap();
-    let admission_id = str_field(&receipt, "admission_id");
+    let admission_id = submit(&mut s, "past a stopped worker").await;
     let ended = settled(&mut s.client, &s.session_id, &admission_id).await;
-    assert_eq!(ended, Some(("terminal".into(), "completed".into())));
+    assert_eq!(
+        ended,
+        Some((AdmissionStatus::Terminal, Some(AdmissionOutcome::Completed)))
+    );
     assert_eq!(s.model.requests().len(), 1, "the model was asked once");
     assert!(
         wait::until(BOUND, async || !Path::new(&format!("/proc/{spare}"))
@@ -241,9 +249,11 @@ async fn a_worker_stopped_before_it_acknowledges_its_bootstrap_is_replaced() {
 async fn a_worker_dead_before_it_acknowledges_its_bootstrap_is_replaced() {
     let (mut s, _wrapper) = first_worker_then("exit 3").await;
     s.daemon.wait_spare().await.unwrap();
-    let receipt = s.submit("past a dead worker").await.unwrap();
-    let admission_id = str_field(&receipt, "admission_id");
+    let admission_id = submit(&mut s, "past a dead worker").await;
     let ended = settled(&mut s.client, &s.session_id, &admission_id).await;
-    assert_eq!(ended, Some(("terminal".into(), "completed".into())));
+    assert_eq!(
+        ended,
+        Some((AdmissionStatus::Terminal, Some(AdmissionOutcome::Completed)))
+    );
     assert_eq!(s.model.requests().len(), 1, "the model was asked once");
 }
