@@ -11,11 +11,22 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use crate::common::bin;
-use drover_test_support::harness::{db_value, eventually, Daemon, TestHome};
+use crate::common::{bin, typed};
+use drover_protocol::client::{AdmissionReceipt, SessionSnapshot};
+use drover_test_support::harness::{db_value, eventually, Client, Daemon, TestHome};
 use drover_test_support::harness::{model_daemon, model_home};
 use drover_test_support::{Gate, Reply};
 use serde_json::json;
+
+/// A new session in `home`'s work folder; its id.
+async fn new_session(client: &mut Client, home: &TestHome) -> String {
+    typed::<SessionSnapshot>(client.create_session(home.work()).await.unwrap()).session_id
+}
+
+/// Submits `text` to `session_id`; the admission id.
+async fn submit(client: &mut Client, session_id: &str, text: &str) -> String {
+    typed::<AdmissionReceipt>(client.submit(session_id, text).await.unwrap()).admission_id
+}
 
 /// Runs `drover ARGS --home HOME` to its end, bounded: a command that would run on (a daemon
 /// that should have refused to start) is killed and the test fails.
@@ -81,10 +92,8 @@ async fn deleting_daemon_lock_does_not_let_a_second_owner_touch_the_ledger() {
     let (model, home, d, mut c) = model_daemon(bin()).await.unwrap();
     let gate = Gate::new();
     model.push(Reply::text("still mine").gated(&gate));
-    let s = c.create_session(home.work()).await.unwrap();
-    let sid = s["session_id"].as_str().unwrap().to_string();
-    let receipt = c.submit(&sid, "hold").await.unwrap();
-    let admission_id = receipt["admission_id"].as_str().unwrap().to_string();
+    let sid = new_session(&mut c, &home).await;
+    let admission_id = submit(&mut c, &sid, "hold").await;
     assert!(gate.wait_reached(Duration::from_secs(20)).await);
 
     std::fs::remove_file(home.path().join("daemon.lock")).unwrap();
@@ -360,11 +369,9 @@ async fn logs_are_private_and_rotate_within_a_bound() {
     .await
     .unwrap();
     let mut c = d.client().await.unwrap();
-    let s = c.create_session(home.work()).await.unwrap();
-    let sid = s["session_id"].as_str().unwrap().to_string();
+    let sid = new_session(&mut c, &home).await;
     model.push(Reply::text("done"));
-    let receipt = c.submit(&sid, "hello").await.unwrap();
-    let admission_id = receipt["admission_id"].as_str().unwrap().to_string();
+    let admission_id = submit(&mut c, &sid, "hello").await;
     assert_eq!(c.wait_settled(&admission_id).await.unwrap(), "completed");
     let logs = home.path().join("logs");
     // Reconnects log at debug level; keep connecting until the log has been cut a few times.
