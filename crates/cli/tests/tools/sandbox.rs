@@ -13,8 +13,15 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::common::bin;
-use drover_test_support::harness::{db_rows, str_field, OneSession, TestHome};
+use crate::common::{bin, error_data, typed, typed_event};
+use drover_protocol::client::{
+    AdmissionReceipt, ApprovalChoice, ApprovalPrompt, ApprovalRespondParams, OpenPrompt,
+    SessionSnapshot,
+};
+use drover_protocol::event::EventPayload;
+use drover_protocol::sandbox::Confinement;
+use drover_protocol::ErrorReason;
+use drover_test_support::harness::{db_rows, OneSession, TestHome};
 use drover_test_support::{wait, Gate, Reply};
 use serde_json::{json, Value};
 
@@ -70,22 +77,38 @@ async fn terminal_turn(s: &mut OneSession, call_id: &str, args: Value) -> Value 
 
 /// Submits `text` and waits for the turn's approval prompt; gives the admission id and the
 /// prompt (the event's payload).
-async fn submit_until_approval(s: &mut OneSession, text: &str) -> (String, Value) {
-    let receipt = s.submit(text).await.unwrap();
-    let request = s.client.wait_event_type("approval.request").await.unwrap();
-    (
-        str_field(&receipt, "admission_id"),
-        request["payload"].clone(),
-    )
+async fn submit_until_approval(s: &mut OneSession, text: &str) -> (String, ApprovalPrompt) {
+    let receipt: AdmissionReceipt = typed(s.submit(text).await.unwrap());
+    let request = typed_event(&mut s.client, "approval.request").await;
+    let EventPayload::ApprovalRequest(OpenPrompt::Approval(prompt)) = request.event else {
+        panic!("not an approval request: {request:?}");
+    };
+    (receipt.admission_id, prompt)
+}
+
+/// Answers `prompt` of `s`'s session with `choice`.
+async fn answer(s: &mut OneSession, prompt: &ApprovalPrompt, choice: ApprovalChoice) {
+    let params = json!(ApprovalRespondParams {
+        session_id: s.session_id.clone(),
+        execution_generation: prompt.execution_generation,
+        prompt_id: prompt.prompt_id.clone(),
+        choice,
+    });
+    s.client.call_ok("approval.respond", params).await.unwrap();
 }
 
 /// Answers `prompt` of `s`'s session `once`.
-async fn once(s: &mut OneSession, prompt: &Value) {
-    let session_id = s.session_id.clone();
-    s.client
-        .respond_approval(&session_id, prompt, "once")
-        .await
-        .unwrap();
+async fn once(s: &mut OneSession, prompt: &ApprovalPrompt) {
+    answer(s, prompt, ApprovalChoice::Once).await;
+}
+
+/// `info.confinement` of `s`'s session as `session.resume` gives it.
+async fn confinement(s: &mut OneSession) -> Confinement {
+    let snapshot: SessionSnapshot = typed(s.resume().await.unwrap());
+    snapshot
+        .info
+        .confinement
+        .expect("no confinement in the snapshot")
 }
 
 /// Fails, showing `text`, when `text` holds `needle`.
@@ -222,8 +245,8 @@ async fn a_tool_cannot_read_the_token_or_answer_its_own_approval() {
     lacks(&log, "101 Switching", "the tool reached the WebSocket");
 
     // The prompt is still open, the command has not run, and no rule was stored.
-    let resume = s.resume().await.unwrap();
-    assert_eq!(resume["prompts"].as_array().unwrap().len(), 1, "{resume}");
+    let resume: SessionSnapshot = typed(s.resume().await.unwrap());
+    assert_eq!(resume.prompts.len(), 1, "{resume:?}");
     assert!(
         victim.join("keep.txt").exists(),
         "rm -rf ran without the human"
@@ -336,8 +359,8 @@ async fn network_false_refuses_tcp_and_is_frozen_per_session() {
         listener.accept().is_err(),
         "the listener accepted a connection from a network = false tool"
     );
-    let info = s.resume().await.unwrap()["info"]["confinement"].clone();
-    assert_eq!(info["network"], "blocked", "{info}");
+    let info = confinement(&mut s).await;
+    assert_eq!(info.network, "blocked", "{info:?}");
 
     // A session made after the config allows the network again connects; the first one
     // keeps what it froze.
@@ -347,15 +370,16 @@ async fn network_false_refuses_tcp_and_is_frozen_per_session() {
         config.replace("network = false", "network = true"),
     )
     .unwrap();
-    let created = s
-        .client
-        .call_ok(
-            "session.create",
-            json!({"request_id": "open-net", "cwd": s.home.work(), "toolsets": ["terminal"]}),
-        )
-        .await
-        .unwrap();
-    let open_session = str_field(&created, "session_id");
+    let created: SessionSnapshot = typed(
+        s.client
+            .call_ok(
+                "session.create",
+                json!({"request_id": "open-net", "cwd": s.home.work(), "toolsets": ["terminal"]}),
+            )
+            .await
+            .unwrap(),
+    );
+    let open_session = created.session_id;
     s.model
         .push(Reply::tool_call("call_open", "terminal", connect.clone()));
     s.model.push(Reply::text("done"));
@@ -389,10 +413,10 @@ async fn sandbox_false_asks_first_and_once_runs_the_command_unconfined() {
     ));
     s.model.push(Reply::text("done"));
     let (admission_id, prompt) = submit_until_approval(&mut s, "escalate").await;
-    let shown = format!("{} {}", prompt["command"], prompt["description"]);
+    let shown = format!("{} {}", prompt.command, prompt.description);
     assert!(
         shown.contains("sandbox"),
-        "the prompt does not say why: {prompt}"
+        "the prompt does not say why: {prompt:?}"
     );
     assert!(!probe.path().exists(), "it ran before the answer");
     once(&mut s, &prompt).await;
@@ -454,9 +478,9 @@ async fn off_confines_nothing_and_says_so() {
     )
     .await;
     assert!(probe.path().exists(), "mode off still confined: {result}");
-    let info = s.resume().await.unwrap()["info"]["confinement"].clone();
-    assert_eq!(info["sandbox"], "off", "{info}");
-    assert_eq!(info["home_hidden"], false, "{info}");
+    let info = confinement(&mut s).await;
+    assert_eq!(info.sandbox, "off", "{info:?}");
+    assert!(!info.home_hidden, "{info:?}");
 }
 
 #[tokio::test]
@@ -479,8 +503,9 @@ async fn a_session_cannot_start_inside_the_home() {
         .await
         .unwrap()
         .unwrap_err();
-    assert_eq!(error["data"]["reason"], "invalid_params", "{error}");
-    assert_eq!(error["data"]["field"], "cwd", "{error}");
+    let data = error_data(&error);
+    assert_eq!(data.reason, ErrorReason::InvalidParams, "{error}");
+    assert_eq!(data.field.as_deref(), Some("cwd"), "{error}");
 }
 
 #[tokio::test]
@@ -535,7 +560,7 @@ async fn a_tool_cannot_stop_the_owner_the_worker_or_the_template() {
     // already exited would pass for one not stopped.
     let held = Gate::new();
     s.model.push(Reply::text("done").gated(&held));
-    let receipt = s.submit("stop them").await.unwrap();
+    let receipt: AdmissionReceipt = typed(s.submit("stop them").await.unwrap());
     let log = wait::file(&work.join("sig.log"), LIMIT, |t| {
         t.contains("end\n").then(|| t.to_string())
     })
@@ -568,8 +593,10 @@ async fn a_tool_cannot_stop_the_owner_the_worker_or_the_template() {
     assert!(stopped.is_empty(), "a tool stopped {stopped:?}:\n{log}");
     lacks(&log, "STOPPED", "a kill -STOP went through");
     // The owner goes on serving: this turn and the next complete.
-    let admission_id = str_field(&receipt, "admission_id");
-    assert_eq!(s.wait_settled(&admission_id).await.unwrap(), "completed");
+    assert_eq!(
+        s.wait_settled(&receipt.admission_id).await.unwrap(),
+        "completed"
+    );
     let next = terminal_turn(&mut s, "call_after", json!({"command": "echo still-here"})).await;
     assert!(output(&next).contains("still-here"), "{next}");
 }
@@ -690,13 +717,13 @@ async fn network_false_closes_tcp_mptcp_udp_dns_and_abstract_sockets() {
     for way in ways {
         assert!(shown.contains(&format!("{way}: closed")), "{way}: {result}");
     }
-    let info = blocked.resume().await.unwrap()["info"]["confinement"].clone();
-    assert_eq!(info["network"], "blocked", "{info}");
+    let info = confinement(&mut blocked).await;
+    assert_eq!(info.network, "blocked", "{info:?}");
     assert!(
-        info["problems"]
-            .to_string()
-            .contains("pathname unix sockets"),
-        "what stays open is not said: {info}"
+        info.problems
+            .iter()
+            .any(|problem| problem.contains("pathname unix sockets")),
+        "what stays open is not said: {info:?}"
     );
 
     // With the network on, the same probe reaches every listener: it tests what it says.
@@ -784,16 +811,12 @@ async fn an_exec_job_asks_in_auto_mode_and_denied_reads_nothing() {
     ));
     s.model.push(Reply::text("done"));
     let (admission_id, prompt) = submit_until_approval(&mut s, "submit it").await;
-    let shown = format!("{} {}", prompt["command"], prompt["description"]);
+    let shown = format!("{} {}", prompt.command, prompt.description);
     assert!(
         shown.contains("unconfined") && shown.contains("UNCONFINED"),
-        "the prompt does not say it runs unconfined: {prompt}"
+        "the prompt does not say it runs unconfined: {prompt:?}"
     );
-    let session_id = s.session_id.clone();
-    s.client
-        .respond_approval(&session_id, &prompt, "deny")
-        .await
-        .unwrap();
+    answer(&mut s, &prompt, ApprovalChoice::Deny).await;
     assert_eq!(s.wait_settled(&admission_id).await.unwrap(), "completed");
     let result = s.tool_result("call_job").to_string();
     assert!(result.contains("denied"), "{result}");
