@@ -6,7 +6,9 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use crate::common::{bin, http_head};
+use crate::common::{bin, error_data, http_head, typed};
+use drover_protocol::client::{Pong, SessionSnapshot};
+use drover_protocol::{ErrorReason, RpcError};
 use drover_test_support::harness::{model_home, run_drover, script, Client, Daemon, TestHome};
 
 /// Runs `drover daemon` on `home` to its end (bounded; the child is reaped either way).
@@ -135,8 +137,7 @@ async fn a_failing_disk_gives_storage_unavailable_and_the_input_is_not_acknowled
     // A session whose first input's turn is held, so later inputs stay queued (no worker churn).
     let gate = drover_test_support::Gate::new();
     model.set_default(drover_test_support::Reply::text("held").gated(&gate));
-    let s = c.create_session(home.work()).await.unwrap();
-    let sid = s["session_id"].as_str().unwrap().to_string();
+    let sid = typed::<SessionSnapshot>(c.create_session(home.work()).await.unwrap()).session_id;
     let big = "x".repeat(256 * 1024);
     let mut acknowledged = Vec::new();
     let mut refused = None;
@@ -158,11 +159,16 @@ async fn a_failing_disk_gives_storage_unavailable_and_the_input_is_not_acknowled
         }
     }
     let (refused_id, err) = refused.expect("the file size limit was never hit");
-    assert_eq!(err["code"], 5001, "{err}");
-    assert_eq!(err["data"]["reason"], "storage_unavailable", "{err}");
+    assert_eq!(typed::<RpcError>(err.clone()).code, 5001, "{err}");
+    assert_eq!(
+        error_data(&err).reason,
+        ErrorReason::StorageUnavailable,
+        "{err}"
+    );
     assert!(!acknowledged.is_empty());
     // The daemon keeps serving.
-    assert_eq!(c.call_ok("ping", json!({})).await.unwrap()["pong"], true);
+    let pong: Pong = typed(c.call_ok("ping", json!({})).await.unwrap());
+    assert_eq!(pong, Pong { pong: true });
     gate.open();
     d.kill().unwrap();
 
