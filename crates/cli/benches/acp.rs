@@ -133,10 +133,7 @@ fn cpu_s(pid: u32) -> Result<f64> {
 async fn ws_turn(c: &mut Client, sid: &str, text: &str) -> Result<f64> {
     let t0 = Instant::now();
     let receipt = c.submit(sid, text).await?;
-    let aid = receipt["admission_id"]
-        .as_str()
-        .ok_or_else(|| anyhow!("receipt without admission_id: {receipt}"))?
-        .to_string();
+    let aid = bench::admission_id(&receipt)?;
     let deadline = Instant::now() + WAIT;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());

@@ -238,10 +238,7 @@ async fn timed_turn(
     let submit = Instant::now();
     let receipt = client.submit(session_id, text).await?;
     let ack = Instant::now();
-    let admission_id = receipt["admission_id"]
-        .as_str()
-        .ok_or_else(|| anyhow!("receipt without admission_id: {receipt}"))?
-        .to_string();
+    let admission_id = bench::admission_id(&receipt)?;
     let mut started = None;
     let mut tool_start = None;
     let mut tool_complete = None;

@@ -255,10 +255,7 @@ async fn timed_turn(c: &mut Client, sid: &str, text: &str) -> Result<Value> {
     let t0 = Instant::now();
     let receipt = c.submit(sid, text).await?;
     let ack = t0.elapsed();
-    let aid = receipt["admission_id"]
-        .as_str()
-        .ok_or_else(|| anyhow!("receipt without admission_id: {receipt}"))?
-        .to_string();
+    let aid = bench::admission_id(&receipt)?;
     let mut started = None;
     let deadline = Instant::now() + WAIT;
     loop {

@@ -140,6 +140,14 @@ pub fn current_thread_runtime(
         })
 }
 
+/// The `admission_id` of a `prompt.submit` receipt, or an error showing the receipt.
+pub fn admission_id(receipt: &Value) -> Result<String> {
+    receipt["admission_id"]
+        .as_str()
+        .map(str::to_string)
+        .ok_or_else(|| anyhow::anyhow!("receipt without admission_id: {receipt}"))
+}
+
 /// `d` in milliseconds, as the benchmarks report times.
 pub fn millis(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0

@@ -14,7 +14,7 @@ use std::time::Duration;
 use drover_protocol::event::{EventPayload, SessionEvent};
 use drover_protocol::rpc::ErrorData;
 use drover_test_support::harness::{Client, TestHome};
-use drover_test_support::MockModel;
+use drover_test_support::{MockModel, Reply};
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
@@ -25,6 +25,16 @@ pub fn bin() -> &'static Path {
 
 /// A home on a new loopback model (`stream`ing or not) whose sessions get the terminal and
 /// clarify tools.
+/// Scripts a turn that runs `echo hi` in the terminal, then answers `answer`.
+pub fn script_echo_hi(model: &MockModel, answer: &str) {
+    model.push(Reply::tool_call(
+        "c1",
+        "terminal",
+        json!({"command": "echo hi"}),
+    ));
+    model.push(Reply::text(answer));
+}
+
 pub async fn model_home_with_clarify(stream: bool) -> (MockModel, TestHome) {
     let model = MockModel::start().await;
     let home = TestHome::new().unwrap();

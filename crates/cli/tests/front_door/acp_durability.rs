@@ -209,6 +209,24 @@ fn script_append(model: &MockModel, home: &TestHome, gate: &Gate, answer: &str) 
     log
 }
 
+/// A new `drover acp` that answers permissions with `answer`, `verb`s (`resume` or `load`)
+/// `session` and waits for an update of `kind`; its run ended with no error.
+async fn rejoin(home: &TestHome, session: &str, verb: &str, answer: &str, kind: &str) -> AcpResult {
+    let r = client(
+        home,
+        json!([
+            {"op": "initialize"},
+            {"op": "permissions", "answer": answer},
+            {"op": verb, "sessionId": session, "cwd": home.work()},
+            {"op": "wait_update", "kind": kind},
+        ]),
+    )
+    .result(RUN)
+    .await;
+    assert!(r.error().is_null(), "{}", r.transcript);
+    r
+}
+
 /// A client makes a session and prompts; the turn's permission request comes, the client
 /// holds it, and `drover acp` is SIGKILLed. Gives the session and the request.
 async fn kill_with_a_permission_open(home: &TestHome, prompt: &str) -> (String, Value) {
@@ -344,18 +362,7 @@ async fn the_reasked_permission_names_the_tool_call_it_is_about() {
     let (session, asked_first) = kill_with_a_permission_open(&home, "Append the line").await;
     assert_eq!(asked_first["toolCall"]["toolCallId"], "call_append");
 
-    let r = client(
-        &home,
-        json!([
-            {"op": "initialize"},
-            {"op": "permissions", "answer": "once"},
-            {"op": "resume", "sessionId": session, "cwd": home.work()},
-            {"op": "wait_update", "kind": "tool_call_update"},
-        ]),
-    )
-    .result(RUN)
-    .await;
-    assert!(r.error().is_null(), "{}", r.transcript);
+    let r = rejoin(&home, &session, "resume", "once", "tool_call_update").await;
     assert_eq!(runs(&log), 1, "{}", r.transcript);
     let asked_again = r.permissions()[0]["toolCall"]["toolCallId"].clone();
     let first_of_call = r
@@ -383,18 +390,7 @@ async fn load_after_sigkill_with_a_permission_open_replays_the_call_open_and_ask
     let log = script_append(&model, &home, &gate, "Appended after the load");
     let (session, _) = kill_with_a_permission_open(&home, "Append the line").await;
 
-    let r = client(
-        &home,
-        json!([
-            {"op": "initialize"},
-            {"op": "permissions", "answer": "once"},
-            {"op": "load", "sessionId": session, "cwd": home.work()},
-            {"op": "wait_update", "kind": "tool_call_update"},
-        ]),
-    )
-    .result(RUN)
-    .await;
-    assert!(r.error().is_null(), "{}", r.transcript);
+    let r = rejoin(&home, &session, "load", "once", "tool_call_update").await;
     r.ok("load", 0);
     let replay = r.updates_before_response("session/load");
     let kinds: Vec<(&str, &str)> = replay
@@ -844,18 +840,7 @@ async fn sigkill_of_drover_acp_with_a_clarify_question_open_asks_it_again() {
     ));
     model.push(Reply::text("Beta it is"));
     let (session, asked_first) = kill_with_a_permission_open(&home, "Pick one").await;
-    let r = client(
-        &home,
-        json!([
-            {"op": "initialize"},
-            {"op": "permissions", "answer": "choice:1"},
-            {"op": "resume", "sessionId": session, "cwd": home.work()},
-            {"op": "wait_update", "kind": "agent_message_chunk"},
-        ]),
-    )
-    .result(RUN)
-    .await;
-    assert!(r.error().is_null(), "{}", r.transcript);
+    let r = rejoin(&home, &session, "resume", "choice:1", "agent_message_chunk").await;
     let asked = r.permissions();
     assert_eq!(asked.len(), 1, "{}", r.transcript);
     assert_eq!(

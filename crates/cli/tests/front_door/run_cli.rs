@@ -7,12 +7,12 @@ use std::path::Path;
 use std::process::Output;
 use std::time::Duration;
 
-use crate::common::bin;
+use crate::common::{bin, script_echo_hi};
 use drover_test_support::harness::{
     daemon_info, message_contents, model_home, pid_alive, run_drover, KillDaemonOnDrop, TestHome,
 };
 use drover_test_support::{MockModel, Reply};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 /// Runs `drover <args>` with a bounded wait; the child is reaped either way.
 async fn drover(home: &Path, args: &[&str]) -> Output {
@@ -48,12 +48,7 @@ fn daemon_pid(home: &Path) -> Option<u32> {
 async fn run_starts_a_daemon_streams_the_answer_and_stop_stops_it() {
     let (model, home) = model_home(true).await.unwrap();
     let _guard = KillDaemonOnDrop(home.path());
-    model.push(Reply::tool_call(
-        "c1",
-        "terminal",
-        json!({"command": "echo hi"}),
-    ));
-    model.push(Reply::text("All done: hi"));
+    script_echo_hi(&model, "All done: hi");
 
     let out = drover(home.path(), &["run", "say hi"]).await;
     let stdout = String::from_utf8_lossy(&out.stdout);

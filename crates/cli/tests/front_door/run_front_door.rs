@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::{bin, typed};
+use crate::common::{bin, script_echo_hi, typed};
 use drover_client::read_daemon_info;
 use drover_protocol::client::{
     AdmissionOutcome, AdmissionReceipt, AdmissionStatus, SessionPage, SessionSnapshot,
@@ -116,12 +116,7 @@ async fn run_reads_the_prompt_from_stdin_and_titles_the_new_session() {
 async fn run_json_prints_each_event_as_the_wire_has_it_then_the_receipt() {
     let (model, home) = model_home(true).await.unwrap();
     let _guard = KillDaemonOnDrop(home.path());
-    model.push(Reply::tool_call(
-        "c1",
-        "terminal",
-        json!({"command": "echo hi"}),
-    ));
-    model.push(Reply::text("done"));
+    script_echo_hi(&model, "done");
     let out = drover(home.path(), &["run", "--json", "go"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let lines: Vec<Value> = text(&out.stdout)
