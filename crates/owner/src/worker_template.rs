@@ -240,8 +240,7 @@ async fn lost_pidfd(pid: i32) -> std::io::Error {
 /// between the fork and its answer): the owner's children with the template's command line,
 /// started while it lived (`lifetime`, clock ticks after boot, from its start to its failure),
 /// that no pidfd of the owner holds. Call once the template is reaped, so it forks nothing
-/// more. A spare of the next template started in the tick of the failure is already held by
-/// its pidfd when this runs: its answer comes within microseconds of its fork.
+/// more, and before the next template starts, so none of its spares is in the scan.
 async fn reap_unanswered_forks(cmdline: Vec<u8>, lifetime: std::ops::RangeInclusive<u64>) {
     let reaped = tokio::task::spawn_blocking(move || {
         let orphans = fork::unheld_children(&cmdline, lifetime);
@@ -311,7 +310,8 @@ impl TemplateSlot {
             match Template::start(command, &self.log) {
                 Ok(t) => self.template = Some(t),
                 Err(e) => {
-                    self.failed(format!("cannot start the worker template: {e}"));
+                    self.failed(format!("cannot start the worker template: {e}"))
+                        .await;
                     return None;
                 }
             }
@@ -328,15 +328,20 @@ impl TemplateSlot {
                 None
             }
             Err(ForkError::Template(e)) => {
-                self.failed(format!("the worker template cannot fork a spare: {e}"));
+                self.failed(format!("the worker template cannot fork a spare: {e}"))
+                    .await;
                 None
             }
         }
     }
 
-    /// Counts a failed template and stops it in the background: the slot is free at once
-    /// (the next fork request starts a new template), and no turn waits for the old one's end.
-    fn failed(&mut self, why: String) {
+    /// Counts a failed template, stops it and reaps the spares it forked but never answered
+    /// for, before the slot is free: a spare of the next template must not be in that scan,
+    /// whose range of start times can only be read to the tick (under load the next template's
+    /// first spare was forked within the failure's tick, taken for a turn, and killed as an
+    /// orphan). The turn asking waits for this (a few milliseconds) and is given an exec'd
+    /// worker.
+    async fn failed(&mut self, why: String) {
         self.failures += 1;
         tracing::warn!(failures = self.failures, "{why}; this spare is exec'd");
         if self.failures >= FAILURES_MAX {
@@ -347,15 +352,13 @@ impl TemplateSlot {
         }
         if let Some(t) = self.template.take() {
             let failed_at = drover_platform::boot_ticks_now();
-            tokio::spawn(async move {
-                let (cmdline, started_at) = (t.cmdline.clone(), t.started_at);
-                t.stop().await;
-                // One tick more: the failure's time and a spare's start time are read from
-                // two clocks, each rounded down to a tick.
-                if let (Some(from), Some(to)) = (started_at, failed_at) {
-                    reap_unanswered_forks(cmdline, from..=to + 1).await;
-                }
-            });
+            let (cmdline, started_at) = (t.cmdline.clone(), t.started_at);
+            t.stop().await;
+            // One tick more: the failure's time and a spare's start time are read from two
+            // clocks, each rounded down to a tick.
+            if let (Some(from), Some(to)) = (started_at, failed_at) {
+                reap_unanswered_forks(cmdline, from..=to + 1).await;
+            }
         }
     }
 
