@@ -9,6 +9,12 @@
 //! any delay or gate. Failures to play: HTTP errors, dropped connections, cut streams, and
 //! stalls ([`Reply::stall`]: headers, then silence until the server stops).
 //!
+//! `POST /v1/responses` (or `/responses`), OpenAI's Responses API as Codex speaks it, pops from
+//! the same script: the same reply plays as a `message` output item (text) and `function_call`
+//! items (tool calls), streamed as named SSE events with a `sequence_number` when the request
+//! says `stream: true`, else as one `response` object (see the `responses` module). So one
+//! script drives an agent whichever API it speaks; [`MockModel::request_paths`] tells which.
+//!
 //! ```no_run
 //! # async fn demo() {
 //! use drover_test_support::{Gate, MockModel, Reply};
@@ -29,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
@@ -39,6 +45,8 @@ const REQUEST_BODY_LIMIT: usize = 64 * 1024 * 1024;
 use futures::StreamExt;
 use serde_json::{json, Value};
 use tokio::sync::watch;
+
+mod responses;
 
 /// A function from a request body to its reply.
 pub type Responder = Arc<dyn Fn(&Value) -> Reply + Send + Sync>;
@@ -65,6 +73,8 @@ struct Shared {
     requests: Mutex<Vec<Value>>,
     /// The headers of each logged request, in the same order.
     headers: Mutex<Vec<Vec<(String, String)>>>,
+    /// The path each logged request was posted to, in the same order.
+    paths: Mutex<Vec<String>>,
     /// The number of logged requests, so waiters are woken instead of polling.
     arrived: watch::Sender<usize>,
     /// Set on drop: stops the server and releases every held reply.
@@ -90,13 +100,19 @@ pub fn last_message(request: &Value) -> Value {
         .unwrap_or(Value::Null)
 }
 
-/// The names of the tools a logged model request offered, in order.
+/// The names of the tools a logged model request offered, in order: `function.name` of a chat
+/// completions request, `name` of a Responses API one.
 pub fn tool_names(request: &Value) -> Vec<String> {
     request["tools"]
         .as_array()
         .into_iter()
         .flatten()
-        .filter_map(|t| t["function"]["name"].as_str().map(str::to_string))
+        .filter_map(|t| {
+            t["function"]["name"]
+                .as_str()
+                .or_else(|| t["name"].as_str())
+                .map(str::to_string)
+        })
         .collect()
 }
 
@@ -122,6 +138,7 @@ impl MockModel {
             responder: Mutex::new(None),
             requests: Mutex::new(Vec::new()),
             headers: Mutex::new(Vec::new()),
+            paths: Mutex::new(Vec::new()),
             arrived: watch::Sender::new(0),
             shutdown: watch::Sender::new(false),
             models: Mutex::new(None),
@@ -132,6 +149,8 @@ impl MockModel {
         let app = Router::new()
             .route("/v1/chat/completions", post(chat_completions))
             .route("/chat/completions", post(chat_completions))
+            .route("/v1/responses", post(responses))
+            .route("/responses", post(responses))
             .route("/v1/models", get(models))
             // Real endpoints take requests of many MiB (long histories); axum's 2 MiB
             // default would answer 413 first.
@@ -211,6 +230,14 @@ impl MockModel {
     /// [`requests`]: MockModel::requests
     pub fn request_headers(&self) -> Vec<Vec<(String, String)>> {
         lock(&self.shared.headers).clone()
+    }
+
+    /// The path of every request so far (`/v1/chat/completions`, `/v1/responses`, ...),
+    /// parallel to [`requests`].
+    ///
+    /// [`requests`]: MockModel::requests
+    pub fn request_paths(&self) -> Vec<String> {
+        lock(&self.shared.paths).clone()
     }
 
     /// Waits until at least `n` requests have arrived; false on timeout.
@@ -444,8 +471,35 @@ async fn models(State(shared): State<Arc<Shared>>) -> Response {
     }
 }
 
+/// The API a request came in on: the same script plays on both.
+#[derive(Clone, Copy)]
+enum Api {
+    ChatCompletions,
+    Responses,
+}
+
 async fn chat_completions(
     State(shared): State<Arc<Shared>>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    serve(shared, Api::ChatCompletions, uri, headers, body).await
+}
+
+async fn responses(
+    State(shared): State<Arc<Shared>>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    serve(shared, Api::Responses, uri, headers, body).await
+}
+
+async fn serve(
+    shared: Arc<Shared>,
+    api: Api,
+    uri: Uri,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
@@ -463,6 +517,7 @@ async fn chat_completions(
                 })
                 .collect();
             lock(&shared.headers).push(headers);
+            lock(&shared.paths).push(uri.path().to_string());
             requests.push(request.clone());
         }
         drop(requests);
@@ -499,11 +554,14 @@ async fn chat_completions(
         ReplyBody::Error { status, message } => error_response(*status, message),
         ReplyBody::DropConnection => broken_body(Vec::new()),
         ReplyBody::Stall => stalled_body(Vec::new(), is_stream(&request), stop),
+        ReplyBody::Answer { text, calls } if matches!(api, Api::Responses) => {
+            responses::answer(&reply, text, calls, &request, stop)
+        }
         ReplyBody::Answer { text, calls } => {
             let model = request.get("model").cloned().unwrap_or(Value::Null);
             let stream = is_stream(&request);
             if stream && reply.stall {
-                stalled_body(text_chunks(text, &model), true, stop)
+                stalled_body(sse_data(&text_chunks(text, &model)), true, stop)
             } else if reply.stall {
                 stalled_body(Vec::new(), false, stop)
             } else if stream {
@@ -599,7 +657,7 @@ fn stream_answer(
         None => text_chunks(text, model),
     };
     if reply.cut {
-        return broken_body(chunks);
+        return broken_body(sse_data(&chunks));
     }
     // Headers first, then the argument pieces of all calls interleaved by index, so that only
     // `index` tells them apart.
@@ -683,14 +741,16 @@ fn line_chunks(text: &str, model: &Value) -> Vec<Value> {
     chunks
 }
 
-/// A `200` response (SSE when `stream`, else JSON) whose body yields `chunks` as SSE events and
-/// then nothing, until the server stops (then the connection is aborted).
-fn stalled_body(chunks: Vec<Value>, stream: bool, mut stop: watch::Receiver<bool>) -> Response {
-    let good = futures::stream::iter(
-        chunks
-            .into_iter()
-            .map(|c| Ok::<_, std::io::Error>(format!("data: {c}\n\n"))),
-    );
+/// Each chunk as one unnamed SSE event (`data: ...`), as chat completions streams them.
+fn sse_data(chunks: &[Value]) -> Vec<String> {
+    chunks.iter().map(|c| format!("data: {c}\n\n")).collect()
+}
+
+/// A `200` response (SSE when `stream`, else JSON) whose body yields `events` (whole SSE events,
+/// blank line included) and then nothing, until the server stops (then the connection is
+/// aborted).
+fn stalled_body(events: Vec<String>, stream: bool, mut stop: watch::Receiver<bool>) -> Response {
+    let good = futures::stream::iter(events.into_iter().map(Ok::<_, std::io::Error>));
     let silence = futures::stream::once(async move {
         let _ = stop.wait_for(|s| *s).await;
         Err(std::io::Error::new(
@@ -706,14 +766,10 @@ fn stalled_body(chunks: Vec<Value>, stream: bool, mut stop: watch::Receiver<bool
     }
 }
 
-/// A `200 text/event-stream` response whose body yields `chunks` as SSE events and then fails,
-/// which makes hyper abort the connection.
-fn broken_body(chunks: Vec<Value>) -> Response {
-    let good = futures::stream::iter(
-        chunks
-            .into_iter()
-            .map(|c| Ok::<_, std::io::Error>(format!("data: {c}\n\n"))),
-    );
+/// A `200 text/event-stream` response whose body yields `events` (whole SSE events) and then
+/// fails, which makes hyper abort the connection.
+fn broken_body(events: Vec<String>) -> Response {
+    let good = futures::stream::iter(events.into_iter().map(Ok::<_, std::io::Error>));
     let failure = futures::stream::once(async {
         tokio::time::sleep(CUT_FLUSH_DELAY).await;
         Err(std::io::Error::new(
