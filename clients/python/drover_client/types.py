@@ -1014,6 +1014,11 @@ class SessionCreateParams(TypedDict):
     Params of `session.create`. Everything but `request_id` defaults from `config.toml`.
     """
 
+    agent: NotRequired[str | None]
+    """
+    The external agent whose turns the session runs: a name of `[agents.<name>]` in
+    `config.toml` (docs/agents.md). Absent: drover's own agent loop.
+    """
     api_key: NotRequired[str | None]
     """
     An API key stored with the session and used by its turns: 1 to 4096 bytes, no control
@@ -1227,6 +1232,11 @@ class SessionInfo(TypedDict):
     `session.resume` `info`: the session's frozen settings.
     """
 
+    agent: NotRequired[str | None]
+    """
+    The external agent whose turns the session runs (`[agents.<name>]`); absent for
+    drover's own agent loop.
+    """
     approval_mode: NotRequired[ApprovalMode | None]
     """
     The approval mode its next turn gets: `deny` while `config.toml` says `deny`, else the
@@ -1416,6 +1426,11 @@ class SessionSummary(TypedDict):
     One row of `session.list`.
     """
 
+    agent: NotRequired[str | None]
+    """
+    The external agent whose turns the session runs (`[agents.<name>]`); absent for
+    drover's own agent loop.
+    """
     approval_mode: NotRequired[ApprovalMode | None]
     """
     The approval mode its next turn gets, as `session.resume` `info.approval_mode` (absent

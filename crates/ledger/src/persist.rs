@@ -329,6 +329,9 @@ fn apply_in(
         Operation::ContextWindow(p) => {
             crate::compactions::set_context_window(tx, &session_id, p.context_window)?
         }
+        Operation::AgentSession(p) => {
+            crate::sessions::set_agent_session(tx, &session_id, &p.agent_session_id)?
+        }
         Operation::ExecutionFinish(f) => {
             let s = crate::turns::finish_turn(tx, execution_id, f, &mut events)?;
             let settled = json!({"settled": s.outcome});

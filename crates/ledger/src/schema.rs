@@ -248,6 +248,13 @@ ALTER TABLE sessions ADD COLUMN approval_mode TEXT
     r#"
 ALTER TABLE sessions ADD COLUMN mcp_servers TEXT;
 "#,
+    // External agents (docs/agents.md): the `[agents.<name>]` a session's turns run (NULL:
+    // drover's own agent loop), and that agent's own id for the session, which its first turn
+    // reported (`agent.session`) and every later turn loads.
+    r#"
+ALTER TABLE sessions ADD COLUMN agent TEXT;
+ALTER TABLE sessions ADD COLUMN agent_session_id TEXT;
+"#,
 ];
 
 /// The schema version this build writes.

@@ -48,6 +48,9 @@ pub struct NewSession {
     pub approval_mode: Option<ApprovalMode>,
     /// The session's own MCP servers (`session.create` `mcp_servers`), by name.
     pub mcp_servers: BTreeMap<String, StoredMcpServer>,
+    /// The external agent (`[agents.<name>]`) whose turns the session runs; `None`: drover's
+    /// own agent loop.
+    pub agent: Option<String>,
 }
 
 /// One of a session's own MCP servers as the ledger keeps it, in `sessions.mcp_servers`:
@@ -134,6 +137,10 @@ pub struct SessionRow {
     pub approval_mode: Option<ApprovalMode>,
     /// The session's own MCP servers, by name (empty for a row older than the column).
     pub mcp_servers: BTreeMap<String, StoredMcpServer>,
+    /// The external agent whose turns the session runs; `None`: drover's own agent loop.
+    pub agent: Option<String>,
+    /// That agent's own id for the session, once a turn reported it (`agent.session`).
+    pub agent_session_id: Option<String>,
     /// Unix seconds.
     pub started_at: f64,
     /// Unix seconds, once the session ended.
@@ -174,9 +181,9 @@ pub struct SessionSummary {
 const SESSION_COLUMNS: &str = "id, source, parent_session_id, title, model, model_config, cwd, \
      system_prompt, toolsets, tool_schemas, tool_names, started_at, ended_at, end_reason, \
      input_tokens, output_tokens, api_call_count, runtime_generation, replay_epoch, sandbox, \
-     approval_mode, mcp_servers";
+     approval_mode, mcp_servers, agent, agent_session_id";
 /// How many columns [`SESSION_COLUMNS`] selects; a query's own columns follow them.
-const SESSION_COLUMN_COUNT: usize = 22;
+const SESSION_COLUMN_COUNT: usize = 24;
 
 fn parse_json<T: serde::de::DeserializeOwned>(text: &str, what: &str) -> Result<T, LedgerError> {
     serde_json::from_str(text).map_err(|e| LedgerError::Corrupt(format!("{what}: {e}")))
@@ -220,6 +227,8 @@ fn raw_session(r: &Row<'_>) -> rusqlite::Result<RawSession> {
             api_call_count: counts[2].value,
             runtime_generation: r.get::<_, i64>(17)? as u64,
             replay_epoch: r.get(18)?,
+            agent: r.get(22)?,
+            agent_session_id: r.get(23)?,
             problems: counts.into_iter().filter_map(|c| c.problem).collect(),
             ..SessionRow::default()
         },
@@ -333,7 +342,7 @@ fn tool_name(schema: &Value) -> Option<String> {
 
 impl NewSession {
     fn digest(&self) -> String {
-        json_digest(&serde_json::json!({
+        let mut digested = serde_json::json!({
             "source": self.source,
             "parent_session_id": self.parent_session_id,
             "title": self.title,
@@ -342,7 +351,12 @@ impl NewSession {
             "cwd": self.cwd,
             "system_prompt": self.system_prompt,
             "toolsets": self.toolsets,
-        }))
+        });
+        // Only when set: a session of drover's own loop digests as it did before agents.
+        if let (Some(agent), Some(fields)) = (&self.agent, digested.as_object_mut()) {
+            fields.insert("agent".to_string(), Value::from(agent.as_str()));
+        }
+        json_digest(&digested)
     }
 }
 
@@ -602,9 +616,9 @@ pub(crate) fn insert_session_in(
     tx.execute_cached(
         "INSERT INTO sessions (id, source, parent_session_id, title, model, model_config, cwd,
             system_prompt, tool_names, started_at, request_id, request_digest, toolsets,
-            tool_schemas, replay_epoch, sandbox, approval_mode, mcp_servers)
+            tool_schemas, replay_epoch, sandbox, approval_mode, mcp_servers, agent)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
-            ?18)",
+            ?18, ?19)",
         params![
             id,
             new.source,
@@ -626,9 +640,24 @@ pub(crate) fn insert_session_in(
                 .map_err(|e| LedgerError::Corrupt(format!("sessions.sandbox: {e}")))?,
             new.approval_mode.map(ApprovalMode::as_str),
             mcp_servers,
+            new.agent,
         ],
     )?;
     Ok(id)
+}
+
+/// `agent.session`: the external agent's own id of the session, which later turns load. A
+/// later report replaces it (the agent lost the session and a new one was made).
+pub(crate) fn set_agent_session(
+    tx: &rusqlite::Connection,
+    session_id: &str,
+    agent_session_id: &str,
+) -> Result<Value, LedgerError> {
+    tx.execute_cached(
+        "UPDATE sessions SET agent_session_id = ?1 WHERE id = ?2",
+        params![agent_session_id, session_id],
+    )?;
+    Ok(serde_json::json!({}))
 }
 
 /// Reads one session on any connection or transaction.
@@ -724,6 +753,39 @@ mod tests {
         assert_eq!(lost.state, SessionState::PausedUnknown);
         assert!(lost.last_activity_at >= running.last_activity_at);
         assert_eq!(lost.pending_count, 1);
+    }
+
+    /// A session of an external agent keeps the agent's name; the id the agent gave its
+    /// session (`agent.session`) is stored for the next claim, and a later report replaces it.
+    #[test]
+    fn an_agent_session_keeps_its_agent_and_the_id_the_agent_reported() {
+        let (_dir, mut ledger) = testing::open();
+        let sid = ledger
+            .create_session(&NewSession {
+                source: "cli".into(),
+                model: "m".into(),
+                cwd: "/".into(),
+                agent: Some("codex".into()),
+                ..NewSession::default()
+            })
+            .expect("session")
+            .id;
+        let claim = testing::claim(&mut ledger, &sid, "go", "s");
+        assert_eq!(claim.session.agent.as_deref(), Some("codex"));
+        assert_eq!(claim.session.agent_session_id, None);
+        for (sequence, id) in [(1, "a-1"), (2, "a-2")] {
+            let frame = testing::frame(
+                &claim,
+                "s",
+                sequence,
+                op::AGENT_SESSION,
+                json!({"agent_session_id": id}),
+            );
+            ledger.apply_persist(&frame).expect("agent.session");
+            let row = ledger.session(&sid).expect("read").expect("there");
+            assert_eq!(row.agent_session_id.as_deref(), Some(id));
+        }
+        assert_eq!(listed(&ledger).session.agent.as_deref(), Some("codex"));
     }
 
     #[test]

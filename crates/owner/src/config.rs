@@ -9,6 +9,9 @@ use drover_protocol::sandbox::{SandboxMode, ToolEnv};
 use drover_protocol::{ApprovalMode, ContextBudget, ModelSettings, Secret};
 use serde::Deserialize;
 
+mod agents;
+pub use agents::AgentEntry;
+
 /// The default system prompt of new sessions.
 pub const DEFAULT_SYSTEM_PROMPT: &str = "You are drover, a careful coding agent. Use the tools \
 to inspect and change the user's workspace, and answer concisely when the task is done.";
@@ -47,6 +50,9 @@ pub struct Config {
     /// `[telemetry]` (docs/telemetry.md): read once at daemon start.
     #[serde(default)]
     pub telemetry: TelemetrySection,
+    /// `[agents.<name>]`: external agents a session may run (docs/agents.md).
+    #[serde(default)]
+    pub agents: BTreeMap<String, AgentEntry>,
 }
 
 /// `[model]`. A key left out takes its default: `stream`, `request_timeout_s`, `max_retries`
@@ -627,6 +633,12 @@ impl Config {
             .check()
             .and_then(|()| config.model.check())
             .and_then(|()| config.sandbox.check())
+            .and_then(|()| {
+                config
+                    .agents
+                    .iter()
+                    .try_for_each(|(name, agent)| agent.check(name))
+            })
             .map_err(|message| ConfigError::Parse {
                 path: path.display().to_string(),
                 message,

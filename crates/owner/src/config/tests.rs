@@ -323,3 +323,46 @@ fn mcp_env_values_and_the_api_key_print_redacted() {
         Some("ghp-secret")
     );
 }
+
+/// `[agents.<name>]`: read with its defaults, refused naming the key when it cannot start an
+/// agent, and resolved for a turn with `KEY_env` entries read from the daemon's environment
+/// (an unset one left out).
+#[test]
+fn agents_are_read_checked_and_resolved_from_the_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("config.toml");
+    std::fs::write(
+        &file,
+        "[agents.codex]\ncommand = [\"codex-acp\", \"-c\", \"x=1\"]\n\
+         env = { CODEX_HOME = \"/c\", SEARCH_PATH_env = \"PATH\", \
+         GONE_env = \"DROVER_TEST_SURELY_UNSET_VARIABLE\" }\n",
+    )
+    .unwrap();
+    let config = Config::load(dir.path()).unwrap();
+    let entry = &config.agents["codex"];
+    assert!(entry.sandbox);
+    assert_eq!(entry.stall_timeout_s, 300);
+    let agent = entry.resolve("codex", 2.5, Some("a-1".into()));
+    assert_eq!(agent.command, ["codex-acp", "-c", "x=1"]);
+    assert_eq!(agent.env["CODEX_HOME"].expose(), "/c");
+    assert_eq!(
+        agent.env["SEARCH_PATH"].expose(),
+        std::env::var("PATH").unwrap()
+    );
+    assert!(!agent.env.contains_key("GONE"));
+    assert!(!agent.env.contains_key("GONE_env"));
+    assert_eq!(agent.agent_session_id.as_deref(), Some("a-1"));
+    assert_eq!(agent.interrupt_grace_s, 2.5);
+    for (text, key) in [
+        ("[agents.a]\ncommand = []\n", "[agents.a] command"),
+        (
+            "[agents.a]\ncommand = [\"x\"]\nstall_timeout_s = 0\n",
+            "stall_timeout_s",
+        ),
+        ("[agents.a]\ncommand = [\"x\"]\ncwd = \"/\"\n", "cwd"),
+    ] {
+        std::fs::write(&file, text).unwrap();
+        let e = Config::load(dir.path()).unwrap_err().to_string();
+        assert!(e.contains(key), "{text}: {e}");
+    }
+}

@@ -28,7 +28,7 @@ fn inside(path: &Path, dir: &Path) -> bool {
 pub(super) async fn session_create(
     owner: &Arc<Owner>,
     conn: &ConnHandle,
-    p: wire::SessionCreateParams,
+    mut p: wire::SessionCreateParams,
     raw: Value,
 ) -> Result<wire::SessionSnapshot, OwnerError> {
     // SPEC section 2: `request_id` is required, and a retry is recognised before anything else
@@ -74,6 +74,20 @@ pub(super) async fn session_create(
             ),
         ));
     }
+    let agent = match p.agent {
+        Some(name) => Some(check_agent(&cfg, name)?),
+        None => None,
+    };
+    // An external agent talks to its own model: drover's `[model]` is only a default, and
+    // the agent's name stands for the model when none is set.
+    if let Some(name) = &agent {
+        if p.model.is_none() && cfg.model.name.is_none() {
+            p.model = Some(format!("agent:{name}"));
+        }
+        if p.base_url.is_none() && cfg.base_url().is_none() {
+            p.base_url = Some(AGENT_NO_ENDPOINT.to_string());
+        }
+    }
     // An empty `model` or `base_url` was refused with the params (`fields`).
     let model = match p.model {
         Some(m) => m,
@@ -101,7 +115,22 @@ pub(super) async fn session_create(
     }
     let own = p.mcp_servers.unwrap_or_default();
     check_own_mcp_servers(&own, &cfg)?;
-    let mut toolsets = p.toolsets.unwrap_or_else(|| cfg.toolsets.default.clone());
+    if agent.is_some() && (!own.is_empty() || p.toolsets.is_some()) {
+        return Err(OwnerError::invalid(
+            if own.is_empty() {
+                "toolsets"
+            } else {
+                "mcp_servers"
+            },
+            "a session of an external agent uses the agent's own tools; leave out toolsets \
+             and mcp_servers",
+        ));
+    }
+    // An external agent brings its own tools: its session freezes none of drover's.
+    let mut toolsets = match &agent {
+        Some(_) => Vec::new(),
+        None => p.toolsets.unwrap_or_else(|| cfg.toolsets.default.clone()),
+    };
     // Each of the session's own servers is a toolset of it, as a configured one would be.
     for name in own.keys() {
         if !toolsets.contains(name) {
@@ -130,11 +159,13 @@ pub(super) async fn session_create(
         .system_prompt
         .unwrap_or_else(|| DEFAULT_SYSTEM_PROMPT.to_string());
     let tool_schemas = registry.schemas();
-    check_context_window(
-        cfg.model.context().context_window,
-        &system_prompt,
-        &tool_schemas,
-    )?;
+    if agent.is_none() {
+        check_context_window(
+            cfg.model.context().context_window,
+            &system_prompt,
+            &tool_schemas,
+        )?;
+    }
     // Named now, so the servers' env values are on disk before the session is committed.
     let session_id = drover_ledger::new_id();
     let (mcp_servers, env) = crate::session_mcp::split(&own);
@@ -156,11 +187,36 @@ pub(super) async fn session_create(
         sandbox: cfg.sandbox.frozen(),
         approval_mode: p.approval_mode,
         mcp_servers,
+        agent,
     };
     let session = owner
         .ledger(move |ledger, _| ledger.create_session_for_request(&new, &raw))
         .await?;
     snapshot(owner, conn, session.id).await
+}
+
+/// The `base_url` frozen for a session of an external agent when drover has no model
+/// endpoint configured: never requested (the agent talks to its own model).
+const AGENT_NO_ENDPOINT: &str = "http://127.0.0.1:1/agent-uses-its-own-model";
+
+/// `session.create` `agent` must name an `[agents.<name>]` of the config.
+fn check_agent(cfg: &crate::config::Config, name: String) -> Result<String, OwnerError> {
+    if cfg.agents.contains_key(&name) {
+        return Ok(name);
+    }
+    let known: Vec<&str> = cfg.agents.keys().map(String::as_str).collect();
+    Err(OwnerError::invalid(
+        "agent",
+        match known.is_empty() {
+            true => format!(
+                "no agent {name:?}: config.toml has no [agents.<name>] section (docs/agents.md)"
+            ),
+            false => format!(
+                "no agent {name:?} in config.toml; the configured agents are: {}",
+                known.join(", ")
+            ),
+        },
+    ))
 }
 
 /// A session's own MCP server may not take the name of a built-in toolset or of a
@@ -291,6 +347,7 @@ pub(super) async fn snapshot(
                             owner.config().approvals.mode_for(session.approval_mode),
                         ),
                         context_window,
+                        agent: session.agent,
                     },
                     session_id: session.id,
                 },
@@ -325,6 +382,7 @@ pub(super) async fn session_list(
             source: r.session.source,
             parent_session_id: r.session.parent_session_id,
             model: r.session.model,
+            agent: r.session.agent,
             cwd: Some(r.session.cwd),
             started_at: r.session.started_at,
             ended_at: r.session.ended_at,

@@ -104,6 +104,30 @@ fn policy(owner: &Owner, claim: &Claim) -> Policy {
             config.sandbox.tool_env(),
         ),
         context: context_budget(owner, claim),
+        agent: session.agent.as_ref().map(|name| {
+            // A session whose agent left the config since runs no turn: the worker fails it
+            // naming the agent (the resolved entry is missing).
+            let entry = config.agents.get(name);
+            if entry.is_none() {
+                tracing::warn!(agent = %name, "the session's agent is no longer in config.toml");
+            }
+            match entry {
+                Some(entry) => entry.resolve(
+                    name,
+                    owner.daemon.interrupt_grace_s,
+                    session.agent_session_id.clone(),
+                ),
+                None => drover_protocol::worker::ExternalAgent {
+                    name: name.clone(),
+                    command: Vec::new(),
+                    env: Default::default(),
+                    sandbox: true,
+                    stall_timeout_s: 1,
+                    interrupt_grace_s: owner.daemon.interrupt_grace_s,
+                    agent_session_id: session.agent_session_id.clone(),
+                },
+            }
+        }),
     }
 }
 

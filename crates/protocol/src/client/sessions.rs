@@ -113,6 +113,15 @@ pub struct SessionCreateParams {
         skip_serializing_if = "Option::is_none"
     )]
     pub mcp_servers: Option<std::collections::BTreeMap<String, SessionMcpServer>>,
+    /// The external agent whose turns the session runs: a name of `[agents.<name>]` in
+    /// `config.toml` (docs/agents.md). Absent: drover's own agent loop.
+    #[serde(
+        default,
+        deserialize_with = "fields::name_opt",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(length(min = 1, max = 256))]
+    pub agent: Option<String>,
 }
 
 /// One server of `session.create` `mcp_servers`: a stdio MCP server the daemon starts as
@@ -148,6 +157,7 @@ impl SessionCreateParams {
             source: None,
             approval_mode: None,
             mcp_servers: None,
+            agent: None,
         }
     }
 }
@@ -356,6 +366,10 @@ pub struct SessionInfo {
     /// the endpoint. Absent while neither is known (and from an older daemon).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context_window: Option<u64>,
+    /// The external agent whose turns the session runs (`[agents.<name>]`); absent for
+    /// drover's own agent loop.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
 }
 
 /// Result of `session.list`.
@@ -405,6 +419,10 @@ pub struct SessionSummary {
     /// from an older daemon).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval_mode: Option<ApprovalMode>,
+    /// The external agent whose turns the session runs (`[agents.<name>]`); absent for
+    /// drover's own agent loop.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
     /// What is wrong with the stored row, when it is damaged (the row is still listed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,

@@ -69,6 +69,10 @@ pub struct Policy {
     /// (the worker asks the endpoint when the history grows large enough to matter).
     #[serde(default)]
     pub context: ContextBudget,
+    /// The external agent the turn runs instead of drover's own agent loop (SPEC section 9,
+    /// ACP); `None` for drover's own loop.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<super::ExternalAgent>,
 }
 
 /// [`Policy`] as it is on the wire, read in one pass: [`ModelSettings`]' fields are flat here
@@ -107,6 +111,8 @@ struct PolicyFields {
     sandbox: crate::sandbox::SandboxPolicy,
     #[serde(default)]
     context: ContextBudget,
+    #[serde(default)]
+    agent: Option<super::ExternalAgent>,
 }
 
 impl From<PolicyFields> for Policy {
@@ -135,6 +141,7 @@ impl From<PolicyFields> for Policy {
             jobs_wire: f.jobs_wire,
             sandbox: f.sandbox,
             context: f.context,
+            agent: f.agent,
         }
     }
 }

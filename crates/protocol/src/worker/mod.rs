@@ -11,6 +11,7 @@
 //! - [`frames`]: the frames each side sends, the execution's scope, the line bound.
 //! - [`bootstrap`]: the bootstrap's head and body, cut into frames and put together.
 //! - [`frozen_policy`]: the session's frozen policy the bootstrap carries.
+//! - [`external_agent`]: the external agent a session's turns run through ACP.
 //! - [`persist`]: the `persist` frame, its operations and their payloads.
 //! - [`processes`]: background processes as the worker reports them.
 //! - [`template`]: the owner's messages with its worker template.
@@ -19,6 +20,7 @@
 //! one bounded line, which both ends parse with these types.
 
 pub mod bootstrap;
+pub mod external_agent;
 pub mod fork_template;
 pub mod frames;
 pub mod frozen_policy;
@@ -26,6 +28,7 @@ pub mod persist;
 pub mod processes;
 
 pub use bootstrap::*;
+pub use external_agent::*;
 pub use fork_template as template;
 pub use frames::*;
 pub use frozen_policy::*;

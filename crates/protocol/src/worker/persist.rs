@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{BackgroundProcess, ProcessUpdate};
+use super::{AgentSessionFound, BackgroundProcess, ProcessUpdate};
 use crate::chat::{ChatMessage, Usage};
 use crate::mcp::McpServerStatus;
 use crate::secret::Secret;
@@ -36,6 +36,9 @@ pub mod op {
     /// Record the context window the endpoint reported for the session's model
     /// ([`ContextWindowFound`](super::ContextWindowFound)).
     pub const CONTEXT_WINDOW: &str = "model.context_window";
+    /// Record the external agent's id of the session
+    /// ([`AgentSessionFound`](super::AgentSessionFound)).
+    pub const AGENT_SESSION: &str = "agent.session";
     /// Settle the turn ([`ExecutionFinish`](super::ExecutionFinish)); the last persist of an execution.
     pub const EXECUTION_FINISH: &str = "execution.finish";
 }
@@ -104,6 +107,9 @@ pub enum Operation {
     /// Record the context window the endpoint reported for the session's model.
     #[serde(rename = "model.context_window")]
     ContextWindow(ContextWindowFound),
+    /// Record the external agent's id of the session.
+    #[serde(rename = "agent.session")]
+    AgentSession(AgentSessionFound),
     /// Settle the turn; the last persist of an execution.
     #[serde(rename = "execution.finish")]
     ExecutionFinish(ExecutionFinish),
@@ -154,6 +160,7 @@ impl UnreadableOperation {
             op::MCP_STATUS => check::<McpServerStatus>(payload),
             op::COMPACTION_RECORD => check::<CompactionRecord>(payload),
             op::CONTEXT_WINDOW => check::<ContextWindowFound>(payload),
+            op::AGENT_SESSION => check::<AgentSessionFound>(payload),
             op::EXECUTION_FINISH => check::<ExecutionFinish>(payload),
             _ => UnreadableReason::UnknownOperation,
         }
@@ -195,6 +202,7 @@ impl Operation {
             Operation::McpStatus(_) => op::MCP_STATUS,
             Operation::CompactionRecord(_) => op::COMPACTION_RECORD,
             Operation::ContextWindow(_) => op::CONTEXT_WINDOW,
+            Operation::AgentSession(_) => op::AGENT_SESSION,
             Operation::ExecutionFinish(_) => op::EXECUTION_FINISH,
             Operation::Unreadable(unreadable) => &unreadable.operation,
         }

@@ -258,6 +258,7 @@ pub fn turn_bootstrap(mock: &MockModel, home: &Path) -> Bootstrap {
             jobs_wire: Default::default(),
             sandbox: Default::default(),
             context: Default::default(),
+            agent: None,
         },
         history: vec![ChatMessage::text(Role::User, "before")],
         history_ids: vec![1],
