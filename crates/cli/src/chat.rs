@@ -36,6 +36,10 @@ pub struct ChatArgs {
     /// Open this session (an id or a unique prefix).
     #[arg(long, value_name = "ID")]
     session: Option<String>,
+    /// New sessions of this chat (the first, and `/new`) run this external agent, a name of
+    /// `[agents.<name>]` in config.toml, instead of drover's own agent loop.
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["session", "continue_"])]
+    agent: Option<String>,
 }
 
 /// `drover attach` arguments.
@@ -62,7 +66,8 @@ pub fn on_a_terminal() -> bool {
 
 /// `drover chat`.
 pub async fn chat(home: PathBuf, args: ChatArgs) -> Result<Exit> {
-    open(home, args.target()).await
+    let target = args.target();
+    open(home, target, args.agent).await
 }
 
 /// `drover attach ID`.
@@ -74,10 +79,12 @@ pub async fn attach(home: PathBuf, args: AttachArgs) -> Result<Exit> {
         );
         return Ok(Exit::Failed);
     }
-    open(home, Target::Session(args.session)).await
+    open(home, Target::Session(args.session), None).await
 }
 
-async fn open(home: PathBuf, target: Target) -> Result<Exit> {
+/// Opens the chat on `target`; the sessions it creates run `agent` (`None`: drover's own
+/// loop).
+async fn open(home: PathBuf, target: Target, agent: Option<String>) -> Result<Exit> {
     if !on_a_terminal() {
         eprintln!(
             "drover: chat needs a terminal (stdin and stdout); from a script use `drover run PROMPT` (or `drover run -` to read it from stdin)"
@@ -99,7 +106,7 @@ async fn open(home: PathBuf, target: Target) -> Result<Exit> {
         eprintln!("drover: {mismatch}");
     }
     let cwd = std::env::current_dir()?.display().to_string();
-    let link = Arc::new(ClientLink { client, cwd });
+    let link = Arc::new(ClientLink { client, cwd, agent });
     match drover_tui::run(link, target, Theme::from_env()).await {
         Ok(_) => Ok(Exit::Ok),
         Err(e) => {
@@ -114,6 +121,8 @@ struct ClientLink {
     client: Client,
     /// The working directory new sessions get.
     cwd: String,
+    /// The external agent new sessions run (`drover chat --agent`).
+    agent: Option<String>,
 }
 
 fn words(e: ClientError) -> LinkError {
@@ -244,10 +253,10 @@ impl ClientLink {
     /// A new session in the chat's directory, attached (one round trip).
     async fn create(&self) -> Result<SessionStream, LinkError> {
         self.client
-            .create_and_attach(SessionCreateParams::in_cwd(
-                uuid::Uuid::new_v4().to_string(),
-                self.cwd.clone(),
-            ))
+            .create_and_attach(SessionCreateParams {
+                agent: self.agent.clone(),
+                ..SessionCreateParams::in_cwd(uuid::Uuid::new_v4().to_string(), self.cwd.clone())
+            })
             .await
             .map_err(words)
     }
@@ -524,5 +533,25 @@ mod tests {
             session("other", Some("q"), false),
         ];
         assert_eq!(running_children(all, "p"), vec!["now".to_string()]);
+    }
+
+    #[derive(clap::Parser, Debug)]
+    struct Parsed {
+        #[command(flatten)]
+        args: ChatArgs,
+    }
+
+    #[test]
+    fn agent_is_for_a_new_session_only() {
+        use clap::Parser;
+        let parsed = Parsed::try_parse_from(["chat", "--agent", "codex"]).unwrap();
+        assert_eq!(parsed.args.agent.as_deref(), Some("codex"));
+        assert!(matches!(parsed.args.target(), Target::New));
+        // An existing session runs the agent it was made with.
+        for other in [&["-c"][..], &["--session", "ab12"]] {
+            let line = ["chat", "--agent", "codex"].iter().chain(other);
+            let e = Parsed::try_parse_from(line).unwrap_err();
+            assert_eq!(e.kind(), clap::error::ErrorKind::ArgumentConflict, "{e}");
+        }
     }
 }

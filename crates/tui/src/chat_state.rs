@@ -212,6 +212,8 @@ pub struct SessionHeader {
     pub title: Option<String>,
     /// Its model.
     pub model: String,
+    /// The external agent its turns run (`[agents.<name>]`); `None`: drover's own loop.
+    pub agent: Option<String>,
 }
 
 /// What the runtime is to do after a key.

@@ -461,11 +461,16 @@ fn command_task(
                                 } else {
                                     "idle"
                                 };
+                                // An external agent's session shows the agent, not the model.
+                                let runs = match &s.agent {
+                                    Some(agent) => format!("agent: {agent}"),
+                                    None => s.model.clone(),
+                                };
                                 format!(
                                     "{}  {:8}  {}  {}",
                                     short(&s.session_id),
                                     state,
-                                    s.model,
+                                    runs,
                                     s.title.as_deref().unwrap_or("(untitled)")
                                 )
                             })

@@ -47,6 +47,7 @@ impl App {
             session_id: snapshot.session_id.clone(),
             title: snapshot.info.title.clone(),
             model: snapshot.info.model.clone(),
+            agent: snapshot.info.agent.clone(),
         };
         let started = snapshot
             .pending

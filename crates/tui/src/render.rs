@@ -384,7 +384,8 @@ fn prompt_lines(view: &PromptView, theme: Theme) -> Vec<Line<'static>> {
 /// How long an input may wait for its receipt before the status line says the daemon is slow.
 pub const SLOW_ANSWER: Duration = Duration::from_secs(2);
 
-/// The status line: session, model, turn state, tokens, daemon.
+/// The status line: session, model (or the external agent that runs its turns), turn state,
+/// tokens, daemon.
 pub fn status_line(app: &App, now: Instant) -> String {
     let session = app
         .session
@@ -421,9 +422,14 @@ pub fn status_line(app: &App, now: Instant) -> String {
         (Connection::Connected, None) => "daemon up".to_string(),
         (Connection::Reconnecting(_), _) => "daemon lost, reconnecting…".to_string(),
     };
+    // An external agent picks its own model: drover's model name would say something false.
+    let runs = match &app.session.agent {
+        Some(agent) => format!("agent: {agent}"),
+        None => app.session.model.clone(),
+    };
     format!(
-        " {session} · {} · {turn}{queued} · {} tokens · {daemon} ",
-        app.session.model, app.tokens
+        " {session} · {runs} · {turn}{queued} · {} tokens · {daemon} ",
+        app.tokens
     )
 }
 
@@ -649,6 +655,17 @@ mod tests {
         app.submitted("next question");
         app.admitted("a2");
         insta::assert_snapshot!(screen(&app, t0 + Duration::from_millis(3200)));
+    }
+
+    #[test]
+    fn the_status_line_names_the_external_agent_instead_of_the_model() {
+        let mut app = app();
+        let now = Instant::now();
+        assert!(status_line(&app, now).contains(" · mock · "));
+        app.session.agent = Some("codex".into());
+        let line = status_line(&app, now);
+        assert!(line.contains(" · agent: codex · idle"), "{line}");
+        assert!(!line.contains("mock"), "{line}");
     }
 
     #[test]

@@ -122,6 +122,7 @@ pub(crate) fn app() -> App {
         session_id: "0123456789abcdef".into(),
         title: None,
         model: "mock".into(),
+        agent: None,
     })
 }
 
@@ -559,7 +560,7 @@ fn a_snapshot_rebuilds_the_running_turn_its_prompt_and_queue() {
         "execution_generation": 3,
         "replay_epoch": "e",
         "last_sequence": 9,
-        "info": {"model": "mock", "cwd": "/", "source": "cli", "toolsets": [], "title": "chores"}
+        "info": {"model": "mock", "cwd": "/", "source": "cli", "toolsets": [], "title": "chores", "agent": "codex"}
     }))
     .unwrap();
     let mut app = app();
@@ -592,4 +593,5 @@ fn a_snapshot_rebuilds_the_running_turn_its_prompt_and_queue() {
         }]
     );
     assert_eq!(app.session.title.as_deref(), Some("chores"));
+    assert_eq!(app.session.agent.as_deref(), Some("codex"));
 }
