@@ -38,6 +38,10 @@ pub struct RunArgs {
     /// Model endpoint for a new session (default: [model] base_url or $OPENAI_BASE_URL).
     #[arg(long = "base-url", value_name = "URL")]
     base_url: Option<String>,
+    /// The new session's turns run this external agent, a name of `[agents.<name>]` in
+    /// config.toml, instead of drover's own agent loop.
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["session", "continue_"])]
+    agent: Option<String>,
     /// A title for the new session (`drover sessions` shows it).
     #[arg(long, value_name = "T", conflicts_with_all = ["session", "continue_"])]
     title: Option<String>,
@@ -106,6 +110,9 @@ fn refuse_a_new_session_without_a_model(
     if args.model.as_deref().is_some_and(|m| m.trim().is_empty()) {
         bail!("--model must name a model, not be empty");
     }
+    if args.agent.as_deref().is_some_and(|a| a.trim().is_empty()) {
+        bail!("--agent must name an agent of [agents.<name>] in config.toml, not be empty");
+    }
     if let Some(url) = &args.base_url {
         if !(url.starts_with("http://") || url.starts_with("https://")) {
             bail!("--base-url {url:?} must start with http:// or https://");
@@ -122,7 +129,10 @@ fn refuse_a_new_session_without_a_model(
             text.len()
         );
     }
-    let new_session = args.session.is_none() && !args.continue_ && args.model.is_none();
+    // An external agent picks its own model, so whether the session needs drover's is the
+    // daemon's to say.
+    let new_session =
+        args.session.is_none() && !args.continue_ && args.model.is_none() && args.agent.is_none();
     if new_session && config.model.name.as_deref().is_none_or(str::is_empty) {
         bail!(
             "no model: pass --model NAME or set [model] name in {}",
@@ -187,6 +197,7 @@ async fn open_session(
             model: args.model.clone(),
             base_url,
             title: args.title.clone(),
+            agent: args.agent.clone(),
             source: Some("cli".into()),
             ..SessionCreateParams::in_cwd(uuid::Uuid::new_v4().to_string(), cwd.to_string())
         })
@@ -207,6 +218,11 @@ fn explain_create_error(e: ClientError, home: &std::path::Path) -> anyhow::Error
             "no model: pass --model NAME or set [model] name in {}",
             config.display()
         ),
+        // The daemon's sentence names the agents config.toml has.
+        Some("agent") => match e.rpc() {
+            Some(rpc) => anyhow!("--agent: {rpc}"),
+            None => e.into(),
+        },
         _ => e.into(),
     }
 }
@@ -253,5 +269,52 @@ fn quote(text: &str) -> String {
         format!("{cut:?}...")
     } else {
         format!("{cut:?}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser, Debug)]
+    struct Parsed {
+        #[command(flatten)]
+        args: RunArgs,
+    }
+
+    fn parse(line: &[&str]) -> Result<RunArgs, clap::Error> {
+        Parsed::try_parse_from(std::iter::once("run").chain(line.iter().copied())).map(|p| p.args)
+    }
+
+    #[test]
+    fn agent_names_the_new_sessions_agent() {
+        let args = parse(&["--agent", "codex", "--title", "t", "hi"]).unwrap();
+        assert_eq!(args.agent.as_deref(), Some("codex"));
+        assert_eq!(parse(&["hi"]).unwrap().agent, None);
+        // An existing session runs the agent it was made with.
+        for other in [&["-c"][..], &["--session", "ab12"]] {
+            let line: Vec<&str> = ["--agent", "codex"]
+                .iter()
+                .chain(other)
+                .chain(&["hi"])
+                .copied()
+                .collect();
+            let e = parse(&line).unwrap_err();
+            assert_eq!(e.kind(), clap::error::ErrorKind::ArgumentConflict, "{e}");
+        }
+    }
+
+    #[test]
+    fn an_agent_session_needs_no_model_of_drover_but_an_empty_agent_is_refused() {
+        let home = tempfile::tempdir().unwrap();
+        let no_model = parse(&["hi"]).unwrap();
+        let e = refuse_a_new_session_without_a_model(home.path(), &no_model, "hi").unwrap_err();
+        assert!(e.to_string().contains("no model"), "{e}");
+        let agent = parse(&["--agent", "codex", "hi"]).unwrap();
+        refuse_a_new_session_without_a_model(home.path(), &agent, "hi").unwrap();
+        let empty = parse(&["--agent", " ", "hi"]).unwrap();
+        let e = refuse_a_new_session_without_a_model(home.path(), &empty, "hi").unwrap_err();
+        assert!(e.to_string().contains("--agent"), "{e}");
     }
 }

@@ -160,36 +160,62 @@ pub async fn sessions(home: &Path, as_json: bool) -> Result<Exit> {
     }
     list.sessions
         .sort_by(|a, b| b.last_activity_at.total_cmp(&a.last_activity_at));
-    let ids: Vec<&str> = list
-        .sessions
-        .iter()
-        .map(|s| s.session_id.as_str())
-        .collect();
+    for line in session_table(&list.sessions, now()) {
+        println!("{line}");
+    }
+    Ok(Exit::Ok)
+}
+
+/// What runs a session's turns, in a person's words: its external agent's name, or `drover`
+/// (drover's own agent loop).
+fn agent_words(agent: Option<&str>) -> &str {
+    agent.unwrap_or("drover")
+}
+
+/// `drover sessions`' table, in the order given. The AGENT column is there only when a listed
+/// session runs an external agent: a home without any reads as it always did.
+fn session_table(sessions: &[SessionSummary], now: f64) -> Vec<String> {
+    let ids: Vec<&str> = sessions.iter().map(|s| s.session_id.as_str()).collect();
     let width = short_len(&ids);
-    let now = now();
-    println!(
-        "{:<width$}  {:<16}  {:<9}  {:<21}  {:>5}  TITLE",
-        "SESSION", "STARTED", "ACTIVE", "STATE", "QUEUE"
-    );
-    for s in &list.sessions {
+    let agents = sessions.iter().any(|s| s.agent.is_some()).then(|| {
+        sessions
+            .iter()
+            .map(|s| agent_words(s.agent.as_deref()).chars().count().min(24))
+            .fold("AGENT".len(), usize::max)
+    });
+    let agent_cell = |name: &str| match agents {
+        Some(w) => format!("{:<w$}  ", one_line(name, w)),
+        None => String::new(),
+    };
+    let mut lines = vec![format!(
+        "{:<width$}  {:<16}  {:<9}  {:<21}  {:>5}  {}TITLE",
+        "SESSION",
+        "STARTED",
+        "ACTIVE",
+        "STATE",
+        "QUEUE",
+        agent_cell("AGENT")
+    )];
+    for s in sessions {
         let mut title = one_line(s.title.as_deref().unwrap_or_default(), 60);
         if s.source != "cli" {
             title = format!("[{}] {title}", s.source);
         }
         let row = format!(
-            "{:<width$}  {:<16}  {:<9}  {:<21}  {:>5}  {title}",
+            "{:<width$}  {:<16}  {:<9}  {:<21}  {:>5}  {}{title}",
             head(&s.session_id, width),
             local_time(s.started_at),
             ago(s.last_activity_at, now),
             state_words(s.state),
             s.pending_count,
+            agent_cell(&printable(agent_words(s.agent.as_deref()))),
         );
-        println!("{}", row.trim_end());
+        lines.push(row.trim_end().to_string());
         if let Some(error) = &s.error {
-            println!("{:<width$}  error: {error}", "");
+            lines.push(format!("{:<width$}  error: {error}", ""));
         }
     }
-    Ok(Exit::Ok)
+    lines
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -365,7 +391,18 @@ fn admission_word(status: AdmissionStatus, outcome: Option<AdmissionOutcome>) ->
         .unwrap_or_default()
 }
 
-/// `drover show`.
+/// `drover show`'s line on what runs the session and where.
+fn settings_line(info: &drover_protocol::client::SessionInfo, summary: &SessionSummary) -> String {
+    format!(
+        "agent {}  model {}  cwd {}  started {}  {}",
+        printable(agent_words(info.agent.as_deref())),
+        info.model,
+        info.cwd,
+        local_time(summary.started_at),
+        state_words(summary.state)
+    )
+}
+
 /// `drover show`'s one line on what confines the session's tools.
 fn confinement_line(c: &drover_protocol::sandbox::Confinement) -> String {
     let mut line = format!(
@@ -418,13 +455,7 @@ pub async fn show(home: &Path, args: ShowArgs) -> Result<Exit> {
             .map(|t| format!("  \"{}\"", printable(t)))
             .unwrap_or_default()
     );
-    println!(
-        "model {}  cwd {}  started {}  {}",
-        info.model,
-        info.cwd,
-        local_time(summary.started_at),
-        state_words(summary.state)
-    );
+    println!("{}", settings_line(info, &summary));
     if let Some(confinement) = &info.confinement {
         println!("{}", confinement_line(confinement));
     }
@@ -887,6 +918,53 @@ mod tests {
         );
         assert_eq!(tool_result_text("plain text"), "plain text");
         assert_eq!(tool_result_text(r#"{"ok":true}"#), r#"{"ok":true}"#);
+    }
+
+    fn summary(id: &str, agent: Option<&str>) -> SessionSummary {
+        serde_json::from_value(json!({
+            "session_id": id, "title": "t", "source": "cli", "parent_session_id": null,
+            "model": "m", "started_at": 1.0, "ended_at": null, "running": false,
+            "pending_count": 0, "state": "idle", "last_activity_at": 1.0, "agent": agent,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_session_table_has_an_agent_column_only_when_a_session_runs_one() {
+        let own = [summary("aaaaaaaa1", None), summary("bbbbbbbb2", None)];
+        let table = session_table(&own, 2.0);
+        assert!(!table[0].contains("AGENT"), "{table:?}");
+        assert!(table.iter().all(|l| !l.contains("drover")), "{table:?}");
+
+        let mixed = [
+            summary("aaaaaaaa1", Some("codex")),
+            summary("bbbbbbbb2", None),
+        ];
+        let table = session_table(&mixed, 2.0);
+        assert!(table[0].contains("  AGENT   TITLE"), "{table:?}");
+        assert!(
+            table[1].starts_with("aaaaaaaa") && table[1].ends_with("  codex   t"),
+            "{table:?}"
+        );
+        assert!(table[2].ends_with("  drover  t"), "{table:?}");
+        // The columns line up: TITLE starts where each row's title does.
+        let at = table[0].find("TITLE").unwrap();
+        assert_eq!(table[1].rfind(" t").unwrap() + 1, at, "{table:?}");
+        assert_eq!(table[2].rfind(" t").unwrap() + 1, at, "{table:?}");
+    }
+
+    #[test]
+    fn show_names_the_agent_or_drover() {
+        let info = |agent: Option<&str>| -> drover_protocol::client::SessionInfo {
+            serde_json::from_value(json!({
+                "model": "m", "cwd": "/w", "source": "cli", "toolsets": [], "title": null,
+                "agent": agent,
+            }))
+            .unwrap()
+        };
+        let s = summary("aaaaaaaa1", None);
+        assert!(settings_line(&info(Some("codex")), &s).starts_with("agent codex  model m  cwd /w"));
+        assert!(settings_line(&info(None), &s).starts_with("agent drover  model m"));
     }
 
     #[test]

@@ -489,3 +489,64 @@ async fn a_closed_pipe_ends_sessions_quietly() {
         out.status
     );
 }
+
+/// A session may run an external agent of `[agents.<name>]`: `drover run --agent` with a name
+/// that is not one is refused by the daemon (nothing made), in words that name the field and
+/// the configured agents; `drover sessions` and `drover show` name the agent a session runs.
+#[tokio::test]
+async fn run_sessions_and_show_name_the_agent_of_a_session() {
+    let agents = "[agents.codex]\ncommand = [\"codex-acp\"]\n\n\
+                  [agents.opencode]\ncommand = [\"opencode\", \"acp\"]\n";
+    let mut s = OneSession::start(bin(), true, agents, &[]).await.unwrap();
+    let home = s.home.path().to_path_buf();
+
+    let (code, out, err) = drover(&home, &["run", "--agent", "nosuch", "hi"]).await;
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert!(
+        err.contains("--agent") && err.contains("nosuch") && err.contains("codex, opencode"),
+        "{err}"
+    );
+    let (_, out, _) = drover(&home, &["sessions", "--json"]).await;
+    assert_eq!(sessions_page(&out).sessions.len(), 1, "{out}");
+
+    let cwd = s.created["info"]["cwd"].clone();
+    let made = s
+        .client
+        .call_ok(
+            "session.create",
+            json!({"request_id": "an-agent", "cwd": cwd, "agent": "codex", "title": "with codex"}),
+        )
+        .await
+        .unwrap();
+    let agent_sid = made["session_id"].as_str().unwrap().to_string();
+
+    let (code, out, err) = drover(&home, &["sessions"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines[0].contains(" AGENT "), "{out}");
+    let row = |sid: &str| {
+        lines
+            .iter()
+            .find(|l| l.starts_with(&sid[..8]))
+            .unwrap_or_else(|| panic!("{out}"))
+            .to_string()
+    };
+    assert!(row(&agent_sid).contains(" codex "), "{out}");
+    assert!(row(&s.session_id).ends_with("  drover"), "{out}");
+    let (_, out, _) = drover(&home, &["sessions", "--json"]).await;
+    let page = sessions_page(&out);
+    let agent_of = |sid: &str| {
+        page.sessions
+            .iter()
+            .find(|r| r.session_id == sid)
+            .and_then(|r| r.agent.clone())
+    };
+    assert_eq!(agent_of(&agent_sid).as_deref(), Some("codex"));
+    assert_eq!(agent_of(&s.session_id), None);
+
+    let (code, out, err) = drover(&home, &["show", &agent_sid[..8]]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("agent codex  model "), "{out}");
+    let (_, out, _) = drover(&home, &["show", &s.session_id[..8]]).await;
+    assert!(out.contains("agent drover  model "), "{out}");
+}
