@@ -41,20 +41,34 @@ fn rfc3339(unix_seconds: f64) -> Option<String> {
         .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
 }
 
+/// What the sessions one ACP client makes are (`drover acp --agent NAME`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NewSessions {
+    /// The external agent (`[agents.<name>]`) every `session/new` runs, and the only one whose
+    /// sessions `session/list` shows; `None`: drover's own agent loop, and every session.
+    pub agent: Option<String>,
+}
+
 /// The connection's bridge, made at its first request (it needs the connection).
 #[derive(Clone)]
 pub(crate) struct Shared {
     client: Client,
     options: ConnectOptions,
+    new_sessions: Arc<NewSessions>,
     bridge: Arc<OnceLock<Arc<Bridge>>>,
 }
 
 impl Shared {
     /// A connection before its first request: the daemon's client, no bridge yet.
-    pub(crate) fn new(client: Client, options: ConnectOptions) -> Shared {
+    pub(crate) fn new(
+        client: Client,
+        options: ConnectOptions,
+        new_sessions: NewSessions,
+    ) -> Shared {
         Shared {
             client,
             options,
+            new_sessions: Arc::new(new_sessions),
             bridge: Arc::new(OnceLock::new()),
         }
     }
@@ -66,9 +80,14 @@ impl Shared {
     }
 }
 
-fn initialize(request: &InitializeRequest) -> InitializeResponse {
+fn initialize(request: &InitializeRequest, new_sessions: &NewSessions) -> InitializeResponse {
     // drover speaks version 1; a client asking for a newer one gets 1 and decides.
     let _ = request;
+    // An editor shows the title: which agent its new sessions run is worth seeing there.
+    let title = match &new_sessions.agent {
+        Some(agent) => format!("drover ({agent})"),
+        None => "drover".to_string(),
+    };
     InitializeResponse::new(ProtocolVersion::V1)
         .agent_capabilities(
             AgentCapabilities::new()
@@ -83,9 +102,7 @@ fn initialize(request: &InitializeRequest) -> InitializeResponse {
                 ),
         )
         .auth_methods(Vec::new())
-        .agent_info(
-            Implementation::new("drover", env!("CARGO_PKG_VERSION")).title("drover".to_string()),
-        )
+        .agent_info(Implementation::new("drover", env!("CARGO_PKG_VERSION")).title(title))
 }
 
 /// The session's approval mode as ACP modes.
@@ -141,13 +158,14 @@ pub(crate) fn handlers(
                 s0.bridge(&cx)
                     .forms
                     .store(forms, std::sync::atomic::Ordering::Relaxed);
-                responder.respond(initialize(&request))
+                responder.respond(initialize(&request, &s0.new_sessions))
             },
             on_receive_request!(),
         )
         .on_receive_request(
             async move |request: NewSessionRequest, responder, cx| {
                 let bridge = s1.bridge(&cx);
+                let agent = s1.new_sessions.agent.clone();
                 spawn_answer!(cx, responder, async move {
                     let cwd = request.cwd.to_string_lossy().into_owned();
                     let mut params =
@@ -158,6 +176,20 @@ pub(crate) fn handlers(
                             AcpRpcError::invalid_params()
                                 .data(serde_json::json!({"field": "mcpServers", "reason": reason}))
                         })?;
+                    if let Some(agent) = agent {
+                        // An external agent uses its own tools (the daemon refuses a session
+                        // of one with MCP servers); an editor sends the servers it has
+                        // configured with every `session/new`, so they are left out rather
+                        // than failing the session.
+                        if let Some(servers) = params.mcp_servers.take() {
+                            tracing::info!(
+                                %agent,
+                                servers = ?servers.keys().collect::<Vec<_>>(),
+                                "the editor's MCP servers are not given to an external agent's session"
+                            );
+                        }
+                        params.agent = Some(agent);
+                    }
                     bridge.wake_daemon().await;
                     let stream = bridge
                         .client
@@ -213,6 +245,7 @@ pub(crate) fn handlers(
         .on_receive_request(
             async move |request: ListSessionsRequest, responder, cx| {
                 let bridge = s4.bridge(&cx);
+                let agent = s4.new_sessions.agent.clone();
                 spawn_answer!(cx, responder, async move {
                     bridge.wake_daemon().await;
                     let page: SessionPage = bridge
@@ -229,6 +262,7 @@ pub(crate) fn handlers(
                         .sessions
                         .into_iter()
                         .filter(|s| s.parent_session_id.is_none())
+                        .filter(|s| agent.is_none() || s.agent == agent)
                         .map(|s| {
                             let cwd = s.cwd.unwrap_or_else(|| "/".to_string());
                             SessionInfo::new(s.session_id, cwd)
@@ -312,8 +346,11 @@ mod tests {
 
     #[test]
     fn initialize_offers_load_list_resume_close_and_embedded_context() {
-        let response =
-            serde_json::to_value(initialize(&InitializeRequest::new(ProtocolVersion::V1))).unwrap();
+        let response = serde_json::to_value(initialize(
+            &InitializeRequest::new(ProtocolVersion::V1),
+            &NewSessions::default(),
+        ))
+        .unwrap();
         assert_eq!(response["protocolVersion"], 1);
         let caps = &response["agentCapabilities"];
         assert_eq!(caps["loadSession"], true);

@@ -6,7 +6,7 @@ use drover_client::{Client, ConnectOptions};
 use tokio::sync::mpsc;
 
 use crate::error::AcpError;
-use crate::handlers::{handlers, Shared};
+use crate::handlers::{handlers, NewSessions, Shared};
 
 /// Where the ACP client is.
 pub enum Transport {
@@ -23,10 +23,14 @@ pub enum Transport {
 }
 
 /// Serves one ACP client until it goes away, as a client of the daemon `options` name (started
-/// first when `options` allow it and none runs).
-pub async fn serve(transport: Transport, options: ConnectOptions) -> Result<(), AcpError> {
+/// first when `options` allow it and none runs); the sessions it makes are `new_sessions`.
+pub async fn serve(
+    transport: Transport,
+    options: ConnectOptions,
+    new_sessions: NewSessions,
+) -> Result<(), AcpError> {
     let client = Client::connect(options.clone()).await?;
-    let agent = handlers(Shared::new(client, options));
+    let agent = handlers(Shared::new(client, options, new_sessions));
     let served = match transport {
         Transport::Stdio => agent.connect_to(Stdio::new()).await,
         Transport::Lines { incoming, outgoing } => {

@@ -60,7 +60,7 @@ enum Command {
     Attach(chat::AttachArgs),
     /// Serve drover as an Agent Client Protocol (ACP) agent on stdio, for editors (Zed,
     /// JetBrains, Neovim, Emacs) and ACP clients such as acpx (docs/acp.md).
-    Acp,
+    Acp(acp_cmd::AcpArgs),
     /// Ask the home's daemon to stop (as SIGTERM does) and wait for it to exit.
     Stop,
     /// List sessions: started, last active, state, queue length and title.
@@ -172,7 +172,7 @@ fn main() -> ExitCode {
     let exit = match command {
         Command::Chat(args) => commands::block_on(chat::chat(home, args)),
         Command::Attach(args) => commands::block_on(chat::attach(home, args)),
-        Command::Acp => commands::block_on(acp_cmd::acp(home)),
+        Command::Acp(args) => commands::block_on(acp_cmd::acp(home, args)),
         Command::Daemon {
             started_by_client,
             ready_fd,
@@ -263,7 +263,8 @@ fn acp_endpoint(home: std::path::PathBuf) -> drover_owner::AcpEndpoint {
                 incoming: lines.incoming,
                 outgoing: lines.outgoing,
             };
-            if let Err(e) = drover_acp::serve(transport, options).await {
+            let new_sessions = drover_acp::NewSessions::default();
+            if let Err(e) = drover_acp::serve(transport, options, new_sessions).await {
                 tracing::debug!(error = %e, "an ACP client over /v1/acp ended with an error");
             }
         })
