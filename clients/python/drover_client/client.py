@@ -270,9 +270,13 @@ class Client:
         system_prompt: str | None = None,
         title: str | None = None,
         source: str | None = None,
+        agent: str | None = None,
     ) -> Session:
         """`session.create`: creates a session and attaches this client to it. `request_id`
-        (default: a new UUID) makes a retry return the same session."""
+        (default: a new UUID) makes a retry return the same session. `agent` names an external
+        agent of the daemon's `[agents.<name>]` config to run the session's turns (default:
+        drover's own agent loop); an unknown name raises `InvalidParams` with `field ==
+        "agent"`."""
         params: dict[str, Any] = {"request_id": request_id or str(uuid.uuid4())}
         optional = {
             "cwd": os.fspath(cwd) if cwd is not None else None,
@@ -283,6 +287,7 @@ class Client:
             "system_prompt": system_prompt,
             "title": title,
             "source": source,
+            "agent": agent,
         }
         params.update({k: v for k, v in optional.items() if v is not None})
         snapshot = cast(SessionSnapshot, await self.call("session.create", params))

@@ -22,7 +22,7 @@ from drover_client import (
     UnknownMethod,
 )
 
-from conftest import WAIT_S, Daemon
+from conftest import WAIT_S, Daemon, write_config
 from fake_model import FakeModel, Reply
 from helpers import EventLog, assert_no_gap_no_repeat
 
@@ -319,3 +319,24 @@ async def test_an_unknown_or_unreadable_stored_event_does_not_break_the_stream(
             assert damaged["payload"]["type"] == "tool.start", damaged  # type: ignore[index]
         assert seen[3]["type"] == "turn.started"
         assert session.execution_generation == 7
+
+
+async def test_a_session_may_run_a_configured_external_agent(home: Path, model: FakeModel) -> None:
+    write_config(home, model.base_url)
+    with open(home / "config.toml", "a") as config:
+        config.write('\n[agents.codex]\ncommand = ["codex-acp"]\n\n[agents.opencode]\ncommand = ["opencode", "acp"]\n')
+    daemon = Daemon(home).start()
+    try:
+        async with await connect(daemon) as client:
+            with pytest.raises(InvalidParams) as unknown:
+                await client.create_session(agent="nosuch")
+            assert unknown.value.field == "agent"
+            assert "codex, opencode" in unknown.value.detail
+            session = await client.create_session(agent="codex", title="with codex")
+            assert session.snapshot["info"].get("agent") == "codex"
+            own = await client.create_session(title="drover's own")
+            assert own.snapshot["info"].get("agent") is None
+            rows = (await client.list_sessions())["sessions"]
+            assert {r["session_id"]: r.get("agent") for r in rows} == {session.id: "codex", own.id: None}
+    finally:
+        daemon.stop()
