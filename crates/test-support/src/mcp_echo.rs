@@ -1,6 +1,6 @@
 //! Where the test fixture binaries of this package (`src/bin/`) are: `drover-mcp-echo` (a stdio
 //! MCP server) and `drover-worker-relay` (a `$DROVER_WORKER_EXE` wrapper that plays a worker
-//! knowing other executions' secrets).
+//! knowing other executions' secrets) and `drover-test-agent` (a scriptable ACP agent).
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -32,6 +32,15 @@ pub fn worker_relay_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| fixture_bin("drover-worker-relay"))
         .clone()
+}
+
+/// The path of the `drover-test-agent` binary (a scriptable ACP agent). See [`fixture_bin`].
+///
+/// # Panics
+/// When the binary is missing and cannot be built.
+pub fn test_agent_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| fixture_bin("drover-test-agent")).clone()
 }
 
 /// The path of this package's binary `name`, in the target directory of the running test.
