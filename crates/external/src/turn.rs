@@ -217,9 +217,9 @@ async fn connect(
         .await;
     match driven {
         Ok(end) => end,
-        Err(e) if prompt_sent.load(Ordering::Acquire) => {
-            TurnEnd::Lost(format!("the connection to the agent broke mid-turn: {e}"))
-        }
+        Err(e) if prompt_sent.load(Ordering::Acquire) => TurnEnd::Lost(format!(
+            "agent_lost: the connection to the agent broke mid-turn: {e}"
+        )),
         Err(e) => TurnEnd::Settled(failed(
             agent,
             format!("the connection to the agent broke: {e}"),
