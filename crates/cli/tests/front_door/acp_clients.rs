@@ -977,6 +977,69 @@ async fn the_editors_mcp_servers_are_the_sessions_own(via: Via) {
     assert_eq!(refused["error"]["data"]["field"], "mcpServers", "{refused}");
 }
 
+/// `drover acp --agent codex`: an editor entry for one external agent. Each of its sessions is
+/// one of that agent (the editor's MCP servers left out, as the daemon takes none for an agent
+/// that brings its own tools), its session list holds only that agent's sessions, and its
+/// title names the agent.
+#[tokio::test]
+async fn acp_with_an_agent_makes_and_lists_only_that_agents_sessions() {
+    let agent = Agent::start_with(
+        Via::Stdio,
+        "",
+        "[agents.codex]\ncommand = [\"codex-acp\"]\n",
+    )
+    .await;
+    let home = &agent.home;
+    // A session of drover's own loop, made by a plain `drover acp`.
+    let own = agent.run(steps(home.work(), &[])).await;
+    let own = own.ok("new", 0)["sessionId"].as_str().unwrap().to_string();
+
+    let echo = json!({
+        "name": "echo",
+        "command": drover_test_support::mcp_echo_bin(),
+        "args": [],
+        "env": [],
+    });
+    let steps = json!([
+        {"op": "initialize"},
+        {"op": "new", "cwd": home.work(), "mcpServers": [echo]},
+        {"op": "list"},
+    ]);
+    let mut argv = self::agent(home.path());
+    argv.extend(["--agent".into(), "codex".into()]);
+    let r = AcpClient::stdio(&steps, &argv).result(RUN).await;
+    assert!(r.error().is_null(), "{}\n{}", r.error(), r.transcript);
+    assert_eq!(
+        r.ok("initialize", 0)["agentInfo"]["title"],
+        "drover (codex)",
+        "{}",
+        r.transcript
+    );
+    let made = r.ok("new", 0)["sessionId"].as_str().unwrap().to_string();
+    let listed: Vec<&str> = r.ok("list", 0)["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["sessionId"].as_str())
+        .collect();
+    assert_eq!(listed, [made.as_str()], "{}", r.transcript);
+
+    let out =
+        drover_test_support::harness::run_drover(bin(), home.path(), None, &["sessions", "--json"])
+            .await;
+    let page: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let agent_of = |sid: &str| {
+        page["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["session_id"] == sid)
+            .map(|s| s["agent"].clone())
+    };
+    assert_eq!(agent_of(&made), Some(json!("codex")), "{page}");
+    assert_eq!(agent_of(&own), Some(Value::Null), "{page}");
+}
+
 #[tokio::test]
 async fn the_websocket_refuses_a_missing_or_wrong_token() {
     let agent = Agent::start(Via::WebSocket).await;
