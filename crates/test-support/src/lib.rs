@@ -24,20 +24,24 @@
 //!   sandbox tests.
 //! - [`acp`]: real third-party ACP clients for `drover acp` (acpx, and a client on the
 //!   official TypeScript SDK), on the Node of `tests/acp/node_modules`.
+//! - [`agents`]: real third-party ACP agents (Codex through codex-acp, OpenCode) from
+//!   `tests/agents/node_modules`, configured to talk only to a [`MockModel`], and the model
+//!   replies that call their shell tools ([`shell_call`]).
 //! - [`flip`]: a file flipped with a symlink while a tool opens it ([`flip::Flipper`]).
 //! - [`alone`]: a test that must be alone in its process (working directory, process-wide
 //!   sets, a panic hook) runs again as the only test of a child process of its test binary.
 //!
 //! Nothing here mocks a drover component: only the model is played.
 //!
-//! Layers: `mock_model`, `mcp_echo`, `wait`, `alone`, `flip` (leaves); `harness` (on
-//! `wait`); `tmux`, `bench` and `acp` on top.
+//! Layers: `mock_model`, `mcp_echo`, `wait`, `alone`, `flip` (leaves); `agents` (on
+//! `mock_model`); `harness` (on `wait`); `tmux`, `bench` and `acp` on top.
 
 // Test code only: a helper that cannot set up its fixture (a port, a temporary folder, a
 // missing mosquitto) panics with a message, which fails the calling test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod acp;
+pub mod agents;
 pub mod alone;
 pub mod bench;
 pub mod flip;
@@ -48,6 +52,7 @@ pub mod mock_model;
 pub mod tmux;
 pub mod wait;
 
+pub use agents::{shell_call, AgentKit, AgentSetup};
 pub use bench::env_count;
 pub use harness::home::outside_path;
 pub use mcp_echo::{mcp_echo_bin, mock_model_bin, worker_relay_bin};
