@@ -297,6 +297,12 @@ function table(headings, body) {
 
 // Every session of the home, newest first: `session.list` page after page (a session waiting
 // for an answer may be far down the list). At most 20,000, so a page never polls forever.
+// The agent a session's turns run: an external agent's name (`[agents.<name>]`), or drover's
+// own agent loop.
+function agentName(agent) {
+  return agent || "drover";
+}
+
 async function allSessions() {
   const sessions = [];
   let cursor = null;
@@ -317,7 +323,7 @@ class SessionsView extends PolledView {
       "section",
       { id: "sessions" },
       h("h1", {}, "Sessions"),
-      table(["Title", "Source", "Model", "State", "Queue", "Last activity", "Tokens"], this.table),
+      table(["Title", "Agent", "Source", "Model", "State", "Queue", "Last activity", "Tokens"], this.table),
     );
   }
 
@@ -326,7 +332,7 @@ class SessionsView extends PolledView {
     this.table.replaceChildren();
     if (!page.sessions.length) {
       this.table.append(
-        h("tr", {}, h("td", { colspan: 7, class: "muted" }, "No sessions yet: start one with `drover run` or `drover chat`.")),
+        h("tr", {}, h("td", { colspan: 8, class: "muted" }, "No sessions yet: start one with `drover run` or `drover chat`.")),
       );
     }
     for (const s of page.sessions) {
@@ -344,6 +350,7 @@ class SessionsView extends PolledView {
             h("a", { href: `#/session/${s.session_id}` }, s.title || `session ${short(s.session_id)}`),
             s.error ? h("div", { class: "error-text" }, s.error) : null,
           ),
+          h("td", { class: "agent" }, agentName(s.agent)),
           h("td", {}, s.source),
           h("td", { class: "mono" }, s.model),
           h("td", {}, badge("state", s.state, STATE_WORDS[s.state] || s.state)),
@@ -506,6 +513,7 @@ class SessionView {
         "div",
         { class: "meta" },
         h("span", {}, "state ", badge("state", state, STATE_WORDS[state])),
+        h("span", { class: "agent" }, "agent ", h("b", {}, agentName(info.agent))),
         h("span", {}, "model ", h("b", {}, info.model)),
         h("span", {}, "source ", h("b", {}, info.source)),
         h("span", {}, "cwd ", h("b", { class: "mono" }, info.cwd)),

@@ -811,32 +811,57 @@ async fn drover_ui_on_a_fresh_home_starts_the_daemon_and_prints_a_working_link()
 }
 
 /// The session list pages through `session.list`: a session past its first 200 rows (an old
-/// one waiting for an approval, say) is still listed.
+/// one waiting for an approval, say) is still listed. Each row names the session's agent (an
+/// external one of `[agents.<name>]`, else `drover`), and so does the session's header.
 #[tokio::test]
 async fn the_session_list_shows_sessions_past_the_first_page() {
     let model = MockModel::start().await;
     let home = TestHome::new().unwrap();
-    home.write_model_config(&model.base_url(), true, "")
-        .unwrap();
+    home.write_model_config(
+        &model.base_url(),
+        true,
+        "[agents.codex]\ncommand = [\"codex-acp\"]\n",
+    )
+    .unwrap();
     let daemon = Daemon::start(bin(), home.path()).await.unwrap();
     let mut c = daemon.client().await.unwrap();
     let scratch = tempfile::tempdir().unwrap();
     let create =
         |title: String| json!({"request_id": title, "cwd": scratch.path(), "title": title});
-    c.call_ok("session.create", create("the oldest one".into()))
-        .await
-        .unwrap();
+    let mut oldest = create("the oldest one".into());
+    oldest["agent"] = json!("codex");
+    let oldest = c.call_ok("session.create", oldest).await.unwrap();
+    let oldest = oldest["session_id"].as_str().unwrap().to_string();
+    let mut newest = String::new();
     for i in 0..205 {
-        c.call_ok("session.create", create(format!("newer {i}")))
+        let made = c
+            .call_ok("session.create", create(format!("newer {i}")))
             .await
             .unwrap();
+        newest = made["session_id"].as_str().unwrap().to_string();
     }
     let browser = Browser::start().await;
-    browser.goto(&login_link(home.path()).await).await;
+    let link = login_link(home.path()).await;
+    browser.goto(&link).await;
     browser.wait_conn("connected").await;
     let listed = browser
         .wait_text("#sessions", |t| t.contains("the oldest one"))
         .await;
     assert!(listed.contains("newer 204"), "{listed}");
+    let agent_cell = |sid: &str| format!("tr[data-session=\"{sid}\"] td.agent");
+    assert_eq!(
+        browser.text(&agent_cell(&oldest)).await.as_deref(),
+        Some("codex")
+    );
+    assert_eq!(
+        browser.text(&agent_cell(&newest)).await.as_deref(),
+        Some("drover")
+    );
+    browser
+        .goto(&format!("{}/ui/#/session/{oldest}", origin_of(&link)))
+        .await;
+    browser
+        .wait_text(".meta .agent", |t| t == "agent codex")
+        .await;
     browser.quit().await;
 }
