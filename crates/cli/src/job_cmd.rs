@@ -16,6 +16,7 @@ use serde_json::Value;
 
 use crate::Exit;
 
+mod acp;
 mod show;
 mod submit;
 mod update;

@@ -144,6 +144,10 @@ impl Target {
                 "--agent-session remote:{name} is dispatched to a runner over the MQTT wire \
                  (by the remote submit), not delivered here"
             ))),
+            (AgentSession::Acp(agent), None) => Err(JobError::BadInput(format!(
+                "--agent-session acp:{agent} is delivered to a new session through the daemon \
+                 (by the acp submit), not here"
+            ))),
             (AgentSession::Herdr(pane), None) => {
                 let exe = find_on_path("herdr", path_var).ok_or_else(|| {
                     JobError::Delivery(
@@ -425,6 +429,7 @@ mod tests {
             ("herdr:1-2", AgentSession::Herdr("1-2".into()), "herdr"),
             ("exec", AgentSession::Exec, "exec"),
             ("remote:box", AgentSession::Remote("box".into()), "remote"),
+            ("acp:codex", AgentSession::Acp("codex".into()), "acp"),
         ] {
             let got = AgentSession::parse(text).unwrap();
             assert_eq!(got, want);
@@ -435,6 +440,7 @@ mod tests {
             ("", "no transport given"),
             ("tmux", "\"tmux\" is not a transport"),
             ("tmux:", "the tmux target is empty"),
+            ("acp:", "the acp target is empty"),
             ("ssh:box", "unknown transport \"ssh\""),
             ("execs", "\"execs\" is not a transport"),
             ("exec:x", "exec takes no target"),

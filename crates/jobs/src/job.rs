@@ -126,7 +126,7 @@ impl Job {
     pub fn target(&self) -> Option<String> {
         match self.session()? {
             AgentSession::Tmux(t) | AgentSession::Herdr(t) => Some(t),
-            AgentSession::Exec | AgentSession::Remote(_) => None,
+            AgentSession::Exec | AgentSession::Remote(_) | AgentSession::Acp(_) => None,
         }
     }
 

@@ -1,7 +1,8 @@
 //! Delegated jobs and the liveness contract (SPEC section 7).
 //!
 //! A **job** is a brief handed to an agent that drover does not run itself: a coding agent in a
-//! tmux or herdr pane, or a local command. drover decides whether the agent is alive by
+//! tmux or herdr pane, or a local command; or a prompt to a fresh drover session of an external
+//! agent (`acp:<agent>`), whose turn's events are the protocol. drover decides whether the agent is alive by
 //! protocol, never by what its screen shows (G5): the job is delivered when the agent publishes
 //! `started`, it is alive while heartbeats arrive, it is dead after K missed heartbeats, and a
 //! terminal status is final.
@@ -42,6 +43,9 @@
 //! - [`submit`](mod@submit): `drover job submit` — register, brief, deliver once, and wait
 //!   under the contract.
 //! - [`remote`]: `submit --agent-session remote:<name>` ([`remote::submit_remote`]).
+//! - [`acp`]: `submit --agent-session acp:<agent>` ([`acp::submit_acp`]): a fresh drover session
+//!   of an external agent, whose turn's events are the job's (the daemon's side is the
+//!   caller's [`acp::AgentSessions`]).
 //! - [`runner`]: `drover runner` — admission of signed dispatches and running the command.
 //! - [`toolset`]: the `jobs` toolset's operations — submit without waiting (exec agents
 //!   detached), judge from stored times, bounded wait, cancel.
@@ -52,7 +56,7 @@
 //!
 //! Layers (each imports only those before it): `state` < `error` < `sign`, `ids`, `identity`,
 //! `session`, `broker_endpoint` < `settings`, `job` < `dispatch` < `registry`, `wire` < `mqtt`,
-//! `brief` < `delivery`, `timer` < `publish`, `watch` < `submit` < `remote` < `runner`,
+//! `brief` < `delivery`, `timer` < `publish`, `watch` < `submit` < `remote`, `acp` < `runner`,
 //! `toolset`.
 //!
 //! Argument parsing, printing and `drover loop` are in `crates/cli`.
@@ -77,6 +81,7 @@
 //! # Ok::<(), drover_jobs::JobError>(())
 //! ```
 
+pub mod acp;
 pub mod brief;
 pub mod broker_endpoint;
 pub mod delivery;

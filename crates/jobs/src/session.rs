@@ -1,5 +1,6 @@
 //! Where a job goes: [`AgentSession`], the parsed `--agent-session` (SPEC section 7,
-//! "Pane targets" and "Remote"). Pure data; the `delivery` module does the delivering.
+//! "Pane targets" and "Remote"; `acp:<agent>`, a session of an external agent). Pure data;
+//! the `delivery`, `remote` and `acp` modules do the delivering.
 
 use crate::JobError;
 
@@ -14,6 +15,9 @@ pub enum AgentSession {
     Exec,
     /// `remote:<name>`: a `drover runner` on another host (the `remote` module).
     Remote(String),
+    /// `acp:<agent>`: a fresh drover session whose turns run the external agent `<agent>`
+    /// (`[agents.<agent>]` of config.toml), through the daemon (the `acp` module).
+    Acp(String),
 }
 
 impl AgentSession {
@@ -21,8 +25,8 @@ impl AgentSession {
     pub fn parse(text: &str) -> Result<AgentSession, JobError> {
         let bad = |why: String| {
             JobError::BadInput(format!(
-                "--agent-session {text:?}: {why} (expected tmux:<target>, herdr:<pane>, exec or \
-                 remote:<name>)"
+                "--agent-session {text:?}: {why} (expected tmux:<target>, herdr:<pane>, exec, \
+                 remote:<name> or acp:<agent>)"
             ))
         };
         if text == "exec" {
@@ -36,12 +40,13 @@ impl AgentSession {
             }));
         };
         match kind {
-            "tmux" | "herdr" | "remote" if name.is_empty() => {
+            "tmux" | "herdr" | "remote" | "acp" if name.is_empty() => {
                 Err(bad(format!("the {kind} target is empty")))
             }
             "tmux" => Ok(AgentSession::Tmux(name.to_string())),
             "herdr" => Ok(AgentSession::Herdr(name.to_string())),
             "remote" => Ok(AgentSession::Remote(name.to_string())),
+            "acp" => Ok(AgentSession::Acp(name.to_string())),
             "exec" => Err(bad(
                 "exec takes no target (give the command with --exec CMD)".into(),
             )),
@@ -50,13 +55,14 @@ impl AgentSession {
         }
     }
 
-    /// The job's `transport` field: the kind, `tmux`, `herdr`, `exec` or `remote`.
+    /// The job's `transport` field: the kind, `tmux`, `herdr`, `exec`, `remote` or `acp`.
     pub fn kind(&self) -> &'static str {
         match self {
             AgentSession::Tmux(_) => "tmux",
             AgentSession::Herdr(_) => "herdr",
             AgentSession::Exec => "exec",
             AgentSession::Remote(_) => "remote",
+            AgentSession::Acp(_) => "acp",
         }
     }
 }
@@ -69,6 +75,7 @@ impl std::fmt::Display for AgentSession {
             AgentSession::Herdr(p) => write!(f, "herdr:{p}"),
             AgentSession::Exec => f.write_str("exec"),
             AgentSession::Remote(n) => write!(f, "remote:{n}"),
+            AgentSession::Acp(a) => write!(f, "acp:{a}"),
         }
     }
 }

@@ -198,13 +198,7 @@ pub async fn submit(ctx: SubmitContext<'_>, req: SubmitRequest) -> Result<Submit
     let delivered_at = Instant::now();
     tracing::info!(job_id = %job.job_id, attempt, "start instruction delivered");
 
-    let mut waiter = Waiter {
-        job_id: job.job_id.clone(),
-        attempt,
-        last_entry: 0,
-        started: false,
-        last_activity: delivered_at,
-    };
+    let mut waiter = Waiter::new(&job, delivered_at);
     let timeout = req.timeout.map(Duration::from_secs);
     let mut diagnostics = None;
     let verdict = loop {
@@ -260,17 +254,28 @@ pub(crate) async fn claim_delivery(
 }
 
 /// What submit has seen of its attempt.
-struct Waiter {
+pub(crate) struct Waiter {
     job_id: String,
     attempt: u64,
     last_entry: i64,
-    started: bool,
-    last_activity: Instant,
+    pub(crate) started: bool,
+    pub(crate) last_activity: Instant,
 }
 
 impl Waiter {
+    /// Nothing seen yet of `job`'s current attempt, delivered at `delivered_at`.
+    pub(crate) fn new(job: &Job, delivered_at: Instant) -> Waiter {
+        Waiter {
+            job_id: job.job_id.clone(),
+            attempt: job.attempt_id,
+            last_entry: 0,
+            started: false,
+            last_activity: delivered_at,
+        }
+    }
+
     /// Reads new entries and the job; any new event of this attempt is activity.
-    fn observe(&mut self, registry: &Registry) -> Result<Job, JobError> {
+    pub(crate) fn observe(&mut self, registry: &Registry) -> Result<Job, JobError> {
         for entry in registry.entries(&self.job_id, self.last_entry)? {
             self.last_entry = entry.id;
             if entry.audit || entry.attempt_id != self.attempt {

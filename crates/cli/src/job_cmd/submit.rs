@@ -158,7 +158,30 @@ pub(crate) fn submit_outcome(
         job_id: a.job_id,
         topic_base: settings.topic_base.clone(),
     };
-    let outcome = if remote {
+    let outcome = if let AgentSession::Acp(agent) = &req.agent_session {
+        check_agent(env, agent)?;
+        let cwd = std::env::current_dir().map_err(|source| JobError::Io {
+            what: "cannot read the current directory".into(),
+            source,
+        })?;
+        let cwd = cwd.to_str().map(str::to_string).ok_or_else(|| {
+            JobError::BadInput(format!(
+                "the current directory {} is not UTF-8; the agent's session cannot work in it",
+                cwd.display()
+            ))
+        })?;
+        let ctx = SubmitContext {
+            registry_dir: env.registry_dir.clone(),
+            home: env.home.clone(),
+            exe: env.exe()?,
+            wire: wire.as_ref(),
+            drain: env.drain()?,
+            tmux: TmuxServer::Default,
+            path_var: None,
+        };
+        let mut sessions = super::acp::DaemonSessions::new(env.home.clone(), cwd);
+        rt.block_on(drover_jobs::acp::submit_acp(ctx, req, &mut sessions))?
+    } else if remote {
         let secret = remote::dispatch_secret(std::env::var(remote::DISPATCH_SECRET_ENV).ok())?;
         let endpoint = settings.endpoint.clone().ok_or_else(no_wire_for_remote)?;
         let ctx = RemoteContext {
@@ -182,6 +205,28 @@ pub(crate) fn submit_outcome(
         rt.block_on(drover_jobs::submit(ctx, req))?
     };
     Ok(outcome)
+}
+
+/// `acp:<agent>` names an agent of config.toml, checked before anything is registered (the
+/// daemon checks again when it creates the session). A config that does not load is left to
+/// the daemon, which names what is wrong.
+fn check_agent(env: &Env, agent: &str) -> Result<(), JobError> {
+    let Ok(config) = drover_owner::config::Config::load(&env.home) else {
+        return Ok(());
+    };
+    if config.agents.contains_key(agent) {
+        return Ok(());
+    }
+    let known: Vec<&str> = config.agents.keys().map(String::as_str).collect();
+    Err(JobError::BadInput(format!(
+        "--agent-session acp:{agent}: no [agents.{agent}] in {} ({})",
+        env.home.join("config.toml").display(),
+        if known.is_empty() {
+            "it configures no agent; see docs/agents.md".to_string()
+        } else {
+            format!("its agents: {}", known.join(", "))
+        }
+    )))
 }
 
 /// The word and exit code of a submit's verdict (SPEC section 7).

@@ -9,6 +9,7 @@ mod background;
 mod delegation;
 mod file_tools;
 mod jobs;
+mod jobs_acp;
 mod jobs_remote;
 mod jobs_tools;
 mod jobs_wire;
