@@ -92,6 +92,28 @@ async fn a_streamed_answer_is_shown_as_markdown_and_the_status_line_counts_token
     assert_eq!(pane.exit_code().await, 0, "{}", pane.screen());
 }
 
+/// `drover chat --agent NAME`: the chat's sessions run that external agent, and its status
+/// line names the agent where it names the model.
+#[tokio::test]
+async fn chat_with_an_agent_makes_that_agents_session_and_names_it() {
+    let model = MockModel::start().await;
+    let home = TestHome::new().unwrap();
+    home.write_model_config(
+        &model.base_url(),
+        true,
+        "[agents.codex]\ncommand = [\"codex-acp\"]\n",
+    )
+    .unwrap();
+    let _daemon = KillDaemonOnDrop(home.path());
+    let pane = in_pane(home.path(), home.work(), &["chat", "--agent", "codex"]);
+    let screen = pane.wait_for("· agent: codex · idle ·").await;
+    assert!(!screen.contains("· mock ·"), "{screen}");
+    let rows = db_rows(&home.db(), "SELECT agent FROM sessions");
+    assert_eq!(rows, [[json!("codex")]], "{rows:?}");
+    pane.keys(&["C-d"]);
+    assert_eq!(pane.exit_code().await, 0, "{}", pane.screen());
+}
+
 #[tokio::test]
 async fn a_tool_call_shows_its_status_and_first_output_lines() {
     let (model, home, scratch) = setup().await;
