@@ -36,8 +36,11 @@
 //!   through the owner pipe.
 //! - [`bootstrap`]: what a spare makes before its bootstrap ([`Prepared`]), its names,
 //!   reading the bootstrap and acknowledging it.
-//! - [`turn`]: one turn: the outbox opened, the agent loop run with the tools and the model,
-//!   `execution.finish` persisted; or the owner lost and the turn's tools killed.
+//! - [`turn`]: one turn: the outbox opened, the agent loop run with the tools and the model
+//!   (or, when the policy names an external agent, that agent's turn over ACP through
+//!   [`drover_external`], persisting `agent.session` once the agent made its session),
+//!   `execution.finish` persisted; or the owner lost, or the external agent lost mid-turn
+//!   (exited or silent), and the turn's processes killed without `execution.finish`.
 //! - [`start`]: the process: its entries ([`main_entry`], [`template_entry`],
 //!   [`file_tools_entry`]), the owner-loss checks at start, the runtime, logging and signals.
 //!

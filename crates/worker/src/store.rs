@@ -1,7 +1,8 @@
 //! The agent loop's store and the tools' prompt broker, both persisting through the owner
 //! (SPEC section 0, G4: the worker never opens the ledger).
 //!
-//! - [`OwnerStore`] ([`TurnStore`]): `transcript.append` with a [`TranscriptAppend`] payload
+//! - [`OwnerStore`] ([`TurnStore`], and an external agent's [`AgentSessions`]: `agent.session`
+//!   with an [`AgentSessionFound`] payload): `transcript.append` with a [`TranscriptAppend`] payload
 //!   (its receipt gives the messages' ledger ids and the turn's input's),
 //!   `usage.add` with a [`UsageAdd`] payload, `compaction.record` with a [`CompactionRecord`]
 //!   payload and `model.context_window` with a [`ContextWindowFound`] payload, each waiting
@@ -25,10 +26,11 @@ use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 use drover_agent::{Appended, StoreError, TurnStore};
+use drover_external::AgentSessions;
 use drover_protocol::mcp::McpServerStatus;
 use drover_protocol::worker::{
-    BackgroundProcess, ChildReserve, CompactionRecord, ContextWindowFound, Operation,
-    ProcessStatus, ProcessUpdate, PromptOpen, TranscriptAppend, UsageAdd,
+    AgentSessionFound, BackgroundProcess, ChildReserve, CompactionRecord, ContextWindowFound,
+    Operation, ProcessStatus, ProcessUpdate, PromptOpen, TranscriptAppend, UsageAdd,
 };
 use drover_protocol::ChatMessage;
 use drover_tools::jobs::{JobLedger, JobRegister};
@@ -145,6 +147,17 @@ impl TurnStore for OwnerStore {
 
     fn delta(&self, text: &str) {
         self.pipe.send_delta(text);
+    }
+}
+
+#[async_trait]
+impl AgentSessions for OwnerStore {
+    /// `agent.session`, waiting for its receipt: the next turn loads this session.
+    async fn found(&self, agent_session_id: &str) -> Result<(), StoreError> {
+        self.persist(Operation::AgentSession(AgentSessionFound {
+            agent_session_id: agent_session_id.to_string(),
+        }))
+        .await
     }
 }
 

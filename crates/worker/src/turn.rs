@@ -1,15 +1,18 @@
 //! The turn, seen from the worker: the bootstrap read and acknowledged, the outbox opened, the
-//! agent loop run with the tools and the model, and `execution.finish` persisted; or, when
-//! the owner is gone, the turn cancelled and its foreground tool processes killed.
+//! agent loop run with the tools and the model (or, for a session of an external agent, that
+//! agent's turn over ACP), and `execution.finish` persisted; or, when the owner is gone or the
+//! external agent was lost mid-turn, no `execution.finish` and the turn's foreground processes
+//! killed.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use drover_agent::{run_compaction, run_turn, TurnReport, TurnSpec};
+use drover_external::{ExternalTurn, TurnEnd};
 use drover_model::{ModelClient, ModelConfig};
 use drover_platform::{self as platform, ForegroundGroups};
 use drover_protocol::worker::{
-    Bootstrap, ExecutionFinish, Operation, Policy, TurnOutcome, TurnResult,
+    Bootstrap, ExecutionFinish, ExternalAgent, Operation, Policy, TurnOutcome, TurnResult,
 };
 use drover_protocol::{ModelSettings, Secret, Usage};
 use drover_tools::{ToolContext, ToolRegistry};
@@ -164,7 +167,22 @@ async fn settle(
     http: drover_model::HttpClient,
     cancel: CancellationToken,
 ) -> WorkerExit {
-    let report = run_agent(pipe, bootstrap, http, cancel.clone()).await;
+    let report = match bootstrap.policy.agent.clone() {
+        Some(agent) => match run_external(pipe, bootstrap, agent, cancel.clone()).await {
+            TurnEnd::Settled(report) => report,
+            TurnEnd::Lost(why) => {
+                // What the agent did is unknown: no `execution.finish`, so the owner makes the
+                // turn `unknown` and pauses the queue (SPEC G2), as when a worker dies.
+                ForegroundGroups::kill_all();
+                if pipe.refusal().is_some() {
+                    return WorkerExit::Refused;
+                }
+                tracing::error!(reason = %why, "the external agent's turn is lost; stopping without execution.finish");
+                return WorkerExit::Aborted;
+            }
+        },
+        None => run_agent(pipe, bootstrap, http, cancel.clone()).await,
+    };
     if cancel.is_cancelled() {
         // Tools drop their groups on cancel already; this catches any that did not.
         ForegroundGroups::kill_all();
@@ -311,6 +329,53 @@ async fn run_agent(
     // Before `execution.finish`, so the turn's last `mcp.status` events are `stopped`.
     registry.stop_mcp_servers().await;
     report
+}
+
+/// Runs the turn through the session's external agent (`policy.agent`): drover is the ACP
+/// client of the agent's process ([`drover_external`]), writing through the same store and
+/// prompt broker as the own loop, and `agent.session` once the agent made its session.
+async fn run_external(
+    pipe: &OwnerPipe,
+    bootstrap: Bootstrap,
+    agent: ExternalAgent,
+    cancel: CancellationToken,
+) -> TurnEnd {
+    let Bootstrap {
+        policy,
+        input,
+        compact_only,
+        ..
+    } = bootstrap;
+    if compact_only {
+        // The agent keeps its own context; drover has nothing of it to compact.
+        tracing::info!(agent = %agent.name, "a compaction-only turn of an external agent: nothing to do");
+        return TurnEnd::Settled(TurnReport {
+            outcome: TurnOutcome::Completed,
+            final_response: String::new(),
+            model: agent.name.clone(),
+            usage: Usage::default(),
+            api_calls: 0,
+            error: None,
+        });
+    }
+    tracing::info!(agent = %agent.name, resumes = agent.agent_session_id.is_some(), "external agent turn starting");
+    let store = OwnerStore::new(pipe.clone());
+    let prompts = OwnerPrompts::new(pipe.clone(), cancel.clone());
+    let approvals = pipe.approvals();
+    approvals.set_unless_set(policy.approvals);
+    let turn = ExternalTurn {
+        agent: &agent,
+        cwd: PathBuf::from(&policy.cwd),
+        input,
+        sandbox: drover_tools::sandbox::Sandbox::new(policy.sandbox.clone(), std::env::temp_dir()),
+        store: &store,
+        prompts: &prompts,
+        approvals,
+        grants: drover_tools::ApprovalGrants::new(policy.approval_grants.clone()),
+        cancel,
+        sessions: &store,
+    };
+    drover_external::run_turn(turn).await
 }
 
 /// The model client settings of a policy. A `request_timeout_s` of 0 means the default

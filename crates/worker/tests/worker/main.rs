@@ -8,6 +8,7 @@
 mod background;
 #[path = "../common/mod.rs"]
 mod common;
+mod external;
 mod owner_pipe;
 mod turns;
 mod worker_tools;
