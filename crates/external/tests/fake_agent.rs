@@ -20,10 +20,13 @@ use drover_tools::{ApprovalGrants, LiveApprovalMode, PromptAnswer, PromptBroker,
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
+/// One stored message with its tool previews and tool error ids.
+type Write = (ChatMessage, BTreeMap<String, String>, Vec<String>);
+
 /// Every write of a turn, in order.
 #[derive(Default)]
 struct MemStore {
-    messages: Mutex<Vec<(ChatMessage, BTreeMap<String, String>, Vec<String>)>>,
+    messages: Mutex<Vec<Write>>,
     usage: Mutex<Vec<UsageAdd>>,
     deltas: Mutex<String>,
 }
