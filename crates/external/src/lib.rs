@@ -22,7 +22,8 @@
 //!   `max_tokens`, `max_turn_requests` failed with that reason; the prompt's usage is the
 //!   turn's usage;
 //! - the cancel token sends `session/cancel`, answers pending permissions `cancelled`, and
-//!   kills the group if the prompt has not returned within `interrupt_grace_s` (interrupted);
+//!   kills the group if the prompt has not returned within half of `interrupt_grace_s`
+//!   (interrupted; the owner gives the worker the whole of it before the turn is lost);
 //! - the agent exiting, its connection closing, or its silence for `stall_timeout_s` (a human
 //!   deciding a permission is not silence) while the prompt runs makes the turn *lost*: what
 //!   the agent did is unknown, so the worker exits without `execution.finish` and the owner

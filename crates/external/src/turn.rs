@@ -148,12 +148,14 @@ pub async fn run_turn(turn: ExternalTurn<'_>) -> TurnEnd {
     let prompt_sent = AtomicBool::new(false);
     let end = connect(&turn, &process, stdin, stdout, heard, &prompt_sent).await;
     // A settled agent may finish its own writes (its session) and exit; a lost or interrupted
-    // one is stopped at once.
-    let wait = match &end {
-        TurnEnd::Settled(report) if report.outcome != TurnOutcome::Interrupted => EXIT_WAIT,
-        _ => Duration::ZERO,
+    // one is killed at once (it had its chance to stop).
+    let (wait, grace) = match &end {
+        TurnEnd::Settled(report) if report.outcome != TurnOutcome::Interrupted => {
+            (EXIT_WAIT, KILL_GRACE)
+        }
+        _ => (Duration::ZERO, Duration::ZERO),
     };
-    process.stop(wait, KILL_GRACE).await;
+    process.stop(wait, grace).await;
     end
 }
 
@@ -388,7 +390,9 @@ impl Driver<'_, '_> {
         let mut waiting: HashMap<u64, (Responder<RequestPermissionResponse>, Ask)> = HashMap::new();
         let mut next_ask = 0u64;
         let mut stop_by: Option<Instant> = None;
-        let grace = Duration::from_secs_f64(agent.interrupt_grace_s.clamp(0.0, 3600.0));
+        // Half the grace: the owner gives the worker the whole of it to settle the turn
+        // before it kills the worker and the turn becomes `unknown`.
+        let grace = Duration::from_secs_f64(agent.interrupt_grace_s.clamp(0.0, 3600.0) / 2.0);
         self.heard.touch();
         let store_failed = |e: StoreError| TurnEnd::Settled(failed(agent, e.message));
         let answered: Result<PromptResponse, agent_client_protocol::Error> = loop {
@@ -546,7 +550,7 @@ impl Driver<'_, '_> {
         let error = match (killed, error) {
             (true, _) => Some(format!(
                 "the agent did not stop within {} s of session/cancel; its process group was killed",
-                agent.interrupt_grace_s
+                agent.interrupt_grace_s / 2.0
             )),
             (false, error) => error,
         };
