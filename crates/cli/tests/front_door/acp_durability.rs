@@ -453,11 +453,26 @@ enum Held {
     Tool,
 }
 
-/// Whether the `sleep 300` the model asked for runs.
-fn slow_command_runs() -> bool {
-    drover_test_support::harness::pids().into_iter().any(|p| {
-        std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| c.starts_with(b"sleep\x00300"))
-    })
+/// The slow command the model asks for: a `sleep` of 300 s whose argument is this run's own,
+/// so that no other process of the machine (another run of this test, or the command of a run
+/// that was killed before it could clean up) passes for it.
+fn slow_command() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    format!("sleep 300.{nanos:09}{}", std::process::id())
+}
+
+/// Whether `command` (a [`slow_command`]) runs.
+fn slow_command_runs(command: &str) -> bool {
+    let cmdline: Vec<u8> = command
+        .split(' ')
+        .flat_map(|word| word.bytes().chain([0]))
+        .collect();
+    drover_test_support::harness::pids()
+        .into_iter()
+        .any(|p| std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| c == cmdline))
 }
 
 /// The daemon is SIGKILLed mid-turn under a connected `drover acp`, which starts a new one:
@@ -469,12 +484,13 @@ async fn daemon_killed_mid_turn(held: Held) {
     let (model, home) = model_home(true).await.unwrap();
     let _daemon = KillDaemonOnDrop(home.path());
     let gate = Gate::new();
+    let slow = slow_command();
     match held {
         Held::Model => {
             model.push(Reply::terminal("call_done", "echo done-before-the-crash"));
             model.push(Reply::text("never said").gated(&gate));
         }
-        Held::Tool => model.push(Reply::terminal("call_slow", "sleep 300")),
+        Held::Tool => model.push(Reply::terminal("call_slow", &slow)),
     }
     let next_from_live = held == Held::Model;
     let mut live_steps = vec![
@@ -501,7 +517,7 @@ async fn daemon_killed_mid_turn(held: Held) {
                 e["event"] == "update" && e["update"]["update"]["sessionUpdate"] == "tool_call"
             })
             .await;
-            let running = until(BOUND, async || slow_command_runs()).await;
+            let running = until(BOUND, async || slow_command_runs(&slow)).await;
             assert!(running, "the command never ran\n{}", live.transcript());
         }
     }
@@ -509,7 +525,7 @@ async fn daemon_killed_mid_turn(held: Held) {
     kill_and_wait_gone(&[old]);
     if held == Held::Tool {
         // The worker, its owner gone, killed the command.
-        let stopped = until(BOUND, async || !slow_command_runs()).await;
+        let stopped = until(BOUND, async || !slow_command_runs(&slow)).await;
         assert!(stopped, "the command outlived its daemon");
     }
 
