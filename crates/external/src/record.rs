@@ -23,6 +23,23 @@ pub const RESULT_MAX_BYTES: usize = 50_000;
 /// The result of a call the agent never reported as finished in a turn that ended.
 pub const NO_RESULT: &str = "the agent reported no result for this call";
 
+/// The keys under which agents put a command's output in a call's `rawOutput` (codex-acp's
+/// `formatted_output`, OpenCode's `output`...), the first one present wins.
+const OUTPUT_KEYS: &[&str] = &["formatted_output", "aggregated_output", "output", "stdout"];
+
+/// A call's `rawOutput` as its result text: a string as it is, an object's output field
+/// ([`OUTPUT_KEYS`]), else the JSON.
+fn output_text(raw: &Value) -> String {
+    match raw {
+        Value::String(s) => s.clone(),
+        Value::Object(fields) => OUTPUT_KEYS
+            .iter()
+            .find_map(|key| fields.get(*key).and_then(Value::as_str))
+            .map_or_else(|| raw.to_string(), str::to_string),
+        other => other.to_string(),
+    }
+}
+
 /// One tool call as the agent has described it so far.
 #[derive(Debug, Default)]
 struct Call {
@@ -83,10 +100,7 @@ impl Call {
         let mut text = if !parts.is_empty() {
             parts.join("\n")
         } else if let Some(raw) = &self.raw_output {
-            match raw {
-                Value::String(s) => s.clone(),
-                other => other.to_string(),
-            }
+            output_text(raw)
         } else {
             match self.status {
                 ToolCallStatus::Failed => "failed".to_string(),
@@ -214,10 +228,26 @@ impl<'a> Recorder<'a> {
         }
     }
 
-    /// A permission request's tool call: announced now (its input is what is asked about).
+    /// A permission request's tool call: announced now (its input is what is asked about, and
+    /// a call asked about is in the transcript even if the agent dies before the answer). What
+    /// the request says fills in only what the call's own updates have not: its content is the
+    /// question, not the call's result.
     pub async fn asked(&mut self, tool_call: ToolCallUpdate) -> Result<(), StoreError> {
         let id = tool_call.tool_call_id.0.to_string();
-        self.entry(&id).merge_update(tool_call);
+        let fields = tool_call.fields;
+        let call = self.entry(&id);
+        if call.title.is_empty() {
+            call.title = fields.title.unwrap_or_default();
+        }
+        if call.kind.is_none() {
+            call.kind = fields.kind;
+        }
+        if call.name.is_none() {
+            call.name = fields.name;
+        }
+        if call.raw_input.is_none() {
+            call.raw_input = fields.raw_input;
+        }
         self.announce(&id).await
     }
 
@@ -234,7 +264,8 @@ impl<'a> Recorder<'a> {
         let Some(call) = self.calls.get(id) else {
             return Ok(());
         };
-        if !call.announced && (call.raw_input.is_some() || call.status != ToolCallStatus::Pending) {
+        // Not at the first sight of a pending call: agents send its input in steps.
+        if !call.announced && call.status != ToolCallStatus::Pending {
             self.announce(id).await?;
         }
         let finished = self.calls.get(id).is_some_and(|c| {

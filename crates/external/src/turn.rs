@@ -44,10 +44,11 @@ use crate::record::{Recorder, NO_RESULT};
 /// The longest ACP message line read from an agent.
 const MAX_LINE_BYTES: usize = 32 * 1024 * 1024;
 /// How long an agent whose turn is over has to exit on its own (its stdin closed) before its
-/// group is stopped.
-const EXIT_WAIT: Duration = Duration::from_secs(2);
-/// SIGTERM to SIGKILL when an agent is stopped.
-const KILL_GRACE: Duration = Duration::from_secs(1);
+/// group is stopped. Short: the agents tried do not exit on end of file, and the turn's end
+/// waits for this.
+const EXIT_WAIT: Duration = Duration::from_millis(100);
+/// SIGTERM to SIGKILL when a settled agent is stopped (its leader's exit ends the wait).
+const KILL_GRACE: Duration = Duration::from_secs(2);
 /// How long, after the agent process exited, its last answer may still be in the pipe.
 const LAST_WORDS: Duration = Duration::from_secs(1);
 /// Sessions `session/list` pages read at most while looking for the agent's session.

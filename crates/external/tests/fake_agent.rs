@@ -547,3 +547,48 @@ async fn a_missing_program_fails_the_turn_before_anything_is_sent() {
         "{report:?}"
     );
 }
+
+#[tokio::test]
+async fn a_calls_input_and_result_are_its_own_not_the_permission_question() {
+    // As codex-acp does: the permission first (its content is the question, its input the
+    // approval's), then the call running with its own input, then its output in rawOutput.
+    let case = Case::new(json!({"steps": [
+        {"permission": {"id": "c2", "title": "echo hi", "kind": "execute",
+                        "text": "run `echo hi`? Approved / Abort",
+                        "raw_input": {"approval": {"command": "echo hi"}},
+                        "options": [["ok", "allow_once"], ["abort", "reject_once"]]}},
+        {"tool_call": {"id": "c2", "title": "echo hi", "kind": "execute", "status": "in_progress",
+                       "raw_input": {"command": "echo hi"}}},
+        {"tool_update": {"id": "c2", "status": "completed",
+                         "raw_output": {"exit_code": 0, "formatted_output": "hi\n"}}}
+    ]}));
+    let human = ScriptedPrompts::always(PromptAnswer::Answered(json!("once")));
+    settled(case.run(&*human).await);
+    let messages = case.store.messages();
+    let calls: Vec<_> = messages
+        .iter()
+        .filter(|m| !m.tool_calls.is_empty())
+        .collect();
+    assert_eq!(calls.len(), 1, "one message per call: {messages:?}");
+    let result = messages.iter().find(|m| m.role == Role::Tool).unwrap();
+    assert_eq!(result.content.as_deref(), Some("hi\n"));
+}
+
+#[tokio::test]
+async fn a_pending_calls_input_is_awaited_until_it_runs() {
+    // As OpenCode does: the call first with part of its input, then running with all of it.
+    let case = Case::new(json!({"steps": [
+        {"tool_call": {"id": "c3", "title": "bash", "kind": "execute", "raw_input": {"cwd": "/w"}}},
+        {"tool_update": {"id": "c3", "status": "in_progress",
+                         "raw_input": {"command": "echo hi", "cwd": "/w"}}},
+        {"tool_update": {"id": "c3", "status": "completed", "text": "hi\n"}}
+    ]}));
+    settled(case.run(&*ScriptedPrompts::in_order(vec![])).await);
+    let messages = case.store.messages();
+    let call = &messages[0].tool_calls[0];
+    assert_eq!(
+        serde_json::from_str::<Value>(&call.function.arguments).unwrap(),
+        json!({"command": "echo hi", "cwd": "/w"})
+    );
+    assert_eq!(messages[1].content.as_deref(), Some("hi\n"));
+}

@@ -15,9 +15,10 @@
 //!   `{"method": ..., "params": ...}`, and `{"pid": ...}` first.
 //!
 //! Steps: `{"say": "text"}` (an agent message chunk), `{"thought": "text"}`,
-//! `{"tool_call": {"id", "title", "kind", "raw_input"}}`, `{"tool_update": {"id", "status",
-//! "text", "raw_output", "diff": {"path", "old", "new"}}}`, `{"permission": {"id", "title",
-//! "kind", "options": [[option_id, kind], ...]}}` (then says `permission: <option id>` or
+//! `{"tool_call": {"id", "title", "kind", "status", "raw_input"}}`, `{"tool_update": {"id",
+//! "status", "text", "raw_input", "raw_output", "diff": {"path", "old", "new"}}}`,
+//! `{"permission": {"id", "title", "kind", "text", "raw_input", "options": [[option_id, kind],
+//! ...]}}` (then says `permission: <option id>` or
 //! `permission: cancelled`), `{"plan": ["entry", ...]}`, `{"usage": {"used", "size"}}`,
 //! `{"sleep_ms": n}`, `{"hang": true}` (until `session/cancel`, then the prompt answers
 //! `cancelled`; with `"ignore_cancel": true` forever), `{"exit": code}` (the process exits at
@@ -134,9 +135,13 @@ async fn play(
                 SessionUpdate::AgentThoughtChunk(ContentChunk::new(text(s))),
             )?;
         } else if let Some(call) = step.get("tool_call") {
+            let status = call
+                .get("status")
+                .and_then(|s| serde_json::from_value(s.clone()).ok())
+                .unwrap_or(ToolCallStatus::Pending);
             let tool = ToolCall::new(str_of(call, "id").to_string(), str_of(call, "title"))
                 .kind(kind_of(call))
-                .status(ToolCallStatus::Pending)
+                .status(status)
                 .raw_input(call.get("raw_input").cloned());
             notify(cx, session, SessionUpdate::ToolCall(tool))?;
         } else if let Some(update) = step.get("tool_update") {
@@ -155,6 +160,7 @@ async fn play(
             }
             let mut fields = ToolCallUpdateFields::new()
                 .status(status)
+                .raw_input(update.get("raw_input").cloned())
                 .raw_output(update.get("raw_output").cloned());
             if !content.is_empty() {
                 fields = fields.content(content);
@@ -179,9 +185,13 @@ async fn play(
                     Some(PermissionOption::new(id.clone(), id, kind))
                 })
                 .collect();
-            let fields = ToolCallUpdateFields::new()
+            let mut fields = ToolCallUpdateFields::new()
                 .title(str_of(ask, "title").to_string())
-                .kind(kind_of(ask));
+                .kind(kind_of(ask))
+                .raw_input(ask.get("raw_input").cloned());
+            if let Some(question) = ask.get("text").and_then(Value::as_str) {
+                fields = fields.content(vec![ToolCallContent::from(text(question))]);
+            }
             let request = RequestPermissionRequest::new(
                 session.clone(),
                 ToolCallUpdate::new(str_of(ask, "id").to_string(), fields),
