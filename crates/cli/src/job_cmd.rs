@@ -23,7 +23,7 @@ mod update;
 mod watch;
 
 use show::{events, list, show};
-use submit::{publish_cmd, register, submit};
+use submit::{follow_acp, publish_cmd, register, submit};
 pub(crate) use submit::{submit_outcome, submit_verdict, SubmitSpec};
 use update::{cancel, update};
 use watch::watch;
@@ -62,6 +62,10 @@ pub enum JobCommand {
     /// Internal: the heartbeat timer, started by `publish --heartbeat`.
     #[command(hide = true, name = "heartbeat-timer")]
     HeartbeatTimer(TimerArgs),
+    /// Internal: delivers a claimed `acp:<agent>` job of the `jobs` toolset to a new session
+    /// of the agent and follows its turn until the job ends.
+    #[command(hide = true, name = "follow-acp")]
+    FollowAcp(FollowAcpArgs),
 }
 
 /// The contract flags. They are taken as text and checked here, so a bad value gives a
@@ -159,8 +163,9 @@ pub struct RegisterArgs {
 /// `drover job submit`.
 #[derive(Args, Debug)]
 pub struct SubmitArgs {
-    /// `tmux:<target>`, `herdr:<pane>`, `exec` (with --exec) or `remote:<name>` (a `drover
-    /// runner`; needs the MQTT wire and $DROVER_DISPATCH_SECRET).
+    /// `tmux:<target>`, `herdr:<pane>`, `exec` (with --exec), `remote:<name>` (a `drover
+    /// runner`; needs the MQTT wire and $DROVER_DISPATCH_SECRET) or `acp:<agent>` (a new
+    /// session of `[agents.<agent>]`, through the daemon).
     #[arg(long = "agent-session", value_name = "S")]
     agent_session: String,
     /// The task (data: written into the brief, never typed into the pane).
@@ -284,6 +289,15 @@ pub struct CancelArgs {
     json: bool,
 }
 
+/// The hidden `drover job follow-acp` (started by the `jobs` toolset's submit).
+#[derive(Args, Debug)]
+pub struct FollowAcpArgs {
+    #[arg(long)]
+    job: String,
+    #[arg(long)]
+    agent: String,
+}
+
 /// The hidden `drover job heartbeat-timer` (see [`TimerSpec::to_args`]).
 #[derive(Args, Debug)]
 pub struct TimerArgs {
@@ -322,6 +336,7 @@ pub fn run(home: PathBuf, args: JobArgs) -> Exit {
         JobCommand::Cancel(args) => cancel(&env, args),
         JobCommand::Watch(args) => watch(&env, args),
         JobCommand::HeartbeatTimer(args) => heartbeat_timer(&env, args),
+        JobCommand::FollowAcp(args) => follow_acp(&env, args),
     };
     match result {
         Ok(code) => code,

@@ -126,18 +126,41 @@ pub async fn submit_acp(
         return Ok(registered);
     }
 
-    submit::claim_delivery(
-        &ctx.registry_dir,
-        &job,
-        serde_json::json!({"transport": "acp", "agent": agent}),
-    )
-    .await?;
-    let (session_id, mut signals) = match sessions.deliver(&agent, &job).await {
+    submit::claim_delivery(&ctx.registry_dir, &job, claim(&agent)).await?;
+    let (verdict, session_id) = follow(&ctx, &job, &agent, req.timeout, sessions).await?;
+    let registry = Registry::open(&ctx.registry_dir)?;
+    let outcome = registered.settled(registry.job(&job.job_id)?, verdict, None);
+    Ok(SubmitOutcome {
+        start_instruction: format!(
+            "prompt session {session_id} of agent {agent} with the job's prompt"
+        ),
+        ..outcome
+    })
+}
+
+/// The `delivered` audit entry's description of an `acp:` delivery.
+pub fn claim(agent: &str) -> serde_json::Value {
+    serde_json::json!({"transport": "acp", "agent": agent})
+}
+
+/// Delivers `job` (registered, its delivery claimed) to a fresh session of `agent` and follows
+/// that session's turn under the contract until the job ends (`timeout`: `--timeout`, from
+/// delivery); gives the verdict and the session id. A job that ends without the turn
+/// completing stops the turn. `drover job submit` runs it in place; the `jobs` toolset in a
+/// detached `drover job follow-acp`, which outlives the turn that submitted.
+pub async fn follow(
+    ctx: &SubmitContext<'_>,
+    job: &crate::Job,
+    agent: &str,
+    timeout: Option<u64>,
+    sessions: &mut dyn AgentSessions,
+) -> Result<(Verdict, String), JobError> {
+    let (session_id, mut signals) = match sessions.deliver(agent, job).await {
         Ok(delivered) => delivered,
         Err(e) => {
             let detail = format!("delivery_failed: {e}");
             let _ =
-                publish::give_up_async(&ctx.registry_dir, ctx.wire, ctx.drain, &job, &detail).await;
+                publish::give_up_async(&ctx.registry_dir, ctx.wire, ctx.drain, job, &detail).await;
             return Err(JobError::Delivery(e));
         }
     };
@@ -145,13 +168,10 @@ pub async fn submit_acp(
     tracing::info!(job_id = %job.job_id, session_id, "prompt delivered to the agent's session");
 
     let registry = Registry::open(&ctx.registry_dir)?;
-    let publisher = Publisher {
-        ctx: &ctx,
-        job: &job,
-    };
+    let publisher = Publisher { ctx, job };
     let beat_every = Duration::from_secs(job.contract.heartbeat_sec);
-    let mut waiter = Waiter::new(&job, delivered_at);
-    let timeout = req.timeout.map(Duration::from_secs);
+    let mut waiter = Waiter::new(job, delivered_at);
+    let limit = timeout.map(Duration::from_secs);
     let mut open = true;
     // Activity seen since the last event this side published, and when that was.
     let mut unbeaten = false;
@@ -192,25 +212,19 @@ pub async fn submit_acp(
             since_delivery: delivered_at.elapsed(),
             since_activity: waiter.last_activity.elapsed(),
         };
-        let verdict = state::judge_wait(&job.contract, &view, timeout);
+        let verdict = state::judge_wait(&job.contract, &view, limit);
         if verdict == Verdict::Wait {
             continue;
         }
-        let Some(detail) = submit::give_up_detail(verdict, req.timeout) else {
+        let Some(detail) = submit::give_up_detail(verdict, timeout) else {
             break verdict;
         };
-        break submit::give_up_at(&registry, ctx.wire, ctx.drain, &job, verdict, &detail).await?;
+        break submit::give_up_at(&registry, ctx.wire, ctx.drain, job, verdict, &detail).await?;
     };
     if verdict != Verdict::Finished(state::JobStatus::Completed) {
         sessions.stop().await;
     }
-    let outcome = registered.settled(registry.job(&job.job_id)?, verdict, None);
-    Ok(SubmitOutcome {
-        start_instruction: format!(
-            "prompt session {session_id} of agent {agent} with the job's prompt"
-        ),
-        ..outcome
-    })
+    Ok((verdict, session_id))
 }
 
 /// Publishes the job's events of one attempt, as its agent.

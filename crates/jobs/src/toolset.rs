@@ -24,6 +24,12 @@
 //! delivery and sends it. A crash between the two leaves a registered, undelivered job that is
 //! never delivered later (nothing replays a started turn), and that ends `agent_blocked`.
 //!
+//! An `acp:<agent>` job is delivered by a detached `drover job follow-acp` (the `acp` module's
+//! [`follow`](crate::acp::follow)): the worker cannot make sessions, and the job must be
+//! followed after its turn ends. It makes the agent's session, publishes the job's events from
+//! that session's turn, and exits when the job ends (whoever ends it: it stops the turn then).
+//! Its output goes to `<registry>/<job_id>/acp.log`.
+//!
 //! An `exec` agent is started detached (its own session, no parent-death signal): it
 //! outlives the turn's worker, as a background process does. Its pid and start time go to
 //! `<registry>/<job_id>/exec.pid`, so [`Toolset::cancel`] and giving up stop its whole group,
@@ -52,6 +58,8 @@ pub const WAIT_POLL: Duration = Duration::from_millis(200);
 const EXEC_GRACE: Duration = Duration::from_secs(1);
 /// The file beside the brief that names a detached `exec` agent: `<pid> <start_time>`.
 pub const EXEC_PID_FILE: &str = "exec.pid";
+/// The log of the detached `drover job follow-acp` of an `acp:` job, beside its brief.
+pub const ACP_LOG: &str = "acp.log";
 
 /// Where the toolset's jobs live and how they are delivered. Cheap to clone.
 #[derive(Clone)]
@@ -114,6 +122,11 @@ pub struct Prepared {
 #[derive(Debug, Clone)]
 enum Route {
     Local(Target),
+    /// `acp:<agent>`: a fresh session of the agent, made and followed by a detached
+    /// `drover job follow-acp`.
+    Acp {
+        agent: String,
+    },
     Remote {
         runner: String,
         /// `$DROVER_DISPATCH_SECRET` (prints redacted).
@@ -263,6 +276,9 @@ impl Toolset {
                     secret: secret.into(),
                 }
             }
+            AgentSession::Acp(agent) => Route::Acp {
+                agent: agent.clone(),
+            },
             session => Route::Local(
                 Target::resolve(
                     session,
@@ -308,6 +324,16 @@ impl Toolset {
                     brief::write(&registry, &job, &brief::render(&job, &ctx))?;
                     job
                 }
+                Route::Acp { .. } => {
+                    let ctx = BriefContext {
+                        exe: toolset.exe.clone(),
+                        home: toolset.home.clone(),
+                        registry_dir: toolset.registry_dir.clone(),
+                        watch: brief::WatchPid::None,
+                    };
+                    brief::write(&registry, &job, &brief::render(&job, &ctx))?;
+                    job
+                }
             };
             Ok(job)
         })
@@ -327,6 +353,7 @@ impl Toolset {
         let Prepared { job, route, cwd } = prepared;
         let describe = match &route {
             Route::Local(target) => target.describe(),
+            Route::Acp { agent } => crate::acp::claim(agent),
             Route::Remote { runner, .. } => json!({
                 "transport": "remote", "runner": runner,
                 "topic": dispatch::dispatch_topic(&self.wire.topic_base, runner),
@@ -336,6 +363,10 @@ impl Toolset {
         let (job_id, attempt) = (job.job_id.clone(), job.attempt_id);
         let exec = match &route {
             Route::Local(Target::Exec { command }) => Some(command.clone()),
+            _ => None,
+        };
+        let acp = match &route {
+            Route::Acp { agent } => Some(agent.clone()),
             _ => None,
         };
         // The claim, and for `exec` the start, in one blocking step: once claimed, this
@@ -350,11 +381,18 @@ impl Toolset {
                     return Err(e);
                 }
             }
+            if let Some(agent) = acp {
+                let dir = registry.ensure_job_dir(&job.job_id)?;
+                if let Err(e) = toolset.spawn_acp_follower(&agent, &job, &dir, &cwd) {
+                    let _ = toolset.give_up(&mut registry, &job, &format!("delivery_failed: {e}"));
+                    return Err(e);
+                }
+            }
             Ok(job)
         })
         .await?;
         let sent = match &route {
-            Route::Local(Target::Exec { .. }) => Ok(()),
+            Route::Local(Target::Exec { .. }) | Route::Acp { .. } => Ok(()),
             Route::Local(target) => {
                 let ctx = self.brief_context(target);
                 target
@@ -634,6 +672,64 @@ fn spawn_exec_detached(command: &str, job: &Job, dir: &Path, cwd: &Path) -> Resu
         tracing::warn!(job_id = %job.job_id, error = %e, "no reaper thread for the exec agent");
     }
     Ok(())
+}
+
+impl Toolset {
+    /// Starts `drover job follow-acp` for `job` detached (a session of its own, no
+    /// parent-death signal: it outlives the turn that submitted, as an `exec` agent does), in
+    /// `cwd`, its output in `<job dir>/acp.log`. It makes the agent's session, follows its turn
+    /// and exits when the job ends, whoever ends it.
+    fn spawn_acp_follower(
+        &self,
+        agent: &str,
+        job: &Job,
+        dir: &Path,
+        cwd: &Path,
+    ) -> Result<(), JobError> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let log = dir.join(ACP_LOG);
+        let io = |what: String| move |source| JobError::Io { what, source };
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .open(&log)
+            .map_err(io(format!("cannot open {}", log.display())))?;
+        let err = out
+            .try_clone()
+            .map_err(io(format!("cannot open {}", log.display())))?;
+        let mut cmd = std::process::Command::new(&self.exe);
+        cmd.arg("--home")
+            .arg(&self.home)
+            .arg("job")
+            .arg("--registry-dir")
+            .arg(&self.registry_dir)
+            .arg("follow-acp")
+            .arg("--job")
+            .arg(&job.job_id)
+            .arg("--agent")
+            .arg(agent)
+            .current_dir(cwd)
+            .stdin(std::process::Stdio::null())
+            .stdout(out)
+            .stderr(err);
+        let mut child = drover_platform::spawn_detached(&mut cmd).map_err(|e| {
+            JobError::Delivery(format!(
+                "cannot run {} job follow-acp: {e}",
+                self.exe.display()
+            ))
+        })?;
+        // Reaped by this thread while the worker lives, by init (or a subreaper) after.
+        let reaper = std::thread::Builder::new()
+            .name("drover-acp-reaper".into())
+            .spawn(move || {
+                let _ = child.wait();
+            });
+        if let Err(e) = reaper {
+            tracing::warn!(job_id = %job.job_id, error = %e, "no reaper thread for the acp follower");
+        }
+        Ok(())
+    }
 }
 
 /// Stops a detached `exec` agent's group, if `exec.pid` names one that still runs.

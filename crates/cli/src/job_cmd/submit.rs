@@ -13,7 +13,10 @@ use serde_json::{json, Value};
 
 use crate::Exit;
 
-use super::{no_wire_for_remote, print_json, runtime, Env, PublishArgs, RegisterArgs, SubmitArgs};
+use super::{
+    no_wire_for_remote, print_json, runtime, Env, FollowAcpArgs, PublishArgs, RegisterArgs,
+    SubmitArgs,
+};
 
 pub(super) fn register(env: &Env, args: RegisterArgs) -> Result<Exit, JobError> {
     let contract = args.contract.contract()?;
@@ -160,16 +163,7 @@ pub(crate) fn submit_outcome(
     };
     let outcome = if let AgentSession::Acp(agent) = &req.agent_session {
         check_agent(env, agent)?;
-        let cwd = std::env::current_dir().map_err(|source| JobError::Io {
-            what: "cannot read the current directory".into(),
-            source,
-        })?;
-        let cwd = cwd.to_str().map(str::to_string).ok_or_else(|| {
-            JobError::BadInput(format!(
-                "the current directory {} is not UTF-8; the agent's session cannot work in it",
-                cwd.display()
-            ))
-        })?;
+        let cwd = session_cwd()?;
         let ctx = SubmitContext {
             registry_dir: env.registry_dir.clone(),
             home: env.home.clone(),
@@ -205,6 +199,54 @@ pub(crate) fn submit_outcome(
         rt.block_on(drover_jobs::submit(ctx, req))?
     };
     Ok(outcome)
+}
+
+/// The hidden `drover job follow-acp`: the `jobs` toolset claimed the delivery of an
+/// `acp:<agent>` job and started this, detached, in the session's directory; it delivers and
+/// follows the job until it ends ([`drover_jobs::acp::follow`]).
+pub(super) fn follow_acp(env: &Env, args: FollowAcpArgs) -> Result<Exit, JobError> {
+    let job = env.open_for(&args.job)?.job(&args.job)?;
+    if job.status.is_terminal() {
+        tracing::info!(job_id = %job.job_id, status = %job.status, "the job ended before its delivery");
+        return Ok(Exit::Ok);
+    }
+    let settings = env.wire_settings()?;
+    let wire = settings.wire();
+    let ctx = SubmitContext {
+        registry_dir: env.registry_dir.clone(),
+        home: env.home.clone(),
+        exe: env.exe()?,
+        wire: wire.as_ref(),
+        drain: env.drain()?,
+        tmux: TmuxServer::Default,
+        path_var: None,
+    };
+    let mut sessions = super::acp::DaemonSessions::new(env.home.clone(), session_cwd()?);
+    let rt = runtime()?;
+    let (verdict, session_id) = rt.block_on(drover_jobs::acp::follow(
+        &ctx,
+        &job,
+        &args.agent,
+        None,
+        &mut sessions,
+    ))?;
+    let (word, code) = submit_verdict(Some(verdict));
+    tracing::info!(job_id = %job.job_id, session_id, outcome = word, "acp job followed to its end");
+    Ok(code)
+}
+
+/// This process's directory, where an agent's session works.
+fn session_cwd() -> Result<String, JobError> {
+    let cwd = std::env::current_dir().map_err(|source| JobError::Io {
+        what: "cannot read the current directory".into(),
+        source,
+    })?;
+    cwd.to_str().map(str::to_string).ok_or_else(|| {
+        JobError::BadInput(format!(
+            "the current directory {} is not UTF-8; the agent's session cannot work in it",
+            cwd.display()
+        ))
+    })
 }
 
 /// `acp:<agent>` names an agent of config.toml, checked before anything is registered (the

@@ -10,14 +10,26 @@ use std::process::Output;
 use std::time::{Duration, Instant};
 
 use crate::common::bin;
-use drover_test_support::harness::{db_rows, Daemon, TestHome};
+use drover_test_support::harness::{db_rows, Daemon, OneSession, TestHome};
 use drover_test_support::job_cli::{drover_command, output_within, text};
 use drover_test_support::mcp_echo::test_agent_bin;
+use drover_test_support::mock_model::last_message;
 use drover_test_support::wait::until;
+use drover_test_support::Reply;
 use serde_json::{json, Value};
 
 /// The bound of one `drover job` command, and of one awaited condition.
 const BOUND: Duration = Duration::from_secs(60);
+
+/// `[agents.scripted]`, playing the script at `script`. Its own stall bound is far off: the
+/// job's contract is what is tested.
+fn agent_config(script: &std::path::Path) -> String {
+    format!(
+        "[agents.scripted]\ncommand = [{:?}, {:?}]\nstall_timeout_s = 600\n",
+        test_agent_bin().display().to_string(),
+        script.display().to_string()
+    )
+}
 
 /// A daemon whose config names one agent, `scripted`, playing `script`.
 struct AgentHome {
@@ -32,13 +44,7 @@ impl AgentHome {
         let path = dir.path().join("script.json");
         std::fs::write(&path, script.to_string()).unwrap();
         let home = TestHome::new().unwrap();
-        // The agent's own stall bound is far off: the job's contract is what is tested.
-        home.write_config(&format!(
-            "[agents.scripted]\ncommand = [{:?}, {:?}]\nstall_timeout_s = 600\n",
-            test_agent_bin().display().to_string(),
-            path.display().to_string()
-        ))
-        .unwrap();
+        home.write_config(&agent_config(&path)).unwrap();
         let daemon = Daemon::start(bin(), home.path()).await.unwrap();
         AgentHome {
             home,
@@ -229,4 +235,76 @@ async fn a_job_to_an_agent_not_in_the_config_is_refused_naming_the_agents() {
     let list = agent.job(&["list", "--json"]).await;
     let list: Value = serde_json::from_slice(&list.stdout).unwrap();
     assert_eq!(list["jobs"], json!([]), "{list}");
+}
+
+/// The JSON content of a request's last message when it answers `call_id`.
+fn answer_to(request: &Value, call_id: &str) -> Option<Value> {
+    let last = last_message(request);
+    if last["role"] != "tool" || last["tool_call_id"] != call_id {
+        return None;
+    }
+    serde_json::from_str(last["content"].as_str()?).ok()
+}
+
+/// A drover session's model submits an `acp:` job with the `jobs` toolset and waits for it: a
+/// detached `drover job follow-acp` makes the agent's session and follows its turn after the
+/// submitting tool call returned, and the job completes with the agent's answer.
+#[tokio::test]
+async fn the_jobs_toolset_submits_a_job_to_an_agent_and_waits_for_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("script.json");
+    let steps = json!({"steps": [{"sleep_ms": 300}, {"say": "Done by the agent."}]});
+    std::fs::write(&script, steps.to_string()).unwrap();
+    let config = format!(
+        "{}\n[approvals]\nmode = \"auto\"\n\n[sandbox]\nmode = \"off\"\n",
+        agent_config(&script)
+    );
+    let mut s = OneSession::builder(bin())
+        .config(&config)
+        .toolsets(&["jobs"])
+        .start()
+        .await
+        .unwrap();
+    s.model.set_responder(|request: &Value| {
+        if let Some(result) = answer_to(request, "call_submit") {
+            let job_id = result["job_id"].as_str().unwrap_or("none").to_string();
+            return Reply::tool_call(
+                "call_wait",
+                "job_wait",
+                json!({"job_id": job_id, "timeout_s": 30}),
+            );
+        }
+        if let Some(result) = answer_to(request, "call_wait") {
+            return Reply::text(format!(
+                "{}: {}",
+                result["status"].as_str().unwrap_or("?"),
+                result["detail"].as_str().unwrap_or("?")
+            ));
+        }
+        Reply::tool_call(
+            "call_submit",
+            "job_submit",
+            json!({
+                "agent_session": "acp:scripted",
+                "prompt": "Write the report",
+                "heartbeat": 1,
+                "heartbeat_misses": 5,
+                "ack_timeout": 20,
+            }),
+        )
+    });
+    let (_, outcome) = s.turn("have the agent do it").await.unwrap();
+    assert_eq!(outcome, "completed");
+    let submitted = s.tool_result("call_submit");
+    assert_eq!(submitted["transport"], "acp", "{submitted}");
+    assert_eq!(submitted["delivered"], true, "{submitted}");
+    let waited = s.tool_result("call_wait");
+    assert_eq!(waited["status"], "completed", "{waited}");
+    assert_eq!(waited["detail"], "Done by the agent.", "{waited}");
+    // The job's session is another session of the same daemon, run by the agent.
+    let agents = db_rows(
+        &s.home.db(),
+        &format!("SELECT agent FROM sessions WHERE id != '{}'", s.session_id),
+    );
+    assert_eq!(agents, vec![vec![json!("scripted")]]);
 }
