@@ -180,10 +180,10 @@ async fn a_job_to_an_agent_completes_with_the_turns_final_response() {
 }
 
 /// The agent starts, says one thing, then goes silent: after the idle window the job is
-/// `error` / `deadline_timeout` (exit 2), and its turn is stopped so the agent does not work on
-/// for nobody.
+/// `error` / `deadline_timeout` (exit 2), and its turn is interrupted so the agent does not work
+/// on for nobody.
 #[tokio::test]
-async fn a_job_whose_agent_goes_silent_ends_deadline_timeout_and_its_turn_is_stopped() {
+async fn a_job_whose_agent_goes_silent_ends_deadline_timeout_and_its_turn_is_interrupted() {
     let agent = AgentHome::start(json!({
         "steps": [{"say": "Starting"}, {"hang": true}],
     }))
@@ -203,14 +203,13 @@ async fn a_job_whose_agent_goes_silent_ends_deadline_timeout_and_its_turn_is_sto
         events.last().unwrap(),
         &("error".to_string(), "deadline_timeout".to_string())
     );
-    // The submitter stopped the turn: it runs no more.
+    // The submitter interrupted the turn (the agent answers `session/cancel`).
     let session = session_of(&events);
-    let stopped = until(BOUND, async || {
-        let rows = agent.admissions(&session);
-        rows.len() == 1 && rows[0].0 != "started" && rows[0].0 != "queued"
+    let interrupted = until(BOUND, async || {
+        agent.admissions(&session) == [("terminal".to_string(), "interrupted".to_string())]
     })
     .await;
-    assert!(stopped, "{:?}", agent.admissions(&session));
+    assert!(interrupted, "{:?}", agent.admissions(&session));
 }
 
 /// An agent config.toml does not name is refused before anything is registered.
