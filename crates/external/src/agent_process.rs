@@ -66,7 +66,11 @@ impl AgentProcess {
             .kill_on_drop(true);
         if agent.sandbox && sandbox.mode() != SandboxMode::Off {
             sandbox.check_workdir(cwd).map_err(ExternalError::Sandbox)?;
-            let home = std::env::var_os("HOME").map(PathBuf::from);
+            // The home the agent will see: its own `HOME` when its entry sets one.
+            let home = match agent.env.get("HOME") {
+                Some(home) => Some(PathBuf::from(home.expose())),
+                None => std::env::var_os("HOME").map(PathBuf::from),
+            };
             let spec = agent_spec(sandbox, home.as_deref()).map_err(ExternalError::Sandbox)?;
             let plan = Plan::new(&spec)
                 .map_err(|e| ExternalError::Sandbox(format!("could not prepare it: {e}")))?;

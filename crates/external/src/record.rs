@@ -171,6 +171,8 @@ pub struct Recorder<'a> {
     calls: BTreeMap<String, Call>,
     /// Call ids in the order they were first seen.
     order: Vec<String>,
+    /// The tokens in the agent's context at its last `usage_update` of the turn.
+    context_used: Option<u64>,
 }
 
 impl<'a> Recorder<'a> {
@@ -182,7 +184,13 @@ impl<'a> Recorder<'a> {
             last_text: String::new(),
             calls: BTreeMap::new(),
             order: Vec::new(),
+            context_used: None,
         }
+    }
+
+    /// The tokens in the agent's context at its last `usage_update` of this turn, if any.
+    pub fn context_used(&self) -> Option<u64> {
+        self.context_used
     }
 
     /// The last stretch of agent text (the turn's final response once it ended).
@@ -219,6 +227,7 @@ impl<'a> Recorder<'a> {
             }
             SessionUpdate::UsageUpdate(usage) => {
                 tracing::debug!(used = usage.used, size = usage.size, "agent context usage");
+                self.context_used = Some(usage.used);
                 Ok(())
             }
             other => {

@@ -525,11 +525,22 @@ impl Driver<'_, '_> {
         let agent = self.turn.agent;
         let (outcome, error, usage) = match answered {
             Ok(answer) => {
-                let usage = answer.usage.map(|u| Usage {
-                    input_tokens: u.input_tokens,
-                    output_tokens: u.output_tokens,
-                    total_tokens: u.total_tokens,
-                });
+                // An agent that reports no usage with its answer (codex-acp) may have said how
+                // full its context is: its last request read and wrote at least that much.
+                let usage = answer
+                    .usage
+                    .map(|u| Usage {
+                        input_tokens: u.input_tokens,
+                        output_tokens: u.output_tokens,
+                        total_tokens: u.total_tokens,
+                    })
+                    .or_else(|| {
+                        recorder.context_used().map(|used| Usage {
+                            input_tokens: used,
+                            output_tokens: 0,
+                            total_tokens: used,
+                        })
+                    });
                 let (outcome, error) = match answer.stop_reason {
                     StopReason::EndTurn => (TurnOutcome::Completed, None),
                     StopReason::Cancelled => (TurnOutcome::Interrupted, None),

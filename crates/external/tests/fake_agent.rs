@@ -592,3 +592,23 @@ async fn a_pending_calls_input_is_awaited_until_it_runs() {
     );
     assert_eq!(messages[1].content.as_deref(), Some("hi\n"));
 }
+
+#[tokio::test]
+async fn without_the_prompts_usage_the_last_context_size_is_the_turns() {
+    let case = Case::new(json!({"steps": [
+        {"usage": {"used": 40, "size": 1000}},
+        {"say": "ok"},
+        {"usage": {"used": 55, "size": 1000}}
+    ]}));
+    let report = settled(case.run(&*ScriptedPrompts::in_order(vec![])).await);
+    let usage = case.store.usage.lock().unwrap().clone();
+    assert_eq!(
+        (
+            usage[0].input_tokens,
+            usage[0].output_tokens,
+            usage[0].total_tokens
+        ),
+        (55, 0, 55)
+    );
+    assert_eq!(report.usage.total_tokens, 55);
+}
