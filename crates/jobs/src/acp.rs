@@ -1,7 +1,6 @@
-//! `drover job submit --agent-session acp:<agent>` (SPEC section 7; docs/jobs.md, "acp:<agent>"):
-//! the job goes to a **fresh drover session** whose turns run the external
-//! agent `<agent>` (`[agents.<agent>]` of config.toml), under the same liveness contract as
-//! every job.
+//! `drover job submit --agent-session acp:<agent>` (SPEC section 7; `docs/jobs.md`): the job
+//! goes to a **fresh drover session** whose turns run the external agent `<agent>`
+//! (`[agents.<agent>]` of config.toml), under the same liveness contract as every job.
 //!
 //! Nothing is typed into a screen and the agent runs no `drover job publish`: drover runs the
 //! agent, so the events of that session's turn are the protocol (G5), and this module
