@@ -930,7 +930,7 @@ class PromptReceiptParams(TypedDict):
     """
 
 
-PromptResponseStatus: TypeAlias = Literal['resolved', 'already_resolved']
+PromptResponseStatus: TypeAlias = Literal['resolved', 'already_resolved', 'cancelled']
 """
 `status` of [`PromptResponse`].
 """
@@ -2246,6 +2246,11 @@ class PromptResponse(TypedDict):
     prompt_id: str
     """
     The prompt.
+    """
+    reason: NotRequired[str | None]
+    """
+    Why a `cancelled` prompt was closed: `interrupted`, `lost` (its worker or the daemon
+    died) or `stopped`.
     """
     status: PromptResponseStatus
     """

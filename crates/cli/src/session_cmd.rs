@@ -849,6 +849,13 @@ pub async fn answer(home: &Path, args: AnswerArgs) -> Result<Exit> {
             }
             Exit::Failed
         }
+        PromptResponseStatus::Cancelled => {
+            if !args.json {
+                let why = response.reason.as_deref().unwrap_or("stopped");
+                eprintln!("drover: the prompt was closed unanswered (its turn {why}); nothing was recorded");
+            }
+            Exit::Failed
+        }
     })
 }
 

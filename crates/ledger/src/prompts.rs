@@ -316,11 +316,47 @@ pub enum PromptResponse {
         /// Its `approval.settled` or `clarify.settled` event, to publish.
         events: Vec<StoredEvent>,
     },
-    /// The prompt was already resolved or cancelled.
+    /// Another answer was recorded first.
     AlreadyResolved {
         /// The prompt as it stands, unchanged.
         prompt: PromptRow,
     },
+    /// The prompt was closed unanswered: its turn was interrupted, lost or stopped (SPEC
+    /// section 9).
+    Cancelled {
+        /// The prompt as it stands, unchanged.
+        prompt: PromptRow,
+        /// `interrupted`, `lost` (its worker or the daemon died) or `stopped` (the turn ended
+        /// otherwise).
+        reason: &'static str,
+    },
+}
+
+/// Why a cancelled prompt was closed: from its turn's admission (SPEC section 9,
+/// `approval.respond` to a cancelled prompt).
+fn cancel_reason(
+    tx: &rusqlite::Connection,
+    prompt: &PromptRow,
+) -> Result<&'static str, LedgerError> {
+    let reason: Option<String> = tx
+        .query_row_cached(
+            "SELECT CASE
+                 WHEN e.interrupt_requested_at IS NOT NULL OR a.outcome = 'interrupted'
+                     THEN 'interrupted'
+                 WHEN e.status = 'unknown' OR a.status = 'unknown' THEN 'lost'
+                 ELSE 'stopped' END
+             FROM worker_executions e
+             LEFT JOIN session_admissions a ON a.admission_id = e.admission_id
+             WHERE e.execution_id = ?1",
+            [&prompt.execution_id],
+            |r| r.get(0),
+        )
+        .optional()?;
+    Ok(match reason.as_deref() {
+        Some("interrupted") => "interrupted",
+        Some("lost") => "lost",
+        _ => "stopped",
+    })
 }
 
 impl Ledger {
@@ -343,6 +379,10 @@ impl Ledger {
                 "prompt {prompt_id} belongs to generation {}, not {generation}",
                 prompt.generation
             )));
+        }
+        if prompt.status == PromptStatus::Cancelled {
+            let reason = cancel_reason(&tx, &prompt)?;
+            return Ok(PromptResponse::Cancelled { prompt, reason });
         }
         if !prompt.status.can_move_to(PromptStatus::Resolved) {
             return Ok(PromptResponse::AlreadyResolved { prompt });

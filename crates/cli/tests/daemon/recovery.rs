@@ -903,7 +903,8 @@ async fn an_open_prompt_of_a_lost_turn_is_cancelled_after_restart() {
         choice: ApprovalChoice::Once,
     });
     let answer: PromptResponse = typed(c.call_ok("approval.respond", params).await.unwrap());
-    assert_eq!(answer.status, PromptResponseStatus::AlreadyResolved);
+    assert_eq!(answer.status, PromptResponseStatus::Cancelled);
+    assert_eq!(answer.reason.as_deref(), Some("lost"));
     assert!(
         wait::holds_for(Duration::from_millis(300), async || victim.exists()).await,
         "the unapproved command ran"

@@ -110,6 +110,7 @@ fn response(prompt: &ApprovalPrompt, status: PromptResponseStatus) -> PromptResp
     PromptResponse {
         status,
         prompt_id: prompt.prompt_id.clone(),
+        reason: None,
     }
 }
 
@@ -405,6 +406,7 @@ async fn clarify_answer_reaches_the_tool_row() {
         PromptResponse {
             status: PromptResponseStatus::Resolved,
             prompt_id: prompt.prompt_id.clone(),
+            reason: None,
         }
     );
     let settled = event(&mut s, "clarify.settled").await;
@@ -514,7 +516,8 @@ async fn after_an_owner_restart_the_lost_turns_prompts_are_cancelled() {
     // The cancelled prompt can no longer be answered, and the command never ran.
     let params = respond_params(&s, &prompt, ApprovalChoice::Once);
     let answer: PromptResponse = typed(client.call_ok("approval.respond", params).await.unwrap());
-    assert_eq!(answer.status, PromptResponseStatus::AlreadyResolved);
+    assert_eq!(answer.status, PromptResponseStatus::Cancelled);
+    assert_eq!(answer.reason.as_deref(), Some("lost"));
     assert!(
         wait::holds_for(Duration::from_millis(200), async || {
             victim(&scratch).is_dir() && s.model.requests().len() == 1
@@ -857,7 +860,8 @@ async fn interrupt_closes_open_prompts_at_once_so_a_late_answer_is_not_accepted(
     let (mut s, scratch, admission, prompt) = approval_waiting().await;
     s.interrupt(prompt.execution_generation).await.unwrap();
     let late = respond(&mut s, &prompt, ApprovalChoice::Once).await;
-    assert_eq!(late.status, PromptResponseStatus::AlreadyResolved);
+    assert_eq!(late.status, PromptResponseStatus::Cancelled);
+    assert_eq!(late.reason.as_deref(), Some("interrupted"));
     assert_eq!(s.wait_settled(&admission).await.unwrap(), "interrupted");
     assert!(victim(&scratch).exists());
     let rows = db_rows(

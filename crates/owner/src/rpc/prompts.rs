@@ -85,18 +85,28 @@ pub(super) async fn respond(
             Ok(response)
         })
         .await?;
-    let status = match response {
+    let (status, reason) = match response {
         PromptResponse::Resolved {
             prompt, receipt, ..
         } => {
             if let Some(turn) = owner.turn_by_execution(&prompt.execution_id) {
                 turn.deliver_receipt(prompt.sequence, receipt);
             }
-            wire::PromptResponseStatus::Resolved
+            (wire::PromptResponseStatus::Resolved, None)
         }
-        PromptResponse::AlreadyResolved { .. } => wire::PromptResponseStatus::AlreadyResolved,
+        PromptResponse::AlreadyResolved { .. } => {
+            (wire::PromptResponseStatus::AlreadyResolved, None)
+        }
+        PromptResponse::Cancelled { reason, .. } => (
+            wire::PromptResponseStatus::Cancelled,
+            Some(reason.to_string()),
+        ),
     };
-    Ok(wire::PromptResponse { status, prompt_id })
+    Ok(wire::PromptResponse {
+        status,
+        prompt_id,
+        reason,
+    })
 }
 
 /// The answer must be one of the prompt's `choices` (SPEC section 2); clarify prompts without

@@ -201,6 +201,10 @@ pub struct PromptResponse {
     pub status: PromptResponseStatus,
     /// The prompt.
     pub prompt_id: String,
+    /// Why a `cancelled` prompt was closed: `interrupted`, `lost` (its worker or the daemon
+    /// died) or `stopped`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// `status` of [`PromptResponse`].
@@ -209,8 +213,11 @@ pub struct PromptResponse {
 pub enum PromptResponseStatus {
     /// This answer was recorded.
     Resolved,
-    /// Another answer (or an interrupt) got there first; exactly one is ever recorded.
+    /// Another answer got there first; exactly one is ever recorded.
     AlreadyResolved,
+    /// The prompt was closed unanswered (its turn interrupted, lost or stopped); `reason`
+    /// says which.
+    Cancelled,
 }
 
 /// Result of `approvals.list`.
