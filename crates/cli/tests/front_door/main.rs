@@ -12,6 +12,7 @@ mod acp_ws;
 mod chat;
 mod client_library;
 mod dashboard;
+mod external_agents;
 mod prompts;
 mod protocol_wire;
 mod rpc;
