@@ -612,3 +612,31 @@ async fn without_the_prompts_usage_the_last_context_size_is_the_turns() {
     );
     assert_eq!(report.usage.total_tokens, 55);
 }
+
+#[tokio::test]
+async fn an_interrupt_answers_a_pending_permission_cancelled() {
+    let case = Case::new(json!({"steps": [
+        {"permission": {"id": "c4", "title": "rm -rf x", "kind": "delete",
+                        "options": [["ok", "allow_once"], ["no", "reject_once"]]}},
+        {"hang": true}
+    ]}));
+    // Nobody answers: the interrupt comes while the human is still asked.
+    let human = ScriptedPrompts::in_order(vec![]);
+    let cancel = case.cancel.clone();
+    let watcher = human.clone();
+    tokio::spawn(async move {
+        drover_test_support::wait::eventually(Duration::from_secs(20), || {
+            !watcher.seen().is_empty()
+        })
+        .await;
+        cancel.cancel();
+    });
+    let report = settled(case.run(&*human).await);
+    assert_eq!(report.outcome, TurnOutcome::Interrupted);
+    let answers: Vec<Value> = case
+        .log()
+        .into_iter()
+        .filter_map(|l| l.get("permission_answer").cloned())
+        .collect();
+    assert_eq!(answers, vec![json!("cancelled")]);
+}
