@@ -421,3 +421,57 @@ async fn an_unknown_agent_is_refused_naming_the_configured_ones() {
         "{text}"
     );
 }
+
+/// `drover job submit --agent-session acp:codex` and its JSON answer.
+async fn submit_job(s: &AgentSession, extra: &[&str]) -> (Option<i32>, Value) {
+    let mut cmd = drover_test_support::job_cli::drover_command(bin(), s.home.path());
+    cmd.current_dir(s.home.work())
+        .args([
+            "job",
+            "submit",
+            "--agent-session",
+            "acp:codex",
+            "--prompt",
+            "Write the report",
+            "--json",
+        ])
+        .args(extra);
+    let out = drover_test_support::job_cli::output_within(cmd, BOUND * 2).await;
+    let parsed = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "no JSON from submit ({e}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out.status.code(), parsed)
+}
+
+/// A job to a real agent (SPEC section 7 under the liveness contract, transport `acp`): it
+/// completes with the agent's answer.
+#[tokio::test]
+async fn a_job_to_codex_completes_with_its_answer() {
+    let s = AgentSession::start(Which::Codex, "").await;
+    s.model.push(Reply::text("The report is written."));
+    let (code, out) = submit_job(&s, &[]).await;
+    assert_eq!(code, Some(0), "{out:#}");
+    assert_eq!(out["job"]["status"], "completed", "{out:#}");
+    assert_eq!(out["job"]["transport"], "acp", "{out:#}");
+    assert_eq!(out["job"]["detail"], "The report is written.", "{out:#}");
+}
+
+/// A job whose real agent goes silent (its model never answers) ends `deadline_timeout`, and
+/// no agent process is left working for nobody.
+#[tokio::test]
+async fn a_job_whose_codex_goes_silent_ends_deadline_timeout() {
+    let s = AgentSession::start(Which::Codex, "").await;
+    s.model.push(Reply::stall());
+    let (code, out) = submit_job(&s, &["--heartbeat", "1", "--heartbeat-misses", "2"]).await;
+    assert_eq!(code, Some(2), "{out:#}");
+    assert_eq!(out["outcome"], "deadline_timeout", "{out:#}");
+    assert_eq!(out["job"]["detail"], "deadline_timeout", "{out:#}");
+    assert!(
+        until(BOUND, async || s.agent_pids().is_empty()).await,
+        "agent processes left: {:?}",
+        s.agent_pids()
+    );
+}
