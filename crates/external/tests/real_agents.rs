@@ -137,7 +137,10 @@ async fn sandboxed_tool_turn(make: fn(&Path, &str) -> Option<AgentSetup>) {
     assert_eq!(report.outcome, TurnOutcome::Completed, "{report:?}");
     assert_eq!(report.final_response, "done");
     // OpenCode also asks about the directory outside the session's.
-    assert!(!human.seen().is_empty(), "the agent asked before running it");
+    assert!(
+        !human.seen().is_empty(),
+        "the agent asked before running it"
+    );
     let messages = store.0.lock().unwrap().clone();
     let result = messages
         .iter()
