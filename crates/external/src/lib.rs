@@ -32,7 +32,7 @@
 //!   refused) is `failed`: the agent never got the input.
 //!
 //! What it does not do: talk to the owner or the ledger (the worker's store and broker do),
-//! keep the agent alive across turns (docs/decisions/external-agent-per-turn.md), or trust
+//! keep the agent alive across turns (docs/decisions/agents-process-per-turn.md), or trust
 //! the agent's replay: updates during `session/load` are dropped, drover's transcript is the
 //! source of truth. The agent's stderr goes to the worker's log, bounded.
 //!

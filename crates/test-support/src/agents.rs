@@ -59,8 +59,8 @@ pub struct AgentSetup {
     pub command: Vec<String>,
     /// The variables it needs, literal values (its homes and switches; no secret).
     pub env: BTreeMap<String, String>,
-    /// The `[agents.<name>]` entry for drover's `config.toml`: `command`, `env`, `sandbox =
-    /// false`, `stall_timeout_s`.
+    /// The `[agents.<name>]` entry for drover's `config.toml`: `command`, `env` and
+    /// `stall_timeout_s`; the agent runs in drover's sandbox (the default).
     pub config_toml: String,
 }
 
@@ -138,7 +138,8 @@ impl AgentKit {
         let kit = AgentKit::found()?;
         let root = dir.join("codex");
         let home = root.join("home");
-        let codex_home = root.join("codex-home");
+        // Under HOME, where the sandbox lets an agent write (docs/decisions/agents-sandbox.md).
+        let codex_home = home.join(".codex");
         for folder in [&home, &codex_home] {
             std::fs::create_dir_all(folder).expect("create codex-acp's folders");
         }
@@ -195,16 +196,17 @@ stream_max_retries = 0
         let xdg: Vec<(&str, PathBuf)> = ["config", "data", "cache", "state"]
             .iter()
             .map(|kind| {
-                let var = match *kind {
-                    "config" => "XDG_CONFIG_HOME",
-                    "data" => "XDG_DATA_HOME",
-                    "cache" => "XDG_CACHE_HOME",
-                    _ => "XDG_STATE_HOME",
+                // Where they are by default: under HOME, which the sandbox lets an agent write.
+                let (var, under_home) = match *kind {
+                    "config" => ("XDG_CONFIG_HOME", ".config"),
+                    "data" => ("XDG_DATA_HOME", ".local/share"),
+                    "cache" => ("XDG_CACHE_HOME", ".cache"),
+                    _ => ("XDG_STATE_HOME", ".local/state"),
                 };
-                (var, root.join("xdg").join(kind))
+                (var, home.join(under_home))
             })
             .collect();
-        let config_dir = root.join("xdg/config/opencode");
+        let config_dir = home.join(".config/opencode");
         std::fs::create_dir_all(config_dir.join("node_modules"))
             .expect("create OpenCode's config folder");
         std::fs::create_dir_all(&home).expect("create OpenCode's HOME");
@@ -275,7 +277,7 @@ impl AgentSetup {
             .join(", ");
         let config_toml = format!(
             "[agents.{name}]\ncommand = [{command_toml}]\nenv = {{ {env_toml} }}\n\
-             sandbox = false\nstall_timeout_s = {STALL_TIMEOUT_S}\n"
+             stall_timeout_s = {STALL_TIMEOUT_S}\n"
         );
         AgentSetup {
             name: name.to_string(),
