@@ -224,9 +224,111 @@ pub(crate) fn append_messages(
     Ok(ids)
 }
 
+/// The result a tool call of a lost turn gets when the turn ended before its result was
+/// recorded (its worker, its external agent or the daemon died): whether it ran is unknown.
+pub const LOST_CALL_RESULT: &str =
+    "unknown: the turn was lost before this call's result was recorded; it may or may not have run";
+
+/// Records every tool call of `execution_id`'s turn that has no result as `unknown` (an error
+/// result [`LOST_CALL_RESULT`], with its `tool.complete` event), so no client shows a call of a
+/// lost turn as running for ever. The turn's messages stay out of later histories (it is lost),
+/// so no model ever reads these results.
+pub(crate) fn close_lost_calls(
+    tx: &Connection,
+    session_id: &str,
+    execution_id: &str,
+    events: &mut Vec<StoredEvent>,
+) -> Result<(), LedgerError> {
+    let rows: Vec<(Option<String>, Option<String>)> = tx
+        .prepare_cached(
+            "SELECT m.tool_calls, m.tool_call_id FROM messages m INDEXED BY messages_admission
+             JOIN worker_executions e ON e.admission_id = m.admission_id
+             WHERE e.execution_id = ?1 AND m.session_id = ?2
+               AND (m.tool_calls IS NOT NULL OR m.role = 'tool')
+             ORDER BY m.id",
+        )?
+        .query_map(params![execution_id, session_id], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })?
+        .collect::<Result<_, _>>()?;
+    let mut open: Vec<(String, String)> = Vec::new();
+    for (calls, answered) in rows {
+        if let Some(calls) = calls {
+            let calls: Vec<drover_protocol::ToolCall> =
+                serde_json::from_str(&calls).unwrap_or_default();
+            open.extend(calls.into_iter().map(|c| (c.id, c.function.name)));
+        }
+        if let Some(answered) = answered {
+            open.retain(|(id, _)| *id != answered);
+        }
+    }
+    if open.is_empty() {
+        return Ok(());
+    }
+    let append = TranscriptAppend {
+        tool_errors: open.iter().map(|(id, _)| id.clone()).collect(),
+        messages: open
+            .into_iter()
+            .map(|(id, name)| ChatMessage::tool_result(id, name, LOST_CALL_RESULT))
+            .collect(),
+        tool_contexts: Default::default(),
+    };
+    append_messages(tx, session_id, execution_id, &append, events).map(|_| ())
+}
+
 #[cfg(test)]
 mod tests {
     use crate::testing;
+
+    /// A lost turn's calls without a result get one, `unknown`, as an error with its
+    /// `tool.complete` event; a call that has its result keeps it.
+    #[test]
+    fn a_lost_turns_open_calls_are_recorded_unknown() {
+        use drover_protocol::worker::op;
+        use serde_json::json;
+        let (_dir, mut ledger) = testing::open();
+        let session = testing::session(&mut ledger, &[], vec![]);
+        let claim = testing::claim(&mut ledger, &session, "go", "s");
+        let call = |id: &str| {
+            json!({"id": id, "type": "function", "function": {"name": "terminal", "arguments": "{}"}})
+        };
+        let messages = json!({"messages": [
+            {"role": "assistant", "content": null, "tool_calls": [call("done"), call("open")]},
+            {"role": "tool", "tool_call_id": "done", "tool_name": "terminal", "content": "ok"},
+        ]});
+        let frame = testing::frame(&claim, "s", 1, op::TRANSCRIPT_APPEND, messages);
+        ledger.apply_persist(&frame).expect("append");
+        let lost = ledger
+            .mark_execution_lost(&claim.execution_id)
+            .expect("lose")
+            .expect("was live");
+        let results: Vec<(String, String)> = ledger
+            .conn
+            .prepare("SELECT tool_call_id, content FROM messages WHERE role = 'tool' ORDER BY id")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(
+            results,
+            [
+                ("done".to_string(), "ok".to_string()),
+                ("open".to_string(), super::LOST_CALL_RESULT.to_string())
+            ]
+        );
+        let completed: Vec<_> = lost
+            .events
+            .iter()
+            .filter_map(|e| match &e.event {
+                drover_protocol::event::EventPayload::ToolComplete(c) => Some(c),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(completed.len(), 1, "{completed:?}");
+        assert_eq!(completed[0].tool_id, "open");
+        assert!(completed[0].is_error);
+    }
 
     /// A history leaves out exactly the messages of the session's lost (`unknown`) turns:
     /// those with no admission, and those of other admissions, stay (the lean-worker-start work rewrote the query

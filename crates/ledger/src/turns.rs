@@ -647,6 +647,7 @@ pub(crate) fn lose_execution(
     )?;
     let mut events = Vec::new();
     cancel_open_prompts(tx, execution_id, &mut events)?;
+    crate::messages::close_lost_calls(tx, &session_id, execution_id, &mut events)?;
     let admission_id = admission_id.unwrap_or_default();
     tx.execute_cached(
         "DELETE FROM session_turn_leases WHERE execution_id = ?1",
