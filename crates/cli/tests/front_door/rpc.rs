@@ -428,6 +428,7 @@ fn every_field(method: &str) -> Value {
             "api_key": "k", "toolsets": [], "system_prompt": "p", "title": "t", "source": "cli",
             "approval_mode": "auto",
             "mcp_servers": {"own": {"command": "/bin/true", "args": [], "env": {}}},
+            "agent": "a",
         }),
         "session.resume" | "session.detach" => json!({"session_id": "s"}),
         "session.rename" => json!({"session_id": "s", "title": "t"}),

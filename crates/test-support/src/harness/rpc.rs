@@ -199,14 +199,24 @@ impl Client {
     }
 
     /// Waits for the first event matching `pred`, bounded by [`WAIT`]; earlier ones are dropped.
-    pub async fn wait_event(&mut self, mut pred: impl FnMut(&Value) -> bool) -> Result<Value> {
-        let deadline = Instant::now() + WAIT;
+    pub async fn wait_event(&mut self, pred: impl FnMut(&Value) -> bool) -> Result<Value> {
+        self.wait_event_within(WAIT, pred).await
+    }
+
+    /// [`Client::wait_event`] bounded by `limit` (a turn of an external agent, which starts a
+    /// program first, may take longer than [`WAIT`] on a loaded machine).
+    pub async fn wait_event_within(
+        &mut self,
+        limit: Duration,
+        mut pred: impl FnMut(&Value) -> bool,
+    ) -> Result<Value> {
+        let deadline = Instant::now() + limit;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.next_event(left).await? {
                 Some(e) if pred(&e) => return Ok(e),
                 Some(_) => continue,
-                None => bail!("no matching event within {WAIT:?}"),
+                None => bail!("no matching event within {limit:?}"),
             }
         }
     }
