@@ -424,6 +424,7 @@ mod tests {
             output_tokens: None,
             approval_mode: None,
             cwd: None,
+            agent: None,
             error: None,
         }
     }

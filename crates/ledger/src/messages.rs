@@ -290,7 +290,8 @@ mod tests {
         let session = testing::session(&mut ledger, &[], vec![]);
         let claim = testing::claim(&mut ledger, &session, "go", "s");
         let call = |id: &str| {
-            json!({"id": id, "type": "function", "function": {"name": "terminal", "arguments": "{}"}})
+            let function = json!({"name": "terminal", "arguments": "{}"});
+            json!({"id": id, "type": "function", "function": function})
         };
         let messages = json!({"messages": [
             {"role": "assistant", "content": null, "tool_calls": [call("done"), call("open")]},
