@@ -1,7 +1,7 @@
 //! [`FrozenModel`]: the model client settings a session freezes at `session.create`, stored
 //! in `sessions.model_config` and read back as themselves (SPEC section 4, "Frozen session").
 
-use drover_protocol::policy::{ContextBudget, ModelSettings};
+use drover_protocol::policy::{ContextBudget, ModelApi, ModelSettings};
 use drover_protocol::Secret;
 use serde::{Deserialize, Serialize};
 
@@ -33,6 +33,15 @@ pub struct FrozenModel {
     /// The session's own API key (`session.create` `api_key`); `None`: the daemon's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_key: Option<Secret>,
+    /// The endpoint's API; `None` in a row older than the setting (Chat Completions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api: Option<ModelApi>,
+    /// Seconds to connect; `None` in a row older than the setting (the default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connect_timeout_s: Option<u64>,
+    /// Seconds to the first byte; `None` in a row older than the setting (the default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_byte_timeout_s: Option<u64>,
 }
 
 impl FrozenModel {
@@ -51,6 +60,9 @@ impl FrozenModel {
             stall_timeout_s: Some(settings.stall_timeout_s),
             context: Some(context),
             api_key,
+            api: Some(settings.api),
+            connect_timeout_s: Some(settings.connect_timeout_s),
+            first_byte_timeout_s: Some(settings.first_byte_timeout_s),
         }
     }
 
@@ -81,6 +93,13 @@ impl FrozenModel {
             request_timeout_s: self.request_timeout_s,
             max_retries: self.max_retries,
             stall_timeout_s: self.stall_timeout_s.unwrap_or(stall_now),
+            api: self.api.unwrap_or_default(),
+            connect_timeout_s: self
+                .connect_timeout_s
+                .unwrap_or(ModelSettings::DEFAULT_CONNECT_TIMEOUT_S),
+            first_byte_timeout_s: self
+                .first_byte_timeout_s
+                .unwrap_or(ModelSettings::DEFAULT_FIRST_BYTE_TIMEOUT_S),
         }
     }
 
@@ -101,6 +120,9 @@ impl Default for FrozenModel {
             stall_timeout_s: None,
             context: None,
             api_key: None,
+            api: None,
+            connect_timeout_s: None,
+            first_byte_timeout_s: None,
         }
     }
 }
@@ -135,6 +157,9 @@ mod tests {
             request_timeout_s: 30,
             max_retries: 1,
             stall_timeout_s: 9,
+            api: ModelApi::Responses,
+            connect_timeout_s: 3,
+            first_byte_timeout_s: 4,
         };
         let context = ContextBudget {
             context_window: 1000,
@@ -144,7 +169,7 @@ mod tests {
         let frozen = FrozenModel::new("http://m/v1".into(), settings, context, Some("k".into()));
         assert_eq!(
             serde_json::to_string(&frozen).expect("serialise"),
-            r#"{"base_url":"http://m/v1","stream":false,"request_timeout_s":30,"max_retries":1,"stall_timeout_s":9,"context":{"context_window":1000,"compact_at":0.5,"keep_recent_turns":2},"api_key":"k"}"#
+            r#"{"base_url":"http://m/v1","stream":false,"request_timeout_s":30,"max_retries":1,"stall_timeout_s":9,"context":{"context_window":1000,"compact_at":0.5,"keep_recent_turns":2},"api_key":"k","api":"responses","connect_timeout_s":3,"first_byte_timeout_s":4}"#
         );
         let old: FrozenModel =
             serde_json::from_str(r#"{"base_url":"http://m/v1","stream":false}"#).expect("old row");

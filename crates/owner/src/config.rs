@@ -88,6 +88,18 @@ pub struct ModelSection {
     /// Earlier turns a compaction keeps verbatim, beside the running turn (default 2).
     /// Frozen per session.
     pub keep_recent_turns: u32,
+    /// The API the endpoint speaks: `chat` (default) or `responses`. Frozen per session.
+    pub api: drover_protocol::ModelApi,
+    /// Seconds to open a connection (TCP and TLS; default 10). Frozen per session.
+    pub connect_timeout_s: u64,
+    /// Seconds from a request sent to its first byte (default 60). Frozen per session.
+    pub first_byte_timeout_s: u64,
+    /// One more PEM bundle of certificate authorities the endpoint may chain to, beside the
+    /// system store and `SSL_CERT_FILE` / `SSL_CERT_DIR`. Read at each turn.
+    pub ca_file: Option<PathBuf>,
+    /// The proxy of every model request (`http://host:port`), else `HTTPS_PROXY` /
+    /// `HTTP_PROXY` / `NO_PROXY`. Read at each turn.
+    pub proxy: Option<String>,
 }
 
 impl Default for ModelSection {
@@ -105,6 +117,11 @@ impl Default for ModelSection {
             context_window: 0,
             compact_at: ContextBudget::DEFAULT_COMPACT_AT,
             keep_recent_turns: ContextBudget::DEFAULT_KEEP_RECENT_TURNS,
+            api: settings.api,
+            connect_timeout_s: settings.connect_timeout_s,
+            first_byte_timeout_s: settings.first_byte_timeout_s,
+            ca_file: None,
+            proxy: None,
         }
     }
 }
@@ -117,6 +134,9 @@ impl ModelSection {
             request_timeout_s: self.request_timeout_s,
             max_retries: self.max_retries,
             stall_timeout_s: self.stall_timeout_s,
+            api: self.api,
+            connect_timeout_s: self.connect_timeout_s,
+            first_byte_timeout_s: self.first_byte_timeout_s,
         }
     }
 

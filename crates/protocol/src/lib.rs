@@ -56,6 +56,6 @@ pub use chat::{
 };
 pub use client::{ClientRequest, MethodResult};
 pub use exit::Exit;
-pub use policy::{ApprovalMode, ContextBudget, ModelSettings};
+pub use policy::{ApprovalMode, ContextBudget, ModelApi, ModelSettings};
 pub use rpc::{ErrorReason, RpcError};
 pub use secret::Secret;

@@ -115,6 +115,34 @@ pub struct ModelSettings {
     /// Seconds a response may go without sending a byte before the request is cancelled as
     /// stalled (SPEC section 1: `[model] stall_timeout_s`); 0 means the default.
     pub stall_timeout_s: u64,
+    /// Which API the endpoint speaks: `chat` (Chat Completions, the default) or `responses`.
+    pub api: ModelApi,
+    /// Seconds to open a connection to the endpoint (TCP and TLS); 0 means the default (10).
+    pub connect_timeout_s: u64,
+    /// Seconds from a request sent to its first response byte; 0 means the default (60).
+    pub first_byte_timeout_s: u64,
+}
+
+/// `[model] api`: the OpenAI API the endpoint is spoken to with (SPEC section 9, "Model
+/// endpoints").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelApi {
+    /// `POST {base_url}/chat/completions`.
+    #[default]
+    Chat,
+    /// `POST {base_url}/responses`.
+    Responses,
+}
+
+impl ModelApi {
+    /// The config word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ModelApi::Chat => "chat",
+            ModelApi::Responses => "responses",
+        }
+    }
 }
 
 impl ModelSettings {
@@ -122,6 +150,27 @@ impl ModelSettings {
     pub const DEFAULT_REQUEST_TIMEOUT_S: u64 = 600;
     /// The default stall bound (SPEC section 1: 120 s).
     pub const DEFAULT_STALL_TIMEOUT_S: u64 = 120;
+    /// The default connect bound (SPEC section 9: 10 s).
+    pub const DEFAULT_CONNECT_TIMEOUT_S: u64 = 10;
+    /// The default first-byte bound (SPEC section 9: 60 s).
+    pub const DEFAULT_FIRST_BYTE_TIMEOUT_S: u64 = 60;
+
+    /// How long opening a connection may take; 0 means the default (10 s).
+    pub fn connect_timeout(&self) -> Duration {
+        match self.connect_timeout_s {
+            0 => Duration::from_secs(Self::DEFAULT_CONNECT_TIMEOUT_S),
+            s => Duration::from_secs(s),
+        }
+    }
+
+    /// How long a sent request may wait for its first response byte; 0 means the default
+    /// (60 s).
+    pub fn first_byte_timeout(&self) -> Duration {
+        match self.first_byte_timeout_s {
+            0 => Duration::from_secs(Self::DEFAULT_FIRST_BYTE_TIMEOUT_S),
+            s => Duration::from_secs(s),
+        }
+    }
 
     /// The whole-request timeout. A `request_timeout_s` of 0 means the default (600 s), not
     /// "time out at once".
@@ -142,7 +191,8 @@ impl ModelSettings {
     }
 }
 
-/// Stream on, 600 s timeout, 3 retries, 120 s stall bound.
+/// Stream on, 600 s timeout, 3 retries, 120 s stall bound, Chat Completions, 10 s to connect,
+/// 60 s to the first byte.
 impl Default for ModelSettings {
     fn default() -> Self {
         ModelSettings {
@@ -150,6 +200,9 @@ impl Default for ModelSettings {
             request_timeout_s: Self::DEFAULT_REQUEST_TIMEOUT_S,
             max_retries: 3,
             stall_timeout_s: Self::DEFAULT_STALL_TIMEOUT_S,
+            api: ModelApi::Chat,
+            connect_timeout_s: Self::DEFAULT_CONNECT_TIMEOUT_S,
+            first_byte_timeout_s: Self::DEFAULT_FIRST_BYTE_TIMEOUT_S,
         }
     }
 }
@@ -256,7 +309,8 @@ mod tests {
         );
         assert_eq!(
             serde_json::to_value(d).expect("serialize"),
-            json!({"stream": true, "request_timeout_s": 600, "max_retries": 3, "stall_timeout_s": 120})
+            json!({"stream": true, "request_timeout_s": 600, "max_retries": 3, "stall_timeout_s": 120,
+                   "api": "chat", "connect_timeout_s": 10, "first_byte_timeout_s": 60})
         );
     }
 
@@ -265,6 +319,7 @@ mod tests {
         let frame = json!({
             "model": "m", "base_url": "http://127.0.0.1:1/v1", "api_key": null,
             "stream": false, "request_timeout_s": 30, "max_retries": 0, "stall_timeout_s": 7,
+            "api": "responses", "connect_timeout_s": 3, "first_byte_timeout_s": 4,
             "system_prompt": "", "toolsets": [], "tools": [], "cwd": "/", "max_steps": 1,
             "approvals": "deny", "home": "/h", "approval_grants": [],
             "background_processes": [], "mcp_servers": {},
@@ -285,6 +340,9 @@ mod tests {
                 request_timeout_s: 30,
                 max_retries: 0,
                 stall_timeout_s: 7,
+                api: ModelApi::Responses,
+                connect_timeout_s: 3,
+                first_byte_timeout_s: 4,
             }
         );
         assert_eq!(serde_json::to_value(&policy).expect("serialize"), frame);

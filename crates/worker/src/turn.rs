@@ -414,6 +414,7 @@ mod tests {
             request_timeout_s: 0,
             max_retries: 1,
             stall_timeout_s: 0,
+            ..ModelSettings::default()
         };
         let key = Secret::from("k");
         let config = client_config("http://127.0.0.1:1/v1", "m", settings, Some(&key));

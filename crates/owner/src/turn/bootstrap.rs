@@ -73,6 +73,12 @@ fn policy(owner: &Owner, claim: &Claim) -> Policy {
         api_key: frozen.api_key.clone().or_else(|| config.api_key()),
         // A session that froze no stall bound gets the daemon's of now.
         model_settings: frozen.settings(config.model.stall_timeout_s),
+        ca_file: config
+            .model
+            .ca_file
+            .as_ref()
+            .map(|path| path.display().to_string()),
+        proxy: config.model.proxy.clone(),
         system_prompt: session.system_prompt.clone(),
         toolsets: session.toolsets.clone(),
         tools: session.tool_schemas.clone(),

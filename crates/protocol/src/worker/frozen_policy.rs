@@ -24,10 +24,18 @@ pub struct Policy {
     #[serde(default)]
     /// The session's API key, if it has one (else the daemon's environment).
     pub api_key: Option<Secret>,
-    /// `stream`, `request_timeout_s`, `max_retries` and `stall_timeout_s`, as top-level fields of
-    /// the policy.
+    /// `stream`, `request_timeout_s`, `max_retries`, `stall_timeout_s`, `api`,
+    /// `connect_timeout_s` and `first_byte_timeout_s`, as top-level fields of the policy.
     #[serde(flatten)]
     pub model_settings: ModelSettings,
+    /// `[model] ca_file` of the daemon's config at claim: one more PEM bundle the endpoint's
+    /// certificate may chain to, beside the system store and `SSL_CERT_FILE` / `SSL_CERT_DIR`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<String>,
+    /// `[model] proxy` of the daemon's config at claim: the proxy every model request goes
+    /// through (else `HTTPS_PROXY` / `HTTP_PROXY` / `NO_PROXY` of the worker's environment).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy: Option<String>,
     /// The frozen system prompt.
     pub system_prompt: String,
     /// The session's toolsets.
@@ -91,6 +99,16 @@ struct PolicyFields {
     max_retries: Option<u32>,
     #[serde(default)]
     stall_timeout_s: Option<u64>,
+    #[serde(default)]
+    api: Option<crate::policy::ModelApi>,
+    #[serde(default)]
+    connect_timeout_s: Option<u64>,
+    #[serde(default)]
+    first_byte_timeout_s: Option<u64>,
+    #[serde(default)]
+    ca_file: Option<String>,
+    #[serde(default)]
+    proxy: Option<String>,
     system_prompt: String,
     toolsets: Vec<String>,
     tools: Vec<Value>,
@@ -127,7 +145,14 @@ impl From<PolicyFields> for Policy {
                 request_timeout_s: f.request_timeout_s.unwrap_or(defaults.request_timeout_s),
                 max_retries: f.max_retries.unwrap_or(defaults.max_retries),
                 stall_timeout_s: f.stall_timeout_s.unwrap_or(defaults.stall_timeout_s),
+                api: f.api.unwrap_or(defaults.api),
+                connect_timeout_s: f.connect_timeout_s.unwrap_or(defaults.connect_timeout_s),
+                first_byte_timeout_s: f
+                    .first_byte_timeout_s
+                    .unwrap_or(defaults.first_byte_timeout_s),
             },
+            ca_file: f.ca_file,
+            proxy: f.proxy,
             system_prompt: f.system_prompt,
             toolsets: f.toolsets,
             tools: f.tools,

@@ -345,7 +345,8 @@ fn usage_round_trips_up_to_the_largest_count() {
 
 const POLICY: &str = concat!(
     r#"{"model":"gpt-test","base_url":"http://127.0.0.1:9/v1","api_key":null,"stream":true,"#,
-    r#""request_timeout_s":600,"max_retries":3,"stall_timeout_s":120,"#,
+    r#""request_timeout_s":600,"max_retries":3,"stall_timeout_s":120,"api":"chat","#,
+    r#""connect_timeout_s":10,"first_byte_timeout_s":60,"#,
     r#""system_prompt":"You are drover.","#,
     r#""toolsets":["terminal","jobs"],"#,
     r#""tools":[{"function":{"name":"terminal","parameters":{"type":"object"}},"type":"function"}],"#,

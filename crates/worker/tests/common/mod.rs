@@ -245,6 +245,8 @@ pub fn turn_bootstrap(mock: &MockModel, home: &Path) -> Bootstrap {
                 max_retries: 0,
                 ..drover_protocol::ModelSettings::default()
             },
+            ca_file: None,
+            proxy: None,
             system_prompt: "be brief".into(),
             toolsets: vec![],
             tools: vec![terminal_schema()],
