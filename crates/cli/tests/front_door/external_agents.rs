@@ -501,3 +501,21 @@ async fn a_job_whose_codex_goes_silent_ends_deadline_timeout() {
         s.agent_pids()
     );
 }
+
+/// `drover run --agent codex PROMPT` from a terminal-less script: a new session of the agent,
+/// the agent's answer on stdout, exit 0.
+#[tokio::test]
+async fn drover_run_with_an_agent_prints_its_answer() {
+    let s = AgentSession::start(Which::Codex, "").await;
+    s.model.push(Reply::text("hello through drover run"));
+    let out = run_drover(
+        bin(),
+        s.home.path(),
+        Some(s.home.work()),
+        &["run", "--agent", "codex", "say hi"],
+    )
+    .await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(stdout.contains("hello through drover run"), "{stdout}");
+}
