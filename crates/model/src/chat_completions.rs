@@ -112,7 +112,10 @@ pub(crate) fn request_body(
 /// ledger unbounded.
 #[derive(Deserialize, Debug, Clone)]
 pub(crate) struct WireUsage {
+    /// The Responses API's names are aliases: the same counts, read the same way.
+    #[serde(alias = "input_tokens")]
     prompt_tokens: Option<Value>,
+    #[serde(alias = "output_tokens")]
     completion_tokens: Option<Value>,
     total_tokens: Option<Value>,
 }

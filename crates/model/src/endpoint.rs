@@ -1,17 +1,17 @@
 //! Where requests go and how: [`ModelConfig`], one endpoint's connection settings, and the
-//! URLs made from its `base_url` (`/chat/completions`, `/models`).
+//! URLs made from its `base_url` (`/chat/completions` or `/responses`, `/models`).
 
 use std::fmt;
 use std::time::Duration;
 
-use drover_protocol::ModelSettings;
+use drover_protocol::{ModelApi, ModelSettings};
 
 use crate::error::ModelError;
 
 /// Connection settings for one endpoint.
 #[derive(Clone)]
 pub struct ModelConfig {
-    /// e.g. `http://127.0.0.1:4000/v1`; `/chat/completions` is appended.
+    /// e.g. `http://127.0.0.1:4000/v1`; `/chat/completions` (or `/responses`) is appended.
     pub base_url: String,
     /// The `model` field of every request.
     pub model: String,
@@ -27,6 +27,8 @@ pub struct ModelConfig {
     pub stall_timeout: Duration,
     /// First backoff delay; doubles per retry, capped at 8 s.
     pub retry_base_delay: Duration,
+    /// The API spoken: Chat Completions (`/chat/completions`) or Responses (`/responses`).
+    pub api: ModelApi,
 }
 
 impl ModelConfig {
@@ -51,6 +53,7 @@ impl ModelConfig {
             max_retries: settings.max_retries,
             stall_timeout: settings.stall_timeout(),
             retry_base_delay: Duration::from_millis(500),
+            api: settings.api,
         }
     }
 }
@@ -67,18 +70,20 @@ impl fmt::Debug for ModelConfig {
             .field("max_retries", &self.max_retries)
             .field("stall_timeout", &self.stall_timeout)
             .field("retry_base_delay", &self.retry_base_delay)
+            .field("api", &self.api)
             .finish()
     }
 }
 
 /// `{base_url}/models`, for a base URL [`endpoint_url`] accepts.
 pub(crate) fn models_url(base_url: &str) -> Option<reqwest::Url> {
-    endpoint_url(base_url).ok()?;
+    endpoint_url(base_url, ModelApi::Chat).ok()?;
     reqwest::Url::parse(&format!("{}/models", base_url.trim().trim_end_matches('/'))).ok()
 }
 
-/// `{base_url}/chat/completions`, for an `http` or `https` base URL with a host.
-pub(crate) fn endpoint_url(base_url: &str) -> Result<reqwest::Url, ModelError> {
+/// `{base_url}/chat/completions` (or `/responses` for that API), for an `http` or `https` base
+/// URL with a host.
+pub(crate) fn endpoint_url(base_url: &str, api: ModelApi) -> Result<reqwest::Url, ModelError> {
     let trimmed = base_url.trim().trim_end_matches('/');
     let invalid = |why: &str| {
         ModelError::Config(format!(
@@ -95,6 +100,10 @@ pub(crate) fn endpoint_url(base_url: &str) -> Result<reqwest::Url, ModelError> {
     if url.query().is_some() || url.fragment().is_some() {
         return Err(invalid("has a query or fragment"));
     }
-    reqwest::Url::parse(&format!("{trimmed}/chat/completions"))
+    let path = match api {
+        ModelApi::Chat => "chat/completions",
+        ModelApi::Responses => "responses",
+    };
+    reqwest::Url::parse(&format!("{trimmed}/{path}"))
         .map_err(|e| invalid(&format!("does not give a valid endpoint ({e})")))
 }

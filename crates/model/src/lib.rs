@@ -9,6 +9,10 @@
 //! not, and neither is a stream that already showed text. What this crate does not do: run
 //! tools, keep history or persist anything.
 //!
+//! With `[model] api = "responses"` the same requests go to `POST {base_url}/responses`
+//! (OpenAI's Responses API, `store: false`), and a reasoning model's reasoning items are kept
+//! for the turn's later requests.
+//!
 //! Main types: [`ModelClient`] (the reqwest client) behind the [`ChatModel`] trait,
 //! [`ModelConfig`], [`Completion`] and [`ModelError`]. Modules:
 //!
@@ -18,11 +22,13 @@
 //! - `chat_completions` maps drover's chat types to the OpenAI JSON, `stream_assembly` assembles a completion from
 //!   chunks, `body` reads a response under the stall bound, `retry` decides what is retried
 //!   and when.
+//! - `responses` maps them to the Responses API's JSON and keeps reasoning items,
+//!   `responses_stream` assembles an answer from its events.
 //! - `model_client`: [`ModelClient`] sends a request with them, retries it, records the
 //!   `model.request` span ([`span_millis`]) and asks `GET /models` for the context window.
 //!
 //! Layers: `error` < `endpoint`, `chat_model`, `body`, `retry` < `chat_completions` < `stream_assembly` <
-//! `model_client`.
+//! `responses` < `responses_stream` < `model_client`.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), drover_model::ModelError> {
@@ -41,8 +47,12 @@ mod chat_model;
 mod endpoint;
 mod error;
 mod model_client;
+mod responses;
+mod responses_stream;
 mod retry;
 mod stream_assembly;
+#[cfg(test)]
+mod responses_tests;
 #[cfg(test)]
 mod tests;
 

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use drover_protocol::ChatMessage;
+use drover_protocol::{ChatMessage, ModelApi};
 use eventsource_stream::{EventStreamError, Eventsource};
 use futures::StreamExt;
 use reqwest::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE};
@@ -15,8 +15,10 @@ use crate::chat_completions;
 use crate::chat_model::{ChatModel, Completion, WindowLookup};
 use crate::endpoint::{endpoint_url, models_url, ModelConfig};
 use crate::error::ModelError;
+use crate::responses::{self, ReasoningItems};
+use crate::responses_stream::ResponsesAssembly;
 use crate::retry::{self, Failure};
-use crate::stream_assembly::{Step, StreamAssembly};
+use crate::stream_assembly::{EventAssembly, Step, StreamAssembly};
 
 /// The HTTP client type under [`ModelClient`] ([`http_client`] builds one).
 pub type HttpClient = reqwest::Client;
@@ -39,6 +41,8 @@ pub struct ModelClient {
     endpoint: reqwest::Url,
     /// `Bearer <key>`, marked sensitive so it never shows in `Debug`.
     authorization: Option<HeaderValue>,
+    /// The Responses API's reasoning items of this turn, sent back in its later requests.
+    reasoning: ReasoningItems,
 }
 
 impl ModelClient {
@@ -51,7 +55,7 @@ impl ModelClient {
     /// ([`http_client`]: a spare worker builds it while it waits for its turn). The
     /// request timeout is set on each request, so `http` carries none of the config.
     pub fn with_http(config: ModelConfig, http: HttpClient) -> Result<Self, ModelError> {
-        let endpoint = endpoint_url(&config.base_url)?;
+        let endpoint = endpoint_url(&config.base_url, config.api)?;
         let authorization = match &config.api_key {
             Some(key) => {
                 let mut value = HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
@@ -71,6 +75,7 @@ impl ModelClient {
             http,
             endpoint,
             authorization,
+            reasoning: ReasoningItems::default(),
         })
     }
 
@@ -155,12 +160,24 @@ impl ModelClient {
             content_type.starts_with("text/event-stream")
         };
         if is_events {
-            return self.read_events(response, on_delta).await;
+            return match self.config.api {
+                ModelApi::Chat => {
+                    self.read_events(response, on_delta, StreamAssembly::default())
+                        .await
+                }
+                ModelApi::Responses => {
+                    let assembly = ResponsesAssembly::new(self.reasoning.clone());
+                    self.read_events(response, on_delta, assembly).await
+                }
+            };
         }
         let bytes = body::read_all(response, stall)
             .await
             .map_err(|e| self.body_error(e))?;
-        let completion = chat_completions::parse_completion(&bytes)?;
+        let completion = match self.config.api {
+            ModelApi::Chat => chat_completions::parse_completion(&bytes)?,
+            ModelApi::Responses => responses::parse_response(&bytes)?.keep(&self.reasoning),
+        };
         if let Some(text) = completion.message.content.as_deref() {
             if !text.is_empty() {
                 on_delta(text);
@@ -169,15 +186,16 @@ impl ModelClient {
         Ok(completion)
     }
 
-    /// Reads an event stream to `[DONE]` (or to its end, if a `finish_reason` came first).
+    /// Reads an event stream to its end marker (`[DONE]`, `response.completed`), or to its
+    /// end once `assembly` is whole.
     async fn read_events(
         &self,
         response: reqwest::Response,
         on_delta: &mut (dyn FnMut(&str) + Send),
+        mut assembly: impl EventAssembly,
     ) -> Result<Completion, Failure> {
         let mut events =
             std::pin::pin!(body::guarded(response, self.config.stall_timeout).eventsource());
-        let mut assembly = StreamAssembly::default();
         let mut shown = false;
         let mut done = false;
         while let Some(event) = events.next().await {
@@ -211,10 +229,7 @@ impl ModelClient {
         }
         if !done && !assembly.finished() {
             return Err(Failure {
-                error: ModelError::Protocol(
-                    "the event stream ended before `data: [DONE]` and without a finish_reason"
-                        .to_string(),
-                ),
+                error: assembly.unfinished(),
                 retry_after: None,
                 shown,
             });
@@ -334,12 +349,13 @@ impl ModelClient {
         on_delta: &mut (dyn for<'d> FnMut(&'d str) + Send),
         retries: &mut u32,
     ) -> Result<Completion, ModelError> {
-        let body = chat_completions::request_body(
-            &self.config.model,
-            messages,
-            tools,
-            self.config.stream,
-        )?;
+        let (model, stream) = (&self.config.model, self.config.stream);
+        let body = match self.config.api {
+            ModelApi::Chat => chat_completions::request_body(model, messages, tools, stream)?,
+            ModelApi::Responses => {
+                responses::request_body(model, messages, tools, stream, &self.reasoning)?
+            }
+        };
         loop {
             let failure = match self.attempt(&body, on_delta).await {
                 Ok(completion) => return Ok(completion),

@@ -20,6 +20,26 @@ pub(crate) enum Step {
     Done,
 }
 
+/// A completion being assembled from one API's stream events, one event's `data` at a time.
+pub(crate) trait EventAssembly: Send {
+    /// Takes one event's `data`; text pieces go to `on_delta` as they arrive.
+    fn push(
+        &mut self,
+        data: &str,
+        on_delta: &mut (dyn FnMut(&str) + Send),
+    ) -> Result<Step, ModelError>;
+
+    /// True once the answer is whole, so a stream that then ends without its end marker is
+    /// still complete.
+    fn finished(&self) -> bool;
+
+    /// The error of a stream that ended before it was whole.
+    fn unfinished(&self) -> ModelError;
+
+    /// The assembled completion.
+    fn finish(self) -> Result<Completion, ModelError>;
+}
+
 /// A completion being assembled from stream events.
 #[derive(Debug, Default)]
 pub(crate) struct StreamAssembly {
@@ -38,9 +58,8 @@ struct PartialCall {
     arguments: String,
 }
 
-impl StreamAssembly {
-    /// Takes one event's `data`; text pieces go to `on_delta` as they arrive.
-    pub fn push(
+impl EventAssembly for StreamAssembly {
+    fn push(
         &mut self,
         data: &str,
         on_delta: &mut (dyn FnMut(&str) + Send),
@@ -101,14 +120,20 @@ impl StreamAssembly {
         Ok(Step::More)
     }
 
-    /// True once a `finish_reason` was seen, so a stream that then ends without `[DONE]` is
-    /// still whole.
-    pub fn finished(&self) -> bool {
+    /// True once a `finish_reason` was seen.
+    fn finished(&self) -> bool {
         self.finish_reason.is_some()
     }
 
-    /// The assembled completion, tool calls in `index` order.
-    pub fn finish(self) -> Result<Completion, ModelError> {
+    fn unfinished(&self) -> ModelError {
+        ModelError::Protocol(
+            "the event stream ended before `data: [DONE]` and without a finish_reason"
+                .to_string(),
+        )
+    }
+
+    /// Tool calls in `index` order.
+    fn finish(self) -> Result<Completion, ModelError> {
         let mut tool_calls = Vec::with_capacity(self.calls.len());
         for (index, call) in self.calls {
             tool_calls.push(chat_completions::tool_call(

@@ -269,6 +269,8 @@ pub struct Reply {
     /// Send what [`Reply::stall_after_text`] says, then nothing more.
     stall: bool,
     headers: Vec<(String, String)>,
+    /// The Responses API only: a `reasoning` output item first, with this `encrypted_content`.
+    reasoning: Option<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -299,6 +301,7 @@ impl Reply {
             cut: false,
             stall: false,
             headers: Vec::new(),
+            reasoning: None,
         }
     }
 
@@ -399,6 +402,14 @@ impl Reply {
     /// `finish_reason`, no usage, no `[DONE]`. A non-stream request gets no body at all.
     pub fn truncated(mut self) -> Reply {
         self.cut = true;
+        self
+    }
+
+    /// On the Responses API, the answer starts with a `reasoning` item (id `rs_mock`, one
+    /// summary line, `encrypted_content` as given), as a reasoning model's does; chat
+    /// completions have no such item and ignore it.
+    pub fn reasoning(mut self, encrypted_content: impl Into<String>) -> Reply {
+        self.reasoning = Some(encrypted_content.into());
         self
     }
 

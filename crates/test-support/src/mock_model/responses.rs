@@ -2,7 +2,8 @@
 //! a `response` object, for agents that speak this API (Codex) instead of chat completions.
 //!
 //! A reply's text is one `message` output item (one `output_text` part), each tool call one
-//! `function_call` item after it (`call_id` the scripted id, `id` `fc_<id>`). Streamed (`stream:
+//! `function_call` item after it (`call_id` the scripted id, `id` `fc_<id>`). A reply with
+//! [`Reply::reasoning`] starts with a `reasoning` item (`output_item.added` and `.done`). Streamed (`stream:
 //! true`), each event is an SSE event named by its `type` with a `sequence_number` from 0:
 //! `response.created`, `response.in_progress`, then for the message `output_item.added`,
 //! `content_part.added`, the text as `output_text.delta`s (three pieces, or one line each when
@@ -36,6 +37,7 @@ pub(super) fn answer(
 ) -> Response {
     let model = request.get("model").cloned().unwrap_or(Value::Null);
     let stream = super::is_stream(request);
+    let reasoning = reply.reasoning.as_deref();
     if !stream {
         if reply.cut {
             return broken_body(Vec::new());
@@ -43,7 +45,7 @@ pub(super) fn answer(
         if reply.stall {
             return stalled_body(Vec::new(), false, stop);
         }
-        let mut body = response_object(&model, "completed", output(text, calls));
+        let mut body = response_object(&model, "completed", output(reasoning, text, calls));
         body["output_text"] = json!(text);
         body["usage"] = usage(reply);
         return axum::Json(body).into_response();
@@ -54,8 +56,19 @@ pub(super) fn answer(
         json!({"type": "response.created", "response": in_progress}),
         json!({"type": "response.in_progress", "response": in_progress}),
     ];
+    let first = usize::from(reasoning.is_some());
+    if let Some(encrypted) = reasoning {
+        let mut added = reasoning_item(encrypted);
+        added["status"] = json!("in_progress");
+        events
+            .push(json!({"type": "response.output_item.added", "output_index": 0, "item": added}));
+        events.push(
+            json!({"type": "response.output_item.done", "output_index": 0,
+                           "item": reasoning_item(encrypted)}),
+        );
+    }
     // A reply of calls only has no message item, as a real one.
-    let message = has_message(text, calls).then(|| text_events(reply, text));
+    let message = has_message(text, calls).then(|| text_events(reply, text, first));
     if let Some(message) = &message {
         events.extend(message.opening.iter().cloned());
     }
@@ -68,11 +81,11 @@ pub(super) fn answer(
     if let Some(message) = message {
         events.extend(message.closing);
     }
-    let first_call = usize::from(has_message(text, calls));
+    let first_call = first + usize::from(has_message(text, calls));
     for (offset, call) in calls.iter().enumerate() {
         events.extend(call_events(first_call + offset, call));
     }
-    let mut done = response_object(&model, "completed", output(text, calls));
+    let mut done = response_object(&model, "completed", output(reasoning, text, calls));
     done["usage"] = usage(reply);
     events.push(json!({"type": "response.completed", "response": done}));
 
@@ -93,9 +106,9 @@ struct MessageEvents {
     closing: Vec<Value>,
 }
 
-fn text_events(reply: &Reply, text: &str) -> MessageEvents {
+fn text_events(reply: &Reply, text: &str, index: usize) -> MessageEvents {
     let part = |text: &str| json!({"type": "output_text", "text": text, "annotations": []});
-    let at = json!({"item_id": MESSAGE_ID, "output_index": 0, "content_index": 0});
+    let at = json!({"item_id": MESSAGE_ID, "output_index": index, "content_index": 0});
     let with = |mut event: Value, extra: Value| {
         if let (Some(event), Some(extra)) = (event.as_object_mut(), extra.as_object()) {
             event.extend(extra.clone());
@@ -105,7 +118,7 @@ fn text_events(reply: &Reply, text: &str) -> MessageEvents {
     let mut opening = vec![
         json!({
             "type": "response.output_item.added",
-            "output_index": 0,
+            "output_index": index,
             "item": {"type": "message", "id": MESSAGE_ID, "status": "in_progress",
                      "role": "assistant", "content": []},
         }),
@@ -133,7 +146,7 @@ fn text_events(reply: &Reply, text: &str) -> MessageEvents {
             json!({"type": "response.content_part.done", "part": part(text)}),
             at,
         ),
-        json!({"type": "response.output_item.done", "output_index": 0, "item": message_item(text)}),
+        json!({"type": "response.output_item.done", "output_index": index, "item": message_item(text)}),
     ];
     MessageEvents { opening, closing }
 }
@@ -182,9 +195,18 @@ fn has_message(text: &str, calls: &[(String, String, String)]) -> bool {
     !text.is_empty() || calls.is_empty()
 }
 
-/// The output items of a finished response: the message (if any), then each call.
-fn output(text: &str, calls: &[(String, String, String)]) -> Vec<Value> {
-    let mut items = Vec::new();
+fn reasoning_item(encrypted_content: &str) -> Value {
+    json!({
+        "type": "reasoning", "id": "rs_mock", "status": "completed",
+        "summary": [{"type": "summary_text", "text": "thinking it over"}],
+        "encrypted_content": encrypted_content,
+    })
+}
+
+/// The output items of a finished response: the reasoning (if any), the message (if any), then
+/// each call.
+fn output(reasoning: Option<&str>, text: &str, calls: &[(String, String, String)]) -> Vec<Value> {
+    let mut items: Vec<Value> = reasoning.map(reasoning_item).into_iter().collect();
     if has_message(text, calls) {
         items.push(message_item(text));
     }
