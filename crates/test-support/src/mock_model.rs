@@ -91,13 +91,52 @@ struct Shared {
     busy: Mutex<Duration>,
 }
 
-/// The last message of a logged model request (`Null` when it has none).
+/// The last message of a logged model request (`Null` when it has none), of either API (see
+/// [`messages`]).
 pub fn last_message(request: &Value) -> Value {
-    request["messages"]
-        .as_array()
-        .and_then(|m| m.last())
-        .cloned()
-        .unwrap_or(Value::Null)
+    messages(request).pop().unwrap_or(Value::Null)
+}
+
+/// The conversation of a logged model request as chat completions `messages`, whichever API
+/// sent it, so one scenario can check both: a chat completions request's `messages` as they
+/// are; a Responses API request's `instructions` as the system message, each `message` item
+/// as `{role, content}` (its text parts joined), each `function_call` as an assistant message
+/// with that one call in `tool_calls`, each `function_call_output` as `{role: "tool",
+/// tool_call_id, content}`. Other items (reasoning) are left out.
+pub fn messages(request: &Value) -> Vec<Value> {
+    if let Some(messages) = request["messages"].as_array() {
+        return messages.clone();
+    }
+    let mut out = Vec::new();
+    if let Some(instructions) = request["instructions"].as_str() {
+        out.push(serde_json::json!({"role": "system", "content": instructions}));
+    }
+    for item in request["input"].as_array().into_iter().flatten() {
+        match item["type"].as_str() {
+            Some("message") | None if item.get("role").is_some() => {
+                let content = match &item["content"] {
+                    Value::Array(parts) => Value::from(
+                        parts
+                            .iter()
+                            .filter_map(|p| p["text"].as_str())
+                            .collect::<String>(),
+                    ),
+                    other => other.clone(),
+                };
+                out.push(serde_json::json!({"role": item["role"], "content": content}));
+            }
+            Some("function_call") => out.push(serde_json::json!({
+                "role": "assistant", "content": null,
+                "tool_calls": [{"id": item["call_id"], "type": "function",
+                    "function": {"name": item["name"], "arguments": item["arguments"]}}],
+            })),
+            Some("function_call_output") => out.push(serde_json::json!({
+                "role": "tool", "tool_call_id": item["call_id"], "content": item["output"],
+            })),
+            _ => {}
+        }
+    }
+    out
 }
 
 /// The names of the tools a logged model request offered, in order: `function.name` of a chat

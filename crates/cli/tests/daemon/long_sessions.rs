@@ -25,6 +25,7 @@ use drover_protocol::client::{
 use drover_protocol::event::{EventPayload, SessionCompacted, SessionEvent, TurnEnd};
 use drover_protocol::ErrorReason;
 use drover_test_support::harness::{db_rows, db_value, script, OneSession};
+use drover_test_support::mock_model::messages;
 use drover_test_support::Reply;
 use serde_json::{json, Value};
 
@@ -222,7 +223,7 @@ async fn an_input_over_max_input_bytes_is_invalid_params_naming_text_and_not_adm
 
 /// Whether a model request is a summarisation request of a compaction.
 fn is_summary_request(request: &Value) -> bool {
-    request["messages"][0]["content"]
+    messages(request)[0]["content"]
         .as_str()
         .is_some_and(|c| c.starts_with("You are compacting"))
 }
@@ -410,9 +411,36 @@ async fn an_owner_killed_during_compaction_leaves_no_row_and_the_next_turn_compa
     assert!(!turn.to_string().contains(&format!("\"{lost_text}\"")));
 }
 
+/// A session whose endpoint speaks `api` (`[model] api`), streaming as `stream` says.
+async fn session_with_api(stream: bool, api: &str) -> OneSession {
+    OneSession::builder(bin())
+        .stream(stream)
+        .model_keys(&format!("api = \"{api}\""))
+        .start()
+        .await
+        .unwrap()
+}
+
+/// The path requests of `api` go to on the mock model.
+fn api_path(api: &str) -> &'static str {
+    match api {
+        "responses" => "/v1/responses",
+        _ => "/v1/chat/completions",
+    }
+}
+
 #[tokio::test]
 async fn a_context_length_exceeded_answer_compacts_and_retries_once() {
-    let mut s = OneSession::builder(bin()).start().await.unwrap();
+    context_length_exceeded_compacts_and_retries_once("chat").await;
+}
+
+#[tokio::test]
+async fn a_context_length_exceeded_answer_compacts_and_retries_once_on_the_responses_api() {
+    context_length_exceeded_compacts_and_retries_once("responses").await;
+}
+
+async fn context_length_exceeded_compacts_and_retries_once(api: &str) {
+    let mut s = session_with_api(true, api).await;
     let refuse = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let r = refuse.clone();
     s.model.set_responder(move |request| {
@@ -439,7 +467,7 @@ async fn a_context_length_exceeded_answer_compacts_and_retries_once() {
     assert_eq!(after.len(), 3, "refused, summarised, retried");
     assert!(is_summary_request(&after[1]));
     // The retry sends the summary for every earlier turn, then the input.
-    let retry = after[2]["messages"].as_array().unwrap();
+    let retry = messages(&after[2]);
     assert_eq!(retry.len(), 3, "{retry:?}");
     assert_eq!(retry[2]["content"], "turn 4");
     assert_eq!(compaction_rows(&s), 1);
@@ -466,6 +494,8 @@ async fn a_context_length_exceeded_answer_compacts_and_retries_once() {
         error.contains("tokens") && error.contains("bytes"),
         "{error}"
     );
+    let paths = s.model.request_paths();
+    assert!(paths.iter().all(|p| p == api_path(api)), "{paths:?}");
 }
 
 #[tokio::test]
@@ -514,9 +544,7 @@ async fn compact(s: &mut OneSession, input_id: Option<&str>) -> CompactionResult
 }
 
 fn contents(request: &Value) -> Vec<String> {
-    request["messages"]
-        .as_array()
-        .unwrap()
+    messages(request)
         .iter()
         .map(|m| m["content"].as_str().unwrap_or_default().to_string())
         .collect()
@@ -524,20 +552,25 @@ fn contents(request: &Value) -> Vec<String> {
 
 #[tokio::test]
 async fn session_compact_summarises_all_but_the_last_two_turns_on_demand() {
-    let mut s = OneSession::builder(bin())
-        .stream(false)
-        .start()
-        .await
-        .unwrap();
+    session_compact_summarises_all_but_the_last_two_turns("chat").await;
+}
+
+#[tokio::test]
+async fn session_compact_summarises_all_but_the_last_two_turns_on_the_responses_api() {
+    session_compact_summarises_all_but_the_last_two_turns("responses").await;
+}
+
+async fn session_compact_summarises_all_but_the_last_two_turns(api: &str) {
+    let mut s = session_with_api(false, api).await;
     s.model.set_responder(|request| {
-        let first = request["messages"][0]["content"].as_str().unwrap_or("");
+        let conversation = messages(request);
+        let first = conversation[0]["content"].as_str().unwrap_or("");
         if first.starts_with(SUMMARY_INSTRUCTION_START) {
             return Reply::text("SUMMARY of turns one and two").usage(300, 20, 320);
         }
         // "turn N" is answered "answer N".
-        let input = request["messages"]
-            .as_array()
-            .and_then(|m| m.last())
+        let input = conversation
+            .last()
             .and_then(|m| m["content"].as_str())
             .unwrap_or_default();
         Reply::text(input.replace("turn", "answer"))
@@ -681,6 +714,8 @@ async fn session_compact_summarises_all_but_the_last_two_turns_on_demand() {
         want.push(format!("answer {i}"));
     }
     assert_eq!(transcript, want);
+    let paths = s.model.request_paths();
+    assert!(paths.iter().all(|p| p == api_path(api)), "{paths:?}");
 }
 
 #[tokio::test]

@@ -16,6 +16,7 @@ use drover_test_support::harness::{assert_kinds_include, script};
 use drover_test_support::harness::{
     connections_of, db_rows, open_files, Client, Daemon, OneSession,
 };
+use drover_test_support::mock_model::messages;
 use drover_test_support::{Gate, Reply};
 use serde_json::{json, Value};
 
@@ -42,8 +43,15 @@ async fn setup_with(stream: bool, env: &[(&str, &str)]) -> OneSession {
     OneSession::start(bin(), stream, "", env).await.unwrap()
 }
 
-async fn terminal_turn_writes_the_transcript_usage_and_events(stream: bool) {
-    let mut s = setup(stream).await;
+/// The one terminal-call turn, its transcript, usage and events, with `api` (`[model] api`)
+/// as the endpoint's API.
+async fn terminal_turn_writes_the_transcript_usage_and_events(stream: bool, api: &str) {
+    let mut s = OneSession::builder(bin())
+        .stream(stream)
+        .model_keys(&format!("api = \"{api}\""))
+        .start()
+        .await
+        .unwrap();
     let gate = Gate::new();
     s.model.push(
         Reply::tool_call("call_1", "terminal", json!({"command": "printf X"})).usage(11, 3, 14),
@@ -159,19 +167,48 @@ async fn terminal_turn_writes_the_transcript_usage_and_events(stream: bool) {
     let resume: SessionSnapshot = typed(s.resume().await.unwrap());
     assert_eq!(resume.last_sequence, seqs.len() as u64);
 
-    // The model saw stream mode as configured.
+    // The model saw stream mode and the API as configured; the second request carried the
+    // call and its result back.
     let req = &s.model.requests()[0];
     assert_eq!(req["stream"].as_bool().unwrap_or(false), stream);
+    let path = match api {
+        "responses" => "/v1/responses",
+        _ => "/v1/chat/completions",
+    };
+    assert_eq!(s.model.request_paths(), [path, path]);
+    let second = messages(&s.model.requests()[1]);
+    let call = &second[second.len() - 2];
+    assert_eq!(call["tool_calls"][0]["id"], "call_1", "{second:?}");
+    assert_eq!(call["tool_calls"][0]["function"]["name"], "terminal");
+    let result = &second[second.len() - 1];
+    assert_eq!(
+        (&result["role"], &result["tool_call_id"]),
+        (&json!("tool"), &json!("call_1"))
+    );
+    assert!(
+        result["content"].as_str().unwrap().contains("\"X\""),
+        "{result}"
+    );
 }
 
 #[tokio::test]
 async fn terminal_turn_streaming() {
-    terminal_turn_writes_the_transcript_usage_and_events(true).await;
+    terminal_turn_writes_the_transcript_usage_and_events(true, "chat").await;
+}
+
+#[tokio::test]
+async fn terminal_turn_responses_api_streaming() {
+    terminal_turn_writes_the_transcript_usage_and_events(true, "responses").await;
+}
+
+#[tokio::test]
+async fn terminal_turn_responses_api_non_streaming() {
+    terminal_turn_writes_the_transcript_usage_and_events(false, "responses").await;
 }
 
 #[tokio::test]
 async fn terminal_turn_non_streaming() {
-    terminal_turn_writes_the_transcript_usage_and_events(false).await;
+    terminal_turn_writes_the_transcript_usage_and_events(false, "chat").await;
 }
 
 #[tokio::test]
