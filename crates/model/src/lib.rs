@@ -26,9 +26,12 @@
 //!   `responses_stream` assembles an answer from its events.
 //! - `model_client`: [`ModelClient`] sends a request with them, retries it, records the
 //!   `model.request` span ([`span_millis`]) and asks `GET /models` for the context window.
+//! - `transport`: the HTTP client's trust (bundled web roots, the platform's store with
+//!   `SSL_CERT_FILE` / `SSL_CERT_DIR`, `[model] ca_file`) and proxy (the environment's, or
+//!   `[model] proxy`): [`http_client_with`] and [`Transport`].
 //!
 //! Layers: `error` < `endpoint`, `chat_model`, `body`, `retry` < `chat_completions` < `stream_assembly` <
-//! `responses` < `responses_stream` < `model_client`.
+//! `responses` < `responses_stream` < `model_client`; `transport` < `model_client`.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), drover_model::ModelError> {
@@ -51,6 +54,7 @@ mod responses;
 mod responses_stream;
 mod retry;
 mod stream_assembly;
+mod transport;
 #[cfg(test)]
 mod responses_tests;
 #[cfg(test)]
@@ -60,3 +64,4 @@ pub use chat_model::{ChatModel, Completion, WindowLookup};
 pub use endpoint::ModelConfig;
 pub use error::ModelError;
 pub use model_client::{http_client, span_millis, HttpClient, ModelClient};
+pub use transport::{http_client_with, Transport};

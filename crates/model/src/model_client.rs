@@ -27,9 +27,7 @@ pub type HttpClient = reqwest::Client;
 /// own (each request sets `request_timeout`). Building it parses the TLS root store, the
 /// costliest step of a client, which is why it is its own step.
 pub fn http_client() -> Result<HttpClient, ModelError> {
-    reqwest::Client::builder()
-        .build()
-        .map_err(|e| ModelError::Config(format!("cannot build the HTTP client: {e}")))
+    crate::transport::http_client_with(&crate::transport::Transport::default())
 }
 
 /// The reqwest-based client.

@@ -1,0 +1,58 @@
+//! How the model's HTTP client reaches its endpoint: the certificate authorities it trusts and
+//! the proxy it goes through.
+//!
+//! Trust: the bundled web roots, plus the platform's store as `rustls-native-certs` finds it
+//! (`SSL_CERT_FILE` / `SSL_CERT_DIR` when set, else the system bundle), plus `[model] ca_file`.
+//! Proxies: `HTTPS_PROXY` / `HTTP_PROXY` / `ALL_PROXY` with `NO_PROXY` from the environment
+//! (reqwest reads them), unless `[model] proxy` names one, which then carries every request.
+
+use std::path::PathBuf;
+
+use crate::error::ModelError;
+use crate::model_client::HttpClient;
+
+/// What the daemon's `[model]` section adds to the environment's trust and proxies. The
+/// default (nothing) is what a spare builds before it knows its turn.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Transport {
+    /// `[model] ca_file`: one PEM bundle of certificate authorities trusted beside the others.
+    pub ca_file: Option<PathBuf>,
+    /// `[model] proxy`: the proxy every model request goes through, in place of the
+    /// environment's (`NO_PROXY` included).
+    pub proxy: Option<String>,
+}
+
+impl Transport {
+    /// Whether this adds nothing to the environment's trust and proxies, so a client built
+    /// without it serves.
+    pub fn is_default(&self) -> bool {
+        self.ca_file.is_none() && self.proxy.is_none()
+    }
+}
+
+/// The model's HTTP client with `transport`'s additions. A `ca_file` that cannot be read or
+/// holds no certificate, or a `proxy` that is not a URL, is a `Config` error naming the setting.
+pub fn http_client_with(transport: &Transport) -> Result<HttpClient, ModelError> {
+    let mut builder = reqwest::Client::builder();
+    if let Some(path) = &transport.ca_file {
+        let unusable =
+            |why: String| ModelError::Config(format!("[model] ca_file {}: {why}", path.display()));
+        let pem = std::fs::read(path).map_err(|e| unusable(format!("cannot read it: {e}")))?;
+        let certificates = reqwest::Certificate::from_pem_bundle(&pem)
+            .map_err(|e| unusable(format!("not a PEM certificate bundle: {e}")))?;
+        if certificates.is_empty() {
+            return Err(unusable("holds no PEM certificate".to_string()));
+        }
+        for certificate in certificates {
+            builder = builder.add_root_certificate(certificate);
+        }
+    }
+    if let Some(proxy) = &transport.proxy {
+        let proxy = reqwest::Proxy::all(proxy)
+            .map_err(|e| ModelError::Config(format!("[model] proxy {proxy:?}: {e}")))?;
+        builder = builder.proxy(proxy);
+    }
+    builder
+        .build()
+        .map_err(|e| ModelError::Config(format!("cannot build the HTTP client: {e}")))
+}
