@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use drover_agent::{run_compaction, run_turn, TurnReport, TurnSpec};
 use drover_external::{ExternalTurn, TurnEnd};
-use drover_model::{ModelClient, ModelConfig};
+use drover_model::{HttpClient, ModelClient, ModelConfig, ModelError, Transport};
 use drover_platform::{self as platform, ForegroundGroups};
 use drover_protocol::worker::{
     Bootstrap, ExecutionFinish, ExternalAgent, Operation, Policy, TurnOutcome, TurnResult,
@@ -274,7 +274,9 @@ async fn run_agent(
         Ok(registry) => registry,
         Err(e) => return setup_failed(&policy.model, format!("toolsets: {e}")),
     };
-    let client = match ModelClient::with_http(model_config(&policy), http) {
+    let client = match turn_http(&policy, http)
+        .and_then(|http| ModelClient::with_http(model_config(&policy), http))
+    {
         Ok(client) => client,
         Err(e) => return setup_failed(&policy.model, e.to_string()),
     };
@@ -388,6 +390,20 @@ pub fn model_config(policy: &Policy) -> ModelConfig {
         policy.model_settings,
         policy.api_key.as_ref(),
     )
+}
+
+/// The HTTP client of the turn: the prepared one (built from the daemon's environment before
+/// the bootstrap), or a new one when the policy's `[model] ca_file` or `proxy` add to it.
+fn turn_http(policy: &Policy, prepared: HttpClient) -> Result<HttpClient, ModelError> {
+    let transport = Transport {
+        ca_file: policy.ca_file.as_ref().map(PathBuf::from),
+        proxy: policy.proxy.clone(),
+    };
+    if transport.is_default() {
+        Ok(prepared)
+    } else {
+        drover_model::http_client_with(&transport)
+    }
 }
 
 /// [`model_config`] from the policy's model fields alone.
