@@ -28,13 +28,17 @@
 //!   `tests/agents/node_modules`, configured to talk only to a [`MockModel`], and the model
 //!   replies that call their shell tools ([`shell_call`]).
 //! - [`flip`]: a file flipped with a symlink while a tool opens it ([`flip::Flipper`]).
+//! - [`tls_front`]: a model endpoint behind TLS whose certificate comes from a CA made in the
+//!   test ([`tls_front::TestCa`], [`tls_front::TlsFront`] in front of a [`MockModel`]).
+//! - [`tinyproxy`]: a private tinyproxy, a real HTTP CONNECT proxy, with its log.
 //! - [`alone`]: a test that must be alone in its process (working directory, process-wide
 //!   sets, a panic hook) runs again as the only test of a child process of its test binary.
 //!
 //! Nothing here mocks a drover component: only the model is played.
 //!
-//! Layers: `mock_model`, `mcp_echo`, `wait`, `alone`, `flip` (leaves); `agents` (on
-//! `mock_model`); `harness` (on `wait`); `tmux`, `bench` and `acp` on top.
+//! Layers: `mock_model`, `mcp_echo`, `wait`, `alone`, `flip`, `tls_front`, `tinyproxy`
+//! (leaves); `agents` (on `mock_model`); `harness` (on `wait`); `tmux`, `bench` and `acp` on
+//! top.
 
 // Test code only: a helper that cannot set up its fixture (a port, a temporary folder, a
 // missing mosquitto) panics with a message, which fails the calling test.
@@ -49,6 +53,8 @@ pub mod harness;
 pub mod job_cli;
 pub mod mcp_echo;
 pub mod mock_model;
+pub mod tinyproxy;
+pub mod tls_front;
 pub mod tmux;
 pub mod wait;
 
