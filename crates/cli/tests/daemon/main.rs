@@ -1,8 +1,8 @@
 //! The daemon and its workers, end to end against the real `drover` binary: starting and
 //! stopping, the home's integrity, durable admissions and crash recovery, turns, liveness,
-//! spare and dying workers, hardening and chaos, telemetry. One binary, one module per
-//! concern; the chaos test installs a panic hook, so it runs alone in a child process
-//! ([`drover_test_support::alone`]).
+//! spare and dying workers, hardening and chaos, telemetry, model endpoints behind TLS and
+//! proxies. One binary, one module per concern; the chaos test installs a panic hook, so it
+//! runs alone in a child process ([`drover_test_support::alone`]).
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -13,6 +13,7 @@ mod hardening;
 mod integrity;
 mod liveness;
 mod long_sessions;
+mod model_endpoints;
 mod recovery;
 mod secrets;
 mod spare_worker;
