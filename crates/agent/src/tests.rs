@@ -645,6 +645,7 @@ async fn unknown_tool_gives_an_error_result() {
 async fn model_error_fails_the_turn_with_the_server_message() {
     let f = Fixture::new();
     let model = ScriptedModel::new(vec![Step::Fail(ModelError::Http {
+        request: "POST http://127.0.0.1:1/v1/chat/completions".into(),
         status: 400,
         message: "context length exceeded".into(),
     })]);

@@ -46,3 +46,23 @@ pub(crate) async fn read_all(
     }
     Ok(out)
 }
+
+/// The body's first `max` bytes (or all of it, if shorter), each wait bounded by `stall`; the
+/// rest is never read (the response is dropped, which closes its connection).
+pub(crate) async fn read_up_to(
+    response: reqwest::Response,
+    stall: Duration,
+    max: usize,
+) -> Result<Vec<u8>, BodyError> {
+    let mut body = std::pin::pin!(guarded(response, stall));
+    let mut out = Vec::new();
+    while out.len() < max {
+        let Some(chunk) = body.next().await else {
+            break;
+        };
+        let chunk = chunk?;
+        let chunk = chunk.as_ref();
+        out.extend_from_slice(&chunk[..chunk.len().min(max - out.len())]);
+    }
+    Ok(out)
+}

@@ -13,6 +13,7 @@ use drover_protocol::{
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::answer;
 use crate::{Completion, ModelError};
 
 /// The request body of `POST /chat/completions`.
@@ -371,31 +372,38 @@ pub(crate) struct DeltaFunction {
     pub arguments: Option<String>,
 }
 
-/// The message of a non-2xx body: OpenAI's `error.message` when the body has it, else the
-/// body text cut to about 2000 characters, else the status reason.
+/// The message of a non-2xx body: OpenAI's `error.message` when the body has it (cut to
+/// 1000 bytes), else the body on one line cut to a few hundred bytes, else the status reason;
+/// for a 404 or 405 that no API explained, the likely fix of `base_url` after it.
 pub(crate) fn http_error_message(status: reqwest::StatusCode, body: &str) -> String {
-    #[derive(Deserialize)]
-    struct ErrorBody {
-        error: Option<WireError>,
-        message: Option<String>,
-    }
-    if let Ok(parsed) = serde_json::from_str::<ErrorBody>(body) {
-        if let Some(error) = parsed.error {
-            return error.message();
-        }
-        if let Some(message) = parsed.message {
-            return message;
-        }
+    if let Some(message) = api_error_message(body) {
+        return answer::cut(&message, 1000);
     }
     let body = body.trim();
-    if body.is_empty() {
+    let message = if body.is_empty() {
         status
             .canonical_reason()
             .unwrap_or("no reason given")
             .to_string()
     } else {
-        truncate(body, 2000)
+        answer::excerpt(body)
+    };
+    match answer::no_api_here(status.as_u16()) {
+        Some(fix) => format!("{message}; {fix}"),
+        None => message,
     }
+}
+
+/// The error message of an OpenAI-style error body (`{"error": {"message"}}`, `{"error":
+/// "..."}` or `{"message"}`), if the body is one.
+fn api_error_message(body: &str) -> Option<String> {
+    #[derive(Deserialize)]
+    struct ErrorBody {
+        error: Option<WireError>,
+        message: Option<String>,
+    }
+    let parsed = serde_json::from_str::<ErrorBody>(body).ok()?;
+    parsed.error.map(|error| error.message()).or(parsed.message)
 }
 
 /// Whether an error answer says the request is over the model's context window: HTTP 400 (or
@@ -514,7 +522,27 @@ mod tests {
         assert_eq!(http_error_message(status, "plain text\n"), "plain text");
         assert_eq!(http_error_message(status, ""), "Bad Request");
         let long = "x".repeat(5000);
-        assert!(http_error_message(status, &long).len() < 2100);
+        assert!(http_error_message(status, &long).len() < 400);
+        let long = format!(r#"{{"error":{{"message":"{}"}}}}"#, "y".repeat(5000));
+        assert!(http_error_message(status, &long).len() < 1100);
+    }
+
+    #[test]
+    fn a_404_or_405_without_an_api_error_points_at_base_url() {
+        let not_found = reqwest::StatusCode::NOT_FOUND;
+        let message = http_error_message(not_found, "");
+        assert!(message.starts_with("Not Found; "), "{message}");
+        assert!(message.contains("usually ends in /v1"), "{message}");
+        let message = http_error_message(
+            reqwest::StatusCode::METHOD_NOT_ALLOWED,
+            "Method Not Allowed",
+        );
+        assert!(message.contains("usually ends in /v1"), "{message}");
+        // An API's own 404 (an unknown model) is the API answering: no URL advice.
+        assert_eq!(
+            http_error_message(not_found, r#"{"error":{"message":"no model m"}}"#),
+            "no model m"
+        );
     }
 
     #[test]

@@ -29,11 +29,19 @@ pub struct ModelConfig {
     pub retry_base_delay: Duration,
     /// The API spoken: Chat Completions (`/chat/completions`) or Responses (`/responses`).
     pub api: ModelApi,
+    /// How long opening a connection (TCP and TLS) may take. The HTTP client's builder
+    /// carries it (reqwest has no per-request connect bound).
+    pub connect_timeout: Duration,
+    /// How long a streamed request may wait for its response's first byte (its headers),
+    /// connecting included. A first-byte timeout is not retried. A non-stream request's
+    /// headers come with the whole answer, so only `request_timeout` bounds them.
+    pub first_byte_timeout: Duration,
 }
 
 impl ModelConfig {
     /// The default settings ([`ModelSettings::default`]: stream on, 600 s timeout, 3
-    /// retries, 120 s stall bound), retries from 500 ms.
+    /// retries, 120 s stall bound, 10 s to connect, 60 s to the first byte), retries from
+    /// 500 ms.
     pub fn new(base_url: impl Into<String>, model: impl Into<String>) -> Self {
         ModelConfig::with_settings(base_url, model, ModelSettings::default())
     }
@@ -54,6 +62,8 @@ impl ModelConfig {
             stall_timeout: settings.stall_timeout(),
             retry_base_delay: Duration::from_millis(500),
             api: settings.api,
+            connect_timeout: settings.connect_timeout(),
+            first_byte_timeout: settings.first_byte_timeout(),
         }
     }
 }
@@ -71,6 +81,8 @@ impl fmt::Debug for ModelConfig {
             .field("stall_timeout", &self.stall_timeout)
             .field("retry_base_delay", &self.retry_base_delay)
             .field("api", &self.api)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("first_byte_timeout", &self.first_byte_timeout)
             .finish()
     }
 }

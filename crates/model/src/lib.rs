@@ -16,7 +16,10 @@
 //! Main types: [`ModelClient`] (the reqwest client) behind the [`ChatModel`] trait,
 //! [`ModelConfig`], [`Completion`] and [`ModelError`]. Modules:
 //!
-//! - `error`: [`ModelError`] and its spec reason word.
+//! - `error`: [`ModelError`] (each names the request it failed: `POST {url}`) and its spec
+//!   reason word.
+//! - `answer`: what an answer that is not the API's says (an HTML page, a path with no API),
+//!   and bodies cut to a few hundred bytes.
 //! - `endpoint`: [`ModelConfig`] and the URLs made from its `base_url`.
 //! - `chat_model`: the [`ChatModel`] trait, [`Completion`] and [`WindowLookup`].
 //! - `chat_completions` maps drover's chat types to the OpenAI JSON, `stream_assembly` assembles a completion from
@@ -30,7 +33,7 @@
 //!   `SSL_CERT_FILE` / `SSL_CERT_DIR`, `[model] ca_file`) and proxy (the environment's, or
 //!   `[model] proxy`): [`http_client_with`] and [`Transport`].
 //!
-//! Layers: `error` < `endpoint`, `chat_model`, `body`, `retry` < `chat_completions` < `stream_assembly` <
+//! Layers: `error` < `answer` < `chat_completions`; `error` < `endpoint`, `chat_model`, `body`, `retry` < `chat_completions` < `stream_assembly` <
 //! `responses` < `responses_stream` < `model_client`; `transport` < `model_client`.
 //!
 //! ```no_run
@@ -44,6 +47,7 @@
 //! # Ok(()) }
 //! ```
 
+mod answer;
 mod body;
 mod chat_completions;
 mod chat_model;

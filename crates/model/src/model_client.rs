@@ -1,6 +1,7 @@
 //! The reqwest-based [`ModelClient`]: one request (stream or JSON body), retries with backoff,
 //! the `model.request` span, and the context window lookup.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -10,6 +11,7 @@ use futures::StreamExt;
 use reqwest::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE};
 use serde_json::Value;
 
+use crate::answer;
 use crate::body::{self, BodyError};
 use crate::chat_completions;
 use crate::chat_model::{ChatModel, Completion, WindowLookup};
@@ -112,29 +114,40 @@ impl ModelClient {
         // A stream's headers come at once from a live server; a JSON body's may take as long
         // as the whole completion, so only the whole-request timeout bounds them.
         let response = if self.config.stream {
-            tokio::time::timeout(stall, request.send())
+            let first_byte = self.config.first_byte_timeout;
+            tokio::time::timeout(first_byte, request.send())
                 .await
-                .map_err(|_| ModelError::Stalled(stall))?
+                .map_err(|_| ModelError::NoAnswer {
+                    request: self.request_name(),
+                    after: first_byte,
+                })?
         } else {
             request.send().await
         }
         .map_err(|e| self.request_error(e))?;
 
         let status = response.status();
+        let content_type = response
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_ascii_lowercase();
         if !status.is_success() {
             let retry_after = retry::retry_after(status, response.headers());
             // The status alone still tells what happened if the body cannot be read.
-            let text = body::read_all(response, stall)
+            let bytes = body::read_up_to(response, stall, answer::ERROR_BODY_MAX)
                 .await
-                .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
                 .unwrap_or_default();
-            let message = chat_completions::http_error_message(status, &text);
-            let error = if chat_completions::is_context_exceeded(status, &text) {
-                ModelError::ContextExceeded(message)
+            let error = if answer::is_html(&content_type, &bytes) {
+                self.http_error(status, answer::html_message(&content_type, &bytes))
             } else {
-                ModelError::Http {
-                    status: status.as_u16(),
-                    message,
+                let text = String::from_utf8_lossy(&bytes);
+                let message = chat_completions::http_error_message(status, &text);
+                if chat_completions::is_context_exceeded(status, &text) {
+                    ModelError::ContextExceeded(message)
+                } else {
+                    self.http_error(status, message)
                 }
             };
             return Err(Failure {
@@ -143,13 +156,15 @@ impl ModelClient {
                 shown: false,
             });
         }
-
-        let content_type = response
-            .headers()
-            .get(CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .to_ascii_lowercase();
+        // A web page where the API should be (a wrong path on a web server, a login page): not
+        // an empty event stream, and not unparsable JSON either.
+        if answer::is_html(&content_type, b"") {
+            let bytes = body::read_up_to(response, stall, answer::EXCERPT_BYTES * 4)
+                .await
+                .unwrap_or_default();
+            let message = answer::html_message(&content_type, &bytes);
+            return Err(self.http_error(status, message).into());
+        }
         // Servers that ignore `stream` answer JSON, and proxies may relabel an event stream:
         // only an explicit content type overrides what was asked for.
         let is_events = if self.config.stream {
@@ -172,6 +187,10 @@ impl ModelClient {
         let bytes = body::read_all(response, stall)
             .await
             .map_err(|e| self.body_error(e))?;
+        if answer::is_html(&content_type, &bytes) {
+            let message = answer::html_message(&content_type, &bytes);
+            return Err(self.http_error(status, message).into());
+        }
         let completion = match self.config.api {
             ModelApi::Chat => chat_completions::parse_completion(&bytes)?,
             ModelApi::Responses => responses::parse_response(&bytes)?.keep(&self.reasoning),
@@ -192,11 +211,29 @@ impl ModelClient {
         on_delta: &mut (dyn FnMut(&str) + Send),
         mut assembly: impl EventAssembly,
     ) -> Result<Completion, Failure> {
-        let mut events =
-            std::pin::pin!(body::guarded(response, self.config.stall_timeout).eventsource());
+        let status = response.status();
+        let content_type = response
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        // The body's start, kept so a "stream" that carried no event can say what it was.
+        let start = Arc::new(Mutex::new(Vec::new()));
+        let keep = Arc::clone(&start);
+        let body = body::guarded(response, self.config.stall_timeout).inspect(move |chunk| {
+            if let (Ok(chunk), Ok(mut start)) = (chunk, keep.lock()) {
+                let room = answer::EXCERPT_BYTES.saturating_sub(start.len());
+                let chunk = chunk.as_ref();
+                start.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            }
+        });
+        let mut events = std::pin::pin!(body.eventsource());
         let mut shown = false;
         let mut done = false;
+        let mut any_event = false;
         while let Some(event) = events.next().await {
+            any_event |= event.is_ok();
             let step = match event {
                 Ok(event) => assembly.push(&event.data, &mut |piece: &str| {
                     shown = true;
@@ -226,8 +263,23 @@ impl ModelClient {
             }
         }
         if !done && !assembly.finished() {
+            let start = start.lock().map(|s| s.clone()).unwrap_or_default();
+            let error = if !any_event && answer::is_html(&content_type, &start) {
+                self.http_error(status, answer::html_message(&content_type, &start))
+            } else if !any_event && !start.is_empty() {
+                let label = match content_type.as_str() {
+                    "" => "no content type",
+                    label => label,
+                };
+                ModelError::Protocol(format!(
+                    "the answer ({label}) carried no server-sent event; it starts: {}",
+                    answer::excerpt(&String::from_utf8_lossy(&start))
+                ))
+            } else {
+                assembly.unfinished()
+            };
             return Err(Failure {
-                error: assembly.unfinished(),
+                error,
                 retry_after: None,
                 shown,
             });
@@ -239,21 +291,50 @@ impl ModelClient {
     fn body_error(&self, error: BodyError) -> ModelError {
         match error {
             BodyError::Transport(e) => self.request_error(e),
-            BodyError::Stalled => ModelError::Stalled(self.config.stall_timeout),
+            BodyError::Stalled => ModelError::Stalled {
+                request: self.request_name(),
+                after: self.config.stall_timeout,
+            },
         }
     }
 
-    /// Maps a reqwest failure; the message names the endpoint and the cause, never the key.
-    fn request_error(&self, error: reqwest::Error) -> ModelError {
-        if error.is_timeout() {
-            return ModelError::Timeout(self.config.request_timeout);
-        }
-        // A base URL may carry credentials; they stay out of messages and logs.
+    /// `POST {url}`, as every error of a request names it. A base URL may carry credentials;
+    /// they stay out of messages and logs.
+    fn request_name(&self) -> String {
         let mut endpoint = self.endpoint.clone();
         let _ = endpoint.set_password(None);
         let _ = endpoint.set_username("");
+        format!("POST {endpoint}")
+    }
+
+    /// An answer with `status` that is not the API's.
+    fn http_error(&self, status: reqwest::StatusCode, message: String) -> ModelError {
+        ModelError::Http {
+            request: self.request_name(),
+            status: status.as_u16(),
+            message,
+        }
+    }
+
+    /// Maps a reqwest failure; the message names the request and the cause, never the key.
+    fn request_error(&self, error: reqwest::Error) -> ModelError {
+        if error.is_timeout() {
+            let request = self.request_name();
+            // reqwest's connect bound fails the connect; its whole-request bound anything.
+            return if error.is_connect() {
+                ModelError::ConnectTimeout {
+                    request,
+                    after: self.config.connect_timeout,
+                }
+            } else {
+                ModelError::Timeout {
+                    request,
+                    after: self.config.request_timeout,
+                }
+            };
+        }
         let error = error.without_url();
-        let mut message = format!("{endpoint}: {error}");
+        let mut message = format!("{}: {error}", self.request_name());
         // reqwest's own message is generic ("error sending request"); the cause is below it.
         let mut source = std::error::Error::source(&error);
         while let Some(cause) = source {
@@ -354,11 +435,13 @@ impl ModelClient {
                 responses::request_body(model, messages, tools, stream, &self.reasoning)?
             }
         };
+        let request = self.request_name();
         loop {
-            let failure = match self.attempt(&body, on_delta).await {
+            let mut failure = match self.attempt(&body, on_delta).await {
                 Ok(completion) => return Ok(completion),
                 Err(failure) => failure,
             };
+            failure.error = failure.error.naming(&request);
             // Shown text cannot be taken back, so a retry would show it twice.
             if failure.shown
                 || *retries >= self.config.max_retries

@@ -1,5 +1,7 @@
 //! Which failures are retried, and how long to wait first (SPEC section 5: timeouts, 429 and
-//! 5xx are retried with bounded backoff; other 4xx are not).
+//! 5xx are retried with bounded backoff; other 4xx are not). An endpoint that took the
+//! request and never answered within `first_byte_timeout` is not retried: each retry would
+//! wait as long again, and the turn must fail within that bound (docs/decisions.md).
 
 use std::time::Duration;
 
@@ -31,13 +33,20 @@ impl From<ModelError> for Failure {
     }
 }
 
-/// Connection errors, timeouts, stalls, 429 and 5xx may succeed on another try; nothing else
-/// will.
+/// Connection errors (a connect timeout included), whole-request timeouts, stalls, 429 and
+/// 5xx may succeed on another try; nothing else will, and an endpoint that never answered is
+/// not waited for twice.
 pub(crate) fn is_retryable(error: &ModelError) -> bool {
     match error {
         ModelError::Http { status, .. } => *status == 429 || (500..600).contains(status),
-        ModelError::Timeout(_) | ModelError::Stalled(_) | ModelError::Transport(_) => true,
-        ModelError::Protocol(_) | ModelError::Config(_) | ModelError::ContextExceeded(_) => false,
+        ModelError::Timeout { .. }
+        | ModelError::ConnectTimeout { .. }
+        | ModelError::Stalled { .. }
+        | ModelError::Transport(_) => true,
+        ModelError::NoAnswer { .. }
+        | ModelError::Protocol(_)
+        | ModelError::Config(_)
+        | ModelError::ContextExceeded(_) => false,
     }
 }
 
@@ -109,17 +118,25 @@ mod tests {
     #[test]
     fn only_transient_failures_are_retryable() {
         let http = |status| ModelError::Http {
+            request: "POST http://m/v1/chat/completions".into(),
             status,
             message: String::new(),
         };
+        let bound = |after| (String::from("POST http://m"), Duration::from_secs(after));
         assert!(is_retryable(&http(429)));
         assert!(is_retryable(&http(500)));
         assert!(is_retryable(&http(503)));
         assert!(!is_retryable(&http(400)));
         assert!(!is_retryable(&http(401)));
         assert!(!is_retryable(&http(404)));
-        assert!(is_retryable(&ModelError::Timeout(Duration::from_secs(1))));
-        assert!(is_retryable(&ModelError::Stalled(Duration::from_secs(1))));
+        let (request, after) = bound(1);
+        assert!(is_retryable(&ModelError::Timeout { request, after }));
+        let (request, after) = bound(1);
+        assert!(is_retryable(&ModelError::Stalled { request, after }));
+        let (request, after) = bound(10);
+        assert!(is_retryable(&ModelError::ConnectTimeout { request, after }));
+        let (request, after) = bound(60);
+        assert!(!is_retryable(&ModelError::NoAnswer { request, after }));
         assert!(is_retryable(&ModelError::Transport("reset".into())));
         assert!(!is_retryable(&ModelError::Protocol("bad json".into())));
     }

@@ -1,4 +1,5 @@
-//! The client against a real loopback HTTP server ([`MockModel`]) that plays the model.
+//! The client against a real loopback HTTP server ([`MockModel`]) that plays the model;
+//! `errors`: what a failed request says.
 
 // Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -9,6 +10,8 @@ use crate::{ChatModel, Completion, ModelClient, ModelConfig, ModelError};
 use drover_protocol::{ChatMessage, FunctionCall, Role, ToolCall, Usage};
 use drover_test_support::{Gate, MockModel, Reply};
 use serde_json::{json, Value};
+
+mod errors;
 
 /// Every wait in these tests is bounded by this.
 const WAIT: Duration = Duration::from_secs(20);
@@ -343,6 +346,7 @@ async fn retries_stop_after_max_retries_with_the_last_error() {
         ModelError::Http {
             status: 503,
             message,
+            ..
         } => assert_eq!(message, "overloaded"),
         other => panic!("expected HTTP 503, got {other:?}"),
     }
@@ -358,6 +362,7 @@ async fn client_error_is_not_retried_and_carries_the_server_message() {
         ModelError::Http {
             status: 400,
             message,
+            ..
         } => {
             assert_eq!(message, "model `nope` does not exist")
         }
@@ -432,7 +437,7 @@ async fn a_stream_that_sends_headers_then_nothing_stalls_on_every_attempt() {
     let (done, deltas) = chat(&stalling_client(&mock, true, stall), &user("hi"), &[]).await;
     let err = done.expect_err("stalled");
     assert!(
-        matches!(err, ModelError::Stalled(t) if t == stall),
+        matches!(err, ModelError::Stalled { after, .. } if after == stall),
         "{err:?}"
     );
     assert_eq!(err.reason(), "model_stalled");
@@ -448,7 +453,7 @@ async fn a_json_body_that_stalls_after_its_headers_is_stalled() {
     let mock = MockModel::start().await;
     let client = stalling_client(&mock, false, Duration::from_millis(300));
     let err = fails_every_attempt(&mock, &client, Reply::stall()).await;
-    assert!(matches!(err, ModelError::Stalled(_)), "{err:?}");
+    assert!(matches!(err, ModelError::Stalled { .. }), "{err:?}");
 }
 
 #[tokio::test]
@@ -476,7 +481,7 @@ async fn a_stream_that_stalls_after_showing_text_is_not_retried() {
     let client = stalling_client(&mock, true, Duration::from_millis(300));
     let stalled = Reply::text("half an answer").stall_after_text();
     let err = not_retried_after_text(&mock, &client, stalled).await;
-    assert!(matches!(err, ModelError::Stalled(_)), "{err:?}");
+    assert!(matches!(err, ModelError::Stalled { .. }), "{err:?}");
 }
 
 #[tokio::test]
@@ -490,7 +495,7 @@ async fn reply_held_past_request_timeout_is_a_timeout() {
     let client = ModelClient::new(config).expect("valid config");
     let (done, _) = chat(&client, &user("hi"), &[]).await;
     assert!(
-        matches!(done, Err(ModelError::Timeout(t)) if t == Duration::from_millis(200)),
+        matches!(done, Err(ModelError::Timeout { after, .. }) if after == Duration::from_millis(200)),
         "{done:?}"
     );
     assert!(gate.wait_reached(WAIT).await);

@@ -326,6 +326,13 @@ enum ReplyBody {
     DropConnection,
     /// `200` headers, then not one byte until the server stops.
     Stall,
+    /// Any status, content type and body: what a web server or proxy answers in the API's
+    /// place.
+    Raw {
+        status: u16,
+        content_type: String,
+        body: String,
+    },
 }
 
 impl Reply {
@@ -380,6 +387,16 @@ impl Reply {
         Reply::new(ReplyBody::Error {
             status,
             message: message.into(),
+        })
+    }
+
+    /// Answers `status` with `body` labelled `content_type` (empty: no `content-type`), e.g. a
+    /// web server's HTML page where the API should be.
+    pub fn raw(status: u16, content_type: impl Into<String>, body: impl Into<String>) -> Reply {
+        Reply::new(ReplyBody::Raw {
+            status,
+            content_type: content_type.into(),
+            body: body.into(),
         })
     }
 
@@ -603,6 +620,21 @@ async fn serve(
     let mut response = match &reply.body {
         ReplyBody::Error { status, message } => error_response(*status, message),
         ReplyBody::DropConnection => broken_body(Vec::new()),
+        ReplyBody::Raw {
+            status,
+            content_type,
+            body,
+        } => {
+            let status = StatusCode::from_u16(*status).unwrap_or(StatusCode::OK);
+            let mut response = (status, body.clone()).into_response();
+            response.headers_mut().remove(header::CONTENT_TYPE);
+            if let Ok(value) = HeaderValue::try_from(content_type.as_str()) {
+                if !content_type.is_empty() {
+                    response.headers_mut().insert(header::CONTENT_TYPE, value);
+                }
+            }
+            response
+        }
         ReplyBody::Stall => stalled_body(Vec::new(), is_stream(&request), stop),
         ReplyBody::Answer { text, calls } if matches!(api, Api::Responses) => {
             responses::answer(&reply, text, calls, &request, stop)
