@@ -5,8 +5,13 @@
 //! (`SSL_CERT_FILE` / `SSL_CERT_DIR` when set, else the system bundle), plus `[model] ca_file`.
 //! Proxies: `HTTPS_PROXY` / `HTTP_PROXY` / `ALL_PROXY` with `NO_PROXY` from the environment
 //! (reqwest reads them), unless `[model] proxy` names one, which then carries every request.
+//! Connecting: `[model] connect_timeout_s` bounds TCP and TLS (reqwest sets it per client, not
+//! per request).
 
 use std::path::PathBuf;
+use std::time::Duration;
+
+use drover_protocol::ModelSettings;
 
 use crate::error::ModelError;
 use crate::model_client::HttpClient;
@@ -20,20 +25,29 @@ pub struct Transport {
     /// `[model] proxy`: the proxy every model request goes through, in place of the
     /// environment's (`NO_PROXY` included).
     pub proxy: Option<String>,
+    /// `[model] connect_timeout_s` as a bound; `None` is the default (10 s).
+    pub connect_timeout: Option<Duration>,
 }
 
 impl Transport {
     /// Whether this adds nothing to the environment's trust and proxies, so a client built
     /// without it serves.
     pub fn is_default(&self) -> bool {
-        self.ca_file.is_none() && self.proxy.is_none()
+        self.ca_file.is_none()
+            && self.proxy.is_none()
+            && self
+                .connect_timeout
+                .is_none_or(|t| t == default_connect_timeout())
     }
 }
 
 /// The model's HTTP client with `transport`'s additions. A `ca_file` that cannot be read or
 /// holds no certificate, or a `proxy` that is not a URL, is a `Config` error naming the setting.
 pub fn http_client_with(transport: &Transport) -> Result<HttpClient, ModelError> {
-    let mut builder = reqwest::Client::builder();
+    let connect_timeout = transport
+        .connect_timeout
+        .unwrap_or_else(default_connect_timeout);
+    let mut builder = reqwest::Client::builder().connect_timeout(connect_timeout);
     if let Some(path) = &transport.ca_file {
         let unusable =
             |why: String| ModelError::Config(format!("[model] ca_file {}: {why}", path.display()));
@@ -55,4 +69,9 @@ pub fn http_client_with(transport: &Transport) -> Result<HttpClient, ModelError>
     builder
         .build()
         .map_err(|e| ModelError::Config(format!("cannot build the HTTP client: {e}")))
+}
+
+/// `[model] connect_timeout_s`'s default, the bound of a client built before its turn.
+fn default_connect_timeout() -> Duration {
+    ModelSettings::default().connect_timeout()
 }

@@ -393,11 +393,13 @@ pub fn model_config(policy: &Policy) -> ModelConfig {
 }
 
 /// The HTTP client of the turn: the prepared one (built from the daemon's environment before
-/// the bootstrap), or a new one when the policy's `[model] ca_file` or `proxy` add to it.
+/// the bootstrap), or a new one when the policy's `[model] ca_file` or `proxy` add to it or its
+/// `connect_timeout_s` is not the default.
 fn turn_http(policy: &Policy, prepared: HttpClient) -> Result<HttpClient, ModelError> {
     let transport = Transport {
         ca_file: policy.ca_file.as_ref().map(PathBuf::from),
         proxy: policy.proxy.clone(),
+        connect_timeout: Some(policy.model_settings.connect_timeout()),
     };
     if transport.is_default() {
         Ok(prepared)
