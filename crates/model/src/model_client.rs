@@ -429,18 +429,27 @@ impl ModelClient {
         retries: &mut u32,
     ) -> Result<Completion, ModelError> {
         let (model, stream) = (&self.config.model, self.config.stream);
-        let body = match self.config.api {
-            ModelApi::Chat => chat_completions::request_body(model, messages, tools, stream)?,
+        let body_of = || match self.config.api {
+            ModelApi::Chat => chat_completions::request_body(model, messages, tools, stream),
             ModelApi::Responses => {
-                responses::request_body(model, messages, tools, stream, &self.reasoning)?
+                responses::request_body(model, messages, tools, stream, &self.reasoning)
             }
         };
+        let mut body = body_of()?;
         let request = self.request_name();
         loop {
             let mut failure = match self.attempt(&body, on_delta).await {
                 Ok(completion) => return Ok(completion),
                 Err(failure) => failure,
             };
+            // A model without reasoning refuses to be asked for it: asked once more without,
+            // which is not a retry of a failure.
+            if self.config.api == ModelApi::Responses
+                && self.reasoning.refused_include(&failure.error)
+            {
+                body = body_of()?;
+                continue;
+            }
             failure.error = failure.error.naming(&request);
             // Shown text cannot be taken back, so a retry would show it twice.
             if failure.shown

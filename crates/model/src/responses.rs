@@ -18,6 +18,7 @@
 //! (`responses_stream`), parsed leniently like the chat completions path.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use drover_protocol::{ChatMessage, Role, ToolCall};
@@ -32,6 +33,10 @@ use crate::{Completion, ModelError};
 #[derive(Debug, Clone, Default)]
 pub(crate) struct ReasoningItems {
     by_call: Arc<Mutex<HashMap<String, Vec<Value>>>>,
+    /// The endpoint refused `include: ["reasoning.encrypted_content"]` (a model without
+    /// reasoning, on OpenAI: "Encrypted content is not supported with this model"): the turn's
+    /// requests no longer ask for it.
+    refused: Arc<AtomicBool>,
 }
 
 impl ReasoningItems {
@@ -41,13 +46,41 @@ impl ReasoningItems {
     }
 
     /// Keeps the reasoning items of `completion` (a reply that called tools; a reply that only
-    /// answers ends the turn, so its reasoning is never sent back).
-    pub fn remember(&self, completion: &Completion, items: Vec<Value>) {
+    /// answers ends the turn, so its reasoning is never sent back). Only items with their
+    /// `encrypted_content` are kept: with `store: false` nothing else can stand for them.
+    pub fn remember(&self, completion: &Completion, mut items: Vec<Value>) {
         let Some(first) = completion.message.tool_calls.first() else {
             return;
         };
+        items.retain(|item| item.get("encrypted_content").is_some_and(Value::is_string));
         if !items.is_empty() {
             self.lock().insert(first.id.clone(), items);
+        }
+    }
+
+    /// Whether `error` is the endpoint refusing to return encrypted reasoning. The first time,
+    /// the turn stops asking for it and the request is to be sent again without it.
+    pub fn refused_include(&self, error: &ModelError) -> bool {
+        let ModelError::Http {
+            status: 400,
+            message,
+            ..
+        } = error
+        else {
+            return false;
+        };
+        let message = message.to_ascii_lowercase();
+        let refused =
+            message.contains("encrypted content") || message.contains("encrypted_content");
+        refused && !self.refused.swap(true, Ordering::Relaxed)
+    }
+
+    /// The `include` of a request: encrypted reasoning, unless the endpoint refused it.
+    fn include(&self) -> &'static [&'static str] {
+        if self.refused.load(Ordering::Relaxed) {
+            &[]
+        } else {
+            &["reasoning.encrypted_content"]
         }
     }
 
@@ -70,6 +103,7 @@ struct ResponsesRequest<'a> {
     /// drover keeps the conversation; the server need not (and `store: false` is what lets a
     /// zero-data-retention account use the API at all).
     store: bool,
+    #[serde(skip_serializing_if = "<[&str]>::is_empty")]
     include: &'static [&'static str],
 }
 
@@ -214,7 +248,7 @@ pub(crate) fn request_body(
         tools: tools.iter().map(responses_tool).collect::<Result<_, _>>()?,
         stream,
         store: false,
-        include: &["reasoning.encrypted_content"],
+        include: reasoning.include(),
     };
     serde_json::to_vec(&request)
         .map_err(|e| ModelError::Config(format!("cannot serialise the request body: {e}")))

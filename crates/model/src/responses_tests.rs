@@ -197,3 +197,43 @@ async fn a_stream_cut_before_completed_fails() {
     assert!(done.is_err(), "{done:?}");
     assert_eq!(deltas.concat(), "half an answer");
 }
+
+#[tokio::test]
+async fn a_model_that_refuses_encrypted_reasoning_is_asked_again_without_it() {
+    let mock = MockModel::start().await;
+    mock.push(Reply::error(
+        400,
+        "Encrypted content is not supported with this model.",
+    ));
+    mock.push(Reply::tool_call("c1", "terminal", json!({"command": "ls"})));
+    mock.push(Reply::text("done"));
+    let mut config = ModelConfig::new(mock.base_url(), "test-model");
+    config.api = ModelApi::Responses;
+    // Not a retry: it works with none allowed.
+    config.max_retries = 0;
+    let client = ModelClient::new(config).expect("valid config");
+    let mut messages = conversation("hi");
+    let (first, _) = chat(&client, &messages, &[]).await;
+    let first = first.expect("asked again without encrypted reasoning");
+    messages.push(first.message);
+    messages.push(ChatMessage::tool_result("c1", "terminal", "a b"));
+    let (second, _) = chat(&client, &messages, &[]).await;
+    assert_eq!(
+        second.expect("answer").message.content.as_deref(),
+        Some("done")
+    );
+    let includes: Vec<Value> = mock
+        .requests()
+        .iter()
+        .map(|r| r["include"].clone())
+        .collect();
+    // The turn's later requests do not ask again.
+    assert_eq!(
+        includes,
+        [
+            json!(["reasoning.encrypted_content"]),
+            Value::Null,
+            Value::Null
+        ]
+    );
+}
