@@ -89,6 +89,9 @@ struct Shared {
     /// The time spent handling chat requests: parsing, logging, choosing the reply and building
     /// the response (gates and delays not included).
     busy: Mutex<Duration>,
+    /// A handle on each accepted connection (a duplicate of its socket), so a test counts them
+    /// and can close them as a server's idle timeout does.
+    connections: Mutex<Vec<std::net::TcpStream>>,
 }
 
 /// The last message of a logged model request (`Null` when it has none), of either API (see
@@ -184,6 +187,7 @@ impl MockModel {
             models_asked: Mutex::new(0),
             keep_requests: AtomicBool::new(true),
             busy: Mutex::new(Duration::ZERO),
+            connections: Mutex::new(Vec::new()),
         });
         let app = Router::new()
             .route("/v1/chat/completions", post(chat_completions))
@@ -196,6 +200,13 @@ impl MockModel {
             .layer(axum::extract::DefaultBodyLimit::max(REQUEST_BODY_LIMIT))
             .with_state(Arc::clone(&shared));
         let mut stop = shared.shutdown.subscribe();
+        let accepted = Arc::clone(&shared);
+        let listener = axum::serve::ListenerExt::tap_io(listener, move |stream| {
+            use std::os::fd::AsFd;
+            if let Ok(fd) = stream.as_fd().try_clone_to_owned() {
+                lock(&accepted.connections).push(std::net::TcpStream::from(fd));
+            }
+        });
         tokio::spawn(async move {
             let signal = async move {
                 let _ = stop.wait_for(|stopped| *stopped).await;
@@ -216,6 +227,19 @@ impl MockModel {
     /// How many `GET /models` requests came.
     pub fn models_asked(&self) -> usize {
         *lock(&self.shared.models_asked)
+    }
+
+    /// How many TCP connections the server accepted.
+    pub fn connections_accepted(&self) -> usize {
+        lock(&self.shared.connections).len()
+    }
+
+    /// Closes every connection accepted so far (both directions), as a server whose idle
+    /// timeout passed: the client reads the end of its stream. Call it when none is in use.
+    pub fn close_connections(&self) {
+        for stream in lock(&self.shared.connections).iter() {
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+        }
     }
 
     /// `http://127.0.0.1:<port>/v1`
