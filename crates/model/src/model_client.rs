@@ -2,7 +2,7 @@
 //! the `model.request` span, and the context window lookup.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use drover_protocol::{ChatMessage, ModelApi};
@@ -43,6 +43,10 @@ pub struct ModelClient {
     authorization: Option<HeaderValue>,
     /// The Responses API's reasoning items of this turn, sent back in its later requests.
     reasoning: ReasoningItems,
+    /// Since when the endpoint has left a request without an answer (a `GET /models` that got
+    /// no headers): a streamed request's first-byte bound counts from then, so an endpoint that
+    /// never answers fails the turn within `first_byte_timeout` of the first thing asked.
+    silent_since: Arc<Mutex<Option<Instant>>>,
 }
 
 impl ModelClient {
@@ -76,6 +80,7 @@ impl ModelClient {
             endpoint,
             authorization,
             reasoning: ReasoningItems::default(),
+            silent_since: Arc::default(),
         })
     }
 
@@ -115,7 +120,8 @@ impl ModelClient {
         // as the whole completion, so only the whole-request timeout bounds them.
         let response = if self.config.stream {
             let first_byte = self.config.first_byte_timeout;
-            tokio::time::timeout(first_byte, request.send())
+            let silent_for = self.silent_since().map_or(Duration::ZERO, |t| t.elapsed());
+            tokio::time::timeout(first_byte.saturating_sub(silent_for), request.send())
                 .await
                 .map_err(|_| ModelError::NoAnswer {
                     request: self.request_name(),
@@ -125,6 +131,7 @@ impl ModelClient {
             request.send().await
         }
         .map_err(|e| self.request_error(e))?;
+        self.set_silent_since(None);
 
         let status = response.status();
         let content_type = response
@@ -295,6 +302,18 @@ impl ModelClient {
                 request: self.request_name(),
                 after: self.config.stall_timeout,
             },
+        }
+    }
+
+    /// Since when the endpoint has not answered, if it has not.
+    fn silent_since(&self) -> Option<Instant> {
+        self.silent_since.lock().ok().and_then(|since| *since)
+    }
+
+    /// Marks the endpoint silent since `since` (kept if already silent), or answering (`None`).
+    fn set_silent_since(&self, since: Option<Instant>) {
+        if let Ok(mut silent) = self.silent_since.lock() {
+            *silent = since.map(|since| silent.unwrap_or(since));
         }
     }
 
@@ -491,7 +510,13 @@ impl ModelClient {
         if let Some(authorization) = &self.authorization {
             request = request.header(AUTHORIZATION, authorization.clone());
         }
-        let response = match request.send().await {
+        let asked = Instant::now();
+        let sent = request.send().await;
+        match &sent {
+            Err(e) if e.is_timeout() && !e.is_connect() => self.set_silent_since(Some(asked)),
+            _ => self.set_silent_since(None),
+        }
+        let response = match sent {
             Ok(response) if response.status().is_success() => response,
             Ok(response) if response.status().is_server_error() || response.status() == 429 => {
                 tracing::debug!(status = response.status().as_u16(), "GET /models failed");

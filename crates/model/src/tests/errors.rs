@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use super::{chat, config, user};
-use crate::{ModelClient, ModelError};
+use crate::{ChatModel, ModelClient, ModelError, WindowLookup};
 use drover_test_support::{MockModel, Reply};
 
 /// `http://127.0.0.1:PORT` of a mock (its `base_url` without `/v1`).
@@ -102,28 +102,64 @@ async fn an_answer_that_never_starts_fails_after_the_first_byte_bound_without_a_
     assert!(took < Duration::from_secs(2), "{took:?}");
 }
 
+/// A server that accepts every connection and holds it, answering nothing; aborted on drop.
+struct Silent {
+    addr: std::net::SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Silent {
+    async fn start() -> Silent {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                held.push(socket);
+            }
+        });
+        Silent { addr, task }
+    }
+}
+
+impl Drop for Silent {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 #[tokio::test]
 async fn a_server_that_accepts_and_never_answers_fails_after_the_first_byte_bound() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    // Accepts every connection and holds it, reading nothing and answering nothing.
-    let holder = tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((socket, _)) = listener.accept().await {
-            held.push(socket);
-        }
-    });
+    let silent = Silent::start().await;
+    let addr = silent.addr;
     let mut config = config(format!("http://{addr}/v1"), true);
     config.first_byte_timeout = Duration::from_millis(400);
     let client = ModelClient::new(config).unwrap();
     let err = fails_once(&client).await;
-    holder.abort();
     let text = err.to_string();
     assert!(
         text.contains(&format!("POST http://{addr}/v1/chat/completions")),
         "{text}"
     );
     assert!(text.contains("never answered within 0.4 s"), "{text}");
+}
+
+#[tokio::test]
+async fn the_first_byte_bound_counts_from_the_first_request_left_unanswered() {
+    // The turn asks GET /models first (3 s bound); the chat request may wait only what is left
+    // of the first-byte bound, so the endpoint's silence fails the turn within that bound.
+    let silent = Silent::start().await;
+    let mut config = config(format!("http://{}/v1", silent.addr), true);
+    config.first_byte_timeout = Duration::from_secs(4);
+    let client = ModelClient::new(config).unwrap();
+    let started = Instant::now();
+    let lookup = client.context_window().await;
+    assert!(matches!(lookup, WindowLookup::Unreachable), "{lookup:?}");
+    let err = fails_once(&client).await;
+    let took = started.elapsed();
+    assert!(matches!(err, ModelError::NoAnswer { .. }), "{err:?}");
+    assert!(took >= Duration::from_secs(4), "{took:?}");
+    assert!(took < Duration::from_millis(5500), "{took:?}");
 }
 
 #[tokio::test]
