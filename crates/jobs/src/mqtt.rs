@@ -1,6 +1,6 @@
 //! The MQTT wire (SPEC section 7), on [`rumqttc`]: MQTT 3.1.1, `mqtt://` over TCP or
-//! `mqtts://` over TLS (rustls with the ring provider and the system's CA certificates;
-//! `$SSL_CERT_FILE` names another bundle).
+//! `mqtts://` over TLS (rustls with the ring provider; trusted: the bundled web roots and the
+//! platform's store, `$SSL_CERT_FILE` / `$SSL_CERT_DIR` when set, as the model client does).
 //!
 //! - [`MqttWire`] is the [`Wire`] `publish` and the heartbeat timer send through: one short
 //!   connection per event that publishes the event to `<topic_prefix>/events` (QoS 1) and then
@@ -71,23 +71,18 @@ impl Endpoint {
     }
 }
 
-/// TLS with the ring provider and the system's CA certificates.
+/// TLS with the ring provider, trusting what every outbound connection of drover trusts: the
+/// bundled web roots and the platform's store (`$SSL_CERT_FILE` / `$SSL_CERT_DIR` when set).
 fn tls_config() -> Result<Arc<rustls::ClientConfig>, String> {
     let mut roots = rustls::RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
     let found = rustls_native_certs::load_native_certs();
+    // A store may hold certificates rustls cannot parse; the rest still count.
     for cert in found.certs {
         let _ = roots.add(cert);
     }
-    if roots.is_empty() {
-        return Err(format!(
-            "no CA certificates for mqtts:// (install the system's CA bundle or set \
-             $SSL_CERT_FILE){}",
-            found
-                .errors
-                .first()
-                .map(|e| format!(": {e}"))
-                .unwrap_or_default()
-        ));
+    for error in &found.errors {
+        tracing::debug!(error = %error, "a CA certificate source could not be read");
     }
     let config = rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
