@@ -14,6 +14,7 @@ mod integrity;
 mod liveness;
 mod long_sessions;
 mod model_endpoints;
+mod model_errors;
 mod recovery;
 mod secrets;
 mod spare_worker;
