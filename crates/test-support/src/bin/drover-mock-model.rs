@@ -4,9 +4,10 @@
 //! It prints its base URL on stdout, then answers forever: a request whose last message is from
 //! the user gets a `terminal` tool call running `uname -sr`, or the command after `run:` when
 //! the message starts with it (`run: rm -rf /tmp/x`, to try approvals); a request whose last
-//! message is a tool result gets a text answer quoting that result. Stop it with SIGTERM or
-//! Ctrl-C.
+//! message is a tool result gets a text answer quoting that result. Chat completions and the
+//! Responses API are answered alike. Stop it with SIGTERM or Ctrl-C.
 
+use drover_test_support::mock_model::{last_message, messages};
 use drover_test_support::{MockModel, Reply};
 use serde_json::{json, Value};
 
@@ -14,11 +15,7 @@ use serde_json::{json, Value};
 async fn main() {
     let model = MockModel::start().await;
     model.set_responder(|req: &Value| {
-        let last = req["messages"]
-            .as_array()
-            .and_then(|m| m.last())
-            .cloned()
-            .unwrap_or(Value::Null);
+        let last = last_message(req);
         if last["role"] == "tool" {
             let content = last["content"].as_str().unwrap_or_default();
             let output = serde_json::from_str::<Value>(content)
@@ -27,7 +24,7 @@ async fn main() {
                 .unwrap_or_else(|| content.to_string());
             Reply::text(format!("The command printed: {}", output.trim()))
         } else {
-            let n = req["messages"].as_array().map(Vec::len).unwrap_or(0);
+            let n = messages(req).len();
             let asked = last["content"].as_str().unwrap_or_default().trim();
             let command = asked
                 .strip_prefix("run:")
