@@ -28,6 +28,8 @@ pub struct TestCa {
     ca_pem: String,
     server_cert: CertificateDer<'static>,
     server_key: Vec<u8>,
+    server_cert_pem: String,
+    server_key_pem: String,
 }
 
 impl TestCa {
@@ -51,6 +53,8 @@ impl TestCa {
             ca_pem: ca.pem(),
             server_cert: server.der().clone(),
             server_key: server_key.serialize_der(),
+            server_cert_pem: server.pem(),
+            server_key_pem: server_key.serialize_pem(),
         }
     }
 
@@ -62,6 +66,13 @@ impl TestCa {
     /// Writes [`TestCa::ca_pem`] to `path`.
     pub fn write_ca(&self, path: &std::path::Path) {
         std::fs::write(path, &self.ca_pem).expect("write the CA certificate");
+    }
+
+    /// Writes the server certificate (PEM) to `cert` and its key (PKCS#8 PEM) to `key`, for a
+    /// server that serves TLS itself (mosquitto's `certfile` / `keyfile`).
+    pub fn write_server(&self, cert: &std::path::Path, key: &std::path::Path) {
+        std::fs::write(cert, &self.server_cert_pem).expect("write the server certificate");
+        std::fs::write(key, &self.server_key_pem).expect("write the server key");
     }
 }
 

@@ -21,6 +21,7 @@ use drover_test_support::harness::{eventually, Lines, Mosquitto};
 use drover_test_support::job_cli::{
     self, brief_agent_script, drover_command, exec_submit, output_within, text, JobCli,
 };
+use drover_test_support::tls_front::TestCa;
 use serde_json::{json, Value};
 
 fn free_port() -> u16 {
@@ -618,6 +619,37 @@ async fn watch_without_a_wire_or_on_an_unknown_job_is_a_one_line_error() {
     let out = a.run(&["watch", "--job", &job, "--timeout", "0"]).await;
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("--timeout"));
+}
+
+#[tokio::test]
+async fn mqtts_trusts_a_private_ca_through_ssl_cert_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ca = TestCa::new();
+    let (cert, key) = (tmp.path().join("broker.pem"), tmp.path().join("broker.key"));
+    let ca_file = tmp.path().join("company-ca.pem");
+    ca.write_server(&cert, &key);
+    ca.write_ca(&ca_file);
+    let broker = Mosquitto::start_tls(&cert, &key);
+    let a = Side::new(tmp.path(), "a", Some(broker.tls_url()));
+    let job = a.register(&[]).await;
+    // A CA nobody trusts: recorded, not sent, and the certificate is what failed.
+    let out = a
+        .run(&["publish", "--job", &job, "--event", "started", "--json"])
+        .await;
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["wire"], "unreachable", "{v}");
+    assert!(
+        v["wire_error"].as_str().unwrap().contains("certificate"),
+        "{v}"
+    );
+    // The same CA named by SSL_CERT_FILE: sent over TLS.
+    let mut cmd = a.job_command(&["publish", "--job", &job, "--event", "progress", "--json"]);
+    cmd.env("SSL_CERT_FILE", &ca_file);
+    let out = output_within(cmd, Duration::from_secs(60)).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["wire"], "sent", "{v}");
 }
 
 /// The wire tests' broker: the shared fixture plus the endpoint the jobs crate speaks to.

@@ -19,25 +19,44 @@ impl Mosquitto {
     /// Starts a broker. `persist`: keep retained messages across [`Mosquitto::restart`]
     /// (persistence on, in the broker's temporary folder).
     pub fn start(persist: bool) -> Mosquitto {
+        Mosquitto::start_with(persist, "")
+    }
+
+    /// Starts a broker whose listener speaks TLS (`mqtts://`) with the PEM certificate chain
+    /// `cert` and key `key`; no persistence.
+    pub fn start_tls(cert: &Path, key: &Path) -> Mosquitto {
+        Mosquitto::start_with(
+            false,
+            &format!("certfile {}\nkeyfile {}\n", cert.display(), key.display()),
+        )
+    }
+
+    /// `mqtts://127.0.0.1:<port>`, for a broker of [`Mosquitto::start_tls`].
+    pub fn tls_url(&self) -> String {
+        format!("mqtts://127.0.0.1:{}", self.port)
+    }
+
+    /// [`Mosquitto::start`] with `listener_lines` added under the listener.
+    fn start_with(persist: bool, listener_lines: &str) -> Mosquitto {
         let dir = tempfile::tempdir().expect("temp dir");
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("a free loopback port")
             .port();
-        let mut conf = format!("listener {port} 127.0.0.1\nallow_anonymous true\n");
+        let mut conf = format!("listener {port} 127.0.0.1\n{listener_lines}allow_anonymous true\n");
+        let root = {
+            use std::os::unix::fs::MetadataExt;
+            std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+        };
+        if root && (persist || !listener_lines.is_empty()) {
+            // Root mosquitto drops to the `mosquitto` user, which cannot write or read here.
+            conf.push_str("user root\n");
+        }
         if persist {
             conf.push_str(&format!(
                 "persistence true\npersistence_location {}/\n",
                 dir.path().display()
             ));
-            let root = {
-                use std::os::unix::fs::MetadataExt;
-                std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
-            };
-            if root {
-                // Root mosquitto drops to the `mosquitto` user, which cannot write here.
-                conf.push_str("user root\n");
-            }
         } else {
             conf.push_str("persistence false\n");
         }
