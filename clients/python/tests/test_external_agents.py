@@ -96,7 +96,7 @@ def codex(tmp_path: Path) -> Iterator[AgentModel]:
     modules = REPO / "tests" / "agents" / "node_modules"
     if not modules.is_dir():
         pytest.skip(
-            f"SKIPPED LOUDLY: {modules} is missing, so no real agent can run: install it with "
+            f"NO REAL AGENT TO RUN: {modules} is missing; install it with "
             "`npm ci --prefix tests/agents --ignore-scripts` (scripts/test.sh does)"
         )
     folder = tmp_path / "agent"
