@@ -84,6 +84,8 @@ else
   # Not `after cargo test`: dev-dependency features make this build differ from the tests' one,
   # so it would compile the workspace again (about a minute in CI) for an equivalent binary.
   cargo build -p drover --bin drover
+  # The external-agent test sets its agent up with this program (tests/agents).
+  cargo build -p drover-test-support --bin drover-agent-setup
 fi
 
 venv="$(realpath "$target")/py-venv"

@@ -12,7 +12,9 @@
 //! - [`mcp_echo`]: where the `drover-mcp-echo` fixture is, a real stdio MCP server (built with
 //!   the official SDK) with tools `echo`, `add`, `fail` and `crash`; and where the
 //!   `drover-worker-relay` fixture is, a `$DROVER_WORKER_EXE` wrapper that can send one
-//!   forged frame.
+//!   forged frame; and where `drover-test-agent` is, a scripted ACP agent (a JSON script:
+//!   say, ask permission, call a tool, hang, exit). `drover-agent-setup` prints the
+//!   `[agents.<name>]` entry of a real agent ([`agents`]) on a mock model, for the Python tests.
 //! - [`wait`]: bounded waits: [`wait::until`] a condition holds, [`wait::holds_for`] a window,
 //!   [`wait::file`] a file a child writes holds what the test reads from it.
 //! - [`tmux`]: a real terminal, `drover` in a pane of a private tmux server ([`tmux::Pane`]:
