@@ -32,9 +32,11 @@
 //! - `transport`: the HTTP client's trust (bundled web roots, the platform's store with
 //!   `SSL_CERT_FILE` / `SSL_CERT_DIR`, `[model] ca_file`) and proxy (the environment's, or
 //!   `[model] proxy`): [`http_client_with`] and [`Transport`].
+//! - `warm`: a spare worker's [`WarmConnection`] to the endpoint, opened before its turn
+//!   (TCP, TLS, ALPN; nothing sent) and handed to the turn's first request.
 //!
 //! Layers: `error` < `answer` < `chat_completions`; `error` < `endpoint`, `chat_model`, `body`, `retry` < `chat_completions` < `stream_assembly` <
-//! `responses` < `responses_stream` < `model_client`; `transport` < `model_client`.
+//! `responses` < `responses_stream` < `model_client`; `transport` < `model_client` < `warm`.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), drover_model::ModelError> {
@@ -56,16 +58,18 @@ mod error;
 mod model_client;
 mod responses;
 mod responses_stream;
-mod retry;
-mod stream_assembly;
-mod transport;
 #[cfg(test)]
 mod responses_tests;
+mod retry;
+mod stream_assembly;
 #[cfg(test)]
 mod tests;
+mod transport;
+mod warm;
 
 pub use chat_model::{ChatModel, Completion, WindowLookup};
 pub use endpoint::ModelConfig;
 pub use error::ModelError;
 pub use model_client::{http_client, span_millis, HttpClient, ModelClient};
 pub use transport::{http_client_with, Transport};
+pub use warm::{WarmConnection, WarmConnector, WarmLayer};

@@ -44,6 +44,12 @@ impl Transport {
 /// The model's HTTP client with `transport`'s additions. A `ca_file` that cannot be read or
 /// holds no certificate, or a `proxy` that is not a URL, is a `Config` error naming the setting.
 pub fn http_client_with(transport: &Transport) -> Result<HttpClient, ModelError> {
+    build(client_builder(transport)?)
+}
+
+/// [`http_client_with`]'s builder, before it is built (a spare adds its warm connection's
+/// layer: `crate::warm`).
+pub(crate) fn client_builder(transport: &Transport) -> Result<reqwest::ClientBuilder, ModelError> {
     let connect_timeout = transport
         .connect_timeout
         .unwrap_or_else(default_connect_timeout);
@@ -66,6 +72,11 @@ pub fn http_client_with(transport: &Transport) -> Result<HttpClient, ModelError>
             .map_err(|e| ModelError::Config(format!("[model] proxy {proxy:?}: {e}")))?;
         builder = builder.proxy(proxy);
     }
+    Ok(builder)
+}
+
+/// Builds the client of [`client_builder`].
+pub(crate) fn build(builder: reqwest::ClientBuilder) -> Result<HttpClient, ModelError> {
     builder
         .build()
         .map_err(|e| ModelError::Config(format!("cannot build the HTTP client: {e}")))

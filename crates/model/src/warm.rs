@@ -1,0 +1,236 @@
+//! A spare worker's warm connection to the model endpoint: TCP, TLS and ALPN done while it
+//! waits for a turn, so the turn's first request pays no handshake.
+//!
+//! reqwest has no way to open a connection without a request, and its connector's request and
+//! connection types are sealed: this is a layer on its connector ([`WarmConnection::layer`],
+//! given to `ClientBuilder::connector_layer`). [`WarmConnection::open`] sends a request whose
+//! connection the layer keeps and fails before hyper writes a byte on it; at the claim
+//! [`WarmConnection::claim`] keeps that connection for the turn when the session's endpoint
+//! has the same origin (scheme, host, port), and the next connection the client asks for is
+//! that one, if it is still open (see [`still_open`]); else the client connects as without it.
+
+use std::any::Any;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use hyper_util::client::legacy::connect::Connection;
+
+use crate::error::ModelError;
+use crate::model_client::HttpClient;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The longest [`WarmConnection::open`] tries (the client's connect bound applies first).
+const OPEN_BOUND: Duration = Duration::from_secs(30);
+
+/// A connection kept for the next turn, shared by the handle and the client's connector layer.
+#[derive(Debug, Clone, Default)]
+pub struct WarmConnection {
+    state: Arc<Mutex<State>>,
+}
+
+#[derive(Default)]
+struct State {
+    /// The connector's next call is [`WarmConnection::open`]'s (to this origin): its
+    /// connection is kept and the request fails before anything is written.
+    capture: Option<String>,
+    /// The connection opened while waiting (the connector's own, sealed type), and the origin
+    /// it goes to.
+    held: Option<(String, Box<dyn Any + Send>)>,
+    /// Set by the claim: the connector's next call gets `held`.
+    armed: bool,
+    /// The unfinished [`WarmConnection::open`], aborted at the claim.
+    opening: Option<tokio::task::AbortHandle>,
+}
+
+impl std::fmt::Debug for State {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("State")
+            .field("capture", &self.capture)
+            .field("held", &self.held.as_ref().map(|(origin, _)| origin))
+            .field("armed", &self.armed)
+            .finish()
+    }
+}
+
+/// Why [`WarmConnection::open`]'s request fails: its connection was kept, nothing was sent.
+#[derive(Debug, thiserror::Error)]
+#[error("connection kept for the next turn; no request sent")]
+struct Kept;
+
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    state
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// `scheme://host[:port]` of a URL (the default port left out), or `None` when it is not an
+/// `http`/`https` URL.
+fn origin(url: &str) -> Option<String> {
+    let url = reqwest::Url::parse(url).ok()?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+        return None;
+    }
+    Some(url.origin().ascii_serialization())
+}
+
+impl WarmConnection {
+    /// A handle holding no connection.
+    pub fn new() -> WarmConnection {
+        WarmConnection::default()
+    }
+
+    /// The model's HTTP client ([`crate::http_client`]) with this connection's layer.
+    pub fn http_client(&self) -> Result<HttpClient, ModelError> {
+        let builder = crate::transport::client_builder(&crate::transport::Transport::default())?;
+        crate::transport::build(builder.connector_layer(self.layer()))
+    }
+
+    /// The layer to give the client's builder (`connector_layer`).
+    pub fn layer(&self) -> WarmLayer {
+        WarmLayer {
+            state: Arc::clone(&self.state),
+        }
+    }
+
+    /// Starts opening a connection to `endpoint`'s origin with `http` (a client built with
+    /// [`WarmConnection::layer`]) on the current runtime, and returns at once. Nothing is sent
+    /// to the endpoint. An endpoint that is not an HTTP URL, or cannot be reached, leaves no
+    /// connection and a debug line only: the turn connects as it would have.
+    pub fn open(&self, http: &HttpClient, endpoint: &str) {
+        let Some(origin) = origin(endpoint) else {
+            tracing::debug!(endpoint, "no warm connection: not an http(s) URL");
+            return;
+        };
+        let state = Arc::clone(&self.state);
+        let http = http.clone();
+        let mut guard = lock(&self.state);
+        guard.capture = Some(origin.clone());
+        let task = tokio::spawn(async move {
+            let sent = tokio::time::timeout(OPEN_BOUND, http.get(origin.as_str()).send()).await;
+            let mut state = lock(&state);
+            state.capture = None;
+            state.opening = None;
+            match &state.held {
+                Some(_) => tracing::debug!(%origin, "warm connection open"),
+                None => {
+                    let why = match sent {
+                        Ok(Ok(_)) => "the connector was not asked".to_string(),
+                        Ok(Err(e)) => e.to_string(),
+                        Err(_) => "timed out".to_string(),
+                    };
+                    tracing::debug!(%origin, reason = %why, "no warm connection");
+                }
+            }
+        });
+        guard.opening = Some(task.abort_handle());
+    }
+
+    /// At the claim: keeps the warm connection for the turn when `base_url` (the session's
+    /// frozen endpoint) has its origin, else closes it. An unfinished [`WarmConnection::open`]
+    /// is given up. True when the turn's first connection is the warm one.
+    pub fn claim(&self, base_url: &str) -> bool {
+        let mut state = lock(&self.state);
+        if let Some(opening) = state.opening.take() {
+            opening.abort();
+        }
+        state.capture = None;
+        let matches = matches!((&state.held, origin(base_url)),
+            (Some((held, _)), Some(wanted)) if *held == wanted);
+        if !matches {
+            state.held = None;
+        }
+        state.armed = matches;
+        matches
+    }
+}
+
+/// The connector layer of a [`WarmConnection`].
+#[derive(Debug, Clone)]
+pub struct WarmLayer {
+    state: Arc<Mutex<State>>,
+}
+
+impl<S> tower_layer::Layer<S> for WarmLayer {
+    type Service = WarmConnector<S>;
+
+    fn layer(&self, inner: S) -> WarmConnector<S> {
+        WarmConnector {
+            inner,
+            state: Arc::clone(&self.state),
+        }
+    }
+}
+
+/// reqwest's connector with a [`WarmConnection`] in front.
+#[derive(Debug, Clone)]
+pub struct WarmConnector<S> {
+    inner: S,
+    state: Arc<Mutex<State>>,
+}
+
+impl<S, R> tower_service::Service<R> for WarmConnector<S>
+where
+    S: tower_service::Service<R, Error = BoxError>,
+    S::Response: hyper::rt::Read + Connection + Unpin + Send + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, dst: R) -> Self::Future {
+        let mut state = lock(&self.state);
+        if std::mem::take(&mut state.armed) {
+            if let Some((origin, held)) = state.held.take() {
+                if let Ok(mut conn) = held.downcast::<S::Response>() {
+                    if still_open(&mut *conn) {
+                        tracing::debug!(%origin, "the turn uses the warm connection");
+                        return Box::pin(std::future::ready(Ok(*conn)));
+                    }
+                    tracing::debug!(%origin, "the warm connection was closed; connecting again");
+                }
+            }
+        }
+        let capture = state.capture.take();
+        drop(state);
+        let connecting = self.inner.call(dst);
+        let Some(origin) = capture else {
+            return Box::pin(connecting);
+        };
+        let state = Arc::clone(&self.state);
+        Box::pin(async move {
+            let conn = connecting.await?;
+            lock(&state).held = Some((origin, Box::new(conn)));
+            Err(Box::new(Kept) as BoxError)
+        })
+    }
+}
+
+/// Whether a connection opened before the turn is still usable: a read that would block means
+/// the server has neither closed it nor said anything. Before any request an HTTP/1 server has
+/// nothing to say, so an end of stream, an error or any byte means it is not. An HTTP/2 one
+/// sends its settings at once, which the read would take from hyper: it is taken as open
+/// (a server that closed it costs the turn's first request one retry).
+fn still_open<C>(conn: &mut C) -> bool
+where
+    C: hyper::rt::Read + Connection + Unpin,
+{
+    if conn.connected().is_negotiated_h2() {
+        return true;
+    }
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    let mut byte = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+    let mut buf = hyper::rt::ReadBuf::uninit(&mut byte);
+    matches!(
+        Pin::new(conn).poll_read(&mut cx, buf.unfilled()),
+        Poll::Pending
+    )
+}
