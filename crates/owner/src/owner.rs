@@ -205,6 +205,7 @@ impl Owner {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .clone(),
+            model_endpoint: self.config().base_url(),
         }
     }
 

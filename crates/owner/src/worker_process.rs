@@ -10,6 +10,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use drover_platform::fork::ProcessHandle;
+use drover_protocol::worker::MODEL_ENDPOINT_ENV;
 use tokio::net::unix::pipe;
 use tokio::process::{Child, Command};
 use tokio::sync::oneshot;
@@ -31,6 +32,9 @@ pub struct WorkerCommand {
     /// Every `[model] api_key_env` read so far: the worker gets the key in its bootstrap, and
     /// the tools it runs must not see it.
     pub without_env: BTreeSet<String>,
+    /// The daemon's model endpoint (`[model] base_url`), to which a spare opens a connection
+    /// while it waits; `None` when the home has none.
+    pub model_endpoint: Option<String>,
 }
 
 /// A worker process, started by exec or forked by the template; killed if dropped, and
@@ -122,12 +126,16 @@ pub(crate) fn open_log(log: &Path) -> std::io::Result<std::fs::File> {
 }
 
 /// The environment every worker process gets: without the model keys' variables and
-/// `$OPENAI_API_KEY`, with `$DROVER_OWNER_PID` and the OTLP endpoint when telemetry is on, and
-/// the open-files limit the owner started with.
-pub(crate) fn worker_environment(cmd: &mut Command, without_env: &BTreeSet<String>) {
-    for name in without_env {
+/// `$OPENAI_API_KEY`, with `$DROVER_OWNER_PID`, the model endpoint (no key) and the OTLP
+/// endpoint when telemetry is on, and the open-files limit the owner started with.
+pub(crate) fn worker_environment(cmd: &mut Command, command: &WorkerCommand) {
+    for name in &command.without_env {
         cmd.env_remove(name);
     }
+    match &command.model_endpoint {
+        Some(endpoint) => cmd.env(MODEL_ENDPOINT_ENV, endpoint),
+        None => cmd.env_remove(MODEL_ENDPOINT_ENV),
+    };
     // Telemetry: the worker exports to the owner's endpoint (its trace context comes in the
     // bootstrap, so a spare started before the turn joins the turn's trace).
     if let Some(endpoint) = drover_telemetry::endpoint() {
@@ -168,7 +176,7 @@ impl StartedWorker {
         let pipes = WorkerPipes::new()?;
         let mut cmd = Command::new(&command.exe);
         cmd.arg("worker");
-        worker_environment(&mut cmd, &command.without_env);
+        worker_environment(&mut cmd, command);
         cmd.stdin(Stdio::from(pipes.stdin.0))
             .stdout(Stdio::from(pipes.stdout.0))
             .stderr(Stdio::from(file))

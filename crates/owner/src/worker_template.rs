@@ -65,6 +65,8 @@ struct Template {
     process: Child,
     control: FdChannel,
     without_env: BTreeSet<String>,
+    /// The model endpoint its spares open a connection to.
+    model_endpoint: Option<String>,
     /// Its command line as `/proc/<pid>/cmdline` shows it, which every spare it forks keeps.
     cmdline: Vec<u8>,
     /// When it started, in clock ticks after boot: every spare it forks is younger.
@@ -78,7 +80,7 @@ impl Template {
         let (ours, theirs) = fork::fd_channel_pair()?;
         let mut cmd = Command::new(&command.exe);
         cmd.arg("worker").arg("--template");
-        worker_environment(&mut cmd, &command.without_env);
+        worker_environment(&mut cmd, command);
         cmd.stdin(Stdio::from(theirs))
             .stdout(Stdio::null())
             .stderr(Stdio::from(file))
@@ -93,6 +95,7 @@ impl Template {
             process,
             control: FdChannel::new(ours)?,
             without_env: command.without_env.clone(),
+            model_endpoint: command.model_endpoint.clone(),
             cmdline,
             started_at: drover_platform::boot_ticks_now(),
         })
@@ -296,11 +299,9 @@ impl TemplateSlot {
         {
             return None;
         }
-        if self
-            .template
-            .as_ref()
-            .is_some_and(|t| t.without_env != command.without_env)
-        {
+        if self.template.as_ref().is_some_and(|t| {
+            t.without_env != command.without_env || t.model_endpoint != command.model_endpoint
+        }) {
             tracing::info!("the worker template's environment is out of date; replacing it");
             if let Some(old) = self.template.take() {
                 old.stop().await;

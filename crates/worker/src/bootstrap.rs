@@ -3,8 +3,11 @@
 //! bootstrap's head and parts ([`read_bootstrap`]), and the `started` line that acknowledges
 //! it.
 
+use drover_model::WarmConnection;
 use drover_platform::frame_lines::{read_frame_line, FrameLine};
-use drover_protocol::worker::{BodyFrame, BodyPiece, Bootstrap, WorkerFrame, MAX_FRAME_BYTES};
+use drover_protocol::worker::{
+    BodyFrame, BodyPiece, Bootstrap, WorkerFrame, MAX_FRAME_BYTES, MODEL_ENDPOINT_ENV,
+};
 use tokio::io::{AsyncBufRead, AsyncWrite, AsyncWriteExt};
 
 /// The process name (`comm`) of a worker waiting for its bootstrap: a spare.
@@ -13,22 +16,35 @@ pub const SPARE_NAME: &str = "drover-spare";
 pub const WORKER_NAME: &str = "drover-worker";
 
 /// What a worker makes before its bootstrap arrives, because it does not depend on the turn:
-/// the model's HTTP client (its TLS root store). A spare worker has it ready when the owner
+/// the model's HTTP client (its TLS root store) and, once [`Prepared::open_warm`] ran, a
+/// connection to the daemon's model endpoint. A spare worker has them ready when the owner
 /// hands it a turn.
 #[derive(Debug)]
 pub struct Prepared {
     pub(crate) http: drover_model::HttpClient,
+    pub(crate) warm: WarmConnection,
 }
 
 impl Prepared {
     /// Builds what [`Prepared`] holds: the model's HTTP client.
     pub fn new() -> Result<Prepared, drover_model::ModelError> {
-        Ok(Prepared::with_http(drover_model::http_client()?))
+        let warm = WarmConnection::new();
+        Ok(Prepared::with_http(warm.http_client()?, warm))
     }
 
-    /// [`Prepared::new`] with an HTTP client built before (by the template).
-    pub fn with_http(http: drover_model::HttpClient) -> Prepared {
-        Prepared { http }
+    /// [`Prepared::new`] with an HTTP client built before (by the template) with `warm`'s
+    /// layer ([`WarmConnection::http_client`]).
+    pub fn with_http(http: drover_model::HttpClient, warm: WarmConnection) -> Prepared {
+        Prepared { http, warm }
+    }
+
+    /// Starts opening a connection to the model endpoint the owner named
+    /// ([`MODEL_ENDPOINT_ENV`]), while the worker waits for its bootstrap (call inside the
+    /// runtime). Without one, nothing is opened.
+    pub fn open_warm(&self) {
+        if let Some(endpoint) = std::env::var_os(MODEL_ENDPOINT_ENV) {
+            self.warm.open(&self.http, &endpoint.to_string_lossy());
+        }
     }
 }
 

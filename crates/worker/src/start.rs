@@ -84,7 +84,7 @@ fn start_process(original_parent: i32, pdeathsig: std::io::Result<()>) -> bool {
 
 /// The runtime, the [`Prepared`] parts (with `http` when the template built it) and the turn.
 fn serve_turn(
-    http: Option<drover_model::HttpClient>,
+    http: Option<(drover_model::HttpClient, drover_model::WarmConnection)>,
     telemetry: Option<drover_telemetry::Telemetry>,
 ) -> Exit {
     // One turn's work is one conversation with the owner and the model, and its tool
@@ -106,7 +106,7 @@ fn serve_turn(
         // Everything that does not depend on the turn is done before the bootstrap is read:
         // a spare worker does it while it waits ("a spare worker").
         let prepared = match http {
-            Some(http) => Ok(Prepared::with_http(http)),
+            Some((http, warm)) => Ok(Prepared::with_http(http, warm)),
             None => Prepared::new(),
         };
         let prepared = match prepared {
@@ -116,6 +116,7 @@ fn serve_turn(
                 return WorkerExit::Aborted;
             }
         };
+        prepared.open_warm();
         let (input, output) = frame_streams();
         let input = tokio::io::BufReader::with_capacity(64 * 1024, input);
         run_prepared(input, output, shutdown, prepared).await
@@ -146,8 +147,10 @@ pub fn template_entry() -> Exit {
     if !start_process(original_parent, pdeathsig) {
         return WorkerExit::Aborted.exit();
     }
-    let http = match drover_model::http_client() {
-        Ok(http) => http,
+    // Each forked spare opens its own warm connection through this client's layer.
+    let warm = drover_model::WarmConnection::new();
+    let http = match warm.http_client() {
+        Ok(http) => (http, warm),
         Err(e) => {
             tracing::error!(error = %e, "cannot build the model's HTTP client");
             return WorkerExit::Aborted.exit();

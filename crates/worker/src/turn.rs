@@ -78,8 +78,10 @@ where
         tracing::error!(error = %e, "cannot acknowledge the bootstrap; the owner is gone");
         return WorkerExit::Aborted;
     }
-    // No longer a spare: this process serves the bootstrap's turn.
+    // No longer a spare: this process serves the bootstrap's turn. Its warm connection serves
+    // the turn's first request if the session's endpoint is the one it went to.
     let _ = platform::set_thread_name(WORKER_NAME);
+    prepared.warm.claim(&bootstrap.policy.base_url);
     let span = tracing::info_span!(
         "worker",
         session_id = %bootstrap.scope.session_id,
@@ -128,7 +130,7 @@ where
     tracing::info!(model = %bootstrap.policy.model, toolsets = ?bootstrap.policy.toolsets, "turn starting");
 
     let cancel = CancellationToken::new();
-    let Prepared { http } = prepared;
+    let Prepared { http, .. } = prepared;
     let pipe = OwnerPipe::new(journal, cancel.clone());
     pipe.connect(reader, writer);
 

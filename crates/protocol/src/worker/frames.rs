@@ -23,6 +23,11 @@ pub const OUTBOX_SPARE_PREFIX: &str = ".spare-";
 /// files a folder the owner recycles may hold.
 pub const OUTBOX_SPARES_MAX: usize = 4;
 
+/// The environment variable by which the owner tells a worker (and its template) the daemon's
+/// model endpoint, `[model] base_url`: a spare opens a connection to it while it waits for a
+/// turn (no request is sent, no key is in it). Unset when the home has none.
+pub const MODEL_ENDPOINT_ENV: &str = "DROVER_MODEL_ENDPOINT";
+
 /// Frames from the owner to the worker.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
