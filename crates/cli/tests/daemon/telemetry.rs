@@ -379,3 +379,39 @@ fn worker_logs(home: &Path) -> String {
         })
         .collect()
 }
+
+#[tokio::test]
+async fn the_exporter_trusts_a_private_ca_through_ssl_cert_file() {
+    let shared = Shared::default();
+    let plain = receiver(shared.clone()).await;
+    let backend: std::net::SocketAddr = plain.trim_start_matches("http://").parse().unwrap();
+    let ca = drover_test_support::tls_front::TestCa::new();
+    let front = drover_test_support::tls_front::TlsFront::start(&ca, backend).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("company-ca.pem");
+    ca.write_ca(&ca_file);
+    let ca_file = ca_file.display().to_string();
+    let mut s = OneSession::builder(bin())
+        .config(&format!(
+            "[telemetry]\notlp_endpoint = \"https://{}\"\n",
+            front.addr()
+        ))
+        .env(&[
+            ("SSL_CERT_FILE", ca_file.as_str()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "200"),
+        ])
+        .start()
+        .await
+        .unwrap();
+    s.model.push(Reply::text("exported"));
+    s.complete_turn("hello").await.unwrap();
+    let exported = wait::until(Duration::from_secs(30), async || {
+        spans(&shared)
+            .iter()
+            .any(|seen| seen.service == "drover-owner" && seen.span.name == "turn")
+    })
+    .await;
+    assert!(exported, "the owner's turn span came over TLS");
+    assert!(front.handshakes() >= 1);
+}
