@@ -41,8 +41,9 @@ impl Transport {
     }
 }
 
-/// The model's HTTP client with `transport`'s additions. A `ca_file` that cannot be read or
-/// holds no certificate, or a `proxy` that is not a URL, is a `Config` error naming the setting.
+/// The model's HTTP client with `transport`'s additions. A `ca_file` that is relative, cannot
+/// be read or holds no certificate, or a `proxy` that is not a URL, is a `Config` error naming
+/// the setting.
 pub fn http_client_with(transport: &Transport) -> Result<HttpClient, ModelError> {
     build(client_builder(transport)?)
 }
@@ -57,6 +58,10 @@ pub(crate) fn client_builder(transport: &Transport) -> Result<reqwest::ClientBui
     if let Some(path) = &transport.ca_file {
         let unusable =
             |why: String| ModelError::Config(format!("[model] ca_file {}: {why}", path.display()));
+        // Relative to what a worker's working directory happens to be would be a surprise.
+        if !path.is_absolute() {
+            return Err(unusable("not an absolute path".to_string()));
+        }
         let pem = std::fs::read(path).map_err(|e| unusable(format!("cannot read it: {e}")))?;
         let certificates = reqwest::Certificate::from_pem_bundle(&pem)
             .map_err(|e| unusable(format!("not a PEM certificate bundle: {e}")))?;
@@ -85,4 +90,33 @@ pub(crate) fn build(builder: reqwest::ClientBuilder) -> Result<HttpClient, Model
 /// `[model] connect_timeout_s`'s default, the bound of a client built before its turn.
 fn default_connect_timeout() -> Duration {
     ModelSettings::default().connect_timeout()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(transport: Transport) -> String {
+        match http_client_with(&transport) {
+            Ok(_) => panic!("{transport:?} was accepted"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn a_relative_ca_file_and_a_proxy_that_is_no_url_are_refused_by_name() {
+        let relative = refused(Transport {
+            ca_file: Some(PathBuf::from("company-ca.pem")),
+            ..Transport::default()
+        });
+        assert!(
+            relative.contains("[model] ca_file company-ca.pem: not an absolute path"),
+            "{relative}"
+        );
+        let error = refused(Transport {
+            proxy: Some("not a url".to_string()),
+            ..Transport::default()
+        });
+        assert!(error.contains("[model] proxy"), "{error}");
+    }
 }
