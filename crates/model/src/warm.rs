@@ -129,6 +129,11 @@ impl WarmConnection {
         guard.opening = Some(task.abort_handle());
     }
 
+    /// Whether a connection is held (opened, not yet claimed or handed out).
+    pub fn is_open(&self) -> bool {
+        lock(&self.state).held.is_some()
+    }
+
     /// At the claim: keeps the warm connection for the turn when `base_url` (the session's
     /// frozen endpoint) has its origin, else closes it. An unfinished [`WarmConnection::open`]
     /// is given up. True when the turn's first connection is the warm one.
@@ -233,4 +238,97 @@ where
         Pin::new(conn).poll_read(&mut cx, buf.unfilled()),
         Poll::Pending
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    const BOUND: Duration = Duration::from_secs(10);
+
+    /// A loopback HTTP/1 server: counts the connections it accepts and, on each, sends back
+    /// the first bytes it read (up to the end of the headers) as the body of a `200`.
+    async fn echo_head_server() -> (String, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/v1", listener.local_addr().unwrap());
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = Arc::clone(&accepted);
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match stream.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let answer =
+                        format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", head.len());
+                    let _ = stream.write_all(answer.as_bytes()).await;
+                    let _ = stream.write_all(&head).await;
+                });
+            }
+        });
+        (url, accepted)
+    }
+
+    async fn opened(warm: &WarmConnection, http: &HttpClient, url: &str) {
+        warm.open(http, url);
+        let waited = tokio::time::timeout(BOUND, async {
+            while !warm.is_open() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+        assert!(waited.is_ok(), "no warm connection to {url}");
+    }
+
+    #[tokio::test]
+    async fn the_warm_connection_carries_the_first_request_and_nothing_before_it() {
+        let (url, accepted) = echo_head_server().await;
+        let warm = WarmConnection::new();
+        let http = warm.http_client().unwrap();
+        opened(&warm, &http, &url).await;
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+
+        assert!(warm.claim(&format!("{url}/")));
+        let seen = http
+            .post(format!("{url}/chat/completions"))
+            .body("{}")
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        // The first bytes the server read on the connection are the turn's request.
+        assert!(seen.starts_with("POST /v1/chat/completions "), "{seen}");
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn another_origin_or_no_endpoint_gets_no_warm_connection() {
+        let (url, accepted) = echo_head_server().await;
+        let warm = WarmConnection::new();
+        let http = warm.http_client().unwrap();
+        opened(&warm, &http, &url).await;
+        let other = url.replace("127.0.0.1", "localhost");
+        assert!(!warm.claim(&other));
+        assert!(!warm.is_open());
+        http.get(&url).send().await.unwrap();
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+
+        // Nothing listens on port 1: no connection, no error.
+        let warm = WarmConnection::new();
+        let http = warm.http_client().unwrap();
+        warm.open(&http, "http://127.0.0.1:1/v1");
+        assert!(!warm.claim("http://127.0.0.1:1/v1"));
+        warm.open(&http, "not a url");
+        assert!(!warm.is_open());
+    }
 }
