@@ -127,8 +127,7 @@ impl EventAssembly for StreamAssembly {
 
     fn unfinished(&self) -> ModelError {
         ModelError::Protocol(
-            "the event stream ended before `data: [DONE]` and without a finish_reason"
-                .to_string(),
+            "the event stream ended before `data: [DONE]` and without a finish_reason".to_string(),
         )
     }
 
