@@ -14,7 +14,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hyper_util::client::legacy::connect::Connection;
 
@@ -22,6 +22,11 @@ use crate::error::ModelError;
 use crate::model_client::HttpClient;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// How long a warm HTTP/2 connection, which cannot be checked without taking the server's
+/// first frames from hyper, is trusted to be open: under the shortest common idle timeouts of
+/// HTTP/2 servers and load balancers (60 s). An older one is closed and the turn connects.
+const H2_TRUSTED_AGE: Duration = Duration::from_secs(30);
 
 /// The longest [`WarmConnection::open`] tries (the client's connect bound applies first).
 const OPEN_BOUND: Duration = Duration::from_secs(30);
@@ -37,9 +42,9 @@ struct State {
     /// The connector's next call is [`WarmConnection::open`]'s (to this origin): its
     /// connection is kept and the request fails before anything is written.
     capture: Option<String>,
-    /// The connection opened while waiting (the connector's own, sealed type), and the origin
-    /// it goes to.
-    held: Option<(String, Box<dyn Any + Send>)>,
+    /// The connection opened while waiting (the connector's own, sealed type), the origin it
+    /// goes to and when it was opened.
+    held: Option<(String, Instant, Box<dyn Any + Send>)>,
     /// Set by the claim: the connector's next call gets `held`.
     armed: bool,
     /// The unfinished [`WarmConnection::open`], aborted at the claim.
@@ -50,7 +55,7 @@ impl std::fmt::Debug for State {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("State")
             .field("capture", &self.capture)
-            .field("held", &self.held.as_ref().map(|(origin, _)| origin))
+            .field("held", &self.held.as_ref().map(|(origin, _, _)| origin))
             .field("armed", &self.armed)
             .finish()
     }
@@ -144,7 +149,7 @@ impl WarmConnection {
         }
         state.capture = None;
         let matches = matches!((&state.held, origin(base_url)),
-            (Some((held, _)), Some(wanted)) if *held == wanted);
+            (Some((held, _, _)), Some(wanted)) if *held == wanted);
         if !matches {
             state.held = None;
         }
@@ -194,9 +199,9 @@ where
     fn call(&mut self, dst: R) -> Self::Future {
         let mut state = lock(&self.state);
         if std::mem::take(&mut state.armed) {
-            if let Some((origin, held)) = state.held.take() {
+            if let Some((origin, opened, held)) = state.held.take() {
                 if let Ok(mut conn) = held.downcast::<S::Response>() {
-                    if still_open(&mut *conn) {
+                    if still_open(&mut *conn, opened.elapsed()) {
                         tracing::debug!(%origin, "the turn uses the warm connection");
                         return Box::pin(std::future::ready(Ok(*conn)));
                     }
@@ -213,7 +218,7 @@ where
         let state = Arc::clone(&self.state);
         Box::pin(async move {
             let conn = connecting.await?;
-            lock(&state).held = Some((origin, Box::new(conn)));
+            lock(&state).held = Some((origin, Instant::now(), Box::new(conn)));
             Err(Box::new(Kept) as BoxError)
         })
     }
@@ -222,14 +227,14 @@ where
 /// Whether a connection opened before the turn is still usable: a read that would block means
 /// the server has neither closed it nor said anything. Before any request an HTTP/1 server has
 /// nothing to say, so an end of stream, an error or any byte means it is not. An HTTP/2 one
-/// sends its settings at once, which the read would take from hyper: it is taken as open
-/// (a server that closed it costs the turn's first request one retry).
-fn still_open<C>(conn: &mut C) -> bool
+/// sends its settings at once, which the read would take from hyper: it is taken as open while
+/// younger than [`H2_TRUSTED_AGE`] (servers' idle timeouts are longer), and as closed after.
+fn still_open<C>(conn: &mut C, age: Duration) -> bool
 where
     C: hyper::rt::Read + Connection + Unpin,
 {
     if conn.connected().is_negotiated_h2() {
-        return true;
+        return age < H2_TRUSTED_AGE;
     }
     let mut cx = Context::from_waker(std::task::Waker::noop());
     let mut byte = [std::mem::MaybeUninit::<u8>::uninit(); 1];
