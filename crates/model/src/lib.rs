@@ -2,12 +2,14 @@
 //!
 //! `POST {base_url}/chat/completions` with `stream: true` (server-sent events, `data:` lines,
 //! `[DONE]`, `stream_options: {include_usage: true}`) or `stream: false` (one JSON body).
-//! Tool calls are assembled from streamed deltas by `index`. A response that sends no byte
-//! for `stall_timeout` (a stream: from the request on; one JSON body: once its headers came)
-//! is cancelled as stalled. Timeouts, stalls, connection errors, 429 and 5xx are retried with
-//! bounded exponential backoff (a numeric `Retry-After` on 429/503 is honoured); other 4xx are
-//! not, and neither is a stream that already showed text. What this crate does not do: run
-//! tools, keep history or persist anything.
+//! Tool calls are assembled from streamed deltas by `index`. A stream's headers must come
+//! within `first_byte_timeout` (from the first request the endpoint left unanswered; not
+//! retried); a response that then sends no byte for `stall_timeout` is cancelled as stalled.
+//! Timeouts, stalls, connection errors, 429 and 5xx are retried with bounded exponential
+//! backoff (a numeric `Retry-After` on 429/503 is honoured); other 4xx are not, and neither is
+//! a stream that already showed text. Every error names the request (`POST {url}`), and an
+//! HTML answer says the endpoint is not the API. What this crate does not do: run tools, keep
+//! history or persist anything.
 //!
 //! With `[model] api = "responses"` the same requests go to `POST {base_url}/responses`
 //! (OpenAI's Responses API, `store: false`), and a reasoning model's reasoning items are kept
