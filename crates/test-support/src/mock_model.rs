@@ -89,8 +89,14 @@ struct Shared {
     /// The time spent handling chat requests: parsing, logging, choosing the reply and building
     /// the response (gates and delays not included).
     busy: Mutex<Duration>,
-    /// A handle on each accepted connection (a duplicate of its socket), so a test counts them
-    /// and can close them as a server's idle timeout does.
+    /// How many connections were accepted.
+    accepted: std::sync::atomic::AtomicUsize,
+    /// Whether accepted connections are kept closable ([`MockModel::keep_connections_closable`]).
+    closable: AtomicBool,
+    /// A handle on each connection accepted while `closable` (a duplicate of its socket), so a
+    /// test can close them as a server's idle timeout does. Only then: a duplicate keeps the
+    /// socket open after the server drops its own, so a dropped connection would never reach
+    /// the client.
     connections: Mutex<Vec<std::net::TcpStream>>,
 }
 
@@ -187,6 +193,8 @@ impl MockModel {
             models_asked: Mutex::new(0),
             keep_requests: AtomicBool::new(true),
             busy: Mutex::new(Duration::ZERO),
+            accepted: std::sync::atomic::AtomicUsize::new(0),
+            closable: AtomicBool::new(false),
             connections: Mutex::new(Vec::new()),
         });
         let app = Router::new()
@@ -203,6 +211,10 @@ impl MockModel {
         let accepted = Arc::clone(&shared);
         let listener = axum::serve::ListenerExt::tap_io(listener, move |stream| {
             use std::os::fd::AsFd;
+            accepted.accepted.fetch_add(1, Ordering::SeqCst);
+            if !accepted.closable.load(Ordering::SeqCst) {
+                return;
+            }
             if let Ok(fd) = stream.as_fd().try_clone_to_owned() {
                 lock(&accepted.connections).push(std::net::TcpStream::from(fd));
             }
@@ -231,13 +243,20 @@ impl MockModel {
 
     /// How many TCP connections the server accepted.
     pub fn connections_accepted(&self) -> usize {
-        lock(&self.shared.connections).len()
+        self.shared.accepted.load(Ordering::SeqCst)
     }
 
-    /// Closes every connection accepted so far (both directions), as a server whose idle
+    /// Keeps the connections accepted from now on closable by [`MockModel::close_connections`].
+    /// Not for a test that plays dropped or cut replies: a kept connection is not closed when
+    /// the server drops it.
+    pub fn keep_connections_closable(&self) {
+        self.shared.closable.store(true, Ordering::SeqCst);
+    }
+
+    /// Closes every connection kept closable so far (both directions), as a server whose idle
     /// timeout passed: the client reads the end of its stream. Call it when none is in use.
     pub fn close_connections(&self) {
-        for stream in lock(&self.shared.connections).iter() {
+        for stream in lock(&self.shared.connections).drain(..) {
             let _ = stream.shutdown(std::net::Shutdown::Both);
         }
     }

@@ -20,7 +20,11 @@ const BOUND: Duration = Duration::from_secs(10);
 /// A daemon (no model retries: a turn whose request failed fails) with its spare waiting and
 /// the spare's connection accepted by the model.
 async fn warm_session() -> OneSession {
-    let s = OneSession::builder(bin()).start().await.unwrap();
+    let s = OneSession::builder(bin())
+        .closable_connections()
+        .start()
+        .await
+        .unwrap();
     s.daemon.wait_spare().await.unwrap();
     assert!(
         wait::until(BOUND, async || s.model.connections_accepted() >= 1).await,

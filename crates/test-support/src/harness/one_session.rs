@@ -58,6 +58,7 @@ impl OneSession {
             toolsets: None,
             cwd: None,
             home: None,
+            closable_connections: false,
         }
     }
 
@@ -154,6 +155,7 @@ pub struct OneSessionBuilder {
     toolsets: Option<Vec<String>>,
     cwd: Option<PathBuf>,
     home: Option<TestHome>,
+    closable_connections: bool,
 }
 
 impl OneSessionBuilder {
@@ -208,9 +210,20 @@ impl OneSessionBuilder {
         self
     }
 
+    /// Keeps the model's connections closable from its start
+    /// ([`MockModel::keep_connections_closable`](crate::MockModel::keep_connections_closable)),
+    /// for a test that plays a server closing idle connections.
+    pub fn closable_connections(mut self) -> Self {
+        self.closable_connections = true;
+        self
+    }
+
     /// Starts the model, the home, the daemon and the session.
     pub async fn start(self) -> Result<OneSession> {
         let model = crate::MockModel::start().await;
+        if self.closable_connections {
+            model.keep_connections_closable();
+        }
         let home = match self.home {
             Some(home) => home,
             None => TestHome::new()?,
