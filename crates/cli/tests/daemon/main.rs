@@ -21,7 +21,7 @@ mod spare_worker;
 mod start_rules;
 mod telemetry;
 mod turns;
-mod warm_connection;
 mod usage_bounds;
+mod warm_connection;
 mod worker_binding;
 mod worker_deaths;
