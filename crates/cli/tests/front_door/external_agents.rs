@@ -94,6 +94,29 @@ impl AgentSession {
         }
     }
 
+    /// A session of `which` whose first turn (`think long`) the model holds at the returned
+    /// gate, once the request arrived, before answering `answer`; gives the admission id too.
+    async fn held_turn(which: Which, answer: &str) -> (AgentSession, Gate, String) {
+        let mut s = AgentSession::start(which, "").await;
+        let gate = Gate::new();
+        s.model.push(Reply::text(answer).gated(&gate));
+        let first = s.submit("think long").await;
+        assert!(
+            gate.wait_reached(FIRST_REQUEST).await,
+            "the turn never reached the model"
+        );
+        (s, gate, first)
+    }
+
+    /// No process of the agent is left (within [`TURN`]).
+    async fn assert_no_agent_left(&self) {
+        assert!(
+            until(TURN, async || self.agent_pids().is_empty()).await,
+            "agent processes left: {:?}",
+            self.agent_pids()
+        );
+    }
+
     /// Submits `text`; gives its admission id.
     async fn submit(&mut self, text: &str) -> String {
         let receipt = self.client.submit(&self.session_id, text).await.unwrap();
@@ -236,11 +259,7 @@ async fn text_and_tool_turns(which: Which) {
     );
     assert!(counts[0][0].as_i64().unwrap_or(0) > 0, "{counts:?}");
     // No agent process outlives its turn.
-    assert!(
-        until(BOUND, async || s.agent_pids().is_empty()).await,
-        "agent processes left: {:?}",
-        s.agent_pids()
-    );
+    s.assert_no_agent_left().await;
 }
 
 #[tokio::test]
@@ -257,14 +276,7 @@ async fn opencode_text_and_tool_turns_land_in_the_ledger() {
 /// again (no new model request); after `drover resolve` the next turn runs and completes.
 #[tokio::test]
 async fn killing_the_agent_mid_turn_loses_the_turn_and_the_next_one_works() {
-    let mut s = AgentSession::start(Which::Codex, "").await;
-    let gate = Gate::new();
-    s.model.push(Reply::text("never seen").gated(&gate));
-    let first = s.submit("think long").await;
-    assert!(
-        gate.wait_reached(FIRST_REQUEST).await,
-        "the turn never reached the model"
-    );
+    let (mut s, gate, first) = AgentSession::held_turn(Which::Codex, "never seen").await;
     let agents = s.agent_pids();
     assert!(!agents.is_empty(), "no agent process while its turn runs");
     for pid in &agents {
@@ -294,14 +306,7 @@ async fn killing_the_agent_mid_turn_loses_the_turn_and_the_next_one_works() {
 /// `unknown`, and after `drover resolve` the next turn of the session works.
 #[tokio::test]
 async fn killing_the_daemon_mid_turn_leaves_no_agent_and_the_session_goes_on() {
-    let mut s = AgentSession::start(Which::Codex, "").await;
-    let gate = Gate::new();
-    s.model.push(Reply::text("never seen").gated(&gate));
-    let first = s.submit("think long").await;
-    assert!(
-        gate.wait_reached(FIRST_REQUEST).await,
-        "the turn never reached the model"
-    );
+    let (mut s, gate, first) = AgentSession::held_turn(Which::Codex, "never seen").await;
     assert!(
         !s.agent_pids().is_empty(),
         "no agent process while its turn runs"
@@ -363,15 +368,8 @@ async fn an_approval_open_when_the_agent_dies_is_cancelled() {
 /// its answer.
 #[tokio::test]
 async fn a_client_leaving_mid_turn_does_not_stop_it() {
-    let mut s = AgentSession::start(Which::OpenCode, "").await;
-    let gate = Gate::new();
-    s.model
-        .push(Reply::text("finished without you").gated(&gate));
-    let first = s.submit("think long").await;
-    assert!(
-        gate.wait_reached(FIRST_REQUEST).await,
-        "the turn never reached the model"
-    );
+    let (mut s, gate, first) =
+        AgentSession::held_turn(Which::OpenCode, "finished without you").await;
     drop(std::mem::replace(
         &mut s.client,
         s.daemon.client().await.unwrap(),
@@ -398,14 +396,7 @@ async fn a_client_leaving_mid_turn_does_not_stop_it() {
 /// `interrupted` and no agent process is left.
 #[tokio::test]
 async fn interrupting_an_agent_turn_ends_it_interrupted() {
-    let mut s = AgentSession::start(Which::Codex, "").await;
-    let gate = Gate::new();
-    s.model.push(Reply::text("never seen").gated(&gate));
-    let first = s.submit("think long").await;
-    assert!(
-        gate.wait_reached(FIRST_REQUEST).await,
-        "the turn never reached the model"
-    );
+    let (mut s, gate, first) = AgentSession::held_turn(Which::Codex, "never seen").await;
     let resumed = s
         .client
         .call_ok("session.resume", json!({"session_id": s.session_id}))
@@ -421,11 +412,7 @@ async fn interrupting_an_agent_turn_ends_it_interrupted() {
         .unwrap();
     assert_eq!(settled(&mut s.client, &first).await, "interrupted");
     gate.open();
-    assert!(
-        until(BOUND, async || s.agent_pids().is_empty()).await,
-        "agent processes left: {:?}",
-        s.agent_pids()
-    );
+    s.assert_no_agent_left().await;
 }
 
 /// An unknown agent name is refused naming the field and the configured agents.
@@ -495,11 +482,7 @@ async fn a_job_whose_codex_goes_silent_ends_deadline_timeout() {
     assert_eq!(code, Some(2), "{out:#}");
     assert_eq!(out["outcome"], "deadline_timeout", "{out:#}");
     assert_eq!(out["job"]["detail"], "deadline_timeout", "{out:#}");
-    assert!(
-        until(BOUND, async || s.agent_pids().is_empty()).await,
-        "agent processes left: {:?}",
-        s.agent_pids()
-    );
+    s.assert_no_agent_left().await;
 }
 
 /// `drover run --agent codex PROMPT` from a terminal-less script: a new session of the agent,
