@@ -72,6 +72,6 @@ mod warm;
 pub use chat_model::{ChatModel, Completion, WindowLookup};
 pub use endpoint::ModelConfig;
 pub use error::ModelError;
-pub use model_client::{http_client, span_millis, HttpClient, ModelClient};
-pub use transport::{http_client_with, Transport};
+pub use model_client::{span_millis, ModelClient};
+pub use transport::{http_client, http_client_with, HttpClient, Transport};
 pub use warm::{WarmConnection, WarmConnector, WarmLayer};

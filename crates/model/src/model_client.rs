@@ -22,15 +22,7 @@ use crate::responses_stream::ResponsesAssembly;
 use crate::retry::{self, Failure};
 use crate::stream_assembly::{EventAssembly, Step, StreamAssembly};
 
-/// The HTTP client type under [`ModelClient`] ([`http_client`] builds one).
-pub type HttpClient = reqwest::Client;
-
-/// The HTTP client every [`ModelClient`] uses: connection pool, TLS roots, no timeout of its
-/// own (each request sets `request_timeout`). Building it parses the TLS root store, the
-/// costliest step of a client, which is why it is its own step.
-pub fn http_client() -> Result<HttpClient, ModelError> {
-    crate::transport::http_client_with(&crate::transport::Transport::default())
-}
+use crate::transport::{http_client, HttpClient};
 
 /// The reqwest-based client.
 #[derive(Debug, Clone)]

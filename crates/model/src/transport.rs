@@ -14,7 +14,6 @@ use std::time::Duration;
 use drover_protocol::ModelSettings;
 
 use crate::error::ModelError;
-use crate::model_client::HttpClient;
 
 /// What the daemon's `[model]` section adds to the environment's trust and proxies. The
 /// default (nothing) is what a spare builds before it knows its turn.
@@ -27,6 +26,16 @@ pub struct Transport {
     pub proxy: Option<String>,
     /// `[model] connect_timeout_s` as a bound; `None` is the default (10 s).
     pub connect_timeout: Option<Duration>,
+}
+
+/// The HTTP client type under the model client ([`http_client`] builds one).
+pub type HttpClient = reqwest::Client;
+
+/// The HTTP client every model client uses: connection pool, TLS roots, no timeout of its own
+/// (each request sets `request_timeout`). Building it parses the TLS root store, the costliest
+/// step of a client, which is why it is its own step.
+pub fn http_client() -> Result<HttpClient, ModelError> {
+    http_client_with(&Transport::default())
 }
 
 impl Transport {
@@ -49,7 +58,7 @@ pub fn http_client_with(transport: &Transport) -> Result<HttpClient, ModelError>
 }
 
 /// [`http_client_with`]'s builder, before it is built (a spare adds its warm connection's
-/// layer: `crate::warm`).
+/// layer to it).
 pub(crate) fn client_builder(transport: &Transport) -> Result<reqwest::ClientBuilder, ModelError> {
     let connect_timeout = transport
         .connect_timeout

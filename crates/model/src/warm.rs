@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use hyper_util::client::legacy::connect::Connection;
 
 use crate::error::ModelError;
-use crate::model_client::HttpClient;
+use crate::transport::HttpClient;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
