@@ -69,21 +69,7 @@ fn bin() -> PathBuf {
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().collect();
-    if !bench::smoke_run_selected("acp", &args) {
-        return ExitCode::SUCCESS;
-    }
-    let runtime = match bench::current_thread_runtime("acp bench") {
-        Ok(runtime) => runtime,
-        Err(code) => return code,
-    };
-    match runtime.block_on(run()) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("acp bench failed: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    bench::main("acp", run)
 }
 
 struct Settings {

@@ -83,21 +83,7 @@ fn bin() -> PathBuf {
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().collect();
-    if !bench::smoke_run_selected("agents", &args) {
-        return ExitCode::SUCCESS;
-    }
-    let runtime = match bench::current_thread_runtime("agents bench") {
-        Ok(runtime) => runtime,
-        Err(code) => return code,
-    };
-    match runtime.block_on(run()) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("agents bench failed: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    bench::main("agents", run)
 }
 
 struct Settings {

@@ -140,6 +140,30 @@ pub fn current_thread_runtime(
         })
 }
 
+/// A bench's whole `main`: nothing when the test harness lists or filters it out
+/// ([`smoke_run_selected`]), else `run` on a one-thread runtime, its error printed naming the
+/// bench.
+pub fn main<F>(name: &str, run: impl FnOnce() -> F) -> std::process::ExitCode
+where
+    F: std::future::Future<Output = Result<()>>,
+{
+    let args: Vec<String> = std::env::args().collect();
+    if !smoke_run_selected(name, &args) {
+        return std::process::ExitCode::SUCCESS;
+    }
+    let runtime = match current_thread_runtime(&format!("{name} bench")) {
+        Ok(runtime) => runtime,
+        Err(code) => return code,
+    };
+    match runtime.block_on(run()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{name} bench failed: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// The `admission_id` of a `prompt.submit` receipt, or an error showing the receipt.
 pub fn admission_id(receipt: &Value) -> Result<String> {
     receipt["admission_id"]
