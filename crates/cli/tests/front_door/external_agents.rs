@@ -135,9 +135,20 @@ impl AgentSession {
         )
     }
 
-    /// The live processes running the agent's binary.
+    /// The live processes running this test's agent: its binary with this setup's `HOME` (the
+    /// tests run at once, and another test's agent must never be counted or killed here).
     fn agent_pids(&self) -> Vec<u32> {
+        let home = format!("HOME={}", self.setup.env["HOME"]);
         agent_pids(&self.binary)
+            .into_iter()
+            .filter(|pid| {
+                std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|environ| {
+                    environ
+                        .split(|byte| *byte == 0)
+                        .any(|entry| entry == home.as_bytes())
+                })
+            })
+            .collect()
     }
 
     /// The model requests made so far.
