@@ -13,8 +13,10 @@ mod completions;
 mod display;
 mod job_cmd;
 mod protocol_cmd;
+mod restart_cmd;
 mod run_cmd;
 mod runner_cmd;
+mod service_cmd;
 mod session_cmd;
 mod spinner;
 mod ui_cmd;
@@ -63,6 +65,11 @@ enum Command {
     Acp(acp_cmd::AcpArgs),
     /// Ask the home's daemon to stop (as SIGTERM does) and wait for it to exit.
     Stop,
+    /// Hand the home over to the drover binary now on disk: it becomes the next owner and
+    /// adopts the running turns (as SIGHUP to the daemon does).
+    Restart(restart_cmd::RestartArgs),
+    /// The home's daemon as a systemd user service: install, uninstall, status.
+    Service(service_cmd::ServiceArgs),
     /// List sessions: started, last active, state, queue length and title.
     Sessions {
         /// Print JSON (the `session.list` result) instead of a table.
@@ -203,6 +210,8 @@ fn main() -> ExitCode {
         Command::Worker { template: true } => drover_worker::template_entry(),
         Command::Run(args) => commands::block_on(run_cmd::run(home, args)),
         Command::Stop => commands::block_on(commands::stop(home)),
+        Command::Restart(args) => commands::block_on(restart_cmd::restart(home, args)),
+        Command::Service(args) => commands::block_on(async { service_cmd::run(home, args) }),
         Command::Sessions { json } => commands::block_on(session_cmd::sessions(&home, json)),
         Command::Show(args) => commands::block_on(session_cmd::show(&home, args)),
         Command::Resolve(args) => commands::block_on(session_cmd::resolve(&home, args)),
