@@ -61,6 +61,10 @@ pub enum OwnerError {
     /// `runtime_draining`: the daemon is stopping and admits nothing.
     #[error("the daemon is stopping")]
     Draining,
+    /// `storage_unavailable` (a failure on the owner's side): a `daemon.restart` whose
+    /// handoff did not happen; the text says why, and this owner goes on serving.
+    #[error("the handoff failed: {0}")]
+    HandoffFailed(String),
     /// A ledger failure, mapped by [`LedgerError::reason`] and [`LedgerError::field`].
     #[error(transparent)]
     Ledger(#[from] LedgerError),
@@ -99,6 +103,7 @@ impl OwnerError {
             OwnerError::BearerOnly(_) => ErrorReason::PermissionDenied,
             OwnerError::Registry(_) => ErrorReason::StorageUnavailable,
             OwnerError::Draining => ErrorReason::RuntimeDraining,
+            OwnerError::HandoffFailed(_) => ErrorReason::StorageUnavailable,
             OwnerError::Ledger(e) => e.reason(),
             OwnerError::MalformedJson(_) => ErrorReason::ParseError,
             OwnerError::InvalidRequest(_) => ErrorReason::InvalidRequest,

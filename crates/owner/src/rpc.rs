@@ -143,6 +143,9 @@ async fn answer(
                 started_at: owner.started_at,
             })
         }
+        ClientRequest::DaemonRestart(_) => {
+            return Err(OwnerError::HandoffFailed("not built yet".into()))
+        }
         ClientRequest::UiLoginCode(wire::NoParams {}) => {
             MethodResult::UiLoginCode(ui_login_code(owner, conn)?)
         }

@@ -508,6 +508,9 @@ impl Inner {
                 tracing::info!(%mode, "approval mode changed by the owner");
                 self.approvals.set(mode);
             }
+            OwnerFrame::Handoff { .. } | OwnerFrame::Adopted { .. } => {
+                tracing::warn!("ignoring a handoff frame: this worker cannot be handed over yet");
+            }
             OwnerFrame::Bootstrap(_)
             | OwnerFrame::BootstrapBody { .. }
             | OwnerFrame::BootstrapPart { .. } => {

@@ -86,6 +86,12 @@ impl WorkerPipe {
                     .refused("a second `started` frame", &"it is ignored");
                 Handled::default()
             }
+            // Only the supervisor asks for it, and it reads it itself (a handoff).
+            WorkerFrame::HandoffReady => {
+                self.refusals
+                    .refused("a `handoff_ready` frame nobody asked for", &"it is ignored");
+                Handled::default()
+            }
             WorkerFrame::Delta { text } => {
                 self.owner
                     .hub

@@ -132,6 +132,9 @@ methods! {
     McpStatus => "mcp.status", McpStatusParams, McpStatusResult;
     /// `daemon.info` (drover extension): which daemon start answers (its epoch).
     DaemonInfo => "daemon.info", NoParams, DaemonStart;
+    /// `daemon.restart` (drover extension): hand the home to the binary on disk, which adopts
+    /// the running turns; answers once the next owner confirmed (or why it did not).
+    DaemonRestart => "daemon.restart", RestartParams, Restarted;
     /// `ui.login_code` (drover extension): a one-time code for the web dashboard's login;
     /// bearer-token connections only.
     UiLoginCode => "ui.login_code", NoParams, UiLoginCode;

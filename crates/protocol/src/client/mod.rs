@@ -24,8 +24,10 @@
 //! - [`prompts`]: inputs and their receipts, interrupts, prompt answers, approval rules.
 //! - [`jobs`]: a session's jobs and the home registry's, read only.
 //! - [`dashboard`]: the daemon start and the dashboard's login code.
+//! - [`handoff`]: `daemon.restart` and the `daemon.restarted` notification.
 
 pub mod dashboard;
+pub mod handoff;
 pub mod jobs;
 pub mod methods;
 pub mod prompts;
@@ -34,6 +36,7 @@ pub mod sessions;
 mod tests;
 
 pub use dashboard::*;
+pub use handoff::*;
 pub use jobs::*;
 pub use methods::*;
 pub use prompts::*;

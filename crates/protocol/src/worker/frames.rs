@@ -28,6 +28,12 @@ pub const OUTBOX_SPARES_MAX: usize = 4;
 /// turn (no request is sent, no key is in it). Unset when the home has none.
 pub const MODEL_ENDPOINT_ENV: &str = "DROVER_MODEL_ENDPOINT";
 
+/// The version of this pipe's frames. Two drover builds whose versions differ cannot hand
+/// running workers from one owner to the other (`drover restart` says so and offers
+/// `--drain`); any change to [`OwnerFrame`], [`WorkerFrame`] or the persist operations that an
+/// older worker or owner would not read raises it.
+pub const WORKER_PROTOCOL_VERSION: u32 = 2;
+
 /// Frames from the owner to the worker.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -76,6 +82,23 @@ pub enum OwnerFrame {
         /// The mode from now on (the home's `deny` floor already applied).
         mode: ApprovalMode,
     },
+    /// The owner is handing its running workers to its next owner (`drover restart`): the
+    /// worker must survive its parent's exit from now on, answer with
+    /// [`WorkerFrame::HandoffReady`] as its last line, then write nothing more until
+    /// [`OwnerFrame::Adopted`] (it goes on with its turn, reads owner frames, and holds its
+    /// own lines). No `adopted` within `grace_ms`, or end of stdin: the owner is gone, as
+    /// today.
+    Handoff {
+        /// How long the worker waits for `adopted` before it stops as if its owner died.
+        grace_ms: u64,
+    },
+    /// The worker was adopted (by the next owner, or taken back by the same one after a
+    /// failed handoff): every persist from now on, and every held or unanswered one it sends,
+    /// carries `epoch`; it writes its held lines and goes on.
+    Adopted {
+        /// The adopting owner's runtime epoch.
+        epoch: u64,
+    },
 }
 
 /// Frames from the worker to the owner.
@@ -100,6 +123,9 @@ pub enum WorkerFrame {
     /// run, so the owner may give the
     /// turn to a fresh worker when this one dies, stops or stays silent.
     Started,
+    /// The answer to [`OwnerFrame::Handoff`]: the last line before the worker holds its lines
+    /// for the next owner. Everything the worker wrote before it is the old owner's to handle.
+    HandoffReady,
     /// Live assistant text (becomes `message.delta`; never stored).
     Delta {
         /// The piece of text.
