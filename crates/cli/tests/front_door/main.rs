@@ -1,7 +1,8 @@
 //! What users and clients see of drover, end to end against the real `drover` binary: `drover
 //! run`, `chat`, `sessions` and the terminal UI, the dashboard in a browser, the typed client
 //! library, ACP clients and the ACP WebSocket, the JSON-RPC envelope and the wire of every
-//! method, prompts and per-session settings. One binary, one module per concern.
+//! method, prompts and per-session settings, and `drover service`'s systemd user unit. One
+//! binary, one module per concern.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -18,6 +19,7 @@ mod protocol_wire;
 mod rpc;
 mod run_cli;
 mod run_front_door;
+mod service;
 mod session_cmd;
 mod session_settings;
 mod terminal_ui;
