@@ -30,8 +30,9 @@
 //! - `fds`: [`combined_output_pipe`] makes one pipe for a child's stdout and stderr, so they
 //!   interleave; [`pass_fd`] hands a child a descriptor at a fixed number, and
 //!   [`take_inherited_fd`] takes it in the child.
-//! - `process_settings`: what a process sets on itself: [`set_parent_death_signal`] (the
-//!   worker), [`ignore_file_size_signal`] (the daemon), [`default_pipe_signal`] (a command
+//! - `process_settings`: what a process sets on itself: [`set_parent_death_signal`] and
+//!   [`clear_parent_death_signal`] (the worker, which clears it when handed to the next owner),
+//!   [`ignore_file_size_signal`] (the daemon), [`default_pipe_signal`] (a command
 //!   piped into `head`), [`set_non_dumpable`] (the owner and the worker), [`set_thread_name`];
 //!   [`limit_malloc_arenas`] caps glibc's malloc arenas (the owner, at its start) and
 //!   [`release_free_memory`] trims them (the worker template, before it forks; the owner,
@@ -92,7 +93,7 @@ pub use proc_facts::{
     process_start_time,
 };
 pub use process_settings::{
-    default_pipe_signal, ignore_file_size_signal, limit_malloc_arenas, release_free_memory,
-    set_non_dumpable, set_parent_death_signal, set_thread_name,
+    clear_parent_death_signal, default_pipe_signal, ignore_file_size_signal, limit_malloc_arenas,
+    release_free_memory, set_non_dumpable, set_parent_death_signal, set_thread_name,
 };
 pub use signals::{signal_group, signal_process};

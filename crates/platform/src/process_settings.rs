@@ -15,6 +15,13 @@ pub fn set_parent_death_signal(signal: Signal) -> io::Result<()> {
     nix::sys::prctl::set_pdeathsig(signal).map_err(io::Error::from)
 }
 
+/// Clears the signal the calling process gets when its parent dies (`PR_SET_PDEATHSIG` 0): a
+/// worker handed to the next owner must outlive the owner that started it (its parent). Linux
+/// keeps the setting per thread: call it on the thread that set it.
+pub fn clear_parent_death_signal() -> io::Result<()> {
+    nix::sys::prctl::set_pdeathsig(None).map_err(io::Error::from)
+}
+
 /// Ignores `SIGXFSZ` in this process, so a write past `RLIMIT_FSIZE` fails with `EFBIG` (which
 /// the ledger reports as `storage_unavailable`) instead of killing the daemon.
 pub fn ignore_file_size_signal() -> io::Result<()> {

@@ -421,6 +421,22 @@ impl Journal {
         }
     }
 
+    /// The execution was adopted by an owner of runtime epoch `epoch` (a daemon handoff): frames
+    /// built from now on carry it, and so does every unanswered one in memory, held or written,
+    /// for it is sent or resent from memory. Files already written keep the epoch they were
+    /// written with: only a reload reads them, and a worker never reloads its own outbox.
+    pub fn set_epoch(&mut self, epoch: u64) {
+        self.scope.epoch = epoch;
+        for frame in self.pending.values_mut() {
+            frame.epoch = epoch;
+        }
+    }
+
+    /// The epoch frames are built with ([`Journal::set_epoch`] changes it).
+    pub fn epoch(&self) -> u64 {
+        self.scope.epoch
+    }
+
     /// The unacknowledged frame with this `sequence`, if any.
     pub fn frame(&self, sequence: u64) -> Option<&PersistFrame> {
         self.pending.get(&sequence)

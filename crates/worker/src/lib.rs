@@ -5,7 +5,10 @@
 //! sequence-numbered `persist` frame through its [`journal`] (an outbox under
 //! `<home>/outbox/<execution_id>/`, written durably before each send). It never opens
 //! `state.db`. It stops at once when the owner is gone (`PR_SET_PDEATHSIG`, EOF on stdin),
-//! killing its tools' process groups.
+//! killing its tools' process groups. A daemon handoff is not a loss: told `handoff`, the
+//! worker drops its parent-death signal and holds its output, its turn going on, until the
+//! next owner (which took over its pipes) says `adopted`; only a handoff not adopted within its
+//! grace period is the owner gone.
 //!
 //! Started ahead: the owner may start a worker before it has a turn for it (the
 //! spare). Before the bootstrap a worker does only what does not depend on the turn (owner-loss
@@ -29,7 +32,8 @@
 //!   reader/writer pair: the journal's file writes in sequence order, one writer task behind a
 //!   bounded queue (persists and deltas never interleave; deltas are dropped when the owner
 //!   does not read, persists wait), one reader task (receipts by sequence, `stop`), resend
-//!   after a reconnect.
+//!   after a reconnect, and the handoff hold (`handoff`, `handoff_ready`, `adopted`, the grace
+//!   period).
 //! - [`store`]: the agent's [`drover_agent::TurnStore`], the tools'
 //!   [`drover_tools::PromptBroker`], [`drover_tools::ProcessRegistry`] and
 //!   [`drover_tools::McpStatusSink`], all persisting
@@ -62,8 +66,15 @@
 //!    A `stop` frame cancels the turn, which then finishes `interrupted` the same way.
 //! 3. A `refused` answer stops the turn; the worker exits 2 without `execution.finish`.
 //! 4. End of stdin, a broken stdout, SIGTERM (also sent by `PR_SET_PDEATHSIG`) or a changed
-//!    parent: the owner is gone. The worker cancels the turn, kills its foreground tool process
-//!    groups and exits 1 without `execution.finish`; the owner marks the turn `unknown`.
+//!    parent at start: the owner is gone. The worker cancels the turn, kills its foreground
+//!    tool process groups and exits 1 without `execution.finish`; the owner marks the turn
+//!    `unknown`.
+//! 5. A daemon handoff ([`owner_pipe`] has the detail): `handoff {grace_ms}` clears
+//!    `PR_SET_PDEATHSIG` and is answered by `handoff_ready`, after every line before it; then
+//!    the worker writes nothing while its turn goes on (persists wait, deltas are dropped once
+//!    the queue is full) and it still acts on owner frames. `adopted {epoch}` restamps every
+//!    unanswered frame and every later one with `epoch` and lets the output go. No `adopted`
+//!    within `grace_ms`, or end of stdin meanwhile: the owner is gone, as in 4.
 //!
 //! stdout carries frames only; logs go to stderr (`RUST_LOG`, default `info`) and never
 //! contain the execution secret or the API key. Exit codes: [`WorkerExit`].

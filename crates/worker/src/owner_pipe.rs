@@ -17,14 +17,31 @@
 //!   into several lines, and `prompt.open` and `child.reserve` always go alone;
 //! - the reader task parses [`OwnerFrame`]s: a `receipt` or `refused` deletes the frame from
 //!   the journal and then wakes the persist waiting for that sequence;
-//!   `stop` fires the turn's cancel token.
+//!   `stop` fires the turn's cancel token; `handoff` and `adopted` go, in the order they came,
+//!   to the pair's control task (below).
+//!
+//! A daemon handoff (the owner hands its running workers to its next owner, which adopts
+//! them): on `handoff {grace_ms}` the reader clears the process's parent-death signal (the
+//! worker must outlive the owner that started it), and the control task, once every persist
+//! before it has queued its lines, queues `handoff_ready`. The writer writes it and then holds:
+//! it writes nothing more until `adopted`. Meanwhile the turn goes on and the reader keeps
+//! acting on owner frames; persists are recorded (journal, pending list) and queued by
+//! sequence only, deltas are queued until the queue is full and then dropped, as when the owner
+//! does not read. On `adopted {epoch}` every frame recorded and not answered, and every later
+//! one, carries `epoch` (a frame queued during the hold is serialised when it is written, so
+//! with the new epoch); frames sent before `handoff_ready` are not sent again. Then the writer
+//! resumes; an `adopted` with the old epoch (a handoff taken back) just resumes. A second
+//! `handoff` during the hold is answered with `handoff_ready` again at once, and its grace
+//! period replaces the first's. No `adopted` within the grace period marks the pair lost, as
+//! end of file does.
 //!
 //! End of file or a write error marks the pair lost ([`OwnerPipe::disconnected`]). The frames
 //! stay in the journal; [`OwnerPipe::connect`] with a new pair first resends every
 //! unacknowledged frame that was sent, in sequence order and in the batches they were sent in,
 //! then carries on (the owner answers a repeated sequence with its stored receipt); held
-//! frames still wait for the next persist. The worker process itself never reconnects: for it
-//! a lost pair means the owner is gone.
+//! frames still wait for the next persist. A new pair ends a handoff's hold. The worker process
+//! itself never reconnects: for it a lost pair means the owner is gone; a handed-off worker
+//! keeps its pipes, which the next owner took over.
 //!
 //! An incoming line over [`MAX_FRAME_BYTES`], or one that is not an owner frame, is a fault:
 //! it is logged, the persists waiting at that moment fail, and the turn is cancelled, so the
@@ -32,6 +49,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use drover_platform::frame_lines::{read_frame_line, FrameLine};
 use drover_protocol::worker::{Operation, OwnerFrame, PersistFrame, WorkerFrame, MAX_FRAME_BYTES};
@@ -40,6 +58,7 @@ use tokio::io::{AsyncBufRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, oneshot, watch, OwnedMutexGuard};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -121,6 +140,34 @@ enum Answer {
     Fault(String),
 }
 
+/// One entry of a pair's writer queue.
+enum Outgoing {
+    /// A line, serialised when it was queued.
+    Line(String),
+    /// Frames recorded during a handoff's hold, sent together, by sequence: serialised when
+    /// written, so an `adopted` meanwhile gives them its epoch.
+    Frames(Vec<u64>),
+    /// `handoff_ready` for the hold numbered so ([`Hold::begun`]); the writer holds after it.
+    HandoffReady(u64),
+}
+
+/// A pair's `handoff` and `adopted` frames, in the order they came, for its control task.
+enum Control {
+    Handoff { grace: Duration },
+    Adopted { epoch: u64 },
+}
+
+/// The handoff holds, as the writer needs them: a hold ends when `ended` reaches its number.
+#[derive(Debug, Clone, Copy, Default)]
+struct Hold {
+    /// Holds begun (each with its `handoff_ready` queued).
+    begun: u64,
+    /// Holds ended (`adopted`, or a new pair).
+    ended: u64,
+    /// `handoff` frames that came during the current hold, each answered again.
+    repeats: u64,
+}
+
 /// The worker's end of the owner pipes; cheap to clone (all clones share one pipe).
 #[derive(Clone)]
 pub struct OwnerPipe {
@@ -140,6 +187,8 @@ struct Inner {
     cancel: CancellationToken,
     /// The turn's approval mode, changed by `approvals` frames (the turn's tools read it).
     approvals: drover_tools::LiveApprovalMode,
+    /// The handoff holds, watched by the writer holding after `handoff_ready`.
+    hold: watch::Sender<Hold>,
 }
 
 struct State {
@@ -155,7 +204,14 @@ struct State {
     /// the newest pending ones).
     held: Vec<u64>,
     /// The current writer task's queue; `None` while no pair is connected.
-    out: Option<mpsc::Sender<String>>,
+    out: Option<mpsc::Sender<Outgoing>>,
+    /// True from a `handoff` (once its `handoff_ready` is queued) to its `adopted`: persists
+    /// are queued by sequence ([`Outgoing::Frames`]).
+    handoff: bool,
+    /// The epoch of every frame recorded, the bootstrap's until an `adopted` changes it. Set
+    /// here too (the journal holds it as well) so a frame the journal built just before an
+    /// `adopted` is restamped when it enters `pending`.
+    epoch: u64,
     /// Cancelled when the current pair is replaced or lost: its writer drops its queue.
     closed: CancellationToken,
     /// Counts [`OwnerPipe::connect`] calls, so a stale task cannot mark a newer pair lost.
@@ -174,6 +230,7 @@ impl OwnerPipe {
     /// fault.
     pub fn new(journal: Journal, cancel: CancellationToken) -> OwnerPipe {
         let (connected, _) = watch::channel(false);
+        let epoch = journal.epoch();
         let pending = journal
             .unacknowledged()
             .into_iter()
@@ -186,6 +243,8 @@ impl OwnerPipe {
                 batch_of: BTreeMap::new(),
                 held: Vec::new(),
                 out: None,
+                handoff: false,
+                epoch,
                 closed: CancellationToken::new(),
                 connection: 0,
                 reader_task: None,
@@ -200,6 +259,7 @@ impl OwnerPipe {
             connected,
             cancel,
             approvals: drover_tools::LiveApprovalMode::unset(),
+            hold: watch::Sender::new(Hold::default()),
         });
         OwnerPipe { inner }
     }
@@ -224,6 +284,10 @@ impl OwnerPipe {
         }
         state.closed.cancel();
         state.closed = closed.clone();
+        // A hold belongs to the pair it was asked on; the new pair gets every frame recorded
+        // meanwhile in the resend below.
+        state.handoff = false;
+        self.inner.hold.send_modify(|hold| hold.ended = hold.begun);
         // Taken under the lock a persist registers its frame under, so no frame is sent
         // twice on one pair or out of order. Held frames are not written yet: they stay held
         // and go with the next persist.
@@ -239,9 +303,14 @@ impl OwnerPipe {
             );
         }
         state.out = Some(tx);
+        let (control_tx, control_rx) = mpsc::unbounded_channel();
         state.reader_task = Some(tokio::spawn(
-            read_loop(self.inner.clone(), connection, reader).in_current_span(),
+            read_loop(self.inner.clone(), connection, reader, control_tx).in_current_span(),
         ));
+        tokio::spawn(
+            control_loop(self.inner.clone(), connection, closed.clone(), control_rx)
+                .in_current_span(),
+        );
         let written = write_loop(self.inner.clone(), connection, writer, resend, rx);
         tokio::spawn(
             async move {
@@ -329,6 +398,8 @@ impl OwnerPipe {
         let (lines, out) = {
             let mut state = self.inner.lock();
             let state = &mut *state;
+            let mut frame = frame;
+            frame.epoch = state.epoch;
             state.pending.insert(sequence, frame);
             if let Some(answer) = answer {
                 state.waiters.insert(sequence, answer);
@@ -340,12 +411,19 @@ impl OwnerPipe {
             let mut batch = std::mem::take(&mut state.held);
             batch.push(sequence);
             let first = batch[0];
-            let frames: Vec<&PersistFrame> =
-                batch.iter().filter_map(|s| state.pending.get(s)).collect();
-            let lines = batch_lines(&frames);
-            for s in batch {
-                state.batch_of.insert(s, first);
+            for s in &batch {
+                state.batch_of.insert(*s, first);
             }
+            let lines = if state.handoff {
+                vec![Outgoing::Frames(batch)]
+            } else {
+                let frames: Vec<&PersistFrame> =
+                    batch.iter().filter_map(|s| state.pending.get(s)).collect();
+                batch_lines(&frames)
+                    .into_iter()
+                    .map(Outgoing::Line)
+                    .collect()
+            };
             (lines, state.out.clone())
         };
         // Outside the lock. A pair that closes meanwhile fails the send; the next `connect`
@@ -369,7 +447,7 @@ impl OwnerPipe {
             let Ok(json) = serde_json::to_string(&frame) else {
                 continue;
             };
-            match out.try_send(line(json)) {
+            match out.try_send(Outgoing::Line(line(json))) {
                 Ok(()) => {}
                 Err(TrySendError::Full(_)) => {
                     state.deltas_dropped += 1;
@@ -475,7 +553,7 @@ impl Inner {
         self.connected.send_replace(false);
     }
 
-    fn handle_line(&self, bytes: &[u8]) {
+    fn handle_line(&self, bytes: &[u8], control: &mpsc::UnboundedSender<Control>) {
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return;
         }
@@ -508,8 +586,20 @@ impl Inner {
                 tracing::info!(%mode, "approval mode changed by the owner");
                 self.approvals.set(mode);
             }
-            OwnerFrame::Handoff { .. } | OwnerFrame::Adopted { .. } => {
-                tracing::warn!("ignoring a handoff frame: this worker cannot be handed over yet");
+            OwnerFrame::Handoff { grace_ms } => {
+                tracing::info!(grace_ms, "handoff: holding output until adopted");
+                // Here, on the reader's task: the worker's runtime runs its tasks on the main
+                // thread, which set the signal (Linux keeps it per thread). Before
+                // `handoff_ready`, after which the owner may exit.
+                if let Err(e) = drover_platform::clear_parent_death_signal() {
+                    tracing::warn!(error = %e, "could not clear PR_SET_PDEATHSIG; the owner's exit will stop this worker");
+                }
+                let _ = control.send(Control::Handoff {
+                    grace: Duration::from_millis(grace_ms),
+                });
+            }
+            OwnerFrame::Adopted { epoch } => {
+                let _ = control.send(Control::Adopted { epoch });
             }
             OwnerFrame::Bootstrap(_)
             | OwnerFrame::BootstrapBody { .. }
@@ -576,6 +666,64 @@ impl Inner {
         }
         self.cancel.cancel();
     }
+
+    /// A `handoff`: queues `handoff_ready` after the lines of every persist recorded before
+    /// it, and begins the hold. During a hold, answers again (the writer writes it at once).
+    async fn hand_off(&self) {
+        if self.lock().handoff {
+            tracing::info!("handoff again during the hold; answering handoff_ready again");
+            self.hold.send_modify(|hold| hold.repeats += 1);
+            return;
+        }
+        // Held by a persist until its lines are queued: every earlier line is ahead of
+        // `handoff_ready`, and every later persist sees the hold. Not taken during a hold,
+        // where a persist may keep it while it waits for room the held writer never makes.
+        let _turn = self.sending.lock().await;
+        let out = {
+            let mut state = self.lock();
+            state.handoff = true;
+            state.out.clone()
+        };
+        let mut number = 0;
+        self.hold.send_modify(|hold| {
+            hold.begun += 1;
+            hold.repeats = 0;
+            number = hold.begun;
+        });
+        if let Some(out) = out {
+            let _ = out.send(Outgoing::HandoffReady(number)).await;
+        }
+    }
+
+    /// An `adopted`: every frame from now on, and every one recorded and not answered, carries
+    /// `epoch`; the hold ends. The journal first, then `pending` (never both locks at once): a
+    /// frame the journal built with the old epoch in between is restamped by `record` as it
+    /// enters `pending`.
+    fn adopted(&self, epoch: u64) {
+        if let Some(journal) = self.journal().as_mut() {
+            journal.set_epoch(epoch);
+        }
+        let (from, held) = {
+            let mut state = self.lock();
+            let from = std::mem::replace(&mut state.epoch, epoch);
+            for frame in state.pending.values_mut() {
+                frame.epoch = epoch;
+            }
+            (from, std::mem::replace(&mut state.handoff, false))
+        };
+        tracing::info!(from, epoch, held, "adopted; writing to the owner again");
+        self.hold.send_modify(|hold| hold.ended = hold.begun);
+    }
+
+    /// The lines of frames queued by sequence during a hold, with their epoch as it is now.
+    fn frame_lines(&self, sequences: &[u64]) -> Vec<String> {
+        let state = self.lock();
+        let frames: Vec<&PersistFrame> = sequences
+            .iter()
+            .filter_map(|s| state.pending.get(s))
+            .collect();
+        batch_lines(&frames)
+    }
 }
 
 /// Drops the waiter of a persist whose future was dropped (a prompt abandoned on stop).
@@ -593,7 +741,7 @@ impl Drop for Waiting<'_> {
 /// Queues a persist's `lines` for the owner in order, then lets the next persist go (`turn`).
 /// Lines that find the queue full wait in a task of their own, which holds `turn` until they
 /// are queued: a frame is never dropped, nor overtaken by a later one.
-fn queue_lines(out: mpsc::Sender<String>, lines: Vec<String>, turn: OwnedMutexGuard<()>) {
+fn queue_lines(out: mpsc::Sender<Outgoing>, lines: Vec<Outgoing>, turn: OwnedMutexGuard<()>) {
     let mut lines = lines.into_iter();
     while let Some(text) = lines.next() {
         match out.try_send(text) {
@@ -709,20 +857,21 @@ async fn write_loop<W>(
     connection: u64,
     mut writer: W,
     resend: Vec<String>,
-    mut lines: mpsc::Receiver<String>,
+    mut lines: mpsc::Receiver<Outgoing>,
 ) where
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    if let Err(e) = write_lines(&mut writer, resend, &mut lines).await {
+    if let Err(e) = write_lines(&inner, &mut writer, resend, &mut lines).await {
         tracing::warn!(error = %e, "writing to the owner failed");
         inner.lost(connection);
     }
 }
 
 async fn write_lines<W>(
+    inner: &Inner,
     writer: &mut W,
     resend: Vec<String>,
-    lines: &mut mpsc::Receiver<String>,
+    lines: &mut mpsc::Receiver<Outgoing>,
 ) -> std::io::Result<()>
 where
     W: AsyncWrite + Unpin,
@@ -731,8 +880,19 @@ where
         writer.write_all(text.as_bytes()).await?;
     }
     writer.flush().await?;
-    while let Some(text) = lines.recv().await {
-        writer.write_all(text.as_bytes()).await?;
+    while let Some(next) = lines.recv().await {
+        match next {
+            Outgoing::Line(text) => writer.write_all(text.as_bytes()).await?,
+            Outgoing::Frames(sequences) => {
+                for text in inner.frame_lines(&sequences) {
+                    writer.write_all(text.as_bytes()).await?;
+                }
+            }
+            Outgoing::HandoffReady(number) => {
+                write_handoff_ready(writer).await?;
+                hold(inner, writer, number).await?;
+            }
+        }
         if lines.is_empty() {
             writer.flush().await?;
         }
@@ -742,14 +902,97 @@ where
     Ok(())
 }
 
-async fn read_loop<R>(inner: Arc<Inner>, connection: u64, mut reader: R)
+async fn write_handoff_ready<W>(writer: &mut W) -> std::io::Result<()>
 where
+    W: AsyncWrite + Unpin,
+{
+    // Serialising a unit variant cannot fail.
+    let json = serde_json::to_string(&WorkerFrame::HandoffReady).unwrap_or_default();
+    writer.write_all(line(json).as_bytes()).await?;
+    writer.flush().await
+}
+
+/// Writes nothing until hold `number` ends, but `handoff_ready` again for each `handoff`
+/// repeated meanwhile.
+async fn hold<W>(inner: &Inner, writer: &mut W, number: u64) -> std::io::Result<()>
+where
+    W: AsyncWrite + Unpin,
+{
+    let mut holds = inner.hold.subscribe();
+    let mut answered = 0;
+    loop {
+        let now = *holds.borrow_and_update();
+        if now.ended >= number {
+            return Ok(());
+        }
+        if now.begun == number {
+            while answered < now.repeats {
+                write_handoff_ready(writer).await?;
+                answered += 1;
+            }
+        }
+        if holds.changed().await.is_err() {
+            return Ok(());
+        }
+    }
+}
+
+/// Acts on a pair's `handoff` and `adopted` frames in order, and ends the pair when a
+/// handoff's grace period passes without `adopted` (the owner is gone then).
+async fn control_loop(
+    inner: Arc<Inner>,
+    connection: u64,
+    closed: CancellationToken,
+    mut control: mpsc::UnboundedReceiver<Control>,
+) {
+    let mut deadline: Option<Instant> = None;
+    loop {
+        let next = tokio::select! {
+            _ = closed.cancelled() => return,
+            _ = expiry(deadline) => break,
+            next = control.recv() => next,
+        };
+        match next {
+            // The reader ended (end of file, shutdown).
+            None => return,
+            Some(Control::Handoff { grace }) => {
+                deadline = Some(Instant::now() + grace);
+                tokio::select! {
+                    _ = closed.cancelled() => return,
+                    _ = expiry(deadline) => break,
+                    _ = inner.hand_off() => {}
+                }
+            }
+            Some(Control::Adopted { epoch }) => {
+                deadline = None;
+                inner.adopted(epoch);
+            }
+        }
+    }
+    tracing::warn!("no `adopted` within the handoff's grace period: the owner is gone");
+    inner.lost(connection);
+}
+
+/// Resolves at `deadline`; never without one.
+async fn expiry(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn read_loop<R>(
+    inner: Arc<Inner>,
+    connection: u64,
+    mut reader: R,
+    control: mpsc::UnboundedSender<Control>,
+) where
     R: AsyncBufRead + Unpin + Send + 'static,
 {
     let mut buf = Vec::new();
     loop {
         match read_frame_line(&mut reader, &mut buf, MAX_FRAME_BYTES).await {
-            Ok(FrameLine::Line) => inner.handle_line(&buf),
+            Ok(FrameLine::Line) => inner.handle_line(&buf, &control),
             Ok(FrameLine::TooLong(bytes)) => inner.fail(format!(
                 "the owner sent a line of {bytes} bytes, over the {MAX_FRAME_BYTES}-byte frame limit"
             )),

@@ -139,7 +139,7 @@ where
         biased;
         exit = settle(&pipe, bootstrap, http, cancel.clone()) => exit,
         _ = pipe.disconnected() => {
-            tracing::warn!("the owner is gone (end of stdin or broken stdout); stopping");
+            tracing::warn!("the owner is gone (end of stdin, broken stdout, or a handoff not adopted in time); stopping");
             owner_lost(&cancel)
         }
         _ = shutdown.cancelled() => {

@@ -115,6 +115,7 @@ impl Worker {
                     self.unread.extend(persists);
                 }
                 WorkerFrame::Delta { .. } | WorkerFrame::Started => {}
+                WorkerFrame::HandoffReady => panic!("no handoff was asked"),
             }
         }
     }

@@ -31,6 +31,8 @@ pub struct Owner {
     pub deltas: Vec<String>,
     /// How many `started` frames (the bootstrap's acknowledgement) were seen.
     pub started: usize,
+    /// How many `handoff_ready` frames were seen.
+    pub handoff_ready: usize,
     /// Every persist frame seen, in order.
     pub persists: Vec<PersistFrame>,
     /// The operations of each line that carried persists, in order: one for a `persist`
@@ -58,6 +60,7 @@ impl Owner {
             writer: owner_write,
             deltas: Vec::new(),
             started: 0,
+            handoff_ready: 0,
             persists: Vec::new(),
             lines: Vec::new(),
             unread: Default::default(),
@@ -85,6 +88,7 @@ impl Owner {
             match read_frame(&mut self.reader, WAIT).await? {
                 WorkerFrame::Delta { text } => self.deltas.push(text),
                 WorkerFrame::Started => self.started += 1,
+                WorkerFrame::HandoffReady => self.handoff_ready += 1,
                 WorkerFrame::Persist(frame) => {
                     self.lines
                         .push(operation_names(std::slice::from_ref(&frame)));

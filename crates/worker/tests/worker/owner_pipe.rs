@@ -19,9 +19,9 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, DuplexStream, ReadHal
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-const WAIT: Duration = Duration::from_secs(10);
+pub(crate) const WAIT: Duration = Duration::from_secs(10);
 
-fn scope() -> Scope {
+pub(crate) fn scope() -> Scope {
     Scope {
         session_id: "s1".into(),
         admission_id: "a1".into(),
@@ -33,13 +33,13 @@ fn scope() -> Scope {
 }
 
 /// The owner's end of one pipe pair.
-struct OwnerEnd {
-    reader: BufReader<ReadHalf<DuplexStream>>,
-    writer: WriteHalf<DuplexStream>,
+pub(crate) struct OwnerEnd {
+    pub(crate) reader: BufReader<ReadHalf<DuplexStream>>,
+    pub(crate) writer: WriteHalf<DuplexStream>,
 }
 
 impl OwnerEnd {
-    async fn frame(&mut self) -> WorkerFrame {
+    pub(crate) async fn frame(&mut self) -> WorkerFrame {
         let mut line = String::new();
         let n = tokio::time::timeout(WAIT, self.reader.read_line(&mut line))
             .await
@@ -57,11 +57,12 @@ impl OwnerEnd {
                 WorkerFrame::Persist(frame) => return (vec![frame], false),
                 WorkerFrame::PersistBatch { persists } => return (persists, true),
                 WorkerFrame::Delta { .. } | WorkerFrame::Started => {}
+                WorkerFrame::HandoffReady => panic!("no handoff was asked"),
             }
         }
     }
 
-    async fn persist(&mut self) -> PersistFrame {
+    pub(crate) async fn persist(&mut self) -> PersistFrame {
         loop {
             if let WorkerFrame::Persist(frame) = self.frame().await {
                 return frame;
@@ -69,14 +70,14 @@ impl OwnerEnd {
         }
     }
 
-    async fn send(&mut self, frame: &OwnerFrame) {
+    pub(crate) async fn send(&mut self, frame: &OwnerFrame) {
         let mut line = serde_json::to_string(frame).expect("json");
         line.push('\n');
         self.writer.write_all(line.as_bytes()).await.expect("write");
         self.writer.flush().await.expect("flush");
     }
 
-    async fn receipt(&mut self, sequence: u64, result: Value) {
+    pub(crate) async fn receipt(&mut self, sequence: u64, result: Value) {
         self.send(&OwnerFrame::Receipt { sequence, result }).await;
     }
 
@@ -89,7 +90,7 @@ impl OwnerEnd {
     }
 }
 
-fn connect(link: &OwnerPipe) -> OwnerEnd {
+pub(crate) fn connect(link: &OwnerPipe) -> OwnerEnd {
     connect_with_buffer(link, 64 * 1024)
 }
 
@@ -114,7 +115,7 @@ async fn reconnect(owner: OwnerEnd, link: &OwnerPipe) -> OwnerEnd {
     connect(link)
 }
 
-fn open_link(home: &std::path::Path) -> (OwnerPipe, PathBuf, CancellationToken) {
+pub(crate) fn open_link(home: &std::path::Path) -> (OwnerPipe, PathBuf, CancellationToken) {
     let dir = outbox_dir(home, "exec-1").expect("outbox dir");
     let journal = Journal::open(&dir, scope()).expect("journal");
     let cancel = CancellationToken::new();
@@ -138,7 +139,7 @@ fn frame_files(dir: &std::path::Path) -> Vec<String> {
 }
 
 /// Waits until the outbox holds a number of frame files that `enough` accepts.
-async fn wait_outbox(dir: &std::path::Path, enough: impl Fn(usize) -> bool, what: &str) {
+pub(crate) async fn wait_outbox(dir: &std::path::Path, enough: impl Fn(usize) -> bool, what: &str) {
     tokio::time::timeout(WAIT, async {
         while !enough(frame_files(dir).len()) {
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -148,7 +149,7 @@ async fn wait_outbox(dir: &std::path::Path, enough: impl Fn(usize) -> bool, what
     .expect(what);
 }
 
-fn spawn_persist(link: &OwnerPipe, n: u64) -> JoinHandle<Result<Value, PersistError>> {
+pub(crate) fn spawn_persist(link: &OwnerPipe, n: u64) -> JoinHandle<Result<Value, PersistError>> {
     let link = link.clone();
     tokio::spawn(async move {
         link.persist(Operation::read("usage.add", json!({ "n": n })))
@@ -373,6 +374,7 @@ async fn a_full_queue_drops_deltas_and_a_persist_waits_for_room() {
             WorkerFrame::Started => panic!("the link never sends `started`"),
             WorkerFrame::Persist(frame) => break frame,
             WorkerFrame::PersistBatch { .. } => panic!("no frame was held"),
+            WorkerFrame::HandoffReady => panic!("no handoff was asked"),
         }
     };
     assert!(deltas > 0, "no delta got through");
@@ -420,6 +422,7 @@ async fn a_persist_dropped_while_the_queue_is_full_still_sends_its_frame_first()
             WorkerFrame::Delta { .. } | WorkerFrame::Started => {}
             WorkerFrame::Persist(frame) => sequences.push(frame.sequence),
             WorkerFrame::PersistBatch { .. } => panic!("no frame was held"),
+            WorkerFrame::HandoffReady => panic!("no handoff was asked"),
         }
     }
     assert_eq!(sequences, vec![1, 2]);
@@ -524,6 +527,7 @@ async fn a_batch_over_the_frame_limit_is_cut_into_lines_under_it() {
             WorkerFrame::Persist(f) => vec![f.sequence],
             WorkerFrame::PersistBatch { persists } => persists.iter().map(|f| f.sequence).collect(),
             WorkerFrame::Delta { .. } | WorkerFrame::Started => continue,
+            WorkerFrame::HandoffReady => panic!("no handoff was asked"),
         };
         lines.push(got.clone());
         sequences.extend(got);
