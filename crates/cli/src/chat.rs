@@ -397,6 +397,14 @@ async fn pump(
             Update::Connection(ConnectionChange::Reconnected { restarted, .. }) => {
                 LinkUpdate::Reconnected { restarted }
             }
+            Update::Connection(ConnectionChange::Restarted {
+                from_version,
+                to_version,
+                ..
+            }) => LinkUpdate::Restarted {
+                from_version,
+                to_version,
+            },
             Update::Snapshot(snapshot) => LinkUpdate::Snapshot(snapshot),
         };
         if tx.send(update).is_err() {

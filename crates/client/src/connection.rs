@@ -8,6 +8,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use drover_protocol::client::{DaemonRestarted, DAEMON_RESTARTED, RESTART_CLOSE_CODE};
 use drover_protocol::daemon_file::DaemonInfo;
 use drover_protocol::event::{EventPayload, SessionEvent};
 use drover_protocol::rpc::{self, RpcError};
@@ -32,6 +33,17 @@ pub enum ConnectionChange {
         /// Why, in words.
         why: String,
     },
+    /// The daemon handed the home to its next owner (`drover restart`): the client is
+    /// connected to that owner and has re-attached its sessions, whose turns carry on (none
+    /// became `unknown`). A stream catches up from its last `seq` before anything newer.
+    Restarted {
+        /// The old owner's version.
+        from_version: String,
+        /// The next owner's version.
+        to_version: String,
+        /// The answering daemon's runtime epoch.
+        epoch: u64,
+    },
     /// The client is connected again and has re-attached its sessions.
     Reconnected {
         /// Whether another daemon answers now (a new instance: the old one died or
@@ -48,6 +60,14 @@ impl std::fmt::Display for ConnectionChange {
             ConnectionChange::Lost { why } => {
                 write!(f, "lost the connection to the daemon ({why}); reconnecting")
             }
+            ConnectionChange::Restarted {
+                from_version,
+                to_version,
+                ..
+            } => write!(
+                f,
+                "daemon restarted (version {from_version} -> {to_version})"
+            ),
             ConnectionChange::Reconnected {
                 restarted: true,
                 epoch,
@@ -303,6 +323,10 @@ struct Connection {
     /// away": `drover stop`, SIGTERM), not because it died: a daemon someone stopped is not
     /// started again by this client, only found again once someone else starts it.
     stopped: bool,
+    /// The daemon handed the home to its next owner (the `daemon.restarted` notification,
+    /// or a close with code 1012): the next owner already serves, so the client finds it
+    /// rather than starting one, and says "restarted" rather than "lost".
+    restart: Option<DaemonRestarted>,
 }
 
 impl Connection {
@@ -330,6 +354,14 @@ impl Connection {
             }
         };
         match incoming {
+            Incoming::Notification(notification) if notification.method == DAEMON_RESTARTED => {
+                match serde_json::from_value::<DaemonRestarted>(notification.params) {
+                    Ok(restarted) => self.restart = Some(restarted),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "a daemon.restarted notification does not parse")
+                    }
+                }
+            }
             Incoming::Notification(notification) => route_event(notification, shared),
             Incoming::Response(response) => {
                 let Some(call) = response.id.as_u64().and_then(|id| self.pending.remove(&id))
@@ -382,6 +414,16 @@ impl Connection {
                     Some(Ok(Message::Close(frame))) => {
                         self.stopped =
                             frame.as_ref().is_some_and(|close| close.code == CloseCode::Away);
+                        // The close code alone says "handed over" when the notification
+                        // before it was missed; its reason names the versions.
+                        if let Some(close) = frame.as_ref().filter(|close| {
+                            u16::from(close.code) == RESTART_CLOSE_CODE
+                        }) {
+                            let restart = self
+                                .restart
+                                .get_or_insert_with(|| restart_from_reason(&close.reason));
+                            tracing::debug!(?restart, "the daemon handed over");
+                        }
                         let why = frame
                             .map(|close| close.reason.to_string())
                             .filter(|reason| !reason.is_empty())
@@ -430,6 +472,21 @@ impl Connection {
                 _ => self.incoming(text.as_str(), shared),
             }
         }
+    }
+}
+
+/// The versions of a restart close's reason, "the daemon restarted (version X -> Y)"; unknown
+/// parts stay empty (its epoch is read from the next owner's `daemon.json`).
+fn restart_from_reason(reason: &str) -> DaemonRestarted {
+    let versions = reason
+        .split_once("(version ")
+        .and_then(|(_, rest)| rest.split_once(')'))
+        .and_then(|(inner, _)| inner.split_once(" -> "));
+    let (from, to) = versions.unwrap_or(("", ""));
+    DaemonRestarted {
+        from_version: from.trim().to_string(),
+        to_version: to.trim().to_string(),
+        epoch: 0,
     }
 }
 
@@ -500,6 +557,7 @@ async fn run(
         pending: HashMap::new(),
         attached: BTreeSet::new(),
         stopped: false,
+        restart: None,
     };
     loop {
         let Some(why) = conn.serve(&mut calls, &shared).await else {
@@ -511,14 +569,25 @@ async fn run(
                 .reply
                 .send(Err(ClientError::ConnectionLost { method: p.method }));
         }
-        shared.send_all(|| Feed::Connection(ConnectionChange::Lost { why: why.clone() }));
+        // A handoff is no loss: the next owner serves already, so the person hears of it once
+        // the client is connected to it.
+        let restart = conn.restart.clone();
+        if restart.is_none() {
+            shared.send_all(|| Feed::Connection(ConnectionChange::Lost { why: why.clone() }));
+        }
         match reconnect(&mut conn, &shared).await {
             Ok(restarted) => {
                 let epoch = conn.info.epoch;
                 *lock(&shared.info) = conn.info.clone();
-                shared.send_all(|| {
-                    Feed::Connection(ConnectionChange::Reconnected { restarted, epoch })
-                });
+                let change = match restart {
+                    Some(r) => ConnectionChange::Restarted {
+                        from_version: r.from_version,
+                        to_version: r.to_version,
+                        epoch,
+                    },
+                    None => ConnectionChange::Reconnected { restarted, epoch },
+                };
+                shared.send_all(|| Feed::Connection(change.clone()));
             }
             Err(e) => {
                 *lock(&shared.dead) = Some(e.clone());
@@ -544,10 +613,15 @@ async fn reconnect(conn: &mut Connection, shared: &Shared) -> Result<bool, Clien
     let deadline = Instant::now() + options.reconnect_for;
     let mut delay = Duration::from_millis(50);
     let old_instance = conn.info.instance_id.clone();
+    let old_pid = conn.info.pid;
     let mut told = String::new();
-    // A daemon that was stopped stays stopped until someone starts one (docs/chat.md).
-    let start = match conn.stopped {
-        true => {
+    let restart = conn.restart.take();
+    // A daemon that was stopped stays stopped until someone starts one (docs/chat.md); one
+    // that handed over has its next owner serving already: starting another would only race it
+    // for the home.
+    let start = match (conn.stopped, &restart) {
+        (false, Some(_)) => &StartDaemon::Never,
+        (true, _) => {
             shared.send_all(|| {
                 Feed::Connection(ConnectionChange::Lost {
                     why: STOPPED_WAIT.to_string(),
@@ -555,7 +629,7 @@ async fn reconnect(conn: &mut Connection, shared: &Shared) -> Result<bool, Clien
             });
             &StartDaemon::Never
         }
-        false => &options.start,
+        (false, None) => &options.start,
     };
     loop {
         // A home removed under the client (a test's temporary home, a user's `rm -rf`) is not
@@ -578,6 +652,14 @@ async fn reconnect(conn: &mut Connection, shared: &Shared) -> Result<bool, Clien
         )
         .await
         {
+            // The old owner's `daemon.json` until the next owner rewrote it: the old one may
+            // still accept on the listening socket it shares until it exits.
+            Ok((info, mut ws))
+                if restart.is_some() && info.instance_id == old_instance && info.pid == old_pid =>
+            {
+                let _ = ws.close(None).await;
+                why = "the next daemon has not written daemon.json yet".into();
+            }
             Ok((info, ws)) => {
                 conn.ws = ws;
                 conn.info = info;

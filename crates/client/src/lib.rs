@@ -21,6 +21,12 @@
 //!   `session.events.since` (following `has_more`), or hands out a new snapshot when the
 //!   daemon says `snapshot_required`. It gives up after [`ConnectOptions::reconnect_for`]
 //!   with [`ClientError::GaveUp`].
+//! - **A handoff** (`drover restart`): the old owner sends `daemon.restarted` and closes
+//!   with code 1012. The client reconnects at once to the next owner (found through
+//!   `daemon.json` once the next owner rewrote it; never started by the client: it serves
+//!   already), re-attaches and catches up as above, and reports
+//!   [`ConnectionChange::Restarted`] ("daemon restarted (version X -> Y)") instead of `Lost`
+//!   and `Reconnected`: the running turns carry on and session `seq`s go on unchanged.
 //! - **The API key check**: the owner writes the SHA-256 of the key it holds into
 //!   `daemon.json`; [`Client::api_key_mismatch`] compares it with this process's.
 //!

@@ -17,8 +17,9 @@ pub enum Update {
     /// An event: a stored one (with `seq`, each exactly once and in order) or a live
     /// `message.delta` / `turn.progress` (no `seq`; lost across a reconnect).
     Event(SessionEvent),
-    /// The connection dropped or came back. After `Reconnected` the stream catches up from
-    /// its last `seq` before anything newer.
+    /// The connection dropped or came back, or the daemon handed over to its next owner.
+    /// After `Reconnected` and `Restarted` the stream catches up from its last `seq` before
+    /// anything newer.
     Connection(ConnectionChange),
     /// The stored stream could not be resumed from the last `seq` (`snapshot_required`): the
     /// caller replaces its state with this snapshot; events continue after its
@@ -126,7 +127,10 @@ impl SessionStream {
                     }
                 },
                 Feed::Connection(change) => {
-                    let reconnected = matches!(change, ConnectionChange::Reconnected { .. });
+                    let reconnected = matches!(
+                        change,
+                        ConnectionChange::Reconnected { .. } | ConnectionChange::Restarted { .. }
+                    );
                     self.ready.push_back(Ok(Update::Connection(change)));
                     if reconnected {
                         // Lost again meanwhile: the next Reconnected catches up.

@@ -43,6 +43,14 @@ pub enum LinkUpdate {
     ChildEvent(String, SessionEvent),
     /// The connection was lost (why); the link reconnects on its own.
     Lost(String),
+    /// The daemon handed over to its next owner (`drover restart`) and the link is connected
+    /// to it: the running turn carries on, and the events it stored meanwhile follow.
+    Restarted {
+        /// The old owner's version.
+        from_version: String,
+        /// The next owner's version.
+        to_version: String,
+    },
     /// The connection is back; `restarted` when the daemon is a new one.
     Reconnected {
         /// Whether the daemon restarted.

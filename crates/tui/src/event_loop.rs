@@ -317,6 +317,10 @@ fn on_update(
         }
         Some(LinkUpdate::Lost(why)) => app.connection_lost(&why),
         Some(LinkUpdate::Reconnected { restarted }) => app.reconnected(restarted),
+        Some(LinkUpdate::Restarted {
+            from_version,
+            to_version,
+        }) => app.handed_over(&from_version, &to_version),
         Some(LinkUpdate::Snapshot(snapshot)) => {
             app.load_snapshot(&snapshot, &[], false, Instant::now())
         }

@@ -556,6 +556,14 @@ impl App {
         self.connection = Connection::Reconnecting(why.to_string());
     }
 
+    /// The daemon handed over to its next owner, which this client is connected to now.
+    pub fn handed_over(&mut self, from_version: &str, to_version: &str) {
+        self.connection = Connection::Connected;
+        self.scrollback.push(Block::Notice(format!(
+            "daemon restarted (version {from_version} -> {to_version})"
+        )));
+    }
+
     /// The connection is back; `restarted` when the daemon is a new one.
     pub fn reconnected(&mut self, restarted: bool) {
         self.connection = Connection::Connected;

@@ -595,3 +595,28 @@ fn a_snapshot_rebuilds_the_running_turn_its_prompt_and_queue() {
     assert_eq!(app.session.title.as_deref(), Some("chores"));
     assert_eq!(app.session.agent.as_deref(), Some("codex"));
 }
+
+#[test]
+fn a_handoff_says_restarted_with_the_versions_and_leaves_the_turn_running() {
+    let mut app = app();
+    let t0 = Instant::now();
+    app.on_event(
+        &ev(EventPayload::TurnStarted(TurnStarted {
+            admission_id: "a1".into(),
+            execution_generation: 1,
+        })),
+        t0,
+    );
+    app.drain_scrollback();
+    app.handed_over("0.1.0", "0.2.0");
+    assert_eq!(
+        app.drain_scrollback(),
+        [Block::Notice(
+            "daemon restarted (version 0.1.0 -> 0.2.0)".into()
+        )]
+    );
+    assert_eq!(app.connection, Connection::Connected);
+    assert!(app.turn.is_some(), "the turn carries on");
+    let status = crate::render::status_line(&app, t0);
+    assert!(!status.contains("lost"), "{status}");
+}

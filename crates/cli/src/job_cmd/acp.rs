@@ -145,7 +145,9 @@ impl Follower {
                 Ok(Update::Event(e)) => self.event(e.event).await,
                 // A daemon that came back (or a snapshot instead of the events missed) may
                 // have settled the turn meanwhile: its receipt says.
-                Ok(Update::Connection(ConnectionChange::Reconnected { .. }))
+                Ok(Update::Connection(
+                    ConnectionChange::Reconnected { .. } | ConnectionChange::Restarted { .. },
+                ))
                 | Ok(Update::Snapshot(_)) => self.settled_by_receipt().await,
                 Ok(Update::Connection(ConnectionChange::Lost { .. })) => None,
                 Err(e @ ClientError::GaveUp { .. }) => {

@@ -190,6 +190,13 @@ impl Turn<'_> {
                     self.out.spinner.wait("the daemon to come back");
                     None
                 }
+                // A handoff: the turn carries on under the next owner, and the stream catches
+                // up with what it stored meanwhile, its settlement included.
+                Update::Connection(change @ ConnectionChange::Restarted { .. }) => {
+                    self.out.note(&format!("drover: {change}"));
+                    self.out.spinner.wait("the turn");
+                    None
+                }
                 Update::Connection(ConnectionChange::Reconnected { restarted, .. }) => {
                     self.out.spinner.wait("the turn");
                     self.check_receipt(restarted).await?

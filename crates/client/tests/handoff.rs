@@ -1,0 +1,318 @@
+//! A daemon handoff as the client sees it, against a fake daemon that speaks the wire: the old
+//! owner sends `daemon.restarted` and closes with 1012, the next owner serves on the same
+//! address once it rewrote `daemon.json`. The stream goes on with no gap and no repeat, the
+//! caller hears "daemon restarted (version X -> Y)" and never "lost", and the client neither
+//! starts a daemon nor settles for the old owner's `daemon.json`.
+
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use drover_client::{Client, ConnectOptions, ConnectionChange, StartDaemon, Update};
+use futures::{SinkExt, StreamExt};
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::Message;
+
+const SESSION: &str = "s-1";
+const REPLAY: &str = "replay-1";
+const TOKEN: &str = "the-token";
+/// The bound of every wait here.
+const BOUND: Duration = Duration::from_secs(10);
+
+fn event(seq: u64) -> Value {
+    json!({
+        "session_id": SESSION, "seq": seq, "replay_epoch": REPLAY,
+        "type": "test.tick", "payload": {"n": seq},
+    })
+}
+
+fn write_daemon_json(home: &Path, url: &str, epoch: u64, instance: &str) {
+    let info = json!({
+        "pid": std::process::id(), "epoch": epoch, "instance_id": instance,
+        "url": url, "token": TOKEN, "started_at": 0.0,
+    });
+    // Written whole, then renamed: a reader never sees half a file.
+    let tmp = home.join("daemon.json.tmp");
+    std::fs::write(&tmp, info.to_string()).unwrap();
+    std::fs::rename(tmp, home.join("daemon.json")).unwrap();
+}
+
+/// What the test tells the daemon's connection.
+enum Ctrl {
+    /// Store the next event and send it live.
+    Event,
+    /// Hand over: `daemon.restarted` (when `notice`), then close with 1012.
+    Handoff { notice: bool },
+    /// Send the stored event of this seq live again (a duplicate the client must drop).
+    Resend(u64),
+}
+
+/// The fake daemon's state, shared by its connections.
+struct Fake {
+    home: PathBuf,
+    stored: Mutex<Vec<Value>>,
+    /// The `daemon.json` instance each `session.resume` was answered under.
+    resumed_under: Mutex<Vec<String>>,
+    connections: Mutex<u32>,
+}
+
+impl Fake {
+    fn answer(&self, method: &str, params: &Value) -> Value {
+        let stored = self.stored.lock().unwrap().clone();
+        match method {
+            "session.resume" => {
+                let instance = std::fs::read_to_string(self.home.join("daemon.json"))
+                    .ok()
+                    .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+                    .and_then(|v| v["instance_id"].as_str().map(str::to_string))
+                    .unwrap_or_default();
+                self.resumed_under.lock().unwrap().push(instance);
+                let fixture: Value = serde_json::from_str(include_str!(
+                    "../../protocol/tests/fixtures/methods/session.resume.json"
+                ))
+                .unwrap();
+                let mut snapshot = fixture[0]["result"].clone();
+                snapshot["session_id"] = json!(SESSION);
+                snapshot["replay_epoch"] = json!(REPLAY);
+                snapshot["last_sequence"] = json!(stored.len());
+                snapshot
+            }
+            "session.events.since" => {
+                let after = params["last_sequence"].as_u64().unwrap();
+                let events: Vec<Value> = stored
+                    .into_iter()
+                    .filter(|e| e["seq"].as_u64().unwrap() > after)
+                    .collect();
+                let last = events.last().map_or(after, |e| e["seq"].as_u64().unwrap());
+                json!({"events": events, "last_sequence": last, "replay_epoch": REPLAY,
+                       "snapshot_required": false, "has_more": false})
+            }
+            other => panic!("the fake daemon does not serve {other}"),
+        }
+    }
+}
+
+/// Serves every connection to `listener`; the newest one takes the test's orders.
+async fn serve(listener: TcpListener, fake: Arc<Fake>, ctrl: mpsc::UnboundedReceiver<Ctrl>) {
+    let ctrl = Arc::new(tokio::sync::Mutex::new(ctrl));
+    loop {
+        let Ok((tcp, _)) = listener.accept().await else {
+            return;
+        };
+        let (fake, ctrl) = (fake.clone(), ctrl.clone());
+        tokio::spawn(async move {
+            let Ok(mut ws) = tokio_tungstenite::accept_async(tcp).await else {
+                return;
+            };
+            *fake.connections.lock().unwrap() += 1;
+            let mut ctrl = ctrl.lock().await;
+            loop {
+                tokio::select! {
+                    msg = ws.next() => {
+                        let Some(Ok(Message::Text(text))) = msg else { return };
+                        let req: Value = serde_json::from_str(text.as_str()).unwrap();
+                        let result = fake.answer(req["method"].as_str().unwrap(), &req["params"]);
+                        let answer = json!({"jsonrpc": "2.0", "id": req["id"], "result": result});
+                        ws.send(Message::Text(answer.to_string().into())).await.unwrap();
+                    }
+                    order = ctrl.recv() => match order {
+                        None => return,
+                        Some(Ctrl::Event) => {
+                            let e = {
+                                let mut stored = fake.stored.lock().unwrap();
+                                let e = event(stored.len() as u64 + 1);
+                                stored.push(e.clone());
+                                e
+                            };
+                            let note = json!({"jsonrpc": "2.0", "method": "event", "params": e});
+                            ws.send(Message::Text(note.to_string().into())).await.unwrap();
+                        }
+                        Some(Ctrl::Resend(seq)) => {
+                            let e = fake.stored.lock().unwrap()[seq as usize - 1].clone();
+                            let note = json!({"jsonrpc": "2.0", "method": "event", "params": e});
+                            ws.send(Message::Text(note.to_string().into())).await.unwrap();
+                        }
+                        Some(Ctrl::Handoff { notice }) => {
+                            if notice {
+                                let note = json!({"jsonrpc": "2.0", "method": "daemon.restarted",
+                                    "params": {"from_version": "0.1.0", "to_version": "0.2.0", "epoch": 2}});
+                                ws.send(Message::Text(note.to_string().into())).await.unwrap();
+                            }
+                            let frame = CloseFrame {
+                                code: CloseCode::from(1012),
+                                reason: "the daemon restarted (version 0.1.0 -> 0.3.0)".into(),
+                            };
+                            let _ = ws.close(Some(frame)).await;
+                            // Drain until the client's close: the connection ends cleanly.
+                            while let Some(Ok(_)) = ws.next().await {}
+                            return;
+                        }
+                    },
+                }
+            }
+        });
+    }
+}
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    home: PathBuf,
+    url: String,
+    fake: Arc<Fake>,
+    ctrl: mpsc::UnboundedSender<Ctrl>,
+}
+
+async fn setup() -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().to_path_buf();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("ws://{}/v1/ws", listener.local_addr().unwrap());
+    write_daemon_json(&home, &url, 1, "one");
+    let fake = Arc::new(Fake {
+        home: home.clone(),
+        stored: Mutex::new(Vec::new()),
+        resumed_under: Mutex::new(Vec::new()),
+        connections: Mutex::new(0),
+    });
+    let (ctrl, rx) = mpsc::unbounded_channel();
+    tokio::spawn(serve(listener, fake.clone(), rx));
+    Setup {
+        _dir: dir,
+        home,
+        url,
+        fake,
+        ctrl,
+    }
+}
+
+/// Reads the stream until the event of `seq`, keeping every update (bounded).
+async fn until_seq(stream: &mut drover_client::SessionStream, seq: u64, seen: &mut Vec<Update>) {
+    tokio::time::timeout(BOUND, async {
+        loop {
+            let update = stream.next().await.expect("the stream goes on").unwrap();
+            let done = matches!(&update, Update::Event(e) if e.seq == Some(seq));
+            seen.push(update);
+            if done {
+                return;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no event {seq} within {BOUND:?}; saw {seen:#?}"));
+}
+
+fn seqs(seen: &[Update]) -> Vec<u64> {
+    seen.iter()
+        .filter_map(|u| match u {
+            Update::Event(e) => e.seq,
+            _ => None,
+        })
+        .collect()
+}
+
+fn changes(seen: &[Update]) -> Vec<ConnectionChange> {
+    seen.iter()
+        .filter_map(|u| match u {
+            Update::Connection(c) => Some(c.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_handoff_notice_reconnects_to_the_next_owner_without_a_gap_or_a_repeat() {
+    let s = setup().await;
+    // Were the client to start a daemon, this program would fail to run, and say so as `Lost`.
+    let mut options = ConnectOptions::new(
+        &s.home,
+        StartDaemon::Spawn {
+            program: s.home.join("no-such-drover"),
+        },
+    );
+    options.reconnect_for = BOUND;
+    let client = Client::connect(options).await.unwrap();
+    let mut stream = client.attach(SESSION).await.unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        s.ctrl.send(Ctrl::Event).unwrap();
+    }
+    until_seq(&mut stream, 3, &mut seen).await;
+
+    // The handoff: the old owner's daemon.json is gone until the next owner writes its own.
+    std::fs::remove_file(s.home.join("daemon.json")).unwrap();
+    s.ctrl.send(Ctrl::Handoff { notice: true }).unwrap();
+    // Stored while no client was connected: read back with session.events.since.
+    for seq in 4..=5 {
+        s.fake.stored.lock().unwrap().push(event(seq));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    write_daemon_json(&s.home, &s.url, 2, "two");
+    until_seq(&mut stream, 5, &mut seen).await;
+    // Live again on the next owner's connection, with a duplicate first.
+    s.ctrl.send(Ctrl::Resend(5)).unwrap();
+    s.ctrl.send(Ctrl::Event).unwrap();
+    until_seq(&mut stream, 6, &mut seen).await;
+
+    assert_eq!(seqs(&seen), [1, 2, 3, 4, 5, 6]);
+    let restarted = ConnectionChange::Restarted {
+        from_version: "0.1.0".into(),
+        to_version: "0.2.0".into(),
+        epoch: 2,
+    };
+    assert_eq!(
+        changes(&seen).as_slice(),
+        std::slice::from_ref(&restarted),
+        "{seen:#?}"
+    );
+    assert_eq!(
+        restarted.to_string(),
+        "daemon restarted (version 0.1.0 -> 0.2.0)"
+    );
+    assert_eq!(client.daemon().instance_id, "two");
+    assert!(!s.home.join("logs").exists(), "the client started a daemon");
+}
+
+#[tokio::test]
+async fn a_restart_close_alone_waits_for_the_next_owners_daemon_json() {
+    let s = setup().await;
+    let mut options = ConnectOptions::new(&s.home, StartDaemon::Never);
+    options.reconnect_for = BOUND;
+    let client = Client::connect(options).await.unwrap();
+    let mut stream = client.attach(SESSION).await.unwrap();
+    let mut seen = Vec::new();
+    s.ctrl.send(Ctrl::Event).unwrap();
+    until_seq(&mut stream, 1, &mut seen).await;
+
+    // No notice (missed), and the old owner's daemon.json stays a while: it names the same
+    // address, which answers, but the client waits for the next owner's file.
+    s.ctrl.send(Ctrl::Handoff { notice: false }).unwrap();
+    s.fake.stored.lock().unwrap().push(event(2));
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    write_daemon_json(&s.home, &s.url, 2, "two");
+    until_seq(&mut stream, 2, &mut seen).await;
+
+    assert_eq!(seqs(&seen), [1, 2]);
+    // The versions come from the close's reason; the epoch from the next daemon.json.
+    assert_eq!(
+        changes(&seen),
+        [ConnectionChange::Restarted {
+            from_version: "0.1.0".into(),
+            to_version: "0.3.0".into(),
+            epoch: 2,
+        }]
+    );
+    let resumed = s.fake.resumed_under.lock().unwrap().clone();
+    assert_eq!(
+        resumed,
+        ["one", "two"],
+        "re-attached before the next owner wrote daemon.json"
+    );
+    assert!(*s.fake.connections.lock().unwrap() >= 2);
+}
