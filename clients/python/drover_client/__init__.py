@@ -2,7 +2,8 @@
 
 Owns the client side of the WebSocket JSON-RPC protocol: reading `<home>/daemon.json`,
 authenticating, the methods, typed errors, and an event stream that survives dropped
-connections and owner restarts without yielding an event twice or skipping one.
+connections, owner restarts and handoffs (`drover restart`, reported to `on_restart`) without
+yielding an event twice or skipping one.
 
 Layers: `types` (wire shapes, generated from `schema/` by `scripts/gen_types.py`), `errors`
 (typed exceptions), `_rpc` (one connection: requests and routed events), `client` (`Client`,
@@ -23,6 +24,7 @@ Layers: `types` (wire shapes, generated from `schema/` by `scripts/gen_types.py`
     asyncio.run(main())
 """
 
+from ._rpc import DaemonRestarted
 from .client import Client, Session, default_home, read_daemon_info
 from .errors import (
     AdmissionConflict,
@@ -53,6 +55,7 @@ __all__ = [
     "Client",
     "ConnectionLost",
     "DaemonNotRunning",
+    "DaemonRestarted",
     "DroverError",
     "Event",
     "InvalidParams",

@@ -2,6 +2,8 @@
 
 A `Connection` never reconnects; when it drops, every pending call fails with `Dropped` and
 every event subscriber receives `DROPPED`. Reconnecting is the client's job (`client.py`).
+A connection the daemon closed because it handed the home to its next owner (the
+`daemon.restarted` notification, then close code 1012) says so in `restart`.
 """
 
 from __future__ import annotations
@@ -10,8 +12,9 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import ssl
-from typing import Any, Final
+from typing import Any, Final, TypedDict
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
@@ -23,6 +26,31 @@ log = logging.getLogger("drover_client")
 
 #: The daemon's message bound (docs/protocol.md, "Messages").
 MAX_MESSAGE: Final = 16 * 1024 * 1024
+
+#: The notification a connection gets before its daemon closes it for a handoff.
+DAEMON_RESTARTED: Final = "daemon.restarted"
+
+#: The WebSocket close code of a handoff ("service restart").
+RESTART_CLOSE_CODE: Final = 1012
+
+
+class DaemonRestarted(TypedDict):
+    """The params of `daemon.restarted`: the daemon handed the home to its next owner
+    (`drover restart`), which serves on the same address and carries the running turns on."""
+
+    from_version: str
+    to_version: str
+    #: The next owner's runtime epoch.
+    epoch: int
+
+
+def restart_from_reason(reason: str) -> DaemonRestarted:
+    """The versions of a 1012 close's reason, "the daemon restarted (version X -> Y)" (for a
+    close whose notification was missed); unknown parts stay empty, the epoch 0."""
+    match = re.search(r"\(version (\S+) -> (\S+)\)", reason)
+    if match is None:
+        return DaemonRestarted(from_version="", to_version="", epoch=0)
+    return DaemonRestarted(from_version=match.group(1), to_version=match.group(2), epoch=0)
 
 
 class Dropped(Exception):
@@ -49,6 +77,8 @@ class Connection:
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._subscribers: dict[str, list[EventQueue]] = {}
         self._closed = False
+        #: Set when the daemon handed the home over (its notification, or a 1012 close).
+        self.restart: DaemonRestarted | None = None
         self._reader = asyncio.get_running_loop().create_task(self._read())
 
     @property
@@ -111,6 +141,8 @@ class Connection:
         except ConnectionClosed as e:
             log.debug("connection closed: %s", e)
         finally:
+            if self.restart is None and self._ws.close_code == RESTART_CLOSE_CODE:
+                self.restart = restart_from_reason(self._ws.close_reason or "")
             self._closed = True
             for future in self._pending.values():
                 if not future.done():
@@ -127,6 +159,16 @@ class Connection:
             log.warning("ignoring a frame that is not JSON")
             return
         if not isinstance(message, dict):
+            return
+        if message.get("method") == DAEMON_RESTARTED:
+            params = message.get("params")
+            if isinstance(params, dict):
+                epoch = params.get("epoch")
+                self.restart = DaemonRestarted(
+                    from_version=str(params.get("from_version", "")),
+                    to_version=str(params.get("to_version", "")),
+                    epoch=epoch if isinstance(epoch, int) else 0,
+                )
             return
         if message.get("method") == "event":
             params = message.get("params")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import logging
 import os
 import ssl
 import uuid
@@ -23,7 +24,7 @@ from typing import Any, TypedDict, cast
 
 from websockets.exceptions import InvalidHandshake
 
-from ._rpc import DROPPED, Connection, Dropped, open_connection
+from ._rpc import DROPPED, Connection, DaemonRestarted, Dropped, open_connection
 from .errors import (
     AuthenticationFailed,
     ConnectionLost,
@@ -61,6 +62,9 @@ class DaemonInfo(TypedDict):
 
 
 SnapshotCallback = Callable[[SessionSnapshot], Awaitable[None] | None]
+RestartCallback = Callable[[DaemonRestarted], Awaitable[None] | None]
+
+log = logging.getLogger("drover_client")
 
 
 class _Closed(Exception):
@@ -105,6 +109,13 @@ class Client:
     re-reading `daemon.json` each time (a new daemon has a new token and port), re-attaches
     every session this client created or resumed, and sends an unanswered call again. It
     gives up with `ConnectionLost` after `reconnect_timeout` seconds.
+
+    A handoff (`drover restart`) is no loss: the old owner sends `daemon.restarted` and closes
+    with code 1012, and the client reconnects at once to the next owner, waiting until
+    `daemon.json` names it. Once connected it appends the notice (`from_version`,
+    `to_version`, and the next owner's `epoch`) to `restarts`, logs "daemon restarted
+    (version X -> Y)" at INFO, and calls `on_restart` with it. Event streams go on from their
+    last `seq`: session sequence numbers do not change across a handoff.
     """
 
     def __init__(
@@ -116,8 +127,12 @@ class Client:
         backoff_max: float = 2.0,
         open_timeout: float = 5.0,
         ssl_context: ssl.SSLContext | None = None,
+        on_restart: RestartCallback | None = None,
     ) -> None:
         self.home = home
+        self.on_restart = on_restart
+        #: Every handoff this client followed to the next owner, oldest first.
+        self.restarts: list[DaemonRestarted] = []
         self.reconnect_timeout = reconnect_timeout
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
@@ -143,11 +158,13 @@ class Client:
         backoff_max: float = 2.0,
         open_timeout: float = 5.0,
         ssl_context: ssl.SSLContext | None = None,
+        on_restart: RestartCallback | None = None,
     ) -> Client:
         """Connects to the daemon of `home` (default `$DROVER_HOME`, else `~/.drover`).
 
         With `wait` 0 a missing daemon raises `DaemonNotRunning` at once; otherwise the client
-        keeps trying for `wait` seconds (for a daemon that is starting).
+        keeps trying for `wait` seconds (for a daemon that is starting). `on_restart` (a
+        function or coroutine function) is called after each handoff the client followed.
         """
         client = cls(
             Path(home).expanduser() if home is not None else default_home(),
@@ -156,6 +173,7 @@ class Client:
             backoff_max=backoff_max,
             open_timeout=open_timeout,
             ssl_context=ssl_context,
+            on_restart=on_restart,
         )
         if wait > 0:
             async with client._lock:
@@ -178,22 +196,31 @@ class Client:
 
     # ---- connection management -------------------------------------------------------------
 
-    async def _open(self) -> Connection:
+    async def _open(self, *, not_from: DaemonInfo | None = None) -> Connection:
         info = read_daemon_info(self.home)
+        if not_from is not None and (info["pid"], info.get("instance_id")) == (
+            not_from["pid"],
+            not_from.get("instance_id"),
+        ):
+            # The old owner's file: it may still accept on the address it shares with the
+            # next owner until it exits.
+            raise DaemonNotRunning(self.home, "the next daemon has not written daemon.json yet")
         conn = await open_connection(
             info["url"], info["token"], open_timeout=self.open_timeout, ssl_context=self.ssl_context
         )
         self.daemon = info
         return conn
 
-    async def _reconnect(self, timeout: float) -> Connection:
+    async def _reconnect(self, timeout: float, *, handoff: bool = False) -> Connection:
+        """`handoff`: the daemon handed over; only the next owner's `daemon.json` will do."""
+        old = self.daemon if handoff else None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         delay = self.backoff_initial
         while True:
             conn: Connection | None = None
             try:
-                conn = await self._open()
+                conn = await self._open(not_from=old)
                 for session in list(self._sessions.values()):
                     await session._reattach(conn)
                 return conn
@@ -225,9 +252,24 @@ class Client:
                 raise _Closed()
             if self._conn is not None and self._conn.is_open:
                 return self._conn
-            self._conn = await self._reconnect(self.reconnect_timeout)
+            restart = self._conn.restart if self._conn is not None else None
+            self._conn = await self._reconnect(self.reconnect_timeout, handoff=restart is not None)
             self.reconnects += 1
-            return self._conn
+            conn = self._conn
+            if restart is not None:
+                epoch = self.daemon["epoch"] if self.daemon is not None else restart["epoch"]
+                restart = DaemonRestarted(
+                    from_version=restart["from_version"], to_version=restart["to_version"], epoch=epoch
+                )
+                self.restarts.append(restart)
+        if restart is not None:
+            log.info("daemon restarted (version %s -> %s)", restart["from_version"], restart["to_version"])
+            # Outside the lock: the callback may call the daemon.
+            if self.on_restart is not None:
+                done = self.on_restart(restart)
+                if inspect.isawaitable(done):
+                    await done
+        return conn
 
     def drop_connection(self) -> None:
         """Aborts the current connection as a network failure would (for tests and demos);

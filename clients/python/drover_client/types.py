@@ -962,6 +962,53 @@ class PromptSubmitParams(TypedDict):
     """
 
 
+class RestartParams(TypedDict):
+    """
+    Params of `daemon.restart`: hand the home to the drover binary on disk.
+    """
+
+    binary: NotRequired[str | None]
+    """
+    The binary to hand over to (default: the daemon's own path on disk).
+    """
+    drain: NotRequired[bool]
+    """
+    Stop admitting, let running turns finish, then hand over (for a next build whose
+    worker protocol differs: nothing is left running to adopt).
+    """
+    timeout_s: NotRequired[float | None]
+    """
+    With `drain`: give up after this many seconds, and keep serving (no bound by default).
+    """
+
+
+class Restarted(TypedDict):
+    """
+    Result of `daemon.restart`, sent just before the old owner closes the connection.
+    """
+
+    adopted: int
+    """
+    How many running worker executions it adopted.
+    """
+    epoch: int
+    """
+    The next owner's runtime epoch.
+    """
+    from_version: str
+    """
+    The old owner's version.
+    """
+    pid: int
+    """
+    The next owner's process id.
+    """
+    to_version: str
+    """
+    The next owner's version.
+    """
+
+
 Role: TypeAlias = Literal['system', 'user', 'assistant', 'tool']
 """
 The author of a message (SPEC section 3, `messages.role`).
@@ -1973,6 +2020,16 @@ class ClientRequestDaemonInfo(TypedDict):
     params: NoParams
 
 
+class ClientRequestDaemonRestart(TypedDict):
+    """
+    `daemon.restart` (drover extension): hand the home to the binary on disk, which adopts
+    the running turns; answers once the next owner confirmed (or why it did not).
+    """
+
+    method: Literal['daemon.restart']
+    params: RestartParams
+
+
 class ClientRequestUiLoginCode(TypedDict):
     """
     `ui.login_code` (drover extension): a one-time code for the web dashboard's login;
@@ -2001,7 +2058,7 @@ class ClientRequestJobEvents(TypedDict):
     params: JobEventsParams
 
 
-ClientRequest: TypeAlias = ClientRequestPing | ClientRequestSessionCreate | ClientRequestSessionResume | ClientRequestSessionList | ClientRequestSessionDetach | ClientRequestSessionRename | ClientRequestSessionSetMode | ClientRequestPromptSubmit | ClientRequestSessionCompact | ClientRequestPromptReceipt | ClientRequestPromptCancel | ClientRequestPromptResolveUnknown | ClientRequestSessionInterrupt | ClientRequestApprovalRespond | ClientRequestClarifyRespond | ClientRequestSessionEventsSince | ClientRequestApprovalsList | ClientRequestApprovalsRemove | ClientRequestMcpStatus | ClientRequestDaemonInfo | ClientRequestUiLoginCode | ClientRequestJobList | ClientRequestJobEvents
+ClientRequest: TypeAlias = ClientRequestPing | ClientRequestSessionCreate | ClientRequestSessionResume | ClientRequestSessionList | ClientRequestSessionDetach | ClientRequestSessionRename | ClientRequestSessionSetMode | ClientRequestPromptSubmit | ClientRequestSessionCompact | ClientRequestPromptReceipt | ClientRequestPromptCancel | ClientRequestPromptResolveUnknown | ClientRequestSessionInterrupt | ClientRequestApprovalRespond | ClientRequestClarifyRespond | ClientRequestSessionEventsSince | ClientRequestApprovalsList | ClientRequestApprovalsRemove | ClientRequestMcpStatus | ClientRequestDaemonInfo | ClientRequestDaemonRestart | ClientRequestUiLoginCode | ClientRequestJobList | ClientRequestJobEvents
 """
 One client request: `{"method": ..., "params": {...}}` (the JSON-RPC `id` and
 `jsonrpc` stay in [`crate::rpc::Request`]).

@@ -79,6 +79,19 @@ function showBanner(text, bad = false) {
 
 // ---------------------------------------------------------------------------------------------
 // The connection: JSON-RPC over the daemon's WebSocket, reconnecting on its own.
+//
+// A handoff (`drover restart`): the old owner sends `daemon.restarted` and closes with 1012; the
+// next owner serves on the same address, so the page reconnects at once, says "daemon restarted
+// (version X -> Y)" in its banner, and each view catches up from its last `seq`.
+
+// The close code of a handoff ("service restart").
+const RESTART_CLOSE_CODE = 1012;
+
+// The versions of a handoff close's reason, "the daemon restarted (version X -> Y)".
+function restartFromReason(reason) {
+  const m = /\(version (\S+) -> (\S+)\)/.exec(reason || "");
+  return { from_version: m ? m[1] : "", to_version: m ? m[2] : "", epoch: 0 };
+}
 
 class Connection {
   constructor() {
@@ -89,6 +102,8 @@ class Connection {
     this.connected = false;
     this.held = false;
     this.retryMs = 500;
+    // The `daemon.restarted` notice of the last handoff, until the next owner answered.
+    this.restart = null;
     this.onOpen = () => {};
     this.onRefused = () => {};
   }
@@ -117,8 +132,11 @@ class Connection {
       this.onOpen();
     };
     ws.onmessage = (m) => this.receive(m.data);
-    ws.onclose = () => {
+    ws.onclose = (ev) => {
       if (this.ws !== ws) return;
+      if (ev.code === RESTART_CLOSE_CODE && !this.restart) {
+        this.restart = restartFromReason(ev.reason);
+      }
       this.connected = false;
       for (const w of this.waiting.values()) {
         w.reject({ message: "the connection closed", data: { reason: "disconnected" } });
@@ -126,9 +144,16 @@ class Connection {
       this.waiting.clear();
       setConn("disconnected");
       if (!opened) this.onRefused();
+      // A connection the old owner of a handoff closed: its next owner serves already, so
+      // no backoff. (One the next owner refused said why in `onRefused`.)
+      const handedOver = Boolean(this.restart) && opened;
+      if (handedOver) {
+        setConn("restarting");
+        showBanner(restartText(this.restart, "reconnecting…"));
+      }
       if (!this.held) {
-        setTimeout(() => this.open(), this.retryMs);
-        this.retryMs = Math.min(this.retryMs * 2, 5000);
+        setTimeout(() => this.open(), handedOver ? 50 : this.retryMs);
+        if (!handedOver) this.retryMs = Math.min(this.retryMs * 2, 5000);
       }
     };
   }
@@ -145,6 +170,10 @@ class Connection {
       this.waiting.delete(msg.id);
       if (msg.error) w.reject(msg.error);
       else w.resolve(msg.result);
+      return;
+    }
+    if (msg.method === "daemon.restarted" && msg.params) {
+      this.restart = msg.params;
       return;
     }
     if (msg.method === "event" && msg.params) {
@@ -178,6 +207,11 @@ class Connection {
 
 const rpc = new Connection();
 
+function restartText(r, tail = "") {
+  const versions = r.from_version || r.to_version ? ` (version ${r.from_version} -> ${r.to_version})` : "";
+  return `daemon restarted${versions}${tail ? `; ${tail}` : ""}`;
+}
+
 function setConn(state) {
   const el = document.getElementById("conn");
   el.className = `conn conn-${state}`;
@@ -193,13 +227,23 @@ let daemon = null;
 
 async function learnDaemon() {
   const info = await rpc.call("daemon.info");
+  const restart = rpc.restart;
   const seen = daemon ? daemon.epoch : Number(sessionStorage.getItem(EPOCH_KEY) || 0);
+  // The old owner of a handoff, still answering on the address it shares until it exits:
+  // not the daemon to follow.
+  if (restart && info.epoch <= seen && info.epoch < restart.epoch) {
+    throw { message: "the next daemon is not serving yet", data: { reason: "disconnected" } };
+  }
+  rpc.restart = null;
   daemon = info;
   sessionStorage.setItem(EPOCH_KEY, String(info.epoch));
   const el = document.getElementById("daemon");
   el.textContent = `epoch ${info.epoch} · pid ${info.pid}`;
   el.dataset.epoch = String(info.epoch);
-  if (seen && seen !== info.epoch) {
+  if (restart) {
+    // A handoff: running turns carry on; the views catch up from their last `seq`.
+    showBanner(restartText(restart));
+  } else if (seen && seen !== info.epoch) {
     showBanner(`The daemon restarted: epoch ${seen} → ${info.epoch}.`);
   } else {
     document.getElementById("banner").hidden = true;
@@ -1107,6 +1151,13 @@ rpc.listeners.add((e) => current && current.event(e));
 rpc.onOpen = async () => {
   try {
     await learnDaemon();
+  } catch (e) {
+    // Reached the old owner of a handoff: try again until the next one answers.
+    if (rpc.restart && rpc.ws) rpc.ws.close();
+    else showError(e);
+    return;
+  }
+  try {
     if (current) await current.connected();
   } catch (e) {
     showError(e);
