@@ -113,6 +113,8 @@ fn install(home: &Path, dry_run: bool) -> Result<Exit> {
                      it has stopped:\n  drover --home {h} stop\n  systemctl --user start {name}"
                 );
             } else {
+                // A unit that failed before (its start limit hit, say) would refuse to start.
+                let _ = systemctl(&["reset-failed", name], QUERY);
                 let started = systemctl(&["start", name], CHANGE)?;
                 if !started.ok() {
                     bail!(
