@@ -69,6 +69,11 @@ pub fn run(home: PathBuf, args: ServiceArgs) -> Result<Exit> {
 
 fn install(home: &Path, dry_run: bool) -> Result<Exit> {
     let exe = std::env::current_exe().context("cannot find the drover executable")?;
+    // A daemon that cannot read its config would only fail at each start, in the journal:
+    // say it now, in the config's own words, before anything is written.
+    if let Err(e) = drover_owner::config::Config::load(home) {
+        bail!("{e}; the service's daemon could not start: fix it, then install again");
+    }
     if !dry_run {
         // The unit names the canonical home, which must exist to be known.
         drover_owner::home::prepare_home(home)

@@ -353,6 +353,18 @@ async fn with_a_user_manager_install_enables_and_starts_and_uninstall_disables()
         text.contains("systemd: enabled, active (running), main pid 4242"),
         "{text}"
     );
+    let starts = |calls: Vec<String>| calls.iter().filter(|c| c.contains(" start ")).count();
+    let (code, stdout, stderr) = env.service(Some(home.path()), &["install"]).await;
+    assert_eq!(code, Some(0), "install again: {stdout}{stderr}");
+    assert!(
+        stdout.contains("is up to date") && stdout.contains("already running"),
+        "{stdout}"
+    );
+    assert_eq!(
+        starts(env.calls()),
+        1,
+        "a running service is not started again"
+    );
 
     let (code, stdout, stderr) = env.service(Some(home.path()), &["uninstall"]).await;
     assert_eq!(code, Some(0), "uninstall: {stdout}{stderr}");
@@ -396,4 +408,22 @@ async fn a_daemon_running_outside_the_service_is_left_running() {
         "the daemon still owns the home after install: {status}"
     );
     daemon.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn install_refuses_a_home_whose_config_the_daemon_cannot_read() {
+    let env = UserEnv::with_manager();
+    let home = TestHome::new().unwrap();
+    std::fs::write(home.path().join("config.toml"), "[model\n").unwrap();
+    let (code, stdout, stderr) = env.service(Some(home.path()), &["install"]).await;
+    assert_eq!(code, Some(1), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("config.toml"),
+        "the error names the file: {stderr}"
+    );
+    assert!(
+        !env.unit_dir().exists() && env.calls().is_empty(),
+        "nothing written, systemd not asked: {:?}",
+        env.calls()
+    );
 }
