@@ -52,6 +52,14 @@ enum Command {
         /// `ready` is written to it once daemon.json is written and the daemon listens.
         #[arg(long, hide = true, value_name = "FD")]
         ready_fd: Option<i32>,
+        /// Internal: be the next owner of a handoff (`drover restart`), reading the old
+        /// owner's hand-over from the socket at this descriptor.
+        #[arg(long, hide = true, value_name = "FD")]
+        handoff_fd: Option<i32>,
+        /// Internal: print this binary's version and worker protocol as JSON (what a
+        /// daemon checks before it hands the home to this binary), and exit.
+        #[arg(long, hide = true)]
+        handoff_info: bool,
     },
     /// Submit a prompt to a session and stream the answer (starts the daemon if needed).
     Run(run_cmd::RunArgs),
@@ -180,9 +188,23 @@ fn main() -> ExitCode {
         Command::Chat(args) => commands::block_on(chat::chat(home, args)),
         Command::Attach(args) => commands::block_on(chat::attach(home, args)),
         Command::Acp(args) => commands::block_on(acp_cmd::acp(home, args)),
+        Command::Daemon { handoff_info, .. } if handoff_info => {
+            match serde_json::to_string(&drover_owner::handoff::own_info()) {
+                Ok(line) => {
+                    println!("{line}");
+                    Exit::Ok
+                }
+                Err(e) => {
+                    eprintln!("drover daemon: {e}");
+                    Exit::Failed
+                }
+            }
+        }
         Command::Daemon {
             started_by_client,
             ready_fd,
+            handoff_fd,
+            ..
         } => {
             let lifetime = if started_by_client {
                 drover_owner::daemon::Lifetime::StartedByClient
@@ -196,6 +218,14 @@ fn main() -> ExitCode {
                     None
                 }
             });
+            let handoff = match handoff_fd.map(drover_platform::take_inherited_fd) {
+                Some(Ok(file)) => Some(file),
+                Some(Err(e)) => {
+                    eprintln!("drover daemon: --handoff-fd: {e}");
+                    return Exit::Failed.into();
+                }
+                None => None,
+            };
             let acp = acp_endpoint(home.clone());
             drover_owner::run_daemon(
                 &home,
@@ -203,6 +233,7 @@ fn main() -> ExitCode {
                     lifetime,
                     ready,
                     acp: Some(acp),
+                    handoff,
                 },
             )
         }

@@ -18,7 +18,8 @@
 //! `events`, `counts` → rows: `sessions` (with `frozen_model`), `admissions`, `approvals`, `prompts`, `messages`,
 //! `compactions`, `processes`, `jobs`, then `delegation` (child executions, over admissions
 //! and prompts) → `turns` (the turn lifecycle: admit, claim, cancel, interrupt, settle, lose,
-//! recover) → `persist` (a worker's persist frames).
+//! recover) → `adoption` (a daemon handoff's running executions, taken over by the next owner)
+//! → `persist` (a worker's persist frames).
 //!
 //! ```no_run
 //! # fn demo() -> Result<(), drover_ledger::LedgerError> {
@@ -29,6 +30,7 @@
 //! ```
 
 mod admissions;
+mod adoption;
 mod approvals;
 mod compactions;
 mod counts;
@@ -62,6 +64,7 @@ pub(crate) use open::is_corruption;
 pub use open::{Ledger, RuntimeEpoch, PAGE_CACHE_KIB};
 
 pub use admissions::{AdmissionRow, AdmitRequest, Receipt};
+pub use adoption::Handover;
 pub use approvals::ApprovalRule;
 pub use delegation::{ChildReserved, DelegationLimits, ParentAnswer};
 pub use events::{EventsPage, StoredEvent};

@@ -45,8 +45,9 @@ pub fn start_admissions(owner: &Arc<Owner>) {
                 .ledger(move |ledger, owner| {
                     let mut secrets: Vec<(String, Secret)> = Vec::new();
                     let mut claim_ids = || {
-                        // SPEC section 4: a draining owner claims nothing.
-                        if owner.is_draining() {
+                        // SPEC section 4: a draining owner claims nothing (nor one handing
+                        // the home over).
+                        if !owner.may_claim() {
                             return None;
                         }
                         let execution_id = drover_ledger::new_id();

@@ -1,5 +1,6 @@
 //! `drover daemon`: start, serve, and stop the owner (SPEC sections 1 and 4).
 
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,6 +32,9 @@ pub struct DaemonStart {
     pub ready: Option<std::fs::File>,
     /// The ACP agent served at `/v1/acp` (none: `/v1/acp` is not found).
     pub acp: Option<crate::server::AcpEndpoint>,
+    /// The socket a handoff's old owner started this daemon with (`--handoff-fd`): this
+    /// daemon is its next owner ([`crate::handoff`]).
+    pub handoff: Option<std::fs::File>,
 }
 
 /// Runs the owner in the foreground until SIGTERM/SIGINT (or, for
@@ -49,6 +53,7 @@ pub fn run_daemon(home: &Path, start: DaemonStart) -> Exit {
         lifetime,
         ready,
         acp,
+        handoff,
     } = start;
     // Before any thread starts: the owner's memory stays flat as sessions grow.
     drover_platform::limit_malloc_arenas(OWNER_MALLOC_ARENAS);
@@ -59,15 +64,45 @@ pub fn run_daemon(home: &Path, start: DaemonStart) -> Exit {
     // The home as found now, held open: a home swapped while the daemon starts (its path
     // renamed away and another directory put there) must not get half of this daemon.
     let held = HomeDir::open(home);
-    let lock = match HomeLock::acquire(home) {
-        Ok(l) => l,
-        Err(e @ LockError::Held { .. }) => {
-            refuse_unlocked(home, &e);
-            return Exit::HomeOwned;
-        }
-        Err(e) => {
-            refuse_unlocked(home, &e);
+    // The next owner of a handoff holds the lock the old one hands over.
+    let mut handed = match handoff.map(crate::handoff::Handed::receive).transpose() {
+        Ok(handed) => handed,
+        Err(why) => {
+            refuse_unlocked(home, &format_args!("cannot take the handoff: {why}"));
             return Exit::Failed;
+        }
+    };
+    let lock = match handed.as_mut() {
+        Some(handed) => match handed.take_lock() {
+            Ok(l) => l,
+            Err(why) => {
+                handed.fail(&why);
+                refuse_unlocked(home, &format_args!("cannot take the handoff: {why}"));
+                return Exit::Failed;
+            }
+        },
+        None => match HomeLock::acquire(home) {
+            Ok(l) => l,
+            Err(e @ LockError::Held { .. }) => {
+                refuse_unlocked(home, &e);
+                return Exit::HomeOwned;
+            }
+            Err(e) => {
+                refuse_unlocked(home, &e);
+                return Exit::Failed;
+            }
+        },
+    };
+    let lifetime = match &handed {
+        Some(h) if h.state.started_by_client => Lifetime::StartedByClient,
+        Some(_) => Lifetime::Foreground,
+        None => lifetime,
+    };
+    let lock_copies = match lock.descriptors() {
+        Ok(copies) => Some(copies),
+        Err(e) => {
+            eprintln!("drover daemon: cannot copy the home lock (no handoff possible): {e}");
+            None
         }
     };
     hold_start_for_tests();
@@ -115,7 +150,15 @@ pub fn run_daemon(home: &Path, start: DaemonStart) -> Exit {
             return Exit::Failed;
         }
     };
-    let code = runtime.block_on(serve(home.to_path_buf(), lifetime, ready, acp, held));
+    let start = ServeStart {
+        lifetime,
+        ready,
+        acp,
+        held,
+        handed,
+        lock_copies,
+    };
+    let code = runtime.block_on(serve(home.to_path_buf(), start));
     if let Some(telemetry) = telemetry {
         telemetry.shutdown();
     }
@@ -218,13 +261,34 @@ fn connection_limits() -> crate::connections::ConnectionLimits {
     limits
 }
 
-async fn serve(
-    home: PathBuf,
+/// What [`serve`] starts with.
+struct ServeStart {
     lifetime: Lifetime,
     ready: Option<std::fs::File>,
     acp: Option<crate::server::AcpEndpoint>,
     held: Option<HomeDir>,
-) -> Exit {
+    /// The old owner's hand-over, when this daemon is a handoff's next owner.
+    handed: Option<crate::handoff::Handed>,
+    /// Copies of the home lock's descriptors, for a later handoff.
+    lock_copies: Option<Vec<std::os::fd::OwnedFd>>,
+}
+
+async fn serve(home: PathBuf, start: ServeStart) -> Exit {
+    let ServeStart {
+        lifetime,
+        ready,
+        acp,
+        held,
+        mut handed,
+        lock_copies,
+    } = start;
+    // A next owner that cannot go on tells the old one, which keeps the home.
+    let fail = |handed: &mut Option<crate::handoff::Handed>, why: &dyn std::fmt::Display| {
+        if let Some(handed) = handed.as_mut() {
+            handed.fail(&why.to_string());
+        }
+        refuse(why);
+    };
     let mut signals = StopSignals::install();
     // The sandbox probe starts a process in a new user and mount namespace (several
     // milliseconds): it runs beside the config, the ledger's opening and recovery, not before
@@ -233,7 +297,7 @@ async fn serve(
     let config = match Config::load(&home) {
         Ok(c) => c,
         Err(e) => {
-            refuse(e);
+            fail(&mut handed, &e);
             return Exit::Failed;
         }
     };
@@ -241,7 +305,7 @@ async fn serve(
         Some((cert, key)) => match crate::tls::server_config(cert, key) {
             Ok(c) => Some(c),
             Err(e) => {
-                refuse(e);
+                fail(&mut handed, &e);
                 return Exit::Failed;
             }
         },
@@ -249,7 +313,7 @@ async fn serve(
     };
     let db = home.join("state.db");
     if let Some(refusal) = refuse_empty_ledger(&home, &db) {
-        refuse(refusal);
+        fail(&mut handed, &refusal);
         return Exit::Failed;
     }
     let mut ledger = match Ledger::open(&db) {
@@ -257,14 +321,30 @@ async fn serve(
         Err(e @ LedgerError::InUse { .. }) => {
             let pid = drover_platform::flock_holder(&db)
                 .map_or_else(|| "unknown".to_string(), |p| p.to_string());
-            refuse(format_args!("{e} (pid {pid})"));
+            fail(&mut handed, &format_args!("{e} (pid {pid})"));
             return Exit::HomeOwned;
         }
         Err(e) => {
-            refuse(e);
+            fail(&mut handed, &e);
             return Exit::Failed;
         }
     };
+    // A handoff's next owner checks that the ledger adopts every execution handed over, says
+    // `ready`, and writes nothing before the old owner's `commit`.
+    let handovers = handed.as_ref().map(crate::handoff::Handed::handovers);
+    if let (Some(h), Some(handovers)) = (handed.as_mut(), handovers.as_ref()) {
+        if let Err(e) = ledger.check_adoption(h.state.from_epoch, handovers) {
+            fail(
+                &mut handed,
+                &format_args!("the ledger would not adopt the running turns: {e}"),
+            );
+            return Exit::Failed;
+        }
+        if let Err(why) = h.ready_then_commit() {
+            refuse(format_args!("the handoff did not happen: {why}"));
+            return Exit::Failed;
+        }
+    }
     // The ledger must be the held home's before the epoch is raised in it.
     if let Some(why) = home_swapped(held.as_ref(), &home) {
         refuse(why);
@@ -276,6 +356,22 @@ async fn serve(
             refuse(format_args!("cannot raise the runtime epoch: {e}"));
             return Exit::Failed;
         }
+    };
+    // Adopted before recovery, which loses whatever of an older epoch is left.
+    let adopted = match (handed.as_ref(), handovers.as_ref()) {
+        (Some(h), Some(handovers)) => {
+            match ledger.adopt_executions(h.state.from_epoch, handovers) {
+                Ok(claims) => claims,
+                Err(e) => {
+                    fail(
+                        &mut handed,
+                        &format_args!("adopting the running turns failed: {e}"),
+                    );
+                    return Exit::Failed;
+                }
+            }
+        }
+        _ => Vec::new(),
     };
     match ledger.recover() {
         Ok(r) => {
@@ -296,13 +392,19 @@ async fn serve(
             return Exit::Failed;
         }
     }
-    let listener = match tokio::net::TcpListener::bind(&config.daemon.listen).await {
+    // A handoff's next owner serves on the old owner's listening socket: same address, and no
+    // connection refused meanwhile (they wait in its backlog).
+    let listener = match handed.as_ref().map(crate::handoff::Handed::take_listener) {
+        Some(Ok(std)) => tokio::net::TcpListener::from_std(std).map_err(|e| e.to_string()),
+        Some(Err(why)) => Err(why),
+        None => tokio::net::TcpListener::bind(&config.daemon.listen)
+            .await
+            .map_err(|e| format!("cannot listen on {}: {e}", config.daemon.listen)),
+    };
+    let listener = match listener {
         Ok(l) => l,
-        Err(e) => {
-            refuse(format_args!(
-                "cannot listen on {}: {e}",
-                config.daemon.listen
-            ));
+        Err(why) => {
+            fail(&mut handed, &why);
             return Exit::Failed;
         }
     };
@@ -345,7 +447,10 @@ async fn serve(
     };
     crate::admit::start_admissions(&owner);
     crate::telemetry::register_gauges(&owner);
-    let token = new_token();
+    // Clients keep the token they hold across a handoff.
+    let token = handed
+        .as_ref()
+        .map_or_else(new_token, |h| h.state.token.clone());
     let info = DaemonInfo {
         pid: std::process::id(),
         epoch: epoch.epoch,
@@ -359,6 +464,18 @@ async fn serve(
             .ok()
             .and_then(drover_platform::process_start_time),
     };
+    match (listener.as_fd().try_clone_to_owned(), lock_copies) {
+        (Ok(listener), Some(lock)) => owner.set_handover_kit(crate::owner::HandoverKit {
+            lock,
+            listener,
+            token: token.clone(),
+            started_by_client: lifetime == Lifetime::StartedByClient,
+        }),
+        (Err(e), _) => {
+            tracing::warn!(error = %e, "cannot copy the listening socket; no handoff possible")
+        }
+        (_, None) => {}
+    }
     let app = crate::server::router(owner.clone(), token, acp);
     let shutdown = owner.shutdown.clone();
     let server_stop = shutdown.clone();
@@ -406,22 +523,50 @@ async fn serve(
         home_gone.clone(),
     ));
     tracing::info!(epoch = epoch.epoch, url = %info.url, pid = info.pid, "owner listening");
+    if let Some(mut handed) = handed {
+        let count = adopt_handed(&owner, &handed, adopted).await;
+        handed.serving(epoch.epoch, count);
+        tracing::info!(
+            from_version = %handed.state.from_version,
+            from_epoch = handed.state.from_epoch,
+            adopted = count,
+            "took the home over in a handoff"
+        );
+    }
     // After daemon.json: a client waiting for this daemon does not wait for the spare's start.
     owner.start_spare();
     owner.prune_worker_logs(false);
     claim_all_queued(&owner).await;
     start_watchdog(&owner);
 
-    tokio::select! {
-        _ = signals.wait(&shutdown) => {}
-        _ = crate::idle::idle_for(owner.clone(), lifetime, idle_exit) => {}
-        _ = home_gone.cancelled() => {}
-    }
+    let idle = crate::idle::idle_for(owner.clone(), lifetime, idle_exit);
+    tokio::pin!(idle);
+    let mut hangups = signals.take_hangups();
+    let handed_over = loop {
+        tokio::select! {
+            _ = signals.wait(&shutdown) => break false,
+            _ = hangups.next() => {
+                // SIGHUP: `drover restart` with its defaults; its outcome is logged.
+                let (result, _answered) =
+                    crate::handoff::start_restart(&owner, Default::default());
+                drop(result);
+            }
+            _ = &mut idle => break false,
+            _ = home_gone.cancelled() => break false,
+            _ = owner.handed_over.cancelled() => break true,
+        }
+    };
     guard_stop.cancel();
     let _ = guard.await;
-    tracing::info!("stopping: draining running turns");
-    drain(&owner, grace).await;
-    DaemonInfo::remove(&home, &epoch.instance_id);
+    if handed_over {
+        // The running turns are the next owner's: nothing is stopped, and daemon.json (its
+        // own now) is left alone. Each connection gets `daemon.restarted` as it closes.
+        tracing::info!("handed the home over; closing connections");
+    } else {
+        tracing::info!("stopping: draining running turns");
+        drain(&owner, grace).await;
+        DaemonInfo::remove(&home, &epoch.instance_id);
+    }
     shutdown.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
     // Each connection sends its 1001 close frame; bounded, as a peer may not read.
@@ -429,6 +574,58 @@ async fn serve(
     let _ = tokio::time::timeout(Duration::from_secs(3), owner.connections.wait()).await;
     tracing::info!("stopped");
     Exit::Ok
+}
+
+/// Supervises the turns the ledger adopted from a handoff's old owner, each with its worker's
+/// pipes; one that cannot be (its worker is gone) is lost at once. How many run.
+async fn adopt_handed(
+    owner: &Arc<Owner>,
+    handed: &crate::handoff::Handed,
+    adopted: Vec<drover_ledger::Claim>,
+) -> u64 {
+    let mut running = 0;
+    for claim in adopted {
+        let Some(execution) = handed
+            .state
+            .executions
+            .iter()
+            .find(|e| e.execution_id == claim.execution_id)
+        else {
+            continue;
+        };
+        let take = |fd: i32| drover_platform::take_inherited_fd(fd).map(std::os::fd::OwnedFd::from);
+        let worker = take(execution.stdin_fd).and_then(|stdin| {
+            Ok(crate::turn::AdoptedWorker {
+                pid: execution.pid,
+                stdin,
+                stdout: take(execution.stdout_fd)?,
+                interrupted: execution.interrupted,
+            })
+        });
+        let execution_id = claim.execution_id.clone();
+        let started = worker.and_then(|worker| {
+            crate::turn::run_adopted(owner, claim, execution.secret.clone(), worker)
+        });
+        match started {
+            Ok(()) => running += 1,
+            Err(e) => {
+                tracing::warn!(%execution_id, error = %e, "an adopted worker cannot be supervised; its turn is lost");
+                let lost = owner
+                    .ledger(move |ledger, owner| {
+                        let settlement = ledger.mark_execution_lost(&execution_id)?;
+                        if let Some(settlement) = &settlement {
+                            owner.hub.publish(&settlement.events);
+                        }
+                        Ok(())
+                    })
+                    .await;
+                if let Err(e) = lost {
+                    tracing::error!(error = %e, "cannot mark the lost turn");
+                }
+            }
+        }
+    }
+    running
 }
 
 /// Tells the client that started this daemon that it is ready (see [`run_daemon`]), and
@@ -611,11 +808,13 @@ fn history_evidence(home: &Path, db: &Path) -> Option<String> {
         .map(|_| "logs/workers has worker logs".into())
 }
 
-/// SIGTERM and SIGINT handlers. Installed before `daemon.json` names this daemon, so a client
-/// that stops it right after it appears gets a graceful stop, not the default kill.
+/// SIGTERM and SIGINT handlers, and SIGHUP's (a handoff). Installed before `daemon.json`
+/// names this daemon, so a client that stops it right after it appears gets a graceful stop,
+/// not the default kill.
 struct StopSignals {
     term: Option<tokio::signal::unix::Signal>,
     int: Option<tokio::signal::unix::Signal>,
+    hup: Option<tokio::signal::unix::Signal>,
 }
 
 impl StopSignals {
@@ -627,7 +826,15 @@ impl StopSignals {
         let int = signal(SignalKind::interrupt())
             .map_err(|e| tracing::error!(error = %e, "cannot handle SIGINT"))
             .ok();
-        StopSignals { term, int }
+        let hup = signal(SignalKind::hangup())
+            .map_err(|e| tracing::error!(error = %e, "cannot handle SIGHUP"))
+            .ok();
+        StopSignals { term, int, hup }
+    }
+
+    /// The SIGHUP handler, to wait on beside [`StopSignals::wait`].
+    fn take_hangups(&mut self) -> Hangups {
+        Hangups(self.hup.take())
     }
 
     /// Waits for SIGTERM, SIGINT or `shutdown`.
@@ -644,6 +851,21 @@ impl StopSignals {
             _ = next(&mut self.term) => {}
             _ = next(&mut self.int) => {}
             _ = shutdown.cancelled() => {}
+        }
+    }
+}
+
+/// SIGHUP: a handoff to the binary on disk, as `drover restart` asks.
+struct Hangups(Option<tokio::signal::unix::Signal>);
+
+impl Hangups {
+    /// Waits for the next SIGHUP.
+    async fn next(&mut self) {
+        match &mut self.0 {
+            Some(s) => {
+                s.recv().await;
+            }
+            None => std::future::pending::<()>().await,
         }
     }
 }

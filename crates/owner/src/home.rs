@@ -84,6 +84,39 @@ pub enum LockError {
 }
 
 impl HomeLock {
+    /// Copies of the descriptors that hold the lock, for a handoff's next owner: a `flock(2)`
+    /// lock belongs to the open file, so it stays held while any copy is open.
+    pub fn descriptors(&self) -> std::io::Result<Vec<std::os::fd::OwnedFd>> {
+        use std::os::fd::AsFd;
+        Ok(vec![
+            self._home.as_fd().try_clone_to_owned()?,
+            self._file.as_fd().try_clone_to_owned()?,
+        ])
+    }
+
+    /// The lock a handoff's old owner held, from the descriptors it handed over (in the order
+    /// of [`HomeLock::descriptors`]).
+    pub fn inherited(mut files: Vec<File>) -> Result<HomeLock, String> {
+        if files.len() != 2 {
+            return Err(format!(
+                "{} lock descriptors handed over, not 2",
+                files.len()
+            ));
+        }
+        let file = files.remove(1);
+        let home = files.remove(0);
+        // Locking the same open files again converts the locks in place (never a moment
+        // unlocked), and makes this process their holder in /proc/locks, where clients look.
+        for held in [&home, &file] {
+            held.try_lock()
+                .map_err(|e| format!("cannot hold the handed-over home lock: {e}"))?;
+        }
+        Ok(HomeLock {
+            _home: home,
+            _file: file,
+        })
+    }
+
     /// Takes the lock without waiting and writes our pid into `daemon.lock`.
     pub fn acquire(home: &Path) -> Result<HomeLock, LockError> {
         let io = |path: &Path| {

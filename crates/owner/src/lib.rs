@@ -7,7 +7,8 @@
 //! turns and supervises one `drover worker` process per turn ([`turn`], by stage: schedule,
 //! bootstrap, start, supervise, pipe), keeping one started ahead of the next claim
 //! ([`spare`]), forked by a worker template ([`worker_template`]) where it can be, and
-//! recovers after a crash (older-epoch work becomes `unknown`, never replayed). Its shared
+//! recovers after a crash (older-epoch work becomes `unknown`, never replayed), or hands the
+//! home, running turns and all, to its next owner (`drover restart`, [`handoff`]). Its shared
 //! state, the ledger thread among it, is [`owner::Owner`]; a running turn is reached from
 //! outside only through its door, [`running_turn::RunningTurn`] (receipts, stops, approval
 //! modes, interrupts).
@@ -34,7 +35,7 @@
 //! Layers (bottom to top; a module uses only those below it): `browser`, `config`, `error`,
 //! `home`, `hub`, `jobs`, `logfile`, `mcp`, [`outboxes`], [`running_turn`], `sandbox`,
 //! [`session_mcp`], `telemetry`, `tls`, [`worker_logs`], [`worker_process`] <
-//! [`worker_template`] < [`spare`] < [`owner`] < [`turn`] < [`admit`] < [`rpc`] <
+//! [`worker_template`] < [`spare`] < [`owner`] < [`turn`] < [`admit`] < [`handoff`] < [`rpc`] <
 //! [`dashboard`] < [`server`] < [`connections`] < [`idle`] < [`daemon`].
 
 pub mod admit;
@@ -44,6 +45,7 @@ pub mod connections;
 pub mod daemon;
 pub mod dashboard;
 pub mod error;
+pub mod handoff;
 pub mod home;
 pub mod hub;
 pub mod idle;

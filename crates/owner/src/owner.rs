@@ -64,8 +64,19 @@ pub struct Owner {
     /// Jobs for the ledger thread, the only place the ledger is used (SPEC section 3: one
     /// writer). One thread, not a blocking task per call: a burst of calls queues here instead of
     /// growing the runtime's blocking pool (500 connections once made 499 threads).
-    ledger_jobs: std::sync::mpsc::Sender<LedgerJob>,
+    ledger_jobs: std::sync::mpsc::Sender<LedgerMessage>,
     draining: AtomicBool,
+    /// Set while a handoff is under way: no turn is claimed (inputs are still admitted).
+    claims_held: AtomicBool,
+    /// What a handoff hands the next owner besides the workers, set once the daemon listens.
+    handover_kit: Mutex<Option<Arc<HandoverKit>>>,
+    /// Set while a handoff runs: one at a time.
+    pub(crate) handoff_busy: AtomicBool,
+    /// Cancelled once the next owner of a handoff has the home: the daemon then closes every
+    /// connection with `restarted` and exits without stopping a turn.
+    pub handed_over: CancellationToken,
+    /// The `daemon.restarted` notification, once handed over.
+    pub restarted: Mutex<Option<drover_protocol::client::DaemonRestarted>>,
     turns: Mutex<HashMap<String, RunningTurn>>,
     pub(crate) tracker: TaskTracker,
     /// Client connections, so a stop waits (bounded) for their close frames to go out.
@@ -84,22 +95,100 @@ pub struct Owner {
 /// A closure run on the ledger thread.
 type LedgerJob = Box<dyn FnOnce(&mut Ledger) + Send>;
 
-/// Starts the thread that owns the ledger and runs jobs on it in arrival order. A job that
-/// panics is dropped (its caller gets an error); the thread goes on with the next one.
-fn start_ledger_thread(mut ledger: Ledger) -> std::io::Result<std::sync::mpsc::Sender<LedgerJob>> {
-    let (tx, rx) = std::sync::mpsc::channel::<LedgerJob>();
+/// What the ledger thread is asked to do.
+enum LedgerMessage {
+    /// Run a job.
+    Job(LedgerJob),
+    /// Close the ledger (its file and lock, for the next owner of a handoff), say so on
+    /// `closed`, and wait for what comes next on `then`; jobs wait meanwhile.
+    Suspend {
+        closed: std::sync::mpsc::Sender<()>,
+        then: std::sync::mpsc::Receiver<AfterSuspend>,
+    },
+}
+
+/// What a suspended ledger thread does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AfterSuspend {
+    /// The handoff failed: open the ledger again and go on.
+    Reopen,
+    /// The next owner has it: run no job again (each caller gets `storage_unavailable`).
+    Close,
+}
+
+/// The ledger thread, closed for a handoff: [`LedgerSuspension::resume`] reopens it, dropping
+/// it (or [`LedgerSuspension::close`]) leaves it closed for good.
+pub(crate) struct LedgerSuspension {
+    then: std::sync::mpsc::Sender<AfterSuspend>,
+}
+
+impl LedgerSuspension {
+    /// Opens the ledger again; jobs sent meanwhile run.
+    pub(crate) fn resume(self) {
+        let _ = self.then.send(AfterSuspend::Reopen);
+    }
+
+    /// The ledger stays closed; jobs sent meanwhile and later fail.
+    pub(crate) fn close(self) {
+        let _ = self.then.send(AfterSuspend::Close);
+    }
+}
+
+/// Starts the thread that owns the ledger at `path` and runs jobs on it in arrival order. A
+/// job that panics is dropped (its caller gets an error); the thread goes on with the next one.
+fn start_ledger_thread(
+    ledger: Ledger,
+    path: PathBuf,
+) -> std::io::Result<std::sync::mpsc::Sender<LedgerMessage>> {
+    let (tx, rx) = std::sync::mpsc::channel::<LedgerMessage>();
     std::thread::Builder::new()
         .name("ledger".into())
         .spawn(move || {
-            while let Ok(job) = rx.recv() {
-                let ran =
-                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&mut ledger)));
-                if ran.is_err() {
-                    tracing::error!("a ledger job panicked; its caller gets an error");
+            let mut ledger = Some(ledger);
+            while let Ok(message) = rx.recv() {
+                match message {
+                    LedgerMessage::Job(job) => {
+                        // Closed: the job is dropped, and its caller told so.
+                        let Some(ledger) = ledger.as_mut() else {
+                            continue;
+                        };
+                        let ran =
+                            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(ledger)));
+                        if ran.is_err() {
+                            tracing::error!("a ledger job panicked; its caller gets an error");
+                        }
+                    }
+                    LedgerMessage::Suspend { closed, then } => {
+                        drop(ledger.take());
+                        let _ = closed.send(());
+                        if then.recv() == Ok(AfterSuspend::Reopen) {
+                            match Ledger::open(&path) {
+                                Ok(reopened) => ledger = Some(reopened),
+                                Err(e) => tracing::error!(
+                                    error = %e,
+                                    "cannot open the ledger again after a failed handoff"
+                                ),
+                            }
+                        }
+                    }
                 }
             }
         })?;
     Ok(tx)
+}
+
+/// What the daemon hands a handoff's next owner besides the workers: copies of the home
+/// lock's and the listening socket's descriptors, the clients' token, and who started it.
+#[derive(Debug)]
+pub struct HandoverKit {
+    /// Copies of the descriptors holding the home lock.
+    pub lock: Vec<std::os::fd::OwnedFd>,
+    /// A copy of the listening socket.
+    pub listener: std::os::fd::OwnedFd,
+    /// The bearer token in `daemon.json`.
+    pub token: drover_protocol::Secret,
+    /// Whether a client started this daemon.
+    pub started_by_client: bool,
 }
 
 /// An input waiting for the next group commit, and where to send its result.
@@ -137,7 +226,7 @@ impl Owner {
             .unwrap_or(0.0);
         let (admissions, admissions_rx) = mpsc::unbounded_channel();
         let epoch = ledger.epoch();
-        let ledger_jobs = start_ledger_thread(ledger)?;
+        let ledger_jobs = start_ledger_thread(ledger, home.join("state.db"))?;
         let api_key_envs = Mutex::new(BTreeSet::from([config.model.api_key_env.clone()]));
         let worker_logs = Arc::new(WorkerLogs::new(
             home.join("logs").join("workers"),
@@ -163,6 +252,11 @@ impl Owner {
             sandbox_support,
             ledger_jobs,
             draining: AtomicBool::new(false),
+            claims_held: AtomicBool::new(false),
+            handover_kit: Mutex::new(None),
+            handoff_busy: AtomicBool::new(false),
+            handed_over: CancellationToken::new(),
+            restarted: Mutex::new(None),
             turns: Mutex::new(HashMap::new()),
             tracker: TaskTracker::new(),
             connections: TaskTracker::new(),
@@ -296,10 +390,57 @@ impl Owner {
             let _ = tx.send(result);
         });
         self.ledger_jobs
-            .send(job)
+            .send(LedgerMessage::Job(job))
             .map_err(|_| LedgerError::Unavailable("the ledger thread has stopped".into()))?;
-        rx.await
-            .unwrap_or_else(|_| Err(LedgerError::Corrupt("a ledger job failed".into())))
+        rx.await.unwrap_or_else(|_| {
+            Err(LedgerError::Unavailable(
+                "the ledger job did not run (a job panicked, or the home was handed over)".into(),
+            ))
+        })
+    }
+
+    /// Closes the ledger for a handoff's next owner once every job sent before has run; the
+    /// jobs sent after wait until the suspension is resumed (and fail if it is closed).
+    pub(crate) async fn suspend_ledger(&self) -> Result<LedgerSuspension, LedgerError> {
+        let (closed_tx, closed) = std::sync::mpsc::channel();
+        let (then_tx, then) = std::sync::mpsc::channel();
+        self.ledger_jobs
+            .send(LedgerMessage::Suspend {
+                closed: closed_tx,
+                then,
+            })
+            .map_err(|_| LedgerError::Unavailable("the ledger thread has stopped".into()))?;
+        let suspension = LedgerSuspension { then: then_tx };
+        tokio::task::spawn_blocking(move || closed.recv())
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .ok_or_else(|| LedgerError::Unavailable("the ledger thread has stopped".into()))?;
+        Ok(suspension)
+    }
+
+    /// Keeps what a handoff hands over besides the workers (the daemon, once it listens).
+    pub fn set_handover_kit(&self, kit: HandoverKit) {
+        *self.handover_kit.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(kit));
+    }
+
+    /// What a handoff hands over besides the workers; `None` before the daemon listens.
+    pub(crate) fn handover_kit(&self) -> Option<Arc<HandoverKit>> {
+        self.handover_kit
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Whether a turn may be claimed now: not while stopping, nor while a handoff is under
+    /// way (its inputs wait, queued, for whichever owner goes on).
+    pub fn may_claim(&self) -> bool {
+        !self.is_draining() && !self.claims_held.load(Ordering::SeqCst)
+    }
+
+    /// Stops (`true`) or allows again (`false`) claiming turns, for a handoff.
+    pub(crate) fn hold_claims(&self, held: bool) {
+        self.claims_held.store(held, Ordering::SeqCst);
     }
 
     /// Records a failed ledger write: `/healthz` reports `storage_unavailable` until the

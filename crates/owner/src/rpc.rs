@@ -50,6 +50,14 @@ pub enum Reply {
     /// The answer, once it is known. The connection goes on reading requests meanwhile (an
     /// approval may be what the turn waits for); the caller sends it when ready.
     Later(Pin<Box<dyn Future<Output = Result<MethodResult, OwnerError>> + Send>>),
+    /// As `Later`, and `queued` fires once the answer is queued on the connection (the
+    /// `daemon.restart` caller's answer goes out before the connection closes).
+    LaterThen {
+        /// The answer.
+        answer: Pin<Box<dyn Future<Output = Result<MethodResult, OwnerError>> + Send>>,
+        /// Fired once it is queued.
+        queued: tokio::sync::oneshot::Sender<()>,
+    },
 }
 
 /// Dispatches one request: `params` as the client sent them, parsed into the method's params.
@@ -60,6 +68,19 @@ pub async fn dispatch(owner: &Arc<Owner>, conn: &ConnHandle, method: &str, param
         Ok(request) => request,
         Err(refusal) => return Reply::Now(Err(OwnerError::Refused(refusal))),
     };
+    if let ClientRequest::DaemonRestart(p) = request {
+        let (result, queued) = crate::handoff::start_restart(owner, p);
+        let answer = async move {
+            result
+                .await
+                .unwrap_or_else(|_| Err(OwnerError::HandoffFailed("the handoff task ended".into())))
+                .map(MethodResult::DaemonRestart)
+        };
+        return Reply::LaterThen {
+            answer: Box::pin(answer),
+            queued,
+        };
+    }
     if let ClientRequest::SessionCompact(p) = request {
         return match session_compact(owner, conn, p).await {
             Ok(settled) => Reply::Later(Box::pin(async move {
@@ -143,8 +164,9 @@ async fn answer(
                 started_at: owner.started_at,
             })
         }
+        // Answered by `dispatch` (its answer comes once the next owner serves).
         ClientRequest::DaemonRestart(_) => {
-            return Err(OwnerError::HandoffFailed("not built yet".into()))
+            return Err(OwnerError::HandoffFailed("not reached".into()))
         }
         ClientRequest::UiLoginCode(wire::NoParams {}) => {
             MethodResult::UiLoginCode(ui_login_code(owner, conn)?)

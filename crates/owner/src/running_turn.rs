@@ -42,6 +42,52 @@ pub struct RunningTurn {
     /// Cancelled when a `session.interrupt` is accepted: the worker then has
     /// `[daemon] interrupt_grace_s` to stop before it is signalled.
     interrupt: CancellationToken,
+    /// Asks the supervisor to park its worker for a handoff.
+    handoff: mpsc::Sender<HandoffRequest>,
+}
+
+/// A handoff's request to a turn's supervisor: send the worker `handoff {grace_ms}`, read its
+/// lines up to `handoff_ready`, flush its stdin queue, then answer on `parked` and wait for
+/// the decision.
+#[derive(Debug)]
+pub struct HandoffRequest {
+    /// How long the worker waits for `adopted`.
+    pub grace_ms: u64,
+    /// Where the parked worker is reported.
+    pub parked: tokio::sync::oneshot::Sender<ParkedWorker>,
+}
+
+/// A worker parked for a handoff: it wrote `handoff_ready` and holds its lines; its stdin
+/// queue is written out. Everything the next owner needs to adopt it.
+#[derive(Debug)]
+pub struct ParkedWorker {
+    /// The session.
+    pub session_id: String,
+    /// The execution.
+    pub execution_id: String,
+    /// Its generation.
+    pub generation: u64,
+    /// Its secret, the proof the next owner gives the ledger.
+    pub secret: drover_protocol::Secret,
+    /// Its pid.
+    pub pid: u32,
+    /// A copy of the owner's end of its stdin.
+    pub stdin: std::os::fd::OwnedFd,
+    /// A copy of the owner's end of its stdout.
+    pub stdout: std::os::fd::OwnedFd,
+    /// Whether an interrupt was accepted (the next owner's supervisor starts its grace again).
+    pub interrupted: bool,
+    /// The handoff's outcome, for the supervisor.
+    pub decision: tokio::sync::oneshot::Sender<HandoffDecision>,
+}
+
+/// What became of a parked worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandoffDecision {
+    /// The next owner adopted it: the supervisor lets go of it without a signal.
+    Adopted,
+    /// The handoff failed: the supervisor sends `adopted` with its own epoch and goes on.
+    TakenBack,
 }
 
 /// The supervisor's side of a [`RunningTurn`]: the queue's receiver (it feeds the worker's
@@ -56,6 +102,8 @@ pub struct TurnControl {
     pub kill: CancellationToken,
     /// See [`RunningTurn::interrupt`].
     pub interrupt: CancellationToken,
+    /// See [`RunningTurn::hand_off`].
+    pub handoff: mpsc::Receiver<HandoffRequest>,
 }
 
 /// Why a worker is told to stop: the `reason` of its `stop` frame.
@@ -100,6 +148,7 @@ impl RunningTurn {
         let (control, frames) = mpsc::channel::<OwnerFrame>(WORKER_CONTROL_QUEUE);
         let kill = CancellationToken::new();
         let interrupt = CancellationToken::new();
+        let (handoff, handoff_rx) = mpsc::channel(1);
         let turn = RunningTurn {
             session_id: session_id.to_string(),
             admission_id: admission_id.to_string(),
@@ -108,12 +157,14 @@ impl RunningTurn {
             control: control.clone(),
             kill: kill.clone(),
             interrupt: interrupt.clone(),
+            handoff,
         };
         let side = TurnControl {
             replies: control,
             frames,
             kill,
             interrupt,
+            handoff: handoff_rx,
         };
         (turn, side)
     }
@@ -143,6 +194,22 @@ impl RunningTurn {
     pub fn interrupt(&self) {
         self.stop(StopReason::Interrupted);
         self.interrupt.cancel();
+    }
+
+    /// Asks the supervisor to park the worker for a handoff; `None` when the turn's supervisor
+    /// is gone or already asked. The answer comes once the worker wrote `handoff_ready` (a
+    /// turn that ends first drops the request: its answer is an error).
+    pub fn hand_off(&self, grace_ms: u64) -> Option<tokio::sync::oneshot::Receiver<ParkedWorker>> {
+        let (parked, answer) = tokio::sync::oneshot::channel();
+        self.handoff
+            .try_send(HandoffRequest { grace_ms, parked })
+            .ok()
+            .map(|()| answer)
+    }
+
+    /// Whether an interrupt of this turn was accepted.
+    pub fn is_interrupted(&self) -> bool {
+        self.interrupt.is_cancelled()
     }
 
     /// Past the drain's grace: the supervisor terminates the worker now.

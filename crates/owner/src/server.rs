@@ -240,6 +240,9 @@ enum Ending {
     Broken,
     /// The daemon is stopping.
     Shutdown,
+    /// The daemon handed the home over: the connection gets `daemon.restarted`, then the
+    /// close frame 1012, and the client reconnects to the next owner.
+    Restarted(drover_protocol::client::DaemonRestarted),
     /// The client fell behind its outbox bound (SPEC section 2: it resyncs with
     /// `session.events.since`).
     FellBehind,
@@ -273,6 +276,13 @@ impl Ending {
             Ending::TooBig(why) => (close_code::SIZE, format!("message too big: {why}")),
             Ending::Protocol(why) => (close_code::POLICY, format!("protocol error: {why}")),
             Ending::Shutdown => (close_code::AWAY, "the daemon is stopping".to_string()),
+            Ending::Restarted(notice) => (
+                drover_protocol::client::RESTART_CLOSE_CODE,
+                format!(
+                    "the daemon restarted (version {} -> {})",
+                    notice.from_version, notice.to_version
+                ),
+            ),
             Ending::FellBehind => (
                 close_code::POLICY,
                 "client fell behind; resync with session.events.since".to_string(),
@@ -312,7 +322,8 @@ async fn serve_connection(owner: Arc<Owner>, socket: WebSocket, credential: Cred
         let msg = tokio::select! {
             m = stream.next() => m,
             _ = overflow.cancelled() => break Ending::FellBehind,
-            _ = owner.shutdown.cancelled() => break Ending::Shutdown,
+            _ = owner.handed_over.cancelled() => break stopping(&owner),
+            _ = owner.shutdown.cancelled() => break stopping(&owner),
         };
         let msg = match msg {
             None => break Ending::PeerClosed,
@@ -430,7 +441,8 @@ async fn serve_acp(
     let ending = tokio::select! {
         ending = reading => ending,
         ending = writing => ending,
-        () = owner.shutdown.cancelled() => Ending::Shutdown,
+        () = owner.handed_over.cancelled() => stopping(&owner),
+        () = owner.shutdown.cancelled() => stopping(&owner),
     };
     tracing::debug!(conn = id, ending = ?ending, "ACP client connection ending");
     // Detach is not cancel (G3): the agent's turns go on without it.
@@ -509,12 +521,37 @@ async fn write_connection(
     close(&mut sink, &ending).await;
 }
 
+/// Why a connection ends as the daemon stops: handed over to a next owner, or stopping.
+fn stopping(owner: &Owner) -> Ending {
+    match owner
+        .restarted
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
+    {
+        Some(notice) => Ending::Restarted(notice),
+        None => Ending::Shutdown,
+    }
+}
+
 /// Sends the close frame `ending` calls for and closes the socket, each bounded: a peer that
-/// does not read could block the close forever.
+/// does not read could block the close forever. A handed-over daemon sends the
+/// `daemon.restarted` notification first.
 async fn close<S>(sink: &mut S, ending: &Ending)
 where
     S: futures::Sink<Message> + Unpin,
 {
+    if let Ending::Restarted(notice) = ending {
+        let notification = drover_protocol::rpc::Notification::new(
+            drover_protocol::client::DAEMON_RESTARTED,
+            serde_json::to_value(notice).unwrap_or_default(),
+        );
+        if let Ok(text) = serde_json::to_string(&notification) {
+            let _ =
+                tokio::time::timeout(CONNECTION_CLOSE_WAIT, sink.send(Message::Text(text.into())))
+                    .await;
+        }
+    }
     if let Some(frame) = ending.close_frame() {
         let _ = tokio::time::timeout(
             CONNECTION_CLOSE_WAIT,
@@ -575,6 +612,19 @@ async fn handle_text(owner: &Arc<Owner>, conn: &ConnHandle, text: &str) -> Optio
                 tokio::select! {
                     result = answer => {
                         conn.send(response_text(id, result)).await;
+                    }
+                    _ = conn.closed() => {}
+                }
+            });
+            None
+        }
+        Reply::LaterThen { answer, queued } => {
+            let conn = conn.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    result = answer => {
+                        conn.send(response_text(id, result)).await;
+                        let _ = queued.send(());
                     }
                     _ = conn.closed() => {}
                 }

@@ -45,6 +45,9 @@ pub enum WorkerProcess {
     Spawned(Child),
     /// Forked by the worker template as the owner's child, held by its pidfd.
     Forked(ProcessHandle),
+    /// Adopted from the previous owner in a handoff: not this owner's child (init reaps it),
+    /// watched through its pidfd; its exit status is not known here.
+    Adopted(drover_platform::fork::WatchedProcess),
 }
 
 impl WorkerProcess {
@@ -53,6 +56,7 @@ impl WorkerProcess {
         match self {
             WorkerProcess::Spawned(child) => child.id(),
             WorkerProcess::Forked(handle) => handle.id(),
+            WorkerProcess::Adopted(watched) => watched.id(),
         }
     }
 
@@ -61,6 +65,7 @@ impl WorkerProcess {
         match self {
             WorkerProcess::Spawned(child) => child.start_kill(),
             WorkerProcess::Forked(handle) => handle.start_kill(),
+            WorkerProcess::Adopted(watched) => watched.start_kill(),
         }
     }
 
@@ -69,6 +74,7 @@ impl WorkerProcess {
         match self {
             WorkerProcess::Spawned(child) => child.try_wait(),
             WorkerProcess::Forked(handle) => handle.try_wait(),
+            WorkerProcess::Adopted(watched) => Ok(watched.has_exited()?.then(unknown_status)),
         }
     }
 
@@ -77,6 +83,7 @@ impl WorkerProcess {
         match self {
             WorkerProcess::Spawned(child) => child.wait().await,
             WorkerProcess::Forked(handle) => handle.wait().await,
+            WorkerProcess::Adopted(watched) => watched.wait().await.map(|()| unknown_status()),
         }
     }
 
@@ -85,8 +92,24 @@ impl WorkerProcess {
         match self {
             WorkerProcess::Spawned(child) => child.kill().await,
             WorkerProcess::Forked(handle) => handle.kill().await,
+            WorkerProcess::Adopted(watched) => {
+                watched.start_kill()?;
+                watched.wait().await
+            }
         }
     }
+
+    /// Lets go of the process without signalling it (a handoff's next owner adopted it): a
+    /// dropped handle would kill it.
+    pub fn release(self) {
+        std::mem::forget(self);
+    }
+}
+
+/// The exit status reported for an adopted worker, whose real status only its parent sees.
+fn unknown_status() -> std::process::ExitStatus {
+    use std::os::unix::process::ExitStatusExt;
+    std::process::ExitStatus::from_raw(0)
 }
 
 /// The pipes of a worker about to start: the ends it gets, and the owner's.

@@ -16,6 +16,9 @@
 //!   `SOCK_SEQPACKET` socket pair carrying short messages with descriptors (`SCM_RIGHTS`): the
 //!   owner hands the template a worker's pipes and log, the template answers with the worker's
 //!   pid and pidfd.
+//! - [`WatchedProcess`]: a process this one is not the parent of (a worker adopted in a daemon
+//!   handoff), seen through its pidfd; [`inherit_fds`] keeps descriptors open across an exec,
+//!   for the next owner of a handoff.
 //!
 //! Layers: a leaf; it uses nothing of the crate's other modules.
 
@@ -227,6 +230,103 @@ impl Drop for ProcessHandle {
                 let _ = orphan.wait().await;
             });
         }
+    }
+}
+
+/// A process this one watches but is not the parent of (a worker adopted from the previous
+/// owner in a daemon handoff): held by a pidfd, so it can be signalled and its exit seen
+/// without the pid being recycled under it. Its exit status is its parent's to read (init's,
+/// once the previous owner has exited): only *that* it exited is known here. Dropping it sends
+/// nothing.
+#[derive(Debug)]
+pub struct WatchedProcess {
+    pid: i32,
+    pidfd: AsyncFd<OwnedFd>,
+    exited: bool,
+}
+
+impl WatchedProcess {
+    /// Opens a pidfd on `pid`. Fails when no such process runs.
+    pub fn open(pid: i32) -> io::Result<WatchedProcess> {
+        // SAFETY: pidfd_open(2) reads only its integer arguments.
+        let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let raw = RawFd::try_from(raw).map_err(io::Error::other)?;
+        // SAFETY: pidfd_open returned a new descriptor nothing else owns.
+        let pidfd = unsafe { OwnedFd::from_raw_fd(raw) };
+        Ok(WatchedProcess {
+            pid,
+            pidfd: register(pidfd, Interest::READABLE)?,
+            exited: false,
+        })
+    }
+
+    /// Its pid, until it is seen to have exited.
+    pub fn id(&self) -> Option<u32> {
+        (!self.exited)
+            .then(|| u32::try_from(self.pid).ok())
+            .flatten()
+    }
+
+    /// Sends SIGKILL (nothing once it has exited).
+    pub fn start_kill(&mut self) -> io::Result<()> {
+        if self.exited {
+            return Ok(());
+        }
+        send_kill(self.pidfd.get_ref().as_fd())
+    }
+
+    /// Whether it has exited, without waiting.
+    pub fn has_exited(&mut self) -> io::Result<bool> {
+        if self.exited {
+            return Ok(true);
+        }
+        let mut poll = libc::pollfd {
+            fd: self.pidfd.get_ref().as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: poll(2) on one pollfd this function owns, with a zero timeout.
+        let ready = unsafe { libc::poll(&mut poll, 1, 0) };
+        if ready < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        self.exited = ready > 0;
+        Ok(self.exited)
+    }
+
+    /// Waits until it has exited.
+    pub async fn wait(&mut self) -> io::Result<()> {
+        while !self.has_exited()? {
+            // A pidfd polls readable once its process has exited.
+            let mut ready = self.pidfd.readable().await?;
+            ready.clear_ready();
+        }
+        Ok(())
+    }
+}
+
+/// Keeps `fds` open at their own numbers across the exec of `command`'s child (they are
+/// close-on-exec here, and stay so in this process), for a child told their numbers another
+/// way (the next owner of a daemon handoff reads them from its hand-over message and takes
+/// each with `take_inherited_fd`). The descriptors are closed here when `command` is
+/// dropped.
+pub fn inherit_fds(command: &mut std::process::Command, fds: Vec<OwnedFd>) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child before exec; fcntl(2) only clears the
+    // close-on-exec flag of descriptors the closure owns (inherited through fork), and the
+    // error is built from a raw errno without allocating.
+    unsafe {
+        command.pre_exec(move || {
+            for fd in &fds {
+                if libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, 0) == -1 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
     }
 }
 

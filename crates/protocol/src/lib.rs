@@ -15,6 +15,8 @@
 //! - [`exit`]: [`Exit`], every exit code of the `drover` binary (SPEC section 8).
 //! - [`daemon_file`]: [`daemon_file::DaemonInfo`], the shape of `<home>/daemon.json` that the
 //!   owner writes and clients read (SPEC section 1), and the API key digest it carries.
+//! - [`handoff`]: what an old owner and the next one say to each other in a daemon handoff
+//!   (`drover restart`), and what `drover daemon --handoff-info` prints.
 //! - [`schema`]: the JSON Schema bundle of the client protocol, derived from these types
 //!   (checked in as `schema/drover-protocol.schema.json`).
 //!
@@ -30,7 +32,7 @@
 //!
 //! Layers: `secret`, `chat`, `rpc`, `policy`, `exit`, `words`, `daemon_file`, `fields` (leaves,
 //! `daemon_file` and `fields` on `secret`); `mcp` on `fields`; `sandbox` on
-//! `policy`; `worker` on `chat`, `policy`, `mcp` and `sandbox`; `event` on `words` and `mcp`; `client` on `event`; then `schema`.
+//! `policy`; `worker` on `chat`, `policy`, `mcp` and `sandbox`; `handoff` on `secret` and `worker`; `event` on `words` and `mcp`; `client` on `event`; then `schema`.
 //!
 //! What this crate does not do: talk to sockets, open files or decide policy.
 
@@ -42,6 +44,7 @@ pub mod daemon_file;
 pub mod event;
 pub mod exit;
 pub mod fields;
+pub mod handoff;
 pub mod mcp;
 pub mod policy;
 pub mod rpc;

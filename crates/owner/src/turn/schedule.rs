@@ -25,7 +25,7 @@ const DRAIN_KILLED_WAIT: Duration = Duration::from_secs(15);
 
 /// Claims and starts the next turn of `session_id`, if it may run one now.
 pub fn claim_next(owner: &Arc<Owner>, session_id: String) {
-    if owner.is_draining() {
+    if !owner.may_claim() {
         return;
     }
     let owner = owner.clone();
@@ -35,7 +35,7 @@ pub fn claim_next(owner: &Arc<Owner>, session_id: String) {
         let claim_secret = secret.clone();
         let claimed = owner
             .ledger(move |ledger, owner| {
-                if owner.is_draining() {
+                if !owner.may_claim() {
                     return Ok(None);
                 }
                 let Some(claim) =
@@ -101,6 +101,81 @@ pub(crate) async fn run_claimed(
     while let Ok(session_id) = handed_back.try_recv() {
         claim_next(&owner, session_id);
     }
+}
+
+/// A worker a handoff's old owner parked, as the next owner received it.
+#[derive(Debug)]
+pub struct AdoptedWorker {
+    /// Its pid.
+    pub pid: u32,
+    /// The owner's end of its stdin.
+    pub stdin: std::os::fd::OwnedFd,
+    /// The owner's end of its stdout.
+    pub stdout: std::os::fd::OwnedFd,
+    /// Whether an interrupt of its turn had been accepted.
+    pub interrupted: bool,
+}
+
+/// Registers and supervises a turn the ledger adopted in a handoff ([`crate::handoff`]): like
+/// a claimed turn whose worker took it, told `adopted` first. An error (the worker is gone, a
+/// pipe is unusable) is for the caller to lose the turn with.
+pub(crate) fn run_adopted(
+    owner: &Arc<Owner>,
+    claim: Claim,
+    secret: Secret,
+    worker: AdoptedWorker,
+) -> std::io::Result<()> {
+    let pid = i32::try_from(worker.pid).map_err(std::io::Error::other)?;
+    let process =
+        crate::spare::WorkerProcess::Adopted(drover_platform::fork::WatchedProcess::open(pid)?);
+    let stdin = tokio::net::unix::pipe::Sender::from_owned_fd(worker.stdin)?;
+    let stdout = tokio::net::unix::pipe::Receiver::from_owned_fd(worker.stdout)?;
+    let turn_worker = super::start::TurnWorker {
+        process,
+        stdin,
+        stdout: tokio::io::BufReader::new(stdout),
+        first: None,
+    };
+    owner.supervised().insert(claim.execution_id.clone());
+    let (turn, control) = RunningTurn::new(&claim);
+    if worker.interrupted {
+        turn.interrupt();
+    }
+    owner.turns().insert(claim.execution_id.clone(), turn);
+    let span = tracing::info_span!(
+        "turn",
+        session_id = %claim.session.id,
+        admission_id = %claim.admission.admission_id,
+        execution_id = %claim.execution_id,
+        generation = claim.generation,
+        adopted = true,
+        outcome = tracing::field::Empty,
+    );
+    let owner = owner.clone();
+    owner.tracker.clone().spawn(async move {
+        let (next_claims, mut handed_back) = mpsc::unbounded_channel();
+        let supervised = super::supervise::supervise_adopted(
+            owner.clone(),
+            claim,
+            secret,
+            turn_worker,
+            control,
+            next_claims,
+        )
+        .instrument(span);
+        tokio::pin!(supervised);
+        loop {
+            tokio::select! {
+                biased;
+                Some(session_id) = handed_back.recv() => claim_next(&owner, session_id),
+                () = &mut supervised => break,
+            }
+        }
+        while let Ok(session_id) = handed_back.try_recv() {
+            claim_next(&owner, session_id);
+        }
+    });
+    Ok(())
 }
 
 /// Starts the watchdog (SPEC section 4): every `started` admission of this epoch must have a

@@ -14,16 +14,16 @@ use drover_ledger::{Claim, ParentAnswer, Settlement};
 use drover_platform as platform;
 use drover_platform::frame_lines::{read_frame_line, FrameLine};
 use drover_protocol::event::TurnEnd;
-use drover_protocol::worker::{OwnerFrame, MAX_FRAME_BYTES};
+use drover_protocol::worker::{OwnerFrame, WorkerFrame, MAX_FRAME_BYTES};
 use drover_protocol::Secret;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::bootstrap::bootstrap_frames;
 use super::pipe::{Handled, WorkerPipe};
 use super::start::{start_turn, write_line, TurnWorker, WorkerStdin, WorkerStdout};
 use crate::owner::Owner;
-use crate::running_turn::{StopReason, TurnControl};
+use crate::running_turn::{HandoffDecision, HandoffRequest, ParkedWorker, StopReason, TurnControl};
 use crate::spare::WorkerProcess;
 
 /// Sessions whose next input is to be claimed, handed back to the scheduler.
@@ -58,6 +58,16 @@ enum LoopEnd {
     /// The worker was signalled (drain past the grace, an interrupt past its grace, or a
     /// worker that stopped reading): it has a short grace to exit.
     Signalled,
+    /// Asked for a handoff, the worker wrote `handoff_ready`: it is to be parked.
+    HandoffReady,
+}
+
+/// Whether a worker line is `handoff_ready`.
+fn is_handoff_ready(line: &[u8]) -> bool {
+    matches!(
+        serde_json::from_slice::<WorkerFrame>(line),
+        Ok(WorkerFrame::HandoffReady)
+    )
 }
 
 /// Runs one turn's worker to the end and settles or loses the turn: start it, serve its pipe,
@@ -74,14 +84,10 @@ pub(super) async fn supervise(
         owner: owner.clone(),
         execution_id: execution_id.clone(),
     };
-    let TurnControl {
-        replies,
-        frames,
-        kill,
-        interrupt,
-    } = control;
     let _progress = start_progress(&owner, &claim);
     let claimed = std::time::Instant::now();
+    // Kept for a handoff, which proves the execution to the next owner with it.
+    let kept_secret = secret.clone();
     let bootstrap = match bootstrap_frames(&owner, &mut claim, secret) {
         Ok(frames) => frames,
         Err(e) => {
@@ -95,7 +101,7 @@ pub(super) async fn supervise(
     // Its outbox folder, recycled from an earlier turn when one is pooled: it is there before
     // the worker reads the bootstrap, and retired below once the worker is reaped.
     owner.outboxes.provide(&execution_id);
-    let worker = match start_turn(&owner, &execution_id, &bootstrap, &kill).await {
+    let worker = match start_turn(&owner, &execution_id, &bootstrap, &control.kill).await {
         Ok(worker) => worker,
         Err(why) => {
             // Nothing ran, so the turn is `failed`; it must not stay `started`.
@@ -107,22 +113,93 @@ pub(super) async fn supervise(
         }
     };
     drop(bootstrap);
+    let started = Started {
+        claim: &claim,
+        secret: kept_secret,
+        claimed,
+    };
+    run_worker(owner, started, worker, control, next_claims).await;
+}
+
+/// Supervises a worker adopted from the previous owner in a handoff ([`crate::handoff`]): it
+/// is told `adopted` with this owner's epoch first, then served like any other.
+pub(super) async fn supervise_adopted(
+    owner: Arc<Owner>,
+    claim: Claim,
+    secret: Secret,
+    worker: TurnWorker,
+    control: TurnControl,
+    next_claims: NextClaims,
+) {
+    let _supervised = Supervised {
+        owner: owner.clone(),
+        execution_id: claim.execution_id.clone(),
+    };
+    let _progress = start_progress(&owner, &claim);
+    // The worker holds its lines until it reads this; it is its first frame from this owner.
+    let _ = control
+        .replies
+        .send(OwnerFrame::Adopted { epoch: owner.epoch })
+        .await;
+    let started = Started {
+        claim: &claim,
+        secret,
+        claimed: std::time::Instant::now(),
+    };
+    run_worker(owner, started, worker, control, next_claims).await;
+}
+
+/// A turn whose worker took it.
+struct Started<'a> {
+    claim: &'a Claim,
+    /// The execution's secret, handed to the next owner in a handoff.
+    secret: Secret,
+    /// When it was claimed (adopted), for the turn's duration.
+    claimed: std::time::Instant,
+}
+
+/// Serves a worker that took its turn until its pipe closes (or a handoff's next owner adopts
+/// it), reaps it, and loses the turn if it did not settle.
+async fn run_worker(
+    owner: Arc<Owner>,
+    started: Started<'_>,
+    worker: TurnWorker,
+    control: TurnControl,
+    next_claims: NextClaims,
+) {
+    let Started {
+        claim,
+        secret,
+        claimed,
+    } = started;
+    let execution_id = claim.execution_id.clone();
+    let TurnControl {
+        replies,
+        frames,
+        kill,
+        interrupt,
+        mut handoff,
+    } = control;
     let TurnWorker {
         mut process,
         stdin,
-        stdout,
+        mut stdout,
         first,
     } = worker;
     // The worker leads a session of its own (its pid), which its tools' groups stay in.
     let worker_pid = process.id().and_then(|pid| i32::try_from(pid).ok());
-    let writer = tokio::spawn(write_stdin(stdin, frames));
+    // A copy of its stdin for a handoff (the writer task owns the pipe itself).
+    let stdin_copy = std::os::fd::AsFd::as_fd(&stdin).try_clone_to_owned();
+    let (flush, flushes) = mpsc::channel(1);
+    let writer = tokio::spawn(write_stdin(stdin, frames, flushes));
     let mut supervisor = Supervisor {
-        pipe: WorkerPipe::new(owner.clone(), &claim),
+        pipe: WorkerPipe::new(owner.clone(), claim),
         owner: owner.clone(),
         execution_id: execution_id.clone(),
         replies,
         next_claims,
         outcome: None,
+        handoff_request: None,
     };
     // A worker whose first frame was not `started` has its frame handled as any other.
     if let Some(line) = first {
@@ -131,9 +208,40 @@ pub(super) async fn supervise(
             supervisor.reply(reply).await;
         }
     }
-    let end = supervisor
-        .serve(&mut process, stdout, &kill, &interrupt)
-        .await;
+    let end = loop {
+        let end = supervisor
+            .serve(&mut process, &mut stdout, &kill, &interrupt, &mut handoff)
+            .await;
+        let Some(request) = supervisor.handoff_request.take() else {
+            break end;
+        };
+        if end != LoopEnd::HandoffReady {
+            break end;
+        }
+        let parked = Parked {
+            claim,
+            secret: &secret,
+            pid: process.id(),
+            stdin: stdin_copy.as_ref().ok(),
+            stdout: &stdout,
+            interrupted: interrupt.is_cancelled(),
+        };
+        match park(parked, request, &flush).await {
+            HandoffDecision::Adopted => {
+                tracing::info!(%execution_id, "the next owner adopted the worker");
+                // Neither killed nor reaped: it runs on under the next owner.
+                writer.abort();
+                process.release();
+                return;
+            }
+            HandoffDecision::TakenBack => {
+                tracing::info!(%execution_id, "the handoff failed; the worker goes on here");
+                supervisor
+                    .reply(OwnerFrame::Adopted { epoch: owner.epoch })
+                    .await;
+            }
+        }
+    };
     let outcome = supervisor.outcome.take();
     let settled = outcome.is_some();
     if let Some(outcome) = outcome {
@@ -164,6 +272,55 @@ pub(super) async fn supervise(
     owner.prune_worker_logs(true);
 }
 
+/// A worker that wrote `handoff_ready`, as its supervisor holds it.
+struct Parked<'a> {
+    claim: &'a Claim,
+    secret: &'a Secret,
+    pid: Option<u32>,
+    stdin: Option<&'a std::os::fd::OwnedFd>,
+    stdout: &'a WorkerStdout,
+    interrupted: bool,
+}
+
+/// Parks a worker that wrote `handoff_ready`: its stdin queue is written out, the handoff is
+/// told how to reach it, and its decision awaited. Anything that keeps the worker from being
+/// handed over (no pid, a descriptor that cannot be copied, a handoff that went away) takes it
+/// back.
+async fn park(
+    parked: Parked<'_>,
+    request: HandoffRequest,
+    flush: &mpsc::Sender<oneshot::Sender<()>>,
+) -> HandoffDecision {
+    let (done, flushed) = oneshot::channel();
+    if flush.send(done).await.is_err() || flushed.await.is_err() {
+        return HandoffDecision::TakenBack;
+    }
+    let copies = (
+        parked.stdin.map(std::os::fd::OwnedFd::try_clone),
+        std::os::fd::AsFd::as_fd(parked.stdout.get_ref()).try_clone_to_owned(),
+    );
+    let (Some(pid), (Some(Ok(stdin)), Ok(stdout))) = (parked.pid, copies) else {
+        tracing::warn!(execution_id = %parked.claim.execution_id, "cannot hand the worker over (no pid or pipe copy)");
+        return HandoffDecision::TakenBack;
+    };
+    let (decision, decided) = oneshot::channel();
+    let worker = ParkedWorker {
+        session_id: parked.claim.session.id.clone(),
+        execution_id: parked.claim.execution_id.clone(),
+        generation: parked.claim.generation,
+        secret: parked.secret.clone(),
+        pid,
+        stdin,
+        stdout,
+        interrupted: parked.interrupted,
+        decision,
+    };
+    if request.parked.send(worker).is_err() {
+        return HandoffDecision::TakenBack;
+    }
+    decided.await.unwrap_or(HandoffDecision::TakenBack)
+}
+
 /// The supervisor of a started turn: reads its worker's pipe and acts on what each line did.
 struct Supervisor {
     owner: Arc<Owner>,
@@ -174,16 +331,21 @@ struct Supervisor {
     next_claims: NextClaims,
     /// The settled turn's outcome, once `execution.finish` was applied.
     outcome: Option<TurnEnd>,
+    /// A handoff's request, once `handoff` was sent to the worker: answered when the worker's
+    /// `handoff_ready` arrives.
+    handoff_request: Option<HandoffRequest>,
 }
 
 impl Supervisor {
-    /// Reads the worker's lines until it closes its stdout or is signalled.
+    /// Reads the worker's lines until it closes its stdout, is signalled, or (asked for a
+    /// handoff) writes `handoff_ready`.
     async fn serve(
         &mut self,
         child: &mut WorkerProcess,
-        mut stdout: WorkerStdout,
+        stdout: &mut WorkerStdout,
         kill: &CancellationToken,
         interrupt: &CancellationToken,
+        handoff: &mut mpsc::Receiver<HandoffRequest>,
     ) -> LoopEnd {
         let execution_id = self.execution_id.clone();
         let interrupt_grace = Duration::from_secs_f64(self.owner.daemon.interrupt_grace_s.max(0.0));
@@ -196,7 +358,17 @@ impl Supervisor {
         let mut buf = Vec::new();
         loop {
             let next = tokio::select! {
-                next = read_frame_line(&mut stdout, &mut buf, MAX_FRAME_BYTES) => next,
+                next = read_frame_line(stdout, &mut buf, MAX_FRAME_BYTES) => next,
+                Some(request) = handoff.recv(), if self.handoff_request.is_none() => {
+                    let frame = OwnerFrame::Handoff { grace_ms: request.grace_ms };
+                    if !self.reply(frame).await {
+                        tracing::warn!(%execution_id, "worker stopped reading its stdin; killing it");
+                        let _ = child.start_kill();
+                        return LoopEnd::Signalled;
+                    }
+                    self.handoff_request = Some(request);
+                    continue;
+                }
                 _ = kill.cancelled() => {
                     tracing::warn!(%execution_id, "stopping worker past the drain grace");
                     terminate(child, &execution_id);
@@ -221,6 +393,9 @@ impl Supervisor {
                     tracing::warn!(%execution_id, error = %e, "worker pipe failed");
                     return LoopEnd::Eof;
                 }
+            }
+            if self.handoff_request.is_some() && is_handoff_ready(&buf) {
+                return LoopEnd::HandoffReady;
             }
             let handled = self.pipe.handle_line(&buf).await;
             for reply in self.act_on(handled) {
@@ -276,24 +451,50 @@ impl Supervisor {
 }
 
 /// The one writer of a worker's stdin once its bootstrap is delivered, so frames never
-/// interleave: each control frame, until the queue closes or the pipe breaks.
-async fn write_stdin(mut stdin: WorkerStdin, mut frames: mpsc::Receiver<OwnerFrame>) {
-    while let Some(frame) = frames.recv().await {
-        let Ok(mut line) = serde_json::to_vec(&frame) else {
-            return;
-        };
-        line.push(b'\n');
-        if write_line(&mut stdin, &line).await.is_err() {
-            return;
+/// interleave: each control frame, until the queue closes or the pipe breaks. A flush (a
+/// handoff parking the worker) writes out every frame queued so far, then answers.
+async fn write_stdin(
+    mut stdin: WorkerStdin,
+    mut frames: mpsc::Receiver<OwnerFrame>,
+    mut flushes: mpsc::Receiver<oneshot::Sender<()>>,
+) {
+    loop {
+        tokio::select! {
+            biased;
+            Some(done) = flushes.recv() => {
+                while let Ok(frame) = frames.try_recv() {
+                    if !write_frame(&mut stdin, &frame).await {
+                        return;
+                    }
+                }
+                let _ = done.send(());
+            }
+            frame = frames.recv() => {
+                let Some(frame) = frame else { return };
+                if !write_frame(&mut stdin, &frame).await {
+                    return;
+                }
+            }
         }
     }
+}
+
+/// Writes one frame's line; `false` when the pipe is broken.
+async fn write_frame(stdin: &mut WorkerStdin, frame: &OwnerFrame) -> bool {
+    let Ok(mut line) = serde_json::to_vec(frame) else {
+        return false;
+    };
+    line.push(b'\n');
+    write_line(stdin, &line).await.is_ok()
 }
 
 /// Reaps a worker that closed its stdout or was signalled, bounded: SIGKILL if it outstays
 /// its wait.
 async fn reap(child: &mut WorkerProcess, end: LoopEnd, execution_id: &str) {
     let within = match end {
-        LoopEnd::Eof => WORKER_EXIT_WAIT,
+        // Not reached here (a parked worker is adopted or taken back), but a worker that is
+        // still running then gets the longer wait.
+        LoopEnd::Eof | LoopEnd::HandoffReady => WORKER_EXIT_WAIT,
         LoopEnd::Signalled => WORKER_TERM_GRACE,
     };
     match tokio::time::timeout(within, child.wait()).await {
