@@ -9,7 +9,8 @@ pub enum WorkerExit {
     /// 0: `execution.finish` was persisted and acknowledged, and the outbox ended.
     Finished,
     /// 1: the turn could not be settled: the owner is gone (end of stdin, broken stdout,
-    /// SIGTERM, a changed parent), or the bootstrap or outbox was unusable. No
+    /// SIGTERM, a changed parent, a handoff not adopted within its grace period), or the
+    /// bootstrap or outbox was unusable. No
     /// `execution.finish` was sent; the owner marks the execution `unknown`.
     Aborted,
     /// 2: the owner refused a persist (`stale_epoch`, `stale_generation`, `permission_denied`,
