@@ -108,7 +108,8 @@ fn install(home: &Path, dry_run: bool) -> Result<Exit> {
             if unit_running(name)? {
                 println!(
                     "{name} is enabled and already running; `systemctl --user reload {name}` \
-                     hands the home over to this drover binary (running turns carry on)"
+                     hands the home over to the drover binary now on disk (running turns carry \
+                     on)"
                 );
             } else if let Some(pid) = drover_client::owner_pid(&home) {
                 let h = home.display();
