@@ -384,7 +384,11 @@ async fn serve(home: PathBuf, start: ServeStart) -> Exit {
             );
             // No worker of an older epoch can write any more (stale_epoch), so the outboxes
             // they left are dead letters.
-            crate::outboxes::remove_dead_outboxes(&home);
+            let adopted_ids = adopted
+                .iter()
+                .map(|claim| claim.execution_id.as_str())
+                .collect();
+            crate::outboxes::remove_dead_outboxes(&home, &adopted_ids);
             crate::owner::reconcile_background_processes(&mut ledger, None);
         }
         Err(e) => {

@@ -13,6 +13,7 @@
 //! mid-turn), with more files than a worker keeps, or with no room in the pool is removed, as
 //! before (docs/decisions/turn-recycled-outbox-folders.md).
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -129,16 +130,18 @@ impl OutboxPool {
     }
 }
 
-/// At start, before any worker of this epoch: removes every execution's outbox folder. No
-/// worker of an older epoch can write any more (`stale_epoch`), so they are dead letters.
-/// Pooled folders stay for [`OutboxPool::adopt`].
-pub fn remove_dead_outboxes(home: &Path) {
+/// At start, before any worker of this epoch: removes every execution's outbox folder but
+/// those of the executions in `adopted` (a handoff's, whose workers run on). No worker of an
+/// older epoch can write any more (`stale_epoch`), so they are dead letters. Pooled folders
+/// stay for [`OutboxPool::adopt`].
+pub fn remove_dead_outboxes(home: &Path, adopted: &HashSet<&str>) {
     let outbox = home.join("outbox");
     if let Ok(entries) = std::fs::read_dir(&outbox) {
         for entry in entries.flatten() {
             if let Some(dir) = entry
                 .file_name()
                 .to_str()
+                .filter(|id| !adopted.contains(id))
                 .and_then(|id| execution_dir(&outbox, id))
             {
                 remove(&dir);
@@ -246,7 +249,7 @@ mod tests {
         let dead = folder(home.path(), "exec-old", &["00000000000000000001.json"]);
         let pooled = folder(home.path(), ".pool-7", &[".spare-0"]);
         let spoiled = folder(home.path(), ".pool-8", &["00000000000000000001.json"]);
-        remove_dead_outboxes(home.path());
+        remove_dead_outboxes(home.path(), &HashSet::new());
         let pool = OutboxPool::adopt(home.path());
         assert!(!dead.exists() && pooled.exists() && !spoiled.exists());
         assert_eq!(pool.pooled(), 1);

@@ -9,6 +9,7 @@ mod common;
 
 mod chaos;
 mod daemon_lifecycle;
+mod handoff;
 mod hardening;
 mod integrity;
 mod liveness;
