@@ -89,6 +89,7 @@ pub async fn run(home: PathBuf, args: RunArgs) -> Result<Exit> {
         children: None,
         flags: Flags::from(&args),
         out,
+        streamed: Default::default(),
     };
     let end = turn.follow(&mut stream, &mut sigint).await;
     if let Some(children) = turn.children.take() {

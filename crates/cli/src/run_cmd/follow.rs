@@ -40,6 +40,62 @@ pub(super) struct Turn<'a> {
     pub(super) children: Option<ChildPrompts>,
     pub(super) flags: Flags,
     pub(super) out: Output,
+    pub(super) streamed: Streamed,
+}
+
+/// The current assistant message's streamed text as printed. `message.delta` is live only,
+/// so deltas sent while the client was away (a dropped connection, a daemon handoff) are
+/// missed: from the first hole on, the message's deltas are not printed, and its
+/// `message.complete` prints what the stream did not.
+#[derive(Debug, Default)]
+pub(super) struct Streamed {
+    /// The text printed from this message's deltas, with no hole.
+    text: String,
+    /// The `delta_index` the next delta has when none was missed.
+    next: u64,
+    /// A delta was missed: the rest waits for `message.complete`.
+    hole: bool,
+    /// The connection changed during the turn: some deltas may be missing at the end too.
+    away: bool,
+}
+
+impl Streamed {
+    /// Whether to print this delta (and keeps it when so).
+    fn take(&mut self, delta: &drover_protocol::event::MessageDelta) -> bool {
+        if delta.delta_index == 0 {
+            self.text.clear();
+            self.next = 0;
+            self.hole = false;
+        }
+        if self.hole || delta.delta_index != self.next {
+            self.hole = true;
+            self.away = true;
+            return false;
+        }
+        self.next += 1;
+        self.text.push_str(&delta.text);
+        true
+    }
+
+    /// A new assistant message follows (after a tool call).
+    fn new_message(&mut self) {
+        self.text.clear();
+        self.next = 0;
+        self.hole = false;
+    }
+
+    /// What of the final `text` the stream did not print, when some of it may be missing:
+    /// the rest after what was printed, or the whole text (on a line of its own) when what was
+    /// printed is not its start.
+    fn missing<'t>(&self, text: &'t str) -> Option<(bool, &'t str)> {
+        if !self.away {
+            return None;
+        }
+        match text.strip_prefix(self.text.as_str()) {
+            Some(rest) => Some((false, rest)),
+            None => Some((true, text)),
+        }
+    }
 }
 
 /// The open prompts of a turn's child agents, followed since its first `delegate_task`: each
@@ -184,6 +240,7 @@ impl Turn<'_> {
             let code = match update {
                 Update::Event(e) => self.event(e).await?,
                 Update::Connection(ConnectionChange::Lost { why }) => {
+                    self.streamed.away = true;
                     self.out.note(&format!(
                         "drover: lost the connection to the daemon ({why}); reconnecting"
                     ));
@@ -193,6 +250,7 @@ impl Turn<'_> {
                 // A handoff: the turn carries on under the next owner, and the stream catches
                 // up with what it stored meanwhile, its settlement included.
                 Update::Connection(change @ ConnectionChange::Restarted { .. }) => {
+                    self.streamed.away = true;
                     self.out.note(&format!("drover: {change}"));
                     self.out.spinner.wait("the turn");
                     None
@@ -320,7 +378,9 @@ impl Turn<'_> {
             }
             EventPayload::MessageDelta(payload) if self.mine => {
                 self.out.flush_tool();
-                self.out.text(&payload.text);
+                if self.streamed.take(payload) {
+                    self.out.text(&payload.text);
+                }
                 self.out.spinner.wait("the model");
             }
             EventPayload::TurnProgress(payload) if self.mine => match payload.phase {
@@ -334,6 +394,7 @@ impl Turn<'_> {
                 }
                 self.out.flush_tool();
                 self.out.end_text();
+                self.streamed.new_message();
                 self.out.hold_tool(format!(
                     "[{}] {}",
                     payload.name,
@@ -392,6 +453,11 @@ impl Turn<'_> {
                 self.out.flush_tool();
                 if !self.out.printed {
                     self.out.text(&payload.text);
+                } else if let Some((anew, missing)) = self.streamed.missing(&payload.text) {
+                    if anew {
+                        self.out.end_text();
+                    }
+                    self.out.text(missing);
                 }
                 self.out.end_text();
             }

@@ -865,3 +865,88 @@ async fn the_session_list_shows_sessions_past_the_first_page() {
         .await;
     browser.quit().await;
 }
+
+/// `drover restart` under an open session page: the page reconnects to the next owner at once,
+/// its banner says "daemon restarted (version X -> Y)", and the held turn's answer shows once
+/// it comes (caught up from the page's last `seq`, never twice).
+#[tokio::test]
+#[ignore = "the next owner does not take over the dashboard's login key yet: the page's login ends at a handoff"]
+async fn a_handoff_says_restarted_in_the_banner_and_the_session_page_goes_on() {
+    let model = MockModel::start().await;
+    let home = TestHome::new().unwrap();
+    home.write_model_config(&model.base_url(), true, "")
+        .unwrap();
+    let daemon = Daemon::start(bin(), home.path()).await.unwrap();
+    // The next owner is no child of this test: killed by its daemon.json on the way out.
+    let _next = KillDaemonOnDrop(home.path());
+    let mut c = daemon.client().await.unwrap();
+    let created = c
+        .call_ok(
+            "session.create",
+            json!({"request_id": "handoff", "cwd": home.work(), "title": "Across a restart"}),
+        )
+        .await
+        .unwrap();
+    let sid = created["session_id"].as_str().unwrap().to_string();
+    drop(c);
+    let browser = Browser::start().await;
+    let link = login_link(home.path()).await;
+    browser.goto(&link).await;
+    browser.wait_conn("connected").await;
+    browser
+        .goto(&format!("{}/ui/#/session/{sid}", origin_of(&link)))
+        .await;
+    browser.wait_conn("connected").await;
+    browser
+        .wait_text("#daemon", |t| {
+            t.contains(&format!("epoch {}", daemon.epoch()))
+        })
+        .await;
+    let gate = Gate::new();
+    model.push(Reply::text("Answered by the **next** owner.").gated(&gate));
+    browser.send("Hold on across a restart").await;
+    assert!(
+        gate.wait_reached(BOUND).await,
+        "the turn never reached the model"
+    );
+
+    let out = run_drover(bin(), home.path(), None, &["restart"]).await;
+    assert!(
+        out.status.success(),
+        "drover restart failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = env!("CARGO_PKG_VERSION");
+    browser
+        .wait_text("#banner", |t| {
+            t == format!("daemon restarted (version {v} -> {v})")
+        })
+        .await;
+    let next_epoch = daemon_info(home.path()).unwrap()["epoch"].as_u64().unwrap();
+    assert!(next_epoch > daemon.epoch());
+    browser
+        .wait_for(&format!("#daemon[data-epoch=\"{next_epoch}\"]"))
+        .await;
+    browser.wait_conn("connected").await;
+    gate.open();
+    browser
+        .wait_text("#transcript .msg.assistant:last-child strong", |t| {
+            t == "next"
+        })
+        .await;
+    browser.wait_for("#session [data-state=idle]").await;
+    let transcript = browser.text("#transcript").await.unwrap();
+    assert_eq!(
+        transcript.matches("Answered by the").count(),
+        1,
+        "{transcript}"
+    );
+    assert_eq!(
+        transcript.matches("Hold on across a restart").count(),
+        1,
+        "{transcript}"
+    );
+    let banner = browser.text("#banner").await.unwrap();
+    assert!(!banner.contains("login"), "{banner}");
+    browser.quit().await;
+}

@@ -1,8 +1,8 @@
 //! What users and clients see of drover, end to end against the real `drover` binary: `drover
 //! run`, `chat`, `sessions` and the terminal UI, the dashboard in a browser, the typed client
 //! library, ACP clients and the ACP WebSocket, the JSON-RPC envelope and the wire of every
-//! method, prompts and per-session settings, and `drover service`'s systemd user unit. One
-//! binary, one module per concern.
+//! method, prompts and per-session settings, clients across `drover restart`, and `drover
+//! service`'s systemd user unit. One binary, one module per concern.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -16,6 +16,7 @@ mod dashboard;
 mod external_agents;
 mod prompts;
 mod protocol_wire;
+mod restart_clients;
 mod rpc;
 mod run_cli;
 mod run_front_door;
