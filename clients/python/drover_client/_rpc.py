@@ -104,6 +104,10 @@ class Connection:
             raise Dropped(method) from e
         finally:
             self._pending.pop(request_id, None)
+            # A send that failed as the connection closed (a handoff's close) leaves the
+            # reader's `Dropped` on the future: retrieved here, as the `Dropped` raised above.
+            if future.done() and not future.cancelled():
+                future.exception()
         if "error" in answer:
             raise error_from_wire(method, answer["error"])
         return answer.get("result")
