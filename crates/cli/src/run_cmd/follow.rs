@@ -549,3 +549,57 @@ pub(super) fn receipt_end(r: &AdmissionReceipt) -> Result<Option<TurnEnd>> {
         AdmissionOutcome::Cancelled => TurnEnd::Cancelled,
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Streamed;
+    use drover_protocol::event::MessageDelta;
+
+    fn delta(index: u64, text: &str) -> MessageDelta {
+        MessageDelta {
+            text: text.into(),
+            delta_index: index,
+        }
+    }
+
+    #[test]
+    fn missed_deltas_are_made_up_from_the_complete_text() {
+        // Nothing missed: the complete text adds nothing.
+        let mut s = Streamed::default();
+        assert!(s.take(&delta(0, "all ")) && s.take(&delta(1, "here")));
+        assert_eq!(s.missing("all here"), None);
+
+        // The end missed while away: only the rest is printed.
+        let mut s = Streamed::default();
+        assert!(s.take(&delta(0, "answered ")));
+        s.away = true;
+        assert_eq!(s.missing("answered after"), Some((false, "after")));
+
+        // A hole: later deltas are held back, and the complete text gives the rest.
+        let mut s = Streamed::default();
+        assert!(s.take(&delta(0, "one ")));
+        assert!(!s.take(&delta(2, "three")));
+        assert!(!s.take(&delta(3, " four")));
+        assert_eq!(
+            s.missing("one two three four"),
+            Some((false, "two three four"))
+        );
+
+        // The message's start missed: nothing of it printed, then all of it.
+        let mut s = Streamed::default();
+        assert!(!s.take(&delta(1, " restart")));
+        assert_eq!(
+            s.missing("after the restart"),
+            Some((false, "after the restart"))
+        );
+
+        // A new message after a tool call starts afresh.
+        let mut s = Streamed::default();
+        assert!(s.take(&delta(0, "first")));
+        s.new_message();
+        s.away = true;
+        assert!(s.take(&delta(0, "sec")));
+        assert_eq!(s.missing("second"), Some((false, "ond")));
+        assert_eq!(s.missing("other"), Some((true, "other")));
+    }
+}
