@@ -144,6 +144,8 @@ async fn hand_over(owner: &Arc<Owner>, params: &RestartParams) -> Result<Restart
         )));
     }
     let parked = park_all(owner).await.map_err(failed)?;
+    settle_the_rest(owner, &parked).await;
+    let parked = keep_adoptable(owner, parked).await;
     let suspension = match owner.suspend_ledger().await {
         Ok(s) => s,
         Err(e) => {
@@ -311,6 +313,74 @@ async fn park_all(owner: &Owner) -> Result<Vec<ParkedWorker>, String> {
         }
     }
     Ok(parked)
+}
+
+/// Waits (bounded by [`PARK_WAIT`]) until every supervisor but the parked ones has finished,
+/// so a turn that ended meanwhile is settled, or marked lost, by this owner before the ledger
+/// closes (a lost turn's `unknown` is then this owner's, not the next one's recovery).
+async fn settle_the_rest(owner: &Arc<Owner>, parked: &[ParkedWorker]) {
+    let parked: std::collections::HashSet<String> =
+        parked.iter().map(|w| w.execution_id.clone()).collect();
+    let deadline = tokio::time::Instant::now() + PARK_WAIT;
+    loop {
+        let parked = parked.clone();
+        let others = owner
+            .ledger(move |_, owner| {
+                Ok(owner
+                    .supervised()
+                    .iter()
+                    .filter(|id| !parked.contains(*id))
+                    .count())
+            })
+            .await
+            .unwrap_or(0);
+        if others == 0 {
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            tracing::warn!(
+                others,
+                "turns ending during the handoff did not finish their bookkeeping; the next \
+                 owner's recovery does it"
+            );
+            return;
+        }
+        tokio::time::sleep(DRAIN_CHECK / 10).await;
+    }
+}
+
+/// The parked workers the next owner's ledger will adopt: one whose execution ended while it
+/// was parked (a child retired by its parent's end) is given back to its supervisor, and dies
+/// with this owner (its turn is over already).
+async fn keep_adoptable(owner: &Arc<Owner>, parked: Vec<ParkedWorker>) -> Vec<ParkedWorker> {
+    let handovers: Vec<drover_ledger::Handover> = parked
+        .iter()
+        .map(|w| drover_ledger::Handover {
+            execution_id: w.execution_id.clone(),
+            generation: w.generation,
+            secret: w.secret.clone(),
+        })
+        .collect();
+    let epoch = owner.epoch;
+    let adoptable = owner
+        .ledger(move |ledger, _| {
+            Ok(handovers
+                .iter()
+                .map(|h| {
+                    ledger
+                        .check_adoption(epoch, std::slice::from_ref(h))
+                        .is_ok()
+                })
+                .collect::<Vec<bool>>())
+        })
+        .await
+        .unwrap_or_else(|_| vec![true; parked.len()]);
+    let (keep, ended): (Vec<_>, Vec<_>) = parked
+        .into_iter()
+        .zip(adoptable)
+        .partition(|(_, adoptable)| *adoptable);
+    take_back(ended.into_iter().map(|(w, _)| w).collect());
+    keep.into_iter().map(|(w, _)| w).collect()
 }
 
 /// Gives parked workers back to their supervisors here.

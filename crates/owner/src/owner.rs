@@ -392,11 +392,24 @@ impl Owner {
         self.ledger_jobs
             .send(LedgerMessage::Job(job))
             .map_err(|_| LedgerError::Unavailable("the ledger thread has stopped".into()))?;
-        rx.await.unwrap_or_else(|_| {
-            Err(LedgerError::Unavailable(
-                "the ledger job did not run (a job panicked, or the home was handed over)".into(),
-            ))
-        })
+        match rx.await {
+            Ok(result) => result,
+            Err(_) if self.handoff_busy.load(Ordering::SeqCst) => {
+                // Dropped by the closed ledger of a handoff: the connection that asked closes
+                // with `daemon.restarted` (bounded: the handoff cancels it at once).
+                let _ = tokio::time::timeout(
+                    std::time::Duration::from_secs(5),
+                    self.handed_over.cancelled(),
+                )
+                .await;
+                Err(LedgerError::Unavailable(
+                    "the daemon handed the home over; ask its next owner".into(),
+                ))
+            }
+            Err(_) => Err(LedgerError::Unavailable(
+                "the ledger job did not run (a job panicked)".into(),
+            )),
+        }
     }
 
     /// Closes the ledger for a handoff's next owner once every job sent before has run; the

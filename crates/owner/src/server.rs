@@ -339,6 +339,11 @@ async fn serve_connection(owner: Arc<Owner>, socket: WebSocket, credential: Cred
             Message::Close(_) => break Ending::PeerClosed,
             _ => None,
         };
+        // Handed over meanwhile: a request this owner could not finish is not answered (its
+        // ledger is closed); the client asks the next owner again.
+        if owner.handed_over.is_cancelled() {
+            break stopping(&owner);
+        }
         if let Some(reply) = reply {
             if !conn.send(reply).await {
                 break Ending::Broken;

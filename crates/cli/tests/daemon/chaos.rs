@@ -943,6 +943,9 @@ struct ChaosStats {
     graceful_stops: u64,
     gated_holds: u64,
     disk_full_windows: u64,
+    /// `drover restart` handoffs, and the running turns their next owners adopted.
+    restarts: u64,
+    adopted: u64,
     /// The most file descriptors and RSS (KiB) any owner had at a step.
     most_fds: usize,
     most_rss_kib: u64,
@@ -964,6 +967,22 @@ struct Chaos {
     violations: Vec<String>,
     /// The home is a small tmpfs of its own: disk-full windows are possible.
     small_disk: bool,
+}
+
+/// How long an old owner has to exit once it handed the home over.
+const WAIT_EXIT: Duration = Duration::from_secs(30);
+
+/// How many turns the latest owner start lost (`unknown_admissions` of its `recovered` line in
+/// `daemon.log`).
+fn handoff_recovery_lost(home: &Path) -> u64 {
+    let log = std::fs::read_to_string(home.join("logs").join("daemon.log")).unwrap_or_default();
+    log.lines()
+        .rev()
+        .find(|l| l.contains("recovered"))
+        .and_then(|l| l.split("unknown_admissions=").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
 }
 
 /// Starts the owner with its stderr appended to `stderr_log` (errors met before its log is
@@ -1080,6 +1099,51 @@ impl Chaos {
         self.restart().await;
     }
 
+    /// `drover restart`: the next owner adopts every running turn. It must succeed, raise the
+    /// epoch by one, and its recovery must find nothing to lose (every running turn was
+    /// adopted; `unknown` comes from kills only).
+    async fn hand_over(&mut self) {
+        let old = self.daemon.pid();
+        let out =
+            drover_test_support::harness::run_drover(bin(), &self.home, None, &["restart"]).await;
+        let said = String::from_utf8_lossy(&out.stderr).to_string();
+        if !out.status.success() {
+            self.violation(format!("drover restart failed: {said}"));
+            return;
+        }
+        if let Err(e) = self.daemon.wait_exit(WAIT_EXIT).await {
+            self.violation(format!(
+                "the old owner did not exit after the handoff: {e:#}"
+            ));
+        }
+        let next = Daemon::handed_over(bin(), &self.home, old)
+            .await
+            .unwrap_or_else(|e| fail!("finding the next owner: {e:#}"));
+        if next.epoch() != self.epoch + 1 {
+            let msg = format!(
+                "the epoch went from {} to {} across a handoff",
+                self.epoch,
+                next.epoch()
+            );
+            self.violation(msg);
+        }
+        self.epoch = next.epoch();
+        self.daemon = next;
+        self.stats.restarts += 1;
+        self.stats.adopted += said
+            .split(" running turn(s) adopted")
+            .next()
+            .and_then(|head| head.rsplit(' ').next())
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0);
+        let lost = handoff_recovery_lost(&self.home);
+        if lost != 0 {
+            self.violation(format!(
+                "the next owner's recovery lost {lost} turn(s) in a handoff"
+            ));
+        }
+    }
+
     /// Fills the home's tmpfs, keeps it full for up to 1.5 s, then frees it. Writes fail
     /// meanwhile (`storage_unavailable`); nothing acknowledged may be lost, and no turn may be
     /// left `started` once there is room again.
@@ -1151,7 +1215,7 @@ impl Chaos {
                     self.stats.gated_holds += 1;
                     let pause = self.rng.millis(200);
                     tokio::time::sleep(pause).await;
-                    match self.rng.below(5) {
+                    match self.rng.below(6) {
                         0 | 1 => {
                             // The held request's worker is one of these.
                             for w in self.daemon.worker_pids() {
@@ -1161,6 +1225,7 @@ impl Chaos {
                         }
                         2 => self.kill_owner().await,
                         3 => self.graceful_stop().await,
+                        4 => self.hand_over().await,
                         _ => {}
                     }
                 } else {
@@ -1206,6 +1271,8 @@ impl Chaos {
                     }
                 }
             }
+            // A handoff to the next owner, which adopts whatever runs.
+            95..=99 => self.hand_over().await,
             // SIGKILL in the middle of a graceful stop.
             77..=79 => {
                 signal(self.daemon.pid(), Signal::SIGTERM);
@@ -1864,7 +1931,9 @@ async fn chaos_run(seed: u64, secs: f64) {
          tools of killed owners checked gone {}\n\
          chaos: templates killed {}, spares killed {}, kills {} in all, disk-full windows {} ({} storage_unavailable answers), \
          connection churn {} cycles, left started {}, owner fds {} at start, {} at the end \
-         (most {}), owner RSS {} KiB at start, {} KiB at the end (most {} KiB)",
+         (most {}), owner RSS {} KiB at start, {} KiB at the end (most {} KiB)\n\
+         chaos: restarts {}, turns adopted {}, unknown turns {} (from kills only: each \
+         handoff's recovery lost 0), lost inputs 0, replayed work 0 (checked above)",
         began.elapsed().as_secs_f64(),
         drain_took.as_secs_f64(),
         s.sessions,
@@ -1917,6 +1986,9 @@ async fn chaos_run(seed: u64, secs: f64) {
         start_rss,
         end_rss,
         c.most_rss_kib,
+        c.restarts,
+        c.adopted,
+        outcomes.resolved_unknown,
     );
 
     if !bad.is_empty() {

@@ -17,6 +17,10 @@ use crate::wait::WAIT;
 /// A running `drover daemon`. Killed and reaped on drop.
 pub struct Daemon {
     child: Option<Child>,
+    /// The pid of a daemon this test did not start: the next owner a `drover restart` started
+    /// ([`Daemon::handed_over`]); it is not this process's child, so it is killed and waited
+    /// for (until its pid is gone), never reaped here.
+    next_owner: Option<u32>,
     /// The daemon's home.
     pub home: PathBuf,
     /// The `drover` binary it runs.
@@ -91,6 +95,7 @@ impl Daemon {
             .with_context(|| format!("starting {}", bin.display()))?;
         let mut d = Daemon {
             child: Some(child),
+            next_owner: None,
             home: home.to_path_buf(),
             bin: bin.to_path_buf(),
             info: Value::Null,
@@ -134,9 +139,37 @@ impl Daemon {
         }
     }
 
+    /// The next owner of `home` after a handoff away from the daemon pid `old_pid`: waits
+    /// (bounded) until `daemon.json` names another live pid.
+    pub async fn handed_over(bin: &Path, home: &Path, old_pid: u32) -> Result<Daemon> {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(info) = daemon_info(home) {
+                let pid = info["pid"].as_u64().and_then(|p| u32::try_from(p).ok());
+                if let Some(pid) = pid.filter(|p| *p != old_pid && crate::harness::pid_alive(*p)) {
+                    return Ok(Daemon {
+                        child: None,
+                        next_owner: Some(pid),
+                        home: home.to_path_buf(),
+                        bin: bin.to_path_buf(),
+                        info,
+                    });
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("daemon.json did not name a next owner within {WAIT:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// The daemon's pid (0 once it was reaped).
     pub fn pid(&self) -> u32 {
-        self.child.as_ref().map(Child::id).unwrap_or(0)
+        match (&self.child, self.next_owner) {
+            (Some(child), _) => child.id(),
+            (None, Some(pid)) => pid,
+            (None, None) => 0,
+        }
     }
 
     /// The WebSocket URL from `daemon.json`.
@@ -167,26 +200,43 @@ impl Daemon {
         Client::connect(&self.url(), Some(&self.token())).await
     }
 
-    /// SIGKILL and reap.
+    /// SIGKILL and reap (a next owner: SIGKILL and wait until it is gone).
     pub fn kill(&mut self) -> Result<()> {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             child.wait()?;
+        }
+        if let Some(pid) = self.next_owner.take() {
+            kill_and_wait_gone(&[pid]);
         }
         Ok(())
     }
 
     /// SIGTERM, then wait (bounded) for the exit status.
     pub async fn stop(&mut self) -> Result<ExitStatus> {
-        let Some(child) = self.child.as_ref() else {
+        let pid = self.pid();
+        if pid == 0 {
             bail!("daemon is not running");
-        };
-        signal(child.id(), nix::sys::signal::Signal::SIGTERM);
+        }
+        signal(pid, nix::sys::signal::Signal::SIGTERM);
         self.wait_exit(WAIT).await.context("after SIGTERM")
     }
 
-    /// Waits (bounded) for the daemon to exit by itself.
+    /// Waits (bounded) for the daemon to exit by itself. A next owner's exit status is its
+    /// parent's to read: once its pid is gone, the status given is success.
     pub async fn wait_exit(&mut self, timeout: Duration) -> Result<ExitStatus> {
+        if let Some(pid) = self.next_owner {
+            let deadline = Instant::now() + timeout;
+            while crate::harness::pid_alive(pid) {
+                if Instant::now() > deadline {
+                    self.kill()?;
+                    bail!("daemon did not exit within {timeout:?}");
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            self.next_owner = None;
+            return Ok(std::os::unix::process::ExitStatusExt::from_raw(0));
+        }
         let Some(mut child) = self.child.take() else {
             bail!("daemon is not running");
         };
@@ -269,6 +319,9 @@ impl Drop for Daemon {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
+        }
+        if let Some(pid) = self.next_owner.take() {
+            kill_and_wait_gone(&[pid]);
         }
     }
 }
