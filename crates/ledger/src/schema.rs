@@ -255,6 +255,45 @@ ALTER TABLE sessions ADD COLUMN mcp_servers TEXT;
 ALTER TABLE sessions ADD COLUMN agent TEXT;
 ALTER TABLE sessions ADD COLUMN agent_session_id TEXT;
 "#,
+    // Budgets (docs/configuration.md, "Budgets"): what each execution's model requests cost
+    // (`cost_usd`, USD; NULL while no price is known for any of them) and how many of its input
+    // tokens were cached; a session's own limits (`budget_usd`, `budget_tokens`: frozen at
+    // `session.create`, raised by answers; NULL: no such limit); today's raises of the
+    // home-wide daily limit; and prompts of kind `budget`. A child's spend is counted against
+    // its root parent's limits through `parent_session_id`; a home-wide day is the executions
+    // created that UTC day.
+    r#"
+ALTER TABLE worker_executions ADD COLUMN cached_input_tokens INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE worker_executions ADD COLUMN cost_usd REAL;
+CREATE INDEX executions_created ON worker_executions(created_at);
+ALTER TABLE sessions ADD COLUMN budget_usd REAL;
+ALTER TABLE sessions ADD COLUMN budget_tokens INTEGER;
+CREATE INDEX sessions_parent ON sessions(parent_session_id);
+CREATE TABLE home_budget_raises (
+    day TEXT PRIMARY KEY,
+    add_usd REAL NOT NULL
+);
+CREATE TABLE prompts_budget (
+    prompt_id TEXT PRIMARY KEY,
+    session_id TEXT NOT NULL,
+    execution_id TEXT NOT NULL,
+    generation INTEGER NOT NULL,
+    kind TEXT NOT NULL CHECK (kind IN ('approval','clarify','budget')),
+    body_json TEXT NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('open','resolved','cancelled')),
+    answer TEXT,
+    sequence INTEGER,
+    created_at REAL NOT NULL
+);
+INSERT INTO prompts_budget (rowid, prompt_id, session_id, execution_id, generation, kind,
+    body_json, status, answer, sequence, created_at)
+    SELECT rowid, prompt_id, session_id, execution_id, generation, kind, body_json, status,
+        answer, sequence, created_at FROM prompts;
+DROP TABLE prompts;
+ALTER TABLE prompts_budget RENAME TO prompts;
+CREATE INDEX prompts_session ON prompts(session_id, status);
+CREATE INDEX prompts_execution ON prompts(execution_id, sequence);
+"#,
 ];
 
 /// The schema version this build writes.
@@ -296,4 +335,54 @@ pub fn migrate(conn: &mut Connection) -> Result<(), LedgerError> {
     tx.pragma_update(None, "application_id", APPLICATION_ID)?;
     tx.commit()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rusqlite::OptionalExtension;
+
+    #[test]
+    fn the_budget_migration_keeps_prompts_and_admits_budget_prompts() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        let before = MIGRATIONS.len() - 1;
+        for sql in &MIGRATIONS[..before] {
+            conn.execute_batch(sql).unwrap();
+        }
+        conn.pragma_update(None, "user_version", before as i64)
+            .unwrap();
+        conn.pragma_update(None, "application_id", APPLICATION_ID)
+            .unwrap();
+        conn.execute(
+            "INSERT INTO prompts (prompt_id, session_id, execution_id, generation, kind, body_json,
+                 status, sequence, created_at)
+             VALUES ('p1', 's1', 'e1', 1, 'approval', '{}', 'open', 4, 1.0)",
+            [],
+        )
+        .unwrap();
+        migrate(&mut conn).unwrap();
+        let kept: (String, i64) = conn
+            .query_row(
+                "SELECT status, sequence FROM prompts WHERE prompt_id = 'p1'",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!(kept, ("open".to_string(), 4));
+        conn.execute(
+            "INSERT INTO prompts (prompt_id, session_id, execution_id, generation, kind, body_json,
+                 status, created_at)
+             VALUES ('p2', 's1', 'e1', 1, 'budget', '{}', 'open', 2.0)",
+            [],
+        )
+        .unwrap();
+        let cost: Option<f64> = conn
+            .query_row("SELECT cost_usd FROM worker_executions LIMIT 1", [], |r| {
+                r.get(0)
+            })
+            .optional()
+            .unwrap()
+            .flatten();
+        assert_eq!(cost, None);
+    }
 }
