@@ -177,5 +177,77 @@ fn claim_of(
         approval_grants: Vec::new(),
         background_processes: Vec::new(),
         events: Vec::new(),
+        budget_limited: crate::budget::limited(tx, session_id, false)?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{claim, open, session};
+
+    fn handover(claim: &Claim, secret: &str) -> Handover {
+        Handover {
+            execution_id: claim.execution_id.clone(),
+            generation: claim.generation,
+            secret: drover_protocol::Secret::new(secret.to_string()),
+        }
+    }
+
+    fn count(ledger: &Ledger, sql: &str) -> i64 {
+        ledger.conn.query_row(sql, [], |r| r.get(0)).unwrap()
+    }
+
+    #[test]
+    fn an_adopted_turn_survives_recovery_and_a_wrong_secret_adopts_nothing() {
+        let (_dir, mut ledger) = open();
+        let s1 = session(&mut ledger, &[], Vec::new());
+        let s2 = session(&mut ledger, &[], Vec::new());
+        let handed = claim(&mut ledger, &s1, "handed over", "secret-1");
+        let left = claim(&mut ledger, &s2, "not handed over", "secret-2");
+        let from = ledger.epoch();
+
+        // A wrong secret, or another generation, is refused before anything is written.
+        let wrong = handover(&handed, "not-the-secret");
+        assert!(matches!(
+            ledger.check_adoption(from, &[wrong.clone()]),
+            Err(LedgerError::PermissionDenied(_))
+        ));
+        let mut stale = handover(&handed, "secret-1");
+        stale.generation += 1;
+        assert!(ledger.check_adoption(from, &[stale]).is_err());
+        assert!(ledger
+            .check_adoption(from + 1, &[handover(&handed, "secret-1")])
+            .is_err());
+        let good = handover(&handed, "secret-1");
+        ledger.check_adoption(from, &[good.clone()]).unwrap();
+
+        ledger.bump_epoch().unwrap();
+        // All or nothing: one wrong secret adopts none.
+        assert!(ledger
+            .adopt_executions(from, &[good.clone(), wrong])
+            .is_err());
+        let adopted = ledger.adopt_executions(from, &[good]).unwrap();
+        assert_eq!(adopted.len(), 1);
+        assert_eq!(adopted[0].execution_id, handed.execution_id);
+        assert_eq!(adopted[0].epoch, from + 1);
+        let recovery = ledger.recover().unwrap();
+        // Only the turn that was not handed over is lost.
+        assert_eq!(
+            recovery.unknown_admissions,
+            vec![left.admission.admission_id.clone()]
+        );
+        assert_eq!(
+            count(
+                &ledger,
+                "SELECT count(*) FROM session_admissions WHERE status = 'started'"
+            ),
+            1
+        );
+        assert_eq!(
+            count(&ledger, "SELECT count(*) FROM session_turn_leases"),
+            1,
+            "the adopted turn keeps its lease"
+        );
+    }
 }

@@ -2,7 +2,8 @@
 //!
 //! `drover ui` asks for a one-time code over its bearer-token connection (`ui.login_code`).
 //! `GET /ui/login?code=<code>` spends the code (once, within [`LOGIN_CODE_TTL`]) for a login
-//! credential, signed with a key drawn at this daemon's start (so a restart ends every login),
+//! credential, signed with a key drawn at this daemon's start (so a restart ends every login;
+//! a handoff passes the key to the next owner, so a `drover restart` keeps them),
 //! and redirects to the dashboard with the credential in the URL's fragment, which browsers
 //! never send to a server. The page keeps it in its origin's storage and offers it when it
 //! opens `/v1/ws`, as the WebSocket subprotocol `drover-auth.<credential>` beside
@@ -41,7 +42,8 @@ const CREDENTIAL_PROTOCOL: &str = "drover-auth.";
 pub struct BrowserAuth {
     origin: String,
     ttl: Duration,
-    key: [u8; 32],
+    /// Drawn at start; replaced once by the key a handoff's old owner hands over.
+    key: Mutex<[u8; 32]>,
     /// SHA-256 of each unspent code, with when it expires, oldest first.
     codes: Mutex<VecDeque<([u8; 32], Instant)>>,
 }
@@ -75,9 +77,26 @@ impl BrowserAuth {
         Ok(BrowserAuth {
             origin,
             ttl,
-            key: random_bytes()?,
+            key: Mutex::new(random_bytes()?),
             codes: Mutex::new(VecDeque::new()),
         })
+    }
+
+    /// The credential key, hex, for a handoff's next owner (logins carry on across it).
+    pub fn key_hex(&self) -> Secret {
+        Secret::new(hex::encode(
+            *self.key.lock().unwrap_or_else(|p| p.into_inner()),
+        ))
+    }
+
+    /// Takes the key a handoff's old owner signed its logins with.
+    pub fn adopt_key(&self, key: &Secret) -> Result<(), String> {
+        let bytes = hex::decode(key.expose()).map_err(|e| format!("the login key: {e}"))?;
+        let key: [u8; 32] = bytes
+            .try_into()
+            .map_err(|_| "the login key is not 32 bytes".to_string())?;
+        *self.key.lock().unwrap_or_else(|p| p.into_inner()) = key;
+        Ok(())
     }
 
     /// The daemon's own origin: the only `Origin` `/v1/ws` accepts (with a credential).
@@ -136,7 +155,8 @@ impl BrowserAuth {
 
     fn mac_state(&self, nonce: &str) -> Hmac<Sha256> {
         // A key of any length is accepted by HMAC; this arm never runs.
-        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.key)
+        let key = *self.key.lock().unwrap_or_else(|p| p.into_inner());
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&key)
             .unwrap_or_else(|_| <Hmac<Sha256> as Mac>::new(&Default::default()));
         mac.update(b"drover ui login\0");
         mac.update(nonce.as_bytes());
@@ -217,6 +237,10 @@ mod tests {
         let restarted = auth();
         assert!(!restarted.admits("http://127.0.0.1:4242", Some(&header)));
         assert_eq!(restarted.redeem("0123"), Err(LoginRefusal::Unknown));
+        // A handoff's next owner takes the key: the credential goes on working.
+        restarted.adopt_key(&a.key_hex()).unwrap();
+        assert!(restarted.admits("http://127.0.0.1:4242", Some(&header)));
+        assert!(restarted.adopt_key(&Secret::new("00".to_string())).is_err());
     }
 
     #[test]

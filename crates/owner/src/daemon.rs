@@ -449,6 +449,11 @@ async fn serve(home: PathBuf, start: ServeStart) -> Exit {
             return Exit::Failed;
         }
     };
+    if let Some(key) = handed.as_ref().and_then(|h| h.state.browser_key.as_ref()) {
+        if let Err(e) = owner.browser.adopt_key(key) {
+            tracing::warn!(error = %e, "dashboard logins end with this handoff");
+        }
+    }
     crate::admit::start_admissions(&owner);
     crate::telemetry::register_gauges(&owner);
     // Clients keep the token they hold across a handoff.

@@ -463,6 +463,7 @@ async fn start_next(
         from_epoch: owner.epoch,
         started_by_client: kit.started_by_client,
         token: kit.token.clone(),
+        browser_key: Some(owner.browser.key_hex()),
         listener_fd,
         lock_fds,
         executions,

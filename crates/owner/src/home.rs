@@ -105,10 +105,12 @@ impl HomeLock {
         }
         let file = files.remove(1);
         let home = files.remove(0);
-        // Locking the same open files again converts the locks in place (never a moment
-        // unlocked), and makes this process their holder in /proc/locks, where clients look.
+        // Converting each lock to shared and back to exclusive (never a moment unlocked, and
+        // no drover takes a shared lock) makes this process their holder in /proc/locks, where
+        // clients and a second daemon look; locking again as it is would change nothing there.
         for held in [&home, &file] {
-            held.try_lock()
+            held.try_lock_shared()
+                .and_then(|()| held.try_lock())
                 .map_err(|e| format!("cannot hold the handed-over home lock: {e}"))?;
         }
         Ok(HomeLock {

@@ -39,6 +39,10 @@ pub struct HandoffState {
     pub started_by_client: bool,
     /// The bearer token clients hold (the next owner keeps it, so no client must re-read it).
     pub token: Secret,
+    /// The key the dashboard's login credentials are signed with (hex), so browsers stay
+    /// logged in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub browser_key: Option<Secret>,
     /// The descriptor of the listening socket.
     pub listener_fd: i32,
     /// The descriptors holding the home's lock.

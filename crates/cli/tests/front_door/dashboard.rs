@@ -870,7 +870,6 @@ async fn the_session_list_shows_sessions_past_the_first_page() {
 /// its banner says "daemon restarted (version X -> Y)", and the held turn's answer shows once
 /// it comes (caught up from the page's last `seq`, never twice).
 #[tokio::test]
-#[ignore = "the next owner does not take over the dashboard's login key yet: the page's login ends at a handoff"]
 async fn a_handoff_says_restarted_in_the_banner_and_the_session_page_goes_on() {
     let model = MockModel::start().await;
     let home = TestHome::new().unwrap();
