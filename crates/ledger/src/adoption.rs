@@ -210,7 +210,7 @@ mod tests {
         // A wrong secret, or another generation, is refused before anything is written.
         let wrong = handover(&handed, "not-the-secret");
         assert!(matches!(
-            ledger.check_adoption(from, &[wrong.clone()]),
+            ledger.check_adoption(from, std::slice::from_ref(&wrong)),
             Err(LedgerError::PermissionDenied(_))
         ));
         let mut stale = handover(&handed, "secret-1");
@@ -220,7 +220,7 @@ mod tests {
             .check_adoption(from + 1, &[handover(&handed, "secret-1")])
             .is_err());
         let good = handover(&handed, "secret-1");
-        ledger.check_adoption(from, &[good.clone()]).unwrap();
+        ledger.check_adoption(from, std::slice::from_ref(&good)).unwrap();
 
         ledger.bump_epoch().unwrap();
         // All or nothing: one wrong secret adopts none.
