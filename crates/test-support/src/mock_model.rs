@@ -106,6 +106,16 @@ pub fn last_message(request: &Value) -> Value {
     messages(request).pop().unwrap_or(Value::Null)
 }
 
+/// The text of the first user message of a logged model request (empty when it has none), of
+/// either API: which session or scenario a request belongs to, when inputs carry a marker.
+pub fn first_user_text(request: &Value) -> String {
+    messages(request)
+        .into_iter()
+        .find(|m| m["role"] == "user")
+        .and_then(|m| m["content"].as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
 /// The conversation of a logged model request as chat completions `messages`, whichever API
 /// sent it, so one scenario can check both: a chat completions request's `messages` as they
 /// are; a Responses API request's `instructions` as the system message, each `message` item

@@ -16,7 +16,7 @@ use drover_test_support::harness::{
     daemon_info, db_rows, db_value, pid_alive, run_drover, script, Client, Daemon,
     KillDaemonOnDrop, TestHome,
 };
-use drover_test_support::mock_model::last_message;
+use drover_test_support::mock_model::{first_user_text, last_message};
 use drover_test_support::{Gate, MockModel, Reply};
 use serde_json::{json, Value};
 
@@ -80,18 +80,6 @@ impl Held {
             1
         }
     }
-}
-
-/// The first user message of a model request.
-fn first_user_text(request: &Value) -> String {
-    request["messages"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|m| m["role"] == "user")
-        .and_then(|m| m["content"].as_str())
-        .unwrap_or_default()
-        .to_string()
 }
 
 /// The last user message of a model request.
@@ -531,6 +519,22 @@ async fn kill_9_of_the_owner_instead_loses_every_started_turn() {
     );
 }
 
+/// A session whose one turn's model request is held at the gate; its id.
+async fn one_held_turn(client: &mut Client, cwd: &Path, model: &MockModel) -> String {
+    let created = client.create_session(cwd).await.unwrap();
+    let id = created["session_id"].as_str().unwrap().to_string();
+    client
+        .submit(&id, &format!("{} input 0", Held::ModelRequest.marker()))
+        .await
+        .unwrap();
+    let deadline = Instant::now() + WAIT;
+    while model.requests().is_empty() {
+        assert!(Instant::now() < deadline, "the model request never came");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    id
+}
+
 /// A fake next binary: answers `--handoff-info` as `info` says, and exits 1 at its start as
 /// a daemon.
 fn fake_next(info: &str) -> (tempfile::TempDir, PathBuf) {
@@ -548,17 +552,7 @@ async fn a_next_binary_that_exits_at_start_leaves_the_old_owner_serving() {
     let (model, home, daemon, mut client, script) = start().await;
     let _cleanup = KillDaemonOnDrop(home.path());
     let db = home.db();
-    let created = client.create_session(home.work()).await.unwrap();
-    let id = created["session_id"].as_str().unwrap().to_string();
-    client
-        .submit(&id, &format!("{} input 0", Held::ModelRequest.marker()))
-        .await
-        .unwrap();
-    let deadline = Instant::now() + WAIT;
-    while model.requests().is_empty() {
-        assert!(Instant::now() < deadline, "the model request never came");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let id = one_held_turn(&mut client, home.work(), &model).await;
     let info = serde_json::to_string(&drover_owner::handoff::own_info()).unwrap();
     for (what, body) in [
         ("exits at start", info.as_str()),
@@ -611,17 +605,7 @@ async fn a_next_binary_that_exits_at_start_leaves_the_old_owner_serving() {
 async fn a_handoff_across_worker_protocols_is_refused_with_the_drain_hint() {
     let (model, home, daemon, mut client, script) = start().await;
     let _cleanup = KillDaemonOnDrop(home.path());
-    let created = client.create_session(home.work()).await.unwrap();
-    let id = created["session_id"].as_str().unwrap().to_string();
-    client
-        .submit(&id, &format!("{} input 0", Held::ModelRequest.marker()))
-        .await
-        .unwrap();
-    let deadline = Instant::now() + WAIT;
-    while model.requests().is_empty() {
-        assert!(Instant::now() < deadline, "the model request never came");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    one_held_turn(&mut client, home.work(), &model).await;
     let mut other = drover_owner::handoff::own_info();
     other.worker_protocol += 1;
     let (_dir, fake) = fake_next(&serde_json::to_string(&other).unwrap());
@@ -651,17 +635,7 @@ async fn a_handoff_across_worker_protocols_is_refused_with_the_drain_hint() {
 async fn a_drain_lets_the_running_turn_finish_then_hands_over_nothing() {
     let (model, home, mut daemon, mut client, script) = start().await;
     let _cleanup = KillDaemonOnDrop(home.path());
-    let created = client.create_session(home.work()).await.unwrap();
-    let id = created["session_id"].as_str().unwrap().to_string();
-    client
-        .submit(&id, &format!("{} input 0", Held::ModelRequest.marker()))
-        .await
-        .unwrap();
-    let deadline = Instant::now() + WAIT;
-    while model.requests().is_empty() {
-        assert!(Instant::now() < deadline, "the model request never came");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    one_held_turn(&mut client, home.work(), &model).await;
     // A drain with a short timeout gives up, and the old owner goes on.
     let out = run_drover(
         bin(),

@@ -16,7 +16,7 @@ use drover_protocol::client::{
 };
 use drover_protocol::RpcError;
 use drover_test_support::harness::{db_rows, Client, Daemon, OneSession};
-use drover_test_support::mock_model::{last_message, tool_names};
+use drover_test_support::mock_model::{first_user_text, last_message, tool_names};
 use drover_test_support::{Gate, Reply};
 use serde_json::{json, Value};
 
@@ -32,17 +32,6 @@ async fn setup(extra_config: &str) -> OneSession {
         .start()
         .await
         .unwrap()
-}
-
-fn first_user_text(request: &Value) -> String {
-    request["messages"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|m| m["role"] == "user")
-        .and_then(|m| m["content"].as_str())
-        .unwrap_or_default()
-        .to_string()
 }
 
 fn is_child(request: &Value) -> bool {
