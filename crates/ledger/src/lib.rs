@@ -19,7 +19,8 @@
 //! `compactions`, `processes`, `jobs`, then `delegation` (child executions, over admissions
 //! and prompts) → `turns` (the turn lifecycle: admit, claim, cancel, interrupt, settle, lose,
 //! recover) → `adoption` (a daemon handoff's running executions, taken over by the next owner)
-//! → `persist` (a worker's persist frames).
+//! → `persist` (a worker's persist frames); `usage_report` reads what the executions spent
+//! (`usage.report`).
 //!
 //! ```no_run
 //! # fn demo() -> Result<(), drover_ledger::LedgerError> {
@@ -54,6 +55,7 @@ pub mod state;
 #[cfg(test)]
 mod testing;
 mod turns;
+mod usage_report;
 
 pub use digests::digest;
 pub(crate) use digests::{digests_equal, json_digest};

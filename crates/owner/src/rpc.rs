@@ -9,7 +9,7 @@
 //! The handlers live by what they serve: `sessions` (create, resume, list, rename, mode,
 //! events), `admissions` (inputs, compaction, receipts, cancel, interrupt), `prompts`
 //! (answers to approval and clarify prompts), `home_wide` (the home's approval rules, MCP
-//! status and jobs, and the dashboard's login code).
+//! status and jobs, and the dashboard's login code), `usage` (what the model requests spent).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -29,6 +29,7 @@ mod admissions;
 mod home_wide;
 mod prompts;
 mod sessions;
+mod usage;
 
 use admissions::{
     interrupt, prompt_cancel, prompt_receipt, prompt_submit, resolve_unknown, session_compact,
@@ -173,6 +174,9 @@ async fn answer(
         }
         ClientRequest::JobList(wire::NoParams {}) => MethodResult::JobList(job_list(owner).await?),
         ClientRequest::JobEvents(p) => MethodResult::JobEvents(job_events(owner, p).await?),
+        ClientRequest::UsageReport(p) => {
+            MethodResult::UsageReport(usage::usage_report(owner, p).await?)
+        }
     })
 }
 

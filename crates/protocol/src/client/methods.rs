@@ -142,6 +142,9 @@ methods! {
     JobList => "job.list", NoParams, JobList;
     /// `job.events` (drover extension): one job's events and audit entries.
     JobEvents => "job.events", JobEventsParams, JobEvents;
+    /// `usage.report` (drover extension): what the home's model requests spent, grouped by
+    /// model, session, day or turn; read only.
+    UsageReport => "usage.report", UsageReportParams, UsageReport;
 }
 
 /// Deserialises params, naming the offending field of a refusal.

@@ -25,6 +25,7 @@
 //! - [`jobs`]: a session's jobs and the home registry's, read only.
 //! - [`dashboard`]: the daemon start and the dashboard's login code.
 //! - [`handoff`]: `daemon.restart` and the `daemon.restarted` notification.
+//! - [`usage`]: `usage.report`, what the home's model requests spent.
 
 pub mod dashboard;
 pub mod handoff;
@@ -34,6 +35,7 @@ pub mod prompts;
 pub mod sessions;
 #[cfg(test)]
 mod tests;
+pub mod usage;
 
 pub use dashboard::*;
 pub use handoff::*;
@@ -41,6 +43,7 @@ pub use jobs::*;
 pub use methods::*;
 pub use prompts::*;
 pub use sessions::*;
+pub use usage::*;
 
 pub use crate::mcp::{McpServerState, McpServerStatus, McpStatusParams, McpStatusResult};
 /// Shared words: defined in [`crate::words`] (events use them too), named here as well.
