@@ -471,6 +471,15 @@ async fn every_method_and_event_of_the_daemon_round_trips_through_the_typed_prot
     w.ok(&mut c, "job.list", json!({})).await;
     w.ok(&mut c, "job.events", json!({"job_id": job_id})).await;
 
+    // What the model requests spent: by turn for the session, and by model for the home.
+    w.ok(
+        &mut c,
+        "usage.report",
+        json!({"by": "turn", "session_id": sid}),
+    )
+    .await;
+    w.ok(&mut c, "usage.report", json!({})).await;
+
     // Errors a client meets.
     c.send_raw("{not json").await.unwrap();
     let parse_error = c.recv_response().await.unwrap();
