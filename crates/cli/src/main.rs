@@ -20,6 +20,7 @@ mod service_cmd;
 mod session_cmd;
 mod spinner;
 mod ui_cmd;
+mod usage_cmd;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -94,6 +95,9 @@ enum Command {
     Answer(session_cmd::AnswerArgs),
     /// Set a session's title.
     Rename(session_cmd::RenameArgs),
+    /// What the model requests spent: tokens, requests and cost, by model, session, day or
+    /// turn, with a total line.
+    Usage(usage_cmd::UsageArgs),
     /// The stored `always` approval rules.
     Approvals {
         #[command(subcommand)]
@@ -176,6 +180,7 @@ fn main() -> ExitCode {
             | Command::Cancel(_)
             | Command::Answer(_)
             | Command::Rename(_)
+            | Command::Usage(_)
             | Command::Approvals { .. }
             | Command::Protocol(_)
             | Command::Ui(_)
@@ -249,6 +254,7 @@ fn main() -> ExitCode {
         Command::Cancel(args) => commands::block_on(session_cmd::cancel(&home, args)),
         Command::Answer(args) => commands::block_on(session_cmd::answer(&home, args)),
         Command::Rename(args) => commands::block_on(session_cmd::rename(&home, args)),
+        Command::Usage(args) => commands::block_on(usage_cmd::usage(&home, args)),
         Command::Approvals { command } => commands::block_on(async {
             // A home that does not exist has no rules to list or remove: said so, never created.
             session_cmd::require_home(&home)?;

@@ -17,7 +17,7 @@ use drover_client::{Client, ClientError};
 use drover_protocol::client::{
     AdmissionOutcome, AdmissionStatus, ApprovalChoice, ClarifyAnswer, OpenPrompt, PendingAdmission,
     PromptResponseStatus, SessionListParams, SessionPage, SessionSnapshot, SessionState,
-    SessionSummary, TranscriptMessage,
+    SessionSummary, TranscriptMessage, UsageGrouping, UsageReport, UsageReportParams, UsageSpend,
 };
 use drover_protocol::event::{EventPayload, SessionEvent};
 use drover_protocol::{ClientRequest, Role};
@@ -98,7 +98,7 @@ fn state_words(state: SessionState) -> &'static str {
 }
 
 /// The shortest prefix length (at least 8) that tells every id of `ids` apart.
-fn short_len(ids: &[&str]) -> usize {
+pub(crate) fn short_len(ids: &[&str]) -> usize {
     let mut len = 8;
     let mut sorted: Vec<&str> = ids.to_vec();
     sorted.sort_unstable();
@@ -114,12 +114,12 @@ fn short_len(ids: &[&str]) -> usize {
 }
 
 /// The first `n` characters of `s`.
-fn head(s: &str, n: usize) -> &str {
+pub(crate) fn head(s: &str, n: usize) -> &str {
     s.char_indices().nth(n).map_or(s, |(i, _)| &s[..i])
 }
 
 /// One line of at most `max` characters: newlines shown as spaces, the rest cut with `…`.
-fn one_line(s: &str, max: usize) -> String {
+pub(crate) fn one_line(s: &str, max: usize) -> String {
     let flat: String = s
         .chars()
         .map(|c| if c.is_control() { ' ' } else { c })
@@ -423,6 +423,56 @@ fn confinement_line(c: &drover_protocol::sandbox::Confinement) -> String {
     line
 }
 
+/// What each turn of session `sid` and of the sessions it delegated to spent (`usage.report`
+/// by turn); `None` from a daemon without that method (its lines just show no cost).
+async fn turn_spend(c: &Client, sid: &str) -> Option<UsageReport> {
+    let request = ClientRequest::UsageReport(UsageReportParams {
+        by: Some(UsageGrouping::Turn),
+        since: None,
+        session_id: Some(sid.to_string()),
+    });
+    c.request(request).await.ok()
+}
+
+/// The end of `show`'s usage line: the session's cost when known (`*`: some turns had no
+/// price), and what the sessions it delegated to spent, when they did.
+fn spend_words(report: &UsageReport, sid: &str) -> String {
+    let mut own = UsageSpend::default();
+    let mut delegated = UsageSpend::default();
+    for g in &report.groups {
+        let sum = if g.session_id.as_deref() == Some(sid) {
+            &mut own
+        } else {
+            &mut delegated
+        };
+        sum.total_tokens += g.spend.total_tokens;
+        sum.executions += g.spend.executions;
+        sum.unpriced_executions += g.spend.unpriced_executions;
+        if let Some(usd) = g.spend.cost_usd {
+            sum.cost_usd = Some(sum.cost_usd.unwrap_or(0.0) + usd);
+        }
+    }
+    let cost = |s: &UsageSpend| match s.cost_usd {
+        Some(usd) if s.unpriced_executions > 0 => {
+            format!(
+                ", cost {}* (some turns had no price)",
+                crate::usage_cmd::dollars(usd)
+            )
+        }
+        Some(usd) => format!(", cost {}", crate::usage_cmd::dollars(usd)),
+        None => String::new(),
+    };
+    let mut words = cost(&own);
+    if delegated.executions > 0 {
+        words.push_str(&format!(
+            "; delegated sessions {} tokens{}",
+            delegated.total_tokens,
+            cost(&delegated)
+        ));
+    }
+    words
+}
+
 pub async fn show(home: &Path, args: ShowArgs) -> Result<Exit> {
     let c = connect(home).await?;
     let summary = session(&c, &args.session).await?;
@@ -464,6 +514,7 @@ pub async fn show(home: &Path, args: ShowArgs) -> Result<Exit> {
     if !turns.is_empty() {
         println!("\nturns:");
     }
+    let spend = turn_spend(&c, &sid).await;
     let (mut input, mut output, mut total) = (0u64, 0u64, 0u64);
     for t in &turns {
         let mut line = format!(
@@ -482,6 +533,13 @@ pub async fn show(home: &Path, args: ShowArgs) -> Result<Exit> {
                 output += u.output_tokens;
                 total += u.total_tokens;
             }
+            if let Some(cost) = spend
+                .as_ref()
+                .and_then(|r| r.groups.iter().find(|g| g.key == t.admission_id))
+                .and_then(|g| g.spend.cost_usd)
+            {
+                line.push_str(&format!("  {}", crate::usage_cmd::dollars(cost)));
+            }
         }
         if let Some(p) = snapshot
             .pending
@@ -499,7 +557,13 @@ pub async fn show(home: &Path, args: ShowArgs) -> Result<Exit> {
         }
         println!("{line}");
     }
-    println!("usage: {input} input + {output} output = {total} tokens");
+    println!(
+        "usage: {input} input + {output} output = {total} tokens{}",
+        spend
+            .as_ref()
+            .map(|r| spend_words(r, &sid))
+            .unwrap_or_default()
+    );
     for p in &snapshot.prompts {
         match p {
             OpenPrompt::Approval(a) => println!(

@@ -1,8 +1,8 @@
 //! The daemon and its workers, end to end against the real `drover` binary: starting and
 //! stopping, the home's integrity, durable admissions and crash recovery, turns, liveness,
-//! spare and dying workers, hardening and chaos, telemetry, model endpoints behind TLS and
-//! proxies. One binary, one module per concern; the chaos test installs a panic hook, so it
-//! runs alone in a child process ([`drover_test_support::alone`]).
+//! spare and dying workers, hardening and chaos, telemetry, usage reports, model endpoints
+//! behind TLS and proxies. One binary, one module per concern; the chaos test installs a
+//! panic hook, so it runs alone in a child process ([`drover_test_support::alone`]).
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -23,6 +23,7 @@ mod start_rules;
 mod telemetry;
 mod turns;
 mod usage_bounds;
+mod usage_report;
 mod warm_connection;
 mod worker_binding;
 mod worker_deaths;
