@@ -193,6 +193,12 @@ fn init_logging(home: &Path, telemetry: Option<&drover_telemetry::Telemetry>) {
         .with(file_layer)
         .with(
             tracing_subscriber::fmt::layer()
+                // Colours only for a person's terminal: a client-started daemon's stderr is
+                // `logs/daemon.stderr.log`, and `NO_COLOR` is honoured.
+                .with_ansi(
+                    std::io::IsTerminal::is_terminal(&std::io::stderr())
+                        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
+                )
                 .with_writer(std::io::stderr)
                 .with_filter(tracing_subscriber::filter::filter_fn(|meta| {
                     meta.target() != REFUSAL

@@ -483,3 +483,17 @@ async fn a_home_swapped_while_the_daemon_starts_is_refused_and_left_alone() {
     assert_nothing_written_into(home.path());
     assert!(!moved.join("daemon.json").exists());
 }
+
+#[tokio::test]
+async fn a_daemon_whose_stderr_is_a_file_writes_no_colour_codes() {
+    let (_model, home) = idle_home().await;
+    let log = home.path().join("stderr-of-the-daemon.log");
+    // `NO_COLOR` empty means unset (no-color.org): the file alone must turn colours off.
+    let mut daemon = Daemon::start_with_stderr(bin(), home.path(), &[("NO_COLOR", "")], &log)
+        .await
+        .unwrap();
+    daemon.stop().await.unwrap();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("owner listening"), "{text}");
+    assert!(!text.contains('\u{1b}'), "colour codes in a file: {text:?}");
+}
