@@ -18,11 +18,13 @@ use drover_client::{
 };
 use drover_protocol::client::{
     AdmissionStatus, ApprovalRule, ApprovalRules, CompactionResult, NoParams, SessionCreateParams,
-    SessionSnapshot, SessionSummary,
+    SessionSnapshot, SessionSummary, UsageGrouping, UsageReport, UsageReportParams,
 };
 use drover_protocol::event::{EventPayload, SessionEvent};
 use drover_protocol::ClientRequest;
-use drover_tui::{Events, Link, LinkError, LinkUpdate, Opened, PromptAnswer, Reply, Target, Theme};
+use drover_tui::{
+    Events, Link, LinkError, LinkUpdate, Opened, PromptAnswer, Reply, SessionSpend, Target, Theme,
+};
 use tokio::sync::mpsc;
 
 use crate::Exit;
@@ -222,6 +224,24 @@ impl Link for ClientLink {
             .await
             .map_err(words)?;
         Ok(receipt.usage.map_or(0, |u| u.total_tokens))
+    }
+
+    async fn spend(&self, session_id: &str) -> Result<SessionSpend, LinkError> {
+        let report: UsageReport = self
+            .client
+            .request(ClientRequest::UsageReport(UsageReportParams {
+                by: Some(UsageGrouping::Session),
+                since: None,
+                session_id: Some(session_id.to_string()),
+            }))
+            .await
+            .map_err(words)?;
+        Ok(SessionSpend {
+            tokens: report.total.total_tokens,
+            cost_usd: report.total.cost_usd,
+            limit_usd: None,
+            limit_tokens: None,
+        })
     }
 
     async fn sessions(&self) -> Result<Vec<SessionSummary>, LinkError> {

@@ -7,6 +7,7 @@
 
 mod acp_cmd;
 mod broker;
+mod budget_cmd;
 mod chat;
 mod commands;
 mod completions;
@@ -95,6 +96,9 @@ enum Command {
     Answer(session_cmd::AnswerArgs),
     /// Set a session's title.
     Rename(session_cmd::RenameArgs),
+    /// A session's spend against its limits; raise a limit (resuming the turns paused under
+    /// it) or stop a paused turn. `--home-wide`: the home's daily limit.
+    Budget(budget_cmd::BudgetArgs),
     /// What the model requests spent: tokens, requests and cost, by model, session, day or
     /// turn, with a total line.
     Usage(usage_cmd::UsageArgs),
@@ -180,6 +184,7 @@ fn main() -> ExitCode {
             | Command::Cancel(_)
             | Command::Answer(_)
             | Command::Rename(_)
+            | Command::Budget(_)
             | Command::Usage(_)
             | Command::Approvals { .. }
             | Command::Protocol(_)
@@ -254,6 +259,7 @@ fn main() -> ExitCode {
         Command::Cancel(args) => commands::block_on(session_cmd::cancel(&home, args)),
         Command::Answer(args) => commands::block_on(session_cmd::answer(&home, args)),
         Command::Rename(args) => commands::block_on(session_cmd::rename(&home, args)),
+        Command::Budget(args) => commands::block_on(budget_cmd::budget(&home, args)),
         Command::Usage(args) => commands::block_on(usage_cmd::usage(&home, args)),
         Command::Approvals { command } => commands::block_on(async {
             // A home that does not exist has no rules to list or remove: said so, never created.

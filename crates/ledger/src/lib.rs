@@ -33,6 +33,7 @@
 mod admissions;
 mod adoption;
 mod approvals;
+mod budget;
 mod compactions;
 mod counts;
 pub mod delegation;
@@ -68,6 +69,7 @@ pub use open::{Ledger, RuntimeEpoch, PAGE_CACHE_KIB};
 pub use admissions::{AdmissionRow, AdmitRequest, Receipt};
 pub use adoption::Handover;
 pub use approvals::ApprovalRule;
+pub use budget::{BudgetDelivery, BudgetResponse, BudgetStanding, Price, SpendRules};
 pub use delegation::{ChildReserved, DelegationLimits, ParentAnswer};
 pub use events::{EventsPage, StoredEvent};
 pub use frozen_model::FrozenModel;

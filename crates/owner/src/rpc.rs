@@ -26,6 +26,7 @@ use crate::hub::ConnHandle;
 use crate::owner::Owner;
 
 mod admissions;
+mod budget;
 mod home_wide;
 mod prompts;
 mod sessions;
@@ -147,6 +148,15 @@ async fn answer(
             let answer = Answer::Clarify(p.answer);
             MethodResult::ClarifyRespond(respond(owner, conn, target, answer).await?)
         }
+        ClientRequest::BudgetRespond(p) => {
+            MethodResult::BudgetRespond(budget::budget_respond(owner, conn, p).await?)
+        }
+        ClientRequest::BudgetRaise(p) => {
+            MethodResult::BudgetRaise(budget::budget_raise(owner, p).await?)
+        }
+        ClientRequest::BudgetStatus(p) => {
+            MethodResult::BudgetStatus(budget::budget_status(owner, p).await?)
+        }
         ClientRequest::SessionEventsSince(p) => {
             MethodResult::SessionEventsSince(events_since(owner, p).await?)
         }
@@ -222,6 +232,7 @@ fn receipt(row: &AdmissionRow) -> wire::AdmissionReceipt {
         execution_generation: row.generation,
         usage: None,
         result: None,
+        cost_usd: None,
     }
 }
 

@@ -250,6 +250,9 @@ pub struct App {
     pub input: Input,
     /// Tokens the session's turns used, as far as this client has seen.
     pub tokens: u64,
+    /// What the session spent and its limits, as the daemon last said (`None` until it
+    /// answered: the status line shows [`App::tokens`] then).
+    pub spend: Option<crate::daemon_link::SessionSpend>,
     /// The link to the daemon.
     pub connection: Connection,
     /// Since when an input sent has waited for its receipt (the status line says so after a
@@ -276,6 +279,7 @@ impl App {
             queued: Vec::new(),
             input: Input::default(),
             tokens: 0,
+            spend: None,
             sending_since: None,
             connection: Connection::Connected,
             unknown: None,

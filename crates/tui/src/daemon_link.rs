@@ -13,6 +13,20 @@ use drover_protocol::event::SessionEvent;
 #[error("{0}")]
 pub struct LinkError(pub String);
 
+/// What a session (with the sessions it delegated to) spent, and its limits: the status
+/// line shows it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SessionSpend {
+    /// Tokens its turns used (the model's reported totals).
+    pub tokens: u64,
+    /// USD, when some turn's cost is known.
+    pub cost_usd: Option<f64>,
+    /// Its USD limit, when it has one.
+    pub limit_usd: Option<f64>,
+    /// Its token limit, when it has one.
+    pub limit_tokens: Option<u64>,
+}
+
 /// Which session to open.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Target {
@@ -110,6 +124,13 @@ pub trait Link: Send + Sync + 'static {
     async fn resolve_unknown(&self, session_id: &str, admission_id: &str) -> Result<(), LinkError>;
     /// The total tokens of a settled turn.
     async fn turn_tokens(&self, session_id: &str, admission_id: &str) -> Result<u64, LinkError>;
+    /// What the session and the sessions it delegated to spent, and its limits.
+    async fn spend(&self, session_id: &str) -> Result<SessionSpend, LinkError> {
+        let _ = session_id;
+        Err(LinkError(
+            "this client cannot read a session's spend".into(),
+        ))
+    }
     /// The home's sessions, newest first.
     async fn sessions(&self) -> Result<Vec<SessionSummary>, LinkError>;
     /// The stored `always` rules.

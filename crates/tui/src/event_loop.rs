@@ -22,7 +22,7 @@ use ratatui::{Terminal, TerminalOptions, Viewport};
 use tokio::sync::mpsc;
 
 use crate::chat_state::{Action, App, SessionHeader};
-use crate::daemon_link::{Events, Link, LinkError, LinkUpdate, Opened, Target};
+use crate::daemon_link::{Events, Link, LinkError, LinkUpdate, Opened, SessionSpend, Target};
 use crate::render::{self, VIEWPORT_HEIGHT};
 use crate::slash_commands::{Command, COMMANDS};
 use crate::theme::Theme;
@@ -48,6 +48,8 @@ enum Done {
         why: String,
     },
     Tokens(u64),
+    /// What a session spent (its id, so a switched-away session's answer is dropped).
+    Spend(String, SessionSpend),
     Say(Vec<String>),
     /// The daemon took the new title: only now does the status line show it.
     Renamed(String),
@@ -201,6 +203,7 @@ async fn event_loop(
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     let mut failed_draws = 0;
+    fetch_spend(&link, &done_tx, &app.session.session_id);
     loop {
         let now = Instant::now();
         // Resize first: printing to the scrollback with the old size, or resizing after a print
@@ -259,6 +262,11 @@ async fn event_loop(
                 Some(Done::CompactFailed(why)) => app.compact_failed(&why),
                 Some(Done::Failed { what, why }) => app.failed(what, &why),
                 Some(Done::Tokens(n)) => app.add_tokens(n),
+                Some(Done::Spend(session_id, spend)) => {
+                    if session_id == app.session.session_id {
+                        app.spend = Some(spend);
+                    }
+                }
                 Some(Done::Say(lines)) => {
                     for line in lines {
                         app.say(line);
@@ -274,6 +282,7 @@ async fn event_loop(
                     app.input = input;
                     app.load_snapshot(&opened.snapshot, &opened.running_events, true, Instant::now());
                     app.say(format!("now in session {}", short(&app.session.session_id)));
+                    fetch_spend(&link, &done_tx, &app.session.session_id);
                     number += 1;
                     _pumping = AbortOnDrop(pump(new_events, number, updates_tx.clone()));
                 }
@@ -282,6 +291,19 @@ async fn event_loop(
             _ = tick.tick() => {}
         }
     }
+}
+
+/// Asks what the session spent, for the status line (a daemon that cannot say leaves it
+/// showing the tokens this client saw).
+fn fetch_spend(link: &Arc<dyn Link>, done_tx: &mpsc::UnboundedSender<Done>, session_id: &str) {
+    let link = link.clone();
+    let tx = done_tx.clone();
+    let session_id = session_id.to_string();
+    tokio::spawn(async move {
+        if let Ok(spend) = link.spend(&session_id).await {
+            let _ = tx.send(Done::Spend(session_id, spend));
+        }
+    });
 }
 
 /// The most live updates applied between two redraws (the keys are read between batches).
@@ -300,6 +322,7 @@ fn on_update(
         _ if from != number => {}
         Some(LinkUpdate::Event(event)) => {
             if let EventPayload::TurnSettled(s) = &event.event {
+                fetch_spend(link, done_tx, &app.session.session_id);
                 let link = link.clone();
                 let tx = done_tx.clone();
                 let session = app.session.session_id.clone();
@@ -435,11 +458,18 @@ fn command_task(
                 app.say(line);
             }
         }
-        Command::Usage => app.say(format!(
-            "{} tokens used by the turns this client saw settle in session {}",
-            app.tokens,
-            short(&app.session.session_id)
-        )),
+        Command::Usage => app.say(match &app.spend {
+            Some(spend) => format!(
+                "session {} (with the sessions it delegated to) spent {}",
+                short(&app.session.session_id),
+                crate::render::spend_words(spend)
+            ),
+            None => format!(
+                "{} tokens used by the turns this client saw settle in session {}",
+                app.tokens,
+                short(&app.session.session_id)
+            ),
+        }),
         Command::Quit => {}
         Command::Compact => {
             // The model already queued it (`App::compact_requested`); the turn's events show

@@ -59,6 +59,8 @@ mod tests;
 pub mod theme;
 
 pub use chat_state::App;
-pub use daemon_link::{Events, Link, LinkError, LinkUpdate, Opened, PromptAnswer, Reply, Target};
+pub use daemon_link::{
+    Events, Link, LinkError, LinkUpdate, Opened, PromptAnswer, Reply, SessionSpend, Target,
+};
 pub use event_loop::{run, RunError};
 pub use theme::Theme;

@@ -265,6 +265,20 @@ fn turn_lines(app: &App, theme: Theme, now: Instant) -> Vec<Line<'static>> {
 fn prompt_lines(view: &PromptView, theme: Theme) -> Vec<Line<'static>> {
     let mut lines = Vec::new();
     match &view.prompt {
+        OpenPrompt::Budget(b) => {
+            let limit = b.limit_usd.map_or("no".to_string(), |l| format!("${l:.2}"));
+            lines.push(Line::styled(
+                format!(
+                    "⏸ paused (budget): ${:.2} spent of {limit} limit ({})",
+                    b.spent_usd, b.scope
+                ),
+                theme.attention(),
+            ));
+            lines.push(Line::styled(
+                "  raise it with `drover budget <session> --add-usd N`, or interrupt the turn",
+                theme.dim(),
+            ));
+        }
         OpenPrompt::Approval(a) => {
             lines.push(Line::styled(
                 format!("⚠ approval needed: {}", a.description),

@@ -122,6 +122,13 @@ methods! {
     ApprovalRespond => "approval.respond", ApprovalRespondParams, PromptResponse;
     /// `clarify.respond`: answer a clarify prompt.
     ClarifyRespond => "clarify.respond", ClarifyRespondParams, PromptResponse;
+    /// `budget.respond`: answer a budget prompt (raise the limit, or stop the turn).
+    BudgetRespond => "budget.respond", BudgetRespondParams, PromptResponse;
+    /// `budget.status` (drover extension): a session's (or the home's) spend and limits.
+    BudgetStatus => "budget.status", BudgetStatusParams, BudgetStatus;
+    /// `budget.raise` (drover extension): raise a session's (or today's home-wide) limit;
+    /// every turn paused under it is checked again and goes on once under it.
+    BudgetRaise => "budget.raise", BudgetRaiseParams, BudgetStatus;
     /// `session.events.since`: stored events after a sequence.
     SessionEventsSince => "session.events.since", EventsSinceParams, EventsPage;
     /// `approvals.list` (drover extension): the home's stored `always` rules.
