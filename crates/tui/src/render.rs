@@ -441,10 +441,43 @@ pub fn status_line(app: &App, now: Instant) -> String {
         Some(agent) => format!("agent: {agent}"),
         None => app.session.model.clone(),
     };
-    format!(
-        " {session} · {runs} · {turn}{queued} · {} tokens · {daemon} ",
-        app.tokens
-    )
+    let spent = match &app.spend {
+        Some(spend) => spend_words(spend),
+        None => format!("{} tokens", app.tokens),
+    };
+    format!(" {session} · {runs} · {turn}{queued} · {spent} · {daemon} ")
+}
+
+/// A cost in USD: cents from a dollar on, four decimals from a cent on, six below.
+fn dollars(usd: f64) -> String {
+    if usd == 0.0 {
+        "$0".to_string()
+    } else if usd >= 1.0 {
+        format!("${usd:.2}")
+    } else if usd >= 0.01 {
+        format!("${usd:.4}")
+    } else {
+        format!("${usd:.6}")
+    }
+}
+
+/// The session's spend against its limits: `1200 of 5000 tokens · $0.0420 of $1.00`, each
+/// part without `of ...` when there is no such limit, the cost only when known or limited.
+pub fn spend_words(spend: &crate::daemon_link::SessionSpend) -> String {
+    let mut words = match spend.limit_tokens {
+        Some(limit) => format!("{} of {limit} tokens", spend.tokens),
+        None => format!("{} tokens", spend.tokens),
+    };
+    match (spend.cost_usd, spend.limit_usd) {
+        (cost, Some(limit)) => words.push_str(&format!(
+            " · {} of {}",
+            dollars(cost.unwrap_or(0.0)),
+            dollars(limit)
+        )),
+        (Some(cost), None) => words.push_str(&format!(" · {}", dollars(cost))),
+        (None, None) => {}
+    }
+    words
 }
 
 /// Draws the viewport.
@@ -669,6 +702,32 @@ mod tests {
         app.submitted("next question");
         app.admitted("a2");
         insta::assert_snapshot!(screen(&app, t0 + Duration::from_millis(3200)));
+    }
+
+    #[test]
+    fn the_status_line_shows_the_sessions_spend_against_its_limits() {
+        use crate::daemon_link::SessionSpend;
+        let mut app = app();
+        let now = Instant::now();
+        app.tokens = 7;
+        assert!(status_line(&app, now).contains(" · 7 tokens · "));
+        app.spend = Some(SessionSpend {
+            tokens: 1200,
+            cost_usd: Some(0.042),
+            ..SessionSpend::default()
+        });
+        assert!(status_line(&app, now).contains(" · 1200 tokens · $0.0420 · "));
+        app.spend = Some(SessionSpend {
+            tokens: 1200,
+            cost_usd: None,
+            limit_usd: Some(2.5),
+            limit_tokens: Some(5000),
+        });
+        let line = status_line(&app, now);
+        assert!(
+            line.contains(" · 1200 of 5000 tokens · $0 of $2.50 · "),
+            "{line}"
+        );
     }
 
     #[test]
