@@ -515,6 +515,7 @@ impl Bridge {
         let prompt_id = match &prompt {
             OpenPrompt::Approval(p) => p.prompt_id.clone(),
             OpenPrompt::Clarify(p) => p.prompt_id.clone(),
+            OpenPrompt::Budget(p) => p.prompt_id.clone(),
         };
         let tool_id = {
             let mut view = attached.view();
@@ -542,6 +543,18 @@ impl Bridge {
         prompt: &OpenPrompt,
     ) -> Result<(), String> {
         let (prompt_id, title, kind, options) = match prompt {
+            OpenPrompt::Budget(p) => {
+                // ACP v1 has no amount to answer with: drover's own clients raise the limit.
+                let limit = p.limit_usd.map_or("-".to_string(), |l| format!("{l:.2}"));
+                self.send(
+                    session_id,
+                    map::agent_text(format!(
+                        "\n[drover paused the turn: spend limit reached ({:.2} of {limit} USD); raise it with `drover budget {session_id} --add-usd N`]\n",
+                        p.spent_usd
+                    )),
+                );
+                return Ok(());
+            }
             OpenPrompt::Approval(p) => (
                 &p.prompt_id,
                 format!("{} ({})", p.command, p.description),
@@ -614,6 +627,7 @@ impl Bridge {
         let generation = match prompt {
             OpenPrompt::Approval(p) => p.execution_generation,
             OpenPrompt::Clarify(p) => p.execution_generation,
+            OpenPrompt::Budget(_) => return Ok(()),
         };
         let answered = match prompt {
             OpenPrompt::Approval(p) => {
@@ -635,6 +649,7 @@ impl Bridge {
                     )
                     .await
             }
+            OpenPrompt::Budget(_) => return Ok(()),
         };
         answered.map(drop).map_err(|e| e.to_string())
     }

@@ -58,6 +58,12 @@ pub trait TurnStore: Send + Sync {
     async fn compact(&self, write: CompactionRecord) -> Result<(), StoreError>;
     /// Persists the context window the endpoint reported (or the default it fell back to).
     async fn context_window_found(&self, found: ContextWindowFound) -> Result<(), StoreError>;
+    /// Asks whether the next step's model request may start under the session's spend
+    /// limits: `true` to go on, `false` to end the turn `interrupted` without it. It may wait
+    /// long (a person answers a `budget` prompt). By default every request may start.
+    async fn budget_check(&self) -> Result<bool, StoreError> {
+        Ok(true)
+    }
     /// Live assistant text; best effort, never stored.
     fn delta(&self, text: &str);
 }

@@ -164,6 +164,24 @@ pub(crate) async fn drive(
         if ctx.cancel.is_cancelled() {
             return tally.interrupted();
         }
+        // Between steps, never during a request: a spend limit holds the turn here until a
+        // person raises it or stops the turn (docs/guarantees.md, "Budgets").
+        let may_start = tokio::select! {
+            biased;
+            _ = ctx.cancel.cancelled() => return tally.interrupted(),
+            may_start = store.budget_check() => may_start,
+        };
+        match may_start {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::info!(
+                    step,
+                    "a spend limit stopped the turn before its next request"
+                );
+                return tally.interrupted();
+            }
+            Err(e) => return tally.failed(e),
+        }
         let mut force = false;
         let completion = loop {
             let prepared = match budget.fit(&mut conv, &io, &mut tally, force).await {

@@ -94,6 +94,7 @@ fn state_words(state: SessionState) -> &'static str {
         SessionState::WaitingApproval => "waiting for approval",
         SessionState::WaitingClarify => "waiting for an answer",
         SessionState::PausedUnknown => "paused (unknown turn)",
+        SessionState::PausedBudget => "paused (budget)",
     }
 }
 
@@ -577,6 +578,14 @@ pub async fn show(home: &Path, args: ShowArgs) -> Result<Exit> {
                 printable(&q.question),
                 head(&sid, 8)
             ),
+            OpenPrompt::Budget(b) => println!(
+                "paused (budget): {:.4} USD, {} tokens spent of {} ({} limit); `drover budget {} --add-usd N`",
+                b.spent_usd,
+                b.spent_tokens,
+                limit_words(b.limit_usd, b.limit_tokens),
+                b.scope,
+                head(&sid, 8)
+            ),
         }
     }
     if snapshot
@@ -659,7 +668,8 @@ pub struct CancelArgs {
     session: String,
     /// The admission to cancel (any unique prefix); default: every queued input.
     admission: Option<String>,
-    /// Print `{session_id, cancelled: [receipt], refused: [{admission_id, status, reason}]}`.
+    /// Print `{session_id, cancelled: [receipt], refused: [{admission_id, status, reason}],
+    /// running}` (`running`: the running turn's admission, or null).
     #[arg(long)]
     json: bool,
 }
@@ -669,11 +679,10 @@ fn not_cancellable(p: &PendingAdmission, sid: &str) -> Option<String> {
     match p.status {
         AdmissionStatus::Queued | AdmissionStatus::Terminal => None,
         AdmissionStatus::Started => Some(format!(
-            "admission {} has started, so it cannot be cancelled; interrupt its turn instead: \
-             Ctrl-C in the `drover run` or `drover chat` that follows it, or `session.interrupt` \
-             with execution_generation {}",
+            "admission {} has started, so it cannot be cancelled; `drover interrupt {}` stops \
+             its turn",
             p.admission_id,
-            p.execution_generation.unwrap_or_default()
+            head(sid, 8)
         )),
         AdmissionStatus::Unknown => Some(format!(
             "admission {} has an unknown outcome, so it cannot be cancelled; `drover resolve {}` \
@@ -689,8 +698,18 @@ pub async fn cancel(home: &Path, args: CancelArgs) -> Result<Exit> {
     let c = connect(home).await?;
     let sid = session(&c, &args.session).await?.session_id;
     let snapshot = c.resume(&sid).await?;
+    // Without a name only the queued inputs are meant: the running turn goes on (`drover
+    // interrupt` stops it) and an unknown one waits for `drover resolve`.
+    let running = snapshot
+        .pending
+        .iter()
+        .find(|p| p.status == AdmissionStatus::Started);
     let targets: Vec<&PendingAdmission> = match &args.admission {
-        None => snapshot.pending.iter().collect(),
+        None => snapshot
+            .pending
+            .iter()
+            .filter(|p| p.status == AdmissionStatus::Queued)
+            .collect(),
         Some(prefix) => {
             let matching: Vec<&PendingAdmission> = snapshot
                 .pending
@@ -760,8 +779,9 @@ pub async fn cancel(home: &Path, args: CancelArgs) -> Result<Exit> {
             // It started between the snapshot and the cancel.
             Err(e) if e.reason() == Some("stale_generation") => {
                 let why = format!(
-                    "admission {} started before it could be cancelled; interrupt its turn instead (Ctrl-C in the client that follows it)",
-                    p.admission_id
+                    "admission {} started before it could be cancelled; `drover interrupt {}` stops its turn",
+                    p.admission_id,
+                    head(&sid, 8)
                 );
                 if !args.json {
                     eprintln!("drover: {why}");
@@ -774,9 +794,25 @@ pub async fn cancel(home: &Path, args: CancelArgs) -> Result<Exit> {
         }
     }
     if args.json {
-        print_json(&json!({"session_id": sid, "cancelled": cancelled, "refused": refused}))?;
+        let running = running.map(|p| p.admission_id.as_str());
+        print_json(
+            &json!({"session_id": sid, "cancelled": cancelled, "refused": refused, "running": running}),
+        )?;
     } else if targets.is_empty() {
         println!("nothing is queued in session {sid}");
+    } else if args.admission.is_none() {
+        let n = cancelled.len();
+        println!(
+            "cancelled {n} queued input{} of session {sid}",
+            if n == 1 { "" } else { "s" }
+        );
+    }
+    if let (None, false, Some(p)) = (&args.admission, args.json, running) {
+        println!(
+            "turn {} is still running (`drover interrupt {}` stops it)",
+            p.admission_id,
+            head(&sid, 8)
+        );
     }
     // A named admission that could not be cancelled is a failure; "all queued" is done when
     // every queued one is.
@@ -889,6 +925,10 @@ pub async fn answer(home: &Path, args: AnswerArgs) -> Result<Exit> {
         (OpenPrompt::Clarify(q), _, None) => bail!(
             "the waiting prompt is a question (\"{}\"); answer it with --text TEXT",
             q.question
+        ),
+        (OpenPrompt::Budget(_), _, _) => bail!(
+            "the turn is paused by a spend limit; raise it with `drover budget {sid} --add-usd N`, \
+             or stop the turn with `drover budget {sid} --stop`"
         ),
     };
     let response = match response {
@@ -1043,5 +1083,15 @@ mod tests {
         assert_eq!(one_line("a\nb", 10), "a b");
         assert_eq!(one_line("abcdef", 4), "abc…");
         assert_eq!(one_line("éééé", 4), "éééé");
+    }
+}
+
+/// A budget's limits in words: "1.0000 USD", "5000 tokens", both, or "no limit".
+pub(crate) fn limit_words(usd: Option<f64>, tokens: Option<u64>) -> String {
+    match (usd, tokens) {
+        (Some(usd), Some(tokens)) => format!("{usd:.4} USD / {tokens} tokens"),
+        (Some(usd), None) => format!("{usd:.4} USD"),
+        (None, Some(tokens)) => format!("{tokens} tokens"),
+        (None, None) => "no limit".to_string(),
     }
 }

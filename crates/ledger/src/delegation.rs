@@ -35,7 +35,7 @@ pub const DELEGATION_TOOLSET: &str = "delegation";
 pub type ToolsetTools = fn(&[String]) -> Vec<String>;
 
 /// What `child.reserve` is checked against (SPEC section 1, `[delegation]`).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct DelegationLimits {
     /// `[delegation] max_concurrent_children`: live children of one parent execution.
     pub max_concurrent_children: u32,
@@ -46,6 +46,9 @@ pub struct DelegationLimits {
     /// The tool names of toolsets, to give the child only the frozen schemas of its toolsets.
     /// `None` keeps every parent schema except `delegate_task` when delegation is dropped.
     pub toolset_tools: Option<ToolsetTools>,
+    /// The prices and home-wide limit `usage.add` and `budget.check` are applied with (the
+    /// owner's config of now). Carried here with the other settings of a persist.
+    pub spend: crate::budget::SpendRules,
 }
 
 impl Default for DelegationLimits {
@@ -55,6 +58,7 @@ impl Default for DelegationLimits {
             max_spawn_depth: 1,
             draining: false,
             toolset_tools: None,
+            spend: Default::default(),
         }
     }
 }
@@ -438,6 +442,7 @@ pub(crate) fn retire_one(
                                 admission_id: admission_id.clone(),
                                 outcome: outcome.into(),
                                 error: Some("retired: the parent's turn ended".to_string()),
+                                cost_usd: crate::budget::execution_cost(tx, execution_id)?,
                             }),
                         )?);
                     }

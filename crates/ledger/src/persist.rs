@@ -264,12 +264,13 @@ fn apply_in(
     if frame.sequence <= last_sequence as u64 {
         // Applied but not receipted: only a prompt still waiting for its answer.
         let prompt: Option<(String, String)> = tx
-                .query_row_cached(
-                    "SELECT prompt_id, body_json FROM prompts WHERE execution_id = ?1 AND sequence = ?2",
-                    params![frame.execution_id, frame.sequence as i64],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
-                )
-                .optional()?;
+            .query_row_cached(
+                "SELECT prompt_id, body_json FROM prompts WHERE execution_id = ?1 AND sequence = ?2
+                     ORDER BY created_at DESC, rowid DESC LIMIT 1",
+                params![frame.execution_id, frame.sequence as i64],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
         if let Operation::ChildReserve(_) = frame.operation {
             if let Some(child) =
                 crate::delegation::reserved_child(tx, &frame.execution_id, frame.sequence)?
@@ -281,7 +282,12 @@ fn apply_in(
             }
         }
         return match prompt {
-            Some((prompt_id, _)) if matches!(frame.operation, Operation::PromptOpen(_)) => {
+            Some((prompt_id, _))
+                if matches!(
+                    frame.operation,
+                    Operation::PromptOpen(_) | Operation::BudgetCheck(_)
+                ) =>
+            {
                 Ok(PersistOutcome::Deferred {
                     prompt_id,
                     events: Vec::new(),
@@ -321,10 +327,28 @@ fn apply_in(
         }
         Operation::UsageAdd(u) => {
             crate::counts::add_usage(tx, execution_id, &session_id, u)?;
+            crate::budget::add_cost(tx, execution_id, &session_id, u, &limits.spend)?;
             json!({})
         }
         Operation::CompactionRecord(p) => {
+            crate::budget::add_cost(tx, execution_id, &session_id, &p.usage, &limits.spend)?;
             crate::compactions::write(tx, &session_id, execution_id, p, &mut events)?
+        }
+        Operation::BudgetCheck(_) => {
+            match crate::budget::check(
+                tx,
+                &session_id,
+                execution_id,
+                generation,
+                sequence,
+                &limits.spend,
+            )? {
+                crate::budget::Checked::Ok(receipt) => receipt,
+                crate::budget::Checked::Paused(prompt_id, event) => {
+                    events.push(event);
+                    return Ok(PersistOutcome::Deferred { prompt_id, events });
+                }
+            }
         }
         Operation::ContextWindow(p) => {
             crate::compactions::set_context_window(tx, &session_id, p.context_window)?

@@ -3,8 +3,13 @@
 //! `prompt.open` receipt it stores and its event.
 
 use crate::sql::Cached;
-use drover_protocol::event::{ApprovalSettled, ClarifySettled, EventPayload, PromptSettlement};
-use drover_protocol::words::{ApprovalChoice, ApprovalPrompt, ClarifyPrompt, OpenPrompt};
+use drover_protocol::event::{
+    ApprovalSettled, BudgetSettled, ClarifySettled, EventPayload, PromptSettlement,
+};
+use drover_protocol::words::{
+    ApprovalChoice, ApprovalPrompt, BudgetChoice, BudgetPrompt, BudgetScope, ClarifyPrompt,
+    OpenPrompt,
+};
 use drover_protocol::worker::{op, PromptOpen};
 use rusqlite::{params, Connection, OptionalExtension};
 use serde::Deserialize;
@@ -58,7 +63,32 @@ impl PromptRow {
             choices: Vec<String>,
             multi_select: bool,
         }
+        /// The fields a `budget` body carries.
+        #[derive(Deserialize)]
+        struct BudgetBody {
+            scope: BudgetScope,
+            spent_usd: f64,
+            spent_tokens: u64,
+            limit_usd: Option<f64>,
+            limit_tokens: Option<u64>,
+            next_usd: f64,
+            next_tokens: u64,
+        }
         let (prompt_id, execution_generation) = (self.prompt_id.clone(), self.generation);
+        if self.kind == "budget" {
+            let body = BudgetBody::deserialize(&self.body)?;
+            return Ok(OpenPrompt::Budget(BudgetPrompt {
+                prompt_id,
+                execution_generation,
+                scope: body.scope,
+                spent_usd: body.spent_usd,
+                spent_tokens: body.spent_tokens,
+                limit_usd: body.limit_usd,
+                limit_tokens: body.limit_tokens,
+                next_usd: body.next_usd,
+                next_tokens: body.next_tokens,
+            }));
+        }
         Ok(if self.kind == "approval" {
             let body = ApprovalBody::deserialize(&self.body)?;
             OpenPrompt::Approval(ApprovalPrompt {
@@ -181,6 +211,7 @@ pub(crate) fn open_prompt(
     p: &PromptOpen,
 ) -> Result<(String, StoredEvent), LedgerError> {
     let kind = match p.kind.as_str() {
+        // A `budget` prompt is the owner's answer to `budget.check`, never a worker's own.
         "approval" | "clarify" => p.kind.clone(),
         other => {
             return Err(LedgerError::invalid(
@@ -189,6 +220,28 @@ pub(crate) fn open_prompt(
             ))
         }
     };
+    insert_prompt(
+        tx,
+        session_id,
+        execution_id,
+        generation,
+        sequence,
+        &kind,
+        &p.body,
+    )
+}
+
+/// Inserts an open prompt of `kind` answering the frame at `sequence`, with its
+/// `approval.request`, `clarify.request` or `budget.request` event.
+pub(crate) fn insert_prompt(
+    tx: &Connection,
+    session_id: &str,
+    execution_id: &str,
+    generation: i64,
+    sequence: u64,
+    kind: &str,
+    body: &Value,
+) -> Result<(String, StoredEvent), LedgerError> {
     let prompt_id = new_id();
     tx.execute_cached(
         "INSERT INTO prompts (prompt_id, session_id, execution_id, generation, kind,
@@ -200,7 +253,7 @@ pub(crate) fn open_prompt(
             execution_id,
             generation,
             kind,
-            p.body.to_string(),
+            body.to_string(),
             sequence as i64,
             now()
         ],
@@ -213,6 +266,7 @@ pub(crate) fn open_prompt(
     let event = match prompt {
         OpenPrompt::Approval(_) => EventPayload::ApprovalRequest(prompt),
         OpenPrompt::Clarify(_) => EventPayload::ClarifyRequest(prompt),
+        OpenPrompt::Budget(_) => EventPayload::BudgetRequest(prompt),
     };
     Ok((prompt_id, push_event(tx, session_id, event)?))
 }
@@ -242,6 +296,9 @@ pub(crate) fn cancel_prompt(
         [prompt_id],
     )?;
     let receipt = json!({"status": "cancelled"});
+    if p.kind == "budget" {
+        return Ok(vec![budget_settled(tx, &p, Some(&receipt), None)?]);
+    }
     Ok(vec![close_prompt(
         tx,
         &p,
@@ -282,6 +339,43 @@ fn close_prompt(
         })
     };
     push_event(tx, &p.session_id, event)
+}
+
+/// Stores the deferred receipt of the `budget.check` a budget prompt answers, when there is
+/// one (`None`: a raise that was not enough, so a new prompt is opened for it), and returns
+/// the prompt's `budget.settled` event (`choice` `None`: closed unanswered).
+pub(crate) fn budget_settled(
+    tx: &Connection,
+    p: &PromptRow,
+    receipt: Option<&Value>,
+    choice: Option<BudgetChoice>,
+) -> Result<StoredEvent, LedgerError> {
+    if let Some(receipt) = receipt {
+        tx.execute_cached(
+            "INSERT OR IGNORE INTO worker_receipts (execution_id, sequence, operation, payload_digest, result_json)
+             VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![
+                p.execution_id,
+                p.sequence as i64,
+                op::BUDGET_CHECK,
+                crate::budget::check_digest(),
+                receipt.to_string()
+            ],
+        )?;
+    }
+    let status = match choice {
+        Some(_) => PromptSettlement::Resolved,
+        None => PromptSettlement::Cancelled,
+    };
+    push_event(
+        tx,
+        &p.session_id,
+        EventPayload::BudgetSettled(BudgetSettled {
+            prompt_id: p.prompt_id.clone(),
+            status,
+            choice,
+        }),
+    )
 }
 
 /// Cancels every open prompt of `execution_id` inside `tx` ([`cancel_prompt`]), its events to
@@ -334,7 +428,7 @@ pub enum PromptResponse {
 
 /// Why a cancelled prompt was closed: from its turn's admission (SPEC section 9,
 /// `approval.respond` to a cancelled prompt).
-fn cancel_reason(
+pub(crate) fn cancel_reason(
     tx: &rusqlite::Connection,
     prompt: &PromptRow,
 ) -> Result<&'static str, LedgerError> {

@@ -51,6 +51,12 @@ pub struct NewSession {
     /// The external agent (`[agents.<name>]`) whose turns the session runs; `None`: drover's
     /// own agent loop.
     pub agent: Option<String>,
+    /// The session's USD limit (`session.create` `budget.usd`, else `[budget] session_usd`);
+    /// `None`: none. A child agent's session has none of its own: it spends from its root
+    /// parent's.
+    pub budget_usd: Option<f64>,
+    /// The session's token limit (input + output), as `budget_usd`.
+    pub budget_tokens: Option<u64>,
 }
 
 /// One of a session's own MCP servers as the ledger keeps it, in `sessions.mcp_servers`:
@@ -616,9 +622,10 @@ pub(crate) fn insert_session_in(
     tx.execute_cached(
         "INSERT INTO sessions (id, source, parent_session_id, title, model, model_config, cwd,
             system_prompt, tool_names, started_at, request_id, request_digest, toolsets,
-            tool_schemas, replay_epoch, sandbox, approval_mode, mcp_servers, agent)
+            tool_schemas, replay_epoch, sandbox, approval_mode, mcp_servers, agent, budget_usd,
+            budget_tokens)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
-            ?18, ?19)",
+            ?18, ?19, ?20, ?21)",
         params![
             id,
             new.source,
@@ -641,6 +648,8 @@ pub(crate) fn insert_session_in(
             new.approval_mode.map(ApprovalMode::as_str),
             mcp_servers,
             new.agent,
+            new.budget_usd,
+            new.budget_tokens.map(|t| t.min(i64::MAX as u64) as i64),
         ],
     )?;
     Ok(id)

@@ -124,7 +124,7 @@ pub fn may_claim(lease_held: bool, has_unknown: bool) -> bool {
 pub use drover_protocol::client::SessionState;
 
 /// The state of a session from its ledger facts: an `unknown` admission pauses it whatever
-/// else holds; an open prompt (`approval` or `clarify`, its `prompts.kind`) is a wait of the
+/// else holds; an open prompt (`approval`, `clarify` or `budget`, its `prompts.kind`) is a wait of the
 /// running turn; a held lease alone is a running turn.
 pub fn session_state(
     has_unknown: bool,
@@ -134,7 +134,8 @@ pub fn session_state(
     match (has_unknown, open_prompt, lease_held) {
         (true, _, _) => SessionState::PausedUnknown,
         (false, Some("clarify"), _) => SessionState::WaitingClarify,
-        // `prompts.kind` holds only `approval` and `clarify` (its CHECK).
+        (false, Some("budget"), _) => SessionState::PausedBudget,
+        // `prompts.kind` holds only `approval`, `clarify` and `budget` (its CHECK).
         (false, Some(_), _) => SessionState::WaitingApproval,
         (false, None, true) => SessionState::Running,
         (false, None, false) => SessionState::Idle,

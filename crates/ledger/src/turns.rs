@@ -44,6 +44,9 @@ pub struct Claim {
     pub background_processes: Vec<drover_protocol::worker::BackgroundProcess>,
     /// The `admission.updated` and `turn.started` events, to publish.
     pub events: Vec<StoredEvent>,
+    /// The session (its root parent, for a child agent's) has a spend limit of its own: the
+    /// turn checks before each model request (`budget.check`).
+    pub budget_limited: bool,
 }
 
 /// An input [`Ledger::admit_batch`] admitted.
@@ -603,6 +606,7 @@ fn claim_in(
         approval_grants,
         background_processes,
         events,
+        budget_limited: crate::budget::limited(tx, session_id, false)?,
     }))
 }
 
@@ -664,6 +668,7 @@ pub(crate) fn lose_execution(
             events.extend(turn_ended(
                 tx,
                 &session_id,
+                execution_id,
                 &admission_id,
                 "",
                 TurnEnd::Unknown,
@@ -771,10 +776,16 @@ pub(crate) fn settle_turn(
     if let Some(obj) = result.as_object_mut() {
         obj.insert("api_calls".into(), json!(calls));
     }
-    let stored = json!({
+    let mut stored = json!({
         "result": result,
         "usage": {"input_tokens": it, "output_tokens": ot, "total_tokens": tt},
     });
+    if let (Some(cost), Some(fields)) = (
+        crate::budget::execution_cost(tx, execution_id)?,
+        stored.as_object_mut(),
+    ) {
+        fields.insert("cost_usd".to_string(), json!(cost));
+    }
     tx.execute_cached(
         "INSERT OR REPLACE INTO state_meta (key, value) VALUES (?1, ?2)",
         params![
@@ -786,6 +797,7 @@ pub(crate) fn settle_turn(
     let mut events = turn_ended(
         tx,
         &session_id,
+        execution_id,
         &admission_id,
         final_response,
         outcome.into(),
@@ -822,6 +834,7 @@ pub(crate) fn settle_turn(
 fn turn_ended(
     tx: &Connection,
     session_id: &str,
+    execution_id: &str,
     admission_id: &str,
     final_response: &str,
     outcome: TurnEnd,
@@ -836,6 +849,7 @@ fn turn_ended(
         admission_id: admission_id.to_string(),
         outcome,
         error: error.map(str::to_string),
+        cost_usd: crate::budget::execution_cost(tx, execution_id)?,
     };
     Ok(vec![
         push_event(tx, session_id, EventPayload::MessageComplete(complete))?,

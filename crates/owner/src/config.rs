@@ -10,7 +10,9 @@ use drover_protocol::{ApprovalMode, ContextBudget, ModelSettings, Secret};
 use serde::Deserialize;
 
 mod agents;
+mod budget;
 pub use agents::AgentEntry;
+pub use budget::{BudgetSection, PriceEntry};
 
 /// The default system prompt of new sessions.
 pub const DEFAULT_SYSTEM_PROMPT: &str = "You are drover, a careful coding agent. Use the tools \
@@ -53,6 +55,12 @@ pub struct Config {
     /// `[agents.<name>]`: external agents a session may run (docs/agents.md).
     #[serde(default)]
     pub agents: BTreeMap<String, AgentEntry>,
+    /// `[pricing."<model>"]`: what a model's tokens cost (docs/configuration.md, "Budgets").
+    #[serde(default)]
+    pub pricing: BTreeMap<String, PriceEntry>,
+    /// `[budget]`: spend limits (docs/configuration.md, "Budgets").
+    #[serde(default)]
+    pub budget: BudgetSection,
 }
 
 /// `[model]`. A key left out takes its default: `stream`, `request_timeout_s`, `max_retries`
@@ -653,6 +661,8 @@ impl Config {
             .check()
             .and_then(|()| config.model.check())
             .and_then(|()| config.sandbox.check())
+            .and_then(|()| config.budget.check())
+            .and_then(|()| budget::check_pricing(&config.pricing))
             .and_then(|()| {
                 config
                     .agents

@@ -459,6 +459,7 @@ fn prompt_id(prompt: &OpenPrompt) -> &str {
     match prompt {
         OpenPrompt::Approval(approval) => &approval.prompt_id,
         OpenPrompt::Clarify(clarify) => &clarify.prompt_id,
+        OpenPrompt::Budget(budget) => &budget.prompt_id,
     }
 }
 

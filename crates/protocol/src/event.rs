@@ -12,7 +12,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::mcp::McpServerState;
-use crate::words::{AdmissionOutcome, AdmissionStatus, ApprovalChoice, ClarifyAnswer, OpenPrompt};
+use crate::words::{
+    AdmissionOutcome, AdmissionStatus, ApprovalChoice, BudgetChoice, ClarifyAnswer, OpenPrompt,
+};
 
 /// Event type `turn.started`.
 pub const TURN_STARTED: &str = "turn.started";
@@ -32,6 +34,10 @@ pub const CLARIFY_REQUEST: &str = "clarify.request";
 pub const APPROVAL_SETTLED: &str = "approval.settled";
 /// Event type `clarify.settled`.
 pub const CLARIFY_SETTLED: &str = "clarify.settled";
+/// Event type `budget.request`.
+pub const BUDGET_REQUEST: &str = "budget.request";
+/// Event type `budget.settled`.
+pub const BUDGET_SETTLED: &str = "budget.settled";
 /// Event type `turn.settled`.
 pub const TURN_SETTLED: &str = "turn.settled";
 /// Event type `admission.updated`.
@@ -58,6 +64,8 @@ pub const EVENT_TYPES: &[&str] = &[
     TOOL_START,
     TOOL_COMPLETE,
     APPROVAL_REQUEST,
+    BUDGET_REQUEST,
+    BUDGET_SETTLED,
     CLARIFY_REQUEST,
     APPROVAL_SETTLED,
     CLARIFY_SETTLED,
@@ -179,6 +187,13 @@ pub enum EventPayload {
     /// A clarify prompt was answered, or closed unanswered.
     #[serde(rename = "clarify.settled")]
     ClarifySettled(ClarifySettled),
+    /// The running turn reached a spend limit and waits for `budget.respond` (payload: the
+    /// prompt).
+    #[serde(rename = "budget.request")]
+    BudgetRequest(OpenPrompt),
+    /// A budget prompt was answered, or closed unanswered.
+    #[serde(rename = "budget.settled")]
+    BudgetSettled(BudgetSettled),
     /// The turn ended.
     #[serde(rename = "turn.settled")]
     TurnSettled(TurnSettled),
@@ -226,6 +241,7 @@ impl EventPayload {
             APPROVAL_REQUEST | CLARIFY_REQUEST => check::<OpenPrompt>(payload),
             APPROVAL_SETTLED => check::<ApprovalSettled>(payload),
             CLARIFY_SETTLED => check::<ClarifySettled>(payload),
+            BUDGET_SETTLED => check::<BudgetSettled>(payload),
             TURN_SETTLED => check::<TurnSettled>(payload),
             ADMISSION_UPDATED => check::<AdmissionUpdated>(payload),
             TURN_PROGRESS => check::<TurnProgress>(payload),
@@ -275,6 +291,8 @@ impl EventPayload {
             EventPayload::ClarifyRequest(_) => CLARIFY_REQUEST,
             EventPayload::ApprovalSettled(_) => APPROVAL_SETTLED,
             EventPayload::ClarifySettled(_) => CLARIFY_SETTLED,
+            EventPayload::BudgetRequest(_) => BUDGET_REQUEST,
+            EventPayload::BudgetSettled(_) => BUDGET_SETTLED,
             EventPayload::TurnSettled(_) => TURN_SETTLED,
             EventPayload::AdmissionUpdated(_) => ADMISSION_UPDATED,
             EventPayload::TurnProgress(_) => TURN_PROGRESS,
@@ -427,8 +445,19 @@ pub struct ClarifySettled {
     pub answer: Option<ClarifyAnswer>,
 }
 
+/// Payload of `budget.settled`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct BudgetSettled {
+    /// The prompt.
+    pub prompt_id: String,
+    /// How it was closed.
+    pub status: PromptSettlement,
+    /// The answer; `null` when cancelled.
+    pub choice: Option<BudgetChoice>,
+}
+
 /// Payload of `turn.settled`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct TurnSettled {
     /// The turn's admission.
     pub admission_id: String,
@@ -437,6 +466,9 @@ pub struct TurnSettled {
     /// Why a failed turn failed (the model server's message, `step limit (50) reached`, ...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// What the turn's model requests cost in USD, when a price is known (`[pricing]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_usd: Option<f64>,
 }
 
 /// Payload of `admission.updated`.

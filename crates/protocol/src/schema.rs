@@ -87,8 +87,13 @@ fn event_schemas(generator: &mut SchemaGenerator) -> Vec<(&'static str, Schema)>
             ev::CLARIFY_REQUEST,
             of::<crate::client::OpenPrompt>(generator),
         ),
+        (
+            ev::BUDGET_REQUEST,
+            of::<crate::client::OpenPrompt>(generator),
+        ),
         (ev::APPROVAL_SETTLED, of::<ev::ApprovalSettled>(generator)),
         (ev::CLARIFY_SETTLED, of::<ev::ClarifySettled>(generator)),
+        (ev::BUDGET_SETTLED, of::<ev::BudgetSettled>(generator)),
         (ev::TURN_SETTLED, of::<ev::TurnSettled>(generator)),
         (ev::ADMISSION_UPDATED, of::<ev::AdmissionUpdated>(generator)),
         (ev::TURN_PROGRESS, of::<ev::TurnProgress>(generator)),

@@ -136,13 +136,16 @@ pub enum ClarifyAnswer {
 
 /// An open prompt of the running turn, as in `session.resume` `prompts` and the
 /// `approval.request` / `clarify.request` events.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum OpenPrompt {
     /// A dangerous command waits for `approval.respond`.
     Approval(ApprovalPrompt),
     /// A question waits for `clarify.respond`.
     Clarify(ClarifyPrompt),
+    /// A spend limit was reached before a model request: the turn waits for
+    /// `budget.respond` (or `budget.raise`).
+    Budget(BudgetPrompt),
 }
 
 /// The fields of an approval prompt.
@@ -175,4 +178,55 @@ pub struct ClarifyPrompt {
     pub choices: Vec<String>,
     /// Whether several choices may be picked.
     pub multi_select: bool,
+}
+
+/// The fields of a budget prompt: the turn stopped between two steps because its next model
+/// request would pass a spend limit. Spend and limits are those of the limit reached (`scope`):
+/// the session's (its root parent's, for a child agent's session, with the whole tree's spend)
+/// or the home's for today (UTC).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct BudgetPrompt {
+    /// Pass back in `budget.respond`.
+    pub prompt_id: String,
+    /// The turn's generation; pass back in `budget.respond`.
+    pub execution_generation: u64,
+    /// `session` or `home`: which limit was reached.
+    pub scope: BudgetScope,
+    /// USD spent so far under the limit.
+    pub spent_usd: f64,
+    /// Tokens (input + output) spent so far under the limit.
+    pub spent_tokens: u64,
+    /// The USD limit; `null` when none applies.
+    pub limit_usd: Option<f64>,
+    /// The token limit; `null` when none applies.
+    pub limit_tokens: Option<u64>,
+    /// What the next request would need: the average USD of a model request so far.
+    pub next_usd: f64,
+    /// What the next request would need: the average tokens of a model request so far.
+    pub next_tokens: u64,
+}
+
+/// Which limit a budget prompt is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum BudgetScope {
+    /// The session's own limits (`session.create` `budget`, else `[budget]`).
+    Session,
+    /// The home-wide daily limit (`[budget] home_usd_per_day`).
+    Home,
+}
+
+spec_words!(BudgetScope {
+    Session => "session",
+    Home => "home",
+});
+
+/// The answers to a budget prompt (`budget.respond` `choice`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum BudgetChoice {
+    /// Raise the limit by `add_usd` / `add_tokens`; the turn goes on once under it.
+    Raise,
+    /// End the turn `interrupted` without the request.
+    Stop,
 }

@@ -18,7 +18,7 @@ impl PromptView {
     fn new(prompt: OpenPrompt, now: Instant) -> PromptView {
         let n = match &prompt {
             OpenPrompt::Clarify(clarify) => clarify.choices.len(),
-            OpenPrompt::Approval(_) => 0,
+            OpenPrompt::Approval(_) | OpenPrompt::Budget(_) => 0,
         };
         PromptView {
             prompt,
@@ -37,6 +37,7 @@ impl PromptView {
         match &self.prompt {
             OpenPrompt::Approval(approval) => &approval.prompt_id,
             OpenPrompt::Clarify(clarify) => &clarify.prompt_id,
+            OpenPrompt::Budget(budget) => &budget.prompt_id,
         }
     }
 }
@@ -76,6 +77,8 @@ impl App {
                 approval_key(view, &approval, key)
             }
             OpenPrompt::Clarify(clarify) => clarify_key(view, &clarify, key),
+            // Answered with `drover budget` (an amount to type); the chat keeps its keys.
+            OpenPrompt::Budget(_) => None,
         }
     }
 

@@ -132,8 +132,12 @@ impl App {
             EventPayload::MessageDelta(delta) => self.message_delta(delta, now),
             EventPayload::ToolStart(start) => self.tool_started(start, now),
             EventPayload::ToolComplete(complete) => self.tool_completed(complete, now),
-            EventPayload::ApprovalRequest(prompt) | EventPayload::ClarifyRequest(prompt) => {
-                self.prompt_requested(prompt, now)
+            EventPayload::ApprovalRequest(prompt)
+            | EventPayload::ClarifyRequest(prompt)
+            | EventPayload::BudgetRequest(prompt) => self.prompt_requested(prompt, now),
+            EventPayload::BudgetSettled(settled) => {
+                self.prompt
+                    .take_if(|open| open.prompt_id() == settled.prompt_id);
             }
             EventPayload::ApprovalSettled(settled) => self.approval_settled(settled, now),
             EventPayload::ClarifySettled(settled) => self.clarify_settled(settled, now),

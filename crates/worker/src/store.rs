@@ -9,6 +9,9 @@
 //!   for its receipt, except `usage.add` and the turn's last message, which are held and go
 //!   with the next write in one batch (so a text turn ends with one batch: `usage.add`,
 //!   `transcript.append`, `execution.finish`); deltas go out as live `delta` lines.
+//!   Before each step's model request, when a spend limit applies, `budget.check` with a
+//!   [`BudgetCheck`] payload, whose receipt (`ok`, or `stopped` / `cancelled`) comes once the
+//!   request may start or the turn must stop.
 //! - [`OwnerPrompts`] ([`PromptBroker`]): `prompt.open` with a [`PromptOpen`] payload. The
 //!   owner sends its receipt only once a human answered: `{"status":"resolved","answer":...}`
 //!   or `{"status":"cancelled"}`.
@@ -29,8 +32,9 @@ use drover_agent::{Appended, StoreError, TurnStore};
 use drover_external::AgentSessions;
 use drover_protocol::mcp::McpServerStatus;
 use drover_protocol::worker::{
-    AgentSessionFound, BackgroundProcess, ChildReserve, CompactionRecord, ContextWindowFound,
-    Operation, ProcessStatus, ProcessUpdate, PromptOpen, TranscriptAppend, UsageAdd,
+    AgentSessionFound, BackgroundProcess, BudgetCheck, ChildReserve, CompactionRecord,
+    ContextWindowFound, Operation, ProcessStatus, ProcessUpdate, PromptOpen, TranscriptAppend,
+    UsageAdd,
 };
 use drover_protocol::ChatMessage;
 use drover_tools::jobs::{JobLedger, JobRegister};
@@ -46,12 +50,23 @@ use crate::owner_pipe::{OwnerPipe, PersistError};
 /// The [`TurnStore`] of a managed worker.
 pub struct OwnerStore {
     pipe: OwnerPipe,
+    /// A spend limit applies (the bootstrap's `budget_checked`): each step asks first.
+    budget_checked: bool,
 }
 
 impl OwnerStore {
     /// The store that persists through `pipe`.
     pub fn new(pipe: OwnerPipe) -> OwnerStore {
-        OwnerStore { pipe }
+        OwnerStore {
+            pipe,
+            budget_checked: false,
+        }
+    }
+
+    /// Sends `budget.check` before each step's model request when `on`.
+    pub fn checking_budget(mut self, on: bool) -> OwnerStore {
+        self.budget_checked = on;
+        self
     }
 
     async fn persist(&self, operation: Operation) -> Result<(), StoreError> {
@@ -143,6 +158,20 @@ impl TurnStore for OwnerStore {
 
     async fn context_window_found(&self, found: ContextWindowFound) -> Result<(), StoreError> {
         self.persist(Operation::ContextWindow(found)).await
+    }
+
+    /// `budget.check`, waiting for its receipt: at once when under every limit, else once a
+    /// person raised the limit or stopped the turn. Not sent when no limit applies.
+    async fn budget_check(&self) -> Result<bool, StoreError> {
+        if !self.budget_checked {
+            return Ok(true);
+        }
+        let receipt = self
+            .pipe
+            .persist(Operation::BudgetCheck(BudgetCheck {}))
+            .await
+            .map_err(store_error)?;
+        Ok(receipt["status"] == "ok")
     }
 
     fn delta(&self, text: &str) {

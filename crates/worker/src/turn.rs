@@ -311,7 +311,7 @@ async fn run_agent(
         sandbox: drover_tools::sandbox::Sandbox::new(policy.sandbox.clone(), std::env::temp_dir())
             .with_file_helper(PathBuf::from("/proc/self/exe")),
     };
-    let store = OwnerStore::new(pipe.clone());
+    let store = OwnerStore::new(pipe.clone()).checking_budget(policy.budget_checked);
     let spec = TurnSpec {
         system_prompt: policy.system_prompt,
         // SPEC section 4, frozen session: the schemas stored at create, not the registry's.

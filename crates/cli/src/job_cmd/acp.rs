@@ -186,12 +186,20 @@ impl Follower {
                     "turn cancelled before it started".into(),
                 ))
             }
-            EventPayload::ApprovalRequest(prompt) | EventPayload::ClarifyRequest(prompt)
+            EventPayload::ApprovalRequest(prompt)
+            | EventPayload::ClarifyRequest(prompt)
+            | EventPayload::BudgetRequest(prompt)
                 if self.mine =>
             {
                 Some(TurnSignal::Blocked(match prompt {
                     OpenPrompt::Approval(a) => format!("approval: {}", a.command),
                     OpenPrompt::Clarify(c) => format!("question: {}", c.question),
+                    OpenPrompt::Budget(b) => format!(
+                        "budget: {:.4} USD spent, limit {}",
+                        b.spent_usd,
+                        b.limit_usd
+                            .map_or("none".to_string(), |l| format!("{l:.4} USD"))
+                    ),
                 }))
             }
             _ if self.mine => Some(TurnSignal::Activity),

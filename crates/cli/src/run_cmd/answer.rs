@@ -107,6 +107,14 @@ pub(super) async fn answer_prompt(
                     printable(&clarify.question)
                 ),
             ),
+            OpenPrompt::Budget(budget) => (
+                "a budget",
+                &budget.prompt_id,
+                format!(
+                    "`drover budget {session_id} --add-usd N` (a {} limit was reached), or `drover budget {session_id} --stop`",
+                    budget.scope
+                ),
+            ),
         };
         out.note(&format!(
             "drover: {kind} prompt is waiting (prompt_id {prompt_id}) {why}; it stays open: \
@@ -115,6 +123,8 @@ pub(super) async fn answer_prompt(
         Answered::Left(Exit::PromptWaiting)
     };
     match prompt {
+        // An amount to raise by is a person's call: never asked here.
+        OpenPrompt::Budget(_) => Ok(left(out, "(a spend limit was reached)")),
         OpenPrompt::Approval(approval) => {
             let choice = match flags.approve.as_deref() {
                 Some(flag) => parse_choice(flag),

@@ -175,7 +175,12 @@ async fn every_method_and_event_of_the_daemon_round_trips_through_the_typed_prot
     let home = TestHome::new().unwrap();
     // Quiet turns get `turn.progress` quickly, so the question below shows one.
     let echo = drover_test_support::mcp_echo_bin().display().to_string();
-    let extra = format!("progress_interval_s = 0.2\n\n[mcp_servers.echo]\ncommand = {echo:?}\n");
+    // Priced, so turns carry `cost_usd` and the limited session below pauses (0.30 USD a
+    // request of 3 prompt tokens).
+    let extra = format!(
+        "progress_interval_s = 0.2\n\n[mcp_servers.echo]\ncommand = {echo:?}\n\n\
+         [pricing.\"mock\"]\ninput_per_mtok = 100000.0\noutput_per_mtok = 0.0\n"
+    );
     home.write_model_config(&model.base_url(), true, &extra)
         .unwrap();
     let scratch = tempfile::Builder::new()
@@ -479,6 +484,47 @@ async fn every_method_and_event_of_the_daemon_round_trips_through_the_typed_prot
     )
     .await;
     w.ok(&mut c, "usage.report", json!({})).await;
+
+    // A session limited to 0.50 USD: its second request pauses; a raise to 1.00 lets it go
+    // on, the fourth pauses again and is stopped.
+    let limited = w
+        .ok(
+            &mut c,
+            "session.create",
+            json!({"request_id": uuid_like(), "cwd": scratch.path(), "budget": {"usd": 0.5}}),
+        )
+        .await;
+    let lid = limited["session_id"].clone();
+    for n in 0..3 {
+        model.push(Reply::text(format!("Spent {n}.")).usage(3, 0, 3));
+    }
+    let spent = w.submit(&mut c, &lid, "spend").await;
+    w.settled(&mut c, &spent["admission_id"]).await;
+    let paused = w.submit(&mut c, &lid, "spend more").await;
+    w.event(&mut c, |e| e["type"] == "budget.request").await;
+    w.ok(&mut c, "budget.status", json!({"session_id": lid}))
+        .await;
+    w.ok(
+        &mut c,
+        "budget.raise",
+        json!({"session_id": lid, "add_usd": 0.5}),
+    )
+    .await;
+    w.event(&mut c, |e| e["type"] == "budget.settled").await;
+    w.settled(&mut c, &paused["admission_id"]).await;
+    let third = w.submit(&mut c, &lid, "and more").await;
+    w.settled(&mut c, &third["admission_id"]).await;
+    let fourth = w.submit(&mut c, &lid, "too much").await;
+    let request = w.event(&mut c, |e| e["type"] == "budget.request").await;
+    let p = &request["payload"];
+    w.ok(
+        &mut c,
+        "budget.respond",
+        json!({"session_id": lid, "execution_generation": p["execution_generation"],
+               "prompt_id": p["prompt_id"], "choice": "stop"}),
+    )
+    .await;
+    w.settled(&mut c, &fourth["admission_id"]).await;
 
     // Errors a client meets.
     c.send_raw("{not json").await.unwrap();

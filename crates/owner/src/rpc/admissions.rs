@@ -195,6 +195,8 @@ struct StoredResult {
     result: Option<wire::AdmissionResult>,
     #[serde(default)]
     usage: Option<drover_protocol::chat::Usage>,
+    #[serde(default)]
+    cost_usd: Option<f64>,
 }
 
 pub(super) async fn prompt_receipt(
@@ -209,9 +211,14 @@ pub(super) async fn prompt_receipt(
     let mut out = receipt(&found.admission);
     if let (true, Some(value)) = (include, found.stored_result) {
         let what = format!("admission.result.{}", out.admission_id);
-        let StoredResult { result, usage } = stored(&what, value)?;
+        let StoredResult {
+            result,
+            usage,
+            cost_usd,
+        } = stored(&what, value)?;
         out.result = result;
         out.usage = usage;
+        out.cost_usd = cost_usd;
     }
     Ok(out)
 }

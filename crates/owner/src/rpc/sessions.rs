@@ -166,6 +166,7 @@ pub(super) async fn session_create(
             &tool_schemas,
         )?;
     }
+    let (budget_usd, budget_tokens) = session_budget(p.budget, &cfg.budget)?;
     // Named now, so the servers' env values are on disk before the session is committed.
     let session_id = drover_ledger::new_id();
     let (mcp_servers, env) = crate::session_mcp::split(&own);
@@ -188,6 +189,8 @@ pub(super) async fn session_create(
         approval_mode: p.approval_mode,
         mcp_servers,
         agent,
+        budget_usd,
+        budget_tokens,
     };
     let session = owner
         .ledger(move |ledger, _| ledger.create_session_for_request(&new, &raw))
@@ -492,4 +495,30 @@ pub(super) async fn events_since(
         })
         .await?;
     Ok(page)
+}
+
+/// The limits a new session freezes: `session.create` `budget`, each absent one `[budget]`'s.
+fn session_budget(
+    asked: Option<Box<wire::SessionBudget>>,
+    defaults: &crate::config::BudgetSection,
+) -> Result<(Option<f64>, Option<u64>), OwnerError> {
+    let asked = asked.map(|b| *b).unwrap_or_default();
+    if let Some(usd) = asked.usd {
+        if !usd.is_finite() || usd <= 0.0 {
+            return Err(OwnerError::invalid(
+                "budget",
+                format!("budget.usd must be a finite amount over 0, not {usd}"),
+            ));
+        }
+    }
+    if asked.tokens == Some(0) {
+        return Err(OwnerError::invalid(
+            "budget",
+            "budget.tokens must be over 0",
+        ));
+    }
+    Ok((
+        asked.usd.or(defaults.session_usd),
+        asked.tokens.or(defaults.session_tokens),
+    ))
 }

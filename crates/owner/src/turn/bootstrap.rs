@@ -110,6 +110,7 @@ fn policy(owner: &Owner, claim: &Claim) -> Policy {
             config.sandbox.tool_env(),
         ),
         context: context_budget(owner, claim),
+        budget_checked: claim.budget_limited || config.budget.home_usd_per_day.is_some(),
         agent: session.agent.as_ref().map(|name| {
             // A session whose agent left the config since runs no turn: the worker fails it
             // naming the agent (the resolved entry is missing).

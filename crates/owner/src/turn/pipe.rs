@@ -386,6 +386,7 @@ fn delegation_limits(owner: &Owner) -> DelegationLimits {
         max_spawn_depth: delegation.max_spawn_depth,
         draining: owner.is_draining(),
         toolset_tools: Some(toolset_tools),
+        spend: owner.config().spend_rules(),
     }
 }
 

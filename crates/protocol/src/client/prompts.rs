@@ -104,6 +104,89 @@ pub struct ClarifyRespondParams {
     pub answer: ClarifyAnswer,
 }
 
+/// Params of `budget.respond`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetRespondParams {
+    /// The session (attached).
+    #[serde(deserialize_with = "fields::name")]
+    #[schemars(length(min = 1, max = 256))]
+    pub session_id: String,
+    /// The prompt's generation; another is `stale_generation`.
+    pub execution_generation: u64,
+    /// The prompt.
+    #[serde(deserialize_with = "fields::name")]
+    #[schemars(length(min = 1, max = 256))]
+    pub prompt_id: String,
+    /// `raise` (by `add_usd` and/or `add_tokens`) or `stop` (the turn ends `interrupted`).
+    pub choice: BudgetChoice,
+    /// USD added to the limit the prompt is about (`raise`): finite, over 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub add_usd: Option<f64>,
+    /// Tokens added to the session's token limit (`raise`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub add_tokens: Option<u64>,
+}
+
+/// Params of `budget.status`: a session, or the home when `session_id` is absent.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetStatusParams {
+    /// The session (a child agent's session reports its root parent's budget); absent: the
+    /// home's daily limit.
+    #[serde(
+        default,
+        deserialize_with = "fields::name_opt",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(length(min = 1, max = 256))]
+    pub session_id: Option<String>,
+}
+
+/// Params of `budget.raise`: raise a session's limits, or (no `session_id`) today's home-wide
+/// daily limit.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetRaiseParams {
+    /// The session (a child agent's session raises its root parent's budget); absent: the
+    /// home's daily limit, for today (UTC).
+    #[serde(
+        default,
+        deserialize_with = "fields::name_opt",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(length(min = 1, max = 256))]
+    pub session_id: Option<String>,
+    /// USD added: finite, over 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub add_usd: Option<f64>,
+    /// Tokens added (a session's limit only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub add_tokens: Option<u64>,
+}
+
+/// Result of `budget.status` and `budget.raise`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct BudgetStatus {
+    /// The session whose budget this is (a child's root parent); absent for the home.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    /// USD spent under it (the session tree's, or the home's today).
+    pub spent_usd: f64,
+    /// Tokens (input + output) spent under it (the session tree's; the home's today).
+    pub spent_tokens: u64,
+    /// The USD limit; `null`: none.
+    pub limit_usd: Option<f64>,
+    /// The token limit; `null`: none.
+    pub limit_tokens: Option<u64>,
+    /// Turns paused under it that went on after this call (`budget.raise`).
+    #[serde(default)]
+    pub resumed: u64,
+    /// Budget prompts still open under it.
+    #[serde(default)]
+    pub paused: u64,
+}
+
 /// `{pattern_key}`: params of `approvals.remove`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -162,6 +245,10 @@ pub struct AdmissionReceipt {
     /// `prompt.receipt` with `include_result` of a terminal admission: what the turn gave.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<AdmissionResult>,
+    /// `prompt.receipt` with `include_result` of a terminal admission: what its model
+    /// requests cost in USD, when a price is known (`[pricing]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_usd: Option<f64>,
 }
 
 /// `result` of `prompt.receipt` with `include_result`.

@@ -27,7 +27,7 @@ pub struct SessionRef {
 }
 
 /// Params of `session.create`. Everything but `request_id` defaults from `config.toml`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SessionCreateParams {
     /// The caller's id for this request: a retry with the same id and params returns the same
@@ -122,6 +122,23 @@ pub struct SessionCreateParams {
     )]
     #[schemars(length(min = 1, max = 256))]
     pub agent: Option<String>,
+    /// The session's spend limits, frozen with it (default `[budget]` of `config.toml`);
+    /// raised later only by `budget.respond` / `budget.raise`. A child agent's session spends
+    /// from its root parent's. Boxed: most requests leave it out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<Box<SessionBudget>>,
+}
+
+/// `session.create` `budget`: a session's spend limits. An absent limit is `[budget]`'s.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionBudget {
+    /// USD its model requests may spend (its children's included): finite, over 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usd: Option<f64>,
+    /// Tokens (input + output) they may spend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<u64>,
 }
 
 /// One server of `session.create` `mcp_servers`: a stdio MCP server the daemon starts as
@@ -158,6 +175,7 @@ impl SessionCreateParams {
             approval_mode: None,
             mcp_servers: None,
             agent: None,
+            budget: None,
         }
     }
 }
@@ -442,6 +460,9 @@ pub enum SessionState {
     WaitingClarify,
     /// A turn's outcome is unknown; the queue waits for `prompt.resolve_unknown`.
     PausedUnknown,
+    /// The running turn reached a spend limit and waits for `budget.respond` or
+    /// `budget.raise` (shown `paused (budget)`).
+    PausedBudget,
 }
 
 /// What a settled `session.compact` turn did (SPEC section 2).

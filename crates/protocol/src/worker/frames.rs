@@ -32,7 +32,7 @@ pub const MODEL_ENDPOINT_ENV: &str = "DROVER_MODEL_ENDPOINT";
 /// running workers from one owner to the other (`drover restart` says so and offers
 /// `--drain`); any change to [`OwnerFrame`], [`WorkerFrame`] or the persist operations that an
 /// older worker or owner would not read raises it.
-pub const WORKER_PROTOCOL_VERSION: u32 = 2;
+pub const WORKER_PROTOCOL_VERSION: u32 = 3;
 
 /// Frames from the owner to the worker.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -81,6 +81,11 @@ pub struct Policy {
     /// ACP); `None` for drover's own loop.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<super::ExternalAgent>,
+    /// A spend limit applies to the session (its own, its root parent's, or the home's daily
+    /// one): each step's model request waits for a `budget.check` receipt. False: no check,
+    /// no round trip.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub budget_checked: bool,
 }
 
 /// [`Policy`] as it is on the wire, read in one pass: [`ModelSettings`]' fields are flat here
@@ -131,6 +136,8 @@ struct PolicyFields {
     context: ContextBudget,
     #[serde(default)]
     agent: Option<super::ExternalAgent>,
+    #[serde(default)]
+    budget_checked: bool,
 }
 
 impl From<PolicyFields> for Policy {
@@ -167,6 +174,7 @@ impl From<PolicyFields> for Policy {
             sandbox: f.sandbox,
             context: f.context,
             agent: f.agent,
+            budget_checked: f.budget_checked,
         }
     }
 }

@@ -19,6 +19,9 @@ pub mod op {
     pub const USAGE_ADD: &str = "usage.add";
     /// Open a prompt and wait for its answer ([`PromptOpen`](super::PromptOpen); the receipt is deferred).
     pub const PROMPT_OPEN: &str = "prompt.open";
+    /// Ask whether the next model request may start ([`BudgetCheck`](super::BudgetCheck));
+    /// the receipt is deferred while a spend limit holds the turn.
+    pub const BUDGET_CHECK: &str = "budget.check";
     /// Register a background process ([`BackgroundProcess`](super::BackgroundProcess)).
     pub const PROCESS_REGISTER: &str = "process.register";
     /// A background process left `running` ([`ProcessUpdate`](super::ProcessUpdate)).
@@ -65,11 +68,14 @@ pub struct PersistFrame {
 
 impl PersistFrame {
     /// Whether this persist may travel in a [`WorkerFrame::PersistBatch`](super::WorkerFrame):
-    /// not `prompt.open` or `child.reserve`, whose receipts the owner sends only when a human
-    /// answers or a child's turn ends.
+    /// not `prompt.open`, `budget.check` or `child.reserve`, whose receipts the owner sends
+    /// only when a human answers or a child's turn ends.
     pub fn batchable(&self) -> bool {
         // By name: an unreadable `prompt.open` travels alone too, as the ledger expects.
-        !matches!(self.operation.name(), op::PROMPT_OPEN | op::CHILD_RESERVE)
+        !matches!(
+            self.operation.name(),
+            op::PROMPT_OPEN | op::BUDGET_CHECK | op::CHILD_RESERVE
+        )
     }
 }
 
@@ -86,6 +92,10 @@ pub enum Operation {
     /// Open a prompt and wait for its answer (the receipt is deferred).
     #[serde(rename = "prompt.open")]
     PromptOpen(PromptOpen),
+    /// Ask whether the next model request may start (the receipt is deferred while a spend
+    /// limit holds the turn).
+    #[serde(rename = "budget.check")]
+    BudgetCheck(BudgetCheck),
     /// Register a background process.
     #[serde(rename = "process.register")]
     ProcessRegister(BackgroundProcess),
@@ -153,6 +163,7 @@ impl UnreadableOperation {
             op::TRANSCRIPT_APPEND => check::<TranscriptAppend>(payload),
             op::USAGE_ADD => check::<UsageAdd>(payload),
             op::PROMPT_OPEN => check::<PromptOpen>(payload),
+            op::BUDGET_CHECK => check::<BudgetCheck>(payload),
             op::PROCESS_REGISTER => check::<BackgroundProcess>(payload),
             op::PROCESS_UPDATE => check::<ProcessUpdate>(payload),
             op::CHILD_RESERVE => check::<ChildReserve>(payload),
@@ -195,6 +206,7 @@ impl Operation {
             Operation::TranscriptAppend(_) => op::TRANSCRIPT_APPEND,
             Operation::UsageAdd(_) => op::USAGE_ADD,
             Operation::PromptOpen(_) => op::PROMPT_OPEN,
+            Operation::BudgetCheck(_) => op::BUDGET_CHECK,
             Operation::ProcessRegister(_) => op::PROCESS_REGISTER,
             Operation::ProcessUpdate(_) => op::PROCESS_UPDATE,
             Operation::ChildReserve(_) => op::CHILD_RESERVE,
@@ -316,6 +328,15 @@ pub struct PromptOpen {
     /// The prompt's fields (for `approval`: command, description, pattern_key, choices; for `clarify`: question, choices, multi_select).
     pub body: Value,
 }
+
+/// Payload of `budget.check`: none. Sent before each step's model request of drover's own
+/// agent loop when a spend limit applies to the session (the bootstrap's `budget_checked`).
+/// Receipt: `{"status": "ok"}` (the request may start), `{"status": "stopped"}` (the turn ends
+/// `interrupted` without it) or `{"status": "cancelled"}` (the prompt was closed unanswered:
+/// the same).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetCheck {}
 
 /// Payload of `job.register` (SPEC sections 3 and 4): a job the `jobs` toolset registered,
 /// recorded in `session_jobs` for the execution's session before it is delivered.

@@ -265,6 +265,7 @@ pub fn turn_bootstrap(mock: &MockModel, home: &Path) -> Bootstrap {
             sandbox: Default::default(),
             context: Default::default(),
             agent: None,
+            budget_checked: false,
         },
         history: vec![ChatMessage::text(Role::User, "before")],
         history_ids: vec![1],
