@@ -7,6 +7,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod budgets;
 mod chaos;
 mod daemon_lifecycle;
 mod handoff;
