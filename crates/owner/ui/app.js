@@ -347,6 +347,15 @@ function agentName(agent) {
   return agent || "drover";
 }
 
+// A spend's cost in USD as a person reads it (`usage.report`): "" when none is known, a `*`
+// when some turns had no price.
+function costText(spend) {
+  if (!spend || spend.cost_usd === null || spend.cost_usd === undefined) return "";
+  const c = spend.cost_usd;
+  const usd = c === 0 ? "0" : c >= 1 ? c.toFixed(2) : c >= 0.01 ? c.toFixed(4) : c.toFixed(6);
+  return `$${usd}${spend.unpriced_executions ? "*" : ""}`;
+}
+
 async function allSessions() {
   const sessions = [];
   let cursor = null;
@@ -371,8 +380,20 @@ class SessionsView extends PolledView {
     );
   }
 
+  // Each session's spend (`usage.report` by session): read at most every 15 s, as it reads
+  // every turn of the home.
+  async sessionSpend() {
+    if (!this.spend || now() - this.spendAt > 15) {
+      const report = await rpc.call("usage.report", { by: "session" }).catch(() => null);
+      this.spend = new Map((report ? report.groups : []).map((g) => [g.key, g]));
+      this.spendAt = now();
+    }
+    return this.spend;
+  }
+
   async refresh() {
     const page = { sessions: await allSessions() };
+    const spend = await this.sessionSpend();
     this.table.replaceChildren();
     if (!page.sessions.length) {
       this.table.append(
@@ -384,6 +405,7 @@ class SessionsView extends PolledView {
         s.input_tokens !== undefined
           ? `${(s.input_tokens + s.output_tokens).toLocaleString()} (${s.input_tokens.toLocaleString()} in / ${s.output_tokens.toLocaleString()} out)`
           : "";
+      const cost = costText(spend.get(s.session_id));
       this.table.append(
         h(
           "tr",
@@ -400,7 +422,7 @@ class SessionsView extends PolledView {
           h("td", {}, badge("state", s.state, STATE_WORDS[s.state] || s.state)),
           h("td", { class: "num" }, String(s.pending_count)),
           h("td", {}, ago(s.last_activity_at)),
-          h("td", { class: "num" }, tokens),
+          h("td", { class: "num" }, tokens, cost ? h("div", { class: "cost" }, cost) : null),
         ),
       );
     }
@@ -520,6 +542,8 @@ class SessionView {
 
   async load() {
     const snap = await rpc.call("session.resume", { session_id: this.id });
+    // What each turn of this session and of the sessions it delegated to spent.
+    this.spend = await rpc.call("usage.report", { by: "turn", session_id: this.id }).catch(() => null);
     this.snap = snap;
     this.replayEpoch = snap.replay_epoch;
     this.lastSeq = Math.max(this.lastSeq, snap.last_sequence);
@@ -723,6 +747,9 @@ class SessionView {
 
   renderExtras(s) {
     const parts = [];
+    if (this.spend && this.spend.groups.length) {
+      parts.push(h("h2", {}, "Spend"), spendTable(this.spend, this.id));
+    }
     if (s.processes.length) {
       parts.push(h("h2", {}, "Background processes"), processTable(s.processes.map((p) => ({ ...p, session_id: s.session_id }))));
     }
@@ -1014,6 +1041,35 @@ class JobView extends PolledView {
       );
     }
   }
+}
+
+// A session's spend, turn by turn (`usage.report` by turn): the turns of the sessions it
+// delegated to are named by their session; the last line is the total.
+function spendTable(report, sessionId) {
+  const row = (label, spend, cls) =>
+    h(
+      "tr",
+      cls ? { class: cls } : {},
+      h("td", { class: "mono" }, label),
+      h("td", { class: "num" }, String(spend.api_calls)),
+      h("td", { class: "num" }, spend.input_tokens.toLocaleString()),
+      h("td", { class: "num" }, spend.output_tokens.toLocaleString()),
+      h("td", { class: "num" }, spend.total_tokens.toLocaleString()),
+      h("td", { class: "num" }, costText(spend) || "–"),
+    );
+  const rows = report.groups.map((g) =>
+    row(
+      g.session_id === sessionId ? `turn ${short(g.key)}` : `delegated ${short(g.session_id)} · turn ${short(g.key)}`,
+      g,
+      "spend-turn",
+    ),
+  );
+  rows.push(row("total", report.total, "spend-total"));
+  return h(
+    "div",
+    { class: "panel", id: "spend" },
+    table(["Turn", "Requests", "Input", "Output", "Total tokens", "Cost (USD)"], h("tbody", {}, rows)),
+  );
 }
 
 function processTable(processes) {

@@ -310,7 +310,10 @@ async fn a_browser_logs_in_once_and_watches_and_steers_sessions_and_jobs() {
     home.write_model_config(
         &model.base_url(),
         true,
-        &format!("listen = \"127.0.0.1:{port}\"\n\n[mcp_servers.echo]\ncommand = {echo:?}\n"),
+        &format!(
+            "listen = \"127.0.0.1:{port}\"\n\n[mcp_servers.echo]\ncommand = {echo:?}\n\n\
+             [pricing.mock]\ninput_per_mtok = 1000.0\noutput_per_mtok = 1000.0\n"
+        ),
     )
     .unwrap();
     let scratch = tempfile::Builder::new()
@@ -346,8 +349,9 @@ async fn a_browser_logs_in_once_and_watches_and_steers_sessions_and_jobs() {
     let listed = browser
         .wait_text(&row, |t| t.contains("Tidy the build cache"))
         .await;
+    // Its tokens, and their cost at 1000 USD per million.
     assert!(
-        listed.contains("idle") && listed.contains("849"),
+        listed.contains("idle") && listed.contains("849") && listed.contains("$0.8490"),
         "{listed}"
     );
     let current = browser.client.current_url().await.unwrap();
@@ -366,6 +370,15 @@ async fn a_browser_logs_in_once_and_watches_and_steers_sessions_and_jobs() {
     browser.goto(&format!("{origin}/ui/#/session/{sid}")).await;
     browser.wait_conn("connected").await;
     browser.wait_for("#transcript .msg.assistant").await;
+    // The session's spend, turn by turn, and its total.
+    let spend = browser
+        .wait_text("#spend tr.spend-total", |t| t.contains("849"))
+        .await;
+    assert!(spend.contains("$0.8490"), "{spend}");
+    let turn = browser
+        .wait_text("#spend tr.spend-turn", |t| !t.is_empty())
+        .await;
+    assert!(turn.contains("812") && turn.contains("37"), "{turn}");
     model.push(
         Reply::text("Scanning target/debug/incremental for stale artefacts").stall_after_text(),
     );
