@@ -1,9 +1,10 @@
 //! `drover`: the single binary (SPEC section 8). It only wires the crates together:
 //! `daemon` runs [`drover_owner`], `worker` runs [`drover_worker`], `run`, `approvals` and
 //! `stop` are clients of the home's daemon, the session commands (`sessions`, `show`,
-//! `resolve`, `cancel`, `answer`, `rename`) are too, through [`drover_client`]; `chat` and
-//! `attach` (and `drover` alone on a terminal) run [`drover_tui`] on it; `job`, `runner` and
-//! `loop` drive [`drover_jobs`]. `completions` and `man` are generated from [`Cli`] itself.
+//! `resolve`, `cancel`, `interrupt`, `answer`, `rename`) are too, through [`drover_client`];
+//! `chat` and `attach` (and `drover` alone on a terminal) run [`drover_tui`] on it; `job`,
+//! `runner` and `loop` drive [`drover_jobs`]. `completions` and `man` are generated from
+//! [`Cli`] itself.
 
 mod acp_cmd;
 mod broker;
@@ -12,6 +13,7 @@ mod chat;
 mod commands;
 mod completions;
 mod display;
+mod interrupt_cmd;
 mod job_cmd;
 mod protocol_cmd;
 mod restart_cmd;
@@ -92,6 +94,8 @@ enum Command {
     Resolve(session_cmd::ResolveArgs),
     /// Cancel a session's queued input (all of it, or the admission named).
     Cancel(session_cmd::CancelArgs),
+    /// Stop a session's running turn (its generation is read for you); waits until it settles.
+    Interrupt(interrupt_cmd::InterruptArgs),
     /// Answer the open approval prompt or clarify question of a session.
     Answer(session_cmd::AnswerArgs),
     /// Set a session's title.
@@ -182,6 +186,7 @@ fn main() -> ExitCode {
             | Command::Show(_)
             | Command::Resolve(_)
             | Command::Cancel(_)
+            | Command::Interrupt(_)
             | Command::Answer(_)
             | Command::Rename(_)
             | Command::Budget(_)
@@ -257,6 +262,7 @@ fn main() -> ExitCode {
         Command::Show(args) => commands::block_on(session_cmd::show(&home, args)),
         Command::Resolve(args) => commands::block_on(session_cmd::resolve(&home, args)),
         Command::Cancel(args) => commands::block_on(session_cmd::cancel(&home, args)),
+        Command::Interrupt(args) => commands::block_on(interrupt_cmd::interrupt(&home, args)),
         Command::Answer(args) => commands::block_on(session_cmd::answer(&home, args)),
         Command::Rename(args) => commands::block_on(session_cmd::rename(&home, args)),
         Command::Budget(args) => commands::block_on(budget_cmd::budget(&home, args)),

@@ -14,6 +14,7 @@ mod chat;
 mod client_library;
 mod dashboard;
 mod external_agents;
+mod interrupt_cmd;
 mod prompts;
 mod protocol_wire;
 mod restart_clients;

@@ -336,7 +336,7 @@ async fn drover_answer_answers_the_prompt_a_run_without_terminal_left_open() {
 }
 
 #[tokio::test]
-async fn cancel_takes_queued_input_off_and_refuses_a_started_turn() {
+async fn cancel_takes_queued_input_off_and_refuses_a_named_started_turn() {
     let mut s = OneSession::start(bin(), true, "", &[]).await.unwrap();
     let gate = Gate::new();
     s.model.push(Reply::text("A done").gated(&gate));
@@ -364,13 +364,14 @@ async fn cancel_takes_queued_input_off_and_refuses_a_started_turn() {
         "{out}"
     );
 
-    // All queued: C; A is started and named as refused.
+    // All queued: C; A runs on, named as running, not refused.
     let (code, out, err) = drover(s.home.path(), &["cancel", &sid[..8], "--json"]).await;
     assert_eq!(code, Some(0), "{err}");
     let v = parsed("cancel --json", &out);
     assert_eq!(v["cancelled"][0]["admission_id"], ids[2].as_str(), "{v}");
     assert_eq!(v["cancelled"].as_array().unwrap().len(), 1, "{v}");
-    assert_eq!(v["refused"][0]["admission_id"], ids[0].as_str(), "{v}");
+    assert_eq!(v["refused"].as_array().unwrap().len(), 0, "{v}");
+    assert_eq!(v["running"], ids[0].as_str(), "{v}");
 
     gate.open();
     assert_eq!(s.client.wait_settled(&ids[0]).await.unwrap(), "completed");

@@ -1,0 +1,107 @@
+//! Stopping a turn from another terminal (SPEC section 9, "Interrupt from the command line"):
+//! `drover interrupt ID` finds the running turn and its generation itself, and `drover cancel
+//! ID` without an admission takes off only the queued inputs, leaving the running turn alone.
+//! Against the real daemon with the mock model holding the turn at a gate.
+
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::process::Output;
+use std::time::Duration;
+
+use crate::common::{bin, typed};
+use drover_protocol::client::{AdmissionOutcome, AdmissionReceipt};
+use drover_test_support::harness::{run_drover, OneSession};
+use drover_test_support::{Gate, Reply};
+
+const BOUND: Duration = Duration::from_secs(20);
+
+/// `drover --home H <args>` with no terminal, bounded; its exit code, stdout and stderr.
+async fn drover(home: &Path, args: &[&str]) -> (Option<i32>, String, String) {
+    let Output {
+        status,
+        stdout,
+        stderr,
+    } = run_drover(bin(), home, None, args).await;
+    (
+        status.code(),
+        String::from_utf8_lossy(&stdout).into_owned(),
+        String::from_utf8_lossy(&stderr).into_owned(),
+    )
+}
+
+/// The receipt of `admission_id` in `s`'s session.
+async fn receipt(s: &mut OneSession, admission_id: &str) -> AdmissionReceipt {
+    typed(s.receipt(admission_id, false).await.unwrap())
+}
+
+/// A session whose first turn is held at `gate` inside its model request.
+async fn held_turn(gate: &Gate) -> (OneSession, String) {
+    let mut s = OneSession::start(bin(), true, "", &[]).await.unwrap();
+    s.model.push(Reply::text("A done").gated(gate));
+    let first = typed::<AdmissionReceipt>(s.submit("A").await.unwrap()).admission_id;
+    assert!(gate.wait_reached(BOUND).await, "the turn never started");
+    (s, first)
+}
+
+#[tokio::test]
+async fn drover_interrupt_stops_the_running_turn_by_session_prefix() {
+    let gate = Gate::new();
+    let (mut s, first) = held_turn(&gate).await;
+    let sid = s.session_id.clone();
+    let generation = receipt(&mut s, &first).await.execution_generation.unwrap();
+
+    let (code, out, err) = drover(s.home.path(), &["interrupt", &sid[..8]]).await;
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(
+        out.contains(&format!(
+            "interrupted turn {first} (generation {generation}) of session {sid}"
+        )),
+        "{out}"
+    );
+    // The command waited for the turn to settle: it already has.
+    let r = receipt(&mut s, &first).await;
+    assert_eq!(r.outcome, Some(AdmissionOutcome::Interrupted), "{r:?}");
+    assert_eq!(s.client.wait_settled(&first).await.unwrap(), "interrupted");
+
+    // Nothing runs now: said so, exit 1.
+    let (code, out, err) = drover(s.home.path(), &["interrupt", &sid]).await;
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        err.contains(&format!("no turn is running in session {sid}")),
+        "{err}"
+    );
+    gate.open();
+}
+
+#[tokio::test]
+async fn drover_cancel_takes_off_the_queued_inputs_and_leaves_the_running_turn() {
+    let gate = Gate::new();
+    let (mut s, first) = held_turn(&gate).await;
+    let sid = s.session_id.clone();
+    let mut queued = Vec::new();
+    for text in ["B", "C"] {
+        queued.push(typed::<AdmissionReceipt>(s.submit(text).await.unwrap()).admission_id);
+    }
+
+    let (code, out, err) = drover(s.home.path(), &["cancel", &sid[..8]]).await;
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(
+        out.contains(&format!("cancelled 2 queued inputs of session {sid}")),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("turn {first} is still running")) && out.contains("drover interrupt"),
+        "{out}"
+    );
+    // The running turn is not reported as refused: it was not asked for.
+    assert!(err.is_empty(), "{err}");
+    for id in &queued {
+        let r = receipt(&mut s, id).await;
+        assert_eq!(r.outcome, Some(AdmissionOutcome::Cancelled), "{r:?}");
+    }
+
+    gate.open();
+    assert_eq!(s.client.wait_settled(&first).await.unwrap(), "completed");
+}
