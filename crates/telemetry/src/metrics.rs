@@ -21,6 +21,9 @@ pub struct Metrics {
     pub model_duration: Histogram<f64>,
     /// `drover.tokens`: tokens the model reported, by `kind` (`input`, `output`).
     pub tokens: Counter<u64>,
+    /// `drover.cost_usd` (USD): what settled turns' model requests cost, where the cost is
+    /// known (a `[pricing]` entry or the endpoint's own figure).
+    pub cost_usd: Counter<f64>,
     /// `drover.job.heartbeats_missed`: jobs found past their heartbeat deadline.
     pub heartbeats_missed: Counter<u64>,
 }
@@ -76,6 +79,11 @@ fn build(meter: &Meter) -> Metrics {
         tokens: meter
             .u64_counter("drover.tokens")
             .with_description("Tokens the model reported, by kind (input, output)")
+            .build(),
+        cost_usd: meter
+            .f64_counter("drover.cost_usd")
+            .with_unit("USD")
+            .with_description("What settled turns' model requests cost, where a price is known")
             .build(),
         heartbeats_missed: meter
             .u64_counter("drover.job.heartbeats_missed")

@@ -120,15 +120,15 @@ fn spans(shared: &Shared) -> Vec<Seen> {
     out
 }
 
-/// The `(outcome attribute, value)` points of every `drover.turns` sum received.
-fn turn_counts(shared: &Shared) -> Vec<(String, String)> {
+/// The `(outcome attribute, value)` points of every `metric` sum received.
+fn sum_points(shared: &Shared, metric: &str) -> Vec<(String, String)> {
     use opentelemetry_proto::tonic::metrics::v1::{metric, number_data_point};
     let r = shared.lock().unwrap();
     let mut out = Vec::new();
     for request in &r.metrics {
         for resource in &request.resource_metrics {
             for scope in &resource.scope_metrics {
-                for m in scope.metrics.iter().filter(|m| m.name == "drover.turns") {
+                for m in scope.metrics.iter().filter(|m| m.name == metric) {
                     let Some(metric::Data::Sum(sum)) = &m.data else {
                         continue;
                     };
@@ -168,7 +168,11 @@ async fn a_turn_with_a_tool_call_is_one_trace_across_owner_and_worker_without_co
     let mut s = OneSession::builder(bin())
         .toolsets(&["terminal"])
         .model_keys("api_key_env = \"PLANTED_MODEL_KEY\"")
-        .config(&format!("[telemetry]\notlp_endpoint = \"{endpoint}\"\n"))
+        // Priced: its two requests (10 in and 5 out each) cost 0.04 USD.
+        .config(&format!(
+            "[telemetry]\notlp_endpoint = \"{endpoint}\"\n\n\
+             [pricing.mock]\ninput_per_mtok = 1000.0\noutput_per_mtok = 2000.0\n"
+        ))
         .env(&[
             ("PLANTED_MODEL_KEY", CONFIG_KEY),
             ("GITHUB_TOKEN", ENV_TOKEN),
@@ -298,15 +302,17 @@ async fn a_turn_with_a_tool_call_is_one_trace_across_owner_and_worker_without_co
         );
     }
 
-    // Metrics: the settled turn is counted by outcome.
+    // Metrics: the settled turn is counted by outcome, and its cost.
     let counted = wait::until(Duration::from_secs(20), || async {
-        turn_counts(&shared).contains(&("completed".to_string(), "1".to_string()))
+        sum_points(&shared, "drover.turns").contains(&("completed".to_string(), "1".to_string()))
+            && sum_points(&shared, "drover.cost_usd").contains(&(String::new(), "0.04".to_string()))
     })
     .await;
     assert!(
         counted,
-        "drover.turns{{outcome=completed}} = 1 arrived: {:?}",
-        turn_counts(&shared)
+        "drover.turns{{outcome=completed}} = 1 and drover.cost_usd = 0.04 arrived: {:?} {:?}",
+        sum_points(&shared, "drover.turns").last(),
+        sum_points(&shared, "drover.cost_usd").last()
     );
 
     // No content and no secret in anything exported (attributes, events, resources).

@@ -13,7 +13,7 @@ use std::time::Duration;
 use drover_ledger::{Claim, ParentAnswer, Settlement};
 use drover_platform as platform;
 use drover_platform::frame_lines::{read_frame_line, FrameLine};
-use drover_protocol::event::TurnEnd;
+use drover_protocol::event::{EventPayload, TurnEnd};
 use drover_protocol::worker::{OwnerFrame, WorkerFrame, MAX_FRAME_BYTES};
 use drover_protocol::Secret;
 use tokio::sync::{mpsc, oneshot};
@@ -652,6 +652,7 @@ fn owed(settlement: &Settlement) -> Vec<Owed<'_>> {
 /// it, and returns the session to claim next, if any (the caller hands it to the scheduler).
 pub(super) fn after_settlement(owner: &Owner, settlement: &Settlement) -> Option<String> {
     count_settlement(settlement.outcome);
+    count_cost(settlement);
     let mut next = None;
     for owed in owed(settlement) {
         match owed {
@@ -685,6 +686,18 @@ fn record_turn_end(outcome: TurnEnd, claimed: std::time::Instant) {
         claimed.elapsed().as_secs_f64(),
         &drover_telemetry::metrics::label("outcome", outcome),
     );
+}
+
+/// Telemetry: `drover.cost_usd`, the settled turn's cost as its `turn.settled` carries it
+/// (none when no price is known; a turn lost to `unknown` settles no cost).
+fn count_cost(settlement: &Settlement) {
+    let cost = settlement.events.iter().find_map(|e| match &e.event {
+        EventPayload::TurnSettled(settled) => settled.cost_usd,
+        _ => None,
+    });
+    if let Some(usd) = cost.filter(|usd| usd.is_finite() && *usd > 0.0) {
+        drover_telemetry::metrics().cost_usd.add(usd, &[]);
+    }
 }
 
 /// Telemetry: `drover.turns` by outcome, or `drover.turns.unknown` for a lost turn.
