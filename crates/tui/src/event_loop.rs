@@ -262,11 +262,10 @@ async fn event_loop(
                 Some(Done::CompactFailed(why)) => app.compact_failed(&why),
                 Some(Done::Failed { what, why }) => app.failed(what, &why),
                 Some(Done::Tokens(n)) => app.add_tokens(n),
-                Some(Done::Spend(session_id, spend)) => {
-                    if session_id == app.session.session_id {
-                        app.spend = Some(spend);
-                    }
+                Some(Done::Spend(session_id, spend)) if session_id == app.session.session_id => {
+                    app.spend = Some(spend);
                 }
+                Some(Done::Spend(..)) => {}
                 Some(Done::Say(lines)) => {
                     for line in lines {
                         app.say(line);
