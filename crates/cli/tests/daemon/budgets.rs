@@ -99,6 +99,26 @@ async fn settled(client: &mut Client, admission_id: &str) -> Value {
         .clone()
 }
 
+/// The outcomes of the `turn.settled` events of `admissions`, in whatever order they come.
+async fn outcomes(client: &mut Client, admissions: &[&str]) -> Vec<String> {
+    let mut left: Vec<&str> = admissions.to_vec();
+    let mut out = vec![String::new(); admissions.len()];
+    while !left.is_empty() {
+        let e = client
+            .wait_event(|e| {
+                e["type"] == "turn.settled"
+                    && left.iter().any(|a| e["payload"]["admission_id"] == *a)
+            })
+            .await
+            .unwrap();
+        let id = e["payload"]["admission_id"].as_str().unwrap();
+        left.retain(|a| *a != id);
+        let at = admissions.iter().position(|a| *a == id).unwrap();
+        out[at] = e["payload"]["outcome"].as_str().unwrap().to_string();
+    }
+    out
+}
+
 fn close(a: f64, b: f64) -> bool {
     (a - b).abs() < 1e-6
 }
@@ -313,10 +333,10 @@ async fn a_home_wide_daily_limit_pauses_the_turns_of_every_session() {
         "{}",
         String::from_utf8_lossy(&raised.stdout)
     );
-    for admission in [&held, &first_again] {
-        let end = settled(&mut client, admission).await;
-        assert_eq!(end["outcome"], "completed", "{end}");
-    }
+    assert_eq!(
+        outcomes(&mut client, &[&held, &first_again]).await,
+        ["completed", "completed"]
+    );
     assert_eq!(chat_requests(&model), 3);
 }
 
