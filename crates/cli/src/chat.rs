@@ -17,8 +17,9 @@ use drover_client::{
     Client, ClientError, ConnectOptions, ConnectionChange, SessionStream, StartDaemon, Update,
 };
 use drover_protocol::client::{
-    AdmissionStatus, ApprovalRule, ApprovalRules, CompactionResult, NoParams, SessionCreateParams,
-    SessionSnapshot, SessionSummary, UsageGrouping, UsageReport, UsageReportParams,
+    AdmissionStatus, ApprovalRule, ApprovalRules, BudgetStatus, BudgetStatusParams,
+    CompactionResult, NoParams, SessionCreateParams, SessionSnapshot, SessionSummary,
+    UsageGrouping, UsageReport, UsageReportParams,
 };
 use drover_protocol::event::{EventPayload, SessionEvent};
 use drover_protocol::ClientRequest;
@@ -236,12 +237,31 @@ impl Link for ClientLink {
             }))
             .await
             .map_err(words)?;
-        Ok(SessionSpend {
+        let mut spend = SessionSpend {
             tokens: report.total.total_tokens,
             cost_usd: report.total.cost_usd,
             limit_usd: None,
             limit_tokens: None,
-        })
+        };
+        // Its limits (a child's are its root parent's), measured as the budget measures them:
+        // a token limit counts input + output tokens. A daemon without budgets has none.
+        let status: Result<BudgetStatus, _> = self
+            .client
+            .request(ClientRequest::BudgetStatus(BudgetStatusParams {
+                session_id: Some(session_id.to_string()),
+            }))
+            .await;
+        if let Ok(status) = status {
+            if status.limit_tokens.is_some() {
+                spend.tokens = status.spent_tokens;
+                spend.limit_tokens = status.limit_tokens;
+            }
+            if status.limit_usd.is_some() {
+                spend.cost_usd = Some(status.spent_usd);
+                spend.limit_usd = status.limit_usd;
+            }
+        }
+        Ok(spend)
     }
 
     async fn sessions(&self) -> Result<Vec<SessionSummary>, LinkError> {

@@ -320,6 +320,13 @@ fn on_update(
     match update {
         _ if from != number => {}
         Some(LinkUpdate::Event(event)) => {
+            // A limit reached or raised changes what the status line says of it.
+            if matches!(
+                event.event,
+                EventPayload::BudgetRequest(_) | EventPayload::BudgetSettled(_)
+            ) {
+                fetch_spend(link, done_tx, &app.session.session_id);
+            }
             if let EventPayload::TurnSettled(s) = &event.event {
                 fetch_spend(link, done_tx, &app.session.session_id);
                 let link = link.clone();

@@ -92,6 +92,35 @@ async fn a_streamed_answer_is_shown_as_markdown_and_the_status_line_counts_token
     assert_eq!(pane.exit_code().await, 0, "{}", pane.screen());
 }
 
+/// With a spend limit (`[budget] session_usd`) and a price, the status line shows what the
+/// session spent against its limit, before the first turn and after it.
+#[tokio::test]
+async fn the_status_line_shows_the_sessions_spend_against_its_limit() {
+    let model = MockModel::start().await;
+    let home = TestHome::new().unwrap();
+    home.write_model_config(
+        &model.base_url(),
+        true,
+        "[pricing.mock]\ninput_per_mtok = 1000.0\noutput_per_mtok = 1000.0\n\n\
+         [budget]\nsession_usd = 5.0\n",
+    )
+    .unwrap();
+    let scratch = tempfile::Builder::new()
+        .prefix("drover-chat-")
+        .tempdir()
+        .unwrap();
+    let _daemon = KillDaemonOnDrop(home.path());
+    let pane = in_pane(home.path(), scratch.path(), &["chat"]);
+    pane.wait_for("· 0 tokens · $0 of $5.00 ·").await;
+    model.push(Reply::text("Hello.").usage(5, 7, 12));
+    pane.send("say hello");
+    pane.wait_for("Hello.").await;
+    // 12 tokens at 1000 USD per million.
+    pane.wait_for("· 12 tokens · $0.0120 of $5.00 ·").await;
+    pane.keys(&["C-d"]);
+    assert_eq!(pane.exit_code().await, 0, "{}", pane.screen());
+}
+
 /// `drover chat --agent NAME`: the chat's sessions run that external agent, and its status
 /// line names the agent where it names the model.
 #[tokio::test]
