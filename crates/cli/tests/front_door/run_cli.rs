@@ -247,6 +247,25 @@ async fn a_run_without_a_model_starts_no_daemon() {
     assert!(daemon_pid(home.path()).is_some());
 }
 
+/// `drover-mock-model --help` prints its usage and exits instead of starting a server that
+/// nobody asked for.
+#[tokio::test]
+async fn the_demo_model_help_prints_usage_and_exits() {
+    let out = tokio::process::Command::new(drover_test_support::mock_model_bin())
+        .arg("--help")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(10), out)
+        .await
+        .expect("drover-mock-model --help did not exit: it started a server")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(stdout.starts_with("usage: drover-mock-model"), "{stdout}");
+    assert!(!stdout.contains("http://"), "{stdout}");
+}
+
 /// The README's demo model (`drover-mock-model`) runs the command after `run:`, so approvals
 /// can be tried without a real model: a denied `rm -rf` does not run, an approved one does.
 #[tokio::test]
