@@ -45,6 +45,13 @@ pub struct RunArgs {
     /// A title for the new session (`drover sessions` shows it).
     #[arg(long, value_name = "T", conflicts_with_all = ["session", "continue_"])]
     title: Option<String>,
+    /// The new session's spend limit in USD (default: [budget] session_usd); its turns pause
+    /// before a request that would pass it (`drover budget` raises it).
+    #[arg(long, value_name = "USD", conflicts_with_all = ["session", "continue_"])]
+    budget: Option<f64>,
+    /// The new session's token limit, input + output (default: [budget] session_tokens).
+    #[arg(long, value_name = "N", conflicts_with_all = ["session", "continue_"])]
+    budget_tokens: Option<u64>,
     /// Print one JSON line per event (as the wire has it), then the receipt, on stdout.
     #[arg(long)]
     json: bool,
@@ -200,6 +207,12 @@ async fn open_session(
             title: args.title.clone(),
             agent: args.agent.clone(),
             source: Some("cli".into()),
+            budget: (args.budget.is_some() || args.budget_tokens.is_some()).then(|| {
+                Box::new(drover_protocol::client::SessionBudget {
+                    usd: args.budget,
+                    tokens: args.budget_tokens,
+                })
+            }),
             ..SessionCreateParams::in_cwd(uuid::Uuid::new_v4().to_string(), cwd.to_string())
         })
         .await

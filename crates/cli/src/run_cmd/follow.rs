@@ -163,7 +163,8 @@ pub(super) async fn watch_child_prompts(
                     if let Update::Event(event) = update {
                         let gone = match event.event {
                             EventPayload::ApprovalRequest(prompt)
-                            | EventPayload::ClarifyRequest(prompt) => {
+                            | EventPayload::ClarifyRequest(prompt)
+                            | EventPayload::BudgetRequest(prompt) => {
                                 tx.send((child.clone(), prompt)).is_err()
                             }
                             // A child session runs one turn.
@@ -415,7 +416,9 @@ impl Turn<'_> {
                 }
                 self.out.spinner.wait("the model");
             }
-            EventPayload::ApprovalRequest(prompt) | EventPayload::ClarifyRequest(prompt)
+            EventPayload::ApprovalRequest(prompt)
+            | EventPayload::ClarifyRequest(prompt)
+            | EventPayload::BudgetRequest(prompt)
                 if self.mine =>
             {
                 if matches!(prompt, OpenPrompt::Clarify(_)) {

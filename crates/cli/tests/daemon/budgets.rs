@@ -436,3 +436,44 @@ async fn without_a_limit_no_turn_is_checked_and_cost_is_still_recorded() {
     let total = db_value(&db, "SELECT sum(cost_usd) FROM worker_executions");
     assert!(close(total.as_f64().unwrap(), 4.0 * REQUEST_USD), "{total}");
 }
+
+#[tokio::test]
+async fn drover_run_budget_freezes_a_limit_and_a_paused_run_says_how_to_go_on() {
+    let (model, home) = priced_home("").await;
+    let _cleanup = KillDaemonOnDrop(home.path());
+    model.set_default(priced("ok"));
+    let first = run_drover(
+        bin(),
+        home.path(),
+        Some(home.work()),
+        &["run", "--budget", "0.5", "spend"],
+    )
+    .await;
+    assert!(first.status.success(), "drover run --budget: {first:?}");
+    let db = home.db();
+    let row = db_rows(&db, "SELECT id, budget_usd FROM sessions");
+    assert_eq!(row.len(), 1, "{row:?}");
+    assert_eq!(row[0][1], json!(0.5));
+    let sid = row[0][0].as_str().unwrap().to_string();
+    // 0.30 spent; the next request would make 0.60: the run leaves the turn paused.
+    let second = run_drover(
+        bin(),
+        home.path(),
+        Some(home.work()),
+        &["run", "--session", &sid, "spend more"],
+    )
+    .await;
+    let said = String::from_utf8_lossy(&second.stderr);
+    assert_eq!(second.status.code(), Some(5), "{said}");
+    assert!(said.contains("drover budget"), "{said}");
+    assert_eq!(chat_requests(&model), 1);
+    let stop = drover(home.path(), &["budget", &sid, "--stop"]).await;
+    assert!(stop.status.success(), "{stop:?}");
+    until_db(
+        &db,
+        "SELECT count(*) FROM session_admissions WHERE outcome = 'interrupted'",
+        json!(1),
+    )
+    .await;
+    assert_eq!(chat_requests(&model), 1);
+}
