@@ -72,7 +72,21 @@ async fn drover_interrupt_stops_the_running_turn_by_session_prefix() {
         err.contains(&format!("no turn is running in session {sid}")),
         "{err}"
     );
+
+    // `--json` names what it stopped and how it settled.
+    let second_gate = Gate::new();
+    s.model.push(Reply::text("B done").gated(&second_gate));
+    let second = typed::<AdmissionReceipt>(s.submit("B").await.unwrap()).admission_id;
+    assert!(second_gate.wait_reached(BOUND).await, "B never started");
+    let (code, out, err) = drover(s.home.path(), &["interrupt", &sid, "--json"]).await;
+    assert_eq!(code, Some(0), "{out}{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["admission_id"], second.as_str(), "{v}");
+    assert_eq!(v["session_id"], sid.as_str(), "{v}");
+    assert_eq!(v["execution_generation"], generation + 1, "{v}");
+    assert_eq!(v["outcome"], "interrupted", "{v}");
     gate.open();
+    second_gate.open();
 }
 
 #[tokio::test]
