@@ -88,8 +88,11 @@ fn receipts_sum(db: &Path) -> UsageSpend {
     sum
 }
 
+/// Input, output and total tokens, requests and executions.
+type Counted = (u64, u64, u64, u64, u64);
+
 /// The tokens, calls and executions of `s` (what the receipts also say).
-fn counted(s: &UsageSpend) -> (u64, u64, u64, u64, u64) {
+fn counted(s: &UsageSpend) -> Counted {
     (
         s.input_tokens,
         s.output_tokens,
@@ -150,7 +153,7 @@ async fn usage_totals_equal_the_sum_of_the_ledgers_receipts_in_every_grouping() 
     assert_eq!(counted(&by_model.total), counted(&receipts));
     assert_cost(by_model.total.cost_usd, MOCK_COST);
     assert_eq!(by_model.total.unpriced_executions, 1);
-    let models: Vec<(&str, (u64, u64, u64, u64, u64))> = by_model
+    let models: Vec<(&str, Counted)> = by_model
         .groups
         .iter()
         .map(|g| (g.key.as_str(), counted(&g.spend)))
