@@ -25,6 +25,7 @@ const ACP_RECONNECT_FOR: std::time::Duration = std::time::Duration::from_secs(60
 /// Serves the ACP client on stdin/stdout until it closes them. Stdout carries only protocol
 /// messages: everything else goes to stderr.
 pub async fn acp(home: PathBuf, args: AcpArgs) -> Result<Exit> {
+    let _ = drover_platform::set_process_title("drover acp");
     if args.agent.as_deref().is_some_and(|a| a.trim().is_empty()) {
         bail!("--agent must name an agent of [agents.<name>] in config.toml, not be empty");
     }

@@ -46,6 +46,7 @@ fn init_logs() {
 
 /// Runs `drover runner`; errors print one line on stderr and give exit 1.
 pub fn run_runner(home: PathBuf, args: RunnerArgs) -> Exit {
+    let _ = drover_platform::set_process_title(&format!("drover runner {}", args.session));
     init_logs();
     match runner_inner(home, args) {
         Ok(code) => code,

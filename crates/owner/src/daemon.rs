@@ -55,6 +55,7 @@ pub fn run_daemon(home: &Path, start: DaemonStart) -> Exit {
         acp,
         handoff,
     } = start;
+    let _ = drover_platform::set_process_title(&format!("drover daemon {}", home.display()));
     // Before any thread starts: the owner's memory stays flat as sessions grow.
     drover_platform::limit_malloc_arenas(OWNER_MALLOC_ARENAS);
     if let Err(e) = prepare_home(home) {

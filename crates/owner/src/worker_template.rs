@@ -21,8 +21,9 @@
 //!   had no room for) does not count against the template. A spare whose pidfd the owner could
 //!   not take is killed and reaped by its pid.
 //! - A template that dies between a fork and its answer leaves a spare nobody holds: once the
-//!   failed template is reaped, the owner kills and reaps its children with the template's
-//!   command line, older than the failure, that no pidfd of its own refers to.
+//!   failed template is reaped, the owner kills and reaps its children forked and never exec'd
+//!   (a spare's command line is its title, not the template's), older than the failure, that
+//!   no pidfd of its own refers to.
 //! - Its stderr goes to `<home>/logs/workers/template-<epoch>.log`, removed when the owner stops
 //!   it if empty (a crash's last words are kept).
 //!
@@ -67,8 +68,6 @@ struct Template {
     without_env: BTreeSet<String>,
     /// The model endpoint its spares open a connection to.
     model_endpoint: Option<String>,
-    /// Its command line as `/proc/<pid>/cmdline` shows it, which every spare it forks keeps.
-    cmdline: Vec<u8>,
     /// When it started, in clock ticks after boot: every spare it forks is younger.
     started_at: Option<u64>,
 }
@@ -86,17 +85,11 @@ impl Template {
             .stderr(Stdio::from(file))
             .kill_on_drop(true);
         let process = cmd.spawn()?;
-        let cmdline = [
-            command.exe.as_os_str().as_encoded_bytes(),
-            b"\0worker\0--template\0",
-        ]
-        .concat();
         Ok(Template {
             process,
             control: FdChannel::new(ours)?,
             without_env: command.without_env.clone(),
             model_endpoint: command.model_endpoint.clone(),
-            cmdline,
             started_at: drover_platform::boot_ticks_now(),
         })
     }
@@ -240,13 +233,13 @@ async fn lost_pidfd(pid: i32) -> std::io::Error {
 }
 
 /// Kills and reaps the spares a failed template forked but never answered for (it died
-/// between the fork and its answer): the owner's children with the template's command line,
+/// between the fork and its answer): the owner's children forked and never exec'd,
 /// started while it lived (`lifetime`, clock ticks after boot, from its start to its failure),
 /// that no pidfd of the owner holds. Call once the template is reaped, so it forks nothing
 /// more, and before the next template starts, so none of its spares is in the scan.
-async fn reap_unanswered_forks(cmdline: Vec<u8>, lifetime: std::ops::RangeInclusive<u64>) {
+async fn reap_unanswered_forks(lifetime: std::ops::RangeInclusive<u64>) {
     let reaped = tokio::task::spawn_blocking(move || {
-        let orphans = fork::unheld_children(&cmdline, lifetime);
+        let orphans = fork::unheld_children(lifetime);
         for pid in &orphans {
             tracing::warn!(
                 pid,
@@ -353,12 +346,12 @@ impl TemplateSlot {
         }
         if let Some(t) = self.template.take() {
             let failed_at = drover_platform::boot_ticks_now();
-            let (cmdline, started_at) = (t.cmdline.clone(), t.started_at);
+            let started_at = t.started_at;
             t.stop().await;
             // One tick more: the failure's time and a spare's start time are read from two
             // clocks, each rounded down to a tick.
             if let (Some(from), Some(to)) = (started_at, failed_at) {
-                reap_unanswered_forks(cmdline, from..=to + 1).await;
+                reap_unanswered_forks(from..=to + 1).await;
             }
         }
     }

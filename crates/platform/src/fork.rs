@@ -346,13 +346,18 @@ pub fn kill_and_reap_child(pid: i32) -> io::Result<()> {
 }
 
 /// The children of this process started within `started` (clock ticks after boot, as
-/// [`crate::process_start_time`] counts, both ends included) with `cmdline` as their command
-/// line, that no pidfd of this process refers to: a fork whose answer, and so its pidfd, never
-/// arrived (its template died between the fork and the answer). Nobody else waits for such a
-/// child, and a child's pid is not recycled before its parent reaps it, so
-/// [`kill_and_reap_child`] may take it by pid.
-pub fn unheld_children(cmdline: &[u8], started: std::ops::RangeInclusive<u64>) -> Vec<i32> {
+/// [`crate::process_start_time`] counts, both ends included) that another process forked for
+/// it without an exec (a template's spare, `CLONE_PARENT`) and that no pidfd of this process
+/// refers to: a fork whose answer, and so its pidfd, never arrived (its template died between
+/// the fork and the answer). Nobody else waits for such a child, and a child's pid is not
+/// recycled before its parent reaps it, so [`kill_and_reap_child`] may take it by pid.
+///
+/// A spare is told by its kernel flag (forked, never exec'd), not by its command line, which
+/// is its template's title or the one it set itself; a child this process forked itself, on
+/// its way to an exec, shows this process's own command line and is left alone.
+pub fn unheld_children(started: std::ops::RangeInclusive<u64>) -> Vec<i32> {
     let me = nix::unistd::getpid().as_raw();
+    let own_line = crate::command_line(me);
     let held = pidfd_targets();
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
@@ -365,7 +370,8 @@ pub fn unheld_children(cmdline: &[u8], started: std::ops::RangeInclusive<u64>) -
         .filter(|pid| {
             // A child that already exited has no command line left: one that forked and never
             // exec'd (as a template's spare) counts.
-            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == cmdline)
+            (crate::is_forked_not_execed(*pid)
+                && crate::command_line(*pid).is_some_and(|line| Some(line) != own_line))
                 || crate::is_unexeced_zombie(*pid)
         })
         .collect()
@@ -654,30 +660,55 @@ mod tests {
     }
 
     #[test]
-    fn a_child_nobody_holds_a_pidfd_of_is_found_and_reaped_by_pid() {
-        // Reaped below by `kill_and_reap_child`, as an unanswered spare is.
+    fn a_forked_child_nobody_holds_a_pidfd_of_is_found_and_reaped_by_pid() {
+        let me = nix::unistd::getpid().as_raw();
+        let arg_start: usize = crate::proc_facts::stat_fields(me).unwrap()[48 - 3]
+            .parse()
+            .unwrap();
+        // An exec'd child is not a template's spare.
         #[allow(clippy::zombie_processes)]
-        let child = std::process::Command::new("sleep")
+        let execed = std::process::Command::new("sleep")
             .arg("31")
             .spawn()
             .unwrap();
-        let pid = i32::try_from(child.id()).unwrap();
-        let cmdline = b"sleep\x0031\x00";
+        let execed = i32::try_from(execed.id()).unwrap();
+        // SAFETY: the child only stores one byte in its own copy of the argument area (as a
+        // spare sets its title) and waits for its signal: no allocation, no lock.
+        let forked = match unsafe { nix::unistd::fork() }.unwrap() {
+            // SAFETY: `arg_start` is the first byte of this process's argument strings, mapped
+            // and writable (`/proc/self/stat`); pause(2) takes no argument.
+            nix::unistd::ForkResult::Child => unsafe {
+                *(arg_start as *mut u8) = b'#';
+                loop {
+                    libc::pause();
+                }
+            },
+            nix::unistd::ForkResult::Parent { child } => child.as_raw(),
+        };
         let later = crate::boot_ticks_now().unwrap() + 1_000;
-        assert_eq!(unheld_children(cmdline, 0..=later), vec![pid]);
-        // Started outside the window, or another command line: not it.
-        assert!(unheld_children(cmdline, 0..=0).is_empty());
-        assert!(unheld_children(cmdline, later..=later).is_empty());
-        assert!(unheld_children(b"sleep\x0032\x00", 0..=later).is_empty());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while crate::command_line(forked).and_then(|l| l.first().copied()) != Some(b'#') {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the child never wrote"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(unheld_children(0..=later), vec![forked]);
+        // Started outside the window: not it.
+        assert!(unheld_children(0..=0).is_empty());
+        assert!(unheld_children(later..=later).is_empty());
         // Held by a pidfd: not it either.
         // SAFETY: pidfd_open(2) reads only its integer arguments.
-        let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, forked, 0) };
         assert!(raw >= 0, "{}", io::Error::last_os_error());
         // SAFETY: pidfd_open returned a new descriptor nothing else owns.
         let pidfd = unsafe { OwnedFd::from_raw_fd(raw as RawFd) };
-        assert!(unheld_children(cmdline, 0..=later).is_empty());
+        assert!(unheld_children(0..=later).is_empty());
         drop(pidfd);
-        kill_and_reap_child(pid).unwrap();
-        assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists());
+        for pid in [forked, execed] {
+            kill_and_reap_child(pid).unwrap();
+            assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists());
+        }
     }
 }

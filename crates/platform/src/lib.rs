@@ -10,7 +10,7 @@
 //! - `signals`: [`signal_group`] and [`signal_process`] send a signal, refusing pids 0 and 1;
 //!   a target already gone is not an error.
 //! - `proc_facts`: what the kernel says about a process: [`is_alive`], [`is_stopped`],
-//!   [`is_unexeced_zombie`], [`parent_pid`], [`parent_of`], [`process_start_time`] (SPEC
+//!   [`is_unexeced_zombie`], [`is_forked_not_execed`], [`parent_pid`], [`parent_of`], [`process_start_time`] (SPEC
 //!   section 7: a timer is identified by pid and start time) and [`boot_ticks_now`].
 //! - `groups`: [`spawn_in_new_group`] starts a child as the leader of its own process group,
 //!   with `PR_SET_PDEATHSIG(SIGKILL)` so it dies with the process that spawned it
@@ -37,6 +37,9 @@
 //!   [`limit_malloc_arenas`] caps glibc's malloc arenas (the owner, at its start) and
 //!   [`release_free_memory`] trims them (the worker template, before it forks; the owner,
 //!   after a burst of connections).
+//! - `process_title`: [`set_process_title`] writes what `ps` and `/proc/<pid>/cmdline` show
+//!   for this process over its argument strings (SPEC section 9, "Process titles");
+//!   [`command_line`] reads a process's, without its trailing NULs.
 //! - `flock_holder`: [`flock_holder`] names the process holding a `flock(2)` lock (the owner's
 //!   home lock).
 //! - [`confine`]: what the kernel offers for confining tool processes ([`confine::probe`]),
@@ -54,8 +57,8 @@
 //!   they opened by `fstat` of the descriptor ([`file_open::open_for_reading`]); [`OPEN_NO_FOLLOW`].
 //!
 //! Layers: `signals`, `proc_facts`, `fds`, `flock_holder`, `confine`, `frame_lines`, `limits`
-//! and `file_open` (leaves) < `process_settings` and `fork` (they read `proc_facts`) and
-//! `foreground` (it signals groups) < `groups` < `known_process`.
+//! and `file_open` (leaves) < `process_settings` and `process_title` (they read `proc_facts`)
+//! < `fork` (it reads both) and `foreground` (it signals groups) < `groups` < `known_process`.
 
 // The one crate allowed `unsafe`: each block in its modules states its invariant.
 #![allow(unsafe_code)]
@@ -74,6 +77,7 @@ mod proc_facts;
 mod process_settings;
 #[cfg(test)]
 mod process_tests;
+mod process_title;
 mod signals;
 
 pub use fds::{combined_output_pipe, pass_fd, take_inherited_fd};
@@ -89,11 +93,12 @@ pub use known_process::{
 };
 pub use nix::sys::signal::Signal;
 pub use proc_facts::{
-    boot_ticks_now, is_alive, is_stopped, is_unexeced_zombie, parent_of, parent_pid,
-    process_start_time,
+    boot_ticks_now, is_alive, is_forked_not_execed, is_stopped, is_unexeced_zombie, parent_of,
+    parent_pid, process_start_time,
 };
 pub use process_settings::{
     clear_parent_death_signal, default_pipe_signal, ignore_file_size_signal, limit_malloc_arenas,
     release_free_memory, set_non_dumpable, set_parent_death_signal, set_thread_name,
 };
+pub use process_title::{command_line, set_process_title};
 pub use signals::{signal_group, signal_process};

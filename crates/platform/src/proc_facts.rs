@@ -49,17 +49,26 @@ pub fn boot_ticks_now() -> Option<u64> {
     Some((seconds * ticks as f64) as u64)
 }
 
+/// `PF_FORKNOEXEC` of the kernel's task flags.
+const FORKED_NOT_EXECED: u64 = 0x40;
+
 /// Whether process `pid` has exited and is not reaped (a zombie), and was forked without
 /// an exec since (`PF_FORKNOEXEC` in field 9 of `/proc/<pid>/stat`).
 pub fn is_unexeced_zombie(pid: i32) -> bool {
-    /// `PF_FORKNOEXEC` of the kernel's task flags.
-    const FORKED_NOT_EXECED: u64 = 0x40;
     let Some(fields) = stat_fields(pid) else {
         return false;
     };
     let zombie = fields.get(STAT_STATE).is_some_and(|s| s == "Z");
     let flags = fields.get(STAT_FLAGS).and_then(|f| f.parse::<u64>().ok());
     zombie && flags.is_some_and(|f| f & FORKED_NOT_EXECED != 0)
+}
+
+/// Whether process `pid` was forked without an exec since (`PF_FORKNOEXEC`), as a spare forked
+/// by the worker template is; false for a process that is gone.
+pub fn is_forked_not_execed(pid: i32) -> bool {
+    stat_fields(pid)
+        .and_then(|fields| fields.get(STAT_FLAGS)?.parse::<u64>().ok())
+        .is_some_and(|f| f & FORKED_NOT_EXECED != 0)
 }
 
 /// Index of field 9 (`flags`) in the fields after `comm`.

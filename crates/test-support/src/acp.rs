@@ -404,14 +404,17 @@ impl AcpxHome {
         self.dir.path()
     }
 
-    /// Pids of the processes running with this `HOME`.
+    /// Pids of the processes running with this `HOME`, and of the daemon of a home inside it
+    /// (its title, `drover daemon <home>`, took the room of its environment).
     pub fn processes(&self) -> Vec<u32> {
         let wanted = format!("HOME={}", self.path().display()).into_bytes();
+        let daemon = format!("drover daemon {}/", self.path().display());
         pids()
             .into_iter()
             .filter(|pid| {
                 std::fs::read(format!("/proc/{pid}/environ"))
                     .is_ok_and(|env| env.split(|b| *b == 0).any(|var| var == wanted.as_slice()))
+                    || crate::harness::process_title(*pid).starts_with(&daemon)
             })
             .collect()
     }

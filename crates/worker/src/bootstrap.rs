@@ -1,5 +1,6 @@
 //! The turn's start, seen from the worker: what a worker makes before its bootstrap arrives
-//! ([`Prepared`]), its names before and after ([`SPARE_NAME`], [`WORKER_NAME`]), reading the
+//! ([`Prepared`]), its names before and after ([`SPARE_NAME`], [`WORKER_NAME`]; its process
+//! titles [`SPARE_TITLE`] and [`worker_title`]), reading the
 //! bootstrap's head and parts ([`read_bootstrap`]), and the `started` line that acknowledges
 //! it.
 
@@ -14,6 +15,17 @@ use tokio::io::{AsyncBufRead, AsyncWrite, AsyncWriteExt};
 pub const SPARE_NAME: &str = "drover-spare";
 /// The process name (`comm`) of a worker once its bootstrap arrived: it serves a turn.
 pub const WORKER_NAME: &str = "drover-worker";
+/// The process title (`ps`, `/proc/<pid>/cmdline`; SPEC section 9) of a worker waiting for
+/// its bootstrap.
+pub const SPARE_TITLE: &str = "drover worker: spare";
+
+/// The process title of the worker of execution `execution_id` of session `session_id`:
+/// `drover worker: <session prefix> <execution_id>`, the prefix being the 8 characters the
+/// command line's hints name a session by.
+pub fn worker_title(session_id: &str, execution_id: &str) -> String {
+    let prefix = session_id.get(..8).unwrap_or(session_id);
+    format!("drover worker: {prefix} {execution_id}")
+}
 
 /// What a worker makes before its bootstrap arrives, because it does not depend on the turn:
 /// the model's HTTP client (its TLS root store) and, once [`Prepared::open_warm`] ran, a
@@ -90,6 +102,11 @@ where
     let mut buf = Vec::new();
     read_nonblank_line(reader, &mut buf).await?;
     let head = drover_protocol::worker::read_head(&buf).map_err(BootstrapError::Invalid)?;
+    // No longer a spare from here on, whatever the rest brings: `ps` names the turn.
+    let _ = drover_platform::set_process_title(&worker_title(
+        &head.scope.session_id,
+        &head.scope.execution_id,
+    ));
     let mut parts = Vec::new();
     while (parts.len() as u64) < head.body_parts {
         read_nonblank_line(reader, &mut buf).await?;

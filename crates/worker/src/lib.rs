@@ -14,6 +14,8 @@
 //! spare). Before the bootstrap a worker does only what does not depend on the turn (owner-loss
 //! checks, the async runtime, the model's HTTP client: [`Prepared`]) and is named
 //! [`SPARE_NAME`]; once the bootstrap arrived it is [`WORKER_NAME`] and serves that one turn.
+//! `ps` shows its title (SPEC section 9): [`TEMPLATE_TITLE`], [`SPARE_TITLE`], then
+//! [`worker_title`] once the bootstrap's head names the turn.
 //!
 //! Confinement: the worker makes itself non-dumpable at start, so no tool can read
 //! its `/proc/<pid>/environ`, `mem` or `fd`, and hands the tools the session's sandbox
@@ -88,7 +90,9 @@ pub mod store;
 pub mod turn;
 pub mod worker_template;
 
-pub use bootstrap::{read_bootstrap, BootstrapError, Prepared, SPARE_NAME, WORKER_NAME};
+pub use bootstrap::{
+    read_bootstrap, worker_title, BootstrapError, Prepared, SPARE_NAME, SPARE_TITLE, WORKER_NAME,
+};
 pub use exit::WorkerExit;
-pub use start::{file_tools_entry, main_entry, template_entry, OWNER_PID_ENV};
+pub use start::{file_tools_entry, main_entry, template_entry, OWNER_PID_ENV, TEMPLATE_TITLE};
 pub use turn::{model_config, run_prepared, run_worker};

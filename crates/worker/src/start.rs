@@ -11,7 +11,7 @@ use tokio::net::unix::pipe;
 use tokio_util::either::Either;
 use tokio_util::sync::CancellationToken;
 
-use crate::bootstrap::{Prepared, SPARE_NAME};
+use crate::bootstrap::{Prepared, SPARE_NAME, SPARE_TITLE};
 use crate::exit::WorkerExit;
 use crate::turn::run_prepared;
 use crate::worker_template;
@@ -19,6 +19,9 @@ use crate::worker_template;
 /// The environment variable naming the owner's pid. When set, the worker exits at start if its
 /// parent is another process (the owner died before `PR_SET_PDEATHSIG` took hold).
 pub const OWNER_PID_ENV: &str = "DROVER_OWNER_PID";
+
+/// The process title (`ps`, `/proc/<pid>/cmdline`; SPEC section 9) of a worker template.
+pub const TEMPLATE_TITLE: &str = "drover worker: template";
 
 /// Serves the file tools' operations of one turn on stdin/stdout, as the confined helper the
 /// worker starts (`drover worker --file-tools`, [`drover_tools::file::confined`]); gives the
@@ -36,8 +39,10 @@ pub fn main_entry() -> Exit {
     let original_parent = platform::parent_pid();
     let pdeathsig = platform::set_parent_death_signal(Signal::SIGTERM);
     // Until its bootstrap arrives this process is a spare; `ps` and tests tell
-    // it apart from a turn's worker by this name.
+    // it apart from a turn's worker by this name. The title is set while the process has one
+    // thread, so it may take the environment's room (`drover_platform::set_process_title`).
     let _ = platform::set_thread_name(SPARE_NAME);
+    let _ = platform::set_process_title(SPARE_TITLE);
     // Telemetry: the owner passes its OTLP endpoint in the environment; the trace context comes
     // with the bootstrap. No endpoint: no exporter, no thread.
     let telemetry = drover_telemetry::Telemetry::start(
@@ -143,6 +148,7 @@ pub fn template_entry() -> Exit {
     let original_parent = platform::parent_pid();
     let pdeathsig = platform::set_parent_death_signal(Signal::SIGTERM);
     let _ = platform::set_thread_name(worker_template::TEMPLATE_NAME);
+    let _ = platform::set_process_title(TEMPLATE_TITLE);
     init_logging(None);
     if !start_process(original_parent, pdeathsig) {
         return WorkerExit::Aborted.exit();
@@ -167,6 +173,7 @@ pub fn template_entry() -> Exit {
             let original_parent = platform::parent_pid();
             let pdeathsig = platform::set_parent_death_signal(Signal::SIGTERM);
             let _ = platform::set_thread_name(SPARE_NAME);
+            let _ = platform::set_process_title(SPARE_TITLE);
             if !start_process(original_parent, pdeathsig) {
                 return WorkerExit::Aborted.exit();
             }

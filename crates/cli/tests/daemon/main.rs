@@ -17,6 +17,7 @@ mod liveness;
 mod long_sessions;
 mod model_endpoints;
 mod model_errors;
+mod process_titles;
 mod recovery;
 mod secrets;
 mod spare_worker;

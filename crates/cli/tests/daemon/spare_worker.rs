@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use crate::common::bin;
 use drover_test_support::harness::{
-    db_value, pid_alive, process_name, signal, str_field, zombie_children, OneSession,
+    db_value, forked_not_execed, pid_alive, process_name, process_title, signal, str_field,
+    zombie_children, OneSession,
 };
 use drover_test_support::{wait, Gate, Reply};
 use nix::sys::signal::Signal;
@@ -355,18 +356,6 @@ async fn turns_one_after_another_recycle_one_outbox_folder() {
     }
 }
 
-/// The command line of `pid`, its arguments joined by spaces.
-fn cmdline(pid: u32) -> String {
-    std::fs::read(format!("/proc/{pid}/cmdline"))
-        .map(|b| {
-            String::from_utf8_lossy(&b)
-                .replace('\0', " ")
-                .trim()
-                .to_string()
-        })
-        .unwrap_or_default()
-}
-
 /// A lean worker start: spares are forked by one worker template (`drover worker
 /// --template`), not exec'd, and are the owner's own children. A killed template costs no
 /// turn: the spare it forked still serves, the next spare is exec'd, and a new template forks
@@ -379,14 +368,11 @@ async fn spares_are_forked_by_the_worker_template_and_a_killed_one_is_replaced()
     assert_eq!(templates.len(), 1, "{templates:?}");
     let template = templates[0];
     assert_eq!(process_name(template).as_deref(), Some("drover-template"));
-    // Forked, not exec'd: the spare keeps the template's command line; it is the daemon's
-    // child (spare_pids lists the daemon's children only).
-    assert!(
-        cmdline(template).ends_with("worker --template"),
-        "{}",
-        cmdline(template)
-    );
-    assert_eq!(cmdline(spare), cmdline(template));
+    assert_eq!(process_title(template), "drover worker: template");
+    // Forked, not exec'd; it is the daemon's child (spare_pids lists the daemon's children
+    // only).
+    assert!(forked_not_execed(spare), "{}", process_title(spare));
+    assert!(!forked_not_execed(template));
     let (_, outcome) = s.turn("served by a forked worker").await.unwrap();
     assert_eq!(outcome, "completed");
     assert!(
@@ -412,10 +398,11 @@ async fn spares_are_forked_by_the_worker_template_and_a_killed_one_is_replaced()
     assert!(
         wait::until(BOUND, async || {
             let new = s.daemon.template_pids();
-            forked = s.daemon.spare_pids().into_iter().find(|p| {
-                new.iter()
-                    .any(|t| cmdline(*t) == cmdline(*p) && *t != template)
-            });
+            forked = s
+                .daemon
+                .spare_pids()
+                .into_iter()
+                .find(|p| forked_not_execed(*p) && new.iter().any(|t| *t != template));
             forked.is_some()
         })
         .await,
@@ -447,10 +434,9 @@ async fn a_turn_that_finds_no_spare_gets_a_forked_worker() {
     );
     let workers = s.daemon.worker_pids();
     assert_eq!(workers.len(), 1, "{workers:?}");
-    assert_eq!(
-        cmdline(workers[0]),
-        cmdline(template),
-        "the fresh worker was exec'd, not forked"
+    assert!(
+        forked_not_execed(workers[0]),
+        "the fresh worker was exec'd, not forked (template {template})"
     );
     gate.open();
     let admission_id = str_field(&admission, "admission_id");

@@ -523,9 +523,11 @@ async fn create_and_attach_streams_the_new_session_from_its_snapshot() {
     assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "{seqs:?}");
 }
 
-/// The `drover daemon` processes whose command line names `home`.
+/// The `drover daemon` processes of `home`: by their title (`drover daemon <home>`), or, before
+/// they set it, by a command line naming `daemon` and `home`.
 fn daemons_of(home: &Path) -> Vec<u32> {
     let home = home.display().to_string();
+    let title = format!("drover daemon {home}");
     std::fs::read_dir("/proc")
         .unwrap()
         .flatten()
@@ -536,7 +538,8 @@ fn daemons_of(home: &Path) -> Vec<u32> {
                 .split(|b| *b == 0)
                 .map(|a| String::from_utf8_lossy(a).into_owned())
                 .collect();
-            args.iter().any(|a| a == "daemon") && args.contains(&home)
+            (args.iter().any(|a| a == "daemon") && args.contains(&home))
+                || drover_test_support::harness::process_title(*pid) == title
         })
         .collect()
 }

@@ -59,6 +59,31 @@ pub fn process_name(pid: u32) -> Option<String> {
     Some(name.to_string())
 }
 
+/// The title of `pid` as `ps` shows it (SPEC section 9, "Process titles"): its
+/// `/proc/<pid>/cmdline` without the NULs that end it, other NULs read as spaces.
+pub fn process_title(pid: u32) -> String {
+    let line = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    String::from_utf8_lossy(&line)
+        .trim_end_matches('\0')
+        .replace('\0', " ")
+}
+
+/// Whether `pid` was forked and never exec'd since (`PF_FORKNOEXEC` in field 9 of
+/// `/proc/<pid>/stat`): a spare forked by the worker template, not a `drover worker` exec'd by
+/// the owner.
+pub fn forked_not_execed(pid: u32) -> bool {
+    /// `PF_FORKNOEXEC` of the kernel's task flags.
+    const FORKED_NOT_EXECED: u64 = 0x40;
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let (_, rest) = stat.rsplit_once(')')?;
+            // Field 9 is the 7th after the `)` that ends the command name.
+            rest.split_whitespace().nth(6)?.parse::<u64>().ok()
+        })
+        .is_some_and(|flags| flags & FORKED_NOT_EXECED != 0)
+}
+
 /// Whether `pid` is a spare worker: a `drover worker` named `drover-spare` (it waits for its
 /// bootstrap), or a `$DROVER_WORKER_EXE` wrapper whose stderr is still a spare's log
 /// (`logs/workers/spare-*.log`; the owner renames it when it hands the spare a turn).
