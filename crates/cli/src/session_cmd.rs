@@ -994,6 +994,16 @@ pub async fn rename(home: &Path, args: RenameArgs) -> Result<Exit> {
     Ok(Exit::Ok)
 }
 
+/// A budget's limits in words: "1.0000 USD", "5000 tokens", both, or "no limit".
+pub(crate) fn limit_words(usd: Option<f64>, tokens: Option<u64>) -> String {
+    match (usd, tokens) {
+        (Some(usd), Some(tokens)) => format!("{usd:.4} USD / {tokens} tokens"),
+        (Some(usd), None) => format!("{usd:.4} USD"),
+        (None, Some(tokens)) => format!("{tokens} tokens"),
+        (None, None) => "no limit".to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1083,15 +1093,5 @@ mod tests {
         assert_eq!(one_line("a\nb", 10), "a b");
         assert_eq!(one_line("abcdef", 4), "abc…");
         assert_eq!(one_line("éééé", 4), "éééé");
-    }
-}
-
-/// A budget's limits in words: "1.0000 USD", "5000 tokens", both, or "no limit".
-pub(crate) fn limit_words(usd: Option<f64>, tokens: Option<u64>) -> String {
-    match (usd, tokens) {
-        (Some(usd), Some(tokens)) => format!("{usd:.4} USD / {tokens} tokens"),
-        (Some(usd), None) => format!("{usd:.4} USD"),
-        (None, Some(tokens)) => format!("{tokens} tokens"),
-        (None, None) => "no limit".to_string(),
     }
 }

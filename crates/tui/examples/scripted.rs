@@ -161,6 +161,7 @@ impl Link for Scripted {
                 admission_id: id,
                 outcome: TurnEnd::Completed,
                 error: None,
+                cost_usd: None,
             })))
             .ok();
         });

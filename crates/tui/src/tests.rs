@@ -103,6 +103,7 @@ pub(crate) fn settled(admission: &str, outcome: TurnEnd) -> SessionEvent {
         admission_id: admission.into(),
         outcome,
         error: None,
+        cost_usd: None,
     }))
 }
 
