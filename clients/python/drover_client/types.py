@@ -208,6 +208,117 @@ class ApprovalRules(TypedDict):
     """
 
 
+BudgetChoice: TypeAlias = Literal['raise', 'stop']
+"""
+The answers to a budget prompt (`budget.respond` `choice`).
+"""
+
+
+class BudgetRaiseParams(TypedDict):
+    """
+    Params of `budget.raise`: raise a session's limits, or (no `session_id`) today's home-wide
+    daily limit.
+    """
+
+    add_tokens: NotRequired[int | None]
+    """
+    Tokens added (a session's limit only).
+    """
+    add_usd: NotRequired[float | None]
+    """
+    USD added: finite, over 0.
+    """
+    session_id: NotRequired[str | None]
+    """
+    The session (a child agent's session raises its root parent's budget); absent: the
+    home's daily limit, for today (UTC).
+    """
+
+
+class BudgetRespondParams(TypedDict):
+    """
+    Params of `budget.respond`.
+    """
+
+    add_tokens: NotRequired[int | None]
+    """
+    Tokens added to the session's token limit (`raise`).
+    """
+    add_usd: NotRequired[float | None]
+    """
+    USD added to the limit the prompt is about (`raise`): finite, over 0.
+    """
+    choice: BudgetChoice
+    """
+    `raise` (by `add_usd` and/or `add_tokens`) or `stop` (the turn ends `interrupted`).
+    """
+    execution_generation: int
+    """
+    The prompt's generation; another is `stale_generation`.
+    """
+    prompt_id: str
+    """
+    The prompt.
+    """
+    session_id: str
+    """
+    The session (attached).
+    """
+
+
+BudgetScope: TypeAlias = Literal['session', 'home']
+"""
+Which limit a budget prompt is about.
+"""
+
+
+class BudgetStatus(TypedDict):
+    """
+    Result of `budget.status` and `budget.raise`.
+    """
+
+    limit_tokens: NotRequired[int | None]
+    """
+    The token limit; `null`: none.
+    """
+    limit_usd: NotRequired[float | None]
+    """
+    The USD limit; `null`: none.
+    """
+    paused: NotRequired[int]
+    """
+    Budget prompts still open under it.
+    """
+    resumed: NotRequired[int]
+    """
+    Turns paused under it that went on after this call (`budget.raise`).
+    """
+    session_id: NotRequired[str | None]
+    """
+    The session whose budget this is (a child's root parent); absent for the home.
+    """
+    spent_tokens: int
+    """
+    Tokens (input + output) spent under it (the session tree's; the home's today).
+    """
+    spent_usd: float
+    """
+    USD spent under it (the session tree's, or the home's today).
+    """
+
+
+class BudgetStatusParams(TypedDict):
+    """
+    Params of `budget.status`: a session, or the home when `session_id` is absent.
+    """
+
+    session_id: NotRequired[str | None]
+    """
+    The session (a child agent's session reports its root parent's budget); absent: the
+    home's daily limit.
+    """
+
+
 ClarifyAnswer: TypeAlias = str | list[str]
 """
 A clarify answer: one string (a choice or free text), or several choices.
@@ -299,6 +410,34 @@ class ClientRequestClarifyRespond(TypedDict):
 
     method: Literal['clarify.respond']
     params: ClarifyRespondParams
+
+
+class ClientRequestBudgetRespond(TypedDict):
+    """
+    `budget.respond`: answer a budget prompt (raise the limit, or stop the turn).
+    """
+
+    method: Literal['budget.respond']
+    params: BudgetRespondParams
+
+
+class ClientRequestBudgetStatus(TypedDict):
+    """
+    `budget.status` (drover extension): a session's (or the home's) spend and limits.
+    """
+
+    method: Literal['budget.status']
+    params: BudgetStatusParams
+
+
+class ClientRequestBudgetRaise(TypedDict):
+    """
+    `budget.raise` (drover extension): raise a session's (or today's home-wide) limit;
+    every turn paused under it is checked again and goes on once under it.
+    """
+
+    method: Literal['budget.raise']
+    params: BudgetRaiseParams
 
 
 class ClientRequestApprovalsRemove(TypedDict):
@@ -843,7 +982,52 @@ class OpenPromptClarify(TypedDict):
     kind: Literal['clarify']
 
 
-OpenPrompt: TypeAlias = OpenPromptApproval | OpenPromptClarify
+class OpenPromptBudget(TypedDict):
+    """
+    A spend limit was reached before a model request: the turn waits for
+    `budget.respond` (or `budget.raise`).
+    """
+
+    execution_generation: int
+    """
+    The turn's generation; pass back in `budget.respond`.
+    """
+    limit_tokens: NotRequired[int | None]
+    """
+    The token limit; `null` when none applies.
+    """
+    limit_usd: NotRequired[float | None]
+    """
+    The USD limit; `null` when none applies.
+    """
+    next_tokens: int
+    """
+    What the next request would need: the average tokens of a model request so far.
+    """
+    next_usd: float
+    """
+    What the next request would need: the average USD of a model request so far.
+    """
+    prompt_id: str
+    """
+    Pass back in `budget.respond`.
+    """
+    scope: BudgetScope
+    """
+    `session` or `home`: which limit was reached.
+    """
+    spent_tokens: int
+    """
+    Tokens (input + output) spent so far under the limit.
+    """
+    spent_usd: float
+    """
+    USD spent so far under the limit.
+    """
+    kind: Literal['budget']
+
+
+OpenPrompt: TypeAlias = OpenPromptApproval | OpenPromptClarify | OpenPromptBudget
 """
 An open prompt of the running turn, as in `session.resume` `prompts` and the
 `approval.request` / `clarify.request` events.
@@ -1015,6 +1199,21 @@ The author of a message (SPEC section 3, `messages.role`).
 """
 
 
+class SessionBudget(TypedDict):
+    """
+    `session.create` `budget`: a session's spend limits. An absent limit is `[budget]`'s.
+    """
+
+    tokens: NotRequired[int | None]
+    """
+    Tokens (input + output) they may spend.
+    """
+    usd: NotRequired[float | None]
+    """
+    USD its model requests may spend (its children's included): finite, over 0.
+    """
+
+
 class SessionCompactParams(TypedDict):
     """
     Params of `session.compact` (SPEC section 2): a queued admission of kind `compact`, run in
@@ -1079,6 +1278,12 @@ class SessionCreateParams(TypedDict):
     base_url: NotRequired[str | None]
     """
     The model endpoint, `http://` or `https://` (default `[model] base_url`).
+    """
+    budget: NotRequired[SessionBudget | None]
+    """
+    The session's spend limits, frozen with it (default `[budget]` of `config.toml`);
+    raised later only by `budget.respond` / `budget.raise`. A child agent's session spends
+    from its root parent's. Boxed: most requests leave it out.
     """
     cwd: NotRequired[str | None]
     """
@@ -1183,6 +1388,29 @@ class SessionEventClarifyRequest(TypedDict):
     """
     payload: OpenPrompt
     type: Literal['clarify.request']
+
+
+class SessionEventBudgetRequest(TypedDict):
+    """
+    The running turn reached a spend limit and waits for `budget.respond` (payload: the
+    prompt).
+    """
+
+    replay_epoch: str
+    """
+    The stored stream's name (pass to `session.events.since`).
+    """
+    seq: NotRequired[int | None]
+    """
+    1, 2, 3, ... per session with no gaps; `null` for the live-only `message.delta` and
+    `turn.progress`.
+    """
+    session_id: str
+    """
+    The session.
+    """
+    payload: OpenPrompt
+    type: Literal['budget.request']
 
 
 class SessionEventAdmissionUpdated(TypedDict):
@@ -1462,7 +1690,7 @@ class SessionSetModeParams(TypedDict):
     """
 
 
-SessionState: TypeAlias = Literal['idle', 'running', 'waiting_approval', 'waiting_clarify', 'paused_unknown']
+SessionState: TypeAlias = Literal['idle', 'running', 'waiting_approval', 'waiting_clarify', 'paused_unknown', 'paused_budget']
 """
 `state` of a [`SessionSummary`]: what the session waits for, from the ledger.
 """
@@ -1696,6 +1924,10 @@ class TurnSettled(TypedDict):
     """
     The turn's admission.
     """
+    cost_usd: NotRequired[float | None]
+    """
+    What the turn's model requests cost in USD, when a price is known (`[pricing]`).
+    """
     error: NotRequired[str | None]
     """
     Why a failed turn failed (the model server's message, `step limit (50) reached`, ...).
@@ -1760,6 +1992,136 @@ class Usage(TypedDict):
     """
 
 
+class UsageGroup(TypedDict):
+    """
+    One group of a `usage.report`.
+    """
+
+    api_calls: int
+    """
+    Model requests.
+    """
+    cached_input_tokens: NotRequired[int]
+    """
+    Of those, the tokens the endpoint reported as read from its cache.
+    """
+    cost_usd: NotRequired[float | None]
+    """
+    USD, the sum of the costs known; `null` when no execution's cost is known.
+    """
+    executions: int
+    """
+    Worker executions (turns) counted.
+    """
+    first_at: float
+    """
+    When the group's first execution was created (Unix seconds).
+    """
+    input_tokens: int
+    """
+    Input (prompt) tokens the model reported.
+    """
+    key: str
+    """
+    What the group is: the model, the session id, the day (`YYYY-MM-DD`, UTC) or the
+    admission id of the turn.
+    """
+    model: NotRequired[str | None]
+    """
+    The session's model (by `session` and `turn`).
+    """
+    output_tokens: int
+    """
+    Output (completion) tokens.
+    """
+    parent_session_id: NotRequired[str | None]
+    """
+    The session this one was delegated from (by `session` and `turn`).
+    """
+    session_id: NotRequired[str | None]
+    """
+    The session (by `session` and `turn`).
+    """
+    title: NotRequired[str | None]
+    """
+    The session's title, when it has one (by `session` and `turn`).
+    """
+    total_tokens: int
+    """
+    The model's reported total tokens (SPEC section 4: the receipts' `total_tokens`).
+    """
+    unpriced_executions: NotRequired[int]
+    """
+    Executions that made model requests with no cost known (no price for their model):
+    `cost_usd` leaves them out.
+    """
+
+
+UsageGrouping: TypeAlias = Literal['model', 'session', 'day', 'turn']
+"""
+How `usage.report` groups the executions.
+"""
+
+
+class UsageReportParams(TypedDict):
+    """
+    Params of `usage.report`.
+    """
+
+    by: NotRequired[UsageGrouping | None]
+    """
+    How to group (absent: `model`).
+    """
+    session_id: NotRequired[str | None]
+    """
+    Only this session and the sessions delegated from it (each still in its own group).
+    """
+    since: NotRequired[float | None]
+    """
+    Only executions created at or after this time (Unix seconds).
+    """
+
+
+class UsageSpend(TypedDict):
+    """
+    What a set of executions spent.
+    """
+
+    api_calls: int
+    """
+    Model requests.
+    """
+    cached_input_tokens: NotRequired[int]
+    """
+    Of those, the tokens the endpoint reported as read from its cache.
+    """
+    cost_usd: NotRequired[float | None]
+    """
+    USD, the sum of the costs known; `null` when no execution's cost is known.
+    """
+    executions: int
+    """
+    Worker executions (turns) counted.
+    """
+    input_tokens: int
+    """
+    Input (prompt) tokens the model reported.
+    """
+    output_tokens: int
+    """
+    Output (completion) tokens.
+    """
+    total_tokens: int
+    """
+    The model's reported total tokens (SPEC section 4: the receipts' `total_tokens`).
+    """
+    unpriced_executions: NotRequired[int]
+    """
+    Executions that made model requests with no cost known (no price for their model):
+    `cost_usd` leaves them out.
+    """
+
+
 class AdmissionReceipt(TypedDict):
     """
     The admission receipt: the result of `prompt.submit`, `prompt.receipt`, `prompt.cancel`
@@ -1769,6 +2131,11 @@ class AdmissionReceipt(TypedDict):
     admission_id: str
     """
     The admission.
+    """
+    cost_usd: NotRequired[float | None]
+    """
+    `prompt.receipt` with `include_result` of a terminal admission: what its model
+    requests cost in USD, when a price is known (`[pricing]`).
     """
     execution_generation: NotRequired[int | None]
     """
@@ -1862,6 +2229,71 @@ class BackgroundProcess(TypedDict):
     status: ProcessStatus
     """
     Where it stands.
+    """
+
+
+class BudgetPrompt(TypedDict):
+    """
+    The fields of a budget prompt: the turn stopped between two steps because its next model
+    request would pass a spend limit. Spend and limits are those of the limit reached (`scope`):
+    the session's (its root parent's, for a child agent's session, with the whole tree's spend)
+    or the home's for today (UTC).
+    """
+
+    execution_generation: int
+    """
+    The turn's generation; pass back in `budget.respond`.
+    """
+    limit_tokens: NotRequired[int | None]
+    """
+    The token limit; `null` when none applies.
+    """
+    limit_usd: NotRequired[float | None]
+    """
+    The USD limit; `null` when none applies.
+    """
+    next_tokens: int
+    """
+    What the next request would need: the average tokens of a model request so far.
+    """
+    next_usd: float
+    """
+    What the next request would need: the average USD of a model request so far.
+    """
+    prompt_id: str
+    """
+    Pass back in `budget.respond`.
+    """
+    scope: BudgetScope
+    """
+    `session` or `home`: which limit was reached.
+    """
+    spent_tokens: int
+    """
+    Tokens (input + output) spent so far under the limit.
+    """
+    spent_usd: float
+    """
+    USD spent so far under the limit.
+    """
+
+
+class BudgetSettled(TypedDict):
+    """
+    Payload of `budget.settled`.
+    """
+
+    choice: NotRequired[BudgetChoice | None]
+    """
+    The answer; `null` when cancelled.
+    """
+    prompt_id: str
+    """
+    The prompt.
+    """
+    status: PromptSettlement
+    """
+    How it was closed.
     """
 
 
@@ -2058,7 +2490,17 @@ class ClientRequestJobEvents(TypedDict):
     params: JobEventsParams
 
 
-ClientRequest: TypeAlias = ClientRequestPing | ClientRequestSessionCreate | ClientRequestSessionResume | ClientRequestSessionList | ClientRequestSessionDetach | ClientRequestSessionRename | ClientRequestSessionSetMode | ClientRequestPromptSubmit | ClientRequestSessionCompact | ClientRequestPromptReceipt | ClientRequestPromptCancel | ClientRequestPromptResolveUnknown | ClientRequestSessionInterrupt | ClientRequestApprovalRespond | ClientRequestClarifyRespond | ClientRequestSessionEventsSince | ClientRequestApprovalsList | ClientRequestApprovalsRemove | ClientRequestMcpStatus | ClientRequestDaemonInfo | ClientRequestDaemonRestart | ClientRequestUiLoginCode | ClientRequestJobList | ClientRequestJobEvents
+class ClientRequestUsageReport(TypedDict):
+    """
+    `usage.report` (drover extension): what the home's model requests spent, grouped by
+    model, session, day or turn; read only.
+    """
+
+    method: Literal['usage.report']
+    params: UsageReportParams
+
+
+ClientRequest: TypeAlias = ClientRequestPing | ClientRequestSessionCreate | ClientRequestSessionResume | ClientRequestSessionList | ClientRequestSessionDetach | ClientRequestSessionRename | ClientRequestSessionSetMode | ClientRequestPromptSubmit | ClientRequestSessionCompact | ClientRequestPromptReceipt | ClientRequestPromptCancel | ClientRequestPromptResolveUnknown | ClientRequestSessionInterrupt | ClientRequestApprovalRespond | ClientRequestClarifyRespond | ClientRequestBudgetRespond | ClientRequestBudgetStatus | ClientRequestBudgetRaise | ClientRequestSessionEventsSince | ClientRequestApprovalsList | ClientRequestApprovalsRemove | ClientRequestMcpStatus | ClientRequestDaemonInfo | ClientRequestDaemonRestart | ClientRequestUiLoginCode | ClientRequestJobList | ClientRequestJobEvents | ClientRequestUsageReport
 """
 One client request: `{"method": ..., "params": {...}}` (the JSON-RPC `id` and
 `jsonrpc` stay in [`crate::rpc::Request`]).
@@ -2177,6 +2619,25 @@ class EventPayloadClarifySettled(TypedDict):
 
     payload: ClarifySettled
     type: Literal['clarify.settled']
+
+
+class EventPayloadBudgetRequest(TypedDict):
+    """
+    The running turn reached a spend limit and waits for `budget.respond` (payload: the
+    prompt).
+    """
+
+    payload: OpenPrompt
+    type: Literal['budget.request']
+
+
+class EventPayloadBudgetSettled(TypedDict):
+    """
+    A budget prompt was answered, or closed unanswered.
+    """
+
+    payload: BudgetSettled
+    type: Literal['budget.settled']
 
 
 class EventPayloadTurnSettled(TypedDict):
@@ -2468,6 +2929,28 @@ class SessionEventClarifySettled(TypedDict):
     type: Literal['clarify.settled']
 
 
+class SessionEventBudgetSettled(TypedDict):
+    """
+    A budget prompt was answered, or closed unanswered.
+    """
+
+    replay_epoch: str
+    """
+    The stored stream's name (pass to `session.events.since`).
+    """
+    seq: NotRequired[int | None]
+    """
+    1, 2, 3, ... per session with no gaps; `null` for the live-only `message.delta` and
+    `turn.progress`.
+    """
+    session_id: str
+    """
+    The session.
+    """
+    payload: BudgetSettled
+    type: Literal['budget.settled']
+
+
 class SessionEventTurnSettled(TypedDict):
     """
     The turn ended.
@@ -2513,7 +2996,7 @@ class SessionEventTurnProgress(TypedDict):
     type: Literal['turn.progress']
 
 
-SessionEvent: TypeAlias = SessionEventTurnStarted | SessionEventMessageDelta | SessionEventMessageComplete | SessionEventToolStart | SessionEventToolComplete | SessionEventApprovalRequest | SessionEventClarifyRequest | SessionEventApprovalSettled | SessionEventClarifySettled | SessionEventTurnSettled | SessionEventAdmissionUpdated | SessionEventTurnProgress | SessionEventMcpStatus | SessionEventSessionCompacted | SessionEventEventUnreadable
+SessionEvent: TypeAlias = SessionEventTurnStarted | SessionEventMessageDelta | SessionEventMessageComplete | SessionEventToolStart | SessionEventToolComplete | SessionEventApprovalRequest | SessionEventClarifyRequest | SessionEventApprovalSettled | SessionEventClarifySettled | SessionEventBudgetRequest | SessionEventBudgetSettled | SessionEventTurnSettled | SessionEventAdmissionUpdated | SessionEventTurnProgress | SessionEventMcpStatus | SessionEventSessionCompacted | SessionEventEventUnreadable
 """
 The params of an `event` notification, typed: `{session_id, seq, replay_epoch, type,
 payload}`.
@@ -2614,6 +3097,30 @@ class SessionSnapshot(TypedDict):
     """
 
 
+class UsageReport(TypedDict):
+    """
+    Result of `usage.report`.
+    """
+
+    by: UsageGrouping
+    """
+    The grouping asked for.
+    """
+    groups: list[UsageGroup]
+    """
+    The groups: by `model` and `session` most spent first (cost, then tokens), by `day`
+    and `turn` oldest first.
+    """
+    since: NotRequired[float | None]
+    """
+    The `since` asked for.
+    """
+    total: UsageSpend
+    """
+    Every group together.
+    """
+
+
 DroverClientProtocol: TypeAlias = ClientRequest | SessionEvent | RpcError
 """
 JSON-RPC 2.0 over WebSocket (SPEC section 2). A request's method and params are a ClientRequest; its result is the method's x-drover-methods result; an `event` notification's params are a SessionEvent; an error is an RpcError. Params refuse unknown fields; results may gain fields.
@@ -2629,7 +3136,7 @@ class EventPayloadMessageComplete(TypedDict):
     type: Literal['message.complete']
 
 
-EventPayload: TypeAlias = EventPayloadTurnStarted | EventPayloadMessageDelta | EventPayloadMessageComplete | EventPayloadToolStart | EventPayloadToolComplete | EventPayloadApprovalRequest | EventPayloadClarifyRequest | EventPayloadApprovalSettled | EventPayloadClarifySettled | EventPayloadTurnSettled | EventPayloadAdmissionUpdated | EventPayloadTurnProgress | EventPayloadMcpStatus | EventPayloadSessionCompacted | EventPayloadEventUnreadable
+EventPayload: TypeAlias = EventPayloadTurnStarted | EventPayloadMessageDelta | EventPayloadMessageComplete | EventPayloadToolStart | EventPayloadToolComplete | EventPayloadApprovalRequest | EventPayloadClarifyRequest | EventPayloadApprovalSettled | EventPayloadClarifySettled | EventPayloadBudgetRequest | EventPayloadBudgetSettled | EventPayloadTurnSettled | EventPayloadAdmissionUpdated | EventPayloadTurnProgress | EventPayloadMcpStatus | EventPayloadSessionCompacted | EventPayloadEventUnreadable
 """
 Every event type with its payload: `{"type": ..., "payload": {...}}`.
 """
@@ -2664,7 +3171,7 @@ class EventsPage(TypedDict):
 
 # ---- the client's names for schema types ------------------------------------------------
 
-EventType: TypeAlias = Literal['admission.updated', 'approval.request', 'approval.settled', 'clarify.request', 'clarify.settled', 'event.unreadable', 'mcp.status', 'message.complete', 'message.delta', 'session.compacted', 'tool.complete', 'tool.start', 'turn.progress', 'turn.settled', 'turn.started']
+EventType: TypeAlias = Literal['admission.updated', 'approval.request', 'approval.settled', 'budget.request', 'budget.settled', 'clarify.request', 'clarify.settled', 'event.unreadable', 'mcp.status', 'message.complete', 'message.delta', 'session.compacted', 'tool.complete', 'tool.start', 'turn.progress', 'turn.settled', 'turn.started']
 """Every event `type` (the keys of the schema's `x-drover-events`)."""
 
 Event = SessionEvent

@@ -20,12 +20,19 @@ from drover_client.types import OpenPrompt
 
 
 async def answer(session: Session, prompt: OpenPrompt, approve: Literal["once", "deny"]) -> None:
-    """Answers an approval with `approve`, a clarify question from stdin."""
+    """Answers an approval with `approve`, a clarify question from stdin; says where a spend
+    limit paused the turn (a person raises it with `drover budget`)."""
     if prompt["kind"] == "approval":
         print(f"\n[approval: {prompt['command']} -> {approve}]", file=sys.stderr)
         await session.respond_approval(prompt, approve)
-    else:
+    elif prompt["kind"] == "clarify":
         await session.respond_clarify(prompt, input(f"\n{prompt['question']} "))
+    else:
+        print(
+            f"\n[paused (budget): {prompt['spent_usd']:.4f} USD spent; "
+            f"`drover budget {session.id} --add-usd N` lets it go on]",
+            file=sys.stderr,
+        )
 
 
 async def run(home: str | None, session_id: str | None, approve: Literal["once", "deny"], prompt: str) -> int:
