@@ -77,3 +77,28 @@ async fn ps_tells_the_daemon_the_template_a_spare_and_a_turns_worker_apart() {
     gate.open();
     assert_eq!(s.wait_settled(&admission_id).await.unwrap(), "completed");
 }
+
+#[tokio::test]
+async fn ps_shows_drover_acp_as_such() {
+    let s = OneSession::builder(bin()).start().await.unwrap();
+    let mut acp = tokio::process::Command::new(bin())
+        .arg("--home")
+        .arg(s.home.path())
+        .arg("acp")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let pid = acp.id().expect("drover acp runs");
+    let shown = title_becomes(pid, "drover acp").await;
+    // Its stdin closed, `drover acp` ends.
+    drop(acp.stdin.take());
+    let ended = tokio::time::timeout(BOUND, acp.wait()).await;
+    if ended.is_err() {
+        acp.kill().await.unwrap();
+    }
+    shown.unwrap();
+    assert!(ended.is_ok(), "drover acp did not end with its stdin");
+}
