@@ -110,8 +110,9 @@ impl Ledger {
                 return Err(LedgerError::NotFound(format!("session {id}")));
             }
         }
-        // With a session, its tree is walked first and its executions found by the
-        // `executions_session` index; without, every execution is read once.
+        // With a session, its tree is walked first and drives the join (CROSS JOIN keeps that
+        // order), so its executions are found by the `executions_session` index rather than by
+        // walking the home's in `created_at` order; without, every execution is read once.
         const COLUMNS: &str = "e.admission_id, e.session_id, e.created_at,
                     strftime('%Y-%m-%d', e.created_at, 'unixepoch'),
                     s.model, s.title, s.parent_session_id,
@@ -124,7 +125,7 @@ impl Ledger {
                      UNION SELECT s.id FROM sessions s JOIN tree t ON s.parent_session_id = t.id
                  )
                  SELECT {COLUMNS} FROM tree
-                 JOIN worker_executions e ON e.session_id = tree.id
+                 CROSS JOIN worker_executions e ON e.session_id = tree.id
                  JOIN sessions s ON s.id = e.session_id
                  WHERE e.created_at >= ?1 ORDER BY e.created_at, e.rowid"
             )
