@@ -179,7 +179,9 @@ impl TurnActivity {
                     self.model_since = now;
                 }
             }
-            EventPayload::ApprovalRequest(prompt) | EventPayload::ClarifyRequest(prompt) => {
+            EventPayload::ApprovalRequest(prompt)
+            | EventPayload::ClarifyRequest(prompt)
+            | EventPayload::BudgetRequest(prompt) => {
                 if self.prompts.is_empty() {
                     self.prompt_since = now;
                 }
@@ -189,6 +191,9 @@ impl TurnActivity {
                 self.prompts.retain(|id| *id != settled.prompt_id);
             }
             EventPayload::ClarifySettled(settled) => {
+                self.prompts.retain(|id| *id != settled.prompt_id);
+            }
+            EventPayload::BudgetSettled(settled) => {
                 self.prompts.retain(|id| *id != settled.prompt_id);
             }
             _ => {}
@@ -398,7 +403,7 @@ impl Hub {
         state.sessions.len() + running
     }
 
-    /// Approval and clarify prompts open in running turns (`drover.prompts.open`).
+    /// Approval, clarify and budget prompts open in running turns (`drover.prompts.open`).
     pub fn open_prompts(&self) -> usize {
         self.lock().turns.values().map(|t| t.prompts.len()).sum()
     }

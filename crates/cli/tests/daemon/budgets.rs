@@ -477,3 +477,40 @@ async fn drover_run_budget_freezes_a_limit_and_a_paused_run_says_how_to_go_on() 
     .await;
     assert_eq!(chat_requests(&model), 1);
 }
+
+#[tokio::test]
+async fn interrupting_a_paused_turn_ends_it_and_closes_its_prompt() {
+    let (model, home) = priced_home("").await;
+    model.set_default(priced("ok"));
+    let daemon = Daemon::start(bin(), home.path()).await.unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let sid = new_session(&mut client, &home, json!({"budget": {"tokens": 4}})).await;
+    client.complete_turn(&sid, "first").await.unwrap();
+    // 3 tokens spent; the next request would make 6, past the 4-token limit.
+    let second = submit(&mut client, &sid, "second").await;
+    let prompt = budget_request(&mut client).await;
+    assert_eq!(prompt["limit_tokens"], 4, "{prompt}");
+    assert_eq!(prompt["spent_tokens"], 3, "{prompt}");
+    client
+        .call_ok(
+            "session.interrupt",
+            json!({"session_id": sid, "execution_generation": prompt["execution_generation"]}),
+        )
+        .await
+        .unwrap();
+    let closed = client.wait_event_type("budget.settled").await.unwrap();
+    assert_eq!(closed["payload"]["status"], "cancelled", "{closed}");
+    let end = settled(&mut client, &second).await;
+    assert_eq!(end["outcome"], "interrupted", "{end}");
+    assert_eq!(chat_requests(&model), 1);
+    let late = client
+        .call_ok(
+            "budget.respond",
+            json!({"session_id": sid, "execution_generation": prompt["execution_generation"],
+                   "prompt_id": prompt["prompt_id"], "choice": "raise", "add_tokens": 100}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(late["status"], "cancelled", "{late}");
+    assert_eq!(late["reason"], "interrupted", "{late}");
+}
