@@ -220,7 +220,9 @@ mod tests {
             .check_adoption(from + 1, &[handover(&handed, "secret-1")])
             .is_err());
         let good = handover(&handed, "secret-1");
-        ledger.check_adoption(from, std::slice::from_ref(&good)).unwrap();
+        ledger
+            .check_adoption(from, std::slice::from_ref(&good))
+            .unwrap();
 
         ledger.bump_epoch().unwrap();
         // All or nothing: one wrong secret adopts none.
