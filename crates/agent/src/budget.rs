@@ -359,6 +359,13 @@ impl Budget {
                 output_tokens: usage.output_tokens.saturating_add(counted.output_tokens),
                 total_tokens: usage.total_tokens.saturating_add(counted.total_tokens),
                 api_calls: usage.api_calls + 1,
+                cached_input_tokens: usage
+                    .cached_input_tokens
+                    .saturating_add(completion.usage_extra.cached_input_tokens),
+                cost_usd: match (usage.cost_usd, completion.usage_extra.cost_usd) {
+                    (Some(a), Some(b)) => Some(a + b),
+                    (a, b) => a.or(b),
+                },
             };
             match completion.message.content {
                 Some(text) if !text.trim().is_empty() => {

@@ -277,6 +277,7 @@ fn text(content: &str) -> Step {
     Step::Answer(Completion {
         message: ChatMessage::text(Role::Assistant, content),
         usage: usage(10, 5),
+        usage_extra: Default::default(),
         finish_reason: Some("stop".into()),
         model: None,
     })
@@ -303,6 +304,7 @@ fn calls(list: &[(&str, &str, &str)]) -> Step {
             tool_name: None,
         },
         usage: usage(20, 3),
+        usage_extra: Default::default(),
         finish_reason: Some("tool_calls".into()),
         model: None,
     })
@@ -493,7 +495,8 @@ async fn text_answer_completes_with_usage_and_one_api_call() {
                 input_tokens: 10,
                 output_tokens: 5,
                 total_tokens: 15,
-                api_calls: 1
+                api_calls: 1,
+                ..UsageAdd::default()
             }),
             Entry::Append {
                 messages: vec![ChatMessage::text(Role::Assistant, "the answer")],
@@ -533,7 +536,8 @@ async fn missing_usage_is_recorded_as_zero_and_usage_is_summed() {
                 input_tokens: 10,
                 output_tokens: 5,
                 total_tokens: 15,
-                api_calls: 1
+                api_calls: 1,
+                ..UsageAdd::default()
             },
         ]
     );

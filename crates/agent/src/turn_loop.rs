@@ -240,6 +240,8 @@ pub(crate) async fn drive(
             output_tokens: usage.output_tokens,
             total_tokens: usage.total_tokens,
             api_calls: 1,
+            cached_input_tokens: completion.usage_extra.cached_input_tokens,
+            cost_usd: completion.usage_extra.cost_usd,
         };
         if let Err(e) = store.add_usage(usage_add).await {
             return tally.failed(e);

@@ -574,6 +574,7 @@ impl Driver<'_, '_> {
                     output_tokens: usage.output_tokens,
                     total_tokens: usage.total_tokens,
                     api_calls: 1,
+                    ..UsageAdd::default()
                 })
                 .await?;
             let open = if outcome == TurnOutcome::Interrupted {

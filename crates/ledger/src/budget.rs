@@ -40,10 +40,14 @@ pub struct Price {
 }
 
 impl Price {
-    /// What `usage` costs at this price. Input tokens are priced at `input_per_mtok`: the
-    /// usage a worker reports does not split out cached ones.
+    /// What `usage` costs at this price: its cached input tokens at `cached_input_per_mtok`
+    /// (else `input_per_mtok`), the rest of its input at `input_per_mtok`.
     pub fn cost(&self, usage: &UsageAdd) -> f64 {
-        (usage.input_tokens as f64 * self.input_per_mtok
+        let cached = usage.cached_input_tokens.min(usage.input_tokens);
+        let fresh = usage.input_tokens - cached;
+        let cached_price = self.cached_input_per_mtok.unwrap_or(self.input_per_mtok);
+        (fresh as f64 * self.input_per_mtok
+            + cached as f64 * cached_price
             + usage.output_tokens as f64 * self.output_per_mtok)
             / 1_000_000.0
     }
@@ -59,9 +63,9 @@ pub struct SpendRules {
     pub home_usd_per_day: Option<f64>,
 }
 
-/// Adds the cost of one `usage.add` (or a compaction's usage) to its execution, when the
-/// session's model has a price. Without one the cost stays as it was (`NULL` when no request
-/// of the execution had one).
+/// Adds the cost of one `usage.add` (or a compaction's usage) to its execution: the cost the
+/// endpoint reported when it did, else the session's model's price from `[pricing]`. Without
+/// either the cost stays as it was (`NULL` when no request of the execution had one).
 pub(crate) fn add_cost(
     tx: &Connection,
     execution_id: &str,
@@ -69,20 +73,26 @@ pub(crate) fn add_cost(
     usage: &UsageAdd,
     rules: &SpendRules,
 ) -> Result<(), LedgerError> {
-    if rules.pricing.is_empty() {
+    let reported = usage.cost_usd.filter(|usd| usd.is_finite() && *usd >= 0.0);
+    if reported.is_none() && rules.pricing.is_empty() {
         return Ok(());
     }
-    let model: Option<String> = tx
-        .query_row_cached(
-            "SELECT model FROM sessions WHERE id = ?1",
-            [session_id],
-            |r| r.get(0),
-        )
-        .optional()?;
-    let Some(price) = model.and_then(|m| rules.pricing.get(&m).copied()) else {
-        return Ok(());
+    let cost = match reported {
+        Some(usd) => usd,
+        None => {
+            let model: Option<String> = tx
+                .query_row_cached(
+                    "SELECT model FROM sessions WHERE id = ?1",
+                    [session_id],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            let Some(price) = model.and_then(|m| rules.pricing.get(&m).copied()) else {
+                return Ok(());
+            };
+            price.cost(usage)
+        }
     };
-    let cost = price.cost(usage);
     if !cost.is_finite() {
         return Ok(());
     }
@@ -713,7 +723,29 @@ pub(crate) fn check_digest() -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::civil_day;
+    use super::{civil_day, Price};
+    use drover_protocol::worker::UsageAdd;
+
+    #[test]
+    fn cached_input_is_priced_apart_when_it_has_a_price() {
+        let usage = UsageAdd {
+            input_tokens: 1_000_000,
+            output_tokens: 500_000,
+            cached_input_tokens: 400_000,
+            ..UsageAdd::default()
+        };
+        let price = Price {
+            input_per_mtok: 1.0,
+            cached_input_per_mtok: Some(0.25),
+            output_per_mtok: 4.0,
+        };
+        assert!((price.cost(&usage) - (0.6 + 0.1 + 2.0)).abs() < 1e-9);
+        let flat = Price {
+            cached_input_per_mtok: None,
+            ..price
+        };
+        assert!((flat.cost(&usage) - (1.0 + 2.0)).abs() < 1e-9);
+    }
 
     #[test]
     fn days_since_the_epoch_read_as_their_dates() {

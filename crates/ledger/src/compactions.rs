@@ -301,6 +301,7 @@ mod tests {
                 output_tokens: 7,
                 total_tokens: 107,
                 api_calls: 1,
+                ..UsageAdd::default()
             },
         })
         .expect("payload")

@@ -194,6 +194,7 @@ mod tests {
             output_tokens: i64::MAX as u64,
             total_tokens: 7,
             api_calls: 1,
+            ..UsageAdd::default()
         };
         add_usage(&conn, "e", "s", &huge).expect("add");
         add_usage(&conn, "e", "s", &huge).expect("add again");

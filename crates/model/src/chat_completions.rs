@@ -119,9 +119,29 @@ pub(crate) struct WireUsage {
     #[serde(alias = "output_tokens")]
     completion_tokens: Option<Value>,
     total_tokens: Option<Value>,
+    #[serde(default, alias = "input_tokens_details")]
+    prompt_tokens_details: Option<Value>,
+    #[serde(default)]
+    cost: Option<Value>,
 }
 
 impl WireUsage {
+    /// The cached input tokens and the cost the usage reports, if any.
+    pub fn extra(&self) -> crate::UsageExtra {
+        let cached = self
+            .prompt_tokens_details
+            .as_ref()
+            .and_then(|details| details.get("cached_tokens"));
+        crate::UsageExtra {
+            cached_input_tokens: token_count("cached_tokens", cached).unwrap_or(0),
+            cost_usd: self
+                .cost
+                .as_ref()
+                .and_then(Value::as_f64)
+                .filter(|usd| usd.is_finite() && *usd >= 0.0),
+        }
+    }
+
     pub fn to_usage(&self) -> Usage {
         let input_tokens = token_count("prompt_tokens", self.prompt_tokens.as_ref()).unwrap_or(0);
         let output_tokens =
@@ -285,6 +305,11 @@ pub(crate) fn parse_completion(body: &[u8]) -> Result<Completion, ModelError> {
     Ok(Completion {
         message: assistant_message(text, tool_calls),
         usage: body.usage.as_ref().map(WireUsage::to_usage),
+        usage_extra: body
+            .usage
+            .as_ref()
+            .map(WireUsage::extra)
+            .unwrap_or_default(),
         finish_reason: choice.finish_reason,
         model: body.model,
     })

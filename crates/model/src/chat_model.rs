@@ -16,10 +16,23 @@ pub struct Completion {
     /// Each count is bounded to `0..=`[`drover_protocol::TOKEN_COUNT_MAX`] (clamped above,
     /// ignored when negative or not a number), so no endpoint can overflow drover's sums.
     pub usage: Option<Usage>,
+    /// What the usage said beyond the counts: cached input tokens and a reported cost.
+    pub usage_extra: UsageExtra,
     /// `stop`, `tool_calls`, `length`, ... as the server said it.
     pub finish_reason: Option<String>,
     /// The `model` field the server answered with, if any.
     pub model: Option<String>,
+}
+
+/// What an endpoint's usage said beyond the three counts, for pricing (docs/configuration.md,
+/// "Budgets"): `prompt_tokens_details.cached_tokens` (Responses API:
+/// `input_tokens_details.cached_tokens`) and a cost in USD (OpenRouter's `usage.cost`).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct UsageExtra {
+    /// Input tokens read from the endpoint's cache, bounded as the counts are.
+    pub cached_input_tokens: u64,
+    /// The reported cost in USD, when it is a finite number of 0 or more.
+    pub cost_usd: Option<f64>,
 }
 
 /// What `GET {base_url}/models` said of the model's context window.

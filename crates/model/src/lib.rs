@@ -69,7 +69,7 @@ mod tests;
 mod transport;
 mod warm;
 
-pub use chat_model::{ChatModel, Completion, WindowLookup};
+pub use chat_model::{ChatModel, Completion, UsageExtra, WindowLookup};
 pub use endpoint::ModelConfig;
 pub use error::ModelError;
 pub use model_client::{span_millis, ModelClient};

@@ -450,6 +450,7 @@ pub(crate) fn completion(
     Completion {
         message: chat_completions::assistant_message(text, calls),
         usage: usage.map(WireUsage::to_usage),
+        usage_extra: usage.map(WireUsage::extra).unwrap_or_default(),
         finish_reason,
         model: model.filter(|m| !m.is_empty()),
     }
@@ -513,6 +514,7 @@ mod tests {
         let done = Completion {
             message: assistant.clone(),
             usage: None,
+            usage_extra: Default::default(),
             finish_reason: None,
             model: None,
         };

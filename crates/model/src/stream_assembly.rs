@@ -47,6 +47,7 @@ pub(crate) struct StreamAssembly {
     /// Tool calls by their `index`, which is the only thing tying argument pieces together.
     calls: BTreeMap<u64, PartialCall>,
     usage: Option<Usage>,
+    usage_extra: crate::UsageExtra,
     finish_reason: Option<String>,
     model: Option<String>,
 }
@@ -88,6 +89,7 @@ impl EventAssembly for StreamAssembly {
         }
         if let Some(usage) = chunk.usage {
             self.usage = Some(usage.to_usage());
+            self.usage_extra = usage.extra();
         }
         for choice in chunk.choices.unwrap_or_default() {
             if let Some(reason) = choice.finish_reason {
@@ -145,6 +147,7 @@ impl EventAssembly for StreamAssembly {
         Ok(Completion {
             message: chat_completions::assistant_message(self.text, tool_calls),
             usage: self.usage,
+            usage_extra: self.usage_extra,
             finish_reason: self.finish_reason,
             model: self.model,
         })

@@ -514,3 +514,36 @@ async fn interrupting_a_paused_turn_ends_it_and_closes_its_prompt() {
     assert_eq!(late["status"], "cancelled", "{late}");
     assert_eq!(late["reason"], "interrupted", "{late}");
 }
+
+/// A cost the endpoint reports in its usage wins over `[pricing]`; cached input tokens are
+/// priced at `cached_input_per_mtok`.
+#[tokio::test]
+async fn a_reported_cost_wins_and_cached_input_has_its_own_price() {
+    let (model, home) = model_home(true).await.unwrap();
+    home.write_model_config(
+        &model.base_url(),
+        true,
+        "[pricing.\"mock\"]\ninput_per_mtok = 100000.0\ncached_input_per_mtok = 10000.0\n\
+         output_per_mtok = 0.0\n",
+    )
+    .unwrap();
+    model.push(Reply::text("reported").raw_usage(json!({
+        "prompt_tokens": 3, "completion_tokens": 0, "total_tokens": 3, "cost": 0.07
+    })));
+    model.push(Reply::text("cached").raw_usage(json!({
+        "prompt_tokens": 3, "completion_tokens": 0, "total_tokens": 3,
+        "prompt_tokens_details": {"cached_tokens": 2}
+    })));
+    let daemon = Daemon::start(bin(), home.path()).await.unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let sid = new_session(&mut client, &home, json!({})).await;
+    let mut costs = Vec::new();
+    for text in ["one", "two"] {
+        let admission = client.complete_turn(&sid, text).await.unwrap();
+        let receipt = client.receipt(&sid, &admission, true).await.unwrap();
+        costs.push(receipt["cost_usd"].as_f64().unwrap());
+    }
+    assert!(close(costs[0], 0.07), "the reported cost: {costs:?}");
+    // One fresh input token at 0.10, two cached at 0.01 each.
+    assert!(close(costs[1], 0.12), "the cached price: {costs:?}");
+}

@@ -245,7 +245,7 @@ pub struct TranscriptAppend {
 }
 
 /// Payload of `usage.add`: one model request's usage.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct UsageAdd {
     /// Prompt tokens.
     pub input_tokens: u64,
@@ -255,6 +255,18 @@ pub struct UsageAdd {
     pub total_tokens: u64,
     /// Model responses (1 per request).
     pub api_calls: u64,
+    /// Of `input_tokens`, those the endpoint reported as read from its cache (priced at
+    /// `cached_input_per_mtok`); absent: 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cached_input_tokens: u64,
+    /// The cost in USD the endpoint reported in its usage (OpenRouter's `usage.cost`); it wins
+    /// over `[pricing]`. Absent: none reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_usd: Option<f64>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// How a turn ended, as the worker reports it.

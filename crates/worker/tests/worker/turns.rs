@@ -62,7 +62,8 @@ async fn completed_turn_persists_in_sequence_and_exits_zero() {
             input_tokens: 10,
             output_tokens: 5,
             total_tokens: 15,
-            api_calls: 1
+            api_calls: 1,
+            ..UsageAdd::default()
         }
     );
     let assistant: TranscriptAppend =
