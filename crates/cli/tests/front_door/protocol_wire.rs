@@ -17,7 +17,9 @@ use crate::common::bin;
 use drover_protocol::client::{ClientRequest, MethodResult, METHODS};
 use drover_protocol::event::SessionEvent;
 use drover_protocol::rpc::{ErrorData, RpcError};
-use drover_test_support::harness::{pid_alive, run_drover, uuid_like, Client, Daemon, TestHome};
+use drover_test_support::harness::{
+    pid_alive, run_drover, uuid_like, Client, Daemon, KillDaemonOnDrop, TestHome,
+};
 use drover_test_support::{Gate, MockModel, Reply};
 use serde_json::{json, Value};
 
@@ -593,6 +595,9 @@ async fn every_method_and_event_of_the_daemon_round_trips_through_the_typed_prot
     .await;
     w.ok(&mut c, "session.detach", json!({"session_id": sid}))
         .await;
+    // Last: a handoff to the binary on disk (its next owner is stopped when the test ends).
+    let _next_owner = KillDaemonOnDrop(home.path());
+    w.ok(&mut c, "daemon.restart", json!({})).await;
 
     for m in METHODS {
         assert!(w.methods.contains_key(*m), "no example of {m}");
