@@ -428,7 +428,7 @@ fn every_field(method: &str) -> Value {
             "api_key": "k", "toolsets": [], "system_prompt": "p", "title": "t", "source": "cli",
             "approval_mode": "auto",
             "mcp_servers": {"own": {"command": "/bin/true", "args": [], "env": {}}},
-            "agent": "a",
+            "agent": "a", "budget": {"usd": 1.5, "tokens": 1000},
         }),
         "session.resume" | "session.detach" => json!({"session_id": "s"}),
         "session.rename" => json!({"session_id": "s", "title": "t"}),
@@ -443,6 +443,14 @@ fn every_field(method: &str) -> Value {
         "session.interrupt" => json!({"session_id": "s", "execution_generation": 1}),
         "approval.respond" => respond("choice", json!("once")),
         "clarify.respond" => respond("answer", json!("a")),
+        "budget.respond" => {
+            let mut p = respond("choice", json!("raise"));
+            p["add_usd"] = json!(1.0);
+            p["add_tokens"] = json!(10);
+            p
+        }
+        "budget.status" => json!({"session_id": "s"}),
+        "budget.raise" => json!({"session_id": "s", "add_usd": 1.0, "add_tokens": 10}),
         "session.events.since" => {
             json!({"session_id": "s", "replay_epoch": "e", "last_sequence": 0, "limit": 10})
         }
