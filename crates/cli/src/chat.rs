@@ -43,6 +43,14 @@ pub struct ChatArgs {
     /// `[agents.<name>]` in config.toml, instead of drover's own agent loop.
     #[arg(long, value_name = "NAME", conflicts_with_all = ["session", "continue_"])]
     agent: Option<String>,
+    /// New sessions of this chat use this model (default: `[model] name`): with
+    /// `--base-url`, a chat needs no config.toml.
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["session", "continue_", "agent"])]
+    model: Option<String>,
+    /// New sessions of this chat use this endpoint (default: `[model] base_url`, else
+    /// `$OPENAI_BASE_URL`).
+    #[arg(long, value_name = "URL", conflicts_with_all = ["session", "continue_", "agent"])]
+    base_url: Option<String>,
 }
 
 /// `drover attach` arguments.
@@ -53,6 +61,15 @@ pub struct AttachArgs {
 }
 
 impl ChatArgs {
+    /// A new session's chat, its sessions on `model` at `base_url` (`drover --model M`).
+    pub fn new_session_on(model: Option<String>, base_url: Option<String>) -> ChatArgs {
+        ChatArgs {
+            model,
+            base_url,
+            ..ChatArgs::default()
+        }
+    }
+
     fn target(&self) -> Target {
         match (&self.session, self.continue_) {
             (Some(id), _) => Target::Session(id.clone()),
@@ -69,8 +86,30 @@ pub fn on_a_terminal() -> bool {
 
 /// `drover chat`.
 pub async fn chat(home: PathBuf, args: ChatArgs) -> Result<Exit> {
+    if args.model.as_deref().is_some_and(|m| m.trim().is_empty()) {
+        anyhow::bail!("--model must name a model, not be empty");
+    }
+    if let Some(url) = &args.base_url {
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            anyhow::bail!("--base-url must be an http:// or https:// URL, not {url:?}");
+        }
+    }
     let target = args.target();
-    open(home, target, args.agent).await
+    let new_sessions = NewSessions {
+        agent: args.agent,
+        model: args.model,
+        base_url: args.base_url,
+    };
+    open(home, target, new_sessions).await
+}
+
+/// What the sessions a chat creates are made with (`drover chat --agent`, `--model`,
+/// `--base-url`); all `None`: the config's.
+#[derive(Debug, Default)]
+struct NewSessions {
+    agent: Option<String>,
+    model: Option<String>,
+    base_url: Option<String>,
 }
 
 /// `drover attach ID`.
@@ -82,12 +121,11 @@ pub async fn attach(home: PathBuf, args: AttachArgs) -> Result<Exit> {
         );
         return Ok(Exit::Failed);
     }
-    open(home, Target::Session(args.session), None).await
+    open(home, Target::Session(args.session), NewSessions::default()).await
 }
 
-/// Opens the chat on `target`; the sessions it creates run `agent` (`None`: drover's own
-/// loop).
-async fn open(home: PathBuf, target: Target, agent: Option<String>) -> Result<Exit> {
+/// Opens the chat on `target`; the sessions it creates are made as `new_sessions` says.
+async fn open(home: PathBuf, target: Target, new_sessions: NewSessions) -> Result<Exit> {
     if !on_a_terminal() {
         eprintln!(
             "drover: chat needs a terminal (stdin and stdout); from a script use `drover run PROMPT` (or `drover run -` to read it from stdin)"
@@ -109,7 +147,11 @@ async fn open(home: PathBuf, target: Target, agent: Option<String>) -> Result<Ex
         eprintln!("drover: {mismatch}");
     }
     let cwd = std::env::current_dir()?.display().to_string();
-    let link = Arc::new(ClientLink { client, cwd, agent });
+    let link = Arc::new(ClientLink {
+        client,
+        cwd,
+        new_sessions,
+    });
     match drover_tui::run(link, target, Theme::from_env()).await {
         Ok(_) => Ok(Exit::Ok),
         Err(e) => {
@@ -124,8 +166,8 @@ struct ClientLink {
     client: Client,
     /// The working directory new sessions get.
     cwd: String,
-    /// The external agent new sessions run (`drover chat --agent`).
-    agent: Option<String>,
+    /// What new sessions are made with (`drover chat --agent`, `--model`, `--base-url`).
+    new_sessions: NewSessions,
 }
 
 fn words(e: ClientError) -> LinkError {
@@ -294,7 +336,9 @@ impl ClientLink {
     async fn create(&self) -> Result<SessionStream, LinkError> {
         self.client
             .create_and_attach(SessionCreateParams {
-                agent: self.agent.clone(),
+                agent: self.new_sessions.agent.clone(),
+                model: self.new_sessions.model.clone(),
+                base_url: self.new_sessions.base_url.clone(),
                 ..SessionCreateParams::in_cwd(uuid::Uuid::new_v4().to_string(), self.cwd.clone())
             })
             .await

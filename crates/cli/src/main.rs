@@ -39,6 +39,13 @@ struct Cli {
     /// The drover home (default: $DROVER_HOME, else ~/.drover).
     #[arg(long, global = true, value_name = "DIR")]
     home: Option<PathBuf>,
+    /// Without a command: the model of the chat's new sessions, as `drover chat --model`.
+    #[arg(long, value_name = "NAME")]
+    model: Option<String>,
+    /// Without a command: the endpoint of the chat's new sessions, as `drover chat
+    /// --base-url`.
+    #[arg(long, value_name = "URL")]
+    base_url: Option<String>,
     /// Without a command, on a terminal: `drover chat`.
     #[command(subcommand)]
     command: Option<Command>,
@@ -170,9 +177,17 @@ fn main() -> ExitCode {
         }
     };
     let home = drover_owner::home::resolve_home(cli.home.as_deref());
+    if cli.command.is_some() && (cli.model.is_some() || cli.base_url.is_some()) {
+        eprintln!(
+            "drover: --model and --base-url before the command are the chat's (`drover --model M`); \
+             put them after the command (`drover run --model M ...`)"
+        );
+        return Exit::Failed.into();
+    }
     let Some(command) = cli.command else {
         if chat::on_a_terminal() {
-            return commands::block_on(chat::chat(home, chat::ChatArgs::default())).into();
+            let args = chat::ChatArgs::new_session_on(cli.model, cli.base_url);
+            return commands::block_on(chat::chat(home, args)).into();
         }
         let _ = <Cli as clap::CommandFactory>::command().print_help();
         return Exit::Failed.into();

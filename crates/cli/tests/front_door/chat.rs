@@ -579,3 +579,41 @@ async fn resizing_while_a_turn_streams_keeps_the_scrollback_whole_and_the_keys_w
     pane.keys(&["C-d"]);
     assert_eq!(pane.exit_code().await, 0, "{}", pane.screen());
 }
+
+/// `drover chat --model M --base-url URL`, and `drover --model M --base-url URL` alone, chat
+/// in a home with no config.toml: the session is made on that model and endpoint.
+#[tokio::test]
+async fn chat_needs_no_config_with_model_and_base_url() {
+    let model = MockModel::start().await;
+    let home = TestHome::new().unwrap();
+    let _daemon = KillDaemonOnDrop(home.path());
+    let url = model.base_url();
+    for (n, args) in [
+        vec!["chat", "--model", "demo", "--base-url", url.as_str()],
+        vec!["--model", "demo", "--base-url", url.as_str()],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        model.push(Reply::text(format!("answer {n}")));
+        let pane = in_pane(home.path(), home.work(), &args);
+        pane.wait_for("· idle ·").await;
+        pane.send(&format!("question {n}"));
+        pane.wait_for(&format!("answer {n}")).await;
+        pane.keys(&["C-d"]);
+        assert_eq!(pane.exit_code().await, 0, "{}", pane.screen());
+    }
+    let rows = db_rows(&home.db(), "SELECT model FROM sessions");
+    assert_eq!(rows, [[json!("demo")], [json!("demo")]], "{rows:?}");
+    assert!(!home.path().join("config.toml").exists());
+    // Before another command they are refused, naming where they go.
+    let out = drover_test_support::harness::run_drover(
+        bin(),
+        home.path(),
+        None,
+        &["--model", "x", "sessions"],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("after the command"));
+}
