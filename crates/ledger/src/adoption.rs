@@ -177,7 +177,7 @@ fn claim_of(
         approval_grants: Vec::new(),
         background_processes: Vec::new(),
         events: Vec::new(),
-        budget_limited: crate::budget::limited(tx, session_id, false)?,
+        budget_limited: crate::budget::limited(tx, session_id)?,
     })
 }
 

@@ -228,15 +228,9 @@ fn session_limits(
     Ok((usd, tokens.map(|t| t.max(0) as u64)))
 }
 
-/// Whether any limit applies to a turn of `session_id` (the bootstrap's `budget_checked`).
-pub(crate) fn limited(
-    tx: &Connection,
-    session_id: &str,
-    home_limited: bool,
-) -> Result<bool, LedgerError> {
-    if home_limited {
-        return Ok(true);
-    }
+/// Whether the session (its root parent) has a limit of its own: with the home-wide limit,
+/// what the bootstrap's `budget_checked` says.
+pub(crate) fn limited(tx: &Connection, session_id: &str) -> Result<bool, LedgerError> {
     let root = root_of(tx, session_id)?;
     let (usd, tokens) = session_limits(tx, &root)?;
     Ok(usd.is_some() || tokens.is_some())

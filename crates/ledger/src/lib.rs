@@ -16,7 +16,8 @@
 //! ([`new_id`], the clock), `digests` → `sql` (statements through the cache), `state`,
 //! `schema`, `integrity` (pure rules and the file) → `open` (the [`Ledger`] handle) →
 //! `events`, `counts` → rows: `sessions` (with `frozen_model`), `admissions`, `approvals`, `prompts`, `messages`,
-//! `compactions`, `processes`, `jobs`, then `delegation` (child executions, over admissions
+//! `compactions`, `processes`, `jobs`, `budget` (prices, spend limits and their `budget`
+//! prompts, over sessions and prompts), then `delegation` (child executions, over admissions
 //! and prompts) → `turns` (the turn lifecycle: admit, claim, cancel, interrupt, settle, lose,
 //! recover) → `adoption` (a daemon handoff's running executions, taken over by the next owner)
 //! → `persist` (a worker's persist frames); `usage_report` reads what the executions spent

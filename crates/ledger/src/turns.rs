@@ -606,7 +606,7 @@ fn claim_in(
         approval_grants,
         background_processes,
         events,
-        budget_limited: crate::budget::limited(tx, session_id, false)?,
+        budget_limited: crate::budget::limited(tx, session_id)?,
     }))
 }
 

@@ -8,8 +8,9 @@
 //!
 //! The handlers live by what they serve: `sessions` (create, resume, list, rename, mode,
 //! events), `admissions` (inputs, compaction, receipts, cancel, interrupt), `prompts`
-//! (answers to approval and clarify prompts), `home_wide` (the home's approval rules, MCP
-//! status and jobs, and the dashboard's login code), `usage` (what the model requests spent).
+//! (answers to approval and clarify prompts), `budget` (answers to budget prompts, raising and
+//! reading spend limits), `home_wide` (the home's approval rules, MCP status and jobs, and the
+//! dashboard's login code), `usage` (what the model requests spent).
 
 use std::future::Future;
 use std::pin::Pin;
