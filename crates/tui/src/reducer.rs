@@ -555,9 +555,14 @@ impl App {
         self.notice = Some(format!("{what} failed: {why}"));
     }
 
-    /// The connection to the daemon was lost.
+    /// The connection to the daemon was lost: the status line says so, and the scrollback says
+    /// why and what to do (once per reason: the client repeats it while it retries).
     pub fn connection_lost(&mut self, why: &str) {
+        let told = matches!(&self.connection, Connection::Reconnecting(before) if before == why);
         self.connection = Connection::Reconnecting(why.to_string());
+        if !told {
+            self.scrollback.push(Block::Notice(why.to_string()));
+        }
     }
 
     /// The daemon handed over to its next owner, which this client is connected to now.

@@ -434,6 +434,10 @@ pub fn status_line(app: &App, now: Instant) -> String {
             format!("waiting for the daemon to answer ({})", seconds(waited))
         }
         (Connection::Connected, None) => "daemon up".to_string(),
+        // Stopped by someone (`drover stop`): it is not coming back on its own.
+        (Connection::Reconnecting(why), _) if why.contains("was stopped") => {
+            "daemon stopped, waiting for it to start".to_string()
+        }
         (Connection::Reconnecting(_), _) => "daemon lost, reconnecting…".to_string(),
     };
     // An external agent picks its own model: drover's model name would say something false.

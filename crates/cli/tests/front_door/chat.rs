@@ -617,3 +617,31 @@ async fn chat_needs_no_config_with_model_and_base_url() {
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("after the command"));
 }
+
+/// After `drover stop`, the chat says the daemon was stopped and what to do (not only "lost"),
+/// a message typed meanwhile waits, and once a daemon is started again it is sent.
+#[tokio::test]
+async fn after_drover_stop_the_chat_says_why_and_waits_for_a_daemon() {
+    let (model, home, scratch) = setup().await;
+    let _daemon = KillDaemonOnDrop(home.path());
+    model.push(Reply::text("first answer"));
+    let pane = chat(&home, scratch.path(), "first").await;
+    pane.wait_for("first answer").await;
+    let stop = drover_test_support::harness::run_drover(bin(), home.path(), None, &["stop"]).await;
+    assert!(stop.status.success(), "{stop:?}");
+    let screen = pane
+        .wait_for("the daemon was stopped; waiting for it")
+        .await;
+    assert!(
+        screen.contains("daemon stopped, waiting for it to start"),
+        "{screen}"
+    );
+    assert!(screen.contains("drover daemon"), "{screen}");
+    model.push(Reply::text("second answer"));
+    pane.send("second");
+    // Any other drover command starts the daemon again; the chat finds it and sends.
+    let list =
+        drover_test_support::harness::run_drover(bin(), home.path(), None, &["sessions"]).await;
+    assert!(list.status.success(), "{list:?}");
+    pane.wait_for("second answer").await;
+}
