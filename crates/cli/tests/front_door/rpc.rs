@@ -457,6 +457,9 @@ fn every_field(method: &str) -> Value {
         "approvals.remove" => json!({"pattern_key": "k"}),
         "mcp.status" => json!({"session_id": "s"}),
         "job.events" => json!({"job_id": "j", "after": 0}),
+        // Only spoiled copies are sent: none of them may start a handoff.
+        "daemon.restart" => json!({"drain": true, "timeout_s": 1.0, "binary": "/bin/false"}),
+        "usage.report" => json!({"by": "model", "since": 0.0, "session_id": "s"}),
         other => panic!("no example params for {other}: add it here"),
     }
 }
