@@ -8,15 +8,16 @@ use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 use drover_protocol::client::OpenPrompt;
 
 use crate::chat_state::{Action, App};
+use crate::prompts::PromptKey;
 use crate::slash_commands::{self, Command};
 
 impl App {
     /// The text the user pasted.
     pub fn on_paste(&mut self, text: &str) {
         match self.prompt.as_mut() {
-            Some(p) if is_free_text(&p.prompt) => p.text.paste(text),
-            Some(_) => {}
-            None => self.input.paste(text),
+            Some(p) if is_free_text(&p.prompt) && !p.sent => p.text.paste(text),
+            // Never an answer: the input box keeps it.
+            _ => self.input.paste(text),
         }
     }
 
@@ -39,7 +40,9 @@ impl App {
         }
         self.quit_armed = false;
         if self.prompt.as_ref().is_some_and(|prompt| !prompt.sent) {
-            return self.prompt_key(key, now);
+            if let PromptKey::Taken(action) = self.prompt_key(key, now) {
+                return action;
+            }
         }
         if self.unknown.is_some() && self.turn.is_none() && self.input.is_empty() {
             if let Some(action) = self.unknown_key(key) {

@@ -62,23 +62,62 @@ pub fn always_covers(prompt: &ApprovalPrompt) -> String {
     )
 }
 
+/// Where a key pressed while a prompt is open goes.
+pub(crate) enum PromptKey {
+    /// The prompt took it (an answer, a move in its list, its own text), with what to do.
+    Taken(Option<Action>),
+    /// Not an answer: it is typing for the input box, which keeps it (and Enter sends it,
+    /// queued behind the turn), so nothing typed while a prompt is open is lost.
+    ToInput,
+}
+
 impl App {
-    pub(crate) fn prompt_key(&mut self, key: KeyEvent, now: Instant) -> Option<Action> {
-        let view = self.prompt.as_mut()?;
-        match view.prompt.clone() {
-            OpenPrompt::Approval(approval) => {
-                // A key within the quiet window is typing that was not meant as an answer.
-                let settled = now.saturating_duration_since(view.quiet_from) >= PROMPT_QUIET;
-                view.quiet_from = now;
-                if !settled {
-                    view.reask = Some(TYPED_AHEAD.to_string());
-                    return None;
-                }
-                approval_key(view, &approval, key)
-            }
-            OpenPrompt::Clarify(clarify) => clarify_key(view, &clarify, key),
+    pub(crate) fn prompt_key(&mut self, key: KeyEvent, now: Instant) -> PromptKey {
+        let Some(view) = self.prompt.as_mut() else {
+            return PromptKey::ToInput;
+        };
+        if matches!(view.prompt, OpenPrompt::Budget(_)) {
             // Answered with `drover budget` (an amount to type); the chat keeps its keys.
-            OpenPrompt::Budget(_) => None,
+            return PromptKey::ToInput;
+        }
+        // A key that would answer, within the quiet window, is typing that was not meant as
+        // an answer: it goes to the input box, and restarts the window. (A free-text question
+        // is answered in its own line, sent with Enter only; moving in a list answers nothing.)
+        let answers = match &view.prompt {
+            OpenPrompt::Approval(_) => true,
+            OpenPrompt::Clarify(clarify) => {
+                !clarify.choices.is_empty() && matches!(key.code, KeyCode::Enter | KeyCode::Char(_))
+            }
+            OpenPrompt::Budget(_) => false,
+        };
+        if answers {
+            let settled = now.saturating_duration_since(view.quiet_from) >= PROMPT_QUIET;
+            view.quiet_from = now;
+            if !settled {
+                view.reask = Some(TYPED_AHEAD.to_string());
+                return PromptKey::ToInput;
+            }
+        }
+        let taken = match view.prompt.clone() {
+            OpenPrompt::Approval(approval) => approval_key(view, &approval, key),
+            OpenPrompt::Clarify(clarify) => clarify_key(view, &clarify, key),
+            OpenPrompt::Budget(_) => PromptKey::ToInput,
+        };
+        if let PromptKey::Taken(Some(Action::Answer(_))) = &taken {
+            self.drop_stray_answer_key();
+        }
+        taken
+    }
+
+    /// A lone answer key left in the input box (`y` pressed just before the prompt appeared,
+    /// so it landed there) was meant for the prompt just answered, not as a message.
+    fn drop_stray_answer_key(&mut self) {
+        let text = self.input.text().trim();
+        let mut chars = text.chars();
+        if let (Some(c), None) = (chars.next(), chars.next()) {
+            if "ysan".contains(c.to_ascii_lowercase()) || c.is_ascii_digit() {
+                self.input.clear();
+            }
         }
     }
 
@@ -144,19 +183,27 @@ pub fn choice_key(choice: ApprovalChoice) -> char {
 
 /// What the prompt says of a key that came too soon to be an answer ([`PROMPT_QUIET`]).
 pub const TYPED_AHEAD: &str =
-    "(typed ahead: not taken as an answer; wait a moment, then press a key)";
+    "(typed ahead: kept in the input, not taken as an answer; wait a moment, then press a key)";
 
-fn approval_key(view: &mut PromptView, prompt: &ApprovalPrompt, key: KeyEvent) -> Option<Action> {
-    let KeyCode::Char(c) = key.code else {
-        if key.code == KeyCode::Esc && view.stage == ApprovalStage::ConfirmAlways {
+fn approval_key(view: &mut PromptView, prompt: &ApprovalPrompt, key: KeyEvent) -> PromptKey {
+    let ctrl = key.modifiers.contains(KeyModifiers::CONTROL);
+    let c = match key.code {
+        KeyCode::Esc if view.stage == ApprovalStage::ConfirmAlways => {
             view.stage = ApprovalStage::Ask;
             view.reask = None;
+            return PromptKey::Taken(None);
         }
-        return None;
+        KeyCode::Char(c) if !ctrl => c,
+        _ => return PromptKey::ToInput,
     };
     let answer = |view: &mut PromptView, choice| {
         let reply = Reply::Approval(choice);
-        send_answer(view, &prompt.prompt_id, prompt.execution_generation, reply)
+        PromptKey::Taken(send_answer(
+            view,
+            &prompt.prompt_id,
+            prompt.execution_generation,
+            reply,
+        ))
     };
     match view.stage {
         ApprovalStage::ConfirmAlways => match c.to_ascii_lowercase() {
@@ -164,11 +211,11 @@ fn approval_key(view: &mut PromptView, prompt: &ApprovalPrompt, key: KeyEvent) -
             'n' => {
                 view.stage = ApprovalStage::Ask;
                 view.reask = None;
-                None
+                PromptKey::Taken(None)
             }
             _ => {
                 view.reask = Some(c.to_string());
-                None
+                PromptKey::ToInput
             }
         },
         ApprovalStage::Ask => {
@@ -181,12 +228,12 @@ fn approval_key(view: &mut PromptView, prompt: &ApprovalPrompt, key: KeyEvent) -
                 Some(ApprovalChoice::Always) => {
                     view.stage = ApprovalStage::ConfirmAlways;
                     view.reask = None;
-                    None
+                    PromptKey::Taken(None)
                 }
                 Some(choice) => answer(view, choice),
                 None => {
                     view.reask = Some(c.to_string());
-                    None
+                    PromptKey::ToInput
                 }
             }
         }
@@ -209,10 +256,15 @@ fn send_answer(
     }))
 }
 
-fn clarify_key(view: &mut PromptView, prompt: &ClarifyPrompt, key: KeyEvent) -> Option<Action> {
+fn clarify_key(view: &mut PromptView, prompt: &ClarifyPrompt, key: KeyEvent) -> PromptKey {
     let send = |view: &mut PromptView, answer| {
         let reply = Reply::Clarify(answer);
-        send_answer(view, &prompt.prompt_id, prompt.execution_generation, reply)
+        PromptKey::Taken(send_answer(
+            view,
+            &prompt.prompt_id,
+            prompt.execution_generation,
+            reply,
+        ))
     };
     if prompt.choices.is_empty() {
         let newline = key.code == KeyCode::Enter
@@ -234,7 +286,7 @@ fn clarify_key(view: &mut PromptView, prompt: &ClarifyPrompt, key: KeyEvent) -> 
             }
             _ => {}
         }
-        return None;
+        return PromptKey::Taken(None);
     }
     let n = prompt.choices.len();
     match key.code {
@@ -276,8 +328,11 @@ fn clarify_key(view: &mut PromptView, prompt: &ClarifyPrompt, key: KeyEvent) -> 
             let choice = prompt.choices[view.selected.min(n - 1)].clone();
             return send(view, ClarifyAnswer::Text(choice));
         }
-        KeyCode::Char(c) => view.reask = Some(c.to_string()),
-        _ => {}
+        KeyCode::Char(c) if !key.modifiers.contains(KeyModifiers::CONTROL) => {
+            view.reask = Some(c.to_string());
+            return PromptKey::ToInput;
+        }
+        _ => return PromptKey::ToInput,
     }
-    None
+    PromptKey::Taken(None)
 }

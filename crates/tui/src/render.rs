@@ -317,7 +317,10 @@ fn prompt_lines(view: &PromptView, theme: Theme) -> Vec<Line<'static>> {
                         let why = if bad == TYPED_AHEAD {
                             format!("  {bad}: press {}", keys.join(", "))
                         } else {
-                            format!("  {bad:?} is not an answer: press {}", keys.join(", "))
+                            format!(
+                                "  {bad:?} is not an answer (kept in the input): press {}",
+                                keys.join(", ")
+                            )
                         };
                         lines.push(Line::styled(why, theme.error()));
                     }
@@ -336,7 +339,7 @@ fn prompt_lines(view: &PromptView, theme: Theme) -> Vec<Line<'static>> {
                         let why = if bad == TYPED_AHEAD {
                             format!("  {bad}: press y or n")
                         } else {
-                            format!("  {bad:?} is not an answer: press y or n")
+                            format!("  {bad:?} is not an answer (kept in the input): press y or n")
                         };
                         lines.push(Line::styled(why, theme.error()));
                     }

@@ -220,7 +220,11 @@ fn approval_keys_answer_and_a_typo_asks_again() {
     );
     assert_eq!(app.on_key_at(key('x'), quiet.step()), None);
     assert_eq!(app.prompt.as_ref().unwrap().reask.as_deref(), Some("x"));
-    assert!(app.input.is_empty(), "a typo is not typed into the input");
+    assert_eq!(
+        app.input.text(),
+        "x",
+        "a key that is no answer is kept as typing"
+    );
     assert_eq!(
         app.on_key_at(key('n'), quiet.step()),
         answered("p1", 3, Reply::Approval(ApprovalChoice::Deny))
@@ -276,6 +280,11 @@ fn keys_typed_ahead_never_answer_an_approval() {
         "the `a` of okay is not `always`"
     );
     assert_eq!(view.reask.as_deref(), Some(TYPED_AHEAD));
+    assert_eq!(
+        app.input.text(),
+        "okay",
+        "typing ahead is kept in the input"
+    );
     // A deliberate `a` opens the confirmation; a `y` hard on its heels does not confirm.
     assert_eq!(app.on_key_at(key('a'), ms(1000)), None);
     assert_eq!(
@@ -287,6 +296,58 @@ fn keys_typed_ahead_never_answer_an_approval() {
     assert_eq!(
         app.on_key_at(key('y'), ms(1800)),
         answered("p1", 3, Reply::Approval(ApprovalChoice::Always))
+    );
+}
+
+#[test]
+fn text_typed_during_an_approval_is_kept_and_sent_after_it() {
+    let t0 = Instant::now();
+    let ms = |n| t0 + Duration::from_millis(n);
+    let mut app = app();
+    app.on_event(&started("a1"), t0);
+    // A `y` pressed just before the prompt appeared lands in the input box.
+    app.on_key_at(key('y'), t0);
+    app.on_event(&ev(EventPayload::ApprovalRequest(approval(&ALL))), ms(10));
+    assert_eq!(
+        app.on_key_at(key('y'), ms(900)),
+        answered("p1", 3, Reply::Approval(ApprovalChoice::Once))
+    );
+    assert!(
+        app.input.is_empty(),
+        "the stray `y` meant for the prompt is gone"
+    );
+    // A message typed while the next prompt is open, a pause, an answer: the message stays.
+    app.on_event(
+        &ev(EventPayload::ApprovalSettled(ApprovalSettled {
+            prompt_id: "p1".into(),
+            status: PromptSettlement::Resolved,
+            choice: Some(ApprovalChoice::Once),
+        })),
+        ms(1000),
+    );
+    let mut next = approval(&ALL);
+    if let OpenPrompt::Approval(a) = &mut next {
+        a.prompt_id = "p2".into();
+    }
+    app.on_event(&ev(EventPayload::ApprovalRequest(next)), ms(1100));
+    for (index, typed) in "then list /tmp".chars().enumerate() {
+        app.on_key_at(key(typed), ms(1200 + 40 * index as u64));
+    }
+    app.on_key_at(code(KeyCode::Backspace), ms(2000));
+    app.on_paste("p");
+    assert_eq!(app.input.text(), "then list /tmp");
+    assert!(
+        !app.prompt.as_ref().unwrap().sent,
+        "typing answered nothing"
+    );
+    assert_eq!(
+        app.on_key_at(key('n'), ms(3000)),
+        answered("p2", 3, Reply::Approval(ApprovalChoice::Deny))
+    );
+    assert_eq!(app.input.text(), "then list /tmp");
+    assert_eq!(
+        app.on_key_at(code(KeyCode::Enter), ms(3100)),
+        Some(Action::Submit("then list /tmp".into()))
     );
 }
 
@@ -353,8 +414,9 @@ fn clarify_with_choices_is_a_list_and_free_text_an_input() {
     });
     app.on_event(&ev(EventPayload::ClarifyRequest(choices)), Instant::now());
     app.on_key(code(KeyCode::Down));
+    let mut quiet = Quiet::default();
     assert_eq!(
-        app.on_key(code(KeyCode::Enter)),
+        app.on_key_at(code(KeyCode::Enter), quiet.step()),
         answered("q1", 3, Reply::Clarify(ClarifyAnswer::Text("blue".into())))
     );
     let mut app = self::app();
