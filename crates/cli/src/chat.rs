@@ -329,6 +329,14 @@ impl Link for ClientLink {
             .map(drop)
             .map_err(words)
     }
+
+    async fn title(&self, session_id: &str) -> Result<Option<String>, LinkError> {
+        let all = self.client.all_sessions().await.map_err(words)?;
+        all.into_iter()
+            .find(|s| s.session_id == session_id)
+            .map(|s| s.title)
+            .ok_or_else(|| LinkError(format!("no session {session_id}")))
+    }
 }
 
 impl ClientLink {

@@ -137,4 +137,11 @@ pub trait Link: Send + Sync + 'static {
     async fn approvals(&self) -> Result<Vec<ApprovalRule>, LinkError>;
     /// Renames the session.
     async fn rename(&self, session_id: &str, title: &str) -> Result<(), LinkError>;
+    /// The session's stored title (another client may have renamed it: no event says so).
+    async fn title(&self, session_id: &str) -> Result<Option<String>, LinkError> {
+        let _ = session_id;
+        Err(LinkError(
+            "this client cannot read a session's title".into(),
+        ))
+    }
 }

@@ -53,6 +53,8 @@ enum Done {
     Say(Vec<String>),
     /// The daemon took the new title: only now does the status line show it.
     Renamed(String),
+    /// A session's stored title, as the daemon last said (its id, as for [`Done::Spend`]).
+    Title(String, Option<String>),
     Opened(Box<Opened>, Box<dyn Events>),
 }
 
@@ -202,6 +204,8 @@ async fn event_loop(
     let mut _pumping = AbortOnDrop(pump(events, number, updates_tx.clone()));
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
     let mut tick = tokio::time::interval(Duration::from_millis(200));
+    // A rename by another client sends no event: the stored title is read again this often.
+    let mut reread = tokio::time::interval(TITLE_REREAD);
     let mut failed_draws = 0;
     fetch_spend(&link, &done_tx, &app.session.session_id);
     loop {
@@ -275,6 +279,15 @@ async fn event_loop(
                     app.say(format!("session renamed to {title:?}"));
                     app.session.title = Some(title);
                 }
+                Some(Done::Title(session_id, title))
+                    if session_id == app.session.session_id && title != app.session.title =>
+                {
+                    if let Some(title) = &title {
+                        app.say(format!("session renamed to {title:?} (by another client)"));
+                    }
+                    app.session.title = title;
+                }
+                Some(Done::Title(..)) => {}
                 Some(Done::Opened(opened, new_events)) => {
                     let input = std::mem::take(&mut app.input);
                     *app = App::new(SessionHeader::default());
@@ -288,8 +301,24 @@ async fn event_loop(
                 None => {}
             },
             _ = tick.tick() => {}
+            _ = reread.tick() => fetch_title(&link, &done_tx, &app.session.session_id),
         }
     }
+}
+
+/// How often the chat reads the session's stored title again.
+const TITLE_REREAD: Duration = Duration::from_secs(2);
+
+/// Asks for the session's stored title, for the status line.
+fn fetch_title(link: &Arc<dyn Link>, done_tx: &mpsc::UnboundedSender<Done>, session_id: &str) {
+    let link = link.clone();
+    let tx = done_tx.clone();
+    let session_id = session_id.to_string();
+    tokio::spawn(async move {
+        if let Ok(title) = link.title(&session_id).await {
+            let _ = tx.send(Done::Title(session_id, title));
+        }
+    });
 }
 
 /// Asks what the session spent, for the status line (a daemon that cannot say leaves it

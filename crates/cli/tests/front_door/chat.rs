@@ -184,7 +184,8 @@ async fn a_typo_asks_again_and_n_denies() {
     pane.wait_for("[y] once").await;
     // Typing that lands as the prompt appears ("okay": its `a` and `y`) answers nothing.
     pane.keys(&["o", "k", "a", "y"]);
-    pane.wait_for("typed ahead: not taken as an answer").await;
+    pane.wait_for("typed ahead: kept in the input, not taken as an answer")
+        .await;
     assert!(victim.exists());
     answer(&pane, "x").await;
     let screen = pane.wait_for("\"x\" is not an answer").await;
@@ -644,4 +645,84 @@ async fn after_drover_stop_the_chat_says_why_and_waits_for_a_daemon() {
         drover_test_support::harness::run_drover(bin(), home.path(), None, &["sessions"]).await;
     assert!(list.status.success(), "{list:?}");
     pane.wait_for("second answer").await;
+}
+
+/// A message typed while an approval prompt is open is kept in the input box, answers
+/// nothing, and Enter sends it once the prompt is answered.
+#[tokio::test]
+async fn a_message_typed_during_an_approval_is_kept_and_sent_after_it() {
+    let (model, home, scratch) = setup().await;
+    let _daemon = KillDaemonOnDrop(home.path());
+    let victim = script_rm_victim(&model, scratch.path(), "Removed it.");
+    model.push(Reply::text("Listed what is left."));
+    let pane = chat(&home, scratch.path(), "delete the victim").await;
+    pane.wait_for("[y] once").await;
+    pane.keys(&["-l", "then list what is left"]);
+    pane.wait_for("› then list what is left").await;
+    assert!(victim.exists(), "typing answered the prompt");
+    answer(&pane, "y").await;
+    pane.wait_for("Removed it.").await;
+    pane.wait_for("approved (once)").await;
+    let screen = pane.wait_for("· idle ·").await;
+    assert!(
+        screen.contains("› then list what is left"),
+        "the typed message stays in the input: {screen}"
+    );
+    pane.keys(&["Enter"]);
+    pane.wait_for("Listed what is left.").await;
+    let asked = model.requests();
+    let last = asked.last().unwrap().to_string();
+    assert!(last.contains("then list what is left"), "{last}");
+}
+
+/// Reattaching (`drover attach`, `drover chat -c`) shows the tokens the session's turns used,
+/// as stored, not the tokens this client saw.
+#[tokio::test]
+async fn the_chat_shows_the_sessions_stored_tokens_after_reattach() {
+    let (model, home, scratch) = setup().await;
+    let _daemon = KillDaemonOnDrop(home.path());
+    model.push(Reply::text("Hello.").usage(5, 7, 12));
+    let pane = chat(&home, scratch.path(), "say hello").await;
+    pane.wait_for("Hello.").await;
+    pane.wait_for("· 12 tokens ·").await;
+    pane.keys(&["C-d"]);
+    assert_eq!(pane.exit_code().await, 0, "{}", pane.screen());
+    drop(pane);
+    let session = only_session(&home);
+    let pane = in_pane(home.path(), scratch.path(), &["attach", &session[..8]]);
+    pane.wait_for("Hello.").await;
+    pane.wait_for("· 12 tokens ·").await;
+    pane.keys(&["C-d"]);
+    assert_eq!(pane.exit_code().await, 0, "{}", pane.screen());
+    drop(pane);
+    let pane = in_pane(home.path(), scratch.path(), &["chat", "-c"]);
+    pane.wait_for("· 12 tokens ·").await;
+}
+
+/// A rename by another client (`drover rename`) shows in the chat: a notice and the status
+/// line's title.
+#[tokio::test]
+async fn a_rename_from_another_client_shows_in_the_chat() {
+    let (model, home, scratch) = setup().await;
+    let _daemon = KillDaemonOnDrop(home.path());
+    model.push(Reply::text("Hello."));
+    let pane = chat(&home, scratch.path(), "say hello").await;
+    pane.wait_for("Hello.").await;
+    let session = only_session(&home);
+    let renamed = tokio::process::Command::new(bin())
+        .arg("--home")
+        .arg(home.path())
+        .args(["rename", &session, "named elsewhere"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .unwrap();
+    assert!(renamed.status.success(), "{renamed:?}");
+    pane.wait_for("session renamed to \"named elsewhere\" (by another client)")
+        .await;
+    pane.wait_until("the title in the status line", |s| {
+        s.lines()
+            .any(|line| line.trim_start().starts_with("named elsewhere ·"))
+    })
+    .await;
 }
