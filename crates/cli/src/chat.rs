@@ -191,7 +191,7 @@ impl Link for ClientLink {
         };
         let session_id = stream.session_id().to_string();
         let snapshot = stream.snapshot().clone();
-        let running_events = self.running_events(&snapshot).await?;
+        let (history, running_events) = self.stored_events(&snapshot).await?;
         // Opened in the middle of a `delegate_task` (attach): its children are followed from
         // the start, as they would have been from its `tool.start`.
         let delegating = running_events
@@ -210,6 +210,7 @@ impl Link for ClientLink {
             Opened {
                 snapshot,
                 running_events,
+                history,
             },
             Box::new(events),
         ))
@@ -357,20 +358,14 @@ impl ClientLink {
         self.client.attach(session_id).await.map_err(words)
     }
 
-    /// The stored events of the snapshot's running turn, from its `turn.started` up to the
-    /// snapshot (the stream hands out what comes after).
-    async fn running_events(
+    /// The session's stored events up to the snapshot (the stream hands out what comes
+    /// after), and of them the running turn's, from its `turn.started` on. None when the
+    /// daemon no longer keeps them (`snapshot_required`).
+    async fn stored_events(
         &self,
         snapshot: &SessionSnapshot,
-    ) -> Result<Vec<SessionEvent>, LinkError> {
-        let Some(started) = snapshot
-            .pending
-            .iter()
-            .find(|p| p.status == AdmissionStatus::Started)
-        else {
-            return Ok(Vec::new());
-        };
-        let mut turn = Vec::new();
+    ) -> Result<(Vec<SessionEvent>, Vec<SessionEvent>), LinkError> {
+        let mut history = Vec::new();
         let mut after = 0;
         loop {
             let page = self
@@ -384,23 +379,32 @@ impl ClientLink {
                 .await
                 .map_err(words)?;
             if page.snapshot_required {
-                return Ok(Vec::new());
+                return Ok((Vec::new(), Vec::new()));
             }
+            let mut done = false;
             for event in page.events {
                 if event.seq.is_some_and(|s| s > snapshot.last_sequence) {
-                    return Ok(turn);
+                    done = true;
+                    break;
                 }
-                if matches!(&event.event, EventPayload::TurnStarted(t) if t.admission_id == started.admission_id)
-                {
-                    turn.clear();
-                }
-                turn.push(event);
+                history.push(event);
             }
-            if !page.has_more || page.last_sequence <= after {
-                return Ok(turn);
+            if done || !page.has_more || page.last_sequence <= after {
+                break;
             }
             after = page.last_sequence;
         }
+        let running = snapshot
+            .pending
+            .iter()
+            .find(|p| p.status == AdmissionStatus::Started)
+            .and_then(|started| {
+                history.iter().rposition(|e| {
+                    matches!(&e.event, EventPayload::TurnStarted(t) if t.admission_id == started.admission_id)
+                })
+            })
+            .map_or_else(Vec::new, |from| history[from..].to_vec());
+        Ok((history, running))
     }
 }
 

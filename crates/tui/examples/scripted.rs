@@ -72,6 +72,7 @@ impl Link for Scripted {
             Opened {
                 snapshot,
                 running_events: vec![],
+                history: vec![],
             },
             Box::new(Rx(rx)),
         ))

@@ -46,6 +46,9 @@ pub struct Opened {
     pub snapshot: SessionSnapshot,
     /// The running turn's stored events.
     pub running_events: Vec<SessionEvent>,
+    /// The session's stored events up to the snapshot, for the marks of the replayed
+    /// transcript (empty when the daemon no longer keeps them).
+    pub history: Vec<SessionEvent>,
 }
 
 /// One update of an opened session's stream.

@@ -119,6 +119,7 @@ pub async fn run(link: Arc<dyn Link>, target: Target, theme: Theme) -> Result<St
         true,
         Instant::now(),
     );
+    app.mark_transcript(&opened.history);
     app.say(format!(
         "session {} · Ctrl-C interrupts a turn, twice leaves · /help",
         short(&app.session.session_id)
@@ -293,6 +294,7 @@ async fn event_loop(
                     *app = App::new(SessionHeader::default());
                     app.input = input;
                     app.load_snapshot(&opened.snapshot, &opened.running_events, true, Instant::now());
+                    app.mark_transcript(&opened.history);
                     app.say(format!("now in session {}", short(&app.session.session_id)));
                     fetch_spend(&link, &done_tx, &app.session.session_id);
                     number += 1;

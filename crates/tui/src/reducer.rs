@@ -250,24 +250,19 @@ impl App {
 
     /// `approval.settled`: the call that asked shows the answer.
     fn approval_settled(&mut self, settled: &ApprovalSettled, now: Instant) {
-        let answer = match (settled.status, settled.choice) {
-            (PromptSettlement::Resolved, Some(ApprovalChoice::Deny)) => "denied".to_string(),
-            (PromptSettlement::Resolved, Some(choice)) => {
-                format!("approved ({})", choice_word(choice))
-            }
-            _ => "not answered (the turn stopped)".to_string(),
-        };
-        self.settle_prompt(&settled.prompt_id, answer, now);
+        self.settle_prompt(&settled.prompt_id, approval_answer(settled), now);
     }
 
     /// `clarify.settled`: the `clarify` call shows the answer.
     fn clarify_settled(&mut self, settled: &ClarifySettled, now: Instant) {
-        let answer = match &settled.answer {
-            Some(ClarifyAnswer::Text(text)) => format!("answered: {text}"),
-            Some(ClarifyAnswer::Choices(choices)) => format!("answered: {}", choices.join(", ")),
-            None => "not answered (the turn stopped)".to_string(),
-        };
-        self.settle_prompt(&settled.prompt_id, answer, now);
+        self.settle_prompt(&settled.prompt_id, clarify_answer(settled), now);
+    }
+
+    /// Marks the replayed transcript in the scrollback with what the live view showed: each
+    /// call's approval or clarify answer, and how each turn with a tool call ended, read from
+    /// the session's stored events (`history`, empty when the daemon no longer keeps them).
+    pub fn mark_transcript(&mut self, history: &[SessionEvent]) {
+        mark_transcript(&mut self.scrollback, history);
     }
 
     /// `message.complete`: the complete text replaces what was streamed of it.
@@ -300,21 +295,11 @@ impl App {
         let lost = settled.outcome == TurnEnd::Unknown;
         self.flush_turn(Some(lost));
         self.prompt = None;
-        match settled.outcome {
-            TurnEnd::Completed => {}
-            TurnEnd::Interrupted => self.say("turn interrupted"),
-            TurnEnd::Failed => self.error(format!(
-                "turn failed: {}",
-                settled.error.as_deref().unwrap_or("no reason given")
-            )),
-            TurnEnd::Rejected => self.error("the input was refused"),
-            TurnEnd::Cancelled => self.say("input cancelled"),
-            TurnEnd::Unknown => {
-                self.error(
-                    "the daemon lost this turn while it ran: its outcome is unknown (its tools may have run; nothing is replayed)",
-                );
-                self.unknown = Some(settled.admission_id.clone());
-            }
+        if let Some(block) = outcome_block(settled) {
+            self.scrollback.push(block);
+        }
+        if settled.outcome == TurnEnd::Unknown {
+            self.unknown = Some(settled.admission_id.clone());
         }
     }
 
@@ -739,5 +724,103 @@ fn call_context(arguments: &str) -> String {
         format!("{cut}…")
     } else {
         line.to_string()
+    }
+}
+
+/// What the call that asked shows of an approval's answer.
+fn approval_answer(settled: &ApprovalSettled) -> String {
+    match (settled.status, settled.choice) {
+        (PromptSettlement::Resolved, Some(ApprovalChoice::Deny)) => "denied".to_string(),
+        (PromptSettlement::Resolved, Some(choice)) => format!("approved ({})", choice_word(choice)),
+        _ => "not answered (the turn stopped)".to_string(),
+    }
+}
+
+/// What the `clarify` call shows of its answer.
+fn clarify_answer(settled: &ClarifySettled) -> String {
+    match &settled.answer {
+        Some(ClarifyAnswer::Text(text)) => format!("answered: {text}"),
+        Some(ClarifyAnswer::Choices(choices)) => format!("answered: {}", choices.join(", ")),
+        None => "not answered (the turn stopped)".to_string(),
+    }
+}
+
+/// The line that says how a turn ended; none for a completed turn.
+fn outcome_block(settled: &TurnSettled) -> Option<Block> {
+    Some(match settled.outcome {
+        TurnEnd::Completed => return None,
+        TurnEnd::Interrupted => Block::Notice("turn interrupted".into()),
+        TurnEnd::Failed => Block::Error(format!(
+            "turn failed: {}",
+            settled.error.as_deref().unwrap_or("no reason given")
+        )),
+        TurnEnd::Rejected => Block::Error("the input was refused".into()),
+        TurnEnd::Cancelled => Block::Notice("input cancelled".into()),
+        TurnEnd::Unknown => Block::Error(
+            "the daemon lost this turn while it ran: its outcome is unknown (its tools may have run; nothing is replayed)".into(),
+        ),
+    })
+}
+
+/// Gives the transcript's tool blocks the answers their prompts got, and puts each turn's
+/// outcome after the last block of its last tool call (the transcript says which turn a
+/// message belongs to only through its calls: a turn that called no tool gets no mark).
+pub fn mark_transcript(blocks: &mut Vec<Block>, history: &[SessionEvent]) {
+    let mut answers: Vec<(String, String)> = Vec::new();
+    let mut asked: Vec<(String, String)> = Vec::new();
+    let mut outcomes: Vec<(String, Block)> = Vec::new();
+    let mut last_call: Option<String> = None;
+    for event in history {
+        match &event.event {
+            EventPayload::TurnStarted(_) => last_call = None,
+            EventPayload::ToolStart(start) => last_call = Some(start.tool_id.clone()),
+            EventPayload::ApprovalRequest(prompt) | EventPayload::ClarifyRequest(prompt) => {
+                let prompt_id = match prompt {
+                    OpenPrompt::Approval(p) => &p.prompt_id,
+                    OpenPrompt::Clarify(p) => &p.prompt_id,
+                    OpenPrompt::Budget(p) => &p.prompt_id,
+                };
+                if let Some(call) = &last_call {
+                    asked.push((prompt_id.clone(), call.clone()));
+                }
+            }
+            EventPayload::ApprovalSettled(settled) => {
+                if let Some((_, call)) = asked.iter().find(|(id, _)| *id == settled.prompt_id) {
+                    answers.push((call.clone(), approval_answer(settled)));
+                }
+            }
+            EventPayload::ClarifySettled(settled) => {
+                if let Some((_, call)) = asked.iter().find(|(id, _)| *id == settled.prompt_id) {
+                    answers.push((call.clone(), clarify_answer(settled)));
+                }
+            }
+            EventPayload::TurnSettled(settled) => {
+                if let (Some(call), Some(block)) = (last_call.take(), outcome_block(settled)) {
+                    outcomes.push((call, block));
+                }
+            }
+            _ => {}
+        }
+    }
+    for block in blocks.iter_mut() {
+        if let Block::Tool(tool) = block {
+            if let Some((_, answer)) = answers.iter().find(|(call, _)| *call == tool.tool_id) {
+                tool.answer = Some(answer.clone());
+            }
+        }
+    }
+    for (call, outcome) in outcomes {
+        let Some(at) = blocks
+            .iter()
+            .position(|block| matches!(block, Block::Tool(tool) if tool.tool_id == call))
+        else {
+            continue;
+        };
+        // The turn's blocks run up to the next input.
+        let end = blocks[at..]
+            .iter()
+            .position(|block| matches!(block, Block::User(_)))
+            .map_or(blocks.len(), |n| at + n);
+        blocks.insert(end, outcome);
     }
 }

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 use drover_protocol::client::{
     ApprovalChoice, ApprovalPrompt, ClarifyAnswer, ClarifyPrompt, CompactionResult, OpenPrompt,
-    SessionSnapshot,
+    SessionSnapshot, TranscriptMessage,
 };
 use drover_protocol::event::{EventPayload, PromptSettlement, SessionEvent, TurnEnd};
 use serde_json::Value;
@@ -682,4 +682,39 @@ fn a_handoff_says_restarted_with_the_versions_and_leaves_the_turn_running() {
     assert!(app.turn.is_some(), "the turn carries on");
     let status = crate::render::status_line(&app, t0);
     assert!(!status.contains("lost"), "{status}");
+}
+
+#[test]
+fn the_replayed_transcript_keeps_approval_answers_and_turn_outcomes() {
+    let messages: Vec<TranscriptMessage> = serde_json::from_value(serde_json::json!([
+        {"id": 1, "role": "user", "content": "delete it", "tool_calls": null, "tool_call_id": null, "tool_name": null, "created_at": 1.0},
+        {"id": 2, "role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "terminal", "arguments": "{\"command\":\"rm -rf x\"}"}}], "tool_call_id": null, "tool_name": null, "created_at": 1.0},
+        {"id": 3, "role": "tool", "content": "{\"output\": \"\", \"exit_code\": null, \"error\": \"the user denied this command\"}", "tool_calls": null, "tool_call_id": "c1", "tool_name": "terminal", "created_at": 1.0},
+        {"id": 4, "role": "assistant", "content": "Left it.", "tool_calls": null, "tool_call_id": null, "tool_name": null, "created_at": 1.0},
+        {"id": 5, "role": "user", "content": "next", "tool_calls": null, "tool_call_id": null, "tool_name": null, "created_at": 2.0}
+    ]))
+    .unwrap();
+    let history = [
+        started("a1"),
+        tool_start("c1", "terminal", "rm -rf x"),
+        ev(EventPayload::ApprovalRequest(approval(&ALL))),
+        ev(EventPayload::ApprovalSettled(ApprovalSettled {
+            prompt_id: "p1".into(),
+            status: PromptSettlement::Resolved,
+            choice: Some(ApprovalChoice::Deny),
+        })),
+        settled("a1", TurnEnd::Interrupted),
+        started("a2"),
+        settled("a2", TurnEnd::Completed),
+    ];
+    let mut blocks = transcript_blocks(&messages);
+    mark_transcript(&mut blocks, &history);
+    assert!(
+        matches!(&blocks[1], Block::Tool(t) if t.answer.as_deref() == Some("denied")),
+        "{blocks:?}"
+    );
+    assert_eq!(blocks[2], Block::Assistant("Left it.".into()));
+    assert_eq!(blocks[3], Block::Notice("turn interrupted".into()));
+    assert_eq!(blocks[4], Block::User("next".into()));
+    assert_eq!(blocks.len(), 5);
 }

@@ -673,6 +673,15 @@ async fn a_message_typed_during_an_approval_is_kept_and_sent_after_it() {
     let asked = model.requests();
     let last = asked.last().unwrap().to_string();
     assert!(last.contains("then list what is left"), "{last}");
+    pane.wait_for("· idle ·").await;
+    pane.keys(&["C-d"]);
+    assert_eq!(pane.exit_code().await, 0, "{}", pane.screen());
+    drop(pane);
+    // The replayed transcript keeps the call's approval mark.
+    let session = only_session(&home);
+    let pane = in_pane(home.path(), scratch.path(), &["attach", &session[..8]]);
+    let screen = pane.wait_for("Listed what is left.").await;
+    assert!(screen.contains("↳ approved (once)"), "{screen}");
 }
 
 /// Reattaching (`drover attach`, `drover chat -c`) shows the tokens the session's turns used,
