@@ -436,7 +436,37 @@ const CHOICE_WORDS = {
   deny: "Deny",
 };
 
-function toolBlock(name, args, result, isError, running) {
+// How a tool call's approval prompt was answered (`approval.settled`), as a person reads it.
+const APPROVAL_WORDS = {
+  once: "approved once",
+  session: "approved for this session",
+  always: "always approved",
+  deny: "denied",
+  cancelled: "approval closed unanswered",
+};
+
+// How a turn ended (`turn.settled` `outcome`), as a person reads it.
+const OUTCOME_WORDS = {
+  completed: "completed",
+  interrupted: "interrupted",
+  failed: "failed",
+  rejected: "rejected",
+  cancelled: "cancelled",
+  unknown: "unknown (its worker or the daemon was lost)",
+};
+
+// Why a tool call has no result: how its turn ended.
+const ENDED_WORDS = {
+  interrupted: "no result: the turn was interrupted",
+  failed: "no result: the turn failed",
+  unknown: "no result: the turn was lost (unknown)",
+  cancelled: "no result: the turn was cancelled",
+};
+
+// A tool call as a block that opens on its arguments and result. `opts.running`: it has no
+// result yet and its turn runs; `opts.ended`: it has none and its turn ended without one (the
+// outcome's word); `opts.approval`: how its approval prompt was answered.
+function toolBlock(name, args, result, isError, opts = {}) {
   let argsText = args;
   if (typeof args === "string") {
     try {
@@ -463,13 +493,24 @@ function toolBlock(name, args, result, isError, running) {
         : JSON.stringify(result, null, 2);
   return h(
     "details",
-    { class: `tool${isError ? " error" : ""}`, "data-tool": name },
+    {
+      class: `tool${isError ? " error" : ""}`,
+      "data-tool": name,
+      "data-tool-id": opts.toolId,
+      "data-running": opts.running ? "true" : undefined,
+      "data-ended": opts.ended,
+      "data-approval": opts.approval,
+    },
     h(
       "summary",
       {},
       h("span", { class: "name" }, name),
       preview ? h("span", { class: "mono muted" }, `  ${String(preview).slice(0, 80)}`) : null,
-      running ? h("span", { class: "muted" }, "  · running…") : null,
+      opts.approval
+        ? h("span", { class: `approval approval-${opts.approval}` }, `  · ${APPROVAL_WORDS[opts.approval] || opts.approval}`)
+        : null,
+      opts.running ? h("span", { class: "muted" }, "  · running…") : null,
+      opts.ended ? h("span", { class: "ended" }, `  · ${ENDED_WORDS[opts.ended] || "no result"}`) : null,
       isError ? h("span", {}, "  · error") : null,
     ),
     h(
@@ -483,6 +524,114 @@ function toolBlock(name, args, result, isError, running) {
   );
 }
 
+// What the session's stored event stream says happened, which its snapshot does not: each
+// turn's outcome and error, each tool call's turn and approval answer. Built from `seq` 1 on
+// (`session.events.since`) and kept up with the events as they come, strictly in `seq` order.
+class TurnHistory {
+  constructor() {
+    this.epoch = null;
+    this.upTo = 0;
+    this.turns = new Map();
+    this.order = [];
+    this.tools = new Map();
+    this.promptTool = new Map();
+    this.running = null;
+    this.open = [];
+  }
+
+  // Takes the stored event `e` if it is the next one; gives whether it did.
+  take(e) {
+    if (e.replay_epoch !== this.epoch || e.seq !== this.upTo + 1) return false;
+    this.upTo = e.seq;
+    const p = e.payload || {};
+    switch (e.type) {
+      case "turn.started":
+        this.running = p.admission_id;
+        this.open = [];
+        if (!this.turns.has(p.admission_id)) this.order.push(p.admission_id);
+        this.turns.set(p.admission_id, {
+          admission_id: p.admission_id,
+          generation: p.execution_generation,
+          outcome: null,
+          error: null,
+          resolved: null,
+        });
+        break;
+      case "tool.start":
+        this.tools.set(p.tool_id, { turn: this.running, approval: null, is_error: false });
+        this.open.push(p.tool_id);
+        break;
+      case "tool.complete": {
+        const t = this.tools.get(p.tool_id);
+        if (t) t.is_error = Boolean(p.is_error);
+        this.open = this.open.filter((id) => id !== p.tool_id);
+        break;
+      }
+      case "approval.request":
+        // Tool calls run one after another: the prompt is the newest open call's.
+        if (this.open.length) this.promptTool.set(p.prompt_id, this.open[this.open.length - 1]);
+        break;
+      case "approval.settled": {
+        const t = this.tools.get(this.promptTool.get(p.prompt_id));
+        if (t) t.approval = p.status === "resolved" && p.choice ? p.choice : "cancelled";
+        break;
+      }
+      case "turn.settled": {
+        const turn = this.turns.get(p.admission_id);
+        if (turn) {
+          turn.outcome = p.outcome;
+          turn.error = p.error || null;
+        }
+        if (this.running === p.admission_id) this.running = null;
+        this.open = [];
+        break;
+      }
+      case "admission.updated": {
+        // `prompt.resolve_unknown` gives a lost turn's admission its final outcome.
+        const turn = this.turns.get(p.admission_id);
+        if (turn && turn.outcome === "unknown" && p.outcome) turn.resolved = p.outcome;
+        break;
+      }
+      default:
+    }
+    return true;
+  }
+
+  // Reads the stored events it has not taken yet, up to `last` at least (a new stream: from
+  // the start).
+  async catchUp(sessionId, epoch, last) {
+    if (epoch !== this.epoch) {
+      Object.assign(this, new TurnHistory());
+      this.epoch = epoch;
+    }
+    while (this.upTo < last) {
+      const page = await rpc.call("session.events.since", {
+        session_id: sessionId,
+        replay_epoch: epoch,
+        last_sequence: this.upTo,
+      });
+      if (page.snapshot_required || !page.events.length) break;
+      for (const e of page.events) this.take({ ...e, replay_epoch: epoch });
+      if (!page.has_more) break;
+    }
+  }
+
+  // The tool call's marks for its block: its approval answer, and when it has no result,
+  // whether it still runs or its turn ended without one.
+  toolMarks(toolId, hasResult, sessionRunning) {
+    const t = this.tools.get(toolId);
+    const turn = t && this.turns.get(t.turn);
+    const marks = { toolId, approval: t ? t.approval || undefined : undefined };
+    // A lost turn's open calls get an error result from the daemon: whether they ran is unknown.
+    if (hasResult && t && t.is_error && turn && turn.outcome === "unknown") marks.ended = "unknown";
+    if (hasResult) return marks;
+    if (turn && turn.outcome) marks.ended = turn.outcome;
+    else if (sessionRunning && (!t || t.turn === this.running)) marks.running = true;
+    else marks.ended = "unfinished";
+    return marks;
+  }
+}
+
 class SessionView {
   constructor(id) {
     this.id = id;
@@ -491,6 +640,7 @@ class SessionView {
     this.replayEpoch = null;
     this.generation = 0;
     this.liveText = "";
+    this.history = new TurnHistory();
     this.refreshTimer = null;
     this.firstRender = true;
     this.head = h("div");
@@ -548,6 +698,7 @@ class SessionView {
     this.replayEpoch = snap.replay_epoch;
     this.lastSeq = Math.max(this.lastSeq, snap.last_sequence);
     this.generation = snap.execution_generation;
+    await this.history.catchUp(this.id, snap.replay_epoch, snap.last_sequence);
     if (!snap.running) {
       this.liveText = "";
       this.live.replaceChildren();
@@ -608,7 +759,7 @@ class SessionView {
     const follow = this.firstRender || nearBottom();
     this.firstRender = false;
     this.renderPrompts(s.prompts);
-    this.renderTranscript(s.messages);
+    this.renderTranscript(s.messages, s.running);
     this.renderPending(s.pending);
     this.renderExtras(s);
     if (follow) scrollToBottom();
@@ -697,7 +848,7 @@ class SessionView {
     return card;
   }
 
-  renderTranscript(messages) {
+  renderTranscript(messages, running) {
     const results = new Map();
     for (const m of messages) {
       if (m.role === "tool" && m.tool_call_id) results.set(m.tool_call_id, m);
@@ -715,12 +866,61 @@ class SessionView {
       );
       for (const call of m.tool_calls || []) {
         const r = results.get(call.id);
-        el.append(toolBlock(call.function.name, call.function.arguments, r ? r.content : null, false, !r));
+        const marks = this.history.toolMarks(call.id, Boolean(r), running);
+        const t = this.history.tools.get(call.id);
+        el.append(toolBlock(call.function.name, call.function.arguments, r ? r.content : null, Boolean(t && t.is_error), marks));
       }
       out.push(el);
     }
     if (!out.length) out.push(h("div", { class: "empty" }, "No messages yet."));
+    const last = this.lastTurnNote();
+    if (last) out.push(last);
     this.transcript.replaceChildren(...out);
+    // A call the transcript shows is not drawn again in the streaming block.
+    for (const block of this.live.querySelectorAll("[data-tool-id]")) {
+      if (this.transcriptHasTool(block.dataset.toolId)) block.remove();
+    }
+  }
+
+  transcriptHasTool(toolId) {
+    return Boolean(this.transcript.querySelector(`[data-tool-id="${CSS.escape(toolId)}"]`));
+  }
+
+  // The newest turn, when it ended otherwise than `completed`: what happened, and its error.
+  lastTurnNote() {
+    const id = this.history.order[this.history.order.length - 1];
+    const turn = id && this.history.turns.get(id);
+    if (!turn || !turn.outcome || turn.outcome === "completed") return null;
+    return h(
+      "div",
+      { class: "turn-end", id: "last-turn", "data-outcome": turn.outcome },
+      `The last turn ${turn.outcome === "unknown" ? "was lost" : "ended"}: `,
+      badge("outcome", turn.outcome, OUTCOME_WORDS[turn.outcome] || turn.outcome),
+      turn.resolved ? ` · resolved as ${turn.resolved}` : null,
+      turn.error ? h("div", { class: "error-text" }, turn.error) : null,
+    );
+  }
+
+  // Every turn of the session: its generation, how it ended and why.
+  turnsTable() {
+    const rows = this.history.order.map((id) => {
+      const t = this.history.turns.get(id);
+      const outcome = t.outcome || (id === this.history.running ? "running" : "");
+      return h(
+        "tr",
+        { "data-turn": id, "data-outcome": outcome },
+        h("td", { class: "num" }, String(t.generation)),
+        h("td", { class: "mono" }, short(id)),
+        h("td", {}, outcome ? badge("outcome", outcome, OUTCOME_WORDS[outcome] || outcome) : ""),
+        h(
+          "td",
+          {},
+          t.error ? h("span", { class: "error-text" }, t.error) : "",
+          t.resolved ? h("span", { class: "muted" }, `resolved as ${t.resolved}`) : "",
+        ),
+      );
+    });
+    return h("div", { class: "panel", id: "turns" }, table(["Generation", "Turn", "Outcome", "Error"], h("tbody", {}, rows)));
   }
 
   renderPending(pending) {
@@ -747,6 +947,7 @@ class SessionView {
 
   renderExtras(s) {
     const parts = [];
+    if (this.history.order.length) parts.push(h("h2", {}, "Turns"), this.turnsTable());
     if (this.spend && this.spend.groups.length) {
       parts.push(h("h2", {}, "Spend"), spendTable(this.spend, this.id));
     }
@@ -797,6 +998,8 @@ class SessionView {
   event(e) {
     if (e.session_id !== this.id) return;
     if (e.seq !== undefined && e.seq !== null) {
+      // One out of order (a gap after a drop) waits for the refresh's catch-up.
+      this.history.take(e);
       if (e.seq <= this.lastSeq) return;
       this.lastSeq = e.seq;
     }
@@ -818,14 +1021,21 @@ class SessionView {
         break;
       }
       case "tool.start":
-        this.liveBlock()
-          .querySelector("#live-tools")
-          .append(Object.assign(toolBlock(p.name, p.args, null, false, true), { id: `tool-${p.tool_id}` }));
+        // Drawn here until the refresh draws it in the transcript, which then owns it.
+        if (!this.transcriptHasTool(p.tool_id)) {
+          this.liveBlock()
+            .querySelector("#live-tools")
+            .append(Object.assign(toolBlock(p.name, p.args, null, false, { running: true, toolId: p.tool_id }), { id: `tool-${p.tool_id}` }));
+        }
+        this.scheduleRefresh();
         break;
       case "tool.complete": {
         const old = this.live.querySelector(`[id="tool-${CSS.escape(p.tool_id)}"]`);
-        const block = Object.assign(toolBlock(p.name, p.args, p.result, p.is_error, false), { id: `tool-${p.tool_id}` });
-        if (old) old.replaceWith(block);
+        const block = Object.assign(toolBlock(p.name, p.args, p.result, p.is_error, { toolId: p.tool_id }), { id: `tool-${p.tool_id}` });
+        if (this.transcriptHasTool(p.tool_id)) {
+          if (old) old.remove();
+          this.scheduleRefresh();
+        } else if (old) old.replaceWith(block);
         else this.liveBlock().querySelector("#live-tools").append(block);
         break;
       }

@@ -439,6 +439,13 @@ async fn a_browser_logs_in_once_and_watches_and_steers_sessions_and_jobs() {
         .await;
     browser.wait_gone(".prompt").await;
     assert!(!victim.exists(), "the approved rm -rf ran");
+    // Its block says how it was approved.
+    browser
+        .wait_text(
+            "#transcript details.tool[data-approval=once] summary",
+            |t| t.contains("approved once"),
+        )
+        .await;
     // Its tool call is a block with the arguments and the result.
     browser
         .click("#transcript details.tool[data-tool=terminal] summary")
@@ -960,5 +967,133 @@ async fn a_handoff_says_restarted_in_the_banner_and_the_session_page_goes_on() {
     );
     let banner = browser.text("#banner").await.unwrap();
     assert!(!banner.contains("login"), "{banner}");
+    browser.quit().await;
+}
+
+/// The session page says what happened to each turn: a failed turn's error, a denied call, an
+/// interrupted turn and a lost (`unknown`) one, whose tool blocks stop saying `running…`, also
+/// after *Resolve unknown*; a running tool is drawn once, also after the page reloaded it.
+#[tokio::test]
+async fn the_session_page_marks_failed_denied_interrupted_and_unknown_turns() {
+    let model = MockModel::start().await;
+    let home = TestHome::new().unwrap();
+    home.write_model_config(&model.base_url(), true, "")
+        .unwrap();
+    let scratch = tempfile::Builder::new()
+        .prefix("drover-dashboard-")
+        .tempdir()
+        .unwrap();
+    let daemon = Daemon::start(bin(), home.path()).await.unwrap();
+    let mut c = daemon.client().await.unwrap();
+    let created = c
+        .call_ok(
+            "session.create",
+            json!({"request_id": "marks", "cwd": scratch.path(), "toolsets": ["terminal"]}),
+        )
+        .await
+        .unwrap();
+    let sid = created["session_id"].as_str().unwrap().to_string();
+    let browser = Browser::start().await;
+    let link = login_link(home.path()).await;
+    browser.goto(&link).await;
+    browser.wait_conn("connected").await;
+    browser
+        .goto(&format!("{}/ui/#/session/{sid}", origin_of(&link)))
+        .await;
+    browser.wait_for("#session [data-state=idle]").await;
+
+    // A failed turn: its outcome and the model server's error.
+    model.push(Reply::error(400, "the mock refuses this prompt"));
+    browser.send("Fail, please").await;
+    let note = browser
+        .wait_text("#last-turn[data-outcome=failed]", |t| !t.is_empty())
+        .await;
+    assert!(note.contains("the mock refuses this prompt"), "{note}");
+    browser
+        .wait_text("#turns tr[data-outcome=failed]", |t| {
+            t.contains("the mock refuses this prompt")
+        })
+        .await;
+
+    // A denied call says so on its block.
+    let victim = script_rm_victim(&model, scratch.path(), "I left it alone.");
+    browser.send("Delete the victim directory").await;
+    browser
+        .click(".prompt[data-kind=approval] button[data-choice=deny]")
+        .await;
+    browser
+        .wait_text(
+            "#transcript details.tool[data-approval=deny] summary",
+            |t| t.contains("denied"),
+        )
+        .await;
+    browser.wait_for("#session [data-state=idle]").await;
+    assert!(victim.exists(), "the denied rm -rf did not run");
+
+    // A running tool is drawn once, also after the page reloaded the session; an interrupt
+    // closes its block and the turn says `interrupted`.
+    let blocks_of = |command: &str| {
+        format!(
+            "return [...document.querySelectorAll('details.tool')].filter(d => d.textContent.includes('{command}')).length"
+        )
+    };
+    model.push(Reply::terminal("call_wait", "sleep 25"));
+    browser.send("Wait a while").await;
+    browser
+        .wait_for("#session details.tool[data-running][data-tool-id=call_wait]")
+        .await;
+    browser.js("window.droverDashboard.hold()").await;
+    browser.wait_conn("disconnected").await;
+    browser.js("window.droverDashboard.release()").await;
+    browser.wait_for("#session[data-caught-up]").await;
+    browser
+        .wait_for("#transcript details.tool[data-running][data-tool-id=call_wait]")
+        .await;
+    assert_eq!(browser.js(&blocks_of("sleep 25")).await, json!(1));
+    browser.click("#interrupt").await;
+    browser
+        .wait_for("#last-turn[data-outcome=interrupted]")
+        .await;
+    browser.wait_for("#session [data-state=idle]").await;
+    browser
+        .wait_gone("#session details.tool[data-running]")
+        .await;
+    assert_eq!(browser.js(&blocks_of("sleep 25")).await, json!(1));
+
+    // A turn whose worker is killed mid-tool is `unknown`: its block says so, not `running…`,
+    // before and after Resolve unknown.
+    model.push(Reply::terminal("call_lost", "sleep 26"));
+    browser.send("Wait again").await;
+    browser
+        .wait_for("#transcript details.tool[data-running][data-tool-id=call_lost]")
+        .await;
+    let worker = daemon.wait_worker().await.unwrap();
+    signal(worker, nix::sys::signal::Signal::SIGKILL);
+    browser
+        .wait_for("#session [data-state=paused_unknown]")
+        .await;
+    let lost = browser
+        .wait_text("#transcript details.tool[data-tool-id=call_lost]", |t| {
+            !t.contains("running…")
+        })
+        .await;
+    assert!(lost.contains("the turn was lost (unknown)"), "{lost}");
+    browser.wait_for("#last-turn[data-outcome=unknown]").await;
+    browser.click("#resolve").await;
+    browser.wait_for("#session [data-state=idle]").await;
+    browser
+        .wait_gone("#session details.tool[data-running]")
+        .await;
+    let lost = browser
+        .wait_text("#transcript details.tool[data-tool-id=call_lost]", |t| {
+            !t.is_empty()
+        })
+        .await;
+    assert!(lost.contains("the turn was lost (unknown)"), "{lost}");
+    assert!(
+        !browser.text("#session").await.unwrap().contains("running…"),
+        "a block still says running…"
+    );
+    drop(c);
     browser.quit().await;
 }
