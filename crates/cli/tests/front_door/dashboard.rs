@@ -1,8 +1,9 @@
 //! The web dashboard in a real headless Chromium, driven over WebDriver by the
 //! `chromedriver` of Debian's `chromium-driver` (`.ci/run` installs both), against the real
 //! daemon and a mock model: a one-time login link from `drover ui`, a streamed answer, an
-//! approval answered with its button, a job's status changing, the reconnect path, a restart's
-//! epoch change, and a page of another origin refused at the WebSocket upgrade.
+//! approval answered with its button, the marks of failed, denied, interrupted and lost turns, a
+//! job's status changing, the reconnect path, a restart's epoch change, and a page of another
+//! origin refused at the WebSocket upgrade.
 //!
 //! With `DROVER_WRITE_DASHBOARD_SCREENSHOTS=1` each page is also saved as
 //! `docs/img/dashboard-<page>.png` (docs/dashboard.md shows them).
