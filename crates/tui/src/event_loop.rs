@@ -53,8 +53,9 @@ enum Done {
     Say(Vec<String>),
     /// The daemon took the new title: only now does the status line show it.
     Renamed(String),
-    /// A session's stored title, as the daemon last said (its id, as for [`Done::Spend`]).
-    Title(String, Option<String>),
+    /// A session's stored title, as the daemon last said (its id, as for [`Done::Spend`]),
+    /// read after this many of the client's own renames (one read before a rename is stale).
+    Title(String, u64, Option<String>),
     Opened(Box<Opened>, Box<dyn Events>),
 }
 
@@ -207,6 +208,7 @@ async fn event_loop(
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     // A rename by another client sends no event: the stored title is read again this often.
     let mut reread = tokio::time::interval(TITLE_REREAD);
+    let mut own_renames = 0;
     let mut failed_draws = 0;
     fetch_spend(&link, &done_tx, &app.session.session_id);
     loop {
@@ -279,9 +281,12 @@ async fn event_loop(
                 Some(Done::Renamed(title)) => {
                     app.say(format!("session renamed to {title:?}"));
                     app.session.title = Some(title);
+                    own_renames += 1;
                 }
-                Some(Done::Title(session_id, title))
-                    if session_id == app.session.session_id && title != app.session.title =>
+                Some(Done::Title(session_id, renames, title))
+                    if session_id == app.session.session_id
+                        && renames == own_renames
+                        && title != app.session.title =>
                 {
                     if let Some(title) = &title {
                         app.say(format!("session renamed to {title:?} (by another client)"));
@@ -303,7 +308,9 @@ async fn event_loop(
                 None => {}
             },
             _ = tick.tick() => {}
-            _ = reread.tick() => fetch_title(&link, &done_tx, &app.session.session_id),
+            _ = reread.tick() => {
+                fetch_title(&link, &done_tx, &app.session.session_id, own_renames)
+            }
         }
     }
 }
@@ -312,13 +319,18 @@ async fn event_loop(
 const TITLE_REREAD: Duration = Duration::from_secs(2);
 
 /// Asks for the session's stored title, for the status line.
-fn fetch_title(link: &Arc<dyn Link>, done_tx: &mpsc::UnboundedSender<Done>, session_id: &str) {
+fn fetch_title(
+    link: &Arc<dyn Link>,
+    done_tx: &mpsc::UnboundedSender<Done>,
+    session_id: &str,
+    own_renames: u64,
+) {
     let link = link.clone();
     let tx = done_tx.clone();
     let session_id = session_id.to_string();
     tokio::spawn(async move {
         if let Ok(title) = link.title(&session_id).await {
-            let _ = tx.send(Done::Title(session_id, title));
+            let _ = tx.send(Done::Title(session_id, own_renames, title));
         }
     });
 }
