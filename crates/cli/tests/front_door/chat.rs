@@ -220,7 +220,7 @@ async fn a_clarify_question_with_choices_is_answered_from_the_list() {
     pane.wait_for("? Which one?").await;
     pane.wait_for("2. Beta").await;
     pane.keys(&["Down"]);
-    pane.keys(&["Enter"]);
+    answer(&pane, "Enter").await;
     pane.wait_for("Beta it is.").await;
     pane.wait_for("answered: Beta").await;
     let asked = model.requests();
@@ -565,7 +565,7 @@ async fn resizing_while_a_turn_streams_keeps_the_scrollback_whole_and_the_keys_w
     resize(&pane, 150, 32).await;
     // The keys still reach the client.
     pane.send("/usage");
-    pane.wait_for("tokens used by the turns this client saw settle")
+    pane.wait_for("(with the sessions it delegated to) spent")
         .await;
     let history = pane.history();
     assert!(
