@@ -81,13 +81,12 @@ impl App {
             return PromptKey::ToInput;
         }
         // A key that would answer, within the quiet window, is typing that was not meant as
-        // an answer: it goes to the input box, and restarts the window. (A free-text question
-        // is answered in its own line, sent with Enter only; moving in a list answers nothing.)
+        // an answer: it goes to the input box, and restarts the window. (Moving in a list
+        // answers nothing; a free-text answer, once begun, is typed at the typist's pace.)
         let answers = match &view.prompt {
             OpenPrompt::Approval(_) => true,
-            OpenPrompt::Clarify(clarify) => {
-                !clarify.choices.is_empty() && matches!(key.code, KeyCode::Enter | KeyCode::Char(_))
-            }
+            OpenPrompt::Clarify(clarify) if clarify.choices.is_empty() => view.text.is_empty(),
+            OpenPrompt::Clarify(_) => matches!(key.code, KeyCode::Enter | KeyCode::Char(_)),
             OpenPrompt::Budget(_) => false,
         };
         if answers {

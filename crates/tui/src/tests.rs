@@ -427,8 +427,17 @@ fn clarify_with_choices_is_a_list_and_free_text_an_input() {
         choices: vec![],
         multi_select: false,
     });
-    app.on_event(&ev(EventPayload::ClarifyRequest(free)), Instant::now());
-    app.on_paste("Ada");
+    let t0 = Instant::now();
+    app.on_event(&ev(EventPayload::ClarifyRequest(free)), t0);
+    // Typed as the question appeared: the input box's, not the answer's.
+    app.on_key_at(key('h'), t0 + Duration::from_millis(100));
+    assert_eq!(
+        app.on_key_at(code(KeyCode::Enter), t0 + Duration::from_millis(200)),
+        Some(Action::Submit("h".into()))
+    );
+    app.on_key_at(key('A'), t0 + Duration::from_secs(1));
+    app.on_key_at(key('d'), t0 + Duration::from_millis(1010));
+    app.on_paste("a");
     assert_eq!(
         app.on_key(code(KeyCode::Enter)),
         answered("q2", 3, Reply::Clarify(ClarifyAnswer::Text("Ada".into())))
