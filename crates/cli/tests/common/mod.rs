@@ -23,6 +23,20 @@ pub fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_drover"))
 }
 
+/// `drover --home H <args>` with no terminal, bounded; its exit code, stdout and stderr.
+pub async fn drover_said(home: &Path, args: &[&str]) -> (Option<i32>, String, String) {
+    let std::process::Output {
+        status,
+        stdout,
+        stderr,
+    } = drover_test_support::harness::run_drover(bin(), home, None, args).await;
+    (
+        status.code(),
+        String::from_utf8_lossy(&stdout).into_owned(),
+        String::from_utf8_lossy(&stderr).into_owned(),
+    )
+}
+
 /// A home on a new loopback model (`stream`ing or not) whose sessions get the terminal and
 /// clarify tools.
 /// Scripts a turn that runs `echo hi` in the terminal, then answers `answer`.

@@ -6,30 +6,14 @@
 // Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::Path;
-use std::process::Output;
 use std::time::Duration;
 
-use crate::common::{bin, typed};
+use crate::common::{bin, drover_said as drover, typed};
 use drover_protocol::client::{AdmissionOutcome, AdmissionReceipt};
-use drover_test_support::harness::{run_drover, OneSession};
+use drover_test_support::harness::OneSession;
 use drover_test_support::{Gate, Reply};
 
 const BOUND: Duration = Duration::from_secs(20);
-
-/// `drover --home H <args>` with no terminal, bounded; its exit code, stdout and stderr.
-async fn drover(home: &Path, args: &[&str]) -> (Option<i32>, String, String) {
-    let Output {
-        status,
-        stdout,
-        stderr,
-    } = run_drover(bin(), home, None, args).await;
-    (
-        status.code(),
-        String::from_utf8_lossy(&stdout).into_owned(),
-        String::from_utf8_lossy(&stderr).into_owned(),
-    )
-}
 
 /// The receipt of `admission_id` in `s`'s session.
 async fn receipt(s: &mut OneSession, admission_id: &str) -> AdmissionReceipt {

@@ -6,38 +6,22 @@
 // Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::Path;
-use std::process::Output;
 use std::time::Duration;
 
-use crate::common::{bin, typed, typed_event};
+use crate::common::{bin, drover_said as drover, typed, typed_event};
 use drover_protocol::client::{
     AdmissionOutcome, AdmissionReceipt, AdmissionStatus, ClarifyAnswer, OpenPrompt, SessionPage,
     SessionSnapshot, SessionState,
 };
 use drover_protocol::event::{EventPayload, SessionEvent};
 use drover_test_support::harness::{
-    assert_kinds_include, model_daemon, run_drover, script_rm_victim, signal, OneSession,
+    assert_kinds_include, model_daemon, script_rm_victim, signal, OneSession,
 };
 use drover_test_support::{Gate, Reply};
 use nix::sys::signal::Signal;
 use serde_json::{json, Value};
 
 const BOUND: Duration = Duration::from_secs(20);
-
-/// `drover --home H <args>` with no terminal, bounded; its exit code, stdout and stderr.
-async fn drover(home: &Path, args: &[&str]) -> (Option<i32>, String, String) {
-    let Output {
-        status,
-        stdout,
-        stderr,
-    } = run_drover(bin(), home, None, args).await;
-    (
-        status.code(),
-        String::from_utf8_lossy(&stdout).into_owned(),
-        String::from_utf8_lossy(&stderr).into_owned(),
-    )
-}
 
 /// `drover ... --json`'s stdout, parsed.
 fn parsed(what: &str, stdout: &str) -> Value {
