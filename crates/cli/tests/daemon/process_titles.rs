@@ -50,7 +50,15 @@ async fn ps_tells_the_daemon_the_template_a_spare_and_a_turns_worker_apart() {
         String::from_utf8_lossy(&raw),
         format!("drover daemon {home}\0")
     );
-    let templates = s.daemon.template_pids();
+    // A spare the template just forked has its name (and title) until it names itself.
+    let deadline = std::time::Instant::now() + BOUND;
+    let templates = loop {
+        let templates = s.daemon.template_pids();
+        if templates.len() == 1 || std::time::Instant::now() > deadline {
+            break templates;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
     assert_eq!(templates.len(), 1, "{templates:?}");
     title_becomes(templates[0], "drover worker: template")
         .await
