@@ -4,7 +4,8 @@
 //! reach the clipboard (OSC 52) or show a command to approve as another (`\r`, an ESC
 //! sequence, U+202E). Each such character is shown instead, in caret notation (`^[`, `^M`)
 //! or as `\u{202e}`, so the person sees that something is there. New lines and tabs are kept.
-//! Machine output (`--json`, a piped `drover run`) is never changed.
+//! Machine output (`--json`, a piped `drover run`) is never changed. Also how a cost in USD
+//! reads ([`dollars`]).
 
 use std::borrow::Cow;
 
@@ -34,6 +35,20 @@ pub fn printable(text: &str) -> Cow<'_, str> {
 fn hidden(c: char) -> bool {
     (c.is_control() && c != '\n' && c != '\t')
         || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+/// A cost in USD as a person reads it: cents from a dollar on, four decimals from a cent on,
+/// six below (a short turn costs a few millionths).
+pub fn dollars(usd: f64) -> String {
+    if usd == 0.0 {
+        "$0".to_string()
+    } else if usd >= 1.0 {
+        format!("${usd:.2}")
+    } else if usd >= 0.01 {
+        format!("${usd:.4}")
+    } else {
+        format!("${usd:.6}")
+    }
 }
 
 #[cfg(test)]

@@ -457,10 +457,10 @@ fn spend_words(report: &UsageReport, sid: &str) -> String {
         Some(usd) if s.unpriced_executions > 0 => {
             format!(
                 ", cost {}* (some turns had no price)",
-                crate::usage_cmd::dollars(usd)
+                crate::display::dollars(usd)
             )
         }
-        Some(usd) => format!(", cost {}", crate::usage_cmd::dollars(usd)),
+        Some(usd) => format!(", cost {}", crate::display::dollars(usd)),
         None => String::new(),
     };
     let mut words = cost(&own);
@@ -539,7 +539,7 @@ pub async fn show(home: &Path, args: ShowArgs) -> Result<Exit> {
                 .and_then(|r| r.groups.iter().find(|g| g.key == t.admission_id))
                 .and_then(|g| g.spend.cost_usd)
             {
-                line.push_str(&format!("  {}", crate::usage_cmd::dollars(cost)));
+                line.push_str(&format!("  {}", crate::display::dollars(cost)));
             }
         }
         if let Some(p) = snapshot

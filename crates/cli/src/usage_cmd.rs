@@ -13,6 +13,7 @@ use drover_protocol::client::{
 };
 use drover_protocol::ClientRequest;
 
+use crate::display::dollars;
 use crate::display::printable;
 use crate::session_cmd::{head, one_line, require_home, short_len};
 use crate::Exit;
@@ -105,20 +106,6 @@ pub async fn usage(home: &Path, args: UsageArgs) -> Result<Exit> {
         println!("{line}");
     }
     Ok(Exit::Ok)
-}
-
-/// A cost in USD as a person reads it: cents from a dollar on, four decimals from a cent on,
-/// six below (a short turn costs a few millionths).
-pub fn dollars(usd: f64) -> String {
-    if usd == 0.0 {
-        "$0".to_string()
-    } else if usd >= 1.0 {
-        format!("${usd:.2}")
-    } else if usd >= 0.01 {
-        format!("${usd:.4}")
-    } else {
-        format!("${usd:.6}")
-    }
 }
 
 /// A spend's cost cell: `-` when none is known, `*` after one that leaves out turns with no

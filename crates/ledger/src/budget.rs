@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 
 use drover_protocol::words::{BudgetChoice, BudgetScope};
-use drover_protocol::worker::{op, UsageAdd};
+use drover_protocol::worker::UsageAdd;
 use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::{json, Value};
 
@@ -708,11 +708,6 @@ pub(crate) fn execution_cost(
         )
         .optional()?;
     Ok(cost.flatten())
-}
-
-/// The digest a `budget.check` frame's receipt is stored under (its payload is always `{}`).
-pub(crate) fn check_digest() -> String {
-    crate::json_digest(&json!({"operation": op::BUDGET_CHECK, "payload": {}}))
 }
 
 #[cfg(test)]

@@ -358,7 +358,7 @@ pub(crate) fn budget_settled(
                 p.execution_id,
                 p.sequence as i64,
                 op::BUDGET_CHECK,
-                crate::budget::check_digest(),
+                check_digest(),
                 receipt.to_string()
             ],
         )?;
@@ -499,4 +499,9 @@ impl Ledger {
             events: vec![event],
         })
     }
+}
+
+/// The digest a `budget.check` frame's receipt is stored under (its payload is always `{}`).
+pub(crate) fn check_digest() -> String {
+    crate::json_digest(&serde_json::json!({"operation": op::BUDGET_CHECK, "payload": {}}))
 }

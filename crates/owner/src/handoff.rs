@@ -13,7 +13,7 @@
 //! everything back: the ledger reopens, each worker is told `adopted` with this owner's epoch,
 //! claims resume, and the caller is told why.
 //!
-//! Layers: above [`crate::turn`] and the owner's state; below [`crate::rpc`] and the daemon.
+//! Layers: above [`crate::turn`] and the owner's state; below `rpc` and the daemon.
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;

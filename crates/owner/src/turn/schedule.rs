@@ -116,7 +116,7 @@ pub struct AdoptedWorker {
     pub interrupted: bool,
 }
 
-/// Registers and supervises a turn the ledger adopted in a handoff ([`crate::handoff`]): like
+/// Registers and supervises a turn the ledger adopted in a handoff (the `handoff` module): like
 /// a claimed turn whose worker took it, told `adopted` first. An error (the worker is gone, a
 /// pipe is unusable) is for the caller to lose the turn with.
 pub(crate) fn run_adopted(

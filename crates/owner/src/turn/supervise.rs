@@ -121,7 +121,7 @@ pub(super) async fn supervise(
     run_worker(owner, started, worker, control, next_claims).await;
 }
 
-/// Supervises a worker adopted from the previous owner in a handoff ([`crate::handoff`]): it
+/// Supervises a worker adopted from the previous owner in a handoff (the `handoff` module): it
 /// is told `adopted` with this owner's epoch first, then served like any other.
 pub(super) async fn supervise_adopted(
     owner: Arc<Owner>,
