@@ -88,18 +88,28 @@ pub(crate) async fn run_claimed(
         outcome = tracing::field::Empty,
     );
     crate::telemetry::claimed(&claim, &span);
-    let (next_claims, mut handed_back) = mpsc::unbounded_channel();
+    let (next_claims, handed_back) = mpsc::unbounded_channel();
     let supervised = supervise(owner.clone(), claim, secret, control, next_claims).instrument(span);
+    claim_while_supervised(&owner, supervised, handed_back).await;
+}
+
+/// Awaits a turn's supervisor, claiming each session it hands back as soon as it does (a warm
+/// turn's next input is claimed at its settlement, not once its worker has exited).
+async fn claim_while_supervised(
+    owner: &Arc<Owner>,
+    supervised: impl std::future::Future<Output = ()>,
+    mut handed_back: mpsc::UnboundedReceiver<String>,
+) {
     tokio::pin!(supervised);
     loop {
         tokio::select! {
             biased;
-            Some(session_id) = handed_back.recv() => claim_next(&owner, session_id),
+            Some(session_id) = handed_back.recv() => claim_next(owner, session_id),
             () = &mut supervised => break,
         }
     }
     while let Ok(session_id) = handed_back.try_recv() {
-        claim_next(&owner, session_id);
+        claim_next(owner, session_id);
     }
 }
 
@@ -153,7 +163,7 @@ pub(crate) fn run_adopted(
     );
     let owner = owner.clone();
     owner.tracker.clone().spawn(async move {
-        let (next_claims, mut handed_back) = mpsc::unbounded_channel();
+        let (next_claims, handed_back) = mpsc::unbounded_channel();
         let supervised = super::supervise::supervise_adopted(
             owner.clone(),
             claim,
@@ -163,17 +173,7 @@ pub(crate) fn run_adopted(
             next_claims,
         )
         .instrument(span);
-        tokio::pin!(supervised);
-        loop {
-            tokio::select! {
-                biased;
-                Some(session_id) = handed_back.recv() => claim_next(&owner, session_id),
-                () = &mut supervised => break,
-            }
-        }
-        while let Ok(session_id) = handed_back.try_recv() {
-            claim_next(&owner, session_id);
-        }
+        claim_while_supervised(&owner, supervised, handed_back).await;
     });
     Ok(())
 }
