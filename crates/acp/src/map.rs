@@ -616,6 +616,8 @@ mod tests {
                 ApprovalChoice::Always,
                 ApprovalChoice::Deny,
             ],
+            class: String::new(),
+            scopes: Vec::new(),
         };
         let options = serde_json::to_value(approval_options(&prompt)).unwrap();
         let kinds: Vec<&str> = options

@@ -175,14 +175,15 @@ pub async fn approvals(home: PathBuf, command: ApprovalsCommand) -> Result<Exit>
                 eprintln!("drover: no stored approval rules");
             }
             for r in list.rules {
-                println!("{:<24}  {}", r.pattern_key, r.description);
+                println!("{:<24}  {}", r.pattern_key, r.text);
             }
             Ok(Exit::Ok)
         }
         ApprovalsCommand::Rm { pattern_key } => {
             let r: ApprovalRuleRemoved = c
                 .request(ClientRequest::ApprovalsRemove(ApprovalRuleRef {
-                    pattern_key: pattern_key.clone(),
+                    pattern_key: Some(pattern_key.clone()),
+                    rule_id: None,
                 }))
                 .await?;
             if r.removed {

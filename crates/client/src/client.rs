@@ -4,11 +4,11 @@
 use std::path::Path;
 
 use drover_protocol::client::{
-    AdmissionReceipt, AdmissionRef, ApprovalChoice, ApprovalRespondParams, ClarifyAnswer,
-    ClarifyRespondParams, CompactionResult, EventsPage, EventsSinceParams, InterruptAccepted,
-    InterruptParams, PromptReceiptParams, PromptResponse, PromptSubmitParams, SessionCompactParams,
-    SessionCreateParams, SessionListParams, SessionPage, SessionRef, SessionRenameParams,
-    SessionRenamed, SessionSnapshot, SessionSummary,
+    AdmissionReceipt, AdmissionRef, ApprovalChoice, ApprovalRespondParams, ApprovalScope,
+    ClarifyAnswer, ClarifyRespondParams, CompactionResult, EventsPage, EventsSinceParams,
+    InterruptAccepted, InterruptParams, PromptReceiptParams, PromptResponse, PromptSubmitParams,
+    SessionCompactParams, SessionCreateParams, SessionListParams, SessionPage, SessionRef,
+    SessionRenameParams, SessionRenamed, SessionSnapshot, SessionSummary,
 };
 use drover_protocol::daemon_file::DaemonInfo;
 use drover_protocol::ClientRequest;
@@ -267,7 +267,8 @@ impl Client {
         .await
     }
 
-    /// `approval.respond`.
+    /// `approval.respond` (an `always` answer takes the default scope: see
+    /// [`Client::respond_approval_scoped`]).
     pub async fn respond_approval(
         &self,
         session_id: &str,
@@ -275,11 +276,26 @@ impl Client {
         prompt_id: &str,
         choice: ApprovalChoice,
     ) -> Result<PromptResponse, ClientError> {
+        self.respond_approval_scoped(session_id, execution_generation, prompt_id, choice, None)
+            .await
+    }
+
+    /// `approval.respond` with the `scope` of an `always` answer (one of the prompt's
+    /// `scopes`; `None`: `workspace` when offered, else the prompt's narrowest offer).
+    pub async fn respond_approval_scoped(
+        &self,
+        session_id: &str,
+        execution_generation: u64,
+        prompt_id: &str,
+        choice: ApprovalChoice,
+        scope: Option<ApprovalScope>,
+    ) -> Result<PromptResponse, ClientError> {
         self.idempotent(ClientRequest::ApprovalRespond(ApprovalRespondParams {
             session_id: session_id.to_string(),
             execution_generation,
             prompt_id: prompt_id.to_string(),
             choice,
+            scope,
         }))
         .await
     }

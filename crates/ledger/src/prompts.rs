@@ -7,8 +7,8 @@ use drover_protocol::event::{
     ApprovalSettled, BudgetSettled, ClarifySettled, EventPayload, PromptSettlement,
 };
 use drover_protocol::words::{
-    ApprovalChoice, ApprovalPrompt, BudgetChoice, BudgetPrompt, BudgetScope, ClarifyPrompt,
-    OpenPrompt,
+    ApprovalChoice, ApprovalPrompt, ApprovalScopeOffer, BudgetChoice, BudgetPrompt, BudgetScope,
+    ClarifyPrompt, OpenPrompt,
 };
 use drover_protocol::worker::{op, PromptOpen};
 use rusqlite::{params, Connection, OptionalExtension};
@@ -55,6 +55,10 @@ impl PromptRow {
             description: String,
             pattern_key: String,
             choices: Vec<ApprovalChoice>,
+            #[serde(default)]
+            class: String,
+            #[serde(default)]
+            scopes: Vec<ApprovalScopeOffer>,
         }
         /// The fields a `clarify` body carries.
         #[derive(Deserialize)]
@@ -98,6 +102,8 @@ impl PromptRow {
                 description: body.description,
                 pattern_key: body.pattern_key,
                 choices: body.choices,
+                class: body.class,
+                scopes: body.scopes,
             })
         } else {
             let body = ClarifyBody::deserialize(&self.body)?;

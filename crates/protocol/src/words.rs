@@ -163,6 +163,49 @@ pub struct ApprovalPrompt {
     pub pattern_key: String,
     /// The answers offered.
     pub choices: Vec<ApprovalChoice>,
+    /// What the command class is, as a person reads it ("deletes files recursively"): what
+    /// an `always` rule of `pattern_key` allows. Empty in prompts stored before rules had
+    /// scopes.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub class: String,
+    /// Where an `always` answer may apply, narrowest first, each with the words every surface
+    /// shows before the rule is stored. Empty in prompts stored before rules had scopes: an
+    /// `always` answer to those stores an `everywhere` rule.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub scopes: Vec<ApprovalScopeOffer>,
+}
+
+/// Where an `always` rule applies (`docs/approvals.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalScope {
+    /// The directory tree of the command's working directory (a file tool: the target file's
+    /// directory).
+    Directory,
+    /// The session's workspace: the tree of its working directory.
+    Workspace,
+    /// Every command of the class, in every session of this home (what every rule stored
+    /// before rules had scopes is).
+    Everywhere,
+}
+
+spec_words!(ApprovalScope {
+    Directory => "directory",
+    Workspace => "workspace",
+    Everywhere => "everywhere",
+});
+
+/// One scope an approval prompt offers for an `always` answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ApprovalScopeOffer {
+    /// `directory`, `workspace` or `everywhere`.
+    pub scope: ApprovalScope,
+    /// The tree's root: an absolute, lexically normalised path (`directory` and `workspace`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// The words every surface shows for it, e.g. "every command that deletes files
+    /// recursively, in /home/u/proj and below (this workspace)".
+    pub text: String,
 }
 
 /// The fields of a clarify prompt.

@@ -573,7 +573,7 @@ fn command_task(
                     Ok(rules) => Done::Say(
                         rules
                             .iter()
-                            .map(|r| format!("{}  {}", r.pattern_key, r.description))
+                            .map(|r| format!("{}  {}", r.pattern_key, r.text))
                             .chain(std::iter::once(
                                 "drover approvals rm <key> removes one".to_string(),
                             ))

@@ -901,6 +901,7 @@ async fn an_open_prompt_of_a_lost_turn_is_cancelled_after_restart() {
         execution_generation: prompt.execution_generation,
         prompt_id,
         choice: ApprovalChoice::Once,
+        scope: None,
     });
     let answer: PromptResponse = typed(c.call_ok("approval.respond", params).await.unwrap());
     assert_eq!(answer.status, PromptResponseStatus::Cancelled);

@@ -111,6 +111,7 @@ fn response(prompt: &ApprovalPrompt, status: PromptResponseStatus) -> PromptResp
         status,
         prompt_id: prompt.prompt_id.clone(),
         reason: None,
+        stored_rule: None,
     }
 }
 
@@ -129,6 +130,7 @@ fn respond_params(s: &OneSession, prompt: &ApprovalPrompt, choice: ApprovalChoic
         execution_generation: prompt.execution_generation,
         prompt_id: prompt.prompt_id.clone(),
         choice,
+        scope: None,
     })
 }
 
@@ -407,6 +409,7 @@ async fn clarify_answer_reaches_the_tool_row() {
             status: PromptResponseStatus::Resolved,
             prompt_id: prompt.prompt_id.clone(),
             reason: None,
+            stored_rule: None,
         }
     );
     let settled = event(&mut s, "clarify.settled").await;
@@ -669,6 +672,7 @@ async fn drover_run_without_terminal_exits_5_when_a_prompt_waits() {
         execution_generation: prompt.execution_generation,
         prompt_id: prompt.prompt_id.clone(),
         choice: ApprovalChoice::Once,
+        scope: None,
     });
     let answer: PromptResponse = typed(client.call_ok("approval.respond", params).await.unwrap());
     assert_eq!(answer.status, PromptResponseStatus::Resolved);

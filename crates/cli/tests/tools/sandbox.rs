@@ -93,6 +93,7 @@ async fn answer(s: &mut OneSession, prompt: &ApprovalPrompt, choice: ApprovalCho
         execution_generation: prompt.execution_generation,
         prompt_id: prompt.prompt_id.clone(),
         choice,
+        scope: None,
     });
     s.client.call_ok("approval.respond", params).await.unwrap();
 }

@@ -74,6 +74,7 @@ pub(super) async fn budget_respond(
         status,
         prompt_id,
         reason,
+        stored_rule: None,
     })
 }
 

@@ -19,8 +19,13 @@ pub(super) async fn approvals_list(owner: &Arc<Owner>) -> Result<wire::ApprovalR
         rules: rules
             .into_iter()
             .map(|r| wire::ApprovalRule {
+                rule_id: r.pattern_key.clone(),
                 pattern_key: r.pattern_key,
-                description: r.description,
+                class: r.description.clone(),
+                scope: wire::ApprovalScope::Everywhere,
+                path: None,
+                text: r.description,
+                origin: wire::ApprovalRuleOrigin::default(),
                 created_at: r.created_at,
             })
             .collect(),
@@ -32,7 +37,7 @@ pub(super) async fn approvals_remove(
     owner: &Arc<Owner>,
     p: wire::ApprovalRuleRef,
 ) -> Result<wire::ApprovalRuleRemoved, OwnerError> {
-    let key = p.pattern_key;
+    let key = p.pattern_key.or(p.rule_id).unwrap_or_default();
     let removed = owner
         .ledger(move |ledger, _| ledger.remove_approval_rule(&key))
         .await?;

@@ -106,6 +106,7 @@ pub(super) async fn respond(
         status,
         prompt_id,
         reason,
+        stored_rule: None,
     })
 }
 

@@ -133,7 +133,8 @@ methods! {
     SessionEventsSince => "session.events.since", EventsSinceParams, EventsPage;
     /// `approvals.list` (drover extension): the home's stored `always` rules.
     ApprovalsList => "approvals.list", NoParams, ApprovalRules;
-    /// `approvals.remove` (drover extension): delete one stored rule.
+    /// `approvals.remove` (drover extension): delete one stored rule (`rule_id`), or every
+    /// rule of a command class (`pattern_key`).
     ApprovalsRemove => "approvals.remove", ApprovalRuleRef, ApprovalRuleRemoved;
     /// `mcp.status`: the MCP servers of the home, or of one session, and where each stands.
     McpStatus => "mcp.status", McpStatusParams, McpStatusResult;

@@ -48,6 +48,7 @@ pub use usage::*;
 pub use crate::mcp::{McpServerState, McpServerStatus, McpStatusParams, McpStatusResult};
 /// Shared words: defined in [`crate::words`] (events use them too), named here as well.
 pub use crate::words::{
-    AdmissionKind, AdmissionOutcome, AdmissionStatus, ApprovalChoice, ApprovalPrompt, BudgetChoice,
-    BudgetPrompt, BudgetScope, ClarifyAnswer, ClarifyPrompt, OpenPrompt,
+    AdmissionKind, AdmissionOutcome, AdmissionStatus, ApprovalChoice, ApprovalPrompt,
+    ApprovalScope, ApprovalScopeOffer, BudgetChoice, BudgetPrompt, BudgetScope, ClarifyAnswer,
+    ClarifyPrompt, OpenPrompt,
 };

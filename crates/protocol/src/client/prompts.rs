@@ -83,6 +83,10 @@ pub struct ApprovalRespondParams {
     pub prompt_id: String,
     /// The answer.
     pub choice: ApprovalChoice,
+    /// Where an `always` answer's rule applies: one of the prompt's `scopes` (omitted:
+    /// `workspace` when the prompt offers it, else its narrowest offer). Only with `always`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<ApprovalScope>,
 }
 
 /// Params of `clarify.respond`.
@@ -187,14 +191,27 @@ pub struct BudgetStatus {
     pub paused: u64,
 }
 
-/// `{pattern_key}`: params of `approvals.remove`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+/// Params of `approvals.remove`: one rule by `rule_id`, or every rule of a command class by
+/// `pattern_key` (whatever its scope). Exactly one of the two.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ApprovalRuleRef {
-    /// The rule's key, as `approvals.list` shows it.
-    #[serde(deserialize_with = "fields::key")]
+    /// The rule, as `approvals.list` shows it.
+    #[serde(
+        default,
+        deserialize_with = "fields::key_opt",
+        skip_serializing_if = "Option::is_none"
+    )]
     #[schemars(length(min = 1, max = 4096))]
-    pub pattern_key: String,
+    pub rule_id: Option<String>,
+    /// A command class: removes every rule of it.
+    #[serde(
+        default,
+        deserialize_with = "fields::key_opt",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(length(min = 1, max = 4096))]
+    pub pattern_key: Option<String>,
 }
 
 /// One entry of `session.resume` `pending`.
@@ -282,7 +299,7 @@ pub enum ExecutionState {
 }
 
 /// Result of `approval.respond` and `clarify.respond`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct PromptResponse {
     /// Whether this answer was the one recorded.
     pub status: PromptResponseStatus,
@@ -292,6 +309,9 @@ pub struct PromptResponse {
     /// died) or `stopped`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The rule this answer stored (`approval.respond` with `always`, when recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stored_rule: Option<ApprovalRule>,
 }
 
 /// `status` of [`PromptResponse`].
@@ -314,15 +334,40 @@ pub struct ApprovalRules {
     pub rules: Vec<ApprovalRule>,
 }
 
-/// One stored `always` rule.
+/// One stored `always` rule: a command class and where it applies.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ApprovalRule {
-    /// The kind of command it allows.
+    /// The rule (`approvals.remove`).
+    pub rule_id: String,
+    /// The command class it allows.
     pub pattern_key: String,
-    /// What that kind is.
-    pub description: String,
+    /// What that class is ("deletes files recursively").
+    pub class: String,
+    /// `directory`, `workspace` or `everywhere`.
+    pub scope: ApprovalScope,
+    /// The tree's root, for `directory` and `workspace`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// What it allows, in the words its prompt offered it with.
+    pub text: String,
+    /// The answer that stored it (empty for rules stored before rules had scopes).
+    pub origin: ApprovalRuleOrigin,
     /// Unix seconds.
     pub created_at: f64,
+}
+
+/// Where an `always` rule came from.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ApprovalRuleOrigin {
+    /// The session whose prompt was answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    /// The prompt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_id: Option<String>,
+    /// The command it was asked about.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
 }
 
 /// Result of `approvals.remove`.

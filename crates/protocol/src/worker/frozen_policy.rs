@@ -55,6 +55,12 @@ pub struct Policy {
     /// `always` rules (SPEC section 6).
     #[serde(default)]
     pub approval_grants: Vec<String>,
+    /// The home's `always` rules that apply to one directory tree (`directory` and
+    /// `workspace` rules): each approves a command of its class only when the command's
+    /// working directory and every path it names lie inside the tree. An older owner sends
+    /// none (its rules are all in `approval_grants`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub scoped_rules: Vec<ScopedRule>,
     /// The session's background processes as the ledger knows them at claim time (SPEC
     /// section 6: the next turn's worker can see them); the `process` tool checks each one's
     /// liveness itself.
@@ -125,6 +131,8 @@ struct PolicyFields {
     #[serde(default)]
     approval_grants: Vec<String>,
     #[serde(default)]
+    scoped_rules: Vec<ScopedRule>,
+    #[serde(default)]
     background_processes: Vec<BackgroundProcess>,
     #[serde(default)]
     mcp_servers: BTreeMap<String, McpServerSpec>,
@@ -168,6 +176,7 @@ impl From<PolicyFields> for Policy {
             approvals: f.approvals,
             home: f.home,
             approval_grants: f.approval_grants,
+            scoped_rules: f.scoped_rules,
             background_processes: f.background_processes,
             mcp_servers: f.mcp_servers,
             jobs_wire: f.jobs_wire,
@@ -177,6 +186,15 @@ impl From<PolicyFields> for Policy {
             budget_checked: f.budget_checked,
         }
     }
+}
+
+/// An `always` rule bound to a directory tree, as the worker checks it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScopedRule {
+    /// The command class it allows.
+    pub pattern_key: String,
+    /// The tree's root (absolute, lexically normalised).
+    pub path: String,
 }
 
 /// `[mqtt]` as the owner's config gives it, for the `jobs` toolset (all optional; no `url`

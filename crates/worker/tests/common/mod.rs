@@ -259,6 +259,7 @@ pub fn turn_bootstrap(mock: &MockModel, home: &Path) -> Bootstrap {
             approvals: drover_protocol::ApprovalMode::Auto,
             home: home.display().to_string(),
             approval_grants: Vec::new(),
+            scoped_rules: Vec::new(),
             background_processes: Vec::new(),
             mcp_servers: Default::default(),
             jobs_wire: Default::default(),
