@@ -17,9 +17,10 @@ use drover_client::{
     Client, ClientError, ConnectOptions, ConnectionChange, SessionStream, StartDaemon, Update,
 };
 use drover_protocol::client::{
-    AdmissionStatus, ApprovalRule, ApprovalRules, BudgetStatus, BudgetStatusParams,
-    CompactionResult, NoParams, SessionCreateParams, SessionSnapshot, SessionSummary,
-    UsageGrouping, UsageReport, UsageReportParams,
+    AdmissionStatus, ApprovalRule, ApprovalRules, BudgetRaiseParams, BudgetRespondParams,
+    BudgetStatus, BudgetStatusParams, CompactionResult, NoParams, PromptResponse,
+    SessionCreateParams, SessionSnapshot, SessionSummary, UsageGrouping, UsageReport,
+    UsageReportParams,
 };
 use drover_protocol::event::{EventPayload, SessionEvent};
 use drover_protocol::ClientRequest;
@@ -249,6 +250,21 @@ impl Link for ClientLink {
                 .respond_clarify(session_id, generation, prompt_id, answer)
                 .await
                 .map(drop),
+            Reply::Budget {
+                choice,
+                add_usd,
+                add_tokens,
+            } => client
+                .request::<PromptResponse>(ClientRequest::BudgetRespond(BudgetRespondParams {
+                    session_id: session_id.to_string(),
+                    execution_generation: generation,
+                    prompt_id: prompt_id.to_string(),
+                    choice,
+                    add_usd,
+                    add_tokens,
+                }))
+                .await
+                .map(drop),
         }
         .map_err(words)
     }
@@ -305,6 +321,31 @@ impl Link for ClientLink {
             }
         }
         Ok(spend)
+    }
+
+    async fn budget(&self, session_id: Option<&str>) -> Result<BudgetStatus, LinkError> {
+        self.client
+            .request(ClientRequest::BudgetStatus(BudgetStatusParams {
+                session_id: session_id.map(str::to_string),
+            }))
+            .await
+            .map_err(words)
+    }
+
+    async fn raise_budget(
+        &self,
+        session_id: &str,
+        add_usd: Option<f64>,
+        add_tokens: Option<u64>,
+    ) -> Result<BudgetStatus, LinkError> {
+        self.client
+            .request(ClientRequest::BudgetRaise(BudgetRaiseParams {
+                session_id: Some(session_id.to_string()),
+                add_usd,
+                add_tokens,
+            }))
+            .await
+            .map_err(words)
     }
 
     async fn sessions(&self) -> Result<Vec<SessionSummary>, LinkError> {

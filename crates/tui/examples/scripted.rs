@@ -118,6 +118,8 @@ impl Link for Scripted {
                         description: format!("deletes files recursively: {command}"),
                         pattern_key: "recursive_delete".into(),
                         choices: EVERY_CHOICE.to_vec(),
+                        class: String::new(),
+                        scopes: Vec::new(),
                     },
                 ))))
                 .ok();

@@ -4,7 +4,8 @@
 
 use async_trait::async_trait;
 use drover_protocol::client::{
-    ApprovalChoice, ApprovalRule, ClarifyAnswer, CompactionResult, SessionSnapshot, SessionSummary,
+    ApprovalChoice, ApprovalRule, BudgetChoice, BudgetStatus, ClarifyAnswer, CompactionResult,
+    SessionSnapshot, SessionSummary,
 };
 use drover_protocol::event::SessionEvent;
 
@@ -97,6 +98,16 @@ pub enum Reply {
     Approval(ApprovalChoice),
     /// A clarify prompt's answer (`clarify.respond`).
     Clarify(ClarifyAnswer),
+    /// A budget prompt's answer (`budget.respond`): raise the limit it reached by these
+    /// amounts, or stop the turn.
+    Budget {
+        /// `raise` or `stop`.
+        choice: BudgetChoice,
+        /// USD added (`raise`).
+        add_usd: Option<f64>,
+        /// Tokens added (`raise`).
+        add_tokens: Option<u64>,
+    },
 }
 
 /// The events of the opened session.
@@ -133,6 +144,23 @@ pub trait Link: Send + Sync + 'static {
         Err(LinkError(
             "this client cannot read a session's spend".into(),
         ))
+    }
+    /// The spend and limits of a session (`Some`), or of the home today (`None`):
+    /// `budget.status`.
+    async fn budget(&self, session_id: Option<&str>) -> Result<BudgetStatus, LinkError> {
+        let _ = session_id;
+        Err(LinkError("this client cannot read a budget".into()))
+    }
+    /// Raises a session's limits by these amounts (`budget.raise`); every turn paused under
+    /// them goes on once under them.
+    async fn raise_budget(
+        &self,
+        session_id: &str,
+        add_usd: Option<f64>,
+        add_tokens: Option<u64>,
+    ) -> Result<BudgetStatus, LinkError> {
+        let _ = (session_id, add_usd, add_tokens);
+        Err(LinkError("this client cannot raise a budget".into()))
     }
     /// The home's sessions, newest first.
     async fn sessions(&self) -> Result<Vec<SessionSummary>, LinkError>;

@@ -24,7 +24,7 @@ use tokio::sync::mpsc;
 use crate::chat_state::{Action, App, SessionHeader};
 use crate::daemon_link::{Events, Link, LinkError, LinkUpdate, Opened, SessionSpend, Target};
 use crate::render::{self, VIEWPORT_HEIGHT};
-use crate::slash_commands::{Command, COMMANDS};
+use crate::slash_commands::{help_lines, BudgetCommand, Command};
 use crate::theme::Theme;
 
 /// Why the chat client stopped with an error.
@@ -495,18 +495,44 @@ fn command_task(
         Command::New => open(Target::New, link, tx),
         Command::Resume(prefix) => open(Target::Session(prefix), link, tx),
         Command::Help => {
-            let mut lines: Vec<String> = COMMANDS
-                .iter()
-                .map(|(name, help)| format!("{name} {help}"))
-                .collect();
-            lines.push(
-                "keys: Enter sends · Alt+Enter or Ctrl-J new line · ↑/↓ history · Tab completes · Esc clears · Ctrl-C interrupts, twice leaves · Ctrl-D leaves"
-                    .to_string(),
-            );
-            for line in lines {
+            for line in help_lines() {
                 app.say(line);
             }
         }
+        Command::Budget(BudgetCommand::Show) => {
+            tokio::spawn(async move {
+                let status = match link.budget(Some(&session)).await {
+                    Ok(status) => status,
+                    Err(e) => {
+                        let _ = tx.send(Done::failed("reading the budget", e));
+                        return;
+                    }
+                };
+                // The home's daily limit, when it has one, pauses this session too.
+                let home = link.budget(None).await.ok();
+                let lines = render::budget_lines(&session, &status, home.as_ref());
+                let _ = tx.send(Done::Say(lines));
+            });
+        }
+        Command::Budget(BudgetCommand::Raise { usd, tokens }) => {
+            tokio::spawn(async move {
+                match link.raise_budget(&session, usd, tokens).await {
+                    Ok(status) => {
+                        let _ = tx.send(Done::Say(render::raised_lines(
+                            &session, usd, tokens, &status,
+                        )));
+                        if let Ok(spend) = link.spend(&session).await {
+                            let _ = tx.send(Done::Spend(session, spend));
+                        }
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Done::failed("raising the limit", e));
+                    }
+                }
+            });
+        }
+        // Answered in the keys (with a paused turn) or refused there (without one).
+        Command::Budget(BudgetCommand::Stop) => {}
         Command::Usage => app.say(match &app.spend {
             Some(spend) => format!(
                 "session {} (with the sessions it delegated to) spent {}",

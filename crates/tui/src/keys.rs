@@ -114,6 +114,7 @@ impl App {
             self.input.take();
             return match slash_commands::parse(&text) {
                 Ok(Command::Quit) => Some(Action::Quit),
+                Ok(Command::Budget(budget)) => self.budget_command(budget),
                 Ok(Command::Compact) => {
                     self.compact_requested();
                     Some(Action::Command(Command::Compact))

@@ -6,13 +6,14 @@ use std::time::Instant;
 
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 use drover_protocol::client::{
-    ApprovalChoice, ApprovalPrompt, ClarifyAnswer, ClarifyPrompt, OpenPrompt,
+    ApprovalChoice, ApprovalPrompt, BudgetChoice, ClarifyAnswer, ClarifyPrompt, OpenPrompt,
 };
 
 use crate::chat_state::{Action, App, ToolStatus, TurnItem};
 pub use crate::chat_state::{ApprovalStage, PromptView, PROMPT_QUIET};
 use crate::daemon_link::{PromptAnswer, Reply};
 use crate::input::Input;
+use crate::slash_commands::{BudgetCommand, Command};
 
 impl PromptView {
     fn new(prompt: OpenPrompt, now: Instant) -> PromptView {
@@ -106,6 +107,45 @@ impl App {
             self.drop_stray_answer_key();
         }
         taken
+    }
+
+    /// `/budget ...`: with a turn paused by a limit, `+amount` and `stop` answer its prompt
+    /// (the raise goes to the limit it reached, the session's or the home's); otherwise
+    /// `+amount` raises the session's limits, and `stop` has nothing to stop.
+    pub(crate) fn budget_command(&mut self, command: BudgetCommand) -> Option<Action> {
+        let paused = self
+            .prompt
+            .as_mut()
+            .filter(|view| !view.sent)
+            .and_then(|view| {
+                match &view.prompt {
+                    OpenPrompt::Budget(b) => Some((b.prompt_id.clone(), b.execution_generation)),
+                    _ => None,
+                }
+                .map(|(prompt_id, generation)| (view, prompt_id, generation))
+            });
+        let (choice, add_usd, add_tokens) = match &command {
+            BudgetCommand::Show => return Some(Action::Command(Command::Budget(command))),
+            BudgetCommand::Raise { usd, tokens } => (BudgetChoice::Raise, *usd, *tokens),
+            BudgetCommand::Stop => (BudgetChoice::Stop, None, None),
+        };
+        match paused {
+            Some((view, prompt_id, generation)) => {
+                let reply = Reply::Budget {
+                    choice,
+                    add_usd,
+                    add_tokens,
+                };
+                send_answer(view, &prompt_id, generation, reply)
+            }
+            None if choice == BudgetChoice::Stop => {
+                self.notice = Some(
+                    "no turn is paused by a spend limit (Ctrl-C interrupts a running one)".into(),
+                );
+                None
+            }
+            None => Some(Action::Command(Command::Budget(command))),
+        }
     }
 
     /// A lone answer key left in the input box (`y` pressed just before the prompt appeared,

@@ -6,13 +6,13 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use drover_protocol::chat::Role;
 use drover_protocol::client::{
-    AdmissionKind, AdmissionStatus, ApprovalChoice, ClarifyAnswer, CompactionResult, OpenPrompt,
-    SessionSnapshot, TranscriptMessage,
+    AdmissionKind, AdmissionStatus, ApprovalChoice, BudgetChoice, ClarifyAnswer, CompactionResult,
+    OpenPrompt, SessionSnapshot, TranscriptMessage,
 };
 use drover_protocol::event::{
-    AdmissionUpdated, ApprovalSettled, ClarifySettled, EventPayload, EventUnreadable, McpStatus,
-    MessageComplete, MessageDelta, PromptSettlement, SessionCompacted, SessionEvent, ToolComplete,
-    ToolStart, TurnEnd, TurnProgress, TurnSettled, TurnStarted,
+    AdmissionUpdated, ApprovalSettled, BudgetSettled, ClarifySettled, EventPayload,
+    EventUnreadable, McpStatus, MessageComplete, MessageDelta, PromptSettlement, SessionCompacted,
+    SessionEvent, ToolComplete, ToolStart, TurnEnd, TurnProgress, TurnSettled, TurnStarted,
 };
 use drover_protocol::mcp::McpServerState;
 use serde_json::Value;
@@ -135,10 +135,7 @@ impl App {
             EventPayload::ApprovalRequest(prompt)
             | EventPayload::ClarifyRequest(prompt)
             | EventPayload::BudgetRequest(prompt) => self.prompt_requested(prompt, now),
-            EventPayload::BudgetSettled(settled) => {
-                self.prompt
-                    .take_if(|open| open.prompt_id() == settled.prompt_id);
-            }
+            EventPayload::BudgetSettled(settled) => self.budget_settled(settled),
             EventPayload::ApprovalSettled(settled) => self.approval_settled(settled, now),
             EventPayload::ClarifySettled(settled) => self.clarify_settled(settled, now),
             EventPayload::MessageComplete(message) => self.message_completed(message),
@@ -251,6 +248,27 @@ impl App {
     /// `approval.settled`: the call that asked shows the answer.
     fn approval_settled(&mut self, settled: &ApprovalSettled, now: Instant) {
         self.settle_prompt(&settled.prompt_id, approval_answer(settled), now);
+    }
+
+    /// `budget.settled`: the pause is over (from this client's `/budget` or another's
+    /// `drover budget`); what was answered goes to the scrollback. A raise that is still not
+    /// enough opens the next prompt right after.
+    fn budget_settled(&mut self, settled: &BudgetSettled) {
+        let open = self
+            .prompt
+            .take_if(|open| open.prompt_id() == settled.prompt_id);
+        if open.is_none() {
+            return;
+        }
+        match (settled.status, settled.choice) {
+            (PromptSettlement::Resolved, Some(BudgetChoice::Raise)) => {
+                self.say("the spend limit was raised: the paused turn goes on once under it")
+            }
+            (PromptSettlement::Resolved, Some(BudgetChoice::Stop)) => {
+                self.say("the turn paused by the spend limit was stopped")
+            }
+            _ => {}
+        }
     }
 
     /// `clarify.settled`: the `clarify` call shows the answer.

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use drover_protocol::client::{ApprovalChoice, OpenPrompt};
+use drover_protocol::client::{ApprovalChoice, BudgetScope, BudgetStatus, OpenPrompt};
 use drover_protocol::event::TurnPhase;
 use ratatui::layout::{Position, Rect};
 use ratatui::style::Style;
@@ -14,6 +14,7 @@ use ratatui::Frame;
 use unicode_width::UnicodeWidthChar;
 
 use crate::chat_state::{App, Block, Connection, ToolBlock, ToolStatus, TurnItem};
+use crate::daemon_link::SessionSpend;
 use crate::markdown;
 use crate::prompts::{always_covers, choice_key, ApprovalStage, PromptView, TYPED_AHEAD};
 use crate::theme::Theme;
@@ -266,16 +267,39 @@ fn prompt_lines(view: &PromptView, theme: Theme) -> Vec<Line<'static>> {
     let mut lines = Vec::new();
     match &view.prompt {
         OpenPrompt::Budget(b) => {
-            let limit = b.limit_usd.map_or("no".to_string(), |l| format!("${l:.2}"));
+            let whose = match b.scope {
+                BudgetScope::Session => "the session's limit",
+                BudgetScope::Home => "the home's daily limit",
+            };
+            let spent = SessionSpend {
+                tokens: b.spent_tokens,
+                cost_usd: Some(b.spent_usd),
+                limit_usd: b.limit_usd,
+                limit_tokens: b.limit_tokens,
+            };
             lines.push(Line::styled(
                 format!(
-                    "⏸ paused (budget): ${:.2} spent of {limit} limit ({})",
-                    b.spent_usd, b.scope
+                    "⏸ paused (budget): {} ({whose}); the next step needs about {}",
+                    spend_words(&spent),
+                    if b.limit_usd.is_some() {
+                        dollars(b.next_usd)
+                    } else {
+                        format!("{} tokens", b.next_tokens)
+                    }
                 ),
                 theme.attention(),
             ));
+            if view.sent {
+                lines.push(Line::styled("  answer sent…", theme.dim()));
+                return lines;
+            }
+            let unit = if b.limit_usd.is_some() {
+                "/budget +USD"
+            } else {
+                "/budget +N tokens"
+            };
             lines.push(Line::styled(
-                "  raise it with `drover budget <session> --add-usd N`, or interrupt the turn",
+                format!("  {unit} raises it and the turn goes on · /budget stop ends the turn"),
                 theme.dim(),
             ));
         }
@@ -414,6 +438,9 @@ pub fn status_line(app: &App, now: Instant) -> String {
         (Some(_), Some(p), _) if matches!(p.prompt, OpenPrompt::Approval(_)) => {
             "waiting for approval".to_string()
         }
+        (Some(_), Some(p), _) if matches!(p.prompt, OpenPrompt::Budget(_)) => {
+            "paused (budget)".to_string()
+        }
         (Some(_), Some(_), _) => "waiting for an answer".to_string(),
         (Some(t), None, _) if t.interrupting => "interrupting".to_string(),
         (Some(t), None, _) => format!(
@@ -470,7 +497,7 @@ fn dollars(usd: f64) -> String {
 
 /// The session's spend against its limits: `1200 of 5000 tokens · $0.0420 of $1.00`, each
 /// part without `of ...` when there is no such limit, the cost only when known or limited.
-pub fn spend_words(spend: &crate::daemon_link::SessionSpend) -> String {
+pub fn spend_words(spend: &SessionSpend) -> String {
     let mut words = match spend.limit_tokens {
         Some(limit) => format!("{} of {limit} tokens", spend.tokens),
         None => format!("{} tokens", spend.tokens),
@@ -485,6 +512,87 @@ pub fn spend_words(spend: &crate::daemon_link::SessionSpend) -> String {
         (None, None) => {}
     }
     words
+}
+
+/// `/budget`'s lines: the session's spend against its limits (`session`), today's home-wide
+/// spend when the home has a daily limit (`home`), and what the person can do.
+pub fn budget_lines(
+    session_id: &str,
+    session: &BudgetStatus,
+    home: Option<&BudgetStatus>,
+) -> Vec<String> {
+    let short: String = session_id.chars().take(8).collect();
+    let standing = |status: &BudgetStatus| {
+        spend_words(&SessionSpend {
+            tokens: status.spent_tokens,
+            cost_usd: Some(status.spent_usd),
+            limit_usd: status.limit_usd,
+            limit_tokens: status.limit_tokens,
+        })
+    };
+    let mut lines = vec![format!(
+        "session {short} (with the sessions it delegated to): {}",
+        standing(session)
+    )];
+    if let Some(home) = home.filter(|h| h.limit_usd.is_some()) {
+        lines.push(format!("the home today (UTC): {}", standing(home)));
+    }
+    let paused = session.paused + home.map_or(0, |h| h.paused);
+    if paused > 0 {
+        lines.push(
+            "a turn is paused by a limit: /budget +USD (or +N tokens) raises it and the turn goes on, /budget stop ends the turn"
+                .into(),
+        );
+    } else if session.limit_usd.is_none() && session.limit_tokens.is_none() {
+        lines.push(
+            "this session has no limit (a new session takes [budget] session_usd and session_tokens from config.toml)"
+                .into(),
+        );
+    } else {
+        lines.push("/budget +USD (or +N tokens) raises the session's limit".into());
+    }
+    lines
+}
+
+/// `/budget +amount`'s lines, after `budget.raise` answered with the session's new standing.
+pub fn raised_lines(
+    session_id: &str,
+    add_usd: Option<f64>,
+    add_tokens: Option<u64>,
+    status: &BudgetStatus,
+) -> Vec<String> {
+    let short: String = session_id.chars().take(8).collect();
+    let mut lines = Vec::new();
+    let unlimited = match (add_usd, add_tokens) {
+        (Some(_), _) if status.limit_usd.is_none() => Some("USD"),
+        (_, Some(_)) if status.limit_tokens.is_none() => Some("token"),
+        _ => None,
+    };
+    if let Some(unit) = unlimited {
+        lines.push(format!(
+            "session {short} has no {unit} limit to raise (limits are set when a session is made: [budget] in config.toml)"
+        ));
+        return lines;
+    }
+    let by = match (add_usd, add_tokens) {
+        (Some(usd), Some(tokens)) => format!("{} and {tokens} tokens", dollars(usd)),
+        (Some(usd), None) => dollars(usd),
+        (None, Some(tokens)) => format!("{tokens} tokens"),
+        (None, None) => "nothing".into(),
+    };
+    lines.push(format!(
+        "raised session {short}'s limit by {by}: {}",
+        spend_words(&SessionSpend {
+            tokens: status.spent_tokens,
+            cost_usd: Some(status.spent_usd),
+            limit_usd: status.limit_usd,
+            limit_tokens: status.limit_tokens,
+        })
+    ));
+    if status.resumed > 0 {
+        lines.push(format!("{} paused turn(s) go on", status.resumed));
+    }
+    lines
 }
 
 /// Draws the viewport.

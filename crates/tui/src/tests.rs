@@ -115,6 +115,8 @@ pub(crate) fn approval(choices: &[ApprovalChoice]) -> OpenPrompt {
         description: "deletes files recursively: rm -rf /tmp/victim".into(),
         pattern_key: "recursive_delete".into(),
         choices: choices.to_vec(),
+        class: String::new(),
+        scopes: Vec::new(),
     })
 }
 

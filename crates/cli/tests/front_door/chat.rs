@@ -121,6 +121,90 @@ async fn the_status_line_shows_the_sessions_spend_against_its_limit() {
     assert_eq!(pane.exit_code().await, 0, "{}", pane.screen());
 }
 
+/// `/budget` in the chat: it shows the session's spend against its limit; with a turn paused by
+/// the limit, `/budget stop` ends it and `/budget +USD` raises the limit and lets it go on (the
+/// paused prompt says so); with none paused, `/budget +USD` raises the session's limit. Each
+/// request reports 3 prompt tokens at 100 000 USD per million: 0.30 USD.
+#[tokio::test]
+async fn slash_budget_shows_the_spend_and_raises_or_stops_a_paused_turn() {
+    let model = MockModel::start().await;
+    let home = TestHome::new().unwrap();
+    home.write_model_config(
+        &model.base_url(),
+        true,
+        "[pricing.mock]\ninput_per_mtok = 100000.0\noutput_per_mtok = 0.0\n\n\
+         [budget]\nsession_usd = 0.5\n",
+    )
+    .unwrap();
+    let scratch = tempfile::Builder::new()
+        .prefix("drover-chat-")
+        .tempdir()
+        .unwrap();
+    let _daemon = KillDaemonOnDrop(home.path());
+    let requests = || {
+        model
+            .request_paths()
+            .iter()
+            .filter(|p| p.contains("chat/completions"))
+            .count()
+    };
+    model.push(Reply::text("Answer one.").usage(3, 0, 3));
+    model.push(Reply::text("Answer three.").usage(3, 0, 3));
+    let pane = chat(&home, scratch.path(), "first").await;
+    pane.wait_for("Answer one.").await;
+    pane.wait_for("· 3 tokens · $0.3000 of $0.5000 ·").await;
+    pane.send("/budget");
+    let screen = pane
+        .wait_for("(with the sessions it delegated to): 3 tokens · $0.3000 of $0.5000")
+        .await;
+    assert!(
+        screen.contains("/budget +USD (or +N tokens) raises"),
+        "{screen}"
+    );
+
+    // 0.30 spent, 0.30 more would pass 0.50: the turn pauses before its request.
+    pane.send("second");
+    let screen = pane.wait_for("⏸ paused (budget)").await;
+    assert!(
+        screen.contains("/budget +USD raises it and the turn goes on · /budget stop ends the turn"),
+        "{screen}"
+    );
+    assert!(screen.contains("· paused (budget) ·"), "{screen}");
+    pane.send("/budget stop");
+    pane.wait_for("the turn paused by the spend limit was stopped")
+        .await;
+    pane.wait_for("turn interrupted").await;
+    assert_eq!(requests(), 1, "the stopped turn's request never started");
+
+    pane.send("third");
+    pane.wait_until("paused again", |s| {
+        s.matches("⏸ paused (budget)").count() == 1 && s.contains("› third")
+    })
+    .await;
+    pane.send("/budget +1");
+    pane.wait_for("the spend limit was raised").await;
+    pane.wait_for("Answer three.").await;
+    pane.wait_for("· 6 tokens · $0.6000 of $1.50 ·").await;
+    assert_eq!(requests(), 2);
+
+    // No turn paused: `/budget +USD` raises the session's limit (`budget.raise`).
+    pane.send("/budget +$0.25");
+    pane.wait_for("raised session").await;
+    pane.wait_for("limit by $0.2500: 6 tokens · $0.6000 of $1.75")
+        .await;
+    pane.wait_for("· 6 tokens · $0.6000 of $1.75 ·").await;
+    let sid = only_session(&home);
+    let rows = db_rows(
+        &home.db(),
+        &format!("SELECT budget_usd FROM sessions WHERE id = '{sid}'"),
+    );
+    assert_eq!(rows[0][0], json!(1.75), "{rows:?}");
+    pane.send("/budget stop");
+    pane.wait_for("no turn is paused by a spend limit").await;
+    pane.keys(&["C-d"]);
+    assert_eq!(pane.exit_code().await, 0, "{}", pane.screen());
+}
+
 /// `drover chat --agent NAME`: the chat's sessions run that external agent, and its status
 /// line names the agent where it names the model.
 #[tokio::test]
