@@ -42,11 +42,20 @@ impl Transport {
     /// Whether this adds nothing to the environment's trust and proxies, so a client built
     /// without it serves.
     pub fn is_default(&self) -> bool {
-        self.ca_file.is_none()
-            && self.proxy.is_none()
-            && self
-                .connect_timeout
-                .is_none_or(|t| t == default_connect_timeout())
+        self.serves(&Transport::default())
+    }
+
+    /// Whether a client built with `self` connects as one built with `wanted` would (an unset
+    /// connect bound being the default), so a spare's client, and its warm connection, serve
+    /// a turn that wants `wanted`.
+    pub fn serves(&self, wanted: &Transport) -> bool {
+        self.ca_file == wanted.ca_file
+            && self.proxy == wanted.proxy
+            && self.connect_bound() == wanted.connect_bound()
+    }
+
+    fn connect_bound(&self) -> Duration {
+        self.connect_timeout.unwrap_or_else(default_connect_timeout)
     }
 }
 
@@ -60,10 +69,7 @@ pub fn http_client_with(transport: &Transport) -> Result<HttpClient, ModelError>
 /// [`http_client_with`]'s builder, before it is built (a spare adds its warm connection's
 /// layer to it).
 pub(crate) fn client_builder(transport: &Transport) -> Result<reqwest::ClientBuilder, ModelError> {
-    let connect_timeout = transport
-        .connect_timeout
-        .unwrap_or_else(default_connect_timeout);
-    let mut builder = reqwest::Client::builder().connect_timeout(connect_timeout);
+    let mut builder = reqwest::Client::builder().connect_timeout(transport.connect_bound());
     if let Some(path) = &transport.ca_file {
         let unusable =
             |why: String| ModelError::Config(format!("[model] ca_file {}: {why}", path.display()));

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use hyper_util::client::legacy::connect::Connection;
 
 use crate::error::ModelError;
-use crate::transport::HttpClient;
+use crate::transport::{HttpClient, Transport};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -90,7 +90,13 @@ impl WarmConnection {
 
     /// The model's HTTP client ([`crate::http_client`]) with this connection's layer.
     pub fn http_client(&self) -> Result<HttpClient, ModelError> {
-        let builder = crate::transport::client_builder(&crate::transport::Transport::default())?;
+        self.http_client_with(&Transport::default())
+    }
+
+    /// [`crate::http_client_with`] `transport` with this connection's layer: the warm
+    /// connection goes through its proxy and trusts its `ca_file`, as the turn's requests do.
+    pub fn http_client_with(&self, transport: &Transport) -> Result<HttpClient, ModelError> {
+        let builder = crate::transport::client_builder(transport)?;
         crate::transport::build(builder.connector_layer(self.layer()))
     }
 

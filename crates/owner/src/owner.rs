@@ -22,6 +22,7 @@ use crate::outboxes::OutboxPool;
 use crate::running_turn::RunningTurn;
 use crate::spare::{SpareSlot, WorkerCommand};
 use crate::worker_logs::WorkerLogs;
+use crate::worker_process::ModelTransport;
 
 /// The owner daemon's shared state.
 pub struct Owner {
@@ -291,6 +292,7 @@ impl Owner {
 
     /// How to start a worker now: the binary, and every variable it must not inherit.
     pub fn worker_command(&self) -> WorkerCommand {
+        let config = self.config();
         WorkerCommand {
             exe: self.worker_exe.clone(),
             forkable: self.worker_forkable,
@@ -299,7 +301,8 @@ impl Owner {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .clone(),
-            model_endpoint: self.config().base_url(),
+            model_endpoint: config.base_url(),
+            model_transport: ModelTransport::of(&config.model),
         }
     }
 

@@ -10,7 +10,9 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use drover_platform::fork::ProcessHandle;
-use drover_protocol::worker::MODEL_ENDPOINT_ENV;
+use drover_protocol::worker::{
+    MODEL_CA_FILE_ENV, MODEL_CONNECT_TIMEOUT_ENV, MODEL_ENDPOINT_ENV, MODEL_PROXY_ENV,
+};
 use tokio::net::unix::pipe;
 use tokio::process::{Child, Command};
 use tokio::sync::oneshot;
@@ -35,6 +37,41 @@ pub struct WorkerCommand {
     /// The daemon's model endpoint (`[model] base_url`), to which a spare opens a connection
     /// while it waits; `None` when the home has none.
     pub model_endpoint: Option<String>,
+    /// How a spare's client reaches the endpoint: the daemon's `[model] ca_file`, `proxy` and
+    /// `connect_timeout_s`, so its warm connection serves turns that use them.
+    pub model_transport: ModelTransport,
+}
+
+/// The daemon's `[model] ca_file`, `proxy` and `connect_timeout_s`, as a worker and its
+/// template get them (in their environment: `drover_protocol::worker::MODEL_CA_FILE_ENV`
+/// and its neighbours).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ModelTransport {
+    /// `[model] ca_file`.
+    pub ca_file: Option<PathBuf>,
+    /// `[model] proxy`.
+    pub proxy: Option<String>,
+    /// `[model] connect_timeout_s` (0: the default).
+    pub connect_timeout_s: u64,
+    /// When `ca_file` was last changed and its length: a worker template whose spares trust
+    /// an older bundle is replaced (the file is read again at each turn otherwise).
+    pub ca_file_stamp: Option<(std::time::SystemTime, u64)>,
+}
+
+impl ModelTransport {
+    /// The daemon's `[model]` settings of now, with `ca_file`'s stamp read now.
+    pub fn of(model: &crate::config::ModelSection) -> ModelTransport {
+        let ca_file_stamp = model.ca_file.as_ref().and_then(|path| {
+            let meta = std::fs::metadata(path).ok()?;
+            Some((meta.modified().ok()?, meta.len()))
+        });
+        ModelTransport {
+            ca_file: model.ca_file.clone(),
+            proxy: model.proxy.clone(),
+            connect_timeout_s: model.connect_timeout_s,
+            ca_file_stamp,
+        }
+    }
 }
 
 /// A worker process, started by exec or forked by the template; killed if dropped, and
@@ -158,6 +195,19 @@ pub(crate) fn worker_environment(cmd: &mut Command, command: &WorkerCommand) {
     match &command.model_endpoint {
         Some(endpoint) => cmd.env(MODEL_ENDPOINT_ENV, endpoint),
         None => cmd.env_remove(MODEL_ENDPOINT_ENV),
+    };
+    let transport = &command.model_transport;
+    match &transport.ca_file {
+        Some(path) => cmd.env(MODEL_CA_FILE_ENV, path),
+        None => cmd.env_remove(MODEL_CA_FILE_ENV),
+    };
+    match &transport.proxy {
+        Some(proxy) => cmd.env(MODEL_PROXY_ENV, proxy),
+        None => cmd.env_remove(MODEL_PROXY_ENV),
+    };
+    match transport.connect_timeout_s {
+        0 => cmd.env_remove(MODEL_CONNECT_TIMEOUT_ENV),
+        secs => cmd.env(MODEL_CONNECT_TIMEOUT_ENV, secs.to_string()),
     };
     // Telemetry: the worker exports to the owner's endpoint (its trace context comes in the
     // bootstrap, so a spare started before the turn joins the turn's trace).

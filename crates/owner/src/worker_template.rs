@@ -40,7 +40,8 @@ use drover_protocol::worker::template::{ForkReply, FORK_REQUEST};
 use tokio::process::{Child, Command};
 
 use crate::worker_process::{
-    open_log, worker_environment, StartedWorker, WorkerCommand, WorkerPipes, WorkerProcess,
+    open_log, worker_environment, ModelTransport, StartedWorker, WorkerCommand, WorkerPipes,
+    WorkerProcess,
 };
 
 /// How long the template has to answer a fork request.
@@ -68,6 +69,8 @@ struct Template {
     without_env: BTreeSet<String>,
     /// The model endpoint its spares open a connection to.
     model_endpoint: Option<String>,
+    /// How its spares' clients reach it.
+    model_transport: ModelTransport,
     /// When it started, in clock ticks after boot: every spare it forks is younger.
     started_at: Option<u64>,
 }
@@ -90,6 +93,7 @@ impl Template {
             control: FdChannel::new(ours)?,
             without_env: command.without_env.clone(),
             model_endpoint: command.model_endpoint.clone(),
+            model_transport: command.model_transport.clone(),
             started_at: drover_platform::boot_ticks_now(),
         })
     }
@@ -293,7 +297,9 @@ impl TemplateSlot {
             return None;
         }
         if self.template.as_ref().is_some_and(|t| {
-            t.without_env != command.without_env || t.model_endpoint != command.model_endpoint
+            t.without_env != command.without_env
+                || t.model_endpoint != command.model_endpoint
+                || t.model_transport != command.model_transport
         }) {
             tracing::info!("the worker template's environment is out of date; replacing it");
             if let Some(old) = self.template.take() {

@@ -4,10 +4,11 @@
 //! bootstrap's head and parts ([`read_bootstrap`]), and the `started` line that acknowledges
 //! it.
 
-use drover_model::WarmConnection;
+use drover_model::{Transport, WarmConnection};
 use drover_platform::frame_lines::{read_frame_line, FrameLine};
 use drover_protocol::worker::{
-    BodyFrame, BodyPiece, Bootstrap, WorkerFrame, MAX_FRAME_BYTES, MODEL_ENDPOINT_ENV,
+    BodyFrame, BodyPiece, Bootstrap, WorkerFrame, MAX_FRAME_BYTES, MODEL_CA_FILE_ENV,
+    MODEL_CONNECT_TIMEOUT_ENV, MODEL_ENDPOINT_ENV, MODEL_PROXY_ENV,
 };
 use tokio::io::{AsyncBufRead, AsyncWrite, AsyncWriteExt};
 
@@ -34,20 +35,32 @@ pub fn worker_title(session_id: &str, execution_id: &str) -> String {
 #[derive(Debug)]
 pub struct Prepared {
     pub(crate) http: drover_model::HttpClient,
+    /// What `http` was built with: a turn whose policy wants another builds its own client.
+    pub(crate) transport: Transport,
     pub(crate) warm: WarmConnection,
 }
 
 impl Prepared {
-    /// Builds what [`Prepared`] holds: the model's HTTP client.
+    /// Builds what [`Prepared`] holds: the model's HTTP client, with the daemon's `[model]`
+    /// trust, proxy and connect bound ([`spare_transport`]).
     pub fn new() -> Result<Prepared, drover_model::ModelError> {
         let warm = WarmConnection::new();
-        Ok(Prepared::with_http(warm.http_client()?, warm))
+        let (http, transport) = spare_http(&warm)?;
+        Ok(Prepared::with_http(http, transport, warm))
     }
 
-    /// [`Prepared::new`] with an HTTP client built before (by the template) with `warm`'s
-    /// layer ([`WarmConnection::http_client`]).
-    pub fn with_http(http: drover_model::HttpClient, warm: WarmConnection) -> Prepared {
-        Prepared { http, warm }
+    /// [`Prepared::new`] with an HTTP client built before (by the template, [`spare_http`])
+    /// with `warm`'s layer.
+    pub fn with_http(
+        http: drover_model::HttpClient,
+        transport: Transport,
+        warm: WarmConnection,
+    ) -> Prepared {
+        Prepared {
+            http,
+            transport,
+            warm,
+        }
     }
 
     /// Starts opening a connection to the model endpoint the owner named
@@ -58,6 +71,36 @@ impl Prepared {
             self.warm.open(&self.http, &endpoint.to_string_lossy());
         }
     }
+}
+
+/// The daemon's `[model] ca_file`, `proxy` and `connect_timeout_s` as the owner named them
+/// to this process ([`MODEL_CA_FILE_ENV`], [`MODEL_PROXY_ENV`], [`MODEL_CONNECT_TIMEOUT_ENV`]).
+pub fn spare_transport() -> Transport {
+    let var = |name: &str| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned());
+    Transport {
+        ca_file: var(MODEL_CA_FILE_ENV).map(std::path::PathBuf::from),
+        proxy: var(MODEL_PROXY_ENV),
+        connect_timeout: var(MODEL_CONNECT_TIMEOUT_ENV)
+            .and_then(|s| s.parse::<u64>().ok())
+            .filter(|&s| s > 0)
+            .map(std::time::Duration::from_secs),
+    }
+}
+
+/// The model's HTTP client with `warm`'s layer and [`spare_transport`], and what it was built
+/// with. A `[model] ca_file` or `proxy` that cannot be used leaves a client without them: the
+/// turn then builds its own and fails naming the setting, as it would without a spare.
+pub fn spare_http(
+    warm: &WarmConnection,
+) -> Result<(drover_model::HttpClient, Transport), drover_model::ModelError> {
+    let transport = spare_transport();
+    if !transport.is_default() {
+        match warm.http_client_with(&transport) {
+            Ok(http) => return Ok((http, transport)),
+            Err(e) => tracing::warn!(error = %e, "the spare's client ignores [model] settings"),
+        }
+    }
+    Ok((warm.http_client()?, Transport::default()))
 }
 
 /// Why the bootstrap (its head and parts) could not start a turn.

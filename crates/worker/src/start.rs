@@ -89,7 +89,11 @@ fn start_process(original_parent: i32, pdeathsig: std::io::Result<()>) -> bool {
 
 /// The runtime, the [`Prepared`] parts (with `http` when the template built it) and the turn.
 fn serve_turn(
-    http: Option<(drover_model::HttpClient, drover_model::WarmConnection)>,
+    http: Option<(
+        drover_model::HttpClient,
+        drover_model::Transport,
+        drover_model::WarmConnection,
+    )>,
     telemetry: Option<drover_telemetry::Telemetry>,
 ) -> Exit {
     // One turn's work is one conversation with the owner and the model, and its tool
@@ -111,7 +115,7 @@ fn serve_turn(
         // Everything that does not depend on the turn is done before the bootstrap is read:
         // a spare worker does it while it waits ("a spare worker").
         let prepared = match http {
-            Some((http, warm)) => Ok(Prepared::with_http(http, warm)),
+            Some((http, transport, warm)) => Ok(Prepared::with_http(http, transport, warm)),
             None => Prepared::new(),
         };
         let prepared = match prepared {
@@ -155,8 +159,8 @@ pub fn template_entry() -> Exit {
     }
     // Each forked spare opens its own warm connection through this client's layer.
     let warm = drover_model::WarmConnection::new();
-    let http = match warm.http_client() {
-        Ok(http) => (http, warm),
+    let http = match crate::bootstrap::spare_http(&warm) {
+        Ok((http, transport)) => (http, transport, warm),
         Err(e) => {
             tracing::error!(error = %e, "cannot build the model's HTTP client");
             return WorkerExit::Aborted.exit();

@@ -130,14 +130,13 @@ where
     tracing::info!(model = %bootstrap.policy.model, toolsets = ?bootstrap.policy.toolsets, "turn starting");
 
     let cancel = CancellationToken::new();
-    let Prepared { http, .. } = prepared;
     let pipe = OwnerPipe::new(journal, cancel.clone());
     pipe.connect(reader, writer);
 
     let exit = tokio::select! {
         // Settling first: a receipt and the owner's end of file may arrive together.
         biased;
-        exit = settle(&pipe, bootstrap, http, cancel.clone()) => exit,
+        exit = settle(&pipe, bootstrap, prepared, cancel.clone()) => exit,
         _ = pipe.disconnected() => {
             tracing::warn!("the owner is gone (end of stdin, broken stdout, or a handoff not adopted in time); stopping");
             owner_lost(&cancel)
@@ -166,7 +165,7 @@ fn owner_lost(cancel: &CancellationToken) -> WorkerExit {
 async fn settle(
     pipe: &OwnerPipe,
     bootstrap: Bootstrap,
-    http: drover_model::HttpClient,
+    prepared: Prepared,
     cancel: CancellationToken,
 ) -> WorkerExit {
     let report = match bootstrap.policy.agent.clone() {
@@ -183,7 +182,7 @@ async fn settle(
                 return WorkerExit::Aborted;
             }
         },
-        None => run_agent(pipe, bootstrap, http, cancel.clone()).await,
+        None => run_agent(pipe, bootstrap, prepared, cancel.clone()).await,
     };
     if cancel.is_cancelled() {
         // Tools drop their groups on cancel already; this catches any that did not.
@@ -240,7 +239,7 @@ async fn settle(
 async fn run_agent(
     pipe: &OwnerPipe,
     bootstrap: Bootstrap,
-    http: drover_model::HttpClient,
+    prepared: Prepared,
     cancel: CancellationToken,
 ) -> TurnReport {
     let Bootstrap {
@@ -276,7 +275,7 @@ async fn run_agent(
         Ok(registry) => registry,
         Err(e) => return setup_failed(&policy.model, format!("toolsets: {e}")),
     };
-    let client = match turn_http(&policy, http)
+    let client = match turn_http(&policy, prepared)
         .and_then(|http| ModelClient::with_http(model_config(&policy), http))
     {
         Ok(client) => client,
@@ -394,17 +393,18 @@ pub fn model_config(policy: &Policy) -> ModelConfig {
     )
 }
 
-/// The HTTP client of the turn: the prepared one (built from the daemon's environment before
-/// the bootstrap), or a new one when the policy's `[model] ca_file` or `proxy` add to it or its
-/// `connect_timeout_s` is not the default.
-fn turn_http(policy: &Policy, prepared: HttpClient) -> Result<HttpClient, ModelError> {
+/// The HTTP client of the turn: the prepared one (built before the bootstrap with the
+/// daemon's `[model]` trust, proxy and connect bound of then, and holding the warm
+/// connection), or a new one when the policy's `ca_file`, `proxy` or the session's
+/// `connect_timeout_s` differ from what it was built with.
+fn turn_http(policy: &Policy, prepared: Prepared) -> Result<HttpClient, ModelError> {
     let transport = Transport {
         ca_file: policy.ca_file.as_ref().map(PathBuf::from),
         proxy: policy.proxy.clone(),
         connect_timeout: Some(policy.model_settings.connect_timeout()),
     };
-    if transport.is_default() {
-        Ok(prepared)
+    if prepared.transport.serves(&transport) {
+        Ok(prepared.http)
     } else {
         drover_model::http_client_with(&transport)
     }

@@ -3,18 +3,19 @@
 //! daemon's environment or through `[model] ca_file`, refused (naming the certificate problem
 //! and the URL) when neither names the CA; and the endpoint reached through a real HTTP
 //! CONNECT proxy (tinyproxy) named by `HTTPS_PROXY` or by `[model] proxy`, with `NO_PROXY`
-//! sending it direct.
+//! sending it direct; and a spare worker's warm connection made with those same settings.
 
 // Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use crate::common::bin;
 use drover_test_support::harness::{Client, Daemon, TestHome};
 use drover_test_support::tinyproxy::Tinyproxy;
 use drover_test_support::tls_front::{TestCa, TlsFront};
-use drover_test_support::{MockModel, Reply};
+use drover_test_support::{wait, MockModel, Reply};
 use serde_json::Value;
 
 /// A mock model behind TLS with a certificate from a CA made here (written to `ca_file`, trusted
@@ -63,7 +64,7 @@ impl Endpoint {
             model: self.model,
             front: self.front,
             _home: self.home,
-            _daemon: daemon,
+            daemon,
             client,
             session_id,
         }
@@ -75,7 +76,7 @@ struct TlsEndpoint {
     model: MockModel,
     front: TlsFront,
     _home: TestHome,
-    _daemon: Daemon,
+    daemon: Daemon,
     client: Client,
     session_id: String,
 }
@@ -210,4 +211,34 @@ async fn no_proxy_naming_the_host_goes_direct() {
         .await;
     e.completes("direct").await;
     assert_eq!(proxy.connects_to(&e.target()), 0, "{}", proxy.log());
+}
+
+/// With `[model] ca_file` and `proxy`, a spare worker opens its warm connection through the
+/// proxy, trusting the CA, and the turn's request goes over it: the endpoint sees one TLS
+/// handshake (one CONNECT) per spare and none of the turn's own.
+#[tokio::test]
+async fn a_spare_warms_its_connection_with_ca_file_and_proxy() {
+    const BOUND: Duration = Duration::from_secs(10);
+    let endpoint = Endpoint::new().await;
+    let proxy = Tinyproxy::start(endpoint.front.addr().port());
+    let keys = format!("{}\nproxy = \"{}\"", endpoint.ca_file_key(), proxy.url());
+    let mut e = endpoint.daemon(&keys, &[]).await;
+    e.daemon.wait_spare().await.unwrap();
+    assert!(
+        wait::until(BOUND, async || e.front.handshakes() >= 1).await,
+        "the spare opened no connection through the proxy: {}",
+        proxy.log()
+    );
+    assert!(
+        e.model.requests().is_empty(),
+        "nothing is sent before a turn"
+    );
+
+    e.completes("over the warm connection").await;
+    assert!(
+        wait::until(BOUND, async || e.front.handshakes() >= 2).await,
+        "the next spare opened no connection"
+    );
+    assert_eq!(e.front.handshakes(), 2, "the turn connected on its own");
+    assert_eq!(proxy.connects_to(&e.target()), 2, "{}", proxy.log());
 }

@@ -28,6 +28,18 @@ pub const OUTBOX_SPARES_MAX: usize = 4;
 /// turn (no request is sent, no key is in it). Unset when the home has none.
 pub const MODEL_ENDPOINT_ENV: &str = "DROVER_MODEL_ENDPOINT";
 
+/// The environment variable naming `[model] ca_file` for a worker and its template: a spare
+/// builds its client, and opens its warm connection, trusting that bundle too. Unset: none.
+pub const MODEL_CA_FILE_ENV: &str = "DROVER_MODEL_CA_FILE";
+
+/// The environment variable naming `[model] proxy` for a worker and its template, so a spare's
+/// warm connection goes through it. Unset: the environment's proxies.
+pub const MODEL_PROXY_ENV: &str = "DROVER_MODEL_PROXY";
+
+/// The environment variable carrying `[model] connect_timeout_s` to a worker and its template
+/// (the bound of a spare's client). Unset: the default.
+pub const MODEL_CONNECT_TIMEOUT_ENV: &str = "DROVER_MODEL_CONNECT_TIMEOUT_S";
+
 /// The version of this pipe's frames. Two drover builds whose versions differ cannot hand
 /// running workers from one owner to the other (`drover restart` says so and offers
 /// `--drain`); any change to [`OwnerFrame`], [`WorkerFrame`] or the persist operations that an
