@@ -39,7 +39,8 @@
 //!
 //! Knobs: the variables above, `DROVER_BENCH_SECTIONS` (default `warm acks scale oneshot`) and
 //! `DROVER_BENCH_BIN` (another `drover` binary to measure; default the one Cargo built with this
-//! bench). Without `--bench` (as `cargo test` runs it) every size drops to a smoke run of a few
+//! bench), `DROVER_BENCH_CONFIG` (TOML appended to every home's config, e.g. a `[pricing."mock"]`
+//! table or a `[budget]` limit, to measure what they cost a turn). Without `--bench` (as `cargo test` runs it) every size drops to a smoke run of a few
 //! seconds. Performance is printed, never asserted: the run fails only when a turn does not
 //! complete, a client process fails, or a bounded wait times out.
 
@@ -558,7 +559,8 @@ impl Model {
 
     fn home(&self) -> Result<TestHome> {
         let home = TestHome::new()?;
-        home.write_model_config(&self.mock.base_url(), true, "")?;
+        let extra = std::env::var("DROVER_BENCH_CONFIG").unwrap_or_default();
+        home.write_model_config(&self.mock.base_url(), true, &extra)?;
         Ok(home)
     }
 }
