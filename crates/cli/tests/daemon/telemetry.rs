@@ -138,8 +138,10 @@ fn sum_points(shared: &Shared, metric: &str) -> Vec<(String, String)> {
                             Some(number_data_point::Value::AsDouble(n)) => n.to_string(),
                             None => String::new(),
                         };
-                        let outcome =
-                            string(attr(&point.attributes, "outcome")).unwrap_or_default();
+                        // The point's label: its `outcome`, else its `model`.
+                        let outcome = string(attr(&point.attributes, "outcome"))
+                            .or_else(|| string(attr(&point.attributes, "model")))
+                            .unwrap_or_default();
                         out.push((outcome, value));
                     }
                 }
@@ -305,12 +307,13 @@ async fn a_turn_with_a_tool_call_is_one_trace_across_owner_and_worker_without_co
     // Metrics: the settled turn is counted by outcome, and its cost.
     let counted = wait::until(Duration::from_secs(20), || async {
         sum_points(&shared, "drover.turns").contains(&("completed".to_string(), "1".to_string()))
-            && sum_points(&shared, "drover.cost_usd").contains(&(String::new(), "0.04".to_string()))
+            && sum_points(&shared, "drover.cost_usd")
+                .contains(&("mock".to_string(), "0.04".to_string()))
     })
     .await;
     assert!(
         counted,
-        "drover.turns{{outcome=completed}} = 1 and drover.cost_usd = 0.04 arrived: {:?} {:?}",
+        "drover.turns{{outcome=completed}} = 1 and drover.cost_usd{{model=mock}} = 0.04 arrived: {:?} {:?}",
         sum_points(&shared, "drover.turns").last(),
         sum_points(&shared, "drover.cost_usd").last()
     );

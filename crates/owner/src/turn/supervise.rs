@@ -196,6 +196,7 @@ async fn run_worker(
         pipe: WorkerPipe::new(owner.clone(), claim),
         owner: owner.clone(),
         execution_id: execution_id.clone(),
+        model: claim.session.model.clone(),
         replies,
         next_claims,
         outcome: None,
@@ -325,6 +326,8 @@ async fn park(
 struct Supervisor {
     owner: Arc<Owner>,
     execution_id: String,
+    /// The session's model: the `model` of the turn's `drover.cost_usd`.
+    model: String,
     pipe: WorkerPipe,
     /// The pipe's answers, queued for the worker's stdin.
     replies: mpsc::Sender<OwnerFrame>,
@@ -433,6 +436,7 @@ impl Supervisor {
     fn settled(&mut self, settlement: &Settlement) {
         self.outcome = Some(settlement.outcome);
         self.owner.turns().remove(&self.execution_id);
+        count_cost(settlement, &self.model);
         if let Some(session_id) = after_settlement(&self.owner, settlement) {
             let _ = self.next_claims.send(session_id);
         }
@@ -652,7 +656,6 @@ fn owed(settlement: &Settlement) -> Vec<Owed<'_>> {
 /// it, and returns the session to claim next, if any (the caller hands it to the scheduler).
 pub(super) fn after_settlement(owner: &Owner, settlement: &Settlement) -> Option<String> {
     count_settlement(settlement.outcome);
-    count_cost(settlement);
     let mut next = None;
     for owed in owed(settlement) {
         match owed {
@@ -688,15 +691,18 @@ fn record_turn_end(outcome: TurnEnd, claimed: std::time::Instant) {
     );
 }
 
-/// Telemetry: `drover.cost_usd`, the settled turn's cost as its `turn.settled` carries it
-/// (none when no price is known; a turn lost to `unknown` settles no cost).
-fn count_cost(settlement: &Settlement) {
+/// Telemetry: `drover.cost_usd` by `model` (the session's), the settled turn's cost as its
+/// `turn.settled` carries it (none when no price is known; a turn lost to `unknown` settles
+/// no cost, and is not counted here).
+fn count_cost(settlement: &Settlement, model: &str) {
     let cost = settlement.events.iter().find_map(|e| match &e.event {
         EventPayload::TurnSettled(settled) => settled.cost_usd,
         _ => None,
     });
     if let Some(usd) = cost.filter(|usd| usd.is_finite() && *usd > 0.0) {
-        drover_telemetry::metrics().cost_usd.add(usd, &[]);
+        drover_telemetry::metrics()
+            .cost_usd
+            .add(usd, &drover_telemetry::metrics::label("model", model));
     }
 }
 
