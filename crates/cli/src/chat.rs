@@ -17,10 +17,10 @@ use drover_client::{
     Client, ClientError, ConnectOptions, ConnectionChange, SessionStream, StartDaemon, Update,
 };
 use drover_protocol::client::{
-    AdmissionStatus, ApprovalRule, ApprovalRules, BudgetRaiseParams, BudgetRespondParams,
-    BudgetStatus, BudgetStatusParams, CompactionResult, NoParams, PromptResponse,
-    SessionCreateParams, SessionSnapshot, SessionSummary, UsageGrouping, UsageReport,
-    UsageReportParams,
+    AdmissionStatus, ApprovalChoice, ApprovalRule, ApprovalRules, BudgetRaiseParams,
+    BudgetRespondParams, BudgetStatus, BudgetStatusParams, CompactionResult, NoParams,
+    PromptResponse, SessionCreateParams, SessionSnapshot, SessionSummary, UsageGrouping,
+    UsageReport, UsageReportParams,
 };
 use drover_protocol::event::{EventPayload, SessionEvent};
 use drover_protocol::ClientRequest;
@@ -234,7 +234,11 @@ impl Link for ClientLink {
             .map_err(words)
     }
 
-    async fn answer(&self, session_id: &str, answer: PromptAnswer) -> Result<(), LinkError> {
+    async fn answer(
+        &self,
+        session_id: &str,
+        answer: PromptAnswer,
+    ) -> Result<PromptResponse, LinkError> {
         let PromptAnswer {
             prompt_id,
             generation,
@@ -242,29 +246,43 @@ impl Link for ClientLink {
         } = answer;
         let (client, prompt_id) = (&self.client, prompt_id.as_str());
         match reply {
-            Reply::Approval(choice) => client
-                .respond_approval(session_id, generation, prompt_id, choice)
-                .await
-                .map(drop),
-            Reply::Clarify(answer) => client
-                .respond_clarify(session_id, generation, prompt_id, answer)
-                .await
-                .map(drop),
+            Reply::Approval(choice) => {
+                client
+                    .respond_approval(session_id, generation, prompt_id, choice)
+                    .await
+            }
+            Reply::Always(scope) => {
+                client
+                    .respond_approval_scoped(
+                        session_id,
+                        generation,
+                        prompt_id,
+                        ApprovalChoice::Always,
+                        scope,
+                    )
+                    .await
+            }
+            Reply::Clarify(answer) => {
+                client
+                    .respond_clarify(session_id, generation, prompt_id, answer)
+                    .await
+            }
             Reply::Budget {
                 choice,
                 add_usd,
                 add_tokens,
-            } => client
-                .request::<PromptResponse>(ClientRequest::BudgetRespond(BudgetRespondParams {
-                    session_id: session_id.to_string(),
-                    execution_generation: generation,
-                    prompt_id: prompt_id.to_string(),
-                    choice,
-                    add_usd,
-                    add_tokens,
-                }))
-                .await
-                .map(drop),
+            } => {
+                client
+                    .request::<PromptResponse>(ClientRequest::BudgetRespond(BudgetRespondParams {
+                        session_id: session_id.to_string(),
+                        execution_generation: generation,
+                        prompt_id: prompt_id.to_string(),
+                        choice,
+                        add_usd,
+                        add_tokens,
+                    }))
+                    .await
+            }
         }
         .map_err(words)
     }

@@ -388,7 +388,7 @@ impl Spawned {
         let tail = log_tail(&self.log, 6);
         let why = match tail.is_empty() {
             true => format!("it exited with {status}"),
-            false => format!("it exited with {status}: {tail}"),
+            false => format!("it exited with {status}:\n{tail}"),
         };
         Some(Ok(ClientError::DaemonStart {
             home: home.display().to_string(),
@@ -420,7 +420,8 @@ impl Drop for Spawned {
     }
 }
 
-/// The last `lines` non-empty lines of `path`, joined with ` / ` (at most 4 KiB read).
+/// The last `lines` non-empty lines of `path`, as lines (at most 4 KiB read). Each keeps its
+/// indentation: a TOML error points at the bad value with a `^` row under its source line.
 fn log_tail(path: &Path, lines: usize) -> String {
     let mut text = String::new();
     if let Ok(mut f) = std::fs::File::open(path) {
@@ -432,10 +433,10 @@ fn log_tail(path: &Path, lines: usize) -> String {
     }
     let kept: Vec<&str> = text
         .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
+        .map(str::trim_end)
+        .filter(|l| !l.trim_start().is_empty())
         .collect();
-    kept[kept.len().saturating_sub(lines)..].join(" / ")
+    kept[kept.len().saturating_sub(lines)..].join("\n")
 }
 
 /// Starts `program --home HOME daemon --started-by-client --ready-fd 3` in its own session
@@ -594,8 +595,8 @@ mod tests {
     fn the_log_tail_keeps_the_last_lines() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("log");
-        std::fs::write(&p, "one\n\ntwo\nthree\n").unwrap();
-        assert_eq!(log_tail(&p, 2), "two / three");
+        std::fs::write(&p, "one\n\ntwo\n  | three  \n").unwrap();
+        assert_eq!(log_tail(&p, 2), "two\n  | three");
         assert_eq!(log_tail(&dir.path().join("none"), 2), "");
     }
 

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use drover_protocol::client::{
-    ApprovalChoice, ApprovalPrompt, ApprovalRule, OpenPrompt, SessionSnapshot, SessionSummary,
+    ApprovalChoice, ApprovalPrompt, ApprovalRule, OpenPrompt, PromptResponse, PromptResponseStatus,
+    SessionSnapshot, SessionSummary,
 };
 use drover_protocol::event::{
     ApprovalSettled, EventPayload, MessageComplete, MessageDelta, PromptSettlement, SessionEvent,
@@ -174,13 +175,23 @@ impl Link for Scripted {
     async fn interrupt(&self, _s: &str, _g: u64) -> Result<(), LinkError> {
         Ok(())
     }
-    async fn answer(&self, _s: &str, answer: PromptAnswer) -> Result<(), LinkError> {
-        if let Reply::Approval(choice) = answer.reply {
+    async fn answer(&self, _s: &str, answer: PromptAnswer) -> Result<PromptResponse, LinkError> {
+        let choice = match answer.reply {
+            Reply::Approval(choice) => Some(choice),
+            Reply::Always(_) => Some(ApprovalChoice::Always),
+            _ => None,
+        };
+        if let Some(choice) = choice {
             if let Some(tx) = self.answers.lock().unwrap().take() {
                 let _ = tx.send(choice);
             }
         }
-        Ok(())
+        Ok(PromptResponse {
+            status: PromptResponseStatus::Resolved,
+            prompt_id: answer.prompt_id,
+            reason: None,
+            stored_rule: None,
+        })
     }
     async fn resolve_unknown(&self, _s: &str, _a: &str) -> Result<(), LinkError> {
         Ok(())

@@ -337,7 +337,8 @@ fn shown_output(result: &str) -> String {
 pub enum ApprovalStage {
     /// The question is asked.
     Ask,
-    /// `a` was pressed: what `always` covers is shown, and confirmation asked.
+    /// `a` was pressed: the scopes an `always` rule may take are listed, in the words every
+    /// surface shows, and the person picks one and confirms.
     ConfirmAlways,
 }
 
@@ -350,7 +351,8 @@ pub struct PromptView {
     pub stage: ApprovalStage,
     /// The key that was not an answer, when the question is asked again.
     pub reask: Option<String>,
-    /// For clarify with choices: the highlighted one.
+    /// For clarify with choices: the highlighted one; for an `always` confirmation: the
+    /// highlighted scope offer.
     pub selected: usize,
     /// For multi-select clarify: the picked ones.
     pub picked: Vec<bool>,

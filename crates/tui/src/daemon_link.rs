@@ -4,8 +4,8 @@
 
 use async_trait::async_trait;
 use drover_protocol::client::{
-    ApprovalChoice, ApprovalRule, BudgetChoice, BudgetStatus, ClarifyAnswer, CompactionResult,
-    SessionSnapshot, SessionSummary,
+    ApprovalChoice, ApprovalRule, ApprovalScope, BudgetChoice, BudgetStatus, ClarifyAnswer,
+    CompactionResult, PromptResponse, SessionSnapshot, SessionSummary,
 };
 use drover_protocol::event::SessionEvent;
 
@@ -94,8 +94,11 @@ pub struct PromptAnswer {
 /// What a prompt is answered with.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Reply {
-    /// An approval prompt's choice (`approval.respond`).
+    /// An approval prompt's choice other than `always` (`approval.respond`).
     Approval(ApprovalChoice),
+    /// `always`, in the scope the person confirmed (`approval.respond` `scope`); `None` for a
+    /// prompt that offers no scopes (stored before rules had scopes: the rule is `everywhere`).
+    Always(Option<ApprovalScope>),
     /// A clarify prompt's answer (`clarify.respond`).
     Clarify(ClarifyAnswer),
     /// A budget prompt's answer (`budget.respond`): raise the limit it reached by these
@@ -132,8 +135,13 @@ pub trait Link: Send + Sync + 'static {
     }
     /// Interrupts the running turn of `generation`.
     async fn interrupt(&self, session_id: &str, generation: u64) -> Result<(), LinkError>;
-    /// Answers an open approval or clarify prompt.
-    async fn answer(&self, session_id: &str, answer: PromptAnswer) -> Result<(), LinkError>;
+    /// Answers an open prompt; the daemon's answer says whether it was recorded, and the rule an
+    /// `always` answer stored.
+    async fn answer(
+        &self,
+        session_id: &str,
+        answer: PromptAnswer,
+    ) -> Result<PromptResponse, LinkError>;
     /// Resolves the session's `unknown` admission.
     async fn resolve_unknown(&self, session_id: &str, admission_id: &str) -> Result<(), LinkError>;
     /// The total tokens of a settled turn.

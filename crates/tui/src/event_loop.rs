@@ -13,7 +13,9 @@ use crossterm::event::{
     PopKeyboardEnhancementFlags, PushKeyboardEnhancementFlags,
 };
 use crossterm::terminal::{disable_raw_mode, enable_raw_mode};
-use drover_protocol::client::CompactionResult;
+use drover_protocol::client::{
+    ApprovalRule, ApprovalScope, CompactionResult, PromptResponse, PromptResponseStatus,
+};
 use drover_protocol::event::EventPayload;
 use futures::StreamExt;
 use ratatui::backend::CrosstermBackend;
@@ -273,11 +275,9 @@ async fn event_loop(
                     app.spend = Some(spend);
                 }
                 Some(Done::Spend(..)) => {}
-                Some(Done::Say(lines)) => {
-                    for line in lines {
-                        app.say(line);
-                    }
-                }
+                Some(Done::Say(lines)) if lines.is_empty() => {}
+                // One notice: its lines are printed together, with no blank line between.
+                Some(Done::Say(lines)) => app.say(lines.join("\n")),
                 Some(Done::Renamed(title)) => {
                     app.say(format!("session renamed to {title:?}"));
                     app.session.title = Some(title);
@@ -453,14 +453,71 @@ fn carry_out(
         Action::Interrupt(generation) => report_failure(tx, "the interrupt", async move {
             link.interrupt(&session, generation).await
         }),
-        Action::Answer(answer) => report_failure(tx, "the answer", async move {
-            link.answer(&session, answer).await
-        }),
+        Action::Answer(answer) => {
+            tokio::spawn(async move {
+                let _ = tx.send(match link.answer(&session, answer).await {
+                    Ok(response) => Done::Say(answer_lines(&response)),
+                    Err(e) => Done::failed("the answer", e),
+                });
+            });
+        }
         Action::ResolveUnknown(admission) => report_failure(tx, "resolving the turn", async move {
             link.resolve_unknown(&session, &admission).await
         }),
         Action::Command(command) => command_task(command, app, link, session, tx),
     }
+}
+
+/// What the chat says of the daemon's answer to a prompt's answer: the rule an `always`
+/// answer stored, in the words the confirmation showed (and how to remove it), or that the
+/// answer was not the one recorded.
+fn answer_lines(response: &PromptResponse) -> Vec<String> {
+    let mut lines = Vec::new();
+    match response.status {
+        PromptResponseStatus::Resolved => {}
+        PromptResponseStatus::AlreadyResolved => {
+            lines.push("the prompt was already answered (by another client)".to_string())
+        }
+        PromptResponseStatus::Cancelled => lines.push(format!(
+            "the prompt was closed before the answer ({})",
+            response.reason.as_deref().unwrap_or("the turn ended")
+        )),
+    }
+    if let Some(rule) = &response.stored_rule {
+        lines.push(format!(
+            "stored: always allow {} (drover approvals rm {} removes it)",
+            rule.text, rule.rule_id
+        ));
+    }
+    lines
+}
+
+/// `/approvals`: each stored `always` rule with its class, its scope in the words the
+/// prompts use (and its tree), and where it came from.
+fn approval_rule_lines(rules: &[ApprovalRule]) -> Vec<String> {
+    if rules.is_empty() {
+        return vec!["no stored `always` rules".into()];
+    }
+    let mut lines = vec!["the `always` rules of this home:".to_string()];
+    for rule in rules {
+        let scope = match (rule.scope, &rule.path) {
+            (ApprovalScope::Directory, Some(path)) => format!("this directory tree: {path}"),
+            (ApprovalScope::Workspace, Some(path)) => format!("this workspace: {path}"),
+            _ => "everywhere: every session of this home".to_string(),
+        };
+        lines.push(format!("  {} · {scope}", rule.class));
+        let origin = match (&rule.origin.session_id, &rule.origin.command) {
+            (Some(session), Some(command)) => {
+                format!("from session {}, asked for: {command}", short(session))
+            }
+            (Some(session), None) => format!("from session {}", short(session)),
+            (None, Some(command)) => format!("asked for: {command}"),
+            (None, None) => "stored before rules had scopes".to_string(),
+        };
+        lines.push(format!("    {origin} · id {}", rule.rule_id));
+    }
+    lines.push("drover approvals rm <id> removes one".into());
+    lines
 }
 
 /// Runs `request` on its own task; a failure comes back as [`Done::Failed`] naming `what`.
@@ -494,11 +551,7 @@ fn command_task(
     match command {
         Command::New => open(Target::New, link, tx),
         Command::Resume(prefix) => open(Target::Session(prefix), link, tx),
-        Command::Help => {
-            for line in help_lines() {
-                app.say(line);
-            }
-        }
+        Command::Help => app.say(help_lines().join("\n")),
         Command::Budget(BudgetCommand::Show) => {
             tokio::spawn(async move {
                 let status = match link.budget(Some(&session)).await {
@@ -593,18 +646,7 @@ fn command_task(
         Command::Approvals => {
             tokio::spawn(async move {
                 let _ = tx.send(match link.approvals().await {
-                    Ok(rules) if rules.is_empty() => {
-                        Done::Say(vec!["no stored `always` rules".into()])
-                    }
-                    Ok(rules) => Done::Say(
-                        rules
-                            .iter()
-                            .map(|r| format!("{}  {}", r.pattern_key, r.text))
-                            .chain(std::iter::once(
-                                "drover approvals rm <key> removes one".to_string(),
-                            ))
-                            .collect(),
-                    ),
+                    Ok(rules) => Done::Say(approval_rule_lines(&rules)),
                     Err(e) => Done::failed("listing approval rules", e),
                 });
             });

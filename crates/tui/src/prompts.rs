@@ -6,7 +6,8 @@ use std::time::Instant;
 
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 use drover_protocol::client::{
-    ApprovalChoice, ApprovalPrompt, BudgetChoice, ClarifyAnswer, ClarifyPrompt, OpenPrompt,
+    ApprovalChoice, ApprovalPrompt, ApprovalScope, ApprovalScopeOffer, BudgetChoice, ClarifyAnswer,
+    ClarifyPrompt, OpenPrompt,
 };
 
 use crate::chat_state::{Action, App, ToolStatus, TurnItem};
@@ -43,24 +44,40 @@ impl PromptView {
     }
 }
 
-/// What `always` would allow, in words: "every command that deletes files recursively, in
-/// every session of this home".
-pub fn always_covers(prompt: &ApprovalPrompt) -> String {
-    let what = prompt
-        .description
-        .split(':')
-        .next()
-        .unwrap_or(&prompt.description)
-        .trim();
-    let what = if what.is_empty() {
-        prompt.pattern_key.replace('_', " ")
+/// The scopes an `always` answer may take, narrowest first, each with the words every surface
+/// shows: the prompt's offers, or, for a prompt stored before rules had scopes, `everywhere`
+/// only (what such an answer stores).
+pub fn always_offers(prompt: &ApprovalPrompt) -> Vec<ApprovalScopeOffer> {
+    if !prompt.scopes.is_empty() {
+        return prompt.scopes.clone();
+    }
+    let class = if prompt.class.is_empty() {
+        // Older prompts: the description's first part names the class ("deletes files
+        // recursively: rm -rf x").
+        let what = prompt.description.split(':').next().unwrap_or("").trim();
+        if what.is_empty() {
+            prompt.pattern_key.replace('_', " ")
+        } else {
+            what.to_string()
+        }
     } else {
-        what.to_string()
+        prompt.class.clone()
     };
-    format!(
-        "every command that {what} ({}), in every session of this home",
-        prompt.pattern_key
-    )
+    vec![ApprovalScopeOffer {
+        scope: ApprovalScope::Everywhere,
+        path: None,
+        text: format!(
+            "every command that {class}, anywhere, in every session of this home (everywhere)"
+        ),
+    }]
+}
+
+/// The offer an `always` confirmation starts on: the workspace, else the narrowest.
+fn default_offer(offers: &[ApprovalScopeOffer]) -> usize {
+    offers
+        .iter()
+        .position(|offer| offer.scope == ApprovalScope::Workspace)
+        .unwrap_or(0)
 }
 
 /// Where a key pressed while a prompt is open goes.
@@ -85,7 +102,11 @@ impl App {
         // an answer: it goes to the input box, and restarts the window. (Moving in a list
         // answers nothing; a free-text answer, once begun, is typed at the typist's pace.)
         let answers = match &view.prompt {
-            OpenPrompt::Approval(_) => true,
+            // Moving between the scopes of an `always` confirmation answers nothing.
+            OpenPrompt::Approval(_) => {
+                view.stage == ApprovalStage::Ask
+                    || !matches!(key.code, KeyCode::Up | KeyCode::Down | KeyCode::Tab)
+            }
             OpenPrompt::Clarify(clarify) if clarify.choices.is_empty() => view.text.is_empty(),
             OpenPrompt::Clarify(_) => matches!(key.code, KeyCode::Enter | KeyCode::Char(_)),
             OpenPrompt::Budget(_) => false,
@@ -226,17 +247,7 @@ pub const TYPED_AHEAD: &str =
 
 fn approval_key(view: &mut PromptView, prompt: &ApprovalPrompt, key: KeyEvent) -> PromptKey {
     let ctrl = key.modifiers.contains(KeyModifiers::CONTROL);
-    let c = match key.code {
-        KeyCode::Esc if view.stage == ApprovalStage::ConfirmAlways => {
-            view.stage = ApprovalStage::Ask;
-            view.reask = None;
-            return PromptKey::Taken(None);
-        }
-        KeyCode::Char(c) if !ctrl => c,
-        _ => return PromptKey::ToInput,
-    };
-    let answer = |view: &mut PromptView, choice| {
-        let reply = Reply::Approval(choice);
+    let send = |view: &mut PromptView, reply| {
         PromptKey::Taken(send_answer(
             view,
             &prompt.prompt_id,
@@ -244,37 +255,75 @@ fn approval_key(view: &mut PromptView, prompt: &ApprovalPrompt, key: KeyEvent) -
             reply,
         ))
     };
-    match view.stage {
-        ApprovalStage::ConfirmAlways => match c.to_ascii_lowercase() {
-            'y' => answer(view, ApprovalChoice::Always),
-            'n' => {
+    if view.stage == ApprovalStage::ConfirmAlways {
+        let offers = always_offers(prompt);
+        let n = offers.len().max(1);
+        // A prompt without offers stores what the daemon does for it: `everywhere`.
+        let scope = |view: &PromptView| {
+            (!prompt.scopes.is_empty())
+                .then(|| offers.get(view.selected).map(|offer| offer.scope))
+                .flatten()
+        };
+        match key.code {
+            KeyCode::Esc => {
                 view.stage = ApprovalStage::Ask;
                 view.reask = None;
-                PromptKey::Taken(None)
+                return PromptKey::Taken(None);
             }
-            _ => {
-                view.reask = Some(c.to_string());
-                PromptKey::ToInput
+            KeyCode::Up => view.selected = (view.selected + n - 1) % n,
+            KeyCode::Down | KeyCode::Tab => view.selected = (view.selected + 1) % n,
+            KeyCode::Enter => {
+                let reply = Reply::Always(scope(view));
+                return send(view, reply);
             }
-        },
-        ApprovalStage::Ask => {
-            let choice = prompt
-                .choices
-                .iter()
-                .copied()
-                .find(|choice| choice_key(*choice) == c.to_ascii_lowercase());
-            match choice {
-                Some(ApprovalChoice::Always) => {
-                    view.stage = ApprovalStage::ConfirmAlways;
+            KeyCode::Char(d) if !ctrl && d.is_ascii_digit() && d != '0' => {
+                let i = (d as usize) - ('1' as usize);
+                if i < n {
+                    view.selected = i;
                     view.reask = None;
-                    PromptKey::Taken(None)
-                }
-                Some(choice) => answer(view, choice),
-                None => {
-                    view.reask = Some(c.to_string());
-                    PromptKey::ToInput
+                } else {
+                    view.reask = Some(d.to_string());
+                    return PromptKey::ToInput;
                 }
             }
+            KeyCode::Char(c) if !ctrl => match c.to_ascii_lowercase() {
+                'y' => {
+                    let reply = Reply::Always(scope(view));
+                    return send(view, reply);
+                }
+                'n' => {
+                    view.stage = ApprovalStage::Ask;
+                    view.reask = None;
+                }
+                _ => {
+                    view.reask = Some(c.to_string());
+                    return PromptKey::ToInput;
+                }
+            },
+            _ => return PromptKey::ToInput,
+        }
+        return PromptKey::Taken(None);
+    }
+    let c = match key.code {
+        KeyCode::Char(c) if !ctrl => c,
+        _ => return PromptKey::ToInput,
+    };
+    let choice = prompt
+        .choices
+        .iter()
+        .copied()
+        .find(|choice| choice_key(*choice) == c.to_ascii_lowercase());
+    match choice {
+        Some(ApprovalChoice::Always) => {
+            view.stage = ApprovalStage::ConfirmAlways;
+            view.selected = default_offer(&always_offers(prompt));
+            view.reask = None;
+            PromptKey::Taken(None)
+        }
+        Some(choice) => send(view, Reply::Approval(choice)),
+        None => {
+            view.reask = Some(c.to_string());
+            PromptKey::ToInput
         }
     }
 }

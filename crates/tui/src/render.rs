@@ -16,7 +16,7 @@ use unicode_width::UnicodeWidthChar;
 use crate::chat_state::{App, Block, Connection, ToolBlock, ToolStatus, TurnItem};
 use crate::daemon_link::SessionSpend;
 use crate::markdown;
-use crate::prompts::{always_covers, choice_key, ApprovalStage, PromptView, TYPED_AHEAD};
+use crate::prompts::{always_offers, choice_key, ApprovalStage, PromptView, TYPED_AHEAD};
 use crate::theme::Theme;
 
 /// The viewport's height: the live part of the screen, below the scrollback.
@@ -52,11 +52,24 @@ pub fn block_lines(block: &Block, theme: Theme, now: Instant) -> Vec<Line<'stati
             .collect(),
         Block::Assistant(text) => markdown::render(text, theme),
         Block::Tool(tool) => tool_lines(tool, theme, now, 0),
-        Block::Notice(text) => vec![Line::styled(format!("· {text}"), theme.dim())],
-        Block::Error(text) => vec![Line::styled(format!("✗ {text}"), theme.error())],
+        Block::Notice(text) => marked_lines("· ", text, theme.dim()),
+        Block::Error(text) => marked_lines("✗ ", text, theme.error()),
     };
     lines.push(Line::default());
     lines
+}
+
+/// A notice or an error: its first line after `mark`, each further line (a daemon's
+/// multi-line error, a list) indented under it with its own indentation kept.
+fn marked_lines(mark: &str, text: &str, style: Style) -> Vec<Line<'static>> {
+    let pad = " ".repeat(mark.chars().count());
+    text.split('\n')
+        .enumerate()
+        .map(|(index, line)| {
+            let lead = if index == 0 { mark } else { pad.as_str() };
+            Line::styled(format!("{lead}{line}"), style)
+        })
+        .collect()
 }
 
 fn seconds(d: Duration) -> String {
@@ -350,15 +363,34 @@ fn prompt_lines(view: &PromptView, theme: Theme) -> Vec<Line<'static>> {
                     }
                 }
                 ApprovalStage::ConfirmAlways => {
-                    lines.push(Line::raw(format!(
-                        "  always allows {}, until `drover approvals rm {}`",
-                        always_covers(a),
-                        a.pattern_key
-                    )));
-                    lines.push(Line::styled(
-                        "  allow always? [y] yes, always  [n] back",
-                        theme.attention(),
-                    ));
+                    let offers = always_offers(a);
+                    if let [only] = offers.as_slice() {
+                        lines.push(Line::raw(format!("  always allow {}?", only.text)));
+                        lines.push(Line::styled(
+                            "  [y] yes, store the rule  [n] back",
+                            theme.attention(),
+                        ));
+                    } else {
+                        lines.push(Line::raw("  always allow which?"));
+                        for (i, offer) in offers.iter().enumerate() {
+                            let (cursor, style) = if i == view.selected {
+                                ("›", theme.user())
+                            } else {
+                                (" ", Style::default())
+                            };
+                            lines.push(Line::styled(
+                                format!("  {cursor} {}. {}", i + 1, offer.text),
+                                style,
+                            ));
+                        }
+                        lines.push(Line::styled(
+                            format!(
+                                "  ↑/↓ or 1-{} picks · [y] or Enter stores the rule · [n] back",
+                                offers.len()
+                            ),
+                            theme.attention(),
+                        ));
+                    }
                     if let Some(bad) = &view.reask {
                         let why = if bad == TYPED_AHEAD {
                             format!("  {bad}: press y or n")
@@ -768,6 +800,30 @@ mod tests {
         assert_eq!(input_window(100, 99), (92, 100));
     }
 
+    /// A daemon's multi-line error (a TOML error's `|` and `^` rows) prints as its lines, each
+    /// kept as written under the notice's mark, never run together.
+    #[test]
+    fn a_multi_line_notice_prints_line_by_line() {
+        let why = "could not start: it exited with exit status: 1:\n\
+                   bad config: TOML parse error at line 6, column 15\n  |\n\
+                   6 | session_usd = \"lots\"\n  |               ^^^^^^";
+        let lines: Vec<String> = block_lines(&Block::Notice(why.into()), PLAIN, Instant::now())
+            .iter()
+            .map(|l| l.to_string())
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                "· could not start: it exited with exit status: 1:",
+                "  bad config: TOML parse error at line 6, column 15",
+                "    |",
+                "  6 | session_usd = \"lots\"",
+                "    |               ^^^^^^",
+                "",
+            ]
+        );
+    }
+
     fn screen(app: &App, now: Instant) -> String {
         let mut terminal = Terminal::new(TestBackend::new(72, VIEWPORT_HEIGHT)).unwrap();
         terminal.draw(|f| draw(f, app, PLAIN, now)).unwrap();
@@ -891,6 +947,24 @@ mod tests {
         insta::assert_snapshot!("approval_reask", screen(&app, t0));
         app.on_key_at(key('a'), quiet.step());
         insta::assert_snapshot!("approval_always_confirm", screen(&app, t0));
+    }
+
+    /// `always` lists the scopes the prompt offers, in their words, the workspace picked.
+    #[test]
+    fn always_lists_the_offered_scopes_with_the_workspace_picked() {
+        let mut quiet = Quiet::default();
+        let t0 = Instant::now();
+        let mut app = app();
+        app.on_event(&started("a1"), t0);
+        app.on_event(&tool_start("c1", "terminal", "rm -rf /w/build/x"), t0);
+        app.on_event(
+            &ev(EventPayload::ApprovalRequest(
+                crate::tests::scoped_approval(),
+            )),
+            t0,
+        );
+        app.on_key_at(key('a'), quiet.step());
+        insta::assert_snapshot!("approval_always_scopes", screen(&app, t0));
     }
 
     #[test]

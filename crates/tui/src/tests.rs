@@ -5,8 +5,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 use drover_protocol::client::{
-    ApprovalChoice, ApprovalPrompt, ClarifyAnswer, ClarifyPrompt, CompactionResult, OpenPrompt,
-    SessionSnapshot, TranscriptMessage,
+    ApprovalChoice, ApprovalPrompt, ApprovalScope, ApprovalScopeOffer, ClarifyAnswer,
+    ClarifyPrompt, CompactionResult, OpenPrompt, SessionSnapshot, TranscriptMessage,
 };
 use drover_protocol::event::{EventPayload, PromptSettlement, SessionEvent, TurnEnd};
 use serde_json::Value;
@@ -297,7 +297,7 @@ fn keys_typed_ahead_never_answer_an_approval() {
     assert!(!app.prompt.as_ref().unwrap().sent);
     assert_eq!(
         app.on_key_at(key('y'), ms(1800)),
-        answered("p1", 3, Reply::Approval(ApprovalChoice::Always))
+        answered("p1", 3, Reply::Always(None))
     );
 }
 
@@ -369,16 +369,89 @@ fn always_asks_to_confirm_what_it_covers() {
     assert_eq!(app.on_key_at(key('n'), quiet.step()), None);
     assert_eq!(app.prompt.as_ref().unwrap().stage, ApprovalStage::Ask);
     app.on_key_at(key('a'), quiet.step());
+    // A prompt stored before rules had scopes offers `everywhere` only: the daemon's default.
     assert_eq!(
         app.on_key_at(key('y'), quiet.step()),
-        answered("p1", 3, Reply::Approval(ApprovalChoice::Always))
+        answered("p1", 3, Reply::Always(None))
     );
     let OpenPrompt::Approval(a) = approval(&ALL) else {
         unreachable!()
     };
+    let offers = always_offers(&a);
+    assert_eq!(offers.len(), 1);
     assert_eq!(
-        always_covers(&a),
-        "every command that deletes files recursively (recursive_delete), in every session of this home"
+        offers[0].text,
+        "every command that deletes files recursively, anywhere, in every session of this home (everywhere)"
+    );
+}
+
+/// An approval prompt that offers three scopes for `always`.
+pub(crate) fn scoped_approval() -> OpenPrompt {
+    let OpenPrompt::Approval(mut a) = approval(&ALL) else {
+        unreachable!()
+    };
+    a.class = "deletes files recursively".into();
+    let offer = |scope, path: Option<&str>, words: &str| ApprovalScopeOffer {
+        scope,
+        path: path.map(str::to_string),
+        text: format!("every command that deletes files recursively, {words}"),
+    };
+    a.scopes = vec![
+        offer(
+            ApprovalScope::Directory,
+            Some("/w/build"),
+            "in /w/build and below (this directory tree)",
+        ),
+        offer(
+            ApprovalScope::Workspace,
+            Some("/w"),
+            "in /w and below (this workspace)",
+        ),
+        offer(
+            ApprovalScope::Everywhere,
+            None,
+            "anywhere, in every session of this home (everywhere)",
+        ),
+    ];
+    OpenPrompt::Approval(a)
+}
+
+/// `a` lists the prompt's scopes with the workspace picked; arrows and digits move the pick,
+/// and `y` or Enter stores the rule in the scope picked.
+#[test]
+fn always_picks_one_of_the_offered_scopes_the_workspace_first() {
+    let mut quiet = Quiet::default();
+    let mut app = app();
+    app.on_event(
+        &ev(EventPayload::ApprovalRequest(scoped_approval())),
+        Instant::now(),
+    );
+    app.on_key_at(key('a'), quiet.step());
+    assert_eq!(app.prompt.as_ref().unwrap().selected, 1, "the workspace");
+    // Moving is not an answer: no quiet window, and nothing goes to the input box.
+    let now = quiet.step();
+    app.on_key_at(code(KeyCode::Down), now);
+    assert_eq!(app.prompt.as_ref().unwrap().selected, 2);
+    app.on_key_at(code(KeyCode::Down), now);
+    assert_eq!(app.prompt.as_ref().unwrap().selected, 0);
+    assert!(app.input.is_empty());
+    app.on_key_at(key('3'), quiet.step());
+    assert_eq!(app.prompt.as_ref().unwrap().selected, 2);
+    app.on_key_at(key('1'), quiet.step());
+    assert_eq!(
+        app.on_key_at(key('y'), quiet.step()),
+        answered("p1", 3, Reply::Always(Some(ApprovalScope::Directory)))
+    );
+    // Enter stores the one picked, the workspace unless moved.
+    let mut app = crate::tests::app();
+    app.on_event(
+        &ev(EventPayload::ApprovalRequest(scoped_approval())),
+        Instant::now(),
+    );
+    app.on_key_at(key('a'), quiet.step());
+    assert_eq!(
+        app.on_key_at(code(KeyCode::Enter), quiet.step()),
+        answered("p1", 3, Reply::Always(Some(ApprovalScope::Workspace)))
     );
 }
 

@@ -277,10 +277,9 @@ async fn a_typo_asks_again_and_n_denies() {
         screen.contains("[y] once"),
         "the question is asked again: {screen}"
     );
-    // `a` explains what `always` covers and asks to confirm; `n` goes back.
+    // `a` lists where `always` would apply and asks to confirm; `n` goes back.
     answer(&pane, "a").await;
-    pane.wait_for("every command that deletes files recursively")
-        .await;
+    pane.wait_for("always allow which?").await;
     answer(&pane, "n").await;
     answer(&pane, "n").await;
     pane.wait_for("Left it alone.").await;
@@ -288,6 +287,75 @@ async fn a_typo_asks_again_and_n_denies() {
     assert!(victim.exists());
     let rules = db_rows(&home.db(), "SELECT COUNT(*) FROM approval_rules");
     assert_eq!(rules[0][0], 0, "no `always` rule was stored");
+}
+
+/// `a` lists the scopes an `always` rule may take, in the prompt's words, the workspace
+/// picked; `y` stores the rule in that scope and the chat echoes what was stored, and
+/// `/approvals` lists it with its class, scope and origin.
+#[tokio::test]
+async fn always_lists_the_scopes_and_stores_the_rule_in_the_one_picked() {
+    let (model, home, scratch) = setup().await;
+    let _daemon = KillDaemonOnDrop(home.path());
+    let victim = script_rm_victim(&model, scratch.path(), "Removed it.");
+    let pane = chat(&home, scratch.path(), "delete the victim").await;
+    pane.wait_for("[y] once").await;
+    answer(&pane, "a").await;
+    let workspace = scratch.path().display().to_string();
+    let screen = pane.wait_for("always allow which?").await;
+    let words = format!(
+        "every command that deletes files recursively, in {workspace} and below (this workspace)"
+    );
+    assert!(screen.contains(&format!("› 1. {words}")), "{screen}");
+    assert!(
+        screen.contains(
+            "2. every command that deletes files recursively, anywhere, in every session of this home (everywhere)"
+        ),
+        "{screen}"
+    );
+    assert!(victim.exists(), "nothing ran before the confirmation");
+    answer(&pane, "y").await;
+    let screen = pane
+        .wait_for("stored: always allow every command that deletes files recursively")
+        .await;
+    // Wrapped at the pane's width: the words and the rule's id, read as one text.
+    let said = screen.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        said.contains(&format!(
+            "stored: always allow {words} (drover approvals rm "
+        )),
+        "{screen}"
+    );
+    pane.wait_for("Removed it.").await;
+    assert!(!victim.exists());
+    let rules = db_rows(
+        &home.db(),
+        "SELECT pattern_key, scope, path, text FROM approval_rules",
+    );
+    assert_eq!(
+        rules,
+        vec![vec![
+            json!("recursive_delete"),
+            json!("workspace"),
+            json!(workspace),
+            json!(words)
+        ]]
+    );
+    pane.send("/approvals");
+    let screen = pane
+        .wait_for(&format!(
+            "deletes files recursively · this workspace: {workspace}"
+        ))
+        .await;
+    let session = only_session(&home);
+    let said = screen.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        said.contains(&format!(
+            "from session {}, asked for: rm -rf {} · id ",
+            &session[..8],
+            victim.display()
+        )),
+        "{screen}"
+    );
 }
 
 #[tokio::test]
@@ -395,6 +463,40 @@ async fn attach_reopens_a_running_turn_with_its_tool_blocks_and_open_prompt() {
     answer(&pane, "y").await;
     pane.wait_for("All done.").await;
     assert!(!victim.exists());
+}
+
+/// A config error that keeps the daemon from starting is shown in the lines it was written in
+/// (a TOML error points at the line with `|` and `^` rows), not run together on one line; once
+/// config.toml is fixed the chat reconnects on its own.
+#[tokio::test]
+async fn a_config_error_that_keeps_the_daemon_from_starting_is_shown_line_by_line() {
+    let (model, home, scratch) = setup().await;
+    let _daemon = KillDaemonOnDrop(home.path());
+    let pane = in_pane(home.path(), scratch.path(), &["chat"]);
+    pane.wait_for("· idle ·").await;
+    let config = home.path().join("config.toml");
+    let good = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        format!("{good}\n[budget]\nsession_usd = \"lots\"\n"),
+    )
+    .unwrap();
+    let first = daemon_info(home.path()).unwrap()["pid"].as_u64().unwrap() as u32;
+    signal(first, Signal::SIGKILL);
+    let screen = pane.wait_for("could not start").await;
+    assert!(!screen.contains(" / | / "), "{screen}");
+    let shown: Vec<&str> = screen.lines().map(str::trim_end).collect();
+    assert!(
+        shown
+            .iter()
+            .any(|l| l.ends_with("| session_usd = \"lots\"") && !l.contains("could not start")),
+        "the TOML error's source line is a line of its own: {screen}"
+    );
+    std::fs::write(&config, good).unwrap();
+    pane.wait_for("· daemon up").await;
+    model.push(Reply::text("Fixed and back."));
+    pane.send("go on");
+    pane.wait_for("Fixed and back.").await;
 }
 
 #[tokio::test]
