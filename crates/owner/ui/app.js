@@ -432,9 +432,37 @@ class SessionsView extends PolledView {
 const CHOICE_WORDS = {
   once: "Allow once",
   session: "Allow for this session",
-  always: "Always allow",
+  always: "Always allow…",
   deny: "Deny",
 };
+
+// Where an `always` rule applies, as the approvals list names it.
+const SCOPE_WORDS = {
+  directory: "this directory tree",
+  workspace: "this workspace",
+  everywhere: "everywhere",
+};
+
+// The scopes an `always` answer may take, each with the words every surface shows: the
+// prompt's offers, or, for a prompt stored before rules had scopes, `everywhere` only (what
+// the daemon stores for it; sent with no `scope`).
+function alwaysOffers(p) {
+  if (p.scopes && p.scopes.length) return p.scopes;
+  const what = p.class || (p.description || "").split(":")[0].trim() || p.pattern_key.replaceAll("_", " ");
+  return [
+    {
+      scope: "everywhere",
+      text: `every command that ${what}, anywhere, in every session of this home (everywhere)`,
+      implied: true,
+    },
+  ];
+}
+
+// The offer a confirmation starts on: the workspace, else the narrowest.
+function defaultOffer(offers) {
+  const workspace = offers.find((o) => o.scope === "workspace");
+  return (workspace || offers[0]).scope;
+}
 
 // How a tool call's approval prompt was answered (`approval.settled`), as a person reads it.
 const APPROVAL_WORDS = {
@@ -645,6 +673,9 @@ class SessionView {
     this.firstRender = true;
     this.head = h("div");
     this.prompts = h("div", { id: "prompts" });
+    // The `always` answer being confirmed ({prompt_id, scope}), and what the last one stored.
+    this.confirming = null;
+    this.stored = h("div");
     this.transcript = h("div", { class: "transcript", id: "transcript" });
     this.live = h("div", { id: "live" });
     this.pending = h("div", { id: "pending" });
@@ -656,6 +687,7 @@ class SessionView {
       { id: "session", "data-session": id },
       this.head,
       this.prompts,
+      this.stored,
       this.transcript,
       this.live,
       this.pending,
@@ -766,32 +798,42 @@ class SessionView {
   }
 
   renderPrompts(prompts) {
+    // A confirmation of a prompt answered meanwhile (by another client) closes with it.
+    if (this.confirming && !prompts.some((p) => p.prompt_id === this.confirming.prompt_id)) this.confirming = null;
     this.prompts.replaceChildren(...prompts.map((p) => this.promptCard(p)));
   }
 
   promptCard(p) {
     if (p.kind === "approval") {
+      const confirming = this.confirming && this.confirming.prompt_id === p.prompt_id;
       return h(
         "div",
         { class: "prompt", "data-prompt": p.prompt_id, "data-kind": "approval" },
         h("h3", {}, "Approval needed"),
         h("div", {}, p.description),
         h("pre", { class: "command" }, p.command),
-        h(
-          "div",
-          { class: "actions" },
-          p.choices.map((c) =>
-            h(
-              "button",
-              {
-                class: c === "deny" ? "danger" : c === "once" ? "primary" : "",
-                "data-choice": c,
-                onclick: () => this.respond("approval.respond", p, { choice: c }),
-              },
-              CHOICE_WORDS[c] || c,
+        confirming
+          ? this.alwaysConfirmation(p)
+          : h(
+              "div",
+              { class: "actions" },
+              p.choices.map((c) =>
+                h(
+                  "button",
+                  {
+                    class: c === "deny" ? "danger" : c === "once" ? "primary" : "",
+                    "data-choice": c,
+                    onclick: () => {
+                      if (c !== "always") return this.respond("approval.respond", p, { choice: c });
+                      // Nothing is stored before the person has seen and confirmed its scope.
+                      this.confirming = { prompt_id: p.prompt_id, scope: defaultOffer(alwaysOffers(p)) };
+                      this.renderPrompts(this.snap ? this.snap.prompts : [p]);
+                    },
+                  },
+                  CHOICE_WORDS[c] || c,
+                ),
+              ),
             ),
-          ),
-        ),
       );
     }
     const card = h(
@@ -846,6 +888,82 @@ class SessionView {
       );
     }
     return card;
+  }
+
+  // The confirmation of an `always` answer, in the prompt's card: the scopes it may take as
+  // radio choices (the workspace picked), Confirm and Cancel. Kept open across re-renders.
+  alwaysConfirmation(p) {
+    const offers = alwaysOffers(p);
+    const picked = this.confirming.scope;
+    const choices = offers.map((o) =>
+      h(
+        "label",
+        { class: "scope-offer", "data-scope": o.scope },
+        h("input", {
+          type: "radio",
+          name: `scope-${p.prompt_id}`,
+          value: o.scope,
+          checked: o.scope === picked,
+          onchange: () => {
+            this.confirming.scope = o.scope;
+          },
+        }),
+        ` ${o.text}`,
+      ),
+    );
+    return h(
+      "div",
+      { class: "confirm", id: "always-confirm", role: "dialog", "aria-label": "Always allow" },
+      h("div", { class: "confirm-title" }, "Always allow — where should the rule apply?"),
+      choices,
+      h(
+        "div",
+        { class: "actions" },
+        h(
+          "button",
+          {
+            class: "primary",
+            id: "always-confirm-yes",
+            onclick: () => this.storeAlways(p),
+          },
+          "Confirm",
+        ),
+        h(
+          "button",
+          {
+            id: "always-confirm-cancel",
+            onclick: () => {
+              this.confirming = null;
+              this.renderPrompts(this.snap ? this.snap.prompts : []);
+            },
+          },
+          "Cancel",
+        ),
+      ),
+    );
+  }
+
+  async storeAlways(p) {
+    const offer = alwaysOffers(p).find((o) => o.scope === this.confirming.scope);
+    this.confirming = null;
+    const answer = { choice: "always" };
+    if (offer && !offer.implied) answer.scope = offer.scope;
+    const response = await this.respond("approval.respond", p, answer);
+    if (!response) return;
+    if (response.stored_rule) {
+      const r = response.stored_rule;
+      this.stored.replaceChildren(
+        h(
+          "div",
+          { class: "stored-rule", id: "stored-rule", "data-scope": r.scope, "data-rule": r.rule_id },
+          `Stored: always allow ${r.text}. `,
+          h("a", { href: "#/approvals" }, "Approvals"),
+          " lists and removes rules.",
+        ),
+      );
+    } else if (response.status !== "resolved") {
+      showError({ message: `the answer was not recorded: ${response.status}${response.reason ? ` (${response.reason})` : ""}` });
+    }
   }
 
   renderTranscript(messages, running) {
@@ -1324,6 +1442,91 @@ class ProcessesView extends PolledView {
   }
 }
 
+// Where a rule came from: the session whose prompt was answered, and the command asked for.
+function ruleOrigin(r) {
+  const o = r.origin || {};
+  if (!o.session_id && !o.command) return h("span", { class: "muted" }, "stored before rules had scopes");
+  return h(
+    "span",
+    {},
+    o.session_id ? h("a", { href: `#/session/${encodeURIComponent(o.session_id)}`, class: "mono" }, o.session_id.slice(0, 8)) : null,
+    o.command ? h("div", { class: "mono" }, o.command) : null,
+  );
+}
+
+// The home's stored `always` rules (`approvals.list`): each one's class, scope and origin, and a
+// button that removes it (`approvals.remove`).
+class ApprovalsView extends PolledView {
+  constructor() {
+    super(5000);
+    this.body = h("div", {}, h("p", { class: "muted" }, "Loading…"));
+    this.root = h(
+      "section",
+      { id: "approvals" },
+      h("h1", {}, "Always rules"),
+      h(
+        "p",
+        { class: "muted" },
+        "Each rule lets every command of its class run without asking, where its scope says.",
+      ),
+      this.body,
+    );
+  }
+
+  async refresh() {
+    const list = await rpc.call("approvals.list");
+    if (!list.rules.length) {
+      this.body.replaceChildren(h("div", { class: "empty" }, "No stored always rules."));
+      return;
+    }
+    this.body.replaceChildren(
+      table(
+        ["Class", "Scope", "Allows", "From", "Stored", ""],
+        h(
+          "tbody",
+          {},
+          list.rules.map((r) =>
+            h(
+              "tr",
+              { "data-rule": r.rule_id, "data-scope": r.scope, "data-key": r.pattern_key },
+              h("td", { class: "rule-class" }, r.class),
+              h(
+                "td",
+                { class: "rule-scope" },
+                SCOPE_WORDS[r.scope] || r.scope,
+                r.path ? h("div", { class: "mono" }, r.path) : null,
+              ),
+              h("td", { class: "rule-text" }, r.text),
+              h("td", {}, ruleOrigin(r)),
+              h("td", {}, ago(r.created_at)),
+              h(
+                "td",
+                {},
+                h(
+                  "button",
+                  {
+                    class: "danger",
+                    "data-remove": r.rule_id,
+                    onclick: async () => {
+                      try {
+                        await rpc.call("approvals.remove", { rule_id: r.rule_id });
+                      } catch (e) {
+                        showError(e);
+                      }
+                      this.poller.tick();
+                    },
+                  },
+                  "Remove",
+                ),
+              ),
+            ),
+          ),
+        ),
+      ),
+    );
+  }
+}
+
 class McpView extends PolledView {
   constructor() {
     super(3000);
@@ -1361,7 +1564,7 @@ class McpView extends PolledView {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Routing: #/sessions, #/session/<id>, #/jobs, #/job/<id>, #/processes, #/mcp.
+// Routing: #/sessions, #/session/<id>, #/jobs, #/job/<id>, #/processes, #/mcp, #/approvals.
 
 let current = null;
 
@@ -1400,6 +1603,9 @@ function route() {
       break;
     case "mcp":
       current = new McpView();
+      break;
+    case "approvals":
+      current = new ApprovalsView();
       break;
     default:
       current = new SessionsView();

@@ -1098,3 +1098,142 @@ async fn the_session_page_marks_failed_denied_interrupted_and_unknown_turns() {
     drop(c);
     browser.quit().await;
 }
+
+/// `drover approvals list --json`'s rules.
+async fn listed_rules(home: &Path) -> Vec<Value> {
+    let out = run_drover(bin(), home, None, &["approvals", "list", "--json"]).await;
+    assert!(
+        out.status.success(),
+        "drover approvals list: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["rules"].as_array().unwrap().clone()
+}
+
+/// "Always allow…" stores nothing at once: it opens a confirmation in the page with the
+/// prompt's scopes as radio choices in their words (the workspace picked); Cancel goes back,
+/// Confirm stores the rule in the scope picked (here the command's directory tree, narrower than
+/// the workspace), the page says what it stored, and the Approvals page lists the rule with its
+/// class, scope and origin, as `drover approvals list --json` does.
+#[tokio::test]
+async fn always_allow_confirms_the_scope_in_the_page_and_the_rule_is_listed_with_it() {
+    let model = MockModel::start().await;
+    let home = TestHome::new().unwrap();
+    home.write_model_config(&model.base_url(), true, "")
+        .unwrap();
+    let scratch = tempfile::Builder::new()
+        .prefix("drover-dashboard-")
+        .tempdir()
+        .unwrap();
+    let workspace = scratch.path().display().to_string();
+    let build = scratch.path().join("build");
+    let victim = build.join("victim");
+    std::fs::create_dir_all(&victim).unwrap();
+    let daemon = Daemon::start(bin(), home.path()).await.unwrap();
+    let mut c = daemon.client().await.unwrap();
+    let created = c
+        .call_ok(
+            "session.create",
+            json!({"request_id": "always", "cwd": scratch.path(), "toolsets": ["terminal"]}),
+        )
+        .await
+        .unwrap();
+    let sid = created["session_id"].as_str().unwrap().to_string();
+    let browser = Browser::start().await;
+    let link = login_link(home.path()).await;
+    browser.goto(&link).await;
+    browser.wait_conn("connected").await;
+    browser
+        .goto(&format!("{}/ui/#/session/{sid}", origin_of(&link)))
+        .await;
+    browser.wait_for("#session [data-state=idle]").await;
+
+    model.push(Reply::tool_call(
+        "call_rm",
+        "terminal",
+        json!({"command": "rm -rf victim", "workdir": build}),
+    ));
+    model.push(Reply::text("Removed it."));
+    browser.send("Delete the build's victim").await;
+    let always = ".prompt[data-kind=approval] button[data-choice=always]";
+    assert_eq!(
+        browser.wait_text(always, |t| !t.is_empty()).await,
+        "Always allow…"
+    );
+    browser.click(always).await;
+    let class = "every command that deletes files recursively";
+    let words = [
+        format!(
+            "{class}, in {} and below (this directory tree)",
+            build.display()
+        ),
+        format!("{class}, in {workspace} and below (this workspace)"),
+        format!("{class}, anywhere, in every session of this home (everywhere)"),
+    ];
+    let shown = browser
+        .wait_text("#always-confirm", |t| t.contains("(everywhere)"))
+        .await;
+    for offer in &words {
+        assert!(shown.contains(offer.as_str()), "{offer:?} in {shown}");
+    }
+    let picked = "return document.querySelector('#always-confirm input[type=radio]:checked').value";
+    assert_eq!(browser.js(picked).await, json!("workspace"));
+    browser.shot("always-confirm").await;
+    assert!(
+        listed_rules(home.path()).await.is_empty(),
+        "stored before Confirm"
+    );
+    assert!(victim.exists(), "ran before the answer");
+
+    // Cancel goes back to the choices, storing nothing.
+    browser.click("#always-confirm-cancel").await;
+    browser.wait_gone("#always-confirm").await;
+    browser.click(always).await;
+    browser
+        .click("#always-confirm [data-scope=directory] input")
+        .await;
+    assert_eq!(browser.js(picked).await, json!("directory"));
+    browser.click("#always-confirm-yes").await;
+    let stored = browser
+        .wait_text("#stored-rule[data-scope=directory]", |t| !t.is_empty())
+        .await;
+    assert!(
+        stored.contains(&format!("Stored: always allow {}", words[0])),
+        "{stored}"
+    );
+    browser.wait_for("#session [data-state=idle]").await;
+    assert!(!victim.exists(), "the approved rm -rf ran");
+
+    let rules = listed_rules(home.path()).await;
+    assert_eq!(rules.len(), 1, "{rules:?}");
+    let rule = &rules[0];
+    assert_eq!(rule["scope"], "directory", "{rule}");
+    assert_eq!(rule["path"], json!(build.display().to_string()), "{rule}");
+    assert_eq!(rule["text"], json!(words[0]), "{rule}");
+    assert_eq!(rule["origin"]["session_id"], json!(sid), "{rule}");
+
+    // The Approvals page lists it: class, scope words and tree, origin.
+    browser
+        .goto(&format!("{}/ui/#/approvals", origin_of(&link)))
+        .await;
+    let row = format!(
+        "#approvals tr[data-rule=\"{}\"]",
+        rule["rule_id"].as_str().unwrap()
+    );
+    let listed = browser
+        .wait_text(&format!("{row} .rule-scope"), |t| !t.is_empty())
+        .await;
+    assert!(listed.contains("this directory tree"), "{listed}");
+    assert!(listed.contains(&build.display().to_string()), "{listed}");
+    assert_eq!(
+        browser.text(&format!("{row} .rule-class")).await.unwrap(),
+        "deletes files recursively"
+    );
+    let all = browser.text(&row).await.unwrap();
+    assert!(all.contains(&sid[..8]), "{all}");
+    assert!(all.contains("rm -rf victim"), "{all}");
+    browser.shot("approvals").await;
+    drop(c);
+    browser.quit().await;
+}
