@@ -1,8 +1,9 @@
 //! The web dashboard in a real headless Chromium, driven over WebDriver by the
 //! `chromedriver` of Debian's `chromium-driver` (`.ci/run` installs both), against the real
 //! daemon and a mock model: a one-time login link from `drover ui`, a streamed answer, an
-//! approval answered with its button, the marks of failed, denied, interrupted and lost turns, a
-//! job's status changing, the reconnect path, a restart's epoch change, and a page of another
+//! approval answered with its button, an `always` answer confirmed with its scope and listed on
+//! the Approvals page, the marks of failed, denied, interrupted and lost turns, a job's status
+//! changing, the reconnect path, a restart's epoch change, and a page of another
 //! origin refused at the WebSocket upgrade.
 //!
 //! With `DROVER_WRITE_DASHBOARD_SCREENSHOTS=1` each page is also saved as
