@@ -21,7 +21,7 @@ use agent_client_protocol::{Client as AcpClient, Error as AcpRpcError};
 use drover_client::{Client, ClientError, ConnectOptions, SessionStream, StartDaemon, Update};
 use drover_protocol::client::SessionSnapshot;
 use drover_protocol::event::{EventPayload, TurnEnd};
-use drover_protocol::words::{AdmissionStatus, ClarifyAnswer, OpenPrompt};
+use drover_protocol::words::{AdmissionStatus, ApprovalChoice, ClarifyAnswer, OpenPrompt};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -633,8 +633,10 @@ impl Bridge {
             OpenPrompt::Approval(p) => {
                 let choice = map::approval_choice(&option_id)
                     .ok_or_else(|| format!("unknown option {option_id:?}"))?;
+                // The scope the option's name promised, not the daemon's default.
+                let scope = (choice == ApprovalChoice::Always).then(|| map::always_scope(p).0);
                 self.client
-                    .respond_approval(session_id, generation, &p.prompt_id, choice)
+                    .respond_approval_scoped(session_id, generation, &p.prompt_id, choice, scope)
                     .await
             }
             OpenPrompt::Clarify(p) => {

@@ -16,7 +16,9 @@ use agent_client_protocol::v1::schema::{
 use drover_protocol::chat::Role;
 use drover_protocol::client::{SessionMcpServer, TranscriptMessage};
 use drover_protocol::event::{ToolComplete, ToolStart, TurnEnd};
-use drover_protocol::words::{ApprovalChoice, ApprovalPrompt, ClarifyAnswer, ClarifyPrompt};
+use drover_protocol::words::{
+    ApprovalChoice, ApprovalPrompt, ApprovalScope, ClarifyAnswer, ClarifyPrompt,
+};
 use drover_protocol::ApprovalMode;
 use drover_protocol::Secret;
 use serde_json::Value;
@@ -234,26 +236,47 @@ pub fn modes(current: ApprovalMode) -> SessionModeState {
     )
 }
 
-/// The options of an approval prompt, one per choice it offers.
+/// The options of an approval prompt, one per choice it offers. `always` is named by the
+/// scope it stores its rule for ([`always_scope`]).
 pub fn approval_options(prompt: &ApprovalPrompt) -> Vec<PermissionOption> {
     prompt
         .choices
         .iter()
         .map(|choice| {
             let (name, kind) = match choice {
-                ApprovalChoice::Once => ("Allow once", PermissionOptionKind::AllowOnce),
-                ApprovalChoice::Session => {
-                    ("Allow for this session", PermissionOptionKind::AllowAlways)
-                }
-                ApprovalChoice::Always => (
-                    "Always allow (every session of this drover home)",
+                ApprovalChoice::Once => ("Allow once".to_string(), PermissionOptionKind::AllowOnce),
+                ApprovalChoice::Session => (
+                    "Allow for this session".to_string(),
                     PermissionOptionKind::AllowAlways,
                 ),
-                ApprovalChoice::Deny => ("Deny", PermissionOptionKind::RejectOnce),
+                ApprovalChoice::Always => (always_name(prompt), PermissionOptionKind::AllowAlways),
+                ApprovalChoice::Deny => ("Deny".to_string(), PermissionOptionKind::RejectOnce),
             };
             PermissionOption::new(choice_word(*choice), name, kind)
         })
         .collect()
+}
+
+/// The scope ACP's one "always" option stores its rule for: the workspace when the prompt
+/// offers it, else its narrowest offer; `everywhere` for a prompt stored before rules had
+/// scopes.
+pub fn always_scope(prompt: &ApprovalPrompt) -> (ApprovalScope, Option<&str>) {
+    let scope = prompt.default_scope();
+    let path = prompt.offer(scope).and_then(|o| o.path.as_deref());
+    (scope, path)
+}
+
+/// The name of the "always" option: where its rule applies.
+fn always_name(prompt: &ApprovalPrompt) -> String {
+    match always_scope(prompt) {
+        (ApprovalScope::Workspace, Some(path)) => {
+            format!("Always allow in this workspace ({path})")
+        }
+        (ApprovalScope::Directory, Some(path)) => {
+            format!("Always allow in this directory tree ({path})")
+        }
+        _ => "Always allow everywhere (every session of this drover home)".to_string(),
+    }
 }
 
 /// The wire word of an approval choice, which is also its `optionId`.
@@ -616,8 +639,19 @@ mod tests {
                 ApprovalChoice::Always,
                 ApprovalChoice::Deny,
             ],
-            class: String::new(),
-            scopes: Vec::new(),
+            class: "deletes files recursively".into(),
+            scopes: vec![
+                drover_protocol::words::ApprovalScopeOffer {
+                    scope: ApprovalScope::Workspace,
+                    path: Some("/home/u/proj".into()),
+                    text: "every command that deletes files recursively, in /home/u/proj and below (this workspace)".into(),
+                },
+                drover_protocol::words::ApprovalScopeOffer {
+                    scope: ApprovalScope::Everywhere,
+                    path: None,
+                    text: "every command that deletes files recursively, anywhere, in every session of this home (everywhere)".into(),
+                },
+            ],
         };
         let options = serde_json::to_value(approval_options(&prompt)).unwrap();
         let kinds: Vec<&str> = options
@@ -630,10 +664,24 @@ mod tests {
             kinds,
             ["allow_once", "allow_always", "allow_always", "reject_once"]
         );
+        assert_eq!(
+            options[2]["name"],
+            "Always allow in this workspace (/home/u/proj)"
+        );
+        assert_eq!(
+            always_scope(&prompt),
+            (ApprovalScope::Workspace, Some("/home/u/proj"))
+        );
+        // A prompt stored before rules had scopes: its rule is everywhere, and says so.
+        let old = ApprovalPrompt {
+            scopes: Vec::new(),
+            ..prompt
+        };
+        let options = serde_json::to_value(approval_options(&old)).unwrap();
         assert!(options[2]["name"]
             .as_str()
             .unwrap()
-            .contains("every session"));
+            .contains("everywhere (every session"));
         assert_eq!(approval_choice("session"), Some(ApprovalChoice::Session));
         assert_eq!(approval_choice("nope"), None);
     }

@@ -9,9 +9,12 @@ use anyhow::{bail, Context, Result};
 use clap::Subcommand;
 use drover_client::{Client, ConnectOptions, StartDaemon};
 use drover_owner::config::Config;
-use drover_protocol::client::{ApprovalRuleRef, ApprovalRuleRemoved, ApprovalRules, NoParams};
+use drover_protocol::client::{
+    ApprovalRule, ApprovalRuleOrigin, ApprovalRuleRef, ApprovalRuleRemoved, ApprovalRules, NoParams,
+};
 use drover_protocol::ClientRequest;
 
+use crate::display::printable;
 use crate::spinner::Spinner;
 use crate::Exit;
 
@@ -145,54 +148,125 @@ pub async fn stop(home: PathBuf) -> Result<Exit> {
 /// `drover approvals list|rm`.
 #[derive(Subcommand, Debug)]
 pub enum ApprovalsCommand {
-    /// List the stored rules (pattern keys approved with `always`).
+    /// List the stored `always` rules: id, command class, scope, where each came from, age.
     List {
-        /// Print JSON (`{rules: [{pattern_key, description, created_at}]}`).
+        /// Print JSON (`{rules: [{rule_id, pattern_key, class, scope, path?, text, origin,
+        /// created_at}]}`).
         #[arg(long)]
         json: bool,
     },
-    /// Remove a stored rule; dangerous commands of that kind ask again.
+    /// Remove a stored rule by its id, or every rule of a command class by its pattern key;
+    /// commands they covered ask again.
     Rm {
-        /// The rule's pattern key, as `list` shows it.
-        pattern_key: String,
+        /// The rule's id (or a unique prefix of it), or a pattern key, as `list` shows them.
+        rule: String,
     },
 }
 
 /// `drover approvals`.
 pub async fn approvals(home: PathBuf, command: ApprovalsCommand) -> Result<Exit> {
     let c = connect(&home).await?;
+    let list = || async {
+        let raw = c
+            .request_value(ClientRequest::ApprovalsList(NoParams {}))
+            .await?;
+        let list: ApprovalRules = drover_client::parse_result("approvals.list", raw.clone())?;
+        anyhow::Ok((raw, list))
+    };
     match command {
         ApprovalsCommand::List { json } => {
-            let raw = c
-                .request_value(ClientRequest::ApprovalsList(NoParams {}))
-                .await?;
-            let list: ApprovalRules = drover_client::parse_result("approvals.list", raw.clone())?;
+            let (raw, list) = list().await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&raw)?);
                 return Ok(Exit::Ok);
             }
             if list.rules.is_empty() {
                 eprintln!("drover: no stored approval rules");
+                return Ok(Exit::Ok);
             }
-            for r in list.rules {
-                println!("{:<24}  {}", r.pattern_key, r.text);
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
+            println!(
+                "{:<8}  {:<30}  {:<40}  {:<28}  AGE",
+                "ID", "CLASS", "SCOPE", "FROM"
+            );
+            for r in &list.rules {
+                println!(
+                    "{:<8}  {:<30}  {:<40}  {:<28}  {}",
+                    short_id(&r.rule_id),
+                    r.class,
+                    scope_words(r),
+                    origin_words(&r.origin),
+                    crate::session_cmd::ago(r.created_at, now)
+                );
             }
             Ok(Exit::Ok)
         }
-        ApprovalsCommand::Rm { pattern_key } => {
-            let r: ApprovalRuleRemoved = c
-                .request(ClientRequest::ApprovalsRemove(ApprovalRuleRef {
-                    pattern_key: Some(pattern_key.clone()),
+        ApprovalsCommand::Rm { rule } => {
+            // A rule id (or a unique prefix of one) names one rule; anything else is a class.
+            let (_, list) = list().await?;
+            let matching: Vec<&ApprovalRule> = list
+                .rules
+                .iter()
+                .filter(|r| r.rule_id.starts_with(rule.as_str()))
+                .collect();
+            let by_class = list.rules.iter().any(|r| r.pattern_key == rule);
+            let target = match (matching.as_slice(), by_class) {
+                (_, true) => ApprovalRuleRef {
                     rule_id: None,
-                }))
+                    pattern_key: Some(rule.clone()),
+                },
+                ([one], false) => ApprovalRuleRef {
+                    rule_id: Some(one.rule_id.clone()),
+                    pattern_key: None,
+                },
+                ([], false) => {
+                    eprintln!("drover: no stored rule with id or pattern key {rule}");
+                    return Ok(Exit::Failed);
+                }
+                (_, false) => {
+                    eprintln!("drover: {rule} is the start of several rule ids; give more of it");
+                    return Ok(Exit::Failed);
+                }
+            };
+            let r: ApprovalRuleRemoved = c
+                .request(ClientRequest::ApprovalsRemove(target.clone()))
                 .await?;
-            if r.removed {
-                eprintln!("drover: removed rule {pattern_key}");
-                Ok(Exit::Ok)
-            } else {
-                eprintln!("drover: no stored rule named {pattern_key}");
-                Ok(Exit::Failed)
+            match (r.removed, target.rule_id) {
+                (true, Some(id)) => eprintln!("drover: removed rule {id}"),
+                (true, None) => eprintln!("drover: removed every rule of {rule}"),
+                (false, _) => {
+                    eprintln!("drover: no stored rule with id or pattern key {rule}");
+                    return Ok(Exit::Failed);
+                }
             }
+            Ok(Exit::Ok)
         }
+    }
+}
+
+/// The first 8 characters of a rule id: enough to name it in `drover approvals rm`.
+fn short_id(id: &str) -> &str {
+    id.get(..8).unwrap_or(id)
+}
+
+/// A rule's scope for the table: `everywhere`, or the scope and its tree.
+fn scope_words(r: &ApprovalRule) -> String {
+    match &r.path {
+        Some(path) => format!("{} {}", r.scope, path),
+        None => r.scope.to_string(),
+    }
+}
+
+/// Where a rule came from: its session (short) and the command it was asked about, or `-`
+/// for a rule stored before rules kept their origin.
+fn origin_words(origin: &ApprovalRuleOrigin) -> String {
+    match (&origin.session_id, &origin.command) {
+        (Some(session), Some(command)) => {
+            format!("{} {}", short_id(session), printable(command))
+        }
+        (Some(session), None) => short_id(session).to_string(),
+        _ => "-".to_string(),
     }
 }

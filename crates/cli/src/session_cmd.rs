@@ -15,9 +15,10 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use drover_client::{Client, ClientError};
 use drover_protocol::client::{
-    AdmissionOutcome, AdmissionStatus, ApprovalChoice, ClarifyAnswer, OpenPrompt, PendingAdmission,
-    PromptResponseStatus, SessionListParams, SessionPage, SessionSnapshot, SessionState,
-    SessionSummary, TranscriptMessage, UsageGrouping, UsageReport, UsageReportParams, UsageSpend,
+    AdmissionOutcome, AdmissionStatus, ApprovalChoice, ApprovalScope, ClarifyAnswer, OpenPrompt,
+    PendingAdmission, PromptResponseStatus, SessionListParams, SessionPage, SessionSnapshot,
+    SessionState, SessionSummary, TranscriptMessage, UsageGrouping, UsageReport, UsageReportParams,
+    UsageSpend,
 };
 use drover_protocol::event::{EventPayload, SessionEvent};
 use drover_protocol::{ClientRequest, Role};
@@ -839,7 +840,12 @@ pub struct AnswerArgs {
     /// a multi-select question separated by commas).
     #[arg(long, value_name = "TEXT")]
     text: Option<String>,
-    /// Print `{session_id, prompt, response}` (and `always_covers` for `--choice always`).
+    /// Where an `always` answer's rule applies: one of the prompt's scopes (default:
+    /// `workspace` when the prompt offers it, else its narrowest).
+    #[arg(long, value_parser = ["directory", "workspace", "everywhere"], requires = "choice")]
+    scope: Option<String>,
+    /// Print `{session_id, prompt, response}` (and `always_covers`, the stored rule's words,
+    /// for `--choice always`).
     #[arg(long)]
     json: bool,
 }
@@ -852,7 +858,7 @@ pub async fn answer(home: &Path, args: AnswerArgs) -> Result<Exit> {
     let Some(prompt) = snapshot.prompts.first() else {
         bail!("no prompt waits for an answer in session {sid}");
     };
-    // What an `always` answer allows from now on, said before it is stored.
+    // What an `always` answer stored: its rule's words.
     let mut covers: Option<String> = None;
     let response = match (prompt, &args.choice, &args.text) {
         (OpenPrompt::Approval(p), Some(choice), _) => {
@@ -870,12 +876,26 @@ pub async fn answer(home: &Path, args: AnswerArgs) -> Result<Exit> {
                         .join(", ")
                 );
             }
-            if choice == ApprovalChoice::Always {
-                covers = Some(format!(
-                    "{} (`{}`), in every session of this home",
-                    p.description, p.pattern_key
-                ));
-            }
+            let scope = match (&args.scope, choice) {
+                (None, _) => None,
+                (Some(word), ApprovalChoice::Always) => {
+                    let scope = ApprovalScope::parse(word)
+                        .ok_or_else(|| anyhow!("--scope {word}: not a scope"))?;
+                    let offered = p.offered_scopes();
+                    if !offered.contains(&scope) {
+                        bail!(
+                            "--scope {word}: this prompt offers {}",
+                            offered
+                                .iter()
+                                .map(|s| s.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        );
+                    }
+                    Some(scope)
+                }
+                (Some(_), _) => bail!("--scope goes only with --choice always"),
+            };
             if !args.json {
                 println!(
                     "approving `{}` ({}): {}",
@@ -883,14 +903,8 @@ pub async fn answer(home: &Path, args: AnswerArgs) -> Result<Exit> {
                     p.description,
                     args.choice.as_deref().unwrap_or_default()
                 );
-                if let Some(covers) = &covers {
-                    println!(
-                        "always: stores a rule allowing {covers}; `drover approvals rm {}` removes it",
-                        p.pattern_key
-                    );
-                }
             }
-            c.respond_approval(&sid, p.execution_generation, &p.prompt_id, choice)
+            c.respond_approval_scoped(&sid, p.execution_generation, &p.prompt_id, choice, scope)
                 .await
         }
         (OpenPrompt::Clarify(q), _, Some(text)) => {
@@ -938,6 +952,16 @@ pub async fn answer(home: &Path, args: AnswerArgs) -> Result<Exit> {
         }
         Err(e) => return Err(e.into()),
     };
+    // What the `always` answer stored, in the words its prompt offered it with.
+    if let Some(rule) = &response.stored_rule {
+        covers = Some(rule.text.clone());
+        if !args.json {
+            println!(
+                "stored: always allow {} (`drover approvals rm {}` removes it)",
+                rule.text, rule.rule_id
+            );
+        }
+    }
     if args.json {
         let mut out = json!({"session_id": sid, "prompt": prompt, "response": response});
         if let Some(covers) = covers {

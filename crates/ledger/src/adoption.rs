@@ -175,6 +175,7 @@ fn claim_of(
         history: Default::default(),
         context_window_found: None,
         approval_grants: Vec::new(),
+        scoped_rules: Vec::new(),
         background_processes: Vec::new(),
         events: Vec::new(),
         budget_limited: crate::budget::limited(tx, session_id)?,

@@ -7,8 +7,8 @@ use drover_protocol::event::{
     ApprovalSettled, BudgetSettled, ClarifySettled, EventPayload, PromptSettlement,
 };
 use drover_protocol::words::{
-    ApprovalChoice, ApprovalPrompt, ApprovalScopeOffer, BudgetChoice, BudgetPrompt, BudgetScope,
-    ClarifyPrompt, OpenPrompt,
+    ApprovalChoice, ApprovalPrompt, ApprovalScope, ApprovalScopeOffer, BudgetChoice, BudgetPrompt,
+    BudgetScope, ClarifyPrompt, OpenPrompt,
 };
 use drover_protocol::worker::{op, PromptOpen};
 use rusqlite::{params, Connection, OptionalExtension};
@@ -415,6 +415,8 @@ pub enum PromptResponse {
         receipt: Value,
         /// Its `approval.settled` or `clarify.settled` event, to publish.
         events: Vec<StoredEvent>,
+        /// The `always` rule the answer stored (or found already stored).
+        stored_rule: Option<Box<crate::ApprovalRule>>,
     },
     /// Another answer was recorded first.
     AlreadyResolved {
@@ -462,13 +464,16 @@ pub(crate) fn cancel_reason(
 impl Ledger {
     /// Records the first answer to a prompt and the worker receipt for its `prompt.open`.
     /// `generation` must be the prompt's (`stale_generation`), the prompt must belong to the
-    /// session (`not_found`). Choice validation is the caller's (it knows the prompt kind).
+    /// session (`not_found`). Choice validation is the caller's (it knows the prompt kind), and
+    /// so is resolving an `always` answer's `scope` (`None`: `everywhere`); the scope's tree
+    /// and words come from the prompt's offer.
     pub fn respond_prompt(
         &mut self,
         session_id: &str,
         generation: u64,
         prompt_id: &str,
         answer: Value,
+        scope: Option<ApprovalScope>,
     ) -> Result<PromptResponse, LedgerError> {
         let tx = self.conn.transaction()?;
         let prompt = load_prompt(&tx, prompt_id)?
@@ -491,10 +496,16 @@ impl Ledger {
             "UPDATE prompts SET status = 'resolved', answer = ?1 WHERE prompt_id = ?2 AND status = 'open'",
             params![answer.to_string(), prompt_id],
         )?;
-        if prompt.kind == "approval" {
-            crate::approvals::record_grant(&tx, &prompt.session_id, &prompt.body, &answer)?;
+        let granted = match prompt.kind.as_str() {
+            "approval" => crate::approvals::record_grant(&tx, &prompt, &answer, scope)?,
+            _ => Default::default(),
+        };
+        let mut receipt = json!({"status": "resolved", "answer": answer});
+        // The worker grants a tree rule for the rest of its turn only inside the tree.
+        if let Some(rule) = granted.rule.as_ref().filter(|r| r.path.is_some()) {
+            receipt["scope"] = json!(rule.scope.as_str());
+            receipt["path"] = json!(rule.path);
         }
-        let receipt = json!({"status": "resolved", "answer": answer});
         let event = close_prompt(&tx, &prompt, &receipt, PromptSettlement::Resolved, answer)?;
         let prompt = load_prompt(&tx, prompt_id)?
             .ok_or_else(|| LedgerError::NotFound(format!("prompt {prompt_id}")))?;
@@ -503,6 +514,7 @@ impl Ledger {
             prompt,
             receipt,
             events: vec![event],
+            stored_rule: granted.rule.map(Box::new),
         })
     }
 }

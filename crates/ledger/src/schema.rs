@@ -294,7 +294,40 @@ ALTER TABLE prompts_budget RENAME TO prompts;
 CREATE INDEX prompts_session ON prompts(session_id, status);
 CREATE INDEX prompts_execution ON prompts(execution_id, sequence);
 "#,
+    // Scoped `always` rules (docs/approvals.md, "Always rules and their scope"): a rule is a
+    // command class and a scope (`directory` and `workspace` with the tree's root in `path`),
+    // with the words its prompt offered (`text`, NULL for rules stored before) and the answer
+    // that stored it. Every rule stored before is `everywhere`; the old `description` (the
+    // prompt's one command, which misnamed what the rule allows) is dropped.
+    r#"
+CREATE TABLE approval_rules_scoped (
+    rule_id TEXT PRIMARY KEY,
+    pattern_key TEXT NOT NULL,
+    scope TEXT NOT NULL DEFAULT 'everywhere'
+        CHECK (scope IN ('directory','workspace','everywhere')),
+    path TEXT,
+    class TEXT,
+    text TEXT,
+    session_id TEXT,
+    prompt_id TEXT,
+    command TEXT,
+    created_at REAL NOT NULL
+);
+INSERT INTO approval_rules_scoped (rule_id, pattern_key, scope, created_at)
+    SELECT lower(hex(randomblob(16))), pattern_key, 'everywhere', created_at FROM approval_rules;
+DROP TABLE approval_rules;
+ALTER TABLE approval_rules_scoped RENAME TO approval_rules;
+CREATE UNIQUE INDEX approval_rules_unique ON approval_rules(pattern_key, scope, ifnull(path, ''));
+"#,
 ];
+
+/// The version the budget migration produces (its test starts from the one before).
+#[cfg(test)]
+const BUDGET_VERSION: usize = 14;
+
+/// The version the scoped-rules migration produces.
+#[cfg(test)]
+const SCOPED_RULES_VERSION: usize = 15;
 
 /// The schema version this build writes.
 pub fn current_version() -> i64 {
@@ -345,7 +378,7 @@ mod tests {
     #[test]
     fn the_budget_migration_keeps_prompts_and_admits_budget_prompts() {
         let mut conn = Connection::open_in_memory().unwrap();
-        let before = MIGRATIONS.len() - 1;
+        let before = BUDGET_VERSION - 1;
         for sql in &MIGRATIONS[..before] {
             conn.execute_batch(sql).unwrap();
         }
@@ -384,5 +417,46 @@ mod tests {
             .unwrap()
             .flatten();
         assert_eq!(cost, None);
+    }
+
+    /// Rules stored before rules had scopes become `everywhere` rules with an id, and a rule
+    /// of the same class may then be stored for a tree beside it, but not twice.
+    #[test]
+    fn the_scope_migration_keeps_old_rules_as_everywhere() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        let before = SCOPED_RULES_VERSION - 1;
+        for sql in &MIGRATIONS[..before] {
+            conn.execute_batch(sql).unwrap();
+        }
+        conn.pragma_update(None, "user_version", before as i64)
+            .unwrap();
+        conn.pragma_update(None, "application_id", APPLICATION_ID)
+            .unwrap();
+        conn.execute(
+            "INSERT INTO approval_rules (pattern_key, description, created_at)
+             VALUES ('recursive_delete', 'deletes files recursively: rm -rf /tmp/x', 1.0)",
+            [],
+        )
+        .unwrap();
+        migrate(&mut conn).unwrap();
+        let (id, scope, path): (String, String, Option<String>) = conn
+            .query_row(
+                "SELECT rule_id, scope, path FROM approval_rules WHERE pattern_key = 'recursive_delete'",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .unwrap();
+        assert_eq!((id.len(), scope.as_str(), path), (32, "everywhere", None));
+        let insert =
+            "INSERT OR IGNORE INTO approval_rules (rule_id, pattern_key, scope, path, created_at)
+                      VALUES (?1, 'recursive_delete', ?2, ?3, 2.0)";
+        let added = |conn: &Connection, id: &str, scope: &str, path: Option<&str>| {
+            conn.execute(insert, rusqlite::params![id, scope, path])
+                .unwrap()
+        };
+        assert_eq!(added(&conn, "a", "directory", Some("/ws/a")), 1);
+        assert_eq!(added(&conn, "b", "directory", Some("/ws/a")), 0);
+        assert_eq!(added(&conn, "c", "everywhere", None), 0);
+        assert_eq!(added(&conn, "d", "workspace", Some("/ws/a")), 1);
     }
 }

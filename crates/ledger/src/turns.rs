@@ -38,8 +38,11 @@ pub struct Claim {
     pub history: crate::messages::History,
     /// The context window an earlier turn found at the endpoint for the session's model.
     pub context_window_found: Option<u64>,
-    /// Approval pattern keys granted to the session (SPEC section 6).
+    /// Approval pattern keys granted to the session wherever it runs: its `session` grants
+    /// and the home's `everywhere` rules (SPEC section 6).
     pub approval_grants: Vec<String>,
+    /// The home's `always` rules bound to a directory tree.
+    pub scoped_rules: Vec<drover_protocol::worker::ScopedRule>,
     /// The session's background processes for the bootstrap (SPEC section 6).
     pub background_processes: Vec<drover_protocol::worker::BackgroundProcess>,
     /// The `admission.updated` and `turn.started` events, to publish.
@@ -574,6 +577,7 @@ fn claim_in(
     let history = crate::messages::history_in(tx, session_id)?;
     let context_window_found = crate::compactions::context_window_in(tx, session_id)?;
     let approval_grants = crate::approvals::grants_in(tx, session_id)?;
+    let scoped_rules = crate::approvals::scoped_rules_in(tx)?;
     let background_processes = crate::processes::for_bootstrap(tx, session_id)?;
     if admission.kind == AdmissionKind::Input {
         tx.execute_cached(
@@ -604,6 +608,7 @@ fn claim_in(
         history,
         context_window_found,
         approval_grants,
+        scoped_rules,
         background_processes,
         events,
         budget_limited: crate::budget::limited(tx, session_id)?,

@@ -141,7 +141,7 @@ async fn answer(
         }
         ClientRequest::ApprovalRespond(p) => {
             let target = PromptTarget::new(p.session_id, p.execution_generation, p.prompt_id);
-            let answer = Answer::Approval(p.choice);
+            let answer = Answer::Approval(p.choice, p.scope);
             MethodResult::ApprovalRespond(respond(owner, conn, target, answer).await?)
         }
         ClientRequest::ClarifyRespond(p) => {

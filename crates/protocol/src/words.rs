@@ -175,6 +175,31 @@ pub struct ApprovalPrompt {
     pub scopes: Vec<ApprovalScopeOffer>,
 }
 
+impl ApprovalPrompt {
+    /// The scope an `always` answer that names none stores its rule for: `workspace` when the
+    /// prompt offers it, else its narrowest offer, else (a prompt stored before rules had
+    /// scopes) `everywhere`.
+    pub fn default_scope(&self) -> ApprovalScope {
+        self.offer(ApprovalScope::Workspace)
+            .or_else(|| self.scopes.first())
+            .map_or(ApprovalScope::Everywhere, |o| o.scope)
+    }
+
+    /// The prompt's offer of `scope`, if it makes one.
+    pub fn offer(&self, scope: ApprovalScope) -> Option<&ApprovalScopeOffer> {
+        self.scopes.iter().find(|o| o.scope == scope)
+    }
+
+    /// The scopes an `always` answer may choose: the offers', or `everywhere` alone for a
+    /// prompt stored before rules had scopes.
+    pub fn offered_scopes(&self) -> Vec<ApprovalScope> {
+        match self.scopes.is_empty() {
+            true => vec![ApprovalScope::Everywhere],
+            false => self.scopes.iter().map(|o| o.scope).collect(),
+        }
+    }
+}
+
 /// Where an `always` rule applies (`docs/approvals.md`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]

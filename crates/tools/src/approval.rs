@@ -9,6 +9,10 @@
 //! - [`decide`] turns the configured [`ApprovalMode`], the classification and any existing grant
 //!   into a [`Decision`]: run, ask the user, or refuse.
 //!
+//! - [`scope`] says where an `always` rule applies: the words of each scope, the scopes a
+//!   prompt offers, and whether a rule bound to a directory tree covers a command (read with
+//!   the same parser).
+//!
 //! What it does not do: ask the user (the `authorize` module does, through the tool's
 //! [`crate::PromptBroker`]) or store grants (the owner does).
 //!
@@ -23,6 +27,7 @@
 
 mod argv;
 mod rules;
+pub mod scope;
 mod shell;
 
 use std::fmt;

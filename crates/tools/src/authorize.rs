@@ -1,10 +1,13 @@
 //! Asking before a dangerous action: the [`approval`](crate::approval) policy's decision for a
 //! tool call, and when it says "ask", an `approval` prompt through the call's
-//! [`ToolContext`], raced against the turn's cancel token. A `session` or `always` answer grants
-//! the pattern key for the rest of the context (the owner stores it for later turns).
+//! [`ToolContext`], raced against the turn's cancel token. The prompt names the key's command
+//! class and the scopes an `always` answer may choose ([`crate::approval::scope`]). A `session`
+//! or `always` answer grants the pattern key for the rest of the context, an `always` one only
+//! within its scope's tree (the owner stores it for later turns).
 
 use serde_json::Value;
 
+use crate::approval::scope::{self, Subject};
 use crate::approval::{decide_dangerous, ApprovalChoice, ApprovalMode, Danger, Decision, Refusal};
 use crate::prompt::PromptAnswer;
 use crate::tool_context::ToolContext;
@@ -18,6 +21,28 @@ pub async fn authorize(ctx: &ToolContext, danger: &Danger, shown: &str) -> Resul
     authorize_key(ctx, danger.key, &danger.description, shown).await
 }
 
+/// [`authorize`] for an action whose place is known (`subject`: a command and its working
+/// directory, or a file): an `always` rule bound to a directory tree that covers it lets it
+/// run, and the prompt offers the trees that cover it as scopes.
+pub async fn authorize_in(
+    ctx: &ToolContext,
+    danger: &Danger,
+    shown: &str,
+    subject: Subject<'_>,
+) -> Result<(), Refusal> {
+    let granted = ctx.grants.covers(danger.key, Some(subject));
+    let decision = decide_dangerous(ctx.approvals.get(), granted);
+    authorize_as(
+        ctx,
+        decision,
+        danger.key,
+        &danger.description,
+        shown,
+        Some(subject),
+    )
+    .await
+}
+
 /// [`authorize`] for an action whose grant key is not one of [`PATTERNS`](crate::approval::PATTERNS) (a `terminal`
 /// call's `sandbox: false` escalation, keyed by its exact command).
 pub async fn authorize_key(
@@ -27,7 +52,7 @@ pub async fn authorize_key(
     shown: &str,
 ) -> Result<(), Refusal> {
     let decision = decide_dangerous(ctx.approvals.get(), ctx.grants.contains(key));
-    authorize_as(ctx, decision, key, description, shown).await
+    authorize_as(ctx, decision, key, description, shown, None).await
 }
 
 /// [`authorize_key`] for an action that runs with none of the sandbox's protection (an `exec`
@@ -45,7 +70,7 @@ pub async fn authorize_unconfined(
         Decision::Run if mode == ApprovalMode::Auto && !ctx.grants.contains(key) => Decision::Ask,
         decision => decision,
     };
-    authorize_as(ctx, decision, key, description, shown).await
+    authorize_as(ctx, decision, key, description, shown, None).await
 }
 
 async fn authorize_as(
@@ -54,16 +79,20 @@ async fn authorize_as(
     key: &str,
     description: &str,
     shown: &str,
+    subject: Option<Subject<'_>>,
 ) -> Result<(), Refusal> {
     match decision {
         Decision::Run => Ok(()),
         Decision::Refuse => Err(Refusal::ModeDeny),
         Decision::Ask => {
+            let class = scope::class_of(key);
             let body = serde_json::json!({
                 "command": shown,
                 "description": description,
                 "pattern_key": key,
                 "choices": ApprovalChoice::ALL.map(ApprovalChoice::as_str),
+                "scopes": scope::offers(&class, &ctx.cwd, subject),
+                "class": class,
             });
             let answer = tokio::select! {
                 biased;
@@ -74,16 +103,32 @@ async fn authorize_as(
             if ctx.cancel.is_cancelled() {
                 return Err(Refusal::Interrupted);
             }
-            let choice = match &answer {
-                PromptAnswer::Answered(Value::String(s)) => s.parse::<ApprovalChoice>().ok(),
-                PromptAnswer::Answered(_) => None,
-                PromptAnswer::Cancelled => Some(ApprovalChoice::Deny),
+            // An `always` answer whose rule is bound to a tree comes as `{choice, path}`.
+            let (choice, tree) = match &answer {
+                PromptAnswer::Answered(Value::String(s)) => {
+                    (s.parse::<ApprovalChoice>().ok(), None)
+                }
+                PromptAnswer::Answered(Value::Object(o)) => {
+                    match (o.get("choice").and_then(Value::as_str), o.get("path")) {
+                        (Some("always"), Some(Value::String(path))) => (
+                            Some(ApprovalChoice::Always),
+                            Some(std::path::PathBuf::from(path)),
+                        ),
+                        _ => (None, None),
+                    }
+                }
+                PromptAnswer::Answered(_) => (None, None),
+                PromptAnswer::Cancelled => (Some(ApprovalChoice::Deny), None),
             };
             match choice {
                 Some(choice) if choice.allows() => {
                     tracing::info!(session_id = %ctx.session_id, pattern_key = key, choice = %choice, "dangerous action approved");
-                    if matches!(choice, ApprovalChoice::Session | ApprovalChoice::Always) {
-                        ctx.grants.insert(key);
+                    match (choice, tree) {
+                        (ApprovalChoice::Always, Some(tree)) => ctx.grants.insert_tree(key, tree),
+                        (ApprovalChoice::Session | ApprovalChoice::Always, _) => {
+                            ctx.grants.insert(key)
+                        }
+                        _ => {}
                     }
                     Ok(())
                 }

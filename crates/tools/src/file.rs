@@ -260,7 +260,8 @@ pub(crate) async fn allow_write(
         ),
     };
     let shown = format!("{tool} {}", target.display());
-    authorize::authorize(ctx, &danger, &shown)
+    let subject = crate::approval::scope::Subject::File(target);
+    authorize::authorize_in(ctx, &danger, &shown, subject)
         .await
         .map_err(|refusal| match refusal {
             Refusal::ModeDeny => format!(

@@ -134,7 +134,7 @@ impl Tool for TerminalTool {
         let approved = if escalated {
             approve_escape(&request.command, danger.as_ref(), ctx).await
         } else if let Some(danger) = &danger {
-            approve(&request.command, danger, ctx).await
+            approve(&request.command, &request.workdir, danger, ctx).await
         } else {
             Ok(())
         };
@@ -231,9 +231,16 @@ impl Request {
     }
 }
 
-/// Applies the approval policy to a dangerous command. `Err` holds the error the result shows.
-async fn approve(command: &str, danger: &Danger, ctx: &ToolContext) -> Result<(), String> {
-    authorize::authorize(ctx, danger, command)
+/// Applies the approval policy to a dangerous command run in `workdir`. `Err` holds the error
+/// the result shows.
+async fn approve(
+    command: &str,
+    workdir: &std::path::Path,
+    danger: &Danger,
+    ctx: &ToolContext,
+) -> Result<(), String> {
+    let subject = crate::approval::scope::Subject::Command { command, workdir };
+    authorize::authorize_in(ctx, danger, command, subject)
         .await
         .map_err(|refusal| match refusal {
             Refusal::ModeDeny => format!("refused: {} (approvals.mode = deny)", danger.description),

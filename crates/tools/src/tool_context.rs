@@ -17,32 +17,68 @@ use crate::prompt::{NoPrompts, PromptBroker};
 use crate::{job_ledger, sandbox};
 
 /// The approval grants in force for a session: the pattern keys of its `session` choices and
-/// the home's stored `always` rules (SPEC section 6). Filled from the bootstrap; a `session` or
-/// `always` answer adds its key for the rest of the turn (the owner stores it for later turns).
-/// Cheap to clone; clones share the set.
+/// the home's `everywhere` rules, and the home's rules bound to a directory tree (SPEC section
+/// 6; `docs/approvals.md`). Filled from the bootstrap; a `session` or `always` answer adds its
+/// grant for the rest of the turn (the owner stores it for later turns). Cheap to clone; clones
+/// share the set.
 #[derive(Clone, Debug, Default)]
-pub struct ApprovalGrants(Arc<std::sync::Mutex<std::collections::HashSet<String>>>);
+pub struct ApprovalGrants(Arc<std::sync::Mutex<Grants>>);
+
+#[derive(Debug, Default)]
+struct Grants {
+    /// Keys granted wherever the action is.
+    keys: std::collections::HashSet<String>,
+    /// `(key, tree)`: the key is granted for actions inside the tree.
+    trees: Vec<(String, PathBuf)>,
+}
 
 impl ApprovalGrants {
-    /// Grants for `keys`.
+    /// Grants for `keys`, wherever.
     pub fn new(keys: impl IntoIterator<Item = String>) -> ApprovalGrants {
-        ApprovalGrants(Arc::new(std::sync::Mutex::new(keys.into_iter().collect())))
+        ApprovalGrants::with_trees(keys, [])
     }
 
-    /// Whether `key` is granted.
+    /// Grants for `keys` wherever, and for each `(key, tree)` inside that tree.
+    pub fn with_trees(
+        keys: impl IntoIterator<Item = String>,
+        trees: impl IntoIterator<Item = (String, PathBuf)>,
+    ) -> ApprovalGrants {
+        ApprovalGrants(Arc::new(std::sync::Mutex::new(Grants {
+            keys: keys.into_iter().collect(),
+            trees: trees.into_iter().collect(),
+        })))
+    }
+
+    fn grants(&self) -> std::sync::MutexGuard<'_, Grants> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether `key` is granted wherever.
     pub fn contains(&self, key: &str) -> bool {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(key)
+        self.grants().keys.contains(key)
     }
 
-    /// Grants `key` for the rest of this context's life.
+    /// Whether `key` is granted for `subject`: wherever, or by a tree that covers it
+    /// ([`approval::scope::covers`]).
+    pub fn covers(&self, key: &str, subject: Option<approval::scope::Subject<'_>>) -> bool {
+        let grants = self.grants();
+        grants.keys.contains(key)
+            || subject.is_some_and(|subject| {
+                grants
+                    .trees
+                    .iter()
+                    .any(|(k, tree)| k == key && approval::scope::covers(tree, subject))
+            })
+    }
+
+    /// Grants `key` wherever, for the rest of this context's life.
     pub fn insert(&self, key: &str) {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(key.to_string());
+        self.grants().keys.insert(key.to_string());
+    }
+
+    /// Grants `key` inside `tree`, for the rest of this context's life.
+    pub fn insert_tree(&self, key: &str, tree: PathBuf) {
+        self.grants().trees.push((key.to_string(), tree));
     }
 }
 

@@ -42,7 +42,7 @@ use drover_tools::{
     DelegateAnswer, DelegateRequest, Delegator, InMemoryProcesses, McpStatusSink, ProcessRegistry,
     PromptAnswer, PromptBroker,
 };
-use serde_json::Value;
+use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
 use crate::owner_pipe::{OwnerPipe, PersistError};
@@ -409,11 +409,21 @@ impl McpStatusSink for OwnerMcpStatus {
 }
 
 /// Reads a `prompt.open` receipt: `{"status":"resolved","answer":...}` or
-/// `{"status":"cancelled"}`; anything else counts as cancelled.
+/// `{"status":"cancelled"}`; anything else counts as cancelled. An `always` answer whose rule
+/// is bound to a directory tree carries the tree (`scope`, `path`): it reaches the tool as
+/// `{choice, scope, path}`.
 pub fn parse_answer(result: &Value) -> PromptAnswer {
     match result.get("status").and_then(Value::as_str) {
         Some("resolved") => {
-            PromptAnswer::Answered(result.get("answer").cloned().unwrap_or(Value::Null))
+            let answer = result.get("answer").cloned().unwrap_or(Value::Null);
+            match result.get("path") {
+                Some(path) => PromptAnswer::Answered(json!({
+                    "choice": answer,
+                    "scope": result.get("scope").cloned().unwrap_or(Value::Null),
+                    "path": path,
+                })),
+                None => PromptAnswer::Answered(answer),
+            }
         }
         Some("cancelled") => PromptAnswer::Cancelled,
         _ => {

@@ -293,7 +293,7 @@ async fn run_agent(
         },
         cancel: cancel.clone(),
         prompts: Arc::new(OwnerPrompts::new(pipe.clone(), cancel.clone())),
-        grants: drover_tools::ApprovalGrants::new(policy.approval_grants.clone()),
+        grants: approval_grants(&policy),
         processes: Arc::new(OwnerProcesses::new(
             pipe.clone(),
             policy.background_processes.clone(),
@@ -374,7 +374,7 @@ async fn run_external(
         store: &store,
         prompts: &prompts,
         approvals,
-        grants: drover_tools::ApprovalGrants::new(policy.approval_grants.clone()),
+        grants: approval_grants(&policy),
         cancel,
         sessions: &store,
     };
@@ -420,6 +420,17 @@ fn client_config(
     let mut config = ModelConfig::with_settings(base_url, model, settings);
     config.api_key = api_key.map(|key| key.expose().to_string());
     config
+}
+
+/// The bootstrap's grants: keys granted wherever, and the home's rules bound to a tree.
+fn approval_grants(policy: &Policy) -> drover_tools::ApprovalGrants {
+    drover_tools::ApprovalGrants::with_trees(
+        policy.approval_grants.clone(),
+        policy
+            .scoped_rules
+            .iter()
+            .map(|r| (r.pattern_key.clone(), PathBuf::from(&r.path))),
+    )
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use std::io::IsTerminal;
 
 use anyhow::Result;
 use drover_client::{Client, ClientError};
-use drover_protocol::client::{ApprovalChoice, ClarifyAnswer, OpenPrompt};
+use drover_protocol::client::{ApprovalChoice, ApprovalPrompt, ClarifyAnswer, OpenPrompt};
 
 use crate::Exit;
 
@@ -49,6 +49,15 @@ pub(super) fn parse_choice(answer: &str) -> Option<ApprovalChoice> {
         "always" => Some(ApprovalChoice::Always),
         "deny" | "d" | "n" | "no" => Some(ApprovalChoice::Deny),
         _ => None,
+    }
+}
+
+/// What an `always` answer here (which names no scope) would allow: the words of the prompt's
+/// default scope.
+fn always_words(approval: &ApprovalPrompt) -> String {
+    match approval.offer(approval.default_scope()) {
+        Some(offer) => offer.text.clone(),
+        None => "every command of this kind, anywhere, in every session of this home".into(),
     }
 }
 
@@ -135,10 +144,11 @@ pub(super) async fn answer_prompt(
                         .map(|choice| choice_word(*choice))
                         .collect();
                     let question = format!(
-                        "drover: `{}` needs approval ({}).\n  run it? [{}] (always: every command of this kind, in every session of this home) ",
+                        "drover: `{}` needs approval ({}).\n  run it? [{}] (always: {}) ",
                         printable(&approval.command),
                         approval.description,
-                        offered.join("/")
+                        offered.join("/"),
+                        always_words(approval)
                     );
                     let mut picked = None;
                     for _ in 0..ASKS {
@@ -171,25 +181,21 @@ pub(super) async fn answer_prompt(
             let Some(choice) = choice else {
                 return Ok(left(out, "and --approve is not a choice"));
             };
-            let answered = respond(
-                out,
-                client
-                    .respond_approval(
-                        session_id,
-                        approval.execution_generation,
-                        &approval.prompt_id,
-                        choice,
-                    )
-                    .await,
-            );
-            if choice == ApprovalChoice::Always && matches!(answered, Ok(Answered::Sent)) {
+            let response = client
+                .respond_approval(
+                    session_id,
+                    approval.execution_generation,
+                    &approval.prompt_id,
+                    choice,
+                )
+                .await;
+            if let Some(rule) = response.as_ref().ok().and_then(|r| r.stored_rule.as_ref()) {
                 out.note(&format!(
-                    "drover: stored rule `{}`: {} now runs without asking, in every session of \
-                     this home, until `drover approvals rm {}`",
-                    approval.pattern_key, approval.description, approval.pattern_key
+                    "drover: stored: always allow {} (`drover approvals rm {}` removes it)",
+                    rule.text, rule.rule_id
                 ));
             }
-            answered
+            respond(out, response)
         }
         OpenPrompt::Clarify(clarify) => {
             let text = match flags.answer.clone() {

@@ -551,6 +551,11 @@ async fn an_approval_is_a_permission_request_and_deny_keeps_the_command_from_run
     };
     assert!(name("session").contains("session"), "{request}");
     assert!(name("always").contains("always"), "{request}");
+    // The one "always" option says where its rule applies.
+    assert!(
+        name("always").contains("in this workspace") || name("always").contains("everywhere"),
+        "{request}"
+    );
     // It asks about the tool call the client was shown, which ran no further.
     let calls = tool_calls(&r);
     let asked = request["toolCall"]["toolCallId"]

@@ -219,7 +219,7 @@ async fn every_method_and_event_of_the_daemon_round_trips_through_the_typed_prot
     )
     .await;
 
-    // An approval, answered `always` (a stored rule), then answered again.
+    // An approval, answered `always` for the workspace (a stored rule), then answered again.
     model.push(Reply::tool_call(
         "call_rm",
         "terminal",
@@ -230,7 +230,7 @@ async fn every_method_and_event_of_the_daemon_round_trips_through_the_typed_prot
     let a2 = receipt["admission_id"].clone();
     let request = w.event(&mut c, |e| e["type"] == "approval.request").await;
     let p = &request["payload"];
-    let answer = json!({"session_id": sid, "execution_generation": p["execution_generation"], "prompt_id": p["prompt_id"], "choice": "always"});
+    let answer = json!({"session_id": sid, "execution_generation": p["execution_generation"], "prompt_id": p["prompt_id"], "choice": "always", "scope": "workspace"});
     w.ok(&mut c, "approval.respond", answer.clone()).await;
     w.ok(&mut c, "approval.respond", answer).await;
     w.settled(&mut c, &a2).await;
@@ -307,8 +307,9 @@ async fn every_method_and_event_of_the_daemon_round_trips_through_the_typed_prot
 
     // The stored rule, listed and removed.
     let rules = w.ok(&mut c, "approvals.list", json!({})).await;
+    let rule_id = rules["rules"][0]["rule_id"].clone();
     let key = rules["rules"][0]["pattern_key"].clone();
-    w.ok(&mut c, "approvals.remove", json!({"pattern_key": key}))
+    w.ok(&mut c, "approvals.remove", json!({"rule_id": rule_id}))
         .await;
     w.ok(&mut c, "approvals.remove", json!({"pattern_key": key}))
         .await;

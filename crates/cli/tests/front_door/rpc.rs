@@ -441,7 +441,11 @@ fn every_field(method: &str) -> Value {
             json!({"session_id": "s", "admission_id": "a"})
         }
         "session.interrupt" => json!({"session_id": "s", "execution_generation": 1}),
-        "approval.respond" => respond("choice", json!("once")),
+        "approval.respond" => {
+            let mut p = respond("choice", json!("always"));
+            p["scope"] = json!("workspace");
+            p
+        }
         "clarify.respond" => respond("answer", json!("a")),
         "budget.respond" => {
             let mut p = respond("choice", json!("raise"));
@@ -454,7 +458,8 @@ fn every_field(method: &str) -> Value {
         "session.events.since" => {
             json!({"session_id": "s", "replay_epoch": "e", "last_sequence": 0, "limit": 10})
         }
-        "approvals.remove" => json!({"pattern_key": "k"}),
+        // Parsed with both; the daemon then wants one of them.
+        "approvals.remove" => json!({"rule_id": "r", "pattern_key": "k"}),
         "mcp.status" => json!({"session_id": "s"}),
         "job.events" => json!({"job_id": "j", "after": 0}),
         // Only spoiled copies are sent: none of them may start a handoff.

@@ -294,12 +294,25 @@ async fn drover_answer_answers_the_prompt_a_run_without_terminal_left_open() {
     let answered = parsed("answer --json", &out);
     assert_eq!(answered["prompt"]["prompt_id"], asked.prompt_id.as_str());
     assert_eq!(answered["response"]["status"], "resolved", "{answered}");
-    let (_, out, _) = drover(home.path(), &["approvals", "list"]).await;
-    assert!(out.contains(&asked.pattern_key), "{out}");
+    // The stored rule is the class in the prompt's default scope, in the words the prompt
+    // offered it with; not the one command it was asked about.
+    let default = asked.default_scope();
+    let offered = asked.offer(default).expect("the default scope is offered");
     let covers = answered["always_covers"].as_str().unwrap_or_default();
+    assert_eq!(covers, offered.text, "{answered}");
+    assert_eq!(
+        answered["response"]["stored_rule"]["scope"],
+        default.as_str()
+    );
     assert!(
-        covers.ends_with("in every session of this home") && covers.contains(&asked.description),
+        covers.starts_with("every command that deletes files recursively")
+            && !covers.contains(&asked.command),
         "{answered}"
+    );
+    let (_, out, _) = drover(home.path(), &["approvals", "list"]).await;
+    assert!(
+        out.contains("deletes files recursively") && out.contains(default.as_str()),
+        "{out}"
     );
     assert!(
         drover_test_support::wait::until(BOUND, async || !victim.exists()).await,

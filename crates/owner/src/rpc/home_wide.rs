@@ -16,31 +16,59 @@ use super::session_row;
 pub(super) async fn approvals_list(owner: &Arc<Owner>) -> Result<wire::ApprovalRules, OwnerError> {
     let rules = owner.ledger(|ledger, _| ledger.approval_rules()).await?;
     Ok(wire::ApprovalRules {
-        rules: rules
-            .into_iter()
-            .map(|r| wire::ApprovalRule {
-                rule_id: r.pattern_key.clone(),
-                pattern_key: r.pattern_key,
-                class: r.description.clone(),
-                scope: wire::ApprovalScope::Everywhere,
-                path: None,
-                text: r.description,
-                origin: wire::ApprovalRuleOrigin::default(),
-                created_at: r.created_at,
-            })
-            .collect(),
+        rules: rules.into_iter().map(wire_rule).collect(),
     })
 }
 
-/// `approvals.remove` `{pattern_key}` (drover extension): `{removed: bool}`.
+/// A stored rule as the wire shows it; a rule stored before rules had scopes has no words of
+/// its own, so its class and scope are named here, in the words a prompt would offer.
+pub(super) fn wire_rule(r: drover_ledger::ApprovalRule) -> wire::ApprovalRule {
+    use drover_tools::approval::scope::{class_of, scope_text};
+    let class = r.class.unwrap_or_else(|| class_of(&r.pattern_key));
+    let text = r
+        .text
+        .unwrap_or_else(|| scope_text(&class, r.scope, r.path.as_deref()));
+    wire::ApprovalRule {
+        rule_id: r.rule_id,
+        pattern_key: r.pattern_key,
+        class,
+        scope: r.scope,
+        path: r.path,
+        text,
+        origin: wire::ApprovalRuleOrigin {
+            session_id: r.session_id,
+            prompt_id: r.prompt_id,
+            command: r.command,
+        },
+        created_at: r.created_at,
+    }
+}
+
+/// `approvals.remove` `{rule_id}` or `{pattern_key}` (drover extension): one rule, or every
+/// rule of a command class. `{removed: bool}`.
 pub(super) async fn approvals_remove(
     owner: &Arc<Owner>,
     p: wire::ApprovalRuleRef,
 ) -> Result<wire::ApprovalRuleRemoved, OwnerError> {
-    let key = p.pattern_key.or(p.rule_id).unwrap_or_default();
-    let removed = owner
-        .ledger(move |ledger, _| ledger.remove_approval_rule(&key))
-        .await?;
+    let removed = match (p.rule_id, p.pattern_key) {
+        (Some(rule_id), None) => {
+            owner
+                .ledger(move |ledger, _| ledger.remove_approval_rule_id(&rule_id))
+                .await?
+        }
+        (None, Some(key)) => {
+            owner
+                .ledger(move |ledger, _| ledger.remove_approval_rule(&key))
+                .await?
+        }
+        (Some(_), Some(_)) | (None, None) => {
+            return Err(drover_ledger::LedgerError::invalid(
+                "rule_id",
+                "name one rule (rule_id) or one command class (pattern_key)",
+            )
+            .into())
+        }
+    };
     Ok(wire::ApprovalRuleRemoved { removed })
 }
 

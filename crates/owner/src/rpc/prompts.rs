@@ -30,9 +30,10 @@ impl PromptTarget {
     }
 }
 
-/// The answer of `approval.respond` (`choice`) or `clarify.respond` (`answer`).
+/// The answer of `approval.respond` (`choice`, and `scope` with `always`) or `clarify.respond`
+/// (`answer`).
 pub(super) enum Answer {
-    Approval(wire::ApprovalChoice),
+    Approval(wire::ApprovalChoice, Option<wire::ApprovalScope>),
     Clarify(wire::ClarifyAnswer),
 }
 
@@ -40,7 +41,7 @@ impl Answer {
     /// The prompt kind it answers.
     fn kind(&self) -> &'static str {
         match self {
-            Answer::Approval(_) => "approval",
+            Answer::Approval(..) => "approval",
             Answer::Clarify(_) => "clarify",
         }
     }
@@ -72,64 +73,100 @@ pub(super) async fn respond(
                     row.generation
                 )));
             }
-            check_answer(&open_prompt(&row)?, &answer)?;
+            let scope = check_answer(&open_prompt(&row)?, &answer)?;
             let value = match &answer {
-                Answer::Approval(choice) => serde_json::to_value(choice),
+                Answer::Approval(choice, _) => serde_json::to_value(choice),
                 Answer::Clarify(answer) => serde_json::to_value(answer),
             }
             .map_err(|e| LedgerError::Corrupt(format!("prompt {answered} answer: {e}")))?;
-            let response = ledger.respond_prompt(&session_id, generation, &answered, value)?;
+            let response =
+                ledger.respond_prompt(&session_id, generation, &answered, value, scope)?;
             if let PromptResponse::Resolved { events, .. } = &response {
                 owner.hub.publish(events);
             }
             Ok(response)
         })
         .await?;
-    let (status, reason) = match response {
+    let (status, reason, stored_rule) = match response {
         PromptResponse::Resolved {
-            prompt, receipt, ..
+            prompt,
+            receipt,
+            stored_rule,
+            ..
         } => {
             if let Some(turn) = owner.turn_by_execution(&prompt.execution_id) {
                 turn.deliver_receipt(prompt.sequence, receipt);
             }
-            (wire::PromptResponseStatus::Resolved, None)
+            let rule = stored_rule.map(|rule| super::home_wide::wire_rule(*rule));
+            (wire::PromptResponseStatus::Resolved, None, rule)
         }
         PromptResponse::AlreadyResolved { .. } => {
-            (wire::PromptResponseStatus::AlreadyResolved, None)
+            (wire::PromptResponseStatus::AlreadyResolved, None, None)
         }
         PromptResponse::Cancelled { reason, .. } => (
             wire::PromptResponseStatus::Cancelled,
             Some(reason.to_string()),
+            None,
         ),
     };
     Ok(wire::PromptResponse {
         status,
         prompt_id,
         reason,
-        stored_rule: None,
+        stored_rule,
     })
 }
 
 /// The answer must be one of the prompt's `choices` (SPEC section 2); clarify prompts without
-/// choices take free text, and multi-select ones a list of choices.
-fn check_answer(prompt: &wire::OpenPrompt, answer: &Answer) -> Result<(), LedgerError> {
+/// choices take free text, and multi-select ones a list of choices. An approval's `scope`
+/// comes only with `always` and must be one the prompt offers; returns the scope an `always`
+/// answer stores its rule for (omitted: `workspace` when offered, else the narrowest offer;
+/// `everywhere` for a prompt stored before rules had scopes).
+fn check_answer(
+    prompt: &wire::OpenPrompt,
+    answer: &Answer,
+) -> Result<Option<wire::ApprovalScope>, LedgerError> {
     /// A JSON rendering of a choice or a list of them, for the error text.
     fn shown(v: &impl serde::Serialize) -> String {
         serde_json::to_string(v).unwrap_or_default()
     }
     match (prompt, answer) {
-        (wire::OpenPrompt::Approval(p), Answer::Approval(choice)) => {
-            if p.choices.contains(choice) {
-                return Ok(());
+        (wire::OpenPrompt::Approval(p), Answer::Approval(choice, scope)) => {
+            if !p.choices.contains(choice) {
+                return Err(LedgerError::invalid(
+                    "choice",
+                    format!(
+                        "{} is not one of the prompt's choices {}",
+                        shown(choice),
+                        shown(&p.choices)
+                    ),
+                ));
             }
-            Err(LedgerError::invalid(
-                "choice",
-                format!(
-                    "{} is not one of the prompt's choices {}",
-                    shown(choice),
-                    shown(&p.choices)
-                ),
-            ))
+            if *choice != wire::ApprovalChoice::Always {
+                return match scope {
+                    None => Ok(None),
+                    Some(_) => Err(LedgerError::invalid(
+                        "scope",
+                        format!(
+                            "scope goes only with choice \"always\", not {}",
+                            shown(choice)
+                        ),
+                    )),
+                };
+            }
+            let offered = p.offered_scopes();
+            let chosen = scope.unwrap_or_else(|| p.default_scope());
+            if !offered.contains(&chosen) {
+                return Err(LedgerError::invalid(
+                    "scope",
+                    format!(
+                        "{} is not one of the prompt's scopes {}",
+                        shown(&chosen),
+                        shown(&offered)
+                    ),
+                ));
+            }
+            Ok(Some(chosen))
         }
         (wire::OpenPrompt::Clarify(p), Answer::Clarify(answer)) => {
             let picked: Vec<&String> = match answer {
@@ -140,10 +177,10 @@ fn check_answer(prompt: &wire::OpenPrompt, answer: &Answer) -> Result<(), Ledger
                 }
             };
             if p.choices.is_empty() {
-                return Ok(());
+                return Ok(None);
             }
             match picked.into_iter().find(|a| !p.choices.contains(a)) {
-                None => Ok(()),
+                None => Ok(None),
                 Some(a) => Err(LedgerError::invalid(
                     "answer",
                     format!(

@@ -89,7 +89,7 @@ fn policy(owner: &Owner, claim: &Claim) -> Policy {
         approvals: config.approvals.mode_for(session.approval_mode),
         home: owner.home.display().to_string(),
         approval_grants: claim.approval_grants.clone(),
-        scoped_rules: Vec::new(),
+        scoped_rules: claim.scoped_rules.clone(),
         background_processes: claim.background_processes.clone(),
         mcp_servers: {
             // The session's own servers after the config's: they are its frozen set.

@@ -317,9 +317,50 @@ async fn manual_mode_asks_and_a_deny_answer_keeps_the_files() {
                 "description": "deletes files recursively: rm -rf victim",
                 "pattern_key": "recursive_delete",
                 "choices": ["once", "session", "always", "deny"],
+                "class": "deletes files recursively",
+                "scopes": [
+                    {
+                        "scope": "workspace",
+                        "path": dir.path(),
+                        "text": format!(
+                            "every command that deletes files recursively, in {} and below (this workspace)",
+                            dir.path().display()
+                        ),
+                    },
+                    {
+                        "scope": "everywhere",
+                        "text": "every command that deletes files recursively, anywhere, in every session of this home (everywhere)",
+                    },
+                ],
             })
         )]
     );
+}
+
+/// An `always` answer bound to a tree grants the class for the rest of the turn inside that
+/// tree only: a later delete inside runs without asking, one outside asks again.
+#[tokio::test]
+async fn an_always_answer_for_a_tree_covers_the_rest_of_the_turn_inside_it_only() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tree = dir.path().join("a");
+    for sub in ["a/one", "a/two", "b/three"] {
+        std::fs::create_dir_all(dir.path().join(sub)).expect("mkdir");
+    }
+    let human = ScriptedPrompts::in_order(vec![
+        PromptAnswer::Answered(json!({"choice": "always", "scope": "directory", "path": tree})),
+        PromptAnswer::Answered(json!("deny")),
+    ]);
+    let ctx = context(dir.path(), "manual", human.clone());
+    let run = |command: &str| json!({"command": command, "workdir": "a"});
+    let out = call(run("rm -rf one"), &ctx).await;
+    assert_eq!(result(&out)["exit_code"], 0, "{}", out.content);
+    let out = call(run("rm -rf two"), &ctx).await;
+    assert_eq!(result(&out)["exit_code"], 0, "{}", out.content);
+    assert_eq!(human.seen().len(), 1, "inside the tree: no second prompt");
+    let out = call(run("rm -rf ../b/three"), &ctx).await;
+    assert_eq!(error_text(&out), "the user denied this command");
+    assert_eq!(human.seen().len(), 2, "outside the tree: asked again");
+    assert!(dir.path().join("b/three").exists());
 }
 
 #[tokio::test]

@@ -1,0 +1,279 @@
+//! `always` rules with a scope, end to end (docs/approvals.md, "Always rules and their
+//! scope"): the prompt offers each scope in words, `drover answer --choice always --scope`
+//! stores the rule and says what it covers, a `directory` rule approves a delete inside its
+//! tree and still asks for one that leaves it (by path, by `cd`, by `..`), and a rule stored
+//! before rules had scopes lists as `everywhere` and still approves everywhere. Against the
+//! real daemon, real workers and real SQLite.
+
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+
+use crate::common::{bin, typed, typed_event};
+use drover_protocol::client::{
+    AdmissionReceipt, ApprovalChoice, ApprovalPrompt, ApprovalRespondParams, ApprovalRules,
+    ApprovalScope, ApprovalScopeOffer, OpenPrompt,
+};
+use drover_protocol::event::{EventPayload, SessionEvent};
+use drover_test_support::harness::{run_drover, Daemon, OneSession, TestHome};
+use drover_test_support::Reply;
+use serde_json::json;
+
+/// A workspace holding `a/` and `b/`, each with the directories the model deletes.
+fn workspace() -> (tempfile::TempDir, PathBuf) {
+    let scratch = tempfile::Builder::new()
+        .prefix("drover-scopes-")
+        .tempdir()
+        .unwrap();
+    // The rule's tree is compared lexically, so the test names it as the worker sees it.
+    let ws = scratch.path().canonicalize().unwrap();
+    for dir in ["a/first", "a/x", "b/y"] {
+        std::fs::create_dir_all(ws.join(dir)).unwrap();
+        std::fs::write(ws.join(dir).join("keep.txt"), "data").unwrap();
+    }
+    (scratch, ws)
+}
+
+/// The model's terminal call `command`, run in `workdir`.
+fn terminal_call(id: &str, command: &str, workdir: &Path) -> Reply {
+    Reply::tool_call(
+        id,
+        "terminal",
+        json!({"command": command, "workdir": workdir}),
+    )
+}
+
+async fn submit(s: &mut OneSession, text: &str) -> String {
+    typed::<AdmissionReceipt>(s.submit(text).await.unwrap()).admission_id
+}
+
+async fn next_prompt(s: &mut OneSession) -> ApprovalPrompt {
+    match typed_event(&mut s.client, "approval.request").await.event {
+        EventPayload::ApprovalRequest(OpenPrompt::Approval(p)) => p,
+        other => panic!("not an approval request: {other:?}"),
+    }
+}
+
+async fn answer(s: &mut OneSession, prompt: &ApprovalPrompt, choice: ApprovalChoice) {
+    let params = json!(ApprovalRespondParams {
+        session_id: s.session_id.clone(),
+        execution_generation: prompt.execution_generation,
+        prompt_id: prompt.prompt_id.clone(),
+        choice,
+        scope: None,
+    });
+    s.client.call_ok("approval.respond", params).await.unwrap();
+}
+
+/// The turn of `admission` runs to its end without opening a prompt.
+async fn settles_without_asking(s: &mut OneSession, admission: &str) {
+    let events: Vec<SessionEvent> = typed(json!(s
+        .client
+        .events_until_settled(admission)
+        .await
+        .unwrap()));
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e.event, EventPayload::ApprovalRequest(_))),
+        "the rule should have approved it: {events:?}"
+    );
+}
+
+async fn approvals_json(home: &Path) -> ApprovalRules {
+    let out = run_drover(bin(), home, None, &["approvals", "list", "--json"]).await;
+    assert_eq!(out.status.code(), Some(0));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+const CLASS: &str = "deletes files recursively";
+
+#[tokio::test]
+async fn a_directory_rule_approves_inside_its_tree_and_asks_for_any_way_out() {
+    let (_scratch, ws) = workspace();
+    let (a, b) = (ws.join("a"), ws.join("b"));
+    let mut s = OneSession::builder(bin())
+        .toolsets(&["terminal"])
+        .cwd(&ws)
+        .start()
+        .await
+        .unwrap();
+
+    // The prompt offers the command's directory tree, the workspace and everywhere, in words.
+    let first = format!("rm -rf {}", a.join("first").display());
+    s.model.push(terminal_call("call_first", &first, &a));
+    s.model.push(Reply::text("Deleted."));
+    let admission = submit(&mut s, "delete a/first").await;
+    let prompt = next_prompt(&mut s).await;
+    assert_eq!(prompt.class, CLASS);
+    let offer = |scope, path: Option<&Path>, text: String| ApprovalScopeOffer {
+        scope,
+        path: path.map(|p| p.display().to_string()),
+        text,
+    };
+    assert_eq!(
+        prompt.scopes,
+        [
+            offer(
+                ApprovalScope::Directory,
+                Some(&a),
+                format!("every command that {CLASS}, in {} and below (this directory tree)", a.display())
+            ),
+            offer(
+                ApprovalScope::Workspace,
+                Some(&ws),
+                format!("every command that {CLASS}, in {} and below (this workspace)", ws.display())
+            ),
+            offer(
+                ApprovalScope::Everywhere,
+                None,
+                format!("every command that {CLASS}, anywhere, in every session of this home (everywhere)")
+            ),
+        ]
+    );
+
+    // `drover answer --choice always --scope directory` stores it and says what it covers.
+    let out = run_drover(
+        bin(),
+        s.home.path(),
+        None,
+        &[
+            "answer",
+            &s.session_id,
+            "--choice",
+            "always",
+            "--scope",
+            "directory",
+        ],
+    )
+    .await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains(&format!(
+            "stored: always allow {} (`drover approvals rm ",
+            prompt.scopes[0].text
+        )),
+        "{stdout}"
+    );
+    assert_eq!(s.wait_settled(&admission).await.unwrap(), "completed");
+    assert!(!a.join("first").exists());
+
+    // A later turn deletes inside the tree without asking.
+    let inside = format!("rm -rf {}", a.join("x").display());
+    s.model.push(terminal_call("call_inside", &inside, &a));
+    s.model.push(Reply::text("Deleted."));
+    let admission = submit(&mut s, "delete a/x").await;
+    settles_without_asking(&mut s, &admission).await;
+    assert!(!a.join("x").exists(), "the rule's command did not run");
+
+    // Every way out of the tree still asks: a path elsewhere, a `cd` elsewhere, a `..`.
+    let ways_out = [
+        format!("rm -rf {}", b.join("y").display()),
+        format!("cd {} && rm -rf y", b.display()),
+        format!("rm -rf {}/../b/y", a.display()),
+    ];
+    for (i, command) in ways_out.iter().enumerate() {
+        s.model
+            .push(terminal_call(&format!("call_out{i}"), command, &a));
+    }
+    s.model.push(Reply::text("Left them."));
+    let admission = submit(&mut s, "delete b/y").await;
+    for command in &ways_out {
+        let asked = next_prompt(&mut s).await;
+        assert_eq!(&asked.command, command);
+        answer(&mut s, &asked, ApprovalChoice::Deny).await;
+    }
+    assert_eq!(s.wait_settled(&admission).await.unwrap(), "completed");
+    assert!(b.join("y").join("keep.txt").exists());
+
+    // The rule lists with its class, its scope and where it came from.
+    let listed = approvals_json(s.home.path()).await;
+    let [rule] = listed.rules.as_slice() else {
+        panic!("one rule: {listed:?}");
+    };
+    assert_eq!(
+        (rule.class.as_str(), rule.scope, rule.path.as_deref()),
+        (CLASS, ApprovalScope::Directory, Some(a.to_str().unwrap()))
+    );
+    assert_eq!(rule.text, prompt.scopes[0].text);
+    assert_eq!(
+        rule.origin.session_id.as_deref(),
+        Some(s.session_id.as_str())
+    );
+    assert_eq!(rule.origin.command.as_deref(), Some(first.as_str()));
+    let out = run_drover(bin(), s.home.path(), None, &["approvals", "list"]).await;
+    let table = String::from_utf8_lossy(&out.stdout);
+    for shown in [
+        &rule.rule_id[..8],
+        CLASS,
+        &format!("directory {}", a.display()),
+        &s.session_id[..8],
+    ] {
+        assert!(table.contains(shown), "{shown:?} missing from:\n{table}");
+    }
+}
+
+#[tokio::test]
+async fn a_rule_stored_before_scopes_lists_as_everywhere_and_still_approves_everywhere() {
+    let (_scratch, ws) = workspace();
+    let elsewhere = tempfile::Builder::new()
+        .prefix("drover-elsewhere-")
+        .tempdir()
+        .unwrap();
+    let target = elsewhere.path().join("victim");
+    std::fs::create_dir(&target).unwrap();
+
+    // A home whose ledger holds a rule as the migration leaves one stored before rules had
+    // scopes: an id, the key, `everywhere`, and nothing else.
+    let home = TestHome::new().unwrap();
+    let mut daemon = Daemon::start(bin(), home.path()).await.unwrap();
+    daemon.stop().await.unwrap();
+    let db = rusqlite::Connection::open(home.db()).unwrap();
+    db.execute(
+        "INSERT INTO approval_rules (rule_id, pattern_key, scope, created_at)
+         VALUES (lower(hex(randomblob(16))), 'recursive_delete', 'everywhere', 1.0)",
+        [],
+    )
+    .unwrap();
+    drop(db);
+
+    let mut s = OneSession::builder(bin())
+        .home(home)
+        .toolsets(&["terminal"])
+        .cwd(&ws)
+        .start()
+        .await
+        .unwrap();
+    let listed = approvals_json(s.home.path()).await;
+    let [rule] = listed.rules.as_slice() else {
+        panic!("one rule: {listed:?}");
+    };
+    assert_eq!(
+        (rule.class.as_str(), rule.scope, rule.path.as_deref()),
+        (CLASS, ApprovalScope::Everywhere, None)
+    );
+    assert_eq!(
+        rule.text,
+        format!("every command that {CLASS}, anywhere, in every session of this home (everywhere)")
+    );
+    assert_eq!(rule.origin, Default::default());
+    let out = run_drover(bin(), s.home.path(), None, &["approvals", "list"]).await;
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("everywhere"), "{table}");
+
+    // Outside the session's workspace too, it runs without asking.
+    let command = format!("rm -rf {}", target.display());
+    s.model
+        .push(terminal_call("call_elsewhere", &command, elsewhere.path()));
+    s.model.push(Reply::text("Deleted."));
+    let admission = submit(&mut s, "delete it").await;
+    settles_without_asking(&mut s, &admission).await;
+    assert!(!target.exists(), "the old rule's command did not run");
+}
