@@ -6,8 +6,8 @@ use std::time::Instant;
 
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 use drover_protocol::client::{
-    ApprovalChoice, ApprovalPrompt, ApprovalScope, ApprovalScopeOffer, BudgetChoice, ClarifyAnswer,
-    ClarifyPrompt, OpenPrompt,
+    ApprovalChoice, ApprovalPrompt, ApprovalScope, ApprovalScopeOffer, BudgetChoice, BudgetScope,
+    ClarifyAnswer, ClarifyPrompt, OpenPrompt,
 };
 
 use crate::chat_state::{Action, App, ToolStatus, TurnItem};
@@ -140,10 +140,14 @@ impl App {
             .filter(|view| !view.sent)
             .and_then(|view| {
                 match &view.prompt {
-                    OpenPrompt::Budget(b) => Some((b.prompt_id.clone(), b.execution_generation)),
+                    OpenPrompt::Budget(b) => Some((
+                        b.prompt_id.clone(),
+                        b.execution_generation,
+                        b.scope == BudgetScope::Home,
+                    )),
                     _ => None,
                 }
-                .map(|(prompt_id, generation)| (view, prompt_id, generation))
+                .map(|(prompt_id, generation, home)| (view, prompt_id, generation, home))
             });
         let (choice, add_usd, add_tokens) = match &command {
             BudgetCommand::Show => return Some(Action::Command(Command::Budget(command))),
@@ -151,7 +155,14 @@ impl App {
             BudgetCommand::Stop => (BudgetChoice::Stop, None, None),
         };
         match paused {
-            Some((view, prompt_id, generation)) => {
+            Some((.., true)) if add_usd.is_none() && choice == BudgetChoice::Raise => {
+                self.notice = Some(
+                    "the home's daily limit is in USD: /budget +USD raises it (or /budget stop)"
+                        .into(),
+                );
+                None
+            }
+            Some((view, prompt_id, generation, _)) => {
                 let reply = Reply::Budget {
                     choice,
                     add_usd,

@@ -802,3 +802,81 @@ fn the_replayed_transcript_keeps_approval_answers_and_turn_outcomes() {
     assert_eq!(blocks[4], Block::User("next".into()));
     assert_eq!(blocks.len(), 5);
 }
+
+/// A budget prompt of `scope`: 0.90 of 1.00 USD spent.
+fn budget_prompt(scope: drover_protocol::client::BudgetScope) -> OpenPrompt {
+    OpenPrompt::Budget(drover_protocol::client::BudgetPrompt {
+        prompt_id: "b1".into(),
+        execution_generation: 3,
+        scope,
+        spent_usd: 0.9,
+        spent_tokens: 9,
+        limit_usd: Some(1.0),
+        limit_tokens: None,
+        next_usd: 0.3,
+        next_tokens: 3,
+    })
+}
+
+/// With a turn paused by a limit, `/budget +USD` and `/budget stop` answer its prompt; without
+/// one, `+USD` raises the session's limits and `stop` has nothing to stop. The home's daily
+/// limit is raised in USD only.
+#[test]
+fn slash_budget_answers_the_paused_turns_prompt_or_raises_the_sessions_limit() {
+    use crate::slash_commands::BudgetCommand;
+    use drover_protocol::client::{BudgetChoice, BudgetScope};
+    let mut app = app();
+    assert_eq!(
+        typed(&mut app, "/budget +1"),
+        Some(Action::Command(Command::Budget(BudgetCommand::Raise {
+            usd: Some(1.0),
+            tokens: None
+        })))
+    );
+    assert_eq!(typed(&mut app, "/budget stop"), None);
+    assert!(app.notice.as_deref().unwrap().contains("no turn is paused"));
+
+    app.on_event(&started("a1"), Instant::now());
+    app.on_event(
+        &ev(EventPayload::BudgetRequest(budget_prompt(
+            BudgetScope::Session,
+        ))),
+        Instant::now(),
+    );
+    assert_eq!(
+        typed(&mut app, "/budget +$2"),
+        answered(
+            "b1",
+            3,
+            Reply::Budget {
+                choice: BudgetChoice::Raise,
+                add_usd: Some(2.0),
+                add_tokens: None
+            }
+        )
+    );
+    assert!(app.prompt.as_ref().unwrap().sent);
+
+    let mut app = crate::tests::app();
+    app.on_event(&started("a1"), Instant::now());
+    app.on_event(
+        &ev(EventPayload::BudgetRequest(budget_prompt(
+            BudgetScope::Home,
+        ))),
+        Instant::now(),
+    );
+    assert_eq!(typed(&mut app, "/budget +100 tokens"), None);
+    assert!(app.notice.as_deref().unwrap().contains("in USD"));
+    assert_eq!(
+        typed(&mut app, "/budget stop"),
+        answered(
+            "b1",
+            3,
+            Reply::Budget {
+                choice: BudgetChoice::Stop,
+                add_usd: None,
+                add_tokens: None
+            }
+        )
+    );
+}
