@@ -198,7 +198,7 @@ pub async fn approvals(home: PathBuf, command: ApprovalsCommand) -> Result<Exit>
                     r.class,
                     scope_words(r),
                     origin_words(&r.origin),
-                    crate::session_cmd::ago(r.created_at, now)
+                    crate::display::ago(r.created_at, now)
                 );
             }
             Ok(Exit::Ok)

@@ -5,7 +5,7 @@
 //! sequence, U+202E). Each such character is shown instead, in caret notation (`^[`, `^M`)
 //! or as `\u{202e}`, so the person sees that something is there. New lines and tabs are kept.
 //! Machine output (`--json`, a piped `drover run`) is never changed. Also how a cost in USD
-//! reads ([`dollars`]).
+//! reads ([`dollars`]) and how long ago a time was ([`ago`]).
 
 use std::borrow::Cow;
 
@@ -48,6 +48,18 @@ pub fn dollars(usd: f64) -> String {
         format!("${usd:.4}")
     } else {
         format!("${usd:.6}")
+    }
+}
+
+/// `3m ago`, `2h ago`: how long before `now` the unix time `at` was.
+pub fn ago(at: f64, now: f64) -> String {
+    let s = (now - at).max(0.0) as u64;
+    match s {
+        0..=9 => "just now".to_string(),
+        10..=59 => format!("{s}s ago"),
+        60..=3599 => format!("{}m ago", s / 60),
+        3600..=86_399 => format!("{}h ago", s / 3600),
+        _ => format!("{}d ago", s / 86_400),
     }
 }
 

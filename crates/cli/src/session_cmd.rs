@@ -64,17 +64,7 @@ fn now() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
-/// `3m ago`, `2h ago`: how long before `now` the unix time `at` was.
-pub fn ago(at: f64, now: f64) -> String {
-    let s = (now - at).max(0.0) as u64;
-    match s {
-        0..=9 => "just now".to_string(),
-        10..=59 => format!("{s}s ago"),
-        60..=3599 => format!("{}m ago", s / 60),
-        3600..=86_399 => format!("{}h ago", s / 3600),
-        _ => format!("{}d ago", s / 86_400),
-    }
-}
+pub use crate::display::ago;
 
 /// A unix time as local `YYYY-MM-DD HH:MM`.
 fn local_time(at: f64) -> String {
@@ -568,12 +558,18 @@ pub async fn show(home: &Path, args: ShowArgs) -> Result<Exit> {
     );
     for p in &snapshot.prompts {
         match p {
-            OpenPrompt::Approval(a) => println!(
-                "waiting for approval: `{}` ({}); `drover answer {} --choice once|session|always|deny`",
-                printable(&a.command),
-                a.description,
-                head(&sid, 8)
-            ),
+            OpenPrompt::Approval(a) => {
+                println!(
+                    "waiting for approval: `{}` ({}); `drover answer {} --choice once|session|always|deny`",
+                    printable(&a.command),
+                    a.description,
+                    head(&sid, 8)
+                );
+                // Where an `always` answer may apply, in the words it would be stored with.
+                for offer in &a.scopes {
+                    println!("  always --scope {}: {}", offer.scope, offer.text);
+                }
+            }
             OpenPrompt::Clarify(q) => println!(
                 "waiting for an answer: {}; `drover answer {} --text ...`",
                 printable(&q.question),

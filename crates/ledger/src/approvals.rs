@@ -10,6 +10,15 @@ use serde_json::Value;
 
 use crate::{new_id, now, Ledger, LedgerError};
 
+/// The approval prompt an answer is for: its id, its session and its body as the worker
+/// opened it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AnsweredPrompt<'a> {
+    pub prompt_id: &'a str,
+    pub session_id: &'a str,
+    pub body: &'a Value,
+}
+
 /// What an answer to an approval prompt stored.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub(crate) struct Granted {
@@ -24,11 +33,11 @@ pub(crate) struct Granted {
 /// prompt without offers (stored before rules had scopes) stores an `everywhere` rule.
 pub(crate) fn record_grant(
     tx: &Connection,
-    prompt: &crate::prompts::PromptRow,
+    prompt: AnsweredPrompt<'_>,
     answer: &Value,
     scope: Option<ApprovalScope>,
 ) -> Result<Granted, LedgerError> {
-    let body = &prompt.body;
+    let body = prompt.body;
     let Some(key) = body.get("pattern_key").and_then(Value::as_str) else {
         return Ok(Granted::default());
     };

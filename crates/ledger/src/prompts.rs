@@ -497,7 +497,14 @@ impl Ledger {
             params![answer.to_string(), prompt_id],
         )?;
         let granted = match prompt.kind.as_str() {
-            "approval" => crate::approvals::record_grant(&tx, &prompt, &answer, scope)?,
+            "approval" => {
+                let answered = crate::approvals::AnsweredPrompt {
+                    prompt_id: &prompt.prompt_id,
+                    session_id: &prompt.session_id,
+                    body: &prompt.body,
+                };
+                crate::approvals::record_grant(&tx, answered, &answer, scope)?
+            }
             _ => Default::default(),
         };
         let mut receipt = json!({"status": "resolved", "answer": answer});

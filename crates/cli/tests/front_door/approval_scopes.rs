@@ -10,12 +10,13 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::common::{bin, typed, typed_event};
+use crate::common::{bin, error_data, typed, typed_event};
 use drover_protocol::client::{
     AdmissionReceipt, ApprovalChoice, ApprovalPrompt, ApprovalRespondParams, ApprovalRules,
     ApprovalScope, ApprovalScopeOffer, OpenPrompt,
 };
 use drover_protocol::event::{EventPayload, SessionEvent};
+use drover_protocol::ErrorReason;
 use drover_test_support::harness::{run_drover, Daemon, OneSession, TestHome};
 use drover_test_support::Reply;
 use serde_json::json;
@@ -55,15 +56,46 @@ async fn next_prompt(s: &mut OneSession) -> ApprovalPrompt {
     }
 }
 
-async fn answer(s: &mut OneSession, prompt: &ApprovalPrompt, choice: ApprovalChoice) {
-    let params = json!(ApprovalRespondParams {
+fn params(
+    s: &OneSession,
+    prompt: &ApprovalPrompt,
+    choice: ApprovalChoice,
+    scope: Option<ApprovalScope>,
+) -> serde_json::Value {
+    json!(ApprovalRespondParams {
         session_id: s.session_id.clone(),
         execution_generation: prompt.execution_generation,
         prompt_id: prompt.prompt_id.clone(),
         choice,
-        scope: None,
-    });
+        scope,
+    })
+}
+
+async fn answer(s: &mut OneSession, prompt: &ApprovalPrompt, choice: ApprovalChoice) {
+    let params = params(s, prompt, choice, None);
     s.client.call_ok("approval.respond", params).await.unwrap();
+}
+
+/// `approval.respond` with `scope` is refused as `invalid_params` naming `scope`.
+async fn scope_refused(
+    s: &mut OneSession,
+    prompt: &ApprovalPrompt,
+    choice: ApprovalChoice,
+    scope: ApprovalScope,
+) {
+    let params = params(s, prompt, choice, Some(scope));
+    let error = s
+        .client
+        .call("approval.respond", params)
+        .await
+        .unwrap()
+        .expect_err("the scope is refused");
+    let data = error_data(&error);
+    assert_eq!(
+        (data.reason, data.field.as_deref()),
+        (ErrorReason::InvalidParams, Some("scope")),
+        "{error:?}"
+    );
 }
 
 /// The turn of `admission` runs to its end without opening a prompt.
@@ -133,6 +165,26 @@ async fn a_directory_rule_approves_inside_its_tree_and_asks_for_any_way_out() {
         ]
     );
 
+    // A scope goes only with `always`.
+    scope_refused(
+        &mut s,
+        &prompt,
+        ApprovalChoice::Once,
+        ApprovalScope::Directory,
+    )
+    .await;
+
+    // `drover show` lists them for `drover answer --scope`.
+    let out = run_drover(bin(), s.home.path(), None, &["show", &s.session_id]).await;
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        shown.contains(&format!(
+            "always --scope directory: {}",
+            prompt.scopes[0].text
+        )),
+        "{shown}"
+    );
+
     // `drover answer --choice always --scope directory` stores it and says what it covers.
     let out = run_drover(
         bin(),
@@ -188,6 +240,15 @@ async fn a_directory_rule_approves_inside_its_tree_and_asks_for_any_way_out() {
     for command in &ways_out {
         let asked = next_prompt(&mut s).await;
         assert_eq!(&asked.command, command);
+        // The tree it leaves is not offered, nor can it be chosen.
+        assert!(asked.offer(ApprovalScope::Directory).is_none(), "{asked:?}");
+        scope_refused(
+            &mut s,
+            &asked,
+            ApprovalChoice::Always,
+            ApprovalScope::Directory,
+        )
+        .await;
         answer(&mut s, &asked, ApprovalChoice::Deny).await;
     }
     assert_eq!(s.wait_settled(&admission).await.unwrap(), "completed");
