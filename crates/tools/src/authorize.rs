@@ -91,7 +91,11 @@ async fn authorize_as(
                 "description": description,
                 "pattern_key": key,
                 "choices": ApprovalChoice::ALL.map(ApprovalChoice::as_str),
-                "scopes": scope::offers(&class, &ctx.cwd, subject),
+                "scopes": scope::offers(
+                    &class,
+                    &ctx.cwd,
+                    subject.filter(|_| scope::tree_bound(key))
+                ),
                 "class": class,
             });
             let answer = tokio::select! {

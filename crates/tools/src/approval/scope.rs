@@ -37,6 +37,28 @@ pub fn class_of(key: &str) -> String {
     }
 }
 
+/// The command classes a rule may bind to a directory tree: those whose harm lies in the files
+/// the command names or in its working tree. The others act on something no path bounds (a
+/// script from the network, every process, a database, a remote's history), so a tree would
+/// only say where the command was typed: they are offered `everywhere` alone.
+pub const TREE_CLASSES: &[&str] = &[
+    "recursive_delete",
+    "forced_delete",
+    "find_delete",
+    "disk_format",
+    "device_write",
+    "system_permissions",
+    "git_reset_hard",
+    "git_clean",
+    "startup_file_overwrite",
+    "write_outside_cwd",
+];
+
+/// Whether a rule of `key` may be bound to a directory tree ([`TREE_CLASSES`]).
+pub fn tree_bound(key: &str) -> bool {
+    TREE_CLASSES.contains(&key)
+}
+
 /// The words for an `always` rule of `class` in `scope` (`path` being the tree's root).
 pub fn scope_text(class: &str, scope: ApprovalScope, path: Option<&str>) -> String {
     match (scope, path) {
