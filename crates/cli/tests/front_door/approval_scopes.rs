@@ -279,6 +279,22 @@ async fn a_directory_rule_approves_inside_its_tree_and_asks_for_any_way_out() {
     ] {
         assert!(table.contains(shown), "{shown:?} missing from:\n{table}");
     }
+
+    // `drover approvals rm` takes the id's start shown in the table.
+    let out = run_drover(
+        bin(),
+        s.home.path(),
+        None,
+        &["approvals", "rm", &rule.rule_id[..8]],
+    )
+    .await;
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(approvals_json(s.home.path()).await.rules, []);
 }
 
 #[tokio::test]
