@@ -450,5 +450,13 @@ mod tests {
             PromptAnswer::Cancelled
         );
         assert_eq!(parse_answer(&json!({"weird": 1})), PromptAnswer::Cancelled);
+        // An `always` rule bound to a tree reaches the tool with its tree.
+        assert_eq!(
+            parse_answer(&json!({"status": "resolved", "answer": "always",
+                                 "scope": "directory", "path": "/ws/a"})),
+            PromptAnswer::Answered(
+                json!({"choice": "always", "scope": "directory", "path": "/ws/a"})
+            )
+        );
     }
 }
