@@ -354,3 +354,66 @@ async fn a_rule_stored_before_scopes_lists_as_everywhere_and_still_approves_ever
     settles_without_asking(&mut s, &admission).await;
     assert!(!target.exists(), "the old rule's command did not run");
 }
+
+/// `always` typed at `drover run`'s question (on a terminal: `script` gives it a pty) stores
+/// the default scope's rule, which the question named in words before it was typed.
+#[tokio::test]
+async fn always_typed_at_drover_run_names_the_workspace_rule_before_and_after() {
+    let (model, home) = drover_test_support::harness::model_home(true)
+        .await
+        .unwrap();
+    let _guard = drover_test_support::harness::KillDaemonOnDrop(home.path());
+    let (_scratch, ws) = workspace();
+    let victim = drover_test_support::harness::script_rm_victim(&model, &ws, "Deleted.");
+
+    let quote = |s: &str| format!("'{}'", s.replace('\'', r"'\''"));
+    let line = [
+        bin().to_str().unwrap(),
+        "--home",
+        home.path().to_str().unwrap(),
+        "run",
+        "delete it",
+    ]
+    .map(quote)
+    .join(" ");
+    let mut child = tokio::process::Command::new("script")
+        .args(["-q", "-e", "-c", &line, "/dev/null"])
+        .current_dir(&ws)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut stdin, b"always\n")
+        .await
+        .unwrap();
+    // Kept open until drover exits: an end of input would read as a closed terminal.
+    let out = tokio::time::timeout(std::time::Duration::from_secs(60), child.wait_with_output())
+        .await
+        .expect("drover run did not finish")
+        .unwrap();
+    drop(stdin);
+    let screen = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{screen}");
+    assert!(!victim.exists(), "the approved command did not run");
+
+    let words = format!(
+        "every command that {CLASS}, in {} and below (this workspace)",
+        ws.display()
+    );
+    assert!(screen.contains(&format!("(always: {words})")), "{screen}");
+    assert!(
+        screen.contains(&format!(
+            "drover: stored: always allow {words} (`drover approvals rm "
+        )),
+        "{screen}"
+    );
+    let listed = approvals_json(home.path()).await;
+    assert_eq!(listed.rules.len(), 1, "{listed:?}");
+    assert_eq!(
+        (listed.rules[0].scope, listed.rules[0].text.as_str()),
+        (ApprovalScope::Workspace, words.as_str())
+    );
+}
