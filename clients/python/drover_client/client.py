@@ -34,6 +34,7 @@ from .errors import (
 )
 from .types import (
     ApprovalChoice,
+    ApprovalScope,
     ApprovalPrompt,
     ClarifyPrompt,
     CompactionResult,
@@ -391,14 +392,23 @@ class Client:
         return cast(InterruptResult, await self.call("session.interrupt", params))
 
     async def respond_approval(
-        self, session_id: str, execution_generation: int, prompt_id: str, choice: ApprovalChoice
+        self,
+        session_id: str,
+        execution_generation: int,
+        prompt_id: str,
+        choice: ApprovalChoice,
+        scope: ApprovalScope | None = None,
     ) -> RespondResult:
-        params = {
+        """`scope` (with `always` only): where the stored rule applies, one of the prompt's
+        `scopes`; None takes the daemon's default (the workspace when offered)."""
+        params: dict[str, Any] = {
             "session_id": session_id,
             "execution_generation": execution_generation,
             "prompt_id": prompt_id,
             "choice": choice,
         }
+        if scope is not None:
+            params["scope"] = scope
         return cast(RespondResult, await self.call("approval.respond", params))
 
     async def respond_clarify(
@@ -484,11 +494,15 @@ class Session:
         return await self.client.interrupt(self.id, generation)
 
     async def respond_approval(
-        self, prompt: ApprovalPrompt | Mapping[str, Any], choice: ApprovalChoice
+        self,
+        prompt: ApprovalPrompt | Mapping[str, Any],
+        choice: ApprovalChoice,
+        scope: ApprovalScope | None = None,
     ) -> RespondResult:
-        """Answers an approval prompt (an `approval.request` payload or a snapshot prompt)."""
+        """Answers an approval prompt (an `approval.request` payload or a snapshot prompt);
+        an `always` answer may name one of its `scopes` (docs/approvals.md)."""
         return await self.client.respond_approval(
-            self.id, prompt["execution_generation"], prompt["prompt_id"], choice
+            self.id, prompt["execution_generation"], prompt["prompt_id"], choice, scope
         )
 
     async def respond_clarify(

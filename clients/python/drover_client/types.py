@@ -102,87 +102,38 @@ An approval mode: `manual` (ask before a dangerous command runs), `auto` (run it
 """
 
 
-class ApprovalPrompt(TypedDict):
+class ApprovalRuleOrigin(TypedDict):
     """
-    The fields of an approval prompt.
-    """
-
-    choices: list[ApprovalChoice]
-    """
-    The answers offered.
-    """
-    command: str
-    """
-    The command as it would run.
-    """
-    description: str
-    """
-    Why it needs approval.
-    """
-    execution_generation: int
-    """
-    The turn's generation; pass back in `approval.respond`.
-    """
-    pattern_key: str
-    """
-    The kind of command; a `session` or `always` answer allows this key.
-    """
-    prompt_id: str
-    """
-    Pass back in `approval.respond`.
+    Where an `always` rule came from.
     """
 
-
-class ApprovalRespondParams(TypedDict):
+    command: NotRequired[str | None]
     """
-    Params of `approval.respond`.
+    The command it was asked about.
     """
-
-    choice: ApprovalChoice
-    """
-    The answer.
-    """
-    execution_generation: int
-    """
-    The prompt's generation; another is `stale_generation`.
-    """
-    prompt_id: str
+    prompt_id: NotRequired[str | None]
     """
     The prompt.
     """
-    session_id: str
+    session_id: NotRequired[str | None]
     """
-    The session (attached).
-    """
-
-
-class ApprovalRule(TypedDict):
-    """
-    One stored `always` rule.
-    """
-
-    created_at: float
-    """
-    Unix seconds.
-    """
-    description: str
-    """
-    What that kind is.
-    """
-    pattern_key: str
-    """
-    The kind of command it allows.
+    The session whose prompt was answered.
     """
 
 
 class ApprovalRuleRef(TypedDict):
     """
-    `{pattern_key}`: params of `approvals.remove`.
+    Params of `approvals.remove`: one rule by `rule_id`, or every rule of a command class by
+    `pattern_key` (whatever its scope). Exactly one of the two.
     """
 
-    pattern_key: str
+    pattern_key: NotRequired[str | None]
     """
-    The rule's key, as `approvals.list` shows it.
+    A command class: removes every rule of it.
+    """
+    rule_id: NotRequired[str | None]
+    """
+    The rule, as `approvals.list` shows it.
     """
 
 
@@ -197,14 +148,29 @@ class ApprovalRuleRemoved(TypedDict):
     """
 
 
-class ApprovalRules(TypedDict):
+ApprovalScope: TypeAlias = Literal['directory', 'workspace', 'everywhere']
+"""
+Where an `always` rule applies (`docs/approvals.md`).
+"""
+
+
+class ApprovalScopeOffer(TypedDict):
     """
-    Result of `approvals.list`.
+    One scope an approval prompt offers for an `always` answer.
     """
 
-    rules: list[ApprovalRule]
+    path: NotRequired[str | None]
     """
-    The stored `always` rules.
+    The tree's root: an absolute, lexically normalised path (`directory` and `workspace`).
+    """
+    scope: ApprovalScope
+    """
+    `directory`, `workspace` or `everywhere`.
+    """
+    text: str
+    """
+    The words every surface shows for it, e.g. "every command that deletes files
+    recursively, in /home/u/proj and below (this workspace)".
     """
 
 
@@ -394,15 +360,6 @@ class ClientRequestPromptResolveUnknown(TypedDict):
     params: AdmissionRef
 
 
-class ClientRequestApprovalRespond(TypedDict):
-    """
-    `approval.respond`: answer an approval prompt.
-    """
-
-    method: Literal['approval.respond']
-    params: ApprovalRespondParams
-
-
 class ClientRequestClarifyRespond(TypedDict):
     """
     `clarify.respond`: answer a clarify prompt.
@@ -442,7 +399,8 @@ class ClientRequestBudgetRaise(TypedDict):
 
 class ClientRequestApprovalsRemove(TypedDict):
     """
-    `approvals.remove` (drover extension): delete one stored rule.
+    `approvals.remove` (drover extension): delete one stored rule (`rule_id`), or every
+    rule of a command class (`pattern_key`).
     """
 
     method: Literal['approvals.remove']
@@ -922,36 +880,20 @@ class NoParams(TypedDict):
     """
 
 
-class OpenPromptApproval(TypedDict):
-    """
-    A dangerous command waits for `approval.respond`.
-    """
-
-    choices: list[ApprovalChoice]
-    """
-    The answers offered.
-    """
-    command: str
-    """
-    The command as it would run.
-    """
-    description: str
-    """
-    Why it needs approval.
-    """
-    execution_generation: int
-    """
-    The turn's generation; pass back in `approval.respond`.
-    """
-    pattern_key: str
-    """
-    The kind of command; a `session` or `always` answer allows this key.
-    """
-    prompt_id: str
-    """
-    Pass back in `approval.respond`.
-    """
-    kind: Literal['approval']
+OpenPromptApproval = TypedDict(
+    'OpenPromptApproval',
+    {
+        'choices': list[ApprovalChoice],
+        'class': NotRequired[str],
+        'command': str,
+        'description': str,
+        'execution_generation': int,
+        'pattern_key': str,
+        'prompt_id': str,
+        'scopes': NotRequired[list[ApprovalScopeOffer]],
+        'kind': Literal['approval'],
+    },
+)
 
 
 class OpenPromptClarify(TypedDict):
@@ -2167,6 +2109,75 @@ class AdmissionReceipt(TypedDict):
     """
 
 
+ApprovalPrompt = TypedDict(
+    'ApprovalPrompt',
+    {
+        'choices': list[ApprovalChoice],
+        'class': NotRequired[str],
+        'command': str,
+        'description': str,
+        'execution_generation': int,
+        'pattern_key': str,
+        'prompt_id': str,
+        'scopes': NotRequired[list[ApprovalScopeOffer]],
+    },
+)
+
+
+class ApprovalRespondParams(TypedDict):
+    """
+    Params of `approval.respond`.
+    """
+
+    choice: ApprovalChoice
+    """
+    The answer.
+    """
+    execution_generation: int
+    """
+    The prompt's generation; another is `stale_generation`.
+    """
+    prompt_id: str
+    """
+    The prompt.
+    """
+    scope: NotRequired[ApprovalScope | None]
+    """
+    Where an `always` answer's rule applies: one of the prompt's `scopes` (omitted:
+    `workspace` when the prompt offers it, else its narrowest offer). Only with `always`.
+    """
+    session_id: str
+    """
+    The session (attached).
+    """
+
+
+ApprovalRule = TypedDict(
+    'ApprovalRule',
+    {
+        'class': str,
+        'created_at': float,
+        'origin': ApprovalRuleOrigin,
+        'path': NotRequired[str | None],
+        'pattern_key': str,
+        'rule_id': str,
+        'scope': ApprovalScope,
+        'text': str,
+    },
+)
+
+
+class ApprovalRules(TypedDict):
+    """
+    Result of `approvals.list`.
+    """
+
+    rules: list[ApprovalRule]
+    """
+    The stored `always` rules.
+    """
+
+
 class ApprovalSettled(TypedDict):
     """
     Payload of `approval.settled`.
@@ -2414,6 +2425,15 @@ class ClientRequestSessionInterrupt(TypedDict):
 
     method: Literal['session.interrupt']
     params: InterruptParams
+
+
+class ClientRequestApprovalRespond(TypedDict):
+    """
+    `approval.respond`: answer an approval prompt.
+    """
+
+    method: Literal['approval.respond']
+    params: ApprovalRespondParams
 
 
 class ClientRequestSessionEventsSince(TypedDict):
@@ -2773,6 +2793,10 @@ class PromptResponse(TypedDict):
     status: PromptResponseStatus
     """
     Whether this answer was the one recorded.
+    """
+    stored_rule: NotRequired[ApprovalRule | None]
+    """
+    The rule this answer stored (`approval.respond` with `always`, when recorded).
     """
 
 

@@ -132,6 +132,12 @@ async def test_approval_and_clarify_prompts(daemon: Daemon, model: FakeModel, tm
         assert approval["type"] == "approval.request"
         prompt = approval["payload"]
         assert prompt["kind"] == "approval" and prompt["command"] == "rm -rf scratch"
+        # Where an `always` answer may apply, in words; a scope goes with `always` only.
+        assert [o["scope"] for o in prompt["scopes"]] == ["workspace", "everywhere"]
+        assert prompt["scopes"][0]["text"].startswith("every command that deletes files recursively, in ")
+        with pytest.raises(InvalidParams) as bad_scope:
+            await session.respond_approval(prompt, "once", "workspace")
+        assert bad_scope.value.field == "scope"
         answer = await session.respond_approval(prompt, "deny")
         assert answer["status"] == "resolved"
         again = await session.respond_approval(prompt, "once")
