@@ -302,7 +302,11 @@ impl Owner {
                 .unwrap_or_else(|p| p.into_inner())
                 .clone(),
             model_endpoint: config.base_url(),
-            model_transport: ModelTransport::of(&config.model),
+            model_transport: ModelTransport::new(
+                config.model.ca_file.clone(),
+                config.model.proxy.clone(),
+                config.model.connect_timeout_s,
+            ),
         }
     }
 

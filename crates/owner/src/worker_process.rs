@@ -59,16 +59,16 @@ pub struct ModelTransport {
 }
 
 impl ModelTransport {
-    /// The daemon's `[model]` settings of now, with `ca_file`'s stamp read now.
-    pub fn of(model: &crate::config::ModelSection) -> ModelTransport {
-        let ca_file_stamp = model.ca_file.as_ref().and_then(|path| {
+    /// The settings given, with `ca_file`'s stamp read now.
+    pub fn new(ca_file: Option<PathBuf>, proxy: Option<String>, connect_timeout_s: u64) -> Self {
+        let ca_file_stamp = ca_file.as_ref().and_then(|path| {
             let meta = std::fs::metadata(path).ok()?;
             Some((meta.modified().ok()?, meta.len()))
         });
         ModelTransport {
-            ca_file: model.ca_file.clone(),
-            proxy: model.proxy.clone(),
-            connect_timeout_s: model.connect_timeout_s,
+            ca_file,
+            proxy,
+            connect_timeout_s,
             ca_file_stamp,
         }
     }
