@@ -309,7 +309,7 @@ pub(crate) enum Checked {
     /// Under every limit: `{"status": "ok"}`.
     Ok(Value),
     /// A limit was reached: the prompt opened and its `budget.request` event.
-    Paused(String, StoredEvent),
+    Paused(String, Box<StoredEvent>),
 }
 
 /// Applies a `budget.check` at `sequence` inside `tx`.
@@ -333,7 +333,7 @@ pub(crate) fn check(
                 "budget",
                 &over.body(),
             )?;
-            Ok(Checked::Paused(prompt_id, event))
+            Ok(Checked::Paused(prompt_id, Box::new(event)))
         }
     }
 }

@@ -345,7 +345,7 @@ fn apply_in(
             )? {
                 crate::budget::Checked::Ok(receipt) => receipt,
                 crate::budget::Checked::Paused(prompt_id, event) => {
-                    events.push(event);
+                    events.push(*event);
                     return Ok(PersistOutcome::Deferred { prompt_id, events });
                 }
             }
