@@ -192,7 +192,8 @@ class BudgetRaiseParams(TypedDict):
     """
     add_usd: NotRequired[float | None]
     """
-    USD added: finite, over 0.
+    USD added: finite, over 0. A session without a USD limit gets one: its spend so far
+    plus this (likewise for tokens).
     """
     session_id: NotRequired[str | None]
     """

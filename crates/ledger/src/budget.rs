@@ -339,7 +339,9 @@ pub(crate) fn check(
 }
 
 /// Adds `add_usd` / `add_tokens` to `root`'s limits, or (`root` `None`) `add_usd` to today's
-/// home-wide limit. A limit the session does not have stays absent.
+/// home-wide limit. A session limit that was not set starts from what the session's tree has
+/// spent: raising it by $5 allows five more dollars from now (`/budget +5` in a chat that was
+/// started without one).
 fn raise(
     tx: &Connection,
     root: Option<&str>,
@@ -348,13 +350,20 @@ fn raise(
 ) -> Result<(), LedgerError> {
     match root {
         Some(root) => {
+            let spent = tree_spend(tx, root)?;
+            let cap = |n: u64| n.min(i64::MAX as u64 / 2) as i64;
             tx.execute_cached(
-                "UPDATE sessions SET budget_usd = budget_usd + ?1,
-                     budget_tokens = MIN(budget_tokens + ?2, 9007199254740992)
-                 WHERE id = ?3",
+                "UPDATE sessions SET
+                     budget_usd = CASE WHEN ?1 IS NULL THEN budget_usd
+                                       ELSE COALESCE(budget_usd, ?2) + ?1 END,
+                     budget_tokens = CASE WHEN ?3 IS NULL THEN budget_tokens
+                                       ELSE MIN(COALESCE(budget_tokens, ?4) + ?3, 9007199254740992) END
+                 WHERE id = ?5",
                 params![
-                    add_usd.unwrap_or(0.0),
-                    add_tokens.unwrap_or(0).min(i64::MAX as u64 / 2) as i64,
+                    add_usd,
+                    spent.usd,
+                    add_tokens.map(cap),
+                    cap(spent.tokens),
                     root
                 ],
             )?;

@@ -577,7 +577,7 @@ pub fn budget_lines(
         );
     } else if session.limit_usd.is_none() && session.limit_tokens.is_none() {
         lines.push(
-            "this session has no limit (a new session takes [budget] session_usd and session_tokens from config.toml)"
+            "this session has no limit: /budget +USD (or +N tokens) gives it one, that much more than it has spent"
                 .into(),
         );
     } else {
@@ -595,17 +595,6 @@ pub fn raised_lines(
 ) -> Vec<String> {
     let short: String = session_id.chars().take(8).collect();
     let mut lines = Vec::new();
-    let unlimited = match (add_usd, add_tokens) {
-        (Some(_), _) if status.limit_usd.is_none() => Some("USD"),
-        (_, Some(_)) if status.limit_tokens.is_none() => Some("token"),
-        _ => None,
-    };
-    if let Some(unit) = unlimited {
-        lines.push(format!(
-            "session {short} has no {unit} limit to raise (limits are set when a session is made: [budget] in config.toml)"
-        ));
-        return lines;
-    }
     let by = match (add_usd, add_tokens) {
         (Some(usd), Some(tokens)) => format!("{} and {tokens} tokens", dollars(usd)),
         (Some(usd), None) => dollars(usd),

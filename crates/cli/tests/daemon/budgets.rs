@@ -437,6 +437,47 @@ async fn without_a_limit_no_turn_is_checked_and_cost_is_still_recorded() {
     assert!(close(total.as_f64().unwrap(), 4.0 * REQUEST_USD), "{total}");
 }
 
+/// A session started without a limit gets one from a raise: what its tree has spent so far
+/// plus the amount (`drover budget ID --add-usd`, `/budget +USD` in the chat), and it pauses
+/// under it like any other.
+#[tokio::test]
+async fn raising_a_session_without_a_limit_gives_it_one_from_its_spend() {
+    let (model, home) = priced_home("").await;
+    model.set_default(priced("ok"));
+    let daemon = Daemon::start(bin(), home.path()).await.unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let sid = new_session(&mut client, &home, json!({})).await;
+    for n in 0..2 {
+        client
+            .complete_turn(&sid, &format!("turn {n}"))
+            .await
+            .unwrap();
+    }
+    let out = drover(home.path(), &["budget", &sid, "--add-usd", "0.5"]).await;
+    assert!(out.status.success(), "{out:?}");
+    let limit = db_value(
+        &home.db(),
+        &format!("SELECT budget_usd FROM sessions WHERE id = '{sid}'"),
+    );
+    assert!(
+        close(limit.as_f64().unwrap(), 2.0 * REQUEST_USD + 0.5),
+        "{limit}"
+    );
+    // 0.6 spent: one more request (0.9 <= 1.1) starts; the next (1.2) would pass the limit.
+    client.complete_turn(&sid, "turn 2").await.unwrap();
+    let admission = submit(&mut client, &sid, "turn 3").await;
+    let request = budget_request(&mut client).await;
+    assert_eq!(request["scope"], "session", "{request}");
+    assert!(close(request["limit_usd"].as_f64().unwrap(), 1.1), "{request}");
+    assert_eq!(chat_requests(&model), 3);
+    let out = drover(home.path(), &["budget", &sid, "--stop"]).await;
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        settled(&mut client, &admission).await["outcome"],
+        "interrupted"
+    );
+}
+
 #[tokio::test]
 async fn drover_run_budget_freezes_a_limit_and_a_paused_run_says_how_to_go_on() {
     let (model, home) = priced_home("").await;

@@ -161,7 +161,8 @@ pub struct BudgetRaiseParams {
     )]
     #[schemars(length(min = 1, max = 256))]
     pub session_id: Option<String>,
-    /// USD added: finite, over 0.
+    /// USD added: finite, over 0. A session without a USD limit gets one: its spend so far
+    /// plus this (likewise for tokens).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub add_usd: Option<f64>,
     /// Tokens added (a session's limit only).
