@@ -375,10 +375,10 @@ mod tests {
     use super::*;
     use rusqlite::OptionalExtension;
 
-    #[test]
-    fn the_budget_migration_keeps_prompts_and_admits_budget_prompts() {
-        let mut conn = Connection::open_in_memory().unwrap();
-        let before = BUDGET_VERSION - 1;
+    /// A ledger in memory as it stood before migration `version`.
+    fn migrated_before(version: usize) -> Connection {
+        let conn = Connection::open_in_memory().unwrap();
+        let before = version - 1;
         for sql in &MIGRATIONS[..before] {
             conn.execute_batch(sql).unwrap();
         }
@@ -386,6 +386,12 @@ mod tests {
             .unwrap();
         conn.pragma_update(None, "application_id", APPLICATION_ID)
             .unwrap();
+        conn
+    }
+
+    #[test]
+    fn the_budget_migration_keeps_prompts_and_admits_budget_prompts() {
+        let mut conn = migrated_before(BUDGET_VERSION);
         conn.execute(
             "INSERT INTO prompts (prompt_id, session_id, execution_id, generation, kind, body_json,
                  status, sequence, created_at)
@@ -423,15 +429,7 @@ mod tests {
     /// of the same class may then be stored for a tree beside it, but not twice.
     #[test]
     fn the_scope_migration_keeps_old_rules_as_everywhere() {
-        let mut conn = Connection::open_in_memory().unwrap();
-        let before = SCOPED_RULES_VERSION - 1;
-        for sql in &MIGRATIONS[..before] {
-            conn.execute_batch(sql).unwrap();
-        }
-        conn.pragma_update(None, "user_version", before as i64)
-            .unwrap();
-        conn.pragma_update(None, "application_id", APPLICATION_ID)
-            .unwrap();
+        let mut conn = migrated_before(SCOPED_RULES_VERSION);
         conn.execute(
             "INSERT INTO approval_rules (pattern_key, description, created_at)
              VALUES ('recursive_delete', 'deletes files recursively: rm -rf /tmp/x', 1.0)",

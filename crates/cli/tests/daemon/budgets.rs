@@ -468,7 +468,10 @@ async fn raising_a_session_without_a_limit_gives_it_one_from_its_spend() {
     let admission = submit(&mut client, &sid, "turn 3").await;
     let request = budget_request(&mut client).await;
     assert_eq!(request["scope"], "session", "{request}");
-    assert!(close(request["limit_usd"].as_f64().unwrap(), 1.1), "{request}");
+    assert!(
+        close(request["limit_usd"].as_f64().unwrap(), 1.1),
+        "{request}"
+    );
     assert_eq!(chat_requests(&model), 3);
     let out = drover(home.path(), &["budget", &sid, "--stop"]).await;
     assert!(out.status.success(), "{out:?}");

@@ -267,6 +267,31 @@ async fn login_link(home: &Path) -> String {
     v["url"].as_str().unwrap().to_string()
 }
 
+/// A browser logged in to the dashboard of `home`, on session `sid`'s page; and its login
+/// link.
+async fn session_page(home: &Path, sid: &str) -> (Browser, String) {
+    let browser = Browser::start().await;
+    let link = login_link(home).await;
+    browser.goto(&link).await;
+    browser.wait_conn("connected").await;
+    browser
+        .goto(&format!("{}/ui/#/session/{sid}", origin_of(&link)))
+        .await;
+    (browser, link)
+}
+
+/// A session with the terminal toolset in `cwd`, made by `c` as `request_id`; its id.
+async fn terminal_session(c: &mut Client, request_id: &str, cwd: &Path) -> String {
+    let created = c
+        .call_ok(
+            "session.create",
+            json!({"request_id": request_id, "cwd": cwd, "toolsets": ["terminal"]}),
+        )
+        .await
+        .unwrap();
+    created["session_id"].as_str().unwrap().to_string()
+}
+
 /// `http://127.0.0.1:<port>` of a login link.
 fn origin_of(link: &str) -> String {
     link.split("/ui/").next().unwrap().to_string()
@@ -910,13 +935,7 @@ async fn a_handoff_says_restarted_in_the_banner_and_the_session_page_goes_on() {
         .unwrap();
     let sid = created["session_id"].as_str().unwrap().to_string();
     drop(c);
-    let browser = Browser::start().await;
-    let link = login_link(home.path()).await;
-    browser.goto(&link).await;
-    browser.wait_conn("connected").await;
-    browser
-        .goto(&format!("{}/ui/#/session/{sid}", origin_of(&link)))
-        .await;
+    let (browser, _) = session_page(home.path(), &sid).await;
     browser.wait_conn("connected").await;
     browser
         .wait_text("#daemon", |t| {
@@ -987,21 +1006,8 @@ async fn the_session_page_marks_failed_denied_interrupted_and_unknown_turns() {
         .unwrap();
     let daemon = Daemon::start(bin(), home.path()).await.unwrap();
     let mut c = daemon.client().await.unwrap();
-    let created = c
-        .call_ok(
-            "session.create",
-            json!({"request_id": "marks", "cwd": scratch.path(), "toolsets": ["terminal"]}),
-        )
-        .await
-        .unwrap();
-    let sid = created["session_id"].as_str().unwrap().to_string();
-    let browser = Browser::start().await;
-    let link = login_link(home.path()).await;
-    browser.goto(&link).await;
-    browser.wait_conn("connected").await;
-    browser
-        .goto(&format!("{}/ui/#/session/{sid}", origin_of(&link)))
-        .await;
+    let sid = terminal_session(&mut c, "marks", scratch.path()).await;
+    let (browser, _) = session_page(home.path(), &sid).await;
     browser.wait_for("#session [data-state=idle]").await;
 
     // A failed turn: its outcome and the model server's error.
@@ -1133,21 +1139,8 @@ async fn always_allow_confirms_the_scope_in_the_page_and_the_rule_is_listed_with
     std::fs::create_dir_all(&victim).unwrap();
     let daemon = Daemon::start(bin(), home.path()).await.unwrap();
     let mut c = daemon.client().await.unwrap();
-    let created = c
-        .call_ok(
-            "session.create",
-            json!({"request_id": "always", "cwd": scratch.path(), "toolsets": ["terminal"]}),
-        )
-        .await
-        .unwrap();
-    let sid = created["session_id"].as_str().unwrap().to_string();
-    let browser = Browser::start().await;
-    let link = login_link(home.path()).await;
-    browser.goto(&link).await;
-    browser.wait_conn("connected").await;
-    browser
-        .goto(&format!("{}/ui/#/session/{sid}", origin_of(&link)))
-        .await;
+    let sid = terminal_session(&mut c, "always", scratch.path()).await;
+    let (browser, link) = session_page(home.path(), &sid).await;
     browser.wait_for("#session [data-state=idle]").await;
 
     model.push(Reply::tool_call(
