@@ -4,13 +4,15 @@
 //!
 //! The tree check reads a command with the classifier's own shell parser and is conservative:
 //! whatever it cannot place inside the tree (a word with `$`, a `~`, a brace or a glob that may
-//! reach `..`, a `cd` it cannot follow, scripts nested too deep) means the rule does not apply,
-//! and the person is asked.
+//! reach `..`, a `cd` it cannot follow, names read from elsewhere, a command run on another
+//! host or in a home, scripts nested too deep) means the rule does not apply, and the person
+//! is asked.
 
 use std::path::{Component, Path, PathBuf};
 
 use drover_protocol::words::{ApprovalScope, ApprovalScopeOffer};
 
+use super::argv::{self, Invocation};
 use super::shell::{self, Command, RedirectOp, Script, Word};
 use super::PATTERNS;
 
@@ -151,13 +153,77 @@ pub fn covers(root: &Path, subject: Subject<'_>) -> bool {
     match subject {
         Subject::File(target) => normalize(target).starts_with(&root),
         Subject::Command { command, workdir } => {
-            let mut cwd = normalize(workdir);
-            cwd.starts_with(&root) && script_inside(&shell::parse(command), &root, &mut cwd, 0)
+            let workdir = normalize(workdir);
+            let mut place = Place {
+                dirs: vec![workdir.clone()],
+                unknown: false,
+            };
+            workdir.starts_with(&root)
+                && script_inside(&shell::parse(command), &root, &mut place, 0)
         }
     }
 }
 
-fn script_inside(script: &Script, root: &Path, cwd: &mut PathBuf, depth: usize) -> bool {
+/// The most directories a command's `cd`s may leave it in before the check gives up.
+const MAX_PLACES: usize = 64;
+
+/// Where the shell may be when a word is read. A `cd` adds its target and drops nothing: it
+/// may fail (`cd sub || rm -rf ../x`), or run in a subshell, a pipeline stage or a child
+/// shell, and then the shell stays where it was. So a relative word must resolve inside from
+/// every directory it may be in; `unknown` once the shell may be anywhere (a script read from
+/// a file, a `cd` through `CDPATH`).
+struct Place {
+    dirs: Vec<PathBuf>,
+    unknown: bool,
+}
+
+impl Place {
+    /// Whether `value` names a path inside `root` from wherever the shell may be.
+    fn resolves_inside(&self, value: &str, root: &Path) -> bool {
+        if Path::new(value).is_absolute() {
+            return normalize(Path::new(value)).starts_with(root);
+        }
+        !self.unknown
+            && self
+                .dirs
+                .iter()
+                .all(|dir| resolve(dir, value).starts_with(root))
+    }
+
+    /// Whether the git working tree around every place the shell may be lies inside `root`:
+    /// its top (the nearest directory above holding `.git`) is in the tree. Without one, git
+    /// would look further (`GIT_DIR`, ...), so it is not placed.
+    fn repository_inside(&self, root: &Path) -> bool {
+        !self.unknown
+            && self.dirs.iter().all(|dir| {
+                dir.ancestors()
+                    .find(|a| a.join(".git").exists())
+                    .is_some_and(|top| top.starts_with(root))
+            })
+    }
+
+    /// The shell (or one command) may now also be in `target` (checked inside by the
+    /// caller). A `cd` to a bare relative target (`cd sub`) is looked up through `CDPATH`
+    /// when the tools' environment sets one, so it may lead anywhere.
+    fn cd(&mut self, target: &str, cdpath: bool) {
+        let bare = !(target.starts_with('/')
+            || target == "."
+            || target == ".."
+            || target.starts_with("./")
+            || target.starts_with("../"));
+        if cdpath && bare && std::env::var_os("CDPATH").is_some_and(|v| !v.is_empty()) {
+            self.unknown = true;
+        }
+        let added: Vec<PathBuf> = self.dirs.iter().map(|dir| resolve(dir, target)).collect();
+        for dir in added {
+            if !self.dirs.contains(&dir) {
+                self.dirs.push(dir);
+            }
+        }
+    }
+}
+
+fn script_inside(script: &Script, root: &Path, place: &mut Place, depth: usize) -> bool {
     if depth > MAX_DEPTH {
         return false;
     }
@@ -165,20 +231,30 @@ fn script_inside(script: &Script, root: &Path, cwd: &mut PathBuf, depth: usize) 
         pipeline
             .commands
             .iter()
-            .all(|command| command_inside(command, root, cwd, depth))
+            .all(|command| command_inside(command, root, place, depth))
     })
 }
 
-fn command_inside(command: &Command, root: &Path, cwd: &mut PathBuf, depth: usize) -> bool {
+fn command_inside(command: &Command, root: &Path, place: &mut Place, depth: usize) -> bool {
     let (words, redirects): (&[Word], _) = match command {
         Command::Simple(simple) => (&simple.words, &simple.redirects),
         Command::Group { body, redirects } => {
-            if !script_inside(body, root, cwd, depth + 1) {
+            if !script_inside(body, root, place, depth + 1) {
                 return false;
             }
             (&[], redirects)
         }
     };
+    // A command run elsewhere (another host, a container, another mount namespace) or from
+    // a login shell (its home) names paths this tree does not hold.
+    if elsewhere(words) {
+        return false;
+    }
+    // A command that runs in a directory of its own (`env -C sub`, `git -C sub`): its
+    // relative words resolve from there too.
+    for target in own_directories(words) {
+        place.cd(target, false);
+    }
     for redirect in redirects {
         let fine = match redirect.op {
             RedirectOp::Duplicate => true,
@@ -187,58 +263,163 @@ fn command_inside(command: &Command, root: &Path, cwd: &mut PathBuf, depth: usiz
                 .body
                 .iter()
                 .chain(std::iter::once(&redirect.target))
-                .all(|w| word_inside(w, root, cwd, depth)),
-            _ => word_inside(&redirect.target, root, cwd, depth),
+                .all(|w| word_inside(w, root, place, depth)),
+            _ => word_inside(&redirect.target, root, place, depth),
         };
         if !fine {
             return false;
         }
     }
-    if !words.iter().all(|w| word_inside(w, root, cwd, depth)) {
+    if !words.iter().all(|w| word_inside(w, root, place, depth)) {
         return false;
     }
-    // `cd DIR` moves where later words resolve; its target was checked above as a path. A
-    // `cd` this check cannot follow (home, `-`, a variable) ends what it can place.
-    let mut rest = words;
-    while rest
-        .first()
-        .is_some_and(|w| w.text.contains('=') && !w.text.starts_with('-'))
+    // Names read from standard input or a list (`cat list | xargs rm -rf`) are not known
+    // here.
+    if words
+        .iter()
+        .any(|w| matches!(argv::command_name(&w.text), "xargs" | "parallel"))
     {
-        rest = &rest[1..];
+        return false;
     }
-    if let Some(first) = rest.first() {
-        if matches!(first.text.as_str(), "cd" | "pushd" | "popd") {
-            let operands: Vec<&Word> = rest[1..]
-                .iter()
-                .filter(|w| !(w.text.starts_with('-') && w.text.len() > 1))
-                .collect();
-            match (first.text.as_str(), operands.as_slice()) {
-                ("cd" | "pushd", [dir]) if dir.text != "-" => *cwd = resolve(cwd, &dir.text),
+    // `cd DIR` (also behind `builtin`, `command` and the other wrappers) moves where later
+    // words resolve; its target was checked above as a path. A `cd` this check cannot follow
+    // (home, `-`, `popd`) ends what it can place; a script read from a file may move anywhere.
+    let Invocation::Argv(argv) = argv::unwrap(words) else {
+        return true;
+    };
+    let Some(first) = argv.first() else {
+        return true;
+    };
+    match argv::command_name(&first.text) {
+        name @ ("cd" | "pushd") => {
+            let operands: Vec<&Word> = argv::operands(&argv[1..]).collect();
+            match operands.as_slice() {
+                [dir] if dir.text != "-" => place.cd(&dir.text, true),
+                // `pushd` alone swaps the two top directories, both places seen already.
+                [] if name == "pushd" => {}
                 _ => return false,
             }
         }
+        "popd" => return false,
+        "source" | "." => place.unknown = true,
+        // `git reset --hard` rewrites the whole working tree, not the directory it runs in.
+        "git" if argv[1..].iter().any(|w| w.text == "reset") && !place.repository_inside(root) => {
+            return false
+        }
+        _ => {}
     }
-    true
+    place.dirs.len() <= MAX_PLACES
+}
+
+/// Programs that run their command on another host, in a container or in another mount
+/// namespace.
+const ELSEWHERE: &[&str] = &[
+    "ssh",
+    "docker",
+    "podman",
+    "nerdctl",
+    "docker-compose",
+    "kubectl",
+    "oc",
+    "nsenter",
+];
+
+/// Options that run a command in another directory (`env -C`, `sudo -D`, `git -C`,
+/// `unshare --wd`, `make --directory`); a short one may glue its value (`-Csub`).
+const CHDIR_SHORT: &[&str] = &["-C", "-D", "-w"];
+const CHDIR_LONG: &[&str] = &[
+    "--chdir",
+    "--directory",
+    "--wd",
+    "--workdir",
+    "--work-tree",
+    "--working-directory",
+];
+
+/// Whether `words` run their command where this tree's paths mean something else: on
+/// another host or in a container ([`ELSEWHERE`]), or through a login shell, which starts
+/// in the user's home (`sudo -i`, `su -`, `runuser -l`).
+fn elsewhere(words: &[Word]) -> bool {
+    let names: Vec<&str> = words.iter().map(|w| argv::command_name(&w.text)).collect();
+    if names.iter().any(|name| ELSEWHERE.contains(name)) {
+        return true;
+    }
+    let login = |w: &Word| {
+        matches!(w.text.as_str(), "-" | "--login") || argv::is_long_option(&w.text, "--login")
+    };
+    let short =
+        |w: &Word, letter: char| argv::is_short_cluster(&w.text) && w.text[1..].contains(letter);
+    (names.contains(&"sudo") && words.iter().any(|w| login(w) || short(w, 'i')))
+        || (names.iter().any(|n| matches!(*n, "su" | "runuser"))
+            && words.iter().any(|w| login(w) || short(w, 'l')))
+}
+
+/// The directories `words` ask their command to run in ([`CHDIR_SHORT`], [`CHDIR_LONG`]).
+fn own_directories(words: &[Word]) -> Vec<&str> {
+    let mut out = Vec::new();
+    for (i, word) in words.iter().enumerate() {
+        let text = word.text.as_str();
+        let next = || words.get(i + 1).map(|w| w.text.as_str());
+        if CHDIR_SHORT.contains(&text) || CHDIR_LONG.contains(&text) {
+            out.extend(next());
+        } else if let Some((name, value)) = text.split_once('=') {
+            if CHDIR_LONG.contains(&name) {
+                out.push(value);
+            }
+        } else if !text.starts_with("--") && text.len() > 2 {
+            if let Some(value) = CHDIR_SHORT.iter().find_map(|o| text.strip_prefix(o)) {
+                out.push(value);
+            }
+        }
+    }
+    out
 }
 
 /// Whether one word keeps the command inside the tree: a word that may hold a script (spaces,
 /// operators) is read as one; a word that looks like a path (or an option's or assignment's
 /// value that does) resolves inside; a word whose value is unknown here is not.
-fn word_inside(word: &Word, root: &Path, cwd: &Path, depth: usize) -> bool {
+fn word_inside(word: &Word, root: &Path, place: &mut Place, depth: usize) -> bool {
     let text = word.text.as_str();
     if text.contains(['$', '`', '~', '{']) || !word.subs.is_empty() {
         return false;
     }
+    // Names git reads from the top of the repository (`:/`, `:(top)`), which may lie above
+    // the tree; a `CDPATH` (or bash's `cdable_vars`) that sends a later `cd` elsewhere.
+    if text.starts_with(":/")
+        || text.starts_with(":(")
+        || text.contains("CDPATH")
+        || text.contains("cdable_vars")
+    {
+        return false;
+    }
     if text.contains(|c: char| c.is_whitespace() || ";&|<>()".contains(c)) {
-        let mut inner = cwd.to_path_buf();
-        return script_inside(&shell::parse(text), root, &mut inner, depth + 1);
+        // A script in a word (`eval '...'`, `sh -c '...'`) shares the places: an `eval`'s
+        // `cd` moves this shell, a child shell's adds a place this shell does not reach.
+        return script_inside(&shell::parse(text), root, place, depth + 1);
     }
     let value = match text.split_once('=') {
-        Some((_, value)) => value,
-        None if text.starts_with('-') && text.contains('/') => return false,
-        None if text.starts_with('-') => return true,
+        // Names read from a file (`--files-from=list`, `-files0-from`).
+        Some((name, _)) if name.starts_with('-') && name.contains("from") => return false,
+        // `x=y` may be an assignment or an option's value, or a file named so (`/ws/b/x=y`).
+        Some((name, value)) => {
+            if !name.starts_with('-') && !path_inside(text, root, place) {
+                return false;
+            }
+            value
+        }
+        None if text.starts_with('-') => {
+            // A path glued to an option's letter (`-C/ws/b`, `-C..`), or a list of names
+            // read from a file.
+            return !(text.contains('/') || text.contains("..") || text.contains("from"));
+        }
         None => text,
     };
+    path_inside(value, root, place)
+}
+
+/// Whether `value`, read as a path (a glob included), lies inside the tree from wherever the
+/// shell may be.
+fn path_inside(value: &str, root: &Path, place: &Place) -> bool {
     if value.is_empty() {
         return true;
     }
@@ -246,7 +427,7 @@ fn word_inside(word: &Word, root: &Path, cwd: &Path, depth: usize) -> bool {
     let reaches_up = value
         .split('/')
         .any(|c| c.contains(['*', '?', '[']) && (c.starts_with('.') || c.starts_with('[')));
-    !reaches_up && resolve(cwd, value).starts_with(root)
+    !reaches_up && place.resolves_inside(value, root)
 }
 
 /// `path` against `cwd`, `..` and `.` folded lexically.
@@ -345,6 +526,154 @@ mod tests {
             Path::new("/ws/a"),
             Subject::File(Path::new("/ws/a/../b/f"))
         ));
+    }
+
+    /// What a careless or hostile command does to leave a rule's tree, each asked: a `cd`
+    /// that may not happen (it fails, or runs in a subshell or a pipeline stage), one the check
+    /// reads through a wrapper or `eval`, a path glued to an option, names read from elsewhere
+    /// (`xargs`, `--files-from`, git's pathspec magic, `CDPATH`).
+    #[test]
+    fn a_tree_rule_asks_when_a_command_may_leave_it() {
+        let outside = [
+            "rm -rf /ws/a/x /ws/b",
+            "rm -rf /ws/a/x; rm -rf /ws/b",
+            "rm -rf \"$(echo /ws/b)\"",
+            "rm -rf /ws/a/../*",
+            "rm -rf /ws/a/x/../../b",
+            "cd /ws/a; cd ..; rm -rf b",
+            "pushd .. && rm -rf b",
+            "pushd sub && popd && rm -rf b",
+            "find /ws/a /ws/b -delete",
+            "sh -c 'cd /; rm -rf ws'",
+            "bash -c 'rm -rf ../b'",
+            "eval 'rm -rf ../b'",
+            "env -C /ws/b rm -rf y",
+            "env --chdir=/ws/b rm -rf y",
+            "git -C /ws/b clean -fdx",
+            "rm -rf /ws/a-other",
+            "rm -rf x >& /ws/b/f",
+            // A `cd` that fails, or runs in a subshell or a pipeline stage, leaves the shell
+            // where it was: `../x` is then /ws/x.
+            "cd sub || rm -rf ../x",
+            "cd sub; rm -rf ../x",
+            "(cd sub); rm -rf ../x",
+            "cd sub | true; rm -rf ../x",
+            "cd sub & rm -rf ../x",
+            // A `cd` read through a wrapper or `eval` still moves the shell.
+            "builtin cd sub; rm -rf ../../ws/a/x",
+            "command cd sub && rm -rf ../../ws/a/x",
+            "eval 'cd sub'; rm -rf ../../ws/a/x",
+            "f() { cd sub; }; f; rm -rf ../../ws/a/x",
+            // A script read from a file may move the shell anywhere.
+            ". ./env.sh; rm -rf ws",
+            "source env.sh && rm -rf ws",
+            // A directory glued to an option's letter.
+            "git -C.. clean -fdx",
+            "env -C.. rm -rf b",
+            "make -C.. clean",
+            // Names read from elsewhere.
+            "xargs rm -rf < list",
+            "cat list | xargs rm -rf",
+            "cat list | xargs -0 rm -rf",
+            "find . -files0-from list -delete",
+            "git clean -fdx --pathspec-from-file=list",
+            "git clean -fdx :/",
+            "git clean -fdx -- ':(top)'",
+            "git clean -fdx ':/!x'",
+            "export CDPATH=.:..; cd b && rm -rf y",
+            "CDPATH=/ws cd b; rm -rf y",
+            "shopt -s cdable_vars; cd HOME && rm -rf x",
+            // A word with `=` is a path as a whole too.
+            "rm -rf /ws/b/x=y",
+            "rm -rf ../b=c",
+            // A command run in a directory of its own resolves its words from there.
+            "env -C sub rm -rf ../../ws/a/x",
+            "env --chdir=sub rm -rf ../../ws/a/x",
+            "sudo -D sub rm -rf ../../ws/a/x",
+            "git -Csub clean -fdx ../../ws/a/x",
+            // Elsewhere: another host, a container, a login shell's home.
+            "ssh host rm -rf /ws/a/x",
+            "docker exec box rm -rf /ws/a/x",
+            "kubectl exec pod -- rm -rf /ws/a/x",
+            "sudo -i rm -rf x",
+            "sudo -iu root rm -rf x",
+            "sudo --login rm -rf x",
+            "su - root -c 'rm -rf x'",
+            "runuser -l me -c 'rm -rf x'",
+        ];
+        let approved: Vec<&str> = outside.into_iter().filter(|c| in_a(c)).collect();
+        assert!(
+            approved.is_empty(),
+            "approved, may leave /ws/a: {approved:#?}"
+        );
+        for inside in [
+            "find . -delete",
+            "find /ws/a -name '*.o' -delete",
+            "rm -rf -- -x",
+            "rm -rf /ws/a/link",
+            "cd sub && rm -rf y",
+            "cd /ws/a/sub && rm -rf y",
+            "cd sub && cd deeper && rm -rf y",
+            "chown -R me:staff x",
+            "chown -R :staff x",
+            "git clean -fdx -- ':!keep'",
+            "rm -rf x 2>&1",
+            "env -C sub rm -rf x",
+            "git -C sub clean -fdx",
+            "sudo rm -rf x",
+            "su -c 'rm -rf x'",
+        ] {
+            assert!(in_a(inside), "{inside}");
+        }
+        // A working directory or a file outside the tree, however it is spelt.
+        for workdir in ["/ws", "/ws/b", "/ws/a/../b", "/ws/a-other", "ws/a"] {
+            assert!(
+                !covers(
+                    Path::new("/ws/a"),
+                    Subject::Command {
+                        command: "rm -rf x",
+                        workdir: Path::new(workdir),
+                    }
+                ),
+                "{workdir}"
+            );
+        }
+        for file in [
+            "/ws/b/f",
+            "/ws/a/../b/f",
+            "/ws/a-other/f",
+            "ws/a/f",
+            "/ws/a",
+        ] {
+            assert!(
+                !covers(Path::new("/ws/a/sub"), Subject::File(Path::new(file))),
+                "{file}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_git_reset_is_covered_only_when_its_repository_is_inside_the_tree() {
+        let tmp = tempfile::tempdir().unwrap();
+        let repo = tmp.path().join("repo");
+        std::fs::create_dir_all(repo.join(".git")).unwrap();
+        std::fs::create_dir_all(repo.join("a/sub")).unwrap();
+        let reset = |root: &Path, workdir: &Path, command: &str| {
+            covers(root, Subject::Command { command, workdir })
+        };
+        let a = repo.join("a");
+        // From a subdirectory `git reset --hard` rewrites the whole working tree.
+        assert!(!reset(&a, &a, "git reset --hard"));
+        assert!(!reset(&a, &a, "git -C sub reset --hard HEAD~1"));
+        assert!(!reset(&a, &a, "cd sub && git reset --hard"));
+        // A `git clean` stays below where it runs.
+        assert!(reset(&a, &a, "git clean -fdx"));
+        assert!(reset(&repo, &a, "git reset --hard"));
+        assert!(reset(&repo, &repo, "cd a/sub && git reset --hard"));
+        // No repository around: git would look elsewhere.
+        let bare = tmp.path().join("bare");
+        std::fs::create_dir_all(&bare).unwrap();
+        assert!(!reset(&bare, &bare, "git reset --hard"));
     }
 
     #[test]
