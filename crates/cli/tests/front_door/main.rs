@@ -10,6 +10,7 @@ mod common;
 mod acp_clients;
 mod acp_durability;
 mod acp_ws;
+mod approval_scope_escapes;
 mod approval_scopes;
 mod chat;
 mod client_library;

@@ -1,0 +1,123 @@
+//! A `directory` rule against commands that look as if they stay in its tree but may not
+//! (docs/approvals.md, "How a tree rule is checked"): a `cd` that fails leaves `..` one level
+//! higher, and `xargs` deletes names it reads from a file. Each still asks, and nothing
+//! outside the tree is deleted. Against the real daemon, real workers and real `sh`.
+
+// Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+
+use crate::common::{bin, typed, wait_typed_event};
+use drover_protocol::client::{
+    AdmissionReceipt, ApprovalChoice, ApprovalPrompt, ApprovalRespondParams, ApprovalScope,
+    OpenPrompt,
+};
+use drover_protocol::event::EventPayload;
+use drover_test_support::harness::OneSession;
+use drover_test_support::Reply;
+use serde_json::json;
+
+fn terminal_call(id: &str, command: &str, workdir: &Path) -> Reply {
+    Reply::tool_call(
+        id,
+        "terminal",
+        json!({"command": command, "workdir": workdir}),
+    )
+}
+
+async fn submit(s: &mut OneSession, text: &str) -> String {
+    typed::<AdmissionReceipt>(s.submit(text).await.unwrap()).admission_id
+}
+
+/// The next approval prompt; a turn that settles first ran its commands without asking.
+async fn next_prompt(s: &mut OneSession) -> ApprovalPrompt {
+    let event = wait_typed_event(&mut s.client, |e| {
+        matches!(
+            e,
+            EventPayload::ApprovalRequest(_) | EventPayload::TurnSettled(_)
+        )
+    })
+    .await;
+    match event.event {
+        EventPayload::ApprovalRequest(OpenPrompt::Approval(p)) => p,
+        other => panic!("the turn ran without asking: {other:?}"),
+    }
+}
+
+async fn answer(
+    s: &mut OneSession,
+    prompt: &ApprovalPrompt,
+    choice: ApprovalChoice,
+    scope: Option<ApprovalScope>,
+) {
+    let params = json!(ApprovalRespondParams {
+        session_id: s.session_id.clone(),
+        execution_generation: prompt.execution_generation,
+        prompt_id: prompt.prompt_id.clone(),
+        choice,
+        scope,
+    });
+    s.client.call_ok("approval.respond", params).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_directory_rule_asks_for_a_failed_cd_and_for_xargs() {
+    let scratch = tempfile::Builder::new()
+        .prefix("drover-escapes-")
+        .tempdir()
+        .unwrap();
+    // The rule's tree is compared lexically, so the test names it as the worker sees it.
+    let ws = scratch.path().canonicalize().unwrap();
+    let (a, b) = (ws.join("a"), ws.join("b"));
+    for dir in [a.join("first"), b.join("y")] {
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("keep.txt"), "data").unwrap();
+    }
+    // A list of names inside the tree, naming `b` outside it.
+    std::fs::write(a.join("list"), format!("{}\n", b.display())).unwrap();
+    let mut s = OneSession::builder(bin())
+        .toolsets(&["terminal"])
+        .cwd(&ws)
+        .start()
+        .await
+        .unwrap();
+
+    // `always` for the tree of `a`.
+    let first = format!("rm -rf {}", a.join("first").display());
+    s.model.push(terminal_call("call_first", &first, &a));
+    s.model.push(Reply::text("Deleted."));
+    let admission = submit(&mut s, "delete a/first").await;
+    let prompt = next_prompt(&mut s).await;
+    assert!(
+        prompt.offer(ApprovalScope::Directory).is_some(),
+        "{prompt:?}"
+    );
+    answer(
+        &mut s,
+        &prompt,
+        ApprovalChoice::Always,
+        Some(ApprovalScope::Directory),
+    )
+    .await;
+    assert_eq!(s.wait_settled(&admission).await.unwrap(), "completed");
+    assert!(!a.join("first").exists());
+
+    // Run in `a`: `missing` does not exist, so the `cd` fails and `../b` is `b`; `xargs`
+    // deletes what `list` names. Both look inside the tree and both leave it.
+    let ways_out = ["cd missing; rm -rf ../b", "xargs rm -rf < list"];
+    for (i, command) in ways_out.iter().enumerate() {
+        s.model
+            .push(terminal_call(&format!("call_out{i}"), command, &a));
+    }
+    s.model.push(Reply::text("Left them."));
+    let admission = submit(&mut s, "delete b").await;
+    for command in ways_out {
+        let asked = next_prompt(&mut s).await;
+        assert_eq!(asked.command, command);
+        assert!(asked.offer(ApprovalScope::Directory).is_none(), "{asked:?}");
+        answer(&mut s, &asked, ApprovalChoice::Deny, None).await;
+    }
+    assert_eq!(s.wait_settled(&admission).await.unwrap(), "completed");
+    assert!(b.join("y").join("keep.txt").exists(), "b was deleted");
+}
