@@ -6,7 +6,7 @@
 //! whatever it cannot place inside the tree (a word with `$`, a `~`, a brace or a glob that may
 //! reach `..`, a `cd` it cannot follow, names read from elsewhere, a command run on another
 //! host or in a home, scripts nested too deep) means the rule does not apply, and the person
-//! is asked.
+//! is asked. Paths are resolved through the symlinks that exist when the command is checked.
 
 use std::path::{Component, Path, PathBuf};
 
@@ -146,14 +146,15 @@ pub fn offers(
 /// Whether a rule bound to the tree of `root` covers `subject`: the working directory (a
 /// file's directory) is inside the tree, and every path the command names resolves inside it.
 pub fn covers(root: &Path, subject: Subject<'_>) -> bool {
-    let root = normalize(root);
-    if !root.is_absolute() {
+    let Some(root) = physical(root).filter(|root| root.is_absolute()) else {
         return false;
-    }
+    };
     match subject {
-        Subject::File(target) => normalize(target).starts_with(&root),
+        Subject::File(target) => physical(target).is_some_and(|t| t.starts_with(&root)),
         Subject::Command { command, workdir } => {
-            let workdir = normalize(workdir);
+            let Some(workdir) = physical(workdir) else {
+                return false;
+            };
             let mut place = Place {
                 dirs: vec![workdir.clone()],
                 unknown: false,
@@ -180,14 +181,33 @@ struct Place {
 impl Place {
     /// Whether `value` names a path inside `root` from wherever the shell may be.
     fn resolves_inside(&self, value: &str, root: &Path) -> bool {
+        let inside = |dir: &Path| resolve(dir, value).is_some_and(|p| p.starts_with(root));
         if Path::new(value).is_absolute() {
-            return normalize(Path::new(value)).starts_with(root);
+            return inside(root);
         }
-        !self.unknown
-            && self
-                .dirs
-                .iter()
-                .all(|dir| resolve(dir, value).starts_with(root))
+        !self.unknown && self.dirs.iter().all(|dir| inside(dir))
+    }
+
+    /// Whether every symlink in the directory `dir` names (from wherever the shell may be)
+    /// leads to a place inside `root`.
+    fn links_inside(&self, dir: &str, root: &Path) -> bool {
+        let dirs: Vec<Option<PathBuf>> = if Path::new(dir).is_absolute() {
+            vec![physical(Path::new(dir))]
+        } else {
+            self.dirs.iter().map(|d| resolve(d, dir)).collect()
+        };
+        dirs.into_iter().all(|dir| {
+            let Some(dir) = dir else { return false };
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                // Nothing to match, or nothing this check can read: the glob stays literal
+                // or fails.
+                return true;
+            };
+            entries.flatten().all(|entry| {
+                !entry.file_type().is_ok_and(|t| t.is_symlink())
+                    || physical(&entry.path()).is_some_and(|p| p.starts_with(root))
+            })
+        })
     }
 
     /// Whether the git working tree around every place the shell may be lies inside `root`:
@@ -214,7 +234,11 @@ impl Place {
         if cdpath && bare && std::env::var_os("CDPATH").is_some_and(|v| !v.is_empty()) {
             self.unknown = true;
         }
-        let added: Vec<PathBuf> = self.dirs.iter().map(|dir| resolve(dir, target)).collect();
+        let added: Vec<PathBuf> = self
+            .dirs
+            .iter()
+            .filter_map(|dir| resolve(dir, target))
+            .collect();
         for dir in added {
             if !self.dirs.contains(&dir) {
                 self.dirs.push(dir);
@@ -423,16 +447,80 @@ fn path_inside(value: &str, root: &Path, place: &Place) -> bool {
     if value.is_empty() {
         return true;
     }
-    // A glob component that may match `..` (`.*`, `[.]*`) reaches above its directory.
-    let reaches_up = value
-        .split('/')
-        .any(|c| c.contains(['*', '?', '[']) && (c.starts_with('.') || c.starts_with('[')));
-    !reaches_up && place.resolves_inside(value, root)
+    let glob = |c: &str| c.contains(['*', '?', '[']);
+    let components: Vec<&str> = value.split('/').filter(|c| !c.is_empty()).collect();
+    // A glob component that may match `..` (`.*`, `[.]*`) reaches above its directory; one
+    // before the last may match a symlink that leads out.
+    let reaches_up = components
+        .iter()
+        .any(|c| glob(c) && (c.starts_with('.') || c.starts_with('[')));
+    let through = components
+        .split_last()
+        .is_some_and(|(_, before)| before.iter().any(|c| glob(c)));
+    if reaches_up || through || !place.resolves_inside(value, root) {
+        return false;
+    }
+    // A last component that is a glob may match a symlink that leads out (`chmod -R 777 *`
+    // changes what a link names): every link in that directory must stay inside.
+    match components.last() {
+        Some(last) if glob(last) => {
+            let parent = value.rsplit_once('/').map_or(".", |(parent, _)| parent);
+            let parent = if parent.is_empty() { "/" } else { parent };
+            place.links_inside(parent, root)
+        }
+        _ => true,
+    }
 }
 
-/// `path` against `cwd`, `..` and `.` folded lexically.
-fn resolve(cwd: &Path, path: &str) -> PathBuf {
-    normalize(&cwd.join(path))
+/// `path` against `cwd`, as the kernel would find it today ([`physical`]).
+fn resolve(cwd: &Path, path: &str) -> Option<PathBuf> {
+    physical(&cwd.join(path))
+}
+
+/// How many symlinks one path may pass through (the kernel's limit) before it is not placed.
+const MAX_SYMLINKS: usize = 40;
+
+/// `path` as the kernel resolves it: `.` dropped, every symlink that exists now followed (the
+/// last component's too: `chmod`, `cd`, `> file` and `rm -rf link/` act on its target), and
+/// `..` taken from the directory it is really in. A part that does not exist is kept as
+/// written, with `..` folded. `None` when it passes through too many symlinks.
+fn physical(path: &Path) -> Option<PathBuf> {
+    use std::ffi::OsString;
+    // The components still to walk, the next one last.
+    let mut pending: Vec<OsString> = Vec::new();
+    let push_front = |pending: &mut Vec<OsString>, path: &Path| {
+        for component in path.components().rev() {
+            match component {
+                Component::RootDir => pending.push("/".into()),
+                Component::CurDir | Component::Prefix(_) => {}
+                Component::ParentDir => pending.push("..".into()),
+                Component::Normal(name) => pending.push(name.to_os_string()),
+            }
+        }
+    };
+    push_front(&mut pending, path);
+    let mut out = PathBuf::new();
+    let mut links = 0;
+    while let Some(next) = pending.pop() {
+        if next == "/" {
+            out = PathBuf::from("/");
+        } else if next == ".." {
+            if !out.pop() || out.as_os_str().is_empty() {
+                out.push(Component::RootDir);
+            }
+        } else {
+            out.push(&next);
+            if let Ok(target) = std::fs::read_link(&out) {
+                links += 1;
+                if links > MAX_SYMLINKS {
+                    return None;
+                }
+                out.pop();
+                push_front(&mut pending, &target);
+            }
+        }
+    }
+    Some(out)
 }
 
 /// `path` with `.` dropped and `..` folded lexically (`/a/../..` is `/`); symlinks are not
@@ -674,6 +762,51 @@ mod tests {
         let bare = tmp.path().join("bare");
         std::fs::create_dir_all(&bare).unwrap();
         assert!(!reset(&bare, &bare, "git reset --hard"));
+    }
+
+    #[test]
+    fn a_symlink_inside_the_tree_that_leads_out_is_outside() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ws = tmp.path().canonicalize().unwrap();
+        let (a, b) = (ws.join("a"), ws.join("b"));
+        std::fs::create_dir_all(a.join("sub/deeper")).unwrap();
+        std::fs::create_dir_all(b.join("y")).unwrap();
+        std::os::unix::fs::symlink("../b", a.join("link")).unwrap();
+        std::os::unix::fs::symlink("sub", a.join("inner")).unwrap();
+        std::os::unix::fs::symlink("loop", a.join("loop")).unwrap();
+        let in_a =
+            |command: &str, workdir: &Path| covers(&a, Subject::Command { command, workdir });
+        let outside = [
+            "rm -rf link/",
+            "rm -rf link/y",
+            "rm -rf ./link/y/..",
+            "cd link && rm -rf y",
+            "echo x > link/f",
+            "chmod -R 777 *",
+            "rm -rf */y",
+            "rm -rf link",
+            "rm -rf loop/x",
+        ];
+        let approved: Vec<&str> = outside.into_iter().filter(|c| in_a(c, &a)).collect();
+        assert!(
+            approved.is_empty(),
+            "approved, may leave the tree: {approved:#?}"
+        );
+        let absolute = format!("rm -rf {}/y", a.join("link").display());
+        assert!(!in_a(&absolute, &a));
+        assert!(!in_a("rm -rf x", &a.join("link")));
+        assert!(!covers(&a, Subject::File(&a.join("link/f"))));
+        for inside in [
+            "rm -rf inner/",
+            "rm -rf inner/deeper",
+            "cd inner && rm -rf deeper",
+            "chmod -R 777 sub/*",
+            "rm -rf x",
+        ] {
+            assert!(in_a(inside, &a), "{inside}");
+        }
+        assert!(in_a("rm -rf deeper", &a.join("inner")));
+        assert!(covers(&a, Subject::File(&a.join("inner/f"))));
     }
 
     #[test]
