@@ -1,7 +1,7 @@
 //! A `directory` rule against commands that look as if they stay in its tree but may not
 //! (docs/approvals.md, "How a tree rule is checked"): a `cd` that fails leaves `..` one level
-//! higher, and `xargs` deletes names it reads from a file. Each still asks, and nothing
-//! outside the tree is deleted. Against the real daemon, real workers and real `sh`.
+//! higher, `xargs` deletes names it reads from a file, and `rm -rf link/` empties what a
+//! symlink in the tree points to. Each still asks, and nothing outside the tree is deleted. Against the real daemon, real workers and real `sh`.
 
 // Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -62,7 +62,7 @@ async fn answer(
 }
 
 #[tokio::test]
-async fn a_directory_rule_asks_for_a_failed_cd_and_for_xargs() {
+async fn a_directory_rule_asks_for_a_failed_cd_xargs_and_a_symlink_out() {
     let scratch = tempfile::Builder::new()
         .prefix("drover-escapes-")
         .tempdir()
@@ -76,6 +76,7 @@ async fn a_directory_rule_asks_for_a_failed_cd_and_for_xargs() {
     }
     // A list of names inside the tree, naming `b` outside it.
     std::fs::write(a.join("list"), format!("{}\n", b.display())).unwrap();
+    std::os::unix::fs::symlink("../b", a.join("link")).unwrap();
     let mut s = OneSession::builder(bin())
         .toolsets(&["terminal"])
         .cwd(&ws)
@@ -104,8 +105,12 @@ async fn a_directory_rule_asks_for_a_failed_cd_and_for_xargs() {
     assert!(!a.join("first").exists());
 
     // Run in `a`: `missing` does not exist, so the `cd` fails and `../b` is `b`; `xargs`
-    // deletes what `list` names. Both look inside the tree and both leave it.
-    let ways_out = ["cd missing; rm -rf ../b", "xargs rm -rf < list"];
+    // deletes what `list` names; `link/` is `b`. Each looks inside the tree and leaves it.
+    let ways_out = [
+        "cd missing; rm -rf ../b",
+        "xargs rm -rf < list",
+        "rm -rf link/",
+    ];
     for (i, command) in ways_out.iter().enumerate() {
         s.model
             .push(terminal_call(&format!("call_out{i}"), command, &a));
