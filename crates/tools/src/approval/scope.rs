@@ -404,7 +404,8 @@ fn own_directories(words: &[Word]) -> Vec<&str> {
 /// value that does) resolves inside; a word whose value is unknown here is not.
 fn word_inside(word: &Word, root: &Path, place: &mut Place, depth: usize) -> bool {
     let text = word.text.as_str();
-    if text.contains(['$', '`', '~', '{']) || !word.subs.is_empty() {
+    // A backslash left in the text is a character given by its code (`$'\x2fws'`).
+    if text.contains(['$', '`', '~', '{', '\\']) || !word.subs.is_empty() {
         return false;
     }
     // Names git reads from the top of the repository (`:/`, `:(top)`), which may lie above
@@ -688,6 +689,10 @@ mod tests {
             "sudo --login rm -rf x",
             "su - root -c 'rm -rf x'",
             "runuser -l me -c 'rm -rf x'",
+            // Characters given by their codes.
+            "rm -rf $'\\x2fws/b'",
+            "rm -rf $'\\057ws/b'",
+            "rm -rf $'\\u002fws/b'",
         ];
         let approved: Vec<&str> = outside.into_iter().filter(|c| in_a(c)).collect();
         assert!(

@@ -460,6 +460,12 @@ impl Lexer {
                         return;
                     };
                     self.pos += 1;
+                    // A character given by its code (`\x2f`, `\057`, `\u002f`, `\cA`) is not
+                    // decoded: the backslash stays, so the text is not taken for the letters
+                    // that follow it (`$'\x2fetc'` is `/etc`, not `x2fetc`).
+                    if matches!(e, 'x' | 'u' | 'U' | 'c' | '0'..='7') {
+                        word.text.push('\\');
+                    }
                     word.text.push(match e {
                         'n' => '\n',
                         't' => '\t',
