@@ -298,11 +298,13 @@ fn command_inside(command: &Command, root: &Path, place: &mut Place, depth: usiz
         return false;
     }
     // Names read from standard input or a list (`cat list | xargs rm -rf`) are not known
-    // here.
-    if words
-        .iter()
-        .any(|w| matches!(argv::command_name(&w.text), "xargs" | "parallel"))
-    {
+    // here; `find -execdir` runs its command in each found file's directory.
+    if words.iter().any(|w| {
+        matches!(
+            argv::command_name(&w.text),
+            "xargs" | "parallel" | "-execdir" | "-okdir"
+        )
+    }) {
         return false;
     }
     // `cd DIR` (also behind `builtin`, `command` and the other wrappers) moves where later
@@ -693,6 +695,20 @@ mod tests {
             "rm -rf $'\\x2fws/b'",
             "rm -rf $'\\057ws/b'",
             "rm -rf $'\\u002fws/b'",
+            "rm -rf x#y /ws/b",
+            "rm -rf x # y\nrm -rf /ws/b",
+            "find . -name y -execdir rm -rf ../../ws/a/y \\;",
+            "rm -rf x\\ /ws/b",
+            "if true; then rm -rf /ws/b; fi",
+            "for d in /ws/b; do rm -rf y; done",
+            "case x in x) rm -rf /ws/b;; esac",
+            "while rm -rf /ws/b; do :; done",
+            "rm -rf x <<< /ws/b",
+            "time { rm -rf /ws/b; }",
+            "! rm -rf /ws/b",
+            "coproc rm -rf /ws/b",
+            "trap 'rm -rf /ws/b' EXIT",
+            "nohup rm -rf ../b &",
         ];
         let approved: Vec<&str> = outside.into_iter().filter(|c| in_a(c)).collect();
         assert!(
@@ -715,6 +731,8 @@ mod tests {
             "git -C sub clean -fdx",
             "sudo rm -rf x",
             "su -c 'rm -rf x'",
+            // A line continued with a backslash is one word, `x/ws/b`.
+            "rm -rf x\\\n/ws/b",
         ] {
             assert!(in_a(inside), "{inside}");
         }
