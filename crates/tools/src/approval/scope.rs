@@ -92,12 +92,12 @@ pub enum Subject<'a> {
 
 impl Subject<'_> {
     /// The directory a `directory` rule is made for: the command's working directory, or the
-    /// file's parent directory.
+    /// file's parent directory, as it really is ([`real`]).
     fn directory(&self) -> PathBuf {
         match self {
-            Subject::Command { workdir, .. } => normalize(workdir),
+            Subject::Command { workdir, .. } => real(workdir),
             Subject::File(target) => {
-                let target = normalize(target);
+                let target = real(target);
                 target.parent().map(Path::to_path_buf).unwrap_or(target)
             }
         }
@@ -115,7 +115,7 @@ pub fn offers(
 ) -> Vec<ApprovalScopeOffer> {
     let mut offers = Vec::new();
     if let Some(subject) = subject {
-        let workspace = normalize(workspace);
+        let workspace = real(workspace);
         let directory = subject.directory();
         let trees = [
             (ApprovalScope::Directory, directory.clone()),
@@ -146,9 +146,12 @@ pub fn offers(
 /// Whether a rule bound to the tree of `root` covers `subject`: the working directory (a
 /// file's directory) is inside the tree, and every path the command names resolves inside it.
 pub fn covers(root: &Path, subject: Subject<'_>) -> bool {
-    let Some(root) = physical(root).filter(|root| root.is_absolute()) else {
+    // The tree as stored, not followed: its path was resolved when the rule was made, and a
+    // symlink put in its place later (`ln -s / tree`) must not widen it.
+    let root = normalize(root);
+    if !root.is_absolute() {
         return false;
-    };
+    }
     match subject {
         Subject::File(target) => physical(target).is_some_and(|t| t.starts_with(&root)),
         Subject::Command { command, workdir } => {
@@ -478,6 +481,12 @@ fn path_inside(value: &str, root: &Path, place: &Place) -> bool {
 /// `path` against `cwd`, as the kernel would find it today ([`physical`]).
 fn resolve(cwd: &Path, path: &str) -> Option<PathBuf> {
     physical(&cwd.join(path))
+}
+
+/// `path` through its symlinks ([`physical`]), for a rule's tree: it is stored so, and later
+/// paths are compared with it after the same resolution.
+fn real(path: &Path) -> PathBuf {
+    physical(path).unwrap_or_else(|| normalize(path))
 }
 
 /// How many symlinks one path may pass through (the kernel's limit) before it is not placed.
@@ -830,6 +839,30 @@ mod tests {
         }
         assert!(in_a("rm -rf deeper", &a.join("inner")));
         assert!(covers(&a, Subject::File(&a.join("inner/f"))));
+
+        // A tree is offered as it really is, so the rule is not tied to a link's target.
+        let offered: Vec<Option<String>> = offers(
+            "c",
+            &ws,
+            Some(Subject::Command {
+                command: "rm -rf deeper",
+                workdir: &a.join("inner"),
+            }),
+        )
+        .into_iter()
+        .map(|o| o.path)
+        .collect();
+        let sub = a.join("sub").display().to_string();
+        assert_eq!(offered, [Some(sub), Some(ws.display().to_string()), None]);
+        // A rule's tree that is replaced by a symlink later does not follow it out.
+        let tree = ws.join("tree");
+        std::os::unix::fs::symlink("b", &tree).unwrap();
+        let command = Subject::Command {
+            command: "rm -rf y",
+            workdir: &tree,
+        };
+        assert!(!covers(&tree, command));
+        assert!(!covers(&tree, Subject::File(&tree.join("y/f"))));
     }
 
     #[test]
