@@ -30,8 +30,9 @@ pub async fn authorize_in(
     shown: &str,
     subject: Subject<'_>,
 ) -> Result<(), Refusal> {
-    let granted = ctx.grants.covers(danger.key, Some(subject));
-    let decision = decide_dangerous(ctx.approvals.get(), granted);
+    let ungranted = first_ungranted(ctx, danger, subject);
+    let decision = decide_dangerous(ctx.approvals.get(), ungranted.is_none());
+    let danger = ungranted.as_ref().unwrap_or(danger);
     authorize_as(
         ctx,
         decision,
@@ -41,6 +42,25 @@ pub async fn authorize_in(
         Some(subject),
     )
     .await
+}
+
+/// The first danger of the action that no grant covers, starting with `danger`; `None` when
+/// grants cover them all. A grant covers its class only: a rule for recursive deletes does not
+/// let `rm -rf x; kill -9 -1` through, and the prompt then names the class still unapproved.
+fn first_ungranted(ctx: &ToolContext, danger: &Danger, subject: Subject<'_>) -> Option<Danger> {
+    let mut next = Some(danger.clone());
+    let mut passed = Vec::new();
+    while let Some(found) = next {
+        if !ctx.grants.covers(found.key, Some(subject)) || passed.contains(&found.key) {
+            return Some(found);
+        }
+        let Subject::Command { command, .. } = subject else {
+            return None;
+        };
+        passed.push(found.key);
+        next = crate::approval::classify_except(command, &passed);
+    }
+    None
 }
 
 /// [`authorize`] for an action whose grant key is not one of [`PATTERNS`](crate::approval::PATTERNS) (a `terminal`

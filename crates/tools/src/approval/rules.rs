@@ -179,6 +179,27 @@ pub(super) fn classify(command: &str) -> Option<Danger> {
     check_source(command, 0)
 }
 
+thread_local! {
+    /// The keys [`classify_except`] passes over. Thread-local so the walk's many functions
+    /// need no extra argument; the walk never awaits, and the set is cleared when it ends.
+    static PASSED: std::cell::RefCell<Vec<&'static str>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The first danger of `command` whose key is not in `passed`: a command may hold dangers of
+/// several classes (`rm -rf x; kill -9 -1`), and a grant of one covers only its own.
+pub(super) fn classify_except(command: &str, passed: &[&'static str]) -> Option<Danger> {
+    PASSED.with(|p| *p.borrow_mut() = passed.to_vec());
+    let found = kept(check_source(command, 0));
+    PASSED.with(|p| p.borrow_mut().clear());
+    found
+}
+
+/// `found` unless [`classify_except`] passes over its key; each step of the walk that would
+/// stop at a danger asks this first, so a passed one lets the walk go on.
+fn kept(found: Option<Danger>) -> Option<Danger> {
+    found.filter(|d| !PASSED.with(|p| p.borrow().contains(&d.key)))
+}
+
 fn danger(key: &'static str, detail: &str) -> Danger {
     let sentence = PATTERNS
         .iter()
@@ -201,12 +222,12 @@ fn check_script(script: &Script, depth: usize) -> Option<Danger> {
     script
         .pipelines
         .iter()
-        .find_map(|pipeline| check_pipeline(pipeline, depth))
+        .find_map(|pipeline| kept(check_pipeline(pipeline, depth)))
 }
 
 fn check_pipeline(pipeline: &Pipeline, depth: usize) -> Option<Danger> {
     for (i, command) in pipeline.commands.iter().enumerate() {
-        if let Some(found) = check_command(command, depth) {
+        if let Some(found) = kept(check_command(command, depth)) {
             return Some(found);
         }
         let upstream = &pipeline.commands[..i];
@@ -226,10 +247,13 @@ fn check_pipeline(pipeline: &Pipeline, depth: usize) -> Option<Danger> {
         };
         if reads_stdin {
             if upstream.iter().any(|c| command_downloads(c, depth)) {
-                return Some(danger(
+                let found = kept(Some(danger(
                     "pipe_to_shell",
                     &render_pipeline(&pipeline.commands[..=i]),
-                ));
+                )));
+                if found.is_some() {
+                    return found;
+                }
             }
             // `echo 'rm -rf x' | sh`: what the previous stages print is the script (a
             // program, for an interpreter).
@@ -239,12 +263,12 @@ fn check_pipeline(pipeline: &Pipeline, depth: usize) -> Option<Danger> {
             }
             let program = matches!(invocation, Invocation::Argv(_))
                 && is_interpreter(command_name(&argv[0].text));
-            let found = if program {
+            let found = kept(if program {
                 let shown = render_pipeline(&pipeline.commands[..=i]);
                 check_program(&fed, INTERPRETER_RUNS, &shown, depth)
             } else {
                 check_source(&fed, depth + 1)
-            };
+            });
             if found.is_some() {
                 return found;
             }
@@ -263,7 +287,9 @@ fn check_pipeline(pipeline: &Pipeline, depth: usize) -> Option<Danger> {
                     render_pipeline(upstream),
                     render(&argv[client..])
                 );
-                return Some(danger(key, &shown));
+                if let Some(found) = kept(Some(danger(key, &shown))) {
+                    return Some(found);
+                }
             }
         }
     }
@@ -274,7 +300,7 @@ fn check_command(command: &Command, depth: usize) -> Option<Danger> {
     match command {
         Command::Simple(simple) => check_simple(simple, depth),
         Command::Group { body, redirects } => {
-            check_redirects(redirects, &[]).or_else(|| check_script(body, depth))
+            kept(check_redirects(redirects, &[])).or_else(|| kept(check_script(body, depth)))
         }
     }
 }
@@ -287,13 +313,13 @@ fn check_simple(command: &SimpleCommand, depth: usize) -> Option<Danger> {
         .flat_map(|r| std::iter::once(&r.target).chain(r.body.as_ref()));
     for word in command.words.iter().chain(redirect_words) {
         for sub in &word.subs {
-            if let Some(found) = check_source(&sub.script, depth + 1) {
+            if let Some(found) = kept(check_source(&sub.script, depth + 1)) {
                 return Some(found);
             }
         }
     }
-    check_redirects(&command.redirects, &command.words)
-        .or_else(|| check_words(&command.words, command, depth))
+    kept(check_redirects(&command.redirects, &command.words))
+        .or_else(|| kept(check_words(&command.words, command, depth)))
 }
 
 fn check_redirects(redirects: &[Redirect], words: &[Word]) -> Option<Danger> {
@@ -314,10 +340,14 @@ fn check_redirects(redirects: &[Redirect], words: &[Word]) -> Option<Danger> {
                 .to_string()
         };
         if writes && is_raw_device(target) {
-            return Some(danger("device_write", &shown()));
+            if let Some(found) = kept(Some(danger("device_write", &shown()))) {
+                return Some(found);
+            }
         }
         if redirect.op == RedirectOp::Write && is_startup_file(target) {
-            return Some(danger("startup_file_overwrite", &shown()));
+            if let Some(found) = kept(Some(danger("startup_file_overwrite", &shown()))) {
+                return Some(found);
+            }
         }
     }
     None
@@ -328,7 +358,7 @@ fn check_words(words: &[Word], command: &SimpleCommand, depth: usize) -> Option<
         Invocation::Nothing => None,
         Invocation::StdinShell => stdin_script(words, command, depth),
         Invocation::Split(source) => {
-            check_source(&source, depth + 1).or_else(|| {
+            kept(check_source(&source, depth + 1)).or_else(|| {
                 // `ssh host 'bash -s' <<EOF`: the split command line reads this one's stdin.
                 split_reads_stdin(&source)
                     .then(|| stdin_script(words, command, depth))

@@ -386,6 +386,30 @@ async fn an_always_answer_for_a_tree_covers_the_rest_of_the_turn_inside_it_only(
 }
 
 #[tokio::test]
+async fn a_rule_for_one_class_does_not_approve_another_in_the_same_command() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tree = dir.path().join("a");
+    for sub in ["a/one", "a/two"] {
+        std::fs::create_dir_all(dir.path().join(sub)).expect("mkdir");
+    }
+    let human = ScriptedPrompts::in_order(vec![
+        PromptAnswer::Answered(json!({"choice": "always", "scope": "directory", "path": tree})),
+        PromptAnswer::Answered(json!("deny")),
+    ]);
+    let ctx = context(dir.path(), "manual", human.clone());
+    let run = |command: &str| json!({"command": command, "workdir": "a"});
+    let out = call(run("rm -rf one"), &ctx).await;
+    assert_eq!(result(&out)["exit_code"], 0, "{}", out.content);
+    // The delete is covered; the force-push after it is not, and the prompt names it.
+    let out = call(run("rm -rf two && git push --force origin main"), &ctx).await;
+    assert_eq!(error_text(&out), "the user denied this command");
+    let seen = human.seen();
+    assert_eq!(seen.len(), 2, "the second class asks");
+    assert_eq!(seen[1].1["pattern_key"], "git_force_push", "{:?}", seen[1]);
+    assert!(tree.join("two").exists());
+}
+
+#[tokio::test]
 async fn manual_mode_runs_the_command_once_approved() {
     for choice in ["once", "session", "always"] {
         let dir = tempfile::tempdir().expect("tempdir");
