@@ -1,7 +1,8 @@
 //! A `directory` rule against commands that look as if they stay in its tree but may not
 //! (docs/approvals.md, "How a tree rule is checked"): a `cd` that fails leaves `..` one level
 //! higher, `xargs` deletes names it reads from a file, and `rm -rf link/` empties what a
-//! symlink in the tree points to. Each still asks, and nothing outside the tree is deleted. Against the real daemon, real workers and real `sh`.
+//! symlink in the tree points to. Each still asks, and nothing outside the tree is deleted. A
+//! command that also holds a danger of another class asks for that class. Against the real daemon, real workers and real `sh`.
 
 // Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -62,7 +63,7 @@ async fn answer(
 }
 
 #[tokio::test]
-async fn a_directory_rule_asks_for_a_failed_cd_xargs_and_a_symlink_out() {
+async fn a_directory_rule_asks_for_a_failed_cd_xargs_a_symlink_out_and_another_class() {
     let scratch = tempfile::Builder::new()
         .prefix("drover-escapes-")
         .tempdir()
@@ -110,6 +111,8 @@ async fn a_directory_rule_asks_for_a_failed_cd_xargs_and_a_symlink_out() {
         "cd missing; rm -rf ../b",
         "xargs rm -rf < list",
         "rm -rf link/",
+        // Deletes inside the tree, then force-pushes: a class the rule does not cover.
+        "rm -rf list && git push --force origin main",
     ];
     for (i, command) in ways_out.iter().enumerate() {
         s.model
@@ -125,4 +128,5 @@ async fn a_directory_rule_asks_for_a_failed_cd_xargs_and_a_symlink_out() {
     }
     assert_eq!(s.wait_settled(&admission).await.unwrap(), "completed");
     assert!(b.join("y").join("keep.txt").exists(), "b was deleted");
+    assert!(a.join("list").exists());
 }
