@@ -83,7 +83,7 @@ pub fn classify(command: &str) -> Option<Danger> {
 
 /// [`classify`], passing over dangers whose key is in `passed`: the next class of danger in
 /// `command` (`rm -rf x; kill -9 -1` holds two), so a grant of one class is not taken for the
-/// others. A few rules stop at their command's first danger (`find -delete -exec ...`).
+/// others.
 pub fn classify_except(command: &str, passed: &[&'static str]) -> Option<Danger> {
     rules::classify_except(command, passed)
 }
@@ -294,6 +294,17 @@ mod tests {
         assert_eq!(
             next("rm -rf x; kill -9 -1", &["recursive_delete", "kill_all"]),
             None
+        );
+        assert_eq!(
+            next("find . -delete -exec kill -9 -1 \\;", &["find_delete"]),
+            Some("kill_all")
+        );
+        assert_eq!(
+            next(
+                "python3 -c 'import os, shutil; shutil.rmtree(\"x\"); os.system(\"kill -9 -1\")'",
+                deletes
+            ),
+            Some("kill_all")
         );
         // The walk's state does not outlive the call.
         assert_eq!(classify("kill -9 -1").map(|d| d.key), Some("kill_all"));

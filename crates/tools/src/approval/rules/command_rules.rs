@@ -42,7 +42,14 @@ pub(super) fn find(argv: &[Word], command: &SimpleCommand, depth: usize) -> Opti
     let mut i = 0;
     while let Some(word) = args.get(i) {
         match word.text.as_str() {
-            "-delete" => return Some(danger("find_delete", &render(argv))),
+            // A danger passed over (`classify_except`) lets the rest of the line be read:
+            // `find . -delete -exec kill -9 -1 \;` holds two classes.
+            "-delete" => {
+                if let Some(found) = super::kept(Some(danger("find_delete", &render(argv)))) {
+                    return Some(found);
+                }
+                i += 1;
+            }
             "-exec" | "-execdir" | "-ok" | "-okdir" => {
                 let start = i + 1;
                 let end = args[start.min(args.len())..]
@@ -52,10 +59,13 @@ pub(super) fn find(argv: &[Word], command: &SimpleCommand, depth: usize) -> Opti
                 let run = &args[start.min(end)..end];
                 if let Invocation::Argv(inner) = unwrap(run) {
                     if matches!(command_name(&inner[0].text), "rm" | "shred" | "unlink") {
-                        return Some(danger("find_delete", &render(argv)));
+                        let found = super::kept(Some(danger("find_delete", &render(argv))));
+                        if found.is_some() {
+                            return found;
+                        }
                     }
                 }
-                if let Some(found) = check_words(run, command, depth) {
+                if let Some(found) = super::kept(check_words(run, command, depth)) {
                     return Some(found);
                 }
                 i = end + 1;

@@ -48,8 +48,12 @@ pub(super) fn check_program(
     shown: &str,
     depth: usize,
 ) -> Option<Danger> {
+    // A danger passed over (`classify_except`) lets the program's command strings be read.
     if TREE_DELETES.iter().any(|call| code.contains(call)) || node_tree_delete(code) {
-        return Some(danger("recursive_delete", shown));
+        let found = super::kept(Some(danger("recursive_delete", shown)));
+        if found.is_some() {
+            return found;
+        }
     }
     if !runs.iter().any(|call| code.contains(call)) {
         return None;
