@@ -291,6 +291,14 @@ fn command_inside(command: &Command, root: &Path, place: &mut Place, depth: usiz
                 .iter()
                 .chain(std::iter::once(&redirect.target))
                 .all(|w| word_inside(w, root, place, depth)),
+            // Output thrown away or sent to the terminal names no file (`2>/dev/null`).
+            _ if matches!(
+                redirect.target.text.as_str(),
+                "/dev/null" | "/dev/stdout" | "/dev/stderr" | "/dev/tty"
+            ) =>
+            {
+                true
+            }
             _ => word_inside(&redirect.target, root, place, depth),
         };
         if !fine {
@@ -718,6 +726,8 @@ mod tests {
             "coproc rm -rf /ws/b",
             "trap 'rm -rf /ws/b' EXIT",
             "nohup rm -rf ../b &",
+            "rm -rf /dev/null",
+            "rm -rf x > /dev/sda",
         ];
         let approved: Vec<&str> = outside.into_iter().filter(|c| in_a(c)).collect();
         assert!(
@@ -736,6 +746,8 @@ mod tests {
             "chown -R :staff x",
             "git clean -fdx -- ':!keep'",
             "rm -rf x 2>&1",
+            "rm -rf x 2>/dev/null || true",
+            "rm -rf x &> /dev/null",
             "env -C sub rm -rf x",
             "git -C sub clean -fdx",
             "sudo rm -rf x",
