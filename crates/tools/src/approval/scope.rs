@@ -308,6 +308,15 @@ fn command_inside(command: &Command, root: &Path, place: &mut Place, depth: usiz
     if !words.iter().all(|w| word_inside(w, root, place, depth)) {
         return false;
     }
+    // A walk that follows symlinks (`find -L . -delete`, `chmod -RL`) leaves the tree through
+    // any link in it that leads out.
+    if words.iter().any(|w| {
+        matches!(w.text.as_str(), "-follow" | "--dereference")
+            || argv::is_long_option(&w.text, "--dereference")
+            || (argv::is_short_cluster(&w.text) && w.text.contains('L'))
+    }) {
+        return false;
+    }
     // Names read from standard input or a list (`cat list | xargs rm -rf`) are not known
     // here; `find -execdir` runs its command in each found file's directory.
     if words.iter().any(|w| {
@@ -727,6 +736,11 @@ mod tests {
             "trap 'rm -rf /ws/b' EXIT",
             "nohup rm -rf ../b &",
             "rm -rf /dev/null",
+            "find -L . -delete",
+            "find . -follow -delete",
+            "chmod -RL 777 x",
+            "chown -R -L me x",
+            "chown -R --dereference me x",
             "rm -rf x > /dev/sda",
         ];
         let approved: Vec<&str> = outside.into_iter().filter(|c| in_a(c)).collect();
