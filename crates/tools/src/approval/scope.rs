@@ -213,15 +213,21 @@ impl Place {
         })
     }
 
-    /// Whether the git working tree around every place the shell may be lies inside `root`:
-    /// its top (the nearest directory above holding `.git`) is in the tree. Without one, git
-    /// would look further (`GIT_DIR`, ...), so it is not placed.
-    fn repository_inside(&self, root: &Path) -> bool {
+    /// Whether the git working tree around every place the shell may be stays where this
+    /// check sees it: with `whole`, a repository is found (without one, git would look
+    /// further: `GIT_DIR`, ...); its config does not move the working tree (`core.worktree`,
+    /// which a command allowed without asking may have set); and with `whole`, its top (the
+    /// nearest directory above holding `.git`) is in the tree.
+    fn repository_inside(&self, root: &Path, whole: bool) -> bool {
         !self.unknown
             && self.dirs.iter().all(|dir| {
-                dir.ancestors()
-                    .find(|a| a.join(".git").exists())
-                    .is_some_and(|top| top.starts_with(root))
+                let Some(top) = dir.ancestors().find(|a| a.join(".git").exists()) else {
+                    // A `git clean` outside a repository fails.
+                    return !whole;
+                };
+                let config = std::fs::read_to_string(top.join(".git/config")).unwrap_or_default();
+                !config.to_ascii_lowercase().contains("worktree")
+                    && (!whole || top.starts_with(root))
             })
     }
 
@@ -348,8 +354,14 @@ fn command_inside(command: &Command, root: &Path, place: &mut Place, depth: usiz
         }
         "popd" => return false,
         "source" | "." => place.unknown = true,
-        // `git reset --hard` rewrites the whole working tree, not the directory it runs in.
-        "git" if argv[1..].iter().any(|w| w.text == "reset") && !place.repository_inside(root) => {
+        // `git reset --hard` rewrites the whole working tree, not the directory it runs in; a
+        // `git clean` stays below it, unless the repository moved its working tree.
+        "git"
+            if ["reset", "clean"]
+                .iter()
+                .any(|sub| argv[1..].iter().any(|w| w.text == *sub))
+                && !place.repository_inside(root, argv[1..].iter().any(|w| w.text == "reset")) =>
+        {
             return false
         }
         _ => {}
@@ -816,6 +828,16 @@ mod tests {
         assert!(reset(&a, &a, "git clean -fdx"));
         assert!(reset(&repo, &a, "git reset --hard"));
         assert!(reset(&repo, &repo, "cd a/sub && git reset --hard"));
+        // A repository whose config moves its working tree elsewhere.
+        let moved = tmp.path().join("moved");
+        std::fs::create_dir_all(moved.join(".git")).unwrap();
+        std::fs::write(
+            moved.join(".git/config"),
+            "[core]\n\tworkTree = /elsewhere\n",
+        )
+        .unwrap();
+        assert!(!reset(&moved, &moved, "git reset --hard"));
+        assert!(!reset(&moved, &moved, "git clean -fdx"));
         // No repository around: git would look elsewhere.
         let bare = tmp.path().join("bare");
         std::fs::create_dir_all(&bare).unwrap();
