@@ -380,6 +380,8 @@ const ELSEWHERE: &[&str] = &[
     "kubectl",
     "oc",
     "nsenter",
+    // Runs its command in the target user's home.
+    "pkexec",
 ];
 
 /// Options that run a command in another directory (`env -C`, `sudo -D`, `git -C`,
@@ -729,6 +731,7 @@ mod tests {
             "sudo --login rm -rf x",
             "su - root -c 'rm -rf x'",
             "runuser -l me -c 'rm -rf x'",
+            "pkexec rm -rf x",
             // Characters given by their codes.
             "rm -rf $'\\x2fws/b'",
             "rm -rf $'\\057ws/b'",
