@@ -454,6 +454,11 @@ fn word_inside(word: &Word, root: &Path, place: &mut Place, depth: usize) -> boo
         return false;
     }
     if text.contains(|c: char| c.is_whitespace() || ";&|<>()".contains(c)) {
+        // The word may be one name too (`rm -rf 's/t u/../../..'`), whose `..`s climb from
+        // deeper than its parts' do.
+        if !text.starts_with('-') && !path_inside(text, root, place) {
+            return false;
+        }
         // A script in a word (`eval '...'`, `sh -c '...'`) shares the places: an `eval`'s
         // `cd` moves this shell, a child shell's adds a place this shell does not reach.
         return script_inside(&shell::parse(text), root, place, depth + 1);
@@ -732,6 +737,8 @@ mod tests {
             "su - root -c 'rm -rf x'",
             "runuser -l me -c 'rm -rf x'",
             "pkexec rm -rf x",
+            // Read as a script, its parts resolve inside; as one name it climbs out.
+            "rm -rf 's/t u/../../../ws/a/x'",
             // Characters given by their codes.
             "rm -rf $'\\x2fws/b'",
             "rm -rf $'\\057ws/b'",
