@@ -5,7 +5,8 @@
 //! - [`classify`] says whether a command is dangerous, and which pattern it matches. It
 //!   *parses* the command (quotes, `&&`/`||`/`;`/pipes, subshells, substitutions, here-documents,
 //!   `sudo`/`env`/`nohup`-style wrappers, `sh -c '...'`) and looks at what would actually run,
-//!   so `echo "rm -rf /"` is safe and `ls && sudo rm -r x` is not.
+//!   so `echo "rm -rf /"` is safe and `ls && sudo rm -r x` is not. [`classify_except`] finds
+//!   the next class of danger past some (one command may hold several).
 //! - [`decide`] turns the configured [`ApprovalMode`], the classification and any existing grant
 //!   into a [`Decision`]: run, ask the user, or refuse.
 //!

@@ -186,7 +186,7 @@ impl Place {
     fn resolves_inside(&self, value: &str, root: &Path) -> bool {
         let inside = |dir: &Path| resolve(dir, value).is_some_and(|p| p.starts_with(root));
         if Path::new(value).is_absolute() {
-            return inside(root);
+            return physical(Path::new(value)).is_some_and(|p| p.starts_with(root));
         }
         !self.unknown && self.dirs.iter().all(|dir| inside(dir))
     }
