@@ -262,7 +262,9 @@ impl App {
         }
         match (settled.status, settled.choice) {
             (PromptSettlement::Resolved, Some(BudgetChoice::Raise)) => {
-                self.say("the spend limit was raised: the paused turn goes on once under it")
+                self.say(
+                    "the spend limit was raised: the paused turn goes on if its next step fits under it, else it pauses again",
+                )
             }
             (PromptSettlement::Resolved, Some(BudgetChoice::Stop)) => {
                 self.say("the turn paused by the spend limit was stopped")

@@ -4,7 +4,9 @@
 
 use std::time::{Duration, Instant};
 
-use drover_protocol::client::{ApprovalChoice, BudgetScope, BudgetStatus, OpenPrompt};
+use drover_protocol::client::{
+    ApprovalChoice, BudgetPrompt, BudgetScope, BudgetStatus, OpenPrompt,
+};
 use drover_protocol::event::TurnPhase;
 use ratatui::layout::{Position, Rect};
 use ratatui::style::Style;
@@ -276,28 +278,41 @@ fn turn_lines(app: &App, theme: Theme, now: Instant) -> Vec<Line<'static>> {
     lines
 }
 
+/// Whether the next step of a paused turn passes its USD limit, compared as the daemon does
+/// (within a billionth of a dollar).
+fn budget_usd_reached(b: &BudgetPrompt) -> bool {
+    b.limit_usd
+        .is_some_and(|l| b.spent_usd + b.next_usd > l + 1e-9)
+}
+
 fn prompt_lines(view: &PromptView, theme: Theme) -> Vec<Line<'static>> {
     let mut lines = Vec::new();
     match &view.prompt {
         OpenPrompt::Budget(b) => {
-            let whose = match b.scope {
-                BudgetScope::Session => "the session's limit",
-                BudgetScope::Home => "the home's daily limit",
-            };
             let spent = SessionSpend {
                 tokens: b.spent_tokens,
                 cost_usd: Some(b.spent_usd),
                 limit_usd: b.limit_usd,
                 limit_tokens: b.limit_tokens,
             };
+            // A session may carry both limits: the words name the one the next step passes,
+            // so the person raises that one (a USD raise leaves a token limit reached).
+            let tokens_reached = !budget_usd_reached(b)
+                && b.limit_tokens
+                    .is_some_and(|l| b.spent_tokens.saturating_add(b.next_tokens) > l);
+            let whose = match (b.scope, tokens_reached) {
+                (BudgetScope::Session, false) => "the session's limit",
+                (BudgetScope::Session, true) => "the session's token limit",
+                (BudgetScope::Home, _) => "the home's daily limit",
+            };
             lines.push(Line::styled(
                 format!(
                     "⏸ paused (budget): {} ({whose}); the next step needs about {}",
                     spend_words(&spent),
-                    if b.limit_usd.is_some() {
-                        dollars(b.next_usd)
-                    } else {
+                    if tokens_reached || b.limit_usd.is_none() {
                         format!("{} tokens", b.next_tokens)
+                    } else {
+                        dollars(b.next_usd)
                     }
                 ),
                 theme.attention(),
@@ -306,10 +321,10 @@ fn prompt_lines(view: &PromptView, theme: Theme) -> Vec<Line<'static>> {
                 lines.push(Line::styled("  answer sent…", theme.dim()));
                 return lines;
             }
-            let unit = if b.limit_usd.is_some() {
-                "/budget +USD"
-            } else {
+            let unit = if tokens_reached || b.limit_usd.is_none() {
                 "/budget +N tokens"
+            } else {
+                "/budget +USD"
             };
             lines.push(Line::styled(
                 format!("  {unit} raises it and the turn goes on · /budget stop ends the turn"),
@@ -998,6 +1013,55 @@ mod tests {
         app.on_event(&delta("A **Rust** crate:\n\n```\ncargo build\n```", 0), t0);
         app.on_event(&settled("a1", TurnEnd::Completed), t0);
         insta::assert_snapshot!(scrollback(&mut app, t0));
+    }
+
+    /// A session with both limits paused by its token limit: the prompt names tokens, since
+    /// a USD raise would leave the turn paused.
+    #[test]
+    fn a_pause_at_the_token_limit_asks_for_tokens_though_a_usd_limit_is_set() {
+        use drover_protocol::client::{BudgetPrompt, BudgetScope};
+        let mut app = app();
+        let now = Instant::now();
+        app.on_event(&started("a1"), now);
+        let prompt = |limit_usd: f64| BudgetPrompt {
+            prompt_id: "b1".into(),
+            execution_generation: 1,
+            scope: BudgetScope::Session,
+            spent_usd: 0.12,
+            spent_tokens: 90,
+            limit_usd: Some(limit_usd),
+            limit_tokens: Some(100),
+            next_usd: 0.02,
+            next_tokens: 15,
+        };
+        app.on_event(
+            &ev(EventPayload::BudgetRequest(OpenPrompt::Budget(prompt(
+                1.08,
+            )))),
+            now,
+        );
+        let shown = screen(&app, now)
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        assert!(shown.contains("(the session's token limit)"), "{shown}");
+        assert!(
+            shown.contains("the next step needs about 15 tokens"),
+            "{shown}"
+        );
+        assert!(shown.contains("/budget +N tokens raises it"), "{shown}");
+        // Both passed: the USD limit is named first, as before.
+        app.on_event(
+            &ev(EventPayload::BudgetRequest(OpenPrompt::Budget(prompt(
+                0.13,
+            )))),
+            now,
+        );
+        let shown = screen(&app, now)
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        assert!(shown.contains("/budget +USD raises it"), "{shown}");
     }
 
     #[test]
