@@ -165,14 +165,26 @@ fn spinner(elapsed: Duration) -> char {
 }
 
 /// Wraps lines to `width` columns, keeping styles: at a space when it can, inside a word
-/// longer than the width when it must.
+/// longer than the width when it must. A continued row starts under the line's text, past its
+/// indent and its mark (`· `, `⚠ `, `$ `, `- `), so a wrapped notice or offer reads as one.
 pub fn wrap(lines: Vec<Line<'static>>, width: u16) -> Vec<Line<'static>> {
     let width = usize::from(width.max(1));
     let mut out = Vec::new();
     for line in lines {
         let style = line.style;
+        let hang = hanging_indent(&line, width);
         let mut row: Vec<Span<'static>> = Vec::new();
         let mut used = 0;
+        // Where the current row's text starts: 0 on the line's first row, `hang` after.
+        let mut start = 0;
+        let mut next_row = |row: &mut Vec<Span<'static>>, used: &mut usize, start: &mut usize| {
+            out.push(Line::from(std::mem::take(row)).style(style));
+            if hang > 0 {
+                row.push(Span::raw(" ".repeat(hang)));
+            }
+            *used = hang;
+            *start = hang;
+        };
         for span in line.spans {
             for word in span.content.split_inclusive(' ') {
                 let w: usize = word.chars().map(|c| c.width().unwrap_or(0)).sum();
@@ -181,11 +193,10 @@ pub fn wrap(lines: Vec<Line<'static>>, width: u16) -> Vec<Line<'static>> {
                     .chars()
                     .map(|c| c.width().unwrap_or(0))
                     .sum();
-                if used > 0 && used + visible > width {
-                    out.push(Line::from(std::mem::take(&mut row)).style(style));
-                    used = 0;
+                if used > start && used + visible > width {
+                    next_row(&mut row, &mut used, &mut start);
                 }
-                if used + w <= width || w <= width {
+                if used + w <= width || w <= width - start {
                     row.push(Span::styled(word.to_string(), span.style));
                     used += w;
                     continue;
@@ -195,8 +206,7 @@ pub fn wrap(lines: Vec<Line<'static>>, width: u16) -> Vec<Line<'static>> {
                     let cw = c.width().unwrap_or(0);
                     if used + cw > width {
                         row.push(Span::styled(std::mem::take(&mut piece), span.style));
-                        out.push(Line::from(std::mem::take(&mut row)).style(style));
-                        used = 0;
+                        next_row(&mut row, &mut used, &mut start);
                     }
                     piece.push(c);
                     used += cw;
@@ -209,6 +219,35 @@ pub fn wrap(lines: Vec<Line<'static>>, width: u16) -> Vec<Line<'static>> {
         out.push(Line::from(row).style(style));
     }
     out
+}
+
+/// How far a continued row of `line` is indented: its leading spaces, its mark (one
+/// character that is not a letter or digit, then a space) and its number (`1. `) when it has
+/// them; none when that would take half the width.
+fn hanging_indent(line: &Line<'_>, width: usize) -> usize {
+    let text: String = line.spans.iter().map(|s| s.content.as_ref()).collect();
+    let spaces = text.chars().take_while(|c| *c == ' ').count();
+    let mut rest = text[spaces..].chars();
+    let mark = match (rest.next(), rest.next()) {
+        (Some(c), Some(' ')) if !c.is_alphanumeric() => c.width().unwrap_or(0) + 1,
+        _ => 0,
+    };
+    // A numbered offer ("1. every command...") continues under its words.
+    let after: String = text[spaces..]
+        .chars()
+        .skip(if mark > 0 { 2 } else { 0 })
+        .collect();
+    let digits = after.chars().take_while(char::is_ascii_digit).count();
+    let number = match digits > 0 && after[digits..].starts_with(". ") {
+        true => digits + 2,
+        false => 0,
+    };
+    let hang = spaces + mark + number;
+    if hang * 2 < width {
+        hang
+    } else {
+        0
+    }
 }
 
 /// The running turn's lines: its text and unfinished tool calls, and what it waits on.
@@ -1073,6 +1112,22 @@ mod tests {
             9,
         );
         assert_eq!(crate::markdown::plain(&lines), ["one two ", "three"]);
+    }
+
+    /// A continued row starts under the text, past the indent, the mark and the number.
+    #[test]
+    fn wrap_continues_a_marked_line_under_its_text() {
+        let rows = |text: &str, width| {
+            crate::markdown::plain(&wrap(vec![Line::raw(text.to_string())], width))
+        };
+        assert_eq!(rows("· stored: one two", 12), ["· stored: ", "  one two"]);
+        assert_eq!(
+            rows("  › 2. every one two three", 16),
+            ["  › 2. every one ", "       two three"]
+        );
+        assert_eq!(rows("plain words here", 12), ["plain words ", "here"]);
+        // An indent of half the width or more is not kept: the row would hold too little.
+        assert_eq!(rows("      a b c", 8), ["      a ", "b c"]);
     }
 
     #[test]
