@@ -187,18 +187,20 @@ pub async fn approvals(home: PathBuf, command: ApprovalsCommand) -> Result<Exit>
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0.0, |d| d.as_secs_f64());
+            // FROM holds a whole command, of any length: it is the last column, so a long one
+            // does not push the others out of line.
             println!(
-                "{:<8}  {:<30}  {:<40}  {:<28}  AGE",
-                "ID", "CLASS", "SCOPE", "FROM"
+                "{:<8}  {:<30}  {:<40}  {:<10}  FROM",
+                "ID", "CLASS", "SCOPE", "AGE"
             );
             for r in &list.rules {
                 println!(
-                    "{:<8}  {:<30}  {:<40}  {:<28}  {}",
+                    "{:<8}  {:<30}  {:<40}  {:<10}  {}",
                     short_id(&r.rule_id),
                     r.class,
                     scope_words(r),
-                    origin_words(&r.origin),
-                    crate::display::ago(r.created_at, now)
+                    crate::display::ago(r.created_at, now),
+                    origin_words(&r.origin)
                 );
             }
             Ok(Exit::Ok)
@@ -222,7 +224,7 @@ pub async fn approvals(home: PathBuf, command: ApprovalsCommand) -> Result<Exit>
                     pattern_key: None,
                 },
                 ([], false) => {
-                    eprintln!("drover: no stored rule with id or pattern key {rule}");
+                    eprintln!("{}", no_rule_words(&rule));
                     return Ok(Exit::Failed);
                 }
                 (_, false) => {
@@ -233,17 +235,37 @@ pub async fn approvals(home: PathBuf, command: ApprovalsCommand) -> Result<Exit>
             let r: ApprovalRuleRemoved = c
                 .request(ClientRequest::ApprovalsRemove(target.clone()))
                 .await?;
-            match (r.removed, target.rule_id) {
-                (true, Some(id)) => eprintln!("drover: removed rule {id}"),
-                (true, None) => eprintln!("drover: removed every rule of {rule}"),
-                (false, _) => {
-                    eprintln!("drover: no stored rule with id or pattern key {rule}");
+            match (r.removed, matching.as_slice(), by_class) {
+                (true, [one], false) => eprintln!(
+                    "drover: removed the rule \"always allow {}\" ({}); those commands ask again",
+                    one.text,
+                    short_id(&one.rule_id)
+                ),
+                (true, _, _) => {
+                    let class = list
+                        .rules
+                        .iter()
+                        .find(|r| r.pattern_key == rule)
+                        .map_or(rule.as_str(), |r| r.class.as_str());
+                    eprintln!(
+                        "drover: removed every `always` rule of the class \"{class}\" (any scope); those commands ask again"
+                    )
+                }
+                (false, _, _) => {
+                    eprintln!("{}", no_rule_words(&rule));
                     return Ok(Exit::Failed);
                 }
             }
             Ok(Exit::Ok)
         }
     }
+}
+
+/// What `drover approvals rm` says when nothing matched `rule`.
+fn no_rule_words(rule: &str) -> String {
+    format!(
+        "drover: no stored `always` rule has an id starting with {rule:?} (nor is it a class's pattern key); `drover approvals list` shows the ids"
+    )
 }
 
 /// The first 8 characters of a rule id: enough to name it in `drover approvals rm`.

@@ -954,7 +954,8 @@ pub async fn answer(home: &Path, args: AnswerArgs) -> Result<Exit> {
         if !args.json {
             println!(
                 "stored: always allow {} (`drover approvals rm {}` removes it)",
-                rule.text, rule.rule_id
+                rule.text,
+                rule.rule_id.get(..8).unwrap_or(&rule.rule_id)
             );
         }
     }

@@ -486,7 +486,8 @@ fn answer_lines(response: &PromptResponse) -> Vec<String> {
     if let Some(rule) = &response.stored_rule {
         lines.push(format!(
             "stored: always allow {} (drover approvals rm {} removes it)",
-            rule.text, rule.rule_id
+            rule.text,
+            short(&rule.rule_id)
         ));
     }
     lines
@@ -514,7 +515,7 @@ fn approval_rule_lines(rules: &[ApprovalRule]) -> Vec<String> {
             (None, Some(command)) => format!("asked for: {command}"),
             (None, None) => "stored before rules had scopes".to_string(),
         };
-        lines.push(format!("    {origin} · id {}", rule.rule_id));
+        lines.push(format!("    {origin} · id {}", short(&rule.rule_id)));
     }
     lines.push("drover approvals rm <id> removes one".into());
     lines

@@ -192,7 +192,8 @@ pub(super) async fn answer_prompt(
             if let Some(rule) = response.as_ref().ok().and_then(|r| r.stored_rule.as_ref()) {
                 out.note(&format!(
                     "drover: stored: always allow {} (`drover approvals rm {}` removes it)",
-                    rule.text, rule.rule_id
+                    rule.text,
+                    rule.rule_id.get(..8).unwrap_or(&rule.rule_id)
                 ));
             }
             respond(out, response)

@@ -840,11 +840,14 @@ async fn always_choice_is_a_stored_rule_listed_and_removable_with_the_cli() {
 
     // `drover approvals rm` removes it; the next session asks again.
     let out = approvals_cli(&s, &["rm", &key]).await;
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    // It says what it removed in the class's words, not its key.
+    assert!(
+        said.contains(
+            "removed every `always` rule of the class \"deletes files recursively\" (any scope); those commands ask again"
+        ),
+        "{said}"
     );
     let rules: ApprovalRules = typed(s.client.call_ok("approvals.list", json!({})).await.unwrap());
     assert_eq!(rules.rules, []);
@@ -853,6 +856,11 @@ async fn always_choice_is_a_stored_rule_listed_and_removable_with_the_cli() {
         out.status.code(),
         Some(1),
         "removing a missing rule is an error"
+    );
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("`drover approvals list` shows the ids"),
+        "{said}"
     );
     let (dir, _) = rm_in_new_session(&mut s, &scratch, "later", "guarded").await;
     event(&mut s, "approval.request").await;
