@@ -512,7 +512,7 @@ fn prompt_lines(view: &PromptView, theme: Theme) -> Vec<Line<'static>> {
 pub const SLOW_ANSWER: Duration = Duration::from_secs(2);
 
 /// The status line: session, model (or the external agent that runs its turns), turn state,
-/// tokens, daemon.
+/// tokens, daemon (second when it is not up).
 pub fn status_line(app: &App, now: Instant) -> String {
     let session = app
         .session
@@ -565,7 +565,12 @@ pub fn status_line(app: &App, now: Instant) -> String {
         Some(spend) => spend_words(spend),
         None => format!("{} tokens", app.tokens),
     };
-    format!(" {session} · {runs} · {turn}{queued} · {spent} · {daemon} ")
+    // A daemon that is not up is what the person must act on: it comes right after the
+    // session, so a narrow terminal (the line is cut at its right edge) still shows it.
+    match daemon.as_str() {
+        "daemon up" => format!(" {session} · {runs} · {turn}{queued} · {spent} · {daemon} "),
+        _ => format!(" {session} · {daemon} · {runs} · {turn}{queued} · {spent} "),
+    }
 }
 
 /// A cost in USD: cents from a dollar on, four decimals from a cent on, six below.
@@ -953,6 +958,29 @@ mod tests {
         let line = status_line(&app, now);
         assert!(line.contains(" · agent: codex · idle"), "{line}");
         assert!(!line.contains("mock"), "{line}");
+    }
+
+    /// At 80 columns with both limits shown, a stopped daemon is still on the line.
+    #[test]
+    fn a_stopped_daemon_is_said_early_in_the_status_line() {
+        let mut app = app();
+        app.spend = Some(SessionSpend {
+            tokens: 120,
+            cost_usd: Some(0.16),
+            limit_usd: Some(2.08),
+            limit_tokens: Some(120),
+        });
+        app.connection = Connection::Reconnecting("the daemon was stopped".into());
+        let line = status_line(&app, Instant::now());
+        let shown: String = line.chars().take(80).collect();
+        assert!(
+            shown.contains("daemon stopped, waiting for it to start"),
+            "{line}"
+        );
+        assert!(
+            line.contains("120 of 120 tokens · $0.1600 of $2.08"),
+            "{line}"
+        );
     }
 
     #[test]
