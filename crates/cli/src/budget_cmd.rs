@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use drover_protocol::client::{
     BudgetChoice, BudgetRaiseParams, BudgetRespondParams, BudgetStatus, BudgetStatusParams,
-    OpenPrompt, PromptResponse,
+    OpenPrompt, PromptResponse, PromptResponseStatus,
 };
 use drover_protocol::ClientRequest;
 
@@ -72,10 +72,18 @@ pub async fn budget(home: &Path, args: BudgetArgs) -> Result<Exit> {
         if args.json {
             println!("{}", serde_json::to_string_pretty(&response)?);
         } else {
-            println!(
-                "stopped the paused turn of session {sid}: {:?}",
-                response.status
-            );
+            match response.status {
+                PromptResponseStatus::Resolved => println!(
+                    "stopped the turn of session {sid} paused by a spend limit: it ends interrupted, its request never sent"
+                ),
+                PromptResponseStatus::AlreadyResolved => println!(
+                    "the pause of session {sid} was already answered (by another client); nothing changed"
+                ),
+                PromptResponseStatus::Cancelled => println!(
+                    "the pause of session {sid} had already ended ({}); nothing changed",
+                    response.reason.as_deref().unwrap_or("the turn ended")
+                ),
+            }
         }
         return Ok(Exit::Ok);
     }
@@ -102,11 +110,16 @@ pub async fn budget(home: &Path, args: BudgetArgs) -> Result<Exit> {
         Some(id) => format!("session {id}"),
         None => "the home today (UTC)".to_string(),
     };
+    let limit = match (&status.session_id, status.limit_usd, status.limit_tokens) {
+        (Some(id), None, None) => format!(
+            "no limit (`drover budget {} --add-usd X` gives it one, X more than it has spent)",
+            id.get(..8).unwrap_or(id)
+        ),
+        (_, usd, tokens) => format!("limit {}", limit_words(usd, tokens)),
+    };
     println!(
-        "{whose}: {:.4} USD, {} tokens spent; limit {}",
-        status.spent_usd,
-        status.spent_tokens,
-        limit_words(status.limit_usd, status.limit_tokens)
+        "{whose}: {:.4} USD, {} tokens spent; {limit}",
+        status.spent_usd, status.spent_tokens
     );
     if raising {
         println!("resumed {} paused turn(s)", status.resumed);

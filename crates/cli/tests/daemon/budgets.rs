@@ -453,6 +453,16 @@ async fn raising_a_session_without_a_limit_gives_it_one_from_its_spend() {
             .await
             .unwrap();
     }
+    // Without a limit, it says how to give one (not "limit no limit").
+    let out = drover(home.path(), &["budget", &sid]).await;
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains(&format!(
+            "tokens spent; no limit (`drover budget {} --add-usd X` gives it one",
+            &sid[..8]
+        )),
+        "{said}"
+    );
     let out = drover(home.path(), &["budget", &sid, "--add-usd", "0.5"]).await;
     assert!(out.status.success(), "{out:?}");
     let limit = db_value(
@@ -475,6 +485,12 @@ async fn raising_a_session_without_a_limit_gives_it_one_from_its_spend() {
     assert_eq!(chat_requests(&model), 3);
     let out = drover(home.path(), &["budget", &sid, "--stop"]).await;
     assert!(out.status.success(), "{out:?}");
+    // What happened, in words (not the answer's status word `Resolved`).
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("paused by a spend limit: it ends interrupted, its request never sent"),
+        "{said}"
+    );
     assert_eq!(
         settled(&mut client, &admission).await["outcome"],
         "interrupted"
