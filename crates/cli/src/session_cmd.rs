@@ -532,6 +532,23 @@ pub async fn show(home: &Path, args: ShowArgs) -> Result<Exit> {
             {
                 line.push_str(&format!("  {}", crate::display::dollars(cost)));
             }
+        } else if let Some(g) = spend
+            .as_ref()
+            .and_then(|r| r.groups.iter().find(|g| g.key == t.admission_id))
+            .filter(|g| g.spend.total_tokens > 0 || g.spend.cost_usd.is_some())
+        {
+            // A turn still running (or paused) has no receipt yet, but its requests are
+            // counted and priced: its tokens so far go with its cost, so the totals agree.
+            line.push_str(&format!(
+                "  {} in / {} out tokens so far",
+                g.spend.input_tokens, g.spend.output_tokens
+            ));
+            if let Some(cost) = g.spend.cost_usd {
+                line.push_str(&format!("  {}", crate::display::dollars(cost)));
+            }
+            input += g.spend.input_tokens;
+            output += g.spend.output_tokens;
+            total += g.spend.total_tokens;
         }
         if let Some(p) = snapshot
             .pending
@@ -576,12 +593,13 @@ pub async fn show(home: &Path, args: ShowArgs) -> Result<Exit> {
                 head(&sid, 8)
             ),
             OpenPrompt::Budget(b) => println!(
-                "paused (budget): {:.4} USD, {} tokens spent of {} ({} limit); `drover budget {} --add-usd N`",
+                "paused (budget): {:.4} USD, {} tokens spent of {} ({} limit); `drover budget {} {}` raises it and the turn goes on, `--stop` ends the turn",
                 b.spent_usd,
                 b.spent_tokens,
                 limit_words(b.limit_usd, b.limit_tokens),
                 b.scope,
-                head(&sid, 8)
+                head(&sid, 8),
+                raise_flag(b)
             ),
         }
     }
@@ -936,9 +954,10 @@ pub async fn answer(home: &Path, args: AnswerArgs) -> Result<Exit> {
             "the waiting prompt is a question (\"{}\"); answer it with --text TEXT",
             q.question
         ),
-        (OpenPrompt::Budget(_), _, _) => bail!(
-            "the turn is paused by a spend limit; raise it with `drover budget {sid} --add-usd N`, \
-             or stop the turn with `drover budget {sid} --stop`"
+        (OpenPrompt::Budget(b), _, _) => bail!(
+            "the turn is paused by a spend limit; raise it with `drover budget {sid} {}`, \
+             or stop the turn with `drover budget {sid} --stop`",
+            raise_flag(b)
         ),
     };
     let response = match response {
@@ -1016,6 +1035,16 @@ pub async fn rename(home: &Path, args: RenameArgs) -> Result<Exit> {
 }
 
 /// A budget's limits in words: "1.0000 USD", "5000 tokens", both, or "no limit".
+/// The `drover budget` option that raises the limit a paused turn's next request passes:
+/// tokens when only its token limit is passed (a USD raise would leave it paused).
+pub(crate) fn raise_flag(b: &drover_protocol::client::BudgetPrompt) -> &'static str {
+    if b.token_limit_reached() {
+        "--add-tokens N"
+    } else {
+        "--add-usd N"
+    }
+}
+
 pub(crate) fn limit_words(usd: Option<f64>, tokens: Option<u64>) -> String {
     match (usd, tokens) {
         (Some(usd), Some(tokens)) => format!("{usd:.4} USD / {tokens} tokens"),

@@ -274,6 +274,21 @@ pub struct BudgetPrompt {
     pub next_tokens: u64,
 }
 
+impl BudgetPrompt {
+    /// Whether the next request passes the token limit but not the USD one: then a USD raise
+    /// leaves the turn paused, and a surface asks for tokens. Compared as the ledger does
+    /// (USD within a billionth of a dollar).
+    pub fn token_limit_reached(&self) -> bool {
+        let usd = self
+            .limit_usd
+            .is_some_and(|l| self.spent_usd + self.next_usd > l + 1e-9);
+        let tokens = self
+            .limit_tokens
+            .is_some_and(|l| self.spent_tokens.saturating_add(self.next_tokens) > l);
+        (tokens && !usd) || (self.limit_usd.is_none() && self.limit_tokens.is_some())
+    }
+}
+
 /// Which limit a budget prompt is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]

@@ -4,9 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use drover_protocol::client::{
-    ApprovalChoice, BudgetPrompt, BudgetScope, BudgetStatus, OpenPrompt,
-};
+use drover_protocol::client::{ApprovalChoice, BudgetScope, BudgetStatus, OpenPrompt};
 use drover_protocol::event::TurnPhase;
 use ratatui::layout::{Position, Rect};
 use ratatui::style::Style;
@@ -317,13 +315,6 @@ fn turn_lines(app: &App, theme: Theme, now: Instant) -> Vec<Line<'static>> {
     lines
 }
 
-/// Whether the next step of a paused turn passes its USD limit, compared as the daemon does
-/// (within a billionth of a dollar).
-fn budget_usd_reached(b: &BudgetPrompt) -> bool {
-    b.limit_usd
-        .is_some_and(|l| b.spent_usd + b.next_usd > l + 1e-9)
-}
-
 fn prompt_lines(view: &PromptView, theme: Theme) -> Vec<Line<'static>> {
     let mut lines = Vec::new();
     match &view.prompt {
@@ -336,9 +327,7 @@ fn prompt_lines(view: &PromptView, theme: Theme) -> Vec<Line<'static>> {
             };
             // A session may carry both limits: the words name the one the next step passes,
             // so the person raises that one (a USD raise leaves a token limit reached).
-            let tokens_reached = !budget_usd_reached(b)
-                && b.limit_tokens
-                    .is_some_and(|l| b.spent_tokens.saturating_add(b.next_tokens) > l);
+            let tokens_reached = b.token_limit_reached();
             let whose = match (b.scope, tokens_reached) {
                 (BudgetScope::Session, false) => "the session's limit",
                 (BudgetScope::Session, true) => "the session's token limit",
@@ -348,7 +337,7 @@ fn prompt_lines(view: &PromptView, theme: Theme) -> Vec<Line<'static>> {
                 format!(
                     "⏸ paused (budget): {} ({whose}); the next step needs about {}",
                     spend_words(&spent),
-                    if tokens_reached || b.limit_usd.is_none() {
+                    if tokens_reached {
                         format!("{} tokens", b.next_tokens)
                     } else {
                         dollars(b.next_usd)
@@ -360,7 +349,7 @@ fn prompt_lines(view: &PromptView, theme: Theme) -> Vec<Line<'static>> {
                 lines.push(Line::styled("  answer sent…", theme.dim()));
                 return lines;
             }
-            let unit = if tokens_reached || b.limit_usd.is_none() {
+            let unit = if tokens_reached {
                 "/budget +N tokens"
             } else {
                 "/budget +USD"

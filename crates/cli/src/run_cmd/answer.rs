@@ -120,7 +120,8 @@ pub(super) async fn answer_prompt(
                 "a budget",
                 &budget.prompt_id,
                 format!(
-                    "`drover budget {session_id} --add-usd N` (a {} limit was reached), or `drover budget {session_id} --stop`",
+                    "`drover budget {session_id} {}` (a {} limit was reached), or `drover budget {session_id} --stop`",
+                    crate::session_cmd::raise_flag(budget),
                     budget.scope
                 ),
             ),

@@ -538,6 +538,40 @@ async fn drover_run_budget_freezes_a_limit_and_a_paused_run_says_how_to_go_on() 
     assert_eq!(chat_requests(&model), 1);
 }
 
+/// A turn paused after its first request has no receipt yet: `drover show` counts that
+/// request's tokens with its cost, so the usage line does not say 0 tokens at a cost.
+#[tokio::test]
+async fn show_counts_the_tokens_of_a_turn_paused_after_a_request() {
+    let (model, home) = priced_home("").await;
+    let daemon = Daemon::start(bin(), home.path()).await.unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let sid = new_session(
+        &mut client,
+        &home,
+        json!({"budget": {"tokens": 4}, "toolsets": ["terminal"]}),
+    )
+    .await;
+    model.push(Reply::terminal("call_1", "true").usage(2, 1, 3));
+    model.push(priced("done"));
+    // 3 tokens spent by the first request; the second would make 6, past the 4-token limit.
+    let admission = submit(&mut client, &sid, "run it").await;
+    let prompt = budget_request(&mut client).await;
+    assert_eq!(prompt["spent_tokens"], 3, "{prompt}");
+    let show = drover(home.path(), &["show", &sid]).await;
+    let said = String::from_utf8_lossy(&show.stdout);
+    assert!(said.contains("2 in / 1 out tokens so far"), "{said}");
+    assert!(
+        said.contains("usage: 2 input + 1 output = 3 tokens, cost $"),
+        "{said}"
+    );
+    let stop = drover(home.path(), &["budget", &sid, "--stop"]).await;
+    assert!(stop.status.success(), "{stop:?}");
+    assert_eq!(
+        settled(&mut client, &admission).await["outcome"],
+        "interrupted"
+    );
+}
+
 #[tokio::test]
 async fn interrupting_a_paused_turn_ends_it_and_closes_its_prompt() {
     let (model, home) = priced_home("").await;
@@ -551,6 +585,19 @@ async fn interrupting_a_paused_turn_ends_it_and_closes_its_prompt() {
     let prompt = budget_request(&mut client).await;
     assert_eq!(prompt["limit_tokens"], 4, "{prompt}");
     assert_eq!(prompt["spent_tokens"], 3, "{prompt}");
+    // A token limit is raised in tokens: `show` and `answer` name that option, not --add-usd.
+    let show = drover(home.path(), &["show", &sid]).await;
+    let said = String::from_utf8_lossy(&show.stdout);
+    assert!(
+        said.contains(&format!(
+            "`drover budget {} --add-tokens N` raises it",
+            &sid[..8]
+        )),
+        "{said}"
+    );
+    let answer = drover(home.path(), &["answer", &sid, "--choice", "once"]).await;
+    let said = String::from_utf8_lossy(&answer.stderr);
+    assert!(said.contains("--add-tokens N`, or stop the turn"), "{said}");
     client
         .call_ok(
             "session.interrupt",
