@@ -6,30 +6,16 @@
 
 // Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-
-use std::path::Path;
-
-use crate::common::{bin, typed, wait_typed_event};
+use crate::common::{bin, wait_typed_event};
 use drover_protocol::client::{
-    AdmissionReceipt, ApprovalChoice, ApprovalPrompt, ApprovalRespondParams, ApprovalScope,
-    OpenPrompt,
+    ApprovalChoice, ApprovalPrompt, ApprovalRespondParams, ApprovalScope, OpenPrompt,
 };
 use drover_protocol::event::EventPayload;
 use drover_test_support::harness::OneSession;
 use drover_test_support::Reply;
 use serde_json::json;
 
-fn terminal_call(id: &str, command: &str, workdir: &Path) -> Reply {
-    Reply::tool_call(
-        id,
-        "terminal",
-        json!({"command": command, "workdir": workdir}),
-    )
-}
-
-async fn submit(s: &mut OneSession, text: &str) -> String {
-    typed::<AdmissionReceipt>(s.submit(text).await.unwrap()).admission_id
-}
+use crate::approval_scopes::{submit, terminal_call};
 
 /// The next approval prompt; a turn that settles first ran its commands without asking.
 async fn next_prompt(s: &mut OneSession) -> ApprovalPrompt {

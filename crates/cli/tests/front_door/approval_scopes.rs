@@ -37,7 +37,7 @@ fn workspace() -> (tempfile::TempDir, PathBuf) {
 }
 
 /// The model's terminal call `command`, run in `workdir`.
-fn terminal_call(id: &str, command: &str, workdir: &Path) -> Reply {
+pub(crate) fn terminal_call(id: &str, command: &str, workdir: &Path) -> Reply {
     Reply::tool_call(
         id,
         "terminal",
@@ -45,7 +45,7 @@ fn terminal_call(id: &str, command: &str, workdir: &Path) -> Reply {
     )
 }
 
-async fn submit(s: &mut OneSession, text: &str) -> String {
+pub(crate) async fn submit(s: &mut OneSession, text: &str) -> String {
     typed::<AdmissionReceipt>(s.submit(text).await.unwrap()).admission_id
 }
 

@@ -42,11 +42,25 @@ async fn answer(pane: &Pane, key: &str) {
 /// A home on the loopback model with the terminal and clarify tools, and a scratch cwd.
 async fn setup() -> (MockModel, TestHome, tempfile::TempDir) {
     let (model, home) = model_home_with_clarify(true).await;
-    let scratch = tempfile::Builder::new()
+    (model, home, scratch())
+}
+
+/// A scratch directory for a chat's cwd.
+fn scratch() -> tempfile::TempDir {
+    tempfile::Builder::new()
         .prefix("drover-chat-")
         .tempdir()
+        .unwrap()
+}
+
+/// A home on a new loopback model whose config adds `extra` (prices, limits), and a scratch
+/// cwd.
+async fn priced_setup(extra: &str) -> (MockModel, TestHome, tempfile::TempDir) {
+    let model = MockModel::start().await;
+    let home = TestHome::new().unwrap();
+    home.write_model_config(&model.base_url(), true, extra)
         .unwrap();
-    (model, home, scratch)
+    (model, home, scratch())
 }
 
 /// The one session of the home.
@@ -96,19 +110,11 @@ async fn a_streamed_answer_is_shown_as_markdown_and_the_status_line_counts_token
 /// session spent against its limit, before the first turn and after it.
 #[tokio::test]
 async fn the_status_line_shows_the_sessions_spend_against_its_limit() {
-    let model = MockModel::start().await;
-    let home = TestHome::new().unwrap();
-    home.write_model_config(
-        &model.base_url(),
-        true,
+    let (model, home, scratch) = priced_setup(
         "[pricing.mock]\ninput_per_mtok = 1000.0\noutput_per_mtok = 1000.0\n\n\
          [budget]\nsession_usd = 5.0\n",
     )
-    .unwrap();
-    let scratch = tempfile::Builder::new()
-        .prefix("drover-chat-")
-        .tempdir()
-        .unwrap();
+    .await;
     let _daemon = KillDaemonOnDrop(home.path());
     let pane = in_pane(home.path(), scratch.path(), &["chat"]);
     pane.wait_for("· 0 tokens · $0 of $5.00 ·").await;
@@ -127,19 +133,11 @@ async fn the_status_line_shows_the_sessions_spend_against_its_limit() {
 /// request reports 3 prompt tokens at 100 000 USD per million: 0.30 USD.
 #[tokio::test]
 async fn slash_budget_shows_the_spend_and_raises_or_stops_a_paused_turn() {
-    let model = MockModel::start().await;
-    let home = TestHome::new().unwrap();
-    home.write_model_config(
-        &model.base_url(),
-        true,
+    let (model, home, scratch) = priced_setup(
         "[pricing.mock]\ninput_per_mtok = 100000.0\noutput_per_mtok = 0.0\n\n\
          [budget]\nsession_usd = 0.5\n",
     )
-    .unwrap();
-    let scratch = tempfile::Builder::new()
-        .prefix("drover-chat-")
-        .tempdir()
-        .unwrap();
+    .await;
     let _daemon = KillDaemonOnDrop(home.path());
     let requests = || {
         model
