@@ -107,7 +107,8 @@ pub async fn budget(home: &Path, args: BudgetArgs) -> Result<Exit> {
         return Ok(Exit::Ok);
     }
     let whose = match &status.session_id {
-        Some(id) => format!("session {id}"),
+        // The 8 characters every command takes and prints for a session.
+        Some(id) => format!("session {}", id.get(..8).unwrap_or(id)),
         None => "the home today (UTC)".to_string(),
     };
     let limit = match (&status.session_id, status.limit_usd, status.limit_tokens) {
@@ -121,7 +122,7 @@ pub async fn budget(home: &Path, args: BudgetArgs) -> Result<Exit> {
         "{whose}: {:.4} USD, {} tokens spent; {limit}",
         status.spent_usd, status.spent_tokens
     );
-    if raising {
+    if raising && (status.resumed > 0 || status.paused > 0) {
         println!("resumed {} paused turn(s)", status.resumed);
     }
     if status.paused > 0 {

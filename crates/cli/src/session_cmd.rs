@@ -972,7 +972,7 @@ pub async fn answer(home: &Path, args: AnswerArgs) -> Result<Exit> {
         covers = Some(rule.text.clone());
         if !args.json {
             println!(
-                "stored: always allow {} (`drover approvals rm {}` removes it)",
+                "stored: always allow {}; `drover approvals rm {}` removes it",
                 rule.text,
                 rule.rule_id.get(..8).unwrap_or(&rule.rule_id)
             );

@@ -485,7 +485,7 @@ fn answer_lines(response: &PromptResponse) -> Vec<String> {
     }
     if let Some(rule) = &response.stored_rule {
         lines.push(format!(
-            "stored: always allow {} (drover approvals rm {} removes it)",
+            "stored: always allow {}; drover approvals rm {} removes it",
             rule.text,
             short(&rule.rule_id)
         ));

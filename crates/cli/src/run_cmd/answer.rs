@@ -192,7 +192,7 @@ pub(super) async fn answer_prompt(
                 .await;
             if let Some(rule) = response.as_ref().ok().and_then(|r| r.stored_rule.as_ref()) {
                 out.note(&format!(
-                    "drover: stored: always allow {} (`drover approvals rm {}` removes it)",
+                    "drover: stored: always allow {}; `drover approvals rm {}` removes it",
                     rule.text,
                     rule.rule_id.get(..8).unwrap_or(&rule.rule_id)
                 ));

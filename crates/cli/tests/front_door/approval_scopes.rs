@@ -209,7 +209,7 @@ async fn a_directory_rule_approves_inside_its_tree_and_asks_for_any_way_out() {
     );
     assert!(
         stdout.contains(&format!(
-            "stored: always allow {} (`drover approvals rm ",
+            "stored: always allow {}; `drover approvals rm ",
             prompt.scopes[0].text
         )),
         "{stdout}"
@@ -406,7 +406,7 @@ async fn always_typed_at_drover_run_names_the_workspace_rule_before_and_after() 
     assert!(screen.contains(&format!("(always: {words})")), "{screen}");
     assert!(
         screen.contains(&format!(
-            "drover: stored: always allow {words} (`drover approvals rm "
+            "drover: stored: always allow {words}; `drover approvals rm "
         )),
         "{screen}"
     );

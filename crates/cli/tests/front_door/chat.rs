@@ -319,7 +319,7 @@ async fn always_lists_the_scopes_and_stores_the_rule_in_the_one_picked() {
     let said = screen.split_whitespace().collect::<Vec<_>>().join(" ");
     assert!(
         said.contains(&format!(
-            "stored: always allow {words} (drover approvals rm "
+            "stored: always allow {words}; drover approvals rm "
         )),
         "{screen}"
     );
