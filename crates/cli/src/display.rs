@@ -37,19 +37,8 @@ fn hidden(c: char) -> bool {
         || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
-/// A cost in USD as a person reads it: cents from a dollar on, four decimals from a cent on,
-/// six below (a short turn costs a few millionths).
-pub fn dollars(usd: f64) -> String {
-    if usd == 0.0 {
-        "$0".to_string()
-    } else if usd >= 1.0 {
-        format!("${usd:.2}")
-    } else if usd >= 0.01 {
-        format!("${usd:.4}")
-    } else {
-        format!("${usd:.6}")
-    }
-}
+/// A cost in USD as a person reads it, as the chat writes it.
+pub use drover_tui::render::dollars;
 
 /// `3m ago`, `2h ago`: how long before `now` the unix time `at` was.
 pub fn ago(at: f64, now: f64) -> String {

@@ -103,6 +103,17 @@ pub(crate) fn add_cost(
     Ok(())
 }
 
+/// The root session whose budget `session_id` names (a child spends from its root parent's),
+/// `None` for the home's; an unknown session is `NotFound`.
+fn budget_root(tx: &Connection, session_id: Option<&str>) -> Result<Option<String>, LedgerError> {
+    let Some(id) = session_id else {
+        return Ok(None);
+    };
+    crate::sessions::session_in(tx, id)?
+        .ok_or_else(|| LedgerError::NotFound(format!("session {id}")))?;
+    Ok(Some(root_of(tx, id)?))
+}
+
 /// The session whose limits `session_id` spends from: itself, or its root parent.
 pub(crate) fn root_of(tx: &Connection, session_id: &str) -> Result<String, LedgerError> {
     let mut id = session_id.to_string();
@@ -640,14 +651,7 @@ impl Ledger {
             ));
         }
         let tx = self.conn.transaction()?;
-        let root = match session_id {
-            Some(id) => {
-                crate::sessions::session_in(&tx, id)?
-                    .ok_or_else(|| LedgerError::NotFound(format!("session {id}")))?;
-                Some(root_of(&tx, id)?)
-            }
-            None => None,
-        };
+        let root = budget_root(&tx, session_id)?;
         raise(&tx, root.as_deref(), add_usd, add_tokens)?;
         let mut events = Vec::new();
         let mut resumed = Vec::new();
@@ -685,14 +689,7 @@ impl Ledger {
         rules: &SpendRules,
     ) -> Result<BudgetStanding, LedgerError> {
         let tx = self.conn.transaction()?;
-        let root = match session_id {
-            Some(id) => {
-                crate::sessions::session_in(&tx, id)?
-                    .ok_or_else(|| LedgerError::NotFound(format!("session {id}")))?;
-                Some(root_of(&tx, id)?)
-            }
-            None => None,
-        };
+        let root = budget_root(&tx, session_id)?;
         let out = standing(&tx, root.as_deref(), rules)?;
         tx.commit()?;
         Ok(out)

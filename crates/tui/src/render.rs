@@ -562,8 +562,9 @@ pub fn status_line(app: &App, now: Instant) -> String {
     }
 }
 
-/// A cost in USD: cents from a dollar on, four decimals from a cent on, six below.
-fn dollars(usd: f64) -> String {
+/// A cost in USD as a person reads it: cents from a dollar on, four decimals from a cent on,
+/// six below (a short turn costs a few millionths). The command line prints costs with it too.
+pub fn dollars(usd: f64) -> String {
     if usd == 0.0 {
         "$0".to_string()
     } else if usd >= 1.0 {
