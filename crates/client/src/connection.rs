@@ -327,6 +327,10 @@ struct Connection {
     /// or a close with code 1012): the next owner already serves, so the client finds it
     /// rather than starting one, and says "restarted" rather than "lost".
     restart: Option<DaemonRestarted>,
+    /// What a new connection sent while its sessions were re-attached, before the client told
+    /// its streams of the reconnect: handed on after that, so a stream never reads the next
+    /// owner's events before it hears that the daemon restarted.
+    early: Vec<String>,
 }
 
 impl Connection {
@@ -436,12 +440,11 @@ impl Connection {
         }
     }
 
-    /// Sends `request` on this connection and waits for its answer, routing the events that
-    /// come meanwhile. `Err` when the connection fails.
+    /// Sends `request` on this connection (a reconnect's re-attach) and waits for its answer,
+    /// keeping what comes meanwhile in `early`. `Err` when the connection fails.
     async fn direct(
         &mut self,
         request: &ClientRequest,
-        shared: &Shared,
         timeout: Duration,
     ) -> Result<Result<Value, RpcError>, String> {
         let (id, text) = self.encode(request);
@@ -469,7 +472,7 @@ impl Connection {
                         None => Ok(response.result.unwrap_or(Value::Null)),
                     })
                 }
-                _ => self.incoming(text.as_str(), shared),
+                _ => self.early.push(text.as_str().to_string()),
             }
         }
     }
@@ -558,6 +561,7 @@ async fn run(
         attached: BTreeSet::new(),
         stopped: false,
         restart: None,
+        early: Vec::new(),
     };
     loop {
         let Some(why) = conn.serve(&mut calls, &shared).await else {
@@ -588,6 +592,9 @@ async fn run(
                     None => ConnectionChange::Reconnected { restarted, epoch },
                 };
                 shared.send_all(|| Feed::Connection(change.clone()));
+                for text in std::mem::take(&mut conn.early) {
+                    conn.incoming(&text, &shared);
+                }
             }
             Err(e) => {
                 *lock(&shared.dead) = Some(e.clone());
@@ -664,6 +671,7 @@ async fn reconnect(conn: &mut Connection, shared: &Shared) -> Result<bool, Clien
                 conn.ws = ws;
                 conn.info = info;
                 conn.stopped = false;
+                conn.early.clear();
                 match reattach(conn, shared).await {
                     Ok(()) => return Ok(conn.info.instance_id != old_instance),
                     Err(e) => why = e,
@@ -702,10 +710,7 @@ async fn reattach(conn: &mut Connection, shared: &Shared) -> Result<(), String> 
         let resume = ClientRequest::SessionResume(drover_protocol::client::SessionRef {
             session_id: id.clone(),
         });
-        if let Err(e) = conn
-            .direct(&resume, shared, shared.options.call_timeout)
-            .await?
-        {
+        if let Err(e) = conn.direct(&resume, shared.options.call_timeout).await? {
             tracing::warn!(session_id = %id, error = %e, "cannot re-attach the session");
             conn.attached.remove(&id);
         }
