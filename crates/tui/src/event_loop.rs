@@ -19,6 +19,8 @@ use drover_protocol::client::{
 use drover_protocol::event::EventPayload;
 use futures::StreamExt;
 use ratatui::backend::CrosstermBackend;
+use ratatui::buffer::Buffer;
+use ratatui::layout::{Position, Size};
 use ratatui::widgets::{Paragraph, Widget};
 use ratatui::{Terminal, TerminalOptions, Viewport};
 use tokio::sync::mpsc;
@@ -212,6 +214,7 @@ async fn event_loop(
     let mut reread = tokio::time::interval(TITLE_REREAD);
     let mut own_renames = 0;
     let mut failed_draws = 0;
+    let mut painter = Painter::default();
     fetch_spend(&link, &done_tx, &app.session.session_id);
     loop {
         let now = Instant::now();
@@ -221,10 +224,10 @@ async fn event_loop(
         let drawn = terminal
             .autoresize()
             .and_then(|()| print_scrollback(terminal, app, theme))
-            .and_then(|()| {
-                terminal
-                    .draw(|frame| render::draw(frame, app, theme, now))
-                    .map(drop)
+            .and_then(|printed| {
+                painter.paint(terminal, printed, |frame| {
+                    render::draw(frame, app, theme, now)
+                })
             });
         match drawn {
             Ok(()) => failed_draws = 0,
@@ -232,6 +235,7 @@ async fn event_loop(
             // to the key reader: try again on the next tick, give up only when it persists.
             Err(e) if failed_draws < 25 => {
                 failed_draws += 1;
+                painter.forget();
                 app.notice = Some(format!("redrawing failed ({e}); retrying"));
             }
             Err(e) => return Err(RunError::Terminal(e)),
@@ -403,11 +407,61 @@ fn on_update(
     }
 }
 
-/// Prints the finished blocks above the viewport.
-fn print_scrollback(terminal: &mut Term, app: &mut App, theme: Theme) -> io::Result<()> {
+/// Draws the viewport only when it would show something else: a frame like the last one
+/// writes nothing, not even the cursor's place.
+///
+/// A terminal that resizes moves its lines (tmux pulls history lines down when it grows
+/// taller) before the program hears of it (tmux tells it up to a quarter of a second later).
+/// A redraw meanwhile puts the cursor back at its old row; the resize that follows then reads
+/// that row as the viewport's place and clears the last lines of the scrollback over it. At
+/// idle nothing changes, so nothing is written and the cursor moves with the lines.
+#[derive(Default)]
+struct Painter {
+    /// The last frame written, the cursor it placed, and the terminal's size then.
+    shown: Option<(Buffer, Option<Position>, Size)>,
+}
+
+impl Painter {
+    /// Renders the viewport and writes it unless it is the frame last written at this size.
+    /// `force`: the viewport was moved (lines printed above it), so it is written.
+    fn paint(
+        &mut self,
+        terminal: &mut Term,
+        force: bool,
+        render: impl FnOnce(&mut ratatui::Frame<'_>) -> Option<Position>,
+    ) -> io::Result<()> {
+        let size = terminal.size()?;
+        let cursor = render(&mut terminal.get_frame());
+        let unchanged = !force
+            && self
+                .shown
+                .as_ref()
+                .is_some_and(|(buffer, shown_cursor, shown_size)| {
+                    *shown_size == size
+                        && *shown_cursor == cursor
+                        && buffer == terminal.current_buffer_mut()
+                });
+        if unchanged {
+            terminal.current_buffer_mut().reset();
+            return Ok(());
+        }
+        self.shown = None;
+        let frame = terminal.apply_buffer_with_cursor(cursor)?;
+        self.shown = Some((frame.buffer.clone(), cursor, size));
+        Ok(())
+    }
+
+    /// The next paint writes its frame whatever the last one was.
+    fn forget(&mut self) {
+        self.shown = None;
+    }
+}
+
+/// Prints the finished blocks above the viewport; whether it printed any.
+fn print_scrollback(terminal: &mut Term, app: &mut App, theme: Theme) -> io::Result<bool> {
     let blocks = app.drain_scrollback();
     if blocks.is_empty() {
-        return Ok(());
+        return Ok(false);
     }
     let width = terminal.size()?.width;
     let now = Instant::now();
@@ -427,7 +481,8 @@ fn print_scrollback(terminal: &mut Term, app: &mut App, theme: Theme) -> io::Res
     // object, which places a resized viewport by the cursor's offset in it: a resize seen by
     // the next draw would move the viewport up over the lines just printed.
     let top = terminal.get_frame().area().y;
-    terminal.set_cursor_position((0, top))
+    terminal.set_cursor_position((0, top))?;
+    Ok(true)
 }
 
 /// Starts the request an action needs; its result comes back as a [`Done`].

@@ -665,8 +665,8 @@ pub fn raised_lines(
     lines
 }
 
-/// Draws the viewport.
-pub fn draw(frame: &mut Frame<'_>, app: &App, theme: Theme, now: Instant) {
+/// Draws the viewport; where it put the cursor (none while a prompt is open).
+pub fn draw(frame: &mut Frame<'_>, app: &App, theme: Theme, now: Instant) -> Option<Position> {
     let area = frame.area();
     let width = area.width;
     let mut bottom: Vec<Line<'static>> = Vec::new();
@@ -783,9 +783,11 @@ pub fn draw(frame: &mut Frame<'_>, app: &App, theme: Theme, now: Instant) {
                 let x = area.x + u16::try_from(col).unwrap_or(0).min(width.saturating_sub(1));
                 let y = area.y + u16::try_from(row).unwrap_or(0);
                 frame.set_cursor_position(Position::new(x, y));
+                return Some(Position::new(x, y));
             }
         }
     }
+    None
 }
 
 #[cfg(test)]
@@ -864,7 +866,11 @@ mod tests {
 
     fn screen(app: &App, now: Instant) -> String {
         let mut terminal = Terminal::new(TestBackend::new(72, VIEWPORT_HEIGHT)).unwrap();
-        terminal.draw(|f| draw(f, app, PLAIN, now)).unwrap();
+        terminal
+            .draw(|f| {
+                draw(f, app, PLAIN, now);
+            })
+            .unwrap();
         let buffer = terminal.backend().buffer();
         (0..buffer.area.height)
             .map(|y| {
