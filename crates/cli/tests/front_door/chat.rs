@@ -744,9 +744,11 @@ async fn resizing_while_a_turn_streams_keeps_the_scrollback_whole_and_the_keys_w
             .is_some_and(|l| l.contains("· idle ·"))
     })
     .await;
-    // And at idle. (Not 8 rows taller: see docs/decisions/chat-resizing.md.)
+    // And at idle: taller, much taller, wider (tmux moves its lines down at once and tells
+    // the chat later: see docs/decisions/chat-resizing.md).
     resize(&pane, 140, 32).await;
-    resize(&pane, 150, 32).await;
+    resize(&pane, 140, 40).await;
+    resize(&pane, 150, 40).await;
     // The keys still reach the client.
     pane.send("/usage");
     pane.wait_for("(with the sessions it delegated to) spent")
