@@ -51,6 +51,10 @@ enum Done {
         what: &'static str,
         why: String,
     },
+    /// Sending an input failed (why).
+    SendFailed(String),
+    /// Sending a prompt's answer failed (why).
+    AnswerFailed(String),
     Tokens(u64),
     /// What a session spent (its id, so a switched-away session's answer is dropped).
     Spend(String, SessionSpend),
@@ -274,6 +278,8 @@ async fn event_loop(
                 Some(Done::Compacted(result)) => app.compacted(&result),
                 Some(Done::CompactFailed(why)) => app.compact_failed(&why),
                 Some(Done::Failed { what, why }) => app.failed(what, &why),
+                Some(Done::SendFailed(why)) => app.send_failed(&why),
+                Some(Done::AnswerFailed(why)) => app.answer_failed(&why),
                 Some(Done::Tokens(n)) => app.add_tokens(n),
                 Some(Done::Spend(session_id, spend)) if session_id == app.session.session_id => {
                     app.spend = Some(spend);
@@ -501,7 +507,7 @@ fn carry_out(
             tokio::spawn(async move {
                 let _ = tx.send(match link.submit(&session, &text).await {
                     Ok(admission) => Done::Admitted(admission),
-                    Err(e) => Done::failed("sending the input", e),
+                    Err(e) => Done::SendFailed(e.0),
                 });
             });
         }
@@ -512,7 +518,7 @@ fn carry_out(
             tokio::spawn(async move {
                 let _ = tx.send(match link.answer(&session, answer).await {
                     Ok(response) => Done::Say(answer_lines(&response)),
-                    Err(e) => Done::failed("the answer", e),
+                    Err(e) => Done::AnswerFailed(e.0),
                 });
             });
         }

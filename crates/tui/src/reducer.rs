@@ -537,8 +537,10 @@ impl App {
         }
     }
 
-    /// Sending the input (or an answer) failed: say so.
-    pub fn failed(&mut self, what: &str, why: &str) {
+    /// Sending an input failed: the first input not yet admitted (the one that failed, as
+    /// inputs are sent in order) goes back to the input box when that is empty, and the notice
+    /// says why.
+    pub fn send_failed(&mut self, why: &str) {
         if let Some(index) = self
             .queued
             .iter()
@@ -554,9 +556,22 @@ impl App {
             }
         }
         self.sending_done();
+        self.failed("sending the input", why);
+    }
+
+    /// Sending an answer failed: the open prompt may be answered again, and the notice says
+    /// why.
+    pub fn answer_failed(&mut self, why: &str) {
         if let Some(prompt) = self.prompt.as_mut() {
             prompt.sent = false;
         }
+        self.failed("the answer", why);
+    }
+
+    /// Another request failed (an interrupt, a listing, a rename...): the notice says which and
+    /// why. Inputs being sent and an answer on its way are left as they are: their own
+    /// requests say how they went.
+    pub fn failed(&mut self, what: &str, why: &str) {
         self.notice = Some(format!("{what} failed: {why}"));
     }
 

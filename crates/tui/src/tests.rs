@@ -880,3 +880,46 @@ fn slash_budget_answers_the_paused_turns_prompt_or_raises_the_sessions_limit() {
         )
     );
 }
+
+/// Another request failing (an interrupt, a listing) leaves an input on its way queued and an
+/// answer on its way sent: only their own requests' failures put the input back in the box or
+/// let the prompt be answered again (else the input could be sent twice).
+#[test]
+fn only_a_sends_or_an_answers_own_failure_undoes_it() {
+    let mut quiet = Quiet::default();
+    let t0 = Instant::now();
+    let mut app = app();
+    assert_eq!(
+        typed(&mut app, "hello"),
+        Some(Action::Submit("hello".into()))
+    );
+    app.failed("the interrupt", "no turn is running");
+    assert_eq!(app.queued.len(), 1, "still being sent");
+    assert!(app.input.is_empty());
+    app.send_failed("storage_unavailable: the disk is full");
+    assert!(app.queued.is_empty());
+    assert_eq!(app.input.text(), "hello", "back in the box to send again");
+    assert!(app
+        .notice
+        .as_deref()
+        .is_some_and(|n| n.contains("sending the input failed")));
+
+    app.input.set("");
+    app.on_event(&started("a1"), t0);
+    app.on_event(&tool_start("c1", "terminal", "rm -rf /tmp/victim"), t0);
+    app.on_event(&ev(EventPayload::ApprovalRequest(approval(&ALL))), t0);
+    assert_eq!(
+        app.on_key_at(key('n'), quiet.step()),
+        answered("p1", 3, Reply::Approval(ApprovalChoice::Deny))
+    );
+    app.failed("listing sessions", "the daemon is slow");
+    assert!(
+        app.prompt.as_ref().unwrap().sent,
+        "the answer is on its way"
+    );
+    app.answer_failed("connection closed");
+    assert!(
+        !app.prompt.as_ref().unwrap().sent,
+        "it may be answered again"
+    );
+}
