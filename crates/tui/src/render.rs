@@ -1097,16 +1097,19 @@ mod tests {
             next_usd: 0.02,
             next_tokens: 15,
         };
-        app.on_event(
-            &ev(EventPayload::BudgetRequest(OpenPrompt::Budget(prompt(
-                1.08,
-            )))),
-            now,
-        );
-        let shown = screen(&app, now)
-            .split_whitespace()
-            .collect::<Vec<_>>()
-            .join(" ");
+        let mut shown_for = |limit_usd| {
+            app.on_event(
+                &ev(EventPayload::BudgetRequest(OpenPrompt::Budget(prompt(
+                    limit_usd,
+                )))),
+                now,
+            );
+            screen(&app, now)
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let shown = shown_for(1.08);
         assert!(shown.contains("(the session's token limit)"), "{shown}");
         assert!(
             shown.contains("the next step needs about 15 tokens"),
@@ -1114,16 +1117,7 @@ mod tests {
         );
         assert!(shown.contains("/budget +N tokens raises it"), "{shown}");
         // Both passed: the USD limit is named first, as before.
-        app.on_event(
-            &ev(EventPayload::BudgetRequest(OpenPrompt::Budget(prompt(
-                0.13,
-            )))),
-            now,
-        );
-        let shown = screen(&app, now)
-            .split_whitespace()
-            .collect::<Vec<_>>()
-            .join(" ");
+        let shown = shown_for(0.13);
         assert!(shown.contains("/budget +USD raises it"), "{shown}");
     }
 

@@ -42,6 +42,17 @@ async fn priced_home(extra: &str) -> (MockModel, TestHome) {
     (model, home)
 }
 
+/// A priced home whose model answers every request `ok` at the fixed price, its daemon, a
+/// client and a session made with `params` added to `session.create`.
+async fn priced_session(params: Value) -> (MockModel, TestHome, Daemon, Client, String) {
+    let (model, home) = priced_home("").await;
+    model.set_default(priced("ok"));
+    let daemon = Daemon::start(bin(), home.path()).await.unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let sid = new_session(&mut client, &home, params).await;
+    (model, home, daemon, client, sid)
+}
+
 /// The chat requests the model has received.
 fn chat_requests(model: &MockModel) -> usize {
     model
@@ -125,11 +136,8 @@ fn close(a: f64, b: f64) -> bool {
 
 #[tokio::test]
 async fn a_session_limit_pauses_before_the_request_that_would_pass_it_and_a_raise_resumes_it() {
-    let (model, home) = priced_home("").await;
-    model.set_default(priced("ok"));
-    let daemon = Daemon::start(bin(), home.path()).await.unwrap();
-    let mut client = daemon.client().await.unwrap();
-    let sid = new_session(&mut client, &home, json!({"budget": {"usd": 1.0}})).await;
+    let (model, home, _daemon, mut client, sid) =
+        priced_session(json!({"budget": {"usd": 1.0}})).await;
 
     // Three requests: 0.90 USD spent; a fourth would make 1.20, past the 1.00 limit.
     for n in 1..=3 {
@@ -202,11 +210,8 @@ async fn a_session_limit_pauses_before_the_request_that_would_pass_it_and_a_rais
 
 #[tokio::test]
 async fn answering_stop_ends_the_paused_turn_interrupted_without_its_request() {
-    let (model, home) = priced_home("").await;
-    model.set_default(priced("ok"));
-    let daemon = Daemon::start(bin(), home.path()).await.unwrap();
-    let mut client = daemon.client().await.unwrap();
-    let sid = new_session(&mut client, &home, json!({"budget": {"usd": 0.5}})).await;
+    let (model, _home, _daemon, mut client, sid) =
+        priced_session(json!({"budget": {"usd": 0.5}})).await;
     client.complete_turn(&sid, "first").await.unwrap();
     let second = submit(&mut client, &sid, "second").await;
     let prompt = budget_request(&mut client).await;
@@ -413,11 +418,7 @@ async fn a_childs_spend_counts_against_its_parents_limit() {
 
 #[tokio::test]
 async fn without_a_limit_no_turn_is_checked_and_cost_is_still_recorded() {
-    let (model, home) = priced_home("").await;
-    model.set_default(priced("ok"));
-    let daemon = Daemon::start(bin(), home.path()).await.unwrap();
-    let mut client = daemon.client().await.unwrap();
-    let sid = new_session(&mut client, &home, json!({})).await;
+    let (_model, home, _daemon, mut client, sid) = priced_session(json!({})).await;
     for n in 0..4 {
         client
             .complete_turn(&sid, &format!("turn {n}"))
@@ -442,11 +443,7 @@ async fn without_a_limit_no_turn_is_checked_and_cost_is_still_recorded() {
 /// under it like any other.
 #[tokio::test]
 async fn raising_a_session_without_a_limit_gives_it_one_from_its_spend() {
-    let (model, home) = priced_home("").await;
-    model.set_default(priced("ok"));
-    let daemon = Daemon::start(bin(), home.path()).await.unwrap();
-    let mut client = daemon.client().await.unwrap();
-    let sid = new_session(&mut client, &home, json!({})).await;
+    let (model, home, _daemon, mut client, sid) = priced_session(json!({})).await;
     for n in 0..2 {
         client
             .complete_turn(&sid, &format!("turn {n}"))
@@ -574,11 +571,8 @@ async fn show_counts_the_tokens_of_a_turn_paused_after_a_request() {
 
 #[tokio::test]
 async fn interrupting_a_paused_turn_ends_it_and_closes_its_prompt() {
-    let (model, home) = priced_home("").await;
-    model.set_default(priced("ok"));
-    let daemon = Daemon::start(bin(), home.path()).await.unwrap();
-    let mut client = daemon.client().await.unwrap();
-    let sid = new_session(&mut client, &home, json!({"budget": {"tokens": 4}})).await;
+    let (model, home, _daemon, mut client, sid) =
+        priced_session(json!({"budget": {"tokens": 4}})).await;
     client.complete_turn(&sid, "first").await.unwrap();
     // 3 tokens spent; the next request would make 6, past the 4-token limit.
     let second = submit(&mut client, &sid, "second").await;

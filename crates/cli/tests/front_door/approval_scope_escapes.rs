@@ -6,47 +6,12 @@
 
 // Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-use crate::common::{bin, wait_typed_event};
-use drover_protocol::client::{
-    ApprovalChoice, ApprovalPrompt, ApprovalRespondParams, ApprovalScope, OpenPrompt,
-};
-use drover_protocol::event::EventPayload;
-use drover_test_support::harness::OneSession;
+use drover_protocol::client::{ApprovalChoice, ApprovalScope};
 use drover_test_support::Reply;
-use serde_json::json;
 
-use crate::approval_scopes::{submit, terminal_call};
-
-/// The next approval prompt; a turn that settles first ran its commands without asking.
-async fn next_prompt(s: &mut OneSession) -> ApprovalPrompt {
-    let event = wait_typed_event(&mut s.client, |e| {
-        matches!(
-            e,
-            EventPayload::ApprovalRequest(_) | EventPayload::TurnSettled(_)
-        )
-    })
-    .await;
-    match event.event {
-        EventPayload::ApprovalRequest(OpenPrompt::Approval(p)) => p,
-        other => panic!("the turn ran without asking: {other:?}"),
-    }
-}
-
-async fn answer(
-    s: &mut OneSession,
-    prompt: &ApprovalPrompt,
-    choice: ApprovalChoice,
-    scope: Option<ApprovalScope>,
-) {
-    let params = json!(ApprovalRespondParams {
-        session_id: s.session_id.clone(),
-        execution_generation: prompt.execution_generation,
-        prompt_id: prompt.prompt_id.clone(),
-        choice,
-        scope,
-    });
-    s.client.call_ok("approval.respond", params).await.unwrap();
-}
+use crate::approval_scopes::{
+    answer, asked_to_delete_first, next_prompt, submit, terminal_call, terminal_session,
+};
 
 #[tokio::test]
 async fn a_directory_rule_asks_for_a_failed_cd_xargs_a_symlink_out_and_another_class() {
@@ -64,19 +29,10 @@ async fn a_directory_rule_asks_for_a_failed_cd_xargs_a_symlink_out_and_another_c
     // A list of names inside the tree, naming `b` outside it.
     std::fs::write(a.join("list"), format!("{}\n", b.display())).unwrap();
     std::os::unix::fs::symlink("../b", a.join("link")).unwrap();
-    let mut s = OneSession::builder(bin())
-        .toolsets(&["terminal"])
-        .cwd(&ws)
-        .start()
-        .await
-        .unwrap();
+    let mut s = terminal_session(&ws).await;
 
     // `always` for the tree of `a`.
-    let first = format!("rm -rf {}", a.join("first").display());
-    s.model.push(terminal_call("call_first", &first, &a));
-    s.model.push(Reply::text("Deleted."));
-    let admission = submit(&mut s, "delete a/first").await;
-    let prompt = next_prompt(&mut s).await;
+    let (admission, prompt) = asked_to_delete_first(&mut s, &a).await;
     assert!(
         prompt.offer(ApprovalScope::Directory).is_some(),
         "{prompt:?}"

@@ -10,7 +10,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::common::{bin, error_data, typed, typed_event};
+use crate::common::{bin, error_data, typed, wait_typed_event};
 use drover_protocol::client::{
     AdmissionReceipt, ApprovalChoice, ApprovalPrompt, ApprovalRespondParams, ApprovalRules,
     ApprovalScope, ApprovalScopeOffer, OpenPrompt,
@@ -49,11 +49,43 @@ pub(crate) async fn submit(s: &mut OneSession, text: &str) -> String {
     typed::<AdmissionReceipt>(s.submit(text).await.unwrap()).admission_id
 }
 
-async fn next_prompt(s: &mut OneSession) -> ApprovalPrompt {
-    match typed_event(&mut s.client, "approval.request").await.event {
+/// The next approval prompt; a turn that settles first ran its commands without asking.
+pub(crate) async fn next_prompt(s: &mut OneSession) -> ApprovalPrompt {
+    let event = wait_typed_event(&mut s.client, |e| {
+        matches!(
+            e,
+            EventPayload::ApprovalRequest(_) | EventPayload::TurnSettled(_)
+        )
+    })
+    .await;
+    match event.event {
         EventPayload::ApprovalRequest(OpenPrompt::Approval(p)) => p,
-        other => panic!("not an approval request: {other:?}"),
+        other => panic!("the turn ran without asking: {other:?}"),
     }
+}
+
+/// A session on the loopback model with the terminal toolset, in `ws`.
+pub(crate) async fn terminal_session(ws: &Path) -> OneSession {
+    OneSession::builder(bin())
+        .toolsets(&["terminal"])
+        .cwd(ws)
+        .start()
+        .await
+        .unwrap()
+}
+
+/// The model asks to `rm -rf a/first` (in `a`) and then says it is done: the turn's admission
+/// and the approval prompt it opens.
+pub(crate) async fn asked_to_delete_first(
+    s: &mut OneSession,
+    a: &Path,
+) -> (String, ApprovalPrompt) {
+    let first = format!("rm -rf {}", a.join("first").display());
+    s.model.push(terminal_call("call_first", &first, a));
+    s.model.push(Reply::text("Deleted."));
+    let admission = submit(s, "delete a/first").await;
+    let prompt = next_prompt(s).await;
+    (admission, prompt)
 }
 
 fn params(
@@ -71,8 +103,14 @@ fn params(
     })
 }
 
-async fn answer(s: &mut OneSession, prompt: &ApprovalPrompt, choice: ApprovalChoice) {
-    let params = params(s, prompt, choice, None);
+/// `approval.respond` with `choice` (and `scope`, for `always`).
+pub(crate) async fn answer(
+    s: &mut OneSession,
+    prompt: &ApprovalPrompt,
+    choice: ApprovalChoice,
+    scope: Option<ApprovalScope>,
+) {
+    let params = params(s, prompt, choice, scope);
     s.client.call_ok("approval.respond", params).await.unwrap();
 }
 
@@ -125,19 +163,10 @@ const CLASS: &str = "deletes files recursively";
 async fn a_directory_rule_approves_inside_its_tree_and_asks_for_any_way_out() {
     let (_scratch, ws) = workspace();
     let (a, b) = (ws.join("a"), ws.join("b"));
-    let mut s = OneSession::builder(bin())
-        .toolsets(&["terminal"])
-        .cwd(&ws)
-        .start()
-        .await
-        .unwrap();
+    let mut s = terminal_session(&ws).await;
 
     // The prompt offers the command's directory tree, the workspace and everywhere, in words.
-    let first = format!("rm -rf {}", a.join("first").display());
-    s.model.push(terminal_call("call_first", &first, &a));
-    s.model.push(Reply::text("Deleted."));
-    let admission = submit(&mut s, "delete a/first").await;
-    let prompt = next_prompt(&mut s).await;
+    let (admission, prompt) = asked_to_delete_first(&mut s, &a).await;
     assert_eq!(prompt.class, CLASS);
     let offer = |scope, path: Option<&Path>, text: String| ApprovalScopeOffer {
         scope,
@@ -249,7 +278,7 @@ async fn a_directory_rule_approves_inside_its_tree_and_asks_for_any_way_out() {
             ApprovalScope::Directory,
         )
         .await;
-        answer(&mut s, &asked, ApprovalChoice::Deny).await;
+        answer(&mut s, &asked, ApprovalChoice::Deny, None).await;
     }
     assert_eq!(s.wait_settled(&admission).await.unwrap(), "completed");
     assert!(b.join("y").join("keep.txt").exists());
@@ -268,6 +297,7 @@ async fn a_directory_rule_approves_inside_its_tree_and_asks_for_any_way_out() {
         rule.origin.session_id.as_deref(),
         Some(s.session_id.as_str())
     );
+    let first = format!("rm -rf {}", a.join("first").display());
     assert_eq!(rule.origin.command.as_deref(), Some(first.as_str()));
     let out = run_drover(bin(), s.home.path(), None, &["approvals", "list"]).await;
     let table = String::from_utf8_lossy(&out.stdout);

@@ -4,7 +4,7 @@
 // Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -359,10 +359,15 @@ async fn a_class_no_path_bounds_is_offered_everywhere_only() {
     assert_eq!(scopes, ["everywhere"]);
 }
 
-/// An `always` answer bound to a tree grants the class for the rest of the turn inside that
-/// tree only: a later delete inside runs without asking, one outside asks again.
-#[tokio::test]
-async fn an_always_answer_for_a_tree_covers_the_rest_of_the_turn_inside_it_only() {
+/// A temporary dir with `a/one`, `a/two` and `b/three`, a manual-approval context whose
+/// person answers `always` for the tree of `a` and then `deny`, and `rm -rf one` run in `a`
+/// (asked once, answered `always`, run): the dir, the tree, the person and the context.
+async fn always_for_tree_a() -> (
+    tempfile::TempDir,
+    PathBuf,
+    Arc<ScriptedPrompts>,
+    ToolContext,
+) {
     let dir = tempfile::tempdir().expect("tempdir");
     let tree = dir.path().join("a");
     for sub in ["a/one", "a/two", "b/three"] {
@@ -373,13 +378,25 @@ async fn an_always_answer_for_a_tree_covers_the_rest_of_the_turn_inside_it_only(
         PromptAnswer::Answered(json!("deny")),
     ]);
     let ctx = context(dir.path(), "manual", human.clone());
-    let run = |command: &str| json!({"command": command, "workdir": "a"});
-    let out = call(run("rm -rf one"), &ctx).await;
+    let out = call(in_a("rm -rf one"), &ctx).await;
     assert_eq!(result(&out)["exit_code"], 0, "{}", out.content);
-    let out = call(run("rm -rf two"), &ctx).await;
+    (dir, tree, human, ctx)
+}
+
+/// A terminal call running `command` in `a`.
+fn in_a(command: &str) -> serde_json::Value {
+    json!({"command": command, "workdir": "a"})
+}
+
+/// An `always` answer bound to a tree grants the class for the rest of the turn inside that
+/// tree only: a later delete inside runs without asking, one outside asks again.
+#[tokio::test]
+async fn an_always_answer_for_a_tree_covers_the_rest_of_the_turn_inside_it_only() {
+    let (dir, _tree, human, ctx) = always_for_tree_a().await;
+    let out = call(in_a("rm -rf two"), &ctx).await;
     assert_eq!(result(&out)["exit_code"], 0, "{}", out.content);
     assert_eq!(human.seen().len(), 1, "inside the tree: no second prompt");
-    let out = call(run("rm -rf ../b/three"), &ctx).await;
+    let out = call(in_a("rm -rf ../b/three"), &ctx).await;
     assert_eq!(error_text(&out), "the user denied this command");
     assert_eq!(human.seen().len(), 2, "outside the tree: asked again");
     assert!(dir.path().join("b/three").exists());
@@ -387,21 +404,9 @@ async fn an_always_answer_for_a_tree_covers_the_rest_of_the_turn_inside_it_only(
 
 #[tokio::test]
 async fn a_rule_for_one_class_does_not_approve_another_in_the_same_command() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let tree = dir.path().join("a");
-    for sub in ["a/one", "a/two"] {
-        std::fs::create_dir_all(dir.path().join(sub)).expect("mkdir");
-    }
-    let human = ScriptedPrompts::in_order(vec![
-        PromptAnswer::Answered(json!({"choice": "always", "scope": "directory", "path": tree})),
-        PromptAnswer::Answered(json!("deny")),
-    ]);
-    let ctx = context(dir.path(), "manual", human.clone());
-    let run = |command: &str| json!({"command": command, "workdir": "a"});
-    let out = call(run("rm -rf one"), &ctx).await;
-    assert_eq!(result(&out)["exit_code"], 0, "{}", out.content);
+    let (_dir, tree, human, ctx) = always_for_tree_a().await;
     // The delete is covered; the force-push after it is not, and the prompt names it.
-    let out = call(run("rm -rf two && git push --force origin main"), &ctx).await;
+    let out = call(in_a("rm -rf two && git push --force origin main"), &ctx).await;
     assert_eq!(error_text(&out), "the user denied this command");
     let seen = human.seen();
     assert_eq!(seen.len(), 2, "the second class asks");
