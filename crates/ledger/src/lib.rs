@@ -1,7 +1,10 @@
 //! The SQLite ledger at `<home>/state.db` (SPEC section 3): the only code that writes it.
 //!
 //! [`Ledger`] owns one connection in WAL mode with `synchronous=FULL`, so an admission is on
-//! disk before `prompt.submit` answers (G1). Every multi-row change is one transaction:
+//! disk before `prompt.submit` answers (G1). [`Ledger::unsynced`] makes one write's commits
+//! without the sync and hands it to the caller ([`UnsyncedCommit`]), who may start work of its
+//! own process meanwhile (the owner hands a claimed turn to its worker while its admission's
+//! commit is synced). Every multi-row change is one transaction:
 //! claiming a turn, applying a worker's `persist` frame with its receipt (G4), settling a turn,
 //! and recovery after a restart (G2). Each write returns the events it stored so the owner can
 //! publish them after the commit. The state machines are plain functions in [`state`].
@@ -65,7 +68,7 @@ pub use error::LedgerError;
 pub use ids::new_id;
 pub(crate) use ids::now;
 pub(crate) use open::is_corruption;
-pub use open::{Ledger, RuntimeEpoch, PAGE_CACHE_KIB};
+pub use open::{Ledger, RuntimeEpoch, UnsyncedCommit, PAGE_CACHE_KIB};
 
 pub use admissions::{AdmissionRow, AdmitRequest, Receipt};
 pub use adoption::Handover;

@@ -1,7 +1,7 @@
 //! The [`Ledger`] handle: opening `state.db` (the file checked, one writer locked, WAL and
 //! `synchronous=FULL`, migrated), the runtime epoch, and `state_meta` reads.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension};
 
@@ -28,11 +28,33 @@ pub struct RuntimeEpoch {
 pub struct Ledger {
     pub(crate) conn: Connection,
     pub(crate) epoch: u64,
+    /// `state.db-wal`, synced by [`UnsyncedCommit::sync`].
+    wal: PathBuf,
     /// An exclusive `flock(2)` on `state.db`, so one process at a time writes the ledger.
     /// Declared after `conn` so it is closed after it: closing any descriptor of the file
     /// drops every POSIX lock this process holds on it, SQLite's included. flock(2) locks are
     /// apart from SQLite's fcntl(2) locks on Linux, so the two never interfere.
     _writer: std::fs::File,
+}
+
+/// Commits written to the WAL and not yet synced ([`Ledger::unsynced`]): durable once
+/// [`UnsyncedCommit::sync`] returns.
+#[derive(Debug)]
+#[must_use = "the commit is durable only once synced"]
+pub struct UnsyncedCommit {
+    wal: PathBuf,
+}
+
+impl UnsyncedCommit {
+    /// Syncs the WAL (`fdatasync(2)`), as SQLite's own commit would have with
+    /// `synchronous=FULL`. The file is opened by its path now: SQLite writes the WAL of that path (it never renames it), so this is the file the
+    /// frames went to.
+    pub fn sync(self) -> Result<(), LedgerError> {
+        let synced = std::fs::File::open(&self.wal).and_then(|wal| wal.sync_data());
+        synced.map_err(|e| {
+            LedgerError::Unavailable(format!("cannot sync {}: {e}", self.wal.display()))
+        })
+    }
 }
 
 impl Ledger {
@@ -103,10 +125,13 @@ impl Ledger {
         conn.pragma_update(None, "cache_size", -PAGE_CACHE_KIB)?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         conn.set_prepared_statement_cache_capacity(sql::STATEMENT_CACHE);
-        for suffix in ["-wal", "-shm"] {
+        let beside = |suffix: &str| {
             let mut p = path.as_os_str().to_owned();
             p.push(suffix);
-            set_private(Path::new(&p));
+            PathBuf::from(p)
+        };
+        for suffix in ["-wal", "-shm"] {
+            set_private(&beside(suffix));
         }
         // No row yet is epoch 0; a failed read is an error, never a silent 0.
         let epoch = conn
@@ -118,6 +143,7 @@ impl Ledger {
         Ok(Ledger {
             conn,
             epoch,
+            wal: beside("-wal"),
             _writer: writer,
         })
     }
@@ -161,6 +187,31 @@ impl Ledger {
                 r.get(0)
             })
             .optional()?)
+    }
+
+    /// Runs `write` with its commits written to the WAL but not synced, and gives back the
+    /// sync to do: the caller may start what needs the commit's rows in this process (not what
+    /// anyone outside may rely on) while [`UnsyncedCommit::sync`] brings them to disk. Every
+    /// later commit of this connection is synced as before (`synchronous=FULL`), so it syncs
+    /// these frames too, the WAL being one file written in order.
+    ///
+    /// A process that dies keeps the frames it wrote (they are in the kernel's page cache);
+    /// only a machine that loses power before the sync loses them.
+    pub fn unsynced<T>(
+        &mut self,
+        write: impl FnOnce(&mut Ledger) -> T,
+    ) -> Result<(T, UnsyncedCommit), LedgerError> {
+        self.conn.pragma_update(None, "synchronous", "NORMAL")?;
+        let written = write(self);
+        // Back to FULL before anything else commits; if that fails no commit is made here
+        // until it succeeds (the caller's storage error).
+        self.conn.pragma_update(None, "synchronous", "FULL")?;
+        Ok((
+            written,
+            UnsyncedCommit {
+                wal: self.wal.clone(),
+            },
+        ))
     }
 
     /// A small write that proves the ledger takes commits again (after a full disk).
@@ -269,6 +320,47 @@ mod tests {
         assert_eq!(pragma("journal_mode"), r#"Text("wal")"#);
         assert_eq!(pragma("synchronous"), "Integer(2)", "FULL");
         assert_eq!(pragma("temp_store"), "Integer(2)", "MEMORY");
+    }
+
+    /// [`Ledger::unsynced`]: its commits are made without a sync (`synchronous=NORMAL`) and
+    /// written all the same (another connection reads them before [`UnsyncedCommit::sync`]);
+    /// every commit after it is synced again (`FULL`).
+    #[test]
+    fn unsynced_commits_are_written_then_synced_by_the_caller_and_later_ones_as_before() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state.db");
+        let mut ledger = Ledger::open(&path).expect("open");
+        let synchronous = |ledger: &Ledger| -> i64 {
+            ledger
+                .conn
+                .query_row("PRAGMA synchronous", [], |r| r.get(0))
+                .expect("synchronous")
+        };
+        let (inside, unsynced) = ledger
+            .unsynced(|ledger| {
+                ledger
+                    .conn
+                    .execute(
+                        "INSERT INTO state_meta (key, value) VALUES ('unsynced', 'written')",
+                        [],
+                    )
+                    .expect("insert");
+                synchronous(ledger)
+            })
+            .expect("unsynced");
+        assert_eq!(inside, 1, "NORMAL inside");
+        assert_eq!(synchronous(&ledger), 2, "FULL after");
+        let reader =
+            Connection::open_with_flags(&path, OpenFlags::SQLITE_OPEN_READ_ONLY).expect("reader");
+        let value: String = reader
+            .query_row(
+                "SELECT value FROM state_meta WHERE key = 'unsynced'",
+                [],
+                |r| r.get(0),
+            )
+            .expect("the unsynced row is written");
+        assert_eq!(value, "written");
+        unsynced.sync().expect("sync");
     }
 
     /// Opening an up-to-date ledger writes nothing before the epoch bump (rewriting

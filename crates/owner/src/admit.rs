@@ -5,20 +5,32 @@
 //! fsync, so 8 clients submitting at once pay for a few fsyncs, not 8. A new input to a session
 //! with no running turn, nothing unknown and nothing queued before it is claimed in that same
 //! commit: its answer then says `started`, and its worker is started at once, with no second
-//! commit for the claim. Nobody is answered before the commit that holds their input.
+//! commit for the claim. Nobody is answered before the commit that holds their input is synced.
+//!
+//! The claimed turns' workers are handed their bootstraps while that sync runs, so a turn's
+//! model request is on its way while the disk flushes; nothing of the turn that anyone outside
+//! the owner could see or rely on happens before the sync (docs/decisions/turn-claim-while-syncing.md).
 
 use std::sync::Arc;
 
-use drover_ledger::{Admitted, Claim, LedgerError};
+use drover_ledger::{
+    AdmissionRow, AdmitRequest, Admitted, Claim, Ledger, LedgerError, StoredEvent,
+};
 use drover_protocol::Secret;
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
 
 use crate::home::new_token;
 use crate::owner::Owner;
 use crate::running_turn::TurnControl;
-use crate::turn::{register_claim, run_claimed};
+use crate::turn::{register_unpublished, run_claimed};
 
 /// The most inputs one group commit takes.
 const MAX_ADMISSION_BATCH: usize = 256;
+
+/// Test hook: a group commit holds after its rows are written, before their sync
+/// (`crate::daemon::hold_for_tests`), as a slow disk would.
+const HOLD_SYNC_ENV: &str = "DROVER_TEST_SYNC_HOLD";
 
 /// A turn claimed with its admission, registered in the commit's ledger job, to run.
 type Claimed = (Claim, Secret, TurnControl);
@@ -41,58 +53,32 @@ pub fn start_admissions(owner: &Arc<Owner>) {
             }
             let (requests, replies): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
             let inputs = requests.len();
-            let results = owner
-                .ledger(move |ledger, owner| {
-                    let mut secrets: Vec<(String, Secret)> = Vec::new();
-                    let mut claim_ids = || {
-                        // SPEC section 4: a draining owner claims nothing (nor one handing
-                        // the home over).
-                        if !owner.may_claim() {
-                            return None;
-                        }
-                        let execution_id = drover_ledger::new_id();
-                        let secret = new_token();
-                        let exposed = secret.expose().to_string();
-                        secrets.push((execution_id.clone(), secret));
-                        Some((execution_id, exposed))
-                    };
-                    let results = ledger.admit_batch(&requests, &mut claim_ids);
-                    let mut claimed: Vec<Claimed> = Vec::new();
-                    let rows = results
-                        .into_iter()
-                        .map(|result| {
-                            let Admitted { row, events, claim } = result?;
-                            owner.hub.publish(&events);
-                            if let Some(claim) = claim {
-                                let secret = secrets
-                                    .iter()
-                                    .find(|(id, _)| *id == claim.execution_id)
-                                    .map(|(_, secret)| secret.clone());
-                                match secret {
-                                    Some(secret) => {
-                                        let registered = register_claim(owner, &claim);
-                                        claimed.push((claim, secret, registered));
-                                    }
-                                    // Never: the ledger claims only with the ids it was given.
-                                    None => tracing::error!(
-                                        execution_id = %claim.execution_id,
-                                        "a claim with an execution id the owner did not give"
-                                    ),
-                                }
-                            }
-                            Ok(row)
-                        })
-                        .collect::<Vec<_>>();
-                    Ok((rows, claimed))
-                })
-                .await;
-            match results {
-                Ok((rows, claimed)) => {
+            // The claimed turns start as soon as their rows are written, while the commit is
+            // synced (docs/decisions/turn-claim-while-syncing.md).
+            let (early, claimed) = oneshot::channel::<Vec<Claimed>>();
+            let synced = CancellationToken::new();
+            let on_disk = synced.clone();
+            let committed = owner.ledger(move |ledger, owner| {
+                // Dropped however the job ends: a turn never waits for a sync that failed.
+                let _on_disk = on_disk.drop_guard();
+                commit_batch(ledger, owner, &requests, early)
+            });
+            let start_claimed = async {
+                if let Ok(claimed) = claimed.await {
                     for (claim, secret, registered) in claimed {
-                        owner
-                            .tracker
-                            .spawn(run_claimed(owner.clone(), claim, secret, registered));
+                        owner.tracker.spawn(run_claimed(
+                            owner.clone(),
+                            claim,
+                            secret,
+                            registered,
+                            Some(synced.clone()),
+                        ));
                     }
+                }
+            };
+            let ((), results) = tokio::join!(start_claimed, committed);
+            match results {
+                Ok(rows) => {
                     for (reply, row) in replies.into_iter().zip(rows) {
                         let _ = reply.send(row);
                     }
@@ -106,4 +92,71 @@ pub fn start_admissions(owner: &Arc<Owner>) {
             }
         }
     });
+}
+
+/// One group commit on the ledger thread: the inputs admitted, and an idle session's new input
+/// claimed, in one transaction written to the WAL; the claims registered and sent on `early`
+/// to start; then the commit synced, and only then its events published and its rows given
+/// back to answer with (G1: nobody is answered, and no client sees an event of it, before it
+/// is on disk). A failed sync answers every input with the storage error, as a failed commit
+/// does, and publishes the events all the same (the rows are the ledger's as SQLite reads
+/// them); the turns claimed go on (their next persist's commit meets the same disk).
+fn commit_batch(
+    ledger: &mut Ledger,
+    owner: &Owner,
+    requests: &[AdmitRequest],
+    early: oneshot::Sender<Vec<Claimed>>,
+) -> Result<Vec<Result<AdmissionRow, LedgerError>>, LedgerError> {
+    let mut secrets: Vec<(String, Secret)> = Vec::new();
+    let mut claim_ids = || {
+        // SPEC section 4: a draining owner claims nothing (nor one handing the home over).
+        if !owner.may_claim() {
+            return None;
+        }
+        let execution_id = drover_ledger::new_id();
+        let secret = new_token();
+        let exposed = secret.expose().to_string();
+        secrets.push((execution_id.clone(), secret));
+        Some((execution_id, exposed))
+    };
+    let (results, unsynced) =
+        ledger.unsynced(|ledger| ledger.admit_batch(requests, &mut claim_ids))?;
+    let mut claimed: Vec<Claimed> = Vec::new();
+    let mut events: Vec<StoredEvent> = Vec::new();
+    let rows = results
+        .into_iter()
+        .map(|result| {
+            let Admitted {
+                row,
+                events: admitted,
+                claim,
+            } = result?;
+            events.extend(admitted);
+            if let Some(claim) = claim {
+                let secret = secrets
+                    .iter()
+                    .find(|(id, _)| *id == claim.execution_id)
+                    .map(|(_, secret)| secret.clone());
+                match secret {
+                    Some(secret) => {
+                        events.extend(claim.events.iter().cloned());
+                        let registered = register_unpublished(owner, &claim);
+                        claimed.push((claim, secret, registered));
+                    }
+                    // Never: the ledger claims only with the ids it was given.
+                    None => tracing::error!(
+                        execution_id = %claim.execution_id,
+                        "a claim with an execution id the owner did not give"
+                    ),
+                }
+            }
+            Ok(row)
+        })
+        .collect::<Vec<_>>();
+    let _ = early.send(claimed);
+    crate::daemon::hold_for_tests(HOLD_SYNC_ENV);
+    let synced = unsynced.sync();
+    owner.hub.publish(&events);
+    synced?;
+    Ok(rows)
 }

@@ -703,12 +703,18 @@ fn home_swapped(held: Option<&HomeDir>, home: &Path) -> Option<String> {
     ))
 }
 
-/// Test hook: after taking the home lock, the daemon creates `<path>.reached` and waits (at
-/// most 60 s) for `<path>.release`, so a test can swap the home at that moment.
+/// Test hook: after taking the home lock, the daemon holds ([`hold_for_tests`]), so a test can
+/// swap the home at that moment.
 const HOLD_START_ENV: &str = "DROVER_TEST_START_HOLD";
 
 fn hold_start_for_tests() {
-    let Some(path) = std::env::var_os(HOLD_START_ENV) else {
+    hold_for_tests(HOLD_START_ENV);
+}
+
+/// Test hook: when `env` names a path, creates `<path>.reached` (holding this pid) and waits,
+/// at most 60 s, for `<path>.release`; returns at once without it.
+pub(crate) fn hold_for_tests(env: &str) {
+    let Some(path) = std::env::var_os(env) else {
         return;
     };
     let mut reached = path.clone();

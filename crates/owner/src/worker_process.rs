@@ -280,8 +280,9 @@ impl StartedWorker {
         }
     }
 
-    /// What to call once this worker's bootstrap is written: for a spare, it lets the keeper
-    /// start the next one (dropped unused, it does too). A no-op for a fresh worker.
+    /// What to call once this worker's turn is under way (its first frame beyond `started`):
+    /// for a spare, it lets the keeper start the next one (dropped unused, it does too). A
+    /// no-op for a fresh worker.
     pub fn handoff(&mut self) -> Handoff {
         Handoff(self.handed_off.take())
     }
@@ -325,12 +326,17 @@ impl StartedWorker {
     }
 }
 
-/// A taken spare's turn has written its bootstrap (or given up: dropped).
+/// A taken spare's turn is under way (or gave up: dropped).
 #[derive(Debug)]
 pub struct Handoff(Option<oneshot::Sender<()>>);
 
 impl Handoff {
-    /// The bootstrap is written: the keeper may start the next spare.
+    /// A handoff that lets no keeper go on: a fresh worker's, or one already done.
+    pub fn none() -> Handoff {
+        Handoff(None)
+    }
+
+    /// The turn is under way: the keeper may start the next spare.
     pub fn done(self) {
         if let Some(tx) = self.0 {
             let _ = tx.send(());

@@ -996,3 +996,142 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
     }
     files
 }
+
+/// A session whose daemon holds every admission commit after its rows are written, before
+/// their sync (`DROVER_TEST_SYNC_HOLD`, as a slow disk would), and the hold's path.
+async fn sync_held() -> (OneSession, tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let hold = dir.path().join("sync");
+    let s = OneSession::builder(bin())
+        .env(&[("DROVER_TEST_SYNC_HOLD", hold.to_str().unwrap())])
+        .start()
+        .await
+        .unwrap();
+    (s, dir, hold)
+}
+
+/// With `hold` suffixed.
+fn held(hold: &Path, suffix: &str) -> std::path::PathBuf {
+    let mut path = hold.as_os_str().to_owned();
+    path.push(suffix);
+    path.into()
+}
+
+/// A second client of `s`'s daemon, attached to its session, submitting `text` under
+/// `input_id` in a task of its own: the task's result is the submit's answer.
+async fn submit_elsewhere(
+    s: &OneSession,
+    input_id: &str,
+    text: &str,
+) -> tokio::task::JoinHandle<anyhow::Result<Result<Value, Value>>> {
+    let mut client = s.daemon.client().await.unwrap();
+    client
+        .call_ok("session.resume", json!({"session_id": s.session_id}))
+        .await
+        .unwrap();
+    let params = json!({"session_id": s.session_id, "input_id": input_id, "text": text});
+    tokio::spawn(async move { client.call("prompt.submit", params).await })
+}
+
+/// docs/decisions/turn-claim-while-syncing.md: an idle session's input is claimed in its
+/// admission's commit, and the turn's worker sends its model request while that commit is
+/// synced; nothing else of the turn (its answer stored, an event, the submit's answer) comes
+/// before the sync.
+#[tokio::test]
+async fn a_claimed_turn_asks_the_model_while_its_commit_syncs_and_nothing_else_comes_first() {
+    let (mut s, _dir, hold) = sync_held().await;
+    s.model.push(Reply::text("answered before the sync"));
+    let submitted = submit_elsewhere(&s, &uuid_like(), "first input").await;
+    assert!(
+        wait::until(BOUND, async || held(&hold, ".reached").exists()).await,
+        "the admission's commit did not reach its sync"
+    );
+    // The worker had its bootstrap and its request left, the commit still unsynced.
+    assert!(
+        s.model.wait_requests(1, BOUND).await,
+        "no model request while the commit syncs"
+    );
+    let assistant = "SELECT count(*) FROM messages WHERE role = 'assistant'";
+    assert!(
+        wait::holds_for(Duration::from_millis(300), async || {
+            !submitted.is_finished() && db_value(&s.home.db(), assistant) == json!(0)
+        })
+        .await,
+        "the submit was answered, or the turn's answer stored, before the sync"
+    );
+    assert_eq!(
+        s.client
+            .next_event(Duration::from_millis(100))
+            .await
+            .unwrap(),
+        None,
+        "an event of the commit was published before its sync"
+    );
+
+    std::fs::write(held(&hold, ".release"), "").unwrap();
+    let receipt: AdmissionReceipt = typed(submitted.await.unwrap().unwrap().unwrap());
+    assert_eq!(receipt.status, AdmissionStatus::Started);
+    let events = events_until_settled(&mut s.client, &receipt.admission_id).await;
+    assert_eq!(settled_outcome(&events), TurnEnd::Completed);
+    let seqs: Vec<u64> = events.iter().filter_map(|e| e.seq).collect();
+    assert_eq!(
+        seqs,
+        (1..=seqs.len() as u64).collect::<Vec<_>>(),
+        "{events:?}"
+    );
+    assert_eq!(s.model.requests().len(), 1);
+}
+
+/// The owner killed while a claim's commit syncs: the commit's rows were written, so the next
+/// owner finds the turn started and makes it `unknown` (G2), never running it again; the
+/// submit was never answered, and the client's retry of the same input gets that admission.
+#[tokio::test]
+async fn an_owner_killed_while_a_claim_syncs_leaves_the_turn_unknown_never_replayed() {
+    let (mut s, _dir, hold) = sync_held().await;
+    let gate = Gate::new();
+    s.model.push(Reply::text("never delivered").gated(&gate));
+    s.model.set_default(Reply::text("done"));
+    let input_id = uuid_like();
+    let submitted = submit_elsewhere(&s, &input_id, "unique-held-text").await;
+    assert!(
+        wait::until(BOUND, async || held(&hold, ".reached").exists()).await,
+        "the admission's commit did not reach its sync"
+    );
+    assert!(
+        gate.wait_reached(BOUND).await,
+        "no model request while the commit syncs"
+    );
+    let worker = s.daemon.wait_worker().await.unwrap();
+    let _reap = KillOnDrop(worker);
+
+    s.daemon.kill().unwrap();
+    assert!(
+        submitted.await.unwrap().is_err(),
+        "the submit was answered before its commit was synced"
+    );
+    assert!(
+        wait_gone(worker, Duration::from_secs(5)).await,
+        "worker {worker} outlived its owner"
+    );
+    let daemon = Daemon::start(bin(), s.home.path()).await.unwrap();
+    let mut c = daemon.client().await.unwrap();
+    let snap = resume(&mut c, &s.session_id).await;
+    let [(admission_id, AdmissionStatus::Unknown)] = &pending(&snap)[..] else {
+        panic!("not one unknown admission: {:?}", pending(&snap));
+    };
+    let again = c
+        .call_ok(
+            "prompt.submit",
+            json!({"session_id": s.session_id, "input_id": input_id, "text": "unique-held-text"}),
+        )
+        .await
+        .unwrap();
+    let again: AdmissionReceipt = typed(again);
+    assert_eq!(&again.admission_id, admission_id);
+    assert_eq!(again.status, AdmissionStatus::Unknown);
+    assert!(
+        !s.model.wait_requests(2, Duration::from_millis(500)).await,
+        "the turn ran again"
+    );
+    assert_eq!(requests_containing(&s.model, "unique-held-text"), 1);
+}

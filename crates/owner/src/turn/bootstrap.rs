@@ -13,6 +13,14 @@ use crate::running_turn::{RunningTurn, StopReason, TurnControl};
 /// claim): the execution is supervised (the watchdog sees it), the turn is registered as
 /// running and its `turn.started` published. The supervisor's side of the turn is returned.
 pub(crate) fn register_claim(owner: &Owner, claim: &Claim) -> TurnControl {
+    let control = register_unpublished(owner, claim);
+    owner.hub.publish(&claim.events);
+    control
+}
+
+/// [`register_claim`] without publishing the claim's events: for a claim whose commit is not
+/// synced yet, whose events the caller publishes once it is (`crate::admit`).
+pub(crate) fn register_unpublished(owner: &Owner, claim: &Claim) -> TurnControl {
     owner.supervised().insert(claim.execution_id.clone());
     // The turn is interruptible from the moment a client can see `turn.started`: a stop sent
     // before the worker runs waits in its control queue.
@@ -24,7 +32,6 @@ pub(crate) fn register_claim(owner: &Owner, claim: &Claim) -> TurnControl {
     // Listed as running, so interrupts, prompt answers and the drain reach its worker.
     owner.turns().insert(claim.execution_id.clone(), turn);
     owner.hub.reset_deltas(&claim.session.id);
-    owner.hub.publish(&claim.events);
     control
 }
 

@@ -23,7 +23,7 @@ pub mod schedule;
 pub mod start;
 pub mod supervise;
 
-pub(crate) use bootstrap::{frozen_context, register_claim};
+pub(crate) use bootstrap::{frozen_context, register_unpublished};
 pub use schedule::AdoptedWorker;
 pub use schedule::{claim_all_queued, claim_next, drain, start_watchdog};
 pub(crate) use schedule::{run_adopted, run_claimed};

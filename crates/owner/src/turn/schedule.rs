@@ -10,6 +10,7 @@ use std::time::Duration;
 use drover_ledger::Claim;
 use drover_protocol::Secret;
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::bootstrap::register_claim;
@@ -48,7 +49,7 @@ pub fn claim_next(owner: &Arc<Owner>, session_id: String) {
             })
             .await;
         match claimed {
-            Ok(Some((claim, control))) => run_claimed(owner, claim, secret, control).await,
+            Ok(Some((claim, control))) => run_claimed(owner, claim, secret, control, None).await,
             Ok(None) => {}
             Err(e) => tracing::error!(error = %e, "claiming a turn failed"),
         }
@@ -70,11 +71,16 @@ pub async fn claim_all_queued(owner: &Arc<Owner>) {
 /// Runs a claimed and registered turn ([`register_claim`]) to its end, claiming each session
 /// its supervisor hands back as soon as it does (a warm turn's next input is claimed at its
 /// settlement, not once its worker has exited).
+///
+/// `synced`, when given, is cancelled once the claim's commit is on disk (an admission's
+/// claim, `crate::admit`): the worker is handed its bootstrap before, but nothing the worker
+/// sends is served until then.
 pub(crate) async fn run_claimed(
     owner: Arc<Owner>,
     claim: Claim,
     secret: Secret,
     control: TurnControl,
+    synced: Option<CancellationToken>,
 ) {
     // Every log line of the turn, across its awaits, carries these fields.
     // Telemetry: exported as the root of the turn's trace; the worker's spans are parented on
@@ -89,7 +95,8 @@ pub(crate) async fn run_claimed(
     );
     crate::telemetry::claimed(&claim, &span);
     let (next_claims, handed_back) = mpsc::unbounded_channel();
-    let supervised = supervise(owner.clone(), claim, secret, control, next_claims).instrument(span);
+    let supervised =
+        supervise(owner.clone(), claim, secret, control, synced, next_claims).instrument(span);
     claim_while_supervised(&owner, supervised, handed_back).await;
 }
 
@@ -145,6 +152,7 @@ pub(crate) fn run_adopted(
         stdin,
         stdout: tokio::io::BufReader::new(stdout),
         first: None,
+        next_spare: crate::spare::Handoff::none(),
     };
     owner.supervised().insert(claim.execution_id.clone());
     let (turn, control) = RunningTurn::new(&claim);

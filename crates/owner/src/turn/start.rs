@@ -13,7 +13,7 @@ use tokio::net::unix::pipe;
 use tokio_util::sync::CancellationToken;
 
 use crate::owner::Owner;
-use crate::spare::{StartedWorker, WorkerProcess};
+use crate::spare::{Handoff, StartedWorker, WorkerProcess};
 
 /// The worker's stdin, written by the owner.
 pub(super) type WorkerStdin = pipe::Sender;
@@ -40,6 +40,10 @@ pub(super) struct TurnWorker {
     pub stdout: WorkerStdout,
     /// Its first line when that was not `started`: a frame to handle like any other.
     pub first: Option<Vec<u8>>,
+    /// For a spare: lets the keeper start the next spare, once the turn's worker has sent a
+    /// first frame beyond `started` (its model request is then out: the next spare's start and
+    /// its warm connection never compete with it), or when dropped.
+    pub next_spare: Handoff,
 }
 
 /// Starts the claim's turn on a worker (the spare, when there is one) and hands it the
@@ -75,9 +79,6 @@ pub(super) async fn start_turn(
         } = worker;
         let mut stdout = BufReader::new(stdout);
         let delivered = deliver(&process, &mut stdin, &mut stdout, bootstrap, kill).await;
-        // The next spare starts now, not while this turn's worker was being handed its
-        // bootstrap (dropped unused, the handoff lets the keeper go on too).
-        handoff.done();
         match delivered {
             Delivery::Started(first) => {
                 return Ok(TurnWorker {
@@ -85,9 +86,12 @@ pub(super) async fn start_turn(
                     stdin,
                     stdout,
                     first,
-                })
+                    next_spare: handoff,
+                });
             }
             Delivery::NotStarted(reason) => {
+                // Nothing ran here: the keeper may start the next spare now.
+                handoff.done();
                 kill_unstarted(&mut process, execution_id).await;
                 // It may have acknowledged in its last moment: then the turn had started, and
                 // the supervisor finds the worker dead and loses the turn.
@@ -98,6 +102,7 @@ pub(super) async fn start_turn(
                         stdin,
                         stdout,
                         first: None,
+                        next_spare: Handoff::none(),
                     });
                 }
                 tracing::warn!(%execution_id, attempt, "{reason}; nothing of the turn ran");

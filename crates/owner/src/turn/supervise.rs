@@ -77,6 +77,7 @@ pub(super) async fn supervise(
     mut claim: Claim,
     secret: Secret,
     control: TurnControl,
+    synced: Option<CancellationToken>,
     next_claims: NextClaims,
 ) {
     let execution_id = claim.execution_id.clone();
@@ -98,6 +99,15 @@ pub(super) async fn supervise(
             return;
         }
     };
+    // An external agent acts on its prompt at once, with no persist first (its tools run in
+    // its own process): its worker is handed the turn only once the claim is on disk.
+    let synced = match synced {
+        Some(synced) if claim.session.agent.is_some() => {
+            synced.cancelled().await;
+            None
+        }
+        synced => synced,
+    };
     // Its outbox folder, recycled from an earlier turn when one is pooled: it is there before
     // the worker reads the bootstrap, and retired below once the worker is reaped.
     owner.outboxes.provide(&execution_id);
@@ -113,6 +123,11 @@ pub(super) async fn supervise(
         }
     };
     drop(bootstrap);
+    // An admission's claim: its worker took the bootstrap while the commit was being synced;
+    // what it sends (deltas, persists) waits until the commit is on disk.
+    if let Some(synced) = synced {
+        synced.cancelled().await;
+    }
     let started = Started {
         claim: &claim,
         secret: kept_secret,
@@ -185,6 +200,7 @@ async fn run_worker(
         stdin,
         mut stdout,
         first,
+        next_spare,
     } = worker;
     // The worker leads a session of its own (its pid), which its tools' groups stay in.
     let worker_pid = process.id().and_then(|pid| i32::try_from(pid).ok());
@@ -201,6 +217,7 @@ async fn run_worker(
         next_claims,
         outcome: None,
         handoff_request: None,
+        next_spare: Some(next_spare),
     };
     // A worker whose first frame was not `started` has its frame handled as any other.
     if let Some(line) = first {
@@ -337,6 +354,9 @@ struct Supervisor {
     /// A handoff's request, once `handoff` was sent to the worker: answered when the worker's
     /// `handoff_ready` arrives.
     handoff_request: Option<HandoffRequest>,
+    /// Released after the worker's first frame is handled (dropped with the supervisor
+    /// otherwise): then the keeper starts the next spare ([`TurnWorker::next_spare`]).
+    next_spare: Option<crate::spare::Handoff>,
 }
 
 impl Supervisor {
@@ -407,6 +427,9 @@ impl Supervisor {
                     let _ = child.start_kill();
                     return LoopEnd::Signalled;
                 }
+            }
+            if let Some(next_spare) = self.next_spare.take() {
+                next_spare.done();
             }
         }
     }
