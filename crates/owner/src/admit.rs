@@ -29,7 +29,7 @@ use crate::turn::{register_unpublished, run_claimed};
 const MAX_ADMISSION_BATCH: usize = 256;
 
 /// Test hook: a group commit holds after its rows are written, before their sync
-/// (`crate::daemon::hold_for_tests`), as a slow disk would.
+/// ([`crate::test_hooks::hold_for_tests`]), as a slow disk would.
 const HOLD_SYNC_ENV: &str = "DROVER_TEST_SYNC_HOLD";
 
 /// A turn claimed with its admission, registered in the commit's ledger job, to run.
@@ -154,7 +154,7 @@ fn commit_batch(
         })
         .collect::<Vec<_>>();
     let _ = early.send(claimed);
-    crate::daemon::hold_for_tests(HOLD_SYNC_ENV);
+    crate::test_hooks::hold_for_tests(HOLD_SYNC_ENV);
     let synced = unsynced.sync();
     owner.hub.publish(&events);
     synced?;

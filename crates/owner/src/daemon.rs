@@ -703,29 +703,13 @@ fn home_swapped(held: Option<&HomeDir>, home: &Path) -> Option<String> {
     ))
 }
 
-/// Test hook: after taking the home lock, the daemon holds ([`hold_for_tests`]), so a test can
+/// Test hook: after taking the home lock, the daemon holds
+/// ([`crate::test_hooks::hold_for_tests`]), so a test can
 /// swap the home at that moment.
 const HOLD_START_ENV: &str = "DROVER_TEST_START_HOLD";
 
 fn hold_start_for_tests() {
-    hold_for_tests(HOLD_START_ENV);
-}
-
-/// Test hook: when `env` names a path, creates `<path>.reached` (holding this pid) and waits,
-/// at most 60 s, for `<path>.release`; returns at once without it.
-pub(crate) fn hold_for_tests(env: &str) {
-    let Some(path) = std::env::var_os(env) else {
-        return;
-    };
-    let mut reached = path.clone();
-    reached.push(".reached");
-    let mut release = path;
-    release.push(".release");
-    let _ = std::fs::write(&reached, std::process::id().to_string());
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while !Path::new(&release).exists() && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    crate::test_hooks::hold_for_tests(HOLD_START_ENV);
 }
 
 /// The home directory as the daemon found it at start: open, so its removal shows (a removed

@@ -34,7 +34,7 @@
 //!
 //! Layers (bottom to top; a module uses only those below it): `browser`, `config`, `error`,
 //! `home`, `hub`, `jobs`, `logfile`, `mcp`, [`outboxes`], [`running_turn`], `sandbox`,
-//! [`session_mcp`], `telemetry`, `tls`, [`worker_logs`], [`worker_process`] <
+//! [`session_mcp`], `telemetry`, `test_hooks`, `tls`, [`worker_logs`], [`worker_process`] <
 //! [`worker_template`] < [`spare`] < [`owner`] < [`turn`] < [`admit`] < [`handoff`] < [`rpc`] <
 //! [`dashboard`] < [`server`] < [`connections`] < [`idle`] < [`daemon`].
 
@@ -61,6 +61,7 @@ pub mod server;
 pub mod session_mcp;
 pub mod spare;
 pub mod telemetry;
+mod test_hooks;
 pub mod tls;
 pub mod turn;
 pub mod worker_logs;

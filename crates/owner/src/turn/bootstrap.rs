@@ -19,7 +19,7 @@ pub(crate) fn register_claim(owner: &Owner, claim: &Claim) -> TurnControl {
 }
 
 /// [`register_claim`] without publishing the claim's events: for a claim whose commit is not
-/// synced yet, whose events the caller publishes once it is (`crate::admit`).
+/// synced yet, whose events the caller publishes once it is (the admissions' group commit).
 pub(crate) fn register_unpublished(owner: &Owner, claim: &Claim) -> TurnControl {
     owner.supervised().insert(claim.execution_id.clone());
     // The turn is interruptible from the moment a client can see `turn.started`: a stop sent

@@ -73,8 +73,8 @@ pub async fn claim_all_queued(owner: &Arc<Owner>) {
 /// settlement, not once its worker has exited).
 ///
 /// `synced`, when given, is cancelled once the claim's commit is on disk (an admission's
-/// claim, `crate::admit`): the worker is handed its bootstrap before, but nothing the worker
-/// sends is served until then.
+/// claim, made by the admissions' group commit): the worker is handed its bootstrap before,
+/// but nothing the worker sends is served until then.
 pub(crate) async fn run_claimed(
     owner: Arc<Owner>,
     claim: Claim,
