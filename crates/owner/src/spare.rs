@@ -4,10 +4,10 @@
 //! page faults, the async runtime, the model's HTTP client with its TLS roots). The owner keeps
 //! one worker started ahead of the next claim, the **spare**: it has done all of that and waits
 //! for a bootstrap on its stdin. A claimed turn takes the spare ([`SpareSlot::take`]), and the
-//! next spare is started once that turn's worker took its bootstrap and sent a first frame
-//! beyond `started` ([`StartedWorker::handoff`]), or after `HANDOFF_WAIT`: starting a
-//! process takes CPU, and the next spare's warm connection a handshake with the endpoint,
-//! neither of which may delay the turn that took the spare on its way to its model request. SPEC section 4 is unchanged: one worker serves exactly one
+//! next spare is started once that turn settled ([`StartedWorker::handoff`]), or
+//! `HANDOFF_WAIT` after the claim when the turn runs longer: starting a process takes CPU, and
+//! the next spare's warm connection a handshake with the endpoint, neither of which may delay
+//! the turn that took the spare, on its way to its model request or to its settle. SPEC section 4 is unchanged: one worker serves exactly one
 //! turn and exits after it; a spare that never gets a bootstrap has no execution and no ledger
 //! row.
 //!
@@ -45,8 +45,9 @@ use crate::worker_template::TemplateSlot;
 /// binary that cannot start is not restarted in a loop.
 const RESTART_FIRST: Duration = Duration::from_millis(100);
 const RESTART_MOST: Duration = Duration::from_secs(5);
-/// How long the keeper waits for a taken spare's turn to let it go on (its worker's first frame
-/// beyond `started`) before it starts the next spare anyway.
+/// How long the keeper waits for a taken spare's turn to let it go on (the turn settled) before
+/// it starts the next spare anyway: a short turn has the host to itself, a long one gets the
+/// next spare started while it waits for the model.
 const HANDOFF_WAIT: Duration = Duration::from_millis(200);
 /// How long a claim waits for the keeper to hand over its spare. The keeper answers at once
 /// when it holds one; it is slower only while it is starting one (a template slow to fork):

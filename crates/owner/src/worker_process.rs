@@ -280,9 +280,8 @@ impl StartedWorker {
         }
     }
 
-    /// What to call once this worker's turn is under way (its first frame beyond `started`):
-    /// for a spare, it lets the keeper start the next one (dropped unused, it does too). A
-    /// no-op for a fresh worker.
+    /// What to call once this worker's turn settled: for a spare, it lets the keeper start the
+    /// next one (dropped unused, it does too). A no-op for a fresh worker.
     pub fn handoff(&mut self) -> Handoff {
         Handoff(self.handed_off.take())
     }
@@ -326,7 +325,7 @@ impl StartedWorker {
     }
 }
 
-/// A taken spare's turn is under way (or gave up: dropped).
+/// A taken spare's turn settled (or gave up: dropped).
 #[derive(Debug)]
 pub struct Handoff(Option<oneshot::Sender<()>>);
 
@@ -336,7 +335,7 @@ impl Handoff {
         Handoff(None)
     }
 
-    /// The turn is under way: the keeper may start the next spare.
+    /// The turn settled: the keeper may start the next spare.
     pub fn done(self) {
         if let Some(tx) = self.0 {
             let _ = tx.send(());

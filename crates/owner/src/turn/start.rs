@@ -40,9 +40,10 @@ pub(super) struct TurnWorker {
     pub stdout: WorkerStdout,
     /// Its first line when that was not `started`: a frame to handle like any other.
     pub first: Option<Vec<u8>>,
-    /// For a spare: lets the keeper start the next spare, once the turn's worker has sent a
-    /// first frame beyond `started` (its model request is then out: the next spare's start and
-    /// its warm connection never compete with it), or when dropped.
+    /// For a spare: lets the keeper start the next spare once the turn settled (the next
+    /// spare's start and its warm connection's handshake then never compete with the turn's
+    /// request or its settle), or when dropped; the keeper starts it anyway 200 ms after the
+    /// claim.
     pub next_spare: Handoff,
 }
 

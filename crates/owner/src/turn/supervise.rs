@@ -354,7 +354,7 @@ struct Supervisor {
     /// A handoff's request, once `handoff` was sent to the worker: answered when the worker's
     /// `handoff_ready` arrives.
     handoff_request: Option<HandoffRequest>,
-    /// Released after the worker's first frame is handled (dropped with the supervisor
+    /// Released once the turn settled and its answers went out (dropped with the supervisor
     /// otherwise): then the keeper starts the next spare ([`TurnWorker::next_spare`]).
     next_spare: Option<crate::spare::Handoff>,
 }
@@ -428,8 +428,11 @@ impl Supervisor {
                     return LoopEnd::Signalled;
                 }
             }
-            if let Some(next_spare) = self.next_spare.take() {
-                next_spare.done();
+            // The turn settled (its event is out): the next spare may start now.
+            if self.outcome.is_some() {
+                if let Some(next_spare) = self.next_spare.take() {
+                    next_spare.done();
+                }
             }
         }
     }
