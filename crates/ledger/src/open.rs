@@ -47,8 +47,8 @@ pub struct UnsyncedCommit {
 
 impl UnsyncedCommit {
     /// Syncs the WAL (`fdatasync(2)`), as SQLite's own commit would have with
-    /// `synchronous=FULL`. The file is opened by its path now: SQLite writes the WAL of that path (it never renames it), so this is the file the
-    /// frames went to.
+    /// `synchronous=FULL`. The file is opened by its path now: SQLite writes the WAL of that
+    /// path (it never renames it), so this is the file the frames went to.
     pub fn sync(self) -> Result<(), LedgerError> {
         let synced = std::fs::File::open(&self.wal).and_then(|wal| wal.sync_data());
         synced.map_err(|e| {

@@ -8,8 +8,9 @@
 //! commit for the claim. Nobody is answered before the commit that holds their input is synced.
 //!
 //! The claimed turns' workers are handed their bootstraps while that sync runs, so a turn's
-//! model request is on its way while the disk flushes; nothing of the turn that anyone outside
-//! the owner could see or rely on happens before the sync (docs/decisions/turn-claim-while-syncing.md).
+//! model request is on its way while the disk flushes; nothing else of the turn (an answer to
+//! the submit, an event, a frame of the worker served) happens before the sync
+//! (docs/decisions/turn-claim-while-syncing.md).
 
 use std::sync::Arc;
 

@@ -704,8 +704,7 @@ fn home_swapped(held: Option<&HomeDir>, home: &Path) -> Option<String> {
 }
 
 /// Test hook: after taking the home lock, the daemon holds
-/// ([`crate::test_hooks::hold_for_tests`]), so a test can
-/// swap the home at that moment.
+/// ([`crate::test_hooks::hold_for_tests`]), so a test can swap the home at that moment.
 const HOLD_START_ENV: &str = "DROVER_TEST_START_HOLD";
 
 fn hold_start_for_tests() {

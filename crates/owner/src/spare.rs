@@ -7,9 +7,9 @@
 //! next spare is started once that turn settled ([`StartedWorker::handoff`]), or
 //! `HANDOFF_WAIT` after the claim when the turn runs longer: starting a process takes CPU, and
 //! the next spare's warm connection a handshake with the endpoint, neither of which may delay
-//! the turn that took the spare, on its way to its model request or to its settle. SPEC section 4 is unchanged: one worker serves exactly one
-//! turn and exits after it; a spare that never gets a bootstrap has no execution and no ledger
-//! row.
+//! the turn that took the spare, on its way to its model request or to its settle. SPEC
+//! section 4 is unchanged: one worker serves exactly one turn and exits after it; a spare that
+//! never gets a bootstrap has no execution and no ledger row.
 //!
 //! - A spare belongs to one owner, so to one home: it is never given another home's turn.
 //! - It dies with its owner as every worker does (`PR_SET_PDEATHSIG`, end of stdin): it is
