@@ -62,6 +62,8 @@ pub struct Owner {
     /// What the kernel offers for confining tools, probed once at start
     /// ([`crate::sandbox::probe`]).
     pub sandbox_support: SandboxSupport,
+    /// The paths hidden from this home's tools, kept between turns.
+    pub hidden_paths: crate::sandbox::HiddenPaths,
     /// Jobs for the ledger thread, the only place the ledger is used (SPEC section 3: one
     /// writer). One thread, not a blocking task per call: a burst of calls queues here instead of
     /// growing the runtime's blocking pool (500 connections once made 499 threads).
@@ -251,6 +253,7 @@ impl Owner {
             outboxes,
             worker_logs,
             sandbox_support,
+            hidden_paths: crate::sandbox::HiddenPaths::default(),
             ledger_jobs,
             draining: AtomicBool::new(false),
             claims_held: AtomicBool::new(false),

@@ -170,13 +170,109 @@ fn listed_homes(dir: &Path) -> Vec<PathBuf> {
 /// profiles, under the account's home and under `$HOME` when that differs. Never `/` or a
 /// user's home itself, which would hide everything.
 pub fn hidden_paths(home: &str) -> Vec<String> {
-    let account = drover_platform::confine::account_home();
+    hidden_paths_for(home, drover_platform::confine::account_home())
+}
+
+fn hidden_paths_for(home: &str, account: Option<PathBuf>) -> Vec<String> {
     let env_home = std::env::var_os("HOME")
         .map(PathBuf::from)
         .filter(|h| h.is_absolute());
     let mut user_homes: Vec<PathBuf> = account.iter().chain(env_home.iter()).cloned().collect();
     user_homes.dedup();
     hidden_paths_of(home, &user_homes, account.as_deref())
+}
+
+/// How long after its last change the list of homes is read again at every turn: a rewrite
+/// within the file system's clock tick (a few milliseconds) may leave its size and times as
+/// they were, so a list changed this recently proves nothing by its stamp (as git treats an
+/// index entry as racy).
+const HOMES_LIST_SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// [`hidden_paths`] of one daemon, kept between turns: a claim's bootstrap used to read the
+/// account database and the list of homes (under a lock) and build the ~40 paths each time,
+/// about 0.2 ms before the worker could start. The account's home is read once; the list again
+/// whenever its file's stamp (inode, size, modification and change times) differs from the one
+/// the kept paths were built from, or it changed within [`HOMES_LIST_SETTLE`]; `$HOME` is
+/// compared at each call. So a daemon started since is hidden from the next turn's tools, as
+/// before.
+#[derive(Debug, Default)]
+pub struct HiddenPaths {
+    account: std::sync::OnceLock<Option<PathBuf>>,
+    kept: std::sync::Mutex<Option<KeptHidden>>,
+}
+
+#[derive(Debug)]
+struct KeptHidden {
+    home: String,
+    env_home: Option<std::ffi::OsString>,
+    list: Option<ListStamp>,
+    paths: Vec<String>,
+}
+
+/// What identifies one state of the list of homes' file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ListStamp {
+    inode: u64,
+    len: u64,
+    modified: (i64, i64),
+    changed: (i64, i64),
+}
+
+impl ListStamp {
+    /// The stamp of the file at `path` if it is there and settled (unchanged for
+    /// [`HOMES_LIST_SETTLE`]); `Err` when it changed more recently, so nothing kept may be
+    /// trusted.
+    fn of(path: &Path) -> Result<Option<ListStamp>, ()> {
+        use std::os::unix::fs::MetadataExt;
+        let Ok(meta) = std::fs::symlink_metadata(path) else {
+            return Ok(None);
+        };
+        let settled = meta
+            .modified()
+            .ok()
+            .and_then(|m| m.elapsed().ok())
+            .is_some_and(|age| age >= HOMES_LIST_SETTLE);
+        if !settled {
+            return Err(());
+        }
+        Ok(Some(ListStamp {
+            inode: meta.ino(),
+            len: meta.len(),
+            modified: (meta.mtime(), meta.mtime_nsec()),
+            changed: (meta.ctime(), meta.ctime_nsec()),
+        }))
+    }
+}
+
+impl HiddenPaths {
+    /// [`hidden_paths`] of `home`, rebuilt only when something it is built from changed.
+    pub fn of(&self, home: &str) -> Vec<String> {
+        let account = self
+            .account
+            .get_or_init(drover_platform::confine::account_home)
+            .clone();
+        let env_home = std::env::var_os("HOME");
+        let list = match &account {
+            Some(account) => ListStamp::of(&account.join(HOMES_DIR).join(HOMES_FILE)),
+            None => Ok(None),
+        };
+        let Ok(mut kept) = self.kept.lock() else {
+            return hidden_paths_for(home, account);
+        };
+        if let (Some(k), Ok(list)) = (kept.as_ref(), &list) {
+            if k.home == home && k.env_home == env_home && k.list == *list {
+                return k.paths.clone();
+            }
+        }
+        let paths = hidden_paths_for(home, account);
+        *kept = list.ok().map(|list| KeptHidden {
+            home: home.to_string(),
+            env_home,
+            list,
+            paths: paths.clone(),
+        });
+        paths
+    }
 }
 
 fn hidden_paths_of(home: &str, user_homes: &[PathBuf], account: Option<&Path>) -> Vec<String> {
@@ -215,12 +311,12 @@ fn clear_of(hidden: Vec<String>, needed: &[&Path]) -> Vec<String> {
 }
 
 /// `policy.sandbox` of a turn: the session's frozen settings, its cwd as the first writable
-/// root, every drover home and the browsers' profiles hidden ([`hidden_paths`]; none in
-/// `off`), the probe, and `[sandbox.env]` as read now.
+/// root, every drover home and the browsers' profiles hidden (`hidden`, [`hidden_paths`] of
+/// `home`; none in `off`), the probe, and `[sandbox.env]` as read now.
 pub fn policy(
     frozen: &SessionSandbox,
     cwd: &str,
-    home: &str,
+    (home, hidden): (&str, &HiddenPaths),
     support: &SandboxSupport,
     env: ToolEnv,
 ) -> SandboxPolicy {
@@ -239,7 +335,7 @@ pub fn policy(
             .map(Path::new)
             .chain(std::iter::once(temp.as_path()))
             .collect();
-        clear_of(hidden_paths(home), &needed)
+        clear_of(hidden.of(home), &needed)
     };
     SandboxPolicy {
         mode: frozen.mode,
@@ -315,7 +411,14 @@ pub fn confinement(frozen: &SessionSandbox, cwd: &str, support: &SandboxSupport)
     };
     let writable_roots = match (frozen.mode, landlock_abi) {
         (SandboxMode::WorkspaceWrite, Some(_)) => {
-            policy(frozen, cwd, "", support, ToolEnv::default()).writable_roots
+            policy(
+                frozen,
+                cwd,
+                ("", &HiddenPaths::default()),
+                support,
+                ToolEnv::default(),
+            )
+            .writable_roots
         }
         _ => Vec::new(),
     };
@@ -490,7 +593,7 @@ mod tests {
         let p = policy(
             &frozen(SandboxMode::WorkspaceWrite, false),
             "/w",
-            "/home/u/.drover",
+            ("/home/u/.drover", &HiddenPaths::default()),
             &full(7),
             env.clone(),
         );
@@ -503,11 +606,68 @@ mod tests {
         let off = policy(
             &frozen(SandboxMode::Off, true),
             "/w",
-            "/h",
+            ("/h", &HiddenPaths::default()),
             &full(7),
             ToolEnv::default(),
         );
         assert!(off.hidden.is_empty());
+    }
+
+    /// Sets the list's modification time `age` into the past, as a list written that long ago.
+    fn age_list(list: &Path, age: std::time::Duration) {
+        let file = std::fs::File::options()
+            .write(true)
+            .open(list.join(HOMES_FILE))
+            .expect("list");
+        file.set_modified(std::time::SystemTime::now() - age)
+            .expect("set mtime");
+    }
+
+    #[test]
+    fn kept_hidden_paths_follow_the_list_of_homes() {
+        let account = tempfile::tempdir().expect("account");
+        let list = account.path().join(HOMES_DIR);
+        let (a, b) = (account.path().join("a"), account.path().join("b"));
+        let kept = HiddenPaths {
+            account: std::sync::OnceLock::from(Some(account.path().to_path_buf())),
+            ..HiddenPaths::default()
+        };
+        register_home_in(&list, &a).expect("a");
+        age_list(&list, std::time::Duration::from_secs(60));
+        let first = kept.of("/srv/own");
+        assert!(first.contains(&a.display().to_string()), "{first:?}");
+        assert_eq!(
+            kept.of("/srv/own"),
+            first,
+            "kept while the list is unchanged"
+        );
+        assert!(
+            kept.kept.lock().expect("lock").is_some(),
+            "a settled list is kept"
+        );
+
+        // A daemon registers its home: the next turn hides it (the list changed just now).
+        register_home_in(&list, &b).expect("b");
+        let second = kept.of("/srv/own");
+        assert!(second.contains(&b.display().to_string()), "{second:?}");
+        assert!(
+            kept.kept.lock().expect("lock").is_none(),
+            "a list changed just now is not kept"
+        );
+
+        // Settled, kept, then rewritten and settled again before the next turn: the stamp
+        // differs, so the list is read once more.
+        age_list(&list, std::time::Duration::from_secs(30));
+        assert_eq!(kept.of("/srv/own"), second);
+        assert!(kept.kept.lock().expect("lock").is_some());
+        std::fs::write(list.join(HOMES_FILE), format!("{}\n", a.display())).expect("rewrite");
+        age_list(&list, std::time::Duration::from_secs(20));
+        let third = kept.of("/srv/own");
+        assert!(!third.contains(&b.display().to_string()), "{third:?}");
+        assert_eq!(
+            kept.of("/other"),
+            hidden_paths_for("/other", Some(account.path().into()))
+        );
     }
 
     #[test]

@@ -113,7 +113,7 @@ fn policy(owner: &Owner, claim: &Claim) -> Policy {
         sandbox: crate::sandbox::policy(
             &session.sandbox,
             &session.cwd,
-            &owner.home.display().to_string(),
+            (&owner.home.display().to_string(), &owner.hidden_paths),
             &owner.sandbox_support,
             config.sandbox.tool_env(),
         ),
