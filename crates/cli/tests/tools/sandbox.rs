@@ -790,6 +790,31 @@ async fn another_homes_token_and_the_browsers_profiles_are_hidden_from_tools() {
 }
 
 #[tokio::test]
+async fn a_home_registered_after_a_daemons_first_turn_is_hidden_from_its_next_turn() {
+    // The daemon builds its hidden paths at its first turn, and keeps them.
+    let mut s = session("", &[]).await;
+    let first = terminal_turn(&mut s, "call_first", json!({"command": "echo first"})).await;
+    assert!(output(&first).contains("first"), "{first}");
+    // A daemon started since adds its home to the user's list.
+    let other = session("", &[]).await;
+    let other_home = other.home.path().display().to_string();
+    let command = format!("cat {other_home}/daemon.json; ls -A {other_home}; echo end");
+    let result = terminal_turn(&mut s, "call_other", json!({"command": command})).await;
+    let shown = output(&result);
+    assert!(shown.contains("end"), "{result}");
+    lacks(
+        shown.as_str(),
+        &other.daemon.token(),
+        "a home registered after the first turn was read",
+    );
+    lacks(
+        shown.as_str(),
+        "state.db",
+        "a home registered after the first turn was listed",
+    );
+}
+
+#[tokio::test]
 async fn an_exec_job_asks_in_auto_mode_and_denied_reads_nothing() {
     let mut s = OneSession::builder(bin())
         .toolsets(&["jobs"])
