@@ -167,13 +167,9 @@ fn listed_homes(dir: &Path) -> Vec<PathBuf> {
 
 /// Everything hidden from a tool of the daemon whose home is `home`: that home first, every
 /// home in the user's list and the list itself, the default `~/.drover`, and the browsers'
-/// profiles, under the account's home and under `$HOME` when that differs. Never `/` or a
-/// user's home itself, which would hide everything.
-pub fn hidden_paths(home: &str) -> Vec<String> {
-    hidden_paths_for(home, drover_platform::confine::account_home())
-}
-
-fn hidden_paths_for(home: &str, account: Option<PathBuf>) -> Vec<String> {
+/// profiles, under the account's home (`account`) and under `$HOME` when that differs. Never
+/// `/` or a user's home itself, which would hide everything.
+fn hidden_paths(home: &str, account: Option<PathBuf>) -> Vec<String> {
     let env_home = std::env::var_os("HOME")
         .map(PathBuf::from)
         .filter(|h| h.is_absolute());
@@ -188,11 +184,11 @@ fn hidden_paths_for(home: &str, account: Option<PathBuf>) -> Vec<String> {
 /// index entry as racy).
 const HOMES_LIST_SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// [`hidden_paths`] of one daemon, kept between turns: a claim's bootstrap used to read the
-/// account database and the list of homes (under a lock) and build the ~40 paths each time,
-/// about 0.2 ms before the worker could start. The account's home is read once; the list again
-/// whenever its file's stamp (inode, size, modification and change times) differs from the one
-/// the kept paths were built from, or it changed within [`HOMES_LIST_SETTLE`]; `$HOME` is
+/// The paths hidden from one daemon's tools, kept between turns: a claim's bootstrap used to
+/// read the account database and the list of homes (under a lock) and build the ~40 paths each
+/// time, about 0.2 ms before the worker could start. The account's home is read once; the list
+/// again whenever its file's stamp (inode, size, modification and change times) differs from
+/// the one the kept paths were built from, or it changed within the last 2 seconds; `$HOME` is
 /// compared at each call. So a daemon started since is hidden from the next turn's tools, as
 /// before.
 #[derive(Debug, Default)]
@@ -218,14 +214,21 @@ struct ListStamp {
     changed: (i64, i64),
 }
 
-impl ListStamp {
-    /// The stamp of the file at `path` if it is there and settled (unchanged for
-    /// [`HOMES_LIST_SETTLE`]); `Err` when it changed more recently, so nothing kept may be
-    /// trusted.
-    fn of(path: &Path) -> Result<Option<ListStamp>, ()> {
+/// The list of homes' file as a turn finds it.
+#[derive(Debug)]
+enum ListState {
+    /// Unchanged for [`HOMES_LIST_SETTLE`] (`None`: there is no list): paths kept for the same
+    /// stamp are still right.
+    Settled(Option<ListStamp>),
+    /// Changed more recently: nothing kept may be trusted.
+    Recent,
+}
+
+impl ListState {
+    fn of(path: &Path) -> ListState {
         use std::os::unix::fs::MetadataExt;
         let Ok(meta) = std::fs::symlink_metadata(path) else {
-            return Ok(None);
+            return ListState::Settled(None);
         };
         let settled = meta
             .modified()
@@ -233,9 +236,9 @@ impl ListStamp {
             .and_then(|m| m.elapsed().ok())
             .is_some_and(|age| age >= HOMES_LIST_SETTLE);
         if !settled {
-            return Err(());
+            return ListState::Recent;
         }
-        Ok(Some(ListStamp {
+        ListState::Settled(Some(ListStamp {
             inode: meta.ino(),
             len: meta.len(),
             modified: (meta.mtime(), meta.mtime_nsec()),
@@ -245,7 +248,8 @@ impl ListStamp {
 }
 
 impl HiddenPaths {
-    /// [`hidden_paths`] of `home`, rebuilt only when something it is built from changed.
+    /// The paths hidden from the tools of the daemon whose home is `home`, rebuilt only when
+    /// something they are built from changed.
     pub fn of(&self, home: &str) -> Vec<String> {
         let account = self
             .account
@@ -253,24 +257,27 @@ impl HiddenPaths {
             .clone();
         let env_home = std::env::var_os("HOME");
         let list = match &account {
-            Some(account) => ListStamp::of(&account.join(HOMES_DIR).join(HOMES_FILE)),
-            None => Ok(None),
+            Some(account) => ListState::of(&account.join(HOMES_DIR).join(HOMES_FILE)),
+            None => ListState::Settled(None),
         };
         let Ok(mut kept) = self.kept.lock() else {
-            return hidden_paths_for(home, account);
+            return hidden_paths(home, account);
         };
-        if let (Some(k), Ok(list)) = (kept.as_ref(), &list) {
+        if let (Some(k), ListState::Settled(list)) = (kept.as_ref(), &list) {
             if k.home == home && k.env_home == env_home && k.list == *list {
                 return k.paths.clone();
             }
         }
-        let paths = hidden_paths_for(home, account);
-        *kept = list.ok().map(|list| KeptHidden {
-            home: home.to_string(),
-            env_home,
-            list,
-            paths: paths.clone(),
-        });
+        let paths = hidden_paths(home, account);
+        *kept = match list {
+            ListState::Settled(list) => Some(KeptHidden {
+                home: home.to_string(),
+                env_home,
+                list,
+                paths: paths.clone(),
+            }),
+            ListState::Recent => None,
+        };
         paths
     }
 }
@@ -311,8 +318,8 @@ fn clear_of(hidden: Vec<String>, needed: &[&Path]) -> Vec<String> {
 }
 
 /// `policy.sandbox` of a turn: the session's frozen settings, its cwd as the first writable
-/// root, every drover home and the browsers' profiles hidden (`hidden`, [`hidden_paths`] of
-/// `home`; none in `off`), the probe, and `[sandbox.env]` as read now.
+/// root, every drover home and the browsers' profiles hidden (`hidden`'s paths of `home`; none
+/// in `off`), the probe, and `[sandbox.env]` as read now.
 pub fn policy(
     frozen: &SessionSandbox,
     cwd: &str,
@@ -666,7 +673,7 @@ mod tests {
         assert!(!third.contains(&b.display().to_string()), "{third:?}");
         assert_eq!(
             kept.of("/other"),
-            hidden_paths_for("/other", Some(account.path().into()))
+            hidden_paths("/other", Some(account.path().into()))
         );
     }
 
