@@ -5,8 +5,7 @@
 
 use drover_model::{ChatModel, ModelError, WindowLookup};
 use drover_protocol::worker::{CompactionRecord, CompactionSummary, ContextWindowFound, UsageAdd};
-use drover_protocol::{ChatMessage, ContextBudget, Role};
-use serde_json::Value;
+use drover_protocol::{ChatMessage, ContextBudget, Role, ToolSchemas};
 
 use crate::context;
 use crate::store::TurnStore;
@@ -29,12 +28,12 @@ pub(crate) struct Budget {
 }
 
 impl Budget {
-    pub(crate) fn new(context: ContextBudget, schemas: &[Value]) -> Budget {
+    pub(crate) fn new(context: ContextBudget, schemas: &ToolSchemas) -> Budget {
         Budget {
             window: (context.context_window > 0).then_some(context.context_window),
             context,
             estimator: context::Estimator::default(),
-            schema_bytes: serde_json::to_string(schemas).map_or(0, |json| json.len()),
+            schema_bytes: schemas.json().len(),
         }
     }
 
@@ -336,10 +335,11 @@ impl Budget {
                 ),
             ];
             let mut quiet = |_: &str| {};
+            let no_tools = ToolSchemas::default();
             let response = tokio::select! {
                 biased;
                 _ = io.ctx.cancel.cancelled() => return Err(Stop::Interrupted),
-                response = io.model.chat(&messages, &[], &mut quiet) => response,
+                response = io.model.chat(&messages, &no_tools, &mut quiet) => response,
             };
             let completion = match response {
                 Ok(completion) => completion,

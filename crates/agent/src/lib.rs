@@ -35,7 +35,7 @@
 //! use drover_agent::{run_turn, TurnSpec};
 //! let spec = TurnSpec {
 //!     system_prompt: "You are terse.".into(),
-//!     tools: registry.schemas(),
+//!     tools: drover_protocol::ToolSchemas::from_values(&registry.schemas()),
 //!     history: vec![],
 //!     history_ids: vec![],
 //!     compaction: None,

@@ -211,13 +211,13 @@ impl ChatModel for ScriptedModel {
     async fn chat(
         &self,
         messages: &[ChatMessage],
-        schemas: &[Value],
+        schemas: &drover_protocol::ToolSchemas,
         on_delta: &mut (dyn for<'d> FnMut(&'d str) + Send),
     ) -> Result<Completion, ModelError> {
         self.requests
             .lock()
             .unwrap()
-            .push((messages.to_vec(), schemas.to_vec()));
+            .push((messages.to_vec(), schemas.values().unwrap()));
         if self.summaries && is_summary_request(messages) {
             let mut refuse = self.refuse_summaries.lock().unwrap();
             if *refuse > 0 {
@@ -396,9 +396,9 @@ impl Fixture {
 fn spec(input: &str) -> TurnSpec {
     TurnSpec {
         system_prompt: "be brief".into(),
-        tools: vec![
+        tools: drover_protocol::ToolSchemas::from_values(&[
             json!({"type": "function", "function": {"name": "echo", "description": "frozen"}}),
-        ],
+        ]),
         history: vec![
             ChatMessage::text(Role::User, "earlier"),
             ChatMessage::text(Role::Assistant, "earlier answer"),
@@ -455,7 +455,7 @@ async fn frozen_tools_and_system_prompt_are_sent_on_every_request() {
         text("done"),
     ]);
     let s = spec("go");
-    let frozen = s.tools.clone();
+    let frozen = s.tools.values().unwrap();
     let report = f.run(&model, s).await;
     assert_eq!(report.outcome, TurnOutcome::Completed);
     let requests = model.requests();
@@ -834,7 +834,7 @@ async fn a_turn_through_the_real_client_and_mock_model() {
     let requests = mock.requests();
     assert_eq!(requests.len(), 2);
     for body in &requests {
-        assert_eq!(body["tools"], Value::Array(frozen.clone()));
+        assert_eq!(body["tools"], Value::Array(frozen.values().unwrap()));
         assert_eq!(body["messages"][0]["role"], "system");
         assert_eq!(body["messages"][0]["content"], "be brief");
     }

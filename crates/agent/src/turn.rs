@@ -5,9 +5,8 @@ use std::sync::Arc;
 
 use drover_model::ChatModel;
 use drover_protocol::worker::{CompactionSummary, TurnOutcome};
-use drover_protocol::{ChatMessage, ContextBudget, Role, Usage};
+use drover_protocol::{ChatMessage, ContextBudget, Role, ToolSchemas, Usage};
 use drover_tools::{Tool, ToolContext};
-use serde_json::Value;
 
 use crate::context;
 use crate::store::{Appended, TurnStore};
@@ -18,7 +17,7 @@ pub struct TurnSpec {
     /// Sent as `messages[0]` on every request, byte for byte.
     pub system_prompt: String,
     /// Frozen tool schemas, sent verbatim on every request.
-    pub tools: Vec<Value>,
+    pub tools: ToolSchemas,
     /// Earlier messages, oldest first, without the system prompt and without what
     /// `compaction` covers.
     pub history: Vec<ChatMessage>,

@@ -5,9 +5,8 @@ use std::collections::BTreeMap;
 
 use drover_model::{ChatModel, ModelError};
 use drover_protocol::worker::{TurnOutcome, UsageAdd};
-use drover_protocol::{ChatMessage, Role};
+use drover_protocol::{ChatMessage, Role, ToolSchemas};
 use drover_tools::{ToolContext, ToolRegistry};
-use serde_json::Value;
 
 use crate::budget::Budget;
 use crate::calls::{close_interrupted, traced_call, CallEnd, PlannedCall};
@@ -95,7 +94,7 @@ pub(crate) struct Start {
     pub(crate) budget: Budget,
     pub(crate) tally: Tally,
     /// The frozen tool schemas, sent on every request.
-    pub(crate) schemas: Vec<Value>,
+    pub(crate) schemas: ToolSchemas,
     pub(crate) max_steps: u32,
 }
 

@@ -227,18 +227,20 @@ pub(crate) fn reserve(
             .unwrap_or_default()
             .to_string()
     };
+    let parent_schemas = parent
+        .tool_schemas
+        .values()
+        .map_err(|e| LedgerError::Corrupt(format!("sessions.tool_schemas: {e}")))?;
     let tool_schemas: Vec<Value> = match limits.toolset_tools {
         Some(names_of) => {
             let names = names_of(&toolsets);
-            parent
-                .tool_schemas
+            parent_schemas
                 .iter()
                 .filter(|s| names.contains(&schema_name(s)))
                 .cloned()
                 .collect()
         }
-        None => parent
-            .tool_schemas
+        None => parent_schemas
             .iter()
             .filter(|s| may_delegate || schema_name(s) != "delegate_task")
             .cloned()

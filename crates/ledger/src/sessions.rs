@@ -2,7 +2,7 @@
 
 use crate::sql::Cached;
 use drover_protocol::sandbox::SandboxMode;
-use drover_protocol::ApprovalMode;
+use drover_protocol::{ApprovalMode, ToolSchemas};
 use std::collections::BTreeMap;
 
 use rusqlite::{params, OptionalExtension, Row};
@@ -132,8 +132,8 @@ pub struct SessionRow {
     pub system_prompt: String,
     /// The toolset names enabled for the session.
     pub toolsets: Vec<String>,
-    /// The frozen tool schemas.
-    pub tool_schemas: Vec<Value>,
+    /// The frozen tool schemas, as stored (never parsed on a turn's way, [`ToolSchemas`]).
+    pub tool_schemas: ToolSchemas,
     /// The names of those tools (`tool_names`).
     pub tool_names: Vec<String>,
     /// The frozen `[sandbox]` settings; the defaults of now for a row older than the column.
@@ -271,7 +271,8 @@ impl RawSession {
         row.model_config = FrozenModel::read(&self.model_config)
             .map_err(|e| LedgerError::Corrupt(format!("sessions.model_config: {e}")))?;
         row.toolsets = parse_json(&self.toolsets, "sessions.toolsets")?;
-        row.tool_schemas = parse_json(&self.tool_schemas, "sessions.tool_schemas")?;
+        row.tool_schemas = ToolSchemas::from_json(self.tool_schemas)
+            .map_err(|e| LedgerError::Corrupt(format!("sessions.tool_schemas: {e}")))?;
         row.tool_names = parse_json(&self.tool_names, "sessions.tool_names")?;
         if let Some(sandbox) = &self.sandbox {
             row.sandbox = parse_json(sandbox, "sessions.sandbox")?;

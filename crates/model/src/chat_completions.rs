@@ -8,9 +8,11 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use drover_protocol::{
-    add_token_counts, ChatMessage, FunctionCall, Role, ToolCall, Usage, TOKEN_COUNT_MAX,
+    add_token_counts, ChatMessage, FunctionCall, Role, ToolCall, ToolSchemas, Usage,
+    TOKEN_COUNT_MAX,
 };
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::answer;
@@ -21,9 +23,10 @@ use crate::{Completion, ModelError};
 pub(crate) struct ChatRequest<'a> {
     pub model: &'a str,
     pub messages: Vec<WireMessage<'a>>,
-    /// Frozen schemas (SPEC section 4): sent as given, never rebuilt.
-    #[serde(skip_serializing_if = "<[Value]>::is_empty")]
-    pub tools: &'a [Value],
+    /// Frozen schemas (SPEC section 4): sent as given, never rebuilt (nor parsed: their
+    /// stored text); left out when there are none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tools: Option<&'a RawValue>,
     pub stream: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stream_options: Option<StreamOptions>,
@@ -92,13 +95,13 @@ impl<'a> WireMessage<'a> {
 pub(crate) fn request_body(
     model: &str,
     messages: &[ChatMessage],
-    tools: &[Value],
+    tools: &ToolSchemas,
     stream: bool,
 ) -> Result<Vec<u8>, ModelError> {
     let request = ChatRequest {
         model,
         messages: messages.iter().map(WireMessage::from_chat).collect(),
-        tools,
+        tools: tools.raw(),
         stream,
         stream_options: stream.then_some(StreamOptions {
             include_usage: true,

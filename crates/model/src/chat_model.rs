@@ -2,8 +2,7 @@
 //! gives, and what `GET /models` said of the context window ([`WindowLookup`]).
 
 use async_trait::async_trait;
-use drover_protocol::{ChatMessage, Usage};
-use serde_json::Value;
+use drover_protocol::{ChatMessage, ToolSchemas, Usage};
 
 use crate::error::ModelError;
 
@@ -60,7 +59,7 @@ pub trait ChatModel: Send + Sync {
     async fn chat(
         &self,
         messages: &[ChatMessage],
-        tools: &[Value],
+        tools: &ToolSchemas,
         on_delta: &mut (dyn for<'d> FnMut(&'d str) + Send),
     ) -> Result<Completion, ModelError>;
 

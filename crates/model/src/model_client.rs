@@ -5,11 +5,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use drover_protocol::{ChatMessage, ModelApi};
+use drover_protocol::{ChatMessage, ModelApi, ToolSchemas};
 use eventsource_stream::{EventStreamError, Eventsource};
 use futures::StreamExt;
 use reqwest::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE};
-use serde_json::Value;
 
 use crate::answer;
 use crate::body::{self, BodyError};
@@ -365,7 +364,7 @@ impl ChatModel for ModelClient {
     async fn chat(
         &self,
         messages: &[ChatMessage],
-        tools: &[Value],
+        tools: &ToolSchemas,
         on_delta: &mut (dyn for<'d> FnMut(&'d str) + Send),
     ) -> Result<Completion, ModelError> {
         use tracing::field::Empty;
@@ -435,7 +434,7 @@ impl ModelClient {
     async fn chat_retrying(
         &self,
         messages: &[ChatMessage],
-        tools: &[Value],
+        tools: &ToolSchemas,
         on_delta: &mut (dyn for<'d> FnMut(&'d str) + Send),
         retries: &mut u32,
     ) -> Result<Completion, ModelError> {

@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use drover_protocol::{ChatMessage, Role, ToolCall};
+use drover_protocol::{ChatMessage, Role, ToolCall, ToolSchemas};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -202,7 +202,7 @@ fn responses_tool(tool: &Value) -> Result<Value, ModelError> {
 pub(crate) fn request_body(
     model: &str,
     messages: &[ChatMessage],
-    tools: &[Value],
+    tools: &ToolSchemas,
     stream: bool,
     reasoning: &ReasoningItems,
 ) -> Result<Vec<u8>, ModelError> {
@@ -245,7 +245,13 @@ pub(crate) fn request_body(
         model,
         instructions,
         input,
-        tools: tools.iter().map(responses_tool).collect::<Result<_, _>>()?,
+        // The Responses API has its own tool shape: the frozen schemas are parsed to convert.
+        tools: tools
+            .values()
+            .map_err(|e| ModelError::Config(format!("cannot read the tool schemas: {e}")))?
+            .iter()
+            .map(responses_tool)
+            .collect::<Result<_, _>>()?,
         stream,
         store: false,
         include: reasoning.include(),
@@ -530,6 +536,7 @@ mod tests {
         ];
         let tools = [json!({"type": "function", "function": {
             "name": "terminal", "description": "runs", "parameters": {"type": "object"}}})];
+        let tools = ToolSchemas::from_values(&tools);
         let body = request_body("m", &messages, &tools, true, &reasoning).unwrap();
         let body: Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(body["instructions"], "be brief");

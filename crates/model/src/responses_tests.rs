@@ -30,9 +30,10 @@ async fn chat(
     tools: &[Value],
 ) -> (Result<Completion, ModelError>, Vec<String>) {
     let mut deltas = Vec::new();
+    let tools = drover_protocol::ToolSchemas::from_values(tools);
     let outcome = tokio::time::timeout(
         WAIT,
-        client.chat(messages, tools, &mut |d: &str| deltas.push(d.to_string())),
+        client.chat(messages, &tools, &mut |d: &str| deltas.push(d.to_string())),
     )
     .await
     .expect("chat finished in time");

@@ -51,6 +51,7 @@ pub mod rpc;
 pub mod sandbox;
 pub mod schema;
 pub mod secret;
+pub mod tool_schemas;
 pub mod words;
 pub mod worker;
 
@@ -62,3 +63,4 @@ pub use exit::Exit;
 pub use policy::{ApprovalMode, ContextBudget, ModelApi, ModelSettings};
 pub use rpc::{ErrorReason, RpcError};
 pub use secret::Secret;
+pub use tool_schemas::{ToolSchemas, ToolSchemasError};

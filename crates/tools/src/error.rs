@@ -15,4 +15,7 @@ pub enum ToolError {
         /// What went wrong.
         message: String,
     },
+    /// The session's frozen tool schemas do not parse (a damaged ledger row).
+    #[error("the session's frozen tool schemas do not parse: {0}")]
+    InvalidSchemas(String),
 }

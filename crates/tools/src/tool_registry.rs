@@ -71,14 +71,21 @@ impl ToolRegistry {
     /// turn). Each server's changes of state go to `status`.
     pub fn for_session(
         toolsets: &[String],
-        frozen: &[Value],
+        frozen: &drover_protocol::ToolSchemas,
         mcp_servers: &BTreeMap<String, drover_protocol::worker::McpServerSpec>,
         status: Arc<dyn McpStatusSink>,
     ) -> Result<Self, ToolError> {
         let (builtin, servers) = split_toolsets(toolsets, mcp_servers, &status)?;
         let mut registry = ToolRegistry::for_toolsets(&builtin)?;
+        // Only MCP tools are made from the frozen schemas: without a server nothing parses them.
+        let frozen = match servers.is_empty() {
+            true => Vec::new(),
+            false => frozen
+                .values()
+                .map_err(|e| ToolError::InvalidSchemas(e.to_string()))?,
+        };
         for server in &servers {
-            for schema in frozen {
+            for schema in &frozen {
                 if let Some(tool) = mcp::McpTool::from_frozen(server, schema) {
                     registry.tools.push(Arc::new(tool));
                 }

@@ -188,7 +188,7 @@ fn bootstrap(mock: &MockModel, home: &Path) -> Bootstrap {
     bootstrap.scope.execution_id = "exec-p".into();
     bootstrap.scope.secret = SECRET.into();
     bootstrap.policy.api_key = Some(API_KEY.into());
-    bootstrap.policy.tools = vec![];
+    bootstrap.policy.tools = drover_protocol::ToolSchemas::default();
     bootstrap.history = vec![];
     bootstrap
 }

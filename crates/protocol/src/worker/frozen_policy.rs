@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use super::BackgroundProcess;
 use crate::policy::{ApprovalMode, ContextBudget, ModelSettings};
@@ -40,8 +39,9 @@ pub struct Policy {
     pub system_prompt: String,
     /// The session's toolsets.
     pub toolsets: Vec<String>,
-    /// Tool schemas as frozen at `session.create`, sent byte for byte.
-    pub tools: Vec<Value>,
+    /// Tool schemas as frozen at `session.create`, sent byte for byte (never parsed on the
+    /// way, [`crate::ToolSchemas`]).
+    pub tools: crate::ToolSchemas,
     /// The tools' working directory.
     pub cwd: String,
     /// Upper bound on model requests in one turn.
@@ -122,7 +122,7 @@ struct PolicyFields {
     proxy: Option<String>,
     system_prompt: String,
     toolsets: Vec<String>,
-    tools: Vec<Value>,
+    tools: crate::ToolSchemas,
     cwd: String,
     max_steps: u32,
     #[serde(default)]

@@ -3,6 +3,7 @@
 // Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use drover_protocol::ToolSchemas;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -68,7 +69,13 @@ fn echo_session(spec: McpServerSpec, status: Arc<Recorded>) -> ToolRegistry {
         .iter()
         .map(|t| json!({"type": "function", "function": {"name": format!("mcp__echo__{t}")}}))
         .collect();
-    ToolRegistry::for_session(&["echo".to_string()], &schemas, &servers(spec), status).unwrap()
+    ToolRegistry::for_session(
+        &["echo".to_string()],
+        &ToolSchemas::from_values(&schemas),
+        &servers(spec),
+        status,
+    )
+    .unwrap()
 }
 
 async fn call(
@@ -221,7 +228,7 @@ async fn registry_freezes_prefixed_schemas_and_a_session_registry_calls_them() {
     let pidfile = pid_path();
     let session = ToolRegistry::for_session(
         &["todo".to_string(), "echo".to_string()],
-        &schemas,
+        &ToolSchemas::from_values(&schemas),
         &servers(echo_spec(Some(&pidfile))),
         Arc::new(NoMcpStatus),
     )
@@ -292,7 +299,9 @@ async fn dropping_the_connection_kills_and_reaps_the_server() {
 async fn a_cancelled_call_returns_at_once() {
     let session = ToolRegistry::for_session(
         &["echo".to_string()],
-        &[json!({"type": "function", "function": {"name": "mcp__echo__echo"}})],
+        &ToolSchemas::from_values(&[
+            json!({"type": "function", "function": {"name": "mcp__echo__echo"}}),
+        ]),
         &servers(echo_spec(None)),
         Arc::new(NoMcpStatus),
     )
@@ -316,7 +325,9 @@ async fn a_call_past_tool_timeout_s_is_a_tool_error_naming_the_bound() {
     let status = Arc::new(Recorded::default());
     let session = ToolRegistry::for_session(
         &["echo".to_string()],
-        &[json!({"type": "function", "function": {"name": "mcp__echo__sleep"}})],
+        &ToolSchemas::from_values(&[
+            json!({"type": "function", "function": {"name": "mcp__echo__sleep"}}),
+        ]),
         &servers(spec),
         status.clone(),
     )

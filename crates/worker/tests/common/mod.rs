@@ -253,7 +253,7 @@ pub fn turn_bootstrap(mock: &MockModel, home: &Path) -> Bootstrap {
             proxy: None,
             system_prompt: "be brief".into(),
             toolsets: vec![],
-            tools: vec![terminal_schema()],
+            tools: drover_protocol::ToolSchemas::from_values(&[terminal_schema()]),
             cwd: home.display().to_string(),
             max_steps: 8,
             approvals: drover_protocol::ApprovalMode::Auto,
