@@ -29,10 +29,13 @@
 //!   token, key and secret in these types).
 //! - [`mcp`]: MCP server status: the state words, one server's status, and the `mcp.status`
 //!   method's params and result (SPEC sections 2 and 6).
+//! - [`tool_schemas`]: [`ToolSchemas`], a session's frozen tool schemas kept as their JSON
+//!   text from the ledger to the model request (parsed only where the objects are needed).
 //!
-//! Layers: `secret`, `chat`, `rpc`, `policy`, `exit`, `words`, `daemon_file`, `fields` (leaves,
+//! Layers: `secret`, `chat`, `rpc`, `policy`, `exit`, `words`, `daemon_file`, `fields`,
+//! `tool_schemas` (leaves,
 //! `daemon_file` and `fields` on `secret`); `mcp` on `fields`; `sandbox` on
-//! `policy`; `worker` on `chat`, `policy`, `mcp` and `sandbox`; `handoff` on `secret` and `worker`; `event` on `words` and `mcp`; `client` on `event`; then `schema`.
+//! `policy`; `worker` on `chat`, `policy`, `mcp`, `sandbox` and `tool_schemas`; `handoff` on `secret` and `worker`; `event` on `words` and `mcp`; `client` on `event`; then `schema`.
 //!
 //! What this crate does not do: talk to sockets, open files or decide policy.
 
