@@ -744,6 +744,21 @@ async fn network_false_closes_tcp_mptcp_udp_dns_and_abstract_sockets() {
     assert!(shown.contains("abstract: closed"), "{result}");
 }
 
+/// Runs `command` (which ends with `echo end`) in a turn of `s`; checks it ran and that its
+/// output holds no token of `other`'s daemon (`what` names it); gives the output.
+async fn run_without_the_token(
+    s: &mut OneSession,
+    command: &str,
+    other: &OneSession,
+    what: &str,
+) -> String {
+    let result = terminal_turn(s, "call_other", json!({"command": command})).await;
+    let shown = output(&result);
+    assert!(shown.contains("end"), "{result}");
+    lacks(&shown, &other.daemon.token(), &format!("{what} was read"));
+    shown
+}
+
 #[tokio::test]
 async fn another_homes_token_and_the_browsers_profiles_are_hidden_from_tools() {
     // The daemon's user home, as $HOME, holds a browser profile with a dashboard login.
@@ -762,14 +777,7 @@ async fn another_homes_token_and_the_browsers_profiles_are_hidden_from_tools() {
          cat '{}/000003.log'; echo end",
         profile.display()
     );
-    let result = terminal_turn(&mut s, "call_other", json!({"command": command})).await;
-    let shown = output(&result);
-    assert!(shown.contains("end"), "{result}");
-    lacks(
-        shown.as_str(),
-        &other.daemon.token(),
-        "another home's token was read",
-    );
+    let shown = run_without_the_token(&mut s, &command, &other, "another home's token").await;
     lacks(
         shown.as_str(),
         "instance_id",
@@ -799,14 +807,8 @@ async fn a_home_registered_after_a_daemons_first_turn_is_hidden_from_its_next_tu
     let other = session("", &[]).await;
     let other_home = other.home.path().display().to_string();
     let command = format!("cat {other_home}/daemon.json; ls -A {other_home}; echo end");
-    let result = terminal_turn(&mut s, "call_other", json!({"command": command})).await;
-    let shown = output(&result);
-    assert!(shown.contains("end"), "{result}");
-    lacks(
-        shown.as_str(),
-        &other.daemon.token(),
-        "a home registered after the first turn was read",
-    );
+    let token = "a home registered after the first turn: its token";
+    let shown = run_without_the_token(&mut s, &command, &other, token).await;
     lacks(
         shown.as_str(),
         "state.db",
