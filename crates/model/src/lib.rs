@@ -43,10 +43,11 @@
 //! ```no_run
 //! # async fn demo() -> Result<(), drover_model::ModelError> {
 //! use drover_model::{ChatModel, ModelClient, ModelConfig};
-//! use drover_protocol::{ChatMessage, Role};
+//! use drover_protocol::{ChatMessage, Role, ToolSchemas};
 //! let client = ModelClient::new(ModelConfig::new("http://127.0.0.1:4000/v1", "gpt-4o-mini"))?;
 //! let msgs = [ChatMessage::text(Role::User, "hi")];
-//! let done = client.chat(&msgs, &[], &mut |delta| print!("{delta}")).await?;
+//! let no_tools = ToolSchemas::default();
+//! let done = client.chat(&msgs, &no_tools, &mut |delta| print!("{delta}")).await?;
 //! println!("{:?} {:?}", done.message.content, done.usage);
 //! # Ok(()) }
 //! ```
