@@ -77,6 +77,9 @@ const DELTA_PIECE_BYTES: usize = 512 * 1024;
 /// deltas are dropped, persists wait.
 pub const OWNER_QUEUE: usize = 64;
 
+/// The buffer in front of the worker's stdout: frames queued together are written at once.
+const OUT_BUFFER_BYTES: usize = 64 * 1024;
+
 /// Why a persist did not get a receipt.
 #[derive(Debug, thiserror::Error)]
 pub enum PersistError {
@@ -855,12 +858,15 @@ fn pieces(text: &str, max: usize) -> Vec<&str> {
 async fn write_loop<W>(
     inner: Arc<Inner>,
     connection: u64,
-    mut writer: W,
+    writer: W,
     resend: Vec<String>,
     mut lines: mpsc::Receiver<Outgoing>,
 ) where
     W: AsyncWrite + Unpin + Send + 'static,
 {
+    // Frames queued together go out in one write: a turn's last delta and its final batch
+    // wake the owner once, not once each.
+    let mut writer = tokio::io::BufWriter::with_capacity(OUT_BUFFER_BYTES, writer);
     if let Err(e) = write_lines(&inner, &mut writer, resend, &mut lines).await {
         tracing::warn!(error = %e, "writing to the owner failed");
         inner.lost(connection);

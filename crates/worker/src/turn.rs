@@ -182,8 +182,20 @@ async fn settle(
                 return WorkerExit::Aborted;
             }
         },
-        None => run_agent(pipe, bootstrap, prepared, cancel.clone()).await,
+        None => {
+            // The model's connection stays open until `execution.finish` went out: closing it
+            // first (a TLS close_notify, and the endpoint's side answering it) would come
+            // between the answer and the settle. It closes after.
+            let _connection = prepared.http.clone();
+            let report = run_agent(pipe, bootstrap, prepared, cancel.clone()).await;
+            return finish(pipe, report, cancel).await;
+        }
     };
+    finish(pipe, report, cancel).await
+}
+
+/// Persists `execution.finish` for the turn's `report`, unless the owner refused a persist.
+async fn finish(pipe: &OwnerPipe, report: TurnReport, cancel: CancellationToken) -> WorkerExit {
     if cancel.is_cancelled() {
         // Tools drop their groups on cancel already; this catches any that did not.
         ForegroundGroups::kill_all();

@@ -176,12 +176,9 @@ async fn deliver(
 ) -> Delivery {
     let pid = process.id().and_then(|pid| i32::try_from(pid).ok());
     let handed = async {
-        for line in bootstrap {
-            if let Err(e) = write_line(stdin, line).await {
-                return Delivery::NotStarted(format!(
-                    "cannot send the bootstrap to the worker: {e}"
-                ));
-            }
+        // In one write: the spare wakes once, to a whole bootstrap.
+        if let Err(e) = write_line(stdin, &bootstrap.concat()).await {
+            return Delivery::NotStarted(format!("cannot send the bootstrap to the worker: {e}"));
         }
         let mut buf = Vec::new();
         match read_frame_line(stdout, &mut buf, MAX_FRAME_BYTES).await {
