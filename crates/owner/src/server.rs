@@ -469,11 +469,50 @@ async fn send_text(
     queued: &AtomicUsize,
     overflow: &CancellationToken,
 ) -> bool {
-    let len = text.len();
+    send_texts(sink, vec![text], queued, overflow).await
+}
+
+/// The most messages written together: a settle's events, a burst of deltas.
+const MESSAGES_PER_WRITE: usize = 32;
+
+/// Writes `first` and the messages queued behind it (up to [`MESSAGES_PER_WRITE`]) in one
+/// flush, so a settle's events reach the client in one segment, not one each.
+async fn send_queued(
+    sink: &mut WsSink,
+    first: Outgoing,
+    rx: &mut mpsc::Receiver<Outgoing>,
+    queued: &AtomicUsize,
+    overflow: &CancellationToken,
+) -> bool {
+    let mut texts = vec![first];
+    while texts.len() < MESSAGES_PER_WRITE {
+        match rx.try_recv() {
+            Ok(text) => texts.push(text),
+            Err(_) => break,
+        }
+    }
+    send_texts(sink, texts, queued, overflow).await
+}
+
+/// Writes `texts` and flushes once; `false` when the socket failed or the client fell
+/// behind meanwhile.
+async fn send_texts(
+    sink: &mut WsSink,
+    texts: Vec<Outgoing>,
+    queued: &AtomicUsize,
+    overflow: &CancellationToken,
+) -> bool {
+    let len: usize = texts.iter().map(|text| text.len()).sum();
+    let written = async {
+        for text in texts {
+            sink.feed(Message::Text(text.into())).await?;
+        }
+        sink.flush().await
+    };
     // A socket the client stopped reading blocks here; overflow must still be able to end
     // the connection.
     let sent = tokio::select! {
-        r = sink.send(Message::Text(text.into())) => r.is_ok(),
+        r = written => r.is_ok(),
         _ = overflow.cancelled() => false,
     };
     queued.fetch_sub(len, Ordering::Relaxed);
@@ -496,7 +535,7 @@ async fn write_connection(
         tokio::select! {
             msg = rx.recv() => match msg {
                 Some(text) => {
-                    if !send_text(&mut sink, text, &queued, &overflow).await {
+                    if !send_queued(&mut sink, text, &mut rx, &queued, &overflow).await {
                         break if overflow.is_cancelled() { Ending::FellBehind } else { Ending::Broken };
                     }
                 }
