@@ -88,6 +88,10 @@ pub(crate) enum Feed {
     Event(Result<SessionEvent, ClientError>),
     /// The connection changed.
     Connection(ConnectionChange),
+    /// The session was attached again on a new connection, right after `Reconnected` or
+    /// `Restarted`: its events stored up to this `seq` are read back, the later ones come live
+    /// (in the order the daemon sent them, with the live `message.delta`s between them).
+    Resumed(u64),
     /// The task gave up: nothing more will come.
     Closed(ClientError),
 }
@@ -331,6 +335,9 @@ struct Connection {
     /// its streams of the reconnect: handed on after that, so a stream never reads the next
     /// owner's events before it hears that the daemon restarted.
     early: Vec<String>,
+    /// Each session re-attached on the new connection, with the `last_sequence` its
+    /// `session.resume` answered: handed to its streams after the reconnect is told.
+    resumed: Vec<(String, u64)>,
 }
 
 impl Connection {
@@ -562,6 +569,7 @@ async fn run(
         stopped: false,
         restart: None,
         early: Vec::new(),
+        resumed: Vec::new(),
     };
     loop {
         let Some(why) = conn.serve(&mut calls, &shared).await else {
@@ -592,6 +600,9 @@ async fn run(
                     None => ConnectionChange::Reconnected { restarted, epoch },
                 };
                 shared.send_all(|| Feed::Connection(change.clone()));
+                for (session_id, last_sequence) in std::mem::take(&mut conn.resumed) {
+                    shared.send_to(&session_id, || Feed::Resumed(last_sequence));
+                }
                 for text in std::mem::take(&mut conn.early) {
                     conn.incoming(&text, &shared);
                 }
@@ -706,13 +717,21 @@ async fn reconnect(conn: &mut Connection, shared: &Shared) -> Result<bool, Clien
 /// here again and it may be submitted to. A session the daemon no longer knows is dropped.
 async fn reattach(conn: &mut Connection, shared: &Shared) -> Result<(), String> {
     let ids: Vec<String> = conn.attached.iter().cloned().collect();
+    conn.resumed.clear();
     for id in ids {
         let resume = ClientRequest::SessionResume(drover_protocol::client::SessionRef {
             session_id: id.clone(),
         });
-        if let Err(e) = conn.direct(&resume, shared.options.call_timeout).await? {
-            tracing::warn!(session_id = %id, error = %e, "cannot re-attach the session");
-            conn.attached.remove(&id);
+        match conn.direct(&resume, shared.options.call_timeout).await? {
+            Ok(snapshot) => {
+                if let Some(last) = snapshot.get("last_sequence").and_then(Value::as_u64) {
+                    conn.resumed.push((id, last));
+                }
+            }
+            Err(e) => {
+                tracing::warn!(session_id = %id, error = %e, "cannot re-attach the session");
+                conn.attached.remove(&id);
+            }
         }
     }
     Ok(())

@@ -19,7 +19,12 @@
 //!   token), starts the daemon again when it may, re-attaches every attached session
 //!   (`session.resume`) and resumes each stream from its last `seq` with
 //!   `session.events.since` (following `has_more`), or hands out a new snapshot when the
-//!   daemon says `snapshot_required`. It gives up after [`ConnectOptions::reconnect_for`]
+//!   daemon says `snapshot_required`. It reads back only what was stored up to the
+//!   re-attach (the `last_sequence` `session.resume` answered); what was stored after came
+//!   live, and keeps the order the daemon sent it in with the live `message.delta`s between
+//!   (read ahead, a turn's `message.complete` would come before its deltas and a client
+//!   would show its text twice). A gap in live `seq`s is read back the same way, up to the
+//!   event that showed it. It gives up after [`ConnectOptions::reconnect_for`]
 //!   with [`ClientError::GaveUp`].
 //! - **A handoff** (`drover restart`): the old owner sends `daemon.restarted` and closes
 //!   with code 1012. The client reconnects at once to the next owner (found through

@@ -36,6 +36,10 @@ pub struct SessionStream {
     replay_epoch: String,
     feed: mpsc::UnboundedReceiver<Feed>,
     ready: VecDeque<Result<Update, ClientError>>,
+    /// A feed item read while a reconnect's catch-up was still owed: handled after it.
+    held: Option<Feed>,
+    /// Reconnected, and the session's `Feed::Resumed` not read yet.
+    resume_owed: bool,
     done: bool,
 }
 
@@ -72,6 +76,8 @@ impl SessionStream {
             link,
             feed,
             ready: VecDeque::new(),
+            held: None,
+            resume_owed: false,
             done: false,
         }
     }
@@ -101,10 +107,24 @@ impl SessionStream {
             if self.done {
                 return None;
             }
-            let Some(feed) = self.feed.recv().await else {
-                self.done = true;
-                return None;
+            let feed = match self.held.take() {
+                Some(feed) => feed,
+                None => match self.feed.recv().await {
+                    Some(feed) => feed,
+                    None => {
+                        self.done = true;
+                        return None;
+                    }
+                },
             };
+            // Reconnected, but the session was not re-attached (no `Resumed`): read everything
+            // stored since the last `seq` first, as a reconnect always did.
+            if self.resume_owed && !matches!(feed, Feed::Resumed(_)) {
+                self.resume_owed = false;
+                self.held = Some(feed);
+                self.catch_up_into_ready(None).await;
+                continue;
+            }
             match feed {
                 Feed::Event(Err(e)) => return Some(Err(e)),
                 Feed::Event(Ok(event)) => match event.seq {
@@ -117,9 +137,24 @@ impl SessionStream {
                         self.last_seq = seq;
                         return Some(Ok(Update::Event(event)));
                     }
-                    // A gap, or another stored stream: read what is stored.
+                    // A gap: what was stored before this event is read, then this event is
+                    // handed out as it came. Reading up to it only keeps the stored events
+                    // that came live after it (and the live deltas between them) in the order
+                    // the daemon sent them.
+                    Some(seq) if event.replay_epoch == self.replay_epoch => {
+                        match self.catch_up(Some(seq - 1)).await {
+                            Ok(()) if self.last_seq + 1 == seq => {
+                                self.last_seq = seq;
+                                self.ready.push_back(Ok(Update::Event(event)));
+                            }
+                            Ok(()) => self.catch_up_into_ready(None).await,
+                            Err(ClientError::ConnectionLost { .. }) => {}
+                            Err(e) => return Some(Err(e)),
+                        }
+                    }
+                    // Another stored stream: read what is stored.
                     Some(_) => {
-                        if let Err(e) = self.catch_up().await {
+                        if let Err(e) = self.catch_up(None).await {
                             if !matches!(e, ClientError::ConnectionLost { .. }) {
                                 return Some(Err(e));
                             }
@@ -127,19 +162,18 @@ impl SessionStream {
                     }
                 },
                 Feed::Connection(change) => {
-                    let reconnected = matches!(
+                    // The catch-up waits for the session's `Resumed`, which comes next.
+                    self.resume_owed = matches!(
                         change,
                         ConnectionChange::Reconnected { .. } | ConnectionChange::Restarted { .. }
                     );
                     self.ready.push_back(Ok(Update::Connection(change)));
-                    if reconnected {
-                        // Lost again meanwhile: the next Reconnected catches up.
-                        if let Err(e) = self.catch_up().await {
-                            if !matches!(e, ClientError::ConnectionLost { .. }) {
-                                self.ready.push_back(Err(e));
-                            }
-                        }
-                    }
+                }
+                // Re-attached: what was stored until then is read back; what came after
+                // comes live, in order with its deltas, and is not read ahead of them.
+                Feed::Resumed(last_sequence) => {
+                    self.resume_owed = false;
+                    self.catch_up_into_ready(Some(last_sequence)).await;
                 }
                 Feed::Closed(e) => {
                     self.done = true;
@@ -149,10 +183,23 @@ impl SessionStream {
         }
     }
 
-    /// Reads the stored events after `last_seq` (following `has_more`) into `ready`; on
-    /// `snapshot_required`, resumes and queues the snapshot instead.
-    async fn catch_up(&mut self) -> Result<(), ClientError> {
+    /// [`SessionStream::catch_up`], its error (but a lost connection: the next `Reconnected`
+    /// catches up) queued after what it read.
+    async fn catch_up_into_ready(&mut self, until: Option<u64>) {
+        if let Err(e) = self.catch_up(until).await {
+            if !matches!(e, ClientError::ConnectionLost { .. }) {
+                self.ready.push_back(Err(e));
+            }
+        }
+    }
+
+    /// Reads the stored events after `last_seq` (following `has_more`), up to `until` when
+    /// given, into `ready`; on `snapshot_required`, resumes and queues the snapshot instead.
+    async fn catch_up(&mut self, until: Option<u64>) -> Result<(), ClientError> {
         loop {
+            if until.is_some_and(|until| self.last_seq >= until) {
+                return Ok(());
+            }
             let page: EventsPage = self
                 .link
                 .typed(ClientRequest::SessionEventsSince(EventsSinceParams {
@@ -173,6 +220,8 @@ impl SessionStream {
             }
             for event in page.events {
                 match event.seq {
+                    // Past `until`: it comes (or came) live.
+                    Some(seq) if until.is_some_and(|until| seq > until) => return Ok(()),
                     Some(seq) if seq > self.last_seq => {
                         self.last_seq = seq;
                         self.ready.push_back(Ok(Update::Event(event)));

@@ -2,7 +2,9 @@
 //! owner sends `daemon.restarted` and closes with 1012, the next owner serves on the same
 //! address once it rewrote `daemon.json`. The stream goes on with no gap and no repeat, the
 //! caller hears "daemon restarted (version X -> Y)" and never "lost", and the client neither
-//! starts a daemon nor settles for the old owner's `daemon.json`.
+//! starts a daemon nor settles for the old owner's `daemon.json`. And a reconnect's catch-up
+//! reads back only what was stored before the session was attached again: what comes live
+//! after (a turn's deltas, then its stored events) keeps the order the daemon sent it in.
 
 // Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -33,6 +35,24 @@ fn event(seq: u64) -> Value {
     })
 }
 
+/// A live `message.delta` (no `seq`).
+fn delta() -> Value {
+    json!({
+        "session_id": SESSION, "seq": null, "replay_epoch": REPLAY,
+        "type": "message.delta", "payload": {"text": "hi", "delta_index": 0},
+    })
+}
+
+/// The stream's events as `seq`s, a delta as "delta".
+fn order(seen: &[Update]) -> Vec<String> {
+    seen.iter()
+        .filter_map(|u| match u {
+            Update::Event(e) => Some(e.seq.map_or_else(|| "delta".to_string(), |s| s.to_string())),
+            _ => None,
+        })
+        .collect()
+}
+
 fn write_daemon_json(home: &Path, url: &str, epoch: u64, instance: &str) {
     let info = json!({
         "pid": std::process::id(), "epoch": epoch, "instance_id": instance,
@@ -52,6 +72,9 @@ enum Ctrl {
     Handoff { notice: bool },
     /// Send the stored event of this seq live again (a duplicate the client must drop).
     Resend(u64),
+    /// Store one event without sending it (the client misses it), then store and send the
+    /// next one, a live delta and the one after: all three stored before the client can ask.
+    GapThenTurn,
 }
 
 /// The fake daemon's state, shared by its connections.
@@ -61,6 +84,9 @@ struct Fake {
     /// The `daemon.json` instance each `session.resume` was answered under.
     resumed_under: Mutex<Vec<String>>,
     connections: Mutex<u32>,
+    /// After answering the next `session.resume`, a turn goes on at once: a live delta, then
+    /// the next event stored and sent.
+    turn_after_resume: Mutex<bool>,
 }
 
 impl Fake {
@@ -118,9 +144,24 @@ async fn serve(listener: TcpListener, fake: Arc<Fake>, ctrl: mpsc::UnboundedRece
                     msg = ws.next() => {
                         let Some(Ok(Message::Text(text))) = msg else { return };
                         let req: Value = serde_json::from_str(text.as_str()).unwrap();
-                        let result = fake.answer(req["method"].as_str().unwrap(), &req["params"]);
+                        let method = req["method"].as_str().unwrap();
+                        let result = fake.answer(method, &req["params"]);
                         let answer = json!({"jsonrpc": "2.0", "id": req["id"], "result": result});
                         ws.send(Message::Text(answer.to_string().into())).await.unwrap();
+                        let turn = method == "session.resume"
+                            && std::mem::take(&mut *fake.turn_after_resume.lock().unwrap());
+                        if turn {
+                            let e = {
+                                let mut stored = fake.stored.lock().unwrap();
+                                let e = event(stored.len() as u64 + 1);
+                                stored.push(e.clone());
+                                e
+                            };
+                            for live in [delta(), e] {
+                                let note = json!({"jsonrpc": "2.0", "method": "event", "params": live});
+                                ws.send(Message::Text(note.to_string().into())).await.unwrap();
+                            }
+                        }
                     }
                     order = ctrl.recv() => match order {
                         None => return,
@@ -133,6 +174,21 @@ async fn serve(listener: TcpListener, fake: Arc<Fake>, ctrl: mpsc::UnboundedRece
                             };
                             let note = json!({"jsonrpc": "2.0", "method": "event", "params": e});
                             ws.send(Message::Text(note.to_string().into())).await.unwrap();
+                        }
+                        Some(Ctrl::GapThenTurn) => {
+                            let (third, fourth) = {
+                                let mut stored = fake.stored.lock().unwrap();
+                                for _ in 0..3 {
+                                    let e = event(stored.len() as u64 + 1);
+                                    stored.push(e);
+                                }
+                                let n = stored.len();
+                                (stored[n - 2].clone(), stored[n - 1].clone())
+                            };
+                            for live in [third, delta(), fourth] {
+                                let note = json!({"jsonrpc": "2.0", "method": "event", "params": live});
+                                ws.send(Message::Text(note.to_string().into())).await.unwrap();
+                            }
                         }
                         Some(Ctrl::Resend(seq)) => {
                             let e = fake.stored.lock().unwrap()[seq as usize - 1].clone();
@@ -180,6 +236,7 @@ async fn setup() -> Setup {
         stored: Mutex::new(Vec::new()),
         resumed_under: Mutex::new(Vec::new()),
         connections: Mutex::new(0),
+        turn_after_resume: Mutex::new(false),
     });
     let (ctrl, rx) = mpsc::unbounded_channel();
     tokio::spawn(serve(listener, fake.clone(), rx));
@@ -315,4 +372,49 @@ async fn a_restart_close_alone_waits_for_the_next_owners_daemon_json() {
         "re-attached before the next owner wrote daemon.json"
     );
     assert!(*s.fake.connections.lock().unwrap() >= 2);
+}
+
+#[tokio::test]
+async fn a_reconnect_reads_back_only_what_was_stored_before_the_session_was_attached_again() {
+    let s = setup().await;
+    let mut options = ConnectOptions::new(&s.home, StartDaemon::Never);
+    options.reconnect_for = BOUND;
+    let client = Client::connect(options).await.unwrap();
+    let mut stream = client.attach(SESSION).await.unwrap();
+    let mut seen = Vec::new();
+    s.ctrl.send(Ctrl::Event).unwrap();
+    until_seq(&mut stream, 1, &mut seen).await;
+
+    // Stored while the client was away (read back), then, once the session is attached again,
+    // a turn runs at once: its delta and its next stored event come live, and the event is
+    // stored before the client asks what it missed.
+    std::fs::remove_file(s.home.join("daemon.json")).unwrap();
+    s.ctrl.send(Ctrl::Handoff { notice: true }).unwrap();
+    s.fake.stored.lock().unwrap().push(event(2));
+    *s.fake.turn_after_resume.lock().unwrap() = true;
+    write_daemon_json(&s.home, &s.url, 2, "two");
+    until_seq(&mut stream, 3, &mut seen).await;
+
+    // In the daemon's order: what was missed, then the delta, then the event that followed
+    // it; not the event read back ahead of the delta (a client showing the turn's text would
+    // show it twice).
+    assert_eq!(order(&seen), ["1", "2", "delta", "3"], "{seen:#?}");
+}
+
+#[tokio::test]
+async fn a_gap_is_read_back_up_to_the_event_that_showed_it_and_no_further() {
+    let s = setup().await;
+    let mut options = ConnectOptions::new(&s.home, StartDaemon::Never);
+    options.reconnect_for = BOUND;
+    let client = Client::connect(options).await.unwrap();
+    let mut stream = client.attach(SESSION).await.unwrap();
+    let mut seen = Vec::new();
+    s.ctrl.send(Ctrl::Event).unwrap();
+    until_seq(&mut stream, 1, &mut seen).await;
+
+    // 2 is missed; 3 shows the gap; a delta and 4 follow it live, 4 stored before the client
+    // asks for what it missed.
+    s.ctrl.send(Ctrl::GapThenTurn).unwrap();
+    until_seq(&mut stream, 4, &mut seen).await;
+    assert_eq!(order(&seen), ["1", "2", "3", "delta", "4"], "{seen:#?}");
 }
