@@ -91,7 +91,8 @@ pub(crate) enum Feed {
     /// The session was attached again on a new connection, right after `Reconnected` or
     /// `Restarted`: its events stored up to this `seq` are read back, the later ones come live
     /// (in the order the daemon sent them, with the live `message.delta`s between them).
-    Resumed(u64),
+    /// `None`: it could not be attached again; everything stored since is read back.
+    Resumed(Option<u64>),
     /// The task gave up: nothing more will come.
     Closed(ClientError),
 }
@@ -335,9 +336,10 @@ struct Connection {
     /// its streams of the reconnect: handed on after that, so a stream never reads the next
     /// owner's events before it hears that the daemon restarted.
     early: Vec<String>,
-    /// Each session re-attached on the new connection, with the `last_sequence` its
-    /// `session.resume` answered: handed to its streams after the reconnect is told.
-    resumed: Vec<(String, u64)>,
+    /// Each session of the new connection, with the `last_sequence` its `session.resume`
+    /// answered (`None` when it could not be attached again): handed to its streams after
+    /// the reconnect is told.
+    resumed: Vec<(String, Option<u64>)>,
 }
 
 impl Connection {
@@ -724,13 +726,13 @@ async fn reattach(conn: &mut Connection, shared: &Shared) -> Result<(), String> 
         });
         match conn.direct(&resume, shared.options.call_timeout).await? {
             Ok(snapshot) => {
-                if let Some(last) = snapshot.get("last_sequence").and_then(Value::as_u64) {
-                    conn.resumed.push((id, last));
-                }
+                let last = snapshot.get("last_sequence").and_then(Value::as_u64);
+                conn.resumed.push((id, last));
             }
             Err(e) => {
                 tracing::warn!(session_id = %id, error = %e, "cannot re-attach the session");
                 conn.attached.remove(&id);
+                conn.resumed.push((id, None));
             }
         }
     }

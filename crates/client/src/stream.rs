@@ -117,8 +117,8 @@ impl SessionStream {
                     }
                 },
             };
-            // Reconnected, but the session was not re-attached (no `Resumed`): read everything
-            // stored since the last `seq` first, as a reconnect always did.
+            // Reconnected, and no `Resumed` came for this session: read everything stored
+            // since the last `seq` first.
             if self.resume_owed && !matches!(feed, Feed::Resumed(_)) {
                 self.resume_owed = false;
                 self.held = Some(feed);
@@ -170,10 +170,11 @@ impl SessionStream {
                     self.ready.push_back(Ok(Update::Connection(change)));
                 }
                 // Re-attached: what was stored until then is read back; what came after
-                // comes live, in order with its deltas, and is not read ahead of them.
+                // comes live, in order with its deltas, and is not read ahead of them. Not
+                // re-attached (`None`): everything stored since is read back.
                 Feed::Resumed(last_sequence) => {
                     self.resume_owed = false;
-                    self.catch_up_into_ready(Some(last_sequence)).await;
+                    self.catch_up_into_ready(last_sequence).await;
                 }
                 Feed::Closed(e) => {
                     self.done = true;
