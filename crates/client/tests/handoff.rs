@@ -249,6 +249,20 @@ async fn setup() -> Setup {
     }
 }
 
+/// A client that never starts a daemon, attached to the session, having read its first event.
+async fn attached_after_one_event(
+    s: &Setup,
+) -> (Client, drover_client::SessionStream, Vec<Update>) {
+    let mut options = ConnectOptions::new(&s.home, StartDaemon::Never);
+    options.reconnect_for = BOUND;
+    let client = Client::connect(options).await.unwrap();
+    let mut stream = client.attach(SESSION).await.unwrap();
+    let mut seen = Vec::new();
+    s.ctrl.send(Ctrl::Event).unwrap();
+    until_seq(&mut stream, 1, &mut seen).await;
+    (client, stream, seen)
+}
+
 /// Reads the stream until the event of `seq`, keeping every update (bounded).
 async fn until_seq(stream: &mut drover_client::SessionStream, seq: u64, seen: &mut Vec<Update>) {
     tokio::time::timeout(BOUND, async {
@@ -339,13 +353,7 @@ async fn a_handoff_notice_reconnects_to_the_next_owner_without_a_gap_or_a_repeat
 #[tokio::test]
 async fn a_restart_close_alone_waits_for_the_next_owners_daemon_json() {
     let s = setup().await;
-    let mut options = ConnectOptions::new(&s.home, StartDaemon::Never);
-    options.reconnect_for = BOUND;
-    let client = Client::connect(options).await.unwrap();
-    let mut stream = client.attach(SESSION).await.unwrap();
-    let mut seen = Vec::new();
-    s.ctrl.send(Ctrl::Event).unwrap();
-    until_seq(&mut stream, 1, &mut seen).await;
+    let (_client, mut stream, mut seen) = attached_after_one_event(&s).await;
 
     // No notice (missed), and the old owner's daemon.json stays a while: it names the same
     // address, which answers, but the client waits for the next owner's file.
@@ -377,13 +385,7 @@ async fn a_restart_close_alone_waits_for_the_next_owners_daemon_json() {
 #[tokio::test]
 async fn a_reconnect_reads_back_only_what_was_stored_before_the_session_was_attached_again() {
     let s = setup().await;
-    let mut options = ConnectOptions::new(&s.home, StartDaemon::Never);
-    options.reconnect_for = BOUND;
-    let client = Client::connect(options).await.unwrap();
-    let mut stream = client.attach(SESSION).await.unwrap();
-    let mut seen = Vec::new();
-    s.ctrl.send(Ctrl::Event).unwrap();
-    until_seq(&mut stream, 1, &mut seen).await;
+    let (_client, mut stream, mut seen) = attached_after_one_event(&s).await;
 
     // Stored while the client was away (read back), then, once the session is attached again,
     // a turn runs at once: its delta and its next stored event come live, and the event is
@@ -404,13 +406,7 @@ async fn a_reconnect_reads_back_only_what_was_stored_before_the_session_was_atta
 #[tokio::test]
 async fn a_gap_is_read_back_up_to_the_event_that_showed_it_and_no_further() {
     let s = setup().await;
-    let mut options = ConnectOptions::new(&s.home, StartDaemon::Never);
-    options.reconnect_for = BOUND;
-    let client = Client::connect(options).await.unwrap();
-    let mut stream = client.attach(SESSION).await.unwrap();
-    let mut seen = Vec::new();
-    s.ctrl.send(Ctrl::Event).unwrap();
-    until_seq(&mut stream, 1, &mut seen).await;
+    let (_client, mut stream, mut seen) = attached_after_one_event(&s).await;
 
     // 2 is missed; 3 shows the gap; a delta and 4 follow it live, 4 stored before the client
     // asks for what it missed.
