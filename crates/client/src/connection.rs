@@ -128,6 +128,11 @@ impl Shared {
         }
     }
 
+    /// The sessions that have a subscriber.
+    fn subscribed(&self) -> Vec<String> {
+        lock(&self.subscribers).keys().cloned().collect()
+    }
+
     fn send_all(&self, feed: impl Fn() -> Feed) {
         let mut subs = lock(&self.subscribers);
         for list in subs.values_mut() {
@@ -602,7 +607,12 @@ async fn run(
                     None => ConnectionChange::Reconnected { restarted, epoch },
                 };
                 shared.send_all(|| Feed::Connection(change.clone()));
-                for (session_id, last_sequence) in std::mem::take(&mut conn.resumed) {
+                // Every stream hears where its catch-up ends; one whose session was not
+                // attached again (detached, or gone) reads everything stored since.
+                let mut resumed: HashMap<String, Option<u64>> =
+                    std::mem::take(&mut conn.resumed).into_iter().collect();
+                for session_id in shared.subscribed() {
+                    let last_sequence = resumed.remove(&session_id).flatten();
                     shared.send_to(&session_id, || Feed::Resumed(last_sequence));
                 }
                 for text in std::mem::take(&mut conn.early) {

@@ -542,3 +542,78 @@ async fn a_batch_over_the_frame_limit_is_cut_into_lines_under_it() {
         .expect("task")
         .expect("receipt");
 }
+
+/// A writer that records the size of each write it passes on.
+struct CountingWriter {
+    inner: WriteHalf<DuplexStream>,
+    writes: std::sync::Arc<std::sync::Mutex<Vec<usize>>>,
+}
+
+impl tokio::io::AsyncWrite for CountingWriter {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
+        if let std::task::Poll::Ready(Ok(n)) = &polled {
+            self.writes.lock().unwrap().push(*n);
+        }
+        polled
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[tokio::test]
+async fn a_delta_and_the_persist_queued_behind_it_go_to_the_owner_in_one_write() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let (link, _dir, _cancel) = open_link(home.path());
+    let (worker, owner) = tokio::io::duplex(64 * 1024);
+    let (worker_read, worker_write) = tokio::io::split(worker);
+    let writes = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    link.connect(
+        BufReader::new(worker_read),
+        CountingWriter {
+            inner: worker_write,
+            writes: writes.clone(),
+        },
+    );
+    let (owner_read, owner_write) = tokio::io::split(owner);
+    let mut owner = OwnerEnd {
+        reader: BufReader::new(owner_read),
+        writer: owner_write,
+    };
+    // The model's last piece of text and the turn's next write, queued before the writer runs
+    // (as a turn's last delta and its final batch are).
+    let resent_before = writes.lock().unwrap().len();
+    link.send_delta("hi");
+    let persist = link.persist(Operation::read("usage.add", json!({ "n": 1 })));
+    tokio::pin!(persist);
+    tokio::select! {
+        biased;
+        _ = &mut persist => panic!("answered before the owner read it"),
+        () = std::future::ready(()) => {}
+    }
+    assert!(matches!(owner.frame().await, WorkerFrame::Delta { .. }));
+    let frame = owner.persist().await;
+    owner.receipt(frame.sequence, json!({"ok": true})).await;
+    tokio::time::timeout(WAIT, persist)
+        .await
+        .expect("the receipt in time")
+        .expect("persisted");
+    let writes = writes.lock().unwrap()[resent_before..].to_vec();
+    assert_eq!(writes.len(), 1, "one write for both lines, got {writes:?}");
+}
