@@ -23,8 +23,40 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// What a connection's writer receives: a serialised JSON-RPC message.
-pub type Outgoing = String;
+/// What a connection's writer receives: serialised JSON-RPC messages, written in order and
+/// flushed together.
+#[derive(Debug)]
+pub enum Outgoing {
+    /// One message: a response, a live delta or progress.
+    One(String),
+    /// The events of one publish that this connection follows (a settle's, a claim's): handed
+    /// over at once, so the writer never wakes for the first while the rest are still being
+    /// queued, and the client gets them in one segment.
+    Several(Vec<String>),
+}
+
+impl Outgoing {
+    /// The bytes of its messages.
+    pub fn len(&self) -> usize {
+        match self {
+            Outgoing::One(text) => text.len(),
+            Outgoing::Several(texts) => texts.iter().map(String::len).sum(),
+        }
+    }
+
+    /// Whether it carries no byte.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Its messages, in order.
+    pub fn into_texts(self) -> Vec<String> {
+        match self {
+            Outgoing::One(text) => vec![text],
+            Outgoing::Several(texts) => texts,
+        }
+    }
+}
 
 /// A connection as the hub sees it: its bounded outbox, the bytes queued in it, and a token
 /// cancelled when it falls behind (its writer then closes the socket).
@@ -74,7 +106,7 @@ impl ConnHandle {
     /// Queues a message without waiting. A connection over either bound (messages or
     /// [`CONNECTION_OUTBOX_BYTES`]) is marked overflowed and `false` is returned: the owner never
     /// waits for a slow client.
-    pub fn offer(&self, text: String) -> bool {
+    pub fn offer(&self, text: Outgoing) -> bool {
         let len = text.len();
         if self.queued.load(Ordering::Relaxed) + len > CONNECTION_OUTBOX_BYTES {
             self.overflow.cancel();
@@ -99,7 +131,7 @@ impl ConnHandle {
     pub async fn send(&self, text: String) -> bool {
         let len = text.len();
         self.queued.fetch_add(len, Ordering::Relaxed);
-        if self.tx.send(text).await.is_err() {
+        if self.tx.send(Outgoing::One(text)).await.is_err() {
             self.queued.fetch_sub(len, Ordering::Relaxed);
             return false;
         }
@@ -276,9 +308,9 @@ impl Hub {
             return;
         }
         let mut s = self.lock();
+        let mut texts = Vec::with_capacity(events.len());
         for e in events {
             follow_turn(&mut s, e, now);
-            wake_admission_watchers(&mut s, e);
             if matches!(
                 e.event,
                 EventPayload::MessageComplete(_) | EventPayload::ToolStart(_)
@@ -286,8 +318,12 @@ impl Hub {
                 // A new assistant message starts after these: restart delta numbering.
                 s.deltas.remove(&e.session_id);
             }
-            let text = notification(&e.to_wire());
-            send_all(&mut s, &e.session_id, text);
+            texts.push((e.session_id.as_str(), notification(&e.to_wire())));
+        }
+        send_together(&mut s, texts);
+        // Watchers hear of an event once it is queued for every connection.
+        for e in events {
+            wake_admission_watchers(&mut s, e);
         }
     }
 
@@ -476,20 +512,46 @@ fn notification(event: &impl serde::Serialize) -> String {
 }
 
 fn send_all(s: &mut HubState, session_id: &str, text: String) {
-    let Some(list) = s.sessions.get_mut(session_id) else {
-        return;
-    };
-    list.retain(|conn| {
-        let kept = conn.offer(text.clone());
-        if !kept && conn.overflow.is_cancelled() {
-            tracing::warn!(
-                conn = conn.id,
-                session_id,
-                "client fell behind; dropping its connection"
-            );
+    send_together(s, vec![(session_id, text)]);
+}
+
+/// Queues `texts` (each for the connections attached to its session) with one offer per
+/// connection, in order; a connection that fell behind or closed is dropped from every
+/// session it was offered for.
+fn send_together(s: &mut HubState, texts: Vec<(&str, String)>) {
+    let mut outboxes: Vec<(ConnHandle, Vec<String>)> = Vec::new();
+    for (session_id, text) in &texts {
+        for conn in s.sessions.get(*session_id).into_iter().flatten() {
+            match outboxes.iter_mut().find(|(held, _)| held.id == conn.id) {
+                Some((_, queued)) => queued.push(text.clone()),
+                None => outboxes.push((conn.clone(), vec![text.clone()])),
+            }
         }
-        kept
-    });
+    }
+    let mut dropped: Vec<ConnId> = Vec::new();
+    for (conn, mut queued) in outboxes {
+        let outgoing = match queued.len() {
+            1 => Outgoing::One(queued.remove(0)),
+            _ => Outgoing::Several(queued),
+        };
+        if !conn.offer(outgoing) {
+            if conn.overflow.is_cancelled() {
+                tracing::warn!(
+                    conn = conn.id,
+                    "client fell behind; dropping its connection"
+                );
+            }
+            dropped.push(conn.id);
+        }
+    }
+    if dropped.is_empty() {
+        return;
+    }
+    for (session_id, _) in &texts {
+        if let Some(list) = s.sessions.get_mut(*session_id) {
+            list.retain(|conn| !dropped.contains(&conn.id));
+        }
+    }
 }
 
 #[cfg(test)]
@@ -523,11 +585,13 @@ mod tests {
         struct Note {
             params: Event,
         }
-        while let Ok(text) = rx.try_recv() {
-            let note: Note = serde_json::from_str(&text).unwrap();
-            if note.params.kind == ev::TURN_PROGRESS {
-                let params = serde_json::to_value(&note.params).unwrap();
-                out.push(serde_json::from_value(params).unwrap());
+        while let Ok(outgoing) = rx.try_recv() {
+            for text in outgoing.into_texts() {
+                let note: Note = serde_json::from_str(&text).unwrap();
+                if note.params.kind == ev::TURN_PROGRESS {
+                    let params = serde_json::to_value(&note.params).unwrap();
+                    out.push(serde_json::from_value(params).unwrap());
+                }
             }
         }
         out
@@ -706,5 +770,54 @@ mod tests {
         hub.end_turn("s", "b");
         hub.progress_at("s", "b", INTERVAL, t0 + INTERVAL * 3);
         assert!(drain(&mut rx).is_empty());
+    }
+
+    /// The sequence numbers of the stored events in one outbox item.
+    fn seqs(outgoing: Outgoing) -> Vec<u64> {
+        outgoing
+            .into_texts()
+            .iter()
+            .map(|text| {
+                let note: Value = serde_json::from_str(text).unwrap();
+                note["params"]["seq"].as_u64().unwrap()
+            })
+            .collect()
+    }
+
+    /// One publish is one item in each attached connection's outbox, its events in order (the
+    /// connection follows both sessions), so the writer wakes once and writes them together;
+    /// a connection on one session gets only that session's.
+    #[test]
+    fn a_publish_reaches_each_connection_as_one_item_in_order() {
+        let hub = Hub::default();
+        let (both, mut both_rx) = ConnHandle::new(1);
+        let (one, mut one_rx) = ConnHandle::new(2);
+        hub.attach("s", &both);
+        hub.attach("t", &both);
+        hub.attach("t", &one);
+        let mut other = stored(
+            2,
+            ev::MESSAGE_COMPLETE,
+            json!({"role": "assistant", "content": "x"}),
+        );
+        other.session_id = "t".into();
+        let events = [
+            stored(
+                1,
+                ev::ADMISSION_UPDATED,
+                json!({"admission_id": "a", "status": "terminal", "outcome": "completed"}),
+            ),
+            other,
+            stored(
+                3,
+                ev::TURN_SETTLED,
+                json!({"admission_id": "a", "outcome": "completed"}),
+            ),
+        ];
+        hub.publish_at(&events, Instant::now());
+        assert_eq!(seqs(both_rx.try_recv().unwrap()), [1, 2, 3]);
+        assert!(both_rx.try_recv().is_err(), "one item");
+        assert_eq!(seqs(one_rx.try_recv().unwrap()), [2]);
+        assert!(one_rx.try_recv().is_err());
     }
 }

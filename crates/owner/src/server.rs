@@ -170,7 +170,7 @@ fn bounded(ws: WebSocketUpgrade) -> WebSocketUpgrade {
     ws.max_message_size(MAX_CLIENT_MESSAGE_BYTES)
         .max_frame_size(MAX_CLIENT_MESSAGE_BYTES)
         .read_buffer_size(WS_READ_BUFFER_BYTES)
-        .write_buffer_size(0)
+        .write_buffer_size(WS_WRITE_BUFFER_BYTES)
 }
 
 async fn ws_upgrade(
@@ -219,9 +219,14 @@ async fn acp_upgrade(
 }
 
 /// The socket read buffer of a connection (tungstenite's default is 128 KiB, allocated for
-/// every connection, idle or not); a larger message is read in several reads. Writes are not
-/// buffered (`write_buffer_size(0)`): each reply or event is flushed as it is sent anyway.
+/// every connection, idle or not); a larger message is read in several reads.
 const WS_READ_BUFFER_BYTES: usize = 8 * 1024;
+
+/// How much a connection's writer may gather before it writes to the socket. Every send is
+/// flushed (`send`, or `feed`s then `flush` in [`send_texts`]), so nothing waits in it; it
+/// lets the messages written together (a settle's events) leave in one write. With 0 each
+/// frame was written as it was fed, and the client woke once per event.
+const WS_WRITE_BUFFER_BYTES: usize = 64 * 1024;
 
 /// Largest client message (and frame) the server reads; a larger one ends the connection with
 /// close code 1009.
@@ -472,11 +477,12 @@ async fn send_text(
     send_texts(sink, vec![text], queued, overflow).await
 }
 
-/// The most messages written together: a settle's events, a burst of deltas.
+/// The most outbox items written together: a burst of deltas, a publish's events (one item)
+/// and what came behind them.
 const MESSAGES_PER_WRITE: usize = 32;
 
-/// Writes `first` and the messages queued behind it (up to [`MESSAGES_PER_WRITE`]) in one
-/// flush, so a settle's events reach the client in one segment, not one each.
+/// Writes `first` and the items queued behind it (up to [`MESSAGES_PER_WRITE`]) in one
+/// flush, so what is already queued reaches the client in one segment, not one each.
 async fn send_queued(
     sink: &mut WsSink,
     first: Outgoing,
@@ -502,9 +508,9 @@ async fn send_texts(
     queued: &AtomicUsize,
     overflow: &CancellationToken,
 ) -> bool {
-    let len: usize = texts.iter().map(|text| text.len()).sum();
+    let len: usize = texts.iter().map(Outgoing::len).sum();
     let written = async {
-        for text in texts {
+        for text in texts.into_iter().flat_map(Outgoing::into_texts) {
             sink.feed(Message::Text(text.into())).await?;
         }
         sink.flush().await

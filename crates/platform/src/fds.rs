@@ -72,3 +72,58 @@ pub fn take_inherited_fd(fd: i32) -> io::Result<std::fs::File> {
     // it was inherited, so nothing in this process opened it or will close it.
     Ok(unsafe { std::fs::File::from_raw_fd(fd) })
 }
+
+/// How many TCP segments `socket` has received (Linux `TCP_INFO`, `tcpi_segs_in`): what a
+/// test reads to see whether a peer sent several messages in one write or in one each.
+pub fn tcp_segments_received(socket: std::os::fd::BorrowedFd<'_>) -> io::Result<u32> {
+    use std::os::fd::AsRawFd;
+    let mut info = std::mem::MaybeUninit::<nix::libc::tcp_info>::zeroed();
+    let mut len = std::mem::size_of::<nix::libc::tcp_info>() as nix::libc::socklen_t;
+    // SAFETY: getsockopt(2) writes at most `len` bytes into `info`, which is that large and
+    // zeroed (a kernel that knows fewer fields leaves the rest zero); the descriptor is
+    // borrowed, so it stays open for the call.
+    let done = unsafe {
+        nix::libc::getsockopt(
+            socket.as_raw_fd(),
+            nix::libc::IPPROTO_TCP,
+            nix::libc::TCP_INFO,
+            info.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    if done == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: zeroed, then filled by the kernel: every field is an integer, valid at any value.
+    Ok(unsafe { info.assume_init() }.tcpi_segs_in)
+}
+
+#[cfg(test)]
+mod tcp_tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::fd::AsFd;
+
+    /// Each write of a peer with `TCP_NODELAY` is a segment here.
+    #[test]
+    fn segments_received_count_a_peers_writes() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut peer = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        peer.set_nodelay(true).unwrap();
+        let (mine, _) = listener.accept().unwrap();
+        let before = tcp_segments_received(mine.as_fd()).unwrap();
+        for sent in 1..=3 {
+            peer.write_all(b"x").unwrap();
+            // Each write is sent at once (no delay); waiting for its arrival keeps three apart.
+            let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            let want = before + sent;
+            while tcp_segments_received(mine.as_fd()).unwrap() < want
+                && std::time::Instant::now() < end
+            {
+                std::thread::yield_now();
+            }
+        }
+        let after = tcp_segments_received(mine.as_fd()).unwrap();
+        assert!(after >= before + 3, "{before} -> {after}");
+    }
+}

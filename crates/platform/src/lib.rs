@@ -80,7 +80,7 @@ mod process_tests;
 mod process_title;
 mod signals;
 
-pub use fds::{combined_output_pipe, pass_fd, take_inherited_fd};
+pub use fds::{combined_output_pipe, pass_fd, take_inherited_fd, tcp_segments_received};
 pub use file_open::OPEN_NO_FOLLOW;
 pub use flock_holder::flock_holder;
 pub use foreground::{ForegroundGroup, ForegroundGroups};

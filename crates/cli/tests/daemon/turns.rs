@@ -12,7 +12,7 @@ use drover_protocol::client::{
     AdmissionOutcome, AdmissionReceipt, AdmissionStatus, EventsPage, Pong, SessionSnapshot,
 };
 use drover_protocol::event::{EventPayload, SessionEvent, TurnEnd};
-use drover_test_support::harness::{assert_kinds_include, script};
+use drover_test_support::harness::{assert_kinds_include, event_kinds, script};
 use drover_test_support::harness::{
     connections_of, db_rows, open_files, Client, Daemon, OneSession,
 };
@@ -291,6 +291,45 @@ async fn unreachable_endpoint_fails_the_turn() {
     assert_eq!(outcome(&mut s.client, &receipt).await, "failed");
     let pong: Pong = typed(s.client.call_ok("ping", json!({})).await.unwrap());
     assert_eq!(pong, Pong { pong: true });
+}
+
+/// A settle's stored events (`message.complete`, `admission.updated`, `turn.settled`) are
+/// published together and reach an attached client in one TCP segment: the client wakes once
+/// for them, not once per event. Counted on the client's socket (`TCP_INFO`) from the moment
+/// the turn's request is held at the model to its `turn.settled`: one segment per live delta,
+/// one for the settle.
+#[tokio::test]
+async fn a_settles_events_reach_the_client_in_one_segment() {
+    use std::os::fd::AsFd;
+    let mut s = setup(true).await;
+    let gate = Gate::new();
+    s.model.push(Reply::text("done").gated(&gate));
+    let receipt = submit(&mut s, "hello").await;
+    assert!(gate.wait_reached(Duration::from_secs(20)).await);
+    s.client.wait_event_type("turn.started").await.unwrap();
+    let segments = |client: &Client| {
+        drover_platform::tcp_segments_received(client.tcp_socket().unwrap().as_fd()).unwrap()
+    };
+    let before = segments(&s.client);
+    gate.open();
+    let mut events = s
+        .client
+        .events_until_settled(&receipt.admission_id)
+        .await
+        .unwrap();
+    // The admission's terminal update is stored with the settle, after `turn.settled`.
+    events.push(s.client.wait_event_type("admission.updated").await.unwrap());
+    let received = segments(&s.client) - before;
+    let kinds = event_kinds(&events);
+    let deltas = kinds.iter().filter(|k| **k == "message.delta").count() as u32;
+    assert_kinds_include(
+        &kinds,
+        &["message.complete", "admission.updated", "turn.settled"],
+    );
+    assert!(
+        received <= deltas + 1,
+        "{received} segments for {kinds:?}: the settle's events came apart"
+    );
 }
 
 #[tokio::test]

@@ -78,6 +78,14 @@ impl Client {
         })
     }
 
+    /// The TCP socket under a plain `ws://` connection (none under TLS).
+    pub fn tcp_socket(&self) -> Option<&TcpStream> {
+        match self.ws.get_ref() {
+            MaybeTlsStream::Plain(stream) => Some(stream),
+            _ => None,
+        }
+    }
+
     /// Sends a raw text frame.
     pub async fn send_raw(&mut self, text: &str) -> Result<()> {
         self.ws.send(Message::Text(text.to_string().into())).await?;
