@@ -34,6 +34,27 @@ pub(crate) fn guarded(
     })
 }
 
+/// How long the rest of a finished stream is read in the background before it is dropped.
+const REST_WAIT: Duration = Duration::from_secs(5);
+
+/// Reads the rest of a stream whose answer is whole (after `[DONE]`) on a task of its own, at
+/// most [`REST_WAIT`], then drops it. A keep-alive connection is then back in the pool once
+/// its body's end arrives; a connection the server closes after the answer (`Connection:
+/// close`) is closed when it does, not here: the turn hands its answer to the owner first.
+pub(crate) fn finish_in_background<S>(rest: S)
+where
+    S: Stream + Unpin + Send + 'static,
+{
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    runtime.spawn(async move {
+        let mut rest = rest;
+        let _ =
+            tokio::time::timeout(REST_WAIT, async { while rest.next().await.is_some() {} }).await;
+    });
+}
+
 /// The whole body, each wait for its next chunk bounded by `stall`.
 pub(crate) async fn read_all(
     response: reqwest::Response,

@@ -226,7 +226,7 @@ impl ModelClient {
                 start.extend_from_slice(&chunk[..chunk.len().min(room)]);
             }
         });
-        let mut events = std::pin::pin!(body.eventsource());
+        let mut events = Box::pin(body.eventsource());
         let mut shown = false;
         let mut done = false;
         let mut any_event = false;
@@ -249,6 +249,7 @@ impl ModelClient {
                 Ok(Step::More) => {}
                 Ok(Step::Done) => {
                     done = true;
+                    body::finish_in_background(events);
                     break;
                 }
                 Err(error) => {

@@ -138,6 +138,55 @@ async fn streamed_text_is_shown_in_pieces_and_assembled_with_usage() {
     assert_eq!(done.usage, Some(usage(10, 5, 15)));
 }
 
+/// A stream whose end is the server's close (`Connection: close`, no length, no chunks) is
+/// whole at `[DONE]`: `chat` returns then, and leaves the connection to the server to close
+/// (its rest is read in the background), so the turn hands its answer on before any TLS
+/// `close_notify` or FIN of its own. Seen by the server: no end of file from the client for
+/// the 300 ms after `chat` returned.
+#[tokio::test]
+async fn a_stream_ended_by_the_servers_close_is_left_for_the_server_to_close() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (answered_tx, answered) = tokio::sync::oneshot::channel();
+    let (client_closed_tx, client_closed) = tokio::sync::oneshot::channel();
+    let server = tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        let mut request = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !String::from_utf8_lossy(&request).contains("\r\n\r\n") || !request.ends_with(b"}") {
+            let n = socket.read(&mut buf).await.unwrap();
+            assert!(n > 0, "the request ended early");
+            request.extend_from_slice(&buf[..n]);
+        }
+        let chunk = json!({"choices": [{"index": 0, "delta": {"content": "closed"},
+            "finish_reason": "stop"}]});
+        let body = format!("data: {chunk}\n\ndata: [DONE]\n\n");
+        let head =
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n";
+        socket
+            .write_all(format!("{head}{body}").as_bytes())
+            .await
+            .unwrap();
+        let _ = answered_tx.send(());
+        let read = tokio::time::timeout(Duration::from_millis(300), socket.read(&mut buf)).await;
+        let _ = client_closed_tx.send(matches!(read, Ok(Ok(0)) | Ok(Err(_))));
+    });
+    let client = ModelClient::new(config(format!("http://{addr}/v1"), true)).unwrap();
+    let (done, _) = chat(&client, &user("hi"), &[]).await;
+    assert_eq!(done.unwrap().message.content.as_deref(), Some("closed"));
+    tokio::time::timeout(WAIT, answered).await.unwrap().unwrap();
+    let closed = tokio::time::timeout(WAIT, client_closed)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        !closed,
+        "the client closed the connection as soon as it had [DONE]"
+    );
+    tokio::time::timeout(WAIT, server).await.unwrap().unwrap();
+}
+
 #[tokio::test]
 async fn non_stream_text_is_shown_once_and_usage_is_mapped() {
     let mock = MockModel::start().await;
