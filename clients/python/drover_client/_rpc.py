@@ -112,20 +112,27 @@ class Connection:
             raise error_from_wire(method, answer["error"])
         return answer.get("result")
 
-    def subscribe(self, session_id: str) -> EventQueue:
-        """A queue that receives every event of `session_id` this connection gets from now on,
-        then `DROPPED` once the connection closes."""
-        queue: EventQueue = asyncio.Queue()
+    def subscribe(self, session_id: str, queue: EventQueue | None = None) -> EventQueue:
+        """`queue` (a new one if none) receives every event of `session_id` this connection
+        gets from now on, then `DROPPED` once the connection closes."""
+        if queue is None:
+            queue = asyncio.Queue()
         if self._closed:
             queue.put_nowait(DROPPED)
-        else:
+        elif not self.holds(session_id, queue):
             self._subscribers.setdefault(session_id, []).append(queue)
         return queue
 
+    def holds(self, session_id: str, queue: EventQueue) -> bool:
+        """Whether `queue` receives this connection's events of `session_id`."""
+        return any(held is queue for held in self._subscribers.get(session_id, []))
+
     def unsubscribe(self, session_id: str, queue: EventQueue) -> None:
         queues = self._subscribers.get(session_id, [])
-        if queue in queues:
-            queues.remove(queue)
+        for i, held in enumerate(queues):
+            if held is queue:
+                del queues[i]
+                break
         if not queues:
             self._subscribers.pop(session_id, None)
 

@@ -24,7 +24,7 @@ from typing import Any, TypedDict, cast
 
 from websockets.exceptions import InvalidHandshake
 
-from ._rpc import DROPPED, Connection, DaemonRestarted, Dropped, open_connection
+from ._rpc import DROPPED, Connection, DaemonRestarted, Dropped, EventQueue, open_connection
 from .errors import (
     AuthenticationFailed,
     ConnectionLost,
@@ -223,7 +223,14 @@ class Client:
             try:
                 conn = await self._open(not_from=old)
                 for session in list(self._sessions.values()):
-                    await session._reattach(conn)
+                    # Its event streams listen before it is attached again: what the daemon
+                    # sends from the attach on reaches them live, what it stored before is
+                    # read back up to the attach's `last_sequence`, and nothing twice.
+                    for queue in session._queues:
+                        conn.subscribe(session.id, queue)
+                    attached_at = await session._reattach(conn)
+                    for queue in session._queues:
+                        session._live_after[id(queue)] = attached_at
                 return conn
             except AuthenticationFailed as e:
                 if e.status != 401:  # 403 is not a stale token: retrying cannot help
@@ -459,19 +466,28 @@ class Session:
         #: The newest turn generation seen (snapshot, `turn.started`).
         self.execution_generation = snapshot["execution_generation"]
         self.attached = True
+        #: The queues of the running `events()` iterators, subscribed on every new connection
+        #: before the session is attached on it.
+        self._queues: list[EventQueue] = []
+        #: Per queue (by `id`): the `last_sequence` that the attach after its subscription on
+        #: the current connection answered. Stored events after it reach the queue live.
+        self._live_after: dict[int, int | None] = {}
 
     def _update(self, snapshot: SessionSnapshot) -> None:
         self.snapshot = snapshot
         self.execution_generation = max(self.execution_generation, snapshot["execution_generation"])
 
-    async def _reattach(self, conn: Connection) -> None:
+    async def _reattach(self, conn: Connection) -> int | None:
+        """Attaches the session on a new connection; the answer's `last_sequence` (none when
+        the session is gone)."""
         try:
             snapshot = cast(SessionSnapshot, await conn.call("session.resume", {"session_id": self.id}))
         except NotFound:
             self.client._sessions.pop(self.id, None)
             self.attached = False
-            return
+            return None
         self._update(snapshot)
+        return snapshot["last_sequence"]
 
     async def submit(self, text: str, *, input_id: str | None = None) -> Receipt:
         return await self.client.submit(self.id, text, input_id=input_id)
@@ -527,8 +543,10 @@ class Session:
 
         Starts after `after` (default: `last_sequence`, where the previous iteration stopped or
         the snapshot stood; 0 replays the whole stream). Across a dropped connection or an
-        owner restart it reconnects (see `Client`), then fills the gap with
-        `session.events.since`; live events are deduplicated by `seq`. When the daemon answers
+        owner restart it reconnects (see `Client`), listening before the session is attached
+        again, then reads back with `session.events.since` what was stored up to that attach
+        (what came after arrives live, a turn's deltas before its `message.complete`); live
+        events are deduplicated by `seq`. When the daemon answers
         `snapshot_required` (another `replay_epoch`, or a position ahead of the stream), it
         calls `session.resume`, passes the new snapshot to `on_snapshot`, and goes on from the
         snapshot's position. Live-only `message.delta` events (`seq` null) are yielded as they
@@ -538,46 +556,71 @@ class Session:
         """
         if after is not None:
             self.last_sequence = after
-        while True:
-            try:
-                conn = await self.client._connection()
-            except _Closed:
-                return
-            if not self.attached:
-                await self._attach(conn)
-            queue = conn.subscribe(self.id)
-            try:
-                # Attached before this read, so whatever is stored after it arrives live.
-                async for event in self._catch_up(conn, on_snapshot):
-                    yield event
-                while True:
-                    item = await queue.get()
-                    if item is DROPPED:
-                        break
-                    event = cast(Event, item)
-                    seq = event.get("seq")
-                    if seq is None:
-                        if deltas:
-                            yield event
-                        continue
-                    if event.get("replay_epoch") != self.replay_epoch or seq > self.last_sequence + 1:
-                        async for caught in self._catch_up(conn, on_snapshot):
-                            yield caught
-                        continue
-                    if seq <= self.last_sequence:
-                        continue
-                    self._seen(event)
-                    yield event
-            except Dropped:
-                pass
-            finally:
+        queue: EventQueue = asyncio.Queue()
+        self._queues.append(queue)
+        conn: Connection | None = None
+        try:
+            while True:
+                try:
+                    conn = await self.client._connection()
+                except _Closed:
+                    return
+                try:
+                    if not conn.holds(self.id, queue):
+                        conn.subscribe(self.id, queue)
+                        if not self.attached:
+                            # Listening first, then attached, so the attach's `last_sequence`
+                            # is where the live events take over.
+                            self._live_after[id(queue)] = await self._attach(conn)
+                    # Stored events up to the attach are read back; those after it come live
+                    # (a turn's deltas before its `message.complete`, never after it). A stream
+                    # that starts on a session attached already reads back everything stored
+                    # since its position, as does one whose session could not be attached again.
+                    upto = self._live_after.pop(id(queue), None)
+                    async for event in self._catch_up(conn, on_snapshot, upto):
+                        yield event
+                    while True:
+                        item = await queue.get()
+                        if item is DROPPED:
+                            break
+                        event = cast(Event, item)
+                        seq = event.get("seq")
+                        if seq is None:
+                            if deltas:
+                                yield event
+                            continue
+                        if event.get("replay_epoch") != self.replay_epoch:
+                            async for caught in self._catch_up(conn, on_snapshot):
+                                yield caught
+                            continue
+                        if seq > self.last_sequence + 1:
+                            # A gap: read back what is missing, up to this event only (what
+                            # follows it is behind it in the queue).
+                            async for caught in self._catch_up(conn, on_snapshot, seq - 1):
+                                yield caught
+                            if seq > self.last_sequence + 1:
+                                async for caught in self._catch_up(conn, on_snapshot):
+                                    yield caught
+                                continue
+                        if seq <= self.last_sequence:
+                            continue
+                        self._seen(event)
+                        yield event
+                except Dropped:
+                    pass
+        finally:
+            self._queues.remove(queue)
+            self._live_after.pop(id(queue), None)
+            if conn is not None:
                 conn.unsubscribe(self.id, queue)
 
-    async def _attach(self, conn: Connection) -> None:
+    async def _attach(self, conn: Connection) -> int:
+        """Attaches the session on `conn`; the answer's `last_sequence`."""
         snapshot = cast(SessionSnapshot, await conn.call("session.resume", {"session_id": self.id}))
         self._update(snapshot)
         self.client._sessions[self.id] = self
         self.attached = True
+        return snapshot["last_sequence"]
 
     def _seen(self, event: Event) -> None:
         seq = event["seq"]
@@ -591,10 +634,15 @@ class Session:
             if isinstance(generation, int):
                 self.execution_generation = max(self.execution_generation, generation)
 
-    async def _catch_up(self, conn: Connection, on_snapshot: SnapshotCallback | None) -> AsyncIterator[Event]:
-        """Yields the stored events after `last_sequence`, page by page, until the stream's end."""
+    async def _catch_up(
+        self, conn: Connection, on_snapshot: SnapshotCallback | None, upto: int | None = None
+    ) -> AsyncIterator[Event]:
+        """Yields the stored events after `last_sequence`, page by page, until the stream's end
+        or, with `upto`, until the event of that `seq` (later ones arrive live)."""
         resyncs = 0
         while True:
+            if upto is not None and self.last_sequence >= upto:
+                return
             page = cast(
                 EventsSince,
                 await conn.call(
@@ -622,6 +670,8 @@ class Session:
                 seq = event.get("seq")
                 if seq is None or seq <= self.last_sequence:
                     continue
+                if upto is not None and seq > upto:
+                    return
                 if seq != self.last_sequence + 1:
                     raise ProtocolViolation(
                         f"session.events.since of session {self.id} skipped from seq {self.last_sequence} to {seq}"

@@ -206,6 +206,11 @@ async def test_snapshot_required_falls_back_to_resume(daemon: Daemon, model: Fak
         session.replay_epoch = "not-the-epoch"
         snapshots: list[SessionSnapshot] = []
         log = EventLog(session, after=0, on_snapshot=snapshots.append)
+        # The stream resyncs first; a turn that settled before its snapshot would be part of
+        # the snapshot, not of the stream.
+        async with asyncio.timeout(WAIT_S):
+            while not snapshots:
+                await asyncio.sleep(0.005)
         second = await session.submit("two")
         await log.settled(second["admission_id"])
         await log.close()
