@@ -21,7 +21,7 @@ import json, os, shutil, signal, socket, ssl, statistics, subprocess, sys, time,
 from urllib.parse import urlparse
 
 sys.path.insert(0, os.path.dirname(__file__))
-from wsrpc import SyncClient
+import bench_daemon
 
 BIN, FAR, LOOP, CA, MLOG, TURNS = sys.argv[1:6] + [int(sys.argv[6])]
 ROOT = "/tmp/far-endpoint-floor"
@@ -48,25 +48,7 @@ def posts_since(offset):
 def daemon(name, base):
     home = os.path.join(ROOT, name)
     shutil.rmtree(home, ignore_errors=True)
-    os.makedirs(home)
-    with open(os.path.join(home, "config.toml"), "w") as f:
-        f.write('[model]\nbase_url = "%s"\nname = "anchor-model"\nstream = true\n[approvals]\nmode = "auto"\n' % base)
-    out = open(home + ".log", "ab")
-    p = subprocess.Popen([BIN, "daemon", "--home", home], env=ENV, cwd=ROOT, stdin=subprocess.DEVNULL,
-                         stdout=out, stderr=out, start_new_session=True)
-    end = time.time() + 30
-    while True:
-        try:
-            info = json.load(open(os.path.join(home, "daemon.json")))
-            if info.get("pid") == p.pid:
-                break
-        except (OSError, ValueError):
-            pass
-        assert p.poll() is None and time.time() < end, "daemon did not start"
-        time.sleep(0.01)
-    c = SyncClient(info["url"], info["token"])
-    sid = c.call("session.create", {"request_id": str(uuid.uuid4()), "cwd": ROOT})["session_id"]
-    return p, c, sid
+    return bench_daemon.start(BIN, home, ROOT, base, ENV)
 
 
 def drover_turn(c, sid):

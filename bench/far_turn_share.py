@@ -26,30 +26,11 @@ LINE = re.compile(r"^\s*(.+?)\s+(\d+)/(\d+)\s+\[\d+\]\s+(\d+\.\d+):\s+syscalls:(
 
 def drive(binary, out):
     """The child run under perf: one daemon, warm turns; writes their monotonic times."""
-    from wsrpc import SyncClient
+    import bench_daemon
     root = tempfile.mkdtemp(prefix="far-share-")
-    home = os.path.join(root, "home")
-    os.mkdir(home)
     env = dict(os.environ, OPENAI_API_KEY="dummy", SSL_CERT_FILE=CA)
     env.pop("SSL_CERT_DIR", None)
-    with open(os.path.join(home, "config.toml"), "w") as f:
-        f.write('[model]\nbase_url = "%s"\nname = "anchor-model"\nstream = true\n'
-                '[approvals]\nmode = "auto"\n' % FAR)
-    p = subprocess.Popen([binary, "daemon", "--home", home], env=env, cwd=root,
-                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, start_new_session=True)
-    end = time.time() + 30
-    while True:
-        try:
-            info = json.load(open(os.path.join(home, "daemon.json")))
-            if info.get("pid") == p.pid:
-                break
-        except (OSError, ValueError):
-            pass
-        assert p.poll() is None and time.time() < end, "daemon did not start"
-        time.sleep(0.01)
-    c = SyncClient(info["url"], info["token"])
-    sid = c.call("session.create", {"request_id": str(uuid.uuid4()), "cwd": root})["session_id"]
+    p, c, sid = bench_daemon.start(binary, os.path.join(root, "home"), root, FAR, env)
     turns = []
     try:
         for i in range(TURNS + 3):

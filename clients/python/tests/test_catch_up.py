@@ -56,6 +56,13 @@ class ScriptedDaemon:
     async def send_event(self, ws: ServerConnection, event: dict[str, Any]) -> None:
         await ws.send(json.dumps({"jsonrpc": "2.0", "method": "event", "params": event}))
 
+    async def stream_message(self, ws: ServerConnection, seq: int, text: str) -> None:
+        """A turn's message as the daemon sends it: its start streamed live, then the whole
+        message stored (so `session.events.since` has it from now on) and sent live."""
+        await self.send_event(ws, delta(text[:3]))
+        self.stored.append(complete(seq, text))
+        await self.send_event(ws, self.stored[-1])
+
     async def send_to_all(self, event: dict[str, Any]) -> None:
         for ws in self.connections:
             await self.send_event(ws, event)
@@ -148,9 +155,7 @@ async def test_a_reconnect_reads_back_only_what_was_stored_before_the_session_wa
         if connection == 2 and method == "session.resume":
             # On the new connection a turn goes on: its streamed text, then its message,
             # stored after the re-attach answered, so `session.events.since` has it too.
-            await daemon.send_event(ws, delta("Hel"))
-            daemon.stored.append(complete(4, "Hello"))
-            await daemon.send_event(ws, daemon.stored[-1])
+            await daemon.stream_message(ws, 4, "Hello")
 
     async with scripted(tmp_path, after_answer) as (daemon, client):
         session = await client.resume(SESSION)
@@ -176,9 +181,7 @@ async def test_a_gap_is_read_back_up_to_the_event_that_showed_it_and_no_further(
         daemon.stored.append(stored_event(3, "tool.start", {"tool_id": "t-1"}))
         daemon.stored.append(stored_event(4, "tool.complete", {"tool_id": "t-1"}))
         await daemon.send_event(ws, daemon.stored[-1])
-        await daemon.send_event(ws, delta("Hel"))
-        daemon.stored.append(complete(5, "Hello"))
-        await daemon.send_event(ws, daemon.stored[-1])
+        await daemon.stream_message(ws, 5, "Hello")
 
     async with scripted(tmp_path, after_answer) as (daemon, client):
         session = await client.resume(SESSION)
