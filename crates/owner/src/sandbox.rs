@@ -113,6 +113,11 @@ pub fn register_home(home: &Path) -> std::io::Result<()> {
 }
 
 fn register_home_in(dir: &Path, home: &Path) -> std::io::Result<()> {
+    register_home_within(dir, home, HOMES_LIST_REWRITE_WAIT)
+}
+
+/// [`register_home_in`], waiting at most `wait` for the list's lock.
+fn register_home_within(dir: &Path, home: &Path, wait: std::time::Duration) -> std::io::Result<()> {
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
@@ -124,8 +129,18 @@ fn register_home_in(dir: &Path, home: &Path) -> std::io::Result<()> {
         .truncate(false)
         .mode(0o600)
         .open(dir.join(HOMES_FILE))?;
-    // Daemons start side by side: one rewrite at a time.
-    file.lock()?;
+    // Daemons start side by side: one rewrite at a time. A daemon stopped (SIGSTOP) in the
+    // middle of its rewrite holds the lock until it is continued: this one goes on without
+    // its home in the list.
+    if !lock_within(&file, false, wait)? {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::WouldBlock,
+            format!(
+                "another process has held the lock of {} for {wait:?}",
+                dir.join(HOMES_FILE).display()
+            ),
+        ));
+    }
     let mut text = String::new();
     file.read_to_string(&mut text)?;
     let mut homes: Vec<PathBuf> = text
@@ -149,33 +164,91 @@ fn register_home_in(dir: &Path, home: &Path) -> std::io::Result<()> {
     file.unlock()
 }
 
-/// The homes in the list of `dir`, as recorded (existing or not: a missing one is skipped
-/// when the tool starts).
-fn listed_homes(dir: &Path) -> Vec<PathBuf> {
-    let Ok(mut file) = std::fs::File::open(dir.join(HOMES_FILE)) else {
-        return Vec::new();
-    };
-    let mut text = String::new();
-    if file.lock_shared().is_err() || file.read_to_string(&mut text).is_err() {
-        return Vec::new();
+/// How long a turn waits to read the list of homes while another daemon rewrites it (a
+/// rewrite takes microseconds; one that takes this long is a stopped daemon's).
+const HOMES_LIST_READ_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+/// How long a daemon's start waits to add its home to the list.
+const HOMES_LIST_REWRITE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Takes `file`'s `flock` (shared or exclusive), waiting at most `wait`: `Ok(false)` when
+/// another open file held it all that time.
+fn lock_within(
+    file: &std::fs::File,
+    shared: bool,
+    wait: std::time::Duration,
+) -> std::io::Result<bool> {
+    let end = std::time::Instant::now() + wait;
+    loop {
+        let tried = if shared {
+            file.try_lock_shared()
+        } else {
+            file.try_lock()
+        };
+        match tried {
+            Ok(()) => return Ok(true),
+            Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < end => {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            Err(std::fs::TryLockError::WouldBlock) => return Ok(false),
+            Err(std::fs::TryLockError::Error(e)) => return Err(e),
+        }
     }
-    text.lines()
-        .map(PathBuf::from)
-        .filter(|h| h.is_absolute())
-        .collect()
+}
+
+/// The homes in the list of `dir`, as recorded (existing or not: a missing one is skipped
+/// when the tool starts); `None` when another process held the list's lock for
+/// [`HOMES_LIST_READ_WAIT`].
+fn listed_homes(dir: &Path) -> Option<Vec<PathBuf>> {
+    let Ok(mut file) = std::fs::File::open(dir.join(HOMES_FILE)) else {
+        return Some(Vec::new());
+    };
+    match lock_within(&file, true, HOMES_LIST_READ_WAIT) {
+        Ok(true) => {}
+        Ok(false) => return None,
+        Err(_) => return Some(Vec::new()),
+    }
+    let mut text = String::new();
+    if file.read_to_string(&mut text).is_err() {
+        return Some(Vec::new());
+    }
+    Some(
+        text.lines()
+            .map(PathBuf::from)
+            .filter(|h| h.is_absolute())
+            .collect(),
+    )
 }
 
 /// Everything hidden from a tool of the daemon whose home is `home`: that home first, every
 /// home in the user's list and the list itself, the default `~/.drover`, and the browsers'
 /// profiles, under the account's home (`account`) and under `$HOME` when that differs. Never
 /// `/` or a user's home itself, which would hide everything.
-fn hidden_paths(home: &str, account: Option<PathBuf>) -> Vec<String> {
+/// `None` when the list of homes could not be read in time ([`listed_homes`]).
+fn hidden_paths(home: &str, account: Option<PathBuf>) -> Option<Vec<String>> {
+    let listed = match &account {
+        Some(account) => listed_homes(&account.join(HOMES_DIR))?,
+        None => Vec::new(),
+    };
+    Some(hidden_paths_of(
+        home,
+        &user_homes(account.as_deref()),
+        account.as_deref(),
+        &listed,
+    ))
+}
+
+/// The account's home and `$HOME`, when that differs.
+fn user_homes(account: Option<&Path>) -> Vec<PathBuf> {
     let env_home = std::env::var_os("HOME")
         .map(PathBuf::from)
         .filter(|h| h.is_absolute());
-    let mut user_homes: Vec<PathBuf> = account.iter().chain(env_home.iter()).cloned().collect();
+    let mut user_homes: Vec<PathBuf> = account
+        .map(Path::to_path_buf)
+        .into_iter()
+        .chain(env_home)
+        .collect();
     user_homes.dedup();
-    hidden_paths_of(home, &user_homes, account.as_deref())
+    user_homes
 }
 
 /// How long after its last change the list of homes is read again at every turn: a rewrite
@@ -261,14 +334,26 @@ impl HiddenPaths {
             None => ListState::Settled(None),
         };
         let Ok(mut kept) = self.kept.lock() else {
-            return hidden_paths(home, account);
+            return hidden_paths(home, account.clone())
+                .unwrap_or_else(|| unlisted(home, account.as_deref()));
         };
         if let (Some(k), ListState::Settled(list)) = (kept.as_ref(), &list) {
             if k.home == home && k.env_home == env_home && k.list == *list {
                 return k.paths.clone();
             }
         }
-        let paths = hidden_paths(home, account);
+        let Some(paths) = hidden_paths(home, account.clone()) else {
+            // Another daemon is stuck in its rewrite of the list (stopped): this turn keeps
+            // what was hidden before, or at least every path but the other listed homes; the
+            // next turn reads the list again.
+            tracing::warn!(
+                "the list of drover homes stayed locked for {HOMES_LIST_READ_WAIT:?}; this turn hides the homes it hid before"
+            );
+            return match kept.as_ref() {
+                Some(k) if k.home == home => k.paths.clone(),
+                _ => unlisted(home, account.as_deref()),
+            };
+        };
         *kept = match list {
             ListState::Settled(list) => Some(KeptHidden {
                 home: home.to_string(),
@@ -282,11 +367,21 @@ impl HiddenPaths {
     }
 }
 
-fn hidden_paths_of(home: &str, user_homes: &[PathBuf], account: Option<&Path>) -> Vec<String> {
+/// What [`hidden_paths`] hides without the other listed homes (the list could not be read).
+fn unlisted(home: &str, account: Option<&Path>) -> Vec<String> {
+    hidden_paths_of(home, &user_homes(account), account, &[])
+}
+
+fn hidden_paths_of(
+    home: &str,
+    user_homes: &[PathBuf],
+    account: Option<&Path>,
+    listed: &[PathBuf],
+) -> Vec<String> {
     let mut hidden: Vec<PathBuf> = vec![PathBuf::from(home)];
     if let Some(account) = account {
         let dir = account.join(HOMES_DIR);
-        hidden.extend(listed_homes(&dir));
+        hidden.extend(listed.iter().cloned());
         hidden.push(dir);
     }
     for user in user_homes {
@@ -672,9 +767,65 @@ mod tests {
         let third = kept.of("/srv/own");
         assert!(!third.contains(&b.display().to_string()), "{third:?}");
         assert_eq!(
-            kept.of("/other"),
+            Some(kept.of("/other")),
             hidden_paths("/other", Some(account.path().into()))
         );
+    }
+
+    /// `kept.of(home)` on a thread of its own, which must answer within 10 s.
+    fn of_within_bound(kept: &std::sync::Arc<HiddenPaths>, home: &str) -> Vec<String> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (kept, home) = (std::sync::Arc::clone(kept), home.to_string());
+        std::thread::spawn(move || {
+            let _ = tx.send(kept.of(&home));
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the hidden paths were built in time")
+    }
+
+    /// A daemon stopped (SIGSTOP) in the middle of its rewrite holds the list's lock: a turn
+    /// waits for it a bounded time, then hides what it hid before (or every path but the other
+    /// listed homes when it has nothing kept), and a daemon's start gives up adding its home.
+    #[test]
+    fn a_list_locked_by_a_stopped_daemon_stalls_no_turn() {
+        let account = tempfile::tempdir().expect("account");
+        let list = account.path().join(HOMES_DIR);
+        let (a, b) = (account.path().join("a"), account.path().join("b"));
+        let kept = std::sync::Arc::new(HiddenPaths {
+            account: std::sync::OnceLock::from(Some(account.path().to_path_buf())),
+            ..HiddenPaths::default()
+        });
+        register_home_in(&list, &a).expect("a");
+        age_list(&list, std::time::Duration::from_secs(60));
+        let before = of_within_bound(&kept, "/srv/own");
+        assert!(before.contains(&a.display().to_string()), "{before:?}");
+
+        register_home_in(&list, &b).expect("b");
+        let holder = std::fs::File::open(list.join(HOMES_FILE)).expect("list");
+        holder.lock().expect("the stopped daemon's lock");
+        assert_eq!(of_within_bound(&kept, "/srv/own"), before, "the paths kept");
+        let fresh = std::sync::Arc::new(HiddenPaths {
+            account: std::sync::OnceLock::from(Some(account.path().to_path_buf())),
+            ..HiddenPaths::default()
+        });
+        let unlisted = of_within_bound(&fresh, "/srv/own");
+        assert_eq!(unlisted[0], "/srv/own");
+        assert!(
+            unlisted.contains(&list.display().to_string()),
+            "{unlisted:?}"
+        );
+        assert!(!unlisted.contains(&a.display().to_string()), "{unlisted:?}");
+        let refused = register_home_within(
+            &list,
+            &account.path().join("c"),
+            std::time::Duration::from_millis(50),
+        )
+        .expect_err("no rewrite under another's lock");
+        assert_eq!(refused.kind(), std::io::ErrorKind::WouldBlock);
+
+        holder.unlock().expect("continued");
+        let after = of_within_bound(&kept, "/srv/own");
+        assert!(after.contains(&b.display().to_string()), "{after:?}");
     }
 
     #[test]
@@ -688,11 +839,11 @@ mod tests {
         register_home_in(&list, &a).expect("a");
         register_home_in(&list, &b).expect("b");
         register_home_in(&list, &a).expect("a again");
-        assert_eq!(listed_homes(&list), vec![b.clone(), a.clone()]);
+        assert_eq!(listed_homes(&list), Some(vec![b.clone(), a.clone()]));
         std::fs::remove_dir(&b).expect("gone");
         let c = dir.path().join("c");
         register_home_in(&list, &c).expect("c");
-        assert_eq!(listed_homes(&list), vec![a, c]);
+        assert_eq!(listed_homes(&list), Some(vec![a, c]));
     }
 
     #[test]
@@ -703,7 +854,8 @@ mod tests {
         register_home_in(&list, other.path()).expect("other");
         register_home_in(&list, account.path()).expect("a home that is the user's home");
         let users = vec![account.path().to_path_buf()];
-        let hidden = hidden_paths_of("/srv/own", &users, Some(account.path()));
+        let listed = listed_homes(&list).expect("listed");
+        let hidden = hidden_paths_of("/srv/own", &users, Some(account.path()), &listed);
         let shown = |p: &Path| p.display().to_string();
         assert_eq!(hidden[0], "/srv/own");
         assert!(hidden.contains(&shown(other.path())), "{hidden:?}");
