@@ -6,7 +6,7 @@ for its `daemon.json`, connects with `wsrpc.SyncClient` (the side-by-side bench'
 PYTHONPATH or beside this file) and creates a session in `cwd` (outside the home, where the
 tools may work). Returns the process, the client and the session id.
 """
-import json, os, subprocess, time, uuid
+import json, os, signal, subprocess, time, uuid
 
 from wsrpc import SyncClient
 
@@ -19,16 +19,26 @@ def start(binary, home, cwd, base, env):
     out = open(home + ".log", "ab")
     p = subprocess.Popen([binary, "daemon", "--home", home], env=env, cwd=cwd,
                          stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
-    end = time.time() + 30
-    while True:
+    try:
+        end = time.time() + 30
+        while True:
+            try:
+                info = json.load(open(os.path.join(home, "daemon.json")))
+                if info.get("pid") == p.pid:
+                    break
+            except (OSError, ValueError):
+                pass
+            assert p.poll() is None and time.time() < end, "daemon did not start"
+            time.sleep(0.01)
+        c = SyncClient(info["url"], info["token"])
+        sid = c.call("session.create", {"request_id": str(uuid.uuid4()), "cwd": cwd})["session_id"]
+    except BaseException:
+        # No daemon is left behind when it did not start or refused the session.
+        p.send_signal(signal.SIGTERM)
         try:
-            info = json.load(open(os.path.join(home, "daemon.json")))
-            if info.get("pid") == p.pid:
-                break
-        except (OSError, ValueError):
-            pass
-        assert p.poll() is None and time.time() < end, "daemon did not start"
-        time.sleep(0.01)
-    c = SyncClient(info["url"], info["token"])
-    sid = c.call("session.create", {"request_id": str(uuid.uuid4()), "cwd": cwd})["session_id"]
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+        raise
     return p, c, sid
