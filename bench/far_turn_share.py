@@ -1,7 +1,8 @@
 """drover's own share of warm turns against a far endpoint, read from the kernel's clock.
 
-Usage: sudo-capable shell with `perf`:
-  python3 bench/far_turn_share.py FAR_BASE CA_PEM TURNS DROVER_BIN [DROVER_BIN ...]
+Usage (needs `perf` and the right to trace syscalls system-wide: root, or
+kernel.perf_event_paranoid at -1):
+  PYTHONPATH=$PERF_ROOT/lib python3 bench/far_turn_share.py FAR_BASE CA_PEM TURNS DROVER_BIN [DROVER_BIN ...]
 
 FAR_BASE is `../shared/bench/latency-proxy.py` (TLS, its CA in CA_PEM) in front of a loopback
 model. For each build in turn: one daemon, one session, TURNS warm turns 0.3 s apart (after 3

@@ -29,7 +29,8 @@
 //!   in its group (a killed runner's job command).
 //! - `fds`: [`combined_output_pipe`] makes one pipe for a child's stdout and stderr, so they
 //!   interleave; [`pass_fd`] hands a child a descriptor at a fixed number, and
-//!   [`take_inherited_fd`] takes it in the child.
+//!   [`take_inherited_fd`] takes it in the child; [`tcp_segments_received`] reads a socket's
+//!   `TCP_INFO` count of segments (tests that check messages leave in one write).
 //! - `process_settings`: what a process sets on itself: [`set_parent_death_signal`] and
 //!   [`clear_parent_death_signal`] (the worker, which clears it when handed to the next owner),
 //!   [`ignore_file_size_signal`] (the daemon), [`default_pipe_signal`] (a command
