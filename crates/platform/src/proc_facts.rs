@@ -38,7 +38,7 @@ pub fn parent_of(pid: i32) -> Option<i32> {
 
 /// The time now, in the clock ticks after boot that [`process_start_time`] counts.
 pub fn boot_ticks_now() -> Option<u64> {
-    let uptime = std::fs::read_to_string("/proc/uptime").ok()?;
+    let uptime = read_proc_file("/proc/uptime")?;
     let seconds: f64 = uptime.split_whitespace().next()?.parse().ok()?;
     // SAFETY: sysconf(3) reads only its integer argument.
     let ticks = unsafe { nix::libc::sysconf(nix::libc::_SC_CLK_TCK) };
@@ -100,9 +100,41 @@ pub(crate) fn stat_fields(pid: i32) -> Option<Vec<String>> {
     if pid <= 0 {
         return None;
     }
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    parse_stat_fields(&stat)
+    parse_stat_fields(&read_proc_file(&format!("/proc/{pid}/stat"))?)
 }
+
+/// A `/proc` file's text in two reads (the text, then its end): `fs::read_to_string` sees a
+/// size of 0 there and reads in steps from 32 bytes, and the kernel builds the whole text again
+/// for each read (seven for a process's `stat`, on the way of every turn that takes the spare
+/// worker).
+fn read_proc_file(path: &str) -> Option<String> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path).ok()?;
+    let mut text = vec![0; PROC_FILE_BYTES];
+    let mut len = 0;
+    loop {
+        if len == text.len() {
+            if len >= PROC_FILE_MOST {
+                return None;
+            }
+            text.resize(len * 2, 0);
+        }
+        match file.read(&mut text[len..]) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+    text.truncate(len);
+    String::from_utf8(text).ok()
+}
+
+/// Room for a `/proc/<pid>/stat` line in one read (its 52 fields and a 64-byte name stay
+/// under 1.2 KiB).
+const PROC_FILE_BYTES: usize = 4096;
+/// The most of a `/proc` file read: these texts are short.
+const PROC_FILE_MOST: usize = 64 * 1024;
 
 fn parse_stat_fields(stat: &str) -> Option<Vec<String>> {
     let after_comm = &stat[stat.rfind(')')? + 1..];
@@ -131,6 +163,27 @@ mod tests {
         assert_eq!(process_start_time(0), None);
         assert_eq!(process_start_time(i32::MAX), None);
         assert!(!is_alive(i32::MAX));
+    }
+
+    /// The read syscalls this thread has made (`syscr` of `/proc/thread-self/io`, as the kernel
+    /// counted them when it built the text: the read that returned it not yet counted).
+    fn reads_so_far() -> u64 {
+        let io = read_proc_file("/proc/thread-self/io").expect("/proc/thread-self/io");
+        io.lines()
+            .find_map(|line| line.strip_prefix("syscr:"))
+            .and_then(|n| n.trim().parse().ok())
+            .expect("syscr")
+    }
+
+    #[test]
+    fn a_process_stat_is_read_in_two_reads() {
+        let me = i32::try_from(std::process::id()).expect("pid");
+        let before = reads_so_far();
+        assert!(!is_stopped(me));
+        let after = reads_so_far();
+        // `before`'s two reads, then the stat's text and its end of file (seven reads for the
+        // stat alone with `fs::read_to_string`).
+        assert_eq!(after - before, 4, "reads made for one stat");
     }
 
     #[test]
