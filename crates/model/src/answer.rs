@@ -14,6 +14,10 @@ pub(crate) const ERROR_BODY_MAX: usize = 64 * 1024;
 const BASE_URL_FIX: &str = "check base_url: for an OpenAI-compatible server it usually ends \
      in /v1 (e.g. http://127.0.0.1:4000/v1)";
 
+/// What a 404 of `/responses` may mean beside a wrong `base_url` (`api` is frozen per session).
+pub(crate) const RESPONSES_FIX: &str = "; or the server does not serve the Responses API: set \
+     api = \"chat\" in [model] and start a new session";
+
 /// Whether an answer is an HTML page: labelled `text/html` (or XHTML), or a body that starts
 /// with `<` whatever its label (an API's body is JSON or server-sent events, never markup).
 pub(crate) fn is_html(content_type: &str, body: &[u8]) -> bool {

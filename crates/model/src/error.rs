@@ -71,6 +71,18 @@ pub enum ModelError {
         /// The bound that fired.
         after: Duration,
     },
+    /// The endpoint's TLS certificate was refused (an unknown issuer, another host's name, out
+    /// of its dates): `reason` as rustls says it, `fix` what to change. Not retried: another
+    /// try meets the same certificate.
+    #[error("model endpoint {request}: its TLS certificate was refused ({reason}); {fix}")]
+    Untrusted {
+        /// `POST {url}`.
+        request: String,
+        /// rustls's words (`invalid peer certificate: UnknownIssuer`).
+        reason: String,
+        /// What to change.
+        fix: &'static str,
+    },
     /// Connection refused, reset, DNS, TLS; the message starts with the request.
     #[error("model endpoint unreachable: {0}")]
     Transport(String),

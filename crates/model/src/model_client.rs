@@ -21,7 +21,7 @@ use crate::responses_stream::ResponsesAssembly;
 use crate::retry::{self, Failure};
 use crate::stream_assembly::{EventAssembly, Step, StreamAssembly};
 
-use crate::transport::{http_client, HttpClient};
+use crate::transport::{self, http_client, HttpClient};
 
 /// The reqwest-based client.
 #[derive(Debug, Clone)]
@@ -319,7 +319,13 @@ impl ModelClient {
     }
 
     /// An answer with `status` that is not the API's.
-    fn http_error(&self, status: reqwest::StatusCode, message: String) -> ModelError {
+    fn http_error(&self, status: reqwest::StatusCode, mut message: String) -> ModelError {
+        // A server that speaks Chat Completions only has nothing at `/responses`: its 404 says
+        // nothing of the API asked for, and `base_url` may well end in /v1 already.
+        if self.config.api == ModelApi::Responses && answer::no_api_here(status.as_u16()).is_some()
+        {
+            message.push_str(answer::RESPONSES_FIX);
+        }
         ModelError::Http {
             request: self.request_name(),
             status: status.as_u16(),
@@ -345,6 +351,13 @@ impl ModelClient {
             };
         }
         let error = error.without_url();
+        if let Some(refused) = transport::refused_certificate(&error) {
+            return ModelError::Untrusted {
+                request: self.request_name(),
+                reason: refused.to_string(),
+                fix: transport::certificate_fix(refused),
+            };
+        }
         let mut message = format!("{}: {error}", self.request_name());
         // reqwest's own message is generic ("error sending request"); the cause is below it.
         let mut source = std::error::Error::source(&error);
@@ -356,9 +369,18 @@ impl ModelClient {
             }
             source = cause.source();
         }
+        // reqwest names the endpoint, not the proxy whose connection failed.
+        if message.contains("tunnel error") {
+            message.push_str(PROXY_FIX);
+        }
         ModelError::Transport(message)
     }
 }
+
+/// What a failed `CONNECT` tunnel adds to its message.
+const PROXY_FIX: &str = "; the proxy failed, not the endpoint: the request goes through \
+     `[model] proxy`, else HTTPS_PROXY (or ALL_PROXY) of the daemon's environment; check that \
+     proxy's address and that it may reach the endpoint, or name the host in NO_PROXY";
 
 #[async_trait]
 impl ChatModel for ModelClient {

@@ -44,6 +44,7 @@ pub(crate) fn is_retryable(error: &ModelError) -> bool {
         | ModelError::Stalled { .. }
         | ModelError::Transport(_) => true,
         ModelError::NoAnswer { .. }
+        | ModelError::Untrusted { .. }
         | ModelError::Protocol(_)
         | ModelError::Config(_)
         | ModelError::ContextExceeded(_) => false,
@@ -138,6 +139,11 @@ mod tests {
         let (request, after) = bound(60);
         assert!(!is_retryable(&ModelError::NoAnswer { request, after }));
         assert!(is_retryable(&ModelError::Transport("reset".into())));
+        assert!(!is_retryable(&ModelError::Untrusted {
+            request: "POST https://h/v1/chat/completions".into(),
+            reason: "invalid peer certificate: UnknownIssuer".into(),
+            fix: "trust its CA",
+        }));
         assert!(!is_retryable(&ModelError::Protocol("bad json".into())));
     }
 }

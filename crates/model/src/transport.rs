@@ -4,7 +4,10 @@
 //! Trust: the bundled web roots, plus the platform's store as `rustls-native-certs` finds it
 //! (`SSL_CERT_FILE` / `SSL_CERT_DIR` when set, else the system bundle), plus `[model] ca_file`.
 //! Proxies: `HTTPS_PROXY` / `HTTP_PROXY` / `ALL_PROXY` with `NO_PROXY` from the environment
-//! (reqwest reads them), unless `[model] proxy` names one, which then carries every request.
+//! (reqwest reads them; `NO_PROXY=*` sends every host direct, IP addresses too), unless
+//! `[model] proxy` names one, which then carries every request.
+//! A refused certificate: [`refused_certificate`] finds rustls's reason among a failed
+//! request's causes, [`certificate_fix`] says what to change.
 //! Connecting: `[model] connect_timeout_s` bounds TCP and TLS (reqwest sets it per client, not
 //! per request).
 
@@ -88,11 +91,67 @@ pub(crate) fn client_builder(transport: &Transport) -> Result<reqwest::ClientBui
         }
     }
     if let Some(proxy) = &transport.proxy {
-        let proxy = reqwest::Proxy::all(proxy)
-            .map_err(|e| ModelError::Config(format!("[model] proxy {proxy:?}: {e}")))?;
+        let proxy = reqwest::Proxy::all(proxy).map_err(|_| {
+            ModelError::Config(format!(
+                "[model] proxy {proxy:?}: not a proxy URL (e.g. http://proxy.example:3128)"
+            ))
+        })?;
         builder = builder.proxy(proxy);
+    } else if no_proxy_names_every_host(std::env::var("NO_PROXY").or(std::env::var("no_proxy"))) {
+        // reqwest matches `NO_PROXY=*` against host names only, so an endpoint named by its IP
+        // address would still go through `HTTPS_PROXY`; `*` is every host (curl's rule).
+        builder = builder.no_proxy();
     }
     Ok(builder)
+}
+
+/// Whether a `NO_PROXY` value holds `*`, every host.
+fn no_proxy_names_every_host(no_proxy: Result<String, std::env::VarError>) -> bool {
+    no_proxy.is_ok_and(|list| list.split(',').any(|host| host.trim() == "*"))
+}
+
+/// The certificate refusal somewhere in `error`'s causes: rustls's error, which hyper's connector
+/// carries inside an `io::Error` inside another (an `io::Error`'s `source` skips what it holds,
+/// so it is looked for inside).
+pub(crate) fn refused_certificate<'a>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a rustls::Error> {
+    let mut cause = Some(error);
+    while let Some(error) = cause {
+        if let Some(tls) = error.downcast_ref::<rustls::Error>() {
+            return matches!(tls, rustls::Error::InvalidCertificate(_)).then_some(tls);
+        }
+        cause = match error
+            .downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::get_ref)
+        {
+            Some(inner) => Some(inner),
+            None => error.source(),
+        };
+    }
+    None
+}
+
+/// What to change for a refused certificate.
+pub(crate) fn certificate_fix(refused: &rustls::Error) -> &'static str {
+    use rustls::CertificateError as Why;
+    match refused {
+        rustls::Error::InvalidCertificate(Why::UnknownIssuer | Why::BadSignature) => {
+            "trust the certificate authority that signed it: `ca_file = \"/path/to/ca.pem\"` \
+             in [model] (a new session reads it), or SSL_CERT_FILE in the daemon's environment \
+             (then `drover stop`: the next command starts the daemon with it)"
+        }
+        rustls::Error::InvalidCertificate(
+            Why::NotValidForName | Why::NotValidForNameContext { .. },
+        ) => "the certificate is for another host: use the host name it was issued for in base_url",
+        rustls::Error::InvalidCertificate(
+            Why::Expired
+            | Why::ExpiredContext { .. }
+            | Why::NotValidYet
+            | Why::NotValidYetContext { .. },
+        ) => "the certificate is outside its validity dates (or this machine's clock is wrong)",
+        _ => "check the server's certificate (`openssl s_client -connect host:port`)",
+    }
 }
 
 /// Builds the client of [`client_builder`].
@@ -110,6 +169,42 @@ fn default_connect_timeout() -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_proxy_star_is_every_host_wherever_it_is_in_the_list() {
+        let value = |v: &str| Ok(v.to_string());
+        assert!(no_proxy_names_every_host(value("*")));
+        assert!(no_proxy_names_every_host(value("localhost, *")));
+        assert!(!no_proxy_names_every_host(value("*.example.com,127.0.0.1")));
+        assert!(!no_proxy_names_every_host(Err(
+            std::env::VarError::NotPresent
+        )));
+    }
+
+    /// hyper's connector hands rustls's refusal over inside an `io::Error`, whose `source`
+    /// skips it: it is found there, and the fix fits the reason.
+    #[test]
+    fn a_refused_certificate_is_found_inside_an_io_error_with_its_fix() {
+        use rustls::CertificateError as Why;
+        // As hyper's connector gives it: an `io::Error` holding one holding rustls's.
+        let refused = |why: Why| {
+            let tls = rustls::Error::InvalidCertificate(why);
+            std::io::Error::other(std::io::Error::new(std::io::ErrorKind::InvalidData, tls))
+        };
+        let unknown = refused(Why::UnknownIssuer);
+        let found = refused_certificate(&unknown).expect("found");
+        assert_eq!(found.to_string(), "invalid peer certificate: UnknownIssuer");
+        let fix = certificate_fix(found);
+        assert!(
+            fix.contains("ca_file") && fix.contains("SSL_CERT_FILE"),
+            "{fix}"
+        );
+        let other_host = refused(Why::NotValidForName);
+        let fix = certificate_fix(refused_certificate(&other_host).expect("found"));
+        assert!(fix.contains("another host"), "{fix}");
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        assert!(refused_certificate(&reset).is_none());
+    }
 
     fn refused(transport: Transport) -> String {
         match http_client_with(&transport) {

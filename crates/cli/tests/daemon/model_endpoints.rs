@@ -3,7 +3,7 @@
 //! daemon's environment or through `[model] ca_file`, refused (naming the certificate problem
 //! and the URL) when neither names the CA; and the endpoint reached through a real HTTP
 //! CONNECT proxy (tinyproxy) named by `HTTPS_PROXY` or by `[model] proxy`, with `NO_PROXY`
-//! sending it direct; and a spare worker's warm connection made with those same settings.
+//! (the host, or `*`) sending it direct; and a spare worker's warm connection made with those same settings.
 
 // Test helpers: clippy.toml's allow-unwrap-in-tests covers only #[test] functions.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -137,8 +137,12 @@ async fn a_private_ca_nobody_trusts_fails_the_turn_naming_the_certificate_and_th
     assert_eq!(settled["outcome"], "failed", "{settled}");
     let error = settled["error"].as_str().unwrap();
     assert!(
-        error.contains("certificate"),
+        error.contains("certificate") && error.contains("UnknownIssuer"),
         "names the certificate problem: {error}"
+    );
+    assert!(
+        error.contains("ca_file") && error.contains("SSL_CERT_FILE"),
+        "says how to trust the CA: {error}"
     );
     assert!(
         error.contains(&e.front.base_url()),
@@ -208,6 +212,42 @@ async fn no_proxy_naming_the_host_goes_direct() {
             &key,
             &[("HTTPS_PROXY", url.as_str()), ("NO_PROXY", "127.0.0.1")],
         )
+        .await;
+    e.completes("direct").await;
+    assert_eq!(proxy.connects_to(&e.target()), 0, "{}", proxy.log());
+}
+
+/// A proxy that is not there fails the turn saying it is the proxy, not the endpoint.
+#[tokio::test]
+async fn a_dead_proxy_is_named_as_the_proxy() {
+    let endpoint = Endpoint::new().await;
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", dead.local_addr().unwrap());
+    drop(dead);
+    let key = endpoint.ca_file_key();
+    let mut e = endpoint
+        .daemon(&key, &[("HTTPS_PROXY", url.as_str())])
+        .await;
+    let settled = e.turn("hello").await;
+    assert_eq!(settled["outcome"], "failed", "{settled}");
+    let error = settled["error"].as_str().unwrap();
+    assert!(
+        error.contains("the proxy failed") && error.contains("HTTPS_PROXY"),
+        "{error}"
+    );
+    assert!(e.model.requests().is_empty());
+}
+
+/// `NO_PROXY=*` is every host, an endpoint named by its IP address too (reqwest alone matches
+/// `*` against host names only).
+#[tokio::test]
+async fn no_proxy_star_sends_an_endpoint_named_by_its_address_direct() {
+    let endpoint = Endpoint::new().await;
+    let proxy = Tinyproxy::start(endpoint.front.addr().port());
+    let key = endpoint.ca_file_key();
+    let url = proxy.url();
+    let mut e = endpoint
+        .daemon(&key, &[("HTTPS_PROXY", url.as_str()), ("NO_PROXY", "*")])
         .await;
     e.completes("direct").await;
     assert_eq!(proxy.connects_to(&e.target()), 0, "{}", proxy.log());

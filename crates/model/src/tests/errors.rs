@@ -28,10 +28,25 @@ async fn a_wrong_path_names_the_url_the_404_and_suggests_v1() {
     assert!(text.contains(&url), "{text}");
     assert!(text.contains("HTTP 404"), "{text}");
     assert!(text.contains("usually ends in /v1"), "{text}");
+    assert!(!text.contains("Responses API"), "{text}");
     assert!(
         matches!(err, ModelError::Http { status: 404, .. }),
         "{err:?}"
     );
+}
+
+/// A server without the Responses API answers `/responses` with a 404 whatever `base_url` is:
+/// the message names `api = "chat"` beside the `base_url` advice.
+#[tokio::test]
+async fn a_404_of_the_responses_api_names_api_chat_as_the_other_fix() {
+    let mock = MockModel::start().await;
+    let mut config = config(format!("{}/api", origin(&mock)), true);
+    config.api = drover_protocol::ModelApi::Responses;
+    let err = fails_once(&ModelClient::new(config).unwrap()).await;
+    let text = err.to_string();
+    assert!(text.contains("/api/responses"), "{text}");
+    assert!(text.contains("usually ends in /v1"), "{text}");
+    assert!(text.contains("api = \"chat\""), "{text}");
 }
 
 #[tokio::test]
