@@ -96,6 +96,13 @@ impl TlsEndpoint {
         settled["payload"].clone()
     }
 
+    /// Runs a turn that fails; its `error`.
+    async fn fails(&mut self, text: &str) -> String {
+        let settled = self.turn(text).await;
+        assert_eq!(settled["outcome"], "failed", "{settled}");
+        settled["error"].as_str().unwrap().to_string()
+    }
+
     /// Runs a turn the mock answers with `answer`; asserts it completed with that answer over
     /// TLS.
     async fn completes(&mut self, answer: &str) {
@@ -133,9 +140,7 @@ async fn model_ca_file_trusts_a_private_ca() {
 #[tokio::test]
 async fn a_private_ca_nobody_trusts_fails_the_turn_naming_the_certificate_and_the_url() {
     let mut e = Endpoint::new().await.daemon("", &[]).await;
-    let settled = e.turn("hello").await;
-    assert_eq!(settled["outcome"], "failed", "{settled}");
-    let error = settled["error"].as_str().unwrap();
+    let error = e.fails("hello").await;
     assert!(
         error.contains("certificate") && error.contains("UnknownIssuer"),
         "names the certificate problem: {error}"
@@ -159,18 +164,14 @@ async fn an_unreadable_or_bad_ca_file_fails_the_turn_naming_the_setting_and_the_
     let mut e = endpoint
         .daemon(&format!("ca_file = \"{missing}\""), &[])
         .await;
-    let settled = e.turn("hello").await;
-    assert_eq!(settled["outcome"], "failed", "{settled}");
-    let error = settled["error"].as_str().unwrap();
+    let error = e.fails("hello").await;
     assert!(
         error.contains("[model] ca_file") && error.contains(&missing),
         "{error}"
     );
     // A file that is no PEM bundle says so the same way (the file is read at each turn).
     std::fs::write(&missing, "not a certificate\n").unwrap();
-    let settled = e.turn("again").await;
-    assert_eq!(settled["outcome"], "failed", "{settled}");
-    let error = settled["error"].as_str().unwrap();
+    let error = e.fails("again").await;
     assert!(
         error.contains("[model] ca_file") && error.contains(&missing),
         "{error}"
@@ -201,8 +202,9 @@ async fn model_proxy_carries_the_request() {
     assert!(proxy.connects_to(&e.target()) >= 1, "{}", proxy.log());
 }
 
-#[tokio::test]
-async fn no_proxy_naming_the_host_goes_direct() {
+/// With `HTTPS_PROXY` set and `NO_PROXY` as given, the turn goes direct: the proxy opens no
+/// tunnel to the endpoint.
+async fn goes_direct_with_no_proxy(no_proxy: &str) {
     let endpoint = Endpoint::new().await;
     let proxy = Tinyproxy::start(endpoint.front.addr().port());
     let key = endpoint.ca_file_key();
@@ -210,11 +212,16 @@ async fn no_proxy_naming_the_host_goes_direct() {
     let mut e = endpoint
         .daemon(
             &key,
-            &[("HTTPS_PROXY", url.as_str()), ("NO_PROXY", "127.0.0.1")],
+            &[("HTTPS_PROXY", url.as_str()), ("NO_PROXY", no_proxy)],
         )
         .await;
     e.completes("direct").await;
     assert_eq!(proxy.connects_to(&e.target()), 0, "{}", proxy.log());
+}
+
+#[tokio::test]
+async fn no_proxy_naming_the_host_goes_direct() {
+    goes_direct_with_no_proxy("127.0.0.1").await;
 }
 
 /// A proxy that is not there fails the turn saying it is the proxy, not the endpoint.
@@ -228,9 +235,7 @@ async fn a_dead_proxy_is_named_as_the_proxy() {
     let mut e = endpoint
         .daemon(&key, &[("HTTPS_PROXY", url.as_str())])
         .await;
-    let settled = e.turn("hello").await;
-    assert_eq!(settled["outcome"], "failed", "{settled}");
-    let error = settled["error"].as_str().unwrap();
+    let error = e.fails("hello").await;
     assert!(
         error.contains("the proxy failed") && error.contains("HTTPS_PROXY"),
         "{error}"
@@ -242,15 +247,7 @@ async fn a_dead_proxy_is_named_as_the_proxy() {
 /// `*` against host names only).
 #[tokio::test]
 async fn no_proxy_star_sends_an_endpoint_named_by_its_address_direct() {
-    let endpoint = Endpoint::new().await;
-    let proxy = Tinyproxy::start(endpoint.front.addr().port());
-    let key = endpoint.ca_file_key();
-    let url = proxy.url();
-    let mut e = endpoint
-        .daemon(&key, &[("HTTPS_PROXY", url.as_str()), ("NO_PROXY", "*")])
-        .await;
-    e.completes("direct").await;
-    assert_eq!(proxy.connects_to(&e.target()), 0, "{}", proxy.log());
+    goes_direct_with_no_proxy("*").await;
 }
 
 /// With `[model] ca_file` and `proxy`, a spare worker opens its warm connection through the
