@@ -33,7 +33,8 @@
 //!   `model.request` span ([`span_millis`]) and asks `GET /models` for the context window.
 //! - `transport`: the HTTP client's trust (bundled web roots, the platform's store with
 //!   `SSL_CERT_FILE` / `SSL_CERT_DIR`, `[model] ca_file`) and proxy (the environment's, or
-//!   `[model] proxy`): [`http_client_with`] and [`Transport`].
+//!   `[model] proxy`; `NO_PROXY=*` is every host): [`http_client_with`] and [`Transport`];
+//!   and what a refused certificate needs changed (`ModelError::Untrusted`'s fix).
 //! - `warm`: a spare worker's [`WarmConnection`] to the endpoint, opened before its turn
 //!   (TCP, TLS, ALPN; nothing sent) and handed to the turn's first request.
 //!
