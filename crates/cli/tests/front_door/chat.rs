@@ -737,11 +737,14 @@ async fn resizing_while_a_turn_streams_keeps_the_scrollback_whole_and_the_keys_w
             .await;
         resize(&pane, columns, rows).await;
     }
-    pane.wait_until("the idle status line at the bottom", |s| {
+    // Idle, with the turn's tokens counted: they come after the settle, and the status line
+    // they change is a frame written; a resize in tmux's window before the chat hears of the
+    // new size would cost a line of the scrollback (docs/decisions/chat-resizing.md).
+    pane.wait_until("the idle status line, tokens counted, at the bottom", |s| {
         s.lines()
             .rev()
             .find(|l| !l.trim().is_empty())
-            .is_some_and(|l| l.contains("· idle ·"))
+            .is_some_and(|l| l.contains("· idle ·") && !l.contains("· 0 tokens"))
     })
     .await;
     // And at idle: taller, much taller, wider (tmux moves its lines down at once and tells
