@@ -199,9 +199,17 @@ mod tests {
             fix.contains("ca_file") && fix.contains("SSL_CERT_FILE"),
             "{fix}"
         );
-        let other_host = refused(Why::NotValidForName);
+        // rustls's verifier gives the `...Context` variants, with what it found.
+        let expected = rustls::pki_types::ServerName::try_from("llm.example").expect("name");
+        let other_host = refused(Why::NotValidForNameContext {
+            expected: expected.to_owned(),
+            presented: vec!["other.example".into()],
+        });
         let fix = certificate_fix(refused_certificate(&other_host).expect("found"));
         assert!(fix.contains("another host"), "{fix}");
+        let expired = refused(Why::Expired);
+        let fix = certificate_fix(refused_certificate(&expired).expect("found"));
+        assert!(fix.contains("validity dates"), "{fix}");
         let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
         assert!(refused_certificate(&reset).is_none());
     }
